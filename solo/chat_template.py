@@ -1,0 +1,119 @@
+"""Chat templates: a checkpoint's Jinja template rendered the way `transformers` renders it.
+
+transformers' `apply_chat_template` (utils/chat_template_utils.py) compiles the template in an immutable
+sandboxed Jinja environment with trim_blocks and lstrip_blocks, the loop-controls extension, a `tojson`
+filter that keeps non-ASCII text, and the globals `raise_exception` and `strftime_now`; the template
+sees `messages`, `tools`, `documents`, `add_generation_prompt` and the named special tokens
+(`bos_token`, `eos_token`, ...). Solo builds the same environment so the rendered prompt is identical.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import jinja2
+import jinja2.ext
+from jinja2.sandbox import ImmutableSandboxedEnvironment
+
+from solo.errors import InvalidRequestError
+
+
+class _GenerationTag(jinja2.ext.Extension):
+    # Templates may wrap assistant turns in {% generation %}...{% endgeneration %} (transformers uses it
+    # to find assistant tokens); for rendering it is a no-op block.
+    tags = {"generation"}
+
+    def parse(self, parser: jinja2.parser.Parser) -> jinja2.nodes.Node:
+        lineno = next(parser.stream).lineno
+        body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+        return jinja2.nodes.CallBlock(self.call_method("_render"), [], [], body).set_lineno(lineno)
+
+    def _render(self, caller: Any) -> str:
+        return caller()
+
+
+def _raise_exception(message: str) -> None:
+    raise jinja2.exceptions.TemplateError(message)
+
+
+def _tojson(value: Any, ensure_ascii: bool = False, indent: int | None = None, separators: Any = None,
+            sort_keys: bool = False) -> str:
+    return json.dumps(value, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
+
+
+def _strftime_now(fmt: str) -> str:
+    return datetime.now().strftime(fmt)
+
+
+def _environment() -> ImmutableSandboxedEnvironment:
+    env = ImmutableSandboxedEnvironment(
+        trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols]
+    )
+    env.filters["tojson"] = _tojson
+    env.globals["raise_exception"] = _raise_exception
+    env.globals["strftime_now"] = _strftime_now
+    return env
+
+
+class ChatTemplate:
+    """A compiled chat template plus the special tokens it may reference.
+
+    Args:
+        source: the Jinja template text.
+        special_tokens: named special tokens as strings, e.g. {"bos_token": "<s>", "eos_token": "</s>"}.
+
+    Raises:
+        InvalidRequestError: the template does not compile.
+    """
+
+    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+        self.source = source
+        self.special_tokens = dict(special_tokens)
+        try:
+            self._template = _environment().from_string(source)
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"the model's chat template does not compile: {exc}") from None
+
+    def render(
+        self,
+        messages: Sequence[Mapping[str, Any]],
+        add_generation_prompt: bool = True,
+        tools: list[dict] | None = None,
+        **kwargs: Any,
+    ) -> str:
+        """Render a conversation to the prompt text.
+
+        Args:
+            messages: [{"role": ..., "content": ...}, ...]; keys whose value is None are dropped, as
+                transformers does.
+            add_generation_prompt: append the header that starts the assistant's reply.
+            tools: JSON schemas of tools, for templates that support them.
+            **kwargs: extra template variables (they override special tokens of the same name).
+
+        Returns:
+            The prompt text; it may begin with the BOS token when the template writes it, so encode it
+            without adding special tokens.
+
+        Raises:
+            InvalidRequestError: the messages are empty or malformed, or the template rejects them.
+        """
+        if not messages:
+            raise InvalidRequestError("messages is empty; send at least one message", param="messages")
+        cleaned = []
+        for i, message in enumerate(messages):
+            if not isinstance(message, Mapping) or "role" not in message:
+                raise InvalidRequestError(
+                    f"messages[{i}] must be an object with a 'role' and a 'content'", param="messages"
+                )
+            cleaned.append({k: v for k, v in message.items() if v is not None})
+        variables = {**self.special_tokens, **kwargs}
+        try:
+            return self._template.render(
+                messages=cleaned, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
+                **variables,
+            )
+        except jinja2.TemplateError as exc:
+            raise InvalidRequestError(f"the chat template rejected the messages: {exc}", param="messages") from None

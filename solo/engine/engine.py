@@ -1,0 +1,252 @@
+"""`Engine`: load a model once, then generate from prompts or chat messages.
+
+    engine = Engine.load("path/or/org-name", device="cpu", dtype="auto")
+    for event in engine.generate("def fibonacci(n):", SamplingParams(max_tokens=64)):
+        print(event.text, end="")
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from solo.engine.request import GenerationEvent, GenerationResult, Request
+from solo.engine.sampling import SamplingParams
+from solo.errors import ContextLengthError, InvalidRequestError, SoloError
+from solo.model.config import ModelConfig
+from solo.model.generation_config import GenerationDefaults
+from solo.model.hub import resolve_dtype, resolve_model_dir
+from solo.model.transformer import Transformer
+from solo.model.weights import load_weights
+from solo.runtime import create_runtime
+from solo.runtime.base import DecodeRuntime
+from solo.tokenizer import Tokenizer
+
+Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
+"""A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids."""
+
+
+def resolve_device(device: str | torch.device) -> torch.device:
+    """Validate a device name ("cpu", "cuda", "cuda:1").
+
+    Raises:
+        SoloError: CUDA was asked for but is not available, or the name is unknown.
+    """
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise SoloError(f"unknown device {device!r}; use cpu or cuda") from None
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise SoloError("--device cuda was asked for but no CUDA GPU is visible to PyTorch; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise SoloError(f"unsupported device {device!r}; use cpu or cuda")
+    return dev
+
+
+@dataclass
+class PreparedPrompt:
+    """A prompt turned into token ids, with the generation budget it fits.
+
+    Attributes:
+        token_ids: the prompt ids.
+        max_new_tokens: tokens that may be generated.
+    """
+
+    token_ids: list[int]
+    max_new_tokens: int
+
+
+class Engine:
+    """A loaded model ready to generate.
+
+    Build one with `Engine.load`. `generate` streams `GenerationEvent`s; `complete` returns a
+    `GenerationResult`. Calls from several threads run one at a time.
+
+    Args:
+        model: the eager reference model (weights).
+        tokenizer: the model's tokenizer.
+        defaults: generation defaults from generation_config.json.
+        runtime: the decode runtime.
+        model_dir: the folder the model came from.
+        name: a display name for the model.
+    """
+
+    def __init__(self, model: Transformer, tokenizer: Tokenizer, defaults: GenerationDefaults,
+                 runtime: DecodeRuntime, model_dir: Path, name: str) -> None:
+        self.model = model
+        self.config: ModelConfig = model.config
+        self.tokenizer = tokenizer
+        self.defaults = defaults
+        self.runtime = runtime
+        self.model_dir = model_dir
+        self.name = name
+        self.eos_ids = set(defaults.eos_token_ids) or set(self.config.eos_token_ids)
+        self._lock = threading.Lock()
+
+    @classmethod
+    def load(
+        cls,
+        model: str | Path | None = None,
+        device: str | torch.device = "cpu",
+        dtype: str | torch.dtype = "auto",
+        backend: str = "auto",
+        revision: str | None = None,
+    ) -> Engine:
+        """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.
+
+        Args:
+            model: folder path, hub id ("org/name"), or None for the bundled default model.
+            device: "cpu" or "cuda[:N]".
+            dtype: "auto" (the checkpoint's dtype), "float32", "bfloat16" or "float16".
+            backend: "auto" picks the fastest runtime for the device; "eager" forces the reference.
+            revision: hub branch, tag or commit.
+
+        Raises:
+            ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
+            SoloError: an unknown dtype, device or backend.
+        """
+        dev = resolve_device(device)
+        folder = resolve_model_dir(model, revision)
+        config = ModelConfig.from_file(folder)
+        torch_dtype = resolve_dtype(dtype, config.torch_dtype)
+        tokenizer = Tokenizer.from_folder(folder)
+        defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
+        weights = load_weights(folder, config, torch_dtype, dev)
+        runtime = create_runtime(weights, backend, dev)
+        name = str(model) if model is not None else folder.name
+        return cls(weights, tokenizer, defaults, runtime, folder, name)
+
+    # ----------------------------------------------------------------------------------------- prompts
+
+    def encode_prompt(self, prompt: Prompt) -> list[int]:
+        """Token ids of a prompt: text gets the tokenizer's special tokens (e.g. BOS), messages are
+        rendered with the chat template, ids pass through.
+
+        Raises:
+            InvalidRequestError: an empty prompt, messages without a chat template, ids out of range.
+        """
+        if isinstance(prompt, str):
+            if not prompt:
+                raise InvalidRequestError("the prompt is empty; give some text", param="prompt")
+            ids = self.tokenizer.encode(prompt)
+        elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+            ids = list(prompt)  # type: ignore[arg-type]
+            bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
+            if bad:
+                raise InvalidRequestError(
+                    f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})", param="prompt"
+                )
+        else:
+            ids = self.tokenizer.encode_chat(list(prompt))  # type: ignore[arg-type]
+        if not ids:
+            raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
+        return ids
+
+    def prepare(self, prompt: Prompt, max_tokens: int | None) -> PreparedPrompt:
+        """Encode a prompt and check it fits the context with `max_tokens` new tokens.
+
+        Raises:
+            ContextLengthError: the prompt alone, or the prompt plus `max_tokens`, exceeds the context;
+                the message gives the numbers.
+        """
+        ids = self.encode_prompt(prompt)
+        context = self.config.context_length
+        if len(ids) >= context:
+            raise ContextLengthError(
+                f"the prompt is {len(ids)} tokens but the model's context is {context} tokens (room is "
+                f"needed for at least one new token); shorten the prompt", param="prompt"
+            )
+        room = context - len(ids)
+        if max_tokens is None:
+            return PreparedPrompt(ids, room)
+        if max_tokens > room:
+            raise ContextLengthError(
+                f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) is {len(ids) + max_tokens} "
+                f"tokens, more than the model's context of {context}; lower max_tokens to at most {room} "
+                "or shorten the prompt", param="max_tokens"
+            )
+        return PreparedPrompt(ids, max_tokens)
+
+    def make_request(self, prompt: Prompt, params: SamplingParams | None = None,
+                     fallback_temperature: float = 0.0, start_time: float | None = None) -> Request:
+        """Encode, validate and resolve a request without running it (the server's scheduler runs it).
+
+        Args:
+            prompt: text, messages or ids.
+            params: sampling parameters (None: all defaults).
+            fallback_temperature: temperature when neither request nor model sets one.
+            start_time: arrival time (`time.perf_counter()`), for TTFT.
+
+        Raises:
+            InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`.
+        """
+        params = params or SamplingParams()
+        params.validate()
+        prepared = self.prepare(prompt, params.max_tokens)
+        eos = set() if params.ignore_eos else self.eos_ids | set(params.stop_token_ids)
+        return Request(
+            prompt_ids=prepared.token_ids,
+            sampling=params.resolve(self.defaults, fallback_temperature),
+            max_new_tokens=prepared.max_new_tokens,
+            eos_ids=eos,
+            stop=params.stop,
+            tokenizer=self.tokenizer,
+            vocab_size=self.config.vocab_size,
+            logprobs=params.logprobs,
+            start_time=start_time,
+        )
+
+    # -------------------------------------------------------------------------------------- generation
+
+    def generate(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[GenerationEvent]:
+        """Stream a generation.
+
+        Args:
+            prompt: text, chat messages or token ids.
+            params: sampling parameters.
+
+        Yields:
+            `GenerationEvent`s; the last has `finish_reason` and `stats`.
+
+        Raises:
+            InvalidRequestError, ContextLengthError: before the first event, for bad input.
+        """
+        request = self.make_request(prompt, params)
+        return self.run(request)
+
+    def run(self, request: Request) -> Iterator[GenerationEvent]:
+        """Run a prepared request alone (prefill, then one decode step per token)."""
+        with self._lock:
+            runtime = self.runtime
+            runtime.reserve(1, len(request.prompt_ids) + request.max_new_tokens)
+            logits = runtime.prefill(0, torch.tensor(request.prompt_ids, dtype=torch.long))
+            rows = torch.zeros(1, dtype=torch.long)
+            while True:
+                token, info = request.choose(logits)
+                event = request.append(token, info)
+                yield event
+                if request.finished:
+                    return
+                position = torch.tensor([request.next_position - 1], dtype=torch.long)
+                logits = runtime.decode(rows, torch.tensor([token], dtype=torch.long), position)[0]
+
+    def complete(self, prompt: Prompt, params: SamplingParams | None = None) -> GenerationResult:
+        """Generate to the end and return the whole result (see `generate`)."""
+        request = self.make_request(prompt, params)
+        texts, ids, logprobs = [], [], []
+        event = None
+        for event in self.run(request):
+            texts.append(event.text)
+            ids.extend(event.token_ids)
+            if event.logprobs:
+                logprobs.extend(event.logprobs)
+        assert event is not None and event.finish_reason is not None and event.stats is not None
+        return GenerationResult(
+            text="".join(texts), token_ids=ids, finish_reason=event.finish_reason, stats=event.stats,
+            prompt_token_ids=request.prompt_ids, logprobs=logprobs if request.logprobs is not None else None,
+        )

@@ -1,0 +1,224 @@
+"""One generation request's state: sampling, stop checks, streaming text, timings.
+
+The single-request loop in `Engine` and the server's continuous-batching scheduler both drive requests
+through the same `Request` object, so a request behaves the same alone or beside others.
+"""
+
+from __future__ import annotations
+
+import itertools
+import time
+from dataclasses import dataclass, field
+
+import torch
+
+from solo.engine.detokenizer import IncrementalDetokenizer
+from solo.engine.sampling import ResolvedSampling, TokenSampler
+from solo.engine.stopping import StopStringMatcher
+from solo.tokenizer import Tokenizer
+
+_request_counter = itertools.count()
+
+
+@dataclass(frozen=True)
+class TokenLogprob:
+    """Log-probability of one generated token under the model (before sampling transforms).
+
+    Attributes:
+        token_id: the generated token.
+        logprob: its natural-log probability.
+        top: the most likely tokens at that step as (token_id, logprob), best first.
+    """
+
+    token_id: int
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
+
+
+@dataclass
+class GenerationStats:
+    """Timings and counts of one generation.
+
+    Attributes:
+        prompt_tokens: tokens in the prompt.
+        completion_tokens: tokens generated (an EOS token included).
+        ttft_s: time to first token, seconds from the start of the request.
+        token_times_s: for each generated token, seconds since the previous one (the first: since the start).
+        total_s: seconds from the start to the last token.
+    """
+
+    prompt_tokens: int
+    completion_tokens: int = 0
+    ttft_s: float | None = None
+    token_times_s: list[float] = field(default_factory=list)
+    total_s: float = 0.0
+
+    @property
+    def decode_tokens_per_s(self) -> float | None:
+        """Decode speed after the first token, in tokens per second (None with fewer than 2 tokens)."""
+        decode_s = sum(self.token_times_s[1:])
+        if len(self.token_times_s) < 2 or decode_s <= 0:
+            return None
+        return (len(self.token_times_s) - 1) / decode_s
+
+    @property
+    def mean_itl_s(self) -> float | None:
+        """Mean inter-token latency (TPOT) in seconds, or None with fewer than 2 tokens."""
+        tps = self.decode_tokens_per_s
+        return None if tps is None else 1.0 / tps
+
+
+@dataclass
+class GenerationEvent:
+    """One streamed step of a generation.
+
+    Attributes:
+        text: new text since the previous event (may be "" while a character or a possible stop string
+            is held back).
+        token_ids: token ids generated since the previous event.
+        finish_reason: None until the last event, then "stop" (EOS or stop string) or "length".
+        logprobs: per new token, its log-probabilities (when requested), else None.
+        stats: set on the last event.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str | None = None
+    logprobs: list[TokenLogprob] | None = None
+    stats: GenerationStats | None = None
+
+
+@dataclass
+class GenerationResult:
+    """A finished generation.
+
+    Attributes:
+        text: the generated text (stop strings excluded).
+        token_ids: generated token ids.
+        finish_reason: "stop" or "length".
+        stats: timings and counts.
+        prompt_token_ids: the prompt as the model saw it.
+        logprobs: per generated token, when requested.
+    """
+
+    text: str
+    token_ids: list[int]
+    finish_reason: str
+    stats: GenerationStats
+    prompt_token_ids: list[int]
+    logprobs: list[TokenLogprob] | None = None
+
+
+class Request:
+    """State of one generation from prefill to finish.
+
+    Args:
+        prompt_ids: prompt token ids.
+        sampling: resolved sampling values.
+        max_new_tokens: stop with "length" after this many tokens.
+        eos_ids: token ids that end generation with "stop" (empty when EOS is ignored).
+        stop: stop strings.
+        tokenizer: for streaming text.
+        vocab_size: logits width.
+        logprobs: None, or the number of top alternatives to report per token.
+        device: device of the logits.
+        start_time: `time.perf_counter()` at arrival (TTFT counts from here); now when None.
+    """
+
+    def __init__(
+        self,
+        prompt_ids: list[int],
+        sampling: ResolvedSampling,
+        max_new_tokens: int,
+        eos_ids: set[int],
+        stop: list[str],
+        tokenizer: Tokenizer,
+        vocab_size: int,
+        logprobs: int | None = None,
+        device: torch.device | str = "cpu",
+        start_time: float | None = None,
+    ) -> None:
+        self.request_id = next(_request_counter)
+        self.prompt_ids = list(prompt_ids)
+        self.sampling = sampling
+        self.max_new_tokens = max_new_tokens
+        self.eos_ids = eos_ids
+        self.sampler = TokenSampler(sampling, self.prompt_ids, vocab_size, device)
+        self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_ids)
+        self.stop_matcher = StopStringMatcher(stop)
+        self.logprobs = logprobs
+        self.output_ids: list[int] = []
+        self.finish_reason: str | None = None
+        self.start_time = time.perf_counter() if start_time is None else start_time
+        self._last_time = self.start_time
+        self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
+
+    @property
+    def finished(self) -> bool:
+        """True once a finish reason is set."""
+        return self.finish_reason is not None
+
+    @property
+    def next_position(self) -> int:
+        """Position of the next token fed to the model (prompt plus generated so far)."""
+        return len(self.prompt_ids) + len(self.output_ids)
+
+    def choose(self, logits: torch.Tensor) -> tuple[int, TokenLogprob | None]:
+        """Pick the next token.
+
+        Args:
+            logits: float32 [vocab] raw logits at the last position.
+
+        Returns:
+            (token id, its log-probabilities when requested).
+        """
+        token = self.sampler.sample(logits)
+        info = None
+        if self.logprobs is not None:
+            logp = torch.log_softmax(logits, dim=-1)
+            top = torch.topk(logp, self.logprobs) if self.logprobs > 0 else None
+            info = TokenLogprob(
+                token_id=token,
+                logprob=float(logp[token]),
+                top=() if top is None else tuple(
+                    (int(i), float(v)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
+                ),
+            )
+        return token, info
+
+    def append(self, token: int, info: TokenLogprob | None = None, now: float | None = None) -> GenerationEvent:
+        """Record a generated token; returns the event to stream (finish_reason set when it ends)."""
+        now = time.perf_counter() if now is None else now
+        self.stats.token_times_s.append(now - self._last_time)
+        if self.stats.ttft_s is None:
+            self.stats.ttft_s = now - self.start_time
+        self._last_time = now
+        self.output_ids.append(token)
+        self.sampler.observe(token)
+        self.stats.completion_tokens = len(self.output_ids)
+        text = ""
+        if token in self.eos_ids:
+            self.finish_reason = "stop"
+        else:
+            text = self.stop_matcher.feed(self.detokenizer.add([token]))
+            if self.stop_matcher.stopped:
+                self.finish_reason = "stop"
+            elif len(self.output_ids) >= self.max_new_tokens:
+                self.finish_reason = "length"
+        if self.finish_reason is not None and not self.stop_matcher.stopped:
+            text += self.stop_matcher.feed(self.detokenizer.flush())
+            if self.stop_matcher.stopped:
+                self.finish_reason = "stop"
+            else:
+                text += self.stop_matcher.flush()
+        event = GenerationEvent(text=text, token_ids=[token], finish_reason=self.finish_reason,
+                                logprobs=None if info is None else [info])
+        if self.finish_reason is not None:
+            self.stats.total_s = now - self.start_time
+            event.stats = self.stats
+        return event
+
+    def abort(self, reason: str = "abort") -> None:
+        """End the request early (client gone); no further tokens are produced."""
+        if self.finish_reason is None:
+            self.finish_reason = reason

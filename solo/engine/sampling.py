@@ -1,0 +1,234 @@
+"""Sampling parameters and the logits processors that turn logits into the next token.
+
+Order, as transformers' `generate` applies them: repetition penalty (transformers' definition: over the
+prompt and the generated tokens, logits > 0 divided and < 0 multiplied by the penalty), then presence and
+frequency penalties (OpenAI's definition: over generated tokens only, logit -= presence * [count > 0] +
+frequency * count), then temperature, top-k, top-p (nucleus, Holtzman et al. 2019) and min-p
+(Nguyen et al. 2024). A per-request `torch.Generator` seeded from `seed` makes sampled runs reproducible,
+alone or batched with other requests.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields, replace
+
+import torch
+
+from solo.errors import InvalidRequestError
+from solo.model.generation_config import GenerationDefaults
+
+
+@dataclass
+class SamplingParams:
+    """What the user asks of one generation. None means "use the model's default, then Solo's".
+
+    Attributes:
+        max_tokens: most new tokens to generate (>= 1); None fills the context.
+        temperature: 0 for greedy decoding, > 0 to sample.
+        top_k: keep the k most likely tokens (0 or -1 disables).
+        top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1].
+        min_p: drop tokens less likely than min_p times the most likely one, in [0, 1].
+        repetition_penalty: > 0; 1 disables.
+        presence_penalty, frequency_penalty: in [-2, 2]; 0 disables.
+        seed: makes sampling reproducible; None draws a random seed.
+        stop: strings that end generation; they are left out of the returned text.
+        stop_token_ids: extra token ids that end generation, besides the model's EOS ids.
+        ignore_eos: keep generating past EOS (benchmarks).
+        logprobs: None for no log-probabilities; k >= 0 returns the chosen token's log-probability and the
+            k most likely alternatives (at most 20).
+    """
+
+    max_tokens: int | None = None
+    temperature: float | None = None
+    top_k: int | None = None
+    top_p: float | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    seed: int | None = None
+    stop: list[str] = field(default_factory=list)
+    stop_token_ids: list[int] = field(default_factory=list)
+    ignore_eos: bool = False
+    logprobs: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.stop, str):
+            self.stop = [self.stop]
+        self.validate()
+
+    def validate(self) -> None:
+        """Check every field's range.
+
+        Raises:
+            InvalidRequestError: a value is out of range; the message names the field, the value and the
+                accepted range.
+        """
+
+        def bad(name: str, rule: str) -> InvalidRequestError:
+            return InvalidRequestError(f"{name} must be {rule}, got {getattr(self, name)!r}", param=name)
+
+        def finite(name: str) -> float | None:
+            value = getattr(self, name)
+            if value is None:
+                return None
+            if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+                raise bad(name, "a finite number")
+            return float(value)
+
+        if self.max_tokens is not None and (
+            isinstance(self.max_tokens, bool) or not isinstance(self.max_tokens, int) or self.max_tokens < 1
+        ):
+            raise bad("max_tokens", "an integer >= 1")
+        if (t := finite("temperature")) is not None and t < 0:
+            raise bad("temperature", ">= 0 (0 means greedy)")
+        if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
+                                       or self.top_k < -1):
+            raise bad("top_k", "an integer >= 0 (0 or -1 disables it)")
+        if (p := finite("top_p")) is not None and not 0 < p <= 1:
+            raise bad("top_p", "in (0, 1]")
+        if (m := finite("min_p")) is not None and not 0 <= m <= 1:
+            raise bad("min_p", "in [0, 1]")
+        if (r := finite("repetition_penalty")) is not None and r <= 0:
+            raise bad("repetition_penalty", "> 0 (1 disables it)")
+        for name in ("presence_penalty", "frequency_penalty"):
+            if (v := finite(name)) is None or not -2 <= v <= 2:
+                raise bad(name, "in [-2, 2]")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
+            raise bad("seed", "an integer")
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+            raise bad("stop", "a non-empty string or a list of non-empty strings")
+        if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
+                                          or not 0 <= self.logprobs <= 20):
+            raise bad("logprobs", "an integer in [0, 20]")
+
+    def resolve(self, defaults: GenerationDefaults, fallback_temperature: float = 0.0) -> ResolvedSampling:
+        """Fill unset values from the model's generation_config.json, then from Solo's defaults.
+
+        Args:
+            defaults: the checkpoint's generation defaults.
+            fallback_temperature: temperature when neither the request nor the model sets one: 0 (greedy,
+                as transformers' generate) for the Python API and CLI, 1 (OpenAI's default) for the server.
+        """
+        temperature = self.temperature
+        if temperature is None:
+            temperature = defaults.default_temperature()
+        if temperature is None:
+            temperature = fallback_temperature
+
+        def pick(value, default, solo_default):  # noqa: ANN001, ANN202
+            return value if value is not None else (default if default is not None else solo_default)
+
+        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        return ResolvedSampling(
+            temperature=float(temperature),
+            top_k=max(0, pick(self.top_k, defaults.top_k, 0)),
+            top_p=float(pick(self.top_p, defaults.top_p, 1.0)),
+            min_p=float(pick(self.min_p, defaults.min_p, 0.0)),
+            repetition_penalty=float(pick(self.repetition_penalty, defaults.repetition_penalty, 1.0)),
+            presence_penalty=float(self.presence_penalty),
+            frequency_penalty=float(self.frequency_penalty),
+            seed=seed,
+        )
+
+    def copy(self, **changes: object) -> SamplingParams:
+        """A copy with some fields changed (validated again)."""
+        return replace(self, **changes)
+
+    @classmethod
+    def field_names(cls) -> tuple[str, ...]:
+        """Names of all fields."""
+        return tuple(f.name for f in fields(cls))
+
+
+@dataclass(frozen=True)
+class ResolvedSampling:
+    """Sampling values after defaults are applied; see `SamplingParams` for their meaning."""
+
+    temperature: float
+    top_k: int
+    top_p: float
+    min_p: float
+    repetition_penalty: float
+    presence_penalty: float
+    frequency_penalty: float
+    seed: int
+
+    @property
+    def greedy(self) -> bool:
+        """True when the next token is the argmax."""
+        return self.temperature == 0.0
+
+    @property
+    def needs_penalties(self) -> bool:
+        """True when any penalty changes the logits."""
+        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+
+
+class TokenSampler:
+    """Per-request sampling state: penalty bookkeeping and the seeded random generator.
+
+    Args:
+        params: resolved sampling values.
+        prompt_ids: the prompt's token ids (the repetition penalty covers them).
+        vocab_size: logits width.
+        device: device of the logits.
+    """
+
+    def __init__(self, params: ResolvedSampling, prompt_ids: list[int], vocab_size: int,
+                 device: torch.device | str = "cpu") -> None:
+        self.params = params
+        self.generator = torch.Generator(device=device)
+        self.generator.manual_seed(params.seed)
+        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
+        self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        if params.repetition_penalty != 1.0 and prompt_ids:
+            self.seen[torch.tensor(prompt_ids, device=device).clamp_(0, vocab_size - 1)] = True
+
+    def observe(self, token_id: int) -> None:
+        """Record a generated token for the penalties."""
+        if self.params.needs_penalties:
+            self.seen[token_id] = True
+            self.counts[token_id] += 1
+
+    def process(self, logits: torch.Tensor) -> torch.Tensor:
+        """Apply penalties and warpers.
+
+        Args:
+            logits: float32 [vocab] raw logits of one request.
+
+        Returns:
+            float32 [vocab] processed logits (masked tokens at -inf); greedy requests get penalties only.
+        """
+        p = self.params
+        if p.repetition_penalty != 1.0:
+            penalized = torch.where(logits < 0, logits * p.repetition_penalty, logits / p.repetition_penalty)
+            logits = torch.where(self.seen, penalized, logits)
+        if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
+            logits = logits - p.frequency_penalty * self.counts - p.presence_penalty * (self.counts > 0)
+        if p.greedy:
+            return logits
+        logits = logits / p.temperature
+        if p.top_k > 0 and p.top_k < logits.numel():
+            kth = torch.topk(logits, p.top_k).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if p.top_p < 1.0:
+            sorted_logits, order = torch.sort(logits, descending=False)
+            cumulative = sorted_logits.softmax(-1).cumsum(-1)
+            remove_sorted = cumulative <= 1 - p.top_p
+            remove_sorted[-1] = False  # always keep the most likely token
+            remove = torch.zeros_like(remove_sorted).scatter(0, order, remove_sorted)
+            logits = logits.masked_fill(remove, float("-inf"))
+        if p.min_p > 0.0:
+            probs = logits.softmax(-1)
+            logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+        return logits
+
+    def sample(self, logits: torch.Tensor) -> int:
+        """Pick the next token from raw float32 logits [vocab]."""
+        processed = self.process(logits)
+        if self.params.greedy:
+            return int(torch.argmax(processed))
+        probs = processed.softmax(-1)
+        return int(torch.multinomial(probs, 1, generator=self.generator))

@@ -1,0 +1,42 @@
+"""Errors Solo raises for problems the user can fix.
+
+Every message is one line that names the problem and the fix. The CLI prints it without a traceback and the
+server maps it to an OpenAI-shaped error with status 400 (or 404 for an unknown model).
+"""
+
+from __future__ import annotations
+
+
+class SoloError(Exception):
+    """Base class for errors caused by user input (a path, a flag, a request field).
+
+    The message is meant for the user: it names what is wrong and how to fix it.
+    """
+
+
+class ModelNotFoundError(SoloError):
+    """The model path or hub id does not lead to a model folder."""
+
+
+class CheckpointError(SoloError):
+    """The model folder is partial or inconsistent: a missing file or shard, a missing or misshapen tensor."""
+
+
+class UnsupportedArchitectureError(SoloError):
+    """`config.json` names an architecture (or a feature of one) that Solo does not implement."""
+
+
+class InvalidRequestError(SoloError):
+    """A generation request has an invalid field (a sampling value, `max_tokens`, the messages).
+
+    Attributes:
+        param: name of the offending request field, or None when the problem is not one field.
+    """
+
+    def __init__(self, message: str, param: str | None = None) -> None:
+        super().__init__(message)
+        self.param = param
+
+
+class ContextLengthError(InvalidRequestError):
+    """The prompt, or the prompt plus `max_tokens`, does not fit the model's context length."""

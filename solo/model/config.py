@@ -1,0 +1,349 @@
+"""Typed model configuration built from a Hugging Face `config.json`.
+
+One `ModelConfig` describes every supported architecture: the eager model reads feature fields (biases,
+q/k norms, sandwich norms, soft-capping, per-layer sliding windows) and never the architecture's name.
+The per-architecture rules that turn a raw `config.json` into those fields live in `_ARCHITECTURE_RULES`,
+mirroring how `transformers` defines each family (transformers/models/<family>/configuration_*.py and
+modeling_*.py).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from solo.errors import CheckpointError, UnsupportedArchitectureError
+
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+
+
+@dataclass(frozen=True)
+class RopeConfig:
+    """Rotary position embedding (RoPE) parameters.
+
+    Attributes:
+        theta: base of the rotary frequencies.
+        rope_type: "default", "linear" (position interpolation), "dynamic" (dynamic NTK scaling) or
+            "llama3" (Llama 3.1 frequency-band scaling). Formulas follow transformers' modeling_rope_utils.py.
+        factor: scaling factor for the non-default types.
+        low_freq_factor, high_freq_factor: llama3 band edges.
+        original_max_position_embeddings: llama3's pre-training context length.
+    """
+
+    theta: float = 10000.0
+    rope_type: str = "default"
+    factor: float = 1.0
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+    original_max_position_embeddings: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Everything the decoder-only transformer needs to know about a checkpoint.
+
+    Attributes:
+        architecture: the Hugging Face class name, e.g. "LlamaForCausalLM".
+        vocab_size, hidden_size, intermediate_size, num_layers: model dims.
+        num_heads, num_kv_heads, head_dim: attention heads; `num_kv_heads < num_heads` is grouped-query
+            attention (GQA).
+        rms_norm_eps: epsilon of every RMSNorm.
+        hidden_act: MLP activation: "silu", "gelu_pytorch_tanh" or "gelu".
+        max_position_embeddings: the checkpoint's `max_position_embeddings`.
+        context_length: longest sequence (prompt + generated) Solo accepts, in tokens.
+        rope: RoPE parameters.
+        tie_word_embeddings: the LM head reuses the token embedding matrix.
+        qkv_bias, o_bias, mlp_bias: which projections carry a bias.
+        qk_norm: per-head RMSNorm on queries and keys before RoPE (Qwen3).
+        norm_unit_offset: RMSNorm multiplies by (1 + w) instead of w (Gemma).
+        sandwich_norm: extra norms after attention and around the MLP (Gemma 2).
+        embedding_scale: multiply token embeddings by this (Gemma: sqrt(hidden_size)), or None.
+        attn_scale: softmax scale of attention scores.
+        attn_logit_softcap, final_logit_softcap: tanh soft-capping of attention scores / logits, or None.
+        layer_sliding_windows: per layer, the sliding-window size in tokens (a query sees itself and the
+            `window - 1` tokens before it) or None for global attention.
+        torch_dtype: the checkpoint's dtype name ("bfloat16", ...) or None when config.json omits it.
+        bos_token_id: BOS id, or None.
+        eos_token_ids: EOS ids from config.json (generation_config.json may add more).
+    """
+
+    architecture: str
+    vocab_size: int
+    hidden_size: int
+    intermediate_size: int
+    num_layers: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    rms_norm_eps: float
+    hidden_act: str
+    max_position_embeddings: int
+    context_length: int
+    rope: RopeConfig = field(default_factory=RopeConfig)
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    o_bias: bool = False
+    mlp_bias: bool = False
+    qk_norm: bool = False
+    norm_unit_offset: bool = False
+    sandwich_norm: bool = False
+    embedding_scale: float | None = None
+    attn_scale: float = 1.0
+    attn_logit_softcap: float | None = None
+    final_logit_softcap: float | None = None
+    layer_sliding_windows: tuple[int | None, ...] = ()
+    torch_dtype: str | None = None
+    bos_token_id: int | None = None
+    eos_token_ids: tuple[int, ...] = ()
+
+    @property
+    def num_kv_groups(self) -> int:
+        """Query heads per KV head (GQA group size)."""
+        return self.num_heads // self.num_kv_heads
+
+    def num_parameters(self) -> int:
+        """Parameter count of the checkpoint (the LM head counted once when tied)."""
+        h, f, hd = self.hidden_size, self.intermediate_size, self.head_dim
+        q, kv = self.num_heads * hd, self.num_kv_heads * hd
+        attn = h * (q + 2 * kv) + q * h
+        if self.qkv_bias:
+            attn += q + 2 * kv
+        if self.o_bias:
+            attn += h
+        mlp = 3 * h * f + (2 * f + h if self.mlp_bias else 0)
+        norms = h * (4 if self.sandwich_norm else 2) + (2 * hd if self.qk_norm else 0)
+        per_layer = attn + mlp + norms
+        embed = self.vocab_size * h
+        head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        return self.num_layers * per_layer + embed + head + h
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
+        """Build a config from the parsed contents of a Hugging Face `config.json`.
+
+        Raises:
+            UnsupportedArchitectureError: the architecture, or a feature it uses (a RoPE type, an
+                activation), is not implemented; the message lists what is supported.
+            CheckpointError: a required field is missing or inconsistent.
+        """
+        architecture = _architecture_name(raw)
+        rule = _ARCHITECTURE_RULES[architecture]
+        try:
+            hidden = int(raw["hidden_size"])
+            num_heads = int(raw["num_attention_heads"])
+            num_layers = int(raw["num_hidden_layers"])
+            base = dict(
+                architecture=architecture,
+                vocab_size=int(raw["vocab_size"]),
+                hidden_size=hidden,
+                intermediate_size=int(raw["intermediate_size"]),
+                num_layers=num_layers,
+                num_heads=num_heads,
+                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
+                head_dim=int(raw.get("head_dim") or hidden // num_heads),
+                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
+                hidden_act=str(raw.get("hidden_act", "silu")),
+                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
+                context_length=0,
+                rope=_rope_config(raw),
+                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+                torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+                bos_token_id=raw.get("bos_token_id"),
+                eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
+                layer_sliding_windows=(None,) * num_layers,
+            )
+        except KeyError as exc:
+            raise CheckpointError(
+                f"config.json lacks the field {exc.args[0]!r}; re-download the model's config.json"
+            ) from None
+        base["attn_scale"] = base["head_dim"] ** -0.5
+        config = cls(**base)
+        config = rule(config, raw)
+        config = replace(config, context_length=_context_length(config))
+        _validate(config)
+        return config
+
+    @classmethod
+    def from_file(cls, path: str | Path) -> ModelConfig:
+        """Read `config.json` (or the folder holding it) into a `ModelConfig`.
+
+        Raises:
+            CheckpointError: the file is missing or is not valid JSON.
+            UnsupportedArchitectureError: see `from_dict`.
+        """
+        path = Path(path)
+        if path.is_dir():
+            path = path / "config.json"
+        if not path.is_file():
+            raise CheckpointError(
+                f"{path} is missing: a model folder needs config.json; point Solo at a complete "
+                "Hugging Face model folder"
+            )
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
+        return cls.from_dict(raw)
+
+
+def _as_id_tuple(value: Any) -> tuple[int, ...]:
+    if value is None:
+        return ()
+    if isinstance(value, int):
+        return (value,)
+    return tuple(int(v) for v in value)
+
+
+def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+    # transformers >= 5 writes `rope_parameters` (theta inside); older configs write `rope_theta` and
+    # `rope_scaling` (with "type" in the oldest ones).
+    params = raw.get("rope_parameters") or {}
+    scaling = raw.get("rope_scaling") or {}
+    merged = {**scaling, **params}
+    theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
+    rope_type = merged.get("rope_type") or merged.get("type") or "default"
+    if rope_type not in _SUPPORTED_ROPE_TYPES:
+        raise UnsupportedArchitectureError(
+            f"RoPE scaling type {rope_type!r} is not supported; Solo supports "
+            f"{', '.join(_SUPPORTED_ROPE_TYPES)}"
+        )
+    if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise UnsupportedArchitectureError(
+            "partial rotary embeddings (partial_rotary_factor != 1) are not supported"
+        )
+    return RopeConfig(
+        theta=theta,
+        rope_type=rope_type,
+        factor=float(merged.get("factor", 1.0)),
+        low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
+        high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
+        original_max_position_embeddings=merged.get("original_max_position_embeddings"),
+    )
+
+
+def _context_length(config: ModelConfig) -> int:
+    # As vLLM does: linear and dynamic scaling stretch the trained context by `factor`; llama3 configs
+    # already state the stretched length in max_position_embeddings.
+    if config.rope.rope_type in ("linear", "dynamic"):
+        return int(config.max_position_embeddings * config.rope.factor)
+    return config.max_position_embeddings
+
+
+def _layer_windows_from_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tuple:
+    layer_types = raw.get("layer_types")
+    if layer_types is None:
+        return (None,) * num_layers
+    if len(layer_types) != num_layers:
+        raise CheckpointError(
+            f"config.json lists {len(layer_types)} layer_types for {num_layers} layers; fix config.json"
+        )
+    return tuple(window if t == "sliding_attention" else None for t in layer_types)
+
+
+def _llama(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    bias = bool(raw.get("attention_bias", False))
+    return replace(config, qkv_bias=bias, o_bias=bias, mlp_bias=bool(raw.get("mlp_bias", False)))
+
+
+def _mistral(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    window = raw.get("sliding_window")
+    return replace(config, layer_sliding_windows=(window,) * config.num_layers)
+
+
+def _qwen_windows(config: ModelConfig, raw: dict[str, Any]) -> tuple:
+    # transformers: the window is only active with use_sliding_window, and then only from
+    # max_window_layers on, unless config.json spells out layer_types.
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    if raw.get("layer_types") is not None:
+        return _layer_windows_from_types(raw, config.num_layers, window)
+    first = int(raw.get("max_window_layers", config.num_layers))
+    return tuple(window if window is not None and i >= first else None for i in range(config.num_layers))
+
+
+def _qwen2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    return replace(config, qkv_bias=True, layer_sliding_windows=_qwen_windows(config, raw))
+
+
+def _qwen3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    bias = bool(raw.get("attention_bias", False))
+    return replace(
+        config, qkv_bias=bias, o_bias=bias, qk_norm=True, layer_sliding_windows=_qwen_windows(config, raw)
+    )
+
+
+def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    bias = bool(raw.get("attention_bias", False))
+    window = raw.get("sliding_window", 4096)
+    if raw.get("layer_types") is None:
+        # Gemma 2 alternates: even layers slide, odd layers are global.
+        windows = tuple(window if i % 2 == 0 else None for i in range(config.num_layers))
+    else:
+        windows = _layer_windows_from_types(raw, config.num_layers, window)
+    if raw.get("use_bidirectional_attention"):
+        raise UnsupportedArchitectureError("bidirectional attention (use_bidirectional_attention) is not supported")
+    return replace(
+        config,
+        qkv_bias=bias,
+        o_bias=bias,
+        norm_unit_offset=True,
+        sandwich_norm=True,
+        hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"),
+        embedding_scale=math.sqrt(config.hidden_size),
+        attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
+        attn_logit_softcap=raw.get("attn_logit_softcapping", 50.0),
+        final_logit_softcap=raw.get("final_logit_softcapping", 30.0),
+        tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+        max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
+        layer_sliding_windows=windows,
+    )
+
+
+_ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConfig]] = {
+    "LlamaForCausalLM": _llama,
+    "MistralForCausalLM": _mistral,
+    "Qwen2ForCausalLM": _qwen2,
+    "Qwen3ForCausalLM": _qwen3,
+    "Gemma2ForCausalLM": _gemma2,
+}
+
+SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURE_RULES)
+"""Hugging Face architecture names Solo runs."""
+
+_MODEL_TYPES = {
+    "llama": "LlamaForCausalLM",
+    "mistral": "MistralForCausalLM",
+    "qwen2": "Qwen2ForCausalLM",
+    "qwen3": "Qwen3ForCausalLM",
+    "gemma2": "Gemma2ForCausalLM",
+}
+
+_SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+
+
+def _architecture_name(raw: dict[str, Any]) -> str:
+    names = raw.get("architectures") or []
+    if not names and raw.get("model_type") in _MODEL_TYPES:
+        names = [_MODEL_TYPES[raw["model_type"]]]
+    for name in names:
+        if name in _ARCHITECTURE_RULES:
+            return name
+    shown = ", ".join(names) if names else f"model_type {raw.get('model_type')!r}"
+    raise UnsupportedArchitectureError(
+        f"unsupported architecture {shown}; Solo supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+    )
+
+
+def _validate(config: ModelConfig) -> None:
+    if config.hidden_act not in _SUPPORTED_ACTIVATIONS:
+        raise UnsupportedArchitectureError(
+            f"activation {config.hidden_act!r} is not supported; Solo supports {', '.join(_SUPPORTED_ACTIVATIONS)}"
+        )
+    if config.num_heads % config.num_kv_heads != 0:
+        raise CheckpointError(
+            f"num_attention_heads ({config.num_heads}) is not a multiple of num_key_value_heads "
+            f"({config.num_kv_heads}); fix config.json"
+        )

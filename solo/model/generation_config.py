@@ -1,0 +1,88 @@
+"""Default sampling values and stop tokens from a checkpoint's `generation_config.json`."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from solo.errors import CheckpointError
+
+
+@dataclass(frozen=True)
+class GenerationDefaults:
+    """What the checkpoint's authors chose for generation, as `transformers`' GenerationConfig reads it.
+
+    Sampling fields are None when generation_config.json does not set them, so a caller can fall back
+    to its own default (greedy for the Python API and CLI, as transformers does; OpenAI's for the server).
+
+    Attributes:
+        eos_token_ids: every token id that ends generation (`eos_token_id` may be an int or a list).
+        bos_token_id: BOS id, or None.
+        do_sample: the file's `do_sample`, or None when absent.
+        temperature, top_p, top_k, min_p, repetition_penalty: sampling values, or None when absent.
+        max_new_tokens: the file's `max_new_tokens`, or None.
+    """
+
+    eos_token_ids: tuple[int, ...] = ()
+    bos_token_id: int | None = None
+    do_sample: bool | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    min_p: float | None = None
+    repetition_penalty: float | None = None
+    max_new_tokens: int | None = None
+
+    @classmethod
+    def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
+        """Build defaults from the parsed contents of `generation_config.json`."""
+        eos = raw.get("eos_token_id")
+        eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
+
+        def number(key: str, kind: type) -> Any:
+            value = raw.get(key)
+            return None if value is None else kind(value)
+
+        return cls(
+            eos_token_ids=eos_ids,
+            bos_token_id=raw.get("bos_token_id"),
+            do_sample=raw.get("do_sample"),
+            temperature=number("temperature", float),
+            top_p=number("top_p", float),
+            top_k=number("top_k", int),
+            min_p=number("min_p", float),
+            repetition_penalty=number("repetition_penalty", float),
+            max_new_tokens=number("max_new_tokens", int),
+        )
+
+    @classmethod
+    def from_folder(cls, folder: str | Path, fallback_eos_ids: tuple[int, ...] = ()) -> GenerationDefaults:
+        """Read `folder/generation_config.json`; without one, only `fallback_eos_ids` (from config.json).
+
+        Raises:
+            CheckpointError: the file exists but is not valid JSON.
+        """
+        path = Path(folder) / "generation_config.json"
+        if not path.is_file():
+            return cls(eos_token_ids=fallback_eos_ids)
+        try:
+            raw = json.loads(path.read_text(encoding="utf-8"))
+        except json.JSONDecodeError as exc:
+            raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
+        defaults = cls.from_dict(raw)
+        if not defaults.eos_token_ids and fallback_eos_ids:
+            defaults = cls(**{**defaults.__dict__, "eos_token_ids": fallback_eos_ids})
+        return defaults
+
+    def default_temperature(self) -> float | None:
+        """Temperature implied by the file: 0 (greedy) when do_sample is false, else the file's value.
+
+        Returns None when the file says nothing, so the caller's own default applies.
+        """
+        if self.do_sample is False:
+            return 0.0
+        if self.do_sample is True:
+            return 1.0 if self.temperature is None else self.temperature
+        return self.temperature

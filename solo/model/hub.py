@@ -1,0 +1,99 @@
+"""Finding a model folder: a local path, the bundled default model, or a Hugging Face Hub id.
+
+Hub ids are resolved through `huggingface_hub` (its cache, then a download of the files Solo reads).
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import torch
+
+from solo.errors import ModelNotFoundError, SoloError
+
+_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# Only what Solo reads: configs, tokenizer files, chat templates and safetensors weights.
+HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt", "*.tiktoken"]
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_CHOICES = ("auto", *_DTYPES)
+"""Values accepted for `dtype` / `--dtype`."""
+
+
+def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> Path:
+    """Turn what the user named into a local model folder.
+
+    Args:
+        model: a folder path, a Hugging Face Hub id ("org/name"), or None for Solo's bundled model.
+        revision: hub branch, tag or commit (hub ids only).
+
+    Returns:
+        Path of a folder that exists.
+
+    Raises:
+        ModelNotFoundError: the path does not exist and is not a hub id, or the hub download failed.
+    """
+    if model is None:
+        from solo.model.default_model import default_model_path
+
+        return default_model_path()
+    path = Path(model).expanduser()
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelNotFoundError(f"{path} is a file; pass the model folder that holds config.json")
+    text = str(model)
+    if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
+        raise ModelNotFoundError(
+            f"model folder {text!r} does not exist; pass a folder with config.json and safetensors "
+            "weights, or a Hugging Face Hub id such as 'org/name'"
+        )
+    return _download_from_hub(text, revision)
+
+
+def _download_from_hub(repo_id: str, revision: str | None) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
+
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILE_PATTERNS))
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(
+            f"{repo_id!r} is neither a local folder nor a model on the Hugging Face Hub (or it is gated: "
+            "log in with `hf auth login`); check the name"
+        ) from None
+    except LocalEntryNotFoundError:
+        raise ModelNotFoundError(
+            f"{repo_id!r} is not a local folder and is not in the Hugging Face cache, and the Hub cannot be "
+            "reached; connect to the network or pass a local model folder"
+        ) from None
+    except (HfHubHTTPError, OSError, ValueError) as exc:
+        raise ModelNotFoundError(
+            f"could not download {repo_id!r} from the Hugging Face Hub ({exc}); pass a local model folder"
+        ) from None
+
+
+def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:
+    """The dtype to load weights in.
+
+    Args:
+        dtype: "auto" (the checkpoint's own dtype, float32 when it names none), "float32", "bfloat16",
+            "float16", or a torch dtype.
+        checkpoint_dtype: `torch_dtype` from config.json, or None.
+
+    Raises:
+        SoloError: an unknown dtype name.
+    """
+    if isinstance(dtype, torch.dtype):
+        if dtype not in _DTYPES.values():
+            raise SoloError(f"unsupported dtype {dtype}; choose one of {', '.join(DTYPE_CHOICES)}")
+        return dtype
+    name = {"bf16": "bfloat16", "fp16": "float16", "half": "float16", "fp32": "float32", "float": "float32"}.get(
+        dtype, dtype
+    )
+    if name == "auto":
+        return _DTYPES.get(str(checkpoint_dtype), torch.float32)
+    if name not in _DTYPES:
+        raise SoloError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
+    return _DTYPES[name]

@@ -1,0 +1,112 @@
+"""Rotary position embeddings (RoPE) with the scaling schemes Hugging Face checkpoints use.
+
+Source: Su et al., "RoFormer" (2021) for RoPE; the scaling formulas follow transformers'
+`modeling_rope_utils.py` (linear interpolation, dynamic NTK, Llama 3.1 bands). Frequencies use the
+"rotate half" layout of the Hugging Face Llama family (first half / second half of each head).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from solo.model.config import ModelConfig, RopeConfig
+
+
+def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+    """Inverse frequencies for a static RoPE type (default, linear, llama3; dynamic at its base length).
+
+    Returns:
+        float32 tensor [head_dim // 2].
+    """
+    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    inv_freq = 1.0 / (rope.theta**exponent)
+    if rope.rope_type == "linear":
+        inv_freq = inv_freq / rope.factor
+    elif rope.rope_type == "llama3":
+        inv_freq = _llama3_scale(inv_freq, rope)
+    return inv_freq
+
+
+def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
+    # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    old_len = rope.original_max_position_embeddings or 8192
+    low_wavelen = old_len / rope.low_freq_factor
+    high_wavelen = old_len / rope.high_freq_factor
+    wavelen = 2 * math.pi / inv_freq
+    scaled = torch.where(wavelen > low_wavelen, inv_freq / rope.factor, inv_freq)
+    smooth = (old_len / wavelen - rope.low_freq_factor) / (rope.high_freq_factor - rope.low_freq_factor)
+    smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
+    is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
+    return torch.where(is_medium, smoothed, scaled)
+
+
+def dynamic_ntk_inv_freq(config: ModelConfig, seq_len: torch.Tensor) -> torch.Tensor:
+    """Dynamic NTK-scaled inverse frequencies for sequences of `seq_len` tokens.
+
+    Below `max_position_embeddings` this equals the default frequencies. As in transformers, the base
+    grows with the current length: base * ((factor * len / max_pos) - (factor - 1)) ** (dim / (dim - 2)).
+
+    Args:
+        config: model config with `rope.rope_type == "dynamic"`.
+        seq_len: int64 tensor [batch], the current length of each row (largest position + 1).
+
+    Returns:
+        float32 tensor [batch, head_dim // 2].
+    """
+    dim = config.head_dim
+    max_pos = config.max_position_embeddings
+    seq_len = torch.clamp(seq_len, min=max_pos)
+    factor = config.rope.factor
+    # float32 tensor arithmetic, as transformers does it, so frequencies match bit for bit.
+    base = config.rope.theta * ((factor * seq_len / max_pos) - (factor - 1)) ** (dim / (dim - 2))
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=seq_len.device).float() / dim
+    return 1.0 / (base[:, None] ** exponent[None, :])
+
+
+class RotaryEmbedding(torch.nn.Module):
+    """Computes RoPE cos/sin tables for given positions.
+
+    Args:
+        config: model config (head_dim and rope parameters).
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.register_buffer("inv_freq", rope_inv_freq(config.rope, config.head_dim), persistent=False)
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """Cos and sin for each position.
+
+        Args:
+            positions: int64 [batch, seq], absolute token positions.
+            dtype: dtype of the returned tables (the activations' dtype).
+
+        Returns:
+            (cos, sin), each [batch, seq, head_dim] in `dtype`, computed in float32 first.
+        """
+        if self.config.rope.rope_type == "dynamic":
+            inv_freq = dynamic_ntk_inv_freq(self.config, positions.max(dim=1).values + 1)  # [batch, half]
+            freqs = positions.float()[:, :, None] * inv_freq[:, None, :]
+        else:
+            freqs = positions.float()[:, :, None] * self.inv_freq.float()[None, None, :]
+        emb = torch.cat((freqs, freqs), dim=-1)
+        return emb.cos().to(dtype), emb.sin().to(dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """Rotate queries or keys.
+
+    Args:
+        x: [batch, heads, seq, head_dim].
+        cos, sin: [batch, seq, head_dim], same dtype as x.
+
+    Returns:
+        [batch, heads, seq, head_dim], same dtype as x.
+    """
+    cos, sin = cos[:, None], sin[:, None]
+    half = x.shape[-1] // 2
+    rotated = torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,120 @@
+"""The eager reference decoder-only transformer, one implementation for every supported architecture.
+
+Feature fields of `ModelConfig` (biases, q/k norms, sandwich norms, soft-capping, per-layer sliding
+windows) switch behaviour; the architecture's name is never consulted here. Parameter names are Solo's
+own; `solo.model.weights` maps Hugging Face checkpoint names onto them.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from solo.model.config import ModelConfig
+from solo.model.layers import DecoderLayer, RMSNorm
+from solo.model.rope import RotaryEmbedding
+
+
+class KVCache:
+    """Static KV cache: preallocated once, written in place at each token's position.
+
+    Attributes:
+        k, v: per layer, a tensor [rows, kv_heads, max_seq, head_dim]. A row holds one sequence; the
+            server gives each concurrent request its own row.
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig,
+        rows: int,
+        max_seq: int,
+        dtype: torch.dtype,
+        device: torch.device | str = "cpu",
+    ) -> None:
+        shape = (rows, config.num_kv_heads, max_seq, config.head_dim)
+        self.rows = rows
+        self.max_seq = max_seq
+        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+
+    def nbytes(self) -> int:
+        """Memory held by the cache, in bytes."""
+        return sum(t.numel() * t.element_size() for t in self.k + self.v)
+
+
+class Transformer(nn.Module):
+    """Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2) in plain PyTorch.
+
+    Args:
+        config: model config.
+    """
+
+    def __init__(self, config: ModelConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.embed = nn.Embedding(config.vocab_size, config.hidden_size)
+        self.layers = nn.ModuleList(DecoderLayer(config, i) for i in range(config.num_layers))
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps, config.norm_unit_offset)
+        self.lm_head = None if config.tie_word_embeddings else nn.Linear(
+            config.hidden_size, config.vocab_size, bias=False
+        )
+        self.rotary = RotaryEmbedding(config)
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """dtype of the weights."""
+        return self.embed.weight.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self.embed.weight.device
+
+    def lm_head_weight(self) -> torch.Tensor:
+        """The LM head matrix [vocab, hidden] (the embedding when tied)."""
+        return self.embed.weight if self.lm_head is None else self.lm_head.weight
+
+    def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
+        """Token embeddings [batch, seq, hidden] for int64 `input_ids` [batch, seq]."""
+        x = self.embed(input_ids)
+        if self.config.embedding_scale is not None:
+            # Gemma rounds the scale to the weights' dtype before multiplying (transformers does too).
+            x = x * torch.tensor(self.config.embedding_scale).to(x.dtype)
+        return x
+
+    def logits(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Final norm, LM head and logit soft-capping: [batch, seq, hidden] -> [batch, seq, vocab]."""
+        logits = nn.functional.linear(self.norm(hidden), self.lm_head_weight())
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        cache: KVCache,
+        rows: torch.Tensor,
+        last_only: bool = False,
+    ) -> torch.Tensor:
+        """Run the model over new tokens, appending their keys and values to the cache.
+
+        Args:
+            input_ids: int64 [batch, seq] token ids.
+            positions: int64 [batch, seq] absolute positions (row b's earlier tokens must already be in
+                the cache at positions < positions[b, 0]).
+            cache: the static KV cache.
+            rows: int64 [batch], the cache row of each batch entry.
+            last_only: compute logits for the last position only (prefill needs no more).
+
+        Returns:
+            Logits [batch, seq, vocab] (or [batch, 1, vocab] with last_only) in the weights' dtype.
+        """
+        x = self.embed_tokens(input_ids)
+        cos, sin = self.rotary(positions, x.dtype)
+        for i, layer in enumerate(self.layers):
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], rows)
+        if last_only:
+            x = x[:, -1:]
+        return self.logits(x)

@@ -1,0 +1,181 @@
+"""Checkpoint loading: Hugging Face safetensors names mapped onto the eager model, tensor by tensor.
+
+One name table (`hf_to_solo_name`) covers every supported architecture. Tensors stream from the
+safetensors files straight into the model (built on the meta device first), so RAM never holds the
+checkpoint twice. Every parameter must arrive with the expected shape, or loading fails with a message
+that names the tensor.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from tqdm.auto import tqdm
+
+from solo.errors import CheckpointError
+from solo.model.config import ModelConfig
+from solo.model.rope import RotaryEmbedding
+from solo.model.transformer import Transformer
+
+_LAYER_NAMES = {
+    "self_attn.q_proj": "attn.q_proj",
+    "self_attn.k_proj": "attn.k_proj",
+    "self_attn.v_proj": "attn.v_proj",
+    "self_attn.o_proj": "attn.o_proj",
+    "self_attn.q_norm": "attn.q_norm",
+    "self_attn.k_norm": "attn.k_norm",
+    "mlp.gate_proj": "mlp.gate_proj",
+    "mlp.up_proj": "mlp.up_proj",
+    "mlp.down_proj": "mlp.down_proj",
+    "input_layernorm": "attn_norm",
+}
+# `post_attention_layernorm` is the pre-MLP norm in Llama but the post-attention norm in Gemma 2.
+_PLAIN_NORMS = {"post_attention_layernorm": "mlp_norm"}
+_SANDWICH_NORMS = {
+    "post_attention_layernorm": "attn_out_norm",
+    "pre_feedforward_layernorm": "mlp_norm",
+    "post_feedforward_layernorm": "mlp_out_norm",
+}
+_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
+_IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
+
+
+def hf_to_solo_name(name: str, config: ModelConfig) -> str | None:
+    """Map a Hugging Face tensor name to the eager model's parameter name.
+
+    Returns None for tensors Solo does not need (RoPE buffers saved by old checkpoints, a stored copy of a
+    tied LM head).
+
+    Raises:
+        CheckpointError: the name belongs to no supported architecture.
+    """
+    if _IGNORED_RE.search(name):
+        return None
+    if name == "model.embed_tokens.weight":
+        return "embed.weight"
+    if name == "model.norm.weight":
+        return "norm.weight"
+    if name == "lm_head.weight":
+        return None if config.tie_word_embeddings else "lm_head.weight"
+    match = _LAYER_RE.match(name)
+    if match:
+        layer, module, kind = match.groups()
+        norms = _SANDWICH_NORMS if config.sandwich_norm else _PLAIN_NORMS
+        solo_module = _LAYER_NAMES.get(module) or norms.get(module)
+        if solo_module is not None:
+            return f"layers.{layer}.{solo_module}.{kind}"
+    raise CheckpointError(
+        f"checkpoint tensor {name!r} does not belong to a {config.architecture} model; "
+        "check that config.json matches the weights"
+    )
+
+
+def checkpoint_files(folder: Path) -> list[Path]:
+    """The safetensors files of a model folder, single-file or sharded.
+
+    Raises:
+        CheckpointError: no safetensors weights, a shard listed in the index is missing, or only
+            PyTorch `.bin` weights exist.
+    """
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+        except (json.JSONDecodeError, KeyError) as exc:
+            raise CheckpointError(f"{index} is not a valid safetensors index ({exc}); re-download it") from None
+        shards = sorted(set(weight_map.values()))
+        missing = [s for s in shards if not (folder / s).is_file()]
+        if missing:
+            raise CheckpointError(
+                f"missing shard {missing[0]}"
+                + (f" (and {len(missing) - 1} more)" if len(missing) > 1 else "")
+                + f" listed in {index.name} in {folder}; the download is incomplete, fetch the missing files"
+            )
+        return [folder / s for s in shards]
+    single = folder / "model.safetensors"
+    if single.is_file():
+        return [single]
+    if any(folder.glob("*.bin")) or any(folder.glob("*.pth")):
+        raise CheckpointError(
+            f"{folder} holds PyTorch .bin/.pth weights only; Solo loads safetensors: convert them with "
+            "transformers (model.save_pretrained(folder, safe_serialization=True))"
+        )
+    raise CheckpointError(
+        f"{folder} has no model.safetensors or model.safetensors.index.json; the folder is partial, "
+        "download the weights too"
+    )
+
+
+def _iter_tensors(files: list[Path], device: str) -> Iterator[tuple[str, torch.Tensor]]:
+    bar = tqdm(total=len(files), desc="Loading shards", unit="shard", disable=len(files) < 2)
+    for path in files:
+        try:
+            with safe_open(str(path), framework="pt", device=device) as f:
+                for name in f.keys():
+                    yield name, f.get_tensor(name)
+        except (OSError, RuntimeError, ValueError) as exc:
+            raise CheckpointError(f"cannot read {path} ({exc}); the file is damaged, re-download it") from None
+        bar.update(1)
+    bar.close()
+
+
+def load_weights(
+    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu"
+) -> Transformer:
+    """Build the eager model and fill it from the folder's safetensors files.
+
+    Args:
+        folder: model folder with config.json and safetensors weights.
+        config: the parsed config.json.
+        dtype: dtype of the loaded weights (float32, bfloat16 or float16).
+        device: where the weights live.
+
+    Returns:
+        The model in eval mode with every parameter loaded.
+
+    Raises:
+        CheckpointError: a missing shard or tensor, a tensor with the wrong shape, an unknown tensor.
+    """
+    with torch.device("meta"):
+        model = Transformer(config)
+    expected = {name: p.shape for name, p in model.named_parameters()}
+    loaded: set[str] = set()
+    device_str = str(device)
+    read_device = device_str if device_str.startswith("cuda") else "cpu"
+    for hf_name, tensor in _iter_tensors(checkpoint_files(folder), read_device):
+        name = hf_to_solo_name(hf_name, config)
+        if name is None:
+            continue
+        if name not in expected:
+            raise CheckpointError(
+                f"checkpoint tensor {hf_name!r} has no place in this {config.architecture} config "
+                f"(maps to {name}); check that config.json matches the weights"
+            )
+        if tuple(tensor.shape) != tuple(expected[name]):
+            raise CheckpointError(
+                f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, config.json implies "
+                f"{tuple(expected[name])}; the config and weights do not match"
+            )
+        _set_parameter(model, name, tensor.to(device=device, dtype=dtype))
+        del tensor
+        loaded.add(name)
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint lacks tensor {missing[0]}{more}; the weights are incomplete or belong to another model"
+        )
+    # Buffers built on the meta device hold no values; rebuild the RoPE table for real.
+    model.rotary = RotaryEmbedding(config).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def _set_parameter(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    module_name, _, attr = name.rpartition(".")
+    module = model.get_submodule(module_name)
+    module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)

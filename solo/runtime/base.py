@@ -1,0 +1,62 @@
+"""The contract every decode runtime (eager, compiled CPU, CUDA graphs) fulfils.
+
+A runtime owns the model's weights in its preferred layout and a static KV cache with `rows` sequences
+of up to `max_seq` tokens. The engine and the server's scheduler only talk to this interface.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol
+
+import torch
+
+from solo.model.config import ModelConfig
+
+
+class DecodeRuntime(Protocol):
+    """How prefill and decode steps run.
+
+    Attributes:
+        name: short backend name reported by the CLI and bench ("eager", "cpu-compiled", "cuda-graph").
+        config: the model config.
+        device: where logits come back.
+        rows: number of KV-cache rows (concurrent sequences).
+        max_seq: tokens per row currently allocated.
+    """
+
+    name: str
+    config: ModelConfig
+    device: torch.device
+    rows: int
+    max_seq: int
+
+    def reserve(self, rows: int, max_seq: int) -> None:
+        """Make sure the cache holds at least `rows` rows of `max_seq` tokens (may reallocate, which
+        discards cached sequences)."""
+        ...
+
+    def prefill(self, row: int, token_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """Run the prompt through the model into cache row `row`.
+
+        Args:
+            row: cache row.
+            token_ids: int64 [seq] prompt ids (written at positions start_pos .. start_pos + seq - 1).
+            start_pos: position of the first id.
+
+        Returns:
+            float32 [vocab] logits of the last position.
+        """
+        ...
+
+    def decode(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One decode step for a batch of sequences.
+
+        Args:
+            rows: int64 [batch] cache rows.
+            token_ids: int64 [batch] the newest token of each sequence.
+            positions: int64 [batch] the position of that token.
+
+        Returns:
+            float32 [batch, vocab] logits.
+        """
+        ...

@@ -1,0 +1,168 @@
+"""Tokenizer: Hugging Face `tokenizers` from a model folder, its chat template, and streaming decode.
+
+`tokenizer.json` is loaded directly with `tokenizers`. A folder with only a SentencePiece
+`tokenizer.model` (or only `vocab.json` + `merges.txt`) is converted at load time with the converter
+that `transformers` ships (AutoTokenizer builds the fast tokenizer), then used the same way.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from tokenizers import Tokenizer as HFTokenizer
+
+from solo.chat_template import ChatTemplate
+from solo.errors import CheckpointError, InvalidRequestError
+
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+
+def _token_text(value: Any) -> str | None:
+    # tokenizer_config.json stores special tokens as strings or as serialized AddedToken dicts.
+    if isinstance(value, str):
+        return value
+    if isinstance(value, Mapping) and isinstance(value.get("content"), str):
+        return value["content"]
+    return None
+
+
+def _read_json(path: Path) -> dict:
+    if not path.is_file():
+        return {}
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as exc:
+        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
+
+
+class Tokenizer:
+    """Text <-> token ids for one model, plus its chat template.
+
+    Args:
+        backend: the `tokenizers.Tokenizer`.
+        special_tokens: named special tokens as strings ("bos_token", "eos_token", ...).
+        chat_template: the template source, or None for a completion-only model.
+    """
+
+    def __init__(
+        self, backend: HFTokenizer, special_tokens: Mapping[str, str], chat_template: str | None = None
+    ) -> None:
+        self.backend = backend
+        self.special_tokens = dict(special_tokens)
+        self.chat_template = ChatTemplate(chat_template, self.special_tokens) if chat_template else None
+
+    @classmethod
+    def from_folder(cls, folder: str | Path) -> Tokenizer:
+        """Load the tokenizer files of a Hugging Face model folder.
+
+        Raises:
+            CheckpointError: the folder has no tokenizer files, or they cannot be read.
+        """
+        folder = Path(folder)
+        config = _read_json(folder / "tokenizer_config.json")
+        special = {
+            name: text
+            for name, text in ((n, _token_text(config.get(n))) for n in SPECIAL_TOKEN_NAMES)
+            if text is not None
+        }
+        for name, value in _read_json(folder / "special_tokens_map.json").items():
+            text = _token_text(value)
+            if name in SPECIAL_TOKEN_NAMES and text is not None:
+                special.setdefault(name, text)
+        return cls(_load_backend(folder), special, _chat_template_source(folder, config))
+
+    @property
+    def vocab_size(self) -> int:
+        """Number of ids the tokenizer can produce, added tokens included."""
+        return self.backend.get_vocab_size(with_added_tokens=True)
+
+    def token_id(self, name: str) -> int | None:
+        """Id of a named special token ("bos_token", "eos_token", ...), or None."""
+        text = self.special_tokens.get(name)
+        return None if text is None else self.backend.token_to_id(text)
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        """Token ids of `text`; with `add_special_tokens` the tokenizer's post-processor adds e.g. BOS."""
+        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+
+    def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
+        """Text of `ids`."""
+        return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
+
+    def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                    **kwargs: Any) -> str:
+        """Render messages with the model's chat template (see `ChatTemplate.render`).
+
+        Raises:
+            InvalidRequestError: the model has no chat template, or the messages are invalid.
+        """
+        if self.chat_template is None:
+            raise InvalidRequestError(
+                "this model has no chat template, so it cannot take messages; send a plain prompt "
+                "(solo run --prompt / the completions API) or use a chat (instruct) model",
+                param="messages",
+            )
+        return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
+
+    def encode_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
+                    **kwargs: Any) -> list[int]:
+        """Token ids of the rendered conversation.
+
+        Encoded without adding special tokens, as transformers' apply_chat_template does: templates that
+        need BOS write it themselves, so it is never doubled.
+        """
+        return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
+
+
+def _chat_template_source(folder: Path, config: Mapping[str, Any]) -> str | None:
+    jinja_file = folder / "chat_template.jinja"
+    if jinja_file.is_file():
+        return jinja_file.read_text(encoding="utf-8")
+    json_file = folder / "chat_template.json"
+    if json_file.is_file():
+        template = _read_json(json_file).get("chat_template")
+        if isinstance(template, str):
+            return template
+    template = config.get("chat_template")
+    if isinstance(template, list):
+        # Several named templates: "default" is what transformers uses when none is asked for.
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        template = named.get("default")
+    return template if isinstance(template, str) else None
+
+
+def _load_backend(folder: Path) -> HFTokenizer:
+    path = folder / "tokenizer.json"
+    if path.is_file():
+        try:
+            return HFTokenizer.from_file(str(path))
+        except Exception as exc:  # tokenizers raises a bare Exception on malformed files
+            raise CheckpointError(f"cannot read {path} ({exc}); re-download it") from None
+    if (folder / "tokenizer.model").is_file() or (folder / "vocab.json").is_file():
+        return _convert_with_transformers(folder)
+    raise CheckpointError(
+        f"{folder} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); "
+        "download the tokenizer files with the model"
+    )
+
+
+def _convert_with_transformers(folder: Path) -> HFTokenizer:
+    # Slow (SentencePiece / BPE-vocab) tokenizers become fast ones through transformers' converters.
+    try:
+        from transformers import AutoTokenizer
+    except ImportError:
+        raise CheckpointError(
+            f"{folder} has no tokenizer.json; converting its tokenizer.model needs transformers and "
+            "sentencepiece: pip install transformers sentencepiece protobuf"
+        ) from None
+    try:
+        converted = AutoTokenizer.from_pretrained(str(folder))
+    except Exception as exc:  # conversion errors come in many types
+        raise CheckpointError(f"could not convert the tokenizer in {folder} ({exc})") from None
+    backend = getattr(converted, "backend_tokenizer", None)
+    if backend is None:
+        raise CheckpointError(f"transformers could not build a fast tokenizer for {folder}")
+    return backend

@@ -1,0 +1,98 @@
+"""Tiny random checkpoints written by `transformers` itself, for parity tests (no network needed)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers, processors, trainers
+
+# A small, fixed corpus so the test tokenizer is deterministic and covers code, prose and multi-byte text.
+_CORPUS = [
+    "def fibonacci(n):\n    if n < 2:\n        return n\n    return fibonacci(n - 1) + fibonacci(n - 2)\n",
+    "class Stack:\n    def __init__(self):\n        self.items = []\n\n    def push(self, item):\n"
+    "        self.items.append(item)\n",
+    "The quick brown fox jumps over the lazy dog. Hello, world! How are you today?",
+    "import os\nimport sys\n\nfor i in range(10):\n    print(i, os.path.join('a', 'b'))\n",
+    "Ünïcödé text: café, naïve, 你好世界, こんにちは, emoji 🙂🚀 and math ∑ ∫ √.",
+    "User: What is the capital of France?\nAssistant: The capital of France is Paris.",
+]
+
+SPECIAL_TOKENS = ["<unk>", "<s>", "</s>", "<|im_start|>", "<|im_end|>"]
+
+CHAT_TEMPLATE = (
+    "{{ bos_token }}{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def write_tokenizer(folder: Path, vocab_size: int = 384, chat_template: bool = True) -> int:
+    """Train a byte-level BPE tokenizer on the fixed corpus and save HF tokenizer files; returns its size."""
+    tok = Tokenizer(models.BPE(unk_token=None))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+        initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
+    )
+    tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
+    tok.post_processor = processors.TemplateProcessing(
+        single="<s> $A", pair="<s> $A <s> $B", special_tokens=[("<s>", tok.token_to_id("<s>"))]
+    )
+    folder.mkdir(parents=True, exist_ok=True)
+    tok.save(str(folder / "tokenizer.json"))
+    config = {
+        "tokenizer_class": "PreTrainedTokenizerFast",
+        "bos_token": "<s>", "eos_token": "</s>", "unk_token": "<unk>",
+        "model_max_length": 4096,
+    }
+    if chat_template:
+        config["chat_template"] = CHAT_TEMPLATE
+    (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2))
+    return tok.get_vocab_size()
+
+
+TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_attention_heads=4,
+            num_key_value_heads=2, max_position_embeddings=256)
+
+
+def hf_config(arch: str, vocab_size: int, **overrides):
+    """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2")."""
+    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+
+    cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
+           "gemma2": Gemma2Config}[arch]
+    kwargs = dict(TINY, vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=None,
+                  initializer_range=0.2)
+    if arch in ("qwen3", "gemma2", "mistral"):
+        kwargs["head_dim"] = 16
+    if arch == "gemma2":
+        kwargs.update(sliding_window=8, query_pre_attn_scalar=16)
+    if arch == "mistral":
+        kwargs.update(sliding_window=8)
+    kwargs.update(overrides)
+    return cls(**kwargs)
+
+
+def make_checkpoint(
+    folder: Path,
+    arch: str = "llama",
+    dtype: torch.dtype = torch.float32,
+    max_shard_size: str | None = None,
+    generation_config: dict | None = None,
+    seed: int = 0,
+    **overrides,
+) -> Path:
+    """Write a tiny random `arch` checkpoint with `save_pretrained`, plus tokenizer files, into `folder`."""
+    from transformers import AutoModelForCausalLM
+
+    vocab = write_tokenizer(folder)
+    config = hf_config(arch, vocab, **overrides)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype)
+    kwargs = {} if max_shard_size is None else {"max_shard_size": max_shard_size}
+    model.save_pretrained(folder, **kwargs)
+    if generation_config is not None:
+        (folder / "generation_config.json").write_text(json.dumps(generation_config))
+    return folder
