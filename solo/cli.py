@@ -106,7 +106,8 @@ def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
             f"generated tokens | finish: {finish_reason} | backend: {backend}]")
 
 
-def _stream(engine, prompt, params, out=sys.stdout) -> tuple[str, object]:  # noqa: ANN001
+def _stream(engine, prompt, params) -> tuple[str, object]:  # noqa: ANN001
+    out = sys.stdout
     pieces = []
     last = None
     for event in engine.generate(prompt, params):

@@ -1,8 +1,9 @@
 """`Engine`: load a model once, then generate from prompts or chat messages.
 
-    engine = Engine.load("path/or/org-name", device="cpu", dtype="auto")
-    for event in engine.generate("def fibonacci(n):", SamplingParams(max_tokens=64)):
-        print(event.text, end="")
+Example:
+>>> engine = Engine.load("path/or/org-name", device="cpu", dtype="auto")
+>>> for event in engine.generate("def fibonacci(n):", SamplingParams(max_tokens=64)):
+...     print(event.text, end="")
 """
 
 from __future__ import annotations
@@ -124,8 +125,10 @@ class Engine:
     # ----------------------------------------------------------------------------------------- prompts
 
     def encode_prompt(self, prompt: Prompt) -> list[int]:
-        """Token ids of a prompt: text gets the tokenizer's special tokens (e.g. BOS), messages are
-        rendered with the chat template, ids pass through.
+        """Token ids of a prompt.
+
+        Text gets the tokenizer's special tokens (e.g. BOS), messages are rendered with the chat template,
+        ids pass through.
 
         Raises:
             InvalidRequestError: an empty prompt, messages without a chat template, ids out of range.

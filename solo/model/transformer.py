@@ -62,7 +62,7 @@ class Transformer(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
-        """dtype of the weights."""
+        """Dtype of the weights."""
         return self.embed.weight.dtype
 
     @property

@@ -31,8 +31,10 @@ class DecodeRuntime(Protocol):
     max_seq: int
 
     def reserve(self, rows: int, max_seq: int) -> None:
-        """Make sure the cache holds at least `rows` rows of `max_seq` tokens (may reallocate, which
-        discards cached sequences)."""
+        """Make sure the cache holds at least `rows` rows of `max_seq` tokens.
+
+        Growing the cache may reallocate it, which discards cached sequences.
+        """
         ...
 
     def prefill(self, row: int, token_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:

@@ -1,0 +1,126 @@
+"""Sampling: transformers' processors (repetition penalty, temperature, top-k/p, min-p), OpenAI penalties,
+seeds, and validation messages."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from transformers.generation.logits_process import (
+    MinPLogitsWarper,
+    RepetitionPenaltyLogitsProcessor,
+    TemperatureLogitsWarper,
+    TopKLogitsWarper,
+    TopPLogitsWarper,
+)
+
+from solo import Engine, SamplingParams
+from solo.engine.sampling import TokenSampler
+from solo.errors import InvalidRequestError
+from solo.model.generation_config import GenerationDefaults
+
+VOCAB = 50
+
+
+def _sampler(prompt_ids=(), **kwargs):
+    params = SamplingParams(seed=0, **kwargs).resolve(GenerationDefaults(), fallback_temperature=1.0)
+    return TokenSampler(params, list(prompt_ids), VOCAB)
+
+
+@pytest.fixture()
+def logits():
+    torch.manual_seed(0)
+    return torch.randn(VOCAB) * 3
+
+
+def test_repetition_penalty_matches_transformers(logits):
+    prompt, generated = [1, 5, 7], [9, 5]
+    sampler = _sampler(prompt, repetition_penalty=1.3, temperature=0)
+    for t in generated:
+        sampler.observe(t)
+    expected = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([prompt + generated]), logits[None].clone())[0]
+    assert torch.allclose(sampler.process(logits), expected)
+
+
+def test_presence_and_frequency_penalties_follow_openai(logits):
+    sampler = _sampler([3, 3, 3], presence_penalty=0.5, frequency_penalty=0.25, temperature=0)
+    for t in [4, 4, 6]:
+        sampler.observe(t)
+    out = sampler.process(logits)
+    expected = logits.clone()
+    expected[4] -= 0.5 + 2 * 0.25
+    expected[6] -= 0.5 + 0.25
+    assert torch.allclose(out, expected)  # prompt tokens (3) are not penalised
+
+
+@pytest.mark.parametrize(
+    "kwargs, warpers",
+    [
+        ({"temperature": 0.7}, [TemperatureLogitsWarper(0.7)]),
+        ({"temperature": 1.0, "top_k": 5}, [TopKLogitsWarper(5)]),
+        ({"temperature": 1.0, "top_p": 0.8}, [TopPLogitsWarper(0.8)]),
+        ({"temperature": 1.0, "min_p": 0.1}, [MinPLogitsWarper(0.1)]),
+        ({"temperature": 0.5, "top_k": 10, "top_p": 0.9, "min_p": 0.05},
+         [TemperatureLogitsWarper(0.5), TopKLogitsWarper(10), TopPLogitsWarper(0.9), MinPLogitsWarper(0.05)]),
+    ],
+)
+def test_warpers_match_transformers(logits, kwargs, warpers):
+    expected = logits[None].clone()
+    for warper in warpers:
+        expected = warper(None, expected)
+    out = _sampler(**kwargs).process(logits)
+    assert torch.equal(torch.isinf(out), torch.isinf(expected[0]))
+    finite = ~torch.isinf(out)
+    assert torch.allclose(out[finite], expected[0][finite])
+
+
+def test_seed_reproducibility(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    params = SamplingParams(max_tokens=24, temperature=1.0, seed=1234, ignore_eos=True)
+    first = engine.complete("def f(x):", params).token_ids
+    assert engine.complete("def f(x):", params).token_ids == first
+    others = {tuple(engine.complete("def f(x):", params.copy(seed=s)).token_ids) for s in (1, 2, 3)}
+    assert tuple(first) not in others or len(others) > 1
+
+
+def test_penalties_change_generation(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    base = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)
+    plain = engine.complete("def f(x):", base).token_ids
+    for change in ({"repetition_penalty": 1.5}, {"presence_penalty": 2.0}, {"frequency_penalty": 2.0}):
+        penalised = engine.complete("def f(x):", base.copy(**change)).token_ids
+        assert penalised != plain, change
+        if "repetition_penalty" not in change:
+            # A strong presence/frequency penalty makes repeats rarer than in the plain greedy run.
+            assert len(set(penalised)) >= len(set(plain))
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        ({"top_p": 0.0}, "top_p must be in (0, 1], got 0.0"),
+        ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
+        ({"temperature": -0.1}, "temperature must be >= 0"),
+        ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
+        ({"top_k": -2}, "top_k must be an integer >= 0"),
+        ({"min_p": 2.0}, "min_p must be in [0, 1]"),
+        ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
+        ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
+        ({"frequency_penalty": -2.5}, "frequency_penalty must be in [-2, 2]"),
+        ({"temperature": float("nan")}, "temperature must be a finite number"),
+        ({"stop": [""]}, "stop must be a non-empty string"),
+    ],
+)
+def test_invalid_sampling_values(kwargs, message):
+    with pytest.raises(InvalidRequestError) as err:
+        SamplingParams(**kwargs)
+    assert message in str(err.value)
+    assert err.value.param == next(iter(kwargs))
+
+
+def test_defaults_come_from_generation_config_then_fallback():
+    defaults = GenerationDefaults(do_sample=True, temperature=0.6, top_p=0.9)
+    resolved = SamplingParams().resolve(defaults)
+    assert (resolved.temperature, resolved.top_p, resolved.top_k) == (0.6, 0.9, 0)
+    assert SamplingParams(temperature=0.2).resolve(defaults).temperature == 0.2
+    assert SamplingParams().resolve(GenerationDefaults(), fallback_temperature=1.0).temperature == 1.0
+    assert SamplingParams().resolve(GenerationDefaults()).greedy

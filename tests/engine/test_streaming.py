@@ -1,0 +1,89 @@
+"""Streaming text: multi-byte characters split over tokens, stop strings across token boundaries."""
+
+from __future__ import annotations
+
+import pytest
+
+from solo import Engine, SamplingParams
+from solo.engine.detokenizer import IncrementalDetokenizer
+from solo.engine.stopping import StopStringMatcher
+from solo.tokenizer import Tokenizer
+
+
+def test_multibyte_character_split_over_tokens(tiny_llama):
+    tok = Tokenizer.from_folder(tiny_llama)
+    text = "ok 🚀 ∫ 你 done"
+    ids = tok.encode(text, add_special_tokens=False)
+    # The byte-level test tokenizer has no merges for these characters: each spans several tokens.
+    rocket_ids = tok.encode("🚀", add_special_tokens=False)
+    assert len(rocket_ids) > 1
+    detok = IncrementalDetokenizer(tok, prompt_ids=[1])
+    deltas = [detok.add([i]) for i in ids] + [detok.flush()]
+    assert all("\ufffd" not in d for d in deltas)
+    assert "".join(deltas) == text
+    # While the rocket's bytes are incomplete nothing is emitted for it.
+    assert "" in deltas
+
+
+def test_incomplete_character_at_the_end_is_flushed_not_dropped(tiny_llama):
+    tok = Tokenizer.from_folder(tiny_llama)
+    rocket = tok.encode("🚀", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, prompt_ids=[])
+    emitted = "".join(detok.add([i]) for i in [*tok.encode("a", add_special_tokens=False), *rocket[:-1]])
+    assert emitted == "a"
+    assert detok.flush() != ""  # the partial character comes out (as U+FFFD), never silently lost
+
+
+@pytest.mark.parametrize(
+    "pieces, stops, expected_text, stopped",
+    [
+        (["Hel", "lo wo", "rld"], ["lo w"], "Hel", True),  # match spans two pieces
+        (["abc", "<", "/s", ">tail"], ["</s>"], "abc", True),  # held back over three pieces
+        (["abc", "<", "x"], ["</s>"], "abc<x", False),  # held-back "<" released when the match fails
+        (["one", " two"], ["zzz", " tw"], "one", True),
+        (["no stops here"], [], "no stops here", False),
+    ],
+)
+def test_stop_string_matcher(pieces, stops, expected_text, stopped):
+    matcher = StopStringMatcher(stops)
+    out = ""
+    for piece in pieces:
+        out += matcher.feed(piece)
+        if matcher.stopped:
+            break
+    if not matcher.stopped:
+        out += matcher.flush()
+    assert out == expected_text
+    assert matcher.stopped is stopped
+
+
+def test_stop_string_across_token_boundaries_in_generation(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
+    pieces = [e.text for e in engine.generate("def fibonacci(n):", params)]
+    full = "".join(pieces)
+    # A two-character stop string made of the last character of one token's text and the first of the next.
+    starts = [sum(len(p) for p in pieces[:i]) for i in range(len(pieces))]
+    candidates = [
+        (starts[i + 1] - 1, pieces[i][-1] + pieces[i + 1][0])
+        for i in range(len(pieces) - 1) if pieces[i] and pieces[i + 1]
+    ]
+    start, stop = next((s, t) for s, t in candidates if full.find(t) == s)
+    result = engine.complete("def fibonacci(n):", params.copy(stop=[stop]))
+    assert result.finish_reason == "stop"
+    assert result.text == full[:start]
+    streamed = "".join(e.text for e in engine.generate("def fibonacci(n):", params.copy(stop=[stop])))
+    assert streamed == result.text
+    # A stop string that never matches changes nothing, held-back text included.
+    unmatched = engine.complete("def fibonacci(n):", params.copy(stop=[full[-1] + "\x00never"]))
+    assert unmatched.text == full and unmatched.finish_reason == "length"
+
+
+def test_stream_events_shape(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    events = list(engine.generate("def f(x):", SamplingParams(max_tokens=5, ignore_eos=True)))
+    assert len(events) == 5
+    assert all(e.finish_reason is None for e in events[:-1]) and events[-1].finish_reason == "length"
+    stats = events[-1].stats
+    assert stats.completion_tokens == 5 and stats.ttft_s > 0 and len(stats.token_times_s) == 5
+    assert stats.decode_tokens_per_s > 0

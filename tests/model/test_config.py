@@ -1,0 +1,94 @@
+"""config.json -> ModelConfig, on real model configs and on the edge cases of each family."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from solo.errors import UnsupportedArchitectureError
+from solo.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
+from solo.model.generation_config import GenerationDefaults
+
+
+def test_real_llama32_config(shared_hf):
+    config = ModelConfig.from_file(shared_hf / "Llama-3.2-1B")
+    assert config.architecture == "LlamaForCausalLM"
+    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads) == (2048, 16, 32, 8)
+    assert config.head_dim == 64 and config.tie_word_embeddings
+    assert config.rope.rope_type == "llama3" and config.rope.factor == 32.0
+    assert config.context_length == 131072
+    assert config.num_parameters() == pytest.approx(1.236e9, rel=0.01)
+
+
+@pytest.mark.parametrize(
+    "folder, arch",
+    [("Llama-2-7b-hf", "LlamaForCausalLM"), ("TinyLlama_v1.1", "LlamaForCausalLM"),
+     ("Mistral-7B-Instruct-v0.3", "MistralForCausalLM"), ("Qwen2.5-Math-72B-Instruct", "Qwen2ForCausalLM")],
+)
+def test_real_configs_parse(shared_hf, folder, arch):
+    config = ModelConfig.from_file(shared_hf / folder)
+    assert config.architecture == arch
+    assert config.num_heads % config.num_kv_heads == 0
+
+
+def test_qwen2_bias_and_inactive_sliding_window(shared_hf):
+    config = ModelConfig.from_file(shared_hf / "Qwen2.5-Math-72B-Instruct")
+    assert config.qkv_bias and not config.o_bias
+    # use_sliding_window is false: every layer attends globally.
+    assert set(config.layer_sliding_windows) == {None}
+
+
+@pytest.mark.parametrize("folder, name", [("Phi-3-mini-4k-instruct", "Phi3ForCausalLM"),
+                                          ("Mixtral-8x7B-Instruct-v0.1", "MixtralForCausalLM")])
+def test_unsupported_architecture_is_named_with_the_supported_list(shared_hf, folder, name):
+    with pytest.raises(UnsupportedArchitectureError) as err:
+        ModelConfig.from_file(shared_hf / folder)
+    message = str(err.value)
+    assert name in message
+    for supported in SUPPORTED_ARCHITECTURES:
+        assert supported in message
+
+
+def _raw(**overrides):
+    raw = {"architectures": ["LlamaForCausalLM"], "vocab_size": 100, "hidden_size": 64, "intermediate_size": 128,
+           "num_hidden_layers": 4, "num_attention_heads": 4, "num_key_value_heads": 2}
+    raw.update(overrides)
+    return raw
+
+
+def test_old_style_rope_scaling_fields():
+    config = ModelConfig.from_dict(_raw(rope_theta=500000.0, rope_scaling={"type": "linear", "factor": 4.0},
+                                        max_position_embeddings=1024))
+    assert config.rope.theta == 500000.0 and config.rope.rope_type == "linear"
+    assert config.context_length == 4096
+
+
+def test_unsupported_rope_type():
+    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
+        ModelConfig.from_dict(_raw(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+
+
+def test_gemma2_defaults_alternate_sliding_layers():
+    config = ModelConfig.from_dict(_raw(architectures=["Gemma2ForCausalLM"], sliding_window=16, head_dim=16))
+    assert config.layer_sliding_windows == (16, None, 16, None)
+    assert config.norm_unit_offset and config.sandwich_norm and config.tie_word_embeddings
+    assert config.attn_logit_softcap == 50.0 and config.final_logit_softcap == 30.0
+
+
+def test_qwen3_layer_types_and_max_window_layers():
+    raw = _raw(architectures=["Qwen3ForCausalLM"], use_sliding_window=True, sliding_window=8, max_window_layers=2)
+    assert ModelConfig.from_dict(raw).layer_sliding_windows == (None, None, 8, 8)
+    raw["layer_types"] = ["sliding_attention", "full_attention"] * 2
+    config = ModelConfig.from_dict(raw)
+    assert config.layer_sliding_windows == (8, None, 8, None) and config.qk_norm
+
+
+def test_generation_defaults(tmp_path):
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": [3, 4], "do_sample": True, "temperature": 0.6, "top_p": 0.9}))
+    defaults = GenerationDefaults.from_folder(tmp_path)
+    assert defaults.eos_token_ids == (3, 4) and defaults.default_temperature() == 0.6
+    assert GenerationDefaults.from_dict({"do_sample": False, "temperature": 0.7}).default_temperature() == 0.0
+    missing = GenerationDefaults.from_folder(tmp_path / "nowhere", fallback_eos_ids=(2,))
+    assert missing.eos_token_ids == (2,) and missing.default_temperature() is None

@@ -1,0 +1,96 @@
+"""Bad model folders fail with one clear message that names the problem and the fix."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+from checkpoints import make_checkpoint
+from safetensors.torch import load_file, save_file
+
+from solo import Engine
+from solo.errors import CheckpointError, ModelNotFoundError, SoloError, UnsupportedArchitectureError
+
+
+@pytest.fixture()
+def folder(tmp_path, tiny_llama):
+    dst = tmp_path / "model"
+    shutil.copytree(tiny_llama, dst)
+    return dst
+
+
+def test_missing_folder(tmp_path):
+    with pytest.raises(ModelNotFoundError, match="does not exist"):
+        Engine.load(tmp_path / "nope")
+
+
+def test_hub_id_unreachable_is_a_clear_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HOME", str(tmp_path / "hf-home"))
+    import huggingface_hub.constants as constants
+
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    with pytest.raises(ModelNotFoundError, match="Hugging Face"):
+        Engine.load("some-org/some-model-that-is-not-cached")
+
+
+def test_folder_without_config(tmp_path):
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(CheckpointError, match="config.json"):
+        Engine.load(tmp_path / "empty")
+
+
+def test_folder_without_weights(folder):
+    (folder / "model.safetensors").unlink()
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        Engine.load(folder)
+
+
+def test_bin_only_weights(folder):
+    (folder / "model.safetensors").rename(folder / "pytorch_model.bin")
+    with pytest.raises(CheckpointError, match="safetensors"):
+        Engine.load(folder)
+
+
+def test_missing_shard(tmp_path):
+    folder = make_checkpoint(tmp_path / "sharded", "llama", max_shard_size="100KB")
+    shard = sorted(folder.glob("model-*.safetensors"))[-1]
+    shard.unlink()
+    with pytest.raises(CheckpointError, match=f"missing shard {shard.name}"):
+        Engine.load(folder)
+
+
+def test_unknown_architecture(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["architectures"] = ["FancyNewForCausalLM"]
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedArchitectureError, match="FancyNewForCausalLM.*LlamaForCausalLM"):
+        Engine.load(folder)
+
+
+def test_unknown_dtype(folder):
+    with pytest.raises(SoloError, match="unknown dtype 'float8'"):
+        Engine.load(folder, dtype="float8")
+
+
+def test_missing_tensor(folder):
+    tensors = load_file(folder / "model.safetensors")
+    del tensors["model.layers.1.mlp.up_proj.weight"]
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="lacks tensor layers.1.mlp.up_proj.weight"):
+        Engine.load(folder)
+
+
+def test_misshapen_tensor(folder):
+    config = json.loads((folder / "config.json").read_text())
+    config["intermediate_size"] = 96
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match="has shape"):
+        Engine.load(folder)
+
+
+def test_missing_tokenizer(folder):
+    (folder / "tokenizer.json").unlink()
+    with pytest.raises(CheckpointError, match="no tokenizer"):
+        Engine.load(folder)

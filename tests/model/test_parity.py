@@ -1,0 +1,114 @@
+"""Parity with transformers: identical greedy tokens and close logits on tiny checkpoints it wrote."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+from transformers import AutoModelForCausalLM
+
+from solo import Engine, SamplingParams
+
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n"
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2"]
+LOGIT_ATOL = 1e-4  # float32: only summation order differs from transformers
+
+
+def _hf_greedy(folder, ids, new_tokens, dtype=torch.float32, attn="eager"):
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
+                          do_sample=False, pad_token_id=0)
+        logits = hf(torch.tensor([ids])).logits[0, -1].float()
+    return out[0, len(ids):].tolist(), logits
+
+
+def _check_parity(folder, prompt=PROMPT, new_tokens=32, backend="eager"):
+    engine = Engine.load(folder, dtype="float32", backend=backend)
+    ids = engine.encode_prompt(prompt)
+    hf_tokens, hf_logits = _hf_greedy(folder, ids, new_tokens)
+    result = engine.complete(prompt, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
+    assert result.token_ids == hf_tokens
+    engine.runtime.reserve(1, len(ids))
+    logits = engine.runtime.prefill(0, torch.tensor(ids))
+    assert torch.allclose(logits, hf_logits, atol=LOGIT_ATOL, rtol=0)
+    return engine, ids
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_greedy_and_logits_match_transformers(tmp_path, arch):
+    folder = make_checkpoint(tmp_path / arch, arch)
+    engine, ids = _check_parity(folder)
+    windows = [w for w in engine.config.layer_sliding_windows if w is not None]
+    if arch in ("mistral", "gemma2"):
+        # The prompt alone is longer than the sliding window, so the window really masks.
+        assert windows and len(ids) > max(windows)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bfloat16_greedy_matches_transformers_bfloat16(tmp_path, arch):
+    folder = make_checkpoint(tmp_path / arch, arch, dtype=torch.bfloat16)
+    engine = Engine.load(folder, dtype="auto")
+    assert engine.model.dtype == torch.bfloat16
+    ids = engine.encode_prompt(PROMPT)
+    hf_tokens, _ = _hf_greedy(folder, ids, 16, dtype=torch.bfloat16, attn="sdpa" if arch != "gemma2" else "eager")
+    result = engine.complete(PROMPT, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    assert result.token_ids == hf_tokens
+
+
+def test_sharded_checkpoint(tmp_path):
+    folder = make_checkpoint(tmp_path / "sharded", "llama", max_shard_size="100KB")
+    assert (folder / "model.safetensors.index.json").is_file()
+    assert len(list(folder.glob("model-*.safetensors"))) > 1
+    _check_parity(folder)
+
+
+@pytest.mark.parametrize("tied", [True, False])
+def test_tied_and_untied_embeddings(tmp_path, tied):
+    folder = make_checkpoint(tmp_path / f"tied-{tied}", "llama", tie_word_embeddings=tied)
+    engine, _ = _check_parity(folder, new_tokens=8)
+    assert engine.config.tie_word_embeddings is tied
+    assert (engine.model.lm_head is None) is tied
+
+
+@pytest.mark.parametrize(
+    "rope",
+    [
+        {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+         "original_max_position_embeddings": 16},
+        {"rope_type": "linear", "factor": 2.0},
+        {"rope_type": "dynamic", "factor": 2.0},
+    ],
+    ids=lambda r: r["rope_type"],
+)
+def test_rope_scaling(tmp_path, rope):
+    # linear/dynamic: a 32-token trained context stretched by 2, so 26 prompt + 32 new tokens run past the
+    # trained length (dynamic NTK kicks in); llama3 configs state the stretched length themselves.
+    max_pos = 64 if rope["rope_type"] == "llama3" else 32
+    folder = make_checkpoint(tmp_path / rope["rope_type"], "llama", max_position_embeddings=max_pos,
+                             rope_parameters={"rope_theta": 10000.0, **rope})
+    engine = Engine.load(folder)
+    assert engine.config.rope.rope_type == rope["rope_type"]
+    prompt = PROMPT + "\n    return fibonacci(n - 1)"
+    _check_parity(folder, prompt=prompt, new_tokens=32)
+
+
+def test_multi_eos_generation_config(tmp_path):
+    folder = make_checkpoint(tmp_path / "multi-eos", "llama")
+    engine = Engine.load(folder)
+    free = engine.complete(PROMPT, SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)).token_ids
+    # Make the 6th greedy token an EOS id (beside the usual one); generation must stop right there.
+    stop_id = free[5]
+    assert stop_id not in free[:5]
+    (folder / "generation_config.json").write_text(json.dumps({"eos_token_id": [2, stop_id], "bos_token_id": 1}))
+    engine = Engine.load(folder)
+    assert engine.eos_ids == {2, stop_id}
+    result = engine.complete(PROMPT, SamplingParams(max_tokens=12, temperature=0))
+    assert result.finish_reason == "stop"
+    assert result.token_ids == free[:6]
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = engine.encode_prompt(PROMPT)
+    out = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
+    assert out[0, len(ids):].tolist() == free[:6]

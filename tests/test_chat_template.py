@@ -1,0 +1,100 @@
+"""Chat templates render exactly as transformers' apply_chat_template renders them."""
+
+from __future__ import annotations
+
+import jinja2
+import pytest
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from solo.chat_template import ChatTemplate
+from solo.errors import InvalidRequestError
+from solo.tokenizer import Tokenizer, _chat_template_source, _read_json, _token_text
+
+CONVERSATION = [
+    {"role": "system", "content": "You are a concise assistant."},
+    {"role": "user", "content": "What is the capital of France?"},
+    {"role": "assistant", "content": "Paris."},
+    {"role": "user", "content": "And of Japan? Answer in 日本語 too."},
+    {"role": "assistant", "content": "Tokyo (東京)."},
+    {"role": "user", "content": "Thanks!"},
+]
+
+
+def _template_folders(root):
+    folders = []
+    for folder in sorted(p for p in root.iterdir() if p.is_dir()):
+        if _chat_template_source(folder, _read_json(folder / "tokenizer_config.json")):
+            folders.append(folder)
+    return folders
+
+
+def _transformers_render(folder, messages, add_generation_prompt):
+    """What transformers' apply_chat_template renders: its own renderer fed the named special tokens.
+
+    AutoTokenizer cannot load every fixture (some ship only tokenizer_config.json), so the special tokens are
+    read the way transformers reads them (tokenizer_config.json, then special_tokens_map.json).
+    """
+    config = _read_json(folder / "tokenizer_config.json")
+    special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    for key, value in _read_json(folder / "special_tokens_map.json").items():
+        if special.get(key) is None:
+            special[key] = _token_text(value)
+    special = {k: v for k, v in special.items() if v is not None}
+    template = _chat_template_source(folder, config)
+    rendered, _ = render_jinja_template([messages], chat_template=template,
+                                        add_generation_prompt=add_generation_prompt, **special)
+    return rendered[0], special, template
+
+
+def test_every_fixture_template_matches_transformers(shared_hf):
+    folders = _template_folders(shared_hf)
+    assert len(folders) >= 8
+    checked = 0
+    for folder in folders:
+        for add_generation_prompt in (True, False):
+            try:
+                expected, special, template = _transformers_render(folder, CONVERSATION, add_generation_prompt)
+            except jinja2.TemplateError:
+                # The template rejects this conversation (e.g. no system role): Solo must reject it too.
+                template = _chat_template_source(folder, _read_json(folder / "tokenizer_config.json"))
+                with pytest.raises(InvalidRequestError, match="chat template rejected"):
+                    ChatTemplate(template, {}).render(CONVERSATION, add_generation_prompt)
+                continue
+            rendered = ChatTemplate(template, special).render(CONVERSATION, add_generation_prompt)
+            assert rendered == expected, folder.name
+            checked += 1
+    assert checked >= 12
+
+
+def test_apply_chat_template_parity_with_autotokenizer(shared_hf):
+    from transformers import AutoTokenizer
+
+    for name in ("Mistral-7B-Instruct-v0.3", "Phi-3-mini-4k-instruct", "Llama-2-7b-chat-hf"):
+        folder = shared_hf / name
+        hf = AutoTokenizer.from_pretrained(str(folder))
+        ours = Tokenizer.from_folder(folder)
+        messages = CONVERSATION[1:] if name != "Phi-3-mini-4k-instruct" else CONVERSATION
+        assert ours.render_chat(messages) == hf.apply_chat_template(messages, tokenize=False,
+                                                                     add_generation_prompt=True)
+
+
+def test_bos_never_doubled(tiny_llama):
+    tok = Tokenizer.from_folder(tiny_llama)
+    bos = tok.token_id("bos_token")
+    assert tok.encode("hello")[0] == bos  # plain prompts get BOS from the post-processor
+    ids = tok.encode_chat([{"role": "user", "content": "hello"}])
+    assert ids[0] == bos and ids.count(bos) == 1  # the template writes BOS itself
+
+
+def test_messages_without_template_are_rejected(tmp_path):
+    from checkpoints import write_tokenizer
+
+    write_tokenizer(tmp_path, chat_template=False)
+    tok = Tokenizer.from_folder(tmp_path)
+    with pytest.raises(InvalidRequestError, match="no chat template"):
+        tok.encode_chat([{"role": "user", "content": "hi"}])
+
+
+def test_empty_messages_rejected(tiny_llama):
+    with pytest.raises(InvalidRequestError, match="messages is empty"):
+        Tokenizer.from_folder(tiny_llama).encode_chat([])
