@@ -9,7 +9,7 @@ import pytest
 from checkpoints import make_checkpoint
 from safetensors.torch import load_file, save_file
 
-from solo import Engine
+from solo import Engine, SamplingParams
 from solo.errors import CheckpointError, ModelNotFoundError, SoloError, UnsupportedArchitectureError
 
 
@@ -94,3 +94,23 @@ def test_missing_tokenizer(folder):
     (folder / "tokenizer.json").unlink()
     with pytest.raises(CheckpointError, match="no tokenizer"):
         Engine.load(folder)
+
+
+def test_hub_id_resolves_through_huggingface_hub_cache(monkeypatch, tmp_path, tiny_llama):
+    """A hub id goes through huggingface_hub's real snapshot code; here the snapshot is a local cache entry."""
+    import huggingface_hub.constants as constants
+
+    cache = tmp_path / "hub-cache"
+    repo = cache / "models--solo-test--tiny-llama"
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    shutil.copytree(tiny_llama, repo / "snapshots" / commit)
+    (repo / "refs").mkdir(parents=True)
+    (repo / "refs" / "main").write_text(commit)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    engine = Engine.load("solo-test/tiny-llama")
+    assert engine.model_dir == repo / "snapshots" / commit
+    assert engine.name == "solo-test/tiny-llama"
+    assert engine.complete("hi", SamplingParams(max_tokens=3)).stats.completion_tokens <= 3
