@@ -204,6 +204,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_sampling_arguments(chat)
     chat.set_defaults(handler=cmd_chat)
 
+    # `solo train` forwards every argument to the training recipe's own parser (see main()).
+    sub.add_parser("train", add_help=False, help="train Solo's small code model (see solo train --help)")
+
     for name, (module_name, help_text) in _EXTERNAL_COMMANDS.items():
         sub_parser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
         module = importlib.import_module(module_name)
@@ -227,6 +230,11 @@ def _version() -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `solo` command; returns the exit status."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["train"]:
+        from solo.train.cli import main as train_main
+
+        return train_main(argv[1:])
     parser = build_parser()
     args = parser.parse_args(argv)
     try:

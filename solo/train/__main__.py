@@ -1,0 +1,7 @@
+"""Entry point of ``python -m solo.train``."""
+
+import sys
+
+from solo.train.cli import main
+
+sys.exit(main())

@@ -1,0 +1,95 @@
+"""The recipe end to end at the tiny size: runs, writes a loadable folder, resumes exactly."""
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+from safetensors.torch import load_file
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from solo.train import cli
+from solo.train.trainer import Trainer
+
+TINY = ["--size", "tiny", "--max-files", "12", "--steps", "12", "--precision", "fp32", "--threads", "2"]
+
+
+def _run(out: Path, run_dir: Path, *extra: str) -> int:
+    return cli.main([*TINY, "--out", str(out), "--run-dir", str(run_dir), *extra])
+
+
+@pytest.fixture(scope="module")
+def tiny_run(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    base = tmp_path_factory.mktemp("recipe")
+    assert _run(base / "tiny-model", base / "run") == 0
+    return base
+
+
+def test_folder_loads_with_transformers(tiny_run: Path) -> None:
+    out = tiny_run / "tiny-model"
+    for name in (
+        "config.json",
+        "generation_config.json",
+        "model.safetensors",
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "README.md",
+        "training_summary.json",
+        "eval_subset.json",
+    ):
+        assert (out / name).is_file(), name
+    model = AutoModelForCausalLM.from_pretrained(out)
+    tok = AutoTokenizer.from_pretrained(out)
+    cfg = model.config
+    assert cfg.model_type == "llama" and cfg.tie_word_embeddings
+    assert cfg.num_key_value_heads < cfg.num_attention_heads
+    assert cfg.vocab_size == len(tok) and cfg.bos_token_id == tok.bos_token_id
+    weights = load_file(out / "model.safetensors")
+    assert {t.dtype for t in weights.values()} == {torch.bfloat16}
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    ids = tok("def fibonacci(n):", return_tensors="pt")["input_ids"]
+    assert ids[0, 0].item() == tok.bos_token_id
+    gen = model.generate(ids, attention_mask=torch.ones_like(ids), max_new_tokens=4, do_sample=False)
+    assert gen.shape[1] <= ids.shape[1] + 4
+
+
+def test_summary_and_card(tiny_run: Path) -> None:
+    out = tiny_run / "tiny-model"
+    s = json.loads((out / "training_summary.json").read_text())
+    assert s["training"]["steps"] == 12 and s["training"]["tokens"] == 12 * 4 * 64
+    assert s["heldout"]["bits_per_byte"] > 0 and s["xz_heldout"]["concatenated_bits_per_byte"] > 0
+    assert len(s["corpus"]["file_list_sha256"]) == 64 and s["corpus"]["python_version"]
+    assert [x["prompt"] for x in s["samples"]] == ["def fibonacci(n):", "import os\n", "class Stack:"]
+    card = (out / "README.md").read_text()
+    for needle in ("PSF", s["corpus"]["file_list_sha256"], "bits per byte", "xz -9e", "chat"):
+        assert needle in card
+    log = [json.loads(line) for line in (tiny_run / "run" / "train_log.jsonl").read_text().splitlines()]
+    assert any("tokens_per_s" in r for r in log) and any("heldout_loss" in r for r in log)
+
+
+def test_refuses_to_clobber_without_flags(tiny_run: Path) -> None:
+    assert _run(tiny_run / "tiny-model", tiny_run / "run") == 1
+
+
+def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def crash_after_7(self: Trainer, *args, **kwargs):  # noqa: ANN002, ANN003
+        if calls["n"] == 7:
+            raise KeyboardInterrupt
+        calls["n"] += 1
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", crash_after_7)
+    out, run_dir = tiny_run / "resumed-model", tiny_run / "run2"
+    with pytest.raises(KeyboardInterrupt):
+        _run(out, run_dir, "--checkpoint-every-min", "0")
+    assert not out.exists()
+    ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
+    assert ckpt["state"]["step"] == 7 and ckpt["data_position"]["next_batch"] == 7
+    monkeypatch.setattr(Trainer, "_train_step", original)
+    assert _run(out, run_dir, "--resume") == 0
+    a = load_file(tiny_run / "tiny-model" / "model.safetensors")
+    b = load_file(out / "model.safetensors")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
