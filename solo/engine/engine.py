@@ -26,6 +26,7 @@ from solo.model.transformer import Transformer
 from solo.model.weights import load_weights
 from solo.runtime import create_runtime
 from solo.runtime.base import DecodeRuntime
+from solo.runtime.cuda.block_loop import can_run_in_blocks, run_in_blocks
 from solo.tokenizer import Tokenizer
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
@@ -201,6 +202,7 @@ class Engine:
             tokenizer=self.tokenizer,
             vocab_size=self.config.vocab_size,
             logprobs=params.logprobs,
+            device=self.runtime.device,
             start_time=start_time,
         )
 
@@ -228,6 +230,10 @@ class Engine:
             runtime = self.runtime
             runtime.reserve(1, len(request.prompt_ids) + request.max_new_tokens)
             logits = runtime.prefill(0, torch.tensor(request.prompt_ids, dtype=torch.long))
+            if can_run_in_blocks(runtime, request):
+                # GPU: K tokens per graph replay, sampled and stop-checked on the device.
+                yield from run_in_blocks(runtime, request, logits, row=0)
+                return
             rows = torch.zeros(1, dtype=torch.long)
             while True:
                 token, info = request.choose(logits)

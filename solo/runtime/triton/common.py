@@ -1,0 +1,183 @@
+"""Device helpers shared by the decode kernels.
+
+The decode-step kernels reproduce the eager model's rounding: every tensor the eager model materializes
+in the weights' dtype (a norm's output, a projection's output, a RoPE product) is rounded to that dtype
+here too (`round_to`), while sums run in float32. With float32 weights the rounding is a no-op.
+
+Decode state: the CUDA-graph runtime keeps the step's scalars in one int64 device tensor so that graphs
+read them at replay time; its slot indices are defined once in `solo.runtime.cuda.state`.
+"""
+
+from __future__ import annotations
+
+import os
+
+import triton
+import triton.language as tl
+
+from solo.runtime.cuda import state as _state
+
+try:  # grid dependency control (Hopper's programmatic dependent launch), Triton >= 3.3
+    from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
+except ImportError:  # pragma: no cover - old Triton: PDL is simply not offered
+    gdc_launch_dependents = gdc_wait = None
+
+# Slots of the decode-state tensors (solo/runtime/cuda/state.py), as constants the kernels can read.
+STATE_TOKEN = tl.constexpr(_state.STATE_TOKEN)
+STATE_POS = tl.constexpr(_state.STATE_POS)
+STATE_ROW = tl.constexpr(_state.STATE_ROW)
+STATE_COUNT = tl.constexpr(_state.STATE_COUNT)
+STATE_LIMIT = tl.constexpr(_state.STATE_LIMIT)
+STATE_DONE = tl.constexpr(_state.STATE_DONE)
+STATE_SEED = tl.constexpr(_state.STATE_SEED)
+STATE_TOP_K = tl.constexpr(_state.STATE_TOP_K)
+PARAM_TEMPERATURE = tl.constexpr(_state.PARAM_TEMPERATURE)
+
+
+@triton.jit
+def round_to(x, dtype: tl.constexpr):
+    """Round float32 `x` to `dtype` (nearest, ties to even) and back to float32.
+
+    bf16 is rounded with integer arithmetic on the float32 bits: the same result as the GPU's
+    conversion, and also under the Triton interpreter, whose own bf16 conversion truncates. Values
+    rounded this way store into a bf16 tensor exactly on both.
+    """
+    if dtype == tl.bfloat16:
+        bits = x.to(tl.uint32, bitcast=True)
+        bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+        return bits.to(tl.float32, bitcast=True)
+    elif dtype == tl.float16:
+        return x.to(tl.float16).to(tl.float32)
+    else:
+        return x
+
+
+@triton.jit
+def rms_rstd(x_ptr, N: tl.constexpr, eps, BLOCK: tl.constexpr):
+    """1 / sqrt(mean(x[0:N]^2) + eps), accumulated in float32 (RMSNorm, Zhang & Sennrich 2019)."""
+    acc = tl.zeros([BLOCK], tl.float32)
+    for start in range(0, N, BLOCK):
+        cols = start + tl.arange(0, BLOCK)
+        x = tl.load(x_ptr + cols, mask=cols < N, other=0.0).to(tl.float32)
+        acc += x * x
+    mean_sq = tl.sum(acc, axis=0) / N
+    return 1.0 / tl.sqrt_rn(mean_sq + eps)
+
+
+@triton.jit
+def load_input(x_ptr, norm_ptr, cols, mask, rstd, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr):
+    """A chunk of a GEMV input as float32, optionally RMS-normalized.
+
+    Rounding follows the eager RMSNorm: Llama scales the normalized value after rounding it to the
+    activation dtype (`w * normed.to(dtype)`); Gemma scales by (1 + w) in float32 and rounds once.
+    """
+    x = tl.load(x_ptr + cols, mask=mask, other=0.0)
+    xf = x.to(tl.float32)
+    if HAS_NORM:
+        w = tl.load(norm_ptr + cols, mask=mask, other=0.0).to(tl.float32)
+        if UNIT_OFFSET:
+            xf = round_to(xf * rstd * (1.0 + w), x.dtype)
+        else:
+            xf = round_to(w * round_to(xf * rstd, x.dtype), x.dtype)
+    return xf
+
+
+@triton.jit
+def dot_rows(w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, k_lo, K_SPAN: tl.constexpr, k_end,
+             HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """sum_k W[rows, k] * x[k] for k in [k_lo, min(k_lo + K_SPAN, k_end)): float32 [BLOCK_N].
+
+    K_SPAN is a compile-time constant so the loop has a static trip count (and runs under the
+    interpreter); `k_end` masks the tail.
+
+    The product is kept as a [BLOCK_N, BLOCK_K] float32 tile and reduced once at the end, so the loop
+    body is loads and fused multiply-adds only; rows are contiguous along k, so the loads coalesce.
+    """
+    acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    row_off = rows.to(tl.int64)[:, None] * stride_w
+    for kk in range(0, K_SPAN, BLOCK_K):
+        cols = k_lo + kk + tl.arange(0, BLOCK_K)
+        col_mask = cols < k_end
+        x = load_input(x_ptr, norm_ptr, cols, col_mask, rstd, HAS_NORM, UNIT_OFFSET)
+        w = tl.load(w_ptr + row_off + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+        acc += w.to(tl.float32) * x[None, :]
+    return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def dot_row_pairs(w_ptr, rows_a, rows_b, row_mask, stride_w, x_ptr, norm_ptr, rstd, K: tl.constexpr,
+                  HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr):
+    """Two row sets against the whole input x[0:K]: (W[rows_a] @ x, W[rows_b] @ x), float32 [BLOCK_N] each.
+
+    Used where an output needs two rows at once: the two halves of a RoPE rotation pair, or the gate and
+    up rows of a gated MLP. The input chunk is loaded (and normalized) once for both.
+    """
+    acc_a = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_b = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    off_a = rows_a.to(tl.int64)[:, None] * stride_w
+    off_b = rows_b.to(tl.int64)[:, None] * stride_w
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        col_mask = cols < K
+        x = load_input(x_ptr, norm_ptr, cols, col_mask, rstd, HAS_NORM, UNIT_OFFSET)
+        mask = row_mask[:, None] & col_mask[None, :]
+        w_a = tl.load(w_ptr + off_a + cols[None, :], mask=mask, other=0.0)
+        w_b = tl.load(w_ptr + off_b + cols[None, :], mask=mask, other=0.0)
+        acc_a += w_a.to(tl.float32) * x[None, :]
+        acc_b += w_b.to(tl.float32) * x[None, :]
+    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """With programmatic dependent launch, block until the previous kernel in the stream has finished.
+
+    Called first thing by every decode kernel: a PDL launch lets this kernel's CTAs be scheduled while the
+    previous kernel drains (hiding the launch gap), and this wait keeps every read after its writes.
+    """
+    if USE_PDL:
+        gdc_wait()
+
+
+@triton.jit
+def pdl_release(USE_PDL: tl.constexpr):
+    """With programmatic dependent launch, let the next kernel in the stream start launching."""
+    if USE_PDL:
+        gdc_launch_dependents()
+
+
+def launch_options(num_warps: int, num_stages: int = 1, pdl: bool = False) -> dict:
+    """Keyword launch options of a kernel call (`launch_pdl` only when asked for)."""
+    options = {"num_warps": num_warps, "num_stages": num_stages}
+    if pdl:
+        options["launch_pdl"] = True
+    return options
+
+
+def pdl_supported() -> bool:
+    """True when kernels can use programmatic dependent launch: Triton has it, and a Hopper-or-newer GPU."""
+    if gdc_wait is None or interpreting():
+        return False
+    import torch
+
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] >= 9
+
+
+@triton.jit
+def tanh_f32(x):
+    """Tanh in float32 from exp (portable to the interpreter); saturates correctly for large |x|."""
+    return 1.0 - 2.0 / (tl.exp(2.0 * x) + 1.0)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    knobs = getattr(triton, "knobs", None)
+    if knobs is not None:
+        return bool(knobs.runtime.interpret)
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")  # Triton < 3.4 has no knobs
+
+
+def next_power_of_2(n: int) -> int:
+    """Smallest power of two >= n (n >= 1)."""
+    return 1 << max(0, (int(n) - 1).bit_length())

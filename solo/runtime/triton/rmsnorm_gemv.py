@@ -1,0 +1,135 @@
+"""RMSNorm fused into the following matrix-vector product: y = W @ rmsnorm(x) (+ bias).
+
+Each CTA recomputes the norm's statistic over the whole input (a few KB, read from L2) instead of
+waiting for a separate norm kernel, so the normalized vector never goes through HBM and the step saves
+a launch. Used for the LM head (final norm + vocabulary projection) and, where the QKV kernel does not
+apply (per-head q/k norms), for the attention input projection:
+
+    rstd = 1 / sqrt(mean(x^2) + eps)                       # per CTA, float32
+    for each row block in parallel:                        # grid = cdiv(N, BLOCK_N)
+        y[rows] = round(sum_k W[rows, k] * norm(x)[k] (+ bias[rows]))
+
+`norm(x)` rounds like the eager RMSNorm (see `common.load_input`); `y` is rounded to the weights'
+dtype like nn.Linear's output and may be stored as float32 (logits).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from solo.runtime.triton.common import dot_rows, launch_options, pdl_release, pdl_wait, rms_rstd, round_to
+
+
+@dataclass(frozen=True)
+class RmsNormGemvConfig:
+    """Launch configuration of `rmsnorm_gemv_kernel` (see `gemv.GemvConfig` for the fields)."""
+
+    block_n: int = 8
+    block_k: int = 1024
+    num_warps: int = 4
+    num_stages: int = 1
+
+
+CANDIDATES = (
+    RmsNormGemvConfig(4, 1024, 4),
+    RmsNormGemvConfig(8, 1024, 4),
+    RmsNormGemvConfig(4, 512, 2),
+    RmsNormGemvConfig(8, 512, 2),
+    RmsNormGemvConfig(16, 512, 2),
+    RmsNormGemvConfig(8, 2048, 8),
+)
+"""Configurations the tuner times per shape (BLOCK_K = 8 * 32 * num_warps: see `gemv.CANDIDATES`)."""
+
+
+def default_config(n: int, k: int, sm_count: int = 132, elem_bytes: int = 2) -> RmsNormGemvConfig:
+    """Untuned configuration with at least ~2 CTAs per SM (see `gemv.default_config`)."""
+    block_k = min(16 // elem_bytes * 32 * 4, max(16, triton.next_power_of_2(k)))
+    block_n = 8
+    while block_n > 1 and triton.cdiv(n, block_n) < 2 * sm_count:
+        block_n //= 2
+    return RmsNormGemvConfig(block_n, block_k, 4)
+
+
+@triton.jit
+def rmsnorm_gemv_kernel(
+    x_ptr, norm_ptr, w_ptr, bias_ptr, out_ptr,
+    N, stride_w, eps,
+    K: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, USE_PDL: tl.constexpr,
+):
+    """y[N] = round(W[N, K] @ rmsnorm(x[K]) (+ bias)); grid (cdiv(N, BLOCK_N),)."""
+    pdl_wait(USE_PDL)
+    pid = tl.program_id(0)
+    rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    rstd = rms_rstd(x_ptr, K, eps, BLOCK_NORM)
+    acc = dot_rows(w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, 0, K, K,
+                   True, UNIT_OFFSET, BLOCK_N, BLOCK_K)
+    pdl_release(USE_PDL)
+    if HAS_BIAS:
+        acc += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows, round_to(acc, w_ptr.dtype.element_ty), mask=row_mask)
+
+
+def rmsnorm_gemv(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    out: torch.Tensor | None = None,
+    *,
+    bias: torch.Tensor | None = None,
+    unit_offset: bool = False,
+    config: RmsNormGemvConfig | None = None,
+    pdl: bool = False,
+) -> torch.Tensor:
+    """Y = W @ rmsnorm(x) (+ bias), one launch.
+
+    Args:
+        x: [K] un-normalized input (the residual stream), model dtype.
+        norm_weight: [K] RMSNorm weight.
+        weight: [N, K] row-major projection.
+        eps: RMSNorm epsilon.
+        out: [N] output (default: new, weight's dtype); float32 is allowed (values are still rounded to
+            the weight's dtype first, as the eager model's logits are).
+        bias: [N] or None.
+        unit_offset: Gemma's (1 + w) scaling.
+        config: launch configuration (default: `default_config`).
+        pdl: launch with programmatic dependent launch (Hopper; see `common.pdl_wait`).
+
+    Returns:
+        `out`.
+
+    Raises:
+        ValueError: shapes, strides or devices do not fit.
+    """
+    if weight.dim() != 2 or weight.stride(1) != 1:
+        raise ValueError(f"weight must be a row-major [N, K] matrix, got shape {tuple(weight.shape)}")
+    n, k = weight.shape
+    for name, t in (("x", x), ("norm_weight", norm_weight)):
+        if t.shape != (k,) or not t.is_contiguous():
+            raise ValueError(f"{name} must be a contiguous [{k}] vector, got {tuple(t.shape)}")
+    if out is None:
+        out = torch.empty(n, dtype=weight.dtype, device=weight.device)
+    for name, t in (("out", out), ("bias", bias)):
+        if t is not None and (t.shape != (n,) or not t.is_contiguous() or t.device != weight.device):
+            raise ValueError(f"{name} must be a contiguous [{n}] vector on {weight.device}")
+    config = config or default_config(n, k)
+    grid = (triton.cdiv(n, config.block_n),)
+    rmsnorm_gemv_kernel[grid](
+        x, norm_weight, weight, bias if bias is not None else out, out, n, weight.stride(0), float(eps),
+        K=k, UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None,
+        BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_NORM=min(1024, triton.next_power_of_2(k)),
+        USE_PDL=pdl, **launch_options(config.num_warps, config.num_stages, pdl),
+    )
+    return out
+
+
+if __name__ == "__main__":
+    from solo.runtime.triton.benchtools import rmsnorm_gemv_benchmark_main
+
+    rmsnorm_gemv_benchmark_main()

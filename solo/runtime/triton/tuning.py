@@ -1,0 +1,139 @@
+"""Launch-configuration search for the decode kernels, with an in-process and an on-disk cache.
+
+Each kernel module lists a few candidate configurations. For one call site (kernel, shape, dtype,
+GPU) the tuner launches every candidate on the real weights, drops any that fail to compile or whose
+output differs from the reference configuration's (a guard against a wrong configuration, e.g. a
+split-K race), times the rest with `triton.testing.do_bench` (median, L2 flushed between runs) and
+keeps the fastest. Results are cached by key in memory and in a JSON file, so a model is tuned once
+per GPU type.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import threading
+from collections.abc import Callable, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any, TypeVar
+
+import torch
+
+log = logging.getLogger(__name__)
+
+C = TypeVar("C")
+
+_MEMORY: dict[str, dict[str, Any]] = {}
+_LOCK = threading.Lock()
+_ANNOUNCED = False
+
+
+def cache_path() -> Path:
+    """The on-disk tuning cache: $SOLO_TUNING_CACHE, else ~/.cache/solo/triton_tuning.json."""
+    env = os.environ.get("SOLO_TUNING_CACHE")
+    return Path(env) if env else Path.home() / ".cache" / "solo" / "triton_tuning.json"
+
+
+def _load_disk() -> dict[str, dict[str, Any]]:
+    path = cache_path()
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
+
+def _store_disk(key: str, entry: dict[str, Any]) -> None:
+    path = cache_path()
+    try:
+        data = _load_disk()
+        data[key] = entry
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
+        tmp.replace(path)
+    except OSError as exc:  # a read-only home must not stop decoding
+        log.warning("could not write the tuning cache %s: %s", path, exc)
+
+
+def make_key(kernel: str, **shape: Any) -> str:
+    """Cache key of one call site: kernel name, shape fields and the GPU's name."""
+    device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
+    fields = ",".join(f"{k}={v}" for k, v in sorted(shape.items()))
+    return f"{kernel}|{fields}|{device}"
+
+
+def lookup(key: str, config_type: type[C]) -> C | None:
+    """A cached configuration for `key`, or None."""
+    with _LOCK:
+        entry = _MEMORY.get(key)
+        if entry is None:
+            entry = _load_disk().get(key)
+            if entry is not None:
+                _MEMORY[key] = entry
+    if entry is None:
+        return None
+    try:
+        return config_type(**entry["config"])
+    except TypeError:  # the config's fields changed since it was cached
+        return None
+
+
+def tune(
+    key: str,
+    candidates: Sequence[C],
+    launch: Callable[[C], torch.Tensor],
+    reference: C,
+    rtol: float = 1e-2,
+    warmup_ms: float = 5.0,
+    rep_ms: float = 25.0,
+) -> C:
+    """The fastest candidate whose output matches the reference configuration's.
+
+    Args:
+        key: cache key (`make_key`).
+        candidates: configurations to try.
+        launch: runs the kernel with a configuration and returns its output tensor.
+        reference: configuration whose output is trusted (the untuned default).
+        rtol: allowed max |out - ref| relative to max |ref| (summation order differs between configs).
+        warmup_ms, rep_ms: `do_bench` budgets per candidate.
+
+    Returns:
+        The chosen configuration (the reference when nothing else works); cached under `key`.
+    """
+    cached = lookup(key, type(reference))
+    if cached is not None:
+        return cached
+    global _ANNOUNCED
+    if not _ANNOUNCED:  # a pause of tens of seconds deserves a word, once per process
+        log.warning("tuning the decode kernels for this GPU and model shape (once; cached in %s)", cache_path())
+        _ANNOUNCED = True
+    from triton.testing import do_bench
+
+    expected = launch(reference).float().clone()
+    scale = float(expected.abs().max()) or 1.0
+    timings: list[tuple[float, C]] = []
+    for config in dict.fromkeys([reference, *candidates]):
+        try:
+            out = launch(config).float()
+            error = float((out - expected).abs().max())
+            if not error <= rtol * scale:
+                log.warning("tuning %s: %s disagrees with the reference (max error %.3g); skipped", key, config, error)
+                continue
+            ms = do_bench(lambda config=config: launch(config), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+            timings.append((ms, config))
+        except Exception as exc:  # a configuration that fails to compile or launch is skipped
+            log.warning("tuning %s: %s failed (%s: %s)", key, config, type(exc).__name__, exc)
+    best = min(timings, key=lambda t: t[0])[1] if timings else reference
+    entry = {"config": asdict(best), "ms": {str(asdict(c)): ms for ms, c in timings}}  # type: ignore[call-overload]
+    with _LOCK:
+        _MEMORY[key] = entry
+    _store_disk(key, entry)
+    return best
+
+
+def cached_entries() -> dict[str, dict[str, Any]]:
+    """Everything tuned in this process (for reports)."""
+    with _LOCK:
+        return dict(_MEMORY)

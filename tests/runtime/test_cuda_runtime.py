@@ -1,0 +1,148 @@
+"""The CUDA-graph runtime's logic without graphs: the same step functions and block loop.
+
+On a CPU-only machine the torch step runs as plain torch ops and the Triton step and the on-device
+sampler run in Triton's interpreter; on a GPU machine the same tests run on the GPU, still without
+graphs. Graph capture itself is covered by the GPU tests (test_cuda_gpu.py).
+"""
+
+from __future__ import annotations
+
+# isort: off
+from _triton_env import DEVICE, ON_GPU, requires_triton  # first: sets TRITON_INTERPRET before Triton loads
+# isort: on
+import pytest
+import torch
+from _cuda_helpers import ARCHS, PROMPT, TinyCheckpoints, eager_greedy, runtime_greedy
+
+from solo.errors import SoloError
+from solo.runtime import BACKENDS, create_runtime
+from solo.runtime.cuda.runtime import CudaGraphRuntime
+from solo.runtime.cuda.state import SamplingSpec
+
+pytestmark = requires_triton
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory) -> TinyCheckpoints:
+    return TinyCheckpoints(tmp_path_factory.mktemp("cuda-runtime"))
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_torch_step_matches_eager_per_token_and_in_blocks(tiny, arch):
+    steps = 12
+    expected, expected_logits = eager_greedy(tiny.model(arch, DEVICE), PROMPT, steps)
+    rt = CudaGraphRuntime(tiny.model(arch, DEVICE), step="torch", use_graphs=False)
+    tokens, logits = runtime_greedy(rt, PROMPT, steps, "token")
+    assert tokens == expected
+    for a, b in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert runtime_greedy(rt, PROMPT, steps, "block", k=5)[0] == expected
+
+
+@pytest.mark.parametrize("arch", [
+    "llama", "gemma2",
+    pytest.param("qwen3", marks=pytest.mark.slow), pytest.param("qwen2", marks=pytest.mark.slow),
+    pytest.param("mistral", marks=pytest.mark.slow),
+])
+def test_triton_step_matches_eager(tiny, arch):
+    steps = 4
+    expected, expected_logits = eager_greedy(tiny.model(arch, DEVICE), PROMPT, steps)
+    rt = CudaGraphRuntime(tiny.model(arch, DEVICE), step="triton", use_graphs=False)
+    tokens, logits = runtime_greedy(rt, PROMPT, steps, "token")
+    assert tokens == expected
+    for a, b in zip(logits, expected_logits, strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-4)
+    assert runtime_greedy(rt, PROMPT, steps, "block", k=2)[0] == expected
+
+
+def test_blocks_stop_at_a_stop_token_and_at_the_budget(tiny):
+    expected, _ = eager_greedy(tiny.model("llama", DEVICE), PROMPT, 10)
+    rt = CudaGraphRuntime(tiny.model("llama", DEVICE), step="torch", use_graphs=False)
+    rt.reserve(1, 64)
+    rt.prefill(0, torch.tensor(PROMPT))
+    stop = expected[4]
+    first_stop = expected.index(stop, 1)
+    blocks = list(rt.iter_blocks(0, expected[0], len(PROMPT), SamplingSpec(), frozenset({stop}), 50, k=3))
+    flat = [t for b in blocks for t in b]
+    assert flat == expected[1:first_stop + 1]  # ends with the stop token, nothing after it
+    rt.prefill(0, torch.tensor(PROMPT))
+    blocks = list(rt.iter_blocks(0, expected[0], len(PROMPT), SamplingSpec(), frozenset(), 5, k=3))
+    assert [len(b) for b in blocks] == [3, 2] and [t for b in blocks for t in b] == expected[1:6]
+    rt.prefill(0, torch.tensor(PROMPT))
+    result = rt.decode_block(0, expected[0], len(PROMPT), k=4)
+    assert result.tokens == expected[1:5] and not result.finished
+    result = rt.decode_block(0, expected[4], len(PROMPT) + 4, k=4, stop_ids=frozenset({expected[6]}))
+    assert result.tokens == expected[5:7] and result.finished
+
+
+def test_seeded_sampling_does_not_depend_on_the_block_size(tiny):
+    rt = CudaGraphRuntime(tiny.model("llama", DEVICE), step="torch", use_graphs=False)
+    rt.reserve(1, 64)
+    spec = SamplingSpec(temperature=1.5, top_p=0.95, seed=1234)
+    runs = []
+    for k in (2, 3):
+        first = int(rt.prefill(0, torch.tensor(PROMPT)).argmax())
+        runs.append([t for b in rt.iter_blocks(0, first, len(PROMPT), spec, frozenset(), 6, k=k) for t in b])
+    assert runs[0] == runs[1] and len(runs[0]) == 6
+    first = int(rt.prefill(0, torch.tensor(PROMPT)).argmax())
+    other = [t for b in rt.iter_blocks(0, first, len(PROMPT), SamplingSpec(1.5, 0, 0.95, 0.0, 99), frozenset(), 6)
+             for t in b]
+    assert other != runs[0]  # another seed, another sequence (1 / 384^6 odds of a clash)
+
+
+def test_batched_decode_rows_and_cache_checks(tiny):
+    model = tiny.model("qwen2", DEVICE)
+    rt = CudaGraphRuntime(model, step="torch", use_graphs=False)
+    rt.reserve(2, 32)
+    assert rt.rows == 2 and rt.max_seq >= 32 and rt.cache.k[0].shape[0] == 3  # one scratch row
+    a = rt.prefill(0, torch.tensor(PROMPT))
+    b = rt.prefill(1, torch.tensor(PROMPT[:6]))
+    ta, tb = int(a.argmax()), int(b.argmax())
+    both = rt.decode(torch.tensor([0, 1]), torch.tensor([ta, tb]), torch.tensor([len(PROMPT), 6]))
+    one = rt.decode(torch.tensor([1]), torch.tensor([tb]), torch.tensor([6]))
+    torch.testing.assert_close(both[1], one[0], rtol=1e-4, atol=1e-4)
+    with pytest.raises(SoloError):
+        rt.prefill(2, torch.tensor(PROMPT))  # the scratch row is not handed out
+    with pytest.raises(SoloError):
+        CudaGraphRuntime(model, step="nope")
+    if not ON_GPU:
+        with pytest.raises(SoloError):
+            CudaGraphRuntime(model, use_graphs=True)  # graphs need CUDA
+
+
+def test_cuda_graph_backend_is_registered():
+    assert "cuda-graph" in BACKENDS
+    with pytest.raises(SoloError):
+        create_runtime(_cpu_model(), "cuda-graph", torch.device("cpu"))
+
+
+def _cpu_model():
+    from solo.model.config import ModelConfig
+    from solo.model.transformer import Transformer
+
+    cfg = ModelConfig.from_dict(dict(architectures=["LlamaForCausalLM"], hidden_size=32, intermediate_size=64,
+                                     num_hidden_layers=1, num_attention_heads=4, vocab_size=50))
+    return Transformer(cfg)
+
+
+def test_fused_weights_are_views_and_change_nothing(tiny):
+    from solo.model.transformer import KVCache
+    from solo.runtime.cuda.weights import fused_layers, weight_bytes_per_token
+
+    model = tiny.model("qwen2", DEVICE)  # q/k/v biases too
+    ids, pos = torch.tensor([PROMPT], device=DEVICE), torch.arange(len(PROMPT), device=DEVICE)[None]
+
+    def logits():
+        cache = KVCache(model.config, 1, 32, model.dtype, DEVICE)
+        return model(ids, pos, cache, torch.zeros(1, dtype=torch.long, device=DEVICE))
+
+    before = logits()
+    bytes_before = weight_bytes_per_token(model)
+    layers = fused_layers(model)
+    assert fused_layers(model) is layers  # fused once per model
+    attn, mlp = model.layers[0].attn, model.layers[0].mlp
+    assert attn.k_proj.weight.data_ptr() == layers[0].w_qkv[attn.q_proj.weight.shape[0]:].data_ptr()
+    assert mlp.up_proj.weight.data_ptr() == layers[0].w_gate_up[mlp.gate_proj.weight.shape[0]:].data_ptr()
+    assert attn.v_proj.bias.data_ptr() == layers[0].b_qkv[-attn.v_proj.bias.shape[0]:].data_ptr()
+    assert torch.equal(logits(), before)
+    assert weight_bytes_per_token(model) == bytes_before

@@ -1,0 +1,75 @@
+"""Flash-decoding attention against SDPA / the eager soft-capped attention, in float64."""
+
+from __future__ import annotations
+
+# isort: off
+from _triton_env import DEVICE, bf16_close, requires_triton  # first: sets TRITON_INTERPRET before Triton loads
+# isort: on
+import pytest
+import torch
+
+from solo.model.layers import _softcapped_attention, attention_mask
+
+pytestmark = requires_triton
+
+
+def _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap):
+    qq = q.view(1, heads, 1, head_dim).double()
+    keys, values = kc[row:row + 1, :, :pos + 1].double(), vc[row:row + 1, :, :pos + 1].double()
+    mask = attention_mask(torch.tensor([[pos]], device=q.device), pos + 1, window)
+    if softcap is None:
+        out = torch.nn.functional.scaled_dot_product_attention(qq, keys, values, attn_mask=mask,
+                                                               scale=head_dim**-0.5, enable_gqa=True)
+    else:
+        out = _softcapped_attention(qq, keys, values, mask, head_dim**-0.5, softcap)
+    return out.reshape(-1)
+
+
+CASES = [  # heads, kv_heads, head_dim, max_seq, pos, window, softcap, partition
+    (4, 2, 12, 40, 37, None, None, 16),  # GQA, several partitions, head_dim not a power of two
+    (4, 2, 12, 40, 37, 8, None, 16),  # sliding window: early partitions are empty
+    (6, 3, 16, 70, 69, None, 30.0, 32),  # soft-capping
+    (4, 4, 16, 20, 5, None, None, None),  # MHA, one partition (direct write)
+    (8, 2, 16, 64, 31, 20, None, 16),  # position at a partition's end
+    (8, 2, 16, 64, 32, None, None, 16),  # position at a partition's start
+    (2, 1, 16, 48, 0, None, None, 16),  # the first token
+]
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("heads,kv_heads,head_dim,max_seq,pos,window,softcap,partition", CASES)
+def test_decode_attention_matches_reference(dtype, heads, kv_heads, head_dim, max_seq, pos, window, softcap,
+                                            partition):
+    from solo.runtime.triton.attention import AttentionPlan, decode_attention
+
+    torch.manual_seed(pos)
+    row = 1
+    kc = torch.randn(2, kv_heads, max_seq, head_dim, device=DEVICE).to(dtype)
+    vc = torch.randn(2, kv_heads, max_seq, head_dim, device=DEVICE).to(dtype)
+    q = torch.randn(heads * head_dim, device=DEVICE).to(dtype)
+    state = torch.zeros(8, dtype=torch.int64, device=DEVICE)
+    state[1], state[2] = pos, row
+    out = torch.full((heads * head_dim,), float("nan"), device=DEVICE).to(dtype)
+    plan = AttentionPlan(max_seq, heads, kv_heads, head_dim, DEVICE, partition=partition) if partition else None
+    decode_attention(q, kc, vc, state, out, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                     scale=head_dim**-0.5, window=window, softcap=softcap, plan=plan)
+    expected = _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap)
+    if dtype == torch.float32:
+        torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
+    else:
+        # Products of bf16 inputs are exact in float32; the output is rounded once (tensor-core
+        # probabilities in bf16 on a GPU add up to a few more ulps).
+        bf16_close(out, expected.to(torch.bfloat16), ulps=4)
+
+
+def test_attention_plan_partitions():
+    from solo.runtime.triton.attention import AttentionPlan
+
+    short = AttentionPlan(400, 32, 8, 64, "cpu", sm_count=132)
+    assert short.partition == 32 and short.num_parts == 13 and short.part_out.shape == (13, 32, 64)
+    long = AttentionPlan(131072, 32, 8, 64, "cpu", sm_count=132)
+    assert long.partition == 1024 and long.num_parts == 128
+    single = AttentionPlan(16, 4, 2, 16, "cpu", partition=16)
+    assert single.num_parts == 1 and single.part_out.numel() == 0
+    with pytest.raises(ValueError):
+        AttentionPlan(64, 4, 2, 16, "cpu", partition=24)
