@@ -22,6 +22,9 @@ class DecodeRuntime(Protocol):
         device: where logits come back.
         rows: number of KV-cache rows (concurrent sequences).
         max_seq: tokens per row currently allocated.
+        batch_invariant: True when `decode` over several rows gives each row bit for bit its batch-1 logits;
+            the server then decodes all active requests in one call (else one call per request, so a
+            request's output never depends on its neighbours).
     """
 
     name: str
@@ -29,6 +32,7 @@ class DecodeRuntime(Protocol):
     device: torch.device
     rows: int
     max_seq: int
+    batch_invariant: bool
 
     def reserve(self, rows: int, max_seq: int) -> None:
         """Make sure the cache holds at least `rows` rows of `max_seq` tokens.

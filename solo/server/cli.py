@@ -1,4 +1,10 @@
-"""`solo serve` arguments and entry point (the server itself lives in solo.server.app)."""
+"""`solo serve`: an OpenAI-compatible HTTP server (the server itself lives in solo.server.app).
+
+    solo serve [MODEL] --port 8000 --max-batch 8 --max-queue 64 [--api-key KEY]
+
+Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize,
+GET /health (503 while loading, 200 when ready), GET /metrics (Prometheus).
+"""
 
 from __future__ import annotations
 
@@ -12,8 +18,43 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
+    parser.add_argument("--api-key", default=None, metavar="KEY",
+                        help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+                        help="the name clients send as `model` (default: MODEL as given, or the bundled "
+                             "model's name)")
+    parser.add_argument("--max-batch", type=int, default=8, metavar="N",
+                        help="KV-cache slots: requests generated together (default: 8)")
+    parser.add_argument("--max-queue", type=int, default=64, metavar="M",
+                        help="requests that may wait for a slot; more get 503 + Retry-After (default: 64)")
+    parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                        help="tokens per slot, prompt plus completion (default: the model's context length); "
+                             "lower it to save KV-cache memory")
+    parser.add_argument("--decode-batching", choices=("auto", "isolated", "fused"), default="auto",
+                        help="auto (default): one batched decode call per step when the runtime is "
+                             "batch-invariant, else one call per request; isolated: always one call per "
+                             "request (each request's arithmetic identical to running alone); fused: always "
+                             "batched (on a runtime that is not batch-invariant, last-bit differences)")
+    parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+                        help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the server until SIGTERM/SIGINT."""
-    raise NotImplementedError("solo serve is not implemented yet")
+    """Run the server until SIGTERM/SIGINT; returns 0 after a graceful shutdown.
+
+    Raises:
+        SoloError: a bad flag value, or a model that cannot be loaded.
+    """
+    from solo.errors import SoloError
+    from solo.server.runner import serve
+    from solo.server.state import ServerSettings
+
+    if not 0 <= args.port <= 65535:
+        raise SoloError(f"--port must be in [0, 65535], got {args.port}")
+    settings = ServerSettings(
+        model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
+        served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
+        max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
+        shutdown_grace_s=args.shutdown_grace,
+    )
+    return serve(settings, args.host, args.port)

@@ -91,6 +91,8 @@ class CudaGraphRuntime:
     """
 
     name = "cuda-graph"
+    # Several rows run batched torch ops (not the per-row graphs), whose results depend on the batch.
+    batch_invariant = False
 
     def __init__(self, model: Transformer, step: str = "auto", block_size: int = 16,
                  use_graphs: bool | None = None, tune: bool | None = None, max_block: int = 64) -> None:

@@ -1,0 +1,110 @@
+"""The FastAPI application: `create_app(settings)` wires state, routes, errors, auth and metrics.
+
+    app = create_app(ServerSettings(model="path/to/model", max_batch=8))
+    uvicorn.run(app)   # or solo.server.runner.SoloServer for graceful shutdown
+
+The engine never imports FastAPI; this package depends on the engine, not the reverse.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import secrets
+from collections.abc import AsyncIterator, Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from solo import __version__
+from solo.engine.engine import Engine
+from solo.server.errors import APIError, install_error_handlers
+from solo.server.metrics import ServerMetrics
+from solo.server.routes import router
+from solo.server.state import ServerSettings, ServerState
+
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
+          "/metrics")
+"""Paths with their own label in `solo_requests_total`; any other path counts as "other"."""
+_OPEN_ROUTES = ("/health",)  # reachable without the API key (load-balancer probes)
+
+
+class _Gate:
+    """ASGI middleware: the API-key check (before anything else, even JSON parsing) and request counting.
+
+    Every response is counted by route and status.
+
+    Args:
+        app: the wrapped application.
+        api_key: required as `Authorization: Bearer <key>` on every route but /health; None disables it.
+        metrics: where requests are counted.
+    """
+
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics) -> None:
+        self.app = app
+        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.metrics = metrics
+
+    def _authorized(self, scope: Scope) -> bool:
+        if self.expected is None or scope["path"] in _OPEN_ROUTES:
+            return True
+        given = dict(scope.get("headers", ())).get(b"authorization", b"")
+        return secrets.compare_digest(given, self.expected)
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        status = 500  # if the app dies before answering, uvicorn sends a 500
+
+        async def send_and_note(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+            await send(message)
+
+        try:
+            if self._authorized(scope):
+                await self.app(scope, receive, send_and_note)
+            else:
+                error = APIError(401, "missing or incorrect API key; send it as 'Authorization: Bearer <key>'",
+                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                await error.response()(scope, receive, send_and_note)
+        finally:
+            route = scope["path"] if scope["path"] in ROUTES else "other"
+            self.metrics.requests.labels(route, str(status)).inc()
+
+
+def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | None = None,
+               on_fatal: Callable[[BaseException], None] | None = None) -> FastAPI:
+    """Build the server application. The model starts loading (in the background) when the app starts.
+
+    Args:
+        settings: what to serve and how (validated here).
+        load_engine: builds the engine on a worker thread; default `Engine.load` with the settings.
+        on_fatal: called on the event loop if the model cannot be loaded (the CLI stops the server).
+
+    Returns:
+        The FastAPI app; its `state.solo` is the `ServerState`.
+
+    Raises:
+        SoloError: invalid settings.
+    """
+    settings.validate()
+    state = ServerState(settings, load_engine, on_fatal)
+
+    @asynccontextmanager
+    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
+        loading = asyncio.create_task(state.load())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            await state.close()
+
+    app = FastAPI(title="Solo", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
+    app.state.solo = state
+    install_error_handlers(app)
+    app.include_router(router)
+    app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics)
+    return app

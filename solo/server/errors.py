@@ -1,0 +1,175 @@
+"""Every error the server returns, in OpenAI's shape, with its HTTP status decided in one place.
+
+OpenAI's API answers errors as `{"error": {"message", "type", "param", "code"}}`. Solo's engine raises
+`SoloError` subclasses for problems the user can fix; `api_error_from` maps each one to a status here, so
+a user's mistake is a 4xx and never a 500. FastAPI's own 422 validation errors and Starlette's 404/405
+are rewritten into the same shape (422 becomes 400, as OpenAI and vLLM answer).
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from solo.errors import (
+    CheckpointError,
+    ContextLengthError,
+    InvalidRequestError,
+    ModelNotFoundError,
+    SoloError,
+    UnsupportedArchitectureError,
+)
+from solo.server.scheduler import QueueFullError, SchedulerStoppedError
+
+logger = logging.getLogger("solo.server")
+
+RETRY_AFTER_S = 1
+"""Seconds a client is asked to wait (the Retry-After header) when the server is busy or loading."""
+
+
+class APIError(Exception):
+    """An error response: HTTP status plus OpenAI's error object.
+
+    Args:
+        status: HTTP status code.
+        message: one line for the user, naming the problem and the fix.
+        type: OpenAI's error type ("invalid_request_error", "authentication_error", ...).
+        param: the offending request field, or None.
+        code: a machine-readable code ("model_not_found", "context_length_exceeded", ...), or None.
+        headers: extra response headers (Retry-After, WWW-Authenticate).
+    """
+
+    def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
+                 code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+
+    def body(self) -> dict[str, Any]:
+        """The JSON body: {"error": {"message", "type", "param", "code"}}."""
+        return {"error": {"message": self.message, "type": self.type, "param": self.param, "code": self.code}}
+
+    def response(self) -> JSONResponse:
+        """The error as a JSON response."""
+        return JSONResponse(self.body(), status_code=self.status, headers=self.headers)
+
+
+def api_error_from(exc: BaseException) -> APIError:
+    """Map an exception to the error response it deserves; the one table of SoloError -> status.
+
+    ContextLengthError and InvalidRequestError -> 400; a model folder or checkpoint problem -> 400 with
+    its own code; QueueFullError and SchedulerStoppedError -> 503 with Retry-After; anything else is a
+    bug in Solo -> 500 (logged with its traceback by the caller).
+    """
+    if isinstance(exc, APIError):
+        return exc
+    if isinstance(exc, ContextLengthError):
+        return APIError(400, str(exc), param=exc.param, code="context_length_exceeded")
+    if isinstance(exc, InvalidRequestError):
+        return APIError(400, str(exc), param=exc.param)
+    if isinstance(exc, ModelNotFoundError):
+        return APIError(404, str(exc), code="model_not_found")
+    if isinstance(exc, CheckpointError | UnsupportedArchitectureError):
+        return APIError(400, str(exc), code="unsupported_model")
+    if isinstance(exc, SoloError):
+        return APIError(400, str(exc))
+    if isinstance(exc, QueueFullError):
+        return APIError(503, str(exc), type="server_overloaded", code="queue_full",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    if isinstance(exc, SchedulerStoppedError):
+        return APIError(503, str(exc), type="server_overloaded", code="shutting_down",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
+    return APIError(500, "internal server error; see the server log", type="server_error", code="internal_error")
+
+
+def model_not_found(name: str, served: str) -> APIError:
+    """404 for a request naming a model this server does not serve."""
+    return APIError(404, f"the model {name!r} does not exist on this server; it serves {served!r} "
+                         "(see GET /v1/models)", param="model", code="model_not_found")
+
+
+def model_loading() -> APIError:
+    """503 while the model is still loading (or the server is shutting down)."""
+    return APIError(503, "the model is still loading; retry shortly (GET /health turns 200 when ready)",
+                    type="server_overloaded", code="model_loading", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def shutting_down() -> APIError:
+    """503 for new work once graceful shutdown has begun."""
+    return APIError(503, "the server is shutting down; retry on another instance", type="server_overloaded",
+                    code="shutting_down", headers={"Retry-After": str(RETRY_AFTER_S)})
+
+
+def _location(loc: Sequence[str | int]) -> str:
+    # ("body", "messages", 0, "content") -> "messages[0].content"
+    text = ""
+    for part in loc[1:] if loc and loc[0] == "body" else loc:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
+    """400 for FastAPI's request validation errors (malformed JSON, wrong types, out-of-range values).
+
+    The message names the first problem (and how many more there are); `param` is the top-level field.
+    The offending input is never echoed back (it may be huge, or NaN, which JSON cannot carry).
+    """
+    if not errors:
+        return APIError(400, "the request body is invalid")
+    first = errors[0]
+    loc = list(first.get("loc", ()))
+    if first.get("type") == "json_invalid":
+        detail = (first.get("ctx") or {}).get("error", "")
+        return APIError(400, f"the request body is not valid JSON ({detail})".replace(" ()", ""))
+    if first.get("type") == "missing" and loc == ["body"]:
+        return APIError(400, "the request has no body; send a JSON object")
+    if first.get("type") == "model_attributes_type" and loc == ["body"]:
+        return APIError(400, "the request body must be a JSON object, sent with Content-Type: application/json")
+    where = _location(loc)
+    param = next((p for p in loc[1:] if isinstance(p, str)), None) if loc[:1] == ["body"] else None
+    text = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
+    message = f"{where}: {text}" if where else text
+    more = len({_location(e.get("loc", ())) for e in errors} - {where})
+    if more:
+        message += f" (and {more} more invalid field{'s' if more > 1 else ''})"
+    return APIError(400, message, param=param)
+
+
+def install_error_handlers(app: FastAPI) -> None:
+    """Answer every error in OpenAI's shape: APIError, SoloError, validation errors, 404/405, and bugs."""
+
+    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
+        return api_error_from(exc).response()
+
+    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, RequestValidationError)
+        return validation_error(exc.errors()).response()
+
+    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, StarletteHTTPException)
+        kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
+        message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/models",
+                   405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
+        return APIError(exc.status_code, message, type=kind, headers=exc.headers).response()
+
+    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+        logger.exception("unhandled error", exc_info=exc)
+        return api_error_from(exc).response()
+
+    app.add_exception_handler(APIError, on_api_error)
+    app.add_exception_handler(SoloError, on_api_error)
+    app.add_exception_handler(QueueFullError, on_api_error)
+    app.add_exception_handler(SchedulerStoppedError, on_api_error)
+    app.add_exception_handler(RequestValidationError, on_validation_error)
+    app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(Exception, on_bug)

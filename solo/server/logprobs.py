@@ -1,0 +1,122 @@
+"""Log-probabilities in OpenAI's two shapes, and the text and bytes of single tokens.
+
+A token's `bytes` are its exact UTF-8 bytes, so a client can rebuild text even when one character spans
+several tokens (OpenAI returns them for that reason). They are recovered from the vocabulary entry:
+byte-level BPE (GPT-2, Llama 3, Qwen) maps each byte to a printable character, which is inverted here;
+SentencePiece byte-fallback tokens are spelled `<0xHH>`, and its word-boundary marker U+2581 is a space.
+A token's `token` string is those bytes decoded as UTF-8 (an incomplete character becomes U+FFFD).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from collections.abc import Sequence
+from functools import lru_cache
+
+from solo.engine.request import TokenLogprob
+from solo.server.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
+from solo.tokenizer import Tokenizer
+
+_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+_SENTENCEPIECE_SPACE = "\u2581"
+_MIN_LOGPROB = -9999.0  # what OpenAI reports for a token with zero probability; JSON has no -inf
+
+
+@lru_cache(maxsize=1)
+def _byte_level_alphabet() -> dict[str, int]:
+    # Byte-level BPE's reversible byte -> character table (Radford et al., GPT-2, 2019): printable
+    # Latin-1 bytes stand for themselves; the other 68 bytes map to code points from 256 on, in order.
+    printable = [*range(ord("!"), ord("~") + 1), *range(0xA1, 0xAC + 1), *range(0xAE, 0xFF + 1)]
+    table = {chr(b): b for b in printable}
+    extra = 0
+    for b in range(256):
+        if b not in printable:
+            table[chr(256 + extra)] = b
+            extra += 1
+    return table
+
+
+def _decoder_types(tokenizer: Tokenizer) -> set[str]:
+    # The decoder's JSON names its type, and the types of a Sequence's members.
+    decoder = tokenizer.backend.decoder
+    if decoder is None:
+        return set()
+    try:
+        spec = json.loads(decoder.__getstate__())
+    except (AttributeError, TypeError, ValueError):
+        return set()
+    members = spec.get("decoders", []) if spec.get("type") == "Sequence" else [spec]
+    return {m.get("type", "") for m in members if isinstance(m, dict)}
+
+
+class TokenPieces:
+    """Text and UTF-8 bytes of single token ids (cached).
+
+    Args:
+        tokenizer: the model's tokenizer.
+    """
+
+    def __init__(self, tokenizer: Tokenizer) -> None:
+        self.tokenizer = tokenizer
+        self._byte_level = "ByteLevel" in _decoder_types(tokenizer)
+        self._added = {i: t.content for i, t in tokenizer.backend.get_added_tokens_decoder().items()}
+        self._cache: dict[int, tuple[str, bytes]] = {}
+
+    def _bytes(self, token_id: int) -> bytes:
+        if token_id in self._added:
+            return self._added[token_id].encode("utf-8")
+        piece = self.tokenizer.backend.id_to_token(token_id)
+        if piece is None:
+            return b""
+        if self._byte_level:
+            table = _byte_level_alphabet()
+            return b"".join(bytes([table[c]]) if c in table else c.encode("utf-8") for c in piece)
+        if match := _BYTE_FALLBACK.match(piece):
+            return bytes([int(match.group(1), 16)])
+        return piece.replace(_SENTENCEPIECE_SPACE, " ").encode("utf-8")
+
+    def get(self, token_id: int) -> tuple[str, bytes]:
+        """(text, UTF-8 bytes) of one token; an incomplete character shows as U+FFFD in the text."""
+        cached = self._cache.get(token_id)
+        if cached is None:
+            raw = self._bytes(token_id)
+            cached = self._cache[token_id] = (raw.decode("utf-8", errors="replace"), raw)
+        return cached
+
+
+def _finite(logprob: float) -> float:
+    return logprob if math.isfinite(logprob) else _MIN_LOGPROB
+
+
+def chat_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob]) -> ChatLogprobs:
+    """Chat-shaped logprobs: {"content": [{token, logprob, bytes, top_logprobs: [...]}, ...]}."""
+    content = []
+    for info in infos:
+        text, raw = pieces.get(info.token_id)
+        top = []
+        for token_id, logprob in info.top:
+            top_text, top_raw = pieces.get(token_id)
+            top.append(TopLogprob(token=top_text, logprob=_finite(logprob), bytes=list(top_raw)))
+        content.append(ChatTokenLogprob(token=text, logprob=_finite(info.logprob), bytes=list(raw), top_logprobs=top))
+    return ChatLogprobs(content=content)
+
+
+def completion_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob], text_offset: int) -> CompletionLogprobs:
+    """Completions-shaped logprobs for consecutive tokens.
+
+    Args:
+        pieces: token text lookup.
+        infos: the tokens' log-probabilities, in order.
+        text_offset: character offset of the first token in the choice's generated text.
+    """
+    tokens, logprobs, tops, offsets = [], [], [], []
+    for info in infos:
+        text, _ = pieces.get(info.token_id)
+        tokens.append(text)
+        logprobs.append(_finite(info.logprob))
+        tops.append({pieces.get(t)[0]: _finite(lp) for t, lp in info.top})
+        offsets.append(text_offset)
+        text_offset += len(text)
+    return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)

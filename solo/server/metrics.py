@@ -1,0 +1,89 @@
+"""Prometheus metrics of one server (prefix `solo_`), in a registry of its own.
+
+Each app gets its own `CollectorRegistry`, so several servers can run in one process (as the tests do)
+without "duplicated timeseries" errors. Latencies follow the usual serving terms: TTFT (arrival to first
+token, queueing included), ITL (inter-token latency, between consecutive tokens of one request) and
+end-to-end latency (arrival to last token).
+"""
+
+from __future__ import annotations
+
+from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+
+from solo.engine.request import GenerationStats
+
+_TTFT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
+                   40.0, 80.0)
+_ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
+                  0.5, 1.0, 2.5)
+_E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+_TOKENS_PER_S_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+
+CONTENT_TYPE = CONTENT_TYPE_LATEST
+"""Content-Type of the Prometheus text exposition format."""
+
+
+class ServerMetrics:
+    """The server's metrics. Thread-safe: the scheduler thread and the event loop both update them.
+
+    Attributes:
+        registry: this server's own registry.
+        requests: counter of HTTP requests by route and status code.
+        ttft: histogram of time to first token, seconds.
+        itl: histogram of inter-token latency, seconds (one sample per token after the first).
+        e2e: histogram of end-to-end request latency, seconds.
+        tokens_per_s: histogram of each request's decode speed after its first token, tokens/s.
+        prompt_tokens, generation_tokens: counters of prompt and generated tokens.
+        finished: counter of finished generations (one per choice) by finish reason.
+        queue_depth: gauge of requests waiting for a KV-cache slot.
+        active_slots: gauge of requests holding a KV-cache slot.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.requests = Counter("solo_requests", "HTTP requests by route and status code",
+                                ["route", "status"], registry=r)
+        self.ttft = Histogram("solo_time_to_first_token_seconds", "Time from arrival to the first token",
+                              buckets=_TTFT_BUCKETS_S, registry=r)
+        self.itl = Histogram("solo_inter_token_latency_seconds", "Time between consecutive tokens of a request",
+                             buckets=_ITL_BUCKETS_S, registry=r)
+        self.e2e = Histogram("solo_e2e_request_latency_seconds", "Time from arrival to the last token",
+                             buckets=_E2E_BUCKETS_S, registry=r)
+        self.tokens_per_s = Histogram("solo_request_decode_tokens_per_second",
+                                      "Per-request decode speed after the first token",
+                                      buckets=_TOKENS_PER_S_BUCKETS, registry=r)
+        self.prompt_tokens = Counter("solo_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.generation_tokens = Counter("solo_generation_tokens", "Tokens generated", registry=r)
+        self.finished = Counter("solo_generations_finished", "Finished generations (one per choice)",
+                                ["finish_reason"], registry=r)
+        self.queue_depth = Gauge("solo_queue_depth", "Requests waiting for a KV-cache slot", registry=r)
+        self.active_slots = Gauge("solo_active_slots", "Requests holding a KV-cache slot", registry=r)
+
+    def set_load(self, waiting: int, active: int) -> None:
+        """Update the queue-depth and active-slots gauges."""
+        self.queue_depth.set(waiting)
+        self.active_slots.set(active)
+
+    def observe_finished(self, stats: GenerationStats, finish_reason: str) -> None:
+        """Record one finished (or aborted) generation.
+
+        Args:
+            stats: its timings and counts (total_s set).
+            finish_reason: "stop", "length", "abort", ...
+        """
+        self.finished.labels(finish_reason).inc()
+        self.prompt_tokens.inc(stats.prompt_tokens)
+        self.generation_tokens.inc(stats.completion_tokens)
+        if stats.ttft_s is not None:
+            self.ttft.observe(stats.ttft_s)
+        for gap in stats.token_times_s[1:]:
+            self.itl.observe(gap)
+        self.e2e.observe(stats.total_s)
+        tps = stats.decode_tokens_per_s
+        if tps is not None:
+            self.tokens_per_s.observe(tps)
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

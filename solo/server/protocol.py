@@ -1,0 +1,409 @@
+"""Request and response bodies of the OpenAI-compatible API, as pydantic models.
+
+Requests: `model` is required, as OpenAI and vLLM require it, and must be the served name (another name
+is a 404). Unknown fields are ignored, as OpenAI's API does; known fields are strictly typed (no "0.5"
+strings for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad input before any
+engine work. A few known OpenAI fields that Solo cannot honour (`echo`, `suffix`, `logit_bias`, JSON
+`response_format`, `best_of` != n) are rejected rather than silently ignored. Extensions that vLLM also
+accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
+`chat_template_kwargs`.
+
+Responses mirror OpenAI's shapes field for field (chat.completion, chat.completion.chunk, text_completion,
+usage, both logprobs shapes).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal
+
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    Strict,
+    ValidationError,
+    ValidationInfo,
+    ValidatorFunctionWrapHandler,
+    WrapValidator,
+    field_validator,
+    model_serializer,
+    model_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from solo.engine.sampling import SamplingParams
+
+# Strict scalar types: JSON numbers only (an int is accepted where a float is expected), finite.
+_Int = Annotated[int, Strict()]
+_Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+_Bool = Annotated[bool, Strict()]
+_Str = Annotated[str, Strict()]
+
+
+
+def _one_of(description: str) -> WrapValidator:
+    # A union's failure is reported once, in words, instead of once per alternative with pydantic's
+    # internal tags in the location ("stop.str", "stop.list[str]").
+    def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
+        try:
+            return handler(value)
+        except ValidationError:
+            raise PydanticCustomError("union_type", f"Input should be {description}") from None
+
+    return WrapValidator(validate)
+
+
+SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
+"""Accepted range of `seed` (what a torch.Generator takes, with room for seed + choice index)."""
+MAX_TOP_LOGPROBS = 20
+"""Most alternatives per token in logprobs (OpenAI's limit for chat)."""
+COMPLETIONS_DEFAULT_MAX_TOKENS = 16
+"""OpenAI's default `max_tokens` for the (legacy) completions API; chat fills the context instead."""
+
+
+class _Lenient(BaseModel):
+    # Unknown fields are ignored, as OpenAI's API does.
+    model_config = ConfigDict(extra="ignore")
+
+
+# ------------------------------------------------------------------------------------------- requests
+
+class StreamOptions(_Lenient):
+    """`stream_options`: include_usage adds a last chunk with the token counts (and empty choices)."""
+
+    include_usage: _Bool = False
+
+
+class SamplingFields(_Lenient):
+    """Fields shared by chat and completions requests.
+
+    Sampling values left out (None) come from the model's generation_config.json, then OpenAI's defaults.
+    """
+
+    model: Annotated[_Str, Field(min_length=1)]
+    max_tokens: Annotated[_Int, Field(ge=1)] | None = None
+    temperature: Annotated[_Float, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[_Float, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[_Int, Field(ge=-1)] | None = None
+    min_p: Annotated[_Float, Field(ge=0, le=1)] | None = None
+    presence_penalty: Annotated[_Float, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[_Float, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[_Float, Field(gt=0)] | None = None
+    seed: Annotated[_Int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    stop: Annotated[_Str | list[_Str], _one_of("a string or a list of strings")] | None = None
+    n: Annotated[_Int, Field(ge=1, le=128)] = 1
+    stream: _Bool = False
+    stream_options: StreamOptions | None = None
+    user: _Str | None = None
+    ignore_eos: _Bool = False
+    logit_bias: dict[str, _Float] | None = None
+
+    @field_validator("logit_bias")
+    @classmethod
+    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        if value:
+            raise ValueError("logit_bias is not supported by Solo; leave it out")
+        return value
+
+    @property
+    def include_usage(self) -> bool:
+        """True when a streamed response ends with a usage chunk."""
+        return self.stream and self.stream_options is not None and self.stream_options.include_usage
+
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
+        """The engine's `SamplingParams` for choice `choice` (its seed is seed + choice).
+
+        Raises:
+            InvalidRequestError: a value the engine rejects (e.g. an empty stop string).
+        """
+        stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        return SamplingParams(
+            max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
+            min_p=self.min_p, repetition_penalty=self.repetition_penalty,
+            presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            seed=None if self.seed is None else self.seed + choice, stop=stop, ignore_eos=self.ignore_eos,
+            logprobs=logprobs,
+        )
+
+
+class TextContentPart(_Lenient):
+    """One part of a message's content; Solo's models take text only."""
+
+    type: Literal["text"]
+    text: _Str
+
+
+class ChatMessage(BaseModel):
+    """One chat message. Fields beyond role and content (name, tool_calls, ...) reach the chat template."""
+
+    model_config = ConfigDict(extra="allow")
+
+    role: Literal["system", "developer", "user", "assistant", "tool"]
+    content: Annotated[_Str | list[TextContentPart], _one_of(
+        'a string or a list of text parts ({"type": "text", "text": ...}); Solo\'s models take text only'
+    )] | None = None
+
+    def for_template(self) -> dict[str, Any]:
+        """The message as the chat template expects it: content parts joined into one string."""
+        message = self.model_dump(exclude_none=True)
+        if isinstance(self.content, list):
+            message["content"] = "".join(part.text for part in self.content)
+        return message
+
+
+class ResponseFormat(_Lenient):
+    """`response_format`; only plain text is supported."""
+
+    type: Literal["text"]
+
+
+class ChatCompletionRequest(SamplingFields):
+    """POST /v1/chat/completions."""
+
+    messages: Annotated[list[ChatMessage], Field(min_length=1)]
+    max_completion_tokens: Annotated[_Int, Field(ge=1)] | None = None
+    logprobs: _Bool | None = None
+    top_logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tools: list[dict[str, Any]] | None = None
+    response_format: ResponseFormat | None = None
+    add_generation_prompt: _Bool = True
+    chat_template_kwargs: dict[str, Any] | None = None
+
+    @field_validator("top_logprobs")
+    @classmethod
+    def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and not info.data.get("logprobs"):
+            raise ValueError("top_logprobs needs logprobs set to true")
+        return value
+
+    @property
+    def completion_budget(self) -> int | None:
+        """max_completion_tokens (OpenAI's newer name) or else max_tokens."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def top_logprobs_count(self) -> int | None:
+        """None without logprobs, else the number of alternatives per token."""
+        return (self.top_logprobs or 0) if self.logprobs else None
+
+
+class CompletionRequest(SamplingFields):
+    """POST /v1/completions. `prompt` is text, token ids, or a list of either (one choice set each)."""
+
+    prompt: Annotated[
+        Annotated[_Str, Field(min_length=1)] | list[_Int] | list[_Str] | list[list[_Int]],
+        _one_of("a non-empty string, a list of token ids, a list of strings or a list of token-id lists"),
+    ]
+    logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    echo: _Bool = False
+    suffix: _Str | None = None
+    best_of: Annotated[_Int, Field(ge=1)] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _not_empty(cls, value: str | list) -> str | list:
+        if isinstance(value, list) and (not value or any(isinstance(p, str | list) and not p for p in value)):
+            raise ValueError("prompt is empty; give text or token ids")
+        return value
+
+    @field_validator("echo")
+    @classmethod
+    def _no_echo(cls, value: bool) -> bool:
+        if value:
+            raise ValueError("echo is not supported by Solo; leave it out or set it to false")
+        return value
+
+    @field_validator("suffix")
+    @classmethod
+    def _no_suffix(cls, value: str | None) -> str | None:
+        if value:
+            raise ValueError("suffix (insertion) is not supported by Solo; leave it out")
+        return value
+
+    @field_validator("best_of")
+    @classmethod
+    def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
+        if value is not None and value != info.data.get("n", 1):
+            raise ValueError("best_of other than n is not supported by Solo; leave it out")
+        return value
+
+    def prompts(self) -> list[str | list[int]]:
+        """The prompts of this request (a batch of one unless `prompt` is a list of texts or id lists)."""
+        p = self.prompt
+        if isinstance(p, str) or (p and isinstance(p[0], int)):
+            return [p]  # type: ignore[list-item]
+        return list(p)  # type: ignore[arg-type]
+
+
+class TokenizeRequest(_Lenient):
+    """POST /tokenize (vLLM's shape): either `prompt` or `messages`."""
+
+    model: _Str | None = None
+    prompt: _Str | None = None
+    messages: list[ChatMessage] | None = None
+    add_special_tokens: _Bool = True
+    add_generation_prompt: _Bool = True
+
+    @model_validator(mode="after")
+    def _one_input(self) -> TokenizeRequest:
+        if (self.prompt is None) == (self.messages is None):
+            raise ValueError("give exactly one of prompt or messages")
+        return self
+
+
+class DetokenizeRequest(_Lenient):
+    """POST /detokenize (vLLM's shape)."""
+
+    model: _Str | None = None
+    tokens: list[Annotated[_Int, Field(ge=0)]]
+
+
+# ------------------------------------------------------------------------------------------ responses
+
+class Usage(BaseModel):
+    """Token counts of a response (the prompt counted once, however many choices)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class TopLogprob(BaseModel):
+    """One alternative token in chat logprobs."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+
+
+class ChatTokenLogprob(BaseModel):
+    """One generated token in chat logprobs."""
+
+    token: str
+    logprob: float
+    bytes: list[int] | None
+    top_logprobs: list[TopLogprob]
+
+
+class ChatLogprobs(BaseModel):
+    """Chat logprobs: one entry per generated token."""
+
+    content: list[ChatTokenLogprob] | None
+
+
+class CompletionLogprobs(BaseModel):
+    """Completions logprobs (parallel lists, one entry per generated token)."""
+
+    tokens: list[str]
+    token_logprobs: list[float | None]
+    top_logprobs: list[dict[str, float] | None]
+    text_offset: list[int]
+
+
+class AssistantMessage(BaseModel):
+    """The reply of a non-streamed chat choice."""
+
+    role: Literal["assistant"] = "assistant"
+    content: str
+
+
+class ChatChoice(BaseModel):
+    """A non-streamed chat choice."""
+
+    index: int
+    message: AssistantMessage
+    logprobs: ChatLogprobs | None
+    finish_reason: str | None
+
+
+class ChatCompletion(BaseModel):
+    """A non-streamed chat response."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+class Delta(BaseModel):
+    """What a streamed chunk adds to a chat choice; absent keys are left out, as OpenAI sends them."""
+
+    role: Literal["assistant"] | None = None
+    content: str | None = None
+
+    @model_serializer(mode="plain")
+    def _present_only(self) -> dict[str, Any]:
+        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+
+
+class ChatChunkChoice(BaseModel):
+    """A streamed chat choice; finish_reason is null until the choice's last chunk."""
+
+    index: int
+    delta: Delta
+    logprobs: ChatLogprobs | None = None
+    finish_reason: str | None = None
+
+
+class ChatCompletionChunk(BaseModel):
+    """One server-sent event of a streamed chat response."""
+
+    id: str
+    object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
+    created: int
+    model: str
+    choices: list[ChatChunkChoice]
+    usage: Usage | None = None
+
+
+class CompletionChoice(BaseModel):
+    """A completions choice (streamed or not)."""
+
+    index: int
+    text: str
+    logprobs: CompletionLogprobs | None
+    finish_reason: str | None
+
+
+class Completion(BaseModel):
+    """A completions response, or one streamed chunk of it (then usage is null until the last)."""
+
+    id: str
+    object: Literal["text_completion"] = "text_completion"
+    created: int
+    model: str
+    choices: list[CompletionChoice]
+    usage: Usage | None = None
+
+
+class ModelCard(BaseModel):
+    """One entry of GET /v1/models."""
+
+    id: str
+    object: Literal["model"] = "model"
+    created: int
+    owned_by: str = "solo"
+    max_model_len: int
+
+
+class ModelList(BaseModel):
+    """GET /v1/models."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelCard]
+
+
+class TokenizeResponse(BaseModel):
+    """POST /tokenize."""
+
+    count: int
+    max_model_len: int
+    tokens: list[int]
+
+
+class DetokenizeResponse(BaseModel):
+    """POST /detokenize."""
+
+    prompt: str

@@ -1,0 +1,346 @@
+"""The HTTP routes: OpenAI's chat, completions and models; vLLM's tokenize and detokenize; health; metrics.
+
+A generation route validates the body (pydantic, via FastAPI), tokenizes and prepares one `Request` per
+choice on a worker thread, submits them to the scheduler, then either streams server-sent events
+(`data: {...}` ... `data: [DONE]`) or waits for every choice. A client that disconnects cancels its
+generation: streaming responses are cancelled by Starlette when the client goes away, and non-streamed
+ones watch for the disconnect themselves.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+import uuid
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response, StreamingResponse
+from pydantic import BaseModel
+from starlette.concurrency import run_in_threadpool
+from starlette.types import Receive, Scope, Send
+
+from solo.engine.request import GenerationEvent
+from solo.engine.request import Request as EngineRequest
+from solo.errors import InvalidRequestError
+from solo.server.errors import APIError, api_error_from
+from solo.server.logprobs import chat_logprobs, completion_logprobs
+from solo.server.metrics import CONTENT_TYPE
+from solo.server.protocol import (
+    COMPLETIONS_DEFAULT_MAX_TOKENS,
+    AssistantMessage,
+    ChatChoice,
+    ChatChunkChoice,
+    ChatCompletion,
+    ChatCompletionChunk,
+    ChatCompletionRequest,
+    ChatLogprobs,
+    Completion,
+    CompletionChoice,
+    CompletionLogprobs,
+    CompletionRequest,
+    Delta,
+    DetokenizeRequest,
+    DetokenizeResponse,
+    ModelCard,
+    ModelList,
+    TokenizeRequest,
+    TokenizeResponse,
+    Usage,
+)
+from solo.server.scheduler import Generation
+from solo.server.state import ServerState
+
+logger = logging.getLogger("solo.server")
+
+router = APIRouter()
+
+_RESERVED_TEMPLATE_ARGS = ("messages", "add_generation_prompt", "tools", "documents")
+_SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
+
+
+def _state(request: Request) -> ServerState:
+    return request.app.state.solo
+
+
+def _sse(payload: BaseModel | dict) -> str:
+    body = payload.model_dump_json() if isinstance(payload, BaseModel) else json.dumps(payload, ensure_ascii=False)
+    return f"data: {body}\n\n"
+
+
+_DONE = "data: [DONE]\n\n"
+
+
+def _json(payload: BaseModel) -> Response:
+    return Response(payload.model_dump_json(), media_type="application/json")
+
+
+class _GenerationStream(StreamingResponse):
+    """Server-sent events of one generation, cancelled however the response ends.
+
+    Finished, client gone before or during streaming, server shutdown: the generation's slots are freed.
+    """
+
+    def __init__(self, events: AsyncIterator[str], generation: Generation) -> None:
+        super().__init__(events, media_type="text/event-stream", headers=_SSE_HEADERS)
+        self.generation = generation
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            # Also covers a client that left before the first event: the body iterator never started, so
+            # its own cleanup would never run.
+            self.generation.cancel()
+
+
+@dataclass
+class _Job:
+    # One API request in flight: its generation, response id, and token counts for `usage`.
+    generation: Generation
+    response_id: str
+    model: str
+    created: int = field(default_factory=lambda: int(time.time()))
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+    def usage(self) -> Usage:
+        return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
+                     total_tokens=self.prompt_tokens + self.completion_tokens)
+
+    def count(self, event: GenerationEvent) -> None:
+        if event.stats is not None:
+            self.completion_tokens += event.stats.completion_tokens
+
+
+async def _until_disconnected(request: Request) -> None:
+    # After the body is read, the next ASGI message is http.disconnect (sent when the client goes away).
+    while (await request.receive())["type"] != "http.disconnect":
+        pass
+
+
+async def _collect(job: _Job, request: Request, n: int) -> list[list[GenerationEvent]]:
+    """Every choice's events (non-streamed responses); cancels the generation if the client leaves."""
+    per_choice: list[list[GenerationEvent]] = [[] for _ in range(n)]
+
+    async def gather() -> None:
+        async for index, event in job.generation.events():
+            per_choice[index].append(event)
+            job.count(event)
+
+    work = asyncio.ensure_future(gather())
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise APIError(499, "the client closed the connection", code="client_closed_request")
+        work.result()  # re-raises a failure inside the scheduler
+        return per_choice
+    finally:
+        for task in (work, watcher):
+            task.cancel()
+        job.generation.cancel()
+
+
+async def _submit(state: ServerState, prepare: Callable[[], list[EngineRequest]]) -> Generation:
+    # Tokenizing and rendering the chat template run on a worker thread, off the event loop.
+    requests = await run_in_threadpool(prepare)
+    return state.submit(requests)
+
+
+def _check_n(state: ServerState, n: int) -> None:
+    capacity = state.settings.max_batch + state.settings.max_queue
+    if n > capacity:
+        raise InvalidRequestError(
+            f"{n} choices can never fit this server (--max-batch {state.settings.max_batch} slots plus "
+            f"--max-queue {state.settings.max_queue}); ask for at most {capacity}", param="n")
+
+
+# ---------------------------------------------------------------------------------------------- chat
+
+@router.post("/v1/chat/completions", response_model=None)
+async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    """OpenAI's chat completions (streamed as server-sent events when `stream` is true)."""
+    arrival = time.perf_counter()
+    state = _state(request)
+    engine, _ = state.require_ready(body.model)
+    _check_n(state, body.n)
+    messages = [m.for_template() for m in body.messages]
+    extra = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+    budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
+    top = body.top_logprobs_count
+    prompt_tokens = 0
+
+    def prepare() -> list[EngineRequest]:
+        nonlocal prompt_tokens
+        ids = engine.tokenizer.encode_chat(messages, body.add_generation_prompt, tools=body.tools, **extra)
+        if not ids:
+            raise InvalidRequestError("the messages encode to no tokens; give some text", param="messages")
+        prompt_tokens = len(ids)
+        max_tokens = state.completion_budget(len(ids), body.completion_budget, None, budget_param, "messages")
+        return [engine.make_request(ids, body.sampling_params(max_tokens, top, i), fallback_temperature=1.0,
+                                    start_time=arrival) for i in range(body.n)]
+
+    generation = await _submit(state, prepare)
+    job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
+    if body.stream:
+        return _GenerationStream(_chat_stream(state, job, body), generation)
+    per_choice = await _collect(job, request, body.n)
+    choices = []
+    for index, events in enumerate(per_choice):
+        infos = [info for e in events for info in (e.logprobs or [])]
+        choices.append(ChatChoice(
+            index=index,
+            message=AssistantMessage(content="".join(e.text for e in events)),
+            logprobs=chat_logprobs(state.pieces, infos) if top is not None else None,  # type: ignore[arg-type]
+            finish_reason=events[-1].finish_reason if events else None,
+        ))
+    return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                usage=job.usage()))
+
+
+async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionRequest) -> AsyncIterator[str]:
+    def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
+        return _sse(ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                        usage=usage))
+
+    want_logprobs = body.top_logprobs_count is not None
+    try:
+        # The first chunk of each choice carries the role, as OpenAI's does.
+        for index in range(body.n):
+            yield chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
+        async for index, event in job.generation.events():
+            job.count(event)
+            logprobs: ChatLogprobs | None = None
+            if want_logprobs and event.logprobs:
+                logprobs = chat_logprobs(state.pieces, event.logprobs)  # type: ignore[arg-type]
+            if not event.text and logprobs is None and event.finish_reason is None:
+                continue  # text held back (an incomplete character or a possible stop string)
+            delta = Delta(content=event.text) if event.text else Delta()
+            yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
+                                         finish_reason=event.finish_reason)])
+        if body.include_usage:
+            yield chunk([], job.usage())
+        yield _DONE
+    except Exception as exc:  # a failure inside the scheduler: end the stream with an error event
+        yield _error_event(exc)
+
+
+def _error_event(exc: Exception) -> str:
+    error = api_error_from(exc)
+    if error.status >= 500:
+        logger.error("stream failed", exc_info=exc)
+    return _sse(error.body()) + _DONE
+
+
+# --------------------------------------------------------------------------------------- completions
+
+@router.post("/v1/completions", response_model=None)
+async def completions(body: CompletionRequest, request: Request) -> Response:
+    """OpenAI's (legacy) text completions; `prompt` may be a batch, giving n choices per prompt."""
+    arrival = time.perf_counter()
+    state = _state(request)
+    engine, _ = state.require_ready(body.model)
+    prompts = body.prompts()
+    _check_n(state, body.n * len(prompts))
+    prompt_tokens = 0
+
+    def prepare() -> list[EngineRequest]:
+        nonlocal prompt_tokens
+        requests = []
+        for prompt in prompts:
+            ids = engine.encode_prompt(prompt)
+            prompt_tokens += len(ids)
+            max_tokens = state.completion_budget(len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+            requests += [engine.make_request(ids, body.sampling_params(max_tokens, body.logprobs, i),
+                                             fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
+        return requests
+
+    generation = await _submit(state, prepare)
+    job = _Job(generation, f"cmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
+    n = body.n * len(prompts)
+    if body.stream:
+        return _GenerationStream(_completion_stream(state, job, body, n), generation)
+    per_choice = await _collect(job, request, n)
+    choices = []
+    for index, events in enumerate(per_choice):
+        infos = [info for e in events for info in (e.logprobs or [])]
+        logprobs = completion_logprobs(state.pieces, infos, 0) if body.logprobs is not None else None  # type: ignore[arg-type]
+        choices.append(CompletionChoice(index=index, text="".join(e.text for e in events), logprobs=logprobs,
+                                        finish_reason=events[-1].finish_reason if events else None))
+    return _json(Completion(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                            usage=job.usage()))
+
+
+async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequest, n: int) -> AsyncIterator[str]:
+    offsets = [0] * n
+    try:
+        async for index, event in job.generation.events():
+            job.count(event)
+            logprobs: CompletionLogprobs | None = None
+            if body.logprobs is not None and event.logprobs:
+                logprobs = completion_logprobs(state.pieces, event.logprobs, offsets[index])  # type: ignore[arg-type]
+                offsets[index] += sum(len(t) for t in logprobs.tokens)
+            if not event.text and logprobs is None and event.finish_reason is None:
+                continue
+            choice = CompletionChoice(index=index, text=event.text, logprobs=logprobs,
+                                      finish_reason=event.finish_reason)
+            yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[choice]))
+        if body.include_usage:
+            yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[],
+                                  usage=job.usage()))
+        yield _DONE
+    except Exception as exc:
+        yield _error_event(exc)
+
+
+# ------------------------------------------------------------------------------------ everything else
+
+@router.get("/v1/models")
+async def models(request: Request) -> ModelList:
+    """The served model (OpenAI's list shape)."""
+    state = _state(request)
+    state.require_ready()
+    return ModelList(data=[ModelCard(id=state.served_name, created=state.created, max_model_len=state.max_model_len)])
+
+
+@router.post("/tokenize")
+async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
+    """Token ids of a prompt or of chat messages (vLLM's /tokenize)."""
+    state = _state(request)
+    engine, _ = state.require_ready(body.model)
+    if body.messages is not None:
+        messages = [m.for_template() for m in body.messages]
+        ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages, body.add_generation_prompt)
+    else:
+        ids = await run_in_threadpool(engine.tokenizer.encode, body.prompt, body.add_special_tokens)
+    return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids)
+
+
+@router.post("/detokenize")
+async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeResponse:
+    """Text of token ids (vLLM's /detokenize); special tokens are kept."""
+    state = _state(request)
+    engine, _ = state.require_ready(body.model)
+    vocab = engine.config.vocab_size
+    bad = [t for t in body.tokens if t >= vocab]
+    if bad:
+        raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
+    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
+
+
+@router.get("/health")
+async def health(request: Request) -> JSONResponse:
+    """200 {"status": "ok"} when ready; 503 while loading, after a failed load, or when shutting down."""
+    state = _state(request)
+    status = state.status
+    return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
+
+
+@router.get("/metrics")
+async def metrics(request: Request) -> Response:
+    """Prometheus metrics in the text exposition format."""
+    return Response(_state(request).metrics.render(), media_type=CONTENT_TYPE)

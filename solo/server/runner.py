@@ -1,0 +1,136 @@
+"""Running the app under uvicorn, with Solo's graceful shutdown.
+
+On SIGTERM (or SIGINT) uvicorn stops listening and waits for in-flight responses. Solo adds: new
+generation requests on open connections get 503, /health turns 503, and requests still running after
+`shutdown_grace_s` are ended by the scheduler with finish_reason "abort", so every stream still ends with
+its last chunk and `data: [DONE]`. Then the scheduler stops and the process exits 0.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import signal
+import socket
+from collections.abc import Callable
+from types import FrameType
+
+import uvicorn
+from uvicorn.logging import DefaultFormatter
+
+from solo.engine.engine import Engine
+from solo.errors import SoloError
+from solo.server.app import create_app
+from solo.server.state import ServerSettings, ServerState
+
+
+class SoloServer(uvicorn.Server):
+    """uvicorn's server with a drain step before its shutdown.
+
+    Args:
+        config: uvicorn config whose app is a `create_app` app.
+        state: that app's state.
+    """
+
+    def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
+        super().__init__(config)
+        self.state = state
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        """Refuse new work, give in-flight requests the grace period, end the rest, then shut down."""
+        self.state.begin_drain()
+        deadline = asyncio.get_running_loop().call_later(self.state.settings.shutdown_grace_s, self.state.abort_all)
+        try:
+            await super().shutdown(sockets)
+        finally:
+            deadline.cancel()
+
+    @property
+    def port(self) -> int | None:
+        """The port actually bound (useful with port 0), once started."""
+        for server in self.servers:
+            for sock in server.sockets:
+                return sock.getsockname()[1]
+        return None
+
+
+def build_server(settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
+                 load_engine: Callable[[], Engine] | None = None, log_level: str = "info") -> SoloServer:
+    """An unstarted server; `.run()` blocks until shutdown, `.should_exit = True` stops it.
+
+    A model that fails to load stops the server; `server.state.error` then holds the reason.
+
+    Raises:
+        SoloError: invalid settings.
+    """
+    holder: list[SoloServer] = []
+
+    def on_fatal(_: BaseException) -> None:
+        if holder:
+            holder[0].should_exit = True
+
+    app = create_app(settings, load_engine, on_fatal)
+    config = uvicorn.Config(
+        app, host=host, port=port, log_level=log_level, lifespan="on",
+        # uvicorn's own deadline comes after Solo's grace period, as a last resort.
+        timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+    )
+    server = SoloServer(config, app.state.solo)
+    holder.append(server)
+    return server
+
+
+def _check_address(host: str, port: int) -> None:
+    # A friendly error before uvicorn's own (which exits the process with status 1).
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise SoloError(f"cannot resolve --host {host!r} ({exc.strerror})") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            sock.bind(address)
+        except OSError as exc:
+            raise SoloError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
+
+
+def _log_to_console() -> None:
+    # uvicorn configures its own loggers only; Solo's messages (model loaded, failures) use its format.
+    logger = logging.getLogger("solo")
+    if not logger.handlers:
+        handler = logging.StreamHandler()
+        handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
+        logger.addHandler(handler)
+        logger.setLevel(logging.INFO)
+        logger.propagate = False
+
+
+def serve(settings: ServerSettings, host: str, port: int) -> int:
+    """Run the server in this (main) thread until SIGTERM/SIGINT; returns the exit status (0).
+
+    Raises:
+        SoloError: invalid settings, an address that cannot be bound, or a model that could not be loaded
+            (the CLI prints it, exit status 2).
+    """
+    _check_address(host, port)
+    _log_to_console()
+    server = build_server(settings, host, port)
+
+    def note(sig: int, frame: FrameType | None) -> None:
+        # uvicorn re-raises the signal it caught once shut down; a Python handler here turns that into a
+        # no-op, so a graceful shutdown exits 0 instead of dying by the signal.
+        del sig, frame
+
+    previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    error = server.state.error
+    if error is not None:
+        raise SoloError(f"cannot load the model: {error}") from None
+    if not server.started:
+        raise SoloError(f"could not start the server on {host}:{port} (see the log above)")
+    return 0

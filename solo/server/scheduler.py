@@ -1,0 +1,452 @@
+"""Continuous batching: KV-cache slots, a bounded FIFO queue, cancellation, one thread on the runtime.
+
+The scheduler owns `max_batch` KV-cache rows of the engine's runtime. Requests beyond the rows wait in a
+FIFO queue of at most `max_queue`. One thread drives the runtime; each loop iteration
+
+1. applies cancellations (a disconnected client's request frees its row before the next step),
+2. admits waiting requests into free rows: a prefill of the whole prompt, then the first token,
+3. runs one decode step for every active request, then frees the rows of those that finished.
+
+A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
+"Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
+runs on the event loop.
+
+Isolation. A request must give the same tokens alone or beside others, and a lone request runs exactly
+the calls `Engine.run` makes (prefill, then batch-1 decode steps). Whether a batched decode step keeps
+that promise depends on the runtime:
+
+- The eager runtime is not batch-invariant. `F.linear` on [8, hidden] takes a different GEMM path than on
+  [1, hidden], and batched attention pads every row to the longest key length, so per-row logits differ
+  in the last bits from batch 1 (measured: up to 2e-5 on a 512-wide model), enough to flip a greedy
+  near-tie or a sampled token.
+- A runtime whose kernels compute each sequence with the same reduction order whatever the batch (Solo's
+  native CPU runtime: one accumulator chain per sequence and weight row) is batch-invariant: one batched
+  call gives every row its batch-1 logits bit for bit.
+
+So `decode_batching` is
+
+- "isolated": every step calls `runtime.decode` once per active row, the batch-1 call itself: bit-identical
+  to running alone on any runtime. Cost: no batching gain, N active requests take about N batch-1 steps
+  per step (they still advance together, and a lone request pays nothing). Measured with 8 concurrent
+  streams on 2 CPUs (benchmarks/results/server_load_test_*.md): 2.5-4x less throughput than "fused".
+- "fused": one batched `runtime.decode` call per step (the throughput of batching). Bit-identical to a lone
+  run only on a batch-invariant runtime.
+- "auto" (the default): "fused" when the runtime declares `batch_invariant = True` and a probe at start-up
+  confirms it (batched and batch-1 logits of rows with different lengths compared bit for bit), else
+  "isolated".
+
+Prompts are prefilled whole, never chunked, for the same reason: chunked prefill changes the arithmetic.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import threading
+import time
+from collections import deque
+from collections.abc import AsyncIterator, Sequence
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+import torch
+
+from solo.engine.request import GenerationEvent, GenerationStats, Request
+from solo.runtime.base import DecodeRuntime
+
+logger = logging.getLogger("solo.server")
+
+DecodeBatching = Literal["auto", "isolated", "fused"]
+"""How a decode step runs over the active rows (see the module docstring): one batch-1 call per row
+("isolated"), one batched call ("fused"), or fused only on a batch-invariant runtime ("auto")."""
+
+ABORT = "abort"
+"""finish_reason of a request ended by the server (shutdown) or by its client going away."""
+
+
+class QueueFullError(Exception):
+    """Every KV-cache slot is busy and the waiting queue is full; the client should retry later."""
+
+
+class SchedulerStoppedError(Exception):
+    """The scheduler is shutting down and takes no new requests."""
+
+
+class SchedulerMetrics(Protocol):
+    """What the scheduler reports (implemented by `solo.server.metrics.ServerMetrics`)."""
+
+    def set_load(self, waiting: int, active: int) -> None:
+        """Queue depth and active slots, after every change."""
+        ...
+
+    def observe_finished(self, stats: GenerationStats, finish_reason: str) -> None:
+        """One request finished (or was aborted) with these timings."""
+        ...
+
+
+def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4) -> bool:
+    """True when the runtime declares `batch_invariant = True` and a probe agrees.
+
+    The probe prefills `rows` cache rows (from row 0; call before serving) with prompts of different
+    lengths, then compares one batched decode step with batch-1 steps of the same rows, bit for bit.
+    A declared but failing runtime is logged and treated as not invariant.
+
+    Args:
+        runtime: the runtime (its cache must hold `rows` rows of at least 2 + 3 * rows tokens).
+        rows: sequences in the probe.
+    """
+    if not getattr(runtime, "batch_invariant", False):
+        return False
+    rows = min(rows, runtime.rows)
+    if rows < 2:
+        return True
+    vocab = runtime.config.vocab_size
+    lengths = [2 + 3 * r for r in range(rows)]
+    last = []
+    for r, n in enumerate(lengths):
+        ids = torch.tensor([(7 * i + 3 * r + 1) % vocab for i in range(n)], dtype=torch.long)
+        last.append(int(runtime.prefill(r, ids).argmax()))
+    row_ids = torch.arange(rows, dtype=torch.long)
+    tokens = torch.tensor(last, dtype=torch.long)
+    positions = torch.tensor(lengths, dtype=torch.long)
+    batched = runtime.decode(row_ids, tokens, positions)
+    for r in range(rows):
+        # The same position is rewritten with the batch-1 step's own keys and values before it is read.
+        single = runtime.decode(row_ids[r:r + 1], tokens[r:r + 1], positions[r:r + 1])[0]
+        if not torch.equal(batched[r], single):
+            logger.warning("the %s runtime declares batch invariance but its batched decode differs from batch 1; "
+                           "decoding one row at a time", getattr(runtime, "name", "?"))
+            return False
+    return True
+
+
+class Generation:
+    """The handle on one API request's choices (n >= 1 `Request`s) in the scheduler.
+
+    The scheduler thread hands events to an asyncio queue on the API request's loop (through
+    `loop.call_soon_threadsafe`).
+    Iterate `events()` on that loop; call `cancel()` when the client goes away.
+
+    Args:
+        scheduler: the scheduler that runs it.
+        loop: the event loop the consumer awaits on.
+        requests: one prepared `Request` per choice.
+    """
+
+    def __init__(self, scheduler: Scheduler, loop: asyncio.AbstractEventLoop, requests: Sequence[Request]) -> None:
+        self.scheduler = scheduler
+        self.requests = list(requests)
+        self._loop = loop
+        self._queue: asyncio.Queue[tuple[int, GenerationEvent | BaseException]] = asyncio.Queue()
+        self._remaining = len(self.requests)
+
+    @property
+    def loop(self) -> asyncio.AbstractEventLoop:
+        """The event loop the consumer runs on."""
+        return self._loop
+
+    def put(self, index: int, item: GenerationEvent | BaseException) -> None:
+        """Queue an event (or the exception that ended choice `index`); call on the consumer's loop only."""
+        self._queue.put_nowait((index, item))
+
+    async def events(self) -> AsyncIterator[tuple[int, GenerationEvent]]:
+        """Yield (choice index, event) until every choice has finished.
+
+        Raises:
+            Exception: whatever failed while running a choice (a bug or a device error; a 500).
+        """
+        while self._remaining:
+            index, item = await self._queue.get()
+            if isinstance(item, BaseException):
+                raise item
+            if item.finish_reason is not None:
+                self._remaining -= 1
+            yield index, item
+
+    @property
+    def done(self) -> bool:
+        """True once every choice's last event has been consumed."""
+        return self._remaining == 0
+
+    def cancel(self) -> None:
+        """Stop every unfinished choice and free its slot (within one decode step); safe to call twice."""
+        if self._remaining:
+            self.scheduler.cancel(self)
+
+
+def _put_all(items: list[tuple[Generation, int, GenerationEvent | BaseException]]) -> None:
+    # Runs on the event loop: one wake-up delivers every event of a runtime call.
+    for generation, index, item in items:
+        generation.put(index, item)
+
+
+@dataclass(eq=False)
+class _Sequence:
+    # One choice inside the scheduler: its request, where its events go, and its cache row.
+    request: Request
+    index: int
+    generation: Generation
+    row: int = -1
+    last_token: int = -1
+
+
+class Scheduler:
+    """Runs requests on a runtime's KV-cache rows with continuous batching.
+
+    Args:
+        runtime: the engine's decode runtime; this scheduler must be its only user while running.
+        max_batch: KV-cache rows, i.e. requests decoded together.
+        max_queue: requests that may wait for a row; more are refused with `QueueFullError`.
+        max_seq: tokens per row (prompt plus completion of the longest request allowed).
+        decode_batching: "auto" (default), "isolated" or "fused"; see the module docstring.
+        metrics: where queue depth, active slots and finished-request timings go (optional).
+
+    Raises:
+        ValueError: max_batch < 1, max_queue < 0 or max_seq < 2.
+    """
+
+    def __init__(self, runtime: DecodeRuntime, max_batch: int, max_queue: int, max_seq: int,
+                 decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None) -> None:
+        if max_batch < 1 or max_queue < 0 or max_seq < 2:
+            raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2; got {max_batch}, {max_queue}, "
+                             f"{max_seq}")
+        if decode_batching not in ("auto", "isolated", "fused"):
+            raise ValueError(f"decode_batching must be 'auto', 'isolated' or 'fused', got {decode_batching!r}")
+        self.runtime = runtime
+        self.max_batch = max_batch
+        self.max_queue = max_queue
+        self.max_seq = max_seq
+        self.metrics = metrics
+        runtime.reserve(max_batch, max_seq)
+        if decode_batching == "auto":
+            decode_batching = "fused" if max_batch > 1 and runtime_is_batch_invariant(runtime) else "isolated"
+        self.decode_batching: DecodeBatching = decode_batching
+        """The mode in use: "isolated" or "fused" ("auto" resolved)."""
+        self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
+        self._waiting: deque[_Sequence] = deque()
+        self._running: list[_Sequence] = []
+        self._cancelled: set[Generation] = set()
+        self._abort_all = False
+        self._stopping = False
+        self._cond = threading.Condition()
+        self._outbox: list[tuple[Generation, int, GenerationEvent | BaseException]] = []
+        self._thread = threading.Thread(target=self._run, name="solo-scheduler", daemon=True)
+        self.error: BaseException | None = None
+        """What stopped the scheduler thread, if a bug did (then every request fails and /health is 503)."""
+        self.steps = 0
+        """Decode steps run so far (for tests and debugging)."""
+        self.peak_active = 0
+        """Most requests that held a row at once (for tests and load tests)."""
+
+    # ------------------------------------------------------------------------------------ public API
+
+    def start(self) -> None:
+        """Start the scheduler thread."""
+        self._thread.start()
+
+    def stop(self, timeout_s: float = 10.0) -> None:
+        """End every request (finish_reason "abort"), refuse new ones, and join the thread."""
+        with self._cond:
+            self._stopping = True
+            self._abort_all = True
+            self._cond.notify()
+        if self._thread.is_alive():
+            self._thread.join(timeout_s)
+
+    def submit(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop) -> Generation:
+        """Queue the choices of one API request, all or none.
+
+        Args:
+            requests: one prepared `Request` per choice (each with its own seed).
+            loop: the event loop that will consume the events.
+
+        Raises:
+            QueueFullError: the choices do not fit in the free rows plus the queue's free room.
+            SchedulerStoppedError: the scheduler is stopping.
+        """
+        generation = Generation(self, loop, requests)
+        with self._cond:
+            if self._stopping:
+                raise SchedulerStoppedError("the server is shutting down; send the request to another instance")
+            if len(self._waiting) + len(requests) > self.max_queue + len(self._free_rows):
+                raise QueueFullError(
+                    f"the server is at capacity ({self.max_batch} running, {len(self._waiting)} waiting, "
+                    f"queue limit {self.max_queue}); retry shortly"
+                )
+            self._waiting.extend(_Sequence(r, i, generation) for i, r in enumerate(requests))
+            self._publish_load()
+            self._cond.notify()
+        return generation
+
+    def cancel(self, generation: Generation) -> None:
+        """Drop a generation's waiting choices now and end its running ones before the next step."""
+        with self._cond:
+            kept = [s for s in self._waiting if s.generation is not generation]
+            if len(kept) != len(self._waiting):
+                self._waiting = deque(kept)
+                self._publish_load()
+            self._cancelled.add(generation)
+            self._cond.notify()
+
+    def abort_all(self) -> None:
+        """End every waiting and running request with finish_reason "abort" (graceful shutdown's deadline)."""
+        with self._cond:
+            self._abort_all = True
+            self._cond.notify()
+
+    @property
+    def active(self) -> int:
+        """Requests holding a KV-cache row."""
+        with self._cond:
+            return len(self._running)
+
+    @property
+    def waiting(self) -> int:
+        """Requests waiting for a row."""
+        with self._cond:
+            return len(self._waiting)
+
+    # ------------------------------------------------------------------------------ scheduler thread
+
+    def _post(self, seq: _Sequence, item: GenerationEvent | BaseException) -> None:
+        self._outbox.append((seq.generation, seq.index, item))
+
+    def _flush(self) -> None:
+        # Hand the posted events to their loops: one call_soon_threadsafe (one wake-up) per loop, so a
+        # fused step over N requests wakes the event loop once, not N times.
+        if not self._outbox:
+            return
+        by_loop: dict[asyncio.AbstractEventLoop, list] = {}
+        for entry in self._outbox:
+            by_loop.setdefault(entry[0].loop, []).append(entry)
+        self._outbox = []
+        for loop, items in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_put_all, items)
+            except RuntimeError:  # the loop is closed: nobody is listening any more
+                pass
+
+    def _publish_load(self) -> None:
+        # Called with the lock held.
+        if self.metrics is not None:
+            self.metrics.set_load(len(self._waiting), len(self._running))
+
+    def _run(self) -> None:
+        try:
+            self._loop()
+        except BaseException as exc:  # a bug in the scheduler itself: fail every request rather than hang it
+            logger.exception("the scheduler stopped")
+            self.error = exc
+            with self._cond:
+                self._stopping = True
+                seqs = [*self._running, *self._waiting]
+                self._running, self._waiting = [], deque()
+                self._publish_load()
+            self._outbox = [(seq.generation, seq.index, exc) for seq in seqs if not seq.request.finished]
+            self._flush()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cond:
+                while not (self._waiting or self._running or self._cancelled or self._abort_all or self._stopping):
+                    self._cond.wait()
+                cancelled, self._cancelled = self._cancelled, set()
+                aborted_waiting: list[_Sequence] = []
+                if self._abort_all:
+                    self._abort_all = False
+                    aborted_waiting, self._waiting = list(self._waiting), deque()
+                    cancelled |= {s.generation for s in self._running}
+                admitted = []
+                while self._waiting and self._free_rows:
+                    seq = self._waiting.popleft()
+                    seq.row = self._free_rows.pop()
+                    admitted.append(seq)
+                self._running.extend(admitted)
+                self.peak_active = max(self.peak_active, len(self._running))
+                self._publish_load()
+                stopping = self._stopping
+            for seq in aborted_waiting:
+                self._end(seq)
+            for seq in [s for s in self._running if s.generation in cancelled]:
+                self._end(seq)
+            self._flush()
+            for seq in admitted:
+                if seq.request.finished:  # cancelled between admission and now
+                    continue
+                self._guard([seq], self._prefill, seq)
+            active = [s for s in self._running if not s.request.finished]
+            if active:
+                self._guard(active, self._decode_step, active)
+            self._release_finished()
+            if stopping:
+                with self._cond:
+                    if not self._running and not self._waiting:
+                        return
+
+    def _guard(self, seqs: list[_Sequence], fn, *args) -> None:  # noqa: ANN001
+        # A failure (a bug, a device error) ends only the requests involved; the thread keeps serving.
+        try:
+            fn(*args)
+        except Exception as exc:
+            logger.exception("generation failed")
+            for seq in seqs:
+                if not seq.request.finished:
+                    seq.request.abort("error")
+                    self._post(seq, exc)
+        finally:
+            self._flush()
+
+    def _prefill(self, seq: _Sequence) -> None:
+        # The same call Engine.run makes, into this request's row.
+        ids = torch.tensor(seq.request.prompt_ids, dtype=torch.long)
+        logits = self.runtime.prefill(seq.row, ids)
+        self._advance(seq, logits)
+
+    def _decode_step(self, seqs: list[_Sequence]) -> None:
+        self.steps += 1
+        if self.decode_batching == "fused" and len(seqs) > 1:
+            rows = torch.tensor([s.row for s in seqs], dtype=torch.long)
+            ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
+            positions = torch.tensor([s.request.next_position - 1 for s in seqs], dtype=torch.long)
+            logits = self.runtime.decode(rows, ids, positions)
+            for i, seq in enumerate(seqs):
+                self._advance(seq, logits[i])
+            self._flush()
+            return
+        for seq in seqs:
+            # Batch-1 decode: bit-identical to Engine.run's step for the same request.
+            logits = self.runtime.decode(
+                torch.tensor([seq.row], dtype=torch.long),
+                torch.tensor([seq.last_token], dtype=torch.long),
+                torch.tensor([seq.request.next_position - 1], dtype=torch.long),
+            )[0]
+            self._advance(seq, logits)
+            self._flush()  # each request's token goes out as soon as it exists
+
+    def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
+        token, info = seq.request.choose(logits)
+        event = seq.request.append(token, info)
+        seq.last_token = token
+        self._post(seq, event)
+        if event.finish_reason is not None and self.metrics is not None:
+            self.metrics.observe_finished(seq.request.stats, event.finish_reason)
+
+    def _end(self, seq: _Sequence) -> None:
+        # Abort one sequence: its consumer gets a last, empty event so a stream can still end cleanly.
+        request = seq.request
+        if request.finished:
+            return
+        request.abort(ABORT)
+        request.stats.total_s = time.perf_counter() - request.start_time
+        self._post(seq, GenerationEvent(text="", token_ids=[], finish_reason=ABORT, stats=request.stats))
+        if self.metrics is not None:
+            self.metrics.observe_finished(request.stats, ABORT)
+
+    def _release_finished(self) -> None:
+        with self._cond:
+            done = [s for s in self._running if s.request.finished]
+            if not done:
+                return
+            self._running = [s for s in self._running if not s.request.finished]
+            self._free_rows.extend(s.row for s in done)
+            self._publish_load()

@@ -1,0 +1,222 @@
+"""The server's state: settings, the model loaded in the background, its scheduler, readiness.
+
+uvicorn starts listening at once and the model loads on a worker thread, so `GET /health` can answer 503
+while loading and 200 when ready (the way orchestrators probe readiness). A model that fails to load ends
+the server through `on_fatal`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+import torch
+
+from solo.engine.engine import Engine
+from solo.engine.request import Request
+from solo.errors import ContextLengthError, SoloError
+from solo.server.errors import model_loading, model_not_found, shutting_down
+from solo.server.logprobs import TokenPieces
+from solo.server.metrics import ServerMetrics
+from solo.server.scheduler import DecodeBatching, Generation, Scheduler
+
+logger = logging.getLogger("solo.server")
+
+
+@dataclass
+class ServerSettings:
+    """What `solo serve` was asked to serve, and how.
+
+    Attributes:
+        model: model folder, hub id, or None for the bundled model.
+        device, dtype, backend, revision: as for `Engine.load`.
+        served_model_name: the name clients put in `model` (default: the engine's name).
+        api_key: when set, every route but /health needs `Authorization: Bearer <api_key>`.
+        max_batch: KV-cache slots (requests decoded together).
+        max_queue: requests that may wait for a slot; beyond it, 503 with Retry-After.
+        max_model_len: tokens per slot (prompt + completion); None for the model's context length.
+        decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
+        shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
+    """
+
+    model: str | None = None
+    device: str = "cpu"
+    dtype: str = "auto"
+    backend: str = "auto"
+    revision: str | None = None
+    served_model_name: str | None = None
+    api_key: str | None = None
+    max_batch: int = 8
+    max_queue: int = 64
+    max_model_len: int | None = None
+    decode_batching: DecodeBatching = "auto"
+    shutdown_grace_s: float = 30.0
+
+    def validate(self) -> None:
+        """Check the numbers.
+
+        Raises:
+            SoloError: a value out of range, naming the flag.
+        """
+        if self.max_batch < 1:
+            raise SoloError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.max_queue < 0:
+            raise SoloError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_model_len is not None and self.max_model_len < 2:
+            raise SoloError(f"--max-model-len must be >= 2, got {self.max_model_len}")
+        if self.shutdown_grace_s < 0:
+            raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
+        if self.api_key is not None and not self.api_key:
+            raise SoloError("--api-key is empty; give a key or leave the flag out")
+
+
+class ServerState:
+    """Everything the routes need, shared through `app.state.solo`.
+
+    Args:
+        settings: the server settings.
+        load_engine: builds the engine (runs on a worker thread); default: `Engine.load` with the settings.
+        on_fatal: called on the event loop when the model cannot be loaded (the CLI exits with it).
+    """
+
+    def __init__(self, settings: ServerSettings, load_engine: Callable[[], Engine] | None = None,
+                 on_fatal: Callable[[BaseException], None] | None = None) -> None:
+        self.settings = settings
+        self.metrics = ServerMetrics()
+        self.created = int(time.time())
+        self._load_engine = load_engine or self._default_loader
+        self._on_fatal = on_fatal
+        self.engine: Engine | None = None
+        self.scheduler: Scheduler | None = None
+        self.pieces: TokenPieces | None = None
+        self.served_name = settings.served_model_name or ""
+        self.max_model_len = 0
+        self.error: BaseException | None = None
+        self.draining = False
+
+    def _default_loader(self) -> Engine:
+        s = self.settings
+        return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision)
+
+    @property
+    def status(self) -> str:
+        """Health as /health reports it: "ok", "loading", "shutting_down" or "failed"."""
+        if self.error is not None or (self.scheduler is not None and self.scheduler.error is not None):
+            return "failed"
+        if self.draining:
+            return "shutting_down"
+        return "ok" if self.scheduler is not None else "loading"
+
+    # ----------------------------------------------------------------------------------- lifecycle
+
+    async def load(self) -> None:
+        """Load the model and start the scheduler off the event loop; on failure call `on_fatal`."""
+        try:
+            engine = await asyncio.to_thread(self._load_engine)
+            scheduler = await asyncio.to_thread(self._start, engine)
+        except Exception as exc:  # a bad path, a broken checkpoint, out of memory: the server cannot serve
+            self.error = exc
+            if isinstance(exc, SoloError | OSError):  # the user's to fix: the message says how
+                logger.error("cannot load the model: %s", exc)
+            else:
+                logger.exception("cannot load the model")
+            if self._on_fatal is not None:
+                self._on_fatal(exc)
+            return
+        self.engine, self.pieces = engine, TokenPieces(engine.tokenizer)
+        self.served_name = self.settings.served_model_name or engine.name
+        self.scheduler = scheduler
+        logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode)", self.served_name,
+                    engine.runtime.name, self.settings.max_batch, self.max_model_len, scheduler.decode_batching)
+
+    def _start(self, engine: Engine) -> Scheduler:
+        context = engine.config.context_length
+        limit = self.settings.max_model_len or context
+        if limit > context:
+            raise SoloError(f"--max-model-len {limit} exceeds the model's context length of {context}; lower it")
+        self.max_model_len = limit
+        scheduler = Scheduler(engine.runtime, self.settings.max_batch, self.settings.max_queue, limit,
+                              self.settings.decode_batching, self.metrics)
+        # Warm-up: the first prefill and decode pay one-time costs (allocator, kernel selection) that
+        # would otherwise land on the first user's TTFT. Row 0 is overwritten by its next prefill.
+        runtime = engine.runtime
+        runtime.prefill(0, torch.zeros(1, dtype=torch.long))
+        runtime.decode(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       torch.ones(1, dtype=torch.long))
+        scheduler.start()
+        return scheduler
+
+    def begin_drain(self) -> None:
+        """Shutdown has begun: refuse new generation requests (503) and report /health 503."""
+        self.draining = True
+
+    def abort_all(self) -> None:
+        """End every in-flight request now (the shutdown grace period is over)."""
+        if self.scheduler is not None:
+            self.scheduler.abort_all()
+
+    async def close(self) -> None:
+        """Stop the scheduler thread (after uvicorn has finished the in-flight responses)."""
+        self.draining = True
+        if self.scheduler is not None:
+            await asyncio.to_thread(self.scheduler.stop)
+
+    # ------------------------------------------------------------------------------- request helpers
+
+    def require_ready(self, model: str | None = None) -> tuple[Engine, Scheduler]:
+        """The engine and scheduler, after checking readiness and the requested model name.
+
+        Raises:
+            APIError: 503 while loading or shutting down, 404 for a model this server does not serve.
+        """
+        if self.draining:
+            raise shutting_down()
+        if self.engine is None or self.scheduler is None:
+            raise model_loading()
+        if model is not None and model != self.served_name:
+            raise model_not_found(model, self.served_name)
+        return self.engine, self.scheduler
+
+    def completion_budget(self, prompt_len: int, max_tokens: int | None, default_cap: int | None,
+                          param: str = "max_tokens", prompt_param: str = "prompt") -> int:
+        """The number of tokens to generate for a prompt, checked against this server's context.
+
+        Args:
+            prompt_len: prompt tokens.
+            max_tokens: what the request asked for, or None.
+            default_cap: without max_tokens, generate at most this many (None: fill the context).
+            param: the request field that set max_tokens (for the error).
+            prompt_param: the request field that holds the prompt ("prompt" or "messages").
+
+        Raises:
+            ContextLengthError: the prompt alone, or with max_tokens, does not fit; the message gives the
+                numbers. Never truncated silently.
+        """
+        limit = self.max_model_len
+        assert self.engine is not None
+        what = ("the model's context" if limit == self.engine.config.context_length
+                else "this server's --max-model-len")
+        if prompt_len >= limit:
+            raise ContextLengthError(
+                f"the prompt is {prompt_len} tokens but {what} is {limit} tokens (room is needed for at least "
+                "one new token); shorten the prompt", param=prompt_param)
+        room = limit - prompt_len
+        if max_tokens is None:
+            return room if default_cap is None else min(default_cap, room)
+        if max_tokens > room:
+            raise ContextLengthError(
+                f"the prompt ({prompt_len} tokens) plus {param} ({max_tokens}) is {prompt_len + max_tokens} tokens, "
+                f"more than {what} of {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
+        return max_tokens
+
+    def submit(self, requests: Sequence[Request]) -> Generation:
+        """Queue prepared requests (the choices of one API request) on the scheduler.
+
+        Raises:
+            QueueFullError, SchedulerStoppedError: see `Scheduler.submit` (503).
+        """
+        assert self.scheduler is not None
+        return self.scheduler.submit(requests, asyncio.get_running_loop())

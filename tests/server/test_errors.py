@@ -1,0 +1,194 @@
+"""Every bad input gets its status and an OpenAI-shaped error, and the server stays healthy."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+from server_harness import MODEL_NAME, start_server
+
+CHAT = "/v1/chat/completions"
+COMPLETIONS = "/v1/completions"
+MSG = [{"role": "user", "content": "hi"}]
+
+
+def chat(**fields) -> dict:
+    return {"model": MODEL_NAME, "messages": MSG, **fields}
+
+
+def completion(**fields) -> dict:
+    return {"model": MODEL_NAME, "prompt": "hi", **fields}
+
+
+# (id, route, body (dict, or raw str sent as JSON), status, param, code)
+CASES = [
+    ("malformed-json", CHAT, '{"model": "tiny", "messages": [', 400, None, None),
+    ("body-not-object", CHAT, "[1, 2, 3]", 400, None, None),
+    ("body-string", COMPLETIONS, '"hello"', 400, None, None),
+    ("empty-body", CHAT, "", 400, None, None),
+    ("missing-model", CHAT, {"messages": MSG}, 400, "model", None),
+    ("unknown-model", CHAT, chat(model="gpt-4"), 404, "model", "model_not_found"),
+    ("missing-messages", CHAT, {"model": MODEL_NAME}, 400, "messages", None),
+    ("empty-messages", CHAT, chat(messages=[]), 400, "messages", None),
+    ("messages-not-list", CHAT, chat(messages="hi"), 400, "messages", None),
+    ("bad-role", CHAT, chat(messages=[{"role": "wizard", "content": "hi"}]), 400, "messages", None),
+    ("image-content", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
+     400, "messages", None),
+    ("temperature-string", CHAT, chat(temperature="0.5"), 400, "temperature", None),
+    ("temperature-nan", CHAT, '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
+     400, "temperature", None),
+    ("temperature-high", CHAT, chat(temperature=3), 400, "temperature", None),
+    ("temperature-negative", CHAT, chat(temperature=-0.1), 400, "temperature", None),
+    ("top-p-zero", CHAT, chat(top_p=0), 400, "top_p", None),
+    ("top-p-high", CHAT, chat(top_p=1.5), 400, "top_p", None),
+    ("top-k-low", CHAT, chat(top_k=-2), 400, "top_k", None),
+    ("top-k-float", CHAT, chat(top_k=2.5), 400, "top_k", None),
+    ("min-p-high", CHAT, chat(min_p=2), 400, "min_p", None),
+    ("presence-high", CHAT, chat(presence_penalty=2.5), 400, "presence_penalty", None),
+    ("frequency-low", CHAT, chat(frequency_penalty=-3), 400, "frequency_penalty", None),
+    ("repetition-zero", CHAT, chat(repetition_penalty=0), 400, "repetition_penalty", None),
+    ("max-tokens-zero", CHAT, chat(max_tokens=0), 400, "max_tokens", None),
+    ("max-tokens-float", CHAT, chat(max_tokens=1.5), 400, "max_tokens", None),
+    ("max-completion-tokens-neg", CHAT, chat(max_completion_tokens=-1), 400, "max_completion_tokens", None),
+    ("n-zero", CHAT, chat(n=0), 400, "n", None),
+    ("n-bool", CHAT, chat(n=True), 400, "n", None),
+    ("n-beyond-capacity", CHAT, chat(n=100), 400, "n", None),
+    ("stream-string", CHAT, chat(stream="yes"), 400, "stream", None),
+    ("seed-string", CHAT, chat(seed="1"), 400, "seed", None),
+    ("seed-huge", CHAT, chat(seed=2**70), 400, "seed", None),
+    ("stop-number", CHAT, chat(stop=5), 400, "stop", None),
+    ("stop-empty-string", CHAT, chat(stop=[""]), 400, "stop", None),
+    ("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs", None),
+    ("top-logprobs-high", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs", None),
+    ("logprobs-int-in-chat", CHAT, chat(logprobs=1), 400, "logprobs", None),
+    ("logit-bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias", None),
+    ("json-response-format", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format", None),
+    ("stream-options-type", CHAT, chat(stream=True, stream_options={"include_usage": "yes"}), 400, "stream_options",
+     None),
+    ("prompt-too-long", CHAT, chat(messages=[{"role": "user", "content": "hello world " * 200}]), 400, "messages",
+     "context_length_exceeded"),
+    ("max-tokens-beyond-context", CHAT, chat(max_tokens=10_000), 400, "max_tokens", "context_length_exceeded"),
+    ("completion-prompt-empty", COMPLETIONS, completion(prompt=""), 400, "prompt", None),
+    ("completion-prompt-empty-list", COMPLETIONS, completion(prompt=[]), 400, "prompt", None),
+    ("completion-prompt-bad-type", COMPLETIONS, completion(prompt={"text": "hi"}), 400, "prompt", None),
+    ("completion-token-out-of-vocab", COMPLETIONS, completion(prompt=[1, 99_999]), 400, "prompt", None),
+    ("completion-logprobs-high", COMPLETIONS, completion(logprobs=21), 400, "logprobs", None),
+    ("completion-logprobs-bool", COMPLETIONS, completion(logprobs=True), 400, "logprobs", None),
+    ("completion-echo", COMPLETIONS, completion(echo=True), 400, "echo", None),
+    ("completion-suffix", COMPLETIONS, completion(suffix="x"), 400, "suffix", None),
+    ("completion-best-of", COMPLETIONS, completion(best_of=3), 400, "best_of", None),
+    ("completion-too-long", COMPLETIONS, completion(prompt="hello world " * 200), 400, "prompt",
+     "context_length_exceeded"),
+    ("completion-max-tokens-beyond-context", COMPLETIONS, completion(max_tokens=300), 400, "max_tokens",
+     "context_length_exceeded"),
+    ("tokenize-neither", "/tokenize", {"model": MODEL_NAME}, 400, None, None),
+    ("detokenize-out-of-vocab", "/detokenize", {"tokens": [99_999]}, 400, "tokens", None),
+    ("detokenize-negative", "/detokenize", {"tokens": [-1]}, 400, "tokens", None),
+]
+
+
+def assert_openai_error(response, status: int, param: str | None = None, code: str | None = None) -> dict:
+    assert response.status_code == status, response.text
+    body = response.json()
+    assert set(body) == {"error"}
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"]
+    assert isinstance(error["type"], str) and error["type"]
+    assert error["param"] == param, error
+    assert error["code"] == code, error
+    return error
+
+
+@pytest.mark.parametrize(("route", "body", "status", "param", "code"), [c[1:] for c in CASES],
+                         ids=[c[0] for c in CASES])
+def test_bad_input(server, route, body, status, param, code):
+    with server.http() as http:
+        if isinstance(body, str):
+            response = http.post(route, content=body, headers={"Content-Type": "application/json"})
+        else:
+            response = http.post(route, json=body)
+        assert_openai_error(response, status, param, code)
+        assert http.get("/health").status_code == 200
+    assert server.state.scheduler.active == 0
+
+
+def test_context_error_gives_the_numbers(server):
+    with server.http() as http:
+        error = http.post(CHAT, json=chat(max_tokens=10_000)).json()["error"]
+    assert "10000" in error["message"] and "256" in error["message"]
+
+
+def test_unknown_fields_are_ignored(server):
+    with server.http() as http:
+        response = http.post(CHAT, json=chat(max_tokens=2, frobnicate=True, metadata={"a": 1}, store=False))
+    assert response.status_code == 200, response.text
+
+
+def test_json_needs_json_content_type(server):
+    with server.http() as http:
+        response = http.post(CHAT, content=b'{"model": "tiny"}', headers={"Content-Type": "text/plain"})
+    assert_openai_error(response, 400)
+
+
+def test_unknown_route_and_method(server):
+    with server.http() as http:
+        assert_openai_error(http.get("/v1/nope"), 404)
+        assert_openai_error(http.get(CHAT), 405)
+
+
+def test_openai_client_raises_typed_errors(server):
+    client = server.client()
+    with pytest.raises(openai.BadRequestError) as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=MSG, temperature=5)
+    assert info.value.param == "temperature"
+    with pytest.raises(openai.NotFoundError):
+        client.chat.completions.create(model="other", messages=MSG)
+
+
+def test_messages_need_a_chat_template(no_template_model):
+    running = start_server(no_template_model, max_batch=1)
+    try:
+        with running.http() as http:
+            error = assert_openai_error(http.post(CHAT, json=chat()), 400, "messages")
+            assert "chat template" in error["message"]
+            assert http.post(COMPLETIONS, json=completion(max_tokens=2)).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_api_key(tiny_model):
+    running = start_server(tiny_model, max_batch=1, api_key="sesame")
+    try:
+        with running.http() as http:
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+                error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2), headers=headers), 401,
+                                            code="invalid_api_key")
+                assert "API key" in error["message"]
+            # The key is checked before the body is parsed, and on every route but /health.
+            assert http.post(CHAT, content="{bad", headers={"Content-Type": "application/json"}).status_code == 401
+            for path in ("/v1/models", "/metrics"):
+                assert http.get(path).status_code == 401
+            assert http.get("/health").status_code == 200
+        with pytest.raises(openai.AuthenticationError):
+            running.client(api_key="wrong").models.list()
+        reply = running.client(api_key="sesame").chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=2)
+        assert reply.choices[0].message.role == "assistant"
+    finally:
+        running.stop()
+
+
+def test_max_model_len_bounds_requests(tiny_model):
+    running = start_server(tiny_model, max_batch=2, max_model_len=32)
+    try:
+        with running.http() as http:
+            assert http.get("/v1/models").json()["data"][0]["max_model_len"] == 32
+            error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=40)), 400, "max_tokens",
+                                        "context_length_exceeded")
+            assert "--max-model-len" in error["message"]
+            reply = http.post(CHAT, json=chat(temperature=0, ignore_eos=True)).json()  # fills the 32 tokens
+            assert reply["usage"]["total_tokens"] == 32
+    finally:
+        running.stop()
+    too_long = start_server(tiny_model, max_model_len=10_000)
+    too_long.thread.join(30)
+    assert too_long.state.status == "failed" and "--max-model-len" in str(too_long.state.error)

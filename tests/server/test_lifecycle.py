@@ -1,0 +1,188 @@
+"""Loading, disconnects, a full queue, failures and graceful shutdown."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+from server_harness import BACKEND, MODEL_NAME, start_server
+
+from solo.engine.engine import Engine
+from solo.errors import ModelNotFoundError
+
+LONG = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "count"}], "max_tokens": 4000,
+        "temperature": 0, "ignore_eos": True}
+
+
+def metric(http: httpx.Client, name: str, labels: dict | None = None) -> float:
+    for family in text_string_to_metric_families(http.get("/metrics").text):
+        for sample in family.samples:
+            if sample.name == name and (labels is None or all(sample.labels.get(k) == v for k, v in labels.items())):
+                return sample.value
+    return 0.0
+
+
+def wait_for(predicate, timeout: float) -> float:
+    """Seconds until predicate() holds; fails after `timeout`."""
+    start = time.monotonic()
+    while not predicate():
+        if time.monotonic() - start > timeout:
+            raise AssertionError(f"condition not met within {timeout} s")
+        time.sleep(0.01)
+    return time.monotonic() - start
+
+
+@pytest.fixture(scope="module")
+def long_server(long_model):
+    running = start_server(long_model, max_batch=1, max_queue=1)
+    yield running
+    running.stop()
+
+
+def test_disconnect_mid_stream_frees_the_slot(long_server):
+    with long_server.http() as http:
+        aborted = metric(http, "solo_generations_finished_total", {"finish_reason": "abort"})
+        with httpx.Client(base_url=long_server.base_url, timeout=30) as client, \
+                client.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response:
+            lines = response.iter_lines()
+            for _ in range(5):
+                next(lines)
+            assert metric(http, "solo_active_slots") == 1
+        # The client is gone: its generation stops and the slot is free again within a second.
+        wait_for(lambda: metric(http, "solo_active_slots") == 0, timeout=1.0)
+        wait_for(lambda: metric(http, "solo_generations_finished_total", {"finish_reason": "abort"}) == aborted + 1,
+                 timeout=1.0)
+        reply = http.post("/v1/chat/completions", json={**LONG, "max_tokens": 3})
+        assert reply.status_code == 200 and reply.json()["usage"]["completion_tokens"] == 3
+
+
+def test_disconnect_while_waiting_for_a_non_streamed_reply(long_server):
+    with long_server.http() as http:
+        with pytest.raises(httpx.ReadTimeout):
+            httpx.post(f"{long_server.base_url}/v1/chat/completions", json=LONG, timeout=0.5)
+        wait_for(lambda: metric(http, "solo_active_slots") == 0, timeout=1.0)
+        assert http.post("/v1/chat/completions", json={**LONG, "max_tokens": 2}).status_code == 200
+
+
+def test_full_queue_answers_503_with_retry_after(long_server):
+    with long_server.http() as http, httpx.Client(base_url=long_server.base_url, timeout=30) as a, \
+            httpx.Client(base_url=long_server.base_url, timeout=30) as b:
+        # Keep the line iterators referenced: dropping one closes its response (a disconnect).
+        with a.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as running:
+            running_lines = running.iter_lines()
+            next(running_lines)
+            with b.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as queued:
+                queued_lines = queued.iter_lines()
+                next(queued_lines)  # the role chunk comes at once, even while waiting for a slot
+                assert metric(http, "solo_queue_depth") == 1
+                response = http.post("/v1/chat/completions", json=LONG)
+                assert response.status_code == 503
+                assert response.headers["Retry-After"] == "1"
+                error = response.json()["error"]
+                assert error["code"] == "queue_full" and error["type"] and error["message"]
+        wait_for(lambda: metric(http, "solo_active_slots") == 0 and metric(http, "solo_queue_depth") == 0, 2.0)
+        assert http.get("/health").status_code == 200
+
+
+def test_health_is_503_while_loading(tiny_model):
+    release = threading.Event()
+
+    def slow_load() -> Engine:
+        release.wait(30)
+        return Engine.load(tiny_model, dtype="float32", backend=BACKEND)
+
+    running = start_server(None, wait=False, load_engine=slow_load)
+    try:
+        with running.http() as http:
+            health = http.get("/health")
+            assert (health.status_code, health.json()) == (503, {"status": "loading"})
+            for response in (http.post("/v1/chat/completions", json={**LONG, "max_tokens": 1}), http.get("/v1/models")):
+                assert response.status_code == 503 and response.headers["Retry-After"]
+                assert response.json()["error"]["code"] == "model_loading"
+            release.set()
+            wait_for(lambda: http.get("/health").status_code == 200, timeout=30)
+            assert http.post("/v1/chat/completions", json={**LONG, "max_tokens": 1}).status_code == 200
+    finally:
+        release.set()
+        running.stop()
+
+
+def test_a_model_that_cannot_load_stops_the_server(tmp_path):
+    running = start_server(tmp_path / "missing")
+    running.thread.join(30)
+    assert not running.thread.is_alive()
+    assert running.state.status == "failed"
+    assert isinstance(running.state.error, ModelNotFoundError)
+
+
+def test_cli_exits_2_when_the_model_cannot_load(tmp_path, capsys, monkeypatch):
+    from solo.cli import main
+    from solo.server import runner
+
+    monkeypatch.setattr(runner, "_log_to_console", lambda: None)  # keep the test session's logging as it is
+    assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 2
+    assert "cannot load the model" in capsys.readouterr().err
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.mark.slow
+def test_sigterm_ends_streams_cleanly_and_exits_0(long_model):
+    port = _free_port()
+    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
+    process = subprocess.Popen(
+        [sys.executable, "-m", "solo.cli", "serve", str(long_model), "--port", str(port), "--dtype", "float32",
+         "--backend", BACKEND, "--served-model-name", MODEL_NAME, "--max-batch", "2", "--shutdown-grace", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).parents[2],
+    )
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _healthy(base), timeout=120)
+        lines: list[str] = []
+        with httpx.Client(base_url=base, timeout=60) as client, \
+                client.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response:
+            iterator = response.iter_lines()
+            lines += [next(iterator) for _ in range(3)]
+            process.send_signal(signal.SIGTERM)
+            lines += list(iterator)
+        events = [line for line in lines if line]
+        assert events[-1] == "data: [DONE]"
+        last = json.loads(events[-2][6:])
+        assert last["choices"][0]["finish_reason"] == "abort"  # ended by the shutdown's grace period
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.stdout.read().decode() if process.stdout else ""
+    assert "Traceback" not in output, output
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):
+    from solo.cli import main
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert main(["serve", str(tiny_model), "--port", str(sock.getsockname()[1])]) == 2
+    assert "cannot listen" in capsys.readouterr().err

@@ -1,0 +1,183 @@
+"""The OpenAI-compatible API driven by the official `openai` client: shapes, parity with the engine."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from checkpoints import make_checkpoint
+from server_harness import BACKEND, MODEL_NAME, start_server
+
+from solo.engine.engine import Engine
+from solo.engine.sampling import SamplingParams
+
+MESSAGES = [{"role": "system", "content": "You write Python."}, {"role": "user", "content": "def fibonacci(n):"}]
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model) -> Engine:
+    return Engine.load(tiny_model, dtype="float32", backend=BACKEND)
+
+
+def test_chat_greedy_matches_engine(server, engine):
+    expected = engine.complete(MESSAGES, SamplingParams(max_tokens=24, temperature=0.0))
+    reply = server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=24,
+                                                    temperature=0)
+    assert reply.object == "chat.completion"
+    assert reply.id.startswith("chatcmpl-")
+    assert reply.model == MODEL_NAME
+    assert len(reply.choices) == 1
+    choice = reply.choices[0]
+    assert choice.index == 0
+    assert choice.message.role == "assistant"
+    assert choice.message.content == expected.text
+    assert choice.finish_reason == expected.finish_reason
+    assert reply.usage.prompt_tokens == len(expected.prompt_token_ids)
+    assert reply.usage.completion_tokens == len(expected.token_ids)
+    assert reply.usage.total_tokens == reply.usage.prompt_tokens + reply.usage.completion_tokens
+
+
+def test_chat_stream_matches_non_stream(server, engine):
+    expected = engine.complete(MESSAGES, SamplingParams(max_tokens=20, temperature=0.0))
+    stream = server.client().chat.completions.create(
+        model=MODEL_NAME, messages=MESSAGES, max_tokens=20, temperature=0, stream=True,
+        stream_options={"include_usage": True},
+    )
+    chunks = list(stream)
+    assert chunks[0].choices[0].delta.role == "assistant"
+    assert all(c.object == "chat.completion.chunk" and c.id == chunks[0].id for c in chunks)
+    content_chunks = [c for c in chunks if c.choices]
+    assert all(c.choices[0].finish_reason is None for c in content_chunks[:-1])
+    assert content_chunks[-1].choices[0].finish_reason == expected.finish_reason
+    assert "".join(c.choices[0].delta.content or "" for c in content_chunks) == expected.text
+    usage_chunk = chunks[-1]
+    assert usage_chunk.choices == [] and usage_chunk.usage is not None
+    assert usage_chunk.usage.completion_tokens == len(expected.token_ids)
+    assert all(c.usage is None for c in chunks[:-1])
+
+
+def test_seeded_sampling_matches_engine_and_n_uses_seed_plus_i(server, engine):
+    params = dict(max_tokens=16, temperature=0.9, top_p=0.95)
+    reply = server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, n=3, seed=11, **params)
+    assert [c.index for c in reply.choices] == [0, 1, 2]
+    for i, choice in enumerate(reply.choices):
+        expected = engine.complete(MESSAGES, SamplingParams(seed=11 + i, **params))
+        assert choice.message.content == expected.text
+    assert reply.usage.prompt_tokens == len(engine.encode_prompt(MESSAGES))  # the prompt counts once
+
+
+def test_completions_greedy_stop_and_stream(server, engine):
+    prompt = "import os\nimport sys\n"
+    expected = engine.complete(prompt, SamplingParams(max_tokens=30, temperature=0.0))
+    client = server.client()
+    reply = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=30, temperature=0)
+    assert reply.object == "text_completion"
+    assert reply.choices[0].text == expected.text
+    assert reply.choices[0].finish_reason == expected.finish_reason
+    streamed = "".join(c.choices[0].text for c in client.completions.create(
+        model=MODEL_NAME, prompt=prompt, max_tokens=30, temperature=0, stream=True) if c.choices)
+    assert streamed == expected.text
+    # A stop string taken from the greedy text cuts it there, with finish_reason "stop".
+    stop = expected.text.strip()[3:6] if len(expected.text.strip()) >= 6 else None
+    if stop:
+        stopped = client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=30, temperature=0, stop=stop)
+        assert stopped.choices[0].text == expected.text[: expected.text.index(stop)]
+        assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_completions_default_max_tokens_is_16_and_token_prompts(server, engine):
+    client = server.client()
+    reply = client.completions.create(model=MODEL_NAME, prompt="hello", temperature=0, extra_body={"ignore_eos": True})
+    assert reply.usage.completion_tokens == 16 and reply.choices[0].finish_reason == "length"
+    ids = engine.encode_prompt("hello")
+    batch = client.completions.create(model=MODEL_NAME, prompt=[ids, ids], max_tokens=5, temperature=0, n=2)
+    assert [c.index for c in batch.choices] == [0, 1, 2, 3]
+    assert len({c.text for c in batch.choices}) == 1  # greedy: every choice of the same prompt agrees
+    assert batch.usage.prompt_tokens == 2 * len(ids)
+
+
+def test_chat_logprobs_shape(server, engine):
+    expected = engine.complete(MESSAGES, SamplingParams(max_tokens=6, temperature=0.0, logprobs=3))
+    reply = server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=6, temperature=0,
+                                                    logprobs=True, top_logprobs=3)
+    content = reply.choices[0].logprobs.content
+    assert len(content) == len(expected.token_ids)
+    for entry, info in zip(content, expected.logprobs, strict=True):
+        assert entry.logprob == pytest.approx(info.logprob, abs=0)
+        assert len(entry.top_logprobs) == 3
+        assert bytes(entry.bytes).decode("utf-8", errors="replace") == entry.token
+    # Bytes rebuild the text exactly (one character may span several tokens).
+    assert b"".join(bytes(e.bytes) for e in content).decode("utf-8", errors="replace").endswith(
+        reply.choices[0].message.content)
+
+
+def test_completions_logprobs_shape_streamed(server):
+    chunks = list(server.client().completions.create(model=MODEL_NAME, prompt="def f", max_tokens=5, temperature=0,
+                                                     logprobs=2, stream=True))
+    tokens, offsets = [], []
+    for chunk in chunks:
+        lp = chunk.choices[0].logprobs
+        assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
+        assert all(len(top) <= 2 for top in lp.top_logprobs)
+        tokens += lp.tokens
+        offsets += lp.text_offset
+    assert len(tokens) == 5
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(5)]
+
+
+def test_models_tokenize_detokenize(server, engine):
+    with server.http() as http:
+        models = http.get("/v1/models").json()
+        assert models["object"] == "list"
+        assert [m["id"] for m in models["data"]] == [MODEL_NAME]
+        assert models["data"][0]["object"] == "model"
+        tokens = http.post("/tokenize", json={"prompt": "hello world"}).json()
+        assert tokens["tokens"] == engine.tokenizer.encode("hello world")
+        assert tokens["count"] == len(tokens["tokens"]) and tokens["max_model_len"] == 256
+        chat = http.post("/tokenize", json={"model": MODEL_NAME, "messages": MESSAGES}).json()
+        assert chat["tokens"] == engine.encode_prompt(MESSAGES)
+        text = http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()
+        assert text["prompt"].endswith("hello world")
+    assert server.client().models.list().data[0].id == MODEL_NAME
+
+
+def test_metrics_count_requests_and_tokens(server):
+    server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=3, temperature=0)
+    with server.http() as http:
+        text = http.get("/metrics").text
+    for name in ("solo_requests_total{", "solo_time_to_first_token_seconds_bucket", "solo_inter_token_latency_seconds",
+                 "solo_e2e_request_latency_seconds", "solo_request_decode_tokens_per_second",
+                 "solo_prompt_tokens_total", "solo_generation_tokens_total", "solo_queue_depth", "solo_active_slots"):
+        assert name in text, name
+    assert 'solo_requests_total{route="/v1/chat/completions",status="200"}' in text
+
+
+def test_generation_config_supplies_defaults(tmp_path):
+    # do_sample=false in generation_config.json: a request without temperature decodes greedily.
+    folder = make_checkpoint(tmp_path / "gc", generation_config={"do_sample": False, "eos_token_id": 2})
+    engine = Engine.load(folder, dtype="float32", backend=BACKEND)
+    expected = engine.complete("def", SamplingParams(max_tokens=12, temperature=0.0))
+    running = start_server(folder, max_batch=2)
+    try:
+        reply = running.client().completions.create(model=MODEL_NAME, prompt="def", max_tokens=12)
+        assert reply.choices[0].text == expected.text
+    finally:
+        running.stop()
+
+
+def test_openai_default_temperature_is_one(server, engine):
+    # No temperature anywhere: OpenAI's default 1.0 applies (the Python API's default is greedy).
+    reply = server.client().completions.create(model=MODEL_NAME, prompt="def", max_tokens=12, seed=5)
+    assert reply.choices[0].text == engine.complete("def", SamplingParams(max_tokens=12, temperature=1.0, seed=5)).text
+
+
+def test_raw_sse_framing(server):
+    body = {"model": MODEL_NAME, "messages": MESSAGES, "max_tokens": 4, "temperature": 0, "stream": True}
+    with server.http() as http, http.stream("POST", "/v1/chat/completions", json=body) as response:
+        assert response.headers["content-type"].startswith("text/event-stream")
+        lines = [line for line in response.iter_lines() if line]
+    assert all(line.startswith("data: ") for line in lines)
+    assert lines[-1] == "data: [DONE]"
+    first = json.loads(lines[0][6:])
+    assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert first["choices"][0]["finish_reason"] is None

@@ -1,0 +1,191 @@
+"""The scheduler without HTTP: parity with Engine.run, queue bounds, cancellation, abort, fused decode."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+import torch
+from server_harness import BACKEND
+
+from solo.engine.engine import Engine
+from solo.engine.sampling import SamplingParams
+from solo.server.scheduler import ABORT, QueueFullError, Scheduler, SchedulerStoppedError
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model) -> Engine:
+    return Engine.load(tiny_model, dtype="float32", backend=BACKEND)
+
+
+def make(engine: Engine, prompt: str, **params):
+    return engine.make_request(prompt, SamplingParams(logprobs=0, **params))
+
+
+async def drain(generation) -> dict[int, list]:
+    out: dict[int, list] = {}
+    async for index, event in generation.events():
+        out.setdefault(index, []).append(event)
+    return out
+
+
+def lone(engine: Engine, prompt: str, **params) -> tuple[list[int], list[float]]:
+    events = list(engine.run(make(engine, prompt, **params)))
+    return [t for e in events for t in e.token_ids], [i.logprob for e in events for i in e.logprobs]
+
+
+@pytest.mark.parametrize("decode_batching", ["isolated", "fused"])
+def test_batched_requests_complete(engine, decode_batching):
+    prompts = ["def f(x):", "class A:", "hello there", "import sys"]
+    params = [dict(max_tokens=12, temperature=0.0), dict(max_tokens=7, temperature=0.9, seed=3),
+              dict(max_tokens=20, temperature=0.0), dict(max_tokens=3, temperature=1.0, seed=4)]
+    expected = [lone(engine, p, **kw, ignore_eos=True) for p, kw in zip(prompts, params, strict=True)]
+    scheduler = Scheduler(engine.runtime, max_batch=2, max_queue=8, max_seq=256, decode_batching=decode_batching)
+    scheduler.start()
+    try:
+        async def main():
+            loop = asyncio.get_running_loop()
+            gens = [scheduler.submit([make(engine, p, **kw, ignore_eos=True)], loop)
+                    for p, kw in zip(prompts, params, strict=True)]
+            return await asyncio.gather(*(drain(g) for g in gens))
+
+        results = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert scheduler.peak_active == 2
+    for (tokens, logprobs), result, kw in zip(expected, results, params, strict=True):
+        events = result[0]
+        got_tokens = [t for e in events for t in e.token_ids]
+        assert len(got_tokens) == kw["max_tokens"] == len(tokens)
+        if decode_batching == "isolated":  # bit-identical to the lone run, logprobs included
+            assert got_tokens == tokens
+            assert [i.logprob for e in events for i in e.logprobs] == logprobs
+
+
+def test_queue_bound_cancel_and_stop(engine):
+    scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=256)
+    scheduler.start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        long = dict(max_tokens=200, temperature=0.0, ignore_eos=True)
+        first = scheduler.submit([make(engine, "a", **long)], loop)
+        second = scheduler.submit([make(engine, "b", **long)], loop)
+        with pytest.raises(QueueFullError):
+            scheduler.submit([make(engine, "c", **long)], loop)
+        # Take one event from the first, then cancel both: the row frees, the queue empties.
+        await anext(first.events())
+        second.cancel()
+        first.cancel()
+        for _ in range(100):
+            if scheduler.active == 0 and scheduler.waiting == 0:
+                break
+            await asyncio.sleep(0.01)
+        assert (scheduler.active, scheduler.waiting) == (0, 0)
+        # n choices are all or nothing: 3 do not fit in 1 row + 1 queued.
+        with pytest.raises(QueueFullError):
+            scheduler.submit([make(engine, "d", max_tokens=2) for _ in range(3)], loop)
+        done = await drain(scheduler.submit([make(engine, "d", max_tokens=2) for _ in range(2)], loop))
+        assert sorted(done) == [0, 1]
+
+    try:
+        asyncio.run(main())
+    finally:
+        scheduler.stop()
+    with pytest.raises(SchedulerStoppedError):
+        scheduler.submit([make(engine, "e", max_tokens=2)], asyncio.new_event_loop())
+
+
+def test_abort_all_ends_streams_with_abort(engine):
+    scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=4, max_seq=256)
+    scheduler.start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        long = dict(max_tokens=250, temperature=0.0, ignore_eos=True)
+        running = scheduler.submit([make(engine, "a", **long)], loop)
+        waiting = scheduler.submit([make(engine, "b", **long)], loop)
+        await anext(running.events())
+        scheduler.abort_all()
+        ran, waited = await drain(running), await drain(waiting)
+        assert ran[0][-1].finish_reason == ABORT and ran[0][-1].stats is not None
+        assert waited[0][-1].finish_reason == ABORT
+
+    try:
+        asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert scheduler.active == 0
+
+
+def test_rejects_bad_sizes(engine):
+    with pytest.raises(ValueError):
+        Scheduler(engine.runtime, max_batch=0, max_queue=1, max_seq=256)
+    with pytest.raises(ValueError):
+        Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=256, decode_batching="sometimes")  # type: ignore[arg-type]
+
+
+class _Declared:
+    """A runtime wrapper that declares batch invariance; `skew` perturbs batched logits to break it."""
+
+    batch_invariant = True
+
+    def __init__(self, runtime, skew: float = 0.0) -> None:
+        self.inner, self.skew = runtime, skew
+        self.name, self.config, self.device = runtime.name, runtime.config, runtime.device
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+    def reserve(self, rows, max_seq):
+        self.inner.reserve(rows, max_seq)
+
+    def prefill(self, row, ids, start_pos=0):
+        return self.inner.prefill(row, ids, start_pos)
+
+    def decode(self, rows, ids, positions):
+        logits = self.inner.decode(rows, ids, positions)
+        return logits + self.skew if rows.numel() > 1 else logits
+
+
+def test_auto_batching_needs_a_declared_and_verified_invariant_runtime(engine):
+    # The eager runtime declares nothing: one batch-1 call per row.
+    assert Scheduler(engine.runtime, max_batch=4, max_queue=0, max_seq=64).decode_batching == "isolated"
+    # Declared and true (batched calls of the wrapper go row by row through the same logits): fused.
+    row_by_row = _Declared(engine.runtime)
+    row_by_row.decode = lambda rows, ids, pos: torch.cat(  # noqa: E731
+        [engine.runtime.decode(rows[i:i + 1], ids[i:i + 1], pos[i:i + 1]) for i in range(rows.numel())])
+    assert Scheduler(row_by_row, max_batch=4, max_queue=0, max_seq=64).decode_batching == "fused"
+    # Declared but false: the probe catches it.
+    assert Scheduler(_Declared(engine.runtime, skew=1e-6), max_batch=4, max_queue=0,
+                     max_seq=64).decode_batching == "isolated"
+    # Forced modes are taken as given.
+    assert Scheduler(engine.runtime, max_batch=4, max_queue=0, max_seq=64,
+                     decode_batching="fused").decode_batching == "fused"
+
+
+def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(engine):
+    class Flaky(_Declared):
+        failures = 1
+
+        def decode(self, rows, ids, positions):
+            if self.failures:
+                self.failures -= 1
+                raise RuntimeError("device lost")
+            return self.inner.decode(rows, ids, positions)
+
+    scheduler = Scheduler(Flaky(engine.runtime), max_batch=1, max_queue=1, max_seq=256, decode_batching="isolated")
+    scheduler.start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        with pytest.raises(RuntimeError, match="device lost"):
+            await drain(scheduler.submit([make(engine, "a", max_tokens=5)], loop))
+        done = await drain(scheduler.submit([make(engine, "a", max_tokens=5, ignore_eos=True)], loop))
+        assert sum(len(e.token_ids) for e in done[0]) == 5
+
+    try:
+        asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert scheduler.error is None and scheduler.active == 0
