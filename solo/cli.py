@@ -46,6 +46,10 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
         help="decode runtime: auto picks the fastest for the device; eager runs the reference model",
     )
     parser.add_argument("--revision", default=None, help="hub branch, tag or commit (hub ids only)")
+    parser.add_argument(
+        "--quantize", default=None, choices=("int8", "int4"),
+        help="weight-only quantization for the CPU runtime (off by default; int8 keeps quality closest)",
+    )
 
 
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -88,7 +92,7 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
     from solo.engine.engine import Engine
 
     return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                       revision=args.revision)
+                       revision=args.revision, quantize=args.quantize)
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001

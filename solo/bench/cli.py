@@ -1,17 +1,322 @@
-"""`solo bench` arguments and entry point."""
+"""`solo bench`: TTFT, decode tokens/s, the measured roofline, and peers side by side.
+
+    solo bench --shape Qwen2.5-0.5B --compare hf,llama.cpp --json out.json
+    solo bench path/to/model --quantize int8 --sweep-context --plot sweep.png
+
+Solo's repeats and each peer's are interleaved (Solo, peer A, peer B, Solo, ...) so drift of the
+machine (clock, other load) hits all of them alike. Peers are optional: a missing one prints
+"peer skipped: <reason>".
+"""
 
 from __future__ import annotations
 
 import argparse
+import json
+import random
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+_DEFAULT_CONTEXTS = (128, 512, 1024, 2048, 4096)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench`."""
+    from solo.bench.shapes import SHAPES
     from solo.cli import add_model_arguments
 
     add_model_arguments(parser)
+    parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
+                        help="benchmark a real model shape with random weights instead of MODEL (no download)")
+    parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (default: 128)")
+    parser.add_argument("--gen-len", type=int, default=256, help="generated tokens per run (default: 256)")
+    parser.add_argument("--repeats", type=int, default=3, help="timed runs of each engine (default: 3)")
+    parser.add_argument("--compare", default="",
+                        help="comma-separated peers: hf (= hf-eager,hf-compile), hf-eager, hf-compile, llama.cpp")
+    # --quantize comes from add_model_arguments; with it, llama.cpp peers use Q8_0 / Q4_0.
+    parser.add_argument("--sweep-context", action="store_true",
+                        help="also measure decode speed at several context lengths")
+    parser.add_argument("--contexts", default=",".join(map(str, _DEFAULT_CONTEXTS)),
+                        help="context lengths for --sweep-context (default: %(default)s)")
+    parser.add_argument("--sweep-gen-len", type=int, default=32, help="tokens decoded per sweep point (default: 32)")
+    parser.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
+    parser.add_argument("--plot", default=None, metavar="OUT.png",
+                        help="plot tok/s against context (with --sweep-context)")
+    parser.add_argument("--probe-gib", type=float, default=2.0,
+                        help="buffer of the CPU bandwidth probe in GiB; keep it far above the LLC (default: 2)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt (default: 0)")
+
+
+def _load(args: argparse.Namespace, device: Any) -> tuple[Any, dict[str, Any], str, str]:  # noqa: ANN401
+    import torch
+
+    from solo.bench.shapes import build_model, shape_config, shape_raw_config
+    from solo.model.config import ModelConfig
+    from solo.model.hub import resolve_dtype, resolve_model_dir
+    from solo.model.weights import load_weights
+
+    if args.shape:
+        config = shape_config(args.shape)
+        dtype = resolve_dtype(args.dtype, config.torch_dtype)
+        model = build_model(config, dtype, seed=args.seed, device=device)
+        key = f"shape:{args.shape}:{args.seed}:{dtype}"
+        return model, shape_raw_config(args.shape), f"{args.shape} (random weights)", key
+    folder = resolve_model_dir(args.model, args.revision)
+    config = ModelConfig.from_file(folder)
+    dtype = resolve_dtype(args.dtype, config.torch_dtype)
+    model = load_weights(folder, config, dtype, device)
+    raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+    mtime = max(p.stat().st_mtime for p in folder.glob("*.safetensors"))
+    _ = torch
+    return model, raw, str(args.model or folder.name), f"folder:{folder.resolve()}:{mtime}:{dtype}"
+
+
+def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
+    from solo.bench.report import summarize
+
+    tps = [r.decode_tokens_per_s for r in results]
+    out = {
+        "ttft_s": summarize([r.ttft_s for r in results]),
+        "decode_tokens_per_s": summarize(tps),
+        "ms_per_token": summarize([1000.0 / t for t in tps]),
+        "runs": [{"ttft_s": r.ttft_s, "decode_s": r.decode_s, "decode_tokens": r.decode_tokens,
+                  "host_syncs": r.host_syncs} for r in results],
+    }
+    syncs = [r.host_syncs for r in results if r.host_syncs is not None]
+    if syncs:
+        out["host_syncs_per_token"] = sum(syncs) / sum(r.decode_tokens for r in results)
+    return out
+
+
+def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: int,
+                 skipped: dict[str, str], between: Any = None) -> dict[str, list[Any]]:  # noqa: ANN401
+    from solo.bench.peers import PeerSkipped
+
+    results: dict[str, list[Any]] = {e.name: [] for e in engines}
+    for _ in range(repeats):
+        if between is not None:
+            between()
+        for engine in engines:
+            if engine.name in skipped:
+                continue
+            try:
+                results[engine.name].append(engine.run(prompt, gen_len))
+            except PeerSkipped as exc:
+                skipped[engine.name] = str(exc)
+                print(f"peer skipped: {engine.name}: {exc}", file=sys.stderr)
+    return {k: v for k, v in results.items() if v}
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark."""
-    raise NotImplementedError("solo bench is not implemented yet")
+    """Run the benchmark, print the report, and write --json / --plot."""
+    import torch
+
+    from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer
+    from solo.bench.report import machine_info, rss_bytes, versions
+    from solo.bench.roofline import decode_bytes, probe_bandwidth, roofline_tokens_per_s
+    from solo.bench.runner import SoloRunner, quant_quality, time_outside_matmuls
+    from solo.engine.engine import resolve_device
+    from solo.errors import SoloError
+    from solo.runtime import create_runtime
+
+    if args.model and args.shape:
+        raise SoloError("give either MODEL or --shape, not both")
+    if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1:
+        raise SoloError("--prompt-len must be >= 1, --gen-len >= 2 and --repeats >= 1")
+    try:
+        peer_names = expand_names(args.compare.split(",")) if args.compare else []
+        contexts = [int(c) for c in args.contexts.split(",") if c.strip()] if args.sweep_context else []
+    except ValueError as exc:
+        raise SoloError(str(exc)) from None
+    if args.plot and not args.sweep_context:
+        raise SoloError("--plot draws the context sweep; add --sweep-context")
+    device = resolve_device(args.device)
+    print("loading model ...", file=sys.stderr)
+    model, raw_config, model_label, cache_key = _load(args, device)
+    config = model.config
+    dense_dtype = model.dtype
+    solo_model = model
+    if args.quantize:
+        if device.type != "cpu":
+            raise SoloError("--quantize is implemented for the CPU runtime only")
+        from solo.runtime.quant import quantize_model
+
+        solo_model = quantize_model(model, args.quantize)
+    runtime = create_runtime(solo_model, args.backend, device)
+    solo = SoloRunner(runtime)
+    rng = random.Random(args.seed)
+    prompt = [rng.randrange(3, config.vocab_size) for _ in range(args.prompt_len)]
+    max_context = max([args.prompt_len + args.gen_len, *[c + args.sweep_gen_len for c in contexts]]) + 1
+    if max_context > config.context_length:
+        raise SoloError(f"prompt + generation ({max_context} tokens) exceeds the model's context of "
+                        f"{config.context_length}")
+
+    print("measuring read bandwidth ...", file=sys.stderr)
+    probe_bytes = int(args.probe_gib * 2**30)
+    probes = [probe_bandwidth(device, probe_bytes)]
+    solo.run(prompt[:16], 8)  # warm-up: page in the weights, build kernels, allocate the cache
+    rss_now, _ = rss_bytes()
+    memory: dict[str, Any] = {"process_rss_bytes_after_warmup": rss_now}
+    if device.type == "cuda":
+        memory["cuda_max_allocated_bytes"] = torch.cuda.max_memory_allocated(device)
+
+    quality = None
+    if args.quantize:
+        print("measuring quantization quality against the dense model ...", file=sys.stderr)
+        dense_runtime = create_runtime(model, args.backend, device)
+        quality = quant_quality(dense_runtime, runtime, prompt[:32], steps=64)
+        del dense_runtime
+
+    engines: list[Any] = [solo]
+    skipped: dict[str, str] = {}
+    spec = PeerSpec(model=model, raw_config=raw_config, dtype=dense_dtype, quantize=args.quantize, device=device,
+                    threads=torch.get_num_threads(), max_seq=max_context, extra={"cache_key": cache_key})
+    for name in peer_names:
+        print(f"preparing peer {name} ...", file=sys.stderr)
+        try:
+            peer = load_peer(name, spec)
+            # Warm-up; a compiled peer gets the full shape so its compilation (static cache sized by the
+            # prompt and the generation) happens here and not in the timed runs.
+            peer.run(prompt, args.gen_len) if name.endswith("compile") else peer.run(prompt[:16], 8)
+            engines.append(peer)
+        except PeerSkipped as exc:
+            skipped[name] = str(exc)
+            print(f"peer skipped: {name}: {exc}", file=sys.stderr)
+    torch.set_num_threads(spec.threads)
+
+    print(f"timing {args.repeats} interleaved repeats ...", file=sys.stderr)
+    # The probe runs again before every round of repeats (and after the last): the roofline uses the
+    # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
+    results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
+                           between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)))
+    probes.append(probe_bandwidth(device, probe_bytes, passes=3))
+    probe = max(probes, key=lambda p: p.bandwidth_gbps)
+    elem = torch.tensor([], dtype=dense_dtype).element_size()
+    mean_context = args.prompt_len + args.gen_len // 2
+    nbytes = decode_bytes(config, elem, mean_context, args.quantize)
+    roofline = roofline_tokens_per_s(probe.bandwidth_gbps, nbytes.total)
+    _, rss_peak = rss_bytes()
+    memory["process_rss_peak_bytes"] = rss_peak
+    report: dict[str, Any] = {
+        "command": " ".join(["solo", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("solo") else
+        " ".join(sys.argv),
+        "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+        "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
+        "quantize": args.quantize, "backend": runtime.name, "prompt_len": args.prompt_len,
+        "gen_len": args.gen_len, "repeats": args.repeats,
+        "machine": machine_info(device), "versions": versions(),
+        "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
+        "roofline": {"context": mean_context, "weight_bytes": nbytes.weights, "kv_cache_bytes": nbytes.kv_cache,
+                     "bytes_per_token": nbytes.total, "tokens_per_s": roofline},
+        "memory": memory,
+        "engines": {}, "peers_skipped": skipped,
+    }
+    for engine in engines:
+        if engine.name in results:
+            entry = _stats(results[engine.name])
+            entry["build"] = engine.build_info
+            entry["roofline_fraction"] = entry["decode_tokens_per_s"]["median"] / roofline
+            report["engines"][engine.name] = entry
+    if quality is not None:
+        report["quantization_quality"] = vars(quality)
+    outside = time_outside_matmuls(runtime, prompt, steps=args.gen_len // 2)
+    if outside is not None and "solo" in report["engines"]:
+        step = 1.0 / report["engines"]["solo"]["decode_tokens_per_s"]["median"]
+        report["engines"]["solo"]["outside_matmuls"] = {
+            "s_per_token": outside, "fraction_of_step": outside / step,
+            "method": "decode steps at the same context with the matrix-vector products replaced by zero writes",
+        }
+    if contexts:
+        report["sweep"] = _sweep(engines, skipped, config, elem, args, probe.bandwidth_gbps, contexts, rng)
+    _print_report(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        print(f"wrote {args.json}", file=sys.stderr)
+    if args.plot and "sweep" in report:
+        from solo.bench.plot import plot_sweep
+
+        title = f"{model_label}, {report['dtype']}{' ' + args.quantize if args.quantize else ''}, {device}"
+        plot_sweep(report["sweep"], title, args.plot)
+        print(f"wrote {args.plot}", file=sys.stderr)
+    for engine in engines[1:]:
+        engine.close()
+    return 0
+
+
+def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, args: argparse.Namespace,  # noqa: ANN401
+           bandwidth_gbps: float, contexts: list[int], rng: random.Random) -> dict[str, Any]:
+    from solo.bench.roofline import decode_bytes, roofline_tokens_per_s
+
+    sweep: dict[str, Any] = {"contexts": contexts, "gen_len": args.sweep_gen_len, "roofline_tokens_per_s": [],
+                             "engines": {e.name: [] for e in engines if e.name not in skipped}}
+    for context in contexts:
+        print(f"sweep: context {context} ...", file=sys.stderr)
+        prompt = [rng.randrange(3, config.vocab_size) for _ in range(context)]
+        nbytes = decode_bytes(config, elem, context + args.sweep_gen_len // 2, args.quantize)
+        sweep["roofline_tokens_per_s"].append(roofline_tokens_per_s(bandwidth_gbps, nbytes.total))
+        for engine in engines:
+            if engine.name.endswith("compile") and engine.name not in skipped:
+                engine.run(prompt, args.sweep_gen_len)  # recompiles for the new cache size, untimed
+        runs = _interleaved(engines, prompt, args.sweep_gen_len, 1, skipped)
+        for name, values in sweep["engines"].items():
+            values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
+    return sweep
+
+
+def _print_report(r: dict[str, Any]) -> None:
+    m, bw, rf = r["machine"], r["bandwidth"], r["roofline"]
+    print(f"model: {r['model']} | {r['dtype']}{' + ' + r['quantize'] if r['quantize'] else ''} | device {r['device']}"
+          f" | backend {r['backend']}")
+    print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
+          + (f", GPU {m['gpu']}" if "gpu" in m else ""))
+    print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} interleaved repeats "
+          "(median [min-max])")
+    print(f"roofline: {rf['bytes_per_token'] / 1e6:.1f} MB read per decode token (weights "
+          f"{rf['weight_bytes'] / 1e6:.1f} MB + KV cache {rf['kv_cache_bytes'] / 1e6:.1f} MB at context "
+          f"{rf['context']}); read bandwidth {bw['bandwidth_gbps']:.1f} GB/s (best of {len(bw['samples_gbps'])} probes "
+          f"in this run: {', '.join(f'{x:.1f}' for x in bw['samples_gbps'])}; {bw['method']}, "
+          f"{bw['buffer_bytes'] / 2**30:.2g} GiB) -> roofline {rf['tokens_per_s']:.1f} tok/s")
+    solo = r["engines"].get("solo")
+    header = f"{'engine':<12} {'decode tok/s':>24} {'ms/token':>9} {'TTFT ms':>22} {'roofline':>9} {'solo x':>7}"
+    print(header)
+    for name, e in r["engines"].items():
+        d, t = e["decode_tokens_per_s"], e["ttft_s"]
+        ratio = solo["decode_tokens_per_s"]["median"] / d["median"] if solo else float("nan")
+        print(f"{name:<12} {d['median']:>8.2f} [{d['min']:.2f}-{d['max']:.2f}] {e['ms_per_token']['median']:>9.2f} "
+              f"{t['median'] * 1e3:>8.1f} [{t['min'] * 1e3:.0f}-{t['max'] * 1e3:.0f}] {e['roofline_fraction']:>8.0%} "
+              f"{ratio:>6.2f}x")
+    for name, e in r["engines"].items():
+        if name != "solo" and solo:
+            ttft_ratio = e["ttft_s"]["median"] / solo["ttft_s"]["median"]
+            decode_ratio = solo["decode_tokens_per_s"]["median"] / e["decode_tokens_per_s"]["median"]
+            print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x, Solo TTFT {ttft_ratio:.2f}x faster")
+    for name, reason in r["peers_skipped"].items():
+        print(f"peer skipped: {name}: {reason}")
+    if solo and "outside_matmuls" in solo:
+        o = solo["outside_matmuls"]
+        print(f"time outside weight streaming: {o['s_per_token'] * 1e3:.2f} ms/token = {o['fraction_of_step']:.1%} "
+              f"of the step ({o['method']})")
+    if solo and "host_syncs_per_token" in solo:
+        print(f"host synchronisations per decode token: {solo['host_syncs_per_token']:.2f}")
+    mem = r["memory"]
+    line = f"memory: process RSS after Solo warm-up {mem['process_rss_bytes_after_warmup'] / 2**30:.2f} GiB, " \
+           f"peak {mem['process_rss_peak_bytes'] / 2**30:.2f} GiB (peers included)"
+    if "cuda_max_allocated_bytes" in mem:
+        line += f", CUDA max allocated {mem['cuda_max_allocated_bytes'] / 2**30:.2f} GiB"
+    print(line)
+    q = r.get("quantization_quality")
+    if q:
+        print(f"quantization vs {r['dtype']}: top-1 agreement {q['top1_agreement']:.1%} over {q['steps']} "
+              f"teacher-forced steps, identical greedy prefix {q['greedy_prefix']}/{q['steps']} tokens, "
+              "mean |logit error| "
+              f"{q['mean_abs_logit_error']:.4f} (max {q['max_abs_logit_error']:.3f}; dense logits' std "
+              f"{q['logit_std']:.3f})")
+    if "sweep" in r:
+        s = r["sweep"]
+        print(f"context sweep ({s['gen_len']} tokens decoded at each context), tok/s:")
+        names = list(s["engines"])
+        print(f"{'context':>8} {'roofline':>9} " + " ".join(f"{n:>11}" for n in names))
+        for i, c in enumerate(s["contexts"]):
+            vals = " ".join(f"{v[i]:>11.2f}" if v[i] is not None else f"{'-':>11}" for v in s["engines"].values())
+            print(f"{c:>8} {s['roofline_tokens_per_s'][i]:>9.2f} {vals}")

@@ -98,6 +98,7 @@ class Engine:
         dtype: str | torch.dtype = "auto",
         backend: str = "auto",
         revision: str | None = None,
+        quantize: str | None = None,
     ) -> Engine:
         """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.
 
@@ -107,6 +108,7 @@ class Engine:
             dtype: "auto" (the checkpoint's dtype), "float32", "bfloat16" or "float16".
             backend: "auto" picks the fastest runtime for the device; "eager" forces the reference.
             revision: hub branch, tag or commit.
+            quantize: None, or "int8" / "int4" weight-only quantization (CPU only; `solo.runtime.quant`).
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
@@ -119,6 +121,12 @@ class Engine:
         tokenizer = Tokenizer.from_folder(folder)
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
         weights = load_weights(folder, config, torch_dtype, dev)
+        if quantize is not None:
+            if dev.type != "cpu":
+                raise SoloError("--quantize is implemented for the CPU runtime only; drop it or use --device cpu")
+            from solo.runtime.quant import quantize_model
+
+            weights = quantize_model(weights, quantize)
         runtime = create_runtime(weights, backend, dev)
         name = str(model) if model is not None else folder.name
         return cls(weights, tokenizer, defaults, runtime, folder, name)

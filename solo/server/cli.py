@@ -53,6 +53,7 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError(f"--port must be in [0, 65535], got {args.port}")
     settings = ServerSettings(
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
+        quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
         shutdown_grace_s=args.shutdown_grace,

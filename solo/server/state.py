@@ -32,7 +32,7 @@ class ServerSettings:
 
     Attributes:
         model: model folder, hub id, or None for the bundled model.
-        device, dtype, backend, revision: as for `Engine.load`.
+        device, dtype, backend, revision, quantize: as for `Engine.load`.
         served_model_name: the name clients put in `model` (default: the engine's name).
         api_key: when set, every route but /health needs `Authorization: Bearer <api_key>`.
         max_batch: KV-cache slots (requests decoded together).
@@ -47,6 +47,7 @@ class ServerSettings:
     dtype: str = "auto"
     backend: str = "auto"
     revision: str | None = None
+    quantize: str | None = None
     served_model_name: str | None = None
     api_key: str | None = None
     max_batch: int = 8
@@ -99,7 +100,8 @@ class ServerState:
 
     def _default_loader(self) -> Engine:
         s = self.settings
-        return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision)
+        return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
+                           quantize=s.quantize)
 
     @property
     def status(self) -> str:

@@ -1,0 +1,123 @@
+"""Peers `solo bench --compare` runs on the same shape, weights, prompt and output length as Solo.
+
+Every peer is optional: `load_peers` turns a missing package or a failed build into a `PeerSkipped`
+with a one-line reason, and the benchmark goes on without it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import torch
+
+from solo.model.transformer import Transformer
+
+PEER_NAMES = ("hf", "hf-eager", "hf-compile", "llama.cpp")
+"""Names accepted by `--compare` ("hf" means both transformers variants)."""
+
+
+class PeerSkipped(Exception):
+    """A peer cannot run here; the message says why (printed as "peer skipped: <reason>")."""
+
+
+@dataclass
+class RunResult:
+    """One timed generation.
+
+    Attributes:
+        ttft_s: prompt in to first token chosen, in seconds.
+        decode_s: time of the remaining tokens, in seconds.
+        decode_tokens: tokens generated after the first.
+        host_syncs: host synchronisations counted by the runtime during decode, or None.
+    """
+
+    ttft_s: float
+    decode_s: float
+    decode_tokens: int
+    host_syncs: int | None = None
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Decode speed of this run."""
+        return self.decode_tokens / self.decode_s if self.decode_s > 0 else float("nan")
+
+
+@dataclass
+class PeerSpec:
+    """What a peer is built from.
+
+    Attributes:
+        model: Solo's eager model holding the weights (peers share or convert these tensors).
+        raw_config: the config.json fields of the model (for building a transformers model).
+        dtype: weight dtype.
+        quantize: None, "int8" or "int4" (Solo's setting; peers pick their closest format).
+        device: where to run.
+        threads: CPU threads.
+        max_seq: longest prompt + generation the peer must hold.
+    """
+
+    model: Transformer
+    raw_config: dict[str, Any]
+    dtype: torch.dtype
+    quantize: str | None
+    device: torch.device
+    threads: int
+    max_seq: int
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+class Peer(Protocol):
+    """A peer engine ready to generate.
+
+    Attributes:
+        name: the label in reports ("hf-eager", "llama.cpp").
+        build_info: version, precision and build details, printed with its numbers.
+    """
+
+    name: str
+    build_info: str
+
+    def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
+        """Greedy-generate `gen_len` tokens after `prompt_ids`, timing the first token and the rest."""
+        ...
+
+    def close(self) -> None:
+        """Release the peer's memory and files."""
+        ...
+
+
+def expand_names(names: list[str]) -> list[str]:
+    """`--compare` values to peer names ("hf" -> hf-eager, hf-compile).
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    out: list[str] = []
+    for name in names:
+        name = name.strip()
+        if not name:
+            continue
+        if name not in PEER_NAMES:
+            raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEER_NAMES)}")
+        for peer in (("hf-eager", "hf-compile") if name == "hf" else (name,)):
+            if peer not in out:
+                out.append(peer)
+    return out
+
+
+def load_peer(name: str, spec: PeerSpec) -> Peer:
+    """Build one peer.
+
+    Raises:
+        PeerSkipped: the peer's package is missing or it cannot run this model here.
+    """
+    if name in ("hf-eager", "hf-compile"):
+        from solo.bench.peers.hf import HFPeer
+
+        return HFPeer(spec, compiled=name == "hf-compile")
+    if name == "llama.cpp":
+        from solo.bench.peers.llamacpp import LlamaCppPeer
+
+        return LlamaCppPeer(spec)
+    raise PeerSkipped(f"unknown peer {name!r}")

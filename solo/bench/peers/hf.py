@@ -1,0 +1,133 @@
+"""transformers `generate` as a peer: eager PyTorch, and static cache + torch.compile.
+
+The transformers model is built on the meta device from the same config and then pointed at Solo's own
+weight tensors (shared, not copied), so both engines read the same bytes and the machine needs no second
+copy of the weights. Names are mapped with Solo's one name table (`solo.model.weights.hf_to_solo_name`).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import torch
+
+from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
+from solo.model.weights import hf_to_solo_name
+
+_MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
+                "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2"}
+
+
+class _Clock:
+    """A transformers streamer that timestamps every new token (the first call carries the prompt)."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.times: list[float] = []
+
+    def put(self, value: Any) -> None:  # noqa: ANN401
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        self.times.append(time.perf_counter())
+
+    def end(self) -> None:
+        pass
+
+
+def _hf_config(raw: dict[str, Any], dtype: torch.dtype) -> Any:  # noqa: ANN401
+    from transformers import AutoConfig
+
+    fields = {k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype", "dtype")}
+    arch = (raw.get("architectures") or [""])[0]
+    model_type = raw.get("model_type") or _MODEL_TYPES.get(arch)
+    if model_type is None:
+        raise PeerSkipped(f"no transformers model type for {arch!r}")
+    fields.pop("model_type", None)
+    config = AutoConfig.for_model(model_type, **fields)
+    config.architectures = [arch]
+    return config
+
+
+def _set_tensor(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
+    owner_name, _, attr = name.rpartition(".")
+    owner = module.get_submodule(owner_name)
+    owner._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
+
+
+class HFPeer:
+    """transformers generate on Solo's weights.
+
+    Args:
+        spec: what to build (see `PeerSpec`).
+        compiled: use a static KV cache and torch.compile (mode "reduce-overhead" on CUDA, the default
+            inductor mode on the CPU).
+
+    Raises:
+        PeerSkipped: transformers is missing, or the model cannot be built or compiled.
+    """
+
+    def __init__(self, spec: PeerSpec, compiled: bool) -> None:
+        try:
+            import transformers
+            from transformers import AutoModelForCausalLM, GenerationConfig
+        except ImportError:
+            raise PeerSkipped("transformers is not installed (pip install transformers)") from None
+        self.name = "hf-compile" if compiled else "hf-eager"
+        self.device = spec.device
+        solo_model = spec.model
+        config = _hf_config(spec.raw_config, spec.dtype)
+        try:
+            with torch.device("meta"):
+                model = AutoModelForCausalLM.from_config(config, dtype=spec.dtype, attn_implementation="sdpa")
+        except Exception as exc:  # noqa: BLE001 - any failure means the peer cannot run
+            raise PeerSkipped(f"transformers cannot build this model ({exc})") from None
+        solo_params = dict(solo_model.named_parameters())
+        for name, _ in model.named_parameters(remove_duplicate=False):
+            solo_name = hf_to_solo_name(name, solo_model.config)
+            if solo_name is None and name == "lm_head.weight":
+                solo_name = "embed.weight"
+            if solo_name not in solo_params:
+                raise PeerSkipped(f"no Solo tensor for transformers parameter {name}")
+            _set_tensor(model, name, solo_params[solo_name].detach())
+        for module in model.modules():
+            inv_freq = getattr(module, "inv_freq", None)
+            if isinstance(inv_freq, torch.Tensor) and inv_freq.is_meta:
+                module.__init__(config=model.config)  # rebuild the RoPE buffers for real
+                module.to(spec.device)
+        model.eval().requires_grad_(False)
+        self.model = model
+        self.generation_config = GenerationConfig(
+            do_sample=False, eos_token_id=None, pad_token_id=0, bos_token_id=None,
+        )
+        mode = "eager (sdpa attention, dynamic cache)"
+        if compiled:
+            self.generation_config.cache_implementation = "static"
+            self.generation_config.disable_compile = True  # compiled by hand below, once
+            compile_mode = "reduce-overhead" if spec.device.type == "cuda" else "default"
+            model.forward = torch.compile(model.forward, mode=compile_mode)
+            mode = f"static cache + torch.compile(mode={compile_mode!r})"
+        torch.set_num_threads(spec.threads)
+        self.build_info = f"transformers {transformers.__version__}, torch {torch.__version__}, {mode}, {spec.dtype}"
+
+    @torch.inference_mode()
+    def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
+        """Greedy `generate` of `gen_len` tokens, timed through a streamer."""
+        ids = torch.tensor([prompt_ids], device=self.device)
+        clock = _Clock(self.device)
+        self.generation_config.max_new_tokens = gen_len
+        self.generation_config.min_new_tokens = gen_len
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            self.model.generate(ids, attention_mask=torch.ones_like(ids), generation_config=self.generation_config,
+                                streamer=clock)
+        except Exception as exc:  # noqa: BLE001 - e.g. an inductor failure on first use
+            raise PeerSkipped(f"{self.name} failed: {str(exc).splitlines()[0][:300]}") from None
+        tokens = clock.times[1:]  # times[0] is the prompt
+        return RunResult(ttft_s=tokens[0] - start, decode_s=tokens[-1] - tokens[0], decode_tokens=len(tokens) - 1)
+
+    def close(self) -> None:
+        """Drop the model (Solo's shared tensors stay alive)."""
+        self.model = None

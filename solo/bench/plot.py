@@ -1,0 +1,46 @@
+"""Decode tokens/s against context length for Solo, its peers and the roofline (matplotlib, Agg)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from solo.errors import SoloError
+
+
+def plot_sweep(sweep: dict[str, Any], title: str, path: str | Path) -> None:
+    """Draw the context sweep and save it as an image.
+
+    Args:
+        sweep: {"contexts": [int], "roofline_tokens_per_s": [float], "engines": {name: [tok/s or None]}}.
+        title: the figure title.
+        path: output file (.png, .svg, ...).
+
+    Raises:
+        SoloError: matplotlib is not installed.
+    """
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        raise SoloError("--plot needs matplotlib (pip install solo[plot])") from None
+    contexts = sweep["contexts"]
+    fig, ax = plt.subplots(figsize=(7, 4.5))
+    ax.plot(contexts, sweep["roofline_tokens_per_s"], "k--", label="roofline (measured bandwidth)")
+    for name, values in sweep["engines"].items():
+        points = [(c, v) for c, v in zip(contexts, values, strict=True) if v is not None]
+        if points:
+            xs, ys = zip(*points, strict=True)
+            ax.plot(xs, ys, marker="o", label=name)
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("context (tokens in the KV cache)")
+    ax.set_ylabel("decode tokens/s (batch 1)")
+    ax.set_title(title)
+    ax.set_ylim(bottom=0)
+    ax.grid(True, alpha=0.3)
+    ax.legend()
+    fig.tight_layout()
+    fig.savefig(str(path), dpi=120)
+    plt.close(fig)

@@ -1,0 +1,83 @@
+"""What a benchmark report records besides its numbers: the machine, the versions, summary statistics."""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import statistics
+import sys
+from pathlib import Path
+from typing import Any
+
+import torch
+
+
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (or platform.processor())."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def machine_info(device: torch.device) -> dict[str, Any]:
+    """CPU model, core count, threads used, memory and (on CUDA) the GPU's name."""
+    info: dict[str, Any] = {
+        "cpu": cpu_model(),
+        "cpu_cores": os.cpu_count(),
+        "torch_threads": torch.get_num_threads(),
+        "os": platform.system(),
+    }
+    try:
+        for line in Path("/proc/meminfo").read_text().splitlines():
+            if line.startswith("MemTotal:"):
+                info["memory_gib"] = round(int(line.split()[1]) / 1024**2, 1)
+    except OSError:
+        pass
+    if device.type == "cuda":
+        info["gpu"] = torch.cuda.get_device_name(device)
+        info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 1024**3, 1)
+    return info
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def versions() -> dict[str, str | None]:
+    """Versions of Python and every package a result depends on (None when not installed)."""
+    return {
+        "python": sys.version.split()[0],
+        "torch": torch.__version__,
+        "transformers": _version("transformers"),
+        "solo": _version("solo"),
+        "triton": _version("triton"),
+        "llama-cpp-python": _version("llama-cpp-python"),
+        "gguf": _version("gguf"),
+    }
+
+
+def summarize(values: list[float]) -> dict[str, float]:
+    """Median, min and max of a list of measurements."""
+    return {"median": statistics.median(values), "min": min(values), "max": max(values)}
+
+
+def rss_bytes() -> tuple[int, int]:
+    """(current, peak) resident memory of this process in bytes (0, 0 where /proc is missing)."""
+    current = peak = 0
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmRSS:"):
+                current = int(line.split()[1]) * 1024
+            elif line.startswith("VmHWM:"):
+                peak = int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return current, peak

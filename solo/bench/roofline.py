@@ -1,0 +1,167 @@
+"""The decode roofline: bytes a decode step must read, and the device's measured read bandwidth.
+
+At batch 1 every decoded token reads each weight once (the LM head included, the embedding as one row)
+plus the KV cache up to the current position, so `bandwidth / bytes` bounds tokens per second. The
+bandwidth is measured in the same run: on the CPU a multi-threaded streaming read of a buffer far
+larger than the last-level cache (the STREAM idea, McCalpin 1995, reduced to its read part); on CUDA a
+device-side reduction over a large buffer.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from solo.model.config import ModelConfig
+
+_GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class DecodeBytes:
+    """Bytes read by one decode token.
+
+    Attributes:
+        weights: matrices, biases and norms read once, the LM head included, plus one embedding row.
+        kv_cache: keys and values of every layer up to the context (sliding windows capped).
+    """
+
+    weights: int
+    kv_cache: int
+
+    @property
+    def total(self) -> int:
+        """Weights + kv_cache."""
+        return self.weights + self.kv_cache
+
+
+def matrix_bytes(rows: int, cols: int, elem_bytes: float, quantize: str | None) -> int:
+    """Bytes of one weight matrix [rows, cols] as stored.
+
+    Dense, int8 (+ float32 row scales) or int4 (+ bf16 scales per 32 inputs).
+    """
+    if quantize == "int8":
+        return rows * cols + 4 * rows
+    if quantize == "int4":
+        return rows * cols // 2 + 2 * rows * (cols // 32)
+    return int(rows * cols * elem_bytes)
+
+
+def decode_bytes(config: ModelConfig, elem_bytes: float, context: int, quantize: str | None = None,
+                 kv_elem_bytes: float | None = None) -> DecodeBytes:
+    """Bytes one decode token reads at a given context.
+
+    Args:
+        config: model config.
+        elem_bytes: bytes per weight element of the dense dtype (2 for bf16).
+        context: tokens already in the KV cache (attended over).
+        quantize: None, "int8" or "int4" (matrices only; norms, biases and the embedding row stay dense).
+        kv_elem_bytes: bytes per cache element (default: elem_bytes).
+    """
+    h, f, hd = config.hidden_size, config.intermediate_size, config.head_dim
+    nq, nkv = config.num_heads * hd, config.num_kv_heads * hd
+    kv_elem = elem_bytes if kv_elem_bytes is None else kv_elem_bytes
+    per_layer = (matrix_bytes(nq + 2 * nkv, h, elem_bytes, quantize) + matrix_bytes(h, nq, elem_bytes, quantize)
+                 + matrix_bytes(2 * f, h, elem_bytes, quantize) + matrix_bytes(h, f, elem_bytes, quantize))
+    vectors = 2 * h + (2 * h if config.sandwich_norm else 0) + (2 * hd if config.qk_norm else 0)
+    vectors += (nq + 2 * nkv if config.qkv_bias else 0) + (h if config.o_bias else 0)
+    vectors += (2 * f + h if config.mlp_bias else 0)
+    weights = config.num_layers * (per_layer + int(vectors * elem_bytes))
+    weights += matrix_bytes(config.vocab_size, h, elem_bytes, quantize)  # LM head
+    weights += int(h * elem_bytes) * 2  # one embedding row, final norm
+    kv = 0
+    for window in config.layer_sliding_windows or (None,) * config.num_layers:
+        span = context if window is None else min(context, window)
+        kv += int(2 * nkv * span * kv_elem)
+    return DecodeBytes(weights=weights, kv_cache=kv)
+
+
+@dataclass(frozen=True)
+class BandwidthProbe:
+    """A read-bandwidth measurement.
+
+    Attributes:
+        bandwidth_gbps: best read bandwidth over the passes, in GB/s (1e9 bytes per second).
+        median_gbps: median over the passes.
+        buffer_bytes: size of the buffer read.
+        threads: threads that read (CPU) or 0 (CUDA).
+        method: how it was measured.
+    """
+
+    bandwidth_gbps: float
+    median_gbps: float
+    buffer_bytes: int
+    threads: int
+    method: str
+
+
+def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: int | None = None) -> BandwidthProbe:
+    """Streaming read bandwidth of the CPU's memory with all threads.
+
+    Uses the native kernels' AVX-512 streaming sum when they build, else `torch.sum` (slower, reported
+    in `method`). The buffer (default 2 GiB) must dwarf the last-level cache.
+
+    Args:
+        buffer_bytes: bytes to read per pass.
+        passes: timed passes (one untimed warm-up pass first).
+        threads: reader threads (default: torch.get_num_threads()).
+    """
+    threads = threads or torch.get_num_threads()
+    buf = torch.ones(buffer_bytes // 8, dtype=torch.int64)  # touched, so pages are mapped before timing
+    nbytes = buf.numel() * 8
+    try:
+        from solo.runtime.cpu_build import KernelBuildError, load_library
+
+        lib = load_library()
+
+        def read() -> None:
+            lib.solo_stream_read(buf.data_ptr(), nbytes, 1, threads)
+
+        method = f"native AVX-512 streaming sum, {threads} threads"
+    except KernelBuildError:
+        def read() -> None:
+            buf.sum()
+
+        method = f"torch.sum over int64, {threads} threads"
+    read()
+    rates = []
+    for _ in range(passes):
+        start = time.perf_counter()
+        read()
+        rates.append(nbytes / (time.perf_counter() - start) / 1e9)
+    rates.sort()
+    return BandwidthProbe(rates[-1], rates[len(rates) // 2], nbytes, threads, method)
+
+
+def probe_cuda_bandwidth(device: torch.device, buffer_bytes: int = 4 * _GIB, passes: int = 10) -> BandwidthProbe:
+    """Device-memory read bandwidth: a reduction over a large buffer, timed with CUDA events."""
+    buf = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)
+    nbytes = buf.numel() * 4
+    buf.sum()
+    torch.cuda.synchronize(device)
+    rates = []
+    for _ in range(passes):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        buf.sum()
+        end.record()
+        end.synchronize()
+        rates.append(nbytes / (start.elapsed_time(end) / 1000.0) / 1e9)
+    del buf
+    torch.cuda.empty_cache()
+    rates.sort()
+    return BandwidthProbe(rates[-1], rates[len(rates) // 2], nbytes, 0, "torch.sum reduction (CUDA events)")
+
+
+def probe_bandwidth(device: torch.device, cpu_buffer_bytes: int = 2 * _GIB, passes: int = 5) -> BandwidthProbe:
+    """The read-bandwidth probe for `device` (CPU or CUDA; the CPU buffer size is configurable)."""
+    if device.type == "cuda":
+        return probe_cuda_bandwidth(device, passes=2 * passes)
+    return probe_cpu_bandwidth(cpu_buffer_bytes, passes=passes)
+
+
+def roofline_tokens_per_s(bandwidth_gbps: float, bytes_per_token: int) -> float:
+    """Upper bound on decode tokens/s: bandwidth over bytes read per token."""
+    return bandwidth_gbps * 1e9 / bytes_per_token

@@ -1,0 +1,144 @@
+"""Timed runs of a Solo runtime, and the quality of a quantized runtime against its dense reference."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import torch
+
+from solo.bench.peers import RunResult
+from solo.runtime.base import DecodeRuntime
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+class SoloRunner:
+    """Greedy generation on a runtime, timed like the engine's loop (prefill, then one decode per token).
+
+    Args:
+        runtime: the runtime under test.
+        name: label in reports.
+    """
+
+    def __init__(self, runtime: DecodeRuntime, name: str = "solo") -> None:
+        self.runtime = runtime
+        self.name = name
+        self.build_info = f"backend {runtime.name}"
+
+    @torch.inference_mode()
+    def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
+        """Generate `gen_len` tokens greedily; TTFT covers prefill and choosing the first token."""
+        rt = self.runtime
+        device = rt.device
+        rt.reserve(1, len(prompt_ids) + gen_len + 1)
+        ids = torch.tensor(prompt_ids, dtype=torch.long)
+        row = torch.zeros(1, dtype=torch.long)
+        _sync(device)
+        start = time.perf_counter()
+        token = int(rt.prefill(0, ids).argmax())
+        first = time.perf_counter()
+        syncs_before = getattr(rt, "host_syncs", None)
+        position = len(prompt_ids)
+        for _ in range(gen_len - 1):
+            logits = rt.decode(row, torch.tensor([token]), torch.tensor([position]))
+            token = int(logits[0].argmax())  # the engine's greedy choice syncs once per token too
+            position += 1
+        _sync(device)
+        end = time.perf_counter()
+        syncs = None
+        if syncs_before is not None:
+            syncs = int(rt.host_syncs) - int(syncs_before)
+        return RunResult(ttft_s=first - start, decode_s=end - first, decode_tokens=gen_len - 1, host_syncs=syncs)
+
+    def close(self) -> None:
+        """Nothing to release (the runtime belongs to the caller)."""
+
+
+@dataclass(frozen=True)
+class QuantQuality:
+    """How a quantized runtime's outputs compare with the dense one's.
+
+    Attributes:
+        steps: positions compared.
+        top1_agreement: fraction of positions whose argmax agrees, both runtimes fed the dense
+            runtime's greedy tokens (teacher forcing).
+        greedy_prefix: tokens the two free-running greedy generations share before they first differ.
+        mean_abs_logit_error: mean |logit_quant - logit_dense| over all positions and the vocabulary.
+        max_abs_logit_error: the largest such difference.
+        logit_std: standard deviation of the dense logits (the scale the errors compare with).
+    """
+
+    steps: int
+    top1_agreement: float
+    greedy_prefix: int
+    mean_abs_logit_error: float
+    max_abs_logit_error: float
+    logit_std: float
+
+
+def _greedy(rt: DecodeRuntime, prompt: list[int], steps: int, forced: list[int] | None = None
+            ) -> tuple[list[int], list[torch.Tensor]]:
+    rt.reserve(1, len(prompt) + steps + 1)
+    logits = rt.prefill(0, torch.tensor(prompt, dtype=torch.long)).float().cpu()
+    tokens, all_logits = [], [logits]
+    row = torch.zeros(1, dtype=torch.long)
+    for i in range(steps - 1):
+        token = forced[i] if forced is not None else int(logits.argmax())
+        tokens.append(int(logits.argmax()))
+        logits = rt.decode(row, torch.tensor([token]), torch.tensor([len(prompt) + i]))[0].float().cpu()
+        all_logits.append(logits)
+    tokens.append(int(logits.argmax()))
+    return tokens, all_logits
+
+
+@torch.inference_mode()
+def quant_quality(dense: DecodeRuntime, quant: DecodeRuntime, prompt: list[int], steps: int = 64) -> QuantQuality:
+    """Compare a quantized runtime with the dense runtime over `steps` greedy positions.
+
+    Args:
+        dense: the unquantized (bf16) runtime, the reference.
+        quant: the quantized runtime.
+        prompt: prompt ids.
+        steps: positions to compare (first token included).
+    """
+    ref_tokens, ref_logits = _greedy(dense, prompt, steps)
+    forced_tokens, forced_logits = _greedy(quant, prompt, steps, forced=ref_tokens)
+    free_tokens, _ = _greedy(quant, prompt, steps)
+    agree = sum(int(a == b) for a, b in zip(ref_tokens, forced_tokens, strict=True)) / steps
+    prefix = 0
+    for a, b in zip(ref_tokens, free_tokens, strict=True):
+        if a != b:
+            break
+        prefix += 1
+    diffs = torch.stack([(a - b).abs() for a, b in zip(ref_logits, forced_logits, strict=True)])
+    spread = float(torch.stack(ref_logits).std())
+    return QuantQuality(steps, agree, prefix, float(diffs.mean()), float(diffs.max()), spread)
+
+
+@torch.inference_mode()
+def time_outside_matmuls(runtime: DecodeRuntime, prompt: list[int], steps: int = 64) -> float | None:
+    """Seconds per decode token spent outside the weight-streaming matrix-vector products.
+
+    Runs the same decode steps with the products replaced by zero writes (`skip_matmuls`, which only
+    the CPU runtime has): what remains is the Python call, norms, RoPE, attention over the KV cache,
+    barriers and the LM-head softcap. Returns None for runtimes without that switch.
+    """
+    skip = getattr(runtime, "skip_matmuls", None)
+    if skip is None:
+        return None
+    runtime.reserve(1, len(prompt) + steps + 1)
+    runtime.prefill(0, torch.tensor(prompt, dtype=torch.long))
+    row = torch.zeros(1, dtype=torch.long)
+    skip(True)
+    try:
+        start = time.perf_counter()
+        for i in range(steps):
+            logits = runtime.decode(row, torch.tensor([5]), torch.tensor([len(prompt) + i]))
+            int(logits[0].argmax())
+        return (time.perf_counter() - start) / steps
+    finally:
+        skip(False)

@@ -1,0 +1,96 @@
+"""Real model shapes with random weights, so decode speed can be measured without downloading weights.
+
+Each shape is the `config.json` of a public model reduced to the fields that set its size and
+architecture (dims as published by the model's authors); `build_model` runs it through the normal
+`ModelConfig.from_dict` and builds the eager `Transformer` with random weights of the requested dtype.
+Speed depends only on shapes and dtypes, not on the values, so the numbers hold for the real weights.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from solo.errors import SoloError
+from solo.model.config import ModelConfig
+from solo.model.rope import RotaryEmbedding
+from solo.model.transformer import Transformer
+
+SHAPES: dict[str, dict[str, Any]] = {
+    "SmolLM2-135M": dict(
+        architectures=["LlamaForCausalLM"], hidden_size=576, intermediate_size=1536, num_hidden_layers=30,
+        num_attention_heads=9, num_key_value_heads=3, vocab_size=49152, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, rope_theta=100000.0, max_position_embeddings=8192, torch_dtype="bfloat16",
+    ),
+    "Qwen2.5-0.5B": dict(
+        architectures=["Qwen2ForCausalLM"], hidden_size=896, intermediate_size=4864, num_hidden_layers=24,
+        num_attention_heads=14, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, max_position_embeddings=32768, torch_dtype="bfloat16",
+    ),
+    "Llama-3.2-1B": dict(
+        architectures=["LlamaForCausalLM"], hidden_size=2048, intermediate_size=8192, num_hidden_layers=16,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=64, vocab_size=128256, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072, torch_dtype="bfloat16",
+        rope_scaling=dict(rope_type="llama3", factor=32.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192),
+    ),
+    "Llama-3.1-8B": dict(
+        architectures=["LlamaForCausalLM"], hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, head_dim=128, vocab_size=128256,
+        tie_word_embeddings=False, rms_norm_eps=1e-5, rope_theta=500000.0, max_position_embeddings=131072,
+        torch_dtype="bfloat16",
+        rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+                          original_max_position_embeddings=8192),
+    ),
+    "Laneformer-2B": dict(
+        architectures=["LlamaForCausalLM"], hidden_size=3072, intermediate_size=12288, num_hidden_layers=15,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=96, vocab_size=32000, tie_word_embeddings=False,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=8192, torch_dtype="bfloat16",
+    ),
+}
+"""Shape name -> the fields of its config.json that matter (random weights are built from them)."""
+
+
+def shape_config(name: str) -> ModelConfig:
+    """The `ModelConfig` of a named shape.
+
+    Raises:
+        SoloError: an unknown name (the message lists the known ones).
+    """
+    if name not in SHAPES:
+        raise SoloError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
+    return ModelConfig.from_dict(dict(SHAPES[name]))
+
+
+def shape_raw_config(name: str) -> dict[str, Any]:
+    """The config.json-style dict of a named shape (for building peers such as transformers models)."""
+    shape_config(name)
+    return dict(SHAPES[name])
+
+
+@torch.no_grad()
+def build_model(config: ModelConfig, dtype: torch.dtype, seed: int = 0, std: float = 0.02,
+                device: torch.device | str = "cpu") -> Transformer:
+    """An eager `Transformer` with random weights, built directly on `device`.
+
+    Matrices are N(0, std^2); norm weights are 1 (0 for unit-offset norms), biases N(0, std^2).
+
+    Args:
+        config: model config.
+        dtype: weight dtype.
+        seed: random seed (the same seed gives the same weights).
+        std: standard deviation of the matrices.
+        device: where the weights live.
+    """
+    with torch.device("meta"):
+        model = Transformer(config)
+    model = model.to(dtype).to_empty(device=device)
+    gen = torch.Generator(device=device).manual_seed(seed)
+    for name, param in model.named_parameters():
+        if name.endswith("norm.weight"):
+            param.fill_(0.0 if config.norm_unit_offset and ".q_norm" not in name and ".k_norm" not in name else 1.0)
+        else:
+            param.normal_(0.0, std, generator=gen)
+    model.rotary = RotaryEmbedding(config).to(device)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,423 @@
+"""The CPU runtime: a whole decode step in one native call, prefill in batched PyTorch matmuls.
+
+Why this design (measured on a 2-core Sapphire Rapids, see benchmarks/results/): at batch 1 a decode
+step is a chain of matrix-vector products that must stream every weight from DRAM once. PyTorch's bf16
+`F.linear` at one row reached 1-9 GB/s here against ~25 GB/s of streaming bandwidth, depending on the
+shape, and running the step op by op costs hundreds of Python dispatches per token. So the step runs
+in `cpu_kernels/`: one OpenMP parallel region per token, AVX512-BF16 (or int8 / int4) matrix-vector
+products that split each matrix's rows across the cores and stream them with software prefetch, fused
+q/k/v and gate/up matrices, and the norms, RoPE and attention in between, with no allocation.
+(torch.compile of a static-cache step was the alternative. Inductor's C++ codegen works here with
+the system gcc (the bench's hf-compile peer runs it), but it removes the dispatch cost, not the
+bandwidth gap: transformers with a static cache + torch.compile decoded at 30% / 51% of the roofline
+on the Qwen2.5-0.5B / Llama-3.2-1B shapes, against 75% / 71% for this runtime, and it compiles for
+minutes on two cores.)
+
+Prefill is compute-bound: its matrix products run as batched PyTorch matmuls (oneDNN, AMX where the
+CPU has it) on the same fused weights, with the native kernels doing the norms, RoPE, cache writes and
+activation in between, row-parallel.
+
+Weights keep the eager model's row-major [out, in] layout, which is what a row-split matrix-vector
+product streams: q/k/v and gate/up are concatenated into one buffer each and the eager parameters
+become row views of it, so prefill and decode share one copy.
+
+Supported: every feature of `solo.model` (biases, q/k norms, sandwich norms, soft-capping, sliding
+windows, all RoPE types) with float32 or bfloat16 weights, or int8/int4 weights from
+`solo.runtime.quant`. float16 weights and non-CPU devices are refused by `cpu_unsupported_reason`,
+and `create_runtime` then falls back to the eager runtime.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from solo.errors import SoloError
+from solo.model.layers import _softcapped_attention, attention_mask
+from solo.model.transformer import KVCache, Transformer
+from solo.runtime.cpu_build import KernelBuildError, load_library
+from solo.runtime.quant import QuantLinear, model_quantization
+
+_DT_BF16, _DT_F32 = 0, 1
+_W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
+_ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
+
+
+class _Mat(ctypes.Structure):
+    _fields_ = [("format", ctypes.c_int32), ("rows", ctypes.c_int32), ("cols", ctypes.c_int32),
+                ("group", ctypes.c_int32), ("weight", ctypes.c_void_p), ("scale", ctypes.c_void_p),
+                ("bias", ctypes.c_void_p)]
+
+
+class _Layer(ctypes.Structure):
+    _fields_ = [("qkv", _Mat), ("o", _Mat), ("gate_up", _Mat), ("down", _Mat),
+                ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
+                ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
+                ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("window", ctypes.c_int32)]
+
+
+class _Model(ctypes.Structure):
+    _fields_ = [(name, ctypes.c_int32) for name in (
+        "dtype", "hidden", "heads", "kv_heads", "head_dim", "inter", "vocab", "layers", "max_seq", "cache_rows",
+        "unit_offset", "sandwich", "qk_norm", "act")] + [
+        (name, ctypes.c_float) for name in ("eps", "embed_scale", "attn_scale", "attn_softcap", "final_softcap")
+    ] + [("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", _Mat),
+         ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32)]
+
+
+def native_matrix(layer: nn.Module) -> _Mat:
+    """The kernels' view of one Linear or QuantLinear layer (the caller keeps the layer alive)."""
+    if isinstance(layer, QuantLinear):
+        fmt = _W_INT8 if layer.mode == "int8" else _W_INT4
+        qweight, scale, bias, cols = layer.qweight, layer.scale, layer.bias, layer.in_features
+    else:
+        qweight, scale, bias, cols = layer.weight.detach(), None, layer.bias, layer.in_features
+        fmt = _W_BF16 if qweight.dtype == torch.bfloat16 else _W_F32
+    assert qweight.is_contiguous()
+    return _Mat(fmt, qweight.shape[0], cols, 32, qweight.data_ptr(),
+                scale.data_ptr() if scale is not None else None, bias.data_ptr() if bias is not None else None)
+
+
+def cpu_unsupported_reason(model: Transformer) -> str | None:
+    """Why the CPU runtime cannot run `model`, or None when it can.
+
+    Checks the device, the weight dtype, the head size and that the kernel library builds.
+    """
+    if model.device.type != "cpu":
+        return f"the model is on {model.device}, not the CPU"
+    if model.dtype not in (torch.bfloat16, torch.float32):
+        return f"{model.dtype} weights are not supported by the CPU kernels (bfloat16 and float32 are)"
+    if model.config.head_dim % 2 or model.config.head_dim > 1024:
+        return f"head_dim {model.config.head_dim} is not supported by the CPU kernels (even, <= 1024)"
+    if model.config.hidden_size > 16384 or model.config.intermediate_size > 32768:
+        return (f"hidden size {model.config.hidden_size} / intermediate size {model.config.intermediate_size} "
+                "is not supported by the CPU kernels (<= 16384 / 32768)")
+    try:
+        load_library()
+    except KernelBuildError as exc:
+        return str(exc)
+    return None
+
+
+def _replace_tensor(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
+    if name in module._parameters:
+        module._parameters[name] = nn.Parameter(tensor, requires_grad=False)
+    else:
+        module._buffers[name] = tensor
+
+
+def _adjacent(tensors: list[torch.Tensor]) -> bool:
+    # True when the tensors already sit back to back in one buffer (a previous fusion).
+    for prev, cur in zip(tensors, tensors[1:], strict=False):
+        if not (prev.is_contiguous() and cur.is_contiguous()):
+            return False
+        if cur.untyped_storage().data_ptr() != prev.untyped_storage().data_ptr():
+            return False
+        if cur.data_ptr() != prev.data_ptr() + prev.numel() * prev.element_size():
+            return False
+    return tensors[0].is_contiguous()
+
+
+def _fuse_rows(modules: list[nn.Module], names: tuple[str, ...]) -> list[torch.Tensor | None]:
+    """Concatenate each named tensor of `modules` along rows into one buffer.
+
+    The modules are re-pointed at row views of it (so the eager model keeps working on the same memory).
+    Returns the fused tensors (or their existing fused storage as a view), None for absent ones.
+    """
+    fused: list[torch.Tensor | None] = []
+    for name in names:
+        parts = [getattr(m, name) for m in modules]
+        if any(p is None for p in parts):
+            fused.append(None)
+            continue
+        parts = [p.detach() for p in parts]
+        if len(parts) > 1 and _adjacent(parts):
+            rows = sum(p.shape[0] for p in parts)
+            base = parts[0]
+            whole = torch.as_strided(base, (rows, *base.shape[1:]), base.stride(), base.storage_offset())
+            fused.append(whole)
+            continue
+        whole = torch.cat(parts, dim=0) if len(parts) > 1 else parts[0].contiguous()
+        start = 0
+        for m, p in zip(modules, parts, strict=True):
+            _replace_tensor(m, name, whole[start:start + p.shape[0]])
+            start += p.shape[0]
+        fused.append(whole)
+    return fused
+
+
+class CpuRuntime:
+    """Decode through the native kernels; prefill through batched matmuls plus the kernels (module docstring).
+
+    Args:
+        model: the eager model (bf16 or f32), or one from `solo.runtime.quant.quantize_model`. Its
+            q/k/v and gate/up parameters are re-pointed to views of fused buffers (values unchanged).
+        rows: KV-cache rows (concurrent sequences).
+        max_seq: tokens per row.
+        num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
+
+    Raises:
+        SoloError: the model is not supported (see `cpu_unsupported_reason`).
+    """
+
+    name = "cpu"
+    # Each sequence keeps its own accumulator chain per weight row, so a row's logits do not depend on the
+    # other rows of a batched decode (checked by tests/runtime/test_cpu_runtime.py).
+    batch_invariant = True
+
+    def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
+        reason = cpu_unsupported_reason(model)
+        if reason is not None:
+            raise SoloError(f"the cpu backend cannot run this model: {reason}")
+        self.model = model
+        self.config = model.config
+        self.device = torch.device("cpu")
+        self.quantization = model_quantization(model)
+        self.num_threads = num_threads or torch.get_num_threads()
+        self.rows = 0
+        self.max_seq = 0
+        self.cache: KVCache | None = None
+        self._lib = load_library()
+        self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
+        self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None]] = []
+        self._layers = (_Layer * self.config.num_layers)()
+        self._struct = _Model()
+        self._workspace = torch.empty(0, dtype=torch.uint8)
+        self._cos = self._sin = torch.empty(0)
+        self._build_struct()
+        if max_seq:
+            self.reserve(rows, max_seq)
+
+    # ----------------------------------------------------------------------------------------- setup
+
+    def _mat(self, modules: list[nn.Module]) -> _Mat:
+        first = modules[0]
+        if isinstance(first, QuantLinear):
+            qweight, scale, bias = _fuse_rows(modules, ("qweight", "scale", "bias"))
+            fmt = _W_INT8 if first.mode == "int8" else _W_INT4
+            if fmt == _W_INT4 and self.model.dtype == torch.bfloat16:
+                fmt = _W_INT4_BF16X  # bf16 activations: the faster bf16 dot-product kernel is exact for them
+            cols = first.in_features
+        else:
+            qweight, bias = _fuse_rows(modules, ("weight", "bias"))
+            scale = None
+            fmt = _W_BF16 if qweight.dtype == torch.bfloat16 else _W_F32
+            cols = qweight.shape[1]
+        self._keep += [t for t in (qweight, scale, bias) if t is not None]
+        mat = _Mat(fmt, qweight.shape[0], cols, 32, qweight.data_ptr(),
+                   scale.data_ptr() if scale is not None else None,
+                   bias.data_ptr() if bias is not None else None)
+        # Prefill's matmuls need the dense matrix: the weight itself, or (quantized) None = dequantize.
+        self._prefill_mats.append((mat, None if scale is not None else qweight, bias))
+        return mat
+
+    def _ptr(self, tensor: torch.Tensor | None) -> int | None:
+        if tensor is None:
+            return None
+        tensor = tensor.detach()
+        assert tensor.is_contiguous() and tensor.dtype == self.model.dtype
+        self._keep.append(tensor)
+        return tensor.data_ptr()
+
+    def _build_struct(self) -> None:
+        cfg, model = self.config, self.model
+        for i, layer in enumerate(model.layers):
+            attn, mlp = layer.attn, layer.mlp
+            entry = self._layers[i]
+            entry.qkv = self._mat([attn.q_proj, attn.k_proj, attn.v_proj])
+            entry.o = self._mat([attn.o_proj])
+            entry.gate_up = self._mat([mlp.gate_proj, mlp.up_proj])
+            entry.down = self._mat([mlp.down_proj])
+            entry.attn_norm = self._ptr(layer.attn_norm.weight)
+            entry.mlp_norm = self._ptr(layer.mlp_norm.weight)
+            if cfg.sandwich_norm:
+                entry.attn_out_norm = self._ptr(layer.attn_out_norm.weight)
+                entry.mlp_out_norm = self._ptr(layer.mlp_out_norm.weight)
+            if cfg.qk_norm:
+                entry.q_norm = self._ptr(attn.q_norm.weight)
+                entry.k_norm = self._ptr(attn.k_norm.weight)
+            entry.window = cfg.layer_sliding_windows[i] or 0
+        s = self._struct
+        s.dtype = _DT_BF16 if model.dtype == torch.bfloat16 else _DT_F32
+        s.hidden, s.heads, s.kv_heads, s.head_dim = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        s.inter, s.vocab, s.layers = cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
+        s.unit_offset, s.sandwich, s.qk_norm = int(cfg.norm_unit_offset), int(cfg.sandwich_norm), int(cfg.qk_norm)
+        s.act = _ACTS[cfg.hidden_act]
+        s.eps = cfg.rms_norm_eps
+        s.embed_scale = cfg.embedding_scale or 0.0
+        s.attn_scale = cfg.attn_scale
+        s.attn_softcap = cfg.attn_logit_softcap or 0.0
+        s.final_softcap = cfg.final_logit_softcap or 0.0
+        s.embed = self._ptr(model.embed.weight)
+        s.final_norm = self._ptr(model.norm.weight)
+        if model.lm_head is None:
+            s.head = _Mat(_W_BF16 if model.dtype == torch.bfloat16 else _W_F32, cfg.vocab_size, cfg.hidden_size,
+                          32, s.embed, None, None)
+        else:
+            s.head = self._mat([model.lm_head])
+        s.layer = ctypes.cast(self._layers, ctypes.POINTER(_Layer))
+
+    def reserve(self, rows: int, max_seq: int) -> None:
+        """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
+        if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
+            return
+        self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
+        self.cache = None
+        self.cache = KVCache(self.config, self.rows, self.max_seq, self.model.dtype, self.device)
+        for i in range(self.config.num_layers):
+            self._layers[i].k_cache = self.cache.k[i].data_ptr()
+            self._layers[i].v_cache = self.cache.v[i].data_ptr()
+        self._struct.max_seq, self._struct.cache_rows = self.max_seq, self.rows
+        self._workspace = torch.empty(0, dtype=torch.uint8)
+        if self.config.rope.rope_type != "dynamic":
+            # Static RoPE: one table for every position, rounded to the dtype as eager rounds it.
+            positions = torch.arange(self.max_seq).view(1, -1)
+            cos, sin = self.model.rotary(positions, self.model.dtype)
+            self._cos, self._sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+
+    def weight_nbytes(self) -> int:
+        """Bytes of weights one decode step streams (matrices, biases, norms; the embedding as one row)."""
+        seen, total = set(), 0
+        s = self._struct
+        for t in self._keep:
+            if t.data_ptr() in seen or t.data_ptr() == s.embed:
+                continue
+            seen.add(t.data_ptr())
+            total += t.numel() * t.element_size()
+        row = self.config.hidden_size * self.model.embed.weight.element_size()
+        if self.model.lm_head is None:
+            total += self.model.embed.weight.numel() * self.model.embed.weight.element_size()
+        return total + row
+
+    def skip_matmuls(self, skip: bool) -> None:
+        """Measurement only: matrix-vector products write zeros without reading their weights.
+
+        Timing `decode` then gives the step's cost outside weight streaming (the logits are meaningless).
+        """
+        self._struct.skip_matmuls = int(skip)
+
+    # ------------------------------------------------------------------------------------------ steps
+
+    @torch.inference_mode()
+    def prefill(self, row: int, token_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
+        """Prompt -> float32 [vocab] logits of its last position (see `DecodeRuntime.prefill`).
+
+        Matrix products run as batched PyTorch matmuls on the fused weights (dequantized layer by layer
+        for int8/int4); norms, RoPE, the cache writes and the activation run in the native kernels,
+        row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
+        attention for Gemma 2).
+
+        Raises:
+            SoloError: the row or the positions fall outside the reserved cache.
+        """
+        ids = token_ids.to(self.device, torch.long).view(-1)
+        seq = ids.numel()
+        if not 0 <= row < self.rows or start_pos + seq > self.max_seq or seq == 0:
+            raise SoloError(f"prefill of row {row}, positions {start_pos}..{start_pos + seq - 1} is "
+                            f"outside the reserved cache ({self.rows} rows x {self.max_seq} tokens)")
+        cfg, model, lib, nt = self.config, self.model, self._lib, self.num_threads
+        dtype, struct = model.dtype, ctypes.byref(self._struct)
+        positions = torch.arange(start_pos, start_pos + seq).view(1, -1)
+        cos, sin = model.rotary(positions, dtype)
+        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        x = model.embed_tokens(ids.view(1, -1))[0].float().contiguous()  # residual stream [seq, hidden]
+        normed = torch.empty(seq, cfg.hidden_size, dtype=dtype)
+        lib.solo_prefill_norm(struct, x.data_ptr(), seq, self._layers[0].attn_norm, normed.data_ptr(), nt)
+        q = torch.empty(cfg.num_heads, seq, cfg.head_dim, dtype=dtype)
+        kv_len = start_pos + seq
+        masks: dict[int | None, torch.Tensor | None] = {}  # one mask per distinct window, shared by layers
+        for i, layer in enumerate(model.layers):
+            entry = self._layers[i]
+            qkv = self._linear(4 * i, normed)
+            lib.solo_prefill_qkv(struct, i, qkv.data_ptr(), seq, start_pos, row, cos.data_ptr(), sin.data_ptr(),
+                                 q.data_ptr(), nt)
+            keys = self.cache.k[i][row:row + 1, :, :kv_len]
+            values = self.cache.v[i][row:row + 1, :, :kv_len]
+            window = cfg.layer_sliding_windows[i]
+            if window is not None and window >= kv_len:
+                window = None  # the window reaches back past the first token: plain causal
+            if window not in masks:
+                causal = start_pos == 0 and window is None and cfg.attn_logit_softcap is None
+                masks[window] = None if causal else attention_mask(positions, kv_len, window)
+            mask = masks[window]
+            if cfg.attn_logit_softcap is None:
+                # A whole prompt without a window is exactly SDPA's causal case: no mask to build or read.
+                out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask, is_causal=mask is None,
+                                                     scale=cfg.attn_scale, enable_gqa=cfg.num_kv_groups > 1)
+            else:
+                out = _softcapped_attention(q[None], keys, values, mask, cfg.attn_scale, cfg.attn_logit_softcap)
+            attn = out[0].transpose(0, 1).reshape(seq, cfg.num_heads * cfg.head_dim)
+            proj = self._linear(4 * i + 1, attn)
+            lib.solo_prefill_residual(struct, x.data_ptr(), proj.data_ptr(), seq, entry.attn_out_norm,
+                                      entry.mlp_norm, normed.data_ptr(), nt)
+            gate_up = self._linear(4 * i + 2, normed)
+            mid = torch.empty(seq, cfg.intermediate_size, dtype=dtype)
+            lib.solo_prefill_act(struct, gate_up.data_ptr(), seq, mid.data_ptr(), nt)
+            proj = self._linear(4 * i + 3, mid)
+            last = i + 1 == cfg.num_layers
+            next_norm = self._struct.final_norm if last else self._layers[i + 1].attn_norm
+            lib.solo_prefill_residual(struct, x.data_ptr(), proj.data_ptr(), seq, entry.mlp_out_norm, next_norm,
+                                      normed.data_ptr(), nt)
+            del layer
+        # LM head on the last position only, through the decode kernel (no dense copy of a quantized head).
+        last_row = normed[-1:].float().contiguous()
+        logits = torch.empty(1, cfg.vocab_size)
+        workspace = torch.empty(cfg.hidden_size * 4 + 64, dtype=torch.uint8)
+        lib.solo_gemv(ctypes.byref(self._struct.head), last_row.data_ptr(), 1, logits.data_ptr(),
+                      workspace.data_ptr(), nt)
+        logits = logits.to(dtype)  # eager's linear returns the weights' dtype
+        cap = cfg.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits[0].float()
+
+    def _linear(self, index: int, x: torch.Tensor) -> torch.Tensor:
+        """Prefill matmul x [seq, in] @ W^T (+ bias) with fused matrix number `index`."""
+        mat, weight, bias = self._prefill_mats[index]
+        if weight is None:  # quantized: a dense copy for this layer only
+            weight = torch.empty(mat.rows, mat.cols, dtype=self.model.dtype)
+            self._lib.solo_dequantize(ctypes.byref(mat), weight.data_ptr(), int(self.model.dtype == torch.bfloat16),
+                                      self.num_threads)
+        return F.linear(x, weight, bias)
+
+    def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        if self.config.rope.rope_type != "dynamic":
+            return self._cos[positions].contiguous(), self._sin[positions].contiguous()
+        cos, sin = self.model.rotary(positions.view(-1, 1), self.model.dtype)
+        return cos[:, 0].float().contiguous(), sin[:, 0].float().contiguous()
+
+    @torch.inference_mode()
+    def decode(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """One step for a batch -> float32 [batch, vocab] (see `DecodeRuntime.decode`).
+
+        Raises:
+            SoloError: a row, position or token id out of range (checked, since the kernels do not).
+        """
+        rows = rows.to(device="cpu", dtype=torch.long).contiguous()
+        ids = token_ids.to(device="cpu", dtype=torch.long).contiguous()
+        positions = positions.to(device="cpu", dtype=torch.long).contiguous()
+        batch = rows.numel()
+        if self.cache is None:
+            raise SoloError("decode before reserve(): the KV cache is not allocated")
+        if ids.numel() != batch or positions.numel() != batch:
+            raise SoloError(f"decode got {batch} rows, {ids.numel()} tokens and {positions.numel()} positions")
+        lo = torch.stack((rows.min(), positions.min(), ids.min()))
+        hi = torch.stack((rows.max(), positions.max(), ids.max()))
+        if bool((lo < 0).any()) or int(hi[0]) >= self.rows or int(hi[1]) >= self.max_seq or \
+                int(hi[2]) >= self.config.vocab_size:
+            raise SoloError(f"decode rows/positions/token ids out of range ({self.rows} rows x {self.max_seq} "
+                            f"tokens, vocab {self.config.vocab_size})")
+        cos, sin = self._rope(positions)
+        need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, self.num_threads)
+        if self._workspace.numel() < need:
+            self._workspace = torch.empty(need, dtype=torch.uint8)
+        logits = torch.empty(batch, self.config.vocab_size, dtype=torch.float32)
+        self._lib.solo_decode(
+            ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
+            cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(), self.num_threads,
+        )
+        return logits

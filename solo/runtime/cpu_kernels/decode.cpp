@@ -1,0 +1,396 @@
+// Solo's CPU decode step: the whole transformer step for a batch of single tokens in one call.
+//
+// Built at first use by solo/runtime/cpu_build.py (c++ -O3 -march=native -fopenmp) and called through
+// ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
+//
+// Layout: one OpenMP parallel region per step. Matrix-vector products split the weight rows across
+// threads (each thread streams a contiguous block of row-major rows); attention splits (sequence, head)
+// pairs; the small elementwise work between them (norms, RoPE, residuals) is repeated by every thread
+// on its own copy, so only six barriers per layer remain. Numerics mirror the eager reference (solo/model/layers.py): wherever eager PyTorch rounds an
+// activation to the weights' dtype, this code rounds too (round-to-nearest-even to bf16), so greedy
+// tokens match; accumulation is float32.
+//
+// Weight formats: bf16 (AVX512-BF16 dot products), f32, int8 with one float32 scale per output row, and
+// int4 with one bf16 scale per group of 32 inputs (symmetric, value = (nibble - 8) * scale).
+// Without AVX-512 everything falls back to plain loops.
+
+//
+// This file holds the library's exported functions (extern "C", called through ctypes from cpu.py,
+// quant.py and the bench): the decode step, the prefill helpers, dequantization and the bandwidth
+// probe. common.h, gemv.h and elementwise.h hold the pieces.
+#include "common.h"
+#include "elementwise.h"
+#include "gemv.h"
+
+// ------------------------------------------------------------------------------------- the step
+
+static inline int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
+
+// A barrier that spins (with PAUSE) and yields the core now and then, but never sleeps: a decode step
+// crosses ~6 barriers per layer, and a futex sleep/wake on each (what an OpenMP barrier falls back to)
+// costs a scheduler tick whenever another process shares the cores.
+typedef struct {
+  std::atomic<int> arrived;
+  std::atomic<int> generation;
+} SpinBarrier;
+
+static void barrier_wait(SpinBarrier* b, int nt) {
+  if (nt == 1) return;
+#if SOLO_OMP_BARRIER
+  (void)b;
+#pragma omp barrier
+  return;
+#endif
+  const int gen = b->generation.load(std::memory_order_acquire);
+  if (b->arrived.fetch_add(1, std::memory_order_acq_rel) == nt - 1) {
+    b->arrived.store(0, std::memory_order_relaxed);
+    b->generation.fetch_add(1, std::memory_order_acq_rel);
+    return;
+  }
+  int spins = 0;
+  while (b->generation.load(std::memory_order_acquire) == gen) {
+#if defined(__AVX512F__)
+    _mm_pause();
+#endif
+    if (++spins == 2048) {
+      sched_yield();
+      spins = 0;
+    }
+  }
+}
+
+// Per-thread scratch floats: residual, normed / scratch, post-processed q/k/v, matrix-vector input,
+// attention scores of one head.
+static size_t private_floats(const Model* m, int batch) {
+  const size_t h = m->hidden, nq = (size_t)m->heads * m->head_dim, nkv = (size_t)m->kv_heads * m->head_dim;
+  const size_t kmax = (size_t)max3(m->hidden, (int)nq, m->inter);
+  return ((2 * h + kmax + nq + 2 * nkv) * batch + (size_t)m->max_seq + 16) & ~(size_t)15;
+}
+
+// Bytes of workspace `solo_decode` needs for `batch` sequences and `nthreads` threads.
+extern "C" size_t solo_workspace_bytes(const Model* m, int batch, int nthreads) {
+  const size_t h = m->hidden, nq = (size_t)m->heads * m->head_dim, nkv = (size_t)m->kv_heads * m->head_dim;
+  const size_t f = m->inter;
+  size_t floats = 0;
+  floats += batch * (nq + 2 * nkv);                 // q, k, v (matrix-vector output)
+  floats += batch * h;                              // o / down projection output
+  floats += batch * 2 * f;                          // gate, up
+  floats += batch * nq;                             // attention output
+  floats += 2 * batch * (size_t)max3(m->hidden, (int)nq, m->inter);  // o / down inputs (shared)
+  floats += (size_t)nthreads * private_floats(m, batch);
+  return floats * sizeof(float) + 256;
+}
+
+// Bias + round the shared projection output `src` [B, h] into this thread's `dst`, apply the sandwich
+// norm if any, add it to the residual `x`, and normalize the result into `normed` with `next_norm`.
+static void residual_block(const Model* m, const Mat* W, const float* src, float* dst, float* x, float* normed,
+                           const void* out_norm, const void* next_norm, int B) {
+  const int h = m->hidden, bf = m->dtype == DT_BF16;
+  memcpy(dst, src, (size_t)B * h * sizeof(float));
+  finish_linear(W, dst, B, h, bf);
+  for (int b = 0; b < B; b++) {
+    float* tb = dst + (size_t)b * h;
+    float* xb = x + (size_t)b * h;
+    if (m->sandwich) rms_norm(tb, tb, h, out_norm, m->eps, m->unit_offset, bf);
+    residual_add(xb, tb, h, bf);
+    rms_norm(xb, normed + (size_t)b * h, h, next_norm, m->eps, m->unit_offset, bf);
+  }
+}
+
+// One decode step for `batch` sequences (see CpuRuntime.decode in cpu.py).
+//   tokens, positions, rows: int64 [batch]; cos, sin: float32 [batch, head_dim] (dtype-rounded values);
+//   logits: float32 [batch, vocab] out; workspace: solo_workspace_bytes(m, batch, nthreads) bytes.
+// Synchronization: the small per-token work (norms, residuals, q/k/v post-processing) is done by every
+// thread on its own copy, so the only barriers are where a matrix product's output or the attention
+// output must be complete: six per layer.
+extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                            const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
+                            int nthreads) {
+  const int B = batch, h = m->hidden, hd = m->head_dim, bf = m->dtype == DT_BF16;
+  const int nq = m->heads * hd, nkv = m->kv_heads * hd, nqkv = nq + 2 * nkv, f = m->inter;
+  const int kmax = max3(h, nq, f);
+  float* qkv = (float*)workspace;
+  float* proj = qkv + (size_t)B * nqkv;
+  float* gu = proj + (size_t)B * h;
+  float* att = gu + (size_t)B * 2 * f;
+  void* o_in = att + (size_t)B * nq;
+  void* down_in = (float*)o_in + (size_t)B * kmax;
+  float* private_base = (float*)down_in + (size_t)B * kmax;
+  SpinBarrier bar;
+  bar.arrived.store(0);
+  bar.generation.store(0);
+
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    const int skip = m->skip_matmuls;
+    float* x = private_base + (size_t)tid * private_floats(m, B);  // residual stream [B, h]
+    float* t = x + (size_t)B * h;                                    // scratch / normed [B, h]
+    float* lq = t + (size_t)B * h;                                   // post-processed q, k, v [B, nqkv]
+    void* xin = lq + (size_t)B * nqkv;                               // matrix-vector input [B, kmax]
+    float* scores = (float*)xin + (size_t)B * kmax;                  // attention scores [max_seq]
+    for (int b = 0; b < B; b++) {
+      for (int i = 0; i < h; i++) {
+        float v = load_act(m->embed, (size_t)tokens[b] * h + i, bf);
+        if (m->embed_scale != 0.f) v = rnd(v * rnd(m->embed_scale, bf), bf);
+        x[(size_t)b * h + i] = v;
+      }
+      rms_norm(x + (size_t)b * h, t + (size_t)b * h, h, m->layer[0].attn_norm, m->eps, m->unit_offset, bf);
+    }
+    prepare_input(&m->layer[0].qkv, t, B, xin);
+    for (int l = 0; l < m->layers; l++) {
+      const Layer* L = &m->layer[l];
+      // --- q, k, v projections, then bias, q/k norms and RoPE on this thread's own copy
+      gemv(&L->qkv, xin, B, qkv, nqkv, tid, nt, skip);
+      barrier_wait(&bar, nt);
+      memcpy(lq, qkv, (size_t)B * nqkv * sizeof(float));
+      finish_linear(&L->qkv, lq, B, nqkv, bf);
+      for (int b = 0; b < B; b++) {
+        float* qb = lq + (size_t)b * nqkv;
+        for (int hh = 0; hh < m->heads + m->kv_heads; hh++) {
+          float* v = qb + (size_t)hh * hd;
+          if (m->qk_norm) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
+          rope(v, cos + (size_t)b * hd, sin + (size_t)b * hd, hd, bf);
+        }
+        if (tid == 0) {
+          // The cache slot is read by attention only in later steps (this step's keys and values come
+          // from each thread's copy), so one writer and no barrier.
+          const size_t pos = (size_t)positions[b];
+          for (int kh = 0; kh < m->kv_heads; kh++) {
+            const size_t off = (((size_t)rows[b] * m->kv_heads + kh) * m->max_seq + pos) * hd;
+            for (int i = 0; i < hd; i++) {
+              store_act(L->k_cache, off + i, qb[nq + kh * hd + i], bf);
+              store_act(L->v_cache, off + i, qb[nq + nkv + kh * hd + i], bf);
+            }
+          }
+        }
+      }
+      // --- attention: (sequence, head) pairs split across threads
+      {
+        const int items = B * m->heads;
+        const int i0 = (int)((long)items * tid / nt), i1 = (int)((long)items * (tid + 1) / nt);
+        for (int it = i0; it < i1; it++) {
+          const int b = it / m->heads, hh = it % m->heads, kvh = hh / (m->heads / m->kv_heads);
+          const float* qb = lq + (size_t)b * nqkv;
+          attend(m, L, qb + (size_t)hh * hd, qb + nq + (size_t)kvh * hd, qb + nq + nkv + (size_t)kvh * hd,
+                 (int)rows[b], (int)positions[b], kvh, scores,
+                 att + (size_t)b * nq + (size_t)hh * hd);
+          prepare_input_cols(&L->o, att + (size_t)b * nq, 1, (char*)o_in + (size_t)b * nq * input_elem_bytes(&L->o),
+                             hh * hd, (hh + 1) * hd);
+        }
+      }
+      barrier_wait(&bar, nt);
+      // --- output projection and residual
+      gemv(&L->o, o_in, B, proj, h, tid, nt, skip);
+      barrier_wait(&bar, nt);
+      residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
+      prepare_input(&L->gate_up, t, B, xin);
+      // --- MLP: gate and up together, the activation split across threads, then down
+      gemv(&L->gate_up, xin, B, gu, 2 * f, tid, nt, skip);
+      barrier_wait(&bar, nt);
+      {
+        int i0, i1;
+        row_range(f, tid, nt, &i0, &i1);
+        if (i0 < i1) {
+          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, i0, i1);
+          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, f + i0, f + i1);
+          for (int b = 0; b < B; b++) {
+            float* g = gu + (size_t)b * 2 * f;
+            act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
+            prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * input_elem_bytes(&L->down), i0, i1);
+          }
+        }
+      }
+      barrier_wait(&bar, nt);
+      gemv(&L->down, down_in, B, proj, h, tid, nt, skip);
+      barrier_wait(&bar, nt);
+      const bool last = l + 1 == m->layers;
+      residual_block(m, &L->down, proj, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
+                     B);
+      prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, B, xin);
+    }
+    // --- LM head; each thread finishes the logits it computed (same row split as gemv)
+    gemv(&m->head, xin, B, logits, m->vocab, tid, nt, skip);
+    int n0, n1;
+    row_range(m->vocab, tid, nt, &n0, &n1);
+    if (n0 < n1) {
+      finish_linear_rows(&m->head, logits, B, m->vocab, bf, n0, n1);
+      const float cap = m->final_softcap;
+      if (cap > 0.f) {
+        for (int b = 0; b < B; b++)
+          for (int n = n0; n < n1; n++) {
+            float* v = logits + (size_t)b * m->vocab + n;
+            *v = rnd(rnd(tanhf(rnd(*v / cap, bf)), bf) * cap, bf);
+          }
+      }
+    }
+  }
+}
+
+// ------------------------------------------------------------------------------ prefill pieces
+// Prefill runs its matrix products as batched PyTorch matmuls (oneDNN, AMX where present); these
+// functions do everything between them for S tokens at once, row-parallel, with the decode step's
+// rounding (so the cache they fill matches what decode would have written).
+
+static void store_row(void* out, size_t off, const float* v, int n, int bf) {
+  for (int i = 0; i < n; i++) store_act(out, off + i, v[i], bf);
+}
+
+// normed[s] = rms_norm(x[s]) for S rows of x (float32 [S, h]); normed in the activation dtype.
+extern "C" void solo_prefill_norm(const Model* m, const float* x, int S, const void* w, void* normed, int nthreads) {
+  const int h = m->hidden, bf = m->dtype == DT_BF16;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int s = 0; s < S; s++) {
+    float tmp[16384];
+    float* t = h <= 16384 ? tmp : nullptr;
+    if (!t) continue;
+    rms_norm(x + (size_t)s * h, t, h, w, m->eps, m->unit_offset, bf);
+    store_row(normed, (size_t)s * h, t, h, bf);
+  }
+}
+
+// q/k norms and RoPE on qkv (activation dtype [S, nq + 2 nkv], biases already added), keys and values
+// written to cache row `row` at positions start..start+S-1, queries to q_out [heads, S, head_dim].
+extern "C" void solo_prefill_qkv(const Model* m, int layer, const void* qkv, int S, int start, int row,
+                                 const float* cos, const float* sin, void* q_out, int nthreads) {
+  const Layer* L = &m->layer[layer];
+  const int hd = m->head_dim, bf = m->dtype == DT_BF16;
+  const int nq = m->heads * hd, nkv = m->kv_heads * hd, nqkv = nq + 2 * nkv;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int s = 0; s < S; s++) {
+    float v[1024];
+    const size_t pos = (size_t)start + s;
+    for (int hh = 0; hh < m->heads + 2 * m->kv_heads; hh++) {
+      for (int i = 0; i < hd; i++) v[i] = load_act(qkv, (size_t)s * nqkv + (size_t)hh * hd + i, bf);
+      if (hh < m->heads + m->kv_heads) {
+        if (m->qk_norm) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
+        rope(v, cos + (size_t)s * hd, sin + (size_t)s * hd, hd, bf);
+      }
+      if (hh < m->heads) {
+        store_row(q_out, ((size_t)hh * S + s) * hd, v, hd, bf);
+      } else {
+        const int kh = hh < m->heads + m->kv_heads ? hh - m->heads : hh - m->heads - m->kv_heads;
+        void* cache = hh < m->heads + m->kv_heads ? L->k_cache : L->v_cache;
+        store_row(cache, (((size_t)row * m->kv_heads + kh) * m->max_seq + pos) * hd, v, hd, bf);
+      }
+    }
+  }
+}
+
+// x[s] += (sandwich-normed) proj[s] (activation dtype [S, h], biases already added), then
+// normed[s] = rms_norm(x[s]) with next_norm; x float32 [S, h].
+extern "C" void solo_prefill_residual(const Model* m, float* x, const void* proj, int S, const void* out_norm,
+                                      const void* next_norm, void* normed, int nthreads) {
+  const int h = m->hidden, bf = m->dtype == DT_BF16;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int s = 0; s < S; s++) {
+    float tmp[16384];
+    if (h > 16384) continue;
+    for (int i = 0; i < h; i++) tmp[i] = load_act(proj, (size_t)s * h + i, bf);
+    if (m->sandwich) rms_norm(tmp, tmp, h, out_norm, m->eps, m->unit_offset, bf);
+    float* xs = x + (size_t)s * h;
+    residual_add(xs, tmp, h, bf);
+    rms_norm(xs, tmp, h, next_norm, m->eps, m->unit_offset, bf);
+    store_row(normed, (size_t)s * h, tmp, h, bf);
+  }
+}
+
+// out[s] = act(gate[s]) * up[s] from gu (activation dtype [S, 2f]: gate then up); out [S, f].
+extern "C" void solo_prefill_act(const Model* m, const void* gu, int S, void* out, int nthreads) {
+  const int f = m->inter, bf = m->dtype == DT_BF16;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int s = 0; s < S; s++) {
+    for (int i0 = 0; i0 < f; i0 += 1024) {
+      const int n = f - i0 < 1024 ? f - i0 : 1024;
+      float g[1024], u[1024];
+      for (int i = 0; i < n; i++) {
+        g[i] = load_act(gu, (size_t)s * 2 * f + i0 + i, bf);
+        u[i] = load_act(gu, (size_t)s * 2 * f + f + i0 + i, bf);
+      }
+      act_mul(g, u, g, 0, n, m->act, bf);
+      store_row(out, (size_t)s * f + i0, g, n, bf);
+    }
+  }
+}
+
+// One matrix-vector product over all threads (tests and the kernel benchmark): y [B, rows] = x [B, cols] W^T.
+extern "C" void solo_gemv(const Mat* W, const float* x, int batch, float* y, void* workspace, int nthreads) {
+#pragma omp parallel num_threads(nthreads)
+  {
+#pragma omp single
+    prepare_input(W, x, batch, workspace);
+    gemv(W, workspace, batch, y, W->rows, omp_get_thread_num(), omp_get_num_threads());
+  }
+}
+
+// Dequantize an int8/int4 matrix into a dense [rows, cols] bf16 (out_bf16 = 1) or float32 matrix, with
+// the same rounding as the PyTorch reference (solo/runtime/quant.py: dequantize). Used by prefill.
+extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthreads) {
+  const int K = W->cols;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int n = 0; n < W->rows; n++) {
+    float row[32];
+    for (int k0 = 0; k0 < K; k0 += 32) {
+      const int len = K - k0 < 32 ? K - k0 : 32;
+      if (W->format == W_INT8) {
+        const int8_t* q = (const int8_t*)W->weight + (size_t)n * K + k0;
+        const float sc = ((const float*)W->scale)[n];
+        for (int i = 0; i < len; i++) row[i] = (float)q[i] * sc;
+      } else {  // int4 (either flavour): one group of 32 = 16 bytes
+        const uint8_t* q = (const uint8_t*)W->weight + (size_t)n * (K / 2) + k0 / 2;
+        const float sc = bf16_to_f32(((const uint16_t*)W->scale)[(size_t)n * (K / 32) + k0 / 32]);
+        for (int i = 0; i < 16; i++) {
+          row[i] = (float)((int)(q[i] & 0xF) - 8) * sc;
+          row[i + 16] = (float)((int)(q[i] >> 4) - 8) * sc;
+        }
+      }
+      if (out_bf16) {
+        uint16_t* o = (uint16_t*)out + (size_t)n * K + k0;
+        for (int i = 0; i < len; i++) o[i] = f32_to_bf16(row[i]);
+      } else {
+        memcpy((float*)out + (size_t)n * K + k0, row, (size_t)len * sizeof(float));
+      }
+    }
+  }
+}
+
+// Streaming-read bandwidth probe: every thread sums its contiguous share of `buf` (`nbytes` bytes,
+// a multiple of 64) `passes` times; returns the sum so the reads cannot be optimized away.
+extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, int nthreads) {
+  double total = 0.0;
+#pragma omp parallel num_threads(nthreads) reduction(+ : total)
+  {
+    const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
+    const size_t lines = nbytes / 64;
+    const size_t a = lines * tid / nt, b = lines * (tid + 1) / nt;
+    for (int p = 0; p < passes; p++) {
+#if defined(__AVX512F__)
+      __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
+      const __m512i* v = (const __m512i*)buf;
+      size_t i = a;
+      for (; i + 2 <= b; i += 2) {
+        acc0 = _mm512_add_epi64(acc0, _mm512_load_si512(v + i));
+        acc1 = _mm512_add_epi64(acc1, _mm512_load_si512(v + i + 1));
+      }
+      for (; i < b; i++) acc0 = _mm512_add_epi64(acc0, _mm512_load_si512(v + i));
+      total += (double)_mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1));
+#else
+      const uint64_t* v = (const uint64_t*)buf;
+      uint64_t s = 0;
+      for (size_t i = a * 8; i < b * 8; i++) s += v[i];
+      total += (double)s;
+#endif
+    }
+  }
+  return total;
+}
+
+extern "C" int solo_has_avx512_bf16(void) {
+#if defined(__AVX512BF16__)
+  return 1;
+#else
+  return 0;
+#endif
+}
+
+

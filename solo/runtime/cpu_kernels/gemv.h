@@ -1,0 +1,350 @@
+// Matrix-vector products (and products with a few vectors) over row-major weights, split by rows.
+#pragma once
+#include "common.h"
+
+// -------------------------------------------------------------------- matrix-vector products (GEMV)
+// y[b, n] = sum_k W[n, k] * x[b, k] for rows n in [n0, n1). x is bf16 for bf16 weights, else float32.
+
+#if defined(__AVX512BF16__)
+// One sequence: rows one after another, so each thread reads its block of the matrix as a single linear
+// stream (several short row streams at once defeat the hardware prefetcher; measured 2-3x slower).
+// Four accumulators over k hide the dot-product latency.
+static void gemv_bf16_b1(const uint16_t* W, int K, const uint16_t* x, float* y, int n0, int n1) {
+  const int k4 = K & ~127, kmain = K & ~31;
+  const int rem = K - kmain;
+  const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
+  for (int n = n0; n < n1; n++) {
+    const uint16_t* w = W + (size_t)n * K;
+    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
+           a3 = _mm512_setzero_ps();
+    int k = 0;
+    for (; k < k4; k += 128) {
+      PREFETCH(w + k);
+      PREFETCH(w + k + 32);
+      PREFETCH(w + k + 64);
+      PREFETCH(w + k + 96);
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
+      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
+      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
+    }
+    for (; k < kmain; k += 32)
+      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
+    if (rem)
+      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain),
+                            (__m512bh)_mm512_maskz_loadu_epi16(tail, x + kmain));
+    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
+  }
+}
+
+// BT sequences at once: each weight vector is loaded once and multiplied with every sequence's input.
+template <int BT>
+static void gemv_bf16_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                         int n1) {
+  const int kmain = K & ~31;
+  const int rem = K - kmain;
+  const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
+  for (int n = n0; n < n1; n++) {
+    const uint16_t* w = W + (size_t)n * K;
+    __m512 acc[BT];
+    for (int j = 0; j < BT; j++) acc[j] = _mm512_setzero_ps();
+    for (int k = 0; k < kmain; k += 32) {
+      PREFETCH(w + k);
+      __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
+      for (int j = 0; j < BT; j++)
+        acc[j] = _mm512_dpbf16_ps(acc[j], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
+    }
+    if (rem) {
+      __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain);
+      for (int j = 0; j < BT; j++)
+        acc[j] = _mm512_dpbf16_ps(acc[j], wv,
+                                  (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
+    }
+    for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
+#endif
+
+#if defined(__AVX512F__)
+template <int BT>
+static void gemv_f32_bt(const float* W, int K, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
+  const int kmain = K & ~15;
+  for (int n = n0; n < n1; n++) {
+    const float* w = W + (size_t)n * K;
+    __m512 acc[BT];
+    for (int j = 0; j < BT; j++) acc[j] = _mm512_setzero_ps();
+    for (int k = 0; k < kmain; k += 16) {
+      PREFETCH(w + k);
+      __m512 wv = _mm512_loadu_ps(w + k);
+      for (int j = 0; j < BT; j++) acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)j * ldx + k), acc[j]);
+    }
+    for (int j = 0; j < BT; j++) {
+      float s = _mm512_reduce_add_ps(acc[j]);
+      for (int k = kmain; k < K; k++) s += w[k] * x[(size_t)j * ldx + k];
+      y[(size_t)j * ldy + n] = s;
+    }
+  }
+}
+
+// bf16 weights without AVX512-BF16: widen to float32 and use FMA.
+template <int BT>
+static void gemv_bf16w_f32_bt(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int n0,
+                              int n1) {
+  const int kmain = K & ~15;
+  for (int n = n0; n < n1; n++) {
+    const uint16_t* w = W + (size_t)n * K;
+    __m512 acc[BT];
+    for (int j = 0; j < BT; j++) acc[j] = _mm512_setzero_ps();
+    for (int k = 0; k < kmain; k += 16) {
+      PREFETCH(w + k);
+      __m512 wv = load_bf16x16(w + k);
+      for (int j = 0; j < BT; j++) acc[j] = _mm512_fmadd_ps(wv, _mm512_loadu_ps(x + (size_t)j * ldx + k), acc[j]);
+    }
+    for (int j = 0; j < BT; j++) {
+      float s = _mm512_reduce_add_ps(acc[j]);
+      for (int k = kmain; k < K; k++) s += bf16_to_f32(w[k]) * x[(size_t)j * ldx + k];
+      y[(size_t)j * ldy + n] = s;
+    }
+  }
+}
+
+// int8 rows with a per-row scale. Two accumulator sets alternate so one sequence still has two chains.
+template <int BT>
+static void gemv_int8_bt(const int8_t* W, const float* scale, int K, const float* x, int ldx, float* y, int ldy,
+                         int n0, int n1) {
+  const int kmain = K & ~31;
+  for (int n = n0; n < n1; n++) {
+    const int8_t* w = W + (size_t)n * K;
+    __m512 acc0[BT], acc1[BT];
+    for (int j = 0; j < BT; j++) acc0[j] = acc1[j] = _mm512_setzero_ps();
+    for (int k = 0; k < kmain; k += 32) {
+      PREFETCH(w + k);
+      __m512 w0 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + k))));
+      __m512 w1 = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_loadu_si128((const __m128i*)(w + k + 16))));
+      for (int j = 0; j < BT; j++) {
+        const float* xj = x + (size_t)j * ldx + k;
+        acc0[j] = _mm512_fmadd_ps(w0, _mm512_loadu_ps(xj), acc0[j]);
+        acc1[j] = _mm512_fmadd_ps(w1, _mm512_loadu_ps(xj + 16), acc1[j]);
+      }
+    }
+    for (int j = 0; j < BT; j++) {
+      float s = _mm512_reduce_add_ps(_mm512_add_ps(acc0[j], acc1[j]));
+      for (int k = kmain; k < K; k++) s += (float)w[k] * x[(size_t)j * ldx + k];
+      y[(size_t)j * ldy + n] = s * scale[n];
+    }
+  }
+}
+
+// int4 rows: per group of 32 inputs, 16 bytes hold inputs i (low nibble) and i + 16 (high nibble).
+template <int BT>
+static void gemv_int4_bt(const uint8_t* W, const uint16_t* scale, int K, const float* x, int ldx, float* y,
+                         int ldy, int n0, int n1) {
+  const int groups = K / 32;
+  const __m512i low = _mm512_set1_epi32(0xF);
+  const __m512i eight = _mm512_set1_epi32(8);
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* w = W + (size_t)n * (K / 2);
+    const uint16_t* s = scale + (size_t)n * groups;
+    __m512 acc[BT];
+    for (int j = 0; j < BT; j++) acc[j] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+      if ((g & 3) == 0) PREFETCH(w + 16 * g);
+      __m512i v = _mm512_cvtepu8_epi32(_mm_loadu_si128((const __m128i*)(w + 16 * g)));
+      __m512 lo = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_and_si512(v, low), eight));
+      __m512 hi = _mm512_cvtepi32_ps(_mm512_sub_epi32(_mm512_srli_epi32(v, 4), eight));
+      __m512 sg = _mm512_set1_ps(bf16_to_f32(s[g]));
+      for (int j = 0; j < BT; j++) {
+        const float* xj = x + (size_t)j * ldx + 32 * g;
+        __m512 t = _mm512_mul_ps(lo, _mm512_loadu_ps(xj));
+        t = _mm512_fmadd_ps(hi, _mm512_loadu_ps(xj + 16), t);
+        acc[j] = _mm512_fmadd_ps(t, sg, acc[j]);
+      }
+    }
+    for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(acc[j]);
+  }
+}
+#endif
+
+#if defined(__AVX512BF16__)
+// int4 through bf16 dot products: the nibble u (0..15) OR'ed into the bf16 bits of 128.0 (0x4300) is
+// exactly the bf16 number 128 + u, so one dpbf16 multiplies 32 weights at once without int->float
+// conversions; sum((u - 8) x) = sum((128 + u) x) - 136 sum(x), with sum(x) per group computed once per
+// call (products of bf16 values are exact in float32; the cancellation costs ~7 bits of the 24).
+template <int BT>
+static void gemv_int4_bf16_bt(const uint8_t* W, const uint16_t* scale, int K, const uint16_t* x, int ldx, float* y,
+                              int ldy, int n0, int n1) {
+  const int groups = K / 32;
+  float xsum[BT][1024];  // per-group input sums; K <= 32768 (checked when the runtime is built)
+  for (int j = 0; j < BT; j++)
+    for (int g = 0; g < groups; g++) {
+      float t = 0.f;
+      for (int i = 0; i < 32; i++) t += bf16_to_f32(x[(size_t)j * ldx + 32 * g + i]);
+      xsum[j][g] = t;
+    }
+  const __m256i low = _mm256_set1_epi16(0xF);
+  const __m512i base = _mm512_set1_epi16(0x4300);
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* w = W + (size_t)n * (K / 2);
+    const uint16_t* s = scale + (size_t)n * groups;
+    // Two accumulator sets alternate between groups: the scale multiply-add chain is the bottleneck.
+    __m512 acc[2][BT];
+    for (int j = 0; j < BT; j++) acc[0][j] = acc[1][j] = _mm512_setzero_ps();
+    for (int g = 0; g < groups; g++) {
+      if ((g & 3) == 0) PREFETCH(w + 16 * g);
+      const __m256i v = _mm256_cvtepu8_epi16(_mm_loadu_si128((const __m128i*)(w + 16 * g)));
+      const __m512i wv = _mm512_or_si512(
+          _mm512_inserti64x4(_mm512_castsi256_si512(_mm256_and_si256(v, low)), _mm256_srli_epi16(v, 4), 1), base);
+      const __m512 sg = _mm512_set1_ps(bf16_to_f32(s[g]));
+      __m512* a = acc[g & 1];
+      for (int j = 0; j < BT; j++) {
+        const __m512 t = _mm512_dpbf16_ps(_mm512_setzero_ps(), (__m512bh)wv,
+                                          (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + 32 * g));
+        a[j] = _mm512_fmadd_ps(t, sg, a[j]);
+      }
+    }
+    __m512 acc_sum[BT];
+    for (int j = 0; j < BT; j++) acc_sum[j] = _mm512_add_ps(acc[0][j], acc[1][j]);
+    for (int j = 0; j < BT; j++) {
+      // Correction: 136 * sum_g scale_g * sum(x in group g), vectorized over groups.
+      __m512 c = _mm512_setzero_ps();
+      int g = 0;
+      for (; g + 16 <= groups; g += 16)
+        c = _mm512_fmadd_ps(load_bf16x16(s + g), _mm512_loadu_ps(&xsum[j][g]), c);
+      float corr = _mm512_reduce_add_ps(c);
+      for (; g < groups; g++) corr += bf16_to_f32(s[g]) * xsum[j][g];
+      y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(acc_sum[j]) - 136.0f * corr;
+    }
+  }
+}
+#endif
+
+// Portable fallbacks (no AVX-512): one sequence at a time.
+[[maybe_unused]] static void gemv_scalar(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
+  const int K = W->cols;
+  for (int b = 0; b < B; b++) {
+    for (int n = n0; n < n1; n++) {
+      float s = 0.f;
+      if (W->format == W_BF16) {
+        const uint16_t* w = (const uint16_t*)W->weight + (size_t)n * K;
+        const uint16_t* xb = (const uint16_t*)x + (size_t)b * ldx;
+        for (int k = 0; k < K; k++) s += bf16_to_f32(w[k]) * bf16_to_f32(xb[k]);
+      } else {
+        const float* xb = (const float*)x + (size_t)b * ldx;
+        if (W->format == W_F32) {
+          const float* w = (const float*)W->weight + (size_t)n * K;
+          for (int k = 0; k < K; k++) s += w[k] * xb[k];
+        } else if (W->format == W_INT8) {
+          const int8_t* w = (const int8_t*)W->weight + (size_t)n * K;
+          for (int k = 0; k < K; k++) s += (float)w[k] * xb[k];
+          s *= ((const float*)W->scale)[n];
+        } else {
+          const uint8_t* w = (const uint8_t*)W->weight + (size_t)n * (K / 2);
+          const uint16_t* sc = (const uint16_t*)W->scale + (size_t)n * (K / 32);
+          for (int g = 0; g < K / 32; g++) {
+            float t = 0.f;
+            for (int i = 0; i < 16; i++) {
+              uint8_t byte = w[16 * g + i];
+              t += (float)((int)(byte & 0xF) - 8) * xb[32 * g + i];
+              t += (float)((int)(byte >> 4) - 8) * xb[32 * g + 16 + i];
+            }
+            s += t * bf16_to_f32(sc[g]);
+          }
+        }
+      }
+      y[(size_t)b * ldy + n] = s;
+    }
+  }
+}
+
+#if defined(__AVX512F__)
+template <int BT>
+static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, int n0, int n1) {
+  const int K = W->cols;
+  switch (W->format) {
+#if defined(__AVX512BF16__)
+    case W_BF16:
+      if (BT == 1)
+        gemv_bf16_b1((const uint16_t*)W->weight, K, (const uint16_t*)x, y, n0, n1);
+      else
+        gemv_bf16_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
+      break;
+#else
+    case W_BF16:
+      gemv_bf16w_f32_bt<BT>((const uint16_t*)W->weight, K, (const float*)x, ldx, y, ldy, n0, n1);
+      break;
+#endif
+    case W_F32:
+      gemv_f32_bt<BT>((const float*)W->weight, K, (const float*)x, ldx, y, ldy, n0, n1);
+      break;
+    case W_INT8:
+      gemv_int8_bt<BT>((const int8_t*)W->weight, (const float*)W->scale, K, (const float*)x, ldx, y, ldy, n0, n1);
+      break;
+    case W_INT4_BF16X:
+#if defined(__AVX512BF16__)
+      gemv_int4_bf16_bt<BT>((const uint8_t*)W->weight, (const uint16_t*)W->scale, K, (const uint16_t*)x, ldx, y, ldy,
+                            n0, n1);
+      break;
+#endif
+    case W_INT4:
+      gemv_int4_bt<BT>((const uint8_t*)W->weight, (const uint16_t*)W->scale, K, (const float*)x, ldx, y, ldy, n0,
+                       n1);
+      break;
+  }
+}
+#endif
+
+// Does this matrix take its input as bf16 (else float32)?
+static inline int bf16_input(const Mat* W) {
+#if defined(__AVX512BF16__)
+  return W->format == W_BF16 || W->format == W_INT4_BF16X;
+#else
+#if defined(__AVX512F__)
+  return 0;
+#else
+  return W->format == W_BF16;
+#endif
+#endif
+}
+
+static inline size_t input_elem_bytes(const Mat* W) { return bf16_input(W) ? 2 : 4; }
+
+// This thread's share of the rows: contiguous blocks, multiples of 16 rows.
+static inline void row_range(int N, int tid, int nt, int* n0, int* n1) {
+  int per = ((N + nt - 1) / nt + 15) & ~15;
+  int a = tid * per, b = a + per;
+  *n0 = a < N ? a : N;
+  *n1 = b < N ? b : N;
+}
+
+// y[b, :] = W x[b, :] for every b < B, this thread's rows only (the caller adds a barrier).
+static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid, int nt, int skip = 0) {
+  int n0, n1;
+  row_range(W->rows, tid, nt, &n0, &n1);
+  if (n0 >= n1) return;
+  if (skip) {
+    for (int b = 0; b < B; b++) memset(y + (size_t)b * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
+    return;
+  }
+  const int ldx = W->cols;
+#if defined(__AVX512F__)
+  const size_t esz = input_elem_bytes(W);
+  // More than 4 sequences: walk the rows in blocks of 32 and run every 4-sequence tile over a block
+  // while it is in L2, so the weights still come from DRAM once.
+  const int block = B > 4 ? 32 : n1 - n0;
+  for (int r0 = n0; r0 < n1; r0 += block) {
+    const int r1 = r0 + block < n1 ? r0 + block : n1;
+    int b = 0;
+    for (; b + 4 <= B; b += 4)
+      gemv_tile<4>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    switch (B - b) {
+      case 1: gemv_tile<1>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1); break;
+      case 2: gemv_tile<2>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1); break;
+      case 3: gemv_tile<3>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1); break;
+      default: break;
+    }
+  }
+#else
+  gemv_scalar(W, x, ldx, B, y, ldy, n0, n1);
+#endif
+}
+

@@ -1,0 +1,138 @@
+"""`solo bench`: roofline arithmetic, real shapes, the report and its files, and the llama.cpp conversion."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from solo.bench.roofline import decode_bytes, probe_cpu_bandwidth, roofline_tokens_per_s
+from solo.bench.shapes import SHAPES, build_model, shape_config
+from solo.cli import main
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime.cpu import CpuRuntime
+
+# Published parameter counts (model cards), in billions.
+PUBLISHED = {"SmolLM2-135M": 0.135, "Qwen2.5-0.5B": 0.494, "Llama-3.2-1B": 1.236, "Llama-3.1-8B": 8.03}
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_shape_sizes_and_roofline_bytes(name):
+    cfg = shape_config(name)
+    if name in PUBLISHED:
+        assert cfg.num_parameters() / 1e9 == pytest.approx(PUBLISHED[name], rel=0.01)
+    # Every weight once (a tied head reads the embedding matrix as the head), plus one embedding row.
+    embed = cfg.vocab_size * cfg.hidden_size
+    expected = 2 * (cfg.num_parameters() + cfg.hidden_size - (0 if cfg.tie_word_embeddings else embed))
+    nbytes = decode_bytes(cfg, 2, context=100)
+    assert nbytes.weights == expected
+    assert nbytes.kv_cache == cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 100 * 2
+
+
+def test_laneformer_shape():
+    cfg = shape_config("Laneformer-2B")
+    assert (cfg.num_layers, cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim) == (15, 3072, 32, 16, 96)
+    assert (cfg.intermediate_size, cfg.vocab_size, cfg.tie_word_embeddings) == (12288, 32000, False)
+
+
+def test_quantized_bytes_and_sliding_windows():
+    cfg = shape_config("Qwen2.5-0.5B")
+    dense, int8, int4 = (decode_bytes(cfg, 2, 0, q).weights for q in (None, "int8", "int4"))
+    assert 0.5 < int8 / dense < 0.52 and 0.27 < int4 / dense < 0.29
+    windowed = ModelConfig.from_dict({**SHAPES["SmolLM2-135M"], "architectures": ["MistralForCausalLM"],
+                                      "sliding_window": 64})
+    assert decode_bytes(windowed, 2, 1000).kv_cache == decode_bytes(windowed, 2, 64).kv_cache
+
+
+def test_runtime_streams_what_the_roofline_counts(tmp_path):
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    assert CpuRuntime(model).weight_nbytes() == decode_bytes(model.config, 2, 0).weights
+
+
+def test_build_model_random_weights():
+    cfg = ModelConfig.from_dict({**SHAPES["SmolLM2-135M"], "num_hidden_layers": 2, "vocab_size": 512})
+    model = build_model(cfg, torch.bfloat16, seed=3)
+    again = build_model(cfg, torch.bfloat16, seed=3)
+    assert model.dtype == torch.bfloat16
+    assert torch.equal(model.layers[1].mlp.up_proj.weight, again.layers[1].mlp.up_proj.weight)
+    assert float(model.layers[0].attn.q_proj.weight.float().std()) == pytest.approx(0.02, rel=0.05)
+
+
+def test_bandwidth_probe():
+    probe = probe_cpu_bandwidth(64 * 2**20, passes=2)
+    assert probe.bandwidth_gbps > 0.1 and probe.buffer_bytes == 64 * 2**20
+    assert roofline_tokens_per_s(10.0, 10**9) == pytest.approx(10.0)
+
+
+def test_bench_end_to_end(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    out, plot = tmp_path / "bench.json", tmp_path / "sweep.png"
+    code = main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "2", "--probe-gib", "0.0625",
+                 "--compare", "hf-eager,llama.cpp", "--sweep-context", "--contexts", "8,16", "--sweep-gen-len", "3",
+                 "--json", str(out), "--plot", str(plot)])
+    assert code == 0
+    text = capsys.readouterr().out
+    assert "roofline" in text and "GB/s" in text and "solo" in text
+    report = json.loads(out.read_text())
+    for key in ("machine", "versions", "command", "bandwidth", "roofline", "engines", "sweep", "memory"):
+        assert key in report
+    solo = report["engines"]["solo"]
+    assert len(solo["runs"]) == 2 and solo["decode_tokens_per_s"]["median"] > 0
+    assert report["backend"] == "cpu" and report["versions"]["torch"] == torch.__version__
+    for peer in ("hf-eager", "llama.cpp"):
+        # Each peer either ran (with its build named) or was skipped with a reason.
+        assert peer in report["engines"] or report["peers_skipped"].get(peer)
+        if peer in report["engines"]:
+            assert report["engines"][peer]["build"]
+    assert report["sweep"]["contexts"] == [8, 16] and len(report["sweep"]["engines"]["solo"]) == 2
+    assert plot.stat().st_size > 1000
+
+
+def test_bench_quantized_reports_quality(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--quantize", "int8", "--prompt-len", "8", "--gen-len", "4", "--repeats", "1",
+                 "--probe-gib", "0.0625", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["quantize"] == "int8"
+    assert 0 <= report["quantization_quality"]["top1_agreement"] <= 1
+    assert "quantization vs bfloat16" in capsys.readouterr().out
+
+
+def test_unknown_peer_is_an_error(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    assert main(["bench", str(folder), "--compare", "vllm"]) == 2
+    assert "unknown peer" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("arch", ["llama", "qwen2"])
+def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch):
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install solo[llamacpp])")
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    from solo.bench.peers import PeerSpec
+    from solo.bench.peers.llamacpp import LlamaCppPeer
+
+    folder = make_checkpoint(tmp_path / arch, arch)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    prompt = [1, 17, 93, 5, 250, 31, 77, 8]
+    spec = PeerSpec(model=model, raw_config={}, dtype=torch.float32, quantize=None, device=torch.device("cpu"),
+                    threads=2, max_seq=64, extra={"cache_key": None})
+    peer = LlamaCppPeer(spec)
+    peer.llm.reset()
+    peer.llm.eval(prompt)
+    theirs = [peer._last_token()]
+    for _ in range(11):
+        peer.llm.eval([theirs[-1]])
+        theirs.append(peer._last_token())
+    peer.close()
+    runtime = CpuRuntime(model)
+    runtime.reserve(1, 32)
+    ours = [int(runtime.prefill(0, torch.tensor(prompt)).argmax())]
+    for i in range(11):
+        ours.append(int(runtime.decode(torch.tensor([0]), torch.tensor([ours[-1]]),
+                                       torch.tensor([len(prompt) + i]))[0].argmax()))
+    assert ours == theirs

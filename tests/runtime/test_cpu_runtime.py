@@ -1,0 +1,188 @@
+"""The native CPU runtime against the eager oracle and transformers, on tiny checkpoints of every architecture."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+from transformers import AutoModelForCausalLM
+
+from solo.errors import SoloError
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime import create_runtime
+from solo.runtime.cpu import CpuRuntime, cpu_unsupported_reason
+from solo.runtime.eager import EagerRuntime
+
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2"]
+PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301, 9, 44, 2, 180, 23]  # longer than the sliding windows
+F32_ATOL = 1e-4  # float32: only the summation order differs
+# bfloat16: the runtime rounds wherever eager rounds, but PyTorch's attention uses its own exp() and
+# summation order, so a logit can land one bf16 step (1/32 at |logit| in [4, 8)) away; allow a few.
+BF16_ATOL = 0.15
+
+
+def _load(folder, dtype):
+    return load_weights(folder, ModelConfig.from_file(folder), dtype)
+
+
+def _greedy(runtime, prompt, steps, forced=None):
+    runtime.reserve(1, len(prompt) + steps + 1)
+    logits = runtime.prefill(0, torch.tensor(prompt))
+    tokens, history = [], []
+    for i in range(steps):
+        tokens.append(int(logits.argmax()))
+        token = tokens[-1] if forced is None else forced[i]
+        logits = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(prompt) + i]))[0]
+        history.append(logits)
+    return tokens, torch.stack(history)
+
+
+def _hf_greedy(folder, prompt, steps):
+    hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="eager")
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
+                          pad_token_id=0)
+    return out[0, len(prompt):].tolist()
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_float32_greedy_matches_transformers_and_eager(tmp_path, arch):
+    folder = make_checkpoint(tmp_path / arch, arch)
+    runtime = CpuRuntime(_load(folder, torch.float32))
+    tokens, logits = _greedy(runtime, PROMPT, 32)
+    eager_tokens, eager_logits = _greedy(EagerRuntime(_load(folder, torch.float32)), PROMPT, 32)
+    assert tokens == eager_tokens
+    assert tokens == _hf_greedy(folder, PROMPT, 32)
+    torch.testing.assert_close(logits, eager_logits, atol=F32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_bfloat16_logits_match_eager(tmp_path, arch):
+    folder = make_checkpoint(tmp_path / arch, arch, dtype=torch.bfloat16)
+    eager_tokens, eager_logits = _greedy(EagerRuntime(_load(folder, torch.bfloat16)), PROMPT, 32)
+    # Teacher forcing on eager's tokens keeps both runs on the same path, so every step is compared.
+    tokens, logits = _greedy(CpuRuntime(_load(folder, torch.bfloat16)), PROMPT, 32, forced=eager_tokens)
+    torch.testing.assert_close(logits.float(), eager_logits.float(), atol=BF16_ATOL, rtol=0)
+    top2 = eager_logits.float().topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 2 * BF16_ATOL  # argmax must agree wherever eager's choice is not a near-tie
+    agree = logits.argmax(-1) == eager_logits.argmax(-1)
+    assert bool(agree[clear].all())
+    assert tokens[0] == eager_tokens[0]
+
+
+@pytest.mark.parametrize("rope", [
+    {"rope_type": "dynamic", "factor": 2.0},
+    {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+     "original_max_position_embeddings": 16},
+], ids=lambda r: r["rope_type"])
+def test_rope_scaling_and_biases(tmp_path, rope):
+    # A 32-token trained context (dynamic NTK kicks in past it), and every optional bias switched on.
+    folder = make_checkpoint(tmp_path / rope["rope_type"], "llama", max_position_embeddings=32,
+                             attention_bias=True, mlp_bias=True, rope_parameters={"rope_theta": 10000.0, **rope})
+    tokens, logits = _greedy(CpuRuntime(_load(folder, torch.float32)), PROMPT, 30)
+    eager_tokens, eager_logits = _greedy(EagerRuntime(_load(folder, torch.float32)), PROMPT, 30)
+    assert tokens == eager_tokens
+    torch.testing.assert_close(logits, eager_logits, atol=F32_ATOL, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_multi_row_decode_matches_single_rows(tmp_path, dtype):
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=dtype)
+    runtime = CpuRuntime(_load(folder, dtype))
+    prompts = [PROMPT, PROMPT[:5], PROMPT[3:12], PROMPT[:1], PROMPT[::-1]]  # 5 rows: a tile of 4 plus 1
+    runtime.reserve(len(prompts), 64)
+    singles, next_ids = [], []
+    for row, prompt in enumerate(prompts):
+        next_ids.append(int(runtime.prefill(row, torch.tensor(prompt)).argmax()))
+    rows = torch.arange(len(prompts))
+    positions = torch.tensor([len(p) for p in prompts])
+    batched = runtime.decode(rows, torch.tensor(next_ids), positions)
+    for row, prompt in enumerate(prompts):
+        runtime.prefill(row, torch.tensor(prompt))
+        singles.append(runtime.decode(torch.tensor([row]), torch.tensor([next_ids[row]]),
+                                      torch.tensor([len(prompt)]))[0])
+    # Same kernels, only the batch tiling differs: float32 to summation order, bf16 to the same rounding.
+    torch.testing.assert_close(batched, torch.stack(singles), atol=1e-5 if dtype == torch.float32 else 0.07, rtol=0)
+
+
+def test_rows_are_independent(tmp_path):
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2")
+    runtime = CpuRuntime(_load(folder, torch.float32))
+    runtime.reserve(2, 64)
+    alone = runtime.prefill(1, torch.tensor(PROMPT[:6]))
+    first = runtime.decode(torch.tensor([1]), torch.tensor([int(alone.argmax())]), torch.tensor([6]))
+    runtime.prefill(1, torch.tensor(PROMPT[:6]))
+    runtime.prefill(0, torch.tensor(PROMPT))  # another sequence in row 0 must not leak into row 1
+    again = runtime.decode(torch.tensor([1]), torch.tensor([int(alone.argmax())]), torch.tensor([6]))
+    torch.testing.assert_close(first, again, atol=1e-6, rtol=0)
+
+
+def test_auto_backend_picks_cpu_and_falls_back_for_float16(tmp_path):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    model = _load(folder, torch.float32)
+    assert isinstance(create_runtime(model, "auto", torch.device("cpu")), CpuRuntime)
+    half = _load(folder, torch.float16)
+    assert "float16" in cpu_unsupported_reason(half)
+    assert isinstance(create_runtime(half, "auto", torch.device("cpu")), EagerRuntime)
+    with pytest.raises(SoloError, match="cpu backend cannot run"):
+        create_runtime(half, "cpu", torch.device("cpu"))
+
+
+def test_out_of_range_decode_is_refused(tmp_path):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    runtime = CpuRuntime(_load(folder, torch.float32), rows=1, max_seq=16)
+    with pytest.raises(SoloError, match="out of range"):
+        runtime.decode(torch.tensor([0]), torch.tensor([3]), torch.tensor([16]))
+    with pytest.raises(SoloError, match="out of range"):
+        runtime.decode(torch.tensor([1]), torch.tensor([3]), torch.tensor([0]))
+    with pytest.raises(SoloError, match="out of range"):
+        runtime.decode(torch.tensor([0]), torch.tensor([10**6]), torch.tensor([0]))
+    with pytest.raises(SoloError, match="outside the reserved cache"):
+        runtime.prefill(0, torch.arange(17))
+
+
+def test_fused_weights_are_shared_with_the_eager_model(tmp_path):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    model = _load(folder, torch.float32)
+    before = sum(p.numel() for p in model.parameters())
+    q = model.layers[0].attn.q_proj.weight.clone()
+    CpuRuntime(model)
+    CpuRuntime(model)  # a second runtime reuses the fused buffers instead of fusing again
+    attn = model.layers[0].attn
+    assert torch.equal(attn.q_proj.weight, q)
+    assert attn.k_proj.weight.data_ptr() == attn.q_proj.weight.data_ptr() + q.numel() * q.element_size()
+    assert sum(p.numel() for p in model.parameters()) == before
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_prefill_matches_eager_including_chunks(tmp_path, arch, dtype):
+    folder = make_checkpoint(tmp_path / arch, arch, dtype=dtype)
+    cpu, eager = CpuRuntime(_load(folder, dtype)), EagerRuntime(_load(folder, dtype))
+    atol = F32_ATOL if dtype == torch.float32 else BF16_ATOL
+    for rt in (cpu, eager):
+        rt.reserve(2, 64)
+    # Whole prompt in row 1, then the same prompt in two chunks (start_pos > 0) in row 0.
+    torch.testing.assert_close(cpu.prefill(1, torch.tensor(PROMPT)), eager.prefill(1, torch.tensor(PROMPT)),
+                               atol=atol, rtol=0)
+    cpu.prefill(0, torch.tensor(PROMPT[:7]))
+    eager.prefill(0, torch.tensor(PROMPT[:7]))
+    torch.testing.assert_close(cpu.prefill(0, torch.tensor(PROMPT[7:]), start_pos=7),
+                               eager.prefill(0, torch.tensor(PROMPT[7:]), start_pos=7), atol=atol, rtol=0)
+    for layer in range(cpu.config.num_layers):
+        torch.testing.assert_close(cpu.cache.k[layer][:, :, :len(PROMPT)].float(),
+                                   eager.cache.k[layer][:, :, :len(PROMPT)].float(), atol=atol, rtol=0)
+
+
+def test_batched_decode_is_bit_identical_to_batch_1(tmp_path):
+    """The server fuses decode steps only for batch-invariant runtimes: check the claim bit for bit."""
+    from checkpoints import make_checkpoint
+
+    from solo import Engine
+    from solo.server.scheduler import runtime_is_batch_invariant
+
+    for dtype in ("float32", "bfloat16"):
+        engine = Engine.load(make_checkpoint(tmp_path / dtype, "llama"), dtype=dtype, backend="cpu")
+        assert engine.runtime.batch_invariant
+        assert runtime_is_batch_invariant(engine.runtime, rows=4)

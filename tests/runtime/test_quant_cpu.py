@@ -1,0 +1,146 @@
+"""Weight-only int8/int4: the formats, the native matrix-vector kernels, and quality against bf16."""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from solo.bench.runner import quant_quality
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime.cpu import _W_BF16, _W_F32, _W_INT4, _W_INT4_BF16X, _W_INT8, CpuRuntime, _Mat
+from solo.runtime.cpu_build import load_library
+from solo.runtime.eager import EagerRuntime
+from solo.runtime.quant import dequantize, quantize_int4, quantize_int8, quantize_model
+
+PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301]
+
+
+def test_int8_round_trip_error_is_half_a_step():
+    w = torch.randn(37, 100)
+    q, scale = quantize_int8(w)
+    assert q.dtype == torch.int8 and scale.shape == (37,)
+    err = (dequantize("int8", q, scale, torch.float32) - w).abs()
+    assert bool((err <= scale[:, None] / 2 + 1e-6).all())
+
+
+def test_int4_round_trip_and_packing():
+    w = torch.randn(5, 64)
+    packed, scale = quantize_int4(w)
+    assert packed.shape == (5, 32) and packed.dtype == torch.uint8 and scale.shape == (5, 2)
+    restored = dequantize("int4", packed, scale, torch.float32)
+    # 16 levels over about +-2.5 sigma: the RMS error of a Gaussian weight is about 10% of its spread.
+    assert float((restored - w).pow(2).mean().sqrt()) < 0.12 * float(w.std())
+    # Byte i of a group holds input i (low nibble) and input i + 16 (high nibble).
+    q = torch.round(w[0, :32] / scale[0, 0].float()).clamp(-8, 7).to(torch.int16) + 8
+    assert int(packed[0, 3]) == int(q[3]) | (int(q[19]) << 4)
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32", "int8", "int4", "int4-bf16x"])
+@pytest.mark.parametrize("rows,cols", [(37, 96), (16, 64), (130, 320)])
+@pytest.mark.parametrize("batch", [1, 3, 6])
+def test_gemv_kernels_match_torch(fmt, rows, cols, batch):
+    lib = load_library()
+    torch.manual_seed(rows + cols)
+    w = torch.randn(rows, cols)
+    x = torch.randn(batch, cols)
+    if fmt == "bf16":
+        wt = w.bfloat16()
+        mat = _Mat(_W_BF16, rows, cols, 32, wt.data_ptr(), None, None)
+        ref = x.bfloat16().float() @ wt.float().T  # inputs are rounded to bf16, products accumulate in fp32
+        keep = (wt,)
+    elif fmt == "f32":
+        mat = _Mat(_W_F32, rows, cols, 32, w.data_ptr(), None, None)
+        ref, keep = x @ w.T, (w,)
+    else:
+        mode = "int8" if fmt == "int8" else "int4"
+        q, scale = (quantize_int8 if mode == "int8" else quantize_int4)(w)
+        code = {"int8": _W_INT8, "int4": _W_INT4, "int4-bf16x": _W_INT4_BF16X}[fmt]
+        mat = _Mat(code, rows, cols, 32, q.data_ptr(), scale.data_ptr(), None)
+        xs = x.bfloat16().float() if fmt == "int4-bf16x" else x  # that kernel takes bf16 inputs
+        ref, keep = xs @ dequantize(mode, q, scale, torch.float32).T, (q, scale)
+    y = torch.empty(batch, rows)
+    workspace = torch.empty(batch * cols * 4 + 64, dtype=torch.uint8)
+    lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), batch, y.data_ptr(), workspace.data_ptr(), 2)
+    assert keep
+    torch.testing.assert_close(y, ref, atol=1e-3 * cols ** 0.5, rtol=1e-4)
+
+
+def test_gemv_odd_input_size():
+    # bf16 rows whose length is not a multiple of the 32-wide vector step use the masked tail.
+    lib = load_library()
+    w, x = torch.randn(9, 77).bfloat16(), torch.randn(2, 77)
+    mat = _Mat(_W_BF16, 9, 77, 32, w.data_ptr(), None, None)
+    y = torch.empty(2, 9)
+    workspace = torch.empty(2 * 77 * 4 + 64, dtype=torch.uint8)
+    lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), 2, y.data_ptr(), workspace.data_ptr(), 2)
+    torch.testing.assert_close(y, x.bfloat16().float() @ w.float().T, atol=1e-3, rtol=1e-4)
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_quantized_runtime_matches_eager_on_the_same_quantized_model(tmp_path, mode):
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", hidden_size=64, intermediate_size=128,
+                             tie_word_embeddings=True)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    qmodel = quantize_model(model, mode)
+    assert model.lm_head is None and qmodel.lm_head is not None  # the original is left untouched
+    cpu, eager = CpuRuntime(qmodel), EagerRuntime(qmodel)
+    for rt in (cpu, eager):
+        rt.reserve(1, 32)
+    a, b = cpu.prefill(0, torch.tensor(PROMPT)), eager.prefill(0, torch.tensor(PROMPT))
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+    token = int(a.argmax())
+    for pos in range(len(PROMPT), len(PROMPT) + 8):
+        a = cpu.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([pos]))
+        b = eager.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([pos]))
+        torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+        token = int(b.argmax())
+
+
+# A tiny random model (hidden 64) has much flatter logits than a trained one, so near-ties are common and
+# agreement is a pessimistic proxy; the bounds pin today's quality so a broken kernel or format fails.
+@pytest.mark.parametrize("mode,min_agreement,max_error", [("int8", 0.85, 0.05), ("int4", 0.3, 0.5)])
+def test_quality_against_bf16(tmp_path, mode, min_agreement, max_error):
+    # Greedy agreement over 64 tokens and mean logit error (relative to the logits' spread) against bf16.
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    dense = CpuRuntime(model)
+    quality = quant_quality(dense, CpuRuntime(quantize_model(model, mode)), PROMPT, steps=64)
+    print(f"{mode}: {quality}")
+    assert quality.top1_agreement >= min_agreement
+    assert quality.mean_abs_logit_error <= max_error * quality.logit_std
+
+
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_native_dequantize_matches_the_reference(mode, dtype):
+    from solo.runtime.quant import QuantLinear
+
+    w = torch.randn(40, 96)
+    q, scale = (quantize_int8 if mode == "int8" else quantize_int4)(w)
+    layer = QuantLinear(mode, q, scale, None, 96, dtype)
+    assert torch.equal(layer.weight, dequantize(mode, q, scale, dtype))
+
+
+@pytest.mark.parametrize("mode,min_agreement,max_error", [("int8", 0.95, 0.03), ("int4", 0.85, 0.15)])
+def test_quality_on_the_bundled_trained_model(mode, min_agreement, max_error):
+    # A trained model has peaked logits, so this is the meaningful quality check (64 greedy positions).
+    import random
+
+    from solo.errors import ModelNotFoundError
+    from solo.model.default_model import default_model_path
+
+    try:
+        folder = default_model_path()
+    except ModelNotFoundError as exc:
+        pytest.skip(f"the bundled model is not built in this checkout: {exc}")
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    rng = random.Random(0)
+    prompt = [rng.randrange(3, model.config.vocab_size) for _ in range(32)]
+    quality = quant_quality(CpuRuntime(model), CpuRuntime(quantize_model(model, mode)), prompt, steps=64)
+    print(f"{mode}: {quality}")
+    assert quality.top1_agreement >= min_agreement
+    assert quality.mean_abs_logit_error <= max_error * quality.logit_std
