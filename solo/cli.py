@@ -31,6 +31,7 @@ _EXTERNAL_COMMANDS = {
 def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
     """MODEL, --device, --dtype, --backend, --revision."""
     from solo.model.hub import DTYPE_CHOICES
+    from solo.runtime import BACKENDS
 
     parser.add_argument(
         "model", nargs="?" if model_optional else None, default=None, metavar="MODEL",
@@ -42,8 +43,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
         help="weight dtype; auto keeps the checkpoint's own (default: auto)",
     )
     parser.add_argument(
-        "--backend", default="auto",
-        help="decode runtime: auto picks the fastest for the device; eager runs the reference model",
+        "--backend", default="auto", choices=BACKENDS,
+        help="decode runtime: auto picks the fastest for the device (cpu: native CPU kernels, cuda: CUDA "
+        "graphs + Triton); eager runs the reference model (default: auto)",
     )
     parser.add_argument("--revision", default=None, help="hub branch, tag or commit (hub ids only)")
     parser.add_argument(
