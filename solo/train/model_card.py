@@ -136,7 +136,9 @@ def render_model_card(summary: dict[str, Any]) -> str:
         "",
         "## Greedy samples",
         "",
-        f"Greedy decoding, {cfg['sample_tokens']} new tokens at most, prompt encoded with BOS.",
+        f"Greedy decoding with the repetition penalty of `generation_config.json` "
+        f"({summary.get('repetition_penalty', 1.0)}), {cfg['sample_tokens']} new tokens at most, prompt encoded "
+        "with BOS.",
         "",
     ]
     for sample in summary["samples"]:

@@ -161,6 +161,8 @@ def _export(model: torch.nn.Module, tokenizer, cfg: TrainConfig, folder: Path) -
         eos_token_id=model.config.eos_token_id,
         pad_token_id=model.config.pad_token_id,
         do_sample=False,
+        # A 16M-parameter model loops under plain greedy decoding; a mild penalty keeps it writing code.
+        repetition_penalty=DEFAULT_REPETITION_PENALTY,
     )
     export_model.save_pretrained(folder)
     config_path = folder / "config.json"
@@ -180,6 +182,10 @@ def _make_readable(folder: Path) -> None:
             path.chmod(0o644)
 
 
+DEFAULT_REPETITION_PENALTY = 1.3
+"""Repetition penalty written into the exported generation_config.json (transformers' definition)."""
+
+
 def _samples(model: torch.nn.Module, hf_tokenizer, max_new_tokens: int, device: torch.device) -> list[dict[str, str]]:
     samples = []
     for prompt in SAMPLE_PROMPTS:
@@ -190,6 +196,7 @@ def _samples(model: torch.nn.Module, hf_tokenizer, max_new_tokens: int, device: 
                 attention_mask=torch.ones_like(ids),
                 max_new_tokens=max_new_tokens,
                 do_sample=False,
+                repetition_penalty=DEFAULT_REPETITION_PENALTY,
             )
         completion = hf_tokenizer.decode(out[0, ids.shape[1] :], skip_special_tokens=True)
         samples.append({"prompt": prompt, "completion": completion})
@@ -368,6 +375,7 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
             "device": "cpu",
         },
         "samples": samples,
+        "repetition_penalty": DEFAULT_REPETITION_PENALTY,
         "accounting": (
             "Each file is encoded BOS + text + EOS; BOS is given and not scored; text tokens and EOS are "
             "scored once each, files longer than the context in overlapping windows (see stride). "
