@@ -4,8 +4,9 @@
     solo bench path/to/model --quantize int8 --sweep-context --plot sweep.png
 
 Solo's repeats and each peer's are interleaved (Solo, peer A, peer B, Solo, ...) so drift of the
-machine (clock, other load) hits all of them alike. Peers are optional: a missing one prints
-"peer skipped: <reason>".
+machine (clock, other load) hits all of them alike, with an idle pause before every run (--pause-ms) so
+no engine's spin-waiting OpenMP threads are still on the cores when the next one starts. Peers are
+optional: a missing one prints "peer skipped: <reason>".
 """
 
 from __future__ import annotations
@@ -46,6 +47,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-gib", type=float, default=2.0,
                         help="buffer of the CPU bandwidth probe in GiB; keep it far above the LLC (default: 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt (default: 0)")
+    parser.add_argument("--pause-ms", type=float, default=500.0,
+                        help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
+                        "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
+                        "left spinning are asleep before the next one starts (default: %(default)g)")
 
 
 def _load(args: argparse.Namespace, device: Any) -> tuple[Any, dict[str, Any], str, str]:  # noqa: ANN401
@@ -89,17 +94,27 @@ def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
     return out
 
 
-def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: int,
-                 skipped: dict[str, str], between: Any = None) -> dict[str, list[Any]]:  # noqa: ANN401
+def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: int, skipped: dict[str, str],
+                 between: Any = None, pause_s: float = 0.0) -> dict[str, list[Any]]:  # noqa: ANN401
+    """Run every engine `repeats` times, one after another in each round (Solo, peer A, peer B, Solo, ...).
+
+    Args:
+        between: called before each round (the bandwidth probe), or None.
+        pause_s: idle seconds before every run and every `between` call, the same for every engine, so
+            OpenMP threads still spin-waiting after the previous engine's work (llama.cpp's LLVM libomp
+            spins for 200 ms by default) have gone to sleep and cannot take the next engine's cores.
+    """
     from solo.bench.peers import PeerSkipped
 
     results: dict[str, list[Any]] = {e.name: [] for e in engines}
     for _ in range(repeats):
         if between is not None:
+            time.sleep(pause_s)
             between()
         for engine in engines:
             if engine.name in skipped:
                 continue
+            time.sleep(pause_s)
             try:
                 results[engine.name].append(engine.run(prompt, gen_len))
             except PeerSkipped as exc:
@@ -122,8 +137,9 @@ def main(args: argparse.Namespace) -> int:
 
     if args.model and args.shape:
         raise SoloError("give either MODEL or --shape, not both")
-    if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1:
-        raise SoloError("--prompt-len must be >= 1, --gen-len >= 2 and --repeats >= 1")
+    if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0:
+        raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1 and --pause-ms >= 0")
+    pause_s = args.pause_ms / 1000.0
     try:
         peer_names = expand_names(args.compare.split(",")) if args.compare else []
         contexts = [int(c) for c in args.contexts.split(",") if c.strip()] if args.sweep_context else []
@@ -189,7 +205,9 @@ def main(args: argparse.Namespace) -> int:
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
     results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
-                           between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)))
+                           between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
+                           pause_s=pause_s)
+    time.sleep(pause_s)
     probes.append(probe_bandwidth(device, probe_bytes, passes=3))
     probe = max(probes, key=lambda p: p.bandwidth_gbps)
     elem = torch.tensor([], dtype=dense_dtype).element_size()
@@ -198,13 +216,16 @@ def main(args: argparse.Namespace) -> int:
     roofline = roofline_tokens_per_s(probe.bandwidth_gbps, nbytes.total)
     _, rss_peak = rss_bytes()
     memory["process_rss_peak_bytes"] = rss_peak
+    for engine in engines:
+        if hasattr(engine, "peak_rss_bytes"):  # peers in their own process (llama.cpp)
+            memory[f"{engine.name}_process_rss_peak_bytes"] = engine.peak_rss_bytes()
     report: dict[str, Any] = {
         "command": " ".join(["solo", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("solo") else
         " ".join(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
         "quantize": args.quantize, "backend": runtime.name, "prompt_len": args.prompt_len,
-        "gen_len": args.gen_len, "repeats": args.repeats,
+        "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s,
         "machine": machine_info(device), "versions": versions(),
         "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
         "roofline": {"context": mean_context, "weight_bytes": nbytes.weights, "kv_cache_bytes": nbytes.kv_cache,
@@ -258,7 +279,7 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
         for engine in engines:
             if engine.name.endswith("compile") and engine.name not in skipped:
                 engine.run(prompt, args.sweep_gen_len)  # recompiles for the new cache size, untimed
-        runs = _interleaved(engines, prompt, args.sweep_gen_len, 1, skipped)
+        runs = _interleaved(engines, prompt, args.sweep_gen_len, 1, skipped, pause_s=args.pause_ms / 1000.0)
         for name, values in sweep["engines"].items():
             values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
     return sweep
@@ -271,7 +292,7 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
     print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} interleaved repeats "
-          "(median [min-max])")
+          f"(median [min-max]), {r['pause_s'] * 1e3:.0f} ms idle before each run")
     print(f"roofline: {rf['bytes_per_token'] / 1e6:.1f} MB read per decode token (weights "
           f"{rf['weight_bytes'] / 1e6:.1f} MB + KV cache {rf['kv_cache_bytes'] / 1e6:.1f} MB at context "
           f"{rf['context']}); read bandwidth {bw['bandwidth_gbps']:.1f} GB/s (best of {len(bw['samples_gbps'])} probes "
@@ -301,7 +322,10 @@ def _print_report(r: dict[str, Any]) -> None:
         print(f"host synchronisations per decode token: {solo['host_syncs_per_token']:.2f}")
     mem = r["memory"]
     line = f"memory: process RSS after Solo warm-up {mem['process_rss_bytes_after_warmup'] / 2**30:.2f} GiB, " \
-           f"peak {mem['process_rss_peak_bytes'] / 2**30:.2f} GiB (peers included)"
+           f"peak {mem['process_rss_peak_bytes'] / 2**30:.2f} GiB (in-process peers included)"
+    for key, value in mem.items():
+        if key.endswith("_process_rss_peak_bytes"):
+            line += f", {key.removesuffix('_process_rss_peak_bytes')} process peak {value / 2**30:.2f} GiB"
     if "cuda_max_allocated_bytes" in mem:
         line += f", CUDA max allocated {mem['cuda_max_allocated_bytes'] / 2**30:.2f} GiB"
     print(line)

@@ -99,6 +99,7 @@ class Attention(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         rows: torch.Tensor,
+        kv_len: int | None = None,
     ) -> torch.Tensor:
         """Attend from `x` over the cache after writing this step's keys and values into it.
 
@@ -108,6 +109,9 @@ class Attention(nn.Module):
             positions: int64 [batch, seq] absolute positions of the tokens in x.
             k_cache, v_cache: [cache_rows, kv_heads, max_seq, head_dim] this layer's cache.
             rows: int64 [batch], which cache row each batch entry owns.
+            kv_len: cache slots attended over (> every position); None reads it from `positions`, which
+                syncs with the device. A fixed kv_len (the whole row, masked) keeps shapes static for
+                CUDA-graph capture and torch.compile.
 
         Returns:
             [batch, seq, hidden].
@@ -126,7 +130,8 @@ class Attention(nn.Module):
         k_cache[row_idx, :, positions] = k.transpose(1, 2).to(k_cache.dtype)
         v_cache[row_idx, :, positions] = v.to(v_cache.dtype)
 
-        kv_len = int(positions.max()) + 1
+        if kv_len is None:
+            kv_len = int(positions.max()) + 1
         keys = k_cache[rows, :, :kv_len]  # [batch, kv_heads, kv_len, head_dim]
         values = v_cache[rows, :, :kv_len]
         mask = attention_mask(positions, kv_len, self.window)
@@ -202,9 +207,10 @@ class DecoderLayer(nn.Module):
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         rows: torch.Tensor,
+        kv_len: int | None = None,
     ) -> torch.Tensor:
         """[batch, seq, hidden] -> [batch, seq, hidden]; see `Attention.forward` for the other args."""
-        h = self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, rows)
+        h = self.attn(self.attn_norm(x), cos, sin, positions, k_cache, v_cache, rows, kv_len)
         if self.sandwich_norm:
             h = self.attn_out_norm(h)
         x = x + h

@@ -97,6 +97,7 @@ class Transformer(nn.Module):
         cache: KVCache,
         rows: torch.Tensor,
         last_only: bool = False,
+        kv_len: int | None = None,
     ) -> torch.Tensor:
         """Run the model over new tokens, appending their keys and values to the cache.
 
@@ -107,6 +108,8 @@ class Transformer(nn.Module):
             cache: the static KV cache.
             rows: int64 [batch], the cache row of each batch entry.
             last_only: compute logits for the last position only (prefill needs no more).
+            kv_len: cache slots attended over, when the caller knows it (see `Attention.forward`); None
+                reads it from `positions` once per layer (a device sync).
 
         Returns:
             Logits [batch, seq, vocab] (or [batch, 1, vocab] with last_only) in the weights' dtype.
@@ -114,7 +117,7 @@ class Transformer(nn.Module):
         x = self.embed_tokens(input_ids)
         cos, sin = self.rotary(positions, x.dtype)
         for i, layer in enumerate(self.layers):
-            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], rows)
+            x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], rows, kv_len)
         if last_only:
             x = x[:, -1:]
         return self.logits(x)

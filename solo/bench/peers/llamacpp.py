@@ -6,15 +6,22 @@ int4 -> Q4_0. Norms stay F32 as llama.cpp expects. Llama-family q/k rows are per
 rotate-half RoPE layout to llama.cpp's interleaved one (Qwen2 uses the same rotate-half in both). The
 vocabulary is a placeholder of the right size: the benchmark feeds token ids, never text.
 
-Install with `pip install solo[llamacpp]`; llama-cpp-python builds llama.cpp from source.
+The conversion runs in the bench's process (and is cached); llama.cpp itself runs in a worker process
+(`llamacpp_worker.py`) with its default settings, as its users run it. Install with
+`pip install solo[llamacpp]`; llama-cpp-python builds llama.cpp from source.
 """
 
 from __future__ import annotations
 
 import hashlib
+import importlib.util
+import json
 import os
-import time
+import subprocess
+import sys
+import tempfile
 from pathlib import Path
+from typing import IO, Any
 
 import numpy as np
 import torch
@@ -147,8 +154,27 @@ def _available_memory_bytes() -> int:
     return 1 << 62
 
 
+def _worker_error(proc: subprocess.Popen[str], log: IO[bytes]) -> str:
+    """Why the worker stopped: its exit status and the last line it wrote to stderr."""
+    try:
+        proc.wait(timeout=5)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+    log.seek(0)
+    lines = [line for line in log.read().decode(errors="replace").splitlines() if line.strip()]
+    return f"llama.cpp worker exited with status {proc.returncode}" + (f": {lines[-1][:300]}" if lines else "")
+
+
 class LlamaCppPeer:
-    """llama.cpp generating greedily on the same weights, one token per `eval` call.
+    """llama.cpp generating greedily on the same weights, one token per `eval` call, in its own process.
+
+    The GGUF is written here (cached); a worker process (`llamacpp_worker.py`, started as a plain
+    script) loads it once and times each generation. Out of process, llama.cpp keeps its default
+    OpenMP behaviour, which is how its users run it (its threads spin-wait between tokens; turning
+    that off in the bench's process cost it about a quarter of its decode speed), while its spinning
+    threads can no longer share a process with Solo's. The bench pauses before every timed run so
+    no engine's spin-waiting threads are left on the cores of the next (see `solo bench --pause-ms`).
 
     Args:
         spec: what to build; `spec.extra["cache_key"]` names the GGUF in the cache folder so repeated
@@ -156,20 +182,18 @@ class LlamaCppPeer:
 
     Raises:
         PeerSkipped: llama-cpp-python or gguf is missing, the architecture has no GGUF mapping, the
-            device is not the CPU, or there is not enough memory for the conversion.
+            device is not the CPU, there is not enough memory for the conversion, or the worker
+            failed to load the model.
     """
 
     def __init__(self, spec: PeerSpec) -> None:
-        # llama.cpp's OpenMP threads (LLVM libomp) otherwise spin for 200 ms after every token, stealing the
-        # cores from the engine that runs next in the interleaved repeats; must be set before libomp loads.
-        os.environ.setdefault("KMP_BLOCKTIME", "0")
-        try:
-            import llama_cpp
-        except ImportError:
-            raise PeerSkipped("llama-cpp-python is not installed (pip install solo[llamacpp])") from None
+        # Only looked up, never imported: llama.cpp and its OpenMP runtime live in the worker process.
+        if importlib.util.find_spec("llama_cpp") is None:
+            raise PeerSkipped("llama-cpp-python is not installed (pip install solo[llamacpp])")
         if spec.device.type != "cpu":
             raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
         self.name = "llama.cpp"
+        self._proc: subprocess.Popen[str] | None = None
         type_name = gguf_type_name(spec.dtype, spec.quantize)
         from solo.runtime.cpu_build import cache_dir
 
@@ -185,34 +209,73 @@ class LlamaCppPeer:
             write_gguf(spec.model, tmp, type_name)
             os.replace(tmp, path)
         self.path = path
-        self._llama_cpp = llama_cpp
-        n_batch = max(512, min(spec.max_seq, 2048))
-        self.llm = llama_cpp.Llama(
-            model_path=str(path), n_ctx=spec.max_seq + 8, n_batch=n_batch, n_ubatch=n_batch,
-            n_threads=spec.threads, n_threads_batch=spec.threads, logits_all=False, verbose=False,
+        self._log = tempfile.TemporaryFile()  # the worker's stderr, quoted when it dies
+        # -P: the script's folder stays off sys.path, so nothing of the solo package is imported there.
+        self._proc = subprocess.Popen(
+            [sys.executable, "-P", str(Path(__file__).with_name("llamacpp_worker.py"))],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self._log, text=True, encoding="utf-8",
         )
-        self.n_vocab = self.llm.n_vocab()
-        system = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
-        self.build_info = f"llama-cpp-python {llama_cpp.__version__}, GGUF {type_name}, {system}"
+        n_batch = max(512, min(spec.max_seq, 2048))
+        try:
+            info = self._request({"op": "load", "path": str(path), "n_ctx": spec.max_seq + 8, "n_batch": n_batch,
+                                  "threads": spec.threads})
+        except PeerSkipped:
+            self.close()
+            raise
+        self.n_vocab = int(info["n_vocab"])
+        self.build_info = (f"llama-cpp-python {info['version']} in a worker process, GGUF {type_name}, "
+                           f"{info['system_info']}")
 
-    def _last_token(self) -> int:
-        logits = self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
-        return int(np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).argmax())
+    def _request(self, request: dict[str, Any]) -> dict[str, Any]:
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdout is None:
+            raise PeerSkipped("llama.cpp worker is not running")
+        try:
+            proc.stdin.write(json.dumps(request) + "\n")
+            proc.stdin.flush()
+            line = proc.stdout.readline()
+        except (BrokenPipeError, OSError):
+            line = ""
+        if not line:
+            self._proc = None
+            raise PeerSkipped(_worker_error(proc, self._log))
+        reply = json.loads(line)
+        if "error" in reply:
+            raise PeerSkipped(f"llama.cpp failed: {reply['error']}")
+        return reply
 
     def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
-        """Greedy generation: prompt in one `eval`, then one `eval` per token."""
-        self.llm.reset()
-        start = time.perf_counter()
-        self.llm.eval(prompt_ids)
-        token = self._last_token()
-        first = time.perf_counter()
-        for _ in range(gen_len - 1):
-            self.llm.eval([token])
-            token = self._last_token()
-        end = time.perf_counter()
-        return RunResult(ttft_s=first - start, decode_s=end - first, decode_tokens=gen_len - 1)
+        """Greedy generation in the worker: prompt in one `eval`, then one `eval` per token.
+
+        Times (seconds) are taken inside the worker, so the pipe's round trip is not counted.
+        """
+        reply = self._request({"op": "run", "prompt": list(prompt_ids), "gen_len": gen_len})
+        return RunResult(ttft_s=reply["ttft_s"], decode_s=reply["decode_s"], decode_tokens=reply["decode_tokens"])
+
+    def generate(self, prompt_ids: list[int], gen_len: int) -> list[int]:
+        """The `gen_len` greedy token ids llama.cpp picks after `prompt_ids` (for checking the conversion)."""
+        return self._request({"op": "run", "prompt": list(prompt_ids), "gen_len": gen_len, "tokens": True})["tokens"]
+
+    def peak_rss_bytes(self) -> int:
+        """Peak resident memory of the worker process in bytes (0 when unknown or stopped)."""
+        if self._proc is None:
+            return 0
+        try:
+            for line in Path(f"/proc/{self._proc.pid}/status").read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+        except OSError:
+            pass
+        return 0
 
     def close(self) -> None:
-        """Free llama.cpp's model and context (the GGUF stays cached)."""
-        self.llm.close() if hasattr(self.llm, "close") else None
-        self.llm = None
+        """Stop the worker, freeing llama.cpp's model and context (the GGUF stays cached)."""
+        proc, self._proc = self._proc, None
+        if proc is not None:
+            try:
+                proc.communicate(json.dumps({"op": "quit"}) + "\n", timeout=10)
+            except (subprocess.TimeoutExpired, BrokenPipeError, OSError, ValueError):
+                proc.kill()
+                proc.wait()
+        if hasattr(self, "_log"):
+            self._log.close()

@@ -34,7 +34,6 @@ from typing import Any
 import torch
 
 from solo.model.config import ModelConfig
-from solo.model.rope import RotaryEmbedding
 from solo.model.transformer import Transformer
 
 
@@ -47,21 +46,12 @@ def shape_raw(name: str) -> dict[str, Any]:
     return dict(SHAPES[name])
 
 
-@torch.no_grad()
 def build_random_model(config: ModelConfig, dtype: torch.dtype, device: str = "cuda", seed: int = 0,
                        std: float = 0.02) -> Transformer:
     """The eager model with N(0, std^2) matrices and unit norms, initialised on the device (fast)."""
-    with torch.device("meta"):
-        model = Transformer(config)
-    model = model.to(dtype).to_empty(device=device)
-    gen = torch.Generator(device=device).manual_seed(seed)
-    for name, param in model.named_parameters():
-        if name.endswith("norm.weight"):
-            param.fill_(0.0 if config.norm_unit_offset else 1.0)
-        else:
-            param.normal_(0.0, std, generator=gen)
-    model.rotary = RotaryEmbedding(config).to(device)
-    return model.eval().requires_grad_(False)
+    from solo.bench.shapes import build_model
+
+    return build_model(config, dtype, seed=seed, std=std, device=device)
 
 
 def roofline_bytes(config: ModelConfig, model: Transformer, context: int) -> dict[str, int]:

@@ -2,7 +2,7 @@
 
 The eager model syncs with the host once per layer (`int(positions.max())` sizes its attention), so it
 cannot be captured in a CUDA graph. Here the attended length comes from the host instead
-(`cached_attention`): a decode step reads the token, position and row from the device state and
+(`forward_tokens`): a decode step reads the token, position and row from the device state and
 attends over the whole static cache row under a position mask, so its shapes never change and it
 captures as is and compiles with `fullgraph=True`; a prefill passes the prompt's end and runs without
 per-layer syncs. The eager model's modules (norms, projections, MLP, RoPE, soft-capped attention) are
@@ -17,10 +17,7 @@ from __future__ import annotations
 import logging
 
 import torch
-import torch.nn.functional as F
 
-from solo.model.layers import Attention, _softcapped_attention, attention_mask
-from solo.model.rope import apply_rope
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.cuda.state import STATE_POS, STATE_ROW, STATE_TOKEN
 
@@ -40,71 +37,17 @@ def store_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, row: torch.Tensor, po
     v_cache[row, :, pos] = v.unsqueeze(0).to(v_cache.dtype)
 
 
-def cached_attention(attn: Attention, h: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
-                     positions: torch.Tensor, rows: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                     kv_len: int) -> torch.Tensor:
-    """`Attention.forward` with the attended length given by the host instead of read from the device.
-
-    With kv_len = max_seq the shapes are static (a decode step for a CUDA graph); with the prompt's
-    end it is a prefill without the eager model's per-layer host syncs.
-
-    Args:
-        attn: the eager attention module (its projections, norms and window are used).
-        h: [batch, seq, hidden] normalized input.
-        cos, sin: [batch, seq, head_dim] RoPE tables in the activation dtype.
-        positions: int64 [batch, seq] device tensor; rows: int64 [batch] device tensor.
-        k_cache, v_cache: this layer's cache [cache_rows, kv_heads, max_seq, head_dim].
-        kv_len: cache slots attended over (> every position in `positions`).
-
-    Returns:
-        [batch, seq, hidden].
-    """
-    cfg = attn.config
-    batch, seq, _ = h.shape
-    q = attn.q_proj(h).view(batch, seq, cfg.num_heads, cfg.head_dim)
-    k = attn.k_proj(h).view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
-    v = attn.v_proj(h).view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
-    if cfg.qk_norm:
-        q, k = attn.q_norm(q), attn.k_norm(k)
-    q = apply_rope(q.transpose(1, 2), cos, sin)  # [batch, heads, seq, head_dim]
-    k = apply_rope(k.transpose(1, 2), cos, sin)  # [batch, kv_heads, seq, head_dim]
-    row_idx = rows[:, None].expand(batch, seq)
-    k_cache[row_idx, :, positions] = k.transpose(1, 2).to(k_cache.dtype)
-    v_cache[row_idx, :, positions] = v.to(v_cache.dtype)
-    keys = k_cache[rows, :, :kv_len]  # [batch, kv_heads, kv_len, head_dim]
-    values = v_cache[rows, :, :kv_len]
-    mask = attention_mask(positions, kv_len, attn.window)
-    if cfg.attn_logit_softcap is None:
-        out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=cfg.attn_scale,
-                                             enable_gqa=cfg.num_kv_groups > 1)
-    else:
-        out = _softcapped_attention(q, keys, values, mask, cfg.attn_scale, cfg.attn_logit_softcap)
-    return attn.o_proj(out.transpose(1, 2).reshape(batch, seq, cfg.num_heads * cfg.head_dim))
-
-
 def forward_tokens(model: Transformer, cache: KVCache, input_ids: torch.Tensor, positions: torch.Tensor,
                    rows: torch.Tensor, kv_len: int, last_only: bool = False) -> torch.Tensor:
-    """`Transformer.forward` through `cached_attention` (same arguments, plus the host-known kv_len).
+    """`Transformer.forward` with the attended length given by the host instead of read from the device.
+
+    With kv_len = max_seq the shapes are static (a decode step for a CUDA graph); with the prompt's end it
+    is a prefill without the eager model's per-layer host syncs.
 
     Returns:
         Logits [batch, seq, vocab] (or [batch, 1, vocab] with last_only) in the weights' dtype.
     """
-    x = model.embed_tokens(input_ids)
-    cos, sin = model.rotary(positions, x.dtype)
-    for i, layer in enumerate(model.layers):
-        # DecoderLayer.forward with the attention swapped.
-        h = cached_attention(layer.attn, layer.attn_norm(x), cos, sin, positions, rows, cache.k[i], cache.v[i],
-                             kv_len)
-        if layer.sandwich_norm:
-            h = layer.attn_out_norm(h)
-        x = x + h
-        h = layer.mlp(layer.mlp_norm(x))
-        if layer.sandwich_norm:
-            h = layer.mlp_out_norm(h)
-        x = x + h
-    if last_only:
-        x = x[:, -1:]
-    return model.logits(x)
+    return model(input_ids, positions, cache, rows, last_only=last_only, kv_len=kv_len)
 
 
 class TorchStep:

@@ -1,0 +1,115 @@
+"""The llama.cpp peer's worker process: loads one GGUF once and serves timed generations over a pipe.
+
+`solo bench` starts this file as a script (`python -P llamacpp_worker.py`), not as a module of the
+solo package, so the process holds llama.cpp alone, as a user's own llama.cpp program would: no
+PyTorch, no second OpenMP runtime, and llama.cpp's default OpenMP settings (its threads spin-wait
+between tokens as they do for its users). Only the standard library, numpy and llama-cpp-python are
+imported here.
+
+Protocol: one JSON object per line on stdin, one JSON reply per line on the original stdout (the
+worker points its file descriptor 1 at stderr, so anything llama.cpp prints cannot corrupt replies).
+
+    {"op": "load", "path": str, "n_ctx": int, "n_batch": int, "threads": int}
+        -> {"n_vocab": int, "version": str, "system_info": str}
+    {"op": "run", "prompt": [int], "gen_len": int, "tokens": bool}
+        -> {"ttft_s": float, "decode_s": float, "decode_tokens": int, "tokens": [int] (if asked)}
+    {"op": "quit"} -> {}
+
+A failed request replies {"error": "<one line>"} and the worker keeps serving.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+
+class _Server:
+    """llama.cpp state of the worker: the model and context of the last "load"."""
+
+    def __init__(self) -> None:
+        self.llm: Any = None
+        self.n_vocab = 0
+
+    def load(self, path: str, n_ctx: int, n_batch: int, threads: int) -> dict[str, Any]:
+        """Load the GGUF at `path` for `threads` CPU threads; context and batch in tokens."""
+        import llama_cpp
+
+        self._llama_cpp = llama_cpp
+        self.llm = llama_cpp.Llama(
+            model_path=path, n_ctx=n_ctx, n_batch=n_batch, n_ubatch=n_batch, n_threads=threads,
+            n_threads_batch=threads, logits_all=False, verbose=False,
+        )
+        self.n_vocab = self.llm.n_vocab()
+        system = llama_cpp.llama_print_system_info().decode(errors="replace").strip()
+        return {"n_vocab": self.n_vocab, "version": llama_cpp.__version__, "system_info": system}
+
+    def _last_token(self) -> int:
+        import numpy as np
+
+        logits = self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
+        return int(np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).argmax())
+
+    def run(self, prompt: list[int], gen_len: int, tokens: bool) -> dict[str, Any]:
+        """Greedy generation: the prompt in one `eval`, then one `eval` per token; times in seconds."""
+        if self.llm is None:
+            raise RuntimeError("no model loaded")
+        self.llm.reset()
+        start = time.perf_counter()
+        self.llm.eval(prompt)
+        token = self._last_token()
+        first = time.perf_counter()
+        out = [token]
+        for _ in range(gen_len - 1):
+            self.llm.eval([token])
+            token = self._last_token()
+            out.append(token)
+        end = time.perf_counter()
+        reply: dict[str, Any] = {"ttft_s": first - start, "decode_s": end - first, "decode_tokens": gen_len - 1}
+        if tokens:
+            reply["tokens"] = out
+        return reply
+
+
+def serve(requests: Any, replies: Any) -> None:  # noqa: ANN401 - text streams
+    """Answer JSON-line requests from `requests` on `replies` until "quit" or end of input."""
+    server = _Server()
+    for line in requests:
+        if not line.strip():
+            continue
+        op = None
+        try:
+            request = json.loads(line)
+            op = request.get("op")
+            if op == "quit":
+                reply: dict[str, Any] = {}
+            elif op == "load":
+                reply = server.load(request["path"], int(request["n_ctx"]), int(request["n_batch"]),
+                                    int(request["threads"]))
+            elif op == "run":
+                reply = server.run([int(t) for t in request["prompt"]], int(request["gen_len"]),
+                                   bool(request.get("tokens")))
+            else:
+                reply = {"error": f"unknown op {op!r}"}
+        except Exception as exc:  # noqa: BLE001 - every failure goes back to the bench as one line
+            reply = {"error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300] if str(exc) else ''}"}
+        replies.write(json.dumps(reply) + "\n")
+        replies.flush()
+        if op == "quit":
+            return
+
+
+def main() -> int:
+    """Serve on stdin / the original stdout, with fd 1 redirected to stderr."""
+    replies = os.fdopen(os.dup(1), "w", encoding="utf-8")
+    os.dup2(2, 1)  # C-level prints of llama.cpp land on stderr, never in the reply stream
+    sys.stdout = sys.stderr
+    serve(sys.stdin, replies)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
