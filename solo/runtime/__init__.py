@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib
 import logging
 
 import torch
@@ -35,22 +36,22 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
     if backend not in BACKENDS:
         raise SoloError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     device = torch.device(device)
-    if backend == "cpu" or (backend == "auto" and device.type == "cpu"):
-        from solo.runtime.cpu import CpuRuntime, cpu_unsupported_reason
-
-        reason = cpu_unsupported_reason(model)
+    for name, device_type, module_name, class_name, reason_name in _FAST_RUNTIMES:
+        if backend != name and not (backend == "auto" and device.type == device_type):
+            continue
+        module = importlib.import_module(module_name)
+        reason = getattr(module, reason_name)(model)
         if reason is None:
-            return CpuRuntime(model)
-        if backend == "cpu":
-            raise SoloError(f"the cpu backend cannot run this model: {reason}")
-        _log.warning("using the eager runtime: %s", reason)
-    if backend == "cuda-graph" or (backend == "auto" and device.type == "cuda"):
-        from solo.runtime.cuda.runtime import CudaGraphRuntime, unsupported_reason
-
-        reason = unsupported_reason(model)
-        if reason is None:
-            return CudaGraphRuntime(model)
-        if backend == "cuda-graph":
-            raise SoloError(f"the cuda-graph backend cannot run this model: {reason}")
+            return getattr(module, class_name)(model)
+        if backend == name:
+            raise SoloError(f"the {name} backend cannot run this model: {reason}")
         _log.warning("using the eager runtime: %s", reason)
     return EagerRuntime(model)
+
+
+# backend name, the device type it is "auto" for, module, runtime class, function giving why it cannot run a
+# model (None when it can). Imported lazily: the CUDA runtime pulls in Triton.
+_FAST_RUNTIMES = (
+    ("cpu", "cpu", "solo.runtime.cpu", "CpuRuntime", "cpu_unsupported_reason"),
+    ("cuda-graph", "cuda", "solo.runtime.cuda.runtime", "CudaGraphRuntime", "unsupported_reason"),
+)

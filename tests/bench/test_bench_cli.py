@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import io
 import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
 
 import pytest
 import torch
@@ -73,7 +79,7 @@ def test_bench_end_to_end(tmp_path, capsys):
     out, plot = tmp_path / "bench.json", tmp_path / "sweep.png"
     code = main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "2", "--probe-gib", "0.0625",
                  "--compare", "hf-eager,llama.cpp", "--sweep-context", "--contexts", "8,16", "--sweep-gen-len", "3",
-                 "--json", str(out), "--plot", str(plot)])
+                 "--pause-ms", "20", "--json", str(out), "--plot", str(plot)])
     assert code == 0
     text = capsys.readouterr().out
     assert "roofline" in text and "GB/s" in text and "solo" in text
@@ -83,6 +89,7 @@ def test_bench_end_to_end(tmp_path, capsys):
     solo = report["engines"]["solo"]
     assert len(solo["runs"]) == 2 and solo["decode_tokens_per_s"]["median"] > 0
     assert report["backend"] == "cpu" and report["versions"]["torch"] == torch.__version__
+    assert report["pause_s"] == pytest.approx(0.02)
     for peer in ("hf-eager", "llama.cpp"):
         # Each peer either ran (with its build named) or was skipped with a reason.
         assert peer in report["engines"] or report["peers_skipped"].get(peer)
@@ -109,6 +116,67 @@ def test_unknown_peer_is_an_error(tmp_path, capsys):
     assert "unknown peer" in capsys.readouterr().err
 
 
+def test_interleaved_runs_pause_before_every_run():
+    from solo.bench.cli import _interleaved
+    from solo.bench.peers import RunResult
+
+    events: list[tuple[str, float]] = []
+
+    class Engine:
+        def __init__(self, name):
+            self.name = name
+
+        def run(self, prompt, gen_len):
+            events.append((self.name, time.perf_counter()))
+            return RunResult(ttft_s=0.0, decode_s=1.0, decode_tokens=gen_len - 1)
+
+    results = _interleaved([Engine("solo"), Engine("peer")], [1, 2], 3, 2, {},
+                           between=lambda: events.append(("probe", time.perf_counter())), pause_s=0.05)
+    assert [name for name, _ in events] == ["probe", "solo", "peer", "probe", "solo", "peer"]
+    gaps = [b - a for (_, a), (_, b) in zip(events, events[1:], strict=False)]
+    assert min(gaps) >= 0.05  # the same idle pause in front of every engine's run and every probe
+    assert {name: len(runs) for name, runs in results.items()} == {"solo": 2, "peer": 2}
+
+
+def test_llamacpp_worker_protocol_without_a_model():
+    from solo.bench.peers.llamacpp_worker import serve
+
+    requests = io.StringIO('{"op": "run", "prompt": [1], "gen_len": 2}\n\n{"op": "fly"}\nnot json\n'
+                           '{"op": "quit"}\n{"op": "run", "prompt": [1], "gen_len": 2}\n')
+    replies = io.StringIO()
+    serve(requests, replies)
+    answers = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert "no model loaded" in answers[0]["error"] and "unknown op" in answers[1]["error"]
+    assert "error" in answers[2] and answers[3] == {}
+    assert len(answers) == 4  # nothing served after "quit"
+
+
+def test_llamacpp_peer_skips_without_llama_cpp(monkeypatch):
+    import importlib.util
+
+    from solo.bench.peers import PeerSkipped, PeerSpec, load_peer
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    spec = PeerSpec(model=None, raw_config={}, dtype=torch.bfloat16, quantize=None, device=torch.device("cpu"),
+                    threads=1, max_seq=16)
+    with pytest.raises(PeerSkipped, match="llama-cpp-python is not installed"):
+        load_peer("llama.cpp", spec)
+
+
+def test_llamacpp_peer_reports_a_dead_worker():
+    from solo.bench.peers import PeerSkipped
+    from solo.bench.peers.llamacpp import LlamaCppPeer
+
+    peer = LlamaCppPeer.__new__(LlamaCppPeer)  # only the pipe handling, no model
+    peer._log = tempfile.TemporaryFile()
+    peer._proc = subprocess.Popen([sys.executable, "-c", "import sys; sys.stderr.write('boom\\n'); sys.exit(3)"],
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=peer._log, text=True)
+    with pytest.raises(PeerSkipped, match="exited with status 3: boom"):
+        peer.run([1, 2], 4)
+    peer.close()
+
+
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install solo[llamacpp])")
@@ -122,13 +190,11 @@ def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch):
     spec = PeerSpec(model=model, raw_config={}, dtype=torch.float32, quantize=None, device=torch.device("cpu"),
                     threads=2, max_seq=64, extra={"cache_key": None})
     peer = LlamaCppPeer(spec)
-    peer.llm.reset()
-    peer.llm.eval(prompt)
-    theirs = [peer._last_token()]
-    for _ in range(11):
-        peer.llm.eval([theirs[-1]])
-        theirs.append(peer._last_token())
+    theirs = peer.generate(prompt, 12)
+    timed = peer.run(prompt, 12)
     peer.close()
+    assert timed.decode_tokens == 11 and timed.decode_s > 0 and timed.ttft_s > 0
+    assert "worker process" in peer.build_info and "GGUF F32" in peer.build_info
     runtime = CpuRuntime(model)
     runtime.reserve(1, 32)
     ours = [int(runtime.prefill(0, torch.tensor(prompt)).argmax())]
@@ -136,3 +202,29 @@ def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch):
         ours.append(int(runtime.decode(torch.tensor([0]), torch.tensor([ours[-1]]),
                                        torch.tensor([len(prompt) + i]))[0].argmax()))
     assert ours == theirs
+
+
+def test_llamacpp_runs_outside_the_bench_process(tmp_path):
+    # llama.cpp and its OpenMP runtime must not be loaded here, and the bench must not change their settings.
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install solo[llamacpp])")
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    script = (
+        "import os, pathlib, sys, torch\n"
+        "from solo.bench.peers import PeerSpec\n"
+        "from solo.bench.peers.llamacpp import LlamaCppPeer\n"
+        "from solo.model.config import ModelConfig\n"
+        "from solo.model.weights import load_weights\n"
+        f"folder = pathlib.Path({str(make_checkpoint(tmp_path / 'llama', 'llama'))!r})\n"
+        "model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)\n"
+        "spec = PeerSpec(model=model, raw_config={}, dtype=torch.float32, quantize=None,\n"
+        "                device=torch.device('cpu'), threads=1, max_seq=32, extra={'cache_key': None})\n"
+        "peer = LlamaCppPeer(spec)\n"
+        "peer.run([1, 2, 3], 4)\n"
+        "maps = open('/proc/self/maps').read()\n"
+        "print('llama_cpp' in sys.modules, 'libllama' in maps, 'libomp' in maps, 'KMP_BLOCKTIME' in os.environ)\n"
+        "peer.close()\n"
+    )
+    env = {k: v for k, v in os.environ.items() if k != "KMP_BLOCKTIME"}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False", "False", "False"]
