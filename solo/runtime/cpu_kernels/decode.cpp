@@ -4,9 +4,10 @@
 // ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
 //
 // Layout: one OpenMP parallel region per step. Matrix-vector products split the weight rows across
-// threads (each thread streams a contiguous block of row-major rows); attention splits (sequence, head)
-// pairs; the small elementwise work between them (norms, RoPE, residuals) is repeated by every thread
-// on its own copy, so only six barriers per layer remain. Numerics mirror the eager reference (solo/model/layers.py): wherever eager PyTorch rounds an
+// threads (each thread streams a contiguous block of row-major rows); attention splits (sequence, group
+// of query heads sharing a KV head) pairs, so a GQA group reads its cached keys and values once; the
+// small elementwise work between them (norms, RoPE, residuals) is repeated by every thread on its own
+// copy, so only six barriers per layer remain. Numerics mirror the eager reference (solo/model/layers.py): wherever eager PyTorch rounds an
 // activation to the weights' dtype, this code rounds too (round-to-nearest-even to bf16), so greedy
 // tokens match; accumulation is float32.
 //
@@ -60,11 +61,12 @@ static void barrier_wait(SpinBarrier* b, int nt) {
 }
 
 // Per-thread scratch floats: residual, normed / scratch, post-processed q/k/v, matrix-vector input,
-// attention scores of one head.
+// attention scores of one GQA group of query heads.
 static size_t private_floats(const Model* m, int batch) {
   const size_t h = m->hidden, nq = (size_t)m->heads * m->head_dim, nkv = (size_t)m->kv_heads * m->head_dim;
   const size_t kmax = (size_t)max3(m->hidden, (int)nq, m->inter);
-  return ((2 * h + kmax + nq + 2 * nkv) * batch + (size_t)m->max_seq + 16) & ~(size_t)15;
+  const size_t group = (size_t)(m->heads / m->kv_heads);
+  return ((2 * h + kmax + nq + 2 * nkv) * batch + (size_t)m->max_seq * group + 16) & ~(size_t)15;
 }
 
 // Bytes of workspace `solo_decode` needs for `batch` sequences and `nthreads` threads.
@@ -128,7 +130,7 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
     float* t = x + (size_t)B * h;                                    // scratch / normed [B, h]
     float* lq = t + (size_t)B * h;                                   // post-processed q, k, v [B, nqkv]
     void* xin = lq + (size_t)B * nqkv;                               // matrix-vector input [B, kmax]
-    float* scores = (float*)xin + (size_t)B * kmax;                  // attention scores [max_seq]
+    float* scores = (float*)xin + (size_t)B * kmax;                  // attention scores [group, max_seq]
     for (int b = 0; b < B; b++) {
       for (int i = 0; i < h; i++) {
         float v = load_act(m->embed, (size_t)tokens[b] * h + i, bf);
@@ -165,18 +167,24 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
           }
         }
       }
-      // --- attention: (sequence, head) pairs split across threads
+      // --- attention: (sequence, group of query heads sharing a KV head) split across threads
       {
-        const int items = B * m->heads;
+        const int gs = attend_group_size(m, B, nt), per = gs > 0 ? gs : 1, groups = m->heads / per;
+        const int items = B * groups;
         const int i0 = (int)((long)items * tid / nt), i1 = (int)((long)items * (tid + 1) / nt);
         for (int it = i0; it < i1; it++) {
-          const int b = it / m->heads, hh = it % m->heads, kvh = hh / (m->heads / m->kv_heads);
+          const int b = it / groups, hh = (it % groups) * per, kvh = hh / (m->heads / m->kv_heads);
           const float* qb = lq + (size_t)b * nqkv;
-          attend(m, L, qb + (size_t)hh * hd, qb + nq + (size_t)kvh * hd, qb + nq + nkv + (size_t)kvh * hd,
-                 (int)rows[b], (int)positions[b], kvh, scores,
-                 att + (size_t)b * nq + (size_t)hh * hd);
+          const float* k_now = qb + nq + (size_t)kvh * hd;
+          const float* v_now = qb + nq + nkv + (size_t)kvh * hd;
+          float* out = att + (size_t)b * nq + (size_t)hh * hd;
+          if (gs > 0)
+            attend_heads(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], (int)positions[b], kvh, gs, scores,
+                         (size_t)m->max_seq, out);
+          else
+            attend(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], (int)positions[b], kvh, scores, out);
           prepare_input_cols(&L->o, att + (size_t)b * nq, 1, (char*)o_in + (size_t)b * nq * input_elem_bytes(&L->o),
-                             hh * hd, (hh + 1) * hd);
+                             hh * hd, (hh + per) * hd);
         }
       }
       barrier_wait(&bar, nt);

@@ -288,3 +288,196 @@ static void attend(const Model* m, const Layer* L, const float* q, const float* 
   }
 }
 
+
+#if SOLO_VEC
+// Largest GQA group `attend_group` takes (query heads per KV head), and its q scratch in floats.
+#define SOLO_MAX_GROUP 64
+#define SOLO_GROUP_Q_FLOATS 4096
+
+// 32 cached activations from `p` as two float32 vectors, without a cross-lane shuffle: for bf16, the
+// even elements (the low halves of each 32-bit word shifted up) and the odd ones (the high halves
+// masked); for float32, the first 16 and the next 16. `pair_layout` puts a float32 row in the same order.
+static inline void load_pair(const void* p, int bf, __m512* lo, __m512* hi) {
+  if (bf) {
+    const __m512i w = _mm512_loadu_si512(p);
+    *lo = _mm512_castsi512_ps(_mm512_slli_epi32(w, 16));
+    *hi = _mm512_castsi512_ps(_mm512_and_si512(w, _mm512_set1_epi32((int)0xffff0000u)));
+  } else {
+    *lo = _mm512_loadu_ps((const float*)p);
+    *hi = _mm512_loadu_ps((const float*)p + 16);
+  }
+}
+
+static inline __m512i pair_index(int first) {
+  alignas(64) int idx[16];
+  for (int i = 0; i < 16; i++) idx[i] = first + 2 * i;
+  return _mm512_load_si512(idx);
+}
+
+// Reorder a float32 row of `n` (a multiple of 32) values into `load_pair`'s order for `bf` (or back).
+static inline void pair_layout(const float* src, float* dst, int n, int bf, int inverse) {
+  if (!bf) {
+    if (src != dst) memcpy(dst, src, (size_t)n * sizeof(float));
+    return;
+  }
+  const __m512i even = pair_index(0), odd = pair_index(1);
+  alignas(64) int lo[16], hi[16];
+  for (int i = 0; i < 16; i++) {
+    lo[i] = (i & 1) ? 16 + i / 2 : i / 2;  // inverse: interleave the even and odd vectors again
+    hi[i] = (i & 1) ? 24 + i / 2 : 8 + i / 2;
+  }
+  const __m512i ilo = _mm512_load_si512(lo), ihi = _mm512_load_si512(hi);
+  for (int c = 0; c < n; c += 32) {
+    const __m512 a = _mm512_loadu_ps(src + c), b = _mm512_loadu_ps(src + c + 16);
+    _mm512_storeu_ps(dst + c, _mm512_permutex2var_ps(a, inverse ? ilo : even, b));
+    _mm512_storeu_ps(dst + c + 16, _mm512_permutex2var_ps(a, inverse ? ihi : odd, b));
+  }
+}
+
+// p @ v for NB query heads at once (their rounded softmax numerators `p`, rows of `stride` floats), each
+// cached value row loaded and widened once for all of them. acc: [NB, head_dim] in `load_pair` order.
+// Per output element the fused multiply-adds and their order are those of `attend`'s `axpy_act`.
+template <int NPAIR, int NB>
+static inline void pv_block(const float* p, size_t stride, const char* V, size_t row_bytes, int bf, int start,
+                            int end, float* acc_out) {
+  __m512 acc[NB][2 * NPAIR];
+  for (int h = 0; h < NB; h++)
+    for (int c = 0; c < 2 * NPAIR; c++) acc[h][c] = _mm512_setzero_ps();
+  for (int j = start; j < end; j++) {
+    const char* vr = V + (size_t)j * row_bytes;
+    __m512 v[2 * NPAIR];
+    for (int c = 0; c < NPAIR; c++) load_pair(vr + (size_t)c * 32 * (bf ? 2 : 4), bf, &v[2 * c], &v[2 * c + 1]);
+    for (int h = 0; h < NB; h++) {
+      const __m512 ph = _mm512_set1_ps(p[(size_t)h * stride + j]);
+      for (int c = 0; c < 2 * NPAIR; c++) acc[h][c] = _mm512_fmadd_ps(ph, v[c], acc[h][c]);
+    }
+  }
+  for (int h = 0; h < NB; h++)
+    for (int c = 0; c < 2 * NPAIR; c++) _mm512_storeu_ps(acc_out + (size_t)h * 32 * NPAIR + 16 * c, acc[h][c]);
+}
+
+template <int NPAIR, int NB>
+static void pv_heads(const float* p, size_t stride, const char* V, size_t row_bytes, int bf, int start, int end,
+                     int gs, float* acc_out) {
+  int h = 0;
+  for (; h + NB <= gs; h += NB)
+    pv_block<NPAIR, NB>(p + (size_t)h * stride, stride, V, row_bytes, bf, start, end, acc_out + (size_t)h * 32 * NPAIR);
+  for (; h < gs; h++)
+    pv_block<NPAIR, 1>(p + (size_t)h * stride, stride, V, row_bytes, bf, start, end, acc_out + (size_t)h * 32 * NPAIR);
+}
+
+// `gs` consecutive query heads sharing KV head `kvh` (GQA), head_dim = 32 * NPAIR, no soft-capping.
+//   q: float32 [gs, head_dim]; k_now, v_now: float32 [head_dim]; scores: float32 [gs, stride] scratch;
+//   out: float32 [gs, head_dim].
+// Each cached key and value row is loaded and widened once for the whole group (or a block of it)
+// instead of once per head, and outputs accumulate in registers across positions. Same math as
+// `attend` (scores in float32, softmax numerators rounded to the dtype for p @ v, divided by their
+// float32 sum); q . k sums its products in a different order, so scores can differ from `attend` in
+// the last float32 bits; p @ v is bit-identical. Results never depend on `gs`.
+template <int NPAIR>
+static void attend_group(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+  constexpr int hd = NPAIR * 32;
+  constexpr int HB = NPAIR >= 4 ? (NPAIR >= 8 ? 1 : 2) : (NPAIR == 3 ? 3 : 4);  // heads per p @ v block
+  const int bf = m->dtype == DT_BF16;
+  const size_t esz = bf ? 2 : 4, row_bytes = hd * esz;
+  const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
+  const char* K = (const char*)L->k_cache + head_off * esz;
+  const char* V = (const char*)L->v_cache + head_off * esz;
+  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  const float scale = m->attn_scale;
+  alignas(64) float qp[SOLO_GROUP_Q_FLOATS];  // q in `load_pair` order, then the p @ v accumulators
+  float mx[SOLO_MAX_GROUP], sum[SOLO_MAX_GROUP];
+  for (int g = 0; g < gs; g++) {
+    pair_layout(q + (size_t)g * hd, qp + (size_t)g * hd, hd, bf, 0);
+    mx[g] = -INFINITY;
+  }
+  for (int j = start; j < pos; j++) {
+    __m512 k[2 * NPAIR];
+    for (int c = 0; c < NPAIR; c++)
+      load_pair(K + (size_t)j * row_bytes + (size_t)c * 32 * esz, bf, &k[2 * c], &k[2 * c + 1]);
+    for (int g = 0; g < gs; g++) {
+      const float* qg = qp + (size_t)g * hd;
+      __m512 acc = _mm512_mul_ps(_mm512_load_ps(qg), k[0]);
+      for (int c = 1; c < 2 * NPAIR; c++) acc = _mm512_fmadd_ps(_mm512_load_ps(qg + 16 * c), k[c], acc);
+      const float s = _mm512_reduce_add_ps(acc) * scale;
+      scores[(size_t)g * stride + j] = s;
+      mx[g] = s > mx[g] ? s : mx[g];
+    }
+  }
+  {
+    // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
+    alignas(64) float kn[256];
+    pair_layout(k_now, kn, hd, bf, 0);
+    for (int g = 0; g < gs; g++) {
+      const float* qg = qp + (size_t)g * hd;
+      __m512 acc = _mm512_mul_ps(_mm512_load_ps(qg), _mm512_load_ps(kn));
+      for (int c = 1; c < 2 * NPAIR; c++) acc = _mm512_fmadd_ps(_mm512_load_ps(qg + 16 * c), _mm512_load_ps(kn + 16 * c), acc);
+      const float s = _mm512_reduce_add_ps(acc) * scale;
+      scores[(size_t)g * stride + pos] = s;
+      mx[g] = s > mx[g] ? s : mx[g];
+    }
+  }
+  for (int g = 0; g < gs; g++) {
+    // Softmax numerators, stored rounded to the dtype (for p @ v) and summed unrounded.
+    float* sg = scores + (size_t)g * stride;
+    const __m512 vmx = _mm512_set1_ps(mx[g]);
+    __m512 acc = _mm512_setzero_ps();
+    for (int j = start; j <= pos; j += 16) {
+      const __mmask16 msk = tail_mask(pos + 1 - j);
+      const __m512 e = exp16(_mm512_sub_ps(load16(sg + j, msk), vmx));
+      _mm512_mask_storeu_ps(sg + j, msk, rnd16(e, bf));
+      acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(msk, e));
+    }
+    sum[g] = _mm512_reduce_add_ps(acc);
+  }
+  pv_heads<NPAIR, HB>(scores, stride, V, row_bytes, bf, start, pos, gs, qp);
+  alignas(64) float vn[256];
+  pair_layout(v_now, vn, hd, 0, 0);  // float32 row: `load_pair`'s float32 order is the natural one
+  for (int g = 0; g < gs; g++) {
+    float* acc = qp + (size_t)g * hd;
+    const __m512 p = _mm512_set1_ps(scores[(size_t)g * stride + pos]);
+    const __m512 vsum = _mm512_set1_ps(sum[g]);
+    for (int c = 0; c < NPAIR; c++) {
+      // v_now is float32 (natural order) while acc is in the cache dtype's pair order.
+      __m512 a = _mm512_loadu_ps(acc + 32 * c), b = _mm512_loadu_ps(acc + 32 * c + 16);
+      alignas(64) float tmp[32];
+      _mm512_store_ps(tmp, a);
+      _mm512_store_ps(tmp + 16, b);
+      pair_layout(tmp, tmp, 32, bf, 1);  // back to natural order
+      a = _mm512_fmadd_ps(p, _mm512_load_ps(vn + 32 * c), _mm512_load_ps(tmp));
+      b = _mm512_fmadd_ps(p, _mm512_load_ps(vn + 32 * c + 16), _mm512_load_ps(tmp + 16));
+      _mm512_storeu_ps(out + (size_t)g * hd + 32 * c, rnd16(_mm512_div_ps(a, vsum), bf));
+      _mm512_storeu_ps(out + (size_t)g * hd + 32 * c + 16, rnd16(_mm512_div_ps(b, vsum), bf));
+    }
+  }
+}
+
+// Query heads per `attend_group` call, or 0 where it does not apply (no AVX-512 build, soft-capping, a
+// head_dim that is not 64, 96, 128 or 256): the GQA group, shrunk to a divisor of itself until
+// batch * heads / group work items keep all `nthreads` threads busy.
+static int attend_group_size(const Model* m, int batch, int nthreads) {
+  const int hd = m->head_dim, g = m->heads / m->kv_heads;
+  if (m->attn_softcap > 0.f || !(hd == 64 || hd == 96 || hd == 128 || hd == 256)) return 0;
+  int gs = g;
+  while (gs > 1 && ((long)batch * (m->heads / gs) < nthreads || gs > SOLO_MAX_GROUP ||
+                    (long)gs * hd > SOLO_GROUP_Q_FLOATS)) {
+    do gs--; while (g % gs != 0);
+  }
+  return gs;
+}
+
+static void attend_heads(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+  switch (m->head_dim) {
+    case 64: attend_group<2>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
+    case 96: attend_group<3>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
+    case 128: attend_group<4>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
+    default: attend_group<8>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
+  }
+}
+#else
+static int attend_group_size(const Model*, int, int) { return 0; }
+static void attend_heads(const Model*, const Layer*, const float*, const float*, const float*, int, int, int, int,
+                         float*, size_t, float*) {}
+#endif
