@@ -39,8 +39,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
-        "--dtype", default="auto", choices=DTYPE_CHOICES,
-        help="weight dtype; auto keeps the checkpoint's own (default: auto)",
+        "--dtype", default="auto", metavar="DTYPE",
+        help=f"weight dtype: {', '.join(DTYPE_CHOICES)} (or bf16, fp16, fp32); auto keeps the checkpoint's "
+        "own (default: auto)",
     )
     parser.add_argument(
         "--backend", default="auto", choices=BACKENDS,
@@ -48,6 +49,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
         "graphs + Triton); eager runs the reference model (default: auto)",
     )
     parser.add_argument("--revision", default=None, help="hub branch, tag or commit (hub ids only)")
+    parser.add_argument("--threads", type=int, default=None, metavar="N",
+                        help="CPU threads for prefill and decode (default: one per physical core); fewer "
+                        "helps when other work shares the cores")
     parser.add_argument(
         "--quantize", default=None, choices=("int8", "int4"),
         help="weight-only quantization for the CPU runtime (off by default; int8 keeps quality closest)",
@@ -132,6 +136,8 @@ def cmd_run(args: argparse.Namespace) -> int:
         if sys.stdin.isatty():
             raise SoloError("no prompt given; pass --prompt TEXT (or pipe the prompt on stdin)")
         prompt = sys.stdin.read()
+    if args.system is not None and not args.chat:
+        raise SoloError("--system only applies to chat prompts; add --chat (or put the text in --prompt)")
     params = sampling_params_from_args(args)
     engine = _load_engine(args)
     if args.chat:
@@ -172,6 +178,13 @@ def cmd_chat(args: argparse.Namespace) -> int:
             continue
         history.append({"role": "user", "content": line})
         turn = params.copy(max_tokens=params.max_tokens)
+        used = len(engine.encode_prompt(system + history))
+        if used + (turn.max_tokens or 1) > engine.config.context_length:
+            history.pop()
+            print(f"solo: error: the conversation is {used} tokens; with {turn.max_tokens or 1} more it no longer "
+                  f"fits the context ({engine.config.context_length} tokens). /reset starts a new conversation"
+                  f"{'; or lower --max-tokens' if turn.max_tokens else ''}", file=sys.stderr)
+            continue
         try:
             _default_max_tokens(engine, system + history, turn)
             reply, last = _stream(engine, system + history, turn)
@@ -234,6 +247,17 @@ def _version() -> str:
     return f"solo {__version__}"
 
 
+def _apply_threads(args: argparse.Namespace) -> None:
+    threads = getattr(args, "threads", None)
+    if threads is None:
+        return
+    if threads < 1:
+        raise SoloError(f"--threads must be >= 1, got {threads}")
+    import torch
+
+    torch.set_num_threads(threads)  # the native CPU runtime uses torch's thread count too
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `solo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -244,6 +268,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
+        _apply_threads(args)
         return args.handler(args)
     except SoloError as exc:
         print(f"solo: error: {exc}", file=sys.stderr)

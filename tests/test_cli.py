@@ -122,7 +122,7 @@ def test_missing_shard_via_cli(capsys, tmp_path):
 def test_unknown_dtype_via_cli(tiny_llama):
     proc = subprocess.run([sys.executable, "-m", "solo.cli", "run", str(tiny_llama), "--dtype", "float8",
                            "--prompt", "hi"], capture_output=True, text=True, timeout=120)
-    assert proc.returncode == 2 and "invalid choice: 'float8'" in proc.stderr
+    assert proc.returncode == 2 and "unknown dtype 'float8'; choose one of auto" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 
@@ -132,3 +132,63 @@ def test_help_explains_every_flag():
     for flag in ("--temperature", "--top-k", "--top-p", "--min-p", "--repetition-penalty", "--presence-penalty",
                  "--frequency-penalty", "--seed", "--stop", "--max-tokens", "--device", "--dtype"):
         assert flag in proc.stdout
+
+
+def test_dtype_aliases_match_the_python_api(capsys, tiny_llama):
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--dtype", "fp32", "--prompt", "hi", "--max-tokens", "2")
+    assert code == 0, err
+
+
+def test_corrupt_weights_empty_config_and_bad_generation_config(capsys, tmp_path, tiny_llama):
+    cases = {
+        "truncated": ("model.safetensors", None, "damaged or incomplete, re-download it"),
+        "empty-config": ("config.json", "{}", "config.json names no architecture"),
+        "bad-gen": ("generation_config.json", '{"temperature": -3, "top_p": 7}', "temperature must be >= 0, got -3"),
+    }
+    for name, (file, text, message) in cases.items():
+        folder = tmp_path / name
+        shutil.copytree(tiny_llama, folder)
+        if text is None:
+            with open(folder / file, "r+b") as f:
+                f.truncate(1000)
+        else:
+            (folder / file).write_text(text)
+        code, _, err = _run(capsys, "run", str(folder), "--prompt", "hi")
+        assert code == 2 and message in err, (name, err)
+        assert "Traceback" not in err and err.count("\n") == 1
+
+
+def test_system_without_chat_and_bad_threads_are_refused(capsys, tiny_llama):
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--system", "be brief", "--prompt", "hi")
+    assert code == 2 and "--system only applies to chat prompts; add --chat" in err
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--threads", "0", "--prompt", "hi")
+    assert code == 2 and "--threads must be >= 1" in err
+
+
+def test_threads_flag_sets_the_thread_count(capsys, tiny_llama):
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--threads", "1", "--prompt", "hi", "--max-tokens", "2")
+        assert code == 0, err
+        assert torch.get_num_threads() == 1
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_chat_says_reset_when_the_history_fills_the_context(tiny_llama, monkeypatch, capsys):
+    # The tiny model's context is 256 tokens: the second long turn cannot fit with 100 more tokens.
+    turn = "word " * 15  # about 60 tokens
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\n{turn}\n/reset\nhi\n"))
+    code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "100", "--ignore-eos")
+    assert code == 0
+    assert "no longer fits the context (256 tokens). /reset starts a new conversation" in err
+    assert err.count("[TTFT") == 2  # the first turn and the turn after /reset ran
+
+
+def test_serve_refuses_a_missing_folder_before_listening(tmp_path):
+    proc = subprocess.run([sys.executable, "-m", "solo.cli", "serve", str(tmp_path / "nope"), "--port", "0"],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2 and "does not exist" in proc.stderr
+    assert "Uvicorn" not in proc.stderr and "Started server" not in proc.stderr

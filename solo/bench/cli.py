@@ -53,6 +53,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "left spinning are asleep before the next one starts (default: %(default)g)")
 
 
+def _parse_contexts(text: str) -> list[int]:
+    try:
+        contexts = [int(c) for c in text.split(",") if c.strip()]
+    except ValueError:
+        raise ValueError(f"--contexts must be comma-separated token counts such as 512,2048; got {text!r}") from None
+    if not contexts or min(contexts) < 1:
+        raise ValueError(f"--contexts needs at least one context length >= 1; got {text!r}")
+    return contexts
+
+
 def _load(args: argparse.Namespace, device: Any) -> tuple[Any, dict[str, Any], str, str]:  # noqa: ANN401
     import torch
 
@@ -142,11 +152,15 @@ def main(args: argparse.Namespace) -> int:
     pause_s = args.pause_ms / 1000.0
     try:
         peer_names = expand_names(args.compare.split(",")) if args.compare else []
-        contexts = [int(c) for c in args.contexts.split(",") if c.strip()] if args.sweep_context else []
+        contexts = _parse_contexts(args.contexts) if args.sweep_context else []
     except ValueError as exc:
         raise SoloError(str(exc)) from None
     if args.plot and not args.sweep_context:
         raise SoloError("--plot draws the context sweep; add --sweep-context")
+    if args.plot:
+        from solo.bench.plot import require_matplotlib
+
+        require_matplotlib()
     device = resolve_device(args.device)
     print("loading model ...", file=sys.stderr)
     model, raw_config, model_label, cache_key = _load(args, device)

@@ -7,6 +7,20 @@ from typing import Any
 
 from solo.errors import SoloError
 
+MISSING_MATPLOTLIB = '--plot needs matplotlib: pip install matplotlib (from a checkout: pip install -e ".[plot]")'
+
+
+def require_matplotlib() -> None:
+    """Fail early, before a long sweep, when --plot cannot draw.
+
+    Raises:
+        SoloError: matplotlib is not installed.
+    """
+    import importlib.util
+
+    if importlib.util.find_spec("matplotlib") is None:
+        raise SoloError(MISSING_MATPLOTLIB)
+
 
 def plot_sweep(sweep: dict[str, Any], title: str, path: str | Path) -> None:
     """Draw the context sweep and save it as an image.
@@ -25,7 +39,7 @@ def plot_sweep(sweep: dict[str, Any], title: str, path: str | Path) -> None:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise SoloError("--plot needs matplotlib (pip install solo[plot])") from None
+        raise SoloError(MISSING_MATPLOTLIB) from None
     contexts = sweep["contexts"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(contexts, sweep["roofline_tokens_per_s"], "k--", label="roofline (measured bandwidth)")

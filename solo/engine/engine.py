@@ -184,20 +184,20 @@ class Engine:
             )
         return PreparedPrompt(ids, max_tokens)
 
-    def make_request(self, prompt: Prompt, params: SamplingParams | None = None,
+    def make_request(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
                      fallback_temperature: float = 0.0, start_time: float | None = None) -> Request:
         """Encode, validate and resolve a request without running it (the server's scheduler runs it).
 
         Args:
             prompt: text, messages or ids.
-            params: sampling parameters (None: all defaults).
+            params: sampling parameters (None: all defaults); a dict of `SamplingParams` fields works too.
             fallback_temperature: temperature when neither request nor model sets one.
             start_time: arrival time (`time.perf_counter()`), for TTFT.
 
         Raises:
             InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`.
         """
-        params = params or SamplingParams()
+        params = _as_sampling_params(params)
         params.validate()
         prepared = self.prepare(prompt, params.max_tokens)
         eos = set() if params.ignore_eos else self.eos_ids | set(params.stop_token_ids)
@@ -216,12 +216,13 @@ class Engine:
 
     # -------------------------------------------------------------------------------------- generation
 
-    def generate(self, prompt: Prompt, params: SamplingParams | None = None) -> Iterator[GenerationEvent]:
+    def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None
+                 ) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
         Args:
             prompt: text, chat messages or token ids.
-            params: sampling parameters.
+            params: sampling parameters, or a dict of `SamplingParams` fields.
 
         Yields:
             `GenerationEvent`s; the last has `finish_reason` and `stats`.
@@ -252,7 +253,8 @@ class Engine:
                 position = torch.tensor([request.next_position - 1], dtype=torch.long)
                 logits = runtime.decode(rows, torch.tensor([token], dtype=torch.long), position)[0]
 
-    def complete(self, prompt: Prompt, params: SamplingParams | None = None) -> GenerationResult:
+    def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None
+                 ) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`)."""
         request = self.make_request(prompt, params)
         texts, ids, logprobs = [], [], []
@@ -267,3 +269,19 @@ class Engine:
             text="".join(texts), token_ids=ids, finish_reason=event.finish_reason, stats=event.stats,
             prompt_token_ids=request.prompt_ids, logprobs=logprobs if request.logprobs is not None else None,
         )
+
+
+def _as_sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
+    if params is None:
+        return SamplingParams()
+    if isinstance(params, SamplingParams):
+        return params
+    if isinstance(params, Mapping):
+        unknown = sorted(set(params) - set(SamplingParams.field_names()))
+        if unknown:
+            raise InvalidRequestError(
+                f"unknown sampling parameter(s) {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(SamplingParams.field_names())}"
+            )
+        return SamplingParams(**params)
+    raise InvalidRequestError(f"params must be a SamplingParams or a dict of its fields, got {type(params).__name__}")

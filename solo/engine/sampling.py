@@ -85,7 +85,7 @@ class SamplingParams:
             raise bad("temperature", ">= 0 (0 means greedy)")
         if self.top_k is not None and (isinstance(self.top_k, bool) or not isinstance(self.top_k, int)
                                        or self.top_k < -1):
-            raise bad("top_k", "an integer >= 0 (0 or -1 disables it)")
+            raise bad("top_k", "an integer >= -1 (0 or -1 disables it)")
         if (p := finite("top_p")) is not None and not 0 < p <= 1:
             raise bad("top_p", "in (0, 1]")
         if (m := finite("min_p")) is not None and not 0 <= m <= 1:

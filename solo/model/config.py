@@ -331,6 +331,11 @@ def _architecture_name(raw: dict[str, Any]) -> str:
     for name in names:
         if name in _ARCHITECTURE_RULES:
             return name
+    if not names and raw.get("model_type") is None:
+        raise UnsupportedArchitectureError(
+            "config.json names no architecture (neither `architectures` nor `model_type` is set); it is "
+            f"damaged or not a transformers model config. Solo supports {', '.join(SUPPORTED_ARCHITECTURES)}"
+        )
     shown = ", ".join(names) if names else f"model_type {raw.get('model_type')!r}"
     raise UnsupportedArchitectureError(
         f"unsupported architecture {shown}; Solo supports {', '.join(SUPPORTED_ARCHITECTURES)}"

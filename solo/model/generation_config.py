@@ -62,7 +62,7 @@ class GenerationDefaults:
         """Read `folder/generation_config.json`; without one, only `fallback_eos_ids` (from config.json).
 
         Raises:
-            CheckpointError: the file exists but is not valid JSON.
+            CheckpointError: the file exists but is not valid JSON, or holds an out-of-range sampling value.
         """
         path = Path(folder) / "generation_config.json"
         if not path.is_file():
@@ -71,10 +71,36 @@ class GenerationDefaults:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
-        defaults = cls.from_dict(raw)
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path} must hold a JSON object; re-download it")
+        try:
+            defaults = cls.from_dict(raw)
+            defaults.check()
+        except (TypeError, ValueError) as exc:
+            raise CheckpointError(
+                f"{path}: {exc}; fix the file (or remove the key)"
+            ) from None
         if not defaults.eos_token_ids and fallback_eos_ids:
             defaults = cls(**{**defaults.__dict__, "eos_token_ids": fallback_eos_ids})
         return defaults
+
+    def check(self) -> None:
+        """Check each sampling value against the range `SamplingParams` accepts.
+
+        Raises:
+            ValueError: a value is out of range (the message names the key and the value).
+        """
+        rules = [
+            ("temperature", self.temperature, lambda v: v >= 0, ">= 0"),
+            ("top_p", self.top_p, lambda v: 0 < v <= 1, "in (0, 1]"),
+            ("top_k", self.top_k, lambda v: v >= -1, ">= -1"),
+            ("min_p", self.min_p, lambda v: 0 <= v <= 1, "in [0, 1]"),
+            ("repetition_penalty", self.repetition_penalty, lambda v: v > 0, "> 0"),
+            ("max_new_tokens", self.max_new_tokens, lambda v: v >= 1, ">= 1"),
+        ]
+        for key, value, ok, rule in rules:
+            if value is not None and (value != value or not ok(value)):  # value != value: NaN
+                raise ValueError(f"{key} must be {rule}, got {value!r}")
 
     def default_temperature(self) -> float | None:
         """Temperature implied by the file: 0 (greedy) when do_sample is false, else the file's value.

@@ -21,6 +21,26 @@ DTYPE_CHOICES = ("auto", *_DTYPES)
 """Values accepted for `dtype` / `--dtype`."""
 
 
+def check_local_model(model: str | Path | None) -> None:
+    """Fail fast on a model reference that names a local folder which cannot load.
+
+    Hub ids and the bundled model (None) pass; so does a folder with a config.json (the rest is checked
+    when loading). Used by `solo serve` before it starts listening.
+
+    Raises:
+        ModelNotFoundError: a missing folder that is not a hub id, or a file.
+        CheckpointError: a folder without config.json.
+    """
+    if model is None:
+        return
+    path = Path(model).expanduser()
+    if path.is_dir() or path.exists() or not _HUB_ID.match(str(model)) or str(model).startswith((".", "/", "~")):
+        folder = resolve_model_dir(model)
+        from solo.model.config import ModelConfig
+
+        ModelConfig.from_file(folder)
+
+
 def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> Path:
     """Turn what the user named into a local model folder.
 

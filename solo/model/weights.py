@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from solo.errors import CheckpointError
@@ -118,8 +118,10 @@ def _iter_tensors(files: list[Path], device: str) -> Iterator[tuple[str, torch.T
             with safe_open(str(path), framework="pt", device=device) as f:
                 for name in f.keys():
                     yield name, f.get_tensor(name)
-        except (OSError, RuntimeError, ValueError) as exc:
-            raise CheckpointError(f"cannot read {path} ({exc}); the file is damaged, re-download it") from None
+        except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+            raise CheckpointError(
+                f"cannot read {path} ({exc}); the file is damaged or incomplete, re-download it"
+            ) from None
         bar.update(1)
     bar.close()
 

@@ -51,6 +51,9 @@ def main(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise SoloError(f"--port must be in [0, 65535], got {args.port}")
+    from solo.model.hub import check_local_model
+
+    check_local_model(args.model)  # a wrong path fails here, before the server starts listening
     settings = ServerSettings(
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
         quantize=args.quantize,

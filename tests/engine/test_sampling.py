@@ -101,7 +101,7 @@ def test_penalties_change_generation(tiny_llama):
         ({"top_p": 1.5}, "top_p must be in (0, 1], got 1.5"),
         ({"temperature": -0.1}, "temperature must be >= 0"),
         ({"max_tokens": 0}, "max_tokens must be an integer >= 1, got 0"),
-        ({"top_k": -2}, "top_k must be an integer >= 0"),
+        ({"top_k": -2}, "top_k must be an integer >= -1 (0 or -1 disables it)"),
         ({"min_p": 2.0}, "min_p must be in [0, 1]"),
         ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
         ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
@@ -124,3 +124,13 @@ def test_defaults_come_from_generation_config_then_fallback():
     assert SamplingParams(temperature=0.2).resolve(defaults).temperature == 0.2
     assert SamplingParams().resolve(GenerationDefaults(), fallback_temperature=1.0).temperature == 1.0
     assert SamplingParams().resolve(GenerationDefaults()).greedy
+
+
+def test_params_may_be_a_dict(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    as_dict = engine.complete("def f(x):", {"max_tokens": 6, "ignore_eos": True})
+    assert as_dict.token_ids == engine.complete("def f(x):", SamplingParams(max_tokens=6, ignore_eos=True)).token_ids
+    with pytest.raises(InvalidRequestError, match="unknown sampling parameter\\(s\\) 'max_new_tokens'"):
+        engine.complete("x", {"max_new_tokens": 3})
+    with pytest.raises(InvalidRequestError, match="params must be a SamplingParams or a dict"):
+        engine.complete("x", 3)

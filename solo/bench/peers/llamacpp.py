@@ -8,7 +8,7 @@ vocabulary is a placeholder of the right size: the benchmark feeds token ids, ne
 
 The conversion runs in the bench's process (and is cached); llama.cpp itself runs in a worker process
 (`llamacpp_worker.py`) with its default settings, as its users run it. Install with
-`pip install solo[llamacpp]`; llama-cpp-python builds llama.cpp from source.
+`pip install llama-cpp-python gguf` (the `llamacpp` extra); llama-cpp-python builds llama.cpp from source.
 """
 
 from __future__ import annotations
@@ -33,6 +33,8 @@ from solo.model.transformer import Transformer
 
 _ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
 _PERMUTED = {"llama"}  # llama.cpp applies interleaved RoPE to these: q/k rows must be permuted
+
+_INSTALL_HINT = '(pip install llama-cpp-python gguf; from a checkout: pip install -e ".[llamacpp]")'
 
 
 def gguf_type_name(dtype: torch.dtype, quantize: str | None) -> str:
@@ -68,7 +70,7 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     try:
         import gguf
     except ImportError:
-        raise PeerSkipped("the gguf package is not installed (pip install solo[llamacpp])") from None
+        raise PeerSkipped(f"the gguf package is not installed {_INSTALL_HINT}") from None
     cfg: ModelConfig = model.config
     arch = _ARCHES.get(cfg.architecture)
     if arch is None or cfg.qk_norm or cfg.sandwich_norm:
@@ -189,7 +191,7 @@ class LlamaCppPeer:
     def __init__(self, spec: PeerSpec) -> None:
         # Only looked up, never imported: llama.cpp and its OpenMP runtime live in the worker process.
         if importlib.util.find_spec("llama_cpp") is None:
-            raise PeerSkipped("llama-cpp-python is not installed (pip install solo[llamacpp])")
+            raise PeerSkipped(f"llama-cpp-python is not installed {_INSTALL_HINT}")
         if spec.device.type != "cpu":
             raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
         self.name = "llama.cpp"

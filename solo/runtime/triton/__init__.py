@@ -13,7 +13,7 @@ sets the grid and launches; benchmarks run only under the module's `__main__`:
     tuning.py        launch-configuration search and its cache
     benchtools.py    timing helpers for the kernels' benchmarks (HBM probe, L2-rotating graph timing)
 
-Triton is an optional dependency (`pip install solo[gpu]`): nothing here is imported by `import solo`.
+Triton is an optional dependency (`pip install triton`, the `gpu` extra): nothing here is imported by `import solo`.
 Every kernel also runs under the Triton interpreter (`TRITON_INTERPRET=1`, set before Triton is imported),
 which is how the CPU tests check them against the torch reference.
 """
