@@ -23,10 +23,17 @@ from solo.server.metrics import ServerMetrics
 from solo.server.routes import router
 from solo.server.state import ServerSettings, ServerState
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/tokenize", "/detokenize", "/health",
-          "/metrics")
-"""Paths with their own label in `solo_requests_total`; any other path counts as "other"."""
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/tokenize", "/detokenize",
+          "/health", "/metrics")
+"""Labels of `solo_requests_total` by route; any other path counts as "other"."""
 _OPEN_ROUTES = ("/health",)  # reachable without the API key (load-balancer probes)
+
+
+def _route_label(path: str) -> str:
+    # One label for every model id keeps the metric's label set bounded.
+    if path.startswith("/v1/models/"):
+        return "/v1/models/{model}"
+    return path if path in ROUTES else "other"
 
 
 class _Gate:
@@ -71,7 +78,7 @@ class _Gate:
                                  code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
                 await error.response()(scope, receive, send_and_note)
         finally:
-            route = scope["path"] if scope["path"] in ROUTES else "other"
+            route = _route_label(scope["path"])
             self.metrics.requests.labels(route, str(status)).inc()
 
 

@@ -1,10 +1,12 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
-Requests: `model` is required, as OpenAI and vLLM require it, and must be the served name (another name
-is a 404). Unknown fields are ignored, as OpenAI's API does; known fields are strictly typed (no "0.5"
-strings for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad input before any
-engine work. A few known OpenAI fields that Solo cannot honour (`echo`, `suffix`, `logit_bias`, JSON
-`response_format`, `best_of` != n) are rejected rather than silently ignored. Extensions that vLLM also
+Requests: `model` is optional, as in vLLM (left out, the served model answers); when given it must be the
+served name (another name is a 404). Unknown fields are ignored, as OpenAI's API does, and `null` for any
+optional field means its default, as in OpenAI's API. Known fields are strictly typed (no "0.5" strings
+for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad input before any engine work.
+What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`, JSON
+`response_format`, `best_of` != n, `tools` unless `tool_choice` is "none" (no tool calling),
+`stream_options` without `stream`, and a non-assistant message without content. Extensions that vLLM also
 accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
 `chat_template_kwargs`.
 
@@ -18,6 +20,7 @@ from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
+    BeforeValidator,
     ConfigDict,
     Field,
     Strict,
@@ -37,8 +40,22 @@ from solo.engine.sampling import SamplingParams
 _Int = Annotated[int, Strict()]
 _Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 _Bool = Annotated[bool, Strict()]
-_Str = Annotated[str, Strict()]
 
+_SURROGATE_MESSAGE = "Input should be valid Unicode text; it holds an unpaired surrogate (such as \\ud800)"
+
+
+def _valid_unicode(value: Any) -> Any:
+    # JSON can carry a lone surrogate ("\ud800"), which no tokenizer takes (it was a 500); isascii() is
+    # O(1), so only non-ASCII text pays for the check.
+    if isinstance(value, str) and not value.isascii():
+        try:
+            value.encode("utf-8")
+        except UnicodeEncodeError:
+            raise PydanticCustomError("unicode_surrogate", _SURROGATE_MESSAGE) from None
+    return value
+
+
+_Str = Annotated[str, Strict(), BeforeValidator(_valid_unicode)]
 
 
 def _one_of(description: str) -> WrapValidator:
@@ -47,7 +64,9 @@ def _one_of(description: str) -> WrapValidator:
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
             return handler(value)
-        except ValidationError:
+        except ValidationError as exc:
+            if any(e["type"] == "unicode_surrogate" for e in exc.errors()):  # the type was right; say what was not
+                raise PydanticCustomError("unicode_surrogate", _SURROGATE_MESSAGE) from None
             raise PydanticCustomError("union_type", f"Input should be {description}") from None
 
     return WrapValidator(validate)
@@ -65,6 +84,16 @@ class _Lenient(BaseModel):
     # Unknown fields are ignored, as OpenAI's API does.
     model_config = ConfigDict(extra="ignore")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:
+        # OpenAI's API takes null for any optional field as "use the default" (clients send it); a
+        # required field keeps its null, so the error says what is wrong with it.
+        if not isinstance(data, dict):
+            return data
+        fields = cls.model_fields
+        return {k: v for k, v in data.items() if v is not None or (k in fields and fields[k].is_required())}
+
 
 # ------------------------------------------------------------------------------------------- requests
 
@@ -80,7 +109,7 @@ class SamplingFields(_Lenient):
     Sampling values left out (None) come from the model's generation_config.json, then OpenAI's defaults.
     """
 
-    model: Annotated[_Str, Field(min_length=1)]
+    model: Annotated[_Str, Field(min_length=1)] | None = None
     max_tokens: Annotated[_Int, Field(ge=1)] | None = None
     temperature: Annotated[_Float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[_Float, Field(gt=0, le=1)] | None = None
@@ -97,6 +126,14 @@ class SamplingFields(_Lenient):
     user: _Str | None = None
     ignore_eos: _Bool = False
     logit_bias: dict[str, _Float] | None = None
+
+    @field_validator("stream_options")
+    @classmethod
+    def _only_when_streaming(cls, value: StreamOptions | None, info: ValidationInfo) -> StreamOptions | None:
+        if value is not None and not info.data.get("stream"):
+            raise ValueError("stream_options is only allowed when stream is true; set stream to true or leave "
+                             "stream_options out")
+        return value
 
     @field_validator("logit_bias")
     @classmethod
@@ -143,6 +180,14 @@ class ChatMessage(BaseModel):
         'a string or a list of text parts ({"type": "text", "text": ...}); Solo\'s models take text only'
     )] | None = None
 
+    @model_validator(mode="after")
+    def _content_unless_assistant(self) -> ChatMessage:
+        # OpenAI allows a null content only on assistant messages (those that made tool calls).
+        if self.content is None and self.role != "assistant":
+            raise ValueError(f"a {self.role} message needs a content (a string or a list of text parts); "
+                             "only assistant messages may leave it out or null")
+        return self
+
     def for_template(self) -> dict[str, Any]:
         """The message as the chat template expects it: content parts joined into one string."""
         message = self.model_dump(exclude_none=True)
@@ -164,6 +209,10 @@ class ChatCompletionRequest(SamplingFields):
     max_completion_tokens: Annotated[_Int, Field(ge=1)] | None = None
     logprobs: _Bool | None = None
     top_logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    tool_choice: Annotated[
+        Literal["none", "auto", "required"] | dict[str, Any],
+        _one_of('"none", "auto", "required" or an object naming a function'),
+    ] | None = None
     tools: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: _Bool = True
@@ -174,6 +223,15 @@ class ChatCompletionRequest(SamplingFields):
     def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs set to true")
+        return value
+
+    @field_validator("tools")
+    @classmethod
+    def _no_tool_calls(cls, value: list[dict[str, Any]] | None, info: ValidationInfo) -> list[dict[str, Any]] | None:
+        # tool_choice is validated first (declared first). OpenAI's default with tools is "auto".
+        if value and info.data.get("tool_choice", "auto") != "none":
+            raise ValueError('tool calling is not supported by Solo; leave tools out, or set tool_choice to "none" '
+                             "(the tools then only reach the chat template)")
         return value
 
     @property

@@ -1,7 +1,8 @@
 """The HTTP routes: OpenAI's chat, completions and models; vLLM's tokenize and detokenize; health; metrics.
 
-A generation route validates the body (pydantic, via FastAPI), tokenizes and prepares one `Request` per
-choice on a worker thread, submits them to the scheduler, then either streams server-sent events
+A generation route validates the body (pydantic, via FastAPI), then on a worker thread rejects a prompt too
+long to possibly fit (from its size in bytes, without tokenizing it), tokenizes and prepares one `Request`
+per choice; it submits them to the scheduler, then either streams server-sent events
 (`data: {...}` ... `data: [DONE]`) or waits for every choice. A client that disconnects cancels its
 generation: streaming responses are cancelled by Starlette when the client goes away, and non-streamed
 ones watch for the disconnect themselves.
@@ -53,6 +54,7 @@ from solo.server.protocol import (
 )
 from solo.server.scheduler import Generation
 from solo.server.state import ServerState
+from solo.tokenizer import Tokenizer
 
 logger = logging.getLogger("solo.server")
 
@@ -145,6 +147,27 @@ async def _collect(job: _Job, request: Request, n: int) -> list[list[GenerationE
         job.generation.cancel()
 
 
+def _utf8_len(text: str) -> int:
+    # isascii() is O(1) in CPython, so ASCII text is measured without a copy. A lone surrogate (JSON can
+    # carry one) counts as its 3 bytes.
+    return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
+
+
+def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
+    """Token ids of `text`, as `Tokenizer.encode` gives them, without holding the GIL.
+
+    `tokenizers`' encode() holds the GIL for the whole call, so even on a worker thread a long prompt froze
+    the event loop (and /health) for seconds; encode_batch() releases it while it works.
+    """
+    if not text.isascii():
+        try:
+            text.encode("utf-8")
+        except UnicodeEncodeError:  # e.g. "\ud800" in a tool or template argument: tokenizers would raise
+            raise InvalidRequestError("the prompt holds an unpaired surrogate (such as \\ud800), which is not "
+                                      "valid Unicode; send valid text") from None
+    return tokenizer.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+
+
 async def _submit(state: ServerState, prepare: Callable[[], list[EngineRequest]]) -> Generation:
     # Tokenizing and rendering the chat template run on a worker thread, off the event loop.
     requests = await run_in_threadpool(prepare)
@@ -168,7 +191,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = _state(request)
     engine, _ = state.require_ready(body.model)
     _check_n(state, body.n)
-    messages = [m.for_template() for m in body.messages]
     extra = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
@@ -176,7 +198,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
     def prepare() -> list[EngineRequest]:
         nonlocal prompt_tokens
-        ids = engine.tokenizer.encode_chat(messages, body.add_generation_prompt, tools=body.tools, **extra)
+        messages = [m.for_template() for m in body.messages]
+        # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
+        # then the rendered text, which also holds tools and template extras, is bounded the same way.
+        content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
+        state.check_prompt_size(content, body.completion_budget, budget_param, "messages")
+        text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=body.tools, **extra)
+        state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
+        # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).
+        ids = _encode(engine.tokenizer, text, add_special_tokens=False)
         if not ids:
             raise InvalidRequestError("the messages encode to no tokens; give some text", param="messages")
         prompt_tokens = len(ids)
@@ -251,8 +281,19 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     def prepare() -> list[EngineRequest]:
         nonlocal prompt_tokens
         requests = []
+        # Every prompt is checked for size before any is tokenized.
         for prompt in prompts:
-            ids = engine.encode_prompt(prompt)
+            if isinstance(prompt, str):
+                state.check_prompt_size(_utf8_len(prompt), body.max_tokens)
+            else:
+                state.completion_budget(len(prompt), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
+        for prompt in prompts:
+            if isinstance(prompt, str):
+                ids = _encode(engine.tokenizer, prompt, add_special_tokens=True)  # as Engine.encode_prompt does
+                if not ids:
+                    raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
+            else:
+                ids = engine.encode_prompt(prompt)  # checks the ids against the vocabulary
             prompt_tokens += len(ids)
             max_tokens = state.completion_budget(len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
             requests += [engine.make_request(ids, body.sampling_params(max_tokens, body.logprobs, i),
@@ -304,7 +345,22 @@ async def models(request: Request) -> ModelList:
     """The served model (OpenAI's list shape)."""
     state = _state(request)
     state.require_ready()
-    return ModelList(data=[ModelCard(id=state.served_name, created=state.created, max_model_len=state.max_model_len)])
+    return ModelList(data=[_model_card(state)])
+
+
+@router.get("/v1/models/{model:path}")
+async def model(model: str, request: Request) -> ModelCard:
+    """One model by id (OpenAI's retrieve); 404 for an id this server does not serve.
+
+    The id may hold slashes ("org/name"); clients send them percent-encoded.
+    """
+    state = _state(request)
+    state.require_ready(model)
+    return _model_card(state)
+
+
+def _model_card(state: ServerState) -> ModelCard:
+    return ModelCard(id=state.served_name, created=state.created, max_model_len=state.max_model_len)
 
 
 @router.post("/tokenize")
@@ -312,11 +368,16 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """Token ids of a prompt or of chat messages (vLLM's /tokenize)."""
     state = _state(request)
     engine, _ = state.require_ready(body.model)
-    if body.messages is not None:
-        messages = [m.for_template() for m in body.messages]
-        ids = await run_in_threadpool(engine.tokenizer.encode_chat, messages, body.add_generation_prompt)
-    else:
-        ids = await run_in_threadpool(engine.tokenizer.encode, body.prompt, body.add_special_tokens)
+    messages = body.messages
+
+    def encode() -> list[int]:
+        if messages is not None:
+            text = engine.tokenizer.render_chat([m.for_template() for m in messages], body.add_generation_prompt)
+            return _encode(engine.tokenizer, text, add_special_tokens=False)
+        assert body.prompt is not None
+        return _encode(engine.tokenizer, body.prompt, body.add_special_tokens)
+
+    ids = await run_in_threadpool(encode)
     return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids)
 
 

@@ -22,8 +22,22 @@ from solo.server.errors import model_loading, model_not_found, shutting_down
 from solo.server.logprobs import TokenPieces
 from solo.server.metrics import ServerMetrics
 from solo.server.scheduler import DecodeBatching, Generation, Scheduler
+from solo.tokenizer import Tokenizer
 
 logger = logging.getLogger("solo.server")
+
+
+def longest_token_bytes(tokenizer: Tokenizer) -> int:
+    """The most bytes of input text one token of `tokenizer` can stand for (at least 1).
+
+    Measured on each vocabulary entry as the tokenizer spells it, added tokens included. That spelling is
+    never shorter than the text the token covers: byte-level BPE writes each byte as a 1- or 2-byte
+    character, SentencePiece writes a space as U+2581 (3 bytes) and a byte as <0xHH>, WordPiece adds "##".
+    (A normalizer that shortens text, such as NFC, could in principle beat it, but L is the longest token
+    while real text averages a few bytes per token, so the bound stays far below any real count.)
+    """
+    vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
+    return max((len(piece.encode("utf-8", "surrogatepass")) for piece in vocab), default=1) or 1
 
 
 @dataclass
@@ -95,6 +109,7 @@ class ServerState:
         self.pieces: TokenPieces | None = None
         self.served_name = settings.served_model_name or ""
         self.max_model_len = 0
+        self.longest_token = 1  # bytes of text one token covers at most (see longest_token_bytes)
         self.error: BaseException | None = None
         self.draining = False
 
@@ -118,6 +133,7 @@ class ServerState:
         """Load the model and start the scheduler off the event loop; on failure call `on_fatal`."""
         try:
             engine = await asyncio.to_thread(self._load_engine)
+            self.longest_token = await asyncio.to_thread(longest_token_bytes, engine.tokenizer)
             scheduler = await asyncio.to_thread(self._start, engine)
         except Exception as exc:  # a bad path, a broken checkpoint, out of memory: the server cannot serve
             self.error = exc
@@ -182,6 +198,40 @@ class ServerState:
             raise model_not_found(model, self.served_name)
         return self.engine, self.scheduler
 
+    def _context_name(self) -> str:
+        assert self.engine is not None
+        if self.max_model_len == self.engine.config.context_length:
+            return "the model's context"
+        return "this server's --max-model-len"
+
+    def check_prompt_size(self, prompt_bytes: int, max_tokens: int | None, param: str = "max_tokens",
+                          prompt_param: str = "prompt") -> None:
+        """Reject, before tokenizing it, a prompt that cannot fit whatever its tokens turn out to be.
+
+        A prompt of B UTF-8 bytes has at least ceil(B / L) tokens, L being `longest_token`; tokenizing a
+        prompt of many megabytes takes seconds, and rejecting it first is free.
+
+        Args:
+            prompt_bytes: UTF-8 bytes of the text to tokenize.
+            max_tokens: what the request asked for, or None.
+            param: the request field that set max_tokens (for the error).
+            prompt_param: the request field that holds the prompt ("prompt" or "messages").
+
+        Raises:
+            ContextLengthError: the lower bound alone, or with max_tokens, exceeds the context.
+        """
+        at_least = -(-prompt_bytes // self.longest_token)
+        limit, what = self.max_model_len, self._context_name()
+        why = f"{prompt_bytes} bytes, and no token is longer than {self.longest_token} bytes"
+        if at_least >= limit:
+            raise ContextLengthError(
+                f"the prompt is at least {at_least} tokens ({why}) but {what} is {limit} tokens (room is needed "
+                "for at least one new token); shorten the prompt", param=prompt_param)
+        if max_tokens is not None and at_least + max_tokens > limit:
+            raise ContextLengthError(
+                f"the prompt (at least {at_least} tokens: {why}) plus {param} ({max_tokens}) is more than {what} "
+                f"of {limit}; lower {param} or shorten the prompt", param=param)
+
     def completion_budget(self, prompt_len: int, max_tokens: int | None, default_cap: int | None,
                           param: str = "max_tokens", prompt_param: str = "prompt") -> int:
         """The number of tokens to generate for a prompt, checked against this server's context.
@@ -197,10 +247,7 @@ class ServerState:
             ContextLengthError: the prompt alone, or with max_tokens, does not fit; the message gives the
                 numbers. Never truncated silently.
         """
-        limit = self.max_model_len
-        assert self.engine is not None
-        what = ("the model's context" if limit == self.engine.config.context_length
-                else "this server's --max-model-len")
+        limit, what = self.max_model_len, self._context_name()
         if prompt_len >= limit:
             raise ContextLengthError(
                 f"the prompt is {prompt_len} tokens but {what} is {limit} tokens (room is needed for at least "

@@ -19,13 +19,16 @@ def completion(**fields) -> dict:
     return {"model": MODEL_NAME, "prompt": "hi", **fields}
 
 
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
+
+
 # (id, route, body (dict, or raw str sent as JSON), status, param, code)
 CASES = [
     ("malformed-json", CHAT, '{"model": "tiny", "messages": [', 400, None, None),
     ("body-not-object", CHAT, "[1, 2, 3]", 400, None, None),
     ("body-string", COMPLETIONS, '"hello"', 400, None, None),
     ("empty-body", CHAT, "", 400, None, None),
-    ("missing-model", CHAT, {"messages": MSG}, 400, "model", None),
+    ("empty-model", CHAT, chat(model=""), 400, "model", None),
     ("unknown-model", CHAT, chat(model="gpt-4"), 404, "model", "model_not_found"),
     ("missing-messages", CHAT, {"model": MODEL_NAME}, 400, "messages", None),
     ("empty-messages", CHAT, chat(messages=[]), 400, "messages", None),
@@ -64,6 +67,23 @@ CASES = [
     ("json-response-format", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format", None),
     ("stream-options-type", CHAT, chat(stream=True, stream_options={"include_usage": "yes"}), 400, "stream_options",
      None),
+    ("stream-options-without-stream", CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options",
+     None),
+    ("stream-options-stream-false", CHAT, chat(stream=False, stream_options={}), 400, "stream_options", None),
+    ("tools-default-tool-choice", CHAT, chat(tools=[TOOL]), 400, "tools", None),
+    ("tools-tool-choice-null", CHAT, chat(tools=[TOOL], tool_choice=None), 400, "tools", None),
+    ("tools-tool-choice-auto", CHAT, chat(tools=[TOOL], tool_choice="auto"), 400, "tools", None),
+    ("tools-tool-choice-required", CHAT, chat(tools=[TOOL], tool_choice="required"), 400, "tools", None),
+    ("tools-named-tool-choice", CHAT,
+     chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}), 400, "tools", None),
+    ("tool-choice-unknown", CHAT, chat(tools=[TOOL], tool_choice="sometimes"), 400, "tool_choice", None),
+    ("user-content-missing", CHAT, chat(messages=[{"role": "user"}]), 400, "messages", None),
+    ("user-content-null", CHAT, chat(messages=[{"role": "user", "content": None}]), 400, "messages", None),
+    ("system-content-null", CHAT, chat(messages=[{"role": "system", "content": None}, *MSG]), 400, "messages", None),
+    ("tool-content-missing", CHAT, chat(messages=[*MSG, {"role": "tool", "tool_call_id": "1"}]), 400, "messages",
+     None),
+    ("content-lone-surrogate", CHAT,
+     '{"model": "tiny", "messages": [{"role": "user", "content": "caf\\u00e9 \\ud800"}]}', 400, "messages", None),
     ("prompt-too-long", CHAT, chat(messages=[{"role": "user", "content": "hello world " * 200}]), 400, "messages",
      "context_length_exceeded"),
     ("max-tokens-beyond-context", CHAT, chat(max_tokens=10_000), 400, "max_tokens", "context_length_exceeded"),
@@ -78,6 +98,16 @@ CASES = [
     ("completion-best-of", COMPLETIONS, completion(best_of=3), 400, "best_of", None),
     ("completion-too-long", COMPLETIONS, completion(prompt="hello world " * 200), 400, "prompt",
      "context_length_exceeded"),
+    ("completion-cannot-fit-untokenized", COMPLETIONS, completion(prompt="x" * 5000), 400, "prompt",
+     "context_length_exceeded"),
+    ("completion-cannot-fit-with-max-tokens", COMPLETIONS, completion(prompt="x" * 3000, max_tokens=100), 400,
+     "max_tokens", "context_length_exceeded"),
+    ("completion-ids-too-long", COMPLETIONS, completion(prompt=[5] * 300), 400, "prompt", "context_length_exceeded"),
+    ("completion-stream-options-without-stream", COMPLETIONS, completion(stream_options={"include_usage": True}), 400,
+     "stream_options", None),
+    ("completion-lone-surrogate", COMPLETIONS, '{"model": "tiny", "prompt": "caf\\u00e9 \\ud800"}', 400, "prompt",
+     None),
+    ("tokenize-lone-surrogate", "/tokenize", '{"prompt": "\\udfff"}', 400, "prompt", None),
     ("completion-max-tokens-beyond-context", COMPLETIONS, completion(max_tokens=300), 400, "max_tokens",
      "context_length_exceeded"),
     ("tokenize-neither", "/tokenize", {"model": MODEL_NAME}, 400, None, None),
@@ -116,6 +146,45 @@ def test_context_error_gives_the_numbers(server):
     with server.http() as http:
         error = http.post(CHAT, json=chat(max_tokens=10_000)).json()["error"]
     assert "10000" in error["message"] and "256" in error["message"]
+
+
+def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):
+    # 5000 bytes with no token longer than 16 bytes: at least 313 tokens, more than the 256 of the context.
+    assert server.state.longest_token == 16
+    with server.http() as http:
+        error = http.post(COMPLETIONS, json=completion(prompt="x" * 5000)).json()["error"]
+        assert "at least 313 tokens" in error["message"] and "256" in error["message"]
+        error = http.post(CHAT, json=chat(messages=[{"role": "user", "content": "é" * 2500}])).json()["error"]
+        assert "at least 313 tokens" in error["message"] and error["param"] == "messages"
+
+
+def test_the_bound_never_exceeds_a_real_token_count(server):
+    # No token stands for more bytes than longest_token, so bytes / longest_token never overcounts.
+    pieces = server.state.pieces
+    assert max(len(pieces.get(i)[1]) for i in range(server.state.engine.tokenizer.vocab_size)) \
+        <= server.state.longest_token
+    with server.http() as http:
+        for text in ("hello world " * 40, "def fibonacci(n):\n    return n" * 10, "é" * 100):
+            ids = http.post("/tokenize", json={"prompt": text, "add_special_tokens": False}).json()["tokens"]
+            assert len(ids) >= -(-len(text.encode()) // server.state.longest_token)
+
+
+def test_what_openai_accepts_stays_accepted(server):
+    call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
+    bodies = [
+        chat(tools=[TOOL], tool_choice="none"),
+        chat(tools=[]),
+        chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
+                       {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]),
+        chat(messages=[*MSG, {"role": "assistant", "tool_calls": [call]}, {"role": "user", "content": "and?"}]),
+        chat(stream=True, stream_options={"include_usage": True}),
+        completion(stream=True, stream_options={"include_usage": False}),
+    ]
+    with server.http() as http:
+        for body in bodies:
+            route = CHAT if "messages" in body else COMPLETIONS
+            response = http.post(route, json={**body, "max_tokens": 2})
+            assert response.status_code == 200, (body, response.text)
 
 
 def test_unknown_fields_are_ignored(server):

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -125,12 +126,20 @@ def test_a_model_that_cannot_load_stops_the_server(tmp_path):
     assert isinstance(running.state.error, ModelNotFoundError)
 
 
-def test_cli_exits_2_when_the_model_cannot_load(tmp_path, capsys, monkeypatch):
+def test_cli_exits_2_when_the_model_cannot_load(tmp_path, tiny_model, capsys, monkeypatch):
     from solo.cli import main
     from solo.server import runner
 
     monkeypatch.setattr(runner, "_log_to_console", lambda: None)  # keep the test session's logging as it is
+    # A missing folder is refused before the server starts listening.
     assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "does not exist" in err and "cannot load the model" not in err
+    # A folder that passes that check but has no weights fails while loading, with the server up.
+    folder = tmp_path / "no-weights"
+    folder.mkdir()
+    shutil.copy(tiny_model / "config.json", folder)
+    assert main(["serve", str(folder), "--port", "0"]) == 2
     assert "cannot load the model" in capsys.readouterr().err
 
 

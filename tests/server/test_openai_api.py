@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 
+import openai
 import pytest
 from checkpoints import make_checkpoint
 from server_harness import BACKEND, MODEL_NAME, start_server
@@ -139,6 +140,35 @@ def test_models_tokenize_detokenize(server, engine):
         text = http.post("/detokenize", json={"tokens": tokens["tokens"]}).json()
         assert text["prompt"].endswith("hello world")
     assert server.client().models.list().data[0].id == MODEL_NAME
+
+
+def test_models_retrieve(server):
+    client = server.client()
+    listed = client.models.list().data[0]
+    card = client.models.retrieve(MODEL_NAME)
+    assert (card.id, card.object, card.created, card.owned_by) == (MODEL_NAME, "model", listed.created, "solo")
+    with pytest.raises(openai.NotFoundError) as info:
+        client.models.retrieve("org/other")  # sent percent-encoded; the route takes ids with slashes
+    assert info.value.code == "model_not_found"
+    with server.http() as http:
+        error = http.get("/v1/models/gpt-4").json()["error"]
+    assert (error["type"], error["param"], error["code"]) == ("invalid_request_error", "model", "model_not_found")
+    assert "gpt-4" in error["message"]
+
+
+def test_models_retrieve_needs_the_api_key_and_takes_hub_ids(tiny_model):
+    running = start_server(tiny_model, max_batch=1, api_key="sesame", served_model_name="acme/tiny-chat")
+    try:
+        with pytest.raises(openai.AuthenticationError):
+            running.client(api_key="wrong").models.retrieve("acme/tiny-chat")
+        client = running.client(api_key="sesame")
+        assert client.models.retrieve("acme/tiny-chat").id == "acme/tiny-chat"
+        with pytest.raises(openai.NotFoundError):
+            client.models.retrieve("acme/other")
+        with running.http(headers={"Authorization": "Bearer sesame"}) as http:
+            assert 'solo_requests_total{route="/v1/models/{model}",status="200"}' in http.get("/metrics").text
+    finally:
+        running.stop()
 
 
 def test_metrics_count_requests_and_tokens(server):
