@@ -85,8 +85,13 @@ class Tokenizer:
         return None if text is None else self.backend.token_to_id(text)
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
-        """Token ids of `text`; with `add_special_tokens` the tokenizer's post-processor adds e.g. BOS."""
-        return self.backend.encode(text, add_special_tokens=add_special_tokens).ids
+        """Token ids of `text`; with `add_special_tokens` the tokenizer's post-processor adds e.g. BOS.
+
+        Goes through `encode_batch`, which releases the GIL while it works (`encode` holds it for the whole
+        call, so a long prompt tokenized on one thread froze every other Python thread, a server's event
+        loop included).
+        """
+        return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`."""

@@ -5,7 +5,8 @@ served name (another name is a 404). Unknown fields are ignored, as OpenAI's API
 optional field means its default, as in OpenAI's API. Known fields are strictly typed (no "0.5" strings
 for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad input before any engine work.
 What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`, JSON
-`response_format`, `best_of` != n, `tools` unless `tool_choice` is "none" (no tool calling),
+`response_format`, `best_of` != n, `tools` unless `tool_choice` is "none" (no tool calling; likewise the
+deprecated `functions` unless `function_call` is "none"),
 `stream_options` without `stream`, and a non-assistant message without content. Extensions that vLLM also
 accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
 `chat_template_kwargs`.
@@ -214,6 +215,11 @@ class ChatCompletionRequest(SamplingFields):
         _one_of('"none", "auto", "required" or an object naming a function'),
     ] | None = None
     tools: list[dict[str, Any]] | None = None
+    # OpenAI's deprecated predecessors of tool_choice / tools, refused the same way.
+    function_call: Annotated[
+        Literal["none", "auto"] | dict[str, Any], _one_of('"none", "auto" or an object naming a function'),
+    ] | None = None
+    functions: list[dict[str, Any]] | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: _Bool = True
     chat_template_kwargs: dict[str, Any] | None = None
@@ -232,6 +238,15 @@ class ChatCompletionRequest(SamplingFields):
         if value and info.data.get("tool_choice", "auto") != "none":
             raise ValueError('tool calling is not supported by Solo; leave tools out, or set tool_choice to "none" '
                              "(the tools then only reach the chat template)")
+        return value
+
+    @field_validator("functions")
+    @classmethod
+    def _no_function_calls(cls, value: list[dict[str, Any]] | None, info: ValidationInfo
+                           ) -> list[dict[str, Any]] | None:
+        if value and info.data.get("function_call", "auto") != "none":
+            raise ValueError('function calling is not supported by Solo; leave functions out, or set function_call '
+                             'to "none"')
         return value
 
     @property

@@ -154,18 +154,14 @@ def _utf8_len(text: str) -> int:
 
 
 def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of `text`, as `Tokenizer.encode` gives them, without holding the GIL.
-
-    `tokenizers`' encode() holds the GIL for the whole call, so even on a worker thread a long prompt froze
-    the event loop (and /health) for seconds; encode_batch() releases it while it works.
-    """
+    """Token ids of `text` (`Tokenizer.encode`, which releases the GIL), after refusing invalid Unicode."""
     if not text.isascii():
         try:
             text.encode("utf-8")
         except UnicodeEncodeError:  # e.g. "\ud800" in a tool or template argument: tokenizers would raise
             raise InvalidRequestError("the prompt holds an unpaired surrogate (such as \\ud800), which is not "
                                       "valid Unicode; send valid text") from None
-    return tokenizer.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
+    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 
 async def _submit(state: ServerState, prepare: Callable[[], list[EngineRequest]]) -> Generation:

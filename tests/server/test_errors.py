@@ -77,6 +77,9 @@ CASES = [
     ("tools-named-tool-choice", CHAT,
      chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}), 400, "tools", None),
     ("tool-choice-unknown", CHAT, chat(tools=[TOOL], tool_choice="sometimes"), 400, "tool_choice", None),
+    ("functions-default-function-call", CHAT, chat(functions=[TOOL["function"]]), 400, "functions", None),
+    ("functions-function-call-auto", CHAT, chat(functions=[TOOL["function"]], function_call="auto"), 400,
+     "functions", None),
     ("user-content-missing", CHAT, chat(messages=[{"role": "user"}]), 400, "messages", None),
     ("user-content-null", CHAT, chat(messages=[{"role": "user", "content": None}]), 400, "messages", None),
     ("system-content-null", CHAT, chat(messages=[{"role": "system", "content": None}, *MSG]), 400, "messages", None),
@@ -173,6 +176,7 @@ def test_what_openai_accepts_stays_accepted(server):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     bodies = [
         chat(tools=[TOOL], tool_choice="none"),
+        chat(functions=[TOOL["function"]], function_call="none"),
         chat(tools=[]),
         chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
                        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]),
