@@ -219,6 +219,10 @@ def build_parser() -> argparse.ArgumentParser:
     chat = sub.add_parser("chat", help="interactive chat that keeps the conversation history",
                           description="Chat interactively with a chat model; the history is kept.")
     add_model_arguments(chat)
+    next(a for a in chat._actions if a.dest == "model").help = (
+        "model folder or Hugging Face Hub id of a chat (instruct) model, one with a chat template (the bundled "
+        "code model is a completion model: with no MODEL, solo chat says so and stops)"
+    )
     chat.add_argument("--system", default=None, help="system message for the conversation")
     add_sampling_arguments(chat)
     chat.set_defaults(handler=cmd_chat)
