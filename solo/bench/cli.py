@@ -134,7 +134,15 @@ def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: i
 
 
 def main(args: argparse.Namespace) -> int:
-    """Run the benchmark, print the report, and write --json / --plot."""
+    """Run the benchmark, print the report, and write --json / --plot.
+
+    Returns:
+        The exit status (0).
+
+    Raises:
+        SoloError: conflicting or out-of-range flags, --quantize off the CPU, an unknown peer, a prompt plus
+            generation longer than the model's context, or any error loading the model.
+    """
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer

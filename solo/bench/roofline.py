@@ -40,7 +40,12 @@ class DecodeBytes:
 def matrix_bytes(rows: int, cols: int, elem_bytes: float, quantize: str | None) -> int:
     """Bytes of one weight matrix [rows, cols] as stored.
 
-    Dense, int8 (+ float32 row scales) or int4 (+ bf16 scales per 32 inputs).
+    Dense, int8 (+ float32 row scales) or int4 (+ bf16 scales per 32 inputs), as `solo.runtime.quant` stores them.
+
+    Args:
+        rows, cols: the matrix shape [out, in].
+        elem_bytes: bytes per dense element (2 for bf16).
+        quantize: None, "int8" or "int4".
     """
     if quantize == "int8":
         return rows * cols + 4 * rows
@@ -59,6 +64,9 @@ def decode_bytes(config: ModelConfig, elem_bytes: float, context: int, quantize:
         context: tokens already in the KV cache (attended over).
         quantize: None, "int8" or "int4" (matrices only; norms, biases and the embedding row stay dense).
         kv_elem_bytes: bytes per cache element (default: elem_bytes).
+
+    Returns:
+        The weight and KV-cache bytes; layers with a sliding window read at most `window` positions.
     """
     h, f, hd = config.hidden_size, config.intermediate_size, config.head_dim
     nq, nkv = config.num_heads * hd, config.num_kv_heads * hd
@@ -84,8 +92,8 @@ class BandwidthProbe:
 
     Attributes:
         bandwidth_gbps: best read bandwidth over the passes, in GB/s (1e9 bytes per second).
-        median_gbps: median over the passes.
-        buffer_bytes: size of the buffer read.
+        median_gbps: median over the passes, in GB/s.
+        buffer_bytes: size of the buffer read, in bytes.
         threads: threads that read (CPU) or 0 (CUDA).
         method: how it was measured.
     """
@@ -107,6 +115,9 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
         buffer_bytes: bytes to read per pass.
         passes: timed passes (one untimed warm-up pass first).
         threads: reader threads (default: torch.get_num_threads()).
+
+    Returns:
+        The measurement, in GB/s (1e9 bytes per second).
     """
     threads = threads or torch.get_num_threads()
     buf = torch.ones(buffer_bytes // 8, dtype=torch.int64)  # touched, so pages are mapped before timing
@@ -136,7 +147,16 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
 
 
 def probe_cuda_bandwidth(device: torch.device, buffer_bytes: int = 4 * _GIB, passes: int = 10) -> BandwidthProbe:
-    """Device-memory read bandwidth: a reduction over a large buffer, timed with CUDA events."""
+    """Device-memory read bandwidth: a float32 sum over a large buffer, timed with CUDA events.
+
+    Args:
+        device: the CUDA device.
+        buffer_bytes: bytes read per pass (default 4 GiB).
+        passes: timed passes (one untimed warm-up first).
+
+    Returns:
+        The measurement, in GB/s (1e9 bytes per second).
+    """
     buf = torch.ones(buffer_bytes // 4, dtype=torch.float32, device=device)
     nbytes = buf.numel() * 4
     buf.sum()
@@ -156,12 +176,15 @@ def probe_cuda_bandwidth(device: torch.device, buffer_bytes: int = 4 * _GIB, pas
 
 
 def probe_bandwidth(device: torch.device, cpu_buffer_bytes: int = 2 * _GIB, passes: int = 5) -> BandwidthProbe:
-    """The read-bandwidth probe for `device` (CPU or CUDA; the CPU buffer size is configurable)."""
+    """The read-bandwidth probe for `device` (CPU or CUDA; the CPU buffer size, in bytes, is configurable).
+
+    CUDA runs twice as many passes over its own 4 GiB buffer.
+    """
     if device.type == "cuda":
         return probe_cuda_bandwidth(device, passes=2 * passes)
     return probe_cpu_bandwidth(cpu_buffer_bytes, passes=passes)
 
 
 def roofline_tokens_per_s(bandwidth_gbps: float, bytes_per_token: int) -> float:
-    """Upper bound on decode tokens/s: bandwidth over bytes read per token."""
+    """Upper bound on decode tokens/s: bandwidth (GB/s, 1e9 bytes/s) over bytes read per token (bytes)."""
     return bandwidth_gbps * 1e9 / bytes_per_token

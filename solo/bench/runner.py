@@ -31,7 +31,12 @@ class SoloRunner:
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
-        """Generate `gen_len` tokens greedily; TTFT covers prefill and choosing the first token."""
+        """Generate `gen_len` tokens greedily; TTFT covers prefill and choosing the first token.
+
+        Returns:
+            Times in seconds (`perf_counter`, device synchronised), decode tokens (gen_len - 1) and the
+            runtime's host syncs during decode (None when it does not count them).
+        """
         rt = self.runtime
         device = rt.device
         rt.reserve(1, len(prompt_ids) + gen_len + 1)
@@ -104,6 +109,9 @@ def quant_quality(dense: DecodeRuntime, quant: DecodeRuntime, prompt: list[int],
         quant: the quantized runtime.
         prompt: prompt ids.
         steps: positions to compare (first token included).
+
+    Returns:
+        Agreement, shared greedy prefix and logit errors (see `QuantQuality`).
     """
     ref_tokens, ref_logits = _greedy(dense, prompt, steps)
     forced_tokens, forced_logits = _greedy(quant, prompt, steps, forced=ref_tokens)

@@ -64,7 +64,11 @@ def shape_config(name: str) -> ModelConfig:
 
 
 def shape_raw_config(name: str) -> dict[str, Any]:
-    """The config.json-style dict of a named shape (for building peers such as transformers models)."""
+    """The config.json-style dict of a named shape (for building peers such as transformers models).
+
+    Raises:
+        SoloError: an unknown name.
+    """
     shape_config(name)
     return dict(SHAPES[name])
 
@@ -83,6 +87,9 @@ def build_model(config: ModelConfig, dtype: torch.dtype, seed: int = 0, std: flo
         seed: random seed (the same seed gives the same weights).
         std: standard deviation of the matrices.
         device: where the weights live.
+
+    Returns:
+        The model in eval mode, without gradients.
     """
     with torch.device("meta"):
         model = Transformer(config)

@@ -112,7 +112,8 @@ class Engine:
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
-            SoloError: an unknown dtype, device or backend.
+            SoloError: an unknown dtype, device, backend or quantization mode; `quantize` off the CPU; a
+                backend that cannot run this model; int4 on sizes that are not multiples of 32.
         """
         dev = resolve_device(device)
         folder = resolve_model_dir(model, revision)
@@ -162,7 +163,11 @@ class Engine:
     def prepare(self, prompt: Prompt, max_tokens: int | None) -> PreparedPrompt:
         """Encode a prompt and check it fits the context with `max_tokens` new tokens.
 
+        Returns:
+            The ids and the token budget (`max_tokens`, or what is left of the context when None).
+
         Raises:
+            InvalidRequestError: see `encode_prompt`.
             ContextLengthError: the prompt alone, or the prompt plus `max_tokens`, exceeds the context;
                 the message gives the numbers.
         """
@@ -194,8 +199,12 @@ class Engine:
             fallback_temperature: temperature when neither request nor model sets one.
             start_time: arrival time (`time.perf_counter()`), for TTFT.
 
+        Returns:
+            The request, not yet prefilled.
+
         Raises:
-            InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`.
+            InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`; also an
+                unknown key in a `params` dict, or `params` of another type.
         """
         params = _as_sampling_params(params)
         params.validate()
@@ -234,7 +243,16 @@ class Engine:
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
-        """Run a prepared request alone (prefill, then one decode step per token)."""
+        """Run a prepared request alone (prefill, then one decode step per token, or blocks on the GPU).
+
+        Holds the engine's lock until the generator finishes or is closed.
+
+        Yields:
+            `GenerationEvent`s, one per token; the last has `finish_reason` and `stats`.
+
+        Raises:
+            SoloError: (GPU block decoding) the device stopped before the request finished.
+        """
         with self._lock:
             runtime = self.runtime
             runtime.reserve(1, len(request.prompt_ids) + request.max_new_tokens)
@@ -255,7 +273,11 @@ class Engine:
 
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None
                  ) -> GenerationResult:
-        """Generate to the end and return the whole result (see `generate`)."""
+        """Generate to the end and return the whole result (see `generate`).
+
+        Raises:
+            InvalidRequestError, ContextLengthError: for bad input, before anything runs.
+        """
         request = self.make_request(prompt, params)
         texts, ids, logprobs = [], [], []
         event = None

@@ -170,7 +170,8 @@ class Request:
             logits: float32 [vocab] raw logits at the last position.
 
         Returns:
-            (token id, its log-probabilities when requested).
+            (token id, its log-probabilities when requested): natural-log log_softmax of the raw logits
+            (before penalties and warpers), with the `logprobs` most likely alternatives.
         """
         token = self.sampler.sample(logits)
         info = None
@@ -187,7 +188,13 @@ class Request:
         return token, info
 
     def append(self, token: int, info: TokenLogprob | None = None, now: float | None = None) -> GenerationEvent:
-        """Record a generated token; returns the event to stream (finish_reason set when it ends)."""
+        """Record a generated token; returns the event to stream (finish_reason set when it ends).
+
+        Args:
+            token: the generated token id.
+            info: its log-probabilities, when requested.
+            now: `time.perf_counter()` seconds when the token was ready (default: now).
+        """
         now = time.perf_counter() if now is None else now
         self.stats.token_times_s.append(now - self._last_time)
         if self.stats.ttft_s is None:

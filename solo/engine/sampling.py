@@ -27,10 +27,11 @@ class SamplingParams:
         max_tokens: most new tokens to generate (>= 1); None fills the context.
         temperature: 0 for greedy decoding, > 0 to sample.
         top_k: keep the k most likely tokens (0 or -1 disables).
-        top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1].
-        min_p: drop tokens less likely than min_p times the most likely one, in [0, 1].
-        repetition_penalty: > 0; 1 disables.
-        presence_penalty, frequency_penalty: in [-2, 2]; 0 disables.
+        top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1] (nucleus
+            sampling, Holtzman et al. 2019).
+        min_p: drop tokens less likely than min_p times the most likely one, in [0, 1] (Nguyen et al. 2024).
+        repetition_penalty: > 0; 1 disables (Keskar et al. 2019, "CTRL", as transformers implements it).
+        presence_penalty, frequency_penalty: in [-2, 2]; 0 disables (OpenAI API definition).
         seed: makes sampling reproducible; None draws a random seed.
         stop: strings that end generation; they are left out of the returned text.
         stop_token_ids: extra token ids that end generation, besides the model's EOS ids.
@@ -110,6 +111,10 @@ class SamplingParams:
             defaults: the checkpoint's generation defaults.
             fallback_temperature: temperature when neither the request nor the model sets one: 0 (greedy,
                 as transformers' generate) for the Python API and CLI, 1 (OpenAI's default) for the server.
+
+        Returns:
+            The resolved values; an unset seed becomes a random one (drawn from torch's global RNG), and
+            top_k -1 becomes 0 (disabled).
         """
         temperature = self.temperature
         if temperature is None:
@@ -133,7 +138,11 @@ class SamplingParams:
         )
 
     def copy(self, **changes: object) -> SamplingParams:
-        """A copy with some fields changed (validated again)."""
+        """A copy with some fields changed (validated again).
+
+        Raises:
+            InvalidRequestError: a changed value is out of range.
+        """
         return replace(self, **changes)
 
     @classmethod
@@ -174,6 +183,11 @@ class TokenSampler:
         prompt_ids: the prompt's token ids (the repetition penalty covers them).
         vocab_size: logits width.
         device: device of the logits.
+
+    Attributes:
+        generator: torch.Generator on `device`, seeded with `params.seed`.
+        seen: bool [vocab], tokens of the prompt and the output (repetition penalty).
+        counts: float32 [vocab], occurrences of each token in the output (presence / frequency penalties).
     """
 
     def __init__(self, params: ResolvedSampling, prompt_ids: list[int], vocab_size: int,
@@ -193,7 +207,11 @@ class TokenSampler:
             self.counts[token_id] += 1
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
-        """Apply penalties and warpers.
+        """Apply penalties and warpers, in transformers' order (see the module docstring).
+
+        Repetition penalty: Keskar et al. 2019 ("CTRL"), transformers' RepetitionPenaltyLogitsProcessor;
+        presence / frequency penalties: OpenAI API docs; top-k; top-p: Holtzman et al. 2019, as
+        transformers' TopPLogitsWarper; min-p: Nguyen et al. 2024, as transformers' MinPLogitsWarper.
 
         Args:
             logits: float32 [vocab] raw logits of one request.
@@ -226,7 +244,11 @@ class TokenSampler:
         return logits
 
     def sample(self, logits: torch.Tensor) -> int:
-        """Pick the next token from raw float32 logits [vocab]."""
+        """Pick the next token id from raw float32 logits [vocab].
+
+        Greedy: the argmax of the penalized logits; else a multinomial draw from the softmax of the processed
+        logits, using the request's seeded generator.
+        """
         processed = self.process(logits)
         if self.params.greedy:
             return int(torch.argmax(processed))

@@ -125,10 +125,17 @@ class ModelConfig:
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
         """Build a config from the parsed contents of a Hugging Face `config.json`.
 
+        Args:
+            raw: the parsed JSON object.
+
+        Returns:
+            The validated config (context_length derived from the RoPE scaling, as vLLM does).
+
         Raises:
             UnsupportedArchitectureError: the architecture, or a feature it uses (a RoPE type, an
                 activation), is not implemented; the message lists what is supported.
-            CheckpointError: a required field is missing or inconsistent.
+            CheckpointError: a required field is missing or inconsistent (e.g. `num_attention_heads` not a
+                multiple of `num_key_value_heads`, or a `layer_types` list of the wrong length).
         """
         architecture = _architecture_name(raw)
         rule = _ARCHITECTURE_RULES[architecture]

@@ -37,7 +37,12 @@ class GenerationDefaults:
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> GenerationDefaults:
-        """Build defaults from the parsed contents of `generation_config.json`."""
+        """Build defaults from the parsed contents of `generation_config.json` (ranges are not checked here).
+
+        Raises:
+            TypeError, ValueError: a sampling value or an EOS id is not a number (`from_folder` turns these
+                into a CheckpointError).
+        """
         eos = raw.get("eos_token_id")
         eos_ids = () if eos is None else ((eos,) if isinstance(eos, int) else tuple(int(e) for e in eos))
 

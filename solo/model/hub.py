@@ -29,7 +29,8 @@ def check_local_model(model: str | Path | None) -> None:
 
     Raises:
         ModelNotFoundError: a missing folder that is not a hub id, or a file.
-        CheckpointError: a folder without config.json.
+        CheckpointError: a folder without config.json, or a config.json that does not parse.
+        UnsupportedArchitectureError: config.json names an architecture Solo does not implement.
     """
     if model is None:
         return
@@ -52,7 +53,8 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
         Path of a folder that exists.
 
     Raises:
-        ModelNotFoundError: the path does not exist and is not a hub id, or the hub download failed.
+        ModelNotFoundError: the path does not exist and is not a hub id, the hub download failed, or
+            (model=None) the bundled model is not installed.
     """
     if model is None:
         from solo.model.default_model import default_model_path
@@ -102,8 +104,12 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> tor
             "float16", or a torch dtype.
         checkpoint_dtype: `torch_dtype` from config.json, or None.
 
+    Returns:
+        torch.float32, torch.bfloat16 or torch.float16 ("auto" with a checkpoint dtype outside these
+        three gives float32).
+
     Raises:
-        SoloError: an unknown dtype name.
+        SoloError: an unknown dtype name, or a torch dtype other than those three.
     """
     if isinstance(dtype, torch.dtype):
         if dtype not in _DTYPES.values():

@@ -37,7 +37,7 @@ class RMSNorm(nn.Module):
         self.weight = nn.Parameter(torch.zeros(dim) if unit_offset else torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """Normalize `x` [..., dim]; returns the same shape and dtype."""
+        """Normalize `x` [..., dim] (any float dtype); returns the same shape, in x's dtype when the weight has it."""
         x32 = x.float()
         normed = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + self.eps)
         if self.unit_offset:
@@ -70,6 +70,10 @@ def attention_mask(
 
 class Attention(nn.Module):
     """Multi-head attention with grouped-query KV heads, RoPE and a static KV cache.
+
+    Scaled dot-product attention (Vaswani et al. 2017) through `F.scaled_dot_product_attention`; KV heads
+    are shared by groups of query heads (GQA, Ainslie et al. 2023); Gemma 2's tanh soft-capping of the
+    scores runs as explicit matmuls.
 
     Args:
         config: model config.
@@ -107,14 +111,15 @@ class Attention(nn.Module):
             x: [batch, seq, hidden] activations.
             cos, sin: [batch, seq, head_dim] RoPE tables.
             positions: int64 [batch, seq] absolute positions of the tokens in x.
-            k_cache, v_cache: [cache_rows, kv_heads, max_seq, head_dim] this layer's cache.
+            k_cache, v_cache: [cache_rows, kv_heads, max_seq, head_dim] this layer's cache, written in place
+                at (rows[b], :, positions[b, s]).
             rows: int64 [batch], which cache row each batch entry owns.
             kv_len: cache slots attended over (> every position); None reads it from `positions`, which
                 syncs with the device. A fixed kv_len (the whole row, masked) keeps shapes static for
                 CUDA-graph capture and torch.compile.
 
         Returns:
-            [batch, seq, hidden].
+            [batch, seq, hidden] in x's dtype.
         """
         cfg = self.config
         batch, seq, _ = x.shape
@@ -159,7 +164,7 @@ def _softcapped_attention(
 
 
 class MLP(nn.Module):
-    """Gated MLP: down(act(gate(x)) * up(x)) (SwiGLU with silu; GeGLU with gelu).
+    """Gated MLP: down(act(gate(x)) * up(x)) (SwiGLU with silu, GeGLU with gelu; Shazeer 2020, "GLU Variants").
 
     Args:
         config: model config (sizes, activation, bias).
@@ -174,7 +179,7 @@ class MLP(nn.Module):
         self.act = _ACTIVATIONS[config.hidden_act]
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[batch, seq, hidden] -> [batch, seq, hidden]."""
+        """[batch, seq, hidden] -> [batch, seq, hidden], in the weights' dtype."""
         return self.down_proj(self.act(self.gate_proj(x)) * self.up_proj(x))
 
 

@@ -17,8 +17,17 @@ from solo.model.config import ModelConfig, RopeConfig
 def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
     """Inverse frequencies for a static RoPE type (default, linear, llama3; dynamic at its base length).
 
+    default: theta ** (-2i / head_dim) (Su et al. 2021, "RoFormer"); linear: divided by `factor`
+    (position interpolation, Chen et al. 2023); llama3: Meta's Llama 3.1 frequency bands, as
+    transformers' `_compute_llama3_parameters`.
+
+    Args:
+        rope: RoPE parameters.
+        head_dim: features per attention head (even).
+        device: where to build the tensor.
+
     Returns:
-        float32 tensor [head_dim // 2].
+        float32 tensor [head_dim // 2], in radians per position.
     """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
     inv_freq = 1.0 / (rope.theta**exponent)
@@ -31,6 +40,7 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | 
 
 def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     # Llama 3.1: long wavelengths are divided by `factor`, short ones kept, the band between interpolated.
+    # Same formula as transformers' `_compute_llama3_parameters` (Meta's Llama 3.1 reference).
     old_len = rope.original_max_position_embeddings or 8192
     low_wavelen = old_len / rope.low_freq_factor
     high_wavelen = old_len / rope.high_freq_factor
@@ -45,8 +55,11 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
 def dynamic_ntk_inv_freq(config: ModelConfig, seq_len: torch.Tensor) -> torch.Tensor:
     """Dynamic NTK-scaled inverse frequencies for sequences of `seq_len` tokens.
 
-    Below `max_position_embeddings` this equals the default frequencies. As in transformers, the base
-    grows with the current length: base * ((factor * len / max_pos) - (factor - 1)) ** (dim / (dim - 2)).
+    Below `max_position_embeddings` this equals the default frequencies. As in transformers'
+    `_compute_dynamic_ntk_parameters` (the "dynamic NTK-aware" scaling first posted by bloc97/emozilla,
+    2023), the base grows with the current length:
+    base * ((factor * len / max_pos) - (factor - 1)) ** (dim / (dim - 2)). Unlike transformers, which
+    uses the longest row of the batch, each row gets the frequencies of its own length.
 
     Args:
         config: model config with `rope.rope_type == "dynamic"`.
@@ -66,10 +79,13 @@ def dynamic_ntk_inv_freq(config: ModelConfig, seq_len: torch.Tensor) -> torch.Te
 
 
 class RotaryEmbedding(torch.nn.Module):
-    """Computes RoPE cos/sin tables for given positions.
+    """Computes RoPE cos/sin tables for given positions (Su et al. 2021, "RoFormer").
 
     Args:
         config: model config (head_dim and rope parameters).
+
+    Attributes:
+        inv_freq: float32 buffer [head_dim // 2] (the static frequencies; dynamic NTK recomputes per call).
     """
 
     def __init__(self, config: ModelConfig) -> None:
@@ -85,7 +101,8 @@ class RotaryEmbedding(torch.nn.Module):
             dtype: dtype of the returned tables (the activations' dtype).
 
         Returns:
-            (cos, sin), each [batch, seq, head_dim] in `dtype`, computed in float32 first.
+            (cos, sin), each [batch, seq, head_dim] in `dtype`, computed in float32 first; the two halves
+            of head_dim repeat the same [head_dim // 2] angles ("rotate half" layout).
         """
         if self.config.rope.rope_type == "dynamic":
             inv_freq = dynamic_ntk_inv_freq(self.config, positions.max(dim=1).values + 1)  # [batch, half]
@@ -97,11 +114,11 @@ class RotaryEmbedding(torch.nn.Module):
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """Rotate queries or keys.
+    """Rotate queries or keys: x * cos + rotate_half(x) * sin (RoFormer, Su et al. 2021; HF Llama layout).
 
     Args:
         x: [batch, heads, seq, head_dim].
-        cos, sin: [batch, seq, head_dim], same dtype as x.
+        cos, sin: [batch, seq, head_dim] from `RotaryEmbedding.forward`, same dtype as x (broadcast over heads).
 
     Returns:
         [batch, heads, seq, head_dim], same dtype as x.

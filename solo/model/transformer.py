@@ -18,6 +18,13 @@ from solo.model.rope import RotaryEmbedding
 class KVCache:
     """Static KV cache: preallocated once, written in place at each token's position.
 
+    Args:
+        config: model config (layers, kv_heads, head_dim).
+        rows: sequences the cache holds.
+        max_seq: tokens per row.
+        dtype: element dtype of the cache (the model's weight dtype).
+        device: where the cache lives.
+
     Attributes:
         k, v: per layer, a tensor [rows, kv_heads, max_seq, head_dim]. A row holds one sequence; the
             server gives each concurrent request its own row.
@@ -75,7 +82,10 @@ class Transformer(nn.Module):
         return self.embed.weight if self.lm_head is None else self.lm_head.weight
 
     def embed_tokens(self, input_ids: torch.Tensor) -> torch.Tensor:
-        """Token embeddings [batch, seq, hidden] for int64 `input_ids` [batch, seq]."""
+        """Token embeddings [batch, seq, hidden] (weights' dtype) for int64 `input_ids` [batch, seq].
+
+        Gemma multiplies by `embedding_scale` (sqrt(hidden)) rounded to the weights' dtype.
+        """
         x = self.embed(input_ids)
         if self.config.embedding_scale is not None:
             # Gemma rounds the scale to the weights' dtype before multiplying (transformers does too).
@@ -83,7 +93,10 @@ class Transformer(nn.Module):
         return x
 
     def logits(self, hidden: torch.Tensor) -> torch.Tensor:
-        """Final norm, LM head and logit soft-capping: [batch, seq, hidden] -> [batch, seq, vocab]."""
+        """Final norm, LM head and logit soft-capping: [batch, seq, hidden] -> [batch, seq, vocab].
+
+        The logits are in the weights' dtype; Gemma 2 squashes them by cap * tanh(logits / cap).
+        """
         logits = nn.functional.linear(self.norm(hidden), self.lm_head_weight())
         cap = self.config.final_logit_softcap
         if cap is not None:

@@ -30,8 +30,12 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
         backend: "auto" (fastest available for the device) or a name from `BACKENDS`.
         device: the model's device.
 
+    Returns:
+        A `DecodeRuntime` wrapping `model` (the CPU and CUDA runtimes re-point its q/k/v and gate/up
+        parameters to fused buffers, values unchanged).
+
     Raises:
-        SoloError: an unknown backend name, or "cpu" asked for a model it cannot run.
+        SoloError: an unknown backend name, or "cpu" / "cuda-graph" asked for a model it cannot run.
     """
     if backend not in BACKENDS:
         raise SoloError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")

@@ -21,7 +21,7 @@ class DecodeRuntime(Protocol):
         config: the model config.
         device: where logits come back.
         rows: number of KV-cache rows (concurrent sequences).
-        max_seq: tokens per row currently allocated.
+        max_seq: tokens per row currently allocated (may exceed what was reserved: runtimes round up).
         batch_invariant: True when `decode` over several rows gives each row bit for bit its batch-1 logits;
             the server then decodes all active requests in one call (else one call per request, so a
             request's output never depends on its neighbours).
@@ -35,9 +35,13 @@ class DecodeRuntime(Protocol):
     batch_invariant: bool
 
     def reserve(self, rows: int, max_seq: int) -> None:
-        """Make sure the cache holds at least `rows` rows of `max_seq` tokens.
+        """Make sure the cache holds at least `rows` rows of `max_seq` tokens each.
 
         Growing the cache may reallocate it, which discards cached sequences.
+
+        Args:
+            rows: concurrent sequences.
+            max_seq: tokens per sequence (prompt + generated).
         """
         ...
 
@@ -51,6 +55,9 @@ class DecodeRuntime(Protocol):
 
         Returns:
             float32 [vocab] logits of the last position.
+
+        Raises:
+            SoloError: (CPU and CUDA runtimes) the row or the positions fall outside the reserved cache.
         """
         ...
 
@@ -64,5 +71,8 @@ class DecodeRuntime(Protocol):
 
         Returns:
             float32 [batch, vocab] logits.
+
+        Raises:
+            SoloError: (CPU and CUDA runtimes) no cache reserved, or (CPU) a row, position or id out of range.
         """
         ...

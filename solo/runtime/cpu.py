@@ -70,7 +70,15 @@ class _Model(ctypes.Structure):
 
 
 def native_matrix(layer: nn.Module) -> _Mat:
-    """The kernels' view of one Linear or QuantLinear layer (the caller keeps the layer alive)."""
+    """The kernels' view of one Linear or QuantLinear layer (the caller keeps the layer alive).
+
+    Args:
+        layer: an `nn.Linear` with bf16 / float32 weight [out, in], or a `QuantLinear`.
+
+    Returns:
+        A ctypes struct holding the format, [rows, cols], the int4 group size (32) and raw pointers to the
+        weight, the scales (quantized only) and the bias.
+    """
     if isinstance(layer, QuantLinear):
         fmt = _W_INT8 if layer.mode == "int8" else _W_INT4
         qweight, scale, bias, cols = layer.qweight, layer.scale, layer.bias, layer.in_features
@@ -280,7 +288,10 @@ class CpuRuntime:
             self._cos, self._sin = cos[0].float().contiguous(), sin[0].float().contiguous()
 
     def weight_nbytes(self) -> int:
-        """Bytes of weights one decode step streams (matrices, biases, norms; the embedding as one row)."""
+        """Bytes of weights one decode step streams (matrices, scales, biases, norms; the embedding as one row).
+
+        A tied LM head counts the whole embedding matrix (the head reads it in full).
+        """
         seen, total = set(), 0
         s = self._struct
         for t in self._keep:
@@ -311,8 +322,16 @@ class CpuRuntime:
         row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
         attention for Gemma 2).
 
+        Args:
+            row: cache row.
+            token_ids: int64 [seq] prompt ids, written at positions start_pos .. start_pos + seq - 1.
+            start_pos: position of the first id.
+
+        Returns:
+            float32 [vocab] logits of the last position (rounded to the weights' dtype first, as eager).
+
         Raises:
-            SoloError: the row or the positions fall outside the reserved cache.
+            SoloError: the row or the positions fall outside the reserved cache, or the prompt is empty.
         """
         ids = token_ids.to(self.device, torch.long).view(-1)
         seq = ids.numel()
@@ -394,8 +413,12 @@ class CpuRuntime:
     def decode(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         """One step for a batch -> float32 [batch, vocab] (see `DecodeRuntime.decode`).
 
+        Args:
+            rows, token_ids, positions: int64 [batch] each (any device; copied to the CPU).
+
         Raises:
-            SoloError: a row, position or token id out of range (checked, since the kernels do not).
+            SoloError: no cache reserved, mismatched lengths, or a row, position or token id out of range
+                (checked, since the kernels do not).
         """
         rows = rows.to(device="cpu", dtype=torch.long).contiguous()
         ids = token_ids.to(device="cpu", dtype=torch.long).contiguous()

@@ -35,7 +35,7 @@ class EagerRuntime:
             self.reserve(rows, max_seq)
 
     def reserve(self, rows: int, max_seq: int) -> None:
-        """Allocate the cache if it is smaller than `rows` x `max_seq` tokens."""
+        """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
         self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)

@@ -28,6 +28,9 @@ SPECIAL_TOKENS = (BOS_TOKEN, EOS_TOKEN, PAD_TOKEN)
 def train_tokenizer(texts: Iterable[str], vocab_size: int, n_texts: int | None = None) -> Tokenizer:
     """Train a byte-level BPE tokenizer on source texts.
 
+    BPE: Sennrich et al. 2016; byte-level alphabet and pre-tokenization as GPT-2 (Radford et al. 2019),
+    through the `tokenizers` library's BpeTrainer.
+
     Training is deterministic for a given input order and vocabulary size.
 
     Args:

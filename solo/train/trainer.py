@@ -121,7 +121,10 @@ def count_parameters(model: torch.nn.Module) -> int:
 
 
 def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
-    """Learning rate for a step: linear warm-up, then cosine decay over training progress.
+    """Learning rate for a step: linear warm-up, then cosine decay to ``min_lr_ratio * lr`` over progress.
+
+    Cosine annealing as in Loshchilov & Hutter 2017 ("SGDR", without restarts); the warm-up factor
+    multiplies the decayed rate.
 
     Args:
         cfg: schedule hyper-parameters.
@@ -138,7 +141,9 @@ def lr_at(cfg: TrainConfig, step: int, progress: float) -> float:
 
 
 def make_optimizer(model: torch.nn.Module, cfg: TrainConfig) -> torch.optim.AdamW:
-    """AdamW with weight decay on matrices only (norm gains are not decayed).
+    """AdamW (Loshchilov & Hutter 2019) with weight decay on matrices only (norm gains are not decayed).
+
+    betas (0.9, 0.95), eps 1e-8.
 
     Args:
         model: the model to optimise.
@@ -175,7 +180,8 @@ class TrainState:
     Attributes:
         step: optimiser steps taken (also the data position: the next batch index).
         tokens_seen: training tokens consumed (``step * batch * context``).
-        elapsed_s: wall-clock seconds spent in the training loop, summed across resumes.
+        elapsed_s: wall-clock seconds spent in the training loop (training steps, periodic held-out
+            estimates and checkpoint writes), summed across resumes.
         history: log records (dicts) written so far.
     """
 
@@ -258,7 +264,7 @@ class Trainer:
         return total / count
 
     def progress(self) -> float:
-        """Fraction of the run done: the larger of the step and time-budget fractions."""
+        """Fraction of the run done: the larger of the step and time-budget fractions (may exceed 1)."""
         frac = self.state.step / self.cfg.steps
         if self.cfg.time_budget_min is not None:
             frac = max(frac, self.state.elapsed_s / (60.0 * self.cfg.time_budget_min))

@@ -64,6 +64,11 @@ def _vocab(size: int) -> tuple[list[str], list[float], list[int]]:
 def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     """Write `model` as a GGUF file llama.cpp can load.
 
+    Args:
+        model: Solo's eager model (Llama, Mistral or Qwen2 layout).
+        path: the .gguf file to write.
+        type_name: GGUF matrix type from `gguf_type_name` ("F32", "F16", "Q8_0", "Q4_0").
+
     Raises:
         PeerSkipped: the gguf package is missing or the architecture has no GGUF mapping here.
     """

@@ -38,7 +38,11 @@ from solo.model.transformer import Transformer
 
 
 def shape_raw(name: str) -> dict[str, Any]:
-    """The config.json fields of a named shape (from `solo.bench.shapes`)."""
+    """The config.json fields of a named shape (from `solo.bench.shapes`).
+
+    Raises:
+        SystemExit: an unknown shape name.
+    """
     from solo.bench.shapes import SHAPES
 
     if name not in SHAPES:
@@ -55,7 +59,11 @@ def build_random_model(config: ModelConfig, dtype: torch.dtype, device: str = "c
 
 
 def roofline_bytes(config: ModelConfig, model: Transformer, context: int) -> dict[str, int]:
-    """Bytes one decode token reads: weights (LM head included, one embedding row) and KV cache."""
+    """Bytes one decode token reads at `context` tokens: weights (LM head included, one embedding row), KV cache.
+
+    Returns:
+        {"weights", "kv_cache", "total"} in bytes.
+    """
     try:
         from solo.bench.roofline import decode_bytes
 
@@ -70,7 +78,11 @@ def roofline_bytes(config: ModelConfig, model: Transformer, context: int) -> dic
 
 
 def parse_engine(spec: str, default_block: int) -> tuple[str, str, int]:
-    """"triton:block:16" -> ("triton", "block", 16); mode defaults to block, K to `default_block`."""
+    """"triton:block:16" -> ("triton", "block", 16); mode defaults to block, K to `default_block`.
+
+    Raises:
+        SystemExit: a mode other than block or token.
+    """
     parts = spec.split(":")
     step = parts[0]
     mode = parts[1] if len(parts) > 1 else "block"
@@ -87,7 +99,11 @@ def _sync(device: torch.device) -> None:
 
 @torch.inference_mode()
 def run_once(runtime: Any, prompt: list[int], gen_len: int, mode: str, k: int) -> dict[str, Any]:  # noqa: ANN401
-    """One timed greedy generation; returns TTFT, decode time, tokens and host syncs."""
+    """One timed greedy generation of `gen_len` tokens in "block" (K tokens per sync) or "token" mode.
+
+    Returns:
+        {"ttft_s", "decode_s"} in seconds, "decode_tokens", host-sync counts and the generated "tokens".
+    """
     from solo.runtime.cuda.state import SamplingSpec
 
     runtime.reserve(1, len(prompt) + gen_len + 1)
@@ -118,7 +134,12 @@ def run_once(runtime: Any, prompt: list[int], gen_len: int, mode: str, k: int) -
 
 
 def summarize_runs(runs: list[dict[str, Any]], roofline_tps: float) -> dict[str, Any]:
-    """Median / min / max of decode tok/s and TTFT, host syncs per token, roofline fraction."""
+    """Median / min / max of decode tokens/s and TTFT (ms), ms per token, host syncs per token, roofline fraction.
+
+    Args:
+        runs: `run_once` results.
+        roofline_tps: the roofline's tokens per second (0 leaves the fraction None).
+    """
     tps = sorted(r["decode_tokens"] / r["decode_s"] for r in runs)
     ttft = sorted(r["ttft_s"] for r in runs)
     tokens = sum(r["decode_tokens"] + 1 for r in runs)

@@ -44,6 +44,10 @@ def run_in_blocks(runtime: Any, request: Any, logits: torch.Tensor, row: int = 0
 
     Yields:
         `GenerationEvent`s, one per token, as `Request.append` makes them; the last one finishes it.
+
+    Raises:
+        SoloError: the device ran out of blocks before the request finished (a cache too short for the
+            prompt plus `max_new_tokens`).
     """
     # The host sampler's generator may live elsewhere than the logits (a CPU sampler for a GPU runtime).
     token, info = request.choose(logits.to(request.sampler.generator.device))

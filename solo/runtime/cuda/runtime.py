@@ -49,7 +49,7 @@ _GREEDY = SamplingSpec()
 
 
 def unsupported_reason(model: Transformer) -> str | None:
-    """Why `CudaGraphRuntime` cannot run `model`, or None when it can."""
+    """Why `CudaGraphRuntime` cannot run `model` (a one-line reason), or None when it can."""
     if model.device.type != "cuda":
         return "the cuda-graph backend needs the model on a CUDA device"
     if model.config.head_dim % 2:
@@ -87,7 +87,8 @@ class CudaGraphRuntime:
             counts one, as its caller reads the logits; a block counts one).
 
     Raises:
-        SoloError: an unknown step, or graphs asked for off CUDA.
+        SoloError: an unknown step, "triton-pdl" without Hopper and Triton >= 3.3, graphs asked for off
+            CUDA, or a block_size outside [1, max_block].
     """
 
     name = "cuda-graph"
@@ -140,9 +141,9 @@ class CudaGraphRuntime:
     def reserve(self, rows: int, max_seq: int) -> None:
         """Make sure the cache holds `rows` rows of `max_seq` tokens.
 
-        Growing it drops cached sequences and captured graphs. Lengths are rounded up (to 256) so
-        requests of similar lengths share graphs. One extra row, never handed out, is scratch for
-        warm-up runs.
+        Growing it drops cached sequences and captured graphs. Lengths are rounded up (to a multiple of
+        256 tokens, capped at the model's context length) so requests of similar lengths share graphs.
+        One extra row, never handed out, is scratch for warm-up runs.
         """
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
@@ -229,7 +230,11 @@ class CudaGraphRuntime:
 
     @torch.inference_mode()
     def prefill(self, row: int, token_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:
-        """Prompt -> float32 [vocab] logits of its last position (see `DecodeRuntime.prefill`)."""
+        """Prompt -> float32 [vocab] logits of its last position (see `DecodeRuntime.prefill`).
+
+        Raises:
+            SoloError: no cache reserved, or the row or positions fall outside it.
+        """
         self._require_cache()
         ids = token_ids.to(torch.long).view(1, -1)
         seq = ids.shape[1]
@@ -247,6 +252,9 @@ class CudaGraphRuntime:
         """One step for a batch -> float32 [batch, vocab] (see `DecodeRuntime.decode`).
 
         One row replays the step graph; several rows run the graph-safe torch ops without a graph.
+
+        Raises:
+            SoloError: no cache reserved.
         """
         self._require_cache()
         rows, token_ids, positions = rows.view(-1).cpu(), token_ids.view(-1).cpu(), positions.view(-1).cpu()
@@ -299,6 +307,10 @@ class CudaGraphRuntime:
         Returns:
             The tokens, and whether a stop token ended them. Sampling is seeded by (seed, position), so a
             sequence decoded block by block equals one decoded in one longer block.
+
+        Raises:
+            SoloError: no cache reserved, k outside [1, max_block], or a row outside the cache.
+            ValueError: `sampling` asks for penalties.
         """
         k = k or self.block_size
         run, limit = self._start_block_run(row, token, position, sampling, stop_ids,
@@ -324,6 +336,10 @@ class CudaGraphRuntime:
         Yields:
             Each block's tokens (non-empty lists); ends after a stop token or `max_tokens` tokens.
             Closing the iterator early is safe: a block still queued completes on the device unseen.
+            Generation also stops, short of `max_tokens`, where the reserved cache row ends.
+
+        Raises:
+            SoloError, ValueError: as `decode_block` (on the first `next()`).
         """
         k = k or self.block_size
         run, limit = self._start_block_run(row, token, position, sampling, stop_ids, max_tokens, k)

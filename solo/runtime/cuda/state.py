@@ -42,7 +42,7 @@ class SamplingSpec:
         top_k: 0 disables.
         top_p: 1 disables.
         min_p: 0 disables.
-        seed: Philox key base (any int; reduced to 63 bits).
+        seed: Philox key base (any int; `DecodeState.start` reduces it modulo 2**62).
     """
 
     temperature: float = 0.0
@@ -76,6 +76,11 @@ class SamplingSpec:
 class DecodeState:
     """Device tensors of the decode state, and the host's pinned mirrors for reading it back.
 
+    Args:
+        vocab_size: logits width (size of `stop_mask`).
+        max_block: the most tokens one block may produce (size of `out_tokens`).
+        device: where the tensors live.
+
     Attributes:
         io: int64 [STATE_SIZE + max_block] on the device: the state, then the block's output tokens
             (one tensor so one copy brings both back).
@@ -107,7 +112,7 @@ class DecodeState:
         dst.copy_(values, non_blocking=True)
 
     def set_step(self, token: int, position: int, row: int) -> None:
-        """Token, position and row for a single forward step (no sampling)."""
+        """Token id, its position (tokens) and cache row for a single forward step (no sampling); asynchronous."""
         self._upload(self.state[:3], torch.tensor([token, position, row], dtype=torch.int64))
 
     def start(self, token: int, position: int, row: int, limit: int, sampling: SamplingSpec,

@@ -44,6 +44,15 @@ def forward_tokens(model: Transformer, cache: KVCache, input_ids: torch.Tensor, 
     With kv_len = max_seq the shapes are static (a decode step for a CUDA graph); with the prompt's end it
     is a prefill without the eager model's per-layer host syncs.
 
+    Args:
+        model: the eager model.
+        cache: the static KV cache.
+        input_ids: int64 [batch, seq] token ids.
+        positions: int64 [batch, seq] absolute positions.
+        rows: int64 [batch] cache rows.
+        kv_len: cache slots attended over (> every position), in tokens.
+        last_only: compute logits for the last position only.
+
     Returns:
         Logits [batch, seq, vocab] (or [batch, 1, vocab] with last_only) in the weights' dtype.
     """

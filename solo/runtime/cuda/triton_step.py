@@ -35,7 +35,7 @@ class TritonStep:
     Args:
         model: the eager model (its weights are fused in place, see `weights.fused_layers`).
         cache: the static KV cache.
-        state: int64 decode state (token, position, row are read).
+        state: int64 decode state [STATE_SIZE] (token, position, row are read).
         logits: float32 [vocab] output buffer.
         sm_count: streaming multiprocessors (sizes the attention split and default launch configs).
         pdl: launch every kernel with programmatic dependent launch (Hopper), so each kernel's CTAs are

@@ -81,7 +81,7 @@ def fused_layers(model: Transformer) -> list[FusedLayer]:
 
 
 def weight_bytes_per_token(model: Transformer) -> int:
-    """Bytes of weights one batch-1 decode step reads: every matrix once, one embedding row.
+    """Bytes of weights one batch-1 decode step reads: every parameter once, one embedding row.
 
     The LM head is counted even when tied (it is read in full for the logits); the embedding table is
     not (one row per token).

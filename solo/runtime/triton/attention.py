@@ -47,7 +47,16 @@ class AttentionPlan:
         num_heads, num_kv_heads, head_dim: attention geometry.
         device: where the scratch buffers live.
         sm_count: streaming multiprocessors (the split aims at ~2 CTAs per SM at full length).
-        partition: force a partition length (power of two >= 16), e.g. in tests.
+        partition: force a partition length in tokens (power of two >= 16), e.g. in tests.
+
+    Attributes:
+        partition: keys per partition (tokens); default a power of two in [32, 1024].
+        num_parts: ceil(max_seq / partition).
+        part_out: float32 [num_parts, num_heads, head_dim] partial outputs ([0, ...] with one partition).
+        part_lse: float32 [num_parts, num_heads] partial log-sum-exps.
+
+    Raises:
+        ValueError: `partition` is not a power of two >= 16.
     """
 
     def __init__(self, max_seq: int, num_heads: int, num_kv_heads: int, head_dim: int,
@@ -199,6 +208,9 @@ def decode_attention(
 ) -> torch.Tensor:
     """Attention of one query token over cache row `state[ROW]`, positions 0..state[POS].
 
+    Flash-decoding (Dao et al. 2023, "Flash-Decoding for long-context inference") with GQA (Ainslie et
+    al. 2023): see the module docstring.
+
     Args:
         q: [num_heads * head_dim] rotated queries, model dtype.
         k_cache, v_cache: [rows, num_kv_heads, max_seq, head_dim] (this step's k/v already written).
@@ -206,7 +218,7 @@ def decode_attention(
         out: [num_heads * head_dim] attention output (written), model dtype.
         num_heads, num_kv_heads, head_dim: geometry (GQA when num_kv_heads < num_heads).
         scale: softmax scale of the scores.
-        window: sliding-window size (a query sees itself and window - 1 earlier keys), or None.
+        window: sliding-window size in tokens (a query sees itself and window - 1 earlier keys), or None.
         softcap: tanh soft-capping of the scores, or None.
         plan: partitioning and scratch (default: one for this cache length, allocated here).
         num_warps: Triton launch option.
@@ -216,7 +228,7 @@ def decode_attention(
         `out`.
 
     Raises:
-        ValueError: shapes or strides do not fit.
+        ValueError: shapes or strides do not fit, or `plan` was made for another cache length.
     """
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache must share shape and strides, innermost dim contiguous")

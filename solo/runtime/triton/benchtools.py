@@ -39,7 +39,17 @@ SHAPES: dict[str, dict[str, int]] = {
 
 
 def hbm_probe(device: torch.device | str = "cuda", nbytes: int = 2 * _GIB, reps: int = 10) -> dict[str, float]:
-    """Measured HBM bandwidth: device-to-device copy (read + write) and a read-only sum, GB/s (best, median)."""
+    """Measured HBM bandwidth: device-to-device copy (read + write) and a read-only sum.
+
+    Args:
+        device: the CUDA device.
+        nbytes: buffer size in bytes (default 2 GiB).
+        reps: timed repetitions per method.
+
+    Returns:
+        {"bytes": buffer bytes, "copy_gbps_best", "copy_gbps_median", "read_gbps_best", "read_gbps_median"},
+        bandwidths in GB/s (1e9 bytes per second; the copy counts bytes read plus bytes written).
+    """
     src = torch.empty(nbytes // 4, dtype=torch.float32, device=device).uniform_()
     dst = torch.empty_like(src)
     result: dict[str, float] = {"bytes": float(src.numel() * 4)}
@@ -62,7 +72,10 @@ def hbm_probe(device: torch.device | str = "cuda", nbytes: int = 2 * _GIB, reps:
 
 
 def copies_for(nbytes: int, minimum: int = 2, maximum: int = 48) -> int:
-    """How many copies of an operand keep a rotation's working set at >= 3x the L2."""
+    """How many copies of an operand of `nbytes` bytes keep a rotation's working set at >= 3x the L2 (60 MB).
+
+    Clamped to [minimum, maximum].
+    """
     return max(minimum, min(maximum, math.ceil(3 * _L2_BYTES / max(1, nbytes))))
 
 
@@ -113,7 +126,17 @@ def _randn(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
 
 
 def bench_gemv(n: int, k: int, hbm_gbps: float, residual: bool = True, label: str = "") -> list[dict[str, Any]]:
-    """Split-K GEMV (tuned) and cuBLAS on [n, k] bf16 weights."""
+    """Split-K GEMV (tuned) and cuBLAS on [n, k] bf16 weights.
+
+    Args:
+        n, k: weight shape [N, K].
+        hbm_gbps: measured HBM bandwidth in GB/s (the denominator of `*_hbm_fraction`).
+        residual: time the residual-add epilogue.
+        label: suffix of the report's kernel names.
+
+    Returns:
+        Report entries (bytes moved, microseconds and GB/s per timing method, the chosen configuration).
+    """
     from solo.runtime.triton import gemv, tuning
 
     copies = copies_for(n * k * 2)
@@ -141,7 +164,7 @@ def bench_gemv(n: int, k: int, hbm_gbps: float, residual: bool = True, label: st
 
 
 def bench_rmsnorm_gemv(n: int, k: int, hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
-    """RMSNorm + GEMV (the LM head), tuned, with float32 output."""
+    """RMSNorm + GEMV (the LM head) on [n, k] bf16 weights, tuned, with float32 output (args as `bench_gemv`)."""
     from solo.runtime.triton import rmsnorm_gemv, tuning
 
     copies = copies_for(n * k * 2)
@@ -161,7 +184,7 @@ def bench_rmsnorm_gemv(n: int, k: int, hbm_gbps: float, label: str = "") -> list
 
 
 def bench_qkv_rope(shape: dict[str, int], hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
-    """RMSNorm + QKV + RoPE + cache write, tuned."""
+    """RMSNorm + QKV + RoPE + cache write for a `SHAPES` entry, bf16, tuned (other args as `bench_gemv`)."""
     from solo.runtime.triton import qkv_rope, tuning
 
     h, hq, hkv, hd = shape["hidden"], shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -189,7 +212,7 @@ def bench_qkv_rope(shape: dict[str, int], hbm_gbps: float, label: str = "") -> l
 
 
 def bench_gated_mlp(shape: dict[str, int], hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
-    """RMSNorm + gate/up + SiLU, tuned."""
+    """RMSNorm + gate/up + SiLU for a `SHAPES` entry, bf16, tuned (other args as `bench_gemv`)."""
     from solo.runtime.triton import swiglu, tuning
 
     h, f = shape["hidden"], shape["ffn"]
@@ -209,7 +232,7 @@ def bench_gated_mlp(shape: dict[str, int], hbm_gbps: float, label: str = "") -> 
 
 
 def bench_attention(shape: dict[str, int], context: int, hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
-    """Flash-decoding attention at one context length (cache sized to the context)."""
+    """Flash-decoding attention at `context` tokens (bf16 cache sized to the context; args as `bench_gemv`)."""
     from solo.runtime.triton import attention
 
     hq, hkv, hd = shape["heads"], shape["kv_heads"], shape["head_dim"]
@@ -232,7 +255,7 @@ def bench_attention(shape: dict[str, int], context: int, hbm_gbps: float, label:
 
 
 def bench_sampling(vocab: int, hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
-    """Greedy and Gumbel-max sampling steps over float32 logits (two launches each)."""
+    """Greedy and Gumbel-max sampling steps over float32 logits [vocab] (two launches each; hbm_gbps in GB/s)."""
     from solo.runtime.cuda.state import DecodeState, SamplingSpec
     from solo.runtime.triton import sampling
 
@@ -263,7 +286,7 @@ def _guarded(results: list[dict[str, Any]], name: str, fn: Callable[[], list[dic
 
 
 def run_shape(name: str, shape: dict[str, int], hbm_gbps: float, contexts: tuple[int, ...]) -> list[dict[str, Any]]:
-    """Every decode kernel of one model shape."""
+    """Every decode kernel of one model shape (hbm_gbps in GB/s; contexts in tokens for attention)."""
     h, hq, hd, f, v = shape["hidden"], shape["heads"], shape["head_dim"], shape["ffn"], shape["vocab"]
     tag = f"[{name}]"
     results: list[dict[str, Any]] = []

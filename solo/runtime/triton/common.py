@@ -148,7 +148,7 @@ def pdl_release(USE_PDL: tl.constexpr):
 
 
 def launch_options(num_warps: int, num_stages: int = 1, pdl: bool = False) -> dict:
-    """Keyword launch options of a kernel call (`launch_pdl` only when asked for)."""
+    """Keyword launch options of a kernel call: num_warps, num_stages (and `launch_pdl` only when asked for)."""
     options = {"num_warps": num_warps, "num_stages": num_stages}
     if pdl:
         options["launch_pdl"] = True

@@ -76,6 +76,10 @@ def default_config(n: int, k: int, sm_count: int = 132, elem_bytes: int = 2) -> 
         n, k: the weight's shape [N, K].
         sm_count: streaming multiprocessors on the device.
         elem_bytes: bytes per weight element (BLOCK_K spans one 16-byte vector per thread of 4 warps).
+
+    Returns:
+        The largest block_n (<= 8) giving >= 2 CTAs per SM, then split_k (<= 8) doubled while CTAs are
+        still short of that and each K slice keeps at least one full BLOCK_K tile.
     """
     block_k = min(16 // elem_bytes * 32 * 4, max(16, triton.next_power_of_2(k)))
     block_n = 8
@@ -92,6 +96,15 @@ class SplitKWorkspace:
 
     Counters start at zero and each launch leaves them at zero, so one workspace serves every replay of
     a captured graph. Allocate one per call site (launches in flight at once must not share one).
+
+    Args:
+        n: output rows N.
+        config: the launch configuration the workspace is for.
+        device: where the buffers live.
+
+    Attributes:
+        partials: float32 [max(1, split_k), N].
+        counters: int32 [cdiv(N, block_n)], one per row block.
     """
 
     def __init__(self, n: int, config: GemvConfig, device: torch.device | str) -> None:
@@ -159,7 +172,7 @@ def gemv(
     workspace: SplitKWorkspace | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """Y = round(W @ x + bias) (+ residual), one launch.
+    """Y = round(W @ x + bias) (+ residual), one launch (split-K GEMV, see the module docstring).
 
     Args:
         weight: [N, K] row-major (nn.Linear layout), bf16/fp16/fp32.

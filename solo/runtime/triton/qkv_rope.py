@@ -157,25 +157,28 @@ def qkv_rope(
 ) -> None:
     """Normalize x, project to q/k/v, rotate q and k, write q to `q_out` and k/v into the cache.
 
+    RMSNorm (Zhang & Sennrich 2019), then RoPE (Su et al. 2021) in the rotate-half layout; GQA
+    (Ainslie et al. 2023) when num_kv_heads < num_heads.
+
     Args:
         x: [hidden] residual stream, model dtype.
         norm_weight: [hidden] the attention RMSNorm's weight.
-        w_qkv: [(num_heads + 2 num_kv_heads) * head_dim, hidden], rows q | k | v.
+        w_qkv: [(num_heads + 2 num_kv_heads) * head_dim, hidden] row-major, rows q | k | v, model dtype.
         eps: RMSNorm epsilon.
         cos_table, sin_table: float32 [positions, head_dim / 2] (or [1, head_dim / 2] with
             `per_step_table`, for RoPE types whose frequencies change with the position).
         state: int64 decode state (`common.STATE_*`): the position and cache row are read from it.
-        q_out: [num_heads * head_dim] rotated queries (written).
-        k_cache, v_cache: [rows, num_kv_heads, max_seq, head_dim], written at (row, :, position).
+        q_out: [num_heads * head_dim] rotated queries (written), model dtype.
+        k_cache, v_cache: [rows, num_kv_heads, max_seq, head_dim], model dtype, written at (row, :, position).
         num_heads, num_kv_heads, head_dim: attention geometry (head_dim even).
         bias: [(num_heads + 2 num_kv_heads) * head_dim] or None.
         unit_offset: Gemma's (1 + w) RMSNorm scaling.
         per_step_table: the tables hold one row for the current position (row 0 is read).
-        config: launch configuration.
+        config: launch configuration (default: `QkvRopeConfig()`; block_p is fitted by `fit_block_p`).
         pdl: launch with programmatic dependent launch (Hopper; see `common.pdl_wait`).
 
     Raises:
-        ValueError: shapes or strides do not fit.
+        ValueError: shapes or strides do not fit, an odd head_dim, or num_heads not a multiple of num_kv_heads.
     """
     hidden = x.shape[0]
     n_rows = (num_heads + 2 * num_kv_heads) * head_dim

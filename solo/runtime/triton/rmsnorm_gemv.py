@@ -87,12 +87,12 @@ def rmsnorm_gemv(
     config: RmsNormGemvConfig | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """Y = W @ rmsnorm(x) (+ bias), one launch.
+    """Y = W @ rmsnorm(x) (+ bias), one launch (RMSNorm: Zhang & Sennrich 2019).
 
     Args:
         x: [K] un-normalized input (the residual stream), model dtype.
         norm_weight: [K] RMSNorm weight.
-        weight: [N, K] row-major projection.
+        weight: [N, K] row-major projection, bf16/fp16/fp32.
         eps: RMSNorm epsilon.
         out: [N] output (default: new, weight's dtype); float32 is allowed (values are still rounded to
             the weight's dtype first, as the eager model's logits are).

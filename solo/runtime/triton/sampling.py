@@ -53,6 +53,10 @@ class SamplerPlan:
         vocab_size: logits width.
         device: where the buffers live.
         block_v: vocabulary entries per CTA of the first stage.
+
+    Attributes:
+        part_val: float32 [num_parts], each block's best score.
+        part_idx: int64 [num_parts], its vocabulary index.
     """
 
     def __init__(self, vocab_size: int, device: torch.device | str, block_v: int = 2048) -> None:
@@ -125,10 +129,13 @@ def filter_threshold(logits: torch.Tensor, state: torch.Tensor, params: torch.Te
                      out: torch.Tensor) -> torch.Tensor:
     """The smallest l / T that top-k, top-p and min-p keep (graph-capturable torch ops, no sync).
 
+    Top-p: Holtzman et al. 2019; min-p: Nguyen et al. 2024 (threshold max(l / T) + log(min_p), i.e.
+    p >= min_p * p_max); same semantics as `solo.engine.sampling.TokenSampler.process`.
+
     Args:
         logits: float32 [V].
-        state: int64 decode state (top-k read from its top-k slot; 0 disables it).
-        params: float32 sampling parameters (temperature > 0, top-p in (0, 1], min-p in [0, 1]).
+        state: int64 decode state [STATE_SIZE] (top-k read from its top-k slot; 0 disables it).
+        params: float32 [PARAM_SIZE] sampling parameters (temperature > 0, top-p in (0, 1], min-p in [0, 1]).
         out: float32 [1] receives the threshold.
 
     Returns:
@@ -176,6 +183,9 @@ def sample_step(
         mode: MODE_GREEDY, MODE_SAMPLE or MODE_FILTERED.
         plan: vocabulary split and scratch.
         pdl: launch with programmatic dependent launch (Hopper; see `common.pdl_wait`).
+
+    Raises:
+        ValueError: logits are not float32 [plan.vocab_size].
     """
     if logits.shape != (plan.vocab_size,) or logits.dtype != torch.float32:
         raise ValueError(f"logits must be float32 [{plan.vocab_size}]")

@@ -104,22 +104,22 @@ def gated_mlp(
     config: GatedMlpConfig | None = None,
     pdl: bool = False,
 ) -> torch.Tensor:
-    """A = act(gate(norm(x))) * up(norm(x)), one launch.
+    """A = act(gate(norm(x))) * up(norm(x)), one launch (SwiGLU / GeGLU, Shazeer 2020; RMSNorm, Zhang & Sennrich 2019).
 
     Args:
         x: [hidden] input (the residual stream when `norm_weight` is given), model dtype.
-        w_gate_up: [2F, hidden], gate rows then up rows.
+        w_gate_up: [2F, hidden] row-major, gate rows then up rows, bf16/fp16/fp32.
         out: [F] output (default: new, weight's dtype).
         norm_weight: [hidden] RMSNorm weight applied to x first, or None for no norm.
         eps: RMSNorm epsilon.
         bias: [2F] (gate bias then up bias) or None.
-        activation: "silu", "gelu_pytorch_tanh" or "gelu".
+        activation: "silu", "gelu_pytorch_tanh" (tanh approximation) or "gelu" (exact, erf).
         unit_offset: Gemma's (1 + w) RMSNorm scaling.
-        config: launch configuration.
+        config: launch configuration (default: `GatedMlpConfig()`).
         pdl: launch with programmatic dependent launch (Hopper; see `common.pdl_wait`).
 
     Returns:
-        `out`.
+        `out`, [F] in its dtype.
 
     Raises:
         ValueError: shapes, strides or the activation do not fit.

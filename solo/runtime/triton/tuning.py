@@ -65,7 +65,12 @@ def make_key(kernel: str, **shape: Any) -> str:
 
 
 def lookup(key: str, config_type: type[C]) -> C | None:
-    """A cached configuration for `key`, or None."""
+    """A cached configuration for `key` (memory first, then the disk cache), or None.
+
+    Args:
+        key: cache key (`make_key`).
+        config_type: the configuration dataclass to rebuild (None when its fields changed since caching).
+    """
     with _LOCK:
         entry = _MEMORY.get(key)
         if entry is None:
@@ -97,7 +102,7 @@ def tune(
         launch: runs the kernel with a configuration and returns its output tensor.
         reference: configuration whose output is trusted (the untuned default).
         rtol: allowed max |out - ref| relative to max |ref| (summation order differs between configs).
-        warmup_ms, rep_ms: `do_bench` budgets per candidate.
+        warmup_ms, rep_ms: `do_bench` budgets per candidate, in milliseconds.
 
     Returns:
         The chosen configuration (the reference when nothing else works); cached under `key`.
