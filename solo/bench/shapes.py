@@ -74,7 +74,6 @@ def shape_raw_config(name: str) -> dict[str, Any]:
 
 
 @torch.no_grad()
-@torch.no_grad()
 def build_model(config: ModelConfig, dtype: torch.dtype, seed: int = 0, std: float = 0.02,
                 device: torch.device | str = "cpu") -> Transformer:
     """An eager `Transformer` with random weights, built directly on `device`.

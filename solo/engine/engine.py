@@ -229,6 +229,9 @@ class Engine:
                  ) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
+        The engine runs one generation at a time: from its first event until it ends, the stream holds
+        the engine (another thread's call waits). Consume it to the end, or `close()` it to stop early.
+
         Args:
             prompt: text, chat messages or token ids.
             params: sampling parameters, or a dict of `SamplingParams` fields.

@@ -167,6 +167,19 @@ class ModelConfig:
             raise CheckpointError(
                 f"config.json lacks the field {exc.args[0]!r}; re-download the model's config.json"
             ) from None
+        except (TypeError, ValueError, ZeroDivisionError):
+            raise CheckpointError(
+                "config.json has a size field that is not a positive integer (hidden_size, num_attention_heads, "
+                "num_hidden_layers, vocab_size, intermediate_size, num_key_value_heads or head_dim); fix or "
+                "re-download it"
+            ) from None
+        hf_names = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
+                    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
+                    "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
+        for name, hf_name in hf_names.items():
+            if base[name] < 1:
+                raise CheckpointError(f"config.json gives {hf_name} = {base[name]}; it must be >= 1. Fix or "
+                                      "re-download it")
         base["attn_scale"] = base["head_dim"] ** -0.5
         config = cls(**base)
         config = rule(config, raw)

@@ -108,7 +108,11 @@ def load_library() -> ctypes.CDLL:
         if _library is None:
             import torch  # noqa: F401  (loads PyTorch's libgomp first, so the kernels share its threads)
 
-            lib = ctypes.CDLL(str(library_path()))
+            path = library_path()
+            try:
+                lib = ctypes.CDLL(str(path))
+            except OSError as exc:  # e.g. a damaged cached build: callers fall back to eager on KernelBuildError
+                raise KernelBuildError(f"cannot load {path} ({exc}); delete it to rebuild") from None
             p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
             lib.solo_workspace_bytes.argtypes = [p, i, i]
             lib.solo_workspace_bytes.restype = sz

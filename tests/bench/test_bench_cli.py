@@ -179,7 +179,7 @@ def test_llamacpp_peer_reports_a_dead_worker():
 
 @pytest.mark.parametrize("arch", ["llama", "qwen2"])
 def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch):
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install solo[llamacpp])")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
     pytest.importorskip("gguf", reason="gguf is not installed")
     from solo.bench.peers import PeerSpec
     from solo.bench.peers.llamacpp import LlamaCppPeer
@@ -206,7 +206,7 @@ def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch):
 
 def test_llamacpp_runs_outside_the_bench_process(tmp_path):
     # llama.cpp and its OpenMP runtime must not be loaded here, and the bench must not change their settings.
-    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install solo[llamacpp])")
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
     pytest.importorskip("gguf", reason="gguf is not installed")
     script = (
         "import os, pathlib, sys, torch\n"
@@ -228,3 +228,20 @@ def test_llamacpp_runs_outside_the_bench_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False", "False", "False"]
+
+
+@pytest.mark.parametrize("arch, overrides, feature", [
+    ("mistral", {}, "a sliding window"),
+    ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "linear RoPE scaling"),
+    ("llama", {"mlp_bias": True}, "o_proj / MLP biases"),
+])
+def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides, feature):
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    from solo.bench.peers import PeerSkipped
+    from solo.bench.peers.llamacpp import write_gguf
+
+    folder = make_checkpoint(tmp_path / arch, arch, **overrides)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    with pytest.raises(PeerSkipped, match=feature):
+        write_gguf(model, tmp_path / "m.gguf", "F32")
+    assert not (tmp_path / "m.gguf").exists()

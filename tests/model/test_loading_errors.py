@@ -114,3 +114,28 @@ def test_hub_id_resolves_through_huggingface_hub_cache(monkeypatch, tmp_path, ti
     assert engine.model_dir == repo / "snapshots" / commit
     assert engine.name == "solo-test/tiny-llama"
     assert engine.complete("hi", SamplingParams(max_tokens=3)).stats.completion_tokens <= 3
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("hidden_size", None, "size field that is not a positive integer"),
+    ("num_attention_heads", 0, "num_attention_heads|size field"),
+    ("num_hidden_layers", -1, "num_hidden_layers = -1; it must be >= 1"),
+    ("vocab_size", "many", "size field that is not a positive integer"),
+])
+def test_bad_size_fields_in_config(folder, field, value, message):
+    config = json.loads((folder / "config.json").read_text())
+    config[field] = value
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=message):
+        Engine.load(folder)
+
+
+def test_a_damaged_kernel_library_falls_back_to_a_clear_error(monkeypatch, tmp_path):
+    from solo.runtime import cpu_build
+
+    broken = tmp_path / "broken.so"
+    broken.write_bytes(b"not a shared library")
+    monkeypatch.setattr(cpu_build, "_library", None)
+    monkeypatch.setattr(cpu_build, "library_path", lambda: broken)
+    with pytest.raises(cpu_build.KernelBuildError, match="delete it to rebuild"):
+        cpu_build.load_library()

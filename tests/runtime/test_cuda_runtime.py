@@ -103,6 +103,10 @@ def test_batched_decode_rows_and_cache_checks(tiny):
     torch.testing.assert_close(both[1], one[0], rtol=1e-4, atol=1e-4)
     with pytest.raises(SoloError):
         rt.prefill(2, torch.tensor(PROMPT))  # the scratch row is not handed out
+    for rows, tokens, positions in [([2], [ta], [6]), ([0], [ta], [rt.max_seq]), ([0], [10**6], [6]),
+                                    ([0, 1], [ta], [6, 6])]:
+        with pytest.raises(SoloError, match="out of range|one row, token id and position"):
+            rt.decode(torch.tensor(rows), torch.tensor(tokens), torch.tensor(positions))
     with pytest.raises(SoloError):
         CudaGraphRuntime(model, step="nope")
     if not ON_GPU:

@@ -70,7 +70,8 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
         type_name: GGUF matrix type from `gguf_type_name` ("F32", "F16", "Q8_0", "Q4_0").
 
     Raises:
-        PeerSkipped: the gguf package is missing or the architecture has no GGUF mapping here.
+        PeerSkipped: the gguf package is missing, or the architecture (or a feature of this config: a
+            sliding window, linear/dynamic RoPE scaling, o_proj/MLP biases) has no GGUF mapping here.
     """
     try:
         import gguf
@@ -80,6 +81,14 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     arch = _ARCHES.get(cfg.architecture)
     if arch is None or cfg.qk_norm or cfg.sandwich_norm:
         raise PeerSkipped(f"no GGUF conversion for {cfg.architecture} in the bench")
+    # What this writer does not carry over would make llama.cpp run a different model: refuse instead.
+    unsupported = [name for name, present in [
+        ("a sliding window", any(w is not None for w in cfg.layer_sliding_windows)),
+        (f"{cfg.rope.rope_type} RoPE scaling", cfg.rope.rope_type not in ("default", "llama3")),
+        ("o_proj / MLP biases", cfg.o_bias or cfg.mlp_bias),
+    ] if present]
+    if unsupported:
+        raise PeerSkipped(f"the bench's GGUF writer does not carry {', '.join(unsupported)} over to llama.cpp")
     qtype = gguf.GGMLQuantizationType[type_name]
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(cfg.max_position_embeddings)

@@ -254,10 +254,18 @@ class CudaGraphRuntime:
         One row replays the step graph; several rows run the graph-safe torch ops without a graph.
 
         Raises:
-            SoloError: no cache reserved.
+            SoloError: no cache reserved, mismatched lengths, or a row, position or token id out of range
+                (the kernels would write outside the cache).
         """
         self._require_cache()
         rows, token_ids, positions = rows.view(-1).cpu(), token_ids.view(-1).cpu(), positions.view(-1).cpu()
+        if not rows.numel() == token_ids.numel() == positions.numel() or rows.numel() == 0:
+            raise SoloError("decode needs one row, token id and position per sequence")
+        if (int(rows.min()) < 0 or int(rows.max()) >= self.rows or int(positions.min()) < 0
+                or int(positions.max()) >= self.max_seq or int(token_ids.min()) < 0
+                or int(token_ids.max()) >= self.config.vocab_size):
+            raise SoloError(f"decode rows/positions/token ids out of range ({self.rows} rows x {self.max_seq} "
+                            f"positions, vocabulary {self.config.vocab_size})")
         if rows.numel() == 1:
             run = self._runner(("step",), self._step)
             self.state.set_step(int(token_ids[0]), int(positions[0]), int(rows[0]))
