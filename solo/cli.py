@@ -135,7 +135,11 @@ def cmd_run(args: argparse.Namespace) -> int:
     if prompt is None:
         if sys.stdin.isatty():
             raise SoloError("no prompt given; pass --prompt TEXT (or pipe the prompt on stdin)")
-        prompt = sys.stdin.read()
+        try:
+            prompt = sys.stdin.read()
+        except UnicodeDecodeError as exc:
+            raise SoloError(f"stdin is not valid UTF-8 text ({exc.reason} at byte {exc.start}); send UTF-8 "
+                            "text") from None
     if args.system is not None and not args.chat:
         raise SoloError("--system only applies to chat prompts; add --chat (or put the text in --prompt)")
     params = sampling_params_from_args(args)

@@ -91,6 +91,12 @@ class Tokenizer:
         call, so a long prompt tokenized on one thread froze every other Python thread, a server's event
         loop included).
         """
+        if not is_valid_unicode(text):
+            raise InvalidRequestError(
+                "the prompt is not valid Unicode text (it holds an unpaired surrogate such as \\ud800, or bytes "
+                "that are not UTF-8 such as 0xff); send UTF-8 text",
+                param="prompt",
+            )
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
@@ -171,3 +177,18 @@ def _convert_with_transformers(folder: Path) -> HFTokenizer:
     if backend is None:
         raise CheckpointError(f"transformers could not build a fast tokenizer for {folder}")
     return backend
+
+
+def is_valid_unicode(text: str) -> bool:
+    """Whether `text` encodes to UTF-8.
+
+    False for unpaired surrogates, including the `surrogateescape` code points Python uses for undecodable
+    bytes in argv or stdin (e.g. a lone 0xff byte).
+    """
+    if text.isascii():
+        return True
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True

@@ -192,3 +192,21 @@ def test_serve_refuses_a_missing_folder_before_listening(tmp_path):
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 2 and "does not exist" in proc.stderr
     assert "Uvicorn" not in proc.stderr and "Started server" not in proc.stderr
+
+
+def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
+    proc = subprocess.run([sys.executable, "-m", "solo.cli", "run", str(tiny_llama), "--max-tokens", "2"],
+                          input=b"abc\xff", capture_output=True, timeout=120)
+    assert proc.returncode == 2 and b"not valid Unicode text" in proc.stderr and b"Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--probe-gib", "0"], "--probe-gib > 0"),
+    (["--compare", ""], "--compare needs peer names"),
+    (["--contexts", "64,128"], "add --sweep-context"),
+    (["--json", "/definitely/not/here/x.json"], "does not exist; create it first"),
+    (["--sweep-context", "--sweep-gen-len", "0"], "--sweep-gen-len must be >= 2"),
+])
+def test_bench_refuses_bad_flag_values_before_running(capsys, extra, message):
+    code, _, err = _run(capsys, "bench", "--shape", "SmolLM2-135M", *extra)
+    assert code == 2 and message in err

@@ -33,7 +33,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (default: 128)")
     parser.add_argument("--gen-len", type=int, default=256, help="generated tokens per run (default: 256)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each engine (default: 3)")
-    parser.add_argument("--compare", default="",
+    parser.add_argument("--compare", default=None,
                         help="comma-separated peers: hf (= hf-eager,hf-compile), hf-eager, hf-compile, llama.cpp")
     # --quantize comes from add_model_arguments; with it, llama.cpp peers use Q8_0 / Q4_0.
     parser.add_argument("--sweep-context", action="store_true",
@@ -157,6 +157,15 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError("give either MODEL or --shape, not both")
     if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0:
         raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1 and --pause-ms >= 0")
+    if args.sweep_gen_len < 2 or not args.probe_gib > 0:
+        raise SoloError("--sweep-gen-len must be >= 2 and --probe-gib > 0")
+    if args.compare is not None and not args.compare.strip(","):
+        raise SoloError("--compare needs peer names (hf, hf-eager, hf-compile, llama.cpp); leave it out for none")
+    if args.contexts != ",".join(map(str, _DEFAULT_CONTEXTS)) and not args.sweep_context:
+        raise SoloError("--contexts sets the context sweep's lengths; add --sweep-context")
+    for flag, value in (("--json", args.json), ("--plot", args.plot)):
+        if value and not Path(value).expanduser().resolve().parent.is_dir():
+            raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
     pause_s = args.pause_ms / 1000.0
     try:
         peer_names = expand_names(args.compare.split(",")) if args.compare else []
@@ -263,12 +272,14 @@ def main(args: argparse.Namespace) -> int:
             report["engines"][engine.name] = entry
     if quality is not None:
         report["quantization_quality"] = vars(quality)
-    outside = time_outside_matmuls(runtime, prompt, steps=args.gen_len // 2)
+    time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
+    outside = time_outside_matmuls(runtime, prompt, steps=max(8, args.gen_len // 2))
     if outside is not None and "solo" in report["engines"]:
-        step = 1.0 / report["engines"]["solo"]["decode_tokens_per_s"]["median"]
+        outside_s, step_s = outside
         report["engines"]["solo"]["outside_matmuls"] = {
-            "s_per_token": outside, "fraction_of_step": outside / step,
-            "method": "decode steps at the same context with the matrix-vector products replaced by zero writes",
+            "s_per_token": outside_s, "step_s": step_s, "fraction_of_step": outside_s / step_s,
+            "method": "decode steps at the same context with the matrix-vector products replaced by zero writes, "
+                      "timed right after the same steps whole",
         }
     if contexts:
         report["sweep"] = _sweep(engines, skipped, config, elem, args, probe.bandwidth_gbps, contexts, rng)

@@ -128,25 +128,35 @@ def quant_quality(dense: DecodeRuntime, quant: DecodeRuntime, prompt: list[int],
 
 
 @torch.inference_mode()
-def time_outside_matmuls(runtime: DecodeRuntime, prompt: list[int], steps: int = 64) -> float | None:
-    """Seconds per decode token spent outside the weight-streaming matrix-vector products.
+def time_outside_matmuls(runtime: DecodeRuntime, prompt: list[int], steps: int = 64) -> tuple[float, float] | None:
+    """Seconds per decode token spent outside the weight-streaming matrix-vector products, and per whole step.
 
-    Runs the same decode steps with the products replaced by zero writes (`skip_matmuls`, which only
-    the CPU runtime has): what remains is the Python call, norms, RoPE, attention over the KV cache,
-    barriers and the LM-head softcap. Returns None for runtimes without that switch.
+    Runs the same decode steps twice, back to back at the same context: whole, then with the products
+    replaced by zero writes (`skip_matmuls`, which only the CPU runtime has). What remains in the second is
+    the Python call, norms, RoPE, attention over the KV cache, barriers and the LM-head softcap. Measuring
+    both under the same conditions keeps their ratio meaningful even when the machine's speed drifts.
+
+    Returns:
+        (outside_s, step_s) per token, or None for runtimes without that switch.
     """
     skip = getattr(runtime, "skip_matmuls", None)
     if skip is None:
         return None
     runtime.reserve(1, len(prompt) + steps + 1)
-    runtime.prefill(0, torch.tensor(prompt, dtype=torch.long))
     row = torch.zeros(1, dtype=torch.long)
-    skip(True)
-    try:
+
+    def timed() -> float:
+        runtime.prefill(0, torch.tensor(prompt, dtype=torch.long))
         start = time.perf_counter()
         for i in range(steps):
             logits = runtime.decode(row, torch.tensor([5]), torch.tensor([len(prompt) + i]))
             int(logits[0].argmax())
         return (time.perf_counter() - start) / steps
+
+    step_s = timed()
+    skip(True)
+    try:
+        outside_s = timed()
     finally:
         skip(False)
+    return outside_s, step_s

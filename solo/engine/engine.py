@@ -89,6 +89,7 @@ class Engine:
         self.name = name
         self.eos_ids = set(defaults.eos_token_ids) or set(self.config.eos_token_ids)
         self._lock = threading.Lock()
+        self._owner: int | None = None  # thread running a generation: a second one there would deadlock
 
     @classmethod
     def load(
@@ -147,7 +148,16 @@ class Engine:
             if not prompt:
                 raise InvalidRequestError("the prompt is empty; give some text", param="prompt")
             ids = self.tokenizer.encode(prompt)
-        elif prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        elif not isinstance(prompt, list | tuple) or not prompt or not (
+            all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
+            or all(isinstance(m, Mapping) for m in prompt)
+        ):
+            raise InvalidRequestError(
+                "the prompt must be text (str), a non-empty list of chat messages ({'role': ..., 'content': ...}) "
+                f"or a non-empty list of token ids (int), got {_describe(prompt)}",
+                param="prompt",
+            )
+        elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
             ids = list(prompt)  # type: ignore[arg-type]
             bad = [t for t in ids if not 0 <= t < self.config.vocab_size]
             if bad:
@@ -208,6 +218,12 @@ class Engine:
         """
         params = _as_sampling_params(params)
         params.validate()
+        bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
+        if bad_ids:
+            raise InvalidRequestError(
+                f"stop_token_ids holds {bad_ids[0]}, outside the vocabulary [0, {self.config.vocab_size})",
+                param="stop_token_ids",
+            )
         prepared = self.prepare(prompt, params.max_tokens)
         eos = set() if params.ignore_eos else self.eos_ids | set(params.stop_token_ids)
         return Request(
@@ -256,23 +272,32 @@ class Engine:
         Raises:
             SoloError: (GPU block decoding) the device stopped before the request finished.
         """
+        if self._owner == threading.get_ident():
+            raise SoloError(
+                "a stream from this engine is still open in this thread (the engine runs one generation at a "
+                "time); read it to the end or close() it before starting another"
+            )
         with self._lock:
-            runtime = self.runtime
-            runtime.reserve(1, len(request.prompt_ids) + request.max_new_tokens)
-            logits = runtime.prefill(0, torch.tensor(request.prompt_ids, dtype=torch.long))
-            if can_run_in_blocks(runtime, request):
-                # GPU: K tokens per graph replay, sampled and stop-checked on the device.
-                yield from run_in_blocks(runtime, request, logits, row=0)
-                return
-            rows = torch.zeros(1, dtype=torch.long)
-            while True:
-                token, info = request.choose(logits)
-                event = request.append(token, info)
-                yield event
-                if request.finished:
+            self._owner = threading.get_ident()
+            try:
+                runtime = self.runtime
+                runtime.reserve(1, len(request.prompt_ids) + request.max_new_tokens)
+                logits = runtime.prefill(0, torch.tensor(request.prompt_ids, dtype=torch.long))
+                if can_run_in_blocks(runtime, request):
+                    # GPU: K tokens per graph replay, sampled and stop-checked on the device.
+                    yield from run_in_blocks(runtime, request, logits, row=0)
                     return
-                position = torch.tensor([request.next_position - 1], dtype=torch.long)
-                logits = runtime.decode(rows, torch.tensor([token], dtype=torch.long), position)[0]
+                rows = torch.zeros(1, dtype=torch.long)
+                while True:
+                    token, info = request.choose(logits)
+                    event = request.append(token, info)
+                    yield event
+                    if request.finished:
+                        return
+                    position = torch.tensor([request.next_position - 1], dtype=torch.long)
+                    logits = runtime.decode(rows, torch.tensor([token], dtype=torch.long), position)[0]
+            finally:
+                self._owner = None
 
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None
                  ) -> GenerationResult:
@@ -310,3 +335,9 @@ def _as_sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> Sa
             )
         return SamplingParams(**params)
     raise InvalidRequestError(f"params must be a SamplingParams or a dict of its fields, got {type(params).__name__}")
+
+
+def _describe(value: object) -> str:
+    if isinstance(value, list | tuple) and value:
+        return f"a {type(value).__name__} of {type(value[0]).__name__}"
+    return f"an empty {type(value).__name__}" if isinstance(value, list | tuple) else type(value).__name__

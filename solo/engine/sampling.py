@@ -17,6 +17,7 @@ import torch
 
 from solo.errors import InvalidRequestError
 from solo.model.generation_config import GenerationDefaults
+from solo.tokenizer import is_valid_unicode
 
 
 @dataclass
@@ -96,10 +97,17 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if (v := finite(name)) is None or not -2 <= v <= 2:
                 raise bad(name, "in [-2, 2]")
-        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)):
-            raise bad("seed", "an integer")
+        if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
+                                      or not -(2**63) <= self.seed < 2**63):
+            raise bad("seed", "an integer in [-2**63, 2**63)")
         if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
             raise bad("stop", "a non-empty string or a list of non-empty strings")
+        if not all(is_valid_unicode(s) for s in self.stop):
+            raise bad("stop", "valid Unicode text (no unpaired surrogates or undecodable bytes), since it could "
+                      "never match the output")
+        if not isinstance(self.stop_token_ids, list) or not all(
+                isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
+            raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "an integer in [0, 20]")
@@ -254,3 +262,4 @@ class TokenSampler:
             return int(torch.argmax(processed))
         probs = processed.softmax(-1)
         return int(torch.multinomial(probs, 1, generator=self.generator))
+

@@ -53,9 +53,18 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
         Path of a folder that exists.
 
     Raises:
-        ModelNotFoundError: the path does not exist and is not a hub id, the hub download failed, or
-            (model=None) the bundled model is not installed.
+        ModelNotFoundError: the path does not exist and is not a hub id, the hub download failed,
+            (model=None) the bundled model is not installed, `model` is not a str / Path, or `revision` is
+            given for a local folder or the bundled model.
     """
+    if not isinstance(model, str | Path | None):
+        raise ModelNotFoundError(
+            f"model must be a folder path or a Hugging Face Hub id string, got {type(model).__name__}"
+        )
+    local = model is None or Path(model).expanduser().exists()
+    if revision is not None and local:
+        raise ModelNotFoundError(f"--revision / revision={revision!r} applies to Hub ids only, not to a local "
+                                 "folder or the bundled model; leave it out")
     if model is None:
         from solo.model.default_model import default_model_path
 

@@ -7,8 +7,9 @@ for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad in
 What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`, JSON
 `response_format`, `best_of` != n, `tools` unless `tool_choice` is "none" (no tool calling; likewise the
 deprecated `functions` unless `function_call` is "none"),
-`stream_options` without `stream`, and a non-assistant message without content. Extensions that vLLM also
-accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
+`stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
+`max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort`.
+Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
 `chat_template_kwargs`.
 
 Responses mirror OpenAI's shapes field for field (chat.completion, chat.completion.chunk, text_completion,
@@ -220,6 +221,8 @@ class ChatCompletionRequest(SamplingFields):
         Literal["none", "auto"] | dict[str, Any], _one_of('"none", "auto" or an object naming a function'),
     ] | None = None
     functions: list[dict[str, Any]] | None = None
+    modalities: list[_Str] | None = None
+    reasoning_effort: _Str | None = None
     response_format: ResponseFormat | None = None
     add_generation_prompt: _Bool = True
     chat_template_kwargs: dict[str, Any] | None = None
@@ -238,6 +241,29 @@ class ChatCompletionRequest(SamplingFields):
         if value and info.data.get("tool_choice", "auto") != "none":
             raise ValueError('tool calling is not supported by Solo; leave tools out, or set tool_choice to "none" '
                              "(the tools then only reach the chat template)")
+        return value
+
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_budget(cls, value: int | None, info: ValidationInfo) -> int | None:
+        other = info.data.get("max_tokens")
+        if value is not None and other is not None and other != value:
+            raise ValueError(f"max_tokens ({other}) and max_completion_tokens ({value}) disagree; send one of them")
+        return value
+
+    @field_validator("modalities")
+    @classmethod
+    def _text_only(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and value != ["text"]:
+            raise ValueError('Solo generates text only; send modalities ["text"] or leave it out')
+        return value
+
+    @field_validator("reasoning_effort")
+    @classmethod
+    def _no_reasoning_effort(cls, value: str | None) -> str | None:
+        if value is not None:
+            raise ValueError("reasoning_effort is not supported by Solo (it has no reasoning-budget control); "
+                             "leave it out")
         return value
 
     @field_validator("functions")

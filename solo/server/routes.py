@@ -54,7 +54,7 @@ from solo.server.protocol import (
 )
 from solo.server.scheduler import Generation
 from solo.server.state import ServerState
-from solo.tokenizer import Tokenizer
+from solo.tokenizer import Tokenizer, is_valid_unicode
 
 logger = logging.getLogger("solo.server")
 
@@ -155,12 +155,9 @@ def _utf8_len(text: str) -> int:
 
 def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
     """Token ids of `text` (`Tokenizer.encode`, which releases the GIL), after refusing invalid Unicode."""
-    if not text.isascii():
-        try:
-            text.encode("utf-8")
-        except UnicodeEncodeError:  # e.g. "\ud800" in a tool or template argument: tokenizers would raise
-            raise InvalidRequestError("the prompt holds an unpaired surrogate (such as \\ud800), which is not "
-                                      "valid Unicode; send valid text") from None
+    if not is_valid_unicode(text):  # e.g. "\ud800" in a tool or template argument
+        raise InvalidRequestError("the prompt holds an unpaired surrogate (such as \\ud800), which is not "
+                                  "valid Unicode; send valid text")
     return tokenizer.encode(text, add_special_tokens=add_special_tokens)
 
 

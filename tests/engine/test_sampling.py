@@ -15,7 +15,7 @@ from transformers.generation.logits_process import (
 
 from solo import Engine, SamplingParams
 from solo.engine.sampling import TokenSampler
-from solo.errors import InvalidRequestError
+from solo.errors import InvalidRequestError, SoloError
 from solo.model.generation_config import GenerationDefaults
 
 VOCAB = 50
@@ -134,3 +134,46 @@ def test_params_may_be_a_dict(tiny_llama):
         engine.complete("x", {"max_new_tokens": 3})
     with pytest.raises(InvalidRequestError, match="params must be a SamplingParams or a dict"):
         engine.complete("x", 3)
+
+
+def test_an_open_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    stream = engine.generate("def f(x):", {"max_tokens": 8, "ignore_eos": True})
+    next(stream)
+    with pytest.raises(SoloError, match="still open in this thread.*close\\(\\) it"):
+        engine.complete("x", {"max_tokens": 2})
+    stream.close()
+    assert len(engine.complete("x", {"max_tokens": 2, "ignore_eos": True}).token_ids) == 2
+
+
+@pytest.mark.parametrize("prompt, message", [
+    ("a\ud800b", "not valid Unicode text"),
+    (b"abc", "got bytes"),
+    ([], "got an empty list"),
+    (None, "got NoneType"),
+    ([True], "got a list of bool"),
+    (["x"], "got a list of str"),
+])
+def test_prompts_of_the_wrong_kind_are_clear_errors(tiny_llama, prompt, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        Engine.load(tiny_llama).complete(prompt, {"max_tokens": 2})
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"seed": 2**64}, "seed must be an integer in \\[-2\\*\\*63, 2\\*\\*63\\)"),
+    ({"stop": ["\udcff"]}, "stop must be valid Unicode text"),
+    ({"stop_token_ids": ["a"]}, "stop_token_ids must be a list of token ids"),
+    ({"stop_token_ids": [10**6]}, "stop_token_ids holds 1000000, outside the vocabulary"),
+])
+def test_seed_and_stop_values_are_checked(tiny_llama, kwargs, message):
+    with pytest.raises(InvalidRequestError, match=message):
+        Engine.load(tiny_llama).complete("x", {"max_tokens": 2, **kwargs})
+
+
+def test_revision_is_refused_for_a_local_folder(tiny_llama):
+    from solo.errors import ModelNotFoundError
+
+    with pytest.raises(ModelNotFoundError, match="applies to Hub ids only"):
+        Engine.load(tiny_llama, revision="main")
+    with pytest.raises(ModelNotFoundError, match="folder path or a Hugging Face Hub id string, got int"):
+        Engine.load(123)
