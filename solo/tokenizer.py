@@ -52,6 +52,7 @@ class Tokenizer:
     ) -> None:
         self.backend = backend
         self.special_tokens = dict(special_tokens)
+        self._special_ids: dict[str, int] | None = None
         self.chat_template = ChatTemplate(chat_template, self.special_tokens) if chat_template else None
 
     @classmethod
@@ -83,6 +84,16 @@ class Tokenizer:
         """Id of a named special token ("bos_token", "eos_token", ...), or None."""
         text = self.special_tokens.get(name)
         return None if text is None else self.backend.token_to_id(text)
+
+    def special_token_ids(self) -> dict[str, int]:
+        """Text -> id of every special added token (e.g. "<|im_end|>").
+
+        Decoding skips these, so a stop string equal to one can only be matched by its id.
+        """
+        if self._special_ids is None:
+            decoder = self.backend.get_added_tokens_decoder()
+            self._special_ids = {tok.content: i for i, tok in decoder.items() if tok.special}
+        return self._special_ids
 
     def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
         """Token ids of `text`; with `add_special_tokens` the tokenizer's post-processor adds e.g. BOS.

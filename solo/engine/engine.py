@@ -225,7 +225,11 @@ class Engine:
                 param="stop_token_ids",
             )
         prepared = self.prepare(prompt, params.max_tokens)
-        eos = set() if params.ignore_eos else self.eos_ids | set(params.stop_token_ids)
+        # ignore_eos drops the model's EOS ids only: the user's stop_token_ids still stop, as in vLLM. A stop
+        # string that is a special token never appears in the (special-token-free) text: match its id.
+        special = self.tokenizer.special_token_ids()
+        eos = ((set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids)
+               | {special[s] for s in params.stop if s in special})
         return Request(
             prompt_ids=prepared.token_ids,
             sampling=params.resolve(self.defaults, fallback_temperature),

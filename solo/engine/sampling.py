@@ -36,7 +36,8 @@ class SamplingParams:
         seed: makes sampling reproducible; None draws a random seed.
         stop: strings that end generation; they are left out of the returned text.
         stop_token_ids: extra token ids that end generation, besides the model's EOS ids.
-        ignore_eos: keep generating past EOS (benchmarks).
+        ignore_eos: keep generating past the model's EOS ids (benchmarks); `stop_token_ids` and stop strings
+            still stop.
         logprobs: None for no log-probabilities; k >= 0 returns the chosen token's log-probability and the
             k most likely alternatives (at most 20).
     """

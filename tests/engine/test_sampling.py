@@ -177,3 +177,16 @@ def test_revision_is_refused_for_a_local_folder(tiny_llama):
         Engine.load(tiny_llama, revision="main")
     with pytest.raises(ModelNotFoundError, match="folder path or a Hugging Face Hub id string, got int"):
         Engine.load(123)
+
+
+def test_stop_token_ids_hold_with_ignore_eos_and_special_token_stop_strings_match(tiny_llama):
+    engine = Engine.load(tiny_llama)
+    free = engine.complete("def f(x):", {"max_tokens": 12, "ignore_eos": True})
+    target = free.token_ids[3]
+    stopped = engine.complete("def f(x):", {"max_tokens": 12, "ignore_eos": True, "stop_token_ids": [target]})
+    assert stopped.token_ids == free.token_ids[:free.token_ids.index(target) + 1]
+    assert stopped.finish_reason == "stop"
+    # "<|im_end|>" is a special token of the test tokenizer: decoded text never shows it, so it stops by id.
+    special = engine.tokenizer.special_token_ids()["<|im_end|>"]
+    request = engine.make_request("def f(x):", {"max_tokens": 4, "stop": ["<|im_end|>"]})
+    assert special in request.eos_ids
