@@ -106,3 +106,23 @@ def test_fit_block_p_divides_the_kv_segment():
     assert fit_block_p(256, 16, 96) == 256  # 768 pairs
     assert fit_block_p(64, 3, 16) == 8  # 24 pairs
     assert fit_block_p(4, 1, 6) == 1  # 3 pairs
+
+
+def test_qkv_rope_refuses_inputs_of_the_wrong_length():
+    from solo.runtime.triton.qkv_rope import qkv_rope
+
+    model = _model(torch.float32, 12, 4, 2, hidden=40)
+    w, b = _fused(model)
+    freqs = torch.zeros(64, 6, device=DEVICE)
+    state = torch.zeros(8, dtype=torch.int64, device=DEVICE)
+    q = torch.zeros(48, device=DEVICE)
+    kc = torch.zeros(3, 2, 64, 12, device=DEVICE)
+    norm = model.layers[0].attn_norm.weight
+    for x, norm_weight, message in [
+        (torch.zeros(39, device=DEVICE), norm, "w_qkv must be a row-major \\[96, 39\\] matrix"),
+        (torch.zeros(80, device=DEVICE)[::2], norm, "x must be a contiguous \\[40\\] vector"),
+        (torch.zeros(40, device=DEVICE), norm[:39], "norm_weight must be a contiguous \\[40\\] vector"),
+    ]:
+        with pytest.raises(ValueError, match=message):
+            qkv_rope(x, norm_weight, w, 1e-6, freqs, freqs, state, q, kc, torch.zeros_like(kc),
+                     num_heads=4, num_kv_heads=2, head_dim=12, bias=b)

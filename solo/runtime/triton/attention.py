@@ -29,6 +29,7 @@ import triton.language as tl
 from solo.runtime.triton.common import (
     STATE_POS,
     STATE_ROW,
+    check_vectors,
     interpreting,
     launch_options,
     next_power_of_2,
@@ -234,9 +235,7 @@ def decode_attention(
         raise ValueError("k_cache and v_cache must share shape and strides, innermost dim contiguous")
     if k_cache.shape[1] != num_kv_heads or k_cache.shape[3] != head_dim or num_heads % num_kv_heads:
         raise ValueError(f"cache shape {tuple(k_cache.shape)} does not fit {num_heads}/{num_kv_heads} heads")
-    for name, t in (("q", q), ("out", out)):
-        if t.shape != (num_heads * head_dim,) or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous [{num_heads * head_dim}] vector")
+    check_vectors(num_heads * head_dim, q=q, out=out)
     max_seq = k_cache.shape[2]
     if plan is None:
         plan = AttentionPlan(max_seq, num_heads, num_kv_heads, head_dim, q.device)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 
+import torch
 import triton
 import triton.language as tl
 
@@ -181,3 +182,30 @@ def interpreting() -> bool:
 def next_power_of_2(n: int) -> int:
     """Smallest power of two >= n (n >= 1)."""
     return 1 << max(0, (int(n) - 1).bit_length())
+
+
+def check_matrix(name: str, weight: torch.Tensor, shape: tuple[int, int] | None = None) -> None:
+    """Host-side check before a launch: `weight` is a row-major 2-D matrix (of `shape` when given).
+
+    Raises:
+        ValueError: it is not 2-D, its rows are strided, or its shape differs from `shape`.
+    """
+    if weight.dim() != 2 or weight.stride(1) != 1 or (shape is not None and tuple(weight.shape) != shape):
+        expected = "[N, K]" if shape is None else f"[{shape[0]}, {shape[1]}]"
+        raise ValueError(f"{name} must be a row-major {expected} matrix, got shape {tuple(weight.shape)}")
+
+
+def check_vectors(length: int, device: torch.device | None = None, **vectors: torch.Tensor | None) -> None:
+    """Host-side check before a launch: each tensor given is a contiguous [length] vector.
+
+    None skips a vector (an optional input); with `device`, each must also live there. The kernels read
+    these through raw pointers, so a strided or misplaced tensor would be read wrongly.
+
+    Raises:
+        ValueError: naming the first vector that does not fit.
+    """
+    for name, t in vectors.items():
+        if t is not None and (t.shape != (length,) or not t.is_contiguous()
+                              or (device is not None and t.device != device)):
+            where = "" if device is None else f" on {device}"
+            raise ValueError(f"{name} must be a contiguous [{length}] vector{where}, got shape {tuple(t.shape)}")

@@ -29,7 +29,15 @@ import torch
 import triton
 import triton.language as tl
 
-from solo.runtime.triton.common import dot_rows, launch_options, pdl_release, pdl_wait, round_to
+from solo.runtime.triton.common import (
+    check_matrix,
+    check_vectors,
+    dot_rows,
+    launch_options,
+    pdl_release,
+    pdl_wait,
+    round_to,
+)
 
 
 @dataclass(frozen=True)
@@ -190,16 +198,12 @@ def gemv(
     Raises:
         ValueError: shapes, strides or devices do not fit.
     """
-    if weight.dim() != 2 or weight.stride(1) != 1:
-        raise ValueError(f"weight must be a row-major [N, K] matrix, got shape {tuple(weight.shape)}")
+    check_matrix("weight", weight)
     n, k = weight.shape
-    if x.shape != (k,) or not x.is_contiguous():
-        raise ValueError(f"x must be a contiguous [{k}] vector, got {tuple(x.shape)}")
+    check_vectors(k, x=x)
     if out is None:
         out = torch.empty(n, dtype=weight.dtype, device=weight.device)
-    for name, t in (("out", out), ("bias", bias), ("residual", residual)):
-        if t is not None and (t.shape != (n,) or not t.is_contiguous() or t.device != weight.device):
-            raise ValueError(f"{name} must be a contiguous [{n}] vector on {weight.device}")
+    check_vectors(n, weight.device, out=out, bias=bias, residual=residual)
     config = config or default_config(n, k)
     if config.split_k > 1 and workspace is None:
         workspace = SplitKWorkspace(n, config, weight.device)

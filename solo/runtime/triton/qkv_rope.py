@@ -30,6 +30,8 @@ import triton.language as tl
 from solo.runtime.triton.common import (
     STATE_POS,
     STATE_ROW,
+    check_matrix,
+    check_vectors,
     dot_row_pairs,
     launch_options,
     pdl_release,
@@ -184,12 +186,9 @@ def qkv_rope(
     n_rows = (num_heads + 2 * num_kv_heads) * head_dim
     if head_dim % 2 or num_heads % num_kv_heads:
         raise ValueError("head_dim must be even and num_heads a multiple of num_kv_heads")
-    if w_qkv.shape != (n_rows, hidden) or w_qkv.stride(1) != 1:
-        raise ValueError(f"w_qkv must be a row-major [{n_rows}, {hidden}] matrix, got {tuple(w_qkv.shape)}")
-    if norm_weight.shape != (hidden,) or not x.is_contiguous():
-        raise ValueError("x and norm_weight must be contiguous [hidden] vectors")
-    if q_out.shape != (num_heads * head_dim,) or not q_out.is_contiguous():
-        raise ValueError(f"q_out must be a contiguous [{num_heads * head_dim}] vector")
+    check_matrix("w_qkv", w_qkv, (n_rows, hidden))
+    check_vectors(hidden, x=x, norm_weight=norm_weight)
+    check_vectors(num_heads * head_dim, q_out=q_out)
     if k_cache.shape != v_cache.shape or k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("k_cache and v_cache must share shape and strides, innermost dim contiguous")
     if k_cache.shape[1] != num_kv_heads or k_cache.shape[3] != head_dim:

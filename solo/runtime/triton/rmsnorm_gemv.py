@@ -21,7 +21,16 @@ import torch
 import triton
 import triton.language as tl
 
-from solo.runtime.triton.common import dot_rows, launch_options, pdl_release, pdl_wait, rms_rstd, round_to
+from solo.runtime.triton.common import (
+    check_matrix,
+    check_vectors,
+    dot_rows,
+    launch_options,
+    pdl_release,
+    pdl_wait,
+    rms_rstd,
+    round_to,
+)
 
 
 @dataclass(frozen=True)
@@ -107,17 +116,12 @@ def rmsnorm_gemv(
     Raises:
         ValueError: shapes, strides or devices do not fit.
     """
-    if weight.dim() != 2 or weight.stride(1) != 1:
-        raise ValueError(f"weight must be a row-major [N, K] matrix, got shape {tuple(weight.shape)}")
+    check_matrix("weight", weight)
     n, k = weight.shape
-    for name, t in (("x", x), ("norm_weight", norm_weight)):
-        if t.shape != (k,) or not t.is_contiguous():
-            raise ValueError(f"{name} must be a contiguous [{k}] vector, got {tuple(t.shape)}")
+    check_vectors(k, x=x, norm_weight=norm_weight)
     if out is None:
         out = torch.empty(n, dtype=weight.dtype, device=weight.device)
-    for name, t in (("out", out), ("bias", bias)):
-        if t is not None and (t.shape != (n,) or not t.is_contiguous() or t.device != weight.device):
-            raise ValueError(f"{name} must be a contiguous [{n}] vector on {weight.device}")
+    check_vectors(n, weight.device, out=out, bias=bias)
     config = config or default_config(n, k)
     grid = (triton.cdiv(n, config.block_n),)
     rmsnorm_gemv_kernel[grid](

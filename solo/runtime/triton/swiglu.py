@@ -22,6 +22,8 @@ import triton
 import triton.language as tl
 
 from solo.runtime.triton.common import (
+    check_matrix,
+    check_vectors,
     dot_row_pairs,
     launch_options,
     pdl_release,
@@ -126,20 +128,16 @@ def gated_mlp(
     """
     if activation not in ACTIVATIONS:
         raise ValueError(f"activation {activation!r} is not one of {', '.join(ACTIVATIONS)}")
-    if w_gate_up.dim() != 2 or w_gate_up.shape[0] % 2 or w_gate_up.stride(1) != 1:
-        raise ValueError(f"w_gate_up must be a row-major [2F, hidden] matrix, got {tuple(w_gate_up.shape)}")
+    check_matrix("w_gate_up", w_gate_up)
     two_f, hidden = w_gate_up.shape
+    if two_f % 2:
+        raise ValueError(f"w_gate_up must stack gate and up rows [2F, hidden], got {two_f} rows")
     f = two_f // 2
-    if x.shape != (hidden,) or not x.is_contiguous():
-        raise ValueError(f"x must be a contiguous [{hidden}] vector")
-    if norm_weight is not None and norm_weight.shape != (hidden,):
-        raise ValueError(f"norm_weight must be [{hidden}]")
-    if bias is not None and bias.shape != (two_f,):
-        raise ValueError(f"bias must be [{two_f}]")
+    check_vectors(hidden, x=x, norm_weight=norm_weight)
+    check_vectors(two_f, bias=bias)
     if out is None:
         out = torch.empty(f, dtype=w_gate_up.dtype, device=w_gate_up.device)
-    if out.shape != (f,) or not out.is_contiguous():
-        raise ValueError(f"out must be a contiguous [{f}] vector")
+    check_vectors(f, out=out)
     config = config or GatedMlpConfig()
     gated_mlp_kernel[(triton.cdiv(f, config.block_f),)](
         x, norm_weight if norm_weight is not None else x, w_gate_up, bias if bias is not None else x, out,
