@@ -101,12 +101,15 @@ class Tokenizer:
         Goes through `encode_batch`, which releases the GIL while it works (`encode` holds it for the whole
         call, so a long prompt tokenized on one thread froze every other Python thread, a server's event
         loop included).
+
+        Raises:
+            InvalidRequestError: `text` is not valid Unicode (an unpaired surrogate, or undecodable bytes
+                carried as surrogate escapes), which `tokenizers` cannot encode.
         """
         if not is_valid_unicode(text):
             raise InvalidRequestError(
                 "the prompt is not valid Unicode text (it holds an unpaired surrogate such as \\ud800, or bytes "
-                "that are not UTF-8 such as 0xff); send UTF-8 text",
-                param="prompt",
+                "that are not UTF-8 such as 0xff); send UTF-8 text"
             )
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 

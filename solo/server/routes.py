@@ -54,7 +54,6 @@ from solo.server.protocol import (
 )
 from solo.server.scheduler import Generation
 from solo.server.state import ServerState
-from solo.tokenizer import Tokenizer, is_valid_unicode
 
 logger = logging.getLogger("solo.server")
 
@@ -153,14 +152,6 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-def _encode(tokenizer: Tokenizer, text: str, add_special_tokens: bool) -> list[int]:
-    """Token ids of `text` (`Tokenizer.encode`, which releases the GIL), after refusing invalid Unicode."""
-    if not is_valid_unicode(text):  # e.g. "\ud800" in a tool or template argument
-        raise InvalidRequestError("the prompt holds an unpaired surrogate (such as \\ud800), which is not "
-                                  "valid Unicode; send valid text")
-    return tokenizer.encode(text, add_special_tokens=add_special_tokens)
-
-
 async def _submit(state: ServerState, prepare: Callable[[], list[EngineRequest]]) -> Generation:
     # Tokenizing and rendering the chat template run on a worker thread, off the event loop.
     requests = await run_in_threadpool(prepare)
@@ -199,7 +190,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=body.tools, **extra)
         state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
         # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).
-        ids = _encode(engine.tokenizer, text, add_special_tokens=False)
+        ids = engine.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
             raise InvalidRequestError("the messages encode to no tokens; give some text", param="messages")
         prompt_tokens = len(ids)
@@ -282,7 +273,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 state.completion_budget(len(prompt), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
         for prompt in prompts:
             if isinstance(prompt, str):
-                ids = _encode(engine.tokenizer, prompt, add_special_tokens=True)  # as Engine.encode_prompt does
+                ids = engine.tokenizer.encode(prompt, add_special_tokens=True)  # as Engine.encode_prompt does
                 if not ids:
                     raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
             else:
@@ -366,9 +357,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     def encode() -> list[int]:
         if messages is not None:
             text = engine.tokenizer.render_chat([m.for_template() for m in messages], body.add_generation_prompt)
-            return _encode(engine.tokenizer, text, add_special_tokens=False)
+            return engine.tokenizer.encode(text, add_special_tokens=False)
         assert body.prompt is not None
-        return _encode(engine.tokenizer, body.prompt, body.add_special_tokens)
+        return engine.tokenizer.encode(body.prompt, body.add_special_tokens)
 
     ids = await run_in_threadpool(encode)
     return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids)

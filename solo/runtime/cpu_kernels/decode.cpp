@@ -126,6 +126,7 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
     const int skip = m->skip_matmuls;
+    const int gs = attend_group_size(m, B, nt);  // query heads per attention work item (0: per-head kernel)
     float* x = private_base + (size_t)tid * private_floats(m, B);  // residual stream [B, h]
     float* t = x + (size_t)B * h;                                    // scratch / normed [B, h]
     float* lq = t + (size_t)B * h;                                   // post-processed q, k, v [B, nqkv]
@@ -169,7 +170,7 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
       }
       // --- attention: (sequence, group of query heads sharing a KV head) split across threads
       {
-        const int gs = attend_group_size(m, B, nt), per = gs > 0 ? gs : 1, groups = m->heads / per;
+        const int per = gs > 0 ? gs : 1, groups = m->heads / per;
         const int items = B * groups;
         const int i0 = (int)((long)items * tid / nt), i1 = (int)((long)items * (tid + 1) / nt);
         for (int it = i0; it < i1; it++) {
