@@ -1,0 +1,1 @@
+"""The monokernel (placeholder docstring, rewritten below)."""
