@@ -194,6 +194,8 @@ def check_schedule(program: Program, make_state: Callable[[], tuple[MegakernelVM
             launch_step, task = divmod(inst, ntasks)
             launch, step = divmod(launch_step, n_steps)
             sm, i = _locate(program, task)
+            if sm < 0:
+                return f"task {task} of launch {launch} step {step}"
             instr = program.instructions[sm, i]
             return (f"{OP_NAMES[int(instr[W_OP])]}(layer {int(instr[W_LAYER])}, {int(instr[W_A])}, "
                     f"{int(instr[W_B])}) of launch {launch} step {step} on SM {sm}")
@@ -260,7 +262,7 @@ def _locate(program: Program, task: int) -> tuple[int, int]:
         hits = np.nonzero(program.queue(sm)[:, W_TASK] == task)[0]
         if hits.size:
             return sm, int(hits[0])
-    raise KeyError(task)
+    return -1, -1
 
 
 def _nonzero_counters(program: Program, counters: torch.Tensor) -> str:
