@@ -141,16 +141,21 @@ class Dims:
         return self.n_tiles(self.vocab, self.lm_rows)
 
 
-def _best_rows(rows: int, row_bytes: int, num_sms: int, tile_bytes: int, multiple: int = 1) -> int:
-    """Rows per tile that balance `rows` over `num_sms` SMs (fewest rows on the busiest SM).
+_TILE_OVERHEAD_BYTES = 8192  # an instruction's fixed cost in byte-equivalents (see schedule.py)
 
-    Tiles stay within `tile_bytes`; ties go to bigger tiles (fewer instructions).
+
+def _best_rows(rows: int, row_bytes: int, num_sms: int, tile_bytes: int, multiple: int = 1) -> int:
+    """Rows per tile that balance `rows` over `num_sms` SMs (least work on the busiest SM).
+
+    The busiest SM's work counts its rows' bytes and a fixed cost per tile; tiles stay within
+    `tile_bytes`; ties go to bigger tiles (fewer instructions).
     """
     limit = max(multiple, (tile_bytes // max(row_bytes, 1)) // multiple * multiple)
     best, best_cost = multiple, None
     for r in range(multiple, min(limit, rows) + 1, multiple):
         tiles = -(-rows // r)
-        cost = -(-tiles // num_sms) * r
+        waves = -(-tiles // num_sms)  # tiles on the busiest SM
+        cost = waves * (r * row_bytes + _TILE_OVERHEAD_BYTES)
         if best_cost is None or cost <= best_cost:
             best, best_cost = r, cost
     return best

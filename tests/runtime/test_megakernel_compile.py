@@ -1,0 +1,75 @@
+"""The monokernel's CUDA C++ compiles for Hopper (sm_90a) with NVRTC, on a machine without a GPU.
+
+NVRTC runs ptxas itself (`--ptxas-options=-v`); the register and spill counts it reports are checked.
+Triton's bundled ptxas assembles the same PTX again as a second opinion where its version accepts it.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from solo.bench.shapes import shape_config
+from solo.runtime.megakernel.graph import plan_dims
+from solo.runtime.megakernel.nvrtc import (
+    MAX_REGISTERS,
+    compile_kernel,
+    kernel_unsupported_reason,
+    nvrtc_available,
+    resource_usage,
+)
+
+pytestmark = pytest.mark.skipif(nvrtc_available() is not None, reason=str(nvrtc_available()))
+
+
+def _compile(shape: str):
+    dims = plan_dims(shape_config(shape), 4096, num_sms=132)
+    assert kernel_unsupported_reason(dims) is None
+    return compile_kernel(dims, "sm_90a")
+
+
+def _check_resources(log: str) -> None:
+    usage = resource_usage(log)
+    assert usage.registers <= MAX_REGISTERS, usage
+    assert usage.spill_stores == 0 and usage.spill_loads == 0, usage
+
+
+def test_llama_1b_shape_compiles_for_sm90a_without_spills():
+    kernel = _compile("Llama-3.2-1B")
+    assert kernel.cubin[:4] == b"\x7fELF"
+    _check_resources(kernel.log)
+    ptxas = _triton_ptxas()
+    if ptxas is None:
+        return
+    version = re.search(rb"^\.version (\d+)\.(\d+)", kernel.ptx, re.M)
+    accepted = subprocess.run([str(ptxas), "--version"], capture_output=True, text=True).stdout
+    release = re.search(r"release (\d+)\.(\d+)", accepted)
+    # PTX ISA 8.7 came with CUDA 12.8; newer PTX needs a newer ptxas than Triton's.
+    if version and release and (int(version[1]), int(version[2])) <= (int(release[1]) - 4, int(release[2]) - 1):
+        done = subprocess.run([str(ptxas), "-arch=sm_90a", "-v", "-o", "/dev/null", "-"], input=kernel.ptx,
+                              capture_output=True)
+        assert done.returncode == 0, done.stderr.decode()[-2000:]
+        _check_resources(done.stderr.decode())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("shape", ["Laneformer-2B", "Llama-3.1-8B", "SmolLM2-135M"])
+def test_other_shapes_compile_without_spills(shape):
+    _check_resources(_compile(shape).log)
+
+
+def test_refusals():
+    dims = plan_dims(shape_config("Llama-3.2-1B"), 4096, num_sms=132, elem_bytes=4)
+    assert "bfloat16" in kernel_unsupported_reason(dims)
+
+
+def _triton_ptxas() -> Path | None:
+    spec = importlib.util.find_spec("triton")
+    if spec is None or spec.origin is None:
+        return None
+    path = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
+    return path if path.is_file() else None
