@@ -12,7 +12,7 @@ from solo.model.transformer import Transformer
 from solo.runtime.base import DecodeRuntime
 from solo.runtime.eager import EagerRuntime
 
-BACKENDS = ("auto", "eager", "cpu", "cuda-graph")
+BACKENDS = ("auto", "eager", "cpu", "cuda-graph", "megakernel")
 """Values accepted for `backend` / `--backend`."""
 
 _log = logging.getLogger(__name__)
@@ -23,7 +23,8 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
 
     "auto" on the CPU is the native CPU runtime (`solo.runtime.cpu`) when it supports the model, else
     the eager runtime (the reason is logged); on CUDA it is the CUDA-graph runtime
-    (`solo.runtime.cuda.runtime`).
+    (`solo.runtime.cuda.runtime`). "megakernel" (`solo.runtime.megakernel`, one persistent CUDA kernel
+    per N tokens) is only used when asked for.
 
     Args:
         model: the loaded eager model (or a quantized one from `solo.runtime.quant.quantize_model`).
@@ -35,7 +36,9 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
         parameters to fused buffers, values unchanged).
 
     Raises:
-        SoloError: an unknown backend name, or "cpu" / "cuda-graph" asked for a model it cannot run.
+        SoloError: an unknown backend name, or "cpu" / "cuda-graph" / "megakernel" asked for a model it
+            cannot run (e.g. "the megakernel backend cannot run this model: the megakernel backend needs a
+            CUDA GPU").
     """
     if backend not in BACKENDS:
         raise SoloError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
@@ -58,4 +61,6 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
 _FAST_RUNTIMES = (
     ("cpu", "cpu", "solo.runtime.cpu", "CpuRuntime", "cpu_unsupported_reason"),
     ("cuda-graph", "cuda", "solo.runtime.cuda.runtime", "CudaGraphRuntime", "unsupported_reason"),
+    # Never "auto" until a GPU run shows it correct and fastest (device type None matches no device).
+    ("megakernel", None, "solo.runtime.megakernel.runtime", "MegakernelRuntime", "unsupported_reason"),
 )

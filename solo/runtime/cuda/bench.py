@@ -11,7 +11,8 @@ compilation and graph capture stay out of the numbers; each is timed `--repeats`
     python -m solo.runtime.cuda.bench --summarize solo.json hf.json ...   # one table from several runs
 
 Engines: "<step>[:block|:token][:K]" with a step from `solo.runtime.cuda.runtime.STEPS` (triton,
-triton-pdl, torch, compiled, compiled-max-autotune), e.g. "triton:block:16", "triton:token".
+triton-pdl, torch, compiled, compiled-max-autotune), e.g. "triton:block:16", "triton:token", or
+"megakernel" (`solo.runtime.megakernel`: K tokens per persistent-kernel launch), e.g. "megakernel:block:256".
 Peers run in their own process (a slow compile can be cut off by a timeout without losing Solo's
 numbers): "hf-compile" is transformers with a static cache and torch.compile(mode="reduce-overhead"),
 through `solo.bench.peers.hf`.
@@ -168,7 +169,12 @@ def bench_solo(args: argparse.Namespace, report: dict[str, Any], model: Transfor
         report["engines"][name] = entry
         try:
             t0 = time.perf_counter()
-            runtime = CudaGraphRuntime(model, step=step, block_size=max(k, 1), max_block=max(64, k))
+            if step == "megakernel":
+                from solo.runtime.megakernel.runtime import MegakernelRuntime
+
+                runtime = MegakernelRuntime(model, max_launch_tokens=max(k, 1))
+            else:
+                runtime = CudaGraphRuntime(model, step=step, block_size=max(k, 1), max_block=max(64, k))
             runtime.reserve(1, len(prompt) + args.gen_len + 1)
             run_once(runtime, prompt, args.gen_len, mode, k)  # tunes, compiles, captures
             entry["setup_s"] = time.perf_counter() - t0

@@ -138,8 +138,11 @@ def model_weights(model: Transformer, max_seq: int) -> ModelWeights:
 
 
 def make_buffers(dims: Dims, dtype: torch.dtype, device: torch.device | str, ring_len: int,
-                 num_counters: int) -> dict[str, torch.Tensor]:
-    """The kernel's mutable buffers, zeroed (activations NaN when float32, to expose stray reads).
+                 num_counters: int, with_cache: bool = True) -> dict[str, torch.Tensor]:
+    """The kernel's mutable buffers, zeroed.
+
+    `with_cache=False` leaves out k_cache / v_cache (the GPU runtime points the kernel at its
+    `KVCache` rows instead).
 
     Returns:
         name -> tensor: x0, x1 [hidden]; q, attn [heads * head_dim]; h [inter] (weights' dtype);
@@ -153,10 +156,8 @@ def make_buffers(dims: Dims, dtype: torch.dtype, device: torch.device | str, rin
     def act(*shape, dt=dtype):
         return torch.zeros(shape, dtype=dt, device=device)
 
-    return {
+    buffers = {
         "x0": act(d.hidden), "x1": act(d.hidden), "q": act(d.q_size), "attn": act(d.q_size), "h": act(d.inter),
-        "k_cache": act(d.layers, d.kv_heads, d.max_seq, d.head_dim),
-        "v_cache": act(d.layers, d.kv_heads, d.max_seq, d.head_dim),
         "part_o": act(d.kv_heads, d.splits, d.groups, d.head_dim, dt=torch.float32),
         "part_ml": act(d.kv_heads, d.splits, d.groups, 2, dt=torch.float32),
         "logits": act(d.vocab, dt=torch.float32),
@@ -164,6 +165,10 @@ def make_buffers(dims: Dims, dtype: torch.dtype, device: torch.device | str, rin
         "state": act(STATE_WORDS, dt=torch.int32), "ring": act(max(1, ring_len), dt=torch.int32),
         "counters": act(max(1, num_counters), dt=torch.int32),
     }
+    if with_cache:
+        buffers["k_cache"] = act(d.layers, d.kv_heads, d.max_seq, d.head_dim)
+        buffers["v_cache"] = act(d.layers, d.kv_heads, d.max_seq, d.head_dim)
+    return buffers
 
 
 def set_state(state: torch.Tensor, token: int, pos: int, budget: int, stop_ids: tuple[int, ...] = ()) -> None:
