@@ -6,13 +6,17 @@
 # Needs python3 with torch, triton and transformers; installs nothing and needs no network or server
 # packages. Every step runs under `timeout`, logs to OUT_DIR/<step>.log, appends its exit status and
 # duration to OUT_DIR/steps.jsonl and never stops the script. Each step's limit is also capped by what
-# is left of the total budget (SOLO_CHECK_BUDGET_S, default 470 s), so the whole run ends in time
+# is left of the total budget (SOLO_CHECK_BUDGET_S, default 450 s), so the whole run ends in time
 # even when steps hang. The steps, in order of value, with their expected durations on an H200:
 #
 #   env           ~5 s    GPU, driver, versions                                         (limit 20 s)
 #   solo_llama    ~65 s   Llama-3.2-1B shape, Solo engines: tunes + compiles the kernels,
 #                         captures the graphs, times block/PDL/token/torch modes        (limit 100 s)
-#   solo_lane     ~65 s   Laneformer-2B shape, the same                                 (limit 100 s)
+#   mk_llama      ~170 s  Llama-3.2-1B shape in ONE run (one HBM probe / roofline): the monokernel
+#                         (256 tokens per launch, and one per launch), the CUDA-graph path
+#                         (triton:block:16) and transformers static cache + torch.compile  (limit 200 s)
+#   mk_pytest     ~60 s   monokernel GPU parity (tests/runtime/test_megakernel_gpu.py)  (limit 100 s)
+#   solo_lane     ~80 s   Laneformer-2B shape, the same engines + the monokernel        (limit 110 s)
 #   pytest_gpu    ~100 s  GPU parity tests (pytest -m gpu, per-test timeouts)           (limit 150 s)
 #   kernels       ~40 s   achieved GB/s of every kernel for both shapes + HBM probe
 #                         (launch configurations come from the tuning cache)            (limit 80 s)
@@ -21,8 +25,11 @@
 #   summary       ~2 s    scripts/device_summary.py -> OUT_DIR/results.json            (limit 30 s)
 #   extras        rest    only with budget left: kernel tests compiled on the GPU, the
 #                         torch.compile'd step, K=8/32 blocks
-# Expected total ~470 s; the budget cap keeps it under 8 minutes whatever happens.
-# SOLO_CHECK_PROFILE=short runs a ~5-minute subset (headline benchmarks, a parity subset, kernels).
+# Expected total above the budget: the budget cap keeps it under 8 minutes whatever happens, cutting
+# the last steps (hf_lane, extras) first. The separate hf_llama step is gone: mk_llama times
+# transformers in the same run as Solo's engines.
+# SOLO_CHECK_PROFILE=short runs a ~6-minute subset (headline benchmarks with the monokernel, parity
+# subsets, kernels).
 set -u
 
 OUT=${1:?usage: bash scripts/device_check.sh OUT_DIR}
@@ -34,7 +41,7 @@ export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-/tmp/solo-triton-cache}"
 export TOKENIZERS_PARALLELISM=false
 unset TRITON_INTERPRET
 PY=${PYTHON:-python3}
-BUDGET=${SOLO_CHECK_BUDGET_S:-470}
+BUDGET=${SOLO_CHECK_BUDGET_S:-450}
 START=$(date +%s)
 : > "$OUT/steps.jsonl"
 
@@ -61,31 +68,44 @@ step() {
     return 0
 }
 
+# The merged results are written even when the budget is spent (at most 20 s past it).
+final_summary() {
+    timeout -k 5 20 $PY scripts/device_summary.py "$OUT" > "$OUT/summary_final.log" 2>&1
+    cat "$OUT/summary_final.log"
+    echo "total $(($(date +%s) - START))s; results in $OUT/results.json"
+}
+
 step env 20 bash -c "nvidia-smi; $PY -c 'import torch, triton, transformers, sys; print(sys.version); \
 print(\"torch\", torch.__version__, \"cuda\", torch.version.cuda, torch.cuda.get_device_name()); \
 print(\"triton\", triton.__version__, \"transformers\", transformers.__version__)'"
 
 BENCH="$PY -m solo.runtime.cuda.bench --prompt-len 128 --gen-len 256 --repeats 3"
+MK_ENGINES=megakernel:block:256
 if [ "${SOLO_CHECK_PROFILE:-full}" = short ]; then
-    # A device session with ~5 minutes left: the headline numbers first, then a parity subset.
-    step solo_llama 90 $BENCH --shape Llama-3.2-1B --engines triton:block:16,triton-pdl:block:16,torch:block:16 \
-        --json "$OUT/bench_llama_solo.json"
-    step hf_llama 110 $BENCH --shape Llama-3.2-1B --peer hf-compile --json "$OUT/bench_llama_hf.json"
+    # A device session with ~6 minutes left: the headline numbers first (the monokernel, the CUDA-graph
+    # path and transformers in one run), then parity subsets.
+    step mk_llama 170 $BENCH --shape Llama-3.2-1B --engines $MK_ENGINES,triton:block:16,triton-pdl:block:16 \
+        --with-peer hf-compile --json "$OUT/bench_llama_mk.json"
+    step mk_pytest 60 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 120 \
+        -k "teacher or greedy_tokens or llama_1b" --junitxml "$OUT/pytest_mk.xml" tests/runtime/test_megakernel_gpu.py
     step pytest_gpu 70 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 60 \
         -k "(greedy and triton) or host_syncs or engine_runs or split_k" \
         --junitxml "$OUT/pytest_gpu.xml" tests/runtime/test_cuda_gpu.py
-    step solo_lane 60 $BENCH --shape Laneformer-2B --engines triton:block:16,triton-pdl:block:16 \
+    step solo_lane 60 $BENCH --shape Laneformer-2B --engines triton:block:16,$MK_ENGINES \
         --json "$OUT/bench_lane_solo.json"
     step summary 20 $PY scripts/device_summary.py "$OUT"
     step kernels 40 $PY -m solo.runtime.triton.benchtools --json "$OUT/kernels.json"
-    step summary_final 15 $PY scripts/device_summary.py "$OUT"
-    echo "total $(($(date +%s) - START))s; results in $OUT/results.json"
+    final_summary
     exit 0
 fi
 ENGINES=triton:block:16,triton-pdl:block:16,triton:token,torch:block:16
 step solo_llama 100 $BENCH --shape Llama-3.2-1B --engines $ENGINES \
     --json "$OUT/bench_llama_solo.json"
-step solo_lane 100 $BENCH --shape Laneformer-2B --engines $ENGINES \
+step mk_llama 200 $BENCH --shape Llama-3.2-1B --engines $MK_ENGINES,megakernel:token,triton:block:16 \
+    --with-peer hf-compile --json "$OUT/bench_llama_mk.json"
+step mk_pytest 100 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 300 \
+    --junitxml "$OUT/pytest_mk.xml" tests/runtime/test_megakernel_gpu.py
+step solo_lane 110 $BENCH --shape Laneformer-2B --engines $ENGINES,$MK_ENGINES \
     --json "$OUT/bench_lane_solo.json"
 
 step pytest_gpu 150 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 180 \
@@ -93,7 +113,6 @@ step pytest_gpu 150 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 180 \
 
 step kernels 80 $PY -m solo.runtime.triton.benchtools --json "$OUT/kernels.json"
 
-step hf_llama 130 $BENCH --shape Llama-3.2-1B --peer hf-compile --json "$OUT/bench_llama_hf.json"
 step hf_lane 130 $BENCH --shape Laneformer-2B --peer hf-compile --json "$OUT/bench_lane_hf.json"
 
 step summary 30 $PY scripts/device_summary.py "$OUT"
@@ -106,6 +125,4 @@ step pytest_kern 60 $PY -m pytest -q -p no:cacheprovider --timeout 60 \
     tests/runtime/test_cuda_runtime.py tests/runtime/test_cuda_block_loop.py
 step extra_llama 120 $BENCH --shape Llama-3.2-1B --engines compiled:block:16,triton:block:8,triton:block:32 \
     --json "$OUT/bench_llama_extra.json"
-step summary_final 30 $PY scripts/device_summary.py "$OUT"
-if [ -s "$OUT/summary_final.log" ]; then cat "$OUT/summary_final.log"; else cat "$OUT/summary.log"; fi
-echo "total $(($(date +%s) - START))s; results in $OUT/results.json"
+final_summary

@@ -9,6 +9,8 @@ compilation and graph capture stay out of the numbers; each is timed `--repeats`
     python -m solo.runtime.cuda.bench --shape Llama-3.2-1B --engines triton,torch --json solo.json
     python -m solo.runtime.cuda.bench --shape Llama-3.2-1B --peer hf-compile --json hf.json
     python -m solo.runtime.cuda.bench --summarize solo.json hf.json ...   # one table from several runs
+    python -m solo.runtime.cuda.bench --shape Llama-3.2-1B --engines megakernel:block:256,triton:block:16 \
+        --with-peer hf-compile --json mk.json    # Solo engines and a peer in one run (one roofline)
 
 Engines: "<step>[:block|:token][:K]" with a step from `solo.runtime.cuda.runtime.STEPS` (triton,
 triton-pdl, torch, compiled, compiled-max-autotune), e.g. "triton:block:16", "triton:token", or
@@ -352,6 +354,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="Solo engines, comma-separated (see the module docstring); '' for none")
     parser.add_argument("--peer", default=None, choices=("hf-compile", "hf-eager"),
                         help="time a transformers peer instead of Solo")
+    parser.add_argument("--with-peer", default=None, choices=("hf-compile", "hf-eager"),
+                        help="also time this transformers peer after the Solo engines, in the same run")
     parser.add_argument("--prompt-len", type=int, default=128)
     parser.add_argument("--gen-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
@@ -393,6 +397,9 @@ def main(argv: list[str] | None = None) -> int:
         bench_peer(args, report, model, raw, prompt, roofline_tps)
     elif args.engines:
         bench_solo(args, report, model, prompt, roofline_tps)
+        if args.with_peer:
+            args.peer = args.with_peer
+            bench_peer(args, report, model, raw, prompt, roofline_tps)
     _save(args.json, report)
     for name, e in report["engines"].items():
         print(_line(name, e))

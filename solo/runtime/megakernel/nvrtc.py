@@ -11,6 +11,7 @@ cubin is loaded into torch's current context and launched on torch's current str
 
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
 from importlib import resources
@@ -103,8 +104,9 @@ def nvrtc_available() -> str | None:
     return None
 
 
+@functools.lru_cache(maxsize=8)
 def compile_kernel(dims: Dims, arch: str = "sm_90a") -> CompiledKernel:
-    """Compile kernel.cu for `dims` with NVRTC.
+    """Compile kernel.cu for `dims` with NVRTC (cached per sizes and target in this process).
 
     Args:
         dims: the lowering's sizes.
