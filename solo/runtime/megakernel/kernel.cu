@@ -18,6 +18,9 @@
 #ifndef HIDDEN
 #error "compile with the model's sizes (-DHIDDEN=... see nvrtc.py)"
 #endif
+#ifndef SOLO_DYNAMIC_SMEM
+#define SOLO_DYNAMIC_SMEM(name) extern __shared__ __align__(16) char name[]
+#endif
 
 typedef unsigned short bf16_t;
 typedef unsigned int u32;
@@ -105,20 +108,21 @@ __device__ __forceinline__ bf16_t f2bf(float f) {
 
 __device__ __forceinline__ float rbf(float f) { return bf2f(f2bf(f)); }  // round through bf16
 
+#ifndef SOLO_EMULATE  // the host emulation (tests/runtime/megakernel_emu.h) defines these itself
 // Activations are written by other SMs: read them from L2 (.cg), never from a stale L1 line.
 __device__ __forceinline__ bf16_t ld_act(const bf16_t* p) {
     unsigned short v;
-    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p));
+    asm volatile("ld.global.cg.u16 %0, [%1];" : "=h"(v) : "l"(p) : "memory");
     return v;
 }
 __device__ __forceinline__ float ld_actf(const float* p) {
     float v;
-    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p));
+    asm volatile("ld.global.cg.f32 %0, [%1];" : "=f"(v) : "l"(p) : "memory");
     return v;
 }
 __device__ __forceinline__ int ld_acti(const int* p) {
     int v;
-    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p));
+    asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
 }
 
@@ -138,6 +142,7 @@ __device__ __forceinline__ void cp_async16(void* smem, const void* gmem) {
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait1() { asm volatile("cp.async.wait_group 1;" ::: "memory"); }
+#endif
 
 template <typename T>
 __device__ __forceinline__ T* ptr(const unsigned long long* table, int i) {
@@ -552,7 +557,7 @@ __device__ void op_sample(const unsigned long long* table, int* state, int* ring
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 solo_megakernel(const int* __restrict__ program, const int* __restrict__ lengths, int max_len,
                 const unsigned long long* __restrict__ table, u32* counters, int* state, int* ring, int n_steps) {
-    extern __shared__ __align__(16) char smem_raw[];
+    SOLO_DYNAMIC_SMEM(smem_raw);
     char* stages[2] = {smem_raw, smem_raw + STAGE_BYTES};
     bf16_t* vec = reinterpret_cast<bf16_t*>(smem_raw + 2 * STAGE_BYTES);
     Smem& sm = *reinterpret_cast<Smem*>(smem_raw + 2 * STAGE_BYTES + ((MAXK * 2 + 15) / 16) * 16);

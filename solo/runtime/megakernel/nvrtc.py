@@ -54,24 +54,51 @@ def kernel_unsupported_reason(dims: Dims) -> str | None:
     return None
 
 
-def kernel_source(dims: Dims) -> str:
-    """kernel.cu preceded by the model's sizes as #defines."""
+def kernel_source(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int = STAGE_BYTES) -> str:
+    """kernel.cu preceded by the model's sizes (and the CTA's threads / stage bytes) as #defines."""
     defines = {
         "HIDDEN": dims.hidden, "INTER": dims.inter, "VOCAB": dims.vocab, "LAYERS": dims.layers,
         "HEADS": dims.heads, "KV_HEADS": dims.kv_heads, "HEAD_DIM": dims.head_dim, "MAX_SEQ": dims.max_seq,
-        "SPLITS": dims.splits, "LM_TILES": dims.lm_tiles, "INSTR_WORDS": INSTR_WORDS, "NTHREADS": NTHREADS,
-        "STAGE_BYTES": STAGE_BYTES, "RMS_EPS": f"{dims.eps!r}f", "ATTN_SCALE": f"{dims.attn_scale!r}f",
+        "SPLITS": dims.splits, "LM_TILES": dims.lm_tiles, "INSTR_WORDS": INSTR_WORDS, "NTHREADS": nthreads,
+        "STAGE_BYTES": stage_bytes, "RMS_EPS": f"{dims.eps!r}f", "ATTN_SCALE": f"{dims.attn_scale!r}f",
     }
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return head + resources.files("solo.runtime.megakernel").joinpath("kernel.cu").read_text()
 
 
-def shared_memory_bytes(dims: Dims) -> int:
+def shared_memory_bytes(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int = STAGE_BYTES) -> int:
     """Dynamic shared memory per CTA: two prefetch stages, one activation vector, the scratch struct."""
     maxk = max(dims.hidden, dims.inter, dims.q_size)
-    nwarps = NTHREADS // 32
-    smem_struct = 4 * (1 + NTHREADS + 2 * NTHREADS + 3 + 2 * nwarps)
-    return 2 * STAGE_BYTES + -(-maxk * 2 // 16) * 16 + -(-smem_struct // 16) * 16
+    nwarps = nthreads // 32
+    smem_struct = 4 * (1 + nthreads + 2 * nthreads + 3 + 2 * nwarps)
+    return 2 * stage_bytes + -(-maxk * 2 // 16) * 16 + -(-smem_struct // 16) * 16
+
+
+def pointer_table(weights, buffers: dict, k_layers: list, v_layers: list) -> list[int]:
+    """The kernel's pointer table (kernel.cu's P_* / L_* slots): addresses of the weights and buffers.
+
+    Args:
+        weights: `vm.ModelWeights`.
+        buffers: `vm.make_buffers` output (activations, partials, logits, argmax tiles).
+        k_layers, v_layers: per layer, the KV-cache rows the kernel reads and writes ([kv_heads, max_seq,
+            head_dim] tensors).
+
+    Returns:
+        int64 addresses: TABLE_GLOBAL_SLOTS global slots, then len(TABLE_LAYER) per layer.
+    """
+    w = weights
+    sources = {"embed": w.embed, "lm_head": w.lm_head, "final_norm": w.final_norm, "rope_cos": w.rope_cos,
+               "rope_sin": w.rope_sin, **{k: buffers[k] for k in TABLE_GLOBAL[5:]}}
+    ptrs = [sources[name].data_ptr() for name in TABLE_GLOBAL]
+    ptrs += [0] * (TABLE_GLOBAL_SLOTS - len(ptrs))
+    for layer, lw in enumerate(w.layers):
+        for t in (lw.attn_norm, lw.w_qkv, lw.w_o, lw.mlp_norm, lw.w_gate_up, lw.w_down):
+            if not t.is_contiguous():
+                raise ValueError("the kernel needs contiguous weights")
+        ptrs += [lw.attn_norm.data_ptr(), lw.w_qkv.data_ptr(), lw.w_o.data_ptr(), lw.mlp_norm.data_ptr(),
+                 lw.w_gate_up.data_ptr(), lw.w_down.data_ptr(), k_layers[layer].data_ptr(),
+                 v_layers[layer].data_ptr()]
+    return ptrs
 
 
 @dataclass

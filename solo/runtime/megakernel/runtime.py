@@ -33,12 +33,12 @@ from solo.runtime.megakernel.nvrtc import (
     KERNEL_NAME,
     NTHREADS,
     STAGE_BYTES,
-    TABLE_GLOBAL,
     TABLE_GLOBAL_SLOTS,
     TABLE_LAYER,
     compile_kernel,
     kernel_unsupported_reason,
     nvrtc_available,
+    pointer_table,
     shared_memory_bytes,
 )
 from solo.runtime.megakernel.schedule import Program, schedule
@@ -182,15 +182,7 @@ class MegakernelRuntime:
     def _point_table(self, row: int) -> None:
         if row == self._table_row:
             return
-        w, b = self.weights, self.buffers
-        sources = {"embed": w.embed, "lm_head": w.lm_head, "final_norm": w.final_norm, "rope_cos": w.rope_cos,
-                   "rope_sin": w.rope_sin, **{k: b[k] for k in TABLE_GLOBAL[5:]}}
-        ptrs = [sources[name].data_ptr() for name in TABLE_GLOBAL]
-        ptrs += [0] * (TABLE_GLOBAL_SLOTS - len(ptrs))
-        for layer, lw in enumerate(w.layers):
-            ptrs += [lw.attn_norm.data_ptr(), lw.w_qkv.data_ptr(), lw.w_o.data_ptr(), lw.mlp_norm.data_ptr(),
-                     lw.w_gate_up.data_ptr(), lw.w_down.data_ptr(), self.cache.k[layer][row].data_ptr(),
-                     self.cache.v[layer][row].data_ptr()]
+        ptrs = pointer_table(self.weights, self.buffers, [k[row] for k in self.cache.k], [v[row] for v in self.cache.v])
         self.table.copy_(torch.tensor(ptrs, dtype=torch.int64))
         self._table_row = row
 

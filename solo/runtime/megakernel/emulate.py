@@ -1,0 +1,136 @@
+"""Run kernel.cu itself on the CPU: its source compiled by the host C++ compiler over emulate.h.
+
+The Python VM checks the program; this checks the CUDA C++ that interprets it (indexing, tiling, the
+prefetch stages, the reductions, the ring and the stop check), with real concurrency: one OS thread
+per CUDA thread, CTAs synchronising only through the counters. Small CTAs (64 threads) and a few SMs
+keep the thread count sane. Meant for tests on machines without a GPU; needs g++ with C++20.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import shutil
+import subprocess
+import tempfile
+from importlib import resources
+from pathlib import Path
+
+import torch
+
+from solo.errors import SoloError
+from solo.runtime.megakernel.graph import Dims
+from solo.runtime.megakernel.nvrtc import kernel_source, pointer_table, shared_memory_bytes
+from solo.runtime.megakernel.schedule import Program
+from solo.runtime.megakernel.vm import ModelWeights
+
+_LAUNCHER = r"""
+extern "C" int solo_emu_launch(int grid, int nthreads, long smem_bytes, const int* program, const int* lengths,
+                               int max_len, const unsigned long long* table, unsigned* counters, int* state,
+                               int* ring, int n_steps, double timeout_s) {
+    emu_abort = false;
+    emu_deadline = std::chrono::steady_clock::now() +
+                   std::chrono::duration_cast<std::chrono::steady_clock::duration>(
+                       std::chrono::duration<double>(timeout_s));
+    std::vector<EmuCta> ctas(grid);
+    for (auto& c : ctas) {
+        c.block = new std::barrier<>(nthreads);
+        for (int w = 0; w < nthreads / 32; ++w) c.warps.push_back(new std::barrier<>(32));
+        c.slots.assign(nthreads, 0);
+        c.smem = static_cast<char*>(std::aligned_alloc(16, (smem_bytes + 15) / 16 * 16));
+        std::memset(c.smem, 0, smem_bytes);
+    }
+    std::vector<std::thread> threads;
+    for (int b = 0; b < grid; ++b)
+        for (int t = 0; t < nthreads; ++t)
+            threads.emplace_back([&, b, t] {
+                blockIdx = {(unsigned)b, 0, 0};
+                threadIdx = {(unsigned)t, 0, 0};
+                emu_cta = &ctas[b];
+                solo_megakernel(program, lengths, max_len, table, counters, state, ring, n_steps);
+            });
+    for (auto& th : threads) th.join();
+    for (auto& c : ctas) {
+        delete c.block;
+        for (auto* w : c.warps) delete w;
+        std::free(c.smem);
+    }
+    return emu_abort ? 1 : 0;
+}
+"""
+
+
+def emulator_unavailable_reason() -> str | None:
+    """None when a host C++20 compiler (g++) is on PATH, else why not."""
+    if shutil.which("g++") is None:
+        return "g++ is not installed (needed to run the kernel's source on the CPU)"
+    return None
+
+
+class EmulatedKernel:
+    """kernel.cu compiled for the host, specialised for `dims`.
+
+    Args:
+        dims: the lowering's sizes.
+        nthreads: threads per CTA (a multiple of 32).
+        stage_bytes: bytes of a shared-memory prefetch stage (tiles larger than this stream from
+            "global" memory, the kernel's other path).
+        build_dir: where to build (default: a cache folder under the system temp directory).
+
+    Raises:
+        SoloError: no compiler, or the source does not compile (the compiler's message is quoted).
+    """
+
+    def __init__(self, dims: Dims, nthreads: int = 64, stage_bytes: int = 2048, build_dir: Path | None = None) -> None:
+        reason = emulator_unavailable_reason()
+        if reason is not None:
+            raise SoloError(reason)
+        self.dims, self.nthreads, self.stage_bytes = dims, nthreads, stage_bytes
+        header = resources.files("solo.runtime.megakernel").joinpath("emulate.h").read_text()
+        source = header + kernel_source(dims, nthreads, stage_bytes) + _LAUNCHER
+        digest = hashlib.sha256(source.encode()).hexdigest()[:16]
+        folder = build_dir or Path(tempfile.gettempdir()) / "solo-megakernel-emu"
+        folder.mkdir(parents=True, exist_ok=True)
+        lib = folder / f"emu-{digest}.so"
+        if not lib.exists():
+            src = folder / f"emu-{digest}.cpp"
+            src.write_text(source)
+            tmp = folder / f"emu-{digest}.{id(self)}.so"
+            done = subprocess.run(["g++", "-O1", "-std=c++20", "-pthread", "-shared", "-fPIC", "-w", "-o", str(tmp),
+                                   str(src)], capture_output=True, text=True)
+            if done.returncode != 0:
+                raise SoloError(f"the kernel source does not compile for the host: {done.stderr[:3000]}")
+            tmp.replace(lib)
+        self.lib = ctypes.CDLL(str(lib))
+        self.lib.solo_emu_launch.restype = ctypes.c_int
+        self.lib.solo_emu_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long] + [ctypes.c_void_p] * 2 + [
+            ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_double]
+
+    def launch(self, program: Program, weights: ModelWeights, buffers: dict[str, torch.Tensor],
+               ring: torch.Tensor, n_steps: int, timeout_s: float = 60.0) -> None:
+        """Run one launch of `n_steps` steps (counters zeroed first) over CPU tensors.
+
+        Args:
+            program: the encoded step (its SM count is the grid).
+            weights: bf16 weights from `model_weights`.
+            buffers: from `make_buffers` (with k_cache / v_cache), bf16; their state set for the launch.
+            ring: int32 [1 + n_steps]: [count, token 0, token 1, ...] as the GPU's mapped ring.
+            n_steps: steps in the launch.
+            timeout_s: give up (and raise) after this long: a deadlock.
+
+        Raises:
+            SoloError: the launch deadlocked.
+        """
+        buffers["counters"].zero_()
+        ring.zero_()
+        table = torch.tensor(pointer_table(weights, buffers, list(buffers["k_cache"]), list(buffers["v_cache"])),
+                             dtype=torch.int64)
+        instructions = torch.from_numpy(program.instructions.copy())
+        lengths = torch.from_numpy(program.lengths.copy())
+        smem = shared_memory_bytes(self.dims, self.nthreads, self.stage_bytes)
+        code = self.lib.solo_emu_launch(
+            program.num_sms, self.nthreads, smem, instructions.data_ptr(), lengths.data_ptr(),
+            int(program.instructions.shape[1]), table.data_ptr(), buffers["counters"].data_ptr(),
+            buffers["state"].data_ptr(), ring.data_ptr(), n_steps, timeout_s)
+        if code != 0:
+            raise SoloError(f"the emulated launch deadlocked (no progress within {timeout_s:.0f} s)")
