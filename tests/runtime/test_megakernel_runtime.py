@@ -28,3 +28,71 @@ def test_cli_refuses_in_one_line(tiny_llama, capsys):
     code = main(["run", str(tiny_llama), "--backend", "megakernel", "--max-tokens", "2", "--prompt", "hi"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code != 0 and any("the megakernel backend needs a CUDA GPU" in line for line in err)
+
+
+@pytest.fixture(scope="module")
+def emulated(tmp_path_factory):
+    """A tiny bf16 Llama and a MegakernelRuntime whose launches run kernel.cu on the CPU."""
+    from _cuda_helpers import TinyCheckpoints
+
+    from solo.runtime.megakernel.emulate import emulator_unavailable_reason
+    from solo.runtime.megakernel.runtime import MegakernelRuntime
+
+    if emulator_unavailable_reason() is not None:
+        pytest.skip(emulator_unavailable_reason())
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    ckpts = TinyCheckpoints(tmp_path_factory.mktemp("mk-rt"))
+    model = ckpts.model("llama", dtype=torch.bfloat16)
+    yield ckpts, MegakernelRuntime(model, emulate=True, max_launch_tokens=3)
+    torch.set_num_threads(threads)
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_n_tokens_per_launch_equal_one_per_launch_and_stop_on_device(emulated):
+    from _cuda_helpers import PROMPT
+
+    from solo.runtime.cuda.state import SamplingSpec
+
+    _, rt = emulated
+    rt.reserve(1, 32)
+    first = int(rt.prefill(0, torch.tensor(PROMPT)).argmax())
+    blocks = list(rt.iter_blocks(0, first, len(PROMPT), SamplingSpec(), frozenset(), 5))
+    assert [len(b) for b in blocks] == [3, 2]  # 3 tokens per launch, streamed per launch here
+    tokens = [t for b in blocks for t in b]
+    per_token, token = [], first
+    for i in range(5):
+        logits = rt.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(PROMPT) + i]))
+        assert logits.shape == (1, rt.config.vocab_size) and logits.dtype == torch.float32
+        token = int(logits[0].argmax())
+        per_token.append(token)
+    assert tokens == per_token
+    stopped = [t for b in rt.iter_blocks(0, first, len(PROMPT), SamplingSpec(), frozenset({tokens[1]}), 5)
+               for t in b]
+    assert stopped == tokens[:2]
+    assert rt.describe()["emulated"] is True
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_engine_streams_from_the_megakernel(emulated):
+    from solo import Engine, SamplingParams
+    from solo.runtime.megakernel.runtime import MegakernelRuntime
+
+    ckpts, _ = emulated
+    engine = Engine.load(ckpts.folder("llama"), dtype="bfloat16", backend="eager")
+    engine.runtime = MegakernelRuntime(engine.model, emulate=True, max_launch_tokens=2)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    blocked = engine.complete("def fibonacci(n):", params)
+    reference = Engine.load(ckpts.folder("llama"), dtype="bfloat16", backend="eager")
+    request = reference.make_request("def fibonacci(n):", params)
+    rt = engine.runtime
+    rt.reserve(1, len(request.prompt_ids) + 8)
+    token = int(rt.prefill(0, torch.tensor(request.prompt_ids)).argmax())
+    tokens = [token]
+    for i in range(3):
+        logits = rt.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(request.prompt_ids) + i]))
+        token = int(logits[0].argmax())
+        tokens.append(token)
+    assert blocked.token_ids == tokens

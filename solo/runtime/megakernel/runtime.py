@@ -10,6 +10,10 @@ and sample on the GPU with torch ops. Several rows at once run the eager modules
 
 The launch is cooperative (`cuLaunchCooperativeKernel`): the driver then guarantees that every CTA is
 resident at once, which the spinning counter waits need (no grid barrier is used).
+
+With `emulate=True` (tests on machines without a GPU) the model stays on the CPU and each launch runs
+kernel.cu's own source through the host emulation (`emulate.py`), synchronously, with small CTAs:
+everything in this class but the CUDA driver calls is exercised.
 """
 
 from __future__ import annotations
@@ -102,13 +106,38 @@ def _check(err, what: str) -> None:
         raise SoloError(f"the megakernel's {what} failed: {err}")
 
 
+class _EmulatedLauncher:
+    """Runs launches through `EmulatedKernel` (same argument tuple as `_Kernel.launch`)."""
+
+    def __init__(self, dims, nthreads: int, stage_bytes: int) -> None:
+        from solo.runtime.megakernel.emulate import EmulatedKernel
+
+        self.kernel = EmulatedKernel(dims, nthreads, stage_bytes)
+
+    def launch(self, grid: int, args: tuple, stream: object) -> None:
+        smem = shared_memory_bytes(self.kernel.dims, self.kernel.nthreads, self.kernel.stage_bytes)
+        if self.kernel.lib.solo_emu_launch(grid, self.kernel.nthreads, smem, *args, 60.0) != 0:
+            raise SoloError("the emulated megakernel launch deadlocked")
+
+
+class _DoneNow:
+    """Stands in for a CUDA event when launches are synchronous (emulation)."""
+
+    def query(self) -> bool:
+        return True
+
+    def synchronize(self) -> None:
+        return None
+
+
 class MegakernelRuntime:
     """Batch-1 decode by the persistent interpreter kernel (see the module docstring).
 
     Args:
-        model: a bfloat16 dense Llama-family eager model on a CUDA device.
-        num_sms: persistent CTAs (default: the GPU's SM count).
+        model: a bfloat16 dense Llama-family eager model on a CUDA device (on the CPU with `emulate`).
+        num_sms: persistent CTAs (default: the GPU's SM count; 2 when emulating).
         max_launch_tokens: the most decode steps one launch runs (`iter_blocks`).
+        emulate: run kernel.cu on the CPU through the host emulation (tests; slow).
 
     Attributes:
         host_syncs: times the host waited for the device (a prefill, a decode, a launch).
@@ -121,14 +150,25 @@ class MegakernelRuntime:
     name = "megakernel"
     batch_invariant = False
 
-    def __init__(self, model: Transformer, num_sms: int | None = None, max_launch_tokens: int = 256) -> None:
-        reason = unsupported_reason(model)
+    def __init__(self, model: Transformer, num_sms: int | None = None, max_launch_tokens: int = 256,
+                 emulate: bool = False) -> None:
+        self.emulate = emulate
+        if emulate:
+            reason = (megakernel_unsupported_reason(model.config)
+                      or (None if model.dtype == torch.bfloat16 else "the megakernel runs bfloat16 weights")
+                      or (None if model.device.type == "cpu" else "emulation runs on the CPU"))
+        else:
+            reason = unsupported_reason(model)
         if reason is not None:
             raise SoloError(reason)
         self.model = model
         self.config = model.config
         self.device = model.device
-        self.num_sms = num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
+        if emulate:
+            self.num_sms, self.nthreads, self.stage_bytes = num_sms or 2, 32, 2048
+        else:
+            self.nthreads, self.stage_bytes = NTHREADS, STAGE_BYTES
+            self.num_sms = num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
         self.max_launch_tokens = max_launch_tokens
         self.rows = 0
         self.max_seq = 0
@@ -139,7 +179,7 @@ class MegakernelRuntime:
         self._kernels: dict[tuple, _Kernel] = {}
         self._table_row = -1
         # Mapped pinned ring: [count, token 0, token 1, ...], written by the kernel, polled by the host.
-        self.ring_host = torch.zeros(1 + max_launch_tokens, dtype=torch.int32, pin_memory=True)
+        self.ring_host = torch.zeros(1 + max_launch_tokens, dtype=torch.int32, pin_memory=not emulate)
         self._ring_view = self.ring_host.numpy()
 
     # ------------------------------------------------------------------------------------- the cache
@@ -157,16 +197,19 @@ class MegakernelRuntime:
         self._build(max_seq)
 
     def _build(self, max_seq: int) -> None:
-        dims = plan_dims(self.config, max_seq, self.num_sms, 2, STAGE_BYTES)
+        dims = plan_dims(self.config, max_seq, self.num_sms, 2, self.stage_bytes)
         reason = kernel_unsupported_reason(dims)
         if reason is not None:
             raise SoloError(reason)
         t0 = time.perf_counter()
         self.program = schedule(lower_decode_step(dims), self.num_sms)
-        key = (dims, _arch(self.device))
+        key = (dims, "emulated" if self.emulate else _arch(self.device))
         if key not in self._kernels:
-            compiled = compile_kernel(dims, key[1])
-            self._kernels[key] = _Kernel(compiled.cubin, shared_memory_bytes(dims))
+            if self.emulate:
+                self._kernels[key] = _EmulatedLauncher(dims, self.nthreads, self.stage_bytes)
+            else:
+                compiled = compile_kernel(dims, key[1])
+                self._kernels[key] = _Kernel(compiled.cubin, shared_memory_bytes(dims))
         self.kernel = self._kernels[key]
         self.weights = model_weights(self.model, max_seq)
         self.buffers = make_buffers(dims, self.model.dtype, self.device, 1, self.program.num_counters,
@@ -201,7 +244,7 @@ class MegakernelRuntime:
         args = (self.instructions.data_ptr(), self.lengths.data_ptr(), int(self.program.instructions.shape[1]),
                 self.table.data_ptr(), self.buffers["counters"].data_ptr(), self.buffers["state"].data_ptr(),
                 self.ring_host.data_ptr(), n_steps)
-        self.kernel.launch(self.num_sms, args, torch.cuda.current_stream(self.device))
+        self.kernel.launch(self.num_sms, args, None if self.emulate else torch.cuda.current_stream(self.device))
         self.launches += 1
 
     # --------------------------------------------------------------------------- DecodeRuntime protocol
@@ -292,8 +335,9 @@ class MegakernelRuntime:
         while produced < limit:
             n = min(per_launch, limit - produced)
             self._launch(row, token, position, n, device_stops)
-            done_event = torch.cuda.Event()
-            done_event.record()
+            done_event = _DoneNow() if self.emulate else torch.cuda.Event()
+            if not self.emulate:
+                done_event.record()
             seen = 0
             while True:
                 finished = done_event.query()
@@ -348,7 +392,7 @@ class MegakernelRuntime:
             "instructions": int(self.program.lengths.sum()) if self.program is not None else 0,
             "tiles": None if d is None else {"qkv_pairs": d.qkv_pairs, "o_rows": d.o_rows, "gu_rows": d.gu_rows,
                                               "down_rows": d.down_rows, "lm_rows": d.lm_rows, "splits": d.splits},
-            "max_launch_tokens": self.max_launch_tokens,
+            "max_launch_tokens": self.max_launch_tokens, "emulated": self.emulate,
         }
 
 
