@@ -1,9 +1,9 @@
 """Run kernel.cu itself on the CPU: its source compiled by the host C++ compiler over emulate.h.
 
 The Python VM checks the program; this checks the CUDA C++ that interprets it (indexing, tiling, the
-prefetch stages, the reductions, the ring and the stop check), with real concurrency: one OS thread
-per CUDA thread, CTAs synchronising only through the counters. Small CTAs (64 threads) and a few SMs
-keep the thread count sane. Meant for tests on machines without a GPU; needs g++ with C++20.
+prefetch stages, the reductions, the ring and the stop check), with real concurrency between CTAs:
+one OS thread per CTA, its CUDA threads as fibers switched at every barrier, CTAs synchronising only
+through the counters. Meant for tests on machines without a GPU; needs g++ (C++20) and ucontext.
 """
 
 from __future__ import annotations
@@ -25,6 +25,52 @@ from solo.runtime.megakernel.schedule import Program
 from solo.runtime.megakernel.vm import ModelWeights
 
 _LAUNCHER = r"""
+struct EmuArgs {
+    const int* program; const int* lengths; int max_len; const unsigned long long* table;
+    unsigned* counters; int* state; int* ring; int n_steps;
+};
+static thread_local EmuArgs emu_args;
+
+static void emu_fiber_main() {
+    threadIdx = {(unsigned)emu_cta->current, 0, 0};  // a fresh fiber: nothing set it yet
+    const EmuArgs& a = emu_args;
+    solo_megakernel(a.program, a.lengths, a.max_len, a.table, a.counters, a.state, a.ring, a.n_steps);
+    EmuCta& c = *emu_cta;
+    c.finished[c.current] = 1;
+    if (--c.running == 0) {
+        swapcontext(&c.fibers[c.current], &c.home);
+    } else {
+        emu_yield();  // never resumed: it is finished
+    }
+}
+
+static void emu_run_cta(EmuCta* cta, int block, EmuArgs args, long smem_bytes) {
+    emu_cta = cta;
+    emu_args = args;
+    blockIdx = {(unsigned)block, 0, 0};
+    cta->smem = static_cast<char*>(std::aligned_alloc(16, (smem_bytes + 15) / 16 * 16));
+    std::memset(cta->smem, 0, smem_bytes);
+    const int n = cta->nthreads;
+    cta->fibers.resize(n);
+    cta->stacks.assign(n, std::vector<char>(256 * 1024));
+    cta->finished.assign(n, 0);
+    cta->running = n;
+    cta->warp_arrived.assign(n / 32, 0);
+    cta->warp_generation.assign(n / 32, 0);
+    cta->slots.assign(n, 0);
+    for (int t = 0; t < n; ++t) {
+        getcontext(&cta->fibers[t]);
+        cta->fibers[t].uc_stack.ss_sp = cta->stacks[t].data();
+        cta->fibers[t].uc_stack.ss_size = cta->stacks[t].size();
+        cta->fibers[t].uc_link = &cta->home;
+        makecontext(&cta->fibers[t], emu_fiber_main, 0);
+    }
+    cta->current = 0;
+    threadIdx = {0, 0, 0};
+    swapcontext(&cta->home, &cta->fibers[0]);
+    std::free(cta->smem);
+}
+
 extern "C" int solo_emu_launch(int grid, int nthreads, long smem_bytes, const int* program, const int* lengths,
                                int max_len, const unsigned long long* table, unsigned* counters, int* state,
                                int* ring, int n_steps, double timeout_s) {
@@ -33,28 +79,13 @@ extern "C" int solo_emu_launch(int grid, int nthreads, long smem_bytes, const in
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                        std::chrono::duration<double>(timeout_s));
     std::vector<EmuCta> ctas(grid);
-    for (auto& c : ctas) {
-        c.block = new std::barrier<>(nthreads);
-        for (int w = 0; w < nthreads / 32; ++w) c.warps.push_back(new std::barrier<>(32));
-        c.slots.assign(nthreads, 0);
-        c.smem = static_cast<char*>(std::aligned_alloc(16, (smem_bytes + 15) / 16 * 16));
-        std::memset(c.smem, 0, smem_bytes);
-    }
     std::vector<std::thread> threads;
-    for (int b = 0; b < grid; ++b)
-        for (int t = 0; t < nthreads; ++t)
-            threads.emplace_back([&, b, t] {
-                blockIdx = {(unsigned)b, 0, 0};
-                threadIdx = {(unsigned)t, 0, 0};
-                emu_cta = &ctas[b];
-                solo_megakernel(program, lengths, max_len, table, counters, state, ring, n_steps);
-            });
-    for (auto& th : threads) th.join();
-    for (auto& c : ctas) {
-        delete c.block;
-        for (auto* w : c.warps) delete w;
-        std::free(c.smem);
+    const EmuArgs args = {program, lengths, max_len, table, counters, state, ring, n_steps};
+    for (int b = 0; b < grid; ++b) {
+        ctas[b].nthreads = nthreads;
+        threads.emplace_back(emu_run_cta, &ctas[b], b, args, smem_bytes);
     }
+    for (auto& th : threads) th.join();
     return emu_abort ? 1 : 0;
 }
 """

@@ -235,12 +235,17 @@ class MegakernelRuntime:
 
     # -------------------------------------------------------------------------------------- launches
 
-    def _launch(self, row: int, token: int, position: int, n_steps: int, stop_ids: tuple[int, ...]) -> None:
-        """Enqueue one launch of `n_steps` steps (state, ring and counters reset first)."""
+    def _launch(self, row: int, token: int, position: int, n_steps: int, stop_ids: tuple[int, ...],
+                stream_ring: bool = False) -> None:
+        """Enqueue a launch of `n_steps` steps (state, counters and, with `stream_ring`, the ring reset)."""
         self._point_table(row)
         set_state(self.buffers["state"], token, position, n_steps, stop_ids)
         self.buffers["counters"].zero_()
-        self._ring_view[0] = 0
+        if stream_ring:
+            # An earlier launch still in flight could bump the count after this reset.
+            if not self.emulate:
+                torch.cuda.current_stream(self.device).synchronize()
+            self._ring_view[0] = 0
         args = (self.instructions.data_ptr(), self.lengths.data_ptr(), int(self.program.instructions.shape[1]),
                 self.table.data_ptr(), self.buffers["counters"].data_ptr(), self.buffers["state"].data_ptr(),
                 self.ring_host.data_ptr(), n_steps)
@@ -334,7 +339,7 @@ class MegakernelRuntime:
             return
         while produced < limit:
             n = min(per_launch, limit - produced)
-            self._launch(row, token, position, n, device_stops)
+            self._launch(row, token, position, n, device_stops, stream_ring=True)
             done_event = _DoneNow() if self.emulate else torch.cuda.Event()
             if not self.emulate:
                 done_event.record()
