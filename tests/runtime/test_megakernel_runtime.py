@@ -72,6 +72,12 @@ def test_n_tokens_per_launch_equal_one_per_launch_and_stop_on_device(emulated):
                for t in b]
     assert stopped == tokens[:2]
     assert rt.describe()["emulated"] is True
+    # A longer cache keeps the program and the kernel (the length is a launch argument).
+    program, kernel = rt.program, rt.kernel
+    rt.reserve(1, 300)
+    assert rt.max_seq >= 300 and rt.program is program and rt.kernel is kernel
+    first = int(rt.prefill(0, torch.tensor(PROMPT)).argmax())
+    assert [t for b in rt.iter_blocks(0, first, len(PROMPT), SamplingSpec(), frozenset(), 3) for t in b] == tokens[:3]
 
 
 @pytest.mark.slow

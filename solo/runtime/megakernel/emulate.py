@@ -27,14 +27,14 @@ from solo.runtime.megakernel.vm import ModelWeights
 _LAUNCHER = r"""
 struct EmuArgs {
     const int* program; const int* lengths; int max_len; const unsigned long long* table;
-    unsigned* counters; int* state; int* ring; int n_steps;
+    unsigned* counters; int* state; int* ring; int n_steps; int max_seq;
 };
 static thread_local EmuArgs emu_args;
 
 static void emu_fiber_main() {
     threadIdx = {(unsigned)emu_cta->current, 0, 0};  // a fresh fiber: nothing set it yet
     const EmuArgs& a = emu_args;
-    solo_megakernel(a.program, a.lengths, a.max_len, a.table, a.counters, a.state, a.ring, a.n_steps);
+    solo_megakernel(a.program, a.lengths, a.max_len, a.table, a.counters, a.state, a.ring, a.n_steps, a.max_seq);
     EmuCta& c = *emu_cta;
     c.finished[c.current] = 1;
     if (--c.running == 0) {
@@ -73,14 +73,14 @@ static void emu_run_cta(EmuCta* cta, int block, EmuArgs args, long smem_bytes) {
 
 extern "C" int solo_emu_launch(int grid, int nthreads, long smem_bytes, const int* program, const int* lengths,
                                int max_len, const unsigned long long* table, unsigned* counters, int* state,
-                               int* ring, int n_steps, double timeout_s) {
+                               int* ring, int n_steps, int max_seq, double timeout_s) {
     emu_abort = false;
     emu_deadline = std::chrono::steady_clock::now() +
                    std::chrono::duration_cast<std::chrono::steady_clock::duration>(
                        std::chrono::duration<double>(timeout_s));
     std::vector<EmuCta> ctas(grid);
     std::vector<std::thread> threads;
-    const EmuArgs args = {program, lengths, max_len, table, counters, state, ring, n_steps};
+    const EmuArgs args = {program, lengths, max_len, table, counters, state, ring, n_steps, max_seq};
     for (int b = 0; b < grid; ++b) {
         ctas[b].nthreads = nthreads;
         threads.emplace_back(emu_run_cta, &ctas[b], b, args, smem_bytes);
@@ -135,7 +135,7 @@ class EmulatedKernel:
         self.lib = ctypes.CDLL(str(lib))
         self.lib.solo_emu_launch.restype = ctypes.c_int
         self.lib.solo_emu_launch.argtypes = [ctypes.c_int, ctypes.c_int, ctypes.c_long] + [ctypes.c_void_p] * 2 + [
-            ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_double]
+            ctypes.c_int] + [ctypes.c_void_p] * 4 + [ctypes.c_int, ctypes.c_int, ctypes.c_double]
 
     def launch(self, program: Program, weights: ModelWeights, buffers: dict[str, torch.Tensor],
                ring: torch.Tensor, n_steps: int, timeout_s: float = 60.0) -> None:
@@ -162,6 +162,6 @@ class EmulatedKernel:
         code = self.lib.solo_emu_launch(
             program.num_sms, self.nthreads, smem, instructions.data_ptr(), lengths.data_ptr(),
             int(program.instructions.shape[1]), table.data_ptr(), buffers["counters"].data_ptr(),
-            buffers["state"].data_ptr(), ring.data_ptr(), n_steps, timeout_s)
+            buffers["state"].data_ptr(), ring.data_ptr(), n_steps, int(buffers["k_cache"].shape[2]), timeout_s)
         if code != 0:
             raise SoloError(f"the emulated launch deadlocked (no progress within {timeout_s:.0f} s)")

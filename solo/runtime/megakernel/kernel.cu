@@ -281,6 +281,7 @@ __device__ __forceinline__ const bf16_t* rows1(const Tile& t, const char* stage)
 // ------------------------------------------------------------------------------------ the ops
 
 struct Smem {
+    int max_seq;  // KV-cache slots per (layer, KV head): a launch argument, so the cache can grow
     int vec_key;  // what `vec` holds: (step, layer, op) of the instruction that filled it, or -1
     float scratch[NTHREADS];
     float dots[2 * NTHREADS];
@@ -326,10 +327,10 @@ __device__ void op_qkv(const int* ins, const unsigned long long* table, const Ti
         if (head < HEADS) {
             out = ptr<bf16_t>(table, P_Q) + head * HEAD_DIM;
         } else if (head < HEADS + KV_HEADS) {
-            out = lptr<bf16_t>(table, layer, L_KCACHE) + ((size_t)(head - HEADS) * MAX_SEQ + pos) * HEAD_DIM;
+            out = lptr<bf16_t>(table, layer, L_KCACHE) + ((size_t)(head - HEADS) * sm.max_seq + pos) * HEAD_DIM;
         } else {
             out = lptr<bf16_t>(table, layer, L_VCACHE) +
-                  ((size_t)(head - HEADS - KV_HEADS) * MAX_SEQ + pos) * HEAD_DIM;
+                  ((size_t)(head - HEADS - KV_HEADS) * sm.max_seq + pos) * HEAD_DIM;
         }
         out[j] = f2bf(y1);
         out[HALF + j] = f2bf(y2);
@@ -346,8 +347,8 @@ __device__ void op_attn(const int* ins, const unsigned long long* table, char* s
     const int lo = min(kv_len, split * chunk), hi = min(kv_len, lo + chunk);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
     const bf16_t* q = ptr<const bf16_t>(table, P_Q) + g * GROUPS * HEAD_DIM;
-    const bf16_t* kc = lptr<const bf16_t>(table, layer, L_KCACHE) + (size_t)g * MAX_SEQ * HEAD_DIM;
-    const bf16_t* vc = lptr<const bf16_t>(table, layer, L_VCACHE) + (size_t)g * MAX_SEQ * HEAD_DIM;
+    const bf16_t* kc = lptr<const bf16_t>(table, layer, L_KCACHE) + (size_t)g * sm.max_seq * HEAD_DIM;
+    const bf16_t* vc = lptr<const bf16_t>(table, layer, L_VCACHE) + (size_t)g * sm.max_seq * HEAD_DIM;
     float qr[GROUPS][DIMS_PER_LANE], o[GROUPS][DIMS_PER_LANE], m[GROUPS], l[GROUPS];
 #pragma unroll
     for (int h = 0; h < GROUPS; ++h) {
@@ -556,7 +557,8 @@ __device__ void op_sample(const unsigned long long* table, int* state, int* ring
 
 extern "C" __global__ void __launch_bounds__(NTHREADS, 1)
 solo_megakernel(const int* __restrict__ program, const int* __restrict__ lengths, int max_len,
-                const unsigned long long* __restrict__ table, u32* counters, int* state, int* ring, int n_steps) {
+                const unsigned long long* __restrict__ table, u32* counters, int* state, int* ring, int n_steps,
+                int max_seq) {
     SOLO_DYNAMIC_SMEM(smem_raw);
     char* stages[2] = {smem_raw, smem_raw + STAGE_BYTES};
     bf16_t* vec = reinterpret_cast<bf16_t*>(smem_raw + 2 * STAGE_BYTES);
@@ -567,7 +569,10 @@ solo_megakernel(const int* __restrict__ program, const int* __restrict__ lengths
     const int total = len * n_steps;
     if (total == 0) return;
 
-    if (threadIdx.x == 0) sm.vec_key = -1;
+    if (threadIdx.x == 0) {
+        sm.vec_key = -1;
+        sm.max_seq = max_seq;
+    }
     __syncthreads();
     Tile next = weight_tile(queue, table);
     prefetch(next, stages[0]);

@@ -11,6 +11,7 @@ cubin is loaded into torch's current context and launched on torch's current str
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import re
 from dataclasses import dataclass
@@ -58,7 +59,7 @@ def kernel_source(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int = STAGE
     """kernel.cu preceded by the model's sizes (and the CTA's threads / stage bytes) as #defines."""
     defines = {
         "HIDDEN": dims.hidden, "INTER": dims.inter, "VOCAB": dims.vocab, "LAYERS": dims.layers,
-        "HEADS": dims.heads, "KV_HEADS": dims.kv_heads, "HEAD_DIM": dims.head_dim, "MAX_SEQ": dims.max_seq,
+        "HEADS": dims.heads, "KV_HEADS": dims.kv_heads, "HEAD_DIM": dims.head_dim,
         "SPLITS": dims.splits, "LM_TILES": dims.lm_tiles, "INSTR_WORDS": INSTR_WORDS, "NTHREADS": nthreads,
         "STAGE_BYTES": stage_bytes, "RMS_EPS": f"{dims.eps!r}f", "ATTN_SCALE": f"{dims.attn_scale!r}f",
     }
@@ -70,7 +71,7 @@ def shared_memory_bytes(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int =
     """Dynamic shared memory per CTA: two prefetch stages, one activation vector, the scratch struct."""
     maxk = max(dims.hidden, dims.inter, dims.q_size)
     nwarps = nthreads // 32
-    smem_struct = 4 * (1 + nthreads + 2 * nthreads + 3 + 2 * nwarps)
+    smem_struct = 4 * (2 + nthreads + 2 * nthreads + 3 + 2 * nwarps)
     return 2 * stage_bytes + -(-maxk * 2 // 16) * 16 + -(-smem_struct // 16) * 16
 
 
@@ -131,9 +132,10 @@ def nvrtc_available() -> str | None:
     return None
 
 
-@functools.lru_cache(maxsize=8)
 def compile_kernel(dims: Dims, arch: str = "sm_90a") -> CompiledKernel:
     """Compile kernel.cu for `dims` with NVRTC (cached per sizes and target in this process).
+
+    The KV-cache length is a launch argument, so caches of any length share one compiled kernel.
 
     Args:
         dims: the lowering's sizes.
@@ -145,6 +147,11 @@ def compile_kernel(dims: Dims, arch: str = "sm_90a") -> CompiledKernel:
     Raises:
         SoloError: NVRTC is missing or the compilation failed (the log's first lines are quoted).
     """
+    return _compile(dataclasses.replace(dims, max_seq=0), arch)
+
+
+@functools.lru_cache(maxsize=8)
+def _compile(dims: Dims, arch: str) -> CompiledKernel:
     reason = nvrtc_available()
     if reason is not None:
         raise SoloError(reason)

@@ -50,7 +50,8 @@ from solo.runtime.megakernel.vm import make_buffers, model_weights, set_state
 
 log = logging.getLogger(__name__)
 
-_SEQ_ROUNDING = 256  # cache lengths grow in these steps, so programs are not rebuilt per request
+_SEQ_ROUNDING = 256  # cache lengths grow in these steps (the weights' RoPE tables follow them)
+_ATTN_LEN_ESTIMATE = 512  # KV length the schedule's attention costs assume
 
 
 def unsupported_reason(model: Transformer) -> str | None:
@@ -95,7 +96,7 @@ class _Kernel:
 
     def launch(self, grid: int, args: tuple, stream: torch.cuda.Stream) -> None:
         types = (ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p,
-                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int)
+                 ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int, ctypes.c_int)
         err = self.cu.cuLaunchCooperativeKernel(self.func, grid, 1, 1, NTHREADS, 1, 1, self.smem,
                                                 self.cu.CUstream(stream.cuda_stream), (args, types))[0]
         _check(err, "cuLaunchCooperativeKernel")
@@ -176,7 +177,6 @@ class MegakernelRuntime:
         self.host_syncs = 0
         self.launches = 0
         self.program: Program | None = None
-        self._kernels: dict[tuple, _Kernel] = {}
         self._table_row = -1
         # Mapped pinned ring: [count, token 0, token 1, ...], written by the kernel, polled by the host.
         self.ring_host = torch.zeros(1 + max_launch_tokens, dtype=torch.int32, pin_memory=not emulate)
@@ -202,15 +202,14 @@ class MegakernelRuntime:
         if reason is not None:
             raise SoloError(reason)
         t0 = time.perf_counter()
-        self.program = schedule(lower_decode_step(dims), self.num_sms)
-        key = (dims, "emulated" if self.emulate else _arch(self.device))
-        if key not in self._kernels:
+        if self.program is None:
+            # The program and the kernel do not depend on the cache length (the attention tasks
+            # read it from the position; the kernel gets it per launch): built once.
+            self.program = schedule(lower_decode_step(dims, attn_len_estimate=_ATTN_LEN_ESTIMATE), self.num_sms)
             if self.emulate:
-                self._kernels[key] = _EmulatedLauncher(dims, self.nthreads, self.stage_bytes)
+                self.kernel = _EmulatedLauncher(dims, self.nthreads, self.stage_bytes)
             else:
-                compiled = compile_kernel(dims, key[1])
-                self._kernels[key] = _Kernel(compiled.cubin, shared_memory_bytes(dims))
-        self.kernel = self._kernels[key]
+                self.kernel = _Kernel(compile_kernel(dims, _arch(self.device)).cubin, shared_memory_bytes(dims))
         self.weights = model_weights(self.model, max_seq)
         self.buffers = make_buffers(dims, self.model.dtype, self.device, 1, self.program.num_counters,
                                     with_cache=False)
@@ -248,7 +247,7 @@ class MegakernelRuntime:
             self._ring_view[0] = 0
         args = (self.instructions.data_ptr(), self.lengths.data_ptr(), int(self.program.instructions.shape[1]),
                 self.table.data_ptr(), self.buffers["counters"].data_ptr(), self.buffers["state"].data_ptr(),
-                self.ring_host.data_ptr(), n_steps)
+                self.ring_host.data_ptr(), n_steps, self.max_seq)
         self.kernel.launch(self.num_sms, args, None if self.emulate else torch.cuda.current_stream(self.device))
         self.launches += 1
 
