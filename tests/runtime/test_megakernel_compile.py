@@ -17,19 +17,27 @@ from solo.bench.shapes import shape_config
 from solo.runtime.megakernel.graph import plan_dims
 from solo.runtime.megakernel.nvrtc import (
     MAX_REGISTERS,
+    MAX_SHARED_BYTES,
+    NTHREADS,
     compile_kernel,
     kernel_unsupported_reason,
     nvrtc_available,
     resource_usage,
+    shared_memory_bytes,
+    stage_bytes_for,
 )
 
 pytestmark = pytest.mark.skipif(nvrtc_available() is not None, reason=str(nvrtc_available()))
 
 
 def _compile(shape: str):
-    dims = plan_dims(shape_config(shape), 4096, num_sms=132)
-    assert kernel_unsupported_reason(dims) is None
-    return compile_kernel(dims, "sm_90a")
+    cfg = shape_config(shape)
+    stage = stage_bytes_for(cfg.hidden_size, cfg.intermediate_size, cfg.num_heads * cfg.head_dim)
+    assert 64 * 1024 <= stage <= 96 * 1024
+    dims = plan_dims(cfg, 4096, num_sms=132, tile_bytes=stage)
+    assert kernel_unsupported_reason(dims, stage) is None
+    assert shared_memory_bytes(dims, NTHREADS, stage) <= MAX_SHARED_BYTES
+    return compile_kernel(dims, "sm_90a", stage)
 
 
 def _check_resources(log: str) -> None:

@@ -25,7 +25,13 @@ NTHREADS = 512
 """Threads per CTA (16 warps)."""
 
 STAGE_BYTES = 64 * 1024
-"""Bytes of one shared-memory prefetch stage (two stages: the running instruction's and the next's)."""
+"""Default bytes of one shared-memory prefetch stage (two stages: the running instruction's and the
+next's); `stage_bytes_for` picks a larger one where shared memory allows."""
+
+MAX_SHARED_BYTES = 227 * 1024
+"""Dynamic shared memory one CTA may use on an H100 / H200 (sm_90)."""
+
+_MAX_STAGE_BYTES = 96 * 1024
 
 MAX_REGISTERS = 128
 """Registers per thread the kernel may use: 512 threads x 128 = the whole register file of one SM."""
@@ -39,7 +45,17 @@ TABLE_GLOBAL_SLOTS = 16
 TABLE_LAYER = ("attn_norm", "w_qkv", "w_o", "mlp_norm", "w_gate_up", "w_down", "k_cache", "v_cache")
 
 
-def kernel_unsupported_reason(dims: Dims) -> str | None:
+def stage_bytes_for(hidden: int, inter: int, q_size: int, nthreads: int = NTHREADS) -> int:
+    """Bytes of the largest prefetch stage that fits twice in shared memory (bigger tiles, fewer instructions).
+
+    A multiple of 16 KiB, at most 96 KiB, beside the activation vector and the scratch.
+    """
+    rest = -(-max(hidden, inter, q_size) * 2 // 16) * 16 + 4 * (2 + 3 * nthreads + 3 + 2 * (nthreads // 32)) + 16
+    stage = (MAX_SHARED_BYTES - rest) // 2 // (16 * 1024) * (16 * 1024)
+    return max(16 * 1024, min(_MAX_STAGE_BYTES, stage))
+
+
+def kernel_unsupported_reason(dims: Dims, stage_bytes: int = STAGE_BYTES) -> str | None:
     """Why kernel.cu cannot run a lowering's sizes (one line), or None."""
     if dims.elem_bytes != 2:
         return "the megakernel's CUDA kernel runs bfloat16 weights only"
@@ -50,8 +66,10 @@ def kernel_unsupported_reason(dims: Dims) -> str | None:
     rows = max(dims.qkv_pairs, dims.o_rows, dims.gu_rows, dims.down_rows, dims.lm_rows)
     if rows > NTHREADS:
         return f"a tile of {rows} rows exceeds {NTHREADS} (one thread per output row)"
-    if NTHREADS // 32 * dims.groups * (dims.head_dim + 2) * 4 > STAGE_BYTES:
+    if NTHREADS // 32 * dims.groups * (dims.head_dim + 2) * 4 > stage_bytes:
         return f"GQA group {dims.groups} x head_dim {dims.head_dim} is too wide for attention's scratch"
+    if shared_memory_bytes(dims, NTHREADS, stage_bytes) > MAX_SHARED_BYTES:
+        return f"intermediate_size {dims.inter} leaves too little shared memory for the prefetch stages"
     return None
 
 
@@ -132,7 +150,7 @@ def nvrtc_available() -> str | None:
     return None
 
 
-def compile_kernel(dims: Dims, arch: str = "sm_90a") -> CompiledKernel:
+def compile_kernel(dims: Dims, arch: str = "sm_90a", stage_bytes: int = STAGE_BYTES) -> CompiledKernel:
     """Compile kernel.cu for `dims` with NVRTC (cached per sizes and target in this process).
 
     The KV-cache length is a launch argument, so caches of any length share one compiled kernel.
@@ -140,6 +158,7 @@ def compile_kernel(dims: Dims, arch: str = "sm_90a") -> CompiledKernel:
     Args:
         dims: the lowering's sizes.
         arch: the target, "sm_90a" for H100 / H200.
+        stage_bytes: bytes of a prefetch stage (the tile size `plan_dims` was given).
 
     Returns:
         The `CompiledKernel`.
@@ -147,17 +166,17 @@ def compile_kernel(dims: Dims, arch: str = "sm_90a") -> CompiledKernel:
     Raises:
         SoloError: NVRTC is missing or the compilation failed (the log's first lines are quoted).
     """
-    return _compile(dataclasses.replace(dims, max_seq=0), arch)
+    return _compile(dataclasses.replace(dims, max_seq=0), arch, stage_bytes)
 
 
 @functools.lru_cache(maxsize=8)
-def _compile(dims: Dims, arch: str) -> CompiledKernel:
+def _compile(dims: Dims, arch: str, stage_bytes: int) -> CompiledKernel:
     reason = nvrtc_available()
     if reason is not None:
         raise SoloError(reason)
     from cuda.bindings import nvrtc
 
-    source = kernel_source(dims).encode()
+    source = kernel_source(dims, NTHREADS, stage_bytes).encode()
     err, prog = nvrtc.nvrtcCreateProgram(source, b"solo_megakernel.cu", 0, [], [])
     _check(err, "nvrtcCreateProgram")
     opts = [f"--gpu-architecture={arch}".encode(), b"-std=c++17", b"--ptxas-options=-v", b"--fmad=true"]

@@ -36,7 +36,6 @@ from solo.runtime.megakernel.graph import (
 from solo.runtime.megakernel.nvrtc import (
     KERNEL_NAME,
     NTHREADS,
-    STAGE_BYTES,
     TABLE_GLOBAL_SLOTS,
     TABLE_LAYER,
     compile_kernel,
@@ -44,6 +43,7 @@ from solo.runtime.megakernel.nvrtc import (
     nvrtc_available,
     pointer_table,
     shared_memory_bytes,
+    stage_bytes_for,
 )
 from solo.runtime.megakernel.schedule import Program, schedule
 from solo.runtime.megakernel.vm import make_buffers, model_weights, set_state
@@ -68,8 +68,13 @@ def unsupported_reason(model: Transformer) -> str | None:
         reason = nvrtc_available()
     if reason is None:
         num_sms = torch.cuda.get_device_properties(model.device).multi_processor_count
-        reason = kernel_unsupported_reason(plan_dims(model.config, _SEQ_ROUNDING, num_sms, 2, STAGE_BYTES))
+        stage = _stage_bytes(model.config)
+        reason = kernel_unsupported_reason(plan_dims(model.config, _SEQ_ROUNDING, num_sms, 2, stage), stage)
     return reason
+
+
+def _stage_bytes(config) -> int:
+    return stage_bytes_for(config.hidden_size, config.intermediate_size, config.num_heads * config.head_dim)
 
 
 def _arch(device: torch.device) -> str:
@@ -168,7 +173,7 @@ class MegakernelRuntime:
         if emulate:
             self.num_sms, self.nthreads, self.stage_bytes = num_sms or 2, 32, 2048
         else:
-            self.nthreads, self.stage_bytes = NTHREADS, STAGE_BYTES
+            self.nthreads, self.stage_bytes = NTHREADS, _stage_bytes(self.config)
             self.num_sms = num_sms or torch.cuda.get_device_properties(self.device).multi_processor_count
         self.max_launch_tokens = max_launch_tokens
         self.rows = 0
@@ -198,7 +203,7 @@ class MegakernelRuntime:
 
     def _build(self, max_seq: int) -> None:
         dims = plan_dims(self.config, max_seq, self.num_sms, 2, self.stage_bytes)
-        reason = kernel_unsupported_reason(dims)
+        reason = None if self.emulate else kernel_unsupported_reason(dims, self.stage_bytes)
         if reason is not None:
             raise SoloError(reason)
         t0 = time.perf_counter()
@@ -209,7 +214,8 @@ class MegakernelRuntime:
             if self.emulate:
                 self.kernel = _EmulatedLauncher(dims, self.nthreads, self.stage_bytes)
             else:
-                self.kernel = _Kernel(compile_kernel(dims, _arch(self.device)).cubin, shared_memory_bytes(dims))
+                compiled = compile_kernel(dims, _arch(self.device), self.stage_bytes)
+                self.kernel = _Kernel(compiled.cubin, shared_memory_bytes(dims, NTHREADS, self.stage_bytes))
         self.weights = model_weights(self.model, max_seq)
         self.buffers = make_buffers(dims, self.model.dtype, self.device, 1, self.program.num_counters,
                                     with_cache=False)
