@@ -161,3 +161,23 @@ def test_lowering_shapes_and_refusals(ckpts):
     for sm in range(132):
         q = program.queue(sm)
         assert (q[1:, 10] > q[:-1, 10]).all() and q[0, W_OP] >= 0
+
+
+def test_tied_embeddings_and_llama3_rope(tmp_path):
+    from checkpoints import make_checkpoint
+
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+
+    folder = make_checkpoint(tmp_path / "tied", "llama", tie_word_embeddings=True, rope_scaling=dict(
+        rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
+        original_max_position_embeddings=16))
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32, torch.device("cpu"))
+    assert model.lm_head is None and model.config.rope.rope_type == "llama3"
+    steps = 6
+    tokens, _ = eager_greedy(model, PROMPT, steps + 1)
+    setup = lowered(model)
+    vm = make_vm(setup)
+    start(vm, setup.first_token, len(PROMPT), budget=steps)
+    vm.launch(steps)
+    assert vm.b["ring"][:steps].tolist() == tokens[1:steps + 1]
