@@ -54,5 +54,6 @@ def make_vm(setup: Setup, ring_len: int = 16, noise: bool = True) -> MegakernelV
     return MegakernelVM(setup.program, model_weights(setup.model, d.max_seq), bufs)
 
 
-def start(vm: MegakernelVM, token: int, pos: int, budget: int, stop_ids: tuple[int, ...] = ()) -> None:
-    set_state(vm.b["state"], token, pos, budget, stop_ids)
+def start(vm: MegakernelVM, token: int, pos: int, budget: int, stop_ids: tuple[int, ...] = (),
+          temperature: float = 0.0, seed: int = 0) -> None:
+    set_state(vm.b["state"], token, pos, budget, stop_ids, temperature, seed)

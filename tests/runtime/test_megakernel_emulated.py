@@ -26,11 +26,11 @@ def setup(tmp_path_factory):
     torch.set_num_threads(threads)
 
 
-def _run_both(setup, stage_bytes: int, steps: int, stop_ids=()):
+def _run_both(setup, stage_bytes: int, steps: int, stop_ids=(), temperature=0.0):
     kernel = EmulatedKernel(setup.dims, nthreads=64, stage_bytes=stage_bytes)
     emu, ref = make_vm(setup), make_vm(setup)
     for vm in (emu, ref):
-        start(vm, setup.first_token, len(PROMPT), budget=steps, stop_ids=stop_ids)
+        start(vm, setup.first_token, len(PROMPT), budget=steps, stop_ids=stop_ids, temperature=temperature, seed=9)
     ring = torch.zeros(1 + steps, dtype=torch.int32)
     kernel.launch(setup.program, emu.w, emu.b, ring, steps)
     ref.launch(steps)
@@ -46,8 +46,9 @@ def _assert_same(emu, ref, ring, emitted):
 
 
 @pytest.mark.timeout(300)
-def test_kernel_source_matches_the_vm_with_prefetched_tiles(setup):
-    emu, ref, ring = _run_both(setup, stage_bytes=2048, steps=3)
+@pytest.mark.parametrize("temperature", [0.0, 1.3])
+def test_kernel_source_matches_the_vm_with_prefetched_tiles(setup, temperature):
+    emu, ref, ring = _run_both(setup, stage_bytes=2048, steps=3, temperature=temperature)
     _assert_same(emu, ref, ring, 3)
 
 

@@ -149,3 +149,17 @@ def test_llama_1b_shape_tracks_eager():
         assert worst <= _tolerance(ref), f"step {i}: max |logit error| {worst:.3g}"
     tokens, _ = _blocks(rt, prompt, 24, 64)
     _assert_greedy_close(tokens, expected, expected_logits)
+
+
+@pytest.mark.timeout(300)
+def test_temperature_sampling_on_device_is_seeded_by_position(tiny):
+    from solo.runtime.cuda.state import SamplingSpec
+
+    rt = _runtime(tiny.model("llama", "cuda", torch.bfloat16))
+    rt.reserve(1, len(PROMPT) + 64)
+    spec = SamplingSpec(temperature=1.0, seed=5)
+    runs = []
+    for k in (64, 5, 1):
+        first = int(rt.prefill(0, torch.tensor(PROMPT)).argmax())
+        runs.append([t for b in rt.iter_blocks(0, first, len(PROMPT), spec, frozenset(), 32, k=k) for t in b])
+    assert runs[0] == runs[1] == runs[2] and len(runs[0]) == 32

@@ -78,6 +78,11 @@ def test_n_tokens_per_launch_equal_one_per_launch_and_stop_on_device(emulated):
     assert rt.max_seq >= 300 and rt.program is program and rt.kernel is kernel
     first = int(rt.prefill(0, torch.tensor(PROMPT)).argmax())
     assert [t for b in rt.iter_blocks(0, first, len(PROMPT), SamplingSpec(), frozenset(), 3) for t in b] == tokens[:3]
+    # Temperature sampling on the device: seeded by position, so launch sizes do not change it.
+    spec = SamplingSpec(temperature=1.3, seed=4)
+    sampled = [[t for b in rt.iter_blocks(0, first, len(PROMPT), spec, frozenset(), 4, k=k) for t in b]
+               for k in (3, 1)]
+    assert sampled[0] == sampled[1] and len(sampled[0]) == 4
 
 
 @pytest.mark.slow

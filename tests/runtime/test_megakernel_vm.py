@@ -181,3 +181,37 @@ def test_tied_embeddings_and_llama3_rope(tmp_path):
     start(vm, setup.first_token, len(PROMPT), budget=steps)
     vm.launch(steps)
     assert vm.b["ring"][:steps].tolist() == tokens[1:steps + 1]
+
+
+def test_gumbel_max_samples_the_softmax():
+    from solo.runtime.megakernel.graph import gumbel_noise
+
+    torch.manual_seed(0)
+    logits = torch.randn(12) * 2
+    temperature = 0.7
+    ids = torch.arange(12)
+    counts = torch.zeros(12)
+    for seed in range(4000):
+        counts[int(torch.argmax(logits / temperature + gumbel_noise(seed, 5, ids)))] += 1
+    want = torch.softmax(logits / temperature, dim=0)
+    assert 0.5 * float((counts / counts.sum() - want).abs().sum()) < 0.03
+
+
+def test_temperature_sampling_is_seeded_by_position(ckpts):
+    model = ckpts.model("llama")
+    setup = lowered(model)
+    runs = []
+    for per_launch in (6, 2, 1):
+        vm = make_vm(setup)
+        token, pos, out = setup.first_token, len(PROMPT), []
+        while len(out) < 6:
+            start(vm, token, pos, budget=per_launch, temperature=1.5, seed=11)
+            vm.launch(per_launch)
+            out += vm.b["ring"][:per_launch].tolist()
+            token, pos = out[-1], pos + per_launch
+        runs.append(out)
+    assert runs[0] == runs[1] == runs[2]
+    vm = make_vm(setup)
+    start(vm, setup.first_token, len(PROMPT), budget=6, temperature=1.5, seed=12)
+    vm.launch(6)
+    assert vm.b["ring"][:6].tolist() != runs[0]  # another seed, another sample (for this model and prompt)

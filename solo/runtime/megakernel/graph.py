@@ -16,8 +16,9 @@ its writes are done; no task waits for a whole-grid barrier. The stages of a ste
     GATE_UP  RMSNorm(x1) -> rows of gate and up -> silu(gate) * up -> h  signals gate_up[l]
     DOWN     rows of W_down: x0[r] = x1[r] + W_down[r] @ h              signals down[l]
 
-then LM_HEAD (final RMSNorm + rows of the LM head -> float32 logits and a per-tile argmax) and SAMPLE
-(the argmax over tiles, the token ring, the stop check, the next position and the next token's
+then LM_HEAD (final RMSNorm + rows of the LM head -> float32 logits and a per-tile argmax, of the
+logits or, with a temperature, of logits / T + Gumbel noise: `gumbel_noise`) and SAMPLE (the argmax
+over tiles, the token ring, the stop check, the next position and the next token's
 embedding into x0, signalling "embed" for the next step). EMBED (x0 = embedding of the state's token)
 runs at step 0 of a launch only. Tasks read the device state (position, done flag) and skip their
 work once a stop token was emitted, so later steps change nothing (they still signal).
@@ -36,6 +37,8 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+
+import torch
 
 from solo.model.config import ModelConfig
 
@@ -63,7 +66,9 @@ STATE_BUDGET = 4     # tokens this launch may emit
 STATE_NUM_STOP = 5   # how many stop ids follow
 STATE_STOP = 6       # first of MAX_STOP_IDS stop ids
 MAX_STOP_IDS = 10
-STATE_WORDS = STATE_STOP + MAX_STOP_IDS
+STATE_TEMPERATURE = STATE_STOP + MAX_STOP_IDS  # float32 bits; 0 = greedy
+STATE_SEED = STATE_TEMPERATURE + 1              # sampling seed (int32)
+STATE_WORDS = STATE_SEED + 1
 
 
 def megakernel_unsupported_reason(config: ModelConfig) -> str | None:
@@ -324,6 +329,25 @@ def lower_decode_step(dims: Dims, attn_len_estimate: int | None = None) -> TaskG
     for task in tasks:
         task.waits = [(c, targets[c]) for c, _ in task.waits]
     return TaskGraph(dims=d, tasks=tasks, counter_names=names, counter_targets=targets)
+
+
+def gumbel_noise(seed: int, pos: int, token_ids: torch.Tensor) -> torch.Tensor:
+    """The kernel's Gumbel noise for `token_ids` at position `pos`: float32, same shape.
+
+    A counter-based hash of (seed, pos, id) (lowbias32 by C. Wellons) mapped to a uniform u in (0, 1),
+    then -log(-log(u)). With it, argmax(logits / T + noise) samples softmax(logits / T) (the Gumbel-max
+    trick: Gumbel 1954; Maddison, Tarlow and Minka 2014), reproducibly for a seed and position.
+    """
+    mask = 0xFFFFFFFF
+    x = (seed * 0x9E3779B1 + pos * 0x85EBCA77) & mask
+    x = (x + token_ids.to(torch.int64) * 0xC2B2AE3D) & mask
+    x = x ^ (x >> 16)
+    x = (x * 0x7FEB352D) & mask
+    x = x ^ (x >> 15)
+    x = (x * 0x846CA68B) & mask
+    x = x ^ (x >> 16)
+    u = ((x >> 8).to(torch.float32) + 0.5) * (1.0 / 16777216.0)
+    return -torch.log(-torch.log(u))
 
 
 def weight_bytes_per_step(dims: Dims) -> int:

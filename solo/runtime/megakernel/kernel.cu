@@ -54,6 +54,8 @@ typedef unsigned int u32;
 #define STATE_BUDGET 4
 #define STATE_NUM_STOP 5
 #define STATE_STOP 6
+#define STATE_TEMPERATURE 16  // float bits; 0 = greedy
+#define STATE_SEED 17
 
 // Pointer table: global entries, then PER_LAYER entries per layer.
 #define P_EMBED 0
@@ -479,10 +481,25 @@ __device__ void op_gate_up(const int* ins, const unsigned long long* table, cons
     }
 }
 
+// Gumbel noise of token `v` at position `pos` for `seed`: a counter-based hash (lowbias32, C. Wellons)
+// to a uniform in (0, 1), then -log(-log(u)). The VM computes the same numbers.
+__device__ __forceinline__ float gumbel(u32 seed, u32 pos, u32 v) {
+    u32 x = seed * 0x9E3779B1u + pos * 0x85EBCA77u + v * 0xC2B2AE3Du;
+    x ^= x >> 16;
+    x *= 0x7feb352du;
+    x ^= x >> 15;
+    x *= 0x846ca68bu;
+    x ^= x >> 16;
+    const float u = ((float)(x >> 8) + 0.5f) * (1.0f / 16777216.0f);
+    return -logf(-logf(u));
+}
+
 // The LM head's rows -> float32 logits (rounded through bf16, as the eager logits) and the tile's
-// argmax (the first index of the maximum, as torch.argmax).
+// argmax (the first index of the maximum, as torch.argmax) of the logits, or with a temperature T of
+// logits / T + Gumbel noise: the argmax over all tiles is then a sample of softmax(logits / T)
+// (the Gumbel-max trick; Gumbel 1954, Maddison et al. 2014).
 __device__ void op_lm_head(const int* ins, const unsigned long long* table, const Tile& t, const char* stage,
-                           bf16_t* vec, Smem& sm, int step) {
+                           bf16_t* vec, Smem& sm, int step, const int* state) {
     const int a = ins[W_A], rows = ins[W_B], tile = ins[W_C];
     const int key = stage_key(step, LAYERS, OP_LM_HEAD);
     if (vec_stale(sm, key)) {
@@ -490,12 +507,22 @@ __device__ void op_lm_head(const int* ins, const unsigned long long* table, cons
         vec_filled(sm, key);
     }
     matvec<HIDDEN>(rows0(t, stage), vec, rows, sm.dots, sm.scratch);
-    if (threadIdx.x < rows) ptr<float>(table, P_LOGITS)[a + threadIdx.x] = rbf(sm.dots[threadIdx.x]);
+    if (threadIdx.x < rows) {
+        const float logit = rbf(sm.dots[threadIdx.x]);
+        ptr<float>(table, P_LOGITS)[a + threadIdx.x] = logit;
+        const float temperature = __int_as_float(ld_acti(state + STATE_TEMPERATURE));
+        sm.dots[NTHREADS + threadIdx.x] =
+            temperature > 0.f
+                ? logit / temperature + gumbel((u32)ld_acti(state + STATE_SEED), (u32)sm.pos, (u32)(a + threadIdx.x))
+                : logit;
+    }
+    __syncthreads();
     if (threadIdx.x == 0) {
+        const float* score = sm.dots + NTHREADS;
         int best = 0;
         for (int r = 1; r < rows; ++r)
-            if (rbf(sm.dots[r]) > rbf(sm.dots[best])) best = r;
-        ptr<float>(table, P_AMAX_VAL)[tile] = rbf(sm.dots[best]);
+            if (score[r] > score[best]) best = r;
+        ptr<float>(table, P_AMAX_VAL)[tile] = score[best];
         ptr<int>(table, P_AMAX_IDX)[tile] = a + best;
     }
 }
@@ -621,7 +648,7 @@ solo_megakernel(const int* __restrict__ program, const int* __restrict__ lengths
                 case OP_DOWN:
                     op_residual_matvec<INTER>(ins, table, tile, stage, vec, sm, step, P_H, P_X1, P_X0);
                     break;
-                case OP_LM_HEAD: op_lm_head(ins, table, tile, stage, vec, sm, step); break;
+                case OP_LM_HEAD: op_lm_head(ins, table, tile, stage, vec, sm, step, state); break;
                 case OP_SAMPLE: op_sample(table, state, ring, step, n_steps, sm); break;
                 default: break;
             }

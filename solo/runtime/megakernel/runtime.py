@@ -3,10 +3,11 @@
 Prefill runs the eager modules over the runtime's own static KV cache (host-known lengths, no syncs).
 Decoding one row launches the interpreter kernel (kernel.cu) over the scheduled program: `decode`
 runs one step and returns its logits; `iter_blocks` runs up to `max_launch_tokens` steps per launch
-with greedy argmax and the stop check on the device, and streams tokens while the kernel runs by
+with the token choice (greedy argmax, or temperature sampling by the Gumbel-max trick, seeded by
+(seed, position)) and the stop check on the device, and streams tokens while the kernel runs by
 polling a token ring in mapped pinned host memory (the kernel writes each token, fences at system
-scope, then bumps the ring's count). Sampled requests (temperature > 0) decode one step per launch
-and sample on the GPU with torch ops. Several rows at once run the eager modules.
+scope, then bumps the ring's count). Requests with top-k / top-p / min-p decode one step per launch
+and sample with torch ops. Several rows at once run the eager modules.
 
 The launch is cooperative (`cuLaunchCooperativeKernel`): the driver then guarantees that every CTA is
 resident at once, which the spinning counter waits need (no grid barrier is used).
@@ -241,10 +242,10 @@ class MegakernelRuntime:
     # -------------------------------------------------------------------------------------- launches
 
     def _launch(self, row: int, token: int, position: int, n_steps: int, stop_ids: tuple[int, ...],
-                stream_ring: bool = False) -> None:
+                stream_ring: bool = False, temperature: float = 0.0, seed: int = 0) -> None:
         """Enqueue a launch of `n_steps` steps (state, counters and, with `stream_ring`, the ring reset)."""
         self._point_table(row)
-        set_state(self.buffers["state"], token, position, n_steps, stop_ids)
+        set_state(self.buffers["state"], token, position, n_steps, stop_ids, temperature, seed)
         self.buffers["counters"].zero_()
         if stream_ring:
             # An earlier launch still in flight could bump the count after this reset.
@@ -317,8 +318,9 @@ class MegakernelRuntime:
             row: cache row holding the sequence.
             token: the last token so far (not yet fed to the model), at `position`.
             position: its position.
-            sampling: a `SamplingSpec` (or an object with its fields); temperature > 0 decodes one step per
-                launch and samples with torch ops.
+            sampling: a `SamplingSpec` (or an object with its fields): greedy and temperature-only
+                sampling run on the device; top-k / top-p / min-p decode one step per launch and sample
+                with torch ops.
             stop_ids: tokens that end generation (reported as the last token).
             max_tokens: tokens to generate at most (also capped where the cache row ends).
             k: tokens per launch (default: `max_launch_tokens`).
@@ -339,12 +341,13 @@ class MegakernelRuntime:
         per_launch = max(1, min(k or self.max_launch_tokens, self.max_launch_tokens))
         device_stops = tuple(sorted(stop_ids))[:MAX_STOP_IDS]
         produced = 0
-        if spec.temperature > 0:
+        if spec.temperature > 0 and (spec.top_k > 0 or spec.top_p < 1.0 or spec.min_p > 0):
             yield from self._iter_sampled(row, token, position, spec, stop_ids, limit)
             return
         while produced < limit:
             n = min(per_launch, limit - produced)
-            self._launch(row, token, position, n, device_stops, stream_ring=True)
+            self._launch(row, token, position, n, device_stops, stream_ring=True,
+                         temperature=spec.temperature, seed=spec.seed)
             done_event = _DoneNow() if self.emulate else torch.cuda.Event()
             if not self.emulate:
                 done_event.record()

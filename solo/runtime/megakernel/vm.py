@@ -13,6 +13,7 @@ schedule checker compares across orders. Numerics mirror the eager model (see `g
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -38,10 +39,13 @@ from solo.runtime.megakernel.graph import (
     STATE_EMITTED,
     STATE_NUM_STOP,
     STATE_POS,
+    STATE_SEED,
     STATE_STOP,
+    STATE_TEMPERATURE,
     STATE_TOKEN,
     STATE_WORDS,
     Dims,
+    gumbel_noise,
     split_range,
 )
 from solo.runtime.megakernel.schedule import (
@@ -171,11 +175,13 @@ def make_buffers(dims: Dims, dtype: torch.dtype, device: torch.device | str, rin
     return buffers
 
 
-def set_state(state: torch.Tensor, token: int, pos: int, budget: int, stop_ids: tuple[int, ...] = ()) -> None:
+def set_state(state: torch.Tensor, token: int, pos: int, budget: int, stop_ids: tuple[int, ...] = (),
+              temperature: float = 0.0, seed: int = 0) -> None:
     """Write a launch's device state (int32 [STATE_WORDS], any device).
 
     The launch starts from `token` at position `pos`, may emit at most `budget` tokens, and stops after
-    any of `stop_ids` (at most MAX_STOP_IDS).
+    any of `stop_ids` (at most MAX_STOP_IDS). temperature > 0 samples (Gumbel-max, `gumbel_noise`)
+    with `seed` (reduced to 31 bits) instead of taking the argmax.
 
     Raises:
         ValueError: too many stop ids.
@@ -188,7 +194,13 @@ def set_state(state: torch.Tensor, token: int, pos: int, budget: int, stop_ids: 
     words[STATE_POS], words[STATE_TOKEN], words[STATE_BUDGET] = pos, token, budget
     words[STATE_NUM_STOP] = len(stop_ids)
     words[STATE_STOP: STATE_STOP + len(stop_ids)] = list(stop_ids)
+    words[STATE_TEMPERATURE] = struct.unpack("<i", struct.pack("<f", float(temperature)))[0]
+    words[STATE_SEED] = int(seed) % 2**31
     state.copy_(torch.tensor(words, dtype=torch.int32))
+
+
+def _as_float(bits: int) -> float:
+    return struct.unpack("<f", struct.pack("<i", bits))[0]
 
 
 def signals(op: int, step: int, n_steps: int) -> bool:
@@ -264,8 +276,13 @@ class MegakernelVM:
             xn = _rms(b["x0"], self.w.final_norm, d.eps)
             logits = _matvec(self.w.lm_head[a:a + bb], xn).float()
             b["logits"][a:a + bb] = logits
-            best = int(torch.argmax(logits))  # first index of the maximum, as torch.argmax
-            b["amax_val"][c] = logits[best]
+            temperature = _as_float(int(b["state"][STATE_TEMPERATURE]))
+            scores = logits
+            if temperature > 0:
+                ids = torch.arange(a, a + bb, device=logits.device)
+                scores = logits / temperature + gumbel_noise(int(b["state"][STATE_SEED]), pos, ids)
+            best = int(torch.argmax(scores))  # first index of the maximum, as torch.argmax
+            b["amax_val"][c] = scores[best]
             b["amax_idx"][c] = a + best
         elif op == OP_SAMPLE:
             self._sample(step, n_steps)
