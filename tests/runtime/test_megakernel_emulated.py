@@ -61,3 +61,24 @@ def test_kernel_source_matches_the_vm_streaming_tiles_and_stops(setup):
     _assert_same(emu, ref, ring, 1)
     assert emu.b["state"][STATE_DONE] == 1 and emu.b["state"][STATE_EMITTED] == 1
     assert emu.b["state"][STATE_POS] == len(PROMPT) + 1
+
+
+@pytest.mark.timeout(300)
+def test_kernel_source_matches_the_vm_at_head_dim_64(tmp_path):
+    # head_dim 64: 8 lanes read each key (the Llama-3.2-1B layout), 4 keys per warp at a time.
+    from checkpoints import make_checkpoint
+
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+
+    folder = make_checkpoint(tmp_path / "hd64", "llama", head_dim=64, hidden_size=128)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16, torch.device("cpu"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        setup = lowered(model, num_sms=4)
+        assert setup.dims.head_dim == 64 and setup.dims.splits == 2
+        emu, ref, ring = _run_both(setup, stage_bytes=4096, steps=3)
+        _assert_same(emu, ref, ring, 3)
+    finally:
+        torch.set_num_threads(threads)

@@ -100,6 +100,12 @@ static inline T __shfl_xor_sync(unsigned, T v, int offset) {
 static inline unsigned short ld_act(const unsigned short* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
 static inline float ld_actf(const float* p) { float v; __atomic_load(p, &v, __ATOMIC_RELAXED); return v; }
 static inline int ld_acti(const int* p) { return __atomic_load_n(p, __ATOMIC_RELAXED); }
+static inline void ld_act8(const unsigned short* p, float* out) {
+    for (int i = 0; i < 8; ++i) {
+        const unsigned u = (unsigned)__atomic_load_n(p + i, __ATOMIC_RELAXED) << 16;
+        std::memcpy(out + i, &u, 4);
+    }
+}
 
 static inline unsigned ld_acquire(const unsigned* p) {
     static thread_local unsigned spins = 0;

@@ -90,7 +90,6 @@ typedef unsigned int u32;
 #define GROUPS (HEADS / KV_HEADS)
 #define QSIZE (HEADS * HEAD_DIM)
 #define MAXK (INTER > HIDDEN ? (INTER > QSIZE ? INTER : QSIZE) : (HIDDEN > QSIZE ? HIDDEN : QSIZE))
-#define DIMS_PER_LANE ((HEAD_DIM + 31) / 32)
 
 static_assert(HIDDEN % 8 == 0 && INTER % 8 == 0 && QSIZE % 8 == 0, "row lengths must be multiples of 8");
 static_assert(STAGE_BYTES % 16 == 0, "stages hold 16-byte chunks");
@@ -126,6 +125,18 @@ __device__ __forceinline__ int ld_acti(const int* p) {
     int v;
     asm volatile("ld.global.cg.s32 %0, [%1];" : "=r"(v) : "l"(p) : "memory");
     return v;
+}
+
+// Eight bf16 activations (16 bytes, aligned) from L2, as floats.
+__device__ __forceinline__ void ld_act8(const bf16_t* p, float* out) {
+    u32 a, b, c, d;
+    asm volatile("ld.global.cg.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "l"(p) : "memory");
+    const u32 w[4] = {a, b, c, d};
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+        out[2 * i] = __uint_as_float(w[i] << 16);
+        out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
+    }
 }
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
@@ -340,65 +351,106 @@ __device__ void op_qkv(const int* ins, const unsigned long long* table, const Ti
 }
 
 // Split-KV partial attention of one KV group over keys [lo, hi): per query head the running max m,
-// the sum l of exp(score - m) and the unnormalised output o. Each warp walks its own keys with an
-// online softmax; the warps' states are then merged in warp order.
+// the sum l of exp(score - m) and the unnormalised output o. A key is read by LPK lanes, 16 bytes
+// (8 dims) each, so a warp walks KPW keys at a time with an online softmax per lane group; the
+// groups' states are merged by a fixed shuffle tree, then the warps' in warp order.
+#define LPK_RAW ((HEAD_DIM + 7) / 8)
+#define LPK (LPK_RAW <= 1 ? 1 : LPK_RAW <= 2 ? 2 : LPK_RAW <= 4 ? 4 : LPK_RAW <= 8 ? 8 : LPK_RAW <= 16 ? 16 : 32)
+#define KPW (32 / LPK)
+static_assert(HEAD_DIM % 8 == 0 && HEAD_DIM <= 256, "head_dim must be a multiple of 8, at most 256");
+
+// Merge (m, l, o) with another group's state (log-sum-exp rescaling; an empty state has m = -inf).
+__device__ __forceinline__ void merge_state(float& m, float& l, float* o, float m2, float l2, const float* o2) {
+    const float top = fmaxf(m, m2);
+    const float a = m == NEG_INF ? 0.f : expf(m - top);
+    const float b = m2 == NEG_INF ? 0.f : expf(m2 - top);
+    l = l * a + l2 * b;
+#pragma unroll
+    for (int i = 0; i < 8; ++i) o[i] = o[i] * a + o2[i] * b;
+    m = top;
+}
+
 __device__ void op_attn(const int* ins, const unsigned long long* table, char* stage, Smem& sm) {
     const int layer = ins[W_LAYER], g = ins[W_A], split = ins[W_B];
     const int kv_len = sm.pos + 1;
     const int chunk = (kv_len + SPLITS - 1) / SPLITS;
     const int lo = min(kv_len, split * chunk), hi = min(kv_len, lo + chunk);
     const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    const int group = lane / LPK, sub = lane % LPK, d0 = sub * 8;
+    const bool active = d0 < HEAD_DIM;
     const bf16_t* q = ptr<const bf16_t>(table, P_Q) + g * GROUPS * HEAD_DIM;
     const bf16_t* kc = lptr<const bf16_t>(table, layer, L_KCACHE) + (size_t)g * sm.max_seq * HEAD_DIM;
     const bf16_t* vc = lptr<const bf16_t>(table, layer, L_VCACHE) + (size_t)g * sm.max_seq * HEAD_DIM;
-    float qr[GROUPS][DIMS_PER_LANE], o[GROUPS][DIMS_PER_LANE], m[GROUPS], l[GROUPS];
+    float o[GROUPS][8], m[GROUPS], l[GROUPS];
 #pragma unroll
     for (int h = 0; h < GROUPS; ++h) {
         m[h] = NEG_INF;
         l[h] = 0.f;
 #pragma unroll
-        for (int i = 0; i < DIMS_PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            qr[h][i] = d < HEAD_DIM ? bf2f(ld_act(q + h * HEAD_DIM + d)) : 0.f;
-            o[h][i] = 0.f;
-        }
+        for (int i = 0; i < 8; ++i) o[h][i] = 0.f;
     }
-    for (int key = lo + warp; key < hi; key += NWARPS) {
-        float kr[DIMS_PER_LANE], vr[DIMS_PER_LANE];
+    for (int base = lo + warp * KPW; base < hi; base += NWARPS * KPW) {
+        const int key = base + group;
+        const bool valid = key < hi && active;
+        float kr[8], vr[8];
+        if (valid) {
+            ld_act8(kc + (size_t)key * HEAD_DIM + d0, kr);
+            ld_act8(vc + (size_t)key * HEAD_DIM + d0, vr);
+        } else {
 #pragma unroll
-        for (int i = 0; i < DIMS_PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            kr[i] = d < HEAD_DIM ? bf2f(ld_act(kc + (size_t)key * HEAD_DIM + d)) : 0.f;
-            vr[i] = d < HEAD_DIM ? bf2f(ld_act(vc + (size_t)key * HEAD_DIM + d)) : 0.f;
+            for (int i = 0; i < 8; ++i) kr[i] = vr[i] = 0.f;
         }
 #pragma unroll
         for (int h = 0; h < GROUPS; ++h) {
+            float qr[8];
+            if (active) {
+                ld_act8(q + h * HEAD_DIM + d0, qr);
+            } else {
+#pragma unroll
+                for (int i = 0; i < 8; ++i) qr[i] = 0.f;
+            }
             float dot = 0.f;
 #pragma unroll
-            for (int i = 0; i < DIMS_PER_LANE; ++i) dot += qr[h][i] * kr[i];
-            const float s = warp_sum(dot) * ATTN_SCALE;
-            const float m_new = fmaxf(m[h], s);
-            const float alpha = expf(m[h] - m_new), p = expf(s - m_new);
-            l[h] = l[h] * alpha + p;
+            for (int i = 0; i < 8; ++i) dot += qr[i] * kr[i];
 #pragma unroll
-            for (int i = 0; i < DIMS_PER_LANE; ++i) o[h][i] = o[h][i] * alpha + p * vr[i];
-            m[h] = m_new;
+            for (int off = LPK / 2; off > 0; off >>= 1) dot += __shfl_xor_sync(0xffffffffu, dot, off);
+            if (key < hi) {
+                const float s = dot * ATTN_SCALE;
+                const float m_new = fmaxf(m[h], s);
+                const float alpha = expf(m[h] - m_new), p = expf(s - m_new);
+                l[h] = l[h] * alpha + p;
+#pragma unroll
+                for (int i = 0; i < 8; ++i) o[h][i] = o[h][i] * alpha + p * vr[i];
+                m[h] = m_new;
+            }
         }
     }
-    // Per-warp states -> stage scratch, then merged in warp order by one thread per (head, dim).
+    // The KPW lane groups of a warp merged by a fixed shuffle tree (lane groups 2^k apart).
+#pragma unroll
+    for (int off = LPK; off < 32; off <<= 1) {
+#pragma unroll
+        for (int h = 0; h < GROUPS; ++h) {
+            float o2[8];
+            const float m2 = __shfl_xor_sync(0xffffffffu, m[h], off);
+            const float l2 = __shfl_xor_sync(0xffffffffu, l[h], off);
+#pragma unroll
+            for (int i = 0; i < 8; ++i) o2[i] = __shfl_xor_sync(0xffffffffu, o[h][i], off);
+            merge_state(m[h], l[h], o[h], m2, l2, o2);
+        }
+    }
+    // Per-warp states -> stage scratch (lanes of group 0), then merged in warp order.
     float* wo = reinterpret_cast<float*>(stage);                  // [NWARPS][GROUPS][HEAD_DIM]
     float* wm = wo + NWARPS * GROUPS * HEAD_DIM;                  // [NWARPS][GROUPS]
     float* wl = wm + NWARPS * GROUPS;                             // [NWARPS][GROUPS]
+    if (group == 0 && active) {
 #pragma unroll
-    for (int h = 0; h < GROUPS; ++h) {
+        for (int h = 0; h < GROUPS; ++h) {
 #pragma unroll
-        for (int i = 0; i < DIMS_PER_LANE; ++i) {
-            const int d = lane + 32 * i;
-            if (d < HEAD_DIM) wo[(warp * GROUPS + h) * HEAD_DIM + d] = o[h][i];
-        }
-        if (lane == 0) {
-            wm[warp * GROUPS + h] = m[h];
-            wl[warp * GROUPS + h] = l[h];
+            for (int i = 0; i < 8; ++i) wo[(warp * GROUPS + h) * HEAD_DIM + d0 + i] = o[h][i];
+            if (sub == 0) {
+                wm[warp * GROUPS + h] = m[h];
+                wl[warp * GROUPS + h] = l[h];
+            }
         }
     }
     __syncthreads();
