@@ -81,3 +81,18 @@ def _triton_ptxas() -> Path | None:
         return None
     path = Path(spec.origin).parent / "backends" / "nvidia" / "bin" / "ptxas"
     return path if path.is_file() else None
+
+
+def test_kernel_constants_match_the_python_side():
+    from importlib import resources
+
+    from solo.runtime.megakernel import graph, schedule
+
+    source = resources.files("solo.runtime.megakernel").joinpath("kernel.cu").read_text()
+    defines = dict(re.findall(r"^#define (\w+) (\d+)\b", source, re.M))
+    for name in ("OP_NOP", "OP_EMBED", "OP_QKV", "OP_ATTN", "OP_MERGE", "OP_OPROJ", "OP_GATE_UP", "OP_DOWN",
+                 "OP_LM_HEAD", "OP_SAMPLE", "STATE_POS", "STATE_TOKEN", "STATE_DONE", "STATE_EMITTED",
+                 "STATE_BUDGET", "STATE_NUM_STOP", "STATE_STOP", "STATE_TEMPERATURE", "STATE_SEED", "STATE_ERROR"):
+        assert int(defines[name]) == getattr(graph, name), name
+    for name in ("W_OP", "W_LAYER", "W_A", "W_B", "W_C", "W_WAIT0", "W_TARGET0", "W_WAIT1", "W_TARGET1", "W_SIGNAL"):
+        assert int(defines[name]) == getattr(schedule, name), name

@@ -82,3 +82,23 @@ def test_kernel_source_matches_the_vm_at_head_dim_64(tmp_path):
         _assert_same(emu, ref, ring, 3)
     finally:
         torch.set_num_threads(threads)
+
+
+@pytest.mark.timeout(300)
+def test_a_wait_that_never_ends_stops_the_launch_instead_of_hanging(setup):
+    import numpy as np
+
+    from solo.runtime.megakernel.graph import OP_SAMPLE, STATE_ERROR
+    from solo.runtime.megakernel.schedule import W_OP, W_TARGET0, Program
+
+    p = setup.program
+    broken = Program(p.dims, p.instructions.copy(), p.lengths.copy(), p.counter_targets.copy(), list(p.counter_names))
+    sm = next(s for s in range(broken.num_sms) if (broken.queue(s)[:, W_OP] == OP_SAMPLE).any())
+    i = int(np.nonzero(broken.queue(sm)[:, W_OP] == OP_SAMPLE)[0][0])
+    broken.instructions[sm, i, W_TARGET0] += 1  # one LM-head tile more than exist: never satisfied
+    kernel = EmulatedKernel(setup.dims, nthreads=32, stage_bytes=2048, wait_timeout_s=1.0)
+    vm = make_vm(setup)
+    start(vm, setup.first_token, len(PROMPT), budget=2)
+    ring = torch.zeros(3, dtype=torch.int32)
+    kernel.launch(broken, vm.w, vm.b, ring, 2)
+    assert vm.b["state"][STATE_ERROR] == 1 and int(ring[0]) == 0

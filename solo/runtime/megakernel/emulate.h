@@ -117,6 +117,11 @@ static inline unsigned ld_acquire(const unsigned* p) {
     }
     return emu_abort ? 0xffffffffu : v;  // a deadlock ends the waits (the launch reports it)
 }
+static inline unsigned long long clock_ns() {
+    return (unsigned long long)std::chrono::duration_cast<std::chrono::nanoseconds>(
+        std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+static inline void st_flag(int* p, int v) { __atomic_store_n(p, v, __ATOMIC_RELAXED); }
 static inline void red_release(unsigned* p, unsigned v) { __atomic_fetch_add(p, v, __ATOMIC_RELEASE); }
 static inline void cp_async16(void* smem, const void* gmem) { std::memcpy(smem, gmem, 16); }
 static inline void cp_async_commit() {}

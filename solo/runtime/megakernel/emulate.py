@@ -107,18 +107,20 @@ class EmulatedKernel:
         stage_bytes: bytes of a shared-memory prefetch stage (tiles larger than this stream from
             "global" memory, the kernel's other path).
         build_dir: where to build (default: a cache folder under the system temp directory).
+        wait_timeout_s: the kernel's counter-wait timeout (emulated steps are slow: generous).
 
     Raises:
         SoloError: no compiler, or the source does not compile (the compiler's message is quoted).
     """
 
-    def __init__(self, dims: Dims, nthreads: int = 64, stage_bytes: int = 2048, build_dir: Path | None = None) -> None:
+    def __init__(self, dims: Dims, nthreads: int = 64, stage_bytes: int = 2048, build_dir: Path | None = None,
+                 wait_timeout_s: float = 30.0) -> None:
         reason = emulator_unavailable_reason()
         if reason is not None:
             raise SoloError(reason)
         self.dims, self.nthreads, self.stage_bytes = dims, nthreads, stage_bytes
         header = resources.files("solo.runtime.megakernel").joinpath("emulate.h").read_text()
-        source = header + kernel_source(dims, nthreads, stage_bytes) + _LAUNCHER
+        source = header + kernel_source(dims, nthreads, stage_bytes, wait_timeout_s) + _LAUNCHER
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
         folder = build_dir or Path(tempfile.gettempdir()) / "solo-megakernel-emu"
         folder.mkdir(parents=True, exist_ok=True)

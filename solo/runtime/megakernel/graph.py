@@ -68,7 +68,8 @@ STATE_STOP = 6       # first of MAX_STOP_IDS stop ids
 MAX_STOP_IDS = 10
 STATE_TEMPERATURE = STATE_STOP + MAX_STOP_IDS  # float32 bits; 0 = greedy
 STATE_SEED = STATE_TEMPERATURE + 1              # sampling seed (int32)
-STATE_WORDS = STATE_SEED + 1
+STATE_ERROR = STATE_SEED + 1                    # the kernel sets it when a counter wait timed out
+STATE_WORDS = STATE_ERROR + 1
 
 
 def megakernel_unsupported_reason(config: ModelConfig) -> str | None:

@@ -56,6 +56,7 @@ typedef unsigned int u32;
 #define STATE_STOP 6
 #define STATE_TEMPERATURE 16  // float bits; 0 = greedy
 #define STATE_SEED 17
+#define STATE_ERROR 18        // set when a counter wait timed out: every CTA then stops
 
 // Pointer table: global entries, then PER_LAYER entries per layer.
 #define P_EMBED 0
@@ -137,6 +138,16 @@ __device__ __forceinline__ void ld_act8(const bf16_t* p, float* out) {
         out[2 * i] = __uint_as_float(w[i] << 16);
         out[2 * i + 1] = __uint_as_float(w[i] & 0xffff0000u);
     }
+}
+
+__device__ __forceinline__ unsigned long long clock_ns() {
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    return t;
+}
+
+__device__ __forceinline__ void st_flag(int* p, int v) {
+    asm volatile("st.relaxed.gpu.global.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 __device__ __forceinline__ u32 ld_acquire(const u32* p) {
@@ -294,6 +305,7 @@ __device__ __forceinline__ const bf16_t* rows1(const Tile& t, const char* stage)
 // ------------------------------------------------------------------------------------ the ops
 
 struct Smem {
+    int failed;   // the launch gave up (STATE_ERROR)
     int max_seq;  // KV-cache slots per (layer, KV head): a launch argument, so the cache can grow
     int vec_key;  // what `vec` holds: (step, layer, op) of the instruction that filled it, or -1
     float scratch[NTHREADS];
@@ -672,15 +684,25 @@ solo_megakernel(const int* __restrict__ program, const int* __restrict__ lengths
                 const int c = ins[W_WAIT0 + 2 * w];
                 if (c < 0) continue;
                 const u32 want = (u32)ins[W_TARGET0 + 2 * w] * (u32)(step + 1);
+                if (ld_acquire(counters + c) >= want) continue;
+                // A wait that never ends (a broken schedule, a CTA that is not resident) must not hang
+                // the GPU: after WAIT_TIMEOUT_NS, or once another CTA gave up, flag it and stop.
+                const unsigned long long t0 = clock_ns();
                 while (ld_acquire(counters + c) < want) {
+                    if (ld_acti(state + STATE_ERROR) || clock_ns() - t0 > WAIT_TIMEOUT_NS) {
+                        st_flag(state + STATE_ERROR, 1);
+                        break;
+                    }
                 }
             }
             sm.pos = ld_acti(state + STATE_POS);
             sm.done = ld_acti(state + STATE_DONE);
             sm.token = ld_acti(state + STATE_TOKEN);
+            sm.failed = ld_acti(state + STATE_ERROR);
         }
         cp_async_wait1();  // this instruction's stage has landed (the next one's may still stream)
         __syncthreads();
+        if (sm.failed) break;
         const bool skip = op == OP_NOP || (op == OP_EMBED && step > 0) || (sm.done && op != OP_EMBED);
         if (!skip) {
             switch (op) {

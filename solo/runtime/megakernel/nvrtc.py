@@ -50,7 +50,7 @@ def stage_bytes_for(hidden: int, inter: int, q_size: int, nthreads: int = NTHREA
 
     A multiple of 16 KiB, at most 96 KiB, beside the activation vector and the scratch.
     """
-    rest = -(-max(hidden, inter, q_size) * 2 // 16) * 16 + 4 * (2 + 3 * nthreads + 3 + 2 * (nthreads // 32)) + 16
+    rest = -(-max(hidden, inter, q_size) * 2 // 16) * 16 + 4 * (3 + 3 * nthreads + 3 + 2 * (nthreads // 32)) + 16
     stage = (MAX_SHARED_BYTES - rest) // 2 // (16 * 1024) * (16 * 1024)
     return max(16 * 1024, min(_MAX_STAGE_BYTES, stage))
 
@@ -73,13 +73,19 @@ def kernel_unsupported_reason(dims: Dims, stage_bytes: int = STAGE_BYTES) -> str
     return None
 
 
-def kernel_source(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int = STAGE_BYTES) -> str:
-    """kernel.cu preceded by the model's sizes (and the CTA's threads / stage bytes) as #defines."""
+WAIT_TIMEOUT_S = 2.0
+"""A counter wait longer than this stops the launch with STATE_ERROR set (no step waits that long)."""
+
+
+def kernel_source(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int = STAGE_BYTES,
+                  wait_timeout_s: float = WAIT_TIMEOUT_S) -> str:
+    """kernel.cu preceded by the model's sizes (and the CTA's threads / stage bytes / wait timeout) as #defines."""
     defines = {
         "HIDDEN": dims.hidden, "INTER": dims.inter, "VOCAB": dims.vocab, "LAYERS": dims.layers,
         "HEADS": dims.heads, "KV_HEADS": dims.kv_heads, "HEAD_DIM": dims.head_dim,
         "SPLITS": dims.splits, "LM_TILES": dims.lm_tiles, "INSTR_WORDS": INSTR_WORDS, "NTHREADS": nthreads,
         "STAGE_BYTES": stage_bytes, "RMS_EPS": f"{dims.eps!r}f", "ATTN_SCALE": f"{dims.attn_scale!r}f",
+        "WAIT_TIMEOUT_NS": f"{int(wait_timeout_s * 1e9)}ull",
     }
     head = "".join(f"#define {k} {v}\n" for k, v in defines.items())
     return head + resources.files("solo.runtime.megakernel").joinpath("kernel.cu").read_text()
@@ -89,7 +95,7 @@ def shared_memory_bytes(dims: Dims, nthreads: int = NTHREADS, stage_bytes: int =
     """Dynamic shared memory per CTA: two prefetch stages, one activation vector, the scratch struct."""
     maxk = max(dims.hidden, dims.inter, dims.q_size)
     nwarps = nthreads // 32
-    smem_struct = 4 * (2 + nthreads + 2 * nthreads + 3 + 2 * nwarps)
+    smem_struct = 4 * (3 + nthreads + 2 * nthreads + 3 + 2 * nwarps)
     return 2 * stage_bytes + -(-maxk * 2 // 16) * 16 + -(-smem_struct // 16) * 16
 
 

@@ -30,6 +30,7 @@ from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.megakernel.graph import (
     MAX_STOP_IDS,
+    STATE_ERROR,
     lower_decode_step,
     megakernel_unsupported_reason,
     plan_dims,
@@ -297,7 +298,9 @@ class MegakernelRuntime:
         if rows.numel() == 1:
             self._launch(int(rows[0]), int(token_ids[0]), int(positions[0]), 1, ())
             self.host_syncs += 1
-            return self.buffers["logits"].view(1, -1).clone()
+            logits = self.buffers["logits"].view(1, -1).clone()
+            self._check_launch()
+            return logits
         kv_len = int(positions.max()) + 1
         logits = self.model(token_ids.view(-1, 1).to(self.device), positions.view(-1, 1).to(self.device),
                             self.cache, rows.to(self.device), last_only=True, kv_len=kv_len)
@@ -369,16 +372,24 @@ class MegakernelRuntime:
                     break
                 time.sleep(20e-6)
             self.host_syncs += 1
+            self._check_launch()
             produced += seen
             if seen < n or seen == 0:
                 return
             token, position = int(self._ring_view[seen]), position + seen
+
+    def _check_launch(self) -> None:
+        """Raise if the last launch gave up on a counter wait (the kernel sets STATE_ERROR; a sync)."""
+        if int(self.buffers["state"][STATE_ERROR]):
+            raise SoloError("the megakernel stopped: a dependency wait timed out (a scheduling bug or a GPU "
+                            "shared with other work); use --backend cuda-graph")
 
     def _iter_sampled(self, row: int, token: int, position: int, spec, stop_ids: frozenset[int],
                       limit: int) -> Iterator[list[int]]:
         gen = torch.Generator(device=self.device).manual_seed(spec.seed % 2**62)
         for _ in range(limit):
             self._launch(row, token, position, 1, ())
+            self._check_launch()
             logits = self.buffers["logits"] / spec.temperature
             if spec.top_k > 0:
                 kth = torch.topk(logits, min(spec.top_k, logits.numel())).values[-1]
