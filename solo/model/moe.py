@@ -63,7 +63,8 @@ def experts_forward(
     """Run each token through its selected experts and sum their weighted outputs.
 
     Only the selected experts' weights are read: tokens are grouped by expert, and each expert hit runs
-    one gated MLP over its tokens (a GEMV per expert at batch 1). The expert ids are read on the host.
+    one gated MLP over its tokens (a GEMV per expert at batch 1). The expert ids are read on the host,
+    except for a few tokens on a GPU, where the selected experts are gathered on the device instead.
 
     Args:
         hidden: [tokens, hidden] activations.
@@ -78,6 +79,8 @@ def experts_forward(
     """
     tokens, top_k = expert_ids.shape
     inter = down_proj.shape[-1]
+    if hidden.device.type != "cpu" and tokens * top_k <= _GATHER_PAIRS:
+        return _gathered_experts(hidden, expert_ids, routing_weights, gate_up_proj, down_proj, act)
     flat = expert_ids.reshape(-1)
     order = torch.argsort(flat, stable=True)
     experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
@@ -88,6 +91,26 @@ def experts_forward(
         start += count
         gate_up = F.linear(hidden[pairs // top_k], gate_up_proj[expert])
         out[pairs] = F.linear(act(gate_up[:, :inter]) * gate_up[:, inter:], down_proj[expert])
+    weighted = out.view(tokens, top_k, -1) * routing_weights.unsqueeze(-1)
+    return weighted.sum(dim=1).to(hidden.dtype)
+
+
+_GATHER_PAIRS = 64  # token-expert pairs up to which a GPU gathers the experts instead of grouping on the host
+
+
+def _gathered_experts(
+    hidden: torch.Tensor, expert_ids: torch.Tensor, routing_weights: torch.Tensor, gate_up_proj: torch.Tensor,
+    down_proj: torch.Tensor, act,
+) -> torch.Tensor:
+    # Decode on a GPU: index the selected experts on the device (no host sync, so CUDA graphs can capture
+    # it and torch.compile sees static shapes), at the cost of copying their weights once.
+    tokens, top_k = expert_ids.shape
+    inter = down_proj.shape[-1]
+    flat = expert_ids.reshape(-1)
+    x = hidden.repeat_interleave(top_k, dim=0).unsqueeze(-1)
+    gate_up = torch.bmm(gate_up_proj[flat], x).squeeze(-1)
+    h = (act(gate_up[:, :inter]) * gate_up[:, inter:]).unsqueeze(-1)
+    out = torch.bmm(down_proj[flat], h).squeeze(-1)
     weighted = out.view(tokens, top_k, -1) * routing_weights.unsqueeze(-1)
     return weighted.sum(dim=1).to(hidden.dtype)
 

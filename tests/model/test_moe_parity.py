@@ -133,3 +133,14 @@ def test_real_mixtral_config(shared_hf):
     assert config.norm_topk_prob and config.router_weights_fp32 and all(config.moe_layers)
     assert config.num_parameters() == pytest.approx(46.7e9, rel=0.01)
     assert config.num_active_parameters() == pytest.approx(12.9e9, rel=0.01)
+
+
+def test_gathered_experts_equal_grouped_experts():
+    # The GPU decode path (experts gathered on the device, no host sync) against the grouped host path.
+    from solo.model.moe import _gathered_experts, experts_forward
+
+    gen = torch.Generator().manual_seed(0)
+    hidden, gate_up, down = (torch.randn(*s, generator=gen) for s in ((3, 16), (5, 24, 16), (5, 16, 12)))
+    weights, ids = route(hidden, torch.randn(5, 16, generator=gen), 2, True, False)
+    torch.testing.assert_close(_gathered_experts(hidden, ids, weights, gate_up, down, torch.nn.functional.silu),
+                               experts_forward(hidden, ids, weights, gate_up, down), rtol=1e-5, atol=1e-5)
