@@ -144,3 +144,16 @@ def test_gathered_experts_equal_grouped_experts():
     weights, ids = route(hidden, torch.randn(5, 16, generator=gen), 2, True, False)
     torch.testing.assert_close(_gathered_experts(hidden, ids, weights, gate_up, down, torch.nn.functional.silu),
                                experts_forward(hidden, ids, weights, gate_up, down), rtol=1e-5, atol=1e-5)
+
+
+def test_native_cpu_backend_and_quantization_refuse_moe(tmp_path):
+    from solo.errors import SoloError
+    from solo.runtime.quant import quantize_model
+
+    folder = make_checkpoint(tmp_path / "olmoe", "olmoe")
+    with pytest.raises(SoloError, match="mixture-of-experts"):
+        Engine.load(folder, dtype="float32", backend="cpu")
+    engine = Engine.load(folder, dtype="float32", backend="auto")
+    assert engine.runtime.name == "eager"
+    with pytest.raises(SoloError, match="mixture-of-experts"):
+        quantize_model(engine.model, "int8")
