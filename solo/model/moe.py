@@ -81,16 +81,22 @@ def experts_forward(
     inter = down_proj.shape[-1]
     if hidden.device.type != "cpu" and tokens * top_k <= _GATHER_PAIRS:
         return _gathered_experts(hidden, expert_ids, routing_weights, gate_up_proj, down_proj, act)
-    flat = expert_ids.reshape(-1)
-    order = torch.argsort(flat, stable=True)
-    experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
     out = hidden.new_empty(tokens * top_k, hidden.shape[-1])
-    start = 0
-    for expert, count in zip(experts.tolist(), counts.tolist(), strict=True):
-        pairs = order[start:start + count]
-        start += count
-        gate_up = F.linear(hidden[pairs // top_k], gate_up_proj[expert])
-        out[pairs] = F.linear(act(gate_up[:, :inter]) * gate_up[:, inter:], down_proj[expert])
+    if tokens == 1:
+        # Batch-1 decode: each expert serves one pair; skip the grouping (same products, fewer ops).
+        for slot, expert in enumerate(expert_ids[0].tolist()):
+            gate_up = F.linear(hidden, gate_up_proj[expert])
+            out[slot:slot + 1] = F.linear(act(gate_up[:, :inter]) * gate_up[:, inter:], down_proj[expert])
+    else:
+        flat = expert_ids.reshape(-1)
+        order = torch.argsort(flat, stable=True)
+        experts, counts = torch.unique_consecutive(flat[order], return_counts=True)
+        start = 0
+        for expert, count in zip(experts.tolist(), counts.tolist(), strict=True):
+            pairs = order[start:start + count]
+            start += count
+            gate_up = F.linear(hidden[pairs // top_k], gate_up_proj[expert])
+            out[pairs] = F.linear(act(gate_up[:, :inter]) * gate_up[:, inter:], down_proj[expert])
     weighted = out.view(tokens, top_k, -1) * routing_weights.unsqueeze(-1)
     return weighted.sum(dim=1).to(hidden.dtype)
 
