@@ -372,12 +372,14 @@ def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
 
 
 def _moe_fields(config: ModelConfig, raw: dict[str, Any], experts_key: str, expert_width_key: str,
-                moe_layers: tuple[bool, ...] | None = None, **fields: Any) -> ModelConfig:
-    # Shared by the MoE families: transformers' configuration_{mixtral,qwen2_moe,qwen3_moe,olmoe}.py.
+                defaults: tuple[int, int, int], moe_layers: tuple[bool, ...] | None = None,
+                **fields: Any) -> ModelConfig:
+    # Shared by the MoE families: transformers' configuration_{mixtral,qwen2_moe,qwen3_moe,olmoe}.py, whose
+    # defaults (experts, top-k, expert width) apply where config.json omits a field.
     try:
-        experts = int(raw.get(experts_key) or raw.get("num_experts") or raw.get("num_local_experts") or 0)
-        top_k = int(raw.get("num_experts_per_tok") or 0)
-        width = int(raw.get(expert_width_key) or 0)
+        experts = int(raw.get(experts_key) or raw.get("num_experts") or raw.get("num_local_experts") or defaults[0])
+        top_k = int(raw.get("num_experts_per_tok") or defaults[1])
+        width = int(raw.get(expert_width_key) or defaults[2])
     except (TypeError, ValueError):
         raise CheckpointError("config.json has a non-integer expert field (num_experts, num_experts_per_tok or "
                               f"{expert_width_key}); fix or re-download it") from None
@@ -401,7 +403,7 @@ def _qwen_moe_layers(config: ModelConfig, raw: dict[str, Any]) -> tuple[bool, ..
 def _mixtral(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     config = _mistral(config, raw)
     # Mixtral always renormalizes the top-k and keeps the routing weights in float32.
-    return _moe_fields(config, raw, "num_local_experts", "intermediate_size", norm_topk_prob=True,
+    return _moe_fields(config, raw, "num_local_experts", "intermediate_size", (8, 2, 14336), norm_topk_prob=True,
                        router_weights_fp32=True)
 
 
@@ -415,9 +417,9 @@ def _qwen2_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         windows = tuple(window if window is not None and (i + 1) % 2 and i < first else None
                         for i in range(config.num_layers))
     config = replace(config, qkv_bias=bool(raw.get("qkv_bias", True)), layer_sliding_windows=windows)
-    return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", _qwen_moe_layers(config, raw),
-                       norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
-                       shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size") or 0))
+    return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", (60, 4, 1408),
+                       _qwen_moe_layers(config, raw), norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                       shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 5632) or 0))
 
 
 def _qwen3_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
@@ -425,8 +427,8 @@ def _qwen3_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
     config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True,
                      layer_sliding_windows=(window,) * config.num_layers)
-    return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", _qwen_moe_layers(config, raw),
-                       norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
+    return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", (128, 8, 768),
+                       _qwen_moe_layers(config, raw), norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
 
 
 def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
@@ -436,7 +438,7 @@ def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     bias = bool(raw.get("attention_bias", False))
     # OLMoE's q/k norms span the whole q / k projection (transformers' OlmoeAttention), not one head.
     config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full_width=True)
-    return _moe_fields(config, raw, "num_experts", "intermediate_size",
+    return _moe_fields(config, raw, "num_experts", "intermediate_size", (64, 8, 2048),
                        norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
 
 
