@@ -113,6 +113,7 @@ def test_bench_end_to_end(tmp_path, capsys):
     assert plot.stat().st_size > 1000
 
 
+@pytest.mark.slow
 def test_bench_moe_reports_active_bytes_and_parameters(tmp_path, capsys):
     folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16)
     out = tmp_path / "bench.json"

@@ -39,7 +39,8 @@ def _check_parity(folder, new_tokens=32):
     return engine
 
 
-@pytest.mark.parametrize("arch", ARCHS)
+@pytest.mark.parametrize("arch", ["olmoe", "qwen3_moe", pytest.param("mixtral", marks=pytest.mark.slow),
+                                  pytest.param("qwen2_moe", marks=pytest.mark.slow)])
 def test_greedy_and_logits_match_transformers(tmp_path, arch):
     engine = _check_parity(make_checkpoint(tmp_path / arch, arch))
     config = engine.config
