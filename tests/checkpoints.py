@@ -57,12 +57,37 @@ TINY = dict(hidden_size=64, intermediate_size=160, num_hidden_layers=2, num_atte
             num_key_value_heads=2, max_position_embeddings=256)
 
 
+# Mixture-of-experts families: 8 experts, top-2, narrow experts; Qwen2-MoE has a shared expert and a dense
+# middle layer (mlp_only_layers), Qwen3-MoE a dense first layer (decoder_sparse_step 2).
+MOE = {
+    "mixtral": dict(num_local_experts=8, num_experts_per_tok=2, intermediate_size=48),
+    "qwen2_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32,
+                      shared_expert_intermediate_size=48, norm_topk_prob=False, num_hidden_layers=3,
+                      mlp_only_layers=[1]),
+    "qwen3_moe": dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32, norm_topk_prob=True,
+                      head_dim=16, decoder_sparse_step=2),
+    "olmoe": dict(num_experts=8, num_experts_per_tok=2, intermediate_size=32, norm_topk_prob=False),
+}
+
+
 def hf_config(arch: str, vocab_size: int, **overrides):
-    """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2")."""
-    from transformers import Gemma2Config, LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2", or
+    an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")."""
+    from transformers import (
+        Gemma2Config,
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        OlmoeConfig,
+        Qwen2Config,
+        Qwen2MoeConfig,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-           "gemma2": Gemma2Config}[arch]
+           "gemma2": Gemma2Config, "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig,
+           "qwen3_moe": Qwen3MoeConfig, "olmoe": OlmoeConfig}[arch]
     kwargs = dict(TINY, vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=None,
                   initializer_range=0.2)
     if arch in ("qwen3", "gemma2", "mistral"):
@@ -71,6 +96,7 @@ def hf_config(arch: str, vocab_size: int, **overrides):
         kwargs.update(sliding_window=8, query_pre_attn_scalar=16)
     if arch == "mistral":
         kwargs.update(sliding_window=8)
+    kwargs.update(MOE.get(arch, {}))
     kwargs.update(overrides)
     return cls(**kwargs)
 

@@ -260,7 +260,9 @@ def main(args: argparse.Namespace) -> int:
         "machine": machine_info(device), "versions": versions(),
         "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
         "roofline": {"context": mean_context, "weight_bytes": nbytes.weights, "kv_cache_bytes": nbytes.kv_cache,
-                     "bytes_per_token": nbytes.total, "tokens_per_s": roofline},
+                     "bytes_per_token": nbytes.total, "tokens_per_s": roofline,
+                     "routed_expert_bytes": nbytes.experts},
+        "parameters": {"total": config.num_parameters(), "active_per_token": config.num_active_parameters()},
         "memory": memory,
         "engines": {}, "peers_skipped": skipped,
     }
@@ -331,6 +333,11 @@ def _print_report(r: dict[str, Any]) -> None:
           f"{rf['context']}); read bandwidth {bw['bandwidth_gbps']:.1f} GB/s (best of {len(bw['samples_gbps'])} probes "
           f"in this run: {', '.join(f'{x:.1f}' for x in bw['samples_gbps'])}; {bw['method']}, "
           f"{bw['buffer_bytes'] / 2**30:.2g} GiB) -> roofline {rf['tokens_per_s']:.1f} tok/s")
+    params = r["parameters"]
+    if params["active_per_token"] != params["total"]:
+        print(f"mixture of experts: {params['total'] / 1e9:.2f}B parameters, {params['active_per_token'] / 1e9:.2f}B "
+              f"active per token; the roofline counts the active bytes only (routed experts "
+              f"{rf['routed_expert_bytes'] / 1e6:.1f} MB per token)")
     solo = r["engines"].get("solo")
     header = f"{'engine':<12} {'decode tok/s':>24} {'ms/token':>9} {'TTFT ms':>22} {'roofline':>9} {'solo x':>7}"
     print(header)

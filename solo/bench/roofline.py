@@ -1,7 +1,9 @@
 """The decode roofline: bytes a decode step must read, and the device's measured read bandwidth.
 
 At batch 1 every decoded token reads each weight once (the LM head included, the embedding as one row)
-plus the KV cache up to the current position, so `bandwidth / bytes` bounds tokens per second. The
+plus the KV cache up to the current position, so `bandwidth / bytes` bounds tokens per second. In a
+mixture-of-experts model only the active bytes count: attention, norms, the router, the top-k routed
+experts and any shared expert of each layer, the LM head and the KV cache. The
 bandwidth is measured in the same run: on the CPU a multi-threaded streaming read of a buffer far
 larger than the last-level cache (the STREAM idea, McCalpin 1995, reduced to its read part); on CUDA a
 device-side reduction over a large buffer.
@@ -26,10 +28,12 @@ class DecodeBytes:
     Attributes:
         weights: matrices, biases and norms read once, the LM head included, plus one embedding row.
         kv_cache: keys and values of every layer up to the context (sliding windows capped).
+        experts: of `weights`, the routed experts' share (mixture-of-experts models; 0 for dense ones).
     """
 
     weights: int
     kv_cache: int
+    experts: int = 0
 
     @property
     def total(self) -> int:
@@ -71,19 +75,41 @@ def decode_bytes(config: ModelConfig, elem_bytes: float, context: int, quantize:
     h, f, hd = config.hidden_size, config.intermediate_size, config.head_dim
     nq, nkv = config.num_heads * hd, config.num_kv_heads * hd
     kv_elem = elem_bytes if kv_elem_bytes is None else kv_elem_bytes
-    per_layer = (matrix_bytes(nq + 2 * nkv, h, elem_bytes, quantize) + matrix_bytes(h, nq, elem_bytes, quantize)
-                 + matrix_bytes(2 * f, h, elem_bytes, quantize) + matrix_bytes(h, f, elem_bytes, quantize))
-    vectors = 2 * h + (2 * h if config.sandwich_norm else 0) + (2 * hd if config.qk_norm else 0)
+    attn = matrix_bytes(nq + 2 * nkv, h, elem_bytes, quantize) + matrix_bytes(h, nq, elem_bytes, quantize)
+    dense_mlp = matrix_bytes(2 * f, h, elem_bytes, quantize) + matrix_bytes(h, f, elem_bytes, quantize)
+    qk_norms = (nq + nkv if config.qk_norm_full_width else 2 * hd) if config.qk_norm else 0
+    vectors = 2 * h + (2 * h if config.sandwich_norm else 0) + qk_norms
     vectors += (nq + 2 * nkv if config.qkv_bias else 0) + (h if config.o_bias else 0)
-    vectors += (2 * f + h if config.mlp_bias else 0)
-    weights = config.num_layers * (per_layer + int(vectors * elem_bytes))
+    weights = config.num_layers * (attn + int(vectors * elem_bytes))
+    moe_mlp, expert_bytes = _moe_mlp_bytes(config, elem_bytes, quantize)
+    for layer in range(config.num_layers):
+        if config.is_moe_layer(layer):
+            weights += moe_mlp
+        else:
+            weights += dense_mlp + int((2 * f + h if config.mlp_bias else 0) * elem_bytes)
+    experts = expert_bytes * sum(config.moe_layers)
     weights += matrix_bytes(config.vocab_size, h, elem_bytes, quantize)  # LM head
     weights += int(h * elem_bytes) * 2  # one embedding row, final norm
     kv = 0
     for window in config.layer_sliding_windows or (None,) * config.num_layers:
         span = context if window is None else min(context, window)
         kv += int(2 * nkv * span * kv_elem)
-    return DecodeBytes(weights=weights, kv_cache=kv)
+    return DecodeBytes(weights=weights, kv_cache=kv, experts=experts)
+
+
+def _moe_mlp_bytes(config: ModelConfig, elem_bytes: float, quantize: str | None) -> tuple[int, int]:
+    # At batch 1 an MoE layer reads the router, the top-k routed experts only, and the shared expert with
+    # its gate; returns (that total, the routed experts' part).
+    if not config.is_moe:
+        return 0, 0
+    h, inter, shared = config.hidden_size, config.moe_intermediate_size, config.shared_expert_intermediate_size
+    expert = matrix_bytes(2 * inter, h, elem_bytes, quantize) + matrix_bytes(h, inter, elem_bytes, quantize)
+    routed = config.num_experts_per_tok * expert
+    total = routed + int(config.num_experts * h * elem_bytes)  # the router stays dense
+    if shared:
+        total += matrix_bytes(2 * shared, h, elem_bytes, quantize) + matrix_bytes(h, shared, elem_bytes, quantize)
+        total += int(h * elem_bytes)
+    return total, routed
 
 
 @dataclass(frozen=True)

@@ -48,6 +48,22 @@ SHAPES: dict[str, dict[str, Any]] = {
         num_attention_heads=32, num_key_value_heads=16, head_dim=96, vocab_size=32000, tie_word_embeddings=False,
         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=8192, torch_dtype="bfloat16",
     ),
+    # Mixture-of-experts shapes that fit a 24 GiB machine in bfloat16. OLMoE-1B-7B is the real model
+    # (allenai/OLMoE-1B-7B-0924: 6.9B parameters, 1.3B active, 13.8 GB). Qwen3-30B-A3B (61 GB) is scaled
+    # down: its exact layer shapes (128 experts, top-8, GQA 32/4) with 8 of its 48 layers (5.6B, 11 GB).
+    "OLMoE-1B-7B": dict(
+        architectures=["OlmoeForCausalLM"], hidden_size=2048, intermediate_size=1024, num_hidden_layers=16,
+        num_attention_heads=16, num_key_value_heads=16, vocab_size=50304, tie_word_embeddings=False,
+        num_experts=64, num_experts_per_tok=8, norm_topk_prob=False, clip_qkv=None, rms_norm_eps=1e-5,
+        rope_theta=10000.0, max_position_embeddings=4096, torch_dtype="bfloat16",
+    ),
+    "Qwen3-30B-A3B-8L": dict(
+        architectures=["Qwen3MoeForCausalLM"], hidden_size=2048, intermediate_size=6144, num_hidden_layers=8,
+        num_attention_heads=32, num_key_value_heads=4, head_dim=128, vocab_size=151936,
+        tie_word_embeddings=False, num_experts=128, num_experts_per_tok=8, moe_intermediate_size=768,
+        norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[], rms_norm_eps=1e-6,
+        rope_theta=1000000.0, max_position_embeddings=40960, torch_dtype="bfloat16",
+    ),
 }
 """Shape name -> the fields of its config.json that matter (random weights are built from them)."""
 

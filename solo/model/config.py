@@ -69,6 +69,17 @@ class ModelConfig:
         torch_dtype: the checkpoint's dtype name ("bfloat16", ...) or None when config.json omits it.
         bos_token_id: BOS id, or None.
         eos_token_ids: EOS ids from config.json (generation_config.json may add more).
+        qk_norm_full_width: the q/k norms span the whole projection (num_heads * head_dim, OLMoE) instead
+            of one head (Qwen3).
+        num_experts: routed experts per mixture-of-experts (MoE) layer; 0 for a dense model.
+        num_experts_per_tok: experts the router picks per token (top-k).
+        moe_intermediate_size: hidden width of one routed expert.
+        shared_expert_intermediate_size: width of the always-on shared expert (Qwen2-MoE), 0 when none.
+        norm_topk_prob: renormalize the top-k router probabilities to sum to 1 (Mixtral always does).
+        router_weights_fp32: the routing weights multiply the experts' outputs in float32 (Mixtral) rather
+            than in the weights' dtype (Qwen-MoE, OLMoE).
+        moe_layers: per layer, True when its MLP is a sparse MoE block (Qwen-MoE's decoder_sparse_step and
+            mlp_only_layers make some layers dense); empty for a dense model.
     """
 
     architecture: str
@@ -99,6 +110,23 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    qk_norm_full_width: bool = False
+    num_experts: int = 0
+    num_experts_per_tok: int = 0
+    moe_intermediate_size: int = 0
+    shared_expert_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    router_weights_fp32: bool = False
+    moe_layers: tuple[bool, ...] = ()
+
+    @property
+    def is_moe(self) -> bool:
+        """True for a mixture-of-experts model (some layer routes tokens to experts)."""
+        return any(self.moe_layers)
+
+    def is_moe_layer(self, layer_idx: int) -> bool:
+        """True when layer `layer_idx`'s MLP is a sparse MoE block."""
+        return bool(self.moe_layers) and self.moe_layers[layer_idx]
 
     @property
     def num_kv_groups(self) -> int:
@@ -115,11 +143,32 @@ class ModelConfig:
         if self.o_bias:
             attn += h
         mlp = 3 * h * f + (2 * f + h if self.mlp_bias else 0)
-        norms = h * (4 if self.sandwich_norm else 2) + (2 * hd if self.qk_norm else 0)
-        per_layer = attn + mlp + norms
+        qk_norms = (q + kv if self.qk_norm_full_width else 2 * hd) if self.qk_norm else 0
+        norms = h * (4 if self.sandwich_norm else 2) + qk_norms
+        per_layer = attn + norms
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
-        return self.num_layers * per_layer + embed + head + h
+        mlps = sum(self._moe_parameters(self.num_experts) if self.is_moe_layer(i) else mlp
+                   for i in range(self.num_layers))
+        return self.num_layers * per_layer + mlps + embed + head + h
+
+    def num_active_parameters(self) -> int:
+        """Parameters one token reads: the top-k routed experts of each MoE layer, not all of them.
+
+        Equal to `num_parameters()` for a dense model.
+        """
+        if not self.is_moe:
+            return self.num_parameters()
+        skipped = (self.num_experts - self.num_experts_per_tok) * 3 * self.hidden_size * self.moe_intermediate_size
+        return self.num_parameters() - skipped * sum(self.moe_layers)
+
+    def _moe_parameters(self, experts: int) -> int:
+        # router + routed experts (+ shared expert and its sigmoid gate)
+        h = self.hidden_size
+        total = self.num_experts * h + experts * 3 * h * self.moe_intermediate_size
+        if self.shared_expert_intermediate_size:
+            total += 3 * h * self.shared_expert_intermediate_size + h
+        return total
 
     @classmethod
     def from_dict(cls, raw: dict[str, Any]) -> ModelConfig:
@@ -322,12 +371,87 @@ def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _moe_fields(config: ModelConfig, raw: dict[str, Any], experts_key: str, expert_width_key: str,
+                defaults: tuple[int, int, int], moe_layers: tuple[bool, ...] | None = None,
+                **fields: Any) -> ModelConfig:
+    # Shared by the MoE families: transformers' configuration_{mixtral,qwen2_moe,qwen3_moe,olmoe}.py, whose
+    # defaults (experts, top-k, expert width) apply where config.json omits a field.
+    try:
+        experts = int(raw.get(experts_key) or raw.get("num_experts") or raw.get("num_local_experts") or defaults[0])
+        top_k = int(raw.get("num_experts_per_tok") or defaults[1])
+        width = int(raw.get(expert_width_key) or defaults[2])
+    except (TypeError, ValueError):
+        raise CheckpointError("config.json has a non-integer expert field (num_experts, num_experts_per_tok or "
+                              f"{expert_width_key}); fix or re-download it") from None
+    if experts < 1 or width < 1 or not 1 <= top_k <= experts:
+        raise CheckpointError(
+            f"config.json gives {experts} experts of width {width} with num_experts_per_tok = {top_k}; a "
+            "mixture-of-experts model needs >= 1 expert, a positive width and 1 <= num_experts_per_tok <= "
+            "num_experts. Fix or re-download it"
+        )
+    return replace(config, num_experts=experts, num_experts_per_tok=top_k, moe_intermediate_size=width,
+                   moe_layers=moe_layers or (True,) * config.num_layers, **fields)
+
+
+def _qwen_moe_layers(config: ModelConfig, raw: dict[str, Any]) -> tuple[bool, ...]:
+    # transformers' Qwen2MoeDecoderLayer: sparse unless listed in mlp_only_layers or off the sparse step.
+    step = int(raw.get("decoder_sparse_step") or 1)
+    dense = set(raw.get("mlp_only_layers") or ())
+    return tuple(i not in dense and (i + 1) % step == 0 for i in range(config.num_layers))
+
+
+def _mixtral(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    config = _mistral(config, raw)
+    # Mixtral always renormalizes the top-k and keeps the routing weights in float32.
+    return _moe_fields(config, raw, "num_local_experts", "intermediate_size", (8, 2, 14336), norm_topk_prob=True,
+                       router_weights_fp32=True)
+
+
+def _qwen2_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    if raw.get("layer_types") is not None:
+        windows = _layer_windows_from_types(raw, config.num_layers, window)
+    else:
+        # transformers 5's Qwen2MoeConfig: odd-numbered layers (1st, 3rd, ...) below max_window_layers slide.
+        first = int(raw.get("max_window_layers", config.num_layers))
+        windows = tuple(window if window is not None and (i + 1) % 2 and i < first else None
+                        for i in range(config.num_layers))
+    config = replace(config, qkv_bias=bool(raw.get("qkv_bias", True)), layer_sliding_windows=windows)
+    return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", (60, 4, 1408),
+                       _qwen_moe_layers(config, raw), norm_topk_prob=bool(raw.get("norm_topk_prob", False)),
+                       shared_expert_intermediate_size=int(raw.get("shared_expert_intermediate_size", 5632) or 0))
+
+
+def _qwen3_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    bias = bool(raw.get("attention_bias", False))
+    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True,
+                     layer_sliding_windows=(window,) * config.num_layers)
+    return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", (128, 8, 768),
+                       _qwen_moe_layers(config, raw), norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
+
+
+def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    if raw.get("clip_qkv") is not None:
+        raise UnsupportedArchitectureError("OLMoE's clip_qkv (clamping q/k/v) is not supported; Solo runs "
+                                           "OLMoE checkpoints with clip_qkv null")
+    bias = bool(raw.get("attention_bias", False))
+    # OLMoE's q/k norms span the whole q / k projection (transformers' OlmoeAttention), not one head.
+    config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full_width=True)
+    return _moe_fields(config, raw, "num_experts", "intermediate_size", (64, 8, 2048),
+                       norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
+
+
 _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConfig]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
     "Qwen2ForCausalLM": _qwen2,
     "Qwen3ForCausalLM": _qwen3,
     "Gemma2ForCausalLM": _gemma2,
+    "MixtralForCausalLM": _mixtral,
+    "Qwen2MoeForCausalLM": _qwen2_moe,
+    "Qwen3MoeForCausalLM": _qwen3_moe,
+    "OlmoeForCausalLM": _olmoe,
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURE_RULES)
@@ -339,6 +463,10 @@ _MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "mixtral": "MixtralForCausalLM",
+    "qwen2_moe": "Qwen2MoeForCausalLM",
+    "qwen3_moe": "Qwen3MoeForCausalLM",
+    "olmoe": "OlmoeForCausalLM",
 }
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")

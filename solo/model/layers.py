@@ -91,8 +91,10 @@ class Attention(nn.Module):
         self.v_proj = nn.Linear(h, config.num_kv_heads * hd, bias=config.qkv_bias)
         self.o_proj = nn.Linear(config.num_heads * hd, h, bias=config.o_bias)
         if config.qk_norm:
-            self.q_norm = RMSNorm(hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(hd, config.rms_norm_eps)
+            # Per head (Qwen3), or across the whole q / k projection (OLMoE).
+            wide = config.qk_norm_full_width
+            self.q_norm = RMSNorm(config.num_heads * hd if wide else hd, config.rms_norm_eps)
+            self.k_norm = RMSNorm(config.num_kv_heads * hd if wide else hd, config.rms_norm_eps)
 
     def forward(
         self,
@@ -123,10 +125,13 @@ class Attention(nn.Module):
         """
         cfg = self.config
         batch, seq, _ = x.shape
-        q = self.q_proj(x).view(batch, seq, cfg.num_heads, cfg.head_dim)
-        k = self.k_proj(x).view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
+        q, k = self.q_proj(x), self.k_proj(x)
+        if cfg.qk_norm and cfg.qk_norm_full_width:
+            q, k = self.q_norm(q), self.k_norm(k)
+        q = q.view(batch, seq, cfg.num_heads, cfg.head_dim)
+        k = k.view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
         v = self.v_proj(x).view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
-        if cfg.qk_norm:
+        if cfg.qk_norm and not cfg.qk_norm_full_width:
             q, k = self.q_norm(q), self.k_norm(k)
         q = apply_rope(q.transpose(1, 2), cos, sin)  # [batch, heads, seq, head_dim]
         k = apply_rope(k.transpose(1, 2), cos, sin)  # [batch, kv_heads, seq, head_dim]
@@ -168,11 +173,12 @@ class MLP(nn.Module):
 
     Args:
         config: model config (sizes, activation, bias).
+        intermediate_size: hidden width, when not `config.intermediate_size` (an MoE shared expert).
     """
 
-    def __init__(self, config: ModelConfig) -> None:
+    def __init__(self, config: ModelConfig, intermediate_size: int | None = None) -> None:
         super().__init__()
-        h, f = config.hidden_size, config.intermediate_size
+        h, f = config.hidden_size, intermediate_size or config.intermediate_size
         self.gate_proj = nn.Linear(h, f, bias=config.mlp_bias)
         self.up_proj = nn.Linear(h, f, bias=config.mlp_bias)
         self.down_proj = nn.Linear(f, h, bias=config.mlp_bias)
@@ -198,7 +204,12 @@ class DecoderLayer(nn.Module):
         self.attn_norm = RMSNorm(config.hidden_size, eps, offset)
         self.attn = Attention(config, layer_idx)
         self.mlp_norm = RMSNorm(config.hidden_size, eps, offset)
-        self.mlp = MLP(config)
+        if config.is_moe_layer(layer_idx):
+            from solo.model.moe import SparseMoeBlock  # moe.py builds on this module
+
+            self.mlp = SparseMoeBlock(config)
+        else:
+            self.mlp = MLP(config)
         if config.sandwich_norm:
             self.attn_out_norm = RMSNorm(config.hidden_size, eps, offset)
             self.mlp_out_norm = RMSNorm(config.hidden_size, eps, offset)

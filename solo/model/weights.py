@@ -19,6 +19,7 @@ from tqdm.auto import tqdm
 
 from solo.errors import CheckpointError
 from solo.model.config import ModelConfig
+from solo.model.moe import MoeTensorTarget, expert_slice, moe_tensor_target
 from solo.model.rope import RotaryEmbedding
 from solo.model.transformer import Transformer
 
@@ -147,10 +148,17 @@ def load_weights(
         model = Transformer(config)
     expected = {name: p.shape for name, p in model.named_parameters()}
     loaded: set[str] = set()
+    expert_slices: dict[str, set[tuple[int, str]]] = {}
     device_str = str(device)
     read_device = device_str if device_str.startswith("cuda") else "cpu"
     for hf_name, tensor in _iter_tensors(checkpoint_files(folder), read_device):
-        name = hf_to_solo_name(hf_name, config)
+        target = moe_tensor_target(hf_name, config) if config.is_moe else None
+        if target is not None and target.expert is not None:
+            _load_expert_slice(model, hf_name, target, tensor, expected, expert_slices, dtype, device)
+            if len(expert_slices[target.name]) == _expert_slice_count(config, target):
+                loaded.add(target.name)
+            continue
+        name = target.name if target is not None else hf_to_solo_name(hf_name, config)
         if name is None:
             continue
         if name not in expected:
@@ -181,3 +189,33 @@ def _set_parameter(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> N
     module_name, _, attr = name.rpartition(".")
     module = model.get_submodule(module_name)
     module._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
+
+
+def _expert_slice_count(config: ModelConfig, target: MoeTensorTarget) -> int:
+    # gate_up_proj is filled by a gate and an up tensor per expert, down_proj by one tensor per expert.
+    return config.num_experts * (1 if target.part == "down" else 2)
+
+
+def _load_expert_slice(
+    model: Transformer, hf_name: str, target: MoeTensorTarget, tensor: torch.Tensor,
+    expected: dict[str, torch.Size], slices: dict[str, set[tuple[int, str]]], dtype: torch.dtype,
+    device: torch.device | str,
+) -> None:
+    # A per-expert checkpoint tensor fills one slice of a fused [experts, ...] parameter, allocated on the
+    # first slice that arrives.
+    if target.name not in expected or target.expert >= expected[target.name][0]:
+        raise CheckpointError(
+            f"checkpoint tensor {hf_name!r} has no place in this {model.config.architecture} config (expert "
+            f"{target.expert} of {model.config.num_experts}); check that config.json matches the weights"
+        )
+    if target.name not in slices:
+        _set_parameter(model, target.name, torch.empty(expected[target.name], dtype=dtype, device=device))
+        slices[target.name] = set()
+    view = expert_slice(model.get_parameter(target.name), target)
+    if tuple(tensor.shape) != tuple(view.shape):
+        raise CheckpointError(
+            f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, config.json implies "
+            f"{tuple(view.shape)}; the config and weights do not match"
+        )
+    view.copy_(tensor)
+    slices[target.name].add((target.expert, target.part))

@@ -205,10 +205,14 @@ def quantize_model(model: Transformer, mode: str) -> Transformer:
         The quantized copy (a `Transformer` whose `quantization` attribute is `mode`).
 
     Raises:
-        SoloError: an unknown mode, or int4 on a model whose sizes are not multiples of 32.
+        SoloError: an unknown mode, a mixture-of-experts model, or int4 on a model whose sizes are not
+            multiples of 32.
     """
     if mode not in QUANT_MODES:
         raise SoloError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANT_MODES)}")
+    if model.config.is_moe:
+        raise SoloError(f"--quantize does not support mixture-of-experts models ({model.config.architecture}) "
+                        "yet; run them unquantized (bfloat16)")
     dtype = model.dtype
     qmodel = _shallow_tree(model)
     with torch.no_grad():

@@ -30,12 +30,26 @@ def test_shape_sizes_and_roofline_bytes(name):
     cfg = shape_config(name)
     if name in PUBLISHED:
         assert cfg.num_parameters() / 1e9 == pytest.approx(PUBLISHED[name], rel=0.01)
-    # Every weight once (a tied head reads the embedding matrix as the head), plus one embedding row.
+    # Every active weight once (a tied head reads the embedding matrix as the head), plus one embedding row.
     embed = cfg.vocab_size * cfg.hidden_size
-    expected = 2 * (cfg.num_parameters() + cfg.hidden_size - (0 if cfg.tie_word_embeddings else embed))
+    expected = 2 * (cfg.num_active_parameters() + cfg.hidden_size - (0 if cfg.tie_word_embeddings else embed))
     nbytes = decode_bytes(cfg, 2, context=100)
     assert nbytes.weights == expected
     assert nbytes.kv_cache == cfg.num_layers * 2 * cfg.num_kv_heads * cfg.head_dim * 100 * 2
+
+
+def test_moe_shapes_count_active_bytes():
+    # Published sizes: OLMoE-1B-7B 6.9B total / 1.3B active; Qwen3-30B-A3B 30.5B / 3.3B (the bench shape keeps
+    # 8 of its 48 layers).
+    olmoe = shape_config("OLMoE-1B-7B")
+    assert olmoe.num_parameters() / 1e9 == pytest.approx(6.92, rel=0.01)
+    assert olmoe.num_active_parameters() / 1e9 == pytest.approx(1.28, rel=0.01)
+    full = ModelConfig.from_dict({**SHAPES["Qwen3-30B-A3B-8L"], "num_hidden_layers": 48})
+    assert full.num_parameters() / 1e9 == pytest.approx(30.5, rel=0.01)
+    assert full.num_active_parameters() / 1e9 == pytest.approx(3.3, rel=0.03)
+    nbytes = decode_bytes(olmoe, 2, 0)
+    assert nbytes.experts == 16 * 8 * 3 * 2048 * 1024 * 2  # layers x top-8 x (gate, up, down) x bf16
+    assert nbytes.weights < 2 * olmoe.num_parameters() / 5
 
 
 def test_laneformer_shape():
@@ -97,6 +111,21 @@ def test_bench_end_to_end(tmp_path, capsys):
             assert report["engines"][peer]["build"]
     assert report["sweep"]["contexts"] == [8, 16] and len(report["sweep"]["engines"]["solo"]) == 2
     assert plot.stat().st_size > 1000
+
+
+@pytest.mark.slow
+def test_bench_moe_reports_active_bytes_and_parameters(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "1", "--probe-gib",
+                 "0.0625", "--compare", "hf-eager", "--json", str(out)]) == 0
+    assert "active per token" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    config = ModelConfig.from_file(folder)
+    assert report["parameters"] == {"total": config.num_parameters(),
+                                    "active_per_token": config.num_active_parameters()}
+    assert report["backend"] == "eager" and report["roofline"]["routed_expert_bytes"] > 0
+    assert "hf-eager" in report["engines"]  # transformers runs on Solo's fused expert tensors
 
 
 def test_bench_quantized_reports_quality(tmp_path, capsys):

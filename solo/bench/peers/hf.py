@@ -13,10 +13,12 @@ from typing import Any
 import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
+from solo.model.moe import moe_tensor_target
 from solo.model.weights import hf_to_solo_name
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
-                "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2"}
+                "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "MixtralForCausalLM": "mixtral",
+                "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe"}
 
 
 class _Clock:
@@ -84,7 +86,9 @@ class HFPeer:
             raise PeerSkipped(f"transformers cannot build this model ({exc})") from None
         solo_params = dict(solo_model.named_parameters())
         for name, _ in model.named_parameters(remove_duplicate=False):
-            solo_name = hf_to_solo_name(name, solo_model.config)
+            # transformers holds experts fused ([experts, ...]) in the same layout as Solo.
+            target = moe_tensor_target(name, solo_model.config)
+            solo_name = target.name if target is not None else hf_to_solo_name(name, solo_model.config)
             if solo_name is None and name == "lm_head.weight":
                 solo_name = "embed.weight"
             if solo_name not in solo_params:

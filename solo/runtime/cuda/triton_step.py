@@ -8,6 +8,10 @@ Per layer, for the common architectures (Llama, Mistral, Qwen2):
     gated_mlp     x -> rmsnorm -> act(gate) * up                               (1 launch)
     gemv          x += down_proj(a)                                           (1 launch)
 
+In a mixture-of-experts layer the MLP is `moe.moe_mlp` instead (router + top-k on the device, then the
+selected experts' gate/up and down GEMVs reading the expert ids from device memory; 3 launches, no host
+sync); a shared expert (Qwen2-MoE) runs as torch ops in the same captured step.
+
 then `rmsnorm_gemv` for the final norm and the LM head into float32 logits. Features the fused kernels
 do not cover fall back to torch ops inside the same captured step: per-head q/k norms (Qwen3: the QKV
 projection runs as `rmsnorm_gemv`, then eager norms and RoPE), Gemma 2's sandwich norms (the projections
@@ -24,7 +28,7 @@ from solo.model.transformer import KVCache, Transformer
 from solo.runtime.cuda.state import STATE_POS, STATE_ROW, STATE_TOKEN
 from solo.runtime.cuda.torch_step import store_kv
 from solo.runtime.cuda.weights import FusedLayer, fused_layers
-from solo.runtime.triton import attention, gemv, qkv_rope, rmsnorm_gemv, swiglu, tuning
+from solo.runtime.triton import attention, gemv, moe, qkv_rope, rmsnorm_gemv, swiglu, tuning
 from solo.runtime.triton.common import interpreting, next_power_of_2
 from solo.runtime.triton.gemv import SplitKWorkspace
 
@@ -56,6 +60,10 @@ class TritonStep:
         self.attn_out = torch.zeros(q_dim, dtype=dtype, device=device)
         self.act = torch.zeros(cfg.intermediate_size, dtype=dtype, device=device)
         self.qkv = torch.zeros(self.fused[0].w_qkv.shape[0], dtype=dtype, device=device) if cfg.qk_norm else None
+        self.moe_scratch = None
+        if cfg.is_moe:
+            self.moe_scratch = moe.MoeScratch.allocate(cfg.num_experts_per_tok, cfg.moe_intermediate_size, dtype,
+                                                       device)
         self.embed_scale = None
         if cfg.embedding_scale is not None:
             # Eager rounds the scale to the activation dtype before multiplying.
@@ -74,6 +82,7 @@ class TritonStep:
                 "o": gemv.GemvConfig(64, min(1024, next_power_of_2(q_dim))), "gate_up": swiglu.GatedMlpConfig(64, wide),
                 "down": gemv.GemvConfig(64, min(1024, next_power_of_2(cfg.intermediate_size))),
                 "head": rmsnorm_gemv.RmsNormGemvConfig(64, wide),
+                "moe": moe.MoeGemvConfig(64, 64, wide),
             }
         else:
             elem = self.x.element_size()
@@ -85,6 +94,7 @@ class TritonStep:
                 "gate_up": swiglu.GatedMlpConfig(4, block_k),
                 "down": gemv.default_config(hidden, cfg.intermediate_size, sm_count, elem),
                 "head": rmsnorm_gemv.default_config(cfg.vocab_size, hidden, sm_count, elem),
+                "moe": moe.MoeGemvConfig(4, 8, block_k),
             }
         self._workspaces: dict[str, SplitKWorkspace] = {}
         self._make_workspaces()
@@ -158,8 +168,10 @@ class TritonStep:
                                                     unit_offset=unit, config=c),
                 self.configs["qkv_proj"])
 
-        for site, w, inp, residual in (("o", layer0.w_o, q_in, not cfg.sandwich_norm),
-                                       ("down", layer0.w_down, act_in, not cfg.sandwich_norm)):
+        sites = [("o", layer0.w_o, q_in, not cfg.sandwich_norm)]
+        if layer0.w_down is not None:  # an MoE layer 0 has no dense MLP to tune on
+            sites.append(("down", layer0.w_down, act_in, not cfg.sandwich_norm))
+        for site, w, inp, residual in sites:
             # Workspaces made up front, so no allocation or memset is timed.
             workspaces = {c: SplitKWorkspace(w.shape[0], c, device)
                           for c in (self.configs[site], *gemv.CANDIDATES) if c.split_k > 1}
@@ -173,13 +185,14 @@ class TritonStep:
                 gemv.CANDIDATES, launch_gemv, self.configs[site])
 
         act_out = torch.empty_like(self.act)
-        self.configs["gate_up"] = tuning.tune(
-            tuning.make_key("gated_mlp", f=cfg.intermediate_size, hidden=hidden, act=cfg.hidden_act, dtype=dt),
-            swiglu.CANDIDATES,
-            lambda c: swiglu.gated_mlp(x, layer0.w_gate_up, act_out, norm_weight=norm_w, eps=eps,
-                                       bias=layer0.b_gate_up, activation=cfg.hidden_act, unit_offset=unit,
-                                       config=c),
-            self.configs["gate_up"])
+        if layer0.w_gate_up is not None:
+            self.configs["gate_up"] = tuning.tune(
+                tuning.make_key("gated_mlp", f=cfg.intermediate_size, hidden=hidden, act=cfg.hidden_act, dtype=dt),
+                swiglu.CANDIDATES,
+                lambda c: swiglu.gated_mlp(x, layer0.w_gate_up, act_out, norm_weight=norm_w, eps=eps,
+                                           bias=layer0.b_gate_up, activation=cfg.hidden_act, unit_offset=unit,
+                                           config=c),
+                self.configs["gate_up"])
         logits = torch.empty_like(self.logits)
         self.configs["head"] = tuning.tune(
             tuning.make_key("rmsnorm_gemv", n=cfg.vocab_size, k=hidden, dtype=dt),
@@ -203,19 +216,43 @@ class TritonStep:
                               unit_offset=cfg.norm_unit_offset, per_step_table=self.dynamic_rope,
                               config=self.configs["qkv"], pdl=self.pdl)
             return
-        # Per-head q/k norms need whole heads before RoPE: project, then eager norms and RoPE.
+        # q/k norms need whole heads (or whole projections) before RoPE: project, then eager norms and RoPE.
         rmsnorm_gemv.rmsnorm_gemv(self.x, layer.attn_norm.weight, fused.w_qkv, cfg.rms_norm_eps, self.qkv,
                                   bias=fused.b_qkv, unit_offset=cfg.norm_unit_offset,
                                   config=self.configs["qkv_proj"], pdl=self.pdl)
         q_dim, kv_dim = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
-        q = layer.attn.q_norm(self.qkv[:q_dim].view(1, cfg.num_heads, 1, cfg.head_dim))
-        k = layer.attn.k_norm(self.qkv[q_dim:q_dim + kv_dim].view(1, cfg.num_kv_heads, 1, cfg.head_dim))
+        q, k = self.qkv[:q_dim], self.qkv[q_dim:q_dim + kv_dim]
+        if cfg.qk_norm_full_width:  # OLMoE: one norm over the whole q (k) projection
+            q, k = layer.attn.q_norm(q), layer.attn.k_norm(k)
+        q = q.view(1, cfg.num_heads, 1, cfg.head_dim)
+        k = k.view(1, cfg.num_kv_heads, 1, cfg.head_dim)
+        if not cfg.qk_norm_full_width:
+            q, k = layer.attn.q_norm(q), layer.attn.k_norm(k)
         v = self.qkv[q_dim + kv_dim:].view(cfg.num_kv_heads, cfg.head_dim)
         pos = self.state[STATE_POS:STATE_POS + 1]
         cos, sin = self.model.rotary(pos.view(1, 1), self.x.dtype)
         self.q.copy_(apply_rope(q, cos, sin).reshape(-1))
         k = apply_rope(k, cos, sin)
         store_kv(k_cache, v_cache, self.state[STATE_ROW:STATE_ROW + 1], pos, k[0, :, 0], v)
+
+    def _moe_mlp(self, layer: torch.nn.Module) -> None:
+        """Add the MoE block of `layer` (and its shared expert) to the residual stream, without a host sync."""
+        cfg, mlp = self.config, layer.mlp
+        shared = mlp.shared_expert is not None
+        direct = not shared and not cfg.sandwich_norm
+        moe.moe_mlp(self.x, mlp.router.weight, mlp.gate_up_proj, mlp.down_proj, cfg.num_experts_per_tok,
+                    norm_weight=layer.mlp_norm.weight, eps=cfg.rms_norm_eps, unit_offset=cfg.norm_unit_offset,
+                    norm_topk_prob=cfg.norm_topk_prob, weights_fp32=cfg.router_weights_fp32,
+                    activation=cfg.hidden_act, residual=self.x if direct else None,
+                    out=self.x if direct else self.h, scratch=self.moe_scratch, config=self.configs["moe"])
+        if shared:
+            # As SparseMoeBlock.forward: routed + sigmoid(gate(n)) * shared(n), each rounded by torch.
+            n = layer.mlp_norm(self.x.view(1, -1))
+            self.h.copy_((self.h + torch.sigmoid(mlp.shared_expert_gate(n)) * mlp.shared_expert(n)).view(-1))
+        if cfg.sandwich_norm:
+            self._add_normed(layer.mlp_out_norm, self.h)
+        elif not direct:
+            self.x.copy_(self.x + self.h)
 
     def _add_normed(self, norm: torch.nn.Module, h: torch.Tensor) -> None:
         # Gemma 2: x = x + post_norm(h), as DecoderLayer.forward computes it.
@@ -247,6 +284,9 @@ class TritonStep:
                       workspace=self._workspaces.get("o"), pdl=self.pdl)
             if sandwich:
                 self._add_normed(layer.attn_out_norm, self.h)
+            if fused.w_down is None:
+                self._moe_mlp(layer)
+                continue
             swiglu.gated_mlp(self.x, fused.w_gate_up, self.act, norm_weight=layer.mlp_norm.weight,
                              eps=cfg.rms_norm_eps, bias=fused.b_gate_up, activation=cfg.hidden_act,
                              unit_offset=cfg.norm_unit_offset, config=self.configs["gate_up"], pdl=self.pdl)

@@ -26,15 +26,17 @@ class FusedLayer:
         w_o, b_o: output projection [hidden, H_q * D] and bias.
         w_gate_up: [2F, hidden], rows gate | up; b_gate_up: matching bias or None.
         w_down, b_down: down projection [hidden, F] and bias.
+        In a mixture-of-experts layer w_gate_up and w_down are None: its experts are already fused
+        ([experts, 2F, hidden] and [experts, hidden, F] on `layer.mlp`, see `solo.model.moe`).
     """
 
     w_qkv: torch.Tensor
     b_qkv: torch.Tensor | None
     w_o: torch.Tensor
     b_o: torch.Tensor | None
-    w_gate_up: torch.Tensor
+    w_gate_up: torch.Tensor | None
     b_gate_up: torch.Tensor | None
-    w_down: torch.Tensor
+    w_down: torch.Tensor | None
     b_down: torch.Tensor | None
 
 
@@ -69,12 +71,15 @@ def fused_layers(model: Transformer) -> list[FusedLayer]:
         for layer in model.layers:
             attn, mlp = layer.attn, layer.mlp
             qkv = [attn.q_proj, attn.k_proj, attn.v_proj]
-            gate_up = [mlp.gate_proj, mlp.up_proj]
+            if isinstance(mlp.down_proj, nn.Linear):
+                gate_up = [mlp.gate_proj, mlp.up_proj]
+                mlp_tensors = dict(w_gate_up=_fuse(gate_up, "weight"), b_gate_up=_fuse(gate_up, "bias"),
+                                   w_down=mlp.down_proj.weight, b_down=mlp.down_proj.bias)
+            else:  # a sparse MoE block: experts already fused
+                mlp_tensors = dict(w_gate_up=None, b_gate_up=None, w_down=None, b_down=None)
             layers.append(FusedLayer(
                 w_qkv=_fuse(qkv, "weight"), b_qkv=_fuse(qkv, "bias"),
-                w_o=attn.o_proj.weight, b_o=attn.o_proj.bias,
-                w_gate_up=_fuse(gate_up, "weight"), b_gate_up=_fuse(gate_up, "bias"),
-                w_down=mlp.down_proj.weight, b_down=mlp.down_proj.bias,
+                w_o=attn.o_proj.weight, b_o=attn.o_proj.bias, **mlp_tensors,
             ))
     _FUSED[model] = layers
     return layers
@@ -84,12 +89,15 @@ def weight_bytes_per_token(model: Transformer) -> int:
     """Bytes of weights one batch-1 decode step reads: every parameter once, one embedding row.
 
     The LM head is counted even when tied (it is read in full for the logits); the embedding table is
-    not (one row per token).
+    not (one row per token). Of a mixture-of-experts layer's experts, only the top-k are read.
     """
     total = 0
+    cfg = model.config
     for name, p in model.named_parameters():
         if name == "embed.weight":
             total += p.shape[1] * p.element_size()
+        elif name.endswith(("mlp.gate_up_proj", "mlp.down_proj")) and p.dim() == 3:
+            total += p[0].numel() * p.element_size() * cfg.num_experts_per_tok
         else:
             total += p.numel() * p.element_size()
     if model.lm_head is None:
