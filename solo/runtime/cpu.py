@@ -38,7 +38,7 @@ from torch import nn
 from solo.errors import SoloError
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
-from solo.runtime.cpu_build import KernelBuildError, load_library
+from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
@@ -67,6 +67,55 @@ class _Model(ctypes.Structure):
         (name, ctypes.c_float) for name in ("eps", "embed_scale", "attn_scale", "attn_softcap", "final_softcap")
     ] + [("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", _Mat),
          ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32)]
+
+
+def _python_layout() -> list[int]:
+    out: list[int] = []
+    for struct in (_Mat, _Layer, _Model):
+        out.append(ctypes.sizeof(struct))
+        out += [getattr(struct, name).offset for name, _ in struct._fields_]
+    return out
+
+
+_layout_checked: set[int] = set()
+
+
+def check_struct_layout(lib: ctypes.CDLL) -> None:
+    """Compare the ctypes mirrors `_Mat`, `_Layer`, `_Model` with the structs the library was compiled with.
+
+    The library exports sizeof and every field offset (`solo_struct_layout`); a mismatch (a field added on
+    one side only) would otherwise pass garbage pointers to the kernels.
+
+    Raises:
+        KernelBuildError: the layouts differ (names the first differing entry).
+    """
+    if id(lib) in _layout_checked:
+        return
+    expected = _python_layout()
+    buf = (ctypes.c_int64 * (len(expected) + 16))()
+    count = lib.solo_struct_layout(buf, len(buf))
+    native = list(buf[:min(count, len(buf))])
+    if native != expected:
+        names = [f"{struct.__name__}.{label}" for struct in (_Mat, _Layer, _Model)
+                 for label in ["sizeof", *(name for name, _ in struct._fields_)]]
+        first = next((i for i, (a, b) in enumerate(zip(native, expected, strict=False)) if a != b),
+                     min(len(native), len(expected)))
+        where = names[first] if first < len(names) else f"entry {first}"
+        raise KernelBuildError(f"the CPU kernels' struct layout differs from solo/runtime/cpu.py at {where} "
+                               f"({count} entries in C, {len(expected)} in Python): update both sides together")
+    _layout_checked.add(id(lib))
+
+
+def checked_library() -> ctypes.CDLL:
+    """`load_library()` with its struct layout checked against this module's ctypes mirrors.
+
+    Raises:
+        KernelBuildError: the library cannot be built or loaded, or its layout differs.
+        IsaError: `SOLO_CPU_ISA` names a level this CPU lacks.
+    """
+    lib = load_library()
+    check_struct_layout(lib)
+    return lib
 
 
 def native_matrix(layer: nn.Module) -> _Mat:
@@ -105,7 +154,7 @@ def cpu_unsupported_reason(model: Transformer) -> str | None:
         return (f"hidden size {model.config.hidden_size} / intermediate size {model.config.intermediate_size} "
                 "is not supported by the CPU kernels (<= 16384 / 32768)")
     try:
-        load_library()
+        checked_library()
     except KernelBuildError as exc:
         return str(exc)
     return None
@@ -189,7 +238,8 @@ class CpuRuntime:
         self.rows = 0
         self.max_seq = 0
         self.cache: KVCache | None = None
-        self._lib = load_library()
+        self._lib = checked_library()
+        self.isa = library_isa(self._lib)  # the kernels' ISA level (solo.runtime.cpu_build.LEVELS)
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None]] = []
         self._layers = (_Layer * self.config.num_layers)()

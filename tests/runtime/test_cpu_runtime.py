@@ -219,3 +219,16 @@ def test_grouped_attention_matches_eager(tmp_path, arch, head_dim, heads, kv_hea
         runtime.prefill(row, torch.tensor(LONG_PROMPT[row:]))
         single = runtime.decode(torch.tensor([row]), torch.tensor([first[row]]), positions[row:row + 1])[0]
         assert torch.equal(batched[row], single)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batched_decode_is_bit_identical_at_real_widths(tmp_path, dtype):
+    """Batch invariance where the kernels' unrolled loops run: hidden 896, intermediate 2048, head_dim 64."""
+    from solo.server.scheduler import runtime_is_batch_invariant
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", hidden_size=896, intermediate_size=2048,
+                             num_hidden_layers=1, num_attention_heads=14, num_key_value_heads=2)
+    runtime = CpuRuntime(_load(folder, getattr(torch, dtype)), rows=4, max_seq=32)
+    assert runtime_is_batch_invariant(runtime, rows=4)
+    runtime = CpuRuntime(_load(folder, getattr(torch, dtype)), rows=2, max_seq=32)
+    assert runtime_is_batch_invariant(runtime, rows=2)

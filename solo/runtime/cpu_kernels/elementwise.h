@@ -2,12 +2,14 @@
 #pragma once
 #include "common.h"
 #include "gemv.h"
+#include "simd.h"
 
 // ------------------------------------------------------------------------------- elementwise pieces
-// Vectorized with AVX-512 (16 floats, masked tails) where available; every result is rounded exactly
-// like the scalar code (round-to-nearest-even to bf16), so both paths give the same bits.
+// Vectorized with AVX-512 (16 floats, masked tails) or the portable vectors of simd.h (8 floats, scalar
+// tails) where the build has them; every result is rounded like the scalar code (round-to-nearest-even
+// to bf16). Each element's arithmetic depends only on its index, never on the batch size.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if SOLO_AVX512
 #define SOLO_VEC 1
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 
@@ -89,6 +91,12 @@ static void finish_linear_rows(const Mat* W, float* y, int B, int ldy, int bf, i
       if (W->bias) v = _mm512_add_ps(v, load_act16(W->bias, n, bf, m));
       _mm512_mask_storeu_ps(yb + n, m, rnd16(v, bf));
     }
+#elif SOLO_GVEC
+    for (; n + GVW <= n1; n += GVW) {
+      vf v = vload(yb + n);
+      if (W->bias) v += vload_act(W->bias, n, bf);
+      vstore(yb + n, vrnd(v, bf));
+    }
 #endif
     for (; n < n1; n++) {
       float v = yb[n];
@@ -113,6 +121,13 @@ static void rms_norm(const float* src, float* dst, int dim, const void* w, float
     acc = _mm512_fmadd_ps(v, v, acc);
   }
   ss = _mm512_reduce_add_ps(acc);
+#elif SOLO_GVEC
+  vf acc = vzero();
+  for (; i + GVW <= dim; i += GVW) {
+    const vf v = vload(src + i);
+    acc = vfma(v, v, acc);
+  }
+  ss = vsum(acc);
 #endif
   for (; i < dim; i++) ss += src[i] * src[i];
   const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
@@ -126,6 +141,13 @@ static void rms_norm(const float* src, float* dst, int dim, const void* w, float
     const __m512 out = unit_offset ? rnd16(_mm512_mul_ps(normed, _mm512_add_ps(one, wi)), bf)
                                    : rnd16(_mm512_mul_ps(wi, rnd16(normed, bf)), bf);
     _mm512_mask_storeu_ps(dst + i, m, out);
+  }
+#elif SOLO_GVEC
+  const vf vinv = vset1(inv), one = vset1(1.0f);
+  for (; i + GVW <= dim; i += GVW) {
+    const vf normed = vload(src + i) * vinv;
+    const vf wi = vload_act(w, i, bf);
+    vstore(dst + i, unit_offset ? vrnd(normed * (one + wi), bf) : vrnd(wi * vrnd(normed, bf), bf));
   }
 #endif
   for (; i < dim; i++) {
@@ -168,6 +190,22 @@ static void act_mul(const float* gate, const float* up, float* out, int i0, int 
       _mm512_mask_storeu_ps(out + i, m, rnd16(_mm512_mul_ps(rnd16(a, bf), load16(up + i, m)), bf));
     }
   }
+#elif SOLO_GVEC
+  if (act != ACT_GELU) {
+    const vf one = vset1(1.0f), half = vset1(0.5f);
+    for (; i + GVW <= i1; i += GVW) {
+      const vf g = vload(gate + i);
+      vf a;
+      if (act == ACT_SILU) {
+        a = g / (one + vexp(-g));
+      } else {
+        const vf y = vset1(0.7978845608028654f) * vfma(vset1(0.044715f), g * g * g, g);
+        const vf t = one - vset1(2.0f) / (vexp(y + y) + one);  // tanh(y) = 1 - 2 / (exp(2y) + 1)
+        a = half * g * (one + t);
+      }
+      vstore(out + i, vrnd(vrnd(a, bf) * vload(up + i), bf));
+    }
+  }
 #endif
   for (; i < i1; i++) out[i] = rnd(rnd(activation(gate[i], act), bf) * up[i], bf);
 }
@@ -180,6 +218,8 @@ static void residual_add(float* x, const float* t, int n, int bf) {
     const __mmask16 m = tail_mask(n - i);
     _mm512_mask_storeu_ps(x + i, m, rnd16(_mm512_add_ps(load16(x + i, m), load16(t + i, m)), bf));
   }
+#elif SOLO_GVEC
+  for (; i + GVW <= n; i += GVW) vstore(x + i, vrnd(vload(x + i) + vload(t + i), bf));
 #endif
   for (; i < n; i++) x[i] = rnd(x[i] + t[i], bf);
 }
@@ -196,7 +236,14 @@ static void rope(float* x, const float* c, const float* s, int hd, int bf) {
 }
 
 static inline float dot_act(const float* q, const void* k, int hd, int bf) {
-#if defined(__AVX512F__)
+#if SOLO_GVEC
+  if ((hd % GVW) == 0) {
+    vf acc = vzero();
+    for (int i = 0; i < hd; i += GVW) acc = vfma(vload(q + i), vload_act(k, i, bf), acc);
+    return vsum(acc);
+  }
+#endif
+#if SOLO_AVX512
   if (bf && (hd & 15) == 0) {
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < hd; i += 16)
@@ -216,7 +263,14 @@ static inline float dot_act(const float* q, const void* k, int hd, int bf) {
 }
 
 static inline void axpy_act(float p, const void* v, float* out, int hd, int bf) {
-#if defined(__AVX512F__)
+#if SOLO_GVEC
+  if ((hd % GVW) == 0) {
+    const vf pv = vset1(p);
+    for (int i = 0; i < hd; i += GVW) vstore(out + i, vfma(pv, vload_act(v, i, bf), vload(out + i)));
+    return;
+  }
+#endif
+#if SOLO_AVX512
   if ((hd & 15) == 0) {
     const __m512 pv = _mm512_set1_ps(p);
     for (int i = 0; i < hd; i += 16) {
@@ -266,6 +320,17 @@ static void attend(const Model* m, const Layer* L, const float* q, const float* 
       acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(msk, e));
     }
     sum = _mm512_reduce_add_ps(acc);
+  }
+#elif SOLO_GVEC
+  {
+    const vf vmx = vset1(mx);
+    vf acc = vzero();
+    for (; j + GVW <= pos + 1; j += GVW) {
+      const vf e = vexp(vload(scores + j) - vmx);
+      vstore(scores + j, e);
+      acc += e;
+    }
+    sum = vsum(acc);
   }
 #endif
   for (; j <= pos; j++) {
