@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from checkpoints import make_checkpoint
@@ -232,3 +234,34 @@ def test_batched_decode_is_bit_identical_at_real_widths(tmp_path, dtype):
     assert runtime_is_batch_invariant(runtime, rows=4)
     runtime = CpuRuntime(_load(folder, getattr(torch, dtype)), rows=2, max_seq=32)
     assert runtime_is_batch_invariant(runtime, rows=2)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_float32_prefill_matmuls_of_a_bf16_model_match_eager(tmp_path, quantize):
+    """CPUs without a native bf16 matmul run prefill's matmuls in float32 (widened bf16 weights)."""
+    from solo.runtime.quant import quantize_model
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    if quantize:
+        model = quantize_model(model, quantize)
+    cpu, eager = CpuRuntime(model), EagerRuntime(model)
+    cpu.prefill_matmul_dtype = torch.float32
+    for rt in (cpu, eager):
+        rt.reserve(1, 64)
+    torch.testing.assert_close(cpu.prefill(0, torch.tensor(PROMPT)), eager.prefill(0, torch.tensor(PROMPT)),
+                               atol=BF16_ATOL, rtol=0)
+    for layer in range(cpu.config.num_layers):
+        torch.testing.assert_close(cpu.cache.v[layer][:, :, :len(PROMPT)].float(),
+                                   eager.cache.v[layer][:, :, :len(PROMPT)].float(), atol=BF16_ATOL, rtol=0)
+
+
+def test_prefill_matmul_dtype_follows_the_cpu(monkeypatch):
+    from solo.runtime.cpu import native_bf16_matmul
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not native_bf16_matmul()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    if platform.machine() == "x86_64":
+        assert native_bf16_matmul() == any(
+            getattr(torch.cpu, n)() for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
