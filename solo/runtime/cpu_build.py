@@ -69,13 +69,16 @@ class IsaLevel:
     description: str
 
 
-_V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "movbe"})
+_V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"})
+# Explicit feature flags rather than -march=x86-64-v3/v4, which compilers before GCC 11 / Clang 12 lack.
+_V3_FLAGS = ("-mavx", "-mavx2", "-mfma", "-mf16c", "-mbmi", "-mbmi2", "-mlzcnt", "-mmovbe")
+_V4_FLAGS = (*_V3_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512cd", "-mavx512dq", "-mavx512vl")
 _V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
 LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("scalar", None, ("-DSOLO_SCALAR=1",), frozenset(), "scalar loops"),
-    IsaLevel("avx2", "x86_64", ("-march=x86-64-v3",), _V3, "x86-64-v3 (AVX2+FMA+F16C) vector kernels"),
-    IsaLevel("avx512", "x86_64", ("-march=x86-64-v4",), _V4, "AVX-512 kernels (bf16 weights widened to fp32)"),
-    IsaLevel("avx512-bf16", "x86_64", ("-march=x86-64-v4", "-mavx512bf16", "-mavx512vnni"),
+    IsaLevel("avx2", "x86_64", _V3_FLAGS, _V3, "x86-64-v3 (AVX2+FMA+F16C) vector kernels"),
+    IsaLevel("avx512", "x86_64", _V4_FLAGS, _V4, "AVX-512 kernels (bf16 weights widened to fp32)"),
+    IsaLevel("avx512-bf16", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni"),
              _V4 | {"avx512_bf16", "avx512_vnni"}, "AVX-512 kernels with AVX512-BF16 dot products"),
     IsaLevel("neon", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), "ARMv8-A NEON vector kernels"),
 )

@@ -16,7 +16,7 @@
 #endif
 
 // Code paths, one per ISA level (cpu_build.py compiles this source once per level with that level's
-// -march flags and passes SOLO_ISA_NAME):
+// target flags and passes SOLO_ISA_NAME):
 //   SOLO_AVX512: hand-tuned AVX-512 intrinsics (AVX512-BF16 dot products where the level has them);
 //   SOLO_GVEC:   the portable kernels, written with GCC/Clang vector extensions (simd.h) and compiled for
 //                x86-64-v3 (AVX2 + FMA + F16C) or ARM64 NEON;

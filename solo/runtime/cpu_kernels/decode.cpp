@@ -1,7 +1,7 @@
 // Solo's CPU decode step: the whole transformer step for a batch of single tokens in one call.
 //
-// Built at first use by solo/runtime/cpu_build.py (c++ -O3 -march=<level> -fopenmp) and called through
-// ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
+// Built at first use by solo/runtime/cpu_build.py (c++ -O3 -fopenmp plus the ISA level's flags) and called
+// through ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
 //
 // Layout: one OpenMP parallel region per step. Matrix-vector products split the weight rows across
 // threads (each thread streams a contiguous block of row-major rows); attention splits (sequence, group
