@@ -11,6 +11,7 @@ cannot flatter the roofline fraction; on CUDA a device-side reduction over a lar
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -127,7 +128,7 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
     threads = threads or torch.get_num_threads()
     buf = torch.ones(buffer_bytes // 8, dtype=torch.int64)  # touched, so pages are mapped before timing
     nbytes = buf.numel() * 8
-    kernels: dict[str, object] = {f"torch.sum over int64, {threads} threads": buf.sum}
+    kernels: dict[str, Callable[[], object]] = {f"torch.sum over int64, {threads} threads": buf.sum}
     try:
         from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 
