@@ -28,5 +28,5 @@ run $solo bench --shape Llama-3.1-8B --gen-len 64 --repeats 2 --json Llama-3.1-8
 # AVX2-only CPU on an AVX-512 machine).
 run $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 1 --json Qwen2.5-0.5B-bf16-isa-native.json \
   | tee Qwen2.5-0.5B-bf16-isa-native.txt
-SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 run $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 1 \
+run env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 1 \
   --json Qwen2.5-0.5B-bf16-isa-avx2-proxy.json | tee Qwen2.5-0.5B-bf16-isa-avx2-proxy.txt

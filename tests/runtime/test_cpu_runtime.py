@@ -265,3 +265,18 @@ def test_prefill_matmul_dtype_follows_the_cpu(monkeypatch):
     if platform.machine() == "x86_64":
         assert native_bf16_matmul() == any(
             getattr(torch.cpu, n)() for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def test_more_threads_than_cores_give_the_same_bits(tmp_path):
+    """The step's barrier sleeps after a bounded spin: oversubscribed threads still finish, with identical logits
+    (each weight row and attention head is computed by one thread with the same arithmetic, whatever the split)."""
+    import os
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=64,
+                             num_attention_heads=4, num_key_value_heads=2)
+    threads = 3 * (os.cpu_count() or 2) + 1
+    results = []
+    for num_threads in (2, threads):
+        runtime = CpuRuntime(_load(folder, torch.bfloat16), num_threads=num_threads)
+        results.append(_greedy(runtime, PROMPT, 6)[1])
+    assert torch.equal(results[0], results[1])
