@@ -283,30 +283,8 @@ static inline void axpy_act(float p, const void* v, float* out, int hd, int bf) 
   for (int i = 0; i < hd; i++) out[i] += p * load_act(v, i, bf);
 }
 
-// One query head over its row's cache: softmax(q k^T * scale) v, optional tanh soft-capping and window.
-static void attend(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now, int row,
-                   int pos, int kvh, float* scores, float* out){
-  const int hd = m->head_dim, bf = m->dtype == DT_BF16;
-  const size_t esz = bf ? 2 : 4;
-  const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
-  const char* K = (const char*)L->k_cache + head_off * esz;
-  const char* V = (const char*)L->v_cache + head_off * esz;
-  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
-  const float cap = m->attn_softcap;
-  float mx = -INFINITY;
-  for (int j = start; j <= pos; j++) {
-    // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
-    float s = j < pos ? dot_act(q, K + (size_t)j * hd * esz, hd, bf) : dot_act(q, k_now, hd, 0);
-    if (cap > 0.f) {
-      // Eager's soft-capped path runs in the activation dtype: round after every op.
-      s = rnd(rnd(s, bf) * m->attn_scale, bf);
-      s = rnd(rnd(tanhf(rnd(s / cap, bf)), bf) * cap, bf);
-    } else {
-      s *= m->attn_scale;
-    }
-    scores[j] = s;
-    mx = s > mx ? s : mx;
-  }
+// scores[start..pos] = exp(scores - mx) in place (softmax numerators); returns their float32 sum.
+static float softmax_numerators(float* scores, int start, int pos, float mx) {
   float sum = 0.f;
   int j = start;
 #if SOLO_VEC
@@ -337,6 +315,34 @@ static void attend(const Model* m, const Layer* L, const float* q, const float* 
     scores[j] = expf(scores[j] - mx);
     sum += scores[j];
   }
+  return sum;
+}
+
+// One query head over its row's cache: softmax(q k^T * scale) v, optional tanh soft-capping and window.
+static void attend(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now, int row,
+                   int pos, int kvh, float* scores, float* out){
+  const int hd = m->head_dim, bf = m->dtype == DT_BF16;
+  const size_t esz = bf ? 2 : 4;
+  const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
+  const char* K = (const char*)L->k_cache + head_off * esz;
+  const char* V = (const char*)L->v_cache + head_off * esz;
+  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  const float cap = m->attn_softcap;
+  float mx = -INFINITY;
+  for (int j = start; j <= pos; j++) {
+    // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
+    float s = j < pos ? dot_act(q, K + (size_t)j * hd * esz, hd, bf) : dot_act(q, k_now, hd, 0);
+    if (cap > 0.f) {
+      // Eager's soft-capped path runs in the activation dtype: round after every op.
+      s = rnd(rnd(s, bf) * m->attn_scale, bf);
+      s = rnd(rnd(tanhf(rnd(s / cap, bf)), bf) * cap, bf);
+    } else {
+      s *= m->attn_scale;
+    }
+    scores[j] = s;
+    mx = s > mx ? s : mx;
+  }
+  const float sum = softmax_numerators(scores, start, pos, mx);
   const float inv = 1.0f / sum;
   for (int i = 0; i < hd; i++) out[i] = 0.f;
   if (cap > 0.f) {
@@ -540,6 +546,75 @@ static void attend_heads(const Model* m, const Layer* L, const float* q, const f
     case 128: attend_group<4>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
     default: attend_group<8>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
   }
+}
+#elif SOLO_GVEC
+#define SOLO_MAX_GROUP 64
+
+// `gs` consecutive query heads sharing KV head `kvh` (GQA), no soft-capping, head_dim a multiple of 8
+// and at most 256; q: float32 [gs, head_dim], out: float32 [gs, head_dim], scores [gs, stride] scratch.
+// Each cached key and value row is loaded and widened once for the whole group instead of once per
+// head; per head, every operation and its order are those of `attend` (the same dot products, softmax
+// numerators and p @ v fused multiply-adds), so the results are bit-identical to it, whatever `gs` is.
+static void attend_heads(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+  const int hd = m->head_dim, bf = m->dtype == DT_BF16;
+  const size_t esz = bf ? 2 : 4;
+  const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
+  const char* K = (const char*)L->k_cache + head_off * esz;
+  const char* V = (const char*)L->v_cache + head_off * esz;
+  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  float mx[SOLO_MAX_GROUP], row_f32[256];
+  for (int g = 0; g < gs; g++) mx[g] = -INFINITY;
+  for (int j = start; j <= pos; j++) {
+    // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
+    const void* kr = j < pos ? (const void*)(K + (size_t)j * hd * esz) : (const void*)k_now;
+    const int kbf = j < pos ? bf : 0;
+    for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(kr, i, kbf));
+    for (int g = 0; g < gs; g++) {
+      const float* qg = q + (size_t)g * hd;
+      vf acc = vzero();
+      for (int i = 0; i < hd; i += GVW) acc = vfma(vload(qg + i), vload(row_f32 + i), acc);
+      float sc = vsum(acc);
+      sc *= m->attn_scale;
+      scores[(size_t)g * stride + j] = sc;
+      mx[g] = sc > mx[g] ? sc : mx[g];
+    }
+  }
+  float sum[SOLO_MAX_GROUP];
+  for (int g = 0; g < gs; g++) {
+    sum[g] = softmax_numerators(scores + (size_t)g * stride, start, pos, mx[g]);
+    float* og = out + (size_t)g * hd;
+    for (int i = 0; i < hd; i++) og[i] = 0.f;
+  }
+  // PyTorch's CPU flash attention casts the unnormalized exponentials to the dtype for p @ v and divides
+  // by their float32 sum afterwards (as `attend`).
+  for (int j = start; j <= pos; j++) {
+    const void* vr = j < pos ? (const void*)(V + (size_t)j * hd * esz) : (const void*)v_now;
+    const int vbf = j < pos ? bf : 0;
+    for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(vr, i, vbf));
+    for (int g = 0; g < gs; g++) {
+      const vf pv = vset1(rnd(scores[(size_t)g * stride + j], bf));
+      float* og = out + (size_t)g * hd;
+      for (int i = 0; i < hd; i += GVW) vstore(og + i, vfma(pv, vload(row_f32 + i), vload(og + i)));
+    }
+  }
+  for (int g = 0; g < gs; g++) {
+    float* og = out + (size_t)g * hd;
+    for (int i = 0; i < hd; i++) og[i] = rnd(og[i] / sum[g], bf);
+  }
+}
+
+// Query heads per `attend_heads` call, or 0 where it does not apply (soft-capping, a head_dim that is not
+// a multiple of 8 or is above 256): the GQA group, shrunk to a divisor of itself until batch * heads /
+// group work items keep all `nthreads` threads busy.
+static int attend_group_size(const Model* m, int batch, int nthreads) {
+  const int hd = m->head_dim, g = m->heads / m->kv_heads;
+  if (m->attn_softcap > 0.f || hd % GVW != 0 || hd > 256) return 0;
+  int gs = g;
+  while (gs > 1 && ((long)batch * (m->heads / gs) < nthreads || gs > SOLO_MAX_GROUP)) {
+    do gs--; while (g % gs != 0);
+  }
+  return gs;
 }
 #else
 static int attend_group_size(const Model*, int, int) { return 0; }
