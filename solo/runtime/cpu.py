@@ -239,6 +239,15 @@ class CpuRuntime:
         max_seq: tokens per row.
         num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
 
+    Attributes:
+        isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
+        prefill_matmul_dtype: dtype of prefill's matmuls (float32 for a bf16 model on a CPU without a
+            native bf16 matmul, else the model's dtype).
+
+    Environment:
+        SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 50)
+        a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work).
+
     Raises:
         SoloError: the model is not supported (see `cpu_unsupported_reason`).
     """

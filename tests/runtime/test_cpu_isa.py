@@ -96,7 +96,8 @@ def test_parity_under_every_isa_level_this_cpu_runs(isa):
         pytest.skip(f"this CPU cannot run the {isa} level")
     if isa == selected_level().name:
         pytest.skip(f"{isa} is this session's level: the whole suite runs on it")
-    env = {**os.environ, "SOLO_CPU_ISA": isa}
+    # No spinning at the step's barriers: these runs exercise the sleep / wake path (the session's own, the spin).
+    env = {**os.environ, "SOLO_CPU_ISA": isa, "SOLO_CPU_SPIN_US": "0"}
     result = subprocess.run(
         [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *_PARITY, "-k", "not 130-320"],
         cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)

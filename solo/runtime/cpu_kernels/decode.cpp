@@ -26,6 +26,7 @@
 #include "simd.h"
 
 #include <linux/futex.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <time.h>
 #include <unistd.h>
@@ -39,10 +40,16 @@ static inline int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (
 // sleep/wake on each (what an OpenMP barrier soon falls back to) would cost a scheduler round trip; but
 // spinning without bound collapses on a busy machine: a thread whose core is taken by another process
 // arrives late while the others burn the remaining cores (700 -> 160-350 tok/s in an earlier user trial).
-// After SOLO_SPIN_NS of spinning the waiters sleep, so the late thread's work can run on their cores.
-#ifndef SOLO_SPIN_NS
-#define SOLO_SPIN_NS 50000
-#endif
+// After 50 us of spinning (SOLO_CPU_SPIN_US overrides it) the waiters sleep, so the late thread's work
+// can run on their cores.
+static int64_t spin_budget_ns() {
+  static const int64_t ns = [] {
+    const char* env = getenv("SOLO_CPU_SPIN_US");
+    const long us = env && *env ? atol(env) : 50;
+    return (int64_t)(us < 0 ? 0 : us) * 1000;
+  }();
+  return ns;
+}
 typedef struct {
   std::atomic<int> arrived;
   std::atomic<int> generation;  // the futex word
@@ -71,7 +78,7 @@ static void barrier_wait(SpinBarrier* b, int nt) {
       syscall(SYS_futex, (int*)&b->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
     return;
   }
-  const int64_t deadline = now_ns() + SOLO_SPIN_NS;
+  const int64_t deadline = now_ns() + spin_budget_ns();
   for (int spins = 1;; spins++) {
     if (b->generation.load(std::memory_order_acquire) != gen) return;
     cpu_relax();
