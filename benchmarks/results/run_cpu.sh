@@ -24,3 +24,9 @@ for shape in SmolLM2-135M Laneformer-2B; do
 done
 run $solo bench --shape Llama-3.1-8B --gen-len 64 --repeats 2 --json Llama-3.1-8B-bf16.json \
   | tee Llama-3.1-8B-bf16.txt
+# ISA levels: the best level of this CPU, then the AVX2 kernels with oneDNN capped at AVX2 (a proxy for an
+# AVX2-only CPU on an AVX-512 machine).
+run $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 1 --json Qwen2.5-0.5B-bf16-isa-native.json \
+  | tee Qwen2.5-0.5B-bf16-isa-native.txt
+run env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 1 \
+  --json Qwen2.5-0.5B-bf16-isa-avx2-proxy.json | tee Qwen2.5-0.5B-bf16-isa-avx2-proxy.txt

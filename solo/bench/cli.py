@@ -255,7 +255,8 @@ def main(args: argparse.Namespace) -> int:
         " ".join(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
-        "quantize": args.quantize, "backend": runtime.name, "prompt_len": args.prompt_len,
+        "quantize": args.quantize, "backend": runtime.name, "kernel_isa": getattr(runtime, "isa", None),
+        "prompt_len": args.prompt_len,
         "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s,
         "machine": machine_info(device), "versions": versions(),
         "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
@@ -283,6 +284,12 @@ def main(args: argparse.Namespace) -> int:
             "method": "decode steps at the same context with the matrix-vector products replaced by zero writes, "
                       "timed right after the same steps whole",
         }
+    from solo.bench.roofline import instrument_warnings, last_level_cache_bytes
+
+    report["warnings"] = instrument_warnings(
+        nbytes.weights, nbytes.total, probe.bandwidth_gbps,
+        {name: e["decode_tokens_per_s"]["median"] for name, e in report["engines"].items()},
+        last_level_cache_bytes() if device.type == "cpu" else None)
     if contexts:
         report["sweep"] = _sweep(engines, skipped, config, elem, args, probe.bandwidth_gbps, contexts, rng)
     _print_report(report)
@@ -323,7 +330,7 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
 def _print_report(r: dict[str, Any]) -> None:
     m, bw, rf = r["machine"], r["bandwidth"], r["roofline"]
     print(f"model: {r['model']} | {r['dtype']}{' + ' + r['quantize'] if r['quantize'] else ''} | device {r['device']}"
-          f" | backend {r['backend']}")
+          f" | backend {r['backend']}" + (f" ({r['kernel_isa']} kernels)" if r.get("kernel_isa") else ""))
     print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
     print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} interleaved repeats "
@@ -354,6 +361,8 @@ def _print_report(r: dict[str, Any]) -> None:
             print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x, Solo TTFT {ttft_ratio:.2f}x faster")
     for name, reason in r["peers_skipped"].items():
         print(f"peer skipped: {name}: {reason}")
+    for line in r.get("warnings", []):
+        print(f"warning: {line}")
     if solo and "outside_matmuls" in solo:
         o = solo["outside_matmuls"]
         print(f"time outside weight streaming: {o['s_per_token'] * 1e3:.2f} ms/token = {o['fraction_of_step']:.1%} "

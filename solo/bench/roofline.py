@@ -5,14 +5,17 @@ plus the KV cache up to the current position, so `bandwidth / bytes` bounds toke
 mixture-of-experts model only the active bytes count: attention, norms, the router, the top-k routed
 experts and any shared expert of each layer, the LM head and the KV cache. The
 bandwidth is measured in the same run: on the CPU a multi-threaded streaming read of a buffer far
-larger than the last-level cache (the STREAM idea, McCalpin 1995, reduced to its read part); on CUDA a
-device-side reduction over a large buffer.
+larger than the last-level cache (the STREAM idea, McCalpin 1995, reduced to its read part), the best of
+several read kernels (torch.sum, and the native kernels' loop for the ISA level in use) so a weak probe
+cannot flatter the roofline fraction; on CUDA a device-side reduction over a large buffer.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
@@ -121,7 +124,8 @@ class BandwidthProbe:
         median_gbps: median over the passes, in GB/s.
         buffer_bytes: size of the buffer read, in bytes.
         threads: threads that read (CPU) or 0 (CUDA).
-        method: how it was measured.
+        method: how it was measured (on the CPU: the read kernel that was fastest, and its ISA level).
+        candidates_gbps: best GB/s of every read kernel tried, by name (CPU).
     """
 
     bandwidth_gbps: float
@@ -129,17 +133,19 @@ class BandwidthProbe:
     buffer_bytes: int
     threads: int
     method: str
+    candidates_gbps: dict[str, float] = field(default_factory=dict)
 
 
 def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: int | None = None) -> BandwidthProbe:
-    """Streaming read bandwidth of the CPU's memory with all threads.
+    """Streaming read bandwidth of the CPU's memory with all threads: the best of several read kernels.
 
-    Uses the native kernels' AVX-512 streaming sum when they build, else `torch.sum` (slower, reported
-    in `method`). The buffer (default 2 GiB) must dwarf the last-level cache.
+    Tries `torch.sum` over int64 and, when the native kernels build, their streaming sum compiled for the
+    ISA level in use (e.g. "native avx2 streaming sum"); `method` names the fastest, `candidates_gbps`
+    holds each one's best. The buffer (default 2 GiB) must dwarf the last-level cache.
 
     Args:
         buffer_bytes: bytes to read per pass.
-        passes: timed passes (one untimed warm-up pass first).
+        passes: timed passes per kernel (one untimed warm-up pass first).
         threads: reader threads (default: torch.get_num_threads()).
 
     Returns:
@@ -148,28 +154,74 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
     threads = threads or torch.get_num_threads()
     buf = torch.ones(buffer_bytes // 8, dtype=torch.int64)  # touched, so pages are mapped before timing
     nbytes = buf.numel() * 8
+    kernels: dict[str, Callable[[], object]] = {f"torch.sum over int64, {threads} threads": buf.sum}
     try:
-        from solo.runtime.cpu_build import KernelBuildError, load_library
+        from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 
         lib = load_library()
-
-        def read() -> None:
-            lib.solo_stream_read(buf.data_ptr(), nbytes, 1, threads)
-
-        method = f"native AVX-512 streaming sum, {threads} threads"
+        kernels[f"native {library_isa(lib)} streaming sum, {threads} threads"] = \
+            lambda: lib.solo_stream_read(buf.data_ptr(), nbytes, 1, threads)
     except KernelBuildError:
-        def read() -> None:
-            buf.sum()
-
-        method = f"torch.sum over int64, {threads} threads"
-    read()
-    rates = []
-    for _ in range(passes):
-        start = time.perf_counter()
+        pass
+    rates: dict[str, list[float]] = {name: [] for name in kernels}
+    for read in kernels.values():  # warm-up
         read()
-        rates.append(nbytes / (time.perf_counter() - start) / 1e9)
-    rates.sort()
-    return BandwidthProbe(rates[-1], rates[len(rates) // 2], nbytes, threads, method)
+    for _ in range(passes):  # alternate the kernels, so drift of the machine hits them alike
+        for name, read in kernels.items():
+            start = time.perf_counter()
+            read()
+            rates[name].append(nbytes / (time.perf_counter() - start) / 1e9)
+    best = max(rates, key=lambda name: max(rates[name]))
+    samples = sorted(rates[best])
+    return BandwidthProbe(samples[-1], samples[len(samples) // 2], nbytes, threads, best,
+                          {name: max(values) for name, values in rates.items()})
+
+
+def last_level_cache_bytes() -> int | None:
+    """Size of the CPU's largest cache level in bytes (Linux sysfs), or None where unknown."""
+    best: tuple[int, int] | None = None
+    for index in Path("/sys/devices/system/cpu/cpu0/cache").glob("index*"):
+        try:
+            level = int((index / "level").read_text())
+            text = (index / "size").read_text().strip().upper()
+        except (OSError, ValueError):
+            continue
+        scale = {"K": 1024, "M": 1024**2, "G": 1024**3}.get(text[-1:], 1)
+        try:
+            size = int(text.rstrip("KMG")) * scale
+        except ValueError:
+            continue
+        if best is None or (level, size) > best:
+            best = (level, size)
+    return best[1] if best else None
+
+
+def instrument_warnings(weight_bytes: int, bytes_per_token: int, bandwidth_gbps: float,
+                        tokens_per_s: dict[str, float], llc_bytes: int | None) -> list[str]:
+    """Reasons a roofline fraction may mislead, one line each.
+
+    Args:
+        weight_bytes: bytes of weights one decode token reads.
+        bytes_per_token: all bytes one decode token reads (weights + KV cache).
+        bandwidth_gbps: the probe's bandwidth, GB/s.
+        tokens_per_s: decode tokens/s by engine name.
+        llc_bytes: last-level cache size in bytes, or None.
+
+    Returns:
+        A line for weights that fit in the last-level cache (decode then reads them from cache, not DRAM,
+        and can beat the DRAM roofline), and one for every engine whose achieved GB/s exceeds the probe.
+    """
+    lines = []
+    if llc_bytes is not None and weight_bytes <= llc_bytes:
+        lines.append(f"the weights ({weight_bytes / 2**20:.0f} MiB) fit in the last-level cache "
+                     f"({llc_bytes / 2**20:.0f} MiB): decode can read them from cache, so the DRAM roofline "
+                     "does not bound it; use a larger model for a bandwidth measurement")
+    for name, tps in tokens_per_s.items():
+        achieved = tps * bytes_per_token / 1e9
+        if achieved > bandwidth_gbps:
+            lines.append(f"{name} read {achieved:.1f} GB/s, above the probe's {bandwidth_gbps:.1f} GB/s: the probe "
+                         "under-measured (a busy moment) or the data came from cache; treat its fraction as unreliable")
+    return lines
 
 
 def probe_cuda_bandwidth(device: torch.device, buffer_bytes: int = 4 * _GIB, passes: int = 10) -> BandwidthProbe:

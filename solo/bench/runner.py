@@ -27,7 +27,8 @@ class SoloRunner:
     def __init__(self, runtime: DecodeRuntime, name: str = "solo") -> None:
         self.runtime = runtime
         self.name = name
-        self.build_info = f"backend {runtime.name}"
+        isa = getattr(runtime, "isa", None)  # the CPU runtime's kernel ISA level
+        self.build_info = f"backend {runtime.name}" + (f", {isa} kernels" if isa else "")
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:

@@ -15,7 +15,10 @@ minutes on two cores.)
 
 Prefill is compute-bound: its matrix products run as batched PyTorch matmuls (oneDNN, AMX where the
 CPU has it) on the same fused weights, with the native kernels doing the norms, RoPE, cache writes and
-activation in between, row-parallel.
+activation in between, row-parallel. On a CPU without a native bf16 matrix path (no AVX512-BF16 / AMX:
+AVX2 machines such as AMD Zen 2/3), oneDNN's bf16 matmul was measured 2x slower than widening the
+layer's bf16 weights to float32 and running a float32 matmul, so prefill does that there, one layer's
+matrix at a time (`native_bf16_matmul`); both accumulate in float32 and round once to bf16.
 
 Weights keep the eager model's row-major [out, in] layout, which is what a row-split matrix-vector
 product streams: q/k/v and gate/up are concatenated into one buffer each and the eager parameters
@@ -30,6 +33,8 @@ and `create_runtime` then falls back to the eager runtime.
 from __future__ import annotations
 
 import ctypes
+import os
+import platform
 
 import torch
 import torch.nn.functional as F
@@ -38,7 +43,7 @@ from torch import nn
 from solo.errors import SoloError
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
-from solo.runtime.cpu_build import KernelBuildError, load_library
+from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
@@ -69,6 +74,55 @@ class _Model(ctypes.Structure):
          ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32)]
 
 
+def _python_layout() -> list[int]:
+    out: list[int] = []
+    for struct in (_Mat, _Layer, _Model):
+        out.append(ctypes.sizeof(struct))
+        out += [getattr(struct, name).offset for name, _ in struct._fields_]
+    return out
+
+
+_layout_checked: set[int] = set()
+
+
+def check_struct_layout(lib: ctypes.CDLL) -> None:
+    """Compare the ctypes mirrors `_Mat`, `_Layer`, `_Model` with the structs the library was compiled with.
+
+    The library exports sizeof and every field offset (`solo_struct_layout`); a mismatch (a field added on
+    one side only) would otherwise pass garbage pointers to the kernels.
+
+    Raises:
+        KernelBuildError: the layouts differ (names the first differing entry).
+    """
+    if id(lib) in _layout_checked:
+        return
+    expected = _python_layout()
+    buf = (ctypes.c_int64 * (len(expected) + 16))()
+    count = lib.solo_struct_layout(buf, len(buf))
+    native = list(buf[:min(count, len(buf))])
+    if native != expected:
+        names = [f"{struct.__name__}.{label}" for struct in (_Mat, _Layer, _Model)
+                 for label in ["sizeof", *(name for name, _ in struct._fields_)]]
+        first = next((i for i, (a, b) in enumerate(zip(native, expected, strict=False)) if a != b),
+                     min(len(native), len(expected)))
+        where = names[first] if first < len(names) else f"entry {first}"
+        raise KernelBuildError(f"the CPU kernels' struct layout differs from solo/runtime/cpu.py at {where} "
+                               f"({count} entries in C, {len(expected)} in Python): update both sides together")
+    _layout_checked.add(id(lib))
+
+
+def checked_library() -> ctypes.CDLL:
+    """`load_library()` with its struct layout checked against this module's ctypes mirrors.
+
+    Raises:
+        KernelBuildError: the library cannot be built or loaded, or its layout differs.
+        IsaError: `SOLO_CPU_ISA` names a level this CPU lacks.
+    """
+    lib = load_library()
+    check_struct_layout(lib)
+    return lib
+
+
 def native_matrix(layer: nn.Module) -> _Mat:
     """The kernels' view of one Linear or QuantLinear layer (the caller keeps the layer alive).
 
@@ -90,6 +144,23 @@ def native_matrix(layer: nn.Module) -> _Mat:
                 scale.data_ptr() if scale is not None else None, bias.data_ptr() if bias is not None else None)
 
 
+def native_bf16_matmul() -> bool:
+    """Whether PyTorch's CPU matmuls (oneDNN) have a native bf16 path on this machine.
+
+    True with AVX512-BF16 or AMX on x86 (unless `ONEDNN_MAX_CPU_ISA` caps oneDNN below them) and with the
+    bf16 extension on ARM64; without one, oneDNN emulates bf16 and a float32 matmul is faster.
+    """
+    cap = (os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA") or "").upper()
+    if cap and cap not in ("ALL", "DEFAULT") and not any(t in cap for t in ("BF16", "AMX", "FP16", "AVX10")):
+        return False
+    if platform.machine().lower() in ("aarch64", "arm64"):
+        from solo.runtime.cpu_build import cpu_features
+
+        return "bf16" in cpu_features()
+    checks = [getattr(torch.cpu, n, None) for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported")]
+    return any(check is not None and check() for check in checks)
+
+
 def cpu_unsupported_reason(model: Transformer) -> str | None:
     """Why the CPU runtime cannot run `model`, or None when it can.
 
@@ -105,7 +176,7 @@ def cpu_unsupported_reason(model: Transformer) -> str | None:
         return (f"hidden size {model.config.hidden_size} / intermediate size {model.config.intermediate_size} "
                 "is not supported by the CPU kernels (<= 16384 / 32768)")
     try:
-        load_library()
+        checked_library()
     except KernelBuildError as exc:
         return str(exc)
     return None
@@ -168,6 +239,15 @@ class CpuRuntime:
         max_seq: tokens per row.
         num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
 
+    Attributes:
+        isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
+        prefill_matmul_dtype: dtype of prefill's matmuls (float32 for a bf16 model on a CPU without a
+            native bf16 matmul, else the model's dtype).
+
+    Environment:
+        SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 50)
+        a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work).
+
     Raises:
         SoloError: the model is not supported (see `cpu_unsupported_reason`).
     """
@@ -189,7 +269,12 @@ class CpuRuntime:
         self.rows = 0
         self.max_seq = 0
         self.cache: KVCache | None = None
-        self._lib = load_library()
+        self._lib = checked_library()
+        self.isa = library_isa(self._lib)  # the kernels' ISA level (solo.runtime.cpu_build.LEVELS)
+        # dtype of prefill's matmuls: float32 for a bf16 model where the CPU has no native bf16 matmul.
+        self.prefill_matmul_dtype = model.dtype
+        if model.dtype == torch.bfloat16 and not native_bf16_matmul():
+            self.prefill_matmul_dtype = torch.float32
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None]] = []
         self._layers = (_Layer * self.config.num_layers)()
@@ -395,13 +480,21 @@ class CpuRuntime:
         return logits[0].float()
 
     def _linear(self, index: int, x: torch.Tensor) -> torch.Tensor:
-        """Prefill matmul x [seq, in] @ W^T (+ bias) with fused matrix number `index`."""
+        """Prefill matmul x [seq, in] @ W^T (+ bias) with fused matrix number `index`, in the model's dtype.
+
+        Runs in `prefill_matmul_dtype`: a bf16 model's weights (or dequantized weights) are widened to
+        float32 for this call only where that is faster (see the module docstring).
+        """
         mat, weight, bias = self._prefill_mats[index]
-        if weight is None:  # quantized: a dense copy for this layer only
+        dtype = self.prefill_matmul_dtype
+        if weight is None:  # quantized: a dense copy for this layer only, rounded as eager's dequantize
             weight = torch.empty(mat.rows, mat.cols, dtype=self.model.dtype)
             self._lib.solo_dequantize(ctypes.byref(mat), weight.data_ptr(), int(self.model.dtype == torch.bfloat16),
                                       self.num_threads)
-        return F.linear(x, weight, bias)
+        if dtype == self.model.dtype:
+            return F.linear(x, weight, bias)
+        out = F.linear(x.to(dtype), weight.to(dtype), None if bias is None else bias.to(dtype))
+        return out.to(self.model.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.config.rope.rope_type != "dynamic":

@@ -1,12 +1,22 @@
-"""Build and load the CPU decode kernels (`cpu_kernels/*.cpp, *.h`) as a plain shared library.
+"""Build and load the CPU decode kernels (`cpu_kernels/*.cpp, *.h`) as a plain shared library, per ISA level.
 
-The library is compiled once per machine with the system C++ compiler (`-O3 -march=native -fopenmp`,
-so the AVX-512/AVX512-BF16 paths are used where the CPU has them) and cached under the user's cache
-folder keyed by a hash of the source, the compiler and the flags. It has no Python or PyTorch headers,
-so it builds in a couple of seconds, and is called through `ctypes` (which releases the GIL).
+One portable source is compiled once per ISA level with that level's flags, and the level is chosen at
+run time from the CPU's features (`/proc/cpuinfo`):
 
-It links libgomp by its soname, so inside a PyTorch process it shares PyTorch's OpenMP runtime instead
-of starting a second thread pool.
+    scalar       plain loops, any CPU (`-DSOLO_SCALAR`)
+    avx2         x86-64-v3: AVX2 + FMA + F16C; the portable vector-extension kernels (simd.h)
+    avx512       x86-64-v4: AVX-512 F/BW/CD/DQ/VL; hand-tuned AVX-512 kernels, bf16 weights widened to float32
+    avx512-bf16  avx512 + AVX512-BF16 + AVX512-VNNI: bf16 dot-product instructions
+    neon         ARM64 (ARMv8-A NEON); the portable vector-extension kernels
+
+The best level the CPU has is used; `SOLO_CPU_ISA=<level>` forces a lower one (every path a machine can
+run can be tested on it), and a level the CPU lacks is refused with `IsaError`.
+
+Each library is cached under the user's cache folder keyed by a hash of the source, the compiler and
+the flags; an unwritable cache folder falls back to a per-user folder under the system temp folder, with
+a warning. The library has no Python or PyTorch headers, so it builds in seconds, and is called through
+`ctypes` (which releases the GIL). It links libgomp by its soname, so inside a PyTorch process it shares
+PyTorch's OpenMP runtime instead of starting a second thread pool.
 """
 
 from __future__ import annotations
@@ -14,17 +24,20 @@ from __future__ import annotations
 import ctypes
 import hashlib
 import os
+import platform
 import shutil
 import subprocess
 import tempfile
 import threading
+import warnings
+from dataclasses import dataclass
 from pathlib import Path
 
 from solo.errors import SoloError
 
 _SOURCES = Path(__file__).with_name("cpu_kernels")
 _MAIN = _SOURCES / "decode.cpp"
-_FLAGS = ["-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
+_COMMON_FLAGS = ["-O3", "-fopenmp", "-shared", "-fPIC", "-std=c++17", "-fno-math-errno"]
 _lock = threading.Lock()
 _library: ctypes.CDLL | None = None
 
@@ -33,10 +46,96 @@ class KernelBuildError(SoloError):
     """The CPU kernels could not be compiled or loaded (no C++ compiler, or it failed)."""
 
 
+class IsaError(SoloError):
+    """`SOLO_CPU_ISA` names an unknown ISA level, or one this CPU lacks."""
+
+
+@dataclass(frozen=True)
+class IsaLevel:
+    """One ISA level the kernels are compiled for.
+
+    Attributes:
+        name: the level's name (the values `SOLO_CPU_ISA` takes).
+        arch: the machine architecture it runs on (`platform.machine()`), or None for any.
+        flags: compiler flags that select it.
+        requires: CPU feature flags (as /proc/cpuinfo spells them) it needs.
+        description: what it uses, for reports.
+    """
+
+    name: str
+    arch: str | None
+    flags: tuple[str, ...]
+    requires: frozenset[str]
+    description: str
+
+
+_V3 = frozenset({"avx", "avx2", "fma", "f16c", "bmi1", "bmi2", "abm", "movbe"})
+# Explicit feature flags rather than -march=x86-64-v3/v4, which compilers before GCC 11 / Clang 12 lack.
+_V3_FLAGS = ("-mavx", "-mavx2", "-mfma", "-mf16c", "-mbmi", "-mbmi2", "-mlzcnt", "-mmovbe")
+_V4_FLAGS = (*_V3_FLAGS, "-mavx512f", "-mavx512bw", "-mavx512cd", "-mavx512dq", "-mavx512vl")
+_V4 = _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"}
+LEVELS: tuple[IsaLevel, ...] = (
+    IsaLevel("scalar", None, ("-DSOLO_SCALAR=1",), frozenset(), "scalar loops"),
+    IsaLevel("avx2", "x86_64", _V3_FLAGS, _V3, "x86-64-v3 (AVX2+FMA+F16C) vector kernels"),
+    IsaLevel("avx512", "x86_64", _V4_FLAGS, _V4, "AVX-512 kernels (bf16 weights widened to fp32)"),
+    IsaLevel("avx512-bf16", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni"),
+             _V4 | {"avx512_bf16", "avx512_vnni"}, "AVX-512 kernels with AVX512-BF16 dot products"),
+    IsaLevel("neon", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), "ARMv8-A NEON vector kernels"),
+)
+
+
+def cpu_features() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (`flags` on x86, `Features` on ARM); empty if unreadable."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            key, _, value = line.partition(":")
+            if key.strip() in ("flags", "Features"):
+                return frozenset(value.split())
+    except OSError:
+        pass
+    return frozenset()
+
+
+def available_levels() -> list[IsaLevel]:
+    """The ISA levels this machine can run, lowest (scalar) first."""
+    machine, features = platform.machine().lower(), cpu_features()
+    machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
+    return [lv for lv in LEVELS if (lv.arch is None or lv.arch == machine) and lv.requires <= features]
+
+
+def selected_level() -> IsaLevel:
+    """The level the kernels run at: `SOLO_CPU_ISA` if set (and available), else the best available.
+
+    Raises:
+        IsaError: `SOLO_CPU_ISA` names an unknown level or one this CPU lacks.
+    """
+    available = available_levels()
+    wanted = os.environ.get("SOLO_CPU_ISA", "").strip().lower()
+    if not wanted or wanted in ("auto", "native", "best"):
+        return available[-1]
+    names = [lv.name for lv in LEVELS]
+    if wanted not in names:
+        raise IsaError(f"SOLO_CPU_ISA={wanted} is not an ISA level; use one of {', '.join(names)} "
+                       f"(this CPU runs {', '.join(lv.name for lv in available)})")
+    for lv in available:
+        if lv.name == wanted:
+            return lv
+    level = next(lv for lv in LEVELS if lv.name == wanted)
+    missing = sorted(level.requires - cpu_features()) if level.arch in (None, platform.machine()) else []
+    why = f"lacks {', '.join(missing)}" if missing else f"is {platform.machine()}, not {level.arch}"
+    raise IsaError(f"SOLO_CPU_ISA={wanted}: this CPU {why}; use one of "
+                   f"{', '.join(lv.name for lv in available)}")
+
+
 def cache_dir() -> Path:
     """Folder that holds compiled kernels (`$XDG_CACHE_HOME/solo/kernels`, default ~/.cache/solo/kernels)."""
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "solo" / "kernels"
+
+
+def _fallback_cache_dir() -> Path:
+    uid = os.getuid() if hasattr(os, "getuid") else 0
+    return Path(tempfile.gettempdir()) / f"solo-kernels-{uid}"
 
 
 def _compiler() -> str:
@@ -53,43 +152,59 @@ def _compiler_id(cxx: str) -> str:
         raise KernelBuildError(f"cannot run the C++ compiler {cxx!r} ({exc})") from None
 
 
-def _cpu_id() -> str:
-    # -march=native code must not be reused on another CPU model sharing the same home folder.
+def compile_flags(level: IsaLevel) -> list[str]:
+    """Every compiler flag of the library for `level` (after the compiler, before the source)."""
+    return [*_COMMON_FLAGS, *level.flags, f'-DSOLO_ISA_NAME="{level.name}"']
+
+
+def _writable_dir(folder: Path) -> bool:
     try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("flags"):
-                return line
+        folder.mkdir(parents=True, exist_ok=True)
+        fd, probe = tempfile.mkstemp(dir=folder)
+        os.close(fd)
+        os.unlink(probe)
+        return True
     except OSError:
-        pass
-    return ""
+        return False
 
 
-def library_path() -> Path:
-    """Path of the compiled library, building it first if the cache lacks it.
+def library_path(level: IsaLevel | None = None) -> Path:
+    """Path of the compiled library for `level` (default: `selected_level()`), building it if not cached.
 
     Raises:
-        KernelBuildError: no compiler, or compilation failed (the message holds the compiler's output).
+        KernelBuildError: no compiler, no writable folder, or compilation failed (the message holds the
+            compiler's output).
+        IsaError: see `selected_level`.
     """
+    level = level or selected_level()
     cxx = _compiler()
+    flags = compile_flags(level)
     digest = hashlib.sha256()
     for source in sorted(_SOURCES.iterdir()):
         if source.suffix in (".cpp", ".h"):
             digest.update(source.name.encode() + source.read_bytes())
-    digest.update((" ".join(_FLAGS) + _compiler_id(cxx) + _cpu_id()).encode())
-    key = digest.hexdigest()[:16]
-    target = cache_dir() / f"solo_cpu_{key}.so"
-    if target.is_file():
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
+    digest.update((" ".join(flags) + _compiler_id(cxx)).encode())
+    name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
+    folder = cache_dir()
+    for candidate in (folder, _fallback_cache_dir()):
+        if (candidate / name).is_file():
+            return candidate / name
+    if not _writable_dir(folder):
+        fallback = _fallback_cache_dir()
+        warnings.warn(f"the kernel cache folder {folder} is not writable; building Solo's CPU kernels in "
+                      f"{fallback} instead (set XDG_CACHE_HOME to a writable folder to keep them)", stacklevel=2)
+        if not _writable_dir(fallback):
+            raise KernelBuildError(f"neither {folder} nor {fallback} is writable to build Solo's CPU kernels; "
+                                   "set XDG_CACHE_HOME to a writable folder")
+        folder = fallback
+    target = folder / name
     # Build into a temporary name and rename: concurrent builders never see a half-written library.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=target.parent)
+    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
     os.close(fd)
     try:
-        result = subprocess.run(
-            [cxx, *_FLAGS, str(_MAIN), "-o", tmp], capture_output=True, text=True, timeout=600
-        )
+        result = subprocess.run([cxx, *flags, str(_MAIN), "-o", tmp], capture_output=True, text=True, timeout=600)
         if result.returncode != 0:
-            raise KernelBuildError(f"building Solo's CPU kernels failed:\n{result.stderr[-4000:]}")
+            raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) failed:\n{result.stderr[-4000:]}")
         os.replace(tmp, target)
     finally:
         if os.path.exists(tmp):
@@ -97,11 +212,40 @@ def library_path() -> Path:
     return target
 
 
+def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
+    """Declare the argument and return types of the library's exported functions; returns `lib`."""
+    p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
+    lib.solo_workspace_bytes.argtypes = [p, i, i]
+    lib.solo_workspace_bytes.restype = sz
+    lib.solo_decode.argtypes = [p, i, p, p, p, p, p, p, p, i]
+    lib.solo_decode.restype = None
+    lib.solo_gemv.argtypes = [p, p, i, p, p, i]
+    lib.solo_gemv.restype = None
+    lib.solo_stream_read.argtypes = [p, sz, i, i]
+    lib.solo_stream_read.restype = ctypes.c_double
+    lib.solo_prefill_norm.argtypes = [p, p, i, p, p, i]
+    lib.solo_prefill_qkv.argtypes = [p, i, p, i, i, i, p, p, p, i]
+    lib.solo_prefill_residual.argtypes = [p, p, p, i, p, p, p, i]
+    lib.solo_prefill_act.argtypes = [p, p, i, p, i]
+    for fn in (lib.solo_prefill_norm, lib.solo_prefill_qkv, lib.solo_prefill_residual, lib.solo_prefill_act):
+        fn.restype = None
+    lib.solo_dequantize.argtypes = [p, p, i, i]
+    lib.solo_dequantize.restype = None
+    lib.solo_isa.argtypes = []
+    lib.solo_isa.restype = ctypes.c_char_p
+    lib.solo_input_bf16.argtypes = [i]
+    lib.solo_input_bf16.restype = i
+    lib.solo_struct_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), i]
+    lib.solo_struct_layout.restype = i
+    return lib
+
+
 def load_library() -> ctypes.CDLL:
-    """The loaded kernel library with argument types declared (built on first use).
+    """The loaded kernel library for `selected_level()`, with argument types declared (built on first use).
 
     Raises:
-        KernelBuildError: see `library_path`.
+        KernelBuildError: see `library_path`, or the library cannot be loaded.
+        IsaError: see `selected_level`.
     """
     global _library
     with _lock:
@@ -113,24 +257,13 @@ def load_library() -> ctypes.CDLL:
                 lib = ctypes.CDLL(str(path))
             except OSError as exc:  # e.g. a damaged cached build: callers fall back to eager on KernelBuildError
                 raise KernelBuildError(f"cannot load {path} ({exc}); delete it to rebuild") from None
-            p, i, sz = ctypes.c_void_p, ctypes.c_int, ctypes.c_size_t
-            lib.solo_workspace_bytes.argtypes = [p, i, i]
-            lib.solo_workspace_bytes.restype = sz
-            lib.solo_decode.argtypes = [p, i, p, p, p, p, p, p, p, i]
-            lib.solo_decode.restype = None
-            lib.solo_gemv.argtypes = [p, p, i, p, p, i]
-            lib.solo_gemv.restype = None
-            lib.solo_stream_read.argtypes = [p, sz, i, i]
-            lib.solo_stream_read.restype = ctypes.c_double
-            lib.solo_prefill_norm.argtypes = [p, p, i, p, p, i]
-            lib.solo_prefill_qkv.argtypes = [p, i, p, i, i, i, p, p, p, i]
-            lib.solo_prefill_residual.argtypes = [p, p, p, i, p, p, p, i]
-            lib.solo_prefill_act.argtypes = [p, p, i, p, i]
-            for fn in (lib.solo_prefill_norm, lib.solo_prefill_qkv, lib.solo_prefill_residual, lib.solo_prefill_act):
-                fn.restype = None
-            lib.solo_dequantize.argtypes = [p, p, i, i]
-            lib.solo_dequantize.restype = None
-            lib.solo_has_avx512_bf16.argtypes = []
-            lib.solo_has_avx512_bf16.restype = i
-            _library = lib
+            try:
+                _library = declare(lib)
+            except AttributeError as exc:
+                raise KernelBuildError(f"{path} lacks a kernel entry point ({exc}); delete it to rebuild") from None
         return _library
+
+
+def library_isa(lib: ctypes.CDLL | None = None) -> str:
+    """The ISA level the loaded library was compiled for (e.g. "avx2")."""
+    return (lib or load_library()).solo_isa().decode()

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import platform
+
 import pytest
 import torch
 from checkpoints import make_checkpoint
@@ -219,3 +221,62 @@ def test_grouped_attention_matches_eager(tmp_path, arch, head_dim, heads, kv_hea
         runtime.prefill(row, torch.tensor(LONG_PROMPT[row:]))
         single = runtime.decode(torch.tensor([row]), torch.tensor([first[row]]), positions[row:row + 1])[0]
         assert torch.equal(batched[row], single)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_batched_decode_is_bit_identical_at_real_widths(tmp_path, dtype):
+    """Batch invariance where the kernels' unrolled loops run: hidden 896, intermediate 2048, head_dim 64."""
+    from solo.server.scheduler import runtime_is_batch_invariant
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", hidden_size=896, intermediate_size=2048,
+                             num_hidden_layers=1, num_attention_heads=14, num_key_value_heads=2)
+    runtime = CpuRuntime(_load(folder, getattr(torch, dtype)), rows=4, max_seq=32)
+    assert runtime_is_batch_invariant(runtime, rows=4)
+    runtime = CpuRuntime(_load(folder, getattr(torch, dtype)), rows=2, max_seq=32)
+    assert runtime_is_batch_invariant(runtime, rows=2)
+
+
+@pytest.mark.parametrize("quantize", [None, "int8"])
+def test_float32_prefill_matmuls_of_a_bf16_model_match_eager(tmp_path, quantize):
+    """CPUs without a native bf16 matmul run prefill's matmuls in float32 (widened bf16 weights)."""
+    from solo.runtime.quant import quantize_model
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16)
+    model = _load(folder, torch.bfloat16)
+    if quantize:
+        model = quantize_model(model, quantize)
+    cpu, eager = CpuRuntime(model), EagerRuntime(model)
+    cpu.prefill_matmul_dtype = torch.float32
+    for rt in (cpu, eager):
+        rt.reserve(1, 64)
+    torch.testing.assert_close(cpu.prefill(0, torch.tensor(PROMPT)), eager.prefill(0, torch.tensor(PROMPT)),
+                               atol=BF16_ATOL, rtol=0)
+    for layer in range(cpu.config.num_layers):
+        torch.testing.assert_close(cpu.cache.v[layer][:, :, :len(PROMPT)].float(),
+                                   eager.cache.v[layer][:, :, :len(PROMPT)].float(), atol=BF16_ATOL, rtol=0)
+
+
+def test_prefill_matmul_dtype_follows_the_cpu(monkeypatch):
+    from solo.runtime.cpu import native_bf16_matmul
+
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX2")
+    assert not native_bf16_matmul()
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
+    if platform.machine() == "x86_64":
+        assert native_bf16_matmul() == any(
+            getattr(torch.cpu, n)() for n in ("_is_avx512_bf16_supported", "_is_amx_tile_supported"))
+
+
+def test_more_threads_than_cores_give_the_same_bits(tmp_path):
+    """The step's barrier sleeps after a bounded spin: oversubscribed threads still finish, with identical logits
+    (each weight row and attention head is computed by one thread with the same arithmetic, whatever the split)."""
+    import os
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=64,
+                             num_attention_heads=4, num_key_value_heads=2)
+    threads = 3 * (os.cpu_count() or 2) + 1
+    results = []
+    for num_threads in (2, threads):
+        runtime = CpuRuntime(_load(folder, torch.bfloat16), num_threads=num_threads)
+        results.append(_greedy(runtime, PROMPT, 6)[1])
+    assert torch.equal(results[0], results[1])

@@ -47,10 +47,13 @@ def test_gemv_kernels_match_torch(fmt, rows, cols, batch):
     torch.manual_seed(rows + cols)
     w = torch.randn(rows, cols)
     x = torch.randn(batch, cols)
+    code = {"bf16": _W_BF16, "f32": _W_F32, "int8": _W_INT8, "int4": _W_INT4, "int4-bf16x": _W_INT4_BF16X}[fmt]
+    # Whether the kernel rounds its input to bf16 depends on the ISA path taken (AVX512-BF16 kernels do).
+    xs = x.bfloat16().float() if lib.solo_input_bf16(code) else x
     if fmt == "bf16":
         wt = w.bfloat16()
         mat = _Mat(_W_BF16, rows, cols, 32, wt.data_ptr(), None, None)
-        ref = x.bfloat16().float() @ wt.float().T  # inputs are rounded to bf16, products accumulate in fp32
+        ref = xs @ wt.float().T  # products accumulate in fp32
         keep = (wt,)
     elif fmt == "f32":
         mat = _Mat(_W_F32, rows, cols, 32, w.data_ptr(), None, None)
@@ -58,15 +61,50 @@ def test_gemv_kernels_match_torch(fmt, rows, cols, batch):
     else:
         mode = "int8" if fmt == "int8" else "int4"
         q, scale = (quantize_int8 if mode == "int8" else quantize_int4)(w)
-        code = {"int8": _W_INT8, "int4": _W_INT4, "int4-bf16x": _W_INT4_BF16X}[fmt]
         mat = _Mat(code, rows, cols, 32, q.data_ptr(), scale.data_ptr(), None)
-        xs = x.bfloat16().float() if fmt == "int4-bf16x" else x  # that kernel takes bf16 inputs
         ref, keep = xs @ dequantize(mode, q, scale, torch.float32).T, (q, scale)
     y = torch.empty(batch, rows)
     workspace = torch.empty(batch * cols * 4 + 64, dtype=torch.uint8)
     lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), batch, y.data_ptr(), workspace.data_ptr(), 2)
     assert keep
     torch.testing.assert_close(y, ref, atol=1e-3 * cols ** 0.5, rtol=1e-4)
+
+
+def _native_mat(fmt, w):
+    """(struct, tensors to keep alive, dense float32 [rows, cols] reference weights) for one format."""
+    rows, cols = w.shape
+    if fmt in ("bf16", "f32"):
+        wt = w.bfloat16() if fmt == "bf16" else w
+        return _Mat(_W_BF16 if fmt == "bf16" else _W_F32, rows, cols, 32, wt.data_ptr(), None, None), (wt,), wt.float()
+    mode = "int8" if fmt == "int8" else "int4"
+    q, scale = (quantize_int8 if mode == "int8" else quantize_int4)(w)
+    code = {"int8": _W_INT8, "int4": _W_INT4, "int4-bf16x": _W_INT4_BF16X}[fmt]
+    return _Mat(code, rows, cols, 32, q.data_ptr(), scale.data_ptr(), None), (q, scale), \
+        dequantize(mode, q, scale, torch.float32)
+
+
+def _gemv(lib, mat, x):
+    y = torch.empty(x.shape[0], mat.rows)
+    workspace = torch.empty(x.numel() * 4 + 64, dtype=torch.uint8)
+    lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), x.shape[0], y.data_ptr(), workspace.data_ptr(), 2)
+    return y
+
+
+@pytest.mark.parametrize("fmt", ["bf16", "f32", "int8", "int4", "int4-bf16x"])
+@pytest.mark.parametrize("cols", [896, 2048])
+def test_gemv_is_bit_identical_across_batch_sizes(fmt, cols):
+    # One reduction order for every batch size (the server's batch invariance), at real widths where the
+    # kernels' unrolled main loops run: batch 1, 2, 4 and 6 (a whole tile plus a remainder) agree bit for bit.
+    lib = load_library()
+    torch.manual_seed(cols)
+    mat, keep, dense = _native_mat(fmt, torch.randn(80, cols))
+    x = torch.randn(6, cols).bfloat16().float()
+    singles = torch.cat([_gemv(lib, mat, x[i:i + 1]) for i in range(6)])
+    for batch in (2, 4, 6):
+        for start in range(0, 6 - batch + 1, batch):
+            assert torch.equal(_gemv(lib, mat, x[start:start + batch]), singles[start:start + batch]), (batch, start)
+    torch.testing.assert_close(singles, x @ dense.T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
+    assert keep
 
 
 def test_gemv_odd_input_size():
@@ -77,7 +115,8 @@ def test_gemv_odd_input_size():
     y = torch.empty(2, 9)
     workspace = torch.empty(2 * 77 * 4 + 64, dtype=torch.uint8)
     lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), 2, y.data_ptr(), workspace.data_ptr(), 2)
-    torch.testing.assert_close(y, x.bfloat16().float() @ w.float().T, atol=1e-3, rtol=1e-4)
+    xs = x.bfloat16().float() if lib.solo_input_bf16(_W_BF16) else x
+    torch.testing.assert_close(y, xs @ w.float().T, atol=1e-3, rtol=1e-4)
 
 
 @pytest.mark.parametrize("mode", ["int8", "int4"])

@@ -5,13 +5,38 @@
 #include <math.h>
 #include <omp.h>
 #include <sched.h>
+#include <stddef.h>
 
 #include <atomic>
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
+#endif
+
+// Code paths, one per ISA level (cpu_build.py compiles this source once per level with that level's
+// target flags and passes SOLO_ISA_NAME):
+//   SOLO_AVX512: hand-tuned AVX-512 intrinsics (AVX512-BF16 dot products where the level has them);
+//   SOLO_GVEC:   the portable kernels, written with GCC/Clang vector extensions (simd.h) and compiled for
+//                x86-64-v3 (AVX2 + FMA + F16C) or ARM64 NEON;
+//   neither:     plain scalar loops (SOLO_SCALAR, or an unknown architecture).
+#if defined(SOLO_SCALAR)
+#define SOLO_AVX512 0
+#define SOLO_GVEC 0
+#elif defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#define SOLO_AVX512 1
+#define SOLO_GVEC 0
+#elif defined(__AVX2__) || defined(__aarch64__) || defined(__ARM_NEON)
+#define SOLO_AVX512 0
+#define SOLO_GVEC 1
+#else
+#define SOLO_AVX512 0
+#define SOLO_GVEC 0
+#endif
+
+#ifndef SOLO_ISA_NAME
+#define SOLO_ISA_NAME "unknown"
 #endif
 
 // Weights are software-prefetched this many bytes ahead of the read. The hardware prefetcher alone
@@ -20,7 +45,16 @@
 #ifndef SOLO_PREFETCH
 #define SOLO_PREFETCH 4096
 #endif
-#define PREFETCH(p) _mm_prefetch((const char*)(p) + SOLO_PREFETCH, _MM_HINT_T0)
+#define PREFETCH(p) __builtin_prefetch((const char*)(p) + SOLO_PREFETCH, 0, 3)
+
+// The spin-wait hint (PAUSE on x86, YIELD on ARM): frees the core's shared resources while spinning.
+static inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
 
 enum { DT_BF16 = 0, DT_F32 = 1 };
 // W_INT4_BF16X: int4 weights whose inputs may be rounded to bf16 (a bf16 model's activations already are).
@@ -83,7 +117,7 @@ static inline void store_act(void* p, size_t i, float v, int bf) {
     ((float*)p)[i] = v;
 }
 
-#if defined(__AVX512F__)
+#if SOLO_AVX512
 static inline __m512 load_bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }

@@ -1,7 +1,7 @@
 // Solo's CPU decode step: the whole transformer step for a batch of single tokens in one call.
 //
-// Built at first use by solo/runtime/cpu_build.py (c++ -O3 -march=native -fopenmp) and called through
-// ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
+// Built at first use by solo/runtime/cpu_build.py (c++ -O3 -fopenmp plus the ISA level's flags) and called
+// through ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
 //
 // Layout: one OpenMP parallel region per step. Matrix-vector products split the weight rows across
 // threads (each thread streams a contiguous block of row-major rows); attention splits (sequence, group
@@ -13,7 +13,8 @@
 //
 // Weight formats: bf16 (AVX512-BF16 dot products), f32, int8 with one float32 scale per output row, and
 // int4 with one bf16 scale per group of 32 inputs (symmetric, value = (nibble - 8) * scale).
-// Without AVX-512 everything falls back to plain loops.
+// The source is compiled once per ISA level (common.h): AVX-512 intrinsics, portable vector-extension
+// kernels for AVX2 and NEON (simd.h), or plain loops.
 
 //
 // This file holds the library's exported functions (extern "C", called through ctypes from cpu.py,
@@ -22,18 +23,44 @@
 #include "common.h"
 #include "elementwise.h"
 #include "gemv.h"
+#include "simd.h"
+
+#include <linux/futex.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
 
 // ------------------------------------------------------------------------------------- the step
 
 static inline int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
-// A barrier that spins (with PAUSE) and yields the core now and then, but never sleeps: a decode step
-// crosses ~6 barriers per layer, and a futex sleep/wake on each (what an OpenMP barrier falls back to)
-// costs a scheduler tick whenever another process shares the cores.
+// The decode step's barrier: spin (with the CPU's spin-wait hint) for a bounded time, then sleep on a
+// futex. A decode step crosses ~6 barriers per layer and the waits are usually microseconds, so a
+// sleep/wake on each (what an OpenMP barrier soon falls back to) would cost a scheduler round trip; but
+// spinning without bound collapses on a busy machine: a thread whose core is taken by another process
+// arrives late while the others burn the remaining cores (700 -> 160-350 tok/s in an earlier user trial).
+// After 50 us of spinning (SOLO_CPU_SPIN_US overrides it) the waiters sleep, so the late thread's work
+// can run on their cores.
+static int64_t spin_budget_ns() {
+  static const int64_t ns = [] {
+    const char* env = getenv("SOLO_CPU_SPIN_US");
+    const long us = env && *env ? atol(env) : 50;
+    return (int64_t)(us < 0 ? 0 : us) * 1000;
+  }();
+  return ns;
+}
 typedef struct {
   std::atomic<int> arrived;
-  std::atomic<int> generation;
+  std::atomic<int> generation;  // the futex word
+  std::atomic<int> sleepers;
 } SpinBarrier;
+
+static inline int64_t now_ns() {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
 
 static void barrier_wait(SpinBarrier* b, int nt) {
   if (nt == 1) return;
@@ -45,19 +72,23 @@ static void barrier_wait(SpinBarrier* b, int nt) {
   const int gen = b->generation.load(std::memory_order_acquire);
   if (b->arrived.fetch_add(1, std::memory_order_acq_rel) == nt - 1) {
     b->arrived.store(0, std::memory_order_relaxed);
-    b->generation.fetch_add(1, std::memory_order_acq_rel);
+    b->generation.fetch_add(1, std::memory_order_seq_cst);
+    // seq_cst on both sides (Dekker): either this load sees a sleeper, or the sleeper sees the new generation.
+    if (b->sleepers.load(std::memory_order_seq_cst) > 0)
+      syscall(SYS_futex, (int*)&b->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
     return;
   }
-  int spins = 0;
-  while (b->generation.load(std::memory_order_acquire) == gen) {
-#if defined(__AVX512F__)
-    _mm_pause();
-#endif
-    if (++spins == 2048) {
-      sched_yield();
-      spins = 0;
-    }
+  const int64_t deadline = now_ns() + spin_budget_ns();
+  for (int spins = 1;; spins++) {
+    if (b->generation.load(std::memory_order_acquire) != gen) return;
+    cpu_relax();
+    if ((spins & 63) == 0 && now_ns() > deadline) break;
   }
+  b->sleepers.fetch_add(1, std::memory_order_seq_cst);
+  // The kernel re-checks the word before sleeping, so a release between the load and the wait is not lost.
+  while (b->generation.load(std::memory_order_seq_cst) == gen)
+    syscall(SYS_futex, (int*)&b->generation, FUTEX_WAIT_PRIVATE, gen, nullptr, nullptr, 0);
+  b->sleepers.fetch_sub(1, std::memory_order_relaxed);
 }
 
 // Per-thread scratch floats: residual, normed / scratch, post-processed q/k/v, matrix-vector input,
@@ -121,6 +152,7 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
   SpinBarrier bar;
   bar.arrived.store(0);
   bar.generation.store(0);
+  bar.sleepers.store(0);
 
 #pragma omp parallel num_threads(nthreads)
   {
@@ -364,42 +396,72 @@ extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthre
 }
 
 // Streaming-read bandwidth probe: every thread sums its contiguous share of `buf` (`nbytes` bytes,
-// a multiple of 64) `passes` times; returns the sum so the reads cannot be optimized away.
+// a multiple of 64) `passes` times with the widest integer vectors of this build (two accumulators);
+// returns the sum so the reads cannot be optimized away.
 extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, int nthreads) {
+#if SOLO_AVX512
+  typedef uint64_t vq __attribute__((vector_size(64)));
+#elif SOLO_GVEC
+  typedef uint64_t vq __attribute__((vector_size(32)));
+#else
+  typedef uint64_t vq __attribute__((vector_size(8)));
+#endif
+  constexpr size_t lanes = sizeof(vq) / 8;
   double total = 0.0;
 #pragma omp parallel num_threads(nthreads) reduction(+ : total)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    const size_t lines = nbytes / 64;
-    const size_t a = lines * tid / nt, b = lines * (tid + 1) / nt;
+    const size_t n = nbytes / sizeof(vq);
+    const size_t a = n * tid / nt, b = n * (tid + 1) / nt;
+    const vq* v = (const vq*)buf;
     for (int p = 0; p < passes; p++) {
-#if defined(__AVX512F__)
-      __m512i acc0 = _mm512_setzero_si512(), acc1 = _mm512_setzero_si512();
-      const __m512i* v = (const __m512i*)buf;
+      vq acc0 = {}, acc1 = {};
       size_t i = a;
       for (; i + 2 <= b; i += 2) {
-        acc0 = _mm512_add_epi64(acc0, _mm512_load_si512(v + i));
-        acc1 = _mm512_add_epi64(acc1, _mm512_load_si512(v + i + 1));
+        acc0 += v[i];
+        acc1 += v[i + 1];
       }
-      for (; i < b; i++) acc0 = _mm512_add_epi64(acc0, _mm512_load_si512(v + i));
-      total += (double)_mm512_reduce_add_epi64(_mm512_add_epi64(acc0, acc1));
-#else
-      const uint64_t* v = (const uint64_t*)buf;
+      for (; i < b; i++) acc0 += v[i];
+      acc0 += acc1;
       uint64_t s = 0;
-      for (size_t i = a * 8; i < b * 8; i++) s += v[i];
+      for (size_t l = 0; l < lanes; l++) s += acc0[l];
       total += (double)s;
-#endif
     }
   }
   return total;
 }
 
-extern "C" int solo_has_avx512_bf16(void) {
-#if defined(__AVX512BF16__)
-  return 1;
-#else
-  return 0;
-#endif
+// The ISA level this library was compiled for (cpu_build.py checks it against the one it asked for).
+extern "C" const char* solo_isa(void) { return SOLO_ISA_NAME; }
+
+// 1 when a matrix of this format takes its input rounded to bf16 (AVX512-BF16 kernels), else 0 (float32).
+extern "C" int solo_input_bf16(int format) {
+  Mat m;
+  memset(&m, 0, sizeof m);
+  m.format = format;
+  return bf16_input(&m);
 }
 
-
+// The struct layout the kernels were compiled with: sizeof and every field's offset of Mat, Layer and
+// Model, in declaration order. cpu.py compares it with its ctypes mirrors at load. Returns the count.
+#define SOLO_OFF(T, f) (int64_t) offsetof(T, f)
+extern "C" int solo_struct_layout(int64_t* out, int capacity) {
+  const int64_t v[] = {
+      (int64_t)sizeof(Mat), SOLO_OFF(Mat, format), SOLO_OFF(Mat, rows), SOLO_OFF(Mat, cols), SOLO_OFF(Mat, group),
+      SOLO_OFF(Mat, weight), SOLO_OFF(Mat, scale), SOLO_OFF(Mat, bias),
+      (int64_t)sizeof(Layer), SOLO_OFF(Layer, qkv), SOLO_OFF(Layer, o), SOLO_OFF(Layer, gate_up),
+      SOLO_OFF(Layer, down), SOLO_OFF(Layer, attn_norm), SOLO_OFF(Layer, mlp_norm), SOLO_OFF(Layer, attn_out_norm),
+      SOLO_OFF(Layer, mlp_out_norm), SOLO_OFF(Layer, q_norm), SOLO_OFF(Layer, k_norm), SOLO_OFF(Layer, k_cache),
+      SOLO_OFF(Layer, v_cache), SOLO_OFF(Layer, window),
+      (int64_t)sizeof(Model), SOLO_OFF(Model, dtype), SOLO_OFF(Model, hidden), SOLO_OFF(Model, heads),
+      SOLO_OFF(Model, kv_heads), SOLO_OFF(Model, head_dim), SOLO_OFF(Model, inter), SOLO_OFF(Model, vocab),
+      SOLO_OFF(Model, layers), SOLO_OFF(Model, max_seq), SOLO_OFF(Model, cache_rows), SOLO_OFF(Model, unit_offset),
+      SOLO_OFF(Model, sandwich), SOLO_OFF(Model, qk_norm), SOLO_OFF(Model, act), SOLO_OFF(Model, eps),
+      SOLO_OFF(Model, embed_scale), SOLO_OFF(Model, attn_scale), SOLO_OFF(Model, attn_softcap),
+      SOLO_OFF(Model, final_softcap), SOLO_OFF(Model, embed), SOLO_OFF(Model, final_norm), SOLO_OFF(Model, head),
+      SOLO_OFF(Model, layer), SOLO_OFF(Model, skip_matmuls),
+  };
+  const int n = (int)(sizeof v / sizeof v[0]);
+  for (int i = 0; i < n && i < capacity; i++) out[i] = v[i];
+  return n;
+}

@@ -2,12 +2,14 @@
 #pragma once
 #include "common.h"
 #include "gemv.h"
+#include "simd.h"
 
 // ------------------------------------------------------------------------------- elementwise pieces
-// Vectorized with AVX-512 (16 floats, masked tails) where available; every result is rounded exactly
-// like the scalar code (round-to-nearest-even to bf16), so both paths give the same bits.
+// Vectorized with AVX-512 (16 floats, masked tails) or the portable vectors of simd.h (8 floats, scalar
+// tails) where the build has them; every result is rounded like the scalar code (round-to-nearest-even
+// to bf16). Each element's arithmetic depends only on its index, never on the batch size.
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VL__)
+#if SOLO_AVX512
 #define SOLO_VEC 1
 static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 
@@ -89,6 +91,12 @@ static void finish_linear_rows(const Mat* W, float* y, int B, int ldy, int bf, i
       if (W->bias) v = _mm512_add_ps(v, load_act16(W->bias, n, bf, m));
       _mm512_mask_storeu_ps(yb + n, m, rnd16(v, bf));
     }
+#elif SOLO_GVEC
+    for (; n + GVW <= n1; n += GVW) {
+      vf v = vload(yb + n);
+      if (W->bias) v += vload_act(W->bias, n, bf);
+      vstore(yb + n, vrnd(v, bf));
+    }
 #endif
     for (; n < n1; n++) {
       float v = yb[n];
@@ -113,6 +121,13 @@ static void rms_norm(const float* src, float* dst, int dim, const void* w, float
     acc = _mm512_fmadd_ps(v, v, acc);
   }
   ss = _mm512_reduce_add_ps(acc);
+#elif SOLO_GVEC
+  vf acc = vzero();
+  for (; i + GVW <= dim; i += GVW) {
+    const vf v = vload(src + i);
+    acc = vfma(v, v, acc);
+  }
+  ss = vsum(acc);
 #endif
   for (; i < dim; i++) ss += src[i] * src[i];
   const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
@@ -126,6 +141,13 @@ static void rms_norm(const float* src, float* dst, int dim, const void* w, float
     const __m512 out = unit_offset ? rnd16(_mm512_mul_ps(normed, _mm512_add_ps(one, wi)), bf)
                                    : rnd16(_mm512_mul_ps(wi, rnd16(normed, bf)), bf);
     _mm512_mask_storeu_ps(dst + i, m, out);
+  }
+#elif SOLO_GVEC
+  const vf vinv = vset1(inv), one = vset1(1.0f);
+  for (; i + GVW <= dim; i += GVW) {
+    const vf normed = vload(src + i) * vinv;
+    const vf wi = vload_act(w, i, bf);
+    vstore(dst + i, unit_offset ? vrnd(normed * (one + wi), bf) : vrnd(wi * vrnd(normed, bf), bf));
   }
 #endif
   for (; i < dim; i++) {
@@ -168,6 +190,22 @@ static void act_mul(const float* gate, const float* up, float* out, int i0, int 
       _mm512_mask_storeu_ps(out + i, m, rnd16(_mm512_mul_ps(rnd16(a, bf), load16(up + i, m)), bf));
     }
   }
+#elif SOLO_GVEC
+  if (act != ACT_GELU) {
+    const vf one = vset1(1.0f), half = vset1(0.5f);
+    for (; i + GVW <= i1; i += GVW) {
+      const vf g = vload(gate + i);
+      vf a;
+      if (act == ACT_SILU) {
+        a = g / (one + vexp(-g));
+      } else {
+        const vf y = vset1(0.7978845608028654f) * vfma(vset1(0.044715f), g * g * g, g);
+        const vf t = one - vset1(2.0f) / (vexp(y + y) + one);  // tanh(y) = 1 - 2 / (exp(2y) + 1)
+        a = half * g * (one + t);
+      }
+      vstore(out + i, vrnd(vrnd(a, bf) * vload(up + i), bf));
+    }
+  }
 #endif
   for (; i < i1; i++) out[i] = rnd(rnd(activation(gate[i], act), bf) * up[i], bf);
 }
@@ -180,6 +218,8 @@ static void residual_add(float* x, const float* t, int n, int bf) {
     const __mmask16 m = tail_mask(n - i);
     _mm512_mask_storeu_ps(x + i, m, rnd16(_mm512_add_ps(load16(x + i, m), load16(t + i, m)), bf));
   }
+#elif SOLO_GVEC
+  for (; i + GVW <= n; i += GVW) vstore(x + i, vrnd(vload(x + i) + vload(t + i), bf));
 #endif
   for (; i < n; i++) x[i] = rnd(x[i] + t[i], bf);
 }
@@ -196,7 +236,14 @@ static void rope(float* x, const float* c, const float* s, int hd, int bf) {
 }
 
 static inline float dot_act(const float* q, const void* k, int hd, int bf) {
-#if defined(__AVX512F__)
+#if SOLO_GVEC
+  if ((hd % GVW) == 0) {
+    vf acc = vzero();
+    for (int i = 0; i < hd; i += GVW) acc = vfma(vload(q + i), vload_act(k, i, bf), acc);
+    return vsum(acc);
+  }
+#endif
+#if SOLO_AVX512
   if (bf && (hd & 15) == 0) {
     __m512 acc = _mm512_setzero_ps();
     for (int i = 0; i < hd; i += 16)
@@ -216,7 +263,14 @@ static inline float dot_act(const float* q, const void* k, int hd, int bf) {
 }
 
 static inline void axpy_act(float p, const void* v, float* out, int hd, int bf) {
-#if defined(__AVX512F__)
+#if SOLO_GVEC
+  if ((hd % GVW) == 0) {
+    const vf pv = vset1(p);
+    for (int i = 0; i < hd; i += GVW) vstore(out + i, vfma(pv, vload_act(v, i, bf), vload(out + i)));
+    return;
+  }
+#endif
+#if SOLO_AVX512
   if ((hd & 15) == 0) {
     const __m512 pv = _mm512_set1_ps(p);
     for (int i = 0; i < hd; i += 16) {
@@ -227,6 +281,41 @@ static inline void axpy_act(float p, const void* v, float* out, int hd, int bf) 
   }
 #endif
   for (int i = 0; i < hd; i++) out[i] += p * load_act(v, i, bf);
+}
+
+// scores[start..pos] = exp(scores - mx) in place (softmax numerators); returns their float32 sum.
+static float softmax_numerators(float* scores, int start, int pos, float mx) {
+  float sum = 0.f;
+  int j = start;
+#if SOLO_VEC
+  {
+    const __m512 vmx = _mm512_set1_ps(mx);
+    __m512 acc = _mm512_setzero_ps();
+    for (; j <= pos; j += 16) {
+      const __mmask16 msk = tail_mask(pos + 1 - j);
+      const __m512 e = exp16(_mm512_sub_ps(load16(scores + j, msk), vmx));
+      _mm512_mask_storeu_ps(scores + j, msk, e);
+      acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(msk, e));
+    }
+    sum = _mm512_reduce_add_ps(acc);
+  }
+#elif SOLO_GVEC
+  {
+    const vf vmx = vset1(mx);
+    vf acc = vzero();
+    for (; j + GVW <= pos + 1; j += GVW) {
+      const vf e = vexp(vload(scores + j) - vmx);
+      vstore(scores + j, e);
+      acc += e;
+    }
+    sum = vsum(acc);
+  }
+#endif
+  for (; j <= pos; j++) {
+    scores[j] = expf(scores[j] - mx);
+    sum += scores[j];
+  }
+  return sum;
 }
 
 // One query head over its row's cache: softmax(q k^T * scale) v, optional tanh soft-capping and window.
@@ -253,25 +342,7 @@ static void attend(const Model* m, const Layer* L, const float* q, const float* 
     scores[j] = s;
     mx = s > mx ? s : mx;
   }
-  float sum = 0.f;
-  int j = start;
-#if SOLO_VEC
-  {
-    const __m512 vmx = _mm512_set1_ps(mx);
-    __m512 acc = _mm512_setzero_ps();
-    for (; j <= pos; j += 16) {
-      const __mmask16 msk = tail_mask(pos + 1 - j);
-      const __m512 e = exp16(_mm512_sub_ps(load16(scores + j, msk), vmx));
-      _mm512_mask_storeu_ps(scores + j, msk, e);
-      acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(msk, e));
-    }
-    sum = _mm512_reduce_add_ps(acc);
-  }
-#endif
-  for (; j <= pos; j++) {
-    scores[j] = expf(scores[j] - mx);
-    sum += scores[j];
-  }
+  const float sum = softmax_numerators(scores, start, pos, mx);
   const float inv = 1.0f / sum;
   for (int i = 0; i < hd; i++) out[i] = 0.f;
   if (cap > 0.f) {
@@ -475,6 +546,75 @@ static void attend_heads(const Model* m, const Layer* L, const float* q, const f
     case 128: attend_group<4>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
     default: attend_group<8>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
   }
+}
+#elif SOLO_GVEC
+#define SOLO_MAX_GROUP 64
+
+// `gs` consecutive query heads sharing KV head `kvh` (GQA), no soft-capping, head_dim a multiple of 8
+// and at most 256; q: float32 [gs, head_dim], out: float32 [gs, head_dim], scores [gs, stride] scratch.
+// Each cached key and value row is loaded and widened once for the whole group instead of once per
+// head; per head, every operation and its order are those of `attend` (the same dot products, softmax
+// numerators and p @ v fused multiply-adds), so the results are bit-identical to it, whatever `gs` is.
+static void attend_heads(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+  const int hd = m->head_dim, bf = m->dtype == DT_BF16;
+  const size_t esz = bf ? 2 : 4;
+  const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
+  const char* K = (const char*)L->k_cache + head_off * esz;
+  const char* V = (const char*)L->v_cache + head_off * esz;
+  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  float mx[SOLO_MAX_GROUP], row_f32[256];
+  for (int g = 0; g < gs; g++) mx[g] = -INFINITY;
+  for (int j = start; j <= pos; j++) {
+    // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
+    const void* kr = j < pos ? (const void*)(K + (size_t)j * hd * esz) : (const void*)k_now;
+    const int kbf = j < pos ? bf : 0;
+    for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(kr, i, kbf));
+    for (int g = 0; g < gs; g++) {
+      const float* qg = q + (size_t)g * hd;
+      vf acc = vzero();
+      for (int i = 0; i < hd; i += GVW) acc = vfma(vload(qg + i), vload(row_f32 + i), acc);
+      float sc = vsum(acc);
+      sc *= m->attn_scale;
+      scores[(size_t)g * stride + j] = sc;
+      mx[g] = sc > mx[g] ? sc : mx[g];
+    }
+  }
+  float sum[SOLO_MAX_GROUP];
+  for (int g = 0; g < gs; g++) {
+    sum[g] = softmax_numerators(scores + (size_t)g * stride, start, pos, mx[g]);
+    float* og = out + (size_t)g * hd;
+    for (int i = 0; i < hd; i++) og[i] = 0.f;
+  }
+  // PyTorch's CPU flash attention casts the unnormalized exponentials to the dtype for p @ v and divides
+  // by their float32 sum afterwards (as `attend`).
+  for (int j = start; j <= pos; j++) {
+    const void* vr = j < pos ? (const void*)(V + (size_t)j * hd * esz) : (const void*)v_now;
+    const int vbf = j < pos ? bf : 0;
+    for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(vr, i, vbf));
+    for (int g = 0; g < gs; g++) {
+      const vf pv = vset1(rnd(scores[(size_t)g * stride + j], bf));
+      float* og = out + (size_t)g * hd;
+      for (int i = 0; i < hd; i += GVW) vstore(og + i, vfma(pv, vload(row_f32 + i), vload(og + i)));
+    }
+  }
+  for (int g = 0; g < gs; g++) {
+    float* og = out + (size_t)g * hd;
+    for (int i = 0; i < hd; i++) og[i] = rnd(og[i] / sum[g], bf);
+  }
+}
+
+// Query heads per `attend_heads` call, or 0 where it does not apply (soft-capping, a head_dim that is not
+// a multiple of 8 or is above 256): the GQA group, shrunk to a divisor of itself until batch * heads /
+// group work items keep all `nthreads` threads busy.
+static int attend_group_size(const Model* m, int batch, int nthreads) {
+  const int hd = m->head_dim, g = m->heads / m->kv_heads;
+  if (m->attn_softcap > 0.f || hd % GVW != 0 || hd > 256) return 0;
+  int gs = g;
+  while (gs > 1 && ((long)batch * (m->heads / gs) < nthreads || gs > SOLO_MAX_GROUP)) {
+    do gs--; while (g % gs != 0);
+  }
+  return gs;
 }
 #else
 static int attend_group_size(const Model*, int, int) { return 0; }

@@ -1,71 +1,60 @@
 // Matrix-vector products (and products with a few vectors) over row-major weights, split by rows.
 #pragma once
 #include "common.h"
+#include "simd.h"
 
 // -------------------------------------------------------------------- matrix-vector products (GEMV)
 // y[b, n] = sum_k W[n, k] * x[b, k] for rows n in [n0, n1). x is bf16 for bf16 weights, else float32.
 
-#if defined(__AVX512BF16__)
-// One sequence: rows one after another, so each thread reads its block of the matrix as a single linear
-// stream (several short row streams at once defeat the hardware prefetcher; measured 2-3x slower).
-// Four accumulators over k hide the dot-product latency.
-static void gemv_bf16_b1(const uint16_t* W, int K, const uint16_t* x, float* y, int n0, int n1) {
+#if SOLO_AVX512 && defined(__AVX512BF16__)
+// Rows one after another, so each thread reads its block of the matrix as a single linear stream (several
+// short row streams at once defeat the hardware prefetcher; measured 2-3x slower). BT sequences at once:
+// each weight vector is loaded once and multiplied with every sequence's input. Four accumulators per
+// sequence over k hide the dot-product latency, and every sequence sums in the same order whatever BT
+// is, so a row's result is bit-identical at batch 1 and batched.
+template <int BT>
+static void gemv_bf16_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                         int n1) {
   const int k4 = K & ~127, kmain = K & ~31;
   const int rem = K - kmain;
   const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
   for (int n = n0; n < n1; n++) {
     const uint16_t* w = W + (size_t)n * K;
-    __m512 a0 = _mm512_setzero_ps(), a1 = _mm512_setzero_ps(), a2 = _mm512_setzero_ps(),
-           a3 = _mm512_setzero_ps();
+    __m512 acc[BT][4];
+    for (int j = 0; j < BT; j++)
+      for (int i = 0; i < 4; i++) acc[j][i] = _mm512_setzero_ps();
     int k = 0;
     for (; k < k4; k += 128) {
       PREFETCH(w + k);
       PREFETCH(w + k + 32);
       PREFETCH(w + k + 64);
       PREFETCH(w + k + 96);
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_loadu_si512(w + k + 32), (__m512bh)_mm512_loadu_si512(x + k + 32));
-      a2 = _mm512_dpbf16_ps(a2, (__m512bh)_mm512_loadu_si512(w + k + 64), (__m512bh)_mm512_loadu_si512(x + k + 64));
-      a3 = _mm512_dpbf16_ps(a3, (__m512bh)_mm512_loadu_si512(w + k + 96), (__m512bh)_mm512_loadu_si512(x + k + 96));
-    }
-    for (; k < kmain; k += 32)
-      a0 = _mm512_dpbf16_ps(a0, (__m512bh)_mm512_loadu_si512(w + k), (__m512bh)_mm512_loadu_si512(x + k));
-    if (rem)
-      a1 = _mm512_dpbf16_ps(a1, (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain),
-                            (__m512bh)_mm512_maskz_loadu_epi16(tail, x + kmain));
-    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a0, a1), _mm512_add_ps(a2, a3)));
-  }
-}
-
-// BT sequences at once: each weight vector is loaded once and multiplied with every sequence's input.
-template <int BT>
-static void gemv_bf16_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                         int n1) {
-  const int kmain = K & ~31;
-  const int rem = K - kmain;
-  const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
-  for (int n = n0; n < n1; n++) {
-    const uint16_t* w = W + (size_t)n * K;
-    __m512 acc[BT];
-    for (int j = 0; j < BT; j++) acc[j] = _mm512_setzero_ps();
-    for (int k = 0; k < kmain; k += 32) {
-      PREFETCH(w + k);
-      __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
+      __m512bh wv[4];
+      for (int i = 0; i < 4; i++) wv[i] = (__m512bh)_mm512_loadu_si512(w + k + 32 * i);
       for (int j = 0; j < BT; j++)
-        acc[j] = _mm512_dpbf16_ps(acc[j], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
+        for (int i = 0; i < 4; i++)
+          acc[j][i] = _mm512_dpbf16_ps(acc[j][i], wv[i],
+                                       (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i));
+    }
+    for (; k < kmain; k += 32) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
+      for (int j = 0; j < BT; j++)
+        acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
     }
     if (rem) {
-      __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain);
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain);
       for (int j = 0; j < BT; j++)
-        acc[j] = _mm512_dpbf16_ps(acc[j], wv,
-                                  (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
+        acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv,
+                                     (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
     }
-    for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(acc[j]);
+    for (int j = 0; j < BT; j++)
+      y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3])));
   }
 }
 #endif
 
-#if defined(__AVX512F__)
+#if SOLO_AVX512
 template <int BT>
 static void gemv_f32_bt(const float* W, int K, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
   const int kmain = K & ~15;
@@ -165,7 +154,7 @@ static void gemv_int4_bt(const uint8_t* W, const uint16_t* scale, int K, const f
 }
 #endif
 
-#if defined(__AVX512BF16__)
+#if SOLO_AVX512 && defined(__AVX512BF16__)
 // int4 through bf16 dot products: the nibble u (0..15) OR'ed into the bf16 bits of 128.0 (0x4300) is
 // exactly the bf16 number 128 + u, so one dpbf16 multiplies 32 weights at once without int->float
 // conversions; sum((u - 8) x) = sum((128 + u) x) - 136 sum(x), with sum(x) per group computed once per
@@ -218,37 +207,132 @@ static void gemv_int4_bf16_bt(const uint8_t* W, const uint16_t* scale, int K, co
 }
 #endif
 
-// Portable fallbacks (no AVX-512): one sequence at a time.
-[[maybe_unused]] static void gemv_scalar(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
+#if SOLO_GVEC
+// ----------------------------------------------------------- portable kernels (vector extensions)
+// Dense rows (bf16, float32 or int8 with a row scale): widen GVW weights at a time to float32 and FMA
+// with the float32 input. Four accumulators per sequence over k (latency hiding for one sequence), and
+// every sequence sums in the same order whatever the tile size BT is (batch invariance).
+template <int FMT>
+static inline vf wload(const void* w, size_t k) {
+  if (FMT == W_BF16) return vload_bf16((const uint16_t*)w + k);
+  if (FMT == W_F32) return vload((const float*)w + k);
+  return vload_i8((const int8_t*)w + k);
+}
+template <int FMT>
+static inline float wscalar(const void* w, size_t k) {
+  if (FMT == W_BF16) return bf16_to_f32(((const uint16_t*)w)[k]);
+  if (FMT == W_F32) return ((const float*)w)[k];
+  return (float)((const int8_t*)w)[k];
+}
+
+template <int FMT, int BT>
+static void gemv_dense_g(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
+  const int K = W->cols;
+  const size_t esz = FMT == W_BF16 ? 2 : (FMT == W_F32 ? 4 : 1);
+  const int k4 = K - K % (4 * GVW), k1 = K - K % GVW;
+  for (int n = n0; n < n1; n++) {
+    const char* w = (const char*)W->weight + (size_t)n * K * esz;
+    vf acc[BT][4];
+    for (int j = 0; j < BT; j++)
+      for (int i = 0; i < 4; i++) acc[j][i] = vzero();
+    int k = 0;
+    for (; k < k4; k += 4 * GVW) {
+      PREFETCH(w + k * esz);
+      if (esz * 4 * GVW > 64) PREFETCH(w + k * esz + 64);
+      vf wv[4];
+      for (int i = 0; i < 4; i++) wv[i] = wload<FMT>(w, k + i * GVW);
+      for (int j = 0; j < BT; j++)
+        for (int i = 0; i < 4; i++) acc[j][i] = vfma(wv[i], vload(x + (size_t)j * ldx + k + i * GVW), acc[j][i]);
+    }
+    for (; k < k1; k += GVW) {
+      const vf wv = wload<FMT>(w, k);
+      for (int j = 0; j < BT; j++) acc[j][0] = vfma(wv, vload(x + (size_t)j * ldx + k), acc[j][0]);
+    }
+    for (int j = 0; j < BT; j++) {
+      float s = vsum((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3]));
+      for (int kk = k1; kk < K; kk++) s += wscalar<FMT>(w, kk) * x[(size_t)j * ldx + kk];
+      y[(size_t)j * ldy + n] = FMT == W_INT8 ? s * ((const float*)W->scale)[n] : s;
+    }
+  }
+}
+
+// int4 rows: per group of 32 inputs, 16 bytes hold inputs i (low nibble) and i + 16 (high nibble), one
+// bf16 scale per group. Two accumulator sets alternate between groups (the scale FMA chain is the
+// bottleneck); the order is the same for every BT.
+template <int BT>
+static void gemv_int4_g(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
+  const int K = W->cols, groups = K / 32;
+  const vf eight = vset1(8.0f);
+  for (int n = n0; n < n1; n++) {
+    const uint8_t* w = (const uint8_t*)W->weight + (size_t)n * (K / 2);
+    const uint16_t* s = (const uint16_t*)W->scale + (size_t)n * groups;
+    vf acc[2][BT];
+    for (int j = 0; j < BT; j++) acc[0][j] = acc[1][j] = vzero();
+    for (int g = 0; g < groups; g++) {
+      if ((g & 3) == 0) PREFETCH(w + 16 * g);
+      vub8 a, b;
+      memcpy(&a, w + 16 * g, 8);
+      memcpy(&b, w + 16 * g + 8, 8);
+      const vf q0 = __builtin_convertvector(a & 0xF, vf) - eight;  // inputs 0..7
+      const vf q1 = __builtin_convertvector(b & 0xF, vf) - eight;  // 8..15
+      const vf q2 = __builtin_convertvector(a >> 4, vf) - eight;   // 16..23
+      const vf q3 = __builtin_convertvector(b >> 4, vf) - eight;   // 24..31
+      const vf sg = vset1(bf16_to_f32(s[g]));
+      for (int j = 0; j < BT; j++) {
+        const float* xj = x + (size_t)j * ldx + 32 * g;
+        vf t = q0 * vload(xj);
+        t = vfma(q1, vload(xj + 8), t);
+        t = vfma(q2, vload(xj + 16), t);
+        t = vfma(q3, vload(xj + 24), t);
+        acc[g & 1][j] = vfma(t, sg, acc[g & 1][j]);
+      }
+    }
+    for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n] = vsum(acc[0][j] + acc[1][j]);
+  }
+}
+
+template <int BT>
+static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, int n0, int n1) {
+  const float* xf = (const float*)x;
+  switch (W->format) {
+    case W_BF16: gemv_dense_g<W_BF16, BT>(W, xf, ldx, y, ldy, n0, n1); break;
+    case W_F32: gemv_dense_g<W_F32, BT>(W, xf, ldx, y, ldy, n0, n1); break;
+    case W_INT8: gemv_dense_g<W_INT8, BT>(W, xf, ldx, y, ldy, n0, n1); break;
+    default: gemv_int4_g<BT>(W, xf, ldx, y, ldy, n0, n1); break;  // W_INT4, W_INT4_BF16X
+  }
+}
+#define SOLO_TILE 2  // sequences per weight pass: 2 x 4 accumulators + 4 weight vectors fit AVX2's 16 registers
+#endif
+
+// Portable fallback (scalar builds): one sequence at a time, float32 inputs.
+[[maybe_unused]] static void gemv_scalar(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0,
+                                         int n1) {
   const int K = W->cols;
   for (int b = 0; b < B; b++) {
+    const float* xb = (const float*)x + (size_t)b * ldx;
     for (int n = n0; n < n1; n++) {
       float s = 0.f;
       if (W->format == W_BF16) {
         const uint16_t* w = (const uint16_t*)W->weight + (size_t)n * K;
-        const uint16_t* xb = (const uint16_t*)x + (size_t)b * ldx;
-        for (int k = 0; k < K; k++) s += bf16_to_f32(w[k]) * bf16_to_f32(xb[k]);
+        for (int k = 0; k < K; k++) s += bf16_to_f32(w[k]) * xb[k];
+      } else if (W->format == W_F32) {
+        const float* w = (const float*)W->weight + (size_t)n * K;
+        for (int k = 0; k < K; k++) s += w[k] * xb[k];
+      } else if (W->format == W_INT8) {
+        const int8_t* w = (const int8_t*)W->weight + (size_t)n * K;
+        for (int k = 0; k < K; k++) s += (float)w[k] * xb[k];
+        s *= ((const float*)W->scale)[n];
       } else {
-        const float* xb = (const float*)x + (size_t)b * ldx;
-        if (W->format == W_F32) {
-          const float* w = (const float*)W->weight + (size_t)n * K;
-          for (int k = 0; k < K; k++) s += w[k] * xb[k];
-        } else if (W->format == W_INT8) {
-          const int8_t* w = (const int8_t*)W->weight + (size_t)n * K;
-          for (int k = 0; k < K; k++) s += (float)w[k] * xb[k];
-          s *= ((const float*)W->scale)[n];
-        } else {
-          const uint8_t* w = (const uint8_t*)W->weight + (size_t)n * (K / 2);
-          const uint16_t* sc = (const uint16_t*)W->scale + (size_t)n * (K / 32);
-          for (int g = 0; g < K / 32; g++) {
-            float t = 0.f;
-            for (int i = 0; i < 16; i++) {
-              uint8_t byte = w[16 * g + i];
-              t += (float)((int)(byte & 0xF) - 8) * xb[32 * g + i];
-              t += (float)((int)(byte >> 4) - 8) * xb[32 * g + 16 + i];
-            }
-            s += t * bf16_to_f32(sc[g]);
+        const uint8_t* w = (const uint8_t*)W->weight + (size_t)n * (K / 2);
+        const uint16_t* sc = (const uint16_t*)W->scale + (size_t)n * (K / 32);
+        for (int g = 0; g < K / 32; g++) {
+          float t = 0.f;
+          for (int i = 0; i < 16; i++) {
+            uint8_t byte = w[16 * g + i];
+            t += (float)((int)(byte & 0xF) - 8) * xb[32 * g + i];
+            t += (float)((int)(byte >> 4) - 8) * xb[32 * g + 16 + i];
           }
+          s += t * bf16_to_f32(sc[g]);
         }
       }
       y[(size_t)b * ldy + n] = s;
@@ -256,17 +340,14 @@ static void gemv_int4_bf16_bt(const uint8_t* W, const uint16_t* scale, int K, co
   }
 }
 
-#if defined(__AVX512F__)
+#if SOLO_AVX512
 template <int BT>
 static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, int n0, int n1) {
   const int K = W->cols;
   switch (W->format) {
 #if defined(__AVX512BF16__)
     case W_BF16:
-      if (BT == 1)
-        gemv_bf16_b1((const uint16_t*)W->weight, K, (const uint16_t*)x, y, n0, n1);
-      else
-        gemv_bf16_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
+      gemv_bf16_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
       break;
 #else
     case W_BF16:
@@ -291,18 +372,17 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
       break;
   }
 }
+#define SOLO_TILE 4
 #endif
 
-// Does this matrix take its input as bf16 (else float32)?
+// Does this matrix take its input as bf16 (else float32)? Only the AVX512-BF16 kernels do (bf16 weights
+// and int4 "bf16x"): they round a float32 input to bf16 first, which changes nothing for a bf16 model.
 static inline int bf16_input(const Mat* W) {
-#if defined(__AVX512BF16__)
+#if SOLO_AVX512 && defined(__AVX512BF16__)
   return W->format == W_BF16 || W->format == W_INT4_BF16X;
 #else
-#if defined(__AVX512F__)
+  (void)W;
   return 0;
-#else
-  return W->format == W_BF16;
-#endif
 #endif
 }
 
@@ -326,25 +406,24 @@ static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid,
     return;
   }
   const int ldx = W->cols;
-#if defined(__AVX512F__)
+#if SOLO_AVX512 || SOLO_GVEC
   const size_t esz = input_elem_bytes(W);
-  // More than 4 sequences: walk the rows in blocks of 32 and run every 4-sequence tile over a block
-  // while it is in L2, so the weights still come from DRAM once.
-  const int block = B > 4 ? 32 : n1 - n0;
+  // More sequences than one tile: walk the rows in blocks of 32 and run every tile over a block while it
+  // is in L2, so the weights still come from DRAM once. The tiling never changes a row's arithmetic.
+  constexpr int T = SOLO_TILE;
+  const int block = B > T ? 32 : n1 - n0;
   for (int r0 = n0; r0 < n1; r0 += block) {
     const int r1 = r0 + block < n1 ? r0 + block : n1;
     int b = 0;
-    for (; b + 4 <= B; b += 4)
-      gemv_tile<4>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    switch (B - b) {
-      case 1: gemv_tile<1>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1); break;
-      case 2: gemv_tile<2>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1); break;
-      case 3: gemv_tile<3>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1); break;
-      default: break;
-    }
+    for (; b + T <= B; b += T)
+      gemv_tile<T>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const int left = B - b;  // fewer than T
+    const char* xl = (const char*)x + b * ldx * esz;
+    if (left == 1) gemv_tile<1>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    if (left == 2) gemv_tile<2>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    if (left == 3) gemv_tile<3>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
   }
 #else
   gemv_scalar(W, x, ldx, B, y, ldy, n0, n1);
 #endif
 }
-

@@ -1,0 +1,25 @@
+"""The bench's instrument: the best-of-several bandwidth probe, its ISA label, and the warnings on its limits."""
+
+from __future__ import annotations
+
+from solo.bench.roofline import instrument_warnings, last_level_cache_bytes, probe_cpu_bandwidth
+from solo.runtime.cpu_build import selected_level
+
+
+def test_the_probe_is_the_best_of_torch_and_the_native_loop_and_names_the_isa():
+    probe = probe_cpu_bandwidth(32 * 2**20, passes=2, threads=2)
+    names = list(probe.candidates_gbps)
+    assert any(n.startswith("torch.sum") for n in names)
+    native = [n for n in names if n.startswith("native ")]
+    assert native == [f"native {selected_level().name} streaming sum, 2 threads"]  # the level in use, not "AVX-512"
+    assert probe.method in names and probe.bandwidth_gbps == max(probe.candidates_gbps.values())
+
+
+def test_instrument_warnings():
+    gib = 2**30
+    assert instrument_warnings(2 * gib, 2 * gib, 20.0, {"solo": 9.0}, 32 * 2**20) == []
+    lines = instrument_warnings(100 * 2**20, 101 * 2**20, 20.0, {"solo": 300.0, "peer": 10.0}, 256 * 2**20)
+    assert len(lines) == 2
+    assert "fit in the last-level cache" in lines[0]
+    assert lines[1].startswith("solo read 31.8 GB/s, above the probe's 20.0 GB/s")
+    assert last_level_cache_bytes() is None or last_level_cache_bytes() > 2**16

@@ -1,0 +1,105 @@
+"""The CPU kernels' ISA levels: selection, SOLO_CPU_ISA, load-time checks, and the parity tests under every level."""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from solo.runtime import cpu_build
+from solo.runtime.cpu_build import IsaError, KernelBuildError, available_levels, selected_level
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_best_available_level_is_selected_and_a_lower_one_can_be_forced(monkeypatch):
+    monkeypatch.delenv("SOLO_CPU_ISA", raising=False)
+    levels = available_levels()
+    assert levels[0].name == "scalar"
+    assert selected_level() == levels[-1]
+    monkeypatch.setenv("SOLO_CPU_ISA", "scalar")
+    assert selected_level().name == "scalar"
+
+
+def test_a_level_the_cpu_lacks_or_an_unknown_one_is_refused(monkeypatch):
+    names = {lv.name for lv in available_levels()}
+    missing = next(lv.name for lv in cpu_build.LEVELS if lv.name not in names)  # neon on x86, avx2 on ARM
+    monkeypatch.setenv("SOLO_CPU_ISA", missing)
+    with pytest.raises(IsaError, match=f"SOLO_CPU_ISA={missing}: this CPU .*use one of .*scalar"):
+        selected_level()
+    monkeypatch.setenv("SOLO_CPU_ISA", "sse9")
+    with pytest.raises(IsaError, match="not an ISA level; use one of scalar"):
+        selected_level()
+
+
+def test_the_loaded_library_reports_its_level_and_matching_struct_layout():
+    from solo.runtime.cpu import _Mat, check_struct_layout, checked_library
+
+    lib = checked_library()
+    assert cpu_build.library_isa(lib) == selected_level().name
+
+    class Shifted(ctypes.Structure):  # what a field added on the Python side only would look like
+        _fields_ = [("extra", ctypes.c_int32), *_Mat._fields_]
+
+    from solo.runtime import cpu
+
+    original = cpu._Mat
+    cpu._layout_checked.clear()
+    try:
+        cpu._Mat = Shifted
+        with pytest.raises(KernelBuildError, match="struct layout differs from solo/runtime/cpu.py at Shifted.sizeof"):
+            check_struct_layout(lib)
+    finally:
+        cpu._Mat = original
+        cpu._layout_checked.clear()
+    check_struct_layout(lib)
+
+
+def test_an_unwritable_kernel_cache_falls_back_with_a_warning(monkeypatch, tmp_path):
+    blocker = tmp_path / "not-a-folder"
+    blocker.write_text("a file where the cache folder's parent should be")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
+    monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++"])
+    monkeypatch.setattr(cpu_build, "_MAIN", tmp_path / "tiny.cpp")
+    (tmp_path / "tiny.cpp").write_text('extern "C" int solo_tiny(void) { return 1; }\n')
+    with pytest.warns(UserWarning, match="is not writable; building Solo's CPU kernels in"):
+        path = cpu_build.library_path(available_levels()[0])
+    assert path.parent == tmp_path / "fallback" and path.is_file()
+    assert cpu_build.library_path(available_levels()[0]) == path  # found there next time, no rebuild
+
+
+# The parity tests this file reruns under each other level (a subset, to stay fast): every GEMV format
+# against torch, bitwise batch invariance at real widths, the quantized runtime against eager, and
+# end-to-end logits / greedy tokens against eager and transformers.
+_Q, _R = "tests/runtime/test_quant_cpu.py::", "tests/runtime/test_cpu_runtime.py::"
+_PARITY = [
+    f"{_Q}test_gemv_kernels_match_torch",
+    f"{_Q}test_gemv_is_bit_identical_across_batch_sizes",
+    f"{_Q}test_quantized_runtime_matches_eager_on_the_same_quantized_model[int4]",
+    f"{_R}test_float32_greedy_matches_transformers_and_eager[qwen3]",
+    f"{_R}test_bfloat16_logits_match_eager[llama]",
+    f"{_R}test_grouped_attention_matches_eager[torch.bfloat16-qwen2-64-4-1]",
+    f"{_R}test_batched_decode_is_bit_identical_at_real_widths",
+]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("isa", [lv.name for lv in cpu_build.LEVELS])
+def test_parity_under_every_isa_level_this_cpu_runs(isa):
+    available = [lv.name for lv in available_levels()]
+    if isa not in available:
+        pytest.skip(f"this CPU cannot run the {isa} level")
+    if isa == selected_level().name:
+        pytest.skip(f"{isa} is this session's level: the whole suite runs on it")
+    # No spinning at the step's barriers: these runs exercise the sleep / wake path (the session's own, the spin).
+    env = {**os.environ, "SOLO_CPU_ISA": isa, "SOLO_CPU_SPIN_US": "0"}
+    result = subprocess.run(
+        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *_PARITY, "-k", "not 130-320"],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+    output = result.stdout[-4000:] + result.stderr[-2000:]
+    assert result.returncode == 0, f"parity tests under SOLO_CPU_ISA={isa}:\n{output}"
