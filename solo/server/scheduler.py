@@ -36,16 +36,28 @@ So `decode_batching` is
   "isolated".
 
 Prompts are prefilled whole, never chunked, for the same reason: chunked prefill changes the arithmetic.
+
+Overload. The queue is bounded (`max_queue`); a request that does not fit is refused at once with
+`QueueFullError`, which carries an estimate of when a place frees: the remaining token budget of the
+running request closest to its end times the measured decode-step time (an upper bound when that request
+stops early at EOS, a lower bound when other clients take the place first). Admitted requests keep their
+rows: nothing is preempted. Waiting requests leave the queue by `priority` (lower first, vLLM's
+convention; FIFO among equals), so interactive traffic sent with a lower value overtakes batch jobs
+waiting beside it; running requests are never interrupted for it.
+
+KV memory. Every row is allocated once (`runtime.reserve`); a request holds (prompt + generated) tokens
+of its row. `kv_used_bytes()` sums them, and the metrics report it with the capacity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -53,6 +65,7 @@ import torch
 
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.runtime.base import DecodeRuntime
+from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
 
@@ -65,7 +78,16 @@ ABORT = "abort"
 
 
 class QueueFullError(Exception):
-    """Every KV-cache slot is busy and the waiting queue is full; the client should retry later."""
+    """Every KV-cache slot is busy and the waiting queue is full; the client should retry later.
+
+    Args:
+        message: one line for the client.
+        retry_after_s: whole seconds until a place is expected to free (the Retry-After header), >= 1.
+    """
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SchedulerStoppedError(Exception):
@@ -81,6 +103,10 @@ class SchedulerMetrics(Protocol):
 
     def observe_finished(self, stats: GenerationStats, finish_reason: str) -> None:
         """One request finished (or was aborted) with these timings."""
+        ...
+
+    def watch_kv_cache(self, used_bytes: Callable[[], int], capacity_bytes: int, bytes_per_token: int) -> None:
+        """The KV cache's size, a callable giving the bytes requests hold now, and bytes per token."""
         ...
 
 
@@ -186,6 +212,7 @@ class _Sequence:
     request: Request
     index: int
     generation: Generation
+    priority: int = 0
     row: int = -1
     last_token: int = -1
 
@@ -222,6 +249,12 @@ class Scheduler:
             decode_batching = "fused" if max_batch > 1 and runtime_is_batch_invariant(runtime) else "isolated"
         self.decode_batching: DecodeBatching = decode_batching
         """The mode in use: "isolated" or "fused" ("auto" resolved)."""
+        self.kv_bytes_per_token = kv_bytes_per_token(runtime.config, cache_element_bytes(runtime))
+        """Bytes of KV cache one token of one request takes."""
+        self.kv_capacity_bytes = max_batch * max_seq * self.kv_bytes_per_token
+        """Bytes of the KV-cache rows this scheduler uses."""
+        self.step_s: float | None = None
+        """Moving average of one decode step's wall time (all active rows), seconds; None before the first."""
         self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -237,6 +270,8 @@ class Scheduler:
         """Decode steps run so far (for tests and debugging)."""
         self.peak_active = 0
         """Most requests that held a row at once (for tests and load tests)."""
+        if metrics is not None:
+            metrics.watch_kv_cache(self.kv_used_bytes, self.kv_capacity_bytes, self.kv_bytes_per_token)
 
     # ------------------------------------------------------------------------------------ public API
 
@@ -253,30 +288,63 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
-    def submit(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop) -> Generation:
+    def submit(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop, priority: int = 0) -> Generation:
         """Queue the choices of one API request, all or none.
 
         Args:
             requests: one prepared `Request` per choice (each with its own seed).
             loop: the event loop that will consume the events.
+            priority: lower values leave the queue first (FIFO among equal values); 0 by default.
 
         Raises:
-            QueueFullError: the choices do not fit in the free rows plus the queue's free room.
+            QueueFullError: the choices do not fit in the free rows plus the queue's free room; it carries
+                the estimated seconds until they would.
             SchedulerStoppedError: the scheduler is stopping.
         """
         generation = Generation(self, loop, requests)
         with self._cond:
             if self._stopping:
                 raise SchedulerStoppedError("the server is shutting down; send the request to another instance")
-            if len(self._waiting) + len(requests) > self.max_queue + len(self._free_rows):
+            missing = len(self._waiting) + len(requests) - self.max_queue - len(self._free_rows)
+            if missing > 0:
+                wait_s = self._estimate_wait_s(missing)
                 raise QueueFullError(
-                    f"the server is at capacity ({self.max_batch} running, {len(self._waiting)} waiting, "
-                    f"queue limit {self.max_queue}); retry shortly"
+                    f"the server is at capacity ({len(self._running)} running, {len(self._waiting)} waiting, "
+                    f"queue limit {self.max_queue}); a place is expected to free in about {wait_s} s, retry then",
+                    retry_after_s=wait_s,
                 )
-            self._waiting.extend(_Sequence(r, i, generation) for i, r in enumerate(requests))
+            for i, r in enumerate(requests):
+                self._enqueue(_Sequence(r, i, generation, priority))
             self._publish_load()
             self._cond.notify()
         return generation
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        # Behind every waiting sequence of the same or a more urgent priority (stable, so FIFO by default).
+        i = len(self._waiting)
+        while i > 0 and self._waiting[i - 1].priority > seq.priority:
+            i -= 1
+        self._waiting.insert(i, seq)
+
+    def _estimate_wait_s(self, rows: int) -> int:
+        # Whole seconds until `rows` running requests have used their token budget (call with the lock held).
+        # Unknown step time (nothing decoded yet): 1 s, the shortest Retry-After.
+        if self.step_s is None or not self._running:
+            return 1
+        remaining = sorted(max(0, s.request.max_new_tokens - len(s.request.output_ids)) for s in self._running)
+        steps = remaining[min(rows, len(remaining)) - 1]
+        return max(1, min(3600, math.ceil(steps * self.step_s)))
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until a queue place is expected to free (1 when one is free or nothing is known)."""
+        with self._cond:
+            missing = len(self._waiting) + 1 - self.max_queue - len(self._free_rows)
+            return self._estimate_wait_s(missing) if missing > 0 else 1
+
+    def kv_used_bytes(self) -> int:
+        """Bytes of KV cache the running requests hold now: (prompt + generated tokens) x bytes per token."""
+        running = list(self._running)  # a snapshot: read from the metrics thread without the lock
+        return sum(s.request.next_position for s in running) * self.kv_bytes_per_token
 
     def cancel(self, generation: Generation) -> None:
         """Drop a generation's waiting choices now and end its running ones before the next step."""
@@ -376,7 +444,10 @@ class Scheduler:
                 self._guard([seq], self._prefill, seq)
             active = [s for s in self._running if not s.request.finished]
             if active:
+                start = time.perf_counter()
                 self._guard(active, self._decode_step, active)
+                elapsed = time.perf_counter() - start
+                self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
             self._release_finished()
             if stopping:
                 with self._cond:

@@ -88,7 +88,7 @@ def test_full_queue_answers_503_with_retry_after(long_server):
                 assert metric(http, "solo_queue_depth") == 1
                 response = http.post("/v1/chat/completions", json=LONG)
                 assert response.status_code == 503
-                assert response.headers["Retry-After"] == "1"
+                assert int(response.headers["Retry-After"]) >= 1  # an estimate: see test_overload.py
                 error = response.json()["error"]
                 assert error["code"] == "queue_full" and error["type"] and error["message"]
         wait_for(lambda: metric(http, "solo_active_slots") == 0 and metric(http, "solo_queue_depth") == 0, 2.0)
