@@ -130,7 +130,7 @@ def test_load_run_against_a_running_server(server, tmp_path, capsys):
     assert status == 0
     result = json.loads(out.read_text())
     phase = result["phases"][0]
-    assert phase["sent"] == 12 and phase["http_5xx"] == 0
+    assert 1 <= phase["sent"] <= 12 and phase["http_5xx"] == 0  # Poisson at 6/s for 2 s, at most 12
     assert phase["completed"] + phase["cancelled"] == phase["sent"], phase["errors"]
     assert phase["errors"] == {}
     assert phase["ttft_s"]["p50"] is not None and phase["goodput_rps"] > 0

@@ -44,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _command(args: argparse.Namespace) -> str:
     # Rebuilt from the flags (not sys.argv), so the report never quotes local paths of a caller's shell.
-    parts = ["solo", "bench"] + ([Path(args.model).name] if args.model else []) + ["--load", args.load]
+    parts = ["solo", "bench"] + ([Path(args.model).name] if args.model else []) + ["--load", Path(args.load).name]
     for flag in ("url", "rates", "duration", "max_requests", "max_batch", "max_queue", "max_model_len", "capacity_s",
                  "verify", "dtype", "backend", "quantize"):
         value = getattr(args, flag, None)
@@ -132,6 +132,9 @@ def main(args: argparse.Namespace) -> int:
     try:
         prompts = build_prompts(base, workload, workload.seed)
         meta["model"], meta["max_model_len"] = prompts.model, prompts.max_model_len
+        for note in prompts.notes:
+            meta["note"] = f"{meta['note']} {note}.".strip()
+            print(note, file=sys.stderr)
         idle = asyncio.run(idle_baseline(base, prompts, workload, timeout))
         capacity = None
         if any(isinstance(r, str) for r in workload.rates):

@@ -149,6 +149,7 @@ class Prompts:
     model: str
     max_model_len: int
     pools: dict[str, list[Prompt]] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
 
 
 def build_prompts(base_url: str, workload: Workload, seed: int) -> Prompts:
@@ -176,6 +177,14 @@ def build_prompts(base_url: str, workload: Workload, seed: int) -> Prompts:
             if len(ids) > 4 * max_model_len + 4096:
                 break
         prompts = Prompts(model, max_model_len)
+        chat_classes = [c for c in workload.classes if c.endpoint == "chat"]
+        probe = {"model": model, "messages": [{"role": "user", "content": "hi"}]}
+        if chat_classes and http.post("/tokenize", json=probe).status_code == 400:
+            # A completion model (no chat template, such as the bundled one): say so in the report.
+            for c in chat_classes:
+                c.endpoint = "completions"
+            prompts.notes.append(f"{model} has no chat template: the chat classes "
+                                 f"({', '.join(c.name for c in chat_classes)}) were sent to /v1/completions")
         for ci, cls in enumerate(workload.classes):
             rng = random.Random(seed * 1000 + ci)
             pool = []
