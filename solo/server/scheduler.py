@@ -19,9 +19,11 @@ that promise depends on the runtime:
   [1, hidden], and batched attention pads every row to the longest key length, so per-row logits differ
   in the last bits from batch 1 (measured: up to 2e-5 on a 512-wide model), enough to flip a greedy
   near-tie or a sampled token.
-- A runtime whose kernels compute each sequence with the same reduction order whatever the batch (Solo's
-  native CPU runtime: one accumulator chain per sequence and weight row) is batch-invariant: one batched
-  call gives every row its batch-1 logits bit for bit.
+- A runtime whose kernels compute each sequence with the same reduction order whatever the batch is
+  batch-invariant: one batched call gives every row its batch-1 logits bit for bit. Solo's native CPU
+  runtime declares it, but its batched step differs from batch 1 for some mixes of row lengths (found by
+  a soak: greedy outputs changed under load), so the start-up probe below tries several random mixes and
+  "auto" falls back to "isolated" when any differs.
 
 So `decode_batching` is
 
@@ -54,6 +56,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import random
 import threading
 import time
 from collections import deque
@@ -110,16 +113,20 @@ class SchedulerMetrics(Protocol):
         ...
 
 
-def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4) -> bool:
+def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4, trials: int = 8) -> bool:
     """True when the runtime declares `batch_invariant = True` and a probe agrees.
 
     The probe prefills `rows` cache rows (from row 0; call before serving) with prompts of different
-    lengths, then compares one batched decode step with batch-1 steps of the same rows, bit for bit.
-    A declared but failing runtime is logged and treated as not invariant.
+    lengths, then compares one batched decode step with batch-1 steps of the same rows, bit for bit. It
+    does so `trials` times with seeded random lengths (2 to 64 tokens, within the cache) and tokens over
+    the rows the previous trial left behind, as the server reuses rows: a kernel whose batched path
+    depends on its neighbours' lengths or on stale cache contents fails some of them. A declared but
+    failing runtime is logged and treated as not invariant.
 
     Args:
-        runtime: the runtime (its cache must hold `rows` rows of at least 2 + 3 * rows tokens).
+        runtime: the runtime (its cache must hold `rows` rows of at least 3 tokens).
         rows: sequences in the probe.
+        trials: batched steps compared.
     """
     if not getattr(runtime, "batch_invariant", False):
         return False
@@ -127,22 +134,27 @@ def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4) -> bool:
     if rows < 2:
         return True
     vocab = runtime.config.vocab_size
-    lengths = [2 + 3 * r for r in range(rows)]
-    last = []
-    for r, n in enumerate(lengths):
-        ids = torch.tensor([(7 * i + 3 * r + 1) % vocab for i in range(n)], dtype=torch.long)
-        last.append(int(runtime.prefill(r, ids).argmax()))
-    row_ids = torch.arange(rows, dtype=torch.long)
-    tokens = torch.tensor(last, dtype=torch.long)
-    positions = torch.tensor(lengths, dtype=torch.long)
-    batched = runtime.decode(row_ids, tokens, positions)
-    for r in range(rows):
-        # The same position is rewritten with the batch-1 step's own keys and values before it is read.
-        single = runtime.decode(row_ids[r:r + 1], tokens[r:r + 1], positions[r:r + 1])[0]
-        if not torch.equal(batched[r], single):
-            logger.warning("the %s runtime declares batch invariance but its batched decode differs from batch 1; "
-                           "decoding one row at a time", getattr(runtime, "name", "?"))
-            return False
+    longest = max(2, min(64, runtime.max_seq - 2))
+    rng = random.Random(0)
+    for trial in range(trials):
+        # The first trial keeps the historical shape (lengths 2, 5, 8, ...); the rest are random.
+        lengths = [min(longest, 2 + 3 * r) if trial == 0 else rng.randint(2, longest) for r in range(rows)]
+        last = []
+        for r, n in enumerate(lengths):
+            ids = torch.tensor([rng.randrange(vocab) for _ in range(n)], dtype=torch.long)
+            last.append(int(runtime.prefill(r, ids).argmax()))
+        row_ids = torch.arange(rows, dtype=torch.long)
+        tokens = torch.tensor(last, dtype=torch.long)
+        positions = torch.tensor(lengths, dtype=torch.long)
+        batched = runtime.decode(row_ids, tokens, positions)
+        for r in range(rows):
+            # The same position is rewritten with the batch-1 step's own keys and values before it is read.
+            single = runtime.decode(row_ids[r:r + 1], tokens[r:r + 1], positions[r:r + 1])[0]
+            if not torch.equal(batched[r], single):
+                logger.warning("the %s runtime declares batch invariance but its batched decode differs from batch 1 "
+                               "(rows of %s tokens); decoding one row at a time", getattr(runtime, "name", "?"),
+                               lengths)
+                return False
     return True
 
 

@@ -163,7 +163,9 @@ def main(args: argparse.Namespace) -> int:
     meta["cpu_load_after"] = cpu_load()
     meta["server_exit_status"] = status
     meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
-    summaries = [summarize_phase(p, workload, idle) for p in phases]
+    # RSS drift is measured after a warm-up of a quarter of the phase (at most 60 s): allocator pools and the
+    # queue fill first.
+    summaries = [summarize_phase(p, workload, idle, warmup_s=min(60.0, p.duration_s / 4)) for p in phases]
     result = {"meta": meta, "workload": {"name": workload.name, "description": workload.description,
                                          "slo_ttft_s": workload.slo_ttft_s, "slo_tpot_s": workload.slo_tpot_s,
                                          "bursts": [vars(b) for b in workload.bursts],

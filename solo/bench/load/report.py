@@ -72,6 +72,7 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "duration_s": phase.duration_s,
         "wall_s": round(phase.wall_s, 2),
         "sent": len(outs),
+        "arrivals_rps": round(len(outs) / phase.duration_s, 4),
         "completed": len(done),
         "cancelled": sum(o.cancelled for o in outs),
         "throughput_rps": round(len(done) / phase.wall_s, 4) if phase.wall_s else None,

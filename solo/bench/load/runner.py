@@ -375,6 +375,7 @@ async def check_outputs(base_url: str, prompts: Prompts, workload: Workload, pha
                 by_key.setdefault(o.key, []).append(o)
     classes = {c.name: c for c in workload.classes}
     checked = wrong = unchecked = 0
+    mismatches: list[dict[str, Any]] = []
     keys = list(by_key)
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s)) as client:
         for i, key in enumerate(keys):
@@ -393,7 +394,15 @@ async def check_outputs(base_url: str, prompts: Prompts, workload: Workload, pha
                 if o.text != ref.text:
                     o.error = "wrong output"
                     wrong += 1
-    return {"checked": checked, "references": min(len(keys), limit), "unchecked": unchecked, "wrong": wrong}
+                    at = next((i for i, (a, b) in enumerate(zip(o.text, ref.text, strict=False)) if a != b),
+                              min(len(o.text), len(ref.text)))
+                    mismatches.append({"class": name, "prompt": prompt, "max_tokens": max_tokens,
+                                       "streamed": o.ttft_s is not None, "tokens": o.completion_tokens,
+                                       "reference_tokens": ref.completion_tokens, "first_difference_at_char": at,
+                                       "got": o.text[max(0, at - 20):at + 40],
+                                       "expected": ref.text[max(0, at - 20):at + 40]})
+    return {"checked": checked, "references": min(len(keys), limit), "unchecked": unchecked, "wrong": wrong,
+            "mismatches": mismatches[:20]}
 
 
 def energy_uj() -> int | None:
