@@ -262,10 +262,13 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
         stop_sampling = asyncio.Event()
 
         async def sample() -> None:
-            while not stop_sampling.is_set():
+            # Every second, and once more at the end (so even a phase with no arrivals has two samples).
+            while True:
                 value = rss() if rss is not None else None
                 if value is not None:
                     samples.append((time.perf_counter() - start, value))
+                if stop_sampling.is_set():
+                    return
                 try:
                     await asyncio.wait_for(stop_sampling.wait(), 1.0)
                 except TimeoutError:
