@@ -55,7 +55,8 @@ def available_memory_bytes(device: torch.device | str) -> int | None:
     """Memory free for new allocations on `device`, in bytes, or None when it cannot be read.
 
     CPU: `MemAvailable` of /proc/meminfo (what Linux can hand out without swapping), else the free
-    physical pages. CUDA: `torch.cuda.mem_get_info`.
+    physical pages, and no more than the cgroup v2 limit leaves (a container's `memory.max` minus
+    `memory.current`). CUDA: `torch.cuda.mem_get_info`.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -63,6 +64,14 @@ def available_memory_bytes(device: torch.device | str) -> int | None:
             return int(torch.cuda.mem_get_info(device)[0])
         except (RuntimeError, AssertionError):
             return None
+    free = _meminfo_available()
+    limit = _cgroup_room()
+    if free is None or limit is None:
+        return free if limit is None else limit
+    return min(free, limit)
+
+
+def _meminfo_available() -> int | None:
     try:
         with open("/proc/meminfo", encoding="ascii") as f:
             for line in f:
@@ -73,6 +82,20 @@ def available_memory_bytes(device: torch.device | str) -> int | None:
     try:
         return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
+    # cgroup v2 of this process's container: bytes left under memory.max ("max" means no limit).
+    try:
+        with open(f"{root}/memory.max", encoding="ascii") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open(f"{root}/memory.current", encoding="ascii") as f:
+            current = int(f.read().strip())
+        return max(0, int(limit) - current)
+    except (OSError, ValueError):
         return None
 
 

@@ -237,3 +237,15 @@ def test_queue_full_under_concurrent_load_never_5xx_but_503(long_model):
         assert running.state.scheduler.waiting == 0
     finally:
         running.stop()
+
+
+def test_kv_memory_arithmetic_and_container_limit(tmp_path):
+    assert kv_memory.fit_slot_tokens(4, 1000, 100, None) == 1000  # unknown memory: taken as fitting
+    assert kv_memory.fit_slot_tokens(4, 1000, 100, 10**7) == 1000
+    fits = kv_memory.fit_slot_tokens(4, 1000, 100, 100_000)
+    assert fits % 16 == 0 and 4 * fits * 100 <= 100_000 * kv_memory.KV_MEMORY_FRACTION < 4 * (fits + 16) * 100
+    (tmp_path / "memory.max").write_text("1000000\n")
+    (tmp_path / "memory.current").write_text("400000\n")
+    assert kv_memory._cgroup_room(str(tmp_path)) == 600_000
+    (tmp_path / "memory.max").write_text("max\n")
+    assert kv_memory._cgroup_room(str(tmp_path)) is None
