@@ -1,5 +1,8 @@
 """Load test of `solo serve` on loopback: many streaming clients, client-side TTFT / ITL percentiles.
 
+Superseded by `solo bench --load` (workload files, Poisson arrivals and bursts, cancelling clients, latency
+against offered load, output checks); kept to reproduce benchmarks/results/server_load_test_*.
+
     python scripts/load_test.py MODEL --requests 64 --clients 8 --max-tokens 64
     python scripts/load_test.py --random-model --requests 64 --clients 8      # no model needed
     python scripts/load_test.py --url http://127.0.0.1:8000 --model-name NAME  # a server already running

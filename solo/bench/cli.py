@@ -2,6 +2,7 @@
 
     solo bench --shape Qwen2.5-0.5B --compare hf,llama.cpp --json out.json
     solo bench path/to/model --quantize int8 --sweep-context --plot sweep.png
+    solo bench --load chat --rates 0.5x,1x,2x --plot load.png      # serving under load (solo.bench.load)
 
 Solo's repeats and each peer's are interleaved (Solo, peer A, peer B, Solo, ...) so drift of the
 machine (clock, other load) hits all of them alike, with an idle pause before every run (--pause-ms) so
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--sweep-gen-len", type=int, default=32, help="tokens decoded per sweep point (default: 32)")
     parser.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
     parser.add_argument("--plot", default=None, metavar="OUT.png",
-                        help="plot tok/s against context (with --sweep-context)")
+                        help="plot tok/s against context (with --sweep-context), or latency against load "
+                             "(with --load)")
     parser.add_argument("--probe-gib", type=float, default=2.0,
                         help="buffer of the CPU bandwidth probe in GiB; keep it far above the LLC (default: 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt (default: 0)")
@@ -51,6 +53,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
                         "left spinning are asleep before the next one starts (default: %(default)g)")
+    from solo.bench.load.cli import add_arguments as add_load_arguments
+
+    add_load_arguments(parser)
 
 
 def _parse_contexts(text: str) -> list[int]:
@@ -143,6 +148,10 @@ def main(args: argparse.Namespace) -> int:
         SoloError: conflicting or out-of-range flags, --quantize off the CPU, an unknown peer, a prompt plus
             generation longer than the model's context, or any error loading the model.
     """
+    if args.load:
+        from solo.bench.load.cli import main as load_main
+
+        return load_main(args)
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer

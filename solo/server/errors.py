@@ -68,8 +68,8 @@ def api_error_from(exc: BaseException) -> APIError:
     """Map an exception to the error response it deserves; the one table of SoloError -> status.
 
     ContextLengthError and InvalidRequestError -> 400; a model folder or checkpoint problem -> 400 with
-    its own code; QueueFullError and SchedulerStoppedError -> 503 with Retry-After; anything else is a
-    bug in Solo -> 500 (logged with its traceback by the caller).
+    its own code; QueueFullError (Retry-After: its estimate) and SchedulerStoppedError -> 503 with
+    Retry-After; anything else is a bug in Solo -> 500 (logged with its traceback by the caller).
     """
     if isinstance(exc, APIError):
         return exc
@@ -85,7 +85,7 @@ def api_error_from(exc: BaseException) -> APIError:
         return APIError(400, str(exc))
     if isinstance(exc, QueueFullError):
         return APIError(503, str(exc), type="server_overloaded", code="queue_full",
-                        headers={"Retry-After": str(RETRY_AFTER_S)})
+                        headers={"Retry-After": str(exc.retry_after_s)})
     if isinstance(exc, SchedulerStoppedError):
         return APIError(503, str(exc), type="server_overloaded", code="shutting_down",
                         headers={"Retry-After": str(RETRY_AFTER_S)})

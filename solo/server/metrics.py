@@ -3,10 +3,14 @@
 Each app gets its own `CollectorRegistry`, so several servers can run in one process (as the tests do)
 without "duplicated timeseries" errors. Latencies follow the usual serving terms: TTFT (arrival to first
 token, queueing included), ITL (inter-token latency, between consecutive tokens of one request) and
-end-to-end latency (arrival to last token).
+end-to-end latency (arrival to last token). KV-cache memory is reported in bytes: the static cache's
+capacity, what running requests hold now (read when /metrics is scraped, nothing on the decode path), and
+a histogram of what each request held when it finished.
 """
 
 from __future__ import annotations
+
+from collections.abc import Callable
 
 from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
 
@@ -18,6 +22,7 @@ _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0
                   0.5, 1.0, 2.5)
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
 _TOKENS_PER_S_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
+_KV_BYTES_BUCKETS = tuple(float(2**k) for k in range(12, 36, 2))  # 4 KiB .. 32 GiB
 
 CONTENT_TYPE = CONTENT_TYPE_LATEST
 """Content-Type of the Prometheus text exposition format."""
@@ -37,6 +42,10 @@ class ServerMetrics:
         finished: counter of finished generations (one per choice) by finish reason.
         queue_depth: gauge of requests waiting for a KV-cache slot.
         active_slots: gauge of requests holding a KV-cache slot.
+        kv_capacity: gauge of the KV cache's bytes (every slot, allocated at start-up).
+        kv_used: gauge of the KV-cache bytes running requests hold (prompt + generated tokens).
+        kv_usage: gauge of kv_used / kv_capacity.
+        request_kv: histogram of the KV-cache bytes each request held when it finished.
     """
 
     def __init__(self) -> None:
@@ -59,11 +68,33 @@ class ServerMetrics:
                                 ["finish_reason"], registry=r)
         self.queue_depth = Gauge("solo_queue_depth", "Requests waiting for a KV-cache slot", registry=r)
         self.active_slots = Gauge("solo_active_slots", "Requests holding a KV-cache slot", registry=r)
+        self.kv_capacity = Gauge("solo_kv_cache_capacity_bytes", "KV-cache bytes allocated for every slot",
+                                 registry=r)
+        self.kv_used = Gauge("solo_kv_cache_used_bytes", "KV-cache bytes held by running requests", registry=r)
+        self.kv_usage = Gauge("solo_kv_cache_usage_ratio", "KV-cache bytes held by running requests / capacity",
+                              registry=r)
+        self.request_kv = Histogram("solo_request_kv_cache_bytes",
+                                    "KV-cache bytes a request held when it finished (prompt + generated tokens)",
+                                    buckets=_KV_BYTES_BUCKETS, registry=r)
+        self._kv_bytes_per_token = 0
 
     def set_load(self, waiting: int, active: int) -> None:
         """Update the queue-depth and active-slots gauges."""
         self.queue_depth.set(waiting)
         self.active_slots.set(active)
+
+    def watch_kv_cache(self, used_bytes: Callable[[], int], capacity_bytes: int, bytes_per_token: int) -> None:
+        """Report the scheduler's KV cache: `used_bytes()` is called at each scrape.
+
+        Args:
+            used_bytes: bytes running requests hold now.
+            capacity_bytes: bytes of every slot together.
+            bytes_per_token: KV bytes of one token (for the per-request histogram).
+        """
+        self._kv_bytes_per_token = bytes_per_token
+        self.kv_capacity.set(capacity_bytes)
+        self.kv_used.set_function(lambda: float(used_bytes()))
+        self.kv_usage.set_function(lambda: used_bytes() / capacity_bytes if capacity_bytes else 0.0)
 
     def observe_finished(self, stats: GenerationStats, finish_reason: str) -> None:
         """Record one finished (or aborted) generation.
@@ -80,6 +111,8 @@ class ServerMetrics:
         for gap in stats.token_times_s[1:]:
             self.itl.observe(gap)
         self.e2e.observe(stats.total_s)
+        if self._kv_bytes_per_token:
+            self.request_kv.observe((stats.prompt_tokens + stats.completion_tokens) * self._kv_bytes_per_token)
         tps = stats.decode_tokens_per_s
         if tps is not None:
             self.tokens_per_s.observe(tps)

@@ -127,6 +127,8 @@ class SamplingFields(_Lenient):
     stream_options: StreamOptions | None = None
     user: _Str | None = None
     ignore_eos: _Bool = False
+    # vLLM's extension: lower values leave the server's waiting queue first (interactive before batch).
+    priority: Annotated[_Int, Field(ge=-(2**31), le=2**31 - 1)] = 0
     logit_bias: dict[str, _Float] | None = None
 
     @field_validator("stream_options")

@@ -152,10 +152,10 @@ def _utf8_len(text: str) -> int:
     return len(text) if text.isascii() else len(text.encode("utf-8", "surrogatepass"))
 
 
-async def _submit(state: ServerState, prepare: Callable[[], list[EngineRequest]]) -> Generation:
+async def _submit(state: ServerState, prepare: Callable[[], list[EngineRequest]], priority: int = 0) -> Generation:
     # Tokenizing and rendering the chat template run on a worker thread, off the event loop.
     requests = await run_in_threadpool(prepare)
-    return state.submit(requests)
+    return state.submit(requests, priority)
 
 
 def _check_n(state: ServerState, n: int) -> None:
@@ -198,7 +198,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return [engine.make_request(ids, body.sampling_params(max_tokens, top, i), fallback_temperature=1.0,
                                     start_time=arrival) for i in range(body.n)]
 
-    generation = await _submit(state, prepare)
+    generation = await _submit(state, prepare, body.priority)
     job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
     if body.stream:
         return _GenerationStream(_chat_stream(state, job, body), generation)
@@ -284,7 +284,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                                              fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
         return requests
 
-    generation = await _submit(state, prepare)
+    generation = await _submit(state, prepare, body.priority)
     job = _Job(generation, f"cmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
     n = body.n * len(prompts)
     if body.stream:

@@ -95,6 +95,28 @@ def _check_address(host: str, port: int) -> None:
             raise SoloError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
 
 
+def raise_open_file_limit() -> tuple[int, int] | None:
+    """Raise the soft limit on open files to the hard limit; returns (old soft, new soft), or None.
+
+    Each client connection holds a file descriptor. Linux's usual soft limit (1024) lets a few hundred idle
+    or slow connections starve `accept` of descriptors, stalling every new client; the hard limit is
+    usually far higher. (Go's runtime does the same at start-up.)
+    """
+    try:
+        import resource
+    except ImportError:  # not on POSIX
+        return None
+    soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+    target = hard if hard != resource.RLIM_INFINITY else max(soft, 1 << 20)
+    if soft == resource.RLIM_INFINITY or soft >= target:
+        return None
+    try:
+        resource.setrlimit(resource.RLIMIT_NOFILE, (target, hard))
+    except (ValueError, OSError):
+        return None
+    return soft, target
+
+
 def _log_to_console() -> None:
     # uvicorn configures its own loggers only; Solo's messages (model loaded, failures) use its format.
     logger = logging.getLogger("solo")
@@ -115,6 +137,7 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
     """
     _check_address(host, port)
     _log_to_console()
+    raise_open_file_limit()
     server = build_server(settings, host, port)
 
     def note(sig: int, frame: FrameType | None) -> None:

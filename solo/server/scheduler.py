@@ -19,9 +19,11 @@ that promise depends on the runtime:
   [1, hidden], and batched attention pads every row to the longest key length, so per-row logits differ
   in the last bits from batch 1 (measured: up to 2e-5 on a 512-wide model), enough to flip a greedy
   near-tie or a sampled token.
-- A runtime whose kernels compute each sequence with the same reduction order whatever the batch (Solo's
-  native CPU runtime: one accumulator chain per sequence and weight row) is batch-invariant: one batched
-  call gives every row its batch-1 logits bit for bit.
+- A runtime whose kernels compute each sequence with the same reduction order whatever the batch is
+  batch-invariant: one batched call gives every row its batch-1 logits bit for bit. Solo's native CPU
+  runtime declares it, but its batched step differs from batch 1 for some mixes of row lengths (found by
+  a soak: greedy outputs changed under load), so the start-up probe below tries several random mixes and
+  "auto" falls back to "isolated" when any differs.
 
 So `decode_batching` is
 
@@ -36,16 +38,29 @@ So `decode_batching` is
   "isolated".
 
 Prompts are prefilled whole, never chunked, for the same reason: chunked prefill changes the arithmetic.
+
+Overload. The queue is bounded (`max_queue`); a request that does not fit is refused at once with
+`QueueFullError`, which carries an estimate of when a place frees: the remaining token budget of the
+running request closest to its end times the measured decode-step time (an upper bound when that request
+stops early at EOS, a lower bound when other clients take the place first). Admitted requests keep their
+rows: nothing is preempted. Waiting requests leave the queue by `priority` (lower first, vLLM's
+convention; FIFO among equals), so interactive traffic sent with a lower value overtakes batch jobs
+waiting beside it; running requests are never interrupted for it.
+
+KV memory. Every row is allocated once (`runtime.reserve`); a request holds (prompt + generated) tokens
+of its row. `kv_used_bytes()` sums them, and the metrics report it with the capacity.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
+import random
 import threading
 import time
 from collections import deque
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
@@ -53,6 +68,7 @@ import torch
 
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.runtime.base import DecodeRuntime
+from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
 
@@ -65,7 +81,16 @@ ABORT = "abort"
 
 
 class QueueFullError(Exception):
-    """Every KV-cache slot is busy and the waiting queue is full; the client should retry later."""
+    """Every KV-cache slot is busy and the waiting queue is full; the client should retry later.
+
+    Args:
+        message: one line for the client.
+        retry_after_s: whole seconds until a place is expected to free (the Retry-After header), >= 1.
+    """
+
+    def __init__(self, message: str, retry_after_s: int = 1) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class SchedulerStoppedError(Exception):
@@ -83,17 +108,25 @@ class SchedulerMetrics(Protocol):
         """One request finished (or was aborted) with these timings."""
         ...
 
+    def watch_kv_cache(self, used_bytes: Callable[[], int], capacity_bytes: int, bytes_per_token: int) -> None:
+        """The KV cache's size, a callable giving the bytes requests hold now, and bytes per token."""
+        ...
 
-def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4) -> bool:
+
+def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4, trials: int = 8) -> bool:
     """True when the runtime declares `batch_invariant = True` and a probe agrees.
 
     The probe prefills `rows` cache rows (from row 0; call before serving) with prompts of different
-    lengths, then compares one batched decode step with batch-1 steps of the same rows, bit for bit.
-    A declared but failing runtime is logged and treated as not invariant.
+    lengths, then compares one batched decode step with batch-1 steps of the same rows, bit for bit. It
+    does so `trials` times with seeded random lengths (2 to 64 tokens, within the cache) and tokens over
+    the rows the previous trial left behind, as the server reuses rows: a kernel whose batched path
+    depends on its neighbours' lengths or on stale cache contents fails some of them. A declared but
+    failing runtime is logged and treated as not invariant.
 
     Args:
-        runtime: the runtime (its cache must hold `rows` rows of at least 2 + 3 * rows tokens).
+        runtime: the runtime (its cache must hold `rows` rows of at least 3 tokens).
         rows: sequences in the probe.
+        trials: batched steps compared.
     """
     if not getattr(runtime, "batch_invariant", False):
         return False
@@ -101,22 +134,27 @@ def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4) -> bool:
     if rows < 2:
         return True
     vocab = runtime.config.vocab_size
-    lengths = [2 + 3 * r for r in range(rows)]
-    last = []
-    for r, n in enumerate(lengths):
-        ids = torch.tensor([(7 * i + 3 * r + 1) % vocab for i in range(n)], dtype=torch.long)
-        last.append(int(runtime.prefill(r, ids).argmax()))
-    row_ids = torch.arange(rows, dtype=torch.long)
-    tokens = torch.tensor(last, dtype=torch.long)
-    positions = torch.tensor(lengths, dtype=torch.long)
-    batched = runtime.decode(row_ids, tokens, positions)
-    for r in range(rows):
-        # The same position is rewritten with the batch-1 step's own keys and values before it is read.
-        single = runtime.decode(row_ids[r:r + 1], tokens[r:r + 1], positions[r:r + 1])[0]
-        if not torch.equal(batched[r], single):
-            logger.warning("the %s runtime declares batch invariance but its batched decode differs from batch 1; "
-                           "decoding one row at a time", getattr(runtime, "name", "?"))
-            return False
+    longest = max(2, min(64, runtime.max_seq - 2))
+    rng = random.Random(0)
+    for trial in range(trials):
+        # The first trial keeps the historical shape (lengths 2, 5, 8, ...); the rest are random.
+        lengths = [min(longest, 2 + 3 * r) if trial == 0 else rng.randint(2, longest) for r in range(rows)]
+        last = []
+        for r, n in enumerate(lengths):
+            ids = torch.tensor([rng.randrange(vocab) for _ in range(n)], dtype=torch.long)
+            last.append(int(runtime.prefill(r, ids).argmax()))
+        row_ids = torch.arange(rows, dtype=torch.long)
+        tokens = torch.tensor(last, dtype=torch.long)
+        positions = torch.tensor(lengths, dtype=torch.long)
+        batched = runtime.decode(row_ids, tokens, positions)
+        for r in range(rows):
+            # The same position is rewritten with the batch-1 step's own keys and values before it is read.
+            single = runtime.decode(row_ids[r:r + 1], tokens[r:r + 1], positions[r:r + 1])[0]
+            if not torch.equal(batched[r], single):
+                logger.warning("the %s runtime declares batch invariance but its batched decode differs from batch 1 "
+                               "(rows of %s tokens); decoding one row at a time", getattr(runtime, "name", "?"),
+                               lengths)
+                return False
     return True
 
 
@@ -186,6 +224,7 @@ class _Sequence:
     request: Request
     index: int
     generation: Generation
+    priority: int = 0
     row: int = -1
     last_token: int = -1
 
@@ -222,6 +261,12 @@ class Scheduler:
             decode_batching = "fused" if max_batch > 1 and runtime_is_batch_invariant(runtime) else "isolated"
         self.decode_batching: DecodeBatching = decode_batching
         """The mode in use: "isolated" or "fused" ("auto" resolved)."""
+        self.kv_bytes_per_token = kv_bytes_per_token(runtime.config, cache_element_bytes(runtime))
+        """Bytes of KV cache one token of one request takes."""
+        self.kv_capacity_bytes = max_batch * max_seq * self.kv_bytes_per_token
+        """Bytes of the KV-cache rows this scheduler uses."""
+        self.step_s: float | None = None
+        """Moving average of one decode step's wall time (all active rows), seconds; None before the first."""
         self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -237,6 +282,8 @@ class Scheduler:
         """Decode steps run so far (for tests and debugging)."""
         self.peak_active = 0
         """Most requests that held a row at once (for tests and load tests)."""
+        if metrics is not None:
+            metrics.watch_kv_cache(self.kv_used_bytes, self.kv_capacity_bytes, self.kv_bytes_per_token)
 
     # ------------------------------------------------------------------------------------ public API
 
@@ -253,30 +300,63 @@ class Scheduler:
         if self._thread.is_alive():
             self._thread.join(timeout_s)
 
-    def submit(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop) -> Generation:
+    def submit(self, requests: Sequence[Request], loop: asyncio.AbstractEventLoop, priority: int = 0) -> Generation:
         """Queue the choices of one API request, all or none.
 
         Args:
             requests: one prepared `Request` per choice (each with its own seed).
             loop: the event loop that will consume the events.
+            priority: lower values leave the queue first (FIFO among equal values); 0 by default.
 
         Raises:
-            QueueFullError: the choices do not fit in the free rows plus the queue's free room.
+            QueueFullError: the choices do not fit in the free rows plus the queue's free room; it carries
+                the estimated seconds until they would.
             SchedulerStoppedError: the scheduler is stopping.
         """
         generation = Generation(self, loop, requests)
         with self._cond:
             if self._stopping:
                 raise SchedulerStoppedError("the server is shutting down; send the request to another instance")
-            if len(self._waiting) + len(requests) > self.max_queue + len(self._free_rows):
+            missing = len(self._waiting) + len(requests) - self.max_queue - len(self._free_rows)
+            if missing > 0:
+                wait_s = self._estimate_wait_s(missing)
                 raise QueueFullError(
-                    f"the server is at capacity ({self.max_batch} running, {len(self._waiting)} waiting, "
-                    f"queue limit {self.max_queue}); retry shortly"
+                    f"the server is at capacity ({len(self._running)} running, {len(self._waiting)} waiting, "
+                    f"queue limit {self.max_queue}); a place is expected to free in about {wait_s} s, retry then",
+                    retry_after_s=wait_s,
                 )
-            self._waiting.extend(_Sequence(r, i, generation) for i, r in enumerate(requests))
+            for i, r in enumerate(requests):
+                self._enqueue(_Sequence(r, i, generation, priority))
             self._publish_load()
             self._cond.notify()
         return generation
+
+    def _enqueue(self, seq: _Sequence) -> None:
+        # Behind every waiting sequence of the same or a more urgent priority (stable, so FIFO by default).
+        i = len(self._waiting)
+        while i > 0 and self._waiting[i - 1].priority > seq.priority:
+            i -= 1
+        self._waiting.insert(i, seq)
+
+    def _estimate_wait_s(self, rows: int) -> int:
+        # Whole seconds until `rows` running requests have used their token budget (call with the lock held).
+        # Unknown step time (nothing decoded yet): 1 s, the shortest Retry-After.
+        if self.step_s is None or not self._running:
+            return 1
+        remaining = sorted(max(0, s.request.max_new_tokens - len(s.request.output_ids)) for s in self._running)
+        steps = remaining[min(rows, len(remaining)) - 1]
+        return max(1, min(3600, math.ceil(steps * self.step_s)))
+
+    def retry_after_s(self) -> int:
+        """Whole seconds until a queue place is expected to free (1 when one is free or nothing is known)."""
+        with self._cond:
+            missing = len(self._waiting) + 1 - self.max_queue - len(self._free_rows)
+            return self._estimate_wait_s(missing) if missing > 0 else 1
+
+    def kv_used_bytes(self) -> int:
+        """Bytes of KV cache the running requests hold now: (prompt + generated tokens) x bytes per token."""
+        running = list(self._running)  # a snapshot: read from the metrics thread without the lock
+        return sum(s.request.next_position for s in running) * self.kv_bytes_per_token
 
     def cancel(self, generation: Generation) -> None:
         """Drop a generation's waiting choices now and end its running ones before the next step."""
@@ -376,7 +456,10 @@ class Scheduler:
                 self._guard([seq], self._prefill, seq)
             active = [s for s in self._running if not s.request.finished]
             if active:
+                start = time.perf_counter()
                 self._guard(active, self._decode_step, active)
+                elapsed = time.perf_counter() - start
+                self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
             self._release_finished()
             if stopping:
                 with self._cond:

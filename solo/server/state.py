@@ -18,6 +18,7 @@ import torch
 from solo.engine.engine import Engine
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, SoloError
+from solo.server import kv_memory
 from solo.server.errors import model_loading, model_not_found, shutting_down
 from solo.server.logprobs import TokenPieces
 from solo.server.metrics import ServerMetrics
@@ -109,6 +110,7 @@ class ServerState:
         self.pieces: TokenPieces | None = None
         self.served_name = settings.served_model_name or ""
         self.max_model_len = 0
+        self.memory_limited = False  # max_model_len was lowered to what the KV cache can hold in memory
         self.longest_token = 1  # bytes of text one token covers at most (see longest_token_bytes)
         self.error: BaseException | None = None
         self.draining = False
@@ -155,7 +157,8 @@ class ServerState:
         limit = self.settings.max_model_len or context
         if limit > context:
             raise SoloError(f"--max-model-len {limit} exceeds the model's context length of {context}; lower it")
-        self.max_model_len = limit
+        self.max_model_len = self._fit_kv_cache(engine, limit)
+        limit = self.max_model_len
         scheduler = Scheduler(engine.runtime, self.settings.max_batch, self.settings.max_queue, limit,
                               self.settings.decode_batching, self.metrics)
         # Warm-up: the first prefill and decode pay one-time costs (allocator, kernel selection) that
@@ -166,6 +169,31 @@ class ServerState:
                        torch.ones(1, dtype=torch.long))
         scheduler.start()
         return scheduler
+
+    def _fit_kv_cache(self, engine: Engine, limit: int) -> int:
+        # Checked before the static cache is allocated, so a cache too big for this machine is refused with
+        # the numbers instead of failing in the allocator or waking the OOM killer once its pages are written.
+        rows = self.settings.max_batch
+        per_token = kv_memory.kv_bytes_per_token(engine.config, kv_memory.cache_element_bytes(engine.runtime))
+        free = kv_memory.available_memory_bytes(engine.runtime.device)
+        fits = kv_memory.fit_slot_tokens(rows, limit, per_token, free)
+        if fits == limit:
+            return limit
+        need = kv_memory.gib(rows * limit * per_token)
+        budget = f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free or 0)} free"
+        if fits < kv_memory.MIN_SLOT_TOKENS or self.settings.max_model_len is not None:
+            most_rows = int((free or 0) * kv_memory.KV_MEMORY_FRACTION) // (limit * per_token)
+            advice = f"lower --max-model-len to at most {fits}" if fits >= kv_memory.MIN_SLOT_TOKENS else \
+                "free memory or use a smaller model"
+            if most_rows >= 1:
+                advice += f" or --max-batch to at most {most_rows}"
+            raise SoloError(f"the KV cache of --max-batch {rows} slots x {limit} tokens needs {need} but may use "
+                            f"{budget}; {advice}")
+        logger.warning("the KV cache of %d slots x %d tokens (the model's context) needs %s but may use %s; "
+                       "serving %d tokens per slot (set --max-model-len and --max-batch to choose)",
+                       rows, limit, need, budget, fits)
+        self.memory_limited = True
+        return fits
 
     def begin_drain(self) -> None:
         """Shutdown has begun: refuse new generation requests (503) and report /health 503."""
@@ -200,6 +228,8 @@ class ServerState:
 
     def _context_name(self) -> str:
         assert self.engine is not None
+        if self.memory_limited:
+            return "the KV-cache slot this server's memory holds"
         if self.max_model_len == self.engine.config.context_length:
             return "the model's context"
         return "this server's --max-model-len"
@@ -261,11 +291,15 @@ class ServerState:
                 f"more than {what} of {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
         return max_tokens
 
-    def submit(self, requests: Sequence[Request]) -> Generation:
+    def submit(self, requests: Sequence[Request], priority: int = 0) -> Generation:
         """Queue prepared requests (the choices of one API request) on the scheduler.
+
+        Args:
+            requests: one `Request` per choice.
+            priority: lower leaves the queue first (see `Scheduler.submit`).
 
         Raises:
             QueueFullError, SchedulerStoppedError: see `Scheduler.submit` (503).
         """
         assert self.scheduler is not None
-        return self.scheduler.submit(requests, asyncio.get_running_loop())
+        return self.scheduler.submit(requests, asyncio.get_running_loop(), priority)

@@ -1,17 +1,11 @@
-"""Loading, disconnects, a full queue, failures and graceful shutdown."""
+"""Loading, disconnects, a full queue and failures (graceful shutdown under load: test_misbehaving_clients.py)."""
 
 from __future__ import annotations
 
-import json
-import os
 import shutil
-import signal
 import socket
-import subprocess
-import sys
 import threading
 import time
-from pathlib import Path
 
 import httpx
 import pytest
@@ -88,7 +82,7 @@ def test_full_queue_answers_503_with_retry_after(long_server):
                 assert metric(http, "solo_queue_depth") == 1
                 response = http.post("/v1/chat/completions", json=LONG)
                 assert response.status_code == 503
-                assert response.headers["Retry-After"] == "1"
+                assert int(response.headers["Retry-After"]) >= 1  # an estimate: see test_overload.py
                 error = response.json()["error"]
                 assert error["code"] == "queue_full" and error["type"] and error["message"]
         wait_for(lambda: metric(http, "solo_active_slots") == 0 and metric(http, "solo_queue_depth") == 0, 2.0)
@@ -141,50 +135,6 @@ def test_cli_exits_2_when_the_model_cannot_load(tmp_path, tiny_model, capsys, mo
     shutil.copy(tiny_model / "config.json", folder)
     assert main(["serve", str(folder), "--port", "0"]) == 2
     assert "cannot load the model" in capsys.readouterr().err
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
-@pytest.mark.slow
-def test_sigterm_ends_streams_cleanly_and_exits_0(long_model):
-    port = _free_port()
-    env = {**os.environ, "PYTHONUNBUFFERED": "1"}
-    process = subprocess.Popen(
-        [sys.executable, "-m", "solo.cli", "serve", str(long_model), "--port", str(port), "--dtype", "float32",
-         "--backend", BACKEND, "--served-model-name", MODEL_NAME, "--max-batch", "2", "--shutdown-grace", "1"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, cwd=Path(__file__).parents[2],
-    )
-    try:
-        base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _healthy(base), timeout=120)
-        lines: list[str] = []
-        with httpx.Client(base_url=base, timeout=60) as client, \
-                client.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as response:
-            iterator = response.iter_lines()
-            lines += [next(iterator) for _ in range(3)]
-            process.send_signal(signal.SIGTERM)
-            lines += list(iterator)
-        events = [line for line in lines if line]
-        assert events[-1] == "data: [DONE]"
-        last = json.loads(events[-2][6:])
-        assert last["choices"][0]["finish_reason"] == "abort"  # ended by the shutdown's grace period
-        assert process.wait(60) == 0
-    finally:
-        if process.poll() is None:
-            process.kill()
-        output = process.stdout.read().decode() if process.stdout else ""
-    assert "Traceback" not in output, output
-
-
-def _healthy(base: str) -> bool:
-    try:
-        return httpx.get(f"{base}/health", timeout=1).status_code == 200
-    except httpx.HTTPError:
-        return False
 
 
 def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):

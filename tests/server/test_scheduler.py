@@ -189,3 +189,15 @@ def test_a_failing_step_fails_its_requests_and_the_scheduler_goes_on(engine):
     finally:
         scheduler.stop()
     assert scheduler.error is None and scheduler.active == 0
+
+
+def test_the_probe_tries_several_row_mixes(engine):
+    # A runtime that differs from batch 1 only when a batch mixes rows 20+ tokens apart: the first,
+    # historical probe shape (2, 5, 8, 11 tokens) passes; the random trials catch it.
+    class MixSensitive(_Declared):
+        def decode(self, rows, ids, positions):
+            logits = self.inner.decode(rows, ids, positions)
+            spread = int(positions.max() - positions.min()) if rows.numel() > 1 else 0
+            return logits + 1e-6 if spread >= 20 else logits
+
+    assert Scheduler(MixSensitive(engine.runtime), max_batch=4, max_queue=0, max_seq=64).decode_batching == "isolated"

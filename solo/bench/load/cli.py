@@ -1,0 +1,183 @@
+"""`solo bench --load WORKLOAD`: the flags and the run (see solo.bench.load)."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shlex
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from solo.errors import SoloError
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Flags of `solo bench --load` (MODEL, --dtype, --backend, --json and --plot are the bench's own)."""
+    group = parser.add_argument_group("load test (solo bench --load)")
+    group.add_argument("--load", default=None, metavar="WORKLOAD",
+                       help="replay a workload (a shipped name: chat, code, soak; or a TOML file) against "
+                            "`solo serve MODEL` started on loopback (or --url) and report latency against load")
+    group.add_argument("--url", default=None, help="a running server on a loopback address instead of starting one")
+    group.add_argument("--rates", default=None,
+                       help="offered loads, comma-separated requests/s or multiples of the measured capacity "
+                            "(e.g. 0.5x,1x,2x); default: the workload's")
+    group.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+                       help="length of each phase (default: the workload's)")
+    group.add_argument("--max-requests", type=int, default=None, metavar="N",
+                       help="most requests per phase (default: the workload's)")
+    group.add_argument("--max-batch", type=int, default=8, metavar="N",
+                       help="solo serve's --max-batch, and the clients of the capacity run (default: 8)")
+    group.add_argument("--max-queue", type=int, default=None, metavar="M", help="solo serve's --max-queue")
+    group.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS", help="solo serve's --max-model-len")
+    group.add_argument("--capacity-s", type=float, default=20.0, metavar="SECONDS",
+                       help="length of the closed-loop capacity run, when a rate is given as <k>x (default: 20)")
+    group.add_argument("--verify", type=int, default=64, metavar="N",
+                       help="distinct greedy requests re-sent alone to check outputs (default: 64; 0: none)")
+    group.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+                       help="a request still unanswered after this counts as a timeout (default: 300)")
+    group.add_argument("--markdown", default=None, metavar="OUT.md", help="write the report as Markdown")
+    group.add_argument("--note", default="", help="a line added to the report (e.g. that the machine was shared)")
+
+
+def _command(args: argparse.Namespace) -> str:
+    # Rebuilt from the flags (not sys.argv), so the report never quotes local paths of a caller's shell.
+    parts = ["solo", "bench"] + ([Path(args.model).name] if args.model else []) + ["--load", Path(args.load).name]
+    for flag in ("url", "rates", "duration", "max_requests", "max_batch", "max_queue", "max_model_len", "capacity_s",
+                 "verify", "dtype", "backend", "quantize"):
+        value = getattr(args, flag, None)
+        if value is not None and value != {"max_batch": 8, "capacity_s": 20.0, "verify": 64, "dtype": "auto",
+                                           "backend": "auto"}.get(flag):
+            parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    for flag in ("json", "markdown", "plot"):
+        if getattr(args, flag, None):
+            parts += [f"--{flag}", Path(getattr(args, flag)).name]
+    return shlex.join(parts)
+
+
+def main(args: argparse.Namespace) -> int:
+    """Run the load test; print the Markdown report and write --json / --markdown / --plot.
+
+    Returns:
+        0 when no request got a 5xx other than 503 and no output was wrong, else 1.
+
+    Raises:
+        SoloError: a bad workload or flag, a server that cannot start, a non-loopback --url.
+    """
+    from solo.bench.load.report import markdown, plot_load, summarize_phase
+    from solo.bench.load.runner import (
+        build_prompts,
+        check_loopback,
+        check_outputs,
+        closed_loop_capacity,
+        cpu_load,
+        energy_uj,
+        idle_baseline,
+        run_phase,
+        start_server,
+    )
+    from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
+    from solo.bench.report import machine_info, versions
+
+    if getattr(args, "shape", None):
+        raise SoloError("--load serves a model folder (or the bundled model); --shape is for the decode benchmark")
+    workload = load_workload(args.load)
+    if args.rates:
+        workload.rates = [parse_rate(r) for r in args.rates.split(",") if r.strip()]
+    if args.duration is not None:
+        if not 0 < args.duration <= MAX_PHASE_S:
+            raise SoloError(f"--duration must be in (0, {MAX_PHASE_S:g}] seconds; got {args.duration}")
+        workload.duration_s = args.duration
+    if args.max_requests is not None:
+        if not 1 <= args.max_requests <= MAX_REQUESTS:
+            raise SoloError(f"--max-requests must be in [1, {MAX_REQUESTS}]; got {args.max_requests}")
+        workload.max_requests = args.max_requests
+    if Path(args.load).name != args.load and not Path(args.load).is_file():
+        raise SoloError(f"--load {args.load}: no such file")
+    if args.max_batch < 1 or args.capacity_s <= 0 or args.verify < 0 or args.request_timeout <= 0:
+        raise SoloError("--max-batch must be >= 1, --capacity-s > 0, --verify >= 0 and --request-timeout > 0")
+    if args.plot:
+        from solo.bench.plot import require_matplotlib
+
+        require_matplotlib()
+    for flag, value in (("--json", args.json), ("--plot", args.plot), ("--markdown", args.markdown)):
+        if value and not Path(value).expanduser().resolve().parent.is_dir():
+            raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
+
+    server = None
+    serve_args = ["--max-batch", str(args.max_batch), "--dtype", args.dtype, "--backend", args.backend]
+    if args.max_queue is not None:
+        serve_args += ["--max-queue", str(args.max_queue)]
+    if args.max_model_len is not None:
+        serve_args += ["--max-model-len", str(args.max_model_len)]
+    if args.quantize:
+        serve_args += ["--quantize", args.quantize]
+    if args.url:
+        base = check_loopback(args.url)
+        server_desc = f"{base} (already running)"
+    else:
+        server = start_server(args.model, serve_args)
+        base = server.base_url
+        server_desc = "solo serve " + shlex.join([*([args.model] if args.model else []), *serve_args])
+    meta: dict[str, Any] = {
+        "command": _command(args),
+        "server": server_desc, "machine": machine_info(__import__("torch").device("cpu")), "versions": versions(),
+        "cpu_load_before": cpu_load(), "note": args.note, "capacity_clients": args.max_batch,
+    }
+    phases = []
+    timeout = args.request_timeout
+    energy_start = energy_uj()
+    try:
+        prompts = build_prompts(base, workload, workload.seed)
+        meta["model"], meta["max_model_len"] = prompts.model, prompts.max_model_len
+        for note in prompts.notes:
+            meta["note"] = f"{meta['note']} {note}.".strip()
+            print(note, file=sys.stderr)
+        idle = asyncio.run(idle_baseline(base, prompts, workload, timeout))
+        capacity = None
+        if any(isinstance(r, str) for r in workload.rates):
+            print(f"measuring capacity: {args.max_batch} closed-loop clients for {args.capacity_s:g} s",
+                  file=sys.stderr)
+            capacity = asyncio.run(closed_loop_capacity(base, prompts, workload, args.max_batch, args.capacity_s,
+                                                        workload.seed + 1, timeout))
+            meta["capacity_rps"] = capacity
+            if capacity <= 0:
+                raise SoloError("no request completed in the capacity run; see the server's log")
+        rss = server.rss_bytes if server is not None else None
+        for i, rate in enumerate(workload.rates):
+            rps = capacity * float(rate[:-1]) if isinstance(rate, str) else rate
+            label = f"{rate} ({rps:.3g} req/s)" if isinstance(rate, str) else f"{rate:g} req/s"
+            print(f"phase {label}: {workload.duration_s:g} s", file=sys.stderr)
+            phases.append(asyncio.run(run_phase(base, prompts, workload, rps, label, workload.duration_s,
+                                                workload.max_requests, workload.seed + 100 + i, timeout, rss)))
+        check = None
+        if args.verify:
+            check = asyncio.run(check_outputs(base, prompts, workload, phases, timeout, args.verify))
+    finally:
+        status = server.stop() if server is not None else None
+    energy_end = energy_uj()
+    if energy_start is not None and energy_end is not None and energy_end >= energy_start:
+        meta["energy_j"] = (energy_end - energy_start) / 1e6
+    meta["cpu_load_after"] = cpu_load()
+    meta["server_exit_status"] = status
+    meta["finished"] = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())
+    # RSS drift is measured after a warm-up of a quarter of the phase (at most 60 s): allocator pools and the
+    # queue fill first.
+    summaries = [summarize_phase(p, workload, idle, warmup_s=min(60.0, p.duration_s / 4)) for p in phases]
+    result = {"meta": meta, "workload": {"name": workload.name, "description": workload.description,
+                                         "slo_ttft_s": workload.slo_ttft_s, "slo_tpot_s": workload.slo_tpot_s,
+                                         "bursts": [vars(b) for b in workload.bursts],
+                                         "classes": [vars(c) for c in workload.classes]},
+              "idle": idle, "phases": summaries, "output_check": check}
+    report = markdown(result)
+    print(report)
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+    if args.markdown:
+        Path(args.markdown).write_text(report)
+    if args.plot:
+        plot_load(result, args.plot)
+    bad = sum(p["http_5xx"] - p["http_503"] for p in summaries) + (check["wrong"] if check else 0)
+    return 1 if bad else 0

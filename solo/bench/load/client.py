@@ -1,0 +1,179 @@
+"""One request of a load run, sent with httpx and timed by the client.
+
+Latencies count from the request's scheduled arrival, not from when it was sent, so a client that falls
+behind its schedule cannot hide queueing (the "coordinated omission" of closed-loop load tests):
+TTFT to the first chunk with text (streamed requests only), TPOT as (e2e - TTFT) / (tokens - 1), e2e to
+the last byte. Every failure is classified into one `error` kind for the report.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+
+
+@dataclass
+class Outcome:
+    """What happened to one request.
+
+    Attributes:
+        cls: its class name.
+        offered_at: scheduled arrival, `time.perf_counter()` seconds.
+        status: HTTP status, or None when no response came.
+        error: None on success, else a kind: "503 queue_full", "timeout", "connect", "reset",
+            "incomplete stream", "wrong output", ...
+        cancelled: the client went away mid-stream on purpose (not an error).
+        ttft_s, tpot_s, e2e_s: latencies (None where not measured).
+        completion_tokens: from `usage` (or chunks counted when cancelled).
+        text: the generated text (checked against a lone run for greedy requests).
+        finish_reason: of the (first) choice.
+        retry_after_s: Retry-After of a 503.
+        key: the reference key of a greedy request, else None.
+        refusals: 503s this request got and retried after their Retry-After.
+    """
+
+    cls: str
+    offered_at: float
+    status: int | None = None
+    error: str | None = None
+    cancelled: bool = False
+    ttft_s: float | None = None
+    tpot_s: float | None = None
+    e2e_s: float | None = None
+    completion_tokens: int = 0
+    text: str = ""
+    finish_reason: str | None = None
+    retry_after_s: float | None = None
+    key: tuple | None = None
+    refusals: int = 0
+
+    @property
+    def completed(self) -> bool:
+        """Answered in full (not cancelled, no error)."""
+        return self.error is None and not self.cancelled and self.status == 200
+
+
+def request_body(endpoint: str, model: str, prompt: str, max_tokens: int, stream: bool, greedy: bool,
+                 seed: int) -> dict[str, Any]:
+    """The JSON body of a chat or completions request."""
+    sampling = {"temperature": 0.0} if greedy else {"temperature": 0.8, "seed": seed}
+    body: dict[str, Any] = {"model": model, "max_tokens": max_tokens, "stream": stream, **sampling}
+    if stream:
+        body["stream_options"] = {"include_usage": True}
+    if endpoint == "chat":
+        body["messages"] = [{"role": "user", "content": prompt}]
+    else:
+        body["prompt"] = prompt
+    return body
+
+
+def _error_kind(response: httpx.Response) -> str:
+    try:
+        code = response.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        code = None
+    return f"{response.status_code} {code}" if code else str(response.status_code)
+
+
+async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], outcome: Outcome,
+               cancel_after: int | None, timeout_s: float) -> Outcome:
+    """Send one request and fill `outcome` (never raises for a network or HTTP failure).
+
+    Args:
+        client: a client whose base_url is the server.
+        endpoint: "chat" or "completions".
+        body: see `request_body`.
+        outcome: filled in place (and returned).
+        cancel_after: close the stream after this many text chunks (a client going away), or None.
+        timeout_s: the whole request's deadline.
+    """
+    path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    try:
+        async with asyncio.timeout(timeout_s):
+            if body.get("stream"):
+                await _stream(client, path, endpoint, body, outcome, cancel_after)
+            else:
+                response = await client.post(path, json=body)
+                outcome.status = response.status_code
+                now = time.perf_counter()
+                if response.status_code != 200:
+                    outcome.error = _error_kind(response)
+                    outcome.retry_after_s = _retry_after(response)
+                else:
+                    data = response.json()
+                    choice = data["choices"][0]
+                    outcome.text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
+                    outcome.finish_reason = choice["finish_reason"]
+                    outcome.completion_tokens = data["usage"]["completion_tokens"]
+                    outcome.e2e_s = now - outcome.offered_at
+    except TimeoutError:
+        outcome.error = "timeout"
+    except httpx.ConnectError:
+        outcome.error = "connect"
+    except (httpx.RemoteProtocolError, httpx.ReadError):
+        outcome.error = "reset"
+    except httpx.HTTPError as exc:
+        outcome.error = type(exc).__name__
+    except (ValueError, KeyError, IndexError, TypeError):
+        outcome.error = "malformed response"
+    return outcome
+
+
+def _retry_after(response: httpx.Response) -> float | None:
+    try:
+        return float(response.headers["Retry-After"])
+    except (KeyError, ValueError):
+        return None
+
+
+async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: dict[str, Any], outcome: Outcome,
+                  cancel_after: int | None) -> None:
+    async with client.stream("POST", path, json=body) as response:
+        outcome.status = response.status_code
+        if response.status_code != 200:
+            await response.aread()
+            outcome.error = _error_kind(response)
+            outcome.retry_after_s = _retry_after(response)
+            return
+        chunks, parts, done, first, last = 0, [], False, None, None
+        async for line in response.aiter_lines():
+            if not line.startswith("data: "):
+                continue
+            if line == "data: [DONE]":
+                done = True
+                break
+            event = json.loads(line[6:])
+            if "error" in event:
+                outcome.error = f"stream error {event['error'].get('code')}"
+                return
+            if event.get("usage"):
+                outcome.completion_tokens = event["usage"]["completion_tokens"]
+            for choice in event.get("choices", []):
+                text = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
+                if text:
+                    last = time.perf_counter()
+                    first = first or last
+                    parts.append(text)
+                    chunks += 1
+                outcome.finish_reason = choice.get("finish_reason") or outcome.finish_reason
+            if cancel_after is not None and chunks >= cancel_after:
+                outcome.cancelled = True  # leaving the block closes the connection: the server sees a disconnect
+                outcome.completion_tokens = chunks
+                break
+        outcome.text = "".join(parts)
+        now = time.perf_counter()
+        if first is not None:
+            outcome.ttft_s = first - outcome.offered_at
+        if outcome.cancelled:
+            return
+        if not done:
+            outcome.error = "incomplete stream"
+            return
+        outcome.e2e_s = now - outcome.offered_at
+        if first is not None and last is not None and outcome.completion_tokens > 1:
+            outcome.tpot_s = (last - first) / (outcome.completion_tokens - 1)

@@ -1,0 +1,124 @@
+"""KV-cache memory: bytes per token, the memory a device has free, and how many tokens per slot fit.
+
+The server's KV cache is static: `--max-batch` rows of `--max-model-len` tokens, allocated once at start-up
+(`DecodeRuntime.reserve`). So memory is checked once, before that allocation: a cache that cannot fit is
+refused with the numbers and the fix instead of failing inside the allocator (or being killed by the
+kernel's OOM killer later, when the pages are first written). Without `--max-model-len` the slot length is
+lowered to what fits, and a request longer than that gets a 400 saying the limit comes from memory.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+
+from solo.model.config import ModelConfig
+
+KV_MEMORY_FRACTION = 0.9
+"""Share of the free memory the KV cache may take at start-up (the rest: activations, the HTTP side, and
+other processes; vLLM's --gpu-memory-utilization plays the same role)."""
+
+MIN_SLOT_TOKENS = 16
+"""A slot shorter than this is not worth serving: the server refuses to start instead."""
+
+
+def kv_bytes_per_token(config: ModelConfig, element_bytes: int) -> int:
+    """Bytes of KV cache one token takes in one sequence: keys and values of every layer.
+
+    Args:
+        config: the model config (num_layers, num_kv_heads, head_dim).
+        element_bytes: bytes per cache element (2 for bfloat16/float16, 4 for float32).
+
+    Returns:
+        2 * num_layers * num_kv_heads * head_dim * element_bytes.
+    """
+    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
+
+
+def cache_element_bytes(runtime: object, default_dtype: torch.dtype = torch.bfloat16) -> int:
+    """Bytes per element of a runtime's KV cache (the model's weight dtype for every Solo runtime).
+
+    Args:
+        runtime: a `DecodeRuntime`; its `model.dtype` (or an allocated `cache`) is read when present.
+        default_dtype: assumed when the runtime exposes neither.
+    """
+    cache = getattr(runtime, "cache", None)
+    if cache is not None and getattr(cache, "k", None):
+        return cache.k[0].element_size()
+    model = getattr(runtime, "model", None)
+    dtype = getattr(model, "dtype", None)
+    return torch.empty((), dtype=dtype if isinstance(dtype, torch.dtype) else default_dtype).element_size()
+
+
+def available_memory_bytes(device: torch.device | str) -> int | None:
+    """Memory free for new allocations on `device`, in bytes, or None when it cannot be read.
+
+    CPU: `MemAvailable` of /proc/meminfo (what Linux can hand out without swapping), else the free
+    physical pages, and no more than the cgroup v2 limit leaves (a container's `memory.max` minus
+    `memory.current`). CUDA: `torch.cuda.mem_get_info`.
+    """
+    device = torch.device(device)
+    if device.type == "cuda":
+        try:
+            return int(torch.cuda.mem_get_info(device)[0])
+        except (RuntimeError, AssertionError):
+            return None
+    free = _meminfo_available()
+    limit = _cgroup_room()
+    if free is None or limit is None:
+        return free if limit is None else limit
+    return min(free, limit)
+
+
+def _meminfo_available() -> int | None:
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    try:
+        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def _cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
+    # cgroup v2 of this process's container: bytes left under memory.max ("max" means no limit).
+    try:
+        with open(f"{root}/memory.max", encoding="ascii") as f:
+            limit = f.read().strip()
+        if limit == "max":
+            return None
+        with open(f"{root}/memory.current", encoding="ascii") as f:
+            current = int(f.read().strip())
+        return max(0, int(limit) - current)
+    except (OSError, ValueError):
+        return None
+
+
+def gib(nbytes: float) -> str:
+    """Bytes as GiB with two decimals ("1.25 GiB")."""
+    return f"{nbytes / 2**30:.2f} GiB"
+
+
+def fit_slot_tokens(rows: int, wanted_tokens: int, bytes_per_token: int, free_bytes: int | None) -> int:
+    """Tokens per slot that fit `rows` slots in `KV_MEMORY_FRACTION` of `free_bytes` (at most `wanted_tokens`).
+
+    Args:
+        rows: KV-cache slots (--max-batch).
+        wanted_tokens: the slot length asked for.
+        bytes_per_token: see `kv_bytes_per_token`.
+        free_bytes: free memory, or None when unknown (then `wanted_tokens` is taken as fitting).
+
+    Returns:
+        `wanted_tokens` when it fits, else the largest multiple of 16 tokens that does (possibly 0).
+    """
+    if free_bytes is None:
+        return wanted_tokens
+    budget = int(free_bytes * KV_MEMORY_FRACTION)
+    if rows * wanted_tokens * bytes_per_token <= budget:
+        return wanted_tokens
+    return (budget // (rows * bytes_per_token)) // 16 * 16

@@ -1,0 +1,160 @@
+"""`solo bench --load`: workload files, the arrival schedule, loopback only, and short runs against real servers."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from solo.bench.load.report import percentile, rss_drift
+from solo.bench.load.runner import check_loopback
+from solo.bench.load.workload import WORKLOADS_DIR, load_workload, parse_rate, parse_workload, plan_phase
+from solo.cli import main
+from solo.errors import SoloError
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "server"))
+
+TINY = """
+name = "tiny"
+description = "test"
+seed = 3
+rates = [6.0]
+duration_s = 2
+max_requests = 12
+
+[slo]
+ttft_s = 5.0
+tpot_s = 1.0
+
+[[classes]]
+name = "chat"
+endpoint = "chat"
+prompt_tokens = [4, 24]
+max_tokens = [4, 8]
+stream = 0.7
+greedy = 0.7
+cancel = 0.3
+cancel_after = [1, 2]
+pool = 3
+
+[[classes]]
+name = "near-limit"
+weight = 0.3
+endpoint = "completions"
+prompt_fraction = [0.85, 0.9]
+max_tokens = [4]
+stream = 0.5
+greedy = 1.0
+pool = 2
+"""
+
+
+@pytest.mark.parametrize("name", ["chat", "code", "soak"])
+def test_shipped_workloads_parse(name):
+    workload = load_workload(name)
+    assert workload.classes and workload.rates
+    assert (WORKLOADS_DIR / "README.md").is_file()
+
+
+@pytest.mark.parametrize("raw, message", [
+    ({"classes": [{"name": "a"}], "rats": [1]}, "'rats' is unknown"),
+    ({"classes": []}, "at least one"),
+    ({"classes": [{"endpoint": "embeddings"}]}, "endpoint"),
+    ({"classes": [{"prompt_tokens": [10, 5]}]}, "prompt_tokens"),
+    ({"classes": [{"prompt_fraction": [0.5, 1.0]}]}, "below 1"),
+    ({"classes": [{"cancel": 2}]}, "cancel"),
+    ({"classes": [{}], "rates": ["fast"]}, "rate"),
+    ({"classes": [{}], "duration_s": 1e9}, "duration_s"),
+    ({"classes": [{}], "bursts": [{"at_s": 1}]}, "bursts[0]"),
+])
+def test_bad_workloads_name_the_field(raw, message):
+    with pytest.raises(SoloError, match="workload") as info:
+        parse_workload(raw, "w.toml")
+    assert message in str(info.value)
+
+
+def test_plan_is_seeded_bounded_and_bursty():
+    import tomllib
+
+    workload = parse_workload(tomllib.loads(TINY))
+    a = plan_phase(workload, 5.0, 100.0, 10_000, seed=1)
+    b = plan_phase(workload, 5.0, 100.0, 10_000, seed=1)
+    assert [(r.offset_s, r.prompt, r.max_tokens, r.cancel_after) for r in a] == \
+        [(r.offset_s, r.prompt, r.max_tokens, r.cancel_after) for r in b]
+    assert 400 < len(a) < 600 and all(r.offset_s < 100 for r in a)  # Poisson at 5/s for 100 s
+    assert all(r.cancel_after is None or r.stream for r in a)
+    assert len(plan_phase(workload, 5.0, 100.0, 7, seed=1)) == 7
+    workload.bursts = parse_workload({**tomllib.loads(TINY), "bursts": [{"at_s": 10, "length_s": 10,
+                                                                          "factor": 10}]}).bursts
+    bursty = plan_phase(workload, 5.0, 100.0, 10_000, seed=1)
+    inside = sum(10 <= r.offset_s < 20 for r in bursty)
+    assert 400 < inside < 600  # 50/s for 10 s
+
+
+def test_rates_and_loopback():
+    assert parse_rate("1.5x") == "1.5x" and parse_rate("2") == 2.0 and parse_rate(3) == 3.0
+    with pytest.raises(SoloError):
+        parse_rate("-1x")
+    assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
+    assert check_loopback("http://[::1]:8000") == "http://[::1]:8000"
+    for url in ("http://10.1.2.3:8000", "http://192.168.0.1", "ftp://127.0.0.1"):
+        with pytest.raises(SoloError):
+            check_loopback(url)
+
+
+def test_report_numbers():
+    assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
+    drift = rss_drift([(0.0, 100 << 20), (40.0, 200 << 20), (50.0, 202 << 20)], warmup_s=30)
+    assert drift["after_warmup_mib"] == 200 and drift["drift_pct"] == 1.0
+
+
+@pytest.fixture(scope="module")
+def server(tiny_llama):
+    from server_harness import start_server
+
+    running = start_server(tiny_llama, max_batch=4, max_queue=16)
+    yield running
+    running.stop()
+
+
+def test_load_run_against_a_running_server(server, tmp_path, capsys):
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY)
+    out = tmp_path / "load.json"
+    md = tmp_path / "load.md"
+    plot = tmp_path / "load.png"
+    status = main(["bench", "--load", str(workload), "--url", server.base_url, "--json", str(out),
+                   "--markdown", str(md), "--plot", str(plot), "--verify", "20", "--request-timeout", "60"])
+    assert status == 0
+    result = json.loads(out.read_text())
+    phase = result["phases"][0]
+    assert 1 <= phase["sent"] <= 12 and phase["http_5xx"] == 0  # Poisson at 6/s for 2 s, at most 12
+    assert phase["completed"] + phase["cancelled"] == phase["sent"], phase["errors"]
+    assert phase["errors"] == {}
+    assert phase["ttft_s"]["p50"] is not None and phase["goodput_rps"] > 0
+    check = result["output_check"]
+    assert check["checked"] > 0 and check["wrong"] == 0
+    assert "| 6 req/s |" in md.read_text() and plot.stat().st_size > 0
+    assert str(tmp_path) not in md.read_text()  # the command is quoted without local paths
+
+
+@pytest.mark.slow
+def test_load_run_starts_the_bundled_model_and_measures_capacity(tmp_path):
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY.replace("rates = [6.0]", 'rates = ["0.5x"]'))
+    out = tmp_path / "load.json"
+    status = main(["bench", "--load", str(workload), "--capacity-s", "2", "--max-batch", "2", "--json", str(out)])
+    assert status == 0
+    result = json.loads(out.read_text())
+    assert result["meta"]["capacity_rps"] > 0 and result["meta"]["server_exit_status"] == 0
+    assert result["phases"][0]["http_5xx"] == 0 and result["output_check"]["wrong"] == 0
+    assert result["phases"][0]["rss"]  # the server's RSS was sampled
+
+
+def test_load_flag_errors(tmp_path, capsys):
+    assert main(["bench", "--load", "no-such-workload"]) == 2
+    assert "not a shipped workload" in capsys.readouterr().err
+    assert main(["bench", "--load", "chat", "--url", "http://10.0.0.1:8000"]) == 2
+    assert "loopback" in capsys.readouterr().err

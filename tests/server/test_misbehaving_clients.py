@@ -1,0 +1,181 @@
+"""Failure injection: slow headers and bodies, idle connections and abrupt resets never stall or change
+other requests; SIGTERM under load ends every stream cleanly."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from server_harness import BACKEND, MODEL_NAME
+
+GREEDY = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "def main():"}], "max_tokens": 40,
+          "temperature": 0, "ignore_eos": True}
+
+
+def _connect(base_url: str) -> socket.socket:
+    host, port = base_url.removeprefix("http://").split(":")
+    sock = socket.create_connection((host, int(port)), timeout=10)
+    return sock
+
+
+def _reset(sock: socket.socket) -> None:
+    # SO_LINGER with a zero timeout: close() sends a TCP RST instead of a FIN (a client that crashed).
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+    sock.close()
+
+
+def _request_bytes(body: dict) -> bytes:
+    payload = json.dumps(body).encode()
+    return (b"POST /v1/chat/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+            b"Content-Length: " + str(len(payload)).encode() + b"\r\n\r\n" + payload)
+
+
+def test_idle_slow_and_half_sent_connections_do_not_stall_others(server):
+    with server.http() as http:
+        alone = http.post("/v1/chat/completions", json=GREEDY).json()["choices"][0]["message"]["content"]
+    held: list[socket.socket] = []
+    try:
+        held += [_connect(server.base_url) for _ in range(100)]  # connected, never a byte
+        for _ in range(10):  # slow headers: the request line and half a header
+            sock = _connect(server.base_url)
+            sock.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: loc")
+            held.append(sock)
+        for _ in range(10):  # slow bodies: full headers, 10 of the promised bytes
+            sock = _connect(server.base_url)
+            sock.sendall(_request_bytes(GREEDY)[:-200])
+            held.append(sock)
+        with httpx.Client(base_url=server.base_url, timeout=20) as http:
+            start = time.monotonic()
+            reply = http.post("/v1/chat/completions", json=GREEDY)
+            assert reply.status_code == 200 and time.monotonic() - start < 15
+            assert reply.json()["choices"][0]["message"]["content"] == alone
+            assert http.get("/health").status_code == 200
+            # Another byte from a slow client changes nothing for the others.
+            for sock in held[100:110]:
+                sock.sendall(b"a")
+            assert http.post("/v1/chat/completions", json=GREEDY).json()["choices"][0]["message"]["content"] == alone
+    finally:
+        for sock in held:
+            _reset(sock)
+    with server.http() as http:
+        deadline = time.monotonic() + 5
+        while server.state.scheduler.active and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert server.state.scheduler.active == 0 and server.state.scheduler.waiting == 0
+        assert http.get("/health").status_code == 200
+
+
+def test_abrupt_resets_mid_stream_do_not_change_other_streams(server):
+    with server.http() as http:
+        alone = http.post("/v1/chat/completions", json={**GREEDY, "max_tokens": 80}).json()
+    expected = alone["choices"][0]["message"]["content"]
+    result: dict = {}
+
+    def victim() -> None:
+        with httpx.Client(base_url=server.base_url, timeout=60) as client:
+            reply = client.post("/v1/chat/completions", json={**GREEDY, "max_tokens": 80})
+            result["reply"] = reply
+
+    thread = threading.Thread(target=victim)
+    thread.start()
+    for i in range(12):
+        sock = _connect(server.base_url)
+        body = {**GREEDY, "stream": True, "max_tokens": 200}
+        if i % 3 == 0:
+            sock.sendall(_request_bytes(body)[:-5])  # reset before the body is complete
+        else:
+            sock.sendall(_request_bytes(body))
+            sock.recv(256)  # the response has started (headers and the first chunk)
+        _reset(sock)
+    thread.join(60)
+    reply = result["reply"]
+    assert reply.status_code == 200 and reply.json()["choices"][0]["message"]["content"] == expected
+    deadline = time.monotonic() + 5
+    while server.state.scheduler.active and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert server.state.scheduler.active == 0 and server.state.scheduler.error is None
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=1).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.slow
+def test_sigterm_under_load_ends_every_stream_and_queued_request_cleanly(long_model):
+    port = _free_port()
+    process = subprocess.Popen(
+        [sys.executable, "-m", "solo.cli", "serve", str(long_model), "--port", str(port), "--dtype", "float32",
+         "--backend", BACKEND, "--served-model-name", MODEL_NAME, "--max-batch", "2", "--max-queue", "4",
+         "--shutdown-grace", "1"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env={**os.environ, "PYTHONUNBUFFERED": "1"},
+        cwd=Path(__file__).parents[2],
+    )
+    base = f"http://127.0.0.1:{port}"
+    streams: list[list[str]] = [[] for _ in range(4)]
+    plain: list[httpx.Response | Exception] = []
+    try:
+        deadline = time.monotonic() + 120
+        while not _healthy(base):
+            assert time.monotonic() < deadline and process.poll() is None, "server did not start"
+            time.sleep(0.1)
+        started = threading.Barrier(5)
+
+        def stream(i: int) -> None:
+            body = {**GREEDY, "max_tokens": 4000, "stream": True}
+            with httpx.Client(base_url=base, timeout=60) as client, \
+                    client.stream("POST", "/v1/chat/completions", json=body) as response:
+                lines = response.iter_lines()
+                streams[i].append(next(lines))
+                started.wait(30)
+                streams[i] += list(lines)
+
+        def non_streamed() -> None:
+            with httpx.Client(base_url=base, timeout=60) as client:
+                try:
+                    plain.append(client.post("/v1/chat/completions", json={**GREEDY, "max_tokens": 4000}))
+                except httpx.HTTPError as exc:
+                    plain.append(exc)
+
+        threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
+        threads.append(threading.Thread(target=non_streamed))
+        for t in threads:
+            t.start()
+        started.wait(30)  # 2 streams running, 2 queued, 1 non-streamed queued
+        time.sleep(0.3)
+        process.send_signal(signal.SIGTERM)
+        for t in threads:
+            t.join(60)
+        assert process.wait(60) == 0
+    finally:
+        if process.poll() is None:
+            process.kill()
+        output = process.stdout.read().decode() if process.stdout else ""
+    assert "Traceback" not in output, output
+    for lines in streams:
+        events = [line for line in lines if line]
+        assert events[-1] == "data: [DONE]", events[-3:]
+        last = json.loads(events[-2][6:])
+        assert last["choices"][0]["finish_reason"] == "abort"
+    assert len(plain) == 1
+    response = plain[0]
+    assert isinstance(response, httpx.Response), response
+    assert response.status_code == 200 and response.json()["choices"][0]["finish_reason"] == "abort"
