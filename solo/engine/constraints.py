@@ -2,7 +2,11 @@
 
 A `StructuredOutput` says what the output must match. `ConstraintCompiler` (one per engine) compiles it
 with XGrammar (Dong et al. 2024, "XGrammar: Flexible and Efficient Structured Generation Engine for Large
-Language Models"), and with llguidance (guidance-ai) where XGrammar rejects it. A compiled grammar makes
+Language Models") or llguidance (guidance-ai, the engine behind OpenAI's structured outputs), each
+falling back to the other where the first rejects a grammar. JSON goes to llguidance first (XGrammar
+0.2.9 lets raw control characters into strings with minLength / maxLength, which is not JSON; llguidance
+masks measured as fast), regexes, choices and grammars to XGrammar first, and tool-call formats
+(XGrammar structural tags) to XGrammar only. A compiled grammar makes
 one `TokenConstraint` per request: a matcher plus a packed bitmask (int32 [ceil(vocab / 32)], bit i of
 word i // 32 set when token i is allowed).
 
@@ -198,26 +202,37 @@ class ConstraintCompiler:
     def _compile(self, spec: StructuredOutput) -> CompiledConstraint:
         if spec.kind == "json_schema":
             check_json_schema(spec.value)
-        xgr_error = None
-        try:
-            return CompiledConstraint("xgrammar", self._compile_xgrammar(spec), self.logits_width, self)
-        except InvalidRequestError:
-            raise
-        except Exception as exc:  # XGrammar raises RuntimeError / ValueError / its own types
-            xgr_error = _first_line(exc)
         if spec.kind == "structural_tag":
-            raise InvalidRequestError(f"the tool-call grammar does not compile: {xgr_error}", param="tools")
-        ll_grammar = _llguidance_grammar(spec)
-        import llguidance
-
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(ll_grammar, self._llguidance())
-        if not is_error:
-            return CompiledConstraint("llguidance", ll_grammar, self.logits_width, self)
+            try:
+                return CompiledConstraint("xgrammar", self._compile_xgrammar(spec), self.logits_width, self)
+            except Exception as exc:  # XGrammar raises RuntimeError / ValueError / its own types
+                raise InvalidRequestError(f"the tool-call grammar does not compile: {_first_line(exc)}",
+                                          param="tools") from None
+        # JSON goes to llguidance first: XGrammar 0.2.9 lets control characters into strings that have a
+        # minLength / maxLength (invalid JSON), and llguidance's masks measured as fast here.
+        json_like = spec.kind in ("json_object", "json_schema")
+        order = ("llguidance", "xgrammar") if json_like else ("xgrammar", "llguidance")
+        errors = []
+        for backend in order:
+            try:
+                if backend == "xgrammar":
+                    return CompiledConstraint(backend, self._compile_xgrammar(spec), self.logits_width, self)
+                return CompiledConstraint(backend, self._compile_llguidance(spec), self.logits_width, self)
+            except Exception as exc:  # either engine's own error types
+                errors.append(f"{backend}: {_first_line(exc)}")
         what = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice list",
                 "json_object": "JSON grammar"}[spec.kind]
-        raise InvalidRequestError(
-            f"the {what} in response_format is not supported: {xgr_error}; llguidance: {'; '.join(messages)}",
-            param="response_format")
+        raise InvalidRequestError(f"the {what} in response_format is not supported ({'; '.join(errors)})",
+                                  param="response_format")
+
+    def _compile_llguidance(self, spec: StructuredOutput) -> str:
+        import llguidance
+
+        grammar = _llguidance_grammar(spec)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._llguidance())
+        if is_error:
+            raise ValueError("; ".join(messages) or "rejected")
+        return grammar
 
     def _compile_xgrammar(self, spec: StructuredOutput) -> Any:  # noqa: ANN401
         compiler = self._xgrammar()
@@ -268,13 +283,18 @@ def check_json_schema(schema: Any) -> None:  # noqa: ANN401
     raise InvalidRequestError(f"the JSON schema is invalid: {text}", param="response_format")
 
 
+# llguidance's JSON options: whitespace between tokens, bounded like XGrammar's max_whitespace_cnt.
+_LLG_JSON_OPTIONS = {"whitespace_flexible": True, "whitespace_pattern": f"[ \\n\\t]{{0,{MAX_WHITESPACE}}}"}
+
+
 def _llguidance_grammar(spec: StructuredOutput) -> str:
     import llguidance
 
-    if spec.kind == "json_object":
-        return llguidance.grammar_from("json_schema", json.dumps({"type": "object"}))
-    if spec.kind == "json_schema":
-        return llguidance.grammar_from("json_schema", json.dumps(spec.value))
+    if spec.kind in ("json_object", "json_schema"):
+        schema = {"type": "object"} if spec.kind == "json_object" else spec.value
+        if isinstance(schema, bool):
+            schema = {} if schema else {"not": {}}
+        return llguidance.grammar_from("json_schema", json.dumps({**schema, "x-guidance": _LLG_JSON_OPTIONS}))
     if spec.kind == "choice":
         return llguidance.grammar_from("choice", json.dumps(list(spec.value)))
     return llguidance.grammar_from("regex" if spec.kind == "regex" else "grammar", spec.value)
@@ -350,6 +370,7 @@ class TokenConstraint:
         self.mask_compute_s: list[float] = []
         self.forced_tokens = 0
         self._future: Future | None = None
+        self._terminated = False
         if compiled.backend == "xgrammar":
             import xgrammar as xgr
 
@@ -359,14 +380,19 @@ class TokenConstraint:
             import llguidance
 
             self._matcher = llguidance.LLMatcher(compiled._compiler._llguidance(), compiled.grammar)
+            self._model_stops = np.array(compiled._compiler.stop_token_ids, dtype=np.int64)
         self._start()
 
     @property
     def terminated(self) -> bool:
         """True once the grammar is complete and, with stop tokens, one was accepted."""
+        return self._terminated
+
+    def _check_terminated(self) -> bool:
+        # Called between tokens only: the matcher is not thread-safe while a mask is being computed.
         if self.compiled.backend == "xgrammar":
             return self._matcher.is_terminated()
-        return self._matcher.is_stopped()
+        return self._matcher.is_stopped() or (not self.stop_token_ids and self._matcher.is_accepting())
 
     def _fill(self) -> float:
         start = time.perf_counter()
@@ -376,9 +402,16 @@ class TokenConstraint:
             import llguidance.torch
 
             llguidance.torch.fill_next_token_bitmask(self._matcher, self.bitmask, 0)
-            if self.stop_token_ids and self._matcher.is_accepting():
-                for t in self.stop_token_ids:  # the request's own stop ids, not only the tokenizer's EOS
-                    self._words.view(np.uint32)[t // 32] |= np.uint32(1 << (t % 32))
+            # The tokenizer's EOS ids stand for "the grammar may end"; the request's own stop ids replace them.
+            words = self._words.view(np.uint32)
+            stops = self._model_stops
+            accepting = (bool((words[stops // 32] & (1 << (stops % 32)).astype(np.uint32)).any()) if len(stops)
+                         else self._matcher.is_accepting())
+            for t in self._model_stops:
+                words[t // 32] &= ~np.uint32(1 << (t % 32))
+            if accepting:
+                for t in self.stop_token_ids:
+                    words[t // 32] |= np.uint32(1 << (t % 32))
         return time.perf_counter() - start
 
     def _start(self) -> None:
@@ -436,9 +469,12 @@ class TokenConstraint:
         """
         if self.compiled.backend == "xgrammar":
             ok = self._matcher.accept_token(token)
+        elif token in self.stop_token_ids:  # a request stop id the grammar allowed at its end
+            ok = True
         else:
             ok = self._matcher.consume_token(token) and not self._matcher.is_error()
         if not ok:
             raise RuntimeError(f"the output grammar rejected token {token}")
-        if not self.terminated:
+        self._terminated = self._check_terminated()
+        if not self._terminated:
             self._start()

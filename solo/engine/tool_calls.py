@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from solo.engine.constraints import StructuredOutput
+from solo.engine.constraints import MAX_WHITESPACE, StructuredOutput
 from solo.errors import InvalidRequestError
 
 TOOL_FORMATS = ("hermes", "llama3_json", "mistral")
@@ -164,7 +164,7 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
     model = {"hermes": "qwen_3", "llama3_json": "llama"}[fmt]
     try:
         tag = xgr.get_model_structural_tag(model, tools=xgr_tools, tool_choice=choice, reasoning="disabled",
-                                           parallel_tool_calls=parallel_tool_calls)
+                                           parallel_tool_calls=parallel_tool_calls, max_whitespace_cnt=MAX_WHITESPACE)
     except Exception as exc:  # pydantic / ValueError from XGrammar's tool normalisation
         raise InvalidRequestError(f"the tools cannot be turned into a tool-call grammar: {exc}",
                                   param="tools") from None
@@ -247,8 +247,8 @@ class ToolCallParser:
             self._calls_text += text
             return ""
         if self.marker_id is not None and self.marker_id in token_ids:
-            self._calls_text = text
-            return self._release(self._pending)
+            self._calls_text, pending, self._pending = text, self._pending, ""
+            return self._release(pending)
         buffer = self._pending + text
         if self.fmt == "llama3_json" and not (self._content + buffer).strip():
             self._pending = buffer
@@ -267,7 +267,6 @@ class ToolCallParser:
         return self._release(buffer[:len(buffer) - keep])
 
     def _release(self, text: str) -> str:
-        self._pending = ""
         self._content += text
         return text
 
@@ -277,13 +276,13 @@ class ToolCallParser:
         With no call parsed, the held-back text is content (streamed last).
         """
         if self._calls_text is None:
-            rest = self._pending
+            rest, self._pending = self._pending, ""
             self._release(rest)
             return self._content, [], rest
         calls = parse_tool_calls(self.fmt, self._calls_text)
         if calls is None:
             rest = self._pending + self._calls_text
-            self._calls_text = None
+            self._calls_text, self._pending = None, ""
             self._release(rest)
             return self._content, [], rest
         return self._content, calls, ""
@@ -326,7 +325,7 @@ def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:
         arguments = obj.get("arguments", obj.get("parameters", {}))
         if isinstance(arguments, str):
             try:
-                arguments = json.loads(arguments)
+                arguments = json.loads(arguments, strict=False)
             except json.JSONDecodeError:
                 return None
         if not isinstance(arguments, dict):
@@ -336,8 +335,10 @@ def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:
 
 
 def _json_values(text: str) -> list[Any]:
-    # Every JSON value in text, in order; [None] when something that is not JSON is left over.
-    decoder = json.JSONDecoder()
+    # Every JSON value in text, in order; [None] when something that is not JSON is left over. Raw control
+    # characters inside strings are taken (XGrammar 0.2.9's length-bounded strings admit them); the
+    # arguments are re-serialised, escaped, so the client always gets valid JSON.
+    decoder = json.JSONDecoder(strict=False)
     values, i, text = [], 0, text.strip()
     while i < len(text):
         while i < len(text) and text[i] in " \t\r\n,;":
