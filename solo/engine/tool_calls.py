@@ -11,7 +11,7 @@ Solo recognises three model families' tool-call syntax, from their chat template
 
 With tool_choice "auto" the model writes freely and its calls are parsed out (as vLLM's hermes, llama3_json
 and mistral parsers do). With "required" or a named function the output is grammar-constrained to the
-family's syntax (XGrammar's structural tags "qwen_3" and "llama"; a JSON array schema for Mistral), so the
+family's syntax (XGrammar structural tags: only calls, no free text; a JSON array schema for Mistral), so the
 name is one of the tools and the arguments validate against its parameters schema.
 """
 
@@ -157,18 +157,29 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
         if not parallel_tool_calls:
             schema["maxItems"] = 1
         return StructuredOutput("json_schema", schema, "tool_calls")
-    import xgrammar as xgr
+    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
 
-    choice: Any = "required" if not isinstance(tool_choice, Mapping) else dict(tool_choice)
-    xgr_tools = [{"type": "function", "function": {**t["function"], "parameters": _parameters(t)}} for t in tools]
-    model = {"hermes": "qwen_3", "llama3_json": "llama"}[fmt]
+    # Only calls, no free text around them (XGrammar's own "required" tags allow text before a call).
+    begin, end = _CALL_SYNTAX[fmt]
     try:
-        tag = xgr.get_model_structural_tag(model, tools=xgr_tools, tool_choice=choice, reasoning="disabled",
-                                           parallel_tool_calls=parallel_tool_calls, max_whitespace_cnt=MAX_WHITESPACE)
-    except Exception as exc:  # pydantic / ValueError from XGrammar's tool normalisation
+        tags = [TagFormat(begin=begin.format(name=t["function"]["name"]),
+                          content=JSONSchemaFormat(json_schema=_parameters(t), max_whitespace_cnt=MAX_WHITESPACE),
+                          end=end) for t in chosen]
+        if len(tags) == 1 and not parallel_tool_calls:
+            tag = StructuralTag(format=tags[0])
+        else:
+            separator = "\n" if fmt == "hermes" else "; "
+            tag = StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator=separator, at_least_one=True,
+                                                               stop_after_first=not parallel_tool_calls))
+        return StructuredOutput("structural_tag", tag, "tool_calls")
+    except Exception as exc:  # pydantic validation of the tags
         raise InvalidRequestError(f"the tools cannot be turned into a tool-call grammar: {exc}",
                                   param="tools") from None
-    return StructuredOutput("structural_tag", tag, "tool_calls")
+
+
+# Text around one call's arguments object, per syntax ({name} is the function name).
+_CALL_SYNTAX = {"hermes": ('<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
+                "llama3_json": ('{{"name": "{name}", "parameters": ', "}")}
 
 
 def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
