@@ -359,6 +359,9 @@ class TokenConstraint:
         forced_tokens: tokens chosen without sampling (the only allowed token).
     """
 
+    overlap = True
+    """Compute the next mask on a host thread during the decode step (False: inline in `apply`; benchmarks)."""
+
     def __init__(self, compiled: CompiledConstraint, stop_token_ids: list[int]) -> None:
         self.compiled = compiled
         self.vocab_size = compiled.vocab_size
@@ -476,5 +479,5 @@ class TokenConstraint:
         if not ok:
             raise RuntimeError(f"the output grammar rejected token {token}")
         self._terminated = self._check_terminated()
-        if not self._terminated:
+        if not self._terminated and self.overlap:
             self._start()

@@ -165,3 +165,35 @@ def test_forced_calls_are_valid(qwen_templated_engine, tool_choice):
         if isinstance(tool_choice, dict):
             assert call.name == "get_weather"
         jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+
+
+@pytest.mark.slow
+def test_mistral_forced_call_with_real_tokenizer(shared_hf, tmp_path):
+    """Mistral 7B v0.3's real tokenizer and template on a tiny random model: the forced call is the JSON array
+    that follows [TOOL_CALLS], and its id is the 9 characters Mistral's template requires back."""
+    import shutil
+
+    import torch
+    from checkpoints import hf_config
+    from transformers import AutoModelForCausalLM
+
+    source = shared_hf / "Mistral-7B-Instruct-v0.3"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, tmp_path / name)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama", 32768, max_position_embeddings=1024),
+                                             attn_implementation="eager")
+    model.save_pretrained(tmp_path)
+    engine = Engine.load(tmp_path, backend="eager", dtype="float32")
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    result = engine.complete(messages, SamplingParams(max_tokens=80, temperature=1.0, seed=0), tools=[WEATHER, TIME],
+                             tool_choice="required", parallel_tool_calls=False)
+    assert result.finish_reason == "tool_calls", result
+    call = result.tool_calls[0]
+    assert len(call.id) == 9 and call.name in ("get_weather", "get_time")
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    # The call goes back through the template (which checks the id) with the tool's answer.
+    history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    assert engine.complete(history, SamplingParams(max_tokens=2), tools=[WEATHER, TIME]).stats.prompt_tokens > 0
