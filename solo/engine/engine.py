@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -100,7 +101,10 @@ class Engine:
         """The grammar compiler for this model's tokenizer (structured output; built on first use)."""
         with self._constraints_lock:
             if self._constraints is None:
-                self._constraints = ConstraintCompiler(self.tokenizer, self.config.vocab_size, sorted(self.eos_ids))
+                # The mask thread needs a core the decode step leaves free (see ConstraintCompiler).
+                spare_core = self.runtime.device.type != "cpu" or (os.cpu_count() or 1) > torch.get_num_threads()
+                self._constraints = ConstraintCompiler(self.tokenizer, self.config.vocab_size, sorted(self.eos_ids),
+                                                       overlap=spare_core)
             return self._constraints
 
     @classmethod
