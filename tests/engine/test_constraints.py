@@ -91,6 +91,7 @@ def test_schemas_validate_on_bundled_model(bundled, name, temperature):
         assert _check(result, schema), result.text
 
 
+@pytest.mark.slow
 def test_json_object_regex_choice_grammar(padded_engine):
     obj = padded_engine.complete("x", SamplingParams(max_tokens=100, seed=1, temperature=1.0,
                                                      response_format={"type": "json_object"}))

@@ -90,3 +90,22 @@ def test_openai_client_json_schema_and_named_tool(tool_server):
         bad = http.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": {
             "type": "function", "function": {"name": "nope"}}})
         assert bad.status_code == 400 and "nope" in bad.json()["error"]["message"]
+
+
+@pytest.mark.slow
+def test_auto_tool_choice_streams_the_same_reply(tool_server):
+    """With tool_choice auto the model writes freely: streamed deltas add up to the non-streamed reply."""
+    client = tool_server.client()
+    kwargs = dict(model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=24, temperature=1.0, seed=5,
+                  logprobs=True)
+    whole = client.chat.completions.create(**kwargs).choices[0]
+    content, calls, finish, logprobs = "", [], None, 0
+    for chunk in client.chat.completions.create(stream=True, **kwargs):
+        for c in chunk.choices:
+            content += c.delta.content or ""
+            calls += c.delta.tool_calls or []
+            logprobs += len(c.logprobs.content) if c.logprobs and c.logprobs.content else 0
+            finish = c.finish_reason or finish
+    assert content == (whole.message.content or "") and finish == whole.finish_reason
+    assert bool(calls) == bool(whole.message.tool_calls)
+    assert logprobs == len(whole.logprobs.content)
