@@ -289,8 +289,9 @@ class Engine:
 
     # -------------------------------------------------------------------------------------- generation
 
-    def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
-                 **tool_args: Any) -> Iterator[GenerationEvent]:  # noqa: ANN401
+    def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
+                 parallel_tool_calls: bool = True) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
         The engine runs one generation at a time: from its first event until it ends, the stream holds
@@ -299,8 +300,8 @@ class Engine:
         Args:
             prompt: text, chat messages or token ids.
             params: sampling parameters, or a dict of `SamplingParams` fields.
-            **tool_args: `tools`, `tool_choice`, `parallel_tool_calls` (see `make_request`); the events
-                carry the raw text, `complete` parses the calls.
+            tools, tool_choice, parallel_tool_calls: see `make_request`; the events carry the raw text,
+                `complete` parses the calls.
 
         Yields:
             `GenerationEvent`s; the last has `finish_reason` and `stats`.
@@ -308,7 +309,8 @@ class Engine:
         Raises:
             InvalidRequestError, ContextLengthError: before the first event, for bad input.
         """
-        request = self.make_request(prompt, params, **tool_args)
+        request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
+                                    parallel_tool_calls=parallel_tool_calls)
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
@@ -349,8 +351,9 @@ class Engine:
             finally:
                 self._owner = None
 
-    def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
-                 **tool_args: Any) -> GenerationResult:  # noqa: ANN401
+    def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
+                 parallel_tool_calls: bool = True) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`).
 
         With `tools` (and messages), tool calls in the output are parsed into `tool_calls` (finish_reason
@@ -359,7 +362,8 @@ class Engine:
         Raises:
             InvalidRequestError, ContextLengthError: for bad input, before anything runs.
         """
-        request = self.make_request(prompt, params, **tool_args)
+        request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
+                                    parallel_tool_calls=parallel_tool_calls)
         texts, ids, logprobs = [], [], []
         event = None
         for event in self.run(request):
@@ -374,6 +378,7 @@ class Engine:
                                     forced=request.tool_call_forced)
             parser.feed(text, ids)
             text, calls, _ = parser.finish()
+            calls = calls if parallel_tool_calls else calls[:1]  # OpenAI: at most one call without parallel calls
             if calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
         return GenerationResult(

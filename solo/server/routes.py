@@ -232,6 +232,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             for e in events:
                 parser.feed(e.text, e.token_ids)
             content, calls, _ = parser.finish()
+            calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
             if calls:
                 content = content or None
                 finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
@@ -293,6 +294,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
                 text = parser.feed(text, event.token_ids)
                 if finish_reason is not None:
                     _, calls, rest = parser.finish()
+                    calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
                     text += rest
                     if calls:
                         if text:
