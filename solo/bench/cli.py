@@ -50,6 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--structured", action="store_true",
                         help="measure grammar-constrained decoding instead: decode tok/s with a JSON schema against "
                         "unconstrained, and the mask time per token (p50/p99)")
+    parser.add_argument("--tokenizer", default=None, metavar="FOLDER",
+                        help="with --structured --shape: the folder of the shape's real tokenizer files")
     parser.add_argument("--pause-ms", type=float, default=500.0,
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "

@@ -45,12 +45,14 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from solo.engine.sampling import SamplingParams
     from solo.errors import SoloError
 
-    if args.shape:
-        raise SoloError("--structured needs a model with a tokenizer (MODEL, or none for the bundled model), "
-                        "not --shape")
     print("loading model ...", file=sys.stderr)
-    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                         revision=args.revision, quantize=args.quantize)
+    if args.shape:
+        engine = _shape_engine(args)
+    else:
+        if args.tokenizer:
+            raise SoloError("--tokenizer goes with --shape (a model folder brings its own tokenizer)")
+        engine = Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                             revision=args.revision, quantize=args.quantize)
     response_format = {"type": "json_schema", "json_schema": {"name": "users", "schema": BENCH_SCHEMA}}
     free = SamplingParams(max_tokens=args.gen_len, temperature=0, ignore_eos=True)
     constrained = SamplingParams(max_tokens=args.gen_len, temperature=0, response_format=response_format)
@@ -105,6 +107,41 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     }
     _print(report)
     return report
+
+
+def _shape_engine(args: argparse.Namespace) -> Any:  # noqa: ANN401
+    """An engine on a named shape with random weights and the tokenizer folder given by --tokenizer.
+
+    Raises:
+        SoloError: --tokenizer is missing, or the tokenizer has more ids than the shape's vocabulary.
+    """
+    from pathlib import Path
+
+    from solo.bench.shapes import build_model, shape_config
+    from solo.engine.engine import Engine, resolve_device
+    from solo.errors import SoloError
+    from solo.model.generation_config import GenerationDefaults
+    from solo.model.hub import resolve_dtype
+    from solo.runtime import create_runtime
+    from solo.tokenizer import Tokenizer
+
+    if not args.tokenizer:
+        raise SoloError("--structured --shape needs --tokenizer FOLDER (the model's tokenizer files): the grammar "
+                        "masks depend on the real vocabulary")
+    device = resolve_device(args.device)
+    config = shape_config(args.shape)
+    tokenizer = Tokenizer.from_folder(args.tokenizer)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise SoloError(f"the tokenizer in {args.tokenizer} has {tokenizer.vocab_size} ids, more than the "
+                        f"{args.shape} shape's vocabulary of {config.vocab_size}; give that model's tokenizer")
+    model = build_model(config, resolve_dtype(args.dtype, config.torch_dtype), seed=args.seed, device=device)
+    if args.quantize:
+        from solo.runtime.quant import quantize_model
+
+        model = quantize_model(model, args.quantize)
+    runtime = create_runtime(model, args.backend, device)
+    defaults = GenerationDefaults(eos_token_ids=tuple(config.eos_token_ids))
+    return Engine(model, tokenizer, defaults, runtime, Path(args.tokenizer), f"{args.shape} (random weights)")
 
 
 def _print(r: dict[str, Any]) -> None:
