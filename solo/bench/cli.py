@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-gib", type=float, default=2.0,
                         help="buffer of the CPU bandwidth probe in GiB; keep it far above the LLC (default: 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt (default: 0)")
+    parser.add_argument("--structured", action="store_true",
+                        help="measure grammar-constrained decoding instead: decode tok/s with a JSON schema against "
+                        "unconstrained, and the mask time per token (p50/p99)")
+    parser.add_argument("--tokenizer", default=None, metavar="FOLDER",
+                        help="with --structured --shape: the folder of the shape's real tokenizer files")
     parser.add_argument("--pause-ms", type=float, default=500.0,
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
@@ -164,6 +169,13 @@ def main(args: argparse.Namespace) -> int:
 
     if args.model and args.shape:
         raise SoloError("give either MODEL or --shape, not both")
+    if args.structured:
+        from solo.bench.structured import run as run_structured
+
+        report = run_structured(args)
+        if args.json:
+            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        return 0
     if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0:
         raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1 and --pause-ms >= 0")
     if args.sweep_gen_len < 2 or not args.probe_gib > 0:

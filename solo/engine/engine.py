@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -16,8 +17,10 @@ from typing import Any
 
 import torch
 
+from solo.engine.constraints import ConstraintCompiler
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
+from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, tool_call_constraint
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
@@ -90,6 +93,19 @@ class Engine:
         self.eos_ids = set(defaults.eos_token_ids) or set(self.config.eos_token_ids)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread running a generation: a second one there would deadlock
+        self._constraints: ConstraintCompiler | None = None
+        self._constraints_lock = threading.Lock()
+
+    @property
+    def constraints(self) -> ConstraintCompiler:
+        """The grammar compiler for this model's tokenizer (structured output; built on first use)."""
+        with self._constraints_lock:
+            if self._constraints is None:
+                # The mask thread needs a core the decode step leaves free (see ConstraintCompiler).
+                spare_core = self.runtime.device.type != "cpu" or (os.cpu_count() or 1) > torch.get_num_threads()
+                self._constraints = ConstraintCompiler(self.tokenizer, self.config.vocab_size, sorted(self.eos_ids),
+                                                       overlap=spare_core)
+            return self._constraints
 
     @classmethod
     def load(
@@ -165,7 +181,7 @@ class Engine:
                     f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})", param="prompt"
                 )
         else:
-            ids = self.tokenizer.encode_chat(list(prompt))  # type: ignore[arg-type]
+            ids = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)))  # type: ignore[arg-type]
         if not ids:
             raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
         return ids
@@ -200,7 +216,9 @@ class Engine:
         return PreparedPrompt(ids, max_tokens)
 
     def make_request(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
-                     fallback_temperature: float = 0.0, start_time: float | None = None) -> Request:
+                     fallback_temperature: float = 0.0, start_time: float | None = None,
+                     tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
+                     parallel_tool_calls: bool = True) -> Request:
         """Encode, validate and resolve a request without running it (the server's scheduler runs it).
 
         Args:
@@ -208,16 +226,36 @@ class Engine:
             params: sampling parameters (None: all defaults); a dict of `SamplingParams` fields works too.
             fallback_temperature: temperature when neither request nor model sets one.
             start_time: arrival time (`time.perf_counter()`), for TTFT.
+            tools: OpenAI tools (messages only), rendered through the chat template (`solo.engine.tool_calls`).
+            tool_choice: "auto" (default with tools), "none", "required" or {"type": "function", "function":
+                {"name": ...}}; the last two constrain the output to tool calls.
+            parallel_tool_calls: allow several calls in one reply.
 
         Returns:
-            The request, not yet prefilled.
+            The request, not yet prefilled; `tool_call_format` is set when its output holds tool calls.
 
         Raises:
             InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`; also an
-                unknown key in a `params` dict, or `params` of another type.
+                unknown key in a `params` dict, or `params` of another type; an invalid or unsupported
+                response_format; bad tools (see `check_tools`).
         """
         params = _as_sampling_params(params)
         params.validate()
+        tool_format, forced = None, False
+        if tools or tool_choice not in (None, "none", "auto"):
+            if isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt):
+                raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
+            template = self.tokenizer.chat_template
+            tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None)
+            spec = tool_call_constraint(tool_format, tools, choice, parallel_tool_calls) if tool_format else None
+            if spec is not None:
+                if params.response_format is not None:
+                    raise InvalidRequestError("response_format cannot be combined with tool_choice \"required\" or "
+                                              "a named function (the output is the tool call)", param="response_format")
+                params, forced = params.copy(response_format=spec), True
+            if choice == "none":
+                tool_format = None
+            prompt = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)), tools=list(tools) or None)
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(
@@ -230,7 +268,10 @@ class Engine:
         special = self.tokenizer.special_token_ids()
         eos = ((set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids)
                | {special[s] for s in params.stop if s in special})
-        return Request(
+        constraint = None
+        if params.response_format is not None:
+            constraint = self.constraints.compile(params.response_format).matcher(sorted(eos))
+        request = Request(
             prompt_ids=prepared.token_ids,
             sampling=params.resolve(self.defaults, fallback_temperature),
             max_new_tokens=prepared.max_new_tokens,
@@ -241,12 +282,16 @@ class Engine:
             logprobs=params.logprobs,
             device=self.runtime.device,
             start_time=start_time,
+            constraint=constraint,
         )
+        request.tool_call_format, request.tool_call_forced = tool_format, forced
+        return request
 
     # -------------------------------------------------------------------------------------- generation
 
-    def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None
-                 ) -> Iterator[GenerationEvent]:
+    def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
+                 parallel_tool_calls: bool = True) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
         The engine runs one generation at a time: from its first event until it ends, the stream holds
@@ -255,6 +300,8 @@ class Engine:
         Args:
             prompt: text, chat messages or token ids.
             params: sampling parameters, or a dict of `SamplingParams` fields.
+            tools, tool_choice, parallel_tool_calls: see `make_request`; the events carry the raw text,
+                `complete` parses the calls.
 
         Yields:
             `GenerationEvent`s; the last has `finish_reason` and `stats`.
@@ -262,7 +309,8 @@ class Engine:
         Raises:
             InvalidRequestError, ContextLengthError: before the first event, for bad input.
         """
-        request = self.make_request(prompt, params)
+        request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
+                                    parallel_tool_calls=parallel_tool_calls)
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
@@ -303,14 +351,19 @@ class Engine:
             finally:
                 self._owner = None
 
-    def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None
-                 ) -> GenerationResult:
+    def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
+                 tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
+                 parallel_tool_calls: bool = True) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`).
+
+        With `tools` (and messages), tool calls in the output are parsed into `tool_calls` (finish_reason
+        "tool_calls"), and `text` keeps the rest.
 
         Raises:
             InvalidRequestError, ContextLengthError: for bad input, before anything runs.
         """
-        request = self.make_request(prompt, params)
+        request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
+                                    parallel_tool_calls=parallel_tool_calls)
         texts, ids, logprobs = [], [], []
         event = None
         for event in self.run(request):
@@ -319,9 +372,19 @@ class Engine:
             if event.logprobs:
                 logprobs.extend(event.logprobs)
         assert event is not None and event.finish_reason is not None and event.stats is not None
+        text, finish_reason, calls = "".join(texts), event.finish_reason, None
+        if request.tool_call_format is not None:
+            parser = ToolCallParser(request.tool_call_format, self.tokenizer.special_token_ids(),
+                                    forced=request.tool_call_forced)
+            parser.feed(text, ids)
+            text, calls, _ = parser.finish()
+            calls = calls if parallel_tool_calls else calls[:1]  # OpenAI: at most one call without parallel calls
+            if calls and finish_reason == "stop":
+                finish_reason = "tool_calls"
         return GenerationResult(
-            text="".join(texts), token_ids=ids, finish_reason=event.finish_reason, stats=event.stats,
+            text=text, token_ids=ids, finish_reason=finish_reason, stats=event.stats,
             prompt_token_ids=request.prompt_ids, logprobs=logprobs if request.logprobs is not None else None,
+            tool_calls=calls or None,
         )
 
 

@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from solo.engine.constraints import TokenConstraint
 from solo.engine.detokenizer import IncrementalDetokenizer
 from solo.engine.sampling import ResolvedSampling, TokenSampler
 from solo.engine.stopping import StopStringMatcher
@@ -99,6 +100,7 @@ class GenerationResult:
         stats: timings and counts.
         prompt_token_ids: the prompt as the model saw it.
         logprobs: per generated token, when requested.
+        tool_calls: tool calls parsed from the output (`solo.engine.tool_calls.ToolCall`), when tools were given.
     """
 
     text: str
@@ -107,6 +109,7 @@ class GenerationResult:
     stats: GenerationStats
     prompt_token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
+    tool_calls: list | None = None
 
 
 class Request:
@@ -123,6 +126,7 @@ class Request:
         logprobs: None, or the number of top alternatives to report per token.
         device: device of the logits.
         start_time: `time.perf_counter()` at arrival (TTFT counts from here); now when None.
+        constraint: the output grammar's matcher (structured output), or None.
     """
 
     def __init__(
@@ -137,6 +141,7 @@ class Request:
         logprobs: int | None = None,
         device: torch.device | str = "cpu",
         start_time: float | None = None,
+        constraint: TokenConstraint | None = None,
     ) -> None:
         self.request_id = next(_request_counter)
         self.prompt_ids = list(prompt_ids)
@@ -152,6 +157,9 @@ class Request:
         self.start_time = time.perf_counter() if start_time is None else start_time
         self._last_time = self.start_time
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
+        self.constraint = constraint
+        self.tool_call_format: str | None = None  # set by Engine.make_request when the output may hold tool calls
+        self.tool_call_forced = False  # the output is constrained to tool calls
 
     @property
     def finished(self) -> bool:
@@ -166,17 +174,21 @@ class Request:
     def choose(self, logits: torch.Tensor) -> tuple[int, TokenLogprob | None]:
         """Pick the next token.
 
+        With an output constraint, disallowed tokens are masked to -inf in `logits` (in place) before
+        sampling, and a token that is the only one allowed is taken without sampling.
+
         Args:
-            logits: float32 [vocab] raw logits at the last position.
+            logits: float32 [vocab] raw logits at the last position (modified in place under a constraint).
 
         Returns:
             (token id, its log-probabilities when requested): natural-log log_softmax of the raw logits
-            (before penalties and warpers), with the `logprobs` most likely alternatives.
+            (before penalties, warpers and the constraint's mask), with the `logprobs` most likely alternatives.
         """
-        token = self.sampler.sample(logits)
+        logp = torch.log_softmax(logits, dim=-1) if self.logprobs is not None else None
+        forced = self.constraint.apply(logits) if self.constraint is not None else None
+        token = self.sampler.sample(logits) if forced is None else forced
         info = None
-        if self.logprobs is not None:
-            logp = torch.log_softmax(logits, dim=-1)
+        if logp is not None:
             top = torch.topk(logp, self.logprobs) if self.logprobs > 0 else None
             info = TokenLogprob(
                 token_id=token,
@@ -203,12 +215,14 @@ class Request:
         self.output_ids.append(token)
         self.sampler.observe(token)
         self.stats.completion_tokens = len(self.output_ids)
+        if self.constraint is not None and token not in self.eos_ids:
+            self.constraint.accept(token)
         text = ""
         if token in self.eos_ids:
             self.finish_reason = "stop"
         else:
             text = self.stop_matcher.feed(self.detokenizer.add([token]))
-            if self.stop_matcher.stopped:
+            if self.stop_matcher.stopped or self.constraint is not None and self.constraint.terminated:
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= self.max_new_tokens:
                 self.finish_reason = "length"

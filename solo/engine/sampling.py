@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, fields, replace
+from typing import Any
 
 import torch
 
+from solo.engine.constraints import StructuredOutput
 from solo.errors import InvalidRequestError
 from solo.model.generation_config import GenerationDefaults
 from solo.tokenizer import is_valid_unicode
@@ -39,7 +41,12 @@ class SamplingParams:
         ignore_eos: keep generating past the model's EOS ids (benchmarks); `stop_token_ids` and stop strings
             still stop.
         logprobs: None for no log-probabilities; k >= 0 returns the chosen token's log-probability and the
-            k most likely alternatives (at most 20).
+            k most likely alternatives (at most 20), from the model's distribution before any sampling
+            transform or output constraint.
+        response_format: constrain the output (grammar-constrained decoding, `solo.engine.constraints`):
+            None, a `StructuredOutput`, or OpenAI's shape ({"type": "json_object"}, {"type": "json_schema",
+            "json_schema": {"name": ..., "schema": {...}}}) or Solo's extensions ({"type": "regex", "regex": ...},
+            {"type": "choice", "choice": [...]}, {"type": "grammar", "grammar": ...}).
     """
 
     max_tokens: int | None = None
@@ -55,10 +62,12 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     ignore_eos: bool = False
     logprobs: int | None = None
+    response_format: StructuredOutput | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        self.response_format = StructuredOutput.parse(self.response_format)
         self.validate()
 
     def validate(self) -> None:

@@ -4,13 +4,14 @@ Requests: `model` is optional, as in vLLM (left out, the served model answers); 
 served name (another name is a 404). Unknown fields are ignored, as OpenAI's API does, and `null` for any
 optional field means its default, as in OpenAI's API. Known fields are strictly typed (no "0.5" strings
 for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad input before any engine work.
-What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`, JSON
-`response_format`, `best_of` != n, `tools` unless `tool_choice` is "none" (no tool calling; likewise the
-deprecated `functions` unless `function_call` is "none"),
+What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`,
+`best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
 `stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
 `max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort`.
 Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
-`chat_template_kwargs`.
+`chat_template_kwargs`, and structured output beside `response_format` (both routes): `guided_json`,
+`guided_regex`, `guided_choice`, `guided_grammar`, and `structured_outputs` {"json", "regex", "choice", "grammar",
+"json_object"}; `response_format` also takes Solo's types {"type": "regex" | "choice" | "grammar", ...}.
 
 Responses mirror OpenAI's shapes field for field (chat.completion, chat.completion.chunk, text_completion,
 usage, both logprobs shapes).
@@ -18,6 +19,7 @@ usage, both logprobs shapes).
 
 from __future__ import annotations
 
+import json
 from typing import Annotated, Any, Literal
 
 from pydantic import (
@@ -36,7 +38,9 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
+from solo.engine.constraints import StructuredOutput
 from solo.engine.sampling import SamplingParams
+from solo.errors import InvalidRequestError
 
 # Strict scalar types: JSON numbers only (an int is accepted where a float is expected), finite.
 _Int = Annotated[int, Strict()]
@@ -130,6 +134,48 @@ class SamplingFields(_Lenient):
     # vLLM's extension: lower values leave the server's waiting queue first (interactive before batch).
     priority: Annotated[_Int, Field(ge=-(2**31), le=2**31 - 1)] = 0
     logit_bias: dict[str, _Float] | None = None
+    response_format: dict[str, Any] | None = None
+    guided_json: dict[str, Any] | _Str | None = None
+    guided_regex: _Str | None = None
+    guided_choice: list[_Str] | None = None
+    guided_grammar: _Str | None = None
+    structured_outputs: dict[str, Any] | None = None
+
+    @field_validator("response_format")
+    @classmethod
+    def _known_response_format(cls, value: dict[str, Any] | None) -> dict[str, Any] | None:
+        try:
+            StructuredOutput.parse(value)
+        except InvalidRequestError as exc:
+            raise ValueError(str(exc)) from None
+        return value
+
+    def structured_output(self) -> StructuredOutput | None:
+        """The output constraint asked for, from response_format or one of vLLM's fields.
+
+        Raises:
+            InvalidRequestError: more than one is given, or one is malformed (e.g. guided_json not JSON).
+        """
+        given: list[tuple[str, StructuredOutput | None]] = []
+        if self.response_format is not None:
+            given.append(("response_format", StructuredOutput.parse(self.response_format)))
+        legacy = {"guided_json": "json", "guided_regex": "regex", "guided_choice": "choice",
+                  "guided_grammar": "grammar"}
+        for name, key in legacy.items():
+            if getattr(self, name) is not None:
+                given.append((name, _vllm_structured(key, getattr(self, name), name)))
+        for key, value in (self.structured_outputs or {}).items():
+            if value is None or value is False:
+                continue
+            if key not in ("json", "regex", "choice", "grammar", "json_object"):
+                raise InvalidRequestError(f"structured_outputs.{key} is not supported; use json, regex, choice, "
+                                          "grammar or json_object", param="structured_outputs")
+            given.append((f"structured_outputs.{key}", _vllm_structured(key, value, f"structured_outputs.{key}")))
+        given = [(n, g) for n, g in given if g is not None]
+        if len(given) > 1:
+            raise InvalidRequestError(f"give one output constraint, got {', '.join(n for n, _ in given)}",
+                                      param=given[1][0])
+        return given[0][1] if given else None
 
     @field_validator("stream_options")
     @classmethod
@@ -151,7 +197,8 @@ class SamplingFields(_Lenient):
         """True when a streamed response ends with a usage chunk."""
         return self.stream and self.stream_options is not None and self.stream_options.include_usage
 
-    def sampling_params(self, max_tokens: int | None, logprobs: int | None, choice: int) -> SamplingParams:
+    def sampling_params(self, max_tokens: int | None, logprobs: int | None, choice: int,
+                        response_format: StructuredOutput | None = None) -> SamplingParams:
         """The engine's `SamplingParams` for choice `choice` (its seed is seed + choice).
 
         Raises:
@@ -163,8 +210,26 @@ class SamplingFields(_Lenient):
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=None if self.seed is None else self.seed + choice, stop=stop, ignore_eos=self.ignore_eos,
-            logprobs=logprobs,
+            logprobs=logprobs, response_format=response_format,
         )
+
+
+def _vllm_structured(key: str, value: Any, name: str) -> StructuredOutput | None:  # noqa: ANN401
+    # vLLM's guided_* / structured_outputs values, as a StructuredOutput.
+    if key == "json_object":
+        return StructuredOutput("json_object") if value is True else None
+    if key == "json":
+        if isinstance(value, str):
+            try:
+                value = json.loads(value)
+            except json.JSONDecodeError as exc:
+                raise InvalidRequestError(f"{name} must be a JSON Schema (an object, or a string of one): {exc}",
+                                          param=name) from None
+        return StructuredOutput("json_schema", value)
+    try:
+        return StructuredOutput(key, value)  # type: ignore[arg-type]
+    except InvalidRequestError as exc:
+        raise InvalidRequestError(str(exc).replace("response_format", name), param=name) from None
 
 
 class TextContentPart(_Lenient):
@@ -200,12 +265,6 @@ class ChatMessage(BaseModel):
         return message
 
 
-class ResponseFormat(_Lenient):
-    """`response_format`; only plain text is supported."""
-
-    type: Literal["text"]
-
-
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
@@ -218,6 +277,7 @@ class ChatCompletionRequest(SamplingFields):
         _one_of('"none", "auto", "required" or an object naming a function'),
     ] | None = None
     tools: list[dict[str, Any]] | None = None
+    parallel_tool_calls: _Bool = True
     # OpenAI's deprecated predecessors of tool_choice / tools, refused the same way.
     function_call: Annotated[
         Literal["none", "auto"] | dict[str, Any], _one_of('"none", "auto" or an object naming a function'),
@@ -225,7 +285,6 @@ class ChatCompletionRequest(SamplingFields):
     functions: list[dict[str, Any]] | None = None
     modalities: list[_Str] | None = None
     reasoning_effort: _Str | None = None
-    response_format: ResponseFormat | None = None
     add_generation_prompt: _Bool = True
     chat_template_kwargs: dict[str, Any] | None = None
 
@@ -234,15 +293,6 @@ class ChatCompletionRequest(SamplingFields):
     def _needs_logprobs(cls, value: int | None, info: ValidationInfo) -> int | None:
         if value is not None and not info.data.get("logprobs"):
             raise ValueError("top_logprobs needs logprobs set to true")
-        return value
-
-    @field_validator("tools")
-    @classmethod
-    def _no_tool_calls(cls, value: list[dict[str, Any]] | None, info: ValidationInfo) -> list[dict[str, Any]] | None:
-        # tool_choice is validated first (declared first). OpenAI's default with tools is "auto".
-        if value and info.data.get("tool_choice", "auto") != "none":
-            raise ValueError('tool calling is not supported by Solo; leave tools out, or set tool_choice to "none" '
-                             "(the tools then only reach the chat template)")
         return value
 
     @field_validator("max_completion_tokens")
@@ -273,8 +323,8 @@ class ChatCompletionRequest(SamplingFields):
     def _no_function_calls(cls, value: list[dict[str, Any]] | None, info: ValidationInfo
                            ) -> list[dict[str, Any]] | None:
         if value and info.data.get("function_call", "auto") != "none":
-            raise ValueError('function calling is not supported by Solo; leave functions out, or set function_call '
-                             'to "none"')
+            raise ValueError('the deprecated functions / function_call are not supported by Solo; send the same '
+                             'functions as tools (tools=[{"type": "function", "function": ...}], tool_choice)')
         return value
 
     @property
@@ -401,11 +451,34 @@ class CompletionLogprobs(BaseModel):
     text_offset: list[int]
 
 
+class FunctionCall(BaseModel):
+    """The function of a tool call: its name and its arguments as a JSON string."""
+
+    name: str
+    arguments: str
+
+
+class ToolCallOut(BaseModel):
+    """One tool call of an assistant reply."""
+
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class AssistantMessage(BaseModel):
-    """The reply of a non-streamed chat choice."""
+    """The reply of a non-streamed chat choice; content is null when the reply is only tool calls."""
 
     role: Literal["assistant"] = "assistant"
-    content: str
+    content: str | None
+    tool_calls: list[ToolCallOut] | None = None
+
+    @model_serializer(mode="wrap")
+    def _calls_when_present(self, handler: Any) -> dict[str, Any]:  # noqa: ANN401
+        data = handler(self)
+        if self.tool_calls is None:
+            data.pop("tool_calls", None)
+        return data
 
 
 class ChatChoice(BaseModel):
@@ -429,14 +502,20 @@ class ChatCompletion(BaseModel):
 
 
 class Delta(BaseModel):
-    """What a streamed chunk adds to a chat choice; absent keys are left out, as OpenAI sends them."""
+    """What a streamed chunk adds to a chat choice; absent keys are left out, as OpenAI sends them.
+
+    `tool_calls` entries are OpenAI's incremental shape: {"index", "id", "type", "function": {"name",
+    "arguments"}} in a call's first delta, then {"index", "function": {"arguments": ...}} pieces.
+    """
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="plain")
     def _present_only(self) -> dict[str, Any]:
-        return {k: v for k, v in (("role", self.role), ("content", self.content)) if v is not None}
+        return {k: v for k, v in (("role", self.role), ("content", self.content), ("tool_calls", self.tool_calls))
+                if v is not None}
 
 
 class ChatChunkChoice(BaseModel):

@@ -17,6 +17,7 @@ import time
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
+from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response, StreamingResponse
@@ -26,6 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
+from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, tool_call_constraint
 from solo.errors import InvalidRequestError
 from solo.server.errors import APIError, api_error_from
 from solo.server.logprobs import chat_logprobs, completion_logprobs
@@ -46,10 +48,12 @@ from solo.server.protocol import (
     Delta,
     DetokenizeRequest,
     DetokenizeResponse,
+    FunctionCall,
     ModelCard,
     ModelList,
     TokenizeRequest,
     TokenizeResponse,
+    ToolCallOut,
     Usage,
 )
 from solo.server.scheduler import Generation
@@ -179,15 +183,29 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
+    tools = _ToolSetup()
 
     def prepare() -> list[EngineRequest]:
         nonlocal prompt_tokens
-        messages = [m.for_template() for m in body.messages]
+        messages = arguments_as_objects([m.for_template() for m in body.messages])
+        template = engine.tokenizer.chat_template
+        tools.format, tool_list, choice = check_tools(body.tools, body.tool_choice,
+                                                      template.source if template is not None else None)
+        response_format = body.structured_output()
+        if tools.format is not None:
+            forced = tool_call_constraint(tools.format, tool_list, choice, body.parallel_tool_calls)
+            if forced is not None and response_format is not None:
+                raise InvalidRequestError('response_format cannot be combined with tool_choice "required" or a named '
+                                          "function (the output is the tool call)", param="response_format")
+            tools.forced = forced is not None
+            response_format = forced or response_format
+            if choice == "none":
+                tools.format = None
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
         state.check_prompt_size(content, body.completion_budget, budget_param, "messages")
-        text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=body.tools, **extra)
+        text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=tool_list or None, **extra)
         state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
         # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
@@ -195,33 +213,72 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             raise InvalidRequestError("the messages encode to no tokens; give some text", param="messages")
         prompt_tokens = len(ids)
         max_tokens = state.completion_budget(len(ids), body.completion_budget, None, budget_param, "messages")
-        return [engine.make_request(ids, body.sampling_params(max_tokens, top, i), fallback_temperature=1.0,
-                                    start_time=arrival) for i in range(body.n)]
+        return [engine.make_request(ids, body.sampling_params(max_tokens, top, i, response_format),
+                                    fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
 
     generation = await _submit(state, prepare, body.priority)
     job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
     if body.stream:
-        return _GenerationStream(_chat_stream(state, job, body), generation)
+        return _GenerationStream(_chat_stream(state, job, body, tools), generation)
     per_choice = await _collect(job, request, body.n)
     choices = []
     for index, events in enumerate(per_choice):
         infos = [info for e in events for info in (e.logprobs or [])]
+        content: str | None = "".join(e.text for e in events)
+        finish_reason = events[-1].finish_reason if events else None
+        calls: list[ToolCall] = []
+        if tools.format is not None:
+            parser = tools.parser(engine)
+            for e in events:
+                parser.feed(e.text, e.token_ids)
+            content, calls, _ = parser.finish()
+            calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
+            if calls:
+                content = content or None
+                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         choices.append(ChatChoice(
             index=index,
-            message=AssistantMessage(content="".join(e.text for e in events)),
+            message=AssistantMessage(content=content, tool_calls=[
+                ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
+            ] or None),
             logprobs=chat_logprobs(state.pieces, infos) if top is not None else None,  # type: ignore[arg-type]
-            finish_reason=events[-1].finish_reason if events else None,
+            finish_reason=finish_reason,
         ))
     return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                 usage=job.usage()))
 
 
-async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionRequest) -> AsyncIterator[str]:
+@dataclass
+class _ToolSetup:
+    # How a chat request's output is read: the tool-call syntax (None: plain content) and whether the
+    # output was constrained to tool calls.
+    format: str | None = None
+    forced: bool = False
+
+    def parser(self, engine: Any) -> ToolCallParser:  # noqa: ANN401
+        assert self.format is not None
+        return ToolCallParser(self.format, engine.tokenizer.special_token_ids(), forced=self.forced)
+
+
+def _tool_call_deltas(calls: list[ToolCall]) -> list[Delta]:
+    # OpenAI streams a call's id, type and name first, then its arguments.
+    deltas = []
+    for i, call in enumerate(calls):
+        deltas.append(Delta(tool_calls=[{"index": i, "id": call.id, "type": "function",
+                                         "function": {"name": call.name, "arguments": ""}}]))
+        deltas.append(Delta(tool_calls=[{"index": i, "function": {"arguments": call.arguments}}]))
+    return deltas
+
+
+async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionRequest, tools: _ToolSetup
+                       ) -> AsyncIterator[str]:
     def chunk(choices: list[ChatChunkChoice], usage: Usage | None = None) -> str:
         return _sse(ChatCompletionChunk(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                         usage=usage))
 
     want_logprobs = body.top_logprobs_count is not None
+    engine = state.engine
+    parsers = [tools.parser(engine) if tools.format is not None else None for _ in range(body.n)]
     try:
         # The first chunk of each choice carries the role, as OpenAI's does.
         for index in range(body.n):
@@ -231,11 +288,26 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
             logprobs: ChatLogprobs | None = None
             if want_logprobs and event.logprobs:
                 logprobs = chat_logprobs(state.pieces, event.logprobs)  # type: ignore[arg-type]
-            if not event.text and logprobs is None and event.finish_reason is None:
-                continue  # text held back (an incomplete character or a possible stop string)
-            delta = Delta(content=event.text) if event.text else Delta()
+            text, finish_reason = event.text, event.finish_reason
+            parser = parsers[index]
+            if parser is not None:
+                text = parser.feed(text, event.token_ids)
+                if finish_reason is not None:
+                    _, calls, rest = parser.finish()
+                    calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
+                    text += rest
+                    if calls:
+                        if text:
+                            yield chunk([ChatChunkChoice(index=index, delta=Delta(content=text))])
+                            text = ""
+                        for delta in _tool_call_deltas(calls):
+                            yield chunk([ChatChunkChoice(index=index, delta=delta)])
+                        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            if not text and logprobs is None and finish_reason is None:
+                continue  # text held back (an incomplete character, a possible stop string or a tool call)
+            delta = Delta(content=text) if text else Delta()
             yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
-                                         finish_reason=event.finish_reason)])
+                                         finish_reason=finish_reason)])
         if body.include_usage:
             yield chunk([], job.usage())
         yield _DONE
@@ -265,6 +337,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     def prepare() -> list[EngineRequest]:
         nonlocal prompt_tokens
         requests = []
+        response_format = body.structured_output()
         # Every prompt is checked for size before any is tokenized.
         for prompt in prompts:
             if isinstance(prompt, str):
@@ -280,7 +353,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 ids = engine.encode_prompt(prompt)  # checks the ids against the vocabulary
             prompt_tokens += len(ids)
             max_tokens = state.completion_budget(len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-            requests += [engine.make_request(ids, body.sampling_params(max_tokens, body.logprobs, i),
+            requests += [engine.make_request(ids, body.sampling_params(max_tokens, body.logprobs, i, response_format),
                                              fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
         return requests
 

@@ -64,7 +64,22 @@ CASES = [
     ("top-logprobs-high", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs", None),
     ("logprobs-int-in-chat", CHAT, chat(logprobs=1), 400, "logprobs", None),
     ("logit-bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias", None),
-    ("json-response-format", CHAT, chat(response_format={"type": "json_object"}), 400, "response_format", None),
+    ("response-format-unknown-type", CHAT, chat(response_format={"type": "xml"}), 400, "response_format", None),
+    ("response-format-schema-missing", CHAT, chat(response_format={"type": "json_schema"}), 400, "response_format",
+     None),
+    ("response-format-invalid-schema", CHAT, chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "x", "schema": {"type": "strin"}}}), 400, "response_format", None),
+    ("response-format-unsupported-keyword", COMPLETIONS, completion(response_format={
+        "type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}}),
+     400, "response_format", None),
+    ("response-format-bad-regex", COMPLETIONS, completion(response_format={"type": "regex", "regex": "(["}), 400,
+     "response_format", None),
+    ("two-constraints", CHAT, chat(response_format={"type": "json_object"}, guided_regex="a+"), 400, "guided_regex",
+     None),
+    ("guided-json-not-json", COMPLETIONS, completion(guided_json="{nope"), 400, "guided_json", None),
+    ("tool-choice-names-no-tool", CHAT,
+     chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "tool_choice", None),
+    ("tool-choice-required-no-tools", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
     ("stream-options-type", CHAT, chat(stream=True, stream_options={"include_usage": "yes"}), 400, "stream_options",
      None),
     ("stream-options-without-stream", CHAT, chat(stream_options={"include_usage": True}), 400, "stream_options",
@@ -178,7 +193,6 @@ def test_the_bound_never_exceeds_a_real_token_count(server):
 def test_what_openai_accepts_stays_accepted(server):
     call = {"id": "call_1", "type": "function", "function": {"name": "get_weather", "arguments": "{}"}}
     bodies = [
-        chat(tools=[TOOL], tool_choice="none"),
         chat(functions=[TOOL["function"]], function_call="none"),
         chat(tools=[]),
         chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},

@@ -30,7 +30,7 @@ from solo.runtime.cuda.state import SamplingSpec
 def can_run_in_blocks(runtime: Any, request: Any) -> bool:
     """True when `runtime` decodes in blocks and `request` needs no per-token host work."""
     return (callable(getattr(runtime, "iter_blocks", None)) and request.logprobs is None
-            and not request.sampling.needs_penalties)
+            and not request.sampling.needs_penalties and getattr(request, "constraint", None) is None)
 
 
 def run_in_blocks(runtime: Any, request: Any, logits: torch.Tensor, row: int = 0) -> Iterator[Any]:

@@ -1,0 +1,364 @@
+r"""Tool calling: checking `tools` / `tool_choice`, the grammar of a forced call, and parsing calls out of text.
+
+Solo recognises three model families' tool-call syntax, from their chat templates:
+
+- "hermes" (Hermes 2/3, Qwen2.5, Qwen3, SmolLM3): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
+  one block per call, after optional text.
+- "llama3_json" (Llama 3.1 / 3.2 / 3.3): the whole reply is `{"name": ..., "parameters": {...}}` (optionally
+  after `<|python_tag|>`; several calls separated by `;`).
+- "mistral" (Mistral 7B Instruct v0.3, Mixtral, Mistral Small / Nemo): `[TOOL_CALLS] [{"name": ..., "arguments":
+  {...}}, ...]`.
+
+With tool_choice "auto" the model writes freely and its calls are parsed out (as vLLM's hermes, llama3_json
+and mistral parsers do). With "required" or a named function the output is grammar-constrained to the
+family's syntax (XGrammar structural tags: only calls, no free text; a JSON array schema for Mistral), so the
+name is one of the tools and the arguments validate against its parameters schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import uuid
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from solo.engine.constraints import MAX_WHITESPACE, StructuredOutput
+from solo.errors import InvalidRequestError
+
+TOOL_FORMATS = ("hermes", "llama3_json", "mistral")
+"""Tool-call syntaxes Solo parses (see the module docstring)."""
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One parsed tool call, in OpenAI's terms.
+
+    Attributes:
+        id: the call's id ("call_..."; 9 alphanumerics for Mistral, whose template requires them).
+        name: the function name.
+        arguments: the arguments as a JSON object string.
+    """
+
+    id: str
+    name: str
+    arguments: str
+
+    def to_openai(self) -> dict[str, Any]:
+        """OpenAI's `tool_calls` entry: {"id", "type": "function", "function": {"name", "arguments"}}."""
+        return {"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}}
+
+
+def supports_tools(template_source: str | None) -> bool:
+    """Whether a chat template reads the `tools` variable at all."""
+    return template_source is not None and re.search(r"\btools\b", template_source) is not None
+
+
+def detect_tool_format(template_source: str | None) -> str | None:
+    """The tool-call syntax a chat template teaches its model ("hermes", "llama3_json", "mistral"), or None."""
+    if not supports_tools(template_source):
+        return None
+    assert template_source is not None
+    if "<tool_call>" in template_source:
+        return "hermes"
+    if "[TOOL_CALLS]" in template_source:
+        return "mistral"
+    if "<|python_tag|>" in template_source or ("<|start_header_id|>" in template_source
+                                                and "parameters" in template_source):
+        return "llama3_json"
+    return None
+
+
+def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # noqa: ANN401
+                template_source: str | None) -> tuple[str | None, list[dict[str, Any]], str | dict | None]:
+    """Validate tools and tool_choice against each other and the model's chat template.
+
+    Args:
+        tools: OpenAI tools ([{"type": "function", "function": {"name", "description", "parameters"}}]).
+        tool_choice: "none", "auto", "required", {"type": "function", "function": {"name": ...}}, or None
+            (OpenAI's default: "auto" with tools, "none" without).
+        template_source: the model's chat template (None: the model has none).
+
+    Returns:
+        (tool-call format or None, the tools, the resolved tool_choice).
+
+    Raises:
+        InvalidRequestError: a malformed tool, duplicate names, tool_choice naming no tool or "required"
+            without tools, tools on a model whose template has no tool support or whose tool-call syntax
+            Solo does not recognise; the message names the problem.
+    """
+    tools = [dict(t) for t in tools or []]
+    names = []
+    for i, tool in enumerate(tools):
+        function = tool.get("function")
+        if tool.get("type", "function") != "function" or not isinstance(function, Mapping):
+            raise InvalidRequestError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
+                                      '"parameters": {...}}}}', param="tools")
+        name = function.get("name")
+        if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
+            raise InvalidRequestError(f"tools[{i}].function.name must be 1-64 letters, digits, _ . or -, got "
+                                      f"{name!r}", param="tools")
+        if name in names:
+            raise InvalidRequestError(f"two tools are named {name!r}; tool names must be unique", param="tools")
+        parameters = function.get("parameters")
+        if parameters is not None and not isinstance(parameters, Mapping):
+            raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON Schema object",
+                                      param="tools")
+        names.append(name)
+    if tool_choice is None:
+        tool_choice = "auto" if tools else "none"
+    if isinstance(tool_choice, Mapping):
+        function = tool_choice.get("function")
+        name = function.get("name") if isinstance(function, Mapping) else None
+        if tool_choice.get("type") != "function" or not isinstance(name, str):
+            raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", '
+                                      '"function": {"name": ...}}', param="tool_choice")
+        if name not in names:
+            raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not among tools "
+                                      f"({', '.join(names) or 'none given'})", param="tool_choice")
+    elif tool_choice == "required" and not tools:
+        raise InvalidRequestError('tool_choice "required" needs at least one tool in tools', param="tool_choice")
+    if not tools:
+        return None, [], tool_choice
+    if not supports_tools(template_source):
+        raise InvalidRequestError("this model's chat template has no tool support (it never reads `tools`), so "
+                                  "the model would not see them; leave tools out or serve a tool-calling model",
+                                  param="tools")
+    fmt = detect_tool_format(template_source)
+    if fmt is None and tool_choice != "none":
+        raise InvalidRequestError("Solo does not recognise this model's tool-call syntax (it parses "
+                                  f"{', '.join(TOOL_FORMATS)}); send tool_choice \"none\" to only show the "
+                                  "tools to the model", param="tools")
+    return fmt, tools, tool_choice
+
+
+def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
+                         parallel_tool_calls: bool = True) -> StructuredOutput | None:
+    """The output grammar for tool_choice "required" or a named function (None for "auto" / "none").
+
+    Hermes and Llama use XGrammar's structural tags for their syntax; Mistral's `[TOOL_CALLS]` is a
+    special token no grammar can emit as text, so its calls are constrained to the JSON array that follows it.
+    """
+    if tool_choice in ("auto", "none"):
+        return None
+    if isinstance(tool_choice, Mapping):
+        name = tool_choice["function"]["name"]
+        chosen = [t for t in tools if t["function"]["name"] == name]
+        parallel_tool_calls = False
+    else:
+        chosen = list(tools)
+    if fmt == "mistral":
+        items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
+                                                   "arguments": _parameters(t)},
+                  "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
+        schema: dict[str, Any] = {"type": "array", "items": items[0] if len(items) == 1 else {"anyOf": items},
+                                  "minItems": 1}
+        if not parallel_tool_calls:
+            schema["maxItems"] = 1
+        return StructuredOutput("json_schema", schema, "tool_calls")
+    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
+
+    # Only calls, no free text around them (XGrammar's own "required" tags allow text before a call).
+    begin, end = _CALL_SYNTAX[fmt]
+    try:
+        tags = [TagFormat(begin=begin.format(name=t["function"]["name"]),
+                          content=JSONSchemaFormat(json_schema=_parameters(t), max_whitespace_cnt=MAX_WHITESPACE),
+                          end=end) for t in chosen]
+        if len(tags) == 1 and not parallel_tool_calls:
+            tag = StructuralTag(format=tags[0])
+        else:
+            separator = "\n" if fmt == "hermes" else "; "
+            tag = StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator=separator, at_least_one=True,
+                                                               stop_after_first=not parallel_tool_calls))
+        return StructuredOutput("structural_tag", tag, "tool_calls")
+    except Exception as exc:  # pydantic validation of the tags
+        raise InvalidRequestError(f"the tools cannot be turned into a tool-call grammar: {exc}",
+                                  param="tools") from None
+
+
+# Text around one call's arguments object, per syntax ({name} is the function name).
+_CALL_SYNTAX = {"hermes": ('<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
+                "llama3_json": ('{{"name": "{name}", "parameters": ', "}")}
+
+
+def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
+    return dict(tool["function"].get("parameters") or {"type": "object", "properties": {}})
+
+
+def new_call_id(fmt: str | None) -> str:
+    """A fresh tool-call id: "call_" + 24 hex digits, or 9 alphanumerics for Mistral's template."""
+    if fmt == "mistral":
+        return uuid.uuid4().hex[:9]
+    return "call_" + uuid.uuid4().hex[:24]
+
+
+def arguments_as_objects(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Messages with each assistant tool call's `arguments` JSON string turned into an object.
+
+    OpenAI sends arguments as a JSON string; chat templates (written for transformers, where callers
+    pass dicts) serialise them with `tojson`, which would quote the string again. vLLM does the same.
+    """
+    out = []
+    for message in messages:
+        calls = message.get("tool_calls")
+        if isinstance(calls, list):
+            fixed = []
+            for call in calls:
+                function = call.get("function") if isinstance(call, Mapping) else None
+                if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
+                    try:
+                        arguments = json.loads(function["arguments"])
+                    except json.JSONDecodeError:
+                        arguments = function["arguments"]
+                    call = {**call, "function": {**function, "arguments": arguments}}
+                fixed.append(call)
+            message = {**message, "tool_calls": fixed}
+        out.append(dict(message))
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- parsing
+
+_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>"}
+
+
+class ToolCallParser:
+    """Splits one choice's output into content and tool calls, streamed or whole.
+
+    Feed it each generation event (`feed(text, token_ids)`); it returns the content that can be streamed
+    now, holding back anything that may start a tool call. `finish()` parses the held-back part into calls.
+    A tool call that does not parse is returned as content, as vLLM does.
+
+    Args:
+        fmt: "hermes", "llama3_json" or "mistral".
+        special_token_ids: the tokenizer's special tokens (text -> id): markers that are special tokens
+            never appear in decoded text and are recognised by id.
+        forced: the output was constrained to tool calls (tool_choice "required" or named): all of it is
+            a call (Mistral's constrained output is the bare JSON array).
+    """
+
+    def __init__(self, fmt: str, special_token_ids: Mapping[str, int], forced: bool = False) -> None:
+        self.fmt = fmt
+        self.marker = _MARKERS[fmt]
+        self.marker_id = special_token_ids.get(self.marker)
+        self.forced = forced
+        self._content = ""      # content released so far
+        self._pending = ""      # content held back: it may be the start of a marker
+        self._calls_text: str | None = "" if forced else None
+
+    @property
+    def in_tool_call(self) -> bool:
+        """True once a tool call has started (content is no longer streamed)."""
+        return self._calls_text is not None
+
+    def feed(self, text: str, token_ids: Sequence[int]) -> str:
+        """Take one event's text and tokens; returns the content delta safe to stream now."""
+        if self._calls_text is not None:
+            self._calls_text += text
+            return ""
+        if self.marker_id is not None and self.marker_id in token_ids:
+            self._calls_text, pending, self._pending = text, self._pending, ""
+            return self._release(pending)
+        buffer = self._pending + text
+        if self.fmt == "llama3_json" and not (self._content + buffer).strip():
+            self._pending = buffer
+            return ""
+        if self.fmt == "llama3_json" and not self._content.strip() and buffer.lstrip().startswith("{"):
+            self._calls_text = buffer
+            self._pending = ""
+            return ""
+        index = buffer.find(self.marker)
+        if index >= 0:
+            self._calls_text = buffer[index:]
+            self._pending = ""
+            return self._release(buffer[:index])
+        keep = _partial_suffix(buffer, self.marker)
+        self._pending = buffer[len(buffer) - keep:] if keep else ""
+        return self._release(buffer[:len(buffer) - keep])
+
+    def _release(self, text: str) -> str:
+        self._content += text
+        return text
+
+    def finish(self) -> tuple[str, list[ToolCall], str]:
+        """End of output: (all content, the parsed calls, content not yet streamed).
+
+        With no call parsed, the held-back text is content (streamed last).
+        """
+        if self._calls_text is None:
+            rest, self._pending = self._pending, ""
+            self._release(rest)
+            return self._content, [], rest
+        calls = parse_tool_calls(self.fmt, self._calls_text)
+        if calls is None:
+            rest = self._pending + self._calls_text
+            self._calls_text, self._pending = None, ""
+            self._release(rest)
+            return self._content, [], rest
+        return self._content, calls, ""
+
+
+def _partial_suffix(text: str, marker: str) -> int:
+    # Length of the longest suffix of text that is a proper prefix of marker.
+    for n in range(min(len(text), len(marker) - 1), 0, -1):
+        if marker.startswith(text[-n:]):
+            return n
+    return 0
+
+
+def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:
+    """Parse the tool-call part of an output (from its marker on); None when it is not valid calls.
+
+    Raises nothing: malformed JSON, a missing name or non-object arguments give None.
+    """
+    objects: list[Any] = []
+    text = text.strip()
+    if fmt == "hermes":
+        for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S):
+            if block.strip():
+                objects.extend(_json_values(block))
+    elif fmt == "mistral":
+        text = text.removeprefix("[TOOL_CALLS]").strip()
+        for value in _json_values(text):
+            objects.extend(value if isinstance(value, list) else [value])
+    else:
+        text = text.removeprefix("<|python_tag|>").strip()
+        objects = _json_values(text)  # parallel calls are separated by ";", which _json_values skips
+    if not objects:
+        return None
+    calls = []
+    for obj in objects:
+        if obj is None:
+            return None
+        if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+            return None
+        arguments = obj.get("arguments", obj.get("parameters", {}))
+        if isinstance(arguments, str):
+            try:
+                arguments = json.loads(arguments, strict=False)
+            except json.JSONDecodeError:
+                return None
+        if not isinstance(arguments, dict):
+            return None
+        calls.append(ToolCall(new_call_id(fmt), obj["name"], json.dumps(arguments, ensure_ascii=False)))
+    return calls
+
+
+def _json_values(text: str) -> list[Any]:
+    # Every JSON value in text, in order; [None] when something that is not JSON is left over. Raw control
+    # characters inside strings are taken (XGrammar 0.2.9's length-bounded strings admit them); the
+    # arguments are re-serialised, escaped, so the client always gets valid JSON.
+    decoder = json.JSONDecoder(strict=False)
+    values, i, text = [], 0, text.strip()
+    while i < len(text):
+        while i < len(text) and text[i] in " \t\r\n,;":
+            i += 1
+        if i >= len(text):
+            break
+        try:
+            value, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            return [None]
+        values.append(value)
+    return values

@@ -1,0 +1,164 @@
+"""Structured output: every finished constrained generation parses and validates, on tiny random checkpoints
+(one with a padded vocabulary) and on the bundled model; forced tokens, logprobs, seeds, stop strings and
+streaming keep working; bad schemas are refused with a message naming the problem."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import jsonschema
+import pytest
+import torch
+from checkpoints import hf_config, write_tokenizer
+
+from solo import Engine, SamplingParams
+from solo.engine.constraints import StructuredOutput
+from solo.errors import InvalidRequestError
+
+SCHEMAS = {
+    "nested": {
+        "type": "object",
+        "properties": {
+            "name": {"type": "string", "maxLength": 8},
+            "address": {"type": "object", "properties": {"zip": {"type": "integer", "minimum": 0, "maximum": 99},
+                                                         "city": {"enum": ["Paris", "Oslo"]}},
+                        "required": ["zip", "city"], "additionalProperties": False},
+        },
+        "required": ["name", "address"], "additionalProperties": False,
+    },
+    "array": {"type": "array", "items": {"type": "integer", "minimum": -5, "maximum": 5}, "minItems": 1,
+              "maxItems": 4},
+    "enum": {"type": "object", "properties": {"color": {"enum": ["red", "green", "blue"]},
+                                              "ok": {"type": "boolean"}},
+             "required": ["color", "ok"], "additionalProperties": False},
+    "range": {"type": "object", "properties": {"n": {"type": "integer", "minimum": 10, "maximum": 20},
+                                               "tags": {"type": "array", "items": {"type": "string", "maxLength": 3},
+                                                        "maxItems": 2}},
+              "required": ["n", "tags"], "additionalProperties": False},
+}
+
+
+@pytest.fixture(scope="module")
+def padded_engine(tmp_path_factory):
+    # The model's vocabulary (416) is wider than the tokenizer's (384), as in many real checkpoints.
+    from transformers import AutoModelForCausalLM
+
+    folder = tmp_path_factory.mktemp("padded") / "model"
+    vocab = write_tokenizer(folder)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama", vocab + 32), attn_implementation="eager")
+    model.save_pretrained(folder)
+    return Engine.load(folder, backend="eager", dtype="float32")
+
+
+@pytest.fixture(scope="module")
+def bundled():
+    return Engine.load(None)
+
+
+def _schema_format(schema):
+    return {"type": "json_schema", "json_schema": {"name": "test", "schema": schema, "strict": True}}
+
+
+def _check(result, schema):
+    if result.finish_reason == "length":
+        return False
+    assert result.finish_reason == "stop", result
+    jsonschema.validate(json.loads(result.text), schema)
+    return True
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", sorted(SCHEMAS))
+def test_schemas_validate_on_padded_vocab(padded_engine, name):
+    schema = SCHEMAS[name]
+    finished = 0
+    for seed in range(2):
+        result = padded_engine.complete("The answer:", SamplingParams(
+            max_tokens=100, temperature=1.0, seed=seed, response_format=_schema_format(schema)))
+        assert all(t < 384 or t == 2 for t in result.token_ids), "a padding id was generated"
+        finished += _check(result, schema)
+    assert finished >= 1
+
+
+@pytest.mark.parametrize("name, temperature", [("nested", 0.0), ("enum", 0.8)])
+def test_schemas_validate_on_bundled_model(bundled, name, temperature):
+    schema = SCHEMAS[name]
+    if True:
+        result = bundled.complete("config = ", SamplingParams(max_tokens=100, temperature=temperature, seed=3,
+                                                              response_format=_schema_format(schema)))
+        assert _check(result, schema), result.text
+
+
+@pytest.mark.slow
+def test_json_object_regex_choice_grammar(padded_engine):
+    obj = padded_engine.complete("x", SamplingParams(max_tokens=100, seed=1, temperature=1.0,
+                                                     response_format={"type": "json_object"}))
+    if obj.finish_reason == "stop":
+        assert isinstance(json.loads(obj.text), dict)
+    regex = padded_engine.complete("x", SamplingParams(max_tokens=20, temperature=1.0, seed=2,
+                                                       response_format={"type": "regex", "regex": r"[0-9]{3}-[ab]{2}"}))
+    assert re.fullmatch(r"[0-9]{3}-[ab]{2}", regex.text) and regex.finish_reason == "stop"
+    for seed in range(3):
+        choice = padded_engine.complete("x", SamplingParams(
+            max_tokens=20, temperature=1.0, seed=seed, response_format={"type": "choice", "choice": ["yes", "no"]}))
+        assert choice.text in ("yes", "no")
+    grammar = 'root ::= "(" [a-c]+ ")"'
+    g = padded_engine.complete("x", SamplingParams(max_tokens=12, temperature=1.0, seed=0,
+                                                   response_format={"type": "grammar", "grammar": grammar}))
+    assert re.fullmatch(r"\([a-c]+\)?", g.text)
+
+
+def test_length_cut_says_length(padded_engine):
+    result = padded_engine.complete("x", SamplingParams(max_tokens=3, temperature=0,
+                                                        response_format=_schema_format(SCHEMAS["nested"])))
+    assert result.finish_reason == "length" and len(result.token_ids) == 3
+
+
+def test_forced_tokens_skip_sampling_and_seeds_reproduce(padded_engine):
+    params = SamplingParams(max_tokens=60, temperature=1.0, seed=7, logprobs=2,
+                            response_format=_schema_format(SCHEMAS["enum"]))
+    request = padded_engine.make_request("x", params)
+    events = list(padded_engine.run(request))
+    assert request.constraint.forced_tokens > 0  # '{"color": "' is forced after the first brace
+    again = padded_engine.complete("x", params)
+    assert again.token_ids == [t for e in events for t in e.token_ids]
+    # logprobs are the model's own (before the mask): finite, and as many as tokens.
+    assert len(again.logprobs) == len(again.token_ids)
+    assert all(torch.isfinite(torch.tensor(lp.logprob)) for lp in again.logprobs)
+    streamed = "".join(e.text for e in padded_engine.generate("x", params))
+    assert streamed == again.text
+
+
+def test_stop_string_cuts_constrained_output(padded_engine):
+    result = padded_engine.complete("x", SamplingParams(
+        max_tokens=40, temperature=0, stop=[":"], response_format=_schema_format(SCHEMAS["enum"])))
+    assert result.finish_reason == "stop" and ":" not in result.text
+    assert result.text.replace(" ", "").replace("\n", "").replace("\t", "") == '{"color"'
+
+
+@pytest.mark.parametrize("response_format, words", [
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "strin"}}}, "invalid"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}}},
+     "uniqueItems"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"not": {"type": "string"}}}}, "not"),
+    ({"type": "regex", "regex": "(["}, "regex"),
+    ({"type": "grammar", "grammar": "root ::= nothing_defined"}, "grammar"),
+])
+def test_bad_constraints_are_refused(padded_engine, response_format, words):
+    with pytest.raises(InvalidRequestError, match=words) as info:
+        padded_engine.make_request("x", SamplingParams(response_format=response_format))
+    assert info.value.param == "response_format"
+
+
+@pytest.mark.parametrize("value", [{"type": "xml"}, {"type": "json_schema"}, {"type": "regex"},
+                                   {"type": "choice", "choice": []}, "json"])
+def test_malformed_response_format(value):
+    with pytest.raises(InvalidRequestError, match="response_format"):
+        SamplingParams(response_format=value)
+
+
+def test_text_means_no_constraint():
+    assert SamplingParams(response_format={"type": "text"}).response_format is None
+    assert SamplingParams(response_format={"type": "json_object"}).response_format == StructuredOutput("json_object")

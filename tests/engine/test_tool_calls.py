@@ -1,0 +1,199 @@
+"""Tool calling: formats detected from real chat templates, tools and tool-call history rendered exactly as
+transformers renders them, the three output syntaxes parsed (whole and streamed), and forced calls that are
+valid by construction on a tiny random checkpoint."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jinja2
+import jsonschema
+import pytest
+from checkpoints import make_checkpoint
+from transformers.utils.chat_template_utils import render_jinja_template
+
+from solo import Engine, SamplingParams
+from solo.chat_template import ChatTemplate
+from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, detect_tool_format
+from solo.errors import InvalidRequestError
+from solo.tokenizer import _chat_template_source, _read_json, _token_text
+
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "Weather of a city",
+    "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]},
+                                                    "days": {"type": "integer", "minimum": 1, "maximum": 7}},
+                   "required": ["city", "days"], "additionalProperties": False}}}
+TIME = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string", "maxLength": 6}}, "required": ["zone"],
+    "additionalProperties": False}}}
+HISTORY = [
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": None, "tool_calls": [{"id": "abcdefghi", "type": "function", "function": {
+        "name": "get_weather", "arguments": '{"city": "Paris", "days": 1}'}}]},
+    {"role": "tool", "tool_call_id": "abcdefghi", "name": "get_weather", "content": "sunny"},
+]
+
+EXPECTED_FORMATS = {"Qwen2.5-Instruct": "hermes", "Qwen3-0.6B": "hermes", "SmolLM3-3B": "hermes",
+                    "Llama-3.2-3B-Instruct": "llama3_json", "Mistral-7B-Instruct-v0.3": "mistral"}
+
+
+def _template(folder: Path) -> tuple[str, dict]:
+    config = _read_json(folder / "tokenizer_config.json")
+    special = {k: _token_text(config.get(k)) for k in ("bos_token", "eos_token", "unk_token", "pad_token")}
+    for key, value in _read_json(folder / "special_tokens_map.json").items():
+        if special.get(key) is None:
+            special[key] = _token_text(value)
+    return _chat_template_source(folder, config), {k: v for k, v in special.items() if v is not None}
+
+
+def test_formats_detected_from_real_templates(shared_hf):
+    for name, fmt in EXPECTED_FORMATS.items():
+        assert detect_tool_format(_template(shared_hf / name)[0]) == fmt, name
+    for name in ("Llama-2-7b-chat-hf", "Phi-3.5-mini-instruct"):
+        template = _template(shared_hf / name)[0]
+        assert detect_tool_format(template) is None
+        with pytest.raises(InvalidRequestError, match="no tool support") as info:
+            check_tools([WEATHER], "auto", template)
+        assert info.value.param == "tools"
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
+def test_tools_and_history_render_as_transformers(shared_hf, name):
+    template, special = _template(shared_hf / name)
+    messages = arguments_as_objects(HISTORY)
+    if name.startswith("Llama"):
+        messages = [{"role": "system", "content": "Be brief."}, *messages]
+    try:
+        expected, _ = render_jinja_template([messages], tools=[WEATHER, TIME], chat_template=template,
+                                            add_generation_prompt=True, **special)
+    except jinja2.TemplateError:
+        pytest.skip(f"{name}'s template rejects this conversation")
+    rendered = ChatTemplate(template, special).render(messages, tools=[WEATHER, TIME])
+    assert rendered == expected[0]
+    assert "get_time" in rendered and "sunny" in rendered
+
+
+def _feed_pieces(parser, text, special=None, size=3):
+    streamed = ""
+    for i in range(0, len(text), size):
+        streamed += parser.feed(text[i:i + size], [])
+    if special is not None:
+        streamed += parser.feed("", [special])
+    return streamed
+
+
+def test_hermes_content_then_two_calls_streamed():
+    text = ('Let me check. <tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>')
+    parser = ToolCallParser("hermes", {})
+    streamed = _feed_pieces(parser, text)
+    content, calls, rest = parser.finish()
+    assert streamed + rest == "Let me check. " == content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris", "days": 2}),
+                                                                  ("get_time", {"zone": "CET"})]
+    assert all(c.id.startswith("call_") for c in calls)
+
+
+def test_hermes_without_calls_is_all_content():
+    parser = ToolCallParser("hermes", {})
+    text = "No tools <tool needed> here <tool_ca"
+    streamed = _feed_pieces(parser, text, size=1)
+    content, calls, rest = parser.finish()
+    assert not calls and streamed + rest == text == content
+
+
+def test_broken_call_comes_back_as_content():
+    parser = ToolCallParser("hermes", {})
+    text = 'Hi <tool_call>\n{"name": "get_weather", "arguments": {"city": '
+    streamed = _feed_pieces(parser, text)
+    content, calls, rest = parser.finish()
+    assert not calls and streamed + rest == text
+
+
+def test_llama3_json_calls():
+    parser = ToolCallParser("llama3_json", {"<|python_tag|>": 7})
+    text = '{"name": "get_weather", "parameters": {"city": "Tokyo", "days": 1}}; {"name": "get_time", ' \
+           '"parameters": {"zone": "JST"}}'
+    assert _feed_pieces(parser, "  " + text) == ""
+    _, calls, _ = parser.finish()
+    assert [c.name for c in calls] == ["get_weather", "get_time"]
+    assert json.loads(calls[0].arguments) == {"city": "Tokyo", "days": 1}
+    prose = ToolCallParser("llama3_json", {})
+    assert _feed_pieces(prose, "It is {sunny}.") + prose.finish()[2] == "It is {sunny}."
+
+
+def test_mistral_marker_is_a_special_token():
+    parser = ToolCallParser("mistral", {"[TOOL_CALLS]": 5})
+    assert parser.feed("Sure.", [10]) == "Sure."
+    assert parser.feed("", [5]) == ""  # the special token decodes to nothing
+    parser.feed(' [{"name": "get_time", "arguments": {"zone": "UTC"}}]', [11])
+    content, calls, _ = parser.finish()
+    assert content == "Sure." and calls[0].name == "get_time" and len(calls[0].id) == 9
+
+
+def test_tool_choice_naming_no_tool():
+    with pytest.raises(InvalidRequestError, match="nope") as info:
+        check_tools([WEATHER], {"type": "function", "function": {"name": "nope"}}, "{{ tools }}<tool_call>")
+    assert info.value.param == "tool_choice"
+    with pytest.raises(InvalidRequestError, match="unique"):
+        check_tools([WEATHER, WEATHER], "auto", "{{ tools }}<tool_call>")
+
+
+@pytest.fixture(scope="module")
+def qwen_templated_engine(shared_hf, tmp_path_factory):
+    """A tiny random model whose tokenizer carries Qwen2.5-Instruct's real (tool-aware) chat template."""
+    folder = make_checkpoint(tmp_path_factory.mktemp("qwen-template") / "model", max_position_embeddings=2048)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = _template(shared_hf / "Qwen2.5-Instruct")[0]
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    return Engine.load(folder, backend="eager", dtype="float32")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("tool_choice", ["required", {"type": "function", "function": {"name": "get_weather"}}])
+def test_forced_calls_are_valid(qwen_templated_engine, tool_choice):
+    messages = [{"role": "user", "content": "Weather in Tokyo?"}]
+    for seed in range(1):
+        result = qwen_templated_engine.complete(messages, SamplingParams(max_tokens=120, temperature=1.0, seed=seed),
+                                                tools=[WEATHER, TIME], tool_choice=tool_choice,
+                                                parallel_tool_calls=False)
+        assert result.finish_reason == "tool_calls", result
+        assert len(result.tool_calls) == 1
+        call = result.tool_calls[0]
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+        if isinstance(tool_choice, dict):
+            assert call.name == "get_weather"
+        jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+
+
+@pytest.mark.slow
+def test_mistral_forced_call_with_real_tokenizer(shared_hf, tmp_path):
+    """Mistral 7B v0.3's real tokenizer and template on a tiny random model: the forced call is the JSON array
+    that follows [TOOL_CALLS], and its id is the 9 characters Mistral's template requires back."""
+    import shutil
+
+    import torch
+    from checkpoints import hf_config
+    from transformers import AutoModelForCausalLM
+
+    source = shared_hf / "Mistral-7B-Instruct-v0.3"
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(source / name, tmp_path / name)
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama", 32768, max_position_embeddings=1024),
+                                             attn_implementation="eager")
+    model.save_pretrained(tmp_path)
+    engine = Engine.load(tmp_path, backend="eager", dtype="float32")
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    result = engine.complete(messages, SamplingParams(max_tokens=80, temperature=1.0, seed=0), tools=[WEATHER, TIME],
+                             tool_choice="required", parallel_tool_calls=False)
+    assert result.finish_reason == "tool_calls", result
+    call = result.tool_calls[0]
+    assert len(call.id) == 9 and call.name in ("get_weather", "get_time")
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    # The call goes back through the template (which checks the id) with the tool's answer.
+    history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    assert engine.complete(history, SamplingParams(max_tokens=2), tools=[WEATHER, TIME]).stats.prompt_tokens > 0
