@@ -38,6 +38,7 @@ from torch import nn
 from solo.errors import SoloError
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
+from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, load_library
 from solo.runtime.quant import QuantLinear, model_quantization
 
@@ -176,6 +177,8 @@ class CpuRuntime:
     # Each sequence keeps its own accumulator chain per weight row, so a row's logits do not depend on the
     # other rows of a batched decode (checked by tests/runtime/test_cpu_runtime.py).
     batch_invariant = True
+    # verify() runs the decode kernel itself: its logits are bit for bit those of batch-1 decode steps.
+    verify_matches_decode = True
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
         reason = cpu_unsupported_reason(model)
@@ -444,3 +447,39 @@ class CpuRuntime:
             cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(), self.num_threads,
         )
         return logits
+
+    # ------------------------------------------------------------------- capabilities (solo.runtime.base)
+
+    @torch.inference_mode()
+    def verify(self, row: int, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Score k consecutive tokens of one row: float32 [k, vocab], every position's logits (`VerifyRuntime`).
+
+        Runs the native decode step over k batch entries that share the row, at consecutive positions, on
+        one thread: every position gets bit for bit the logits a batch-1 `decode` at that position gives
+        (each sequence keeps its own accumulation order, and one thread writes every entry's keys and
+        values before any entry attends), at the cost of streaming the weights once for all k.
+        (With several threads the kernel lets entries attend before another thread's cache writes land,
+        which is safe only for distinct rows; so this call runs on one.)
+
+        Raises:
+            SoloError: no cache, k == 0, or the row, positions or ids fall outside the cache / vocabulary.
+        """
+        ids = token_ids.to("cpu", torch.long).view(-1)
+        k = ids.numel()
+        if k == 0:
+            raise SoloError("verify needs at least one token")
+        threads = self.num_threads
+        self.num_threads = 1
+        try:
+            return self.decode(torch.full((k,), row, dtype=torch.long), ids,
+                               torch.arange(start_pos, start_pos + k, dtype=torch.long))
+        finally:
+            self.num_threads = threads
+
+    def export_kv(self, row: int, length: int) -> KVSnapshot:
+        """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""
+        return export_cache_kv(self.cache, row, length)
+
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
+        """Write a snapshot's first `length` positions into `row` (see `KVSnapshotRuntime`)."""
+        import_cache_kv(self.cache, row, snapshot, length)
