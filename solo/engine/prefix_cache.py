@@ -148,13 +148,16 @@ class PrefixCache:
         limit = len(prompt_ids) - 1
         held = self._rows.pop(row, None)
         in_row = min(common_prefix_length(held, prompt_ids), limit) if held else 0
-        entry, stored = self._best_entry(prompt_ids, limit)
+        key, entry, stored = self._best_entry(prompt_ids, limit)
         if held is not None and in_row < len(held):
             self._save(held, row)  # the prompt overwrites part of it: keep a copy
         cached = in_row
         if entry is not None and stored > in_row:
             self.runtime.import_kv(row, entry.snapshot, stored)
             cached = stored
+            with self._lock:
+                if key in self._store:
+                    self._store.move_to_end(key)  # used: most recent in the LRU order
         with self._lock:
             self.stats.queries += 1
             self.stats.prompt_tokens += len(prompt_ids)
@@ -185,16 +188,14 @@ class PrefixCache:
 
     # ----------------------------------------------------------------------------------------- store
 
-    def _best_entry(self, prompt_ids: Sequence[int], limit: int) -> tuple[_Entry | None, int]:
-        best, best_len = None, 0
+    def _best_entry(self, prompt_ids: Sequence[int], limit: int) -> tuple[int | None, _Entry | None, int]:
+        best_key, best, best_len = None, None, 0
         with self._lock:
             for key, entry in self._store.items():
                 n = min(common_prefix_length(entry.ids, prompt_ids), limit)
                 if n > best_len:
-                    best, best_len, best_key = entry, n, key
-            if best is not None:
-                self._store.move_to_end(best_key)
-        return best, best_len
+                    best_key, best, best_len = key, entry, n
+        return best_key, best, best_len
 
     def _save_row(self, row: int) -> None:
         held = self._rows.get(row)
