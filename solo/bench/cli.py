@@ -25,9 +25,15 @@ _DEFAULT_CONTEXTS = (128, 512, 1024, 2048, 4096)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench`."""
     from solo.bench.shapes import SHAPES
-    from solo.cli import add_model_arguments
+    from solo.cli import add_feature_arguments, add_model_arguments
 
     add_model_arguments(parser)
+    parser.add_argument("--agent", default=None, metavar="TRACE",
+                        help="replay a multi-turn agent trace (JSON, see solo/bench/agent.py; examples in "
+                        "benchmarks/traces/) and report task time, TTFT per turn, cached tokens, acceptance")
+    parser.add_argument("--agent-no-baseline", action="store_true",
+                        help="with --agent, skip the replay with prefix caching and speculation off")
+    add_feature_arguments(parser)
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
                         help="benchmark a real model shape with random weights instead of MODEL (no download)")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (default: 128)")
@@ -143,6 +149,10 @@ def main(args: argparse.Namespace) -> int:
         SoloError: conflicting or out-of-range flags, --quantize off the CPU, an unknown peer, a prompt plus
             generation longer than the model's context, or any error loading the model.
     """
+    if args.agent:
+        from solo.bench.agent import run_agent_bench
+
+        return run_agent_bench(args)
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer
