@@ -334,8 +334,9 @@ class Engine:
                 request.stats.cached_tokens = cached
                 logits = runtime.prefill(0, torch.tensor(request.prompt_ids[cached:], dtype=torch.long), cached)
                 clean = True
-                if can_run_in_blocks(runtime, request):
-                    # GPU: K tokens per graph replay, sampled and stop-checked on the device.
+                if self.speculative_config is None and can_run_in_blocks(runtime, request):
+                    # GPU: K tokens per graph replay, sampled and stop-checked on the device (an explicit
+                    # --speculative mode runs the per-token loop with verify steps instead).
                     clean = False  # the device may have run past the last reported token: fine, but unknown
                     yield from run_in_blocks(runtime, request, logits, row=0)
                     return

@@ -24,12 +24,20 @@ def folder(request, tmp_path_factory):
 
 def _runtime(kind, folder):
     model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
-    runtime = CpuRuntime(model) if kind == "cpu" else EagerRuntime(model)
+    if kind == "cuda-torch":  # the CUDA runtime's own code paths, run on the CPU without graphs
+        from solo.runtime.cuda.runtime import CudaGraphRuntime
+
+        runtime = CudaGraphRuntime(model, step="torch", use_graphs=False)
+    else:
+        runtime = CpuRuntime(model) if kind == "cpu" else EagerRuntime(model)
     runtime.reserve(3, 64)
     return runtime
 
 
-@pytest.mark.parametrize("kind", ["eager", "cpu"])
+KINDS = ["eager", "cpu", "cuda-torch"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_verify_gives_every_position_of_sequential_decode(folder, kind):
     runtime = _runtime(kind, folder)
     assert supports_verify(runtime) and supports_kv_snapshots(runtime)
@@ -53,7 +61,7 @@ def test_verify_gives_every_position_of_sequential_decode(folder, kind):
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
 
-@pytest.mark.parametrize("kind", ["eager", "cpu"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_exported_kv_continues_bit_identically_in_another_row(folder, kind):
     runtime = _runtime(kind, folder)
     runtime.prefill(0, torch.tensor(PROMPT))
@@ -67,7 +75,7 @@ def test_exported_kv_continues_bit_identically_in_another_row(folder, kind):
     assert torch.equal(a, b)
 
 
-@pytest.mark.parametrize("kind", ["eager", "cpu"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_prefill_of_a_tail_after_a_cached_prefix_matches_a_whole_prefill(folder, kind):
     runtime = _runtime(kind, folder)
     whole = runtime.prefill(0, torch.tensor(PROMPT))
