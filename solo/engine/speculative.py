@@ -46,11 +46,12 @@ SPECULATIVE_MODES = ("auto", "off", "ngram", "suffix")
 def resolve_speculative(mode: str, runtime: DecodeRuntime) -> str:
     """The speculative mode to run for a requested one.
 
-    "auto" becomes "ngram" where the runtime's `verify` gives bit for bit the logits of plain decode steps
-    (`verify_matches_decode`: the native CPU runtime), so output never changes; else "off".
-
-    (The eager and CUDA runtimes verify through batched arithmetic that differs from their decode step
-    in the last bits; "ngram" or "suffix" can be asked for there explicitly.)
+    "auto" becomes "ngram" on runtimes that declare `speculative_auto` (the native CPU runtime: its verify
+    is the decode kernel over k positions, measured faster on the agent traces in benchmarks/results/, and
+    a dictionary lookup per token when nothing matches), else "off": the eager runtime is the reference
+    rather than a speed path, and GPU block decoding was not measured against it. Greedy output equals
+    plain decoding bit for bit where `verify_matches_decode` (float32 on the CPU runtime); in bfloat16 a
+    near-tied token can flip (see `CpuRuntime.verify_matches_decode`).
 
     Raises:
         SoloError: an unknown mode, or a speculative mode asked of a runtime without `verify`.
@@ -58,7 +59,7 @@ def resolve_speculative(mode: str, runtime: DecodeRuntime) -> str:
     if mode not in SPECULATIVE_MODES:
         raise SoloError(f"unknown speculative mode {mode!r}; choose one of {', '.join(SPECULATIVE_MODES)}")
     if mode == "auto":
-        return "ngram" if supports_verify(runtime) and getattr(runtime, "verify_matches_decode", False) else "off"
+        return "ngram" if supports_verify(runtime) and getattr(runtime, "speculative_auto", False) else "off"
     if mode != "off" and not supports_verify(runtime):
         raise SoloError(f"--speculative {mode} needs a runtime with multi-token verify; the "
                         f"{getattr(runtime, 'name', '?')} runtime has none; use --speculative off")

@@ -177,8 +177,10 @@ class CpuRuntime:
     # Each sequence keeps its own accumulator chain per weight row, so a row's logits do not depend on the
     # other rows of a batched decode (checked by tests/runtime/test_cpu_runtime.py).
     batch_invariant = True
-    # verify() runs the decode kernel itself: its logits are bit for bit those of batch-1 decode steps.
-    verify_matches_decode = True
+    # verify() runs the decode kernel over k positions; "auto" speculation turns on here (see
+    # solo.engine.speculative.resolve_speculative). Whether its logits are bit for bit those of batch-1 steps
+    # is per instance (verify_matches_decode, set in __init__).
+    speculative_auto = True
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
         reason = cpu_unsupported_reason(model)
@@ -189,6 +191,11 @@ class CpuRuntime:
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
         self.num_threads = num_threads or torch.get_num_threads()
+        # float32: each position's logits equal a batch-1 decode step's bit for bit (tested). bfloat16 and
+        # quantized weights: the kernel's multi-sequence tiles occasionally round a position differently from
+        # its one-sequence path (measured on the bundled model: one logit vector in a few, by one bf16 step),
+        # enough to flip a greedy near-tie.
+        self.verify_matches_decode = model.dtype == torch.float32 and self.quantization is None
         self.rows = 0
         self.max_seq = 0
         self.cache: KVCache | None = None
@@ -455,9 +462,9 @@ class CpuRuntime:
         """Score k consecutive tokens of one row: float32 [k, vocab], every position's logits (`VerifyRuntime`).
 
         Runs the native decode step over k batch entries that share the row, at consecutive positions, on
-        one thread: every position gets bit for bit the logits a batch-1 `decode` at that position gives
-        (each sequence keeps its own accumulation order, and one thread writes every entry's keys and
-        values before any entry attends), at the cost of streaming the weights once for all k.
+        one thread (so every entry's keys and values are in the cache before any entry attends), streaming
+        the weights once for all k. With float32 weights every position's logits equal a batch-1 `decode`
+        step's bit for bit; see `verify_matches_decode` for bfloat16.
         (With several threads the kernel lets entries attend before another thread's cache writes land,
         which is safe only for distinct rows; so this call runs on one.)
 
