@@ -139,7 +139,7 @@ class Engine:
             revision: hub branch, tag or commit.
             quantize: None, or "int8" / "int4" weight-only quantization (CPU only; `solo.runtime.quant`).
             prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
-            speculative: "auto" (n-gram drafts on CPU runtimes, off on GPUs), "off", "ngram" or "suffix".
+            speculative: "auto" (n-gram drafts on the native CPU runtime, off elsewhere), "off", "ngram", "suffix".
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
