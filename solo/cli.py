@@ -143,11 +143,10 @@ def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
     ttft = f"{stats.ttft_s * 1000:.1f} ms" if stats.ttft_s is not None else "n/a"
     tps = stats.decode_tokens_per_s
     decode = f"{tps:.1f} tok/s" if tps is not None else "n/a"
-    extra = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
-    if stats.acceptance_length is not None:
-        extra += f" | acceptance {stats.acceptance_length:.2f} tok/step"
-    return (f"[TTFT {ttft} | decode {decode} | {stats.prompt_tokens} prompt{extra} + {stats.completion_tokens} "
-            f"generated tokens | finish: {finish_reason} | backend: {backend}]")
+    cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
+    accept = "" if stats.acceptance_length is None else f" | acceptance {stats.acceptance_length:.2f} tok/step"
+    return (f"[TTFT {ttft} | decode {decode} | {stats.prompt_tokens} prompt{cached} + {stats.completion_tokens} "
+            f"generated tokens{accept} | finish: {finish_reason} | backend: {backend}]")
 
 
 def _stream(engine, prompt, params) -> tuple[str, object]:  # noqa: ANN001
