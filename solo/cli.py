@@ -58,6 +58,36 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
     )
 
 
+def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
+    """--prefix-cache-gb, --no-prefix-cache, --speculative (see `solo.engine.prefix_cache` / `.speculative`)."""
+    from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
+    from solo.engine.speculative import SPECULATIVE_MODES
+
+    parser.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB, metavar="GB",
+                        help="reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots "
+                        f"kept besides the live cache rows (default: {DEFAULT_PREFIX_CACHE_GB:g})")
+    parser.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
+    parser.add_argument("--speculative", default="auto", choices=SPECULATIVE_MODES,
+                        help="speculative decoding from text already seen, without a draft model: ngram (the "
+                        "request's own prompt and output), suffix (also the session's earlier requests), off; "
+                        "auto = ngram on runtimes where it cannot change the output (the native CPU runtime), "
+                        "else off (default: auto)")
+
+
+def prefix_cache_gb_from_args(args: argparse.Namespace) -> float | None:
+    """The `prefix_cache_gb` for `Engine.load` from the flags (None when --no-prefix-cache).
+
+    Raises:
+        SoloError: a negative --prefix-cache-gb.
+    """
+    if args.no_prefix_cache:
+        return None
+    if not args.prefix_cache_gb >= 0:
+        raise SoloError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb} (--no-prefix-cache turns it "
+                        "off)")
+    return args.prefix_cache_gb
+
+
 def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     """Every sampling parameter of `SamplingParams` as a flag."""
     g = parser.add_argument_group("sampling (unset values come from the model's generation_config.json)")
@@ -98,7 +128,8 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
     from solo.engine.engine import Engine
 
     return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                       revision=args.revision, quantize=args.quantize)
+                       revision=args.revision, quantize=args.quantize, prefix_cache_gb=prefix_cache_gb_from_args(args),
+                       speculative=args.speculative)
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
@@ -112,8 +143,10 @@ def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
     ttft = f"{stats.ttft_s * 1000:.1f} ms" if stats.ttft_s is not None else "n/a"
     tps = stats.decode_tokens_per_s
     decode = f"{tps:.1f} tok/s" if tps is not None else "n/a"
-    return (f"[TTFT {ttft} | decode {decode} | {stats.prompt_tokens} prompt + {stats.completion_tokens} "
-            f"generated tokens | finish: {finish_reason} | backend: {backend}]")
+    cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
+    accept = "" if stats.acceptance_length is None else f" | acceptance {stats.acceptance_length:.2f} tok/step"
+    return (f"[TTFT {ttft} | decode {decode} | {stats.prompt_tokens} prompt{cached} + {stats.completion_tokens} "
+            f"generated tokens{accept} | finish: {finish_reason} | backend: {backend}]")
 
 
 def _stream(engine, prompt, params) -> tuple[str, object]:  # noqa: ANN001
@@ -217,6 +250,7 @@ def build_parser() -> argparse.ArgumentParser:
     run.add_argument("--chat", action="store_true",
                      help="send the prompt as a user message through the model's chat template")
     run.add_argument("--system", default=None, help="system message (with --chat)")
+    add_feature_arguments(run)
     add_sampling_arguments(run)
     run.set_defaults(handler=cmd_run)
 
@@ -228,6 +262,7 @@ def build_parser() -> argparse.ArgumentParser:
         "code model is a completion model: with no MODEL, solo chat says so and stops)"
     )
     chat.add_argument("--system", default=None, help="system message for the conversation")
+    add_feature_arguments(chat)
     add_sampling_arguments(chat)
     chat.set_defaults(handler=cmd_chat)
 

@@ -26,9 +26,15 @@ _DEFAULT_CONTEXTS = (128, 512, 1024, 2048, 4096)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench`."""
     from solo.bench.shapes import SHAPES
-    from solo.cli import add_model_arguments
+    from solo.cli import add_feature_arguments, add_model_arguments
 
     add_model_arguments(parser)
+    parser.add_argument("--agent", default=None, metavar="TRACE",
+                        help="replay a multi-turn agent trace (JSON, see solo/bench/agent.py; examples in "
+                        "benchmarks/traces/) and report task time, TTFT per turn, cached tokens, acceptance")
+    parser.add_argument("--agent-no-baseline", action="store_true",
+                        help="with --agent, skip the replay with prefix caching and speculation off")
+    add_feature_arguments(parser)
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
                         help="benchmark a real model shape with random weights instead of MODEL (no download)")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (default: 128)")
@@ -157,6 +163,10 @@ def main(args: argparse.Namespace) -> int:
         from solo.bench.load.cli import main as load_main
 
         return load_main(args)
+    if args.agent:
+        from solo.bench.agent import run_agent_bench
+
+        return run_agent_bench(args)
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer

@@ -18,8 +18,17 @@ from typing import Any
 import torch
 
 from solo.engine.constraints import ConstraintCompiler
+from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
+from solo.engine.speculative import (
+    SPECULATIVE_MODES,
+    DraftProposer,
+    SessionHistory,
+    SpeculativeConfig,
+    resolve_speculative,
+    speculative_step,
+)
 from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, tool_call_constraint
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.model.config import ModelConfig
@@ -79,10 +88,21 @@ class Engine:
         runtime: the decode runtime.
         model_dir: the folder the model came from.
         name: a display name for the model.
+        prefix_cache_gb: bound of the prefix cache's snapshot store in GB (10^9 bytes); None turns prefix
+            caching off (see `solo.engine.prefix_cache`).
+        speculative: "auto", "off", "ngram" or "suffix" (see `solo.engine.speculative`).
+
+    Attributes:
+        prefix_cache: the `PrefixCache`, or None when off.
+        speculative: the speculative mode in use ("off", "ngram" or "suffix").
+
+    Raises:
+        SoloError: a negative prefix_cache_gb, an unknown speculative mode, or one the runtime cannot run.
     """
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, defaults: GenerationDefaults,
-                 runtime: DecodeRuntime, model_dir: Path, name: str) -> None:
+                 runtime: DecodeRuntime, model_dir: Path, name: str, prefix_cache_gb: float | None = None,
+                 speculative: str = "off") -> None:
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
@@ -95,6 +115,12 @@ class Engine:
         self._owner: int | None = None  # thread running a generation: a second one there would deadlock
         self._constraints: ConstraintCompiler | None = None
         self._constraints_lock = threading.Lock()
+        if prefix_cache_gb is not None and not prefix_cache_gb >= 0:
+            raise SoloError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
+        self.prefix_cache = None if prefix_cache_gb is None else PrefixCache(runtime, int(prefix_cache_gb * 1e9))
+        self.speculative = resolve_speculative(speculative, runtime)
+        self.speculative_config = SpeculativeConfig.for_mode(self.speculative)
+        self.session_history = SessionHistory() if self.speculative == "suffix" else None
 
     @property
     def constraints(self) -> ConstraintCompiler:
@@ -116,6 +142,8 @@ class Engine:
         backend: str = "auto",
         revision: str | None = None,
         quantize: str | None = None,
+        prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB,
+        speculative: str = "auto",
     ) -> Engine:
         """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.
 
@@ -126,12 +154,16 @@ class Engine:
             backend: "auto" picks the fastest runtime for the device; "eager" forces the reference.
             revision: hub branch, tag or commit.
             quantize: None, or "int8" / "int4" weight-only quantization (CPU only; `solo.runtime.quant`).
+            prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
+            speculative: "auto" (n-gram drafts on the native CPU runtime, off elsewhere), "off", "ngram", "suffix".
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
-            SoloError: an unknown dtype, device, backend or quantization mode; `quantize` off the CPU; a
-                backend that cannot run this model; int4 on sizes that are not multiples of 32.
+            SoloError: an unknown dtype, device, backend, quantization or speculative mode; `quantize` off
+                the CPU; a backend that cannot run this model; int4 on sizes that are not multiples of 32.
         """
+        if speculative not in SPECULATIVE_MODES:  # before the slow part
+            raise SoloError(f"unknown speculative mode {speculative!r}; choose one of {', '.join(SPECULATIVE_MODES)}")
         dev = resolve_device(device)
         folder = resolve_model_dir(model, revision)
         config = ModelConfig.from_file(folder)
@@ -147,7 +179,8 @@ class Engine:
             weights = quantize_model(weights, quantize)
         runtime = create_runtime(weights, backend, dev)
         name = str(model) if model is not None else folder.name
-        return cls(weights, tokenizer, defaults, runtime, folder, name)
+        return cls(weights, tokenizer, defaults, runtime, folder, name, prefix_cache_gb=prefix_cache_gb,
+                   speculative=speculative)
 
     # ----------------------------------------------------------------------------------------- prompts
 
@@ -314,9 +347,12 @@ class Engine:
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
-        """Run a prepared request alone (prefill, then one decode step per token, or blocks on the GPU).
+        """Run a prepared request alone: prefill (of the uncached tail), then decode steps.
 
-        Holds the engine's lock until the generator finishes or is closed.
+        With the prefix cache on, the prompt's longest prefix already in the KV cache is reused; with
+        speculation on, a step verifies a drafted run of tokens at once (`solo.engine.speculative`); on
+        the GPU, blocks of tokens are decoded per host sync. Holds the engine's lock until the generator
+        finishes or is closed.
 
         Yields:
             `GenerationEvent`s, one per token; the last has `finish_reason` and `stats`.
@@ -331,24 +367,53 @@ class Engine:
             )
         with self._lock:
             self._owner = threading.get_ident()
+            cache = self.prefix_cache
+            clean = False  # whether row 0 holds exactly the request's fed tokens when this ends
             try:
                 runtime = self.runtime
-                runtime.reserve(1, len(request.prompt_ids) + request.max_new_tokens)
-                logits = runtime.prefill(0, torch.tensor(request.prompt_ids, dtype=torch.long))
-                if can_run_in_blocks(runtime, request):
-                    # GPU: K tokens per graph replay, sampled and stop-checked on the device.
+                needed = len(request.prompt_ids) + request.max_new_tokens
+                if cache is not None:
+                    # Rounded up so the next, longer turn of a conversation rarely reallocates the cache.
+                    cache.reserve(1, min(-(-needed // 1024) * 1024, max(needed, self.config.context_length)))
+                    cached = cache.load(0, request.prompt_ids)
+                else:
+                    runtime.reserve(1, needed)
+                    cached = 0
+                request.stats.cached_tokens = cached
+                logits = runtime.prefill(0, torch.tensor(request.prompt_ids[cached:], dtype=torch.long), cached)
+                clean = True
+                if self.speculative_config is None and can_run_in_blocks(runtime, request):
+                    # GPU: K tokens per graph replay, sampled and stop-checked on the device (an explicit
+                    # --speculative mode runs the per-token loop with verify steps instead).
+                    clean = False  # the device may have run past the last reported token: fine, but unknown
                     yield from run_in_blocks(runtime, request, logits, row=0)
                     return
                 rows = torch.zeros(1, dtype=torch.long)
-                while True:
-                    token, info = request.choose(logits)
-                    event = request.append(token, info)
-                    yield event
-                    if request.finished:
-                        return
-                    position = torch.tensor([request.next_position - 1], dtype=torch.long)
-                    logits = runtime.decode(rows, torch.tensor([token], dtype=torch.long), position)[0]
+                token, info = request.choose(logits)
+                event = request.append(token, info)
+                yield event
+                proposer = None if self.speculative_config is None else DraftProposer(
+                    self.speculative_config, request, self.session_history)
+                while not request.finished:
+                    clean = False
+                    events = None if proposer is None else speculative_step(runtime, 0, request, proposer, token)
+                    if events is None:
+                        position = torch.tensor([request.next_position - 1], dtype=torch.long)
+                        logits = runtime.decode(rows, torch.tensor([token], dtype=torch.long), position)[0]
+                        token, info = request.choose(logits)
+                        events = [request.append(token, info)]
+                    else:
+                        token = events[-1].token_ids[-1]
+                    clean = True
+                    yield from events
             finally:
+                if cache is not None:
+                    if clean:
+                        cache.finish(0, request.prompt_ids + request.output_ids[:-1])
+                    else:
+                        cache.forget(0)
+                if self.session_history is not None:
+                    self.session_history.add(request.prompt_ids + request.output_ids)
                 self._owner = None
 
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,

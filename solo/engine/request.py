@@ -46,6 +46,10 @@ class GenerationStats:
         ttft_s: time to first token, seconds from the start of the request.
         token_times_s: for each generated token, seconds since the previous one (the first: since the start).
         total_s: seconds from the start to the last token.
+        cached_tokens: prompt tokens whose KV came from the prefix cache (not prefilled).
+        verify_steps: speculative draft-and-verify steps run.
+        draft_tokens: draft tokens proposed in them.
+        accepted_tokens: draft tokens the model accepted.
     """
 
     prompt_tokens: int
@@ -53,6 +57,17 @@ class GenerationStats:
     ttft_s: float | None = None
     token_times_s: list[float] = field(default_factory=list)
     total_s: float = 0.0
+    cached_tokens: int = 0
+    verify_steps: int = 0
+    draft_tokens: int = 0
+    accepted_tokens: int = 0
+
+    @property
+    def acceptance_length(self) -> float | None:
+        """Mean tokens emitted per speculative verify step (accepted drafts + the model's own), or None."""
+        if not self.verify_steps:
+            return None
+        return (self.accepted_tokens + self.verify_steps) / self.verify_steps
 
     @property
     def decode_tokens_per_s(self) -> float | None:

@@ -43,6 +43,7 @@ from torch import nn
 from solo.errors import SoloError
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
+from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.quant import QuantLinear, model_quantization
 
@@ -256,6 +257,10 @@ class CpuRuntime:
     # Each sequence keeps its own accumulator chain per weight row, so a row's logits do not depend on the
     # other rows of a batched decode (checked by tests/runtime/test_cpu_runtime.py).
     batch_invariant = True
+    # verify() runs the decode kernel over k positions; "auto" speculation turns on here (see
+    # solo.engine.speculative.resolve_speculative). Whether its logits are bit for bit those of batch-1 steps
+    # is per instance (verify_matches_decode, set in __init__).
+    speculative_auto = True
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
         reason = cpu_unsupported_reason(model)
@@ -266,6 +271,11 @@ class CpuRuntime:
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
         self.num_threads = num_threads or torch.get_num_threads()
+        # float32: each position's logits equal a batch-1 decode step's bit for bit (tested). bfloat16 and
+        # quantized weights: the kernel's multi-sequence tiles occasionally round a position differently from
+        # its one-sequence path (measured on the bundled model: one logit vector in a few, by one bf16 step),
+        # enough to flip a greedy near-tie.
+        self.verify_matches_decode = model.dtype == torch.float32 and self.quantization is None
         self.rows = 0
         self.max_seq = 0
         self.cache: KVCache | None = None
@@ -537,3 +547,39 @@ class CpuRuntime:
             cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(), self.num_threads,
         )
         return logits
+
+    # ------------------------------------------------------------------- capabilities (solo.runtime.base)
+
+    @torch.inference_mode()
+    def verify(self, row: int, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Score k consecutive tokens of one row: float32 [k, vocab], every position's logits (`VerifyRuntime`).
+
+        Runs the native decode step over k batch entries that share the row, at consecutive positions, on
+        one thread (so every entry's keys and values are in the cache before any entry attends), streaming
+        the weights once for all k. With float32 weights every position's logits equal a batch-1 `decode`
+        step's bit for bit; see `verify_matches_decode` for bfloat16.
+        (With several threads the kernel lets entries attend before another thread's cache writes land,
+        which is safe only for distinct rows; so this call runs on one.)
+
+        Raises:
+            SoloError: no cache, k == 0, or the row, positions or ids fall outside the cache / vocabulary.
+        """
+        ids = token_ids.to("cpu", torch.long).view(-1)
+        k = ids.numel()
+        if k == 0:
+            raise SoloError("verify needs at least one token")
+        threads = self.num_threads
+        self.num_threads = 1
+        try:
+            return self.decode(torch.full((k,), row, dtype=torch.long), ids,
+                               torch.arange(start_pos, start_pos + k, dtype=torch.long))
+        finally:
+            self.num_threads = threads
+
+    def export_kv(self, row: int, length: int) -> KVSnapshot:
+        """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""
+        return export_cache_kv(self.cache, row, length)
+
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
+        """Write a snapshot's first `length` positions into `row` (see `KVSnapshotRuntime`)."""
+        import_cache_kv(self.cache, row, snapshot, length)

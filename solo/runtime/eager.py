@@ -7,7 +7,9 @@ from __future__ import annotations
 
 import torch
 
+from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
+from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 
 
 class EagerRuntime:
@@ -23,6 +25,9 @@ class EagerRuntime:
     # F.linear picks a different GEMM path for several rows than for one, and attention pads rows to the
     # longest, so batched logits differ from batch-1 logits in the last bits.
     batch_invariant = False
+    # verify() is one forward over k tokens: the same arithmetic as k decode steps in float32 up to rounding,
+    # but not bit for bit (a bfloat16 near-tie can flip).
+    verify_matches_decode = False
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0) -> None:
         self.model = model
@@ -58,3 +63,27 @@ class EagerRuntime:
             rows.to(self.device), last_only=True,
         )
         return logits[:, -1].float()
+
+    @torch.inference_mode()
+    def verify(self, row: int, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Score k consecutive tokens of one row: float32 [k, vocab], every position's logits (see `VerifyRuntime`).
+
+        Raises:
+            SoloError: no cache, an empty `token_ids`, or positions past the reserved cache.
+        """
+        ids = token_ids.to(self.device, torch.long).view(1, -1)
+        k = ids.shape[1]
+        if self.cache is None or k == 0 or not 0 <= row < self.rows or start_pos + k > self.max_seq:
+            raise SoloError(f"verify of {k} tokens at {start_pos} does not fit row {row} of the cache "
+                            f"({self.rows} rows x {self.max_seq} tokens)")
+        positions = torch.arange(start_pos, start_pos + k, device=self.device).view(1, -1)
+        rows = torch.tensor([row], device=self.device)
+        return self.model(ids, positions, self.cache, rows)[0].float()
+
+    def export_kv(self, row: int, length: int) -> KVSnapshot:
+        """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""
+        return export_cache_kv(self.cache, row, length)
+
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
+        """Write a snapshot's first `length` positions into `row` (see `KVSnapshotRuntime`)."""
+        import_cache_kv(self.cache, row, snapshot, length)

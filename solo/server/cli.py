@@ -13,7 +13,7 @@ import argparse
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
-    from solo.cli import add_model_arguments
+    from solo.cli import add_feature_arguments, add_model_arguments
 
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -35,6 +35,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "batch-invariant, else one call per request; isolated: always one call per "
                              "request (each request's arithmetic identical to running alone); fused: always "
                              "batched (on a runtime that is not batch-invariant, last-bit differences)")
+    add_feature_arguments(parser)
     parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 
@@ -45,6 +46,7 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         SoloError: a bad flag value, or a model that cannot be loaded.
     """
+    from solo.cli import prefix_cache_gb_from_args
     from solo.errors import SoloError
     from solo.server.runner import serve
     from solo.server.state import ServerSettings
@@ -59,6 +61,7 @@ def main(args: argparse.Namespace) -> int:
         quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
-        shutdown_grace_s=args.shutdown_grace,
+        shutdown_grace_s=args.shutdown_grace, prefix_cache_gb=prefix_cache_gb_from_args(args),
+        speculative=args.speculative,
     )
     return serve(settings, args.host, args.port)

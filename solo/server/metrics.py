@@ -21,6 +21,7 @@ _TTFT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
                   0.5, 1.0, 2.5)
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
+_ACCEPTANCE_BUCKETS = (1.0, 1.25, 1.5, 2.0, 2.5, 3.0, 4.0, 5.0, 6.0, 8.0, 12.0, 16.0)
 _TOKENS_PER_S_BUCKETS = (1.0, 2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0, 1000.0, 2000.0, 5000.0)
 _KV_BYTES_BUCKETS = tuple(float(2**k) for k in range(12, 36, 2))  # 4 KiB .. 32 GiB
 
@@ -46,6 +47,11 @@ class ServerMetrics:
         kv_used: gauge of the KV-cache bytes running requests hold (prompt + generated tokens).
         kv_usage: gauge of kv_used / kv_capacity.
         request_kv: histogram of the KV-cache bytes each request held when it finished.
+        prefix_cache_queries, prefix_cache_hits, prefix_cache_tokens: counters of finished requests, of those
+            that reused cached prompt tokens, and of the tokens reused.
+        spec_verify_steps, spec_draft_tokens, spec_accepted_tokens: counters of speculative verify steps and
+            of the draft tokens proposed and accepted in them.
+        spec_acceptance_length: histogram of each request's mean tokens per verify step.
     """
 
     def __init__(self) -> None:
@@ -77,6 +83,22 @@ class ServerMetrics:
                                     "KV-cache bytes a request held when it finished (prompt + generated tokens)",
                                     buckets=_KV_BYTES_BUCKETS, registry=r)
         self._kv_bytes_per_token = 0
+        self.prefix_cache_queries = Counter("solo_prefix_cache_queries", "Requests looked up in the prefix cache",
+                                            registry=r)
+        self.prefix_cache_hits = Counter("solo_prefix_cache_hits", "Requests that reused cached prompt tokens",
+                                         registry=r)
+        self.prefix_cache_tokens = Counter("solo_prefix_cache_cached_tokens",
+                                           "Prompt tokens whose KV came from the prefix cache (not prefilled)",
+                                           registry=r)
+        self.spec_verify_steps = Counter("solo_spec_decode_verify_steps", "Speculative draft-and-verify steps",
+                                         registry=r)
+        self.spec_draft_tokens = Counter("solo_spec_decode_draft_tokens", "Speculative draft tokens proposed",
+                                         registry=r)
+        self.spec_accepted_tokens = Counter("solo_spec_decode_accepted_tokens", "Speculative draft tokens accepted",
+                                            registry=r)
+        self.spec_acceptance_length = Histogram(
+            "solo_spec_decode_acceptance_length", "Per request: mean tokens emitted per speculative verify step",
+            buckets=_ACCEPTANCE_BUCKETS, registry=r)
 
     def set_load(self, waiting: int, active: int) -> None:
         """Update the queue-depth and active-slots gauges."""
@@ -116,6 +138,15 @@ class ServerMetrics:
         tps = stats.decode_tokens_per_s
         if tps is not None:
             self.tokens_per_s.observe(tps)
+        self.prefix_cache_queries.inc()
+        if stats.cached_tokens:
+            self.prefix_cache_hits.inc()
+            self.prefix_cache_tokens.inc(stats.cached_tokens)
+        if stats.verify_steps:
+            self.spec_verify_steps.inc(stats.verify_steps)
+            self.spec_draft_tokens.inc(stats.draft_tokens)
+            self.spec_accepted_tokens.inc(stats.accepted_tokens)
+            self.spec_acceptance_length.observe(stats.acceptance_length)
 
     def render(self) -> bytes:
         """The Prometheus text exposition of every metric."""

@@ -411,12 +411,19 @@ class DetokenizeRequest(_Lenient):
 
 # ------------------------------------------------------------------------------------------ responses
 
+class PromptTokensDetails(BaseModel):
+    """Breakdown of the prompt tokens: `cached_tokens` came from the prefix cache (not prefilled), as OpenAI."""
+
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
     """Token counts of a response (the prompt counted once, however many choices)."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails | None = None
 
 
 class TopLogprob(BaseModel):

@@ -51,6 +51,7 @@ from solo.server.protocol import (
     FunctionCall,
     ModelCard,
     ModelList,
+    PromptTokensDetails,
     TokenizeRequest,
     TokenizeResponse,
     ToolCallOut,
@@ -111,14 +112,18 @@ class _Job:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    cached_tokens: int = 0
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
-                     total_tokens=self.prompt_tokens + self.completion_tokens)
+                     total_tokens=self.prompt_tokens + self.completion_tokens,
+                     prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens))
 
     def count(self, event: GenerationEvent) -> None:
         if event.stats is not None:
             self.completion_tokens += event.stats.completion_tokens
+            # The prompt is counted once however many choices: its best reuse is what was cached.
+            self.cached_tokens = max(self.cached_tokens, event.stats.cached_tokens)
 
 
 async def _until_disconnected(request: Request) -> None:

@@ -49,6 +49,11 @@ waiting beside it; running requests are never interrupted for it.
 
 KV memory. Every row is allocated once (`runtime.reserve`); a request holds (prompt + generated) tokens
 of its row. `kv_used_bytes()` sums them, and the metrics report it with the capacity.
+Prefix caching (`solo.engine.prefix_cache`): a request is placed in the free row whose previous tokens
+share the longest prefix with its prompt (or gets a stored snapshot copied in) and prefills only the rest;
+a finished request's row keeps its KV for the next one. Speculative decoding (`solo.engine.speculative`):
+a request with a draft runs a verify call on its own row instead of joining the decode step; the others
+decode as above.
 """
 
 from __future__ import annotations
@@ -66,7 +71,9 @@ from typing import Literal, Protocol
 
 import torch
 
+from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
+from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, speculative_step
 from solo.runtime.base import DecodeRuntime
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
@@ -227,6 +234,8 @@ class _Sequence:
     priority: int = 0
     row: int = -1
     last_token: int = -1
+    proposer: DraftProposer | None = None
+    prefilled: bool = False  # its prompt went into the row (the row's previous KV was given up)
 
 
 class Scheduler:
@@ -239,13 +248,18 @@ class Scheduler:
         max_seq: tokens per row (prompt plus completion of the longest request allowed).
         decode_batching: "auto" (default), "isolated" or "fused"; see the module docstring.
         metrics: where queue depth, active slots and finished-request timings go (optional).
+        prefix_cache: reuse of earlier requests' KV (the engine's `PrefixCache`), or None.
+        speculative: draft settings for speculative decoding, or None for plain decoding.
+        session_history: earlier requests for "suffix" drafts, or None.
 
     Raises:
         ValueError: max_batch < 1, max_queue < 0 or max_seq < 2.
     """
 
     def __init__(self, runtime: DecodeRuntime, max_batch: int, max_queue: int, max_seq: int,
-                 decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None) -> None:
+                 decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None,
+                 prefix_cache: PrefixCache | None = None, speculative: SpeculativeConfig | None = None,
+                 session_history: SessionHistory | None = None) -> None:
         if max_batch < 1 or max_queue < 0 or max_seq < 2:
             raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2; got {max_batch}, {max_queue}, "
                              f"{max_seq}")
@@ -256,7 +270,13 @@ class Scheduler:
         self.max_queue = max_queue
         self.max_seq = max_seq
         self.metrics = metrics
-        runtime.reserve(max_batch, max_seq)
+        self.prefix_cache = prefix_cache
+        self.speculative = speculative
+        self.session_history = session_history
+        if prefix_cache is not None:
+            prefix_cache.reserve(max_batch, max_seq)
+        else:
+            runtime.reserve(max_batch, max_seq)
         if decode_batching == "auto":
             decode_batching = "fused" if max_batch > 1 and runtime_is_batch_invariant(runtime) else "isolated"
         self.decode_batching: DecodeBatching = decode_batching
@@ -288,7 +308,9 @@ class Scheduler:
     # ------------------------------------------------------------------------------------ public API
 
     def start(self) -> None:
-        """Start the scheduler thread."""
+        """Start the scheduler thread (the rows' contents are forgotten: probes and warm-up wrote them)."""
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget()
         self._thread.start()
 
     def stop(self, timeout_s: float = 10.0) -> None:
@@ -439,7 +461,11 @@ class Scheduler:
                 admitted = []
                 while self._waiting and self._free_rows:
                     seq = self._waiting.popleft()
-                    seq.row = self._free_rows.pop()
+                    if self.prefix_cache is not None:  # the free row holding the longest shared prefix
+                        seq.row = self.prefix_cache.pick_row(self._free_rows, seq.request.prompt_ids)
+                        self._free_rows.remove(seq.row)
+                    else:
+                        seq.row = self._free_rows.pop()
                     admitted.append(seq)
                 self._running.extend(admitted)
                 self.peak_active = max(self.peak_active, len(self._running))
@@ -480,13 +506,33 @@ class Scheduler:
             self._flush()
 
     def _prefill(self, seq: _Sequence) -> None:
-        # The same call Engine.run makes, into this request's row.
-        ids = torch.tensor(seq.request.prompt_ids, dtype=torch.long)
-        logits = self.runtime.prefill(seq.row, ids)
+        # The same calls Engine.run makes, into this request's row.
+        request = seq.request
+        seq.prefilled = True
+        cached = 0 if self.prefix_cache is None else self.prefix_cache.load(seq.row, request.prompt_ids)
+        request.stats.cached_tokens = cached
+        ids = torch.tensor(request.prompt_ids[cached:], dtype=torch.long)
+        logits = self.runtime.prefill(seq.row, ids, cached)
         self._advance(seq, logits)
+        if self.speculative is not None:
+            seq.proposer = DraftProposer(self.speculative, request, self.session_history)
 
     def _decode_step(self, seqs: list[_Sequence]) -> None:
         self.steps += 1
+        plain = []
+        for seq in seqs:
+            # A request with a draft verifies it on its own row; the others decode together below.
+            events = None if seq.proposer is None else speculative_step(
+                self.runtime, seq.row, seq.request, seq.proposer, seq.last_token)
+            if events is None:
+                plain.append(seq)
+                continue
+            for event in events:
+                self._emit(seq, event)
+            self._flush()
+        seqs = plain
+        if not seqs:
+            return
         if self.decode_batching == "fused" and len(seqs) > 1:
             rows = torch.tensor([s.row for s in seqs], dtype=torch.long)
             ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
@@ -508,8 +554,10 @@ class Scheduler:
 
     def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
         token, info = seq.request.choose(logits)
-        event = seq.request.append(token, info)
-        seq.last_token = token
+        self._emit(seq, seq.request.append(token, info))
+
+    def _emit(self, seq: _Sequence, event: GenerationEvent) -> None:
+        seq.last_token = event.token_ids[-1]
         self._post(seq, event)
         if event.finish_reason is not None and self.metrics is not None:
             self.metrics.observe_finished(seq.request.stats, event.finish_reason)
@@ -533,3 +581,12 @@ class Scheduler:
             self._running = [s for s in self._running if not s.request.finished]
             self._free_rows.extend(s.row for s in done)
             self._publish_load()
+        for seq in done:
+            request = seq.request
+            if self.prefix_cache is not None and seq.prefilled:
+                if request.finish_reason == "error":  # the row's KV is unknown after a failed step
+                    self.prefix_cache.forget(seq.row)
+                else:  # every token but the last was fed to the model
+                    self.prefix_cache.finish(seq.row, request.prompt_ids + request.output_ids[:-1])
+            if self.session_history is not None and request.output_ids:
+                self.session_history.add(request.prompt_ids + request.output_ids)

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import torch
 
 from solo.engine.engine import Engine
+from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, SoloError
 from solo.server import kv_memory
@@ -55,6 +56,8 @@ class ServerSettings:
         max_model_len: tokens per slot (prompt + completion); None for the model's context length.
         decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
         shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
+        prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
+        speculative: "auto", "off", "ngram" or "suffix" (see solo.engine.speculative).
     """
 
     model: str | None = None
@@ -70,6 +73,8 @@ class ServerSettings:
     max_model_len: int | None = None
     decode_batching: DecodeBatching = "auto"
     shutdown_grace_s: float = 30.0
+    prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB
+    speculative: str = "auto"
 
     def validate(self) -> None:
         """Check the numbers.
@@ -118,7 +123,7 @@ class ServerState:
     def _default_loader(self) -> Engine:
         s = self.settings
         return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
-                           quantize=s.quantize)
+                           quantize=s.quantize, prefix_cache_gb=s.prefix_cache_gb, speculative=s.speculative)
 
     @property
     def status(self) -> str:
@@ -149,8 +154,9 @@ class ServerState:
         self.engine, self.pieces = engine, TokenPieces(engine.tokenizer)
         self.served_name = self.settings.served_model_name or engine.name
         self.scheduler = scheduler
-        logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode)", self.served_name,
-                    engine.runtime.name, self.settings.max_batch, self.max_model_len, scheduler.decode_batching)
+        logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode, prefix cache %s, speculative %s)",
+                    self.served_name, engine.runtime.name, self.settings.max_batch, self.max_model_len,
+                    scheduler.decode_batching, "on" if engine.prefix_cache is not None else "off", engine.speculative)
 
     def _start(self, engine: Engine) -> Scheduler:
         context = engine.config.context_length
@@ -160,7 +166,8 @@ class ServerState:
         self.max_model_len = self._fit_kv_cache(engine, limit)
         limit = self.max_model_len
         scheduler = Scheduler(engine.runtime, self.settings.max_batch, self.settings.max_queue, limit,
-                              self.settings.decode_batching, self.metrics)
+                              self.settings.decode_batching, self.metrics, prefix_cache=engine.prefix_cache,
+                              speculative=engine.speculative_config, session_history=engine.session_history)
         # Warm-up: the first prefill and decode pay one-time costs (allocator, kernel selection) that
         # would otherwise land on the first user's TTFT. Row 0 is overwritten by its next prefill.
         runtime = engine.runtime

@@ -63,6 +63,16 @@ def run_together(server) -> list:
     return together
 
 
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    # Bit-for-bit isolation is a property of batching. The prefix cache reuses KV that other requests left
+    # behind (equal up to rounding: tests/engine/test_prefix_cache.py), so it is off here.
+    running = start_server(tiny_model, max_batch=4, max_queue=16, prefix_cache_gb=None)
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
 def test_concurrent_streams_equal_their_lone_runs(server):
     client = server.client(timeout=120)
     alone = [run_one(client, prompt, params) for prompt, params in CASES]
@@ -81,7 +91,10 @@ def test_concurrent_streams_equal_their_lone_runs(server):
 def test_fused_batching_on_a_batch_invariant_runtime(tiny_model):
     # The native CPU runtime computes each sequence with its batch-1 reduction order, so one batched decode
     # call per step keeps every request bit-identical to its lone run.
-    running = start_server(tiny_model, backend="cpu", decode_batching="fused", max_batch=4, max_queue=16)
+    # Speculative decoding stays on (auto: n-gram drafts on this runtime): drafts come from a request's own
+    # tokens and verify runs on its own row, so it keeps isolation too.
+    running = start_server(tiny_model, backend="cpu", decode_batching="fused", max_batch=4, max_queue=16,
+                           prefix_cache_gb=None)
     try:
         if running.state.error is not None:
             pytest.skip(f"the cpu runtime is not available here: {running.state.error}")

@@ -35,6 +35,7 @@ import torch
 
 from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
+from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cuda.state import MODE_FILTERED, STATE_DONE, STATE_SIZE, DecodeState, SamplingSpec
 from solo.runtime.cuda.torch_step import TorchStep, forward_tokens
 
@@ -94,6 +95,8 @@ class CudaGraphRuntime:
     name = "cuda-graph"
     # Several rows run batched torch ops (not the per-row graphs), whose results depend on the batch.
     batch_invariant = False
+    # verify() runs k positions through batched torch ops, not the decode step's kernels.
+    verify_matches_decode = False
 
     def __init__(self, model: Transformer, step: str = "auto", block_size: int = 16,
                  use_graphs: bool | None = None, tune: bool | None = None, max_block: int = 64) -> None:
@@ -278,6 +281,43 @@ class CudaGraphRuntime:
                                 last_only=True)
         self.host_syncs += 1
         return logits[:, -1].float()
+
+    # ------------------------------------------------------------------- capabilities (solo.runtime.base)
+
+    @torch.inference_mode()
+    def verify(self, row: int, token_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
+        """Score k consecutive tokens of one row: float32 [k, vocab], every position's logits (`VerifyRuntime`).
+
+        One forward of the graph-safe torch ops over the k tokens (no graph: k varies), one host sync.
+
+        Raises:
+            SoloError: no cache reserved, k == 0, or the row or positions fall outside the cache.
+        """
+        self._require_cache()
+        ids = token_ids.to(torch.long).view(1, -1)
+        k = ids.shape[1]
+        if k == 0 or not 0 <= row < self.rows or start_pos < 0 or start_pos + k > self.max_seq:
+            raise SoloError(f"verify of {k} tokens at {start_pos} does not fit row {row} of the cache")
+        positions = torch.arange(start_pos, start_pos + k).view(1, -1)
+        logits = forward_tokens(self.model, self.cache, self._to_device(ids), self._to_device(positions),
+                                self._to_device(torch.tensor([row])), start_pos + k)
+        self.host_syncs += 1
+        return logits[0].float()
+
+    def export_kv(self, row: int, length: int) -> KVSnapshot:
+        """Copy positions 0 .. length - 1 of `row` out of the cache, on the device (`KVSnapshotRuntime`)."""
+        self._check_row(row)
+        return export_cache_kv(self.cache, row, length)
+
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
+        """Write a snapshot's first `length` positions into `row` (`KVSnapshotRuntime`)."""
+        self._check_row(row)
+        import_cache_kv(self.cache, row, snapshot, length)
+
+    def _check_row(self, row: int) -> None:
+        self._require_cache()
+        if not 0 <= row < self.rows:  # the scratch row is never a request's
+            raise SoloError(f"row {row} is outside the cache's {self.rows} rows")
 
     # ------------------------------------------------------------------------------------ block decode
 

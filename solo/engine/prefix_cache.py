@@ -1,0 +1,233 @@
+"""Prefix caching: reuse the KV cache of earlier requests whose token ids start the same way.
+
+An agent sends the model one prompt after another, each the previous one plus an answer and a tool
+result. Recomputing the shared beginning every time is what prefix caching avoids (vLLM's automatic
+prefix caching, SGLang's RadixAttention). Here, matching is on token ids, longest common prefix (LCP),
+at token granularity, in two places:
+
+- In the row: a KV-cache row keeps the KV of its last sequence after the request ends. A new request
+  placed in that row reuses the LCP of its prompt with the row's tokens at no cost (no copy). For
+  `Engine.complete` in a loop (one row), every turn that extends the previous one hits here.
+- In a store: a bounded LRU of snapshots (`KVSnapshot`, every layer, sliding-window layers included, as
+  the static cache keeps whole sequences) of rows that were about to be overwritten by an unrelated
+  prompt, or dropped by a cache reallocation. A request whose best match is there gets it copied in.
+
+The last prompt token is always recomputed (its logits choose the first new token), so at most
+len(prompt) - 1 tokens are reused. What a row holds after a request: the prompt and every generated
+token but the last (the last one is never fed back to the model).
+
+Exactness. Prefill of the tail after a cached prefix attends over the same keys and values a whole
+prefill would have written, so on runtimes whose prefill is exact at any start position the logits
+agree within the runtime's own rounding noise (tests compare greedy tokens and logits). The cached KV of
+generated tokens comes from decode steps, not from a prefill, so it differs from a cold prefill of the
+same text by rounding only.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+
+from solo.runtime.base import DecodeRuntime, KVSnapshot, supports_kv_snapshots
+
+DEFAULT_PREFIX_CACHE_GB = 1.0
+"""Default bound of the snapshot store (`--prefix-cache-gb`); rows reuse their own KV at no extra memory."""
+
+
+def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
+    """Length of the longest common prefix of two token-id sequences."""
+    n = min(len(a), len(b))
+    if n == 0:
+        return 0
+    # Vectorised: the first mismatch, or n when there is none.
+    diff = torch.tensor(a[:n], dtype=torch.long) != torch.tensor(b[:n], dtype=torch.long)
+    where = torch.nonzero(diff)
+    return int(where[0]) if where.numel() else n
+
+
+@dataclass
+class _Entry:
+    ids: list[int]
+    snapshot: KVSnapshot
+
+
+@dataclass
+class PrefixCacheStats:
+    """Counters since start.
+
+    Attributes:
+        queries: requests looked up.
+        hits: requests that reused at least one token.
+        cached_tokens: prompt tokens reused (not prefilled).
+        prompt_tokens: prompt tokens of every request looked up.
+        stored_bytes: bytes held by the snapshot store now.
+        evictions: snapshots dropped to stay under the bound.
+    """
+
+    queries: int = 0
+    hits: int = 0
+    cached_tokens: int = 0
+    prompt_tokens: int = 0
+    stored_bytes: int = 0
+    evictions: int = 0
+
+
+class PrefixCache:
+    """Which tokens each KV-cache row holds, plus a bounded LRU store of row snapshots (module docstring).
+
+    Use from one thread at a time (the engine's lock or the scheduler's thread); `stats` may be read anywhere.
+
+    Args:
+        runtime: the decode runtime; the store needs `export_kv` / `import_kv` (else only in-row reuse).
+        capacity_bytes: bound of the snapshot store in bytes (0: in-row reuse only).
+
+    Raises:
+        ValueError: a negative capacity.
+    """
+
+    def __init__(self, runtime: DecodeRuntime, capacity_bytes: int) -> None:
+        if capacity_bytes < 0:
+            raise ValueError(f"the prefix cache bound must be >= 0 bytes, got {capacity_bytes}")
+        self.runtime = runtime
+        self.capacity_bytes = capacity_bytes if supports_kv_snapshots(runtime) else 0
+        self.stats = PrefixCacheStats()
+        self._rows: dict[int, list[int]] = {}
+        self._used: dict[int, int] = {}  # row -> when it last finished, for least-recently-used reuse
+        self._tick = 0
+        self._store: OrderedDict[int, _Entry] = OrderedDict()
+        self._next_key = 0
+        self._lock = threading.Lock()
+
+    # ------------------------------------------------------------------------------------------ rows
+
+    def reserve(self, rows: int, max_seq: int) -> None:
+        """`runtime.reserve`, saving the rows' contents to the store first when the cache will be reallocated."""
+        runtime = self.runtime
+        if runtime.rows >= rows and runtime.max_seq >= max_seq:
+            runtime.reserve(rows, max_seq)
+            return
+        for row in list(self._rows):
+            self._save_row(row)
+        self._rows.clear()
+        runtime.reserve(rows, max_seq)
+
+    def pick_row(self, free_rows: Sequence[int], prompt_ids: Sequence[int]) -> int:
+        """The free row whose tokens share the longest prefix with the prompt (an empty row on ties).
+
+        Args:
+            free_rows: candidate rows (non-empty).
+            prompt_ids: the prompt's token ids.
+        """
+        best, best_key = free_rows[-1], (-1, 0, 0)
+        for row in free_rows:
+            held = self._rows.get(row)
+            lcp = 0 if held is None else common_prefix_length(held, prompt_ids)
+            # A match first, then a row holding nothing, then the row used longest ago.
+            key = (lcp, 1 if held is None else 0, -self._used.get(row, 0))
+            if key > best_key:
+                best, best_key = row, key
+        return best
+
+    def load(self, row: int, prompt_ids: Sequence[int]) -> int:
+        """Prepare `row` for a prompt: how many of its first tokens already have their KV there.
+
+        Reuses the row's own tokens or copies the best snapshot in, whichever shares more; saves the row's
+        previous sequence to the store when the prompt would overwrite part of it.
+
+        Args:
+            row: the cache row the request will run in.
+            prompt_ids: the prompt's token ids.
+
+        Returns:
+            Tokens to skip: prefill starts at this position (at most len(prompt_ids) - 1).
+        """
+        limit = len(prompt_ids) - 1
+        held = self._rows.pop(row, None)
+        in_row = min(common_prefix_length(held, prompt_ids), limit) if held else 0
+        key, entry, stored = self._best_entry(prompt_ids, limit)
+        if held is not None and in_row < len(held):
+            self._save(held, row)  # the prompt overwrites part of it: keep a copy
+        cached = in_row
+        if entry is not None and stored > in_row:
+            self.runtime.import_kv(row, entry.snapshot, stored)
+            cached = stored
+            with self._lock:
+                if key in self._store:
+                    self._store.move_to_end(key)  # used: most recent in the LRU order
+        with self._lock:
+            self.stats.queries += 1
+            self.stats.prompt_tokens += len(prompt_ids)
+            if cached:
+                self.stats.hits += 1
+                self.stats.cached_tokens += cached
+        return cached
+
+    def finish(self, row: int, ids: Sequence[int]) -> None:
+        """Record that `row` now holds the KV of `ids` (positions 0 .. len(ids) - 1)."""
+        self._rows[row] = list(ids)
+        self._tick += 1
+        self._used[row] = self._tick
+
+    def forget(self, row: int | None = None) -> None:
+        """The row's KV is unknown (an error mid-step, or another user of the row); None: every row."""
+        if row is None:
+            self._rows.clear()
+        else:
+            self._rows.pop(row, None)
+
+    def clear(self) -> None:
+        """Drop every row record and every snapshot."""
+        self._rows.clear()
+        with self._lock:
+            self._store.clear()
+            self.stats.stored_bytes = 0
+
+    # ----------------------------------------------------------------------------------------- store
+
+    def _best_entry(self, prompt_ids: Sequence[int], limit: int) -> tuple[int | None, _Entry | None, int]:
+        best_key, best, best_len = None, None, 0
+        with self._lock:
+            for key, entry in self._store.items():
+                n = min(common_prefix_length(entry.ids, prompt_ids), limit)
+                if n > best_len:
+                    best_key, best, best_len = key, entry, n
+        return best_key, best, best_len
+
+    def _save_row(self, row: int) -> None:
+        held = self._rows.get(row)
+        if held:
+            self._save(held, row)
+
+    def _save(self, ids: list[int], row: int) -> None:
+        if self.capacity_bytes <= 0 or not ids:
+            return
+        with self._lock:
+            for key, entry in list(self._store.items()):
+                if common_prefix_length(entry.ids, ids) == len(ids):  # already covered by a longer entry
+                    self._store.move_to_end(key)
+                    return
+        snapshot = self.runtime.export_kv(row, len(ids))
+        if snapshot.nbytes > self.capacity_bytes:
+            return
+        with self._lock:
+            for key, entry in list(self._store.items()):
+                if common_prefix_length(entry.ids, ids) == len(entry.ids):  # the new one supersedes it
+                    self.stats.stored_bytes -= entry.snapshot.nbytes
+                    del self._store[key]
+            while self._store and self.stats.stored_bytes + snapshot.nbytes > self.capacity_bytes:
+                _, old = self._store.popitem(last=False)
+                self.stats.stored_bytes -= old.snapshot.nbytes
+                self.stats.evictions += 1
+            self._store[self._next_key] = _Entry(list(ids), snapshot)
+            self._next_key += 1
+            self.stats.stored_bytes += snapshot.nbytes
+
+    @property
+    def stored_sequences(self) -> int:
+        """Snapshots in the store."""
+        with self._lock:
+            return len(self._store)

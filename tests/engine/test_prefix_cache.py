@@ -1,0 +1,86 @@
+"""Prefix caching in the engine: reuse across calls, identical greedy output, the bounded snapshot store."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solo.engine.engine import Engine
+from solo.engine.prefix_cache import PrefixCache, common_prefix_length
+from solo.engine.sampling import SamplingParams
+from solo.runtime.eager import EagerRuntime
+
+TURN = "def fibonacci(n):\n    if n < 2:\n        return n\n"
+GREEDY = SamplingParams(max_tokens=12, temperature=0.0, ignore_eos=True, logprobs=2)
+
+
+def _turns(engine: Engine, prompts: list[str]) -> list:
+    return [engine.complete(p, GREEDY) for p in prompts]
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_greedy_output_and_logprobs_identical_with_and_without_the_cache(tiny_llama, backend):
+    cold = Engine.load(tiny_llama, dtype="float32", backend=backend, prefix_cache_gb=None, speculative="off")
+    warm = Engine.load(tiny_llama, dtype="float32", backend=backend, speculative="off")
+    assert warm.prefix_cache is not None and cold.prefix_cache is None
+    first = cold.complete(TURN, GREEDY)
+    # An agent's next turn: the previous prompt, the answer, a tool result; then an unrelated prompt,
+    # then the first conversation again (its KV comes back from the snapshot store).
+    second = TURN + first.text + "\nprint(fibonacci(10))\n"
+    prompts = [TURN, second, "import os\nimport sys\n", second + "# done\n"]
+    expected, got = _turns(cold, prompts), _turns(warm, prompts)
+    for e, g in zip(expected, got, strict=True):
+        assert g.token_ids == e.token_ids
+        assert e.stats.cached_tokens == 0
+        for le, lg in zip(e.logprobs, g.logprobs, strict=True):
+            assert abs(le.logprob - lg.logprob) < 1e-4
+    def held(r):  # what a finished request leaves in its row: prompt + output but the last token
+        return r.prompt_token_ids + r.token_ids[:-1]
+
+    # Token ids, not text, are matched: re-encoding prompt + answer can merge tokens across the seam.
+    assert got[0].stats.cached_tokens == 0
+    assert got[1].stats.cached_tokens == common_prefix_length(held(got[0]), got[1].prompt_token_ids) > 10
+    assert got[3].stats.cached_tokens == common_prefix_length(held(got[1]), got[3].prompt_token_ids) > 20
+    stats = warm.prefix_cache.stats
+    assert stats.queries == 4 and stats.hits >= 2 and warm.prefix_cache.stored_sequences >= 1
+
+
+def test_the_last_prompt_token_is_always_recomputed(tiny_llama):
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager", speculative="off")
+    a = engine.complete(TURN, GREEDY)
+    b = engine.complete(TURN, GREEDY)  # the same prompt again: all but its last token reused
+    assert b.stats.cached_tokens == len(a.prompt_token_ids) - 1
+    assert b.token_ids == a.token_ids
+
+
+def test_the_store_stays_under_its_bound_and_evicts_least_recently_used(tiny_llama):
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager", prefix_cache_gb=None, speculative="off")
+    runtime = engine.runtime
+    assert isinstance(runtime, EagerRuntime)
+    runtime.reserve(1, 64)
+    per_token = 2 * engine.config.num_layers * engine.config.num_kv_heads * engine.config.head_dim * 4
+    cache = PrefixCache(runtime, capacity_bytes=per_token * 25)
+    sequences = [[1, 10 + i, 20 + i, 30, 40, 50, 60, 70, 80, 90] for i in range(4)]
+    for ids in sequences:
+        assert cache.load(0, ids + [3]) in (0, 1)
+        runtime.prefill(0, torch.tensor(ids + [3]))
+        cache.finish(0, ids)
+    # Each later prompt overwrote the row, so earlier ones went to the store; two fit in 25 tokens.
+    assert cache.stats.stored_bytes <= cache.capacity_bytes
+    assert cache.stored_sequences == 2 and cache.stats.evictions >= 1
+    assert cache.load(0, sequences[0] + [4]) == 1  # evicted: only the shared first token is reused in-row
+    assert cache.load(0, sequences[2] + [4]) == len(sequences[2])  # still stored: copied back in
+
+
+def test_common_prefix_length():
+    assert common_prefix_length([1, 2, 3], [1, 2, 4, 5]) == 2
+    assert common_prefix_length([1, 2], [1, 2, 3]) == 2
+    assert common_prefix_length([], [1]) == 0
+    assert common_prefix_length([7], [8]) == 0
+
+
+def test_bad_bound_is_a_clear_error(tiny_llama):
+    from solo.errors import SoloError
+
+    with pytest.raises(SoloError, match="prefix-cache-gb"):
+        Engine.load(tiny_llama, prefix_cache_gb=-1)

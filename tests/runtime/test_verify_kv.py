@@ -1,0 +1,86 @@
+"""Runtime capabilities for prefix caching and speculative decoding: multi-token verify and KV export/import."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime.base import supports_kv_snapshots, supports_verify
+from solo.runtime.cpu import CpuRuntime
+from solo.runtime.eager import EagerRuntime
+
+PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301, 9, 44, 2, 180, 23]  # longer than the sliding windows
+DRAFT = [40, 7, 301, 99, 12, 5]
+
+
+@pytest.fixture(scope="module", params=["llama", "gemma2"])
+def folder(request, tmp_path_factory):
+    # gemma2: sliding-window layers and soft-capping, the cases where cached KV is easiest to get wrong.
+    return make_checkpoint(tmp_path_factory.mktemp(request.param), request.param)
+
+
+def _runtime(kind, folder):
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    if kind == "cuda-torch":  # the CUDA runtime's own code paths, run on the CPU without graphs
+        from solo.runtime.cuda.runtime import CudaGraphRuntime
+
+        runtime = CudaGraphRuntime(model, step="torch", use_graphs=False)
+    else:
+        runtime = CpuRuntime(model) if kind == "cpu" else EagerRuntime(model)
+    runtime.reserve(3, 64)
+    return runtime
+
+
+KINDS = ["eager", "cpu", "cuda-torch"]
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_verify_gives_every_position_of_sequential_decode(folder, kind):
+    runtime = _runtime(kind, folder)
+    assert supports_verify(runtime) and supports_kv_snapshots(runtime)
+    runtime.prefill(0, torch.tensor(PROMPT))
+    steps = []
+    for i, token in enumerate(DRAFT):
+        pos = torch.tensor([len(PROMPT) + i])
+        steps.append(runtime.decode(torch.tensor([0]), torch.tensor([token]), pos)[0])
+    sequential = torch.stack(steps)
+    runtime.prefill(1, torch.tensor(PROMPT))
+    verified = runtime.verify(1, torch.tensor(DRAFT), len(PROMPT))
+    assert verified.shape == sequential.shape and verified.dtype == torch.float32
+    if runtime.verify_matches_decode:
+        assert torch.equal(verified, sequential)  # the native kernel, bit for bit
+    else:
+        torch.testing.assert_close(verified, sequential, atol=1e-4, rtol=0)
+    # Afterwards the row continues as if it had decoded the tokens one by one.
+    nxt = torch.tensor([len(PROMPT) + len(DRAFT)])
+    a = runtime.decode(torch.tensor([0]), torch.tensor([3]), nxt)[0]
+    b = runtime.decode(torch.tensor([1]), torch.tensor([3]), nxt)[0]
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_exported_kv_continues_bit_identically_in_another_row(folder, kind):
+    runtime = _runtime(kind, folder)
+    runtime.prefill(0, torch.tensor(PROMPT))
+    snapshot = runtime.export_kv(0, len(PROMPT))
+    assert snapshot.length == len(PROMPT) and snapshot.nbytes > 0
+    runtime.prefill(2, torch.tensor([5, 6, 7]))  # unrelated content, overwritten below
+    runtime.import_kv(2, snapshot, len(PROMPT))
+    pos = torch.tensor([len(PROMPT)])
+    a = runtime.decode(torch.tensor([0]), torch.tensor([42]), pos)[0]
+    b = runtime.decode(torch.tensor([2]), torch.tensor([42]), pos)[0]
+    assert torch.equal(a, b)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_prefill_of_a_tail_after_a_cached_prefix_matches_a_whole_prefill(folder, kind):
+    runtime = _runtime(kind, folder)
+    whole = runtime.prefill(0, torch.tensor(PROMPT))
+    split = 11
+    runtime.prefill(1, torch.tensor(PROMPT[:split]))
+    tail = runtime.prefill(1, torch.tensor(PROMPT[split:]), split)
+    torch.testing.assert_close(tail, whole, atol=1e-4, rtol=0)
+    assert int(tail.argmax()) == int(whole.argmax())
