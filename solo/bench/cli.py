@@ -38,8 +38,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --quantize comes from add_model_arguments; with it, llama.cpp peers use Q8_0 / Q4_0.
     parser.add_argument("--sweep-context", action="store_true",
                         help="also measure decode speed at several context lengths")
-    parser.add_argument("--contexts", default=",".join(map(str, _DEFAULT_CONTEXTS)),
-                        help="context lengths for --sweep-context (default: %(default)s)")
+    parser.add_argument("--contexts", default=None,
+                        help="context lengths for --sweep-context (default: those of "
+                        f"{','.join(map(str, _DEFAULT_CONTEXTS))} that fit the model, plus the longest that fits)")
     parser.add_argument("--sweep-gen-len", type=int, default=32, help="tokens decoded per sweep point (default: 32)")
     parser.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
     parser.add_argument("--plot", default=None, metavar="OUT.png",
@@ -51,6 +52,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
                         "left spinning are asleep before the next one starts (default: %(default)g)")
+
+
+def default_contexts(context_length: int, gen_len: int) -> list[int]:
+    """The sweep's default context lengths for a model: the standard ones that fit, plus the longest that fits.
+
+    Args:
+        context_length: the model's context in tokens.
+        gen_len: tokens decoded at each point (each point needs context + gen_len + 1 tokens).
+    """
+    top = context_length - gen_len - 1
+    fitting = [c for c in _DEFAULT_CONTEXTS if c <= top]
+    if top >= 1 and (not fitting or top > fitting[-1]):
+        fitting.append(top)
+    return fitting
 
 
 def _parse_contexts(text: str) -> list[int]:
@@ -161,7 +176,7 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError("--sweep-gen-len must be >= 2 and --probe-gib > 0")
     if args.compare is not None and not args.compare.strip(","):
         raise SoloError("--compare needs peer names (hf, hf-eager, hf-compile, llama.cpp); leave it out for none")
-    if args.contexts != ",".join(map(str, _DEFAULT_CONTEXTS)) and not args.sweep_context:
+    if args.contexts is not None and not args.sweep_context:
         raise SoloError("--contexts sets the context sweep's lengths; add --sweep-context")
     for flag, value in (("--json", args.json), ("--plot", args.plot)):
         if value and not Path(value).expanduser().resolve().parent.is_dir():
@@ -169,7 +184,7 @@ def main(args: argparse.Namespace) -> int:
     pause_s = args.pause_ms / 1000.0
     try:
         peer_names = expand_names(args.compare.split(",")) if args.compare else []
-        contexts = _parse_contexts(args.contexts) if args.sweep_context else []
+        contexts = _parse_contexts(args.contexts) if args.sweep_context and args.contexts is not None else []
     except ValueError as exc:
         raise SoloError(str(exc)) from None
     if args.plot and not args.sweep_context:
@@ -194,10 +209,21 @@ def main(args: argparse.Namespace) -> int:
     solo = SoloRunner(runtime)
     rng = random.Random(args.seed)
     prompt = [rng.randrange(3, config.vocab_size) for _ in range(args.prompt_len)]
+    if args.sweep_context and args.contexts is None:
+        contexts = default_contexts(config.context_length, args.sweep_gen_len)
+        print(f"context sweep at {','.join(map(str, contexts))} tokens (the model's context is "
+              f"{config.context_length})", file=sys.stderr)
+    if args.prompt_len + args.gen_len + 1 > config.context_length:
+        raise SoloError(f"--prompt-len {args.prompt_len} + --gen-len {args.gen_len} needs "
+                        f"{args.prompt_len + args.gen_len + 1} tokens but the model's context is "
+                        f"{config.context_length}; lower them")
     max_context = max([args.prompt_len + args.gen_len, *[c + args.sweep_gen_len for c in contexts]]) + 1
-    if max_context > config.context_length:
-        raise SoloError(f"prompt + generation ({max_context} tokens) exceeds the model's context of "
-                        f"{config.context_length}")
+    too_long = [c for c in contexts if c + args.sweep_gen_len + 1 > config.context_length]
+    if too_long:
+        raise SoloError(f"--contexts {too_long[0]} with --sweep-gen-len {args.sweep_gen_len} needs "
+                        f"{too_long[0] + args.sweep_gen_len + 1} tokens but the model's context is "
+                        f"{config.context_length}; use contexts up to "
+                        f"{config.context_length - args.sweep_gen_len - 1}")
 
     print("measuring read bandwidth ...", file=sys.stderr)
     probe_bytes = int(args.probe_gib * 2**30)

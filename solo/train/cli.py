@@ -119,6 +119,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\nsolo train: interrupted; the last checkpoint is in {opts.run_dir} (saved every "
+              f"{cfg.checkpoint_every_min:g} min): add --resume to continue", file=sys.stderr)
+        return 130
     held, xz = summary["heldout"], summary["xz_heldout"]
     print(
         f"done: held-out {held['bits_per_byte']:.4f} bits/byte vs xz -9e "

@@ -245,3 +245,12 @@ def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides
     with pytest.raises(PeerSkipped, match=feature):
         write_gguf(model, tmp_path / "m.gguf", "F32")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_sweep_context_defaults_fit_the_model():
+    from solo.bench.cli import default_contexts
+
+    assert default_contexts(512, 32) == [128, 479]
+    assert default_contexts(4096, 32) == [128, 512, 1024, 2048, 4063]
+    assert default_contexts(8192, 32) == [128, 512, 1024, 2048, 4096, 8159]
+    assert default_contexts(100, 32) == [67]
