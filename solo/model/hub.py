@@ -73,7 +73,12 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     if path.is_dir():
         return path
     if path.exists():
-        raise ModelNotFoundError(f"{path} is a file; pass the model folder that holds config.json")
+        from solo.model.gguf import gguf_to_folder, is_gguf
+
+        if is_gguf(path):
+            return gguf_to_folder(path)  # converted once into Solo's cache
+        raise ModelNotFoundError(f"{path} is a file but not a GGUF file; pass the model folder that holds "
+                                 "config.json, or a .gguf file")
     text = str(model)
     if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
         raise ModelNotFoundError(
