@@ -158,6 +158,54 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_pull(args: argparse.Namespace) -> int:
+    """`solo pull`: download into the Hugging Face cache, then say what was fetched and whether Solo runs it."""
+    from solo.model.store import human_size, inspect_folder, pull
+
+    folder = pull(args.model, args.revision, args.include)
+    arch, ok, reason, ggufs = inspect_folder(folder)
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")
+    if ok:
+        target = ggufs[0] if ggufs and not (folder / "config.json").is_file() else args.model
+        print(f"ready: solo run {target} --prompt ...")
+    else:
+        print(f"Solo cannot run it: {reason}", file=sys.stderr)
+    return 0
+
+
+def cmd_list(args: argparse.Namespace) -> int:
+    """`solo list`: the cached models as a table (or --json)."""
+    import json
+
+    from solo.model.store import human_size, list_models
+
+    models = list_models()
+    if args.json:
+        print(json.dumps([m.to_dict() for m in models], indent=2))
+        return 0
+    if not models:
+        print("no models in the Hugging Face cache; `solo pull ORG/NAME` downloads one", file=sys.stderr)
+        return 0
+    rows = [("MODEL", "REVISION", "SIZE", "ARCHITECTURE", "SOLO")]
+    for m in models:
+        rows.append((m.repo_id, m.revision, human_size(m.size_bytes), m.architecture,
+                     "yes" if m.supported else f"no: {m.reason}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """`solo rm`: delete a cached model."""
+    from solo.model.store import human_size, remove
+
+    freed = remove(args.model, args.revision)
+    print(f"deleted {args.model}{'@' + args.revision if args.revision else ''} ({human_size(freed)} freed)")
+    return 0
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with one-line errors: `solo: error: MESSAGE (did you mean X?); see 'solo CMD --help'`."""
 
@@ -242,6 +290,28 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         chat.add_argument("--system", default=None, help="system message for the conversation")
         add_sampling_arguments(chat)
         chat.set_defaults(handler=_lazy_handler("solo.chat", "cmd_chat"))
+
+    pull = command("pull", help="download a model from the Hugging Face Hub (resumable)",
+                   description="Download a model from the Hugging Face Hub into its cache, with progress bars; "
+                   "an interrupted download resumes. Fetches the files Solo reads (config, tokenizer, safetensors).")
+    if pull is not None:
+        pull.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id")
+        pull.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
+        pull.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                          help="also fetch files matching this glob, e.g. '*Q8_0.gguf' (repeatable)")
+        pull.set_defaults(handler=cmd_pull)
+    listing = command("list", help="list the models in the Hugging Face cache",
+                      description="List the models in the Hugging Face cache: size, architecture, and whether "
+                      "Solo runs them.")
+    if listing is not None:
+        listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        listing.set_defaults(handler=cmd_list)
+    rm = command("rm", help="delete a model from the Hugging Face cache",
+                 description="Delete a model (every revision, or one) from the Hugging Face cache.")
+    if rm is not None:
+        rm.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id, as `solo list` shows it")
+        rm.add_argument("--revision", default=None, help="only this branch, tag or commit (default: all)")
+        rm.set_defaults(handler=cmd_rm)
 
     # `solo train` forwards every argument to the training recipe's own parser (see main()).
     sub.add_parser("train", add_help=False, help="train Solo's small code model (see solo train --help)")
