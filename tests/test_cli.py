@@ -206,6 +206,7 @@ def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
     (["--contexts", "64,128"], "add --sweep-context"),
     (["--json", "/definitely/not/here/x.json"], "does not exist; create it first"),
     (["--sweep-context", "--sweep-gen-len", "0"], "--sweep-gen-len must be >= 2"),
+    (["--energy-s", "-1"], "--energy-s must be >= 0"),
 ])
 def test_bench_refuses_bad_flag_values_before_running(capsys, extra, message):
     code, _, err = _run(capsys, "bench", "--shape", "SmolLM2-135M", *extra)

@@ -48,6 +48,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--probe-gib", type=float, default=2.0,
                         help="buffer of the CPU bandwidth probe in GiB; keep it far above the LLC (default: 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt (default: 0)")
+    parser.add_argument("--energy-s", type=float, default=5.0, metavar="SECONDS",
+                        help="window of repeated Solo runs over which energy per token is read from NVML (GPUs) or "
+                        "RAPL (CPUs, where readable); 0 skips it (default: %(default)g)")
     parser.add_argument("--pause-ms", type=float, default=500.0,
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
@@ -172,6 +175,8 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError("give either MODEL or --shape, not both")
     if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0:
         raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1 and --pause-ms >= 0")
+    if args.energy_s < 0:
+        raise SoloError(f"--energy-s must be >= 0 (0 skips the energy measurement), got {args.energy_s:g}")
     if args.sweep_gen_len < 2 or not args.probe_gib > 0:
         raise SoloError("--sweep-gen-len must be >= 2 and --probe-gib > 0")
     if args.compare is not None and not args.compare.strip(","):
@@ -298,6 +303,7 @@ def main(args: argparse.Namespace) -> int:
             report["engines"][engine.name] = entry
     if quality is not None:
         report["quantization_quality"] = vars(quality)
+    report["energy"] = _energy(device, solo, prompt, args, pause_s)
     time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
     outside = time_outside_matmuls(runtime, prompt, steps=max(8, args.gen_len // 2))
     if outside is not None and "solo" in report["engines"]:
@@ -322,6 +328,24 @@ def main(args: argparse.Namespace) -> int:
     for engine in engines[1:]:
         engine.close()
     return 0
+
+
+def _energy(device: Any, solo: Any, prompt: list[int], args: argparse.Namespace, pause_s: float  # noqa: ANN401
+            ) -> dict[str, Any]:
+    """Solo's joules per generated token over a window of repeated runs (see solo.bench.energy)."""
+    from solo.bench.energy import measure, open_counter
+
+    if args.energy_s == 0:
+        return {"measurable": False, "reason": "skipped (--energy-s 0)"}
+    counter, reason = open_counter(device)
+    if counter is None:
+        return {"measurable": False, "reason": reason}
+    print(f"measuring energy over {args.energy_s:g} s of runs ...", file=sys.stderr)
+    time.sleep(pause_s)
+    result = measure(counter, lambda: solo.run(prompt, args.gen_len).decode_tokens + 1, args.energy_s)
+    scope = "the GPU board" if device.type == "cuda" else "the CPU package(s): other work on the machine counts too"
+    return {"measurable": True, "engine": "solo", "scope": scope,
+            "includes": f"prefill of the {args.prompt_len}-token prompt of each run", **result}
 
 
 def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, args: argparse.Namespace,  # noqa: ANN401
@@ -379,6 +403,13 @@ def _print_report(r: dict[str, Any]) -> None:
               f"of the step ({o['method']})")
     if solo and "host_syncs_per_token" in solo:
         print(f"host synchronisations per decode token: {solo['host_syncs_per_token']:.2f}")
+    energy = r.get("energy")
+    if energy is not None and energy["measurable"] and energy["joules_per_token"] is not None:
+        tpj = energy["tokens_per_joule"]
+        print(f"energy (Solo): {energy['joules_per_token']:.3f} J/token, {tpj:.2f} tokens/J "
+              f"({energy['counter']}, {energy['mean_watts']:.0f} W over {energy['seconds']:.1f} s; {energy['scope']})")
+    elif energy is not None:
+        print(f"energy: not measurable here ({energy.get('reason', 'the counter did not advance')})")
     mem = r["memory"]
     line = f"memory: process RSS after Solo warm-up {mem['process_rss_bytes_after_warmup'] / 2**30:.2f} GiB, " \
            f"peak {mem['process_rss_peak_bytes'] / 2**30:.2f} GiB (in-process peers included)"
