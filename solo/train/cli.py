@@ -42,7 +42,8 @@ def build_parser() -> argparse.ArgumentParser:
         prog="solo train",
         description=(
             "Train Solo's small Llama code model from scratch on the CPython standard library, "
-            "then write a Hugging Face folder (weights, tokenizer, model card, evaluation summary)."
+            "then write a Hugging Face folder (weights, tokenizer, model card, evaluation summary). "
+            "`solo train chat --out FOLDER` then instruction-tunes it so that it chats."
         ),
     )
     p.add_argument("--out", type=Path, required=True, help="model folder to write (e.g. solo/assets/solo-code-16m)")
@@ -95,6 +96,11 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         Process exit status: 0 on success, 1 on a reported error.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["chat"]:  # `solo train chat`: instruction-tune a trained model so that it chats
+        from solo.train.chat_tune import main as chat_main
+
+        return chat_main(argv[1:])
     args = build_parser().parse_args(argv)
     cfg = TrainConfig().with_preset(args.size)
     if args.size == "tiny":
