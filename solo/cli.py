@@ -19,8 +19,9 @@ from solo.errors import SoloError
 _DESCRIPTION = """\
 Solo: a latency-first LLM inference engine for one request at a time.
 
-With no MODEL, Solo uses its bundled code model (offline). MODEL may be a local Hugging Face model folder
-(config.json + safetensors + tokenizer files) or a Hugging Face Hub id such as 'org/name'.
+With no MODEL, Solo uses its bundled model (offline; it completes Python code and chats). MODEL may be a
+local Hugging Face model folder (config.json + safetensors + tokenizer files), a .gguf file, or a Hugging Face
+Hub id such as 'org/name' (`solo pull` fetches one, `solo list` shows what is cached).
 """
 
 # Subcommands that live in their own packages: name -> (module, help). Each module has
@@ -38,7 +39,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
 
     parser.add_argument(
         "model", nargs="?" if model_optional else None, default=None, metavar="MODEL",
-        help="model folder or Hugging Face Hub id (default: Solo's bundled code model)",
+        help="model folder, .gguf file or Hugging Face Hub id (default: Solo's bundled model)",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
@@ -206,7 +207,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
     return 0
 
 
-class _Parser(argparse.ArgumentParser):
+class OneLineErrorParser(argparse.ArgumentParser):
     """argparse with one-line errors: `solo: error: MESSAGE (did you mean X?); see 'solo CMD --help'`."""
 
     def error(self, message: str) -> NoReturn:  # noqa: D102
@@ -255,9 +256,10 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             built: building `serve` or `bench` imports torch, which `solo --help` should not wait for.
     """
     wanted = None if argv is None else (_command_in(argv) or "")
-    parser = _Parser(prog="solo", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = OneLineErrorParser(prog="solo", description=_DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=OneLineErrorParser)
 
     def command(name: str, **kwargs: object) -> argparse.ArgumentParser | None:
         made = sub.add_parser(name, **kwargs)

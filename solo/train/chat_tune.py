@@ -13,7 +13,6 @@ the mean answer-token loss over pairs from held-out files, before and after tuni
 
 from __future__ import annotations
 
-import argparse
 import ast
 import json
 import math
@@ -111,7 +110,9 @@ def render(tokenizer: Any, pair: Pair, bos: int, start: int, end: int) -> tuple[
 
 def main(argv: list[str] | None = None) -> int:  # noqa: C901
     """Run the chat tuning; returns the exit status."""
-    p = argparse.ArgumentParser(prog="solo train chat", description=__doc__.split("\n\n")[0])
+    from solo.cli import OneLineErrorParser
+
+    p = OneLineErrorParser(prog="solo train chat", description=__doc__.split("\n\n")[0])
     p.add_argument("--base", type=Path, default=None, help="model folder to start from (default: the bundled one)")
     p.add_argument("--out", type=Path, required=True, help="folder to write")
     p.add_argument("--minutes", type=float, default=20.0, help="wall-clock budget of the training loop")
@@ -236,7 +237,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
         opt.zero_grad(set_to_none=True)
         step += 1
         tokens += x.numel()
-        window.append(float(loss))
+        window.append(float(loss.detach()))
         if step % 10 == 0:
             left = (budget_s - (time.monotonic() - t_train)) / 60
             log(f"step {step} | loss {sum(window) / len(window):.4f} | lr {lr:.2e} | "

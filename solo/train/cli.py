@@ -38,7 +38,9 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The :class:`argparse.ArgumentParser`.
     """
-    p = argparse.ArgumentParser(
+    from solo.cli import OneLineErrorParser
+
+    p = OneLineErrorParser(
         prog="solo train",
         description=(
             "Train Solo's small Llama code model from scratch on the CPython standard library, "

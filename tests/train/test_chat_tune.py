@@ -61,3 +61,30 @@ def test_template_renders_chatml_with_tools():
     tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}
     text = template.render([{"role": "user", "content": "U"}], add_generation_prompt=True, tools=[tool])
     assert "<tools>" in text and "get_weather" in text and text.endswith("<|im_start|>assistant\n")
+
+
+def test_bundled_template_matches_the_training_format():
+    import json
+
+    import pytest
+    from tokenizers import Tokenizer
+
+    from solo import Engine
+    from solo.model.default_model import default_model_path
+
+    folder = default_model_path()
+    if "chat_template" not in json.loads((folder / "tokenizer_config.json").read_text()):
+        pytest.skip("the bundled model has no chat template")
+    tok = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    bos, start, end = (tok.token_to_id(t) for t in ("<|bos|>", "<|im_start|>", "<|im_end|>"))
+    pair = Pair("Write a Python function `add(a, b)`: Return the sum.", "def add(a, b):\n    return a + b")
+    ids, labels = render(tok, pair, bos, start, end)
+    prompt = ids[:next(i for i, label in enumerate(labels) if label != -100)]
+    engine = Engine.load(None, backend="eager")
+    assert engine.encode_prompt([{"role": "user", "content": pair.request}]) == prompt
+    assert end in engine.eos_ids  # a reply ends at <|im_end|>
+    assert engine.config.context_length >= 2048
+    card = (folder / "README.md").read_text()
+    tuning = json.loads((folder / "chat_tuning.json").read_text())
+    assert tuning["heldout_answer_loss_after"] < tuning["heldout_answer_loss_before"]
+    assert f"{tuning['heldout_answer_loss_after']:.4f}" in card
