@@ -24,12 +24,13 @@
 #   hf_lane       ~100 s  the same, Laneformer-2B shape                                 (limit 130 s)
 #   summary       ~2 s    scripts/device_summary.py -> OUT_DIR/results.json            (limit 30 s)
 #   extras        rest    only with budget left: kernel tests compiled on the GPU, the
-#                         torch.compile'd step, K=8/32 blocks
+#                         torch.compile'd step, K=8/32 blocks, energy per token (solo bench over
+#                         NVML with nvidia-ml-py; "not measurable here" without it)
 # Expected total above the budget: the budget cap keeps it under 8 minutes whatever happens, cutting
 # the last steps (hf_lane, extras) first. The separate hf_llama step is gone: mk_llama times
 # transformers in the same run as Solo's engines.
 # SOLO_CHECK_PROFILE=short runs a ~6-minute subset (headline benchmarks with the monokernel, parity
-# subsets, kernels).
+# subsets, kernels, energy).
 set -u
 
 OUT=${1:?usage: bash scripts/device_check.sh OUT_DIR}
@@ -95,6 +96,8 @@ if [ "${SOLO_CHECK_PROFILE:-full}" = short ]; then
         --json "$OUT/bench_lane_solo.json"
     step summary 20 $PY scripts/device_summary.py "$OUT"
     step kernels 40 $PY -m solo.runtime.triton.benchtools --json "$OUT/kernels.json"
+    step energy 60 $PY -m solo.cli bench --shape Llama-3.2-1B --device cuda --prompt-len 128 --gen-len 256 \
+        --repeats 1 --probe-gib 1 --energy-s 10 --json "$OUT/bench_energy.json"
     final_summary
     exit 0
 fi
@@ -125,4 +128,6 @@ step pytest_kern 60 $PY -m pytest -q -p no:cacheprovider --timeout 60 \
     tests/runtime/test_cuda_runtime.py tests/runtime/test_cuda_block_loop.py
 step extra_llama 120 $BENCH --shape Llama-3.2-1B --engines compiled:block:16,triton:block:8,triton:block:32 \
     --json "$OUT/bench_llama_extra.json"
+step energy 60 $PY -m solo.cli bench --shape Llama-3.2-1B --device cuda --prompt-len 128 --gen-len 256 \
+    --repeats 1 --probe-gib 1 --energy-s 10 --json "$OUT/bench_energy.json"
 final_summary

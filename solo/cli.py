@@ -7,17 +7,21 @@ User mistakes (a missing folder, a bad flag value, a prompt too long for the con
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib
+import re
 import sys
 from collections.abc import Callable, Sequence
+from typing import NoReturn
 
 from solo.errors import SoloError
 
 _DESCRIPTION = """\
 Solo: a latency-first LLM inference engine for one request at a time.
 
-With no MODEL, Solo uses its bundled code model (offline). MODEL may be a local Hugging Face model folder
-(config.json + safetensors + tokenizer files) or a Hugging Face Hub id such as 'org/name'.
+With no MODEL, Solo uses its bundled model (offline; it completes Python code and chats). MODEL may be a
+local Hugging Face model folder (config.json + safetensors + tokenizer files), a .gguf file, or a Hugging Face
+Hub id such as 'org/name' (`solo pull` fetches one, `solo list` shows what is cached).
 """
 
 # Subcommands that live in their own packages: name -> (module, help). Each module has
@@ -35,7 +39,7 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
 
     parser.add_argument(
         "model", nargs="?" if model_optional else None, default=None, metavar="MODEL",
-        help="model folder or Hugging Face Hub id (default: Solo's bundled code model)",
+        help="model folder, .gguf file or Hugging Face Hub id (default: Solo's bundled model)",
     )
     parser.add_argument("--device", default="cpu", help="cpu or cuda[:N] (default: cpu)")
     parser.add_argument(
@@ -188,100 +192,185 @@ def cmd_run(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_chat(args: argparse.Namespace) -> int:
-    """`solo chat`: an interactive conversation that keeps its history."""
-    params = sampling_params_from_args(args)
-    engine = _load_engine(args)
-    if engine.tokenizer.chat_template is None:
-        raise SoloError(
-            f"{engine.name} is a completion model without a chat template, so it cannot chat; use "
-            "`solo run --prompt ...` with it, or give `solo chat` a chat (instruct) model"
-        )
-    system = [{"role": "system", "content": args.system}] if args.system else []
-    history: list[dict] = []
-    print(f"Chatting with {engine.name}. /reset clears the history, /exit (or Ctrl-D) quits.", file=sys.stderr)
-    while True:
-        try:
-            line = input(">>> ")
-        except EOFError:
-            print(file=sys.stderr)
-            return 0
-        if line.strip() in ("/exit", "/quit"):
-            return 0
-        if line.strip() == "/reset":
-            history.clear()
-            continue
-        if not line.strip():
-            continue
-        history.append({"role": "user", "content": line})
-        turn = params.copy(max_tokens=params.max_tokens)
-        used = len(engine.encode_prompt(system + history))
-        if used + (turn.max_tokens or 1) > engine.config.context_length:
-            history.pop()
-            print(f"solo: error: the conversation is {used} tokens; with {turn.max_tokens or 1} more it no longer "
-                  f"fits the context ({engine.config.context_length} tokens). /reset starts a new conversation"
-                  f"{'; or lower --max-tokens' if turn.max_tokens else ''}", file=sys.stderr)
-            continue
-        try:
-            _default_max_tokens(engine, system + history, turn)
-            reply, last = _stream(engine, system + history, turn)
-        except SoloError as exc:
-            history.pop()
-            print(f"solo: error: {exc}", file=sys.stderr)
-            continue
-        print()
-        print(_stats_line(last.stats, last.finish_reason, engine.runtime.name), file=sys.stderr)
-        history.append({"role": "assistant", "content": reply})
+def cmd_pull(args: argparse.Namespace) -> int:
+    """`solo pull`: download into the Hugging Face cache, then say what was fetched and whether Solo runs it."""
+    from solo.model.store import human_size, inspect_folder, pull
+
+    folder = pull(args.model, args.revision, args.include)
+    arch, ok, reason, ggufs = inspect_folder(folder)
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")
+    if ok:
+        target = ggufs[0] if ggufs and not (folder / "config.json").is_file() else args.model
+        print(f"ready: solo run {target} --prompt ...")
+    else:
+        print(f"Solo cannot run it: {reason}", file=sys.stderr)
+    return 0
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full `solo` argument parser."""
-    parser = argparse.ArgumentParser(
-        prog="solo", description=_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter
-    )
+def cmd_list(args: argparse.Namespace) -> int:
+    """`solo list`: the cached models as a table (or --json)."""
+    import json
+
+    from solo.model.store import human_size, list_models
+
+    models = list_models()
+    if args.json:
+        print(json.dumps([m.to_dict() for m in models], indent=2))
+        return 0
+    if not models:
+        print("no models in the Hugging Face cache; `solo pull ORG/NAME` downloads one", file=sys.stderr)
+        return 0
+    rows = [("MODEL", "REVISION", "SIZE", "ARCHITECTURE", "SOLO")]
+    for m in models:
+        rows.append((m.repo_id, m.revision, human_size(m.size_bytes), m.architecture,
+                     "yes" if m.supported else f"no: {m.reason}"))
+    widths = [max(len(r[i]) for r in rows) for i in range(4)]
+    for r in rows:
+        print("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    return 0
+
+
+def cmd_rm(args: argparse.Namespace) -> int:
+    """`solo rm`: delete a cached model."""
+    from solo.model.store import human_size, remove
+
+    freed = remove(args.model, args.revision)
+    print(f"deleted {args.model}{'@' + args.revision if args.revision else ''} ({human_size(freed)} freed)")
+    return 0
+
+
+class OneLineErrorParser(argparse.ArgumentParser):
+    """argparse with one-line errors: `solo: error: MESSAGE (did you mean X?); see 'solo CMD --help'`."""
+
+    def error(self, message: str) -> NoReturn:  # noqa: D102
+        hint = _suggestion(self, message)
+        command = getattr(self, "_solo_command", None) or self.prog
+        self.exit(2, f"solo: error: {message}{hint}; see '{command} --help'\n")
+
+
+def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
+    # "unrecognized arguments: --tempreature 0.5" -> " (did you mean --temperature?)"
+    choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice:
+        close = difflib.get_close_matches(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)), n=1)
+        return f" (did you mean {close[0]}?)" if close else ""
+    prefix = "unrecognized arguments: "
+    if not message.startswith(prefix):
+        return ""
+    options = [o for p in _all_parsers(parser) for a in p._actions for o in a.option_strings]
+    for word in message[len(prefix):].split():
+        if word.startswith("-"):
+            close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
+            if close:
+                return f" (did you mean {close[0]}?)"
+    return ""
+
+
+def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for child in action.choices.values():
+                found += _all_parsers(child)
+    return found
+
+
+def _command_in(argv: Sequence[str]) -> str | None:
+    # The only top-level options are --help and --version, so the first bare word is the command.
+    return next((a for a in argv if not a.startswith("-")), None)
+
+
+def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
+    """The `solo` argument parser.
+
+    Args:
+        argv: the arguments about to be parsed, or None. With them, only the named command's flags are
+            built: building `serve` or `bench` imports torch, which `solo --help` should not wait for.
+    """
+    wanted = None if argv is None else (_command_in(argv) or "")
+    parser = OneLineErrorParser(prog="solo", description=_DESCRIPTION,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=_version())
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", required=True, parser_class=OneLineErrorParser)
 
-    run = sub.add_parser("run", help="generate a completion for one prompt, streamed to the terminal",
-                         description="Generate a completion for one prompt and stream it to the terminal; "
-                         "a line with TTFT and decode speed follows on stderr.")
-    add_model_arguments(run)
-    run.add_argument("--prompt", "-p", default=None, help="the prompt text (default: read stdin)")
-    run.add_argument("--chat", action="store_true",
-                     help="send the prompt as a user message through the model's chat template")
-    run.add_argument("--system", default=None, help="system message (with --chat)")
-    add_feature_arguments(run)
-    add_sampling_arguments(run)
-    run.set_defaults(handler=cmd_run)
+    def command(name: str, **kwargs: object) -> argparse.ArgumentParser | None:
+        made = sub.add_parser(name, **kwargs)
+        made._solo_command = f"solo {name}"  # type: ignore[attr-defined]
+        if wanted == name:  # the top-level parser reports unknown flags: point at this command's --help
+            parser._solo_command = made._solo_command  # type: ignore[attr-defined]
+        return made if wanted is None or wanted == name else None
 
-    chat = sub.add_parser("chat", help="interactive chat that keeps the conversation history",
-                          description="Chat interactively with a chat model; the history is kept.")
-    add_model_arguments(chat)
-    next(a for a in chat._actions if a.dest == "model").help = (
-        "model folder or Hugging Face Hub id of a chat (instruct) model, one with a chat template (the bundled "
-        "code model is a completion model: with no MODEL, solo chat says so and stops)"
-    )
-    chat.add_argument("--system", default=None, help="system message for the conversation")
-    add_feature_arguments(chat)
-    add_sampling_arguments(chat)
-    chat.set_defaults(handler=cmd_chat)
+    run = command("run", help="generate a completion for one prompt, streamed to the terminal",
+                  description="Generate a completion for one prompt and stream it to the terminal; "
+                  "a line with TTFT and decode speed follows on stderr.")
+    if run is not None:
+        add_model_arguments(run)
+        run.add_argument("--prompt", "-p", default=None, help="the prompt text (default: read stdin)")
+        run.add_argument("--chat", action="store_true",
+                         help="send the prompt as a user message through the model's chat template")
+        run.add_argument("--system", default=None, help="system message (with --chat)")
+        add_feature_arguments(run)
+        add_sampling_arguments(run)
+        run.set_defaults(handler=cmd_run)
+
+    chat = command("chat", help="interactive chat that keeps the conversation history",
+                   description="Chat interactively with a chat model; the history is kept. Line editing and "
+                   "history (Up/Down) at the prompt; Ctrl-C stops the current reply; /help lists the commands.")
+    if chat is not None:
+        add_model_arguments(chat)
+        next(a for a in chat._actions if a.dest == "model").help = (
+            "model folder, GGUF file or Hugging Face Hub id of a chat (instruct) model, one with a chat template "
+            "(default: Solo's bundled model)"
+        )
+        chat.add_argument("--system", default=None, help="system message for the conversation")
+        add_feature_arguments(chat)
+        add_sampling_arguments(chat)
+        chat.set_defaults(handler=_lazy_handler("solo.chat", "cmd_chat"))
+
+    pull = command("pull", help="download a model from the Hugging Face Hub (resumable)",
+                   description="Download a model from the Hugging Face Hub into its cache, with progress bars; "
+                   "an interrupted download resumes. Fetches the files Solo reads (config, tokenizer, safetensors).")
+    if pull is not None:
+        pull.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id")
+        pull.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
+        pull.add_argument("--include", action="append", default=[], metavar="PATTERN",
+                          help="also fetch files matching this glob, e.g. '*Q8_0.gguf' (repeatable)")
+        pull.set_defaults(handler=cmd_pull)
+    listing = command("list", help="list the models in the Hugging Face cache",
+                      description="List the models in the Hugging Face cache: size, architecture, and whether "
+                      "Solo runs them.")
+    if listing is not None:
+        listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        listing.set_defaults(handler=cmd_list)
+    rm = command("rm", help="delete a model from the Hugging Face cache",
+                 description="Delete a model (every revision, or one) from the Hugging Face cache.")
+    if rm is not None:
+        rm.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id, as `solo list` shows it")
+        rm.add_argument("--revision", default=None, help="only this branch, tag or commit (default: all)")
+        rm.set_defaults(handler=cmd_rm)
 
     # `solo train` forwards every argument to the training recipe's own parser (see main()).
     sub.add_parser("train", add_help=False, help="train Solo's small code model (see solo train --help)")
 
     for name, (module_name, help_text) in _EXTERNAL_COMMANDS.items():
-        sub_parser = sub.add_parser(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
-        module = importlib.import_module(module_name)
-        module.add_arguments(sub_parser)
-        sub_parser.set_defaults(handler=_external_handler(module_name))
+        sub_parser = command(name, help=help_text, description=help_text[0].upper() + help_text[1:] + ".")
+        if sub_parser is not None:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub_parser)
+            sub_parser.set_defaults(handler=_external_handler(module_name))
     return parser
 
 
-def _external_handler(module_name: str) -> Callable[[argparse.Namespace], int]:
+def _lazy_handler(module_name: str, function: str) -> Callable[[argparse.Namespace], int]:
     def handler(args: argparse.Namespace) -> int:
-        return int(importlib.import_module(module_name).main(args) or 0)
+        return int(getattr(importlib.import_module(module_name), function)(args) or 0)
 
     return handler
+
+
+def _external_handler(module_name: str) -> Callable[[argparse.Namespace], int]:
+    return _lazy_handler(module_name, "main")
 
 
 def _version() -> str:
@@ -308,7 +397,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         from solo.train.cli import main as train_main
 
         return train_main(argv[1:])
-    parser = build_parser()
+    parser = build_parser(argv)
     args = parser.parse_args(argv)
     try:
         _apply_threads(args)

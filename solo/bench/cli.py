@@ -45,8 +45,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     # --quantize comes from add_model_arguments; with it, llama.cpp peers use Q8_0 / Q4_0.
     parser.add_argument("--sweep-context", action="store_true",
                         help="also measure decode speed at several context lengths")
-    parser.add_argument("--contexts", default=",".join(map(str, _DEFAULT_CONTEXTS)),
-                        help="context lengths for --sweep-context (default: %(default)s)")
+    parser.add_argument("--contexts", default=None,
+                        help="context lengths for --sweep-context (default: those of "
+                        f"{','.join(map(str, _DEFAULT_CONTEXTS))} that fit the model, plus the longest that fits)")
     parser.add_argument("--sweep-gen-len", type=int, default=32, help="tokens decoded per sweep point (default: 32)")
     parser.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
     parser.add_argument("--plot", default=None, metavar="OUT.png",
@@ -60,6 +61,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         "unconstrained, and the mask time per token (p50/p99)")
     parser.add_argument("--tokenizer", default=None, metavar="FOLDER",
                         help="with --structured --shape: the folder of the shape's real tokenizer files")
+    parser.add_argument("--energy-s", type=float, default=5.0, metavar="SECONDS",
+                        help="window of repeated Solo runs over which energy per token is read from NVML (GPUs) or "
+                        "RAPL (CPUs, where readable); 0 skips it (default: %(default)g)")
     parser.add_argument("--pause-ms", type=float, default=500.0,
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
@@ -67,6 +71,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from solo.bench.load.cli import add_arguments as add_load_arguments
 
     add_load_arguments(parser)
+
+
+def default_contexts(context_length: int, gen_len: int) -> list[int]:
+    """The sweep's default context lengths for a model: the standard ones that fit, plus the longest that fits.
+
+    Args:
+        context_length: the model's context in tokens.
+        gen_len: tokens decoded at each point (each point needs context + gen_len + 1 tokens).
+    """
+    top = context_length - gen_len - 1
+    fitting = [c for c in _DEFAULT_CONTEXTS if c <= top]
+    if top >= 1 and (not fitting or top > fitting[-1]):
+        fitting.append(top)
+    return fitting
 
 
 def _parse_contexts(text: str) -> list[int]:
@@ -188,11 +206,13 @@ def main(args: argparse.Namespace) -> int:
         return 0
     if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0:
         raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1 and --pause-ms >= 0")
+    if args.energy_s < 0:
+        raise SoloError(f"--energy-s must be >= 0 (0 skips the energy measurement), got {args.energy_s:g}")
     if args.sweep_gen_len < 2 or not args.probe_gib > 0:
         raise SoloError("--sweep-gen-len must be >= 2 and --probe-gib > 0")
     if args.compare is not None and not args.compare.strip(","):
         raise SoloError("--compare needs peer names (hf, hf-eager, hf-compile, llama.cpp); leave it out for none")
-    if args.contexts != ",".join(map(str, _DEFAULT_CONTEXTS)) and not args.sweep_context:
+    if args.contexts is not None and not args.sweep_context:
         raise SoloError("--contexts sets the context sweep's lengths; add --sweep-context")
     for flag, value in (("--json", args.json), ("--plot", args.plot)):
         if value and not Path(value).expanduser().resolve().parent.is_dir():
@@ -200,7 +220,7 @@ def main(args: argparse.Namespace) -> int:
     pause_s = args.pause_ms / 1000.0
     try:
         peer_names = expand_names(args.compare.split(",")) if args.compare else []
-        contexts = _parse_contexts(args.contexts) if args.sweep_context else []
+        contexts = _parse_contexts(args.contexts) if args.sweep_context and args.contexts is not None else []
     except ValueError as exc:
         raise SoloError(str(exc)) from None
     if args.plot and not args.sweep_context:
@@ -225,10 +245,21 @@ def main(args: argparse.Namespace) -> int:
     solo = SoloRunner(runtime)
     rng = random.Random(args.seed)
     prompt = [rng.randrange(3, config.vocab_size) for _ in range(args.prompt_len)]
+    if args.sweep_context and args.contexts is None:
+        contexts = default_contexts(config.context_length, args.sweep_gen_len)
+        print(f"context sweep at {','.join(map(str, contexts))} tokens (the model's context is "
+              f"{config.context_length})", file=sys.stderr)
+    if args.prompt_len + args.gen_len + 1 > config.context_length:
+        raise SoloError(f"--prompt-len {args.prompt_len} + --gen-len {args.gen_len} needs "
+                        f"{args.prompt_len + args.gen_len + 1} tokens but the model's context is "
+                        f"{config.context_length}; lower them")
     max_context = max([args.prompt_len + args.gen_len, *[c + args.sweep_gen_len for c in contexts]]) + 1
-    if max_context > config.context_length:
-        raise SoloError(f"prompt + generation ({max_context} tokens) exceeds the model's context of "
-                        f"{config.context_length}")
+    too_long = [c for c in contexts if c + args.sweep_gen_len + 1 > config.context_length]
+    if too_long:
+        raise SoloError(f"--contexts {too_long[0]} with --sweep-gen-len {args.sweep_gen_len} needs "
+                        f"{too_long[0] + args.sweep_gen_len + 1} tokens but the model's context is "
+                        f"{config.context_length}; use contexts up to "
+                        f"{config.context_length - args.sweep_gen_len - 1}")
 
     print("measuring read bandwidth ...", file=sys.stderr)
     probe_bytes = int(args.probe_gib * 2**30)
@@ -306,6 +337,7 @@ def main(args: argparse.Namespace) -> int:
             report["engines"][engine.name] = entry
     if quality is not None:
         report["quantization_quality"] = vars(quality)
+    report["energy"] = _energy(device, solo, prompt, args, pause_s)
     time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
     outside = time_outside_matmuls(runtime, prompt, steps=max(8, args.gen_len // 2))
     if outside is not None and "solo" in report["engines"]:
@@ -336,6 +368,24 @@ def main(args: argparse.Namespace) -> int:
     for engine in engines[1:]:
         engine.close()
     return 0
+
+
+def _energy(device: Any, solo: Any, prompt: list[int], args: argparse.Namespace, pause_s: float  # noqa: ANN401
+            ) -> dict[str, Any]:
+    """Solo's joules per generated token over a window of repeated runs (see solo.bench.energy)."""
+    from solo.bench.energy import measure, open_counter
+
+    if args.energy_s == 0:
+        return {"measurable": False, "reason": "skipped (--energy-s 0)"}
+    counter, reason = open_counter(device)
+    if counter is None:
+        return {"measurable": False, "reason": reason}
+    print(f"measuring energy over {args.energy_s:g} s of runs ...", file=sys.stderr)
+    time.sleep(pause_s)
+    result = measure(counter, lambda: solo.run(prompt, args.gen_len).decode_tokens + 1, args.energy_s)
+    scope = "the GPU board" if device.type == "cuda" else "the CPU package(s): other work on the machine counts too"
+    return {"measurable": True, "engine": "solo", "scope": scope,
+            "includes": f"prefill of the {args.prompt_len}-token prompt of each run", **result}
 
 
 def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, args: argparse.Namespace,  # noqa: ANN401
@@ -400,6 +450,13 @@ def _print_report(r: dict[str, Any]) -> None:
               f"of the step ({o['method']})")
     if solo and "host_syncs_per_token" in solo:
         print(f"host synchronisations per decode token: {solo['host_syncs_per_token']:.2f}")
+    energy = r.get("energy")
+    if energy is not None and energy["measurable"] and energy["joules_per_token"] is not None:
+        tpj = energy["tokens_per_joule"]
+        print(f"energy (Solo): {energy['joules_per_token']:.3f} J/token, {tpj:.2f} tokens/J "
+              f"({energy['counter']}, {energy['mean_watts']:.0f} W over {energy['seconds']:.1f} s; {energy['scope']})")
+    elif energy is not None:
+        print(f"energy: not measurable here ({energy.get('reason', 'the counter did not advance')})")
     mem = r["memory"]
     line = f"memory: process RSS after Solo warm-up {mem['process_rss_bytes_after_warmup'] / 2**30:.2f} GiB, " \
            f"peak {mem['process_rss_peak_bytes'] / 2**30:.2f} GiB (in-process peers included)"

@@ -234,17 +234,17 @@ class Engine:
         context = self.config.context_length
         if len(ids) >= context:
             raise ContextLengthError(
-                f"the prompt is {len(ids)} tokens but the model's context is {context} tokens (room is "
-                f"needed for at least one new token); shorten the prompt", param="prompt"
+                f"this request needs at least {len(ids) + 1} tokens (prompt {len(ids)} + 1 new token) but the "
+                f"model's context is {context}; shorten the prompt", param="prompt"
             )
         room = context - len(ids)
         if max_tokens is None:
             return PreparedPrompt(ids, room)
         if max_tokens > room:
             raise ContextLengthError(
-                f"the prompt ({len(ids)} tokens) plus max_tokens ({max_tokens}) is {len(ids) + max_tokens} "
-                f"tokens, more than the model's context of {context}; lower max_tokens to at most {room} "
-                "or shorten the prompt", param="max_tokens"
+                f"this request needs {len(ids) + max_tokens} tokens (prompt {len(ids)} + max_tokens {max_tokens}) "
+                f"but the model's context is {context}; lower max_tokens to at most {room} or shorten the prompt",
+                param="max_tokens"
             )
         return PreparedPrompt(ids, max_tokens)
 

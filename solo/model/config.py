@@ -182,11 +182,13 @@ class ModelConfig:
 
         Raises:
             UnsupportedArchitectureError: the architecture, or a feature it uses (a RoPE type, an
-                activation), is not implemented; the message lists what is supported.
+                activation, a pre-quantized format such as GPTQ), is not implemented; the message lists what
+                is supported.
             CheckpointError: a required field is missing or inconsistent (e.g. `num_attention_heads` not a
                 multiple of `num_key_value_heads`, or a `layer_types` list of the wrong length).
         """
         architecture = _architecture_name(raw)
+        refuse_quantized_checkpoint(raw)
         rule = _ARCHITECTURE_RULES[architecture]
         try:
             hidden = int(raw["hidden_size"])
@@ -500,3 +502,34 @@ def _validate(config: ModelConfig) -> None:
             f"num_attention_heads ({config.num_heads}) is not a multiple of num_key_value_heads "
             f"({config.num_kv_heads}); fix config.json"
         )
+
+
+# quant_method of config.json's quantization_config -> the name users know it by.
+_QUANT_FORMATS = {
+    "gptq": "GPTQ", "awq": "AWQ", "bitsandbytes": "bitsandbytes", "fp8": "FP8", "fbgemm_fp8": "FP8",
+    "compressed-tensors": "compressed-tensors", "aqlm": "AQLM", "exl2": "EXL2", "hqq": "HQQ", "eetq": "EETQ",
+    "quanto": "Quanto", "torchao": "torchao", "bitnet": "BitNet", "mxfp4": "MXFP4", "marlin": "Marlin",
+    "gptq_marlin": "GPTQ", "awq_marlin": "AWQ", "higgs": "HIGGS", "vptq": "VPTQ", "spqr": "SpQR",
+}
+
+
+def refuse_quantized_checkpoint(raw: dict[str, Any]) -> None:
+    """Refuse, by name, a checkpoint whose weights are stored pre-quantized (GPTQ, AWQ, bitsandbytes, FP8, ...).
+
+    Solo reads float32/bfloat16/float16 safetensors (and quantizes them itself with --quantize int8/int4).
+
+    Raises:
+        UnsupportedArchitectureError: config.json has a `quantization_config` (or bitsandbytes' load_in_*bit).
+    """
+    quant = raw.get("quantization_config") or {}
+    method = str(quant.get("quant_method", "")).lower() if isinstance(quant, dict) else ""
+    if not method and isinstance(quant, dict) and (quant.get("load_in_4bit") or quant.get("load_in_8bit")):
+        method = "bitsandbytes"
+    if not method and not quant:
+        return
+    name = _QUANT_FORMATS.get(method, method or "pre-quantized")
+    raise UnsupportedArchitectureError(
+        f"this checkpoint's weights are {name}-quantized (config.json quantization_config), a format Solo cannot "
+        "run; use the original float16/bfloat16 checkpoint (Solo quantizes it itself with --quantize int8 or "
+        "int4) or a GGUF file"
+    )

@@ -28,7 +28,7 @@ def check_local_model(model: str | Path | None) -> None:
     when loading). Used by `solo serve` before it starts listening.
 
     Raises:
-        ModelNotFoundError: a missing folder that is not a hub id, or a file.
+        ModelNotFoundError: a missing folder that is not a hub id, or a file that is not a GGUF file.
         CheckpointError: a folder without config.json, or a config.json that does not parse.
         UnsupportedArchitectureError: config.json names an architecture Solo does not implement.
     """
@@ -46,7 +46,8 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     """Turn what the user named into a local model folder.
 
     Args:
-        model: a folder path, a Hugging Face Hub id ("org/name"), or None for Solo's bundled model.
+        model: a folder path, a .gguf file (converted once into Solo's cache, see `solo.model.gguf`), a Hugging
+            Face Hub id ("org/name"), or None for Solo's bundled model.
         revision: hub branch, tag or commit (hub ids only).
 
     Returns:
@@ -56,6 +57,8 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
         ModelNotFoundError: the path does not exist and is not a hub id, the hub download failed,
             (model=None) the bundled model is not installed, `model` is not a str / Path, or `revision` is
             given for a local folder or the bundled model.
+        CheckpointError, UnsupportedArchitectureError: a GGUF file that is damaged or of an architecture Solo
+            does not run.
     """
     if not isinstance(model, str | Path | None):
         raise ModelNotFoundError(
@@ -73,7 +76,12 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     if path.is_dir():
         return path
     if path.exists():
-        raise ModelNotFoundError(f"{path} is a file; pass the model folder that holds config.json")
+        from solo.model.gguf import gguf_to_folder, is_gguf
+
+        if is_gguf(path):
+            return gguf_to_folder(path)  # converted once into Solo's cache
+        raise ModelNotFoundError(f"{path} is a file but not a GGUF file; pass the model folder that holds "
+                                 "config.json, or a .gguf file")
     text = str(model)
     if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
         raise ModelNotFoundError(

@@ -20,13 +20,17 @@ from solo import __version__
 from solo.engine.engine import Engine
 from solo.server.errors import APIError, install_error_handlers
 from solo.server.metrics import ServerMetrics
+from solo.server.playground import STATIC_PREFIX
+from solo.server.playground import router as playground_router
 from solo.server.routes import router
 from solo.server.state import ServerSettings, ServerState
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/tokenize", "/detokenize",
-          "/health", "/metrics")
+          "/health", "/metrics", "/", "/playground/info")
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
 _OPEN_ROUTES = ("/health",)  # reachable without the API key (load-balancer probes)
+_OPEN_PAGES = ("/", *(STATIC_PREFIX + name for name in ("index.html", "playground.js", "playground.css")))
+"""The playground's static files: no data in them; the page sends the key on its API calls."""
 
 
 def _route_label(path: str) -> str:
@@ -53,7 +57,7 @@ class _Gate:
         self.metrics = metrics
 
     def _authorized(self, scope: Scope) -> bool:
-        if self.expected is None or scope["path"] in _OPEN_ROUTES:
+        if self.expected is None or scope["path"] in _OPEN_ROUTES or scope["path"] in _OPEN_PAGES:
             return True
         given = dict(scope.get("headers", ())).get(b"authorization", b"")
         return secrets.compare_digest(given, self.expected)
@@ -113,5 +117,6 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.state.solo = state
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics)
     return app

@@ -259,15 +259,14 @@ class ServerState:
         """
         at_least = -(-prompt_bytes // self.longest_token)
         limit, what = self.max_model_len, self._context_name()
-        why = f"{prompt_bytes} bytes, and no token is longer than {self.longest_token} bytes"
         if at_least >= limit:
             raise ContextLengthError(
-                f"the prompt is at least {at_least} tokens ({why}) but {what} is {limit} tokens (room is needed "
-                "for at least one new token); shorten the prompt", param=prompt_param)
+                f"this request needs more than {limit} tokens (its prompt of {prompt_bytes} bytes is at least "
+                f"{at_least} tokens) but {what} is {limit}; shorten the prompt", param=prompt_param)
         if max_tokens is not None and at_least + max_tokens > limit:
             raise ContextLengthError(
-                f"the prompt (at least {at_least} tokens: {why}) plus {param} ({max_tokens}) is more than {what} "
-                f"of {limit}; lower {param} or shorten the prompt", param=param)
+                f"this request needs at least {at_least + max_tokens} tokens (prompt at least {at_least} + {param} "
+                f"{max_tokens}) but {what} is {limit}; lower {param} or shorten the prompt", param=param)
 
     def completion_budget(self, prompt_len: int, max_tokens: int | None, default_cap: int | None,
                           param: str = "max_tokens", prompt_param: str = "prompt") -> int:
@@ -287,15 +286,15 @@ class ServerState:
         limit, what = self.max_model_len, self._context_name()
         if prompt_len >= limit:
             raise ContextLengthError(
-                f"the prompt is {prompt_len} tokens but {what} is {limit} tokens (room is needed for at least "
-                "one new token); shorten the prompt", param=prompt_param)
+                f"this request needs at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new token) but "
+                f"{what} is {limit}; shorten the prompt", param=prompt_param)
         room = limit - prompt_len
         if max_tokens is None:
             return room if default_cap is None else min(default_cap, room)
         if max_tokens > room:
             raise ContextLengthError(
-                f"the prompt ({prompt_len} tokens) plus {param} ({max_tokens}) is {prompt_len + max_tokens} tokens, "
-                f"more than {what} of {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
+                f"this request needs {prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens}) "
+                f"but {what} is {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
         return max_tokens
 
     def submit(self, requests: Sequence[Request], priority: int = 0) -> Generation:

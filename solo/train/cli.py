@@ -38,11 +38,14 @@ def build_parser() -> argparse.ArgumentParser:
     Returns:
         The :class:`argparse.ArgumentParser`.
     """
-    p = argparse.ArgumentParser(
+    from solo.cli import OneLineErrorParser
+
+    p = OneLineErrorParser(
         prog="solo train",
         description=(
             "Train Solo's small Llama code model from scratch on the CPython standard library, "
-            "then write a Hugging Face folder (weights, tokenizer, model card, evaluation summary)."
+            "then write a Hugging Face folder (weights, tokenizer, model card, evaluation summary). "
+            "`solo train chat --out FOLDER` then instruction-tunes it so that it chats."
         ),
     )
     p.add_argument("--out", type=Path, required=True, help="model folder to write (e.g. solo/assets/solo-code-16m)")
@@ -95,6 +98,11 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         Process exit status: 0 on success, 1 on a reported error.
     """
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["chat"]:  # `solo train chat`: instruction-tune a trained model so that it chats
+        from solo.train.chat_tune import main as chat_main
+
+        return chat_main(argv[1:])
     args = build_parser().parse_args(argv)
     cfg = TrainConfig().with_preset(args.size)
     if args.size == "tiny":
@@ -119,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
     except (FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:
+        print(f"\nsolo train: interrupted; the last checkpoint is in {opts.run_dir} (saved every "
+              f"{cfg.checkpoint_every_min:g} min): add --resume to continue", file=sys.stderr)
+        return 130
     held, xz = summary["heldout"], summary["xz_heldout"]
     print(
         f"done: held-out {held['bits_per_byte']:.4f} bits/byte vs xz -9e "

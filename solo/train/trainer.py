@@ -394,7 +394,7 @@ class Trainer:
                 self.log(
                     f"step {record['step']} | loss {record['train_loss']:.4f} | lr {lr:.2e} | "
                     f"{record['tokens_per_s']:.0f} tok/s | {self.state.elapsed_s / 60:.1f} min | "
-                    f"progress {100 * self.progress():.1f}%"
+                    f"progress {100 * self.progress():.1f}%{_eta(self.state.elapsed_s, self.progress())}"
                 )
                 window_loss, window_steps, window_time = 0.0, 0, 0.0
             if self.state.step % cfg.eval_every == 0 or done:
@@ -417,3 +417,10 @@ class Trainer:
                 last_ckpt = time.monotonic()
                 self.log(f"checkpoint saved at step {self.state.step}")
         return self.state
+
+
+def _eta(elapsed_s: float, progress: float) -> str:
+    """" | about N min left" from the pace so far (training only; the final evaluation comes on top)."""
+    if progress <= 0.0 or progress >= 1.0:
+        return ""
+    return f" | about {elapsed_s * (1.0 - progress) / progress / 60:.1f} min left"

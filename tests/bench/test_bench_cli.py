@@ -93,7 +93,7 @@ def test_bench_end_to_end(tmp_path, capsys):
     out, plot = tmp_path / "bench.json", tmp_path / "sweep.png"
     code = main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "2", "--probe-gib", "0.0625",
                  "--compare", "hf-eager,llama.cpp", "--sweep-context", "--contexts", "8,16", "--sweep-gen-len", "3",
-                 "--pause-ms", "20", "--json", str(out), "--plot", str(plot)])
+                 "--pause-ms", "20", "--json", str(out), "--plot", str(plot), "--energy-s", "0.2"])
     assert code == 0
     text = capsys.readouterr().out
     assert "roofline" in text and "GB/s" in text and "solo" in text
@@ -111,6 +111,9 @@ def test_bench_end_to_end(tmp_path, capsys):
             assert report["engines"][peer]["build"]
     assert report["sweep"]["contexts"] == [8, 16] and len(report["sweep"]["engines"]["solo"]) == 2
     assert plot.stat().st_size > 1000
+    energy = report["energy"]  # measured where a counter is readable, else said so
+    assert (energy["measurable"] and energy["tokens"] > 0) or energy["reason"]
+    assert "energy" in text and ("J/token" in text or "not measurable here" in text)
 
 
 @pytest.mark.slow
@@ -274,3 +277,51 @@ def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides
     with pytest.raises(PeerSkipped, match=feature):
         write_gguf(model, tmp_path / "m.gguf", "F32")
     assert not (tmp_path / "m.gguf").exists()
+
+
+def test_sweep_context_defaults_fit_the_model():
+    from solo.bench.cli import default_contexts
+
+    assert default_contexts(512, 32) == [128, 479]
+    assert default_contexts(4096, 32) == [128, 512, 1024, 2048, 4063]
+    assert default_contexts(8192, 32) == [128, 512, 1024, 2048, 4096, 8159]
+    assert default_contexts(100, 32) == [67]
+
+
+def _fake_powercap(root, values):
+    for i, value in enumerate(values):
+        d = root / f"intel-rapl:{i}"
+        d.mkdir(parents=True)
+        (d / "name").write_text(f"package-{i}\n")
+        (d / "energy_uj").write_text(str(value))
+        (d / "max_energy_range_uj").write_text(str(2**32))
+    (root / "intel-rapl:0:0").mkdir()  # a sub-domain (core): part of package 0, never added twice
+
+
+def test_rapl_energy_per_token(tmp_path):
+    from solo.bench.energy import measure, rapl_counter
+
+    _fake_powercap(tmp_path, [1_000_000])
+    counter, reason = rapl_counter(tmp_path)
+    assert counter is not None and counter.name == "RAPL package-0" and not reason
+
+    def run():  # each run: 10 tokens, 2 J
+        f = tmp_path / "intel-rapl:0" / "energy_uj"
+        f.write_text(str(int(f.read_text()) + 2_000_000))
+        return 10
+
+    result = measure(counter, run, window_s=0.0)
+    assert result["joules"] == pytest.approx(2.0) and result["tokens"] == 10
+    assert result["joules_per_token"] == pytest.approx(0.2) and result["tokens_per_joule"] == pytest.approx(5.0)
+
+
+def test_rapl_wraparound_and_absent_counters(tmp_path):
+    from solo.bench.energy import measure, rapl_counter
+
+    _fake_powercap(tmp_path / "a", [2**32 - 1_000_000])
+    counter, _ = rapl_counter(tmp_path / "a")
+    f = tmp_path / "a" / "intel-rapl:0" / "energy_uj"
+    result = measure(counter, lambda: f.write_text(str(2_000_000)) and 4, window_s=0.0)
+    assert result["joules"] == pytest.approx(3.0)  # 1 J to the wrap, 2 J after it
+    counter, reason = rapl_counter(tmp_path / "none")
+    assert counter is None and "no RAPL counters" in reason

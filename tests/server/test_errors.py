@@ -166,7 +166,15 @@ def test_bad_input(server, route, body, status, param, code):
 def test_context_error_gives_the_numbers(server):
     with server.http() as http:
         error = http.post(CHAT, json=chat(max_tokens=10_000)).json()["error"]
-    assert "10000" in error["message"] and "256" in error["message"]
+        assert "10000" in error["message"] and "256" in error["message"]
+        # Plain language on both routes: "this request needs N tokens (prompt P + max_tokens M) but ..."
+        message = http.post(COMPLETIONS, json=completion(prompt=[5] * 10, max_tokens=250)).json()["error"]["message"]
+        assert message == ("this request needs 260 tokens (prompt 10 + max_tokens 250) but the model's context is "
+                           "256; lower max_tokens to at most 246 or shorten the prompt")
+        for route, body in ((CHAT, chat(max_tokens=10_000)), (COMPLETIONS, completion(max_tokens=10_000))):
+            message = http.post(route, json=body).json()["error"]["message"]
+            assert message.startswith("this request needs ") and "+ max_tokens 10000) but the model's " \
+                "context is 256; lower max_tokens" in message, message
 
 
 def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):

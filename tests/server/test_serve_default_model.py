@@ -1,4 +1,4 @@
-"""`solo serve` with no MODEL serves the bundled model, under its own name, with `solo run`'s output."""
+"""`solo serve` with no MODEL serves the bundled model, under its own name, with `solo run`'s output, and chats."""
 
 from __future__ import annotations
 
@@ -25,5 +25,11 @@ def test_serves_the_bundled_model_by_default():
         expected = Engine.load(None).complete("def fibonacci(n):", SamplingParams(max_tokens=24, temperature=0))
         assert reply.choices[0].text == expected.text
         assert reply.usage.completion_tokens == len(expected.token_ids)
+        # The bundled model chats too: the openai SDK's chat.completions works out of the box.
+        messages = [{"role": "user", "content": "Write a Python function `add(a, b)`: Return the sum of a and b."}]
+        chat = client.chat.completions.create(model=DEFAULT_MODEL_NAME, messages=messages, max_tokens=32,
+                                              temperature=0)
+        expected = Engine.load(None).complete(messages, SamplingParams(max_tokens=32, temperature=0))
+        assert chat.choices[0].message.content == expected.text and expected.text
     finally:
         running.stop()

@@ -71,7 +71,8 @@ def test_refuses_to_clobber_without_flags(tiny_run: Path) -> None:
     assert _run(tiny_run / "tiny-model", tiny_run / "run") == 1
 
 
-def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatch: pytest.MonkeyPatch,
+                                                      capsys: pytest.CaptureFixture) -> None:
     original = Trainer._train_step
     calls = {"n": 0}
 
@@ -83,8 +84,9 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatc
 
     monkeypatch.setattr(Trainer, "_train_step", crash_after_7)
     out, run_dir = tiny_run / "resumed-model", tiny_run / "run2"
-    with pytest.raises(KeyboardInterrupt):
-        _run(out, run_dir, "--checkpoint-every-min", "0")
+    assert _run(out, run_dir, "--checkpoint-every-min", "0") == 130  # Ctrl-C: one line, exit status 130
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err[-1].startswith("solo train: interrupted; the last checkpoint is in") and "--resume" in err[-1]
     assert not out.exists()
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert ckpt["state"]["step"] == 7 and ckpt["data_position"]["next_batch"] == 7

@@ -1,0 +1,231 @@
+"""`solo chat`: an interactive conversation in the terminal.
+
+Line editing and history come from `prompt_toolkit` when stdin is a terminal (plain line reads otherwise,
+so the loop can be driven by a pipe or a test). Ctrl-C during a reply stops that reply only; at the prompt it
+clears the line; Ctrl-D or /exit quits. Commands start with '/': see `COMMANDS`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+from solo.errors import SoloError
+
+COMMANDS = {
+    "/help": "show this list",
+    "/reset": "clear the conversation (asks first)",
+    "/system [TEXT]": "show the system message, or set it to TEXT (/system - removes it)",
+    "/save FILE": "write the conversation to FILE as JSON (OpenAI messages)",
+    "/exit": "quit (also /quit or Ctrl-D)",
+}
+_HELP = "\n".join(f"  {name:<16} {what}" for name, what in COMMANDS.items()) + (
+    "\n  Ctrl-C stops the reply being written; Up/Down recall earlier lines."
+)
+
+
+def history_file() -> Path:
+    """Where the prompt's line history is kept: $XDG_STATE_HOME/solo/chat_history (~/.local/state by default)."""
+    state = os.environ.get("XDG_STATE_HOME") or os.path.join(os.path.expanduser("~"), ".local", "state")
+    return Path(state) / "solo" / "chat_history"
+
+
+def _line_reader() -> Callable[[str], str]:
+    """A function that shows a prompt and returns one line; raises EOFError at the end, KeyboardInterrupt on ^C."""
+    if sys.stdin.isatty() and sys.stdout.isatty():
+        from prompt_toolkit import PromptSession
+        from prompt_toolkit.history import FileHistory, InMemoryHistory
+
+        try:
+            path = history_file()
+            path.parent.mkdir(parents=True, exist_ok=True)
+            history = FileHistory(str(path))
+        except OSError:  # a read-only home: history for this session only
+            history = InMemoryHistory()
+        session: Any = PromptSession(history=history)
+        return lambda prompt: session.prompt(prompt)
+
+    def read(prompt: str) -> str:
+        sys.stdout.write(prompt)
+        sys.stdout.flush()
+        line = sys.stdin.readline()
+        if not line:
+            raise EOFError
+        return line.rstrip("\n")
+
+    return read
+
+
+class ChatSession:
+    """One conversation: the system message, the turns, and the commands that edit them.
+
+    Args:
+        engine: a loaded `Engine` whose tokenizer has a chat template.
+        params: the sampling parameters of every turn (`SamplingParams`).
+        system: the system message, or None.
+        read_line: shows a prompt and returns the user's line (see `_line_reader`).
+        out, err: where replies and messages/stats go.
+    """
+
+    def __init__(self, engine: Any, params: Any, system: str | None, read_line: Callable[[str], str],  # noqa: ANN401
+                 out: Any = None, err: Any = None) -> None:  # noqa: ANN401
+        self.engine = engine
+        self.params = params
+        self.system = system
+        self.history: list[dict[str, str]] = []
+        self.read_line = read_line
+        self.out = out or sys.stdout
+        self.err = err or sys.stderr
+
+    def messages(self) -> list[dict[str, str]]:
+        """The conversation as OpenAI-style messages, system message first."""
+        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+
+    def say(self, text: str) -> None:
+        """A line to the user (stderr, so that stdout holds only the model's replies)."""
+        print(text, file=self.err, flush=True)
+
+    def loop(self) -> int:
+        """Read lines until /exit or end of input; returns the exit status (0)."""
+        self.say(f"Chatting with {self.engine.name}. /help lists the commands; Ctrl-C stops a reply; "
+                 "/exit or Ctrl-D quits.")
+        while True:
+            try:
+                line = self.read_line(">>> ")
+            except EOFError:
+                self.say("")
+                return 0
+            except KeyboardInterrupt:  # at the prompt: drop the line, as shells do
+                self.say("(Ctrl-D or /exit quits)")
+                continue
+            text = line.strip()
+            if not text:
+                continue
+            if text.startswith("/") and not text.startswith("//"):
+                if self.command(text) == "exit":
+                    return 0
+                continue
+            self.turn(line[1:] if text.startswith("//") else line)
+
+    def command(self, text: str) -> str | None:
+        """Run one /command; returns "exit" to end the loop."""
+        name, _, rest = text.partition(" ")
+        rest = rest.strip()
+        if name in ("/exit", "/quit", "/bye"):
+            return "exit"
+        if name in ("/help", "/?"):
+            self.say(_HELP + "\n  Start a message with // to send a line that begins with /.")
+        elif name == "/reset":
+            self._reset()
+        elif name == "/system":
+            if not rest:
+                self.say(f"system message: {self.system!r}" if self.system else "no system message; "
+                         "/system TEXT sets one")
+            elif rest == "-":
+                self.system = None
+                self.say("system message removed")
+            else:
+                self.system = rest
+                self.say("system message set; it applies to the whole conversation")
+        elif name == "/save":
+            self._save(rest)
+        else:
+            self.say(f"unknown command {name}; /help lists the commands (start with // to send a line "
+                     "beginning with /)")
+        return None
+
+    def _reset(self) -> None:
+        if not self.history:
+            self.say("the conversation is already empty")
+            return
+        try:
+            answer = self.read_line(f"Clear the conversation ({len(self.history)} messages)? [y/N] ")
+        except (EOFError, KeyboardInterrupt):
+            answer = ""
+        if answer.strip().lower() in ("y", "yes"):
+            self.history.clear()
+            self.say("conversation cleared")
+        else:
+            self.say("kept the conversation")
+
+    def _save(self, name: str) -> None:
+        if not name:
+            self.say("/save needs a file name: /save FILE")
+            return
+        path = Path(name).expanduser()
+        data = {"model": self.engine.name, "messages": self.messages()}
+        try:
+            path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+        except OSError as exc:
+            self.say(f"could not save to {path}: {exc.strerror or exc}")
+            return
+        self.say(f"saved {len(data['messages'])} messages to {path}")
+
+    def turn(self, line: str) -> None:
+        """Send one user message, stream the reply, then print the stats line."""
+        from solo.cli import _default_max_tokens, _stats_line
+
+        engine = self.engine
+        self.history.append({"role": "user", "content": line})
+        turn = self.params.copy(max_tokens=self.params.max_tokens)
+        messages = self.messages()
+        try:
+            used = len(engine.encode_prompt(messages))
+        except SoloError as exc:
+            self.history.pop()
+            self.say(f"solo: error: {exc}")
+            return
+        context = engine.config.context_length
+        if used + (turn.max_tokens or 1) > context:
+            self.history.pop()
+            self.say(f"solo: error: the conversation is {used} tokens; with {turn.max_tokens or 1} more it no longer "
+                     f"fits the context ({context} tokens). /reset starts a new conversation"
+                     f"{'; or lower --max-tokens' if turn.max_tokens else ''}")
+            return
+        _default_max_tokens(engine, messages, turn)
+        pieces: list[str] = []
+        stream: Iterator[Any] | None = None
+        last = None
+        try:
+            stream = engine.generate(messages, turn)
+            for event in stream:
+                if event.text:
+                    self.out.write(event.text)
+                    self.out.flush()
+                    pieces.append(event.text)
+                last = event
+        except KeyboardInterrupt:
+            # Only this reply stops; what was shown stays in the conversation, as the user saw it.
+            self.out.write("\n")
+            self.say("[reply stopped]")
+        except SoloError as exc:
+            self.history.pop()
+            self.say(f"solo: error: {exc}")
+            return
+        finally:
+            if stream is not None:
+                stream.close()  # releases the engine for the next turn
+        if last is not None and last.finish_reason is not None:
+            self.out.write("\n")
+            self.out.flush()
+            self.say(_stats_line(last.stats, last.finish_reason, engine.runtime.name))
+        self.history.append({"role": "assistant", "content": "".join(pieces)})
+
+
+def cmd_chat(args: argparse.Namespace) -> int:
+    """`solo chat`: load the model, then run the conversation loop."""
+    from solo.cli import _load_engine, sampling_params_from_args
+
+    params = sampling_params_from_args(args)
+    engine = _load_engine(args)
+    if engine.tokenizer.chat_template is None:
+        raise SoloError(
+            f"{engine.name} is a completion model without a chat template, so it cannot chat; use "
+            "`solo run --prompt ...` with it, or give `solo chat` a chat (instruct) model"
+        )
+    return ChatSession(engine, params, args.system, _line_reader()).loop()

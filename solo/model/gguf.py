@@ -1,0 +1,195 @@
+"""GGUF files (llama.cpp's format) as Solo model folders.
+
+A `.gguf` file is converted once into a Hugging Face style folder in Solo's cache (config.json, tokenizer.json,
+tokenizer_config.json with the chat template, model.safetensors) and loaded from there like any other folder.
+Reading, dequantizing and un-permuting the tensors (llama.cpp interleaves the rotary halves of q/k rows) is done
+by `transformers`' GGUF integration on top of the `gguf` package; the tokenizer and chat template come from the
+file's metadata the same way.
+
+Weight types: F32, F16 and BF16 are kept exactly (float32 / float16 / bfloat16 safetensors). Quantized types that
+the `gguf` package can dequantize (Q8_0, Q4_0, Q4_K, Q5_K, Q6_K, ...) are dequantized to bfloat16, so their
+quantization error stays (plus bfloat16 rounding); `--quantize int8|int4` re-quantizes for Solo's CPU kernels.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from solo.errors import CheckpointError, UnsupportedArchitectureError
+
+# GGUF general.file_type / tensor types kept bit-exact, and the dtype Solo stores them in.
+_EXACT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
+
+
+def cache_root() -> Path:
+    """Solo's cache of converted files: $SOLO_CACHE_DIR, else $XDG_CACHE_HOME/solo (~/.cache/solo)."""
+    explicit = os.environ.get("SOLO_CACHE_DIR")
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "solo"
+
+
+def is_gguf(path: str | Path) -> bool:
+    """Whether `path` names a GGUF file (by its magic bytes, or by its suffix when it cannot be read)."""
+    p = Path(path).expanduser()
+    if not p.is_file():
+        return False
+    try:
+        with open(p, "rb") as f:
+            return f.read(4) == b"GGUF"
+    except OSError:
+        return p.suffix.lower() == ".gguf"
+
+
+def _weight_types(reader: Any) -> dict[str, int]:  # noqa: ANN401
+    counts: dict[str, int] = {}
+    for tensor in reader.tensors:
+        name = tensor.tensor_type.name
+        counts[name] = counts.get(name, 0) + 1
+    return counts
+
+
+def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
+    """Convert a GGUF file to a model folder in Solo's cache (once; later calls reuse it).
+
+    Args:
+        path: the .gguf file.
+        log: called with one line of progress text (None: stderr).
+
+    Returns:
+        The folder (config.json, tokenizer files, model.safetensors, gguf_source.json).
+
+    Raises:
+        CheckpointError: the file is damaged, split into parts, or holds a tensor type that cannot be dequantized.
+        UnsupportedArchitectureError: the file's architecture is not one Solo runs.
+    """
+    import sys
+
+    src = Path(path).expanduser().resolve()
+    stat = src.stat()
+    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    folder = cache_root() / "gguf" / f"{src.stem}-{key}"
+    if (folder / "gguf_source.json").is_file():
+        return folder
+    if "-of-" in src.stem and src.stem.rsplit("-of-", 1)[-1].isdigit():
+        raise CheckpointError(f"{src.name} is one part of a split GGUF; merge the parts first "
+                              "(llama-gguf-split --merge) and pass the merged file")
+    (log or (lambda line: print(line, file=sys.stderr, flush=True)))(
+        f"converting {src.name} to a model folder in {folder.parent} (once) ...")
+    try:
+        from gguf import GGUFReader
+
+        reader = GGUFReader(str(src))
+    except (ValueError, OSError, IndexError) as exc:
+        raise CheckpointError(f"{src} is not a readable GGUF file ({exc}); re-download it") from None
+    arch = _field(reader, "general.architecture")
+    types = _weight_types(reader)
+    matrices = sorted(t for t in types if t not in ("F32",)) or ["F32"]
+    dtype = _EXACT.get(matrices[0], "bfloat16") if len(matrices) == 1 else "bfloat16"
+    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=_mkdir(folder.parent)))
+    try:
+        _convert(src, tmp, arch, dtype)
+        (tmp / "gguf_source.json").write_text(json.dumps(
+            {"file": str(src), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
+             "stored_dtype": dtype}, indent=2) + "\n")
+        try:
+            tmp.rename(folder)
+        except OSError:  # another process finished first
+            shutil.rmtree(tmp, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+    return folder
+
+
+def _mkdir(path: Path) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    return path
+
+
+def _field(reader: Any, name: str) -> str:  # noqa: ANN401
+    field = reader.fields.get(name)
+    if field is None:
+        raise CheckpointError(f"the GGUF file has no {name} field; it is damaged or not a model")
+    return bytes(field.parts[field.data[0]]).decode("utf-8")
+
+
+def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
+    import logging
+
+    import torch
+    from safetensors.torch import save_file
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+    from transformers import logging as hf_logging
+    from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
+
+    from solo.model.config import ModelConfig
+
+    hf_logging.set_verbosity_error()
+    logging.getLogger("transformers").setLevel(logging.ERROR)
+    try:
+        config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
+    except (ValueError, KeyError, NotImplementedError) as exc:
+        raise UnsupportedArchitectureError(
+            f"{src.name}: GGUF architecture {arch!r} cannot be read ({exc}); Solo runs GGUF files of llama, "
+            "mistral, qwen2, qwen3 and gemma2 models") from None
+    raw = config.to_dict()
+    raw["torch_dtype"] = raw["dtype"] = dtype
+    ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)
+    try:
+        tensors = load_gguf_checkpoint(str(src), return_tensors=True, model_to_load=skeleton)["tensors"]
+    except NotImplementedError as exc:
+        raise CheckpointError(f"{src.name} holds a tensor type the gguf package cannot dequantize ({exc}); "
+                              "use an F16, BF16, Q8_0, Q4_0 or K-quant file") from None
+    wanted = set(skeleton.state_dict())
+    torch_dtype = getattr(torch, dtype)
+    weights = {name: torch.as_tensor(t).to(torch_dtype).contiguous() for name, t in tensors.items() if name in wanted}
+    missing = sorted(n for n in wanted - set(weights) if not (n == "lm_head.weight" and config.tie_word_embeddings))
+    if missing:
+        raise CheckpointError(f"{src.name} lacks tensor(s) for {missing[0]} (and {len(missing) - 1} more); "
+                              "the file is incomplete or of another model")
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    (out / "config.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
+    tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
+    tokenizer.save_pretrained(str(out))
+    _mark_special_tokens(out / "tokenizer.json", _read_token_types(src), int(raw["vocab_size"]))
+    generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+    (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def _read_token_types(src: Path) -> list[tuple[str, int]]:
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(src))
+    tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
+    if tokens is None or types is None:
+        return []
+    texts = [bytes(tokens.parts[i]).decode("utf-8", errors="replace") for i in tokens.data]
+    kinds = [int(types.parts[i][0]) for i in types.data]
+    return list(zip(texts, kinds, strict=False))
+
+
+def _mark_special_tokens(path: Path, token_types: list[tuple[str, int]], vocab_size: int) -> None:
+    """Make the tokenizer treat the GGUF's control and user-defined tokens as llama.cpp does (never split).
+
+    transformers' GGUF tokenizer registers only bos/eos/unk/pad as special, so a chat template's markers
+    (`<|im_start|>`) would be split into pieces; it may also append a token beyond the model's vocabulary.
+    """
+    data = json.loads(path.read_text(encoding="utf-8"))
+    added = [t for t in data.get("added_tokens", []) if t["id"] < vocab_size]
+    have = {t["content"] for t in added}
+    for token_id, (text, kind) in enumerate(token_types):
+        if kind in (3, 4) and text not in have and token_id < vocab_size:  # CONTROL, USER_DEFINED
+            added.append({"id": token_id, "content": text, "single_word": False, "lstrip": False, "rstrip": False,
+                          "normalized": False, "special": kind == 3})
+    data["added_tokens"] = sorted(added, key=lambda t: t["id"])
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")

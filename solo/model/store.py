@@ -1,0 +1,219 @@
+"""Models on this machine: `solo pull`, `solo list`, `solo rm` over the Hugging Face cache.
+
+Downloads go through `huggingface_hub` (progress bars, resumed after an interruption, shared with every other
+tool that uses the cache: $HF_HUB_CACHE, by default ~/.cache/huggingface/hub). Only the files Solo reads are
+fetched (configs, tokenizer, safetensors), plus the files an --include pattern names (e.g. one GGUF file).
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from solo.errors import ModelNotFoundError, SoloError
+
+# GGUF architectures whose tensors Solo runs (through solo.model.gguf).
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+
+
+@dataclass
+class CachedModel:
+    """One revision of a model in the cache.
+
+    Attributes:
+        repo_id: "org/name".
+        revision: the branch/tag names pointing at it ("main"), else the short commit hash.
+        commit: the full commit hash.
+        path: the snapshot folder.
+        size_bytes: bytes on disk of this revision's files.
+        architecture: from config.json (e.g. "LlamaForCausalLM"), "gguf:<arch>" for GGUF files, or "?".
+        supported: whether Solo can run it.
+        reason: why not (empty when supported).
+        gguf_files: GGUF files of the snapshot (pass one to `solo run`).
+    """
+
+    repo_id: str
+    revision: str
+    commit: str
+    path: str
+    size_bytes: int
+    architecture: str
+    supported: bool
+    reason: str
+    gguf_files: list[str]
+
+    def to_dict(self) -> dict[str, Any]:
+        """The fields as a JSON-ready dict."""
+        return asdict(self)
+
+
+def _cache(cache_dir: str | Path | None) -> str:
+    # Read at call time (huggingface_hub binds some defaults at import).
+    import huggingface_hub.constants as hf_constants
+
+    return str(cache_dir) if cache_dir is not None else hf_constants.HF_HUB_CACHE
+
+
+def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
+    """What a model folder holds: (architecture, supported, reason, GGUF files).
+
+    Reads config.json and the GGUF headers only; never loads weights.
+    """
+    from solo.errors import SoloError as _SoloError
+
+    ggufs = sorted(str(p) for p in folder.rglob("*.gguf"))
+    config = folder / "config.json"
+    if config.is_file():
+        try:
+            raw = json.loads(config.read_text(encoding="utf-8"))
+        except (OSError, ValueError) as exc:
+            return "?", False, f"config.json does not parse ({exc})", ggufs
+        if not isinstance(raw, dict):
+            return "?", False, "config.json is not a JSON object", ggufs
+        names = raw.get("architectures") or [raw.get("model_type") or "?"]
+        try:
+            from solo.model.config import ModelConfig
+
+            ModelConfig.from_dict(raw)
+        except _SoloError as exc:
+            return str(names[0]), False, str(exc), ggufs
+        if not any(folder.glob("*.safetensors")):
+            return str(names[0]), False, "no safetensors weights", ggufs
+        return str(names[0]), True, "", ggufs
+    if ggufs:
+        arch = _gguf_architecture(Path(ggufs[0]))
+        if arch in GGUF_ARCHITECTURES:
+            return f"gguf:{arch}", True, "", ggufs
+        return f"gguf:{arch}", False, f"GGUF architecture {arch!r} is not one Solo runs", ggufs
+    return "?", False, "no config.json and no GGUF file", ggufs
+
+
+def _gguf_architecture(path: Path) -> str:
+    try:
+        from gguf import GGUFReader
+
+        field = GGUFReader(str(path)).fields["general.architecture"]
+        return bytes(field.parts[field.data[0]]).decode("utf-8")
+    except Exception:  # noqa: BLE001  # a damaged or partial file: listed as unknown, never a crash
+        return "?"
+
+
+def pull(repo_id: str, revision: str | None = None, include: list[str] | None = None,
+         cache_dir: str | Path | None = None) -> Path:
+    """Download a model from the Hugging Face Hub into the cache (resuming a partial download).
+
+    Args:
+        repo_id: "org/name".
+        revision: branch, tag or commit (None: main).
+        include: extra glob patterns to fetch besides Solo's files, e.g. ["*Q8_0.gguf"].
+        cache_dir: the cache folder (None: huggingface_hub's default, $HF_HUB_CACHE).
+
+    Returns:
+        The snapshot folder.
+
+    Raises:
+        ModelNotFoundError: the repository does not exist (or is gated), or the Hub cannot be reached.
+    """
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        LocalEntryNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    from solo.model.hub import _HUB_ID, HUB_FILE_PATTERNS
+
+    if not _HUB_ID.match(repo_id):
+        raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name'")
+    try:
+        return Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
+                                      allow_patterns=[*HUB_FILE_PATTERNS, *(include or [])]))
+    except GatedRepoError:
+        raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "
+                                 "`hf auth login`") from None
+    except RepositoryNotFoundError:
+        raise ModelNotFoundError(f"{repo_id!r} is not a model on the Hugging Face Hub (or it is private: log in "
+                                 "with `hf auth login`); check the name") from None
+    except RevisionNotFoundError:
+        raise ModelNotFoundError(f"{repo_id} has no revision {revision!r}; check --revision") from None
+    except LocalEntryNotFoundError:
+        raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is not in the cache; "
+                                 "connect to the network and run solo pull again (it resumes)") from None
+    except (HfHubHTTPError, OSError) as exc:
+        raise ModelNotFoundError(f"could not download {repo_id} ({exc}); run solo pull again to resume") from None
+
+
+def list_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
+    """Every model revision in the cache, sorted by repository id.
+
+    Raises:
+        SoloError: the cache folder exists but cannot be read.
+    """
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
+
+    try:
+        info = scan_cache_dir(_cache(cache_dir))
+    except CacheNotFound:
+        return []
+    except (CorruptedCacheException, OSError) as exc:
+        raise SoloError(f"the Hugging Face cache cannot be read ({exc})") from None
+    found = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        for rev in sorted(repo.revisions, key=lambda r: r.last_modified, reverse=True):
+            arch, ok, reason, ggufs = inspect_folder(Path(rev.snapshot_path))
+            name = ",".join(sorted(rev.refs)) or rev.commit_hash[:12]
+            found.append(CachedModel(repo.repo_id, name, rev.commit_hash, str(rev.snapshot_path), rev.size_on_disk,
+                                     arch, ok, reason, ggufs))
+    return found
+
+
+def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None) -> int:
+    """Delete a model (every revision, or one) from the cache.
+
+    Args:
+        repo_id: "org/name".
+        revision: a branch/tag name or a commit hash (or its prefix); None removes every revision.
+        cache_dir: the cache folder (None: huggingface_hub's default).
+
+    Returns:
+        The bytes freed.
+
+    Raises:
+        ModelNotFoundError: the model (or that revision) is not in the cache.
+    """
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(_cache(cache_dir))
+    except CacheNotFound:
+        info = None
+    repo = next((r for r in (info.repos if info else []) if r.repo_id == repo_id and r.repo_type == "model"), None)
+    if repo is None:
+        raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")
+    revisions = [r for r in repo.revisions if revision is None or revision in r.refs
+                 or r.commit_hash.startswith(revision)]
+    if not revisions:
+        raise ModelNotFoundError(f"{repo_id} has no cached revision {revision!r}; `solo list` shows what is")
+    strategy = info.delete_revisions(*(r.commit_hash for r in revisions))  # type: ignore[union-attr]
+    strategy.execute()
+    return strategy.expected_freed_size
+
+
+def human_size(size_bytes: int) -> str:
+    """1536 -> '1.5 KB' (decimal units, as `ollama list` and the Hub show sizes)."""
+    if size_bytes < 1000:
+        return f"{size_bytes} B"
+    size = float(size_bytes)
+    for name in ("KB", "MB", "GB"):
+        size /= 1000
+        if size < 1000:
+            return f"{size:.1f} {name}"
+    return f"{size / 1000:.1f} TB"

@@ -1,0 +1,95 @@
+"""Write a tiny Hugging Face Llama folder as a GGUF file, the way llama.cpp's convert_hf_to_gguf.py lays it out.
+
+Metadata keys, tensor names, the q/k row permutation and the tokenizer fields (a GPT-2 style BPE vocabulary,
+merges, special token ids, chat template) follow llama.cpp's converter; the writing is the `gguf` package's.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import torch
+from safetensors.torch import load_file
+
+_FILE_TYPE = {"F32": 0, "F16": 1, "Q4_0": 2, "Q8_0": 7, "BF16": 32}
+
+
+def _permute(w: np.ndarray, heads: int) -> np.ndarray:
+    # llama.cpp's converter interleaves the two rotated halves of each head's rows (HF keeps them apart).
+    rows = w.shape[0]
+    return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
+    """Convert the tiny Llama checkpoint in `folder` to `path` with matrices of `type_name`."""
+    import gguf
+    from gguf.quants import quantize
+    from gguf.vocab import BpeVocab, SpecialVocab
+
+    cfg = json.loads((folder / "config.json").read_text())
+    tensors = {k: v.float().numpy() for k, v in load_file(folder / "model.safetensors").items()}
+    writer = gguf.GGUFWriter(str(path), "llama")
+    writer.add_name("tiny-llama")
+    heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
+    head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
+    writer.add_context_length(cfg["max_position_embeddings"])
+    writer.add_embedding_length(cfg["hidden_size"])
+    writer.add_block_count(cfg["num_hidden_layers"])
+    writer.add_feed_forward_length(cfg["intermediate_size"])
+    writer.add_head_count(heads)
+    writer.add_head_count_kv(kv_heads)
+    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_freq_base(float(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 1e4)))
+    writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    writer.add_vocab_size(cfg["vocab_size"])
+    writer.add_file_type(_FILE_TYPE[type_name])
+
+    vocab = BpeVocab(folder)
+    tokens = [text for text, _, _ in vocab.all_tokens()]
+    # As convert_hf_to_gguf.py: added tokens are CONTROL when special, else USER_DEFINED; the rest NORMAL.
+    added = {t["content"]: t for t in json.loads((folder / "tokenizer.json").read_text())["added_tokens"]}
+    types = [(gguf.TokenType.CONTROL if added[t]["special"] else gguf.TokenType.USER_DEFINED) if t in added
+             else gguf.TokenType.NORMAL for t in tokens]
+    writer.add_tokenizer_model("gpt2")
+    writer.add_tokenizer_pre("default")
+    writer.add_token_list(tokens)
+    writer.add_token_types(types)
+    special = SpecialVocab(folder, load_merges=True)
+    special.add_to_gguf(writer)
+
+    qtype = gguf.GGMLQuantizationType[type_name]
+
+    def matrix(name: str, w: np.ndarray) -> None:
+        if type_name == "F32":
+            writer.add_tensor(name, w.astype(np.float32))
+        elif type_name == "F16":
+            writer.add_tensor(name, w.astype(np.float16))
+        else:
+            writer.add_tensor(name, quantize(w.astype(np.float32), qtype), raw_dtype=qtype)
+
+    def vector(name: str, v: np.ndarray) -> None:
+        writer.add_tensor(name, v.astype(np.float32))
+
+    matrix("token_embd.weight", tensors["model.embed_tokens.weight"])
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"model.layers.{i}."
+        vector(f"blk.{i}.attn_norm.weight", tensors[p + "input_layernorm.weight"])
+        matrix(f"blk.{i}.attn_q.weight", _permute(tensors[p + "self_attn.q_proj.weight"], heads))
+        matrix(f"blk.{i}.attn_k.weight", _permute(tensors[p + "self_attn.k_proj.weight"], kv_heads))
+        matrix(f"blk.{i}.attn_v.weight", tensors[p + "self_attn.v_proj.weight"])
+        matrix(f"blk.{i}.attn_output.weight", tensors[p + "self_attn.o_proj.weight"])
+        vector(f"blk.{i}.ffn_norm.weight", tensors[p + "post_attention_layernorm.weight"])
+        matrix(f"blk.{i}.ffn_gate.weight", tensors[p + "mlp.gate_proj.weight"])
+        matrix(f"blk.{i}.ffn_up.weight", tensors[p + "mlp.up_proj.weight"])
+        matrix(f"blk.{i}.ffn_down.weight", tensors[p + "mlp.down_proj.weight"])
+    vector("output_norm.weight", tensors["model.norm.weight"])
+    if "lm_head.weight" in tensors:
+        matrix("output.weight", tensors["lm_head.weight"])
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    _ = torch
+    return path

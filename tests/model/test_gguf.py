@@ -1,0 +1,88 @@
+"""GGUF files: written from a tiny HF checkpoint as llama.cpp's converter lays them out, then run by Solo.
+
+F16 / BF16 files hold the same numbers as the folder loaded in float16 / bfloat16: identical greedy tokens.
+Q8_0 / Q4_0 files are compared with the float32 folder: the logits' error stays within what the format's
+rounding allows (stated below), and Q8_0 keeps the first greedy tokens.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("gguf")
+
+from gguf_files import write_gguf_from_hf  # noqa: E402
+
+from solo import Engine, SamplingParams  # noqa: E402
+from solo.cli import main  # noqa: E402
+from solo.errors import SoloError  # noqa: E402
+
+PROMPT = "def add(a, b):"
+
+
+@pytest.fixture(scope="module")
+def gguf_dir(tmp_path_factory, tiny_llama):
+    out = tmp_path_factory.mktemp("gguf")
+    return {t: write_gguf_from_hf(tiny_llama, out / f"tiny-{t}.gguf", t) for t in ("F16", "BF16", "Q8_0", "Q4_0")}
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory, monkeypatch):
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path_factory.getbasetemp() / "solo-cache"))
+
+
+def _tokens(engine: Engine, n: int = 16) -> list[int]:
+    return engine.complete(PROMPT, SamplingParams(max_tokens=n, ignore_eos=True)).token_ids
+
+
+def _logits(engine: Engine) -> torch.Tensor:
+    ids = engine.encode_prompt(PROMPT)
+    engine.runtime.reserve(1, len(ids) + 1)
+    return engine.runtime.prefill(0, torch.tensor(ids, dtype=torch.long)).float()
+
+
+@pytest.mark.parametrize("kind, dtype", [("F16", "float16"), ("BF16", "bfloat16")])
+def test_float_gguf_gives_identical_greedy_tokens(gguf_dir, tiny_llama, kind, dtype):
+    reference = Engine.load(tiny_llama, dtype=dtype, backend="eager")
+    engine = Engine.load(gguf_dir[kind], backend="eager")
+    assert engine.model.dtype == getattr(torch, dtype)
+    assert engine.encode_prompt(PROMPT) == reference.encode_prompt(PROMPT)  # tokenizer from GGUF metadata
+    assert _tokens(engine) == _tokens(reference)
+    messages = [{"role": "user", "content": "hi"}]
+    assert engine.encode_prompt(messages) == reference.encode_prompt(messages)  # chat template from metadata
+
+
+# Max |logit error| vs the float32 folder, in units of the same model's error in bfloat16 (the rounding every
+# bfloat16 checkpoint has). Q8_0 rounds each weight to 1/127 of its 32-weight block's largest (plus bfloat16
+# storage): within 3x of bfloat16 alone and the same greedy tokens. Q4_0 rounds to 1/7 of it: within 40x.
+@pytest.mark.parametrize("kind, bound", [("Q8_0", 3.0), ("Q4_0", 40.0)])
+def test_quantized_gguf_within_stated_error(gguf_dir, tiny_llama, kind, bound):
+    reference = Engine.load(tiny_llama, dtype="float32", backend="eager")
+    want = _logits(reference)
+    bf16 = float((_logits(Engine.load(tiny_llama, dtype="bfloat16", backend="eager")) - want).abs().max())
+    engine = Engine.load(gguf_dir[kind], dtype="float32", backend="eager")
+    error = float((_logits(engine) - want).abs().max())
+    assert error < bound * bf16, (error, bf16)
+    if kind == "Q8_0":
+        assert _tokens(engine, 4) == _tokens(reference, 4)
+
+
+def test_gguf_via_cli_and_cache_reuse(gguf_dir, capsys):
+    assert main(["run", str(gguf_dir["BF16"]), "--prompt", PROMPT, "--max-tokens", "4"]) == 0
+    first = capsys.readouterr()
+    assert "TTFT" in first.err
+    assert main(["run", str(gguf_dir["BF16"]), "--prompt", PROMPT, "--max-tokens", "4"]) == 0
+    second = capsys.readouterr()
+    assert second.out == first.out and "converting" not in second.err  # converted once
+
+
+def test_a_file_that_is_not_gguf_is_refused(tmp_path):
+    junk = tmp_path / "weights.bin"
+    junk.write_bytes(b"not a model")
+    with pytest.raises(SoloError, match="is a file but not a GGUF file"):
+        Engine.load(junk)
+    damaged = tmp_path / "damaged.gguf"
+    damaged.write_bytes(b"GGUF" + b"\0" * 20)
+    with pytest.raises(SoloError, match="not a readable GGUF file"):
+        Engine.load(damaged)

@@ -1,0 +1,103 @@
+"""solo pull / list / rm against a local Hugging Face cache folder (laid out as huggingface_hub lays it out).
+
+No test touches the network: the Hub is switched to offline mode, so `pull` of a cached model resolves from
+the cache, and one that is not cached fails with the one-line message.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pytest
+
+from solo.cli import main
+from solo.model import store
+
+COMMIT = "a" * 40
+
+
+def _add_to_cache(cache: Path, repo_id: str, folder: Path, commit: str = COMMIT, ref: str = "main") -> Path:
+    repo = cache / ("models--" + repo_id.replace("/", "--"))
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "blobs").mkdir(exist_ok=True)
+    for file in folder.iterdir():
+        data = file.read_bytes()
+        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
+        blob.write_bytes(data)
+        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
+    (repo / "refs").mkdir(exist_ok=True)
+    (repo / "refs" / ref).write_text(commit)
+    return snapshot
+
+
+@pytest.fixture()
+def cache(tmp_path, monkeypatch, tiny_llama):
+    import huggingface_hub.constants as hf_constants
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
+    _add_to_cache(cache, "tiny/llama", tiny_llama)
+    gptq = tmp_path / "gptq"
+    shutil.copytree(tiny_llama, gptq)
+    config = json.loads((gptq / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
+    (gptq / "config.json").write_text(json.dumps(config))
+    _add_to_cache(cache, "someone/llama-gptq", gptq, commit="b" * 40)
+    return cache
+
+
+def test_list_shows_size_architecture_and_support(cache, capsys):
+    models = store.list_models()
+    assert [m.repo_id for m in models] == ["someone/llama-gptq", "tiny/llama"]
+    tiny = models[1]
+    assert tiny.supported and tiny.architecture == "LlamaForCausalLM" and tiny.revision == "main"
+    assert tiny.size_bytes == sum(p.stat().st_size for p in Path(tiny.path).iterdir())
+    assert not models[0].supported and "GPTQ" in models[0].reason
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split()[:4] == ["MODEL", "REVISION", "SIZE", "ARCHITECTURE"]
+    assert out[2].startswith("tiny/llama") and out[2].rstrip().endswith("yes")
+    assert main(["list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)[1]["repo_id"] == "tiny/llama"
+
+
+def test_pull_of_a_cached_model_and_a_missing_one_offline(cache, capsys):
+    folder = store.pull("tiny/llama")
+    assert folder == cache / "models--tiny--llama" / "snapshots" / COMMIT
+    assert main(["pull", "tiny/llama"]) == 0
+    out = capsys.readouterr().out
+    assert "LlamaForCausalLM" in out and "ready: solo run tiny/llama" in out
+    assert main(["pull", "nobody/nothing"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "cannot be reached" in err and "resumes" in err
+
+
+def test_rm_deletes_and_reports(cache, capsys):
+    assert main(["rm", "tiny/llama", "--revision", "nope"]) == 2
+    assert "no cached revision 'nope'" in capsys.readouterr().err
+    assert main(["rm", "tiny/llama"]) == 0
+    assert "deleted tiny/llama" in capsys.readouterr().out
+    assert [m.repo_id for m in store.list_models()] == ["someone/llama-gptq"]
+    assert main(["rm", "tiny/llama"]) == 2
+    assert "not in the Hugging Face cache" in capsys.readouterr().err
+
+
+def test_empty_cache(tmp_path, monkeypatch, capsys):
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(tmp_path / "none"))
+    assert store.list_models() == []
+    assert main(["list"]) == 0 and "solo pull ORG/NAME" in capsys.readouterr().err
+
+
+def test_human_size():
+    assert [store.human_size(n) for n in (5, 1500, 31_000_000, 4_200_000_000)] == ["5 B", "1.5 KB", "31.0 MB",
+                                                                                  "4.2 GB"]

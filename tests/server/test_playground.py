@@ -1,0 +1,69 @@
+"""The playground page at `/`: served without the key, its API calls with it, and in a real headless Chromium
+(Debian's `chromium`, driven by Playwright) it streams a reply and shows TTFT, tok/s and the roofline gauge."""
+
+from __future__ import annotations
+
+import shutil
+
+import pytest
+from server_harness import start_server
+
+KEY = "sk-playground"
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+
+
+@pytest.fixture(scope="module")
+def keyed_server(tiny_model):
+    running = start_server(tiny_model, api_key=KEY, max_batch=2)
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
+def test_page_and_static_files_are_open_and_info_needs_the_key(keyed_server):
+    with keyed_server.http() as http:
+        page = http.get("/")
+        assert page.status_code == 200 and "Solo playground" in page.text
+        assert http.get("/static/playground.js").status_code == 200
+        assert http.get("/static/playground.css").headers["content-type"].startswith("text/css")
+        assert http.get("/static/app.py", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
+        assert http.get("/playground/info").status_code == 401
+        info = http.get("/playground/info", headers={"Authorization": f"Bearer {KEY}"}).json()
+    assert info["model"] == "tiny" and info["device"] == "cpu" and info["backend"] == "eager"
+    assert info["context"] == 256 and info["chat"] is True
+    assert info["bandwidth_gbps"] > 0 and info["bytes_per_token"] > 0
+    assert info["roofline_tokens_per_s"] == pytest.approx(info["bandwidth_gbps"] * 1e9 / info["bytes_per_token"])
+
+
+@pytest.mark.slow
+def test_browser_types_a_prompt_and_sees_streamed_text(keyed_server):
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.goto(keyed_server.base_url + "/")
+            page.wait_for_selector("text=needs an API key", timeout=30_000)
+            page.fill("#api-key", KEY)
+            page.dispatch_event("#api-key", "change")
+            page.wait_for_function("document.getElementById('model-info').textContent.includes('tiny')",
+                                   timeout=30_000)
+            assert "cpu" in page.text_content("#model-info")
+            page.fill("#max_tokens", "24")
+            page.fill("#temperature", "0")
+            page.fill("#prompt", "def add(a, b):")
+            page.press("#prompt", "Enter")
+            page.wait_for_function("document.getElementById('tokens').textContent !== '–' && "
+                                   "!document.getElementById('send').disabled", timeout=60_000)
+            reply = page.text_content(".msg.assistant .text")
+            assert reply, "no streamed text"
+            assert page.text_content("#ttft").endswith(" ms")
+            assert page.text_content("#tps").endswith(" tok/s")
+            assert page.text_content("#roofline-pct").endswith("%")
+        finally:
+            browser.close()
+

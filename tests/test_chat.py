@@ -1,0 +1,130 @@
+"""`solo chat`: commands never reach the model, /reset asks first, /save writes JSON, Ctrl-C stops one reply."""
+
+from __future__ import annotations
+
+import io
+import json
+
+import pytest
+
+from solo import Engine, SamplingParams
+from solo.chat import ChatSession
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_llama):
+    return Engine.load(tiny_llama)
+
+
+def _session(engine, lines, system=None):
+    feed = iter(lines)
+
+    def read(prompt):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    out, err = io.StringIO(), io.StringIO()
+    session = ChatSession(engine, SamplingParams(max_tokens=3, ignore_eos=True), system, read, out, err)
+    return session, out, err
+
+
+def test_commands_are_not_sent_to_the_model(engine, monkeypatch):
+    sent = []
+    original = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, p, s=None: sent.append(p) or original(self, p, s))
+    session, _, err = _session(engine, ["/help", "/nope", "/system be brief", "/system", "hi"])
+    assert session.loop() == 0
+    text = err.getvalue()
+    assert "/reset" in text and "/save FILE" in text  # /help
+    assert "unknown command /nope" in text
+    assert "system message: 'be brief'" in text
+    assert len(sent) == 1 and sent[0] == [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}]
+    assert "[TTFT" in text and "tok/s" in text
+
+
+def test_reset_asks_first(engine):
+    session, _, err = _session(engine, ["hi", "/reset", "n", "/reset", "y"])
+    session.loop()
+    assert "Clear the conversation (2 messages)? [y/N]" not in err.getvalue()  # the question goes to the prompt
+    assert "kept the conversation" in err.getvalue() and "conversation cleared" in err.getvalue()
+    assert session.history == []
+
+
+def test_save_writes_the_conversation(engine, tmp_path):
+    path = tmp_path / "chat.json"
+    session, out, err = _session(engine, ["hi", f"/save {path}"], system="sys")
+    session.loop()
+    data = json.loads(path.read_text())
+    assert [m["role"] for m in data["messages"]] == ["system", "user", "assistant"]
+    assert data["messages"][2]["content"] == out.getvalue().strip("\n")
+    assert f"saved 3 messages to {path}" in err.getvalue()
+    session, _, err = _session(engine, [f"/save {tmp_path}/missing/x.json"])
+    session.loop()
+    assert "could not save" in err.getvalue()
+
+
+def test_ctrl_c_stops_the_reply_not_the_session(engine, monkeypatch):
+    original = Engine.generate
+    calls = []
+
+    def first_interrupted(self, prompt, params=None):
+        calls.append(prompt)
+        stream = original(self, prompt, params)
+        if len(calls) > 1:
+            yield from stream
+            return
+        yield next(stream)
+        stream.close()
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Engine, "generate", first_interrupted)
+    session, _, err = _session(engine, ["first", "second"])
+    assert session.loop() == 0
+    assert "[reply stopped]" in err.getvalue()
+    assert err.getvalue().count("[TTFT") == 1  # the second reply ran to the end on the same engine
+    assert [m["role"] for m in session.history] == ["user", "assistant", "user", "assistant"]
+
+
+def test_ctrl_c_at_the_prompt_keeps_going(engine):
+    calls = iter([KeyboardInterrupt, "hi"])
+
+    def read(prompt):
+        item = next(calls, None)
+        if item is None:
+            raise EOFError
+        if item is KeyboardInterrupt:
+            raise KeyboardInterrupt
+        return item
+
+    session = ChatSession(engine, SamplingParams(max_tokens=2), None, read, io.StringIO(), io.StringIO())
+    assert session.loop() == 0
+    assert len(session.history) == 2
+
+
+def test_help_and_version_do_not_import_torch():
+    import subprocess
+    import sys
+
+    code = ("import sys; from solo.cli import main\n"
+            "for argv in (['--help'], ['--version']):\n"
+            "    try: main(argv)\n"
+            "    except SystemExit: pass\n"
+            "assert 'torch' not in sys.modules, 'torch imported'\n")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_argparse_errors_are_one_line_with_a_hint(capsys):
+    from solo.cli import main
+
+    with pytest.raises(SystemExit) as exc:
+        main(["run", "--tempreature=0.5"])
+    err = capsys.readouterr().err
+    assert exc.value.code == 2 and err.count("\n") == 1
+    assert err == ("solo: error: unrecognized arguments: --tempreature=0.5 (did you mean --temperature?); "
+                   "see 'solo run --help'\n")
+    with pytest.raises(SystemExit):
+        main(["runn"])
+    assert "(did you mean run?)" in capsys.readouterr().err
