@@ -42,6 +42,32 @@ class RopeConfig:
     original_max_position_embeddings: int | None = None
 
 
+LM_HEAD_TYPES = ("replicate", "pre_norm_lane_agg", "lane", "vocab_parallel")
+"""`lm_head_type` values of lane models Solo implements (see `LaneConfig`)."""
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    """Lane structure and Delayed Tensor Parallelism (DTP) of a lane model (Laneformer; ../shared/laneformer.md).
+
+    Attributes:
+        num_lanes: L, the lanes; each keeps its own residual stream and owns 1/L of every block's heads and
+            FFN columns (lane-major).
+        broadcast_delay: d, in layers: a lane adds the other lanes' partials of layer i at layer i + d.
+        use_early_comm: the first d layers all-reduce at once (True) or add `sqrt(L) * own partial` (False).
+        broadcast_attention_to_future, broadcast_mlp_to_future: per layer, whether that layer's attention /
+            MLP partials are added by the other lanes d layers later (defaults as in the spec, section 6).
+        lm_head_type: "replicate", "pre_norm_lane_agg", "lane" or "vocab_parallel".
+    """
+
+    num_lanes: int = 1
+    broadcast_delay: int = 0
+    use_early_comm: bool = True
+    broadcast_attention_to_future: tuple[bool, ...] = ()
+    broadcast_mlp_to_future: tuple[bool, ...] = ()
+    lm_head_type: str = "replicate"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything the decoder-only transformer needs to know about a checkpoint.
@@ -69,6 +95,9 @@ class ModelConfig:
         torch_dtype: the checkpoint's dtype name ("bfloat16", ...) or None when config.json omits it.
         bos_token_id: BOS id, or None.
         eos_token_ids: EOS ids from config.json (generation_config.json may add more).
+        lanes: the lane structure of a lane model (Laneformer), or None for a dense model.
+        rope_interleaved: RoPE rotates adjacent pairs (x[2i], x[2i+1]) (Meta's complex form) instead of
+            the two halves of each head (transformers' rotate_half).
     """
 
     architecture: str
@@ -99,6 +128,8 @@ class ModelConfig:
     torch_dtype: str | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = ()
+    lanes: LaneConfig | None = None
+    rope_interleaved: bool = False
 
     @property
     def num_kv_groups(self) -> int:
@@ -322,12 +353,19 @@ def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
+def _laneformer(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    from solo.model.lane_config import laneformer_config
+
+    return laneformer_config(config, raw)
+
+
 _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConfig]] = {
     "LlamaForCausalLM": _llama,
     "MistralForCausalLM": _mistral,
     "Qwen2ForCausalLM": _qwen2,
     "Qwen3ForCausalLM": _qwen3,
     "Gemma2ForCausalLM": _gemma2,
+    "LaneformerForCausalLM": _laneformer,
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURE_RULES)
@@ -339,6 +377,7 @@ _MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "laneformer": "LaneformerForCausalLM",
 }
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")

@@ -59,6 +59,6 @@ def main(args: argparse.Namespace) -> int:
         quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
-        shutdown_grace_s=args.shutdown_grace,
+        shutdown_grace_s=args.shutdown_grace, tp=args.tp,
     )
     return serve(settings, args.host, args.port)

@@ -54,6 +54,7 @@ class ServerSettings:
         max_model_len: tokens per slot (prompt + completion); None for the model's context length.
         decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
         shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
+        tp: tensor-parallel ranks (`solo.distributed`; rank 0 serves, the others follow).
     """
 
     model: str | None = None
@@ -69,6 +70,7 @@ class ServerSettings:
     max_model_len: int | None = None
     decode_batching: DecodeBatching = "auto"
     shutdown_grace_s: float = 30.0
+    tp: int = 1
 
     def validate(self) -> None:
         """Check the numbers.
@@ -116,7 +118,7 @@ class ServerState:
     def _default_loader(self) -> Engine:
         s = self.settings
         return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
-                           quantize=s.quantize)
+                           quantize=s.quantize, tp=s.tp)
 
     @property
     def status(self) -> str:
