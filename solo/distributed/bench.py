@@ -12,7 +12,6 @@ ranks and rank 0's.
 from __future__ import annotations
 
 import json
-import multiprocessing
 import random
 import sys
 import time
@@ -85,21 +84,30 @@ def random_shard(config: ModelConfig, dtype: torch.dtype, device: torch.device, 
     return TPTransformer(model.eval(), config, comm, [None] * n, [None] * n)
 
 
-def _rank_main(rank: int, world: int, init_method: str, job: dict[str, Any], queue: Any) -> None:  # noqa: ANN401
-    from solo.distributed.launch import init_group, load_shard
+def bench_rank(job: dict[str, Any], rank: int) -> int:
+    """One rank of one benchmark variant (forked by `solo.distributed.zygote`); rank 0 posts the timings.
+
+    Returns:
+        The exit status (0).
+    """
+    from solo.bench.shapes import shape_config
+    from solo.distributed.launch import TIMEOUT, load_shard
     from solo.model.hub import resolve_dtype
     from solo.model.transformer import KVCache
 
+    world = job["world"]
     torch.set_num_threads(job["threads"])
-    init_group("cpu", init_method, world, rank)
-    config = ModelConfig.from_dict(job["raw"]) if job["raw"] else None
-    dtype = resolve_dtype(job["dtype"], None if config is None else config.torch_dtype)
+    store = dist.TCPStore("127.0.0.1", job["port"], world, is_master=False, timeout=TIMEOUT)
+    dist.init_process_group("gloo", store=dist.PrefixStore(job["name"], store), rank=rank, world_size=world,
+                            timeout=TIMEOUT)
     device = torch.device("cpu")
     if job["folder"]:
         config = ModelConfig.from_file(job["folder"])
+        dtype = resolve_dtype(job["dtype"], config.torch_dtype)
         model = load_shard(Path(job["folder"]), config, dtype, device)
     else:
-        config = job["config"]
+        config = variant_configs(shape_config(job["shape"]), world)[job["variant"]][1]
+        dtype = resolve_dtype(job["dtype"], config.torch_dtype)
         model = random_shard(config, dtype, device, job["seed"])
     comm = model.comm
     prompt, gen_len = job["prompt"], job["gen_len"]
@@ -120,34 +128,37 @@ def _rank_main(rank: int, world: int, init_method: str, job: dict[str, Any], que
 
     generate(prompt[:8], 4)  # warm-up
     runs = [generate(prompt, gen_len - 1) for _ in range(job["repeats"])]
-    per_rank = [None] * world
+    per_rank: list[Any] = [None] * world
     dist.all_gather_object(per_rank, runs)
     if rank == 0:
-        queue.put(per_rank)
+        store.set(job["name"] + "/result", json.dumps(per_rank))
     dist.barrier()
     dist.destroy_process_group()
+    return 0
 
 
-def _run_variant(job: dict[str, Any], world: int) -> list[list[tuple[float, float, int]]]:
-    from solo.distributed.launch import _free_port
+def _run_variant(job: dict[str, Any], timeout_s: float = 900.0) -> list[list[list[float]]]:
+    from solo.distributed.launch import TIMEOUT
+    from solo.distributed.zygote import fork
 
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    init_method = f"tcp://127.0.0.1:{_free_port()}"
-    procs = [ctx.Process(target=_rank_main, args=(r, world, init_method, job, queue), daemon=True)
-             for r in range(world)]
-    for p in procs:
-        p.start()
+    world = job["world"]
+    store = dist.TCPStore("127.0.0.1", 0, world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    job = dict(job, port=store.port)
+    procs = [fork("solo.distributed.bench:bench_rank", [job, rank]) for rank in range(world)]
+    key = job["name"] + "/result"
+    deadline = time.monotonic() + timeout_s
     try:
-        result = queue.get(timeout=job["timeout_s"])
-    except Exception:  # noqa: BLE001 -- a rank died or hung: report it, never hang the bench
-        raise SoloError("a tensor-parallel rank of the benchmark failed or timed out (see its log above)") from None
+        while not store.check([key]):
+            if any(p.poll() is not None for p in procs):
+                raise SoloError("a tensor-parallel rank of the benchmark exited early (see its message above)")
+            if time.monotonic() > deadline:
+                raise SoloError(f"the tensor-parallel benchmark did not finish within {timeout_s:.0f} s")
+            time.sleep(0.05)
+        return json.loads(store.get(key))
     finally:
         for p in procs:
-            p.join(timeout=30)
-            if p.is_alive():
-                p.terminate()
-    return result
+            if p.wait(30) is None:
+                p.kill()
 
 
 def main_tp(args: Any) -> int:  # noqa: ANN401
@@ -157,7 +168,7 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
         SoloError: --tp below 2, CUDA asked for, or a shape / model that cannot be split that way.
     """
     from solo.bench.report import machine_info, versions
-    from solo.bench.shapes import SHAPES, shape_config
+    from solo.bench.shapes import shape_config
     from solo.distributed.launch import default_threads
     from solo.distributed.sharding import check_tp
     from solo.model.hub import resolve_model_dir
@@ -177,7 +188,6 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
         config = shape_config(args.shape)
         variants = variant_configs(config, world)
         label = f"{args.shape} (random weights)"
-        raw = None
     else:
         folder = resolve_model_dir(args.model, args.revision)
         config = ModelConfig.from_file(folder)
@@ -197,12 +207,12 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
         "repeats": args.repeats, "machine": machine_info(torch.device("cpu")), "versions": versions(),
         "variants": {},
     }
-    for name, cfg in variants:
+    for index, (name, _) in enumerate(variants):
         print(f"running {name} on {world} ranks ...", file=sys.stderr)
-        job = dict(raw=raw, config=cfg, folder=None if args.shape else str(folder), dtype=dtype_name,
-                   seed=args.seed, prompt=prompt, gen_len=args.gen_len, repeats=args.repeats, threads=threads,
-                   timeout_s=600)
-        per_rank = _run_variant(job, world)
+        job = dict(name=f"variant{index}", world=world, shape=args.shape, variant=index,
+                   folder=None if args.shape else str(folder), dtype=dtype_name, seed=args.seed, prompt=prompt,
+                   gen_len=args.gen_len, repeats=args.repeats, threads=threads)
+        per_rank = _run_variant(job)
         tokens = args.gen_len - 1
         wall = [min(r[0] for r in runs) / tokens for runs in per_rank]
         blocked = [min(r[1] for r in runs) / tokens for runs in per_rank]
@@ -217,7 +227,6 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         print(f"wrote {args.json}", file=sys.stderr)
-    _ = SHAPES
     return 0
 
 

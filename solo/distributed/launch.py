@@ -10,12 +10,9 @@ from __future__ import annotations
 
 import atexit
 import datetime
-import json
 import logging
 import os
 import socket
-import subprocess
-import sys
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -117,7 +114,7 @@ def _free_port() -> int:
         return sock.getsockname()[1]
 
 
-def follower_main(spec: RankSpec, rank: int) -> int:
+def follower_main(spec: RankSpec | dict, rank: int) -> int:
     """A spawned follower (forked by `solo.distributed.zygote`): join, load the shard, follow.
 
     Returns:
@@ -126,6 +123,7 @@ def follower_main(spec: RankSpec, rank: int) -> int:
     from solo.distributed.runtime import RankFailure, TPRuntime
     from solo.model.hub import resolve_dtype
 
+    spec = spec if isinstance(spec, RankSpec) else RankSpec(**spec)
     logging.basicConfig(level=logging.WARNING, format=f"solo rank {rank}: %(message)s")
     torch.set_num_threads(spec.threads)
     host, port = spec.init_method.removeprefix("tcp://").rsplit(":", 1)
@@ -146,33 +144,13 @@ def follower_main(spec: RankSpec, rank: int) -> int:
     return 0
 
 
-_ZYGOTE: subprocess.Popen | None = None
-
-
-def _zygote() -> subprocess.Popen:
-    # The helper that forks followers (solo.distributed.zygote), started once per process: a fresh
-    # interpreter, so the caller's own script is never re-imported (as with multiprocessing's spawn).
-    global _ZYGOTE
-    if _ZYGOTE is None or _ZYGOTE.poll() is not None:
-        _ZYGOTE = subprocess.Popen([sys.executable, "-m", "solo.distributed.zygote"], stdin=subprocess.PIPE,
-                                   stdout=subprocess.PIPE, text=True)
-        if _ZYGOTE.stdout.readline().strip() != "ready":
-            raise SoloError("could not start the tensor-parallel helper process (see the error above)")
-    return _ZYGOTE
-
-
 def _spawn_followers(spec: RankSpec) -> tuple[dist.TCPStore, list]:
     # Rank 0 waits for the followers to join while watching that they are alive (never a silent hang).
-    from solo.distributed.zygote import FollowerHandle
+    from solo.distributed.zygote import fork
 
     store = dist.TCPStore("127.0.0.1", 0, spec.world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     payload = asdict(replace(spec, init_method=f"tcp://127.0.0.1:{store.port}"))
-    zygote = _zygote()
-    procs = []
-    for rank in range(1, spec.world):
-        zygote.stdin.write(json.dumps([payload, rank]) + "\n")
-        zygote.stdin.flush()
-        procs.append(FollowerHandle(int(zygote.stdout.readline())))
+    procs = [fork("solo.distributed.launch:follower_main", [payload, rank]) for rank in range(1, spec.world)]
     keys = [f"ready{rank}" for rank in range(1, spec.world)]
     deadline = time.monotonic() + TIMEOUT.total_seconds()
     while not store.check(keys):

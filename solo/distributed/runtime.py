@@ -11,6 +11,7 @@ hanging).
 
 from __future__ import annotations
 
+import atexit
 import logging
 import os
 import signal
@@ -94,8 +95,10 @@ class TPRuntime:
         _log.error("tensor parallelism failed: %s; exiting", self.failed)
         if self.exit_on_failure:
             def end() -> None:
+                # SIGTERM: a server drains (health 503) and shuts down; the exit status is 1 either way.
+                atexit.register(os._exit, 1)
                 os.kill(os.getpid(), signal.SIGTERM)
-                time.sleep(15.0)
+                time.sleep(30.0)
                 os._exit(1)
 
             threading.Timer(EXIT_AFTER_FAILURE_S, end).start()

@@ -3,8 +3,9 @@
 Starting a follower as a fresh interpreter costs an import of torch each time (seconds). Rank 0 instead
 starts this helper once (`python -m solo.distributed.zygote`); it imports torch and Solo's model code and
 never runs a kernel, so forking it is safe (no OpenMP thread pool or CUDA context to inherit), and each
-follower is a fork of it. Protocol on its stdin/stdout: one JSON line `[spec, rank]` in, one line with the
-follower's pid out. It exits when its stdin closes (rank 0 exited). Followers are reaped automatically.
+follower is a fork of it. Protocol on its stdin/stdout: one JSON line `["module:function", [args...]]` in
+(the function returns the exit status), one line with the forked process's pid out. It exits when its
+stdin closes (rank 0 exited). Followers are reaped automatically.
 """
 
 from __future__ import annotations
@@ -61,11 +62,41 @@ class FollowerHandle:
             pass
 
 
+def fork(target: str, args: list) -> FollowerHandle:
+    """Fork a process from this process's helper (started on first use) running `target(*args)`.
+
+    Args:
+        target: "module:function"; the function returns the exit status.
+        args: JSON-serialisable arguments.
+
+    Raises:
+        SoloError: the helper could not start.
+    """
+    import subprocess
+
+    from solo.errors import SoloError
+
+    global _HELPER
+    if _HELPER is None or _HELPER.poll() is not None:
+        _HELPER = subprocess.Popen([sys.executable, "-m", "solo.distributed.zygote"], stdin=subprocess.PIPE,
+                                   stdout=subprocess.PIPE, text=True)
+        if _HELPER.stdout.readline().strip() != "ready":
+            raise SoloError("could not start the tensor-parallel helper process (see the error above)")
+    _HELPER.stdin.write(json.dumps([target, args]) + "\n")
+    _HELPER.stdin.flush()
+    return FollowerHandle(int(_HELPER.stdout.readline()))
+
+
+_HELPER = None
+
+
 def main() -> None:
     """Serve fork requests until stdin closes."""
+    import importlib
+
     import torch  # noqa: F401 -- preloaded for the followers
 
-    from solo.distributed.launch import RankSpec, follower_main
+    from solo.distributed import bench, launch  # noqa: F401 -- preloaded for the followers
     from solo.model import lanes, weights  # noqa: F401 -- preloaded for the followers
 
     signal.signal(signal.SIGCHLD, signal.SIG_IGN)  # followers are reaped by the kernel
@@ -73,7 +104,7 @@ def main() -> None:
     out.write("ready\n")
     out.flush()
     for line in sys.stdin:
-        spec, rank = json.loads(line)
+        target, args = json.loads(line)
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
@@ -82,7 +113,8 @@ def main() -> None:
             os.dup2(2, 1)  # the follower's prints must not reach rank 0's pipe
             code = 1
             try:
-                code = follower_main(RankSpec(**spec), rank)
+                module, _, function = target.partition(":")
+                code = int(getattr(importlib.import_module(module), function)(*args) or 0)
             finally:
                 sys.stderr.flush()
                 os._exit(code)

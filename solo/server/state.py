@@ -125,6 +125,8 @@ class ServerState:
         """Health as /health reports it: "ok", "loading", "shutting_down" or "failed"."""
         if self.error is not None or (self.scheduler is not None and self.scheduler.error is not None):
             return "failed"
+        if self.engine is not None and getattr(self.engine.runtime, "failed", None):  # a tensor-parallel rank died
+            return "failed"
         if self.draining:
             return "shutting_down"
         return "ok" if self.scheduler is not None else "loading"
