@@ -12,7 +12,6 @@ import atexit
 import datetime
 import logging
 import os
-import socket
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -92,26 +91,6 @@ def load_shard(folder: Path, config: ModelConfig, dtype: torch.dtype, device: to
         shard = lane_shard(config, comm.world, comm.rank)
         return attach_lane_cache_config(load_lane_weights(folder, config, dtype, device, shard, comm))
     return shard_dense(load_weights(folder, config, dtype, device), comm)
-
-
-def shard_model(full: torch.nn.Module) -> torch.nn.Module:
-    """The shard this rank holds of a whole in-memory model (every rank built the same one, e.g. from a seed)."""
-    from solo.distributed.comm import DistLanes
-    from solo.distributed.sharding import attach_lane_cache_config, check_tp, lane_shard, shard_dense
-    from solo.model.lanes import shard_lane_model
-
-    config = full.config
-    comm = DistLanes(vocab_size=config.vocab_size)
-    check_tp(config, comm.world)
-    if config.lanes is not None:
-        return attach_lane_cache_config(shard_lane_model(full, lane_shard(config, comm.world, comm.rank), comm))
-    return shard_dense(full, comm)
-
-
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def follower_main(spec: RankSpec | dict, rank: int) -> int:

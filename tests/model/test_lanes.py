@@ -285,3 +285,13 @@ def test_bad_checkpoint_tensor_is_named(tmp_path):
     save_file(sd, str(folder / "model.safetensors"))
     with pytest.raises(CheckpointError, match="self_attn.q_proj"):
         Engine.load(folder)
+
+
+def test_half_precision_lane_linear_matches_the_batched_product():
+    from solo.model.lanes import LaneLinear
+
+    layer = LaneLinear(4, 32, 24).to(torch.bfloat16)
+    torch.nn.init.normal_(layer.weight)
+    x = torch.randn(2, 3, 4, 32, dtype=torch.bfloat16)
+    expected = torch.einsum("bsli,loi->bslo", x.float(), layer.weight.float())
+    assert torch.allclose(layer(x).float(), expected, atol=0.1, rtol=0.02)
