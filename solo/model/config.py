@@ -150,6 +150,8 @@ class ModelConfig:
         per_layer = attn + mlp + norms
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        if self.lanes is not None and self.lanes.lm_head_type == "lane":
+            head *= self.lanes.num_lanes  # a [vocab, lanes * hidden] head
         return self.num_layers * per_layer + embed + head + h
 
     @classmethod

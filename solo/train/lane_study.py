@@ -107,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"[{name}] held-out {result.bits_per_byte:.4f} bits/byte", flush=True)
 
     report = {
-        "command": "python -m solo.train.lane_study " + " ".join(sys.argv[1:] if argv is None else argv),
+        "command": "python -m solo.train.lane_study " + _quoted_args(sys.argv[1:] if argv is None else argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_time_s": time.monotonic() - t_start,
         "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads,
         "cpu": _cpu_name(), "corpus_train_files": len(corpus.train), "train_stream_tokens": int(len(train_tokens)),
@@ -119,6 +119,19 @@ def main(argv: list[str] | None = None) -> int:
     _plot(report, args.out.with_suffix(".png"))
     print(render_table(report))
     return 0
+
+
+def _quoted_args(argv: list[str]) -> str:
+    # The run folder is a local detail: the command is quoted without it.
+    out, skip = [], False
+    for arg in argv:
+        if skip:
+            skip = False
+        elif arg == "--run-dir":
+            skip = True
+        elif not arg.startswith("--run-dir="):
+            out.append(arg)
+    return " ".join(out)
 
 
 def _cpu_name() -> str:
@@ -162,8 +175,9 @@ def render_table(report: dict) -> str:
         mean = statistics.mean(r["bits_per_byte"] for r in runs)
         cells = " | ".join(f"{r['bits_per_byte']:.4f}" for r in runs)
         lines.append(f"| {variant} | {cells} | {mean:.4f} | {100 * (mean / dense_mean - 1):+.2f}% |")
-    lines += ["", "A small-scale result: about a million parameters and a few hundred steps; it does not predict "
-              "how the variants compare for large models trained long.", ""]
+    lines += ["", f"A small-scale result ({first['parameters'] / 1e6:.1f}M parameters, {first['steps']} steps, "
+              f"{len(next(iter(by_variant.values())))} seeds): it shows how the variants order this early in "
+              "training at this size, and does not predict how they compare for large models trained long.", ""]
     return "\n".join(lines)
 
 

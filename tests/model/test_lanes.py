@@ -295,3 +295,11 @@ def test_half_precision_lane_linear_matches_the_batched_product():
     x = torch.randn(2, 3, 4, 32, dtype=torch.bfloat16)
     expected = torch.einsum("bsli,loi->bslo", x.float(), layer.weight.float())
     assert torch.allclose(layer(x).float(), expected, atol=0.1, rtol=0.02)
+
+
+def test_parameter_count_of_a_lane_head():
+    replicate = ModelConfig.from_dict(lane_raw_config(384))
+    lane = ModelConfig.from_dict(lane_raw_config(384, lm_head_type="lane"))
+    assert lane.num_parameters() - replicate.num_parameters() == 3 * 384 * 64
+    model = build_random_lane_model(lane, torch.float32)
+    assert sum(p.numel() for p in model.parameters()) == lane.num_parameters()
