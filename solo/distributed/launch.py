@@ -161,7 +161,8 @@ def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: t
         dtype: weight dtype.
         device: "cpu" or a CUDA device (rank r uses cuda:r).
         tp: number of ranks.
-        threads: CPU threads per rank (default: the cores divided by the ranks).
+        threads: CPU threads per rank (default: the cores divided by the ranks, at most torch's current
+            thread count, so `--threads` is respected).
 
     Returns:
         The `TPRuntime` of rank 0 (its `followers` are the spawned processes).
@@ -189,7 +190,7 @@ def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: t
         control = init_group(device.type, "env://", world, 0)
         device = rank_device(device.type, local_rank)
     else:
-        threads = threads or default_threads(tp)
+        threads = threads or min(torch.get_num_threads(), default_threads(tp))
         torch.set_num_threads(threads)
         spec = RankSpec(str(folder), str(dtype).removeprefix("torch."), device.type, tp, "", threads)
         store, procs = _spawn_followers(spec)
