@@ -39,6 +39,19 @@ def test_run_tp2_prints_one_process_output(lane_model):
     assert "backend: eager-tp2" in proc.stderr
 
 
+def test_run_under_torchrun_env_rendezvous(lane_model):
+    # Every process runs the same command; rank 1 follows rank 0 (the env:// variables torchrun sets).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(port), "-m", "solo.cli", "run", str(lane_model), "--tp", "2", "--prompt", "def f(x):",
+                           "--max-tokens", "8", "--ignore-eos", "--temperature", "0"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == _expected(lane_model, "def f(x):", 8) + "\n"
+
+
 def _descendants(pid: int) -> list[int]:
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():
