@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import os
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -60,6 +61,9 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
         "--quantize", default=None, choices=("int8", "int4"),
         help="weight-only quantization for the CPU runtime (off by default; int8 keeps quality closest)",
     )
+    parser.add_argument("--tp", type=int, default=1, metavar="N",
+                        help="tensor parallelism over N ranks (torch.distributed: gloo on CPU, NCCL on CUDA); "
+                        "starts N processes itself, or joins a torchrun job (default: 1)")
 
 
 def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
@@ -133,7 +137,7 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
 
     return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                        revision=args.revision, quantize=args.quantize, prefix_cache_gb=prefix_cache_gb_from_args(args),
-                       speculative=args.speculative)
+                       speculative=args.speculative, tp=args.tp)
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
@@ -401,6 +405,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = parser.parse_args(argv)
     try:
         _apply_threads(args)
+        if getattr(args, "tp", 1) != 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+            # A torchrun job: ranks other than 0 load their shard and follow rank 0.
+            from solo.distributed.launch import run_torchrun_follower
+
+            return run_torchrun_follower(args.model, args.dtype, args.device, args.revision)
         return args.handler(args)
     except SoloError as exc:
         print(f"solo: error: {exc}", file=sys.stderr)

@@ -122,3 +122,32 @@ def make_checkpoint(
     if generation_config is not None:
         (folder / "generation_config.json").write_text(json.dumps(generation_config))
     return folder
+
+
+TINY_LANES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,
+                  num_key_value_heads=4, head_dim=16, max_position_embeddings=256)
+
+
+def lane_raw_config(vocab_size: int, num_lanes: int = 4, delay: int = 1, **overrides) -> dict:
+    """A tiny Laneformer config.json (the fields of ../shared/laneformer.md section 6)."""
+    raw = dict(TINY_LANES, architectures=["LaneformerForCausalLM"], model_type="laneformer",
+               vocab_size=vocab_size, num_lanes=num_lanes, broadcast_delay=delay, lm_head_type="replicate",
+               use_early_comm=True, norm_eps=1e-5, rope_theta=10000.0, tie_word_embeddings=False,
+               bos_token_id=1, eos_token_id=2, torch_dtype="float32")
+    raw.update(overrides)
+    return raw
+
+
+def make_lane_checkpoint(folder: Path, seed: int = 0, std: float = 0.2, **overrides) -> Path:
+    """Write a tiny random Laneformer checkpoint (lane layout, Laneformer names) plus tokenizer files."""
+    from safetensors.torch import save_file
+
+    from solo.model.config import ModelConfig
+    from solo.model.lanes import build_random_lane_model, laneformer_state_dict
+
+    vocab = write_tokenizer(folder)
+    raw = lane_raw_config(vocab, **overrides)
+    (folder / "config.json").write_text(json.dumps(raw, indent=2))
+    model = build_random_lane_model(ModelConfig.from_dict(raw), torch.float32, seed=seed, std=std)
+    save_file(laneformer_state_dict(model), str(folder / "model.safetensors"))
+    return folder

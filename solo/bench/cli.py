@@ -195,6 +195,10 @@ def main(args: argparse.Namespace) -> int:
     from solo.errors import SoloError
     from solo.runtime import create_runtime
 
+    if args.tp != 1:  # tensor parallelism: decode speed and time blocked on communication (solo.distributed)
+        from solo.distributed.bench import main_tp
+
+        return main_tp(args)
     if args.model and args.shape:
         raise SoloError("give either MODEL or --shape, not both")
     if args.structured:
@@ -282,6 +286,10 @@ def main(args: argparse.Namespace) -> int:
     spec = PeerSpec(model=model, raw_config=raw_config, dtype=dense_dtype, quantize=args.quantize, device=device,
                     threads=torch.get_num_threads(), max_seq=max_context, extra={"cache_key": cache_key})
     for name in peer_names:
+        if config.lanes is not None:
+            skipped[name] = "no peer runs lane models (Laneformer)"
+            print(f"peer skipped: {name}: {skipped[name]}", file=sys.stderr)
+            continue
         print(f"preparing peer {name} ...", file=sys.stderr)
         try:
             peer = load_peer(name, spec)

@@ -43,10 +43,14 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=8192),
     ),
+    # A lane model (solo.model.lanes; ../shared/laneformer.md section 2): 8 lanes, delay 2, a 2048-token
+    # sliding window on layers 0-9.
     "Laneformer-2B": dict(
-        architectures=["LlamaForCausalLM"], hidden_size=3072, intermediate_size=12288, num_hidden_layers=15,
-        num_attention_heads=32, num_key_value_heads=16, head_dim=96, vocab_size=32000, tie_word_embeddings=False,
-        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=8192, torch_dtype="bfloat16",
+        architectures=["LaneformerForCausalLM"], model_type="laneformer", hidden_size=3072,
+        intermediate_size=12288, num_hidden_layers=15, num_attention_heads=32, num_key_value_heads=16,
+        head_dim=96, vocab_size=32000, tie_word_embeddings=False, norm_eps=1e-5, rope_theta=10000.0,
+        max_position_embeddings=4096, torch_dtype="bfloat16", num_lanes=8, broadcast_delay=2,
+        lm_head_type="replicate", use_early_comm=True, sliding_window=2048, sliding_window_n_layers=10,
     ),
     # Mixture-of-experts shapes that fit a 24 GiB machine in bfloat16. OLMoE-1B-7B is the real model
     # (allenai/OLMoE-1B-7B-0924: 6.9B parameters, 1.3B active, 13.8 GB). Qwen3-30B-A3B (61 GB) is scaled
@@ -104,8 +108,12 @@ def build_model(config: ModelConfig, dtype: torch.dtype, seed: int = 0, std: flo
         device: where the weights live.
 
     Returns:
-        The model in eval mode, without gradients.
+        The model in eval mode, without gradients (a `solo.model.lanes.LaneTransformer` for a lane shape).
     """
+    if config.lanes is not None:
+        from solo.model.lanes import build_random_lane_model
+
+        return build_random_lane_model(config, dtype, seed=seed, std=std, device=device)
     with torch.device("meta"):
         model = Transformer(config)
     model = model.to(dtype).to_empty(device=device)

@@ -144,6 +144,7 @@ class Engine:
         quantize: str | None = None,
         prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB,
         speculative: str = "auto",
+        tp: int = 1,
     ) -> Engine:
         """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.
 
@@ -156,6 +157,8 @@ class Engine:
             quantize: None, or "int8" / "int4" weight-only quantization (CPU only; `solo.runtime.quant`).
             prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
             speculative: "auto" (n-gram drafts on the native CPU runtime, off elsewhere), "off", "ngram", "suffix".
+            tp: tensor-parallel ranks (`solo.distributed`): > 1 spawns tp - 1 follower processes (or joins a
+                torchrun job as rank 0) and runs the eager model sharded over them.
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
@@ -170,10 +173,19 @@ class Engine:
         torch_dtype = resolve_dtype(dtype, config.torch_dtype)
         tokenizer = Tokenizer.from_folder(folder)
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
+        if tp != 1:
+            from solo.distributed.launch import start_ranks
+
+            if quantize is not None or backend not in ("auto", "eager"):
+                raise SoloError("--tp runs the eager model on every rank; drop --quantize and --backend")
+            runtime = start_ranks(folder, config, torch_dtype, dev, tp)
+            return cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name)
         weights = load_weights(folder, config, torch_dtype, dev)
         if quantize is not None:
             if dev.type != "cpu":
                 raise SoloError("--quantize is implemented for the CPU runtime only; drop it or use --device cpu")
+            if config.lanes is not None:
+                raise SoloError("--quantize is not implemented for lane models (Laneformer); drop it")
             from solo.runtime.quant import quantize_model
 
             weights = quantize_model(weights, quantize)

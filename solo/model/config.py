@@ -42,6 +42,32 @@ class RopeConfig:
     original_max_position_embeddings: int | None = None
 
 
+LM_HEAD_TYPES = ("replicate", "pre_norm_lane_agg", "lane", "vocab_parallel")
+"""`lm_head_type` values of lane models Solo implements (see `LaneConfig`)."""
+
+
+@dataclass(frozen=True)
+class LaneConfig:
+    """Lane structure and Delayed Tensor Parallelism (DTP) of a lane model (Laneformer; ../shared/laneformer.md).
+
+    Attributes:
+        num_lanes: L, the lanes; each keeps its own residual stream and owns 1/L of every block's heads and
+            FFN columns (lane-major).
+        broadcast_delay: d, in layers: a lane adds the other lanes' partials of layer i at layer i + d.
+        use_early_comm: the first d layers all-reduce at once (True) or add `sqrt(L) * own partial` (False).
+        broadcast_attention_to_future, broadcast_mlp_to_future: per layer, whether that layer's attention /
+            MLP partials are added by the other lanes d layers later (defaults as in the spec, section 6).
+        lm_head_type: "replicate", "pre_norm_lane_agg", "lane" or "vocab_parallel".
+    """
+
+    num_lanes: int = 1
+    broadcast_delay: int = 0
+    use_early_comm: bool = True
+    broadcast_attention_to_future: tuple[bool, ...] = ()
+    broadcast_mlp_to_future: tuple[bool, ...] = ()
+    lm_head_type: str = "replicate"
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Everything the decoder-only transformer needs to know about a checkpoint.
@@ -80,6 +106,9 @@ class ModelConfig:
             than in the weights' dtype (Qwen-MoE, OLMoE).
         moe_layers: per layer, True when its MLP is a sparse MoE block (Qwen-MoE's decoder_sparse_step and
             mlp_only_layers make some layers dense); empty for a dense model.
+        lanes: the lane structure of a lane model (Laneformer), or None for a dense model.
+        rope_interleaved: RoPE rotates adjacent pairs (x[2i], x[2i+1]) (Meta's complex form) instead of
+            the two halves of each head (transformers' rotate_half).
     """
 
     architecture: str
@@ -127,6 +156,8 @@ class ModelConfig:
     def is_moe_layer(self, layer_idx: int) -> bool:
         """True when layer `layer_idx`'s MLP is a sparse MoE block."""
         return bool(self.moe_layers) and self.moe_layers[layer_idx]
+    lanes: LaneConfig | None = None
+    rope_interleaved: bool = False
 
     @property
     def num_kv_groups(self) -> int:
@@ -148,6 +179,8 @@ class ModelConfig:
         per_layer = attn + norms
         embed = self.vocab_size * h
         head = 0 if self.tie_word_embeddings else self.vocab_size * h
+        if self.lanes is not None and self.lanes.lm_head_type == "lane":
+            head *= self.lanes.num_lanes  # a [vocab, lanes * hidden] head
         mlps = sum(self._moe_parameters(self.num_experts) if self.is_moe_layer(i) else mlp
                    for i in range(self.num_layers))
         return self.num_layers * per_layer + mlps + embed + head + h
@@ -442,6 +475,10 @@ def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full_width=True)
     return _moe_fields(config, raw, "num_experts", "intermediate_size", (64, 8, 2048),
                        norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
+def _laneformer(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    from solo.model.lane_config import laneformer_config
+
+    return laneformer_config(config, raw)
 
 
 _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConfig]] = {
@@ -454,6 +491,7 @@ _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConf
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "OlmoeForCausalLM": _olmoe,
+    "LaneformerForCausalLM": _laneformer,
 }
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURE_RULES)
@@ -469,6 +507,7 @@ _MODEL_TYPES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "laneformer": "LaneformerForCausalLM",
 }
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")

@@ -143,7 +143,11 @@ def load_weights(
 
     Raises:
         CheckpointError: a missing shard or tensor, a tensor with the wrong shape, an unknown tensor.
+
+    A lane model (`config.lanes` set) is a `solo.model.lanes.LaneTransformer` (see `load_lane_weights`).
     """
+    if config.lanes is not None:
+        return load_lane_weights(folder, config, dtype, device)
     with torch.device("meta"):
         model = Transformer(config)
     expected = {name: p.shape for name, p in model.named_parameters()}
@@ -219,3 +223,137 @@ def _load_expert_slice(
         )
     view.copy_(tensor)
     slices[target.name].add((target.expert, target.part))
+# ------------------------------------------------------------------------------------- Laneformer layout
+
+_LANE_ROW = ("attention.wq", "attention.wk", "attention.wv", "feed_forward.w1", "feed_forward.w3")
+_LANE_COLUMN = ("attention.wo", "feed_forward.w2")
+_LANE_NORMS = ("attention_norm", "ffn_norm")
+_LANE_LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.weight$")
+
+
+def laneformer_to_solo_name(name: str, config: ModelConfig) -> str | None:
+    """Map a Laneformer checkpoint tensor name to the `LaneTransformer` parameter name.
+
+    The names are TorchTitan style (../shared/laneformer.md section 2); the parameter is the same name without
+    `model.`. Returns None for tensors Solo does not need.
+
+    Raises:
+        CheckpointError: a name that belongs to no Laneformer tensor.
+    """
+    if _IGNORED_RE.search(name):
+        return None
+    if name in ("model.tok_embeddings.weight", "model.norm.weight"):
+        return name.removeprefix("model.")
+    if name == "lm_head.weight":
+        return None if config.tie_word_embeddings else name
+    match = _LANE_LAYER_RE.match(name)
+    if match and match.group(2) in _LANE_ROW + _LANE_COLUMN + _LANE_NORMS:
+        return name.removeprefix("model.")
+    raise CheckpointError(
+        f"checkpoint tensor {name!r} is not a Laneformer tensor (expected model.tok_embeddings, "
+        "model.layers.N.attention.{wq,wk,wv,wo}, model.layers.N.feed_forward.{w1,w2,w3}, attention_norm, "
+        "ffn_norm, model.norm, lm_head); check that config.json matches the weights"
+    )
+
+
+def lane_tensor(name: str, tensor: torch.Tensor, config: ModelConfig, shard: object) -> torch.Tensor:
+    """Put a Laneformer tensor into the `LaneTransformer` layout and keep the lanes / vocabulary rows of `shard`.
+
+    Lane linears are stored either in the spec's lane layout (row: `[L, out/L, in]`, column:
+    `[L, out, in/L]`) or as the equivalent dense `[out, in]` matrix (lane-major outputs / inputs).
+
+    Args:
+        name: the `LaneTransformer` parameter name.
+        tensor: the checkpoint tensor.
+        config: the lane model's config.
+        shard: a `solo.model.lanes.LaneShard`.
+
+    Raises:
+        CheckpointError: a shape that fits neither layout.
+    """
+    lanes = config.lanes.num_lanes
+    module = name.rsplit(".", 1)[0].split(".", 2)[-1] if name.startswith("layers.") else ""
+    a, b = shard.lane_start, shard.lane_stop
+    if module in _LANE_ROW or module in _LANE_COLUMN:
+        row = module in _LANE_ROW
+        if tensor.ndim == 2:
+            out, inp = tensor.shape
+            if (out if row else inp) % lanes:
+                raise CheckpointError(
+                    f"checkpoint tensor {name!r} has shape {tuple(tensor.shape)}, whose "
+                    f"{'rows' if row else 'columns'} do not split into num_lanes = {lanes} lanes"
+                )
+            if row:
+                tensor = tensor.view(lanes, out // lanes, inp)
+            else:
+                tensor = tensor.view(out, lanes, inp // lanes).transpose(0, 1)
+        return tensor[a:b]
+    if name == "lm_head.weight":
+        head = config.lanes.lm_head_type
+        if head == "lane":
+            d = config.hidden_size
+            if tensor.ndim == 2 and tensor.shape[1] == lanes * d:
+                return tensor[:, a * d:b * d]
+            return tensor
+        if head == "vocab_parallel":
+            per_lane = config.vocab_size // lanes
+            return tensor[a * per_lane:b * per_lane]
+        return tensor[shard.vocab_start:shard.vocab_stop]
+    return tensor
+
+
+def load_lane_weights(
+    folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device | str = "cpu", shard: object = None,
+    comm: object = None,
+) -> torch.nn.Module:
+    """Build a `LaneTransformer` and fill it from a Laneformer-layout checkpoint.
+
+    Args:
+        folder: model folder.
+        config: its config (with `lanes`).
+        dtype: weight dtype.
+        device: where the weights live.
+        shard: the `LaneShard` to keep (default: every lane, one process).
+        comm: cross-lane communication for tensor parallelism (default: one process).
+
+    Returns:
+        The model in eval mode, without gradients.
+
+    Raises:
+        CheckpointError: a missing, unknown or misshapen tensor (the message names it).
+    """
+    from solo.model.lanes import LaneRotary, LaneShard, LaneTransformer
+
+    shard = shard or LaneShard.whole(config)
+    with torch.device("meta"):
+        model = LaneTransformer(config, shard, comm)
+    expected = {name: p.shape for name, p in model.named_parameters()}
+    loaded: set[str] = set()
+    device_str = str(device)
+    read_device = device_str if device_str.startswith("cuda") else "cpu"
+    for ckpt_name, tensor in _iter_tensors(checkpoint_files(folder), read_device):
+        name = laneformer_to_solo_name(ckpt_name, config)
+        if name is None:
+            continue
+        if name not in expected:
+            raise CheckpointError(
+                f"checkpoint tensor {ckpt_name!r} has no place in this Laneformer config; check that config.json "
+                "matches the weights"
+            )
+        local = lane_tensor(name, tensor, config, shard)
+        if tuple(local.shape) != tuple(expected[name]):
+            raise CheckpointError(
+                f"checkpoint tensor {ckpt_name!r} has shape {tuple(tensor.shape)}, which does not fit this "
+                f"config.json (expected {tuple(expected[name])} for the lanes held); the config and weights do "
+                "not match"
+            )
+        _set_parameter(model, name, local.to(device=device, dtype=dtype).contiguous())
+        loaded.add(name)
+    missing = sorted(set(expected) - loaded)
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise CheckpointError(
+            f"checkpoint lacks tensor {missing[0]}{more}; the weights are incomplete or belong to another model"
+        )
+    model.rotary = LaneRotary(config).to(device)
+    return model.eval().requires_grad_(False)

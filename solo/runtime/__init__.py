@@ -22,7 +22,7 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
     """Pick the runtime for a device.
 
     "auto" on the CPU is the native CPU runtime (`solo.runtime.cpu`) when it supports the model, else
-    the eager runtime (the reason is logged); on CUDA it is the CUDA-graph runtime
+    the eager runtime (the reason is logged; lane models always run eager); on CUDA it is the CUDA-graph runtime
     (`solo.runtime.cuda.runtime`). "megakernel" (`solo.runtime.megakernel`, one persistent CUDA kernel
     per N tokens) is only used when asked for.
 
@@ -43,6 +43,13 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
     if backend not in BACKENDS:
         raise SoloError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     device = torch.device(device)
+    if getattr(model.config, "lanes", None) is not None:
+        # Lane models (solo.model.lanes) have no fast runtime yet: the eager one runs them.
+        if backend not in ("auto", "eager"):
+            raise SoloError(f"the {backend} backend cannot run lane models (Laneformer); use --backend auto or eager")
+        if backend == "auto":
+            _log.warning("using the eager runtime: lane models (Laneformer) have no fast runtime yet")
+        return EagerRuntime(model)
     for name, device_type, module_name, class_name, reason_name in _FAST_RUNTIMES:
         if backend != name and not (backend == "auto" and device.type == device_type):
             continue

@@ -62,6 +62,6 @@ def main(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
         shutdown_grace_s=args.shutdown_grace, prefix_cache_gb=prefix_cache_gb_from_args(args),
-        speculative=args.speculative,
+        speculative=args.speculative, tp=args.tp,
     )
     return serve(settings, args.host, args.port)

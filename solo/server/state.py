@@ -58,6 +58,7 @@ class ServerSettings:
         shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
         prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
         speculative: "auto", "off", "ngram" or "suffix" (see solo.engine.speculative).
+        tp: tensor-parallel ranks (`solo.distributed`; rank 0 serves, the others follow).
     """
 
     model: str | None = None
@@ -75,6 +76,7 @@ class ServerSettings:
     shutdown_grace_s: float = 30.0
     prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB
     speculative: str = "auto"
+    tp: int = 1
 
     def validate(self) -> None:
         """Check the numbers.
@@ -123,12 +125,15 @@ class ServerState:
     def _default_loader(self) -> Engine:
         s = self.settings
         return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
-                           quantize=s.quantize, prefix_cache_gb=s.prefix_cache_gb, speculative=s.speculative)
+                           quantize=s.quantize, prefix_cache_gb=s.prefix_cache_gb, speculative=s.speculative,
+                           tp=s.tp)
 
     @property
     def status(self) -> str:
         """Health as /health reports it: "ok", "loading", "shutting_down" or "failed"."""
         if self.error is not None or (self.scheduler is not None and self.scheduler.error is not None):
+            return "failed"
+        if self.engine is not None and getattr(self.engine.runtime, "failed", None):  # a tensor-parallel rank died
             return "failed"
         if self.draining:
             return "shutting_down"

@@ -83,6 +83,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue the run in --run-dir from its checkpoint")
     p.add_argument("--overwrite", action="store_true", help="replace an existing --out folder / run")
     p.add_argument("--eval-batch-size", type=int, default=8, help="windows per forward pass in final evaluation")
+    lanes = p.add_argument_group("lane models (Laneformer; Delayed Tensor Parallelism)")
+    lanes.add_argument("--lanes", type=int, default=None, metavar="L",
+                       help="train a lane model with L lanes instead of the dense Llama (same parameter count)")
+    lanes.add_argument("--delay", type=int, default=None, metavar="D",
+                       help="DTP delay in layers: a lane adds the other lanes' partials D layers late (default: 0)")
+    lanes.add_argument("--early-comm", action=argparse.BooleanOptionalAction, default=None,
+                       help="all-reduce the first D layers at once (default) or let them add sqrt(L) x their own")
     group = p.add_argument_group("overrides of the size preset")
     for name, kind in _OVERRIDES.items():
         group.add_argument("--" + name.replace("_", "-"), type=kind, default=None)
@@ -111,6 +118,12 @@ def main(argv: list[str] | None = None) -> int:
     cfg = replace(cfg, seed=args.seed, time_budget_min=args.time_budget_min, max_files=args.max_files, **overrides)
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps)
+    if args.lanes is None and (args.delay is not None or args.early_comm is not None):
+        print("error: --delay and --early-comm need --lanes L", file=sys.stderr)
+        return 1
+    if args.lanes is not None:
+        cfg = replace(cfg, num_lanes=args.lanes, broadcast_delay=args.delay or 0,
+                      use_early_comm=True if args.early_comm is None else args.early_comm)
     opts = RunOptions(
         out=args.out,
         run_dir=args.run_dir if args.run_dir is not None else Path("runs") / args.out.name,

@@ -66,6 +66,9 @@ class TrainConfig:
             with at least a quarter of the context before it.
         sample_tokens: tokens generated per model-card sample.
         rope_theta: RoPE base.
+        num_lanes: 0 for the dense Llama recipe; L > 0 trains a lane model (Laneformer, `solo.train.lanes`).
+        broadcast_delay: DTP delay d in layers (lane models).
+        use_early_comm: the first d layers all-reduce at once (lane models; else `sqrt(L) * own`).
     """
 
     seed: int = 1234
@@ -94,6 +97,9 @@ class TrainConfig:
     eval_stride: int | None = None
     sample_tokens: int = 64
     rope_theta: float = 10000.0
+    num_lanes: int = 0
+    broadcast_delay: int = 0
+    use_early_comm: bool = True
 
     def to_dict(self) -> dict[str, object]:
         """Return the configuration as a JSON-serialisable dict."""
@@ -144,6 +150,11 @@ class TrainConfig:
             raise ValueError("time_budget_min must be positive")
         if self.vocab_size >= 2**16:
             raise ValueError("vocab_size must be below 65536 (token stream is stored as uint16)")
+        if self.num_lanes < 0 or self.broadcast_delay < 0 or self.broadcast_delay > self.num_layers:
+            raise ValueError("--lanes must be >= 0 and --delay in [0, num_layers]")
+        if self.num_lanes and (self.num_heads % self.num_lanes or self.num_kv_heads % self.num_lanes
+                               or self.ffn_size % self.num_lanes):
+            raise ValueError("--lanes must divide num_heads, num_kv_heads and ffn_size")
 
     @property
     def stride(self) -> int:

@@ -152,6 +152,16 @@ def _export(model: torch.nn.Module, tokenizer, cfg: TrainConfig, folder: Path) -
     """Write weights (bfloat16), config, generation config and tokenizer files to ``folder``."""
     shutil.rmtree(folder, ignore_errors=True)
     folder.mkdir(parents=True)
+    if cfg.num_lanes:  # a lane model: Laneformer layout (solo.train.lanes)
+        from solo.train.lanes import export_lane_model
+
+        export_lane_model(model, folder)
+        generation = {"bos_token_id": model.config.bos_token_id, "eos_token_id": model.config.eos_token_id,
+                      "pad_token_id": model.config.pad_token_id, "do_sample": False,
+                      "repetition_penalty": DEFAULT_REPETITION_PENALTY}
+        (folder / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+        save_tokenizer(tokenizer, folder, cfg.context)
+        return
     export_model = build_model(cfg, model.config.bos_token_id, model.config.eos_token_id, model.config.pad_token_id)
     export_model.load_state_dict(model.state_dict())
     export_model = export_model.to(torch.bfloat16)
@@ -203,6 +213,16 @@ def _samples(model: torch.nn.Module, hf_tokenizer, max_new_tokens: int, device: 
     return samples
 
 
+def _lane_samples(folder: Path, max_new_tokens: int) -> list[dict[str, str]]:
+    # transformers has no lane model: Solo's engine generates the samples (greedy + the same penalty).
+    from solo.engine.engine import Engine
+    from solo.engine.sampling import SamplingParams
+
+    engine = Engine.load(folder, dtype="float32")
+    params = SamplingParams(max_tokens=max_new_tokens, temperature=0, repetition_penalty=DEFAULT_REPETITION_PENALTY)
+    return [{"prompt": p, "completion": engine.complete(p, params.copy()).text} for p in SAMPLE_PROMPTS]
+
+
 def evaluate_folder(
     folder: Path,
     files: list[SourceFile],
@@ -227,7 +247,12 @@ def evaluate_folder(
     Raises:
         OSError: if the folder cannot be loaded by ``transformers``.
     """
-    model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
+    if json.loads((folder / "config.json").read_text()).get("model_type") == "laneformer":
+        from solo.train.lanes import load_lane_model
+
+        model = load_lane_model(folder, device)
+    else:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32).to(device)
     tokenizer = load_tokenizer(folder)
     context = model.config.max_position_embeddings
     docs = encode_documents(tokenizer, [f.text for f in files])
@@ -318,9 +343,12 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
         f"{xz_all['per_file_bits_per_byte']:.4f} (per file); evaluated in {time.monotonic() - t_eval:.0f} s"
     )
 
-    hf_model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).to(device).eval()
-    hf_tokenizer = AutoTokenizer.from_pretrained(export)
-    samples = _samples(hf_model, hf_tokenizer, cfg.sample_tokens, device)
+    if cfg.num_lanes:
+        samples = _lane_samples(export, cfg.sample_tokens)
+    else:
+        hf_model = AutoModelForCausalLM.from_pretrained(export, dtype=torch.float32).to(device).eval()
+        hf_tokenizer = AutoTokenizer.from_pretrained(export)
+        samples = _samples(hf_model, hf_tokenizer, cfg.sample_tokens, device)
 
     history = state.history
     train_losses = [r["train_loss"] for r in history if "train_loss" in r]
@@ -329,7 +357,7 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
     time_limited = state.step < cfg.steps
     summary: dict[str, object] = {
         "model_name": opts.out.name,
-        "architecture": "LlamaForCausalLM",
+        "architecture": "LaneformerForCausalLM" if cfg.num_lanes else "LlamaForCausalLM",
         "parameters": n_params,
         "non_embedding_parameters": n_params - cfg.vocab_size * cfg.hidden_size,
         "weights_dtype": "bfloat16",

@@ -86,8 +86,13 @@ def build_model(cfg: TrainConfig, bos_id: int, eos_id: int, pad_id: int) -> Llam
 
     Returns:
         A float32 :class:`LlamaForCausalLM` with tied input/output embeddings and grouped-query
-        attention, using PyTorch's fused scaled-dot-product attention.
+        attention, using PyTorch's fused scaled-dot-product attention; with ``cfg.num_lanes`` > 0 a lane
+        model (:class:`solo.train.lanes.LaneTrainModel`) of the same shape instead.
     """
+    if cfg.num_lanes:
+        from solo.train.lanes import build_lane_model
+
+        return build_lane_model(cfg, bos_id, eos_id, pad_id)
     config = LlamaConfig(
         vocab_size=cfg.vocab_size,
         hidden_size=cfg.hidden_size,

@@ -1,0 +1,230 @@
+"""Starting tensor-parallel ranks: `--tp N` spawns N - 1 follower processes itself, or runs under `torchrun`.
+
+Under `torchrun` (or any launcher that sets the standard `RANK` / `WORLD_SIZE` / `MASTER_ADDR` /
+`MASTER_PORT` variables, so several machines work the same way) every process runs the same `solo` command:
+rank 0 does the command's work, the others load their shard and follow (`run_torchrun_follower`). The
+backend is gloo on CPU and NCCL on CUDA (rank r on cuda:LOCAL_RANK); commands always go over a gloo group.
+"""
+
+from __future__ import annotations
+
+import atexit
+import datetime
+import logging
+import os
+import time
+from dataclasses import asdict, dataclass, replace
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from solo.errors import SoloError
+from solo.model.config import ModelConfig
+
+_log = logging.getLogger("solo.distributed")
+TIMEOUT = datetime.timedelta(seconds=300)
+
+
+@dataclass(frozen=True)
+class RankSpec:
+    """What a spawned follower needs to load its shard.
+
+    Attributes:
+        folder: the resolved model folder.
+        dtype: torch dtype name of the weights ("float32", ...).
+        device_type: "cpu" or "cuda".
+        world: number of ranks.
+        init_method: the rendezvous URL ("tcp://127.0.0.1:PORT").
+        threads: CPU threads per rank.
+    """
+
+    folder: str
+    dtype: str
+    device_type: str
+    world: int
+    init_method: str
+    threads: int
+
+
+def torchrun_world() -> tuple[int, int, int] | None:
+    """(rank, world, local rank) from the standard environment variables, or None outside a launcher."""
+    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+        return None
+    world = int(os.environ["WORLD_SIZE"])
+    return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+
+
+def default_threads(world: int) -> int:
+    """CPU threads per rank when N ranks share this machine's cores."""
+    return max(1, (os.cpu_count() or 1) // world)
+
+
+def rank_device(device_type: str, local_rank: int) -> torch.device:
+    """The device of this rank: the CPU, or cuda:LOCAL_RANK."""
+    if device_type == "cuda":
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    return torch.device("cpu")
+
+
+def init_group(device_type: str, init_method: str, world: int, rank: int) -> dist.ProcessGroup:
+    """Join the process group (gloo on CPU, NCCL on CUDA); returns the gloo group commands go over."""
+    backend = "nccl" if device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, init_method=init_method, world_size=world, rank=rank, timeout=TIMEOUT)
+    return dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else dist.group.WORLD
+
+
+def load_shard(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device) -> torch.nn.Module:
+    """Load this rank's shard of a checkpoint (each rank reads the checkpoint, keeps its slices).
+
+    Raises:
+        SoloError: the model cannot be split into this many ranks; checkpoint errors as `load_weights`.
+    """
+    from solo.distributed.comm import DistLanes
+    from solo.distributed.sharding import attach_lane_cache_config, check_tp, lane_shard, shard_dense
+    from solo.model.weights import load_lane_weights, load_weights
+
+    comm = DistLanes(vocab_size=config.vocab_size)
+    check_tp(config, comm.world)
+    if config.lanes is not None:
+        shard = lane_shard(config, comm.world, comm.rank)
+        return attach_lane_cache_config(load_lane_weights(folder, config, dtype, device, shard, comm))
+    return shard_dense(load_weights(folder, config, dtype, device), comm)
+
+
+def follower_main(spec: RankSpec | dict, rank: int) -> int:
+    """A spawned follower (forked by `solo.distributed.zygote`): join, load the shard, follow.
+
+    Returns:
+        The exit status: 0, or 1 when rank 0 went away or the shard could not load.
+    """
+    from solo.distributed.runtime import RankFailure, TPRuntime
+    from solo.model.hub import resolve_dtype
+
+    spec = spec if isinstance(spec, RankSpec) else RankSpec(**spec)
+    logging.basicConfig(level=logging.WARNING, format=f"solo rank {rank}: %(message)s")
+    torch.set_num_threads(spec.threads)
+    host, port = spec.init_method.removeprefix("tcp://").rsplit(":", 1)
+    store = dist.TCPStore(host, int(port), spec.world, is_master=False, timeout=TIMEOUT)
+    store.set(f"ready{rank}", "1")
+    backend = "nccl" if spec.device_type == "cuda" else "gloo"
+    dist.init_process_group(backend, store=store, rank=rank, world_size=spec.world, timeout=TIMEOUT)
+    control = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else dist.group.WORLD
+    device = rank_device(spec.device_type, rank)
+    try:
+        config = ModelConfig.from_file(spec.folder)
+        model = load_shard(Path(spec.folder), config, resolve_dtype(spec.dtype, config.torch_dtype), device)
+        TPRuntime(model, model.comm, control, exit_on_failure=False).follow()
+    except (RankFailure, SoloError) as exc:
+        _log.error("%s", exc)
+        return 1
+    dist.destroy_process_group()
+    return 0
+
+
+def _spawn_followers(spec: RankSpec) -> tuple[dist.TCPStore, list]:
+    # Rank 0 waits for the followers to join while watching that they are alive (never a silent hang).
+    from solo.distributed.zygote import fork
+
+    store = dist.TCPStore("127.0.0.1", 0, spec.world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
+    payload = asdict(replace(spec, init_method=f"tcp://127.0.0.1:{store.port}"))
+    procs = [fork("solo.distributed.launch:follower_main", [payload, rank]) for rank in range(1, spec.world)]
+    keys = [f"ready{rank}" for rank in range(1, spec.world)]
+    deadline = time.monotonic() + TIMEOUT.total_seconds()
+    while not store.check(keys):
+        for rank, proc in enumerate(procs, start=1):
+            if proc.poll() is not None:
+                _stop(procs)
+                raise SoloError(f"tensor-parallel rank {rank} exited (status {proc.returncode}) before joining; see "
+                                "its message above")
+        if time.monotonic() > deadline:
+            _stop(procs)
+            raise SoloError(f"tensor-parallel ranks did not join within {TIMEOUT.total_seconds():.0f} s")
+        time.sleep(0.02)
+    return store, procs
+
+
+def _stop(procs: list) -> None:
+    for proc in procs:
+        if proc.poll() is None:
+            proc.terminate()
+
+
+def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: int,
+                threads: int | None = None) -> object:
+    """Become rank 0 of `tp` ranks (spawning the others, or joining a torchrun job) and load our shard.
+
+    Args:
+        folder: the resolved model folder (followers load it too).
+        config: its config.
+        dtype: weight dtype.
+        device: "cpu" or a CUDA device (rank r uses cuda:r).
+        tp: number of ranks.
+        threads: CPU threads per rank (default: the cores divided by the ranks, at most torch's current
+            thread count, so `--threads` is respected).
+
+    Returns:
+        The `TPRuntime` of rank 0 (its `followers` are the spawned processes).
+
+    Raises:
+        SoloError: a bad --tp, a model that cannot be split that way, a follower that died before joining, a
+            torchrun job of another size, or this process is not rank 0 of the torchrun job.
+    """
+    from solo.distributed.runtime import TPRuntime
+    from solo.distributed.sharding import check_tp
+
+    if tp < 1:
+        raise SoloError(f"--tp must be >= 1, got {tp}")
+    check_tp(config, tp)
+    if device.type == "cuda" and torch.cuda.device_count() < tp:
+        raise SoloError(f"--tp {tp} needs {tp} GPUs; {torch.cuda.device_count()} are visible")
+    launched = torchrun_world()
+    procs: list = []
+    if launched is not None:
+        rank, world, local_rank = launched
+        if world != tp:
+            raise SoloError(f"--tp {tp} but the launcher started {world} processes (WORLD_SIZE); make them equal")
+        if rank != 0:
+            raise SoloError("only rank 0 runs the command; the other ranks follow (run_torchrun_follower)")
+        control = init_group(device.type, "env://", world, 0)
+        device = rank_device(device.type, local_rank)
+    else:
+        threads = threads or min(torch.get_num_threads(), default_threads(tp))
+        torch.set_num_threads(threads)
+        spec = RankSpec(str(folder), str(dtype).removeprefix("torch."), device.type, tp, "", threads)
+        store, procs = _spawn_followers(spec)
+        backend = "nccl" if device.type == "cuda" else "gloo"
+        dist.init_process_group(backend, store=store, rank=0, world_size=tp, timeout=TIMEOUT)
+        control = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else dist.group.WORLD
+        device = rank_device(device.type, 0)
+    try:
+        model = load_shard(folder, config, dtype, device)
+    except BaseException:
+        _stop(procs)
+        raise
+    runtime = TPRuntime(model, model.comm, control)
+    runtime.followers = procs
+    atexit.register(runtime.close)  # the followers exit with us
+    return runtime
+
+
+def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: str | None = None) -> int:
+    """Rank > 0 of a torchrun job: load this rank's shard and follow rank 0 until it stops; returns 0.
+
+    Raises:
+        SoloError: as `start_ranks`, or rank 0 went away (exit status 1 from the CLI).
+    """
+    from solo.distributed.runtime import TPRuntime
+    from solo.model.hub import resolve_dtype, resolve_model_dir
+
+    rank, world, local_rank = torchrun_world()
+    folder = resolve_model_dir(model, revision)
+    config = ModelConfig.from_file(folder)
+    device_type = torch.device(device).type
+    control = init_group(device_type, "env://", world, rank)
+    model_shard = load_shard(folder, config, resolve_dtype(dtype, config.torch_dtype),
+                             rank_device(device_type, local_rank))
+    TPRuntime(model_shard, model_shard.comm, control, exit_on_failure=False).follow()
+    dist.destroy_process_group()
+    return 0

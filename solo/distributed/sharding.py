@@ -1,0 +1,163 @@
+"""Splitting a model across tensor-parallel ranks.
+
+Dense models (every architecture of `solo.model.transformer`) shard Megatron-style (Shoeybi et al. 2019,
+"Megatron-LM"): q/k/v and gate/up are column-parallel (each rank holds num_heads/N query heads,
+num_kv_heads/N KV heads and intermediate_size/N FFN columns), o_proj and down_proj row-parallel, followed by
+one all-reduce per module; the LM head is vocab-parallel (each rank computes a slice of the logits, then an
+all-gather). Embeddings and norms are replicated. Lane models put L/N lanes on each rank
+(`solo.model.lanes.LaneShard`) and exchange partials through `DistLanes` (DTP).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from solo.distributed.comm import DistLanes, vocab_range
+from solo.errors import SoloError
+from solo.model.config import ModelConfig
+from solo.model.lanes import LaneShard, LaneTransformer, lane_cache_config
+from solo.model.transformer import Transformer
+
+
+def check_tp(config: ModelConfig, world: int) -> None:
+    """Refuse a tensor-parallel degree the model cannot be split into.
+
+    Raises:
+        SoloError: the heads, KV heads, FFN size (dense) or lanes (lane model) are not multiples of `world`.
+    """
+    if config.lanes is not None:
+        if config.lanes.num_lanes % world:
+            raise SoloError(f"--tp {world} does not divide the model's {config.lanes.num_lanes} lanes; use a "
+                            "divisor of num_lanes")
+        return
+    for name, value in (("num_attention_heads", config.num_heads), ("num_key_value_heads", config.num_kv_heads),
+                        ("intermediate_size", config.intermediate_size)):
+        if value % world:
+            raise SoloError(f"--tp {world} does not divide {name} = {value}; use a divisor of it")
+
+
+def lane_shard(config: ModelConfig, world: int, rank: int) -> LaneShard:
+    """The lanes (and LM-head rows) of rank `rank` of `world`."""
+    per = config.lanes.num_lanes // world
+    start, stop = vocab_range(config.vocab_size, world, rank)
+    return LaneShard(rank * per, (rank + 1) * per, start, stop)
+
+
+class TPTransformer(nn.Module):
+    """One rank's share of a dense model, with the eager `Transformer.forward` contract.
+
+    Args:
+        local: a `Transformer` built from the rank's config (heads and FFN divided by the world size) and
+            holding its slices; o_proj / down_proj carry no bias (the full bias is added once, after the sum).
+        full_config: the whole model's config (`config` of this module, what the engine sees).
+        comm: the collectives.
+        o_bias, down_bias: per layer, the full o_proj / down_proj bias or None.
+    """
+
+    def __init__(self, local: Transformer, full_config: ModelConfig, comm: DistLanes,
+                 o_bias: list[torch.Tensor | None], down_bias: list[torch.Tensor | None]) -> None:
+        super().__init__()
+        self.local = local
+        self.config = full_config
+        self.cache_config = local.config
+        self.comm = comm
+        self.o_bias, self.down_bias = o_bias, down_bias
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """Dtype of the weights."""
+        return self.local.dtype
+
+    @property
+    def device(self) -> torch.device:
+        """Device of the weights."""
+        return self.local.device
+
+    def forward(self, input_ids: torch.Tensor, positions: torch.Tensor, cache: object, rows: torch.Tensor,
+                last_only: bool = False, kv_len: int | None = None) -> torch.Tensor:
+        """As `Transformer.forward`: logits [batch, seq or 1, vocab] in the weights' dtype.
+
+        `cache` holds this rank's KV heads only. Every rank must call it with the same arguments.
+        """
+        m = self.local
+        x = m.embed_tokens(input_ids)
+        cos, sin = m.rotary(positions, x.dtype)
+        for i, layer in enumerate(m.layers):
+            h = self.comm.all_reduce(layer.attn(layer.attn_norm(x), cos, sin, positions, cache.k[i], cache.v[i],
+                                                rows, kv_len))
+            if self.o_bias[i] is not None:
+                h = h + self.o_bias[i]
+            if layer.sandwich_norm:
+                h = layer.attn_out_norm(h)
+            x = x + h
+            h = self.comm.all_reduce(layer.mlp(layer.mlp_norm(x)))
+            if self.down_bias[i] is not None:
+                h = h + self.down_bias[i]
+            if layer.sandwich_norm:
+                h = layer.mlp_out_norm(h)
+            x = x + h
+        if last_only:
+            x = x[:, -1:]
+        logits = self.comm.gather_last(F.linear(m.norm(x), m.lm_head.weight))
+        cap = self.config.final_logit_softcap
+        if cap is not None:
+            logits = torch.tanh(logits / cap) * cap
+        return logits
+
+
+@torch.no_grad()
+def shard_dense(full: Transformer, comm: DistLanes) -> TPTransformer:
+    """Cut rank `comm.rank`'s slices out of a whole dense model (Megatron-style, see the module docstring).
+
+    Raises:
+        SoloError: see `check_tp`.
+    """
+    cfg, world, rank = full.config, comm.world, comm.rank
+    check_tp(cfg, world)
+    hd = cfg.head_dim
+    q_rows = cfg.num_heads // world * hd
+    kv_rows = cfg.num_kv_heads // world * hd
+    f_rows = cfg.intermediate_size // world
+    local_cfg = replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
+                        intermediate_size=f_rows, tie_word_embeddings=False)
+    start, stop = vocab_range(cfg.vocab_size, world, rank)
+    with torch.device("meta"):
+        local = Transformer(local_cfg)
+
+    def put(name: str, tensor: torch.Tensor | None) -> None:
+        module_name, _, attr = name.rpartition(".")
+        module = local.get_submodule(module_name)
+        module._parameters[attr] = None if tensor is None else nn.Parameter(tensor.contiguous().clone(),
+                                                                              requires_grad=False)
+
+    cuts = {"attn.q_proj": (0, q_rows), "attn.k_proj": (0, kv_rows), "attn.v_proj": (0, kv_rows),
+            "attn.o_proj": (1, q_rows), "mlp.gate_proj": (0, f_rows), "mlp.up_proj": (0, f_rows),
+            "mlp.down_proj": (1, f_rows)}
+    for name, param in full.named_parameters():
+        parts = name.split(".")
+        module = ".".join(parts[2:4]) if name.startswith("layers.") else ""
+        if module in cuts:
+            dim, size = cuts[module]
+            if parts[-1] == "bias" and dim == 1:
+                put(name, None)  # added once, after the all-reduce
+            else:
+                put(name, param.narrow(dim if parts[-1] == "weight" else 0, rank * size, size))
+        elif name != "lm_head.weight":
+            put(name, param)
+    o_bias = [layer.attn.o_proj.bias for layer in full.layers]
+    down_bias = [layer.mlp.down_proj.bias for layer in full.layers]
+    head = full.lm_head_weight()[start:stop]
+    local.lm_head = nn.Linear(cfg.hidden_size, stop - start, bias=False, device="meta")
+    put("lm_head.weight", head)
+    local.rotary = type(full.rotary)(local_cfg).to(full.device)
+    return TPTransformer(local.eval().requires_grad_(False), cfg, comm, o_bias, down_bias)
+
+
+def attach_lane_cache_config(model: LaneTransformer) -> LaneTransformer:
+    """Give a lane-model shard the `cache_config` its KV cache is built from (this rank's KV heads)."""
+    model.cache_config = lane_cache_config(model.config, model.shard)
+    return model

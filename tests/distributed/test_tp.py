@@ -1,0 +1,85 @@
+"""Tensor parallelism over torch.distributed (gloo, CPU): --tp N gives one process's greedy tokens.
+
+Each test spawns its ranks (rank 0 is the test process), so they are marked slow.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+import torch
+from checkpoints import make_checkpoint, make_lane_checkpoint
+
+from solo import Engine, SamplingParams
+from solo.errors import SoloError
+
+PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n"
+pytestmark = pytest.mark.slow
+
+
+def _greedy(engine, n=16):
+    result = engine.complete(PROMPT, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True))
+    return result.token_ids
+
+
+def _check_same(folder, tp):
+    one = Engine.load(folder, dtype="float32", backend="eager")
+    expected = _greedy(one)
+    ids = one.encode_prompt(PROMPT)
+    one.runtime.reserve(1, len(ids))
+    ref_logits = one.runtime.prefill(0, torch.tensor(ids))
+    engine = Engine.load(folder, dtype="float32", tp=tp)
+    try:
+        assert engine.runtime.name == f"eager-tp{tp}"
+        assert _greedy(engine) == expected
+        engine.runtime.reserve(1, len(ids))
+        assert torch.allclose(engine.runtime.prefill(0, torch.tensor(ids)), ref_logits, atol=1e-4, rtol=0)
+    finally:
+        engine.runtime.close()
+
+
+@pytest.fixture(scope="module")
+def dense(tmp_path_factory):
+    # Bias on q/k/v (Qwen2) exercises the column-parallel bias; 4 KV heads split over 2 and 4 ranks.
+    return make_checkpoint(tmp_path_factory.mktemp("qwen2"), "qwen2", num_key_value_heads=4)
+
+
+@pytest.mark.parametrize("tp", [2, 4])
+def test_dense_tp_matches_one_process(dense, tp):
+    _check_same(dense, tp)
+
+
+@pytest.mark.parametrize("tp, overrides", [
+    (2, dict(delay=2, lm_head_type="vocab_parallel")),
+    (4, dict(delay=1, sliding_window=4, sliding_window_n_layers=2)),
+    (2, dict(delay=1, lm_head_type="lane", use_early_comm=False)),
+])
+def test_lane_tp_matches_one_process(tmp_path, tp, overrides):
+    _check_same(make_lane_checkpoint(tmp_path / "lanes", **overrides), tp)
+
+
+def test_tp_that_does_not_divide_is_refused(tmp_path):
+    folder = make_lane_checkpoint(tmp_path / "lanes", num_lanes=4)
+    with pytest.raises(SoloError, match="--tp 3 does not divide"):
+        Engine.load(folder, tp=3)
+
+
+def test_a_dead_rank_fails_fast_instead_of_hanging(tmp_path):
+    folder = make_lane_checkpoint(tmp_path / "lanes", delay=1)
+    engine = Engine.load(folder, dtype="float32", tp=2)
+    runtime = engine.runtime
+    runtime.exit_on_failure = False  # the test process is rank 0: do not end it
+    try:
+        assert len(_greedy(engine, 4)) == 4
+        assert runtime.followers
+        for proc in runtime.followers:
+            proc.kill()
+            proc.wait(timeout=10)
+        start = time.monotonic()
+        with pytest.raises(SoloError, match="tensor parallelism stopped"):
+            _greedy(engine, 4)
+        assert time.monotonic() - start < 60
+        assert runtime.failed is not None
+    finally:
+        runtime.close()

@@ -1,0 +1,121 @@
+"""`solo run|serve|bench --tp N` as a user runs them: separate processes, real ports, a rank killed."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from checkpoints import make_lane_checkpoint
+
+from solo import Engine, SamplingParams
+from solo.cli import main
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def lane_model(tmp_path_factory):
+    return make_lane_checkpoint(tmp_path_factory.mktemp("laneformer"), delay=1)
+
+
+def _expected(folder, prompt, n):
+    return Engine.load(folder).complete(prompt, SamplingParams(max_tokens=n, temperature=0, ignore_eos=True)).text
+
+
+def test_run_tp2_prints_one_process_output(lane_model):
+    proc = subprocess.run([sys.executable, "-m", "solo.cli", "run", str(lane_model), "--tp", "2", "--prompt",
+                           "def f(x):", "--max-tokens", "8", "--ignore-eos", "--temperature", "0"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == _expected(lane_model, "def f(x):", 8) + "\n"
+    assert "backend: eager-tp2" in proc.stderr
+
+
+def test_run_under_torchrun_env_rendezvous(lane_model):
+    # Every process runs the same command; rank 1 follows rank 0 (the env:// variables torchrun sets).
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(port), "-m", "solo.cli", "run", str(lane_model), "--tp", "2", "--prompt", "def f(x):",
+                           "--max-tokens", "8", "--ignore-eos", "--temperature", "0"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == _expected(lane_model, "def f(x):", 8) + "\n"
+
+
+def _descendants(pid: int) -> list[int]:
+    parents: dict[int, list[int]] = {}
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            except (OSError, IndexError, ValueError):
+                continue
+            parents.setdefault(ppid, []).append(int(entry.name))
+    out, todo = [], [pid]
+    while todo:
+        for child in parents.get(todo.pop(), []):
+            out.append(child)
+            todo.append(child)
+    return out
+
+
+def test_serve_tp2_answers_then_dies_cleanly_with_a_rank(lane_model):
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", str(lane_model), "--tp", "2", "--port",
+                             str(port), "--served-model-name", "tiny"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + 240
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(base + "/health", timeout=5).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert proc.poll() is None, proc.stderr.read()
+            time.sleep(0.2)
+        body = {"model": "tiny", "prompt": "def f(x):", "max_tokens": 6, "temperature": 0}
+        reply = httpx.post(base + "/v1/completions", json=body, timeout=60).json()
+        assert reply["choices"][0]["text"] == _expected(lane_model, "def f(x):", 6)
+        # Kill the follower (a grandchild: forked by the helper process); the server must notice while idle,
+        # report unhealthy and exit on its own, non-zero.
+        helper_children = [p for p in _descendants(proc.pid) if p not in _children_of(proc.pid)]
+        assert helper_children
+        for pid in helper_children:
+            os.kill(pid, signal.SIGKILL)
+        assert proc.wait(timeout=90) == 1
+        assert "tensor parallelism failed" in proc.stderr.read()
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def _children_of(pid: int) -> list[int]:
+    return [p for p in _descendants(pid) if int((Path("/proc") / str(p) / "stat").read_text()
+                                                  .rsplit(")", 1)[1].split()[1]) == pid]
+
+
+def test_bench_tp2_reports_blocked_time(tmp_path, capsys, lane_model):
+    out = tmp_path / "tp.json"
+    code = main(["bench", str(lane_model), "--tp", "2", "--prompt-len", "8", "--gen-len", "4", "--repeats", "1",
+                 "--json", str(out)])
+    assert code == 0
+    report = json.loads(out.read_text())
+    variant = report["variants"]["model as trained"]
+    assert variant["ms_per_token"] > 0 and variant["blocked_ms_per_token_max_rank"] >= 0
+    assert variant["collectives_per_token"] > 0
+    assert "blocked ms/token" in capsys.readouterr().out
