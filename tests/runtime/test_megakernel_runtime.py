@@ -92,7 +92,8 @@ def test_engine_streams_from_the_megakernel(emulated):
     from solo.runtime.megakernel.runtime import MegakernelRuntime
 
     ckpts, _ = emulated
-    engine = Engine.load(ckpts.folder("llama"), dtype="bfloat16", backend="eager")
+    # The runtime is swapped in after loading, so the prefix cache (built around the first runtime) stays off.
+    engine = Engine.load(ckpts.folder("llama"), dtype="bfloat16", backend="eager", prefix_cache_gb=None)
     engine.runtime = MegakernelRuntime(engine.model, emulate=True, max_launch_tokens=2)
     params = SamplingParams(max_tokens=4, ignore_eos=True)
     blocked = engine.complete("def fibonacci(n):", params)
