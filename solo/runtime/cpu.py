@@ -246,7 +246,7 @@ class CpuRuntime:
             native bf16 matmul, else the model's dtype).
 
     Environment:
-        SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 50)
+        SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
         a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work).
 
     Raises:

@@ -40,12 +40,14 @@ static inline int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (
 // sleep/wake on each (what an OpenMP barrier soon falls back to) would cost a scheduler round trip; but
 // spinning without bound collapses on a busy machine: a thread whose core is taken by another process
 // arrives late while the others burn the remaining cores (700 -> 160-350 tok/s in an earlier user trial).
-// After 50 us of spinning (SOLO_CPU_SPIN_US overrides it) the waiters sleep, so the late thread's work
-// can run on their cores.
+// After 2 ms of spinning (SOLO_CPU_SPIN_US overrides it) the waiters sleep, so the late thread's work
+// can run on their cores. 2 ms covers the load imbalance of a large matrix split over the cores: with
+// 50 us, waiters slept and paid a futex wake-up at most barriers, and Qwen2.5-0.5B decode fell from 74%
+// to 50% of the roofline on an idle 2-core Sapphire Rapids VM.
 static int64_t spin_budget_ns() {
   static const int64_t ns = [] {
     const char* env = getenv("SOLO_CPU_SPIN_US");
-    const long us = env && *env ? atol(env) : 50;
+    const long us = env && *env ? atol(env) : 2000;
     return (int64_t)(us < 0 ? 0 : us) * 1000;
   }();
   return ns;
