@@ -178,15 +178,20 @@ def load_weights(
         _set_parameter(model, name, tensor.to(device=device, dtype=dtype))
         del tensor
         loaded.add(name)
+    _check_complete(expected, loaded)
+    # Buffers built on the meta device hold no values; rebuild the RoPE table for real.
+    model.rotary = RotaryEmbedding(config).to(device)
+    return model.eval().requires_grad_(False)
+
+
+def _check_complete(expected: dict[str, object], loaded: set[str]) -> None:
+    """Raise CheckpointError naming the first parameter in `expected` that no checkpoint tensor filled."""
     missing = sorted(set(expected) - loaded)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         raise CheckpointError(
             f"checkpoint lacks tensor {missing[0]}{more}; the weights are incomplete or belong to another model"
         )
-    # Buffers built on the meta device hold no values; rebuild the RoPE table for real.
-    model.rotary = RotaryEmbedding(config).to(device)
-    return model.eval().requires_grad_(False)
 
 
 def _set_parameter(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -349,11 +354,6 @@ def load_lane_weights(
             )
         _set_parameter(model, name, local.to(device=device, dtype=dtype).contiguous())
         loaded.add(name)
-    missing = sorted(set(expected) - loaded)
-    if missing:
-        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
-        raise CheckpointError(
-            f"checkpoint lacks tensor {missing[0]}{more}; the weights are incomplete or belong to another model"
-        )
+    _check_complete(expected, loaded)
     model.rotary = LaneRotary(config).to(device)
     return model.eval().requires_grad_(False)

@@ -30,6 +30,7 @@ from pathlib import Path
 
 import torch
 
+from solo.bench.report import cpu_model
 from solo.train.config import TrainConfig
 from solo.train.corpus import load_corpus, select_eval_subset
 from solo.train.data import BatchSchedule, pack_documents
@@ -110,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
         "command": "python -m solo.train.lane_study " + _quoted_args(sys.argv[1:] if argv is None else argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "wall_time_s": time.monotonic() - t_start,
         "torch": torch.__version__, "python": platform.python_version(), "threads": args.threads,
-        "cpu": _cpu_name(), "corpus_train_files": len(corpus.train), "train_stream_tokens": int(len(train_tokens)),
+        "cpu": cpu_model(), "corpus_train_files": len(corpus.train), "train_stream_tokens": int(len(train_tokens)),
         "heldout_scored_files": len(eval_files), "heldout_scored_bytes": eval_bytes, "runs": runs,
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
@@ -132,16 +133,6 @@ def _quoted_args(argv: list[str]) -> str:
         elif not arg.startswith("--run-dir="):
             out.append(arg)
     return " ".join(out)
-
-
-def _cpu_name() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor() or "unknown"
 
 
 def render_table(report: dict) -> str:
