@@ -82,6 +82,10 @@ class TPRuntime:
         if self.failed is not None:
             raise RankFailure(f"tensor parallelism stopped: {self.failed}")
         with self._lock:
+            if self._closed:
+                # close() may have destroyed the process group while the keep-alive thread waited for the
+                # lock; a collective on a destroyed group aborts the process instead of raising.
+                raise SoloError("tensor parallelism is closed")
             try:
                 self._send(op, a, b, c, payload)
                 out = local()
