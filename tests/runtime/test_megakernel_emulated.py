@@ -1,6 +1,12 @@
 """kernel.cu itself, compiled for the host over an emulation of CUDA (one OS thread per CUDA thread),
-executes the scheduled program exactly as the Python VM does: same tokens, bit-identical logits and
-KV cache. This is the CUDA C++'s test on machines without a GPU.
+executes the scheduled program as the Python VM does: same tokens and state, logits and KV cache equal
+up to float32 rounding in attention. This is the CUDA C++'s test on machines without a GPU.
+
+Why not bit for bit: the kernel's split-KV attention is an online softmax with `expf`, lane-parallel dot
+products and a shuffle reduction; the VM's is a two-pass softmax with `torch.exp` and matmuls. Their float32
+partials differ in the last ulps (how many depends on the CPU's exp and sum kernels), and the attention
+output is rounded to bf16, so now and then one element lands one bf16 step apart and moves later values
+by about 1e-6.
 """
 
 from __future__ import annotations
@@ -42,7 +48,9 @@ def _assert_same(emu, ref, ring, emitted):
     assert ring[1:1 + emitted].tolist() == ref.b["ring"][:emitted].tolist()
     assert torch.equal(emu.b["state"], ref.b["state"])
     for name in ("logits", "k_cache", "v_cache"):
-        assert torch.equal(emu.b[name].nan_to_num(), ref.b[name].nan_to_num()), name
+        # One bf16 step (1/128 relative) at most; see the module docstring.
+        torch.testing.assert_close(emu.b[name].nan_to_num().float(), ref.b[name].nan_to_num().float(),
+                                   rtol=1 / 128, atol=1e-4, msg=name)
 
 
 @pytest.mark.timeout(300)
