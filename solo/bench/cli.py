@@ -68,6 +68,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
                         "left spinning are asleep before the next one starts (default: %(default)g)")
+    parser.add_argument("--cpu-hog", type=int, default=0, metavar="N",
+                        help="run N busy-loop processes beside every timed run (a machine where other work holds "
+                        "cores: how decode threads behave when one of them is preempted; default: none)")
     from solo.bench.load.cli import add_arguments as add_load_arguments
 
     add_load_arguments(parser)
@@ -187,10 +190,18 @@ def main(args: argparse.Namespace) -> int:
         return run_agent_bench(args)
     import torch
 
-    from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer
+    from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
     from solo.bench.report import machine_info, rss_bytes, versions
     from solo.bench.roofline import decode_bytes, probe_bandwidth, roofline_tokens_per_s
-    from solo.bench.runner import SoloRunner, quant_quality, time_outside_matmuls
+    from solo.bench.runner import (
+        TOKEN_CHECK_LEN,
+        SoloRunner,
+        cpu_hog,
+        greedy_tokens,
+        quant_quality,
+        time_outside_matmuls,
+        token_check,
+    )
     from solo.engine.engine import resolve_device
     from solo.errors import SoloError
     from solo.runtime import create_runtime
@@ -208,8 +219,9 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return 0
-    if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0:
-        raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1 and --pause-ms >= 0")
+    if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0 or args.cpu_hog < 0:
+        raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1, --pause-ms >= 0 and "
+                        "--cpu-hog >= 0")
     if args.energy_s < 0:
         raise SoloError(f"--energy-s must be >= 0 (0 skips the energy measurement), got {args.energy_s:g}")
     if args.sweep_gen_len < 2 or not args.probe_gib > 0:
@@ -229,6 +241,11 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError(str(exc)) from None
     if args.plot and not args.sweep_context:
         raise SoloError("--plot draws the context sweep; add --sweep-context")
+    if args.quantize and any(name.startswith("hf") for name in peer_names):
+        # transformers would run the unquantized weights: its numbers would not be the same model's.
+        raise SoloError(f"--compare {','.join(n for n in peer_names if n.startswith('hf'))} runs transformers on "
+                        f"the unquantized weights, so it cannot be compared with --quantize {args.quantize}; drop "
+                        "the hf peers (llama.cpp compares at the matching GGUF type) or --quantize")
     if args.plot:
         from solo.bench.plot import require_matplotlib
 
@@ -285,14 +302,27 @@ def main(args: argparse.Namespace) -> int:
     skipped: dict[str, str] = {}
     spec = PeerSpec(model=model, raw_config=raw_config, dtype=dense_dtype, quantize=args.quantize, device=device,
                     threads=torch.get_num_threads(), max_seq=max_context, extra={"cache_key": cache_key})
-    for name in peer_names:
+    token_checks: dict[str, dict[str, Any]] = {}
+    check_prompt = prompt[:32]
+    solo_check: tuple[list[int], Any] | None = None
+    for name in [variant for peer_name in peer_names for variant in peer_variants(peer_name, spec)]:
         if config.lanes is not None:
             skipped[name] = "no peer runs lane models (Laneformer)"
             print(f"peer skipped: {name}: {skipped[name]}", file=sys.stderr)
             continue
         print(f"preparing peer {name} ...", file=sys.stderr)
+        peer = None
         try:
             peer = load_peer(name, spec)
+            if hasattr(peer, "generate"):
+                if solo_check is None:
+                    tokens, logits = greedy_tokens(runtime, check_prompt, TOKEN_CHECK_LEN)
+                    solo_check = (tokens, logits[0].topk(5).indices.tolist())
+                token_checks[name] = check = token_check(solo_check[0], solo_check[1],
+                                                         peer.generate(check_prompt, TOKEN_CHECK_LEN))
+                if not check["passed"]:
+                    raise PeerSkipped(f"its greedy tokens are not Solo's on the same ids ({check['summary']}): the "
+                                      "conversion or the peer is wrong, so its speed is not counted")
             # Warm-up; a compiled peer gets the full shape so its compilation (static cache sized by the
             # prompt and the generation) happens here and not in the timed runs.
             peer.run(prompt, args.gen_len) if name.endswith("compile") else peer.run(prompt[:16], 8)
@@ -300,14 +330,17 @@ def main(args: argparse.Namespace) -> int:
         except PeerSkipped as exc:
             skipped[name] = str(exc)
             print(f"peer skipped: {name}: {exc}", file=sys.stderr)
+            if peer is not None:
+                peer.close()
     torch.set_num_threads(spec.threads)
 
     print(f"timing {args.repeats} interleaved repeats ...", file=sys.stderr)
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
-    results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
-                           between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
-                           pause_s=pause_s)
+    with cpu_hog(args.cpu_hog):
+        results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
+                               between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
+                               pause_s=pause_s)
     time.sleep(pause_s)
     probes.append(probe_bandwidth(device, probe_bytes, passes=3))
     probe = max(probes, key=lambda p: p.bandwidth_gbps)
@@ -326,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
         "quantize": args.quantize, "backend": runtime.name, "kernel_isa": getattr(runtime, "isa", None),
-        "prompt_len": args.prompt_len,
+        "prompt_len": args.prompt_len, "cpu_hog_processes": args.cpu_hog,
         "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s,
         "machine": machine_info(device), "versions": versions(),
         "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
@@ -342,7 +375,18 @@ def main(args: argparse.Namespace) -> int:
             entry = _stats(results[engine.name])
             entry["build"] = engine.build_info
             entry["roofline_fraction"] = entry["decode_tokens_per_s"]["median"] / roofline
+            if engine.name in token_checks:
+                entry["token_check"] = token_checks[engine.name]
             report["engines"][engine.name] = entry
+    best = best_peers(report["engines"])
+    if best:
+        report["best_peer"] = best
+    if args.quantize:
+        from solo.bench.peers.llamacpp import FORMAT_NOTES
+
+        notes = {t: note for t, note in FORMAT_NOTES.items() if f"llama.cpp-{t}" in report["engines"]}
+        if notes:
+            report["format_notes"] = notes
     if quality is not None:
         report["quantization_quality"] = vars(quality)
     report["energy"] = _energy(device, solo, prompt, args, pause_s)
@@ -416,6 +460,23 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
     return sweep
 
 
+def best_peers(engines: dict[str, Any]) -> dict[str, str]:
+    """The fastest decoding variant of each peer family with several ({"llama.cpp": "llama.cpp-BF16"}).
+
+    Args:
+        engines: report entries by engine name; variants are named "<family>-<variant>".
+    """
+    best: dict[str, str] = {}
+    for name, entry in engines.items():
+        if not name.startswith("llama.cpp-"):
+            continue
+        current = best.get("llama.cpp")
+        speed = entry["decode_tokens_per_s"]["median"]
+        if current is None or speed > engines[current]["decode_tokens_per_s"]["median"]:
+            best["llama.cpp"] = name
+    return best
+
+
 def _print_report(r: dict[str, Any]) -> None:
     m, bw, rf = r["machine"], r["bandwidth"], r["roofline"]
     print(f"model: {r['model']} | {r['dtype']}{' + ' + r['quantize'] if r['quantize'] else ''} | device {r['device']}"
@@ -424,6 +485,8 @@ def _print_report(r: dict[str, Any]) -> None:
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
     print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} interleaved repeats "
           f"(median [min-max]), {r['pause_s'] * 1e3:.0f} ms idle before each run")
+    if r.get("cpu_hog_processes"):
+        print(f"beside {r['cpu_hog_processes']} busy-loop process(es) (--cpu-hog) during the timed runs and probes")
     print(f"roofline: {rf['bytes_per_token'] / 1e6:.1f} MB read per decode token (weights "
           f"{rf['weight_bytes'] / 1e6:.1f} MB + KV cache {rf['kv_cache_bytes'] / 1e6:.1f} MB at context "
           f"{rf['context']}); read bandwidth {bw['bandwidth_gbps']:.1f} GB/s (best of {len(bw['samples_gbps'])} probes "
@@ -435,19 +498,30 @@ def _print_report(r: dict[str, Any]) -> None:
               f"active per token; the roofline counts the active bytes only (routed experts "
               f"{rf['routed_expert_bytes'] / 1e6:.1f} MB per token)")
     solo = r["engines"].get("solo")
-    header = f"{'engine':<12} {'decode tok/s':>24} {'ms/token':>9} {'TTFT ms':>22} {'roofline':>9} {'solo x':>7}"
+    header = f"{'engine':<15} {'decode tok/s':>24} {'ms/token':>9} {'TTFT ms':>22} {'roofline':>9} {'solo x':>7}"
     print(header)
     for name, e in r["engines"].items():
         d, t = e["decode_tokens_per_s"], e["ttft_s"]
         ratio = solo["decode_tokens_per_s"]["median"] / d["median"] if solo else float("nan")
-        print(f"{name:<12} {d['median']:>8.2f} [{d['min']:.2f}-{d['max']:.2f}] {e['ms_per_token']['median']:>9.2f} "
+        print(f"{name:<15} {d['median']:>8.2f} [{d['min']:.2f}-{d['max']:.2f}] {e['ms_per_token']['median']:>9.2f} "
               f"{t['median'] * 1e3:>8.1f} [{t['min'] * 1e3:.0f}-{t['max'] * 1e3:.0f}] {e['roofline_fraction']:>8.0%} "
               f"{ratio:>6.2f}x")
     for name, e in r["engines"].items():
         if name != "solo" and solo:
             ttft_ratio = e["ttft_s"]["median"] / solo["ttft_s"]["median"]
             decode_ratio = solo["decode_tokens_per_s"]["median"] / e["decode_tokens_per_s"]["median"]
-            print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x, Solo TTFT {ttft_ratio:.2f}x faster")
+            check = f" | greedy tokens vs Solo: {e['token_check']['summary']}" if "token_check" in e else ""
+            print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x, Solo TTFT {ttft_ratio:.2f}x faster"
+                  f"{check}")
+    for family, name in r.get("best_peer", {}).items():
+        e = r["engines"][name]
+        if solo and name != "solo":
+            best_ttft_s = min(v["ttft_s"]["median"] for n, v in r["engines"].items() if n.startswith(family))
+            print(f"best {family}: {name} ({e['decode_tokens_per_s']['median']:.2f} tok/s): Solo decode "
+                  f"{solo['decode_tokens_per_s']['median'] / e['decode_tokens_per_s']['median']:.2f}x; "
+                  f"{family}'s best TTFT {best_ttft_s * 1e3:.1f} ms")
+    for note in r.get("format_notes", {}).values():
+        print(f"format: {note}")
     for name, reason in r["peers_skipped"].items():
         print(f"peer skipped: {name}: {reason}")
     for line in r.get("warnings", []):

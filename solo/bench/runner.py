@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import contextlib
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -84,6 +89,64 @@ class QuantQuality:
     mean_abs_logit_error: float
     max_abs_logit_error: float
     logit_std: float
+
+
+@contextlib.contextmanager
+def cpu_hog(processes: int) -> Iterator[None]:
+    """Run `processes` busy-loop Python processes (no memory traffic, one core each) inside the block.
+
+    The benchmark case for decode threads on a machine where other work holds cores: a spin barrier that
+    never sleeps collapses when the OS preempts one of its threads (solo bench --cpu-hog).
+    """
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(processes)]
+    try:
+        if hogs:
+            time.sleep(0.2)  # let them start spinning before anything is timed
+        yield
+    finally:
+        for hog in hogs:
+            hog.kill()
+        for hog in hogs:
+            hog.wait()
+
+
+TOKEN_CHECK_LEN = 16
+"""Greedy tokens each peer must reproduce from Solo's before its speed counts (`token_check`)."""
+
+
+def token_check(solo_tokens: list[int], solo_first_top5: list[int], peer_tokens: list[int]) -> dict[str, Any]:
+    """Compare a peer's greedy tokens with Solo's on the same prompt ids.
+
+    Random-weight models have nearly flat logits (the top two often differ by ~0.1), so fp16, bf16 and
+    fp32 engines part ways after a few tokens on near-ties even when both are right; a wrong conversion
+    (RoPE layout, a missing bias) is wrong from the first token. The check passes when the peer's first
+    token is among Solo's five most likely first tokens (chance: 5 in the vocabulary); the identical
+    prefix is reported beside it.
+
+    Args:
+        solo_tokens: Solo's greedy tokens, [n].
+        solo_first_top5: Solo's five most likely first tokens.
+        peer_tokens: the peer's greedy tokens after the same prompt, [n].
+
+    Returns:
+        {"tokens": n, "identical_prefix": k, "first_in_solo_top5": bool, "passed": bool, "summary": str}.
+    """
+    prefix = 0
+    for ours, theirs in zip(solo_tokens, peer_tokens, strict=False):
+        if ours != theirs:
+            break
+        prefix += 1
+    first_ok = bool(peer_tokens) and peer_tokens[0] in solo_first_top5
+    n = len(solo_tokens)
+    summary = f"identical for {prefix}/{n} tokens" + ("" if first_ok else ", first token not in Solo's top 5")
+    return {"tokens": n, "identical_prefix": prefix, "first_in_solo_top5": first_ok, "passed": first_ok,
+            "summary": summary}
+
+
+@torch.inference_mode()
+def greedy_tokens(rt: DecodeRuntime, prompt: list[int], steps: int) -> tuple[list[int], list[torch.Tensor]]:
+    """`steps` greedy tokens after `prompt` on row 0 of `rt`, with the fp32 logits [vocab] of each step."""
+    return _greedy(rt, prompt, steps)
 
 
 def _greedy(rt: DecodeRuntime, prompt: list[int], steps: int, forced: list[int] | None = None

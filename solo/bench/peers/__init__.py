@@ -106,8 +106,21 @@ def expand_names(names: list[str]) -> list[str]:
     return out
 
 
+def peer_variants(name: str, spec: PeerSpec) -> list[str]:
+    """The engines one `--compare` name runs as.
+
+    "llama.cpp" is one peer per matching GGUF type ("llama.cpp-F16" and "llama.cpp-BF16" for bf16 weights,
+    "llama.cpp-Q8_0" for int8, ...); every other name is one engine.
+    """
+    if name == "llama.cpp":
+        from solo.bench.peers.llamacpp import gguf_type_names
+
+        return [f"llama.cpp-{t}" for t in gguf_type_names(spec.dtype, spec.quantize)]
+    return [name]
+
+
 def load_peer(name: str, spec: PeerSpec) -> Peer:
-    """Build one peer.
+    """Build one peer ("hf-eager", "hf-compile", "llama.cpp" or "llama.cpp-<GGUF type>").
 
     Raises:
         PeerSkipped: the peer's package is missing or it cannot run this model here.
@@ -116,8 +129,8 @@ def load_peer(name: str, spec: PeerSpec) -> Peer:
         from solo.bench.peers.hf import HFPeer
 
         return HFPeer(spec, compiled=name == "hf-compile")
-    if name == "llama.cpp":
+    if name == "llama.cpp" or name.startswith("llama.cpp-"):
         from solo.bench.peers.llamacpp import LlamaCppPeer
 
-        return LlamaCppPeer(spec)
+        return LlamaCppPeer(spec, name.removeprefix("llama.cpp").removeprefix("-") or None)
     raise PeerSkipped(f"unknown peer {name!r}")

@@ -132,6 +132,19 @@ class HFPeer:
         tokens = clock.times[1:]  # times[0] is the prompt
         return RunResult(ttft_s=tokens[0] - start, decode_s=tokens[-1] - tokens[0], decode_tokens=len(tokens) - 1)
 
+    @torch.inference_mode()
+    def generate(self, prompt_ids: list[int], gen_len: int) -> list[int]:
+        """The `gen_len` greedy token ids transformers picks after `prompt_ids` (the bench's token check)."""
+        ids = torch.tensor([prompt_ids], device=self.device)
+        self.generation_config.max_new_tokens = gen_len
+        self.generation_config.min_new_tokens = gen_len
+        try:
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=self.generation_config)
+        except Exception as exc:  # noqa: BLE001 - e.g. an inductor failure on first use
+            raise PeerSkipped(f"{self.name} failed: {str(exc).splitlines()[0][:300]}") from None
+        return [int(t) for t in out[0, len(prompt_ids):]]
+
     def close(self) -> None:
         """Drop the model (Solo's shared tensors stay alive)."""
         self.model = None

@@ -1,10 +1,11 @@
 """llama.cpp (through llama-cpp-python) as a peer, on a GGUF file written from Solo's own weights.
 
-The GGUF is written with the `gguf` package at the precision matching Solo's run: bf16 weights -> F16
-(same bytes per weight; llama.cpp's best-tuned 16-bit CPU path), float32 -> F32, int8 -> Q8_0,
-int4 -> Q4_0. Norms stay F32 as llama.cpp expects. Llama-family q/k rows are permuted from the
-rotate-half RoPE layout to llama.cpp's interleaved one (Qwen2 uses the same rotate-half in both). The
-vocabulary is a placeholder of the right size: the benchmark feeds token ids, never text.
+The GGUF is written with the `gguf` package at the precision matching Solo's run: bf16 weights -> both F16 and
+BF16 (same bytes per weight; the bench reports llama.cpp's better of the two, since which of its 16-bit CPU
+paths is faster depends on the CPU), float32 -> F32, int8 -> Q8_0, int4 -> Q4_0. Norms stay F32 as llama.cpp
+expects. Llama-family q/k rows are permuted from the rotate-half RoPE layout to llama.cpp's interleaved one
+(Qwen2 uses the same rotate-half in both). The vocabulary is a placeholder of the right size: the benchmark
+feeds token ids, never text.
 
 The conversion runs in the bench's process (and is cached); llama.cpp itself runs in a worker process
 (`llamacpp_worker.py`) with its default settings, as its users run it. Install with
@@ -37,13 +38,26 @@ _PERMUTED = {"llama"}  # llama.cpp applies interleaved RoPE to these: q/k rows m
 _INSTALL_HINT = '(pip install llama-cpp-python gguf; from a checkout: pip install -e ".[llamacpp]")'
 
 
-def gguf_type_name(dtype: torch.dtype, quantize: str | None) -> str:
-    """The GGUF weight type matching Solo's precision ("F16", "F32", "Q8_0", "Q4_0")."""
+def gguf_type_names(dtype: torch.dtype, quantize: str | None) -> list[str]:
+    """The GGUF weight types matching Solo's precision, one llama.cpp peer each.
+
+    bf16 weights give ["F16", "BF16"] (llama.cpp's two 16-bit paths; F16 holds every bf16 weight of a normal
+    model's range exactly), float32 ["F32"], int8 ["Q8_0"], int4 ["Q4_0"].
+    """
     if quantize == "int8":
-        return "Q8_0"
+        return ["Q8_0"]
     if quantize == "int4":
-        return "Q4_0"
-    return "F32" if dtype == torch.float32 else "F16"
+        return ["Q4_0"]
+    return ["F32"] if dtype == torch.float32 else ["F16", "BF16"]
+
+
+FORMAT_NOTES = {
+    "Q8_0": "Solo int8 keeps one float32 scale per output row (8.0 bits per weight); llama.cpp Q8_0 keeps an f16 "
+            "scale per block of 32 weights (8.5 bits per weight), so it reads 6% more bytes per token",
+    "Q4_0": "Solo int4 and llama.cpp Q4_0 both keep one 16-bit scale per block of 32 weights (4.5 bits per "
+            "weight; Solo's scale is bf16 with a least-squares clip, Q4_0's is f16)",
+}
+"""How each quantized GGUF format differs from Solo's format of the same width (printed by the bench)."""
 
 
 def _permute_rope_rows(w: torch.Tensor, heads: int) -> torch.Tensor:
@@ -67,7 +81,7 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     Args:
         model: Solo's eager model (Llama, Mistral or Qwen2 layout).
         path: the .gguf file to write.
-        type_name: GGUF matrix type from `gguf_type_name` ("F32", "F16", "Q8_0", "Q4_0").
+        type_name: GGUF matrix type from `gguf_type_names` ("F32", "F16", "BF16", "Q8_0", "Q4_0").
 
     Raises:
         PeerSkipped: the gguf package is missing, or the architecture (or a feature of this config: a
@@ -103,7 +117,7 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.add_rope_freq_base(cfg.rope.theta)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
-    writer.add_file_type({"F32": 0, "F16": 1, "Q8_0": 7, "Q4_0": 2}[type_name])
+    writer.add_file_type({"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2}[type_name])
     tokens, scores, types = _vocab(cfg.vocab_size)
     writer.add_tokenizer_model("llama")
     writer.add_token_list(tokens)
@@ -119,6 +133,9 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
             writer.add_tensor(name, data)
         elif type_name == "F16":
             writer.add_tensor(name, data.astype(np.float16))
+        elif type_name == "BF16":  # the bf16 bits as they are (rounded to nearest even from float32)
+            bits = w.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+            writer.add_tensor(name, bits, raw_dtype=qtype)
         else:
             writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
 
@@ -195,6 +212,8 @@ class LlamaCppPeer:
     Args:
         spec: what to build; `spec.extra["cache_key"]` names the GGUF in the cache folder so repeated
             runs on the same weights reuse it.
+        type_name: the GGUF weight type (one of `gguf_type_names(spec.dtype, spec.quantize)`; default its
+            first). The peer is named "llama.cpp-<type_name>" in reports.
 
     Raises:
         PeerSkipped: llama-cpp-python or gguf is missing, the architecture has no GGUF mapping, the
@@ -202,15 +221,16 @@ class LlamaCppPeer:
             failed to load the model.
     """
 
-    def __init__(self, spec: PeerSpec) -> None:
+    def __init__(self, spec: PeerSpec, type_name: str | None = None) -> None:
         # Only looked up, never imported: llama.cpp and its OpenMP runtime live in the worker process.
         if importlib.util.find_spec("llama_cpp") is None:
             raise PeerSkipped(f"llama-cpp-python is not installed {_INSTALL_HINT}")
         if spec.device.type != "cpu":
             raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
-        self.name = "llama.cpp"
         self._proc: subprocess.Popen[str] | None = None
-        type_name = gguf_type_name(spec.dtype, spec.quantize)
+        type_name = type_name or gguf_type_names(spec.dtype, spec.quantize)[0]
+        self.name = f"llama.cpp-{type_name}"
+        self.type_name = type_name
         from solo.runtime.cpu_build import cache_dir
 
         folder = cache_dir().parent / "gguf"
