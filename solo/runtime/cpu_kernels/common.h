@@ -41,11 +41,17 @@
 
 // Weights are software-prefetched this many bytes ahead of the read. The hardware prefetcher alone
 // reached ~70% of the streaming bandwidth on row-by-row matrix-vector products (rows are short
-// streams); prefetching 2-8 KiB ahead reached ~90% on a 2-core Sapphire Rapids (4 KiB chosen).
+// streams); prefetching 2-8 KiB ahead reached ~90% on a 2-core Sapphire Rapids (4 KiB chosen). On AMD Zen 4
+// the same prefetches cost 10-25% (the hardware prefetcher keeps up there), so cpu_build.py compiles with
+// SOLO_NO_SW_PREFETCH on AMD CPUs (SOLO_CPU_PREFETCH=0/1 overrides).
 #ifndef SOLO_PREFETCH
 #define SOLO_PREFETCH 4096
 #endif
+#ifdef SOLO_NO_SW_PREFETCH
+#define PREFETCH(p) ((void)(p))
+#else
 #define PREFETCH(p) __builtin_prefetch((const char*)(p) + SOLO_PREFETCH, 0, 3)
+#endif
 
 // The spin-wait hint (PAUSE on x86, YIELD on ARM): frees the core's shared resources while spinning.
 static inline void cpu_relax() {
