@@ -8,6 +8,7 @@ run time from the CPU's features (`/proc/cpuinfo`):
     avx512       x86-64-v4: AVX-512 F/BW/CD/DQ/VL; hand-tuned AVX-512 kernels, bf16 weights widened to float32
     avx512-bf16  avx512 + AVX512-BF16 + AVX512-VNNI: bf16 dot-product instructions
     neon         ARM64 (ARMv8-A NEON); the portable vector-extension kernels
+    neon-bf16    neon + the BF16 extension: bf16 weights through BFDOT dot products
 
 The best level the CPU has is used; `SOLO_CPU_ISA=<level>` forces a lower one (every path a machine can
 run can be tested on it), and a level the CPU lacks is refused with `IsaError`.
@@ -81,6 +82,8 @@ LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("avx512-bf16", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni"),
              _V4 | {"avx512_bf16", "avx512_vnni"}, "AVX-512 kernels with AVX512-BF16 dot products"),
     IsaLevel("neon", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), "ARMv8-A NEON vector kernels"),
+    IsaLevel("neon-bf16", "aarch64", ("-march=armv8.2-a+bf16",), frozenset({"asimd", "bf16"}),
+             "ARMv8.2-A NEON kernels with BF16 dot products (BFDOT)"),
 )
 
 

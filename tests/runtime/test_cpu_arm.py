@@ -40,15 +40,20 @@ def _run(cmd: list[str]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-def test_neon_kernels_under_qemu_match_the_scalar_build(tmp_path):
+@pytest.mark.parametrize("level,march", [("neon", "armv8-a"), ("neon-bf16", "armv8.2-a+bf16")])
+def test_neon_kernels_under_qemu_match_the_scalar_build(tmp_path, level, march):
     cross, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
     if cross is None or qemu is None:
         pytest.skip("needs aarch64-linux-gnu-g++ and qemu-aarch64 (apt-get install g++-aarch64-linux-gnu qemu-user)")
     if shutil.which("c++") is None:
         pytest.skip("no native C++ compiler for the scalar reference build")
-    _build(cross, ["-march=armv8-a", '-DSOLO_ISA_NAME="neon"'], tmp_path / "selftest-neon")
+    from solo.runtime.cpu_build import LEVELS
+
+    assert next(lv for lv in LEVELS if lv.name == level).flags == (f"-march={march}",)
+    _build(cross, [f"-march={march}", f'-DSOLO_ISA_NAME="{level}"'], tmp_path / "selftest-neon")
     _build("c++", ["-DSOLO_SCALAR=1", '-DSOLO_ISA_NAME="scalar"'], tmp_path / "selftest-scalar")
-    neon = _run([qemu, "-L", "/usr/aarch64-linux-gnu", str(tmp_path / "selftest-neon")])
+    # -cpu max: qemu's model with every extension it emulates, BF16 (BFDOT) included.
+    neon = _run([qemu, "-cpu", "max", "-L", "/usr/aarch64-linux-gnu", str(tmp_path / "selftest-neon")])
     scalar = _run([str(tmp_path / "selftest-scalar")])
     torch.testing.assert_close(neon["f32"], scalar["f32"], atol=1e-4, rtol=0)
     # bf16: the same roundings, only float32 summation orders differ before each one.
