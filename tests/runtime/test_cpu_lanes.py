@@ -236,7 +236,7 @@ _PARITY = [
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("isa", ["avx512", "avx2", "scalar"])
+@pytest.mark.parametrize("isa", ["avx2", "scalar"])
 def test_parity_under_lower_isa_levels(isa):
     if isa not in [lv.name for lv in available_levels()]:
         pytest.skip(f"this CPU cannot run the {isa} level")
