@@ -91,7 +91,9 @@ def decode_bytes(config: ModelConfig, elem_bytes: float, context: int, quantize:
         else:
             weights += dense_mlp + int((2 * f + h if config.mlp_bias else 0) * elem_bytes)
     experts = expert_bytes * sum(config.moe_layers)
-    weights += matrix_bytes(config.vocab_size, h, elem_bytes, quantize)  # LM head
+    lane_head = config.lanes is not None and config.lanes.lm_head_type == "lane"  # a [vocab, L * hidden] head
+    weights += matrix_bytes(config.vocab_size, h * (config.lanes.num_lanes if lane_head else 1), elem_bytes,
+                            quantize)  # LM head
     weights += int(h * elem_bytes) * 2  # one embedding row, final norm
     kv = 0
     for window in config.layer_sliding_windows or (None,) * config.num_layers:

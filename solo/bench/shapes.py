@@ -52,6 +52,13 @@ SHAPES: dict[str, dict[str, Any]] = {
         max_position_embeddings=4096, torch_dtype="bfloat16", num_lanes=8, broadcast_delay=2,
         lm_head_type="replicate", use_early_comm=True, sliding_window=2048, sliding_window_n_layers=10,
     ),
+    # The dense Llama of Laneformer-2B's dimensions (the same bytes per decode token), to compare the lane
+    # runtime with the dense one at equal size.
+    "Laneformer-2B-dense": dict(
+        architectures=["LlamaForCausalLM"], hidden_size=3072, intermediate_size=12288, num_hidden_layers=15,
+        num_attention_heads=32, num_key_value_heads=16, head_dim=96, vocab_size=32000, tie_word_embeddings=False,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096, torch_dtype="bfloat16",
+    ),
     # Mixture-of-experts shapes that fit a 24 GiB machine in bfloat16. OLMoE-1B-7B is the real model
     # (allenai/OLMoE-1B-7B-0924: 6.9B parameters, 1.3B active, 13.8 GB). Qwen3-30B-A3B (61 GB) is scaled
     # down: its exact layer shapes (128 experts, top-8, GQA 32/4) with 8 of its 48 layers (5.6B, 11 GB).

@@ -21,8 +21,9 @@ _log = logging.getLogger(__name__)
 def create_runtime(model: Transformer, backend: str, device: torch.device) -> DecodeRuntime:
     """Pick the runtime for a device.
 
-    "auto" on the CPU is the native CPU runtime (`solo.runtime.cpu`) when it supports the model, else
-    the eager runtime (the reason is logged; lane models always run eager); on CUDA it is the CUDA-graph runtime
+    "auto" on the CPU is the native CPU runtime (`solo.runtime.cpu`, or `solo.runtime.cpu_lanes` for lane
+    models) when it supports the model, else the eager runtime (the reason is logged; lane models off the
+    CPU run eager); on CUDA it is the CUDA-graph runtime
     (`solo.runtime.cuda.runtime`). "megakernel" (`solo.runtime.megakernel`, one persistent CUDA kernel
     per N tokens) is only used when asked for.
 
@@ -44,12 +45,7 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
         raise SoloError(f"unknown backend {backend!r}; choose one of {', '.join(BACKENDS)}")
     device = torch.device(device)
     if getattr(model.config, "lanes", None) is not None:
-        # Lane models (solo.model.lanes) have no fast runtime yet: the eager one runs them.
-        if backend not in ("auto", "eager"):
-            raise SoloError(f"the {backend} backend cannot run lane models (Laneformer); use --backend auto or eager")
-        if backend == "auto":
-            _log.warning("using the eager runtime: lane models (Laneformer) have no fast runtime yet")
-        return EagerRuntime(model)
+        return _lane_runtime(model, backend, device)
     for name, device_type, module_name, class_name, reason_name in _FAST_RUNTIMES:
         if backend != name and not (backend == "auto" and device.type == device_type):
             continue
@@ -60,6 +56,27 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
         if backend == name:
             raise SoloError(f"the {name} backend cannot run this model: {reason}")
         _log.warning("using the eager runtime: %s", reason)
+    return EagerRuntime(model)
+
+
+def _lane_runtime(model: Transformer, backend: str, device: torch.device) -> DecodeRuntime:
+    # Lane models (solo.model.lanes): the native CPU runtime (solo.runtime.cpu_lanes) on the CPU, the eager
+    # runtime elsewhere or where the native one cannot run them (the reason is logged).
+    if backend not in ("auto", "eager", "cpu"):
+        raise SoloError(f"the {backend} backend cannot run lane models (Laneformer); use --backend auto, cpu or eager")
+    if backend == "eager":
+        return EagerRuntime(model)
+    if backend == "auto" and device.type != "cpu":
+        _log.warning("using the eager runtime: lane models (Laneformer) have no fast runtime on %s yet", device.type)
+        return EagerRuntime(model)
+    from solo.runtime.cpu_lanes import CpuLaneRuntime, cpu_lanes_unsupported_reason
+
+    reason = cpu_lanes_unsupported_reason(model)
+    if reason is None:
+        return CpuLaneRuntime(model)
+    if backend == "cpu":
+        raise SoloError(f"the cpu backend cannot run this model: {reason}")
+    _log.warning("using the eager runtime: %s", reason)
     return EagerRuntime(model)
 
 

@@ -74,8 +74,7 @@ def test_one_lane_equals_transformers_llama(tmp_path):
     (folder / "config.json").write_text(json.dumps(raw))
     save_file(lane, str(folder / "model.safetensors"))
 
-    engine = Engine.load(folder, dtype="float32")
-    assert engine.runtime.name == "eager"
+    engine = Engine.load(folder, dtype="float32", backend="eager")
     ids = engine.encode_prompt(PROMPT)
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
@@ -84,6 +83,7 @@ def test_one_lane_equals_transformers_llama(tmp_path):
                                 pad_token_id=0)[0, len(ids):].tolist()
     assert torch.allclose(_prefill_logits(engine.model, ids), hf_logits, atol=ATOL, rtol=0)
     assert _greedy(engine, PROMPT, 24) == hf_tokens
+    assert _greedy(Engine.load(folder, dtype="float32"), PROMPT, 24) == hf_tokens  # the native CPU lane runtime
 
 
 def _dense_state(model):
@@ -268,7 +268,7 @@ def test_fast_backends_are_refused_and_quantize_too(tmp_path):
 
     folder = make_lane_checkpoint(tmp_path / "m")
     with pytest.raises(SoloError, match="lane models"):
-        Engine.load(folder, backend="cpu")
+        Engine.load(folder, backend="cuda-graph")
     with pytest.raises(SoloError, match="quantize"):
         Engine.load(folder, quantize="int8")
 

@@ -1,4 +1,4 @@
-"""`solo run`, `chat`, `serve` and `bench` on a lane model (a tiny Laneformer checkpoint, eager runtime)."""
+"""`solo run`, `chat`, `serve` and `bench` on a lane model (a tiny Laneformer checkpoint, native CPU runtime)."""
 
 from __future__ import annotations
 
@@ -32,7 +32,7 @@ def test_run_and_chat(capsys, monkeypatch, lane_model):
     out, err = capsys.readouterr()
     assert code == 0
     assert out == _expected(lane_model, "def f(x):", 8).text + "\n"
-    assert "backend: eager" in err
+    assert "backend: cpu" in err
     monkeypatch.setattr("sys.stdin", io.StringIO("hello\n"))
     assert main(["chat", str(lane_model), "--max-tokens", "4"]) == 0
     assert "generated tokens" in capsys.readouterr().err
@@ -56,7 +56,7 @@ def test_bench(tmp_path, capsys, lane_model):
                  "0.0625", "--pause-ms", "0", "--compare", "hf-eager", "--json", str(out)])
     assert code == 0
     report = json.loads(out.read_text())
-    assert report["backend"] == "eager" and report["engines"]["solo"]["decode_tokens_per_s"]["median"] > 0
+    assert report["backend"] == "cpu" and report["engines"]["solo"]["decode_tokens_per_s"]["median"] > 0
     assert "lane models" in report["peers_skipped"]["hf-eager"]
     capsys.readouterr()
 

@@ -467,3 +467,7 @@ extern "C" int solo_struct_layout(int64_t* out, int capacity) {
   for (int i = 0; i < n && i < capacity; i++) out[i] = v[i];
   return n;
 }
+
+// ------------------------------------------------------------------- lane models (Laneformer)
+// Their decode step lives in lanes.h (it uses the barrier and the kernels above).
+#include "lanes.h"
