@@ -138,6 +138,16 @@ static void residual_block(const Model* m, const Mat* W, const float* src, float
   }
 }
 
+// Whether long sequences take the split-KV attention: yes unless SOLO_CPU_SPLIT_KV=0 (a measurement knob:
+// the unsplit kernel's numbers for comparison).
+static bool split_kv_enabled() {
+  static const bool on = [] {
+    const char* env = getenv("SOLO_CPU_SPLIT_KV");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
 // One layer's attention for the batch, on thread `tid` of `nt`; `att` gets the outputs and `o_in` the
 // output projection's input. Work items: (sequence, group of `gs` query heads sharing a KV head), and for a
 // sequence whose keys span several SOLO_KV_BLOCK blocks (vector kernels only), one item per block of it:
@@ -156,7 +166,8 @@ static void attention_layer(const Model* m, const Layer* L, int B, const float* 
     const int pos = (int)positions[b];
     return (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
   };
-  auto blocks_of = [&](int b) { return gs > 0 ? kv_blocks(start_of(b), (int)positions[b]) : 1; };
+  const bool can_split = gs > 0 && split_kv_enabled();
+  auto blocks_of = [&](int b) { return can_split ? kv_blocks(start_of(b), (int)positions[b]) : 1; };
   long items = 0;
   bool split = false;
   for (int b = 0; b < B; b++) {
