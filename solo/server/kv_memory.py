@@ -116,8 +116,9 @@ def auto_slots(slot_tokens: int, bytes_per_token: int, free_bytes: int | None) -
     Slots are what lets a request start at once instead of queueing for another to finish (its TTFT);
     compute is shared by the batched decode step whatever the slot count, and an idle slot costs only its
     memory. So slots are given generously where they are cheap (the bundled model: 32 slots of 2048 tokens
-    = 256 MiB) and kept at 8 where a slot is large (a 32k-token slot of Qwen2.5-0.5B is 384 MiB; Llama 3.1
-    8B's 128k-token one 16 GiB, where the slot length shrinks to fit instead, see `fit_slot_tokens`).
+    = 256 MiB) and fewer where a slot is large (a 32k-token slot of Qwen2.5-0.5B is 384 MiB: 13 slots with
+    20 GB free); never fewer than 8 (Llama 3.1 8B's 128k-token slot is 16 GiB: there the slot length
+    shrinks to fit instead, see `fit_slot_tokens`).
 
     Args:
         slot_tokens: tokens per slot (--max-model-len or the model's context).
