@@ -60,7 +60,7 @@ async def collect(generation) -> list:
     return [item async for item in generation.events()]
 
 
-LONG = "def long_function(a, b, c):\n    return a + b * c - a / b\n" * 6
+LONG = "def long_function(a, b, c):\n    return a + b * c - a / b\n" * 4
 SHORT = "import os"
 
 
