@@ -33,7 +33,7 @@ SHAPES = [("qwen2", 4, 2), ("llama", 6, 3), ("llama", 4, 1), ("mistral", 4, 2)]
 
 def _checkpoint(tmp_path, arch, heads, kv_heads, dtype, context=2304):
     extra = {"sliding_window": 700} if arch == "mistral" else {}
-    return make_checkpoint(tmp_path / f"{arch}-{heads}-{kv_heads}", arch, dtype=dtype, hidden_size=128, head_dim=64,
+    return make_checkpoint(tmp_path / f"{arch}-{heads}-{kv_heads}", arch, dtype=dtype, hidden_size=192, head_dim=64,
                            num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=context,
                            **extra)
 
