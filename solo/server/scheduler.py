@@ -51,8 +51,9 @@ So `decode_batching` is
 
 A prompt longer than `prefill_chunk` is prefilled in chunks, which changes its arithmetic from one whole
 prefill in the last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on
-the load. In "isolated" mode a decode step stops between two rows when a new request is waiting for a free
-row: its prefill (and first token) goes first, and the rows not yet decoded go first in the next step.
+the load. A step that makes one call per request (speculative verify calls, "isolated" decode) stops
+between two of them when a new request is waiting for a free row: its prefill (and first token) goes
+first, and the requests not served yet go first in the next step.
 
 Overload. The queue is bounded (`max_queue`); a request that does not fit is refused at once with
 `QueueFullError`, which carries an estimate of when a place frees: the remaining token budget of the
@@ -587,10 +588,22 @@ class Scheduler:
         if self.speculative is not None:
             seq.proposer = DraftProposer(self.speculative, request, self.session_history)
 
+    def _yield_to_new(self, done: list[_Sequence], rest: list[_Sequence]) -> bool:
+        # Between two per-request calls of a step: when a new request waits with a free row, stop the step
+        # (its prefill and first token go first: its TTFT waits for one call, not N); the requests not
+        # served yet go first in the next step. Each request still makes exactly its own calls.
+        if not rest or not (self._waiting and self._free_rows):
+            return False
+        self._cut_short = True
+        with self._cond:
+            served = set(map(id, done))
+            self._running = [s for s in self._running if id(s) not in served] + done
+        return True
+
     def _decode_step(self, seqs: list[_Sequence]) -> None:
         self.steps += 1
         plain = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             # A request with a draft verifies it on its own row; the others decode together below.
             events = None if seq.proposer is None else speculative_step(
                 self.runtime, seq.row, seq.request, seq.proposer, seq.last_token)
@@ -600,6 +613,8 @@ class Scheduler:
             for event in events:
                 self._emit(seq, event)
             self._flush()
+            if self._yield_to_new([s for s in seqs[:i + 1] if s not in plain], seqs[i + 1:] + plain):
+                return
         seqs = plain
         if not seqs:
             return
@@ -621,14 +636,7 @@ class Scheduler:
             )[0]
             self._advance(seq, logits)
             self._flush()  # each request's token goes out as soon as it exists
-            if i + 1 < len(seqs) and self._waiting and self._free_rows:
-                # A new request has a free row: it is prefilled before the rest of this step (its TTFT
-                # waits for one batch-1 call, not N), and the rows not decoded yet go first next step.
-                self._cut_short = True
-                rest = seqs[i + 1:]
-                with self._cond:
-                    later = set(map(id, rest))
-                    self._running = rest + [s for s in self._running if id(s) not in later]
+            if self._yield_to_new(seqs[:i + 1], seqs[i + 1:]):
                 return
 
     def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
