@@ -49,6 +49,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="context lengths for --sweep-context (default: those of "
                         f"{','.join(map(str, _DEFAULT_CONTEXTS))} that fit the model, plus the longest that fits)")
     parser.add_argument("--sweep-gen-len", type=int, default=32, help="tokens decoded per sweep point (default: 32)")
+    parser.add_argument("--sweep-fill", choices=("prefill", "random"), default="prefill",
+                        help="how a sweep point's context is made: prefill a random prompt (default; every "
+                             "engine), or fill Solo's KV cache with random keys and values (Solo only: decode "
+                             "reads the cache whatever it holds, and a 32k-token prefill takes many minutes "
+                             "on a small CPU)")
     parser.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
     parser.add_argument("--plot", default=None, metavar="OUT.png",
                         help="plot tok/s against context (with --sweep-context), or latency against load "
@@ -444,13 +449,20 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
            bandwidth_gbps: float, contexts: list[int], rng: random.Random) -> dict[str, Any]:
     from solo.bench.roofline import decode_bytes, roofline_tokens_per_s
 
-    sweep: dict[str, Any] = {"contexts": contexts, "gen_len": args.sweep_gen_len, "roofline_tokens_per_s": [],
+    sweep: dict[str, Any] = {"contexts": contexts, "gen_len": args.sweep_gen_len,
+                             "fill": getattr(args, "sweep_fill", "prefill"), "roofline_tokens_per_s": [],
                              "engines": {e.name: [] for e in engines if e.name not in skipped}}
     for context in contexts:
         print(f"sweep: context {context} ...", file=sys.stderr)
         prompt = [rng.randrange(3, config.vocab_size) for _ in range(context)]
         nbytes = decode_bytes(config, elem, context + args.sweep_gen_len // 2, args.quantize)
         sweep["roofline_tokens_per_s"].append(roofline_tokens_per_s(bandwidth_gbps, nbytes.total))
+        if getattr(args, "sweep_fill", "prefill") == "random":  # Solo alone, after a cache of random keys/values
+            time.sleep(args.pause_ms / 1000.0)
+            runs = {engines[0].name: [engines[0].run_filled(context, args.sweep_gen_len, seed=args.seed)]}
+            for name, values in sweep["engines"].items():
+                values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
+            continue
         for engine in engines:
             if engine.name.endswith("compile") and engine.name not in skipped:
                 engine.run(prompt, args.sweep_gen_len)  # recompiles for the new cache size, untimed
@@ -557,9 +569,15 @@ def _print_report(r: dict[str, Any]) -> None:
               f"{q['logit_std']:.3f})")
     if "sweep" in r:
         s = r["sweep"]
-        print(f"context sweep ({s['gen_len']} tokens decoded at each context), tok/s:")
+        fill = " after a KV cache of random keys and values (no prefill; Solo only)" \
+            if s.get("fill") == "random" else ""
+        print(f"context sweep ({s['gen_len']} tokens decoded at each context{fill}), tok/s:")
         names = list(s["engines"])
-        print(f"{'context':>8} {'roofline':>9} " + " ".join(f"{n:>11}" for n in names))
+        solo_values = s["engines"].get("solo")
+        print(f"{'context':>8} {'roofline':>9} " + " ".join(f"{n:>11}" for n in names)
+              + (f" {'solo/roof':>9}" if solo_values else ""))
         for i, c in enumerate(s["contexts"]):
             vals = " ".join(f"{v[i]:>11.2f}" if v[i] is not None else f"{'-':>11}" for v in s["engines"].values())
-            print(f"{c:>8} {s['roofline_tokens_per_s'][i]:>9.2f} {vals}")
+            roof = s["roofline_tokens_per_s"][i]
+            share = f" {solo_values[i] / roof:>9.0%}" if solo_values and solo_values[i] is not None and roof else ""
+            print(f"{c:>8} {roof:>9.2f} {vals}{share}")

@@ -247,7 +247,8 @@ class CpuRuntime:
 
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
-        a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work).
+        a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work);
+        SOLO_CPU_SPLIT_KV=0 turns off the split-KV attention past 512 positions (for comparisons).
 
     Raises:
         SoloError: the model is not supported (see `cpu_unsupported_reason`).

@@ -1,6 +1,6 @@
 """`solo serve`: an OpenAI-compatible HTTP server (the server itself lives in solo.server.app).
 
-    solo serve [MODEL] --port 8000 --max-batch 8 --max-queue 64 [--api-key KEY]
+    solo serve [MODEL] --port 8000 --max-batch auto --max-queue 64 [--api-key KEY]
 
 Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize,
 GET /health (503 while loading, 200 when ready), GET /metrics (Prometheus).
@@ -23,13 +23,19 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given, or the bundled "
                              "model's name)")
-    parser.add_argument("--max-batch", type=int, default=8, metavar="N",
-                        help="KV-cache slots: requests generated together (default: 8)")
+    parser.add_argument("--max-batch", type=_slots, default=None, metavar="N",
+                        help="KV-cache slots: requests generated together (default: auto, 8 to 32 as a quarter "
+                             "of free memory holds full-length slots; more slots let a request start at once "
+                             "instead of queueing)")
     parser.add_argument("--max-queue", type=int, default=64, metavar="M",
                         help="requests that may wait for a slot; more get 503 + Retry-After (default: 64)")
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="tokens per slot, prompt plus completion (default: the model's context length); "
                              "lower it to save KV-cache memory")
+    parser.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
+                        help="prompt tokens prefilled per scheduler step: a longer prompt is prefilled in chunks "
+                             "with decode steps of the running requests between them (default: "
+                             "256; 0: whole prompts)")
     parser.add_argument("--decode-batching", choices=("auto", "isolated", "fused"), default="auto",
                         help="auto (default): one batched decode call per step when the runtime is "
                              "batch-invariant, else one call per request; isolated: always one call per "
@@ -38,6 +44,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_feature_arguments(parser)
     parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
+
+
+def _slots(text: str) -> int | None:
+    # "auto" (or nothing): chosen from free memory at start-up (solo.server.kv_memory.auto_slots).
+    if text == "auto":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of slots or 'auto', got {text!r}") from None
 
 
 def main(args: argparse.Namespace) -> int:
@@ -49,6 +65,7 @@ def main(args: argparse.Namespace) -> int:
     from solo.cli import prefix_cache_gb_from_args
     from solo.errors import SoloError
     from solo.server.runner import serve
+    from solo.server.scheduler import DEFAULT_PREFILL_CHUNK
     from solo.server.state import ServerSettings
 
     if not 0 <= args.port <= 65535:
@@ -61,6 +78,7 @@ def main(args: argparse.Namespace) -> int:
         quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
+        prefill_chunk=DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk,
         shutdown_grace_s=args.shutdown_grace, prefix_cache_gb=prefix_cache_gb_from_args(args),
         speculative=args.speculative, tp=args.tp,
     )

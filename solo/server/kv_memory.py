@@ -19,6 +19,12 @@ KV_MEMORY_FRACTION = 0.9
 """Share of the free memory the KV cache may take at start-up (the rest: activations, the HTTP side, and
 other processes; vLLM's --gpu-memory-utilization plays the same role)."""
 
+AUTO_SLOTS = (8, 32)
+"""Fewest and most KV-cache slots `--max-batch auto` (the default) gives."""
+
+AUTO_SLOTS_MEMORY_FRACTION = 0.25
+"""Share of the free memory the slots beyond the first AUTO_SLOTS[0] may take under `--max-batch auto`."""
+
 MIN_SLOT_TOKENS = 16
 """A slot shorter than this is not worth serving: the server refuses to start instead."""
 
@@ -102,6 +108,31 @@ def _cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
 def gib(nbytes: float) -> str:
     """Bytes as GiB with two decimals ("1.25 GiB")."""
     return f"{nbytes / 2**30:.2f} GiB"
+
+
+def auto_slots(slot_tokens: int, bytes_per_token: int, free_bytes: int | None) -> int:
+    """KV-cache slots for `--max-batch auto`: the full-length slots a quarter of free memory holds, 8 to 32.
+
+    Slots are what lets a request start at once instead of queueing for another to finish (its TTFT);
+    compute is shared by the batched decode step whatever the slot count, and an idle slot costs only its
+    memory. So slots are given generously where they are cheap (the bundled model: 32 slots of 2048 tokens
+    = 256 MiB) and fewer where a slot is large (a 32k-token slot of Qwen2.5-0.5B is 384 MiB: 13 slots with
+    20 GB free); never fewer than 8 (Llama 3.1 8B's 128k-token slot is 16 GiB: there the slot length
+    shrinks to fit instead, see `fit_slot_tokens`).
+
+    Args:
+        slot_tokens: tokens per slot (--max-model-len or the model's context).
+        bytes_per_token: see `kv_bytes_per_token`.
+        free_bytes: free memory, or None when unknown (then the fewest, 8).
+
+    Returns:
+        A slot count in [AUTO_SLOTS[0], AUTO_SLOTS[1]].
+    """
+    low, high = AUTO_SLOTS
+    if free_bytes is None or slot_tokens <= 0 or bytes_per_token <= 0:
+        return low
+    fits = int(free_bytes * AUTO_SLOTS_MEMORY_FRACTION) // (slot_tokens * bytes_per_token)
+    return max(low, min(high, fits))
 
 
 def fit_slot_tokens(rows: int, wanted_tokens: int, bytes_per_token: int, free_bytes: int | None) -> int:

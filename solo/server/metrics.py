@@ -74,6 +74,7 @@ class ServerMetrics:
                                 ["finish_reason"], registry=r)
         self.queue_depth = Gauge("solo_queue_depth", "Requests waiting for a KV-cache slot", registry=r)
         self.active_slots = Gauge("solo_active_slots", "Requests holding a KV-cache slot", registry=r)
+        self.slots = Gauge("solo_slots", "KV-cache slots: requests generated together (--max-batch)", registry=r)
         self.kv_capacity = Gauge("solo_kv_cache_capacity_bytes", "KV-cache bytes allocated for every slot",
                                  registry=r)
         self.kv_used = Gauge("solo_kv_cache_used_bytes", "KV-cache bytes held by running requests", registry=r)

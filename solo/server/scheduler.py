@@ -1,15 +1,27 @@
-"""Continuous batching: KV-cache slots, a bounded FIFO queue, cancellation, one thread on the runtime.
+"""Continuous batching: KV-cache slots, a bounded FIFO queue, chunked prefill, one thread on the runtime.
 
 The scheduler owns `max_batch` KV-cache rows of the engine's runtime. Requests beyond the rows wait in a
 FIFO queue of at most `max_queue`. One thread drives the runtime; each loop iteration
 
 1. applies cancellations (a disconnected client's request frees its row before the next step),
-2. admits waiting requests into free rows: a prefill of the whole prompt, then the first token,
-3. runs one decode step for every active request, then frees the rows of those that finished.
+2. admits waiting requests into free rows,
+3. prefills first (for TTFT): prompt chunks of the requests still being prefilled, at most
+   `prefill_chunk` tokens in all, shortest remaining prompt first; a request whose last chunk ran emits
+   its first token and joins the decode steps,
+4. runs one decode step for every request past its prefill, then frees the rows of those that finished.
 
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
 runs on the event loop.
+
+Chunked prefill (vLLM's and SGLang's "chunked prefill", Agrawal et al., "Sarathi-Serve", OSDI 2024): a
+long prompt is prefilled `prefill_chunk` tokens per iteration, with a decode step of the running requests
+between chunks, so a 2000-token prompt delays every running stream by one chunk at a time instead of by
+its whole prefill, and a short prompt that arrives meanwhile is prefilled before the long one's next chunk
+(its TTFT waits for one chunk at most). The chunks lie on a fixed grid (`prefill_chunk` tokens from the
+first uncached position), so how a prompt is cut never depends on the load: a request computes the same
+calls alone or beside others (SGLang's deterministic mode fixes its split sizes for the same reason).
+Prompts of at most `prefill_chunk` tokens are prefilled whole, exactly as `Engine.run` does.
 
 Isolation. A request must give the same tokens alone or beside others, and a lone request runs exactly
 the calls `Engine.run` makes (prefill, then batch-1 decode steps). Whether a batched decode step keeps
@@ -37,7 +49,11 @@ So `decode_batching` is
   confirms it (batched and batch-1 logits of rows with different lengths compared bit for bit), else
   "isolated".
 
-Prompts are prefilled whole, never chunked, for the same reason: chunked prefill changes the arithmetic.
+A prompt longer than `prefill_chunk` is prefilled in chunks, which changes its arithmetic from one whole
+prefill in the last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on
+the load. A step that makes one call per request (speculative verify calls, "isolated" decode) stops
+between two of them when a new request is waiting for a free row: its prefill (and first token) goes
+first, and the requests not served yet go first in the next step.
 
 Overload. The queue is bounded (`max_queue`); a request that does not fit is refused at once with
 `QueueFullError`, which carries an estimate of when a place frees: the remaining token budget of the
@@ -78,6 +94,12 @@ from solo.runtime.base import DecodeRuntime
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
+
+DEFAULT_PREFILL_CHUNK = 256
+"""Tokens of prompt prefilled per scheduler iteration (`--prefill-chunk`); longer prompts are chunked.
+
+On a 2-core CPU, 256 tokens of the bundled model take tens of milliseconds, so a running stream waits for
+one chunk at a time (about a decode step's order of magnitude) rather than for a whole long prompt."""
 
 DecodeBatching = Literal["auto", "isolated", "fused"]
 """How a decode step runs over the active rows (see the module docstring): one batch-1 call per row
@@ -236,6 +258,11 @@ class _Sequence:
     last_token: int = -1
     proposer: DraftProposer | None = None
     prefilled: bool = False  # its prompt went into the row (the row's previous KV was given up)
+    prefill_at: int = 0  # next prompt position to prefill (chunked prefill); the row holds those before it
+    ready: bool = False  # the whole prompt is prefilled: it decodes
+
+    def prefill_left(self) -> int:
+        return len(self.request.prompt_ids) - self.prefill_at
 
 
 class Scheduler:
@@ -251,18 +278,21 @@ class Scheduler:
         prefix_cache: reuse of earlier requests' KV (the engine's `PrefixCache`), or None.
         speculative: draft settings for speculative decoding, or None for plain decoding.
         session_history: earlier requests for "suffix" drafts, or None.
+        prefill_chunk: prompt tokens prefilled per iteration (see the module docstring); 0 prefills every
+            prompt whole at admission.
 
     Raises:
-        ValueError: max_batch < 1, max_queue < 0 or max_seq < 2.
+        ValueError: max_batch < 1, max_queue < 0, max_seq < 2 or prefill_chunk < 0.
     """
 
     def __init__(self, runtime: DecodeRuntime, max_batch: int, max_queue: int, max_seq: int,
                  decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None,
                  prefix_cache: PrefixCache | None = None, speculative: SpeculativeConfig | None = None,
-                 session_history: SessionHistory | None = None) -> None:
-        if max_batch < 1 or max_queue < 0 or max_seq < 2:
-            raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2; got {max_batch}, {max_queue}, "
-                             f"{max_seq}")
+                 session_history: SessionHistory | None = None,
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+        if max_batch < 1 or max_queue < 0 or max_seq < 2 or prefill_chunk < 0:
+            raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2, prefill_chunk >= 0; got "
+                             f"{max_batch}, {max_queue}, {max_seq}, {prefill_chunk}")
         if decode_batching not in ("auto", "isolated", "fused"):
             raise ValueError(f"decode_batching must be 'auto', 'isolated' or 'fused', got {decode_batching!r}")
         self.runtime = runtime
@@ -273,6 +303,8 @@ class Scheduler:
         self.prefix_cache = prefix_cache
         self.speculative = speculative
         self.session_history = session_history
+        self.prefill_chunk = prefill_chunk
+        """Prompt tokens prefilled per iteration (0: whole prompts)."""
         if prefix_cache is not None:
             prefix_cache.reserve(max_batch, max_seq)
         else:
@@ -295,11 +327,14 @@ class Scheduler:
         self._stopping = False
         self._cond = threading.Condition()
         self._outbox: list[tuple[Generation, int, GenerationEvent | BaseException]] = []
+        self._cut_short = False  # the last isolated step stopped early for a new request
         self._thread = threading.Thread(target=self._run, name="solo-scheduler", daemon=True)
         self.error: BaseException | None = None
         """What stopped the scheduler thread, if a bug did (then every request fails and /health is 503)."""
         self.steps = 0
         """Decode steps run so far (for tests and debugging)."""
+        self.prefill_calls = 0
+        """Prefill calls (chunks) run so far (for tests and debugging)."""
         self.peak_active = 0
         """Most requests that held a row at once (for tests and load tests)."""
         if metrics is not None:
@@ -479,13 +514,17 @@ class Scheduler:
             for seq in admitted:
                 if seq.request.finished:  # cancelled between admission and now
                     continue
-                self._guard([seq], self._prefill, seq)
-            active = [s for s in self._running if not s.request.finished]
+                self._guard([seq], self._begin_prefill, seq)
+            self._prefill_chunks()  # prefill first: a new request's first token does not wait for a step
+            active = [s for s in self._running if s.ready and not s.request.finished]
             if active:
                 start = time.perf_counter()
                 self._guard(active, self._decode_step, active)
                 elapsed = time.perf_counter() - start
-                self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
+                if self._cut_short:  # a partial step: not a measure of a whole one
+                    self._cut_short = False
+                else:
+                    self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
             self._release_finished()
             if stopping:
                 with self._cond:
@@ -505,22 +544,66 @@ class Scheduler:
         finally:
             self._flush()
 
-    def _prefill(self, seq: _Sequence) -> None:
-        # The same calls Engine.run makes, into this request's row.
+    def _begin_prefill(self, seq: _Sequence) -> None:
+        # The row's earlier KV is given up (or reused by the prefix cache): prefill starts after the cached part.
         request = seq.request
         seq.prefilled = True
         cached = 0 if self.prefix_cache is None else self.prefix_cache.load(seq.row, request.prompt_ids)
         request.stats.cached_tokens = cached
-        ids = torch.tensor(request.prompt_ids[cached:], dtype=torch.long)
-        logits = self.runtime.prefill(seq.row, ids, cached)
+        seq.prefill_at = cached
+
+    def _prefill_chunks(self) -> None:
+        # Shortest remaining prompt first (a short turn's TTFT does not wait for a long document), within
+        # one chunk's budget of tokens per iteration (the running streams' wait); at least one chunk runs.
+        pending = [s for s in self._running if not s.ready and s.prefilled and not s.request.finished]
+        if not pending:
+            return
+        pending.sort(key=_Sequence.prefill_left)  # stable: admission order among equals
+        budget = self.prefill_chunk or math.inf
+        spent = 0
+        for seq in pending:
+            n = self._chunk_tokens(seq)
+            if spent and spent + n > budget:
+                continue
+            spent += n
+            self._guard([seq], self._prefill, seq, n)
+
+    def _chunk_tokens(self, seq: _Sequence) -> int:
+        # The next chunk on the fixed grid: `prefill_chunk` tokens from the first uncached position.
+        left = seq.prefill_left()
+        return left if not self.prefill_chunk else min(left, self.prefill_chunk)
+
+    def _prefill(self, seq: _Sequence, n: int) -> None:
+        # The same calls Engine.run makes, into this request's row; a prompt longer than a chunk in chunks.
+        request = seq.request
+        start = seq.prefill_at
+        ids = torch.tensor(request.prompt_ids[start:start + n], dtype=torch.long)
+        self.prefill_calls += 1
+        logits = self.runtime.prefill(seq.row, ids, start)
+        seq.prefill_at = start + n
+        if seq.prefill_left() > 0:
+            return
+        seq.ready = True
         self._advance(seq, logits)
         if self.speculative is not None:
             seq.proposer = DraftProposer(self.speculative, request, self.session_history)
 
+    def _yield_to_new(self, done: list[_Sequence], rest: list[_Sequence]) -> bool:
+        # Between two per-request calls of a step: when a new request waits with a free row, stop the step
+        # (its prefill and first token go first: its TTFT waits for one call, not N); the requests not
+        # served yet go first in the next step. Each request still makes exactly its own calls.
+        if not rest or not (self._waiting and self._free_rows):
+            return False
+        self._cut_short = True
+        with self._cond:
+            served = set(map(id, done))
+            self._running = [s for s in self._running if id(s) not in served] + done
+        return True
+
     def _decode_step(self, seqs: list[_Sequence]) -> None:
         self.steps += 1
         plain = []
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             # A request with a draft verifies it on its own row; the others decode together below.
             events = None if seq.proposer is None else speculative_step(
                 self.runtime, seq.row, seq.request, seq.proposer, seq.last_token)
@@ -530,6 +613,8 @@ class Scheduler:
             for event in events:
                 self._emit(seq, event)
             self._flush()
+            if self._yield_to_new([s for s in seqs[:i + 1] if s not in plain], seqs[i + 1:] + plain):
+                return
         seqs = plain
         if not seqs:
             return
@@ -542,7 +627,7 @@ class Scheduler:
                 self._advance(seq, logits[i])
             self._flush()
             return
-        for seq in seqs:
+        for i, seq in enumerate(seqs):
             # Batch-1 decode: bit-identical to Engine.run's step for the same request.
             logits = self.runtime.decode(
                 torch.tensor([seq.row], dtype=torch.long),
@@ -551,6 +636,8 @@ class Scheduler:
             )[0]
             self._advance(seq, logits)
             self._flush()  # each request's token goes out as soon as it exists
+            if self._yield_to_new(seqs[:i + 1], seqs[i + 1:]):
+                return
 
     def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
         token, info = seq.request.choose(logits)
@@ -586,6 +673,8 @@ class Scheduler:
             if self.prefix_cache is not None and seq.prefilled:
                 if request.finish_reason == "error":  # the row's KV is unknown after a failed step
                     self.prefix_cache.forget(seq.row)
+                elif not seq.ready:  # ended during its prefill: the chunks that ran are in the row
+                    self.prefix_cache.finish(seq.row, request.prompt_ids[:seq.prefill_at])
                 else:  # every token but the last was fed to the model
                     self.prefix_cache.finish(seq.row, request.prompt_ids + request.output_ids[:-1])
             if self.session_history is not None and request.output_ids:

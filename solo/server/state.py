@@ -23,7 +23,7 @@ from solo.server import kv_memory
 from solo.server.errors import model_loading, model_not_found, shutting_down
 from solo.server.logprobs import TokenPieces
 from solo.server.metrics import ServerMetrics
-from solo.server.scheduler import DecodeBatching, Generation, Scheduler
+from solo.server.scheduler import DEFAULT_PREFILL_CHUNK, DecodeBatching, Generation, Scheduler
 from solo.tokenizer import Tokenizer
 
 logger = logging.getLogger("solo.server")
@@ -51,10 +51,12 @@ class ServerSettings:
         device, dtype, backend, revision, quantize: as for `Engine.load`.
         served_model_name: the name clients put in `model` (default: the engine's name).
         api_key: when set, every route but /health needs `Authorization: Bearer <api_key>`.
-        max_batch: KV-cache slots (requests decoded together).
+        max_batch: KV-cache slots (requests decoded together); None: chosen from free memory at start-up
+            (`kv_memory.auto_slots`: 8 to 32), after which it holds the number chosen.
         max_queue: requests that may wait for a slot; beyond it, 503 with Retry-After.
         max_model_len: tokens per slot (prompt + completion); None for the model's context length.
         decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
+        prefill_chunk: prompt tokens prefilled per scheduler iteration (chunked prefill); 0: whole prompts.
         shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
         prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
         speculative: "auto", "off", "ngram" or "suffix" (see solo.engine.speculative).
@@ -69,10 +71,11 @@ class ServerSettings:
     quantize: str | None = None
     served_model_name: str | None = None
     api_key: str | None = None
-    max_batch: int = 8
+    max_batch: int | None = None
     max_queue: int = 64
     max_model_len: int | None = None
     decode_batching: DecodeBatching = "auto"
+    prefill_chunk: int = DEFAULT_PREFILL_CHUNK
     shutdown_grace_s: float = 30.0
     prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB
     speculative: str = "auto"
@@ -84,8 +87,10 @@ class ServerSettings:
         Raises:
             SoloError: a value out of range, naming the flag.
         """
-        if self.max_batch < 1:
+        if self.max_batch is not None and self.max_batch < 1:
             raise SoloError(f"--max-batch must be >= 1, got {self.max_batch}")
+        if self.prefill_chunk < 0:
+            raise SoloError(f"--prefill-chunk must be >= 0 (0: prefill whole prompts), got {self.prefill_chunk}")
         if self.max_queue < 0:
             raise SoloError(f"--max-queue must be >= 0, got {self.max_queue}")
         if self.max_model_len is not None and self.max_model_len < 2:
@@ -159,20 +164,27 @@ class ServerState:
         self.engine, self.pieces = engine, TokenPieces(engine.tokenizer)
         self.served_name = self.settings.served_model_name or engine.name
         self.scheduler = scheduler
-        logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode, prefix cache %s, speculative %s)",
-                    self.served_name, engine.runtime.name, self.settings.max_batch, self.max_model_len,
-                    scheduler.decode_batching, "on" if engine.prefix_cache is not None else "off", engine.speculative)
+        logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode, prefill chunk %s, prefix cache %s, "
+                    "speculative %s)", self.served_name, engine.runtime.name, self.settings.max_batch,
+                    self.max_model_len, scheduler.decode_batching, self.settings.prefill_chunk or "off",
+                    "on" if engine.prefix_cache is not None else "off", engine.speculative)
 
     def _start(self, engine: Engine) -> Scheduler:
         context = engine.config.context_length
         limit = self.settings.max_model_len or context
         if limit > context:
             raise SoloError(f"--max-model-len {limit} exceeds the model's context length of {context}; lower it")
+        if self.settings.max_batch is None:  # --max-batch auto: from free memory, before the cache is sized
+            per_token = kv_memory.kv_bytes_per_token(engine.config, kv_memory.cache_element_bytes(engine.runtime))
+            free = kv_memory.available_memory_bytes(engine.runtime.device)
+            self.settings.max_batch = kv_memory.auto_slots(limit, per_token, free)
         self.max_model_len = self._fit_kv_cache(engine, limit)
         limit = self.max_model_len
+        self.metrics.slots.set(self.settings.max_batch)
         scheduler = Scheduler(engine.runtime, self.settings.max_batch, self.settings.max_queue, limit,
                               self.settings.decode_batching, self.metrics, prefix_cache=engine.prefix_cache,
-                              speculative=engine.speculative_config, session_history=engine.session_history)
+                              speculative=engine.speculative_config, session_history=engine.session_history,
+                              prefill_chunk=self.settings.prefill_chunk)
         # Warm-up: the first prefill and decode pay one-time costs (allocator, kernel selection) that
         # would otherwise land on the first user's TTFT. Row 0 is overwritten by its next prefill.
         runtime = engine.runtime

@@ -117,6 +117,20 @@ def test_bench_end_to_end(tmp_path, capsys):
     assert "energy" in text and ("J/token" in text or "not measurable here" in text)
 
 
+def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):
+    # Contexts past one 512-position block take the split-KV attention; no prefill of them is run.
+    folder = make_checkpoint(tmp_path / "llama", "llama", head_dim=64, hidden_size=128,
+                             max_position_embeddings=1200)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--backend", "cpu", "--prompt-len", "8", "--gen-len", "3", "--repeats", "1",
+                 "--probe-gib", "0.0625", "--sweep-context", "--contexts", "100,1100", "--sweep-gen-len", "4",
+                 "--sweep-fill", "random", "--pause-ms", "0", "--energy-s", "0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "random keys and values" in text and "solo/roof" in text
+    sweep = json.loads(out.read_text())["sweep"]
+    assert sweep["fill"] == "random" and all(v > 0 for v in sweep["engines"]["solo"])
+
+
 @pytest.mark.slow
 def test_bench_moe_reports_active_bytes_and_parameters(tmp_path, capsys):
     folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16)

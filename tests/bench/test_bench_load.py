@@ -133,6 +133,7 @@ def test_load_run_against_a_running_server(server, tmp_path, capsys):
     assert 1 <= phase["sent"] <= 12 and phase["http_5xx"] == 0  # Poisson at 6/s for 2 s, at most 12
     assert phase["completed"] + phase["cancelled"] == phase["sent"], phase["errors"]
     assert phase["errors"] == {}
+    assert result["meta"]["server_slots"] == 4  # read from the running server's /metrics
     assert phase["ttft_s"]["p50"] is not None and phase["goodput_rps"] > 0
     check = result["output_check"]
     assert check["checked"] > 0 and check["wrong"] == 0

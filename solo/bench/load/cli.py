@@ -28,8 +28,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="length of each phase (default: the workload's)")
     group.add_argument("--max-requests", type=int, default=None, metavar="N",
                        help="most requests per phase (default: the workload's)")
-    group.add_argument("--max-batch", type=int, default=8, metavar="N",
-                       help="solo serve's --max-batch, and the clients of the capacity run (default: 8)")
+    group.add_argument("--max-batch", type=int, default=None, metavar="N",
+                       help="solo serve's --max-batch (default: the server's own, auto); the capacity run uses "
+                            "as many closed-loop clients as the server has slots")
+    group.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
+                       help="solo serve's --prefill-chunk (default: the server's own)")
     group.add_argument("--max-queue", type=int, default=None, metavar="M", help="solo serve's --max-queue")
     group.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS", help="solo serve's --max-model-len")
     group.add_argument("--capacity-s", type=float, default=20.0, metavar="SECONDS",
@@ -45,10 +48,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def _command(args: argparse.Namespace) -> str:
     # Rebuilt from the flags (not sys.argv), so the report never quotes local paths of a caller's shell.
     parts = ["solo", "bench"] + ([Path(args.model).name] if args.model else []) + ["--load", Path(args.load).name]
-    for flag in ("url", "rates", "duration", "max_requests", "max_batch", "max_queue", "max_model_len", "capacity_s",
-                 "verify", "dtype", "backend", "quantize"):
+    for flag in ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
+                 "max_model_len", "capacity_s", "verify", "dtype", "backend", "quantize"):
         value = getattr(args, flag, None)
-        if value is not None and value != {"max_batch": 8, "capacity_s": 20.0, "verify": 64, "dtype": "auto",
+        if value is not None and value != {"capacity_s": 20.0, "verify": 64, "dtype": "auto",
                                            "backend": "auto"}.get(flag):
             parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
     for flag in ("json", "markdown", "plot"):
@@ -76,6 +79,7 @@ def main(args: argparse.Namespace) -> int:
         energy_uj,
         idle_baseline,
         run_phase,
+        server_slots,
         start_server,
     )
     from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
@@ -96,7 +100,8 @@ def main(args: argparse.Namespace) -> int:
         workload.max_requests = args.max_requests
     if Path(args.load).name != args.load and not Path(args.load).is_file():
         raise SoloError(f"--load {args.load}: no such file")
-    if args.max_batch < 1 or args.capacity_s <= 0 or args.verify < 0 or args.request_timeout <= 0:
+    if (args.max_batch is not None and args.max_batch < 1) or args.capacity_s <= 0 or args.verify < 0 \
+            or args.request_timeout <= 0:
         raise SoloError("--max-batch must be >= 1, --capacity-s > 0, --verify >= 0 and --request-timeout > 0")
     if args.plot:
         from solo.bench.plot import require_matplotlib
@@ -107,7 +112,11 @@ def main(args: argparse.Namespace) -> int:
             raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
 
     server = None
-    serve_args = ["--max-batch", str(args.max_batch), "--dtype", args.dtype, "--backend", args.backend]
+    serve_args = ["--dtype", args.dtype, "--backend", args.backend]
+    if args.max_batch is not None:
+        serve_args += ["--max-batch", str(args.max_batch)]
+    if getattr(args, "prefill_chunk", None) is not None:
+        serve_args += ["--prefill-chunk", str(args.prefill_chunk)]
     if args.max_queue is not None:
         serve_args += ["--max-queue", str(args.max_queue)]
     if args.max_model_len is not None:
@@ -124,7 +133,7 @@ def main(args: argparse.Namespace) -> int:
     meta: dict[str, Any] = {
         "command": _command(args),
         "server": server_desc, "machine": machine_info(__import__("torch").device("cpu")), "versions": versions(),
-        "cpu_load_before": cpu_load(), "note": args.note, "capacity_clients": args.max_batch,
+        "cpu_load_before": cpu_load(), "note": args.note,
     }
     phases = []
     timeout = args.request_timeout
@@ -136,11 +145,12 @@ def main(args: argparse.Namespace) -> int:
             meta["note"] = f"{meta['note']} {note}.".strip()
             print(note, file=sys.stderr)
         idle = asyncio.run(idle_baseline(base, prompts, workload, timeout))
+        clients = args.max_batch or server_slots(base) or 8
+        meta["capacity_clients"] = meta["server_slots"] = clients
         capacity = None
         if any(isinstance(r, str) for r in workload.rates):
-            print(f"measuring capacity: {args.max_batch} closed-loop clients for {args.capacity_s:g} s",
-                  file=sys.stderr)
-            capacity = asyncio.run(closed_loop_capacity(base, prompts, workload, args.max_batch, args.capacity_s,
+            print(f"measuring capacity: {clients} closed-loop clients for {args.capacity_s:g} s", file=sys.stderr)
+            capacity = asyncio.run(closed_loop_capacity(base, prompts, workload, clients, args.capacity_s,
                                                         workload.seed + 1, timeout))
             meta["capacity_rps"] = capacity
             if capacity <= 0:

@@ -6,8 +6,9 @@ Order of a run:
    /tokenize (exact, template included), so near-context-limit prompts are exactly near the limit.
 3. Idle baseline: one request of every class alone (TTFT of an idle server, the reference for "within
    3x of idle").
-4. Capacity (only when a rate is given as "<k>x"): `max_batch` closed-loop clients sending the
-   workload's requests back to back for a short while; capacity = completed requests/s.
+4. Capacity (only when a rate is given as "<k>x"): as many closed-loop clients as the server has slots
+   (its `solo_slots` metric, or `--max-batch`) sending the workload's requests back to back for a short
+   while; capacity = completed requests/s.
 5. One phase per rate: open-loop arrivals (Poisson + bursts) sent on schedule whatever the server does;
    server RSS sampled every second.
 6. References: every distinct greedy request that completed under load is sent again alone; its text
@@ -57,6 +58,19 @@ def check_loopback(url: str) -> str:
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
         raise SoloError(f"--url {url}: the load generator only targets loopback addresses (127.0.0.1, ::1, localhost)")
     return url.rstrip("/")
+
+
+def server_slots(base_url: str) -> int | None:
+    """The server's KV-cache slots from its /metrics (`solo_slots`), or None when it does not report them."""
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return None
+    for line in text.splitlines():
+        if line.startswith("solo_slots "):
+            value = float(line.split()[1])
+            return int(value) if value >= 1 else None
+    return None
 
 
 def free_port() -> int:

@@ -102,6 +102,11 @@ static size_t private_floats(const Model* m, int batch) {
   return ((2 * h + kmax + nq + 2 * nkv) * batch + (size_t)m->max_seq * group + 16) & ~(size_t)15;
 }
 
+// Floats of the split-KV attention parts of `batch` sequences: every block of every query head, at most.
+static size_t split_kv_floats(const Model* m, int batch) {
+  return (size_t)batch * m->heads * (m->head_dim + 2) * (size_t)(m->max_seq / SOLO_KV_BLOCK + 1);
+}
+
 // Bytes of workspace `solo_decode` needs for `batch` sequences and `nthreads` threads.
 extern "C" size_t solo_workspace_bytes(const Model* m, int batch, int nthreads) {
   const size_t h = m->hidden, nq = (size_t)m->heads * m->head_dim, nkv = (size_t)m->kv_heads * m->head_dim;
@@ -113,6 +118,7 @@ extern "C" size_t solo_workspace_bytes(const Model* m, int batch, int nthreads) 
   floats += batch * nq;                             // attention output
   floats += 2 * batch * (size_t)max3(m->hidden, (int)nq, m->inter);  // o / down inputs (shared)
   floats += (size_t)nthreads * private_floats(m, batch);
+  floats += split_kv_floats(m, batch);              // split-KV attention parts (shared)
   return floats * sizeof(float) + 256;
 }
 
@@ -129,6 +135,98 @@ static void residual_block(const Model* m, const Mat* W, const float* src, float
     if (m->sandwich) rms_norm(tb, tb, h, out_norm, m->eps, m->unit_offset, bf);
     residual_add(xb, tb, h, bf);
     rms_norm(xb, normed + (size_t)b * h, h, next_norm, m->eps, m->unit_offset, bf);
+  }
+}
+
+// Whether long sequences take the split-KV attention: yes unless SOLO_CPU_SPLIT_KV=0 (a measurement knob:
+// the unsplit kernel's numbers for comparison).
+static bool split_kv_enabled() {
+  static const bool on = [] {
+    const char* env = getenv("SOLO_CPU_SPLIT_KV");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+// One layer's attention for the batch, on thread `tid` of `nt`; `att` gets the outputs and `o_in` the
+// output projection's input. Work items: (sequence, group of `gs` query heads sharing a KV head), and for a
+// sequence whose keys span several SOLO_KV_BLOCK blocks (vector kernels only), one item per block of it:
+// its parts go to `parts`, and after a barrier each (sequence, group) is merged by one thread
+// (flash-decoding; see "split-KV attention" in elementwise.h). At batch 1 and long context this keeps
+// every thread streaming its share of the KV cache whatever the number of KV heads.
+static void attention_layer(const Model* m, const Layer* L, int B, const float* lq, const int64_t* rows,
+                            const int64_t* positions, int gs, float* scores, float* att, void* o_in, float* parts,
+                            SpinBarrier* bar, int tid, int nt) {
+  const int hd = m->head_dim, nq = m->heads * hd, nkv = m->kv_heads * hd, nqkv = nq + 2 * nkv;
+  const int bf = m->dtype == DT_BF16;
+  const int per = gs > 0 ? gs : 1, groups = m->heads / per, kv_group = m->heads / m->kv_heads;
+  const size_t pf = part_floats(per, hd);
+  const size_t in_bytes = input_elem_bytes(&L->o);
+  auto start_of = [&](int b) {
+    const int pos = (int)positions[b];
+    return (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  };
+  const bool can_split = gs > 0 && split_kv_enabled();
+  auto blocks_of = [&](int b) { return can_split ? kv_blocks(start_of(b), (int)positions[b]) : 1; };
+  long items = 0;
+  bool split = false;
+  for (int b = 0; b < B; b++) {
+    const int nb = blocks_of(b);
+    items += (long)groups * nb;
+    split = split || nb > 1;
+  }
+  const long i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
+  long it = 0;
+  size_t part_off = 0;
+  for (int b = 0; b < B && it < i1; b++) {
+    const int pos = (int)positions[b], start = start_of(b), nb = blocks_of(b);
+    const float* qb = lq + (size_t)b * nqkv;
+    for (int grp = 0; grp < groups; grp++) {
+      const int hh = grp * per, kvh = hh / kv_group;
+      const float* k_now = qb + nq + (size_t)kvh * hd;
+      const float* v_now = qb + nq + nkv + (size_t)kvh * hd;
+      float* out = att + (size_t)b * nq + (size_t)hh * hd;
+      for (int k = 0; k < nb; k++, it++) {
+        if (it < i0 || it >= i1) continue;
+        if (nb == 1) {
+          if (gs > 0)
+            attend_heads(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], pos, kvh, gs, scores,
+                         (size_t)m->max_seq, out);
+          else
+            attend(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], pos, kvh, scores, out);
+          prepare_input_cols(&L->o, att + (size_t)b * nq, 1, (char*)o_in + (size_t)b * nq * in_bytes, hh * hd,
+                             (hh + per) * hd);
+          continue;
+        }
+        const int blk = start / SOLO_KV_BLOCK + k;
+        const int j0 = start > blk * SOLO_KV_BLOCK ? start : blk * SOLO_KV_BLOCK;
+        const int jend = pos < blk * SOLO_KV_BLOCK + SOLO_KV_BLOCK - 1 ? pos : blk * SOLO_KV_BLOCK + SOLO_KV_BLOCK - 1;
+        float* part = parts + part_off + ((size_t)grp * nb + k) * pf;
+        attend_heads_part(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], pos, j0, jend, kvh, gs, scores,
+                          (size_t)m->max_seq, part, part + gs, part + 2 * gs);
+      }
+    }
+    if (nb > 1) part_off += (size_t)groups * nb * pf;
+  }
+  if (!split) return;
+  barrier_wait(bar, nt);  // every part written
+  long merges = 0;
+  for (int b = 0; b < B; b++) merges += blocks_of(b) > 1 ? groups : 0;
+  const long m0 = merges * tid / nt, m1 = merges * (tid + 1) / nt;
+  it = 0;
+  part_off = 0;
+  for (int b = 0; b < B && it < m1; b++) {
+    const int nb = blocks_of(b);
+    if (nb == 1) continue;
+    for (int grp = 0; grp < groups; grp++, it++) {
+      if (it < m0 || it >= m1) continue;
+      const int hh = grp * per;
+      merge_attention_parts(parts + part_off + (size_t)grp * nb * pf, nb, gs, hd, bf,
+                            att + (size_t)b * nq + (size_t)hh * hd);
+      prepare_input_cols(&L->o, att + (size_t)b * nq, 1, (char*)o_in + (size_t)b * nq * in_bytes, hh * hd,
+                         (hh + per) * hd);
+    }
+    part_off += (size_t)groups * nb * pf;
   }
 }
 
@@ -151,6 +249,7 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
   void* o_in = att + (size_t)B * nq;
   void* down_in = (float*)o_in + (size_t)B * kmax;
   float* private_base = (float*)down_in + (size_t)B * kmax;
+  float* parts = private_base + (size_t)nthreads * private_floats(m, B);  // split-KV attention parts
   SpinBarrier bar;
   bar.arrived.store(0);
   bar.generation.store(0);
@@ -202,26 +301,8 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
           }
         }
       }
-      // --- attention: (sequence, group of query heads sharing a KV head) split across threads
-      {
-        const int per = gs > 0 ? gs : 1, groups = m->heads / per;
-        const int items = B * groups;
-        const int i0 = (int)((long)items * tid / nt), i1 = (int)((long)items * (tid + 1) / nt);
-        for (int it = i0; it < i1; it++) {
-          const int b = it / groups, hh = (it % groups) * per, kvh = hh / (m->heads / m->kv_heads);
-          const float* qb = lq + (size_t)b * nqkv;
-          const float* k_now = qb + nq + (size_t)kvh * hd;
-          const float* v_now = qb + nq + nkv + (size_t)kvh * hd;
-          float* out = att + (size_t)b * nq + (size_t)hh * hd;
-          if (gs > 0)
-            attend_heads(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], (int)positions[b], kvh, gs, scores,
-                         (size_t)m->max_seq, out);
-          else
-            attend(m, L, qb + (size_t)hh * hd, k_now, v_now, (int)rows[b], (int)positions[b], kvh, scores, out);
-          prepare_input_cols(&L->o, att + (size_t)b * nq, 1, (char*)o_in + (size_t)b * nq * input_elem_bytes(&L->o),
-                             hh * hd, (hh + per) * hd);
-        }
-      }
+      // --- attention: (sequence, group of query heads sharing a KV head[, key block]) split across threads
+      attention_layer(m, L, B, lq, rows, positions, gs, scores, att, o_in, parts, &bar, tid, nt);
       barrier_wait(&bar, nt);
       // --- output projection and residual
       gemv(&L->o, o_in, B, proj, h, tid, nt, skip);

@@ -437,17 +437,44 @@ static void pv_heads(const float* p, size_t stride, const char* V, size_t row_by
     pv_block<NPAIR, 1>(p + (size_t)h * stride, stride, V, row_bytes, bf, start, end, acc_out + (size_t)h * 32 * NPAIR);
 }
 
-// `gs` consecutive query heads sharing KV head `kvh` (GQA), head_dim = 32 * NPAIR, no soft-capping.
-//   q: float32 [gs, head_dim]; k_now, v_now: float32 [head_dim]; scores: float32 [gs, stride] scratch;
-//   out: float32 [gs, head_dim].
+// out[t] = the sum of the 16 lanes of a[t], t = 0..15: a fixed tree of shuffles and adds over all 16
+// vectors at once (46 instructions, where 16 separate reductions take about three times as many).
+static inline __m512 reduce16(const __m512* a) {
+  __m512 r[8], u[4], v[2];
+  for (int i = 0; i < 8; i++)  // halves: a[2i] in the low 256 bits, a[2i + 1] in the high ones
+    r[i] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(1, 0, 1, 0)),
+                         _mm512_shuffle_f32x4(a[2 * i], a[2 * i + 1], _MM_SHUFFLE(3, 2, 3, 2)));
+  for (int i = 0; i < 4; i++)  // quarters: a[4i + q] in 128-bit lane q
+    u[i] = _mm512_add_ps(_mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(2, 0, 2, 0)),
+                         _mm512_shuffle_f32x4(r[2 * i], r[2 * i + 1], _MM_SHUFFLE(3, 1, 3, 1)));
+  for (int i = 0; i < 2; i++) {  // lane q: two partial sums of a[8i + q], then two of a[8i + 4 + q]
+    const __m512d x = _mm512_castps_pd(u[2 * i]), y = _mm512_castps_pd(u[2 * i + 1]);
+    v[i] = _mm512_add_ps(_mm512_castpd_ps(_mm512_unpacklo_pd(x, y)), _mm512_castpd_ps(_mm512_unpackhi_pd(x, y)));
+  }
+  // lane q: the sums of a[q], a[4 + q], a[8 + q], a[12 + q]; then back to a's order.
+  const __m512 w = _mm512_add_ps(_mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(2, 0, 2, 0)),
+                                 _mm512_shuffle_ps(v[0], v[1], _MM_SHUFFLE(3, 1, 3, 1)));
+  const __m512i order = _mm512_set_epi32(15, 11, 7, 3, 14, 10, 6, 2, 13, 9, 5, 1, 12, 8, 4, 0);
+  return _mm512_permutexvar_ps(order, w);
+}
+
+// `gs` consecutive query heads sharing KV head `kvh` (GQA), head_dim = 32 * NPAIR, no soft-capping, over
+// the key positions j0 .. jend (inclusive; the current position `pos` when jend == pos comes from this
+// step's k_now / v_now, earlier ones from the cache): one part of a split-KV attention, or all of it.
+//   q: float32 [gs, head_dim]; k_now, v_now: float32 [head_dim]; scores: float32 [gs, stride] scratch
+//   (indexed by position); out: per head, the part's score maximum mx[gs], the sum of its softmax
+//   numerators sum[gs] and its unnormalized output acc[gs, head_dim] = sum_j rnd(exp(s_j - mx)) v_j.
 // Each cached key and value row is loaded and widened once for the whole group (or a block of it)
 // instead of once per head, and outputs accumulate in registers across positions. Same math as
 // `attend` (scores in float32, softmax numerators rounded to the dtype for p @ v, divided by their
 // float32 sum); q . k sums its products in a different order, so scores can differ from `attend` in
 // the last float32 bits; p @ v is bit-identical. Results never depend on `gs`.
+// `tiled` (split-KV parts, head_dim <= 128): scores of 16 keys at a time, their lanes summed by one
+// `reduce16` (same products, another order of the final additions) instead of one reduction per key.
 template <int NPAIR>
-static void attend_group(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
-                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+static void attend_group_part(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                              int row, int pos, int j0, int jend, int kvh, int gs, float* scores, size_t stride,
+                              float* mx_out, float* sum_out, float* acc_out, int tiled) {
   constexpr int hd = NPAIR * 32;
   constexpr int HB = NPAIR >= 4 ? (NPAIR >= 8 ? 1 : 2) : (NPAIR == 3 ? 3 : 4);  // heads per p @ v block
   const int bf = m->dtype == DT_BF16;
@@ -455,7 +482,7 @@ static void attend_group(const Model* m, const Layer* L, const float* q, const f
   const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
   const char* K = (const char*)L->k_cache + head_off * esz;
   const char* V = (const char*)L->v_cache + head_off * esz;
-  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  const int now = jend == pos, j1 = now ? pos : jend + 1;  // cached positions j0 .. j1 - 1
   const float scale = m->attn_scale;
   alignas(64) float qp[SOLO_GROUP_Q_FLOATS];  // q in `load_pair` order, then the p @ v accumulators
   float mx[SOLO_MAX_GROUP], sum[SOLO_MAX_GROUP];
@@ -463,7 +490,35 @@ static void attend_group(const Model* m, const Layer* L, const float* q, const f
     pair_layout(q + (size_t)g * hd, qp + (size_t)g * hd, hd, bf, 0);
     mx[g] = -INFINITY;
   }
-  for (int j = start; j < pos; j++) {
+  int j = j0;
+  (void)tiled;
+  if constexpr (NPAIR <= 4) {
+    alignas(64) float kt[16 * 128];  // 16 key rows widened to float32, in `load_pair` order
+    const __m512 vscale = _mm512_set1_ps(scale);
+    for (; tiled && j + 16 <= j1; j += 16) {
+      for (int t = 0; t < 16; t++)
+        for (int c = 0; c < NPAIR; c++) {
+          __m512 lo, hi;
+          load_pair(K + (size_t)(j + t) * row_bytes + (size_t)c * 32 * esz, bf, &lo, &hi);
+          _mm512_store_ps(kt + t * hd + 32 * c, lo);
+          _mm512_store_ps(kt + t * hd + 32 * c + 16, hi);
+        }
+      for (int g = 0; g < gs; g++) {
+        const float* qg = qp + (size_t)g * hd;
+        __m512 qv[2 * NPAIR], a[16];
+        for (int c = 0; c < 2 * NPAIR; c++) qv[c] = _mm512_load_ps(qg + 16 * c);
+        for (int t = 0; t < 16; t++) {
+          a[t] = _mm512_mul_ps(qv[0], _mm512_load_ps(kt + t * hd));
+          for (int c = 1; c < 2 * NPAIR; c++) a[t] = _mm512_fmadd_ps(qv[c], _mm512_load_ps(kt + t * hd + 16 * c), a[t]);
+        }
+        const __m512 sc = _mm512_mul_ps(reduce16(a), vscale);
+        _mm512_storeu_ps(scores + (size_t)g * stride + j, sc);
+        const float tmax = _mm512_reduce_max_ps(sc);
+        mx[g] = tmax > mx[g] ? tmax : mx[g];
+      }
+    }
+  }
+  for (; j < j1; j++) {
     __m512 k[2 * NPAIR];
     for (int c = 0; c < NPAIR; c++)
       load_pair(K + (size_t)j * row_bytes + (size_t)c * 32 * esz, bf, &k[2 * c], &k[2 * c + 1]);
@@ -476,7 +531,7 @@ static void attend_group(const Model* m, const Layer* L, const float* q, const f
       mx[g] = s > mx[g] ? s : mx[g];
     }
   }
-  {
+  if (now) {
     // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
     alignas(64) float kn[256];
     pair_layout(k_now, kn, hd, bf, 0);
@@ -494,21 +549,22 @@ static void attend_group(const Model* m, const Layer* L, const float* q, const f
     float* sg = scores + (size_t)g * stride;
     const __m512 vmx = _mm512_set1_ps(mx[g]);
     __m512 acc = _mm512_setzero_ps();
-    for (int j = start; j <= pos; j += 16) {
-      const __mmask16 msk = tail_mask(pos + 1 - j);
-      const __m512 e = exp16(_mm512_sub_ps(load16(sg + j, msk), vmx));
-      _mm512_mask_storeu_ps(sg + j, msk, rnd16(e, bf));
+    for (int i = j0; i <= jend; i += 16) {
+      const __mmask16 msk = tail_mask(jend + 1 - i);
+      const __m512 e = exp16(_mm512_sub_ps(load16(sg + i, msk), vmx));
+      _mm512_mask_storeu_ps(sg + i, msk, rnd16(e, bf));
       acc = _mm512_add_ps(acc, _mm512_maskz_mov_ps(msk, e));
     }
     sum[g] = _mm512_reduce_add_ps(acc);
+    mx_out[g] = mx[g];
+    sum_out[g] = sum[g];
   }
-  pv_heads<NPAIR, HB>(scores, stride, V, row_bytes, bf, start, pos, gs, qp);
+  pv_heads<NPAIR, HB>(scores, stride, V, row_bytes, bf, j0, j1, gs, qp);
   alignas(64) float vn[256];
-  pair_layout(v_now, vn, hd, 0, 0);  // float32 row: `load_pair`'s float32 order is the natural one
+  if (now) pair_layout(v_now, vn, hd, 0, 0);  // float32 row: `load_pair`'s float32 order is the natural one
   for (int g = 0; g < gs; g++) {
     float* acc = qp + (size_t)g * hd;
-    const __m512 p = _mm512_set1_ps(scores[(size_t)g * stride + pos]);
-    const __m512 vsum = _mm512_set1_ps(sum[g]);
+    const __m512 p = _mm512_set1_ps(now ? scores[(size_t)g * stride + pos] : 0.f);
     for (int c = 0; c < NPAIR; c++) {
       // v_now is float32 (natural order) while acc is in the cache dtype's pair order.
       __m512 a = _mm512_loadu_ps(acc + 32 * c), b = _mm512_loadu_ps(acc + 32 * c + 16);
@@ -516,11 +572,33 @@ static void attend_group(const Model* m, const Layer* L, const float* q, const f
       _mm512_store_ps(tmp, a);
       _mm512_store_ps(tmp + 16, b);
       pair_layout(tmp, tmp, 32, bf, 1);  // back to natural order
-      a = _mm512_fmadd_ps(p, _mm512_load_ps(vn + 32 * c), _mm512_load_ps(tmp));
-      b = _mm512_fmadd_ps(p, _mm512_load_ps(vn + 32 * c + 16), _mm512_load_ps(tmp + 16));
-      _mm512_storeu_ps(out + (size_t)g * hd + 32 * c, rnd16(_mm512_div_ps(a, vsum), bf));
-      _mm512_storeu_ps(out + (size_t)g * hd + 32 * c + 16, rnd16(_mm512_div_ps(b, vsum), bf));
+      a = _mm512_load_ps(tmp);
+      b = _mm512_load_ps(tmp + 16);
+      if (now) {
+        a = _mm512_fmadd_ps(p, _mm512_load_ps(vn + 32 * c), a);
+        b = _mm512_fmadd_ps(p, _mm512_load_ps(vn + 32 * c + 16), b);
+      }
+      _mm512_storeu_ps(acc_out + (size_t)g * hd + 32 * c, a);
+      _mm512_storeu_ps(acc_out + (size_t)g * hd + 32 * c + 16, b);
     }
+  }
+}
+
+// The whole attention of `gs` query heads (positions start .. pos) into out [gs, head_dim]: one part, then
+// the division by the softmax sum and the rounding to the dtype.
+template <int NPAIR>
+static void attend_group(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+  constexpr int hd = NPAIR * 32;
+  const int bf = m->dtype == DT_BF16;
+  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  float mx[SOLO_MAX_GROUP], sum[SOLO_MAX_GROUP];
+  attend_group_part<NPAIR>(m, L, q, k_now, v_now, row, pos, start, pos, kvh, gs, scores, stride, mx, sum, out, 0);
+  for (int g = 0; g < gs; g++) {
+    const __m512 vsum = _mm512_set1_ps(sum[g]);
+    float* og = out + (size_t)g * hd;
+    for (int c = 0; c < 2 * NPAIR; c++)
+      _mm512_storeu_ps(og + 16 * c, rnd16(_mm512_div_ps(_mm512_loadu_ps(og + 16 * c), vsum), bf));
   }
 }
 
@@ -547,57 +625,82 @@ static void attend_heads(const Model* m, const Layer* L, const float* q, const f
     default: attend_group<8>(m, L, q, k_now, v_now, row, pos, kvh, gs, scores, stride, out); break;
   }
 }
+
+// One split-KV part (see `attend_group_part`): positions j0 .. jend of `gs` query heads.
+static void attend_heads_part(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                              int row, int pos, int j0, int jend, int kvh, int gs, float* scores, size_t stride,
+                              float* mx, float* sum, float* acc) {
+  switch (m->head_dim) {
+    case 64: attend_group_part<2>(m, L, q, k_now, v_now, row, pos, j0, jend, kvh, gs, scores, stride, mx, sum, acc, 1); break;
+    case 96: attend_group_part<3>(m, L, q, k_now, v_now, row, pos, j0, jend, kvh, gs, scores, stride, mx, sum, acc, 1); break;
+    case 128: attend_group_part<4>(m, L, q, k_now, v_now, row, pos, j0, jend, kvh, gs, scores, stride, mx, sum, acc, 1); break;
+    default: attend_group_part<8>(m, L, q, k_now, v_now, row, pos, j0, jend, kvh, gs, scores, stride, mx, sum, acc, 1); break;
+  }
+}
 #elif SOLO_GVEC
 #define SOLO_MAX_GROUP 64
 
 // `gs` consecutive query heads sharing KV head `kvh` (GQA), no soft-capping, head_dim a multiple of 8
-// and at most 256; q: float32 [gs, head_dim], out: float32 [gs, head_dim], scores [gs, stride] scratch.
+// and at most 256, over the key positions j0 .. jend (inclusive; the current position `pos` when
+// jend == pos comes from this step's k_now / v_now): one part of a split-KV attention, or all of it.
+//   q: float32 [gs, head_dim]; scores [gs, stride] scratch (indexed by position); out: per head, the
+//   part's score maximum mx[gs], the sum of its softmax numerators sum[gs] and its unnormalized output
+//   acc[gs, head_dim] = sum_j rnd(exp(s_j - mx)) v_j.
 // Each cached key and value row is loaded and widened once for the whole group instead of once per
 // head; per head, every operation and its order are those of `attend` (the same dot products, softmax
 // numerators and p @ v fused multiply-adds), so the results are bit-identical to it, whatever `gs` is.
-static void attend_heads(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
-                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+static void attend_heads_part(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                              int row, int pos, int j0, int jend, int kvh, int gs, float* scores, size_t stride,
+                              float* mx, float* sum, float* acc) {
   const int hd = m->head_dim, bf = m->dtype == DT_BF16;
   const size_t esz = bf ? 2 : 4;
   const size_t head_off = ((size_t)row * m->kv_heads + kvh) * m->max_seq * hd;
   const char* K = (const char*)L->k_cache + head_off * esz;
   const char* V = (const char*)L->v_cache + head_off * esz;
-  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
-  float mx[SOLO_MAX_GROUP], row_f32[256];
+  float row_f32[256];
   for (int g = 0; g < gs; g++) mx[g] = -INFINITY;
-  for (int j = start; j <= pos; j++) {
+  for (int j = j0; j <= jend; j++) {
     // The current position's key comes from this step's q/k/v copy (the cache slot may not be written yet).
     const void* kr = j < pos ? (const void*)(K + (size_t)j * hd * esz) : (const void*)k_now;
     const int kbf = j < pos ? bf : 0;
     for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(kr, i, kbf));
     for (int g = 0; g < gs; g++) {
       const float* qg = q + (size_t)g * hd;
-      vf acc = vzero();
-      for (int i = 0; i < hd; i += GVW) acc = vfma(vload(qg + i), vload(row_f32 + i), acc);
-      float sc = vsum(acc);
+      vf a = vzero();
+      for (int i = 0; i < hd; i += GVW) a = vfma(vload(qg + i), vload(row_f32 + i), a);
+      float sc = vsum(a);
       sc *= m->attn_scale;
       scores[(size_t)g * stride + j] = sc;
       mx[g] = sc > mx[g] ? sc : mx[g];
     }
   }
-  float sum[SOLO_MAX_GROUP];
   for (int g = 0; g < gs; g++) {
-    sum[g] = softmax_numerators(scores + (size_t)g * stride, start, pos, mx[g]);
-    float* og = out + (size_t)g * hd;
+    sum[g] = softmax_numerators(scores + (size_t)g * stride, j0, jend, mx[g]);
+    float* og = acc + (size_t)g * hd;
     for (int i = 0; i < hd; i++) og[i] = 0.f;
   }
   // PyTorch's CPU flash attention casts the unnormalized exponentials to the dtype for p @ v and divides
   // by their float32 sum afterwards (as `attend`).
-  for (int j = start; j <= pos; j++) {
+  for (int j = j0; j <= jend; j++) {
     const void* vr = j < pos ? (const void*)(V + (size_t)j * hd * esz) : (const void*)v_now;
     const int vbf = j < pos ? bf : 0;
     for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(vr, i, vbf));
     for (int g = 0; g < gs; g++) {
       const vf pv = vset1(rnd(scores[(size_t)g * stride + j], bf));
-      float* og = out + (size_t)g * hd;
+      float* og = acc + (size_t)g * hd;
       for (int i = 0; i < hd; i += GVW) vstore(og + i, vfma(pv, vload(row_f32 + i), vload(og + i)));
     }
   }
+}
+
+// The whole attention of `gs` query heads (positions start .. pos) into out [gs, head_dim]: one part, then
+// the division by the softmax sum and the rounding to the dtype.
+static void attend_heads(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
+                         int row, int pos, int kvh, int gs, float* scores, size_t stride, float* out) {
+  const int hd = m->head_dim, bf = m->dtype == DT_BF16;
+  const int start = (L->window > 0 && pos - L->window + 1 > 0) ? pos - L->window + 1 : 0;
+  float mx[SOLO_MAX_GROUP], sum[SOLO_MAX_GROUP];
+  attend_heads_part(m, L, q, k_now, v_now, row, pos, start, pos, kvh, gs, scores, stride, mx, sum, out);
   for (int g = 0; g < gs; g++) {
     float* og = out + (size_t)g * hd;
     for (int i = 0; i < hd; i++) og[i] = rnd(og[i] / sum[g], bf);
@@ -620,4 +723,44 @@ static int attend_group_size(const Model* m, int batch, int nthreads) {
 static int attend_group_size(const Model*, int, int) { return 0; }
 static void attend_heads(const Model*, const Layer*, const float*, const float*, const float*, int, int, int, int,
                          float*, size_t, float*) {}
+static void attend_heads_part(const Model*, const Layer*, const float*, const float*, const float*, int, int, int,
+                              int, int, int, float*, size_t, float*, float*, float*) {}
 #endif
+
+// ------------------------------------------------------------------------------ split-KV attention
+// Flash-decoding (Dao et al., 2023): at long context one sequence's attention is split along the key
+// positions into blocks that run on different threads, each giving its own maximum, softmax sum and
+// unnormalized output; `merge_attention_parts` rescales them to the common maximum and divides once.
+// The blocks lie on a fixed grid of SOLO_KV_BLOCK positions (0 .. 511, 512 .. 1023, ...), so how a
+// sequence is split depends on its position only, never on the batch or the thread count: batched
+// decode stays bit-identical to batch 1. A sequence within one block (contexts up to 512 tokens) runs
+// the unsplit kernel exactly as before. Only the vector kernels split (`attend_group_size` > 0); the
+// per-head kernel (soft-capping, odd head sizes, the scalar build) keeps one item per head.
+#define SOLO_KV_BLOCK 512
+
+// Blocks of the grid that key positions start .. pos touch (1: no split).
+static inline int kv_blocks(int start, int pos) { return pos / SOLO_KV_BLOCK - start / SOLO_KV_BLOCK + 1; }
+
+// Floats of one part: mx[gs], sum[gs], acc[gs, head_dim].
+static inline size_t part_floats(int gs, int hd) { return (size_t)gs * (hd + 2); }
+
+// out[g, :] = rnd(sum_k acc_k[g, :] e^(mx_k - M) / sum_k sum_k[g] e^(mx_k - M)), M = max_k mx_k, for the
+// `nb` parts of `gs` query heads laid out one after another (`part_floats` each), in block order.
+static void merge_attention_parts(const float* parts, int nb, int gs, int hd, int bf, float* out) {
+  const size_t pf = part_floats(gs, hd);
+  for (int g = 0; g < gs; g++) {
+    float M = -INFINITY;
+    for (int k = 0; k < nb; k++) M = fmaxf(M, parts[k * pf + g]);
+    float total = 0.f;
+    float* og = out + (size_t)g * hd;
+    for (int i = 0; i < hd; i++) og[i] = 0.f;
+    for (int k = 0; k < nb; k++) {
+      const float* part = parts + k * pf;
+      const float w = expf(part[g] - M);
+      total = fmaf(part[gs + g], w, total);
+      const float* acc = part + 2 * gs + (size_t)g * hd;
+      for (int i = 0; i < hd; i++) og[i] = fmaf(acc[i], w, og[i]);
+    }
+    for (int i = 0; i < hd; i++) og[i] = rnd(og[i] / total, bf);
+  }
+}
