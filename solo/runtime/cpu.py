@@ -249,8 +249,8 @@ class CpuRuntime:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
         prefill_matmul_dtype: dtype of prefill's matmuls (float32 for a bf16 model on a CPU without a
             native bf16 matmul, else the model's dtype).
-        span_prefill_tokens: a prefill that continues a cached prefix (start_pos > 0) with at most this many
-            tokens runs through the decode kernel instead of batched matmuls (see `prefill`).
+        span_prefill_tokens: a prefill that continues a cached prefix with at most this many tokens (and no
+            more than the prefix) runs through the decode kernel instead of batched matmuls (see `prefill`).
 
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
@@ -425,14 +425,17 @@ class CpuRuntime:
         row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
         attention for Gemma 2).
 
-        A short tail after a cached prefix (start_pos > 0, at most `span_prefill_tokens` tokens: the next
-        turn of a conversation with the prefix cache) runs instead as one call of the decode kernel over
+        A short tail after a longer cached prefix (at most `span_prefill_tokens` tokens and at most
+        start_pos: the next turn of a conversation with the prefix cache) runs instead as one call of the
+        decode kernel over
         all its tokens (`solo_decode_span`): the weights stream once for every token, and the LM head runs
         for the last one only. Batched matmuls have costs that do not shrink with the token count (a
         Python dispatch per op, oneDNN's weight packing, per-layer dequantization of int8/int4 weights),
         which dominated such a prefill. Its keys, values and logits are those of decode steps: they
         differ from a whole-prompt prefill's by rounding only, as the prefix cache's reuse of generated
-        tokens already does (`solo.engine.prefix_cache`).
+        tokens already does (`solo.engine.prefix_cache`). A prompt whose cached part is shorter than its
+        tail (an unrelated prompt that shares only its first tokens with the row) keeps the matmul path of
+        a cold prefill: the cache saves it little, and its numerics stay those it had before.
 
         Args:
             row: cache row.
@@ -450,7 +453,7 @@ class CpuRuntime:
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq or seq == 0:
             raise SoloError(f"prefill of row {row}, positions {start_pos}..{start_pos + seq - 1} is "
                             f"outside the reserved cache ({self.rows} rows x {self.max_seq} tokens)")
-        if start_pos > 0 and seq <= self.span_prefill_tokens:
+        if seq <= min(start_pos, self.span_prefill_tokens):
             return self._step(torch.full((seq,), row, dtype=torch.long), ids,
                               torch.arange(start_pos, start_pos + seq, dtype=torch.long),
                               _SPAN_SHARED_ROWS | _SPAN_LAST_LOGITS)[0]
