@@ -52,9 +52,11 @@ _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 _SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
 
-SPAN_PREFILL_TOKENS = 64
+SPAN_PREFILL_TOKENS = 128
 """Default `CpuRuntime.span_prefill_tokens`: the longest tail after a cached prefix that `prefill` runs
-through the decode kernel (measured crossover, see benchmarks/results/agent-ttft-Qwen2.5-0.5B-shape.md)."""
+through the decode kernel. On the Qwen2.5-0.5B shape (2-core Zen 4, AVX512-BF16, no AMX) the kernel beat
+the batched matmuls at every tail measured, 1 to 192 tokens after a 1000-token prefix; AMX makes the
+matmuls cheaper per token, so the bound stays below that (benchmarks/results/agent_ttft_cpu.md)."""
 
 
 class _Mat(ctypes.Structure):
