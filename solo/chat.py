@@ -213,7 +213,7 @@ class ChatSession:
         if last is not None and last.finish_reason is not None:
             self.out.write("\n")
             self.out.flush()
-            self.say(_stats_line(last.stats, last.finish_reason, engine.runtime.name))
+            self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name))
         self.history.append({"role": "assistant", "content": "".join(pieces)})
 
 

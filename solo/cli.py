@@ -192,7 +192,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     _, last = _stream(engine, prompt, params)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    print(_stats_line(last.stats, last.finish_reason, engine.runtime.name), file=sys.stderr)
+    print(_stats_line(last.stats, last.finish_reason, engine.backend_name), file=sys.stderr)
     return 0
 
 

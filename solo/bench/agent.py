@@ -24,6 +24,10 @@ Each turn's prompt is either `prompt`, a list of parts joined together (a string
 {"output_of": i} is the text turn i generated, {"prompt_of": i} is turn i's prompt; turns count from 0),
 or `append`: the previous turn's prompt, its answer, then this text (a tool result, the next
 instruction). `max_tokens` and optional `stop` are per turn; other sampling fields come from "sampling".
+
+With `--shape NAME` the trace runs on a real model's shape with random weights (`solo.bench.shapes`),
+tokenized by `--tokenizer FOLDER` or the bundled model's tokenizer: TTFT per turn against a cold prefill
+of the same prompt (the baseline's) is what it measures; the random model's text means nothing.
 """
 
 from __future__ import annotations
@@ -124,6 +128,7 @@ class TurnResult:
         decode_tokens_per_s: after the first token (None with fewer than 2 tokens).
         acceptance_length: mean tokens per speculative verify step (None without speculation).
         token_ids: the generated ids (to check identical output across configurations).
+        prompt_ids: the prompt's ids (peers replay them).
     """
 
     prompt_tokens: int
@@ -134,6 +139,7 @@ class TurnResult:
     decode_tokens_per_s: float | None
     acceptance_length: float | None
     token_ids: list[int]
+    prompt_ids: list[int] = field(default_factory=list)
 
 
 def replay(engine: Any, trace: Trace) -> list[TurnResult]:  # noqa: ANN401
@@ -165,7 +171,8 @@ def replay(engine: Any, trace: Trace) -> list[TurnResult]:  # noqa: ANN401
         outputs.append(result.text)
         s = result.stats
         results.append(TurnResult(s.prompt_tokens, s.cached_tokens, s.completion_tokens, s.ttft_s or 0.0, total,
-                                  s.decode_tokens_per_s, s.acceptance_length, result.token_ids))
+                                  s.decode_tokens_per_s, s.acceptance_length, result.token_ids,
+                                  result.prompt_token_ids))
     return results
 
 
@@ -182,8 +189,113 @@ def summarize_run(turns: list[TurnResult]) -> dict[str, Any]:
         "cached_tokens": sum(t.cached_tokens for t in turns),
         "completion_tokens": sum(t.completion_tokens for t in turns),
         "acceptance_length": statistics.mean(accept) if accept else None,
-        "turns": [t.__dict__ | {"token_ids": None} for t in turns],
+        "turns": [t.__dict__ | {"token_ids": None, "prompt_ids": None} for t in turns],
     }
+
+
+AGENT_PEERS = ("hf", "hf-eager", "llama.cpp")
+"""Peers `--agent` accepts in `--compare` ("hf" = "hf-eager")."""
+
+
+def replay_on_peer(peer: Any, turns: list[TurnResult]) -> list[TurnResult]:  # noqa: ANN401
+    """Replay Solo's turns on a peer: the same prompt ids, the same number of generated tokens each.
+
+    The peer gets no prefix cache across calls (transformers `generate` starts every call cold), which is
+    what an agent driving it gets.
+    """
+    results = []
+    for t in turns:
+        gen = max(t.completion_tokens, 1)
+        r = peer.run(t.prompt_ids, gen)
+        tps = r.decode_tokens / r.decode_s if r.decode_tokens and r.decode_s > 0 else None
+        results.append(TurnResult(len(t.prompt_ids), 0, gen, r.ttft_s, r.ttft_s + r.decode_s, tps, None, [],
+                                  []))
+    return results
+
+
+def check_agent_peers(compare: str | None) -> list[str]:
+    """The peer names of `--compare` for `--agent` ("hf" becomes "hf-eager"), checked, without repeats.
+
+    Raises:
+        SoloError: no name in a given --compare, or a name `--agent` does not accept.
+    """
+    if compare is None:
+        return []
+    names = [n.strip() for n in compare.split(",") if n.strip()]
+    if not names:
+        raise SoloError(f"--compare needs peer names ({', '.join(AGENT_PEERS)}); leave it out for none")
+    for name in names:
+        if name not in AGENT_PEERS:
+            raise SoloError(f"--agent compares with {', '.join(AGENT_PEERS)}; {name!r} is not one of them "
+                            "(hf-compile would recompile for every prompt length)")
+    return list(dict.fromkeys("hf-eager" if n == "hf" else n for n in names))
+
+
+def agent_peers(names: list[str], engine: Any, raw_config: dict[str, Any]) -> list[Any]:  # noqa: ANN401
+    """The peers (from `check_agent_peers`) that can run here; a skipped one is printed with its reason."""
+    import shutil
+
+    import torch
+
+    from solo.bench.peers import PeerSkipped, PeerSpec
+
+    peers = []
+    for name in names:
+        if name == "llama.cpp":
+            reason = ("llama.cpp's server (llama-server) is not installed" if shutil.which("llama-server") is None
+                      else "replaying a trace against llama-server is not implemented yet")
+            print(f"peer skipped: llama.cpp: {reason}", file=sys.stderr)
+            continue
+        from solo.bench.peers.hf import HFPeer
+
+        spec = PeerSpec(engine.model, raw_config, engine.model.dtype, None, engine.device,
+                        torch.get_num_threads(), engine.config.context_length)
+        try:
+            peers.append(HFPeer(spec, compiled=False))
+        except PeerSkipped as exc:
+            print(f"peer skipped: hf-eager: {exc}", file=sys.stderr)
+    return peers
+
+
+def ttft_ratios(runs: list[list[TurnResult]], baseline: list[list[TurnResult]]) -> list[float]:
+    """Per turn: the median TTFT over `runs` divided by the median TTFT over `baseline` (same trace)."""
+    return [statistics.median(r[i].ttft_s for r in runs) / statistics.median(b[i].ttft_s for b in baseline)
+            for i in range(len(runs[0]))]
+
+
+def shape_engines(args: Any, configs: dict[str, tuple[float | None, str]]) -> dict[str, Any]:  # noqa: ANN401
+    """Engines on a named shape with random weights (`--shape`), one per configuration, sharing the weights.
+
+    The prompts are text, so a tokenizer is needed: `--tokenizer FOLDER`, or the bundled model's (its ids
+    all fall inside any shape's vocabulary; only the token counts differ from the real model's).
+
+    Raises:
+        SoloError: the tokenizer has more ids than the shape's vocabulary.
+    """
+    from solo.bench.shapes import build_model, shape_config
+    from solo.engine.engine import Engine, resolve_device
+    from solo.model.default_model import default_model_path
+    from solo.model.generation_config import GenerationDefaults
+    from solo.model.hub import resolve_dtype
+    from solo.runtime import create_runtime
+    from solo.tokenizer import Tokenizer
+
+    device = resolve_device(args.device)
+    config = shape_config(args.shape)
+    folder = Path(args.tokenizer) if args.tokenizer else default_model_path()
+    tokenizer = Tokenizer.from_folder(folder)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise SoloError(f"the tokenizer in {folder} has {tokenizer.vocab_size} ids, more than the {args.shape} "
+                        f"shape's vocabulary of {config.vocab_size}; give that model's tokenizer")
+    model = build_model(config, resolve_dtype(args.dtype, config.torch_dtype), seed=args.seed, device=device)
+    if args.quantize:
+        from solo.runtime.quant import quantize_model
+
+        model = quantize_model(model, args.quantize)
+    defaults = GenerationDefaults(eos_token_ids=tuple(config.eos_token_ids))
+    return {name: Engine(model, tokenizer, defaults, create_runtime(model, args.backend, device), folder,
+                         f"{args.shape} (random weights)", prefix_cache_gb=pc, speculative=sp)
+            for name, (pc, sp) in configs.items()}
 
 
 def _fmt(v: float | None, spec: str) -> str:
@@ -193,8 +305,10 @@ def _fmt(v: float | None, spec: str) -> str:
 def run_agent_bench(args: Any) -> int:  # noqa: ANN401
     """Run `solo bench --agent TRACE` and print the report.
 
-    Flags used: the model flags, --prefix-cache-gb / --no-prefix-cache, --speculative, --repeats,
-    --agent-no-baseline, --pause-ms, --json.
+    Flags used: the model flags or --shape (+ --tokenizer), --prefix-cache-gb / --no-prefix-cache,
+    --speculative, --repeats, --agent-no-baseline, --compare (hf / hf-eager: transformers `generate` replays
+    Solo's prompt ids and output lengths; llama.cpp: skipped unless its server is installed), --pause-ms,
+    --json.
 
     Returns:
         0.
@@ -206,15 +320,18 @@ def run_agent_bench(args: Any) -> int:  # noqa: ANN401
     from solo.engine.engine import Engine
 
     trace = Trace.load(args.agent)
-    if args.shape:
-        raise SoloError("--agent replays text prompts through the model's tokenizer; give a MODEL, not --shape")
     print("loading model ...", file=sys.stderr)
     configs = {"solo": (prefix_cache_gb_from_args(args), args.speculative)}
     if not args.agent_no_baseline:
         configs["baseline (prefix cache off, speculative off)"] = (None, "off")
-    engines = {name: Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                                 revision=args.revision, quantize=args.quantize, prefix_cache_gb=pc, speculative=sp)
-               for name, (pc, sp) in configs.items()}
+    peer_names = check_agent_peers(args.compare)
+    if args.shape:
+        engines = shape_engines(args, configs)
+    else:
+        engines = {name: Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                                     revision=args.revision, quantize=args.quantize, prefix_cache_gb=pc,
+                                     speculative=sp)
+                   for name, (pc, sp) in configs.items()}
     for engine in engines.values():  # warm-up: first-call costs (allocator, kernels) out of the timings
         engine.complete("def f():\n", {"max_tokens": 4, "temperature": 0.0})
         if engine.prefix_cache is not None:
@@ -229,14 +346,29 @@ def run_agent_bench(args: Any) -> int:  # noqa: ANN401
             time.sleep(args.pause_ms / 1000)
             runs[name].append(replay(engine, trace))
     solo_engine = engines["solo"]
+    peer_runs: dict[str, list[list[TurnResult]]] = {}
+    if peer_names:
+        if args.shape:
+            from solo.bench.shapes import shape_raw_config
+
+            raw = shape_raw_config(args.shape)
+        else:
+            raw = json.loads((solo_engine.model_dir / "config.json").read_text(encoding="utf-8"))
+        for peer in agent_peers(peer_names, solo_engine, raw):
+            print(f"replaying on {peer.name} ({peer.build_info}) ...", file=sys.stderr)
+            peer_runs[peer.name] = []
+            for solo_run in runs["solo"]:
+                time.sleep(args.pause_ms / 1000)
+                peer_runs[peer.name].append(replay_on_peer(peer, solo_run))
+            peer.close()
     report: dict[str, Any] = {
         "trace": trace.name, "description": trace.description, "turns": len(trace.turns),
-        "backend": solo_engine.runtime.name, "speculative": solo_engine.speculative,
+        "model": solo_engine.name, "backend": solo_engine.backend_name, "speculative": solo_engine.speculative,
         "prefix_cache": solo_engine.prefix_cache is not None, "repeats": args.repeats, "configs": {},
     }
     print(f"\nagent trace {trace.name!r}: {len(trace.turns)} turns, {args.repeats} repeat(s), "
-          f"backend {solo_engine.runtime.name}")
-    for name, reps in runs.items():
+          f"model {solo_engine.name}, backend {solo_engine.backend_name}")
+    for name, reps in {**runs, **peer_runs}.items():
         summaries = [summarize_run(r) for r in reps]
         best = min(summaries, key=lambda s: s["task_s"])
         report["configs"][name] = {"median_task_s": statistics.median(s["task_s"] for s in summaries),
@@ -259,6 +391,16 @@ def run_agent_bench(args: Any) -> int:  # noqa: ANN401
         report["speedup_vs_baseline"] = speedup
         report["identical_tokens"] = same
         print(f"\nend to end: {speedup:.2f}x faster than the baseline; every turn's tokens identical: {same}")
+        ratios = ttft_ratios(runs["solo"], runs[base_name])
+        report["ttft_ratio_vs_baseline"] = ratios
+        print("TTFT / the baseline's TTFT of the same prompt (a cold prefill), per turn (median over repeats): "
+              + " ".join(f"{r:.0%}" for r in ratios))
+        if len(ratios) > 1:
+            print(f"from turn 1 on: at most {max(ratios[1:]):.0%}")
+    for name in peer_runs:
+        speedup = report["configs"][name]["median_task_s"] / report["configs"]["solo"]["median_task_s"]
+        report[f"speedup_vs_{name}"] = speedup
+        print(f"end to end: {speedup:.2f}x faster than {name} (same prompt ids and output lengths as Solo's)")
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2))
         print(f"wrote {args.json}", file=sys.stderr)

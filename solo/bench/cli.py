@@ -65,7 +65,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure grammar-constrained decoding instead: decode tok/s with a JSON schema against "
                         "unconstrained, and the mask time per token (p50/p99)")
     parser.add_argument("--tokenizer", default=None, metavar="FOLDER",
-                        help="with --structured --shape: the folder of the shape's real tokenizer files")
+                        help="with --shape and --structured or --agent: the folder of the shape's real tokenizer "
+                        "files (--agent defaults to the bundled model's tokenizer)")
     parser.add_argument("--energy-s", type=float, default=5.0, metavar="SECONDS",
                         help="window of repeated Solo runs over which energy per token is read from NVML (GPUs) or "
                         "RAPL (CPUs, where readable); 0 skips it (default: %(default)g)")

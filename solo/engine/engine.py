@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
+from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
 from solo.engine.request import GenerationEvent, GenerationResult, Request
@@ -37,8 +39,7 @@ from solo.model.hub import resolve_dtype, resolve_model_dir
 from solo.model.transformer import Transformer
 from solo.model.weights import load_weights
 from solo.runtime import create_runtime
-from solo.runtime.base import DecodeRuntime
-from solo.runtime.cuda.block_loop import can_run_in_blocks, run_in_blocks
+from solo.runtime.base import DecodeRuntime, runtime_capabilities
 from solo.tokenizer import Tokenizer
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
@@ -79,7 +80,8 @@ class Engine:
     """A loaded model ready to generate.
 
     Build one with `Engine.load`. `generate` streams `GenerationEvent`s; `complete` returns a
-    `GenerationResult`. Calls from several threads run one at a time.
+    `GenerationResult`. Calls from several threads run one at a time. The CLI and the server read it
+    through `solo.engine.client.EngineInfo` (backend, device, capabilities, health), not its runtime.
 
     Args:
         model: the eager reference model (weights).
@@ -121,6 +123,65 @@ class Engine:
         self.speculative = resolve_speculative(speculative, runtime)
         self.speculative_config = SpeculativeConfig.for_mode(self.speculative)
         self.session_history = SessionHistory() if self.speculative == "suffix" else None
+        self._runtime_capabilities = runtime_capabilities(runtime)
+
+    # ------------------------------------------------------------------- the client interface (EngineInfo)
+
+    @property
+    def backend_name(self) -> str:
+        """The runtime's short name ("cpu", "eager", "cuda-graph", ...)."""
+        return self._runtime_capabilities.name
+
+    @property
+    def device(self) -> torch.device:
+        """Where the model runs (logits come back there)."""
+        return self.runtime.device
+
+    @property
+    def capabilities(self) -> EngineCapabilities:
+        """What the runtime declares (verify, KV snapshots, block decoding) and what this engine turned on."""
+        cache = self.prefix_cache
+        return EngineCapabilities(runtime=self._runtime_capabilities, prefix_cache=cache is not None,
+                                  prefix_cache_store=cache is not None and cache.capacity_bytes > 0,
+                                  speculative=self.speculative)
+
+    @property
+    def errored(self) -> bool:
+        """True once the runtime failed for good (a tensor-parallel rank died)."""
+        return bool(getattr(self.runtime, "failed", None))
+
+    @property
+    def is_running(self) -> bool:
+        """True while the engine can generate."""
+        return not self.errored
+
+    def check_health(self) -> None:
+        """Return if the engine can generate.
+
+        Raises:
+            EngineDeadError: the runtime failed (the message says why).
+        """
+        failed = getattr(self.runtime, "failed", None)
+        if failed:
+            raise EngineDeadError(f"the {self.backend_name} runtime stopped: {failed}")
+
+    @property
+    def kv_cache_element_bytes(self) -> int:
+        """Bytes per element of the KV cache (every runtime keeps it in the model's dtype)."""
+        return torch.empty((), dtype=self.model.dtype).element_size()
+
+    def warm_up(self) -> None:
+        """Run one prefill and one decode step in row 0 (one-time costs stay off the first request's TTFT).
+
+        The allocator and kernel selection pay their first-call costs here. Needs a reserved cache of at
+        least 2 tokens; row 0's KV is overwritten (and forgotten by the prefix cache).
+        """
+        runtime = self.runtime
+        runtime.prefill(0, torch.zeros(1, dtype=torch.long))
+        runtime.decode(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                       torch.ones(1, dtype=torch.long))
+        if self.prefix_cache is not None:
+            self.prefix_cache.forget(0)
 
     @property
     def constraints(self) -> ConstraintCompiler:
@@ -394,7 +455,8 @@ class Engine:
                 request.stats.cached_tokens = cached
                 logits = runtime.prefill(0, torch.tensor(request.prompt_ids[cached:], dtype=torch.long), cached)
                 clean = True
-                if self.speculative_config is None and can_run_in_blocks(runtime, request):
+                if (self.speculative_config is None and self._runtime_capabilities.block_decoding
+                        and can_run_in_blocks(runtime, request)):
                     # GPU: K tokens per graph replay, sampled and stop-checked on the device (an explicit
                     # --speculative mode runs the per-token loop with verify steps instead).
                     clean = False  # the device may have run past the last reported token: fine, but unknown

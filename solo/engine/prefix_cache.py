@@ -10,7 +10,9 @@ at token granularity, in two places:
   `Engine.complete` in a loop (one row), every turn that extends the previous one hits here.
 - In a store: a bounded LRU of snapshots (`KVSnapshot`, every layer, sliding-window layers included, as
   the static cache keeps whole sequences) of rows that were about to be overwritten by an unrelated
-  prompt, or dropped by a cache reallocation. A request whose best match is there gets it copied in.
+  prompt (unless it keeps all but a few of their tokens: `MIN_SAVED_TAIL`), or dropped by a cache
+  reallocation. A request whose best match is there gets it copied in, from the first position its row
+  does not already hold.
 
 The last prompt token is always recomputed (its logits choose the first new token), so at most
 len(prompt) - 1 tokens are reused. What a row holds after a request: the prompt and every generated
@@ -36,6 +38,14 @@ from solo.runtime.base import DecodeRuntime, KVSnapshot, supports_kv_snapshots
 
 DEFAULT_PREFIX_CACHE_GB = 1.0
 """Default bound of the snapshot store (`--prefix-cache-gb`); rows reuse their own KV at no extra memory."""
+
+MIN_SAVED_TAIL = 16
+"""A row's sequence goes to the store when a new prompt would overwrite at least this many of its tokens
+(or more than it keeps). The next turn of a conversation usually differs from what its row holds only in
+the last few tokens
+(the answer's final token is never fed back; re-encoding answer + tool text can merge tokens across
+the seam); copying the whole row out for those would cost a copy of the whole KV every turn to keep
+a handful of tokens (vLLM's block size is 16: a paged cache would not keep them either)."""
 
 
 def common_prefix_length(a: Sequence[int], b: Sequence[int]) -> int:
@@ -149,11 +159,13 @@ class PrefixCache:
         held = self._rows.pop(row, None)
         in_row = min(common_prefix_length(held, prompt_ids), limit) if held else 0
         key, entry, stored = self._best_entry(prompt_ids, limit)
-        if held is not None and in_row < len(held):
+        lost = 0 if held is None else len(held) - in_row  # held tokens the prompt will overwrite
+        if lost >= MIN_SAVED_TAIL or (lost > 0 and lost >= in_row):
             self._save(held, row)  # the prompt overwrites part of it: keep a copy
         cached = in_row
         if entry is not None and stored > in_row:
-            self.runtime.import_kv(row, entry.snapshot, stored)
+            # Positions the row already holds for this prompt stay; only the rest is copied in.
+            self.runtime.import_kv(row, entry.snapshot, stored, start=in_row)
             cached = stored
             with self._lock:
                 if key in self._store:

@@ -4,14 +4,18 @@ A runtime owns the model's weights in its preferred layout and a static KV cache
 of up to `max_seq` tokens. The engine and the server's scheduler only talk to this interface.
 
 Beyond the `DecodeRuntime` protocol a runtime may declare capabilities, by having the methods:
-`verify` (several tokens of one row in one forward pass, for speculative decoding; `VerifyRuntime`) and
-`export_kv` / `import_kv` (KV-cache rows copied out and back in, for prefix caching; `KVSnapshotRuntime`).
+`verify` (several tokens of one row in one forward pass, for speculative decoding; `VerifyRuntime`),
+`export_kv` / `import_kv` (KV-cache rows copied out and back in, for prefix caching; `KVSnapshotRuntime`)
+and `iter_blocks` (blocks of tokens decoded and sampled on the device per host sync; `BlockDecodingRuntime`,
+whose sampling settings are a `SamplingSpec`). `runtime_capabilities` reads them all into one
+`RuntimeCapabilities`; the engine and the server ask it instead of importing a runtime's module.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 import torch
 
@@ -141,9 +145,108 @@ class KVSnapshotRuntime(Protocol):
         """Copy positions 0 .. length - 1 of `row` (every layer) out of the cache."""
         ...
 
-    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
-        """Write the snapshot's first `length` positions into positions 0 .. length - 1 of `row`."""
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int, start: int = 0) -> None:
+        """Write the snapshot's positions start .. length - 1 into the same positions of `row`.
+
+        `start` > 0 when the row already holds the first positions (prefix caching copies only the rest).
+        """
         ...
+
+
+MODE_GREEDY = 0
+MODE_SAMPLE = 1
+MODE_FILTERED = 2
+
+
+@dataclass(frozen=True)
+class SamplingSpec:
+    """What a device sampler (block decoding) needs from a request's resolved sampling values.
+
+    Attributes:
+        temperature: 0 for greedy.
+        top_k: 0 disables.
+        top_p: 1 disables.
+        min_p: 0 disables.
+        seed: Philox key base (any int; the CUDA runtime's `DecodeState.start` reduces it modulo 2**62).
+    """
+
+    temperature: float = 0.0
+    top_k: int = 0
+    top_p: float = 1.0
+    min_p: float = 0.0
+    seed: int = 0
+
+    @classmethod
+    def from_resolved(cls, sampling: Any) -> SamplingSpec:  # noqa: ANN401
+        """Take the fields of a `solo.engine.sampling.ResolvedSampling` (or any object with them).
+
+        Raises:
+            ValueError: the request uses penalties, which the device sampler does not apply.
+        """
+        if getattr(sampling, "needs_penalties", False):
+            raise ValueError("repetition / presence / frequency penalties need per-token decoding")
+        return cls(float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
+                   float(sampling.min_p), int(sampling.seed))
+
+    @property
+    def mode(self) -> int:
+        """MODE_GREEDY, MODE_SAMPLE (temperature only) or MODE_FILTERED."""
+        if self.temperature == 0.0:
+            return MODE_GREEDY
+        if self.top_k == 0 and self.top_p >= 1.0 and self.min_p == 0.0:
+            return MODE_SAMPLE
+        return MODE_FILTERED
+
+
+@runtime_checkable
+class BlockDecodingRuntime(Protocol):
+    """A runtime that decodes blocks of tokens on the device, sampling and stop checks included (GPU)."""
+
+    def iter_blocks(self, row: int, token: int, position: int, sampling: SamplingSpec, stop_ids: frozenset[int],
+                    max_tokens: int, k: int | None = None) -> Iterator[list[int]]:
+        """Decode up to `max_tokens` tokens after `token` (at `position`) in row `row`, a block per host sync.
+
+        Yields:
+            Each block's tokens, in order; a block ends early at a stop id or the budget.
+        """
+        ...
+
+
+@dataclass(frozen=True)
+class RuntimeCapabilities:
+    """What a runtime can do beyond the `DecodeRuntime` protocol (read with `runtime_capabilities`).
+
+    Attributes:
+        name: the backend name ("cpu", "eager", "cuda-graph", ...).
+        verify: multi-token `verify` (speculative decoding can run).
+        verify_matches_decode: verify's logits are bit for bit those of decode steps.
+        speculative_auto: `--speculative auto` turns speculation on here.
+        kv_snapshots: `export_kv` / `import_kv` (the prefix cache's snapshot store can run).
+        block_decoding: `iter_blocks` (tokens decoded in blocks on the device).
+        batch_invariant: a row's logits in a batched `decode` are bit for bit its batch-1 logits.
+    """
+
+    name: str
+    verify: bool
+    verify_matches_decode: bool
+    speculative_auto: bool
+    kv_snapshots: bool
+    block_decoding: bool
+    batch_invariant: bool
+
+
+def runtime_capabilities(runtime: object) -> RuntimeCapabilities:
+    """The capabilities `runtime` declares (by its methods and attributes)."""
+    verify = supports_verify(runtime)
+    return RuntimeCapabilities(
+        name=str(getattr(runtime, "name", type(runtime).__name__)),
+        verify=verify,
+        verify_matches_decode=verify and bool(getattr(runtime, "verify_matches_decode", False)),
+        speculative_auto=verify and bool(getattr(runtime, "speculative_auto", False)),
+        kv_snapshots=supports_kv_snapshots(runtime),
+        block_decoding=callable(getattr(runtime, "iter_blocks", None)),
+        batch_invariant=bool(getattr(runtime, "batch_invariant", False)),
+    )
 
 
 def supports_verify(runtime: object) -> bool:
@@ -168,18 +271,21 @@ def export_cache_kv(cache: KVCache | None, row: int, length: int) -> KVSnapshot:
     return KVSnapshot(k, v, length)
 
 
-def import_cache_kv(cache: KVCache | None, row: int, snapshot: KVSnapshot, length: int) -> None:
-    """`import_kv` for a runtime whose cache is a `KVCache` (see `export_cache_kv`).
+def import_cache_kv(cache: KVCache | None, row: int, snapshot: KVSnapshot, length: int, start: int = 0) -> None:
+    """`import_kv` for a runtime whose cache is a `KVCache` (see `export_cache_kv`): positions start .. length - 1.
 
     Raises:
-        SoloError: no cache, the row / length fall outside it, or the snapshot is shorter than `length`.
+        SoloError: no cache, the row / length fall outside it, the snapshot is shorter than `length`, or
+            `start` is outside [0, length].
     """
     _check_span(cache, row, length)
     if length > snapshot.length:
         raise SoloError(f"a KV snapshot of {snapshot.length} positions cannot fill {length}")
+    if not 0 <= start <= length:
+        raise SoloError(f"a KV import from position {start} to {length} is empty or reversed")
     for i, (k_layer, v_layer) in enumerate(zip(cache.k, cache.v, strict=True)):
-        k_layer[row, :, :length].copy_(snapshot.k[i, :, :length])
-        v_layer[row, :, :length].copy_(snapshot.v[i, :, :length])
+        k_layer[row, :, start:length].copy_(snapshot.k[i, :, start:length])
+        v_layer[row, :, start:length].copy_(snapshot.v[i, :, start:length])
 
 
 def _check_span(cache: KVCache | None, row: int, length: int) -> None:

@@ -50,6 +50,13 @@ from solo.runtime.quant import QuantLinear, model_quantization
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
+_SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
+
+SPAN_PREFILL_TOKENS = 128
+"""Default `CpuRuntime.span_prefill_tokens`: the longest tail after a cached prefix that `prefill` runs
+through the decode kernel. On the Qwen2.5-0.5B shape (2-core Zen 4, AVX512-BF16, no AMX) the kernel beat
+the batched matmuls at every tail measured, 1 to 192 tokens after a 1000-token prefix; AMX makes the
+matmuls cheaper per token, so the bound stays below that (benchmarks/results/agent_ttft_cpu.md)."""
 
 
 class _Mat(ctypes.Structure):
@@ -244,6 +251,8 @@ class CpuRuntime:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
         prefill_matmul_dtype: dtype of prefill's matmuls (float32 for a bf16 model on a CPU without a
             native bf16 matmul, else the model's dtype).
+        span_prefill_tokens: a prefill that continues a cached prefix with at most this many tokens (and no
+            more than the prefix) runs through the decode kernel instead of batched matmuls (see `prefill`).
 
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
@@ -286,6 +295,7 @@ class CpuRuntime:
         self.prefill_matmul_dtype = model.dtype
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
             self.prefill_matmul_dtype = torch.float32
+        self.span_prefill_tokens = SPAN_PREFILL_TOKENS
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None]] = []
         self._layers = (_Layer * self.config.num_layers)()
@@ -418,6 +428,18 @@ class CpuRuntime:
         row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
         attention for Gemma 2).
 
+        A short tail after a longer cached prefix (at most `span_prefill_tokens` tokens and at most
+        start_pos: the next turn of a conversation with the prefix cache) runs instead as one call of the
+        decode kernel over
+        all its tokens (`solo_decode_span`): the weights stream once for every token, and the LM head runs
+        for the last one only. Batched matmuls have costs that do not shrink with the token count (a
+        Python dispatch per op, oneDNN's weight packing, per-layer dequantization of int8/int4 weights),
+        which dominated such a prefill. Its keys, values and logits are those of decode steps: they
+        differ from a whole-prompt prefill's by rounding only, as the prefix cache's reuse of generated
+        tokens already does (`solo.engine.prefix_cache`). A prompt whose cached part is shorter than its
+        tail (an unrelated prompt that shares only its first tokens with the row) keeps the matmul path of
+        a cold prefill: the cache saves it little, and its numerics stay those it had before.
+
         Args:
             row: cache row.
             token_ids: int64 [seq] prompt ids, written at positions start_pos .. start_pos + seq - 1.
@@ -434,6 +456,10 @@ class CpuRuntime:
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq or seq == 0:
             raise SoloError(f"prefill of row {row}, positions {start_pos}..{start_pos + seq - 1} is "
                             f"outside the reserved cache ({self.rows} rows x {self.max_seq} tokens)")
+        if seq <= min(start_pos, self.span_prefill_tokens):
+            return self._step(torch.full((seq,), row, dtype=torch.long), ids,
+                              torch.arange(start_pos, start_pos + seq, dtype=torch.long),
+                              _SPAN_SHARED_ROWS | _SPAN_LAST_LOGITS)[0]
         cfg, model, lib, nt = self.config, self.model, self._lib, self.num_threads
         dtype, struct = model.dtype, ctypes.byref(self._struct)
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1)
@@ -524,6 +550,14 @@ class CpuRuntime:
             SoloError: no cache reserved, mismatched lengths, or a row, position or token id out of range
                 (checked, since the kernels do not).
         """
+        return self._step(rows, token_ids, positions, 0)
+
+    def _step(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, flags: int) -> torch.Tensor:
+        """The native decode step over a batch of (row, token, position) entries with `_SPAN_*` flags.
+
+        Returns:
+            float32 [batch, vocab] logits, or [1, vocab] (the last entry's) with `_SPAN_LAST_LOGITS`.
+        """
         rows = rows.to(device="cpu", dtype=torch.long).contiguous()
         ids = token_ids.to(device="cpu", dtype=torch.long).contiguous()
         positions = positions.to(device="cpu", dtype=torch.long).contiguous()
@@ -542,11 +576,13 @@ class CpuRuntime:
         need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, self.num_threads)
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)
-        logits = torch.empty(batch, self.config.vocab_size, dtype=torch.float32)
-        self._lib.solo_decode(
-            ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
-            cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(), self.num_threads,
-        )
+        logits = torch.empty(1 if flags & _SPAN_LAST_LOGITS else batch, self.config.vocab_size, dtype=torch.float32)
+        args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
+                cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(), self.num_threads)
+        if flags:
+            self._lib.solo_decode_span(*args, flags)
+        else:
+            self._lib.solo_decode(*args)
         return logits
 
     # ------------------------------------------------------------------- capabilities (solo.runtime.base)
@@ -556,11 +592,10 @@ class CpuRuntime:
         """Score k consecutive tokens of one row: float32 [k, vocab], every position's logits (`VerifyRuntime`).
 
         Runs the native decode step over k batch entries that share the row, at consecutive positions, on
-        one thread (so every entry's keys and values are in the cache before any entry attends), streaming
-        the weights once for all k. With float32 weights every position's logits equal a batch-1 `decode`
-        step's bit for bit; see `verify_matches_decode` for bfloat16.
-        (With several threads the kernel lets entries attend before another thread's cache writes land,
-        which is safe only for distinct rows; so this call runs on one.)
+        every thread, streaming the weights once for all k (`solo_decode_span` with a barrier after each
+        layer's cache writes, so every entry attends over the keys the others just wrote). With float32
+        weights every position's logits equal a batch-1 `decode` step's bit for bit; see
+        `verify_matches_decode` for bfloat16.
 
         Raises:
             SoloError: no cache, k == 0, or the row, positions or ids fall outside the cache / vocabulary.
@@ -569,18 +604,13 @@ class CpuRuntime:
         k = ids.numel()
         if k == 0:
             raise SoloError("verify needs at least one token")
-        threads = self.num_threads
-        self.num_threads = 1
-        try:
-            return self.decode(torch.full((k,), row, dtype=torch.long), ids,
-                               torch.arange(start_pos, start_pos + k, dtype=torch.long))
-        finally:
-            self.num_threads = threads
+        return self._step(torch.full((k,), row, dtype=torch.long), ids,
+                          torch.arange(start_pos, start_pos + k, dtype=torch.long), _SPAN_SHARED_ROWS)
 
     def export_kv(self, row: int, length: int) -> KVSnapshot:
         """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""
         return export_cache_kv(self.cache, row, length)
 
-    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
-        """Write a snapshot's first `length` positions into `row` (see `KVSnapshotRuntime`)."""
-        import_cache_kv(self.cache, row, snapshot, length)
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int, start: int = 0) -> None:
+        """Write a snapshot's positions start .. length - 1 into `row` (see `KVSnapshotRuntime`)."""
+        import_cache_kv(self.cache, row, snapshot, length, start)

@@ -249,6 +249,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_workspace_bytes.restype = sz
     lib.solo_decode.argtypes = [p, i, p, p, p, p, p, p, p, i]
     lib.solo_decode.restype = None
+    lib.solo_decode_span.argtypes = [p, i, p, p, p, p, p, p, p, i, i]
+    lib.solo_decode_span.restype = None
     lib.solo_gemv.argtypes = [p, p, i, p, p, i]
     lib.solo_gemv.restype = None
     lib.solo_stream_read.argtypes = [p, sz, i, i]

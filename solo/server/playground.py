@@ -71,7 +71,7 @@ def _roofline(state: Any) -> dict[str, Any]:  # noqa: ANN401
         elem = torch.finfo(model.dtype).bits // 8 if model.dtype.is_floating_point else 2
         quantize = state.settings.quantize
         per_token = decode_bytes(engine.config, elem, ROOFLINE_CONTEXT, quantize=quantize).total
-        device = torch.device(engine.runtime.device)
+        device = torch.device(engine.device)
         if device.type == "cuda":
             probe = probe_cuda_bandwidth(device, buffer_bytes=2**30, passes=5)
         else:
@@ -91,8 +91,8 @@ async def info(request: Request) -> JSONResponse:
     roofline = await asyncio.to_thread(_roofline, state)
     return JSONResponse({
         "model": state.served_name,
-        "device": str(engine.runtime.device),
-        "backend": engine.runtime.name,
+        "device": str(engine.device),
+        "backend": engine.backend_name,
         "dtype": str(engine.model.dtype).removeprefix("torch."),
         "quantize": state.settings.quantize,
         "context": state.max_model_len,

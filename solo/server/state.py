@@ -13,13 +13,12 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-import torch
-
 from solo.engine.engine import Engine
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, SoloError
 from solo.server import kv_memory
+from solo.server.async_engine import AsyncEngine
 from solo.server.errors import model_loading, model_not_found, shutting_down
 from solo.server.logprobs import TokenPieces
 from solo.server.metrics import ServerMetrics
@@ -118,6 +117,7 @@ class ServerState:
         self._load_engine = load_engine or self._default_loader
         self._on_fatal = on_fatal
         self.engine: Engine | None = None
+        self.client: AsyncEngine | None = None  # the engine client the routes submit to
         self.scheduler: Scheduler | None = None
         self.pieces: TokenPieces | None = None
         self.served_name = settings.served_model_name or ""
@@ -136,9 +136,9 @@ class ServerState:
     @property
     def status(self) -> str:
         """Health as /health reports it: "ok", "loading", "shutting_down" or "failed"."""
-        if self.error is not None or (self.scheduler is not None and self.scheduler.error is not None):
+        if self.error is not None or (self.client is not None and self.client.errored):
             return "failed"
-        if self.engine is not None and getattr(self.engine.runtime, "failed", None):  # a tensor-parallel rank died
+        if self.engine is not None and self.engine.errored:  # e.g. a tensor-parallel rank died
             return "failed"
         if self.draining:
             return "shutting_down"
@@ -151,7 +151,7 @@ class ServerState:
         try:
             engine = await asyncio.to_thread(self._load_engine)
             self.longest_token = await asyncio.to_thread(longest_token_bytes, engine.tokenizer)
-            scheduler = await asyncio.to_thread(self._start, engine)
+            client = await asyncio.to_thread(self._start, engine)
         except Exception as exc:  # a bad path, a broken checkpoint, out of memory: the server cannot serve
             self.error = exc
             if isinstance(exc, SoloError | OSError):  # the user's to fix: the message says how
@@ -163,43 +163,35 @@ class ServerState:
             return
         self.engine, self.pieces = engine, TokenPieces(engine.tokenizer)
         self.served_name = self.settings.served_model_name or engine.name
-        self.scheduler = scheduler
+        self.client, self.scheduler = client, client.scheduler
         logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode, prefill chunk %s, prefix cache %s, "
-                    "speculative %s)", self.served_name, engine.runtime.name, self.settings.max_batch,
-                    self.max_model_len, scheduler.decode_batching, self.settings.prefill_chunk or "off",
+                    "speculative %s)", self.served_name, engine.backend_name, self.settings.max_batch,
+                    self.max_model_len, client.decode_batching, self.settings.prefill_chunk or "off",
                     "on" if engine.prefix_cache is not None else "off", engine.speculative)
 
-    def _start(self, engine: Engine) -> Scheduler:
+    def _start(self, engine: Engine) -> AsyncEngine:
         context = engine.config.context_length
         limit = self.settings.max_model_len or context
         if limit > context:
             raise SoloError(f"--max-model-len {limit} exceeds the model's context length of {context}; lower it")
         if self.settings.max_batch is None:  # --max-batch auto: from free memory, before the cache is sized
-            per_token = kv_memory.kv_bytes_per_token(engine.config, kv_memory.cache_element_bytes(engine.runtime))
-            free = kv_memory.available_memory_bytes(engine.runtime.device)
+            per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes)
+            free = kv_memory.available_memory_bytes(engine.device)
             self.settings.max_batch = kv_memory.auto_slots(limit, per_token, free)
         self.max_model_len = self._fit_kv_cache(engine, limit)
         limit = self.max_model_len
         self.metrics.slots.set(self.settings.max_batch)
-        scheduler = Scheduler(engine.runtime, self.settings.max_batch, self.settings.max_queue, limit,
-                              self.settings.decode_batching, self.metrics, prefix_cache=engine.prefix_cache,
-                              speculative=engine.speculative_config, session_history=engine.session_history,
-                              prefill_chunk=self.settings.prefill_chunk)
-        # Warm-up: the first prefill and decode pay one-time costs (allocator, kernel selection) that
-        # would otherwise land on the first user's TTFT. Row 0 is overwritten by its next prefill.
-        runtime = engine.runtime
-        runtime.prefill(0, torch.zeros(1, dtype=torch.long))
-        runtime.decode(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       torch.ones(1, dtype=torch.long))
-        scheduler.start()
-        return scheduler
+        client = AsyncEngine(engine, self.settings.max_batch, self.settings.max_queue, limit,
+                             self.settings.decode_batching, self.metrics, prefill_chunk=self.settings.prefill_chunk)
+        client.start()  # warms the runtime up first: one-time costs stay off the first user's TTFT
+        return client
 
     def _fit_kv_cache(self, engine: Engine, limit: int) -> int:
         # Checked before the static cache is allocated, so a cache too big for this machine is refused with
         # the numbers instead of failing in the allocator or waking the OOM killer once its pages are written.
         rows = self.settings.max_batch
-        per_token = kv_memory.kv_bytes_per_token(engine.config, kv_memory.cache_element_bytes(engine.runtime))
-        free = kv_memory.available_memory_bytes(engine.runtime.device)
+        per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes)
+        free = kv_memory.available_memory_bytes(engine.device)
         fits = kv_memory.fit_slot_tokens(rows, limit, per_token, free)
         if fits == limit:
             return limit
@@ -225,14 +217,14 @@ class ServerState:
 
     def abort_all(self) -> None:
         """End every in-flight request now (the shutdown grace period is over)."""
-        if self.scheduler is not None:
-            self.scheduler.abort_all()
+        if self.client is not None:
+            self.client.abort_all()
 
     async def close(self) -> None:
         """Stop the scheduler thread (after uvicorn has finished the in-flight responses)."""
         self.draining = True
-        if self.scheduler is not None:
-            await asyncio.to_thread(self.scheduler.stop)
+        if self.client is not None:
+            await asyncio.to_thread(self.client.stop)
 
     # ------------------------------------------------------------------------------- request helpers
 
@@ -324,5 +316,5 @@ class ServerState:
         Raises:
             QueueFullError, SchedulerStoppedError: see `Scheduler.submit` (503).
         """
-        assert self.scheduler is not None
-        return self.scheduler.submit(requests, asyncio.get_running_loop(), priority)
+        assert self.client is not None
+        return self.client.generate(requests, priority)

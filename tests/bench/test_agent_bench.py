@@ -46,3 +46,51 @@ def test_replay_reports_cached_tokens_and_identical_output(tmp_path, tiny_llama,
     solo = report["configs"]["solo"]["runs"][0]
     assert solo["turns"][1]["cached_tokens"] > 0 and solo["cached_tokens"] > 0
     assert "end to end" in capsys.readouterr().out
+
+
+@pytest.mark.slow
+def test_replay_on_a_shape_reports_ttft_against_a_cold_prefill(tmp_path, capsys):
+    # Random weights of a real shape, the bundled tokenizer: the per-turn TTFT ratio is what it is for.
+    trace = {"name": "tiny", "sampling": {"temperature": 0.0},
+             "turns": [{"prompt": ["def fibonacci(n):\n    return n\n" * 4], "max_tokens": 2},
+                       {"append": "\n# tests passed\n", "max_tokens": 2}]}
+    path, out = tmp_path / "trace.json", tmp_path / "out.json"
+    path.write_text(json.dumps(trace))
+    assert main(["bench", "--shape", "SmolLM2-135M", "--agent", str(path), "--repeats", "1", "--pause-ms", "0",
+                 "--speculative", "off", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["model"] == "SmolLM2-135M (random weights)"
+    ratios = report["ttft_ratio_vs_baseline"]
+    assert len(ratios) == 2 and all(r > 0 for r in ratios)
+    assert report["configs"]["solo"]["runs"][0]["turns"][1]["cached_tokens"] > 0
+    assert "from turn 1 on" in capsys.readouterr().out
+
+
+def test_transformers_replays_the_same_prompts_as_a_peer(tmp_path, tiny_llama, capsys):
+    trace = {"name": "tiny", "sampling": {"temperature": 0.0},
+             "turns": [{"prompt": ["def fibonacci(n):\n"], "max_tokens": 4},
+                       {"append": "\n# tests passed\n", "max_tokens": 4}]}
+    path, out = tmp_path / "trace.json", tmp_path / "out.json"
+    path.write_text(json.dumps(trace))
+    assert main(["bench", str(tiny_llama), "--agent", str(path), "--repeats", "1", "--pause-ms", "0",
+                 "--dtype", "float32", "--agent-no-baseline", "--compare", "hf,llama.cpp", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    solo, hf = (report["configs"][n]["runs"][0]["turns"] for n in ("solo", "hf-eager"))
+    assert [t["prompt_tokens"] for t in hf] == [t["prompt_tokens"] for t in solo]
+    assert [t["completion_tokens"] for t in hf] == [t["completion_tokens"] for t in solo]
+    assert report["speedup_vs_hf-eager"] > 0
+    captured = capsys.readouterr()
+    assert "faster than hf-eager" in captured.out
+    if "llama.cpp" not in report["configs"]:
+        assert "peer skipped: llama.cpp" in captured.err
+
+
+def test_agent_peers_are_checked_before_anything_loads():
+    from solo.bench.agent import check_agent_peers
+
+    assert check_agent_peers(None) == []
+    assert check_agent_peers("hf,hf-eager") == ["hf-eager"]
+    with pytest.raises(SoloError, match="hf-compile"):
+        check_agent_peers("hf-compile")
+    with pytest.raises(SoloError, match="peer names"):
+        check_agent_peers(",")

@@ -18,11 +18,13 @@ def _turns(engine: Engine, prompts: list[str]) -> list:
     return [engine.complete(p, GREEDY) for p in prompts]
 
 
-@pytest.mark.parametrize("backend", ["eager", "cpu"])
-def test_greedy_output_and_logprobs_identical_with_and_without_the_cache(tiny_llama, backend):
+@pytest.mark.parametrize(("backend", "span"), [("eager", None), ("cpu", 0), ("cpu", 8), ("cpu", 64)])
+def test_greedy_output_and_logprobs_identical_with_and_without_the_cache(tiny_llama, backend, span):
     cold = Engine.load(tiny_llama, dtype="float32", backend=backend, prefix_cache_gb=None, speculative="off")
     warm = Engine.load(tiny_llama, dtype="float32", backend=backend, speculative="off")
     assert warm.prefix_cache is not None and cold.prefix_cache is None
+    if span is not None:  # CPU tails up to `span` tokens go through the decode kernel, longer ones matmuls
+        warm.runtime.span_prefill_tokens = span
     first = cold.complete(TURN, GREEDY)
     # An agent's next turn: the previous prompt, the answer, a tool result; then an unrelated prompt,
     # then the first conversation again (its KV comes back from the snapshot store).
@@ -84,3 +86,27 @@ def test_bad_bound_is_a_clear_error(tiny_llama):
 
     with pytest.raises(SoloError, match="prefix-cache-gb"):
         Engine.load(tiny_llama, prefix_cache_gb=-1)
+
+
+def test_a_row_that_loses_only_a_few_tokens_is_not_copied_to_the_store(tiny_llama):
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager", prefix_cache_gb=None, speculative="off")
+    runtime = engine.runtime
+    runtime.reserve(1, 128)
+    cache = PrefixCache(runtime, capacity_bytes=10**8)
+    first = list(range(3, 3 + 40))
+
+    def run(ids):
+        cached = cache.load(0, ids)
+        runtime.prefill(0, torch.tensor(ids[cached:]), cached)
+        cache.finish(0, ids)
+        return cached
+
+    assert run(first) == 0
+    # The next turn keeps all but the last 2 tokens: the row keeps the prefix, nothing is copied out.
+    assert run(first[:-2] + [90, 91, 92]) == len(first) - 2
+    assert cache.stored_sequences == 0
+    # An unrelated prompt overwrites (almost) everything: the row goes to the store first...
+    assert run([99, 98, 97]) == 0
+    assert cache.stored_sequences == 1
+    # ... and comes back from it.
+    assert run(first[:-2] + [90, 91, 92, 93]) == len(first) + 1

@@ -12,7 +12,7 @@ import torch
 from _cuda_helpers import TinyCheckpoints
 
 from solo import Engine, SamplingParams
-from solo.runtime.cuda.block_loop import can_run_in_blocks, run_in_blocks
+from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.runtime.cuda.runtime import CudaGraphRuntime
 
 pytestmark = requires_triton

@@ -110,8 +110,8 @@ def test_seeded_sampling_on_gpu_is_reproducible_across_block_sizes(tiny):
 @pytest.mark.timeout(120)
 def test_engine_runs_on_the_cuda_graph_runtime(tiny):
     from solo import Engine, SamplingParams
+    from solo.engine.block_decoding import run_in_blocks
     from solo.runtime import create_runtime
-    from solo.runtime.cuda.block_loop import run_in_blocks
 
     engine = Engine.load(tiny.folder("llama"), device="cuda", backend="eager")
     assert create_runtime(engine.model, "auto", torch.device("cuda")).name == "cuda-graph"

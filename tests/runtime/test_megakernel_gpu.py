@@ -117,7 +117,7 @@ def test_stop_token_and_streaming(tiny):
 @pytest.mark.timeout(300)
 def test_engine_runs_on_the_megakernel(tiny):
     from solo import Engine, SamplingParams
-    from solo.runtime.cuda.block_loop import run_in_blocks
+    from solo.engine.block_decoding import run_in_blocks
 
     engine = Engine.load(tiny.folder("llama"), device="cuda", dtype="bfloat16", backend="megakernel")
     assert engine.runtime.name == "megakernel"

@@ -84,3 +84,69 @@ def test_prefill_of_a_tail_after_a_cached_prefix_matches_a_whole_prefill(folder,
     tail = runtime.prefill(1, torch.tensor(PROMPT[split:]), split)
     torch.testing.assert_close(tail, whole, atol=1e-4, rtol=0)
     assert int(tail.argmax()) == int(whole.argmax())
+
+
+def test_a_short_tail_after_a_cached_prefix_is_the_decode_steps_bit_for_bit(folder):
+    # CpuRuntime.prefill runs a short tail after a longer cached prefix through the decode kernel on every
+    # thread: its keys, values and last logits are those of one decode step per token.
+    runtime = _runtime("cpu", folder)
+    runtime.num_threads = 2  # entries share a row: the kernel's barrier must order their cache writes
+    split = 9
+    assert len(PROMPT) - split <= min(split, runtime.span_prefill_tokens)
+    runtime.prefill(0, torch.tensor(PROMPT[:split]))
+    for i, token in enumerate(PROMPT[split:]):
+        stepped = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([split + i]))[0]
+    runtime.prefill(1, torch.tensor(PROMPT[:split]))
+    tail = runtime.prefill(1, torch.tensor(PROMPT[split:]), split)
+    assert tail.shape == (runtime.config.vocab_size,) and tail.dtype == torch.float32
+    assert torch.equal(tail, stepped)
+    for layer in range(runtime.config.num_layers):
+        assert torch.equal(runtime.cache.k[layer][1, :, :len(PROMPT)], runtime.cache.k[layer][0, :, :len(PROMPT)])
+        assert torch.equal(runtime.cache.v[layer][1, :, :len(PROMPT)], runtime.cache.v[layer][0, :, :len(PROMPT)])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_both_cpu_tail_paths_match_the_eager_oracle(folder, dtype):
+    eager = EagerRuntime(load_weights(folder, ModelConfig.from_file(folder), dtype))
+    runtime = CpuRuntime(load_weights(folder, ModelConfig.from_file(folder), dtype))
+    split = 9  # a tail no longer than the prefix: the decode kernel takes it when the span allows
+    eager.reserve(1, 64)
+    eager.prefill(0, torch.tensor(PROMPT[:split]))
+    expected = eager.prefill(0, torch.tensor(PROMPT[split:]), split)
+    runtime.reserve(2, 64)
+    # span 0: batched matmuls (the long-tail path); 64: the decode kernel.
+    atol = 1e-4 if dtype == torch.float32 else 0.15  # bf16: as the CPU runtime's prefill against eager
+    for row, span in ((0, 0), (1, 64)):
+        runtime.span_prefill_tokens = span
+        runtime.prefill(row, torch.tensor(PROMPT[:split]))
+        torch.testing.assert_close(runtime.prefill(row, torch.tensor(PROMPT[split:]), split), expected, atol=atol,
+                                   rtol=0)
+
+
+def test_verify_gives_the_same_bits_on_one_thread_and_two(folder):
+    runtime = _runtime("cpu", folder)
+    runtime.prefill(0, torch.tensor(PROMPT))
+    runtime.prefill(1, torch.tensor(PROMPT))
+    runtime.num_threads = 1
+    one = runtime.verify(0, torch.tensor(DRAFT), len(PROMPT))
+    runtime.num_threads = 2
+    two = runtime.verify(1, torch.tensor(DRAFT), len(PROMPT))
+    assert torch.equal(one, two)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_import_from_a_start_position_keeps_what_the_row_holds(folder, kind):
+    runtime = _runtime(kind, folder)
+    runtime.prefill(0, torch.tensor(PROMPT))
+    snapshot = runtime.export_kv(0, len(PROMPT))
+    runtime.prefill(2, torch.tensor(PROMPT[:6] + [5, 6, 7]))  # the same first 6 tokens, then others
+    before = [layer[2, :, :6].clone() for layer in runtime.cache.k]
+    runtime.import_kv(2, snapshot, len(PROMPT), start=6)
+    for layer, kept in zip(runtime.cache.k, before, strict=True):
+        assert torch.equal(layer[2, :, :6], kept)
+        assert torch.equal(layer[2, :, 6:len(PROMPT)], layer[0, :, 6:len(PROMPT)])
+    pos = torch.tensor([len(PROMPT)])
+    a = runtime.decode(torch.tensor([0]), torch.tensor([42]), pos)[0]
+    b = runtime.decode(torch.tensor([2]), torch.tensor([42]), pos)[0]
+    torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
+

@@ -230,15 +230,28 @@ static void attention_layer(const Model* m, const Layer* L, int B, const float* 
   }
 }
 
+// solo_decode_span flags.
+enum {
+  // Entries may share a cache row at consecutive positions (a prompt's tail, a speculative verify): a
+  // barrier after each layer's cache writes lets every entry attend over the keys the others just wrote.
+  SPAN_SHARED_ROWS = 1,
+  // Logits of the last entry only ([1, vocab]): a prompt's tail needs nothing else, and the LM head is
+  // the largest matrix of a small model.
+  SPAN_LAST_LOGITS = 2,
+};
+
 // One decode step for `batch` sequences (see CpuRuntime.decode in cpu.py).
 //   tokens, positions, rows: int64 [batch]; cos, sin: float32 [batch, head_dim] (dtype-rounded values);
-//   logits: float32 [batch, vocab] out; workspace: solo_workspace_bytes(m, batch, nthreads) bytes.
+//   logits: float32 [batch, vocab] out ([1, vocab] with SPAN_LAST_LOGITS); workspace:
+//   solo_workspace_bytes(m, batch, nthreads) bytes.
 // Synchronization: the small per-token work (norms, residuals, q/k/v post-processing) is done by every
 // thread on its own copy, so the only barriers are where a matrix product's output or the attention
-// output must be complete: six per layer.
-extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
-                            const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
-                            int nthreads) {
+// output must be complete: six per layer (seven with SPAN_SHARED_ROWS).
+// A row's arithmetic does not depend on the thread count, the batch or the flags: an entry's logits are
+// bit for bit those of a batch-1 step at its position.
+static void decode_step(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                        const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
+                        int nthreads, int flags) {
   const int B = batch, h = m->hidden, hd = m->head_dim, bf = m->dtype == DT_BF16;
   const int nq = m->heads * hd, nkv = m->kv_heads * hd, nqkv = nq + 2 * nkv, f = m->inter;
   const int kmax = max3(h, nq, f);
@@ -301,6 +314,7 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
           }
         }
       }
+      if (flags & SPAN_SHARED_ROWS) barrier_wait(&bar, nt);  // entries read each other's cache slots
       // --- attention: (sequence, group of query heads sharing a KV head[, key block]) split across threads
       attention_layer(m, L, B, lq, rows, positions, gs, scores, att, o_in, parts, &bar, tid, nt);
       barrier_wait(&bar, nt);
@@ -334,14 +348,16 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
       prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, B, xin);
     }
     // --- LM head; each thread finishes the logits it computed (same row split as gemv)
-    gemv(&m->head, xin, B, logits, m->vocab, tid, nt, skip);
+    const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : B;  // entries that get logits: the last HB
+    const char* head_in = (const char*)xin + (size_t)(B - HB) * m->head.cols * input_elem_bytes(&m->head);
+    gemv(&m->head, head_in, HB, logits, m->vocab, tid, nt, skip);
     int n0, n1;
     row_range(m->vocab, tid, nt, &n0, &n1);
     if (n0 < n1) {
-      finish_linear_rows(&m->head, logits, B, m->vocab, bf, n0, n1);
+      finish_linear_rows(&m->head, logits, HB, m->vocab, bf, n0, n1);
       const float cap = m->final_softcap;
       if (cap > 0.f) {
-        for (int b = 0; b < B; b++)
+        for (int b = 0; b < HB; b++)
           for (int n = n0; n < n1; n++) {
             float* v = logits + (size_t)b * m->vocab + n;
             *v = rnd(rnd(tanhf(rnd(*v / cap, bf)), bf) * cap, bf);
@@ -349,6 +365,21 @@ extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, co
       }
     }
   }
+}
+
+extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                            const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
+                            int nthreads) {
+  decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0);
+}
+
+// Several tokens through the decode step at once, with `flags` (SPAN_*): a speculative verify (every
+// position's logits) or a short prompt tail after a cached prefix (the last position's logits), where
+// streaming the weights once for all tokens costs less than batched matmuls' fixed costs.
+extern "C" void solo_decode_span(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                                 const int64_t* rows, const float* cos, const float* sin, float* logits,
+                                 void* workspace, int nthreads, int flags) {
+  decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags);
 }
 
 // ------------------------------------------------------------------------------ prefill pieces

@@ -5,7 +5,7 @@
     triton_step.py one decode step from the fused Triton kernels (torch ops for rare features)
     torch_step.py  one decode step from graph-safe torch ops (optionally torch.compile'd)
     runtime.py     `CudaGraphRuntime`: DecodeRuntime + `decode_block` / `iter_blocks`
-    block_loop.py  the engine-side loop that streams tokens block by block
+    (the engine-side loop that streams tokens block by block is solo.engine.block_decoding)
     bench.py       standalone GPU benchmark (decode tok/s against the HBM roofline and transformers)
 
 Importing this package imports neither Triton nor the server.

@@ -309,10 +309,10 @@ class CudaGraphRuntime:
         self._check_row(row)
         return export_cache_kv(self.cache, row, length)
 
-    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
-        """Write a snapshot's first `length` positions into `row` (`KVSnapshotRuntime`)."""
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int, start: int = 0) -> None:
+        """Write a snapshot's positions start .. length - 1 into `row` (`KVSnapshotRuntime`)."""
         self._check_row(row)
-        import_cache_kv(self.cache, row, snapshot, length)
+        import_cache_kv(self.cache, row, snapshot, length, start)
 
     def _check_row(self, row: int) -> None:
         self._require_cache()

@@ -8,10 +8,13 @@ lives in fixed device tensors. The slot layout is defined here, once; the Triton
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any
-
 import torch
+
+# The sampling contract of block decoding lives with the other runtime capabilities (re-exported here).
+from solo.runtime.base import MODE_FILTERED as MODE_FILTERED
+from solo.runtime.base import MODE_GREEDY as MODE_GREEDY
+from solo.runtime.base import MODE_SAMPLE as MODE_SAMPLE
+from solo.runtime.base import SamplingSpec as SamplingSpec
 
 STATE_TOKEN = 0
 STATE_POS = 1
@@ -27,51 +30,6 @@ PARAM_TEMPERATURE = 0
 PARAM_TOP_P = 1
 PARAM_MIN_P = 2
 PARAM_SIZE = 4
-
-MODE_GREEDY = 0
-MODE_SAMPLE = 1
-MODE_FILTERED = 2
-
-
-@dataclass(frozen=True)
-class SamplingSpec:
-    """What the device sampler needs from a request's resolved sampling values.
-
-    Attributes:
-        temperature: 0 for greedy.
-        top_k: 0 disables.
-        top_p: 1 disables.
-        min_p: 0 disables.
-        seed: Philox key base (any int; `DecodeState.start` reduces it modulo 2**62).
-    """
-
-    temperature: float = 0.0
-    top_k: int = 0
-    top_p: float = 1.0
-    min_p: float = 0.0
-    seed: int = 0
-
-    @classmethod
-    def from_resolved(cls, sampling: Any) -> SamplingSpec:
-        """Take the fields of a `solo.engine.sampling.ResolvedSampling` (or any object with them).
-
-        Raises:
-            ValueError: the request uses penalties, which the device sampler does not apply.
-        """
-        if getattr(sampling, "needs_penalties", False):
-            raise ValueError("repetition / presence / frequency penalties need per-token decoding")
-        return cls(float(sampling.temperature), int(sampling.top_k), float(sampling.top_p),
-                   float(sampling.min_p), int(sampling.seed))
-
-    @property
-    def mode(self) -> int:
-        """MODE_GREEDY, MODE_SAMPLE (temperature only) or MODE_FILTERED."""
-        if self.temperature == 0.0:
-            return MODE_GREEDY
-        if self.top_k == 0 and self.top_p >= 1.0 and self.min_p == 0.0:
-            return MODE_SAMPLE
-        return MODE_FILTERED
-
 
 class DecodeState:
     """Device tensors of the decode state, and the host's pinned mirrors for reading it back.

@@ -1,7 +1,8 @@
 """The engine side of block decoding: stream a request's tokens as each block of K lands.
 
-`Engine.run` calls `run_in_blocks` right after prefill when `can_run_in_blocks` says the runtime and the
-request allow it. The loop then differs from the per-token loop only in where the next token is chosen:
+`Engine.run` calls `run_in_blocks` right after prefill when `can_run_in_blocks` says the runtime (its
+`block_decoding` capability, `solo.runtime.base.BlockDecodingRuntime`) and the request allow it. The
+loop then differs from the per-token loop only in where the next token is chosen:
 
 - The first token is chosen on the host from the prefill logits (`Request.choose`), exactly as in the
   per-token loop (so TTFT and its logprob-free semantics are unchanged).
@@ -24,12 +25,12 @@ from typing import Any
 import torch
 
 from solo.errors import SoloError
-from solo.runtime.cuda.state import SamplingSpec
+from solo.runtime.base import SamplingSpec, runtime_capabilities
 
 
 def can_run_in_blocks(runtime: Any, request: Any) -> bool:
     """True when `runtime` decodes in blocks and `request` needs no per-token host work."""
-    return (callable(getattr(runtime, "iter_blocks", None)) and request.logprobs is None
+    return (runtime_capabilities(runtime).block_decoding and request.logprobs is None
             and not request.sampling.needs_penalties and getattr(request, "constraint", None) is None)
 
 
@@ -37,7 +38,7 @@ def run_in_blocks(runtime: Any, request: Any, logits: torch.Tensor, row: int = 0
     """Continue a request after prefill, block by block.
 
     Args:
-        runtime: a runtime with `iter_blocks` (`CudaGraphRuntime`).
+        runtime: a runtime with `iter_blocks` (`CudaGraphRuntime`, `MegakernelRuntime`).
         request: the `solo.engine.request.Request`, prefilled into cache row `row`.
         logits: float32 [vocab] prefill logits of the last prompt position.
         row: the request's cache row.

@@ -1,0 +1,56 @@
+"""The engine interface the CLI and the server share: capabilities, backend, device, health."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from solo.engine.client import EngineClient, EngineDeadError, EngineInfo
+from solo.engine.engine import Engine
+from solo.runtime.base import runtime_capabilities
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_an_engine_reports_what_its_runtime_declares(tiny_llama, backend):
+    engine = Engine.load(tiny_llama, dtype="float32", backend=backend, speculative="auto")
+    assert isinstance(engine, EngineInfo) and not isinstance(engine, EngineClient)  # synchronous streams
+    caps = engine.capabilities
+    assert engine.backend_name == caps.runtime.name == backend
+    assert engine.device == torch.device("cpu")
+    assert caps.runtime == runtime_capabilities(engine.runtime)
+    assert caps.runtime.verify and caps.runtime.kv_snapshots and not caps.runtime.block_decoding
+    assert caps.runtime.verify_matches_decode == (backend == "cpu")  # float32 on the native kernels
+    assert caps.runtime.batch_invariant == (backend == "cpu")
+    assert caps.prefix_cache and caps.prefix_cache_store
+    assert caps.speculative == ("ngram" if backend == "cpu" else "off")  # "auto" only where it cannot lose
+    assert engine.kv_cache_element_bytes == 4
+    assert engine.is_running and not engine.errored
+    engine.check_health()
+
+
+def test_a_failed_runtime_makes_the_engine_unhealthy(tiny_llama):
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager", prefix_cache_gb=None)
+    assert not engine.capabilities.prefix_cache
+    engine.runtime.failed = "rank 1 exited"  # what the tensor-parallel runtime sets when a rank dies
+    assert engine.errored and not engine.is_running
+    with pytest.raises(EngineDeadError, match="rank 1 exited"):
+        engine.check_health()
+
+
+def test_warm_up_leaves_the_prefix_cache_consistent(tiny_llama):
+    engine = Engine.load(tiny_llama, dtype="float32", backend="cpu", speculative="off")
+    first = engine.complete("def f(x):", {"max_tokens": 4, "temperature": 0.0})
+    engine.warm_up()  # overwrites row 0: the cache must not reuse what it held
+    again = engine.complete("def f(x):", {"max_tokens": 4, "temperature": 0.0})
+    assert again.stats.cached_tokens == 0 and again.token_ids == first.token_ids
+
+
+def test_the_server_engine_is_an_engine_client(tiny_llama):
+    from solo.server.async_engine import AsyncEngine
+
+    engine = Engine.load(tiny_llama, dtype="float32", backend="cpu", speculative="off")
+    client = AsyncEngine(engine, max_batch=2, max_queue=4, max_seq=128)
+    assert isinstance(client, EngineClient)
+    assert client.backend_name == "cpu" and client.capabilities == engine.capabilities
+    assert client.decode_batching == "fused" and client.is_running
+    client.check_health()
