@@ -57,9 +57,13 @@ def test_batched_requests_complete(engine, decode_batching):
         events = result[0]
         got_tokens = [t for e in events for t in e.token_ids]
         assert len(got_tokens) == kw["max_tokens"] == len(tokens)
-        if decode_batching == "isolated":  # bit-identical to the lone run, logprobs included
+        if decode_batching == "isolated":  # the lone run's tokens, its logprobs up to float32 rounding
             assert got_tokens == tokens
-            assert [i.logprob for e in events for i in e.logprobs] == logprobs
+            # Not bit for bit: a row's reused prefix (prefix caching) was computed by a prefill of another
+            # length, and the BLAS picks its GEMM kernel by the number of rows; on some CPUs (an AMD EPYC
+            # Zen 4) that moves logits in the last bits, as it does between two lone runs of the same request.
+            torch.testing.assert_close([i.logprob for e in events for i in e.logprobs], logprobs,
+                                       rtol=0, atol=1e-5)
 
 
 def test_queue_bound_cancel_and_stop(engine):
