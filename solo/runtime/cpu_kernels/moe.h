@@ -2,7 +2,7 @@
 //
 // One MoE layer of solo/model/moe.py for a batch of B tokens, with no host round trip: the router's logits
 // (a matrix-vector product split by rows like any other), then on every thread the same routing (float32
-// softmax, top-k with ties to the lower expert index as torch.topk, optional renormalization, rounding
+// softmax, top-k in torch.topk's order, ties included, optional renormalization, rounding
 // of the weights to the dtype unless the family keeps them in float32), then only the selected experts'
 // weights are streamed. Each expert's rows are split across the threads as in the dense GEMV, so one
 // token's k experts keep every core busy: a thread computes its block of gate and up rows of every
@@ -25,6 +25,10 @@
 #include "common.h"
 #include "elementwise.h"
 #include "gemv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
 
 // One layer's MoE description (cpu_moe.py builds the same struct with ctypes). `experts == 0` marks a
 // dense layer of an MoE model (Qwen's mlp_only_layers / decoder_sparse_step).
@@ -176,8 +180,14 @@ static inline Mat expert_mat(const Mat* first, int e, int64_t stride, int64_t sc
 }
 
 // One token's routing from its (dtype-rounded) router logits [experts]: softmax in float32, the top-k
-// by descending probability with ties to the lower index (torch.topk's order), optionally renormalized
-// over the k, then rounded to the dtype unless the weights stay float32 (Mixtral).
+// in torch.topk's order, optionally renormalized over the k, then rounded to the dtype unless the weights
+// stay float32 (Mixtral).
+//
+// Ties: torch.topk on the CPU does not prefer the lower index. Its kernel (ATen's topk_impl_loop) puts
+// (value, index) pairs through std::nth_element to the k-th place and std::sort of the first k - 1 (or
+// std::partial_sort when k * 64 <= experts), comparing values only (NaN first), so equal probabilities
+// come out in the order those libstdc++ algorithms leave them (e.g. experts 6, 5 of 8 equal ones for
+// k = 2). The same calls on the same pairs reproduce that order exactly.
 static void moe_route(const float* logits, int ne, int k, int norm, int fp32_weights, int bf, float* probs,
                       int* ids, float* weight) {
   float mx = logits[0];
@@ -187,16 +197,26 @@ static void moe_route(const float* logits, int ne, int k, int norm, int fp32_wei
     probs[e] = expf(logits[e] - mx);
     sum += probs[e];
   }
-  for (int e = 0; e < ne; e++) probs[e] /= sum;
+  typedef std::pair<double, int64_t> Elem;  // ATen's elem_t: (acc_type<float> = double, index)
+  Elem queue[1024];
+  for (int e = 0; e < ne; e++) {
+    probs[e] /= sum;
+    queue[e] = Elem((double)probs[e], e);
+  }
+  auto comp = [](const Elem& a, const Elem& b) {
+    return (std::isnan(a.first) && !std::isnan(b.first)) || (a.first > b.first);
+  };
+  if ((int64_t)k * 64 <= ne) {
+    std::partial_sort(queue, queue + k, queue + ne, comp);
+  } else {
+    std::nth_element(queue, queue + k - 1, queue + ne, comp);
+    std::sort(queue, queue + k - 1, comp);
+  }
   float total = 0.f;
   for (int j = 0; j < k; j++) {
-    int best = -1;
-    for (int e = 0; e < ne; e++)  // strict > keeps the lowest index among equal probabilities
-      if (probs[e] != -1.f && (best < 0 || probs[e] > probs[best])) best = e;
-    ids[j] = best;
-    weight[j] = probs[best];
-    total += probs[best];
-    probs[best] = -1.f;  // taken
+    ids[j] = (int)queue[j].second;
+    weight[j] = probs[ids[j]];
+    total += weight[j];
   }
   for (int j = 0; j < k; j++) {
     float p = norm ? weight[j] / total : weight[j];
@@ -336,6 +356,16 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
     }
   }
   wait();
+}
+
+// moe_route for `tokens` rows of router logits [tokens, experts] (tests compare it with solo.model.moe.route):
+// ids int32 [tokens, k], weights float32 [tokens, k]; experts <= 1024.
+extern "C" void solo_moe_route(const float* logits, int tokens, int ne, int k, int norm, int fp32_weights, int bf,
+                               int* ids, float* weights) {
+  float probs[1024];
+  for (int b = 0; b < tokens; b++)
+    moe_route(logits + (size_t)b * ne, ne, k, norm, fp32_weights, bf, probs, ids + (size_t)b * k,
+              weights + (size_t)b * k);
 }
 
 // The MoeLayer struct layout this library was compiled with (cpu_moe.py compares it with its ctypes
