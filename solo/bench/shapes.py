@@ -76,6 +76,10 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_theta=1000000.0, max_position_embeddings=40960, torch_dtype="bfloat16",
     ),
 }
+# The same MoE layer shapes with fewer layers, to measure beside other jobs within ~4 GB (bf16): per layer
+# the work is that of the full model; the LM head and embedding are a larger share of the bytes.
+SHAPES["OLMoE-1B-7B-4L"] = {**SHAPES["OLMoE-1B-7B"], "num_hidden_layers": 4}  # 3.8 GB
+SHAPES["Qwen3-30B-A3B-2L"] = {**SHAPES["Qwen3-30B-A3B-8L"], "num_hidden_layers": 2}  # 3.7 GB
 """Shape name -> the fields of its config.json that matter (random weights are built from them)."""
 
 

@@ -50,7 +50,7 @@ def create_runtime(model: Transformer, backend: str, device: torch.device) -> De
         if backend != name and not (backend == "auto" and device.type == device_type):
             continue
         module = importlib.import_module(module_name)
-        reason = _moe_reason(name, model) or getattr(module, reason_name)(model)
+        reason = getattr(module, reason_name)(model)
         if reason is None:
             return getattr(module, class_name)(model)
         if backend == name:
@@ -78,15 +78,6 @@ def _lane_runtime(model: Transformer, backend: str, device: torch.device) -> Dec
         raise SoloError(f"the cpu backend cannot run this model: {reason}")
     _log.warning("using the eager runtime: %s", reason)
     return EagerRuntime(model)
-
-
-def _moe_reason(backend: str, model: Transformer) -> str | None:
-    # The native CPU kernels have no expert routing yet; MoE models run on the eager runtime there, which
-    # reads only the selected experts' weights (solo.model.moe).
-    if backend == "cpu" and model.config.is_moe:
-        return (f"the native CPU kernels do not run mixture-of-experts models ({model.config.architecture}) yet; "
-                "the eager runtime runs them")
-    return None
 
 
 # backend name, the device type it is "auto" for, module, runtime class, function giving why it cannot run a

@@ -25,8 +25,10 @@ product streams: q/k/v and gate/up are concatenated into one buffer each and the
 become row views of it, so prefill and decode share one copy.
 
 Supported: every feature of `solo.model` (biases, q/k norms, sandwich norms, soft-capping, sliding
-windows, all RoPE types) with float32 or bfloat16 weights, or int8/int4 weights from
-`solo.runtime.quant`. float16 weights and non-CPU devices are refused by `cpu_unsupported_reason`,
+windows, all RoPE types, mixture-of-experts layers) with float32 or bfloat16 weights, or int8/int4
+weights from `solo.runtime.quant`. Mixture-of-experts layers route and run their experts inside the
+decode step (`cpu_kernels/moe.h`, structs from `solo.runtime.cpu_moe`); their prefill runs the eager
+MoE block on the whole prompt. float16 weights and non-CPU devices are refused by `cpu_unsupported_reason`,
 and `create_runtime` then falls back to the eager runtime.
 """
 
@@ -79,7 +81,8 @@ class _Model(ctypes.Structure):
         "unit_offset", "sandwich", "qk_norm", "act")] + [
         (name, ctypes.c_float) for name in ("eps", "embed_scale", "attn_scale", "attn_softcap", "final_softcap")
     ] + [("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", _Mat),
-         ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32)]
+         ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32),
+         ("moe", ctypes.c_void_p)]  # mixture of experts: solo.runtime.cpu_moe's MoeLayer array
 
 
 def _python_layout() -> list[int]:
@@ -183,6 +186,12 @@ def cpu_unsupported_reason(model: Transformer) -> str | None:
     if model.config.hidden_size > 16384 or model.config.intermediate_size > 32768:
         return (f"hidden size {model.config.hidden_size} / intermediate size {model.config.intermediate_size} "
                 "is not supported by the CPU kernels (<= 16384 / 32768)")
+    if model.config.is_moe:
+        from solo.runtime.cpu_moe import moe_unsupported_reason
+
+        reason = moe_unsupported_reason(model)
+        if reason is not None:
+            return reason
     try:
         checked_library()
     except KernelBuildError as exc:
@@ -297,7 +306,7 @@ class CpuRuntime:
             self.prefill_matmul_dtype = torch.float32
         self.span_prefill_tokens = SPAN_PREFILL_TOKENS
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
-        self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None]] = []
+        self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None] | None] = []
         self._layers = (_Layer * self.config.num_layers)()
         self._struct = _Model()
         self._workspace = torch.empty(0, dtype=torch.uint8)
@@ -344,8 +353,11 @@ class CpuRuntime:
             entry = self._layers[i]
             entry.qkv = self._mat([attn.q_proj, attn.k_proj, attn.v_proj])
             entry.o = self._mat([attn.o_proj])
-            entry.gate_up = self._mat([mlp.gate_proj, mlp.up_proj])
-            entry.down = self._mat([mlp.down_proj])
+            if cfg.is_moe_layer(i):  # the experts are described by solo.runtime.cpu_moe (below)
+                self._prefill_mats += [None, None]  # keeps matrix 4 * i + k at its index
+            else:
+                entry.gate_up = self._mat([mlp.gate_proj, mlp.up_proj])
+                entry.down = self._mat([mlp.down_proj])
             entry.attn_norm = self._ptr(layer.attn_norm.weight)
             entry.mlp_norm = self._ptr(layer.mlp_norm.weight)
             if cfg.sandwich_norm:
@@ -360,6 +372,8 @@ class CpuRuntime:
         s.hidden, s.heads, s.kv_heads, s.head_dim = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
         s.inter, s.vocab, s.layers = cfg.intermediate_size, cfg.vocab_size, cfg.num_layers
         s.unit_offset, s.sandwich, s.qk_norm = int(cfg.norm_unit_offset), int(cfg.sandwich_norm), int(cfg.qk_norm)
+        if cfg.qk_norm and cfg.qk_norm_full_width:
+            s.qk_norm = 2  # OLMoE: one norm over the whole q / k projection
         s.act = _ACTS[cfg.hidden_act]
         s.eps = cfg.rms_norm_eps
         s.embed_scale = cfg.embedding_scale or 0.0
@@ -374,6 +388,12 @@ class CpuRuntime:
         else:
             s.head = self._mat([model.lm_head])
         s.layer = ctypes.cast(self._layers, ctypes.POINTER(_Layer))
+        if cfg.is_moe:
+            from solo.runtime.cpu_moe import build_moe_layers, check_moe_struct_layout
+
+            check_moe_struct_layout(self._lib)
+            self._moe_layers = build_moe_layers(model, self._keep)
+            s.moe = ctypes.addressof(self._moe_layers)
 
     def reserve(self, rows: int, max_seq: int) -> None:
         """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
@@ -396,7 +416,8 @@ class CpuRuntime:
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, scales, biases, norms; the embedding as one row).
 
-        A tied LM head counts the whole embedding matrix (the head reads it in full).
+        A tied LM head counts the whole embedding matrix (the head reads it in full). A mixture-of-experts
+        layer counts its router, shared expert and top-k routed experts only (what one token reads).
         """
         seen, total = set(), 0
         s = self._struct
@@ -408,6 +429,10 @@ class CpuRuntime:
         row = self.config.hidden_size * self.model.embed.weight.element_size()
         if self.model.lm_head is None:
             total += self.model.embed.weight.numel() * self.model.embed.weight.element_size()
+        if self.config.is_moe:
+            from solo.runtime.cpu_moe import unread_expert_bytes
+
+            total -= unread_expert_bytes(self.model)
         return total + row
 
     def skip_matmuls(self, skip: bool) -> None:
@@ -474,6 +499,10 @@ class CpuRuntime:
         for i, layer in enumerate(model.layers):
             entry = self._layers[i]
             qkv = self._linear(4 * i, normed)
+            if cfg.qk_norm and cfg.qk_norm_full_width:  # OLMoE: the eager norms over whole q / k (kernel skips them)
+                nq, nkv = cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim
+                qkv[:, :nq] = layer.attn.q_norm(qkv[:, :nq])
+                qkv[:, nq:nq + nkv] = layer.attn.k_norm(qkv[:, nq:nq + nkv])
             lib.solo_prefill_qkv(struct, i, qkv.data_ptr(), seq, start_pos, row, cos.data_ptr(), sin.data_ptr(),
                                  q.data_ptr(), nt)
             keys = self.cache.k[i][row:row + 1, :, :kv_len]
@@ -495,10 +524,13 @@ class CpuRuntime:
             proj = self._linear(4 * i + 1, attn)
             lib.solo_prefill_residual(struct, x.data_ptr(), proj.data_ptr(), seq, entry.attn_out_norm,
                                       entry.mlp_norm, normed.data_ptr(), nt)
-            gate_up = self._linear(4 * i + 2, normed)
-            mid = torch.empty(seq, cfg.intermediate_size, dtype=dtype)
-            lib.solo_prefill_act(struct, gate_up.data_ptr(), seq, mid.data_ptr(), nt)
-            proj = self._linear(4 * i + 3, mid)
+            if cfg.is_moe_layer(i):  # the eager MoE block: router, then each selected expert over its tokens
+                proj = layer.mlp(normed[None])[0].contiguous()
+            else:
+                gate_up = self._linear(4 * i + 2, normed)
+                mid = torch.empty(seq, cfg.intermediate_size, dtype=dtype)
+                lib.solo_prefill_act(struct, gate_up.data_ptr(), seq, mid.data_ptr(), nt)
+                proj = self._linear(4 * i + 3, mid)
             last = i + 1 == cfg.num_layers
             next_norm = self._struct.final_norm if last else self._layers[i + 1].attn_norm
             lib.solo_prefill_residual(struct, x.data_ptr(), proj.data_ptr(), seq, entry.mlp_out_norm, next_norm,

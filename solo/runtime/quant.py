@@ -196,6 +196,9 @@ def quantize_model(model: Transformer, mode: str) -> Transformer:
 
     Every attention and MLP projection and the LM head become `QuantLinear`s; the embedding lookup and
     the norms stay in the model's dtype. A tied LM head gets its own quantized copy of the embedding.
+    In a mixture-of-experts layer every routed expert is quantized on its own (`solo.runtime.quant_moe`:
+    the experts become a `QuantExperts` stack) and the shared expert like a dense MLP; the router and
+    the shared expert's gate stay in the model's dtype.
 
     Args:
         model: the loaded eager model (float32, bfloat16 or float16).
@@ -205,22 +208,24 @@ def quantize_model(model: Transformer, mode: str) -> Transformer:
         The quantized copy (a `Transformer` whose `quantization` attribute is `mode`).
 
     Raises:
-        SoloError: an unknown mode, a mixture-of-experts model, or int4 on a model whose sizes are not
-            multiples of 32.
+        SoloError: an unknown mode, or int4 on a model whose sizes (experts' included) are not multiples
+            of 32.
     """
     if mode not in QUANT_MODES:
         raise SoloError(f"unknown quantization {mode!r}; choose one of {', '.join(QUANT_MODES)}")
-    if model.config.is_moe:
-        raise SoloError(f"--quantize does not support mixture-of-experts models ({model.config.architecture}) "
-                        "yet; run them unquantized (bfloat16)")
     dtype = model.dtype
     qmodel = _shallow_tree(model)
     with torch.no_grad():
-        for layer in qmodel.layers:
+        for i, layer in enumerate(qmodel.layers):
             attn, mlp = layer.attn, layer.mlp
             attn.q_proj, attn.k_proj, attn.v_proj = _fused_quant(mode, [attn.q_proj, attn.k_proj, attn.v_proj],
                                                                  dtype)
             (attn.o_proj,) = _fused_quant(mode, [attn.o_proj], dtype)
+            if model.config.is_moe_layer(i):  # experts one by one, router kept dense (solo.runtime.quant_moe)
+                from solo.runtime.quant_moe import quantize_moe_block
+
+                quantize_moe_block(mlp, mode, dtype)
+                continue
             mlp.gate_proj, mlp.up_proj = _fused_quant(mode, [mlp.gate_proj, mlp.up_proj], dtype)
             (mlp.down_proj,) = _fused_quant(mode, [mlp.down_proj], dtype)
         head = nn.Linear(model.config.hidden_size, model.config.vocab_size, bias=False, device="meta")

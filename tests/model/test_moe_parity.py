@@ -147,14 +147,11 @@ def test_gathered_experts_equal_grouped_experts():
                                experts_forward(hidden, ids, weights, gate_up, down), rtol=1e-5, atol=1e-5)
 
 
-def test_native_cpu_backend_and_quantization_refuse_moe(tmp_path):
-    from solo.errors import SoloError
+def test_native_cpu_backend_and_quantization_run_moe(tmp_path):
+    # The native CPU runtime and int8/int4 run MoE models (tests/runtime/test_cpu_moe.py checks their parity).
     from solo.runtime.quant import quantize_model
 
     folder = make_checkpoint(tmp_path / "olmoe", "olmoe")
-    with pytest.raises(SoloError, match="mixture-of-experts"):
-        Engine.load(folder, dtype="float32", backend="cpu")
     engine = Engine.load(folder, dtype="float32", backend="auto")
-    assert engine.runtime.name == "eager"
-    with pytest.raises(SoloError, match="mixture-of-experts"):
-        quantize_model(engine.model, "int8")
+    assert engine.runtime.name == "cpu"
+    assert quantize_model(engine.model, "int8").quantization == "int8"

@@ -83,13 +83,14 @@ typedef struct {
 
 typedef struct {
   int32_t dtype, hidden, heads, kv_heads, head_dim, inter, vocab, layers, max_seq, cache_rows;
-  int32_t unit_offset, sandwich, qk_norm, act;
+  int32_t unit_offset, sandwich, qk_norm, act;  // qk_norm: 0 none, 1 per head, 2 over the whole q / k (OLMoE)
   float eps, embed_scale, attn_scale, attn_softcap, final_softcap;  // 0 = off
   const void* embed;       // activation dtype [vocab, hidden]
   const void* final_norm;  // activation dtype [hidden]
   Mat head;
   Layer* layer;
   int32_t skip_matmuls;  // measurement only: matrix-vector products write zeros instead of reading weights
+  const void* moe;       // mixture of experts: MoeLayer [layers] (moe.h), NULL for a dense model
 } Model;
 
 // ------------------------------------------------------------------------------------------ scalars

@@ -19,10 +19,12 @@
 //
 // This file holds the library's exported functions (extern "C", called through ctypes from cpu.py,
 // quant.py and the bench): the decode step, the prefill helpers, dequantization and the bandwidth
-// probe. common.h, gemv.h and elementwise.h hold the pieces.
+// probe. common.h, gemv.h and elementwise.h hold the pieces; moe.h the mixture-of-experts MLP (routing and
+// the selected experts inside the step), which replaces a layer's dense MLP where the model has one.
 #include "common.h"
 #include "elementwise.h"
 #include "gemv.h"
+#include "moe.h"
 #include "simd.h"
 
 #include <linux/futex.h>
@@ -119,7 +121,7 @@ extern "C" size_t solo_workspace_bytes(const Model* m, int batch, int nthreads) 
   floats += 2 * batch * (size_t)max3(m->hidden, (int)nq, m->inter);  // o / down inputs (shared)
   floats += (size_t)nthreads * private_floats(m, batch);
   floats += split_kv_floats(m, batch);              // split-KV attention parts (shared)
-  return floats * sizeof(float) + 256;
+  return floats * sizeof(float) + 256 + moe_workspace_bytes(m, batch, nthreads);
 }
 
 // Bias + round the shared projection output `src` [B, h] into this thread's `dst`, apply the sandwich
@@ -263,6 +265,7 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
   void* down_in = (float*)o_in + (size_t)B * kmax;
   float* private_base = (float*)down_in + (size_t)B * kmax;
   float* parts = private_base + (size_t)nthreads * private_floats(m, B);  // split-KV attention parts
+  void* moe_base = parts + split_kv_floats(m, B);                         // moe.h's workspace
   SpinBarrier bar;
   bar.arrived.store(0);
   bar.generation.store(0);
@@ -296,9 +299,13 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
       finish_linear(&L->qkv, lq, B, nqkv, bf);
       for (int b = 0; b < B; b++) {
         float* qb = lq + (size_t)b * nqkv;
+        if (m->qk_norm == 2) {  // OLMoE: one norm over the whole q and one over the whole k
+          rms_norm(qb, qb, nq, L->q_norm, m->eps, 0, bf);
+          rms_norm(qb + nq, qb + nq, nkv, L->k_norm, m->eps, 0, bf);
+        }
         for (int hh = 0; hh < m->heads + m->kv_heads; hh++) {
           float* v = qb + (size_t)hh * hd;
-          if (m->qk_norm) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
+          if (m->qk_norm == 1) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
           rope(v, cos + (size_t)b * hd, sin + (size_t)b * hd, hd, bf);
         }
         if (tid == 0) {
@@ -322,26 +329,32 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
       gemv(&L->o, o_in, B, proj, h, tid, nt, skip);
       barrier_wait(&bar, nt);
       residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
-      prepare_input(&L->gate_up, t, B, xin);
-      // --- MLP: gate and up together, the activation split across threads, then down
-      gemv(&L->gate_up, xin, B, gu, 2 * f, tid, nt, skip);
-      barrier_wait(&bar, nt);
-      {
-        int i0, i1;
-        row_range(f, tid, nt, &i0, &i1);
-        if (i0 < i1) {
-          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, i0, i1);
-          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, f + i0, f + i1);
-          for (int b = 0; b < B; b++) {
-            float* g = gu + (size_t)b * 2 * f;
-            act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
-            prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * input_elem_bytes(&L->down), i0, i1);
+      if (const MoeLayer* ML = moe_layer(m, l)) {
+        // --- mixture-of-experts MLP (moe.h): routing and the selected experts; output in proj, barrier included
+        moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&] { barrier_wait(&bar, nt); });
+      } else {
+        prepare_input(&L->gate_up, t, B, xin);
+        // --- MLP: gate and up together, the activation split across threads, then down
+        gemv(&L->gate_up, xin, B, gu, 2 * f, tid, nt, skip);
+        barrier_wait(&bar, nt);
+        {
+          int i0, i1;
+          row_range(f, tid, nt, &i0, &i1);
+          if (i0 < i1) {
+            finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, i0, i1);
+            finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, f + i0, f + i1);
+            for (int b = 0; b < B; b++) {
+              float* g = gu + (size_t)b * 2 * f;
+              act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
+              prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * input_elem_bytes(&L->down), i0,
+                                 i1);
+            }
           }
         }
+        barrier_wait(&bar, nt);
+        gemv(&L->down, down_in, B, proj, h, tid, nt, skip);
+        barrier_wait(&bar, nt);
       }
-      barrier_wait(&bar, nt);
-      gemv(&L->down, down_in, B, proj, h, tid, nt, skip);
-      barrier_wait(&bar, nt);
       const bool last = l + 1 == m->layers;
       residual_block(m, &L->down, proj, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
                      B);
@@ -418,7 +431,7 @@ extern "C" void solo_prefill_qkv(const Model* m, int layer, const void* qkv, int
     for (int hh = 0; hh < m->heads + 2 * m->kv_heads; hh++) {
       for (int i = 0; i < hd; i++) v[i] = load_act(qkv, (size_t)s * nqkv + (size_t)hh * hd + i, bf);
       if (hh < m->heads + m->kv_heads) {
-        if (m->qk_norm) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
+        if (m->qk_norm == 1) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
         rope(v, cos + (size_t)s * hd, sin + (size_t)s * hd, hd, bf);
       }
       if (hh < m->heads) {
@@ -573,7 +586,7 @@ extern "C" int solo_struct_layout(int64_t* out, int capacity) {
       SOLO_OFF(Model, sandwich), SOLO_OFF(Model, qk_norm), SOLO_OFF(Model, act), SOLO_OFF(Model, eps),
       SOLO_OFF(Model, embed_scale), SOLO_OFF(Model, attn_scale), SOLO_OFF(Model, attn_softcap),
       SOLO_OFF(Model, final_softcap), SOLO_OFF(Model, embed), SOLO_OFF(Model, final_norm), SOLO_OFF(Model, head),
-      SOLO_OFF(Model, layer), SOLO_OFF(Model, skip_matmuls),
+      SOLO_OFF(Model, layer), SOLO_OFF(Model, skip_matmuls), SOLO_OFF(Model, moe),
   };
   const int n = (int)(sizeof v / sizeof v[0]);
   for (int i = 0; i < n && i < capacity; i++) out[i] = v[i];

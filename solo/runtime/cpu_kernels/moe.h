@@ -1,0 +1,385 @@
+// The mixture-of-experts (MoE) MLP of the decode step: routing and the selected experts, inside the step.
+//
+// One MoE layer of solo/model/moe.py for a batch of B tokens, with no host round trip: the router's logits
+// (a matrix-vector product split by rows like any other), then on every thread the same routing (float32
+// softmax, top-k in torch.topk's order, ties included, optional renormalization, rounding
+// of the weights to the dtype unless the family keeps them in float32), then only the selected experts'
+// weights are streamed. Each expert's rows are split across the threads as in the dense GEMV, so one
+// token's k experts keep every core busy: a thread computes its block of gate and up rows of every
+// selected expert (the same block of both, so the activation needs no barrier), then its block of
+// output rows of every expert's down projection, and sums the weighted outputs of those rows.
+//
+// Batches (server rows): the experts of all tokens are taken as a union; an expert's tokens share one
+// pass over its weights (the GEMV's multi-sequence tiles). The (token, slot) pairs are grouped by expert
+// (ascending, tokens in order within), which is the eager reference's grouping; every product uses the
+// same per-sequence arithmetic whatever the grouping, and each token sums its k outputs in top-k order,
+// so a row's result is bit-identical at any batch size.
+//
+// Numerics follow solo/model/moe.py (transformers 5's grouped experts path): expert outputs rounded to
+// the dtype, multiplied by the routing weight (rounded again unless the weights are float32), summed in
+// float32 and rounded once; a shared expert (Qwen2-MoE) is a gated MLP whose rounded output is scaled
+// by the rounded sigmoid of its gate and added.
+//
+// Barriers: three per MoE layer (router; gate/up + activation; down + sum), one more than a dense MLP.
+#pragma once
+#include "common.h"
+#include "elementwise.h"
+#include "gemv.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+// One layer's MoE description (cpu_moe.py builds the same struct with ctypes). `experts == 0` marks a
+// dense layer of an MoE model (Qwen's mlp_only_layers / decoder_sparse_step).
+typedef struct {
+  Mat router;   // [experts, hidden], the model's dtype (never quantized)
+  Mat gate_up;  // expert 0's fused [2 * inter, hidden] (gate rows first); expert e's weight / scale pointers
+  Mat down;     // are expert 0's plus e times the strides below. down: [hidden, inter]
+  int64_t gate_up_stride, gate_up_scale_stride, down_stride, down_scale_stride;  // bytes between experts
+  Mat shared_gate_up, shared_down;  // the shared expert (Qwen2-MoE): [2 * shared_inter, hidden], [hidden, shared_inter]
+  Mat shared_gate;                  // its sigmoid gate [1, hidden], the router's format
+  int32_t experts, top_k, inter, shared_inter;  // shared_inter 0: no shared expert
+  int32_t norm_topk_prob, weights_fp32;
+} MoeLayer;
+
+static inline const MoeLayer* moe_layer(const Model* m, int l) {
+  const MoeLayer* ml = (const MoeLayer*)m->moe;
+  return ml && ml[l].experts > 0 ? &ml[l] : nullptr;
+}
+
+// ------------------------------------------------------------------------------------------ workspace
+
+typedef struct {
+  int experts, top_k, inter, shared;
+} MoeDims;
+
+// The largest sizes over the model's MoE layers (all zero for a dense model).
+static MoeDims moe_dims(const Model* m) {
+  MoeDims d = {0, 0, 0, 0};
+  for (int l = 0; l < m->layers; l++) {
+    const MoeLayer* ml = moe_layer(m, l);
+    if (!ml) continue;
+    d.experts = ml->experts > d.experts ? ml->experts : d.experts;
+    d.top_k = ml->top_k > d.top_k ? ml->top_k : d.top_k;
+    d.inter = ml->inter > d.inter ? ml->inter : d.inter;
+    d.shared = ml->shared_inter > d.shared ? ml->shared_inter : d.shared;
+  }
+  return d;
+}
+
+static inline size_t moe_align(size_t n) { return (n + 15) & ~(size_t)15; }
+
+// Pointers into the MoE workspace: the shared part (outputs that threads write by disjoint rows), then
+// one private part per thread. Index buffers are int32 in float-sized slots.
+typedef struct {
+  float* logits;   // [B, experts] router logits
+  float* gu;       // [P, 2 * inter] gate/up outputs by slot (P = B * top_k pairs)
+  void* down_in;   // [P, inter] down-projection inputs by slot (4 bytes per element at most)
+  float* dout;     // [P, hidden] expert outputs by slot
+  float* sgu;      // [B, 2 * shared_inter]
+  void* sdown_in;  // [B, shared_inter]
+  float* sout;     // [B, hidden] shared expert output
+  float* sgate;    // [B] shared expert gate logit
+  // this thread's
+  void *xr, *xe, *xg;  // [B, hidden] each: router input, expert input, gathered / shared-expert input
+  int* ids;            // [P] expert of pair p = b * top_k + j
+  float* weight;       // [P] its routing weight
+  int* slot_pair;      // [P] pair held by slot s (slots grouped by expert, ascending)
+  int* pair_slot;      // [P] inverse
+  int* uexp;           // [P] distinct experts of the batch, ascending
+  int* ustart;         // [P + 1] first slot of each
+  float* probs;        // [experts]
+  int* count;          // [experts + 1]
+} MoeWs;
+
+static size_t moe_shared_floats(const Model* m, const MoeDims* d, int B) {
+  const size_t P = (size_t)B * d->top_k, h = m->hidden;
+  return moe_align((size_t)B * d->experts) + moe_align(P * 2 * d->inter) + moe_align(P * d->inter) +
+         moe_align(P * h) + moe_align((size_t)B * 2 * d->shared) + moe_align((size_t)B * d->shared) +
+         moe_align((size_t)B * h) + moe_align(B);
+}
+
+static size_t moe_thread_floats(const Model* m, const MoeDims* d, int B) {
+  const size_t P = (size_t)B * d->top_k;
+  return 3 * moe_align((size_t)B * m->hidden) + 5 * moe_align(P) + moe_align(P + 1) + moe_align(d->experts) +
+         moe_align((size_t)d->experts + 1);
+}
+
+// Bytes of MoE workspace solo_decode needs after its own (0 for a dense model).
+static size_t moe_workspace_bytes(const Model* m, int B, int nthreads) {
+  const MoeDims d = moe_dims(m);
+  if (d.experts == 0) return 0;
+  return (moe_shared_floats(m, &d, B) + (size_t)nthreads * moe_thread_floats(m, &d, B)) * sizeof(float) + 64;
+}
+
+static MoeWs moe_ws(const Model* m, int B, int tid, void* base) {
+  const MoeDims d = moe_dims(m);
+  const size_t P = (size_t)B * d.top_k, h = m->hidden;
+  float* p = (float*)base;
+  MoeWs w;
+  w.logits = p, p += moe_align((size_t)B * d.experts);
+  w.gu = p, p += moe_align(P * 2 * d.inter);
+  w.down_in = p, p += moe_align(P * d.inter);
+  w.dout = p, p += moe_align(P * h);
+  w.sgu = p, p += moe_align((size_t)B * 2 * d.shared);
+  w.sdown_in = p, p += moe_align((size_t)B * d.shared);
+  w.sout = p, p += moe_align((size_t)B * h);
+  w.sgate = p, p += moe_align(B);
+  p += (size_t)tid * moe_thread_floats(m, &d, B);
+  w.xr = p, p += moe_align((size_t)B * h);
+  w.xe = p, p += moe_align((size_t)B * h);
+  w.xg = p, p += moe_align((size_t)B * h);
+  w.ids = (int*)p, p += moe_align(P);
+  w.weight = p, p += moe_align(P);
+  w.slot_pair = (int*)p, p += moe_align(P);
+  w.pair_slot = (int*)p, p += moe_align(P);
+  w.uexp = (int*)p, p += moe_align(P);
+  w.ustart = (int*)p, p += moe_align(P + 1);
+  w.probs = p, p += moe_align(d.experts);
+  w.count = (int*)p;
+  return w;
+}
+
+// ------------------------------------------------------------------------------------------ pieces
+
+// gemv() on an explicit row range [n0, n1) instead of this thread's share (same tiling, same arithmetic).
+static void gemv_rows(const Mat* W, const void* x, int B, float* y, int ldy, int n0, int n1, int skip) {
+  if (n0 >= n1) return;
+  if (skip) {
+    for (int b = 0; b < B; b++) memset(y + (size_t)b * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
+    return;
+  }
+  const int ldx = W->cols;
+#if SOLO_AVX512 || SOLO_GVEC
+  const size_t esz = input_elem_bytes(W);
+  constexpr int T = SOLO_TILE;
+  const int block = B > T ? 32 : n1 - n0;
+  for (int r0 = n0; r0 < n1; r0 += block) {
+    const int r1 = r0 + block < n1 ? r0 + block : n1;
+    int b = 0;
+    for (; b + T <= B; b += T)
+      gemv_tile<T>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const int left = B - b;
+    const char* xl = (const char*)x + b * ldx * esz;
+    if (left == 1) gemv_tile<1>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    if (left == 2) gemv_tile<2>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    if (left == 3) gemv_tile<3>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+  }
+#else
+  gemv_scalar(W, x, ldx, B, y, ldy, n0, n1);
+#endif
+}
+
+// Expert e's matrix: expert 0's with its weight and scale pointers moved by e strides.
+static inline Mat expert_mat(const Mat* first, int e, int64_t stride, int64_t scale_stride) {
+  Mat w = *first;
+  w.weight = (const char*)first->weight + (size_t)e * stride;
+  if (first->scale) w.scale = (const char*)first->scale + (size_t)e * scale_stride;
+  return w;
+}
+
+// One token's routing from its (dtype-rounded) router logits [experts]: softmax in float32, the top-k
+// in torch.topk's order, optionally renormalized over the k, then rounded to the dtype unless the weights
+// stay float32 (Mixtral).
+//
+// Ties: torch.topk on the CPU does not prefer the lower index. Its kernel (ATen's topk_impl_loop) puts
+// (value, index) pairs through std::nth_element to the k-th place and std::sort of the first k - 1 (or
+// std::partial_sort when k * 64 <= experts), comparing values only (NaN first), so equal probabilities
+// come out in the order those libstdc++ algorithms leave them (e.g. experts 6, 5 of 8 equal ones for
+// k = 2). The same calls on the same pairs reproduce that order exactly.
+static void moe_route(const float* logits, int ne, int k, int norm, int fp32_weights, int bf, float* probs,
+                      int* ids, float* weight) {
+  float mx = logits[0];
+  for (int e = 1; e < ne; e++) mx = logits[e] > mx ? logits[e] : mx;
+  float sum = 0.f;
+  for (int e = 0; e < ne; e++) {
+    probs[e] = expf(logits[e] - mx);
+    sum += probs[e];
+  }
+  typedef std::pair<double, int64_t> Elem;  // ATen's elem_t: (acc_type<float> = double, index)
+  Elem queue[1024];
+  for (int e = 0; e < ne; e++) {
+    probs[e] /= sum;
+    queue[e] = Elem((double)probs[e], e);
+  }
+  auto comp = [](const Elem& a, const Elem& b) {
+    return (std::isnan(a.first) && !std::isnan(b.first)) || (a.first > b.first);
+  };
+  if ((int64_t)k * 64 <= ne) {
+    std::partial_sort(queue, queue + k, queue + ne, comp);
+  } else {
+    std::nth_element(queue, queue + k - 1, queue + ne, comp);
+    std::sort(queue, queue + k - 1, comp);
+  }
+  float total = 0.f;
+  for (int j = 0; j < k; j++) {
+    ids[j] = (int)queue[j].second;
+    weight[j] = probs[ids[j]];
+    total += weight[j];
+  }
+  for (int j = 0; j < k; j++) {
+    float p = norm ? weight[j] / total : weight[j];
+    weight[j] = fp32_weights ? p : rnd(p, bf);
+  }
+}
+
+// Group the P = B * k pairs by expert: slots in ascending expert order, pairs in order within an expert
+// (a stable counting sort). Fills slot_pair, pair_slot, the distinct experts and their first slots;
+// returns how many distinct experts there are.
+static int moe_group(const MoeWs* w, int ne, int P) {
+  int* count = w->count;
+  for (int e = 0; e <= ne; e++) count[e] = 0;
+  for (int p = 0; p < P; p++) count[w->ids[p] + 1]++;
+  int nu = 0;
+  for (int e = 0; e < ne; e++) {
+    if (count[e + 1] > 0) {
+      w->uexp[nu] = e;
+      w->ustart[nu] = count[e];
+      nu++;
+    }
+    count[e + 1] += count[e];  // count[e] = first slot of expert e
+  }
+  w->ustart[nu] = P;
+  for (int p = 0; p < P; p++) {
+    const int s = count[w->ids[p]]++;
+    w->slot_pair[s] = p;
+    w->pair_slot[p] = s;
+  }
+  return nu;
+}
+
+// This thread's rows [i0, i1) of gate and up of a gated MLP for `np` inputs `x` [np, hidden], the
+// rounded activation product, written as the down projection's input columns [i0, i1) of `down_in`
+// rows [np, down->cols].
+static void gated_rows(const Model* m, const Mat* gate_up, const Mat* down, const void* x, int np, float* gu,
+                       void* down_in, int i0, int i1, int skip) {
+  const int f = gate_up->rows / 2, bf = m->dtype == DT_BF16;
+  gemv_rows(gate_up, x, np, gu, 2 * f, i0, i1, skip);
+  gemv_rows(gate_up, x, np, gu, 2 * f, f + i0, f + i1, skip);
+  finish_linear_rows(gate_up, gu, np, 2 * f, bf, i0, i1);
+  finish_linear_rows(gate_up, gu, np, 2 * f, bf, f + i0, f + i1);
+  for (int q = 0; q < np; q++) {
+    float* g = gu + (size_t)q * 2 * f;
+    act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
+    prepare_input_cols(down, g, 1, (char*)down_in + (size_t)q * f * input_elem_bytes(down), i0, i1);
+  }
+}
+
+// ------------------------------------------------------------------------------------------ the layer
+
+// The MoE MLP of one layer for B tokens. t: this thread's normed inputs [B, hidden] (float32 holding
+// dtype-rounded values); out: the shared [B, hidden] output (rounded to the dtype), complete for every
+// thread when this returns. `wait` is the step's barrier; every thread must call this function.
+template <class Wait>
+static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, float* out, void* workspace, int tid,
+                    int nt, int skip, Wait wait) {
+  const int h = m->hidden, bf = m->dtype == DT_BF16, k = E->top_k, ne = E->experts;
+  const int I = E->inter, S = E->shared_inter, P = B * k;
+  const MoeWs w = moe_ws(m, B, tid, workspace);
+  const size_t xesz = input_elem_bytes(&E->gate_up);
+  // --- router logits (rows split), and the shared expert, which needs no routing: its gate and its
+  // gate/up rows with the activation
+  prepare_input(&E->router, t, B, w.xr);
+  gemv(&E->router, w.xr, B, w.logits, ne, tid, nt, skip);
+  if (S > 0) {
+    gemv(&E->shared_gate, w.xr, B, w.sgate, 1, tid, nt, skip);
+    if (tid == 0) finish_linear_rows(&E->shared_gate, w.sgate, B, 1, bf, 0, 1);  // row 0 is thread 0's
+    int i0, i1;
+    row_range(S, tid, nt, &i0, &i1);
+    if (i0 < i1) {
+      prepare_input(&E->shared_gate_up, t, B, w.xg);
+      gated_rows(m, &E->shared_gate_up, &E->shared_down, w.xg, B, w.sgu, w.sdown_in, i0, i1, skip);
+    }
+  }
+  prepare_input(&E->gate_up, t, B, w.xe);
+  wait();
+  // --- routing, the same on every thread (a few hundred flops), then the selected experts' gate/up rows
+  const float* lg = w.logits;
+  for (int b = 0; b < B; b++) {
+    float row[1024];  // the router logits rounded as eager's F.linear output (experts <= 1024, checked in Python)
+    for (int e = 0; e < ne; e++) row[e] = rnd(lg[(size_t)b * ne + e], bf);
+    moe_route(row, ne, k, E->norm_topk_prob, E->weights_fp32, bf, w.probs, w.ids + b * k, w.weight + b * k);
+  }
+  const int nu = moe_group(&w, ne, P);
+  {
+    int i0, i1;
+    row_range(I, tid, nt, &i0, &i1);
+    if (i0 < i1) {
+      for (int u = 0; u < nu; u++) {
+        const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
+        const Mat gu = expert_mat(&E->gate_up, e, E->gate_up_stride, E->gate_up_scale_stride);
+        const void* x;
+        if (np == 1) {
+          x = (const char*)w.xe + (size_t)(w.slot_pair[s0] / k) * h * xesz;
+        } else {  // this expert's tokens, gathered
+          for (int q = 0; q < np; q++)
+            memcpy((char*)w.xg + (size_t)q * h * xesz, (const char*)w.xe + (size_t)(w.slot_pair[s0 + q] / k) * h * xesz,
+                   h * xesz);
+          x = w.xg;
+        }
+        gated_rows(m, &gu, &E->down, x, np, w.gu + (size_t)s0 * 2 * I,
+                   (char*)w.down_in + (size_t)s0 * I * input_elem_bytes(&E->down), i0, i1, skip);
+      }
+    }
+  }
+  wait();
+  // --- this thread's output rows of every selected expert's down projection, then the weighted sum
+  int n0, n1;
+  row_range(h, tid, nt, &n0, &n1);
+  if (n0 < n1) {
+    const size_t desz = input_elem_bytes(&E->down);
+    for (int u = 0; u < nu; u++) {
+      const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
+      const Mat dn = expert_mat(&E->down, e, E->down_stride, E->down_scale_stride);
+      float* y = w.dout + (size_t)s0 * h;
+      gemv_rows(&dn, (const char*)w.down_in + (size_t)s0 * I * desz, np, y, h, n0, n1, skip);
+      finish_linear_rows(&dn, y, np, h, bf, n0, n1);
+    }
+    if (S > 0) {
+      gemv_rows(&E->shared_down, w.sdown_in, B, w.sout, h, n0, n1, skip);
+      finish_linear_rows(&E->shared_down, w.sout, B, h, bf, n0, n1);
+    }
+    for (int b = 0; b < B; b++) {
+      float* ob = out + (size_t)b * h;
+      const float sg = S > 0 ? rnd(1.0f / (1.0f + expf(-w.sgate[b])), bf) : 0.f;
+      for (int n = n0; n < n1; n++) {
+        float acc = 0.f;
+        for (int j = 0; j < k; j++) {
+          const float v = w.dout[(size_t)w.pair_slot[b * k + j] * h + n] * w.weight[b * k + j];
+          acc += E->weights_fp32 ? v : rnd(v, bf);
+        }
+        float r = rnd(acc, bf);
+        if (S > 0) r = rnd(r + rnd(sg * w.sout[(size_t)b * h + n], bf), bf);
+        ob[n] = r;
+      }
+    }
+  }
+  wait();
+}
+
+// moe_route for `tokens` rows of router logits [tokens, experts] (tests compare it with solo.model.moe.route):
+// ids int32 [tokens, k], weights float32 [tokens, k]; experts <= 1024.
+extern "C" void solo_moe_route(const float* logits, int tokens, int ne, int k, int norm, int fp32_weights, int bf,
+                               int* ids, float* weights) {
+  float probs[1024];
+  for (int b = 0; b < tokens; b++)
+    moe_route(logits + (size_t)b * ne, ne, k, norm, fp32_weights, bf, probs, ids + (size_t)b * k,
+              weights + (size_t)b * k);
+}
+
+// The MoeLayer struct layout this library was compiled with (cpu_moe.py compares it with its ctypes
+// mirror): sizeof and every field's offset, in declaration order. Returns the count.
+#define SOLO_MOE_OFF(f) (int64_t) offsetof(MoeLayer, f)
+extern "C" int solo_moe_struct_layout(int64_t* out, int capacity) {
+  const int64_t v[] = {
+      (int64_t)sizeof(MoeLayer), SOLO_MOE_OFF(router), SOLO_MOE_OFF(gate_up), SOLO_MOE_OFF(down),
+      SOLO_MOE_OFF(gate_up_stride), SOLO_MOE_OFF(gate_up_scale_stride), SOLO_MOE_OFF(down_stride),
+      SOLO_MOE_OFF(down_scale_stride), SOLO_MOE_OFF(shared_gate_up), SOLO_MOE_OFF(shared_down),
+      SOLO_MOE_OFF(shared_gate), SOLO_MOE_OFF(experts), SOLO_MOE_OFF(top_k), SOLO_MOE_OFF(inter),
+      SOLO_MOE_OFF(shared_inter), SOLO_MOE_OFF(norm_topk_prob), SOLO_MOE_OFF(weights_fp32),
+  };
+  const int n = (int)(sizeof v / sizeof v[0]);
+  for (int i = 0; i < n && i < capacity; i++) out[i] = v[i];
+  return n;
+}
