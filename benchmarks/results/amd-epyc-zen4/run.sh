@@ -29,4 +29,8 @@ run $solo bench --shape Qwen2.5-0.5B --prompt-len 512 --gen-len 16 --compare lla
 # Beside one busy-loop process (one of the two cores taken by other work).
 run $solo bench --shape Qwen2.5-0.5B --gen-len 64 --cpu-hog 1 --compare llama.cpp \
   --json Qwen2.5-0.5B-bf16-cpu-hog.json | tee Qwen2.5-0.5B-bf16-cpu-hog.txt
-# Not run in this set yet: the 1B shape's TTFT at 512 and int8, int4 against Q4_0.
+run $solo bench --shape Llama-3.2-1B --quantize int8 --gen-len 128 --compare llama.cpp \
+  --json Llama-3.2-1B-int8.json | tee Llama-3.2-1B-int8.txt
+run $solo bench --shape Llama-3.2-1B --prompt-len 512 --gen-len 16 --compare llama.cpp \
+  --json Llama-3.2-1B-ttft512.json | tee Llama-3.2-1B-ttft512.txt
+# Not run in this set yet: int4 against Q4_0.
