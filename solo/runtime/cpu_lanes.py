@@ -340,6 +340,6 @@ class CpuLaneRuntime:
         """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""
         return export_cache_kv(self.cache, row, length)
 
-    def import_kv(self, row: int, snapshot: KVSnapshot, length: int) -> None:
-        """Write a snapshot's first `length` positions into `row` (see `KVSnapshotRuntime`)."""
-        import_cache_kv(self.cache, row, snapshot, length)
+    def import_kv(self, row: int, snapshot: KVSnapshot, length: int, start: int = 0) -> None:
+        """Write a snapshot's positions start .. length - 1 into `row` (see `KVSnapshotRuntime`)."""
+        import_cache_kv(self.cache, row, snapshot, length, start)

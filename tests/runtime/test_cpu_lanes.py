@@ -177,6 +177,10 @@ def test_verify_and_kv_snapshots():
     step = [runtime.decode(torch.tensor([row]), torch.tensor([tokens[3]]), torch.tensor([len(PROMPT) + 3]))[0]
             for row in (0, 1)]
     assert torch.equal(step[0], step[1]) and torch.equal(step[0], logits[4])
+    # The prefix cache imports only the positions a row lacks (start=): row 1 already holds the prompt.
+    runtime.import_kv(1, snap, len(PROMPT) + 3, start=len(PROMPT))
+    again = runtime.decode(torch.tensor([1]), torch.tensor([tokens[3]]), torch.tensor([len(PROMPT) + 3]))[0]
+    assert torch.equal(again, logits[4])
 
 
 def test_create_runtime_picks_the_native_runtime_for_lane_models(tmp_path):
