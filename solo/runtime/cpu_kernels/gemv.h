@@ -440,16 +440,14 @@ static inline void row_range(int N, int tid, int nt, int* n0, int* n1) {
   *n1 = b < N ? b : N;
 }
 
-// y[b, :] = W x[b, :] for every b < B, this thread's rows only (the caller adds a barrier).
-static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid, int nt, int skip = 0) {
-  int n0, n1;
-  row_range(W->rows, tid, nt, &n0, &n1);
+// y[b, n] = W x[b, :] for rows n in [n0, n1) and every b < B, sequence b's input starting b * ldx elements
+// (of W's input dtype) into x (skip: write zeros instead, measurement only).
+static void gemv_rows(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0, int n1, int skip) {
   if (n0 >= n1) return;
   if (skip) {
     for (int b = 0; b < B; b++) memset(y + (size_t)b * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
     return;
   }
-  const int ldx = W->cols;
 #if SOLO_AVX512 || SOLO_GVEC
   const size_t esz = input_elem_bytes(W);
   // More sequences than one tile: walk the rows in blocks of 32 and run every tile over a block while it
@@ -470,4 +468,11 @@ static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid,
 #else
   gemv_scalar(W, x, ldx, B, y, ldy, n0, n1);
 #endif
+}
+
+// y[b, :] = W x[b, :] for every b < B, this thread's rows only (the caller adds a barrier).
+static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid, int nt, int skip = 0) {
+  int n0, n1;
+  row_range(W->rows, tid, nt, &n0, &n1);
+  gemv_rows(W, x, W->cols, B, y, ldy, n0, n1, skip);
 }

@@ -59,24 +59,7 @@ static void lane_gemv(const Mat* W, int per_lane, const void* x, int lane_stride
   for (int s0 = n0; s0 < n1;) {
     const int lane = s0 / per_lane;
     const int s1 = (lane + 1) * per_lane < n1 ? (lane + 1) * per_lane : n1;
-    const char* xl = (const char*)x + (size_t)lane * lane_stride * esz;
-#if SOLO_AVX512 || SOLO_GVEC
-    constexpr int T = SOLO_TILE;
-    const int block = B > T ? 32 : s1 - s0;
-    for (int r0 = s0; r0 < s1; r0 += block) {
-      const int r1 = r0 + block < s1 ? r0 + block : s1;
-      int b = 0;
-      for (; b + T <= B; b += T)
-        gemv_tile<T>(W, xl + (size_t)b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-      const int left = B - b;  // fewer than T
-      const char* xb = xl + (size_t)b * ldx * esz;
-      if (left == 1) gemv_tile<1>(W, xb, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-      if (left == 2) gemv_tile<2>(W, xb, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-      if (left == 3) gemv_tile<3>(W, xb, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    }
-#else
-    gemv_scalar(W, xl, ldx, B, y, ldy, s0, s1);
-#endif
+    gemv_rows(W, (const char*)x + (size_t)lane * lane_stride * esz, ldx, B, y, ldy, s0, s1, 0);
     s0 = s1;
   }
   if (round) finish_linear_rows(W, y, B, ldy, bf, n0, n1);  // W->bias is NULL: rounding only

@@ -143,34 +143,6 @@ static MoeWs moe_ws(const Model* m, int B, int tid, void* base) {
 
 // ------------------------------------------------------------------------------------------ pieces
 
-// gemv() on an explicit row range [n0, n1) instead of this thread's share (same tiling, same arithmetic).
-static void gemv_rows(const Mat* W, const void* x, int B, float* y, int ldy, int n0, int n1, int skip) {
-  if (n0 >= n1) return;
-  if (skip) {
-    for (int b = 0; b < B; b++) memset(y + (size_t)b * ldy + n0, 0, (size_t)(n1 - n0) * sizeof(float));
-    return;
-  }
-  const int ldx = W->cols;
-#if SOLO_AVX512 || SOLO_GVEC
-  const size_t esz = input_elem_bytes(W);
-  constexpr int T = SOLO_TILE;
-  const int block = B > T ? 32 : n1 - n0;
-  for (int r0 = n0; r0 < n1; r0 += block) {
-    const int r1 = r0 + block < n1 ? r0 + block : n1;
-    int b = 0;
-    for (; b + T <= B; b += T)
-      gemv_tile<T>(W, (const char*)x + b * ldx * esz, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    const int left = B - b;
-    const char* xl = (const char*)x + b * ldx * esz;
-    if (left == 1) gemv_tile<1>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    if (left == 2) gemv_tile<2>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    if (left == 3) gemv_tile<3>(W, xl, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-  }
-#else
-  gemv_scalar(W, x, ldx, B, y, ldy, n0, n1);
-#endif
-}
-
 // Expert e's matrix: expert 0's with its weight and scale pointers moved by e strides.
 static inline Mat expert_mat(const Mat* first, int e, int64_t stride, int64_t scale_stride) {
   Mat w = *first;
@@ -255,8 +227,8 @@ static int moe_group(const MoeWs* w, int ne, int P) {
 static void gated_rows(const Model* m, const Mat* gate_up, const Mat* down, const void* x, int np, float* gu,
                        void* down_in, int i0, int i1, int skip) {
   const int f = gate_up->rows / 2, bf = m->dtype == DT_BF16;
-  gemv_rows(gate_up, x, np, gu, 2 * f, i0, i1, skip);
-  gemv_rows(gate_up, x, np, gu, 2 * f, f + i0, f + i1, skip);
+  gemv_rows(gate_up, x, gate_up->cols, np, gu, 2 * f, i0, i1, skip);
+  gemv_rows(gate_up, x, gate_up->cols, np, gu, 2 * f, f + i0, f + i1, skip);
   finish_linear_rows(gate_up, gu, np, 2 * f, bf, i0, i1);
   finish_linear_rows(gate_up, gu, np, 2 * f, bf, f + i0, f + i1);
   for (int q = 0; q < np; q++) {
@@ -333,11 +305,11 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
       const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
       const Mat dn = expert_mat(&E->down, e, E->down_stride, E->down_scale_stride);
       float* y = w.dout + (size_t)s0 * h;
-      gemv_rows(&dn, (const char*)w.down_in + (size_t)s0 * I * desz, np, y, h, n0, n1, skip);
+      gemv_rows(&dn, (const char*)w.down_in + (size_t)s0 * I * desz, dn.cols, np, y, h, n0, n1, skip);
       finish_linear_rows(&dn, y, np, h, bf, n0, n1);
     }
     if (S > 0) {
-      gemv_rows(&E->shared_down, w.sdown_in, B, w.sout, h, n0, n1, skip);
+      gemv_rows(&E->shared_down, w.sdown_in, E->shared_down.cols, B, w.sout, h, n0, n1, skip);
       finish_linear_rows(&E->shared_down, w.sout, B, h, bf, n0, n1);
     }
     for (int b = 0; b < B; b++) {
