@@ -81,7 +81,7 @@ class SpeculativeConfig:
     mode: str = "ngram"
     min_match: int = 2
     max_match: int = 4
-    max_draft: int = 8
+    max_draft: int = 16
     start_draft: int = 4
 
     @classmethod
@@ -217,7 +217,15 @@ class DraftProposer:
         k = min(self.k, budget)
         if cfg.mode == "suffix":
             k = min(k, max(2, best_len))  # a longer match earns a longer draft (SuffixDecoding)
-        return best_src.tokens[best_pos:best_pos + k]
+        draft = best_src.tokens[best_pos:best_pos + k]
+        if best_src is index:
+            # A match in the sequence's own recent text can run off its end: the text since the match is a
+            # period that the prediction repeats (token len + i follows the one at best_pos + i, itself a
+            # draft token once past the end). Without this a loop with period p drafts only p tokens.
+            period = len(index) - best_pos
+            while len(draft) < k:
+                draft.append(draft[len(draft) - period])
+        return draft
 
     def record(self, drafted: int, accepted: int) -> None:
         """Adapt k to a verify step's outcome: `accepted` of `drafted` draft tokens were kept."""
