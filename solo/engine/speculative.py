@@ -264,8 +264,13 @@ def speculative_step(runtime: DecodeRuntime, row: int, request: Request, propose
     logits = runtime.verify(row, torch.tensor([last_token, *draft], dtype=torch.long), request.next_position - 1)
     events: list[GenerationEvent] = []
     accepted = 0
+    params = request.sampler.params
+    # Plain greedy (no penalties, logprobs or constraint): `choose` is the argmax of each row, so one argmax
+    # over all rows gives the same tokens (the first maximum, as torch.argmax of one row) for less overhead.
+    argmax = (logits.argmax(dim=-1).tolist() if params.greedy and not params.needs_penalties
+              and request.logprobs is None and request.constraint is None else None)
     for i in range(len(draft) + 1):
-        token, info = request.choose(logits[i])
+        token, info = (argmax[i], None) if argmax is not None else request.choose(logits[i])
         events.append(request.append(token, info))
         if request.finished or i == len(draft) or token != draft[i]:
             break

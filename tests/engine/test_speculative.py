@@ -179,6 +179,17 @@ def test_proposals_come_from_the_longest_recent_match_and_adapt():
     assert proposer.propose(10) == []  # paused after drafts rejected outright
 
 
+def test_a_loop_in_the_sequence_itself_drafts_past_its_end():
+    class _R:
+        prompt_ids = [5, 6, 7, 8, 7, 8, 7, 8]
+        output_ids: list[int] = []
+
+    config = SpeculativeConfig(min_match=2, max_match=4, max_draft=16, start_draft=4)
+    # "7 8" last occurred 2 tokens back: the text since then (7 8) is a period the draft repeats.
+    assert DraftProposer(config, _R()).propose(10) == [7, 8, 7, 8]  # type: ignore[arg-type]
+    assert DraftProposer(config, _R()).propose(3) == [7, 8, 7]  # type: ignore[arg-type]
+
+
 def test_suffix_mode_drafts_from_earlier_requests():
     history = SessionHistory()
     history.add([10, 11, 12, 13, 14, 15, 16, 17])
