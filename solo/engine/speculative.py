@@ -13,6 +13,12 @@ Modes:
 - "suffix": the same over the current request and the session's earlier requests (`SessionHistory`),
   with longer matches (up to 64 tokens) counted; the draft is longer the longer the match.
 
+A match in the sequence's own text may run off its end (the text is in a loop whose period is shorter
+than the draft: a list, a repeated line, a small model's degenerate run of "#" lines): the draft then
+repeats the text since the match, as the continuation of a loop would, instead of stopping after one
+period (it stopped at 2 tokens per step on the bundled model's edit-loop trace, whose answers are mostly
+such loops).
+
 Drafts adapt: k grows while whole drafts are accepted and shrinks to what was accepted otherwise; after
 drafts that were rejected outright, proposing pauses for a growing number of steps, so text that does
 not repeat costs a dictionary lookup per token.
