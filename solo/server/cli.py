@@ -42,6 +42,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "request (each request's arithmetic identical to running alone); fused: always "
                              "batched (on a runtime that is not batch-invariant, last-bit differences)")
     add_feature_arguments(parser)
+    for action in parser._actions:  # the server sizes its store from memory unless told (ServerSettings)
+        if action.dest == "prefix_cache_gb":
+            action.default = None
+            action.help = ("reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots kept "
+                           "besides the live cache rows, preallocated at start-up (default: auto = as large as "
+                           "the KV cache, at most 1 GB)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 
@@ -79,7 +85,9 @@ def main(args: argparse.Namespace) -> int:
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
         max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
         prefill_chunk=DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk,
-        shutdown_grace_s=args.shutdown_grace, prefix_cache_gb=prefix_cache_gb_from_args(args),
+        shutdown_grace_s=args.shutdown_grace,
+        prefix_cache_gb="auto" if args.prefix_cache_gb is None and not args.no_prefix_cache
+        else prefix_cache_gb_from_args(args),
         speculative=args.speculative, tp=args.tp,
     )
     return serve(settings, args.host, args.port)

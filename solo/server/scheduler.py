@@ -494,8 +494,10 @@ class Scheduler:
                     aborted_waiting, self._waiting = list(self._waiting), deque()
                     cancelled |= {s.generation for s in self._running}
                 admitted = []
+                now = time.perf_counter()
                 while self._waiting and self._free_rows:
                     seq = self._waiting.popleft()
+                    seq.request.stats.queue_s = now - seq.request.start_time
                     if self.prefix_cache is not None:  # the free row holding the longest shared prefix
                         seq.row = self.prefix_cache.pick_row(self._free_rows, seq.request.prompt_ids)
                         self._free_rows.remove(seq.row)
@@ -578,6 +580,8 @@ class Scheduler:
         request = seq.request
         start = seq.prefill_at
         ids = torch.tensor(request.prompt_ids[start:start + n], dtype=torch.long)
+        if request.stats.prefill_start_s is None:
+            request.stats.prefill_start_s = time.perf_counter() - request.start_time
         self.prefill_calls += 1
         logits = self.runtime.prefill(seq.row, ids, start)
         seq.prefill_at = start + n

@@ -91,7 +91,25 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "errors": dict(errors),
         "retry_after_s": _pcts([o.retry_after_s for o in outs if o.retry_after_s is not None]),
         "rss": rss_drift(phase.rss_samples, warmup_s),
+        "send_lag_s": _pcts([o.send_lag_s for o in outs if o.send_lag_s is not None]),
+        "rss_mib": [[round(t, 1), round(v / 2**20, 1)] for t, v in phase.rss_samples[::5]],
+        "requests": _requests(outs),
     }
+
+
+def _requests(outs: list[Outcome]) -> list[dict[str, Any]]:
+    # Every request of the phase, compactly (times in ms from the phase's first scheduled arrival), for
+    # looking at where the tail comes from.
+    if not outs:
+        return []
+    t0 = min(o.offered_at for o in outs)
+
+    def ms(v: float | None) -> int | None:
+        return None if v is None else round(v * 1000)
+
+    return [{"cls": o.cls, "at": ms(o.offered_at - t0), "status": o.status, "error": o.error,
+             "cancelled": o.cancelled, "refusals": o.refusals, "lag": ms(o.send_lag_s), "ttft": ms(o.ttft_s),
+             "e2e": ms(o.e2e_s), "tokens": o.completion_tokens} for o in outs]
 
 
 def _ms(v: float | None) -> str:
