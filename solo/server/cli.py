@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of queueing)")
     parser.add_argument("--max-queue", type=int, default=64, metavar="M",
                         help="requests that may wait for a slot; more get 503 + Retry-After (default: 64)")
+    parser.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
+                        help="also refuse (503 + Retry-After) a request whose predicted wait for a slot, at the rate "
+                             "slots have been freeing, exceeds SECONDS: bounds admitted requests' TTFT under "
+                             "load (default: off, only --max-queue bounds the queue)")
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="tokens per slot, prompt plus completion (default: the model's context length); "
                              "lower it to save KV-cache memory")
@@ -83,7 +87,8 @@ def main(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
         quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
-        max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
+        max_queue=args.max_queue, max_queue_wait_s=args.max_queue_wait, max_model_len=args.max_model_len,
+        decode_batching=args.decode_batching,
         prefill_chunk=DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk,
         shutdown_grace_s=args.shutdown_grace,
         prefix_cache_gb="auto" if args.prefix_cache_gb is None and not args.no_prefix_cache

@@ -56,6 +56,8 @@ class ServerSettings:
         max_model_len: tokens per slot (prompt + completion); None for the model's context length.
         decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
         prefill_chunk: prompt tokens prefilled per scheduler iteration (chunked prefill); 0: whole prompts.
+        max_queue_wait_s: refuse (503) a request whose predicted wait for a slot exceeds this; None: no bound
+            but max_queue (see solo.server.scheduler, "Overload").
         shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
         prefix_cache_gb: bound of the prefix cache's snapshot store in GB; "auto" (the default): as large as
             the KV cache, at most `DEFAULT_PREFIX_CACHE_GB`, within the memory left after it; None turns
@@ -77,6 +79,7 @@ class ServerSettings:
     max_model_len: int | None = None
     decode_batching: DecodeBatching = "auto"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    max_queue_wait_s: float | None = None
     shutdown_grace_s: float = 30.0
     prefix_cache_gb: float | str | None = "auto"
     speculative: str = "auto"
@@ -94,6 +97,8 @@ class ServerSettings:
             raise SoloError(f"--prefill-chunk must be >= 0 (0: prefill whole prompts), got {self.prefill_chunk}")
         if self.max_queue < 0:
             raise SoloError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_queue_wait_s is not None and not self.max_queue_wait_s >= 0:
+            raise SoloError(f"--max-queue-wait must be >= 0 seconds, got {self.max_queue_wait_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise SoloError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if self.shutdown_grace_s < 0:
@@ -187,7 +192,8 @@ class ServerState:
         limit = self.max_model_len
         self.metrics.slots.set(self.settings.max_batch)
         client = AsyncEngine(engine, self.settings.max_batch, self.settings.max_queue, limit,
-                             self.settings.decode_batching, self.metrics, prefill_chunk=self.settings.prefill_chunk)
+                             self.settings.decode_batching, self.metrics, prefill_chunk=self.settings.prefill_chunk,
+                             max_queue_wait_s=self.settings.max_queue_wait_s)
         cache = engine.prefix_cache
         if cache is not None:  # after the KV cache: the store takes what is left of the memory budget
             cache.allocate_store(self._prefix_store_bytes(engine, client.scheduler.kv_capacity_bytes))
