@@ -19,9 +19,9 @@ evicted: the store's memory grows with traffic up to its bound (fine for `solo r
 fills). A server calls `allocate_store()` once at start-up instead: the whole bound becomes one token
 pool ([tokens, layers, kv_heads, head_dim] for keys and values, written once so its pages are resident),
 and a snapshot takes free token slots of it. Then the store's memory is decided at start-up like the
-static KV cache: resident memory does not grow as the store fills, and evictions and saves of every size
-reuse the same slots instead of going through the allocator (no fragmentation of the heap by long-lived
-buffers of varying sizes: the cause of a 10-minute soak's +71% RSS).
+static KV cache: resident memory does not grow as the store fills (a 10-minute soak's +71% RSS was the
+lazy store filling towards its bound), and evictions and saves of every size reuse the same slots instead
+of going through the allocator (no heap holes left by long-lived buffers of varying sizes).
 
 The last prompt token is always recomputed (its logits choose the first new token), so at most
 len(prompt) - 1 tokens are reused. What a row holds after a request: the prompt and every generated
