@@ -286,3 +286,16 @@ def test_kv_memory_arithmetic_and_container_limit(tmp_path):
     assert kv_memory._cgroup_room(str(tmp_path)) == 600_000
     (tmp_path / "memory.max").write_text("max\n")
     assert kv_memory._cgroup_room(str(tmp_path)) is None
+
+
+def test_malloc_arenas_are_capped_unless_the_user_chose():
+    import sys
+
+    from solo.server.runner import limit_malloc_arenas
+
+    assert limit_malloc_arenas({"MALLOC_ARENA_MAX": "4"}) is None  # the user's setting stands
+    cap = limit_malloc_arenas({})
+    if sys.platform.startswith("linux") and cap is not None:  # glibc (musl has no arenas to cap)
+        import os
+
+        assert cap == max(2, os.cpu_count() or 2)
