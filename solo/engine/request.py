@@ -50,6 +50,10 @@ class GenerationStats:
         verify_steps: speculative draft-and-verify steps run.
         draft_tokens: draft tokens proposed in them.
         accepted_tokens: draft tokens the model accepted.
+        queue_s: server only: seconds from the start until the request got a KV-cache row (None elsewhere).
+        prefill_start_s: server only: seconds from the start until its first prefill chunk began (after the
+            queue, the scheduler step in progress and the prefills ahead of it); TTFT - this = its own
+            prefill (and the choice of its first token).
     """
 
     prompt_tokens: int
@@ -61,6 +65,8 @@ class GenerationStats:
     verify_steps: int = 0
     draft_tokens: int = 0
     accepted_tokens: int = 0
+    queue_s: float | None = None
+    prefill_start_s: float | None = None
 
     @property
     def acceptance_length(self) -> float | None:

@@ -29,7 +29,7 @@ class AsyncEngine:
 
     Args:
         engine: the loaded engine; the scheduler becomes the only user of its runtime.
-        max_batch, max_queue, max_seq, decode_batching, metrics, prefill_chunk: see
+        max_batch, max_queue, max_seq, decode_batching, metrics, prefill_chunk, max_queue_wait_s: see
             `solo.server.scheduler.Scheduler`.
 
     Attributes:
@@ -42,11 +42,12 @@ class AsyncEngine:
 
     def __init__(self, engine: Engine, max_batch: int, max_queue: int, max_seq: int,
                  decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_queue_wait_s: float | None = None) -> None:
         self.engine = engine
         self.scheduler = Scheduler(engine.runtime, max_batch, max_queue, max_seq, decode_batching, metrics,
                                    prefix_cache=engine.prefix_cache, speculative=engine.speculative_config,
-                                   session_history=engine.session_history, prefill_chunk=prefill_chunk)
+                                   session_history=engine.session_history, prefill_chunk=prefill_chunk,
+                                   max_queue_wait_s=max_queue_wait_s)
 
     # ------------------------------------------------------------------------------------ lifecycle
 

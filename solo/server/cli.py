@@ -29,6 +29,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of queueing)")
     parser.add_argument("--max-queue", type=int, default=64, metavar="M",
                         help="requests that may wait for a slot; more get 503 + Retry-After (default: 64)")
+    parser.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
+                        help="also refuse (503 + Retry-After) a request whose predicted wait for a slot, at the rate "
+                             "slots have been freeing, exceeds SECONDS: bounds admitted requests' TTFT under "
+                             "load (default: off, only --max-queue bounds the queue)")
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
                         help="tokens per slot, prompt plus completion (default: the model's context length); "
                              "lower it to save KV-cache memory")
@@ -42,6 +46,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "request (each request's arithmetic identical to running alone); fused: always "
                              "batched (on a runtime that is not batch-invariant, last-bit differences)")
     add_feature_arguments(parser)
+    for action in parser._actions:  # the server sizes its store from memory unless told (ServerSettings)
+        if action.dest == "prefix_cache_gb":
+            action.default = None
+            action.help = ("reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots kept "
+                           "besides the live cache rows, preallocated at start-up (default: auto = as large as "
+                           "the KV cache, at most 1 GB)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 
@@ -77,9 +87,12 @@ def main(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
         quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
-        max_queue=args.max_queue, max_model_len=args.max_model_len, decode_batching=args.decode_batching,
+        max_queue=args.max_queue, max_queue_wait_s=args.max_queue_wait, max_model_len=args.max_model_len,
+        decode_batching=args.decode_batching,
         prefill_chunk=DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk,
-        shutdown_grace_s=args.shutdown_grace, prefix_cache_gb=prefix_cache_gb_from_args(args),
+        shutdown_grace_s=args.shutdown_grace,
+        prefix_cache_gb="auto" if args.prefix_cache_gb is None and not args.no_prefix_cache
+        else prefix_cache_gb_from_args(args),
         speculative=args.speculative, tp=args.tp,
     )
     return serve(settings, args.host, args.port)

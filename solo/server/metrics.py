@@ -12,12 +12,20 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, Counter, Gauge, Histogram, generate_latest
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    ProcessCollector,
+    generate_latest,
+)
 
 from solo.engine.request import GenerationStats
 
-_TTFT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 10.0, 20.0,
-                   40.0, 80.0)
+_TTFT_BUCKETS_S = (0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.125, 0.15, 0.2, 0.25, 0.3, 0.4, 0.5, 0.75, 1.0, 1.5,
+                   2.0, 2.5, 3.0, 4.0, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0)  # fine where a TTFT target lies
 _ITL_BUCKETS_S = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.015, 0.02, 0.03, 0.04, 0.06, 0.08, 0.1, 0.15, 0.2, 0.3,
                   0.5, 1.0, 2.5)
 _E2E_BUCKETS_S = (0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 20.0, 40.0, 60.0, 120.0, 300.0, 600.0)
@@ -36,6 +44,10 @@ class ServerMetrics:
         registry: this server's own registry.
         requests: counter of HTTP requests by route and status code.
         ttft: histogram of time to first token, seconds.
+        queue_time: histogram of the time from arrival until a request got a KV-cache slot, seconds.
+        prefill_wait: histogram of the time from arrival until a request's first prefill chunk began,
+            seconds (queue_time plus the wait for the scheduler step in progress and the prefills ahead).
+            TTFT minus this is the request's own prefill.
         itl: histogram of inter-token latency, seconds (one sample per token after the first).
         e2e: histogram of end-to-end request latency, seconds.
         tokens_per_s: histogram of each request's decode speed after its first token, tokens/s.
@@ -49,6 +61,10 @@ class ServerMetrics:
         request_kv: histogram of the KV-cache bytes each request held when it finished.
         prefix_cache_queries, prefix_cache_hits, prefix_cache_tokens: counters of finished requests, of those
             that reused cached prompt tokens, and of the tokens reused.
+        prefix_cache_stored, prefix_cache_capacity: gauges of the bytes the prefix cache's snapshot store
+            holds now and of its bound (read at each scrape).
+        The registry also holds prometheus_client's process collector (`process_resident_memory_bytes`,
+        `process_open_fds`, ...: what a soak watches for drift).
         spec_verify_steps, spec_draft_tokens, spec_accepted_tokens: counters of speculative verify steps and
             of the draft tokens proposed and accepted in them.
         spec_acceptance_length: histogram of each request's mean tokens per verify step.
@@ -61,6 +77,11 @@ class ServerMetrics:
                                 ["route", "status"], registry=r)
         self.ttft = Histogram("solo_time_to_first_token_seconds", "Time from arrival to the first token",
                               buckets=_TTFT_BUCKETS_S, registry=r)
+        self.queue_time = Histogram("solo_request_queue_time_seconds", "Time from arrival to a KV-cache slot",
+                                    buckets=_TTFT_BUCKETS_S, registry=r)
+        self.prefill_wait = Histogram("solo_request_prefill_wait_seconds",
+                                      "Time from arrival to the start of the request's first prefill chunk",
+                                      buckets=_TTFT_BUCKETS_S, registry=r)
         self.itl = Histogram("solo_inter_token_latency_seconds", "Time between consecutive tokens of a request",
                              buckets=_ITL_BUCKETS_S, registry=r)
         self.e2e = Histogram("solo_e2e_request_latency_seconds", "Time from arrival to the last token",
@@ -91,6 +112,11 @@ class ServerMetrics:
         self.prefix_cache_tokens = Counter("solo_prefix_cache_cached_tokens",
                                            "Prompt tokens whose KV came from the prefix cache (not prefilled)",
                                            registry=r)
+        self.prefix_cache_stored = Gauge("solo_prefix_cache_stored_bytes",
+                                         "Bytes held by the prefix cache's snapshot store", registry=r)
+        self.prefix_cache_capacity = Gauge("solo_prefix_cache_capacity_bytes",
+                                           "Bound of the prefix cache's snapshot store, bytes", registry=r)
+        ProcessCollector(registry=r)  # process_resident_memory_bytes & co. (Linux /proc; nothing elsewhere)
         self.spec_verify_steps = Counter("solo_spec_decode_verify_steps", "Speculative draft-and-verify steps",
                                          registry=r)
         self.spec_draft_tokens = Counter("solo_spec_decode_draft_tokens", "Speculative draft tokens proposed",
@@ -119,6 +145,16 @@ class ServerMetrics:
         self.kv_used.set_function(lambda: float(used_bytes()))
         self.kv_usage.set_function(lambda: used_bytes() / capacity_bytes if capacity_bytes else 0.0)
 
+    def watch_prefix_cache(self, stored_bytes: Callable[[], int], capacity_bytes: int) -> None:
+        """Report the prefix cache's snapshot store: `stored_bytes()` is called at each scrape.
+
+        Args:
+            stored_bytes: bytes the store holds now.
+            capacity_bytes: its bound.
+        """
+        self.prefix_cache_capacity.set(capacity_bytes)
+        self.prefix_cache_stored.set_function(lambda: float(stored_bytes()))
+
     def observe_finished(self, stats: GenerationStats, finish_reason: str) -> None:
         """Record one finished (or aborted) generation.
 
@@ -131,6 +167,10 @@ class ServerMetrics:
         self.generation_tokens.inc(stats.completion_tokens)
         if stats.ttft_s is not None:
             self.ttft.observe(stats.ttft_s)
+        if stats.queue_s is not None:
+            self.queue_time.observe(stats.queue_s)
+        if stats.prefill_start_s is not None:
+            self.prefill_wait.observe(stats.prefill_start_s)
         for gap in stats.token_times_s[1:]:
             self.itl.observe(gap)
         self.e2e.observe(stats.total_s)

@@ -55,13 +55,19 @@ the load. A step that makes one call per request (speculative verify calls, "iso
 between two of them when a new request is waiting for a free row: its prefill (and first token) goes
 first, and the requests not served yet go first in the next step.
 
-Overload. The queue is bounded (`max_queue`); a request that does not fit is refused at once with
-`QueueFullError`, which carries an estimate of when a place frees: the remaining token budget of the
-running request closest to its end times the measured decode-step time (an upper bound when that request
-stops early at EOS, a lower bound when other clients take the place first). Admitted requests keep their
-rows: nothing is preempted. Waiting requests leave the queue by `priority` (lower first, vLLM's
-convention; FIFO among equals), so interactive traffic sent with a lower value overtakes batch jobs
-waiting beside it; running requests are never interrupted for it.
+Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
+a request that would wait longer than that for a row, at the rate rows have been freeing lately (the last
+`RELEASE_WINDOW` releases), is refused at once instead of queued, so the TTFT of admitted requests stays
+near the budget while the excess gets 503s (a dynamic queue bound: budget x release rate; requests of a
+more urgent priority count only those of the same or more urgent priority ahead of them). Near the
+slot-limited capacity, requests queue for a row whenever Poisson arrivals clump (Erlang C), and that
+wait, not compute, is what makes up TTFT's tail (benchmarks/results/load-ttft-*.md). A request that does
+not fit is refused at once with `QueueFullError`, which carries an estimate of when a place frees: the
+remaining token budget of the running request closest to its end times the measured decode-step time (an
+upper bound when that request stops early at EOS, a lower bound when other clients take the place
+first). Admitted requests keep their rows: nothing is preempted. Waiting requests leave the queue by
+`priority` (lower first, vLLM's convention; FIFO among equals), so interactive traffic sent with a lower
+value overtakes batch jobs waiting beside it; running requests are never interrupted for it.
 
 KV memory. Every row is allocated once (`runtime.reserve`); a request holds (prompt + generated) tokens
 of its row. `kv_used_bytes()` sums them, and the metrics report it with the capacity.
@@ -104,6 +110,9 @@ one chunk at a time (about a decode step's order of magnitude) rather than for a
 DecodeBatching = Literal["auto", "isolated", "fused"]
 """How a decode step runs over the active rows (see the module docstring): one batch-1 call per row
 ("isolated"), one batched call ("fused"), or fused only on a batch-invariant runtime ("auto")."""
+
+RELEASE_WINDOW = 64
+"""Recent row releases whose rate `max_queue_wait_s` admission control predicts the queue wait from."""
 
 ABORT = "abort"
 """finish_reason of a request ended by the server (shutdown) or by its client going away."""
@@ -280,19 +289,23 @@ class Scheduler:
         session_history: earlier requests for "suffix" drafts, or None.
         prefill_chunk: prompt tokens prefilled per iteration (see the module docstring); 0 prefills every
             prompt whole at admission.
+        max_queue_wait_s: refuse a request whose predicted wait for a row exceeds this many seconds (see
+            the module docstring, "Overload"); None: only `max_queue` bounds the queue.
 
     Raises:
-        ValueError: max_batch < 1, max_queue < 0, max_seq < 2 or prefill_chunk < 0.
+        ValueError: max_batch < 1, max_queue < 0, max_seq < 2, prefill_chunk < 0 or max_queue_wait_s < 0.
     """
 
     def __init__(self, runtime: DecodeRuntime, max_batch: int, max_queue: int, max_seq: int,
                  decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None,
                  prefix_cache: PrefixCache | None = None, speculative: SpeculativeConfig | None = None,
                  session_history: SessionHistory | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK) -> None:
-        if max_batch < 1 or max_queue < 0 or max_seq < 2 or prefill_chunk < 0:
-            raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2, prefill_chunk >= 0; got "
-                             f"{max_batch}, {max_queue}, {max_seq}, {prefill_chunk}")
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_queue_wait_s: float | None = None) -> None:
+        if max_batch < 1 or max_queue < 0 or max_seq < 2 or prefill_chunk < 0 or \
+                (max_queue_wait_s is not None and not max_queue_wait_s >= 0):
+            raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2, prefill_chunk >= 0, "
+                             f"max_queue_wait_s >= 0; got {max_batch}, {max_queue}, {max_seq}, {prefill_chunk}, "
+                             f"{max_queue_wait_s}")
         if decode_batching not in ("auto", "isolated", "fused"):
             raise ValueError(f"decode_batching must be 'auto', 'isolated' or 'fused', got {decode_batching!r}")
         self.runtime = runtime
@@ -305,6 +318,9 @@ class Scheduler:
         self.session_history = session_history
         self.prefill_chunk = prefill_chunk
         """Prompt tokens prefilled per iteration (0: whole prompts)."""
+        self.max_queue_wait_s = max_queue_wait_s
+        """Longest predicted wait for a row a request is queued for (None: no bound but max_queue)."""
+        self._releases: deque[float] = deque(maxlen=RELEASE_WINDOW)  # perf_counter() of recent row releases
         if prefix_cache is not None:
             prefix_cache.reserve(max_batch, max_seq)
         else:
@@ -382,6 +398,7 @@ class Scheduler:
                     f"queue limit {self.max_queue}); a place is expected to free in about {wait_s} s, retry then",
                     retry_after_s=wait_s,
                 )
+            self._check_queue_wait(len(requests), priority)
             for i, r in enumerate(requests):
                 self._enqueue(_Sequence(r, i, generation, priority))
             self._publish_load()
@@ -394,6 +411,35 @@ class Scheduler:
         while i > 0 and self._waiting[i - 1].priority > seq.priority:
             i -= 1
         self._waiting.insert(i, seq)
+
+    def release_rate(self) -> float | None:
+        """Rows freed per second over the last `RELEASE_WINDOW` releases (None before 8 releases)."""
+        with self._cond:
+            return self._release_rate()
+
+    def _release_rate(self) -> float | None:
+        # Call with the lock held.
+        times = self._releases
+        if len(times) < 8 or times[-1] <= times[0]:
+            return None
+        return (len(times) - 1) / (times[-1] - times[0])
+
+    def _check_queue_wait(self, rows: int, priority: int) -> None:
+        # Admission control by time (call with the lock held): the rows that must free before the last of
+        # these `rows` gets one, at the recent release rate, against max_queue_wait_s.
+        if self.max_queue_wait_s is None:
+            return
+        ahead = sum(1 for s in self._waiting if s.priority <= priority) + rows - len(self._free_rows)
+        rate = self._release_rate()
+        if ahead <= 0 or rate is None:
+            return
+        wait_s = ahead / rate
+        if wait_s > self.max_queue_wait_s:
+            retry_s = max(1, min(3600, math.ceil(wait_s - self.max_queue_wait_s)))
+            raise QueueFullError(
+                f"the server is at capacity: a slot is expected to free for this request in about {wait_s:.1f} s "
+                f"({len(self._running)} running, {len(self._waiting)} waiting), more than the queue-wait limit "
+                f"of {self.max_queue_wait_s:g} s; retry in about {retry_s} s", retry_after_s=retry_s)
 
     def _estimate_wait_s(self, rows: int) -> int:
         # Whole seconds until `rows` running requests have used their token budget (call with the lock held).
@@ -494,8 +540,10 @@ class Scheduler:
                     aborted_waiting, self._waiting = list(self._waiting), deque()
                     cancelled |= {s.generation for s in self._running}
                 admitted = []
+                now = time.perf_counter()
                 while self._waiting and self._free_rows:
                     seq = self._waiting.popleft()
+                    seq.request.stats.queue_s = now - seq.request.start_time
                     if self.prefix_cache is not None:  # the free row holding the longest shared prefix
                         seq.row = self.prefix_cache.pick_row(self._free_rows, seq.request.prompt_ids)
                         self._free_rows.remove(seq.row)
@@ -578,6 +626,8 @@ class Scheduler:
         request = seq.request
         start = seq.prefill_at
         ids = torch.tensor(request.prompt_ids[start:start + n], dtype=torch.long)
+        if request.stats.prefill_start_s is None:
+            request.stats.prefill_start_s = time.perf_counter() - request.start_time
         self.prefill_calls += 1
         logits = self.runtime.prefill(seq.row, ids, start)
         seq.prefill_at = start + n
@@ -667,6 +717,8 @@ class Scheduler:
                 return
             self._running = [s for s in self._running if not s.request.finished]
             self._free_rows.extend(s.row for s in done)
+            now = time.perf_counter()
+            self._releases.extend(now for _ in done)
             self._publish_load()
         for seq in done:
             request = seq.request

@@ -56,8 +56,12 @@ class ServerSettings:
         max_model_len: tokens per slot (prompt + completion); None for the model's context length.
         decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
         prefill_chunk: prompt tokens prefilled per scheduler iteration (chunked prefill); 0: whole prompts.
+        max_queue_wait_s: refuse (503) a request whose predicted wait for a slot exceeds this; None: no bound
+            but max_queue (see solo.server.scheduler, "Overload").
         shutdown_grace_s: on SIGTERM, seconds in-flight requests may run before they are ended.
-        prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
+        prefix_cache_gb: bound of the prefix cache's snapshot store in GB; "auto" (the default): as large as
+            the KV cache, at most `DEFAULT_PREFIX_CACHE_GB`, within the memory left after it; None turns
+            prefix caching off. The store is preallocated at start-up (`PrefixCache.allocate_store`).
         speculative: "auto", "off", "ngram" or "suffix" (see solo.engine.speculative).
         tp: tensor-parallel ranks (`solo.distributed`; rank 0 serves, the others follow).
     """
@@ -75,8 +79,9 @@ class ServerSettings:
     max_model_len: int | None = None
     decode_batching: DecodeBatching = "auto"
     prefill_chunk: int = DEFAULT_PREFILL_CHUNK
+    max_queue_wait_s: float | None = None
     shutdown_grace_s: float = 30.0
-    prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB
+    prefix_cache_gb: float | str | None = "auto"
     speculative: str = "auto"
     tp: int = 1
 
@@ -92,12 +97,17 @@ class ServerSettings:
             raise SoloError(f"--prefill-chunk must be >= 0 (0: prefill whole prompts), got {self.prefill_chunk}")
         if self.max_queue < 0:
             raise SoloError(f"--max-queue must be >= 0, got {self.max_queue}")
+        if self.max_queue_wait_s is not None and not self.max_queue_wait_s >= 0:
+            raise SoloError(f"--max-queue-wait must be >= 0 seconds, got {self.max_queue_wait_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise SoloError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if self.shutdown_grace_s < 0:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
         if self.api_key is not None and not self.api_key:
             raise SoloError("--api-key is empty; give a key or leave the flag out")
+        gb = self.prefix_cache_gb
+        if gb is not None and gb != "auto" and (isinstance(gb, str) or not gb >= 0):
+            raise SoloError(f"--prefix-cache-gb must be >= 0 (or left out: auto), got {gb!r}")
 
 
 class ServerState:
@@ -129,9 +139,9 @@ class ServerState:
 
     def _default_loader(self) -> Engine:
         s = self.settings
+        gb = DEFAULT_PREFIX_CACHE_GB if s.prefix_cache_gb == "auto" else s.prefix_cache_gb  # sized in _start
         return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
-                           quantize=s.quantize, prefix_cache_gb=s.prefix_cache_gb, speculative=s.speculative,
-                           tp=s.tp)
+                           quantize=s.quantize, prefix_cache_gb=gb, speculative=s.speculative, tp=s.tp)
 
     @property
     def status(self) -> str:
@@ -182,9 +192,31 @@ class ServerState:
         limit = self.max_model_len
         self.metrics.slots.set(self.settings.max_batch)
         client = AsyncEngine(engine, self.settings.max_batch, self.settings.max_queue, limit,
-                             self.settings.decode_batching, self.metrics, prefill_chunk=self.settings.prefill_chunk)
+                             self.settings.decode_batching, self.metrics, prefill_chunk=self.settings.prefill_chunk,
+                             max_queue_wait_s=self.settings.max_queue_wait_s)
+        cache = engine.prefix_cache
+        if cache is not None:  # after the KV cache: the store takes what is left of the memory budget
+            cache.allocate_store(self._prefix_store_bytes(engine, client.scheduler.kv_capacity_bytes))
+            self.metrics.watch_prefix_cache(lambda: cache.stats.stored_bytes, cache.capacity_bytes)
         client.start()  # warms the runtime up first: one-time costs stay off the first user's TTFT
         return client
+
+    def _prefix_store_bytes(self, engine: Engine, kv_bytes: int) -> int:
+        # The prefix cache's store is preallocated like the KV cache, so its size is decided here, from the
+        # memory free now (the KV cache already allocated): "auto" takes as much as the KV cache (at most the
+        # engine's default bound) within KV_MEMORY_FRACTION of it; an explicit size that cannot fit is refused.
+        wanted = self.settings.prefix_cache_gb
+        free = kv_memory.available_memory_bytes(engine.device)
+        budget = None if free is None else int(free * kv_memory.KV_MEMORY_FRACTION)
+        if wanted == "auto":
+            size = min(int(DEFAULT_PREFIX_CACHE_GB * 1e9), kv_bytes)
+            return size if budget is None else max(0, min(size, budget))
+        size = int(float(wanted) * 1e9)
+        if budget is not None and size > budget:
+            raise SoloError(f"the prefix cache of --prefix-cache-gb {float(wanted):g} needs {kv_memory.gib(size)} but "
+                            f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free)} free after the KV cache "
+                            f"is {kv_memory.gib(budget)}; lower --prefix-cache-gb (or leave it out: auto)")
+        return size
 
     def _fit_kv_cache(self, engine: Engine, limit: int) -> int:
         # Checked before the static cache is allocated, so a cache too big for this machine is refused with

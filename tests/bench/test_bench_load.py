@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from solo.bench.load.report import percentile, rss_drift
-from solo.bench.load.runner import check_loopback
+from solo.bench.load.runner import check_loopback, histogram_quantiles
 from solo.bench.load.workload import WORKLOADS_DIR, load_workload, parse_rate, parse_workload, plan_phase
 from solo.cli import main
 from solo.errors import SoloError
@@ -108,6 +108,11 @@ def test_report_numbers():
     assert percentile([1, 2, 3, 4], 0.5) == 2.5 and percentile([], 0.5) is None
     drift = rss_drift([(0.0, 100 << 20), (40.0, 200 << 20), (50.0, 202 << 20)], warmup_s=30)
     assert drift["after_warmup_mib"] == 200 and drift["drift_pct"] == 1.0
+    # Server histograms: quantiles of the counts between two scrapes, as bucket upper bounds.
+    before = {"queue": [(0.1, 5.0), (1.0, 5.0), (float("inf"), 5.0)]}
+    after = {"queue": [(0.1, 95.0), (1.0, 104.0), (float("inf"), 105.0)]}
+    q = histogram_quantiles(before, after)["queue"]
+    assert q == {"p50": 0.1, "p90": 0.1, "p99": 1.0, "count": 100.0}
 
 
 @pytest.fixture(scope="module")
@@ -135,6 +140,9 @@ def test_load_run_against_a_running_server(server, tmp_path, capsys):
     assert phase["errors"] == {}
     assert result["meta"]["server_slots"] == 4  # read from the running server's /metrics
     assert phase["ttft_s"]["p50"] is not None and phase["goodput_rps"] > 0
+    # Where TTFT goes: the server's own histograms over the phase, and every request's record.
+    assert phase["server_latency_s"]["queue"]["count"] >= phase["completed"]
+    assert len(phase["requests"]) == phase["sent"] and "Where TTFT goes" in md.read_text()
     check = result["output_check"]
     assert check["checked"] > 0 and check["wrong"] == 0
     assert "| 6 req/s |" in md.read_text() and plot.stat().st_size > 0

@@ -110,3 +110,82 @@ def test_a_row_that_loses_only_a_few_tokens_is_not_copied_to_the_store(tiny_llam
     assert cache.stored_sequences == 1
     # ... and comes back from it.
     assert run(first[:-2] + [90, 91, 92, 93]) == len(first) + 1
+
+
+def _pooled(tiny_llama, rows: int = 1, max_seq: int = 64, tokens: int = 40):
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager", prefix_cache_gb=None, speculative="off")
+    runtime = engine.runtime
+    runtime.reserve(rows, max_seq)
+    per_token = 2 * engine.config.num_layers * engine.config.num_kv_heads * engine.config.head_dim * 4
+    cache = PrefixCache(runtime, capacity_bytes=per_token * tokens)
+    assert cache.allocate_store() == per_token * tokens and cache.preallocated
+    return runtime, cache
+
+
+def test_a_preallocated_store_never_allocates_again_and_keeps_its_bound(tiny_llama):
+    # The server's store (allocate_store): one pool for the whole bound, so resident memory cannot grow as
+    # snapshots of every size are saved and evicted (a 10-minute soak grew +71% before).
+    runtime, cache = _pooled(tiny_llama, tokens=40)
+    pool = cache._pool
+    pointers = (pool.k.data_ptr(), pool.v.data_ptr())
+    rng = torch.Generator().manual_seed(0)
+    exported = {}
+    for i in range(60):
+        n = int(torch.randint(3, 30, (1,), generator=rng))
+        ids = [100 + i] + torch.randint(4, 200, (n,), generator=rng).tolist()
+        cached = cache.load(0, ids)
+        runtime.prefill(0, torch.tensor(ids[cached:]), cached)
+        cache.finish(0, ids)
+        exported[tuple(ids)] = runtime.export_kv(0, len(ids))
+        assert cache.stats.stored_bytes <= cache.capacity_bytes
+        used = sum(e.slots.numel() for e in cache._store.values())
+        assert used + len(pool.free) == pool.tokens  # every slot is either held by one entry or free
+        assert used * pool.token_bytes == cache.stats.stored_bytes
+    assert (pool.k.data_ptr(), pool.v.data_ptr()) == pointers and cache.stats.evictions > 10
+    # Every stored sequence comes back bit for bit (from its own slots, after many reuses of the pool).
+    for entry in list(cache._store.values()):
+        ids = entry.ids
+        runtime.prefill(0, torch.tensor([7, 8, 9]))  # overwrite the row's start
+        cache.forget(0)
+        assert cache.load(0, ids + [3]) == len(ids)
+        got, want = runtime.export_kv(0, len(ids)), exported[tuple(ids)]
+        assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+
+
+def test_the_entry_being_read_is_not_evicted_to_make_room_for_the_row_it_replaces(tiny_llama):
+    # Room for one 20-token sequence: loading stored sequence A into a row that holds B saves B first; B
+    # must not take A's slots before A is copied in.
+    runtime, cache = _pooled(tiny_llama, tokens=24)
+    a = list(range(10, 30))
+    b = list(range(50, 70))
+    for ids in (a, b):  # a is stored when b overwrites the row
+        cached = cache.load(0, ids)
+        runtime.prefill(0, torch.tensor(ids[cached:]), cached)
+        cache.finish(0, ids)
+        if ids is a:
+            want = runtime.export_kv(0, len(a))
+    assert cache.stored_sequences == 1
+    assert cache.load(0, a + [5]) == len(a)
+    got = runtime.export_kv(0, len(a))
+    assert torch.equal(got.k, want.k) and torch.equal(got.v, want.v)
+
+
+def test_pooled_and_unpooled_stores_reuse_the_same_tokens(tiny_llama):
+    runtime_a, pooled = _pooled(tiny_llama, tokens=50)
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager", prefix_cache_gb=None, speculative="off")
+    runtime_b = engine.runtime
+    runtime_b.reserve(1, 64)
+    plain = PrefixCache(runtime_b, capacity_bytes=pooled.capacity_bytes)
+    rng = torch.Generator().manual_seed(1)
+    bases = [torch.randint(4, 200, (12,), generator=rng).tolist() for _ in range(3)]
+    for i in range(30):
+        ids = bases[i % 3] + torch.randint(4, 200, (int(torch.randint(2, 20, (1,), generator=rng)),),
+                                           generator=rng).tolist()
+        got = []
+        for runtime, cache in ((runtime_a, pooled), (runtime_b, plain)):
+            cached = cache.load(0, ids)
+            runtime.prefill(0, torch.tensor(ids[cached:]), cached)
+            cache.finish(0, ids)
+            got.append(cached)
+        assert got[0] == got[1]
+    assert pooled.stats.stored_bytes == plain.stats.stored_bytes

@@ -124,10 +124,47 @@ def test_kv_cache_bytes_in_metrics(server):
             assert 0 < metrics(http)["solo_kv_cache_usage_ratio"] < 1
             list(lines)
         after = metrics(http)
+        for _ in range(200):  # the scheduler frees the row right after the last event went out
+            if after["solo_kv_cache_used_bytes"] == 0:
+                break
+            time.sleep(0.01)
+            after = metrics(http)
         assert after["solo_kv_cache_used_bytes"] == 0
         assert after["solo_request_kv_cache_bytes_count"] == before.get("solo_request_kv_cache_bytes_count", 0) + 1
         assert after["solo_request_kv_cache_bytes_sum"] - before.get("solo_request_kv_cache_bytes_sum", 0) == \
             (3 + 200) * per_token
+
+
+def test_prefix_store_is_preallocated_as_large_as_the_kv_cache(server):
+    # The server decides the prefix cache's memory at start-up, like the KV cache (auto: as large as it,
+    # at most 1 GB): the store is one pool, so serving requests never grows it.
+    cache = server.state.engine.prefix_cache
+    assert cache is not None and cache.preallocated
+    pool = cache._pool
+    with server.http() as http:
+        m = metrics(http)
+        kv = m["solo_kv_cache_capacity_bytes"]
+        assert m["solo_prefix_cache_capacity_bytes"] == cache.capacity_bytes == pool.tokens * pool.token_bytes
+        assert kv - pool.token_bytes < cache.capacity_bytes <= kv
+        assert m["process_resident_memory_bytes"] > kv + cache.capacity_bytes
+        pointer = pool.k.data_ptr()
+        for i in range(6):  # unrelated prompts overwrite rows: the overwritten ones go to the store
+            prompt = [5 + i] * 40
+            r = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 3})
+            assert r.status_code == 200
+        assert metrics(http)["solo_prefix_cache_stored_bytes"] == cache.stats.stored_bytes > 0
+    assert cache._pool is pool and pool.k.data_ptr() == pointer
+
+
+def test_prefix_cache_size_that_cannot_fit_is_refused_at_start(tiny_model, monkeypatch):
+    monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: 10**9)
+    running = start_server(tiny_model, max_batch=2, max_queue=4, prefix_cache_gb=5.0)
+    try:
+        assert running.state.status == "failed"
+        assert "--prefix-cache-gb 5" in str(running.state.error) and "lower --prefix-cache-gb" in \
+            str(running.state.error)
+    finally:
+        running.stop()
 
 
 def _per_token(model) -> int:
@@ -249,3 +286,16 @@ def test_kv_memory_arithmetic_and_container_limit(tmp_path):
     assert kv_memory._cgroup_room(str(tmp_path)) == 600_000
     (tmp_path / "memory.max").write_text("max\n")
     assert kv_memory._cgroup_room(str(tmp_path)) is None
+
+
+def test_malloc_arenas_are_capped_unless_the_user_chose():
+    import sys
+
+    from solo.server.runner import limit_malloc_arenas
+
+    assert limit_malloc_arenas({"MALLOC_ARENA_MAX": "4"}) is None  # the user's setting stands
+    cap = limit_malloc_arenas({})
+    if sys.platform.startswith("linux") and cap is not None:  # glibc (musl has no arenas to cap)
+        import os
+
+        assert cap == max(2, os.cpu_count() or 2)

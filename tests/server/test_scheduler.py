@@ -205,3 +205,47 @@ def test_the_probe_tries_several_row_mixes(engine):
             return logits + 1e-6 if spread >= 20 else logits
 
     assert Scheduler(MixSensitive(engine.runtime), max_batch=4, max_queue=0, max_seq=64).decode_batching == "isolated"
+
+
+def test_queue_wait_limit_refuses_what_would_wait_too_long_for_a_row(engine):
+    # --max-queue-wait: the wait for a row is predicted from the rate rows have been freeing; a request
+    # predicted to wait longer than the limit gets QueueFullError (503 + Retry-After) instead of a place.
+    scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=8, max_seq=256, max_queue_wait_s=1.5)
+    scheduler.start()
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        long = dict(max_tokens=200, temperature=0.0, ignore_eos=True)
+        first = scheduler.submit([make(engine, "a", **long)], loop)
+        await anext(first.events())  # holds the only row
+        # Without a measured release rate only max_queue bounds the queue.
+        assert scheduler.release_rate() is None
+        queued = [scheduler.submit([make(engine, "b", max_tokens=2)], loop) for _ in range(2)]
+        for g in queued:
+            g.cancel()
+        for _ in range(100):
+            if scheduler.waiting == 0:
+                break
+            await asyncio.sleep(0.01)
+        # Rows have been freeing once a second: one request waits about 1 s, a second one about 2 s.
+        with scheduler._cond:
+            scheduler._releases.clear()
+            scheduler._releases.extend(float(t) for t in range(16))
+        assert scheduler.release_rate() == pytest.approx(1.0)
+        ok = scheduler.submit([make(engine, "c", max_tokens=2)], loop, priority=5)
+        with pytest.raises(QueueFullError, match="queue-wait limit") as refused:
+            scheduler.submit([make(engine, "d", max_tokens=2)], loop, priority=5)
+        assert refused.value.retry_after_s == 1
+        # A more urgent request counts only the waiting requests of its priority or better ahead of it.
+        urgent = scheduler.submit([make(engine, "e", max_tokens=2)], loop, priority=-1)
+        with pytest.raises(QueueFullError):
+            scheduler.submit([make(engine, "f", max_tokens=2)], loop, priority=-1)
+        first.cancel()
+        await asyncio.gather(drain(ok), drain(urgent))
+
+    try:
+        asyncio.run(main())
+    finally:
+        scheduler.stop()
+    with pytest.raises(ValueError, match="max_queue_wait_s"):
+        Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=256, max_queue_wait_s=-1)

@@ -34,6 +34,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                        help="solo serve's --prefill-chunk (default: the server's own)")
     group.add_argument("--max-queue", type=int, default=None, metavar="M", help="solo serve's --max-queue")
+    group.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
+                       help="solo serve's --max-queue-wait (refuse requests predicted to wait longer for a slot)")
+    group.add_argument("--serve-speculative", default=None, metavar="MODE",
+                       help="solo serve's --speculative (default: the server's own, auto)")
     group.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS", help="solo serve's --max-model-len")
     group.add_argument("--capacity-s", type=float, default=20.0, metavar="SECONDS",
                        help="length of the closed-loop capacity run, when a rate is given as <k>x (default: 20)")
@@ -49,6 +53,7 @@ def _command(args: argparse.Namespace) -> str:
     # Rebuilt from the flags (not sys.argv), so the report never quotes local paths of a caller's shell.
     parts = ["solo", "bench"] + ([Path(args.model).name] if args.model else []) + ["--load", Path(args.load).name]
     for flag in ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
+                 "max_queue_wait", "serve_speculative",
                  "max_model_len", "capacity_s", "verify", "dtype", "backend", "quantize"):
         value = getattr(args, flag, None)
         if value is not None and value != {"capacity_s": 20.0, "verify": 64, "dtype": "auto",
@@ -119,6 +124,10 @@ def main(args: argparse.Namespace) -> int:
         serve_args += ["--prefill-chunk", str(args.prefill_chunk)]
     if args.max_queue is not None:
         serve_args += ["--max-queue", str(args.max_queue)]
+    if getattr(args, "max_queue_wait", None) is not None:
+        serve_args += ["--max-queue-wait", f"{args.max_queue_wait:g}"]
+    if getattr(args, "serve_speculative", None) is not None:
+        serve_args += ["--speculative", args.serve_speculative]
     if args.max_model_len is not None:
         serve_args += ["--max-model-len", str(args.max_model_len)]
     if args.quantize:

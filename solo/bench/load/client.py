@@ -35,6 +35,8 @@ class Outcome:
         retry_after_s: Retry-After of a 503.
         key: the reference key of a greedy request, else None.
         refusals: 503s this request got and retried after their Retry-After.
+        send_lag_s: how late the (last) attempt was handed to the HTTP client after its scheduled time
+            (the load generator's own delay: on a small machine it shares the CPUs with the server).
     """
 
     cls: str
@@ -51,6 +53,7 @@ class Outcome:
     retry_after_s: float | None = None
     key: tuple | None = None
     refusals: int = 0
+    send_lag_s: float | None = None
 
     @property
     def completed(self) -> bool:
@@ -93,6 +96,8 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], o
         timeout_s: the whole request's deadline.
     """
     path = "/v1/chat/completions" if endpoint == "chat" else "/v1/completions"
+    if not outcome.refusals:
+        outcome.send_lag_s = time.perf_counter() - outcome.offered_at
     try:
         async with asyncio.timeout(timeout_s):
             if body.get("stream"):

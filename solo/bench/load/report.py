@@ -91,7 +91,26 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "errors": dict(errors),
         "retry_after_s": _pcts([o.retry_after_s for o in outs if o.retry_after_s is not None]),
         "rss": rss_drift(phase.rss_samples, warmup_s),
+        "server_latency_s": phase.server_latency,
+        "send_lag_s": _pcts([o.send_lag_s for o in outs if o.send_lag_s is not None]),
+        "rss_mib": [[round(t, 1), round(v / 2**20, 1)] for t, v in phase.rss_samples[::5]],
+        "requests": _requests(outs),
     }
+
+
+def _requests(outs: list[Outcome]) -> list[dict[str, Any]]:
+    # Every request of the phase, compactly (times in ms from the phase's first scheduled arrival), for
+    # looking at where the tail comes from.
+    if not outs:
+        return []
+    t0 = min(o.offered_at for o in outs)
+
+    def ms(v: float | None) -> int | None:
+        return None if v is None else round(v * 1000)
+
+    return [{"cls": o.cls, "at": ms(o.offered_at - t0), "status": o.status, "error": o.error,
+             "cancelled": o.cancelled, "refusals": o.refusals, "lag": ms(o.send_lag_s), "ttft": ms(o.ttft_s),
+             "e2e": ms(o.e2e_s), "tokens": o.completion_tokens} for o in outs]
 
 
 def _ms(v: float | None) -> str:
@@ -147,6 +166,18 @@ def markdown(result: dict[str, Any]) -> str:
     if check:
         lines += ["", f"Greedy outputs checked against the same request alone: {check['checked']} compared "
                       f"({check['references']} references), {check['wrong']} wrong, {check['unchecked']} unchecked."]
+    server = [(p["label"], p.get("server_latency_s") or {}) for p in phases]
+    if any(lat.get("queue") for _, lat in server):
+        lines += ["", "Where TTFT goes, server side (from its histograms; bucket upper bounds, ms; arrival = the "
+                      "request handler's start): time to a KV-cache slot / to the start of the request's prefill / "
+                      "to its first token, p50/p90/p99:", ""]
+        for label, lat in server:
+            parts = [lat.get(k) or {} for k in ("queue", "prefill_wait", "ttft")]
+            lines.append(f"- {label}: " + " / ".join("/".join(_ms(q.get(f"p{n}")) for n in (50, 90, 99))
+                                                      for q in parts))
+        lag = [(p["label"], p.get("send_lag_s") or {}) for p in phases]
+        lines += ["", "Load generator's own lateness (scheduled arrival to send, ms, p50/p90/p99): " + "; ".join(
+            f"{label}: " + "/".join(_ms(q.get(f"p{n}")) for n in (50, 90, 99)) for label, q in lag)]
     rss = [(p["label"], p["rss"]) for p in phases if p["rss"]]
     if rss:
         lines += ["", "Server RSS (MiB) after warm-up / end / max: " + "; ".join(

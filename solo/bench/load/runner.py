@@ -73,6 +73,42 @@ def server_slots(base_url: str) -> int | None:
     return None
 
 
+SERVER_HISTOGRAMS = {"queue": "solo_request_queue_time_seconds", "prefill_wait": "solo_request_prefill_wait_seconds",
+                     "ttft": "solo_time_to_first_token_seconds"}
+"""The server's per-request latency histograms a phase reports (where TTFT goes, server side)."""
+
+
+def server_histograms(base_url: str) -> dict[str, list[tuple[float, float]]]:
+    """The cumulative buckets [(upper bound s, count)] of `SERVER_HISTOGRAMS` from /metrics ({} when absent)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+    except httpx.HTTPError:
+        return {}
+    wanted = {v: k for k, v in SERVER_HISTOGRAMS.items()}
+    out: dict[str, list[tuple[float, float]]] = {}
+    for family in text_string_to_metric_families(text):
+        key = wanted.get(family.name)
+        if key is None:
+            continue
+        out[key] = [(float(s.labels["le"]), s.value) for s in family.samples if s.name.endswith("_bucket")]
+    return out
+
+
+def histogram_quantiles(before: dict, after: dict) -> dict[str, dict[str, float | None]]:
+    """p50/p90/p99 (seconds, the bucket's upper bound) of each histogram's counts between two scrapes."""
+    out: dict[str, dict[str, float | None]] = {}
+    for key, buckets in after.items():
+        prior = dict(before.get(key, []))
+        counts = [(le, n - prior.get(le, 0.0)) for le, n in buckets]
+        total = counts[-1][1] if counts else 0.0
+        out[key] = {f"p{int(q * 100)}": next((le for le, n in counts if n >= q * total), None) if total else None
+                    for q in (0.5, 0.9, 0.99)}
+        out[key]["count"] = total
+    return out
+
+
 def free_port() -> int:
     """A free TCP port on 127.0.0.1."""
     with socket.socket() as sock:
@@ -257,6 +293,7 @@ class PhaseResult:
     wall_s: float
     rss_samples: list[tuple[float, int]] = field(default_factory=list)
     saturated: int = 0
+    server_latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
 
 
 async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: float, label: str, duration_s: float,
@@ -267,6 +304,7 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
         rss: a callable giving the server's RSS in bytes (sampled every second), or None.
     """
     plan = plan_phase(workload, rate, duration_s, max_requests, seed)
+    histograms_before = await asyncio.to_thread(server_histograms, base_url)
     limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
     outcomes: list[Outcome] = []
     samples: list[tuple[float, int]] = []
@@ -307,7 +345,9 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
         wall = time.perf_counter() - start
         stop_sampling.set()
         await sampler
-    return PhaseResult(rate, label, duration_s, outcomes, wall, samples, saturated)
+    histograms = await asyncio.to_thread(server_histograms, base_url)
+    return PhaseResult(rate, label, duration_s, outcomes, wall, samples, saturated,
+                       histogram_quantiles(histograms_before, histograms))
 
 
 async def _send_with_retries(client: httpx.AsyncClient, prompts: Prompts, req: PlannedRequest, outcome: Outcome,
