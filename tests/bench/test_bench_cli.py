@@ -267,15 +267,22 @@ def test_quantize_with_hf_peers_is_refused(tmp_path, capsys):
     assert "unquantized weights" in capsys.readouterr().err
 
 
+# Mixture-of-experts checkpoints as llama.cpp's families hold them: OLMoE's full-width k norm needs as many KV
+# heads as query heads, and llama.cpp's qwen3moe has no dense layers between the expert layers.
+_GGUF_OVERRIDES = {"olmoe": {"num_key_value_heads": 4}, "qwen3_moe": {"decoder_sparse_step": 1}}
+
+
 @pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("qwen2", torch.float32),
-                                        ("llama", torch.bfloat16)])
+                                        ("llama", torch.bfloat16), ("qwen3", torch.float32),
+                                        ("olmoe", torch.float32), ("olmoe", torch.bfloat16),
+                                        ("qwen3_moe", torch.float32), ("mixtral", torch.float32)])
 def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch, dtype):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
     pytest.importorskip("gguf", reason="gguf is not installed")
     from solo.bench.peers import PeerSpec
     from solo.bench.peers.llamacpp import LlamaCppPeer
 
-    folder = make_checkpoint(tmp_path / arch, arch)
+    folder = make_checkpoint(tmp_path / arch, arch, **_GGUF_OVERRIDES.get(arch, {}))
     model = load_weights(folder, ModelConfig.from_file(folder), dtype)
     prompt = [1, 17, 93, 5, 250, 31, 77, 8]
     spec = PeerSpec(model=model, raw_config={}, dtype=dtype, quantize=None, device=torch.device("cpu"),
@@ -298,6 +305,11 @@ def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch, dtyp
                                        torch.tensor([len(prompt) + i]))[0].argmax()))
     n = 12 if dtype == torch.float32 else 4
     assert ours[:n] == theirs[:n]
+    if model.config.is_moe:  # the bench's own check passes too (first token in Solo's top 5)
+        from solo.bench.runner import token_check
+
+        top5 = runtime.prefill(0, torch.tensor(prompt)).topk(5).indices.tolist()
+        assert token_check(ours, top5, theirs)["passed"]
 
 
 def test_llamacpp_runs_outside_the_bench_process(tmp_path):
@@ -330,6 +342,10 @@ def test_llamacpp_runs_outside_the_bench_process(tmp_path):
     ("mistral", {}, "a sliding window"),
     ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "linear RoPE scaling"),
     ("llama", {"mlp_bias": True}, "o_proj / MLP biases"),
+    ("olmoe", {}, "grouped-query attention with full-width q/k norms"),
+    ("olmoe", {"num_key_value_heads": 4, "norm_topk_prob": True}, "norm_topk_prob = True"),
+    ("qwen3_moe", {}, "dense MLP layers between the expert layers"),
+    ("qwen2_moe", {}, "no GGUF conversion for Qwen2MoeForCausalLM"),
 ])
 def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides, feature):
     pytest.importorskip("gguf", reason="gguf is not installed")
