@@ -245,8 +245,10 @@ def test_token_check_passes_near_ties_and_fails_a_wrong_first_token():
 
 
 def test_bf16_weights_get_both_16_bit_llamacpp_peers_and_the_best_is_reported():
+    import importlib.util
+
     from solo.bench.cli import best_peers
-    from solo.bench.peers import PeerSpec, peer_variants
+    from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
 
     def spec(dtype, quantize=None):
         return PeerSpec(model=None, raw_config={}, dtype=dtype, quantize=quantize, device=torch.device("cpu"),
@@ -255,6 +257,14 @@ def test_bf16_weights_get_both_16_bit_llamacpp_peers_and_the_best_is_reported():
     assert peer_variants("llama.cpp", spec(torch.bfloat16)) == ["llama.cpp-F16", "llama.cpp-BF16"]
     assert peer_variants("llama.cpp", spec(torch.float32)) == ["llama.cpp-F32"]
     assert peer_variants("llama.cpp", spec(torch.bfloat16, "int8")) == ["llama.cpp-Q8_0"]
+    # One GGUF type alone (a large model whose two 16-bit GGUFs would not fit in memory beside Solo's weights).
+    assert expand_names(["llama.cpp-BF16"]) == ["llama.cpp-BF16"]
+    assert peer_variants("llama.cpp-BF16", spec(torch.bfloat16)) == ["llama.cpp-BF16"]
+    with pytest.raises(ValueError, match="llama.cpp-<type>"):
+        expand_names(["llama.cpp-Q5_K"])
+    if importlib.util.find_spec("llama_cpp") is not None:
+        with pytest.raises(PeerSkipped, match="compare with llama.cpp-Q8_0"):
+            load_peer("llama.cpp-BF16", spec(torch.bfloat16, "int8"))
     assert peer_variants("hf-eager", spec(torch.bfloat16)) == ["hf-eager"]
     engines = {name: {"decode_tokens_per_s": {"median": speed}}
                for name, speed in (("solo", 30.0), ("llama.cpp-F16", 20.0), ("llama.cpp-BF16", 22.0))}

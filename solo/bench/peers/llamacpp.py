@@ -338,7 +338,12 @@ class LlamaCppPeer:
         if spec.device.type != "cpu":
             raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
         self._proc: subprocess.Popen[str] | None = None
-        type_name = type_name or gguf_type_names(spec.dtype, spec.quantize)[0]
+        matching = gguf_type_names(spec.dtype, spec.quantize)
+        type_name = type_name or matching[0]
+        if type_name not in matching:
+            raise PeerSkipped(f"GGUF {type_name} is not Solo's precision here ({str(spec.dtype).removeprefix('torch.')}"
+                              f"{', ' + spec.quantize if spec.quantize else ''}); compare with "
+                              f"{' or '.join('llama.cpp-' + t for t in matching)}")
         self.name = f"llama.cpp-{type_name}"
         self.type_name = type_name
         from solo.runtime.cpu_build import cache_dir
