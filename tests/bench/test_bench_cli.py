@@ -117,6 +117,26 @@ def test_bench_end_to_end(tmp_path, capsys):
     assert "energy" in text and ("J/token" in text or "not measurable here" in text)
 
 
+def test_peers_after_solo_times_llamacpp_once_solo_is_freed(tmp_path, capsys):
+    # A tiny OLMoE: the GGUF is written while Solo's weights are here, llama.cpp runs after they are freed, and
+    # its greedy tokens are still checked against Solo's.
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    folder = make_checkpoint(tmp_path / "olmoe", "olmoe", num_key_value_heads=4)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "2", "--probe-gib",
+                 "0.0625", "--compare", "llama.cpp", "--peers-after-solo", "--pause-ms", "20", "--energy-s", "0",
+                 "--json", str(out)]) == 0
+    assert "after Solo's weights were freed" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["peers_after_solo"] and report["parameters"]["active_per_token"] < report["parameters"]["total"]
+    peer = report["engines"]["llama.cpp-F32"]
+    assert len(peer["runs"]) == 2 and peer["token_check"]["passed"]
+    assert len(report["engines"]["solo"]["runs"]) == 2 and "outside_matmuls" in report["engines"]["solo"]
+    assert main(["bench", str(folder), "--compare", "hf-eager", "--peers-after-solo"]) == 2
+    assert "llama.cpp (or llama.cpp-<type>) only" in capsys.readouterr().err
+
+
 def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):
     # Contexts past one 512-position block take the split-KV attention; no prefill of them is run.
     folder = make_checkpoint(tmp_path / "llama", "llama", head_dim=64, hidden_size=128,

@@ -287,6 +287,41 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.close()
 
 
+def cached_gguf(spec: PeerSpec, type_name: str) -> Path:
+    """The GGUF file of `spec.model` at `type_name`, written once into the cache (keyed by spec.extra["cache_key"]).
+
+    `spec.model` may be None once the file is cached (`solo bench --peers-after-solo` frees Solo's weights
+    before llama.cpp loads them).
+
+    Raises:
+        PeerSkipped: not enough memory or disk for the conversion, no model to convert, or `write_gguf`'s
+            reasons.
+    """
+    from solo.runtime.cpu_build import cache_dir
+
+    folder = cache_dir().parent / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(f"{spec.extra.get('cache_key')}|{type_name}".encode()).hexdigest()[:16]
+    path = folder / f"{key}-{type_name}.gguf"
+    if path.is_file() and spec.extra.get("cache_key") is not None:
+        return path
+    if spec.model is None:
+        raise PeerSkipped(f"no GGUF {type_name} was written before Solo's weights were freed")
+    # The conversion holds one tensor at a time: its float32 copy and its GGUF encoding.
+    largest = max(p.numel() for p in spec.model.parameters())
+    if largest * 8 > _available_memory_bytes():
+        raise PeerSkipped(f"not enough free memory to convert a tensor of {largest / 1e9:.1f}B parameters to GGUF")
+    need = gguf_file_bytes(spec.model, type_name) + (64 << 20)
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise PeerSkipped(f"the GGUF file needs {need / 1e9:.1f} GB in {folder} but {free / 1e9:.1f} GB are free; "
+                          "free disk space or delete old files there")
+    tmp = path.with_suffix(".tmp")
+    write_gguf(spec.model, tmp, type_name)
+    os.replace(tmp, path)
+    return path
+
+
 def _available_memory_bytes() -> int:
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
@@ -346,27 +381,7 @@ class LlamaCppPeer:
                               f"{' or '.join('llama.cpp-' + t for t in matching)}")
         self.name = f"llama.cpp-{type_name}"
         self.type_name = type_name
-        from solo.runtime.cpu_build import cache_dir
-
-        folder = cache_dir().parent / "gguf"
-        folder.mkdir(parents=True, exist_ok=True)
-        key = hashlib.sha256(f"{spec.extra.get('cache_key')}|{type_name}".encode()).hexdigest()[:16]
-        path = folder / f"{key}-{type_name}.gguf"
-        if not path.is_file() or spec.extra.get("cache_key") is None:
-            # The conversion holds one tensor at a time: its float32 copy and its GGUF encoding.
-            largest = max(p.numel() for p in spec.model.parameters())
-            if largest * 8 > _available_memory_bytes():
-                raise PeerSkipped(f"not enough free memory to convert a tensor of {largest / 1e9:.1f}B parameters "
-                                  "to GGUF")
-            need = gguf_file_bytes(spec.model, type_name) + (64 << 20)
-            free = shutil.disk_usage(folder).free
-            if need > free:
-                raise PeerSkipped(f"the GGUF file needs {need / 1e9:.1f} GB in {folder} but {free / 1e9:.1f} GB "
-                                  "are free; free disk space or delete old files there")
-            tmp = path.with_suffix(".tmp")
-            write_gguf(spec.model, tmp, type_name)
-            os.replace(tmp, path)
-        self.path = path
+        self.path = cached_gguf(spec, type_name)
         self._log = tempfile.TemporaryFile()  # the worker's stderr, quoted when it dies
         # -P: the script's folder stays off sys.path, so nothing of the solo package is imported there.
         self._proc = subprocess.Popen(
@@ -375,7 +390,7 @@ class LlamaCppPeer:
         )
         n_batch = max(512, min(spec.max_seq, 2048))
         try:
-            info = self._request({"op": "load", "path": str(path), "n_ctx": spec.max_seq + 8, "n_batch": n_batch,
+            info = self._request({"op": "load", "path": str(self.path), "n_ctx": spec.max_seq + 8, "n_batch": n_batch,
                                   "threads": spec.threads})
         except PeerSkipped:
             self.close()
