@@ -379,6 +379,7 @@ def main(args: argparse.Namespace) -> int:
         spec.model = None
         del runtime, model, solo_model
         gc.collect()
+        memory["process_rss_after_freeing_solo_bytes"] = rss_bytes()[0]
         for name in deferred:
             print(f"preparing peer {name} ...", file=sys.stderr)
             peer = None

@@ -130,6 +130,7 @@ def test_peers_after_solo_times_llamacpp_once_solo_is_freed(tmp_path, capsys):
     assert "after Solo's weights were freed" in capsys.readouterr().out
     report = json.loads(out.read_text())
     assert report["peers_after_solo"] and report["parameters"]["active_per_token"] < report["parameters"]["total"]
+    assert report["memory"]["process_rss_after_freeing_solo_bytes"] > 0
     peer = report["engines"]["llama.cpp-F32"]
     assert len(peer["runs"]) == 2 and peer["token_check"]["passed"]
     assert len(report["engines"]["solo"]["runs"]) == 2 and "outside_matmuls" in report["engines"]["solo"]
