@@ -359,7 +359,7 @@ def main(args: argparse.Namespace) -> int:
                 peer.close()
     torch.set_num_threads(spec.threads)
 
-    print(f"timing {args.repeats} interleaved repeats ...", file=sys.stderr)
+    print(f"timing {args.repeats} {'repeats of solo' if deferred else 'interleaved repeats'} ...", file=sys.stderr)
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
     with cpu_hog(args.cpu_hog):
