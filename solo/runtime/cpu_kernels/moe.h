@@ -262,7 +262,7 @@ static inline int moe_dynamic_schedule() {
   return !(env && strcmp(env, "static") == 0);
 }
 
-// Next work item of phase `c`, or a value >= `items` when none is left.
+// The next work item of the phase whose counter this is (a value past the last item: none left).
 static inline int moe_claim(int* counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
 
 // The MoE MLP of one layer for B tokens. t: this thread's normed inputs [B, hidden] (float32 holding
