@@ -13,6 +13,7 @@ optional: a missing one prints "peer skipped: <reason>".
 from __future__ import annotations
 
 import argparse
+import gc
 import json
 import random
 import sys
@@ -43,6 +44,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--compare", default=None,
                         help="comma-separated peers: hf (= hf-eager,hf-compile), hf-eager, hf-compile, llama.cpp")
     # --quantize comes from add_model_arguments; with it, llama.cpp peers use Q8_0 / Q4_0.
+    parser.add_argument("--peers-after-solo", action="store_true",
+                        help="time Solo first, then free its weights and time each llama.cpp peer alone (not "
+                        "interleaved): for a model that fits in memory once but not beside a peer's copy, e.g. "
+                        "the full OLMoE-1B-7B in bf16 (13.8 GB) beside llama.cpp's GGUF on a 24 GiB machine")
     parser.add_argument("--sweep-context", action="store_true",
                         help="also measure decode speed at several context lengths")
     parser.add_argument("--contexts", default=None,
@@ -252,6 +257,10 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError(f"--compare {','.join(n for n in peer_names if n.startswith('hf'))} runs transformers on "
                         f"the unquantized weights, so it cannot be compared with --quantize {args.quantize}; drop "
                         "the hf peers (llama.cpp compares at the matching GGUF type) or --quantize")
+    if args.peers_after_solo and (not peer_names or any(not n.startswith("llama.cpp") for n in peer_names)
+                                  or args.sweep_context):
+        raise SoloError("--peers-after-solo times llama.cpp peers after Solo's weights are freed: give --compare "
+                        "llama.cpp (or llama.cpp-<type>) only, and no --sweep-context")
     if args.plot:
         from solo.bench.plot import require_matplotlib
 
@@ -309,6 +318,7 @@ def main(args: argparse.Namespace) -> int:
     spec = PeerSpec(model=model, raw_config=raw_config, dtype=dense_dtype, quantize=args.quantize, device=device,
                     threads=torch.get_num_threads(), max_seq=max_context, extra={"cache_key": cache_key})
     token_checks: dict[str, dict[str, Any]] = {}
+    deferred: list[str] = []  # peers timed after Solo's weights are freed (--peers-after-solo)
     check_prompt = prompt[:32]
     solo_check: tuple[list[int], Any] | None = None
     for name in [variant for peer_name in peer_names for variant in peer_variants(peer_name, spec)]:
@@ -319,6 +329,15 @@ def main(args: argparse.Namespace) -> int:
         print(f"preparing peer {name} ...", file=sys.stderr)
         peer = None
         try:
+            if args.peers_after_solo:  # write its GGUF now, while Solo's weights are here; run it later
+                from solo.bench.peers.llamacpp import cached_gguf
+
+                cached_gguf(spec, name.removeprefix("llama.cpp-"))
+                if solo_check is None:
+                    tokens, logits = greedy_tokens(runtime, check_prompt, TOKEN_CHECK_LEN)
+                    solo_check = (tokens, logits[0].topk(5).indices.tolist())
+                deferred.append(name)
+                continue
             peer = load_peer(name, spec)
             if hasattr(peer, "generate"):
                 if solo_check is None:
@@ -340,13 +359,52 @@ def main(args: argparse.Namespace) -> int:
                 peer.close()
     torch.set_num_threads(spec.threads)
 
-    print(f"timing {args.repeats} interleaved repeats ...", file=sys.stderr)
+    print(f"timing {args.repeats} {'repeats of solo' if deferred else 'interleaved repeats'} ...", file=sys.stderr)
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
     with cpu_hog(args.cpu_hog):
         results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
                                between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
                                pause_s=pause_s)
+    # Solo's own extra measurements (energy, time outside the weight streaming) while its runtime is here.
+    energy = _energy(device, solo, prompt, args, pause_s)
+    time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
+    outside = time_outside_matmuls(runtime, prompt, steps=max(8, args.gen_len // 2))
+    backend_name, kernel_isa = runtime.name, getattr(runtime, "isa", None)
+    if deferred:
+        _, rss_peak = rss_bytes()
+        memory["process_rss_peak_bytes_with_solo"] = rss_peak
+        print("freeing Solo's weights for the peers ...", file=sys.stderr)
+        solo.runtime = None
+        spec.model = None
+        del runtime, model, solo_model
+        gc.collect()
+        memory["process_rss_after_freeing_solo_bytes"] = rss_bytes()[0]
+        for name in deferred:
+            print(f"preparing peer {name} ...", file=sys.stderr)
+            peer = None
+            try:
+                peer = load_peer(name, spec)
+                assert solo_check is not None
+                token_checks[name] = check = token_check(solo_check[0], solo_check[1],
+                                                         peer.generate(check_prompt, TOKEN_CHECK_LEN))
+                if not check["passed"]:
+                    raise PeerSkipped(f"its greedy tokens are not Solo's on the same ids ({check['summary']}): the "
+                                      "conversion or the peer is wrong, so its speed is not counted")
+                peer.run(prompt[:16], 8)
+                print(f"timing {args.repeats} repeats of {name} ...", file=sys.stderr)
+                results.update(_interleaved([peer], prompt, args.gen_len, args.repeats, skipped,
+                                            between=lambda: probes.append(probe_bandwidth(device, probe_bytes,
+                                                                                          passes=3)),
+                                            pause_s=pause_s))
+                memory[f"{peer.name}_process_rss_peak_bytes"] = peer.peak_rss_bytes()
+                engines.append(peer)
+            except PeerSkipped as exc:
+                skipped[name] = str(exc)
+                print(f"peer skipped: {name}: {exc}", file=sys.stderr)
+            finally:
+                if peer is not None:
+                    peer.close()
     time.sleep(pause_s)
     probes.append(probe_bandwidth(device, probe_bytes, passes=3))
     probe = max(probes, key=lambda p: p.bandwidth_gbps)
@@ -357,15 +415,16 @@ def main(args: argparse.Namespace) -> int:
     _, rss_peak = rss_bytes()
     memory["process_rss_peak_bytes"] = rss_peak
     for engine in engines:
-        if hasattr(engine, "peak_rss_bytes"):  # peers in their own process (llama.cpp)
+        if hasattr(engine, "peak_rss_bytes") and not deferred:  # peers in their own process (llama.cpp)
             memory[f"{engine.name}_process_rss_peak_bytes"] = engine.peak_rss_bytes()
     report: dict[str, Any] = {
         "command": " ".join(["solo", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("solo") else
         " ".join(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
-        "quantize": args.quantize, "backend": runtime.name, "kernel_isa": getattr(runtime, "isa", None),
+        "quantize": args.quantize, "backend": backend_name, "kernel_isa": kernel_isa,
         "prompt_len": args.prompt_len, "cpu_hog_processes": args.cpu_hog,
+        "peers_after_solo": bool(deferred),
         "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s,
         "machine": machine_info(device), "versions": versions(),
         "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
@@ -395,9 +454,7 @@ def main(args: argparse.Namespace) -> int:
             report["format_notes"] = notes
     if quality is not None:
         report["quantization_quality"] = vars(quality)
-    report["energy"] = _energy(device, solo, prompt, args, pause_s)
-    time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
-    outside = time_outside_matmuls(runtime, prompt, steps=max(8, args.gen_len // 2))
+    report["energy"] = energy
     if outside is not None and "solo" in report["engines"]:
         outside_s, step_s = outside
         report["engines"]["solo"]["outside_matmuls"] = {
@@ -424,7 +481,8 @@ def main(args: argparse.Namespace) -> int:
         plot_sweep(report["sweep"], title, args.plot)
         print(f"wrote {args.plot}", file=sys.stderr)
     for engine in engines[1:]:
-        engine.close()
+        if engine.name not in deferred:  # those are closed already
+            engine.close()
     return 0
 
 
@@ -496,7 +554,9 @@ def _print_report(r: dict[str, Any]) -> None:
           f" | backend {r['backend']}" + (f" ({r['kernel_isa']} kernels)" if r.get("kernel_isa") else ""))
     print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
-    print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} interleaved repeats "
+    order = ("repeats, Solo's first, then each peer's alone after Solo's weights were freed (--peers-after-solo)"
+             if r.get("peers_after_solo") else "interleaved repeats")
+    print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} {order} "
           f"(median [min-max]), {r['pause_s'] * 1e3:.0f} ms idle before each run")
     if r.get("cpu_hog_processes"):
         print(f"beside {r['cpu_hog_processes']} busy-loop process(es) (--cpu-hog) during the timed runs and probes")

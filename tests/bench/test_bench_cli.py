@@ -117,6 +117,27 @@ def test_bench_end_to_end(tmp_path, capsys):
     assert "energy" in text and ("J/token" in text or "not measurable here" in text)
 
 
+def test_peers_after_solo_times_llamacpp_once_solo_is_freed(tmp_path, capsys):
+    # A tiny OLMoE: the GGUF is written while Solo's weights are here, llama.cpp runs after they are freed, and
+    # its greedy tokens are still checked against Solo's.
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    folder = make_checkpoint(tmp_path / "olmoe", "olmoe", num_key_value_heads=4)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "2", "--probe-gib",
+                 "0.0625", "--compare", "llama.cpp", "--peers-after-solo", "--pause-ms", "20", "--energy-s", "0",
+                 "--json", str(out)]) == 0
+    assert "after Solo's weights were freed" in capsys.readouterr().out
+    report = json.loads(out.read_text())
+    assert report["peers_after_solo"] and report["parameters"]["active_per_token"] < report["parameters"]["total"]
+    assert report["memory"]["process_rss_after_freeing_solo_bytes"] > 0
+    peer = report["engines"]["llama.cpp-F32"]
+    assert len(peer["runs"]) == 2 and peer["token_check"]["passed"]
+    assert len(report["engines"]["solo"]["runs"]) == 2 and "outside_matmuls" in report["engines"]["solo"]
+    assert main(["bench", str(folder), "--compare", "hf-eager", "--peers-after-solo"]) == 2
+    assert "llama.cpp (or llama.cpp-<type>) only" in capsys.readouterr().err
+
+
 def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):
     # Contexts past one 512-position block take the split-KV attention; no prefill of them is run.
     folder = make_checkpoint(tmp_path / "llama", "llama", head_dim=64, hidden_size=128,
@@ -245,8 +266,10 @@ def test_token_check_passes_near_ties_and_fails_a_wrong_first_token():
 
 
 def test_bf16_weights_get_both_16_bit_llamacpp_peers_and_the_best_is_reported():
+    import importlib.util
+
     from solo.bench.cli import best_peers
-    from solo.bench.peers import PeerSpec, peer_variants
+    from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
 
     def spec(dtype, quantize=None):
         return PeerSpec(model=None, raw_config={}, dtype=dtype, quantize=quantize, device=torch.device("cpu"),
@@ -255,6 +278,14 @@ def test_bf16_weights_get_both_16_bit_llamacpp_peers_and_the_best_is_reported():
     assert peer_variants("llama.cpp", spec(torch.bfloat16)) == ["llama.cpp-F16", "llama.cpp-BF16"]
     assert peer_variants("llama.cpp", spec(torch.float32)) == ["llama.cpp-F32"]
     assert peer_variants("llama.cpp", spec(torch.bfloat16, "int8")) == ["llama.cpp-Q8_0"]
+    # One GGUF type alone (a large model whose two 16-bit GGUFs would not fit in memory beside Solo's weights).
+    assert expand_names(["llama.cpp-BF16"]) == ["llama.cpp-BF16"]
+    assert peer_variants("llama.cpp-BF16", spec(torch.bfloat16)) == ["llama.cpp-BF16"]
+    with pytest.raises(ValueError, match="llama.cpp-<type>"):
+        expand_names(["llama.cpp-Q5_K"])
+    if importlib.util.find_spec("llama_cpp") is not None:
+        with pytest.raises(PeerSkipped, match="compare with llama.cpp-Q8_0"):
+            load_peer("llama.cpp-BF16", spec(torch.bfloat16, "int8"))
     assert peer_variants("hf-eager", spec(torch.bfloat16)) == ["hf-eager"]
     engines = {name: {"decode_tokens_per_s": {"median": speed}}
                for name, speed in (("solo", 30.0), ("llama.cpp-F16", 20.0), ("llama.cpp-BF16", 22.0))}
@@ -267,15 +298,22 @@ def test_quantize_with_hf_peers_is_refused(tmp_path, capsys):
     assert "unquantized weights" in capsys.readouterr().err
 
 
+# Mixture-of-experts checkpoints as llama.cpp's families hold them: OLMoE's full-width k norm needs as many KV
+# heads as query heads, and llama.cpp's qwen3moe has no dense layers between the expert layers.
+_GGUF_OVERRIDES = {"olmoe": {"num_key_value_heads": 4}, "qwen3_moe": {"decoder_sparse_step": 1}}
+
+
 @pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("qwen2", torch.float32),
-                                        ("llama", torch.bfloat16)])
+                                        ("llama", torch.bfloat16), ("qwen3", torch.float32),
+                                        ("olmoe", torch.float32), ("olmoe", torch.bfloat16),
+                                        ("qwen3_moe", torch.float32), ("mixtral", torch.float32)])
 def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch, dtype):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
     pytest.importorskip("gguf", reason="gguf is not installed")
     from solo.bench.peers import PeerSpec
     from solo.bench.peers.llamacpp import LlamaCppPeer
 
-    folder = make_checkpoint(tmp_path / arch, arch)
+    folder = make_checkpoint(tmp_path / arch, arch, **_GGUF_OVERRIDES.get(arch, {}))
     model = load_weights(folder, ModelConfig.from_file(folder), dtype)
     prompt = [1, 17, 93, 5, 250, 31, 77, 8]
     spec = PeerSpec(model=model, raw_config={}, dtype=dtype, quantize=None, device=torch.device("cpu"),
@@ -298,6 +336,11 @@ def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch, dtyp
                                        torch.tensor([len(prompt) + i]))[0].argmax()))
     n = 12 if dtype == torch.float32 else 4
     assert ours[:n] == theirs[:n]
+    if model.config.is_moe:  # the bench's own check passes too (first token in Solo's top 5)
+        from solo.bench.runner import token_check
+
+        top5 = runtime.prefill(0, torch.tensor(prompt)).topk(5).indices.tolist()
+        assert token_check(ours, top5, theirs)["passed"]
 
 
 def test_llamacpp_runs_outside_the_bench_process(tmp_path):
@@ -330,6 +373,10 @@ def test_llamacpp_runs_outside_the_bench_process(tmp_path):
     ("mistral", {}, "a sliding window"),
     ("llama", {"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "linear RoPE scaling"),
     ("llama", {"mlp_bias": True}, "o_proj / MLP biases"),
+    ("olmoe", {}, "grouped-query attention with full-width q/k norms"),
+    ("olmoe", {"num_key_value_heads": 4, "norm_topk_prob": True}, "norm_topk_prob = True"),
+    ("qwen3_moe", {}, "dense MLP layers between the expert layers"),
+    ("qwen2_moe", {}, "no GGUF conversion for Qwen2MoeForCausalLM"),
 ])
 def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides, feature):
     pytest.importorskip("gguf", reason="gguf is not installed")

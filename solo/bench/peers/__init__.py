@@ -14,7 +14,11 @@ import torch
 from solo.model.transformer import Transformer
 
 PEER_NAMES = ("hf", "hf-eager", "hf-compile", "llama.cpp")
-"""Names accepted by `--compare` ("hf" means both transformers variants)."""
+"""Names accepted by `--compare` ("hf" means both transformers variants; "llama.cpp-<GGUF type>", e.g.
+llama.cpp-BF16, runs one GGUF type of llama.cpp only)."""
+
+LLAMACPP_TYPES = ("F32", "F16", "BF16", "Q8_0", "Q4_0")
+"""GGUF weight types a "llama.cpp-<type>" peer name may give."""
 
 
 class PeerSkipped(Exception):
@@ -98,8 +102,9 @@ def expand_names(names: list[str]) -> list[str]:
         name = name.strip()
         if not name:
             continue
-        if name not in PEER_NAMES:
-            raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEER_NAMES)}")
+        if name not in PEER_NAMES and name.removeprefix("llama.cpp-") not in LLAMACPP_TYPES:
+            raise ValueError(f"unknown peer {name!r}; choose from {', '.join(PEER_NAMES)} or llama.cpp-<type> "
+                             f"(type: {', '.join(LLAMACPP_TYPES)})")
         for peer in (("hf-eager", "hf-compile") if name == "hf" else (name,)):
             if peer not in out:
                 out.append(peer)
@@ -110,7 +115,7 @@ def peer_variants(name: str, spec: PeerSpec) -> list[str]:
     """The engines one `--compare` name runs as.
 
     "llama.cpp" is one peer per matching GGUF type ("llama.cpp-F16" and "llama.cpp-BF16" for bf16 weights,
-    "llama.cpp-Q8_0" for int8, ...); every other name is one engine.
+    "llama.cpp-Q8_0" for int8, ...); every other name (a single "llama.cpp-<type>" too) is one engine.
     """
     if name == "llama.cpp":
         from solo.bench.peers.llamacpp import gguf_type_names

@@ -3,9 +3,10 @@
 The GGUF is written with the `gguf` package at the precision matching Solo's run: bf16 weights -> both F16 and
 BF16 (same bytes per weight; the bench reports llama.cpp's better of the two, since which of its 16-bit CPU
 paths is faster depends on the CPU), float32 -> F32, int8 -> Q8_0, int4 -> Q4_0. Norms stay F32 as llama.cpp
-expects. Llama-family q/k rows are permuted from the rotate-half RoPE layout to llama.cpp's interleaved one
-(Qwen2 uses the same rotate-half in both). The vocabulary is a placeholder of the right size: the benchmark
-feeds token ids, never text.
+expects. Llama-family q/k rows (Llama, Mistral, Mixtral) are permuted from the rotate-half RoPE layout to
+llama.cpp's interleaved one (Qwen2/3, Qwen3-MoE and OLMoE use the same rotate-half in both). Mixture-of-experts
+models (Mixtral, Qwen3-MoE, OLMoE) keep their experts stacked as llama.cpp reads them (see `write_gguf`).
+The vocabulary is a placeholder of the right size: the benchmark feeds token ids, never text.
 
 The conversion runs in the bench's process (and is cached); llama.cpp itself runs in a worker process
 (`llamacpp_worker.py`) with its default settings, as its users run it. Install with
@@ -18,9 +19,11 @@ import hashlib
 import importlib.util
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
@@ -29,11 +32,15 @@ import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
 from solo.model.config import ModelConfig
+from solo.model.moe import SparseMoeBlock
 from solo.model.rope import rope_inv_freq
 from solo.model.transformer import Transformer
 
-_ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2"}
+_ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
+           "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
+           "OlmoeForCausalLM": "olmoe"}
 _PERMUTED = {"llama"}  # llama.cpp applies interleaved RoPE to these: q/k rows must be permuted
+_MOE_NORM_TOPK = {"olmoe": False, "qwen3moe": True}  # llama.cpp's fixed choice per MoE family (Mixtral: True)
 
 _INSTALL_HINT = '(pip install llama-cpp-python gguf; from a checkout: pip install -e ".[llamacpp]")'
 
@@ -75,40 +82,181 @@ def _vocab(size: int) -> tuple[list[str], list[float], list[int]]:
     return tokens[:size], [0.0] * size, types[:size]
 
 
+@dataclass
+class _Entry:
+    """One GGUF tensor: its name, its source tensor (numpy layout), and the GGUF type it is written as."""
+
+    name: str
+    source: torch.Tensor
+    type_name: str
+
+
+def _check_gguf_support(cfg: ModelConfig) -> str:
+    """The llama.cpp architecture name for `cfg`, or PeerSkipped naming what this writer cannot carry over."""
+    arch = _ARCHES.get(cfg.architecture)
+    if arch is None or cfg.sandwich_norm:
+        raise PeerSkipped(f"no GGUF conversion for {cfg.architecture} in the bench")
+    # What this writer does not carry over would make llama.cpp run a different model: refuse instead.
+    qk_norm = {"olmoe": "full", "qwen3": "head", "qwen3moe": "head"}.get(arch)
+    moe = arch in _MOE_NORM_TOPK or (arch == "llama" and cfg.is_moe)
+    unsupported = [name for name, present in [
+        ("a sliding window", any(w is not None for w in cfg.layer_sliding_windows)),
+        (f"{cfg.rope.rope_type} RoPE scaling", cfg.rope.rope_type not in ("default", "llama3")),
+        ("o_proj / MLP biases", cfg.o_bias or cfg.mlp_bias),
+        (f"the {cfg.hidden_act} activation", cfg.hidden_act != "silu"),
+        ("q/k norms", cfg.qk_norm != (qk_norm is not None)
+         or (cfg.qk_norm and cfg.qk_norm_full_width != (qk_norm == "full"))),
+        # llama.cpp's olmoe sizes the k norm as the hidden size, so K must be as wide as Q.
+        ("grouped-query attention with full-width q/k norms", qk_norm == "full" and cfg.num_kv_heads != cfg.num_heads),
+        ("a mixture-of-experts MLP", cfg.is_moe and not moe),
+        ("dense MLP layers between the expert layers", moe and not all(cfg.moe_layers)),
+        ("a shared expert", cfg.shared_expert_intermediate_size > 0),
+        # llama.cpp hard-codes each family's choice (olmoe: raw top-k probabilities; qwen3moe and Mixtral:
+        # renormalized), so a checkpoint that chose otherwise would route differently there.
+        (f"norm_topk_prob = {cfg.norm_topk_prob} (llama.cpp's {arch} assumes the opposite)",
+         moe and cfg.norm_topk_prob != _MOE_NORM_TOPK.get(arch, True)),
+    ] if present]
+    if unsupported:
+        raise PeerSkipped(f"the bench's GGUF writer does not carry {', '.join(unsupported)} over to llama.cpp "
+                          f"({cfg.architecture})")
+    return arch
+
+
+def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]:
+    # Tensors in llama.cpp's names (gguf.constants.TENSOR_NAMES), numpy layout = [.., rows, cols]; ggml lists
+    # the dimensions reversed, so a stacked expert tensor [experts, rows, cols] is ggml's {cols, rows, experts}.
+    cfg: ModelConfig = model.config
+    out: list[_Entry] = []
+
+    def matrix(name: str, w: torch.Tensor) -> None:
+        out.append(_Entry(name, w, type_name))
+
+    def vector(name: str, v: torch.Tensor) -> None:  # norms, biases, the router: F32 as llama.cpp keeps them
+        out.append(_Entry(name, v, "F32"))
+
+    matrix("token_embd.weight", model.embed.weight)
+    if cfg.rope.rope_type == "llama3":
+        base = rope_inv_freq(type(cfg.rope)(theta=cfg.rope.theta), cfg.head_dim)
+        vector("rope_freqs.weight", base / rope_inv_freq(cfg.rope, cfg.head_dim))
+    for i, layer in enumerate(model.layers):
+        attn, mlp = layer.attn, layer.mlp
+        q, k = attn.q_proj.weight, attn.k_proj.weight
+        if arch in _PERMUTED:
+            q, k = _permute_rope_rows(q, cfg.num_heads), _permute_rope_rows(k, cfg.num_kv_heads)
+        vector(f"blk.{i}.attn_norm.weight", layer.attn_norm.weight)
+        matrix(f"blk.{i}.attn_q.weight", q)
+        matrix(f"blk.{i}.attn_k.weight", k)
+        matrix(f"blk.{i}.attn_v.weight", attn.v_proj.weight)
+        matrix(f"blk.{i}.attn_output.weight", attn.o_proj.weight)
+        if cfg.qk_norm:  # per head [head_dim] (Qwen3) or over the whole projection (OLMoE)
+            vector(f"blk.{i}.attn_q_norm.weight", attn.q_norm.weight)
+            vector(f"blk.{i}.attn_k_norm.weight", attn.k_norm.weight)
+        if cfg.qkv_bias:
+            qb, kb = attn.q_proj.bias, attn.k_proj.bias
+            if arch in _PERMUTED:
+                qb = _permute_rope_rows(qb[:, None], cfg.num_heads)[:, 0]
+                kb = _permute_rope_rows(kb[:, None], cfg.num_kv_heads)[:, 0]
+            vector(f"blk.{i}.attn_q.bias", qb)
+            vector(f"blk.{i}.attn_k.bias", kb)
+            vector(f"blk.{i}.attn_v.bias", attn.v_proj.bias)
+        vector(f"blk.{i}.ffn_norm.weight", layer.mlp_norm.weight)
+        if isinstance(mlp, SparseMoeBlock):
+            inter = mlp.down_proj.shape[-1]
+            vector(f"blk.{i}.ffn_gate_inp.weight", mlp.router.weight)  # [experts, hidden]
+            matrix(f"blk.{i}.ffn_gate_exps.weight", mlp.gate_up_proj[:, :inter])  # [experts, inter, hidden]
+            matrix(f"blk.{i}.ffn_up_exps.weight", mlp.gate_up_proj[:, inter:])
+            matrix(f"blk.{i}.ffn_down_exps.weight", mlp.down_proj)  # [experts, hidden, inter]
+        else:
+            matrix(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight)
+            matrix(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight)
+            matrix(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight)
+    vector("output_norm.weight", model.norm.weight)
+    if model.lm_head is not None:
+        matrix("output.weight", model.lm_head.weight)
+    elif arch == "olmoe":  # llama.cpp's olmoe has no tied head: write the embedding again
+        matrix("output.weight", model.embed.weight)
+    return out
+
+
+def _gguf_data(entry: _Entry) -> np.ndarray:
+    # One tensor in its GGUF encoding (a float32 copy of it lives only while this runs).
+    import gguf
+
+    w = entry.source.detach()
+    if entry.type_name == "BF16":  # the bf16 bits as they are (rounded to nearest even from float32)
+        return w.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
+    data = w.float().contiguous().numpy()
+    if entry.type_name == "F32":
+        return data
+    if entry.type_name == "F16":
+        return data.astype(np.float16)
+    return gguf.quants.quantize(data, gguf.GGMLQuantizationType[entry.type_name])
+
+
+def _gguf_nbytes(entry: _Entry) -> tuple[list[int], np.dtype, int]:
+    # (shape as add_tensor_info takes it, numpy dtype of `_gguf_data`, bytes) without converting the tensor.
+    import gguf
+
+    shape = list(entry.source.shape)
+    qtype = gguf.GGMLQuantizationType[entry.type_name]
+    if entry.type_name in ("F32", "F16", "BF16"):
+        dtype = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(np.uint16)}[entry.type_name]
+        return shape, dtype, int(np.prod(shape)) * dtype.itemsize
+    byte_shape = list(gguf.quant_shape_to_byte_shape(shape, qtype))
+    return byte_shape, np.dtype(np.uint8), int(np.prod(byte_shape))
+
+
+def gguf_file_bytes(model: Transformer, type_name: str) -> int:
+    """Bytes of the tensor data `write_gguf(model, ..., type_name)` writes (metadata not counted).
+
+    Raises:
+        PeerSkipped: as `write_gguf`.
+    """
+    arch = _check_gguf_support(model.config)
+    return sum(_gguf_nbytes(e)[2] for e in _gguf_entries(model, arch, type_name))
+
+
 def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
-    """Write `model` as a GGUF file llama.cpp can load.
+    """Write `model` as a GGUF file llama.cpp can load, one tensor at a time.
+
+    Architectures (llama.cpp's names): Llama and Mistral ("llama", q/k rows permuted to its interleaved
+    RoPE), Qwen2 ("qwen2"), Qwen3 ("qwen3": per-head q/k norms), Mixtral ("llama" with `expert_count`,
+    `expert_used_count` and stacked experts), Qwen3-MoE ("qwen3moe": `expert_feed_forward_length`) and OLMoE
+    ("olmoe": q/k norms over the whole projection). An MoE layer's experts go out stacked as
+    `ffn_gate_exps` / `ffn_up_exps` [experts, inter, hidden] and `ffn_down_exps` [experts, hidden, inter],
+    its router as `ffn_gate_inp` [experts, hidden] in F32 (as llama.cpp's converter keeps it). The names and
+    metadata keys follow the `gguf` package's constants and llama.cpp's model loader. Each tensor is
+    converted and written before the next, so memory holds one float32 copy of the largest tensor.
 
     Args:
-        model: Solo's eager model (Llama, Mistral or Qwen2 layout).
+        model: Solo's eager model.
         path: the .gguf file to write.
         type_name: GGUF matrix type from `gguf_type_names` ("F32", "F16", "BF16", "Q8_0", "Q4_0").
 
     Raises:
         PeerSkipped: the gguf package is missing, or the architecture (or a feature of this config: a
-            sliding window, linear/dynamic RoPE scaling, o_proj/MLP biases) has no GGUF mapping here.
+            sliding window, linear/dynamic RoPE scaling, o_proj/MLP biases, a shared expert, dense layers
+            between expert layers, a norm_topk_prob llama.cpp's family does not use, ...) has no GGUF
+            mapping here.
     """
     try:
         import gguf
     except ImportError:
         raise PeerSkipped(f"the gguf package is not installed {_INSTALL_HINT}") from None
     cfg: ModelConfig = model.config
-    arch = _ARCHES.get(cfg.architecture)
-    if arch is None or cfg.qk_norm or cfg.sandwich_norm:
-        raise PeerSkipped(f"no GGUF conversion for {cfg.architecture} in the bench")
-    # What this writer does not carry over would make llama.cpp run a different model: refuse instead.
-    unsupported = [name for name, present in [
-        ("a sliding window", any(w is not None for w in cfg.layer_sliding_windows)),
-        (f"{cfg.rope.rope_type} RoPE scaling", cfg.rope.rope_type not in ("default", "llama3")),
-        ("o_proj / MLP biases", cfg.o_bias or cfg.mlp_bias),
-    ] if present]
-    if unsupported:
-        raise PeerSkipped(f"the bench's GGUF writer does not carry {', '.join(unsupported)} over to llama.cpp")
-    qtype = gguf.GGMLQuantizationType[type_name]
+    arch = _check_gguf_support(cfg)
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_context_length(cfg.max_position_embeddings)
     writer.add_embedding_length(cfg.hidden_size)
     writer.add_block_count(cfg.num_layers)
-    writer.add_feed_forward_length(cfg.intermediate_size)
+    if cfg.is_moe:
+        writer.add_expert_count(cfg.num_experts)
+        writer.add_expert_used_count(cfg.num_experts_per_tok)
+    if arch == "qwen3moe":  # its dense width and its experts' width are separate keys
+        writer.add_feed_forward_length(cfg.intermediate_size)
+        writer.add_expert_feed_forward_length(cfg.moe_intermediate_size)
+    else:  # Mixtral's and OLMoE's expert width is their feed_forward_length
+        writer.add_feed_forward_length(cfg.moe_intermediate_size if cfg.is_moe else cfg.intermediate_size)
     writer.add_head_count(cfg.num_heads)
     writer.add_head_count_kv(cfg.num_kv_heads)
     writer.add_key_length(cfg.head_dim)
@@ -126,55 +274,52 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.add_bos_token_id(1)
     writer.add_eos_token_id(2)
     writer.add_unk_token_id(0)
-
-    def matrix(name: str, w: torch.Tensor) -> None:
-        data = w.detach().float().numpy()
-        if type_name == "F32":
-            writer.add_tensor(name, data)
-        elif type_name == "F16":
-            writer.add_tensor(name, data.astype(np.float16))
-        elif type_name == "BF16":  # the bf16 bits as they are (rounded to nearest even from float32)
-            bits = w.detach().to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
-            writer.add_tensor(name, bits, raw_dtype=qtype)
-        else:
-            writer.add_tensor(name, gguf.quants.quantize(data, qtype), raw_dtype=qtype)
-
-    def vector(name: str, v: torch.Tensor) -> None:
-        writer.add_tensor(name, v.detach().float().numpy())
-
-    matrix("token_embd.weight", model.embed.weight)
-    if cfg.rope.rope_type == "llama3":
-        base = rope_inv_freq(type(cfg.rope)(theta=cfg.rope.theta), cfg.head_dim)
-        vector("rope_freqs.weight", base / rope_inv_freq(cfg.rope, cfg.head_dim))
-    for i, layer in enumerate(model.layers):
-        attn, mlp = layer.attn, layer.mlp
-        q, k = attn.q_proj.weight, attn.k_proj.weight
-        if arch in _PERMUTED:
-            q, k = _permute_rope_rows(q, cfg.num_heads), _permute_rope_rows(k, cfg.num_kv_heads)
-        vector(f"blk.{i}.attn_norm.weight", layer.attn_norm.weight)
-        matrix(f"blk.{i}.attn_q.weight", q)
-        matrix(f"blk.{i}.attn_k.weight", k)
-        matrix(f"blk.{i}.attn_v.weight", attn.v_proj.weight)
-        matrix(f"blk.{i}.attn_output.weight", attn.o_proj.weight)
-        if cfg.qkv_bias:
-            qb, kb = attn.q_proj.bias, attn.k_proj.bias
-            if arch in _PERMUTED:
-                qb = _permute_rope_rows(qb[:, None], cfg.num_heads)[:, 0]
-                kb = _permute_rope_rows(kb[:, None], cfg.num_kv_heads)[:, 0]
-            vector(f"blk.{i}.attn_q.bias", qb)
-            vector(f"blk.{i}.attn_k.bias", kb)
-            vector(f"blk.{i}.attn_v.bias", attn.v_proj.bias)
-        vector(f"blk.{i}.ffn_norm.weight", layer.mlp_norm.weight)
-        matrix(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight)
-        matrix(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight)
-        matrix(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight)
-    vector("output_norm.weight", model.norm.weight)
-    if model.lm_head is not None:
-        matrix("output.weight", model.lm_head.weight)
+    entries = _gguf_entries(model, arch, type_name)
+    for entry in entries:
+        shape, dtype, nbytes = _gguf_nbytes(entry)
+        raw = None if entry.type_name in ("F32", "F16") else gguf.GGMLQuantizationType[entry.type_name]
+        writer.add_tensor_info(entry.name, shape, dtype, nbytes, raw_dtype=raw)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
-    writer.write_tensors_to_file()
+    writer.write_ti_data_to_file()
+    for entry in entries:
+        writer.write_tensor_data(_gguf_data(entry))
     writer.close()
+
+
+def cached_gguf(spec: PeerSpec, type_name: str) -> Path:
+    """The GGUF file of `spec.model` at `type_name`, written once into the cache (keyed by spec.extra["cache_key"]).
+
+    `spec.model` may be None once the file is cached (`solo bench --peers-after-solo` frees Solo's weights
+    before llama.cpp loads them).
+
+    Raises:
+        PeerSkipped: not enough memory or disk for the conversion, no model to convert, or `write_gguf`'s
+            reasons.
+    """
+    from solo.runtime.cpu_build import cache_dir
+
+    folder = cache_dir().parent / "gguf"
+    folder.mkdir(parents=True, exist_ok=True)
+    key = hashlib.sha256(f"{spec.extra.get('cache_key')}|{type_name}".encode()).hexdigest()[:16]
+    path = folder / f"{key}-{type_name}.gguf"
+    if path.is_file() and spec.extra.get("cache_key") is not None:
+        return path
+    if spec.model is None:
+        raise PeerSkipped(f"no GGUF {type_name} was written before Solo's weights were freed")
+    # The conversion holds one tensor at a time: its float32 copy and its GGUF encoding.
+    largest = max(p.numel() for p in spec.model.parameters())
+    if largest * 8 > _available_memory_bytes():
+        raise PeerSkipped(f"not enough free memory to convert a tensor of {largest / 1e9:.1f}B parameters to GGUF")
+    need = gguf_file_bytes(spec.model, type_name) + (64 << 20)
+    free = shutil.disk_usage(folder).free
+    if need > free:
+        raise PeerSkipped(f"the GGUF file needs {need / 1e9:.1f} GB in {folder} but {free / 1e9:.1f} GB are free; "
+                          "free disk space or delete old files there")
+    tmp = path.with_suffix(".tmp")
+    write_gguf(spec.model, tmp, type_name)
+    os.replace(tmp, path)
+    return path
 
 
 def _available_memory_bytes() -> int:
@@ -228,23 +373,15 @@ class LlamaCppPeer:
         if spec.device.type != "cpu":
             raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
         self._proc: subprocess.Popen[str] | None = None
-        type_name = type_name or gguf_type_names(spec.dtype, spec.quantize)[0]
+        matching = gguf_type_names(spec.dtype, spec.quantize)
+        type_name = type_name or matching[0]
+        if type_name not in matching:
+            raise PeerSkipped(f"GGUF {type_name} is not Solo's precision here ({str(spec.dtype).removeprefix('torch.')}"
+                              f"{', ' + spec.quantize if spec.quantize else ''}); compare with "
+                              f"{' or '.join('llama.cpp-' + t for t in matching)}")
         self.name = f"llama.cpp-{type_name}"
         self.type_name = type_name
-        from solo.runtime.cpu_build import cache_dir
-
-        folder = cache_dir().parent / "gguf"
-        folder.mkdir(parents=True, exist_ok=True)
-        key = hashlib.sha256(f"{spec.extra.get('cache_key')}|{type_name}".encode()).hexdigest()[:16]
-        path = folder / f"{key}-{type_name}.gguf"
-        if not path.is_file() or spec.extra.get("cache_key") is None:
-            params = sum(p.numel() for p in spec.model.parameters())
-            if params * 4 > _available_memory_bytes():  # conversion holds a float32 copy per tensor and the output
-                raise PeerSkipped(f"not enough free memory to convert {params / 1e9:.1f}B parameters to GGUF")
-            tmp = path.with_suffix(".tmp")
-            write_gguf(spec.model, tmp, type_name)
-            os.replace(tmp, path)
-        self.path = path
+        self.path = cached_gguf(spec, type_name)
         self._log = tempfile.TemporaryFile()  # the worker's stderr, quoted when it dies
         # -P: the script's folder stays off sys.path, so nothing of the solo package is imported there.
         self._proc = subprocess.Popen(
@@ -253,7 +390,7 @@ class LlamaCppPeer:
         )
         n_batch = max(512, min(spec.max_seq, 2048))
         try:
-            info = self._request({"op": "load", "path": str(path), "n_ctx": spec.max_seq + 8, "n_batch": n_batch,
+            info = self._request({"op": "load", "path": str(self.path), "n_ctx": spec.max_seq + 8, "n_batch": n_batch,
                                   "threads": spec.threads})
         except PeerSkipped:
             self.close()

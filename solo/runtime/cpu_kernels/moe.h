@@ -4,10 +4,12 @@
 // (a matrix-vector product split by rows like any other), then on every thread the same routing (float32
 // softmax, top-k in torch.topk's order, ties included, optional renormalization, rounding
 // of the weights to the dtype unless the family keeps them in float32), then only the selected experts'
-// weights are streamed. Each expert's rows are split across the threads as in the dense GEMV, so one
-// token's k experts keep every core busy: a thread computes its block of gate and up rows of every
-// selected expert (the same block of both, so the activation needs no barrier), then its block of
-// output rows of every expert's down projection, and sums the weighted outputs of those rows.
+// weights are streamed. Each expert's rows are split across the threads, so one token's k experts keep
+// every core busy: gate/up work items are (expert, block of gate rows and the same block of up rows), so
+// the activation needs no barrier; down work items are blocks of output rows of every selected expert's
+// down projection, followed by the weighted sum of those rows. Threads claim items from a shared counter
+// (a thread that loses its core leaves its remaining items to the others) or, with
+// SOLO_MOE_SCHEDULE=static, each takes its fixed contiguous rows as the dense GEMV does.
 //
 // Batches (server rows): the experts of all tokens are taken as a union; an expert's tokens share one
 // pass over its weights (the GEMV's multi-sequence tiles). The (token, slot) pairs are grouped by expert
@@ -20,7 +22,8 @@
 // float32 and rounded once; a shared expert (Qwen2-MoE) is a gated MLP whose rounded output is scaled
 // by the rounded sigmoid of its gate and added.
 //
-// Barriers: three per MoE layer (router; gate/up + activation; down + sum), one more than a dense MLP.
+// Barriers: three per MoE layer (router; gate/up + activation; down + sum), as many as a dense MLP (gate/up;
+// activation; down).
 #pragma once
 #include "common.h"
 #include "elementwise.h"
@@ -28,6 +31,8 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdlib>
+#include <cstring>
 #include <utility>
 
 // One layer's MoE description (cpu_moe.py builds the same struct with ctypes). `experts == 0` marks a
@@ -73,6 +78,7 @@ static inline size_t moe_align(size_t n) { return (n + 15) & ~(size_t)15; }
 // Pointers into the MoE workspace: the shared part (outputs that threads write by disjoint rows), then
 // one private part per thread. Index buffers are int32 in float-sized slots.
 typedef struct {
+  int* claim;      // [2] work-item counters of the gate/up and the down phases (dynamic schedule)
   float* logits;   // [B, experts] router logits
   float* gu;       // [P, 2 * inter] gate/up outputs by slot (P = B * top_k pairs)
   void* down_in;   // [P, inter] down-projection inputs by slot (4 bytes per element at most)
@@ -95,7 +101,7 @@ typedef struct {
 
 static size_t moe_shared_floats(const Model* m, const MoeDims* d, int B) {
   const size_t P = (size_t)B * d->top_k, h = m->hidden;
-  return moe_align((size_t)B * d->experts) + moe_align(P * 2 * d->inter) + moe_align(P * d->inter) +
+  return moe_align(2) + moe_align((size_t)B * d->experts) + moe_align(P * 2 * d->inter) + moe_align(P * d->inter) +
          moe_align(P * h) + moe_align((size_t)B * 2 * d->shared) + moe_align((size_t)B * d->shared) +
          moe_align((size_t)B * h) + moe_align(B);
 }
@@ -118,6 +124,7 @@ static MoeWs moe_ws(const Model* m, int B, int tid, void* base) {
   const size_t P = (size_t)B * d.top_k, h = m->hidden;
   float* p = (float*)base;
   MoeWs w;
+  w.claim = (int*)p, p += moe_align(2);
   w.logits = p, p += moe_align((size_t)B * d.experts);
   w.gu = p, p += moe_align(P * 2 * d.inter);
   w.down_in = p, p += moe_align(P * d.inter);
@@ -240,6 +247,24 @@ static void gated_rows(const Model* m, const Mat* gate_up, const Mat* down, cons
 
 // ------------------------------------------------------------------------------------------ the layer
 
+// Work items of the two expert phases (rows per item; multiples of 32, so int4 groups never straddle two).
+// Gate/up: (expert, block of 128 gate rows and the same 128 up rows), 1 MiB of bf16 weights at OLMoE's
+// widths; down: a block of 256 output rows of every selected expert, then their weighted sum.
+static constexpr int MOE_GU_ROWS = 128, MOE_DOWN_ROWS = 256;
+
+// How the expert phases share their work out: claimed one item at a time from a shared counter (dynamic,
+// the default), or each thread its fixed contiguous block of rows (static: SOLO_MOE_SCHEDULE=static). Either
+// way every row's arithmetic is the same, so the logits are bit for bit equal. Dynamic claiming matters when
+// a thread loses its core for a while (a busy machine): the others take its remaining items instead of
+// waiting for them at the next barrier; measured in benchmarks/results/moe-cpu-schedule-*.txt.
+static inline int moe_dynamic_schedule() {
+  const char* env = getenv("SOLO_MOE_SCHEDULE");
+  return !(env && strcmp(env, "static") == 0);
+}
+
+// The next work item of the phase whose counter this is (a value past the last item: none left).
+static inline int moe_claim(int* counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
+
 // The MoE MLP of one layer for B tokens. t: this thread's normed inputs [B, hidden] (float32 holding
 // dtype-rounded values); out: the shared [B, hidden] output (rounded to the dtype), complete for every
 // thread when this returns. `wait` is the step's barrier; every thread must call this function.
@@ -250,6 +275,10 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
   const int I = E->inter, S = E->shared_inter, P = B * k;
   const MoeWs w = moe_ws(m, B, tid, workspace);
   const size_t xesz = input_elem_bytes(&E->gate_up);
+  const int dynamic = moe_dynamic_schedule() && nt > 1;
+  // The counters' last users finished behind at least one barrier (the previous layer's phases); the
+  // barriers below publish the resets before anyone claims.
+  if (tid == 0) w.claim[0] = 0;
   // --- router logits (rows split), and the shared expert, which needs no routing: its gate and its
   // gate/up rows with the activation
   prepare_input(&E->router, t, B, w.xr);
@@ -274,33 +303,43 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
     moe_route(row, ne, k, E->norm_topk_prob, E->weights_fp32, bf, w.probs, w.ids + b * k, w.weight + b * k);
   }
   const int nu = moe_group(&w, ne, P);
+  if (tid == 0) w.claim[1] = 0;
   {
-    int i0, i1;
-    row_range(I, tid, nt, &i0, &i1);
-    if (i0 < i1) {
-      for (int u = 0; u < nu; u++) {
-        const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
-        const Mat gu = expert_mat(&E->gate_up, e, E->gate_up_stride, E->gate_up_scale_stride);
-        const void* x;
-        if (np == 1) {
-          x = (const char*)w.xe + (size_t)(w.slot_pair[s0] / k) * h * xesz;
-        } else {  // this expert's tokens, gathered
+    int gathered = -1;  // the expert whose tokens w.xg holds
+    auto gate_up_rows = [&](int u, int i0, int i1) {
+      const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
+      const Mat gu = expert_mat(&E->gate_up, e, E->gate_up_stride, E->gate_up_scale_stride);
+      const void* x;
+      if (np == 1) {
+        x = (const char*)w.xe + (size_t)(w.slot_pair[s0] / k) * h * xesz;
+      } else {  // this expert's tokens, gathered
+        if (gathered != u)
           for (int q = 0; q < np; q++)
-            memcpy((char*)w.xg + (size_t)q * h * xesz, (const char*)w.xe + (size_t)(w.slot_pair[s0 + q] / k) * h * xesz,
-                   h * xesz);
-          x = w.xg;
-        }
-        gated_rows(m, &gu, &E->down, x, np, w.gu + (size_t)s0 * 2 * I,
-                   (char*)w.down_in + (size_t)s0 * I * input_elem_bytes(&E->down), i0, i1, skip);
+            memcpy((char*)w.xg + (size_t)q * h * xesz,
+                   (const char*)w.xe + (size_t)(w.slot_pair[s0 + q] / k) * h * xesz, h * xesz);
+        gathered = u;
+        x = w.xg;
       }
+      gated_rows(m, &gu, &E->down, x, np, w.gu + (size_t)s0 * 2 * I,
+                 (char*)w.down_in + (size_t)s0 * I * input_elem_bytes(&E->down), i0, i1, skip);
+    };
+    if (dynamic) {
+      const int blocks = (I + MOE_GU_ROWS - 1) / MOE_GU_ROWS, items = nu * blocks;
+      for (int it = moe_claim(&w.claim[0]); it < items; it = moe_claim(&w.claim[0])) {
+        const int i0 = it % blocks * MOE_GU_ROWS, i1 = i0 + MOE_GU_ROWS < I ? i0 + MOE_GU_ROWS : I;
+        gate_up_rows(it / blocks, i0, i1);
+      }
+    } else {
+      int i0, i1;
+      row_range(I, tid, nt, &i0, &i1);
+      if (i0 < i1)
+        for (int u = 0; u < nu; u++) gate_up_rows(u, i0, i1);
     }
   }
   wait();
-  // --- this thread's output rows of every selected expert's down projection, then the weighted sum
-  int n0, n1;
-  row_range(h, tid, nt, &n0, &n1);
-  if (n0 < n1) {
-    const size_t desz = input_elem_bytes(&E->down);
+  // --- output rows [n0, n1) of every selected expert's down projection, then their weighted sum
+  const size_t desz = input_elem_bytes(&E->down);
+  auto down_rows = [&](int n0, int n1) {
     for (int u = 0; u < nu; u++) {
       const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
       const Mat dn = expert_mat(&E->down, e, E->down_stride, E->down_scale_stride);
@@ -326,6 +365,15 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
         ob[n] = r;
       }
     }
+  };
+  if (dynamic) {
+    const int items = (h + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS;
+    for (int it = moe_claim(&w.claim[1]); it < items; it = moe_claim(&w.claim[1]))
+      down_rows(it * MOE_DOWN_ROWS, (it + 1) * MOE_DOWN_ROWS < h ? (it + 1) * MOE_DOWN_ROWS : h);
+  } else {
+    int n0, n1;
+    row_range(h, tid, nt, &n0, &n1);
+    if (n0 < n1) down_rows(n0, n1);
   }
   wait();
 }
