@@ -1,0 +1,106 @@
+"""The native decode step's thread partitioning: rows shared out in chunks (stealing), the thread governor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime.cpu import CpuRuntime, cpu_unsupported_reason
+from solo.runtime.cpu_threads import ThreadGovernor
+
+PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301, 9, 44, 2, 180, 23]
+
+
+def test_governor_drops_a_thread_when_late_and_retries_after_a_growing_hold():
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, min_hold=4, max_hold=16)
+    gov.report(1)  # one long wait: noise, not a preempted thread
+    assert gov.threads == 2
+    gov.report(5)
+    assert gov.threads == 1
+    for _ in range(3):
+        gov.report(0)
+        assert gov.threads == 1
+    gov.report(0)  # hold of 4 over: try 2 again
+    assert gov.threads == 2
+    gov.report(9)  # still late: back to 1, hold doubled to 8
+    assert gov.threads == 1
+    for _ in range(7):
+        gov.report(0)
+        assert gov.threads == 1
+    gov.report(0)
+    assert gov.threads == 2
+    gov.report(0)  # the try succeeded: stays at 2, the hold is back to 4
+    assert gov.threads == 2
+    gov.report(3)
+    for _ in range(3):
+        gov.report(0)
+    assert gov.threads == 1
+    gov.report(0)
+    assert gov.threads == 2
+
+
+def test_governor_holds_at_most_max_hold_and_never_below_one_thread():
+    gov = ThreadGovernor(3, enabled=True, late_waits=1, min_hold=2, max_hold=8)
+    for _ in range(200):
+        gov.report(4)
+        assert 1 <= gov.threads <= 3
+    assert gov.threads == 1 or gov.threads == 2
+    assert gov._hold <= 8
+
+
+def test_governor_disabled_keeps_every_thread(monkeypatch):
+    monkeypatch.setenv("SOLO_CPU_ADAPT_THREADS", "0")
+    gov = ThreadGovernor(4)
+    for _ in range(10):
+        gov.report(100)
+    assert gov.threads == 4
+
+
+def _runtime(folder, num_threads):
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    reason = cpu_unsupported_reason(model)
+    if reason is not None:
+        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    return CpuRuntime(model, num_threads=num_threads)
+
+
+def _decode_logits(runtime, steps=5):
+    runtime.reserve(2, len(PROMPT) + steps + 1)
+    runtime.prefill(0, torch.tensor(PROMPT))
+    runtime.prefill(1, torch.tensor(PROMPT[::-1]))
+    out = []
+    for i in range(steps):
+        pos = len(PROMPT) + i
+        out.append(runtime.decode(torch.tensor([0]), torch.tensor([3 + i]), torch.tensor([pos])))
+        out.append(runtime.decode(torch.tensor([0, 1]), torch.tensor([7, 11 + i]), torch.tensor([pos, pos])))
+    return out
+
+
+def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
+    """Whichever thread computes a chunk of rows (its own run, stolen, the static split; 1-3 threads, a count
+    changed between steps by the governor) the logits are bit for bit the same."""
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    reference = None
+    for num_threads, knobs, governed in [(1, {}, False), (2, {}, False), (3, {"chunk_kb": 1}, False),
+                                         (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True)]:
+        runtime = _runtime(folder, num_threads)
+        lib = runtime._lib
+        try:
+            for name, value in knobs.items():
+                assert lib.solo_set_knob(name.encode(), value) == 0
+            if governed:  # alternate 2 and 1 threads from step to step
+                runtime.threads = ThreadGovernor(2, enabled=True, late_waits=0, min_hold=1, max_hold=1)
+            logits = _decode_logits(runtime)
+        finally:
+            lib.solo_set_knob(b"chunk_kb", 128)
+            lib.solo_set_knob(b"static_rows", 0)
+        if reference is None:
+            reference = logits
+        else:
+            for a, b in zip(reference, logits, strict=True):
+                assert torch.equal(a, b), (num_threads, knobs, governed)
+    assert runtime._lib.solo_set_knob(b"no such knob", 1) == -1
