@@ -245,6 +245,17 @@ static void attention_layer(const Model* m, const Layer* L, int B, const float* 
   }
 }
 
+// Measurement only (solo_set_knob "profile"): nanoseconds each thread spent in each phase of the decode steps
+// since the last reset, read by solo_profile (solo/bench/cpu_profile.py prints them).
+enum {
+  PH_EMBED, PH_QKV, PH_QKV_WAIT, PH_QKV_POST, PH_ATTN, PH_ATTN_WAIT, PH_O, PH_O_WAIT, PH_RESID, PH_MLP_UP,
+  PH_MLP_WAIT, PH_DOWN, PH_DOWN_WAIT, PH_HEAD, PH_COUNT
+};
+enum { PROF_THREADS = 64 };
+static int g_profile = 0;
+static double g_prof_ns[PROF_THREADS][PH_COUNT];
+static int64_t g_prof_steps = 0;
+
 // solo_decode_span flags.
 enum {
   // Entries may share a cache row at consecutive positions (a prompt's tail, a speculative verify): a
@@ -295,6 +306,15 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
     const int skip = m->skip_matmuls;
     unsigned calls = 0;  // share_rows generations: every thread makes the same calls in the same order
     auto no_epilogue = [](int, int) {};
+    const bool prof = g_profile && tid < PROF_THREADS;
+    int64_t prof_t = prof ? now_ns() : 0;
+    auto mark = [&](int phase) {  // the time since the previous mark goes to `phase`
+      if (!prof) return;
+      const int64_t now = now_ns();
+      g_prof_ns[tid][phase] += (double)(now - prof_t);
+      prof_t = now;
+    };
+    if (prof && tid == 0) g_prof_steps++;
     const int gs = attend_group_size(m, B, nt);  // query heads per attention work item (0: per-head kernel)
     float* x = private_base + (size_t)tid * private_floats(m, B);  // residual stream [B, h]
     float* t = x + (size_t)B * h;                                    // scratch / normed [B, h]
@@ -310,11 +330,14 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       rms_norm(x + (size_t)b * h, t + (size_t)b * h, h, m->layer[0].attn_norm, m->eps, m->unit_offset, bf);
     }
     prepare_input(&m->layer[0].qkv, t, B, xin);
+    mark(PH_EMBED);
     for (int l = 0; l < m->layers; l++) {
       const Layer* L = &m->layer[l];
       // --- q, k, v projections, then bias, q/k norms and RoPE on this thread's own copy
       gemv_shared(&L->qkv, xin, B, qkv, nqkv, queues, calls++, tid, nt, skip, no_epilogue);
+      mark(PH_QKV);
       barrier_wait(&bar, nt);
+      mark(PH_QKV_WAIT);
       memcpy(lq, qkv, (size_t)B * nqkv * sizeof(float));
       finish_linear(&L->qkv, lq, B, nqkv, bf);
       for (int b = 0; b < B; b++) {
@@ -343,15 +366,22 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       }
       if (flags & SPAN_SHARED_ROWS) barrier_wait(&bar, nt);  // entries read each other's cache slots
       // --- attention: (sequence, group of query heads sharing a KV head[, key block]) split across threads
+      mark(PH_QKV_POST);
       attention_layer(m, L, B, lq, rows, positions, gs, scores, att, o_in, parts, &bar, tid, nt);
+      mark(PH_ATTN);
       barrier_wait(&bar, nt);
+      mark(PH_ATTN_WAIT);
       // --- output projection and residual
       gemv_shared(&L->o, o_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+      mark(PH_O);
       barrier_wait(&bar, nt);
+      mark(PH_O_WAIT);
       residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
+      mark(PH_RESID);
       if (const MoeLayer* ML = moe_layer(m, l)) {
         // --- mixture-of-experts MLP (moe.h): routing and the selected experts; output in proj, barrier included
         moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&] { barrier_wait(&bar, nt); });
+        mark(PH_MLP_UP);
       } else {
         prepare_input(&L->gate_up, t, B, xin);
         // --- MLP: gate and up rows i together (both halves of gate_up), then the activation of those i on the
@@ -370,14 +400,19 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
             prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * down_esz, i0, i1);
           }
         });
+        mark(PH_MLP_UP);
         barrier_wait(&bar, nt);
+        mark(PH_MLP_WAIT);
         gemv_shared(&L->down, down_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+        mark(PH_DOWN);
         barrier_wait(&bar, nt);
+        mark(PH_DOWN_WAIT);
       }
       const bool last = l + 1 == m->layers;
       residual_block(m, &L->down, proj, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
                      B);
       prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, B, xin);
+      mark(PH_RESID);
     }
     // --- LM head; each thread finishes the logits it computed (same row split as gemv)
     const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : B;  // entries that get logits: the last HB
@@ -393,6 +428,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
           }
       }
     });
+    mark(PH_HEAD);
   }
   return bar.late.load();
 }
@@ -577,13 +613,27 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
 // static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
-// barrier wait counted as late. Returns 0, or -1 for an unknown name.
+// barrier wait counted as late, "profile" 1 = time the phases of each step (0 = off; either resets the
+// totals). Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
   else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
   else if (!strcmp(name, "late_us")) g_late_wait_ns = (int64_t)value * 1000;
+  else if (!strcmp(name, "profile")) {
+    g_profile = value;
+    memset(g_prof_ns, 0, sizeof g_prof_ns);
+    g_prof_steps = 0;
+  }
   else return -1;
   return 0;
+}
+
+// The phase totals of the profiled steps (knob "profile"): out[t * PH_COUNT + p] = nanoseconds thread t spent
+// in phase p (PH_* order) over the steps since the reset, for t < threads (at most 64). Returns the step count.
+extern "C" int64_t solo_profile(double* out, int threads) {
+  for (int t = 0; t < threads && t < PROF_THREADS; t++)
+    for (int p = 0; p < PH_COUNT; p++) out[t * PH_COUNT + p] = g_prof_ns[t][p];
+  return g_prof_steps;
 }
 
 // The ISA level this library was compiled for (cpu_build.py checks it against the one it asked for).
