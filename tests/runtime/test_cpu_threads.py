@@ -104,3 +104,25 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
             for a, b in zip(reference, logits, strict=True):
                 assert torch.equal(a, b), (num_threads, knobs, governed)
     assert runtime._lib.solo_set_knob(b"no such knob", 1) == -1
+
+
+def test_step_profile_covers_every_phase_and_leaves_the_logits_alone(tmp_path):
+    from solo.bench.cpu_profile import PHASES, profile, report
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    runtime = _runtime(folder, 2)
+    runtime.reserve(1, 64)
+    result = profile(runtime, steps=3, context=8)
+    assert set(result["phases"]) == set(PHASES)
+    assert all(len(v) == 2 and min(v) >= 0 for v in result["phases"].values())
+    assert sum(result["phases"]["qkv"]) > 0 and result["matrix_bytes"]["head"] > 0
+    assert "GB/s" in report(result)
+    # The profile knob is off again, and profiling changes no bit.
+    plain = runtime.decode(torch.tensor([0]), torch.tensor([5]), torch.tensor([30]))
+    runtime._lib.solo_set_knob(b"profile", 1)
+    try:
+        profiled = runtime.decode(torch.tensor([0]), torch.tensor([5]), torch.tensor([30]))
+    finally:
+        runtime._lib.solo_set_knob(b"profile", 0)
+    assert torch.equal(plain, profiled)
