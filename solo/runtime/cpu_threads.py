@@ -9,8 +9,10 @@ busy loop, one thread decoded faster than two (benchmarks/results/amd-epyc-zen4/
 
 The kernel counts barrier waits longer than 1 ms (an idle machine's threads meet within microseconds);
 `ThreadGovernor` drops a thread after a step with several of them, and after a hold of some steps tries one
-more again, doubling the hold each time the extra thread is still late (up to `max_hold`). A row's
-arithmetic does not depend on the thread count, so the logits are bit for bit the same whatever it decides.
+more again, doubling the hold each time the extra thread is still late (up to `max_hold`: 128 steps, a few
+seconds, is how long a step stays on fewer threads after the other work has stopped; one slow try per 128
+steps costs little while it runs). A row's arithmetic does not depend on the thread count, so the logits are
+bit for bit the same whatever it decides.
 """
 
 from __future__ import annotations
@@ -33,7 +35,7 @@ class ThreadGovernor:
     """
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, min_hold: int = 16,
-                 max_hold: int = 512) -> None:
+                 max_hold: int = 128) -> None:
         if enabled is None:
             enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
         self.max_threads = max(1, max_threads)
