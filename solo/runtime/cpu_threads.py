@@ -32,6 +32,7 @@ class ThreadGovernor:
 
     Attributes:
         threads: the count for the next step.
+        steps: steps reported so far; reduced_steps: how many of them ran on fewer than `max_threads`.
     """
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, min_hold: int = 16,
@@ -46,11 +47,15 @@ class ThreadGovernor:
         self.threads = self.max_threads
         self._hold = min_hold
         self._steps = 0
+        self.steps = 0
+        self.reduced_steps = 0
         self._retry_at = 0
         self._trying = False  # the last step ran one thread more than the steps before it
 
     def report(self, late: int) -> None:
         """Record one step's count of late barrier waits (the value `solo_decode` returned)."""
+        self.steps += 1
+        self.reduced_steps += self.threads < self.max_threads
         if not self.enabled:
             return
         self._steps += 1

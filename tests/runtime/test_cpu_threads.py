@@ -126,3 +126,10 @@ def test_step_profile_covers_every_phase_and_leaves_the_logits_alone(tmp_path):
     finally:
         runtime._lib.solo_set_knob(b"profile", 0)
     assert torch.equal(plain, profiled)
+
+
+def test_governor_counts_the_steps_it_ran_on_fewer_threads():
+    gov = ThreadGovernor(2, enabled=True, late_waits=1, min_hold=3, max_hold=3)
+    for late in [0, 2, 0, 0, 0, 0]:
+        gov.report(late)
+    assert (gov.steps, gov.reduced_steps) == (6, 3)
