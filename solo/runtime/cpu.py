@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import time
 
 import torch
 import torch.nn.functional as F
@@ -616,8 +617,9 @@ class CpuRuntime:
         args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
                 cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(),
                 self.threads.threads)
+        start = time.perf_counter()
         late = self._lib.solo_decode_span(*args, flags) if flags else self._lib.solo_decode(*args)
-        self.threads.report(late)
+        self.threads.report(late, time.perf_counter() - start, batch)
         return logits
 
     # ------------------------------------------------------------------- capabilities (solo.runtime.base)

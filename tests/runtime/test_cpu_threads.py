@@ -14,49 +14,54 @@ from solo.runtime.cpu_threads import ThreadGovernor
 PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301, 9, 44, 2, 180, 23]
 
 
-def test_governor_drops_a_thread_when_late_and_retries_after_a_growing_hold():
-    gov = ThreadGovernor(2, enabled=True, late_waits=2, min_hold=4, max_hold=16)
-    gov.report(1)  # one long wait: noise, not a preempted thread
-    assert gov.threads == 2
-    gov.report(5)
-    assert gov.threads == 1
-    for _ in range(3):
-        gov.report(0)
-        assert gov.threads == 1
-    gov.report(0)  # hold of 4 over: try 2 again
-    assert gov.threads == 2
-    gov.report(9)  # still late: back to 1, hold doubled to 8
-    assert gov.threads == 1
-    for _ in range(7):
-        gov.report(0)
-        assert gov.threads == 1
-    gov.report(0)
-    assert gov.threads == 2
-    gov.report(0)  # the try succeeded: stays at 2, the hold is back to 4
-    assert gov.threads == 2
-    gov.report(3)
-    for _ in range(3):
-        gov.report(0)
-    assert gov.threads == 1
-    gov.report(0)
-    assert gov.threads == 2
+def _feed(gov, steps, late, seconds_at):
+    """Report `steps` steps, each taking seconds_at[threads] seconds; the thread counts used."""
+    used = []
+    for _ in range(steps):
+        used.append(gov.threads)
+        gov.report(late, seconds_at[gov.threads])
+    return used
 
 
-def test_governor_holds_at_most_max_hold_and_never_below_one_thread():
-    gov = ThreadGovernor(3, enabled=True, late_waits=1, min_hold=2, max_hold=8)
+def test_governor_keeps_fewer_threads_when_they_are_faster_beside_a_busy_core():
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
+    hog = {2: 0.30, 1: 0.10}  # one thread on the free core beats two meeting a preempted one
+    used = _feed(gov, 3, 1, hog)  # one long wait per step: noise, no try
+    assert used == [2, 2, 2]
+    used = _feed(gov, 60, 5, hog)
+    assert used.count(1) > 45 and gov.threads in (1, 2)
+    assert gov._up_hold == 32  # every try of 2 threads failed: the hold doubled to its cap
+    # The other work stops: the next try of 2 threads is faster and stays.
+    used = _feed(gov, 40, 0, {2: 0.05, 1: 0.10})
+    assert used[-5:] == [2] * 5 and gov.threads == 2
+
+
+def test_governor_goes_back_when_fewer_threads_are_slower():
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=64)
+    busy = {2: 0.05, 1: 0.09}  # late waits, but two threads are still faster
+    used = _feed(gov, 100, 5, busy)
+    assert used.count(1) <= 4 * 4  # a few tries, each 4 steps, the holds doubling between them
+    assert gov.threads == 2 and gov._down_hold == 64
+
+
+def test_governor_drops_a_pending_try_when_the_batch_changes_and_never_goes_below_one():
+    gov = ThreadGovernor(3, enabled=True, late_waits=1, trial_steps=2, min_hold=2, max_hold=4)
+    for _ in range(3):
+        gov.report(5, 0.2, batch=1)
+    assert gov.threads == 2
+    gov.report(5, 0.2, batch=2)  # the try is abandoned
+    assert gov.threads == 3
     for _ in range(200):
-        gov.report(4)
+        gov.report(5, 0.1 * (4 - gov.threads), batch=2)
         assert 1 <= gov.threads <= 3
-    assert gov.threads == 1 or gov.threads == 2
-    assert gov._hold <= 8
 
 
 def test_governor_disabled_keeps_every_thread(monkeypatch):
     monkeypatch.setenv("SOLO_CPU_ADAPT_THREADS", "0")
     gov = ThreadGovernor(4)
     for _ in range(10):
-        gov.report(100)
-    assert gov.threads == 4
+        gov.report(100, 1.0)
+    assert gov.threads == 4 and gov.steps == 10
 
 
 def _runtime(folder, num_threads):
@@ -92,8 +97,9 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
         try:
             for name, value in knobs.items():
                 assert lib.solo_set_knob(name.encode(), value) == 0
-            if governed:  # alternate 2 and 1 threads from step to step
-                runtime.threads = ThreadGovernor(2, enabled=True, late_waits=0, min_hold=1, max_hold=1)
+            if governed:  # tries of 1 thread now and then (every step is "late")
+                runtime.threads = ThreadGovernor(2, enabled=True, late_waits=0, trial_steps=2, min_hold=1,
+                                                 max_hold=1)
             logits = _decode_logits(runtime)
         finally:
             lib.solo_set_knob(b"chunk_kb", 128)
@@ -129,7 +135,6 @@ def test_step_profile_covers_every_phase_and_leaves_the_logits_alone(tmp_path):
 
 
 def test_governor_counts_the_steps_it_ran_on_fewer_threads():
-    gov = ThreadGovernor(2, enabled=True, late_waits=1, min_hold=3, max_hold=3)
-    for late in [0, 2, 0, 0, 0, 0]:
-        gov.report(late)
-    assert (gov.steps, gov.reduced_steps) == (6, 3)
+    gov = ThreadGovernor(2, enabled=True, late_waits=1, trial_steps=2, min_hold=3, max_hold=3)
+    _feed(gov, 10, 2, {2: 0.3, 1: 0.1})
+    assert gov.steps == 10 and 0 < gov.reduced_steps < 10
