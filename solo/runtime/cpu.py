@@ -37,6 +37,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import time
 
 import torch
 import torch.nn.functional as F
@@ -47,6 +48,7 @@ from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
+from solo.runtime.cpu_threads import ThreadGovernor
 from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
@@ -266,7 +268,8 @@ class CpuRuntime:
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
         a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work);
-        SOLO_CPU_SPLIT_KV=0 turns off the split-KV attention past 512 positions (for comparisons).
+        SOLO_CPU_SPLIT_KV=0 turns off the split-KV attention past 512 positions (for comparisons);
+        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads (see `solo.runtime.cpu_threads`).
 
     Raises:
         SoloError: the model is not supported (see `cpu_unsupported_reason`).
@@ -290,6 +293,8 @@ class CpuRuntime:
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
         self.num_threads = num_threads or torch.get_num_threads()
+        # Decode steps run on fewer threads while another process holds a core (cpu_threads.py).
+        self.threads = ThreadGovernor(self.num_threads)
         # float32: each position's logits equal a batch-1 decode step's bit for bit (tested). bfloat16 and
         # quantized weights: the kernel's multi-sequence tiles occasionally round a position differently from
         # its one-sequence path (measured on the bundled model: one logit vector in a few, by one bf16 step),
@@ -610,11 +615,11 @@ class CpuRuntime:
             self._workspace = torch.empty(need, dtype=torch.uint8)
         logits = torch.empty(1 if flags & _SPAN_LAST_LOGITS else batch, self.config.vocab_size, dtype=torch.float32)
         args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
-                cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(), self.num_threads)
-        if flags:
-            self._lib.solo_decode_span(*args, flags)
-        else:
-            self._lib.solo_decode(*args)
+                cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(),
+                self.threads.threads)
+        start = time.perf_counter()
+        late = self._lib.solo_decode_span(*args, flags) if flags else self._lib.solo_decode(*args)
+        self.threads.report(late, time.perf_counter() - start, batch)
         return logits
 
     # ------------------------------------------------------------------- capabilities (solo.runtime.base)

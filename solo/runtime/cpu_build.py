@@ -248,9 +248,13 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_workspace_bytes.argtypes = [p, i, i]
     lib.solo_workspace_bytes.restype = sz
     lib.solo_decode.argtypes = [p, i, p, p, p, p, p, p, p, i]
-    lib.solo_decode.restype = None
+    lib.solo_decode.restype = i
     lib.solo_decode_span.argtypes = [p, i, p, p, p, p, p, p, p, i, i]
-    lib.solo_decode_span.restype = None
+    lib.solo_decode_span.restype = i
+    lib.solo_set_knob.argtypes = [ctypes.c_char_p, i]
+    lib.solo_set_knob.restype = i
+    lib.solo_profile.argtypes = [p, i]
+    lib.solo_profile.restype = ctypes.c_int64
     lib.solo_gemv.argtypes = [p, p, i, p, p, i]
     lib.solo_gemv.restype = None
     lib.solo_stream_read.argtypes = [p, sz, i, i]

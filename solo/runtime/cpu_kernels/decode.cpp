@@ -4,12 +4,13 @@
 // through ctypes with raw pointers, so a decode step costs one Python call instead of hundreds of torch ops.
 //
 // Layout: one OpenMP parallel region per step. Matrix-vector products split the weight rows across
-// threads (each thread streams a contiguous block of row-major rows); attention splits (sequence, group
-// of query heads sharing a KV head) pairs, so a GQA group reads its cached keys and values once; the
-// small elementwise work between them (norms, RoPE, residuals) is repeated by every thread on its own
-// copy, so only six barriers per layer remain. Numerics mirror the eager reference (solo/model/layers.py): wherever eager PyTorch rounds an
-// activation to the weights' dtype, this code rounds too (round-to-nearest-even to bf16), so greedy
-// tokens match; accumulation is float32.
+// threads in chunks (each thread streams its own contiguous run of row-major rows, then takes chunks left
+// in another's run: gemv.h, share_rows); attention splits (sequence, group of query heads sharing a KV
+// head) pairs, so a GQA group reads its cached keys and values once; the small elementwise work between
+// them (norms, RoPE, residuals) is repeated by every thread on its own copy, and the MLP activation runs
+// per chunk of gate/up rows, so only five barriers per layer remain. Numerics mirror the eager reference
+// (solo/model/layers.py): wherever eager PyTorch rounds an activation to the weights' dtype, this code
+// rounds too (round-to-nearest-even to bf16), so greedy tokens match; accumulation is float32.
 //
 // Weight formats: bf16 (AVX512-BF16 dot products), f32, int8 with one float32 scale per output row, and
 // int4 with one bf16 scale per group of 32 inputs (symmetric, value = (nibble - 8) * scale).
@@ -38,7 +39,7 @@
 static inline int max3(int a, int b, int c) { return a > b ? (a > c ? a : c) : (b > c ? b : c); }
 
 // The decode step's barrier: spin (with the CPU's spin-wait hint) for a bounded time, then sleep on a
-// futex. A decode step crosses ~6 barriers per layer and the waits are usually microseconds, so a
+// futex. A decode step crosses ~5 barriers per layer and the waits are usually microseconds, so a
 // sleep/wake on each (what an OpenMP barrier soon falls back to) would cost a scheduler round trip; but
 // spinning without bound collapses on a busy machine: a thread whose core is taken by another process
 // arrives late while the others burn the remaining cores (700 -> 160-350 tok/s in an earlier user trial).
@@ -58,6 +59,7 @@ typedef struct {
   std::atomic<int> arrived;
   std::atomic<int> generation;  // the futex word
   std::atomic<int> sleepers;
+  std::atomic<int> late;        // waits longer than g_late_wait_ns (see solo_decode)
 } SpinBarrier;
 
 static inline int64_t now_ns() {
@@ -65,6 +67,12 @@ static inline int64_t now_ns() {
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
+
+// A wait this long at a barrier means another thread of the step was off its core (preempted by other
+// work): with rows shared out in chunks, the threads of an idle machine reach a barrier within
+// microseconds of each other. solo_decode returns how many waits were this long; the runtime then runs
+// its next steps on fewer threads (CpuRuntime's thread governor in cpu.py).
+static int64_t g_late_wait_ns = 1000000;
 
 static void barrier_wait(SpinBarrier* b, int nt) {
   if (nt == 1) return;
@@ -82,9 +90,13 @@ static void barrier_wait(SpinBarrier* b, int nt) {
       syscall(SYS_futex, (int*)&b->generation, FUTEX_WAKE_PRIVATE, INT32_MAX, nullptr, nullptr, 0);
     return;
   }
-  const int64_t deadline = now_ns() + spin_budget_ns();
+  const int64_t start = now_ns(), deadline = start + spin_budget_ns();
   for (int spins = 1;; spins++) {
-    if (b->generation.load(std::memory_order_acquire) != gen) return;
+    if (b->generation.load(std::memory_order_acquire) != gen) {
+      // Short waits end within 64 spins or so; only longer ones pay for a clock read.
+      if (spins > 64 && now_ns() - start > g_late_wait_ns) b->late.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
     cpu_relax();
     if ((spins & 63) == 0 && now_ns() > deadline) break;
   }
@@ -93,6 +105,7 @@ static void barrier_wait(SpinBarrier* b, int nt) {
   while (b->generation.load(std::memory_order_seq_cst) == gen)
     syscall(SYS_futex, (int*)&b->generation, FUTEX_WAIT_PRIVATE, gen, nullptr, nullptr, 0);
   b->sleepers.fetch_sub(1, std::memory_order_relaxed);
+  if (now_ns() - start > g_late_wait_ns) b->late.fetch_add(1, std::memory_order_relaxed);
 }
 
 // Per-thread scratch floats: residual, normed / scratch, post-processed q/k/v, matrix-vector input,
@@ -121,7 +134,7 @@ extern "C" size_t solo_workspace_bytes(const Model* m, int batch, int nthreads) 
   floats += 2 * batch * (size_t)max3(m->hidden, (int)nq, m->inter);  // o / down inputs (shared)
   floats += (size_t)nthreads * private_floats(m, batch);
   floats += split_kv_floats(m, batch);              // split-KV attention parts (shared)
-  return floats * sizeof(float) + 256 + moe_workspace_bytes(m, batch, nthreads);
+  return floats * sizeof(float) + 256 + moe_workspace_bytes(m, batch, nthreads) + 64 * ((size_t)nthreads + 1);
 }
 
 // Bias + round the shared projection output `src` [B, h] into this thread's `dst`, apply the sandwich
@@ -232,6 +245,17 @@ static void attention_layer(const Model* m, const Layer* L, int B, const float* 
   }
 }
 
+// Measurement only (solo_set_knob "profile"): nanoseconds each thread spent in each phase of the decode steps
+// since the last reset, read by solo_profile (solo/bench/cpu_profile.py prints them).
+enum {
+  PH_EMBED, PH_QKV, PH_QKV_WAIT, PH_QKV_POST, PH_ATTN, PH_ATTN_WAIT, PH_O, PH_O_WAIT, PH_RESID, PH_MLP_UP,
+  PH_MLP_WAIT, PH_DOWN, PH_DOWN_WAIT, PH_HEAD, PH_COUNT
+};
+enum { PROF_THREADS = 64 };
+static int g_profile = 0;
+static double g_prof_ns[PROF_THREADS][PH_COUNT];
+static int64_t g_prof_steps = 0;
+
 // solo_decode_span flags.
 enum {
   // Entries may share a cache row at consecutive positions (a prompt's tail, a speculative verify): a
@@ -248,10 +272,11 @@ enum {
 //   solo_workspace_bytes(m, batch, nthreads) bytes.
 // Synchronization: the small per-token work (norms, residuals, q/k/v post-processing) is done by every
 // thread on its own copy, so the only barriers are where a matrix product's output or the attention
-// output must be complete: six per layer (seven with SPAN_SHARED_ROWS).
+// output must be complete: five per layer (six with SPAN_SHARED_ROWS). Returns the number of barrier waits
+// longer than g_late_wait_ns (a thread was off its core: cpu_threads.py reads it).
 // A row's arithmetic does not depend on the thread count, the batch or the flags: an entry's logits are
 // bit for bit those of a batch-1 step at its position.
-static void decode_step(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+static int decode_step(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                         const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
                         int nthreads, int flags) {
   const int B = batch, h = m->hidden, hd = m->head_dim, bf = m->dtype == DT_BF16;
@@ -270,11 +295,26 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
   bar.arrived.store(0);
   bar.generation.store(0);
   bar.sleepers.store(0);
+  bar.late.store(0);
+  // One row queue per thread (gemv.h: share_rows), fresh for this step.
+  RowQueue* queues = (RowQueue*)(((uintptr_t)moe_base + moe_workspace_bytes(m, B, nthreads) + 63) & ~(uintptr_t)63);
+  for (int i = 0; i < nthreads; i++) queues[i].word.store(rowq_pack(ROWQ_FRESH, 0, 0), std::memory_order_relaxed);
 
 #pragma omp parallel num_threads(nthreads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
     const int skip = m->skip_matmuls;
+    unsigned calls = 0;  // share_rows generations: every thread makes the same calls in the same order
+    auto no_epilogue = [](int, int) {};
+    const bool prof = g_profile && tid < PROF_THREADS;
+    int64_t prof_t = prof ? now_ns() : 0;
+    auto mark = [&](int phase) {  // the time since the previous mark goes to `phase`
+      if (!prof) return;
+      const int64_t now = now_ns();
+      g_prof_ns[tid][phase] += (double)(now - prof_t);
+      prof_t = now;
+    };
+    if (prof && tid == 0) g_prof_steps++;
     const int gs = attend_group_size(m, B, nt);  // query heads per attention work item (0: per-head kernel)
     float* x = private_base + (size_t)tid * private_floats(m, B);  // residual stream [B, h]
     float* t = x + (size_t)B * h;                                    // scratch / normed [B, h]
@@ -290,11 +330,14 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
       rms_norm(x + (size_t)b * h, t + (size_t)b * h, h, m->layer[0].attn_norm, m->eps, m->unit_offset, bf);
     }
     prepare_input(&m->layer[0].qkv, t, B, xin);
+    mark(PH_EMBED);
     for (int l = 0; l < m->layers; l++) {
       const Layer* L = &m->layer[l];
       // --- q, k, v projections, then bias, q/k norms and RoPE on this thread's own copy
-      gemv(&L->qkv, xin, B, qkv, nqkv, tid, nt, skip);
+      gemv_shared(&L->qkv, xin, B, qkv, nqkv, queues, calls++, tid, nt, skip, no_epilogue);
+      mark(PH_QKV);
       barrier_wait(&bar, nt);
+      mark(PH_QKV_WAIT);
       memcpy(lq, qkv, (size_t)B * nqkv * sizeof(float));
       finish_linear(&L->qkv, lq, B, nqkv, bf);
       for (int b = 0; b < B; b++) {
@@ -323,52 +366,60 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
       }
       if (flags & SPAN_SHARED_ROWS) barrier_wait(&bar, nt);  // entries read each other's cache slots
       // --- attention: (sequence, group of query heads sharing a KV head[, key block]) split across threads
+      mark(PH_QKV_POST);
       attention_layer(m, L, B, lq, rows, positions, gs, scores, att, o_in, parts, &bar, tid, nt);
+      mark(PH_ATTN);
       barrier_wait(&bar, nt);
+      mark(PH_ATTN_WAIT);
       // --- output projection and residual
-      gemv(&L->o, o_in, B, proj, h, tid, nt, skip);
+      gemv_shared(&L->o, o_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+      mark(PH_O);
       barrier_wait(&bar, nt);
+      mark(PH_O_WAIT);
       residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
+      mark(PH_RESID);
       if (const MoeLayer* ML = moe_layer(m, l)) {
         // --- mixture-of-experts MLP (moe.h): routing and the selected experts; output in proj, barrier included
         moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&] { barrier_wait(&bar, nt); });
+        mark(PH_MLP_UP);
       } else {
         prepare_input(&L->gate_up, t, B, xin);
-        // --- MLP: gate and up together, the activation split across threads, then down
-        gemv(&L->gate_up, xin, B, gu, 2 * f, tid, nt, skip);
-        barrier_wait(&bar, nt);
-        {
-          int i0, i1;
-          row_range(f, tid, nt, &i0, &i1);
-          if (i0 < i1) {
-            finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, i0, i1);
-            finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, f + i0, f + i1);
-            for (int b = 0; b < B; b++) {
-              float* g = gu + (size_t)b * 2 * f;
-              act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
-              prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * input_elem_bytes(&L->down), i0,
-                                 i1);
-            }
+        // --- MLP: gate and up rows i together (both halves of gate_up), then the activation of those i on the
+        // same thread, into the down projection's input (no barrier between them); then down
+        const int R = chunk_rows(&L->gate_up);  // rows of each half per chunk (two linear runs of a chunk's size)
+        const size_t down_esz = input_elem_bytes(&L->down);
+        share_rows(queues, calls++, (f + R - 1) / R, tid, nt, [&](int c) {
+          const int i0 = c * R, i1 = i0 + R < f ? i0 + R : f;
+          gemv_rows(&L->gate_up, xin, h, B, gu, 2 * f, i0, i1, skip);
+          gemv_rows(&L->gate_up, xin, h, B, gu, 2 * f, f + i0, f + i1, skip);
+          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, i0, i1);
+          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, f + i0, f + i1);
+          for (int b = 0; b < B; b++) {
+            float* g = gu + (size_t)b * 2 * f;
+            act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
+            prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * down_esz, i0, i1);
           }
-        }
+        });
+        mark(PH_MLP_UP);
         barrier_wait(&bar, nt);
-        gemv(&L->down, down_in, B, proj, h, tid, nt, skip);
+        mark(PH_MLP_WAIT);
+        gemv_shared(&L->down, down_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+        mark(PH_DOWN);
         barrier_wait(&bar, nt);
+        mark(PH_DOWN_WAIT);
       }
       const bool last = l + 1 == m->layers;
       residual_block(m, &L->down, proj, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
                      B);
       prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, B, xin);
+      mark(PH_RESID);
     }
     // --- LM head; each thread finishes the logits it computed (same row split as gemv)
     const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : B;  // entries that get logits: the last HB
     const char* head_in = (const char*)xin + (size_t)(B - HB) * m->head.cols * input_elem_bytes(&m->head);
-    gemv(&m->head, head_in, HB, logits, m->vocab, tid, nt, skip);
-    int n0, n1;
-    row_range(m->vocab, tid, nt, &n0, &n1);
-    if (n0 < n1) {
+    const float cap = m->final_softcap;
+    gemv_shared(&m->head, head_in, HB, logits, m->vocab, queues, calls++, tid, nt, skip, [&](int n0, int n1) {
       finish_linear_rows(&m->head, logits, HB, m->vocab, bf, n0, n1);
-      const float cap = m->final_softcap;
       if (cap > 0.f) {
         for (int b = 0; b < HB; b++)
           for (int n = n0; n < n1; n++) {
@@ -376,23 +427,25 @@ static void decode_step(const Model* m, int batch, const int64_t* tokens, const 
             *v = rnd(rnd(tanhf(rnd(*v / cap, bf)), bf) * cap, bf);
           }
       }
-    }
+    });
+    mark(PH_HEAD);
   }
+  return bar.late.load();
 }
 
-extern "C" void solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
-                            const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
-                            int nthreads) {
-  decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0);
+extern "C" int solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                           const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
+                           int nthreads) {
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0);
 }
 
 // Several tokens through the decode step at once, with `flags` (SPAN_*): a speculative verify (every
 // position's logits) or a short prompt tail after a cached prefix (the last position's logits), where
 // streaming the weights once for all tokens costs less than batched matmuls' fixed costs.
-extern "C" void solo_decode_span(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
-                                 const int64_t* rows, const float* cos, const float* sin, float* logits,
-                                 void* workspace, int nthreads, int flags) {
-  decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags);
+extern "C" int solo_decode_span(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                                const int64_t* rows, const float* cos, const float* sin, float* logits,
+                                void* workspace, int nthreads, int flags) {
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags);
 }
 
 // ------------------------------------------------------------------------------ prefill pieces
@@ -556,6 +609,31 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
     }
   }
   return total;
+}
+
+// Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
+// static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
+// barrier wait counted as late, "profile" 1 = time the phases of each step (0 = off; either resets the
+// totals). Returns 0, or -1 for an unknown name.
+extern "C" int solo_set_knob(const char* name, int value) {
+  if (!strcmp(name, "static_rows")) g_static_rows = value;
+  else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
+  else if (!strcmp(name, "late_us")) g_late_wait_ns = (int64_t)value * 1000;
+  else if (!strcmp(name, "profile")) {
+    g_profile = value;
+    memset(g_prof_ns, 0, sizeof g_prof_ns);
+    g_prof_steps = 0;
+  }
+  else return -1;
+  return 0;
+}
+
+// The phase totals of the profiled steps (knob "profile"): out[t * PH_COUNT + p] = nanoseconds thread t spent
+// in phase p (PH_* order) over the steps since the reset, for t < threads (at most 64). Returns the step count.
+extern "C" int64_t solo_profile(double* out, int threads) {
+  for (int t = 0; t < threads && t < PROF_THREADS; t++)
+    for (int p = 0; p < PH_COUNT; p++) out[t * PH_COUNT + p] = g_prof_ns[t][p];
+  return g_prof_steps;
 }
 
 // The ISA level this library was compiled for (cpu_build.py checks it against the one it asked for).

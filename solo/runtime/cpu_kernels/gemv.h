@@ -476,3 +476,85 @@ static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid,
   row_range(W->rows, tid, nt, &n0, &n1);
   gemv_rows(W, x, W->cols, B, y, ldy, n0, n1, skip);
 }
+
+// ------------------------------------------------------------- rows shared out at run time (decode step)
+// The decode step hands out a matrix product's rows in chunks instead of one fixed block per thread: a
+// thread whose core is shared with other work (or that starts late) would otherwise hold every barrier
+// for its whole block. Each thread owns a contiguous run of chunks (the static split) and takes them
+// from the front, so on an idle machine it streams one linear block as before; a thread that has
+// finished its own run takes chunks from the back of another's. Which thread computes a row never
+// changes the row's arithmetic (batch and thread-count invariance hold).
+//
+// A queue word packs (generation 16 bits, front 24, back 24) chunk indices: the first thread to touch a
+// queue in a new share_rows call (a new generation) initializes it to its owner's static run, so no reset
+// pass or barrier is needed between calls. Callers must separate two share_rows calls on the same queues
+// by a barrier (the decode step has one after every product) and pass consecutive generations.
+struct alignas(64) RowQueue {
+  std::atomic<uint64_t> word;
+};
+enum : unsigned { ROWQ_FRESH = 0xffff };  // a generation share_rows never uses: the state of a new queue array
+
+static inline uint64_t rowq_pack(unsigned gen, unsigned front, unsigned back) {
+  return ((uint64_t)gen << 48) | ((uint64_t)front << 24) | back;
+}
+
+// Measurement knobs (solo_set_knob in decode.cpp): 1 = static split (every thread only its own run).
+static int g_static_rows = 0;
+// Bytes of weights per chunk (a multiple of 16 rows, at least 16 rows): large enough that the atomic
+// per chunk costs nothing next to the stream (~128 KiB = 3-5 us of one core's bandwidth), small enough
+// that a late thread leaves little behind.
+static int g_chunk_bytes = 128 << 10;
+
+static inline int chunk_rows(const Mat* W) {
+  const size_t cols = (size_t)W->cols;
+  const size_t row_bytes = W->format == W_INT4 || W->format == W_INT4_BF16X ? cols / 2
+                           : W->format == W_F32                            ? cols * 4
+                           : W->format == W_BF16                           ? cols * 2
+                                                                           : cols;
+  const size_t r = ((size_t)g_chunk_bytes / (row_bytes ? row_bytes : 1)) & ~(size_t)15;
+  return r < 16 ? 16 : (r > (1 << 20) ? (1 << 20) : (int)r);
+}
+
+// Run work(c) for chunks c in [0, chunks) over the nt threads (this is thread tid), each chunk exactly once.
+template <class F>
+static void share_rows(RowQueue* q, unsigned gen, int chunks, int tid, int nt, F&& work) {
+  if (nt == 1) {
+    for (int c = 0; c < chunks; c++) work(c);
+    return;
+  }
+  gen %= ROWQ_FRESH;
+  auto claim = [&](int t, bool front) -> int {
+    uint64_t w = q[t].word.load(std::memory_order_acquire);
+    for (;;) {
+      if ((unsigned)(w >> 48) != gen) {  // first touch in this call: the owner's static run
+        const uint64_t fresh = rowq_pack(gen, (unsigned)((long)chunks * t / nt), (unsigned)((long)chunks * (t + 1) / nt));
+        if (q[t].word.compare_exchange_weak(w, fresh, std::memory_order_acq_rel, std::memory_order_acquire)) w = fresh;
+        continue;
+      }
+      const unsigned f = (unsigned)(w >> 24) & 0xffffff, b = (unsigned)w & 0xffffff;
+      if (f >= b) return -1;
+      const uint64_t next = front ? rowq_pack(gen, f + 1, b) : rowq_pack(gen, f, b - 1);
+      if (q[t].word.compare_exchange_weak(w, next, std::memory_order_acq_rel, std::memory_order_acquire))
+        return front ? (int)f : (int)b - 1;
+    }
+  };
+  for (int c; (c = claim(tid, true)) >= 0;) work(c);
+  if (g_static_rows) return;
+  for (int k = 1; k < nt; k++) {
+    const int v = (tid + k) % nt;
+    for (int c; (c = claim(v, false)) >= 0;) work(c);
+  }
+}
+
+// gemv() with the rows shared out at run time (share_rows): y[b, :] = W x[b, :] for every b < B; after
+// each chunk of rows [r0, r1), epilogue(r0, r1) runs on the thread that computed it.
+template <class F>
+static void gemv_shared(const Mat* W, const void* x, int B, float* y, int ldy, RowQueue* q, unsigned gen, int tid,
+                        int nt, int skip, F&& epilogue) {
+  const int N = W->rows, R = chunk_rows(W);
+  share_rows(q, gen, (N + R - 1) / R, tid, nt, [&](int c) {
+    const int r0 = c * R, r1 = r0 + R < N ? r0 + R : N;
+    gemv_rows(W, x, W->cols, B, y, ldy, r0, r1, skip);
+    epilogue(r0, r1);
+  });
+}

@@ -226,6 +226,7 @@ extern "C" void solo_lane_decode(const LaneModel* lm, int batch, const int64_t* 
   bar.arrived.store(0);
   bar.generation.store(0);
   bar.sleepers.store(0);
+  bar.late.store(0);
 
 #pragma omp parallel num_threads(nthreads)
   {

@@ -1,0 +1,109 @@
+"""How many threads the next native CPU decode step runs on (CpuRuntime's thread governor).
+
+The decode step splits every matrix over its threads and meets at ~5 barriers per layer. When another
+process holds one of the cores, the step's thread on that core runs only part of the time; even with the rows
+handed out in chunks (the free threads take the late one's rows), every barrier still waits until the OS
+runs that thread again, so the step runs at the speed of the shared core. One thread fewer leaves the busy
+core to the other work and streams the weights from the free ones: measured on a 2-core Zen 4 beside one
+busy loop, one thread decoded faster than two (benchmarks/results/amd-epyc-zen4/).
+
+The kernel counts barrier waits longer than 1 ms (an idle machine's threads meet within microseconds).
+After a step with several of them, `ThreadGovernor` tries one thread fewer for a few steps and keeps it only
+if those steps are faster than the steps just before (on a machine that is merely busy, losing a core's
+bandwidth can cost more than the waits); at a lowered count it tries one more thread again after a hold of
+some steps. A failed try doubles the hold before the same try (up to `max_hold`: 128 steps, a few seconds,
+is how long a step may stay on fewer threads after the other work has stopped). A row's arithmetic does not
+depend on the thread count, so the logits are bit for bit the same whatever it decides.
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+from collections import deque
+
+
+class ThreadGovernor:
+    """Threads for the next decode step, from the late barrier waits and the times of the previous ones.
+
+    Args:
+        max_threads: the runtime's thread count (the most this returns).
+        enabled: False keeps `max_threads` always (default: unless SOLO_CPU_ADAPT_THREADS=0).
+        late_waits: waits longer than the kernel's threshold in one step that count as a preempted thread.
+        trial_steps: steps a try runs (the first, which wakes or parks a thread, is not timed).
+        min_hold: steps before a failed or reverted try is made again, at first.
+        max_hold: the longest hold (reached by doubling after failed tries).
+
+    Attributes:
+        threads: the count for the next step.
+        steps: steps reported so far; reduced_steps: how many of them ran on fewer than `max_threads`.
+    """
+
+    def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, trial_steps: int = 4,
+                 min_hold: int = 16, max_hold: int = 128) -> None:
+        if enabled is None:
+            enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
+        self.max_threads = max(1, max_threads)
+        self.enabled = enabled
+        self.late_waits = late_waits
+        self.trial_steps = max(2, trial_steps)
+        self.min_hold = min_hold
+        self.max_hold = max_hold
+        self.threads = self.max_threads
+        self.steps = 0
+        self.reduced_steps = 0
+        self._recent: deque[float] = deque(maxlen=4)  # step seconds at the current count
+        self._batch = -1
+        self._from: int | None = None  # the count before the running try
+        self._before = 0.0  # its median step time
+        self._trial: list[float] = []
+        self._down_hold = self._up_hold = min_hold
+        self._no_down_until = 0  # no try with fewer threads before this step
+        self._retry_at = 0  # a try with one more thread at this step
+
+    def _start(self, threads: int) -> None:
+        self._from, self._before, self._trial = self.threads, statistics.median(self._recent), []
+        self.threads = threads
+        self._recent.clear()
+
+    def report(self, late: int, seconds: float, batch: int = 1) -> None:
+        """Record one step: its late barrier waits (`solo_decode`'s result), wall time and batch size."""
+        self.steps += 1
+        self.reduced_steps += self.threads < self.max_threads
+        if not self.enabled:
+            return
+        if batch != self._batch:  # times of another batch size do not compare
+            self._batch = batch
+            self._recent.clear()
+            if self._from is not None:
+                self.threads, self._from = self._from, None
+            return
+        if self._from is not None:
+            self._trial.append(seconds)
+            if len(self._trial) < self.trial_steps:
+                return
+            went_down = self.threads < self._from
+            if statistics.median(self._trial[1:]) >= self._before:  # not faster: back, and wait longer next time
+                self.threads = self._from
+                if went_down:
+                    self._down_hold = min(2 * self._down_hold, self.max_hold)
+                    self._no_down_until = self.steps + self._down_hold
+                else:
+                    self._up_hold = min(2 * self._up_hold, self.max_hold)
+                    self._retry_at = self.steps + self._up_hold
+            else:
+                self._down_hold = self.min_hold
+                if went_down:
+                    self._retry_at = self.steps + self._up_hold
+                else:
+                    self._up_hold = self.min_hold
+                    self._retry_at = self.steps + self.min_hold
+            self._from = None
+            return
+        self._recent.append(seconds)
+        if len(self._recent) < 2:
+            return
+        if late >= self.late_waits and self.threads > 1 and self.steps >= self._no_down_until:
+            self._start(self.threads - 1)
+        elif self.threads < self.max_threads and self.steps >= self._retry_at:
+            self._start(self.threads + 1)

@@ -1,0 +1,140 @@
+"""The native decode step's thread partitioning: rows shared out in chunks (stealing), the thread governor."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime.cpu import CpuRuntime, cpu_unsupported_reason
+from solo.runtime.cpu_threads import ThreadGovernor
+
+PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301, 9, 44, 2, 180, 23]
+
+
+def _feed(gov, steps, late, seconds_at):
+    """Report `steps` steps, each taking seconds_at[threads] seconds; the thread counts used."""
+    used = []
+    for _ in range(steps):
+        used.append(gov.threads)
+        gov.report(late, seconds_at[gov.threads])
+    return used
+
+
+def test_governor_keeps_fewer_threads_when_they_are_faster_beside_a_busy_core():
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
+    hog = {2: 0.30, 1: 0.10}  # one thread on the free core beats two meeting a preempted one
+    used = _feed(gov, 3, 1, hog)  # one long wait per step: noise, no try
+    assert used == [2, 2, 2]
+    used = _feed(gov, 60, 5, hog)
+    assert used.count(1) > 45 and gov.threads in (1, 2)
+    assert gov._up_hold == 32  # every try of 2 threads failed: the hold doubled to its cap
+    # The other work stops: the next try of 2 threads is faster and stays.
+    used = _feed(gov, 40, 0, {2: 0.05, 1: 0.10})
+    assert used[-5:] == [2] * 5 and gov.threads == 2
+
+
+def test_governor_goes_back_when_fewer_threads_are_slower():
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=64)
+    busy = {2: 0.05, 1: 0.09}  # late waits, but two threads are still faster
+    used = _feed(gov, 100, 5, busy)
+    assert used.count(1) <= 4 * 4  # a few tries, each 4 steps, the holds doubling between them
+    assert gov.threads == 2 and gov._down_hold == 64
+
+
+def test_governor_drops_a_pending_try_when_the_batch_changes_and_never_goes_below_one():
+    gov = ThreadGovernor(3, enabled=True, late_waits=1, trial_steps=2, min_hold=2, max_hold=4)
+    for _ in range(3):
+        gov.report(5, 0.2, batch=1)
+    assert gov.threads == 2
+    gov.report(5, 0.2, batch=2)  # the try is abandoned
+    assert gov.threads == 3
+    for _ in range(200):
+        gov.report(5, 0.1 * (4 - gov.threads), batch=2)
+        assert 1 <= gov.threads <= 3
+
+
+def test_governor_disabled_keeps_every_thread(monkeypatch):
+    monkeypatch.setenv("SOLO_CPU_ADAPT_THREADS", "0")
+    gov = ThreadGovernor(4)
+    for _ in range(10):
+        gov.report(100, 1.0)
+    assert gov.threads == 4 and gov.steps == 10
+
+
+def _runtime(folder, num_threads):
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    reason = cpu_unsupported_reason(model)
+    if reason is not None:
+        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    return CpuRuntime(model, num_threads=num_threads)
+
+
+def _decode_logits(runtime, steps=5):
+    runtime.reserve(2, len(PROMPT) + steps + 1)
+    runtime.prefill(0, torch.tensor(PROMPT))
+    runtime.prefill(1, torch.tensor(PROMPT[::-1]))
+    out = []
+    for i in range(steps):
+        pos = len(PROMPT) + i
+        out.append(runtime.decode(torch.tensor([0]), torch.tensor([3 + i]), torch.tensor([pos])))
+        out.append(runtime.decode(torch.tensor([0, 1]), torch.tensor([7, 11 + i]), torch.tensor([pos, pos])))
+    return out
+
+
+def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
+    """Whichever thread computes a chunk of rows (its own run, stolen, the static split; 1-3 threads, a count
+    changed between steps by the governor) the logits are bit for bit the same."""
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    reference = None
+    for num_threads, knobs, governed in [(1, {}, False), (2, {}, False), (3, {"chunk_kb": 1}, False),
+                                         (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True)]:
+        runtime = _runtime(folder, num_threads)
+        lib = runtime._lib
+        try:
+            for name, value in knobs.items():
+                assert lib.solo_set_knob(name.encode(), value) == 0
+            if governed:  # tries of 1 thread now and then (every step is "late")
+                runtime.threads = ThreadGovernor(2, enabled=True, late_waits=0, trial_steps=2, min_hold=1,
+                                                 max_hold=1)
+            logits = _decode_logits(runtime)
+        finally:
+            lib.solo_set_knob(b"chunk_kb", 128)
+            lib.solo_set_knob(b"static_rows", 0)
+        if reference is None:
+            reference = logits
+        else:
+            for a, b in zip(reference, logits, strict=True):
+                assert torch.equal(a, b), (num_threads, knobs, governed)
+    assert runtime._lib.solo_set_knob(b"no such knob", 1) == -1
+
+
+def test_step_profile_covers_every_phase_and_leaves_the_logits_alone(tmp_path):
+    from solo.bench.cpu_profile import PHASES, profile, report
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    runtime = _runtime(folder, 2)
+    runtime.reserve(1, 64)
+    result = profile(runtime, steps=3, context=8)
+    assert set(result["phases"]) == set(PHASES)
+    assert all(len(v) == 2 and min(v) >= 0 for v in result["phases"].values())
+    assert sum(result["phases"]["qkv"]) > 0 and result["matrix_bytes"]["head"] > 0
+    assert "GB/s" in report(result)
+    # The profile knob is off again, and profiling changes no bit.
+    plain = runtime.decode(torch.tensor([0]), torch.tensor([5]), torch.tensor([30]))
+    runtime._lib.solo_set_knob(b"profile", 1)
+    try:
+        profiled = runtime.decode(torch.tensor([0]), torch.tensor([5]), torch.tensor([30]))
+    finally:
+        runtime._lib.solo_set_knob(b"profile", 0)
+    assert torch.equal(plain, profiled)
+
+
+def test_governor_counts_the_steps_it_ran_on_fewer_threads():
+    gov = ThreadGovernor(2, enabled=True, late_waits=1, trial_steps=2, min_hold=3, max_hold=3)
+    _feed(gov, 10, 2, {2: 0.3, 1: 0.1})
+    assert gov.steps == 10 and 0 < gov.reduced_steps < 10
