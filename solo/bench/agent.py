@@ -200,16 +200,18 @@ AGENT_PEERS = ("hf", "hf-eager", "llama.cpp")
 def replay_on_peer(peer: Any, turns: list[TurnResult]) -> list[TurnResult]:  # noqa: ANN401
     """Replay Solo's turns on a peer: the same prompt ids, the same number of generated tokens each.
 
-    The peer gets no prefix cache across calls (transformers `generate` starts every call cold), which is
-    what an agent driving it gets.
+    llama.cpp keeps its KV cache from one call to the next and prefills only what follows the longest
+    prefix it holds (its server's prompt cache, on by default there), so its cached tokens are reported;
+    transformers `generate` starts every call cold, which is what an agent driving it gets.
     """
+    reuse = getattr(peer, "name", "").startswith("llama.cpp")
     results = []
     for t in turns:
         gen = max(t.completion_tokens, 1)
-        r = peer.run(t.prompt_ids, gen)
+        r = peer.run(t.prompt_ids, gen, reuse_prefix=True) if reuse else peer.run(t.prompt_ids, gen)
         tps = r.decode_tokens / r.decode_s if r.decode_tokens and r.decode_s > 0 else None
-        results.append(TurnResult(len(t.prompt_ids), 0, gen, r.ttft_s, r.ttft_s + r.decode_s, tps, None, [],
-                                  []))
+        results.append(TurnResult(len(t.prompt_ids), r.cached_tokens, gen, r.ttft_s, r.ttft_s + r.decode_s, tps,
+                                  None, [], []))
     return results
 
 
@@ -232,24 +234,29 @@ def check_agent_peers(compare: str | None) -> list[str]:
 
 
 def agent_peers(names: list[str], engine: Any, raw_config: dict[str, Any]) -> list[Any]:  # noqa: ANN401
-    """The peers (from `check_agent_peers`) that can run here; a skipped one is printed with its reason."""
-    import shutil
+    """The peers (from `check_agent_peers`) that can run here; a skipped one is printed with its reason.
 
+    llama.cpp runs in llama-cpp-python's worker process on a GGUF written from the same weights (the
+    `llama.cpp` bench peer), keeping its KV cache across calls as llama.cpp's server does.
+    """
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec
 
     peers = []
     for name in names:
+        spec = PeerSpec(engine.model, raw_config, engine.model.dtype, None, engine.device,
+                        torch.get_num_threads(), engine.config.context_length)
         if name == "llama.cpp":
-            reason = ("llama.cpp's server (llama-server) is not installed" if shutil.which("llama-server") is None
-                      else "replaying a trace against llama-server is not implemented yet")
-            print(f"peer skipped: llama.cpp: {reason}", file=sys.stderr)
+            from solo.bench.peers.llamacpp import LlamaCppPeer
+
+            try:
+                peers.append(LlamaCppPeer(spec))
+            except PeerSkipped as exc:
+                print(f"peer skipped: llama.cpp: {exc}", file=sys.stderr)
             continue
         from solo.bench.peers.hf import HFPeer
 
-        spec = PeerSpec(engine.model, raw_config, engine.model.dtype, None, engine.device,
-                        torch.get_num_threads(), engine.config.context_length)
         try:
             peers.append(HFPeer(spec, compiled=False))
         except PeerSkipped as exc:

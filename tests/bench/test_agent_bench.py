@@ -66,7 +66,7 @@ def test_replay_on_a_shape_reports_ttft_against_a_cold_prefill(tmp_path, capsys)
     assert "from turn 1 on" in capsys.readouterr().out
 
 
-def test_transformers_replays_the_same_prompts_as_a_peer(tmp_path, tiny_llama, capsys):
+def test_peers_replay_the_same_prompts(tmp_path, tiny_llama, capsys):
     trace = {"name": "tiny", "sampling": {"temperature": 0.0},
              "turns": [{"prompt": ["def fibonacci(n):\n"], "max_tokens": 4},
                        {"append": "\n# tests passed\n", "max_tokens": 4}]}
@@ -81,8 +81,15 @@ def test_transformers_replays_the_same_prompts_as_a_peer(tmp_path, tiny_llama, c
     assert report["speedup_vs_hf-eager"] > 0
     captured = capsys.readouterr()
     assert "faster than hf-eager" in captured.out
-    if "llama.cpp" not in report["configs"]:
+    llama = [n for n in report["configs"] if n.startswith("llama.cpp")]
+    if not llama:
         assert "peer skipped: llama.cpp" in captured.err
+    else:  # llama.cpp keeps its KV cache across calls: turn 1 reuses turn 0's prompt, as Solo's cache does
+        turns = report["configs"][llama[0]]["runs"][0]["turns"]
+        assert [t["prompt_tokens"] for t in turns] == [t["prompt_tokens"] for t in solo]
+        assert turns[0]["cached_tokens"] == 0
+        assert 0 < turns[1]["cached_tokens"] < turns[1]["prompt_tokens"]
+        assert f"faster than {llama[0]}" in captured.out
 
 
 def test_agent_peers_are_checked_before_anything_loads():

@@ -34,12 +34,14 @@ class RunResult:
         decode_s: time of the remaining tokens, in seconds.
         decode_tokens: tokens generated after the first.
         host_syncs: host synchronisations counted by the runtime during decode, or None.
+        cached_tokens: prompt tokens the peer reused from its previous run instead of prefilling them.
     """
 
     ttft_s: float
     decode_s: float
     decode_tokens: int
     host_syncs: int | None = None
+    cached_tokens: int = 0
 
     @property
     def decode_tokens_per_s(self) -> float:

@@ -417,13 +417,22 @@ class LlamaCppPeer:
             raise PeerSkipped(f"llama.cpp failed: {reply['error']}")
         return reply
 
-    def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
+    def run(self, prompt_ids: list[int], gen_len: int, reuse_prefix: bool = False) -> RunResult:
         """Greedy generation in the worker: prompt in one `eval`, then one `eval` per token.
 
         Times (seconds) are taken inside the worker, so the pipe's round trip is not counted.
+
+        Args:
+            prompt_ids: the prompt's token ids.
+            gen_len: tokens to generate.
+            reuse_prefix: keep the context's KV cache from the previous run and prefill only the prompt's
+                tokens after the longest prefix they share (llama.cpp server's prompt cache; the agent
+                bench uses it); otherwise a cold prefill.
         """
-        reply = self._request({"op": "run", "prompt": list(prompt_ids), "gen_len": gen_len})
-        return RunResult(ttft_s=reply["ttft_s"], decode_s=reply["decode_s"], decode_tokens=reply["decode_tokens"])
+        reply = self._request({"op": "run", "prompt": list(prompt_ids), "gen_len": gen_len,
+                               "reuse_prefix": reuse_prefix})
+        return RunResult(ttft_s=reply["ttft_s"], decode_s=reply["decode_s"], decode_tokens=reply["decode_tokens"],
+                         cached_tokens=int(reply.get("cached_tokens", 0)))
 
     def generate(self, prompt_ids: list[int], gen_len: int) -> list[int]:
         """The `gen_len` greedy token ids llama.cpp picks after `prompt_ids` (for checking the conversion)."""

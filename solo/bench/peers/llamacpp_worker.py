@@ -11,8 +11,13 @@ worker points its file descriptor 1 at stderr, so anything llama.cpp prints cann
 
     {"op": "load", "path": str, "n_ctx": int, "n_batch": int, "threads": int}
         -> {"n_vocab": int, "version": str, "system_info": str}
-    {"op": "run", "prompt": [int], "gen_len": int, "tokens": bool}
-        -> {"ttft_s": float, "decode_s": float, "decode_tokens": int, "tokens": [int] (if asked)}
+    {"op": "run", "prompt": [int], "gen_len": int, "tokens": bool, "reuse_prefix": bool}
+        -> {"ttft_s": float, "decode_s": float, "decode_tokens": int, "cached_tokens": int,
+            "tokens": [int] (if asked)}
+
+With "reuse_prefix" the context keeps the previous run's KV cache and evaluates only the prompt's tokens
+after the longest prefix it shares with what the context holds (at least the last prompt token), as
+llama.cpp's server does with its prompt cache; otherwise every run starts from an empty context.
     {"op": "quit"} -> {}
 
 A failed request replies {"error": "<one line>"} and the worker keeps serving.
@@ -53,13 +58,21 @@ class _Server:
         logits = self._llama_cpp.llama_get_logits_ith(self.llm.ctx, -1)
         return int(np.ctypeslib.as_array(logits, shape=(self.n_vocab,)).argmax())
 
-    def run(self, prompt: list[int], gen_len: int, tokens: bool) -> dict[str, Any]:
-        """Greedy generation: the prompt in one `eval`, then one `eval` per token; times in seconds."""
+    def run(self, prompt: list[int], gen_len: int, tokens: bool, reuse_prefix: bool = False) -> dict[str, Any]:
+        """Greedy generation: the prompt in one `eval`, then one `eval` per token; times in seconds.
+
+        With `reuse_prefix` the prompt's longest prefix already in the context (all but its last token at
+        most) is kept and only the rest is evaluated (`eval` drops the context's positions past it).
+        """
         if self.llm is None:
             raise RuntimeError("no model loaded")
-        self.llm.reset()
         start = time.perf_counter()
-        self.llm.eval(prompt)
+        cached = 0
+        if reuse_prefix and prompt:
+            held = self.llm.input_ids[: self.llm.n_tokens].tolist()
+            cached = min(self.llm.longest_token_prefix(held, prompt), len(prompt) - 1)
+        self.llm.n_tokens = cached  # reset() for a cold start
+        self.llm.eval(prompt[cached:])
         token = self._last_token()
         first = time.perf_counter()
         out = [token]
@@ -68,7 +81,8 @@ class _Server:
             token = self._last_token()
             out.append(token)
         end = time.perf_counter()
-        reply: dict[str, Any] = {"ttft_s": first - start, "decode_s": end - first, "decode_tokens": gen_len - 1}
+        reply: dict[str, Any] = {"ttft_s": first - start, "decode_s": end - first, "decode_tokens": gen_len - 1,
+                                 "cached_tokens": cached}
         if tokens:
             reply["tokens"] = out
         return reply
@@ -91,7 +105,7 @@ def serve(requests: Any, replies: Any) -> None:  # noqa: ANN401 - text streams
                                     int(request["threads"]))
             elif op == "run":
                 reply = server.run([int(t) for t in request["prompt"]], int(request["gen_len"]),
-                                   bool(request.get("tokens")))
+                                   bool(request.get("tokens")), bool(request.get("reuse_prefix")))
             else:
                 reply = {"error": f"unknown op {op!r}"}
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the bench as one line
