@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _decode_helpers import greedy_steps
 from checkpoints import lane_raw_config, make_lane_checkpoint
 
 from solo.errors import SoloError
@@ -74,15 +75,7 @@ def _model(overrides: dict, dtype: torch.dtype, seed: int = 3) -> LaneTransforme
 
 
 def _greedy(runtime, prompt, steps, forced=None):
-    runtime.reserve(1, len(prompt) + steps + 1)
-    logits = runtime.prefill(0, torch.tensor(prompt))
-    tokens, history = [], [logits]
-    for i in range(steps):
-        tokens.append(int(logits.argmax()))
-        token = tokens[-1] if forced is None else forced[i]
-        logits = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(prompt) + i]))[0]
-        history.append(logits)
-    return tokens, torch.stack(history)
+    return greedy_steps(runtime, prompt, steps, forced, with_prefill=True)
 
 
 @pytest.mark.parametrize("name,overrides", CONFIGS, ids=[c[0] for c in CONFIGS])

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _decode_helpers import greedy_steps
 from checkpoints import make_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
@@ -42,15 +43,7 @@ def _load(folder, dtype):
 
 
 def _greedy(runtime, prompt, steps, forced=None):
-    runtime.reserve(1, len(prompt) + steps + 1)
-    logits = runtime.prefill(0, torch.tensor(prompt))
-    tokens, history = [], [logits]
-    for i in range(steps):
-        tokens.append(int(logits.argmax()))
-        token = tokens[-1] if forced is None else forced[i]
-        logits = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(prompt) + i]))[0]
-        history.append(logits)
-    return tokens, torch.stack(history)
+    return greedy_steps(runtime, prompt, steps, forced, with_prefill=True)
 
 
 def _hf_greedy(folder, prompt, steps):

@@ -6,6 +6,7 @@ import platform
 
 import pytest
 import torch
+from _decode_helpers import greedy_steps
 from checkpoints import make_checkpoint
 from transformers import AutoModelForCausalLM
 
@@ -28,16 +29,7 @@ def _load(folder, dtype):
     return load_weights(folder, ModelConfig.from_file(folder), dtype)
 
 
-def _greedy(runtime, prompt, steps, forced=None):
-    runtime.reserve(1, len(prompt) + steps + 1)
-    logits = runtime.prefill(0, torch.tensor(prompt))
-    tokens, history = [], []
-    for i in range(steps):
-        tokens.append(int(logits.argmax()))
-        token = tokens[-1] if forced is None else forced[i]
-        logits = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(prompt) + i]))[0]
-        history.append(logits)
-    return tokens, torch.stack(history)
+_greedy = greedy_steps
 
 
 def _hf_greedy(folder, prompt, steps):

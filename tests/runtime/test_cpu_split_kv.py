@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from _decode_helpers import greedy_steps
 from checkpoints import make_checkpoint
 
 from solo.model.config import ModelConfig
@@ -46,27 +47,14 @@ def _prompt(n: int, vocab: int = 380) -> list[int]:
     return [(7 * i * i + 3 * i + 5) % (vocab - 3) + 3 for i in range(n)]
 
 
-def _teacher_forced(runtime, prompt, forced, steps):
-    """Logits of `steps` decode steps after `prompt`, fed the tokens `forced` (or their own greedy ones)."""
-    runtime.reserve(1, len(prompt) + steps + 1)
-    logits = runtime.prefill(0, torch.tensor(prompt))
-    tokens, history = [], []
-    for i in range(steps):
-        tokens.append(int(logits.argmax()))
-        token = tokens[-1] if forced is None else forced[i]
-        logits = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(prompt) + i]))[0]
-        history.append(logits)
-    return tokens, torch.stack(history)
-
-
 @pytest.mark.parametrize("arch,heads,kv_heads", SHAPES, ids=lambda v: str(v))
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_long_context_decode_matches_eager(tmp_path, arch, heads, kv_heads, dtype):
     folder = _checkpoint(tmp_path, arch, heads, kv_heads, dtype)
     # 2045 prompt tokens: decode steps at positions 2045..2050 cross the block edge at 2048 (4 -> 5 blocks).
     prompt = _prompt(2045)
-    eager_tokens, eager_logits = _teacher_forced(EagerRuntime(_load(folder, dtype)), prompt, None, 6)
-    tokens, logits = _teacher_forced(CpuRuntime(_load(folder, dtype)), prompt, eager_tokens, 6)
+    eager_tokens, eager_logits = greedy_steps(EagerRuntime(_load(folder, dtype)), prompt, 6)
+    tokens, logits = greedy_steps(CpuRuntime(_load(folder, dtype)), prompt, 6, eager_tokens)
     atol = F32_ATOL if dtype == torch.float32 else BF16_ATOL
     torch.testing.assert_close(logits.float(), eager_logits.float(), atol=atol, rtol=0)
     if dtype == torch.float32:
