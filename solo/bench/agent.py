@@ -279,26 +279,15 @@ def shape_engines(args: Any, configs: dict[str, tuple[float | None, str]]) -> di
     Raises:
         SoloError: the tokenizer has more ids than the shape's vocabulary.
     """
-    from solo.bench.shapes import build_model, shape_config
-    from solo.engine.engine import Engine, resolve_device
+    from solo.bench.shapes import shape_model_for_tokenizer
+    from solo.engine.engine import Engine
     from solo.model.default_model import default_model_path
     from solo.model.generation_config import GenerationDefaults
-    from solo.model.hub import resolve_dtype
     from solo.runtime import create_runtime
-    from solo.tokenizer import Tokenizer
 
-    device = resolve_device(args.device)
-    config = shape_config(args.shape)
     folder = Path(args.tokenizer) if args.tokenizer else default_model_path()
-    tokenizer = Tokenizer.from_folder(folder)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise SoloError(f"the tokenizer in {folder} has {tokenizer.vocab_size} ids, more than the {args.shape} "
-                        f"shape's vocabulary of {config.vocab_size}; give that model's tokenizer")
-    model = build_model(config, resolve_dtype(args.dtype, config.torch_dtype), seed=args.seed, device=device)
-    if args.quantize:
-        from solo.runtime.quant import quantize_model
-
-        model = quantize_model(model, args.quantize)
+    model, tokenizer, device = shape_model_for_tokenizer(args, folder)
+    config = model.config
     defaults = GenerationDefaults(eos_token_ids=tuple(config.eos_token_ids))
     return {name: Engine(model, tokenizer, defaults, create_runtime(model, args.backend, device), folder,
                          f"{args.shape} (random weights)", prefix_cache_gb=pc, speculative=sp)

@@ -8,6 +8,7 @@ Speed depends only on shapes and dtypes, not on the values, so the numbers hold 
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -136,3 +137,37 @@ def build_model(config: ModelConfig, dtype: torch.dtype, seed: int = 0, std: flo
             param.normal_(0.0, std, generator=gen)
     model.rotary = RotaryEmbedding(config).to(device)
     return model.eval().requires_grad_(False)
+
+
+def shape_model_for_tokenizer(args: Any, tokenizer_folder: Path) -> tuple[Transformer, Any, torch.device]:  # noqa: ANN401
+    """A random-weight model of the shape `args.shape` (quantized with `args.quantize`) and a tokenizer for it.
+
+    The benches that feed text to a shape (`--agent`, `--structured`) need a tokenizer whose ids all fall
+    inside the shape's vocabulary; only the token counts differ from the real model's.
+
+    Args:
+        args: parsed `solo bench` flags; reads shape, device, dtype, seed, quantize.
+        tokenizer_folder: folder with the tokenizer files.
+
+    Returns:
+        (model in eval mode, `solo.tokenizer.Tokenizer`, the device the weights live on).
+
+    Raises:
+        SoloError: an unknown shape, or the tokenizer has more ids than the shape's vocabulary.
+    """
+    from solo.engine.engine import resolve_device
+    from solo.model.hub import resolve_dtype
+    from solo.tokenizer import Tokenizer
+
+    device = resolve_device(args.device)
+    config = shape_config(args.shape)
+    tokenizer = Tokenizer.from_folder(tokenizer_folder)
+    if tokenizer.vocab_size > config.vocab_size:
+        raise SoloError(f"the tokenizer in {tokenizer_folder} has {tokenizer.vocab_size} ids, more than the "
+                        f"{args.shape} shape's vocabulary of {config.vocab_size}; give that model's tokenizer")
+    model = build_model(config, resolve_dtype(args.dtype, config.torch_dtype), seed=args.seed, device=device)
+    if args.quantize:
+        from solo.runtime.quant import quantize_model
+
+        model = quantize_model(model, args.quantize)
+    return model, tokenizer, device

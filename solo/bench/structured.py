@@ -117,28 +117,17 @@ def _shape_engine(args: argparse.Namespace) -> Any:  # noqa: ANN401
     """
     from pathlib import Path
 
-    from solo.bench.shapes import build_model, shape_config
-    from solo.engine.engine import Engine, resolve_device
+    from solo.bench.shapes import shape_model_for_tokenizer
+    from solo.engine.engine import Engine
     from solo.errors import SoloError
     from solo.model.generation_config import GenerationDefaults
-    from solo.model.hub import resolve_dtype
     from solo.runtime import create_runtime
-    from solo.tokenizer import Tokenizer
 
     if not args.tokenizer:
         raise SoloError("--structured --shape needs --tokenizer FOLDER (the model's tokenizer files): the grammar "
                         "masks depend on the real vocabulary")
-    device = resolve_device(args.device)
-    config = shape_config(args.shape)
-    tokenizer = Tokenizer.from_folder(args.tokenizer)
-    if tokenizer.vocab_size > config.vocab_size:
-        raise SoloError(f"the tokenizer in {args.tokenizer} has {tokenizer.vocab_size} ids, more than the "
-                        f"{args.shape} shape's vocabulary of {config.vocab_size}; give that model's tokenizer")
-    model = build_model(config, resolve_dtype(args.dtype, config.torch_dtype), seed=args.seed, device=device)
-    if args.quantize:
-        from solo.runtime.quant import quantize_model
-
-        model = quantize_model(model, args.quantize)
+    model, tokenizer, device = shape_model_for_tokenizer(args, Path(args.tokenizer))
+    config = model.config
     runtime = create_runtime(model, args.backend, device)
     defaults = GenerationDefaults(eos_token_ids=tuple(config.eos_token_ids))
     return Engine(model, tokenizer, defaults, runtime, Path(args.tokenizer), f"{args.shape} (random weights)")
