@@ -428,40 +428,41 @@ static inline void moe_tile_bf16(const uint16_t* W, int K, const uint16_t* const
     for (int n = 0; n < NT; n++) y[(size_t)m * ldy + n] = _mm512_reduce_add_ps(acc[m][n]);
 }
 
-template <int MT, bool PF>
-static void moe_rows_bf16(const uint16_t* W, int K, const uint16_t* const* xs, float* y, int ldy, int N) {
-  constexpr int NT = 6;
-  int n = 0;
-  for (; n + NT <= N; n += NT) moe_tile_bf16<MT, NT, PF>(W + (size_t)n * K, K, xs, y + n, ldy);
-  const uint16_t* w = W + (size_t)n * K;
-  switch (N - n) {
-    case 1: moe_tile_bf16<MT, 1, PF>(w, K, xs, y + n, ldy); break;
-    case 2: moe_tile_bf16<MT, 2, PF>(w, K, xs, y + n, ldy); break;
-    case 3: moe_tile_bf16<MT, 3, PF>(w, K, xs, y + n, ldy); break;
-    case 4: moe_tile_bf16<MT, 4, PF>(w, K, xs, y + n, ldy); break;
-    case 5: moe_tile_bf16<MT, 5, PF>(w, K, xs, y + n, ldy); break;
-    default: break;
-  }
-}
-
-// y[m * ldy + n] = W[n, :] . xs[m] for n < N rows, m < M tokens. Tokens in tiles of 4 (the first tile
-// prefetches the weights, the later ones find them in cache).
-static void moe_gemm_bf16(const uint16_t* W, int K, const uint16_t* const* xs, int M, float* y, int ldy, int N) {
+// y[m * ldy + n] = W[n, :] . xs[m] for n < N rows, m < M tokens. Rows in tiles of 6 (outer, so a tile's
+// weights stay in L1 while every token tile passes over them; the first token tile prefetches them),
+// tokens in tiles of 4.
+template <int NT>
+static void moe_ntile_bf16(const uint16_t* W, int K, const uint16_t* const* xs, int M, float* y, int ldy) {
   for (int m = 0; m < M; m += 4) {
     const uint16_t* const* x = xs + m;
     float* ym = y + (size_t)m * ldy;
     const int left = M - m < 4 ? M - m : 4;
     if (m == 0) {
-      if (left == 4) moe_rows_bf16<4, true>(W, K, x, ym, ldy, N);
-      if (left == 3) moe_rows_bf16<3, true>(W, K, x, ym, ldy, N);
-      if (left == 2) moe_rows_bf16<2, true>(W, K, x, ym, ldy, N);
-      if (left == 1) moe_rows_bf16<1, true>(W, K, x, ym, ldy, N);
+      if (left == 4) moe_tile_bf16<4, NT, true>(W, K, x, ym, ldy);
+      if (left == 3) moe_tile_bf16<3, NT, true>(W, K, x, ym, ldy);
+      if (left == 2) moe_tile_bf16<2, NT, true>(W, K, x, ym, ldy);
+      if (left == 1) moe_tile_bf16<1, NT, true>(W, K, x, ym, ldy);
     } else {
-      if (left == 4) moe_rows_bf16<4, false>(W, K, x, ym, ldy, N);
-      if (left == 3) moe_rows_bf16<3, false>(W, K, x, ym, ldy, N);
-      if (left == 2) moe_rows_bf16<2, false>(W, K, x, ym, ldy, N);
-      if (left == 1) moe_rows_bf16<1, false>(W, K, x, ym, ldy, N);
+      if (left == 4) moe_tile_bf16<4, NT, false>(W, K, x, ym, ldy);
+      if (left == 3) moe_tile_bf16<3, NT, false>(W, K, x, ym, ldy);
+      if (left == 2) moe_tile_bf16<2, NT, false>(W, K, x, ym, ldy);
+      if (left == 1) moe_tile_bf16<1, NT, false>(W, K, x, ym, ldy);
     }
+  }
+}
+
+static void moe_gemm_bf16(const uint16_t* W, int K, const uint16_t* const* xs, int M, float* y, int ldy, int N) {
+  constexpr int NT = 6;
+  int n = 0;
+  for (; n + NT <= N; n += NT) moe_ntile_bf16<NT>(W + (size_t)n * K, K, xs, M, y + n, ldy);
+  const uint16_t* w = W + (size_t)n * K;
+  switch (N - n) {
+    case 1: moe_ntile_bf16<1>(w, K, xs, M, y + n, ldy); break;
+    case 2: moe_ntile_bf16<2>(w, K, xs, M, y + n, ldy); break;
+    case 3: moe_ntile_bf16<3>(w, K, xs, M, y + n, ldy); break;
+    case 4: moe_ntile_bf16<4>(w, K, xs, M, y + n, ldy); break;
+    case 5: moe_ntile_bf16<5>(w, K, xs, M, y + n, ldy); break;
+    default: break;
   }
 }
 #else
