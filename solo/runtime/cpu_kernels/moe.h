@@ -250,9 +250,7 @@ static void gated_rows(const Model* m, const Mat* gate_up, const Mat* down, cons
 // Work items of the two expert phases (rows per item; multiples of 32, so int4 groups never straddle two).
 // Gate/up: (expert, block of 128 gate rows and the same 128 up rows), 1 MiB of bf16 weights at OLMoE's
 // widths; down: a block of 256 output rows of every selected expert, then their weighted sum.
-static inline int moe_env_int(const char* name, int dflt) { const char* e = getenv(name); return e ? atoi(e) : dflt; }  // AB-TEMP
-#define MOE_GU_ROWS moe_env_int("SOLO_AB_GU", 128)
-#define MOE_DOWN_ROWS moe_env_int("SOLO_AB_DOWN", 256)
+static constexpr int MOE_GU_ROWS = 128, MOE_DOWN_ROWS = 256;
 
 // How the expert phases share their work out: claimed one item at a time from a shared counter (dynamic,
 // the default), or each thread its fixed contiguous block of rows (static: SOLO_MOE_SCHEDULE=static). Either
@@ -278,7 +276,6 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
   const MoeWs w = moe_ws(m, B, tid, workspace);
   const size_t xesz = input_elem_bytes(&E->gate_up);
   const int dynamic = moe_dynamic_schedule() && nt > 1;
-  const int GU_ROWS = MOE_GU_ROWS, DOWN_ROWS = MOE_DOWN_ROWS;  // AB-TEMP
   // The counters' last users finished behind at least one barrier (the previous layer's phases); the
   // barriers below publish the resets before anyone claims.
   if (tid == 0) w.claim[0] = 0;
@@ -327,9 +324,9 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
                  (char*)w.down_in + (size_t)s0 * I * input_elem_bytes(&E->down), i0, i1, skip);
     };
     if (dynamic) {
-      const int blocks = (I + GU_ROWS - 1) / GU_ROWS, items = nu * blocks;
+      const int blocks = (I + MOE_GU_ROWS - 1) / MOE_GU_ROWS, items = nu * blocks;
       for (int it = moe_claim(&w.claim[0]); it < items; it = moe_claim(&w.claim[0])) {
-        const int i0 = it % blocks * GU_ROWS, i1 = i0 + GU_ROWS < I ? i0 + GU_ROWS : I;
+        const int i0 = it % blocks * MOE_GU_ROWS, i1 = i0 + MOE_GU_ROWS < I ? i0 + MOE_GU_ROWS : I;
         gate_up_rows(it / blocks, i0, i1);
       }
     } else {
@@ -370,9 +367,9 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
     }
   };
   if (dynamic) {
-    const int items = (h + DOWN_ROWS - 1) / DOWN_ROWS;
+    const int items = (h + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS;
     for (int it = moe_claim(&w.claim[1]); it < items; it = moe_claim(&w.claim[1]))
-      down_rows(it * DOWN_ROWS, (it + 1) * DOWN_ROWS < h ? (it + 1) * DOWN_ROWS : h);
+      down_rows(it * MOE_DOWN_ROWS, (it + 1) * MOE_DOWN_ROWS < h ? (it + 1) * MOE_DOWN_ROWS : h);
   } else {
     int n0, n1;
     row_range(h, tid, nt, &n0, &n1);
