@@ -457,7 +457,8 @@ class CpuRuntime:
         Matrix products run as batched PyTorch matmuls on the fused weights (dequantized layer by layer
         for int8/int4); norms, RoPE, the cache writes and the activation run in the native kernels,
         row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
-        attention for Gemma 2).
+        attention for Gemma 2). Mixture-of-experts layers route as the eager block and run their experts
+        natively, grouped by expert (`solo.runtime.cpu_moe.moe_prefill`).
 
         A short tail after a longer cached prefix (at most `span_prefill_tokens` tokens and at most
         start_pos: the next turn of a conversation with the prefix cache) runs instead as one call of the
