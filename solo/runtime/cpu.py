@@ -27,9 +27,10 @@ become row views of it, so prefill and decode share one copy.
 Supported: every feature of `solo.model` (biases, q/k norms, sandwich norms, soft-capping, sliding
 windows, all RoPE types, mixture-of-experts layers) with float32 or bfloat16 weights, or int8/int4
 weights from `solo.runtime.quant`. Mixture-of-experts layers route and run their experts inside the
-decode step (`cpu_kernels/moe.h`, structs from `solo.runtime.cpu_moe`); their prefill runs the eager
-MoE block on the whole prompt. float16 weights and non-CPU devices are refused by `cpu_unsupported_reason`,
-and `create_runtime` then falls back to the eager runtime.
+decode step (`cpu_kernels/moe.h`, structs from `solo.runtime.cpu_moe`); their prefill groups the prompt's
+tokens by expert and runs each expert's rows over its tokens natively (`solo.runtime.cpu_moe.moe_prefill`).
+float16 weights and non-CPU devices are refused by `cpu_unsupported_reason`, and `create_runtime` then
+falls back to the eager runtime.
 """
 
 from __future__ import annotations
@@ -456,7 +457,8 @@ class CpuRuntime:
         Matrix products run as batched PyTorch matmuls on the fused weights (dequantized layer by layer
         for int8/int4); norms, RoPE, the cache writes and the activation run in the native kernels,
         row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
-        attention for Gemma 2).
+        attention for Gemma 2). Mixture-of-experts layers route as the eager block and run their experts
+        natively, grouped by expert (`solo.runtime.cpu_moe.moe_prefill`).
 
         A short tail after a longer cached prefix (at most `span_prefill_tokens` tokens and at most
         start_pos: the next turn of a conversation with the prefix cache) runs instead as one call of the
@@ -490,6 +492,8 @@ class CpuRuntime:
             return self._step(torch.full((seq,), row, dtype=torch.long), ids,
                               torch.arange(start_pos, start_pos + seq, dtype=torch.long),
                               _SPAN_SHARED_ROWS | _SPAN_LAST_LOGITS)[0]
+        if self.config.is_moe:  # (cpu_moe imports this module)
+            from solo.runtime.cpu_moe import moe_prefill
         cfg, model, lib, nt = self.config, self.model, self._lib, self.num_threads
         dtype, struct = model.dtype, ctypes.byref(self._struct)
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1)
@@ -529,8 +533,8 @@ class CpuRuntime:
             proj = self._linear(4 * i + 1, attn)
             lib.solo_prefill_residual(struct, x.data_ptr(), proj.data_ptr(), seq, entry.attn_out_norm,
                                       entry.mlp_norm, normed.data_ptr(), nt)
-            if cfg.is_moe_layer(i):  # the eager MoE block: router, then each selected expert over its tokens
-                proj = layer.mlp(normed[None])[0].contiguous()
+            if cfg.is_moe_layer(i):  # router as eager, then each expert's rows over its tokens (cpu_moe.py)
+                proj = moe_prefill(lib, self._struct, i, layer.mlp, normed, nt)
             else:
                 gate_up = self._linear(4 * i + 2, normed)
                 mid = torch.empty(seq, cfg.intermediate_size, dtype=dtype)

@@ -4,8 +4,12 @@ The decode step routes and runs the experts natively (see moe.h for the algorith
 the `MoeLayer` structs it reads: the router, expert 0's matrices plus the byte strides to the next
 expert (the experts stay in the eager model's stacked [experts, rows, cols] tensors, dense or
 `QuantExperts`, so nothing is copied), and the shared expert (Qwen2-MoE), whose gate and up are fused
-into one matrix like a dense MLP's. Prefill runs the eager MoE block (`solo.model.moe.SparseMoeBlock`)
-on the batched prompt.
+into one matrix like a dense MLP's.
+
+Prefill (`moe_prefill`): the router and top-k run as the eager block runs them (`solo.model.moe.route` over
+the whole prompt, so the experts chosen, ties included, are eager's); the routed experts run natively
+(`solo_moe_prefill` in moe.h: the prompt's tokens grouped by expert, each expert's rows as one product over
+its tokens); a shared expert runs as the eager block's dense MLP.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ import ctypes
 import torch
 from torch import nn
 
+from solo.model.moe import SparseMoeBlock, route
 from solo.model.transformer import Transformer
 from solo.runtime.cpu import _W_BF16, _W_F32, _W_INT4, _W_INT4_BF16X, _W_INT8, _fuse_rows, _Mat
 from solo.runtime.cpu_build import KernelBuildError
@@ -152,3 +157,56 @@ def unread_expert_bytes(model: Transformer) -> int:
             nbytes = experts.nbytes() if isinstance(experts, QuantExperts) else experts.numel() * experts.element_size()
             total += nbytes // cfg.num_experts * (cfg.num_experts - cfg.num_experts_per_tok)
     return total
+
+
+PREFILL_CHUNK_TOKENS = 512
+"""Tokens per native call of `moe_prefill`: bounds its workspace (about 1.5 x tokens x top_k x hidden x 4
+bytes, 50 MB at OLMoE's shape); a token's result does not depend on the chunking."""
+
+_prefill_declared: set[int] = set()
+
+
+def _declare_prefill(lib: ctypes.CDLL) -> None:
+    if id(lib) in _prefill_declared:
+        return
+    p, i = ctypes.c_void_p, ctypes.c_int
+    lib.solo_moe_prefill_workspace_bytes.argtypes = [p, i, i, i]
+    lib.solo_moe_prefill_workspace_bytes.restype = ctypes.c_size_t
+    lib.solo_moe_prefill.argtypes = [p, i, p, i, p, p, p, p, i]
+    lib.solo_moe_prefill.restype = None
+    _prefill_declared.add(id(lib))
+
+
+def moe_prefill(lib: ctypes.CDLL, model_struct: ctypes.Structure, layer: int, block: SparseMoeBlock,
+                normed: torch.Tensor, num_threads: int) -> torch.Tensor:
+    """The MoE MLP of one layer over a prompt, as `block(normed[None])[0]` computes it (up to summation order).
+
+    Args:
+        lib: the kernel library (`solo.runtime.cpu.checked_library`).
+        model_struct: the runtime's `_Model` (its `moe` array describes `layer`).
+        layer: the layer index (an MoE layer).
+        block: that layer's eager `SparseMoeBlock` (router, shared expert).
+        normed: [seq, hidden] normed inputs in the model's dtype.
+        num_threads: threads of the native call.
+
+    Returns:
+        [seq, hidden] in the model's dtype.
+    """
+    _declare_prefill(lib)
+    normed = normed.contiguous()
+    seq = normed.shape[0]
+    weights, ids = route(normed, block.router.weight, block.top_k, block.norm_topk_prob, block.weights_fp32)
+    ids = ids.to(torch.int32).contiguous()
+    weights = weights.float().contiguous()
+    out = torch.empty_like(normed)
+    struct = ctypes.byref(model_struct)
+    chunk = min(seq, PREFILL_CHUNK_TOKENS)
+    workspace = torch.empty(lib.solo_moe_prefill_workspace_bytes(struct, layer, chunk, num_threads),
+                            dtype=torch.uint8)
+    for start in range(0, seq, chunk):
+        n = min(chunk, seq - start)
+        lib.solo_moe_prefill(struct, layer, normed[start].data_ptr(), n, ids[start].data_ptr(),
+                             weights[start].data_ptr(), out[start].data_ptr(), workspace.data_ptr(), num_threads)
+    if block.shared_expert is not None:  # the eager block's own arithmetic
+        out = out + torch.sigmoid(block.shared_expert_gate(normed)) * block.shared_expert(normed)
+    return out

@@ -378,6 +378,301 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
   wait();
 }
 
+// ------------------------------------------------------------------------------------------ prefill
+// The routed experts of one MoE layer over a prompt's S tokens (CpuRuntime.prefill): the (token, slot)
+// pairs, routed on the host by solo.model.moe.route (the eager block's own call, ties included), are
+// grouped by expert once; then each expert's gate/up rows run as one matrix product over all its tokens,
+// the activation follows per row block, each expert's down rows run over the same tokens, and every
+// token's k outputs are summed weighted, as the decode step's MoE (moe_mlp) and the eager block round
+// them. Work items (expert, block of rows) are shared out dynamically over the threads, so a popular
+// expert's rows spread over every core.
+//
+// Why not PyTorch's matmuls (the eager block, which prefill ran before): oneDNN generates a kernel for
+// each new matrix shape, and every expert's token count is a new M: on the Qwen3-30B-A3B-2L shape a
+// 512-token prompt's MoE layers spent 2-5 s generating kernels against ~0.2 s of arithmetic per layer.
+//
+// The products: with bf16 activations on AVX512-BF16, an MT tokens x NT rows register tile of dot products
+// (vdpbf16ps, one float32 accumulator per token and row over the whole row, reduced once), int8/int4
+// experts dequantized block by block to bf16 first, exactly as eager's dequantize rounds them; every other
+// case (float32, lower ISA levels) takes the decode step's multi-sequence GEMV on the gathered tokens. A
+// token's result never depends on which other tokens share its expert or its tile.
+
+#if SOLO_AVX512 && defined(__AVX512BF16__)
+#define SOLO_MOE_GEMM 1
+// y[m * ldy + n] = W[n, :] . x_m for n < NT rows of W (row stride K) and m < MT tokens (row pointers xs).
+template <int MT, int NT, bool PF>
+static inline void moe_tile_bf16(const uint16_t* W, int K, const uint16_t* const* xs, float* y, int ldy,
+                                 const uint16_t* next = nullptr, int next_rows = 0) {
+  __m512 acc[MT][NT];
+  for (int m = 0; m < MT; m++)
+    for (int n = 0; n < NT; n++) acc[m][n] = _mm512_setzero_ps();
+  const int kmain = K & ~31, rem = K - kmain;
+  for (int k = 0; k < kmain; k += 32) {
+    __m512bh xv[MT];
+    for (int m = 0; m < MT; m++) xv[m] = (__m512bh)_mm512_loadu_si512(xs[m] + k);
+    if (PF)
+      for (int r = 0; r < next_rows; r++) _mm_prefetch((const char*)(next + (size_t)r * K + k), _MM_HINT_T1);
+    for (int n = 0; n < NT; n++) {
+      if (PF) _mm_prefetch((const char*)(W + (size_t)n * K + k) + 1024, _MM_HINT_T0);
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(W + (size_t)n * K + k);
+      for (int m = 0; m < MT; m++) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], wv, xv[m]);
+    }
+  }
+  if (rem) {
+    const __mmask32 tail = (__mmask32)((1ull << rem) - 1);
+    __m512bh xv[MT];
+    for (int m = 0; m < MT; m++) xv[m] = (__m512bh)_mm512_maskz_loadu_epi16(tail, xs[m] + kmain);
+    for (int n = 0; n < NT; n++) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, W + (size_t)n * K + kmain);
+      for (int m = 0; m < MT; m++) acc[m][n] = _mm512_dpbf16_ps(acc[m][n], wv, xv[m]);
+    }
+  }
+  for (int m = 0; m < MT; m++)
+    for (int n = 0; n < NT; n++) y[(size_t)m * ldy + n] = _mm512_reduce_add_ps(acc[m][n]);
+}
+
+// One tile of NT rows over all M tokens, 4 at a time: the rows' weights stay in L1 while the token tiles
+// pass over them (rows outer, tokens inner); the first token tile also prefetches the next row tile.
+template <int NT>
+static void moe_ntile_bf16(const uint16_t* W, int K, const uint16_t* const* xs, int M, float* y, int ldy,
+                           const uint16_t* next, int next_rows) {
+  for (int m = 0; m < M; m += 4) {
+    const uint16_t* const* x = xs + m;
+    float* ym = y + (size_t)m * ldy;
+    const int left = M - m < 4 ? M - m : 4;
+    if (m == 0) {
+      if (left == 4) moe_tile_bf16<4, NT, true>(W, K, x, ym, ldy, next, next_rows);
+      if (left == 3) moe_tile_bf16<3, NT, true>(W, K, x, ym, ldy, next, next_rows);
+      if (left == 2) moe_tile_bf16<2, NT, true>(W, K, x, ym, ldy, next, next_rows);
+      if (left == 1) moe_tile_bf16<1, NT, true>(W, K, x, ym, ldy, next, next_rows);
+    } else {
+      if (left == 4) moe_tile_bf16<4, NT, false>(W, K, x, ym, ldy);
+      if (left == 3) moe_tile_bf16<3, NT, false>(W, K, x, ym, ldy);
+      if (left == 2) moe_tile_bf16<2, NT, false>(W, K, x, ym, ldy);
+      if (left == 1) moe_tile_bf16<1, NT, false>(W, K, x, ym, ldy);
+    }
+  }
+}
+
+// y[m * ldy + n] = W[n, :] . xs[m] for n < N rows, m < M tokens, in tiles of 6 rows. While the first token
+// tile of a row tile runs, the next row tile's weights are prefetched into L2 (one line per row per step),
+// so the product waits less for DRAM (1-thread CPU-time A/B on Qwen3-30B-A3B's layer, noisy: 57 vs 33
+// GFLOP/cpu-s median at 128 tokens, 74 vs 56 at 512, 33 vs 25 at 32).
+static void moe_gemm_bf16(const uint16_t* W, int K, const uint16_t* const* xs, int M, float* y, int ldy, int N) {
+  constexpr int NT = 6;
+  int n = 0;
+  for (; n + NT <= N; n += NT) {
+    const int nr = std::min(NT, N - n - NT);
+    moe_ntile_bf16<NT>(W + (size_t)n * K, K, xs, M, y + n, ldy, W + (size_t)(n + NT) * K, nr);
+  }
+  const uint16_t* w = W + (size_t)n * K;
+  switch (N - n) {
+    case 1: moe_ntile_bf16<1>(w, K, xs, M, y + n, ldy, nullptr, 0); break;
+    case 2: moe_ntile_bf16<2>(w, K, xs, M, y + n, ldy, nullptr, 0); break;
+    case 3: moe_ntile_bf16<3>(w, K, xs, M, y + n, ldy, nullptr, 0); break;
+    case 4: moe_ntile_bf16<4>(w, K, xs, M, y + n, ldy, nullptr, 0); break;
+    case 5: moe_ntile_bf16<5>(w, K, xs, M, y + n, ldy, nullptr, 0); break;
+    default: break;
+  }
+}
+#else
+#define SOLO_MOE_GEMM 0
+#endif
+
+// Rows [n0, n1) of an int8/int4 matrix as bf16 [n1 - n0, cols], rounded as solo_dequantize (and eager's
+// dequantize) round them.
+static void moe_dequant_rows_bf16(const Mat* W, int n0, int n1, uint16_t* out) {
+  const int K = W->cols;
+  for (int n = n0; n < n1; n++) {
+    uint16_t* o = out + (size_t)(n - n0) * K;
+    if (W->format == W_INT8) {
+      const int8_t* q = (const int8_t*)W->weight + (size_t)n * K;
+      const float sc = ((const float*)W->scale)[n];
+      for (int i = 0; i < K; i++) o[i] = f32_to_bf16((float)q[i] * sc);
+    } else {  // int4 (either flavour): per group of 32 inputs, 16 bytes (low nibble i, high nibble i + 16)
+      for (int k0 = 0; k0 < K; k0 += 32) {
+        const uint8_t* q = (const uint8_t*)W->weight + (size_t)n * (K / 2) + k0 / 2;
+        const float sc = bf16_to_f32(((const uint16_t*)W->scale)[(size_t)n * (K / 32) + k0 / 32]);
+        for (int i = 0; i < 16; i++) {
+          o[k0 + i] = f32_to_bf16((float)((int)(q[i] & 0xF) - 8) * sc);
+          o[k0 + i + 16] = f32_to_bf16((float)((int)(q[i] >> 4) - 8) * sc);
+        }
+      }
+    }
+  }
+}
+
+// Rows per work item of the prefill phases, and tokens per fallback GEMV call (bounds its buffers).
+static constexpr int MOE_PF_GU_ROWS = 64, MOE_PF_DOWN_ROWS = 128, MOE_PF_CHUNK = 64;
+
+// Does the prefill of this layer take the bf16 register-tile products (else the GEMV fallback)?
+static inline int moe_prefill_gemm(const Model* m, const MoeLayer* E) {
+  if (!SOLO_MOE_GEMM || m->dtype != DT_BF16) return 0;
+  for (const Mat* W : {&E->gate_up, &E->down})
+    if (W->format == W_F32) return 0;
+  return 1;
+}
+
+// Workspace bytes of solo_moe_prefill: the shared part (down inputs, expert outputs, the grouping) and each
+// thread's private part (dequantized rows, gate/up outputs, gathered inputs, token pointers).
+static void moe_prefill_sizes(const Model* m, const MoeLayer* E, int S, size_t* shared, size_t* priv) {
+  const size_t P = (size_t)S * E->top_k, h = m->hidden, I = E->inter, cols = h > I ? h : I;
+  *shared = moe_align(P * I) * 4 + moe_align(P * h) * 4 + 3 * moe_align(P) * 4 + 2 * moe_align((size_t)E->experts + 2) * 4;
+  const size_t ybuf = std::max((size_t)S * 2 * MOE_PF_GU_ROWS, (size_t)MOE_PF_CHUNK * 2 * I);
+  *priv = moe_align((2 * (size_t)MOE_PF_GU_ROWS + MOE_PF_DOWN_ROWS) * cols / 2) * 4 + moe_align(ybuf) * 4 +
+          moe_align((size_t)MOE_PF_CHUNK * h) * 4 + moe_align(h) * 4 + moe_align((size_t)S * 2) * 4;
+}
+
+// Bytes of workspace solo_moe_prefill needs for S tokens of MoE layer `layer` on nthreads threads.
+extern "C" size_t solo_moe_prefill_workspace_bytes(const Model* m, int layer, int S, int nthreads) {
+  const MoeLayer* E = moe_layer(m, layer);
+  if (!E) return 0;
+  size_t shared, priv;
+  moe_prefill_sizes(m, E, S, &shared, &priv);
+  return shared + (size_t)nthreads * priv + 64;
+}
+
+// The routed experts of MoE layer `layer` for S prompt tokens (see the section comment).
+//   x: [S, hidden] normed inputs in the model's dtype; ids: int32 [S, top_k] and weights: float32 [S, top_k]
+//   from solo.model.moe.route (the weights hold their dtype-rounded values unless the family keeps them in
+//   float32); out: [S, hidden] in the model's dtype, the weighted sum of each token's experts (no shared
+//   expert: the caller adds it).
+extern "C" void solo_moe_prefill(const Model* m, int layer, const void* x, int S, const int* ids, const float* weights,
+                                 void* out, void* workspace, int nthreads) {
+  const MoeLayer* E = moe_layer(m, layer);
+  if (!E || S <= 0) return;
+  const int h = m->hidden, bf = m->dtype == DT_BF16, k = E->top_k, ne = E->experts, I = E->inter, P = S * k;
+  const int gemm = moe_prefill_gemm(m, E);
+  const size_t desz = gemm ? 2 : input_elem_bytes(&E->down), gesz = input_elem_bytes(&E->gate_up);
+  size_t shared_bytes, priv_bytes;
+  moe_prefill_sizes(m, E, S, &shared_bytes, &priv_bytes);
+  (void)shared_bytes;
+  float* p = (float*)(((uintptr_t)workspace + 63) & ~(uintptr_t)63);  // 64-byte aligned, moe_align'ed parts
+  void* down_in = p;  // [P, I] down inputs by slot (bf16 on the tile path)
+  p += moe_align((size_t)P * I);
+  float* dout = p;  // [P, h] expert outputs by slot, dtype-rounded
+  p += moe_align((size_t)P * h);
+  int* slot_pair = (int*)p;
+  p += moe_align(P);
+  int* pair_slot = (int*)p;
+  p += moe_align(P);
+  int* uexp = (int*)p;
+  p += moe_align(P);
+  int* start = (int*)p;
+  p += moe_align((size_t)ne + 2);
+  int* count = (int*)p;
+  p += moe_align((size_t)ne + 2);
+  char* priv_base = (char*)p;
+  // group the pairs by expert (ascending, tokens in order within): a stable counting sort
+  for (int e = 0; e <= ne; e++) count[e] = 0;
+  for (int q = 0; q < P; q++) count[ids[q] + 1]++;
+  int nu = 0;
+  for (int e = 0; e < ne; e++) {
+    if (count[e + 1] > 0) uexp[nu] = e, start[nu++] = count[e];
+    count[e + 1] += count[e];
+  }
+  start[nu] = P;
+  for (int q = 0; q < P; q++) {
+    const int s = count[ids[q]]++;
+    slot_pair[s] = q;
+    pair_slot[q] = s;
+  }
+  const int gu_blocks = (I + MOE_PF_GU_ROWS - 1) / MOE_PF_GU_ROWS;
+  const int dn_blocks = (h + MOE_PF_DOWN_ROWS - 1) / MOE_PF_DOWN_ROWS;
+#pragma omp parallel num_threads(nthreads)
+  {
+    const int tid = omp_get_thread_num();
+    float* q = (float*)(priv_base + (size_t)tid * priv_bytes);
+    const size_t cols = h > I ? h : I;
+    uint16_t* wbuf = (uint16_t*)q;  // dequantized rows (bf16)
+    q += moe_align((2 * (size_t)MOE_PF_GU_ROWS + MOE_PF_DOWN_ROWS) * cols / 2);
+    float* ybuf = q;  // gate/up outputs of one work item
+    q += moe_align(std::max((size_t)S * 2 * MOE_PF_GU_ROWS, (size_t)MOE_PF_CHUNK * 2 * I));
+    void* xg = q;  // gathered inputs (fallback)
+    q += moe_align((size_t)MOE_PF_CHUNK * h);
+    float* xrow = q;
+    q += moe_align(h);
+    const uint16_t** xs = (const uint16_t**)q;  // the tokens' input rows (tile path)
+    // --- gate/up rows of every expert over its tokens, then the activation into the down inputs
+#pragma omp for schedule(dynamic, 1)
+    for (int it = 0; it < nu * gu_blocks; it++) {
+      const int u = it / gu_blocks, i0 = it % gu_blocks * MOE_PF_GU_ROWS;
+      const int i1 = i0 + MOE_PF_GU_ROWS < I ? i0 + MOE_PF_GU_ROWS : I, nr = i1 - i0;
+      const int e = uexp[u], s0 = start[u], np = start[u + 1] - s0;
+      const Mat gu = expert_mat(&E->gate_up, e, E->gate_up_stride, E->gate_up_scale_stride);
+      if (gemm) {
+#if SOLO_MOE_GEMM
+        for (int j = 0; j < np; j++) xs[j] = (const uint16_t*)x + (size_t)(slot_pair[s0 + j] / k) * h;
+        const uint16_t *wg = (const uint16_t*)gu.weight + (size_t)i0 * h, *wu = wg + (size_t)I * h;
+        if (gu.format != W_BF16) {  // int8 / int4: this block's gate and up rows as bf16
+          moe_dequant_rows_bf16(&gu, i0, i1, wbuf);
+          moe_dequant_rows_bf16(&gu, I + i0, I + i1, wbuf + (size_t)nr * h);
+          wg = wbuf, wu = wbuf + (size_t)nr * h;
+        }
+        moe_gemm_bf16(wg, h, xs, np, ybuf, 2 * nr, nr);
+        moe_gemm_bf16(wu, h, xs, np, ybuf + nr, 2 * nr, nr);
+        for (int j = 0; j < np; j++) {
+          float* g = ybuf + (size_t)j * 2 * nr;
+          for (int c = 0; c < 2 * nr; c++) g[c] = rnd(g[c], bf);  // eager's F.linear output (no bias)
+          act_mul(g, g + nr, g, 0, nr, m->act, bf);
+          uint16_t* d = (uint16_t*)down_in + (size_t)(s0 + j) * I + i0;
+          for (int c = 0; c < nr; c++) d[c] = f32_to_bf16(g[c]);
+        }
+#endif
+      } else {
+        for (int c0 = 0; c0 < np; c0 += MOE_PF_CHUNK) {
+          const int nc = np - c0 < MOE_PF_CHUNK ? np - c0 : MOE_PF_CHUNK;
+          for (int j = 0; j < nc; j++) {
+            const int tok = slot_pair[s0 + c0 + j] / k;
+            for (int c = 0; c < h; c++) xrow[c] = load_act(x, (size_t)tok * h + c, bf);
+            prepare_input(&gu, xrow, 1, (char*)xg + (size_t)j * h * gesz);
+          }
+          gated_rows(m, &gu, &E->down, xg, nc, ybuf, (char*)down_in + (size_t)(s0 + c0) * I * desz, i0, i1, 0);
+        }
+      }
+    }
+    // --- down rows of every expert over its tokens (the implicit barrier above: every down input is written)
+#pragma omp for schedule(dynamic, 1)
+    for (int it = 0; it < nu * dn_blocks; it++) {
+      const int u = it / dn_blocks, n0 = it % dn_blocks * MOE_PF_DOWN_ROWS;
+      const int n1 = n0 + MOE_PF_DOWN_ROWS < h ? n0 + MOE_PF_DOWN_ROWS : h;
+      const int e = uexp[u], s0 = start[u], np = start[u + 1] - s0;
+      const Mat dn = expert_mat(&E->down, e, E->down_stride, E->down_scale_stride);
+      float* y = dout + (size_t)s0 * h;
+      if (gemm) {
+#if SOLO_MOE_GEMM
+        for (int j = 0; j < np; j++) xs[j] = (const uint16_t*)down_in + (size_t)(s0 + j) * I;
+        const uint16_t* wd = (const uint16_t*)dn.weight + (size_t)n0 * I;
+        if (dn.format != W_BF16) {
+          moe_dequant_rows_bf16(&dn, n0, n1, wbuf);
+          wd = wbuf;
+        }
+        moe_gemm_bf16(wd, I, xs, np, y + n0, h, n1 - n0);
+#endif
+      } else {
+        gemv_rows(&dn, (const char*)down_in + (size_t)s0 * I * desz, I, np, y, h, n0, n1, 0);
+      }
+      finish_linear_rows(&dn, y, np, h, bf, n0, n1);
+    }
+    // --- every token's weighted sum of its k expert outputs (moe_mlp's arithmetic)
+#pragma omp for schedule(static)
+    for (int b = 0; b < S; b++) {
+      for (int n = 0; n < h; n++) {
+        float acc = 0.f;
+        for (int j = 0; j < k; j++) {
+          const float v = dout[(size_t)pair_slot[b * k + j] * h + n] * weights[b * k + j];
+          acc += E->weights_fp32 ? v : rnd(v, bf);
+        }
+        const float r = rnd(acc, bf);
+        if (bf)
+          ((uint16_t*)out)[(size_t)b * h + n] = f32_to_bf16(r);
+        else
+          ((float*)out)[(size_t)b * h + n] = r;
+      }
+    }
+  }
+}
+
 // moe_route for `tokens` rows of router logits [tokens, experts] (tests compare it with solo.model.moe.route):
 // ids int32 [tokens, k], weights float32 [tokens, k]; experts <= 1024.
 extern "C" void solo_moe_route(const float* logits, int tokens, int ne, int k, int norm, int fp32_weights, int bf,
