@@ -8,7 +8,9 @@ FIFO queue of at most `max_queue`. One thread drives the runtime; each loop iter
 3. prefills first (for TTFT): prompt chunks of the requests still being prefilled, at most
    `prefill_chunk` tokens in all, shortest remaining prompt first; a request whose last chunk ran emits
    its first token and joins the decode steps,
-4. runs one decode step for every request past its prefill, then frees the rows of those that finished.
+4. runs one decode step for every request past its prefill (one `decode_spans` call: a request with a
+   speculative draft feeds its last token and the draft, the others their last token), then frees the
+   rows of those that finished.
 
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
@@ -39,21 +41,24 @@ that promise depends on the runtime:
 
 So `decode_batching` is
 
-- "isolated": every step calls `runtime.decode` once per active row, the batch-1 call itself: bit-identical
-  to running alone on any runtime. Cost: no batching gain, N active requests take about N batch-1 steps
-  per step (they still advance together, and a lone request pays nothing). Measured with 8 concurrent
-  streams on 2 CPUs (benchmarks/results/server_load_test_*.md): 2.5-4x less throughput than "fused".
-- "fused": one batched `runtime.decode` call per step (the throughput of batching). Bit-identical to a lone
-  run only on a batch-invariant runtime.
+- "isolated": every step makes one call per active row (a batch-1 `decode`, or the `verify` of its draft),
+  the call a lone run makes: bit-identical to running alone on any runtime. Cost: no batching gain, N
+  active requests take about N batch-1 steps per step (they still advance together, and a lone request
+  pays nothing). Measured with 8 concurrent streams on 2 CPUs (benchmarks/results/server_load_test_*.md): 2.5-4x less throughput than "fused".
+- "fused": one `decode_spans` call per step over every active row and its draft (the throughput of
+  batching; the native CPU runtime runs it as one kernel call that streams the weights once, where a
+  verify call per drafted row streamed them once each). Bit-identical to a lone run only on a
+  batch-invariant runtime (for drafted rows: `spans_batch_invariant`); a runtime without a fused span
+  kernel makes one batched `decode` for the undrafted rows and a `verify` per drafted one.
 - "auto" (the default): "fused" when the runtime declares `batch_invariant = True` and a probe at start-up
   confirms it (batched and batch-1 logits of rows with different lengths compared bit for bit), else
   "isolated".
 
 A prompt longer than `prefill_chunk` is prefilled in chunks, which changes its arithmetic from one whole
 prefill in the last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on
-the load. A step that makes one call per request (speculative verify calls, "isolated" decode) stops
-between two of them when a new request is waiting for a free row: its prefill (and first token) goes
-first, and the requests not served yet go first in the next step.
+the load. An "isolated" step (one call per request) stops between two of them when a new request is
+waiting for a free row: its prefill (and first token) goes first, and the requests not served yet go
+first in the next step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
 a request that would wait longer than that for a row, at the rate rows have been freeing lately (the last
@@ -74,8 +79,9 @@ of its row. `kv_used_bytes()` sums them, and the metrics report it with the capa
 Prefix caching (`solo.engine.prefix_cache`): a request is placed in the free row whose previous tokens
 share the longest prefix with its prompt (or gets a stored snapshot copied in) and prefills only the rest;
 a finished request's row keeps its KV for the next one. Speculative decoding (`solo.engine.speculative`):
-a request with a draft runs a verify call on its own row instead of joining the decode step; the others
-decode as above.
+a request with a draft joins the decode step with its last token and the draft (`propose_draft`, then
+`accept_draft` on its rows of the step's logits); drafts come from the request's own tokens (and the
+session's, "suffix"), never from its neighbours.
 """
 
 from __future__ import annotations
@@ -95,8 +101,8 @@ import torch
 
 from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
-from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, speculative_step
-from solo.runtime.base import DecodeRuntime
+from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
+from solo.runtime.base import DecodeRuntime, decode_spans
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
@@ -652,42 +658,30 @@ class Scheduler:
 
     def _decode_step(self, seqs: list[_Sequence]) -> None:
         self.steps += 1
-        plain = []
-        for i, seq in enumerate(seqs):
-            # A request with a draft verifies it on its own row; the others decode together below.
-            events = None if seq.proposer is None else speculative_step(
-                self.runtime, seq.row, seq.request, seq.proposer, seq.last_token)
-            if events is None:
-                plain.append(seq)
-                continue
-            for event in events:
-                self._emit(seq, event)
-            self._flush()
-            if self._yield_to_new([s for s in seqs[:i + 1] if s not in plain], seqs[i + 1:] + plain):
-                return
-        seqs = plain
-        if not seqs:
-            return
-        if self.decode_batching == "fused" and len(seqs) > 1:
-            rows = torch.tensor([s.row for s in seqs], dtype=torch.long)
-            ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
-            positions = torch.tensor([s.request.next_position - 1 for s in seqs], dtype=torch.long)
-            logits = self.runtime.decode(rows, ids, positions)
-            for i, seq in enumerate(seqs):
-                self._advance(seq, logits[i])
-            self._flush()
+        if self.decode_batching == "fused":
+            self._span_step(seqs)
             return
         for i, seq in enumerate(seqs):
-            # Batch-1 decode: bit-identical to Engine.run's step for the same request.
-            logits = self.runtime.decode(
-                torch.tensor([seq.row], dtype=torch.long),
-                torch.tensor([seq.last_token], dtype=torch.long),
-                torch.tensor([seq.request.next_position - 1], dtype=torch.long),
-            )[0]
-            self._advance(seq, logits)
-            self._flush()  # each request's token goes out as soon as it exists
+            # One call per request (its draft's verify or a batch-1 decode): bit-identical to Engine.run's step.
+            self._span_step([seq])
             if self._yield_to_new(seqs[:i + 1], seqs[i + 1:]):
                 return
+
+    def _span_step(self, seqs: list[_Sequence]) -> None:
+        # One `decode_spans` call: a request with a draft feeds its last token and the draft (a verify), the
+        # others their last token; each is bit-identical to its lone run's call on a runtime whose spans are
+        # batch-invariant (the native CPU runtime), and separate calls elsewhere (`decode_spans_by_calls`).
+        drafts = [[] if s.proposer is None else propose_draft(s.request, s.proposer) for s in seqs]
+        logits = decode_spans(self.runtime, [s.row for s in seqs],
+                              [[s.last_token, *draft] for s, draft in zip(seqs, drafts, strict=True)],
+                              [s.request.next_position - 1 for s in seqs])
+        for seq, draft, rows in zip(seqs, drafts, logits, strict=True):
+            if draft:
+                for event in accept_draft(seq.request, seq.proposer, draft, rows):
+                    self._emit(seq, event)
+            else:
+                self._advance(seq, rows[0])
+        self._flush()
 
     def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
         token, info = seq.request.choose(logits)
