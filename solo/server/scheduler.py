@@ -44,7 +44,8 @@ So `decode_batching` is
 - "isolated": every step makes one call per active row (a batch-1 `decode`, or the `verify` of its draft),
   the call a lone run makes: bit-identical to running alone on any runtime. Cost: no batching gain, N
   active requests take about N batch-1 steps per step (they still advance together, and a lone request
-  pays nothing). Measured with 8 concurrent streams on 2 CPUs (benchmarks/results/server_load_test_*.md): 2.5-4x less throughput than "fused".
+  pays nothing). Measured with 8 concurrent streams on 2 CPUs (benchmarks/results/server_load_test_*.md):
+  2.5-4x less throughput than "fused".
 - "fused": one `decode_spans` call per step over every active row and its draft (the throughput of
   batching; the native CPU runtime runs it as one kernel call that streams the weights once, where a
   verify call per drafted row streamed them once each). Bit-identical to a lone run only on a
