@@ -615,13 +615,16 @@ class CpuRuntime:
             raise SoloError(f"decode rows/positions/token ids out of range ({self.rows} rows x {self.max_seq} "
                             f"tokens, vocab {self.config.vocab_size})")
         cos, sin = self._rope(positions)
-        need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, self.num_threads)
+        # The governor's count, capped by num_threads (which a caller may lower after construction): the
+        # workspace must be sized for the threads the kernel actually runs, or they write past its end.
+        nthreads = max(1, min(self.threads.threads, self.num_threads))
+        need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, nthreads)
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)
         logits = torch.empty(1 if flags & _SPAN_LAST_LOGITS else batch, self.config.vocab_size, dtype=torch.float32)
         args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
                 cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(),
-                self.threads.threads)
+                nthreads)
         start = time.perf_counter()
         late = self._lib.solo_decode_span(*args, flags) if flags else self._lib.solo_decode(*args)
         self.threads.report(late, time.perf_counter() - start, batch)
