@@ -247,27 +247,30 @@ class DraftProposer:
             self._misses = 0
 
 
-def speculative_step(runtime: DecodeRuntime, row: int, request: Request, proposer: DraftProposer,
-                     last_token: int) -> list[GenerationEvent] | None:
-    """One draft-and-verify step of a request whose `last_token` is not yet in the KV cache.
+def propose_draft(request: Request, proposer: DraftProposer) -> list[int]:
+    """The draft for a request's next step: up to k tokens, leaving room for the target's own token.
+
+    Returns:
+        Draft token ids ([] when nothing matches or the budget is spent: the step is a plain decode).
+    """
+    budget = request.max_new_tokens - len(request.output_ids) - 1  # room for the target's own token
+    return proposer.propose(budget)
+
+
+def accept_draft(request: Request, proposer: DraftProposer, draft: list[int], logits: torch.Tensor
+                 ) -> list[GenerationEvent]:
+    """Emit the tokens a verify pass over [last token, *draft] yields, and adapt the proposer.
 
     Args:
-        runtime: a runtime with `verify`.
-        row: the request's cache row.
-        request: the request (its next position is where `last_token` goes).
-        proposer: the request's draft proposer.
-        last_token: the newest generated token (fed together with the draft).
+        request: the request (its last token and the draft were fed at its next position onward).
+        proposer: the request's draft proposer (told how many draft tokens were accepted).
+        draft: the d draft tokens verified.
+        logits: float32 [d + 1, vocab]: row i predicts the token after the i-th token fed.
 
     Returns:
         The events of the tokens emitted (at least one: every accepted draft token and the target's own
-        next token, cut at EOS, a stop string or max_tokens), or None when there is no draft (the caller
-        runs a plain decode step).
+        next token, cut at EOS, a stop string or max_tokens).
     """
-    budget = request.max_new_tokens - len(request.output_ids) - 1  # room for the target's own token
-    draft = proposer.propose(budget)
-    if not draft:
-        return None
-    logits = runtime.verify(row, torch.tensor([last_token, *draft], dtype=torch.long), request.next_position - 1)
     events: list[GenerationEvent] = []
     accepted = 0
     params = request.sampler.params
@@ -287,3 +290,28 @@ def speculative_step(runtime: DecodeRuntime, row: int, request: Request, propose
     stats.draft_tokens += len(draft)
     stats.accepted_tokens += accepted
     return events
+
+
+def speculative_step(runtime: DecodeRuntime, row: int, request: Request, proposer: DraftProposer,
+                     last_token: int) -> list[GenerationEvent] | None:
+    """One draft-and-verify step of a request whose `last_token` is not yet in the KV cache.
+
+    `propose_draft`, one `runtime.verify` call on the request's row, then `accept_draft`. (The server's
+    scheduler runs the same two halves around one `decode_spans` call for all its rows.)
+
+    Args:
+        runtime: a runtime with `verify`.
+        row: the request's cache row.
+        request: the request (its next position is where `last_token` goes).
+        proposer: the request's draft proposer.
+        last_token: the newest generated token (fed together with the draft).
+
+    Returns:
+        The events of the tokens emitted (see `accept_draft`), or None when there is no draft (the caller
+        runs a plain decode step).
+    """
+    draft = propose_draft(request, proposer)
+    if not draft:
+        return None
+    logits = runtime.verify(row, torch.tensor([last_token, *draft], dtype=torch.long), request.next_position - 1)
+    return accept_draft(request, proposer, draft, logits)

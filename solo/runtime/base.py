@@ -5,6 +5,9 @@ of up to `max_seq` tokens. The engine and the server's scheduler only talk to th
 
 Beyond the `DecodeRuntime` protocol a runtime may declare capabilities, by having the methods:
 `verify` (several tokens of one row in one forward pass, for speculative decoding; `VerifyRuntime`),
+`decode_spans` (every row's next 1..k tokens in one call: a decode step whose rows may carry a speculative
+draft; `SpanDecodeRuntime`, with `decode_spans_by_calls` as the loop any runtime with `decode` and `verify`
+can run),
 `export_kv` / `import_kv` (KV-cache rows copied out and back in, for prefix caching; `KVSnapshotRuntime`)
 and `iter_blocks` (blocks of tokens decoded and sampled on the device per host sync; `BlockDecodingRuntime`,
 whose sampling settings are a `SamplingSpec`). `runtime_capabilities` reads them all into one
@@ -13,7 +16,7 @@ whose sampling settings are a `SamplingSpec`). `runtime_capabilities` reads them
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -138,6 +141,87 @@ class VerifyRuntime(Protocol):
 
 
 @runtime_checkable
+class SpanDecodeRuntime(Protocol):
+    """A runtime that runs a decode step in which each row feeds 1..k consecutive tokens, in one call."""
+
+    def decode_spans(self, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
+                     start_positions: Sequence[int]) -> list[torch.Tensor]:
+        """Feed row i's tokens token_lists[i] at positions start_positions[i] .. + k_i - 1, every row at once.
+
+        A row with one token is a decode step; a row with 1 + d tokens is a speculative verify of a d-token
+        draft (`VerifyRuntime.verify`). The keys and values of every token are written (positions past the
+        accepted ones are rewritten by later steps before anything reads them).
+
+        Args:
+            rows: distinct cache rows, one per span (their positions < start_positions[i] hold the sequence).
+            token_lists: for each row, its k_i >= 1 token ids.
+            start_positions: for each row, the position of its first token.
+
+        Returns:
+            One float32 [k_i, vocab] tensor per row: entry j predicts the token after token_lists[i][j].
+
+        Raises:
+            SoloError: mismatched lengths, an empty span, a repeated row, or rows / positions / ids outside
+                the reserved cache or the vocabulary.
+        """
+        ...
+
+
+def check_spans(rows: Sequence[int], token_lists: Sequence[Sequence[int]], start_positions: Sequence[int]) -> None:
+    """The argument checks every `decode_spans` shares (ranges are the runtime's own checks).
+
+    Raises:
+        SoloError: the three sequences differ in length, a span is empty, or a row appears twice.
+    """
+    if not len(rows) == len(token_lists) == len(start_positions):
+        raise SoloError(f"decode_spans got {len(rows)} rows, {len(token_lists)} token lists and "
+                        f"{len(start_positions)} start positions; pass one of each per row")
+    if any(len(tokens) == 0 for tokens in token_lists):
+        raise SoloError("decode_spans got an empty token list; every row needs at least its newest token")
+    if len(set(rows)) != len(rows):
+        raise SoloError(f"decode_spans got a row twice ({list(rows)}); give each row one span of consecutive tokens")
+
+
+def decode_spans_by_calls(runtime: DecodeRuntime, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
+                          start_positions: Sequence[int]) -> list[torch.Tensor]:
+    """`SpanDecodeRuntime.decode_spans` as separate calls: one `decode` for one-token rows, a `verify` per other.
+
+    The one-token rows go in one batched `decode`; a runtime without `verify` may only pass those.
+
+    What the server's scheduler ran before the capability existed: a runtime without a fused span kernel
+    (eager, CUDA graphs, CPU lane models) computes exactly what it computed then.
+
+    Raises:
+        SoloError: see `check_spans`; a longer span on a runtime without `verify`; the runtime's own errors.
+    """
+    check_spans(rows, token_lists, start_positions)
+    out: list[torch.Tensor | None] = [None] * len(rows)
+    single = [i for i, tokens in enumerate(token_lists) if len(tokens) == 1]
+    if single:
+        logits = runtime.decode(torch.tensor([rows[i] for i in single], dtype=torch.long),
+                                torch.tensor([token_lists[i][0] for i in single], dtype=torch.long),
+                                torch.tensor([start_positions[i] for i in single], dtype=torch.long))
+        for j, i in enumerate(single):
+            out[i] = logits[j:j + 1]
+    for i, tokens in enumerate(token_lists):
+        if len(tokens) > 1:
+            if not supports_verify(runtime):
+                raise SoloError(f"the {getattr(runtime, 'name', '?')} runtime has no verify: decode_spans can only "
+                                "feed one token per row there")
+            out[i] = runtime.verify(rows[i], torch.tensor(list(tokens), dtype=torch.long), start_positions[i])
+    return out  # type: ignore[return-value]
+
+
+def decode_spans(runtime: DecodeRuntime, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
+                 start_positions: Sequence[int]) -> list[torch.Tensor]:
+    """The runtime's `decode_spans` where it declares one, else `decode_spans_by_calls` (same contract)."""
+    method = getattr(runtime, "decode_spans", None)
+    if callable(method):
+        return method(rows, token_lists, start_positions)
+    return decode_spans_by_calls(runtime, rows, token_lists, start_positions)
+
+
+@runtime_checkable
 class KVSnapshotRuntime(Protocol):
     """A runtime whose KV-cache rows can be copied out and back in (prefix caching)."""
 
@@ -220,6 +304,11 @@ class RuntimeCapabilities:
         name: the backend name ("cpu", "eager", "cuda-graph", ...).
         verify: multi-token `verify` (speculative decoding can run).
         verify_matches_decode: verify's logits are bit for bit those of decode steps.
+        decode_spans: declares `decode_spans` (the native CPU runtime: one kernel call for a step whose rows
+            carry drafts; eager: its decode and verify calls in a loop); without it the module-level
+            `decode_spans` runs `decode_spans_by_calls`.
+        spans_batch_invariant: a row's `decode_spans` logits are bit for bit the same alone or beside other
+            rows' spans (one-token rows: its batch-1 decode logits; longer ones: its `verify` logits).
         speculative_auto: `--speculative auto` turns speculation on here.
         kv_snapshots: `export_kv` / `import_kv` (the prefix cache's snapshot store can run).
         block_decoding: `iter_blocks` (tokens decoded in blocks on the device).
@@ -229,6 +318,8 @@ class RuntimeCapabilities:
     name: str
     verify: bool
     verify_matches_decode: bool
+    decode_spans: bool
+    spans_batch_invariant: bool
     speculative_auto: bool
     kv_snapshots: bool
     block_decoding: bool
@@ -242,6 +333,8 @@ def runtime_capabilities(runtime: object) -> RuntimeCapabilities:
         name=str(getattr(runtime, "name", type(runtime).__name__)),
         verify=verify,
         verify_matches_decode=verify and bool(getattr(runtime, "verify_matches_decode", False)),
+        decode_spans=supports_decode_spans(runtime),
+        spans_batch_invariant=supports_decode_spans(runtime) and bool(getattr(runtime, "spans_batch_invariant", False)),
         speculative_auto=verify and bool(getattr(runtime, "speculative_auto", False)),
         kv_snapshots=supports_kv_snapshots(runtime),
         block_decoding=callable(getattr(runtime, "iter_blocks", None)),
@@ -252,6 +345,11 @@ def runtime_capabilities(runtime: object) -> RuntimeCapabilities:
 def supports_verify(runtime: object) -> bool:
     """True when `runtime` has a multi-token `verify` (speculative decoding can run on it)."""
     return callable(getattr(runtime, "verify", None))
+
+
+def supports_decode_spans(runtime: object) -> bool:
+    """True when `runtime` declares `decode_spans` (`SpanDecodeRuntime`)."""
+    return callable(getattr(runtime, "decode_spans", None))
 
 
 def supports_kv_snapshots(runtime: object) -> bool:

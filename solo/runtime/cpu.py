@@ -39,6 +39,7 @@ import ctypes
 import os
 import platform
 import time
+from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
@@ -47,7 +48,7 @@ from torch import nn
 from solo.errors import SoloError
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
-from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
+from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.cpu_threads import ThreadGovernor
 from solo.runtime.quant import QuantLinear, model_quantization
@@ -284,6 +285,10 @@ class CpuRuntime:
     # solo.engine.speculative.resolve_speculative). Whether its logits are bit for bit those of batch-1 steps
     # is per instance (verify_matches_decode, set in __init__).
     speculative_auto = True
+    # decode_spans() runs every row's tokens in one kernel call; an entry's arithmetic does not depend on the
+    # other entries (decode.cpp's decode_step), so a row's span gives the logits it gives alone (tested bit for
+    # bit in float32 and bfloat16: tests/runtime/test_decode_spans.py).
+    spans_batch_invariant = True
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
         reason = cpu_unsupported_reason(model)
@@ -614,13 +619,16 @@ class CpuRuntime:
             raise SoloError(f"decode rows/positions/token ids out of range ({self.rows} rows x {self.max_seq} "
                             f"tokens, vocab {self.config.vocab_size})")
         cos, sin = self._rope(positions)
-        need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, self.num_threads)
+        # The governor's count, capped by num_threads (which a caller may lower after construction): the
+        # workspace must be sized for the threads the kernel actually runs, or they write past its end.
+        nthreads = max(1, min(self.threads.threads, self.num_threads))
+        need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, nthreads)
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)
         logits = torch.empty(1 if flags & _SPAN_LAST_LOGITS else batch, self.config.vocab_size, dtype=torch.float32)
         args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
                 cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(),
-                self.threads.threads)
+                nthreads)
         start = time.perf_counter()
         late = self._lib.solo_decode_span(*args, flags) if flags else self._lib.solo_decode(*args)
         self.threads.report(late, time.perf_counter() - start, batch)
@@ -647,6 +655,33 @@ class CpuRuntime:
             raise SoloError("verify needs at least one token")
         return self._step(torch.full((k,), row, dtype=torch.long), ids,
                           torch.arange(start_pos, start_pos + k, dtype=torch.long), _SPAN_SHARED_ROWS)
+
+    @torch.inference_mode()
+    def decode_spans(self, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
+                     start_positions: Sequence[int]) -> list[torch.Tensor]:
+        """Every row's 1..k tokens in one native call (`SpanDecodeRuntime`): float32 [k_i, vocab] per row.
+
+        The spans are laid end to end as the entries of one decode step (`solo_decode_span` with the
+        barrier after each layer's cache writes, as `verify`), so the weights stream once for the whole
+        step, where separate `verify` calls streamed them once per row with a draft. Each entry's
+        arithmetic is that of a batch-1 step at its position whatever else is in the batch: a one-token row
+        gets its `decode` logits and a longer row its `verify` logits, bit for bit. A step of one-token rows
+        only is exactly `decode`.
+
+        Raises:
+            SoloError: see `check_spans`; rows, positions or ids outside the cache / vocabulary.
+        """
+        check_spans(rows, token_lists, start_positions)
+        if not rows:
+            return []
+        counts = [len(tokens) for tokens in token_lists]
+        flat_rows = [r for r, k in zip(rows, counts, strict=True) for _ in range(k)]
+        flat_ids = [int(t) for tokens in token_lists for t in tokens]
+        flat_pos = [p + j for p, k in zip(start_positions, counts, strict=True) for j in range(k)]
+        flags = _SPAN_SHARED_ROWS if max(counts) > 1 else 0
+        logits = self._step(torch.tensor(flat_rows, dtype=torch.long), torch.tensor(flat_ids, dtype=torch.long),
+                            torch.tensor(flat_pos, dtype=torch.long), flags)
+        return list(logits.split(counts))
 
     def export_kv(self, row: int, length: int) -> KVSnapshot:
         """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""

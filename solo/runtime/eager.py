@@ -5,11 +5,13 @@ It is the oracle the fast runtimes are tested against, and the fallback wherever
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import torch
 
 from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
-from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
+from solo.runtime.base import KVSnapshot, decode_spans_by_calls, export_cache_kv, import_cache_kv
 
 
 class EagerRuntime:
@@ -79,6 +81,17 @@ class EagerRuntime:
         positions = torch.arange(start_pos, start_pos + k, device=self.device).view(1, -1)
         rows = torch.tensor([row], device=self.device)
         return self.model(ids, positions, self.cache, rows)[0].float()
+
+    def decode_spans(self, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
+                     start_positions: Sequence[int]) -> list[torch.Tensor]:
+        """Every row's 1..k tokens (`SpanDecodeRuntime`): float32 [k_i, vocab] per row, by separate calls.
+
+        One batched `decode` for the one-token rows and one `verify` per longer row (`decode_spans_by_calls`).
+
+        The reference keeps its separate calls: a single forward over ragged spans would pad them, and its
+        arithmetic is not batch-invariant anyway (`batch_invariant`).
+        """
+        return decode_spans_by_calls(self, rows, token_lists, start_positions)
 
     def export_kv(self, row: int, length: int) -> KVSnapshot:
         """Copy positions 0 .. length - 1 of `row` out of the cache (see `KVSnapshotRuntime`)."""

@@ -6,9 +6,13 @@ FIFO queue of at most `max_queue`. One thread drives the runtime; each loop iter
 1. applies cancellations (a disconnected client's request frees its row before the next step),
 2. admits waiting requests into free rows,
 3. prefills first (for TTFT): prompt chunks of the requests still being prefilled, at most
-   `prefill_chunk` tokens in all, shortest remaining prompt first; a request whose last chunk ran emits
-   its first token and joins the decode steps,
-4. runs one decode step for every request past its prefill, then frees the rows of those that finished.
+   `prefill_chunk` tokens in all, shortest remaining prompt first, except that a whole prompt within one
+   chunk always runs; a request whose last chunk ran emits its first token and joins the decode steps;
+   then requests that arrived meanwhile are admitted and their short prompts prefilled too (they do not
+   wait for the decode step),
+4. runs one decode step for every request past its prefill (one `decode_spans` call: a request with a
+   speculative draft feeds its last token and the draft, the others their last token), then frees the
+   rows of those that finished.
 
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
@@ -39,21 +43,25 @@ that promise depends on the runtime:
 
 So `decode_batching` is
 
-- "isolated": every step calls `runtime.decode` once per active row, the batch-1 call itself: bit-identical
-  to running alone on any runtime. Cost: no batching gain, N active requests take about N batch-1 steps
-  per step (they still advance together, and a lone request pays nothing). Measured with 8 concurrent
-  streams on 2 CPUs (benchmarks/results/server_load_test_*.md): 2.5-4x less throughput than "fused".
-- "fused": one batched `runtime.decode` call per step (the throughput of batching). Bit-identical to a lone
-  run only on a batch-invariant runtime.
+- "isolated": every step makes one call per active row (a batch-1 `decode`, or the `verify` of its draft),
+  the call a lone run makes: bit-identical to running alone on any runtime. Cost: no batching gain, N
+  active requests take about N batch-1 steps per step (they still advance together, and a lone request
+  pays nothing). Measured with 8 concurrent streams on 2 CPUs (benchmarks/results/server_load_test_*.md):
+  2.5-4x less throughput than "fused".
+- "fused": one `decode_spans` call per step over every active row and its draft (the throughput of
+  batching; the native CPU runtime runs it as one kernel call that streams the weights once, where a
+  verify call per drafted row streamed them once each). Bit-identical to a lone run only on a
+  batch-invariant runtime (for drafted rows: `spans_batch_invariant`); a runtime without a fused span
+  kernel makes one batched `decode` for the undrafted rows and a `verify` per drafted one.
 - "auto" (the default): "fused" when the runtime declares `batch_invariant = True` and a probe at start-up
   confirms it (batched and batch-1 logits of rows with different lengths compared bit for bit), else
   "isolated".
 
 A prompt longer than `prefill_chunk` is prefilled in chunks, which changes its arithmetic from one whole
 prefill in the last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on
-the load. A step that makes one call per request (speculative verify calls, "isolated" decode) stops
-between two of them when a new request is waiting for a free row: its prefill (and first token) goes
-first, and the requests not served yet go first in the next step.
+the load. An "isolated" step (one call per request) stops between two of them when a new request is
+waiting for a free row: its prefill (and first token) goes first, and the requests not served yet go
+first in the next step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
 a request that would wait longer than that for a row, at the rate rows have been freeing lately (the last
@@ -74,8 +82,9 @@ of its row. `kv_used_bytes()` sums them, and the metrics report it with the capa
 Prefix caching (`solo.engine.prefix_cache`): a request is placed in the free row whose previous tokens
 share the longest prefix with its prompt (or gets a stored snapshot copied in) and prefills only the rest;
 a finished request's row keeps its KV for the next one. Speculative decoding (`solo.engine.speculative`):
-a request with a draft runs a verify call on its own row instead of joining the decode step; the others
-decode as above.
+a request with a draft joins the decode step with its last token and the draft (`propose_draft`, then
+`accept_draft` on its rows of the step's logits); drafts come from the request's own tokens (and the
+session's, "suffix"), never from its neighbours.
 """
 
 from __future__ import annotations
@@ -95,8 +104,8 @@ import torch
 
 from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
-from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, speculative_step
-from solo.runtime.base import DecodeRuntime
+from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
+from solo.runtime.base import DecodeRuntime, decode_spans
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
@@ -539,19 +548,7 @@ class Scheduler:
                     self._abort_all = False
                     aborted_waiting, self._waiting = list(self._waiting), deque()
                     cancelled |= {s.generation for s in self._running}
-                admitted = []
-                now = time.perf_counter()
-                while self._waiting and self._free_rows:
-                    seq = self._waiting.popleft()
-                    seq.request.stats.queue_s = now - seq.request.start_time
-                    if self.prefix_cache is not None:  # the free row holding the longest shared prefix
-                        seq.row = self.prefix_cache.pick_row(self._free_rows, seq.request.prompt_ids)
-                        self._free_rows.remove(seq.row)
-                    else:
-                        seq.row = self._free_rows.pop()
-                    admitted.append(seq)
-                self._running.extend(admitted)
-                self.peak_active = max(self.peak_active, len(self._running))
+                admitted = self._admit()
                 self._publish_load()
                 stopping = self._stopping
             for seq in aborted_waiting:
@@ -564,6 +561,7 @@ class Scheduler:
                     continue
                 self._guard([seq], self._begin_prefill, seq)
             self._prefill_chunks()  # prefill first: a new request's first token does not wait for a step
+            self._admit_late()
             active = [s for s in self._running if s.ready and not s.request.finished]
             if active:
                 start = time.perf_counter()
@@ -578,6 +576,46 @@ class Scheduler:
                 with self._cond:
                     if not self._running and not self._waiting:
                         return
+
+    def _admit(self) -> list[_Sequence]:
+        # Waiting requests into free rows, by priority (call with the lock held).
+        admitted = []
+        now = time.perf_counter()
+        while self._waiting and self._free_rows:
+            seq = self._waiting.popleft()
+            seq.request.stats.queue_s = now - seq.request.start_time
+            if self.prefix_cache is not None:  # the free row holding the longest shared prefix
+                seq.row = self.prefix_cache.pick_row(self._free_rows, seq.request.prompt_ids)
+                self._free_rows.remove(seq.row)
+            else:
+                seq.row = self._free_rows.pop()
+            admitted.append(seq)
+        self._running.extend(admitted)
+        self.peak_active = max(self.peak_active, len(self._running))
+        return admitted
+
+    def _admit_late(self) -> None:
+        # Requests that arrived while this iteration's prefills ran: admitted now, and a prompt within one
+        # chunk prefilled before the decode step instead of after it (its TTFT would wait a whole step:
+        # 15-35% of the chat workload's requests at 8 req/s on 2 busy cores did). A longer prompt starts
+        # with the next iteration's chunks. Each pass admits at least one request, so this ends.
+        while True:
+            with self._cond:
+                if self._stopping or self._abort_all or self._cancelled or not (self._waiting and self._free_rows):
+                    return
+                late = self._admit()
+                self._publish_load()
+            for seq in late:
+                if not seq.request.finished:  # (cancelled between admission and now: see _loop)
+                    self._guard([seq], self._begin_prefill, seq)
+            short = [s for s in late if s.prefilled and not s.request.finished and self._is_short(s)]
+            for seq in sorted(short, key=_Sequence.prefill_left):
+                self._guard([seq], self._prefill, seq, seq.prefill_left())
+
+    def _is_short(self, seq: _Sequence) -> bool:
+        # A whole prompt (after its cached part) within one chunk: prefilled in one call, never chunked.
+        return seq.prefill_at == seq.request.stats.cached_tokens and \
+            (not self.prefill_chunk or seq.prefill_left() <= self.prefill_chunk)
 
     def _guard(self, seqs: list[_Sequence], fn, *args) -> None:  # noqa: ANN001
         # A failure (a bug, a device error) ends only the requests involved; the thread keeps serving.
@@ -603,6 +641,8 @@ class Scheduler:
     def _prefill_chunks(self) -> None:
         # Shortest remaining prompt first (a short turn's TTFT does not wait for a long document), within
         # one chunk's budget of tokens per iteration (the running streams' wait); at least one chunk runs.
+        # A whole prompt within one chunk always runs (it never waits for a decode step: at most one per
+        # free row); it counts against the budget, so a long prompt's chunk may wait for the next iteration.
         pending = [s for s in self._running if not s.ready and s.prefilled and not s.request.finished]
         if not pending:
             return
@@ -611,7 +651,7 @@ class Scheduler:
         spent = 0
         for seq in pending:
             n = self._chunk_tokens(seq)
-            if spent and spent + n > budget:
+            if spent and spent + n > budget and not self._is_short(seq):
                 continue
             spent += n
             self._guard([seq], self._prefill, seq, n)
@@ -652,42 +692,30 @@ class Scheduler:
 
     def _decode_step(self, seqs: list[_Sequence]) -> None:
         self.steps += 1
-        plain = []
-        for i, seq in enumerate(seqs):
-            # A request with a draft verifies it on its own row; the others decode together below.
-            events = None if seq.proposer is None else speculative_step(
-                self.runtime, seq.row, seq.request, seq.proposer, seq.last_token)
-            if events is None:
-                plain.append(seq)
-                continue
-            for event in events:
-                self._emit(seq, event)
-            self._flush()
-            if self._yield_to_new([s for s in seqs[:i + 1] if s not in plain], seqs[i + 1:] + plain):
-                return
-        seqs = plain
-        if not seqs:
-            return
-        if self.decode_batching == "fused" and len(seqs) > 1:
-            rows = torch.tensor([s.row for s in seqs], dtype=torch.long)
-            ids = torch.tensor([s.last_token for s in seqs], dtype=torch.long)
-            positions = torch.tensor([s.request.next_position - 1 for s in seqs], dtype=torch.long)
-            logits = self.runtime.decode(rows, ids, positions)
-            for i, seq in enumerate(seqs):
-                self._advance(seq, logits[i])
-            self._flush()
+        if self.decode_batching == "fused":
+            self._span_step(seqs)
             return
         for i, seq in enumerate(seqs):
-            # Batch-1 decode: bit-identical to Engine.run's step for the same request.
-            logits = self.runtime.decode(
-                torch.tensor([seq.row], dtype=torch.long),
-                torch.tensor([seq.last_token], dtype=torch.long),
-                torch.tensor([seq.request.next_position - 1], dtype=torch.long),
-            )[0]
-            self._advance(seq, logits)
-            self._flush()  # each request's token goes out as soon as it exists
+            # One call per request (its draft's verify or a batch-1 decode): bit-identical to Engine.run's step.
+            self._span_step([seq])
             if self._yield_to_new(seqs[:i + 1], seqs[i + 1:]):
                 return
+
+    def _span_step(self, seqs: list[_Sequence]) -> None:
+        # One `decode_spans` call: a request with a draft feeds its last token and the draft (a verify), the
+        # others their last token; each is bit-identical to its lone run's call on a runtime whose spans are
+        # batch-invariant (the native CPU runtime), and separate calls elsewhere (`decode_spans_by_calls`).
+        drafts = [[] if s.proposer is None else propose_draft(s.request, s.proposer) for s in seqs]
+        logits = decode_spans(self.runtime, [s.row for s in seqs],
+                              [[s.last_token, *draft] for s, draft in zip(seqs, drafts, strict=True)],
+                              [s.request.next_position - 1 for s in seqs])
+        for seq, draft, rows in zip(seqs, drafts, logits, strict=True):
+            if draft:
+                for event in accept_draft(seq.request, seq.proposer, draft, rows):
+                    self._emit(seq, event)
+            else:
+                self._advance(seq, rows[0])
+        self._flush()
 
     def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
         token, info = seq.request.choose(logits)

@@ -10,6 +10,7 @@ from server_harness import BACKEND, start_server
 
 from solo.engine.engine import Engine
 from solo.engine.sampling import SamplingParams
+from solo.runtime.base import decode_spans_by_calls
 from solo.server import kv_memory
 from solo.server.scheduler import ABORT, Scheduler
 
@@ -28,6 +29,9 @@ class _Logged:
 
     def __getattr__(self, name):
         return getattr(self.inner, name)
+
+    def decode_spans(self, rows, tokens, starts):  # through this wrapper's decode (and the inner verify)
+        return decode_spans_by_calls(self, rows, tokens, starts)
 
     def reserve(self, rows, max_seq):
         self.inner.reserve(rows, max_seq)
@@ -156,6 +160,58 @@ def test_isolated_step_stops_for_a_new_request_with_a_free_row(engine):
     assert all(len(tokens_of(r)) == 6 for r in results) and len(tokens_of(newcomer)) == 3
     assert [tokens_of(r) for r in results] == [tokens_of(asyncio.run(_alone(engine, p))) for p in ("a = 1", "b = 2",
                                                                                                     "c = 3")]
+
+
+def test_a_request_arriving_during_a_prefill_is_prefilled_before_the_next_step(engine):
+    # Admission is rechecked after the iteration's prefills: the newcomer does not wait a whole decode step.
+    runtime = _Logged(engine.runtime)
+    scheduler = Scheduler(runtime, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused")
+    late: list = []
+    newcomer_len = len(request(engine, "x = 1").prompt_ids)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def hook(call):
+            if call[0] == "prefill" and not late:  # the first request's prefill ran: another one arrives
+                late.append(scheduler.submit([request(engine, "x = 1", max_tokens=3)], loop))
+
+        runtime.hook = hook
+        first = scheduler.submit([request(engine, SHORT)], loop)
+        scheduler.start()
+        result = await collect(first)
+        return result, await collect(late[0])
+
+    try:
+        result, newcomer = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert runtime.calls[0][0] == "prefill" and runtime.calls[1] == ("prefill", runtime.calls[1][1], 0, newcomer_len)
+    assert runtime.calls[2][0] == "decode" and len(runtime.calls[2][1]) == 2  # both rows in the first step
+    assert len(tokens_of(result)) == 6 and len(tokens_of(newcomer)) == 3
+    assert tokens_of(result) == tokens_of(asyncio.run(_alone(engine, SHORT)))
+
+
+def test_whole_short_prompts_never_wait_for_a_decode_step(engine):
+    # Two prompts within one chunk each but over the chunk budget together: both before the first step (the
+    # budget still holds back a long prompt's chunks: test_short_prompts_go_first_and_decode_steps_run_between_chunks).
+    a, b = len(request(engine, SHORT).prompt_ids), len(request(engine, "x = 1").prompt_ids)
+    runtime = _Logged(engine.runtime)
+    scheduler = Scheduler(runtime, max_batch=2, max_queue=2, max_seq=256, decode_batching="isolated",
+                          prefill_chunk=max(a, b))
+    assert a + b > scheduler.prefill_chunk
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        gens = [scheduler.submit([request(engine, p)], loop) for p in (SHORT, "x = 1")]
+        scheduler.start()
+        return await asyncio.gather(*(collect(g) for g in gens))
+
+    try:
+        asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert [c[0] for c in runtime.calls[:3]] == ["prefill", "prefill", "decode"]
 
 
 async def _alone(engine: Engine, prompt: str):

@@ -1,0 +1,79 @@
+"""Where each request's server-side TTFT went, from a scheduler trace (see sitecustomize.py in this folder).
+
+Per request: handler (arrival to submit), wait (submit to the start of its own prefill) split into time
+inside decode steps, inside other requests' prefills and the rest (scheduler Python, the GIL, idle), its
+own prefill, and how many whole decode steps it waited. Percentiles of each part, and the mean parts of
+the slowest 2% and 10% by TTFT.
+
+    python scripts/scheduler_trace/analyze.py trace.jsonl [more.jsonl ...]
+"""
+
+import collections
+import json
+import statistics
+import sys
+
+
+def pct(xs, p):
+    xs = sorted(xs)
+    return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
+
+
+def analyze(path):
+    ev = [json.loads(line) for line in open(path)]
+    steps = [e for e in ev if e["ev"] == "step"]
+    prefills = [e for e in ev if e["ev"] == "prefill"]
+    spans = [e for e in ev if e["ev"] == "spans"]
+    kernel = [e for e in ev if e["ev"] == "kernel"]
+
+    def inside(a, b, items):
+        return sum(max(0.0, min(b, x["t1"]) - max(a, x["t0"])) for x in items)
+
+    subs, own, first = {}, collections.defaultdict(list), {}
+    for e in ev:
+        if e["ev"] == "submit":
+            subs[e["id"]] = e
+        elif e["ev"] == "prefill":
+            own[e["id"]].append(e)
+        elif e["ev"] == "first":
+            first.setdefault(e["id"], e["t"])
+    rows = []
+    for i, s in subs.items():
+        if i not in first or i not in own:
+            continue
+        p0 = own[i][0]["t0"]
+        wait = p0 - s["t"]
+        steps_in, pre_in = inside(s["t"], p0, steps), inside(s["t"], p0, prefills)
+        rows.append(dict(ttft=first[i] - s["start"], handler=s["t"] - s["start"], wait=wait, in_steps=steps_in,
+                         in_prefills=pre_in, other=wait - steps_in - pre_in,
+                         own_prefill=sum(p["t1"] - p["t0"] for p in own[i]),
+                         whole_steps=sum(1 for x in steps if x["t0"] >= s["t"] and x["t1"] <= p0)))
+    rows.sort(key=lambda r: r["ttft"])
+    ms = lambda xs: "/".join(f"{1000 * pct(xs, p):.0f}" for p in (50, 90, 99))  # noqa: E731
+    print(f"{path}: {len(rows)} requests, {len(steps)} decode steps, {len(prefills)} prefill calls")
+    print(f"  decode step ms p50/p90/p99 {ms([x['t1'] - x['t0'] for x in steps])}; "
+          f"prefill call ms {ms([x['t1'] - x['t0'] for x in prefills])}")
+    if spans:
+        emitted, entries = sum(x["tokens"] for x in steps), [x["entries"] for x in spans]
+        print(f"  entries per step p50/p90 {pct(entries, 50)}/{pct(entries, 90)};"
+              f" tokens emitted per entry fed {emitted / max(1, sum(entries)):.2f}")
+    if kernel:
+        threads = collections.Counter(x["th"] for x in kernel)
+        in_steps = sum(x["t1"] - x["t0"] for x in steps)
+        print(f"  kernel calls by thread count {dict(threads)}; time in steps {in_steps:.1f} s,"
+              f" in kernel calls {sum(x['t1'] - x['t0'] for x in kernel):.1f} s")
+    keys = ["ttft", "handler", "wait", "in_steps", "in_prefills", "other", "own_prefill"]
+    print("  server TTFT parts, ms p50/p90/p99 of each: " + ", ".join(f"{k} {ms([r[k] for r in rows])}" for k in keys))
+    waited = collections.Counter(min(r["whole_steps"], 3) for r in rows)
+    print(f"  whole decode steps waited before the own prefill: 0: {waited[0]}, 1: {waited[1]}, 2: {waited[2]}, "
+          f"3+: {waited[3]}")
+    for share in (0.02, 0.10):
+        tail = rows[int((1 - share) * len(rows)):]
+        if tail:
+            print(f"  slowest {share:.0%} ({len(tail)}), mean ms: "
+                  + ", ".join(f"{k} {1000 * statistics.mean(r[k] for r in tail):.0f}" for k in keys))
+
+
+if __name__ == "__main__":
+    for p in sys.argv[1:]:
+        analyze(p)
