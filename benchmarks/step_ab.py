@@ -4,14 +4,18 @@ Variants of the decode step take turns round by round on one runtime (random wei
 batch 1), each round preceded by a streaming-read probe on the same threads, so this VM's bandwidth modes
 (which change minute to minute) hit every variant alike. A variant is a set of `solo_set_knob` knobs
 ("name=value,name=value"; decode.cpp lists them) and optionally another build of the kernels
-("lib:DIR" compiles DIR/decode.cpp with this machine's flags and runs its step on the same struct):
+("lib:DIR" compiles DIR/decode.cpp with this machine's flags and runs its step on the same struct; "skip":
+the products write zeros instead of reading weights, what is left is the step's other work; "noarena": a
+second model of the shape whose runtime leaves the weights where PyTorch allocated them, i.e. without the
+huge-page arena of solo/runtime/cpu.py):
 
     python benchmarks/step_ab.py --shape Llama-3.2-1B --steps 4 --rounds 30 \
         --variant base= --variant ahead=ahead_kb=256,ahead_hint=1
 
 Prints first the share of weight bytes on transparent huge pages, then per variant: median tok/s over the
 rounds, the median of (step GB/s / the round's probe GB/s), the median of its same-round tok/s ratios to the
-first variant, and every round's tok/s. Measurement only: noisy on a shared machine, like every timing.
+first variant, and every round's tok/s; then each variant's fastest, 10th-percentile and median single
+steps. Measurement only: noisy on a shared machine, like every timing.
 """
 
 from __future__ import annotations
@@ -59,6 +63,25 @@ def huge_page_share(tensors: list[torch.Tensor]) -> float:
     return huge / total if total else 0.0
 
 
+# decode.cpp's knob defaults (solo_set_knob): a variant's knobs are set over these, every other knob reset.
+KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "late_us": 1000, "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1,
+                 "bf16_streams": 1, "pf_dist": 0, "pf_span": 4096, "pf_hint": 0}
+
+
+def runtime_without_arena(model: torch.nn.Module, threads: int) -> CpuRuntime:
+    """A CpuRuntime whose weights stay where the model has them (no huge-page arena): the A/B's old layout."""
+    original = CpuRuntime._arena_for
+
+    def no_arena(self: CpuRuntime, sizes: list[int], i: int) -> None:
+        pass  # the arena stays empty: _to_arena leaves every weight in place
+
+    CpuRuntime._arena_for = no_arena  # type: ignore[method-assign]
+    try:
+        return CpuRuntime(model, num_threads=threads)
+    finally:
+        CpuRuntime._arena_for = original  # type: ignore[method-assign]
+
+
 def build_library(folder: str) -> ctypes.CDLL:
     """Compile `folder`/decode.cpp for the selected ISA level (this machine's flags) and load it."""
     out = Path("/tmp") / f"solo_step_ab_{abs(hash(folder))}.so"
@@ -81,52 +104,70 @@ def main() -> None:
     args = ap.parse_args()
     cfg = shape_config(args.shape)
     model = build_model(cfg, torch.bfloat16)
-    rt = CpuRuntime(model, num_threads=args.threads)
-    rt.threads.enabled = False  # a fixed thread count: the variants, not the governor, are compared
-    rt.threads.threads = args.threads
-    rt.reserve(1, 64 + args.steps * args.rounds * 2 + 8)
+    specs = args.variant or ["base="]
+    runtimes = {True: CpuRuntime(model, num_threads=args.threads)}
+    if any("noarena" in spec for spec in specs):  # a second model of the shape, its weights left in place
+        runtimes[False] = runtime_without_arena(build_model(cfg, torch.bfloat16), args.threads)
+    for r in runtimes.values():
+        r.threads.enabled = False  # a fixed thread count: the variants, not the governor, are compared
+        r.threads.threads = args.threads
+        r.reserve(1, 64 + args.steps * args.rounds * 2 + 8)
+        r.prefill(0, torch.arange(3, 35))
+    rt = runtimes[True]
     base_lib = rt._lib
-    variants: list[tuple[str, ctypes.CDLL, list[tuple[bytes, int]]]] = []
-    for spec in args.variant or ["base="]:
+    variants: list[tuple[str, ctypes.CDLL, list[tuple[bytes, int]], CpuRuntime]] = []
+    for spec in specs:
         name, _, rest = spec.partition("=")
-        lib, knobs = base_lib, []
+        lib, knobs, arena = base_lib, [], True
         for item in filter(None, rest.split(",")):
             if item.startswith("lib:"):
                 lib = build_library(item[4:])
+            elif item == "skip":  # products write zeros: the step's cost outside weight streaming
+                knobs.append((b"", 1))
+            elif item == "noarena":  # the weights where the model left them (before the huge-page arena)
+                arena = False
             else:
                 k, _, v = item.partition("=")
                 knobs.append((k.encode(), int(v)))
-        variants.append((name, lib, knobs))
-    all_knobs = {k for _, _, ks in variants for k, _ in ks}
+        variants.append((name, lib, knobs, runtimes[arena]))
     nbytes = rt.weight_nbytes()
-    weights = [t for t in rt._keep if t.numel() * t.element_size() >= 1 << 20]
-    print(f"{args.shape} bf16, {rt.isa}, {args.threads} threads, {nbytes / 1e6:.1f} MB per token; "
-          f"weights on huge pages: {huge_page_share(weights) * 100:.0f}%")
-    buf = torch.ones((1 << 30) // 8, dtype=torch.int64)
+    for arena, r in runtimes.items():
+        weights = [t for t in r._keep if t.numel() * t.element_size() >= 1 << 20]
+        print(f"{args.shape} bf16, {r.isa}, {args.threads} threads, {nbytes / 1e6:.1f} MB per token; "
+              f"{'' if arena else 'no arena: '}weights on huge pages: {huge_page_share(weights) * 100:.0f}% "
+              "(estimate from /proc/self/smaps)")
+    buf = torch.ones((1 << 29) // 8, dtype=torch.int64)
     print(f"probe buffer on huge pages: {huge_page_share([buf]) * 100:.0f}%")
-    rt.prefill(0, torch.arange(3, 35))
     row, tok = torch.zeros(1, dtype=torch.long), torch.tensor([5])
-    res: dict[str, list[tuple[float, float]]] = {name: [] for name, _, _ in variants}
+    res: dict[str, list[tuple[float, float]]] = {v[0]: [] for v in variants}
+    steps_of: dict[str, list[float]] = {v[0]: [] for v in variants}
     pos = 35
     for _ in range(args.rounds):
-        for name, lib, knobs in variants:
+        for name, lib, knobs, rt in variants:
             for lb in {id(base_lib): base_lib, id(lib): lib}.values():
-                for k in all_knobs:
-                    lb.solo_set_knob(k, 0)
+                for k, v in KNOB_DEFAULTS.items():
+                    lb.solo_set_knob(k.encode(), v)
                 for k, v in knobs:
-                    lb.solo_set_knob(k, v)
+                    if k:
+                        lb.solo_set_knob(k, v)
             rt._lib = lib
+            rt.skip_matmuls(any(not k for k, _ in knobs))
             start = time.perf_counter()
             lib.solo_stream_read(buf.data_ptr(), buf.numel() * 8, 1, args.threads)
             probe = buf.numel() * 8 / (time.perf_counter() - start) / 1e9
             rt.decode(row, tok, torch.tensor([pos]))  # one untimed step: the variant's first
-            start = time.perf_counter()
+            times = []
             for i in range(args.steps):
+                start = time.perf_counter()
                 rt.decode(row, tok, torch.tensor([pos + 1 + i]))
-            step = (time.perf_counter() - start) / args.steps
+                times.append(time.perf_counter() - start)
+            step = sum(times) / len(times)
             res[name].append((1 / step, nbytes / step / 1e9 / probe))
+            steps_of[name] += times
         pos = 35  # every round decodes the same positions
-    rt._lib = base_lib
+    for r in runtimes.values():
+        r._lib = base_lib
+        r.skip_matmuls(False)
     width = max(len(n) for n in res)
     first = res[variants[0][0]]
     for name, rows in res.items():
@@ -136,6 +177,12 @@ def main() -> None:
         print(f"{name:{width}s} {tok_s:7.2f} tok/s  {frac * 100:5.1f}% of the round's probe  "
               f"x{paired:.3f} vs {variants[0][0]} (median of same-round ratios)  "
               f"rounds [{', '.join(f'{r[0]:.1f}' for r in rows)}]")
+    # On a loaded machine the fastest steps are the ones that ran with every thread on a core: their
+    # times estimate the variants' idle speed better than the means do.
+    for name, times in steps_of.items():
+        ts = sorted(times)
+        print(f"{name:{width}s} fastest step {1 / ts[0]:6.2f} tok/s, 10th percentile {1 / ts[len(ts) // 10]:6.2f}, "
+              f"median {1 / ts[len(ts) // 2]:6.2f} ({len(ts)} steps)")
 
 
 if __name__ == "__main__":

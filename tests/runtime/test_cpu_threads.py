@@ -93,7 +93,7 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
     for num_threads, knobs, governed in [(1, {}, False), (2, {}, False), (3, {"chunk_kb": 1}, False),
                                          (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True),
                                          (2, {"chunk_kb": 1, "bf16_streams": 2, "ahead_kb": 64, "ahead_hint": 1,
-                                              "spin_pause": 0}, False)]:
+                                              "spin_pause": 0, "pf_dist": 4096, "pf_span": 512}, False)]:
         runtime = _runtime(folder, num_threads)
         lib = runtime._lib
         try:
@@ -110,6 +110,8 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
             lib.solo_set_knob(b"ahead_kb", 0)
             lib.solo_set_knob(b"ahead_hint", 0)
             lib.solo_set_knob(b"spin_pause", 1)
+            lib.solo_set_knob(b"pf_dist", 0)
+            lib.solo_set_knob(b"pf_span", 4096)
         if reference is None:
             reference = logits
         else:

@@ -689,6 +689,13 @@ extern "C" int solo_set_knob(const char* name, int value) {
     g_bf16_streams = value == 2 ? 2 : 1;
 #endif
   }
+#if SOLO_AVX512 && defined(__AVX512BF16__)
+  else if (!strcmp(name, "pf_dist")) g_pf_dist = value < 0 ? 0 : value;
+  else if (!strcmp(name, "pf_span")) g_pf_span = value;
+  else if (!strcmp(name, "pf_hint")) g_pf_hint = value;
+#else
+  else if (!strcmp(name, "pf_dist") || !strcmp(name, "pf_span") || !strcmp(name, "pf_hint")) (void)value;
+#endif
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

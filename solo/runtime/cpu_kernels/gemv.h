@@ -15,6 +15,22 @@
 // Measurement knob "bf16_streams" (decode.cpp: solo_set_knob): 2 = a batch-1 product reads a row block as two
 // concurrent streams (its first and second halves, one row of each at a time); 1 = one stream.
 static int g_bf16_streams = 1;
+// Measurement knobs "pf_dist", "pf_span", "pf_hint": software prefetches in the AVX512-BF16 row loop,
+// pf_dist bytes ahead of the lines read in the first pf_span bytes of every 4 KiB page (4096 = every line;
+// 512 = the start of the next page only, where a hardware prefetcher that stops at page boundaries must
+// train again); pf_hint 0-2 = prefetcht0/t1/t2. pf_dist 0 = none (the default).
+static int g_pf_dist = 0, g_pf_span = 4096, g_pf_hint = 0;
+
+static inline void knob_prefetch(const uint16_t* p) {
+  const uintptr_t a = (uintptr_t)p;
+  if ((int)(a & 4095) >= g_pf_span) return;
+  const char* q = (const char*)p + g_pf_dist;
+  for (int i = 0; i < 4; i++) {
+    if (g_pf_hint == 1) __builtin_prefetch(q + 64 * i, 0, 2);
+    else if (g_pf_hint == 2) __builtin_prefetch(q + 64 * i, 0, 1);
+    else __builtin_prefetch(q + 64 * i, 0, 3);
+  }
+}
 
 // S rows (rows[0..S)) of the product at once, each its own stream; per row exactly the one-row arithmetic.
 template <int BT, int S>
@@ -33,6 +49,7 @@ static inline void gemv_bf16_rows(const uint16_t* W, int K, const uint16_t* x, i
   for (; k < k4; k += 128) {
     __m512bh wv[S][4];
     for (int s = 0; s < S; s++) {
+      if (g_pf_dist) knob_prefetch(w[s] + k);
       PREFETCH(w[s] + k);
       PREFETCH(w[s] + k + 32);
       PREFETCH(w[s] + k + 64);
