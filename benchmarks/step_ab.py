@@ -15,7 +15,8 @@ huge-page arena of solo/runtime/cpu.py):
 Prints first the share of weight bytes on transparent huge pages, then per variant: median tok/s over the
 rounds, the median of (step GB/s / the round's probe GB/s), the median of its same-round tok/s ratios to the
 first variant, and every round's tok/s; then each variant's fastest, 10th-percentile and median single
-steps. Measurement only: noisy on a shared machine, like every timing.
+steps, and the same from CPU time per thread (immune to waiting for a core, so the better measure on a
+loaded machine, cleanest with --threads 1). Measurement only: noisy on a shared machine, like every timing.
 """
 
 from __future__ import annotations
@@ -64,8 +65,7 @@ def huge_page_share(tensors: list[torch.Tensor]) -> float:
 
 
 # decode.cpp's knob defaults (solo_set_knob): a variant's knobs are set over these, every other knob reset.
-KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "late_us": 1000, "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1,
-                 "bf16_streams": 1, "pf_dist": 0, "pf_span": 4096, "pf_hint": 0}
+KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "late_us": 1000, "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1}
 
 
 def runtime_without_arena(model: torch.nn.Module, threads: int) -> CpuRuntime:
@@ -141,6 +141,7 @@ def main() -> None:
     row, tok = torch.zeros(1, dtype=torch.long), torch.tensor([5])
     res: dict[str, list[tuple[float, float]]] = {v[0]: [] for v in variants}
     steps_of: dict[str, list[float]] = {v[0]: [] for v in variants}
+    cpu_of: dict[str, list[float]] = {v[0]: [] for v in variants}
     pos = 35
     for _ in range(args.rounds):
         for name, lib, knobs, rt in variants:
@@ -158,9 +159,10 @@ def main() -> None:
             rt.decode(row, tok, torch.tensor([pos]))  # one untimed step: the variant's first
             times = []
             for i in range(args.steps):
-                start = time.perf_counter()
+                start, cpu = time.perf_counter(), time.process_time()
                 rt.decode(row, tok, torch.tensor([pos + 1 + i]))
                 times.append(time.perf_counter() - start)
+                cpu_of[name].append((time.process_time() - cpu) / args.threads)
             step = sum(times) / len(times)
             res[name].append((1 / step, nbytes / step / 1e9 / probe))
             steps_of[name] += times
@@ -183,6 +185,13 @@ def main() -> None:
         ts = sorted(times)
         print(f"{name:{width}s} fastest step {1 / ts[0]:6.2f} tok/s, 10th percentile {1 / ts[len(ts) // 10]:6.2f}, "
               f"median {1 / ts[len(ts) // 2]:6.2f} ({len(ts)} steps)")
+    # CPU time per step and thread: on a machine whose cores are shared, a step's wall time includes the time
+    # its threads waited for a core; its CPU time does not (but includes barrier spinning, and other processes
+    # still share the memory bandwidth). Cleanest with --threads 1.
+    for name, times in cpu_of.items():
+        ts = sorted(times)
+        print(f"{name:{width}s} by CPU time per thread: median {1 / ts[len(ts) // 2]:6.2f} tok/s, "
+              f"10th percentile {1 / ts[len(ts) // 10]:6.2f}")
 
 
 if __name__ == "__main__":

@@ -22,7 +22,10 @@ matrix at a time (`native_bf16_matmul`); both accumulate in float32 and round on
 
 Weights keep the eager model's row-major [out, in] layout, which is what a row-split matrix-vector
 product streams: q/k/v and gate/up are concatenated into one buffer each and the eager parameters
-become row views of it, so prefill and decode share one copy.
+become row views of it, so prefill and decode share one copy. Every layer's matrices are copied into
+fresh mappings that start on a 2 MiB boundary and are advised for transparent huge pages before their
+first touch (`_huge_page_buffer`): PyTorch's own allocations left matrices under 2 MiB and the unaligned
+ends of larger ones on 4 KiB pages, which a 2-core Zen 4 read ~30% slower.
 
 Supported: every feature of `solo.model` (biases, q/k norms, sandwich norms, soft-capping, sliding
 windows, all RoPE types, mixture-of-experts layers) with float32 or bfloat16 weights, or int8/int4
@@ -288,7 +291,8 @@ class CpuRuntime:
 
     Args:
         model: the eager model (bf16 or f32), or one from `solo.runtime.quant.quantize_model`. Its
-            q/k/v and gate/up parameters are re-pointed to views of fused buffers (values unchanged).
+            matrices' weights are re-pointed to views of the runtime's buffers (values unchanged): q/k/v and
+            gate/up fused, every dense layer's matrices on 2 MiB-aligned transparent huge pages.
         rows: KV-cache rows (concurrent sequences).
         max_seq: tokens per row.
         num_threads: worker threads (default: torch.get_num_threads(), one per physical core).

@@ -92,8 +92,7 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
     reference = None
     for num_threads, knobs, governed in [(1, {}, False), (2, {}, False), (3, {"chunk_kb": 1}, False),
                                          (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True),
-                                         (2, {"chunk_kb": 1, "bf16_streams": 2, "ahead_kb": 64, "ahead_hint": 1,
-                                              "spin_pause": 0, "pf_dist": 4096, "pf_span": 512}, False)]:
+                                         (2, {"chunk_kb": 1, "ahead_kb": 64, "ahead_hint": 1, "spin_pause": 0}, False)]:
         runtime = _runtime(folder, num_threads)
         lib = runtime._lib
         try:
@@ -106,12 +105,9 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
         finally:
             lib.solo_set_knob(b"chunk_kb", 128)
             lib.solo_set_knob(b"static_rows", 0)
-            lib.solo_set_knob(b"bf16_streams", 1)
             lib.solo_set_knob(b"ahead_kb", 0)
             lib.solo_set_knob(b"ahead_hint", 0)
             lib.solo_set_knob(b"spin_pause", 1)
-            lib.solo_set_knob(b"pf_dist", 0)
-            lib.solo_set_knob(b"pf_span", 4096)
         if reference is None:
             reference = logits
         else:

@@ -675,8 +675,10 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
 // static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
-// barrier wait counted as late, "profile" 1 = time the phases of each step (0 = off; either resets the
-// totals). Returns 0, or -1 for an unknown name.
+// barrier wait counted as late, "ahead_kb" = KiB of the next matrix a thread prefetches while it waits at a
+// barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
+// barriers without the PAUSE hint (default 1), "profile" 1 = time the phases of each step (0 = off; either
+// resets the totals). Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
   else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
@@ -684,18 +686,6 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "ahead_kb")) g_ahead_kb = value < 0 ? 0 : value;
   else if (!strcmp(name, "ahead_hint")) g_ahead_hint = value;
   else if (!strcmp(name, "spin_pause")) g_spin_pause = value;
-  else if (!strcmp(name, "bf16_streams")) {  // no effect without the AVX512-BF16 kernels
-#if SOLO_AVX512 && defined(__AVX512BF16__)
-    g_bf16_streams = value == 2 ? 2 : 1;
-#endif
-  }
-#if SOLO_AVX512 && defined(__AVX512BF16__)
-  else if (!strcmp(name, "pf_dist")) g_pf_dist = value < 0 ? 0 : value;
-  else if (!strcmp(name, "pf_span")) g_pf_span = value;
-  else if (!strcmp(name, "pf_hint")) g_pf_hint = value;
-#else
-  else if (!strcmp(name, "pf_dist") || !strcmp(name, "pf_span") || !strcmp(name, "pf_hint")) (void)value;
-#endif
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

@@ -12,88 +12,45 @@
 // each weight vector is loaded once and multiplied with every sequence's input. Four accumulators per
 // sequence over k hide the dot-product latency, and every sequence sums in the same order whatever BT
 // is, so a row's result is bit-identical at batch 1 and batched.
-// Measurement knob "bf16_streams" (decode.cpp: solo_set_knob): 2 = a batch-1 product reads a row block as two
-// concurrent streams (its first and second halves, one row of each at a time); 1 = one stream.
-static int g_bf16_streams = 1;
-// Measurement knobs "pf_dist", "pf_span", "pf_hint": software prefetches in the AVX512-BF16 row loop,
-// pf_dist bytes ahead of the lines read in the first pf_span bytes of every 4 KiB page (4096 = every line;
-// 512 = the start of the next page only, where a hardware prefetcher that stops at page boundaries must
-// train again); pf_hint 0-2 = prefetcht0/t1/t2. pf_dist 0 = none (the default).
-static int g_pf_dist = 0, g_pf_span = 4096, g_pf_hint = 0;
-
-static inline void knob_prefetch(const uint16_t* p) {
-  const uintptr_t a = (uintptr_t)p;
-  if ((int)(a & 4095) >= g_pf_span) return;
-  const char* q = (const char*)p + g_pf_dist;
-  for (int i = 0; i < 4; i++) {
-    if (g_pf_hint == 1) __builtin_prefetch(q + 64 * i, 0, 2);
-    else if (g_pf_hint == 2) __builtin_prefetch(q + 64 * i, 0, 1);
-    else __builtin_prefetch(q + 64 * i, 0, 3);
-  }
-}
-
-// S rows (rows[0..S)) of the product at once, each its own stream; per row exactly the one-row arithmetic.
-template <int BT, int S>
-static inline void gemv_bf16_rows(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy,
-                                  const int* rows) {
-  const int k4 = K & ~127, kmain = K & ~31;
-  const int rem = K - kmain;
-  const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
-  const uint16_t* w[S];
-  for (int s = 0; s < S; s++) w[s] = W + (size_t)rows[s] * K;
-  __m512 acc[S][BT][4];
-  for (int s = 0; s < S; s++)
-    for (int j = 0; j < BT; j++)
-      for (int i = 0; i < 4; i++) acc[s][j][i] = _mm512_setzero_ps();
-  int k = 0;
-  for (; k < k4; k += 128) {
-    __m512bh wv[S][4];
-    for (int s = 0; s < S; s++) {
-      if (g_pf_dist) knob_prefetch(w[s] + k);
-      PREFETCH(w[s] + k);
-      PREFETCH(w[s] + k + 32);
-      PREFETCH(w[s] + k + 64);
-      PREFETCH(w[s] + k + 96);
-      for (int i = 0; i < 4; i++) wv[s][i] = (__m512bh)_mm512_loadu_si512(w[s] + k + 32 * i);
-    }
-    for (int j = 0; j < BT; j++)
-      for (int i = 0; i < 4; i++) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i);
-        for (int s = 0; s < S; s++) acc[s][j][i] = _mm512_dpbf16_ps(acc[s][j][i], wv[s][i], xv);
-      }
-  }
-  for (; k < kmain; k += 32)
-    for (int s = 0; s < S; s++) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[s] + k);
-      for (int j = 0; j < BT; j++)
-        acc[s][j][0] = _mm512_dpbf16_ps(acc[s][j][0], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
-    }
-  if (rem)
-    for (int s = 0; s < S; s++) {
-      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[s] + kmain);
-      for (int j = 0; j < BT; j++)
-        acc[s][j][1] = _mm512_dpbf16_ps(acc[s][j][1], wv,
-                                        (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
-    }
-  for (int s = 0; s < S; s++)
-    for (int j = 0; j < BT; j++)
-      y[(size_t)j * ldy + rows[s]] = _mm512_reduce_add_ps(
-          _mm512_add_ps(_mm512_add_ps(acc[s][j][0], acc[s][j][1]), _mm512_add_ps(acc[s][j][2], acc[s][j][3])));
-}
-
 template <int BT>
 static void gemv_bf16_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
                          int n1) {
-  if (BT == 1 && g_bf16_streams == 2 && n1 - n0 >= 2) {
-    const int half = (n1 - n0 + 1) / 2;
-    for (int i = 0; i < half; i++) {
-      const int rows[2] = {n0 + i, n0 + half + i};
-      if (rows[1] < n1) gemv_bf16_rows<BT, 2>(W, K, x, ldx, y, ldy, rows);
-      else gemv_bf16_rows<BT, 1>(W, K, x, ldx, y, ldy, rows);
+  const int k4 = K & ~127, kmain = K & ~31;
+  const int rem = K - kmain;
+  const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
+  for (int n = n0; n < n1; n++) {
+    const uint16_t* w = W + (size_t)n * K;
+    __m512 acc[BT][4];
+    for (int j = 0; j < BT; j++)
+      for (int i = 0; i < 4; i++) acc[j][i] = _mm512_setzero_ps();
+    int k = 0;
+    for (; k < k4; k += 128) {
+      PREFETCH(w + k);
+      PREFETCH(w + k + 32);
+      PREFETCH(w + k + 64);
+      PREFETCH(w + k + 96);
+      __m512bh wv[4];
+      for (int i = 0; i < 4; i++) wv[i] = (__m512bh)_mm512_loadu_si512(w + k + 32 * i);
+      for (int j = 0; j < BT; j++)
+        for (int i = 0; i < 4; i++)
+          acc[j][i] = _mm512_dpbf16_ps(acc[j][i], wv[i],
+                                       (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i));
     }
-    return;
+    for (; k < kmain; k += 32) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
+      for (int j = 0; j < BT; j++)
+        acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
+    }
+    if (rem) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain);
+      for (int j = 0; j < BT; j++)
+        acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv,
+                                     (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
+    }
+    for (int j = 0; j < BT; j++)
+      y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3])));
   }
-  for (int n = n0; n < n1; n++) gemv_bf16_rows<BT, 1>(W, K, x, ldx, y, ldy, &n);
 }
 #endif
 
