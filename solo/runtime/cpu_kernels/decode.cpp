@@ -144,8 +144,8 @@ static size_t mat_row_bytes(const Mat* W) {
 }
 
 // The read-ahead for the next product over W's rows: the start of this thread's own run of chunks (share_rows'
-// static split of rows [0, n), chunks of chunk_rows(W) rows), at rows `offset` + (run start) of W (two ranges
-// for the MLP's gate and up halves); at most g_ahead_kb KiB in all.
+// static split of rows [0, n), chunks of chunk_rows(W) rows); with halves = 2 (the MLP's gate/up, n = f) the
+// same rows of both halves, [r, ...) and [f + r, ...). At most g_ahead_kb KiB in all.
 static Ahead ahead_of(const Mat* W, int n, int halves, int tid, int nt) {
   Ahead a;
   if (!g_ahead_kb || nt == 1 || !W->weight) return a;
