@@ -91,7 +91,8 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
     reference = None
     for num_threads, knobs, governed in [(1, {}, False), (2, {}, False), (3, {"chunk_kb": 1}, False),
-                                         (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True)]:
+                                         (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True),
+                                         (2, {"chunk_kb": 1, "ahead_kb": 64, "ahead_hint": 1, "spin_pause": 0}, False)]:
         runtime = _runtime(folder, num_threads)
         lib = runtime._lib
         try:
@@ -104,6 +105,9 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
         finally:
             lib.solo_set_knob(b"chunk_kb", 128)
             lib.solo_set_knob(b"static_rows", 0)
+            lib.solo_set_knob(b"ahead_kb", 0)
+            lib.solo_set_knob(b"ahead_hint", 0)
+            lib.solo_set_knob(b"spin_pause", 1)
         if reference is None:
             reference = logits
         else:

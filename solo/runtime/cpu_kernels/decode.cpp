@@ -74,7 +74,32 @@ static inline int64_t now_ns() {
 // its next steps on fewer threads (CpuRuntime's thread governor in cpu.py).
 static int64_t g_late_wait_ns = 1000000;
 
-static void barrier_wait(SpinBarrier* b, int nt) {
+// Read-ahead while waiting at a barrier (knob "ahead_kb", 0 = off): the bytes a thread will stream first after
+// the barrier (the start of its own run of the next matrix), touched with prefetches while it spins, so the
+// waiting core's share of the memory bus is not idle and its next stream starts warm.
+static int g_ahead_kb = 0;
+static int g_ahead_hint = 0;  // knob "ahead_hint": 0 = prefetcht0, 1 = prefetcht1, 2 = prefetcht2
+static int g_spin_pause = 1;  // knob "spin_pause": 0 = spin without the PAUSE hint (measurement)
+struct Ahead {
+  const char* p[2] = {nullptr, nullptr};
+  size_t n[2] = {0, 0};
+  // Issue up to `lines` prefetches of 64 bytes from the ranges left; false when none is left.
+  bool step(int lines) {
+    for (int r = 0; r < 2; r++) {
+      while (n[r] && lines > 0) {
+        if (g_ahead_hint == 1) __builtin_prefetch(p[r], 0, 2);
+        else if (g_ahead_hint == 2) __builtin_prefetch(p[r], 0, 1);
+        else __builtin_prefetch(p[r], 0, 3);
+        p[r] += 64;
+        n[r] = n[r] > 64 ? n[r] - 64 : 0;
+        lines--;
+      }
+    }
+    return n[0] || n[1];
+  }
+};
+
+static void barrier_wait(SpinBarrier* b, int nt, Ahead* ahead = nullptr) {
   if (nt == 1) return;
 #if SOLO_OMP_BARRIER
   (void)b;
@@ -91,13 +116,15 @@ static void barrier_wait(SpinBarrier* b, int nt) {
     return;
   }
   const int64_t start = now_ns(), deadline = start + spin_budget_ns();
+  bool reading = ahead != nullptr;
   for (int spins = 1;; spins++) {
     if (b->generation.load(std::memory_order_acquire) != gen) {
       // Short waits end within 64 spins or so; only longer ones pay for a clock read.
       if (spins > 64 && now_ns() - start > g_late_wait_ns) b->late.fetch_add(1, std::memory_order_relaxed);
       return;
     }
-    cpu_relax();
+    if (reading) reading = ahead->step(8);
+    else if (g_spin_pause) cpu_relax();
     if ((spins & 63) == 0 && now_ns() > deadline) break;
   }
   b->sleepers.fetch_add(1, std::memory_order_seq_cst);
@@ -106,6 +133,33 @@ static void barrier_wait(SpinBarrier* b, int nt) {
     syscall(SYS_futex, (int*)&b->generation, FUTEX_WAIT_PRIVATE, gen, nullptr, nullptr, 0);
   b->sleepers.fetch_sub(1, std::memory_order_relaxed);
   if (now_ns() - start > g_late_wait_ns) b->late.fetch_add(1, std::memory_order_relaxed);
+}
+
+static size_t mat_row_bytes(const Mat* W) {
+  const size_t cols = (size_t)W->cols;
+  return W->format == W_INT4 || W->format == W_INT4_BF16X ? cols / 2
+         : W->format == W_F32                            ? cols * 4
+         : W->format == W_BF16                           ? cols * 2
+                                                         : cols;
+}
+
+// The read-ahead for the next product over W's rows: the start of this thread's own run of chunks (share_rows'
+// static split of rows [0, n), chunks of chunk_rows(W) rows); with halves = 2 (the MLP's gate/up, n = f) the
+// same rows of both halves, [r, ...) and [f + r, ...). At most g_ahead_kb KiB in all.
+static Ahead ahead_of(const Mat* W, int n, int halves, int tid, int nt) {
+  Ahead a;
+  if (!g_ahead_kb || nt == 1 || !W->weight) return a;
+  const int R = chunk_rows(W), chunks = (n + R - 1) / R;
+  const long c0 = (long)chunks * tid / nt, c1 = (long)chunks * (tid + 1) / nt;
+  const long r0 = c0 * R, r1 = c1 * R < n ? c1 * R : n;
+  if (r1 <= r0) return a;
+  const size_t rb = mat_row_bytes(W), cap = ((size_t)g_ahead_kb << 10) / halves;
+  for (int h = 0; h < halves; h++) {
+    const size_t bytes = (size_t)(r1 - r0) * rb;
+    a.p[h] = (const char*)W->weight + ((size_t)h * n + r0) * rb;
+    a.n[h] = bytes < cap ? bytes : cap;
+  }
+  return a;
 }
 
 // Per-thread scratch floats: residual, normed / scratch, post-processed q/k/v, matrix-vector input,
@@ -334,9 +388,12 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
     for (int l = 0; l < m->layers; l++) {
       const Layer* L = &m->layer[l];
       // --- q, k, v projections, then bias, q/k norms and RoPE on this thread's own copy
+      const Layer* Ln = l + 1 < m->layers ? &m->layer[l + 1] : nullptr;
+      const MoeLayer* MLc = moe_layer(m, l);
       gemv_shared(&L->qkv, xin, B, qkv, nqkv, queues, calls++, tid, nt, skip, no_epilogue);
       mark(PH_QKV);
-      barrier_wait(&bar, nt);
+      Ahead ah = ahead_of(&L->o, L->o.rows, 1, tid, nt);
+      barrier_wait(&bar, nt, &ah);
       mark(PH_QKV_WAIT);
       memcpy(lq, qkv, (size_t)B * nqkv * sizeof(float));
       finish_linear(&L->qkv, lq, B, nqkv, bf);
@@ -369,16 +426,18 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       mark(PH_QKV_POST);
       attention_layer(m, L, B, lq, rows, positions, gs, scores, att, o_in, parts, &bar, tid, nt);
       mark(PH_ATTN);
-      barrier_wait(&bar, nt);
+      ah = ahead_of(&L->o, L->o.rows, 1, tid, nt);
+      barrier_wait(&bar, nt, &ah);
       mark(PH_ATTN_WAIT);
       // --- output projection and residual
       gemv_shared(&L->o, o_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
       mark(PH_O);
-      barrier_wait(&bar, nt);
+      ah = MLc ? Ahead() : ahead_of(&L->gate_up, f, 2, tid, nt);
+      barrier_wait(&bar, nt, &ah);
       mark(PH_O_WAIT);
       residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
       mark(PH_RESID);
-      if (const MoeLayer* ML = moe_layer(m, l)) {
+      if (const MoeLayer* ML = MLc) {
         // --- mixture-of-experts MLP (moe.h): routing and the selected experts; output in proj, barrier included
         moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&] { barrier_wait(&bar, nt); });
         mark(PH_MLP_UP);
@@ -401,11 +460,14 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
           }
         });
         mark(PH_MLP_UP);
-        barrier_wait(&bar, nt);
+        ah = ahead_of(&L->down, L->down.rows, 1, tid, nt);
+        barrier_wait(&bar, nt, &ah);
         mark(PH_MLP_WAIT);
         gemv_shared(&L->down, down_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
         mark(PH_DOWN);
-        barrier_wait(&bar, nt);
+        const Mat* next = Ln ? &Ln->qkv : &m->head;
+        ah = ahead_of(next, next->rows, 1, tid, nt);
+        barrier_wait(&bar, nt, &ah);
         mark(PH_DOWN_WAIT);
       }
       const bool last = l + 1 == m->layers;
@@ -613,12 +675,17 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
 // static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
-// barrier wait counted as late, "profile" 1 = time the phases of each step (0 = off; either resets the
-// totals). Returns 0, or -1 for an unknown name.
+// barrier wait counted as late, "ahead_kb" = KiB of the next matrix a thread prefetches while it waits at a
+// barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
+// barriers without the PAUSE hint (default 1), "profile" 1 = time the phases of each step (0 = off; either
+// resets the totals). Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
   else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
   else if (!strcmp(name, "late_us")) g_late_wait_ns = (int64_t)value * 1000;
+  else if (!strcmp(name, "ahead_kb")) g_ahead_kb = value < 0 ? 0 : value;
+  else if (!strcmp(name, "ahead_hint")) g_ahead_hint = value;
+  else if (!strcmp(name, "spin_pause")) g_spin_pause = value;
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

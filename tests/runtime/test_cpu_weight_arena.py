@@ -1,0 +1,61 @@
+"""The CPU runtime's weight arenas: matrices on 2 MiB-aligned huge-page mappings, shared with the eager model."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+from checkpoints import make_checkpoint
+
+from solo.model.config import ModelConfig
+from solo.model.weights import load_weights
+from solo.runtime.cpu import CpuRuntime, cpu_unsupported_reason
+
+
+def _vm_flags(address: int) -> list[str]:
+    """The VmFlags of the /proc/self/smaps mapping that holds `address`."""
+    inside = False
+    for line in Path("/proc/self/smaps").read_text().splitlines():
+        head = line.split()[0]
+        if "-" in head and not head.endswith(":"):
+            lo, hi = (int(v, 16) for v in head.split("-"))
+            inside = lo <= address < hi
+        elif inside and head == "VmFlags:":
+            return line.split()[1:]
+    return []
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_matrices_live_in_aligned_huge_page_arenas_shared_with_the_eager_model(tmp_path, dtype):
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=dtype, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    model = load_weights(folder, ModelConfig.from_file(folder), dtype)
+    reason = cpu_unsupported_reason(model)
+    if reason is not None:
+        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    runtime = CpuRuntime(model)
+    after = model.state_dict()
+    assert before.keys() == after.keys()
+    for k, v in before.items():
+        assert torch.equal(v, after[k]), k  # same values, wherever they live now
+    first = runtime._layers[0]
+    assert first.qkv.weight % (2 << 20) == 0  # each arena starts on a huge-page boundary
+    for i, layer in enumerate(model.layers):
+        entry = runtime._layers[i]
+        # The eager modules read the arena's copy (prefill and the eager fallback share one copy of the weights).
+        assert layer.attn.q_proj.weight.data_ptr() == entry.qkv.weight
+        assert layer.attn.o_proj.weight.data_ptr() == entry.o.weight
+        assert layer.mlp.gate_proj.weight.data_ptr() == entry.gate_up.weight
+        assert layer.mlp.down_proj.weight.data_ptr() == entry.down.weight
+    if sys.platform.startswith("linux"):
+        assert "hg" in _vm_flags(first.qkv.weight)  # advised for transparent huge pages (MADV_HUGEPAGE)
+    # A second runtime over the same (already fused) model builds its own arenas and matches the first.
+    ids, rows = torch.tensor([3]), torch.tensor([0])
+    runtime.reserve(1, 8)
+    again = CpuRuntime(model)
+    again.reserve(1, 8)
+    assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), again.prefill(0, torch.tensor([1, 5, 9])))
+    assert torch.equal(runtime.decode(rows, ids, torch.tensor([3])), again.decode(rows, ids, torch.tensor([3])))
