@@ -53,6 +53,7 @@ from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
+_W_INT8_Q8, _W_INT4_Q8 = 5, 6  # the same weights, integer dot products with int8-quantized inputs (qdot.h)
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 _SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
 
@@ -157,6 +158,23 @@ def native_matrix(layer: nn.Module) -> _Mat:
                 scale.data_ptr() if scale is not None else None, bias.data_ptr() if bias is not None else None)
 
 
+def int_dot_enabled() -> bool:
+    """Whether the decode kernels multiply int8 / int4 weights with int8-quantized activations (default yes).
+
+    The integer-dot path (cpu_kernels/qdot.h) quantizes each matrix's input vector to int8 per block of 32
+    inputs (one float32 scale per block, as llama.cpp's Q8_0) and runs integer dot products; the float path
+    widens every weight to float32 instead, which keeps the activations exact but is compute-bound on few
+    cores. `SOLO_CPU_INT_DOT=0` selects the float path (for models whose activations lose too much at 8
+    bits per block, and for comparisons).
+    """
+    return os.environ.get("SOLO_CPU_INT_DOT", "1").strip() != "0"
+
+
+def q8_input_fits(cols: int) -> bool:
+    """Whether an input of `cols` values fits qdot.h's quantized layout in its float32 slot (cols >= 17, != 33)."""
+    return 68 * ((cols + 31) // 32) <= 4 * cols
+
+
 def native_bf16_matmul() -> bool:
     """Whether PyTorch's CPU matmuls (oneDNN) have a native bf16 path on this machine.
 
@@ -257,6 +275,8 @@ class CpuRuntime:
         rows: KV-cache rows (concurrent sequences).
         max_seq: tokens per row.
         num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
+        int_dot: int8 / int4 weights multiply int8-quantized activations in integer dot products (default:
+            `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
 
     Attributes:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
@@ -269,7 +289,8 @@ class CpuRuntime:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
         a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work);
         SOLO_CPU_SPLIT_KV=0 turns off the split-KV attention past 512 positions (for comparisons);
-        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads (see `solo.runtime.cpu_threads`).
+        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads (see `solo.runtime.cpu_threads`);
+        SOLO_CPU_INT_DOT=0 multiplies int8 / int4 weights with float32 activations (see `int_dot_enabled`).
 
     Raises:
         SoloError: the model is not supported (see `cpu_unsupported_reason`).
@@ -284,7 +305,8 @@ class CpuRuntime:
     # is per instance (verify_matches_decode, set in __init__).
     speculative_auto = True
 
-    def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
+    def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None,
+                 int_dot: bool | None = None) -> None:
         reason = cpu_unsupported_reason(model)
         if reason is not None:
             raise SoloError(f"the cpu backend cannot run this model: {reason}")
@@ -292,6 +314,7 @@ class CpuRuntime:
         self.config = model.config
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
+        self.int_dot = int_dot_enabled() if int_dot is None else bool(int_dot)
         self.num_threads = num_threads or torch.get_num_threads()
         # Decode steps run on fewer threads while another process holds a core (cpu_threads.py).
         self.threads = ThreadGovernor(self.num_threads)
@@ -327,9 +350,11 @@ class CpuRuntime:
         if isinstance(first, QuantLinear):
             qweight, scale, bias = _fuse_rows(modules, ("qweight", "scale", "bias"))
             fmt = _W_INT8 if first.mode == "int8" else _W_INT4
-            if fmt == _W_INT4 and self.model.dtype == torch.bfloat16:
-                fmt = _W_INT4_BF16X  # bf16 activations: the faster bf16 dot-product kernel is exact for them
             cols = first.in_features
+            if self.int_dot and q8_input_fits(cols):
+                fmt = _W_INT8_Q8 if fmt == _W_INT8 else _W_INT4_Q8
+            elif fmt == _W_INT4 and self.model.dtype == torch.bfloat16:
+                fmt = _W_INT4_BF16X  # bf16 activations: the faster bf16 dot-product kernel is exact for them
         else:
             qweight, bias = _fuse_rows(modules, ("weight", "bias"))
             scale = None

@@ -88,6 +88,38 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.reshape(out_features, in_features // 2).contiguous(), scale.contiguous()
 
 
+def quantize_activations_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernels' int8 activation quantization (cpu_kernels/qdot.h), as a reference.
+
+    Per block of 32 consecutive inputs (the last block zero-padded): d = max|x| / 127 and
+    q = round-half-even(x * (127 / max|x|)) clamped to [-127, 127], all in float32 (q = 0 for a zero block).
+    The integer-dot kernels multiply q with the int8 / int4 weights exactly and scale by d per block.
+
+    Args:
+        x: [..., K] float tensor (any float dtype; computed in float32).
+
+    Returns:
+        (q int8 [..., 32 * ceil(K / 32)], d float32 [..., ceil(K / 32)]).
+    """
+    x = x.float()
+    k = x.shape[-1]
+    blocks = (k + INT4_GROUP - 1) // INT4_GROUP
+    padded = F.pad(x, (0, blocks * INT4_GROUP - k)).reshape(*x.shape[:-1], blocks, INT4_GROUP)
+    amax = padded.abs().amax(dim=-1)
+    d = amax / 127.0
+    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    q = torch.round(padded * inv[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(*x.shape[:-1], blocks * INT4_GROUP), d
+
+
+def fake_quantize_activations_q8(x: torch.Tensor) -> torch.Tensor:
+    """x [..., K] replaced by its int8 block quantization's values q * d (float32), the integer-dot kernels' input."""
+    q, d = quantize_activations_q8(x)
+    k = x.shape[-1]
+    values = q.float().reshape(*d.shape, INT4_GROUP) * d[..., None]
+    return values.reshape(*x.shape[:-1], -1)[..., :k]
+
+
 def dequantize(mode: str, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of `quantize_int8` / `quantize_int4`: the [out, in] weight q * scale in `dtype`.
 

@@ -372,7 +372,8 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       barrier_wait(&bar, nt);
       mark(PH_ATTN_WAIT);
       // --- output projection and residual
-      gemv_shared(&L->o, o_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+      gemv_shared(&L->o, private_input(&L->o, o_in, B, xin), B, proj, h, queues, calls++, tid, nt, skip,
+                  no_epilogue);
       mark(PH_O);
       barrier_wait(&bar, nt);
       mark(PH_O_WAIT);
@@ -403,7 +404,8 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         mark(PH_MLP_UP);
         barrier_wait(&bar, nt);
         mark(PH_MLP_WAIT);
-        gemv_shared(&L->down, down_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+        gemv_shared(&L->down, private_input(&L->down, down_in, B, xin), B, proj, h, queues, calls++, tid, nt,
+                    skip, no_epilogue);
         mark(PH_DOWN);
         barrier_wait(&bar, nt);
         mark(PH_DOWN_WAIT);
@@ -553,7 +555,7 @@ extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthre
     float row[32];
     for (int k0 = 0; k0 < K; k0 += 32) {
       const int len = K - k0 < 32 ? K - k0 : 32;
-      if (W->format == W_INT8) {
+      if (is_int8_format(W->format)) {
         const int8_t* q = (const int8_t*)W->weight + (size_t)n * K + k0;
         const float sc = ((const float*)W->scale)[n];
         for (int i = 0; i < len; i++) row[i] = (float)q[i] * sc;
@@ -638,6 +640,15 @@ extern "C" int64_t solo_profile(double* out, int threads) {
 
 // The ISA level this library was compiled for (cpu_build.py checks it against the one it asked for).
 extern "C" const char* solo_isa(void) { return SOLO_ISA_NAME; }
+
+// The integer dot-product primitive of the int8 / int4 kernels (qdot.h): "avx512-vnni", "avx2", "neon-sdot",
+// "neon", "scalar", ...
+extern "C" const char* solo_qdot(void) { return SOLO_QDOT; }
+
+// qdot.h's input quantization of x [B, K] (float32) into out (B slots of 4 * K bytes; tests and tools).
+extern "C" void solo_quantize_q8(const float* x, int K, int B, void* out) {
+  for (int b = 0; b < B; b++) quantize_q8_row(x + (size_t)b * K, K, (char*)out + (size_t)b * K * 4);
+}
 
 // 1 when a matrix of this format takes its input rounded to bf16 (AVX512-BF16 kernels), else 0 (float32).
 extern "C" int solo_input_bf16(int format) {
