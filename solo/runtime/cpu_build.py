@@ -272,7 +272,7 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_isa.restype = ctypes.c_char_p
     lib.solo_qdot.argtypes = []
     lib.solo_qdot.restype = ctypes.c_char_p
-    lib.solo_quantize_q8.argtypes = [p, i, i, p]
+    lib.solo_quantize_q8.argtypes = [p, i, i, p, i]
     lib.solo_quantize_q8.restype = None
     lib.solo_input_bf16.argtypes = [i]
     lib.solo_input_bf16.restype = i

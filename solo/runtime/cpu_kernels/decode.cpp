@@ -645,9 +645,13 @@ extern "C" const char* solo_isa(void) { return SOLO_ISA_NAME; }
 // "neon", "scalar", ...
 extern "C" const char* solo_qdot(void) { return SOLO_QDOT; }
 
-// qdot.h's input quantization of x [B, K] (float32) into out (B slots of 4 * K bytes; tests and tools).
-extern "C" void solo_quantize_q8(const float* x, int K, int B, void* out) {
-  for (int b = 0; b < B; b++) quantize_q8_row(x + (size_t)b * K, K, (char*)out + (size_t)b * K * 4);
+// qdot.h's input quantization of x [B, K] (float32) into out (B slots of 4 * K bytes) for a matrix of
+// `format` (W_INT8_Q8 or W_INT4_Q8: the lane corrections differ); tests and tools.
+extern "C" void solo_quantize_q8(const float* x, int K, int B, void* out, int format) {
+  Mat m;
+  memset(&m, 0, sizeof m);
+  m.format = format, m.cols = K;
+  quantize_q8(&m, x, B, out);
 }
 
 // 1 when a matrix of this format takes its input rounded to bf16 (AVX512-BF16 kernels), else 0 (float32).

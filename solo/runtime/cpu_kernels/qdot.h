@@ -17,9 +17,10 @@
 //
 // Input layout (one sequence's slot of 4 * K bytes, the size of its float32 input, so callers' offsets
 // are the float path's), nb = ceil(K / 32) blocks:
-//   int8 q[32 * nb] (zero past K) | float32 d[nb] | int32 nls[8 * nb]: minus the sum of q over each lane's
-//   4 inputs (int4 weights are stored as u = q_w + 8, and sum((u - 8) x) = sum(u x) - 8 sum(x); the VNNI
-//   int8 kernel multiplies w + 128 as an unsigned byte and subtracts 128 sum(x)).
+//   int8 q[32 * nb] (zero past K) | float32 d[nb] | int32 corr[8 * nb]: the integer correction of each lane,
+//   -c * (the sum of q over the lane's 4 inputs), c = 8 for int4 (stored as u = q_w + 8:
+//   sum((u - 8) x) = sum(u x) - 8 sum(x)) and 128 for int8 (the VNNI kernel multiplies w + 128 as an
+//   unsigned byte; other ISAs do not need it).
 // It needs 68 * nb <= 4 * K bytes: K >= 17 and not 33 (cpu.py chooses these formats only where it fits).
 #pragma once
 #include "common.h"
@@ -29,8 +30,8 @@ static inline int q8_input(const Mat* W) { return W->format == W_INT8_Q8 || W->f
 static inline int q8_blocks(int K) { return (K + 31) / 32; }
 static inline int q8_fits(int K) { return 68 * q8_blocks(K) <= 4 * K; }
 
-// Quantize one sequence's input src[K] (float32) into the slot dst (layout above).
-static void quantize_q8_row(const float* src, int K, char* dst) {
+// Quantize one sequence's input src[K] (float32) into the slot dst (layout above); c: the correction factor.
+static void quantize_q8_row(const float* src, int K, char* dst, int c) {
   const int nb = q8_blocks(K);
   for (int g = 0; g < nb; g++) {
     const int len = K - 32 * g < 32 ? K - 32 * g : 32;
@@ -47,7 +48,7 @@ static void quantize_q8_row(const float* src, int K, char* dst) {
       q[i] = (int8_t)(int)r;
     }
     int32_t nls[8];
-    for (int l = 0; l < 8; l++) nls[l] = -((int32_t)q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
+    for (int l = 0; l < 8; l++) nls[l] = -c * ((int32_t)q[4 * l] + q[4 * l + 1] + q[4 * l + 2] + q[4 * l + 3]);
     memcpy(dst + 32 * g, q, 32);
     memcpy(dst + 32 * (size_t)nb + 4 * (size_t)g, &d, 4);
     memcpy(dst + 36 * (size_t)nb + 32 * (size_t)g, nls, 32);
@@ -57,7 +58,8 @@ static void quantize_q8_row(const float* src, int K, char* dst) {
 // The inputs src [B, K] (float32, sequence b at src + b * K) of a W_*_Q8 matrix into dst (slots of 4K bytes).
 static void quantize_q8(const Mat* W, const float* src, int B, void* dst) {
   const int K = W->cols;
-  for (int b = 0; b < B; b++) quantize_q8_row(src + (size_t)b * K, K, (char*)dst + (size_t)b * K * 4);
+  const int c = W->format == W_INT4_Q8 ? 8 : 128;
+  for (int b = 0; b < B; b++) quantize_q8_row(src + (size_t)b * K, K, (char*)dst + (size_t)b * K * 4, c);
 }
 
 // ------------------------------------------------------------------------------- scalar reference
@@ -156,21 +158,21 @@ static inline vi idot_u4(vi acc, vub32 u, vb32 x) {
 #endif
 }
 
-// Lane sums of w * x, both in [-127, 127]; nls = minus the lane sums of x (the VNNI form's correction).
-static inline vi idot_i8(vb32 w, vb32 x, vi nls) {
+// Lane sums of w * x, both in [-127, 127]; corr = -128 * the lane sums of x (the VNNI form's correction).
+static inline vi idot_i8(vb32 w, vb32 x, vi corr) {
 #if defined(__AVX512VNNI__) && defined(__AVX512VL__) || defined(__AVXVNNI__)
   // (w + 128) is an unsigned byte: sum((w + 128) x) - 128 sum(x).
-  return dpbusd(nls * 128, (vub32)w ^ (uint8_t)0x80, x);
+  return dpbusd(corr, (vub32)w ^ (uint8_t)0x80, x);
 #elif defined(__AVX2__)
-  (void)nls;
+  (void)corr;
   // |x| * (w with x's sign): an unsigned times a signed byte, pairs within int16 (2 * 127 * 127).
   const __m256i ax = _mm256_sign_epi8((__m256i)x, (__m256i)x), sw = _mm256_sign_epi8((__m256i)w, (__m256i)x);
   return (vi)_mm256_madd_epi16(_mm256_maddubs_epi16(ax, sw), _mm256_set1_epi16(1));
 #elif defined(__aarch64__)
-  (void)nls;
+  (void)corr;
   return neon_dot(vi{}, w, x);
 #else
-  (void)nls;
+  (void)corr;
   vi acc = {};
   for (int l = 0; l < 8; l++)
     for (int i = 4 * l; i < 4 * l + 4; i++) acc[l] += (int32_t)w[i] * x[i];
@@ -200,42 +202,66 @@ template <int FMT, int BT>
 static void gemv_q8_tile(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
   const int K = W->cols, nb = q8_blocks(K), full = K / 32;
   const float* rscale = (const float*)W->scale;
+  float xs[BT][FMT == W_INT4_Q8 ? 1024 : 1];  // int4: the row's group scales times the inputs' (K <= 32768)
   for (int n = n0; n < n1; n++) {
+    if (FMT == W_INT4_Q8) {
+      const uint16_t* ws = (const uint16_t*)W->scale + (size_t)n * (K / 32);
+      for (int j = 0; j < BT; j++) {
+        const float* xd = (const float*)(x + (size_t)j * xstride + 32 * (size_t)nb);  // 4-byte aligned
+        int g = 0;
+        for (; g + GVW <= nb; g += GVW) vstore(&xs[j][g], vload(xd + g) * vload_bf16(ws + g));
+        for (; g < nb; g++) xs[j][g] = xd[g] * bf16_to_f32(ws[g]);
+      }
+    }
     vf acc[BT][4];
     for (int j = 0; j < BT; j++)
       for (int i = 0; i < 4; i++) acc[j][i] = vzero();
-    for (int g = 0; g < nb; g++) {
+    // Block g into accumulator i = g % 4; `i` is a constant at every call (unrolled), so the accumulators
+    // stay in registers.
+    auto block = [&](int g, int i) __attribute__((always_inline)) {
       vb32 wv = {};
       vub32 u = {};
-      float ws = 1.f;
       if (FMT == W_INT8_Q8) {
         const int8_t* wr = (const int8_t*)W->weight + (size_t)n * K + 32 * g;
         if ((g & 1) == 0) PREFETCH(wr);
-        memcpy(&wv, wr, g < full ? 32 : (size_t)(K - 32 * g));  // a short last block: zeros past K
+        if (g < full)
+          memcpy(&wv, wr, 32);
+        else
+          memcpy(&wv, wr, (size_t)(K - 32 * g));  // a short last block: zeros past K
       } else {
         const uint8_t* wr = (const uint8_t*)W->weight + (size_t)n * (K / 2) + 16 * g;
         if ((g & 3) == 0) PREFETCH(wr);
         u = unpack_u4(wr);
-        ws = bf16_to_f32(((const uint16_t*)W->scale)[(size_t)n * (K / 32) + g]);
       }
       for (int j = 0; j < BT; j++) {
         const char* xj = x + (size_t)j * xstride;
         vb32 xv;
-        vi nls;
+        vi corr;
         float sc;
         memcpy(&xv, xj + 32 * (size_t)g, 32);
-        memcpy(&nls, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
-        memcpy(&sc, xj + 32 * (size_t)nb + 4 * (size_t)g, 4);
+        memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
         vi d;
         if (FMT == W_INT8_Q8) {
-          d = idot_i8(wv, xv, nls);
+          memcpy(&sc, xj + 32 * (size_t)nb + 4 * (size_t)g, 4);
+          d = idot_i8(wv, xv, corr);
         } else {
-          d = idot_u4(nls * 8, u, xv);
-          sc *= ws;
+          sc = xs[j][g];
+          d = idot_u4(corr, u, xv);
         }
-        acc[j][g & 3] = vfma(__builtin_convertvector(d, vf), vset1(sc), acc[j][g & 3]);
+        acc[j][i] = vfma(__builtin_convertvector(d, vf), vset1(sc), acc[j][i]);
       }
+    };
+    int g = 0;
+    for (; g + 4 <= full; g += 4) {
+      block(g, 0);
+      block(g + 1, 1);
+      block(g + 2, 2);
+      block(g + 3, 3);
     }
+    if (g < nb) block(g, 0);
+    if (g + 1 < nb) block(g + 1, 1);
+    if (g + 2 < nb) block(g + 2, 2);
+    if (g + 3 < nb) block(g + 3, 3);
     for (int j = 0; j < BT; j++) {
       const float s = vsum((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3]));
       y[(size_t)j * ldy + n] = FMT == W_INT8_Q8 ? s * rscale[n] : s;
