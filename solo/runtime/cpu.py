@@ -49,7 +49,7 @@ from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.cpu_threads import ThreadGovernor
-from solo.runtime.quant import QuantLinear, model_quantization
+from solo.runtime.quant import QuantLinear, fake_quantize_activations_q8, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
@@ -582,10 +582,15 @@ class CpuRuntime:
         """Prefill matmul x [seq, in] @ W^T (+ bias) with fused matrix number `index`, in the model's dtype.
 
         Runs in `prefill_matmul_dtype`: a bf16 model's weights (or dequantized weights) are widened to
-        float32 for this call only where that is faster (see the module docstring).
+        float32 for this call only where that is faster (see the module docstring). An integer-dot matrix
+        (`int_dot`) first quantizes x to int8 per block of 32 as its decode kernel does.
         """
         mat, weight, bias = self._prefill_mats[index]
         dtype = self.prefill_matmul_dtype
+        if mat.format in (_W_INT8_Q8, _W_INT4_Q8):
+            # The decode kernels multiply int8-quantized activations: prefill does the same, so a prompt's keys
+            # and values are the ones decode steps would have written (up to rounding).
+            x = fake_quantize_activations_q8(x).to(x.dtype)
         if weight is None:  # quantized: a dense copy for this layer only, rounded as eager's dequantize
             weight = torch.empty(mat.rows, mat.cols, dtype=self.model.dtype)
             self._lib.solo_dequantize(ctypes.byref(mat), weight.data_ptr(), int(self.model.dtype == torch.bfloat16),

@@ -107,7 +107,10 @@ def quantize_activations_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
     padded = F.pad(x, (0, blocks * INT4_GROUP - k)).reshape(*x.shape[:-1], blocks, INT4_GROUP)
     amax = padded.abs().amax(dim=-1)
     d = amax / 127.0
-    inv = torch.where(amax > 0, 127.0 / torch.where(amax > 0, amax, torch.ones_like(amax)), torch.zeros_like(amax))
+    # A true float32 division, as the kernels' 127.0f / amax (`127.0 / tensor` is computed as a reciprocal
+    # times 127 in PyTorch, which rounds differently).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / torch.where(amax > 0, amax, torch.ones_like(amax)),
+                      torch.zeros_like(amax))
     q = torch.round(padded * inv[..., None]).clamp_(-127, 127).to(torch.int8)
     return q.reshape(*x.shape[:-1], blocks * INT4_GROUP), d
 
@@ -160,6 +163,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
+        # True: forward quantizes its input as the CPU kernels' integer-dot path does (`set_int8_activations`).
+        self.int8_activations = False
 
     @property
     def weight(self) -> torch.Tensor:
@@ -178,7 +183,13 @@ class QuantLinear(nn.Module):
         return self.qweight.numel() * self.qweight.element_size() + self.scale.numel() * self.scale.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., in] -> [..., out] in the activation dtype: dequantize, then a dense matmul (prefill, eager)."""
+        """[..., in] -> [..., out] in the activation dtype: dequantize, then a dense matmul (prefill, eager).
+
+        With `int8_activations`, x is first replaced by its int8 block quantization's values
+        (`fake_quantize_activations_q8`, rounded back to x's dtype).
+        """
+        if self.int8_activations:
+            x = fake_quantize_activations_q8(x).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -265,6 +276,18 @@ def quantize_model(model: Transformer, mode: str) -> Transformer:
         (qmodel.lm_head,) = _fused_quant(mode, [head], dtype)
     qmodel.quantization = mode
     return qmodel
+
+
+def set_int8_activations(model: nn.Module, on: bool = True) -> nn.Module:
+    """Make every `QuantLinear` of `model` quantize its input to int8 per block of 32 (or stop); returns `model`.
+
+    The eager model then computes what the CPU runtime's integer-dot kernels compute (`CpuRuntime` with
+    `int_dot`), so it serves as their reference.
+    """
+    for module in model.modules():
+        if isinstance(module, QuantLinear):
+            module.int8_activations = on
+    return model
 
 
 def model_quantization(model: nn.Module) -> str | None:

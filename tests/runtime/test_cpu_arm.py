@@ -40,7 +40,7 @@ def _run(cmd: list[str]) -> dict[str, torch.Tensor]:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("level,march", [("neon", "armv8-a"), ("neon-bf16", "armv8.2-a+bf16")])
+@pytest.mark.parametrize("level,march", [("neon", "armv8-a"), ("neon-bf16", "armv8.2-a+bf16+dotprod")])
 def test_neon_kernels_under_qemu_match_the_scalar_build(tmp_path, level, march):
     cross, qemu = shutil.which("aarch64-linux-gnu-g++"), shutil.which("qemu-aarch64")
     if cross is None or qemu is None:
