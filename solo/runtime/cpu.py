@@ -280,6 +280,9 @@ class CpuRuntime:
 
     Attributes:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
+        int_dot: whether int8 / int4 weights multiply int8-quantized activations (see `int_dot_enabled`).
+        int_dot_primitive: the integer dot-product instructions those kernels use ("avx512-vnni", "avx2",
+            "neon-sdot", "neon", "scalar").
         prefill_matmul_dtype: dtype of prefill's matmuls (float32 for a bf16 model on a CPU without a
             native bf16 matmul, else the model's dtype).
         span_prefill_tokens: a prefill that continues a cached prefix with at most this many tokens (and no
@@ -328,6 +331,8 @@ class CpuRuntime:
         self.cache: KVCache | None = None
         self._lib = checked_library()
         self.isa = library_isa(self._lib)  # the kernels' ISA level (solo.runtime.cpu_build.LEVELS)
+        # The integer dot-product instructions of the int8 / int4 kernels ("avx512-vnni", "avx2", "neon-sdot", ...).
+        self.int_dot_primitive = self._lib.solo_qdot().decode()
         # dtype of prefill's matmuls: float32 for a bf16 model where the CPU has no native bf16 matmul.
         self.prefill_matmul_dtype = model.dtype
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
