@@ -116,7 +116,7 @@ def quantize_activations_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor
 
 
 def fake_quantize_activations_q8(x: torch.Tensor) -> torch.Tensor:
-    """x [..., K] replaced by its int8 block quantization's values q * d (float32), the integer-dot kernels' input."""
+    """The values q * d (float32 [..., K]) of x's int8 block quantization: what the integer-dot kernels multiply."""
     q, d = quantize_activations_q8(x)
     k = x.shape[-1]
     values = q.float().reshape(*d.shape, INT4_GROUP) * d[..., None]
