@@ -615,12 +615,14 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
 // static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
-// barrier wait counted as late, "profile" 1 = time the phases of each step (0 = off; either resets the
+// barrier wait counted as late, "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit vectors (the
+// same bits), "profile" 1 = time the phases of each step (0 = off; either resets the
 // totals). Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
   else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
   else if (!strcmp(name, "late_us")) g_late_wait_ns = (int64_t)value * 1000;
+  else if (!strcmp(name, "qdot_ymm")) g_qdot_ymm = value;
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

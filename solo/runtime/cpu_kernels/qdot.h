@@ -93,6 +93,9 @@ static float gemv_q8_row_scalar(const Mat* W, const char* x, int n) {
   return W->format == W_INT8_Q8 ? s * ((const float*)W->scale)[n] : s;
 }
 
+// Measurement knob (solo_set_knob "qdot_ymm"): 1 = the AVX-512 build's int4 kernel uses 256-bit vectors only.
+static int g_qdot_ymm = 0;
+
 #if SOLO_GVEC || SOLO_AVX512
 // ------------------------------------------------------------------- the per-ISA dot-product primitives
 typedef int8_t vb32 __attribute__((vector_size(32)));
@@ -269,8 +272,77 @@ static void gemv_q8_tile(const Mat* W, const char* x, size_t xstride, float* y, 
   }
 }
 
+#if SOLO_AVX512 && defined(__AVX512VNNI__)
+// int4 with 512-bit VNNI: two groups per instruction. Lanes 0-7 of A hold accumulator 0 (groups 4m) and
+// lanes 8-15 accumulator 1 (groups 4m + 1), B accumulators 2 and 3, so every lane sees the operations of
+// gemv_q8_tile in the same order and the result is the same bit for bit. Unpacking two groups' 32 bytes:
+// 64-bit lanes [g, g, g + 1, g + 1] (each half of a group twice), the second copy shifted by 4, masked.
+template <int BT>
+static void gemv_q8_int4_zmm(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
+  const int K = W->cols, nb = K / 32;
+  float xs[BT][1024];
+  const __m512i dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
+  const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
+  const __m512i low = _mm512_set1_epi8(0xF);
+  const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  for (int n = n0; n < n1; n++) {
+    const uint16_t* ws = (const uint16_t*)W->scale + (size_t)n * nb;
+    for (int j = 0; j < BT; j++) {
+      const float* xd = (const float*)(x + (size_t)j * xstride + 32 * (size_t)nb);
+      int g = 0;
+      for (; g + GVW <= nb; g += GVW) vstore(&xs[j][g], vload(xd + g) * vload_bf16(ws + g));
+      for (; g < nb; g++) xs[j][g] = xd[g] * bf16_to_f32(ws[g]);
+    }
+    const uint8_t* wr = (const uint8_t*)W->weight + (size_t)n * (K / 2);
+    __m512 acc[BT][2];
+    for (int j = 0; j < BT; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
+    auto pair = [&](int g, int i) __attribute__((always_inline)) {  // groups g, g + 1 into acc[.][i]
+      PREFETCH(wr + 16 * g);
+      const __m512i t = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(wr + 16 * g))));
+      const __m512i u = _mm512_and_si512(_mm512_srlv_epi64(t, shift), low);
+      for (int j = 0; j < BT; j++) {
+        const char* xj = x + (size_t)j * xstride;
+        const __m512i corr = _mm512_loadu_si512(xj + 36 * (size_t)nb + 32 * (size_t)g);
+        const __m512i d = _mm512_dpbusd_epi32(corr, u, _mm512_loadu_si512(xj + 32 * (size_t)g));
+        const __m512 sc = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_castsi128_ps(
+                                                          _mm_loadl_epi64((const __m128i*)&xs[j][g]))));
+        acc[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[j][i]);
+      }
+    };
+    int g = 0;
+    for (; g + 4 <= nb; g += 4) {
+      pair(g, 0);
+      pair(g + 2, 1);
+    }
+    vf rest[BT][4];  // the last 1-3 groups through the 256-bit kernel's operations on the halves
+    for (int j = 0; j < BT; j++) {
+      memcpy(&rest[j][0], &acc[j][0], 32), memcpy(&rest[j][1], (const char*)&acc[j][0] + 32, 32);
+      memcpy(&rest[j][2], &acc[j][1], 32), memcpy(&rest[j][3], (const char*)&acc[j][1] + 32, 32);
+    }
+    for (int i = 0; g + i < nb; i++) {
+      const vub32 u = unpack_u4(wr + 16 * (g + i));
+      for (int j = 0; j < BT; j++) {
+        const char* xj = x + (size_t)j * xstride;
+        vb32 xv;
+        vi corr;
+        memcpy(&xv, xj + 32 * (size_t)(g + i), 32);
+        memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)(g + i), 32);
+        rest[j][i] = vfma(__builtin_convertvector(idot_u4(corr, u, xv), vf), vset1(xs[j][g + i]), rest[j][i]);
+      }
+    }
+    for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n] = vsum((rest[j][0] + rest[j][1]) + (rest[j][2] + rest[j][3]));
+  }
+}
+#endif
+
 template <int BT>
 static void gemv_q8(const Mat* W, const void* x, size_t xstride, float* y, int ldy, int n0, int n1) {
+#if SOLO_AVX512 && defined(__AVX512VNNI__)
+  if (W->format == W_INT4_Q8 && !g_qdot_ymm) {
+    gemv_q8_int4_zmm<BT>(W, (const char*)x, xstride, y, ldy, n0, n1);
+    return;
+  }
+#endif
   if (W->format == W_INT8_Q8)
     gemv_q8_tile<W_INT8_Q8, BT>(W, (const char*)x, xstride, y, ldy, n0, n1);
   else
