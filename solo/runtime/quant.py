@@ -186,7 +186,8 @@ class QuantLinear(nn.Module):
         """[..., in] -> [..., out] in the activation dtype: dequantize, then a dense matmul (prefill, eager).
 
         With `int8_activations`, x is first replaced by its int8 block quantization's values
-        (`fake_quantize_activations_q8`, rounded back to x's dtype).
+        (`fake_quantize_activations_q8`, rounded back to x's dtype, as the CPU runtime's prefill does; its
+        decode kernels multiply the unrounded values).
         """
         if self.int8_activations:
             x = fake_quantize_activations_q8(x).to(x.dtype)
@@ -282,11 +283,18 @@ def set_int8_activations(model: nn.Module, on: bool = True) -> nn.Module:
     """Make every `QuantLinear` of `model` quantize its input to int8 per block of 32 (or stop); returns `model`.
 
     The eager model then computes what the CPU runtime's integer-dot kernels compute (`CpuRuntime` with
-    `int_dot`), so it serves as their reference.
+    `int_dot`), so it serves as their reference. In a `Transformer`, the mixture-of-experts blocks' layers
+    (experts and shared expert) are left alone: the CPU kernels run them on float activations.
     """
-    for module in model.modules():
-        if isinstance(module, QuantLinear):
-            module.int8_activations = on
+    modules: list[nn.Module] = [model]
+    if isinstance(model, Transformer):
+        modules = [layer.attn for layer in model.layers]
+        modules += [layer.mlp for i, layer in enumerate(model.layers) if not model.config.is_moe_layer(i)]
+        modules += [model.lm_head] if model.lm_head is not None else []
+    for root in modules:
+        for module in root.modules():
+            if isinstance(module, QuantLinear):
+                module.int8_activations = on
     return model
 
 
