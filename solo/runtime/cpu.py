@@ -49,7 +49,7 @@ from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.cpu_threads import ThreadGovernor
-from solo.runtime.quant import QuantLinear, fake_quantize_activations_q8, model_quantization
+from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
@@ -595,7 +595,9 @@ class CpuRuntime:
         if mat.format in (_W_INT8_Q8, _W_INT4_Q8):
             # The decode kernels multiply int8-quantized activations: prefill does the same, so a prompt's keys
             # and values are the ones decode steps would have written (up to rounding).
-            x = fake_quantize_activations_q8(x).to(x.dtype)
+            x = x.contiguous().clone() if x.dtype in (torch.bfloat16, torch.float32) else x.float().contiguous()
+            self._lib.solo_fake_quantize_q8(x.data_ptr(), x.shape[-1], x.numel() // x.shape[-1],
+                                            int(x.dtype == torch.bfloat16), self.num_threads)
         if weight is None:  # quantized: a dense copy for this layer only, rounded as eager's dequantize
             weight = torch.empty(mat.rows, mat.cols, dtype=self.model.dtype)
             self._lib.solo_dequantize(ctypes.byref(mat), weight.data_ptr(), int(self.model.dtype == torch.bfloat16),

@@ -274,6 +274,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_qdot.restype = ctypes.c_char_p
     lib.solo_quantize_q8.argtypes = [p, i, i, p, i]
     lib.solo_quantize_q8.restype = None
+    lib.solo_fake_quantize_q8.argtypes = [p, i, i, i, i]
+    lib.solo_fake_quantize_q8.restype = None
     lib.solo_input_bf16.argtypes = [i]
     lib.solo_input_bf16.restype = i
     lib.solo_struct_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), i]

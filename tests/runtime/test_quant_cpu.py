@@ -153,6 +153,17 @@ def test_input_quantization_matches_the_reference(cols, fmt):
     assert float((fake_quantize_activations_q8(x) - x).abs().max()) <= float(d.max()) / 2 + 1e-6
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32], ids=str)
+def test_native_fake_quantization_matches_the_reference(dtype):
+    # What the CPU prefill multiplies on the integer-dot path: the values of the int8 blocks, in the dtype.
+    lib = load_library()
+    torch.manual_seed(3)
+    x = (torch.randn(5, 77) * torch.linspace(0.01, 30, 77)).to(dtype)
+    ref = fake_quantize_activations_q8(x).to(dtype)
+    lib.solo_fake_quantize_q8(x.data_ptr(), 77, 5, int(dtype == torch.bfloat16), 2)
+    assert torch.equal(x, ref)
+
+
 def _library_of(level):
     from solo.runtime.cpu_build import declare, library_path
 

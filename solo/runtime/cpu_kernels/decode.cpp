@@ -647,6 +647,29 @@ extern "C" const char* solo_isa(void) { return SOLO_ISA_NAME; }
 // "neon", "scalar", ...
 extern "C" const char* solo_qdot(void) { return SOLO_QDOT; }
 
+// Prefill's side of the integer-dot path: x [S, K] (activation dtype: bf16 if bf, else float32) replaced in
+// place by the values q * d of qdot.h's int8 block quantization, rounded to the activation dtype (what
+// solo.runtime.quant.fake_quantize_activations_q8 computes), rows in parallel.
+extern "C" void solo_fake_quantize_q8(void* x, int K, int S, int bf, int nthreads) {
+  const int nb = q8_blocks(K);
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* row = (float*)malloc((size_t)K * sizeof(float) + (size_t)K * 4 + 256);
+    char* slot = (char*)(row + K);
+#pragma omp for schedule(static)
+    for (int s = 0; s < S; s++) {
+      for (int k = 0; k < K; k++) row[k] = load_act(x, (size_t)s * K + k, bf);
+      quantize_q8_row(row, K, slot, 8);
+      for (int k = 0; k < K; k++) {
+        float d;
+        memcpy(&d, slot + 32 * (size_t)nb + 4 * (size_t)(k / 32), 4);
+        store_act(x, (size_t)s * K + k, (float)(int8_t)slot[k] * d, bf);
+      }
+    }
+    free(row);
+  }
+}
+
 // qdot.h's input quantization of x [B, K] (float32) into out (B slots of 4 * K bytes) for a matrix of
 // `format` (W_INT8_Q8 or W_INT4_Q8: the lane corrections differ); tests and tools.
 extern "C" void solo_quantize_q8(const float* x, int K, int B, void* out, int format) {

@@ -30,10 +30,22 @@ static inline int q8_input(const Mat* W) { return W->format == W_INT8_Q8 || W->f
 static inline int q8_blocks(int K) { return (K + 31) / 32; }
 static inline int q8_fits(int K) { return 68 * q8_blocks(K) <= 4 * K; }
 
+static void quantize_q8_block_v(const float* v, char* q, float* d, int32_t* corr, int c);
+
 // Quantize one sequence's input src[K] (float32) into the slot dst (layout above); c: the correction factor.
 static void quantize_q8_row(const float* src, int K, char* dst, int c) {
   const int nb = q8_blocks(K);
-  for (int g = 0; g < nb; g++) {
+  int g0 = 0;
+#if SOLO_GVEC || SOLO_AVX512
+  for (; g0 < K / 32; g0++) {  // whole blocks: the vector version (the same results)
+    float d;
+    int32_t corr[8];
+    quantize_q8_block_v(src + 32 * g0, dst + 32 * g0, &d, corr, c);
+    memcpy(dst + 32 * (size_t)nb + 4 * (size_t)g0, &d, 4);
+    memcpy(dst + 36 * (size_t)nb + 32 * (size_t)g0, corr, 32);
+  }
+#endif
+  for (int g = g0; g < nb; g++) {
     const int len = K - 32 * g < 32 ? K - 32 * g : 32;
     float v[32];
     memcpy(v, src + 32 * g, (size_t)len * sizeof(float));
@@ -181,6 +193,44 @@ static inline vi idot_i8(vb32 w, vb32 x, vi corr) {
     for (int i = 4 * l; i < 4 * l + 4; i++) acc[l] += (int32_t)w[i] * x[i];
   return acc;
 #endif
+}
+
+// round-half-even of every lane (values far below 2^22)
+static inline vf vround_even(vf t) {
+#if defined(__AVX__)
+  return (vf)_mm256_round_ps((__m256)t, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+#elif defined(__aarch64__)
+  float32x4_t a, b;
+  memcpy(&a, &t, 16), memcpy(&b, (const char*)&t + 16, 16);
+  a = vrndnq_f32(a), b = vrndnq_f32(b);
+  vf r;
+  memcpy(&r, &a, 16), memcpy((char*)&r + 16, &b, 16);
+  return r;
+#else
+  for (int i = 0; i < GVW; i++) t[i] = nearbyintf(t[i]);
+  return t;
+#endif
+}
+
+// One whole block of quantize_q8_row with vectors: the same max, divisions and roundings, so the same bytes.
+static void quantize_q8_block_v(const float* v, char* q, float* d, int32_t* corr, int c) {
+  vf x[4], m = vzero();
+  for (int i = 0; i < 4; i++) x[i] = vload(v + GVW * i), m = vmax(m, (vf)((vu)x[i] & 0x7fffffffu));
+  float amax = 0.f;
+  for (int i = 0; i < GVW; i++) amax = fmaxf(amax, m[i]);
+  const float dd = amax / 127.0f, id = amax > 0.f ? 127.0f / amax : 0.f;
+  for (int i = 0; i < 4; i++) {
+    const vf r = vmin(vmax(vround_even(x[i] * id), vset1(-127.f)), vset1(127.f));
+    const vb8 b = __builtin_convertvector(__builtin_convertvector(r, vi), vb8);
+    memcpy(q + GVW * i, &b, GVW);
+  }
+  vb32 qv;
+  memcpy(&qv, q, 32);
+  vub32 ones = {};
+  ones += 1;
+  const vi ls = idot_u4(vi{}, ones, qv) * -c;  // exact lane sums of q
+  memcpy(corr, &ls, 32);
+  *d = dd;
 }
 
 // The 32 nibbles of an int4 group (16 bytes: input i low, input i + 16 high) in input order.
