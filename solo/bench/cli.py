@@ -371,6 +371,9 @@ def main(args: argparse.Namespace) -> int:
     time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
     outside = time_outside_matmuls(runtime, prompt, steps=max(8, args.gen_len // 2))
     backend_name, kernel_isa = runtime.name, getattr(runtime, "isa", None)
+    # int8 / int4 on the CPU: integer dot products with int8-quantized activations, or the float path.
+    int_dot = getattr(runtime, "int_dot_primitive", None) if args.quantize and getattr(runtime, "int_dot", False) \
+        else None
     if deferred:
         _, rss_peak = rss_bytes()
         memory["process_rss_peak_bytes_with_solo"] = rss_peak
@@ -422,7 +425,7 @@ def main(args: argparse.Namespace) -> int:
         " ".join(sys.argv),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
-        "quantize": args.quantize, "backend": backend_name, "kernel_isa": kernel_isa,
+        "quantize": args.quantize, "backend": backend_name, "kernel_isa": kernel_isa, "int_dot": int_dot,
         "prompt_len": args.prompt_len, "cpu_hog_processes": args.cpu_hog,
         "peers_after_solo": bool(deferred),
         "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s,
@@ -551,7 +554,9 @@ def best_peers(engines: dict[str, Any]) -> dict[str, str]:
 def _print_report(r: dict[str, Any]) -> None:
     m, bw, rf = r["machine"], r["bandwidth"], r["roofline"]
     print(f"model: {r['model']} | {r['dtype']}{' + ' + r['quantize'] if r['quantize'] else ''} | device {r['device']}"
-          f" | backend {r['backend']}" + (f" ({r['kernel_isa']} kernels)" if r.get("kernel_isa") else ""))
+          f" | backend {r['backend']}" + (f" ({r['kernel_isa']} kernels)" if r.get("kernel_isa") else "")
+          + (f"; activations int8 per 32, {r['int_dot']} integer dot products" if r.get("int_dot") else
+             "; float activations (SOLO_CPU_INT_DOT=0)" if r.get("quantize") and r.get("backend") == "cpu" else ""))
     print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
     order = ("repeats, Solo's first, then each peer's alone after Solo's weights were freed (--peers-after-solo)"

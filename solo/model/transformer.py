@@ -97,7 +97,10 @@ class Transformer(nn.Module):
 
         The logits are in the weights' dtype; Gemma 2 squashes them by cap * tanh(logits / cap).
         """
-        logits = nn.functional.linear(self.norm(hidden), self.lm_head_weight())
+        if getattr(self.lm_head, "int8_activations", False):  # a QuantLinear as the CPU integer-dot kernels run it
+            logits = self.lm_head(self.norm(hidden))
+        else:
+            logits = nn.functional.linear(self.norm(hidden), self.lm_head_weight())
         cap = self.config.final_logit_softcap
         if cap is not None:
             logits = torch.tanh(logits / cap) * cap

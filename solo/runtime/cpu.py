@@ -59,6 +59,7 @@ from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
+_W_INT8_Q8, _W_INT4_Q8 = 5, 6  # the same weights, integer dot products with int8-quantized inputs (qdot.h)
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 _SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
 
@@ -161,6 +162,23 @@ def native_matrix(layer: nn.Module) -> _Mat:
     assert qweight.is_contiguous()
     return _Mat(fmt, qweight.shape[0], cols, 32, qweight.data_ptr(),
                 scale.data_ptr() if scale is not None else None, bias.data_ptr() if bias is not None else None)
+
+
+def int_dot_enabled() -> bool:
+    """Whether the decode kernels multiply int8 / int4 weights with int8-quantized activations (default yes).
+
+    The integer-dot path (cpu_kernels/qdot.h) quantizes each matrix's input vector to int8 per block of 32
+    inputs (one float32 scale per block, as llama.cpp's Q8_0) and runs integer dot products; the float path
+    widens every weight to float32 instead, which keeps the activations exact but is compute-bound on few
+    cores. `SOLO_CPU_INT_DOT=0` selects the float path (for models whose activations lose too much at 8
+    bits per block, and for comparisons).
+    """
+    return os.environ.get("SOLO_CPU_INT_DOT", "1").strip() != "0"
+
+
+def q8_input_fits(cols: int) -> bool:
+    """Whether an input of `cols` values fits qdot.h's quantized layout in its float32 slot (cols >= 17, != 33)."""
+    return 68 * ((cols + 31) // 32) <= 4 * cols
 
 
 def native_bf16_matmul() -> bool:
@@ -298,9 +316,14 @@ class CpuRuntime:
         rows: KV-cache rows (concurrent sequences).
         max_seq: tokens per row.
         num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
+        int_dot: int8 / int4 weights multiply int8-quantized activations in integer dot products (default:
+            `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
 
     Attributes:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
+        int_dot: whether int8 / int4 weights multiply int8-quantized activations (see `int_dot_enabled`).
+        int_dot_primitive: the integer dot-product instructions those kernels use ("avx512-vnni", "avx2",
+            "neon-sdot", "neon", "scalar").
         prefill_matmul_dtype: dtype of prefill's matmuls (float32 for a bf16 model on a CPU without a
             native bf16 matmul, else the model's dtype).
         span_prefill_tokens: a prefill that continues a cached prefix with at most this many tokens (and no
@@ -310,7 +333,8 @@ class CpuRuntime:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
         a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work);
         SOLO_CPU_SPLIT_KV=0 turns off the split-KV attention past 512 positions (for comparisons);
-        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads (see `solo.runtime.cpu_threads`).
+        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads (see `solo.runtime.cpu_threads`);
+        SOLO_CPU_INT_DOT=0 multiplies int8 / int4 weights with float32 activations (see `int_dot_enabled`).
 
     Raises:
         SoloError: the model is not supported (see `cpu_unsupported_reason`).
@@ -329,7 +353,8 @@ class CpuRuntime:
     # bit in float32 and bfloat16: tests/runtime/test_decode_spans.py).
     spans_batch_invariant = True
 
-    def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None) -> None:
+    def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None,
+                 int_dot: bool | None = None) -> None:
         reason = cpu_unsupported_reason(model)
         if reason is not None:
             raise SoloError(f"the cpu backend cannot run this model: {reason}")
@@ -337,6 +362,7 @@ class CpuRuntime:
         self.config = model.config
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
+        self.int_dot = int_dot_enabled() if int_dot is None else bool(int_dot)
         self.num_threads = num_threads or torch.get_num_threads()
         # Decode steps run on fewer threads while another process holds a core (cpu_threads.py).
         self.threads = ThreadGovernor(self.num_threads)
@@ -350,6 +376,8 @@ class CpuRuntime:
         self.cache: KVCache | None = None
         self._lib = checked_library()
         self.isa = library_isa(self._lib)  # the kernels' ISA level (solo.runtime.cpu_build.LEVELS)
+        # The integer dot-product instructions of the int8 / int4 kernels ("avx512-vnni", "avx2", "neon-sdot", ...).
+        self.int_dot_primitive = self._lib.solo_qdot().decode()
         # dtype of prefill's matmuls: float32 for a bf16 model where the CPU has no native bf16 matmul.
         self.prefill_matmul_dtype = model.dtype
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
@@ -407,9 +435,11 @@ class CpuRuntime:
             qweight, scale, bias = _fuse_rows(modules, ("qweight", "scale", "bias"))
             qweight = self._to_arena(modules, qweight)
             fmt = _W_INT8 if first.mode == "int8" else _W_INT4
-            if fmt == _W_INT4 and self.model.dtype == torch.bfloat16:
-                fmt = _W_INT4_BF16X  # bf16 activations: the faster bf16 dot-product kernel is exact for them
             cols = first.in_features
+            if self.int_dot and q8_input_fits(cols):
+                fmt = _W_INT8_Q8 if fmt == _W_INT8 else _W_INT4_Q8
+            elif fmt == _W_INT4 and self.model.dtype == torch.bfloat16:
+                fmt = _W_INT4_BF16X  # bf16 activations: the faster bf16 dot-product kernel is exact for them
         else:
             qweight, bias = _fuse_rows(modules, ("weight", "bias"))
             qweight = self._to_arena(modules, qweight)
@@ -652,10 +682,17 @@ class CpuRuntime:
         """Prefill matmul x [seq, in] @ W^T (+ bias) with fused matrix number `index`, in the model's dtype.
 
         Runs in `prefill_matmul_dtype`: a bf16 model's weights (or dequantized weights) are widened to
-        float32 for this call only where that is faster (see the module docstring).
+        float32 for this call only where that is faster (see the module docstring). An integer-dot matrix
+        (`int_dot`) first quantizes x to int8 per block of 32 as its decode kernel does.
         """
         mat, weight, bias = self._prefill_mats[index]
         dtype = self.prefill_matmul_dtype
+        if mat.format in (_W_INT8_Q8, _W_INT4_Q8):
+            # The decode kernels multiply int8-quantized activations: prefill does the same, so a prompt's keys
+            # and values are the ones decode steps would have written (up to rounding).
+            x = x.contiguous().clone() if x.dtype in (torch.bfloat16, torch.float32) else x.float().contiguous()
+            self._lib.solo_fake_quantize_q8(x.data_ptr(), x.shape[-1], x.numel() // x.shape[-1],
+                                            int(x.dtype == torch.bfloat16), self.num_threads)
         if weight is None:  # quantized: a dense copy for this layer only, rounded as eager's dequantize
             weight = torch.empty(mat.rows, mat.cols, dtype=self.model.dtype)
             self._lib.solo_dequantize(ctypes.byref(mat), weight.data_ptr(), int(self.model.dtype == torch.bfloat16),

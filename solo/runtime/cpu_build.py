@@ -8,7 +8,8 @@ run time from the CPU's features (`/proc/cpuinfo`):
     avx512       x86-64-v4: AVX-512 F/BW/CD/DQ/VL; hand-tuned AVX-512 kernels, bf16 weights widened to float32
     avx512-bf16  avx512 + AVX512-BF16 + AVX512-VNNI: bf16 dot-product instructions
     neon         ARM64 (ARMv8-A NEON); the portable vector-extension kernels
-    neon-bf16    neon + the BF16 extension: bf16 weights through BFDOT dot products
+    neon-bf16    neon + the BF16 and dot-product extensions: bf16 weights through BFDOT, int8 / int4 weights
+                 through SDOT (every CPU with BF16 has the dot product: Armv8.4 made it mandatory)
 
 The best level the CPU has is used; `SOLO_CPU_ISA=<level>` forces a lower one (every path a machine can
 run can be tested on it), and a level the CPU lacks is refused with `IsaError`.
@@ -82,8 +83,8 @@ LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("avx512-bf16", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni"),
              _V4 | {"avx512_bf16", "avx512_vnni"}, "AVX-512 kernels with AVX512-BF16 dot products"),
     IsaLevel("neon", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), "ARMv8-A NEON vector kernels"),
-    IsaLevel("neon-bf16", "aarch64", ("-march=armv8.2-a+bf16",), frozenset({"asimd", "bf16"}),
-             "ARMv8.2-A NEON kernels with BF16 dot products (BFDOT)"),
+    IsaLevel("neon-bf16", "aarch64", ("-march=armv8.2-a+bf16+dotprod",), frozenset({"asimd", "bf16", "asimddp"}),
+             "ARMv8.2-A NEON kernels with BF16 dot products (BFDOT) and int8 dot products (SDOT)"),
 )
 
 
@@ -269,6 +270,12 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_dequantize.restype = None
     lib.solo_isa.argtypes = []
     lib.solo_isa.restype = ctypes.c_char_p
+    lib.solo_qdot.argtypes = []
+    lib.solo_qdot.restype = ctypes.c_char_p
+    lib.solo_quantize_q8.argtypes = [p, i, i, p, i]
+    lib.solo_quantize_q8.restype = None
+    lib.solo_fake_quantize_q8.argtypes = [p, i, i, i, i]
+    lib.solo_fake_quantize_q8.restype = None
     lib.solo_input_bf16.argtypes = [i]
     lib.solo_input_bf16.restype = i
     lib.solo_struct_layout.argtypes = [ctypes.POINTER(ctypes.c_int64), i]

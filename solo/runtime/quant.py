@@ -88,6 +88,41 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return packed.reshape(out_features, in_features // 2).contiguous(), scale.contiguous()
 
 
+def quantize_activations_q8(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """The CPU kernels' int8 activation quantization (cpu_kernels/qdot.h), as a reference.
+
+    Per block of 32 consecutive inputs (the last block zero-padded): d = max|x| / 127 and
+    q = round-half-even(x * (127 / max|x|)) clamped to [-127, 127], all in float32 (q = 0 for a zero block).
+    The integer-dot kernels multiply q with the int8 / int4 weights exactly and scale by d per block.
+
+    Args:
+        x: [..., K] float tensor (any float dtype; computed in float32).
+
+    Returns:
+        (q int8 [..., 32 * ceil(K / 32)], d float32 [..., ceil(K / 32)]).
+    """
+    x = x.float()
+    k = x.shape[-1]
+    blocks = (k + INT4_GROUP - 1) // INT4_GROUP
+    padded = F.pad(x, (0, blocks * INT4_GROUP - k)).reshape(*x.shape[:-1], blocks, INT4_GROUP)
+    amax = padded.abs().amax(dim=-1)
+    d = amax / 127.0
+    # A true float32 division, as the kernels' 127.0f / amax (`127.0 / tensor` is computed as a reciprocal
+    # times 127 in PyTorch, which rounds differently).
+    inv = torch.where(amax > 0, torch.full_like(amax, 127.0) / torch.where(amax > 0, amax, torch.ones_like(amax)),
+                      torch.zeros_like(amax))
+    q = torch.round(padded * inv[..., None]).clamp_(-127, 127).to(torch.int8)
+    return q.reshape(*x.shape[:-1], blocks * INT4_GROUP), d
+
+
+def fake_quantize_activations_q8(x: torch.Tensor) -> torch.Tensor:
+    """The values q * d (float32 [..., K]) of x's int8 block quantization: what the integer-dot kernels multiply."""
+    q, d = quantize_activations_q8(x)
+    k = x.shape[-1]
+    values = q.float().reshape(*d.shape, INT4_GROUP) * d[..., None]
+    return values.reshape(*x.shape[:-1], -1)[..., :k]
+
+
 def dequantize(mode: str, q: torch.Tensor, scale: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """Inverse of `quantize_int8` / `quantize_int4`: the [out, in] weight q * scale in `dtype`.
 
@@ -128,6 +163,8 @@ class QuantLinear(nn.Module):
         self.register_buffer("qweight", qweight)
         self.register_buffer("scale", scale)
         self.register_buffer("bias", bias)
+        # True: forward quantizes its input as the CPU kernels' integer-dot path does (`set_int8_activations`).
+        self.int8_activations = False
 
     @property
     def weight(self) -> torch.Tensor:
@@ -146,7 +183,14 @@ class QuantLinear(nn.Module):
         return self.qweight.numel() * self.qweight.element_size() + self.scale.numel() * self.scale.element_size()
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        """[..., in] -> [..., out] in the activation dtype: dequantize, then a dense matmul (prefill, eager)."""
+        """[..., in] -> [..., out] in the activation dtype: dequantize, then a dense matmul (prefill, eager).
+
+        With `int8_activations`, x is first replaced by its int8 block quantization's values
+        (`fake_quantize_activations_q8`, rounded back to x's dtype, as the CPU runtime's prefill does; its
+        decode kernels multiply the unrounded values).
+        """
+        if self.int8_activations:
+            x = fake_quantize_activations_q8(x).to(x.dtype)
         return F.linear(x, self.weight, self.bias)
 
 
@@ -233,6 +277,25 @@ def quantize_model(model: Transformer, mode: str) -> Transformer:
         (qmodel.lm_head,) = _fused_quant(mode, [head], dtype)
     qmodel.quantization = mode
     return qmodel
+
+
+def set_int8_activations(model: nn.Module, on: bool = True) -> nn.Module:
+    """Make every `QuantLinear` of `model` quantize its input to int8 per block of 32 (or stop); returns `model`.
+
+    The eager model then computes what the CPU runtime's integer-dot kernels compute (`CpuRuntime` with
+    `int_dot`), so it serves as their reference. In a `Transformer`, the mixture-of-experts blocks' layers
+    (experts and shared expert) are left alone: the CPU kernels run them on float activations.
+    """
+    modules: list[nn.Module] = [model]
+    if isinstance(model, Transformer):
+        modules = [layer.attn for layer in model.layers]
+        modules += [layer.mlp for i, layer in enumerate(model.layers) if not model.config.is_moe_layer(i)]
+        modules += [model.lm_head] if model.lm_head is not None else []
+    for root in modules:
+        for module in root.modules():
+            if isinstance(module, QuantLinear):
+                module.int8_activations = on
+    return model
 
 
 def model_quantization(model: nn.Module) -> str | None:

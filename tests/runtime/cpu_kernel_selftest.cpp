@@ -1,6 +1,7 @@
 // Self-test of Solo's CPU kernels as a plain program, for builds that cannot load into this Python (a
 // cross-compiled ARM64 build run under qemu-user; see test_cpu_arm.py). Checks every GEMV format against
-// a double-precision reference and bit-for-bit across batch sizes, the vectorized activation and norm
+// a double-precision reference and bit-for-bit across batch sizes (the integer-dot formats' outputs are
+// printed as "QGEMV" lines, bit-identical to the scalar build's), the vectorized activation and norm
 // against the scalar formulas, and runs whole decode steps of a tiny random model (float32 and bf16) at
 // batch 2 and batch 1 (bitwise equal). Prints "LOGITS <dtype> v..." lines that the test compares with a
 // scalar build of this file, and "FAIL ..." lines; exits 1 on any failure.
@@ -38,16 +39,16 @@ static void test_gemv(int fmt, int K) {
   memset(&m, 0, sizeof m);
   m.format = fmt, m.rows = N, m.cols = K, m.group = 32;
   for (int n = 0; n < N; n++) {
-    scale[n] = 0.01f + 0.001f * n;
+    scale[n] = (float)(10 + n) / 1000.0f;  // no a * b + c: a compiler may fuse it on one build and not another
     for (int k = 0; k < K; k++) {
       const size_t i = (size_t)n * K + k;
       if (fmt == W_BF16) wb[i] = f32_to_bf16(wf[i]), dense[i] = bf16_to_f32(wb[i]);
       if (fmt == W_F32) dense[i] = wf[i];
-      if (fmt == W_INT8) w8[i] = (int8_t)(int)(wf[i] * 127.0f), dense[i] = (float)w8[i] * scale[n];
+      if (is_int8_format(fmt)) w8[i] = (int8_t)(int)(wf[i] * 127.0f), dense[i] = (float)w8[i] * scale[n];
     }
-    if (fmt == W_INT4)
+    if (fmt == W_INT4 || fmt == W_INT4_Q8)
       for (int g = 0; g < K / 32; g++) {
-        s4[(size_t)n * (K / 32) + g] = f32_to_bf16(0.02f + 0.001f * g);
+        s4[(size_t)n * (K / 32) + g] = f32_to_bf16((float)(20 + g) / 1000.0f);
         const float sc = bf16_to_f32(s4[(size_t)n * (K / 32) + g]);
         for (int i = 0; i < 16; i++) {
           const int lo = (int)(rng = rng * 1664525u + 1013904223u) >> 28 & 15, hi = (int)(rng >> 4) & 15;
@@ -58,18 +59,32 @@ static void test_gemv(int fmt, int K) {
       }
   }
   m.weight = fmt == W_BF16 ? (const void*)wb.data() : fmt == W_F32 ? (const void*)wf.data()
-             : fmt == W_INT8 ? (const void*)w8.data() : (const void*)w4.data();
-  m.scale = fmt == W_INT8 ? (const void*)scale.data() : fmt == W_INT4 ? (const void*)s4.data() : nullptr;
+             : is_int8_format(fmt) ? (const void*)w8.data() : (const void*)w4.data();
+  m.scale = is_int8_format(fmt) ? (const void*)scale.data() : is_int4_format(fmt) ? (const void*)s4.data() : nullptr;
   std::vector<float> x((size_t)BMAX * K), single((size_t)BMAX * N), y((size_t)BMAX * N);
   for (auto& v : x) v = bf16_to_f32(f32_to_bf16(frand()));
+  // The integer-dot formats multiply the input's int8 block quantization (qdot.h): the reference uses its values.
+  std::vector<float> xr(x);
+  if (q8_input(&m)) {
+    std::vector<char> slot((size_t)K * 4);
+    const int nb = q8_blocks(K);
+    for (int b = 0; b < BMAX; b++) {
+      quantize_q8_row(x.data() + (size_t)b * K, K, slot.data(), 8);
+      for (int k = 0; k < K; k++) {
+        float d;
+        memcpy(&d, slot.data() + 32 * (size_t)nb + 4 * (size_t)(k / 32), 4);
+        xr[(size_t)b * K + k] = (float)(int8_t)slot[k] * d;
+      }
+    }
+  }
   std::vector<char> ws((size_t)BMAX * K * 4 + 64);
   for (int b = 0; b < BMAX; b++) solo_gemv(&m, x.data() + (size_t)b * K, 1, single.data() + (size_t)b * N, ws.data(), 2);
   for (int b = 0; b < BMAX; b++)
     for (int n = 0; n < N; n++) {
       double ref = 0, mag = 0;
       for (int k = 0; k < K; k++) {
-        ref += (double)dense[(size_t)n * K + k] * x[(size_t)b * K + k];
-        mag += fabs((double)dense[(size_t)n * K + k] * x[(size_t)b * K + k]);
+        ref += (double)dense[(size_t)n * K + k] * xr[(size_t)b * K + k];
+        mag += fabs((double)dense[(size_t)n * K + k] * xr[(size_t)b * K + k]);
       }
       const double got = single[(size_t)b * N + n];
       CHECK(fabs(got - ref) <= 1e-5 * mag + 1e-6, "gemv format %d K %d row %d: %g vs %g", fmt, K, n, got, ref);
@@ -78,6 +93,11 @@ static void test_gemv(int fmt, int K) {
     solo_gemv(&m, x.data(), B, y.data(), ws.data(), 2);
     CHECK(memcmp(y.data(), single.data(), (size_t)B * N * sizeof(float)) == 0,
           "gemv format %d K %d: batch %d differs from batch 1", fmt, K, B);
+  }
+  if (q8_input(&m)) {  // bit for bit the same at every ISA level: the test compares with the scalar build
+    printf("QGEMV %d-%d", fmt, K);
+    for (float v : single) printf(" %.9g", v);
+    printf("\n");
   }
 }
 
@@ -179,6 +199,8 @@ int main() {
   for (int fmt : {W_BF16, W_F32, W_INT8})
     for (int K : {77, 896}) test_gemv(fmt, K);
   for (int K : {96, 896}) test_gemv(W_INT4, K);
+  for (int K : {77, 896}) test_gemv(W_INT8_Q8, K);
+  for (int K : {96, 896}) test_gemv(W_INT4_Q8, K);
   test_elementwise();
   test_decode(0);
   test_decode(1);

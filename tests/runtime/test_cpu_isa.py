@@ -80,7 +80,10 @@ _Q, _R = "tests/runtime/test_quant_cpu.py::", "tests/runtime/test_cpu_runtime.py
 _PARITY = [
     f"{_Q}test_gemv_kernels_match_torch",
     f"{_Q}test_gemv_is_bit_identical_across_batch_sizes",
-    f"{_Q}test_quantized_runtime_matches_eager_on_the_same_quantized_model[int4]",
+    f"{_Q}test_quantized_runtime_matches_eager_on_the_same_quantized_model[int4-float]",
+    f"{_Q}test_quantized_runtime_matches_eager_on_the_same_quantized_model[int4-int-dot]",
+    f"{_Q}test_quantized_runtime_matches_eager_on_the_same_quantized_model[int8-int-dot]",
+    f"{_Q}test_integer_dot_decode_is_bit_identical_across_batches_and_threads",
     f"{_R}test_float32_greedy_matches_transformers_and_eager[qwen3]",
     f"{_R}test_bfloat16_logits_match_eager[llama]",
     f"{_R}test_grouped_attention_matches_eager[torch.bfloat16-qwen2-64-4-1]",

@@ -231,13 +231,14 @@ def test_batched_decode_is_bit_identical_at_real_widths(tmp_path, dtype):
 @pytest.mark.parametrize("quantize", [None, "int8"])
 def test_float32_prefill_matmuls_of_a_bf16_model_match_eager(tmp_path, quantize):
     """CPUs without a native bf16 matmul run prefill's matmuls in float32 (widened bf16 weights)."""
-    from solo.runtime.quant import quantize_model
+    from solo.runtime.quant import quantize_model, set_int8_activations
 
     folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16)
     model = _load(folder, torch.bfloat16)
     if quantize:
         model = quantize_model(model, quantize)
-    cpu, eager = CpuRuntime(model), EagerRuntime(model)
+    cpu = CpuRuntime(model)
+    eager = EagerRuntime(set_int8_activations(model, cpu.int_dot) if quantize else model)
     cpu.prefill_matmul_dtype = torch.float32
     for rt in (cpu, eager):
         rt.reserve(1, 64)

@@ -60,9 +60,12 @@ def gguf_type_names(dtype: torch.dtype, quantize: str | None) -> list[str]:
 
 FORMAT_NOTES = {
     "Q8_0": "Solo int8 keeps one float32 scale per output row (8.0 bits per weight); llama.cpp Q8_0 keeps an f16 "
-            "scale per block of 32 weights (8.5 bits per weight), so it reads 6% more bytes per token",
+            "scale per block of 32 weights (8.5 bits per weight), so it reads 6% more bytes per token; both "
+            "quantize the activations to int8 per block of 32 for integer dot products (Solo's scale float32, "
+            "Q8_0's f16; Solo with SOLO_CPU_INT_DOT=0: float activations)",
     "Q4_0": "Solo int4 and llama.cpp Q4_0 both keep one 16-bit scale per block of 32 weights (4.5 bits per "
-            "weight; Solo's scale is bf16 with a least-squares clip, Q4_0's is f16)",
+            "weight; Solo's scale is bf16 with a least-squares clip, Q4_0's is f16); both quantize the "
+            "activations to int8 per block of 32 for integer dot products (Solo with SOLO_CPU_INT_DOT=0: float)",
 }
 """How each quantized GGUF format differs from Solo's format of the same width (printed by the bench)."""
 

@@ -430,7 +430,8 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       barrier_wait(&bar, nt, &ah);
       mark(PH_ATTN_WAIT);
       // --- output projection and residual
-      gemv_shared(&L->o, o_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+      gemv_shared(&L->o, private_input(&L->o, o_in, B, xin), B, proj, h, queues, calls++, tid, nt, skip,
+                  no_epilogue);
       mark(PH_O);
       ah = MLc ? Ahead() : ahead_of(&L->gate_up, f, 2, tid, nt);
       barrier_wait(&bar, nt, &ah);
@@ -463,7 +464,8 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         ah = ahead_of(&L->down, L->down.rows, 1, tid, nt);
         barrier_wait(&bar, nt, &ah);
         mark(PH_MLP_WAIT);
-        gemv_shared(&L->down, down_in, B, proj, h, queues, calls++, tid, nt, skip, no_epilogue);
+        gemv_shared(&L->down, private_input(&L->down, down_in, B, xin), B, proj, h, queues, calls++, tid, nt,
+                    skip, no_epilogue);
         mark(PH_DOWN);
         const Mat* next = Ln ? &Ln->qkv : &m->head;
         ah = ahead_of(next, next->rows, 1, tid, nt);
@@ -615,7 +617,7 @@ extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthre
     float row[32];
     for (int k0 = 0; k0 < K; k0 += 32) {
       const int len = K - k0 < 32 ? K - k0 : 32;
-      if (W->format == W_INT8) {
+      if (is_int8_format(W->format)) {
         const int8_t* q = (const int8_t*)W->weight + (size_t)n * K + k0;
         const float sc = ((const float*)W->scale)[n];
         for (int i = 0; i < len; i++) row[i] = (float)q[i] * sc;
@@ -677,8 +679,9 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
 // barrier wait counted as late, "ahead_kb" = KiB of the next matrix a thread prefetches while it waits at a
 // barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
-// barriers without the PAUSE hint (default 1), "profile" 1 = time the phases of each step (0 = off; either
-// resets the totals). Returns 0, or -1 for an unknown name.
+// barriers without the PAUSE hint (default 1), "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit
+// vectors (the same bits), "profile" 1 = time the phases of each step (0 = off; either resets the totals).
+// Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
   else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
@@ -686,6 +689,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "ahead_kb")) g_ahead_kb = value < 0 ? 0 : value;
   else if (!strcmp(name, "ahead_hint")) g_ahead_hint = value;
   else if (!strcmp(name, "spin_pause")) g_spin_pause = value;
+  else if (!strcmp(name, "qdot_ymm")) g_qdot_ymm = value;
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);
@@ -705,6 +709,42 @@ extern "C" int64_t solo_profile(double* out, int threads) {
 
 // The ISA level this library was compiled for (cpu_build.py checks it against the one it asked for).
 extern "C" const char* solo_isa(void) { return SOLO_ISA_NAME; }
+
+// The integer dot-product primitive of the int8 / int4 kernels (qdot.h): "avx512-vnni", "avx2", "neon-sdot",
+// "neon", "scalar", ...
+extern "C" const char* solo_qdot(void) { return SOLO_QDOT; }
+
+// Prefill's side of the integer-dot path: x [S, K] (activation dtype: bf16 if bf, else float32) replaced in
+// place by the values q * d of qdot.h's int8 block quantization, rounded to the activation dtype (what
+// solo.runtime.quant.fake_quantize_activations_q8 computes), rows in parallel.
+extern "C" void solo_fake_quantize_q8(void* x, int K, int S, int bf, int nthreads) {
+  const int nb = q8_blocks(K);
+#pragma omp parallel num_threads(nthreads)
+  {
+    float* row = (float*)malloc((size_t)K * sizeof(float) + (size_t)K * 4 + 256);
+    char* slot = (char*)(row + K);
+#pragma omp for schedule(static)
+    for (int s = 0; s < S; s++) {
+      for (int k = 0; k < K; k++) row[k] = load_act(x, (size_t)s * K + k, bf);
+      quantize_q8_row(row, K, slot, 8);
+      for (int k = 0; k < K; k++) {
+        float d;
+        memcpy(&d, slot + 32 * (size_t)nb + 4 * (size_t)(k / 32), 4);
+        store_act(x, (size_t)s * K + k, (float)(int8_t)slot[k] * d, bf);
+      }
+    }
+    free(row);
+  }
+}
+
+// qdot.h's input quantization of x [B, K] (float32) into out (B slots of 4 * K bytes) for a matrix of
+// `format` (W_INT8_Q8 or W_INT4_Q8: the lane corrections differ); tests and tools.
+extern "C" void solo_quantize_q8(const float* x, int K, int B, void* out, int format) {
+  Mat m;
+  memset(&m, 0, sizeof m);
+  m.format = format, m.cols = K;
+  quantize_q8(&m, x, B, out);
+}
 
 // 1 when a matrix of this format takes its input rounded to bf16 (AVX512-BF16 kernels), else 0 (float32).
 extern "C" int solo_input_bf16(int format) {

@@ -54,7 +54,9 @@ static inline __m512 exp16(__m512 x) {
 #endif
 
 // Write activations src [B, K] (float32 holding dtype-rounded values) as the input W expects; columns
-// [k0, k1) of every row.
+// [k0, k1) of every row. For the integer-dot formats (qdot.h) this writes float32: a block of 32 inputs is
+// quantized as a whole, so a buffer filled by column ranges on several threads is quantized afterwards,
+// by `private_input` on each thread.
 static void prepare_input_cols(const Mat* W, const float* src, int B, void* dst, int k0, int k1) {
   const size_t K = W->cols;
   for (int b = 0; b < B; b++) {
@@ -75,8 +77,22 @@ static void prepare_input_cols(const Mat* W, const float* src, int B, void* dst,
   }
 }
 
+// All columns of src [B, K] as the input W expects (the integer-dot formats: quantized; src != dst).
 static void prepare_input(const Mat* W, const float* src, int B, void* dst) {
-  prepare_input_cols(W, src, B, dst, 0, W->cols);
+  if (q8_input(W))
+    quantize_q8(W, src, B, dst);
+  else
+    prepare_input_cols(W, src, B, dst, 0, W->cols);
+}
+
+// The input for W from a shared buffer that prepare_input_cols filled (by column ranges, then a barrier):
+// the buffer itself, or for the integer-dot formats its quantization into this thread's `scratch`
+// (B slots of 4 * K bytes). Every thread quantizes the whole vector for itself: a few microseconds per
+// matrix, and no barrier.
+static const void* private_input(const Mat* W, const void* shared, int B, void* scratch) {
+  if (!q8_input(W)) return shared;
+  quantize_q8(W, (const float*)shared, B, scratch);
+  return scratch;
 }
 
 // Add the bias and round each output to the activation dtype (eager's F.linear result); rows [n0, n1).

@@ -2,6 +2,7 @@
 #pragma once
 #include "common.h"
 #include "simd.h"
+#include "qdot.h"
 
 // -------------------------------------------------------------------- matrix-vector products (GEMV)
 // y[b, n] = sum_k W[n, k] * x[b, k] for rows n in [n0, n1). x is bf16 for bf16 weights, else float32.
@@ -339,6 +340,8 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
 #endif
     case W_F32: gemv_dense_g<W_F32, BT>(W, xf, ldx, y, ldy, n0, n1); break;
     case W_INT8: gemv_dense_g<W_INT8, BT>(W, xf, ldx, y, ldy, n0, n1); break;
+    case W_INT8_Q8:
+    case W_INT4_Q8: gemv_q8<BT>(W, x, (size_t)ldx * 4, y, ldy, n0, n1); break;
     default: gemv_int4_g<BT>(W, xf, ldx, y, ldy, n0, n1); break;  // W_INT4, W_INT4_BF16X
   }
 }
@@ -352,6 +355,10 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
   for (int b = 0; b < B; b++) {
     const float* xb = (const float*)x + (size_t)b * ldx;
     for (int n = n0; n < n1; n++) {
+      if (q8_input(W)) {  // qdot.h's reference: ldx floats = the slot's bytes / 4
+        y[(size_t)b * ldy + n] = gemv_q8_row_scalar(W, (const char*)xb, n);
+        continue;
+      }
       float s = 0.f;
       if (W->format == W_BF16) {
         const uint16_t* w = (const uint16_t*)W->weight + (size_t)n * K;
@@ -410,6 +417,10 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
     case W_INT4:
       gemv_int4_bt<BT>((const uint8_t*)W->weight, (const uint16_t*)W->scale, K, (const float*)x, ldx, y, ldy, n0,
                        n1);
+      break;
+    case W_INT8_Q8:
+    case W_INT4_Q8:
+      gemv_q8<BT>(W, x, (size_t)ldx * 4, y, ldy, n0, n1);
       break;
   }
 }
@@ -507,7 +518,7 @@ static int g_chunk_bytes = 128 << 10;
 
 static inline int chunk_rows(const Mat* W) {
   const size_t cols = (size_t)W->cols;
-  const size_t row_bytes = W->format == W_INT4 || W->format == W_INT4_BF16X ? cols / 2
+  const size_t row_bytes = is_int4_format(W->format) ? cols / 2
                            : W->format == W_F32                            ? cols * 4
                            : W->format == W_BF16                           ? cols * 2
                                                                            : cols;

@@ -1,11 +1,12 @@
-// The portable vector layer (SOLO_GVEC builds): 8-float vectors written with GCC/Clang vector extensions,
-// so one source compiles to AVX2 + FMA (x86-64-v3) or to pairs of NEON registers (ARM64). Only the
+// The portable vector layer (SOLO_GVEC builds, and the AVX-512 builds' integer-dot kernels in qdot.h): 8-float
+// vectors written with GCC/Clang vector extensions, so one source compiles to AVX2 + FMA (x86-64-v3, or
+// 256-bit AVX-512VL code) or to pairs of NEON registers (ARM64). Only the
 // fused multiply-add needs the target's intrinsic (ISO C++ does not contract a * b + c into one FMA), and
 // two widening loads use AVX2's single instruction where GCC's generic lowering takes three.
 #pragma once
 #include "common.h"
 
-#if SOLO_GVEC
+#if SOLO_GVEC || SOLO_AVX512
 #if defined(__aarch64__) || defined(__ARM_NEON)
 #include <arm_neon.h>
 #endif
