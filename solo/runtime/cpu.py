@@ -1,4 +1,4 @@
-"""The CPU runtime: a whole decode step in one native call, prefill in batched PyTorch matmuls.
+"""The CPU runtime: a whole decode step in one native call, long prefills in batched PyTorch matmuls.
 
 Why this design (measured on a 2-core Sapphire Rapids, see benchmarks/results/): at batch 1 a decode
 step is a chain of matrix-vector products that must stream every weight from DRAM once. PyTorch's bf16
