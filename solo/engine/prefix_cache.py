@@ -31,7 +31,8 @@ Exactness. Prefill of the tail after a cached prefix attends over the same keys 
 prefill would have written, so on runtimes whose prefill is exact at any start position the logits
 agree within the runtime's own rounding noise (tests compare greedy tokens and logits). The cached KV of
 generated tokens comes from decode steps, not from a prefill, so it differs from a cold prefill of the
-same text by rounding only.
+same text by rounding only. The native CPU runtime has no such difference within its
+`span_prefill_positions`: every prefill there runs through the decode kernel, the same bits for any split.
 """
 
 from __future__ import annotations

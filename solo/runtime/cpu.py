@@ -1,4 +1,4 @@
-"""The CPU runtime: a whole decode step in one native call, prefill in batched PyTorch matmuls.
+"""The CPU runtime: a whole decode step in one native call, long prefills in batched PyTorch matmuls.
 
 Why this design (measured on a 2-core Sapphire Rapids, see benchmarks/results/): at batch 1 a decode
 step is a chain of matrix-vector products that must stream every weight from DRAM once. PyTorch's bf16
@@ -68,6 +68,17 @@ SPAN_PREFILL_TOKENS = 128
 through the decode kernel. On the Qwen2.5-0.5B shape (2-core Zen 4, AVX512-BF16, no AMX) the kernel beat
 the batched matmuls at every tail measured, 1 to 192 tokens after a 1000-token prefix; AMX makes the
 matmuls cheaper per token, so the bound stays below that (benchmarks/results/agent_ttft_cpu.md)."""
+
+SPAN_PREFILL_POSITIONS = 512
+"""Default `CpuRuntime.span_prefill_positions`: a prefill that ends within this many positions runs through
+the decode kernel whatever its start, a cold prompt included. The kernel computes each token alone (its
+arithmetic does not depend on the other tokens of the call), so the KV and logits of a sequence within this
+bound are the same bits however its prefill was split: cold, after a prefix-cache hit of any length, on
+the chunk grid, or fed token by token as decode steps. A batched-matmul prefill's rounding depends on the
+split (the matmuls' row count, SDPA's query block): with it, a greedy request's output depended on what
+the server had cached before (the load bench's "wrong outputs", issue #15). On a 2-core Zen 4 (AVX512-BF16,
+no AMX) the kernel was also the faster cold prefill at every length measured, 16 to 2000 tokens (noisy);
+AMX makes matmuls cheaper per token, so the bound stays at a chat turn's length, not a document's."""
 
 
 class _Mat(ctypes.Structure):
@@ -328,6 +339,8 @@ class CpuRuntime:
             native bf16 matmul, else the model's dtype).
         span_prefill_tokens: a prefill that continues a cached prefix with at most this many tokens (and no
             more than the prefix) runs through the decode kernel instead of batched matmuls (see `prefill`).
+        span_prefill_positions: a prefill that ends within this many positions runs through the decode
+            kernel, cold or not (`SPAN_PREFILL_POSITIONS`; 0: only the tails above).
 
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
@@ -383,6 +396,7 @@ class CpuRuntime:
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
             self.prefill_matmul_dtype = torch.float32
         self.span_prefill_tokens = SPAN_PREFILL_TOKENS
+        self.span_prefill_positions = SPAN_PREFILL_POSITIONS
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None] | None] = []
         self._arena = torch.empty(0, dtype=torch.uint8)  # the weights being built into (_mat, _build_struct)
@@ -593,6 +607,11 @@ class CpuRuntime:
         tail (an unrelated prompt that shares only its first tokens with the row) keeps the matmul path of
         a cold prefill: the cache saves it little, and its numerics stay those it had before.
 
+        A prefill that ends within `span_prefill_positions` positions (a chat turn) runs through the decode
+        kernel too, cold or not: then its keys, values and logits are the same bits however the sequence
+        was split (cold, cached prefix + tail, chunks, decode steps), so a greedy output does not depend on
+        what the prefix cache held (`SPAN_PREFILL_POSITIONS`).
+
         Args:
             row: cache row.
             token_ids: int64 [seq] prompt ids, written at positions start_pos .. start_pos + seq - 1.
@@ -609,7 +628,7 @@ class CpuRuntime:
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq or seq == 0:
             raise SoloError(f"prefill of row {row}, positions {start_pos}..{start_pos + seq - 1} is "
                             f"outside the reserved cache ({self.rows} rows x {self.max_seq} tokens)")
-        if seq <= min(start_pos, self.span_prefill_tokens):
+        if start_pos + seq <= self.span_prefill_positions or seq <= min(start_pos, self.span_prefill_tokens):
             return self._step(torch.full((seq,), row, dtype=torch.long), ids,
                               torch.arange(start_pos, start_pos + seq, dtype=torch.long),
                               _SPAN_SHARED_ROWS | _SPAN_LAST_LOGITS)[0]

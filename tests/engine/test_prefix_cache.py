@@ -18,13 +18,14 @@ def _turns(engine: Engine, prompts: list[str]) -> list:
     return [engine.complete(p, GREEDY) for p in prompts]
 
 
-@pytest.mark.parametrize(("backend", "span"), [("eager", None), ("cpu", 0), ("cpu", 8), ("cpu", 64)])
+@pytest.mark.parametrize(("backend", "span"), [("eager", None), ("cpu", None), ("cpu", 0), ("cpu", 8), ("cpu", 64)])
 def test_greedy_output_and_logprobs_identical_with_and_without_the_cache(tiny_llama, backend, span):
     cold = Engine.load(tiny_llama, dtype="float32", backend=backend, prefix_cache_gb=None, speculative="off")
     warm = Engine.load(tiny_llama, dtype="float32", backend=backend, speculative="off")
     assert warm.prefix_cache is not None and cold.prefix_cache is None
     if span is not None:  # CPU tails up to `span` tokens go through the decode kernel, longer ones matmuls
         warm.runtime.span_prefill_tokens = span
+        warm.runtime.span_prefill_positions = 0  # (None: short prompts take the decode kernel, cold or not)
     first = cold.complete(TURN, GREEDY)
     # An agent's next turn: the previous prompt, the answer, a tool result; then an unrelated prompt,
     # then the first conversation again (its KV comes back from the snapshot store).

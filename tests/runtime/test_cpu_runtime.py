@@ -151,9 +151,11 @@ def test_fused_weights_are_shared_with_the_eager_model(tmp_path):
 
 @pytest.mark.parametrize("arch", ARCHS)
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
-def test_prefill_matches_eager_including_chunks(tmp_path, arch, dtype):
+@pytest.mark.parametrize("span", [0, 64], ids=["matmuls", "decode-kernel"])
+def test_prefill_matches_eager_including_chunks(tmp_path, arch, dtype, span):
     folder = make_checkpoint(tmp_path / arch, arch, dtype=dtype)
     cpu, eager = CpuRuntime(_load(folder, dtype)), EagerRuntime(_load(folder, dtype))
+    cpu.span_prefill_positions = span  # 0: the batched matmuls of a long prompt; 64: a short prompt's kernel
     atol = F32_ATOL if dtype == torch.float32 else BF16_ATOL
     for rt in (cpu, eager):
         rt.reserve(2, 64)
@@ -240,6 +242,7 @@ def test_float32_prefill_matmuls_of_a_bf16_model_match_eager(tmp_path, quantize)
     cpu = CpuRuntime(model)
     eager = EagerRuntime(set_int8_activations(model, cpu.int_dot) if quantize else model)
     cpu.prefill_matmul_dtype = torch.float32
+    cpu.span_prefill_positions = 0  # the matmul path even for this short prompt
     for rt in (cpu, eager):
         rt.reserve(1, 64)
     torch.testing.assert_close(cpu.prefill(0, torch.tensor(PROMPT)), eager.prefill(0, torch.tensor(PROMPT)),
