@@ -57,9 +57,10 @@ So `decode_batching` is
   confirms it (batched and batch-1 logits of rows with different lengths compared bit for bit), else
   "isolated".
 
-A prompt longer than `prefill_chunk` is prefilled in chunks, which changes its arithmetic from one whole
-prefill in the last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on
-the load. An "isolated" step (one call per request) stops between two of them when a new request is
+A prompt longer than `prefill_chunk` is prefilled in chunks. On the native CPU runtime a sequence within
+`CpuRuntime.span_prefill_positions` (512) has the same bits however it is split (cold, cached prefix +
+tail, chunks); past that, or on other runtimes, chunks change its arithmetic from one whole prefill in the
+last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on the load. An "isolated" step (one call per request) stops between two of them when a new request is
 waiting for a free row: its prefill (and first token) goes first, and the requests not served yet go
 first in the next step.
 
