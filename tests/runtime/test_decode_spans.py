@@ -61,6 +61,19 @@ def _cache(runtime, row, upto):
                                                                                   strict=True)]
 
 
+def _spans_alone(runtime, twins, tokens, lengths):
+    """Each twin pair's first row's span, run in a call of its own: float32 [k_i, vocab] per row."""
+    return [runtime.decode_spans([a], [t], [n])[0] for (a, _), t, n in zip(twins, tokens, lengths, strict=True)]
+
+
+def _assert_together_equals_alone(runtime, twins, tokens, lengths):
+    # Twin rows hold the same KV: the second rows' spans in one call must equal the first rows' run alone.
+    alone = _spans_alone(runtime, twins, tokens, lengths)
+    together = runtime.decode_spans([b for _, b in twins], tokens, lengths)
+    for i, k in enumerate(len(t) for t in tokens):
+        assert torch.equal(together[i], alone[i]), f"row {i} ({k} tokens)"
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_a_rows_span_is_bit_identical_alone_and_in_any_mixed_batch(folder, dtype):
     runtime = _cpu(folder, dtype)
@@ -74,7 +87,7 @@ def test_a_rows_span_is_bit_identical_alone_and_in_any_mixed_batch(folder, dtype
     twins = [(i, 6 + i) for i in range(6)]  # rows 0..5 run alone, rows 6..11 together
     _fill(runtime, twins, lengths, seed=2)
     tokens = [[rng.randrange(vocab) for _ in range(k)] for k in spans]
-    alone = [runtime.decode_spans([a], [toks], [n])[0] for (a, _), toks, n in zip(twins, tokens, lengths, strict=True)]
+    alone = _spans_alone(runtime, twins, tokens, lengths)
     # Several orders, so each span lands at other offsets of the kernel's sequence tiles and beside others (the
     # mixed rows run again at the same positions: their cache slots are rewritten with the same tokens).
     for trial in range(3):
@@ -123,10 +136,7 @@ def test_spans_past_one_attention_block_stay_bit_identical(tmp_path):
     twins = [(i, 3 + i) for i in range(3)]
     _fill(runtime, twins, lengths, seed=6)
     tokens = [[rng.randrange(vocab) for _ in range(k)] for k in spans]
-    alone = [runtime.decode_spans([a], [t], [n])[0] for (a, _), t, n in zip(twins, tokens, lengths, strict=True)]
-    together = runtime.decode_spans([b for _, b in twins], tokens, lengths)
-    for i in range(3):
-        assert torch.equal(together[i], alone[i]), f"row {i}"
+    _assert_together_equals_alone(runtime, twins, tokens, lengths)
 
 
 @pytest.mark.slow
@@ -146,10 +156,7 @@ def test_the_bundled_model_spans_are_batch_invariant(dtype):
     twins = [(i, 8 + i) for i in range(8)]
     _fill(runtime, twins, lengths, seed=8)
     tokens = [[rng.randrange(vocab) for _ in range(k)] for k in spans]
-    alone = [runtime.decode_spans([a], [t], [n])[0] for (a, _), t, n in zip(twins, tokens, lengths, strict=True)]
-    together = runtime.decode_spans([b for _, b in twins], tokens, lengths)
-    for i in range(8):
-        assert torch.equal(together[i], alone[i]), f"row {i} ({spans[i]} tokens)"
+    _assert_together_equals_alone(runtime, twins, tokens, lengths)
 
 
 def test_the_eager_runtime_runs_spans_as_separate_calls(folder):
