@@ -43,6 +43,7 @@ import mmap
 import os
 import platform
 import time
+import weakref
 from collections.abc import Sequence
 
 import torch
@@ -297,6 +298,14 @@ def _group_weight_bytes(modules: list[nn.Module]) -> int:
     return sum(getattr(m, name).numel() * getattr(m, name).element_size() for m in modules)
 
 
+_LIVE_ARENAS: set[int] = set()  # storage addresses of the live `_huge_page_buffer` mappings
+
+
+def _in_arena(tensor: torch.Tensor) -> bool:
+    """True if `tensor` already lives in a runtime's huge-page arena (another CpuRuntime on the same model)."""
+    return tensor.untyped_storage().data_ptr() in _LIVE_ARENAS
+
+
 def _huge_page_buffer(nbytes: int) -> torch.Tensor:
     """uint8 [nbytes] of fresh memory starting on a 2 MiB boundary, marked for transparent huge pages.
 
@@ -311,6 +320,9 @@ def _huge_page_buffer(nbytes: int) -> torch.Tensor:
     padded = -(-nbytes // _HUGE_PAGE) * _HUGE_PAGE
     region = mmap.mmap(-1, padded + _HUGE_PAGE, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
     buf = torch.frombuffer(region, dtype=torch.uint8)  # keeps `region` alive
+    base = buf.untyped_storage().data_ptr()
+    _LIVE_ARENAS.add(base)
+    weakref.finalize(region, _LIVE_ARENAS.discard, base)
     off = (-buf.data_ptr()) % _HUGE_PAGE
     if hasattr(mmap, "MADV_HUGEPAGE"):
         region.madvise(mmap.MADV_HUGEPAGE, off, padded)
@@ -401,6 +413,7 @@ class CpuRuntime:
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None] | None] = []
         self._arena = torch.empty(0, dtype=torch.uint8)  # the weights being built into (_mat, _build_struct)
         self._arena_used = 0
+        self._arena_pending = 0  # bytes of the next arena, mapped when its first matrix is copied
         self._layers = (_Layer * self.config.num_layers)()
         self._struct = _Model()
         self._workspace = torch.empty(0, dtype=torch.uint8)
@@ -417,18 +430,27 @@ class CpuRuntime:
         # runtime holds at most one arena's worth of weights twice. Weights in the arenas sit on 2 MiB-aligned
         # transparent huge pages: a decode step streams every matrix once, and on a 2-core Zen 4 reads from
         # 4 KiB pages were measured ~30% slower (benchmarks/results/amd-epyc-zen4/README.md).
-        if self._arena_used + sizes[i] <= self._arena.numel():
+        # The arena is mapped at its first copy (_to_arena), so a model whose weights already sit in another
+        # runtime's arenas maps nothing.
+        if self._arena_used + sizes[i] <= self._arena.numel() + self._arena_pending:
             return
         end, total = i, 0
         while end < len(sizes) and (end == i or total < _ARENA_MIN):
             total += sizes[end]
             end += 1
-        self._arena = _huge_page_buffer(total)
+        self._arena = torch.empty(0, dtype=torch.uint8)
+        self._arena_pending = total
         self._arena_used = 0
 
     def _to_arena(self, modules: list[nn.Module], whole: torch.Tensor) -> torch.Tensor:
         # The fused weight `whole` (the modules' rows concatenated, as _fuse_rows returns it) moves into the
-        # current arena; the modules are re-pointed at row views of the copy.
+        # current arena; the modules are re-pointed at row views of the copy. Weights that another runtime on
+        # the same model already moved stay where they are: both runtimes read one copy.
+        if _in_arena(whole):
+            return whole
+        if self._arena_pending:
+            self._arena = _huge_page_buffer(self._arena_pending)
+            self._arena_pending = 0
         nbytes = whole.numel() * whole.element_size()
         if self._arena_used + nbytes > self._arena.numel():
             return whole
@@ -528,6 +550,7 @@ class CpuRuntime:
             self._arena_for(sizes, len(sizes) - 1)
             s.head = self._mat([model.lm_head])
         self._arena = torch.empty(0, dtype=torch.uint8)  # the arenas live on as the matrices' storage
+        self._arena_pending = 0
         s.layer = ctypes.cast(self._layers, ctypes.POINTER(_Layer))
         if cfg.is_moe:
             from solo.runtime.cpu_moe import build_moe_layers, check_moe_struct_layout

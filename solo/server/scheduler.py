@@ -60,9 +60,9 @@ So `decode_batching` is
 A prompt longer than `prefill_chunk` is prefilled in chunks. On the native CPU runtime a sequence within
 `CpuRuntime.span_prefill_positions` (512) has the same bits however it is split (cold, cached prefix +
 tail, chunks); past that, or on other runtimes, chunks change its arithmetic from one whole prefill in the
-last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on the load. An "isolated" step (one call per request) stops between two of them when a new request is
-waiting for a free row: its prefill (and first token) goes first, and the requests not served yet go
-first in the next step.
+last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on the load. An
+"isolated" step (one call per request) stops between two of them when a new request is waiting for a free
+row: its prefill (and first token) goes first, and the requests not served yet go first in the next step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
 a request that would wait longer than that for a row, at the rate rows have been freeing lately (the last

@@ -52,10 +52,30 @@ def test_matrices_live_in_aligned_huge_page_arenas_shared_with_the_eager_model(t
         assert layer.mlp.down_proj.weight.data_ptr() == entry.down.weight
     if sys.platform.startswith("linux"):
         assert "hg" in _vm_flags(first.qkv.weight)  # advised for transparent huge pages (MADV_HUGEPAGE)
-    # A second runtime over the same (already fused) model builds its own arenas and matches the first.
+    # A second runtime over the same (already fused) model reads the first one's arenas (one copy of the
+    # weights, not two) and matches it.
     ids, rows = torch.tensor([3]), torch.tensor([0])
     runtime.reserve(1, 8)
     again = CpuRuntime(model)
     again.reserve(1, 8)
+    for i in range(len(model.layers)):
+        for name in ("qkv", "o", "gate_up", "down"):
+            assert getattr(again._layers[i], name).weight == getattr(runtime._layers[i], name).weight, (i, name)
     assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), again.prefill(0, torch.tensor([1, 5, 9])))
     assert torch.equal(runtime.decode(rows, ids, torch.tensor([3])), again.decode(rows, ids, torch.tensor([3])))
+
+
+def test_arena_registry_forgets_freed_arenas():
+    from solo.runtime.cpu import _LIVE_ARENAS, _huge_page_buffer, _in_arena
+
+    buf = _huge_page_buffer(3 << 20)
+    if not _LIVE_ARENAS:
+        pytest.skip("no anonymous mappings on this platform: arenas are plain buffers")
+    view = buf[4096:8192]
+    assert _in_arena(view) and not _in_arena(torch.empty(16))
+    base = buf.untyped_storage().data_ptr()
+    del buf, view
+    import gc
+
+    gc.collect()
+    assert base not in _LIVE_ARENAS  # a freed mapping's address may be reused by a plain allocation
