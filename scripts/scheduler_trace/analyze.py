@@ -2,7 +2,8 @@
 
 Per request: handler (arrival to submit), wait (submit to the start of its own prefill) split into time
 inside decode steps, inside other requests' prefills and the rest (scheduler Python, the GIL, idle), its
-own prefill, and how many whole decode steps it waited. Percentiles of each part, and the mean parts of
+own prefill (its prefill calls, or the decode steps its prompt's pieces rode in), and how many whole decode
+steps it waited. Percentiles of each part, and the mean parts of
 the slowest 2% and 10% by TTFT.
 
     python scripts/scheduler_trace/analyze.py trace.jsonl [more.jsonl ...]
@@ -33,7 +34,7 @@ def analyze(path):
     for e in ev:
         if e["ev"] == "submit":
             subs[e["id"]] = e
-        elif e["ev"] == "prefill":
+        elif e["ev"] in ("prefill", "piece"):  # its own prefill calls, or the steps its prompt rode in
             own[e["id"]].append(e)
         elif e["ev"] == "first":
             first.setdefault(e["id"], e["t"])
@@ -41,6 +42,7 @@ def analyze(path):
     for i, s in subs.items():
         if i not in first or i not in own:
             continue
+        own[i].sort(key=lambda x: x["t0"])
         p0 = own[i][0]["t0"]
         wait = p0 - s["t"]
         steps_in, pre_in = inside(s["t"], p0, steps), inside(s["t"], p0, prefills)
@@ -53,6 +55,11 @@ def analyze(path):
     print(f"{path}: {len(rows)} requests, {len(steps)} decode steps, {len(prefills)} prefill calls")
     print(f"  decode step ms p50/p90/p99 {ms([x['t1'] - x['t0'] for x in steps])}; "
           f"prefill call ms {ms([x['t1'] - x['t0'] for x in prefills])}")
+    mixed = [x for x in steps if x.get("pieces")]
+    if mixed:
+        print(f"  steps with prompt pieces: {len(mixed)} ({sum(x['pieces'] for x in mixed)} pieces, "
+              f"{sum(x['piece_tokens'] for x in mixed)} prompt tokens); their ms p50/p90/p99 "
+              f"{ms([x['t1'] - x['t0'] for x in mixed])}")
     if spans:
         emitted, entries = sum(x["tokens"] for x in steps), [x["entries"] for x in spans]
         print(f"  entries per step p50/p90 {pct(entries, 50)}/{pct(entries, 90)};"

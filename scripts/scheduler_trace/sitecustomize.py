@@ -2,7 +2,8 @@
 
 Python imports `sitecustomize` at start-up from the path; with this folder on PYTHONPATH and SOLO_TRACE set,
 a `solo serve` process (one started by `solo bench --load` too) appends JSON lines to $SOLO_TRACE: every
-submitted request, every prefill call, every decode step and `decode_spans` call, every native kernel call
+submitted request, every prefill call, every decode step (and the prompt pieces prefilled inside it) and
+`decode_spans` call, every native kernel call
 (batch, threads) and every request's first token, with `time.perf_counter()` times. `analyze.py` reads them.
 It wraps the scheduler's private methods, so it follows their names; nothing else is changed.
 
@@ -50,12 +51,17 @@ if _PATH and "serve" in sys.argv:
         return prefill
 
     def _step(orig):
-        def decode_step(self, seqs):
+        def decode_step(self, seqs, pieces=()):
             t0 = time.perf_counter()
             before = [len(s.request.output_ids) for s in seqs]
-            orig(self, seqs)
-            _log(ev="step", t0=t0, t1=time.perf_counter(), rows=len(seqs),
-                 tokens=sum(len(s.request.output_ids) - b for s, b in zip(seqs, before, strict=True)))
+            orig(self, seqs, pieces) if pieces else orig(self, seqs)  # (older schedulers: no pieces)
+            t1 = time.perf_counter()
+            _log(ev="step", t0=t0, t1=t1, rows=len(seqs),
+                 tokens=sum(len(s.request.output_ids) - b for s, b in zip(seqs, before, strict=True)),
+                 pieces=len(pieces), piece_tokens=sum(n for _, n in pieces))
+            for seq, n in pieces:  # prompt pieces prefilled inside the step: the step's time is theirs too
+                _log(ev="piece", id=getattr(seq.request, "_trace_id", -1), t0=t0, t1=t1, n=n,
+                     at=seq.prefill_at - n, ready=seq.ready)
         return decode_step
 
     def _emit(orig):

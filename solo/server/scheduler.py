@@ -106,7 +106,7 @@ import torch
 from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
-from solo.runtime.base import DecodeRuntime, decode_spans
+from solo.runtime.base import DecodeRuntime, decode_spans, runtime_capabilities
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
@@ -206,6 +206,24 @@ def runtime_is_batch_invariant(runtime: DecodeRuntime, rows: int = 4, trials: in
     return True
 
 
+def span_prefill_limit(runtime: DecodeRuntime) -> int:
+    """Longest prompt (in positions) whose prefill may ride in a decode step's `decode_spans` call; 0: none.
+
+    Needs a runtime whose spans are batch-invariant (`RuntimeCapabilities.spans_batch_invariant`) and whose
+    `prefill` of a sequence ending within its `span_prefill_positions` runs through that same kernel (the
+    native CPU runtime: `CpuRuntime.span_prefill_positions`, 512). Then a prompt's KV and logits are the same
+    bits prefilled alone, in pieces of any size, or as spans beside other rows' decode tokens, so prefilling
+    it inside a decode step changes no output. Other runtimes: 0 (their prefill is not the decode kernel's
+    arithmetic).
+
+    Args:
+        runtime: the engine's runtime.
+    """
+    if not runtime_capabilities(runtime).spans_batch_invariant:
+        return 0
+    return max(0, int(getattr(runtime, "span_prefill_positions", 0) or 0))
+
+
 class Generation:
     """The handle on one API request's choices (n >= 1 `Request`s) in the scheduler.
 
@@ -301,6 +319,9 @@ class Scheduler:
             prompt whole at admission.
         max_queue_wait_s: refuse a request whose predicted wait for a row exceeds this many seconds (see
             the module docstring, "Overload"); None: only `max_queue` bounds the queue.
+        prefill_in_step: in "fused" mode on a runtime with span prefill (`span_prefill_limit`), prefill
+            prompts inside the decode steps while rows decode (see the module docstring); False keeps every
+            prefill a call of its own (for comparisons).
 
     Raises:
         ValueError: max_batch < 1, max_queue < 0, max_seq < 2, prefill_chunk < 0 or max_queue_wait_s < 0.
@@ -310,7 +331,8 @@ class Scheduler:
                  decode_batching: DecodeBatching = "auto", metrics: SchedulerMetrics | None = None,
                  prefix_cache: PrefixCache | None = None, speculative: SpeculativeConfig | None = None,
                  session_history: SessionHistory | None = None,
-                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_queue_wait_s: float | None = None) -> None:
+                 prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_queue_wait_s: float | None = None,
+                 prefill_in_step: bool = True) -> None:
         if max_batch < 1 or max_queue < 0 or max_seq < 2 or prefill_chunk < 0 or \
                 (max_queue_wait_s is not None and not max_queue_wait_s >= 0):
             raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2, prefill_chunk >= 0, "
@@ -339,6 +361,10 @@ class Scheduler:
             decode_batching = "fused" if max_batch > 1 and runtime_is_batch_invariant(runtime) else "isolated"
         self.decode_batching: DecodeBatching = decode_batching
         """The mode in use: "isolated" or "fused" ("auto" resolved)."""
+        self.span_prefill_positions = span_prefill_limit(runtime) if decode_batching == "fused" and \
+            prefill_in_step else 0
+        """Prompts of at most this many tokens are prefilled inside the decode steps while rows decode (0: never;
+        see `span_prefill_limit`)."""
         self.kv_bytes_per_token = kv_bytes_per_token(runtime.config, cache_element_bytes(runtime))
         """Bytes of KV cache one token of one request takes."""
         self.kv_capacity_bytes = max_batch * max_seq * self.kv_bytes_per_token
@@ -363,6 +389,10 @@ class Scheduler:
         """Prefill calls (chunks) run so far (for tests and debugging)."""
         self.peak_active = 0
         """Most requests that held a row at once (for tests and load tests)."""
+        self.prefill_pieces = 0
+        """Prompt pieces prefilled inside decode steps so far (see `span_prefill_positions`)."""
+        self.prefill_piece_tokens = 0
+        """Prompt tokens prefilled inside decode steps so far."""
         if metrics is not None:
             metrics.watch_kv_cache(self.kv_used_bytes, self.kv_capacity_bytes, self.kv_bytes_per_token)
 
@@ -561,22 +591,61 @@ class Scheduler:
                 if seq.request.finished:  # cancelled between admission and now
                     continue
                 self._guard([seq], self._begin_prefill, seq)
-            self._prefill_chunks()  # prefill first: a new request's first token does not wait for a step
-            self._admit_late()
-            active = [s for s in self._running if s.ready and not s.request.finished]
-            if active:
-                start = time.perf_counter()
-                self._guard(active, self._decode_step, active)
-                elapsed = time.perf_counter() - start
-                if self._cut_short:  # a partial step: not a measure of a whole one
-                    self._cut_short = False
-                else:
-                    self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
+            if not self._mixed_iteration():
+                self._prefill_chunks()  # prefill first: a new request's first token does not wait for a step
+                self._admit_late()
+                self._timed_step([s for s in self._running if s.ready and not s.request.finished], [])
             self._release_finished()
             if stopping:
                 with self._cond:
                     if not self._running and not self._waiting:
                         return
+
+    def _timed_step(self, active: list[_Sequence], pieces: list[tuple[_Sequence, int]]) -> None:
+        # One decode step (with prompt pieces riding in it, see _mixed_iteration), timed for step_s.
+        if not active and not pieces:
+            return
+        start = time.perf_counter()
+        self._guard(active + [s for s, _ in pieces], self._decode_step, active, pieces)
+        elapsed = time.perf_counter() - start
+        if self._cut_short:  # a partial step: not a measure of a whole one
+            self._cut_short = False
+        elif active:
+            self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
+
+    def _mixed_iteration(self) -> bool:
+        # Stall-free batching (Agrawal et al., "Sarathi-Serve", OSDI 2024; vLLM's chunked prefill): while rows
+        # decode, the prompts within `span_prefill_positions` are prefilled inside the decode step's one
+        # `decode_spans` call, as spans of their rows beside the decode rows' tokens, at most `prefill_chunk`
+        # prompt tokens per step (shortest remaining prompt first; a prompt may be cut anywhere, since its KV
+        # and logits are the same bits for any split). A request admitted at the top of this iteration thus
+        # waits only for the step in progress, and no step grows by more than the budget. Longer prompts keep
+        # their separate chunk calls on the fixed grid, under what is left of the budget. False (nothing run)
+        # when mixing is off or no row decodes: a lone request takes the path Engine.run takes.
+        if not self.span_prefill_positions or not any(s.ready and not s.request.finished for s in self._running):
+            return False
+        pending = [s for s in self._running if not s.ready and s.prefilled and not s.request.finished]
+        pending.sort(key=_Sequence.prefill_left)  # stable: admission order among equals
+        budget = self.prefill_chunk or math.inf
+        spent = 0
+        pieces: list[tuple[_Sequence, int]] = []
+        chunks: list[tuple[_Sequence, int]] = []
+        for seq in pending:
+            if len(seq.request.prompt_ids) <= self.span_prefill_positions:
+                n = min(seq.prefill_left(), budget - spent)
+                if n > 0:
+                    pieces.append((seq, int(n)))
+                    spent += n
+            else:
+                n = self._chunk_tokens(seq)
+                if not spent or spent + n <= budget:
+                    chunks.append((seq, n))
+                    spent += n
+        for seq, n in chunks:  # longer prompts: their own prefill calls, as before
+            self._guard([seq], self._prefill, seq, n)
+        active = [s for s in self._running if s.ready and not s.request.finished]
+        self._timed_step(active, [(s, n) for s, n in pieces if not s.request.finished])
+        return True
 
     def _admit(self) -> list[_Sequence]:
         # Waiting requests into free rows, by priority (call with the lock held).
@@ -672,12 +741,15 @@ class Scheduler:
         self.prefill_calls += 1
         logits = self.runtime.prefill(seq.row, ids, start)
         seq.prefill_at = start + n
-        if seq.prefill_left() > 0:
-            return
+        if seq.prefill_left() == 0:
+            self._prefill_done(seq, logits)
+
+    def _prefill_done(self, seq: _Sequence, logits: torch.Tensor) -> None:
+        # The whole prompt is in the row: the first token from its last position's logits, then decode steps.
         seq.ready = True
         self._advance(seq, logits)
         if self.speculative is not None:
-            seq.proposer = DraftProposer(self.speculative, request, self.session_history)
+            seq.proposer = DraftProposer(self.speculative, seq.request, self.session_history)
 
     def _yield_to_new(self, done: list[_Sequence], rest: list[_Sequence]) -> bool:
         # Between two per-request calls of a step: when a new request waits with a free row, stop the step
@@ -691,10 +763,10 @@ class Scheduler:
             self._running = [s for s in self._running if id(s) not in served] + done
         return True
 
-    def _decode_step(self, seqs: list[_Sequence]) -> None:
+    def _decode_step(self, seqs: list[_Sequence], pieces: Sequence[tuple[_Sequence, int]] = ()) -> None:
         self.steps += 1
         if self.decode_batching == "fused":
-            self._span_step(seqs)
+            self._span_step(seqs, pieces)
             return
         for i, seq in enumerate(seqs):
             # One call per request (its draft's verify or a batch-1 decode): bit-identical to Engine.run's step.
@@ -702,15 +774,28 @@ class Scheduler:
             if self._yield_to_new(seqs[:i + 1], seqs[i + 1:]):
                 return
 
-    def _span_step(self, seqs: list[_Sequence]) -> None:
+    def _span_step(self, seqs: list[_Sequence], pieces: Sequence[tuple[_Sequence, int]] = ()) -> None:
         # One `decode_spans` call: a request with a draft feeds its last token and the draft (a verify), the
         # others their last token; each is bit-identical to its lone run's call on a runtime whose spans are
         # batch-invariant (the native CPU runtime), and separate calls elsewhere (`decode_spans_by_calls`).
+        # `pieces` (fused steps with span prefill, see _mixed_iteration): (request, n) feeds the next n prompt
+        # tokens into its row; a prompt whose last piece ran gets its first token from the piece's last logits.
         drafts = [[] if s.proposer is None else propose_draft(s.request, s.proposer) for s in seqs]
-        logits = decode_spans(self.runtime, [s.row for s in seqs],
-                              [[s.last_token, *draft] for s, draft in zip(seqs, drafts, strict=True)],
-                              [s.request.next_position - 1 for s in seqs])
-        for seq, draft, rows in zip(seqs, drafts, logits, strict=True):
+        row_ids = [s.row for s in seqs] + [s.row for s, _ in pieces]
+        spans = [[s.last_token, *draft] for s, draft in zip(seqs, drafts, strict=True)]
+        spans += [s.request.prompt_ids[s.prefill_at:s.prefill_at + n] for s, n in pieces]
+        starts = [s.request.next_position - 1 for s in seqs] + [s.prefill_at for s, _ in pieces]
+        for seq, n in pieces:
+            if seq.request.stats.prefill_start_s is None:
+                seq.request.stats.prefill_start_s = time.perf_counter() - seq.request.start_time
+            self.prefill_pieces += 1
+            self.prefill_piece_tokens += n
+        logits = decode_spans(self.runtime, row_ids, spans, starts)
+        for (seq, n), piece in zip(pieces, logits[len(seqs):], strict=True):
+            seq.prefill_at += n
+            if seq.prefill_left() == 0:
+                self._prefill_done(seq, piece[-1])
+        for seq, draft, rows in zip(seqs, drafts, logits[:len(seqs)], strict=True):
             if draft:
                 for event in accept_draft(seq.request, seq.proposer, draft, rows):
                     self._emit(seq, event)
