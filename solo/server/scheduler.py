@@ -14,6 +14,16 @@ FIFO queue of at most `max_queue`. One thread drives the runtime; each loop iter
    speculative draft feeds its last token and the draft, the others their last token), then frees the
    rows of those that finished.
 
+On a runtime with span prefill (`span_prefill_limit`: the native CPU runtime) in "fused" mode, steps 3 and
+4 merge while any row decodes (stall-free batching, Agrawal et al., "Sarathi-Serve", OSDI 2024; vLLM's
+chunked prefill): the prompts within `span_prefill_positions` (512) ride in the step's one `decode_spans`
+call as spans of their own rows, at most `prefill_chunk` prompt tokens per step, shortest remaining prompt
+first, cut anywhere (their KV and logits are the same bits for any split); a prompt whose last piece ran
+gets its first token from that step. A request admitted at the top of an iteration thus waits only for the
+step in progress, and no step grows by more than the budget. Longer prompts keep their chunk calls on the
+fixed grid, within what is left of the budget. With no row decoding (an idle server's request), a prompt
+is prefilled by its own `prefill` call, the path `Engine.run` takes.
+
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
 runs on the event loop.
