@@ -21,8 +21,9 @@ call as spans of their own rows, at most `prefill_chunk` prompt tokens per step,
 first, cut anywhere (their KV and logits are the same bits for any split); a prompt whose last piece ran
 gets its first token from that step. A request admitted at the top of an iteration thus waits only for the
 step in progress, and no step grows by more than the budget. Longer prompts keep their chunk calls on the
-fixed grid, within what is left of the budget. With no row decoding (an idle server's request), a prompt
-is prefilled by its own `prefill` call, the path `Engine.run` takes.
+fixed grid, within what is left of the budget. With no row decoding, the shortest prompt is prefilled by
+its own `prefill` call (an idle server's request: the path `Engine.run` takes) and the other prompts ride
+in the step after it, instead of one prefill call each before any step.
 
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
@@ -630,14 +631,26 @@ class Scheduler:
         # prompt tokens per step (shortest remaining prompt first; a prompt may be cut anywhere, since its KV
         # and logits are the same bits for any split). A request admitted at the top of this iteration thus
         # waits only for the step in progress, and no step grows by more than the budget. Longer prompts keep
-        # their separate chunk calls on the fixed grid, under what is left of the budget. False (nothing run)
-        # when mixing is off or no row decodes: a lone request takes the path Engine.run takes.
-        if not self.span_prefill_positions or not any(s.ready and not s.request.finished for s in self._running):
+        # their separate chunk calls on the fixed grid, under what is left of the budget. With no row decoding,
+        # the shortest prompt's (next chunk's) prefill is a call of its own first, the path Engine.run takes (a
+        # lone request pays nothing for this), and the other prompts ride in the step that row's first decode
+        # token makes: a burst on an idle server does not wait for one prefill call per request, nor do the
+        # steps wait for prompts arriving meanwhile. False (nothing run) when mixing is off or no prompt is
+        # within the limit and no row decodes (the long prompts' path).
+        if not self.span_prefill_positions:
             return False
         pending = [s for s in self._running if not s.ready and s.prefilled and not s.request.finished]
         pending.sort(key=_Sequence.prefill_left)  # stable: admission order among equals
         budget = self.prefill_chunk or math.inf
         spent = 0
+        if not any(s.ready and not s.request.finished for s in self._running):
+            short = [s for s in pending if len(s.request.prompt_ids) <= self.span_prefill_positions]
+            if not short:
+                return False
+            seq = short[0]
+            spent = self._chunk_tokens(seq)
+            self._guard([seq], self._prefill, seq, spent)
+            pending.remove(seq)
         pieces: list[tuple[_Sequence, int]] = []
         chunks: list[tuple[_Sequence, int]] = []
         for seq in pending:

@@ -178,3 +178,28 @@ def test_prompts_past_the_span_limit_keep_their_own_chunk_calls(engine):
     assert head == alone(engine, PROMPTS[0], 30)
     assert out_long == alone(engine, long_prompt)
     assert out_short == alone(engine, short_prompt)
+
+
+def test_a_burst_on_an_idle_server_makes_one_prefill_call_and_the_rest_ride_the_first_step(engine):
+    spy = _Spy(engine.runtime)
+    scheduler = Scheduler(spy, max_batch=3, max_queue=3, max_seq=256, decode_batching="fused")
+    spy.calls.clear()
+    prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2]]
+    lengths = [len(request(engine, p).prompt_ids) for p in prompts]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+        gens = [scheduler.submit([request(engine, p)], loop) for p in prompts]
+        scheduler.start()  # all three wait when the first iteration admits them
+        return [await collect(g) for g in gens]
+
+    try:
+        outs = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    # The shortest prompt (row 1) by a prefill call of its own; the other two whole in the first step, beside
+    # its first decode token.
+    assert spy.calls[0] == ("prefill", 1, 0, lengths[1])
+    assert spy.calls[1] == ("spans", ((1, 1, lengths[1]), (2, lengths[2], 0), (0, lengths[0], 0)))
+    assert not [c for c in spy.calls[1:] if c[0] == "prefill"]
+    assert outs == [alone(engine, p) for p in prompts]
