@@ -6,7 +6,10 @@ own prefill (its prefill calls, or the decode steps its prompt's pieces rode in)
 steps it waited. Percentiles of each part, and the mean parts of
 the slowest 2% and 10% by TTFT.
 
-    python scripts/scheduler_trace/analyze.py trace.jsonl [more.jsonl ...]
+    python scripts/scheduler_trace/analyze.py [--window A:B] trace.jsonl [more.jsonl ...]
+
+--window A:B keeps the requests submitted A..B seconds after the first one (and the steps and calls that
+started then): with `solo bench --load`, the rate phase after the capacity run (see the submit times).
 """
 
 import collections
@@ -20,8 +23,13 @@ def pct(xs, p):
     return xs[min(len(xs) - 1, max(0, round(p / 100 * (len(xs) - 1))))] if xs else float("nan")
 
 
-def analyze(path):
+def analyze(path, window=None):
     ev = [json.loads(line) for line in open(path)]
+    if window is not None:  # only requests submitted within [a, b] s of the first submit (one load phase)
+        t0 = min(e["t"] for e in ev if e["ev"] == "submit")
+        ev = [e for e in ev if e["ev"] != "submit" or window[0] <= e["t"] - t0 <= window[1]]
+        a, b = t0 + window[0], t0 + window[1]
+        ev = [e for e in ev if e["ev"] in ("submit", "first", "prefill", "piece") or a <= e["t0"] <= b]
     steps = [e for e in ev if e["ev"] == "step"]
     prefills = [e for e in ev if e["ev"] == "prefill"]
     spans = [e for e in ev if e["ev"] == "spans"]
@@ -82,5 +90,9 @@ def analyze(path):
 
 
 if __name__ == "__main__":
-    for p in sys.argv[1:]:
-        analyze(p)
+    args, window = sys.argv[1:], None
+    if args and args[0] == "--window":  # --window A:B  seconds after the first submit, e.g. the rate phase
+        window = tuple(float(x) for x in args[1].split(":"))
+        args = args[2:]
+    for p in args:
+        analyze(p, window)

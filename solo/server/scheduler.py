@@ -104,6 +104,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import math
+import os
 import random
 import threading
 import time
@@ -131,6 +132,12 @@ one chunk at a time (about a decode step's order of magnitude) rather than for a
 DecodeBatching = Literal["auto", "isolated", "fused"]
 """How a decode step runs over the active rows (see the module docstring): one batch-1 call per row
 ("isolated"), one batched call ("fused"), or fused only on a batch-invariant runtime ("auto")."""
+
+SpanPrefill = Literal["step", "before", "off"]
+"""Where the CPU runtime's short prompts are prefilled while rows decode (`Scheduler`'s span_prefill)."""
+
+DEFAULT_SPAN_PREFILL: SpanPrefill = "step"
+"""The default `SpanPrefill`."""
 
 RELEASE_WINDOW = 64
 """Recent row releases whose rate `max_queue_wait_s` admission control predicts the queue wait from."""
@@ -330,9 +337,10 @@ class Scheduler:
             prompt whole at admission.
         max_queue_wait_s: refuse a request whose predicted wait for a row exceeds this many seconds (see
             the module docstring, "Overload"); None: only `max_queue` bounds the queue.
-        prefill_in_step: in "fused" mode on a runtime with span prefill (`span_prefill_limit`), prefill
-            prompts inside the decode steps while rows decode (see the module docstring); False keeps every
-            prefill a call of its own (for comparisons).
+        span_prefill: in "fused" mode on a runtime with span prefill (`span_prefill_limit`), where the
+            prompts within its limit are prefilled while rows decode (see the module docstring): "step" inside
+            the decode step's call; "before": in one `decode_spans` call of their own just before it; "off":
+            one prefill call each, as on other runtimes. None: $SOLO_SPAN_PREFILL, else `DEFAULT_SPAN_PREFILL`.
 
     Raises:
         ValueError: max_batch < 1, max_queue < 0, max_seq < 2, prefill_chunk < 0 or max_queue_wait_s < 0.
@@ -343,7 +351,7 @@ class Scheduler:
                  prefix_cache: PrefixCache | None = None, speculative: SpeculativeConfig | None = None,
                  session_history: SessionHistory | None = None,
                  prefill_chunk: int = DEFAULT_PREFILL_CHUNK, max_queue_wait_s: float | None = None,
-                 prefill_in_step: bool = True) -> None:
+                 span_prefill: SpanPrefill | None = None) -> None:
         if max_batch < 1 or max_queue < 0 or max_seq < 2 or prefill_chunk < 0 or \
                 (max_queue_wait_s is not None and not max_queue_wait_s >= 0):
             raise ValueError(f"need max_batch >= 1, max_queue >= 0, max_seq >= 2, prefill_chunk >= 0, "
@@ -372,8 +380,15 @@ class Scheduler:
             decode_batching = "fused" if max_batch > 1 and runtime_is_batch_invariant(runtime) else "isolated"
         self.decode_batching: DecodeBatching = decode_batching
         """The mode in use: "isolated" or "fused" ("auto" resolved)."""
+        if span_prefill is None:
+            span_prefill = os.environ.get("SOLO_SPAN_PREFILL", DEFAULT_SPAN_PREFILL)  # type: ignore[assignment]
+        if span_prefill not in ("step", "before", "off"):
+            raise ValueError(f"span_prefill must be 'step', 'before' or 'off' (SOLO_SPAN_PREFILL), "
+                             f"got {span_prefill!r}")
+        self.span_prefill: SpanPrefill = span_prefill
+        """Where prompts within `span_prefill_positions` are prefilled while rows decode (see the Args)."""
         self.span_prefill_positions = span_prefill_limit(runtime) if decode_batching == "fused" and \
-            prefill_in_step else 0
+            span_prefill != "off" else 0
         """Prompts of at most this many tokens are prefilled inside the decode steps while rows decode (0: never;
         see `span_prefill_limit`)."""
         self.kv_bytes_per_token = kv_bytes_per_token(runtime.config, cache_element_bytes(runtime))
@@ -666,8 +681,12 @@ class Scheduler:
                     spent += n
         for seq, n in chunks:  # longer prompts: their own prefill calls, as before
             self._guard([seq], self._prefill, seq, n)
+        pieces = [(s, n) for s, n in pieces if not s.request.finished]
+        if pieces and self.span_prefill == "before":  # one call for every prompt piece, then the decode step
+            self._guard([s for s, _ in pieces], self._decode_step, [], pieces)
+            pieces = []
         active = [s for s in self._running if s.ready and not s.request.finished]
-        self._timed_step(active, [(s, n) for s, n in pieces if not s.request.finished])
+        self._timed_step(active, pieces)
         return True
 
     def _admit(self) -> list[_Sequence]:

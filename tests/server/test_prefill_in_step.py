@@ -109,7 +109,7 @@ def test_only_runtimes_with_span_prefill_mix_prompts_into_steps(engine, tiny_mod
     scheduler = Scheduler(engine.runtime, max_batch=2, max_queue=1, max_seq=64, decode_batching="isolated")
     assert scheduler.span_prefill_positions == 0  # isolated steps stay one call per request
     scheduler = Scheduler(engine.runtime, max_batch=2, max_queue=1, max_seq=64, decode_batching="fused",
-                          prefill_in_step=False)
+                          span_prefill="off")
     assert scheduler.span_prefill_positions == 0
 
 
@@ -203,3 +203,36 @@ def test_a_burst_on_an_idle_server_makes_one_prefill_call_and_the_rest_ride_the_
     assert spy.calls[1] == ("spans", ((1, 1, lengths[1]), (2, lengths[2], 0), (0, lengths[0], 0)))
     assert not [c for c in spy.calls[1:] if c[0] == "prefill"]
     assert outs == [alone(engine, p) for p in prompts]
+
+
+def test_before_mode_prefills_the_new_prompts_in_one_call_ahead_of_the_step(engine):
+    spy = _Spy(engine.runtime)
+    scheduler = Scheduler(spy, max_batch=3, max_queue=3, max_seq=256, decode_batching="fused", span_prefill="before")
+    spy.calls.clear()
+    late: list = []
+    lengths = [len(request(engine, p).prompt_ids) for p in PROMPTS[:3]]
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def hook():
+            if not late and scheduler.steps == 2:
+                late.extend(scheduler.submit([request(engine, p)], loop) for p in PROMPTS[1:3])
+
+        spy.hook = hook
+        head = scheduler.submit([request(engine, PROMPTS[0], 20)], loop)
+        scheduler.start()
+        out = await collect(head)
+        return out, [await collect(g) for g in late]
+
+    try:
+        head, rest = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    spans = [c[1] for c in spy.calls if c[0] == "spans"]
+    # Two decode steps, then both new prompts whole in one call (shortest first), then a step of all three.
+    assert spans[2] == ((2, lengths[2], 0), (1, lengths[1], 0))
+    assert [r for r, _, _ in spans[3]] == [0, 1, 2] and all(k == 1 for _, k, _ in spans[3])
+    assert head == alone(engine, PROMPTS[0], 20) and rest == [alone(engine, p) for p in PROMPTS[1:3]]
+    with pytest.raises(ValueError, match="span_prefill"):
+        Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=64, span_prefill="sometimes")
