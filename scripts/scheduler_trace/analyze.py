@@ -29,7 +29,7 @@ def analyze(path, window=None):
         t0 = min(e["t"] for e in ev if e["ev"] == "submit")
         ev = [e for e in ev if e["ev"] != "submit" or window[0] <= e["t"] - t0 <= window[1]]
         a, b = t0 + window[0], t0 + window[1]
-        ev = [e for e in ev if e["ev"] in ("submit", "first", "prefill", "piece") or a <= e["t0"] <= b]
+        ev = [e for e in ev if e["ev"] in ("submit", "first") or a <= e["t0"] <= b]
     steps = [e for e in ev if e["ev"] == "step"]
     prefills = [e for e in ev if e["ev"] == "prefill"]
     spans = [e for e in ev if e["ev"] == "spans"]

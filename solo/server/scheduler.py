@@ -654,6 +654,7 @@ class Scheduler:
         # within the limit and no row decodes (the long prompts' path).
         if not self.span_prefill_positions:
             return False
+        self._admit_arrivals()
         pending = [s for s in self._running if not s.ready and s.prefilled and not s.request.finished]
         pending.sort(key=_Sequence.prefill_left)  # stable: admission order among equals
         budget = self.prefill_chunk or math.inf
@@ -723,6 +724,19 @@ class Scheduler:
             short = [s for s in late if s.prefilled and not s.request.finished and self._is_short(s)]
             for seq in sorted(short, key=_Sequence.prefill_left):
                 self._guard([seq], self._prefill, seq, seq.prefill_left())
+
+    def _admit_arrivals(self) -> None:
+        # Requests that arrived since the top of the iteration (while it ended cancelled requests or loaded
+        # the prefix cache into the admitted rows): admitted now, so their prompts join this step's pieces
+        # instead of waiting for it.
+        with self._cond:
+            if self._stopping or self._abort_all or self._cancelled or not (self._waiting and self._free_rows):
+                return
+            late = self._admit()
+            self._publish_load()
+        for seq in late:
+            if not seq.request.finished:
+                self._guard([seq], self._begin_prefill, seq)
 
     def _is_short(self, seq: _Sequence) -> bool:
         # A whole prompt (after its cached part) within one chunk: prefilled in one call, never chunked.
