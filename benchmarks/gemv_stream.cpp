@@ -9,6 +9,13 @@
 //   kblock RxKB  R rows at a time, k in blocks of KB (x block reused by R rows; R short streams)
 //   kslice S     every row's k range in S passes over the rows, accumulators kept in memory
 //   movntdqa     weights through non-temporal loads; clflushopt: consumed weight lines evicted
+//   blocked      the weights copied to a blocked layout (tiles of 4 rows x 2048 columns, each contiguous):
+//                one linear stream feeds 4 rows from a 4 KiB block of x (the fix section 2 of
+//                results/amd-epyc-zen4/gemv-stream.md proposes); "sum blocked copy" = a plain read of it
+//   tiles 32x2K  the weights in tiles of 32 rows x 2048 columns (each 128 KiB tile contiguous, a row group's
+//                tiles in column order): 32 rows reuse each 4 KiB x block; accumulators in memory
+//   colblocked   the weights copied column-block-major (for each 2048 columns, all rows): one linear stream
+//                per column block with its 4 KiB of x in L1, the accumulators kept in memory between blocks
 //   xsmall       TEST ONLY, wrong results: x indexed modulo 2048, i.e. a 4 KiB input whatever K is
 //   pieces P     one thread, the rows in pieces of P bytes in a shuffled order (the MoE step's access)
 //   chunked      2 threads taking 128 KiB chunks alternately (t, t + 2, ...) instead of contiguous halves
@@ -217,6 +224,91 @@ static void gemv_touch(const uint16_t* W, int K, const uint16_t* x, float* y, in
                                   (__m512bh)_mm512_loadu_si512(x + k + 32 * i));
     }
     y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[0], acc[1]), _mm512_add_ps(acc[2], acc[3])));
+  }
+}
+
+// What a blocked weight layout would give: Wb holds tiles of R rows x KB columns, each tile contiguous
+// (row-major inside), tiles in (row block, column block) order, so R rows are read as ONE linear stream
+// while the KB-column block of x is reused from L1 by the R rows. Each accumulator sees gemv_bf16_bt<1>'s
+// dpbf16 sequence (bit-identical; checked). K a multiple of KB, rows a multiple of R here.
+template <int R, int KB>
+static void to_blocked(const uint16_t* W, int N, int K, uint16_t* Wb) {
+  size_t o = 0;
+  for (int n = 0; n < N; n += R)
+    for (int kb = 0; kb < K; kb += KB)
+      for (int r = 0; r < R; r++, o += KB) memcpy(Wb + o, W + (size_t)(n + r) * K + kb, KB * 2);
+}
+template <int R, int KB>
+static void gemv_blocked(const uint16_t* Wb, int K, const uint16_t* x, float* y, int n0, int n1) {
+  for (int n = n0; n < n1; n += R) {
+    const uint16_t* w = Wb + (size_t)n * K;  // the row block's tiles
+    __m512 acc[R][4];
+    for (int r = 0; r < R; r++)
+      for (int i = 0; i < 4; i++) acc[r][i] = _mm512_setzero_ps();
+    for (int kb = 0; kb < K; kb += KB)
+      for (int r = 0; r < R; r++, w += KB)
+        for (int k = 0; k < KB; k += 128)
+          for (int i = 0; i < 4; i++)
+            acc[r][i] = _mm512_dpbf16_ps(acc[r][i], (__m512bh)_mm512_loadu_si512(w + k + 32 * i),
+                                         (__m512bh)_mm512_loadu_si512(x + kb + k + 32 * i));
+    for (int r = 0; r < R; r++)
+      y[n + r] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(acc[r][0], acc[r][1]), _mm512_add_ps(acc[r][2], acc[r][3])));
+  }
+}
+
+// Tiles of R rows x KB columns, each contiguous, tiles of a row group in column order (to_blocked<R, KB>),
+// the R rows' accumulators in memory (R * 256 bytes): R rows' worth of weights per x block.
+template <int R, int KB>
+static void gemv_tiles_mem(const uint16_t* Wb, int K, const uint16_t* x, float* y, int n0, int n1) {
+  alignas(64) __m512 accs[R][4];
+  for (int n = n0; n < n1; n += R) {
+    const uint16_t* w = Wb + (size_t)n * K;
+    for (int r = 0; r < R; r++)
+      for (int i = 0; i < 4; i++) accs[r][i] = _mm512_setzero_ps();
+    for (int kb = 0; kb < K; kb += KB)
+      for (int r = 0; r < R; r++, w += KB) {
+        __m512 acc[4] = {accs[r][0], accs[r][1], accs[r][2], accs[r][3]};
+        for (int k = 0; k < KB; k += 128)
+          for (int i = 0; i < 4; i++)
+            acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(w + k + 32 * i),
+                                      (__m512bh)_mm512_loadu_si512(x + kb + k + 32 * i));
+        for (int i = 0; i < 4; i++) accs[r][i] = acc[i];
+      }
+    for (int r = 0; r < R; r++)
+      y[n + r] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(accs[r][0], accs[r][1]), _mm512_add_ps(accs[r][2], accs[r][3])));
+  }
+}
+
+// Column-block-major layout: Wc holds, for each block of KB columns, every row's KB weights (rows in order),
+// so one pass per column block reads one linear stream while the 4 KiB x block stays in L1 for the whole
+// pass; the rows' accumulators wait in memory between passes (same dpbf16 sequence: bit-identical).
+template <int KB>
+static void to_colblocked(const uint16_t* W, int N, int K, uint16_t* Wc) {
+  size_t o = 0;
+  for (int kb = 0; kb < K; kb += KB)
+    for (int n = 0; n < N; n++, o += KB) memcpy(Wc + o, W + (size_t)n * K + kb, KB * 2);
+}
+template <int KB>
+static void gemv_colblocked(const uint16_t* Wc, int N, int K, const uint16_t* x, float* y, int n0, int n1) {
+  static thread_local std::vector<__m512> accs;
+  accs.assign((size_t)(n1 - n0) * 4, _mm512_setzero_ps());
+  for (int kb = 0; kb < K; kb += KB) {
+    const uint16_t* w = Wc + (size_t)kb * N + (size_t)n0 * KB;
+    for (int n = n0; n < n1; n++, w += KB) {
+      __m512* a = &accs[(size_t)(n - n0) * 4];
+      __m512 acc[4] = {a[0], a[1], a[2], a[3]};
+      for (int k = 0; k < KB; k += 128)
+        for (int i = 0; i < 4; i++)
+          acc[i] = _mm512_dpbf16_ps(acc[i], (__m512bh)_mm512_loadu_si512(w + k + 32 * i),
+                                    (__m512bh)_mm512_loadu_si512(x + kb + k + 32 * i));
+      for (int i = 0; i < 4; i++) a[i] = acc[i];
+    }
+  }
+  for (int n = n0; n < n1; n++) {
+    const __m512* a = &accs[(size_t)(n - n0) * 4];
+    y[n] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(a[0], a[1]), _mm512_add_ps(a[2], a[3])));
   }
 }
 
@@ -445,6 +537,28 @@ int main(int argc, char** argv) {
   volatile uint64_t sink = 0;
   const uint16_t* xp = x.data();
 
+  // The same weights in the blocked layout (tiles of 4 rows x 2048 columns), when K allows.
+  uint16_t* Wb = nullptr;
+  if (K % 2048 == 0) {
+    char* rawb = (char*)mmap(nullptr, bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    Wb = (uint16_t*)(rawb + ((align - (uintptr_t)rawb % align) % align));
+    madvise(Wb, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    to_blocked<4, 2048>(W, N, K, Wb);
+  }
+  uint16_t* Wt = nullptr;  // tiles of 32 rows x 2048 columns
+  if (K % 2048 == 0) {
+    char* rawt = (char*)mmap(nullptr, bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    Wt = (uint16_t*)(rawt + ((align - (uintptr_t)rawt % align) % align));
+    madvise(Wt, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    to_blocked<32, 2048>(W, N, K, Wt);
+  }
+  uint16_t* Wc = nullptr;
+  if (K % 2048 == 0 && K > 2048) {
+    char* rawc = (char*)mmap(nullptr, bytes + align, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+    Wc = (uint16_t*)(rawc + ((align - (uintptr_t)rawc % align) % align));
+    madvise(Wc, bytes, huge ? MADV_HUGEPAGE : MADV_NOHUGEPAGE);
+    to_colblocked<2048>(W, N, K, Wc);
+  }
   std::vector<Variant> vs;
   for (int t : {1, 2}) {
     const std::string s = t == 1 ? " 1t" : " 2t";
@@ -460,6 +574,16 @@ int main(int argc, char** argv) {
     vs.push_back({"rows2" + s, t, false, [&](int a, int b) { gemv_rows2(W, K, xp, y.data(), a, b); }, {}});
     vs.push_back({"kblock 4x1K" + s, t, false, [&](int a, int b) { gemv_kblock<4, 1024>(W, K, xp, y.data(), a, b); }, {}});
     vs.push_back({"kslice 2" + s, t, false, [&](int a, int b) { gemv_kslice<2>(W, K, xp, y.data(), a, b); }, {}});
+    if (Wb) {
+      vs.push_back({"blocked 4x2K" + s, t, false, [&](int a, int b) { gemv_blocked<4, 2048>(Wb, K, xp, y.data(), a, b); }, {}});
+      vs.push_back({"sum blocked copy" + s, t, false, [&](int a, int b) { sink += sum_rows(Wb, K, a, b); }, {}});
+    }
+    if (Wt)
+      vs.push_back({"tiles 32x2K" + s, t, false,
+                    [&](int a, int b) { gemv_tiles_mem<32, 2048>(Wt, K, xp, y.data(), a, b); }, {}});
+    if (Wc)
+      vs.push_back({"colblocked 2K" + s, t, false,
+                    [&](int a, int b) { gemv_colblocked<2048>(Wc, N, K, xp, y.data(), a, b); }, {}});
     vs.push_back({"touch x 4" + s, t, false, [&](int a, int b) { gemv_touch<4>(W, K, xp, y.data(), a, b); }, {}});
     vs.push_back({"touch x 1" + s, t, false, [&](int a, int b) { gemv_touch<1>(W, K, xp, y.data(), a, b); }, {}});
     vs.push_back({"movntdqa" + s, t, false, [&](int a, int b) { gemv_nt<1>(W, K, xp, y.data(), a, b); }, {}});
