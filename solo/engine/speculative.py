@@ -56,8 +56,8 @@ def resolve_speculative(mode: str, runtime: DecodeRuntime) -> str:
     is the decode kernel over k positions, measured faster on the agent traces in benchmarks/results/, and
     a dictionary lookup per token when nothing matches), else "off": the eager runtime is the reference
     rather than a speed path, and GPU block decoding was not measured against it. Greedy output equals
-    plain decoding bit for bit where `verify_matches_decode` (float32 on the CPU runtime); in bfloat16 a
-    near-tied token can flip (see `CpuRuntime.verify_matches_decode`).
+    plain decoding bit for bit where `verify_matches_decode` (the CPU runtime, every weight format); where
+    it does not hold a near-tied token can flip.
 
     Raises:
         SoloError: an unknown mode, or a speculative mode asked of a runtime without `verify`.

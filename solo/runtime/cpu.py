@@ -391,11 +391,10 @@ class CpuRuntime:
         self.num_threads = num_threads or torch.get_num_threads()
         # Decode steps run on fewer threads while another process holds a core (cpu_threads.py).
         self.threads = ThreadGovernor(self.num_threads)
-        # float32: each position's logits equal a batch-1 decode step's bit for bit (tested). bfloat16 and
-        # quantized weights: the kernel's multi-sequence tiles occasionally round a position differently from
-        # its one-sequence path (measured on the bundled model: one logit vector in a few, by one bf16 step),
-        # enough to flip a greedy near-tie.
-        self.verify_matches_decode = model.dtype == torch.float32 and self.quantization is None
+        # Every weight format sums each sequence in one order whatever the tile (gemv.h, qdot.h), so each
+        # verified position's logits equal a batch-1 decode step's bit for bit: float32, bfloat16, int8, int4
+        # (tests/runtime/test_verify_kv.py, at every ISA level through test_cpu_isa).
+        self.verify_matches_decode = True
         self.rows = 0
         self.max_seq = 0
         self.cache: KVCache | None = None
@@ -808,8 +807,8 @@ class CpuRuntime:
         Runs the native decode step over k batch entries that share the row, at consecutive positions, on
         every thread, streaming the weights once for all k (`solo_decode_span` with a barrier after each
         layer's cache writes, so every entry attends over the keys the others just wrote). With float32
-        weights every position's logits equal a batch-1 `decode` step's bit for bit; see
-        `verify_matches_decode` for bfloat16.
+        weights of every format every position's logits equal a batch-1 `decode` step's bit for bit
+        (`verify_matches_decode`).
 
         Raises:
             SoloError: no cache, k == 0, or the row, positions or ids fall outside the cache / vocabulary.

@@ -151,3 +151,23 @@ def test_import_from_a_start_position_keeps_what_the_row_holds(folder, kind):
     b = runtime.decode(torch.tensor([2]), torch.tensor([42]), pos)[0]
     torch.testing.assert_close(a, b, atol=1e-4, rtol=0)
 
+
+
+@pytest.mark.parametrize("dtype,mode", [(torch.bfloat16, None), (torch.bfloat16, "int8"), (torch.bfloat16, "int4"),
+                                        (torch.float32, "int8")])
+def test_cpu_verify_equals_decode_steps_bit_for_bit_in_every_format(folder, dtype, mode):
+    # Why speculative decoding on the CPU runtime never changes a greedy output: verify's k positions are
+    # summed in the order of k batch-1 steps for every weight format (CpuRuntime.verify_matches_decode).
+    from solo.runtime.quant import quantize_model
+
+    model = load_weights(folder, ModelConfig.from_file(folder), dtype)
+    if mode is not None:
+        model = quantize_model(model, mode)
+    runtime = CpuRuntime(model)
+    runtime.reserve(2, 64)
+    assert runtime.verify_matches_decode
+    runtime.prefill(0, torch.tensor(PROMPT))
+    steps = [runtime.decode(torch.tensor([0]), torch.tensor([t]), torch.tensor([len(PROMPT) + i]))[0]
+             for i, t in enumerate(DRAFT)]
+    runtime.prefill(1, torch.tensor(PROMPT))
+    assert torch.equal(runtime.verify(1, torch.tensor(DRAFT), len(PROMPT)), torch.stack(steps))

@@ -249,8 +249,11 @@ static void gated_rows(const Model* m, const Mat* gate_up, const Mat* down, cons
 
 // Work items of the two expert phases (rows per item; multiples of 32, so int4 groups never straddle two).
 // Gate/up: (expert, block of 128 gate rows and the same 128 up rows), 1 MiB of bf16 weights at OLMoE's
-// widths; down: a block of 256 output rows of every selected expert, then their weighted sum.
-static constexpr int MOE_GU_ROWS = 128, MOE_DOWN_ROWS = 256;
+// widths; down: a block of 256 output rows of every selected expert, then their weighted sum. An item reads
+// its weights as ~512 KiB pieces, which stream about as fast as one long read (128 KiB pieces ~15% slower;
+// benchmarks/results/amd-epyc-zen4/gemv-stream.md). Knobs "moe_gu_rows" / "moe_down_rows" (solo_set_knob,
+// measurement only) change the sizes; the arithmetic of a row never depends on them.
+static int g_moe_gu_rows = 128, g_moe_down_rows = 256;
 
 // How the expert phases share their work out: claimed one item at a time from a shared counter (dynamic,
 // the default), or each thread its fixed contiguous block of rows (static: SOLO_MOE_SCHEDULE=static). Either
@@ -324,9 +327,9 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
                  (char*)w.down_in + (size_t)s0 * I * input_elem_bytes(&E->down), i0, i1, skip);
     };
     if (dynamic) {
-      const int blocks = (I + MOE_GU_ROWS - 1) / MOE_GU_ROWS, items = nu * blocks;
+      const int R = g_moe_gu_rows, blocks = (I + R - 1) / R, items = nu * blocks;
       for (int it = moe_claim(&w.claim[0]); it < items; it = moe_claim(&w.claim[0])) {
-        const int i0 = it % blocks * MOE_GU_ROWS, i1 = i0 + MOE_GU_ROWS < I ? i0 + MOE_GU_ROWS : I;
+        const int i0 = it % blocks * R, i1 = i0 + R < I ? i0 + R : I;
         gate_up_rows(it / blocks, i0, i1);
       }
     } else {
@@ -367,9 +370,9 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
     }
   };
   if (dynamic) {
-    const int items = (h + MOE_DOWN_ROWS - 1) / MOE_DOWN_ROWS;
+    const int R = g_moe_down_rows, items = (h + R - 1) / R;
     for (int it = moe_claim(&w.claim[1]); it < items; it = moe_claim(&w.claim[1]))
-      down_rows(it * MOE_DOWN_ROWS, (it + 1) * MOE_DOWN_ROWS < h ? (it + 1) * MOE_DOWN_ROWS : h);
+      down_rows(it * R, (it + 1) * R < h ? (it + 1) * R : h);
   } else {
     int n0, n1;
     row_range(h, tid, nt, &n0, &n1);
