@@ -20,10 +20,13 @@ import torch
 
 # decode.cpp's PH_* order.
 PHASES = ["embed", "qkv", "qkv wait", "qkv post", "attention", "attn wait", "o", "o wait", "residual",
-          "gate/up+act", "mlp wait", "down", "down wait", "head"]
+          "gate/up+act", "mlp wait", "down", "down wait", "head",
+          "moe router", "router wait", "moe gate/up", "moe gu wait", "moe down", "moe dn wait"]
 # Matrix-vector phases: (phase, the barrier wait after it, the Layer/Model field(s) it reads).
 GEMV_PHASES = [("qkv", "qkv wait", "qkv"), ("o", "o wait", "o"), ("gate/up+act", "mlp wait", "gate_up"),
-               ("down", "down wait", "down"), ("head", None, "head")]
+               ("down", "down wait", "down"), ("head", None, "head"),
+               ("moe router", "router wait", "router"), ("moe gate/up", "moe gu wait", "gate_up"),
+               ("moe down", "moe dn wait", "down")]
 
 
 def _mat_bytes(mat: ctypes.Structure) -> int:
@@ -74,8 +77,15 @@ def profile(runtime: object, steps: int, context: int) -> dict[str, object]:
     phases = {name: [out[t * len(PHASES) + p] / max(count, 1) / 1e6 for t in range(nt)]
               for p, name in enumerate(PHASES)}
     layers = [struct.layer[i] for i in range(runtime.config.num_layers)]
+    moe = runtime._moe_layers if getattr(runtime, "_moe_layers", None) is not None else None
+    moe_layers = [moe[i] for i in range(runtime.config.num_layers)] if moe is not None else []
     matrix_bytes = {}
     for phase, _, field in GEMV_PHASES:
+        if phase.startswith("moe"):  # the selected experts (top_k of each MoE layer) and the router
+            per = 1 if field == "router" else None
+            matrix_bytes[phase] = sum(_mat_bytes(getattr(e, field)) * (per or int(e.top_k))
+                                      for e in moe_layers if int(e.experts) > 0)
+            continue
         mats = [struct.head] if field == "head" else [getattr(layer, field) for layer in layers]
         matrix_bytes[phase] = sum(_mat_bytes(m) for m in mats)
     return {"threads": nt, "ms_per_token": profiled * 1e3, "ms_per_token_unprofiled": plain * 1e3,
