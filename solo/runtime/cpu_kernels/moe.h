@@ -6,10 +6,11 @@
 // of the weights to the dtype unless the family keeps them in float32), then only the selected experts'
 // weights are streamed. Each expert's rows are split across the threads, so one token's k experts keep
 // every core busy: gate/up work items are (expert, block of gate rows and the same block of up rows), so
-// the activation needs no barrier; down work items are blocks of output rows of every selected expert's
-// down projection, followed by the weighted sum of those rows. Threads claim items from a shared counter
-// (a thread that loses its core leaves its remaining items to the others) or, with
-// SOLO_MOE_SCHEDULE=static, each takes its fixed contiguous rows as the dense GEMV does.
+// the activation needs no barrier; down work items are (expert, block of its down projection's output
+// rows), one stream with the gate/up items (see g_moe_fused), and after the layer's last barrier every
+// thread sums the k outputs of every row itself. Threads claim items from a shared counter (a thread that
+// loses its core leaves its remaining items to the others) or, with SOLO_MOE_SCHEDULE=static, each takes
+// its fixed contiguous rows as the dense GEMV does (and the phased layout below).
 //
 // Batches (server rows): the experts of all tokens are taken as a union; an expert's tokens share one
 // pass over its weights (the GEMV's multi-sequence tiles). The (token, slot) pairs are grouped by expert
@@ -22,8 +23,9 @@
 // float32 and rounded once; a shared expert (Qwen2-MoE) is a gated MLP whose rounded output is scaled
 // by the rounded sigmoid of its gate and added.
 //
-// Barriers: three per MoE layer (router; gate/up + activation; down + sum), as many as a dense MLP (gate/up;
-// activation; down).
+// Barriers: two per MoE layer (router; every expert's gate/up + activation + down), one fewer than a dense
+// MLP (gate/up; activation; down); three with the phased or static schedules (router; gate/up +
+// activation; down + sum).
 #pragma once
 #include "common.h"
 #include "elementwise.h"
