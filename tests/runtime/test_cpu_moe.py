@@ -267,6 +267,28 @@ def test_expert_schedules_and_thread_counts_give_identical_logits(tmp_path, monk
     assert all(torch.equal(out[0], o) for o in out[1:])
 
 
+def test_step_profile_times_the_moe_phases(tmp_path):
+    """cpu_profile's MoE rows: the router and the expert work are timed on both threads (the fused schedule
+    puts every expert item under "moe down", the phased one splits gate/up from down), with the bytes of the
+    selected experts."""
+    from solo.bench.cpu_profile import profile, report
+
+    folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16, num_experts=8, num_experts_per_tok=2)
+    runtime = CpuRuntime(_load(folder, torch.bfloat16), rows=1, max_seq=64, num_threads=2)
+    runtime.reserve(1, 64)
+    result = profile(runtime, steps=3, context=8)
+    phases = result["phases"]
+    assert sum(phases["moe router"]) > 0 and sum(phases["moe down"]) > 0 and not any(phases["moe gate/up"])
+    assert result["matrix_bytes"]["moe down"] > result["matrix_bytes"]["moe router"] > 0
+    assert "moe dn wait" in report(result)
+    runtime._lib.solo_set_knob(b"moe_fused", 0)
+    try:
+        phased = profile(runtime, steps=3, context=8)["phases"]
+    finally:
+        runtime._lib.solo_set_knob(b"moe_fused", 1)
+    assert sum(phased["moe gate/up"]) > 0 and sum(phased["moe down"]) > 0
+
+
 def test_verify_matches_sequential_decode(tmp_path):
     # Speculative decoding's verify: k positions of one row in one native step (a batch sharing one row).
     folder = make_checkpoint(tmp_path / "qwen3_moe", "qwen3_moe")
