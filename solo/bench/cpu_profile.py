@@ -6,7 +6,9 @@ Random weights of a bench shape (`solo bench --shape`), the CPU runtime, batch 1
 makes every thread of the step add the time between phase marks (q/k/v product, its barrier wait, RoPE and
 cache writes, attention, ...) to per-thread totals; this prints them per token, with the achieved read rate
 of each matrix-vector phase over its wall time (the phase plus the barrier wait after it on thread 0), and
-the step's total with and without profiling (the marks cost two clock reads per phase). Measurement only:
+the step's total with and without profiling (the marks cost two clock reads per phase). An MoE layer's
+phases are "moe router", "moe gate/up" and "moe down", each with its wait; under the default fused schedule
+(moe.h) every expert work item falls in "moe down". Measurement only:
 noisy on a shared machine, like every timing.
 """
 
@@ -20,10 +22,13 @@ import torch
 
 # decode.cpp's PH_* order.
 PHASES = ["embed", "qkv", "qkv wait", "qkv post", "attention", "attn wait", "o", "o wait", "residual",
-          "gate/up+act", "mlp wait", "down", "down wait", "head"]
+          "gate/up+act", "mlp wait", "down", "down wait", "head",
+          "moe router", "router wait", "moe gate/up", "moe gu wait", "moe down", "moe dn wait"]
 # Matrix-vector phases: (phase, the barrier wait after it, the Layer/Model field(s) it reads).
 GEMV_PHASES = [("qkv", "qkv wait", "qkv"), ("o", "o wait", "o"), ("gate/up+act", "mlp wait", "gate_up"),
-               ("down", "down wait", "down"), ("head", None, "head")]
+               ("down", "down wait", "down"), ("head", None, "head"),
+               ("moe router", "router wait", "router"), ("moe gate/up", "moe gu wait", "gate_up"),
+               ("moe down", "moe dn wait", "down")]
 
 
 def _mat_bytes(mat: ctypes.Structure) -> int:
@@ -74,10 +79,19 @@ def profile(runtime: object, steps: int, context: int) -> dict[str, object]:
     phases = {name: [out[t * len(PHASES) + p] / max(count, 1) / 1e6 for t in range(nt)]
               for p, name in enumerate(PHASES)}
     layers = [struct.layer[i] for i in range(runtime.config.num_layers)]
+    moe = runtime._moe_layers if getattr(runtime, "_moe_layers", None) is not None else None
+    moe_layers = [moe[i] for i in range(runtime.config.num_layers)] if moe is not None else []
     matrix_bytes = {}
     for phase, _, field in GEMV_PHASES:
+        if phase.startswith("moe"):  # the selected experts (top_k of each MoE layer) and the router
+            per = 1 if field == "router" else None
+            matrix_bytes[phase] = sum(_mat_bytes(getattr(e, field)) * (per or int(e.top_k))
+                                      for e in moe_layers if int(e.experts) > 0)
+            continue
         mats = [struct.head] if field == "head" else [getattr(layer, field) for layer in layers]
         matrix_bytes[phase] = sum(_mat_bytes(m) for m in mats)
+    if moe_layers and not any(phases["moe gate/up"]):  # the fused MoE schedule: all expert work in "moe down"
+        matrix_bytes["moe down"] += matrix_bytes.pop("moe gate/up")
     return {"threads": nt, "ms_per_token": profiled * 1e3, "ms_per_token_unprofiled": plain * 1e3,
             "phases": phases, "matrix_bytes": matrix_bytes}
 
@@ -90,7 +104,7 @@ def report(result: dict[str, object]) -> str:
     for name, per_thread in phases.items():
         rate = ""
         for phase, wait, _ in GEMV_PHASES:
-            if phase == name:
+            if phase == name and phase in result["matrix_bytes"]:
                 wall = per_thread[0] + (phases[wait][0] if wait else 0.0)
                 rate = f"{result['matrix_bytes'][phase] / (wall * 1e-3) / 1e9:8.1f}" if wall > 0 else ""
         lines.append(f"{name:14s}" + "".join(f"  {ms:11.3f}" for ms in per_thread) + f"   {rate}")

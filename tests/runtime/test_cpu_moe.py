@@ -236,9 +236,10 @@ def test_batched_decode_is_bit_identical_at_real_widths(tmp_path):
 
 @pytest.mark.parametrize("mode", [None, "int4"])
 def test_expert_schedules_and_thread_counts_give_identical_logits(tmp_path, monkeypatch, mode):
-    """Expert work claimed item by item (the default) or in fixed row blocks (SOLO_MOE_SCHEDULE=static), on 1, 2
-    or 3 threads: every row's arithmetic is the same, so the logits are bit for bit equal. Widths of several
-    work items per expert (gate/up blocks of 128 rows, down blocks of 256) with a partial last block, in bf16."""
+    """Expert work claimed item by item (the default: gate/up and down items in one stream; knob moe_fused=0: two
+    phases with a barrier between; smaller items), or in fixed row blocks (SOLO_MOE_SCHEDULE=static), on 1, 2 or
+    3 threads: every row's arithmetic is the same, so the logits are bit for bit equal. Widths of several work
+    items per expert (gate/up blocks of 128 rows, down blocks of 256) with a partial last block, in bf16."""
     folder = make_checkpoint(tmp_path / "qwen2_moe", "qwen2_moe", dtype=torch.bfloat16, hidden_size=576,
                              num_hidden_layers=1, mlp_only_layers=[], num_attention_heads=8, num_key_value_heads=2,
                              num_experts=16, num_experts_per_tok=4, moe_intermediate_size=352,
@@ -246,15 +247,46 @@ def test_expert_schedules_and_thread_counts_give_identical_logits(tmp_path, monk
     model = _load(folder, torch.bfloat16)
     model = quantize_model(model, mode) if mode else model
     out = []
-    for schedule, threads in (("dynamic", 2), ("static", 2), ("dynamic", 3), ("dynamic", 1), ("static", 3)):
-        monkeypatch.setenv("SOLO_MOE_SCHEDULE", schedule)
+    knobs = {"phased": {"moe_fused": 0}, "small": {"moe_gu_rows": 32, "moe_down_rows": 32}}
+    defaults = {"moe_fused": 1, "moe_gu_rows": 128, "moe_down_rows": 256}
+    for schedule, threads in (("dynamic", 2), ("static", 2), ("dynamic", 3), ("dynamic", 1), ("static", 3),
+                              ("phased", 2), ("small", 2), ("small", 3)):
+        monkeypatch.setenv("SOLO_MOE_SCHEDULE", "static" if schedule == "static" else "dynamic")
         runtime = CpuRuntime(model, rows=3, max_seq=40, num_threads=threads)
-        for row in range(3):
-            runtime.prefill(row, torch.tensor(PROMPT[row:row + 9]))
-        logits = [runtime.decode(torch.tensor([0, 1, 2]), torch.tensor([5 + i, 70, 301 - i]),
-                                 torch.tensor([9 + i] * 3)) for i in range(4)]
+        try:
+            for name, value in knobs.get(schedule, {}).items():
+                runtime._lib.solo_set_knob(name.encode(), value)
+            for row in range(3):
+                runtime.prefill(row, torch.tensor(PROMPT[row:row + 9]))
+            logits = [runtime.decode(torch.tensor([0, 1, 2]), torch.tensor([5 + i, 70, 301 - i]),
+                                     torch.tensor([9 + i] * 3)) for i in range(4)]
+        finally:
+            for name, value in defaults.items():
+                runtime._lib.solo_set_knob(name.encode(), value)
         out.append(torch.stack(logits))
     assert all(torch.equal(out[0], o) for o in out[1:])
+
+
+def test_step_profile_times_the_moe_phases(tmp_path):
+    """cpu_profile's MoE rows: the router and the expert work are timed on both threads (the fused schedule
+    puts every expert item under "moe down", the phased one splits gate/up from down), with the bytes of the
+    selected experts."""
+    from solo.bench.cpu_profile import profile, report
+
+    folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16, num_experts=8, num_experts_per_tok=2)
+    runtime = CpuRuntime(_load(folder, torch.bfloat16), rows=1, max_seq=64, num_threads=2)
+    runtime.reserve(1, 64)
+    result = profile(runtime, steps=3, context=8)
+    phases = result["phases"]
+    assert sum(phases["moe router"]) > 0 and sum(phases["moe down"]) > 0 and not any(phases["moe gate/up"])
+    assert result["matrix_bytes"]["moe down"] > result["matrix_bytes"]["moe router"] > 0
+    assert "moe dn wait" in report(result)
+    runtime._lib.solo_set_knob(b"moe_fused", 0)
+    try:
+        phased = profile(runtime, steps=3, context=8)["phases"]
+    finally:
+        runtime._lib.solo_set_knob(b"moe_fused", 1)
+    assert sum(phased["moe gate/up"]) > 0 and sum(phased["moe down"]) > 0
 
 
 def test_verify_matches_sequential_decode(tmp_path):

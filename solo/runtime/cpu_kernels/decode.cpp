@@ -303,7 +303,9 @@ static void attention_layer(const Model* m, const Layer* L, int B, const float* 
 // since the last reset, read by solo_profile (solo/bench/cpu_profile.py prints them).
 enum {
   PH_EMBED, PH_QKV, PH_QKV_WAIT, PH_QKV_POST, PH_ATTN, PH_ATTN_WAIT, PH_O, PH_O_WAIT, PH_RESID, PH_MLP_UP,
-  PH_MLP_WAIT, PH_DOWN, PH_DOWN_WAIT, PH_HEAD, PH_COUNT
+  PH_MLP_WAIT, PH_DOWN, PH_DOWN_WAIT, PH_HEAD,
+  // an MoE layer's three phases (moe.h: moe_mlp), each followed by its barrier wait
+  PH_MOE_ROUTER, PH_MOE_ROUTER_WAIT, PH_MOE_GU, PH_MOE_GU_WAIT, PH_MOE_DOWN, PH_MOE_DOWN_WAIT, PH_COUNT
 };
 enum { PROF_THREADS = 64 };
 static int g_profile = 0;
@@ -438,9 +440,14 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       mark(PH_O_WAIT);
       residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
       mark(PH_RESID);
+      const float* mlp_out = proj;  // the MLP's output [B, h] (an MoE layer may leave it in its own buffer)
       if (const MoeLayer* ML = MLc) {
         // --- mixture-of-experts MLP (moe.h): routing and the selected experts; output in proj, barrier included
-        moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&] { barrier_wait(&bar, nt); });
+        mlp_out = moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&](int phase) {
+          mark(PH_MOE_ROUTER + 2 * phase);
+          barrier_wait(&bar, nt);
+          mark(PH_MOE_ROUTER + 2 * phase + 1);
+        });
         mark(PH_MLP_UP);
       } else {
         prepare_input(&L->gate_up, t, B, xin);
@@ -473,7 +480,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         mark(PH_DOWN_WAIT);
       }
       const bool last = l + 1 == m->layers;
-      residual_block(m, &L->down, proj, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
+      residual_block(m, &L->down, mlp_out, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
                      B);
       prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, B, xin);
       mark(PH_RESID);
@@ -681,7 +688,8 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
 // barriers without the PAUSE hint (default 1), "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit
 // vectors (the same bits), "moe_gu_rows" / "moe_down_rows" = rows per MoE work item (rounded to a multiple
-// of 32; defaults 128 / 256), "profile" 1 = time the phases of each step (0 = off; either resets the totals).
+// of 32; defaults 128 / 256), "moe_fused" 0 = the MoE layer's phased schedule (moe.h; default 1),
+// "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
@@ -693,6 +701,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "qdot_ymm")) g_qdot_ymm = value;
   else if (!strcmp(name, "moe_gu_rows")) g_moe_gu_rows = value < 32 ? 32 : value & ~31;
   else if (!strcmp(name, "moe_down_rows")) g_moe_down_rows = value < 32 ? 32 : value & ~31;
+  else if (!strcmp(name, "moe_fused")) g_moe_fused = value;
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

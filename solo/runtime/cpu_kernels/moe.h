@@ -6,10 +6,11 @@
 // of the weights to the dtype unless the family keeps them in float32), then only the selected experts'
 // weights are streamed. Each expert's rows are split across the threads, so one token's k experts keep
 // every core busy: gate/up work items are (expert, block of gate rows and the same block of up rows), so
-// the activation needs no barrier; down work items are blocks of output rows of every selected expert's
-// down projection, followed by the weighted sum of those rows. Threads claim items from a shared counter
-// (a thread that loses its core leaves its remaining items to the others) or, with
-// SOLO_MOE_SCHEDULE=static, each takes its fixed contiguous rows as the dense GEMV does.
+// the activation needs no barrier; down work items are (expert, block of its down projection's output
+// rows), one stream with the gate/up items (see g_moe_fused), and after the layer's last barrier every
+// thread sums the k outputs of every row itself. Threads claim items from a shared counter (a thread that
+// loses its core leaves its remaining items to the others) or, with SOLO_MOE_SCHEDULE=static, each takes
+// its fixed contiguous rows as the dense GEMV does (and the phased layout below).
 //
 // Batches (server rows): the experts of all tokens are taken as a union; an expert's tokens share one
 // pass over its weights (the GEMV's multi-sequence tiles). The (token, slot) pairs are grouped by expert
@@ -22,8 +23,9 @@
 // float32 and rounded once; a shared expert (Qwen2-MoE) is a gated MLP whose rounded output is scaled
 // by the rounded sigmoid of its gate and added.
 //
-// Barriers: three per MoE layer (router; gate/up + activation; down + sum), as many as a dense MLP (gate/up;
-// activation; down).
+// Barriers: two per MoE layer (router; every expert's gate/up + activation + down), one fewer than a dense
+// MLP (gate/up; activation; down); three with the phased or static schedules (router; gate/up +
+// activation; down + sum).
 #pragma once
 #include "common.h"
 #include "elementwise.h"
@@ -34,6 +36,8 @@
 #include <cstdlib>
 #include <cstring>
 #include <utility>
+
+#include <sched.h>
 
 // One layer's MoE description (cpu_moe.py builds the same struct with ctypes). `experts == 0` marks a
 // dense layer of an MoE model (Qwen's mlp_only_layers / decoder_sparse_step).
@@ -79,6 +83,7 @@ static inline size_t moe_align(size_t n) { return (n + 15) & ~(size_t)15; }
 // one private part per thread. Index buffers are int32 in float-sized slots.
 typedef struct {
   int* claim;      // [2] work-item counters of the gate/up and the down phases (dynamic schedule)
+  int* done;       // [P] gate/up items finished per distinct expert (fused schedule)
   float* logits;   // [B, experts] router logits
   float* gu;       // [P, 2 * inter] gate/up outputs by slot (P = B * top_k pairs)
   void* down_in;   // [P, inter] down-projection inputs by slot (4 bytes per element at most)
@@ -89,6 +94,7 @@ typedef struct {
   float* sgate;    // [B] shared expert gate logit
   // this thread's
   void *xr, *xe, *xg;  // [B, hidden] each: router input, expert input, gathered / shared-expert input
+  float* sum;          // [B, hidden] the layer's output (fused schedule: every thread sums all rows)
   int* ids;            // [P] expert of pair p = b * top_k + j
   float* weight;       // [P] its routing weight
   int* slot_pair;      // [P] pair held by slot s (slots grouped by expert, ascending)
@@ -101,14 +107,14 @@ typedef struct {
 
 static size_t moe_shared_floats(const Model* m, const MoeDims* d, int B) {
   const size_t P = (size_t)B * d->top_k, h = m->hidden;
-  return moe_align(2) + moe_align((size_t)B * d->experts) + moe_align(P * 2 * d->inter) + moe_align(P * d->inter) +
+  return moe_align(2) + moe_align(P) + moe_align((size_t)B * d->experts) + moe_align(P * 2 * d->inter) + moe_align(P * d->inter) +
          moe_align(P * h) + moe_align((size_t)B * 2 * d->shared) + moe_align((size_t)B * d->shared) +
          moe_align((size_t)B * h) + moe_align(B);
 }
 
 static size_t moe_thread_floats(const Model* m, const MoeDims* d, int B) {
   const size_t P = (size_t)B * d->top_k;
-  return 3 * moe_align((size_t)B * m->hidden) + 5 * moe_align(P) + moe_align(P + 1) + moe_align(d->experts) +
+  return 4 * moe_align((size_t)B * m->hidden) + 5 * moe_align(P) + moe_align(P + 1) + moe_align(d->experts) +
          moe_align((size_t)d->experts + 1);
 }
 
@@ -125,6 +131,7 @@ static MoeWs moe_ws(const Model* m, int B, int tid, void* base) {
   float* p = (float*)base;
   MoeWs w;
   w.claim = (int*)p, p += moe_align(2);
+  w.done = (int*)p, p += moe_align(P);
   w.logits = p, p += moe_align((size_t)B * d.experts);
   w.gu = p, p += moe_align(P * 2 * d.inter);
   w.down_in = p, p += moe_align(P * d.inter);
@@ -137,6 +144,7 @@ static MoeWs moe_ws(const Model* m, int B, int tid, void* base) {
   w.xr = p, p += moe_align((size_t)B * h);
   w.xe = p, p += moe_align((size_t)B * h);
   w.xg = p, p += moe_align((size_t)B * h);
+  w.sum = p, p += moe_align((size_t)B * h);
   w.ids = (int*)p, p += moe_align(P);
   w.weight = p, p += moe_align(P);
   w.slot_pair = (int*)p, p += moe_align(P);
@@ -268,11 +276,24 @@ static inline int moe_dynamic_schedule() {
 // The next work item of the phase whose counter this is (a value past the last item: none left).
 static inline int moe_claim(int* counter) { return __atomic_fetch_add(counter, 1, __ATOMIC_RELAXED); }
 
+// The dynamic schedule's shape (knob "moe_fused"): 1 (the default) = one stream of work items per layer, the
+// gate/up items of every selected expert (ascending) and then its down items (expert, block of output rows),
+// claimed from one counter with no barrier between them: a down item of expert u waits only for u's own
+// gate/up items (a per-expert count of finished items), which were all claimed before any down item, so
+// only the last expert's can still be running; after the one barrier every thread sums the k outputs of
+// every row itself (a few microseconds), so the layer's output needs no barrier of its own. Two barriers
+// per MoE layer instead of three, and the end of the gate/up phase no longer idles the thread that
+// finishes first. 0 = the phased schedule (gate/up items, barrier, down items of all experts' rows with
+// their weighted sum, barrier). Same arithmetic for every row either way.
+static int g_moe_fused = 1;
+
 // The MoE MLP of one layer for B tokens. t: this thread's normed inputs [B, hidden] (float32 holding
 // dtype-rounded values); out: the shared [B, hidden] output (rounded to the dtype), complete for every
-// thread when this returns. `wait` is the step's barrier; every thread must call this function.
+// thread when this returns (phased and static schedules). Returns the [B, hidden] output to read: `out`,
+// or with the fused schedule this thread's own copy in the workspace (valid until the next MoE layer). `wait(phase)` is the step's barrier, called after phase 0 (router), 1 (gate/up)
+// and 2 (down) (the phase number lets the step's profile time them); every thread must call this function.
 template <class Wait>
-static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, float* out, void* workspace, int tid,
+static const float* moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, float* out, void* workspace, int tid,
                     int nt, int skip, Wait wait) {
   const int h = m->hidden, bf = m->dtype == DT_BF16, k = E->top_k, ne = E->experts;
   const int I = E->inter, S = E->shared_inter, P = B * k;
@@ -281,7 +302,12 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
   const int dynamic = moe_dynamic_schedule() && nt > 1;
   // The counters' last users finished behind at least one barrier (the previous layer's phases); the
   // barriers below publish the resets before anyone claims.
-  if (tid == 0) w.claim[0] = 0;
+  const int fused = dynamic && g_moe_fused;
+  if (tid == 0) {
+    w.claim[0] = 0;
+    if (fused)
+      for (int p = 0; p < P; p++) w.done[p] = 0;
+  }
   // --- router logits (rows split), and the shared expert, which needs no routing: its gate and its
   // gate/up rows with the activation
   prepare_input(&E->router, t, B, w.xr);
@@ -297,7 +323,7 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
     }
   }
   prepare_input(&E->gate_up, t, B, w.xe);
-  wait();
+  wait(0);
   // --- routing, the same on every thread (a few hundred flops), then the selected experts' gate/up rows
   const float* lg = w.logits;
   for (int b = 0; b < B; b++) {
@@ -326,7 +352,36 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
       gated_rows(m, &gu, &E->down, x, np, w.gu + (size_t)s0 * 2 * I,
                  (char*)w.down_in + (size_t)s0 * I * input_elem_bytes(&E->down), i0, i1, skip);
     };
-    if (dynamic) {
+    if (fused) {
+      // gate/up items (u, row block), then the shared expert's down row blocks, then (u, down row block)
+      const int Rg = g_moe_gu_rows, gb = (I + Rg - 1) / Rg, Rd = g_moe_down_rows, db = (h + Rd - 1) / Rd;
+      const int ngu = nu * gb, nsd = S > 0 ? db : 0, items = ngu + nsd + nu * db;
+      const size_t desz = input_elem_bytes(&E->down);
+      for (int it = moe_claim(&w.claim[0]); it < items; it = moe_claim(&w.claim[0])) {
+        if (it < ngu) {
+          const int u = it / gb, i0 = it % gb * Rg, i1 = i0 + Rg < I ? i0 + Rg : I;
+          gate_up_rows(u, i0, i1);
+          __atomic_fetch_add(&w.done[u], 1, __ATOMIC_RELEASE);  // publishes this block's down inputs
+        } else if (it < ngu + nsd) {
+          const int n0 = (it - ngu) * Rd, n1 = n0 + Rd < h ? n0 + Rd : h;
+          gemv_rows(&E->shared_down, w.sdown_in, E->shared_down.cols, B, w.sout, h, n0, n1, skip);
+          finish_linear_rows(&E->shared_down, w.sout, B, h, bf, n0, n1);
+        } else {
+          const int d = it - ngu - nsd, u = d / db, n0 = d % db * Rd, n1 = n0 + Rd < h ? n0 + Rd : h;
+          // every gate/up item of u was claimed before this item; wait for the ones still running
+          for (int spins = 0; __atomic_load_n(&w.done[u], __ATOMIC_ACQUIRE) < gb; spins++)
+            if (spins < 4096)
+              cpu_relax();
+            else
+              sched_yield();  // its owner lost its core: let it run
+          const int e = w.uexp[u], s0 = w.ustart[u], np = w.ustart[u + 1] - s0;
+          const Mat dn = expert_mat(&E->down, e, E->down_stride, E->down_scale_stride);
+          float* y = w.dout + (size_t)s0 * h;
+          gemv_rows(&dn, (const char*)w.down_in + (size_t)s0 * I * desz, dn.cols, np, y, h, n0, n1, skip);
+          finish_linear_rows(&dn, y, np, h, bf, n0, n1);
+        }
+      }
+    } else if (dynamic) {
       const int R = g_moe_gu_rows, blocks = (I + R - 1) / R, items = nu * blocks;
       for (int it = moe_claim(&w.claim[0]); it < items; it = moe_claim(&w.claim[0])) {
         const int i0 = it % blocks * R, i1 = i0 + R < I ? i0 + R : I;
@@ -339,7 +394,33 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
         for (int u = 0; u < nu; u++) gate_up_rows(u, i0, i1);
     }
   }
-  wait();
+  if (fused) {
+    wait(2);  // every expert output written
+    // every row's weighted sum on this thread, into its own copy: the arithmetic of the phased schedule's
+    // sum below (products rounded unless float32 weights, added in top-k order from 0, rounded once), with
+    // the loops turned so the rows vectorize
+    for (int b = 0; b < B; b++) {
+      float* o = w.sum + (size_t)b * h;
+      for (int n = 0; n < h; n++) o[n] = 0.f;
+      for (int j = 0; j < k; j++) {
+        const float* d = w.dout + (size_t)w.pair_slot[b * k + j] * h;
+        const float wt = w.weight[b * k + j];
+        if (E->weights_fp32)
+          for (int n = 0; n < h; n++) o[n] += d[n] * wt;
+        else
+          for (int n = 0; n < h; n++) o[n] += rnd(d[n] * wt, bf);
+      }
+      if (S > 0) {
+        const float sg = rnd(1.0f / (1.0f + expf(-w.sgate[b])), bf);
+        const float* so = w.sout + (size_t)b * h;
+        for (int n = 0; n < h; n++) o[n] = rnd(rnd(o[n], bf) + rnd(sg * so[n], bf), bf);
+      } else {
+        for (int n = 0; n < h; n++) o[n] = rnd(o[n], bf);
+      }
+    }
+    return w.sum;
+  }
+  wait(1);
   // --- output rows [n0, n1) of every selected expert's down projection, then their weighted sum
   const size_t desz = input_elem_bytes(&E->down);
   auto down_rows = [&](int n0, int n1) {
@@ -378,7 +459,8 @@ static void moe_mlp(const Model* m, const MoeLayer* E, const float* t, int B, fl
     row_range(h, tid, nt, &n0, &n1);
     if (n0 < n1) down_rows(n0, n1);
   }
-  wait();
+  wait(2);
+  return out;
 }
 
 // ------------------------------------------------------------------------------------------ prefill
