@@ -680,8 +680,8 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // barrier wait counted as late, "ahead_kb" = KiB of the next matrix a thread prefetches while it waits at a
 // barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
 // barriers without the PAUSE hint (default 1), "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit
-// vectors (the same bits), "span_tile" 0 = no rows x tokens tiles for many tokens (tile.h; the same bits),
-// "profile" 1 = time the phases of each step (0 = off; either resets the totals).
+// vectors (the same bits), "span_tile" 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K
+// (tile.h; the same bits), "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;

@@ -1,11 +1,15 @@
 // Matrix products with many input vectors (a prompt run through the decode step: span prefill, long
-// decode spans): register tiles over rows AND tokens. Included by gemv.h after its decode kernels;
-// gemv_rows hands its rows here (gemv_rows_tiled) when it has more sequences than one decode tile.
+// decode spans) when each input vector is long: register tiles over rows AND tokens. Included by gemv.h
+// after its decode kernels; gemv_rows hands its rows here (gemv_rows_tiled) when it has more sequences than
+// one decode tile (SOLO_TILE).
 //
-// Why: the decode kernels load every weight vector once per tile of up to SOLO_TILE sequences and one
-// input vector per (sequence, k) for every row: with 4 sequences that is 1.25 vector loads per dot-product
-// instruction, and the load ports, not the multipliers, bound a prompt's products. A tile of R rows x T
-// tokens loads R weight vectors and T input vectors per R * T dot products (2 x 3: 0.83 loads per dot).
+// Why: the decode kernel's tile (one row x 4 tokens, gemv_bf16_bt<4>) reads its 4 tokens' inputs again for
+// every row of a block. While they fit in L1 (K = 2048: 16 KiB) that is cheap and the decode tile is the
+// fastest measured; at K = 8192 (Llama-3.2-1B's down projection: 64 KiB) or 4864 (Qwen2.5-0.5B's) they come
+// from L2 for every row, and the product ran at ~60% of the K = 2048 rate. A tile of R = 2 rows x T = 4
+// tokens reads each input vector once for both rows (half the L2 traffic for inputs). Measured on Zen 4
+// (span prefill, one thread, noisy): down projections 1.2-1.4x faster with 2 x 4; at K = 896 and 2048 every
+// tile tried (2x2, 2x3, 3x2, 2x4, 1x5, 1x6) was 5-25% slower than the decode tile, so those keep it.
 //
 // Bits: every (row, token) keeps exactly the accumulators and the reduction of the batch-1 decode kernel
 // it replaces (gemv_bf16_bt: four accumulators over k in steps of 128, the 32-wide tail into accumulator 0,
@@ -16,8 +20,11 @@
 
 #if SOLO_AVX512 && defined(__AVX512BF16__)
 // y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T, bf16 weights and inputs.
+// Not inlined: GCC's register allocation of the 32 accumulators of a 2 x 4 tile varied with the inlining
+// context (measured 0.7-1.3x the same code in different callers); out of line it is one fixed loop.
 template <int R, int T>
-static inline void tile_bf16_rt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0) {
+__attribute__((noinline)) static void tile_bf16_rt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y,
+                                                   int ldy, int n0) {
   const int k4 = K & ~127, kmain = K & ~31;
   const int rem = K - kmain;
   const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
@@ -60,31 +67,43 @@ static inline void tile_bf16_rt(const uint16_t* W, int K, const uint16_t* x, int
                                                                        _mm512_add_ps(acc[r][j][2], acc[r][j][3])));
 }
 
-// Rows [n0, n1) x sequences [0, B) of a bf16 matrix with R x T tiles: blocks of TILE_ROWS rows (a block of
-// K = 2048 is 64 KiB, read from L2 once per group of T tokens while those tokens' inputs stay in L1),
-// tokens in groups of T inside a block, rows in pairs inside a group; the last token group and an odd
-// last row take narrower tiles of the same arithmetic.
-enum { TILE_ROWS = 16 };
-template <int T>
-static void tile_bf16_tokens(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int r0, int r1) {
+// Rows [n0, n1) x sequences [0, B) of a bf16 matrix with R x T tiles: blocks of BR rows, tokens in groups
+// of T inside a block (a block stays in L2 while every group reads it; a group's inputs stay in L1), rows
+// in groups of R inside a token group; the last token group and the last rows take narrower tiles of the
+// same arithmetic.
+template <int R, int T>
+static void tile_bf16_block(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int r0, int r1) {
   int n = r0;
-  for (; n + 2 <= r1; n += 2) tile_bf16_rt<2, T>(W, K, x, ldx, y, ldy, n);
-  if (n < r1) tile_bf16_rt<1, T>(W, K, x, ldx, y, ldy, n);
+  for (; n + R <= r1; n += R) tile_bf16_rt<R, T>(W, K, x, ldx, y, ldy, n);
+  for (; n < r1; n++) tile_bf16_rt<1, T>(W, K, x, ldx, y, ldy, n);
 }
 
+template <int R, int T, int BR>
 static void tile_bf16_rows(const uint16_t* W, int K, const uint16_t* x, int ldx, int B, float* y, int ldy, int n0,
                            int n1) {
-  for (int r0 = n0; r0 < n1; r0 += TILE_ROWS) {
-    const int r1 = r0 + TILE_ROWS < n1 ? r0 + TILE_ROWS : n1;
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
     int b = 0;
-    for (; b + 3 <= B; b += 3) tile_bf16_tokens<3>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    if (B - b == 2) tile_bf16_tokens<2>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    if (B - b == 1) tile_bf16_tokens<1>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    for (; b + T <= B; b += T) tile_bf16_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const uint16_t* xl = x + (size_t)b * ldx;
+    float* yl = y + (size_t)b * ldy;
+    static_assert(T <= 4, "the last token group takes tiles of 1-3 tokens");
+    switch (B - b) {  // fewer than T left
+      case 1: tile_bf16_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 2: tile_bf16_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 3: tile_bf16_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      default: break;
+    }
   }
 }
 #endif
 
-// Tile knob (solo_set_knob "span_tile", measurement): 0 = never, so every product takes the decode tiles.
+// Rows x tokens tiles only for inputs longer than this: 4 tokens' bf16 inputs (8 K bytes) no longer fit in
+// a 32 KiB L1 beside the weight stream.
+enum { TILE_MIN_K = 3072 };
+
+// Tile knob (solo_set_knob "span_tile", measurement; the same bits at every setting): 1 = the tiles above
+// where they are faster (default), 0 = never (every product takes the decode tiles), 2 = at every K.
 static int g_span_tile = 1;
 
 // y[b, n] = W x[b, :] for rows n in [n0, n1) and b < B with a rows x tokens tile, when this build has one
@@ -94,7 +113,8 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
   if (!g_span_tile) return 0;
 #if SOLO_AVX512 && defined(__AVX512BF16__)
   if (W->format == W_BF16) {
-    tile_bf16_rows((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
+    tile_bf16_rows<2, 4, 16>((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
