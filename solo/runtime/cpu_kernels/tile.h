@@ -98,9 +98,67 @@ static void tile_bf16_rows(const uint16_t* W, int K, const uint16_t* x, int ldx,
 }
 #endif
 
+#if SOLO_AVX512 && !defined(__AVX512BF16__)
+// The same tile for bf16 weights without AVX512-BF16 (gemv_bf16w_f32_bt: weights widened to float32, one
+// accumulator per token over k in steps of 16, then _mm512_reduce_add_ps and the scalar tail), float32
+// inputs: 4 tokens' inputs are 4 x 4 K bytes, so L1 overflows already at K = 2048.
+template <int R, int T>
+__attribute__((noinline)) static void tile_bf16w_f32_rt(const uint16_t* W, int K, const float* x, int ldx, float* y,
+                                                        int ldy, int n0) {
+  const int kmain = K & ~15;
+  const uint16_t* w[R];
+  for (int r = 0; r < R; r++) w[r] = W + (size_t)(n0 + r) * K;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < T; j++) acc[r][j] = _mm512_setzero_ps();
+  for (int k = 0; k < kmain; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; r++) wv[r] = load_bf16x16(w[r] + k);
+    for (int j = 0; j < T; j++) {
+      const __m512 xv = _mm512_loadu_ps(x + (size_t)j * ldx + k);
+      for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
+    }
+  }
+  for (int j = 0; j < T; j++)
+    for (int r = 0; r < R; r++) {
+      float s = _mm512_reduce_add_ps(acc[r][j]);
+      for (int k = kmain; k < K; k++) s += bf16_to_f32(w[r][k]) * x[(size_t)j * ldx + k];
+      y[(size_t)j * ldy + n0 + r] = s;
+    }
+}
+
+template <int R, int T>
+static void tile_bf16w_block(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int r0, int r1) {
+  int n = r0;
+  for (; n + R <= r1; n += R) tile_bf16w_f32_rt<R, T>(W, K, x, ldx, y, ldy, n);
+  for (; n < r1; n++) tile_bf16w_f32_rt<1, T>(W, K, x, ldx, y, ldy, n);
+}
+
+template <int R, int T, int BR>
+static void tile_bf16w_rows(const uint16_t* W, int K, const float* x, int ldx, int B, float* y, int ldy, int n0,
+                            int n1) {
+  static_assert(T <= 4, "the last token group takes tiles of 1-3 tokens");
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
+    int b = 0;
+    for (; b + T <= B; b += T) tile_bf16w_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const float* xl = x + (size_t)b * ldx;
+    float* yl = y + (size_t)b * ldy;
+    switch (B - b) {  // fewer than T left
+      case 1: tile_bf16w_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 2: tile_bf16w_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 3: tile_bf16w_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      default: break;
+    }
+  }
+}
+#endif
+
 // Rows x tokens tiles only for inputs longer than this: 4 tokens' bf16 inputs (8 K bytes) no longer fit in
 // a 32 KiB L1 beside the weight stream.
 enum { TILE_MIN_K = 3072 };
+// The same for float32 inputs (AVX-512 without BF16), twice the bytes per input.
+enum { TILE_MIN_K_F32 = 1536 };
 
 // Tile knob (solo_set_knob "span_tile", measurement; the same bits at every setting): 1 = the tiles above
 // where they are faster (default), 0 = never (every product takes the decode tiles), 2 = at every K.
@@ -115,6 +173,13 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
   if (W->format == W_BF16) {
     if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
     tile_bf16_rows<2, 4, 16>((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    return 1;
+  }
+#endif
+#if SOLO_AVX512 && !defined(__AVX512BF16__)
+  if (W->format == W_BF16) {
+    if (W->cols <= TILE_MIN_K_F32 && g_span_tile != 2) return 0;
+    tile_bf16w_rows<4, 4, 16>((const uint16_t*)W->weight, W->cols, (const float*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
