@@ -688,8 +688,9 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
 // barriers without the PAUSE hint (default 1), "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit
 // vectors (the same bits), "moe_gu_rows" / "moe_down_rows" = rows per MoE work item (rounded to a multiple
-// of 32; defaults 128 / 256), "moe_fused" 0 = the MoE layer's phased schedule (moe.h; default 1),
-// "profile" 1 = time the phases of each step (0 = off; either resets the totals).
+// of 32; defaults 128 / 256), "moe_fused" 0 = the MoE layer's phased schedule (moe.h; default 1), "span_tile"
+// 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "profile"
+// 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
@@ -702,6 +703,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "moe_gu_rows")) g_moe_gu_rows = value < 32 ? 32 : value & ~31;
   else if (!strcmp(name, "moe_down_rows")) g_moe_down_rows = value < 32 ? 32 : value & ~31;
   else if (!strcmp(name, "moe_fused")) g_moe_fused = value;
+  else if (!strcmp(name, "span_tile")) g_span_tile = value;
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

@@ -427,6 +427,8 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
 #define SOLO_TILE 4
 #endif
 
+#include "tile.h"  // rows x tokens tiles for many sequences (span prefill)
+
 // Does this matrix take its input as bf16 (else float32)? Only the AVX512-BF16 kernels (bf16 weights and
 // int4 "bf16x") and the ARM BF16 kernel (bf16 weights) do: they round a float32 input to bf16 first,
 // which changes nothing for a bf16 model.
@@ -460,6 +462,7 @@ static void gemv_rows(const Mat* W, const void* x, int ldx, int B, float* y, int
     return;
   }
 #if SOLO_AVX512 || SOLO_GVEC
+  if (B > SOLO_TILE && gemv_rows_tiled(W, x, ldx, B, y, ldy, n0, n1)) return;
   const size_t esz = input_elem_bytes(W);
   // More sequences than one tile: walk the rows in blocks of 32 and run every tile over a block while it
   // is in L2, so the weights still come from DRAM once. The tiling never changes a row's arithmetic.

@@ -1,0 +1,104 @@
+r"""Diagnostic of the native CPU span prefill (not a `solo bench` report): phase-by-phase A/B in one process.
+
+A prompt that ends within `CpuRuntime.span_prefill_positions` positions runs through the decode kernel
+(`solo_decode_span`), so its matrix products are the decode kernels' with many tokens. Variants of that
+kernel, each a set of `solo_set_knob` knobs ("name=value,name=value"; decode.cpp lists them; a knob that one
+variant sets stays set for the next, so give every variant every knob any of them sets), take turns
+round by round on one runtime (random weights of a bench shape, one cache row) and prefill the same prompt
+with the kernel's phase profile on (the "profile" knob: time per phase on thread 0). Prints per variant and
+phase the median over rounds of (first variant's time / this variant's time) and the fastest time, for the
+matrix products (q/k/v, o, gate/up with the activation, down), attention and the whole prefill, and whether
+every variant returned the same logits bit for bit (the knobs must not change a result):
+
+    python benchmarks/prefill_ab.py --shape Llama-3.2-1B --prompt-len 128 --rounds 5 \
+        --variant old=span_tile=0 --variant tiles=span_tile=1
+
+Measurement only: noisy on a shared machine, like every timing (the same-round ratios are the steadier
+number there; --threads 1 leaves out waits for a core at the barriers).
+"""
+
+from __future__ import annotations
+
+import argparse
+import ctypes
+import statistics
+import time
+
+import torch
+
+from solo.bench.cpu_profile import PHASES
+from solo.bench.shapes import build_model, shape_config
+from solo.runtime.cpu import CpuRuntime
+
+SHOWN = ["qkv", "o", "gate/up+act", "down", "attention", "head", "total"]
+
+
+def parse_variant(text: str) -> tuple[str, dict[str, int]]:
+    """"name=knob=value,knob=value" -> (name, {knob: value}); "name=" has no knobs."""
+    name, _, knobs = text.partition("=")
+    settings = {}
+    for item in filter(None, knobs.split(",")):
+        key, _, value = item.partition("=")
+        settings[key] = int(value)
+    return name, settings
+
+
+def main() -> None:
+    """Command line: see the module docstring."""
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--shape", default="Llama-3.2-1B", help="a `solo bench --shape` name")
+    ap.add_argument("--prompt-len", type=int, default=128)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--threads", type=int, default=torch.get_num_threads())
+    ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
+    args = ap.parse_args()
+    variants = [parse_variant(v) for v in args.variant] or [("base", {})]
+    model = build_model(shape_config(args.shape), torch.bfloat16)
+    seq = args.prompt_len
+    runtime = CpuRuntime(model, rows=1, max_seq=seq + 8, num_threads=args.threads)
+    runtime.reserve(1, seq + 8)
+    if seq > runtime.span_prefill_positions:
+        raise SystemExit(f"a {seq}-token prompt takes the matmul prefill, not the span prefill "
+                         f"(span_prefill_positions = {runtime.span_prefill_positions})")
+    runtime.threads.enabled = False  # the thread count stays fixed while measuring
+    runtime.threads.threads = args.threads
+    lib, nt = runtime._lib, args.threads
+    ids = torch.randint(0, model.config.vocab_size, (seq,), generator=torch.Generator().manual_seed(0))
+    runtime.prefill(0, ids)  # warm-up
+    times: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    logits: dict[str, torch.Tensor] = {}
+    try:
+        for _ in range(args.rounds):
+            for name, knobs in variants:
+                for key, value in knobs.items():
+                    if lib.solo_set_knob(key.encode(), value) != 0:
+                        raise SystemExit(f"unknown knob {key!r}")
+                lib.solo_set_knob(b"profile", 1)
+                start = time.perf_counter()
+                logits[name] = runtime.prefill(0, ids)
+                wall = time.perf_counter() - start
+                out = (ctypes.c_double * (nt * len(PHASES)))()
+                lib.solo_profile(out, nt)
+                lib.solo_set_knob(b"profile", 0)
+                row = {phase: out[p] / 1e6 for p, phase in enumerate(PHASES)}  # thread 0, ms
+                row["total"] = wall * 1e3
+                times[name].append(row)
+    finally:
+        lib.solo_set_knob(b"profile", 0)
+    first = variants[0][0]
+    same = all(torch.equal(logits[name], logits[first]) for name, _ in variants)
+    print(f"{args.shape}, prompt {seq}, {runtime.isa} kernels, {nt} threads, {args.rounds} rounds; "
+          f"logits identical across variants: {same}")
+    print(f"per phase: median of same-round ({first} ms / variant ms) [fastest ms]")
+    print(f"{'phase':12s}" + "".join(f"  {name:>22s}" for name, _ in variants))
+    for phase in SHOWN:
+        cells = []
+        for name, _ in variants:
+            ratio = statistics.median(a[phase] / b[phase] if b[phase] else float("nan")
+                                      for a, b in zip(times[first], times[name], strict=True))
+            cells.append(f"x{ratio:5.2f} [{min(r[phase] for r in times[name]):7.1f}]")
+        print(f"{phase:12s}" + "".join(f"  {c:>22s}" for c in cells))
+
+
+if __name__ == "__main__":
+    main()

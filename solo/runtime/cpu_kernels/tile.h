@@ -1,0 +1,193 @@
+// Matrix products with many input vectors (a prompt run through the decode step: span prefill, long
+// decode spans) when each input vector is long: register tiles over rows AND tokens. Included by gemv.h
+// after its decode kernels; gemv_rows hands its rows here (gemv_rows_tiled) when it has more sequences than
+// one decode tile (SOLO_TILE).
+//
+// Why: the decode kernel's tile (one row x 4 tokens, gemv_bf16_bt<4>) reads its 4 tokens' inputs again for
+// every row of a block. While they fit in L1 (K = 2048: 16 KiB) that is cheap and the decode tile is the
+// fastest measured; at K = 8192 (Llama-3.2-1B's down projection: 64 KiB) or 4864 (Qwen2.5-0.5B's) they come
+// from L2 for every row, and the product ran at ~60% of the K = 2048 rate. A tile of R = 2 rows x T = 4
+// tokens reads each input vector once for both rows (half the L2 traffic for inputs). Measured on Zen 4
+// (span prefill, one thread, noisy): down projections 1.2-1.4x faster with 2 x 4; at K = 896 and 2048 every
+// tile tried (2x2, 2x3, 3x2, 2x4, 1x5, 1x6) was 5-25% slower than the decode tile, so those keep it.
+//
+// Bits: every (row, token) keeps exactly the accumulators and the reduction of the batch-1 decode kernel
+// it replaces (gemv_bf16_bt: four accumulators over k in steps of 128, the 32-wide tail into accumulator 0,
+// the masked rest into accumulator 1, then (a0 + a1) + (a2 + a3) reduced by _mm512_reduce_add_ps), so a
+// result is bit-identical to batch-1 decode whatever tile computed it.
+//
+// AVX-512 without BF16 (bf16 weights widened to float32, one accumulator per token) gets a 4 x 4 tile at
+// every K (below). AVX2 (SOLO_TILE 2) has none: its 16 registers hold two tokens' 2 x 4 accumulators and
+// the weights, and a second row would need 8 more; nor do the integer-dot formats (qdot.h).
+#pragma once
+#include "common.h"
+
+#if SOLO_AVX512 && defined(__AVX512BF16__)
+// y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T, bf16 weights and inputs.
+// Not inlined: GCC's register allocation of the 32 accumulators of a 2 x 4 tile varied with the inlining
+// context (measured 0.7-1.3x the same code in different callers); out of line it is one fixed loop.
+template <int R, int T>
+__attribute__((noinline)) static void tile_bf16_rt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y,
+                                                   int ldy, int n0) {
+  const int k4 = K & ~127, kmain = K & ~31;
+  const int rem = K - kmain;
+  const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
+  const uint16_t* w[R];
+  for (int r = 0; r < R; r++) w[r] = W + (size_t)(n0 + r) * K;
+  __m512 acc[R][T][4];
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < T; j++)
+      for (int i = 0; i < 4; i++) acc[r][j][i] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k < k4; k += 128) {
+    for (int i = 0; i < 4; i++) {
+      __m512bh wv[R];
+      for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k + 32 * i);
+      for (int j = 0; j < T; j++) {
+        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i);
+        for (int r = 0; r < R; r++) acc[r][j][i] = _mm512_dpbf16_ps(acc[r][j][i], wv[r], xv);
+      }
+    }
+  }
+  for (; k < kmain; k += 32) {
+    __m512bh wv[R];
+    for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k);
+    for (int j = 0; j < T; j++) {
+      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k);
+      for (int r = 0; r < R; r++) acc[r][j][0] = _mm512_dpbf16_ps(acc[r][j][0], wv[r], xv);
+    }
+  }
+  if (rem) {
+    __m512bh wv[R];
+    for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[r] + kmain);
+    for (int j = 0; j < T; j++) {
+      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain);
+      for (int r = 0; r < R; r++) acc[r][j][1] = _mm512_dpbf16_ps(acc[r][j][1], wv[r], xv);
+    }
+  }
+  for (int j = 0; j < T; j++)
+    for (int r = 0; r < R; r++)
+      y[(size_t)j * ldy + n0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]),
+                                                                       _mm512_add_ps(acc[r][j][2], acc[r][j][3])));
+}
+
+// Rows [n0, n1) x sequences [0, B) of a bf16 matrix with R x T tiles: blocks of BR rows, tokens in groups
+// of T inside a block (a block stays in L2 while every group reads it; a group's inputs stay in L1), rows
+// in groups of R inside a token group; the last token group and the last rows take narrower tiles of the
+// same arithmetic.
+template <int R, int T>
+static void tile_bf16_block(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int r0, int r1) {
+  int n = r0;
+  for (; n + R <= r1; n += R) tile_bf16_rt<R, T>(W, K, x, ldx, y, ldy, n);
+  for (; n < r1; n++) tile_bf16_rt<1, T>(W, K, x, ldx, y, ldy, n);
+}
+
+template <int R, int T, int BR>
+static void tile_bf16_rows(const uint16_t* W, int K, const uint16_t* x, int ldx, int B, float* y, int ldy, int n0,
+                           int n1) {
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
+    int b = 0;
+    for (; b + T <= B; b += T) tile_bf16_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const uint16_t* xl = x + (size_t)b * ldx;
+    float* yl = y + (size_t)b * ldy;
+    static_assert(T <= 4, "the last token group takes tiles of 1-3 tokens");
+    switch (B - b) {  // fewer than T left
+      case 1: tile_bf16_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 2: tile_bf16_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 3: tile_bf16_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      default: break;
+    }
+  }
+}
+#endif
+
+#if SOLO_AVX512 && !defined(__AVX512BF16__)
+// A 4 rows x 4 tokens tile for bf16 weights without AVX512-BF16 (gemv_bf16w_f32_bt: weights widened to
+// float32, ONE accumulator per token over k in steps of 16, then _mm512_reduce_add_ps and the scalar tail),
+// float32 inputs. There the decode tile is short of independent FMA chains (4 per row) as well as of L1 for
+// its float32 inputs; 16 accumulators fix both. Measured (span prefill, one thread, noisy, SOLO_CPU_ISA=
+// avx512 on the Zen 4): Llama-3.2-1B at 128 tokens 1.75x (K = 2048 products 1.5x, down 2.25x),
+// Qwen2.5-0.5B at 512 tokens 1.49x (K = 896 products 1.17-1.32x).
+template <int R, int T>
+__attribute__((noinline)) static void tile_bf16w_f32_rt(const uint16_t* W, int K, const float* x, int ldx, float* y,
+                                                        int ldy, int n0) {
+  const int kmain = K & ~15;
+  const uint16_t* w[R];
+  for (int r = 0; r < R; r++) w[r] = W + (size_t)(n0 + r) * K;
+  __m512 acc[R][T];
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < T; j++) acc[r][j] = _mm512_setzero_ps();
+  for (int k = 0; k < kmain; k += 16) {
+    __m512 wv[R];
+    for (int r = 0; r < R; r++) wv[r] = load_bf16x16(w[r] + k);
+    for (int j = 0; j < T; j++) {
+      const __m512 xv = _mm512_loadu_ps(x + (size_t)j * ldx + k);
+      for (int r = 0; r < R; r++) acc[r][j] = _mm512_fmadd_ps(wv[r], xv, acc[r][j]);
+    }
+  }
+  for (int j = 0; j < T; j++)
+    for (int r = 0; r < R; r++) {
+      float s = _mm512_reduce_add_ps(acc[r][j]);
+      for (int k = kmain; k < K; k++) s += bf16_to_f32(w[r][k]) * x[(size_t)j * ldx + k];
+      y[(size_t)j * ldy + n0 + r] = s;
+    }
+}
+
+template <int R, int T>
+static void tile_bf16w_block(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int r0, int r1) {
+  int n = r0;
+  for (; n + R <= r1; n += R) tile_bf16w_f32_rt<R, T>(W, K, x, ldx, y, ldy, n);
+  for (; n < r1; n++) tile_bf16w_f32_rt<1, T>(W, K, x, ldx, y, ldy, n);
+}
+
+template <int R, int T, int BR>
+static void tile_bf16w_rows(const uint16_t* W, int K, const float* x, int ldx, int B, float* y, int ldy, int n0,
+                            int n1) {
+  static_assert(T <= 4, "the last token group takes tiles of 1-3 tokens");
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
+    int b = 0;
+    for (; b + T <= B; b += T) tile_bf16w_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const float* xl = x + (size_t)b * ldx;
+    float* yl = y + (size_t)b * ldy;
+    switch (B - b) {  // fewer than T left
+      case 1: tile_bf16w_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 2: tile_bf16w_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 3: tile_bf16w_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      default: break;
+    }
+  }
+}
+#endif
+
+// AVX512-BF16: rows x tokens tiles only for inputs longer than this (4 tokens' bf16 inputs, 8 K bytes, no
+// longer fit in a 32 KiB L1 beside the weight stream). AVX-512 without BF16 takes its tile at every K.
+enum { TILE_MIN_K = 3072 };
+
+// Tile knob (solo_set_knob "span_tile", measurement; the same bits at every setting): 1 = the tiles above
+// where they are faster (default), 0 = never (every product takes the decode tiles), 2 = at every K
+// (AVX512-BF16's 2 x 4 tile at K <= TILE_MIN_K too).
+static int g_span_tile = 1;
+
+// y[b, n] = W x[b, :] for rows n in [n0, n1) and b < B with a rows x tokens tile, when this build has one
+// for W's format and B is large enough to fill it (the caller checked B > SOLO_TILE). Returns 1 when it
+// computed the product, 0 when the caller must (same bits either way).
+static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
+  if (!g_span_tile) return 0;
+#if SOLO_AVX512 && defined(__AVX512BF16__)
+  if (W->format == W_BF16) {
+    if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
+    tile_bf16_rows<2, 4, 16>((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    return 1;
+  }
+#endif
+#if SOLO_AVX512 && !defined(__AVX512BF16__)
+  if (W->format == W_BF16) {
+    tile_bf16w_rows<4, 4, 16>((const uint16_t*)W->weight, W->cols, (const float*)x, ldx, B, y, ldy, n0, n1);
+    return 1;
+  }
+#endif
+  (void)W, (void)x, (void)ldx, (void)B, (void)y, (void)ldy, (void)n0, (void)n1;
+  return 0;
+}

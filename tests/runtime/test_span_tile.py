@@ -1,0 +1,46 @@
+"""The rows x tokens tiles of products with many tokens (cpu_kernels/tile.h) give batch-1 decode's bits.
+
+A span prefill runs a prompt's tokens through the decode kernel, whose products take a register tile over
+rows and tokens when the inputs are long (tile.h). Every (row, token) must stay bit-identical to a batch-1
+product, or a prompt's keys, values and logits would depend on how it was split. The knob "span_tile"
+forces the tiles at every width (2) or turns them off (0); on ISA levels without tiles every setting takes
+the decode kernels, and the check still holds.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import pytest
+import torch
+
+from solo.runtime.cpu import _W_BF16, _Mat
+from solo.runtime.cpu_build import load_library
+
+
+def _gemv(lib, mat, x, threads=2):
+    y = torch.empty(x.shape[0], mat.rows)
+    workspace = torch.empty(x.numel() * 4 + 64, dtype=torch.uint8)
+    lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), x.shape[0], y.data_ptr(), workspace.data_ptr(), threads)
+    return y
+
+
+# Real widths (Qwen2.5-0.5B's hidden 896 and inter 4864, Llama-3.2-1B's 2048 and 8192) and one that is a
+# multiple of neither 128 nor 32 (the 32-wide and masked tails); 37 rows: a 2-row tile leaves a last row.
+@pytest.mark.parametrize("cols", [896, 2048, 3237, 4864, 8192])
+def test_tiles_give_batch_1_bits_at_real_widths(cols):
+    lib = load_library()
+    torch.manual_seed(cols)
+    w = torch.randn(37, cols).bfloat16()
+    mat = _Mat(_W_BF16, 37, cols, 32, w.data_ptr(), None, None)
+    x = torch.randn(11, cols).bfloat16().float()  # 11 tokens: two 4-token groups and a group of 3
+    try:
+        singles = torch.cat([_gemv(lib, mat, x[i:i + 1]) for i in range(11)])
+        for knob in (1, 2, 0):
+            assert lib.solo_set_knob(b"span_tile", knob) == 0
+            for batch in (5, 6, 11):
+                assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
+            assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
+    finally:
+        lib.solo_set_knob(b"span_tile", 1)
+    torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
