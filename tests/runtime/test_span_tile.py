@@ -3,8 +3,9 @@
 A span prefill runs a prompt's tokens through the decode kernel, whose products take a register tile over
 rows and tokens when the inputs are long (tile.h). Every (row, token) must stay bit-identical to a batch-1
 product, or a prompt's keys, values and logits would depend on how it was split. The knob "span_tile"
-forces the tiles at every width (2) or turns them off (0); on ISA levels without tiles every setting takes
-the decode kernels, and the check still holds.
+forces the tiles at every width (2) or turns them off (0), "pass_rt" / "pass_kb" pick the portable builds'
+pass tile (AVX2, NEON); on ISA levels without tiles every setting takes the decode kernels, and the check
+still holds.
 """
 
 from __future__ import annotations
@@ -41,6 +42,16 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
             for batch in (5, 6, 11):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
             assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
+        # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops).
+        assert lib.solo_set_knob(b"span_tile", 1) == 0
+        for shape, k_block in [(22, 256), (24, 256), (25, 256), (26, 256), (33, 256), (43, 256),
+                               (34, 32), (34, 96), (34, 1024), (34, 256)]:
+            assert lib.solo_set_knob(b"pass_rt", shape) == 0
+            assert lib.solo_set_knob(b"pass_kb", k_block) == 0
+            for batch in (3, 5, 7, 11):
+                assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
     finally:
         lib.solo_set_knob(b"span_tile", 1)
+        lib.solo_set_knob(b"pass_rt", 34)
+        lib.solo_set_knob(b"pass_kb", 256)
     torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)

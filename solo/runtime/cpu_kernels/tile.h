@@ -17,10 +17,14 @@
 // result is bit-identical to batch-1 decode whatever tile computed it.
 //
 // AVX-512 without BF16 (bf16 weights widened to float32, one accumulator per token) gets a 4 x 4 tile at
-// every K (below). AVX2 (SOLO_TILE 2) has none: its 16 registers hold two tokens' 2 x 4 accumulators and
-// the weights, and a second row would need 8 more; nor do the integer-dot formats (qdot.h).
+// every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) get a "pass" tile at every K
+// (below): their 16 vector registers cannot hold four accumulators for more than two (row, token) pairs, so
+// each accumulator is computed in its own pass. The integer-dot formats (qdot.h) have no tile.
 #pragma once
 #include "common.h"
+
+// Elements of k per block of the pass tile's four passes (knob "pass_kb", a multiple of 32; measurement).
+static int g_pass_kb = 256;
 
 #if SOLO_AVX512 && defined(__AVX512BF16__)
 // y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T, bf16 weights and inputs.
@@ -161,14 +165,106 @@ static void tile_bf16w_rows(const uint16_t* W, int K, const float* x, int ldx, i
 }
 #endif
 
+#if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+// The portable builds (AVX2, NEON without BF16): bf16 weights widened to float32, float32 inputs, the
+// decode kernel's (gemv_dense_g) four accumulators per (row, token), accumulator i taking the 8-wide chunk i
+// of every 32-wide step of k, accumulator 0 the 8-wide tail, then vsum((a0 + a1) + (a2 + a3)) and the
+// scalar rest. The four accumulators are independent until that sum, so this tile computes them one at a
+// time, in four passes over k that each take every fourth chunk: each accumulator adds the same terms in the
+// same order, so every (row, token) keeps the batch-1 bits. A pass needs one register per (row, token), so a
+// tile of R rows x T tokens takes R x T + R + 1 of the 16 vector registers: 3 x 4 makes 7 loads per 12
+// multiply-adds where the decode tile (1 row x 2 tokens, four accumulators each) makes 12 per 8, and prefill
+// products are bound by those loads. Measured (Zen 5, SOLO_CPU_ISA=avx2, benchmarks/prefill_ab.py,
+// Llama-3.2-1B at 128 tokens, 2 threads): the whole span prefill 1.2x; passes over all of k were 0.7x on the
+// K = 8192 down projection (each 64-byte line re-read from L2 by all four passes), hence the k blocks.
+template <int R, int T>
+__attribute__((noinline)) static void tile_bf16g_pass_rt(const uint16_t* W, int K, const float* x, int ldx, float* y,
+                                                         int ldy, int n0) {
+  const int k4 = K - K % (4 * GVW), k1 = K - K % GVW;
+  const uint16_t* w[R];
+  for (int r = 0; r < R; r++) w[r] = W + (size_t)(n0 + r) * K;
+  vf part[4][R][T];
+  for (int i = 0; i < 4; i++)
+    for (int r = 0; r < R; r++)
+      for (int j = 0; j < T; j++) part[i][r][j] = vzero();
+  // k in blocks of g_pass_kb, the four passes inside a block: a block's rows and inputs stay in L1 while the
+  // passes take every fourth 8-wide chunk of them (a pass over all of k would read each line four times
+  // from L2 at long K); the partial sums wait in part[] between passes.
+  for (int kb = 0; kb < k4; kb += g_pass_kb) {
+    const int ke = kb + g_pass_kb < k4 ? kb + g_pass_kb : k4;
+    for (int i = 0; i < 4; i++) {
+      vf acc[R][T];
+      for (int r = 0; r < R; r++)
+        for (int j = 0; j < T; j++) acc[r][j] = part[i][r][j];
+      for (int k = kb + i * GVW; k < ke; k += 4 * GVW) {
+        vf wv[R];
+        for (int r = 0; r < R; r++) wv[r] = vload_bf16(w[r] + k);
+        for (int j = 0; j < T; j++) {
+          const vf xv = vload(x + (size_t)j * ldx + k);
+          for (int r = 0; r < R; r++) acc[r][j] = vfma(wv[r], xv, acc[r][j]);
+        }
+      }
+      for (int r = 0; r < R; r++)
+        for (int j = 0; j < T; j++) part[i][r][j] = acc[r][j];
+    }
+  }
+  for (int k = k4; k < k1; k += GVW) {
+    vf wv[R];
+    for (int r = 0; r < R; r++) wv[r] = vload_bf16(w[r] + k);
+    for (int j = 0; j < T; j++) {
+      const vf xv = vload(x + (size_t)j * ldx + k);
+      for (int r = 0; r < R; r++) part[0][r][j] = vfma(wv[r], xv, part[0][r][j]);
+    }
+  }
+  for (int j = 0; j < T; j++)
+    for (int r = 0; r < R; r++) {
+      float s = vsum((part[0][r][j] + part[1][r][j]) + (part[2][r][j] + part[3][r][j]));
+      for (int kk = k1; kk < K; kk++) s += bf16_to_f32(w[r][kk]) * x[(size_t)j * ldx + kk];
+      y[(size_t)j * ldy + n0 + r] = s;
+    }
+}
+
+template <int R, int T>
+static void tile_bf16g_pass_block(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int r0,
+                                  int r1) {
+  int n = r0;
+  for (; n + R <= r1; n += R) tile_bf16g_pass_rt<R, T>(W, K, x, ldx, y, ldy, n);
+  for (; n < r1; n++) tile_bf16g_pass_rt<1, T>(W, K, x, ldx, y, ldy, n);
+}
+
+template <int R, int T, int BR>
+static void tile_bf16g_pass_rows(const uint16_t* W, int K, const float* x, int ldx, int B, float* y, int ldy, int n0,
+                                 int n1) {
+  static_assert(T <= 6, "the last token group takes tiles of 1-5 tokens");
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
+    int b = 0;
+    for (; b + T <= B; b += T)
+      tile_bf16g_pass_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    const float* xl = x + (size_t)b * ldx;
+    float* yl = y + (size_t)b * ldy;
+    switch (B - b) {  // fewer than T left
+      case 1: tile_bf16g_pass_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 2: tile_bf16g_pass_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 3: tile_bf16g_pass_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 4: tile_bf16g_pass_block<R, 4>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      case 5: tile_bf16g_pass_block<R, 5>(W, K, xl, ldx, yl, ldy, r0, r1); break;
+      default: break;
+    }
+  }
+}
+#endif
+
 // AVX512-BF16: rows x tokens tiles only for inputs longer than this (4 tokens' bf16 inputs, 8 K bytes, no
 // longer fit in a 32 KiB L1 beside the weight stream). AVX-512 without BF16 takes its tile at every K.
 enum { TILE_MIN_K = 3072 };
 
 // Tile knob (solo_set_knob "span_tile", measurement; the same bits at every setting): 1 = the tiles above
 // where they are faster (default), 0 = never (every product takes the decode tiles), 2 = at every K
-// (AVX512-BF16's 2 x 4 tile at K <= TILE_MIN_K too).
+// (AVX512-BF16's 2 x 4 tile at K <= TILE_MIN_K too; the other builds as 1).
 static int g_span_tile = 1;
+// The portable builds' pass tile shape (knob "pass_rt": 10 x rows + tokens; measurement; default 3 x 4).
+static int g_pass_rt = 34;
 
 // y[b, n] = W x[b, :] for rows n in [n0, n1) and b < B with a rows x tokens tile, when this build has one
 // for W's format and B is large enough to fill it (the caller checked B > SOLO_TILE). Returns 1 when it
@@ -186,6 +282,21 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
   if (W->format == W_BF16) {
     tile_bf16w_rows<4, 4, 16>((const uint16_t*)W->weight, W->cols, (const float*)x, ldx, B, y, ldy, n0, n1);
     return 1;
+  }
+#endif
+#if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
+  if (W->format == W_BF16) {
+    const uint16_t* Wb = (const uint16_t*)W->weight;
+    const float* xf = (const float*)x;
+    switch (g_pass_rt) {
+      case 22: tile_bf16g_pass_rows<2, 2, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 24: tile_bf16g_pass_rows<2, 4, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 25: tile_bf16g_pass_rows<2, 5, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 26: tile_bf16g_pass_rows<2, 6, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 33: tile_bf16g_pass_rows<3, 3, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 43: tile_bf16g_pass_rows<4, 3, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      default: tile_bf16g_pass_rows<3, 4, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+    }
   }
 #endif
   (void)W, (void)x, (void)ldx, (void)B, (void)y, (void)ldy, (void)n0, (void)n1;
