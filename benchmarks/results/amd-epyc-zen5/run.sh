@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The CPU benchmark set of this folder (2-core AMD EPYC, Zen 5: AVX-512 + AVX512-BF16 + VNNI, no AMX).
+# Run it on an otherwise idle machine (check `top` first); the runs go one after the other, each output
+# file starting with its command and its start time. Peers: `pip install -e ".[llamacpp]"` with
+# CMAKE_ARGS="-DGGML_NATIVE=ON" builds llama.cpp for this CPU. For the AVX2 proxy rows, LLAMA_CPP_AVX2_LIB
+# names the folder of a second libllama.so built from the same llama.cpp sources with -DGGML_NATIVE=OFF
+# -DGGML_AVX2=ON -DGGML_FMA=ON -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX512=OFF (llama-cpp-python loads it
+# through LLAMA_CPP_LIB_PATH); without it those rows run Solo alone.
+set -uo pipefail
+cd "$(dirname "$0")"
+solo="${SOLO:-solo}"
+run() {
+  local name=$1; shift
+  { echo "+ $*"; echo "# $(date -u +%T) UTC start"; } > "$name.txt"
+  "$@" >> "$name.txt" 2>&1
+  echo "# $(date -u +%T) UTC exit $?" >> "$name.txt"
+}
+avx2_peer=()
+if [ -n "${LLAMA_CPP_AVX2_LIB:-}" ]; then avx2_peer=(--compare llama.cpp); fi
+
+# bf16 decode (prompt 128, 256 generated) and TTFT at 128 against llama.cpp's F16 and BF16 GGUFs.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp --json "$shape-bf16.json"
+done
+# TTFT at 512 tokens.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-ttft512" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
+    --compare llama.cpp --json "$shape-ttft512.json"
+done
+# The AVX2 kernels with oneDNN capped at AVX2, against an AVX2-only llama.cpp: a proxy for an AVX2-only CPU.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16-avx2-proxy" env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+    LLAMA_CPP_LIB_PATH="${LLAMA_CPP_AVX2_LIB:-}" $solo bench --shape "$shape" --gen-len 128 --energy-s 0 \
+    "${avx2_peer[@]}" --json "$shape-bf16-avx2-proxy.json"
+done
+# int8 against Q8_0, int4 against Q4_0.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  for q in int8 int4; do
+    run "$shape-$q" $solo bench --shape "$shape" --quantize $q --gen-len 128 --energy-s 0 --compare llama.cpp \
+      --json "$shape-$q.json"
+  done
+done
+# Beside one busy-loop process (one of the two cores taken by other work).
+run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
+  --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
+# MoE: the full OLMoE-1B-7B in bf16 (13.8 GB: llama.cpp runs after Solo's weights are freed).
+run OLMoE-1B-7B-bf16 timeout 900 $solo bench --shape OLMoE-1B-7B --prompt-len 32 --gen-len 64 --repeats 3 \
+  --energy-s 0 --compare llama.cpp-BF16 --peers-after-solo --json OLMoE-1B-7B-bf16.json
+# Long context: decode after a KV cache of random values, to the shape's full context.
+run Qwen2.5-0.5B-long-context $solo bench --shape Qwen2.5-0.5B --gen-len 16 --repeats 1 --energy-s 0 \
+  --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
+  --json Qwen2.5-0.5B-long-context.json --plot Qwen2.5-0.5B-long-context.png
+# Serving: chat workload at 80% of the measured capacity, every greedy answer checked.
+run load-chat-0.8x $solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 \
+  --max-queue-wait 0.1 --json load-chat-0.8x.json --markdown load-chat-0.8x.md
