@@ -443,14 +443,30 @@ static inline void pv_block(const float* p, size_t stride, const char* V, size_t
     for (int c = 0; c < 2 * NPAIR; c++) _mm512_storeu_ps(acc_out + (size_t)h * 32 * NPAIR + 16 * c, acc[h][c]);
 }
 
+// The heads left after the blocks of NB (fewer than NB) as one more block: one pass over the value rows
+// instead of one per head, and independent accumulator chains (a lone head's 2 x NPAIR chains wait on the
+// multiply-add latency). Each head's arithmetic is unchanged: the same bits.
+template <int NPAIR, int NB>
+static void pv_rest(const float* p, size_t stride, const char* V, size_t row_bytes, int bf, int start, int end,
+                    int rest, float* acc_out) {
+  if constexpr (NB > 1) {
+    if (rest == NB - 1) {
+      pv_block<NPAIR, NB - 1>(p, stride, V, row_bytes, bf, start, end, acc_out);
+      return;
+    }
+    pv_rest<NPAIR, NB - 1>(p, stride, V, row_bytes, bf, start, end, rest, acc_out);
+  }
+}
+
 template <int NPAIR, int NB>
 static void pv_heads(const float* p, size_t stride, const char* V, size_t row_bytes, int bf, int start, int end,
                      int gs, float* acc_out) {
   int h = 0;
   for (; h + NB <= gs; h += NB)
     pv_block<NPAIR, NB>(p + (size_t)h * stride, stride, V, row_bytes, bf, start, end, acc_out + (size_t)h * 32 * NPAIR);
-  for (; h < gs; h++)
-    pv_block<NPAIR, 1>(p + (size_t)h * stride, stride, V, row_bytes, bf, start, end, acc_out + (size_t)h * 32 * NPAIR);
+  if (h < gs)
+    pv_rest<NPAIR, NB>(p + (size_t)h * stride, stride, V, row_bytes, bf, start, end, gs - h,
+                       acc_out + (size_t)h * 32 * NPAIR);
 }
 
 // out[t] = the sum of the 16 lanes of a[t], t = 0..15: a fixed tree of shuffles and adds over all 16
