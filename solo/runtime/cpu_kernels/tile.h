@@ -26,6 +26,40 @@
 // Elements of k per block of the pass tile's four passes (knob "pass_kb", a multiple of 32; measurement).
 static int g_pass_kb = 256;
 
+// Rows [n0, n1) x sequences [0, B) of a bf16 matrix with Tile<R, T> tiles (Tile<R, T>::run computes rows
+// [n, n + R) x T tokens): blocks of BR rows, tokens in groups of T inside a block (a block stays in L2 while
+// every group reads it; a group's inputs stay in L1), rows in groups of R inside a token group; the last
+// token group and the last rows take narrower tiles of the same arithmetic. X: the input's element type.
+template <template <int, int> class Tile, int R, int T, typename X>
+static void tile_block(const uint16_t* W, int K, const X* x, int ldx, float* y, int ldy, int r0, int r1) {
+  int n = r0;
+  for (; n + R <= r1; n += R) Tile<R, T>::run(W, K, x, ldx, y, ldy, n);
+  for (; n < r1; n++) Tile<1, T>::run(W, K, x, ldx, y, ldy, n);
+}
+
+// The last token group, `left` < T tokens: a tile of exactly that many.
+template <template <int, int> class Tile, int R, int T, typename X>
+static void tile_block_left(const uint16_t* W, int K, const X* x, int ldx, float* y, int ldy, int r0, int r1,
+                            int left) {
+  if constexpr (T > 1) {
+    if (left == T - 1) {
+      tile_block<Tile, R, T - 1>(W, K, x, ldx, y, ldy, r0, r1);
+      return;
+    }
+    tile_block_left<Tile, R, T - 1>(W, K, x, ldx, y, ldy, r0, r1, left);
+  }
+}
+
+template <template <int, int> class Tile, int R, int T, int BR, typename X>
+static void tile_rows(const uint16_t* W, int K, const X* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
+    int b = 0;
+    for (; b + T <= B; b += T) tile_block<Tile, R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    if (b < B) tile_block_left<Tile, R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1, B - b);
+  }
+}
+
 #if SOLO_AVX512 && defined(__AVX512BF16__)
 // y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T, bf16 weights and inputs.
 // Not inlined: GCC's register allocation of the 32 accumulators of a 2 x 4 tile varied with the inlining
@@ -75,35 +109,12 @@ __attribute__((noinline)) static void tile_bf16_rt(const uint16_t* W, int K, con
                                                                        _mm512_add_ps(acc[r][j][2], acc[r][j][3])));
 }
 
-// Rows [n0, n1) x sequences [0, B) of a bf16 matrix with R x T tiles: blocks of BR rows, tokens in groups
-// of T inside a block (a block stays in L2 while every group reads it; a group's inputs stay in L1), rows
-// in groups of R inside a token group; the last token group and the last rows take narrower tiles of the
-// same arithmetic.
 template <int R, int T>
-static void tile_bf16_block(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int r0, int r1) {
-  int n = r0;
-  for (; n + R <= r1; n += R) tile_bf16_rt<R, T>(W, K, x, ldx, y, ldy, n);
-  for (; n < r1; n++) tile_bf16_rt<1, T>(W, K, x, ldx, y, ldy, n);
-}
-
-template <int R, int T, int BR>
-static void tile_bf16_rows(const uint16_t* W, int K, const uint16_t* x, int ldx, int B, float* y, int ldy, int n0,
-                           int n1) {
-  for (int r0 = n0; r0 < n1; r0 += BR) {
-    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
-    int b = 0;
-    for (; b + T <= B; b += T) tile_bf16_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    const uint16_t* xl = x + (size_t)b * ldx;
-    float* yl = y + (size_t)b * ldy;
-    static_assert(T <= 4, "the last token group takes tiles of 1-3 tokens");
-    switch (B - b) {  // fewer than T left
-      case 1: tile_bf16_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 2: tile_bf16_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 3: tile_bf16_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      default: break;
-    }
+struct TileBf16 {
+  static void run(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0) {
+    tile_bf16_rt<R, T>(W, K, x, ldx, y, ldy, n0);
   }
-}
+};
 #endif
 
 #if SOLO_AVX512 && !defined(__AVX512BF16__)
@@ -139,30 +150,11 @@ __attribute__((noinline)) static void tile_bf16w_f32_rt(const uint16_t* W, int K
 }
 
 template <int R, int T>
-static void tile_bf16w_block(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int r0, int r1) {
-  int n = r0;
-  for (; n + R <= r1; n += R) tile_bf16w_f32_rt<R, T>(W, K, x, ldx, y, ldy, n);
-  for (; n < r1; n++) tile_bf16w_f32_rt<1, T>(W, K, x, ldx, y, ldy, n);
-}
-
-template <int R, int T, int BR>
-static void tile_bf16w_rows(const uint16_t* W, int K, const float* x, int ldx, int B, float* y, int ldy, int n0,
-                            int n1) {
-  static_assert(T <= 4, "the last token group takes tiles of 1-3 tokens");
-  for (int r0 = n0; r0 < n1; r0 += BR) {
-    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
-    int b = 0;
-    for (; b + T <= B; b += T) tile_bf16w_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    const float* xl = x + (size_t)b * ldx;
-    float* yl = y + (size_t)b * ldy;
-    switch (B - b) {  // fewer than T left
-      case 1: tile_bf16w_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 2: tile_bf16w_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 3: tile_bf16w_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      default: break;
-    }
+struct TileBf16W {
+  static void run(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int n0) {
+    tile_bf16w_f32_rt<R, T>(W, K, x, ldx, y, ldy, n0);
   }
-}
+};
 #endif
 
 #if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
@@ -225,34 +217,11 @@ __attribute__((noinline)) static void tile_bf16g_pass_rt(const uint16_t* W, int 
 }
 
 template <int R, int T>
-static void tile_bf16g_pass_block(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int r0,
-                                  int r1) {
-  int n = r0;
-  for (; n + R <= r1; n += R) tile_bf16g_pass_rt<R, T>(W, K, x, ldx, y, ldy, n);
-  for (; n < r1; n++) tile_bf16g_pass_rt<1, T>(W, K, x, ldx, y, ldy, n);
-}
-
-template <int R, int T, int BR>
-static void tile_bf16g_pass_rows(const uint16_t* W, int K, const float* x, int ldx, int B, float* y, int ldy, int n0,
-                                 int n1) {
-  static_assert(T <= 6, "the last token group takes tiles of 1-5 tokens");
-  for (int r0 = n0; r0 < n1; r0 += BR) {
-    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
-    int b = 0;
-    for (; b + T <= B; b += T)
-      tile_bf16g_pass_block<R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    const float* xl = x + (size_t)b * ldx;
-    float* yl = y + (size_t)b * ldy;
-    switch (B - b) {  // fewer than T left
-      case 1: tile_bf16g_pass_block<R, 1>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 2: tile_bf16g_pass_block<R, 2>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 3: tile_bf16g_pass_block<R, 3>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 4: tile_bf16g_pass_block<R, 4>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      case 5: tile_bf16g_pass_block<R, 5>(W, K, xl, ldx, yl, ldy, r0, r1); break;
-      default: break;
-    }
+struct TileBf16Pass {
+  static void run(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int n0) {
+    tile_bf16g_pass_rt<R, T>(W, K, x, ldx, y, ldy, n0);
   }
-}
+};
 #endif
 
 // AVX512-BF16: rows x tokens tiles only for inputs longer than this (4 tokens' bf16 inputs, 8 K bytes, no
@@ -274,13 +243,13 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
 #if SOLO_AVX512 && defined(__AVX512BF16__)
   if (W->format == W_BF16) {
     if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
-    tile_bf16_rows<2, 4, 16>((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    tile_rows<TileBf16, 2, 4, 16>((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
 #if SOLO_AVX512 && !defined(__AVX512BF16__)
   if (W->format == W_BF16) {
-    tile_bf16w_rows<4, 4, 16>((const uint16_t*)W->weight, W->cols, (const float*)x, ldx, B, y, ldy, n0, n1);
+    tile_rows<TileBf16W, 4, 4, 16>((const uint16_t*)W->weight, W->cols, (const float*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
@@ -289,13 +258,13 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
     const uint16_t* Wb = (const uint16_t*)W->weight;
     const float* xf = (const float*)x;
     switch (g_pass_rt) {
-      case 22: tile_bf16g_pass_rows<2, 2, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 24: tile_bf16g_pass_rows<2, 4, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 25: tile_bf16g_pass_rows<2, 5, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 26: tile_bf16g_pass_rows<2, 6, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 33: tile_bf16g_pass_rows<3, 3, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 43: tile_bf16g_pass_rows<4, 3, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      default: tile_bf16g_pass_rows<3, 4, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 22: tile_rows<TileBf16Pass, 2, 2, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 24: tile_rows<TileBf16Pass, 2, 4, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 25: tile_rows<TileBf16Pass, 2, 5, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 26: tile_rows<TileBf16Pass, 2, 6, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 33: tile_rows<TileBf16Pass, 3, 3, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 43: tile_rows<TileBf16Pass, 4, 3, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      default: tile_rows<TileBf16Pass, 3, 4, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
     }
   }
 #endif
