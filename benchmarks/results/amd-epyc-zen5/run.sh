@@ -53,3 +53,15 @@ run Qwen2.5-0.5B-long-context $solo bench --shape Qwen2.5-0.5B --gen-len 16 --re
 # Serving: chat workload at 80% of the measured capacity, every greedy answer checked.
 run load-chat-0.8x $solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 \
   --max-queue-wait 0.1 --json load-chat-0.8x.json --markdown load-chat-0.8x.md
+# After the pass tiles (tile.h, AVX2): TTFT on the AVX2 kernels against the AVX2-only llama.cpp, prompt 128 on
+# Llama-3.2-1B and prompt 512 on Qwen2.5-0.5B.
+run Llama-3.2-1B-avx2-proxy-pass-tiles env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+  LLAMA_CPP_LIB_PATH="${LLAMA_CPP_AVX2_LIB:-}" $solo bench --shape Llama-3.2-1B --gen-len 32 --energy-s 0 \
+  "${avx2_peer[@]}" --json Llama-3.2-1B-avx2-proxy-pass-tiles.json
+run Qwen2.5-0.5B-ttft512-avx2-proxy-pass-tiles env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+  LLAMA_CPP_LIB_PATH="${LLAMA_CPP_AVX2_LIB:-}" $solo bench --shape Qwen2.5-0.5B --prompt-len 512 --gen-len 16 \
+  --energy-s 0 "${avx2_peer[@]}" --json Qwen2.5-0.5B-ttft512-avx2-proxy-pass-tiles.json
+# After the p @ v change (elementwise.h: a GQA group's leftover heads as one block): the long-context sweep again.
+run Qwen2.5-0.5B-long-context-pv-rest $solo bench --shape Qwen2.5-0.5B --gen-len 16 --repeats 1 --energy-s 0 \
+  --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
+  --json Qwen2.5-0.5B-long-context-pv-rest.json --plot Qwen2.5-0.5B-long-context-pv-rest.png
