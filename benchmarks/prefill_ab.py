@@ -51,9 +51,14 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
+    ap.add_argument("--quantize", choices=["int8", "int4"], help="weight-only quantization, as `solo bench`")
     args = ap.parse_args()
     variants = [parse_variant(v) for v in args.variant] or [("base", {})]
     model = build_model(shape_config(args.shape), torch.bfloat16)
+    if args.quantize:
+        from solo.runtime.quant import quantize_model
+
+        model = quantize_model(model, args.quantize)
     seq = args.prompt_len
     runtime = CpuRuntime(model, rows=1, max_seq=seq + 8, num_threads=args.threads)
     runtime.reserve(1, seq + 8)
@@ -87,7 +92,8 @@ def main() -> None:
         lib.solo_set_knob(b"profile", 0)
     first = variants[0][0]
     same = all(torch.equal(logits[name], logits[first]) for name, _ in variants)
-    print(f"{args.shape}, prompt {seq}, {runtime.isa} kernels, {nt} threads, {args.rounds} rounds; "
+    label = f"{args.shape} {args.quantize}" if args.quantize else args.shape
+    print(f"{label}, prompt {seq}, {runtime.isa} kernels, {nt} threads, {args.rounds} rounds; "
           f"logits identical across variants: {same}")
     print(f"per phase: median of same-round ({first} ms / variant ms) [fastest ms]")
     print(f"{'phase':12s}" + "".join(f"  {name:>22s}" for name, _ in variants))

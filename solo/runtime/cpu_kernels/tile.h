@@ -19,44 +19,47 @@
 // AVX-512 without BF16 (bf16 weights widened to float32, one accumulator per token) gets a 4 x 4 tile at
 // every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) get a "pass" tile at every K
 // (below): their 16 vector registers cannot hold four accumulators for more than two (row, token) pairs, so
-// each accumulator is computed in its own pass. The integer-dot formats (qdot.h) have no tile.
+// each accumulator is computed in its own pass. int8 with integer-dot products (qdot.h) gets a pass tile at
+// every ISA level; int4 has none.
 #pragma once
 #include "common.h"
 
 // Elements of k per block of the pass tile's four passes (knob "pass_kb", a multiple of 32; measurement).
 static int g_pass_kb = 256;
+// Elements of k per block of the int8 pass tile's four passes (knob "q8_pass_kb", a multiple of 128).
+static int g_q8_pass_kb = 1024;
 
-// Rows [n0, n1) x sequences [0, B) of a bf16 matrix with Tile<R, T> tiles (Tile<R, T>::run computes rows
+// Rows [n0, n1) x sequences [0, B) of matrix W with Tile<R, T> tiles (Tile<R, T>::run computes rows
 // [n, n + R) x T tokens): blocks of BR rows, tokens in groups of T inside a block (a block stays in L2 while
 // every group reads it; a group's inputs stay in L1), rows in groups of R inside a token group; the last
-// token group and the last rows take narrower tiles of the same arithmetic. X: the input's element type.
+// token group and the last rows take narrower tiles of the same arithmetic. X: the input's element type,
+// ldx in X elements.
 template <template <int, int> class Tile, int R, int T, typename X>
-static void tile_block(const uint16_t* W, int K, const X* x, int ldx, float* y, int ldy, int r0, int r1) {
+static void tile_block(const Mat* W, const X* x, int ldx, float* y, int ldy, int r0, int r1) {
   int n = r0;
-  for (; n + R <= r1; n += R) Tile<R, T>::run(W, K, x, ldx, y, ldy, n);
-  for (; n < r1; n++) Tile<1, T>::run(W, K, x, ldx, y, ldy, n);
+  for (; n + R <= r1; n += R) Tile<R, T>::run(W, x, ldx, y, ldy, n);
+  for (; n < r1; n++) Tile<1, T>::run(W, x, ldx, y, ldy, n);
 }
 
 // The last token group, `left` < T tokens: a tile of exactly that many.
 template <template <int, int> class Tile, int R, int T, typename X>
-static void tile_block_left(const uint16_t* W, int K, const X* x, int ldx, float* y, int ldy, int r0, int r1,
-                            int left) {
+static void tile_block_left(const Mat* W, const X* x, int ldx, float* y, int ldy, int r0, int r1, int left) {
   if constexpr (T > 1) {
     if (left == T - 1) {
-      tile_block<Tile, R, T - 1>(W, K, x, ldx, y, ldy, r0, r1);
+      tile_block<Tile, R, T - 1>(W, x, ldx, y, ldy, r0, r1);
       return;
     }
-    tile_block_left<Tile, R, T - 1>(W, K, x, ldx, y, ldy, r0, r1, left);
+    tile_block_left<Tile, R, T - 1>(W, x, ldx, y, ldy, r0, r1, left);
   }
 }
 
 template <template <int, int> class Tile, int R, int T, int BR, typename X>
-static void tile_rows(const uint16_t* W, int K, const X* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
+static void tile_rows(const Mat* W, const X* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
   for (int r0 = n0; r0 < n1; r0 += BR) {
     const int r1 = r0 + BR < n1 ? r0 + BR : n1;
     int b = 0;
-    for (; b + T <= B; b += T) tile_block<Tile, R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
-    if (b < B) tile_block_left<Tile, R, T>(W, K, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1, B - b);
+    for (; b + T <= B; b += T) tile_block<Tile, R, T>(W, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1);
+    if (b < B) tile_block_left<Tile, R, T>(W, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1, B - b);
   }
 }
 
@@ -111,8 +114,8 @@ __attribute__((noinline)) static void tile_bf16_rt(const uint16_t* W, int K, con
 
 template <int R, int T>
 struct TileBf16 {
-  static void run(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0) {
-    tile_bf16_rt<R, T>(W, K, x, ldx, y, ldy, n0);
+  static void run(const Mat* W, const uint16_t* x, int ldx, float* y, int ldy, int n0) {
+    tile_bf16_rt<R, T>((const uint16_t*)W->weight, W->cols, x, ldx, y, ldy, n0);
   }
 };
 #endif
@@ -151,8 +154,8 @@ __attribute__((noinline)) static void tile_bf16w_f32_rt(const uint16_t* W, int K
 
 template <int R, int T>
 struct TileBf16W {
-  static void run(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int n0) {
-    tile_bf16w_f32_rt<R, T>(W, K, x, ldx, y, ldy, n0);
+  static void run(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0) {
+    tile_bf16w_f32_rt<R, T>((const uint16_t*)W->weight, W->cols, x, ldx, y, ldy, n0);
   }
 };
 #endif
@@ -218,8 +221,78 @@ __attribute__((noinline)) static void tile_bf16g_pass_rt(const uint16_t* W, int 
 
 template <int R, int T>
 struct TileBf16Pass {
-  static void run(const uint16_t* W, int K, const float* x, int ldx, float* y, int ldy, int n0) {
-    tile_bf16g_pass_rt<R, T>(W, K, x, ldx, y, ldy, n0);
+  static void run(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0) {
+    tile_bf16g_pass_rt<R, T>((const uint16_t*)W->weight, W->cols, x, ldx, y, ldy, n0);
+  }
+};
+#endif
+
+#if SOLO_GVEC || SOLO_AVX512
+
+// int8 weights with integer-dot products (W_INT8_Q8, qdot.h's gemv_q8_tile): block g of 32 inputs goes to
+// accumulator g % 4 (the main loop over groups of four full blocks, then the last blocks into accumulators
+// 0, 1, ...), then vsum((a0 + a1) + (a2 + a3)) times the row scale. As the bf16 pass tile above: each
+// accumulator in its own pass over blocks of k, the same blocks in the same order, so every (row, token)
+// keeps the batch-1 bits, and a tile of R rows x T tokens loads each token's quantized input, correction and
+// scale once for R rows (the decode tile, 1 row x 4 tokens, loads them for every row).
+// x: T slots of ldx bytes each (qdot.h's layout).
+template <int R, int T>
+__attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* x, int ldx, float* y, int ldy,
+                                                      int n0) {
+  const int K = W->cols, nb = q8_blocks(K), full = K / 32, g4 = full & ~3;
+  const float* rscale = (const float*)W->scale;
+  const int8_t* w[R];
+  for (int r = 0; r < R; r++) w[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
+  const int kbb = g_q8_pass_kb / 32;  // blocks per k block, a multiple of 4
+  vf part[4][R][T];
+  for (int i = 0; i < 4; i++)
+    for (int r = 0; r < R; r++)
+      for (int j = 0; j < T; j++) part[i][r][j] = vzero();
+  auto block = [&](vf (&acc)[R][T], int g) __attribute__((always_inline)) {
+    vb32 wv[R];
+    for (int r = 0; r < R; r++) {
+      wv[r] = vb32{};
+      if (g < full)
+        memcpy(&wv[r], w[r] + 32 * (size_t)g, 32);
+      else
+        memcpy(&wv[r], w[r] + 32 * (size_t)g, (size_t)(K - 32 * g));  // a short last block: zeros past K
+    }
+    for (int j = 0; j < T; j++) {
+      const char* xj = x + (size_t)j * ldx;
+      vb32 xv;
+      vi corr;
+      float sc;
+      memcpy(&xv, xj + 32 * (size_t)g, 32);
+      memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
+      memcpy(&sc, xj + 32 * (size_t)nb + 4 * (size_t)g, 4);
+      const vf scv = vset1(sc);
+      for (int r = 0; r < R; r++)
+        acc[r][j] = vfma(__builtin_convertvector(idot_i8(wv[r], xv, corr), vf), scv, acc[r][j]);
+    }
+  };
+  for (int gb = 0; gb < g4; gb += kbb) {
+    const int ge = gb + kbb < g4 ? gb + kbb : g4;
+    for (int i = 0; i < 4; i++) {
+      vf acc[R][T];
+      for (int r = 0; r < R; r++)
+        for (int j = 0; j < T; j++) acc[r][j] = part[i][r][j];
+      for (int g = gb + i; g < ge; g += 4) block(acc, g);
+      for (int r = 0; r < R; r++)
+        for (int j = 0; j < T; j++) part[i][r][j] = acc[r][j];
+    }
+  }
+  for (int i = 0; i < 4 && g4 + i < nb; i++) block(part[i], g4 + i);
+  for (int j = 0; j < T; j++)
+    for (int r = 0; r < R; r++) {
+      const float s = vsum((part[0][r][j] + part[1][r][j]) + (part[2][r][j] + part[3][r][j]));
+      y[(size_t)j * ldy + n0 + r] = s * rscale[n0 + r];
+    }
+}
+
+template <int R, int T>
+struct TileQ8Pass {
+  static void run(const Mat* W, const char* x, int ldx, float* y, int ldy, int n0) {
+    tile_q8_pass_rt<R, T>(W, x, ldx, y, ldy, n0);
   }
 };
 #endif
@@ -234,6 +307,14 @@ enum { TILE_MIN_K = 3072 };
 static int g_span_tile = 1;
 // The portable builds' pass tile shape (knob "pass_rt": 10 x rows + tokens; measurement; default 3 x 4).
 static int g_pass_rt = 34;
+// The int8 integer-dot pass tile's shape (knob "q8_rt": 10 x rows + tokens, 0 = none; measurement): 3 x 4
+// where 32 vector registers hold it (AVX-512 builds: 1.3-1.4x the span prefill of int8 Qwen2.5-0.5B and
+// Llama-3.2-1B on Zen 5), 2 x 3 in 16 (AVX2: 1.1x; 3 x 4 spilled there, 0.6x).
+#if SOLO_AVX512
+static int g_q8_rt = 34;
+#else
+static int g_q8_rt = 23;
+#endif
 
 // y[b, n] = W x[b, :] for rows n in [n0, n1) and b < B with a rows x tokens tile, when this build has one
 // for W's format and B is large enough to fill it (the caller checked B > SOLO_TILE). Returns 1 when it
@@ -243,28 +324,41 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
 #if SOLO_AVX512 && defined(__AVX512BF16__)
   if (W->format == W_BF16) {
     if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
-    tile_rows<TileBf16, 2, 4, 16>((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    tile_rows<TileBf16, 2, 4, 16>(W, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
 #if SOLO_AVX512 && !defined(__AVX512BF16__)
   if (W->format == W_BF16) {
-    tile_rows<TileBf16W, 4, 4, 16>((const uint16_t*)W->weight, W->cols, (const float*)x, ldx, B, y, ldy, n0, n1);
+    tile_rows<TileBf16W, 4, 4, 16>(W, (const float*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
 #if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
   if (W->format == W_BF16) {
-    const uint16_t* Wb = (const uint16_t*)W->weight;
     const float* xf = (const float*)x;
     switch (g_pass_rt) {
-      case 22: tile_rows<TileBf16Pass, 2, 2, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 24: tile_rows<TileBf16Pass, 2, 4, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 25: tile_rows<TileBf16Pass, 2, 5, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 26: tile_rows<TileBf16Pass, 2, 6, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 33: tile_rows<TileBf16Pass, 3, 3, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 43: tile_rows<TileBf16Pass, 4, 3, 16>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
-      default: tile_rows<TileBf16Pass, 3, 4, 18>(Wb, W->cols, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 22: tile_rows<TileBf16Pass, 2, 2, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 24: tile_rows<TileBf16Pass, 2, 4, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 25: tile_rows<TileBf16Pass, 2, 5, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 26: tile_rows<TileBf16Pass, 2, 6, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 33: tile_rows<TileBf16Pass, 3, 3, 18>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 43: tile_rows<TileBf16Pass, 4, 3, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      default: tile_rows<TileBf16Pass, 3, 4, 18>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+    }
+  }
+#endif
+#if SOLO_GVEC || SOLO_AVX512
+  if (W->format == W_INT8_Q8) {
+    const char* xq = (const char*)x;  // ldx: the slot's bytes / 4 (gemv_rows' convention for q8 inputs)
+    switch (g_q8_rt) {
+      case 0: return 0;
+      case 22: tile_rows<TileQ8Pass, 2, 2, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      case 23: tile_rows<TileQ8Pass, 2, 3, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      case 24: tile_rows<TileQ8Pass, 2, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      case 33: tile_rows<TileQ8Pass, 3, 3, 18>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      case 34: tile_rows<TileQ8Pass, 3, 4, 18>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      default: tile_rows<TileQ8Pass, 4, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
     }
   }
 #endif
