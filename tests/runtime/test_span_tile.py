@@ -15,9 +15,9 @@ import ctypes
 import pytest
 import torch
 
-from solo.runtime.cpu import _W_BF16, _W_INT8_Q8, _Mat
+from solo.runtime.cpu import _W_BF16, _W_INT4_Q8, _W_INT8_Q8, _Mat
 from solo.runtime.cpu_build import load_library
-from solo.runtime.quant import dequantize, fake_quantize_activations_q8, quantize_int8
+from solo.runtime.quant import dequantize, fake_quantize_activations_q8, quantize_int4, quantize_int8
 
 
 def _gemv(lib, mat, x, threads=2):
@@ -58,14 +58,18 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
     torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
 
 
-# int8 with integer-dot products: the pass tile in every shape the "q8_rt" knob offers and several k blocks,
-# at widths with a short last block of 32 (3237) and the down projections' (4864, 8192).
+# int8 and int4 with integer-dot products: the pass tile in every shape the "q8_rt" knob offers and several
+# k blocks, at widths with a short last block of 32 (3237, int8 only: int4 rows are whole groups) and the
+# down projections' (4864, 8192).
 @pytest.mark.parametrize("cols", [896, 2048, 3237, 4864, 8192])
-def test_int8_pass_tiles_give_batch_1_bits(cols):
+@pytest.mark.parametrize("mode", ["int8", "int4"])
+def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
+    if mode == "int4" and cols % 32:
+        pytest.skip("int4 rows are whole groups of 32")
     lib = load_library()
     torch.manual_seed(cols)
-    q, scale = quantize_int8(torch.randn(37, cols))
-    mat = _Mat(_W_INT8_Q8, 37, cols, 32, q.data_ptr(), scale.data_ptr(), None)
+    q, scale = (quantize_int8 if mode == "int8" else quantize_int4)(torch.randn(37, cols))
+    mat = _Mat(_W_INT8_Q8 if mode == "int8" else _W_INT4_Q8, 37, cols, 32, q.data_ptr(), scale.data_ptr(), None)
     x = torch.randn(11, cols).bfloat16().float()
     try:
         singles = torch.cat([_gemv(lib, mat, x[i:i + 1]) for i in range(11)])
@@ -76,7 +80,7 @@ def test_int8_pass_tiles_give_batch_1_bits(cols):
             for batch in (3, 5, 7, 11):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
     finally:
-        lib.solo_set_knob(b"q8_rt", 34)
+        lib.solo_set_knob(b"q8_rt", -1)  # this build's default
         lib.solo_set_knob(b"q8_pass_kb", 1024)
-    reference = fake_quantize_activations_q8(x) @ dequantize("int8", q, scale, torch.float32).T
+    reference = fake_quantize_activations_q8(x) @ dequantize(mode, q, scale, torch.float32).T
     torch.testing.assert_close(singles, reference, atol=1e-3 * cols ** 0.5, rtol=1e-4)

@@ -691,7 +691,7 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // of 32; defaults 128 / 256), "moe_fused" 0 = the MoE layer's phased schedule (moe.h; default 1), "span_tile"
 // 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "pass_rt" /
 // "pass_kb" = the portable builds' pass tile shape (10 x rows + tokens) and k block (tile.h), "q8_rt" /
-// "q8_pass_kb" = the same for the int8 integer-dot pass tile (q8_rt 0 = none), "profile"
+// "q8_pass_kb" = the same for the integer-dot pass tile (q8_rt 0 = none, -1 = default), "profile"
 // 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {

@@ -20,7 +20,7 @@
 // every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) get a "pass" tile at every K
 // (below): their 16 vector registers cannot hold four accumulators for more than two (row, token) pairs, so
 // each accumulator is computed in its own pass. int8 with integer-dot products (qdot.h) gets a pass tile at
-// every ISA level; int4 has none.
+// every ISA level, int4 on the portable builds.
 #pragma once
 #include "common.h"
 
@@ -229,20 +229,27 @@ struct TileBf16Pass {
 
 #if SOLO_GVEC || SOLO_AVX512
 
-// int8 weights with integer-dot products (W_INT8_Q8, qdot.h's gemv_q8_tile): block g of 32 inputs goes to
-// accumulator g % 4 (the main loop over groups of four full blocks, then the last blocks into accumulators
-// 0, 1, ...), then vsum((a0 + a1) + (a2 + a3)) times the row scale. As the bf16 pass tile above: each
-// accumulator in its own pass over blocks of k, the same blocks in the same order, so every (row, token)
-// keeps the batch-1 bits, and a tile of R rows x T tokens loads each token's quantized input, correction and
-// scale once for R rows (the decode tile, 1 row x 4 tokens, loads them for every row).
-// x: T slots of ldx bytes each (qdot.h's layout).
-template <int R, int T>
+// int8 and int4 weights with integer-dot products (W_INT8_Q8, W_INT4_Q8: qdot.h's gemv_q8_tile, which the
+// 512-bit int4 kernel matches bit for bit): block g of 32 inputs goes to accumulator g % 4 (the main loop
+// over groups of four full blocks, then the last blocks into accumulators 0, 1, ...), then
+// vsum((a0 + a1) + (a2 + a3)) (times the row scale for int8; int4's block scale is the token's times the
+// row group's, the same float product). As the bf16 pass tile above: each accumulator in its own pass over
+// blocks of k, the same blocks in the same order, so every (row, token) keeps the batch-1 bits, and a tile of
+// R rows x T tokens loads each token's quantized input, correction and scale once for R rows (the decode
+// tile, 1 row x 4 tokens, loads them for every row). x: T slots of ldx bytes each (qdot.h's layout).
+template <int FMT, int R, int T>
 __attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* x, int ldx, float* y, int ldy,
                                                       int n0) {
   const int K = W->cols, nb = q8_blocks(K), full = K / 32, g4 = full & ~3;
   const float* rscale = (const float*)W->scale;
-  const int8_t* w[R];
-  for (int r = 0; r < R; r++) w[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
+  const int8_t* w8[R];
+  const uint8_t* w4[R];
+  const uint16_t* ws[R];  // int4: the row's bf16 group scales
+  for (int r = 0; r < R; r++) {
+    w8[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
+    w4[r] = (const uint8_t*)W->weight + (size_t)(n0 + r) * (K / 2);
+    ws[r] = (const uint16_t*)W->scale + (size_t)(n0 + r) * (K / 32);
+  }
   const int kbb = g_q8_pass_kb / 32;  // blocks per k block, a multiple of 4
   vf part[4][R][T];
   for (int i = 0; i < 4; i++)
@@ -250,12 +257,17 @@ __attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* 
       for (int j = 0; j < T; j++) part[i][r][j] = vzero();
   auto block = [&](vf (&acc)[R][T], int g) __attribute__((always_inline)) {
     vb32 wv[R];
+    vub32 u[R];
     for (int r = 0; r < R; r++) {
-      wv[r] = vb32{};
-      if (g < full)
-        memcpy(&wv[r], w[r] + 32 * (size_t)g, 32);
-      else
-        memcpy(&wv[r], w[r] + 32 * (size_t)g, (size_t)(K - 32 * g));  // a short last block: zeros past K
+      if (FMT == W_INT8_Q8) {
+        wv[r] = vb32{};
+        if (g < full)
+          memcpy(&wv[r], w8[r] + 32 * (size_t)g, 32);
+        else
+          memcpy(&wv[r], w8[r] + 32 * (size_t)g, (size_t)(K - 32 * g));  // a short last block: zeros past K
+      } else {
+        u[r] = unpack_u4(w4[r] + 16 * (size_t)g);
+      }
     }
     for (int j = 0; j < T; j++) {
       const char* xj = x + (size_t)j * ldx;
@@ -265,9 +277,15 @@ __attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* 
       memcpy(&xv, xj + 32 * (size_t)g, 32);
       memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
       memcpy(&sc, xj + 32 * (size_t)nb + 4 * (size_t)g, 4);
-      const vf scv = vset1(sc);
-      for (int r = 0; r < R; r++)
-        acc[r][j] = vfma(__builtin_convertvector(idot_i8(wv[r], xv, corr), vf), scv, acc[r][j]);
+      if (FMT == W_INT8_Q8) {
+        const vf scv = vset1(sc);
+        for (int r = 0; r < R; r++)
+          acc[r][j] = vfma(__builtin_convertvector(idot_i8(wv[r], xv, corr), vf), scv, acc[r][j]);
+      } else {
+        for (int r = 0; r < R; r++)
+          acc[r][j] = vfma(__builtin_convertvector(idot_u4(corr, u[r], xv), vf), vset1(sc * bf16_to_f32(ws[r][g])),
+                           acc[r][j]);
+      }
     }
   };
   for (int gb = 0; gb < g4; gb += kbb) {
@@ -285,14 +303,17 @@ __attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* 
   for (int j = 0; j < T; j++)
     for (int r = 0; r < R; r++) {
       const float s = vsum((part[0][r][j] + part[1][r][j]) + (part[2][r][j] + part[3][r][j]));
-      y[(size_t)j * ldy + n0 + r] = s * rscale[n0 + r];
+      y[(size_t)j * ldy + n0 + r] = FMT == W_INT8_Q8 ? s * rscale[n0 + r] : s;
     }
 }
 
 template <int R, int T>
 struct TileQ8Pass {
   static void run(const Mat* W, const char* x, int ldx, float* y, int ldy, int n0) {
-    tile_q8_pass_rt<R, T>(W, x, ldx, y, ldy, n0);
+    if (W->format == W_INT8_Q8)
+      tile_q8_pass_rt<W_INT8_Q8, R, T>(W, x, ldx, y, ldy, n0);
+    else
+      tile_q8_pass_rt<W_INT4_Q8, R, T>(W, x, ldx, y, ldy, n0);
   }
 };
 #endif
@@ -307,14 +328,12 @@ enum { TILE_MIN_K = 3072 };
 static int g_span_tile = 1;
 // The portable builds' pass tile shape (knob "pass_rt": 10 x rows + tokens; measurement; default 3 x 4).
 static int g_pass_rt = 34;
-// The int8 integer-dot pass tile's shape (knob "q8_rt": 10 x rows + tokens, 0 = none; measurement): 3 x 4
-// where 32 vector registers hold it (AVX-512 builds: 1.3-1.4x the span prefill of int8 Qwen2.5-0.5B and
-// Llama-3.2-1B on Zen 5), 2 x 3 in 16 (AVX2: 1.1x; 3 x 4 spilled there, 0.6x).
-#if SOLO_AVX512
-static int g_q8_rt = 34;
-#else
-static int g_q8_rt = 23;
-#endif
+// The integer-dot pass tile's shape (knob "q8_rt": 10 x rows + tokens, 0 = none, -1 = this build's default;
+// measurement). Default 3 x 4 where 32 vector registers hold it (AVX-512 builds: 1.3-1.4x the span prefill
+// of int8 Qwen2.5-0.5B and Llama-3.2-1B on Zen 5), 2 x 3 in 16 (AVX2: int8 1.1x, int4 1.1x; 3 x 4 spilled
+// there, 0.6x).
+static int g_q8_rt = -1;
+enum { Q8_RT_DEFAULT = SOLO_AVX512 ? 34 : 23 };
 
 // y[b, n] = W x[b, :] for rows n in [n0, n1) and b < B with a rows x tokens tile, when this build has one
 // for W's format and B is large enough to fill it (the caller checked B > SOLO_TILE). Returns 1 when it
@@ -349,16 +368,18 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
   }
 #endif
 #if SOLO_GVEC || SOLO_AVX512
-  if (W->format == W_INT8_Q8) {
+  // int4 on AVX-512 keeps its 512-bit decode kernel (two groups per instruction): the 256-bit tile measured
+  // 0.9-1.1x it on Zen 5.
+  if (W->format == W_INT8_Q8 || (W->format == W_INT4_Q8 && !SOLO_AVX512)) {
     const char* xq = (const char*)x;  // ldx: the slot's bytes / 4 (gemv_rows' convention for q8 inputs)
-    switch (g_q8_rt) {
+    switch (g_q8_rt < 0 ? (int)Q8_RT_DEFAULT : g_q8_rt) {
       case 0: return 0;
       case 22: tile_rows<TileQ8Pass, 2, 2, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
       case 23: tile_rows<TileQ8Pass, 2, 3, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
       case 24: tile_rows<TileQ8Pass, 2, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
       case 33: tile_rows<TileQ8Pass, 3, 3, 18>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
-      case 34: tile_rows<TileQ8Pass, 3, 4, 18>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
-      default: tile_rows<TileQ8Pass, 4, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      case 44: tile_rows<TileQ8Pass, 4, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
+      default: tile_rows<TileQ8Pass, 3, 4, 18>(W, xq, ldx * 4, B, y, ldy, n0, n1); return 1;
     }
   }
 #endif
