@@ -196,11 +196,16 @@ static void test_decode(int bf) {
 
 int main() {
   printf("ISA %s\n", solo_isa());
-  for (int fmt : {W_BF16, W_F32, W_INT8})
-    for (int K : {77, 896}) test_gemv(fmt, K);
-  for (int K : {96, 896}) test_gemv(W_INT4, K);
-  for (int K : {77, 896}) test_gemv(W_INT8_Q8, K);
-  for (int K : {96, 896}) test_gemv(W_INT4_Q8, K);
+  // Twice: with the defaults, then with the pass tiles (tile.h) taken at any batch, so batches 3-5 run them.
+  for (int min_b : {32, 1}) {
+    solo_set_knob("pass_min_b", min_b);
+    for (int fmt : {W_BF16, W_F32, W_INT8})
+      for (int K : {77, 896}) test_gemv(fmt, K);
+    for (int K : {96, 896}) test_gemv(W_INT4, K);
+    for (int K : {77, 896}) test_gemv(W_INT8_Q8, K);
+    for (int K : {96, 896}) test_gemv(W_INT4_Q8, K);
+  }
+  solo_set_knob("pass_min_b", 32);
   test_elementwise();
   test_decode(0);
   test_decode(1);

@@ -43,8 +43,10 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
             for batch in (5, 6, 11):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
             assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
-        # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops).
+        # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops), at
+        # any batch ("pass_min_b" keeps them for 32 sequences and more by default).
         assert lib.solo_set_knob(b"span_tile", 1) == 0
+        assert lib.solo_set_knob(b"pass_min_b", 1) == 0
         for shape, k_block in [(22, 256), (24, 256), (25, 256), (26, 256), (33, 256), (43, 256),
                                (34, 32), (34, 96), (34, 1024), (34, 256)]:
             assert lib.solo_set_knob(b"pass_rt", shape) == 0
@@ -55,6 +57,7 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
         lib.solo_set_knob(b"span_tile", 1)
         lib.solo_set_knob(b"pass_rt", 34)
         lib.solo_set_knob(b"pass_kb", 256)
+        lib.solo_set_knob(b"pass_min_b", 32)
     torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
 
 
@@ -73,6 +76,7 @@ def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
     x = torch.randn(11, cols).bfloat16().float()
     try:
         singles = torch.cat([_gemv(lib, mat, x[i:i + 1]) for i in range(11)])
+        assert lib.solo_set_knob(b"pass_min_b", 1) == 0  # the tiles at any batch
         for shape, k_block in [(0, 1024), (22, 1024), (23, 1024), (24, 1024), (33, 1024), (44, 1024),
                                (34, 128), (34, 384), (34, 4096), (34, 1024)]:
             assert lib.solo_set_knob(b"q8_rt", shape) == 0
@@ -82,5 +86,6 @@ def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
     finally:
         lib.solo_set_knob(b"q8_rt", -1)  # this build's default
         lib.solo_set_knob(b"q8_pass_kb", 1024)
+        lib.solo_set_knob(b"pass_min_b", 32)
     reference = fake_quantize_activations_q8(x) @ dequantize(mode, q, scale, torch.float32).T
     torch.testing.assert_close(singles, reference, atol=1e-3 * cols ** 0.5, rtol=1e-4)

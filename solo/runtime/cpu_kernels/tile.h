@@ -333,6 +333,11 @@ static int g_pass_rt = 34;
 // of int8 Qwen2.5-0.5B and Llama-3.2-1B on Zen 5), 2 x 3 in 16 (AVX2: int8 1.1x, int4 1.1x; 3 x 4 spilled
 // there, 0.6x).
 static int g_q8_rt = -1;
+// Fewest sequences that take the pass tiles (knob "pass_min_b"; measurement). With fewer, as in a server's
+// batched decode of 8-16 rows, the weights stream from DRAM and the decode tiles were faster (Qwen2.5-0.5B
+// decode steps on Zen 5: batch 8 int8 1.3x, bf16 on AVX2 1.45x; equal near 16-32 rows, the tiles ahead from
+// 32-64); a span prefill of a prompt has its prompt's length.
+static int g_pass_min_b = 32;
 enum { Q8_RT_DEFAULT = SOLO_AVX512 ? 34 : 23 };
 
 // y[b, n] = W x[b, :] for rows n in [n0, n1) and b < B with a rows x tokens tile, when this build has one
@@ -352,6 +357,9 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
     tile_rows<TileBf16W, 4, 4, 16>(W, (const float*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
+#endif
+#if SOLO_GVEC || SOLO_AVX512
+  if (B < g_pass_min_b) return 0;  // the pass tiles below: only with many tokens
 #endif
 #if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
   if (W->format == W_BF16) {
