@@ -65,3 +65,12 @@ run Qwen2.5-0.5B-ttft512-avx2-proxy-pass-tiles env SOLO_CPU_ISA=avx2 ONEDNN_MAX_
 run Qwen2.5-0.5B-long-context-pv-rest $solo bench --shape Qwen2.5-0.5B --gen-len 16 --repeats 1 --energy-s 0 \
   --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
   --json Qwen2.5-0.5B-long-context-pv-rest.json --plot Qwen2.5-0.5B-long-context-pv-rest.png
+# After the int8 integer-dot pass tiles (tile.h): int8 TTFT against Q8_0 again (32 generated).
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-int8-pass-tiles" $solo bench --shape "$shape" --quantize int8 --gen-len 32 --energy-s 0 \
+    --compare llama.cpp --json "$shape-int8-pass-tiles.json"
+done
+# Batched decode (8 rows) with and without the pass tiles: why they wait for 32 sequences.
+run batch-decode-pass-tiles-int8 python ../../batch_decode_ab.py --shape Qwen2.5-0.5B --quantize int8 --batch 8 \
+  --variant decode-tiles=q8_rt=0,pass_min_b=1 --variant pass-tiles=q8_rt=-1,pass_min_b=1 \
+  --variant default=q8_rt=-1,pass_min_b=32
