@@ -20,19 +20,10 @@ import statistics
 import time
 
 import torch
+from prefill_ab import parse_variant  # this folder (the script's own) is on sys.path
 
 from solo.bench.shapes import build_model, shape_config
 from solo.runtime.cpu import CpuRuntime
-
-
-def parse_variant(text: str) -> tuple[str, dict[str, int]]:
-    """"name=knob=value,knob=value" -> (name, {knob: value}); "name=" has no knobs."""
-    name, _, knobs = text.partition("=")
-    settings = {}
-    for item in filter(None, knobs.split(",")):
-        key, _, value = item.partition("=")
-        settings[key] = int(value)
-    return name, settings
 
 
 @torch.inference_mode()

@@ -712,31 +712,24 @@ class Scheduler:
         # chunk prefilled before the decode step instead of after it (its TTFT would wait a whole step:
         # 15-35% of the chat workload's requests at 8 req/s on 2 busy cores did). A longer prompt starts
         # with the next iteration's chunks. Each pass admits at least one request, so this ends.
-        while True:
-            with self._cond:
-                if self._stopping or self._abort_all or self._cancelled or not (self._waiting and self._free_rows):
-                    return
-                late = self._admit()
-                self._publish_load()
-            for seq in late:
-                if not seq.request.finished:  # (cancelled between admission and now: see _loop)
-                    self._guard([seq], self._begin_prefill, seq)
+        while late := self._admit_arrivals():
             short = [s for s in late if s.prefilled and not s.request.finished and self._is_short(s)]
             for seq in sorted(short, key=_Sequence.prefill_left):
                 self._guard([seq], self._prefill, seq, seq.prefill_left())
 
-    def _admit_arrivals(self) -> None:
+    def _admit_arrivals(self) -> list[_Sequence]:
         # Requests that arrived since the top of the iteration (while it ended cancelled requests or loaded
         # the prefix cache into the admitted rows): admitted now, so their prompts join this step's pieces
-        # instead of waiting for it.
+        # instead of waiting for it. Returns them ([] when none could be admitted).
         with self._cond:
             if self._stopping or self._abort_all or self._cancelled or not (self._waiting and self._free_rows):
-                return
+                return []
             late = self._admit()
             self._publish_load()
         for seq in late:
-            if not seq.request.finished:
+            if not seq.request.finished:  # (cancelled between admission and now: see _loop)
                 self._guard([seq], self._begin_prefill, seq)
+        return late
 
     def _is_short(self, seq: _Sequence) -> bool:
         # A whole prompt (after its cached part) within one chunk: prefilled in one call, never chunked.

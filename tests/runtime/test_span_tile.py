@@ -27,6 +27,16 @@ def _gemv(lib, mat, x, threads=2):
     return y
 
 
+def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings):
+    """Every (shape, k block) setting of a pass tile, forced at any batch, gives the batch-1 rows bit for bit."""
+    assert lib.solo_set_knob(b"pass_min_b", 1) == 0  # the tiles at any batch (default: 32 sequences and more)
+    for shape, k_block in settings:
+        assert lib.solo_set_knob(shape_knob, shape) == 0
+        assert lib.solo_set_knob(block_knob, k_block) == 0
+        for batch in (3, 5, 7, 11):
+            assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
+
+
 # Real widths (Qwen2.5-0.5B's hidden 896 and inter 4864, Llama-3.2-1B's 2048 and 8192) and one that is a
 # multiple of neither 128 nor 32 (the 32-wide and masked tails); 37 rows: a 2-row tile leaves a last row.
 @pytest.mark.parametrize("cols", [896, 2048, 3237, 4864, 8192])
@@ -43,16 +53,11 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
             for batch in (5, 6, 11):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
             assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
-        # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops), at
-        # any batch ("pass_min_b" keeps them for 32 sequences and more by default).
+        # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops).
         assert lib.solo_set_knob(b"span_tile", 1) == 0
-        assert lib.solo_set_knob(b"pass_min_b", 1) == 0
-        for shape, k_block in [(22, 256), (24, 256), (25, 256), (26, 256), (33, 256), (43, 256),
-                               (34, 32), (34, 96), (34, 1024), (34, 256)]:
-            assert lib.solo_set_knob(b"pass_rt", shape) == 0
-            assert lib.solo_set_knob(b"pass_kb", k_block) == 0
-            for batch in (3, 5, 7, 11):
-                assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
+        _check_pass_tiles(lib, mat, x, singles, b"pass_rt", b"pass_kb",
+                          [(22, 256), (24, 256), (25, 256), (26, 256), (33, 256), (43, 256),
+                           (34, 32), (34, 96), (34, 1024), (34, 256)])
     finally:
         lib.solo_set_knob(b"span_tile", 1)
         lib.solo_set_knob(b"pass_rt", 34)
@@ -76,13 +81,9 @@ def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
     x = torch.randn(11, cols).bfloat16().float()
     try:
         singles = torch.cat([_gemv(lib, mat, x[i:i + 1]) for i in range(11)])
-        assert lib.solo_set_knob(b"pass_min_b", 1) == 0  # the tiles at any batch
-        for shape, k_block in [(0, 1024), (22, 1024), (23, 1024), (24, 1024), (33, 1024), (44, 1024),
-                               (34, 128), (34, 384), (34, 4096), (34, 1024)]:
-            assert lib.solo_set_knob(b"q8_rt", shape) == 0
-            assert lib.solo_set_knob(b"q8_pass_kb", k_block) == 0
-            for batch in (3, 5, 7, 11):
-                assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
+        _check_pass_tiles(lib, mat, x, singles, b"q8_rt", b"q8_pass_kb",
+                          [(0, 1024), (22, 1024), (23, 1024), (24, 1024), (33, 1024), (44, 1024),
+                           (34, 128), (34, 384), (34, 4096), (34, 1024)])
     finally:
         lib.solo_set_knob(b"q8_rt", -1)  # this build's default
         lib.solo_set_knob(b"q8_pass_kb", 1024)
