@@ -3,9 +3,9 @@
 A span prefill runs a prompt's tokens through the decode kernel, whose products take a register tile over
 rows and tokens when the inputs are long (tile.h). Every (row, token) must stay bit-identical to a batch-1
 product, or a prompt's keys, values and logits would depend on how it was split. The knob "span_tile"
-forces the tiles at every width (2) or turns them off (0), "pass_rt" / "pass_kb" pick the portable builds'
-pass tile (AVX2, NEON); on ISA levels without tiles every setting takes the decode kernels, and the check
-still holds.
+forces the tiles at every width (2) or turns them off (0), "bf16_pass_kb" sets the AVX512-BF16 pass tile's
+k block, "pass_rt" / "pass_kb" pick the portable builds' pass tile (AVX2, NEON); on ISA levels without
+tiles every setting takes the decode kernels, and the check still holds.
 """
 
 from __future__ import annotations
@@ -53,6 +53,12 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
             for batch in (5, 6, 11):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
             assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
+        # The AVX512-BF16 pass tile's k blocks (a no-op elsewhere), forced at every width.
+        assert lib.solo_set_knob(b"span_tile", 2) == 0
+        for k_block in (128, 384, 2048):
+            assert lib.solo_set_knob(b"bf16_pass_kb", k_block) == 0
+            for batch in (5, 6, 11):
+                assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (k_block, batch)
         # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops).
         assert lib.solo_set_knob(b"span_tile", 1) == 0
         _check_pass_tiles(lib, mat, x, singles, b"pass_rt", b"pass_kb",
@@ -60,6 +66,7 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
                            (34, 32), (34, 96), (34, 1024), (34, 256)])
     finally:
         lib.solo_set_knob(b"span_tile", 1)
+        lib.solo_set_knob(b"bf16_pass_kb", 2048)
         lib.solo_set_knob(b"pass_rt", 34)
         lib.solo_set_knob(b"pass_kb", 256)
         lib.solo_set_knob(b"pass_min_b", 32)

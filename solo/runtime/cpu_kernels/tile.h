@@ -6,15 +6,15 @@
 // Why: the decode kernel's tile (one row x 4 tokens, gemv_bf16_bt<4>) reads its 4 tokens' inputs again for
 // every row of a block. While they fit in L1 (K = 2048: 16 KiB) that is cheap and the decode tile is the
 // fastest measured; at K = 8192 (Llama-3.2-1B's down projection: 64 KiB) or 4864 (Qwen2.5-0.5B's) they come
-// from L2 for every row, and the product ran at ~60% of the K = 2048 rate. A tile of R = 2 rows x T = 4
-// tokens reads each input vector once for both rows (half the L2 traffic for inputs). Measured on Zen 4
-// (span prefill, one thread, noisy): down projections 1.2-1.4x faster with 2 x 4; at K = 896 and 2048 every
-// tile tried (2x2, 2x3, 3x2, 2x4, 1x5, 1x6) was 5-25% slower than the decode tile, so those keep it.
+// from L2 for every row, and the product ran at ~60% of the K = 2048 rate. On AVX512-BF16 those products
+// take a pass tile of 4 rows x 6 tokens with k in blocks outside the row loop (tile_bf16_pass below: each
+// block's inputs stay in L1 for every row); at K <= TILE_MIN_K every tile tried was slower than the decode
+// tile, so those keep it (Zen 4: 2x2, 2x3, 3x2, 2x4, 1x5, 1x6 5-25% slower; Zen 5: below).
 //
 // Bits: every (row, token) keeps exactly the accumulators and the reduction of the batch-1 decode kernel
-// it replaces (gemv_bf16_bt: four accumulators over k in steps of 128, the 32-wide tail into accumulator 0,
-// the masked rest into accumulator 1, then (a0 + a1) + (a2 + a3) reduced by _mm512_reduce_add_ps), so a
-// result is bit-identical to batch-1 decode whatever tile computed it.
+// it replaces (gemv_bf16_bt: four accumulators over k in steps of 128, the 32-wide steps after the last 128
+// into accumulator 0, the masked rest into accumulator 1, then (a0 + a1) + (a2 + a3) reduced by
+// _mm512_reduce_add_ps), so a result is bit-identical to batch-1 decode whatever tile computed it.
 //
 // AVX-512 without BF16 (bf16 weights widened to float32, one accumulator per token) gets a 4 x 4 tile at
 // every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) get a "pass" tile at every K
@@ -28,6 +28,8 @@
 static int g_pass_kb = 256;
 // Elements of k per block of the int8 pass tile's four passes (knob "q8_pass_kb", a multiple of 128).
 static int g_q8_pass_kb = 1024;
+// Elements of k per block of the AVX512-BF16 pass tile (knob "bf16_pass_kb", a multiple of 128; measurement).
+static int g_bf16_pass_kb = 2048;
 
 // Rows [n0, n1) x sequences [0, B) of matrix W with Tile<R, T> tiles (Tile<R, T>::run computes rows
 // [n, n + R) x T tokens): blocks of BR rows, tokens in groups of T inside a block (a block stays in L2 while
@@ -63,59 +65,130 @@ static void tile_rows(const Mat* W, const X* x, int ldx, int B, float* y, int ld
   }
 }
 
+// Rows [n0, n1) x sequences [0, B) of matrix W like tile_rows, with k in blocks of kb OUTSIDE the row loop,
+// for tiles whose accumulators wait in memory between k blocks (Tile<R, T>::run(W, x, ldx, y, ldy, n, k0, k1,
+// acc): rows [n, n + R) x T tokens over k in [k0, k1), the result written when k1 == K): a token group's
+// inputs for one k block stay in L1 while every row tile of a block reads them, however long K is. acc:
+// R x T x 64 floats per row of a block (alignas 64).
+template <template <int, int> class Tile, int R, int T, int BR, typename X>
+static void tile_block_kb(const Mat* W, const X* x, int ldx, float* y, int ldy, int r0, int r1, int kb, float* acc) {
+  const int K = W->cols;
+  for (int k0 = 0; k0 < K; k0 += kb) {
+    const int k1 = k0 + kb < K ? k0 + kb : K;
+    int n = r0;
+    for (; n + R <= r1; n += R) Tile<R, T>::run(W, x, ldx, y, ldy, n, k0, k1, acc + (size_t)(n - r0) * T * 64);
+    for (; n < r1; n++) Tile<1, T>::run(W, x, ldx, y, ldy, n, k0, k1, acc + (size_t)(n - r0) * T * 64);
+  }
+}
+
+template <template <int, int> class Tile, int R, int T, int BR, typename X>
+static void tile_block_kb_left(const Mat* W, const X* x, int ldx, float* y, int ldy, int r0, int r1, int kb,
+                               float* acc, int left) {
+  if constexpr (T > 1) {
+    if (left == T - 1) {
+      tile_block_kb<Tile, R, T - 1, BR>(W, x, ldx, y, ldy, r0, r1, kb, acc);
+      return;
+    }
+    tile_block_kb_left<Tile, R, T - 1, BR>(W, x, ldx, y, ldy, r0, r1, kb, acc, left);
+  }
+}
+
+template <template <int, int> class Tile, int R, int T, int BR, typename X>
+static void tile_rows_kb(const Mat* W, const X* x, int ldx, int B, float* y, int ldy, int n0, int n1, int kb) {
+  alignas(64) float acc[BR * T * 64];  // every row tile's accumulators of a block (BR = 16, T = 6: 24 KiB)
+  for (int r0 = n0; r0 < n1; r0 += BR) {
+    const int r1 = r0 + BR < n1 ? r0 + BR : n1;
+    int b = 0;
+    for (; b + T <= B; b += T)
+      tile_block_kb<Tile, R, T, BR>(W, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1, kb, acc);
+    if (b < B)
+      tile_block_kb_left<Tile, R, T, BR>(W, x + (size_t)b * ldx, ldx, y + (size_t)b * ldy, ldy, r0, r1, kb, acc,
+                                         B - b);
+  }
+}
+
 #if SOLO_AVX512 && defined(__AVX512BF16__)
-// y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T, bf16 weights and inputs.
-// Not inlined: GCC's register allocation of the 32 accumulators of a 2 x 4 tile varied with the inlining
-// context (measured 0.7-1.3x the same code in different callers); out of line it is one fixed loop.
+// The AVX512-BF16 pass tile: y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T over k
+// in [k0, k1), bf16 weights and inputs, with the decode kernel's bits (gemv_bf16_bt: four accumulators, i
+// taking the 32-wide chunk i of every 128-wide step of k, accumulator 0 the 32-wide steps after the last
+// 128, accumulator 1 the masked rest, then (a0 + a1) + (a2 + a3) reduced by _mm512_reduce_add_ps). The four
+// are independent until that sum, so pass i computes accumulator i of every (row, token) of the tile: R x T
+// registers per pass instead of 4 x R x T, so a 4 x 6 tile (24 accumulators, 4 weight and 1 input
+// registers) makes 10 loads per 24 dot products where the decode tile (1 row x 4 tokens) makes 20 per 16.
+// The four passes read disjoint 64-byte lines (chunk i of each step), so together they read every line once.
+// The accumulators wait in acc ([4][R][T] x 16 floats) between passes and k blocks: k0 == 0 starts from
+// zero, k1 == K adds the tails and writes y; every other k0 and k1 is a multiple of 128, so each
+// accumulator adds the same terms in the same order as batch 1. The empty asm statements pin each loaded
+// vector in a register: without them GCC hoisted the next chunk's weight loads and re-loaded the inputs
+// once per dot product (more loads than the decode tile).
+//
+// Measured (Zen 5, 2 threads, same-process A/B: benchmarks/prefill_ab.py): the down projections 1.53x
+// (Llama-3.2-1B, K = 8192) and 1.57x (Qwen2.5-0.5B, K = 4864), the whole span prefill 1.14x on both; k blocks
+// of 2048 (1024: 0.85x of that, 4096: 0.82x, none: 0.81x at K = 8192); 4 x 5 and 3 x 7 within 5%; the old 2 x
+// 4 tile with four accumulators, 1.35x. At K <= TILE_MIN_K the decode tile stays ahead (K = 2048: this tile
+// 0.87x, 0.9-0.94x with padded inputs; 2 x 3 and 2 x 4 tiles with four accumulators 0.85-0.88x).
 template <int R, int T>
-__attribute__((noinline)) static void tile_bf16_rt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y,
-                                                   int ldy, int n0) {
+__attribute__((noinline)) static void tile_bf16_pass(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y,
+                                                     int ldy, int n0, int k0, int k1, float* accbuf) {
   const int k4 = K & ~127, kmain = K & ~31;
   const int rem = K - kmain;
   const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
+  const int kend = k1 < k4 ? k1 : k4;
   const uint16_t* w[R];
   for (int r = 0; r < R; r++) w[r] = W + (size_t)(n0 + r) * K;
-  __m512 acc[R][T][4];
-  for (int r = 0; r < R; r++)
-    for (int j = 0; j < T; j++)
-      for (int i = 0; i < 4; i++) acc[r][j][i] = _mm512_setzero_ps();
-  int k = 0;
-  for (; k < k4; k += 128) {
-    for (int i = 0; i < 4; i++) {
+  for (int i = 0; i < 4; i++) {
+    float* part = accbuf + (size_t)i * R * T * 16;
+    __m512 acc[R][T];
+    for (int r = 0; r < R; r++)
+      for (int j = 0; j < T; j++) acc[r][j] = k0 ? _mm512_load_ps(part + (r * T + j) * 16) : _mm512_setzero_ps();
+    for (int k = k0 + 32 * i; k < kend; k += 128) {
       __m512bh wv[R];
-      for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k + 32 * i);
+      for (int r = 0; r < R; r++) {
+        wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k);
+        asm("" : "+v"(wv[r]));
+      }
       for (int j = 0; j < T; j++) {
-        const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i);
-        for (int r = 0; r < R; r++) acc[r][j][i] = _mm512_dpbf16_ps(acc[r][j][i], wv[r], xv);
+        __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k);
+        asm("" : "+v"(xv));
+        for (int r = 0; r < R; r++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
       }
     }
-  }
-  for (; k < kmain; k += 32) {
-    __m512bh wv[R];
-    for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k);
-    for (int j = 0; j < T; j++) {
-      const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k);
-      for (int r = 0; r < R; r++) acc[r][j][0] = _mm512_dpbf16_ps(acc[r][j][0], wv[r], xv);
+    if (k1 == K && i == 0) {
+      for (int k = k4; k < kmain; k += 32) {
+        __m512bh wv[R];
+        for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k);
+        for (int j = 0; j < T; j++) {
+          const __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k);
+          for (int r = 0; r < R; r++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
+        }
+      }
     }
-  }
-  if (rem) {
-    __m512bh wv[R];
-    for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[r] + kmain);
-    for (int j = 0; j < T; j++) {
-      const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain);
-      for (int r = 0; r < R; r++) acc[r][j][1] = _mm512_dpbf16_ps(acc[r][j][1], wv[r], xv);
+    if (k1 == K && i == 1 && rem) {
+      __m512bh wv[R];
+      for (int r = 0; r < R; r++) wv[r] = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[r] + kmain);
+      for (int j = 0; j < T; j++) {
+        const __m512bh xv = (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain);
+        for (int r = 0; r < R; r++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
+      }
     }
-  }
-  for (int j = 0; j < T; j++)
     for (int r = 0; r < R; r++)
-      y[(size_t)j * ldy + n0 + r] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[r][j][0], acc[r][j][1]),
-                                                                       _mm512_add_ps(acc[r][j][2], acc[r][j][3])));
+      for (int j = 0; j < T; j++) _mm512_store_ps(part + (r * T + j) * 16, acc[r][j]);
+  }
+  if (k1 < K) return;
+  const size_t P = (size_t)R * T * 16;  // floats per pass
+  for (int j = 0; j < T; j++)
+    for (int r = 0; r < R; r++) {
+      const float* a = accbuf + (r * T + j) * 16;
+      y[(size_t)j * ldy + n0 + r] = _mm512_reduce_add_ps(
+          _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(a), _mm512_load_ps(a + P)),
+                        _mm512_add_ps(_mm512_load_ps(a + 2 * P), _mm512_load_ps(a + 3 * P))));
+    }
 }
 
 template <int R, int T>
-struct TileBf16 {
-  static void run(const Mat* W, const uint16_t* x, int ldx, float* y, int ldy, int n0) {
-    tile_bf16_rt<R, T>((const uint16_t*)W->weight, W->cols, x, ldx, y, ldy, n0);
+struct TileBf16Pass512 {
+  static void run(const Mat* W, const uint16_t* x, int ldx, float* y, int ldy, int n0, int k0, int k1, float* acc) {
+    tile_bf16_pass<R, T>((const uint16_t*)W->weight, W->cols, x, ldx, y, ldy, n0, k0, k1, acc);
   }
 };
 #endif
@@ -318,13 +391,14 @@ struct TileQ8Pass {
 };
 #endif
 
-// AVX512-BF16: rows x tokens tiles only for inputs longer than this (4 tokens' bf16 inputs, 8 K bytes, no
-// longer fit in a 32 KiB L1 beside the weight stream). AVX-512 without BF16 takes its tile at every K.
+// AVX512-BF16: the pass tile only for inputs longer than this (the decode tile's 4 tokens' bf16 inputs,
+// 6 KiB and more, no longer fit in a 32 KiB L1 beside the weight stream; Zen 5's 48 KiB L1: the decode
+// tile ahead at K = 2048, the pass tile at 4864). AVX-512 without BF16 takes its tile at every K.
 enum { TILE_MIN_K = 3072 };
 
 // Tile knob (solo_set_knob "span_tile", measurement; the same bits at every setting): 1 = the tiles above
 // where they are faster (default), 0 = never (every product takes the decode tiles), 2 = at every K
-// (AVX512-BF16's 2 x 4 tile at K <= TILE_MIN_K too; the other builds as 1).
+// (AVX512-BF16's pass tile at K <= TILE_MIN_K too; the other builds as 1).
 static int g_span_tile = 1;
 // The portable builds' pass tile shape (knob "pass_rt": 10 x rows + tokens; measurement; default 3 x 4).
 static int g_pass_rt = 34;
@@ -348,7 +422,7 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
 #if SOLO_AVX512 && defined(__AVX512BF16__)
   if (W->format == W_BF16) {
     if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
-    tile_rows<TileBf16, 2, 4, 16>(W, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    tile_rows_kb<TileBf16Pass512, 4, 6, 16>(W, (const uint16_t*)x, ldx, B, y, ldy, n0, n1, g_bf16_pass_kb);
     return 1;
   }
 #endif
