@@ -376,6 +376,21 @@ static void attend(const Model* m, const Layer* L, const float* q, const float* 
 }
 
 
+// Software prefetch of the cached key and value rows this many blocks of 16 positions ahead (knob
+// "attn_prefetch", 0 = off; measurement; never changes a result). At long context attention waits on the
+// KV cache's latency more than on its bandwidth: its reads come in bursts (16 key rows, then the scores of
+// every head) that the hardware prefetcher does not run far enough ahead of. Measured on Zen 5 (Qwen2.5-0.5B
+// at 32000 positions, 2 threads, same-process A/B): attention 1.19x with the float32 q . k, 1.36x with the
+// bf16 one below; 1 block ahead 0.92x, 4 blocks 0.85x, 8 blocks 0.96x of 2 blocks'. The portable builds'
+// attention (AVX2, NEON) takes none: bound by its instructions, it measured 1.03x with it (SOLO_CPU_ISA=avx2,
+// 16000 positions).
+static int g_attn_prefetch = 2;
+
+static inline void prefetch_rows(const char* p, size_t bytes) {
+  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
+}
+
+
 #if SOLO_VEC
 // Largest GQA group `attend_group` takes (query heads per KV head), and its q scratch in floats.
 #define SOLO_MAX_GROUP 64
@@ -421,17 +436,6 @@ static inline void pair_layout(const float* src, float* dst, int n, int bf, int 
   }
 }
 
-// Software prefetch of the cached key and value rows this many blocks of 16 positions ahead (knob
-// "attn_prefetch", 0 = off; measurement; never changes a result). At long context attention waits on the
-// KV cache's latency more than on its bandwidth: its reads come in bursts (16 key rows, then the scores of
-// every head) that the hardware prefetcher does not run far enough ahead of. Measured on Zen 5 (Qwen2.5-0.5B
-// at 32000 positions, 2 threads, same-process A/B): attention 1.19x with the float32 q . k, 1.36x with the
-// bf16 one below; 1 block ahead 0.92x, 4 blocks 0.85x, 8 blocks 0.96x of 2 blocks'.
-static int g_attn_prefetch = 2;
-
-static inline void prefetch_rows(const char* p, size_t bytes) {
-  for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
-}
 
 // p @ v for NB query heads at once (their rounded softmax numerators `p`, rows of `stride` floats), each
 // cached value row loaded and widened once for all of them. acc: [NB, head_dim] in `load_pair` order.
