@@ -74,3 +74,31 @@ done
 run batch-decode-pass-tiles-int8 python ../../batch_decode_ab.py --shape Qwen2.5-0.5B --quantize int8 --batch 8 \
   --variant decode-tiles=q8_rt=0,pass_min_b=1 --variant pass-tiles=q8_rt=-1,pass_min_b=1 \
   --variant default=q8_rt=-1,pass_min_b=32
+# Session of 2026-12-02, 06:43 UTC on: the AVX512-BF16 pass tile (tile.h, 4 x 6, k blocks outside the row loop)
+# for the down projections; TTFT at 128 (32 generated) and at 512 tokens against llama.cpp again.
+for shape in Llama-3.2-1B Qwen2.5-0.5B; do
+  run "$shape-ttft128-bf16-pass-tile" $solo bench --shape "$shape" --gen-len 32 --energy-s 0 --compare llama.cpp \
+    --json "$shape-ttft128-bf16-pass-tile.json"
+done
+for shape in Llama-3.2-1B Qwen2.5-0.5B; do
+  run "$shape-ttft512-bf16-pass-tile" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
+    --compare llama.cpp --json "$shape-ttft512-bf16-pass-tile.json"
+done
+# The 512-bit int4 pass tile (tile.h): int4 TTFT against Q4_0; the 1B TTFT at 128 with 5 repeats.
+run Qwen2.5-0.5B-int4-pass-tile $solo bench --shape Qwen2.5-0.5B --quantize int4 --gen-len 32 --energy-s 0 \
+  --compare llama.cpp --json Qwen2.5-0.5B-int4-pass-tile.json
+run Llama-3.2-1B-ttft128-bf16-pass-tile-r5 $solo bench --shape Llama-3.2-1B --gen-len 32 --repeats 5 --energy-s 0 \
+  --compare llama.cpp-BF16 --json Llama-3.2-1B-ttft128-bf16-pass-tile-r5.json
+# After the bf16 q . k and the KV prefetch in attention (elementwise.h): the long-context sweep again.
+run Qwen2.5-0.5B-long-context-bf16-qk $solo bench --shape Qwen2.5-0.5B --gen-len 16 --repeats 1 --energy-s 0 \
+  --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
+  --json Qwen2.5-0.5B-long-context-bf16-qk.json --plot Qwen2.5-0.5B-long-context-bf16-qk.png
+# Same-process A/Bs: the span prefill with and without the bf16 and int4 pass tiles, attention's KV prefetch.
+for shape in Llama-3.2-1B Qwen2.5-0.5B; do
+  run "span-prefill-bf16-pass-tile-$shape" python ../../prefill_ab.py --shape $shape --prompt-len 128 --rounds 3 \
+    --variant decode-tiles=span_tile=0 --variant pass-tile=span_tile=1
+  run "span-prefill-int4-pass-tile-$shape" python ../../prefill_ab.py --shape $shape --quantize int4 --prompt-len 128 \
+    --rounds 3 --variant decode-kernel=q4_rt=0 --variant pass-tile=q4_rt=44
+done
+run attention-prefetch-Qwen2.5-0.5B-32000 python ../../attention_ab.py --shape Qwen2.5-0.5B --context 32000 \
+  --variant off=attn_prefetch=0 --variant on=attn_prefetch=2
