@@ -73,9 +73,9 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
     torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
 
 
-# int8 and int4 with integer-dot products: the pass tile in every shape the "q8_rt" knob offers and several
-# k blocks, at widths with a short last block of 32 (3237, int8 only: int4 rows are whole groups), with 1 and
-# 3 groups after the last 4 (928, 992) and the down projections' (4864, 8192).
+# int8 and int4 with integer-dot products: the pass tiles in every shape the "qz_rt" and "q8_rt" knobs offer
+# and several k blocks, at widths with a short last block of 32 (3237, int8 only: int4 rows are whole
+# groups), with 1 and 3 groups after the last 4 (928, 992) and the down projections' (4864, 8192).
 @pytest.mark.parametrize("cols", [896, 928, 992, 2048, 3237, 4864, 8192])
 @pytest.mark.parametrize("mode", ["int8", "int4"])
 def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
@@ -88,17 +88,19 @@ def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
     x = torch.randn(11, cols).bfloat16().float()
     try:
         singles = torch.cat([_gemv(lib, mat, x[i:i + 1]) for i in range(11)])
+        # The 512-bit pass tile (AVX512-VNNI builds; elsewhere a no-op) in every shape and several k blocks,
+        # then (off) the 256-bit one in every shape the "q8_rt" knob offers (int8; int4 takes it on AVX2/NEON).
+        _check_pass_tiles(lib, mat, x, singles, b"qz_rt", b"qz_pass_kb",
+                          [(34, 2048), (36, 2048), (46, 2048), (44, 128), (44, 384), (44, 2048)])
+        assert lib.solo_set_knob(b"qz_rt", 0) == 0
         _check_pass_tiles(lib, mat, x, singles, b"q8_rt", b"q8_pass_kb",
                           [(0, 1024), (22, 1024), (23, 1024), (24, 1024), (33, 1024), (44, 1024),
                            (34, 128), (34, 384), (34, 4096), (34, 1024)])
-        # The 512-bit int4 pass tile (AVX512-VNNI builds; elsewhere a no-op): every shape, several k blocks.
-        _check_pass_tiles(lib, mat, x, singles, b"q4_rt", b"q4_pass_kb",
-                          [(0, 2048), (34, 2048), (36, 2048), (46, 2048), (44, 128), (44, 384), (44, 2048)])
     finally:
+        lib.solo_set_knob(b"qz_rt", 44)
+        lib.solo_set_knob(b"qz_pass_kb", 2048)
         lib.solo_set_knob(b"q8_rt", -1)  # this build's default
         lib.solo_set_knob(b"q8_pass_kb", 1024)
-        lib.solo_set_knob(b"q4_rt", 44)
-        lib.solo_set_knob(b"q4_pass_kb", 2048)
         lib.solo_set_knob(b"pass_min_b", 32)
     reference = fake_quantize_activations_q8(x) @ dequantize(mode, q, scale, torch.float32).T
     torch.testing.assert_close(singles, reference, atol=1e-3 * cols ** 0.5, rtol=1e-4)

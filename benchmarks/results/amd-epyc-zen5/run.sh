@@ -94,11 +94,22 @@ run Qwen2.5-0.5B-long-context-bf16-qk $solo bench --shape Qwen2.5-0.5B --gen-len
   --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
   --json Qwen2.5-0.5B-long-context-bf16-qk.json --plot Qwen2.5-0.5B-long-context-bf16-qk.png
 # Same-process A/Bs: the span prefill with and without the bf16 and int4 pass tiles, attention's KV prefetch.
+# (The int4 runs below were recorded when the 512-bit tile's knob was still called q4_rt; it is qz_rt now.)
 for shape in Llama-3.2-1B Qwen2.5-0.5B; do
   run "span-prefill-bf16-pass-tile-$shape" python ../../prefill_ab.py --shape $shape --prompt-len 128 --rounds 3 \
     --variant decode-tiles=span_tile=0 --variant pass-tile=span_tile=1
   run "span-prefill-int4-pass-tile-$shape" python ../../prefill_ab.py --shape $shape --quantize int4 --prompt-len 128 \
-    --rounds 3 --variant decode-kernel=q4_rt=0 --variant pass-tile=q4_rt=44
+    --rounds 3 --variant decode-kernel=qz_rt=0 --variant pass-tile=qz_rt=44
 done
 run attention-prefetch-Qwen2.5-0.5B-32000 python ../../attention_ab.py --shape Qwen2.5-0.5B --context 32000 \
   --variant off=attn_prefetch=0 --variant on=attn_prefetch=2
+# The 512-bit pass tile for int8 too (tile.h: tile_q8_zmm_pass): the span prefill against the 256-bit pass tile,
+# then int8 TTFT against Q8_0 again.
+for shape in Llama-3.2-1B Qwen2.5-0.5B; do
+  run "span-prefill-int8-zmm-pass-tile-$shape" python ../../prefill_ab.py --shape $shape --quantize int8 \
+    --prompt-len 128 --rounds 3 --variant ymm-pass-tile=qz_rt=0 --variant zmm-pass-tile=qz_rt=44
+done
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-int8-zmm-pass-tile" $solo bench --shape "$shape" --quantize int8 --gen-len 32 --energy-s 0 \
+    --compare llama.cpp --json "$shape-int8-zmm-pass-tile.json"
+done

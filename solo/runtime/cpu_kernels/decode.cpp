@@ -692,8 +692,8 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "pass_rt" /
 // "pass_kb" = the portable builds' pass tile shape (10 x rows + tokens) and k block (tile.h), "q8_rt" /
 // "q8_pass_kb" = the same for the integer-dot pass tile (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the
-// AVX512-BF16 pass tile's k block (tile.h), "q4_rt" / "q4_pass_kb" = the 512-bit int4 pass tile's shape (0 =
-// none) and k block, "pass_min_b" = the fewest sequences that take a pass tile (default 32),
+// AVX512-BF16 pass tile's k block (tile.h), "qz_rt" / "qz_pass_kb" = the 512-bit integer-dot pass tile's
+// shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take a pass tile (default 32),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
 // "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.
@@ -716,8 +716,8 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "q8_pass_kb")) g_q8_pass_kb = value < 128 ? 128 : value & ~127;
   else if (!strcmp(name, "bf16_pass_kb")) g_bf16_pass_kb = value < 128 ? 128 : value & ~127;
   else if (!strcmp(name, "attn_prefetch")) g_attn_prefetch = value < 0 ? 0 : value;
-  else if (!strcmp(name, "q4_rt")) g_q4_rt = value;
-  else if (!strcmp(name, "q4_pass_kb")) g_q4_pass_kb = value < 128 ? 128 : value & ~127;
+  else if (!strcmp(name, "qz_rt")) g_qz_rt = value;
+  else if (!strcmp(name, "qz_pass_kb")) g_qz_pass_kb = value < 128 ? 128 : value & ~127;
   else if (!strcmp(name, "profile")) {
     g_profile = value;
     memset(g_prof_ns, 0, sizeof g_prof_ns);

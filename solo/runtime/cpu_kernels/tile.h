@@ -20,7 +20,8 @@
 // every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) get a "pass" tile at every K
 // (below): their 16 vector registers cannot hold four accumulators for more than two (row, token) pairs, so
 // each accumulator is computed in its own pass. int8 with integer-dot products (qdot.h) gets a pass tile at
-// every ISA level, int4 a 256-bit one on the portable builds and a 512-bit one with AVX512-VNNI.
+// every ISA level (512-bit with AVX512-VNNI), int4 a 256-bit one on the portable builds and a 512-bit one with
+// AVX512-VNNI.
 #pragma once
 #include "common.h"
 
@@ -30,10 +31,11 @@ static int g_pass_kb = 256;
 static int g_q8_pass_kb = 1024;
 // Elements of k per block of the AVX512-BF16 pass tile (knob "bf16_pass_kb", a multiple of 128; measurement).
 static int g_bf16_pass_kb = 2048;
-// The 512-bit int4 pass tile (knob "q4_rt": 10 x rows + tokens, 0 = none, default 4 x 4; "q4_pass_kb": its
-// k block, a multiple of 128; measurement).
-static int g_q4_rt = 44;
-static int g_q4_pass_kb = 2048;
+// The 512-bit integer-dot pass tile (int8 and int4 with AVX512-VNNI; knob "qz_rt": 10 x rows + tokens, 0 =
+// none: int8 takes the 256-bit pass tile, int4 the decode kernel; default 4 x 4; "qz_pass_kb": its k block, a
+// multiple of 128; measurement).
+static int g_qz_rt = 44;
+static int g_qz_pass_kb = 2048;
 
 // Rows [n0, n1) x sequences [0, B) of matrix W with Tile<R, T> tiles (Tile<R, T>::run computes rows
 // [n, n + R) x T tokens): blocks of BR rows, tokens in groups of T inside a block (a block stays in L2 while
@@ -396,32 +398,37 @@ struct TileQ8Pass {
 #endif
 
 #if SOLO_AVX512 && defined(__AVX512VNNI__)
-// int4 with 512-bit VNNI (W_INT4_Q8, qdot.h's layouts): a pass tile with gemv_q8_int4_zmm's bits. That
-// kernel keeps two 16-lane accumulators per (row, token): A = groups 4m (lanes 0-7) and 4m + 1 (lanes 8-15),
-// B = groups 4m + 2 and 4m + 3, each pair through one vpdpbusd from the token's lane corrections, a float
-// product of the token's and the row's group scales and one FMA; the last 1-3 groups on 256-bit halves.
-// Pass 0 computes A and pass 1 B for R rows x T tokens over the groups of k in [k0, k1) (multiples of 128
-// but the last): a token's inputs, corrections and scales are read once for R rows and a row's unpacked
-// nibbles and scales once for T tokens, where the decode kernel re-reads every token's for each row.
-// acc: [2][R][T] x 16 floats between passes and k blocks. The product of the two group scales is the
-// decode kernel's xd[g] * ws[g] (the same two floats, the same rounding). Measured (Zen 5, 2 threads,
-// benchmarks/prefill_ab.py --quantize int4, logits identical): the span prefill of Qwen2.5-0.5B at 128 tokens
-// 1.49x (4 x 4), 1.52x (4 x 6), 1.36x (3 x 4); Llama-3.2-1B 1.55x (fastest rounds: 932 -> 602 ms); k blocks
-// of 1024 and 4096 0.97x and 0.90x of 2048's; a 32-row batched decode step 1.43x.
-template <int R, int T>
-__attribute__((noinline)) static void tile_q4_zmm_pass(const Mat* W, const char* x, int ldx, float* y, int ldy,
+// int8 and int4 with 512-bit VNNI (W_INT8_Q8, W_INT4_Q8; qdot.h's layouts): a pass tile with the decode
+// kernels' bits. Those keep four 8-lane accumulators per (row, token), group g into accumulator g % 4 (int8:
+// gemv_q8_tile; int4: gemv_q8_int4_zmm holds them as two 16-lane halves, A = groups 4m | 4m + 1, B = 4m + 2 |
+// 4m + 3), each group through one dot product from the token's lane corrections, a conversion and one FMA
+// with the group's scale (int8: the token's; int4: the float product of the token's and the row's), the
+// 1-4 groups after the last whole 4 on 256-bit vectors, then (a0 + a1) + (a2 + a3) summed in vsum's order
+// (int8: times the row's scale). This tile takes two groups per 512-bit instruction, as A in pass 0 and B in
+// pass 1, for R rows x T tokens over the groups of k in [k0, k1) (multiples of 128 but the last): a token's
+// inputs, corrections and scales are read once for R rows and a row's weights (unpacked nibbles and scales)
+// once for T tokens, where the decode kernels re-read every token's for each row. acc: [2][R][T] x 16 floats
+// between passes and k blocks. The int4 scale product is the decode kernel's xd[g] * ws[g] (the same two
+// floats, the same rounding). Measured (Zen 5, 2 threads, benchmarks/prefill_ab.py, logits identical): int4
+// (4 x 4) span prefill of Qwen2.5-0.5B at 128 tokens 1.49x the decode kernel (4 x 6 1.52x, 3 x 4 1.36x),
+// Llama-3.2-1B 1.53x; k blocks of 1024 and 4096 0.97x and 0.90x of 2048's; a 32-row batched int4 decode step
+// 1.43x; int8 1.28x (Qwen2.5-0.5B) and 1.66x (Llama-3.2-1B; fastest rounds) the 256-bit pass tile's.
+template <int FMT, int R, int T>
+__attribute__((noinline)) static void tile_q8_zmm_pass(const Mat* W, const char* x, int ldx, float* y, int ldy,
                                                        int n0, int k0, int k1, float* accbuf) {
-  const int K = W->cols, nb = K / 32, g4 = nb & ~3;
+  const int K = W->cols, nb = q8_blocks(K), full = K / 32, g4 = full & ~3;
   const int gend = k1 / 32 < g4 ? k1 / 32 : g4;
   const __m512i dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
   const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
   const __m512i low = _mm512_set1_epi8(0xF);
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+  const int8_t* w8[R];
   const uint8_t* w4[R];
-  const uint16_t* ws[R];
+  const uint16_t* ws[R];  // int4: the row's bf16 group scales
   for (int r = 0; r < R; r++) {
+    w8[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
     w4[r] = (const uint8_t*)W->weight + (size_t)(n0 + r) * (K / 2);
-    ws[r] = (const uint16_t*)W->scale + (size_t)(n0 + r) * nb;
+    ws[r] = (const uint16_t*)W->scale + (size_t)(n0 + r) * (K / 32);
   }
   for (int p = 0; p < 2; p++) {
     float* part = accbuf + (size_t)p * R * T * 16;
@@ -429,18 +436,23 @@ __attribute__((noinline)) static void tile_q4_zmm_pass(const Mat* W, const char*
     for (int r = 0; r < R; r++)
       for (int j = 0; j < T; j++) acc[r][j] = k0 ? _mm512_load_ps(part + (r * T + j) * 16) : _mm512_setzero_ps();
     for (int g = k0 / 32 + 2 * p; g < gend; g += 4) {
-      __m512i u[R];
-      __m512 wsc[R];
+      __m512i u[R];   // groups g and g + 1: int4 nibbles, or int8 + 128 (VNNI multiplies unsigned bytes)
+      __m512 wsc[R];  // int4: [ws[g] x 8, ws[g + 1] x 8] as float32
       for (int r = 0; r < R; r++) {
-        const __m512i t =
-            _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(w4[r] + 16 * g))));
-        u[r] = _mm512_and_si512(_mm512_srlv_epi64(t, shift), low);
-        uint32_t two;  // groups g and g + 1's bf16 scales -> [ws[g] x 8, ws[g + 1] x 8] as float32
-        memcpy(&two, ws[r] + g, 4);
-        const __m512i v = _mm512_set1_epi32((int)two);
-        wsc[r] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(0xff00, _mm512_slli_epi32(v, 16),
-                                                             _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))));
-        asm("" : "+v"(u[r]), "+v"(wsc[r]));
+        if (FMT == W_INT8_Q8) {
+          u[r] = _mm512_xor_si512(_mm512_loadu_si512(w8[r] + 32 * (size_t)g), _mm512_set1_epi8((char)0x80));
+          asm("" : "+v"(u[r]));
+        } else {
+          const __m512i t = _mm512_permutexvar_epi64(
+              dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(w4[r] + 16 * (size_t)g))));
+          u[r] = _mm512_and_si512(_mm512_srlv_epi64(t, shift), low);
+          uint32_t two;
+          memcpy(&two, ws[r] + g, 4);
+          const __m512i v = _mm512_set1_epi32((int)two);
+          wsc[r] = _mm512_castsi512_ps(_mm512_mask_blend_epi32(
+              0xff00, _mm512_slli_epi32(v, 16), _mm512_and_si512(v, _mm512_set1_epi32((int)0xffff0000u))));
+          asm("" : "+v"(u[r]), "+v"(wsc[r]));
+        }
       }
       for (int j = 0; j < T; j++) {
         const char* xj = x + (size_t)j * ldx;
@@ -449,8 +461,8 @@ __attribute__((noinline)) static void tile_q4_zmm_pass(const Mat* W, const char*
         const __m512 xd = _mm512_permutexvar_ps(
             pick, _mm512_castps128_ps512(_mm_castsi128_ps(_mm_loadl_epi64((const __m128i*)(xj + 32 * (size_t)nb + 4 * (size_t)g)))));
         for (int r = 0; r < R; r++) {
-          const __m512i d = _mm512_dpbusd_epi32(corr, u[r], xv);
-          acc[r][j] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), _mm512_mul_ps(xd, wsc[r]), acc[r][j]);
+          const __m512 d = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(corr, u[r], xv));
+          acc[r][j] = _mm512_fmadd_ps(d, FMT == W_INT8_Q8 ? xd : _mm512_mul_ps(xd, wsc[r]), acc[r][j]);
         }
       }
     }
@@ -472,17 +484,30 @@ __attribute__((noinline)) static void tile_q4_zmm_pass(const Mat* W, const char*
         vi corr;
         memcpy(&xv, xj + 32 * (size_t)g, 32);
         memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
-        rest[i] = vfma(__builtin_convertvector(idot_u4(corr, unpack_u4(w4[r] + 16 * g), xv), vf),
-                       vset1(xdj[g] * bf16_to_f32(ws[r][g])), rest[i]);
+        vi d;
+        float sc = xdj[g];
+        if (FMT == W_INT8_Q8) {
+          vb32 wv = {};
+          memcpy(&wv, w8[r] + 32 * (size_t)g, g < full ? 32 : (size_t)(K - 32 * g));  // a short last block
+          d = idot_i8(wv, xv, corr);
+        } else {
+          d = idot_u4(corr, unpack_u4(w4[r] + 16 * (size_t)g), xv);
+          sc *= bf16_to_f32(ws[r][g]);
+        }
+        rest[i] = vfma(__builtin_convertvector(d, vf), vset1(sc), rest[i]);
       }
-      y[(size_t)j * ldy + n0 + r] = vsum((rest[0] + rest[1]) + (rest[2] + rest[3]));
+      const float s = vsum((rest[0] + rest[1]) + (rest[2] + rest[3]));
+      y[(size_t)j * ldy + n0 + r] = FMT == W_INT8_Q8 ? s * ((const float*)W->scale)[n0 + r] : s;
     }
 }
 
 template <int R, int T>
-struct TileQ4Zmm {
+struct TileQ8Zmm {
   static void run(const Mat* W, const char* x, int ldx, float* y, int ldy, int n0, int k0, int k1, float* acc) {
-    tile_q4_zmm_pass<R, T>(W, x, ldx, y, ldy, n0, k0, k1, acc);
+    if (W->format == W_INT8_Q8)
+      tile_q8_zmm_pass<W_INT8_Q8, R, T>(W, x, ldx, y, ldy, n0, k0, k1, acc);
+    else
+      tile_q8_zmm_pass<W_INT4_Q8, R, T>(W, x, ldx, y, ldy, n0, k0, k1, acc);
   }
 };
 #endif
@@ -546,13 +571,13 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
   }
 #endif
 #if SOLO_AVX512 && defined(__AVX512VNNI__)
-  if (W->format == W_INT4_Q8 && !g_qdot_ymm && g_q4_rt) {  // the 512-bit int4 pass tile (above)
+  if (g_qz_rt && ((W->format == W_INT4_Q8 && !g_qdot_ymm) || W->format == W_INT8_Q8)) {  // the 512-bit tile
     const char* xq = (const char*)x;  // ldx: the slot's bytes / 4 (gemv_rows' convention for q8 inputs)
-    switch (g_q4_rt) {
-      case 34: tile_rows_kb<TileQ4Zmm, 3, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_q4_pass_kb); return 1;
-      case 36: tile_rows_kb<TileQ4Zmm, 3, 6, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_q4_pass_kb); return 1;
-      case 46: tile_rows_kb<TileQ4Zmm, 4, 6, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_q4_pass_kb); return 1;
-      default: tile_rows_kb<TileQ4Zmm, 4, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_q4_pass_kb); return 1;
+    switch (g_qz_rt) {
+      case 34: tile_rows_kb<TileQ8Zmm, 3, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_qz_pass_kb); return 1;
+      case 36: tile_rows_kb<TileQ8Zmm, 3, 6, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_qz_pass_kb); return 1;
+      case 46: tile_rows_kb<TileQ8Zmm, 4, 6, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_qz_pass_kb); return 1;
+      default: tile_rows_kb<TileQ8Zmm, 4, 4, 16>(W, xq, ldx * 4, B, y, ldy, n0, n1, g_qz_pass_kb); return 1;
     }
   }
 #endif
