@@ -18,6 +18,7 @@ import json
 import random
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -472,7 +473,8 @@ def main(args: argparse.Namespace) -> int:
         {name: e["decode_tokens_per_s"]["median"] for name, e in report["engines"].items()},
         last_level_cache_bytes() if device.type == "cpu" else None)
     if contexts:
-        report["sweep"] = _sweep(engines, skipped, config, elem, args, probe.bandwidth_gbps, contexts, rng)
+        report["sweep"] = _sweep(engines, skipped, config, elem, args, probe.bandwidth_gbps, contexts, rng,
+                                 lambda: probe_bandwidth(device, probe_bytes, passes=2).bandwidth_gbps)
     _print_report(report)
     if args.json:
         Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -508,29 +510,43 @@ def _energy(device: Any, solo: Any, prompt: list[int], args: argparse.Namespace,
 
 
 def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, args: argparse.Namespace,  # noqa: ANN401
-           bandwidth_gbps: float, contexts: list[int], rng: random.Random) -> dict[str, Any]:
+           bandwidth_gbps: float, contexts: list[int], rng: random.Random,
+           point_probe: Callable[[], float] | None = None) -> dict[str, Any]:
+    """Decode tok/s of every engine at each context, with the roofline there.
+
+    `roofline_tokens_per_s` uses the run's best probe (`bandwidth_gbps`); with `point_probe` (GB/s of a short
+    probe) the bandwidth is also probed right before and right after each point, and
+    `point_roofline_tokens_per_s` uses the better of those two: on a machine whose bandwidth moves between
+    spells (a VM), the run's best probe can come from a faster spell than the one a point ran in.
+    """
     from solo.bench.roofline import decode_bytes, roofline_tokens_per_s
 
     sweep: dict[str, Any] = {"contexts": contexts, "gen_len": args.sweep_gen_len,
                              "fill": getattr(args, "sweep_fill", "prefill"), "roofline_tokens_per_s": [],
                              "engines": {e.name: [] for e in engines if e.name not in skipped}}
+    if point_probe is not None:
+        sweep["point_bandwidth_gbps"] = []  # [before, after] each point
+        sweep["point_roofline_tokens_per_s"] = []
     for context in contexts:
         print(f"sweep: context {context} ...", file=sys.stderr)
         prompt = [rng.randrange(3, config.vocab_size) for _ in range(context)]
         nbytes = decode_bytes(config, elem, context + args.sweep_gen_len // 2, args.quantize)
         sweep["roofline_tokens_per_s"].append(roofline_tokens_per_s(bandwidth_gbps, nbytes.total))
+        before = point_probe() if point_probe is not None else None
         if getattr(args, "sweep_fill", "prefill") == "random":  # Solo alone, after a cache of random keys/values
             time.sleep(args.pause_ms / 1000.0)
             runs = {engines[0].name: [engines[0].run_filled(context, args.sweep_gen_len, seed=args.seed)]}
-            for name, values in sweep["engines"].items():
-                values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
-            continue
-        for engine in engines:
-            if engine.name.endswith("compile") and engine.name not in skipped:
-                engine.run(prompt, args.sweep_gen_len)  # recompiles for the new cache size, untimed
-        runs = _interleaved(engines, prompt, args.sweep_gen_len, 1, skipped, pause_s=args.pause_ms / 1000.0)
+        else:
+            for engine in engines:
+                if engine.name.endswith("compile") and engine.name not in skipped:
+                    engine.run(prompt, args.sweep_gen_len)  # recompiles for the new cache size, untimed
+            runs = _interleaved(engines, prompt, args.sweep_gen_len, 1, skipped, pause_s=args.pause_ms / 1000.0)
         for name, values in sweep["engines"].items():
             values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
+        if point_probe is not None and before is not None:
+            after = point_probe()
+            sweep["point_bandwidth_gbps"].append([before, after])
+            sweep["point_roofline_tokens_per_s"].append(roofline_tokens_per_s(max(before, after), nbytes.total))
     return sweep
 
 
@@ -640,10 +656,22 @@ def _print_report(r: dict[str, Any]) -> None:
         print(f"context sweep ({s['gen_len']} tokens decoded at each context{fill}), tok/s:")
         names = list(s["engines"])
         solo_values = s["engines"].get("solo")
+        points = s.get("point_roofline_tokens_per_s")
         print(f"{'context':>8} {'roofline':>9} " + " ".join(f"{n:>11}" for n in names)
-              + (f" {'solo/roof':>9}" if solo_values else ""))
+              + (f" {'solo/roof':>9}" if solo_values else "")
+              + (f" {'GB/s at pt':>13} {'pt roof':>8}" + (f" {'solo/pt':>8}" if solo_values else "") if points else ""))
         for i, c in enumerate(s["contexts"]):
             vals = " ".join(f"{v[i]:>11.2f}" if v[i] is not None else f"{'-':>11}" for v in s["engines"].values())
             roof = s["roofline_tokens_per_s"][i]
-            share = f" {solo_values[i] / roof:>9.0%}" if solo_values and solo_values[i] is not None and roof else ""
-            print(f"{c:>8} {roof:>9.2f} {vals}{share}")
+            solo_i = solo_values[i] if solo_values else None
+            share = f" {solo_i / roof:>9.0%}" if solo_i is not None and roof else (f" {'-':>9}" if solo_values else "")
+            extra = ""
+            if points:
+                before, after = s["point_bandwidth_gbps"][i]
+                extra = f" {before:>6.1f}/{after:<6.1f} {points[i]:>8.2f}"
+                if solo_values:
+                    extra += f" {solo_i / points[i]:>8.0%}" if solo_i is not None and points[i] else f" {'-':>8}"
+            print(f"{c:>8} {roof:>9.2f} {vals}{share}{extra}")
+        if points:
+            print("  roofline: the run's best probe; pt roof: the better of two short probes right before and "
+                  "after the point (GB/s at pt)")

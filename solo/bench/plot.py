@@ -26,7 +26,8 @@ def plot_sweep(sweep: dict[str, Any], title: str, path: str | Path) -> None:
     """Draw the context sweep and save it as an image.
 
     Args:
-        sweep: {"contexts": [int], "roofline_tokens_per_s": [float], "engines": {name: [tok/s or None]}}.
+        sweep: {"contexts": [int], "roofline_tokens_per_s": [float], "engines": {name: [tok/s or None]}}, and
+            optionally "point_roofline_tokens_per_s": [float] (drawn dotted).
         title: the figure title.
         path: output file (.png, .svg, ...).
 
@@ -43,6 +44,8 @@ def plot_sweep(sweep: dict[str, Any], title: str, path: str | Path) -> None:
     contexts = sweep["contexts"]
     fig, ax = plt.subplots(figsize=(7, 4.5))
     ax.plot(contexts, sweep["roofline_tokens_per_s"], "k--", label="roofline (measured bandwidth)")
+    if sweep.get("point_roofline_tokens_per_s"):
+        ax.plot(contexts, sweep["point_roofline_tokens_per_s"], "k:", label="roofline (bandwidth probed at each point)")
     for name, values in sweep["engines"].items():
         points = [(c, v) for c, v in zip(contexts, values, strict=True) if v is not None]
         if points:

@@ -147,9 +147,13 @@ def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):
                  "--probe-gib", "0.0625", "--sweep-context", "--contexts", "100,1100", "--sweep-gen-len", "4",
                  "--sweep-fill", "random", "--pause-ms", "0", "--energy-s", "0", "--json", str(out)]) == 0
     text = capsys.readouterr().out
-    assert "random keys and values" in text and "solo/roof" in text
+    assert "random keys and values" in text and "solo/roof" in text and "solo/pt" in text
     sweep = json.loads(out.read_text())["sweep"]
     assert sweep["fill"] == "random" and all(v > 0 for v in sweep["engines"]["solo"])
+    # Each point's own bandwidth probes (before, after) and the roofline at the better of them.
+    assert len(sweep["point_bandwidth_gbps"]) == 2 and all(len(p) == 2 and min(p) > 0
+                                                           for p in sweep["point_bandwidth_gbps"])
+    assert all(r > 0 for r in sweep["point_roofline_tokens_per_s"])
 
 
 @pytest.mark.slow
