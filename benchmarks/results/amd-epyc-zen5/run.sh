@@ -113,3 +113,12 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-int8-zmm-pass-tile" $solo bench --shape "$shape" --quantize int8 --gen-len 32 --energy-s 0 \
     --compare llama.cpp --json "$shape-int8-zmm-pass-tile.json"
 done
+# The long-context sweep again, once more with the bench's per-point bandwidth probes (twice, back to back).
+run Qwen2.5-0.5B-long-context-bf16-qk-rerun $solo bench --shape Qwen2.5-0.5B --gen-len 16 --repeats 1 --energy-s 0 \
+  --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
+  --json Qwen2.5-0.5B-long-context-bf16-qk-rerun.json --plot Qwen2.5-0.5B-long-context-bf16-qk-rerun.png
+for k in 1 2; do
+  run Qwen2.5-0.5B-long-context-point-probes-$k $solo bench --shape Qwen2.5-0.5B --gen-len 16 --repeats 1 \
+    --energy-s 0 --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
+    --json Qwen2.5-0.5B-long-context-point-probes-$k.json --plot Qwen2.5-0.5B-long-context-point-probes-$k.png
+done
