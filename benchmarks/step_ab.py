@@ -102,9 +102,14 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--variant", action="append", default=[],
                     help="NAME=knob=v,knob=v or NAME=lib:DIR[,knob=v] (repeatable; default: one baseline)")
+    ap.add_argument("--quantize", choices=["int8", "int4"], help="weight-only quantization, as `solo bench`")
     args = ap.parse_args()
     cfg = shape_config(args.shape)
     model = build_model(cfg, torch.bfloat16)
+    if args.quantize:
+        from solo.runtime.quant import quantize_model
+
+        model = quantize_model(model, args.quantize)
     specs = args.variant or ["base="]
     runtimes = {True: CpuRuntime(model, num_threads=args.threads)}
     if any("noarena" in spec for spec in specs):  # a second model of the shape, its weights left in place
