@@ -390,7 +390,6 @@ static inline void prefetch_rows(const char* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
 }
 
-
 #if SOLO_VEC
 // Largest GQA group `attend_group` takes (query heads per KV head), and its q scratch in floats.
 #define SOLO_MAX_GROUP 64
@@ -435,7 +434,6 @@ static inline void pair_layout(const float* src, float* dst, int n, int bf, int 
     _mm512_storeu_ps(dst + c + 16, _mm512_permutex2var_ps(a, inverse ? ihi : odd, b));
   }
 }
-
 
 // p @ v for NB query heads at once (their rounded softmax numerators `p`, rows of `stride` floats), each
 // cached value row loaded and widened once for all of them. acc: [NB, head_dim] in `load_pair` order.
