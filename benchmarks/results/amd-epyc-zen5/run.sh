@@ -122,3 +122,6 @@ for k in 1 2; do
     --energy-s 0 --sweep-context --contexts 128,1024,4096,8192,16384,32704 --sweep-gen-len 32 --sweep-fill random \
     --json Qwen2.5-0.5B-long-context-point-probes-$k.json --plot Qwen2.5-0.5B-long-context-point-probes-$k.png
 done
+# bf16 decode of the 0.5B shape again, 5 repeats.
+run Qwen2.5-0.5B-bf16-r5 $solo bench --shape Qwen2.5-0.5B --repeats 5 --energy-s 0 --compare llama.cpp \
+  --json Qwen2.5-0.5B-bf16-r5.json
