@@ -9,9 +9,13 @@ busy loop, one thread decoded faster than two (benchmarks/results/amd-epyc-zen4/
 
 The kernel counts barrier waits longer than 1 ms (an idle machine's threads meet within microseconds).
 After a step with several of them, `ThreadGovernor` tries one thread fewer for a few steps and keeps it only
-if those steps are faster than the steps just before (on a machine that is merely busy, losing a core's
-bandwidth can cost more than the waits); at a lowered count it tries one more thread again after a hold of
-some steps. A failed try doubles the hold before the same try (up to `max_hold`: 128 steps, a few seconds,
+if those steps are clearly faster than the steps just before, by `margin` (10%; on a machine that is merely
+busy, losing a core's bandwidth can cost more than the waits); at a lowered count it tries one more thread
+again after a hold of some steps, and keeps it unless it is clearly slower. The margin is there for VMs
+whose memory speed moves from second to second: a try of fewer threads that ran in a faster spell looked
+faster, was kept, and the next prompt was prefilled on one thread (a 2-core Zen 5 VM, idle: prefill 1.8x
+slower on one thread; beside a busy loop 0.7x: there one thread is the right choice, and 3x faster steps
+say so). A failed try doubles the hold before the same try (up to `max_hold`: 128 steps, a few seconds,
 is how long a step may stay on fewer threads after the other work has stopped). A row's arithmetic does not
 depend on the thread count, so the logits are bit for bit the same whatever it decides.
 """
@@ -33,6 +37,8 @@ class ThreadGovernor:
         trial_steps: steps a try runs (the first, which wakes or parks a thread, is not timed).
         min_hold: steps before a failed or reverted try is made again, at first.
         max_hold: the longest hold (reached by doubling after failed tries).
+        margin: how much faster (fewer threads) a try's median step must be to be kept, and how much slower
+            (more threads) to be dropped, as a fraction of the steps before it.
 
     Attributes:
         threads: the count for the next step.
@@ -40,7 +46,7 @@ class ThreadGovernor:
     """
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, trial_steps: int = 4,
-                 min_hold: int = 16, max_hold: int = 128) -> None:
+                 min_hold: int = 16, max_hold: int = 128, margin: float = 0.1) -> None:
         if enabled is None:
             enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
         self.max_threads = max(1, max_threads)
@@ -49,6 +55,7 @@ class ThreadGovernor:
         self.trial_steps = max(2, trial_steps)
         self.min_hold = min_hold
         self.max_hold = max_hold
+        self.margin = margin
         self.threads = self.max_threads
         self.steps = 0
         self.reduced_steps = 0
@@ -83,7 +90,11 @@ class ThreadGovernor:
             if len(self._trial) < self.trial_steps:
                 return
             went_down = self.threads < self._from
-            if statistics.median(self._trial[1:]) >= self._before:  # not faster: back, and wait longer next time
+            trial = statistics.median(self._trial[1:])
+            # Fewer threads must be clearly faster to stay, more threads clearly slower to go (noise keeps more).
+            limit = self._before * (1 - self.margin if went_down else 1 + self.margin)
+            failed = trial >= limit if went_down else trial > limit
+            if failed:  # back, and wait longer before the same try
                 self.threads = self._from
                 if went_down:
                     self._down_hold = min(2 * self._down_hold, self.max_hold)

@@ -142,3 +142,15 @@ def test_governor_counts_the_steps_it_ran_on_fewer_threads():
     gov = ThreadGovernor(2, enabled=True, late_waits=1, trial_steps=2, min_hold=3, max_hold=3)
     _feed(gov, 10, 2, {2: 0.3, 1: 0.1})
     assert gov.steps == 10 and 0 < gov.reduced_steps < 10
+
+
+def test_governor_keeps_every_thread_when_fewer_are_faster_only_by_noise():
+    # A VM whose memory speed moves: late waits, and a try of one thread that ran 5% faster by chance.
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
+    used = _feed(gov, 100, 5, {2: 0.100, 1: 0.095})
+    assert gov.threads == 2 and used.count(1) <= 4 * 4  # only the tries themselves, each dropped
+    # Back from fewer threads: more threads that are within the margin of as fast stay.
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=4, max_hold=4)
+    assert _feed(gov, 30, 5, {2: 0.30, 1: 0.10}).count(1) > 15
+    used = _feed(gov, 30, 0, {2: 0.105, 1: 0.100})  # the busy loop gone; two threads now 5% slower: kept
+    assert used[-5:] == [2] * 5
