@@ -307,6 +307,22 @@ struct TileBf16Pass {
 #endif
 
 #if SOLO_GVEC || SOLO_AVX512
+// Rows n0 .. n0 + R - 1 of a W_*_Q8 matrix, for the integer-dot tiles below: int8 bytes, or int4 nibbles and
+// their bf16 group scales.
+template <int R>
+struct Q8Rows {
+  const int8_t* w8[R];
+  const uint8_t* w4[R];
+  const uint16_t* ws[R];
+  Q8Rows(const Mat* W, int n0) {
+    const int K = W->cols;
+    for (int r = 0; r < R; r++) {
+      w8[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
+      w4[r] = (const uint8_t*)W->weight + (size_t)(n0 + r) * (K / 2);
+      ws[r] = (const uint16_t*)W->scale + (size_t)(n0 + r) * (K / 32);
+    }
+  }
+};
 
 // int8 and int4 weights with integer-dot products (W_INT8_Q8, W_INT4_Q8: qdot.h's gemv_q8_tile, which the
 // 512-bit int4 kernel matches bit for bit): block g of 32 inputs goes to accumulator g % 4 (the main loop
@@ -321,14 +337,8 @@ __attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* 
                                                       int n0) {
   const int K = W->cols, nb = q8_blocks(K), full = K / 32, g4 = full & ~3;
   const float* rscale = (const float*)W->scale;
-  const int8_t* w8[R];
-  const uint8_t* w4[R];
-  const uint16_t* ws[R];  // int4: the row's bf16 group scales
-  for (int r = 0; r < R; r++) {
-    w8[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
-    w4[r] = (const uint8_t*)W->weight + (size_t)(n0 + r) * (K / 2);
-    ws[r] = (const uint16_t*)W->scale + (size_t)(n0 + r) * (K / 32);
-  }
+  const Q8Rows<R> rows(W, n0);
+  const auto &w8 = rows.w8, &w4 = rows.w4, &ws = rows.ws;
   const int kbb = g_q8_pass_kb / 32;  // blocks per k block, a multiple of 4
   vf part[4][R][T];
   for (int i = 0; i < 4; i++)
@@ -422,14 +432,8 @@ __attribute__((noinline)) static void tile_q8_zmm_pass(const Mat* W, const char*
   const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
   const __m512i low = _mm512_set1_epi8(0xF);
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  const int8_t* w8[R];
-  const uint8_t* w4[R];
-  const uint16_t* ws[R];  // int4: the row's bf16 group scales
-  for (int r = 0; r < R; r++) {
-    w8[r] = (const int8_t*)W->weight + (size_t)(n0 + r) * K;
-    w4[r] = (const uint8_t*)W->weight + (size_t)(n0 + r) * (K / 2);
-    ws[r] = (const uint16_t*)W->scale + (size_t)(n0 + r) * (K / 32);
-  }
+  const Q8Rows<R> rows(W, n0);
+  const auto &w8 = rows.w8, &w4 = rows.w4, &ws = rows.ws;
   for (int p = 0; p < 2; p++) {
     float* part = accbuf + (size_t)p * R * T * 16;
     __m512 acc[R][T];
