@@ -27,13 +27,13 @@ def _gemv(lib, mat, x, threads=2):
     return y
 
 
-def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings):
+def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings, batches=(3, 5, 7, 11)):
     """Every (shape, k block) setting of a pass tile, forced at any batch, gives the batch-1 rows bit for bit."""
     assert lib.solo_set_knob(b"pass_min_b", 1) == 0  # the tiles at any batch (default: 32 sequences and more)
     for shape, k_block in settings:
         assert lib.solo_set_knob(shape_knob, shape) == 0
         assert lib.solo_set_knob(block_knob, k_block) == 0
-        for batch in (3, 5, 7, 11):
+        for batch in batches:
             assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
 
 
@@ -53,12 +53,9 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
             for batch in (5, 6, 11):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
             assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
-        # The AVX512-BF16 pass tile's k blocks (a no-op elsewhere), forced at every width.
-        assert lib.solo_set_knob(b"span_tile", 2) == 0
-        for k_block in (128, 384, 2048):
-            assert lib.solo_set_knob(b"bf16_pass_kb", k_block) == 0
-            for batch in (5, 6, 11):
-                assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (k_block, batch)
+        # The AVX512-BF16 pass tile's k blocks (a no-op elsewhere), forced at every width (span_tile 2).
+        _check_pass_tiles(lib, mat, x, singles, b"span_tile", b"bf16_pass_kb", [(2, 128), (2, 384), (2, 2048)],
+                          batches=(5, 6, 11))
         # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops).
         assert lib.solo_set_knob(b"span_tile", 1) == 0
         _check_pass_tiles(lib, mat, x, singles, b"pass_rt", b"pass_kb",
