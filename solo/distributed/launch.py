@@ -19,6 +19,12 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+# Imported before any process group exists: its functions take `group=group.WORLD` as a default argument,
+# so a first import after `init_process_group` (torch imports it lazily, from torch._dynamo) would pin the
+# default group forever and its gloo worker threads would outlive `destroy_process_group` into interpreter
+# shutdown, where they can abort the process.
+import torch.distributed.nn  # noqa: F401
+
 from solo.errors import SoloError
 from solo.model.config import ModelConfig
 

@@ -147,6 +147,12 @@ class TPRuntime:
                     pass
             if dist.is_initialized():
                 dist.destroy_process_group()
+            # Our references kept the gloo group, and so its worker threads, alive into interpreter
+            # shutdown, where a worker releasing the last reference to a tensor needs the GIL and aborts
+            # the process ("terminate called without an active exception"); the last reference goes here,
+            # which joins those threads while Python still runs.
+            self.control = None
+            self.comm.group = None
 
     def _check(self, row: int, end: int) -> None:
         if self.cache is None:

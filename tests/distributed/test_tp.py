@@ -5,6 +5,8 @@ Each test spawns its ranks (rank 0 is the test process), so they are marked slow
 
 from __future__ import annotations
 
+import subprocess
+import sys
 import time
 
 import pytest
@@ -83,3 +85,28 @@ def test_a_dead_rank_fails_fast_instead_of_hanging(tmp_path):
         assert runtime.failed is not None
     finally:
         runtime.close()
+
+
+
+_CLOSE_SCRIPT = """
+import gc, sys, weakref
+from solo import Engine, SamplingParams
+engine = Engine.load(sys.argv[1], dtype="float32", tp=2)
+engine.complete("def f(x):", SamplingParams(max_tokens=4, temperature=0, ignore_eos=True))
+group = weakref.ref(engine.runtime.control)
+engine.runtime.close()
+gc.collect()
+print("released" if group() is None else "alive")
+"""
+
+
+def test_close_releases_the_process_group(tmp_path):
+    # A process group that outlives close() keeps gloo's worker threads into interpreter shutdown, where
+    # one releasing a tensor aborts rank 0 ("terminate called without an active exception") after its
+    # output was printed. A fresh interpreter, as `solo run --tp 2` is: what torch imports lazily during
+    # the load must not pin the group either.
+    folder = make_lane_checkpoint(tmp_path / "lanes", delay=1)
+    proc = subprocess.run([sys.executable, "-c", _CLOSE_SCRIPT, str(folder)], capture_output=True, text=True,
+                          timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["released"]
