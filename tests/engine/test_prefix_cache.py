@@ -190,3 +190,55 @@ def test_pooled_and_unpooled_stores_reuse_the_same_tokens(tiny_llama):
             got.append(cached)
         assert got[0] == got[1]
     assert pooled.stats.stored_bytes == plain.stats.stored_bytes
+
+
+class _TokenRows:
+    """A runtime stand-in whose KV "cache" holds each position's token id (one layer, head and channel)."""
+
+    def __init__(self, rows: int, max_seq: int) -> None:
+        self.kv = torch.full((rows, max_seq), -1.0)
+
+    def export_kv(self, row, length):
+        from solo.runtime.base import KVSnapshot
+
+        held = self.kv[row, :length].reshape(1, 1, length, 1).clone()
+        return KVSnapshot(held, held.clone(), length)
+
+    def import_kv(self, row, snapshot, length, start=0):
+        self.kv[row, start:length] = snapshot.k[0, 0, start:length, 0]
+
+
+@pytest.mark.parametrize("pooled", [False, True])
+def test_store_lookups_find_the_longest_match_among_many_entries(pooled):
+    # The store's sorted index against brute force over its entries: random prompts over a 2-token
+    # alphabet (many shared prefixes), rows reused at random, a bound that evicts.
+    rng = torch.Generator().manual_seed(0)
+    runtime = _TokenRows(rows=4, max_seq=40)
+    cache = PrefixCache(runtime, capacity_bytes=8 * 300)
+    if pooled:
+        cache.allocate_store()
+    for _ in range(1500):
+        row = int(torch.randint(4, (1,), generator=rng))
+        prompt = torch.randint(2, (int(torch.randint(2, 24, (1,), generator=rng)),), generator=rng).tolist()
+        held = cache._rows.get(row)
+        best = max([common_prefix_length(e.ids, prompt) for e in cache._store.values()] +
+                   [common_prefix_length(held, prompt) if held else 0])
+        cached = cache.load(row, prompt)
+        assert cached == min(best, len(prompt) - 1)
+        assert runtime.kv[row, :cached].tolist() == prompt[:cached]  # the reused KV is this prompt's
+        runtime.kv[row, cached:len(prompt)] = torch.tensor(prompt[cached:], dtype=torch.float32)  # "prefill"
+        cache.finish(row, prompt)
+        entries = [(e.ids, k) for k, e in cache._store.items()]
+        assert cache._index == sorted(entries)
+        assert not any(a != b and b[:len(a)] == a for a, _ in entries for b, _ in entries)  # no entry covers another
+    assert cache.stats.evictions > 0 and len(cache._store) > 10
+
+
+def test_common_prefix_length_matches_a_plain_loop():
+    rng = torch.Generator().manual_seed(1)
+    for _ in range(300):
+        a = torch.randint(2, (int(torch.randint(0, 70, (1,), generator=rng)),), generator=rng).tolist()
+        b = a[:int(torch.randint(0, 70, (1,), generator=rng))] + torch.randint(2, (5,), generator=rng).tolist()
+        expected = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
+        assert common_prefix_length(a, b) == expected
+        assert common_prefix_length(tuple(a), b) == expected
