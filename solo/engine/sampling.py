@@ -215,12 +215,19 @@ class TokenSampler:
         self.generator.manual_seed(params.seed)
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
+        # The repetition penalty touches only these ids (a few hundred of a vocabulary of up to 150k).
+        self._seen_ids: list[int] = []
+        self._seen_index: torch.Tensor | None = None
         if params.repetition_penalty != 1.0 and prompt_ids:
             self.seen[torch.tensor(prompt_ids, device=device).clamp_(0, vocab_size - 1)] = True
+            self._seen_ids = sorted({min(max(int(t), 0), vocab_size - 1) for t in prompt_ids})
 
     def observe(self, token_id: int) -> None:
         """Record a generated token for the penalties."""
         if self.params.needs_penalties:
+            if self.params.repetition_penalty != 1.0 and not self.seen[token_id]:
+                self._seen_ids.append(token_id)
+                self._seen_index = None
             self.seen[token_id] = True
             self.counts[token_id] += 1
 
@@ -237,39 +244,128 @@ class TokenSampler:
         Returns:
             float32 [vocab] processed logits (masked tokens at -inf); greedy requests get penalties only.
         """
+        ids, values = self.candidates(logits)
+        if ids is None:
+            return values
+        return torch.full_like(logits, float("-inf")).index_put_((ids,), values)
+
+    def candidates(self, logits: torch.Tensor) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """`process` as the tokens still possible: (ids, their processed logits).
+
+        After top-k only k tokens (and ties with the k-th) remain, so top-p, min-p and the draw work on
+        those instead of on [vocab] vectors (each a fresh 0.6 MB buffer for a 152k vocabulary).
+
+        Args:
+            logits: float32 [vocab] raw logits of one request.
+
+        Returns:
+            (None, float32 [vocab] processed logits) without top-k (greedy requests: penalties only), else
+            (int64 [n] token ids, float32 [n] their processed logits), most likely first.
+        """
         p = self.params
-        if p.repetition_penalty != 1.0:
-            penalized = torch.where(logits < 0, logits * p.repetition_penalty, logits / p.repetition_penalty)
-            logits = torch.where(self.seen, penalized, logits)
+        if p.repetition_penalty != 1.0 and self._seen_ids:
+            if self._seen_index is None:
+                self._seen_index = torch.tensor(self._seen_ids, device=logits.device)
+            seen = logits[self._seen_index]  # the same elementwise arithmetic as over the whole vocabulary
+            penalized = torch.where(seen < 0, seen * p.repetition_penalty, seen / p.repetition_penalty)
+            logits = logits.index_put((self._seen_index,), penalized)
         if p.presence_penalty != 0.0 or p.frequency_penalty != 0.0:
             logits = logits - p.frequency_penalty * self.counts - p.presence_penalty * (self.counts > 0)
         if p.greedy:
-            return logits
+            return None, logits
         logits = logits / p.temperature
-        if p.top_k > 0 and p.top_k < logits.numel():
-            kth = torch.topk(logits, p.top_k).values[-1]
-            logits = logits.masked_fill(logits < kth, float("-inf"))
-        if p.top_p < 1.0:
-            sorted_logits, order = torch.sort(logits, descending=False)
-            cumulative = sorted_logits.softmax(-1).cumsum(-1)
-            remove_sorted = cumulative <= 1 - p.top_p
-            remove_sorted[-1] = False  # always keep the most likely token
-            remove = torch.zeros_like(remove_sorted).scatter(0, order, remove_sorted)
-            logits = logits.masked_fill(remove, float("-inf"))
+        if not 0 < p.top_k < logits.numel():
+            if p.top_p < 1.0:
+                logits = logits.masked_fill(top_p_removed(logits, p.top_p), float("-inf"))
+            if p.min_p > 0.0:
+                probs = logits.softmax(-1)
+                logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
+            return None, logits
+        values, ids = torch.topk(logits, p.top_k)
+        if int((logits >= values[-1]).sum()) > p.top_k:  # ties with the k-th are kept too (transformers)
+            ids = torch.nonzero(logits >= values[-1]).view(-1)
+            values, order = torch.sort(logits[ids], descending=True, stable=True)
+            ids = ids[order]
+        if p.top_p < 1.0:  # the rule of `top_p_removed` over the candidates (their softmax is the same)
+            probs = values.softmax(-1)
+            keep = torch.cumsum(probs, 0) - probs < p.top_p
+            keep[0] = True
+            ids, values = ids[keep], values[keep]
         if p.min_p > 0.0:
-            probs = logits.softmax(-1)
-            logits = logits.masked_fill(probs < p.min_p * probs.max(), float("-inf"))
-        return logits
+            probs = values.softmax(-1)
+            keep = probs >= p.min_p * probs.max()
+            ids, values = ids[keep], values[keep]
+        return ids, values
 
     def sample(self, logits: torch.Tensor) -> int:
         """Pick the next token id from raw float32 logits [vocab].
 
-        Greedy: the argmax of the penalized logits; else a multinomial draw from the softmax of the processed
-        logits, using the request's seeded generator.
+        Greedy: the argmax of the penalized logits; else a draw (`draw_categorical`) from the softmax of the
+        processed logits (of the `candidates`), using the request's seeded generator.
         """
-        processed = self.process(logits)
+        ids, values = self.candidates(logits)
         if self.params.greedy:
-            return int(torch.argmax(processed))
-        probs = processed.softmax(-1)
-        return int(torch.multinomial(probs, 1, generator=self.generator))
+            return int(torch.argmax(values))
+        token = draw_categorical(values.softmax(-1), self.generator)
+        return token if ids is None else int(ids[token])
+
+
+TOP_P_FIRST_CANDIDATES = 256
+"""Most likely tokens `top_p_removed` looks at first (four times more each time they hold too little mass)."""
+
+
+def top_p_removed(logits: torch.Tensor, top_p: float) -> torch.Tensor:
+    """The tokens nucleus sampling removes (Holtzman et al. 2019; transformers' TopPLogitsWarper).
+
+    A token is kept when the tokens strictly more likely than it hold less than `top_p` of the mass (so the
+    most likely one always is): transformers' rule (remove where the ascending cumulative probability is
+    <= 1 - top_p) read from the top. The mass lies in the few most likely tokens, so this looks at the
+    top `TOP_P_FIRST_CANDIDATES` by `torch.topk` (more when they hold less than `top_p`) instead of sorting
+    the vocabulary: 0.25 ms instead of 12 ms for 152k tokens on one Zen 5 core. Equal to the sorted form up
+    to float rounding of the cumulative sums at the boundary.
+
+    Args:
+        logits: float32 [vocab] (masked tokens at -inf).
+        top_p: in (0, 1).
+
+    Returns:
+        bool [vocab], True where removed.
+    """
+    vocab = logits.numel()
+    probs_all = logits.softmax(-1)
+    m = min(TOP_P_FIRST_CANDIDATES, vocab)
+    while True:
+        probs, order = torch.topk(probs_all, m)
+        before = torch.cumsum(probs, 0) - probs  # mass of the tokens more likely than each
+        keep = before < top_p
+        keep[0] = True
+        if not keep[-1] or m == vocab:
+            break
+        m = min(4 * m, vocab)
+    removed = torch.ones(vocab, dtype=torch.bool, device=logits.device)
+    removed[order[keep]] = False
+    return removed
+
+
+def draw_categorical(probs: torch.Tensor, generator: torch.Generator) -> int:
+    """One draw from the categorical distribution `probs` by inverse transform sampling.
+
+    One float64 uniform from `generator`, then a binary search in the float64 cumulative sum: token i is
+    drawn with probability probs[i] / sum(probs), and a token of probability 0 never (its cumulative sum
+    equals its predecessor's). `torch.multinomial` draws one sample by an exponential race, an exponential
+    variate per token: 2.6 ms for a 152k vocabulary on one Zen 5 core, against 0.13 ms here.
+
+    Args:
+        probs: non-negative [vocab] weights with a positive sum, any float dtype, on the generator's device.
+        generator: the request's seeded generator.
+
+    Returns:
+        The drawn token id.
+    """
+    cdf = probs.to(torch.float64).cumsum(0)
+    u = torch.rand(1, dtype=torch.float64, generator=generator, device=probs.device)
+    token = int(torch.searchsorted(cdf, u * cdf[-1], right=True))
+    if token >= probs.numel():  # u * total rounded up to the total: the last token with weight
+        token = int(torch.nonzero(probs)[-1])
+    return token
 

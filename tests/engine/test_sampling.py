@@ -190,3 +190,53 @@ def test_stop_token_ids_hold_with_ignore_eos_and_special_token_stop_strings_matc
     special = engine.tokenizer.special_token_ids()["<|im_end|>"]
     request = engine.make_request("def f(x):", {"max_tokens": 4, "stop": ["<|im_end|>"]})
     assert special in request.eos_ids
+
+
+def test_draw_categorical_follows_the_distribution_and_never_draws_a_zero():
+    from solo.engine.sampling import draw_categorical
+
+    probs = torch.tensor([0.0, 0.5, 0.0, 0.2, 0.3, 0.0])
+    generator = torch.Generator().manual_seed(0)
+    counts = torch.bincount(torch.tensor([draw_categorical(probs, generator) for _ in range(20000)]), minlength=6)
+    assert counts[[0, 2, 5]].sum() == 0
+    assert torch.allclose(counts / 20000, probs, atol=0.015)  # ~4.5 standard deviations at p = 0.5
+    assert draw_categorical(torch.tensor([0.0, 0.0, 3.0]), generator) == 2  # unnormalised weights
+
+
+def test_repetition_penalty_touches_exactly_the_seen_tokens(logits):
+    # The penalty over the seen ids only gives the bits of the whole-vocabulary formula.
+    sampler = _sampler([1, 5, 7, 5], repetition_penalty=1.3, temperature=0)
+    for t in [9, 5, 49]:
+        sampler.observe(t)
+    seen = torch.zeros(VOCAB, dtype=torch.bool)
+    seen[[1, 5, 7, 9, 49]] = True
+    expected = torch.where(seen, torch.where(logits < 0, logits * 1.3, logits / 1.3), logits)
+    assert torch.equal(sampler.process(logits), expected)
+
+
+@pytest.mark.parametrize("scale, top_p", [(1.0, 0.9), (1.0, 0.3), (8.0, 0.95), (8.0, 0.5)])
+def test_top_p_on_a_large_vocabulary_matches_transformers(scale, top_p):
+    # Flat logits (scale 1) need more than the first candidates (the search widens); peaked ones do not.
+    from solo.engine.sampling import top_p_removed
+
+    logits = torch.randn(20000, generator=torch.Generator().manual_seed(3)) * scale
+    expected = TopPLogitsWarper(top_p)(None, logits[None].clone())[0]
+    assert torch.equal(top_p_removed(logits, top_p), torch.isinf(expected))
+
+
+def test_top_k_keeps_ties_with_the_kth_like_transformers():
+    logits = torch.tensor([1.0, 3.0, 3.0, 3.0, 0.0, 2.0, 4.0])
+    out = _sampler(temperature=1.0, top_k=2).process(logits)
+    expected = TopKLogitsWarper(2)(None, logits[None].clone())[0]
+    assert torch.equal(out, expected)  # 4.0 and all three 3.0s
+
+
+@pytest.mark.parametrize("kwargs", [dict(temperature=0.8, top_k=6, top_p=0.9),
+                                    dict(temperature=1.2, top_p=0.7, min_p=0.02),
+                                    dict(temperature=1.0, top_k=8, min_p=0.1, repetition_penalty=1.3)])
+def test_draws_follow_the_processed_distribution(logits, kwargs):
+    sampler = _sampler([3, 4], **kwargs)
+    expected = sampler.process(logits).softmax(-1)
+    draws = torch.tensor([sampler.sample(logits) for _ in range(12000)])
+    assert torch.allclose(torch.bincount(draws, minlength=VOCAB) / 12000, expected, atol=0.02)
+    assert bool((expected[draws] > 0).all())  # never a removed token
