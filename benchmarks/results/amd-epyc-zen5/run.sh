@@ -125,3 +125,9 @@ done
 # bf16 decode of the 0.5B shape again, 5 repeats.
 run Qwen2.5-0.5B-bf16-r5 $solo bench --shape Qwen2.5-0.5B --repeats 5 --energy-s 0 --compare llama.cpp \
   --json Qwen2.5-0.5B-bf16-r5.json
+# Serving: the load command before and after the prefix-cache index, then with the sampling change
+# (the code at each commit; bundled model; each run measures its own capacity first).
+for name in load-chat-0.8x-before-prefix-index load-chat-0.8x-prefix-index load-chat-0.8x-prefix-index-sampling; do
+  $solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 --max-queue-wait 0.1 \
+    --json "$name.json" --markdown "$name.md"
+done
