@@ -216,16 +216,19 @@ class TokenSampler:
         self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
         # The repetition penalty touches only these ids (a few hundred of a vocabulary of up to 150k).
+        self._seen_set: set[int] = set()
         self._seen_ids: list[int] = []
         self._seen_index: torch.Tensor | None = None
         if params.repetition_penalty != 1.0 and prompt_ids:
             self.seen[torch.tensor(prompt_ids, device=device).clamp_(0, vocab_size - 1)] = True
-            self._seen_ids = sorted({min(max(int(t), 0), vocab_size - 1) for t in prompt_ids})
+            self._seen_set = {min(max(int(t), 0), vocab_size - 1) for t in prompt_ids}
+            self._seen_ids = sorted(self._seen_set)
 
     def observe(self, token_id: int) -> None:
         """Record a generated token for the penalties."""
         if self.params.needs_penalties:
-            if self.params.repetition_penalty != 1.0 and not self.seen[token_id]:
+            if self.params.repetition_penalty != 1.0 and token_id not in self._seen_set:  # (no device read)
+                self._seen_set.add(token_id)
                 self._seen_ids.append(token_id)
                 self._seen_index = None
             self.seen[token_id] = True
