@@ -543,7 +543,7 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
             runs = _interleaved(engines, prompt, args.sweep_gen_len, 1, skipped, pause_s=args.pause_ms / 1000.0)
         for name, values in sweep["engines"].items():
             values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
-        if point_probe is not None and before is not None:
+        if before is not None:
             after = point_probe()
             sweep["point_bandwidth_gbps"].append([before, after])
             sweep["point_roofline_tokens_per_s"].append(roofline_tokens_per_s(max(before, after), nbytes.total))

@@ -386,9 +386,9 @@ class PrefixCache:
                 self._drop(key)
                 self.stats.evictions += 1
             if pool is None:
-                entry = _Entry(list(ids), snapshot, nbytes)
+                entry = _Entry(ids, snapshot, nbytes)
             else:  # the row's KV goes into free slots of the pool; the exported copy is freed at once
-                entry = _Entry(list(ids), None, nbytes, pool.take(len(ids)))
+                entry = _Entry(ids, None, nbytes, pool.take(len(ids)))
                 pool.write(entry.slots, snapshot)
             del snapshot
             self._store[self._next_key] = entry

@@ -204,7 +204,6 @@ class TokenSampler:
 
     Attributes:
         generator: torch.Generator on `device`, seeded with `params.seed`.
-        seen: bool [vocab], tokens of the prompt and the output (repetition penalty).
         counts: float32 [vocab], occurrences of each token in the output (presence / frequency penalties).
     """
 
@@ -213,25 +212,28 @@ class TokenSampler:
         self.params = params
         self.generator = torch.Generator(device=device)
         self.generator.manual_seed(params.seed)
-        self.seen = torch.zeros(vocab_size, dtype=torch.bool, device=device)
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
-        # The repetition penalty touches only these ids (a few hundred of a vocabulary of up to 150k).
-        self._seen_set: set[int] = set()
-        self._seen_ids: list[int] = []
+        self._vocab_size, self._device = vocab_size, device
+        # The ids the repetition penalty touches (a few hundred of a vocabulary of up to 150k), as a Python
+        # set: recording a token reads no device tensor. `_seen_index` is them as a tensor, built when used.
+        self._seen: set[int] = set()
         self._seen_index: torch.Tensor | None = None
         if params.repetition_penalty != 1.0 and prompt_ids:
-            self.seen[torch.tensor(prompt_ids, device=device).clamp_(0, vocab_size - 1)] = True
-            self._seen_set = {min(max(int(t), 0), vocab_size - 1) for t in prompt_ids}
-            self._seen_ids = sorted(self._seen_set)
+            self._seen = {min(max(int(t), 0), vocab_size - 1) for t in prompt_ids}
+
+    @property
+    def seen(self) -> torch.Tensor:
+        """The tokens of the prompt and the output (repetition penalty): bool [vocab]."""
+        mask = torch.zeros(self._vocab_size, dtype=torch.bool, device=self._device)
+        mask[list(self._seen)] = True
+        return mask
 
     def observe(self, token_id: int) -> None:
         """Record a generated token for the penalties."""
         if self.params.needs_penalties:
-            if self.params.repetition_penalty != 1.0 and token_id not in self._seen_set:  # (no device read)
-                self._seen_set.add(token_id)
-                self._seen_ids.append(token_id)
+            if token_id not in self._seen:
+                self._seen.add(token_id)
                 self._seen_index = None
-            self.seen[token_id] = True
             self.counts[token_id] += 1
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
@@ -266,9 +268,9 @@ class TokenSampler:
             (int64 [n] token ids, float32 [n] their processed logits), most likely first.
         """
         p = self.params
-        if p.repetition_penalty != 1.0 and self._seen_ids:
+        if p.repetition_penalty != 1.0 and self._seen:
             if self._seen_index is None:
-                self._seen_index = torch.tensor(self._seen_ids, device=logits.device)
+                self._seen_index = torch.tensor(sorted(self._seen), device=logits.device)
             seen = logits[self._seen_index]  # the same elementwise arithmetic as over the whole vocabulary
             penalized = torch.where(seen < 0, seen * p.repetition_penalty, seen / p.repetition_penalty)
             logits = logits.index_put((self._seen_index,), penalized)
@@ -289,10 +291,8 @@ class TokenSampler:
             ids = torch.nonzero(logits >= values[-1]).view(-1)
             values, order = torch.sort(logits[ids], descending=True, stable=True)
             ids = ids[order]
-        if p.top_p < 1.0:  # the rule of `top_p_removed` over the candidates (their softmax is the same)
-            probs = values.softmax(-1)
-            keep = torch.cumsum(probs, 0) - probs < p.top_p
-            keep[0] = True
+        if p.top_p < 1.0:  # over the candidates (their softmax is the whole vocabulary's)
+            keep = _nucleus_kept(values.softmax(-1), p.top_p)
             ids, values = ids[keep], values[keep]
         if p.min_p > 0.0:
             probs = values.softmax(-1)
@@ -339,15 +339,20 @@ def top_p_removed(logits: torch.Tensor, top_p: float) -> torch.Tensor:
     m = min(TOP_P_FIRST_CANDIDATES, vocab)
     while True:
         probs, order = torch.topk(probs_all, m)
-        before = torch.cumsum(probs, 0) - probs  # mass of the tokens more likely than each
-        keep = before < top_p
-        keep[0] = True
+        keep = _nucleus_kept(probs, top_p)
         if not keep[-1] or m == vocab:
             break
         m = min(4 * m, vocab)
     removed = torch.ones(vocab, dtype=torch.bool, device=logits.device)
     removed[order[keep]] = False
     return removed
+
+
+def _nucleus_kept(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    # probs [n], most likely first: kept where the tokens before it hold less than top_p (the first always).
+    keep = torch.cumsum(probs, 0) - probs < top_p
+    keep[0] = True
+    return keep
 
 
 def draw_categorical(probs: torch.Tensor, generator: torch.Generator) -> int:
