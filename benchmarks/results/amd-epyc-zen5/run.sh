@@ -131,3 +131,6 @@ for name in load-chat-0.8x-before-prefix-index load-chat-0.8x-prefix-index load-
   $solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 --max-queue-wait 0.1 \
     --json "$name.json" --markdown "$name.md"
 done
+# bf16 decode of the 0.5B shape on the final code of the session (a check, no kernel change in it).
+run Qwen2.5-0.5B-bf16-final-2026-12-02 $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --compare llama.cpp \
+  --json Qwen2.5-0.5B-bf16-final-2026-12-02.json
