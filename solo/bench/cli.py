@@ -154,7 +154,8 @@ def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
 
 
 def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: int, skipped: dict[str, str],
-                 between: Any = None, pause_s: float = 0.0) -> dict[str, list[Any]]:  # noqa: ANN401
+                 between: Any = None, pause_s: float = 0.0, point_probe: Callable[[], float] | None = None,  # noqa: ANN401
+                 around: dict[str, list[list[float]]] | None = None) -> dict[str, list[Any]]:
     """Run every engine `repeats` times, one after another in each round (Solo, peer A, peer B, Solo, ...).
 
     Args:
@@ -162,6 +163,10 @@ def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: i
         pause_s: idle seconds before every run and every `between` call, the same for every engine, so
             OpenMP threads still spin-waiting after the previous engine's work (llama.cpp's LLVM libomp
             spins for 200 ms by default) have gone to sleep and cannot take the next engine's cores.
+        point_probe: a short bandwidth probe (returns GB/s) run right before and right after every run (the
+            probe after one run is the probe before the next); each run's pair [before, after] is appended
+            to `around[engine name]`, in the order of that engine's results. On a machine whose bandwidth
+            moves between spells (a VM), the run's best probe can come from a faster spell than a run's own.
     """
     from solo.bench.peers import PeerSkipped
 
@@ -170,15 +175,25 @@ def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: i
         if between is not None:
             time.sleep(pause_s)
             between()
+        before = None
         for engine in engines:
             if engine.name in skipped:
                 continue
+            if point_probe is not None and before is None:
+                time.sleep(pause_s)
+                before = point_probe()
             time.sleep(pause_s)
             try:
                 results[engine.name].append(engine.run(prompt, gen_len))
             except PeerSkipped as exc:
                 skipped[engine.name] = str(exc)
                 print(f"peer skipped: {engine.name}: {exc}", file=sys.stderr)
+                continue
+            if point_probe is not None and around is not None:
+                time.sleep(pause_s)
+                after = point_probe()
+                around.setdefault(engine.name, []).append([before, after])
+                before = after
     return {k: v for k, v in results.items() if v}
 
 
@@ -203,7 +218,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
-    from solo.bench.report import machine_info, rss_bytes, versions
+    from solo.bench.report import machine_info, rss_bytes, summarize, versions
     from solo.bench.roofline import decode_bytes, probe_bandwidth, roofline_tokens_per_s
     from solo.bench.runner import (
         TOKEN_CHECK_LEN,
@@ -363,10 +378,16 @@ def main(args: argparse.Namespace) -> int:
     print(f"timing {args.repeats} {'repeats of solo' if deferred else 'interleaved repeats'} ...", file=sys.stderr)
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
+    # A shorter probe also runs between every two runs, for each run's own roofline (the "pt roof" column).
+    around: dict[str, list[list[float]]] = {}
+
+    def point_probe() -> float:
+        return probe_bandwidth(device, probe_bytes, passes=2).bandwidth_gbps
+
     with cpu_hog(args.cpu_hog):
         results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
                                between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
-                               pause_s=pause_s)
+                               pause_s=pause_s, point_probe=point_probe, around=around)
     # Solo's own extra measurements (energy, time outside the weight streaming) while its runtime is here.
     energy = _energy(device, solo, prompt, args, pause_s)
     time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
@@ -400,7 +421,7 @@ def main(args: argparse.Namespace) -> int:
                 results.update(_interleaved([peer], prompt, args.gen_len, args.repeats, skipped,
                                             between=lambda: probes.append(probe_bandwidth(device, probe_bytes,
                                                                                           passes=3)),
-                                            pause_s=pause_s))
+                                            pause_s=pause_s, point_probe=point_probe, around=around))
                 memory[f"{peer.name}_process_rss_peak_bytes"] = peer.peak_rss_bytes()
                 engines.append(peer)
             except PeerSkipped as exc:
@@ -444,6 +465,14 @@ def main(args: argparse.Namespace) -> int:
             entry = _stats(results[engine.name])
             entry["build"] = engine.build_info
             entry["roofline_fraction"] = entry["decode_tokens_per_s"]["median"] / roofline
+            pairs = around.get(engine.name, [])
+            if len(pairs) == len(entry["runs"]):
+                fractions = []
+                for run, pair in zip(entry["runs"], pairs, strict=True):
+                    run["bandwidth_gbps_around"] = pair
+                    own_roofline = roofline_tokens_per_s(max(pair), nbytes.total)
+                    fractions.append(run["decode_tokens"] / run["decode_s"] / own_roofline)
+                entry["point_roofline_fraction"] = summarize(fractions)
             if engine.name in token_checks:
                 entry["token_check"] = token_checks[engine.name]
             report["engines"][engine.name] = entry
@@ -592,14 +621,19 @@ def _print_report(r: dict[str, Any]) -> None:
               f"active per token; the roofline counts the active bytes only (routed experts "
               f"{rf['routed_expert_bytes'] / 1e6:.1f} MB per token)")
     solo = r["engines"].get("solo")
+    points = any("point_roofline_fraction" in e for e in r["engines"].values())
     header = f"{'engine':<15} {'decode tok/s':>24} {'ms/token':>9} {'TTFT ms':>22} {'roofline':>9} {'solo x':>7}"
-    print(header)
+    print(header + (f" {'pt roof':>17}" if points else ""))
     for name, e in r["engines"].items():
         d, t = e["decode_tokens_per_s"], e["ttft_s"]
         ratio = solo["decode_tokens_per_s"]["median"] / d["median"] if solo else float("nan")
+        pt = e.get("point_roofline_fraction")
         print(f"{name:<15} {d['median']:>8.2f} [{d['min']:.2f}-{d['max']:.2f}] {e['ms_per_token']['median']:>9.2f} "
               f"{t['median'] * 1e3:>8.1f} [{t['min'] * 1e3:.0f}-{t['max'] * 1e3:.0f}] {e['roofline_fraction']:>8.0%} "
-              f"{ratio:>6.2f}x")
+              f"{ratio:>6.2f}x" + (f" {pt['median']:>5.0%} [{pt['min']:.0%}-{pt['max']:.0%}]" if pt else ""))
+    if points:
+        print("  roofline: the median run against the run's best probe; pt roof: each run against the better of two "
+              "short probes right before and after it (median [min-max] over runs)")
     for name, e in r["engines"].items():
         if name != "solo" and solo:
             ttft_ratio = e["ttft_s"]["median"] / solo["ttft_s"]["median"]

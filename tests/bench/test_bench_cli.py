@@ -102,6 +102,10 @@ def test_bench_end_to_end(tmp_path, capsys):
         assert key in report
     solo = report["engines"]["solo"]
     assert len(solo["runs"]) == 2 and solo["decode_tokens_per_s"]["median"] > 0
+    # Each run's own roofline: the better of the short probes right before and after it.
+    assert all(len(run["bandwidth_gbps_around"]) == 2 and min(run["bandwidth_gbps_around"]) > 0
+               for run in solo["runs"])
+    assert solo["point_roofline_fraction"]["median"] > 0 and "pt roof" in text
     assert report["backend"] == "cpu" and report["versions"]["torch"] == torch.__version__
     assert report["pause_s"] == pytest.approx(0.02)
     for peer in ("hf-eager", "llama.cpp-F32"):  # a float32 checkpoint: llama.cpp runs an F32 GGUF
@@ -208,6 +212,37 @@ def test_interleaved_runs_pause_before_every_run():
     gaps = [b - a for (_, a), (_, b) in zip(events, events[1:], strict=False)]
     assert min(gaps) >= 0.05  # the same idle pause in front of every engine's run and every probe
     assert {name: len(runs) for name, runs in results.items()} == {"solo": 2, "peer": 2}
+
+
+def test_interleaved_probes_around_every_run():
+    # The probe after one run is the probe before the next; each run gets its own [before, after] pair.
+    from solo.bench.cli import _interleaved
+    from solo.bench.peers import PeerSkipped, RunResult
+
+    events: list[str] = []
+    rates = iter(range(1, 100))
+
+    class Engine:
+        def __init__(self, name, fail=False):
+            self.name, self.fail = name, fail
+
+        def run(self, prompt, gen_len):
+            events.append(self.name)
+            if self.fail:
+                raise PeerSkipped("broken")
+            return RunResult(ttft_s=0.0, decode_s=1.0, decode_tokens=gen_len - 1)
+
+    def probe():
+        events.append("p")
+        return float(next(rates))
+
+    around: dict[str, list[list[float]]] = {}
+    skipped: dict[str, str] = {}
+    results = _interleaved([Engine("solo"), Engine("bad", fail=True), Engine("peer")], [1], 3, 2, skipped,
+                           between=lambda: events.append("round"), point_probe=probe, around=around)
+    assert events == ["round", "p", "solo", "p", "bad", "peer", "p", "round", "p", "solo", "p", "peer", "p"]
+    assert around == {"solo": [[1, 2], [4, 5]], "peer": [[2, 3], [5, 6]]} and "bad" in skipped
+    assert len(results["solo"]) == len(around["solo"]) == 2
 
 
 def test_llamacpp_worker_protocol_without_a_model():

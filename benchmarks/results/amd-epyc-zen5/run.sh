@@ -134,3 +134,10 @@ done
 # bf16 decode of the 0.5B shape on the final code of the session (a check, no kernel change in it).
 run Qwen2.5-0.5B-bf16-final-2026-12-02 $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --compare llama.cpp \
   --json Qwen2.5-0.5B-bf16-final-2026-12-02.json
+# Session 3: each timed run with its own bandwidth probes (pt roof).
+run Qwen2.5-0.5B-bf16-point-probes $solo bench --shape Qwen2.5-0.5B --gen-len 128 --repeats 5 --energy-s 0 \
+  --compare llama.cpp --json Qwen2.5-0.5B-bf16-point-probes.json
+run Qwen2.5-0.5B-bf16-256-point-probes $solo bench --shape Qwen2.5-0.5B --gen-len 256 --repeats 5 --energy-s 0 \
+  --compare llama.cpp --json Qwen2.5-0.5B-bf16-256-point-probes.json
+run OLMoE-1B-7B-bf16-point-probes $solo bench --shape OLMoE-1B-7B --prompt-len 32 --gen-len 64 --repeats 5 \
+  --energy-s 0 --compare llama.cpp-BF16 --peers-after-solo --json OLMoE-1B-7B-bf16-point-probes.json
