@@ -476,6 +476,14 @@ def main(args: argparse.Namespace) -> int:
             if engine.name in token_checks:
                 entry["token_check"] = token_checks[engine.name]
             report["engines"][engine.name] = entry
+    solo_runs = report["engines"].get("solo", {}).get("runs")
+    for name, entry in report["engines"].items():
+        # Interleaved repeats pair each peer run with Solo's run of the same round (minutes apart at most, so
+        # in the same spell of a machine whose speed drifts); the per-round ratios say how steady Solo / peer is.
+        if name != "solo" and solo_runs and name not in deferred and len(entry["runs"]) == len(solo_runs):
+            entry["solo_ratio_by_round"] = summarize([
+                (s["decode_tokens"] / s["decode_s"]) / (p["decode_tokens"] / p["decode_s"])
+                for s, p in zip(solo_runs, entry["runs"], strict=True)])
     best = best_peers(report["engines"])
     if best:
         report["best_peer"] = best
@@ -639,8 +647,11 @@ def _print_report(r: dict[str, Any]) -> None:
             ttft_ratio = e["ttft_s"]["median"] / solo["ttft_s"]["median"]
             decode_ratio = solo["decode_tokens_per_s"]["median"] / e["decode_tokens_per_s"]["median"]
             check = f" | greedy tokens vs Solo: {e['token_check']['summary']}" if "token_check" in e else ""
-            print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x, Solo TTFT {ttft_ratio:.2f}x faster"
-                  f"{check}")
+            rounds = e.get("solo_ratio_by_round")
+            by_round = f" (round by round: {rounds['median']:.2f}x [{rounds['min']:.2f}-{rounds['max']:.2f}])" \
+                if rounds else ""
+            print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x{by_round}, Solo TTFT {ttft_ratio:.2f}x "
+                  f"faster{check}")
     for family, name in r.get("best_peer", {}).items():
         e = r["engines"][name]
         if solo and name != "solo":

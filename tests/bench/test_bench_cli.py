@@ -114,6 +114,8 @@ def test_bench_end_to_end(tmp_path, capsys):
         if peer in report["engines"]:
             assert report["engines"][peer]["build"]
             assert report["engines"][peer]["token_check"]["passed"]
+            # Interleaved: each round's Solo run over the peer's run of the same round.
+            assert report["engines"][peer]["solo_ratio_by_round"]["median"] > 0
     assert report["sweep"]["contexts"] == [8, 16] and len(report["sweep"]["engines"]["solo"]) == 2
     assert plot.stat().st_size > 1000
     energy = report["energy"]  # measured where a counter is readable, else said so
@@ -137,6 +139,7 @@ def test_peers_after_solo_times_llamacpp_once_solo_is_freed(tmp_path, capsys):
     assert report["memory"]["process_rss_after_freeing_solo_bytes"] > 0
     peer = report["engines"]["llama.cpp-F32"]
     assert len(peer["runs"]) == 2 and peer["token_check"]["passed"]
+    assert "solo_ratio_by_round" not in peer  # not interleaved: no rounds to pair
     assert len(report["engines"]["solo"]["runs"]) == 2 and "outside_matmuls" in report["engines"]["solo"]
     assert main(["bench", str(folder), "--compare", "hf-eager", "--peers-after-solo"]) == 2
     assert "llama.cpp (or llama.cpp-<type>) only" in capsys.readouterr().err
