@@ -137,7 +137,7 @@ def test_load_run_against_a_running_server(server, tmp_path, capsys):
     phase = result["phases"][0]
     assert 1 <= phase["sent"] <= 12 and phase["http_5xx"] == 0  # Poisson at 6/s for 2 s, at most 12
     assert phase["completed"] + phase["cancelled"] == phase["sent"], phase["errors"]
-    assert phase["errors"] == {}
+    assert phase["errors"] == {} and phase["arrivals_end_s"] is None  # the duration ended the arrivals
     assert result["meta"]["server_slots"] == 4  # read from the running server's /metrics
     assert phase["ttft_s"]["p50"] is not None and phase["goodput_rps"] > 0
     # Where TTFT goes: the server's own histograms over the phase, and every request's record.
@@ -147,6 +147,21 @@ def test_load_run_against_a_running_server(server, tmp_path, capsys):
     assert check["checked"] > 0 and check["wrong"] == 0
     assert "| 6 req/s |" in md.read_text() and plot.stat().st_size > 0
     assert str(tmp_path) not in md.read_text()  # the command is quoted without local paths
+
+
+def test_max_requests_ending_a_phase_early_is_reported(server, tmp_path, capsys):
+    # A bound on the requests that ends the arrivals before the phase's duration is said, not hidden, and
+    # the arrival rate counts the window the arrivals had.
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY.replace("rates = [6.0]", "rates = [20.0]").replace("duration_s = 2", "duration_s = 5"))
+    out, md = tmp_path / "load.json", tmp_path / "load.md"
+    assert main(["bench", "--load", str(workload), "--url", server.base_url, "--max-requests", "3", "--json",
+                 str(out), "--markdown", str(md), "--request-timeout", "60"]) == 0
+    assert "max_requests (3) ends its arrivals at" in capsys.readouterr().err
+    phase = json.loads(out.read_text())["phases"][0]
+    assert phase["sent"] == 3 and 0 < phase["arrivals_end_s"] < 5
+    assert phase["arrivals_rps"] == pytest.approx(3 / phase["arrivals_end_s"], rel=1e-3)
+    assert "ended the arrivals at" in md.read_text()
 
 
 @pytest.mark.slow

@@ -72,7 +72,8 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "duration_s": phase.duration_s,
         "wall_s": round(phase.wall_s, 2),
         "sent": len(outs),
-        "arrivals_rps": round(len(outs) / phase.duration_s, 4),
+        "arrivals_end_s": phase.arrivals_end_s,
+        "arrivals_rps": round(len(outs) / (phase.arrivals_end_s or phase.duration_s), 4),
         "completed": len(done),
         "cancelled": sum(o.cancelled for o in outs),
         "throughput_rps": round(len(done) / phase.wall_s, 4) if phase.wall_s else None,
@@ -159,6 +160,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{p['http_503']} / {p['retried_503']} | {other} | {_ms(t['p50'])}/{_ms(t['p90'])}/{_ms(t['p99'])} | "
             f"{_ms(tp['p50'])}/{_ms(tp['p90'])}/{_ms(tp['p99'])} | {_ms(e['p50'])}/{_ms(e['p90'])}/{_ms(e['p99'])} | "
             f"{p['goodput_rps']:.3g} | {p['completed_per_hour']} | {ratio} | {drift} |")
+    for p in phases:
+        if p.get("arrivals_end_s"):
+            lines += ["", f"{p['label']}: the workload's max_requests ended the arrivals at "
+                          f"{p['arrivals_end_s']:.1f} s of the phase's {p['duration_s']:g} s."]
     lines += ["", "Errors by kind:", ""]
     for p in phases:
         lines.append(f"- {p['label']}: " + (", ".join(f"{k}: {n}" for k, n in sorted(p["errors"].items())) or "none"))

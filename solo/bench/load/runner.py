@@ -34,7 +34,14 @@ from urllib.parse import urlparse
 import httpx
 
 from solo.bench.load.client import Outcome, request_body, send
-from solo.bench.load.workload import PlannedRequest, RequestClass, Workload, plan_phase, prompt_lengths
+from solo.bench.load.workload import (
+    MAX_REQUESTS,
+    PlannedRequest,
+    RequestClass,
+    Workload,
+    plan_phase,
+    prompt_lengths,
+)
 from solo.errors import SoloError
 
 MAX_IN_FLIGHT = 512
@@ -294,6 +301,7 @@ class PhaseResult:
     rss_samples: list[tuple[float, int]] = field(default_factory=list)
     saturated: int = 0
     server_latency: dict[str, dict[str, float | None]] = field(default_factory=dict)
+    arrivals_end_s: float | None = None  # where `max_requests` ended the arrivals before `duration_s`, else None
 
 
 async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: float, label: str, duration_s: float,
@@ -303,7 +311,16 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
     Args:
         rss: a callable giving the server's RSS in bytes (sampled every second), or None.
     """
-    plan = plan_phase(workload, rate, duration_s, max_requests, seed)
+    # One request more than the bound tells whether the bound, not the duration, ended the arrivals (the first
+    # `max_requests` are the same either way).
+    plan = plan_phase(workload, rate, duration_s, max_requests + 1, seed)
+    arrivals_end_s = None
+    if len(plan) > max_requests:
+        plan = plan[:max_requests]
+        arrivals_end_s = plan[-1].offset_s
+        print(f"phase {label}: the workload's max_requests ({max_requests}) ends its arrivals at "
+              f"{arrivals_end_s:.1f} s of {duration_s:g} s (--max-requests raises it, up to {MAX_REQUESTS})",
+              file=sys.stderr)
     histograms_before = await asyncio.to_thread(server_histograms, base_url)
     limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
     outcomes: list[Outcome] = []
@@ -347,7 +364,7 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
         await sampler
     histograms = await asyncio.to_thread(server_histograms, base_url)
     return PhaseResult(rate, label, duration_s, outcomes, wall, samples, saturated,
-                       histogram_quantiles(histograms_before, histograms))
+                       histogram_quantiles(histograms_before, histograms), arrivals_end_s)
 
 
 async def _send_with_retries(client: httpx.AsyncClient, prompts: Prompts, req: PlannedRequest, outcome: Outcome,
