@@ -1,17 +1,22 @@
 """Request and response bodies of the OpenAI-compatible API, as pydantic models.
 
 Requests: `model` is optional, as in vLLM (left out, the served model answers); when given it must be the
-served name (another name is a 404). Unknown fields are ignored, as OpenAI's API does, and `null` for any
-optional field means its default, as in OpenAI's API. Known fields are strictly typed (no "0.5" strings
-for numbers, no 1 for true, no NaN) and range-checked, so FastAPI rejects bad input before any engine work.
+served name (another name is a 404). An unknown field in a chat or completions request is refused by name,
+as OpenAI's API refuses an unrecognized argument, except those that cannot change the output
+(`NO_EFFECT_FIELDS`: `store`, `metadata`, `service_tier`, ...) and vLLM's fields at the value that changes
+nothing (`min_tokens` 0, `include_stop_str_in_output` false, `skip_special_tokens` true, ...:
+`SamplingFields.DEFAULT_ONLY`); `null` for any optional field means its default, as in OpenAI's API.
+Known fields are strictly typed (no "0.5" strings for numbers, no 1 for true, no NaN) and range-checked,
+so FastAPI rejects bad input before any engine work.
 What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`,
 `best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
 `stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
 `max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort`.
-Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `ignore_eos`, `add_generation_prompt`,
-`chat_template_kwargs`, and structured output beside `response_format` (both routes): `guided_json`,
-`guided_regex`, `guided_choice`, `guided_grammar`, and `structured_outputs` {"json", "regex", "choice", "grammar",
-"json_object"}; `response_format` also takes Solo's types {"type": "regex" | "choice" | "grammar", ...}.
+Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
+`add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both
+routes): `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, and `structured_outputs` {"json",
+"regex", "choice", "grammar", "json_object"}; `response_format` also takes Solo's types {"type": "regex" |
+"choice" | "grammar", ...}.
 
 Responses mirror OpenAI's shapes field for field (chat.completion, chat.completion.chunk, text_completion,
 usage, both logprobs shapes).
@@ -20,7 +25,7 @@ usage, both logprobs shapes).
 from __future__ import annotations
 
 import json
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
     BaseModel,
@@ -109,11 +114,25 @@ class StreamOptions(_Lenient):
     include_usage: _Bool = False
 
 
+NO_EFFECT_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
+                              "guided_decoding_backend", "request_id", "cache_salt"})
+"""Request fields of OpenAI's or vLLM's API that cannot change what Solo generates: accepted and ignored."""
+
+
 class SamplingFields(_Lenient):
     """Fields shared by chat and completions requests.
 
     Sampling values left out (None) come from the model's generation_config.json, then OpenAI's defaults.
+    A field this API does not know is refused by name (as OpenAI's API refuses an unrecognized argument),
+    except `NO_EFFECT_FIELDS`, and vLLM's fields in `DEFAULT_ONLY` at the value that changes nothing:
+    whatever else a client sends would change its output, and Solo would not honour it.
     """
+
+    model_config = ConfigDict(extra="allow")
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {
+        "min_tokens": 0, "include_stop_str_in_output": False, "use_beam_search": False, "length_penalty": 1.0,
+        "skip_special_tokens": True, "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False,
+    }
 
     model: Annotated[_Str, Field(min_length=1)] | None = None
     max_tokens: Annotated[_Int, Field(ge=1)] | None = None
@@ -126,6 +145,8 @@ class SamplingFields(_Lenient):
     repetition_penalty: Annotated[_Float, Field(gt=0)] | None = None
     seed: Annotated[_Int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     stop: Annotated[_Str | list[_Str], _one_of("a string or a list of strings")] | None = None
+    # vLLM's extension: token ids that end the generation (left out of the text), besides the model's EOS ids.
+    stop_token_ids: list[Annotated[_Int, Field(ge=0)]] | None = None
     n: Annotated[_Int, Field(ge=1, le=128)] = 1
     stream: _Bool = False
     stream_options: StreamOptions | None = None
@@ -192,6 +213,27 @@ class SamplingFields(_Lenient):
             raise ValueError("logit_bias is not supported by Solo; leave it out")
         return value
 
+    @model_validator(mode="after")
+    def _nothing_dropped(self) -> SamplingFields:
+        # A field this model does not declare would otherwise be dropped without a word.
+        for name, value in (self.model_extra or {}).items():
+            if name in NO_EFFECT_FIELDS:
+                continue
+            if name in self.DEFAULT_ONLY:
+                default = self.DEFAULT_ONLY[name]
+                same_type = type(value) is type(default) or (type(default) is float and type(value) is int)
+                if same_type and value == default:
+                    continue
+                message = (f"{json.dumps(value)} is not supported by Solo (only {json.dumps(default)}, which changes "
+                           "nothing); leave it out")
+            else:
+                message = ("unrecognized request argument: Solo's API does not know it, so it cannot honour it; "
+                           "leave it out (the fields it takes: the README's \"Serve (OpenAI-compatible)\" section)")
+            # Located at the field, so the error names it (param) as for a declared field's bad value.
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                {"type": PydanticCustomError("unsupported_field", message), "loc": (name,), "input": value}])
+        return self
+
     @property
     def include_usage(self) -> bool:
         """True when a streamed response ends with a usage chunk."""
@@ -209,7 +251,8 @@ class SamplingFields(_Lenient):
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            seed=None if self.seed is None else self.seed + choice, stop=stop, ignore_eos=self.ignore_eos,
+            seed=None if self.seed is None else self.seed + choice, stop=stop,
+            stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
             logprobs=logprobs, response_format=response_format,
         )
 
@@ -267,6 +310,9 @@ class ChatMessage(BaseModel):
 
 class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
+
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**SamplingFields.DEFAULT_ONLY, "echo": False,
+                                               "add_special_tokens": False, "continue_final_message": False}
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[_Int, Field(ge=1)] | None = None
@@ -340,6 +386,8 @@ class ChatCompletionRequest(SamplingFields):
 
 class CompletionRequest(SamplingFields):
     """POST /v1/completions. `prompt` is text, token ids, or a list of either (one choice set each)."""
+
+    DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**SamplingFields.DEFAULT_ONLY, "add_special_tokens": True}
 
     prompt: Annotated[
         Annotated[_Str, Field(min_length=1)] | list[_Int] | list[_Str] | list[list[_Int]],

@@ -216,10 +216,45 @@ def test_what_openai_accepts_stays_accepted(server):
             assert response.status_code == 200, (body, response.text)
 
 
-def test_unknown_fields_are_ignored(server):
+def test_unknown_fields_are_refused_by_name(server):
+    # What Solo cannot honour is refused, never dropped: an unknown field (OpenAI's API refuses an
+    # unrecognized argument too), and vLLM's output-changing fields unless at their no-op value.
     with server.http() as http:
-        response = http.post(CHAT, json=chat(max_tokens=2, frobnicate=True, metadata={"a": 1}, store=False))
-    assert response.status_code == 200, response.text
+        error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, frobnicate=True)), 400, param="frobnicate")
+        assert "unrecognized request argument" in error["message"] and "leave it out" in error["message"]
+        for route, body in ((CHAT, chat()), (COMPLETIONS, completion())):
+            for name, value in (("min_tokens", 5), ("include_stop_str_in_output", True), ("use_beam_search", True),
+                                ("truncate_prompt_tokens", 5), ("allowed_token_ids", [5]), ("prompt_logprobs", 1),
+                                ("skip_special_tokens", False), ("min_tokens", False)):
+                error = assert_openai_error(http.post(route, json={**body, "max_tokens": 2, name: value}), 400,
+                                            param=name)
+                assert "leave it out" in error["message"], error
+        assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, echo=True)), 400, param="echo")
+        # Fields that cannot change the output, and vLLM's at the value that changes nothing, are accepted.
+        for route, body in ((CHAT, chat(echo=False, add_special_tokens=False)),
+                            (COMPLETIONS, completion(add_special_tokens=True))):
+            response = http.post(route, json={**body, "max_tokens": 2, "metadata": {"a": 1}, "store": False,
+                                              "service_tier": "auto", "min_tokens": 0, "skip_special_tokens": True,
+                                              "include_stop_str_in_output": False, "length_penalty": 1,
+                                              "guided_decoding_backend": "xgrammar", "frobnicate": None})
+            assert response.status_code == 200, response.text
+
+
+def test_stop_token_ids_end_the_generation(server):
+    # vLLM's stop_token_ids: with every id of the vocabulary a stop id, the first generated token ends the
+    # run (left out of the text); without them the same request runs to max_tokens.
+    vocab = server.state.engine.config.vocab_size
+    with server.http() as http:
+        body = completion(max_tokens=6, temperature=0.0, ignore_eos=True)
+        plain = http.post(COMPLETIONS, json=body).json()["choices"][0]
+        assert plain["finish_reason"] == "length"
+        stopped = http.post(COMPLETIONS, json={**body, "stop_token_ids": list(range(vocab))}).json()
+        assert stopped["choices"][0]["finish_reason"] == "stop" and stopped["choices"][0]["text"] == ""
+        assert stopped["usage"]["completion_tokens"] == 1
+        assert_openai_error(http.post(COMPLETIONS, json={**body, "stop_token_ids": [10**9]}), 400,
+                            param="stop_token_ids")
+        assert_openai_error(http.post(COMPLETIONS, json={**body, "stop_token_ids": [-1]}), 400,
+                            param="stop_token_ids")
 
 
 def test_json_needs_json_content_type(server):
