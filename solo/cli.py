@@ -142,9 +142,12 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
     # Without --max-tokens, generate 256 tokens or as many as fit the context, never an error.
+    # A prompt that alone fills the context keeps None, so the error counts the prompt, not a budget the user
+    # never gave.
     if params.max_tokens is None:
         room = engine.config.context_length - len(engine.encode_prompt(prompt))
-        params.max_tokens = max(1, min(256, room))
+        if room > 0:
+            params.max_tokens = min(256, room)
 
 
 def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001

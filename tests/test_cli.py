@@ -201,7 +201,9 @@ def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--probe-gib", "0"], "--probe-gib > 0"),
+    (["--probe-gib", "0"], "--probe-gib must be > 0, got 0"),
+    (["--gen-len", "0"], "--gen-len must be >= 2 (decode speed needs a second token), got 0"),
+    (["--repeats", "0"], "--repeats must be >= 1, got 0"),
     (["--compare", ""], "--compare needs peer names"),
     (["--contexts", "64,128"], "add --sweep-context"),
     (["--json", "/definitely/not/here/x.json"], "does not exist; create it first"),

@@ -246,13 +246,16 @@ def main(args: argparse.Namespace) -> int:
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
         return 0
-    if args.prompt_len < 1 or args.gen_len < 2 or args.repeats < 1 or args.pause_ms < 0 or args.cpu_hog < 0:
-        raise SoloError("--prompt-len must be >= 1, --gen-len >= 2, --repeats >= 1, --pause-ms >= 0 and "
-                        "--cpu-hog >= 0")
-    if args.energy_s < 0:
-        raise SoloError(f"--energy-s must be >= 0 (0 skips the energy measurement), got {args.energy_s:g}")
-    if args.sweep_gen_len < 2 or not args.probe_gib > 0:
-        raise SoloError("--sweep-gen-len must be >= 2 and --probe-gib > 0")
+    for flag, value, low, why in (
+            ("--prompt-len", args.prompt_len, 1, ""),
+            ("--gen-len", args.gen_len, 2, " (decode speed needs a second token)"),
+            ("--repeats", args.repeats, 1, ""), ("--pause-ms", args.pause_ms, 0, ""),
+            ("--cpu-hog", args.cpu_hog, 0, ""), ("--energy-s", args.energy_s, 0, " (0 skips the energy measurement)"),
+            ("--sweep-gen-len", args.sweep_gen_len, 2, "")):
+        if value < low:
+            raise SoloError(f"{flag} must be >= {low}{why}, got {value:g}")
+    if not args.probe_gib > 0:
+        raise SoloError(f"--probe-gib must be > 0, got {args.probe_gib:g}")
     if args.compare is not None and not args.compare.strip(","):
         raise SoloError("--compare needs peer names (hf, hf-eager, hf-compile, llama.cpp); leave it out for none")
     if args.contexts is not None and not args.sweep_context:

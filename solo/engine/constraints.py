@@ -54,16 +54,19 @@ class StructuredOutput:
             "structural_tag" (`value` is an XGrammar `StructuralTag`, e.g. a model's tool-call format).
         value: see `kind`.
         name: the schema's name (OpenAI's json_schema.name), for messages.
+        source: the request field it came from (`response_format`, or vLLM's `guided_regex`, ...), which
+            errors name; not part of equality.
     """
 
     kind: Kind
     value: Any = None
     name: str | None = None
+    source: str = field(default="response_format", compare=False)
 
     def __post_init__(self) -> None:
         if self.kind not in KINDS:
-            raise InvalidRequestError(f"response_format type {self.kind!r} is unknown; use one of "
-                                      f"{', '.join(KINDS[:-1])}", param="response_format")
+            raise InvalidRequestError(f"{self.source} type {self.kind!r} is unknown; use one of "
+                                      f"{', '.join(KINDS[:-1])}", param=self.source)
         checks = {
             "json_schema": (lambda v: isinstance(v, Mapping | bool), "a JSON Schema object"),
             "regex": (lambda v: isinstance(v, str) and v != "", "a non-empty regular expression string"),
@@ -74,8 +77,8 @@ class StructuredOutput:
         if self.kind in checks:
             ok, what = checks[self.kind]
             if not ok(self.value):
-                raise InvalidRequestError(f"response_format {self.kind} must be {what}, got {self.value!r}",
-                                          param="response_format")
+                raise InvalidRequestError(f"{self.source} {self.kind} must be {what}, got {self.value!r}",
+                                          param=self.source)
 
     @classmethod
     def parse(cls, value: StructuredOutput | Mapping[str, Any] | None) -> StructuredOutput | None:
@@ -208,7 +211,7 @@ class ConstraintCompiler:
 
     def _compile(self, spec: StructuredOutput) -> CompiledConstraint:
         if spec.kind == "json_schema":
-            check_json_schema(spec.value)
+            check_json_schema(spec.value, spec.source)
         if spec.kind == "structural_tag":
             try:
                 return CompiledConstraint("xgrammar", self._compile_xgrammar(spec), self.logits_width, self)
@@ -230,8 +233,8 @@ class ConstraintCompiler:
                 errors.append(f"{backend}: {_first_line(exc)}")
         what = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice list",
                 "json_object": "JSON grammar"}[spec.kind]
-        raise InvalidRequestError(f"the {what} in response_format is not supported ({'; '.join(errors)})",
-                                  param="response_format")
+        raise InvalidRequestError(f"the {what} in {spec.source} is not supported ({'; '.join(errors)})",
+                                  param=spec.source)
 
     def _compile_llguidance(self, spec: StructuredOutput) -> str:
         import llguidance
@@ -260,11 +263,12 @@ class ConstraintCompiler:
         return compiler.compile_structural_tag(spec.value)
 
 
-def check_json_schema(schema: Any) -> None:  # noqa: ANN401
+def check_json_schema(schema: Any, source: str = "response_format") -> None:  # noqa: ANN401
     """Refuse a JSON Schema that is invalid or holds a keyword the grammar engines do not enforce.
 
     llguidance's schema compiler is the judge: it reports invalid schemas and "Unimplemented keys" (for
-    example uniqueItems, not, if/then/else, contains, propertyNames, dependentRequired).
+    example uniqueItems, not, if/then/else, contains, propertyNames, dependentRequired). `source`: the
+    request field the schema came from, named as the error's param.
 
     Raises:
         InvalidRequestError: naming the problem (the keywords, or the compiler's message).
@@ -273,13 +277,13 @@ def check_json_schema(schema: Any) -> None:  # noqa: ANN401
         return
     if not isinstance(schema, Mapping):
         raise InvalidRequestError(f"the JSON schema must be an object, got {type(schema).__name__}",
-                                  param="response_format")
+                                  param=source)
     import llguidance
 
     try:
         grammar = llguidance.grammar_from("json_schema", json.dumps(schema))
     except (TypeError, ValueError) as exc:
-        raise InvalidRequestError(f"the JSON schema cannot be read: {exc}", param="response_format") from None
+        raise InvalidRequestError(f"the JSON schema cannot be read: {exc}", param=source) from None
     is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, None)
     if not is_error:
         return
@@ -287,8 +291,8 @@ def check_json_schema(schema: Any) -> None:  # noqa: ANN401
     if "Unimplemented keys" in text:
         raise InvalidRequestError(
             f"the JSON schema uses keywords Solo cannot enforce while generating ({text}); remove them",
-            param="response_format")
-    raise InvalidRequestError(f"the JSON schema is invalid: {text}", param="response_format")
+            param=source)
+    raise InvalidRequestError(f"the JSON schema is invalid: {text}", param=source)
 
 
 # llguidance's JSON options: whitespace between tokens, bounded like XGrammar's max_whitespace_cnt.

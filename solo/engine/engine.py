@@ -306,9 +306,11 @@ class Engine:
         ids = self.encode_prompt(prompt)
         context = self.config.context_length
         if len(ids) >= context:
+            need = (f"{len(ids) + max_tokens} tokens (prompt {len(ids)} + max_tokens {max_tokens})"
+                    if max_tokens is not None else f"at least {len(ids) + 1} tokens (prompt {len(ids)} + 1 new token)")
             raise ContextLengthError(
-                f"this request needs at least {len(ids) + 1} tokens (prompt {len(ids)} + 1 new token) but the "
-                f"model's context is {context}; shorten the prompt", param="prompt"
+                f"this request needs {need} but the model's context is {context}; shorten the prompt (the prompt "
+                f"alone fills it)", param="prompt"
             )
         room = context - len(ids)
         if max_tokens is None:

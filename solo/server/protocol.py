@@ -260,7 +260,7 @@ class SamplingFields(_Lenient):
 def _vllm_structured(key: str, value: Any, name: str) -> StructuredOutput | None:  # noqa: ANN401
     # vLLM's guided_* / structured_outputs values, as a StructuredOutput.
     if key == "json_object":
-        return StructuredOutput("json_object") if value is True else None
+        return StructuredOutput("json_object", source=name) if value is True else None
     if key == "json":
         if isinstance(value, str):
             try:
@@ -268,11 +268,8 @@ def _vllm_structured(key: str, value: Any, name: str) -> StructuredOutput | None
             except json.JSONDecodeError as exc:
                 raise InvalidRequestError(f"{name} must be a JSON Schema (an object, or a string of one): {exc}",
                                           param=name) from None
-        return StructuredOutput("json_schema", value)
-    try:
-        return StructuredOutput(key, value)  # type: ignore[arg-type]
-    except InvalidRequestError as exc:
-        raise InvalidRequestError(str(exc).replace("response_format", name), param=name) from None
+        return StructuredOutput("json_schema", value, source=name)
+    return StructuredOutput(key, value, source=name)  # type: ignore[arg-type]
 
 
 class TextContentPart(_Lenient):

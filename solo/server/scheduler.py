@@ -459,9 +459,13 @@ class Scheduler:
             missing = len(self._waiting) + len(requests) - self.max_queue - len(self._free_rows)
             if missing > 0:
                 wait_s = self._estimate_wait_s(missing)
+                # Waiting requests first take the free rows (the scheduler thread admits them), then queue.
+                starting = min(len(self._waiting), len(self._free_rows))
                 raise QueueFullError(
-                    f"the server is at capacity ({len(self._running)} running, {len(self._waiting)} waiting, "
-                    f"queue limit {self.max_queue}); a place is expected to free in about {wait_s} s, retry then",
+                    f"the server is at capacity ({len(self._running) + starting} running or starting, "
+                    f"{len(self._waiting) - starting} queued, queue limit {self.max_queue}"
+                    + (f"; this request has {len(requests)} choices" if len(requests) > 1 else "")
+                    + f"); a place is expected to free in about {wait_s} s, retry then",
                     retry_after_s=wait_s,
                 )
             self._check_queue_wait(len(requests), priority)

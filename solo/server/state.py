@@ -326,9 +326,12 @@ class ServerState:
         """
         limit, what = self.max_model_len, self._context_name()
         if prompt_len >= limit:
+            need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + max_tokens {max_tokens})"
+                    if max_tokens is not None else f"at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new "
+                    "token)")
             raise ContextLengthError(
-                f"this request needs at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new token) but "
-                f"{what} is {limit}; shorten the prompt", param=prompt_param)
+                f"this request needs {need} but {what} is {limit}; shorten the prompt (the prompt alone fills it)",
+                param=prompt_param)
         room = limit - prompt_len
         if max_tokens is None:
             return room if default_cap is None else min(default_cap, room)

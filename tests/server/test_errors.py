@@ -77,6 +77,12 @@ CASES = [
     ("two-constraints", CHAT, chat(response_format={"type": "json_object"}, guided_regex="a+"), 400, "guided_regex",
      None),
     ("guided-json-not-json", COMPLETIONS, completion(guided_json="{nope"), 400, "guided_json", None),
+    # vLLM's fields: a constraint that fails to compile is named by the field it came from.
+    ("guided-regex-bad", COMPLETIONS, completion(guided_regex="(["), 400, "guided_regex", None),
+    ("guided-json-unsupported-keyword", CHAT, chat(guided_json={"type": "array", "uniqueItems": True}), 400,
+     "guided_json", None),
+    ("structured-outputs-bad-regex", COMPLETIONS, completion(structured_outputs={"regex": "(["}), 400,
+     "structured_outputs.regex", None),
     ("tool-choice-names-no-tool", CHAT,
      chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "nope"}}), 400, "tool_choice", None),
     ("tool-choice-required-no-tools", CHAT, chat(tool_choice="required"), 400, "tool_choice", None),
@@ -175,6 +181,10 @@ def test_context_error_gives_the_numbers(server):
             message = http.post(route, json=body).json()["error"]["message"]
             assert message.startswith("this request needs ") and "+ max_tokens 10000) but the model's " \
                 "context is 256; lower max_tokens" in message, message
+        # A prompt that alone fills the context: the numbers still count the max_tokens sent.
+        message = http.post(COMPLETIONS, json=completion(prompt=[5] * 300, max_tokens=10)).json()["error"]["message"]
+        assert message.startswith("this request needs 310 tokens (prompt 300 + max_tokens 10) but "), message
+        assert "shorten the prompt" in message
 
 
 def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):

@@ -76,7 +76,8 @@ def test_queue_bound_cancel_and_stop(engine):
         long = dict(max_tokens=200, temperature=0.0, ignore_eos=True)
         first = scheduler.submit([make(engine, "a", **long)], loop)
         second = scheduler.submit([make(engine, "b", **long)], loop)
-        with pytest.raises(QueueFullError):
+        # Whether or not the scheduler thread has admitted "a" yet: one in the row, one queued.
+        with pytest.raises(QueueFullError, match=r"\(1 running or starting, 1 queued, queue limit 1\)"):
             scheduler.submit([make(engine, "c", **long)], loop)
         # Take one event from the first, then cancel both: the row frees, the queue empties.
         await anext(first.events())
@@ -88,7 +89,7 @@ def test_queue_bound_cancel_and_stop(engine):
             await asyncio.sleep(0.01)
         assert (scheduler.active, scheduler.waiting) == (0, 0)
         # n choices are all or nothing: 3 do not fit in 1 row + 1 queued.
-        with pytest.raises(QueueFullError):
+        with pytest.raises(QueueFullError, match="0 queued, queue limit 1; this request has 3 choices"):
             scheduler.submit([make(engine, "d", max_tokens=2) for _ in range(3)], loop)
         done = await drain(scheduler.submit([make(engine, "d", max_tokens=2) for _ in range(2)], loop))
         assert sorted(done) == [0, 1]
