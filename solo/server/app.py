@@ -1,4 +1,4 @@
-"""The FastAPI application: `create_app(settings)` wires state, routes, errors, auth and metrics.
+"""The FastAPI application: `create_app(settings)` wires state, routes, errors, auth, CORS and metrics.
 
     app = create_app(ServerSettings(model="path/to/model", max_batch=8))
     uvicorn.run(app)   # or solo.server.runner.SoloServer for graceful shutdown
@@ -12,8 +12,10 @@ import asyncio
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI
+from fastapi.middleware.cors import CORSMiddleware
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from solo import __version__
@@ -28,6 +30,8 @@ from solo.server.state import ServerSettings, ServerState
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/tokenize", "/detokenize",
           "/health", "/metrics", "/", "/playground/info")
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
+LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
+"""Browser origins allowed by default (CORS): pages served from this machine, any port."""
 _OPEN_ROUTES = ("/health",)  # reachable without the API key (load-balancer probes)
 _OPEN_PAGES = ("/", *(STATIC_PREFIX + name for name in ("index.html", "playground.js", "playground.css")))
 """The playground's static files: no data in them; the page sends the key on its API calls."""
@@ -119,4 +123,9 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.include_router(router)
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics)
+    # Outermost (added last), so a browser's preflight, which never carries the API key, is answered here.
+    cors: dict[str, Any] = {"allow_origins": settings.allowed_origins} if settings.allowed_origins is not None \
+        else {"allow_origin_regex": LOCAL_ORIGINS}
+    app.add_middleware(CORSMiddleware, allow_methods=["GET", "POST", "OPTIONS"],
+                       allow_headers=["Authorization", "Content-Type"], **cors)
     return app

@@ -20,6 +20,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every route but /health")
+    parser.add_argument("--allowed-origins", type=_origins, default=None, metavar="ORIGINS",
+                        help="comma-separated browser origins (CORS) that may call the API, e.g. "
+                             "http://localhost:3000, or * for any (default: pages served from this machine: "
+                             "localhost, 127.0.0.1 or [::1] on any port)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given, or the bundled "
                              "model's name)")
@@ -66,6 +70,14 @@ def _slots(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number of slots or 'auto', got {text!r}") from None
 
 
+def _origins(text: str) -> list[str]:
+    # "http://a:3000,http://b" -> the list; ServerSettings.validate checks each.
+    origins = [o.strip() for o in text.split(",") if o.strip()]
+    if not origins:
+        raise argparse.ArgumentTypeError("expected comma-separated origins (e.g. http://localhost:3000) or *")
+    return origins
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the server until SIGTERM/SIGINT; returns 0 after a graceful shutdown.
 
@@ -86,7 +98,8 @@ def main(args: argparse.Namespace) -> int:
     settings = ServerSettings(
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
         quantize=args.quantize,
-        served_model_name=args.served_model_name, api_key=args.api_key, max_batch=args.max_batch,
+        served_model_name=args.served_model_name, api_key=args.api_key, allowed_origins=args.allowed_origins,
+        max_batch=args.max_batch,
         max_queue=args.max_queue, max_queue_wait_s=args.max_queue_wait, max_model_len=args.max_model_len,
         decode_batching=args.decode_batching,
         prefill_chunk=DEFAULT_PREFILL_CHUNK if args.prefill_chunk is None else args.prefill_chunk,

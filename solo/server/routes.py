@@ -455,7 +455,7 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
 
 
-@router.get("/health")
+@router.api_route("/health", methods=["GET", "HEAD"])
 async def health(request: Request) -> JSONResponse:
     """200 {"status": "ok"} when ready; 503 while loading, after a failed load, or when shutting down."""
     state = _state(request)

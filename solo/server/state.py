@@ -50,6 +50,9 @@ class ServerSettings:
         device, dtype, backend, revision, quantize: as for `Engine.load`.
         served_model_name: the name clients put in `model` (default: the engine's name).
         api_key: when set, every route but /health needs `Authorization: Bearer <api_key>`.
+        allowed_origins: browser origins (CORS) that may call the API, e.g. "http://localhost:3000", or "*"
+            for any; None: pages served from this machine (localhost, 127.0.0.1, [::1], any port), as
+            Ollama's default.
         max_batch: KV-cache slots (requests decoded together); None: chosen from free memory at start-up
             (`kv_memory.auto_slots`: 8 to 32), after which it holds the number chosen.
         max_queue: requests that may wait for a slot; beyond it, 503 with Retry-After.
@@ -74,6 +77,7 @@ class ServerSettings:
     quantize: str | None = None
     served_model_name: str | None = None
     api_key: str | None = None
+    allowed_origins: list[str] | None = None
     max_batch: int | None = None
     max_queue: int = 64
     max_model_len: int | None = None
@@ -105,6 +109,10 @@ class ServerSettings:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
         if self.api_key is not None and not self.api_key:
             raise SoloError("--api-key is empty; give a key or leave the flag out")
+        for origin in self.allowed_origins or []:
+            if origin != "*" and (not origin.startswith(("http://", "https://")) or origin.rstrip("/") != origin):
+                raise SoloError(f"--allowed-origins takes origins like http://localhost:3000 (scheme, host, optional "
+                                f"port, no path or trailing slash) or *; got {origin!r}")
         gb = self.prefix_cache_gb
         if gb is not None and gb != "auto" and (isinstance(gb, str) or not gb >= 0):
             raise SoloError(f"--prefix-cache-gb must be >= 0 (or left out: auto), got {gb!r}")

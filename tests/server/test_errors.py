@@ -6,6 +6,9 @@ import openai
 import pytest
 from server_harness import MODEL_NAME, start_server
 
+from solo.errors import SoloError
+from solo.server.state import ServerSettings
+
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
 MSG = [{"role": "user", "content": "hi"}]
@@ -311,13 +314,41 @@ def test_api_key(tiny_model):
             assert http.post(CHAT, content="{bad", headers={"Content-Type": "application/json"}).status_code == 401
             for path in ("/v1/models", "/metrics"):
                 assert http.get(path).status_code == 401
-            assert http.get("/health").status_code == 200
+            assert http.get("/health").status_code == 200 and http.head("/health").status_code == 200
+            # CORS: a browser page served from this machine may call the API (its preflight carries no key),
+            # a page from elsewhere may not.
+            preflight = {"Access-Control-Request-Method": "POST",
+                         "Access-Control-Request-Headers": "authorization,content-type"}
+            local = http.options(CHAT, headers={"Origin": "http://localhost:3000", **preflight})
+            assert local.status_code == 200
+            assert local.headers["access-control-allow-origin"] == "http://localhost:3000"
+            remote = http.options(CHAT, headers={"Origin": "https://example.com", **preflight})
+            assert remote.status_code == 400 and "access-control-allow-origin" not in remote.headers
+            reply = http.get("/v1/models", headers={"Origin": "http://127.0.0.1:5173",
+                                                    "Authorization": "Bearer sesame"})
+            assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == "http://127.0.0.1:5173"
         with pytest.raises(openai.AuthenticationError):
             running.client(api_key="wrong").models.list()
         reply = running.client(api_key="sesame").chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=2)
         assert reply.choices[0].message.role == "assistant"
     finally:
         running.stop()
+
+
+def test_allowed_origins(tiny_model):
+    running = start_server(tiny_model, max_batch=1, allowed_origins=["https://app.example.com"])
+    try:
+        with running.http() as http:
+            preflight = {"Access-Control-Request-Method": "POST"}
+            allowed = http.options(CHAT, headers={"Origin": "https://app.example.com", **preflight})
+            assert allowed.status_code == 200
+            assert allowed.headers["access-control-allow-origin"] == "https://app.example.com"
+            # The list replaces the default: this machine's pages are not in it.
+            assert http.options(CHAT, headers={"Origin": "http://localhost:3000", **preflight}).status_code == 400
+    finally:
+        running.stop()
+    with pytest.raises(SoloError, match="--allowed-origins takes origins like"):
+        ServerSettings(allowed_origins=["localhost:3000"]).validate()
 
 
 def test_max_model_len_bounds_requests(tiny_model):
