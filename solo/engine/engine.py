@@ -391,6 +391,7 @@ class Engine:
             device=self.runtime.device,
             start_time=start_time,
             constraint=constraint,
+            include_stop_str=params.include_stop_str_in_output,
         )
         request.tool_call_format, request.tool_call_forced = tool_format, forced
         return request

@@ -148,6 +148,7 @@ class Request:
         device: device of the logits.
         start_time: `time.perf_counter()` at arrival (TTFT counts from here); now when None.
         constraint: the output grammar's matcher (structured output), or None.
+        include_stop_str: keep a matched stop string at the end of the text.
     """
 
     def __init__(
@@ -163,6 +164,7 @@ class Request:
         device: torch.device | str = "cpu",
         start_time: float | None = None,
         constraint: TokenConstraint | None = None,
+        include_stop_str: bool = False,
     ) -> None:
         self.request_id = next(_request_counter)
         self.prompt_ids = list(prompt_ids)
@@ -171,7 +173,7 @@ class Request:
         self.eos_ids = eos_ids
         self.sampler = TokenSampler(sampling, self.prompt_ids, vocab_size, device)
         self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_ids)
-        self.stop_matcher = StopStringMatcher(stop)
+        self.stop_matcher = StopStringMatcher(stop, include_stop_str)
         self.logprobs = logprobs
         self.output_ids: list[int] = []
         self.finish_reason: str | None = None

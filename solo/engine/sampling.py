@@ -38,6 +38,7 @@ class SamplingParams:
         seed: makes sampling reproducible; None draws a random seed.
         stop: strings that end generation; they are left out of the returned text.
         stop_token_ids: extra token ids that end generation, besides the model's EOS ids.
+        include_stop_str_in_output: keep a matched stop string at the end of the text (vLLM's field).
         ignore_eos: keep generating past the model's EOS ids (benchmarks); `stop_token_ids` and stop strings
             still stop.
         logprobs: None for no log-probabilities; k >= 0 returns the chosen token's log-probability and the
@@ -60,6 +61,7 @@ class SamplingParams:
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
+    include_stop_str_in_output: bool = False
     ignore_eos: bool = False
     logprobs: int | None = None
     response_format: StructuredOutput | dict[str, Any] | None = None
@@ -115,6 +117,8 @@ class SamplingParams:
         if not all(is_valid_unicode(s) for s in self.stop):
             raise bad("stop", "valid Unicode text (no unpaired surrogates or undecodable bytes), since it could "
                       "never match the output")
+        if not isinstance(self.include_stop_str_in_output, bool):
+            raise bad("include_stop_str_in_output", "true or false")
         if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids (integers >= 0)")

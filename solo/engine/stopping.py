@@ -1,7 +1,8 @@
 """Stop strings: matched across token boundaries, left out of the output, held-back text released.
 
 Text that could still turn into a stop string (a suffix of the output that is a prefix of some stop
-string) is held back; once it cannot, it is released. On a match everything from the match on is dropped.
+string) is held back; once it cannot, it is released. On a match everything from the match on is dropped
+(or, with `include`, everything after the matched stop string: vLLM's `include_stop_str_in_output`).
 """
 
 from __future__ import annotations
@@ -14,10 +15,12 @@ class StopStringMatcher:
 
     Args:
         stop: the stop strings (non-empty).
+        include: keep the matched stop string at the end of the output.
     """
 
-    def __init__(self, stop: Sequence[str]) -> None:
+    def __init__(self, stop: Sequence[str], include: bool = False) -> None:
         self.stop = [s for s in stop if s]
+        self.include = include
         self.pending = ""
         self.stopped = False
 
@@ -30,6 +33,8 @@ class StopStringMatcher:
         if first >= 0:
             self.pending = ""
             self.stopped = True
+            if self.include:  # the shortest stop string at that place is the one that completed first
+                return buffer[:first + min(len(s) for s in self.stop if buffer.startswith(s, first))]
             return buffer[:first]
         hold = 0
         for s in self.stop:

@@ -4,7 +4,7 @@ Requests: `model` is optional, as in vLLM (left out, the served model answers); 
 served name (another name is a 404). An unknown field in a chat or completions request is refused by name,
 as OpenAI's API refuses an unrecognized argument, except those that cannot change the output
 (`NO_EFFECT_FIELDS`: `store`, `metadata`, `service_tier`, ...) and vLLM's fields at the value that changes
-nothing (`min_tokens` 0, `include_stop_str_in_output` false, `skip_special_tokens` true, ...:
+nothing (`min_tokens` 0, `use_beam_search` false, `skip_special_tokens` true, ...:
 `SamplingFields.DEFAULT_ONLY`); `null` for any optional field means its default, as in OpenAI's API.
 Known fields are strictly typed (no "0.5" strings for numbers, no 1 for true, no NaN) and range-checked,
 so FastAPI rejects bad input before any engine work.
@@ -12,7 +12,8 @@ What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffi
 `best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
 `stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
 `max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort`.
-Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`, `ignore_eos`,
+Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
+`include_stop_str_in_output`, `ignore_eos`,
 `add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both
 routes): `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, and `structured_outputs` {"json",
 "regex", "choice", "grammar", "json_object"}; `response_format` also takes Solo's types {"type": "regex" |
@@ -130,7 +131,7 @@ class SamplingFields(_Lenient):
 
     model_config = ConfigDict(extra="allow")
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {
-        "min_tokens": 0, "include_stop_str_in_output": False, "use_beam_search": False, "length_penalty": 1.0,
+        "min_tokens": 0, "use_beam_search": False, "length_penalty": 1.0,
         "skip_special_tokens": True, "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False,
     }
 
@@ -147,6 +148,8 @@ class SamplingFields(_Lenient):
     stop: Annotated[_Str | list[_Str], _one_of("a string or a list of strings")] | None = None
     # vLLM's extension: token ids that end the generation (left out of the text), besides the model's EOS ids.
     stop_token_ids: list[Annotated[_Int, Field(ge=0)]] | None = None
+    # vLLM's extension: keep a matched stop string at the end of the text.
+    include_stop_str_in_output: _Bool = False
     n: Annotated[_Int, Field(ge=1, le=128)] = 1
     stream: _Bool = False
     stream_options: StreamOptions | None = None
@@ -252,7 +255,8 @@ class SamplingFields(_Lenient):
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
             seed=None if self.seed is None else self.seed + choice, stop=stop,
-            stop_token_ids=list(self.stop_token_ids or []), ignore_eos=self.ignore_eos,
+            stop_token_ids=list(self.stop_token_ids or []),
+            include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
             logprobs=logprobs, response_format=response_format,
         )
 

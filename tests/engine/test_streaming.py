@@ -57,6 +57,25 @@ def test_stop_string_matcher(pieces, stops, expected_text, stopped):
     assert matcher.stopped is stopped
 
 
+@pytest.mark.parametrize(
+    "pieces, stops, expected_text",
+    [
+        (["Hel", "lo wo", "rld"], ["lo w"], "Hello w"),  # kept, and nothing after it
+        (["a<", "/s>b"], ["</s>"], "a</s>"),
+        (["xab", "cd"], ["abc", "ab"], "xab"),  # two at one place: the one that completed first
+    ],
+)
+def test_stop_string_matcher_can_keep_the_stop_string(pieces, stops, expected_text):
+    # vLLM's include_stop_str_in_output.
+    matcher = StopStringMatcher(stops, include=True)
+    out = ""
+    for piece in pieces:
+        out += matcher.feed(piece)
+        if matcher.stopped:
+            break
+    assert out == expected_text and matcher.stopped
+
+
 def test_stop_string_across_token_boundaries_in_generation(tiny_llama):
     engine = Engine.load(tiny_llama)
     params = SamplingParams(max_tokens=32, temperature=0, ignore_eos=True)
@@ -74,6 +93,8 @@ def test_stop_string_across_token_boundaries_in_generation(tiny_llama):
     assert result.text == full[:start]
     streamed = "".join(e.text for e in engine.generate("def fibonacci(n):", params.copy(stop=[stop])))
     assert streamed == result.text
+    kept = engine.complete("def fibonacci(n):", params.copy(stop=[stop], include_stop_str_in_output=True))
+    assert kept.finish_reason == "stop" and kept.text == full[:start + len(stop)]
     # A stop string that never matches changes nothing, held-back text included.
     unmatched = engine.complete("def fibonacci(n):", params.copy(stop=[full[-1] + "\x00never"]))
     assert unmatched.text == full and unmatched.finish_reason == "length"

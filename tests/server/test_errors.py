@@ -236,7 +236,7 @@ def test_unknown_fields_are_refused_by_name(server):
         error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, frobnicate=True)), 400, param="frobnicate")
         assert "unrecognized request argument" in error["message"] and "leave it out" in error["message"]
         for route, body in ((CHAT, chat()), (COMPLETIONS, completion())):
-            for name, value in (("min_tokens", 5), ("include_stop_str_in_output", True), ("use_beam_search", True),
+            for name, value in (("min_tokens", 5), ("use_beam_search", True),
                                 ("truncate_prompt_tokens", 5), ("allowed_token_ids", [5]), ("prompt_logprobs", 1),
                                 ("skip_special_tokens", False), ("min_tokens", False)):
                 error = assert_openai_error(http.post(route, json={**body, "max_tokens": 2, name: value}), 400,
@@ -248,9 +248,22 @@ def test_unknown_fields_are_refused_by_name(server):
                             (COMPLETIONS, completion(add_special_tokens=True))):
             response = http.post(route, json={**body, "max_tokens": 2, "metadata": {"a": 1}, "store": False,
                                               "service_tier": "auto", "min_tokens": 0, "skip_special_tokens": True,
-                                              "include_stop_str_in_output": False, "length_penalty": 1,
+                                              "include_stop_str_in_output": True, "length_penalty": 1,
                                               "guided_decoding_backend": "xgrammar", "frobnicate": None})
             assert response.status_code == 200, response.text
+
+
+def test_include_stop_str_in_output(server):
+    # vLLM's include_stop_str_in_output: the matched stop string stays at the end of the text.
+    with server.http() as http:
+        body = completion(max_tokens=8, temperature=0.0, ignore_eos=True)
+        text = http.post(COMPLETIONS, json=body).json()["choices"][0]["text"]
+        start = next(i for i in range(1, len(text) - 1) if text.find(text[i:i + 2]) == i)
+        stop = text[start:start + 2]
+        for include, expected in ((False, text[:start]), (True, text[:start + 2])):
+            choice = http.post(COMPLETIONS, json={**body, "stop": [stop], "include_stop_str_in_output": include}
+                               ).json()["choices"][0]
+            assert (choice["text"], choice["finish_reason"]) == (expected, "stop"), (stop, include)
 
 
 def test_stop_token_ids_end_the_generation(server):
