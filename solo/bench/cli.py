@@ -153,6 +153,11 @@ def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
     return out
 
 
+def _rate(run: dict[str, Any]) -> float:
+    """Decode tokens/s of one run's record (NaN when it decoded nothing, as RunResult.decode_tokens_per_s)."""
+    return run["decode_tokens"] / run["decode_s"] if run["decode_s"] > 0 else float("nan")
+
+
 def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: int, skipped: dict[str, str],
                  between: Any = None, pause_s: float = 0.0, point_probe: Callable[[], float] | None = None,  # noqa: ANN401
                  around: dict[str, list[list[float]]] | None = None) -> dict[str, list[Any]]:
@@ -474,7 +479,7 @@ def main(args: argparse.Namespace) -> int:
                 for run, pair in zip(entry["runs"], pairs, strict=True):
                     run["bandwidth_gbps_around"] = pair
                     own_roofline = roofline_tokens_per_s(max(pair), nbytes.total)
-                    fractions.append(run["decode_tokens"] / run["decode_s"] / own_roofline)
+                    fractions.append(_rate(run) / own_roofline if own_roofline > 0 else float("nan"))
                 entry["point_roofline_fraction"] = summarize(fractions)
             if engine.name in token_checks:
                 entry["token_check"] = token_checks[engine.name]
@@ -485,7 +490,7 @@ def main(args: argparse.Namespace) -> int:
         # in the same spell of a machine whose speed drifts); the per-round ratios say how steady Solo / peer is.
         if name != "solo" and solo_runs and name not in deferred and len(entry["runs"]) == len(solo_runs):
             entry["solo_ratio_by_round"] = summarize([
-                (s["decode_tokens"] / s["decode_s"]) / (p["decode_tokens"] / p["decode_s"])
+                _rate(s) / _rate(p) if _rate(p) > 0 else float("nan")
                 for s, p in zip(solo_runs, entry["runs"], strict=True)])
     best = best_peers(report["engines"])
     if best:

@@ -358,8 +358,9 @@ class Engine:
             spec = tool_call_constraint(tool_format, tools, choice, parallel_tool_calls) if tool_format else None
             if spec is not None:
                 if params.response_format is not None:
-                    raise InvalidRequestError("response_format cannot be combined with tool_choice \"required\" or "
-                                              "a named function (the output is the tool call)", param="response_format")
+                    source = getattr(params.response_format, "source", "response_format")  # a dict: OpenAI's field
+                    raise InvalidRequestError(f"{source} cannot be combined with tool_choice \"required\" or a named "
+                                              "function (the output is the tool call)", param=source)
                 params, forced = params.copy(response_format=spec), True
             if choice == "none":
                 tool_format = None

@@ -126,6 +126,8 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     # Outermost (added last), so a browser's preflight, which never carries the API key, is answered here.
     cors: dict[str, Any] = {"allow_origins": settings.allowed_origins} if settings.allowed_origins is not None \
         else {"allow_origin_regex": LOCAL_ORIGINS}
-    app.add_middleware(CORSMiddleware, allow_methods=["GET", "POST", "OPTIONS"],
-                       allow_headers=["Authorization", "Content-Type"], **cors)
+    # Any request header (the OpenAI and Anthropic browser SDKs send x-stainless-*), never credentials
+    # (cookies); Retry-After readable on a 503.
+    app.add_middleware(CORSMiddleware, allow_methods=["GET", "POST", "OPTIONS"], allow_headers=["*"],
+                       expose_headers=["Retry-After"], **cors)
     return app

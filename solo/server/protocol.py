@@ -109,14 +109,54 @@ class _Lenient(BaseModel):
 
 # ------------------------------------------------------------------------------------------- requests
 
+def _refuse_unknown(model: BaseModel, no_effect: frozenset[str], default_only: dict[str, Any]) -> None:
+    """Refuse every undeclared field of `model` (extra="allow") that could change the output.
+
+    All but `no_effect` ones and `default_only` ones at their default value.
+
+    Raises:
+        ValidationError: one error per such field, located at it.
+    """
+    errors = []
+    for name, value in (model.model_extra or {}).items():
+        if name in no_effect:
+            continue
+        if name in default_only:
+            default = default_only[name]
+            same_type = type(value) is type(default) or (type(default) is float and type(value) is int)
+            if same_type and value == default:
+                continue
+            message = (f"{json.dumps(value)} is not supported by Solo (only {json.dumps(default)}, which changes "
+                       "nothing); leave it out")
+        else:
+            message = ("unrecognized request argument: Solo's API does not know it, so it cannot honour it; "
+                       "leave it out (the fields it takes: the README's \"Serve (OpenAI-compatible)\" section)")
+        # Located at the field, so the error names it (param) as for a declared field's bad value.
+        errors.append({"type": PydanticCustomError("unsupported_field", message), "loc": (name,), "input": value})
+    if errors:
+        raise ValidationError.from_exception_data(type(model).__name__, errors)
+
+
 class StreamOptions(_Lenient):
-    """`stream_options`: include_usage adds a last chunk with the token counts (and empty choices)."""
+    """`stream_options`: include_usage adds a last chunk with the token counts (and empty choices).
+
+    OpenAI's `include_obfuscation` changes no token and is ignored; vLLM's `continuous_usage_stats` is refused
+    unless false, as is any other key.
+    """
+
+    model_config = ConfigDict(extra="allow")
 
     include_usage: _Bool = False
 
+    @model_validator(mode="after")
+    def _nothing_dropped(self) -> StreamOptions:
+        _refuse_unknown(self, frozenset({"include_obfuscation"}), {"continuous_usage_stats": False})
+        return self
 
-NO_EFFECT_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "safety_identifier",
-                              "guided_decoding_backend", "request_id", "cache_salt"})
+
+NO_EFFECT_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache_key", "prompt_cache_retention",
+                              "safety_identifier", "prediction", "guided_decoding_backend", "request_id",
+                              "cache_salt"})
 """Request fields of OpenAI's or vLLM's API that cannot change what Solo generates: accepted and ignored."""
 
 
@@ -133,6 +173,7 @@ class SamplingFields(_Lenient):
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {
         "min_tokens": 0, "use_beam_search": False, "length_penalty": 1.0,
         "skip_special_tokens": True, "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False,
+        "bad_words": [],
     }
 
     model: Annotated[_Str, Field(min_length=1)] | None = None
@@ -219,22 +260,7 @@ class SamplingFields(_Lenient):
     @model_validator(mode="after")
     def _nothing_dropped(self) -> SamplingFields:
         # A field this model does not declare would otherwise be dropped without a word.
-        for name, value in (self.model_extra or {}).items():
-            if name in NO_EFFECT_FIELDS:
-                continue
-            if name in self.DEFAULT_ONLY:
-                default = self.DEFAULT_ONLY[name]
-                same_type = type(value) is type(default) or (type(default) is float and type(value) is int)
-                if same_type and value == default:
-                    continue
-                message = (f"{json.dumps(value)} is not supported by Solo (only {json.dumps(default)}, which changes "
-                           "nothing); leave it out")
-            else:
-                message = ("unrecognized request argument: Solo's API does not know it, so it cannot honour it; "
-                           "leave it out (the fields it takes: the README's \"Serve (OpenAI-compatible)\" section)")
-            # Located at the field, so the error names it (param) as for a declared field's bad value.
-            raise ValidationError.from_exception_data(type(self).__name__, [
-                {"type": PydanticCustomError("unsupported_field", message), "loc": (name,), "input": value}])
+        _refuse_unknown(self, NO_EFFECT_FIELDS, self.DEFAULT_ONLY)
         return self
 
     @property

@@ -200,8 +200,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if tools.format is not None:
             forced = tool_call_constraint(tools.format, tool_list, choice, body.parallel_tool_calls)
             if forced is not None and response_format is not None:
-                raise InvalidRequestError('response_format cannot be combined with tool_choice "required" or a named '
-                                          "function (the output is the tool call)", param="response_format")
+                raise InvalidRequestError(f'{response_format.source} cannot be combined with tool_choice "required" '
+                                          "or a named function (the output is the tool call)",
+                                          param=response_format.source)
             tools.forced = forced is not None
             response_format = forced or response_format
             if choice == "none":

@@ -12,6 +12,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from urllib.parse import urlsplit
 
 from solo.engine.engine import Engine
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
@@ -51,7 +52,7 @@ class ServerSettings:
         served_model_name: the name clients put in `model` (default: the engine's name).
         api_key: when set, every route but /health needs `Authorization: Bearer <api_key>`.
         allowed_origins: browser origins (CORS) that may call the API, e.g. "http://localhost:3000", or "*"
-            for any; None: pages served from this machine (localhost, 127.0.0.1, [::1], any port), as
+            for any; None: origins on localhost, 127.0.0.1 or [::1] (any port; the browser's own machine), as
             Ollama's default.
         max_batch: KV-cache slots (requests decoded together); None: chosen from free memory at start-up
             (`kv_memory.auto_slots`: 8 to 32), after which it holds the number chosen.
@@ -110,9 +111,12 @@ class ServerSettings:
         if self.api_key is not None and not self.api_key:
             raise SoloError("--api-key is empty; give a key or leave the flag out")
         for origin in self.allowed_origins or []:
-            if origin != "*" and (not origin.startswith(("http://", "https://")) or origin.rstrip("/") != origin):
+            parts = urlsplit(origin)
+            if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path
+                                  or parts.query or parts.fragment or origin != origin.lower()):
                 raise SoloError(f"--allowed-origins takes origins like http://localhost:3000 (scheme, host, optional "
-                                f"port, no path or trailing slash) or *; got {origin!r}")
+                                f"port; lower case, no path or trailing slash: as browsers send them) or *; got "
+                                f"{origin!r}")
         gb = self.prefix_cache_gb
         if gb is not None and gb != "auto" and (isinstance(gb, str) or not gb >= 0):
             raise SoloError(f"--prefix-cache-gb must be >= 0 (or left out: auto), got {gb!r}")
@@ -334,7 +338,7 @@ class ServerState:
         """
         limit, what = self.max_model_len, self._context_name()
         if prompt_len >= limit:
-            need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + max_tokens {max_tokens})"
+            need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens})"
                     if max_tokens is not None else f"at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new "
                     "token)")
             raise ContextLengthError(

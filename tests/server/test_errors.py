@@ -188,6 +188,9 @@ def test_context_error_gives_the_numbers(server):
         message = http.post(COMPLETIONS, json=completion(prompt=[5] * 300, max_tokens=10)).json()["error"]["message"]
         assert message.startswith("this request needs 310 tokens (prompt 300 + max_tokens 10) but "), message
         assert "shorten the prompt" in message
+        long_chat = chat(messages=[{"role": "user", "content": "word " * 400}], max_completion_tokens=10)
+        message = http.post(CHAT, json=long_chat).json()["error"]["message"]
+        assert "+ max_completion_tokens 10) but " in message, message
 
 
 def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):
@@ -243,13 +246,25 @@ def test_unknown_fields_are_refused_by_name(server):
                                             param=name)
                 assert "leave it out" in error["message"], error
         assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, echo=True)), 400, param="echo")
+        # Every such field is counted, the first named.
+        error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, frobnicate=1, min_tokens=3)), 400,
+                                    param="frobnicate")
+        assert "(and 1 more invalid field)" in error["message"]
+        # stream_options follows the same rule: vLLM's continuous_usage_stats would change the chunks.
+        error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, stream=True, stream_options={
+            "include_usage": True, "continuous_usage_stats": True})), 400, param="stream_options")
+        assert "continuous_usage_stats" in error["message"]
         # Fields that cannot change the output, and vLLM's at the value that changes nothing, are accepted.
         for route, body in ((CHAT, chat(echo=False, add_special_tokens=False)),
                             (COMPLETIONS, completion(add_special_tokens=True))):
             response = http.post(route, json={**body, "max_tokens": 2, "metadata": {"a": 1}, "store": False,
                                               "service_tier": "auto", "min_tokens": 0, "skip_special_tokens": True,
                                               "include_stop_str_in_output": True, "length_penalty": 1,
-                                              "guided_decoding_backend": "xgrammar", "frobnicate": None})
+                                              "guided_decoding_backend": "xgrammar", "frobnicate": None,
+                                              "bad_words": [], "prediction": {"type": "content", "content": "x"},
+                                              "stream": True, "stream_options": {
+                                                  "include_usage": True, "include_obfuscation": False,
+                                                  "continuous_usage_stats": False}})
             assert response.status_code == 200, response.text
 
 
@@ -332,6 +347,8 @@ def test_api_key(tiny_model):
             # a page from elsewhere may not.
             preflight = {"Access-Control-Request-Method": "POST",
                          "Access-Control-Request-Headers": "authorization,content-type"}
+            # The OpenAI and Anthropic browser SDKs send x-stainless-* headers.
+            preflight["Access-Control-Request-Headers"] += ",x-stainless-os,x-stainless-retry-count"
             local = http.options(CHAT, headers={"Origin": "http://localhost:3000", **preflight})
             assert local.status_code == 200
             assert local.headers["access-control-allow-origin"] == "http://localhost:3000"
@@ -340,6 +357,7 @@ def test_api_key(tiny_model):
             reply = http.get("/v1/models", headers={"Origin": "http://127.0.0.1:5173",
                                                     "Authorization": "Bearer sesame"})
             assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == "http://127.0.0.1:5173"
+            assert "retry-after" in reply.headers["access-control-expose-headers"].lower()
         with pytest.raises(openai.AuthenticationError):
             running.client(api_key="wrong").models.list()
         reply = running.client(api_key="sesame").chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=2)
@@ -360,8 +378,11 @@ def test_allowed_origins(tiny_model):
             assert http.options(CHAT, headers={"Origin": "http://localhost:3000", **preflight}).status_code == 400
     finally:
         running.stop()
-    with pytest.raises(SoloError, match="--allowed-origins takes origins like"):
-        ServerSettings(allowed_origins=["localhost:3000"]).validate()
+    for origin in ("localhost:3000", "http://localhost:3000/", "http://localhost:3000/app", "http://LOCALHOST:3000",
+                   "ftp://localhost"):
+        with pytest.raises(SoloError, match="--allowed-origins takes origins like"):
+            ServerSettings(allowed_origins=[origin]).validate()
+    ServerSettings(allowed_origins=["*", "https://app.example.com:8443"]).validate()
 
 
 def test_max_model_len_bounds_requests(tiny_model):
