@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -165,6 +166,11 @@ def test_system_without_chat_and_bad_threads_are_refused(capsys, tiny_llama):
     assert code == 2 and "--threads must be >= 1" in err
 
 
+def test_an_empty_chat_prompt_is_refused(capsys, tiny_llama):
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--chat", "--prompt", "")
+    assert code == 2 and "the prompt is empty" in err
+
+
 def test_threads_flag_sets_the_thread_count(capsys, tiny_llama):
     import torch
 
@@ -173,6 +179,12 @@ def test_threads_flag_sets_the_thread_count(capsys, tiny_llama):
         code, _, err = _run(capsys, "run", str(tiny_llama), "--threads", "1", "--prompt", "hi", "--max-tokens", "2")
         assert code == 0, err
         assert torch.get_num_threads() == 1
+        # More threads than CPUs would stall the decode step's barriers: capped, with a warning.
+        available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--threads", str(available + 7), "--prompt", "hi",
+                            "--max-tokens", "2")
+        assert code == 0 and f"--threads {available + 7} is more than the {available} CPUs" in err
+        assert torch.get_num_threads() == available
     finally:
         torch.set_num_threads(before)
 
@@ -213,3 +225,19 @@ def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
 def test_bench_refuses_bad_flag_values_before_running(capsys, extra, message):
     code, _, err = _run(capsys, "bench", "--shape", "SmolLM2-135M", *extra)
     assert code == 2 and message in err
+
+
+def test_a_tokenizer_larger_than_the_model_vocabulary_is_named(capsys, tmp_path):
+    # The bundled model's tokenizer (8194 ids) beside a model of 100: the error says the two do not match.
+    import transformers
+
+    from solo.model.default_model import default_model_path
+
+    folder = tmp_path / "small-vocab"
+    config = transformers.LlamaConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                      num_attention_heads=2, num_key_value_heads=1, vocab_size=100)
+    transformers.LlamaForCausalLM(config).save_pretrained(folder)
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+        shutil.copy(default_model_path() / name, folder / name)
+    code, _, err = _run(capsys, "run", str(folder), "--prompt", "def f(x):", "--max-tokens", "2")
+    assert code == 2 and "the tokenizer does not belong to this model" in err, err

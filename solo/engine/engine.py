@@ -32,7 +32,7 @@ from solo.engine.speculative import (
     speculative_step,
 )
 from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, tool_call_constraint
-from solo.errors import ContextLengthError, InvalidRequestError, SoloError
+from solo.errors import CheckpointError, ContextLengthError, InvalidRequestError, SoloError
 from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
 from solo.model.hub import resolve_dtype, resolve_model_dir
@@ -290,6 +290,11 @@ class Engine:
             ids = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)))  # type: ignore[arg-type]
         if not ids:
             raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
+        if max(ids) >= self.config.vocab_size:  # only a tokenizer's ids can get here
+            raise CheckpointError(
+                f"the tokenizer gave token id {max(ids)}, outside the model's vocabulary [0, "
+                f"{self.config.vocab_size}): the tokenizer does not belong to this model (use the model's own "
+                "tokenizer files)")
         return ids
 
     def prepare(self, prompt: Prompt, max_tokens: int | None) -> PreparedPrompt:

@@ -110,7 +110,11 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
 
 
 def _mkdir(path: Path) -> Path:
-    path.mkdir(parents=True, exist_ok=True)
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise CheckpointError(f"cannot create the folder for converted GGUF files, {path} ({exc.strerror}); "
+                              "point SOLO_CACHE_DIR at a writable folder") from None
     return path
 
 

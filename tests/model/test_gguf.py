@@ -86,3 +86,13 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
     damaged.write_bytes(b"GGUF" + b"\0" * 20)
     with pytest.raises(SoloError, match="not a readable GGUF file"):
         Engine.load(damaged)
+
+
+def test_an_unwritable_cache_folder_is_one_clear_line(gguf_dir, tmp_path, monkeypatch, capsys):
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(blocker / "cache"))  # under a file: cannot be created
+    assert main(["run", str(gguf_dir["F16"]), "--prompt", PROMPT, "--max-tokens", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "cannot create the folder for converted GGUF files" in err and "SOLO_CACHE_DIR" in err
+    assert "Traceback" not in err
