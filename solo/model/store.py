@@ -81,6 +81,8 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
             return str(names[0]), False, str(exc), ggufs
         if not any(folder.glob("*.safetensors")):
             return str(names[0]), False, "no safetensors weights", ggufs
+        if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
+            return str(names[0]), False, "no tokenizer (tokenizer.json, tokenizer.model or vocab.json)", ggufs
         return str(names[0]), True, "", ggufs
     if ggufs:
         arch = _gguf_architecture(Path(ggufs[0]))

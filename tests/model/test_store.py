@@ -101,3 +101,15 @@ def test_empty_cache(tmp_path, monkeypatch, capsys):
 def test_human_size():
     assert [store.human_size(n) for n in (5, 1500, 31_000_000, 4_200_000_000)] == ["5 B", "1.5 KB", "31.0 MB",
                                                                                   "4.2 GB"]
+
+
+def test_a_model_without_tokenizer_files_is_not_listed_as_runnable(cache, tmp_path, tiny_llama, capsys):
+    bare = tmp_path / "bare"
+    shutil.copytree(tiny_llama, bare)
+    for name in ("tokenizer.json", "tokenizer.model", "vocab.json"):
+        (bare / name).unlink(missing_ok=True)
+    _add_to_cache(cache, "tiny/no-tokenizer", bare, commit="c" * 40)
+    model = next(m for m in store.list_models() if m.repo_id == "tiny/no-tokenizer")
+    assert not model.supported and "no tokenizer" in model.reason
+    assert main(["pull", "tiny/no-tokenizer"]) == 0
+    assert "ready: solo run" not in capsys.readouterr().out
