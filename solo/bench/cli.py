@@ -153,11 +153,6 @@ def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
     return out
 
 
-def _rate(run: dict[str, Any]) -> float:
-    """Decode tokens/s of one run's record (NaN when it decoded nothing, as RunResult.decode_tokens_per_s)."""
-    return run["decode_tokens"] / run["decode_s"] if run["decode_s"] > 0 else float("nan")
-
-
 def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: int, skipped: dict[str, str],
                  between: Any = None, pause_s: float = 0.0, point_probe: Callable[[], float] | None = None,  # noqa: ANN401
                  around: dict[str, list[list[float]]] | None = None) -> dict[str, list[Any]]:
@@ -476,22 +471,22 @@ def main(args: argparse.Namespace) -> int:
             pairs = around.get(engine.name, [])
             if len(pairs) == len(entry["runs"]):
                 fractions = []
-                for run, pair in zip(entry["runs"], pairs, strict=True):
+                for run, result, pair in zip(entry["runs"], results[engine.name], pairs, strict=True):
                     run["bandwidth_gbps_around"] = pair
                     own_roofline = roofline_tokens_per_s(max(pair), nbytes.total)
-                    fractions.append(_rate(run) / own_roofline if own_roofline > 0 else float("nan"))
+                    fractions.append(result.decode_tokens_per_s / own_roofline if own_roofline > 0 else float("nan"))
                 entry["point_roofline_fraction"] = summarize(fractions)
             if engine.name in token_checks:
                 entry["token_check"] = token_checks[engine.name]
             report["engines"][engine.name] = entry
-    solo_runs = report["engines"].get("solo", {}).get("runs")
+    solo_runs = results.get("solo", [])
     for name, entry in report["engines"].items():
         # Interleaved repeats pair each peer run with Solo's run of the same round (minutes apart at most, so
         # in the same spell of a machine whose speed drifts); the per-round ratios say how steady Solo / peer is.
-        if name != "solo" and solo_runs and name not in deferred and len(entry["runs"]) == len(solo_runs):
+        if name != "solo" and solo_runs and name not in deferred and len(results[name]) == len(solo_runs):
             entry["solo_ratio_by_round"] = summarize([
-                _rate(s) / _rate(p) if _rate(p) > 0 else float("nan")
-                for s, p in zip(solo_runs, entry["runs"], strict=True)])
+                s.decode_tokens_per_s / p.decode_tokens_per_s if p.decode_tokens_per_s > 0 else float("nan")
+                for s, p in zip(solo_runs, results[name], strict=True)])
     best = best_peers(report["engines"])
     if best:
         report["best_peer"] = best

@@ -76,6 +76,37 @@ class PreparedPrompt:
     max_new_tokens: int
 
 
+def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_name: str,
+                   param: str = "max_tokens", prompt_param: str = "prompt") -> int:
+    """Tokens a request may generate: `max_tokens`, or what is left of `limit` when None.
+
+    Args:
+        prompt_len: prompt tokens.
+        max_tokens: what the request asked for, or None.
+        limit: tokens the prompt and the completion may take together.
+        context_name: what `limit` is, for the error ("the model's context", "this server's --max-model-len").
+        param: the request field that set max_tokens; prompt_param: the one that holds the prompt.
+
+    Raises:
+        ContextLengthError: the prompt alone, or with max_tokens, exceeds `limit`; the message gives the
+            numbers. Never truncated silently.
+    """
+    if prompt_len >= limit:
+        need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens})"
+                if max_tokens is not None else f"at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new token)")
+        raise ContextLengthError(
+            f"this request needs {need} but {context_name} is {limit}; shorten the prompt (the prompt alone fills "
+            "it)", param=prompt_param)
+    room = limit - prompt_len
+    if max_tokens is None:
+        return room
+    if max_tokens > room:
+        raise ContextLengthError(
+            f"this request needs {prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens}) "
+            f"but {context_name} is {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
+    return max_tokens
+
+
 class Engine:
     """A loaded model ready to generate.
 
@@ -290,9 +321,9 @@ class Engine:
             ids = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)))  # type: ignore[arg-type]
         if not ids:
             raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
-        if max(ids) >= self.config.vocab_size:  # only a tokenizer's ids can get here
+        if (largest := max(ids)) >= self.config.vocab_size:  # only a tokenizer's ids can get here
             raise CheckpointError(
-                f"the tokenizer gave token id {max(ids)}, outside the model's vocabulary [0, "
+                f"the tokenizer gave token id {largest}, outside the model's vocabulary [0, "
                 f"{self.config.vocab_size}): the tokenizer does not belong to this model (use the model's own "
                 "tokenizer files)")
         return ids
@@ -309,24 +340,8 @@ class Engine:
                 the message gives the numbers.
         """
         ids = self.encode_prompt(prompt)
-        context = self.config.context_length
-        if len(ids) >= context:
-            need = (f"{len(ids) + max_tokens} tokens (prompt {len(ids)} + max_tokens {max_tokens})"
-                    if max_tokens is not None else f"at least {len(ids) + 1} tokens (prompt {len(ids)} + 1 new token)")
-            raise ContextLengthError(
-                f"this request needs {need} but the model's context is {context}; shorten the prompt (the prompt "
-                f"alone fills it)", param="prompt"
-            )
-        room = context - len(ids)
-        if max_tokens is None:
-            return PreparedPrompt(ids, room)
-        if max_tokens > room:
-            raise ContextLengthError(
-                f"this request needs {len(ids) + max_tokens} tokens (prompt {len(ids)} + max_tokens {max_tokens}) "
-                f"but the model's context is {context}; lower max_tokens to at most {room} or shorten the prompt",
-                param="max_tokens"
-            )
-        return PreparedPrompt(ids, max_tokens)
+        return PreparedPrompt(ids, context_budget(len(ids), max_tokens, self.config.context_length,
+                                                  "the model's context"))
 
     def make_request(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
                      fallback_temperature: float = 0.0, start_time: float | None = None,

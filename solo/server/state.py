@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from urllib.parse import urlsplit
 
-from solo.engine.engine import Engine
+from solo.engine.engine import Engine, context_budget
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, SoloError
@@ -336,22 +336,8 @@ class ServerState:
             ContextLengthError: the prompt alone, or with max_tokens, does not fit; the message gives the
                 numbers. Never truncated silently.
         """
-        limit, what = self.max_model_len, self._context_name()
-        if prompt_len >= limit:
-            need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens})"
-                    if max_tokens is not None else f"at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new "
-                    "token)")
-            raise ContextLengthError(
-                f"this request needs {need} but {what} is {limit}; shorten the prompt (the prompt alone fills it)",
-                param=prompt_param)
-        room = limit - prompt_len
-        if max_tokens is None:
-            return room if default_cap is None else min(default_cap, room)
-        if max_tokens > room:
-            raise ContextLengthError(
-                f"this request needs {prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens}) "
-                f"but {what} is {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
-        return max_tokens
+        budget = context_budget(prompt_len, max_tokens, self.max_model_len, self._context_name(), param, prompt_param)
+        return budget if max_tokens is not None or default_cap is None else min(default_cap, budget)
 
     def submit(self, requests: Sequence[Request], priority: int = 0) -> Generation:
         """Queue prepared requests (the choices of one API request) on the scheduler.
