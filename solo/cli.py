@@ -71,7 +71,7 @@ def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
     from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
     from solo.engine.speculative import SPECULATIVE_MODES
 
-    parser.add_argument("--prefix-cache-gb", type=float, default=DEFAULT_PREFIX_CACHE_GB, metavar="GB",
+    parser.add_argument("--prefix-cache-gb", type=float, default=None, metavar="GB",
                         help="reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots "
                         f"kept besides the live cache rows (default: {DEFAULT_PREFIX_CACHE_GB:g})")
     parser.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
@@ -86,10 +86,17 @@ def prefix_cache_gb_from_args(args: argparse.Namespace) -> float | None:
     """The `prefix_cache_gb` for `Engine.load` from the flags (None when --no-prefix-cache).
 
     Raises:
-        SoloError: a negative --prefix-cache-gb.
+        SoloError: a negative --prefix-cache-gb, or --prefix-cache-gb beside --no-prefix-cache.
     """
+    from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
+
     if args.no_prefix_cache:
+        if args.prefix_cache_gb is not None:
+            raise SoloError("--no-prefix-cache turns prefix caching off and --prefix-cache-gb sizes it; give one of "
+                            "them")
         return None
+    if args.prefix_cache_gb is None:
+        return DEFAULT_PREFIX_CACHE_GB
     if not args.prefix_cache_gb >= 0:
         raise SoloError(f"--prefix-cache-gb must be >= 0, got {args.prefix_cache_gb} (--no-prefix-cache turns it "
                         "off)")
@@ -103,7 +110,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                    help="most tokens to generate (default: 256, or what fits the context)")
     g.add_argument("--temperature", type=float, default=None,
                    help="0 = greedy; higher = more random (default: the model's, else greedy)")
-    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (0 = off)")
+    g.add_argument("--top-k", type=int, default=None, help="sample from the k most likely tokens (0 or -1 = off)")
     g.add_argument("--top-p", type=float, default=None,
                    help="nucleus sampling: keep tokens until their probability reaches p, in (0, 1]")
     g.add_argument("--min-p", type=float, default=None,
@@ -114,7 +121,8 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                    help="in [-2, 2]: penalise tokens already generated, once (OpenAI's definition)")
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="in [-2, 2]: penalise tokens by how often they were generated (OpenAI's definition)")
-    g.add_argument("--seed", type=int, default=None, help="random seed; the same seed repeats a sampled run")
+    g.add_argument("--seed", type=int, default=None,
+                   help="random seed; the same seed repeats a sampled run (-1 or unset: a random one)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text is generated (repeatable); it is left out of the output")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")

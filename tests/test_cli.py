@@ -76,6 +76,8 @@ def test_chat_on_a_completion_model_says_so(capsys, no_template_model):
         ("top_p", ["--top-p", "1.5"], "top_p must be in (0, 1], got 1.5"),
         ("temperature", ["--temperature", "-1"], "temperature must be >= 0"),
         ("too long", ["--max-tokens", "5000"], "needs 5003 tokens (prompt 3 + max_tokens 5000) but the model's"),
+        ("prefix cache off and sized", ["--no-prefix-cache", "--prefix-cache-gb", "1"],
+         "--no-prefix-cache turns prefix caching off and --prefix-cache-gb sizes it; give one of them"),
     ],
 )
 def test_bad_input_is_one_clear_line(capsys, tiny_llama, case, extra, message):

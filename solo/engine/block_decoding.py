@@ -30,8 +30,7 @@ from solo.runtime.base import SamplingSpec, runtime_capabilities
 
 def can_run_in_blocks(runtime: Any, request: Any) -> bool:
     """True when `runtime` decodes in blocks and `request` needs no per-token host work."""
-    return (runtime_capabilities(runtime).block_decoding and request.logprobs is None
-            and not request.sampling.needs_penalties and getattr(request, "constraint", None) is None)
+    return runtime_capabilities(runtime).block_decoding and not request.needs_host_logits
 
 
 def run_in_blocks(runtime: Any, request: Any, logits: torch.Tensor, row: int = 0) -> Iterator[Any]:

@@ -20,6 +20,7 @@ import torch
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
+from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
@@ -399,7 +400,20 @@ class Engine:
                | {special[s] for s in params.stop if s in special})
         constraint = None
         if params.response_format is not None:
+            # A grammar decides which tokens may come and where the output ends; bans on top of it could leave
+            # none (or force one the ban forbids).
+            for name, value in (("min_tokens", params.min_tokens), ("allowed_token_ids", params.allowed_token_ids),
+                                ("bad_words", params.bad_words)):
+                if value:
+                    source = "tool_choice" if forced else getattr(params.response_format, "source", "response_format")
+                    raise InvalidRequestError(f"{name} cannot be combined with {source}: the output's grammar decides "
+                                              "which tokens may come and where the output ends", param=name)
             constraint = self.constraints.compile(params.response_format).matcher(sorted(eos))
+        processors = LogitsProcessors(
+            self.config.vocab_size, stop_ids=eos, min_tokens=params.min_tokens, logit_bias=params.logit_bias,
+            allowed_token_ids=params.allowed_token_ids,
+            bad_word_ids=bad_word_token_ids(params.bad_words, self.tokenizer) if params.bad_words else (),
+            device=self.runtime.device)
         request = Request(
             prompt_ids=prepared.token_ids,
             sampling=params.resolve(self.defaults, fallback_temperature),
@@ -413,6 +427,8 @@ class Engine:
             start_time=start_time,
             constraint=constraint,
             include_stop_str=params.include_stop_str_in_output,
+            logits_processors=processors,
+            skip_special_tokens=params.skip_special_tokens,
         )
         request.tool_call_format, request.tool_call_forced = tool_format, forced
         return request

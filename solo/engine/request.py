@@ -14,6 +14,7 @@ import torch
 
 from solo.engine.constraints import TokenConstraint
 from solo.engine.detokenizer import IncrementalDetokenizer
+from solo.engine.logits_processors import LogitsProcessors
 from solo.engine.sampling import ResolvedSampling, TokenSampler
 from solo.engine.stopping import StopStringMatcher
 from solo.tokenizer import Tokenizer
@@ -149,6 +150,8 @@ class Request:
         start_time: `time.perf_counter()` at arrival (TTFT counts from here); now when None.
         constraint: the output grammar's matcher (structured output), or None.
         include_stop_str: keep a matched stop string at the end of the text.
+        logits_processors: token bans and biases (`solo.engine.logits_processors`), or None.
+        skip_special_tokens: leave special tokens out of the text.
     """
 
     def __init__(
@@ -165,6 +168,8 @@ class Request:
         start_time: float | None = None,
         constraint: TokenConstraint | None = None,
         include_stop_str: bool = False,
+        logits_processors: LogitsProcessors | None = None,
+        skip_special_tokens: bool = True,
     ) -> None:
         self.request_id = next(_request_counter)
         self.prompt_ids = list(prompt_ids)
@@ -172,7 +177,7 @@ class Request:
         self.max_new_tokens = max_new_tokens
         self.eos_ids = eos_ids
         self.sampler = TokenSampler(sampling, self.prompt_ids, vocab_size, device)
-        self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_ids)
+        self.detokenizer = IncrementalDetokenizer(tokenizer, self.prompt_ids, skip_special_tokens)
         self.stop_matcher = StopStringMatcher(stop, include_stop_str)
         self.logprobs = logprobs
         self.output_ids: list[int] = []
@@ -181,6 +186,9 @@ class Request:
         self._last_time = self.start_time
         self.stats = GenerationStats(prompt_tokens=len(self.prompt_ids))
         self.constraint = constraint
+        self.logits_processors = logits_processors if logits_processors is not None and logits_processors.active \
+            else None
+        self._min_tokens = 0 if self.logits_processors is None else self.logits_processors.min_tokens
         self.tool_call_format: str | None = None  # set by Engine.make_request when the output may hold tool calls
         self.tool_call_forced = False  # the output is constrained to tool calls
 
@@ -194,11 +202,20 @@ class Request:
         """Position of the next token fed to the model (prompt plus generated so far)."""
         return len(self.prompt_ids) + len(self.output_ids)
 
+    @property
+    def needs_host_logits(self) -> bool:
+        """True when every token needs `choose` on the host (no device sampling, no batched argmax).
+
+        That is, with penalties, log-probabilities, an output constraint or logits processors.
+        """
+        return (self.sampling.needs_penalties or self.logprobs is not None or self.constraint is not None
+                or self.logits_processors is not None)
+
     def choose(self, logits: torch.Tensor) -> tuple[int, TokenLogprob | None]:
         """Pick the next token.
 
-        With an output constraint, disallowed tokens are masked to -inf in `logits` (in place) before
-        sampling, and a token that is the only one allowed is taken without sampling.
+        The logits processors (bans, biases) and then an output constraint's mask change `logits` in place
+        before sampling; a token that is the only one the constraint allows is taken without sampling.
 
         Args:
             logits: float32 [vocab] raw logits at the last position (modified in place under a constraint).
@@ -208,6 +225,8 @@ class Request:
             (before penalties, warpers and the constraint's mask), with the `logprobs` most likely alternatives.
         """
         logp = torch.log_softmax(logits, dim=-1) if self.logprobs is not None else None
+        if self.logits_processors is not None:
+            self.logits_processors.apply(logits, self.output_ids)
         forced = self.constraint.apply(logits) if self.constraint is not None else None
         token = self.sampler.sample(logits) if forced is None else forced
         info = None
@@ -244,13 +263,14 @@ class Request:
         if token in self.eos_ids:
             self.finish_reason = "stop"
         else:
-            text = self.stop_matcher.feed(self.detokenizer.add([token]))
+            text = self.stop_matcher.feed(self.detokenizer.add([token]),
+                                          armed=len(self.output_ids) >= self._min_tokens)
             if self.stop_matcher.stopped or self.constraint is not None and self.constraint.terminated:
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= self.max_new_tokens:
                 self.finish_reason = "length"
         if self.finish_reason is not None and not self.stop_matcher.stopped:
-            text += self.stop_matcher.feed(self.detokenizer.flush())
+            text += self.stop_matcher.feed(self.detokenizer.flush(), armed=len(self.output_ids) >= self._min_tokens)
             if self.stop_matcher.stopped:
                 self.finish_reason = "stop"
             else:

@@ -35,12 +35,20 @@ class SamplingParams:
         min_p: drop tokens less likely than min_p times the most likely one, in [0, 1] (Nguyen et al. 2024).
         repetition_penalty: > 0; 1 disables (Keskar et al. 2019, "CTRL", as transformers implements it).
         presence_penalty, frequency_penalty: in [-2, 2]; 0 disables (OpenAI API definition).
-        seed: makes sampling reproducible; None draws a random seed.
+        seed: makes sampling reproducible; None (or -1, as in vLLM and llama.cpp) draws a random seed.
         stop: strings that end generation; they are left out of the returned text.
         stop_token_ids: extra token ids that end generation, besides the model's EOS ids.
         include_stop_str_in_output: keep a matched stop string at the end of the text (vLLM's field).
         ignore_eos: keep generating past the model's EOS ids (benchmarks); `stop_token_ids` and stop strings
             still stop.
+        min_tokens: generate at least this many tokens before an EOS id or a `stop_token_ids` id may be
+            sampled or a stop string may end the output (vLLM's field; 0 disables).
+        logit_bias: {token id: bias in [-100, 100]} added to the raw logits before sampling (OpenAI's field:
+            -100 in effect bans a token, 100 in effect forces it).
+        allowed_token_ids: only these token ids may be generated (vLLM's field); None allows all.
+        bad_words: words never generated (vLLM's field, as transformers' NoBadWordsLogitsProcessor): each is
+            tokenized with and without a leading space, and a token that would complete one is banned.
+        skip_special_tokens: leave special tokens out of the returned text (vLLM's field; default true).
         logprobs: None for no log-probabilities; k >= 0 returns the chosen token's log-probability and the
             k most likely alternatives (at most 20), from the model's distribution before any sampling
             transform or output constraint.
@@ -63,6 +71,11 @@ class SamplingParams:
     stop_token_ids: list[int] = field(default_factory=list)
     include_stop_str_in_output: bool = False
     ignore_eos: bool = False
+    min_tokens: int = 0
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] = field(default_factory=list)
+    skip_special_tokens: bool = True
     logprobs: int | None = None
     response_format: StructuredOutput | dict[str, Any] | None = None
 
@@ -122,9 +135,36 @@ class SamplingParams:
         if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids (integers >= 0)")
+        self._validate_token_controls(bad)
         if self.logprobs is not None and (isinstance(self.logprobs, bool) or not isinstance(self.logprobs, int)
                                           or not 0 <= self.logprobs <= 20):
             raise bad("logprobs", "an integer in [0, 20]")
+
+    def _validate_token_controls(self, bad: Any) -> None:  # noqa: ANN401
+        # min_tokens, logit_bias, allowed_token_ids, bad_words, skip_special_tokens (their vocabulary range is
+        # checked by the engine, which knows the model).
+        def is_int(v: object) -> bool:
+            return isinstance(v, int) and not isinstance(v, bool)
+
+        if not is_int(self.min_tokens) or self.min_tokens < 0:
+            raise bad("min_tokens", "an integer >= 0")
+        if self.max_tokens is not None and self.min_tokens > self.max_tokens:
+            raise InvalidRequestError(f"min_tokens ({self.min_tokens}) must be <= max_tokens ({self.max_tokens})",
+                                      param="min_tokens")
+        if self.logit_bias is not None:
+            if not isinstance(self.logit_bias, dict) or not all(
+                    is_int(t) and t >= 0 and isinstance(v, int | float) and not isinstance(v, bool)
+                    and math.isfinite(v) and -100 <= v <= 100 for t, v in self.logit_bias.items()):
+                raise bad("logit_bias", "a map of token ids (integers >= 0) to biases in [-100, 100]")
+        if self.allowed_token_ids is not None and (
+                not isinstance(self.allowed_token_ids, list) or not self.allowed_token_ids
+                or not all(is_int(t) and t >= 0 for t in self.allowed_token_ids)):
+            raise bad("allowed_token_ids", "a non-empty list of token ids (integers >= 0)")
+        if not isinstance(self.bad_words, list) or not all(
+                isinstance(w, str) and w.strip() and is_valid_unicode(w) for w in self.bad_words):
+            raise bad("bad_words", "a list of non-empty strings")
+        if not isinstance(self.skip_special_tokens, bool):
+            raise bad("skip_special_tokens", "true or false")
 
     def resolve(self, defaults: GenerationDefaults, fallback_temperature: float = 0.0) -> ResolvedSampling:
         """Fill unset values from the model's generation_config.json, then from Solo's defaults.
@@ -135,7 +175,7 @@ class SamplingParams:
                 as transformers' generate) for the Python API and CLI, 1 (OpenAI's default) for the server.
 
         Returns:
-            The resolved values; an unset seed becomes a random one (drawn from torch's global RNG), and
+            The resolved values; an unset seed (or -1) becomes a random one (drawn from torch's global RNG), and
             top_k -1 becomes 0 (disabled).
         """
         temperature = self.temperature
@@ -147,7 +187,7 @@ class SamplingParams:
         def pick(value, default, solo_default):  # noqa: ANN001, ANN202
             return value if value is not None else (default if default is not None else solo_default)
 
-        seed = self.seed if self.seed is not None else int(torch.randint(0, 2**62, (1,)).item())
+        seed = self.seed if self.seed not in (None, -1) else int(torch.randint(0, 2**62, (1,)).item())
         return ResolvedSampling(
             temperature=float(temperature),
             top_k=max(0, pick(self.top_k, defaults.top_k, 0)),

@@ -273,11 +273,10 @@ def accept_draft(request: Request, proposer: DraftProposer, draft: list[int], lo
     """
     events: list[GenerationEvent] = []
     accepted = 0
-    params = request.sampler.params
-    # Plain greedy (no penalties, logprobs or constraint): `choose` is the argmax of each row, so one argmax
-    # over all rows gives the same tokens (the first maximum, as torch.argmax of one row) for less overhead.
-    argmax = (logits.argmax(dim=-1).tolist() if params.greedy and not params.needs_penalties
-              and request.logprobs is None and request.constraint is None else None)
+    # Plain greedy (no penalties, logprobs, constraint or logits processors): `choose` is the argmax of each row,
+    # so one argmax over all rows gives the same tokens (the first maximum, as torch.argmax of one row).
+    argmax = (logits.argmax(dim=-1).tolist() if request.sampling.greedy and not request.needs_host_logits
+              else None)
     for i in range(len(draft) + 1):
         token, info = (argmax[i], None) if argmax is not None else request.choose(logits[i])
         events.append(request.append(token, info))

@@ -3,6 +3,8 @@
 Text that could still turn into a stop string (a suffix of the output that is a prefix of some stop
 string) is held back; once it cannot, it is released. On a match everything from the match on is dropped
 (or, with `include`, everything after the matched stop string: vLLM's `include_stop_str_in_output`).
+Text fed unarmed (before vLLM's `min_tokens` are generated) cannot end the output: only a stop string that
+ends in armed text counts, though it may begin in the unarmed text before it.
 """
 
 from __future__ import annotations
@@ -23,19 +25,30 @@ class StopStringMatcher:
         self.include = include
         self.pending = ""
         self.stopped = False
+        self._unarmed = 0  # the first characters of `pending` that were fed unarmed
 
-    def feed(self, text: str) -> str:
-        """Add generated text; return what is safe to emit now. Sets `stopped` when a stop string matched."""
+    def feed(self, text: str, armed: bool = True) -> str:
+        """Add generated text; return what is safe to emit now. Sets `stopped` when a stop string matched.
+
+        Args:
+            text: the new text.
+            armed: False while stop strings may not end the output yet (min_tokens): a match must end
+                after this text.
+        """
         if not self.stop:
             return text
         buffer = self.pending + text
-        first = min((i for i in (buffer.find(s) for s in self.stop) if i >= 0), default=-1)
-        if first >= 0:
-            self.pending = ""
-            self.stopped = True
-            if self.include:  # the shortest stop string at that place is the one that completed first
-                return buffer[:first + min(len(s) for s in self.stop if buffer.startswith(s, first))]
-            return buffer[:first]
+        if armed:
+            # A stop string at i counts when it ends after the unarmed text: i + len(s) > self._unarmed.
+            found = (buffer.find(s, max(0, self._unarmed - len(s) + 1)) for s in self.stop)
+            first = min((i for i in found if i >= 0), default=-1)
+            if first >= 0:
+                self.pending = ""
+                self.stopped = True
+                if self.include:  # the shortest stop string at that place is the one that completed first
+                    return buffer[:first + min(len(s) for s in self.stop if buffer.startswith(s, first)
+                                               and first + len(s) > self._unarmed)]
+                return buffer[:first]
         hold = 0
         for s in self.stop:
             for k in range(min(len(s) - 1, len(buffer)), 0, -1):
@@ -43,9 +56,11 @@ class StopStringMatcher:
                     hold = max(hold, k)
                     break
         self.pending = buffer[len(buffer) - hold:] if hold else ""
-        return buffer[: len(buffer) - hold]
+        released = len(buffer) - hold
+        self._unarmed = len(self.pending) if not armed else max(0, self._unarmed - released)
+        return buffer[:released]
 
     def flush(self) -> str:
         """Release held-back text when generation ends for another reason (EOS, length)."""
-        text, self.pending = self.pending, ""
+        text, self.pending, self._unarmed = self.pending, "", 0
         return text

@@ -4,16 +4,16 @@ Requests: `model` is optional, as in vLLM (left out, the served model answers); 
 served name (another name is a 404). An unknown field in a chat or completions request is refused by name,
 as OpenAI's API refuses an unrecognized argument, except those that cannot change the output
 (`NO_EFFECT_FIELDS`: `store`, `metadata`, `service_tier`, ...) and vLLM's fields at the value that changes
-nothing (`min_tokens` 0, `use_beam_search` false, `skip_special_tokens` true, ...:
+nothing (`use_beam_search` false, `length_penalty` 1, ...:
 `SamplingFields.DEFAULT_ONLY`); `null` for any optional field means its default, as in OpenAI's API.
 Known fields are strictly typed (no "0.5" strings for numbers, no 1 for true, no NaN) and range-checked,
 so FastAPI rejects bad input before any engine work.
-What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`, `logit_bias`,
+What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`,
 `best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
 `stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
 `max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort`.
 Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
-`include_stop_str_in_output`, `ignore_eos`,
+`include_stop_str_in_output`, `ignore_eos`, `min_tokens`, `allowed_token_ids`, `bad_words`, `skip_special_tokens`,
 `add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both
 routes): `guided_json`, `guided_regex`, `guided_choice`, `guided_grammar`, and `structured_outputs` {"json",
 "regex", "choice", "grammar", "json_object"}; `response_format` also takes Solo's types {"type": "regex" |
@@ -84,8 +84,8 @@ def _one_of(description: str) -> WrapValidator:
     return WrapValidator(validate)
 
 
-SEED_MIN, SEED_MAX = -(2**63), 2**63 - 1
-"""Accepted range of `seed` (what a torch.Generator takes, with room for seed + choice index)."""
+SEED_MIN, SEED_MAX = -(2**63) + 128, 2**63 - 1 - 128
+"""Accepted range of `seed` (what a torch.Generator takes, with room for the choice index: n <= 128)."""
 MAX_TOP_LOGPROBS = 20
 """Most alternatives per token in logprobs (OpenAI's limit for chat)."""
 COMPLETIONS_DEFAULT_MAX_TOKENS = 16
@@ -171,9 +171,8 @@ class SamplingFields(_Lenient):
 
     model_config = ConfigDict(extra="allow")
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {
-        "min_tokens": 0, "use_beam_search": False, "length_penalty": 1.0,
-        "skip_special_tokens": True, "spaces_between_special_tokens": True, "return_tokens_as_token_ids": False,
-        "bad_words": [],
+        "use_beam_search": False, "length_penalty": 1.0, "spaces_between_special_tokens": True,
+        "return_tokens_as_token_ids": False,
     }
 
     model: Annotated[_Str, Field(min_length=1)] | None = None
@@ -198,7 +197,13 @@ class SamplingFields(_Lenient):
     ignore_eos: _Bool = False
     # vLLM's extension: lower values leave the server's waiting queue first (interactive before batch).
     priority: Annotated[_Int, Field(ge=-(2**31), le=2**31 - 1)] = 0
-    logit_bias: dict[str, _Float] | None = None
+    # OpenAI's: {"token id": bias in [-100, 100]}, added to the logits before sampling.
+    logit_bias: dict[str, Annotated[_Float, Field(ge=-100, le=100)]] | None = None
+    # vLLM's extensions: see solo.engine.sampling.SamplingParams.
+    min_tokens: Annotated[_Int, Field(ge=0)] = 0
+    allowed_token_ids: Annotated[list[Annotated[_Int, Field(ge=0)]], Field(min_length=1)] | None = None
+    bad_words: list[Annotated[_Str, Field(min_length=1)]] | None = None
+    skip_special_tokens: _Bool = True
     response_format: dict[str, Any] | None = None
     guided_json: dict[str, Any] | _Str | None = None
     guided_regex: _Str | None = None
@@ -252,9 +257,10 @@ class SamplingFields(_Lenient):
 
     @field_validator("logit_bias")
     @classmethod
-    def _no_logit_bias(cls, value: dict[str, float] | None) -> dict[str, float] | None:
-        if value:
-            raise ValueError("logit_bias is not supported by Solo; leave it out")
+    def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        for key in value or {}:
+            if not key.isascii() or not key.isdigit():
+                raise ValueError(f"logit_bias keys must be token ids (strings of digits, as \"50256\"), got {key!r}")
         return value
 
     @model_validator(mode="after")
@@ -270,20 +276,31 @@ class SamplingFields(_Lenient):
 
     def sampling_params(self, max_tokens: int | None, logprobs: int | None, choice: int,
                         response_format: StructuredOutput | None = None) -> SamplingParams:
-        """The engine's `SamplingParams` for choice `choice` (its seed is seed + choice).
+        """The engine's `SamplingParams` for choice `choice` (its seed is seed + choice; seed - choice below 0).
 
         Raises:
             InvalidRequestError: a value the engine rejects (e.g. an empty stop string).
         """
         stop = [self.stop] if isinstance(self.stop, str) else list(self.stop or [])
+        sent = self.max_tokens is not None or getattr(self, "max_completion_tokens", None) is not None
+        if max_tokens is not None and self.min_tokens > max_tokens and not sent:
+            raise InvalidRequestError(
+                f"min_tokens ({self.min_tokens}) exceeds the {max_tokens} tokens this request may generate without "
+                "max_tokens (the default, or what fits the context); send max_tokens >= min_tokens",
+                param="min_tokens")
         return SamplingParams(
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
-            seed=None if self.seed is None else self.seed + choice, stop=stop,
+            # -1 is vLLM's "random"; other negative seeds step away from it, so no choice lands on it.
+            seed=None if self.seed in (None, -1) else self.seed + choice if self.seed >= 0 else self.seed - choice,
+            stop=stop,
             stop_token_ids=list(self.stop_token_ids or []),
             include_stop_str_in_output=self.include_stop_str_in_output, ignore_eos=self.ignore_eos,
-            logprobs=logprobs, response_format=response_format,
+            min_tokens=self.min_tokens,
+            logit_bias={int(k): float(v) for k, v in self.logit_bias.items()} if self.logit_bias else None,
+            allowed_token_ids=self.allowed_token_ids, bad_words=list(self.bad_words or []),
+            skip_special_tokens=self.skip_special_tokens, logprobs=logprobs, response_format=response_format,
         )
 
 

@@ -240,3 +240,9 @@ def test_draws_follow_the_processed_distribution(logits, kwargs):
     draws = torch.tensor([sampler.sample(logits) for _ in range(12000)])
     assert torch.allclose(torch.bincount(draws, minlength=VOCAB) / 12000, expected, atol=0.02)
     assert bool((expected[draws] > 0).all())  # never a removed token
+
+
+def test_seed_minus_one_is_random_as_in_vllm_and_llama_cpp():
+    seeds = {SamplingParams(seed=-1).resolve(GenerationDefaults()).seed for _ in range(4)}
+    assert len(seeds) == 4 and -1 not in seeds
+    assert SamplingParams(seed=-2).resolve(GenerationDefaults()).seed == -2

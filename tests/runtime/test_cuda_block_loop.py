@@ -74,4 +74,6 @@ def test_stop_string_inside_a_block_drops_the_rest(engine, runtime):
 def test_requests_that_need_the_host_stay_per_token(engine, runtime):
     assert not can_run_in_blocks(runtime, engine.make_request(PROMPT, SamplingParams(repetition_penalty=1.2)))
     assert not can_run_in_blocks(runtime, engine.make_request(PROMPT, SamplingParams(logprobs=2)))
+    assert not can_run_in_blocks(runtime, engine.make_request(PROMPT, SamplingParams(logit_bias={3: 1.0})))
+    assert not can_run_in_blocks(runtime, engine.make_request(PROMPT, SamplingParams(min_tokens=2)))
     assert not can_run_in_blocks(engine.runtime, engine.make_request(PROMPT, SamplingParams()))  # eager runtime

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import concurrent.futures
+
 import openai
 import pytest
 from server_harness import MODEL_NAME, start_server
@@ -66,7 +68,17 @@ CASES = [
     ("top-logprobs-without-logprobs", CHAT, chat(top_logprobs=2), 400, "top_logprobs", None),
     ("top-logprobs-high", CHAT, chat(logprobs=True, top_logprobs=21), 400, "top_logprobs", None),
     ("logprobs-int-in-chat", CHAT, chat(logprobs=1), 400, "logprobs", None),
-    ("logit-bias", CHAT, chat(logit_bias={"5": 10}), 400, "logit_bias", None),
+    ("logit-bias-key", CHAT, chat(logit_bias={"a5": 10}), 400, "logit_bias", None),
+    ("logit-bias-range", CHAT, chat(logit_bias={"5": 101}), 400, "logit_bias", None),
+    ("logit-bias-vocab", CHAT, chat(logit_bias={"99999999": 1}), 400, "logit_bias", None),
+    ("allowed-token-ids-empty", COMPLETIONS, completion(allowed_token_ids=[]), 400, "allowed_token_ids", None),
+    ("allowed-token-ids-vocab", COMPLETIONS, completion(allowed_token_ids=[99999999]), 400, "allowed_token_ids",
+     None),
+    ("min-tokens-negative", CHAT, chat(min_tokens=-1), 400, "min_tokens", None),
+    ("min-tokens-above-max", CHAT, chat(min_tokens=5, max_tokens=2), 400, "min_tokens", None),
+    ("min-tokens-above-default", COMPLETIONS, completion(min_tokens=17), 400, "min_tokens", None),
+    ("bad-words-empty-word", CHAT, chat(bad_words=[""]), 400, "bad_words", None),
+    ("min-tokens-with-grammar", CHAT, chat(min_tokens=1, guided_choice=["a", "b"]), 400, "min_tokens", None),
     ("response-format-unknown-type", CHAT, chat(response_format={"type": "xml"}), 400, "response_format", None),
     ("response-format-schema-missing", CHAT, chat(response_format={"type": "json_schema"}), 400, "response_format",
      None),
@@ -239,15 +251,14 @@ def test_unknown_fields_are_refused_by_name(server):
         error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, frobnicate=True)), 400, param="frobnicate")
         assert "unrecognized request argument" in error["message"] and "leave it out" in error["message"]
         for route, body in ((CHAT, chat()), (COMPLETIONS, completion())):
-            for name, value in (("min_tokens", 5), ("use_beam_search", True),
-                                ("truncate_prompt_tokens", 5), ("allowed_token_ids", [5]), ("prompt_logprobs", 1),
-                                ("skip_special_tokens", False), ("min_tokens", False)):
+            for name, value in (("use_beam_search", True), ("truncate_prompt_tokens", 5), ("prompt_logprobs", 1),
+                                ("length_penalty", 2), ("spaces_between_special_tokens", False)):
                 error = assert_openai_error(http.post(route, json={**body, "max_tokens": 2, name: value}), 400,
                                             param=name)
                 assert "leave it out" in error["message"], error
         assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, echo=True)), 400, param="echo")
         # Every such field is counted, the first named.
-        error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, frobnicate=1, min_tokens=3)), 400,
+        error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, frobnicate=1, use_beam_search=True)), 400,
                                     param="frobnicate")
         assert "(and 1 more invalid field)" in error["message"]
         # stream_options follows the same rule: vLLM's continuous_usage_stats would change the chunks.
@@ -296,6 +307,35 @@ def test_stop_token_ids_end_the_generation(server):
                             param="stop_token_ids")
         assert_openai_error(http.post(COMPLETIONS, json={**body, "stop_token_ids": [-1]}), 400,
                             param="stop_token_ids")
+
+
+def test_token_controls(server):
+    # OpenAI's logit_bias, vLLM's min_tokens, allowed_token_ids, bad_words and skip_special_tokens are honoured,
+    # on both routes and beside a plain request in the same batch (which keeps its lone output).
+    with server.http() as http:
+        body = completion(max_tokens=4, temperature=0.0, ignore_eos=True)
+        plain = http.post(COMPLETIONS, json=body).json()["choices"][0]["text"]
+        expected = http.post("/detokenize", json={"tokens": [7] * 4}).json()["prompt"]
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
+            forced = [pool.submit(http.post, COMPLETIONS, json={**body, "logit_bias": {"7": 100}}) for _ in range(2)]
+            plains = [pool.submit(http.post, COMPLETIONS, json=body) for _ in range(2)]
+            assert all(f.result().json()["choices"][0]["text"] == expected for f in forced)
+            assert all(p.result().json()["choices"][0]["text"] == plain for p in plains)
+        allowed = http.post(CHAT, json=chat(max_tokens=4, temperature=1.0, seed=3, allowed_token_ids=[7])).json()
+        assert allowed["choices"][0]["message"]["content"] == expected
+        stop = plain[:1]
+        stopped = http.post(COMPLETIONS, json={**body, "max_tokens": 8, "stop": [stop]}).json()
+        floor = stopped["usage"]["completion_tokens"] + 2
+        late = http.post(COMPLETIONS, json={**body, "max_tokens": 8, "stop": [stop], "min_tokens": floor}).json()
+        assert late["usage"]["completion_tokens"] >= floor
+        word = next((w for w in plain.split() if w.isprintable()), "zz")
+        banned = http.post(COMPLETIONS, json={**body, "bad_words": [word]}).json()["choices"][0]["text"]
+        assert word not in banned
+        engine = server.state.engine
+        special = next(t for n, t in sorted(engine.tokenizer.special_token_ids().items()) if t not in engine.eos_ids)
+        shown = http.post(COMPLETIONS, json={**body, "max_tokens": 1, "logit_bias": {str(special): 100},
+                                             "skip_special_tokens": False}).json()["choices"][0]["text"]
+        assert shown == engine.tokenizer.decode([special], skip_special_tokens=False) and shown
 
 
 def test_json_needs_json_content_type(server):
