@@ -21,6 +21,7 @@ from uvicorn.logging import DefaultFormatter
 from solo.engine.engine import Engine
 from solo.errors import SoloError
 from solo.server.app import create_app
+from solo.server.heap import limit_malloc_arenas
 from solo.server.state import ServerSettings, ServerState
 
 
@@ -115,40 +116,6 @@ def raise_open_file_limit() -> tuple[int, int] | None:
     except (ValueError, OSError):
         return None
     return soft, target
-
-
-M_ARENA_MAX = -8
-"""glibc's mallopt() parameter for the most malloc arenas (malloc.h)."""
-
-
-def limit_malloc_arenas(environ: dict[str, str] | None = None) -> int | None:
-    """Cap glibc's malloc arenas at the CPU count (at least 2) for a long-running server; None if not done.
-
-    glibc gives each thread that contends for the heap its own arena, up to 8 per core, and an arena keeps
-    the memory freed into it. A server's threads (the scheduler, the event loop, torch's and the HTTP
-    workers) then hold several partly used heaps: in a 150-second soak at a fixed 12 req/s (bundled
-    model, benchmarks/results/load-soak-rss-drift.md) two arenas on 2 cores ended 36 MiB lower and flat
-    from 55 s on (drift +0.92% against +2.04%; one run each on a shared machine). Left alone where the
-    user set MALLOC_ARENA_MAX (glibc reads it at start) and off glibc.
-
-    Returns:
-        The cap set, or None.
-    """
-    import ctypes
-    import ctypes.util
-    import os
-    import sys
-
-    environ = os.environ if environ is None else environ
-    if "MALLOC_ARENA_MAX" in environ or not sys.platform.startswith("linux"):
-        return None
-    try:
-        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
-        mallopt = libc.mallopt
-    except (OSError, AttributeError):  # musl or no libc found: nothing to cap
-        return None
-    cap = max(2, os.cpu_count() or 2)
-    return cap if mallopt(M_ARENA_MAX, cap) == 1 else None
 
 
 def _log_to_console() -> None:

@@ -21,6 +21,7 @@ from solo.errors import ContextLengthError, SoloError
 from solo.server import kv_memory
 from solo.server.async_engine import AsyncEngine
 from solo.server.errors import model_loading, model_not_found, shutting_down
+from solo.server.heap import freeze_startup_heap, unfreeze_heap
 from solo.server.logprobs import TokenPieces
 from solo.server.metrics import ServerMetrics
 from solo.server.scheduler import DEFAULT_PREFILL_CHUNK, DecodeBatching, Generation, Scheduler
@@ -148,6 +149,7 @@ class ServerState:
         self.longest_token = 1  # bytes of text one token covers at most (see longest_token_bytes)
         self.error: BaseException | None = None
         self.draining = False
+        self._frozen_heap = False  # freeze_startup_heap ran (undone by close)
 
     def _default_loader(self) -> Engine:
         s = self.settings
@@ -185,6 +187,8 @@ class ServerState:
             return
         self.engine, self.pieces = engine, TokenPieces(engine.tokenizer)
         self.served_name = self.settings.served_model_name or engine.name
+        logger.debug("startup heap frozen: %d objects", freeze_startup_heap())
+        self._frozen_heap = True
         self.client, self.scheduler = client, client.scheduler
         logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode, prefill chunk %s, prefix cache %s, "
                     "speculative %s)", self.served_name, engine.backend_name, self.settings.max_batch,
@@ -269,6 +273,9 @@ class ServerState:
         self.draining = True
         if self.client is not None:
             await asyncio.to_thread(self.client.stop)
+        if self._frozen_heap:
+            unfreeze_heap()  # a process that goes on (tests, an embedding app) may collect the server's objects
+            self._frozen_heap = False
 
     # ------------------------------------------------------------------------------- request helpers
 
