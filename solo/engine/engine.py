@@ -32,7 +32,7 @@ from solo.engine.speculative import (
     resolve_speculative,
     speculative_step,
 )
-from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, tool_call_constraint
+from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, output_constraint
 from solo.errors import CheckpointError, ContextLengthError, InvalidRequestError, SoloError
 from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
@@ -376,13 +376,9 @@ class Engine:
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
             template = self.tokenizer.chat_template
             tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None)
-            spec = tool_call_constraint(tool_format, tools, choice, parallel_tool_calls) if tool_format else None
-            if spec is not None:
-                if params.response_format is not None:
-                    source = getattr(params.response_format, "source", "response_format")  # a dict: OpenAI's field
-                    raise InvalidRequestError(f"{source} cannot be combined with tool_choice \"required\" or a named "
-                                              "function (the output is the tool call)", param=source)
-                params, forced = params.copy(response_format=spec), True
+            spec, forced = output_constraint(tool_format, tools, choice, parallel_tool_calls, params.response_format)
+            if forced:
+                params = params.copy(response_format=spec)
             if choice == "none":
                 tool_format = None
             prompt = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)), tools=list(tools) or None)
@@ -405,7 +401,7 @@ class Engine:
             for name, value in (("min_tokens", params.min_tokens), ("allowed_token_ids", params.allowed_token_ids),
                                 ("bad_words", params.bad_words)):
                 if value:
-                    source = "tool_choice" if forced else getattr(params.response_format, "source", "response_format")
+                    source = getattr(params.response_format, "source", "response_format")
                     raise InvalidRequestError(f"{name} cannot be combined with {source}: the output's grammar decides "
                                               "which tokens may come and where the output ends", param=name)
             constraint = self.constraints.compile(params.response_format).matcher(sorted(eos))

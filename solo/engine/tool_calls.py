@@ -156,7 +156,7 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
                                   "minItems": 1}
         if not parallel_tool_calls:
             schema["maxItems"] = 1
-        return StructuredOutput("json_schema", schema, "tool_calls")
+        return StructuredOutput("json_schema", schema, "tool_calls", source="tool_choice")
     from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
 
     # Only calls, no free text around them (XGrammar's own "required" tags allow text before a call).
@@ -171,10 +171,34 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
             separator = "\n" if fmt == "hermes" else "; "
             tag = StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator=separator, at_least_one=True,
                                                                stop_after_first=not parallel_tool_calls))
-        return StructuredOutput("structural_tag", tag, "tool_calls")
+        return StructuredOutput("structural_tag", tag, "tool_calls", source="tool_choice")
     except Exception as exc:  # pydantic validation of the tags
         raise InvalidRequestError(f"the tools cannot be turned into a tool-call grammar: {exc}",
                                   param="tools") from None
+
+
+def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
+                      parallel_tool_calls: bool, response_format: StructuredOutput | None
+                      ) -> tuple[StructuredOutput | None, bool]:
+    """The request's output constraint once its tools are known: (constraint, whether tool calls are forced).
+
+    Args:
+        fmt: the model's tool-call syntax (`check_tools`), or None without tools.
+        tools, tool_choice, parallel_tool_calls: as `tool_call_constraint` takes them.
+        response_format: the request's own constraint (response_format or vLLM's guided_* fields), or None.
+
+    Raises:
+        InvalidRequestError: a response format beside tool_choice "required" or a named function (the output
+            is the tool call); the message and `param` name the response format's field.
+    """
+    forced = tool_call_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
+    if forced is None:
+        return response_format, False
+    if response_format is not None:
+        source = getattr(response_format, "source", "response_format")  # a dict is OpenAI's field
+        raise InvalidRequestError(f'{source} cannot be combined with tool_choice "required" or a named function '
+                                  "(the output is the tool call)", param=source)
+    return forced, True
 
 
 # Text around one call's arguments object, per syntax ({name} is the function name).

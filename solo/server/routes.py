@@ -27,7 +27,7 @@ from starlette.types import Receive, Scope, Send
 
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
-from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, tool_call_constraint
+from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, output_constraint
 from solo.errors import InvalidRequestError
 from solo.server.errors import APIError, api_error_from
 from solo.server.logprobs import chat_logprobs, completion_logprobs
@@ -196,17 +196,10 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         template = engine.tokenizer.chat_template
         tools.format, tool_list, choice = check_tools(body.tools, body.tool_choice,
                                                       template.source if template is not None else None)
-        response_format = body.structured_output()
-        if tools.format is not None:
-            forced = tool_call_constraint(tools.format, tool_list, choice, body.parallel_tool_calls)
-            if forced is not None and response_format is not None:
-                raise InvalidRequestError(f'{response_format.source} cannot be combined with tool_choice "required" '
-                                          "or a named function (the output is the tool call)",
-                                          param=response_format.source)
-            tools.forced = forced is not None
-            response_format = forced or response_format
-            if choice == "none":
-                tools.format = None
+        response_format, tools.forced = output_constraint(tools.format, tool_list, choice, body.parallel_tool_calls,
+                                                          body.structured_output())
+        if choice == "none":
+            tools.format = None
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))

@@ -90,6 +90,13 @@ def test_openai_client_json_schema_and_named_tool(tool_server):
         bad = http.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": {
             "type": "function", "function": {"name": "nope"}}})
         assert bad.status_code == 400 and "nope" in bad.json()["error"]["message"]
+        # Token bans beside a forced tool call are refused by name, and the message names tool_choice.
+        refused = http.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "min_tokens": 2,
+                                                          "tool_choice": "required"}).json()["error"]
+        assert refused["param"] == "min_tokens" and "tool_choice" in refused["message"], refused
+        both = http.post("/v1/chat/completions", json={"messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+                                                       "guided_regex": "a+"}).json()["error"]
+        assert both["param"] == "guided_regex" and "tool_choice" in both["message"], both
 
 
 @pytest.mark.slow

@@ -141,3 +141,13 @@ run Qwen2.5-0.5B-bf16-256-point-probes $solo bench --shape Qwen2.5-0.5B --gen-le
   --compare llama.cpp --json Qwen2.5-0.5B-bf16-256-point-probes.json
 run OLMoE-1B-7B-bf16-point-probes $solo bench --shape OLMoE-1B-7B --prompt-len 32 --gen-len 64 --repeats 5 \
   --energy-s 0 --compare llama.cpp-BF16 --peers-after-solo --json OLMoE-1B-7B-bf16-point-probes.json
+
+# Session 4: the garbage collector's pauses. The serving command (each run measures its own capacity;
+# for the "before" rows, the same command on a checkout of the commit before the frozen heap).
+$solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 --max-queue-wait 0.1 \
+  --json load-chat-0.8x-gc-freeze.json --markdown load-chat-0.8x-gc-freeze.md
+# The collector's own timings at 20 req/s (SOLO_NO_GC_FREEZE=1 for the before), from the repository root:
+#   [SOLO_NO_GC_FREEZE=1] python scripts/serve_gc_pauses.py serve solo/assets/solo-code-16m --port 8765 \
+#     --max-queue-wait 0.1 &
+#   solo bench --load chat --url http://127.0.0.1:8765 --rates 20 --duration 60 --verify 16 \
+#     --json load-chat-20rps-gc-freeze.json --markdown load-chat-20rps-gc-freeze.md; kill -INT %1
