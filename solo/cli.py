@@ -218,7 +218,8 @@ def cmd_pull(args: argparse.Namespace) -> int:
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")
     if ok:
-        target = ggufs[0] if ggufs and not (folder / "config.json").is_file() else args.model
+        target = args.model if ":" in args.model or len(ggufs) <= 1 or (folder / "config.json").is_file() \
+            else ggufs[0]  # several GGUF files: name one
         print(f"ready: solo run {target} --prompt ...")
     else:
         print(f"Solo cannot run it: {reason}", file=sys.stderr)
@@ -349,7 +350,8 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                    description="Download a model from the Hugging Face Hub into its cache, with progress bars; "
                    "an interrupted download resumes. Fetches the files Solo reads (config, tokenizer, safetensors).")
     if pull is not None:
-        pull.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id")
+        pull.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id; ORG/NAME:TAG also fetches the GGUF "
+                          "files whose names hold TAG (e.g. Q8_0)")
         pull.add_argument("--revision", default=None, help="branch, tag or commit (default: main)")
         pull.add_argument("--include", action="append", default=[], metavar="PATTERN",
                           help="also fetch files matching this glob, e.g. '*Q8_0.gguf' (repeatable)")

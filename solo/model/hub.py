@@ -13,6 +13,8 @@ import torch
 from solo.errors import ModelNotFoundError, SoloError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+# "org/name:Q8_0": one quantization of a repository of GGUF files (llama.cpp's -hf and Ollama's hf.co syntax).
+_GGUF_TAG = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+):(?P<tag>[\w.\-]+)$")
 # Only what Solo reads: configs, tokenizer files, chat templates and safetensors weights.
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt", "*.tiktoken"]
 
@@ -47,7 +49,9 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
 
     Args:
         model: a folder path, a .gguf file (converted once into Solo's cache, see `solo.model.gguf`), a Hugging
-            Face Hub id ("org/name"), or None for Solo's bundled model.
+            Face Hub id ("org/name"; a snapshot without config.json that holds one GGUF file stands for it),
+            "org/name:TAG" (the repository's GGUF file whose name holds TAG, e.g. Q8_0), or None for Solo's
+            bundled model.
         revision: hub branch, tag or commit (hub ids only).
 
     Returns:
@@ -82,21 +86,80 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
             return gguf_to_folder(path)  # converted once into Solo's cache
         raise ModelNotFoundError(f"{path} is a file but not a GGUF file; pass the model folder that holds "
                                  "config.json, or a .gguf file")
-    text = str(model)
-    if not _HUB_ID.match(text) or text.startswith((".", "/", "~")):
+    repo_id, tag = split_gguf_tag(str(model))
+    if not _HUB_ID.match(repo_id) or repo_id.startswith((".", "/", "~")):
         raise ModelNotFoundError(
-            f"model folder {text!r} does not exist; pass a folder with config.json and safetensors "
-            "weights, or a Hugging Face Hub id such as 'org/name'"
+            f"model folder {str(model)!r} does not exist; pass a folder with config.json and safetensors "
+            "weights, a .gguf file, or a Hugging Face Hub id such as 'org/name' ('org/name:Q8_0' for one "
+            "quantization of a repository of GGUF files)"
         )
-    return _download_from_hub(text, revision)
+    folder = _download_from_hub(repo_id, revision, gguf_patterns(tag))
+    if tag is not None or not (folder / "config.json").is_file():
+        gguf = pick_gguf(folder, repo_id, tag)
+        if gguf is None:
+            raise ModelNotFoundError(
+                f"{repo_id} has no config.json (Solo reads safetensors checkpoints and GGUF files) and no GGUF "
+                f"file was fetched; for a repository of GGUF files name one quantization: {repo_id}:Q8_0")
+        from solo.model.gguf import gguf_to_folder
+
+        return gguf_to_folder(gguf)  # converted once into Solo's cache
+    return folder
 
 
-def _download_from_hub(repo_id: str, revision: str | None) -> Path:
+def split_gguf_tag(model: str) -> tuple[str, str | None]:
+    """Split "org/name:TAG" into ("org/name", "TAG"); anything else is (model, None).
+
+    TAG names one quantization of a repository of GGUF files, as llama.cpp's `-hf` and Ollama's `hf.co/` do.
+    """
+    match = _GGUF_TAG.match(model)
+    return (match["repo"], match["tag"]) if match else (model, None)
+
+
+def gguf_patterns(tag: str | None) -> list[str]:
+    """Download patterns for the GGUF files whose names hold `tag` (in its case, upper or lower); [] for None."""
+    if tag is None:
+        return []
+    return sorted({f"*{t}*.gguf" for t in (tag, tag.upper(), tag.lower())})
+
+
+def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
+    """The GGUF file of a Hub snapshot that a model name stands for.
+
+    Args:
+        folder: the snapshot folder.
+        repo_id: "org/name", for messages.
+        tag: a quantization the file name must hold (case-insensitive), or None for any.
+
+    Returns:
+        The one GGUF file that matches, or None when there is none and no tag was given.
+
+    Raises:
+        ModelNotFoundError: several files match (the message lists them and how to name one), or none
+            matches the tag.
+    """
+    files = sorted(folder.rglob("*.gguf"))
+    if tag is not None:
+        files = [f for f in files if tag.lower() in f.name.lower()]
+    if len(files) == 1:
+        return files[0]
+    if len(files) > 1:
+        names = ", ".join(f.name for f in files)
+        hint = f"{repo_id}:<quantization>" if tag is None else "the file's path"
+        raise ModelNotFoundError(f"{repo_id} holds several GGUF files{'' if tag is None else f' matching {tag!r}'} "
+                                 f"({names}); name one as {hint}")
+    if tag is not None:
+        raise ModelNotFoundError(f"{repo_id} has no GGUF file whose name holds {tag!r}; check the quantization "
+                                 "against the repository's file list")
+    return None
+
+
+def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[str] | None = None) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
     try:
-        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=HUB_FILE_PATTERNS))
+        return Path(snapshot_download(repo_id, revision=revision,
+                                      allow_patterns=[*HUB_FILE_PATTERNS, *(extra_patterns or [])]))
     except RepositoryNotFoundError:
         raise ModelNotFoundError(
             f"{repo_id!r} is neither a local folder nor a model on the Hugging Face Hub (or it is gated: "

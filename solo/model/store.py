@@ -23,7 +23,7 @@ class CachedModel:
     """One revision of a model in the cache.
 
     Attributes:
-        repo_id: "org/name".
+        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0).
         revision: the branch/tag names pointing at it ("main"), else the short commit hash.
         commit: the full commit hash.
         path: the snapshot folder.
@@ -107,7 +107,7 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
     """Download a model from the Hugging Face Hub into the cache (resuming a partial download).
 
     Args:
-        repo_id: "org/name".
+        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0).
         revision: branch, tag or commit (None: main).
         include: extra glob patterns to fetch besides Solo's files, e.g. ["*Q8_0.gguf"].
         cache_dir: the cache folder (None: huggingface_hub's default, $HF_HUB_CACHE).
@@ -127,13 +127,15 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         RevisionNotFoundError,
     )
 
-    from solo.model.hub import _HUB_ID, HUB_FILE_PATTERNS
+    from solo.model.hub import _HUB_ID, HUB_FILE_PATTERNS, gguf_patterns, split_gguf_tag
 
+    repo_id, tag = split_gguf_tag(repo_id)
     if not _HUB_ID.match(repo_id):
-        raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name'")
+        raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name' "
+                                 "('org/name:Q8_0' for one quantization of a repository of GGUF files)")
     try:
         return Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
-                                      allow_patterns=[*HUB_FILE_PATTERNS, *(include or [])]))
+                                      allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(tag), *(include or [])]))
     except GatedRepoError:
         raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "
                                  "`hf auth login`") from None
@@ -180,7 +182,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     """Delete a model (every revision, or one) from the cache.
 
     Args:
-        repo_id: "org/name".
+        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0).
         revision: a branch/tag name or a commit hash (or its prefix); None removes every revision.
         cache_dir: the cache folder (None: huggingface_hub's default).
 

@@ -96,3 +96,35 @@ def test_an_unwritable_cache_folder_is_one_clear_line(gguf_dir, tmp_path, monkey
     err = capsys.readouterr().err
     assert "cannot create the folder for converted GGUF files" in err and "SOLO_CACHE_DIR" in err
     assert "Traceback" not in err
+
+
+def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monkeypatch, capsys, gguf_dir):
+    # "org/name:Q8_0" (llama.cpp's -hf and Ollama's syntax) picks that file of a cached repository of GGUF files;
+    # a repository holding one GGUF file runs by its name alone; otherwise the message lists the files.
+    from hf_cache import add_to_cache, use_offline_cache
+
+    from solo.model.hub import resolve_model_dir
+
+    cache = tmp_path / "hub"
+    use_offline_cache(cache, monkeypatch)
+    several, single = tmp_path / "several", tmp_path / "single"
+    several.mkdir()
+    single.mkdir()
+    for t in ("F16", "Q8_0"):
+        (several / gguf_dir[t].name).write_bytes(gguf_dir[t].read_bytes())
+    (several / "README.md").write_text("GGUF files")
+    (single / gguf_dir["F16"].name).write_bytes(gguf_dir["F16"].read_bytes())
+    add_to_cache(cache, "someone/tiny-GGUF", several)
+    add_to_cache(cache, "someone/tiny-F16-GGUF", single)
+
+    want = _tokens(Engine.load(str(gguf_dir["Q8_0"]), dtype="float32"))
+    assert _tokens(Engine.load("someone/tiny-GGUF:q8_0", dtype="float32")) == want
+    assert (resolve_model_dir("someone/tiny-F16-GGUF") / "gguf_source.json").is_file()
+    for name, message in (("someone/tiny-GGUF", "holds several GGUF files (tiny-F16.gguf, tiny-Q8_0.gguf); name "
+                                                "one as someone/tiny-GGUF:<quantization>"),
+                          ("someone/tiny-GGUF:Q5_K_M", "has no GGUF file whose name holds 'Q5_K_M'")):
+        with pytest.raises(SoloError) as info:
+            resolve_model_dir(name)
+        assert message in str(info.value)
+    assert main(["pull", "someone/tiny-GGUF:Q8_0"]) == 0
+    assert "ready: solo run someone/tiny-GGUF:Q8_0 --prompt" in capsys.readouterr().out

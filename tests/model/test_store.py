@@ -6,51 +6,29 @@ the cache, and one that is not cached fails with the one-line message.
 
 from __future__ import annotations
 
-import hashlib
 import json
-import os
 import shutil
 from pathlib import Path
 
 import pytest
+from hf_cache import COMMIT, add_to_cache, use_offline_cache
 
 from solo.cli import main
 from solo.model import store
 
-COMMIT = "a" * 40
-
-
-def _add_to_cache(cache: Path, repo_id: str, folder: Path, commit: str = COMMIT, ref: str = "main") -> Path:
-    repo = cache / ("models--" + repo_id.replace("/", "--"))
-    snapshot = repo / "snapshots" / commit
-    snapshot.mkdir(parents=True)
-    (repo / "blobs").mkdir(exist_ok=True)
-    for file in folder.iterdir():
-        data = file.read_bytes()
-        blob = repo / "blobs" / hashlib.sha256(data).hexdigest()
-        blob.write_bytes(data)
-        os.symlink(os.path.relpath(blob, snapshot), snapshot / file.name)
-    (repo / "refs").mkdir(exist_ok=True)
-    (repo / "refs" / ref).write_text(commit)
-    return snapshot
-
 
 @pytest.fixture()
 def cache(tmp_path, monkeypatch, tiny_llama):
-    import huggingface_hub.constants as hf_constants
-
     cache = tmp_path / "hub"
     cache.mkdir()
-    monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(cache))
-    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", True)
-    _add_to_cache(cache, "tiny/llama", tiny_llama)
+    use_offline_cache(cache, monkeypatch)
+    add_to_cache(cache, "tiny/llama", tiny_llama)
     gptq = tmp_path / "gptq"
     shutil.copytree(tiny_llama, gptq)
     config = json.loads((gptq / "config.json").read_text())
     config["quantization_config"] = {"quant_method": "gptq", "bits": 4}
     (gptq / "config.json").write_text(json.dumps(config))
-    _add_to_cache(cache, "someone/llama-gptq", gptq, commit="b" * 40)
+    add_to_cache(cache, "someone/llama-gptq", gptq, commit="b" * 40)
     return cache
 
 
@@ -108,7 +86,7 @@ def test_a_model_without_tokenizer_files_is_not_listed_as_runnable(cache, tmp_pa
     shutil.copytree(tiny_llama, bare)
     for name in ("tokenizer.json", "tokenizer.model", "vocab.json"):
         (bare / name).unlink(missing_ok=True)
-    _add_to_cache(cache, "tiny/no-tokenizer", bare, commit="c" * 40)
+    add_to_cache(cache, "tiny/no-tokenizer", bare, commit="c" * 40)
     model = next(m for m in store.list_models() if m.repo_id == "tiny/no-tokenizer")
     assert not model.supported and "no tokenizer" in model.reason
     assert main(["pull", "tiny/no-tokenizer"]) == 0
