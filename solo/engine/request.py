@@ -218,7 +218,8 @@ class Request:
         before sampling; a token that is the only one the constraint allows is taken without sampling.
 
         Args:
-            logits: float32 [vocab] raw logits at the last position (modified in place under a constraint).
+            logits: float32 [vocab] raw logits at the last position (modified in place by the logits processors
+                and a constraint).
 
         Returns:
             (token id, its log-probabilities when requested): natural-log log_softmax of the raw logits
@@ -262,15 +263,17 @@ class Request:
         text = ""
         if token in self.eos_ids:
             self.finish_reason = "stop"
+            if self.stop_matcher.include:  # vLLM keeps the stop token's text then (empty for a skipped special token)
+                text = self.stop_matcher.feed(self.detokenizer.add([token]), armed=False)
         else:
             text = self.stop_matcher.feed(self.detokenizer.add([token]),
-                                          armed=len(self.output_ids) >= self._min_tokens)
+                                          armed=len(self.output_ids) > self._min_tokens)
             if self.stop_matcher.stopped or self.constraint is not None and self.constraint.terminated:
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= self.max_new_tokens:
                 self.finish_reason = "length"
         if self.finish_reason is not None and not self.stop_matcher.stopped:
-            text += self.stop_matcher.feed(self.detokenizer.flush(), armed=len(self.output_ids) >= self._min_tokens)
+            text += self.stop_matcher.feed(self.detokenizer.flush(), armed=len(self.output_ids) > self._min_tokens)
             if self.stop_matcher.stopped:
                 self.finish_reason = "stop"
             else:

@@ -42,7 +42,8 @@ class SamplingParams:
         ignore_eos: keep generating past the model's EOS ids (benchmarks); `stop_token_ids` and stop strings
             still stop.
         min_tokens: generate at least this many tokens before an EOS id or a `stop_token_ids` id may be
-            sampled or a stop string may end the output (vLLM's field; 0 disables).
+            sampled or a stop string may end the output: the token that ends it comes after them (vLLM's
+            field, as its V1 engine counts; 0 disables).
         logit_bias: {token id: bias in [-100, 100]} added to the raw logits before sampling (OpenAI's field:
             -100 in effect bans a token, 100 in effect forces it).
         allowed_token_ids: only these token ids may be generated (vLLM's field); None allows all.
@@ -162,7 +163,7 @@ class SamplingParams:
             raise bad("allowed_token_ids", "a non-empty list of token ids (integers >= 0)")
         if not isinstance(self.bad_words, list) or not all(
                 isinstance(w, str) and w.strip() and is_valid_unicode(w) for w in self.bad_words):
-            raise bad("bad_words", "a list of non-empty strings")
+            raise bad("bad_words", "a list of words (strings with some non-whitespace text)")
         if not isinstance(self.skip_special_tokens, bool):
             raise bad("skip_special_tokens", "true or false")
 

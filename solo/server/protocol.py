@@ -261,6 +261,9 @@ class SamplingFields(_Lenient):
         for key in value or {}:
             if not key.isascii() or not key.isdigit():
                 raise ValueError(f"logit_bias keys must be token ids (strings of digits, as \"50256\"), got {key!r}")
+            if len(key.lstrip("0")) > 18:  # beyond any vocabulary (and Python's int() refuses 4301+ digits)
+                raise ValueError(f"logit_bias holds token id {key[:24]}{'...' if len(key) > 24 else ''}, outside "
+                                 "this model's vocabulary")
         return value
 
     @model_validator(mode="after")

@@ -96,7 +96,7 @@ def test_impossible_or_out_of_vocabulary_controls_are_refused(kwargs, param):
     (dict(logit_bias={1: 101}), "biases in [-100, 100]"),
     (dict(logit_bias={-1: 1}), "token ids (integers >= 0)"),
     (dict(allowed_token_ids=[]), "a non-empty list of token ids"),
-    (dict(bad_words=[" "]), "a list of non-empty strings"),
+    (dict(bad_words=[" "]), "a list of words (strings with some non-whitespace text)"),
     (dict(skip_special_tokens=1), "skip_special_tokens must be true or false"),
 ])
 def test_values_are_checked(kwargs, message):
@@ -140,7 +140,11 @@ def test_engine_honours_each_control(tiny_llama):
                                                   **GREEDY)).stats.completion_tokens == 1
     late = engine.complete(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop], min_tokens=4,
                                                   **GREEDY))
-    assert late.stats.completion_tokens >= 4 and late.token_ids == base.token_ids[:len(late.token_ids)]
+    assert late.stats.completion_tokens > 4 and late.token_ids == base.token_ids[:len(late.token_ids)]
+    # As vLLM's V1 engine counts: the token that ends the output comes after min_tokens tokens, for a stop
+    # string as for a stop token, so with min_tokens 1 the first token's stop string does not end it.
+    assert engine.complete(PROMPT, SamplingParams(max_tokens=12, ignore_eos=True, stop=[stop], min_tokens=1,
+                                                  **GREEDY)).stats.completion_tokens > 1
 
 
 def test_min_tokens_bans_the_stop_ids_until_reached(tiny_llama):
@@ -189,3 +193,7 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(tiny_llama):
     params = SamplingParams(max_tokens=2, ignore_eos=True, logit_bias={token: 100}, **GREEDY)
     assert name not in engine.complete(PROMPT, params).text
     assert engine.complete(PROMPT, params.copy(skip_special_tokens=False)).text == name * 2
+    # A special token as a stop string ends the output; vLLM keeps its text with include_stop_str_in_output.
+    stopped = params.copy(stop=[name], skip_special_tokens=False)
+    assert engine.complete(PROMPT, stopped).text == ""
+    assert engine.complete(PROMPT, stopped.copy(include_stop_str_in_output=True)).text == name

@@ -71,6 +71,7 @@ CASES = [
     ("logit-bias-key", CHAT, chat(logit_bias={"a5": 10}), 400, "logit_bias", None),
     ("logit-bias-range", CHAT, chat(logit_bias={"5": 101}), 400, "logit_bias", None),
     ("logit-bias-vocab", CHAT, chat(logit_bias={"99999999": 1}), 400, "logit_bias", None),
+    ("logit-bias-key-too-long", COMPLETIONS, completion(logit_bias={"9" * 5000: 1}), 400, "logit_bias", None),
     ("allowed-token-ids-empty", COMPLETIONS, completion(allowed_token_ids=[]), 400, "allowed_token_ids", None),
     ("allowed-token-ids-vocab", COMPLETIONS, completion(allowed_token_ids=[99999999]), 400, "allowed_token_ids",
      None),
