@@ -126,6 +126,27 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
                    help="stop when this text is generated (repeatable); it is left out of the output")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
+    g.add_argument("--min-tokens", type=int, default=0, metavar="N",
+                   help="generate at least N tokens before an end-of-sequence token or a stop string ends the output")
+    g.add_argument("--logit-bias", action="append", default=[], metavar="ID+BIAS",
+                   help="add BIAS (-100 to 100) to token ID's logit, as llama.cpp writes it: 15043+1, 15043-100 "
+                   "(or 15043=-100); repeatable")
+
+
+def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
+    # llama.cpp's --logit-bias form, ID+BIAS / ID-BIAS, or ID=BIAS.
+    from solo.errors import InvalidRequestError
+
+    bias: dict[int, float] = {}
+    for item in items:
+        number = r"(?:[0-9.]+(?:[eE][+-]?\d+)?|inf)"
+        match = re.fullmatch(rf"\s*(\d+)\s*(=\s*[+-]?{number}|[+-]\s*{number})\s*", item)
+        try:
+            bias[int(match[1])] = float(match[2].lstrip("=").replace(" ", ""))
+        except (TypeError, ValueError):
+            raise InvalidRequestError(f"--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, "
+                                      f"15043-100), got {item!r}", param="logit_bias") from None
+    return bias or None
 
 
 def sampling_params_from_args(args: argparse.Namespace):  # noqa: ANN201
@@ -136,7 +157,7 @@ def sampling_params_from_args(args: argparse.Namespace):  # noqa: ANN201
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
         frequency_penalty=args.frequency_penalty, seed=args.seed, stop=list(args.stop),
-        ignore_eos=args.ignore_eos,
+        ignore_eos=args.ignore_eos, min_tokens=args.min_tokens, logit_bias=_logit_bias(args.logit_bias),
     )
 
 

@@ -30,6 +30,15 @@ def test_run_streams_text_and_ends_with_stats(capsys, tiny_llama):
     assert "TTFT" in err and "tok/s" in err and "12 generated tokens" in err
 
 
+def test_run_takes_logit_bias_and_min_tokens_as_llama_cpp_writes_them(capsys, tiny_llama):
+    code, out, _ = _run(capsys, "run", str(tiny_llama), "--prompt", "def f(x):", "--max-tokens", "3", "--ignore-eos",
+                        "--temperature", "0", "--logit-bias", "7+100", "--min-tokens", "2")
+    engine = Engine.load(tiny_llama)
+    assert code == 0 and out == engine.tokenizer.decode([7, 7, 7]) + "\n"
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", "7")
+    assert code == 2 and "--logit-bias takes TOKEN_ID+BIAS" in err and err.count("\n") == 1
+
+
 def test_run_reads_prompt_from_stdin(tiny_llama):
     proc = subprocess.run([sys.executable, "-m", "solo.cli", "run", str(tiny_llama), "--max-tokens", "3"],
                           input="def f(x):", capture_output=True, text=True, timeout=120)
