@@ -232,16 +232,18 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """`solo pull`: download into the Hugging Face cache, then say what was fetched and whether Solo runs it."""
+    from solo.model.hub import pick_gguf, split_gguf_tag
     from solo.model.store import human_size, inspect_folder, pull
 
     folder = pull(args.model, args.revision, args.include)
     arch, ok, reason, ggufs = inspect_folder(folder)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")
+    repo_id, tag = split_gguf_tag(args.model)
+    if tag is not None or (ggufs and not (folder / "config.json").is_file()):
+        pick_gguf(folder, repo_id, tag)  # what `solo run` would pick: several files or none is an error now
     if ok:
-        target = args.model if ":" in args.model or len(ggufs) <= 1 or (folder / "config.json").is_file() \
-            else ggufs[0]  # several GGUF files: name one
-        print(f"ready: solo run {target} --prompt ...")
+        print(f"ready: solo run {args.model} --prompt ...")
     else:
         print(f"Solo cannot run it: {reason}", file=sys.stderr)
     return 0

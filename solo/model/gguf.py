@@ -56,6 +56,12 @@ def _weight_types(reader: Any) -> dict[str, int]:  # noqa: ANN401
     return counts
 
 
+def is_split_part(path: str | Path) -> bool:
+    """True for one part of a split GGUF file (llama-gguf-split's "name-00001-of-00003.gguf")."""
+    stem = Path(path).stem
+    return "-of-" in stem and stem.rsplit("-of-", 1)[-1].isdigit()
+
+
 def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     """Convert a GGUF file to a model folder in Solo's cache (once; later calls reuse it).
 
@@ -72,17 +78,18 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     """
     import sys
 
-    src = Path(path).expanduser().resolve()
+    named = Path(path).expanduser()  # its name, not a link's target (a Hub snapshot links to blobs named by hash)
+    src = named.resolve()
     stat = src.stat()
     key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_root() / "gguf" / f"{src.stem}-{key}"
+    folder = cache_root() / "gguf" / f"{named.stem}-{key}"
     if (folder / "gguf_source.json").is_file():
         return folder
-    if "-of-" in src.stem and src.stem.rsplit("-of-", 1)[-1].isdigit():
-        raise CheckpointError(f"{src.name} is one part of a split GGUF; merge the parts first "
+    if is_split_part(named):
+        raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
                               "(llama-gguf-split --merge) and pass the merged file")
     (log or (lambda line: print(line, file=sys.stderr, flush=True)))(
-        f"converting {src.name} to a model folder in {folder.parent} (once) ...")
+        f"converting {named.name} to a model folder in {folder.parent} (once) ...")
     try:
         from gguf import GGUFReader
 
@@ -97,7 +104,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     try:
         _convert(src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
-            {"file": str(src), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
+            {"file": str(named), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
              "stored_dtype": dtype}, indent=2) + "\n")
         try:
             tmp.rename(folder)

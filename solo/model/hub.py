@@ -116,10 +116,20 @@ def split_gguf_tag(model: str) -> tuple[str, str | None]:
 
 
 def gguf_patterns(tag: str | None) -> list[str]:
-    """Download patterns for the GGUF files whose names hold `tag` (in its case, upper or lower); [] for None."""
+    """Download patterns for the GGUF files whose names hold `tag` as a word; [] for None.
+
+    In the tag's case, upper or lower: "F16" fetches model-F16.gguf, not model-BF16.gguf.
+    """
     if tag is None:
         return []
-    return sorted({f"*{t}*.gguf" for t in (tag, tag.upper(), tag.lower())})
+    edge = "[!A-Za-z0-9]"
+    return sorted({p.format(t=t, e=edge) for t in (tag, tag.upper(), tag.lower())
+                   for p in ("{t}.gguf", "{t}{e}*.gguf", "*{e}{t}.gguf", "*{e}{t}{e}*.gguf")})
+
+
+def _holds_tag(name: str, tag: str) -> bool:
+    # The tag as a word of the file's path, in any case: F16 is not in BF16.
+    return re.search(rf"(?<![A-Za-z0-9]){re.escape(tag)}(?![A-Za-z0-9])", name, re.IGNORECASE) is not None
 
 
 def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
@@ -137,14 +147,19 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
         ModelNotFoundError: several files match (the message lists them and how to name one), or none
             matches the tag.
     """
+    from solo.model.gguf import is_split_part
+
     files = sorted(folder.rglob("*.gguf"))
     if tag is not None:
-        files = [f for f in files if tag.lower() in f.name.lower()]
+        files = [f for f in files if _holds_tag(str(f.relative_to(folder)), tag)]
     if len(files) == 1:
         return files[0]
     if len(files) > 1:
-        names = ", ".join(f.name for f in files)
-        hint = f"{repo_id}:<quantization>" if tag is None else "the file's path"
+        names = ", ".join(str(f.relative_to(folder)) for f in files)
+        if all(is_split_part(f) for f in files):
+            raise ModelNotFoundError(f"{repo_id} stores this model split into parts ({names}); Solo runs single GGUF "
+                                     "files: merge them (llama-gguf-split --merge) and pass the merged file")
+        hint = f"{repo_id}:<quantization>" if tag is None else f"a longer tag, or the path of one of them in {folder}"
         raise ModelNotFoundError(f"{repo_id} holds several GGUF files{'' if tag is None else f' matching {tag!r}'} "
                                  f"({names}); name one as {hint}")
     if tag is not None:

@@ -110,21 +110,33 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
     several, single = tmp_path / "several", tmp_path / "single"
     several.mkdir()
     single.mkdir()
-    for t in ("F16", "Q8_0"):
+    for t in ("F16", "BF16", "Q8_0"):
         (several / gguf_dir[t].name).write_bytes(gguf_dir[t].read_bytes())
     (several / "README.md").write_text("GGUF files")
     (single / gguf_dir["F16"].name).write_bytes(gguf_dir["F16"].read_bytes())
+    split = tmp_path / "split"
+    split.mkdir()
+    for part in ("tiny-Q8_0-00001-of-00002.gguf", "tiny-Q8_0-00002-of-00002.gguf"):
+        (split / part).write_bytes(gguf_dir["Q8_0"].read_bytes())
     add_to_cache(cache, "someone/tiny-GGUF", several)
     add_to_cache(cache, "someone/tiny-F16-GGUF", single)
+    add_to_cache(cache, "someone/tiny-split-GGUF", split)
 
     want = _tokens(Engine.load(str(gguf_dir["Q8_0"]), dtype="float32"))
     assert _tokens(Engine.load("someone/tiny-GGUF:q8_0", dtype="float32")) == want
+    # F16 is a word of tiny-F16.gguf, not of tiny-BF16.gguf; the folder is named after the file, not its blob.
+    f16 = resolve_model_dir("someone/tiny-GGUF:F16")
+    assert f16.name.startswith("tiny-F16-") and (f16 / "gguf_source.json").is_file()
     assert (resolve_model_dir("someone/tiny-F16-GGUF") / "gguf_source.json").is_file()
-    for name, message in (("someone/tiny-GGUF", "holds several GGUF files (tiny-F16.gguf, tiny-Q8_0.gguf); name "
-                                                "one as someone/tiny-GGUF:<quantization>"),
-                          ("someone/tiny-GGUF:Q5_K_M", "has no GGUF file whose name holds 'Q5_K_M'")):
+    for name, message in (("someone/tiny-GGUF", "holds several GGUF files (tiny-BF16.gguf, tiny-F16.gguf, "
+                                                "tiny-Q8_0.gguf); name one as someone/tiny-GGUF:<quantization>"),
+                          ("someone/tiny-GGUF:Q5_K_M", "has no GGUF file whose name holds 'Q5_K_M'"),
+                          ("someone/tiny-split-GGUF:Q8_0", "stores this model split into parts"),
+                          ("someone/tiny-split-GGUF:00001-of-00002", "one part of a split GGUF; merge the parts")):
         with pytest.raises(SoloError) as info:
             resolve_model_dir(name)
         assert message in str(info.value)
     assert main(["pull", "someone/tiny-GGUF:Q8_0"]) == 0
     assert "ready: solo run someone/tiny-GGUF:Q8_0 --prompt" in capsys.readouterr().out
+    assert main(["pull", "someone/tiny-GGUF:zz"]) == 2  # what `solo run` would refuse, pull refuses too
+    assert "has no GGUF file whose name holds 'zz'" in capsys.readouterr().err
