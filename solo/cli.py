@@ -137,9 +137,9 @@ def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
     # llama.cpp's --logit-bias form, ID+BIAS / ID-BIAS, or ID=BIAS.
     from solo.errors import InvalidRequestError
 
+    number = r"(?:[0-9.]+(?:[eE][+-]?\d+)?|inf)"
     bias: dict[int, float] = {}
     for item in items:
-        number = r"(?:[0-9.]+(?:[eE][+-]?\d+)?|inf)"
         match = re.fullmatch(rf"\s*(\d+)\s*(=\s*[+-]?{number}|[+-]\s*{number})\s*", item)
         try:
             bias[int(match[1])] = float(match[2].lstrip("=").replace(" ", ""))

@@ -77,20 +77,20 @@ class LogitsProcessors:
         if logit_bias:
             self._bias_ids = torch.tensor(list(logit_bias), dtype=torch.long, device=device)
             self._bias_values = torch.tensor(list(logit_bias.values()), dtype=torch.float32, device=device)
-        self._banned: torch.Tensor | None = None  # bool [vocab]: outside allowed_token_ids
-        self._allowed = None if allowed_token_ids is None else set(allowed_token_ids)
         self._stop_set = set(stop_ids)
-        if allowed_token_ids is not None:
-            self._banned = torch.ones(vocab_size, dtype=torch.bool, device=device)
-            self._banned[torch.tensor(sorted(set(allowed_token_ids)), dtype=torch.long, device=device)] = False
         self._always = sorted({seq[-1] for seq in bad_word_ids if len(seq) == 1})
         self._tails = [(list(seq[:-1]), seq[-1]) for seq in bad_word_ids if len(seq) > 1]
+        self._banned: torch.Tensor | None = None  # bool [vocab]: outside allowed_token_ids
+        self._allowed_left: set[int] | None = None  # allowed_token_ids less the one-token bad words
         if allowed_token_ids is not None:
-            left = set(allowed_token_ids) - set(self._always)
-            if not left:
+            allowed = set(allowed_token_ids)
+            self._banned = torch.ones(vocab_size, dtype=torch.bool, device=device)
+            self._banned[torch.tensor(sorted(allowed), dtype=torch.long, device=device)] = False
+            self._allowed_left = allowed - set(self._always)
+            if not self._allowed_left:
                 raise InvalidRequestError("bad_words bans every token of allowed_token_ids: nothing could be "
                                           "generated", param="bad_words")
-            if min_tokens and not left - self._stop_set:
+            if min_tokens and not self._allowed_left - self._stop_set:
                 raise InvalidRequestError(
                     "allowed_token_ids holds only tokens that end the output, which min_tokens bans: nothing "
                     "could be generated; allow other tokens or leave min_tokens out", param="min_tokens")
@@ -127,8 +127,8 @@ class LogitsProcessors:
         early = self._stop_ids is not None and len(output_ids) < self.min_tokens
         completing = [last for prefix, last in self._tails
                       if len(output_ids) >= len(prefix) and list(output_ids[len(output_ids) - len(prefix):]) == prefix]
-        if completing and self._allowed is not None and not (
-                self._allowed - set(self._always) - set(completing) - (self._stop_set if early else set())):
+        if completing and self._allowed_left is not None and not (
+                self._allowed_left - set(completing) - (self._stop_set if early else set())):
             # These bans would leave no token allowed_token_ids permits: a multi-token bad word gives way for
             # this one token rather than the request sampling from nothing.
             completing = []

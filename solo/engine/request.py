@@ -261,19 +261,19 @@ class Request:
         if self.constraint is not None and token not in self.eos_ids:
             self.constraint.accept(token)
         text = ""
+        armed = len(self.output_ids) > self._min_tokens  # stop strings may end the output (min_tokens)
         if token in self.eos_ids:
             self.finish_reason = "stop"
             if self.stop_matcher.include:  # vLLM keeps the stop token's text then (empty for a skipped special token)
                 text = self.stop_matcher.feed(self.detokenizer.add([token]), armed=False)
         else:
-            text = self.stop_matcher.feed(self.detokenizer.add([token]),
-                                          armed=len(self.output_ids) > self._min_tokens)
+            text = self.stop_matcher.feed(self.detokenizer.add([token]), armed=armed)
             if self.stop_matcher.stopped or self.constraint is not None and self.constraint.terminated:
                 self.finish_reason = "stop"
             elif len(self.output_ids) >= self.max_new_tokens:
                 self.finish_reason = "length"
         if self.finish_reason is not None and not self.stop_matcher.stopped:
-            text += self.stop_matcher.feed(self.detokenizer.flush(), armed=len(self.output_ids) > self._min_tokens)
+            text += self.stop_matcher.feed(self.detokenizer.flush(), armed=armed)
             if self.stop_matcher.stopped:
                 self.finish_reason = "stop"
             else:
