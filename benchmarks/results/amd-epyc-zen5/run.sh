@@ -151,3 +151,6 @@ $solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 
 #     --max-queue-wait 0.1 &
 #   solo bench --load chat --url http://127.0.0.1:8765 --rates 20 --duration 60 --verify 16 \
 #     --json load-chat-20rps-gc-freeze.json --markdown load-chat-20rps-gc-freeze.md; kill -INT %1
+# Session 4's end-of-session decode check.
+run Qwen2.5-0.5B-bf16-session4-check $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 3 --energy-s 0 \
+  --json Qwen2.5-0.5B-bf16-session4-check.json
