@@ -142,10 +142,14 @@ def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
     for item in items:
         match = re.fullmatch(rf"\s*(\d+)\s*(=\s*[+-]?{number}|[+-]\s*{number})\s*", item)
         try:
-            bias[int(match[1])] = float(match[2].lstrip("=").replace(" ", ""))
+            value = float(match[2].lstrip("=").replace(" ", ""))
+            bias[int(match[1])] = value
         except (TypeError, ValueError):
             raise InvalidRequestError(f"--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, "
                                       f"15043-100), got {item!r}", param="logit_bias") from None
+        if not -100 <= value <= 100:  # OpenAI's range; llama.cpp's -inf ban is -100 here
+            raise InvalidRequestError(f"--logit-bias {item.strip()}: the bias must be within [-100, 100] (-100 in "
+                                      "effect bans the token, +100 forces it)", param="logit_bias")
     return bias or None
 
 

@@ -37,6 +37,9 @@ def test_run_takes_logit_bias_and_min_tokens_as_llama_cpp_writes_them(capsys, ti
     assert code == 0 and out == engine.tokenizer.decode([7, 7, 7]) + "\n"
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", "7")
     assert code == 2 and "--logit-bias takes TOKEN_ID+BIAS" in err and err.count("\n") == 1
+    for item in ("5+200", "5-inf"):  # out of range: the flag is named, and how to ban a token
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", item)
+        assert code == 2 and f"--logit-bias {item}: the bias must be within [-100, 100]" in err and "bans" in err
 
 
 def test_run_reads_prompt_from_stdin(tiny_llama):

@@ -80,6 +80,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
                         "left spinning are asleep before the next one starts (default: %(default)g)")
+    parser.add_argument("--lockstep", type=int, default=0, metavar="TOKENS",
+                        help="time the engines in turns of TOKENS decode tokens (Solo, each llama.cpp peer, Solo, "
+                        "...) through each run, with a short bandwidth probe between every two turns, instead of "
+                        "one whole run after another: each turn has its own roofline and the engines' ratio is "
+                        "taken turn by turn, for a machine whose memory speed moves within seconds (a VM); "
+                        "Solo and llama.cpp peers only (default: off)")
     parser.add_argument("--cpu-hog", type=int, default=0, metavar="N",
                         help="run N busy-loop processes beside every timed run (a machine where other work holds "
                         "cores: how decode threads behave when one of them is preempted; default: none)")
@@ -197,6 +203,74 @@ def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: i
     return {k: v for k, v in results.items() if v}
 
 
+def _lockstep(engines: list[Any], prompt: list[int], gen_len: int, repeats: int, turn_tokens: int,  # noqa: ANN401
+              skipped: dict[str, str], pause_s: float, point_probe: Callable[[], float]
+              ) -> tuple[dict[str, list[Any]], dict[str, list[dict[str, Any]]]]:
+    """Run every engine `repeats` times, the engines taking turns of `turn_tokens` decode tokens within a run.
+
+    Each round prefills every engine (`begin`, one after another), then Solo decodes `turn_tokens` tokens,
+    then each peer the same tokens, then Solo again, until each has `gen_len` tokens. A short bandwidth
+    probe runs between every two turns, so each turn has the probes right before and after it, seconds
+    apart at most: on a machine whose memory speed moves between spells of seconds (a VM), a whole run of
+    another engine can fall in another spell, a neighbouring turn far less often.
+
+    Args:
+        engines: runners with `begin(prompt, gen_len) -> ttft_s` and `advance(tokens) -> seconds`.
+        pause_s: idle seconds before every turn and every probe (OpenMP threads left spinning go to sleep).
+        point_probe: the short probe, returns GB/s.
+
+    Returns:
+        A RunResult per round for each engine (its turns' decode times added up), and each engine's turns
+        in order: {"round", "position" (the context at the turn's start), "tokens", "decode_s",
+        "bandwidth_gbps_around": [before, after]}.
+    """
+    from solo.bench.peers import PeerSkipped, RunResult
+
+    results: dict[str, list[Any]] = {e.name: [] for e in engines}
+    turns: dict[str, list[dict[str, Any]]] = {e.name: [] for e in engines}
+    for round_index in range(repeats):
+        ttft: dict[str, float] = {}
+        decode_s: dict[str, float] = {}
+        for engine in engines:
+            if engine.name in skipped:
+                continue
+            time.sleep(pause_s)
+            try:
+                ttft[engine.name] = engine.begin(prompt, gen_len)
+                decode_s[engine.name] = 0.0
+            except PeerSkipped as exc:
+                skipped[engine.name] = str(exc)
+                print(f"peer skipped: {engine.name}: {exc}", file=sys.stderr)
+        time.sleep(pause_s)
+        before = point_probe()
+        done = 1
+        while done < gen_len:
+            tokens = min(turn_tokens, gen_len - done)
+            for engine in engines:
+                if engine.name not in decode_s or engine.name in skipped:
+                    continue
+                time.sleep(pause_s)
+                try:
+                    seconds = engine.advance(tokens)
+                except PeerSkipped as exc:
+                    skipped[engine.name] = str(exc)
+                    print(f"peer skipped: {engine.name}: {exc}", file=sys.stderr)
+                    continue
+                time.sleep(pause_s)
+                after = point_probe()
+                turns[engine.name].append({"round": round_index, "position": len(prompt) + done - 1,
+                                           "tokens": tokens, "decode_s": seconds,
+                                           "bandwidth_gbps_around": [before, after]})
+                decode_s[engine.name] += seconds
+                before = after
+            done += tokens
+        for name, seconds in decode_s.items():
+            if name not in skipped:
+                results[name].append(RunResult(ttft_s=ttft[name], decode_s=seconds, decode_tokens=gen_len - 1))
+    return ({k: v for k, v in results.items() if v and k not in skipped},
+            {k: v for k, v in turns.items() if v and k not in skipped})
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark, print the report, and write --json / --plot.
 
@@ -280,6 +354,11 @@ def main(args: argparse.Namespace) -> int:
                                   or args.sweep_context):
         raise SoloError("--peers-after-solo times llama.cpp peers after Solo's weights are freed: give --compare "
                         "llama.cpp (or llama.cpp-<type>) only, and no --sweep-context")
+    if args.lockstep < 0:
+        raise SoloError(f"--lockstep must be >= 1 (tokens per turn), or 0 for whole runs; got {args.lockstep}")
+    if args.lockstep and (args.peers_after_solo or any(n.startswith("hf") for n in peer_names)):
+        raise SoloError("--lockstep alternates engines within a run, which Solo and llama.cpp peers support: drop "
+                        "the hf peers and --peers-after-solo, or --lockstep")
     if args.plot:
         from solo.bench.plot import require_matplotlib
 
@@ -378,7 +457,8 @@ def main(args: argparse.Namespace) -> int:
                 peer.close()
     torch.set_num_threads(spec.threads)
 
-    print(f"timing {args.repeats} {'repeats of solo' if deferred else 'interleaved repeats'} ...", file=sys.stderr)
+    print(f"timing {args.repeats} {'repeats of solo' if deferred else 'interleaved repeats'}"
+          + (f" in turns of {args.lockstep} tokens" if args.lockstep else "") + " ...", file=sys.stderr)
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.
     # A shorter probe also runs between every two runs, for each run's own roofline (the "pt roof" column).
@@ -387,10 +467,16 @@ def main(args: argparse.Namespace) -> int:
     def point_probe() -> float:
         return probe_bandwidth(device, probe_bytes, passes=2).bandwidth_gbps
 
+    turns: dict[str, list[dict[str, Any]]] = {}
     with cpu_hog(args.cpu_hog):
-        results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
-                               between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
-                               pause_s=pause_s, point_probe=point_probe, around=around)
+        if args.lockstep:
+            results, turns = _lockstep(engines, prompt, args.gen_len, args.repeats, args.lockstep, skipped, pause_s,
+                                       point_probe)
+            probes.append(probe_bandwidth(device, probe_bytes, passes=3))
+        else:
+            results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
+                                   between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
+                                   pause_s=pause_s, point_probe=point_probe, around=around)
     # Solo's own extra measurements (energy, time outside the weight streaming) while its runtime is here.
     energy = _energy(device, solo, prompt, args, pause_s)
     time.sleep(pause_s)  # a peer's spinning threads must leave the cores first, as before every timed run
@@ -453,7 +539,7 @@ def main(args: argparse.Namespace) -> int:
         "quantize": args.quantize, "backend": backend_name, "kernel_isa": kernel_isa, "int_dot": int_dot,
         "prompt_len": args.prompt_len, "cpu_hog_processes": args.cpu_hog,
         "peers_after_solo": bool(deferred),
-        "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s,
+        "gen_len": args.gen_len, "repeats": args.repeats, "pause_s": pause_s, "lockstep_tokens": args.lockstep,
         "machine": machine_info(device), "versions": versions(),
         "bandwidth": {**vars(probe), "samples_gbps": [p.bandwidth_gbps for p in probes]},
         "roofline": {"context": mean_context, "weight_bytes": nbytes.weights, "kv_cache_bytes": nbytes.kv_cache,
@@ -476,6 +562,13 @@ def main(args: argparse.Namespace) -> int:
                     own_roofline = roofline_tokens_per_s(max(pair), nbytes.total)
                     fractions.append(result.decode_tokens_per_s / own_roofline if own_roofline > 0 else float("nan"))
                 entry["point_roofline_fraction"] = summarize(fractions)
+            if turns.get(engine.name):
+                entry["turns"] = turns[engine.name]
+                entry["point_roofline_fraction"] = summarize([
+                    turn["tokens"] / turn["decode_s"] / roofline_tokens_per_s(
+                        max(turn["bandwidth_gbps_around"]),
+                        decode_bytes(config, elem, turn["position"] + turn["tokens"] // 2, args.quantize).total)
+                    for turn in turns[engine.name]])
             if engine.name in token_checks:
                 entry["token_check"] = token_checks[engine.name]
             report["engines"][engine.name] = entry
@@ -487,6 +580,14 @@ def main(args: argparse.Namespace) -> int:
             entry["solo_ratio_by_round"] = summarize([
                 s.decode_tokens_per_s / p.decode_tokens_per_s if p.decode_tokens_per_s > 0 else float("nan")
                 for s, p in zip(solo_runs, results[name], strict=True)])
+    for name, entry in report["engines"].items():
+        # Turn by turn: Solo's turn and the peer's turn of the same tokens, seconds apart.
+        if name != "solo" and turns.get("solo") and turns.get(name):
+            solo_turns = {(t["round"], t["position"]): t for t in turns["solo"]}
+            ratios = [(t["tokens"] / solo_turns[key]["decode_s"]) / (t["tokens"] / t["decode_s"])
+                      for t in turns[name] if (key := (t["round"], t["position"])) in solo_turns]
+            if ratios:
+                entry["solo_ratio_by_turn"] = summarize(ratios)
     best = best_peers(report["engines"])
     if best:
         report["best_peer"] = best
@@ -557,10 +658,15 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
     `roofline_tokens_per_s` uses the run's best probe (`bandwidth_gbps`); with `point_probe` (GB/s of a short
     probe) the bandwidth is also probed right before and right after each point, and
     `point_roofline_tokens_per_s` uses the better of those two: on a machine whose bandwidth moves between
-    spells (a VM), the run's best probe can come from a faster spell than the one a point ran in.
+    spells (a VM), the run's best probe can come from a faster spell than the one a point ran in. With
+    `--lockstep N` each point decodes in turns of N tokens with a probe between every two turns, and
+    `turn_roofline_fraction` holds, per point, Solo's turns' fractions of their own rooflines (median [min-max]);
+    `turns` each point's turns of Solo.
     """
+    from solo.bench.report import summarize
     from solo.bench.roofline import decode_bytes, roofline_tokens_per_s
 
+    lockstep = getattr(args, "lockstep", 0)
     sweep: dict[str, Any] = {"contexts": contexts, "gen_len": args.sweep_gen_len,
                              "fill": getattr(args, "sweep_fill", "prefill"), "roofline_tokens_per_s": [],
                              "engines": {e.name: [] for e in engines if e.name not in skipped}}
@@ -573,9 +679,28 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
         nbytes = decode_bytes(config, elem, context + args.sweep_gen_len // 2, args.quantize)
         sweep["roofline_tokens_per_s"].append(roofline_tokens_per_s(bandwidth_gbps, nbytes.total))
         before = point_probe() if point_probe is not None else None
-        if getattr(args, "sweep_fill", "prefill") == "random":  # Solo alone, after a cache of random keys/values
+        after = None
+        if getattr(args, "sweep_fill", "prefill") == "random" and lockstep and point_probe is not None:
+            # Solo alone in turns, a probe after each: every turn against the bandwidth of its own moment.
+            runs, after, turns = _filled_turns(engines[0], context, args, lockstep, before, point_probe,
+                                               lambda position: decode_bytes(config, elem, position,
+                                                                             args.quantize).total)
+            sweep.setdefault("turns", []).append(turns)
+            sweep.setdefault("turn_roofline_fraction", []).append(summarize([t["roofline_fraction"] for t in turns]))
+        elif getattr(args, "sweep_fill", "prefill") == "random":  # Solo alone, after a cache of random keys/values
             time.sleep(args.pause_ms / 1000.0)
             runs = {engines[0].name: [engines[0].run_filled(context, args.sweep_gen_len, seed=args.seed)]}
+        elif lockstep and point_probe is not None:  # every engine, in turns, a probe between every two turns
+            runs, point_turns = _lockstep(engines, prompt, args.sweep_gen_len, 1, lockstep, skipped,
+                                          args.pause_ms / 1000.0, point_probe)
+            turn_list = point_turns.get(engines[0].name, [])
+            sweep.setdefault("turns", []).append(turn_list)
+            after = turn_list[-1]["bandwidth_gbps_around"][1] if turn_list else None
+            sweep.setdefault("turn_roofline_fraction", []).append(summarize([
+                t["tokens"] / t["decode_s"] / roofline_tokens_per_s(
+                    max(t["bandwidth_gbps_around"]),
+                    decode_bytes(config, elem, t["position"] + t["tokens"] // 2, args.quantize).total)
+                for t in turn_list]))
         else:
             for engine in engines:
                 if engine.name.endswith("compile") and engine.name not in skipped:
@@ -584,10 +709,43 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
         for name, values in sweep["engines"].items():
             values.append(runs[name][0].decode_tokens_per_s if name in runs else None)
         if before is not None:
-            after = point_probe()
+            after = point_probe() if after is None else after
             sweep["point_bandwidth_gbps"].append([before, after])
             sweep["point_roofline_tokens_per_s"].append(roofline_tokens_per_s(max(before, after), nbytes.total))
     return sweep
+
+
+def _filled_turns(solo: Any, context: int, args: argparse.Namespace, turn_tokens: int, before: float,  # noqa: ANN401
+                  point_probe: Callable[[], float], bytes_at: Callable[[int], int]
+                  ) -> tuple[dict[str, list[Any]], float, list[float]]:
+    """One sweep point of Solo alone after a random KV cache, decoded in turns with a probe after each turn.
+
+    Returns:
+        The point's RunResult (by engine name), the last probe's GB/s, and its turns: {"position", "tokens",
+        "decode_s", "bandwidth_gbps_around": [before, after], "roofline_fraction": the turn's decode speed
+        over the roofline at the better of its two probes (`bytes_at(position)`: bytes per token there)}.
+    """
+    from solo.bench.peers import RunResult
+    from solo.bench.roofline import roofline_tokens_per_s
+
+    pause_s = args.pause_ms / 1000.0
+    gen_len = args.sweep_gen_len
+    solo.begin_filled(context, gen_len, seed=args.seed)
+    total_s, done, turns = 0.0, 1, []
+    while done < gen_len:
+        tokens = min(turn_tokens, gen_len - done)
+        time.sleep(pause_s)
+        seconds = solo.advance(tokens)
+        time.sleep(pause_s)
+        after = point_probe()
+        roof = roofline_tokens_per_s(max(before, after), bytes_at(context + done - 1 + tokens // 2))
+        turns.append({"position": context + done - 1, "tokens": tokens, "decode_s": seconds,
+                      "bandwidth_gbps_around": [before, after],
+                      "roofline_fraction": tokens / seconds / roof if roof > 0 else float("nan")})
+        total_s += seconds
+        before = after
+        done += tokens
+    return {solo.name: [RunResult(ttft_s=0.0, decode_s=total_s, decode_tokens=gen_len - 1)]}, before, turns
 
 
 def best_peers(engines: dict[str, Any]) -> dict[str, str]:
@@ -616,7 +774,9 @@ def _print_report(r: dict[str, Any]) -> None:
     print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
           + (f", GPU {m['gpu']}" if "gpu" in m else ""))
     order = ("repeats, Solo's first, then each peer's alone after Solo's weights were freed (--peers-after-solo)"
-             if r.get("peers_after_solo") else "interleaved repeats")
+             if r.get("peers_after_solo") else
+             f"repeats in turns of {r['lockstep_tokens']} decode tokens (Solo, each peer, Solo, ...)"
+             if r.get("lockstep_tokens") else "interleaved repeats")
     print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} {order} "
           f"(median [min-max]), {r['pause_s'] * 1e3:.0f} ms idle before each run")
     if r.get("cpu_hog_processes"):
@@ -643,15 +803,17 @@ def _print_report(r: dict[str, Any]) -> None:
               f"{t['median'] * 1e3:>8.1f} [{t['min'] * 1e3:.0f}-{t['max'] * 1e3:.0f}] {e['roofline_fraction']:>8.0%} "
               f"{ratio:>6.2f}x" + (f" {pt['median']:>5.0%} [{pt['min']:.0%}-{pt['max']:.0%}]" if pt else ""))
     if points:
-        print("  roofline: the median run against the run's best probe; pt roof: each run against the better of two "
-              "short probes right before and after it (median [min-max] over runs)")
+        unit = "turn" if r.get("lockstep_tokens") else "run"
+        print(f"  roofline: the median run against the run's best probe; pt roof: each {unit} against the better of "
+              f"two short probes right before and after it (median [min-max] over {unit}s)")
     for name, e in r["engines"].items():
         if name != "solo" and solo:
             ttft_ratio = e["ttft_s"]["median"] / solo["ttft_s"]["median"]
             decode_ratio = solo["decode_tokens_per_s"]["median"] / e["decode_tokens_per_s"]["median"]
             check = f" | greedy tokens vs Solo: {e['token_check']['summary']}" if "token_check" in e else ""
-            rounds = e.get("solo_ratio_by_round")
-            by_round = f" (round by round: {rounds['median']:.2f}x [{rounds['min']:.2f}-{rounds['max']:.2f}])" \
+            rounds = e.get("solo_ratio_by_turn") or e.get("solo_ratio_by_round")
+            unit = "turn by turn" if "solo_ratio_by_turn" in e else "round by round"
+            by_round = f" ({unit}: {rounds['median']:.2f}x [{rounds['min']:.2f}-{rounds['max']:.2f}])" \
                 if rounds else ""
             print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x{by_round}, Solo TTFT {ttft_ratio:.2f}x "
                   f"faster{check}")
@@ -705,9 +867,11 @@ def _print_report(r: dict[str, Any]) -> None:
         names = list(s["engines"])
         solo_values = s["engines"].get("solo")
         points = s.get("point_roofline_tokens_per_s")
+        by_turn = s.get("turn_roofline_fraction")
         print(f"{'context':>8} {'roofline':>9} " + " ".join(f"{n:>11}" for n in names)
               + (f" {'solo/roof':>9}" if solo_values else "")
-              + (f" {'GB/s at pt':>13} {'pt roof':>8}" + (f" {'solo/pt':>8}" if solo_values else "") if points else ""))
+              + (f" {'GB/s at pt':>13} {'pt roof':>8}" + (f" {'solo/pt':>8}" if solo_values else "") if points else "")
+              + (f" {'solo/turn roof':>18}" if by_turn else ""))
         for i, c in enumerate(s["contexts"]):
             vals = " ".join(f"{v[i]:>11.2f}" if v[i] is not None else f"{'-':>11}" for v in s["engines"].values())
             roof = s["roofline_tokens_per_s"][i]
@@ -719,7 +883,13 @@ def _print_report(r: dict[str, Any]) -> None:
                 extra = f" {before:>6.1f}/{after:<6.1f} {points[i]:>8.2f}"
                 if solo_values:
                     extra += f" {solo_i / points[i]:>8.0%}" if solo_i is not None and points[i] else f" {'-':>8}"
+            if by_turn:
+                t = by_turn[i]
+                extra += f" {t['median']:>6.0%} [{t['min']:.0%}-{t['max']:.0%}]"
             print(f"{c:>8} {roof:>9.2f} {vals}{share}{extra}")
         if points:
             print("  roofline: the run's best probe; pt roof: the better of two short probes right before and "
                   "after the point (GB/s at pt)")
+        if by_turn:
+            print(f"  solo/turn roof: the point decoded in turns of {r['lockstep_tokens']} tokens, each against the "
+                  "better of the probes right before and after it (median [min-max] over turns)")

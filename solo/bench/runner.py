@@ -34,6 +34,8 @@ class SoloRunner:
         self.name = name
         isa = getattr(runtime, "isa", None)  # the CPU runtime's kernel ISA level
         self.build_info = f"backend {runtime.name}" + (f", {isa} kernels" if isa else "")
+        self._token: int | None = None  # the last chosen token and its position, between begin and advance
+        self._position = 0
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
@@ -43,27 +45,61 @@ class SoloRunner:
             Times in seconds (`perf_counter`, device synchronised), decode tokens (gen_len - 1) and the
             runtime's host syncs during decode (None when it does not count them).
         """
+        ttft_s = self.begin(prompt_ids, gen_len)
+        syncs_before = getattr(self.runtime, "host_syncs", None)
+        decode_s = self.advance(gen_len - 1)
+        syncs = None
+        if syncs_before is not None:
+            syncs = int(self.runtime.host_syncs) - int(syncs_before)
+        return RunResult(ttft_s=ttft_s, decode_s=decode_s, decode_tokens=gen_len - 1, host_syncs=syncs)
+
+    @torch.inference_mode()
+    def begin(self, prompt_ids: list[int], gen_len: int) -> float:
+        """Prefill `prompt_ids` and choose the first token; `advance` then decodes after it.
+
+        Args:
+            prompt_ids: the prompt's token ids.
+            gen_len: tokens this generation will hold in all (the cache is reserved for them).
+
+        Returns:
+            TTFT in seconds (prefill and the first greedy choice, device synchronised).
+        """
         rt = self.runtime
-        device = rt.device
         rt.reserve(1, len(prompt_ids) + gen_len + 1)
         ids = torch.tensor(prompt_ids, dtype=torch.long)
-        row = torch.zeros(1, dtype=torch.long)
-        _sync(device)
+        _sync(rt.device)
         start = time.perf_counter()
-        token = int(rt.prefill(0, ids).argmax())
+        self._token = int(rt.prefill(0, ids).argmax())
         first = time.perf_counter()
-        syncs_before = getattr(rt, "host_syncs", None)
-        position = len(prompt_ids)
-        for _ in range(gen_len - 1):
+        self._position = len(prompt_ids)
+        return first - start
+
+    @torch.inference_mode()
+    def advance(self, tokens: int) -> float:
+        """Decode `tokens` more greedy tokens after `begin` / `begin_filled` (or the last `advance`).
+
+        Returns:
+            Seconds for the `tokens` decode steps, each followed by the greedy choice (one host sync per
+            token, as the engine's loop), device synchronised at the end.
+
+        Raises:
+            RuntimeError: no `begin` or `begin_filled` came first.
+        """
+        if self._token is None:
+            raise RuntimeError("advance() needs begin() or begin_filled() first")
+        rt = self.runtime
+        row = torch.zeros(1, dtype=torch.long)
+        token, position = self._token, self._position
+        _sync(rt.device)
+        start = time.perf_counter()
+        for _ in range(tokens):
             logits = rt.decode(row, torch.tensor([token]), torch.tensor([position]))
             token = int(logits[0].argmax())  # the engine's greedy choice syncs once per token too
             position += 1
-        _sync(device)
-        end = time.perf_counter()
-        syncs = None
-        if syncs_before is not None:
-            syncs = int(rt.host_syncs) - int(syncs_before)
-        return RunResult(ttft_s=first - start, decode_s=end - first, decode_tokens=gen_len - 1, host_syncs=syncs)
+        _sync(rt.device)
+        elapsed = time.perf_counter() - start
+        self._token, self._position = token, position
+        return elapsed
 
     @torch.inference_mode()
     def run_filled(self, context: int, gen_len: int, seed: int = 0) -> RunResult:
@@ -73,6 +109,18 @@ class SoloRunner:
         of quadratic attention on a 2-core CPU): a decode step reads every cached key and value whatever
         they hold, so its time is that of a real context of the same length. Keys and values are standard
         normal, rounded to the cache's dtype. `ttft_s` is 0 (no prefill is timed).
+
+        Raises:
+            SoloError: the runtime keeps no host-visible KV cache (`cache.k` / `cache.v` per layer).
+        """
+        self.begin_filled(context, gen_len, seed)
+        return RunResult(ttft_s=0.0, decode_s=self.advance(gen_len - 1), decode_tokens=gen_len - 1)
+
+    @torch.inference_mode()
+    def begin_filled(self, context: int, gen_len: int, seed: int = 0) -> None:
+        """Fill the KV cache's first `context` positions with random keys and values (see `run_filled`).
+
+        `advance` then decodes from position `context`. Nothing is timed.
 
         Raises:
             SoloError: the runtime keeps no host-visible KV cache (`cache.k` / `cache.v` per layer).
@@ -89,16 +137,7 @@ class SoloRunner:
         for layer in (*cache.k, *cache.v):
             fill = torch.randn(layer[0, :, :context].shape, generator=gen)
             layer[0, :, :context].copy_(fill.to(layer.dtype))
-        row = torch.zeros(1, dtype=torch.long)
-        token, position = 3, context
-        _sync(rt.device)
-        start = time.perf_counter()
-        for _ in range(gen_len - 1):
-            logits = rt.decode(row, torch.tensor([token]), torch.tensor([position]))
-            token = int(logits[0].argmax())
-            position += 1
-        _sync(rt.device)
-        return RunResult(ttft_s=0.0, decode_s=time.perf_counter() - start, decode_tokens=gen_len - 1)
+        self._token, self._position = 3, context
 
     def close(self) -> None:
         """Nothing to release (the runtime belongs to the caller)."""

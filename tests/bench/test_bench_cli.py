@@ -248,6 +248,90 @@ def test_interleaved_probes_around_every_run():
     assert len(results["solo"]) == len(around["solo"]) == 2
 
 
+def test_lockstep_turns_alternate_engines_with_a_probe_between_every_two():
+    # Prefill each engine, then turns of 2 tokens: solo, peer, solo, peer, ... each turn between two probes.
+    from solo.bench.cli import _lockstep
+    from solo.bench.peers import PeerSkipped
+
+    events: list[str] = []
+    rates = iter(range(1, 100))
+
+    class Engine:
+        def __init__(self, name, fail_at=None):
+            self.name, self.fail_at, self.turns = name, fail_at, 0
+
+        def begin(self, prompt, gen_len):
+            events.append(f"{self.name}:begin")
+            return 0.5
+
+        def advance(self, tokens):
+            events.append(f"{self.name}:{tokens}")
+            self.turns += 1
+            if self.turns == self.fail_at:
+                raise PeerSkipped("broken")
+            return 0.1 * tokens
+
+    def probe():
+        events.append("p")
+        return float(next(rates))
+
+    skipped: dict[str, str] = {}
+    results, turns = _lockstep([Engine("solo"), Engine("bad", fail_at=2), Engine("peer")], [7, 8, 9], 6, 1, 2,
+                               skipped, 0.0, probe)
+    # 5 decode tokens after the first: turns of 2, 2, 1; "bad" drops out at its second turn.
+    assert events == ["solo:begin", "bad:begin", "peer:begin", "p",
+                      "solo:2", "p", "bad:2", "p", "peer:2", "p",
+                      "solo:2", "p", "bad:2", "peer:2", "p",
+                      "solo:1", "p", "peer:1", "p"]
+    assert "bad" in skipped and set(results) == set(turns) == {"solo", "peer"}
+    assert [t["tokens"] for t in turns["solo"]] == [2, 2, 1]
+    assert [t["position"] for t in turns["peer"]] == [3, 5, 7]  # the context at each turn's start
+    assert [t["bandwidth_gbps_around"] for t in turns["solo"]] == [[1, 2], [4, 5], [6, 7]]
+    assert [t["bandwidth_gbps_around"] for t in turns["peer"]] == [[3, 4], [5, 6], [7, 8]]
+    run = results["peer"][0]
+    assert run.ttft_s == 0.5 and run.decode_tokens == 5 and run.decode_s == pytest.approx(0.5)
+
+
+def test_bench_lockstep_end_to_end(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "llama", "llama", head_dim=64, hidden_size=128)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--backend", "cpu", "--prompt-len", "8", "--gen-len", "6", "--repeats", "2",
+                 "--probe-gib", "0.0625", "--lockstep", "2", "--compare", "llama.cpp", "--sweep-context",
+                 "--contexts", "16", "--sweep-gen-len", "5", "--sweep-fill", "random", "--pause-ms", "0",
+                 "--energy-s", "0", "--json", str(out)]) == 0
+    text = capsys.readouterr().out
+    assert "in turns of 2 decode tokens" in text and "each turn against" in text and "solo/turn roof" in text
+    report = json.loads(out.read_text())
+    assert report["lockstep_tokens"] == 2
+    solo = report["engines"]["solo"]
+    assert len(solo["runs"]) == 2 and len(solo["turns"]) == 2 * 3  # 5 tokens a run in turns of 2, 2, 1
+    assert solo["point_roofline_fraction"]["median"] > 0
+    peer = report["engines"].get("llama.cpp-F32")
+    if peer is not None:  # llama-cpp-python installed: the peer took its turns beside Solo's
+        assert "turn by turn" in text and peer["solo_ratio_by_turn"]["median"] > 0 and len(peer["turns"]) == 6
+    sweep = report["sweep"]
+    assert len(sweep["turn_roofline_fraction"]) == 1 and sweep["turn_roofline_fraction"][0]["median"] > 0
+    assert sweep["engines"]["solo"][0] > 0
+
+
+def test_lockstep_refuses_engines_without_turns(tmp_path, capsys):
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    assert main(["bench", str(folder), "--lockstep", "4", "--compare", "hf-eager"]) == 2
+    assert "drop the hf peers" in capsys.readouterr().err
+    assert main(["bench", str(folder), "--lockstep", "-1"]) == 2
+    assert "--lockstep must be >= 1" in capsys.readouterr().err
+
+
+def test_llamacpp_worker_advances_in_turns():
+    # The worker's turn protocol: a generation begun, then advanced, without a model errors by name.
+    from solo.bench.peers.llamacpp_worker import serve
+
+    replies = io.StringIO()
+    serve(io.StringIO('{"op": "begin", "prompt": [1]}\n{"op": "advance", "tokens": 2}\n{"op": "quit"}\n'), replies)
+    answers = [json.loads(line) for line in replies.getvalue().splitlines()]
+    assert "no model loaded" in answers[0]["error"] and "advance needs a model" in answers[1]["error"]
+
+
 def test_llamacpp_worker_protocol_without_a_model():
     from solo.bench.peers.llamacpp_worker import serve
 

@@ -437,6 +437,18 @@ class LlamaCppPeer:
         return RunResult(ttft_s=reply["ttft_s"], decode_s=reply["decode_s"], decode_tokens=reply["decode_tokens"],
                          cached_tokens=int(reply.get("cached_tokens", 0)))
 
+    def begin(self, prompt_ids: list[int], gen_len: int) -> float:
+        """Cold prefill of `prompt_ids` and the first greedy token in the worker; TTFT in seconds.
+
+        `gen_len` (the generation's length in all) is for the interface Solo's runner shares; the worker's
+        context already holds the bench's longest prompt and generation.
+        """
+        return float(self._request({"op": "begin", "prompt": list(prompt_ids)})["ttft_s"])
+
+    def advance(self, tokens: int) -> float:
+        """Decode `tokens` more greedy tokens after `begin`; seconds, timed inside the worker."""
+        return float(self._request({"op": "advance", "tokens": int(tokens)})["decode_s"])
+
     def generate(self, prompt_ids: list[int], gen_len: int) -> list[int]:
         """The `gen_len` greedy token ids llama.cpp picks after `prompt_ids` (for checking the conversion)."""
         return self._request({"op": "run", "prompt": list(prompt_ids), "gen_len": gen_len, "tokens": True})["tokens"]

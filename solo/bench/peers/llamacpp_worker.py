@@ -18,6 +18,11 @@ worker points its file descriptor 1 at stderr, so anything llama.cpp prints cann
 With "reuse_prefix" the context keeps the previous run's KV cache and evaluates only the prompt's tokens
 after the longest prefix it shares with what the context holds (at least the last prompt token), as
 llama.cpp's server does with its prompt cache; otherwise every run starts from an empty context.
+
+A generation in steps (`solo bench --lockstep`: engines take turns of a few tokens):
+
+    {"op": "begin", "prompt": [int]} -> {"ttft_s": float}   (cold prefill and the first greedy token)
+    {"op": "advance", "tokens": int} -> {"decode_s": float}  (that many more greedy tokens)
     {"op": "quit"} -> {}
 
 A failed request replies {"error": "<one line>"} and the worker keeps serving.
@@ -38,6 +43,7 @@ class _Server:
     def __init__(self) -> None:
         self.llm: Any = None
         self.n_vocab = 0
+        self._token: int | None = None  # the last greedy token of the current generation
 
     def load(self, path: str, n_ctx: int, n_batch: int, threads: int) -> dict[str, Any]:
         """Load the GGUF at `path` for `threads` CPU threads; context and batch in tokens."""
@@ -73,19 +79,35 @@ class _Server:
             cached = min(self.llm.longest_token_prefix(held, prompt), len(prompt) - 1)
         self.llm.n_tokens = cached  # reset() for a cold start
         self.llm.eval(prompt[cached:])
-        token = self._last_token()
+        self._token = self._last_token()
         first = time.perf_counter()
-        out = [token]
-        for _ in range(gen_len - 1):
-            self.llm.eval([token])
-            token = self._last_token()
-            out.append(token)
+        out = [self._token]
+        self.advance(gen_len - 1, out)
         end = time.perf_counter()
         reply: dict[str, Any] = {"ttft_s": first - start, "decode_s": end - first, "decode_tokens": gen_len - 1,
                                  "cached_tokens": cached}
         if tokens:
             reply["tokens"] = out
         return reply
+
+    def begin(self, prompt: list[int]) -> dict[str, Any]:
+        """Cold prefill of `prompt` and the first greedy token; TTFT in seconds."""
+        return {"ttft_s": self.run(prompt, 1, tokens=False)["ttft_s"]}
+
+    def advance(self, tokens: int, out: list[int] | None = None) -> dict[str, Any]:
+        """`tokens` more greedy tokens (one `eval` each) after `run` / `begin`; seconds taken."""
+        if self.llm is None or self._token is None:
+            raise RuntimeError("advance needs a model and a begun generation")
+        token = self._token
+        start = time.perf_counter()
+        for _ in range(tokens):
+            self.llm.eval([token])
+            token = self._last_token()
+            if out is not None:
+                out.append(token)
+        elapsed = time.perf_counter() - start
+        self._token = token
+        return {"decode_s": elapsed}
 
 
 def serve(requests: Any, replies: Any) -> None:  # noqa: ANN401 - text streams
@@ -106,6 +128,10 @@ def serve(requests: Any, replies: Any) -> None:  # noqa: ANN401 - text streams
             elif op == "run":
                 reply = server.run([int(t) for t in request["prompt"]], int(request["gen_len"]),
                                    bool(request.get("tokens")), bool(request.get("reuse_prefix")))
+            elif op == "begin":
+                reply = server.begin([int(t) for t in request["prompt"]])
+            elif op == "advance":
+                reply = server.advance(int(request["tokens"]))
             else:
                 reply = {"error": f"unknown op {op!r}"}
         except Exception as exc:  # noqa: BLE001 - every failure goes back to the bench as one line
