@@ -154,3 +154,12 @@ $solo bench --load chat --rates 0.8x --duration 120 --capacity-s 30 --verify 32 
 # Session 4's end-of-session decode check.
 run Qwen2.5-0.5B-bf16-session4-check $solo bench --shape Qwen2.5-0.5B --gen-len 64 --repeats 3 --energy-s 0 \
   --json Qwen2.5-0.5B-bf16-session4-check.json
+
+# Session 5: the engines in turns of 16 decode tokens within each run, a bandwidth probe between every two turns.
+run Qwen2.5-0.5B-bf16-lockstep $solo bench --shape Qwen2.5-0.5B --gen-len 256 --repeats 3 --energy-s 0 \
+  --compare llama.cpp --lockstep 16 --json Qwen2.5-0.5B-bf16-lockstep.json
+run Llama-3.2-1B-bf16-lockstep $solo bench --shape Llama-3.2-1B --gen-len 256 --repeats 3 --energy-s 0 \
+  --compare llama.cpp --lockstep 16 --json Llama-3.2-1B-bf16-lockstep.json
+run Qwen2.5-0.5B-long-context-lockstep $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 --energy-s 0 \
+  --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random --sweep-gen-len 129 \
+  --lockstep 16 --json Qwen2.5-0.5B-long-context-lockstep.json --plot Qwen2.5-0.5B-long-context-lockstep.png
