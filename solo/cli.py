@@ -443,9 +443,37 @@ def _apply_threads(args: argparse.Namespace) -> None:
     torch.set_num_threads(threads)  # the native CPU runtime uses torch's thread count too
 
 
+def show_solo_warnings_as_lines() -> None:
+    """Print Solo's own warnings (`SoloWarning`) as one line, "solo: warning: <message>", the form of its errors.
+
+    Python's default form names the file and line that warned and the category (a traceback-like line a
+    user of the command cannot act on); every other warning keeps its handler and form.
+    """
+    import warnings
+
+    from solo.errors import SoloWarning
+
+    if getattr(warnings.showwarning, "solo_lines", False):
+        return
+    default = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None):  # noqa: ANN001, ANN202
+        if not issubclass(category, SoloWarning):
+            default(message, category, filename, lineno, file, line)
+            return
+        try:
+            print(f"solo: warning: {message}", file=file or sys.stderr)
+        except OSError:  # a closed stderr: as Python's own handler, never fail the work for a warning
+            pass
+
+    show.solo_lines = True  # type: ignore[attr-defined]
+    warnings.showwarning = show
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `solo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    show_solo_warnings_as_lines()
     if argv[:1] == ["train"]:
         from solo.train.cli import main as train_main
 

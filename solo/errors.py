@@ -40,3 +40,11 @@ class InvalidRequestError(SoloError):
 
 class ContextLengthError(InvalidRequestError):
     """The prompt, or the prompt plus `max_tokens`, does not fit the model's context length."""
+
+
+class SoloWarning(UserWarning):
+    """Something the user may want to fix that does not stop the work.
+
+    The `solo` command prints it as "solo: warning: <message>"; the message names the problem and the fix,
+    as an error's does.
+    """

@@ -255,3 +255,19 @@ def test_a_tokenizer_larger_than_the_model_vocabulary_is_named(capsys, tmp_path)
         shutil.copy(default_model_path() / name, folder / name)
     code, _, err = _run(capsys, "run", str(folder), "--prompt", "def f(x):", "--max-tokens", "2")
     assert code == 2 and "the tokenizer does not belong to this model" in err, err
+
+
+def test_solo_warnings_print_as_one_line(capsys, monkeypatch):
+    import warnings
+
+    import solo.cli as cli
+    from solo.errors import SoloWarning
+
+    others = []
+    monkeypatch.setattr(warnings, "showwarning", lambda message, category, *rest: others.append((category, message)))
+    cli.show_solo_warnings_as_lines()
+    cli.show_solo_warnings_as_lines()  # idempotent: one wrapper
+    warnings.showwarning(SoloWarning("the kernel cache folder /x is not writable"), SoloWarning, cli.__file__, 1)
+    warnings.showwarning(UserWarning("from a library"), UserWarning, cli.__file__, 7)
+    assert capsys.readouterr().err == "solo: warning: the kernel cache folder /x is not writable\n"
+    assert [(c, str(m)) for c, m in others] == [(UserWarning, "from a library")]  # its own handler and form

@@ -204,7 +204,8 @@ def _interleaved(engines: list[Any], prompt: list[int], gen_len: int, repeats: i
 
 
 def _lockstep(engines: list[Any], prompt: list[int], gen_len: int, repeats: int, turn_tokens: int,  # noqa: ANN401
-              skipped: dict[str, str], pause_s: float, point_probe: Callable[[], float]
+              skipped: dict[str, str], pause_s: float, point_probe: Callable[[], float],
+              between: Callable[[], Any] | None = None
               ) -> tuple[dict[str, list[Any]], dict[str, list[dict[str, Any]]]]:
     """Run every engine `repeats` times, the engines taking turns of `turn_tokens` decode tokens within a run.
 
@@ -218,17 +219,22 @@ def _lockstep(engines: list[Any], prompt: list[int], gen_len: int, repeats: int,
         engines: runners with `begin(prompt, gen_len) -> ttft_s` and `advance(tokens) -> seconds`.
         pause_s: idle seconds before every turn and every probe (OpenMP threads left spinning go to sleep).
         point_probe: the short probe, returns GB/s.
+        between: called before each round (the run's full bandwidth probe), or None.
 
     Returns:
         A RunResult per round for each engine (its turns' decode times added up), and each engine's turns
         in order: {"round", "position" (the context at the turn's start), "tokens", "decode_s",
-        "bandwidth_gbps_around": [before, after]}.
+        "bandwidth_gbps_around": [before, after]}. A peer that fails (PeerSkipped) is left out of both,
+        rounds it finished included: its turns would pair with only part of Solo's.
     """
     from solo.bench.peers import PeerSkipped, RunResult
 
     results: dict[str, list[Any]] = {e.name: [] for e in engines}
     turns: dict[str, list[dict[str, Any]]] = {e.name: [] for e in engines}
     for round_index in range(repeats):
+        if between is not None:
+            time.sleep(pause_s)
+            between()
         ttft: dict[str, float] = {}
         decode_s: dict[str, float] = {}
         for engine in engines:
@@ -471,8 +477,8 @@ def main(args: argparse.Namespace) -> int:
     with cpu_hog(args.cpu_hog):
         if args.lockstep:
             results, turns = _lockstep(engines, prompt, args.gen_len, args.repeats, args.lockstep, skipped, pause_s,
-                                       point_probe)
-            probes.append(probe_bandwidth(device, probe_bytes, passes=3))
+                                       point_probe,
+                                       between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)))
         else:
             results = _interleaved(engines, prompt, args.gen_len, args.repeats, skipped,
                                    between=lambda: probes.append(probe_bandwidth(device, probe_bytes, passes=3)),
@@ -562,13 +568,9 @@ def main(args: argparse.Namespace) -> int:
                     own_roofline = roofline_tokens_per_s(max(pair), nbytes.total)
                     fractions.append(result.decode_tokens_per_s / own_roofline if own_roofline > 0 else float("nan"))
                 entry["point_roofline_fraction"] = summarize(fractions)
-            if turns.get(engine.name):
-                entry["turns"] = turns[engine.name]
-                entry["point_roofline_fraction"] = summarize([
-                    turn["tokens"] / turn["decode_s"] / roofline_tokens_per_s(
-                        max(turn["bandwidth_gbps_around"]),
-                        decode_bytes(config, elem, turn["position"] + turn["tokens"] // 2, args.quantize).total)
-                    for turn in turns[engine.name]])
+            if turns.get(engine.name):  # --lockstep: "pt roof" per turn instead of per run
+                entry["turns"] = _with_turn_fractions(turns[engine.name], config, elem, args.quantize)
+                entry["point_roofline_fraction"] = summarize([t["roofline_fraction"] for t in entry["turns"]])
             if engine.name in token_checks:
                 entry["token_check"] = token_checks[engine.name]
             report["engines"][engine.name] = entry
@@ -584,8 +586,9 @@ def main(args: argparse.Namespace) -> int:
         # Turn by turn: Solo's turn and the peer's turn of the same tokens, seconds apart.
         if name != "solo" and turns.get("solo") and turns.get(name):
             solo_turns = {(t["round"], t["position"]): t for t in turns["solo"]}
-            ratios = [(t["tokens"] / solo_turns[key]["decode_s"]) / (t["tokens"] / t["decode_s"])
-                      for t in turns[name] if (key := (t["round"], t["position"])) in solo_turns]
+            ratios = [t["decode_s"] / solo_turns[key]["decode_s"]  # Solo's tok/s over the peer's, same tokens
+                      for t in turns[name] if (key := (t["round"], t["position"])) in solo_turns
+                      and solo_turns[key]["decode_s"] > 0]
             if ratios:
                 entry["solo_ratio_by_turn"] = summarize(ratios)
     best = best_peers(report["engines"])
@@ -682,7 +685,7 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
         after = None
         if getattr(args, "sweep_fill", "prefill") == "random" and lockstep and point_probe is not None:
             # Solo alone in turns, a probe after each: every turn against the bandwidth of its own moment.
-            runs, after, turns = _filled_turns(engines[0], context, args, lockstep, before, point_probe,
+            runs, after, turns = _filled_turns(engines[0], context, args, lockstep, point_probe,
                                                lambda position: decode_bytes(config, elem, position,
                                                                              args.quantize).total)
             sweep.setdefault("turns", []).append(turns)
@@ -693,14 +696,10 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
         elif lockstep and point_probe is not None:  # every engine, in turns, a probe between every two turns
             runs, point_turns = _lockstep(engines, prompt, args.sweep_gen_len, 1, lockstep, skipped,
                                           args.pause_ms / 1000.0, point_probe)
-            turn_list = point_turns.get(engines[0].name, [])
+            turn_list = _with_turn_fractions(point_turns.get(engines[0].name, []), config, elem, args.quantize)
             sweep.setdefault("turns", []).append(turn_list)
-            after = turn_list[-1]["bandwidth_gbps_around"][1] if turn_list else None
-            sweep.setdefault("turn_roofline_fraction", []).append(summarize([
-                t["tokens"] / t["decode_s"] / roofline_tokens_per_s(
-                    max(t["bandwidth_gbps_around"]),
-                    decode_bytes(config, elem, t["position"] + t["tokens"] // 2, args.quantize).total)
-                for t in turn_list]))
+            sweep.setdefault("turn_roofline_fraction", []).append(
+                summarize([t["roofline_fraction"] for t in turn_list]))
         else:
             for engine in engines:
                 if engine.name.endswith("compile") and engine.name not in skipped:
@@ -715,9 +714,9 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
     return sweep
 
 
-def _filled_turns(solo: Any, context: int, args: argparse.Namespace, turn_tokens: int, before: float,  # noqa: ANN401
+def _filled_turns(solo: Any, context: int, args: argparse.Namespace, turn_tokens: int,  # noqa: ANN401
                   point_probe: Callable[[], float], bytes_at: Callable[[int], int]
-                  ) -> tuple[dict[str, list[Any]], float, list[float]]:
+                  ) -> tuple[dict[str, list[Any]], float, list[dict[str, Any]]]:
     """One sweep point of Solo alone after a random KV cache, decoded in turns with a probe after each turn.
 
     Returns:
@@ -731,6 +730,8 @@ def _filled_turns(solo: Any, context: int, args: argparse.Namespace, turn_tokens
     pause_s = args.pause_ms / 1000.0
     gen_len = args.sweep_gen_len
     solo.begin_filled(context, gen_len, seed=args.seed)
+    time.sleep(pause_s)
+    before = point_probe()  # after the fill (seconds at long context), right before the first turn
     total_s, done, turns = 0.0, 1, []
     while done < gen_len:
         tokens = min(turn_tokens, gen_len - done)
@@ -746,6 +747,24 @@ def _filled_turns(solo: Any, context: int, args: argparse.Namespace, turn_tokens
         before = after
         done += tokens
     return {solo.name: [RunResult(ttft_s=0.0, decode_s=total_s, decode_tokens=gen_len - 1)]}, before, turns
+
+
+def _with_turn_fractions(turns: list[dict[str, Any]], config: Any, elem: int, quantize: str | None  # noqa: ANN401
+                         ) -> list[dict[str, Any]]:
+    """`_lockstep`'s turns, each with "roofline_fraction" added.
+
+    The fraction is the turn's decode speed over the roofline at the better of its two probes, the bytes per
+    token counted at the turn's middle position (nan without a speed or a probe).
+    """
+    from solo.bench.roofline import decode_bytes, roofline_tokens_per_s
+
+    out = []
+    for turn in turns:
+        roof = roofline_tokens_per_s(max(turn["bandwidth_gbps_around"]),
+                                     decode_bytes(config, elem, turn["position"] + turn["tokens"] // 2, quantize).total)
+        fraction = turn["tokens"] / turn["decode_s"] / roof if roof > 0 and turn["decode_s"] > 0 else float("nan")
+        out.append({**turn, "roofline_fraction": fraction})
+    return out
 
 
 def best_peers(engines: dict[str, Any]) -> dict[str, str]:
@@ -778,7 +797,9 @@ def _print_report(r: dict[str, Any]) -> None:
              f"repeats in turns of {r['lockstep_tokens']} decode tokens (Solo, each peer, Solo, ...)"
              if r.get("lockstep_tokens") else "interleaved repeats")
     print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, {r['repeats']} {order} "
-          f"(median [min-max]), {r['pause_s'] * 1e3:.0f} ms idle before each run")
+          f"(median [min-max]), {r['pause_s'] * 1e3:.0f} ms idle before each "
+          + ("turn and each probe; a run's tok/s is its turns' tokens over their time" if r.get("lockstep_tokens")
+             else "run"))
     if r.get("cpu_hog_processes"):
         print(f"beside {r['cpu_hog_processes']} busy-loop process(es) (--cpu-hog) during the timed runs and probes")
     print(f"roofline: {rf['bytes_per_token'] / 1e6:.1f} MB read per decode token (weights "
@@ -871,7 +892,7 @@ def _print_report(r: dict[str, Any]) -> None:
         print(f"{'context':>8} {'roofline':>9} " + " ".join(f"{n:>11}" for n in names)
               + (f" {'solo/roof':>9}" if solo_values else "")
               + (f" {'GB/s at pt':>13} {'pt roof':>8}" + (f" {'solo/pt':>8}" if solo_values else "") if points else "")
-              + (f" {'solo/turn roof':>18}" if by_turn else ""))
+              + (f" {'solo/turn roof':>16}" if by_turn else ""))
         for i, c in enumerate(s["contexts"]):
             vals = " ".join(f"{v[i]:>11.2f}" if v[i] is not None else f"{'-':>11}" for v in s["engines"].values())
             roof = s["roofline_tokens_per_s"][i]

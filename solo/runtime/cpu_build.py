@@ -35,7 +35,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from solo.errors import SoloError
+from solo.errors import SoloError, SoloWarning
 
 _SOURCES = Path(__file__).with_name("cpu_kernels")
 _MAIN = _SOURCES / "decode.cpp"
@@ -223,7 +223,8 @@ def library_path(level: IsaLevel | None = None) -> Path:
     if not _writable_dir(folder):
         fallback = _fallback_cache_dir()
         warnings.warn(f"the kernel cache folder {folder} is not writable; building Solo's CPU kernels in "
-                      f"{fallback} instead (set XDG_CACHE_HOME to a writable folder to keep them)", stacklevel=2)
+                      f"{fallback} instead (set XDG_CACHE_HOME to a writable folder to keep them)", SoloWarning,
+                      stacklevel=2)
         if not _writable_dir(fallback):
             raise KernelBuildError(f"neither {folder} nor {fallback} is writable to build Solo's CPU kernels; "
                                    "set XDG_CACHE_HOME to a writable folder")

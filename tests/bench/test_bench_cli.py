@@ -277,9 +277,9 @@ def test_lockstep_turns_alternate_engines_with_a_probe_between_every_two():
 
     skipped: dict[str, str] = {}
     results, turns = _lockstep([Engine("solo"), Engine("bad", fail_at=2), Engine("peer")], [7, 8, 9], 6, 1, 2,
-                               skipped, 0.0, probe)
+                               skipped, 0.0, probe, between=lambda: events.append("round"))
     # 5 decode tokens after the first: turns of 2, 2, 1; "bad" drops out at its second turn.
-    assert events == ["solo:begin", "bad:begin", "peer:begin", "p",
+    assert events == ["round", "solo:begin", "bad:begin", "peer:begin", "p",
                       "solo:2", "p", "bad:2", "p", "peer:2", "p",
                       "solo:2", "p", "bad:2", "peer:2", "p",
                       "solo:1", "p", "peer:1", "p"]
@@ -309,9 +309,18 @@ def test_bench_lockstep_end_to_end(tmp_path, capsys):
     peer = report["engines"].get("llama.cpp-F32")
     if peer is not None:  # llama-cpp-python installed: the peer took its turns beside Solo's
         assert "turn by turn" in text and peer["solo_ratio_by_turn"]["median"] > 0 and len(peer["turns"]) == 6
+    assert all(t["roofline_fraction"] > 0 for t in solo["turns"])
+    assert len(report["bandwidth"]["samples_gbps"]) == 2 + 2  # the first and last probes, and one per round
     sweep = report["sweep"]
     assert len(sweep["turn_roofline_fraction"]) == 1 and sweep["turn_roofline_fraction"][0]["median"] > 0
-    assert sweep["engines"]["solo"][0] > 0
+    assert sweep["engines"]["solo"][0] > 0 and len(sweep["turns"][0]) == 2  # 4 tokens after the first: 2 + 2
+    # A prefilled sweep point in turns too (every engine), each turn with its own fraction.
+    assert main(["bench", str(folder), "--backend", "cpu", "--prompt-len", "8", "--gen-len", "3", "--repeats", "1",
+                 "--probe-gib", "0.0625", "--lockstep", "2", "--sweep-context", "--contexts", "16",
+                 "--sweep-gen-len", "4", "--pause-ms", "0", "--energy-s", "0", "--json", str(out)]) == 0
+    sweep = json.loads(out.read_text())["sweep"]
+    assert [t["tokens"] for t in sweep["turns"][0]] == [2, 1] and sweep["turn_roofline_fraction"][0]["median"] > 0
+    assert all(t["roofline_fraction"] > 0 for t in sweep["turns"][0]) and len(sweep["point_bandwidth_gbps"][0]) == 2
 
 
 def test_lockstep_refuses_engines_without_turns(tmp_path, capsys):
