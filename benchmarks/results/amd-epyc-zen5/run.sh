@@ -163,3 +163,8 @@ run Llama-3.2-1B-bf16-lockstep $solo bench --shape Llama-3.2-1B --gen-len 256 --
 run Qwen2.5-0.5B-long-context-lockstep $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 --energy-s 0 \
   --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random --sweep-gen-len 129 \
   --lockstep 16 --json Qwen2.5-0.5B-long-context-lockstep.json --plot Qwen2.5-0.5B-long-context-lockstep.png
+# MoE shapes that fit beside two llama.cpp copies (the models' layer shapes, fewer layers), in turns.
+run OLMoE-1B-7B-4L-bf16-lockstep $solo bench --shape OLMoE-1B-7B-4L --gen-len 256 --repeats 3 --energy-s 0 \
+  --compare llama.cpp --lockstep 16 --json OLMoE-1B-7B-4L-bf16-lockstep.json
+run Qwen3-30B-A3B-2L-bf16-lockstep $solo bench --shape Qwen3-30B-A3B-2L --gen-len 256 --repeats 3 --energy-s 0 \
+  --compare llama.cpp --lockstep 16 --json Qwen3-30B-A3B-2L-bf16-lockstep.json
