@@ -287,6 +287,13 @@ def main(args: argparse.Namespace) -> int:
         SoloError: conflicting or out-of-range flags, --quantize off the CPU, an unknown peer, a prompt plus
             generation longer than the model's context, or any error loading the model.
     """
+    other_mode = next((flag for flag, on in (("--load", args.load), ("--agent", args.agent),
+                                             ("--structured", args.structured), ("--tp", args.tp != 1)) if on), None)
+    if args.lockstep and other_mode:
+        from solo.errors import SoloError
+
+        raise SoloError(f"--lockstep times decode turns of Solo and llama.cpp peers; {other_mode} runs another "
+                        "benchmark that has no turns: drop one of them")
     if args.load:
         from solo.bench.load.cli import main as load_main
 

@@ -156,30 +156,46 @@ def _compiler_id(cxx: str) -> str:
         raise KernelBuildError(f"cannot run the C++ compiler {cxx!r} ({exc})") from None
 
 
-def cpu_vendor() -> str:
-    """The CPU's vendor id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"; "" on ARM or if unreadable)."""
+def _cpuinfo_field(name: str) -> str:
+    """The first value of `name` in /proc/cpuinfo ("" on a system without it or if unreadable)."""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
             key, _, value = line.partition(":")
-            if key.strip() == "vendor_id":
+            if key.strip() == name:
                 return value.strip()
     except OSError:
         pass
     return ""
 
 
+def cpu_vendor() -> str:
+    """The CPU's vendor id from /proc/cpuinfo ("GenuineIntel", "AuthenticAMD"; "" on ARM or if unreadable)."""
+    return _cpuinfo_field("vendor_id")
+
+
+def cpu_family() -> int | None:
+    """The x86 CPU family from /proc/cpuinfo (AMD: 23 = Zen 1/2, 25 = Zen 3/4, 26 = Zen 5), or None."""
+    value = _cpuinfo_field("cpu family")
+    return int(value) if value.isdigit() else None
+
+
 def software_prefetch() -> bool:
     """Whether the GEMV kernels prefetch weights in software (common.h: PREFETCH).
 
-    On by default, off on AMD CPUs: on a 2-core Sapphire Rapids the prefetches raised row-by-row GEMV from
-    ~70% to ~90% of the streaming bandwidth; on a 2-core AMD EPYC (Zen 4) turning them off raised the
-    AVX512-BF16 GEMV of one Qwen2.5-0.5B decode token by 10-25% (interleaved runs). `SOLO_CPU_PREFETCH=0|1`
-    overrides.
+    On by default, off on AMD CPUs before Zen 5 (family < 26). On a 2-core Sapphire Rapids the prefetches
+    raised row-by-row GEMV from ~70% to ~90% of the streaming bandwidth; on a 2-core AMD EPYC (Zen 4)
+    turning them off raised the AVX512-BF16 GEMV of one Qwen2.5-0.5B decode token by 10-25% (interleaved
+    runs). On a 2-core Zen 5 they help again: whole decode steps, same process, same-round ratios
+    (benchmarks/step_ab.py): the AVX2 kernels 1.24x (Qwen2.5-0.5B) and 1.38x (Llama-3.2-1B), int8 1.12x,
+    AVX512-BF16 1.01-1.05x, OLMoE 1.02x. `SOLO_CPU_PREFETCH=0|1` overrides.
     """
     forced = os.environ.get("SOLO_CPU_PREFETCH", "").strip()
     if forced in ("0", "1"):
         return forced == "1"
-    return cpu_vendor() != "AuthenticAMD"
+    if cpu_vendor() != "AuthenticAMD":
+        return True
+    family = cpu_family()
+    return family is not None and family >= 26
 
 
 def compile_flags(level: IsaLevel) -> list[str]:

@@ -329,6 +329,8 @@ def test_lockstep_refuses_engines_without_turns(tmp_path, capsys):
     assert "drop the hf peers" in capsys.readouterr().err
     assert main(["bench", str(folder), "--lockstep", "-1"]) == 2
     assert "--lockstep must be >= 1" in capsys.readouterr().err
+    assert main(["bench", str(folder), "--lockstep", "4", "--structured"]) == 2
+    assert "--structured runs another benchmark that has no turns" in capsys.readouterr().err
 
 
 def test_llamacpp_worker_advances_in_turns():
