@@ -168,3 +168,17 @@ run OLMoE-1B-7B-4L-bf16-lockstep $solo bench --shape OLMoE-1B-7B-4L --gen-len 25
   --compare llama.cpp --lockstep 16 --json OLMoE-1B-7B-4L-bf16-lockstep.json
 run Qwen3-30B-A3B-2L-bf16-lockstep $solo bench --shape Qwen3-30B-A3B-2L --gen-len 256 --repeats 3 --energy-s 0 \
   --compare llama.cpp --lockstep 16 --json Qwen3-30B-A3B-2L-bf16-lockstep.json
+# The AVX2 kernels against the AVX2-only llama.cpp build, in turns; before and after the weight prefetch on Zen 5
+# (the "before" run on the commit before it).
+for name in Qwen2.5-0.5B-bf16-avx2-proxy-lockstep Qwen2.5-0.5B-bf16-avx2-proxy-lockstep-prefetch; do
+  run "$name" env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 LLAMA_CPP_LIB_PATH="${LLAMA_CPP_AVX2_LIB:-}" \
+    $solo bench --shape Qwen2.5-0.5B --gen-len 256 --repeats 3 --energy-s 0 "${avx2_peer[@]}" --lockstep 16 \
+    --json "$name.json"
+done
+run Llama-3.2-1B-bf16-avx2-proxy-lockstep-prefetch env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+  LLAMA_CPP_LIB_PATH="${LLAMA_CPP_AVX2_LIB:-}" $solo bench --shape Llama-3.2-1B --gen-len 256 --repeats 3 \
+  --energy-s 0 "${avx2_peer[@]}" --lockstep 16 --json Llama-3.2-1B-bf16-avx2-proxy-lockstep-prefetch.json
+# Whole decode steps with and without the weight prefetch (DIR: a copy of solo/runtime/cpu_kernels whose
+# common.h starts with `#undef SOLO_NO_SW_PREFETCH`), from the repository root, on the commit before it:
+#   [SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2] python benchmarks/step_ab.py --shape S [--quantize int8] \
+#     --steps 16 --rounds 10 --variant base= --variant t0=lib:DIR
