@@ -182,3 +182,6 @@ run Llama-3.2-1B-bf16-avx2-proxy-lockstep-prefetch env SOLO_CPU_ISA=avx2 ONEDNN_
 # common.h starts with `#undef SOLO_NO_SW_PREFETCH`), from the repository root, on the commit before it:
 #   [SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2] python benchmarks/step_ab.py --shape S [--quantize int8] \
 #     --steps 16 --rounds 10 --variant base= --variant t0=lib:DIR
+# The AVX512-BF16 kernels in turns again after the prefetch change.
+run Qwen2.5-0.5B-bf16-lockstep-prefetch $solo bench --shape Qwen2.5-0.5B --gen-len 256 --repeats 3 --energy-s 0 \
+  --compare llama.cpp --lockstep 16 --json Qwen2.5-0.5B-bf16-lockstep-prefetch.json
