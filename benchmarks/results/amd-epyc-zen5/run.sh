@@ -185,3 +185,5 @@ run Llama-3.2-1B-bf16-avx2-proxy-lockstep-prefetch env SOLO_CPU_ISA=avx2 ONEDNN_
 # The AVX512-BF16 kernels in turns again after the prefetch change.
 run Qwen2.5-0.5B-bf16-lockstep-prefetch $solo bench --shape Qwen2.5-0.5B --gen-len 256 --repeats 3 --energy-s 0 \
   --compare llama.cpp --lockstep 16 --json Qwen2.5-0.5B-bf16-lockstep-prefetch.json
+run Llama-3.2-1B-bf16-lockstep-prefetch $solo bench --shape Llama-3.2-1B --gen-len 256 --repeats 3 --energy-s 0 \
+  --compare llama.cpp --lockstep 16 --json Llama-3.2-1B-bf16-lockstep-prefetch.json
