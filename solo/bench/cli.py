@@ -690,23 +690,21 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
         sweep["roofline_tokens_per_s"].append(roofline_tokens_per_s(bandwidth_gbps, nbytes.total))
         before = point_probe() if point_probe is not None else None
         after = None
-        if getattr(args, "sweep_fill", "prefill") == "random" and lockstep and point_probe is not None:
-            # Solo alone in turns, a probe after each: every turn against the bandwidth of its own moment.
-            runs, after, turns = _filled_turns(engines[0], context, args, lockstep, point_probe,
-                                               lambda position: decode_bytes(config, elem, position,
-                                                                             args.quantize).total)
-            sweep.setdefault("turns", []).append(turns)
-            sweep.setdefault("turn_roofline_fraction", []).append(summarize([t["roofline_fraction"] for t in turns]))
-        elif getattr(args, "sweep_fill", "prefill") == "random":  # Solo alone, after a cache of random keys/values
-            time.sleep(args.pause_ms / 1000.0)
-            runs = {engines[0].name: [engines[0].run_filled(context, args.sweep_gen_len, seed=args.seed)]}
-        elif lockstep and point_probe is not None:  # every engine, in turns, a probe between every two turns
-            runs, point_turns = _lockstep(engines, prompt, args.sweep_gen_len, 1, lockstep, skipped,
+        fill_random = getattr(args, "sweep_fill", "prefill") == "random"
+        if lockstep and point_probe is not None:  # in turns, a probe between every two turns
+            # With a random cache Solo alone (the prompt's length is the context); else every engine.
+            turned = [_RandomCacheRunner(engines[0], args.seed)] if fill_random else engines
+            runs, point_turns = _lockstep(turned, prompt, args.sweep_gen_len, 1, lockstep, skipped,
                                           args.pause_ms / 1000.0, point_probe)
             turn_list = _with_turn_fractions(point_turns.get(engines[0].name, []), config, elem, args.quantize)
+            if fill_random and turn_list:  # Solo's last turn ended the point: its probe is the point's "after"
+                after = turn_list[-1]["bandwidth_gbps_around"][1]
             sweep.setdefault("turns", []).append(turn_list)
             sweep.setdefault("turn_roofline_fraction", []).append(
                 summarize([t["roofline_fraction"] for t in turn_list]))
+        elif fill_random:  # Solo alone, after a cache of random keys/values
+            time.sleep(args.pause_ms / 1000.0)
+            runs = {engines[0].name: [engines[0].run_filled(context, args.sweep_gen_len, seed=args.seed)]}
         else:
             for engine in engines:
                 if engine.name.endswith("compile") and engine.name not in skipped:
@@ -721,39 +719,22 @@ def _sweep(engines: list[Any], skipped: dict[str, str], config: Any, elem: int, 
     return sweep
 
 
-def _filled_turns(solo: Any, context: int, args: argparse.Namespace, turn_tokens: int,  # noqa: ANN401
-                  point_probe: Callable[[], float], bytes_at: Callable[[int], int]
-                  ) -> tuple[dict[str, list[Any]], float, list[dict[str, Any]]]:
-    """One sweep point of Solo alone after a random KV cache, decoded in turns with a probe after each turn.
+class _RandomCacheRunner:
+    """Solo's runner for `--sweep-fill random` in turns: `begin` fills the KV cache instead of a prefill.
 
-    Returns:
-        The point's RunResult (by engine name), the last probe's GB/s, and its turns: {"position", "tokens",
-        "decode_s", "bandwidth_gbps_around": [before, after], "roofline_fraction": the turn's decode speed
-        over the roofline at the better of its two probes (`bytes_at(position)`: bytes per token there)}.
+    The prompt's length is the context (its ids are not used), the keys and values are random, and no TTFT is
+    timed (0).
     """
-    from solo.bench.peers import RunResult
-    from solo.bench.roofline import roofline_tokens_per_s
 
-    pause_s = args.pause_ms / 1000.0
-    gen_len = args.sweep_gen_len
-    solo.begin_filled(context, gen_len, seed=args.seed)
-    time.sleep(pause_s)
-    before = point_probe()  # after the fill (seconds at long context), right before the first turn
-    total_s, done, turns = 0.0, 1, []
-    while done < gen_len:
-        tokens = min(turn_tokens, gen_len - done)
-        time.sleep(pause_s)
-        seconds = solo.advance(tokens)
-        time.sleep(pause_s)
-        after = point_probe()
-        roof = roofline_tokens_per_s(max(before, after), bytes_at(context + done - 1 + tokens // 2))
-        turns.append({"position": context + done - 1, "tokens": tokens, "decode_s": seconds,
-                      "bandwidth_gbps_around": [before, after],
-                      "roofline_fraction": tokens / seconds / roof if roof > 0 else float("nan")})
-        total_s += seconds
-        before = after
-        done += tokens
-    return {solo.name: [RunResult(ttft_s=0.0, decode_s=total_s, decode_tokens=gen_len - 1)]}, before, turns
+    def __init__(self, solo: Any, seed: int) -> None:  # noqa: ANN401
+        self.solo, self.name, self.seed = solo, solo.name, seed
+
+    def begin(self, prompt: list[int], gen_len: int) -> float:
+        self.solo.begin_filled(len(prompt), gen_len, seed=self.seed)
+        return 0.0
+
+    def advance(self, tokens: int) -> float:
+        return self.solo.advance(tokens)
 
 
 def _with_turn_fractions(turns: list[dict[str, Any]], config: Any, elem: int, quantize: str | None  # noqa: ANN401
