@@ -8,10 +8,13 @@ round by round on one runtime (random weights of a bench shape, one cache row) a
 with the kernel's phase profile on (the "profile" knob: time per phase on thread 0). Prints per variant and
 phase the median over rounds of (first variant's time / this variant's time) and the fastest time, for the
 matrix products (q/k/v, o, gate/up with the activation, down), attention and the whole prefill, and whether
-every variant returned the same logits bit for bit (the knobs must not change a result):
+every variant returned the same logits bit for bit (the knobs must not change a result). A variant may
+also name another build of the kernels, "lib:DIR" (DIR/decode.cpp compiled with this machine's flags, run
+on the same struct and cache, as in step_ab.py):
 
     python benchmarks/prefill_ab.py --shape Llama-3.2-1B --prompt-len 128 --rounds 5 \
         --variant old=span_tile=0 --variant tiles=span_tile=1
+    python benchmarks/prefill_ab.py --variant before=lib:/path/to/old/cpu_kernels --variant after=
 
 Measurement only: noisy on a shared machine, like every timing (the same-round ratios are the steadier
 number there; --threads 1 leaves out waits for a core at the barriers).
@@ -25,6 +28,7 @@ import statistics
 import time
 
 import torch
+from step_ab import build_library  # (benchmarks/ is this script's folder)
 
 from solo.bench.cpu_profile import PHASES
 from solo.bench.shapes import build_model, shape_config
@@ -33,14 +37,17 @@ from solo.runtime.cpu import CpuRuntime
 SHOWN = ["qkv", "o", "gate/up+act", "down", "attention", "head", "total"]
 
 
-def parse_variant(text: str) -> tuple[str, dict[str, int]]:
-    """"name=knob=value,knob=value" -> (name, {knob: value}); "name=" has no knobs."""
+def parse_variant(text: str) -> tuple[str, dict[str, int], str | None]:
+    """"name=[lib:DIR,]knob=value,knob=value" -> (name, {knob: value}, DIR or None); "name=" has no knobs."""
     name, _, knobs = text.partition("=")
-    settings = {}
+    settings, lib_dir = {}, None
     for item in filter(None, knobs.split(",")):
+        if item.startswith("lib:"):
+            lib_dir = item[4:]
+            continue
         key, _, value = item.partition("=")
         settings[key] = int(value)
-    return name, settings
+    return name, settings, lib_dir
 
 
 def main() -> None:
@@ -53,7 +60,7 @@ def main() -> None:
     ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
     ap.add_argument("--quantize", choices=["int8", "int4"], help="weight-only quantization, as `solo bench`")
     args = ap.parse_args()
-    variants = [parse_variant(v) for v in args.variant] or [("base", {})]
+    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None)]
     model = build_model(shape_config(args.shape), torch.bfloat16)
     if args.quantize:
         from solo.runtime.quant import quantize_model
@@ -67,14 +74,17 @@ def main() -> None:
                          f"(span_prefill_positions = {runtime.span_prefill_positions})")
     runtime.threads.enabled = False  # the thread count stays fixed while measuring
     runtime.threads.threads = args.threads
-    lib, nt = runtime._lib, args.threads
+    base_lib, nt = runtime._lib, args.threads
+    # (name, library, knobs): another build of the kernels runs on the same struct and cache
+    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d in specs]
     ids = torch.randint(0, model.config.vocab_size, (seq,), generator=torch.Generator().manual_seed(0))
     runtime.prefill(0, ids)  # warm-up
-    times: dict[str, list[dict[str, float]]] = {name: [] for name, _ in variants}
+    times: dict[str, list[dict[str, float]]] = {name: [] for name, _, _ in variants}
     logits: dict[str, torch.Tensor] = {}
     try:
         for _ in range(args.rounds):
-            for name, knobs in variants:
+            for name, lib, knobs in variants:
+                runtime._lib = lib
                 for key, value in knobs.items():
                     if lib.solo_set_knob(key.encode(), value) != 0:
                         raise SystemExit(f"unknown knob {key!r}")
@@ -89,17 +99,19 @@ def main() -> None:
                 row["total"] = wall * 1e3
                 times[name].append(row)
     finally:
-        lib.solo_set_knob(b"profile", 0)
+        for _, lib, _ in variants:
+            lib.solo_set_knob(b"profile", 0)
+        runtime._lib = base_lib
     first = variants[0][0]
-    same = all(torch.equal(logits[name], logits[first]) for name, _ in variants)
+    same = all(torch.equal(logits[name], logits[first]) for name, _, _ in variants)
     label = f"{args.shape} {args.quantize}" if args.quantize else args.shape
     print(f"{label}, prompt {seq}, {runtime.isa} kernels, {nt} threads, {args.rounds} rounds; "
           f"logits identical across variants: {same}")
     print(f"per phase: median of same-round ({first} ms / variant ms) [fastest ms]")
-    print(f"{'phase':12s}" + "".join(f"  {name:>22s}" for name, _ in variants))
+    print(f"{'phase':12s}" + "".join(f"  {name:>22s}" for name, _, _ in variants))
     for phase in SHOWN:
         cells = []
-        for name, _ in variants:
+        for name, _, _ in variants:
             ratio = statistics.median(a[phase] / b[phase] if b[phase] else float("nan")
                                       for a, b in zip(times[first], times[name], strict=True))
             cells.append(f"x{ratio:5.2f} [{min(r[phase] for r in times[name]):7.1f}]")

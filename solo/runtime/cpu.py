@@ -615,7 +615,8 @@ class CpuRuntime:
         for int8/int4); norms, RoPE, the cache writes and the activation run in the native kernels,
         row-parallel; attention is PyTorch's SDPA over the cache (the eager model's own soft-capped
         attention for Gemma 2). Mixture-of-experts layers route as the eager block and run their experts
-        natively, grouped by expert (`solo.runtime.cpu_moe.moe_prefill`).
+        natively, grouped by expert (`solo.runtime.cpu_moe.moe_prefill`). Past the last layer's cache writes
+        only the last position goes on (its attention, o and MLP): no other position's output is read.
 
         A short tail after a longer cached prefix (at most `span_prefill_tokens` tokens and at most
         start_pos: the next turn of a conversation with the prefix cache) runs instead as one call of the
@@ -632,7 +633,8 @@ class CpuRuntime:
         A prefill that ends within `span_prefill_positions` positions (a chat turn) runs through the decode
         kernel too, cold or not: then its keys, values and logits are the same bits however the sequence
         was split (cold, cached prefix + tail, chunks, decode steps), so a greedy output does not depend on
-        what the prefix cache held (`SPAN_PREFILL_POSITIONS`).
+        what the prefix cache held (`SPAN_PREFILL_POSITIONS`). That kernel likewise runs the rest of the last
+        layer for the last position alone (`SPAN_LAST_LOGITS` in decode.cpp).
 
         Args:
             row: cache row.
@@ -681,14 +683,22 @@ class CpuRuntime:
             window = cfg.layer_sliding_windows[i]
             if window is not None and window >= kv_len:
                 window = None  # the window reaches back past the first token: plain causal
+            if i + 1 == cfg.num_layers and seq > 1:
+                # Only the last position's logits are wanted and every key and value is in the cache: the rest
+                # of the last layer (attention, o, the MLP) runs for that position alone, as the span prefill
+                # and llama.cpp do.
+                q, x, positions, masks = q[:, -1:], x[-1:].contiguous(), positions[:, -1:], {}
+                seq, normed = 1, torch.empty(1, cfg.hidden_size, dtype=dtype)
             if window not in masks:
-                causal = start_pos == 0 and window is None and cfg.attn_logit_softcap is None
-                masks[window] = None if causal else attention_mask(positions, kv_len, window)
+                # Without a window or soft-capping, a whole prompt is SDPA's causal case and the last position
+                # alone sees every key: no mask to build or read.
+                plain = window is None and cfg.attn_logit_softcap is None and (start_pos == 0 or seq == 1)
+                masks[window] = None if plain else attention_mask(positions, kv_len, window)
             mask = masks[window]
             if cfg.attn_logit_softcap is None:
-                # A whole prompt without a window is exactly SDPA's causal case: no mask to build or read.
-                out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask, is_causal=mask is None,
-                                                     scale=cfg.attn_scale, enable_gqa=cfg.num_kv_groups > 1)
+                out = F.scaled_dot_product_attention(q[None], keys, values, attn_mask=mask,
+                                                     is_causal=mask is None and seq > 1, scale=cfg.attn_scale,
+                                                     enable_gqa=cfg.num_kv_groups > 1)
             else:
                 out = _softcapped_attention(q[None], keys, values, mask, cfg.attn_scale, cfg.attn_logit_softcap)
             attn = out[0].transpose(0, 1).reshape(seq, cfg.num_heads * cfg.head_dim)

@@ -58,6 +58,20 @@ def test_the_prefill_of_generated_tokens_equals_their_decode_steps(runtime):
     assert torch.equal(runtime.prefill(1, torch.tensor(PROMPT)), stepped)
 
 
+def test_a_tail_prefill_past_a_kv_block_equals_its_decode_steps(tmp_path):
+    # The span prefill runs its last layer past the cache writes for the last token alone, whose attention
+    # then spans two KV blocks (split-KV parts): still the bits of that token's decode step.
+    folder = make_checkpoint(tmp_path, "llama")
+    rt = CpuRuntime(load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16))
+    rt.reserve(2, 640)
+    prompt = [(37 * i + 11) % 300 + 2 for i in range(600)]
+    for row in (0, 1):
+        rt.prefill(row, torch.tensor(prompt[:560]))
+    for i, token in enumerate(prompt[560:]):
+        stepped = rt.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([560 + i]))[0]
+    assert torch.equal(rt.prefill(1, torch.tensor(prompt[560:]), 560), stepped)
+
+
 # A prompt of the load bench's pool (a cut of Solo's own source) whose greedy continuation, on the bundled
 # model in bfloat16, changed with the prefill's split point when short prompts took the batched matmuls.
 BUNDLED_PROMPT = (" has more ids than the shape's vocabulary.\n    \"\"\"\n    from pathlib import Path\n\n"

@@ -371,7 +371,12 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       prof_t = now;
     };
     if (prof && tid == 0) g_prof_steps++;
-    const int gs = attend_group_size(m, B, nt);  // query heads per attention work item (0: per-head kernel)
+    int gs = attend_group_size(m, B, nt);  // query heads per attention work item (0: per-head kernel)
+    // Entries still computed: all B, then with SPAN_LAST_LOGITS the last one alone once the last layer's
+    // keys and values are written (below); positions_n / rows_n are the computed entries'.
+    int nb = B;
+    const int64_t* positions_n = positions;
+    const int64_t* rows_n = rows;
     float* x = private_base + (size_t)tid * private_floats(m, B);  // residual stream [B, h]
     float* t = x + (size_t)B * h;                                    // scratch / normed [B, h]
     float* lq = t + (size_t)B * h;                                   // post-processed q, k, v [B, nqkv]
@@ -424,44 +429,54 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         }
       }
       if (flags & SPAN_SHARED_ROWS) barrier_wait(&bar, nt);  // entries read each other's cache slots
+      if ((flags & SPAN_LAST_LOGITS) && l + 1 == m->layers && nb > 1) {
+        // Only the last entry's logits are wanted, and every entry's keys and values are written: the rest
+        // of the last layer (attention, o, the MLP: 1/layers of a prompt's products) runs for it alone, on
+        // each thread's own copy moved to slot 0. The same bits: an entry's arithmetic never depends on the
+        // others (llama.cpp skips the same rows of its last layer).
+        memmove(lq, lq + (size_t)(nb - 1) * nqkv, (size_t)nqkv * sizeof(float));
+        memmove(x, x + (size_t)(nb - 1) * h, (size_t)h * sizeof(float));
+        positions_n += nb - 1, rows_n += nb - 1, nb = 1;
+        gs = attend_group_size(m, nb, nt);
+      }
       // --- attention: (sequence, group of query heads sharing a KV head[, key block]) split across threads
       mark(PH_QKV_POST);
-      attention_layer(m, L, B, lq, rows, positions, gs, scores, att, o_in, parts, &bar, tid, nt);
+      attention_layer(m, L, nb, lq, rows_n, positions_n, gs, scores, att, o_in, parts, &bar, tid, nt);
       mark(PH_ATTN);
       ah = ahead_of(&L->o, L->o.rows, 1, tid, nt);
       barrier_wait(&bar, nt, &ah);
       mark(PH_ATTN_WAIT);
       // --- output projection and residual
-      gemv_shared(&L->o, private_input(&L->o, o_in, B, xin), B, proj, h, queues, calls++, tid, nt, skip,
+      gemv_shared(&L->o, private_input(&L->o, o_in, nb, xin), nb, proj, h, queues, calls++, tid, nt, skip,
                   no_epilogue);
       mark(PH_O);
       ah = MLc ? Ahead() : ahead_of(&L->gate_up, f, 2, tid, nt);
       barrier_wait(&bar, nt, &ah);
       mark(PH_O_WAIT);
-      residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, B);
+      residual_block(m, &L->o, proj, t, x, t, L->attn_out_norm, L->mlp_norm, nb);
       mark(PH_RESID);
-      const float* mlp_out = proj;  // the MLP's output [B, h] (an MoE layer may leave it in its own buffer)
+      const float* mlp_out = proj;  // the MLP's output [nb, h] (an MoE layer may leave it in its own buffer)
       if (const MoeLayer* ML = MLc) {
         // --- mixture-of-experts MLP (moe.h): routing and the selected experts; output in proj, barrier included
-        mlp_out = moe_mlp(m, ML, t, B, proj, moe_base, tid, nt, skip, [&](int phase) {
+        mlp_out = moe_mlp(m, ML, t, nb, proj, moe_base, tid, nt, skip, [&](int phase) {
           mark(PH_MOE_ROUTER + 2 * phase);
           barrier_wait(&bar, nt);
           mark(PH_MOE_ROUTER + 2 * phase + 1);
         });
         mark(PH_MLP_UP);
       } else {
-        prepare_input(&L->gate_up, t, B, xin);
+        prepare_input(&L->gate_up, t, nb, xin);
         // --- MLP: gate and up rows i together (both halves of gate_up), then the activation of those i on the
         // same thread, into the down projection's input (no barrier between them); then down
         const int R = chunk_rows(&L->gate_up);  // rows of each half per chunk (two linear runs of a chunk's size)
         const size_t down_esz = input_elem_bytes(&L->down);
         share_rows(queues, calls++, (f + R - 1) / R, tid, nt, [&](int c) {
           const int i0 = c * R, i1 = i0 + R < f ? i0 + R : f;
-          gemv_rows(&L->gate_up, xin, h, B, gu, 2 * f, i0, i1, skip);
-          gemv_rows(&L->gate_up, xin, h, B, gu, 2 * f, f + i0, f + i1, skip);
-          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, i0, i1);
-          finish_linear_rows(&L->gate_up, gu, B, 2 * f, bf, f + i0, f + i1);
-          for (int b = 0; b < B; b++) {
+          gemv_rows(&L->gate_up, xin, h, nb, gu, 2 * f, i0, i1, skip);
+          gemv_rows(&L->gate_up, xin, h, nb, gu, 2 * f, f + i0, f + i1, skip);
+          finish_linear_rows(&L->gate_up, gu, nb, 2 * f, bf, i0, i1);
+          finish_linear_rows(&L->gate_up, gu, nb, 2 * f, bf, f + i0, f + i1);
+          for (int b = 0; b < nb; b++) {
             float* g = gu + (size_t)b * 2 * f;
             act_mul(g, g + f, g, i0, i1, m->act, bf);  // in place: the gate half holds the product
             prepare_input_cols(&L->down, g, 1, (char*)down_in + (size_t)b * f * down_esz, i0, i1);
@@ -471,7 +486,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         ah = ahead_of(&L->down, L->down.rows, 1, tid, nt);
         barrier_wait(&bar, nt, &ah);
         mark(PH_MLP_WAIT);
-        gemv_shared(&L->down, private_input(&L->down, down_in, B, xin), B, proj, h, queues, calls++, tid, nt,
+        gemv_shared(&L->down, private_input(&L->down, down_in, nb, xin), nb, proj, h, queues, calls++, tid, nt,
                     skip, no_epilogue);
         mark(PH_DOWN);
         const Mat* next = Ln ? &Ln->qkv : &m->head;
@@ -481,13 +496,13 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       }
       const bool last = l + 1 == m->layers;
       residual_block(m, &L->down, mlp_out, t, x, t, L->mlp_out_norm, last ? m->final_norm : m->layer[l + 1].attn_norm,
-                     B);
-      prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, B, xin);
+                     nb);
+      prepare_input(last ? &m->head : &m->layer[l + 1].qkv, t, nb, xin);
       mark(PH_RESID);
     }
     // --- LM head; each thread finishes the logits it computed (same row split as gemv)
-    const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : B;  // entries that get logits: the last HB
-    const char* head_in = (const char*)xin + (size_t)(B - HB) * m->head.cols * input_elem_bytes(&m->head);
+    const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : nb;  // entries that get logits: the last HB
+    const char* head_in = (const char*)xin + (size_t)(nb - HB) * m->head.cols * input_elem_bytes(&m->head);
     const float cap = m->final_softcap;
     gemv_shared(&m->head, head_in, HB, logits, m->vocab, queues, calls++, tid, nt, skip, [&](int n0, int n1) {
       finish_linear_rows(&m->head, logits, HB, m->vocab, bf, n0, n1);
