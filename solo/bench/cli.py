@@ -432,7 +432,22 @@ def main(args: argparse.Namespace) -> int:
     deferred: list[str] = []  # peers timed after Solo's weights are freed (--peers-after-solo)
     check_prompt = prompt[:32]
     solo_check: tuple[list[int], Any] | None = None
-    for name in [variant for peer_name in peer_names for variant in peer_variants(peer_name, spec)]:
+    peer_list = [variant for peer_name in peer_names for variant in peer_variants(peer_name, spec)]
+    if args.quantize and peer_list and config.lanes is None and all(n.startswith("llama.cpp-") for n in peer_list):
+        # A quantized run needs the dense weights only to write the peers' GGUFs: write them now and free
+        # the dense model before any peer loads (the full OLMoE-1B-7B in int8 fits 24 GiB beside llama.cpp's
+        # Q8_0 only so: 13.8 GB dense + 7 GB Solo + 7.3 GB llama.cpp otherwise).
+        from solo.bench.peers.llamacpp import cached_gguf
+
+        for name in peer_list:
+            try:
+                cached_gguf(spec, name.removeprefix("llama.cpp-"))
+            except PeerSkipped:
+                pass  # said again, with the reason, when the peer loads below
+        spec.model = model = None
+        gc.collect()
+        memory["dense_model_freed_before_peers"] = True
+    for name in peer_list:
         if config.lanes is not None:
             skipped[name] = "no peer runs lane models (Laneformer)"
             print(f"peer skipped: {name}: {skipped[name]}", file=sys.stderr)

@@ -145,6 +145,21 @@ def test_peers_after_solo_times_llamacpp_once_solo_is_freed(tmp_path, capsys):
     assert "llama.cpp (or llama.cpp-<type>) only" in capsys.readouterr().err
 
 
+def test_a_quantized_run_frees_the_dense_model_before_llamacpp_loads(tmp_path):
+    # The dense weights only feed the GGUF conversion: freed before the peer loads, so the full OLMoE-1B-7B in
+    # int8 fits beside llama.cpp's Q8_0 in turns.
+    pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--quantize", "int8", "--prompt-len", "8", "--gen-len", "8", "--repeats", "1",
+                 "--probe-gib", "0.0625", "--compare", "llama.cpp", "--lockstep", "4", "--pause-ms", "20",
+                 "--energy-s", "0", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert report["memory"]["dense_model_freed_before_peers"]
+    assert "llama.cpp-Q8_0" in report["engines"] or "greedy tokens" in report["skipped"]["llama.cpp-Q8_0"]
+
+
 def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):
     # Contexts past one 512-position block take the split-KV attention; no prefill of them is run.
     folder = make_checkpoint(tmp_path / "llama", "llama", head_dim=64, hidden_size=128,
