@@ -8,7 +8,11 @@ core to the other work and streams the weights from the free ones: measured on a
 busy loop, one thread decoded faster than two (benchmarks/results/amd-epyc-zen4/).
 
 The kernel counts barrier waits longer than 1 ms (an idle machine's threads meet within microseconds).
-After a step with several of them, `ThreadGovernor` tries one thread fewer for a few steps and keeps it only
+After a step with several of them (`late_waits`, and as many again for every further `late_window_s` of
+the step: a 1.4 s span prefill on a noisy VM meets 10-15 such waits among its ~100 barriers, costing it
+about 1%, where beside a busy loop nearly every barrier waits; before this scaling, back-to-back prefills
+of one length started tries that ran the next ones on one thread, 1.8 s -> 3.5 s), `ThreadGovernor` tries
+one thread fewer for a few steps and keeps it only
 if those steps are clearly faster than the steps just before, by `margin` (10%; on a machine that is merely
 busy, losing a core's bandwidth can cost more than the waits); at a lowered count it tries one more thread
 again after a hold of some steps, and keeps it unless it is clearly slower. The margin is there for VMs
@@ -39,6 +43,8 @@ class ThreadGovernor:
         max_hold: the longest hold (reached by doubling after failed tries).
         margin: how much faster (fewer threads) a try's median step must be to be kept, and how much slower
             (more threads) to be dropped, as a fraction of the steps before it.
+        late_window_s: a step longer than this needs `late_waits` late waits per this many seconds of it
+            (a long span prefill is not judged by a decode step's count).
 
     Attributes:
         threads: the count for the next step.
@@ -46,7 +52,7 @@ class ThreadGovernor:
     """
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, trial_steps: int = 4,
-                 min_hold: int = 16, max_hold: int = 128, margin: float = 0.1) -> None:
+                 min_hold: int = 16, max_hold: int = 128, margin: float = 0.1, late_window_s: float = 0.1) -> None:
         if enabled is None:
             enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
         self.max_threads = max(1, max_threads)
@@ -56,6 +62,7 @@ class ThreadGovernor:
         self.min_hold = min_hold
         self.max_hold = max_hold
         self.margin = margin
+        self.late_window_s = late_window_s
         self.threads = self.max_threads
         self.steps = 0
         self.reduced_steps = 0
@@ -114,7 +121,8 @@ class ThreadGovernor:
         self._recent.append(seconds)
         if len(self._recent) < 2:
             return
-        if late >= self.late_waits and self.threads > 1 and self.steps >= self._no_down_until:
+        needed = self.late_waits * max(1.0, seconds / self.late_window_s)
+        if late >= needed and self.threads > 1 and self.steps >= self._no_down_until:
             self._start(self.threads - 1)
         elif self.threads < self.max_threads and self.steps >= self._retry_at:
             self._start(self.threads + 1)

@@ -25,7 +25,7 @@ def _feed(gov, steps, late, seconds_at):
 
 def test_governor_keeps_fewer_threads_when_they_are_faster_beside_a_busy_core():
     gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
-    hog = {2: 0.30, 1: 0.10}  # one thread on the free core beats two meeting a preempted one
+    hog = {2: 0.030, 1: 0.010}  # one thread on the free core beats two meeting a preempted one
     used = _feed(gov, 3, 1, hog)  # one long wait per step: noise, no try
     assert used == [2, 2, 2]
     used = _feed(gov, 60, 5, hog)
@@ -54,6 +54,17 @@ def test_governor_drops_a_pending_try_when_the_batch_changes_and_never_goes_belo
     for _ in range(200):
         gov.report(5, 0.1 * (4 - gov.threads), batch=2)
         assert 1 <= gov.threads <= 3
+
+
+def test_a_long_prefill_step_needs_late_waits_in_proportion_to_its_length():
+    # A 1.4 s span prefill on a noisy VM: ~12 late waits among its ~100 barriers cost it ~1%: no try of one
+    # thread (which would prefill the next prompt of that length at half speed). Beside a busy loop nearly
+    # every barrier waits: a try.
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
+    assert _feed(gov, 10, 12, {2: 1.4, 1: 2.6}) == [2] * 10
+    assert 1 in _feed(gov, 4, 90, {2: 1.4, 1: 2.6})
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
+    assert 1 in _feed(gov, 4, 2, {2: 0.04, 1: 0.03})  # a decode step: two late waits are enough
 
 
 def test_governor_disabled_keeps_every_thread(monkeypatch):
@@ -140,7 +151,7 @@ def test_step_profile_covers_every_phase_and_leaves_the_logits_alone(tmp_path):
 
 def test_governor_counts_the_steps_it_ran_on_fewer_threads():
     gov = ThreadGovernor(2, enabled=True, late_waits=1, trial_steps=2, min_hold=3, max_hold=3)
-    _feed(gov, 10, 2, {2: 0.3, 1: 0.1})
+    _feed(gov, 10, 2, {2: 0.03, 1: 0.01})
     assert gov.steps == 10 and 0 < gov.reduced_steps < 10
 
 
@@ -151,6 +162,6 @@ def test_governor_keeps_every_thread_when_fewer_are_faster_only_by_noise():
     assert gov.threads == 2 and used.count(1) <= 4 * 4  # only the tries themselves, each dropped
     # Back from fewer threads: more threads that are within the margin of as fast stay.
     gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=4, max_hold=4)
-    assert _feed(gov, 30, 5, {2: 0.30, 1: 0.10}).count(1) > 15
+    assert _feed(gov, 30, 5, {2: 0.030, 1: 0.010}).count(1) > 15
     used = _feed(gov, 30, 0, {2: 0.105, 1: 0.100})  # the busy loop gone; two threads now 5% slower: kept
     assert used[-5:] == [2] * 5
