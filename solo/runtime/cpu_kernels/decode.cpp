@@ -244,7 +244,46 @@ static void attention_layer(const Model* m, const Layer* L, int B, const float* 
     items += (long)groups * nb;
     split = split || nb > 1;
   }
-  const long i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
+  long i0 = items * tid / nt, i1 = items * (tid + 1) / nt;
+  if (B > 1) {
+    // Entries at different positions (a prompt in one span, a batch of conversations) cost in proportion
+    // to the keys they read: contiguous ranges of equal cost, not of equal count (a causal span split by
+    // count gave the second thread three times the first's keys). Which thread computes an item never
+    // changes its bits.
+    auto cost_of = [&](int b, int k, int nb) {
+      const int pos = (int)positions[b], start = start_of(b);
+      if (nb == 1) return (double)(pos - start + 1) + 32.0;
+      const int blk = start / SOLO_KV_BLOCK + k;
+      const int j0 = start > blk * SOLO_KV_BLOCK ? start : blk * SOLO_KV_BLOCK;
+      const int jend = pos < blk * SOLO_KV_BLOCK + SOLO_KV_BLOCK - 1 ? pos : blk * SOLO_KV_BLOCK + SOLO_KV_BLOCK - 1;
+      return (double)(jend - j0 + 1) + 32.0;
+    };
+    double total = 0.0;
+    for (int b = 0; b < B; b++) {
+      const int nb = blocks_of(b);
+      for (int k = 0; k < nb; k++) total += groups * cost_of(b, k, nb);
+    }
+    double acc = 0.0;
+    long n = 0;
+    i0 = i1 = -1;
+    for (int b = 0; b < B && i1 < 0; b++) {
+      const int nb = blocks_of(b);
+      for (int grp = 0; grp < groups && i1 < 0; grp++)
+        for (int k = 0; k < nb; k++, n++) {
+          const double c = cost_of(b, k, nb);
+          int owner = (int)((acc + 0.5 * c) * nt / total);
+          owner = owner < nt - 1 ? owner : nt - 1;
+          acc += c;
+          if (owner == tid && i0 < 0) i0 = n;
+          if (owner > tid) {
+            i1 = n;
+            break;
+          }
+        }
+    }
+    if (i1 < 0) i1 = items;
+    if (i0 < 0) i0 = i1;
+  }
   long it = 0;
   size_t part_off = 0;
   for (int b = 0; b < B && it < i1; b++) {
