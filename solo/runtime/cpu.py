@@ -795,7 +795,7 @@ class CpuRuntime:
         cos, sin = self._rope(positions)
         # The governor's count, capped by num_threads (which a caller may lower after construction): the
         # workspace must be sized for the threads the kernel actually runs, or they write past its end.
-        nthreads = max(1, min(self.threads.threads, self.num_threads))
+        nthreads = max(1, min(self.threads.threads_for(batch), self.num_threads))
         need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, nthreads)
         if self._workspace.numel() < need:
             self._workspace = torch.empty(need, dtype=torch.uint8)

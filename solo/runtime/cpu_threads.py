@@ -19,9 +19,11 @@ again after a hold of some steps, and keeps it unless it is clearly slower. The 
 whose memory speed moves from second to second: a try of fewer threads that ran in a faster spell looked
 faster, was kept, and the next prompt was prefilled on one thread (a 2-core Zen 5 VM, idle: prefill 1.8x
 slower on one thread; beside a busy loop 0.7x: there one thread is the right choice, and 3x faster steps
-say so). A failed try doubles the hold before the same try (up to `max_hold`: 128 steps, a few seconds,
-is how long a step may stay on fewer threads after the other work has stopped). A row's arithmetic does not
-depend on the thread count, so the logits are bit for bit the same whatever it decides.
+say so). So a step of a prompt's many tokens runs on every thread unless the lower count was kept for a gain
+of 1.5x or more (`ThreadGovernor.threads_for`). A failed try doubles the hold before the same try (up to
+`max_hold`: 128 steps, a few seconds, is how long a step may stay on fewer threads after the other work has
+stopped). A row's arithmetic does not depend on the thread count, so the logits are bit for bit the same
+whatever it decides.
 """
 
 from __future__ import annotations
@@ -45,6 +47,11 @@ class ThreadGovernor:
             (more threads) to be dropped, as a fraction of the steps before it.
         late_window_s: a step longer than this needs `late_waits` late waits per this many seconds of it
             (a long span prefill is not judged by a decode step's count).
+        span_batch: steps of at least this many entries (a prompt through the decode kernel: compute-bound)
+            run on every thread unless the fewer threads were kept for a gain of `strong_gain` or more
+            (`threads_for`).
+        strong_gain: see span_batch (beside a busy loop one thread's steps were ~3x faster; on a noisy VM a
+            try kept by the 10% margin had halved the next prompt's prefill).
 
     Attributes:
         threads: the count for the next step.
@@ -52,7 +59,8 @@ class ThreadGovernor:
     """
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, trial_steps: int = 4,
-                 min_hold: int = 16, max_hold: int = 128, margin: float = 0.1, late_window_s: float = 0.1) -> None:
+                 min_hold: int = 16, max_hold: int = 128, margin: float = 0.1, late_window_s: float = 0.1,
+                 span_batch: int = 32, strong_gain: float = 1.5) -> None:
         if enabled is None:
             enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
         self.max_threads = max(1, max_threads)
@@ -63,6 +71,8 @@ class ThreadGovernor:
         self.max_hold = max_hold
         self.margin = margin
         self.late_window_s = late_window_s
+        self.span_batch = span_batch
+        self.strong_gain = strong_gain
         self.threads = self.max_threads
         self.steps = 0
         self.reduced_steps = 0
@@ -74,16 +84,34 @@ class ThreadGovernor:
         self._down_hold = self._up_hold = min_hold
         self._no_down_until = 0  # no try with fewer threads before this step
         self._retry_at = 0  # a try with one more thread at this step
+        self._kept_gain = 1.0  # step time before / during the try that lowered the count to `threads`
+        self._used = self.threads  # the count `threads_for` gave the step being run
 
     def _start(self, threads: int) -> None:
         self._from, self._before, self._trial = self.threads, statistics.median(self._recent), []
         self.threads = threads
         self._recent.clear()
 
+    def threads_for(self, batch: int) -> int:
+        """Threads for the next step, of `batch` entries (call it before the step; `report` after).
+
+        `threads`, or every thread for a step of `span_batch` or more entries while the count was lowered
+        for a gain under `strong_gain`: the decode steps' evidence does not carry to a compute-bound prefill,
+        which one thread fewer makes ~2x slower on an idle machine.
+        """
+        self._used = self.threads
+        if batch >= self.span_batch and self.threads < self.max_threads and self._kept_gain < self.strong_gain:
+            self._used = self.max_threads
+        return self._used
+
     def report(self, late: int, seconds: float, batch: int = 1) -> None:
         """Record one step: its late barrier waits (`solo_decode`'s result), wall time and batch size."""
         self.steps += 1
-        self.reduced_steps += self.threads < self.max_threads
+        self.reduced_steps += self._used < self.max_threads
+        self._decide(late, seconds, batch)
+        self._used = self.threads  # the next step's count unless `threads_for` says otherwise
+
+    def _decide(self, late: int, seconds: float, batch: int) -> None:
         if not self.enabled:
             return
         if batch != self._batch:  # times of another batch size do not compare
@@ -91,6 +119,8 @@ class ThreadGovernor:
             self._recent.clear()
             if self._from is not None:
                 self.threads, self._from = self._from, None
+            return
+        if self._used != self.threads:  # a span step on every thread (`threads_for`): not this count's time
             return
         if self._from is not None:
             self._trial.append(seconds)
@@ -112,6 +142,7 @@ class ThreadGovernor:
             else:
                 self._down_hold = self.min_hold
                 if went_down:
+                    self._kept_gain = self._before / trial if trial > 0 else float("inf")
                     self._retry_at = self.steps + self._up_hold
                 else:
                     self._up_hold = self.min_hold
