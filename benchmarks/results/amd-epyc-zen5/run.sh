@@ -187,3 +187,24 @@ run Qwen2.5-0.5B-bf16-lockstep-prefetch $solo bench --shape Qwen2.5-0.5B --gen-l
   --compare llama.cpp --lockstep 16 --json Qwen2.5-0.5B-bf16-lockstep-prefetch.json
 run Llama-3.2-1B-bf16-lockstep-prefetch $solo bench --shape Llama-3.2-1B --gen-len 256 --repeats 3 --energy-s 0 \
   --compare llama.cpp --lockstep 16 --json Llama-3.2-1B-bf16-lockstep-prefetch.json
+# Session 6. The full OLMoE-1B-7B in int8 against llama.cpp's Q8_0 in turns (the quantized run frees its dense
+# model once the GGUF is written, so both fit in 24 GiB).
+run OLMoE-1B-7B-int8-lockstep $solo bench --shape OLMoE-1B-7B --quantize int8 --prompt-len 32 --gen-len 256 \
+  --repeats 3 --lockstep 16 --energy-s 0 --compare llama.cpp --json OLMoE-1B-7B-int8-lockstep.json
+# TTFT after the last layer runs for the last position only, the cost-balanced attention split and the
+# governor's span rule: the AVX2 proxy at 128 and 512 tokens, then the AVX512-BF16 kernels at 128.
+for p in 128 512; do
+  for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+    run "$shape-ttft$p-avx2-proxy-session6" env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
+      LLAMA_CPP_LIB_PATH="${LLAMA_CPP_AVX2_LIB:-}" $solo bench --shape "$shape" --prompt-len $p --gen-len 16 \
+      --repeats 5 --energy-s 0 "${avx2_peer[@]}" --json "$shape-ttft$p-avx2-proxy-session6.json"
+  done
+done
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-ttft128-session6" $solo bench --shape "$shape" --prompt-len 128 --gen-len 16 --repeats 5 \
+    --energy-s 0 --compare llama.cpp --json "$shape-ttft128-session6.json"
+done
+# Same-process A/Bs of the span prefill (from the repository root; DIR = solo/runtime/cpu_kernels of the
+# commit before the change):
+#   SOLO_CPU_ISA=avx2 python benchmarks/prefill_ab.py --shape Llama-3.2-1B --prompt-len 128 --rounds 6 \
+#     --variant before=lib:DIR --variant after=
