@@ -437,17 +437,20 @@ def main(args: argparse.Namespace) -> int:
         # A quantized run needs the dense weights only to write the peers' GGUFs: write them now and free
         # the dense model before any peer loads (the full OLMoE-1B-7B in int8 fits 24 GiB beside llama.cpp's
         # Q8_0 only so: 13.8 GB dense + 7 GB Solo + 7.3 GB llama.cpp otherwise).
-        from solo.bench.peers.llamacpp import cached_gguf
+        from solo.bench.peers.llamacpp import cached_gguf, check_llamacpp_peer
 
         for name in peer_list:
-            try:
-                cached_gguf(spec, name.removeprefix("llama.cpp-"))
-            except PeerSkipped:
-                pass  # said again, with the reason, when the peer loads below
+            try:  # no GGUF is written for a peer that cannot run
+                cached_gguf(spec, check_llamacpp_peer(spec, name.removeprefix("llama.cpp-")))
+            except PeerSkipped as exc:
+                skipped[name] = str(exc)
+                print(f"peer skipped: {name}: {exc}", file=sys.stderr)
         spec.model = model = None
         gc.collect()
         memory["dense_model_freed_before_peers"] = True
     for name in peer_list:
+        if name in skipped:  # said above, before the dense model was freed
+            continue
         if config.lanes is not None:
             skipped[name] = "no peer runs lane models (Laneformer)"
             print(f"peer skipped: {name}: {skipped[name]}", file=sys.stderr)

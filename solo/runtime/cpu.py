@@ -778,6 +778,8 @@ class CpuRuntime:
         Returns:
             float32 [batch, vocab] logits, or [1, vocab] (the last entry's) with `_SPAN_LAST_LOGITS`.
         """
+        if flags & _SPAN_LAST_LOGITS and not flags & _SPAN_SHARED_ROWS:  # its barrier orders the cache writes
+            raise ValueError("_SPAN_LAST_LOGITS needs _SPAN_SHARED_ROWS (decode.cpp)")
         rows = rows.to(device="cpu", dtype=torch.long).contiguous()
         ids = token_ids.to(device="cpu", dtype=torch.long).contiguous()
         positions = positions.to(device="cpu", dtype=torch.long).contiguous()

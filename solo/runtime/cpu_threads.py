@@ -48,14 +48,17 @@ class ThreadGovernor:
         late_window_s: a step longer than this needs `late_waits` late waits per this many seconds of it
             (a long span prefill is not judged by a decode step's count).
         span_batch: steps of at least this many entries (a prompt through the decode kernel: compute-bound)
-            run on every thread unless the fewer threads were kept for a gain of `strong_gain` or more
-            (`threads_for`).
+            run on every thread unless the fewer threads were kept for a gain of `strong_gain` or more, or were
+            kept on steps of this size themselves (`threads_for`).
         strong_gain: see span_batch (beside a busy loop one thread's steps were ~3x faster; on a noisy VM a
             try kept by the 10% margin had halved the next prompt's prefill).
 
     Attributes:
         threads: the count for the next step.
         steps: steps reported so far; reduced_steps: how many of them ran on fewer than `max_threads`.
+
+    Raises:
+        ValueError: `late_window_s` is not positive.
     """
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, trial_steps: int = 4,
@@ -63,6 +66,8 @@ class ThreadGovernor:
                  span_batch: int = 32, strong_gain: float = 1.5) -> None:
         if enabled is None:
             enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
+        if not late_window_s > 0:
+            raise ValueError(f"late_window_s must be a positive number of seconds, got {late_window_s!r}")
         self.max_threads = max(1, max_threads)
         self.enabled = enabled
         self.late_waits = late_waits
@@ -85,6 +90,7 @@ class ThreadGovernor:
         self._no_down_until = 0  # no try with fewer threads before this step
         self._retry_at = 0  # a try with one more thread at this step
         self._kept_gain = 1.0  # step time before / during the try that lowered the count to `threads`
+        self._kept_batch = -1  # the batch size of that try's steps
         self._used = self.threads  # the count `threads_for` gave the step being run
 
     def _start(self, threads: int) -> None:
@@ -96,13 +102,24 @@ class ThreadGovernor:
         """Threads for the next step, of `batch` entries (call it before the step; `report` after).
 
         `threads`, or every thread for a step of `span_batch` or more entries while the count was lowered
-        for a gain under `strong_gain`: the decode steps' evidence does not carry to a compute-bound prefill,
-        which one thread fewer makes ~2x slower on an idle machine.
+        on smaller steps for a gain under `strong_gain`: the decode steps' evidence does not carry to a
+        compute-bound prefill, which one thread fewer makes ~2x slower on an idle machine. A try's own steps
+        run on its count (so that it is judged); a step of another batch size, which ends the try, runs on
+        the count before it.
         """
-        self._used = self.threads
-        if batch >= self.span_batch and self.threads < self.max_threads and self._kept_gain < self.strong_gain:
-            self._used = self.max_threads
-        return self._used
+        threads = self.threads
+        if self._from is not None:
+            if batch == self._batch:
+                self._used = threads
+                return threads
+            threads = self._from
+        lowered_on_small_steps = self._kept_batch < self.span_batch and self._kept_gain < self.strong_gain
+        if not self.enabled:
+            threads = self.threads
+        elif batch >= self.span_batch and threads < self.max_threads and lowered_on_small_steps:
+            threads = self.max_threads
+        self._used = threads
+        return threads
 
     def report(self, late: int, seconds: float, batch: int = 1) -> None:
         """Record one step: its late barrier waits (`solo_decode`'s result), wall time and batch size."""
@@ -143,8 +160,10 @@ class ThreadGovernor:
                 self._down_hold = self.min_hold
                 if went_down:
                     self._kept_gain = self._before / trial if trial > 0 else float("inf")
+                    self._kept_batch = batch
                     self._retry_at = self.steps + self._up_hold
-                else:
+                else:  # the evidence for the lower count is gone with it
+                    self._kept_gain, self._kept_batch = 1.0, -1
                     self._up_hold = self.min_hold
                     self._retry_at = self.steps + self.min_hold
             self._from = None

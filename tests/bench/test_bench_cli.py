@@ -157,7 +157,32 @@ def test_a_quantized_run_frees_the_dense_model_before_llamacpp_loads(tmp_path):
                  "--energy-s", "0", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["memory"]["dense_model_freed_before_peers"]
-    assert "llama.cpp-Q8_0" in report["engines"] or "greedy tokens" in report["skipped"]["llama.cpp-Q8_0"]
+    assert "llama.cpp-Q8_0" in report["engines"] or "greedy tokens" in report["peers_skipped"]["llama.cpp-Q8_0"]
+
+
+def test_a_quantized_run_writes_no_gguf_for_a_llamacpp_peer_that_cannot_run(tmp_path, monkeypatch, capsys):
+    # Each peer's own reason is kept (not "no GGUF was written before Solo's weights were freed"), and no GGUF
+    # is converted for it.
+    import importlib.util
+
+    import solo.bench.peers.llamacpp as llamacpp
+
+    written: list[str] = []
+    monkeypatch.setattr(llamacpp, "cached_gguf", lambda spec, type_name: written.append(type_name))
+    find_spec = importlib.util.find_spec
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
+    args = ["bench", str(folder), "--quantize", "int8", "--prompt-len", "8", "--gen-len", "4", "--repeats", "1",
+            "--probe-gib", "0.0625", "--pause-ms", "0", "--energy-s", "0", "--json", str(tmp_path / "bench.json")]
+    with monkeypatch.context() as patch:
+        patch.setattr(importlib.util, "find_spec",
+                      lambda name, *a: None if name == "llama_cpp" else find_spec(name, *a))
+        assert main([*args, "--compare", "llama.cpp"]) == 0
+    skipped = json.loads((tmp_path / "bench.json").read_text())["peers_skipped"]
+    assert "llama-cpp-python is not installed" in skipped["llama.cpp-Q8_0"]
+    assert main([*args, "--compare", "llama.cpp-F16"]) == 0
+    skipped = json.loads((tmp_path / "bench.json").read_text())["peers_skipped"]
+    assert "not Solo's precision" in skipped["llama.cpp-F16"] or "not installed" in skipped["llama.cpp-F16"]
+    assert written == [] and "freed" not in capsys.readouterr().err
 
 
 def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):

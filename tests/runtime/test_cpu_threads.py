@@ -82,10 +82,55 @@ def test_a_prompt_span_keeps_every_thread_unless_fewer_were_kept_for_a_clear_gai
     assert gov.threads == 1 and gov.threads_for(128) == 1
 
 
+def _feed_span(gov, steps, late, seconds_at, batch):
+    """Like `_feed`, through `threads_for` (as the runtime calls it) at `batch` entries a step."""
+    used = []
+    for _ in range(steps):
+        used.append(gov.threads_for(batch))
+        gov.report(late, seconds_at[used[-1]], batch=batch)
+    return used
+
+
+def test_a_try_started_on_span_steps_is_judged_on_them():
+    # Back-to-back long prompts beside a busy loop: the try of one thread runs on one thread and is judged;
+    # kept on span steps themselves, later spans take one thread without the strong-gain rule.
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=64, max_hold=64)
+    used = _feed_span(gov, 10, 200, {2: 1.2, 1: 1.0}, batch=128)
+    assert used[:3] == [2, 2, 2] and used[3:] == [1] * 7 and gov.threads == 1
+    assert gov._kept_gain < gov.strong_gain and gov.threads_for(128) == 1
+    # Judged and found slower, it goes back to both threads.
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=64, max_hold=64)
+    used = _feed_span(gov, 10, 200, {2: 1.2, 1: 2.4}, batch=128)
+    assert used[3:7] == [1] * 4 and used[7:] == [2] * 3 and gov.threads == 2
+
+
+def test_a_span_step_during_a_decode_try_runs_on_the_count_before_it():
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=64, max_hold=64)
+    _feed_span(gov, 3, 5, {2: 0.04, 1: 0.03}, batch=1)
+    assert gov.threads == 1 and gov.threads_for(1) == 1  # a try of one thread, on decode steps
+    assert gov.threads_for(128) == 2  # a prompt arrives: both threads, and the try ends
+    gov.report(0, 1.4, batch=128)
+    assert gov.threads == 2 and gov.reduced_steps == 0
+
+
+def test_an_up_try_kept_drops_the_evidence_of_the_lower_count():
+    gov = ThreadGovernor(3, enabled=True, late_waits=2, trial_steps=4, min_hold=4, max_hold=4)
+    _feed_span(gov, 7, 5, {3: 0.030, 2: 0.010, 1: 0.010}, batch=1)
+    assert gov.threads == 2 and gov._kept_gain >= gov.strong_gain and gov.threads_for(128) == 2
+    _feed_span(gov, 20, 0, {3: 0.005, 2: 0.010, 1: 0.010}, batch=1)  # the busy loop gone: back up to 3
+    assert gov.threads == 3 and gov._kept_gain == 1.0 and gov._kept_batch == -1
+
+
+def test_governor_rejects_a_window_that_is_not_positive():
+    with pytest.raises(ValueError, match="late_window_s"):
+        ThreadGovernor(2, late_window_s=0)
+
+
 def test_governor_disabled_keeps_every_thread(monkeypatch):
     monkeypatch.setenv("SOLO_CPU_ADAPT_THREADS", "0")
     gov = ThreadGovernor(4)
     for _ in range(10):
+        assert gov.threads_for(128) == 4 and gov.threads_for(1) == 4
         gov.report(100, 1.0)
     assert gov.threads == 4 and gov.steps == 10
 

@@ -290,6 +290,29 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.close()
 
 
+def check_llamacpp_peer(spec: PeerSpec, type_name: str | None = None) -> str:
+    """The GGUF type a llama.cpp peer of `spec` would run (`type_name`, default the first that matches).
+
+    Checks what needs neither the model nor a GGUF file, so that none is written for a peer that cannot run.
+
+    Raises:
+        PeerSkipped: llama-cpp-python is not installed, the device is not the CPU, or `type_name` is not one
+            of `gguf_type_names(spec.dtype, spec.quantize)`.
+    """
+    # Only looked up, never imported: llama.cpp and its OpenMP runtime live in the worker process.
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise PeerSkipped(f"llama-cpp-python is not installed {_INSTALL_HINT}")
+    if spec.device.type != "cpu":
+        raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
+    matching = gguf_type_names(spec.dtype, spec.quantize)
+    type_name = type_name or matching[0]
+    if type_name not in matching:
+        raise PeerSkipped(f"GGUF {type_name} is not Solo's precision here ({str(spec.dtype).removeprefix('torch.')}"
+                          f"{', ' + spec.quantize if spec.quantize else ''}); compare with "
+                          f"{' or '.join('llama.cpp-' + t for t in matching)}")
+    return type_name
+
+
 def cached_gguf(spec: PeerSpec, type_name: str) -> Path:
     """The GGUF file of `spec.model` at `type_name`, written once into the cache (keyed by spec.extra["cache_key"]).
 
@@ -370,18 +393,8 @@ class LlamaCppPeer:
     """
 
     def __init__(self, spec: PeerSpec, type_name: str | None = None) -> None:
-        # Only looked up, never imported: llama.cpp and its OpenMP runtime live in the worker process.
-        if importlib.util.find_spec("llama_cpp") is None:
-            raise PeerSkipped(f"llama-cpp-python is not installed {_INSTALL_HINT}")
-        if spec.device.type != "cpu":
-            raise PeerSkipped("the llama.cpp peer runs on the CPU build only")
         self._proc: subprocess.Popen[str] | None = None
-        matching = gguf_type_names(spec.dtype, spec.quantize)
-        type_name = type_name or matching[0]
-        if type_name not in matching:
-            raise PeerSkipped(f"GGUF {type_name} is not Solo's precision here ({str(spec.dtype).removeprefix('torch.')}"
-                              f"{', ' + spec.quantize if spec.quantize else ''}); compare with "
-                              f"{' or '.join('llama.cpp-' + t for t in matching)}")
+        type_name = check_llamacpp_peer(spec, type_name)
         self.name = f"llama.cpp-{type_name}"
         self.type_name = type_name
         self.path = cached_gguf(spec, type_name)

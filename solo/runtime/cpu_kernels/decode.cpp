@@ -357,7 +357,8 @@ enum {
   // barrier after each layer's cache writes lets every entry attend over the keys the others just wrote.
   SPAN_SHARED_ROWS = 1,
   // Logits of the last entry only ([1, vocab]): a prompt's tail needs nothing else, and the LM head is
-  // the largest matrix of a small model.
+  // the largest matrix of a small model. Only with SPAN_SHARED_ROWS: its barrier is what makes every
+  // entry's last-layer cache writes visible before the others are dropped (cpu.py refuses it alone).
   SPAN_LAST_LOGITS = 2,
 };
 
