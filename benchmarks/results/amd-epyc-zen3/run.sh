@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# The CPU benchmark set of this folder (2-core AMD EPYC, Zen 3: AVX2 + FMA + F16C, no AVX-512): issue #9's
+# targets on the AVX2-only CPU kind it was filed on. Run it on an otherwise idle machine (check `top` first);
+# the runs go one after the other, each output file starting with its command and its start time. Peers:
+# `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e ".[llamacpp]"` builds llama.cpp for this CPU (AVX2 here).
+set -uo pipefail
+cd "$(dirname "$0")"
+solo="${SOLO:-solo}"
+run() {
+  local name=$1; shift
+  { echo "+ $*"; echo "# $(date -u +%T) UTC start"; } > "$name.txt"
+  "$@" >> "$name.txt" 2>&1
+  echo "# $(date -u +%T) UTC exit $?" >> "$name.txt"
+}
+
+# bf16 decode (prompt 128, 256 generated) and TTFT at 128 against llama.cpp's F16 and BF16 GGUFs and
+# transformers eager.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager --json "$shape-bf16.json"
+done
+# TTFT at 512 tokens.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-ttft512" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
+    --compare llama.cpp --json "$shape-ttft512.json"
+done
+# int8 against Q8_0, int4 against Q4_0.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  for q in int8 int4; do
+    run "$shape-$q" $solo bench --shape "$shape" --quantize $q --gen-len 128 --energy-s 0 --compare llama.cpp \
+      --json "$shape-$q.json"
+  done
+done
+# Beside one busy-loop process (one of the two cores taken by other work).
+run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
+  --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
