@@ -179,28 +179,60 @@ def cpu_family() -> int | None:
     return int(value) if value.isdigit() else None
 
 
-def software_prefetch() -> bool:
-    """Whether the GEMV kernels prefetch weights in software (common.h: PREFETCH).
+def cpu_model() -> int | None:
+    """The x86 CPU model number within its family from /proc/cpuinfo, or None."""
+    value = _cpuinfo_field("model")
+    return int(value) if value.isdigit() else None
 
-    On by default, off on AMD CPUs before Zen 5 (family < 26). On a 2-core Sapphire Rapids the prefetches
-    raised row-by-row GEMV from ~70% to ~90% of the streaming bandwidth; on a 2-core AMD EPYC (Zen 4)
-    turning them off raised the AVX512-BF16 GEMV of one Qwen2.5-0.5B decode token by 10-25% (interleaved
-    runs). On a 2-core Zen 5 they help again: whole decode steps, same process, same-round ratios
-    (benchmarks/step_ab.py): the AVX2 kernels 1.24x (Qwen2.5-0.5B) and 1.38x (Llama-3.2-1B), int8 1.12x,
-    AVX512-BF16 1.01-1.05x, OLMoE 1.02x. `SOLO_CPU_PREFETCH=0|1` overrides.
+
+def _is_zen3(family: int | None, model: int | None) -> bool:
+    # Family 25 holds Zen 3 (models 0x00-0x0f Milan, 0x20-0x2f Vermeer, 0x40-0x5f Rembrandt / Cezanne) and
+    # Zen 4 (0x10-0x1f Genoa, 0x60-0x7f Raphael / Phoenix, 0xa0-0xaf Bergamo).
+    return family == 25 and model is not None and (model < 0x10 or 0x20 <= model < 0x60)
+
+
+def prefetch_distance_bytes() -> int:
+    """How far ahead the GEMV kernels prefetch weights in software (common.h: PREFETCH), 0 for not at all.
+
+    4096 by default; 1024 on AMD Zen 3; 0 on other AMD CPUs before Zen 5 (family < 26). On a 2-core
+    Sapphire Rapids the prefetches raised row-by-row GEMV from ~70% to ~90% of the streaming bandwidth; on a
+    2-core AMD EPYC (Zen 4) turning them off raised the AVX512-BF16 GEMV of one Qwen2.5-0.5B decode token by
+    10-25% (interleaved runs). On a 2-core Zen 5 they help again: whole decode steps, same process,
+    same-round ratios (benchmarks/step_ab.py): the AVX2 kernels 1.24x (Qwen2.5-0.5B) and 1.38x
+    (Llama-3.2-1B), int8 1.12x, AVX512-BF16 1.01-1.05x, OLMoE 1.02x. On a 2-core Zen 3 (EPYC, family 25
+    model 1, AVX2) 4 KiB ahead cost 8-10% but 1 KiB ahead gained (same measure, against none): AVX2
+    1.06-1.18x (Qwen2.5-0.5B), 1.04x (Llama-3.2-1B), int8 1.16x; 512 bytes 0.97x, 2 and 8 KiB 0.92-0.96x.
+    Zen 2 (family 23) is untested and stays off. `SOLO_CPU_PREFETCH=0|1` (off, 4096) or a distance in bytes
+    (a multiple of 64) overrides.
+
+    Raises:
+        ValueError: SOLO_CPU_PREFETCH is set to something else.
     """
     forced = os.environ.get("SOLO_CPU_PREFETCH", "").strip()
-    if forced in ("0", "1"):
-        return forced == "1"
+    if forced:
+        if forced in ("0", "1"):
+            return 4096 if forced == "1" else 0
+        if not forced.isdigit() or int(forced) % 64 or int(forced) > 1 << 20:
+            raise ValueError(f"SOLO_CPU_PREFETCH={forced!r}: use 0 (off), 1 (on, 4096 bytes ahead) or a distance "
+                             "in bytes that is a multiple of 64, up to 1048576")
+        return int(forced)
     if cpu_vendor() != "AuthenticAMD":
-        return True
+        return 4096
     family = cpu_family()
-    return family is not None and family >= 26
+    if family is not None and family >= 26:
+        return 4096
+    return 1024 if _is_zen3(family, cpu_model()) else 0
+
+
+def software_prefetch() -> bool:
+    """Whether the GEMV kernels prefetch weights in software (`prefetch_distance_bytes() > 0`)."""
+    return prefetch_distance_bytes() > 0
 
 
 def compile_flags(level: IsaLevel) -> list[str]:
     """Every compiler flag of the library for `level` (after the compiler, before the source)."""
-    prefetch = [] if software_prefetch() else ["-DSOLO_NO_SW_PREFETCH"]
+    distance = prefetch_distance_bytes()
+    prefetch = [f"-DSOLO_PREFETCH={distance}"] if distance else ["-DSOLO_NO_SW_PREFETCH"]
     return [*_COMMON_FLAGS, *level.flags, *prefetch, f'-DSOLO_ISA_NAME="{level.name}"']
 
 

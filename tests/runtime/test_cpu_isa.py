@@ -113,16 +113,31 @@ def test_parity_under_every_isa_level_this_cpu_runs(isa):
 
 def test_software_prefetch_follows_the_cpu_and_the_override(monkeypatch):
     monkeypatch.delenv("SOLO_CPU_PREFETCH", raising=False)
-    # Off only on AMD before Zen 5 (family 26): measured to cost 10-25% on Zen 4, to gain on Zen 5.
-    for vendor, family, expected in (("GenuineIntel", 6, True), ("AuthenticAMD", 25, False),
-                                     ("AuthenticAMD", 26, True), ("AuthenticAMD", None, False), ("", None, True)):
+    # Off on AMD before Zen 5 (family 26) but Zen 3: 4 KiB ahead cost 10-25% on Zen 4, gained on Zen 5; on
+    # Zen 3 1 KiB ahead gained and 4 KiB cost.
+    level = available_levels()[0]
+    for vendor, family, model, expected in (
+            ("GenuineIntel", 6, 143, 4096), ("AuthenticAMD", 25, 17, 0), ("AuthenticAMD", 25, 97, 0),
+            ("AuthenticAMD", 25, 1, 1024), ("AuthenticAMD", 25, 33, 1024), ("AuthenticAMD", 23, 49, 0),
+            ("AuthenticAMD", 26, 2, 4096), ("AuthenticAMD", None, None, 0), ("", None, None, 4096)):
         monkeypatch.setattr(cpu_build, "cpu_vendor", lambda vendor=vendor: vendor)
         monkeypatch.setattr(cpu_build, "cpu_family", lambda family=family: family)
-        assert cpu_build.software_prefetch() is expected, (vendor, family)
-        assert ("-DSOLO_NO_SW_PREFETCH" in cpu_build.compile_flags(available_levels()[0])) is not expected
+        monkeypatch.setattr(cpu_build, "cpu_model", lambda model=model: model)
+        assert cpu_build.prefetch_distance_bytes() == expected, (vendor, family, model)
+        assert cpu_build.software_prefetch() is (expected > 0)
+        flags = cpu_build.compile_flags(level)
+        assert ("-DSOLO_NO_SW_PREFETCH" in flags) is (expected == 0)
+        assert (f"-DSOLO_PREFETCH={expected}" in flags) is (expected > 0)
     monkeypatch.setenv("SOLO_CPU_PREFETCH", "0")
     assert not cpu_build.software_prefetch()
     monkeypatch.setattr(cpu_build, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(cpu_build, "cpu_family", lambda: 25)
+    monkeypatch.setattr(cpu_build, "cpu_model", lambda: 17)
     monkeypatch.setenv("SOLO_CPU_PREFETCH", "1")
-    assert cpu_build.software_prefetch()
+    assert cpu_build.prefetch_distance_bytes() == 4096
+    monkeypatch.setenv("SOLO_CPU_PREFETCH", "2048")
+    assert cpu_build.prefetch_distance_bytes() == 2048
+    for bad in ("yes", "100", "-64"):
+        monkeypatch.setenv("SOLO_CPU_PREFETCH", bad)
+        with pytest.raises(ValueError, match="SOLO_CPU_PREFETCH"):
+            cpu_build.prefetch_distance_bytes()

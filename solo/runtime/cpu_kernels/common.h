@@ -43,7 +43,8 @@
 // reached ~70% of the streaming bandwidth on row-by-row matrix-vector products (rows are short
 // streams); prefetching 2-8 KiB ahead reached ~90% on a 2-core Sapphire Rapids (4 KiB chosen). On AMD Zen 4
 // the same prefetches cost 10-25% (the hardware prefetcher keeps up there), so cpu_build.py compiles with
-// SOLO_NO_SW_PREFETCH on AMD CPUs before Zen 5; on Zen 5 they gain 1.01-1.38x (SOLO_CPU_PREFETCH=0/1 overrides).
+// SOLO_NO_SW_PREFETCH on AMD CPUs before Zen 5 but Zen 3, where 1 KiB ahead gains 1.04-1.18x (4 KiB: 0.9x);
+// on Zen 5 they gain 1.01-1.38x (cpu_build.prefetch_distance_bytes; SOLO_CPU_PREFETCH overrides).
 #ifndef SOLO_PREFETCH
 #define SOLO_PREFETCH 4096
 #endif
