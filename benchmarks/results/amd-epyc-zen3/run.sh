@@ -33,3 +33,10 @@ done
 # Beside one busy-loop process (one of the two cores taken by other work).
 run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
   --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
+# After the 1 KiB software prefetch on Zen 3 (cpu_build.prefetch_distance_bytes): bf16 decode and int8 again.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16-prefetch1k" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp \
+    --json "$shape-bf16-prefetch1k.json"
+done
+run Qwen2.5-0.5B-int8-prefetch1k $solo bench --shape Qwen2.5-0.5B --quantize int8 --gen-len 128 --energy-s 0 \
+  --compare llama.cpp --json Qwen2.5-0.5B-int8-prefetch1k.json
