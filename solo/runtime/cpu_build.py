@@ -48,7 +48,11 @@ class KernelBuildError(SoloError):
     """The CPU kernels could not be compiled or loaded (no C++ compiler, or it failed)."""
 
 
-class IsaError(SoloError):
+class CpuSettingError(SoloError):
+    """A `SOLO_CPU_*` environment variable holds a value the CPU kernels cannot use."""
+
+
+class IsaError(CpuSettingError):
     """`SOLO_CPU_ISA` names an unknown ISA level, or one this CPU lacks."""
 
 
@@ -206,14 +210,15 @@ def prefetch_distance_bytes() -> int:
     (a multiple of 64) overrides.
 
     Raises:
-        ValueError: SOLO_CPU_PREFETCH is set to something else.
+        CpuSettingError: SOLO_CPU_PREFETCH is set to something else (a SoloError: the command line prints it
+            as one error line).
     """
     forced = os.environ.get("SOLO_CPU_PREFETCH", "").strip()
     if forced:
         if forced in ("0", "1"):
             return 4096 if forced == "1" else 0
-        if not forced.isdigit() or int(forced) % 64 or int(forced) > 1 << 20:
-            raise ValueError(f"SOLO_CPU_PREFETCH={forced!r}: use 0 (off), 1 (on, 4096 bytes ahead) or a distance "
+        if not (forced.isascii() and forced.isdecimal()) or int(forced) % 64 or int(forced) > 1 << 20:
+            raise CpuSettingError(f"SOLO_CPU_PREFETCH={forced!r}: use 0 (off), 1 (on, 4096 bytes ahead) or a distance "
                              "in bytes that is a multiple of 64, up to 1048576")
         return int(forced)
     if cpu_vendor() != "AuthenticAMD":

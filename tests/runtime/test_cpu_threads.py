@@ -108,8 +108,8 @@ def test_a_span_step_during_a_decode_try_runs_on_the_count_before_it():
     gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=64, max_hold=64)
     _feed_span(gov, 3, 5, {2: 0.04, 1: 0.03}, batch=1)
     assert gov.threads == 1 and gov.threads_for(1) == 1  # a try of one thread, on decode steps
-    assert gov.threads_for(128) == 2  # a prompt arrives: both threads, and the try ends
-    gov.report(0, 1.4, batch=128)
+    assert gov.threads_for(2) == 2  # a step of two entries: the count before the try, which ends
+    gov.report(0, 0.08, batch=2)
     assert gov.threads == 2 and gov.reduced_steps == 0
 
 
@@ -117,8 +117,12 @@ def test_an_up_try_kept_drops_the_evidence_of_the_lower_count():
     gov = ThreadGovernor(3, enabled=True, late_waits=2, trial_steps=4, min_hold=4, max_hold=4)
     _feed_span(gov, 7, 5, {3: 0.030, 2: 0.010, 1: 0.010}, batch=1)
     assert gov.threads == 2 and gov._kept_gain >= gov.strong_gain and gov.threads_for(128) == 2
-    _feed_span(gov, 20, 0, {3: 0.005, 2: 0.010, 1: 0.010}, batch=1)  # the busy loop gone: back up to 3
-    assert gov.threads == 3 and gov._kept_gain == 1.0 and gov._kept_batch == -1
+    _feed_span(gov, 7, 5, {3: 0.030, 2: 0.010, 1: 0.008}, batch=1)  # down to 1 by the margin only
+    assert gov.threads == 1 and gov._kept_gain < gov.strong_gain and gov.threads_for(128) == 3
+    used = _feed_span(gov, 8, 0, {3: 0.030, 2: 0.008, 1: 0.010}, batch=1)  # back up to 2, kept
+    assert used[-1] == 2 and gov.threads == 2
+    # 2 was kept by an up-try: the 3x evidence that first lowered the count to 2 is gone with it.
+    assert gov._kept_batch == -1 and gov.threads_for(128) == 3
 
 
 def test_governor_rejects_a_window_that_is_not_positive():
