@@ -40,3 +40,8 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
 done
 run Qwen2.5-0.5B-int8-prefetch1k $solo bench --shape Qwen2.5-0.5B --quantize int8 --gen-len 128 --energy-s 0 \
   --compare llama.cpp --json Qwen2.5-0.5B-int8-prefetch1k.json
+# The same in turns of 16 tokens (each turn against its own probes; each peer's turn paired with Solo's before it).
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16-lockstep" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp --lockstep 16 \
+    --json "$shape-bf16-lockstep.json"
+done
