@@ -177,16 +177,22 @@ def cpu_vendor() -> str:
     return _cpuinfo_field("vendor_id")
 
 
+def _cpuinfo_int(name: str) -> int | None:
+    value = _cpuinfo_field(name)
+    return int(value) if value.isascii() and value.isdecimal() else None
+
+
 def cpu_family() -> int | None:
     """The x86 CPU family from /proc/cpuinfo (AMD: 23 = Zen 1/2, 25 = Zen 3/4, 26 = Zen 5), or None."""
-    value = _cpuinfo_field("cpu family")
-    return int(value) if value.isdigit() else None
+    return _cpuinfo_int("cpu family")
 
 
-def cpu_model() -> int | None:
-    """The x86 CPU model number within its family from /proc/cpuinfo, or None."""
-    value = _cpuinfo_field("model")
-    return int(value) if value.isdigit() else None
+def cpu_model_number() -> int | None:
+    """The x86 CPU model number within its family from /proc/cpuinfo, or None.
+
+    Not the model's name: that is solo.bench.report.cpu_model.
+    """
+    return _cpuinfo_int("model")
 
 
 def _is_zen3(family: int | None, model: int | None) -> bool:
@@ -219,19 +225,14 @@ def prefetch_distance_bytes() -> int:
             return 4096 if forced == "1" else 0
         if not (forced.isascii() and forced.isdecimal()) or int(forced) % 64 or int(forced) > 1 << 20:
             raise CpuSettingError(f"SOLO_CPU_PREFETCH={forced!r}: use 0 (off), 1 (on, 4096 bytes ahead) or a distance "
-                             "in bytes that is a multiple of 64, up to 1048576")
+                                  "in bytes that is a multiple of 64, up to 1048576")
         return int(forced)
     if cpu_vendor() != "AuthenticAMD":
         return 4096
     family = cpu_family()
     if family is not None and family >= 26:
         return 4096
-    return 1024 if _is_zen3(family, cpu_model()) else 0
-
-
-def software_prefetch() -> bool:
-    """Whether the GEMV kernels prefetch weights in software (`prefetch_distance_bytes() > 0`)."""
-    return prefetch_distance_bytes() > 0
+    return 1024 if _is_zen3(family, cpu_model_number()) else 0
 
 
 def compile_flags(level: IsaLevel) -> list[str]:

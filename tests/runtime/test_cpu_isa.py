@@ -122,17 +122,16 @@ def test_software_prefetch_follows_the_cpu_and_the_override(monkeypatch):
             ("AuthenticAMD", 26, 2, 4096), ("AuthenticAMD", None, None, 0), ("", None, None, 4096)):
         monkeypatch.setattr(cpu_build, "cpu_vendor", lambda vendor=vendor: vendor)
         monkeypatch.setattr(cpu_build, "cpu_family", lambda family=family: family)
-        monkeypatch.setattr(cpu_build, "cpu_model", lambda model=model: model)
+        monkeypatch.setattr(cpu_build, "cpu_model_number", lambda model=model: model)
         assert cpu_build.prefetch_distance_bytes() == expected, (vendor, family, model)
-        assert cpu_build.software_prefetch() is (expected > 0)
         flags = cpu_build.compile_flags(level)
         assert ("-DSOLO_NO_SW_PREFETCH" in flags) is (expected == 0)
         assert (f"-DSOLO_PREFETCH={expected}" in flags) is (expected > 0)
     monkeypatch.setenv("SOLO_CPU_PREFETCH", "0")
-    assert not cpu_build.software_prefetch()
+    assert cpu_build.prefetch_distance_bytes() == 0
     monkeypatch.setattr(cpu_build, "cpu_vendor", lambda: "AuthenticAMD")
     monkeypatch.setattr(cpu_build, "cpu_family", lambda: 25)
-    monkeypatch.setattr(cpu_build, "cpu_model", lambda: 17)
+    monkeypatch.setattr(cpu_build, "cpu_model_number", lambda: 17)
     monkeypatch.setenv("SOLO_CPU_PREFETCH", "1")
     assert cpu_build.prefetch_distance_bytes() == 4096
     monkeypatch.setenv("SOLO_CPU_PREFETCH", "2048")
