@@ -50,7 +50,7 @@ def main() -> None:
             time.sleep(0.3)
             if not skip:
                 start = time.perf_counter()
-                lib.solo_stream_read(buf.data_ptr(), buf.numel() * 8, 1, threads)
+                lib.solo_stream_read(buf.data_ptr(), buf.numel() * 8, 1, threads, 1)
                 probes[threads].append(buf.numel() * 8 / (time.perf_counter() - start) / 1e9)
             rt.reserve(1, 40 + args.steps)
             rt.prefill(0, torch.arange(3, 35))

@@ -55,11 +55,11 @@ def main() -> None:
     res: dict[str, list[float]] = {k: [] for k in ("probe", "same", "step", "same_cpu", "step_cpu")}
     for r in range(args.rounds):
         t0 = time.perf_counter()
-        lib.solo_stream_read(probe_buf.data_ptr(), probe_buf.numel() * 8, 1, nt)
+        lib.solo_stream_read(probe_buf.data_ptr(), probe_buf.numel() * 8, 1, nt, 1)
         res["probe"].append(probe_buf.numel() * 8 / (time.perf_counter() - t0) / 1e9)
         c0, t0 = time.process_time(), time.perf_counter()
         for ptr, n in tensors:
-            lib.solo_stream_read(ptr, n, 1, nt)
+            lib.solo_stream_read(ptr, n, 1, nt, 1)
         res["same"].append(same_bytes / (time.perf_counter() - t0) / 1e9)
         res["same_cpu"].append(same_bytes / (time.process_time() - c0) * nt / 1e9)
         rt.decode(row, tok, torch.tensor([40]))  # untimed: the threads wake

@@ -142,8 +142,9 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
     """Streaming read bandwidth of the CPU's memory with all threads: the best of several read kernels.
 
     Tries `torch.sum` over int64 and, when the native kernels build, their streaming sum compiled for the
-    ISA level in use (e.g. "native avx2 streaming sum"); `method` names the fastest, `candidates_gbps`
-    holds each one's best. The buffer (default 2 GiB) must dwarf the last-level cache.
+    ISA level in use (e.g. "native avx2 streaming sum"), with one and with four streams per thread (four
+    contiguous runs read side by side, as the portable decode kernel reads its rows); `method` names the
+    fastest, `candidates_gbps` holds each one's best. The buffer (default 2 GiB) must dwarf the last-level cache.
 
     Args:
         buffer_bytes: bytes to read per pass.
@@ -162,7 +163,10 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
 
         lib = load_library()
         kernels[f"native {library_isa(lib)} streaming sum, {threads} threads"] = \
-            lambda: lib.solo_stream_read(buf.data_ptr(), nbytes, 1, threads)
+            lambda: lib.solo_stream_read(buf.data_ptr(), nbytes, 1, threads, 1)
+        # Four contiguous runs per thread read side by side, as the portable decode kernel reads its rows.
+        kernels[f"native {library_isa(lib)} streaming sum, {threads} threads x 4 streams"] = \
+            lambda: lib.solo_stream_read(buf.data_ptr(), nbytes, 1, threads, 4)
     except KernelBuildError:
         pass
     rates: dict[str, list[float]] = {name: [] for name in kernels}

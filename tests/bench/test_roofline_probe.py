@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from solo.bench.roofline import instrument_warnings, last_level_cache_bytes, probe_cpu_bandwidth
-from solo.runtime.cpu_build import selected_level
+from solo.runtime.cpu_build import load_library, selected_level
 
 
 def test_the_probe_is_the_best_of_torch_and_the_native_loop_and_names_the_isa():
@@ -11,7 +14,9 @@ def test_the_probe_is_the_best_of_torch_and_the_native_loop_and_names_the_isa():
     names = list(probe.candidates_gbps)
     assert any(n.startswith("torch.sum") for n in names)
     native = [n for n in names if n.startswith("native ")]
-    assert native == [f"native {selected_level().name} streaming sum, 2 threads"]  # the level in use, not "AVX-512"
+    level = selected_level().name  # the level in use, not "AVX-512"
+    assert native == [f"native {level} streaming sum, 2 threads",
+                      f"native {level} streaming sum, 2 threads x 4 streams"]
     assert probe.method in names and probe.bandwidth_gbps == max(probe.candidates_gbps.values())
 
 
@@ -23,3 +28,13 @@ def test_instrument_warnings():
     assert "fit in the last-level cache" in lines[0]
     assert lines[1].startswith("solo read 31.8 GB/s, above the probe's 20.0 GB/s")
     assert last_level_cache_bytes() is None or last_level_cache_bytes() > 2**16
+
+
+@pytest.mark.parametrize("streams", [1, 2, 4])
+@pytest.mark.parametrize("threads", [1, 2])
+def test_the_native_streaming_sum_reads_every_byte_once(streams, threads):
+    """However many streams and threads, every 8-byte word is summed once per pass (64-byte multiples that do
+    not split evenly into runs: the rest of each thread's share is read after them)."""
+    buf = torch.arange(8 * 1001, dtype=torch.int64)
+    total = load_library().solo_stream_read(buf.data_ptr(), buf.numel() * 8, 3, threads, streams)
+    assert total == 3 * float(buf.sum())

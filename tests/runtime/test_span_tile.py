@@ -4,8 +4,9 @@ A span prefill runs a prompt's tokens through the decode kernel, whose products 
 rows and tokens when the inputs are long (tile.h). Every (row, token) must stay bit-identical to a batch-1
 product, or a prompt's keys, values and logits would depend on how it was split. The knob "span_tile"
 forces the tiles at every width (2) or turns them off (0), "bf16_pass_kb" sets the AVX512-BF16 pass tile's
-k block, "pass_rt" / "pass_kb" pick the portable builds' pass tile (AVX2, NEON); on ISA levels without
-tiles every setting takes the decode kernels, and the check still holds.
+k block, "gvec_rt" picks the portable builds' bf16 tile (AVX2, NEON) and "row_streams" how many rows their
+decode kernel runs side by side; on ISA levels without tiles every setting takes the decode kernels, and the
+check still holds.
 """
 
 from __future__ import annotations
@@ -28,11 +29,15 @@ def _gemv(lib, mat, x, threads=2):
 
 
 def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings, batches=(3, 5, 7, 11)):
-    """Every (shape, k block) setting of a pass tile, forced at any batch, gives the batch-1 rows bit for bit."""
+    """Every (shape, k block) setting of a tile, forced at any batch, gives the batch-1 rows bit for bit.
+
+    block_knob None: the tile has no k block (settings' second values unused).
+    """
     assert lib.solo_set_knob(b"pass_min_b", 1) == 0  # the tiles at any batch (default: 32 sequences and more)
     for shape, k_block in settings:
         assert lib.solo_set_knob(shape_knob, shape) == 0
-        assert lib.solo_set_knob(block_knob, k_block) == 0
+        if block_knob is not None:
+            assert lib.solo_set_knob(block_knob, k_block) == 0
         for batch in batches:
             assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
 
@@ -56,16 +61,23 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
         # The AVX512-BF16 pass tile's k blocks (a no-op elsewhere), forced at every width (span_tile 2).
         _check_pass_tiles(lib, mat, x, singles, b"span_tile", b"bf16_pass_kb", [(2, 128), (2, 384), (2, 2048)],
                           batches=(5, 6, 11))
-        # The portable builds' pass tiles in every shape and k block the knobs offer (elsewhere no-ops).
+        # The portable builds' bf16 tiles in every shape the knob offers (elsewhere no-ops).
         assert lib.solo_set_knob(b"span_tile", 1) == 0
-        _check_pass_tiles(lib, mat, x, singles, b"pass_rt", b"pass_kb",
-                          [(22, 256), (24, 256), (25, 256), (26, 256), (33, 256), (43, 256),
-                           (34, 32), (34, 96), (34, 1024), (34, 256)])
+        _check_pass_tiles(lib, mat, x, singles, b"gvec_rt", None,
+                          [(22, 0), (24, 0), (25, 0), (33, 0), (43, 0), (34, 0)])
+        # Their decode kernel with 1, 2 and 4 rows side by side (37 rows: on 1 thread runs of 9 and a rest of 1,
+        # on 2 threads 32 + 5 rows), 1 to 3 sequences, on 1 and 2 threads.
+        assert lib.solo_set_knob(b"span_tile", 0) == 0
+        for streams in (1, 2, 4):
+            assert lib.solo_set_knob(b"row_streams", streams) == 0
+            for threads in (1, 2):
+                for batch in (1, 2, 3):
+                    assert torch.equal(_gemv(lib, mat, x[:batch], threads), singles[:batch]), (streams, threads, batch)
     finally:
         lib.solo_set_knob(b"span_tile", 1)
         lib.solo_set_knob(b"bf16_pass_kb", 2048)
-        lib.solo_set_knob(b"pass_rt", 34)
-        lib.solo_set_knob(b"pass_kb", 256)
+        lib.solo_set_knob(b"gvec_rt", 34)
+        lib.solo_set_knob(b"row_streams", 4)
         lib.solo_set_knob(b"pass_min_b", 32)
     torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
 

@@ -702,9 +702,12 @@ extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthre
 }
 
 // Streaming-read bandwidth probe: every thread sums its contiguous share of `buf` (`nbytes` bytes,
-// a multiple of 64) `passes` times with the widest integer vectors of this build (two accumulators);
-// returns the sum so the reads cannot be optimized away.
-extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, int nthreads) {
+// a multiple of 64) `passes` times with the widest integer vectors of this build; with `streams` > 1
+// (2 or 4) it splits its share into that many contiguous runs and reads one vector of each in turn, as the
+// portable builds' dense decode kernel reads its rows (gemv.h): on a Zen 3 four streams per thread read
+// faster than one. Returns the sum so the reads cannot be optimized away.
+template <int S>
+static double stream_read(const void* buf, size_t nbytes, int passes, int nthreads) {
 #if SOLO_AVX512
   typedef uint64_t vq __attribute__((vector_size(64)));
 #elif SOLO_GVEC
@@ -713,28 +716,33 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
   typedef uint64_t vq __attribute__((vector_size(8)));
 #endif
   constexpr size_t lanes = sizeof(vq) / 8;
+  constexpr int A = S > 1 ? S : 2;  // accumulators (two for one stream: two loads in flight)
   double total = 0.0;
 #pragma omp parallel num_threads(nthreads) reduction(+ : total)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
     const size_t n = nbytes / sizeof(vq);
     const size_t a = n * tid / nt, b = n * (tid + 1) / nt;
+    const size_t run = S > 1 ? (b - a) / S : 2, steps = S > 1 ? run : (b - a) / 2;
     const vq* v = (const vq*)buf;
     for (int p = 0; p < passes; p++) {
-      vq acc0 = {}, acc1 = {};
-      size_t i = a;
-      for (; i + 2 <= b; i += 2) {
-        acc0 += v[i];
-        acc1 += v[i + 1];
-      }
-      for (; i < b; i++) acc0 += v[i];
-      acc0 += acc1;
-      uint64_t s = 0;
-      for (size_t l = 0; l < lanes; l++) s += acc0[l];
-      total += (double)s;
+      vq acc[A] = {};
+      for (size_t i = 0; i < steps; i++)
+        for (int s = 0; s < A; s++) acc[s] += S > 1 ? v[a + s * run + i] : v[a + 2 * i + s];
+      for (size_t i = a + (S > 1 ? S * run : 2 * steps); i < b; i++) acc[0] += v[i];
+      for (int s = 1; s < A; s++) acc[0] += acc[s];
+      uint64_t sum = 0;
+      for (size_t l = 0; l < lanes; l++) sum += acc[0][l];
+      total += (double)sum;
     }
   }
   return total;
+}
+
+extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, int nthreads, int streams) {
+  if (streams >= 4) return stream_read<4>(buf, nbytes, passes, nthreads);
+  if (streams >= 2) return stream_read<2>(buf, nbytes, passes, nthreads);
+  return stream_read<1>(buf, nbytes, passes, nthreads);
 }
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
@@ -744,9 +752,10 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // barriers without the PAUSE hint (default 1), "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit
 // vectors (the same bits), "moe_gu_rows" / "moe_down_rows" = rows per MoE work item (rounded to a multiple
 // of 32; defaults 128 / 256), "moe_fused" 0 = the MoE layer's phased schedule (moe.h; default 1), "span_tile"
-// 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "pass_rt" /
-// "pass_kb" = the portable builds' pass tile shape (10 x rows + tokens) and k block (tile.h), "q8_rt" /
-// "q8_pass_kb" = the same for the integer-dot pass tile (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the
+// 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "gvec_rt" =
+// the portable builds' bf16 tile shape (10 x rows + tokens; tile.h), "row_streams" = rows their dense decode
+// kernel runs side by side (1, 2 or 4; gemv.h), "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and
+// k block (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the
 // AVX512-BF16 pass tile's k block (tile.h), "qz_rt" / "qz_pass_kb" = the 512-bit integer-dot pass tile's
 // shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take a pass tile (default 32),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
@@ -764,8 +773,8 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "moe_down_rows")) g_moe_down_rows = value < 32 ? 32 : value & ~31;
   else if (!strcmp(name, "moe_fused")) g_moe_fused = value;
   else if (!strcmp(name, "span_tile")) g_span_tile = value;
-  else if (!strcmp(name, "pass_rt")) g_pass_rt = value;
-  else if (!strcmp(name, "pass_kb")) g_pass_kb = value < 32 ? 32 : value & ~31;
+  else if (!strcmp(name, "gvec_rt")) g_gvec_rt = value;
+  else if (!strcmp(name, "row_streams")) g_row_streams = value < 1 ? 1 : value;
   else if (!strcmp(name, "q8_rt")) g_q8_rt = value;
   else if (!strcmp(name, "pass_min_b")) g_pass_min_b = value;
   else if (!strcmp(name, "q8_pass_kb")) g_q8_pass_kb = value < 128 ? 128 : value & ~127;

@@ -208,11 +208,26 @@ static void gemv_int4_bf16_bt(const uint8_t* W, const uint16_t* scale, int K, co
 }
 #endif
 
+// Streams of the portable builds' dense decode kernel (knob "row_streams": 1, 2 or 4; measurement, the same
+// bits at every setting; below).
+static int g_row_streams = 4;
+
 #if SOLO_GVEC
 // ----------------------------------------------------------- portable kernels (vector extensions)
 // Dense rows (bf16, float32 or int8 with a row scale): widen GVW weights at a time to float32 and FMA
-// with the float32 input. Four accumulators per sequence over k (latency hiding for one sequence), and
-// every sequence sums in the same order whatever the tile size BT is (batch invariance).
+// with the float32 input. The order of every (row, sequence), whatever computed it: ONE accumulator over k
+// in GVW-wide chunks, vsum, then the scalar rest (dense_row_finish), so batch-1 decode, batched decode and
+// the rows x tokens tiles of tile.h (span prefill) give the same bits. One accumulator per row is a single
+// chain of dependent FMAs, so the decode kernel runs several rows at once: S rows, one from each of S
+// contiguous runs of the caller's rows ("streams"): each run streams linearly through memory (a row
+// follows the one before it), and S streams keep more memory reads in flight than one. Measured (Zen 3,
+// 2 threads, benchmarks/step_ab.py: whole decode steps against the four-accumulator kernel of one row at a
+// time, the order before, built beside it; results/amd-epyc-zen3/step-ab-row-streams-*.txt): Qwen2.5-0.5B
+// 1.21x, Llama-3.2-1B 1.30x; two streams 1.15x / 1.21x; one 0.84x (a row's single FMA chain then bounds
+// it). Rows side by side from ONE run (rows n, n + 1, ...), tried in a standalone loop, were slower than one
+// row at a time at K = 896: a row is 1.8 KiB, and the stream breaks at every row.
+// One accumulator also lets the span prefill's tile keep a whole (row, token) dot product in one register
+// (tile.h: the prefill 1.27x / 1.43x).
 template <int FMT>
 static inline vf wload(const void* w, size_t k) {
   if (FMT == W_BF16) return vload_bf16((const uint16_t*)w + k);
@@ -225,36 +240,83 @@ static inline float wscalar(const void* w, size_t k) {
   if (FMT == W_F32) return ((const float*)w)[k];
   return (float)((const int8_t*)w)[k];
 }
+template <int FMT>
+static constexpr size_t wbytes() {
+  return FMT == W_BF16 ? 2 : (FMT == W_F32 ? 4 : 1);
+}
 
-template <int FMT, int BT>
-static void gemv_dense_g(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
-  const int K = W->cols;
-  const size_t esz = FMT == W_BF16 ? 2 : (FMT == W_F32 ? 4 : 1);
-  const int k4 = K - K % (4 * GVW), k1 = K - K % GVW;
-  for (int n = n0; n < n1; n++) {
-    const char* w = (const char*)W->weight + (size_t)n * K * esz;
-    vf acc[BT][4];
-    for (int j = 0; j < BT; j++)
-      for (int i = 0; i < 4; i++) acc[j][i] = vzero();
-    int k = 0;
-    for (; k < k4; k += 4 * GVW) {
-      PREFETCH(w + k * esz);
-      if (esz * 4 * GVW > 64) PREFETCH(w + k * esz + 64);
-      vf wv[4];
-      for (int i = 0; i < 4; i++) wv[i] = wload<FMT>(w, k + i * GVW);
-      for (int j = 0; j < BT; j++)
-        for (int i = 0; i < 4; i++) acc[j][i] = vfma(wv[i], vload(x + (size_t)j * ldx + k + i * GVW), acc[j][i]);
-    }
-    for (; k < k1; k += GVW) {
-      const vf wv = wload<FMT>(w, k);
-      for (int j = 0; j < BT; j++) acc[j][0] = vfma(wv, vload(x + (size_t)j * ldx + k), acc[j][0]);
-    }
-    for (int j = 0; j < BT; j++) {
-      float s = vsum((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3]));
-      for (int kk = k1; kk < K; kk++) s += wscalar<FMT>(w, kk) * x[(size_t)j * ldx + kk];
-      y[(size_t)j * ldy + n] = FMT == W_INT8 ? s * ((const float*)W->scale)[n] : s;
+// A row's result from its accumulator: vsum, then the k1 .. K - 1 rest one at a time, then the int8 row
+// scale. Every kernel that computes a dense row ends here (the order above).
+template <int FMT>
+static inline float dense_row_finish(const Mat* W, const void* w, int n, vf acc, const float* x, int k1) {
+  float s = vsum(acc);
+  for (int kk = k1; kk < W->cols; kk++) s += wscalar<FMT>(w, kk) * x[kk];
+  return FMT == W_INT8 ? s * ((const float*)W->scale)[n] : s;
+}
+
+// Rows row[0 .. S) (weights w[s]) x BT sequences: one accumulator each, k in GVW-wide chunks.
+template <int FMT, int S, int BT>
+static inline void dense_rows_g(const Mat* W, const void* const* w, const int* row, const float* x, int ldx,
+                                float* y, int ldy) {
+  const int K = W->cols, k1 = K - K % GVW;
+  constexpr int KL = (int)(64 / wbytes<FMT>());  // elements per 64-byte line (a multiple of GVW)
+  const int kl = K - K % KL;
+  vf acc[S][BT];
+  for (int s = 0; s < S; s++)
+    for (int j = 0; j < BT; j++) acc[s][j] = vzero();
+  int k = 0;
+  for (; k < kl; k += KL) {
+    for (int s = 0; s < S; s++) PREFETCH((const char*)w[s] + k * wbytes<FMT>());
+    for (int c = 0; c < KL; c += GVW) {
+      vf xv[BT];
+      for (int j = 0; j < BT; j++) xv[j] = vload(x + (size_t)j * ldx + k + c);
+      for (int s = 0; s < S; s++) {
+        const vf wv = wload<FMT>(w[s], k + c);
+        for (int j = 0; j < BT; j++) acc[s][j] = vfma(wv, xv[j], acc[s][j]);
+      }
     }
   }
+  for (; k < k1; k += GVW) {
+    vf xv[BT];
+    for (int j = 0; j < BT; j++) xv[j] = vload(x + (size_t)j * ldx + k);
+    for (int s = 0; s < S; s++) {
+      const vf wv = wload<FMT>(w[s], k);
+      for (int j = 0; j < BT; j++) acc[s][j] = vfma(wv, xv[j], acc[s][j]);
+    }
+  }
+  for (int s = 0; s < S; s++)
+    for (int j = 0; j < BT; j++)
+      y[(size_t)j * ldy + row[s]] = dense_row_finish<FMT>(W, w[s], row[s], acc[s][j], x + (size_t)j * ldx, k1);
+}
+
+template <int FMT, int S, int BT>
+static void dense_streams_g(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
+  const size_t row_bytes = (size_t)W->cols * wbytes<FMT>();
+  const int q = (n1 - n0) / S;
+  for (int i = 0; i < q; i++) {
+    const void* w[S];
+    int row[S];
+    for (int s = 0; s < S; s++) {
+      row[s] = n0 + s * q + i;
+      w[s] = (const char*)W->weight + (size_t)row[s] * row_bytes;
+    }
+    dense_rows_g<FMT, S, BT>(W, w, row, x, ldx, y, ldy);
+  }
+  for (int n = n0 + S * q; n < n1; n++) {
+    const void* w[1] = {(const char*)W->weight + (size_t)n * row_bytes};
+    dense_rows_g<FMT, 1, BT>(W, w, &n, x, ldx, y, ldy);
+  }
+}
+
+// y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and sequences j < BT.
+template <int FMT, int BT>
+static void gemv_dense_g(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
+  // S x BT accumulators + BT inputs + 1 weight vector within 16 registers.
+  constexpr int S_MAX = BT <= 2 ? 4 : 2;
+  const int S = g_row_streams < S_MAX ? g_row_streams : S_MAX;
+  if (S >= 4) dense_streams_g<FMT, (S_MAX >= 4 ? 4 : 1), BT>(W, x, ldx, y, ldy, n0, n1);
+  else if (S >= 2) dense_streams_g<FMT, 2, BT>(W, x, ldx, y, ldy, n0, n1);
+  else dense_streams_g<FMT, 1, BT>(W, x, ldx, y, ldy, n0, n1);
 }
 
 // int4 rows: per group of 32 inputs, 16 bytes hold inputs i (low nibble) and i + 16 (high nibble), one
@@ -345,7 +407,7 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
     default: gemv_int4_g<BT>(W, xf, ldx, y, ldy, n0, n1); break;  // W_INT4, W_INT4_BF16X
   }
 }
-#define SOLO_TILE 2  // sequences per weight pass: 2 x 4 accumulators + 4 weight vectors fit AVX2's 16 registers
+#define SOLO_TILE 2  // sequences per weight pass (measured on the four-accumulator kernel; the same bits at any)
 #endif
 
 // Portable fallback (scalar builds): one sequence at a time, float32 inputs.

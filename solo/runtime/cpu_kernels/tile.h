@@ -17,16 +17,14 @@
 // _mm512_reduce_add_ps), so a result is bit-identical to batch-1 decode whatever tile computed it.
 //
 // AVX-512 without BF16 (bf16 weights widened to float32, one accumulator per token) gets a 4 x 4 tile at
-// every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) get a "pass" tile at every K
-// (below): their 16 vector registers cannot hold four accumulators for more than two (row, token) pairs, so
-// each accumulator is computed in its own pass. int8 with integer-dot products (qdot.h) gets a pass tile at
-// every ISA level (512-bit with AVX512-VNNI), int4 a 256-bit one on the portable builds and a 512-bit one with
+// every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) compute a dense row with one
+// accumulator (gemv.h), so their bf16 tile (3 rows x 4 tokens at every K, below) holds each (row, token)'s
+// whole dot product in one register. int8 with integer-dot products (qdot.h) gets a pass tile at every ISA
+// level (512-bit with AVX512-VNNI), int4 a 256-bit one on the portable builds and a 512-bit one with
 // AVX512-VNNI.
 #pragma once
 #include "common.h"
 
-// Elements of k per block of the pass tile's four passes (knob "pass_kb", a multiple of 32; measurement).
-static int g_pass_kb = 256;
 // Elements of k per block of the int8 pass tile's four passes (knob "q8_pass_kb", a multiple of 128).
 static int g_q8_pass_kb = 1024;
 // Elements of k per block of the AVX512-BF16 pass tile (knob "bf16_pass_kb", a multiple of 128; measurement).
@@ -240,68 +238,42 @@ struct TileBf16W {
 #endif
 
 #if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
-// The portable builds (AVX2, NEON without BF16): bf16 weights widened to float32, float32 inputs, the
-// decode kernel's (gemv_dense_g) four accumulators per (row, token), accumulator i taking the 8-wide chunk i
-// of every 32-wide step of k, accumulator 0 the 8-wide tail, then vsum((a0 + a1) + (a2 + a3)) and the
-// scalar rest. The four accumulators are independent until that sum, so this tile computes them one at a
-// time, in four passes over k that each take every fourth chunk: each accumulator adds the same terms in the
-// same order, so every (row, token) keeps the batch-1 bits. A pass needs one register per (row, token), so a
-// tile of R rows x T tokens takes R x T + R + 1 of the 16 vector registers: 3 x 4 makes 7 loads per 12
-// multiply-adds where the decode tile (1 row x 2 tokens, four accumulators each) makes 12 per 8, and prefill
-// products are bound by those loads. Measured (Zen 5, SOLO_CPU_ISA=avx2, benchmarks/prefill_ab.py,
-// Llama-3.2-1B at 128 tokens, 2 threads): the whole span prefill 1.2x; passes over all of k were 0.7x on the
-// K = 8192 down projection (each 64-byte line re-read from L2 by all four passes), hence the k blocks.
+// The portable builds (AVX2, NEON without BF16): bf16 weights widened to float32, float32 inputs, each
+// (row, token) in the decode kernel's order (gemv.h, dense_rows_g: one accumulator over k in 8-wide chunks,
+// then dense_row_finish), so every (row, token) keeps the batch-1 bits. A tile of R rows x T tokens holds
+// R x T accumulators and R weight vectors, the inputs loaded one token at a time: R x T + R + 1 of the 16
+// vector registers, 3 x 4 making 7 loads per 12 multiply-adds over the whole of k in one loop. Measured
+// (Zen 3, one thread, a standalone loop over 2048 x 2048, 896 x 896 and 896 x 4864 bf16 matrices, 126
+// tokens): 62-76 GFLOPS (68-80% of the core's multiply-add peak) where the tile of the four-accumulator
+// order before (four passes over k blocks of 256, each accumulator in its own pass) made 41-56: its passes
+// ran 8 iterations before their 12 accumulators went back to memory. 2 x 5 and 4 x 3 (spilling) were
+// 0.6-0.8x of 3 x 4.
 template <int R, int T>
-__attribute__((noinline)) static void tile_bf16g_pass_rt(const uint16_t* W, int K, const float* x, int ldx, float* y,
-                                                         int ldy, int n0) {
-  const int k4 = K - K % (4 * GVW), k1 = K - K % GVW;
+__attribute__((noinline)) static void tile_bf16g_rt(const Mat* W, const float* x, int ldx, float* y, int ldy,
+                                                    int n0) {
+  const int K = W->cols, k1 = K - K % GVW;
   const uint16_t* w[R];
-  for (int r = 0; r < R; r++) w[r] = W + (size_t)(n0 + r) * K;
-  vf part[4][R][T];
-  for (int i = 0; i < 4; i++)
-    for (int r = 0; r < R; r++)
-      for (int j = 0; j < T; j++) part[i][r][j] = vzero();
-  // k in blocks of g_pass_kb, the four passes inside a block: a block's rows and inputs stay in L1 while the
-  // passes take every fourth 8-wide chunk of them (a pass over all of k would read each line four times
-  // from L2 at long K); the partial sums wait in part[] between passes.
-  for (int kb = 0; kb < k4; kb += g_pass_kb) {
-    const int ke = kb + g_pass_kb < k4 ? kb + g_pass_kb : k4;
-    for (int i = 0; i < 4; i++) {
-      vf acc[R][T];
-      for (int r = 0; r < R; r++)
-        for (int j = 0; j < T; j++) acc[r][j] = part[i][r][j];
-      for (int k = kb + i * GVW; k < ke; k += 4 * GVW) {
-        vf wv[R];
-        for (int r = 0; r < R; r++) wv[r] = vload_bf16(w[r] + k);
-        for (int j = 0; j < T; j++) {
-          const vf xv = vload(x + (size_t)j * ldx + k);
-          for (int r = 0; r < R; r++) acc[r][j] = vfma(wv[r], xv, acc[r][j]);
-        }
-      }
-      for (int r = 0; r < R; r++)
-        for (int j = 0; j < T; j++) part[i][r][j] = acc[r][j];
-    }
-  }
-  for (int k = k4; k < k1; k += GVW) {
+  for (int r = 0; r < R; r++) w[r] = (const uint16_t*)W->weight + (size_t)(n0 + r) * K;
+  vf acc[R][T];
+  for (int r = 0; r < R; r++)
+    for (int j = 0; j < T; j++) acc[r][j] = vzero();
+  for (int k = 0; k < k1; k += GVW) {
     vf wv[R];
     for (int r = 0; r < R; r++) wv[r] = vload_bf16(w[r] + k);
     for (int j = 0; j < T; j++) {
       const vf xv = vload(x + (size_t)j * ldx + k);
-      for (int r = 0; r < R; r++) part[0][r][j] = vfma(wv[r], xv, part[0][r][j]);
+      for (int r = 0; r < R; r++) acc[r][j] = vfma(wv[r], xv, acc[r][j]);
     }
   }
   for (int j = 0; j < T; j++)
-    for (int r = 0; r < R; r++) {
-      float s = vsum((part[0][r][j] + part[1][r][j]) + (part[2][r][j] + part[3][r][j]));
-      for (int kk = k1; kk < K; kk++) s += bf16_to_f32(w[r][kk]) * x[(size_t)j * ldx + kk];
-      y[(size_t)j * ldy + n0 + r] = s;
-    }
+    for (int r = 0; r < R; r++)
+      y[(size_t)j * ldy + n0 + r] = dense_row_finish<W_BF16>(W, w[r], n0 + r, acc[r][j], x + (size_t)j * ldx, k1);
 }
 
 template <int R, int T>
-struct TileBf16Pass {
+struct TileBf16G {
   static void run(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0) {
-    tile_bf16g_pass_rt<R, T>((const uint16_t*)W->weight, W->cols, x, ldx, y, ldy, n0);
+    tile_bf16g_rt<R, T>(W, x, ldx, y, ldy, n0);
   }
 };
 #endif
@@ -328,7 +300,7 @@ struct Q8Rows {
 // 512-bit int4 kernel matches bit for bit): block g of 32 inputs goes to accumulator g % 4 (the main loop
 // over groups of four full blocks, then the last blocks into accumulators 0, 1, ...), then
 // vsum((a0 + a1) + (a2 + a3)) (times the row scale for int8; int4's block scale is the token's times the
-// row group's, the same float product). As the bf16 pass tile above: each accumulator in its own pass over
+// row group's, the same float product). As the AVX512-BF16 pass tile above: each accumulator in its own pass over
 // blocks of k, the same blocks in the same order, so every (row, token) keeps the batch-1 bits, and a tile of
 // R rows x T tokens loads each token's quantized input, correction and scale once for R rows (the decode
 // tile, 1 row x 4 tokens, loads them for every row). x: T slots of ldx bytes each (qdot.h's layout).
@@ -525,14 +497,14 @@ enum { TILE_MIN_K = 3072 };
 // where they are faster (default), 0 = never (every product takes the decode tiles), 2 = at every K
 // (AVX512-BF16's pass tile at K <= TILE_MIN_K too; the other builds as 1).
 static int g_span_tile = 1;
-// The portable builds' pass tile shape (knob "pass_rt": 10 x rows + tokens; measurement; default 3 x 4).
-static int g_pass_rt = 34;
+// The portable builds' bf16 tile shape (knob "gvec_rt": 10 x rows + tokens; measurement; default 3 x 4).
+static int g_gvec_rt = 34;
 // The integer-dot pass tile's shape (knob "q8_rt": 10 x rows + tokens, 0 = none, -1 = this build's default;
 // measurement). Default 3 x 4 where 32 vector registers hold it (AVX-512 builds: 1.3-1.4x the span prefill
 // of int8 Qwen2.5-0.5B and Llama-3.2-1B on Zen 5), 2 x 3 in 16 (AVX2: int8 1.1x, int4 1.1x; 3 x 4 spilled
 // there, 0.6x).
 static int g_q8_rt = -1;
-// Fewest sequences that take the pass tiles (knob "pass_min_b"; measurement). With fewer, as in a server's
+// Fewest sequences that take the tiles below (knob "pass_min_b"; measurement). With fewer, as in a server's
 // batched decode of 8-16 rows, the weights stream from DRAM and the decode tiles were faster (Qwen2.5-0.5B
 // decode steps on Zen 5: batch 8 int8 1.3x, bf16 on AVX2 1.45x; equal near 16-32 rows, the tiles ahead from
 // 32-64); a span prefill of a prompt has its prompt's length.
@@ -558,19 +530,18 @@ static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, f
   }
 #endif
 #if SOLO_GVEC || SOLO_AVX512
-  if (B < g_pass_min_b) return 0;  // the pass tiles below: only with many tokens
+  if (B < g_pass_min_b) return 0;  // the tiles below: only with many tokens
 #endif
 #if SOLO_GVEC && !defined(__ARM_FEATURE_BF16_VECTOR_ARITHMETIC)
   if (W->format == W_BF16) {
     const float* xf = (const float*)x;
-    switch (g_pass_rt) {
-      case 22: tile_rows<TileBf16Pass, 2, 2, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 24: tile_rows<TileBf16Pass, 2, 4, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 25: tile_rows<TileBf16Pass, 2, 5, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 26: tile_rows<TileBf16Pass, 2, 6, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 33: tile_rows<TileBf16Pass, 3, 3, 18>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
-      case 43: tile_rows<TileBf16Pass, 4, 3, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
-      default: tile_rows<TileBf16Pass, 3, 4, 18>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+    switch (g_gvec_rt) {
+      case 22: tile_rows<TileBf16G, 2, 2, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 24: tile_rows<TileBf16G, 2, 4, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 25: tile_rows<TileBf16G, 2, 5, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 33: tile_rows<TileBf16G, 3, 3, 18>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      case 43: tile_rows<TileBf16G, 4, 3, 16>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
+      default: tile_rows<TileBf16G, 3, 4, 18>(W, xf, ldx, B, y, ldy, n0, n1); return 1;
     }
   }
 #endif
