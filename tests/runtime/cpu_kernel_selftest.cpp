@@ -196,7 +196,7 @@ static void test_decode(int bf) {
 
 int main() {
   printf("ISA %s\n", solo_isa());
-  // Twice: with the defaults, then with the pass tiles (tile.h) taken at any batch, so batches 3-5 run them.
+  // Twice: with the defaults, then with the tiles (tile.h) taken at any batch, so batches 3-5 run them.
   for (int min_b : {32, 1}) {
     solo_set_knob("pass_min_b", min_b);
     for (int fmt : {W_BF16, W_F32, W_INT8})

@@ -757,7 +757,7 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // kernel runs side by side (1, 2 or 4; gemv.h), "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and
 // k block (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the
 // AVX512-BF16 pass tile's k block (tile.h), "qz_rt" / "qz_pass_kb" = the 512-bit integer-dot pass tile's
-// shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take a pass tile (default 32),
+// shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take those tiles (default 32),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
 // "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.

@@ -246,11 +246,13 @@ static constexpr size_t wbytes() {
 }
 
 // A row's result from its accumulator: vsum, then the k1 .. K - 1 rest one at a time, then the int8 row
-// scale. Every kernel that computes a dense row ends here (the order above).
+// scale. Every kernel that computes a dense row ends here (the order above). The rest takes explicit fused
+// multiply-adds: `s += w * x` would leave contraction (and, for float32 rows, partial vectorization) to
+// each inlined copy's optimizer (g++ contracts C++ by default), so two kernels could differ in the bits.
 template <int FMT>
 static inline float dense_row_finish(const Mat* W, const void* w, int n, vf acc, const float* x, int k1) {
   float s = vsum(acc);
-  for (int kk = k1; kk < W->cols; kk++) s += wscalar<FMT>(w, kk) * x[kk];
+  for (int kk = k1; kk < W->cols; kk++) s = __builtin_fmaf(wscalar<FMT>(w, kk), x[kk], s);
   return FMT == W_INT8 ? s * ((const float*)W->scale)[n] : s;
 }
 

@@ -1,8 +1,9 @@
 // The portable vector layer (SOLO_GVEC builds, and the AVX-512 builds' integer-dot kernels in qdot.h): 8-float
 // vectors written with GCC/Clang vector extensions, so one source compiles to AVX2 + FMA (x86-64-v3, or
 // 256-bit AVX-512VL code) or to pairs of NEON registers (ARM64). Only the
-// fused multiply-add needs the target's intrinsic (ISO C++ does not contract a * b + c into one FMA), and
-// two widening loads use AVX2's single instruction where GCC's generic lowering takes three.
+// fused multiply-add needs the target's intrinsic (whether a * b + c is contracted into one FMA is the
+// compiler's choice, copy by copy; the intrinsic makes it fixed), and two widening loads use AVX2's single
+// instruction where GCC's generic lowering takes three.
 #pragma once
 #include "common.h"
 
