@@ -25,6 +25,7 @@ import argparse
 import ctypes
 import statistics
 import subprocess
+import tempfile
 import time
 from pathlib import Path
 
@@ -85,7 +86,7 @@ def runtime_without_arena(model: torch.nn.Module, threads: int) -> CpuRuntime:
 
 def build_library(folder: str) -> ctypes.CDLL:
     """Compile `folder`/decode.cpp for the selected ISA level (this machine's flags) and load it."""
-    out = Path("/tmp") / f"solo_step_ab_{abs(hash(folder))}.so"
+    out = Path(tempfile.gettempdir()) / f"solo_step_ab_{abs(hash(folder))}.so"
     cmd = [_compiler(), *compile_flags(selected_level()), str(Path(folder) / "decode.cpp"), "-o", str(out)]
     subprocess.run(cmd, check=True)
     lib = declare(ctypes.CDLL(str(out)))
