@@ -223,11 +223,11 @@ static int g_row_streams = 4;
 // follows the one before it), and S streams keep more memory reads in flight than one. Measured (Zen 3,
 // 2 threads, benchmarks/step_ab.py: whole decode steps against the four-accumulator kernel of one row at a
 // time, the order before, built beside it; results/amd-epyc-zen3/step-ab-row-streams-*.txt): Qwen2.5-0.5B
-// 1.21x, Llama-3.2-1B 1.30x; two streams 1.15x / 1.21x; one 0.84x (a row's single FMA chain then bounds
-// it). Rows side by side from ONE run (rows n, n + 1, ...), tried in a standalone loop, were slower than one
+// 1.19x, Llama-3.2-1B 1.19x (1.21x / 1.30x in earlier runs); two streams 1.16x / 1.17x; one 0.89x / 0.88x (a
+// row's single FMA chain then bounds it). Rows side by side from ONE run (rows n, n + 1, ...), tried in a standalone loop, were slower than one
 // row at a time at K = 896: a row is 1.8 KiB, and the stream breaks at every row.
 // One accumulator also lets the span prefill's tile keep a whole (row, token) dot product in one register
-// (tile.h: the prefill 1.27x / 1.43x).
+// (tile.h: the span prefill 1.35x / 1.37x).
 template <int FMT>
 static inline vf wload(const void* w, size_t k) {
   if (FMT == W_BF16) return vload_bf16((const uint16_t*)w + k);
