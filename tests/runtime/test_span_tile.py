@@ -4,9 +4,9 @@ A span prefill runs a prompt's tokens through the decode kernel, whose products 
 rows and tokens when the inputs are long (tile.h). Every (row, token) must stay bit-identical to a batch-1
 product, or a prompt's keys, values and logits would depend on how it was split. The knob "span_tile"
 forces the tiles at every width (2) or turns them off (0), "bf16_pass_kb" sets the AVX512-BF16 pass tile's
-k block, "gvec_rt" picks the portable builds' bf16 tile (AVX2, NEON) and "row_streams" how many rows their
-decode kernel runs side by side; on ISA levels without tiles every setting takes the decode kernels, and the
-check still holds.
+k block, "gvec_rt" picks the portable builds' bf16 tile (AVX2, NEON), "row_streams" how many rows their
+decode kernel runs side by side and "bf16_streams" the same for the AVX512-BF16 decode kernel; on ISA
+levels without tiles every setting takes the decode kernels, and the check still holds.
 """
 
 from __future__ import annotations
@@ -42,6 +42,9 @@ def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings, ba
             assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
 
 
+BF16_STREAMS_DEFAULT = 4  # decode.cpp's default of the knob "bf16_streams"
+
+
 # Real widths (Qwen2.5-0.5B's hidden 896 and inter 4864, Llama-3.2-1B's 2048 and 8192) and one that is a
 # multiple of neither 128 nor 32 (the 32-wide and masked tails); 37 rows: a 2-row tile leaves a last row.
 @pytest.mark.parametrize("cols", [896, 2048, 3237, 4864, 8192])
@@ -70,6 +73,7 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
         assert lib.solo_set_knob(b"span_tile", 0) == 0
         for streams in (1, 2, 4):
             assert lib.solo_set_knob(b"row_streams", streams) == 0
+            assert lib.solo_set_knob(b"bf16_streams", streams) == 0
             for threads in (1, 2):
                 for batch in (1, 2, 3):
                     assert torch.equal(_gemv(lib, mat, x[:batch], threads), singles[:batch]), (streams, threads, batch)
@@ -78,6 +82,7 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
         lib.solo_set_knob(b"bf16_pass_kb", 2048)
         lib.solo_set_knob(b"gvec_rt", 34)
         lib.solo_set_knob(b"row_streams", 4)
+        lib.solo_set_knob(b"bf16_streams", BF16_STREAMS_DEFAULT)
         lib.solo_set_knob(b"pass_min_b", 32)
     torch.testing.assert_close(singles, x @ w.float().T, atol=1e-3 * cols ** 0.5, rtol=1e-4)
 

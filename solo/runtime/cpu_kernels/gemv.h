@@ -7,51 +7,96 @@
 // -------------------------------------------------------------------- matrix-vector products (GEMV)
 // y[b, n] = sum_k W[n, k] * x[b, k] for rows n in [n0, n1). x is bf16 for bf16 weights, else float32.
 
+// Streams of the AVX512-BF16 decode kernel (knob "bf16_streams": 1, 2 or 4; the same bits at every setting).
+// S rows at once, one from each of S contiguous runs of the thread's rows, each run read linearly (a row
+// follows the one before it), as the portable kernel below: S streams keep more memory reads in flight
+// than one. (Rows side by side from ONE run, i.e. many short row streams, defeat the hardware prefetcher:
+// measured 2-3x slower.) Measured (2-core Intel Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole
+// decode steps, same process; results/intel-xeon-amx/step-ab-bf16-streams-*.txt): four streams against one
+// 1.28x (Qwen2.5-0.5B) and 1.17x (Llama-3.2-1B), 91% of the round's bandwidth probe against 72-78%; two
+// streams 1.23x / 1.12x. AMD Zen 4/5 (AVX512-BF16) not measured with streams.
+static int g_bf16_streams = 4;
+
 #if SOLO_AVX512 && defined(__AVX512BF16__)
-// Rows one after another, so each thread reads its block of the matrix as a single linear stream (several
-// short row streams at once defeat the hardware prefetcher; measured 2-3x slower). BT sequences at once:
-// each weight vector is loaded once and multiplied with every sequence's input. Four accumulators per
-// sequence over k hide the dot-product latency, and every sequence sums in the same order whatever BT
-// is, so a row's result is bit-identical at batch 1 and batched.
-template <int BT>
-static void gemv_bf16_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                         int n1) {
+// Rows of S streams x BT sequences (knob "bf16_streams" below). Each row: four accumulators per sequence
+// over k hide the dot-product latency, and every (row, sequence) sums in the same order whatever S and BT
+// are, so a row's result is bit-identical at batch 1, batched, and in any stream.
+template <int S, int BT>
+static inline void bf16_rows_bt(const uint16_t* const* w, const int* row, int K, const uint16_t* x, int ldx,
+                                float* y, int ldy) {
   const int k4 = K & ~127, kmain = K & ~31;
   const int rem = K - kmain;
   const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
-  for (int n = n0; n < n1; n++) {
-    const uint16_t* w = W + (size_t)n * K;
-    __m512 acc[BT][4];
+  __m512 acc[S][BT][4];
+  for (int s = 0; s < S; s++)
     for (int j = 0; j < BT; j++)
-      for (int i = 0; i < 4; i++) acc[j][i] = _mm512_setzero_ps();
-    int k = 0;
-    for (; k < k4; k += 128) {
-      PREFETCH(w + k);
-      PREFETCH(w + k + 32);
-      PREFETCH(w + k + 64);
-      PREFETCH(w + k + 96);
-      __m512bh wv[4];
-      for (int i = 0; i < 4; i++) wv[i] = (__m512bh)_mm512_loadu_si512(w + k + 32 * i);
-      for (int j = 0; j < BT; j++)
-        for (int i = 0; i < 4; i++)
-          acc[j][i] = _mm512_dpbf16_ps(acc[j][i], wv[i],
-                                       (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i));
+      for (int i = 0; i < 4; i++) acc[s][j][i] = _mm512_setzero_ps();
+  int k = 0;
+  for (; k < k4; k += 128) {
+    for (int s = 0; s < S; s++) {
+      PREFETCH(w[s] + k);
+      PREFETCH(w[s] + k + 32);
+      PREFETCH(w[s] + k + 64);
+      PREFETCH(w[s] + k + 96);
     }
-    for (; k < kmain; k += 32) {
-      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w + k);
-      for (int j = 0; j < BT; j++)
-        acc[j][0] = _mm512_dpbf16_ps(acc[j][0], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
-    }
-    if (rem) {
-      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w + kmain);
-      for (int j = 0; j < BT; j++)
-        acc[j][1] = _mm512_dpbf16_ps(acc[j][1], wv,
-                                     (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
-    }
-    for (int j = 0; j < BT; j++)
-      y[(size_t)j * ldy + n] = _mm512_reduce_add_ps(
-          _mm512_add_ps(_mm512_add_ps(acc[j][0], acc[j][1]), _mm512_add_ps(acc[j][2], acc[j][3])));
+    for (int s = 0; s < S; s++)
+      for (int i = 0; i < 4; i++) {
+        const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[s] + k + 32 * i);
+        for (int j = 0; j < BT; j++)
+          acc[s][j][i] = _mm512_dpbf16_ps(acc[s][j][i], wv,
+                                          (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k + 32 * i));
+      }
   }
+  for (; k < kmain; k += 32)
+    for (int s = 0; s < S; s++) {
+      const __m512bh wv = (__m512bh)_mm512_loadu_si512(w[s] + k);
+      for (int j = 0; j < BT; j++)
+        acc[s][j][0] = _mm512_dpbf16_ps(acc[s][j][0], wv, (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k));
+    }
+  if (rem)
+    for (int s = 0; s < S; s++) {
+      const __m512bh wv = (__m512bh)_mm512_maskz_loadu_epi16(tail, w[s] + kmain);
+      for (int j = 0; j < BT; j++)
+        acc[s][j][1] = _mm512_dpbf16_ps(acc[s][j][1], wv,
+                                        (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
+    }
+  for (int s = 0; s < S; s++)
+    for (int j = 0; j < BT; j++)
+      y[(size_t)j * ldy + row[s]] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[s][j][0], acc[s][j][1]),
+                                                                       _mm512_add_ps(acc[s][j][2], acc[s][j][3])));
+}
+
+template <int S, int BT>
+static void bf16_streams_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                            int n1) {
+  const int q = (n1 - n0) / S;
+  for (int i = 0; i < q; i++) {
+    const uint16_t* w[S];
+    int row[S];
+    for (int s = 0; s < S; s++) {
+      row[s] = n0 + s * q + i;
+      w[s] = W + (size_t)row[s] * K;
+    }
+    bf16_rows_bt<S, BT>(w, row, K, x, ldx, y, ldy);
+  }
+  for (int n = n0 + S * q; n < n1; n++) {
+    const uint16_t* w[1] = {W + (size_t)n * K};
+    bf16_rows_bt<1, BT>(w, &n, K, x, ldx, y, ldy);
+  }
+}
+
+// y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT sequences j (bf16 inputs).
+template <int BT>
+static void gemv_bf16_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                         int n1) {
+  // S x BT x 4 accumulators within 32 registers, with room for the weights and inputs.
+  if constexpr (BT == 1) {
+    if (g_bf16_streams >= 4) return bf16_streams_bt<4, 1>(W, K, x, ldx, y, ldy, n0, n1);
+  }
+  if constexpr (BT <= 2) {
+    if (g_bf16_streams >= 2) return bf16_streams_bt<2, BT>(W, K, x, ldx, y, ldy, n0, n1);
+  }
+  bf16_streams_bt<1, BT>(W, K, x, ldx, y, ldy, n0, n1);
 }
 #endif
 
