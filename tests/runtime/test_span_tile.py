@@ -42,7 +42,8 @@ def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings, ba
             assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
 
 
-BF16_STREAMS_DEFAULT = 4  # decode.cpp's default of the knob "bf16_streams"
+BF16_STREAMS_DEFAULT = 4  # the defaults of the knobs "bf16_streams" and "q8_streams" (gemv.h, qdot.h)
+Q8_STREAMS_DEFAULT = 2
 
 
 # Real widths (Qwen2.5-0.5B's hidden 896 and inter 4864, Llama-3.2-1B's 2048 and 8192) and one that is a
@@ -110,7 +111,20 @@ def test_integer_dot_pass_tiles_give_batch_1_bits(mode, cols):
         _check_pass_tiles(lib, mat, x, singles, b"q8_rt", b"q8_pass_kb",
                           [(0, 1024), (22, 1024), (23, 1024), (24, 1024), (33, 1024), (44, 1024),
                            (34, 128), (34, 384), (34, 4096), (34, 1024)])
+        # The decode kernel with 1, 2 and 4 rows side by side (and the AVX-512 int4 kernel's 256-bit form, which
+        # takes them), 1 to 3 sequences, on 1 and 2 threads.
+        assert lib.solo_set_knob(b"pass_min_b", 32) == 0
+        for ymm in (0, 1):
+            assert lib.solo_set_knob(b"qdot_ymm", ymm) == 0
+            for streams in (1, 2, 4):
+                assert lib.solo_set_knob(b"q8_streams", streams) == 0
+                for threads in (1, 2):
+                    for batch in (1, 2, 3):
+                        assert torch.equal(_gemv(lib, mat, x[:batch], threads), singles[:batch]), (ymm, streams,
+                                                                                                  threads, batch)
     finally:
+        lib.solo_set_knob(b"qdot_ymm", 0)
+        lib.solo_set_knob(b"q8_streams", Q8_STREAMS_DEFAULT)
         lib.solo_set_knob(b"qz_rt", 44)
         lib.solo_set_knob(b"qz_pass_kb", 2048)
         lib.solo_set_knob(b"q8_rt", -1)  # this build's default

@@ -754,8 +754,8 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // of 32; defaults 128 / 256), "moe_fused" 0 = the MoE layer's phased schedule (moe.h; default 1), "span_tile"
 // 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "gvec_rt" =
 // the portable builds' bf16 tile shape (10 x rows + tokens; tile.h), "row_streams" = rows their dense decode
-// kernel runs side by side (1, 2 or 4; gemv.h), "bf16_streams" = the same for the AVX512-BF16 decode
-// kernel, "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and k block (q8_rt 0 = none, -1 =
+// kernel runs side by side (1, 2 or 4; gemv.h), "bf16_streams" / "q8_streams" = the same for the AVX512-BF16
+// and the integer-dot decode kernels, "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and k block (q8_rt 0 = none, -1 =
 // default), "bf16_pass_kb" = the AVX512-BF16 pass tile's k block (tile.h), "qz_rt" / "qz_pass_kb" = the 512-bit integer-dot pass tile's
 // shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take those tiles (default 32),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
@@ -776,6 +776,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "gvec_rt")) g_gvec_rt = value;
   else if (!strcmp(name, "row_streams")) g_row_streams = value < 1 ? 1 : value;
   else if (!strcmp(name, "bf16_streams")) g_bf16_streams = value < 1 ? 1 : value;
+  else if (!strcmp(name, "q8_streams")) g_q8_streams = value < 1 ? 1 : value;
   else if (!strcmp(name, "q8_rt")) g_q8_rt = value;
   else if (!strcmp(name, "pass_min_b")) g_pass_min_b = value;
   else if (!strcmp(name, "q8_pass_kb")) g_q8_pass_kb = value < 128 ? 128 : value & ~127;

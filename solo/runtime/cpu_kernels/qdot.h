@@ -107,6 +107,13 @@ static float gemv_q8_row_scalar(const Mat* W, const char* x, int n) {
 
 // Measurement knob (solo_set_knob "qdot_ymm"): 1 = the AVX-512 build's int4 kernel uses 256-bit vectors only.
 static int g_qdot_ymm = 0;
+// Streams of the batch-1 integer-dot kernel (knob "q8_streams": 1, 2 or 4; the same bits at every setting;
+// gemv_q8_tile). Two streams against one, whole int8 decode steps in one process (2-core Intel Xeon with
+// AMX; benchmarks/step_ab.py, results/intel-xeon-amx/step-ab-q8-streams-*.txt): 1.24x (Qwen2.5-0.5B) and
+// 1.30x (Llama-3.2-1B) with AVX512-VNNI, 1.20x with the AVX2 kernels on the same CPU; four 0.97-1.00x of two.
+// The AVX-512 int4 kernel (gemv_q8_int4_zmm) reads one row at a time: its 256-bit form with streams was
+// 0.94-0.95x of it.
+static int g_q8_streams = 2;
 
 #if SOLO_GVEC || SOLO_AVX512
 // ------------------------------------------------------------------- the per-ISA dot-product primitives
@@ -249,77 +256,88 @@ static inline vub32 unpack_u4(const uint8_t* p) {
 }
 
 // --------------------------------------------------------------------------------------- the kernels
-// Rows one after another (one linear stream per thread), BT sequences per weight pass; every sequence
-// sums in the same order whatever BT is. x: BT slots of `xstride` bytes (layout above).
-template <int FMT, int BT>
-static void gemv_q8_tile(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
+// Rows row[0 .. S) x BT sequences; every (row, sequence) sums in the same order whatever S and BT are.
+// x: BT slots of `xstride` bytes (layout above). The S rows share each block's input loads.
+template <int FMT, int S, int BT>
+static inline void q8_rows(const Mat* W, const int* row, const char* x, size_t xstride, float* y, int ldy) {
   const int K = W->cols, nb = q8_blocks(K), full = K / 32;
-  const float* rscale = (const float*)W->scale;
-  float xs[BT][FMT == W_INT4_Q8 ? 1024 : 1];  // int4: the row's group scales times the inputs' (K <= 32768)
-  for (int n = n0; n < n1; n++) {
-    if (FMT == W_INT4_Q8) {
-      const uint16_t* ws = (const uint16_t*)W->scale + (size_t)n * (K / 32);
+  float xs[S][BT][FMT == W_INT4_Q8 ? 1024 : 1];  // int4: the row's group scales times the inputs' (K <= 32768)
+  if (FMT == W_INT4_Q8)
+    for (int s = 0; s < S; s++) {
+      const uint16_t* ws = (const uint16_t*)W->scale + (size_t)row[s] * (K / 32);
       for (int j = 0; j < BT; j++) {
         const float* xd = (const float*)(x + (size_t)j * xstride + 32 * (size_t)nb);  // 4-byte aligned
         int g = 0;
-        for (; g + GVW <= nb; g += GVW) vstore(&xs[j][g], vload(xd + g) * vload_bf16(ws + g));
-        for (; g < nb; g++) xs[j][g] = xd[g] * bf16_to_f32(ws[g]);
+        for (; g + GVW <= nb; g += GVW) vstore(&xs[s][j][g], vload(xd + g) * vload_bf16(ws + g));
+        for (; g < nb; g++) xs[s][j][g] = xd[g] * bf16_to_f32(ws[g]);
       }
     }
-    vf acc[BT][4];
+  vf acc[S][BT][4];
+  for (int s = 0; s < S; s++)
     for (int j = 0; j < BT; j++)
-      for (int i = 0; i < 4; i++) acc[j][i] = vzero();
-    // Block g into accumulator i = g % 4; `i` is a constant at every call (unrolled), so the accumulators
-    // stay in registers.
-    auto block = [&](int g, int i) __attribute__((always_inline)) {
-      vb32 wv = {};
-      vub32 u = {};
+      for (int i = 0; i < 4; i++) acc[s][j][i] = vzero();
+  // Block g into accumulator i = g % 4; `i` is a constant at every call (unrolled), so the accumulators
+  // stay in registers.
+  auto block = [&](int g, int i) __attribute__((always_inline)) {
+    vb32 wv[S] = {};
+    vub32 u[S] = {};
+    for (int s = 0; s < S; s++) {
       if (FMT == W_INT8_Q8) {
-        const int8_t* wr = (const int8_t*)W->weight + (size_t)n * K + 32 * g;
+        const int8_t* wr = (const int8_t*)W->weight + (size_t)row[s] * K + 32 * g;
         if ((g & 1) == 0) PREFETCH(wr);
         if (g < full)
-          memcpy(&wv, wr, 32);
+          memcpy(&wv[s], wr, 32);
         else
-          memcpy(&wv, wr, (size_t)(K - 32 * g));  // a short last block: zeros past K
+          memcpy(&wv[s], wr, (size_t)(K - 32 * g));  // a short last block: zeros past K
       } else {
-        const uint8_t* wr = (const uint8_t*)W->weight + (size_t)n * (K / 2) + 16 * g;
+        const uint8_t* wr = (const uint8_t*)W->weight + (size_t)row[s] * (K / 2) + 16 * g;
         if ((g & 3) == 0) PREFETCH(wr);
-        u = unpack_u4(wr);
+        u[s] = unpack_u4(wr);
       }
-      for (int j = 0; j < BT; j++) {
-        const char* xj = x + (size_t)j * xstride;
-        vb32 xv;
-        vi corr;
-        float sc;
-        memcpy(&xv, xj + 32 * (size_t)g, 32);
-        memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
-        vi d;
-        if (FMT == W_INT8_Q8) {
-          memcpy(&sc, xj + 32 * (size_t)nb + 4 * (size_t)g, 4);
-          d = idot_i8(wv, xv, corr);
-        } else {
-          sc = xs[j][g];
-          d = idot_u4(corr, u, xv);
-        }
-        acc[j][i] = vfma(__builtin_convertvector(d, vf), vset1(sc), acc[j][i]);
-      }
-    };
-    int g = 0;
-    for (; g + 4 <= full; g += 4) {
-      block(g, 0);
-      block(g + 1, 1);
-      block(g + 2, 2);
-      block(g + 3, 3);
     }
-    if (g < nb) block(g, 0);
-    if (g + 1 < nb) block(g + 1, 1);
-    if (g + 2 < nb) block(g + 2, 2);
-    if (g + 3 < nb) block(g + 3, 3);
     for (int j = 0; j < BT; j++) {
-      const float s = vsum((acc[j][0] + acc[j][1]) + (acc[j][2] + acc[j][3]));
-      y[(size_t)j * ldy + n] = FMT == W_INT8_Q8 ? s * rscale[n] : s;
+      const char* xj = x + (size_t)j * xstride;
+      vb32 xv;
+      vi corr;
+      float sc = 0.f;
+      memcpy(&xv, xj + 32 * (size_t)g, 32);
+      memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)g, 32);
+      if (FMT == W_INT8_Q8) memcpy(&sc, xj + 32 * (size_t)nb + 4 * (size_t)g, 4);
+      for (int s = 0; s < S; s++) {
+        const vi d = FMT == W_INT8_Q8 ? idot_i8(wv[s], xv, corr) : idot_u4(corr, u[s], xv);
+        acc[s][j][i] = vfma(__builtin_convertvector(d, vf), vset1(FMT == W_INT8_Q8 ? sc : xs[s][j][g]), acc[s][j][i]);
+      }
     }
+  };
+  int g = 0;
+  for (; g + 4 <= full; g += 4) {
+    block(g, 0);
+    block(g + 1, 1);
+    block(g + 2, 2);
+    block(g + 3, 3);
   }
+  if (g < nb) block(g, 0);
+  if (g + 1 < nb) block(g + 1, 1);
+  if (g + 2 < nb) block(g + 2, 2);
+  if (g + 3 < nb) block(g + 3, 3);
+  for (int s = 0; s < S; s++)
+    for (int j = 0; j < BT; j++) {
+      const float r = vsum((acc[s][j][0] + acc[s][j][1]) + (acc[s][j][2] + acc[s][j][3]));
+      y[(size_t)j * ldy + row[s]] = FMT == W_INT8_Q8 ? r * ((const float*)W->scale)[row[s]] : r;
+    }
+}
+
+// Rows [n0, n1) as S streams: S rows at once, one from each of S contiguous runs, each run read linearly
+// (a row follows the one before it), as the dense kernels of gemv.h.
+template <int FMT, int S, int BT>
+static void gemv_q8_tile(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
+  const int q = (n1 - n0) / S;
+  for (int i = 0; i < q; i++) {
+    int row[S];
+    for (int s = 0; s < S; s++) row[s] = n0 + s * q + i;
+    q8_rows<FMT, S, BT>(W, row, x, xstride, y, ldy);
+  }
+  for (int n = n0 + S * q; n < n1; n++) q8_rows<FMT, 1, BT>(W, &n, x, xstride, y, ldy);
 }
 
 #if SOLO_AVX512 && defined(__AVX512VNNI__)
@@ -393,10 +411,19 @@ static void gemv_q8(const Mat* W, const void* x, size_t xstride, float* y, int l
     return;
   }
 #endif
-  if (W->format == W_INT8_Q8)
-    gemv_q8_tile<W_INT8_Q8, BT>(W, (const char*)x, xstride, y, ldy, n0, n1);
-  else
-    gemv_q8_tile<W_INT4_Q8, BT>(W, (const char*)x, xstride, y, ldy, n0, n1);
+  const char* xc = (const char*)x;
+  // S x 4 accumulators within the vector registers (16 of them without AVX-512, each vf a pair on NEON).
+  constexpr int S_MAX = BT > 1 ? 1 : (SOLO_AVX512 ? 4 : 2);
+  const int S = g_q8_streams < S_MAX ? g_q8_streams : S_MAX;
+  if (W->format == W_INT8_Q8) {
+    if (S >= 4) gemv_q8_tile<W_INT8_Q8, (S_MAX >= 4 ? 4 : 1), BT>(W, xc, xstride, y, ldy, n0, n1);
+    else if (S >= 2) gemv_q8_tile<W_INT8_Q8, (S_MAX >= 2 ? 2 : 1), BT>(W, xc, xstride, y, ldy, n0, n1);
+    else gemv_q8_tile<W_INT8_Q8, 1, BT>(W, xc, xstride, y, ldy, n0, n1);
+  } else {
+    if (S >= 4) gemv_q8_tile<W_INT4_Q8, (S_MAX >= 4 ? 4 : 1), BT>(W, xc, xstride, y, ldy, n0, n1);
+    else if (S >= 2) gemv_q8_tile<W_INT4_Q8, (S_MAX >= 2 ? 2 : 1), BT>(W, xc, xstride, y, ldy, n0, n1);
+    else gemv_q8_tile<W_INT4_Q8, 1, BT>(W, xc, xstride, y, ldy, n0, n1);
+  }
 }
 #else
 #define SOLO_QDOT "scalar"
