@@ -107,12 +107,11 @@ static float gemv_q8_row_scalar(const Mat* W, const char* x, int n) {
 
 // Measurement knob (solo_set_knob "qdot_ymm"): 1 = the AVX-512 build's int4 kernel uses 256-bit vectors only.
 static int g_qdot_ymm = 0;
-// Streams of the batch-1 integer-dot kernel (knob "q8_streams": 1, 2 or 4; the same bits at every setting;
-// gemv_q8_tile). Two streams against one, whole int8 decode steps in one process (2-core Intel Xeon with
-// AMX; benchmarks/step_ab.py, results/intel-xeon-amx/step-ab-q8-streams-*.txt): 1.24x (Qwen2.5-0.5B) and
-// 1.30x (Llama-3.2-1B) with AVX512-VNNI, 1.20x with the AVX2 kernels on the same CPU; four 0.97-1.00x of two.
-// The AVX-512 int4 kernel (gemv_q8_int4_zmm) reads one row at a time: its 256-bit form with streams was
-// 0.94-0.95x of it.
+// Streams of the batch-1 integer-dot kernels (knob "q8_streams": 1, 2 or 4; the same bits at every setting;
+// gemv_q8_tile, and gemv_q8_int4_zmm with 1 or 2). Two streams against one, whole decode steps in one
+// process (2-core Intel Xeon with AMX; benchmarks/step_ab.py, results/intel-xeon-amx/step-ab-*-streams-*.txt):
+// int8 1.24x (Qwen2.5-0.5B) and 1.21-1.30x (Llama-3.2-1B) with AVX512-VNNI, 1.20x with the AVX2 kernels on
+// the same CPU, four 0.97-1.00x of two; the 512-bit int4 kernel 1.11x / 1.09x.
 static int g_q8_streams = 2;
 
 #if SOLO_GVEC || SOLO_AVX512
@@ -345,61 +344,86 @@ static void gemv_q8_tile(const Mat* W, const char* x, size_t xstride, float* y, 
 // lanes 8-15 accumulator 1 (groups 4m + 1), B accumulators 2 and 3, so every lane sees the operations of
 // gemv_q8_tile in the same order and the result is the same bit for bit. Unpacking two groups' 32 bytes:
 // 64-bit lanes [g, g, g + 1, g + 1] (each half of a group twice), the second copy shifted by 4, masked.
-template <int BT>
-static void gemv_q8_int4_zmm(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
+// Rows row[0 .. S) x BT sequences; the S rows share each group pair's input loads.
+template <int S, int BT>
+static inline void q8_int4_zmm_rows(const Mat* W, const int* row, const char* x, size_t xstride, float* y,
+                                    int ldy) {
   const int K = W->cols, nb = K / 32;
-  float xs[BT][1024];
+  float xs[S][BT][1024];
   const __m512i dup = _mm512_set_epi64(3, 2, 3, 2, 1, 0, 1, 0);
   const __m512i shift = _mm512_set_epi64(4, 4, 0, 0, 4, 4, 0, 0);
   const __m512i low = _mm512_set1_epi8(0xF);
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
-  for (int n = n0; n < n1; n++) {
-    const uint16_t* ws = (const uint16_t*)W->scale + (size_t)n * nb;
+  const uint8_t* wr[S];
+  for (int s = 0; s < S; s++) {
+    const uint16_t* ws = (const uint16_t*)W->scale + (size_t)row[s] * nb;
     for (int j = 0; j < BT; j++) {
       const float* xd = (const float*)(x + (size_t)j * xstride + 32 * (size_t)nb);
       int g = 0;
-      for (; g + GVW <= nb; g += GVW) vstore(&xs[j][g], vload(xd + g) * vload_bf16(ws + g));
-      for (; g < nb; g++) xs[j][g] = xd[g] * bf16_to_f32(ws[g]);
+      for (; g + GVW <= nb; g += GVW) vstore(&xs[s][j][g], vload(xd + g) * vload_bf16(ws + g));
+      for (; g < nb; g++) xs[s][j][g] = xd[g] * bf16_to_f32(ws[g]);
     }
-    const uint8_t* wr = (const uint8_t*)W->weight + (size_t)n * (K / 2);
-    __m512 acc[BT][2];
-    for (int j = 0; j < BT; j++) acc[j][0] = acc[j][1] = _mm512_setzero_ps();
-    auto pair = [&](int g, int i) __attribute__((always_inline)) {  // groups g, g + 1 into acc[.][i]
-      PREFETCH(wr + 16 * g);
-      const __m512i t = _mm512_permutexvar_epi64(dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(wr + 16 * g))));
-      const __m512i u = _mm512_and_si512(_mm512_srlv_epi64(t, shift), low);
-      for (int j = 0; j < BT; j++) {
-        const char* xj = x + (size_t)j * xstride;
-        const __m512i corr = _mm512_loadu_si512(xj + 36 * (size_t)nb + 32 * (size_t)g);
-        const __m512i d = _mm512_dpbusd_epi32(corr, u, _mm512_loadu_si512(xj + 32 * (size_t)g));
+    wr[s] = (const uint8_t*)W->weight + (size_t)row[s] * (K / 2);
+  }
+  __m512 acc[S][BT][2];
+  for (int s = 0; s < S; s++)
+    for (int j = 0; j < BT; j++) acc[s][j][0] = acc[s][j][1] = _mm512_setzero_ps();
+  auto pair = [&](int g, int i) __attribute__((always_inline)) {  // groups g, g + 1 into acc[.][.][i]
+    __m512i u[S];
+    for (int s = 0; s < S; s++) {
+      PREFETCH(wr[s] + 16 * g);
+      const __m512i t = _mm512_permutexvar_epi64(
+          dup, _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i*)(wr[s] + 16 * g))));
+      u[s] = _mm512_and_si512(_mm512_srlv_epi64(t, shift), low);
+    }
+    for (int j = 0; j < BT; j++) {
+      const char* xj = x + (size_t)j * xstride;
+      const __m512i corr = _mm512_loadu_si512(xj + 36 * (size_t)nb + 32 * (size_t)g);
+      const __m512i xv = _mm512_loadu_si512(xj + 32 * (size_t)g);
+      for (int s = 0; s < S; s++) {
+        const __m512i d = _mm512_dpbusd_epi32(corr, u[s], xv);
         const __m512 sc = _mm512_permutexvar_ps(pick, _mm512_castps128_ps512(_mm_castsi128_ps(
-                                                          _mm_loadl_epi64((const __m128i*)&xs[j][g]))));
-        acc[j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[j][i]);
+                                                          _mm_loadl_epi64((const __m128i*)&xs[s][j][g]))));
+        acc[s][j][i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(d), sc, acc[s][j][i]);
       }
-    };
-    int g = 0;
-    for (; g + 4 <= nb; g += 4) {
-      pair(g, 0);
-      pair(g + 2, 1);
     }
+  };
+  int g = 0;
+  for (; g + 4 <= nb; g += 4) {
+    pair(g, 0);
+    pair(g + 2, 1);
+  }
+  for (int s = 0; s < S; s++) {
     vf rest[BT][4];  // the last 1-3 groups through the 256-bit kernel's operations on the halves
     for (int j = 0; j < BT; j++) {
-      memcpy(&rest[j][0], &acc[j][0], 32), memcpy(&rest[j][1], (const char*)&acc[j][0] + 32, 32);
-      memcpy(&rest[j][2], &acc[j][1], 32), memcpy(&rest[j][3], (const char*)&acc[j][1] + 32, 32);
+      memcpy(&rest[j][0], &acc[s][j][0], 32), memcpy(&rest[j][1], (const char*)&acc[s][j][0] + 32, 32);
+      memcpy(&rest[j][2], &acc[s][j][1], 32), memcpy(&rest[j][3], (const char*)&acc[s][j][1] + 32, 32);
     }
     for (int i = 0; g + i < nb; i++) {
-      const vub32 u = unpack_u4(wr + 16 * (g + i));
+      const vub32 u = unpack_u4(wr[s] + 16 * (g + i));
       for (int j = 0; j < BT; j++) {
         const char* xj = x + (size_t)j * xstride;
         vb32 xv;
         vi corr;
         memcpy(&xv, xj + 32 * (size_t)(g + i), 32);
         memcpy(&corr, xj + 36 * (size_t)nb + 32 * (size_t)(g + i), 32);
-        rest[j][i] = vfma(__builtin_convertvector(idot_u4(corr, u, xv), vf), vset1(xs[j][g + i]), rest[j][i]);
+        rest[j][i] = vfma(__builtin_convertvector(idot_u4(corr, u, xv), vf), vset1(xs[s][j][g + i]), rest[j][i]);
       }
     }
-    for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n] = vsum((rest[j][0] + rest[j][1]) + (rest[j][2] + rest[j][3]));
+    for (int j = 0; j < BT; j++)
+      y[(size_t)j * ldy + row[s]] = vsum((rest[j][0] + rest[j][1]) + (rest[j][2] + rest[j][3]));
   }
+}
+
+template <int S, int BT>
+static void gemv_q8_int4_zmm(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
+  const int q = (n1 - n0) / S;
+  for (int i = 0; i < q; i++) {
+    int row[S];
+    for (int s = 0; s < S; s++) row[s] = n0 + s * q + i;
+    q8_int4_zmm_rows<S, BT>(W, row, x, xstride, y, ldy);
+  }
+  for (int n = n0 + S * q; n < n1; n++) q8_int4_zmm_rows<1, BT>(W, &n, x, xstride, y, ldy);
 }
 #endif
 
@@ -407,7 +431,9 @@ template <int BT>
 static void gemv_q8(const Mat* W, const void* x, size_t xstride, float* y, int ldy, int n0, int n1) {
 #if SOLO_AVX512 && defined(__AVX512VNNI__)
   if (W->format == W_INT4_Q8 && !g_qdot_ymm) {
-    gemv_q8_int4_zmm<BT>(W, (const char*)x, xstride, y, ldy, n0, n1);
+    const char* xc = (const char*)x;
+    if (BT == 1 && g_q8_streams >= 2) gemv_q8_int4_zmm<(BT == 1 ? 2 : 1), BT>(W, xc, xstride, y, ldy, n0, n1);
+    else gemv_q8_int4_zmm<1, BT>(W, xc, xstride, y, ldy, n0, n1);
     return;
   }
 #endif
