@@ -8,6 +8,7 @@
 #include <stddef.h>
 
 #include <atomic>
+#include <type_traits>
 #include <stdint.h>
 #include <string.h>
 
@@ -136,3 +137,17 @@ static inline __m512 load_bf16x16(const uint16_t* p) {
 }
 #endif
 
+// Rows [n0, n1) as S streams: S rows at once, one from each of S contiguous runs of q = (n1 - n0) / S rows
+// (each run read linearly, a row after the one before it), then the last (n1 - n0) % S rows one at a time.
+// f(std::integral_constant<int, R>, const int* row) computes the R rows row[0 .. R). The batch-1 decode
+// kernels read their rows this way: several streams keep more memory reads in flight than one.
+template <int S, class F>
+static inline void for_row_streams(int n0, int n1, F&& f) {
+  const int q = (n1 - n0) / S;
+  for (int i = 0; i < q; i++) {
+    int row[S];
+    for (int s = 0; s < S; s++) row[s] = n0 + s * q + i;
+    f(std::integral_constant<int, S>(), (const int*)row);
+  }
+  for (int n = n0 + S * q; n < n1; n++) f(std::integral_constant<int, 1>(), (const int*)&n);
+}

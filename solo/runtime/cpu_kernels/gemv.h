@@ -13,8 +13,9 @@
 // than one. (Rows side by side from ONE run, i.e. many short row streams, defeat the hardware prefetcher:
 // measured 2-3x slower.) Measured (2-core Intel Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole
 // decode steps, same process; results/intel-xeon-amx/step-ab-bf16-streams-*.txt): four streams against one
-// 1.28x (Qwen2.5-0.5B) and 1.17x (Llama-3.2-1B), 91% of the round's bandwidth probe against 72-78%; two
-// streams 1.23x / 1.12x. AMD Zen 4/5 (AVX512-BF16) not measured with streams.
+// 1.50x (Qwen2.5-0.5B) and 1.39x (Llama-3.2-1B), 90-92% of the round's bandwidth probe against 61-67%; two
+// streams the same (in an earlier run, at higher bandwidth: 1.28x / 1.17x, two 1.23x / 1.12x). AMD Zen 4/5
+// (AVX512-BF16) not measured with streams.
 static int g_bf16_streams = 4;
 
 #if SOLO_AVX512 && defined(__AVX512BF16__)
@@ -22,8 +23,10 @@ static int g_bf16_streams = 4;
 // over k hide the dot-product latency, and every (row, sequence) sums in the same order whatever S and BT
 // are, so a row's result is bit-identical at batch 1, batched, and in any stream.
 template <int S, int BT>
-static inline void bf16_rows_bt(const uint16_t* const* w, const int* row, int K, const uint16_t* x, int ldx,
-                                float* y, int ldy) {
+static inline void bf16_rows_bt(const uint16_t* W, const int* row, int K, const uint16_t* x, int ldx, float* y,
+                                int ldy) {
+  const uint16_t* w[S];
+  for (int s = 0; s < S; s++) w[s] = W + (size_t)row[s] * K;
   const int k4 = K & ~127, kmain = K & ~31;
   const int rem = K - kmain;
   const __mmask32 tail = rem ? (__mmask32)((1ull << rem) - 1) : 0;
@@ -69,20 +72,9 @@ static inline void bf16_rows_bt(const uint16_t* const* w, const int* row, int K,
 template <int S, int BT>
 static void bf16_streams_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
                             int n1) {
-  const int q = (n1 - n0) / S;
-  for (int i = 0; i < q; i++) {
-    const uint16_t* w[S];
-    int row[S];
-    for (int s = 0; s < S; s++) {
-      row[s] = n0 + s * q + i;
-      w[s] = W + (size_t)row[s] * K;
-    }
-    bf16_rows_bt<S, BT>(w, row, K, x, ldx, y, ldy);
-  }
-  for (int n = n0 + S * q; n < n1; n++) {
-    const uint16_t* w[1] = {W + (size_t)n * K};
-    bf16_rows_bt<1, BT>(w, &n, K, x, ldx, y, ldy);
-  }
+  for_row_streams<S>(n0, n1, [&](auto rows, const int* row) {
+    bf16_rows_bt<decltype(rows)::value, BT>(W, row, K, x, ldx, y, ldy);
+  });
 }
 
 // y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT sequences j (bf16 inputs).
@@ -303,8 +295,9 @@ static inline float dense_row_finish(const Mat* W, const void* w, int n, vf acc,
 
 // Rows row[0 .. S) (weights w[s]) x BT sequences: one accumulator each, k in GVW-wide chunks.
 template <int FMT, int S, int BT>
-static inline void dense_rows_g(const Mat* W, const void* const* w, const int* row, const float* x, int ldx,
-                                float* y, int ldy) {
+static inline void dense_rows_g(const Mat* W, const int* row, const float* x, int ldx, float* y, int ldy) {
+  const void* w[S];
+  for (int s = 0; s < S; s++) w[s] = (const char*)W->weight + (size_t)row[s] * W->cols * wbytes<FMT>();
   const int K = W->cols, k1 = K - K % GVW;
   constexpr int KL = (int)(64 / wbytes<FMT>());  // elements per 64-byte line (a multiple of GVW)
   const int kl = K - K % KL;
@@ -338,21 +331,9 @@ static inline void dense_rows_g(const Mat* W, const void* const* w, const int* r
 
 template <int FMT, int S, int BT>
 static void dense_streams_g(const Mat* W, const float* x, int ldx, float* y, int ldy, int n0, int n1) {
-  const size_t row_bytes = (size_t)W->cols * wbytes<FMT>();
-  const int q = (n1 - n0) / S;
-  for (int i = 0; i < q; i++) {
-    const void* w[S];
-    int row[S];
-    for (int s = 0; s < S; s++) {
-      row[s] = n0 + s * q + i;
-      w[s] = (const char*)W->weight + (size_t)row[s] * row_bytes;
-    }
-    dense_rows_g<FMT, S, BT>(W, w, row, x, ldx, y, ldy);
-  }
-  for (int n = n0 + S * q; n < n1; n++) {
-    const void* w[1] = {(const char*)W->weight + (size_t)n * row_bytes};
-    dense_rows_g<FMT, 1, BT>(W, w, &n, x, ldx, y, ldy);
-  }
+  for_row_streams<S>(n0, n1, [&](auto rows, const int* row) {
+    dense_rows_g<FMT, decltype(rows)::value, BT>(W, row, x, ldx, y, ldy);
+  });
 }
 
 // y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and sequences j < BT.

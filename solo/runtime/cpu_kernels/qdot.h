@@ -326,17 +326,12 @@ static inline void q8_rows(const Mat* W, const int* row, const char* x, size_t x
     }
 }
 
-// Rows [n0, n1) as S streams: S rows at once, one from each of S contiguous runs, each run read linearly
-// (a row follows the one before it), as the dense kernels of gemv.h.
+// Rows [n0, n1) as S streams (common.h: for_row_streams).
 template <int FMT, int S, int BT>
 static void gemv_q8_tile(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
-  const int q = (n1 - n0) / S;
-  for (int i = 0; i < q; i++) {
-    int row[S];
-    for (int s = 0; s < S; s++) row[s] = n0 + s * q + i;
-    q8_rows<FMT, S, BT>(W, row, x, xstride, y, ldy);
-  }
-  for (int n = n0 + S * q; n < n1; n++) q8_rows<FMT, 1, BT>(W, &n, x, xstride, y, ldy);
+  for_row_streams<S>(n0, n1, [&](auto rows, const int* row) {
+    q8_rows<FMT, decltype(rows)::value, BT>(W, row, x, xstride, y, ldy);
+  });
 }
 
 #if SOLO_AVX512 && defined(__AVX512VNNI__)
@@ -417,13 +412,9 @@ static inline void q8_int4_zmm_rows(const Mat* W, const int* row, const char* x,
 
 template <int S, int BT>
 static void gemv_q8_int4_zmm(const Mat* W, const char* x, size_t xstride, float* y, int ldy, int n0, int n1) {
-  const int q = (n1 - n0) / S;
-  for (int i = 0; i < q; i++) {
-    int row[S];
-    for (int s = 0; s < S; s++) row[s] = n0 + s * q + i;
-    q8_int4_zmm_rows<S, BT>(W, row, x, xstride, y, ldy);
-  }
-  for (int n = n0 + S * q; n < n1; n++) q8_int4_zmm_rows<1, BT>(W, &n, x, xstride, y, ldy);
+  for_row_streams<S>(n0, n1, [&](auto rows, const int* row) {
+    q8_int4_zmm_rows<decltype(rows)::value, BT>(W, row, x, xstride, y, ldy);
+  });
 }
 #endif
 
