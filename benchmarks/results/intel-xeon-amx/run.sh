@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# The CPU benchmark set of this folder (2-core Intel Xeon VM: AVX-512, AVX512-BF16, AVX512-FP16, AMX; 480 MiB
+# L3): issue #9's targets on an AVX-512 CPU with a native llama.cpp build (AMX on). Run it on an otherwise
+# idle machine (check `top` first); the runs go one after the other, each output file starting with its
+# command and its start time. Peers: `CMAKE_ARGS="-DGGML_NATIVE=ON" pip install -e ".[llamacpp]"` builds
+# llama.cpp for this CPU. Set STEP_AB to run the same-process A/Bs too (from a checkout: python is on PATH).
+set -uo pipefail
+cd "$(dirname "$0")"
+solo="${SOLO:-solo}"
+run() {
+  local name=$1; shift
+  { echo "+ $*"; echo "# $(date -u +%T) UTC start"; } > "$name.txt"
+  "$@" >> "$name.txt" 2>&1
+  echo "# $(date -u +%T) UTC exit $?" >> "$name.txt"
+}
+
+# The AVX512-BF16 decode kernel with 1, 2 and 4 row streams, whole decode steps in one process.
+if [ -n "${STEP_AB:-}" ]; then
+  for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+    run "step-ab-bf16-streams-$shape" python ../../step_ab.py --shape "$shape" --steps 8 --rounds 8 \
+      --variant s1=bf16_streams=1 --variant s2=bf16_streams=2 --variant s4=bf16_streams=4
+    run "step-ab-q8-streams-$shape" python ../../step_ab.py --shape "$shape" --quantize int8 --steps 8 --rounds 8 \
+      --variant q1=q8_streams=1 --variant q2=q8_streams=2 --variant q4=q8_streams=4
+    run "step-ab-int4-streams-$shape" python ../../step_ab.py --shape "$shape" --quantize int4 --steps 8 --rounds 8 \
+      --variant z1=q8_streams=1 --variant z2=q8_streams=2
+  done
+fi
+# bf16 decode (prompt 128, 256 generated) and TTFT at 128 against llama.cpp's F16 and BF16 GGUFs and
+# transformers eager.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager --json "$shape-bf16.json"
+done
+# TTFT at 512 tokens.
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-ttft512" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
+    --compare llama.cpp --json "$shape-ttft512.json"
+done
+# In turns of 16 tokens (each turn against its own probes; each peer's turn paired with Solo's before it).
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  run "$shape-bf16-lockstep" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp --lockstep 16 \
+    --json "$shape-bf16-lockstep.json"
+done
+# Beside one busy-loop process (one of the two cores taken by other work).
+run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
+  --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
+# int8 against Q8_0, int4 against Q4_0: the native llama.cpp build's Q8_0 / Q4_0 (AMX) crashed on this VM,
+# so these peers come from a build with AMX off (README.md).
+for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  for q in int8 int4; do
+    run "$shape-$q" $solo bench --shape "$shape" --quantize $q --gen-len 128 --energy-s 0 --compare llama.cpp \
+      --json "$shape-$q.json"
+  done
+done
+# Long context (#15): decode after a KV cache of random values up to the full context, in turns of 16 tokens.
+run Qwen2.5-0.5B-long-context-lockstep $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 --energy-s 0 \
+  --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random --sweep-gen-len 129 --lockstep 16 \
+  --json Qwen2.5-0.5B-long-context-lockstep.json --plot Qwen2.5-0.5B-long-context-lockstep.png
