@@ -6,12 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
-run() {
-  local name=$1; shift
-  { echo "+ $*"; echo "# $(date -u +%T) UTC start"; } > "$name.txt"
-  "$@" >> "$name.txt" 2>&1
-  echo "# $(date -u +%T) UTC exit $?" >> "$name.txt"
-}
+. ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
 
 # bf16 decode (prompt 128, 256 generated) and TTFT at 128 against llama.cpp's F16 and BF16 GGUFs and
 # transformers eager.

@@ -9,12 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
-run() {
-  local name=$1; shift
-  { echo "+ $*"; echo "# $(date -u +%T) UTC start"; } > "$name.txt"
-  "$@" >> "$name.txt" 2>&1
-  echo "# $(date -u +%T) UTC exit $?" >> "$name.txt"
-}
+. ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
 avx2_peer=()
 if [ -n "${LLAMA_CPP_AVX2_LIB:-}" ]; then avx2_peer=(--compare llama.cpp); fi
 

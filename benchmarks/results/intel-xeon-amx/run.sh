@@ -7,12 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
-run() {
-  local name=$1; shift
-  { echo "+ $*"; echo "# $(date -u +%T) UTC start"; } > "$name.txt"
-  "$@" >> "$name.txt" 2>&1
-  echo "# $(date -u +%T) UTC exit $?" >> "$name.txt"
-}
+. ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
 
 # The AVX512-BF16 decode kernel with 1, 2 and 4 row streams, whole decode steps in one process.
 if [ -n "${STEP_AB:-}" ]; then

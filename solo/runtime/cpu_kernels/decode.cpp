@@ -755,9 +755,9 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // 0 = no rows x tokens tiles for many tokens, 2 = such tiles at every K (tile.h; the same bits), "gvec_rt" =
 // the portable builds' bf16 tile shape (10 x rows + tokens; tile.h), "row_streams" = rows their dense decode
 // kernel runs side by side (1, 2 or 4; gemv.h), "bf16_streams" / "q8_streams" = the same for the AVX512-BF16
-// and the integer-dot decode kernels, "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and k block (q8_rt 0 = none, -1 =
-// default), "bf16_pass_kb" = the AVX512-BF16 pass tile's k block (tile.h), "qz_rt" / "qz_pass_kb" = the 512-bit integer-dot pass tile's
-// shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take those tiles (default 32),
+// and the integer-dot decode kernels, "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and k block
+// (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the AVX512-BF16 pass tile's k block (tile.h), "qz_rt" /
+// "qz_pass_kb" = the 512-bit integer-dot pass tile's shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take those tiles (default 32),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
 // "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.

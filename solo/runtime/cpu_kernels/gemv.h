@@ -261,8 +261,9 @@ static int g_row_streams = 4;
 // 2 threads, benchmarks/step_ab.py: whole decode steps against the four-accumulator kernel of one row at a
 // time, the order before, built beside it; results/amd-epyc-zen3/step-ab-row-streams-*.txt): Qwen2.5-0.5B
 // 1.19x, Llama-3.2-1B 1.19x (1.21x / 1.30x in earlier runs); two streams 1.16x / 1.17x; one 0.89x / 0.88x (a
-// row's single FMA chain then bounds it). Rows side by side from ONE run (rows n, n + 1, ...), tried in a standalone loop, were slower than one
-// row at a time at K = 896: a row is 1.8 KiB, and the stream breaks at every row.
+// row's single FMA chain then bounds it). Rows side by side from ONE run (rows n, n + 1, ...), tried in a
+// standalone loop, were slower than one row at a time at K = 896: a row is 1.8 KiB, and the stream breaks
+// at every row.
 // One accumulator also lets the span prefill's tile keep a whole (row, token) dot product in one register
 // (tile.h: the span prefill 1.35x / 1.37x).
 template <int FMT>
@@ -293,7 +294,7 @@ static inline float dense_row_finish(const Mat* W, const void* w, int n, vf acc,
   return FMT == W_INT8 ? s * ((const float*)W->scale)[n] : s;
 }
 
-// Rows row[0 .. S) (weights w[s]) x BT sequences: one accumulator each, k in GVW-wide chunks.
+// Rows row[0 .. S) x BT sequences: one accumulator each, k in GVW-wide chunks.
 template <int FMT, int S, int BT>
 static inline void dense_rows_g(const Mat* W, const int* row, const float* x, int ldx, float* y, int ldy) {
   const void* w[S];
