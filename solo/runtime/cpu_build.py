@@ -7,6 +7,9 @@ run time from the CPU's features (`/proc/cpuinfo`):
     avx2         x86-64-v3: AVX2 + FMA + F16C; the portable vector-extension kernels (simd.h)
     avx512       x86-64-v4: AVX-512 F/BW/CD/DQ/VL; hand-tuned AVX-512 kernels, bf16 weights widened to float32
     avx512-bf16  avx512 + AVX512-BF16 + AVX512-VNNI: bf16 dot-product instructions
+    amx          avx512-bf16 + AMX-BF16 tiles (Sapphire Rapids and later Xeons): every bf16 weight product
+                 (decode and span prefill) on AMX tiles (cpu_kernels/amx.h); needs the OS to grant the
+                 tile state (Linux >= 5.16, asked for with arch_prctl)
     neon         ARM64 (ARMv8-A NEON); the portable vector-extension kernels
     neon-bf16    neon + the BF16 and dot-product extensions: bf16 weights through BFDOT, int8 / int4 weights
                  through SDOT (every CPU with BF16 has the dot product: Armv8.4 made it mandatory)
@@ -86,6 +89,9 @@ LEVELS: tuple[IsaLevel, ...] = (
     IsaLevel("avx512", "x86_64", _V4_FLAGS, _V4, "AVX-512 kernels (bf16 weights widened to fp32)"),
     IsaLevel("avx512-bf16", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni"),
              _V4 | {"avx512_bf16", "avx512_vnni"}, "AVX-512 kernels with AVX512-BF16 dot products"),
+    IsaLevel("amx", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"),
+             _V4 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"},
+             "AVX-512 kernels with AVX512-BF16, bf16 matrix products on AMX tiles"),
     IsaLevel("neon", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), "ARMv8-A NEON vector kernels"),
     IsaLevel("neon-bf16", "aarch64", ("-march=armv8.2-a+bf16+dotprod",), frozenset({"asimd", "bf16", "asimddp"}),
              "ARMv8.2-A NEON kernels with BF16 dot products (BFDOT) and int8 dot products (SDOT)"),
@@ -104,11 +110,34 @@ def cpu_features() -> frozenset[str]:
     return frozenset()
 
 
+_amx_permission: bool | None = None
+
+
+def amx_permitted() -> bool:
+    """Whether Linux lets this process use AMX tile data (asks once: arch_prctl ARCH_REQ_XCOMP_PERM).
+
+    Linux (>= 5.16) keeps the tile state off until a process requests it; the request is process-wide.
+    False off Linux/x86-64, on older kernels, or when the request is refused.
+    """
+    global _amx_permission
+    if _amx_permission is None:
+        _amx_permission = False
+        if platform.system() == "Linux" and platform.machine().lower() in ("x86_64", "amd64"):
+            try:
+                libc = ctypes.CDLL(None, use_errno=True)
+                sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata = 158, 0x1023, 18
+                _amx_permission = libc.syscall(sys_arch_prctl, arch_req_xcomp_perm, xfeature_xtiledata) == 0
+            except (OSError, AttributeError):
+                pass
+    return _amx_permission
+
+
 def available_levels() -> list[IsaLevel]:
-    """The ISA levels this machine can run, lowest (scalar) first."""
+    """The ISA levels this machine can run, lowest (scalar) first (AMX only where the OS grants it)."""
     machine, features = platform.machine().lower(), cpu_features()
     machine = {"amd64": "x86_64", "arm64": "aarch64"}.get(machine, machine)
-    return [lv for lv in LEVELS if (lv.arch is None or lv.arch == machine) and lv.requires <= features]
+    return [lv for lv in LEVELS if (lv.arch is None or lv.arch == machine) and lv.requires <= features
+            and ("amx_tile" not in lv.requires or amx_permitted())]
 
 
 def selected_level() -> IsaLevel:
@@ -130,7 +159,12 @@ def selected_level() -> IsaLevel:
             return lv
     level = next(lv for lv in LEVELS if lv.name == wanted)
     missing = sorted(level.requires - cpu_features()) if level.arch in (None, platform.machine()) else []
-    why = f"lacks {', '.join(missing)}" if missing else f"is {platform.machine()}, not {level.arch}"
+    if missing:
+        why = f"lacks {', '.join(missing)}"
+    elif level.arch == platform.machine():
+        why = "has AMX but the operating system refused the tile state (Linux >= 5.16 grants it)"
+    else:
+        why = f"is {platform.machine()}, not {level.arch}"
     raise IsaError(f"SOLO_CPU_ISA={wanted}: this CPU {why}; use one of "
                    f"{', '.join(lv.name for lv in available)}")
 

@@ -508,7 +508,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         prepare_input(&L->gate_up, t, nb, xin);
         // --- MLP: gate and up rows i together (both halves of gate_up), then the activation of those i on the
         // same thread, into the down projection's input (no barrier between them); then down
-        const int R = chunk_rows(&L->gate_up);  // rows of each half per chunk (two linear runs of a chunk's size)
+        const int R = chunk_rows(&L->gate_up, nb, f, nt);  // rows of each half per chunk (two linear runs of a chunk's size)
         const size_t down_esz = input_elem_bytes(&L->down);
         share_rows(queues, calls++, (f + R - 1) / R, tid, nt, [&](int c) {
           const int i0 = c * R, i1 = i0 + R < f ? i0 + R : f;
@@ -776,6 +776,13 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "gvec_rt")) g_gvec_rt = value;
   else if (!strcmp(name, "row_streams")) g_row_streams = value < 1 ? 1 : value;
   else if (!strcmp(name, "bf16_streams")) g_bf16_streams = value < 1 ? 1 : value;
+#if SOLO_AMX
+  else if (!strcmp(name, "amx")) g_amx = value;
+  else if (!strcmp(name, "amx_streams")) g_amx_streams = value < 1 ? 1 : value;
+  else if (!strcmp(name, "amx_prefetch")) g_amx_prefetch = value;
+  else if (!strcmp(name, "amx_span_kb")) g_amx_span_kb = value < 1 ? 1 : value;
+#endif
+  else if (!strcmp(name, "span_chunk_kb")) g_span_chunk_kb = value < 0 ? 0 : value;
   else if (!strcmp(name, "q8_streams")) g_q8_streams = value < 1 ? 1 : value;
   else if (!strcmp(name, "q8_rt")) g_q8_rt = value;
   else if (!strcmp(name, "pass_min_b")) g_pass_min_b = value;

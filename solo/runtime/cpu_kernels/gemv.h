@@ -3,6 +3,7 @@
 #include "common.h"
 #include "simd.h"
 #include "qdot.h"
+#include "amx.h"  // bf16 products on AMX tiles (the "amx" level only)
 
 // -------------------------------------------------------------------- matrix-vector products (GEMV)
 // y[b, n] = sum_k W[n, k] * x[b, k] for rows n in [n0, n1). x is bf16 for bf16 weights, else float32.
@@ -486,6 +487,12 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
   switch (W->format) {
 #if defined(__AVX512BF16__)
     case W_BF16:
+#if SOLO_AMX
+      if (amx_on()) {
+        amx_gemv_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
+        break;
+      }
+#endif
       gemv_bf16_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
       break;
 #else
@@ -516,6 +523,10 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
   }
 }
 #define SOLO_TILE 4
+#endif
+
+#ifndef SOLO_TILE
+#define SOLO_TILE 1  // scalar builds: one sequence at a time
 #endif
 
 #include "tile.h"  // rows x tokens tiles for many sequences (span prefill)
@@ -610,13 +621,26 @@ static int g_static_rows = 0;
 // that a late thread leaves little behind.
 static int g_chunk_bytes = 128 << 10;
 
-static inline int chunk_rows(const Mat* W) {
+// Products with more tokens than one decode tile on AMX (span prefill) take larger chunks, about this many
+// KiB of weights (knob "span_chunk_kb"; 0 = the decode chunks): a chunk's tokens are read once per chunk and
+// its per-token epilogue (the MLP's activation) runs once per chunk, and at 128 KiB both cost more than the
+// AMX products (results/intel-xeon-amx/prefill-ab-amx-*.txt); at least 4 chunks per thread for balance.
+static int g_span_chunk_kb = SOLO_AMX ? 1024 : 0;
+
+// Rows per chunk of W's product with B tokens, n rows shared by nt threads.
+static inline int chunk_rows(const Mat* W, int B = 1, int n = 0, int nt = 1) {
   const size_t cols = (size_t)W->cols;
   const size_t row_bytes = is_int4_format(W->format) ? cols / 2
                            : W->format == W_F32                            ? cols * 4
                            : W->format == W_BF16                           ? cols * 2
                                                                            : cols;
-  const size_t r = ((size_t)g_chunk_bytes / (row_bytes ? row_bytes : 1)) & ~(size_t)15;
+  size_t r = ((size_t)g_chunk_bytes / (row_bytes ? row_bytes : 1)) & ~(size_t)15;
+  if (B > SOLO_TILE && g_span_chunk_kb) {
+    const size_t span = ((size_t)g_span_chunk_kb << 10) / (row_bytes ? row_bytes : 1);
+    const size_t balanced = (size_t)n / (4 * (size_t)(nt > 0 ? nt : 1));
+    r = (span < balanced ? span : balanced) & ~(size_t)31;
+    if (r < 32) r = 32;
+  }
   return r < 16 ? 16 : (r > (1 << 20) ? (1 << 20) : (int)r);
 }
 
@@ -656,7 +680,7 @@ static void share_rows(RowQueue* q, unsigned gen, int chunks, int tid, int nt, F
 template <class F>
 static void gemv_shared(const Mat* W, const void* x, int B, float* y, int ldy, RowQueue* q, unsigned gen, int tid,
                         int nt, int skip, F&& epilogue) {
-  const int N = W->rows, R = chunk_rows(W);
+  const int N = W->rows, R = chunk_rows(W, B, N, nt);
   share_rows(q, gen, (N + R - 1) / R, tid, nt, [&](int c) {
     const int r0 = c * R, r1 = r0 + R < N ? r0 + R : N;
     gemv_rows(W, x, W->cols, B, y, ldy, r0, r1, skip);

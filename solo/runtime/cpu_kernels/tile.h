@@ -516,6 +516,12 @@ enum { Q8_RT_DEFAULT = SOLO_AVX512 ? 34 : 23 };
 // computed the product, 0 when the caller must (same bits either way).
 static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
   if (!g_span_tile) return 0;
+#if SOLO_AMX
+  if (W->format == W_BF16 && amx_on()) {
+    amx_span((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+    return 1;
+  }
+#endif
 #if SOLO_AVX512 && defined(__AVX512BF16__)
   if (W->format == W_BF16) {
     if (W->cols <= TILE_MIN_K && g_span_tile != 2) return 0;
