@@ -9,6 +9,27 @@ cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
 . ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
 
+# The AMX level (cpu_kernels/amx.h; set AMX to run only this part): the span prefill and decode against the
+# AVX512-BF16 kernels in one process (knob amx=0), then TTFT and decode against llama.cpp. The runs below
+# this block predate the AMX level (they ran the avx512-bf16 kernels).
+if [ -n "${AMX:-}" ]; then
+  for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+    for len in 128 512; do
+      run "prefill-ab-amx-$shape-$len" python ../../prefill_ab.py --shape "$shape" --prompt-len $len --rounds 3 \
+        --variant avx512bf16=amx=0 --variant amx=amx=1
+    done
+    run "step-ab-amx-$shape" python ../../step_ab.py --shape "$shape" --steps 8 --rounds 8 \
+      --variant avx512bf16=amx=0 --variant amx=amx=1
+  done
+  for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+    run "$shape-ttft512-amx" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
+      --compare llama.cpp --json "$shape-ttft512-amx.json"
+    run "$shape-bf16-amx" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager \
+      --json "$shape-bf16-amx.json"
+  done
+  exit 0
+fi
+
 # The AVX512-BF16 decode kernel with 1, 2 and 4 row streams, whole decode steps in one process.
 if [ -n "${STEP_AB:-}" ]; then
   for shape in Qwen2.5-0.5B Llama-3.2-1B; do
@@ -50,3 +71,4 @@ done
 run Qwen2.5-0.5B-long-context-lockstep $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 --energy-s 0 \
   --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random --sweep-gen-len 129 --lockstep 16 \
   --json Qwen2.5-0.5B-long-context-lockstep.json --plot Qwen2.5-0.5B-long-context-lockstep.png
+
