@@ -5,7 +5,8 @@ Decode reads the weights as A tiles and the tokens as the B tile; the span prefi
 depends on its own row and column alone and the two roles give the same bits: these tests check it through
 the kernels at odd widths (partial k steps), odd row counts (partial 16-row groups), token counts across
 the 16- and 32-token groups, 1 and 2 threads and every AMX knob, and that the result is a correct product.
-Skipped where the library is not the "amx" level (no AMX, or a lower `SOLO_CPU_ISA`).
+Skipped where the library is not the "amx" level (it runs only under `SOLO_CPU_ISA=amx`, on a CPU with
+AMX-BF16: tests/runtime/test_cpu_isa.py runs this file under every level the CPU has).
 """
 
 from __future__ import annotations
@@ -23,8 +24,8 @@ from solo.runtime.cpu_build import library_isa, load_library
 def lib():
     lib = load_library()
     if library_isa(lib) != "amx":
-        pytest.skip(f"the kernels run at the {library_isa(lib)!r} level, not 'amx' (no AMX on this CPU, or "
-                    "SOLO_CPU_ISA chose a lower level)")
+        pytest.skip(f"the kernels run at the {library_isa(lib)!r} level, not 'amx' (SOLO_CPU_ISA=amx on a CPU "
+                    "with AMX-BF16 runs these)")
     yield lib
     for knob, value in ((b"amx", 1), (b"amx_streams", 1), (b"amx_prefetch", 1), (b"span_tile", 1),
                         (b"pass_min_b", 32)):

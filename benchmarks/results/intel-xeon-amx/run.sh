@@ -13,6 +13,7 @@ solo="${SOLO:-solo}"
 # AVX512-BF16 kernels in one process (knob amx=0), then TTFT and decode against llama.cpp. The runs below
 # this block predate the AMX level (they ran the avx512-bf16 kernels).
 if [ -n "${AMX:-}" ]; then
+  export SOLO_CPU_ISA=amx  # only on request (its decode is slower than avx512-bf16's)
   for shape in Qwen2.5-0.5B Llama-3.2-1B; do
     for len in 128 512; do
       run "prefill-ab-amx-$shape-$len" python ../../prefill_ab.py --shape "$shape" --prompt-len $len --rounds 3 \

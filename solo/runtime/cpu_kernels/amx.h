@@ -17,7 +17,8 @@
 // from the AVX512-BF16 kernels' (a different summation order), within the same bf16-input tolerance.
 //
 // Why: on a 2-core Xeon with AMX the AVX512-BF16 span products ran at ~190 GFLOPS, oneDNN's AMX matmul at
-// 1400-1700; decode streams the weights at about the AVX-512 kernel's rate (amx_gemv_probe.cpp).
+// 1400-1700; these reach 1.1-1.8 TFLOPS (the span prefill 5.4-6.2x, results/intel-xeon-amx/prefill-ab-amx-*),
+// but decode is 0.86-0.89x the AVX512-BF16 kernel (below), so the level is chosen only on request.
 #pragma once
 #include "common.h"
 
@@ -32,11 +33,14 @@
 // steps breaks the span-vs-decode identity, as every kernel knob would).
 static int g_amx = 1;
 // Decode: groups of 16 rows at once, one from each of this many contiguous runs of groups (knob
-// "amx_streams" 1 or 2), and software prefetch of every tile row (knob "amx_prefetch" 0/1). Measured (2-core
-// Xeon with AMX, benchmarks/step_ab.py, whole decode steps): one run reads at the AVX512-BF16 kernel's rate
-// (0.998x Qwen2.5-0.5B, 0.999x Llama-3.2-1B, 91-94% of the round's probe); two runs 0.999x; no prefetch
-// 1.006x (noise). A tile row is a 64-byte piece of each of 16 adjacent rows: 16 short streams at once, which
-// the hardware prefetcher follows here (a standalone loop: 2 and 4 runs were 3-12% slower).
+// "amx_streams" 1 or 2), and a software prefetch of the next group's rows (knob "amx_prefetch" 0/1).
+// Measured (2-core Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole decode steps, same process against
+// knob amx=0): 0.86x (Qwen2.5-0.5B) and 0.89x (Llama-3.2-1B) of the AVX512-BF16 kernel, 79-83% of the round's
+// probe against 92-93% (results/intel-xeon-amx/step-ab-amx-*.txt); every product phase ~20% slower and the
+// attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under each level), as if the cores ran
+// slower; without prefetch or with two runs no better (0.80-0.91x over four A/Bs). A standalone loop of the
+// same reads (tile rows of 16 adjacent rows, chunks of 32-64 rows) ran at 0.93-1.0x of an AVX512-BF16 loop.
+// That decode cost is why cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
 static int g_amx_streams = 1;
 static int g_amx_prefetch = 1;
 // Span prefill: KiB of weight rows interleaved at a time (knob "amx_span_kb"; at least 32 rows): as many as
@@ -157,9 +161,9 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
   _tile_zero(0);
   if constexpr (S > 1) _tile_zero(1);
   for (int k = 0; k < kmain; k += 32) {
-    if (g_amx_prefetch)
+    if (g_amx_prefetch)  // the next group's rows at this k (a row is often shorter than a 4 KiB page)
       for (int s = 0; s < S; s++)
-        for (int r = 0; r < 16; r++) PREFETCH(W + (first[s] + r) * lda + k);
+        for (int r = 0; r < 16; r++) __builtin_prefetch(W + (first[s] + 16 + r) * lda + k, 0, 3);
     _tile_loadd(7, xb + (size_t)k * BT, 4 * BT);
     _tile_loadd(4, W + first[0] * lda + k, lda * 2);
     _tile_dpbf16ps(0, 4, 7);
