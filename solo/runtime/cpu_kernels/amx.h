@@ -35,14 +35,15 @@ static int g_amx = 1;
 // Decode: groups of 16 rows at once, one from each of this many contiguous runs of groups (knob
 // "amx_streams" 1 or 2), and a software prefetch of the next group's rows (knob "amx_prefetch" 0/1).
 // Measured (2-core Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole decode steps, same process against
-// knob amx=0): 0.86x (Qwen2.5-0.5B) and 0.89x (Llama-3.2-1B) of the AVX512-BF16 kernel, 79-83% of the round's
-// probe against 92-93% (results/intel-xeon-amx/step-ab-amx-*.txt); every product phase ~20% slower and the
-// attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under each level), as if the cores ran
-// slower; without prefetch or with two runs no better (0.80-0.91x over four A/Bs). A standalone loop of the
-// same reads (tile rows of 16 adjacent rows, chunks of 32-64 rows) ran at 0.93-1.0x of an AVX512-BF16 loop.
-// That decode cost is why cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
+// knob amx=0): 0.83x (Qwen2.5-0.5B) and 0.91x (Llama-3.2-1B) of the AVX512-BF16 kernel, 76-85% of the round's
+// probe against 91-94% (results/intel-xeon-amx/step-ab-amx-*.txt, with the prefetch); two k steps per turn
+// through two tile pairs (below) with no prefetch 0.90x, with it 0.84x; two runs no better. Every product
+// phase ran ~20% slower and the attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under
+// each level), as if the cores ran slower. `solo bench` in one window: 25.2-25.4 tok/s against 28.5-28.9
+// (0.88x). A standalone loop of the same reads ran at 0.93-1.0x of an AVX512-BF16 loop. That decode cost is
+// why cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
 static int g_amx_streams = 1;
-static int g_amx_prefetch = 1;
+static int g_amx_prefetch = 0;
 // Span prefill: KiB of weight rows interleaved at a time (knob "amx_span_kb"; at least 32 rows): as many as
 // stay in L2 beside a token group, so each token group is read once per super-block. 1 MiB: Llama-3.2-1B's
 // prompt of 512 1.52x over 32-row blocks (2 MiB rows at K = 8192: the down projection 0.8x).
@@ -65,7 +66,7 @@ struct AmxTileConfig {
   uint8_t rows[16];
 };
 
-// Tiles of decode: 0, 1 C (16 rows x bt tokens), 4, 5 A (16 weight rows x 32 k), 7 B (16 k pairs x bt).
+// Tiles of decode: 0, 1 C (16 rows x bt tokens), 4, 5 A (16 weight rows x 32 k), 6, 7 B (16 k pairs x bt).
 // Tiles of the span: 0-3 C (16 tokens x 16 rows), 4, 5 A (16 tokens x 32 k), 6, 7 B (16 k pairs x 16 rows).
 // Loaded at every kernel call: other code on the thread (oneDNN in the caller's thread) may load its own.
 static inline void amx_configure(int bt) {
@@ -74,7 +75,7 @@ static inline void amx_configure(int bt) {
   c.palette = 1;
   for (int t = 0; t < 8; t++) c.rows[t] = 16;
   for (int t = 0; t < 8; t++) c.colsb[t] = 64;
-  if (bt) c.colsb[0] = c.colsb[1] = c.colsb[7] = (uint16_t)(4 * bt);
+  if (bt) c.colsb[0] = c.colsb[1] = c.colsb[6] = c.colsb[7] = (uint16_t)(4 * bt);
   _tile_loadconfig(&c);
 }
 
@@ -160,7 +161,25 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
   const int kmain = K & ~31, rem = K - kmain;
   _tile_zero(0);
   if constexpr (S > 1) _tile_zero(1);
-  for (int k = 0; k < kmain; k += 32) {
+  int k0 = 0;
+  if constexpr (S == 1) {
+    // Two k steps per turn through two A and two B tiles, so a step's tile loads need not wait for the
+    // previous step's product to release its tiles (tiles are not renamed); C adds the steps in order.
+    for (; k0 + 64 <= kmain; k0 += 64) {
+      if (g_amx_prefetch)
+        for (int r = 0; r < 16; r++) {
+          __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0, 0, 3);
+          __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0 + 32, 0, 3);
+        }
+      _tile_loadd(7, xb + (size_t)k0 * BT, 4 * BT);
+      _tile_loadd(4, W + first[0] * lda + k0, lda * 2);
+      _tile_loadd(6, xb + (size_t)(k0 + 32) * BT, 4 * BT);
+      _tile_loadd(5, W + first[0] * lda + k0 + 32, lda * 2);
+      _tile_dpbf16ps(0, 4, 7);
+      _tile_dpbf16ps(0, 5, 6);
+    }
+  }
+  for (int k = k0; k < kmain; k += 32) {
     if (g_amx_prefetch)  // the next group's rows at this k (a row is often shorter than a 4 KiB page)
       for (int s = 0; s < S; s++)
         for (int r = 0; r < 16; r++) __builtin_prefetch(W + (first[s] + 16 + r) * lda + k, 0, 3);
