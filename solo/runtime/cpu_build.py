@@ -10,7 +10,7 @@ run time from the CPU's features (`/proc/cpuinfo`):
     amx          avx512-bf16 + AMX-BF16 tiles (Sapphire Rapids and later Xeons): every bf16 weight product
                  (decode and span prefill) on AMX tiles (cpu_kernels/amx.h); needs the OS to grant the
                  tile state (Linux >= 5.16, asked for with arch_prctl). Only on request: prompts prefill
-                 5-6x faster, decode runs ~0.87x (measured on a 2-core Xeon)
+                 5-6x faster, decode runs 0.83-0.91x (measured on a 2-core Xeon)
     neon         ARM64 (ARMv8-A NEON); the portable vector-extension kernels
     neon-bf16    neon + the BF16 and dot-product extensions: bf16 weights through BFDOT, int8 / int4 weights
                  through SDOT (every CPU with BF16 has the dot product: Armv8.4 made it mandatory)

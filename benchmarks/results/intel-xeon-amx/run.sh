@@ -28,6 +28,11 @@ if [ -n "${AMX:-}" ]; then
     run "$shape-bf16-amx" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager \
       --json "$shape-bf16-amx.json"
   done
+  # Decode and TTFT of the two levels in one window, alternating (no peers).
+  for isa in avx512-bf16 amx avx512-bf16 amx; do
+    SOLO_CPU_ISA=$isa run "Qwen2.5-0.5B-levels-$isa-$(date +%H%M%S)" $solo bench --shape Qwen2.5-0.5B \
+      --gen-len 128 --repeats 2 --energy-s 0
+  done
   exit 0
 fi
 

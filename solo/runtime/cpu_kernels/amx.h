@@ -39,8 +39,8 @@ static int g_amx = 1;
 // probe against 91-94% (results/intel-xeon-amx/step-ab-amx-*.txt, with the prefetch); two k steps per turn
 // through two tile pairs (below) with no prefetch 0.90x, with it 0.84x; two runs no better. Every product
 // phase ran ~20% slower and the attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under
-// each level), as if the cores ran slower. `solo bench` in one window: 25.2-25.4 tok/s against 28.5-28.9
-// (0.88x). A standalone loop of the same reads ran at 0.93-1.0x of an AVX512-BF16 loop. That decode cost is
+// each level), as if the cores ran slower. `solo bench` in one window, these kernels: 23.5-25.4 tok/s against
+// 28.3 (0.83-0.90x). A standalone loop of the same reads ran at 0.93-1.0x of an AVX512-BF16 loop. That decode cost is
 // why cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
 static int g_amx_streams = 1;
 static int g_amx_prefetch = 0;
