@@ -27,7 +27,7 @@ def lib():
         pytest.skip(f"the kernels run at the {library_isa(lib)!r} level, not 'amx' (SOLO_CPU_ISA=amx on a CPU "
                     "with AMX-BF16 runs these)")
     yield lib
-    for knob, value in ((b"amx", 1), (b"amx_streams", 1), (b"amx_prefetch", 1), (b"span_tile", 1),
+    for knob, value in ((b"amx", 1), (b"amx_streams", 1), (b"amx_prefetch", 0), (b"span_tile", 1),
                         (b"pass_min_b", 32)):
         lib.solo_set_knob(knob, value)
 

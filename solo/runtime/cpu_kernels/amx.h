@@ -37,11 +37,12 @@ static int g_amx = 1;
 // Measured (2-core Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole decode steps, same process against
 // knob amx=0): 0.83x (Qwen2.5-0.5B) and 0.91x (Llama-3.2-1B) of the AVX512-BF16 kernel, 76-85% of the round's
 // probe against 91-94% (results/intel-xeon-amx/step-ab-amx-*.txt, with the prefetch); two k steps per turn
-// through two tile pairs (below) with no prefetch 0.90x, with it 0.84x; two runs no better. Every product
-// phase ran ~20% slower and the attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under
-// each level), as if the cores ran slower. `solo bench` in one window, these kernels: 23.5-25.4 tok/s against
-// 28.3 (0.83-0.90x). A standalone loop of the same reads ran at 0.93-1.0x of an AVX512-BF16 loop. That decode cost is
-// why cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
+// through two tile pairs (below) with no prefetch 0.90x, with it 0.84x; two runs no better; releasing the
+// tile state after every product (_tile_release) 0.895x against 0.903x. Every product phase ran ~20% slower
+// and the attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under each level), as if the
+// cores ran slower. `solo bench` in one window, these kernels: 23.5-25.4 tok/s against 28.3 (0.83-0.90x). A
+// standalone loop of the same reads ran at 0.93-1.0x of an AVX512-BF16 loop. That decode cost is why
+// cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
 static int g_amx_streams = 1;
 static int g_amx_prefetch = 0;
 // Span prefill: KiB of weight rows interleaved at a time (knob "amx_span_kb"; at least 32 rows): as many as
@@ -60,6 +61,18 @@ static const int g_amx_permitted = amx_request_permission();
 
 static inline int amx_on() { return g_amx && g_amx_permitted; }
 
+// GCC's <amxtileintrin.h> writes tileloadd and ldtilecfg as asm statements that name no memory they read
+// (tileloadd: no memory operand at all; ldtilecfg: only the first 8 bytes), so the compiler may drop or move
+// stores to a buffer that only a tile load reads (GCC 12 -O2 removed amx_pad_block's memset of a stack
+// buffer). A compiler barrier that names the buffer before the load, and one after it.
+#define AMX_LOADD(t, base, stride)                          \
+  do {                                                      \
+    const void* amx_p_ = (const void*)(base);               \
+    __asm__ volatile("" : : "r"(amx_p_) : "memory");        \
+    _tile_loadd(t, amx_p_, stride);                         \
+    __asm__ volatile("" : : : "memory");                    \
+  } while (0)
+
 struct AmxTileConfig {
   uint8_t palette, start_row, reserved[14];
   uint16_t colsb[16];
@@ -76,6 +89,7 @@ static inline void amx_configure(int bt) {
   for (int t = 0; t < 8; t++) c.rows[t] = 16;
   for (int t = 0; t < 8; t++) c.colsb[t] = 64;
   if (bt) c.colsb[0] = c.colsb[1] = c.colsb[6] = c.colsb[7] = (uint16_t)(4 * bt);
+  __asm__ volatile("" : : "r"(&c) : "memory");  // every byte of c is read (see AMX_LOADD)
   _tile_loadconfig(&c);
 }
 
@@ -171,10 +185,10 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
           __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0, 0, 3);
           __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0 + 32, 0, 3);
         }
-      _tile_loadd(7, xb + (size_t)k0 * BT, 4 * BT);
-      _tile_loadd(4, W + first[0] * lda + k0, lda * 2);
-      _tile_loadd(6, xb + (size_t)(k0 + 32) * BT, 4 * BT);
-      _tile_loadd(5, W + first[0] * lda + k0 + 32, lda * 2);
+      AMX_LOADD(7, xb + (size_t)k0 * BT, 4 * BT);
+      AMX_LOADD(4, W + first[0] * lda + k0, lda * 2);
+      AMX_LOADD(6, xb + (size_t)(k0 + 32) * BT, 4 * BT);
+      AMX_LOADD(5, W + first[0] * lda + k0 + 32, lda * 2);
       _tile_dpbf16ps(0, 4, 7);
       _tile_dpbf16ps(0, 5, 6);
     }
@@ -183,23 +197,23 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
     if (g_amx_prefetch)  // the next group's rows at this k (a row is often shorter than a 4 KiB page)
       for (int s = 0; s < S; s++)
         for (int r = 0; r < 16; r++) __builtin_prefetch(W + (first[s] + 16 + r) * lda + k, 0, 3);
-    _tile_loadd(7, xb + (size_t)k * BT, 4 * BT);
-    _tile_loadd(4, W + first[0] * lda + k, lda * 2);
+    AMX_LOADD(7, xb + (size_t)k * BT, 4 * BT);
+    AMX_LOADD(4, W + first[0] * lda + k, lda * 2);
     _tile_dpbf16ps(0, 4, 7);
     if constexpr (S > 1) {
-      _tile_loadd(5, W + first[S - 1] * lda + k, lda * 2);
+      AMX_LOADD(5, W + first[S - 1] * lda + k, lda * 2);
       _tile_dpbf16ps(1, 5, 7);
     }
   }
   if (rem) {
     alignas(64) uint16_t a[16 * 32];
-    _tile_loadd(7, xt, 4 * BT);
+    AMX_LOADD(7, xt, 4 * BT);
     amx_pad_block(a, W + first[0] * lda + kmain, lda, 16, rem);
-    _tile_loadd(4, a, 64);
+    AMX_LOADD(4, a, 64);
     _tile_dpbf16ps(0, 4, 7);
     if constexpr (S > 1) {
       amx_pad_block(a, W + first[S - 1] * lda + kmain, lda, 16, rem);
-      _tile_loadd(5, a, 64);
+      AMX_LOADD(5, a, 64);
       _tile_dpbf16ps(1, 5, 7);
     }
   }
@@ -301,15 +315,15 @@ static void amx_span(const uint16_t* W, int K, const uint16_t* x, int ldx, int B
         _tile_zero(3);
         for (int ks = 0; ks < ksteps; ks++) {
           const int k = 32 * ks;
-          _tile_loadd(4, a + k, lda * 2);
-          _tile_loadd(6, wv0 + (size_t)k * 16, 64);
+          AMX_LOADD(4, a + k, lda * 2);
+          AMX_LOADD(6, wv0 + (size_t)k * 16, 64);
           _tile_dpbf16ps(0, 4, 6);
           if (rows1) {
-            _tile_loadd(7, wv1 + (size_t)k * 16, 64);
+            AMX_LOADD(7, wv1 + (size_t)k * 16, 64);
             _tile_dpbf16ps(1, 4, 7);
           }
           if (two_tok) {
-            _tile_loadd(5, a + 16 * lda + k, lda * 2);
+            AMX_LOADD(5, a + 16 * lda + k, lda * 2);
             _tile_dpbf16ps(2, 5, 6);
             if (rows1) _tile_dpbf16ps(3, 5, 7);
           }
