@@ -9,16 +9,16 @@
 // 16 rows of A), and swapping the operands' roles (weights as A or as B) gives the same bits. So:
 //  - decode (1 to SOLO_TILE tokens: amx_gemv_bt): the weights are the A tiles, read in place (16 rows of 64
 //    bytes, row stride K * 2); the tokens the B tile: at batch 1 the input itself (one token's k pairs, 4
-//    bytes per tile row), with more tokens their k pairs interleaved first.
-//  - span prefill (more tokens: amx_span): the tokens are the A tiles, read in place, and each block of 32
-//    weight rows is interleaved once into k-pair order (two B tiles) for every token group to reuse.
+//    bytes per tile row), with more tokens their k pairs interleaved first (amx_interleave_rows).
+//  - span prefill (more tokens: amx_span): the tokens are the A tiles, read in place, and ~1 MiB of weight
+//    rows at a time is interleaved into k-pair order (B tiles, amx_interleave_rows) for every token group.
 // Every (row, token) sums k in steps of 32 from k = 0, C starting at zero; the last, partial step is
 // zero-padded on both sides (zero products add nothing), so every path gives the same bits. The bits differ
 // from the AVX512-BF16 kernels' (a different summation order), within the same bf16-input tolerance.
 //
 // Why: on a 2-core Xeon with AMX the AVX512-BF16 span products ran at ~190 GFLOPS, oneDNN's AMX matmul at
 // 1400-1700; these reach 1.1-1.8 TFLOPS (the span prefill 5.4-6.2x, results/intel-xeon-amx/prefill-ab-amx-*),
-// but decode is 0.86-0.89x the AVX512-BF16 kernel (below), so the level is chosen only on request.
+// but decode is 0.83-0.91x the AVX512-BF16 kernel (below), so the level is chosen only on request.
 #pragma once
 #include "common.h"
 
@@ -109,23 +109,6 @@ static inline void amx_pad_block(uint16_t* dst, const uint16_t* src, size_t lds,
   for (int r = 0; r < rows; r++) memcpy(dst + 32 * r, src + (size_t)r * lds, (size_t)cols * sizeof(uint16_t));
 }
 
-// The k pairs [kp0, kp1) of `n` vectors v[j] = src + j * lds (n <= 16) into dst [kp1 - kp0][width][2]:
-// B-tile order, vector j in column j; columns n .. width - 1 and k >= K are zero.
-static inline void amx_interleave(uint16_t* dst, const uint16_t* src, size_t lds, int n, int width, int K, int kp0,
-                                  int kp1) {
-  uint32_t* d = (uint32_t*)dst;
-  memset(d, 0, (size_t)(kp1 - kp0) * width * 4);
-  for (int j = 0; j < n; j++) {
-    const uint16_t* v = src + (size_t)j * lds;
-    const int full = K / 2 < kp1 ? K / 2 : kp1;
-    for (int kp = kp0; kp < full; kp++) memcpy(d + (size_t)(kp - kp0) * width + j, v + 2 * kp, 4);
-    if (K % 2 && K / 2 >= kp0 && K / 2 < kp1) {
-      const uint32_t last = v[K - 1];
-      d[(size_t)(K / 2 - kp0) * width + j] = last;
-    }
-  }
-}
-
 // 16 x 16 32-bit elements transposed in registers (unpacks within 128-bit lanes, then lane shuffles).
 static inline void amx_transpose16(__m512i r[16]) {
   __m512i t[16], u[16], v[16];
@@ -151,15 +134,16 @@ static inline void amx_transpose16(__m512i r[16]) {
   }
 }
 
-// `rows` <= 16 weight rows (row stride K) into B tiles [K / 32 rounded up][16 k pairs][16 rows][2]: a k step
-// of 16 rows is 16 x 16 pairs transposed; rows past `rows` and k >= K are zero.
-static inline void amx_interleave_rows(uint16_t* dst, const uint16_t* w, int K, int rows) {
+// `rows` <= 16 vectors of K bf16 (weight rows or tokens, stride lds) into B tiles [K / 32 rounded up][16 k
+// pairs][16 columns][2] (64-byte tile rows): a k step of 16 vectors is 16 x 16 pairs transposed; columns
+// past `rows` and k >= K are zero.
+static inline void amx_interleave_rows(uint16_t* dst, const uint16_t* w, size_t lds, int K, int rows) {
   for (int k = 0; k < K; k += 32) {
     const int n = K - k < 32 ? K - k : 32;
     const __mmask32 m = n == 32 ? ~(__mmask32)0 : (__mmask32)((1u << n) - 1);
     __m512i r[16];
     for (int i = 0; i < 16; i++)
-      r[i] = i < rows ? _mm512_maskz_loadu_epi16(m, w + (size_t)i * K + k) : _mm512_setzero_si512();
+      r[i] = i < rows ? _mm512_maskz_loadu_epi16(m, w + i * lds + k) : _mm512_setzero_si512();
     amx_transpose16(r);
     for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (size_t)k * 16 + 32 * i, r[i]);
   }
@@ -167,11 +151,13 @@ static inline void amx_interleave_rows(uint16_t* dst, const uint16_t* w, int K, 
 
 // Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 16 tokens (bf16 weights and inputs).
 // S groups of 16 rows at once (one C and one A tile each), from S contiguous runs of the range's groups.
-// W: rows of lda elements, K of them used; first[s]: group s's first row; xb: the tokens' k pairs
-// [K / 32 * 16][BT][2]; xt: those of the last, partial k step (zero-padded).
+// W: rows of lda elements, K of them used; first[s]: group s's first row; xb: the tokens' k pairs, B-tile
+// rows of ldb bytes (4: one token in place; 64: amx_interleave_rows); xt: the last, partial k step's pairs
+// (amx_interleave_rows, zero-padded).
 template <int S, int BT>
 static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* first, const uint16_t* xb,
-                              const uint16_t* xt, float* y, int ldy) {
+                              int ldb, const uint16_t* xt, float* y, int ldy) {
+  const size_t xstep = (size_t)ldb / 4;  // elements of xb per k (16 k pairs of ldb bytes per 32 k)
   const int kmain = K & ~31, rem = K - kmain;
   _tile_zero(0);
   if constexpr (S > 1) _tile_zero(1);
@@ -185,9 +171,9 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
           __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0, 0, 3);
           __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0 + 32, 0, 3);
         }
-      AMX_LOADD(7, xb + (size_t)k0 * BT, 4 * BT);
+      AMX_LOADD(7, xb + k0 * xstep, ldb);
       AMX_LOADD(4, W + first[0] * lda + k0, lda * 2);
-      AMX_LOADD(6, xb + (size_t)(k0 + 32) * BT, 4 * BT);
+      AMX_LOADD(6, xb + (k0 + 32) * xstep, ldb);
       AMX_LOADD(5, W + first[0] * lda + k0 + 32, lda * 2);
       _tile_dpbf16ps(0, 4, 7);
       _tile_dpbf16ps(0, 5, 6);
@@ -197,7 +183,7 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
     if (g_amx_prefetch)  // the next group's rows at this k (a row is often shorter than a 4 KiB page)
       for (int s = 0; s < S; s++)
         for (int r = 0; r < 16; r++) __builtin_prefetch(W + (first[s] + 16 + r) * lda + k, 0, 3);
-    AMX_LOADD(7, xb + (size_t)k * BT, 4 * BT);
+    AMX_LOADD(7, xb + k * xstep, ldb);
     AMX_LOADD(4, W + first[0] * lda + k, lda * 2);
     _tile_dpbf16ps(0, 4, 7);
     if constexpr (S > 1) {
@@ -207,7 +193,7 @@ static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* f
   }
   if (rem) {
     alignas(64) uint16_t a[16 * 32];
-    AMX_LOADD(7, xt, 4 * BT);
+    AMX_LOADD(7, xt, 64);
     amx_pad_block(a, W + first[0] * lda + kmain, lda, 16, rem);
     AMX_LOADD(4, a, 64);
     _tile_dpbf16ps(0, 4, 7);
@@ -233,21 +219,22 @@ static void amx_gemv_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, fl
   static_assert(BT >= 1 && BT <= 16, "a B tile holds 16 tokens");
   AmxScratch& scratch = amx_scratch();
   const int kmain = K & ~31, rem = K - kmain;
-  const uint16_t* xb = x;  // one token: its k pairs are already B-tile rows
+  const uint16_t* xb = x;  // one token: its k pairs are already B-tile rows (4 bytes each)
+  int ldb = 4;
   if (BT > 1) {
-    scratch.pairs.resize((size_t)kmain * BT + 16);
-    amx_interleave(scratch.pairs.data(), x, ldx, BT, BT, K, 0, kmain / 2);
-    xb = scratch.pairs.data();
+    scratch.pairs.resize((size_t)kmain * 16);
+    amx_interleave_rows(scratch.pairs.data(), x, ldx, kmain, BT);
+    xb = scratch.pairs.data(), ldb = 64;
   }
-  alignas(64) uint16_t xt[16 * 16 * 2];  // the last, partial k step's pairs
-  if (rem) amx_interleave(xt, x, ldx, BT, BT, K, kmain / 2, kmain / 2 + 16);
+  alignas(64) uint16_t xt[16 * 32];  // the last, partial k step's pairs
+  if (rem) amx_interleave_rows(xt, x + kmain, ldx, rem, BT);
   amx_configure(BT);
   const int groups = (n1 - n0) / 16;
   auto run = [&](auto streams, const int* group) {
     constexpr int R = decltype(streams)::value;
     int first[R];
     for (int s = 0; s < R; s++) first[s] = n0 + 16 * group[s];
-    amx_groups<R, BT>(W, (size_t)K, K, first, xb, xt, y, ldy);
+    amx_groups<R, BT>(W, (size_t)K, K, first, xb, ldb, xt, y, ldy);
   };
   if (g_amx_streams >= 2)
     for_row_streams<2>(0, groups, run);
@@ -258,10 +245,11 @@ static void amx_gemv_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, fl
     std::vector<uint16_t>& rows = scratch.rows;
     const int kpad = kmain + (rem ? 32 : 0);
     rows.assign((size_t)16 * kpad, 0);
-    for (int r = 0; r < left; r++) memcpy(rows.data() + (size_t)r * kpad, W + (size_t)(n1 - left + r) * K, (size_t)K * 2);
+    for (int r = 0; r < left; r++)
+      memcpy(rows.data() + (size_t)r * kpad, W + (size_t)(n1 - left + r) * K, (size_t)K * 2);
     int first = 0;
     float ybuf[16 * BT];
-    amx_groups<1, BT>(rows.data(), (size_t)kpad, K, &first, xb, xt, ybuf, 16);
+    amx_groups<1, BT>(rows.data(), (size_t)kpad, K, &first, xb, ldb, xt, ybuf, 16);
     for (int r = 0; r < left; r++)
       for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n1 - left + r] = ybuf[j * 16 + r];
   }
@@ -291,7 +279,8 @@ static void amx_span(const uint16_t* W, int K, const uint16_t* x, int ldx, int B
     const int groups = (s1 - s0 + 15) / 16;
     for (int g = 0; g < groups; g++) {
       const int r0 = s0 + 16 * g;
-      amx_interleave_rows(wv.data() + g * group_elems, W + (size_t)r0 * K, K, s1 - r0 < 16 ? s1 - r0 : 16);
+      const int rows = s1 - r0 < 16 ? s1 - r0 : 16;
+      amx_interleave_rows(wv.data() + g * group_elems, W + (size_t)r0 * K, (size_t)K, K, rows);
     }
     for (int t0 = 0; t0 < B; t0 += 32) {
       const int toks = B - t0 < 32 ? B - t0 : 32;
