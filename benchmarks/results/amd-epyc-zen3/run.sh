@@ -6,7 +6,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
-. ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
+. ../run_logged.sh  # run NAME CMD... (output in NAME.txt); ttft512_runs, quantized_runs, cpu_hog_run
 
 # bf16 decode (prompt 128, 256 generated) and TTFT at 128 against llama.cpp's F16 and BF16 GGUFs and
 # transformers eager.
@@ -14,20 +14,11 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager --json "$shape-bf16.json"
 done
 # TTFT at 512 tokens.
-for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-  run "$shape-ttft512" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
-    --compare llama.cpp --json "$shape-ttft512.json"
-done
+ttft512_runs
 # int8 against Q8_0, int4 against Q4_0.
-for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-  for q in int8 int4; do
-    run "$shape-$q" $solo bench --shape "$shape" --quantize $q --gen-len 128 --energy-s 0 --compare llama.cpp \
-      --json "$shape-$q.json"
-  done
-done
+quantized_runs
 # Beside one busy-loop process (one of the two cores taken by other work).
-run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
-  --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
+cpu_hog_run
 # After the 1 KiB software prefetch on Zen 3 (cpu_build.prefetch_distance_bytes): bf16 decode and int8 again.
 for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16-prefetch1k" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp \

@@ -9,7 +9,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
-. ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
+. ../run_logged.sh  # run NAME CMD... (output in NAME.txt); ttft512_runs, quantized_runs, cpu_hog_run
 avx2_peer=()
 if [ -n "${LLAMA_CPP_AVX2_LIB:-}" ]; then avx2_peer=(--compare llama.cpp); fi
 
@@ -18,10 +18,7 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp --json "$shape-bf16.json"
 done
 # TTFT at 512 tokens.
-for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-  run "$shape-ttft512" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
-    --compare llama.cpp --json "$shape-ttft512.json"
-done
+ttft512_runs
 # The AVX2 kernels with oneDNN capped at AVX2, against an AVX2-only llama.cpp: a proxy for an AVX2-only CPU.
 for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16-avx2-proxy" env SOLO_CPU_ISA=avx2 ONEDNN_MAX_CPU_ISA=AVX2 \
@@ -29,15 +26,9 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
     "${avx2_peer[@]}" --json "$shape-bf16-avx2-proxy.json"
 done
 # int8 against Q8_0, int4 against Q4_0.
-for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-  for q in int8 int4; do
-    run "$shape-$q" $solo bench --shape "$shape" --quantize $q --gen-len 128 --energy-s 0 --compare llama.cpp \
-      --json "$shape-$q.json"
-  done
-done
+quantized_runs
 # Beside one busy-loop process (one of the two cores taken by other work).
-run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
-  --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
+cpu_hog_run
 # MoE: the full OLMoE-1B-7B in bf16 (13.8 GB: llama.cpp runs after Solo's weights are freed).
 run OLMoE-1B-7B-bf16 timeout 900 $solo bench --shape OLMoE-1B-7B --prompt-len 32 --gen-len 64 --repeats 3 \
   --energy-s 0 --compare llama.cpp-BF16 --peers-after-solo --json OLMoE-1B-7B-bf16.json

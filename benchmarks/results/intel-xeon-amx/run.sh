@@ -7,7 +7,7 @@
 set -uo pipefail
 cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
-. ../run_logged.sh  # run NAME CMD...: CMD's output in NAME.txt with its command and times
+. ../run_logged.sh  # run NAME CMD... (output in NAME.txt); ttft512_runs, quantized_runs, cpu_hog_run
 
 # The AMX level (cpu_kernels/amx.h; set AMX to run only this part): the span prefill and decode against the
 # AVX512-BF16 kernels in one process (knob amx=0), then TTFT and decode against llama.cpp. The runs below
@@ -53,26 +53,17 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager --json "$shape-bf16.json"
 done
 # TTFT at 512 tokens.
-for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-  run "$shape-ttft512" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
-    --compare llama.cpp --json "$shape-ttft512.json"
-done
+ttft512_runs
 # In turns of 16 tokens (each turn against its own probes; each peer's turn paired with Solo's before it).
 for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16-lockstep" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp --lockstep 16 \
     --json "$shape-bf16-lockstep.json"
 done
 # Beside one busy-loop process (one of the two cores taken by other work).
-run Qwen2.5-0.5B-bf16-cpu-hog $solo bench --shape Qwen2.5-0.5B --gen-len 64 --energy-s 0 --cpu-hog 1 \
-  --compare llama.cpp --json Qwen2.5-0.5B-bf16-cpu-hog.json
+cpu_hog_run
 # int8 against Q8_0, int4 against Q4_0: the native llama.cpp build's Q8_0 / Q4_0 (AMX) crashed on this VM,
 # so these peers come from a build with AMX off (README.md).
-for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-  for q in int8 int4; do
-    run "$shape-$q" $solo bench --shape "$shape" --quantize $q --gen-len 128 --energy-s 0 --compare llama.cpp \
-      --json "$shape-$q.json"
-  done
-done
+quantized_runs
 # Long context (#15): decode after a KV cache of random values up to the full context, in turns of 16 tokens.
 run Qwen2.5-0.5B-long-context-lockstep $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 --energy-s 0 \
   --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random --sweep-gen-len 129 --lockstep 16 \
