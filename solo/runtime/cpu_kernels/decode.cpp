@@ -144,12 +144,12 @@ static size_t mat_row_bytes(const Mat* W) {
 }
 
 // The read-ahead for the next product over W's rows: the start of this thread's own run of chunks (share_rows'
-// static split of rows [0, n), chunks of chunk_rows(W) rows); with halves = 2 (the MLP's gate/up, n = f) the
-// same rows of both halves, [r, ...) and [f + r, ...). At most g_ahead_kb KiB in all.
+// static split of rows [0, n), chunks of chunk_rows(W, 1, n, nt) rows); with halves = 2 (the MLP's gate/up,
+// n = f) the same rows of both halves, [r, ...) and [f + r, ...). At most g_ahead_kb KiB in all.
 static Ahead ahead_of(const Mat* W, int n, int halves, int tid, int nt) {
   Ahead a;
   if (!g_ahead_kb || nt == 1 || !W->weight) return a;
-  const int R = chunk_rows(W), chunks = (n + R - 1) / R;
+  const int R = chunk_rows(W, 1, n, nt), chunks = (n + R - 1) / R;
   const long c0 = (long)chunks * tid / nt, c1 = (long)chunks * (tid + 1) / nt;
   const long r0 = c0 * R, r1 = c1 * R < n ? c1 * R : n;
   if (r1 <= r0) return a;
@@ -508,7 +508,8 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         prepare_input(&L->gate_up, t, nb, xin);
         // --- MLP: gate and up rows i together (both halves of gate_up), then the activation of those i on the
         // same thread, into the down projection's input (no barrier between them); then down
-        const int R = chunk_rows(&L->gate_up, nb, f, nt);  // rows of each half per chunk (two linear runs of a chunk's size)
+        // rows of each half per chunk (two linear runs of a chunk's size)
+        const int R = chunk_rows(&L->gate_up, nb, f, nt);
         const size_t down_esz = input_elem_bytes(&L->down);
         share_rows(queues, calls++, (f + R - 1) / R, tid, nt, [&](int c) {
           const int i0 = c * R, i1 = i0 + R < f ? i0 + R : f;

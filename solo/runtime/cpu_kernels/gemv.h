@@ -628,7 +628,7 @@ static int g_chunk_bytes = 128 << 10;
 static int g_span_chunk_kb = SOLO_AMX ? 1024 : 0;
 
 // Rows per chunk of W's product with B tokens, n rows shared by nt threads.
-static inline int chunk_rows(const Mat* W, int B = 1, int n = 0, int nt = 1) {
+static inline int chunk_rows(const Mat* W, int B, int n, int nt) {
   const size_t cols = (size_t)W->cols;
   const size_t row_bytes = is_int4_format(W->format) ? cols / 2
                            : W->format == W_F32                            ? cols * 4
