@@ -7,7 +7,8 @@ batch 1), each round preceded by a streaming-read probe on the same threads, so 
 ("lib:DIR" compiles DIR/decode.cpp with this machine's flags and runs its step on the same struct; "skip":
 the products write zeros instead of reading weights, what is left is the step's other work; "noarena": a
 second model of the shape whose runtime leaves the weights where PyTorch allocated them, i.e. without the
-huge-page arena of solo/runtime/cpu.py):
+huge-page arena of solo/runtime/cpu.py; "rowmajor": likewise a second model, its bf16 matrices left row-major
+on the AVX512-BF16 kernels at the amx level, where the first runtime packs them for the AMX kernels):
 
     python benchmarks/step_ab.py --shape Llama-3.2-1B --steps 4 --rounds 30 \
         --variant base= --variant ahead=ahead_kb=256,ahead_hint=1
@@ -68,7 +69,7 @@ def huge_page_share(tensors: list[torch.Tensor]) -> float:
 # decode.cpp's knob defaults (solo_set_knob): a variant's knobs are set over these, every other knob reset.
 KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "late_us": 1000, "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1,
                  "moe_gu_rows": 128, "moe_down_rows": 256, "moe_fused": 1, "span_tile": 1, "row_streams": 4,
-                 "bf16_streams": 4, "q8_streams": 2}
+                 "bf16_streams": 4, "q8_streams": 2, "amx": 1, "amx_groups": 4, "amx_span_kb": 1024}
 
 
 def runtime_without_arena(model: torch.nn.Module, threads: int) -> CpuRuntime:
@@ -113,36 +114,39 @@ def main() -> None:
 
         model = quantize_model(model, args.quantize)
     specs = args.variant or ["base="]
-    runtimes = {True: CpuRuntime(model, num_threads=args.threads)}
+    runtimes = {"base": CpuRuntime(model, num_threads=args.threads)}
     if any("noarena" in spec for spec in specs):  # a second model of the shape, its weights left in place
-        runtimes[False] = runtime_without_arena(build_model(cfg, torch.bfloat16), args.threads)
+        runtimes["noarena"] = runtime_without_arena(build_model(cfg, torch.bfloat16), args.threads)
+    if any("rowmajor" in spec for spec in specs):  # a second model of the shape, not packed for AMX
+        runtimes["rowmajor"] = CpuRuntime(build_model(cfg, torch.bfloat16), num_threads=args.threads,
+                                          pack_amx=False)
     for r in runtimes.values():
         r.threads.enabled = False  # a fixed thread count: the variants, not the governor, are compared
         r.threads.threads = args.threads
         r.reserve(1, 64 + args.steps * args.rounds * 2 + 8)
         r.prefill(0, torch.arange(3, 35))
-    rt = runtimes[True]
+    rt = runtimes["base"]
     base_lib = rt._lib
     variants: list[tuple[str, ctypes.CDLL, list[tuple[bytes, int]], CpuRuntime]] = []
     for spec in specs:
         name, _, rest = spec.partition("=")
-        lib, knobs, arena = base_lib, [], True
+        lib, knobs, which = base_lib, [], "base"
         for item in filter(None, rest.split(",")):
             if item.startswith("lib:"):
                 lib = build_library(item[4:])
             elif item == "skip":  # products write zeros: the step's cost outside weight streaming
                 knobs.append((b"", 1))
-            elif item == "noarena":  # the weights where the model left them (before the huge-page arena)
-                arena = False
+            elif item in ("noarena", "rowmajor"):  # the second runtime (above)
+                which = item
             else:
                 k, _, v = item.partition("=")
                 knobs.append((k.encode(), int(v)))
-        variants.append((name, lib, knobs, runtimes[arena]))
+        variants.append((name, lib, knobs, runtimes[which]))
     nbytes = rt.weight_nbytes()
-    for arena, r in runtimes.items():
+    for which, r in runtimes.items():
         weights = [t for t in r._keep if t.numel() * t.element_size() >= 1 << 20]
         print(f"{args.shape} bf16, {r.isa}, {args.threads} threads, {nbytes / 1e6:.1f} MB per token; "
-              f"{'' if arena else 'no arena: '}weights on huge pages: {huge_page_share(weights) * 100:.0f}% "
+              f"{'' if which == 'base' else which + ': '}weights on huge pages: {huge_page_share(weights) * 100:.0f}% "
               "(estimate from /proc/self/smaps)")
     buf = torch.ones((1 << 29) // 8, dtype=torch.int64)
     print(f"probe buffer on huge pages: {huge_page_share([buf]) * 100:.0f}%")

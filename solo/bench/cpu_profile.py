@@ -38,8 +38,10 @@ def _mat_bytes(mat: ctypes.Structure) -> int:
         return 2 * n * k
     if fmt == 1:  # f32
         return 4 * n * k
-    if fmt == 2:  # int8 + a float32 scale per row
+    if fmt in (2, 5):  # int8 + a float32 scale per row
         return n * k + 4 * n
+    if fmt == 7:  # bf16 packed for the amx level: rows padded to 16, columns to 32
+        return 2 * (-(-n // 16) * 16) * (-(-k // 32) * 32)
     return n * k // 2 + 2 * n * (k // 32)  # int4 + a bf16 scale per group of 32
 
 

@@ -55,12 +55,14 @@ from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
+from solo.runtime.cpu_packing import AmxPackedLinear, pack_bf16_amx, packed_shape
 from solo.runtime.cpu_threads import ThreadGovernor
 from solo.runtime.quant import QuantLinear, model_quantization
 
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
 _W_INT8_Q8, _W_INT4_Q8 = 5, 6  # the same weights, integer dot products with int8-quantized inputs (qdot.h)
+_W_BF16_AMX = 7  # bf16 packed for the AMX level (solo.runtime.cpu_packing)
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 _SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
 
@@ -290,6 +292,8 @@ _ARENA_MIN = 64 << 20
 
 
 def _weight_name(module: nn.Module) -> str:
+    if isinstance(module, AmxPackedLinear):
+        return "packed"
     return "qweight" if isinstance(module, QuantLinear) else "weight"
 
 
@@ -341,6 +345,9 @@ class CpuRuntime:
         num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
         int_dot: int8 / int4 weights multiply int8-quantized activations in integer dot products (default:
             `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
+        pack_amx: at the kernels' amx level, pack a bf16 model's matrices for the AMX kernels (default; the
+            model's Linear layers become `AmxPackedLinear`); False keeps them row-major on the AVX512-BF16
+            kernels (measurement). Ignored at other levels.
 
     Attributes:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
@@ -379,7 +386,7 @@ class CpuRuntime:
     spans_batch_invariant = True
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None,
-                 int_dot: bool | None = None) -> None:
+                 int_dot: bool | None = None, pack_amx: bool | None = None) -> None:
         reason = cpu_unsupported_reason(model)
         if reason is not None:
             raise SoloError(f"the cpu backend cannot run this model: {reason}")
@@ -404,6 +411,14 @@ class CpuRuntime:
         self.int_dot_primitive = self._lib.solo_qdot().decode()
         # dtype of prefill's matmuls: float32 for a bf16 model where the CPU has no native bf16 matmul.
         self.prefill_matmul_dtype = model.dtype
+        # The AMX level packs the bf16 matrices for its kernels (solo.runtime.cpu_packing); the model's Linear
+        # layers become AmxPackedLinear views of the packed weights.
+        self.pack_amx = self.isa == "amx" and model.dtype == torch.bfloat16 and pack_amx is not False
+        self._parents: dict[int, tuple[nn.Module, str]] = {}
+        if self.pack_amx:
+            for parent in model.modules():
+                for name, child in parent.named_children():
+                    self._parents[id(child)] = (parent, name)
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
             self.prefill_matmul_dtype = torch.float32
         self.span_prefill_tokens = SPAN_PREFILL_TOKENS
@@ -464,8 +479,58 @@ class CpuRuntime:
             row += rows
         return copy
 
+    def _group_bytes(self, modules: list[nn.Module]) -> int:
+        # Arena bytes of one fused matrix: packed (zero-padded) where the AMX level packs it.
+        if self._packable(modules) and not isinstance(modules[0], AmxPackedLinear):
+            groups, steps, step = packed_shape(sum(m.out_features for m in modules), modules[0].in_features)
+            return groups * steps * step * 2
+        return _group_weight_bytes(modules)
+
+    def _packable(self, modules: list[nn.Module]) -> bool:
+        # Every part but the last must end on a 16-row group (each part's packed rows are then its own slice).
+        if not self.pack_amx or not all(isinstance(m, nn.Linear) for m in modules):
+            return all(isinstance(m, AmxPackedLinear) for m in modules)
+        return (all(m.out_features % 16 == 0 for m in modules[:-1])
+                and all(m.weight.dtype == torch.bfloat16 for m in modules))
+
+    def _packed_mat(self, modules: list[nn.Module]) -> _Mat:
+        # The modules' weights packed into the current arena (or already packed by another runtime on this
+        # model): the modules become AmxPackedLinear slices of it, the dense copy is dropped.
+        cols = modules[0].in_features
+        rows = sum(m.out_features for m in modules)
+        if all(isinstance(m, AmxPackedLinear) for m in modules):
+            packed, bias = _fuse_rows(modules, ("packed", "bias"))
+        else:
+            dense, bias = _fuse_rows(modules, ("weight", "bias"))
+            packed = pack_bf16_amx(dense)
+            del dense
+            if self._arena_pending:
+                self._arena = _huge_page_buffer(self._arena_pending)
+                self._arena_pending = 0
+            nbytes = packed.numel() * packed.element_size()
+            if self._arena_used + nbytes <= self._arena.numel():
+                start = self._arena_used
+                self._arena_used += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
+                copy = self._arena[start:start + nbytes].view(torch.bfloat16).view(packed.shape)
+                copy.copy_(packed)
+                packed = copy
+            group, row = 0, 0
+            for m in modules:
+                groups = packed_shape(m.out_features, cols)[0]
+                part_bias = None if bias is None else bias[row:row + m.out_features]
+                parent, name = self._parents[id(m)]
+                setattr(parent, name, AmxPackedLinear(packed[group:group + groups], part_bias, cols, m.out_features))
+                group, row = group + groups, row + m.out_features
+        self._keep += [t for t in (packed, bias) if t is not None]
+        mat = _Mat(_W_BF16_AMX, rows, cols, 32, packed.data_ptr(), None,
+                   bias.data_ptr() if bias is not None else None)
+        self._prefill_mats.append((mat, packed, bias))
+        return mat
+
     def _mat(self, modules: list[nn.Module]) -> _Mat:
         first = modules[0]
+        if self._packable(modules):
+            return self._packed_mat(modules)
         if isinstance(first, QuantLinear):
             qweight, scale, bias = _fuse_rows(modules, ("qweight", "scale", "bias"))
             qweight = self._to_arena(modules, qweight)
@@ -504,9 +569,9 @@ class CpuRuntime:
             groups = [[layer.attn.q_proj, layer.attn.k_proj, layer.attn.v_proj], [layer.attn.o_proj]]
             if not cfg.is_moe_layer(i):
                 groups += [[layer.mlp.gate_proj, layer.mlp.up_proj], [layer.mlp.down_proj]]
-            sizes.append(sum(-(-_group_weight_bytes(g) // _ARENA_ALIGN) * _ARENA_ALIGN for g in groups))
+            sizes.append(sum(-(-self._group_bytes(g) // _ARENA_ALIGN) * _ARENA_ALIGN for g in groups))
         if model.lm_head is not None:
-            sizes.append(-(-_group_weight_bytes([model.lm_head]) // _ARENA_ALIGN) * _ARENA_ALIGN)
+            sizes.append(-(-self._group_bytes([model.lm_head]) // _ARENA_ALIGN) * _ARENA_ALIGN)
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.attn, layer.mlp
             entry = self._layers[i]
@@ -738,6 +803,15 @@ class CpuRuntime:
         """
         mat, weight, bias = self._prefill_mats[index]
         dtype = self.prefill_matmul_dtype
+        if mat.format == _W_BF16_AMX:  # the packed weights' own kernel: AMX tiles, as fast as oneDNN's matmul
+            xf = x.float().contiguous()
+            out = torch.empty(xf.shape[0], mat.rows)
+            workspace = torch.empty(xf.numel() * 4 + 64, dtype=torch.uint8)
+            self._lib.solo_gemv(ctypes.byref(mat), xf.data_ptr(), xf.shape[0], out.data_ptr(), workspace.data_ptr(),
+                                self.num_threads)
+            if bias is not None:
+                out += bias.float()
+            return out.to(self.model.dtype)
         if mat.format in (_W_INT8_Q8, _W_INT4_Q8):
             # The decode kernels multiply int8-quantized activations: prefill does the same, so a prompt's keys
             # and values are the ones decode steps would have written (up to rounding).

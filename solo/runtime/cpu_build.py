@@ -7,17 +7,18 @@ run time from the CPU's features (`/proc/cpuinfo`):
     avx2         x86-64-v3: AVX2 + FMA + F16C; the portable vector-extension kernels (simd.h)
     avx512       x86-64-v4: AVX-512 F/BW/CD/DQ/VL; hand-tuned AVX-512 kernels, bf16 weights widened to float32
     avx512-bf16  avx512 + AVX512-BF16 + AVX512-VNNI: bf16 dot-product instructions
-    amx          avx512-bf16 + AMX-BF16 tiles (Sapphire Rapids and later Xeons): every bf16 weight product
-                 (decode and span prefill) on AMX tiles (cpu_kernels/amx.h); needs the OS to grant the
-                 tile state (Linux >= 5.16, asked for with arch_prctl). Only on request: prompts prefill
-                 5-6x faster, decode runs 0.83-0.91x (measured on a 2-core Xeon)
+    amx          avx512-bf16 + AMX-BF16 tiles (Sapphire Rapids and later Xeons): bf16 weights packed for
+                 cpu_kernels/amx.h, prompts (span prefill) multiplied on AMX tiles, decode on AVX512-BF16
+                 instructions that give the tiles' bits; needs the OS to grant the tile state (Linux >=
+                 5.16, asked for with arch_prctl). On a 2-core Xeon: prompts ~4-5x faster than avx512-bf16,
+                 decode 0.95-0.98x
     neon         ARM64 (ARMv8-A NEON); the portable vector-extension kernels
     neon-bf16    neon + the BF16 and dot-product extensions: bf16 weights through BFDOT, int8 / int4 weights
                  through SDOT (every CPU with BF16 has the dot product: Armv8.4 made it mandatory)
 
-The best level the CPU has is used (but `amx`, which only `SOLO_CPU_ISA=amx` picks); `SOLO_CPU_ISA=<level>`
-forces another (every path a machine can
-run can be tested on it), and a level the CPU lacks is refused with `IsaError`.
+The best level the CPU has is used; `SOLO_CPU_ISA=<level>` forces another (every path a machine can run can
+be tested on it; `avx512-bf16` on an AMX CPU keeps the last few percent of decode speed at the cost of
+slower prompts), and a level the CPU lacks is refused with `IsaError`.
 
 Each library is cached under the user's cache folder keyed by a hash of the source, the compiler and
 the flags; an unwritable cache folder falls back to a per-user folder under the system temp folder, with
@@ -95,7 +96,7 @@ LEVELS: tuple[IsaLevel, ...] = (
              _V4 | {"avx512_bf16", "avx512_vnni"}, "AVX-512 kernels with AVX512-BF16 dot products"),
     IsaLevel("amx", "x86_64", (*_V4_FLAGS, "-mavx512bf16", "-mavx512vnni", "-mamx-tile", "-mamx-bf16"),
              _V4 | {"avx512_bf16", "avx512_vnni", "amx_tile", "amx_bf16"},
-             "AVX-512 kernels with AVX512-BF16, bf16 matrix products on AMX tiles", auto=False),
+             "AVX-512 kernels with AVX512-BF16, bf16 prompts on AMX tiles (weights packed for them)"),
     IsaLevel("neon", "aarch64", ("-march=armv8-a",), frozenset({"asimd"}), "ARMv8-A NEON vector kernels"),
     IsaLevel("neon-bf16", "aarch64", ("-march=armv8.2-a+bf16+dotprod",), frozenset({"asimd", "bf16", "asimddp"}),
              "ARMv8.2-A NEON kernels with BF16 dot products (BFDOT) and int8 dot products (SDOT)"),

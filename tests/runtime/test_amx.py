@@ -1,10 +1,10 @@
-"""The AMX tile kernels (cpu_kernels/amx.h, the "amx" ISA level) for bf16 weights.
+"""The AMX level's kernels (cpu_kernels/amx.h) over packed bf16 weights (solo.runtime.cpu_packing).
 
-Decode reads the weights as A tiles and the tokens as the B tile; the span prefill the other way round
-(tokens as A, weights interleaved into B tiles). Solo's rule holds only because an AMX result element
-depends on its own row and column alone and the two roles give the same bits: these tests check it through
-the kernels at odd widths (partial k steps), odd row counts (partial 16-row groups), token counts across
-the 16- and 32-token groups, 1 and 2 threads and every AMX knob, and that the result is a correct product.
+The span prefill multiplies on AMX tiles; decode (1-4 tokens) on AVX512-BF16 instructions arranged to give
+the tile's bits. These tests check that every way of computing a (row, token) result gives the same bits:
+batch 1, batched decode, the span on tiles and the span on the decode kernel (knob "amx" = 0), at odd widths
+(partial k steps), odd row counts (partial 16-row groups), token counts across the 16- and 32-token groups,
+small super-blocks, 1 and 2 threads; that the result is the product; and that the packing round-trips.
 Skipped where the library is not the "amx" level (it runs only under `SOLO_CPU_ISA=amx`, on a CPU with
 AMX-BF16: tests/runtime/test_cpu_isa.py runs this file under every level the CPU has).
 """
@@ -16,8 +16,9 @@ import ctypes
 import pytest
 import torch
 
-from solo.runtime.cpu import _W_BF16, _Mat
+from solo.runtime.cpu import _W_BF16, _W_BF16_AMX, _Mat
 from solo.runtime.cpu_build import library_isa, load_library
+from solo.runtime.cpu_packing import pack_bf16_amx, packed_shape, unpack_bf16_amx
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +28,7 @@ def lib():
         pytest.skip(f"the kernels run at the {library_isa(lib)!r} level, not 'amx' (SOLO_CPU_ISA=amx on a CPU "
                     "with AMX-BF16 runs these)")
     yield lib
-    for knob, value in ((b"amx", 1), (b"amx_streams", 1), (b"amx_prefetch", 0), (b"span_tile", 1),
-                        (b"pass_min_b", 32)):
+    for knob, value in ((b"amx", 1), (b"amx_span_kb", 1024), (b"span_tile", 1), (b"pass_min_b", 32)):
         lib.solo_set_knob(knob, value)
 
 
@@ -39,42 +39,50 @@ def _gemv(lib, mat, x, threads=2):
     return y
 
 
+def _packed(w):
+    packed = pack_bf16_amx(w)
+    return _Mat(_W_BF16_AMX, w.shape[0], w.shape[1], 32, packed.data_ptr(), None, None), packed
+
+
+@pytest.mark.parametrize("rows,cols", [(16, 32), (37, 33), (50, 96), (64, 2048), (21, 3237), (3, 5)])
+def test_packing_round_trips(rows, cols):
+    w = torch.randn(rows, cols).bfloat16()
+    packed = pack_bf16_amx(w)
+    assert packed.shape == packed_shape(rows, cols)
+    assert torch.equal(unpack_bf16_amx(packed, rows, cols), w)
+
+
 @pytest.mark.parametrize("rows,cols", [(16, 32), (37, 33), (50, 96), (64, 2048), (21, 3237)])
 def test_every_batch_split_and_knob_gives_batch_1_bits(lib, rows, cols):
     torch.manual_seed(rows * cols)
     # A wide range of magnitudes, so a different summation order would show in the bits.
     w = (torch.randn(rows, cols) * torch.exp2(torch.randint(-8, 8, (rows, cols)).float())).bfloat16()
     x = (torch.randn(40, cols) * torch.exp2(torch.randint(-8, 8, (40, cols)).float())).bfloat16().float()
-    mat = _Mat(_W_BF16, rows, cols, 32, w.data_ptr(), None, None)
+    mat, _keep = _packed(w)
     singles = torch.cat([_gemv(lib, mat, x[i:i + 1], threads=1) for i in range(40)])
-    for streams in (1, 2):
-        for prefetch in (0, 1):
-            assert lib.solo_set_knob(b"amx_streams", streams) == 0
-            assert lib.solo_set_knob(b"amx_prefetch", prefetch) == 0
-            for threads in (1, 2):
-                for batch in (1, 2, 3, 4, 5, 15, 16, 17, 31, 32, 33, 40):
-                    got = _gemv(lib, mat, x[:batch], threads)
-                    assert torch.equal(got, singles[:batch]), (streams, prefetch, threads, batch)
+    for amx, span_kb in ((1, 1024), (1, 1), (0, 1024)):
+        assert lib.solo_set_knob(b"amx", amx) == 0
+        assert lib.solo_set_knob(b"amx_span_kb", span_kb) == 0
+        for threads in (1, 2):
+            for batch in (1, 2, 3, 4, 5, 15, 16, 17, 31, 32, 33, 40):
+                got = _gemv(lib, mat, x[:batch], threads)
+                assert torch.equal(got, singles[:batch]), (amx, span_kb, threads, batch)
     # The result is the product: float64 reference within float32 accumulation error.
     ref = x.double() @ w.double().T
     scale = x.double().abs() @ w.double().abs().T
     assert ((singles.double() - ref).abs() <= 1e-5 * scale + 1e-30).all()
 
 
-def test_amx_is_what_runs(lib):
-    """The AMX kernels (not the AVX512-BF16 fallback) compute the products: their order differs in the bits."""
+def test_tiles_give_another_order_than_the_row_major_kernel(lib):
+    """The packed kernels sum in the tile's order: not the bits of the AVX512-BF16 row-major kernel."""
     torch.manual_seed(0)
     w = torch.randn(64, 2048).bfloat16()
-    x = torch.randn(5, 2048).bfloat16().float()
-    mat = _Mat(_W_BF16, 64, 2048, 32, w.data_ptr(), None, None)
-    amx = [_gemv(lib, mat, x[:1]), _gemv(lib, mat, x)]
-    assert lib.solo_set_knob(b"amx", 0) == 0
-    try:
-        avx = [_gemv(lib, mat, x[:1]), _gemv(lib, mat, x)]
-    finally:
-        assert lib.solo_set_knob(b"amx", 1) == 0
-    assert not torch.equal(amx[0], avx[0]) and not torch.equal(amx[1], avx[1])
-    torch.testing.assert_close(amx[1], avx[1], rtol=1e-4, atol=1e-4)
+    x = torch.randn(40, 2048).bfloat16().float()
+    mat, _keep = _packed(w)
+    dense = _Mat(_W_BF16, 64, 2048, 32, w.data_ptr(), None, None)
+    packed, row_major = _gemv(lib, mat, x), _gemv(lib, dense, x)
+    assert not torch.equal(packed, row_major)
+    torch.testing.assert_close(packed, row_major, rtol=1e-4, atol=1e-4)
 
 
 def test_tile_configuration_of_other_code_does_not_leak(lib):
@@ -82,9 +90,62 @@ def test_tile_configuration_of_other_code_does_not_leak(lib):
     torch.manual_seed(1)
     w = torch.randn(48, 1024).bfloat16()
     x = torch.randn(20, 1024).bfloat16().float()
-    mat = _Mat(_W_BF16, 48, 1024, 32, w.data_ptr(), None, None)
+    mat, _keep = _packed(w)
     before = [_gemv(lib, mat, x[:1], threads=1), _gemv(lib, mat, x, threads=1)]
     a = torch.randn(64, 512).bfloat16()
     torch.matmul(a, a.T)
     after = [_gemv(lib, mat, x[:1], threads=1), _gemv(lib, mat, x, threads=1)]
     assert torch.equal(before[0], after[0]) and torch.equal(before[1], after[1])
+    assert torch.equal(before[0], before[1][:1])
+
+
+def test_the_runtime_packs_bf16_matrices_and_the_eager_model_still_runs(lib, tmp_path):
+    """A bf16 model's matrices are packed once (a second runtime reuses them); the eager model's Linear
+    layers become AmxPackedLinear views that compute what they computed before."""
+    from checkpoints import make_checkpoint
+
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+    from solo.runtime.cpu import CpuRuntime
+    from solo.runtime.cpu_packing import AmxPackedLinear
+    from solo.runtime.eager import EagerRuntime
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    ids = torch.tensor([1, 17, 93, 5, 250, 31, 77])
+
+    def eager_logits():
+        eager = EagerRuntime(model)
+        eager.reserve(1, 32)
+        return eager.prefill(0, ids)
+
+    before = eager_logits()
+    first = CpuRuntime(model)
+    layer = first._struct.layer[0]
+    assert {layer.qkv.format, layer.o.format, layer.gate_up.format, layer.down.format} == {_W_BF16_AMX}
+    attn = model.layers[0].attn
+    assert isinstance(attn.q_proj, AmxPackedLinear) and isinstance(attn.v_proj, AmxPackedLinear)
+    second = CpuRuntime(model)
+    assert second._struct.layer[0].qkv.weight == layer.qkv.weight
+    assert torch.equal(eager_logits(), before)
+    first.reserve(1, 32)
+    second.reserve(1, 32)
+    assert torch.equal(first.prefill(0, ids), second.prefill(0, ids))
+
+
+def test_a_packed_layer_keeps_the_linear_state_dict():
+    from solo.runtime.cpu_packing import AmxPackedLinear
+
+    torch.manual_seed(2)
+    linear = torch.nn.Linear(40, 24).bfloat16()
+    packed = AmxPackedLinear(pack_bf16_amx(linear.weight.detach()), linear.bias.detach().clone(), 40, 24)
+    state = packed.state_dict()
+    assert state.keys() == linear.state_dict().keys()
+    assert torch.equal(state["weight"], linear.weight) and torch.equal(state["bias"], linear.bias)
+    other = torch.nn.Linear(40, 24).bfloat16()
+    packed.load_state_dict(other.state_dict())
+    assert torch.equal(packed.weight, other.weight) and torch.equal(packed.bias, other.bias)
+    x = torch.randn(3, 40).bfloat16()
+    assert torch.equal(packed(x), other(x))
+    with pytest.raises(RuntimeError, match="size mismatch for weight"):
+        packed.load_state_dict(torch.nn.Linear(41, 24).bfloat16().state_dict())

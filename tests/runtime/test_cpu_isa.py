@@ -25,14 +25,15 @@ def test_the_best_available_level_is_selected_and_a_lower_one_can_be_forced(monk
     assert selected_level().name == "scalar"
 
 
-def test_the_amx_level_is_only_chosen_on_request(monkeypatch):
+def test_the_amx_level_is_chosen_where_the_os_grants_it(monkeypatch):
     amx = next(lv for lv in cpu_build.LEVELS if lv.name == "amx")
-    assert not amx.auto  # its decode is slower than avx512-bf16's on the CPU it was measured on
     monkeypatch.delenv("SOLO_CPU_ISA", raising=False)
-    assert selected_level().name != "amx"
     if amx in available_levels():
-        monkeypatch.setenv("SOLO_CPU_ISA", "amx")
         assert selected_level() == amx
+        monkeypatch.setenv("SOLO_CPU_ISA", "avx512-bf16")  # the row-major kernels stay one setting away
+        assert selected_level().name == "avx512-bf16"
+    else:
+        assert selected_level().name != "amx"
 
 
 def test_a_level_the_cpu_lacks_or_an_unknown_one_is_refused(monkeypatch):

@@ -9,29 +9,28 @@ cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
 . ../run_logged.sh  # run NAME CMD... (output in NAME.txt); ttft512_runs, quantized_runs, cpu_hog_run
 
-# The AMX level (cpu_kernels/amx.h; set AMX to run only this part): the span prefill and decode against the
-# AVX512-BF16 kernels in one process (knob amx=0), then TTFT and decode against llama.cpp. The runs below
-# this block predate the AMX level (they ran the avx512-bf16 kernels).
+# The AMX level (cpu_kernels/amx.h, the default on this CPU; set AMX to run only this part): whole decode steps
+# of the packed kernel against the row-major AVX512-BF16 kernel in one process, TTFT and decode against
+# llama.cpp, then the amx and avx512-bf16 levels in one window, alternating. The runs below this block
+# predate the AMX level (they ran the avx512-bf16 kernels).
 if [ -n "${AMX:-}" ]; then
-  export SOLO_CPU_ISA=amx  # only on request (its decode is slower than avx512-bf16's)
   for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-    for len in 128 512; do
-      run "prefill-ab-amx-$shape-$len" python ../../prefill_ab.py --shape "$shape" --prompt-len $len --rounds 3 \
-        --variant avx512bf16=amx=0 --variant amx=amx=1
-    done
-    run "step-ab-amx-$shape" python ../../step_ab.py --shape "$shape" --steps 8 --rounds 8 \
-      --variant avx512bf16=amx=0 --variant amx=amx=1
+    SOLO_CPU_ISA=amx run "step-ab-packed-$shape" python ../../step_ab.py --shape "$shape" --steps 8 --rounds 8 \
+      --variant rowmajor=rowmajor --variant packed=
   done
   for shape in Qwen2.5-0.5B Llama-3.2-1B; do
-    run "$shape-ttft512-amx" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 --energy-s 0 \
-      --compare llama.cpp --json "$shape-ttft512-amx.json"
-    run "$shape-bf16-amx" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp,hf-eager \
-      --json "$shape-bf16-amx.json"
+    SOLO_CPU_ISA=amx run "$shape-ttft512-amx" $solo bench --shape "$shape" --prompt-len 512 --gen-len 16 \
+      --energy-s 0 --compare llama.cpp --json "$shape-ttft512-amx.json"
+    SOLO_CPU_ISA=amx run "$shape-bf16-amx" $solo bench --shape "$shape" --energy-s 0 \
+      --compare llama.cpp,hf-eager --json "$shape-bf16-amx.json"
   done
-  # Decode and TTFT of the two levels in one window, alternating (no peers).
   for isa in avx512-bf16 amx avx512-bf16 amx; do
     SOLO_CPU_ISA=$isa run "Qwen2.5-0.5B-levels-$isa-$(date +%H%M%S)" $solo bench --shape Qwen2.5-0.5B \
       --gen-len 128 --repeats 2 --energy-s 0
+  done
+  for isa in avx512-bf16 amx; do
+    SOLO_CPU_ISA=$isa run "Llama-3.2-1B-levels-512-$isa" $solo bench --shape Llama-3.2-1B --prompt-len 512 \
+      --gen-len 32 --energy-s 0
   done
   exit 0
 fi

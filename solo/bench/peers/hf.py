@@ -15,6 +15,7 @@ import torch
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
 from solo.model.moe import moe_tensor_target
 from solo.model.weights import hf_to_solo_name
+from solo.runtime.cpu_packing import dense_named_tensors
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                 "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "MixtralForCausalLM": "mixtral",
@@ -84,7 +85,7 @@ class HFPeer:
                 model = AutoModelForCausalLM.from_config(config, dtype=spec.dtype, attn_implementation="sdpa")
         except Exception as exc:  # noqa: BLE001 - any failure means the peer cannot run
             raise PeerSkipped(f"transformers cannot build this model ({exc})") from None
-        solo_params = dict(solo_model.named_parameters())
+        solo_params = dense_named_tensors(solo_model)  # unpacked where the CPU runtime packed them for AMX
         for name, _ in model.named_parameters(remove_duplicate=False):
             # transformers holds experts fused ([experts, ...]) in the same layout as Solo.
             target = moe_tensor_target(name, solo_model.config)

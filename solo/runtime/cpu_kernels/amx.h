@@ -1,24 +1,26 @@
-// bf16 matrix products on Intel AMX tiles (AMX-BF16: Sapphire Rapids and later Xeons), for decode and span
-// prefill alike. Compiled into the "amx" ISA level only (cpu_build.py); included by gemv.h.
+// bf16 matrix products on Intel AMX tiles (AMX-BF16: Sapphire Rapids and later Xeons), over weights packed
+// for them (format W_BF16_AMX). Compiled into the "amx" ISA level only (cpu_build.py); included by gemv.h.
 //
-// One TDPBF16PS adds A x B into C: A 16 rows x 32 bf16, B 16 k-pair rows x 16 columns of bf16 pairs ("VNNI"
-// order), C 16 x 16 float32. Solo's rule is that a (row, token) result has the same bits whatever else was
-// computed with it (batch 1, batched decode, the span prefill, any thread count). Measured on the AMX
-// hardware (benchmarks/amx_gemv_probe.cpp; tests/runtime/test_amx.py checks it through the kernels): an
-// element of C depends only on its row of A and its column of B (a token alone or in a 16-token tile, 3 or
-// 16 rows of A), and swapping the operands' roles (weights as A or as B) gives the same bits. So:
-//  - decode (1 to SOLO_TILE tokens: amx_gemv_bt): the weights are the A tiles, read in place (16 rows of 64
-//    bytes, row stride K * 2); the tokens the B tile: at batch 1 the input itself (one token's k pairs, 4
-//    bytes per tile row), with more tokens their k pairs interleaved first (amx_interleave_rows).
-//  - span prefill (more tokens: amx_span): the tokens are the A tiles, read in place, and ~1 MiB of weight
-//    rows at a time is interleaved into k-pair order (B tiles, amx_interleave_rows) for every token group.
-// Every (row, token) sums k in steps of 32 from k = 0, C starting at zero; the last, partial step is
-// zero-padded on both sides (zero products add nothing), so every path gives the same bits. The bits differ
-// from the AVX512-BF16 kernels' (a different summation order), within the same bf16-input tolerance.
+// Solo's rule is that a (row, token) result has the same bits whatever else was computed with it (batch 1,
+// batched decode, the span prefill, any thread count). AMX makes the span prefill's products 5-6x faster
+// than AVX512-BF16, but batch-1 decode on AMX tiles ran at 0.83-0.91x of the AVX512-BF16 kernel here. So
+// decode runs on AVX512-BF16 instructions that give AMX's bits, and only the span uses tiles:
 //
-// Why: on a 2-core Xeon with AMX the AVX512-BF16 span products ran at ~190 GFLOPS, oneDNN's AMX matmul at
-// 1400-1700; these reach 1.1-1.8 TFLOPS (the span prefill 5.4-6.2x, results/intel-xeon-amx/prefill-ab-amx-*),
-// but decode is 0.83-0.91x the AVX512-BF16 kernel (below), so the level is chosen only on request.
+// What one TDPBF16PS computes, per C element (row m of A, column n of B), measured on the hardware
+// (bit-exact over millions of random cases at every magnitude; it is the order the SDM's pseudocode gives):
+// two float32 sums from zero, E over the even elements of the 16 k pairs and O over the odd ones, each
+// adding its exact bf16 x bf16 products in k order with a rounding after each; then C += (E + O), rounded
+// twice. VDPBF16PS adds a pair's odd product and then its even one into one accumulator, so with the
+// weights of 16 rows in the lanes and each dword holding two consecutive EVEN (or two ODD) weights of a
+// row, in the order [k + 2 (lo), k (hi)], one VDPBF16PS advances a row's E (or O) sum by two steps in the
+// same order and rounding as the tile does. The packed layout (below) stores exactly those vectors: per
+// 16-row group and k step of 32, 8 E and 8 O vectors of 16 rows = 1 KiB contiguous, so decode streams the
+// weights with 16 VDPBF16PS per KiB (as the row-major kernel does), and the span turns each KiB into a B
+// tile with shifts and masks. K is zero-padded to a multiple of 32 and the rows to a multiple of 16 (zero
+// products add nothing: the sums are never -0).
+//
+// Measured (2-core Xeon with AMX; results/intel-xeon-amx/README.md): TTFT 4.5-5.5x the avx512-bf16 level's,
+// decode 0.97x the row-major AVX512-BF16 kernel in the same process (step-ab-packed-*).
 #pragma once
 #include "common.h"
 
@@ -29,30 +31,17 @@
 
 #include <vector>
 
-// Measurement knob "amx": 0 = the AVX512-BF16 kernels instead (set before any product; switching between
-// steps breaks the span-vs-decode identity, as every kernel knob would).
+// Measurement knob "amx": 0 = the span's products on the packed decode kernel instead of tiles (the same
+// bits, slower).
 static int g_amx = 1;
-// Decode: groups of 16 rows at once, one from each of this many contiguous runs of groups (knob
-// "amx_streams" 1 or 2), and a software prefetch of the next group's rows (knob "amx_prefetch" 0/1).
-// Measured (2-core Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole decode steps, same process against
-// knob amx=0): 0.83x (Qwen2.5-0.5B) and 0.91x (Llama-3.2-1B) of the AVX512-BF16 kernel, 76-85% of the round's
-// probe against 91-94% (results/intel-xeon-amx/step-ab-amx-*.txt, with the prefetch); two k steps per turn
-// through two tile pairs (below) with no prefetch 0.90x, with it 0.84x; two runs no better; releasing the
-// tile state after every product (_tile_release) 0.895x against 0.903x. Every product phase ran ~20% slower
-// and the attention (no AMX) ~12% slower too (python -m solo.bench.cpu_profile under each level), as if the
-// cores ran slower. `solo bench` in one window, these kernels: 23.5-25.4 tok/s against 28.3 (0.83-0.90x). A
-// standalone loop of the same reads ran at 0.93-1.0x of an AVX512-BF16 loop. That decode cost is why
-// cpu_build.py never picks this level by itself (SOLO_CPU_ISA=amx).
-static int g_amx_streams = 1;
-static int g_amx_prefetch = 0;
-// Span prefill: KiB of weight rows interleaved at a time (knob "amx_span_kb"; at least 32 rows): as many as
-// stay in L2 beside a token group, so each token group is read once per super-block. 1 MiB: Llama-3.2-1B's
-// prompt of 512 1.52x over 32-row blocks (2 MiB rows at K = 8192: the down projection 0.8x).
+// Span prefill: KiB of packed rows turned into B tiles at a time (knob "amx_span_kb"; at least 2 groups), as
+// many as stay in L2 beside a token group, so each token group is read once per super-block. 1 MiB:
+// Llama-3.2-1B's prompt of 512 1.52x over 32-row blocks (row-major weights then; 2 MiB at K = 8192: 0.8x).
 static int g_amx_span_kb = 1024;
 
 // Linux keeps the AMX tile data off until a process asks (arch_prctl ARCH_REQ_XCOMP_PERM, Linux >= 5.16);
 // cpu_build.py asks too before it offers this level. Without it every tile instruction would fault, so the
-// kernels fall back to AVX512-BF16.
+// span falls back to the packed decode kernel (the same bits).
 static int amx_request_permission() {
   const long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -79,209 +68,184 @@ struct AmxTileConfig {
   uint8_t rows[16];
 };
 
-// Tiles of decode: 0, 1 C (16 rows x bt tokens), 4, 5 A (16 weight rows x 32 k), 6, 7 B (16 k pairs x bt).
 // Tiles of the span: 0-3 C (16 tokens x 16 rows), 4, 5 A (16 tokens x 32 k), 6, 7 B (16 k pairs x 16 rows).
 // Loaded at every kernel call: other code on the thread (oneDNN in the caller's thread) may load its own.
-static inline void amx_configure(int bt) {
+static inline void amx_configure() {
   AmxTileConfig c;
   memset(&c, 0, sizeof c);
   c.palette = 1;
   for (int t = 0; t < 8; t++) c.rows[t] = 16;
   for (int t = 0; t < 8; t++) c.colsb[t] = 64;
-  if (bt) c.colsb[0] = c.colsb[1] = c.colsb[6] = c.colsb[7] = (uint16_t)(4 * bt);
   __asm__ volatile("" : : "r"(&c) : "memory");  // every byte of c is read (see AMX_LOADD)
   _tile_loadconfig(&c);
 }
 
-// Per-thread scratch: interleaved inputs or weights, zero-padded tails.
+// Per-thread scratch: the tokens' packed-order inputs (decode), B tiles and zero-padded tokens (span).
 struct AmxScratch {
-  std::vector<uint16_t> pairs, rows;
+  std::vector<uint32_t> inputs;
+  std::vector<uint16_t> tiles, tokens;
 };
 static inline AmxScratch& amx_scratch() {
   static thread_local AmxScratch s;
   return s;
 }
 
-// rows x 32 of src (row stride lds elements, the first `cols` <= 32 of each row) into dst [16][32],
-// zero-padded.
-static inline void amx_pad_block(uint16_t* dst, const uint16_t* src, size_t lds, int rows, int cols) {
-  memset(dst, 0, 16 * 32 * sizeof(uint16_t));
-  for (int r = 0; r < rows; r++) memcpy(dst + 32 * r, src + (size_t)r * lds, (size_t)cols * sizeof(uint16_t));
-}
+// The packed layout (W_BF16_AMX; solo/runtime/cpu_packing.py writes it): W[n, k] of a matrix of K columns sits
+// in 16-row group n / 16 and k step k / 32 (1 KiB each, a group's ceil(K / 32) steps contiguous); within a
+// step, in vector v = 2 ((k % 32) / 4) + k % 2 (E and O vectors alternate), lane n % 16, half 1 - (k / 2) % 2
+// (a lane holds [k + 2, k] of a row's even, or odd, elements).
 
-// 16 x 16 32-bit elements transposed in registers (unpacks within 128-bit lanes, then lane shuffles).
-static inline void amx_transpose16(__m512i r[16]) {
-  __m512i t[16], u[16], v[16];
-  for (int i = 0; i < 8; i++) {
-    t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
-    t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
-  }
-  for (int i = 0; i < 4; i++) {
-    u[4 * i + 0] = _mm512_unpacklo_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 1] = _mm512_unpackhi_epi64(t[4 * i], t[4 * i + 2]);
-    u[4 * i + 2] = _mm512_unpacklo_epi64(t[4 * i + 1], t[4 * i + 3]);
-    u[4 * i + 3] = _mm512_unpackhi_epi64(t[4 * i + 1], t[4 * i + 3]);
-  }
-  for (int j = 0; j < 4; j++) {
-    v[j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0x88);
-    v[4 + j] = _mm512_shuffle_i32x4(u[j], u[4 + j], 0xdd);
-    v[8 + j] = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0x88);
-    v[12 + j] = _mm512_shuffle_i32x4(u[8 + j], u[12 + j], 0xdd);
-  }
-  for (int j = 0; j < 8; j++) {
-    r[j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0x88);
-    r[8 + j] = _mm512_shuffle_i32x4(v[j], v[8 + j], 0xdd);
-  }
-}
-
-// `rows` <= 16 vectors of K bf16 (weight rows or tokens, stride lds) into B tiles [K / 32 rounded up][16 k
-// pairs][16 columns][2] (64-byte tile rows): a k step of 16 vectors is 16 x 16 pairs transposed; columns
-// past `rows` and k >= K are zero.
-static inline void amx_interleave_rows(uint16_t* dst, const uint16_t* w, size_t lds, int K, int rows) {
+// One token's inputs in packed order: e[q] = (x[4q + 2], x[4q]) and o[q] = (x[4q + 3], x[4q + 1]) as
+// (low, high) bf16, q < 8 * ceil(K / 32), zero past K. Per 32 inputs: the 64-bit lanes (x[4q] .. x[4q + 3])
+// shifted and masked into both halves, then narrowed to 32 bits.
+static inline void amx_token_inputs(const uint16_t* x, int K, uint32_t* e, uint32_t* o) {
+  const __m512i lo16 = _mm512_set1_epi64(0xffff), hi16 = _mm512_set1_epi64(0xffff0000);
   for (int k = 0; k < K; k += 32) {
     const int n = K - k < 32 ? K - k : 32;
     const __mmask32 m = n == 32 ? ~(__mmask32)0 : (__mmask32)((1u << n) - 1);
-    __m512i r[16];
-    for (int i = 0; i < 16; i++)
-      r[i] = i < rows ? _mm512_maskz_loadu_epi16(m, w + i * lds + k) : _mm512_setzero_si512();
-    amx_transpose16(r);
-    for (int i = 0; i < 16; i++) _mm512_storeu_si512(dst + (size_t)k * 16 + 32 * i, r[i]);
+    const __m512i y = _mm512_maskz_loadu_epi16(m, x + k);
+    const __m512i ev = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(y, 32), lo16),
+                                       _mm512_and_si512(_mm512_slli_epi64(y, 16), hi16));
+    const __m512i ov = _mm512_or_si512(_mm512_srli_epi64(y, 48), _mm512_and_si512(y, hi16));
+    _mm256_storeu_si256((__m256i*)(e + k / 4), _mm512_cvtepi64_epi32(ev));
+    _mm256_storeu_si256((__m256i*)(o + k / 4), _mm512_cvtepi64_epi32(ov));
   }
 }
 
-// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 16 tokens (bf16 weights and inputs).
-// S groups of 16 rows at once (one C and one A tile each), from S contiguous runs of the range's groups.
-// W: rows of lda elements, K of them used; first[s]: group s's first row; xb: the tokens' k pairs, B-tile
-// rows of ldb bytes (4: one token in place; 64: amx_interleave_rows); xt: the last, partial k step's pairs
-// (amx_interleave_rows, zero-padded).
-template <int S, int BT>
-static inline void amx_groups(const uint16_t* W, size_t lda, int K, const int* first, const uint16_t* xb,
-                              int ldb, const uint16_t* xt, float* y, int ldy) {
-  const size_t xstep = (size_t)ldb / 4;  // elements of xb per k (16 k pairs of ldb bytes per 32 k)
-  const int kmain = K & ~31, rem = K - kmain;
-  _tile_zero(0);
-  if constexpr (S > 1) _tile_zero(1);
-  int k0 = 0;
-  if constexpr (S == 1) {
-    // Two k steps per turn through two A and two B tiles, so a step's tile loads need not wait for the
-    // previous step's product to release its tiles (tiles are not renamed); C adds the steps in order.
-    for (; k0 + 64 <= kmain; k0 += 64) {
-      if (g_amx_prefetch)
-        for (int r = 0; r < 16; r++) {
-          __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0, 0, 3);
-          __builtin_prefetch(W + (first[0] + 16 + r) * lda + k0 + 32, 0, 3);
+// Decode: 16-row groups read side by side at batch 1 (knob "amx_groups": 1, 2 or 4; the same bits at any).
+// Whole decode steps (Qwen2.5-0.5B, 2-core Xeon): 4 groups 1.13x over 1, 2 groups the same as 4.
+static int g_amx_groups = 4;
+
+// G 16-row groups x BT tokens: c[(g * BT + j) * 16 + m] = row 16 g + m . token j, in the tile's
+// order (see the top of this file). gp: each group's first step; in: per token 2 Q dwords (e then o,
+// Q = 8 ksteps).
+template <int G, int BT>
+static inline void amx_packed_groups(const uint16_t* const* gp, int ksteps, const uint32_t* in, float* c) {
+  const size_t Q = (size_t)8 * ksteps;
+  __m512 C[G][BT];
+  for (int g = 0; g < G; g++)
+    for (int j = 0; j < BT; j++) C[g][j] = _mm512_setzero_ps();
+  for (int s = 0; s < ksteps; s++) {
+    __m512 E[G][BT], O[G][BT];
+    for (int g = 0; g < G; g++)
+      for (int j = 0; j < BT; j++) E[g][j] = O[g][j] = _mm512_setzero_ps();
+    const uint16_t* p[G];
+    for (int g = 0; g < G; g++) p[g] = gp[g] + (size_t)s * 512;
+#pragma GCC unroll 8
+    for (int v = 0; v < 8; v++) {
+      __m512i we[G], wo[G];
+      for (int g = 0; g < G; g++) {  // the hardware prefetcher alone falls behind (common.h, SOLO_PREFETCH)
+        PREFETCH(p[g] + 64 * v);
+        PREFETCH(p[g] + 64 * v + 32);
+      }
+      for (int g = 0; g < G; g++) {
+        we[g] = _mm512_loadu_si512(p[g] + 64 * v);
+        wo[g] = _mm512_loadu_si512(p[g] + 64 * v + 32);
+      }
+      for (int j = 0; j < BT; j++) {
+        const __m512bh xe = (__m512bh)_mm512_set1_epi32((int)in[j * 2 * Q + 8 * s + v]);
+        const __m512bh xo = (__m512bh)_mm512_set1_epi32((int)in[j * 2 * Q + Q + 8 * s + v]);
+        for (int g = 0; g < G; g++) {
+          E[g][j] = _mm512_dpbf16_ps(E[g][j], (__m512bh)we[g], xe);
+          O[g][j] = _mm512_dpbf16_ps(O[g][j], (__m512bh)wo[g], xo);
         }
-      AMX_LOADD(7, xb + k0 * xstep, ldb);
-      AMX_LOADD(4, W + first[0] * lda + k0, lda * 2);
-      AMX_LOADD(6, xb + (k0 + 32) * xstep, ldb);
-      AMX_LOADD(5, W + first[0] * lda + k0 + 32, lda * 2);
-      _tile_dpbf16ps(0, 4, 7);
-      _tile_dpbf16ps(0, 5, 6);
+      }
     }
+    for (int g = 0; g < G; g++)
+      for (int j = 0; j < BT; j++) C[g][j] = _mm512_add_ps(C[g][j], _mm512_add_ps(E[g][j], O[g][j]));
   }
-  for (int k = k0; k < kmain; k += 32) {
-    if (g_amx_prefetch)  // the next group's rows at this k (a row is often shorter than a 4 KiB page)
-      for (int s = 0; s < S; s++)
-        for (int r = 0; r < 16; r++) __builtin_prefetch(W + (first[s] + 16 + r) * lda + k, 0, 3);
-    AMX_LOADD(7, xb + k * xstep, ldb);
-    AMX_LOADD(4, W + first[0] * lda + k, lda * 2);
-    _tile_dpbf16ps(0, 4, 7);
-    if constexpr (S > 1) {
-      AMX_LOADD(5, W + first[S - 1] * lda + k, lda * 2);
-      _tile_dpbf16ps(1, 5, 7);
-    }
-  }
-  if (rem) {
-    alignas(64) uint16_t a[16 * 32];
-    AMX_LOADD(7, xt, 64);
-    amx_pad_block(a, W + first[0] * lda + kmain, lda, 16, rem);
-    AMX_LOADD(4, a, 64);
-    _tile_dpbf16ps(0, 4, 7);
-    if constexpr (S > 1) {
-      amx_pad_block(a, W + first[S - 1] * lda + kmain, lda, 16, rem);
-      AMX_LOADD(5, a, 64);
-      _tile_dpbf16ps(1, 5, 7);
-    }
-  }
-  alignas(64) float c[16 * BT];
-  for (int s = 0; s < S; s++) {
-    if (s == 0)
-      _tile_stored(0, c, 4 * BT);
-    else
-      _tile_stored(1, c, 4 * BT);
-    for (int m = 0; m < 16; m++)
-      for (int j = 0; j < BT; j++) y[(size_t)j * ldy + first[s] + m] = c[m * BT + j];
+  for (int g = 0; g < G; g++)
+    for (int j = 0; j < BT; j++) _mm512_storeu_ps(c + (g * BT + j) * 16, C[g][j]);
+}
+
+// c (amx_packed_groups' order, `groups` groups from row r0, `bt` tokens) into y[j, r] for r in [n0, n1).
+static inline void amx_put_rows(const float* c, int groups, int bt, int r0, float* y, int ldy, int n0, int n1) {
+  for (int g = 0; g < groups; g++) {
+    const int a = r0 + 16 * g, lo = a > n0 ? a : n0, hi = a + 16 < n1 ? a + 16 : n1;
+    if (hi <= lo) continue;
+    for (int j = 0; j < bt; j++)
+      memcpy(y + (size_t)j * ldy + lo, c + (g * bt + j) * 16 + (lo - a), (size_t)(hi - lo) * sizeof(float));
   }
 }
 
+template <int G, int BT>
+static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                               int n1);
+
+// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, bf16
+// inputs (row stride ldx), on AVX512-BF16 instructions with the tile's bits. Batch 1 takes four groups at a
+// time (one stream of 4 KiB steps), two tokens two groups, more one.
 template <int BT>
-static void amx_gemv_bt(const uint16_t* W, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0, int n1) {
-  static_assert(BT >= 1 && BT <= 16, "a B tile holds 16 tokens");
-  AmxScratch& scratch = amx_scratch();
-  const int kmain = K & ~31, rem = K - kmain;
-  const uint16_t* xb = x;  // one token: its k pairs are already B-tile rows (4 bytes each)
-  int ldb = 4;
-  if (BT > 1) {
-    scratch.pairs.resize((size_t)kmain * 16);
-    amx_interleave_rows(scratch.pairs.data(), x, ldx, kmain, BT);
-    xb = scratch.pairs.data(), ldb = 64;
+static void amx_packed_gemv_bt(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                               int n1) {
+  if (n0 >= n1) return;
+  if constexpr (BT == 1) {
+    if (g_amx_groups == 1) return amx_packed_gemv_g<1, 1>(P, K, x, ldx, y, ldy, n0, n1);
+    if (g_amx_groups == 2) return amx_packed_gemv_g<2, 1>(P, K, x, ldx, y, ldy, n0, n1);
   }
-  alignas(64) uint16_t xt[16 * 32];  // the last, partial k step's pairs
-  if (rem) amx_interleave_rows(xt, x + kmain, ldx, rem, BT);
-  amx_configure(BT);
-  const int groups = (n1 - n0) / 16;
-  auto run = [&](auto streams, const int* group) {
-    constexpr int R = decltype(streams)::value;
-    int first[R];
-    for (int s = 0; s < R; s++) first[s] = n0 + 16 * group[s];
-    amx_groups<R, BT>(W, (size_t)K, K, first, xb, ldb, xt, y, ldy);
-  };
-  if (g_amx_streams >= 2)
-    for_row_streams<2>(0, groups, run);
-  else
-    for_row_streams<1>(0, groups, run);
-  const int left = n1 - (n0 + 16 * groups);
-  if (left) {  // the last rows, fewer than 16: copied into 16 zero-padded rows
-    std::vector<uint16_t>& rows = scratch.rows;
-    const int kpad = kmain + (rem ? 32 : 0);
-    rows.assign((size_t)16 * kpad, 0);
-    for (int r = 0; r < left; r++)
-      memcpy(rows.data() + (size_t)r * kpad, W + (size_t)(n1 - left + r) * K, (size_t)K * 2);
-    int first = 0;
-    float ybuf[16 * BT];
-    amx_groups<1, BT>(rows.data(), (size_t)kpad, K, &first, xb, ldb, xt, ybuf, 16);
-    for (int r = 0; r < left; r++)
-      for (int j = 0; j < BT; j++) y[(size_t)j * ldy + n1 - left + r] = ybuf[j * 16 + r];
+  constexpr int G0 = BT == 1 ? 4 : (BT == 2 ? 2 : 1);
+  amx_packed_gemv_g<G0, BT>(P, K, x, ldx, y, ldy, n0, n1);
+}
+
+template <int G, int BT>
+static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                               int n1) {
+  const int ksteps = (K + 31) / 32, Q = 8 * ksteps;
+  std::vector<uint32_t>& in = amx_scratch().inputs;
+  in.resize((size_t)2 * Q * BT);
+  for (int j = 0; j < BT; j++) amx_token_inputs(x + (size_t)j * ldx, K, &in[(size_t)2 * Q * j], &in[(size_t)2 * Q * j + Q]);
+  const size_t gstride = (size_t)ksteps * 512;
+  int g = n0 / 16;
+  const int g1 = (n1 + 15) / 16;
+  alignas(64) float c[G * BT * 16];
+  const uint16_t* gp[G];
+  for (; g + G <= g1; g += G) {
+    for (int r = 0; r < G; r++) gp[r] = P + (size_t)(g + r) * gstride;
+    amx_packed_groups<G, BT>(gp, ksteps, in.data(), c);
+    amx_put_rows(c, G, BT, 16 * g, y, ldy, n0, n1);
+  }
+  for (; g < g1; g++) {
+    gp[0] = P + (size_t)g * gstride;
+    amx_packed_groups<1, BT>(gp, ksteps, in.data(), c);
+    amx_put_rows(c, 1, BT, 16 * g, y, ldy, n0, n1);
   }
 }
 
-// Span prefill: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and tokens j < B (bf16 weights and inputs).
-// Rows in super-blocks of about g_amx_span_kb KiB, each interleaved once into B tiles (16-row groups); then tokens in
-// groups of 32 (A tiles 4, 5), and for each token group every pair of row groups (B tiles 6, 7): 2 x 2 C
-// tiles over all of k. A token group's inputs are read once per super-block (from L2 / L3), the interleaved
-// rows (L2) once per token group.
-static void amx_span(const uint16_t* W, int K, const uint16_t* x, int ldx, int B, float* y, int ldy, int n0,
+// One group's k step (1 KiB packed) as a B tile: k pair 2v of the 16 rows is (high of E_v, high of O_v),
+// pair 2v + 1 (low of E_v, low of O_v).
+static inline void amx_packed_to_tile(uint16_t* dst, const uint16_t* src) {
+  const __m512i lo16 = _mm512_set1_epi32(0xffff);
+  for (int v = 0; v < 8; v++) {
+    const __m512i e = _mm512_loadu_si512(src + 64 * v), o = _mm512_loadu_si512(src + 64 * v + 32);
+    _mm512_storeu_si512(dst + 32 * (2 * v), _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(lo16, o)));
+    _mm512_storeu_si512(dst + 32 * (2 * v + 1), _mm512_or_si512(_mm512_and_si512(e, lo16), _mm512_slli_epi32(o, 16)));
+  }
+}
+
+// Span prefill: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and tokens j < B (packed bf16 weights, bf16
+// inputs). Row groups in super-blocks of about g_amx_span_kb KiB, each turned once into B tiles; then tokens
+// in groups of 32 (A tiles 4, 5, read in place), and for each token group every pair of row groups (B tiles
+// 6, 7): 2 x 2 C tiles over all of k. A token group's inputs are read once per super-block (from L2 / L3),
+// the super-block's tiles (L2) once per token group.
+static void amx_span(const uint16_t* P, int K, const uint16_t* x, int ldx, int B, float* y, int ldy, int n0,
                      int n1) {
+  if (n0 >= n1) return;
   AmxScratch& scratch = amx_scratch();
   const int ksteps = (K + 31) / 32, kpad = 32 * ksteps;
-  const size_t group_elems = (size_t)kpad * 16;  // one 16-row group: [ksteps][16 k pairs][16 rows][2]
-  int sb_rows = (int)(((size_t)g_amx_span_kb << 10) / ((size_t)kpad * 2)) & ~31;
-  if (sb_rows < 32) sb_rows = 32;
-  std::vector<uint16_t>& wv = scratch.pairs;
-  wv.resize(group_elems * (sb_rows / 16));
-  std::vector<uint16_t>& pad = scratch.rows;  // tokens of a partial group or a partial k step: [32][kpad]
+  const size_t gstride = (size_t)ksteps * 512;
+  int sb = (int)(((size_t)g_amx_span_kb << 10) / (gstride * 2)) & ~1;  // groups per super-block
+  if (sb < 2) sb = 2;
+  std::vector<uint16_t>& tiles = scratch.tiles;
+  tiles.resize(gstride * sb);
+  std::vector<uint16_t>& pad = scratch.tokens;  // tokens of a partial group or a partial k step: [32][kpad]
   pad.resize((size_t)32 * kpad);
   const bool k_partial = K % 32 != 0;
-  amx_configure(0);
+  amx_configure();
   alignas(64) float c[16 * 16];
-  for (int s0 = n0; s0 < n1; s0 += sb_rows) {
-    const int s1 = s0 + sb_rows < n1 ? s0 + sb_rows : n1;
-    const int groups = (s1 - s0 + 15) / 16;
-    for (int g = 0; g < groups; g++) {
-      const int r0 = s0 + 16 * g;
-      const int rows = s1 - r0 < 16 ? s1 - r0 : 16;
-      amx_interleave_rows(wv.data() + g * group_elems, W + (size_t)r0 * K, (size_t)K, K, rows);
-    }
+  const int gfirst = n0 / 16, gend = (n1 + 15) / 16;
+  for (int s0 = gfirst; s0 < gend; s0 += sb) {
+    const int groups = gend - s0 < sb ? gend - s0 : sb;
+    for (int i = 0; i < groups * ksteps; i++) amx_packed_to_tile(tiles.data() + (size_t)i * 512, P + (s0 * (size_t)ksteps + i) * 512);
     for (int t0 = 0; t0 < B; t0 += 32) {
       const int toks = B - t0 < 32 ? B - t0 : 32;
       const uint16_t* a = x + (size_t)t0 * ldx;
@@ -293,53 +257,57 @@ static void amx_span(const uint16_t* W, int K, const uint16_t* x, int ldx, int B
       }
       const bool two_tok = toks > 16;
       for (int g = 0; g < groups; g += 2) {
-        const int r0 = s0 + 16 * g;
-        const int rows0 = s1 - r0 < 16 ? s1 - r0 : 16;
-        const int rows1 = g + 1 < groups ? (s1 - r0 - 16 < 16 ? s1 - r0 - 16 : 16) : 0;
-        const uint16_t* wv0 = wv.data() + g * group_elems;
-        const uint16_t* wv1 = wv0 + group_elems;
+        const bool two_groups = g + 1 < groups;
+        const uint16_t* b0 = tiles.data() + g * gstride;
+        const uint16_t* b1 = b0 + gstride;
         _tile_zero(0);
         _tile_zero(1);
         _tile_zero(2);
         _tile_zero(3);
         for (int ks = 0; ks < ksteps; ks++) {
-          const int k = 32 * ks;
-          AMX_LOADD(4, a + k, lda * 2);
-          AMX_LOADD(6, wv0 + (size_t)k * 16, 64);
+          AMX_LOADD(4, a + 32 * ks, lda * 2);
+          AMX_LOADD(6, b0 + (size_t)ks * 512, 64);
           _tile_dpbf16ps(0, 4, 6);
-          if (rows1) {
-            AMX_LOADD(7, wv1 + (size_t)k * 16, 64);
+          if (two_groups) {
+            AMX_LOADD(7, b1 + (size_t)ks * 512, 64);
             _tile_dpbf16ps(1, 4, 7);
           }
           if (two_tok) {
-            AMX_LOADD(5, a + 16 * lda + k, lda * 2);
+            AMX_LOADD(5, a + 16 * lda + 32 * ks, lda * 2);
             _tile_dpbf16ps(2, 5, 6);
-            if (rows1) _tile_dpbf16ps(3, 5, 7);
+            if (two_groups) _tile_dpbf16ps(3, 5, 7);
           }
         }
         // C tile (token group tg, row group rg): rows = tokens, columns = weight rows.
-        auto put = [&](int tg, int rg, int nrows) {
+        auto put = [&](int tg, int rg) {
           const int tcount = toks - 16 * tg < 16 ? toks - 16 * tg : 16;
-          for (int t = 0; t < tcount; t++)
-            memcpy(y + (size_t)(t0 + 16 * tg + t) * ldy + r0 + 16 * rg, c + 16 * t, (size_t)nrows * 4);
+          const int a0 = 16 * (s0 + g + rg), lo = a0 > n0 ? a0 : n0, hi = a0 + 16 < n1 ? a0 + 16 : n1;
+          for (int t = 0; t < tcount && lo < hi; t++)
+            memcpy(y + (size_t)(t0 + 16 * tg + t) * ldy + lo, c + 16 * t + (lo - a0), (size_t)(hi - lo) * 4);
         };
+        __asm__ volatile("" : : : "memory");
         _tile_stored(0, c, 64);
-        put(0, 0, rows0);
-        if (rows1) {
+        __asm__ volatile("" : : : "memory");
+        put(0, 0);
+        if (two_groups) {
           _tile_stored(1, c, 64);
-          put(0, 1, rows1);
+          __asm__ volatile("" : : : "memory");
+          put(0, 1);
         }
         if (two_tok) {
           _tile_stored(2, c, 64);
-          put(1, 0, rows0);
-          if (rows1) {
+          __asm__ volatile("" : : : "memory");
+          put(1, 0);
+          if (two_groups) {
             _tile_stored(3, c, 64);
-            put(1, 1, rows1);
+            __asm__ volatile("" : : : "memory");
+            put(1, 1);
           }
         }
       }
     }
   }
+  _tile_release();  // see amx_span's comment
 }
 #else
 #define SOLO_AMX 0

@@ -68,7 +68,8 @@ enum { DT_BF16 = 0, DT_F32 = 1 };
 // W_INT4_BF16X: int4 weights whose inputs may be rounded to bf16 (a bf16 model's activations already are).
 // W_INT8_Q8 / W_INT4_Q8: the same weights as W_INT8 / W_INT4, multiplied with the input quantized to int8
 // per block of 32 (qdot.h: integer dot products, one float scale per block).
-enum { W_BF16 = 0, W_F32 = 1, W_INT8 = 2, W_INT4 = 3, W_INT4_BF16X = 4, W_INT8_Q8 = 5, W_INT4_Q8 = 6 };
+// W_BF16_AMX: bf16 weights packed for the AMX level's kernels (amx.h), [ceil(rows / 16)][ceil(cols / 32)][512].
+enum { W_BF16 = 0, W_F32 = 1, W_INT8 = 2, W_INT4 = 3, W_INT4_BF16X = 4, W_INT8_Q8 = 5, W_INT4_Q8 = 6, W_BF16_AMX = 7 };
 
 static inline int is_int8_format(int f) { return f == W_INT8 || f == W_INT8_Q8; }
 static inline int is_int4_format(int f) { return f == W_INT4 || f == W_INT4_BF16X || f == W_INT4_Q8; }
@@ -76,7 +77,7 @@ enum { ACT_SILU = 0, ACT_GELU_TANH = 1, ACT_GELU = 2 };
 
 typedef struct {
   int32_t format, rows, cols, group;
-  const void* weight;  // bf16/f32 [rows, cols]; int8 [rows, cols]; int4 uint8 [rows, cols / 2]
+  const void* weight;  // bf16/f32 [rows, cols]; int8 [rows, cols]; int4 uint8 [rows, cols / 2]; W_BF16_AMX above
   const void* scale;   // int8: float32 [rows]; int4: bf16 [rows, cols / group]; else NULL
   const void* bias;    // activation dtype [rows] or NULL
 } Mat;

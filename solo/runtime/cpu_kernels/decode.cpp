@@ -140,6 +140,7 @@ static size_t mat_row_bytes(const Mat* W) {
   return W->format == W_INT4 || W->format == W_INT4_BF16X ? cols / 2
          : W->format == W_F32                            ? cols * 4
          : W->format == W_BF16                           ? cols * 2
+         : W->format == W_BF16_AMX                       ? (cols + 31) / 32 * 64
                                                          : cols;
 }
 
@@ -779,8 +780,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "bf16_streams")) g_bf16_streams = value < 1 ? 1 : value;
 #if SOLO_AMX
   else if (!strcmp(name, "amx")) g_amx = value;
-  else if (!strcmp(name, "amx_streams")) g_amx_streams = value < 1 ? 1 : value;
-  else if (!strcmp(name, "amx_prefetch")) g_amx_prefetch = value;
+  else if (!strcmp(name, "amx_groups")) g_amx_groups = value;
   else if (!strcmp(name, "amx_span_kb")) g_amx_span_kb = value < 1 ? 1 : value;
 #endif
   else if (!strcmp(name, "span_chunk_kb")) g_span_chunk_kb = value < 0 ? 0 : value;
