@@ -55,7 +55,7 @@ from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
-from solo.runtime.cpu_packing import AmxPackedLinear, pack_bf16_amx, packed_shape
+from solo.runtime.cpu_packing import AmxPackedLinear, packed_shape
 from solo.runtime.cpu_threads import ThreadGovernor
 from solo.runtime.quant import QuantLinear, model_quantization
 
@@ -347,7 +347,8 @@ class CpuRuntime:
             `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
         pack_amx: at the kernels' amx level, pack a bf16 model's matrices for the AMX kernels (default; the
             model's Linear layers become `AmxPackedLinear`); False keeps them row-major on the AVX512-BF16
-            kernels (measurement). Ignored at other levels.
+            kernels (measurement), unless another runtime already packed this model (then they stay
+            packed: `pack_amx` is True). Ignored at other levels.
 
     Attributes:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
@@ -413,7 +414,8 @@ class CpuRuntime:
         self.prefill_matmul_dtype = model.dtype
         # The AMX level packs the bf16 matrices for its kernels (solo.runtime.cpu_packing); the model's Linear
         # layers become AmxPackedLinear views of the packed weights.
-        self.pack_amx = self.isa == "amx" and model.dtype == torch.bfloat16 and pack_amx is not False
+        already = any(isinstance(m, AmxPackedLinear) for m in model.modules())
+        self.pack_amx = self.isa == "amx" and model.dtype == torch.bfloat16 and (pack_amx is not False or already)
         self._parents: dict[int, tuple[nn.Module, str]] = {}
         if self.pack_amx:
             for parent in model.modules():
@@ -502,18 +504,20 @@ class CpuRuntime:
             packed, bias = _fuse_rows(modules, ("packed", "bias"))
         else:
             dense, bias = _fuse_rows(modules, ("weight", "bias"))
-            packed = pack_bf16_amx(dense)
-            del dense
             if self._arena_pending:
                 self._arena = _huge_page_buffer(self._arena_pending)
                 self._arena_pending = 0
-            nbytes = packed.numel() * packed.element_size()
+            shape = packed_shape(rows, cols)
+            nbytes = shape[0] * shape[1] * shape[2] * 2
             if self._arena_used + nbytes <= self._arena.numel():
                 start = self._arena_used
                 self._arena_used += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
-                copy = self._arena[start:start + nbytes].view(torch.bfloat16).view(packed.shape)
-                copy.copy_(packed)
-                packed = copy
+                packed = self._arena[start:start + nbytes].view(torch.bfloat16).view(shape)
+            else:
+                packed = torch.empty(shape, dtype=torch.bfloat16)
+            dense = dense.contiguous()
+            self._lib.solo_pack_bf16_amx(dense.data_ptr(), rows, cols, packed.data_ptr(), self.num_threads)
+            del dense
             group, row = 0, 0
             for m in modules:
                 groups = packed_shape(m.out_features, cols)[0]

@@ -369,6 +369,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
         fn.restype = None
     lib.solo_dequantize.argtypes = [p, p, i, i]
     lib.solo_dequantize.restype = None
+    lib.solo_pack_bf16_amx.argtypes = [p, i, i, p, i]
+    lib.solo_pack_bf16_amx.restype = None
     lib.solo_isa.argtypes = []
     lib.solo_isa.restype = ctypes.c_char_p
     lib.solo_qdot.argtypes = []

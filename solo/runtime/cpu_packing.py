@@ -91,6 +91,9 @@ class AmxPackedLinear(nn.Module):
 
     def _load_from_state_dict(self, state_dict: dict, prefix: str, local_metadata: dict, strict: bool,
                               missing_keys: list, unexpected_keys: list, error_msgs: list) -> None:
+        if strict:  # what nn.Module's own loader reports: this layer's keys that are neither weight nor bias
+            unexpected_keys += [k for k in state_dict if k.startswith(prefix) and "." not in k[len(prefix):]
+                                and k[len(prefix):] not in ("weight", "bias")]
         for name in ("weight", "bias"):
             key = prefix + name
             if key not in state_dict:

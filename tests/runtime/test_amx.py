@@ -45,11 +45,14 @@ def _packed(w):
 
 
 @pytest.mark.parametrize("rows,cols", [(16, 32), (37, 33), (50, 96), (64, 2048), (21, 3237), (3, 5)])
-def test_packing_round_trips(rows, cols):
+def test_packing_round_trips_and_the_native_packer_agrees(rows, cols):
     w = torch.randn(rows, cols).bfloat16()
     packed = pack_bf16_amx(w)
     assert packed.shape == packed_shape(rows, cols)
     assert torch.equal(unpack_bf16_amx(packed, rows, cols), w)
+    native = torch.full(packed.shape, float("nan"), dtype=torch.bfloat16)  # every element must be written
+    load_library().solo_pack_bf16_amx(w.data_ptr(), rows, cols, native.data_ptr(), 2)
+    assert torch.equal(native, packed)
 
 
 @pytest.mark.parametrize("rows,cols", [(16, 32), (37, 33), (50, 96), (64, 2048), (21, 3237)])
@@ -71,6 +74,22 @@ def test_every_batch_split_and_knob_gives_batch_1_bits(lib, rows, cols):
     ref = x.double() @ w.double().T
     scale = x.double().abs() @ w.double().abs().T
     assert ((singles.double() - ref).abs() <= 1e-5 * scale + 1e-30).all()
+
+
+def test_denormal_sums_are_flushed_as_on_the_tiles(lib):
+    """The tile flushes a denormal E + O or C + (E + O) to zero; the decode kernel must too (batch 1 vs tiles)."""
+    w = torch.zeros(16, 64)
+    w[:, 0] = w[:, 1] = 1.0
+    w[1, 32] = 1.0  # row 1: a normal sum in the first k step, then one that cancels it to a denormal
+    x = torch.zeros(40, 64)
+    x[:, 0] = 2.0 ** -120
+    x[:, 1] = -(2.0 ** -120) * (1 - 2.0 ** -7)  # E + O = 2^-127: denormal
+    x[:, 32] = -(2.0 ** -120) * (1 - 2.0 ** -6)
+    w, x = w.bfloat16(), x.bfloat16().float()
+    mat, _keep = _packed(w)
+    single, tiles = _gemv(lib, mat, x[:1]), _gemv(lib, mat, x)
+    assert torch.equal(tiles, single.expand_as(tiles))
+    assert single[0, 0].item() == 0.0 and single[0, 2].item() == 0.0
 
 
 def test_tiles_give_another_order_than_the_row_major_kernel(lib):
@@ -125,8 +144,8 @@ def test_the_runtime_packs_bf16_matrices_and_the_eager_model_still_runs(lib, tmp
     assert {layer.qkv.format, layer.o.format, layer.gate_up.format, layer.down.format} == {_W_BF16_AMX}
     attn = model.layers[0].attn
     assert isinstance(attn.q_proj, AmxPackedLinear) and isinstance(attn.v_proj, AmxPackedLinear)
-    second = CpuRuntime(model)
-    assert second._struct.layer[0].qkv.weight == layer.qkv.weight
+    second = CpuRuntime(model, pack_amx=False)  # the model is packed already: the runtime reads that copy
+    assert second.pack_amx and second._struct.layer[0].qkv.weight == layer.qkv.weight
     assert torch.equal(eager_logits(), before)
     first.reserve(1, 32)
     second.reserve(1, 32)
@@ -149,3 +168,5 @@ def test_a_packed_layer_keeps_the_linear_state_dict():
     assert torch.equal(packed(x), other(x))
     with pytest.raises(RuntimeError, match="size mismatch for weight"):
         packed.load_state_dict(torch.nn.Linear(41, 24).bfloat16().state_dict())
+    with pytest.raises(RuntimeError, match="Unexpected key.*junk"):
+        packed.load_state_dict({**other.state_dict(), "junk": torch.zeros(1)})

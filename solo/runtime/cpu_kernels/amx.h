@@ -10,7 +10,7 @@
 // (bit-exact over millions of random cases at every magnitude; it is the order the SDM's pseudocode gives):
 // two float32 sums from zero, E over the even elements of the 16 k pairs and O over the odd ones, each
 // adding its exact bf16 x bf16 products in k order with a rounding after each; then C += (E + O), rounded
-// twice. VDPBF16PS adds a pair's odd product and then its even one into one accumulator, so with the
+// twice; denormal inputs read as zero and denormal results flushed to zero (AmxMxcsr). VDPBF16PS adds a pair's odd product and then its even one into one accumulator, so with the
 // weights of 16 rows in the lanes and each dword holding two consecutive EVEN (or two ODD) weights of a
 // row, in the order [k + 2 (lo), k (hi)], one VDPBF16PS advances a row's E (or O) sum by two steps in the
 // same order and rounding as the tile does. The packed layout (below) stores exactly those vectors: per
@@ -20,7 +20,7 @@
 // products add nothing: the sums are never -0).
 //
 // Measured (2-core Xeon with AMX; results/intel-xeon-amx/README.md): TTFT 4.5-5.5x the avx512-bf16 level's,
-// decode 0.97x the row-major AVX512-BF16 kernel in the same process (step-ab-packed-*).
+// decode 0.96-0.98x the row-major AVX512-BF16 kernel in the same process (step-ab-packed-*).
 #pragma once
 #include "common.h"
 
@@ -116,6 +116,15 @@ static inline void amx_token_inputs(const uint16_t* x, int K, uint32_t* e, uint3
 // Whole decode steps (Qwen2.5-0.5B, 2-core Xeon): 4 groups 1.13x over 1, 2 groups the same as 4.
 static int g_amx_groups = 4;
 
+// The tile reads denormals as zero and flushes denormal sums to a zero of their sign, with round-to-nearest-
+// even, whatever MXCSR says; VDPBF16PS too, but the two adds after it follow MXCSR (measured: E + O = 2^-127
+// is 0 on the tile). So the decode kernel runs with MXCSR set so (and restores the caller's).
+struct AmxMxcsr {
+  unsigned saved = _mm_getcsr();
+  AmxMxcsr() { _mm_setcsr((saved & ~0x6000u) | 0x8040u); }  // RC = nearest, FTZ, DAZ
+  ~AmxMxcsr() { _mm_setcsr(saved); }
+};
+
 // G 16-row groups x BT tokens: c[(g * BT + j) * 16 + m] = row 16 g + m . token j, in the tile's
 // order (see the top of this file). gp: each group's first step; in: per token 2 Q dwords (e then o,
 // Q = 8 ksteps).
@@ -190,6 +199,7 @@ static void amx_packed_gemv_bt(const uint16_t* P, int K, const uint16_t* x, int 
 template <int G, int BT>
 static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
                                int n1) {
+  const AmxMxcsr mxcsr;
   const int ksteps = (K + 31) / 32, Q = 8 * ksteps;
   std::vector<uint32_t>& in = amx_scratch().inputs;
   in.resize((size_t)2 * Q * BT);

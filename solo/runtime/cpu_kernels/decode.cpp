@@ -674,6 +674,24 @@ extern "C" void solo_gemv(const Mat* W, const float* x, int batch, float* y, voi
 
 // Dequantize an int8/int4 matrix into a dense [rows, cols] bf16 (out_bf16 = 1) or float32 matrix, with
 // the same rounding as the PyTorch reference (solo/runtime/quant.py: dequantize). Used by prefill.
+// bf16 w [rows, cols] into the amx level's packed layout (amx.h; solo/runtime/cpu_packing.py's reference
+// pack_bf16_amx): out [ceil(rows / 16)][ceil(cols / 32)][512], zero-padded; 16-row groups shared among threads.
+extern "C" void solo_pack_bf16_amx(const uint16_t* w, int rows, int cols, uint16_t* out, int nthreads) {
+  const int groups = (rows + 15) / 16, steps = (cols + 31) / 32;
+#pragma omp parallel for num_threads(nthreads) schedule(static)
+  for (int g = 0; g < groups; g++)
+    for (int s = 0; s < steps; s++) {
+      uint16_t* d = out + ((size_t)g * steps + s) * 512;
+      for (int n = 0; n < 16; n++) {
+        const int r = 16 * g + n;
+        uint16_t src[32];
+        for (int i = 0; i < 32; i++) src[i] = r < rows && 32 * s + i < cols ? w[(size_t)r * cols + 32 * s + i] : 0;
+        for (int v = 0; v < 16; v++)  // lane n of vector v: [k + 2, k] of the row's even (v even) or odd elements
+          for (int h = 0; h < 2; h++) d[(v * 16 + n) * 2 + h] = src[4 * (v / 2) + 2 * (1 - h) + v % 2];
+      }
+    }
+}
+
 extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthreads) {
   const int K = W->cols;
 #pragma omp parallel for num_threads(nthreads) schedule(static)
