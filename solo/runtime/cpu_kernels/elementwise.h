@@ -768,15 +768,39 @@ static void attend_heads_part(const Model* m, const Layer* L, const float* q, co
     for (int i = 0; i < hd; i++) og[i] = 0.f;
   }
   // PyTorch's CPU flash attention casts the unnormalized exponentials to the dtype for p @ v and divides
-  // by their float32 sum afterwards (as `attend`).
-  for (int j = j0; j <= jend; j++) {
-    const void* vr = j < pos ? (const void*)(V + (size_t)j * hd * esz) : (const void*)v_now;
-    const int vbf = j < pos ? bf : 0;
-    for (int i = 0; i < hd; i += GVW) vstore(row_f32 + i, vload_act(vr, i, vbf));
+  // by their float32 sum afterwards (as `attend`). Blocks of PV_KEYS value rows are widened once; each head
+  // then keeps 32 outputs in registers across the block (one fused multiply-add per key and output, in key
+  // order: the same operations as one key at a time, without a load and a store of the output per key).
+  constexpr int PV_KEYS = 16;
+  float vblock[PV_KEYS][256];
+  for (int jb = j0; jb <= jend; jb += PV_KEYS) {
+    const int nb = jend + 1 - jb < PV_KEYS ? jend + 1 - jb : PV_KEYS;
+    for (int t = 0; t < nb; t++) {
+      const int j = jb + t;
+      const void* vr = j < pos ? (const void*)(V + (size_t)j * hd * esz) : (const void*)v_now;
+      const int vbf = j < pos ? bf : 0;
+      for (int i = 0; i < hd; i += GVW) vstore(vblock[t] + i, vload_act(vr, i, vbf));
+    }
     for (int g = 0; g < gs; g++) {
-      const vf pv = vset1(rnd(scores[(size_t)g * stride + j], bf));
+      const float* sg = scores + (size_t)g * stride + jb;
       float* og = acc + (size_t)g * hd;
-      for (int i = 0; i < hd; i += GVW) vstore(og + i, vfma(pv, vload(row_f32 + i), vload(og + i)));
+      int i = 0;
+      for (; i + 4 * GVW <= hd; i += 4 * GVW) {
+        vf a0 = vload(og + i), a1 = vload(og + i + GVW), a2 = vload(og + i + 2 * GVW), a3 = vload(og + i + 3 * GVW);
+        for (int t = 0; t < nb; t++) {
+          const vf pv = vset1(rnd(sg[t], bf));
+          a0 = vfma(pv, vload(vblock[t] + i), a0);
+          a1 = vfma(pv, vload(vblock[t] + i + GVW), a1);
+          a2 = vfma(pv, vload(vblock[t] + i + 2 * GVW), a2);
+          a3 = vfma(pv, vload(vblock[t] + i + 3 * GVW), a3);
+        }
+        vstore(og + i, a0), vstore(og + i + GVW, a1), vstore(og + i + 2 * GVW, a2), vstore(og + i + 3 * GVW, a3);
+      }
+      for (; i < hd; i += GVW) {
+        vf a = vload(og + i);
+        for (int t = 0; t < nb; t++) a = vfma(vset1(rnd(sg[t], bf)), vload(vblock[t] + i), a);
+        vstore(og + i, a);
+      }
     }
   }
 }
