@@ -39,6 +39,7 @@ falls back to the eager runtime.
 from __future__ import annotations
 
 import ctypes
+import math
 import mmap
 import os
 import platform
@@ -458,21 +459,28 @@ class CpuRuntime:
         self._arena_pending = total
         self._arena_used = 0
 
+    def _arena_tensor(self, shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor | None:
+        # The next free, aligned slice of the current arena (mapped on first use) as a tensor, or None when
+        # it has no room left.
+        if self._arena_pending:
+            self._arena = _huge_page_buffer(self._arena_pending)
+            self._arena_pending = 0
+        nbytes = math.prod(shape) * dtype.itemsize
+        if self._arena_used + nbytes > self._arena.numel():
+            return None
+        start = self._arena_used
+        self._arena_used += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
+        return self._arena[start:start + nbytes].view(dtype).view(shape)
+
     def _to_arena(self, modules: list[nn.Module], whole: torch.Tensor) -> torch.Tensor:
         # The fused weight `whole` (the modules' rows concatenated, as _fuse_rows returns it) moves into the
         # current arena; the modules are re-pointed at row views of the copy. Weights that another runtime on
         # the same model already moved stay where they are: both runtimes read one copy.
         if _in_arena(whole):
             return whole
-        if self._arena_pending:
-            self._arena = _huge_page_buffer(self._arena_pending)
-            self._arena_pending = 0
-        nbytes = whole.numel() * whole.element_size()
-        if self._arena_used + nbytes > self._arena.numel():
+        copy = self._arena_tensor(whole.shape, whole.dtype)
+        if copy is None:
             return whole
-        start = self._arena_used
-        self._arena_used += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
-        copy = self._arena[start:start + nbytes].view(whole.dtype).view(whole.shape)
         copy.copy_(whole)
         name, row = _weight_name(modules[0]), 0
         for m in modules:
@@ -484,8 +492,7 @@ class CpuRuntime:
     def _group_bytes(self, modules: list[nn.Module]) -> int:
         # Arena bytes of one fused matrix: packed (zero-padded) where the AMX level packs it.
         if self._packable(modules) and not isinstance(modules[0], AmxPackedLinear):
-            groups, steps, step = packed_shape(sum(m.out_features for m in modules), modules[0].in_features)
-            return groups * steps * step * 2
+            return math.prod(packed_shape(sum(m.out_features for m in modules), modules[0].in_features)) * 2
         return _group_weight_bytes(modules)
 
     def _packable(self, modules: list[nn.Module]) -> bool:
@@ -504,16 +511,9 @@ class CpuRuntime:
             packed, bias = _fuse_rows(modules, ("packed", "bias"))
         else:
             dense, bias = _fuse_rows(modules, ("weight", "bias"))
-            if self._arena_pending:
-                self._arena = _huge_page_buffer(self._arena_pending)
-                self._arena_pending = 0
             shape = packed_shape(rows, cols)
-            nbytes = shape[0] * shape[1] * shape[2] * 2
-            if self._arena_used + nbytes <= self._arena.numel():
-                start = self._arena_used
-                self._arena_used += -(-nbytes // _ARENA_ALIGN) * _ARENA_ALIGN
-                packed = self._arena[start:start + nbytes].view(torch.bfloat16).view(shape)
-            else:
+            packed = self._arena_tensor(shape, torch.bfloat16)
+            if packed is None:
                 packed = torch.empty(shape, dtype=torch.bfloat16)
             dense = dense.contiguous()
             self._lib.solo_pack_bf16_amx(dense.data_ptr(), rows, cols, packed.data_ptr(), self.num_threads)

@@ -10,10 +10,11 @@
 // (bit-exact over millions of random cases at every magnitude; it is the order the SDM's pseudocode gives):
 // two float32 sums from zero, E over the even elements of the 16 k pairs and O over the odd ones, each
 // adding its exact bf16 x bf16 products in k order with a rounding after each; then C += (E + O), rounded
-// twice; denormal inputs read as zero and denormal results flushed to zero (AmxMxcsr). VDPBF16PS adds a pair's odd product and then its even one into one accumulator, so with the
-// weights of 16 rows in the lanes and each dword holding two consecutive EVEN (or two ODD) weights of a
-// row, in the order [k + 2 (lo), k (hi)], one VDPBF16PS advances a row's E (or O) sum by two steps in the
-// same order and rounding as the tile does. The packed layout (below) stores exactly those vectors: per
+// twice; denormal inputs read as zero and denormal results flushed to zero (AmxMxcsr). VDPBF16PS adds a
+// pair's odd product and then its even one into one accumulator, so with the weights of 16 rows in the lanes
+// and each dword holding two consecutive EVEN (or two ODD) weights of a row, in the order [k + 2 (lo), k
+// (hi)], one VDPBF16PS advances a row's E (or O) sum by two steps in the same order and rounding as the tile
+// does. The packed layout (below) stores exactly those vectors: per
 // 16-row group and k step of 32, 8 E and 8 O vectors of 16 rows = 1 KiB contiguous, so decode streams the
 // weights with 16 VDPBF16PS per KiB (as the row-major kernel does), and the span turns each KiB into a B
 // tile with shifts and masks. K is zero-padded to a multiple of 32 and the rows to a multiple of 16 (zero
@@ -52,14 +53,22 @@ static inline int amx_on() { return g_amx && g_amx_permitted; }
 
 // GCC's <amxtileintrin.h> writes tileloadd and ldtilecfg as asm statements that name no memory they read
 // (tileloadd: no memory operand at all; ldtilecfg: only the first 8 bytes), so the compiler may drop or move
-// stores to a buffer that only a tile load reads (GCC 12 -O2 removed amx_pad_block's memset of a stack
-// buffer). A compiler barrier that names the buffer before the load, and one after it.
+// stores to a buffer that only a tile load reads (GCC 12 -O2 removed a memset of a stack buffer read only by
+// a tile load). A compiler barrier that names the buffer before the load, and one after it. Likewise
+// tilestored names no memory it writes: AMX_STORED fences the copy out of its buffer on both sides.
 #define AMX_LOADD(t, base, stride)                          \
   do {                                                      \
     const void* amx_p_ = (const void*)(base);               \
     __asm__ volatile("" : : "r"(amx_p_) : "memory");        \
     _tile_loadd(t, amx_p_, stride);                         \
     __asm__ volatile("" : : : "memory");                    \
+  } while (0)
+
+#define AMX_STORED(t, base, stride)          \
+  do {                                       \
+    __asm__ volatile("" : : : "memory");     \
+    _tile_stored(t, base, stride);           \
+    __asm__ volatile("" : : : "memory");     \
   } while (0)
 
 struct AmxTileConfig {
@@ -179,31 +188,13 @@ static inline void amx_put_rows(const float* c, int groups, int bt, int r0, floa
 
 template <int G, int BT>
 static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                               int n1);
-
-// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, bf16
-// inputs (row stride ldx), on AVX512-BF16 instructions with the tile's bits. Batch 1 takes four groups at a
-// time (one stream of 4 KiB steps), two tokens two groups, more one.
-template <int BT>
-static void amx_packed_gemv_bt(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                               int n1) {
-  if (n0 >= n1) return;
-  if constexpr (BT == 1) {
-    if (g_amx_groups == 1) return amx_packed_gemv_g<1, 1>(P, K, x, ldx, y, ldy, n0, n1);
-    if (g_amx_groups == 2) return amx_packed_gemv_g<2, 1>(P, K, x, ldx, y, ldy, n0, n1);
-  }
-  constexpr int G0 = BT == 1 ? 4 : (BT == 2 ? 2 : 1);
-  amx_packed_gemv_g<G0, BT>(P, K, x, ldx, y, ldy, n0, n1);
-}
-
-template <int G, int BT>
-static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
                                int n1) {
   const AmxMxcsr mxcsr;
   const int ksteps = (K + 31) / 32, Q = 8 * ksteps;
   std::vector<uint32_t>& in = amx_scratch().inputs;
   in.resize((size_t)2 * Q * BT);
-  for (int j = 0; j < BT; j++) amx_token_inputs(x + (size_t)j * ldx, K, &in[(size_t)2 * Q * j], &in[(size_t)2 * Q * j + Q]);
+  for (int j = 0; j < BT; j++)
+    amx_token_inputs(x + (size_t)j * ldx, K, &in[(size_t)2 * Q * j], &in[(size_t)2 * Q * j + Q]);
   const size_t gstride = (size_t)ksteps * 512;
   int g = n0 / 16;
   const int g1 = (n1 + 15) / 16;
@@ -221,14 +212,31 @@ static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int l
   }
 }
 
+// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, bf16
+// inputs (row stride ldx), on AVX512-BF16 instructions with the tile's bits. Batch 1 takes four groups at a
+// time (one stream of 4 KiB steps), two tokens two groups, more one.
+template <int BT>
+static void amx_packed_gemv_bt(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
+                               int n1) {
+  if (n0 >= n1) return;
+  if constexpr (BT == 1) {
+    if (g_amx_groups == 1) return amx_packed_gemv_g<1, 1>(P, K, x, ldx, y, ldy, n0, n1);
+    if (g_amx_groups == 2) return amx_packed_gemv_g<2, 1>(P, K, x, ldx, y, ldy, n0, n1);
+  }
+  constexpr int G0 = BT == 1 ? 4 : (BT == 2 ? 2 : 1);
+  amx_packed_gemv_g<G0, BT>(P, K, x, ldx, y, ldy, n0, n1);
+}
+
 // One group's k step (1 KiB packed) as a B tile: k pair 2v of the 16 rows is (high of E_v, high of O_v),
 // pair 2v + 1 (low of E_v, low of O_v).
 static inline void amx_packed_to_tile(uint16_t* dst, const uint16_t* src) {
   const __m512i lo16 = _mm512_set1_epi32(0xffff);
   for (int v = 0; v < 8; v++) {
     const __m512i e = _mm512_loadu_si512(src + 64 * v), o = _mm512_loadu_si512(src + 64 * v + 32);
-    _mm512_storeu_si512(dst + 32 * (2 * v), _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(lo16, o)));
-    _mm512_storeu_si512(dst + 32 * (2 * v + 1), _mm512_or_si512(_mm512_and_si512(e, lo16), _mm512_slli_epi32(o, 16)));
+    const __m512i even = _mm512_or_si512(_mm512_srli_epi32(e, 16), _mm512_andnot_si512(lo16, o));
+    const __m512i odd = _mm512_or_si512(_mm512_and_si512(e, lo16), _mm512_slli_epi32(o, 16));
+    _mm512_storeu_si512(dst + 32 * (2 * v), even);
+    _mm512_storeu_si512(dst + 32 * (2 * v + 1), odd);
   }
 }
 
@@ -255,7 +263,8 @@ static void amx_span(const uint16_t* P, int K, const uint16_t* x, int ldx, int B
   const int gfirst = n0 / 16, gend = (n1 + 15) / 16;
   for (int s0 = gfirst; s0 < gend; s0 += sb) {
     const int groups = gend - s0 < sb ? gend - s0 : sb;
-    for (int i = 0; i < groups * ksteps; i++) amx_packed_to_tile(tiles.data() + (size_t)i * 512, P + (s0 * (size_t)ksteps + i) * 512);
+    for (int i = 0; i < groups * ksteps; i++)
+      amx_packed_to_tile(tiles.data() + (size_t)i * 512, P + (s0 * (size_t)ksteps + i) * 512);
     for (int t0 = 0; t0 < B; t0 += 32) {
       const int toks = B - t0 < 32 ? B - t0 : 32;
       const uint16_t* a = x + (size_t)t0 * ldx;
@@ -295,29 +304,24 @@ static void amx_span(const uint16_t* P, int K, const uint16_t* x, int ldx, int B
           for (int t = 0; t < tcount && lo < hi; t++)
             memcpy(y + (size_t)(t0 + 16 * tg + t) * ldy + lo, c + 16 * t + (lo - a0), (size_t)(hi - lo) * 4);
         };
-        __asm__ volatile("" : : : "memory");
-        _tile_stored(0, c, 64);
-        __asm__ volatile("" : : : "memory");
+        AMX_STORED(0, c, 64);
         put(0, 0);
         if (two_groups) {
-          _tile_stored(1, c, 64);
-          __asm__ volatile("" : : : "memory");
+          AMX_STORED(1, c, 64);
           put(0, 1);
         }
         if (two_tok) {
-          _tile_stored(2, c, 64);
-          __asm__ volatile("" : : : "memory");
+          AMX_STORED(2, c, 64);
           put(1, 0);
           if (two_groups) {
-            _tile_stored(3, c, 64);
-            __asm__ volatile("" : : : "memory");
+            AMX_STORED(3, c, 64);
             put(1, 1);
           }
         }
       }
     }
   }
-  _tile_release();  // see amx_span's comment
+  _tile_release();  // the tile state back to its initial one: decode after the prompt uses no tiles
 }
 #else
 #define SOLO_AMX 0

@@ -135,15 +135,6 @@ static void barrier_wait(SpinBarrier* b, int nt, Ahead* ahead = nullptr) {
   if (now_ns() - start > g_late_wait_ns) b->late.fetch_add(1, std::memory_order_relaxed);
 }
 
-static size_t mat_row_bytes(const Mat* W) {
-  const size_t cols = (size_t)W->cols;
-  return W->format == W_INT4 || W->format == W_INT4_BF16X ? cols / 2
-         : W->format == W_F32                            ? cols * 4
-         : W->format == W_BF16                           ? cols * 2
-         : W->format == W_BF16_AMX                       ? (cols + 31) / 32 * 64
-                                                         : cols;
-}
-
 // The read-ahead for the next product over W's rows: the start of this thread's own run of chunks (share_rows'
 // static split of rows [0, n), chunks of chunk_rows(W, 1, n, nt) rows); with halves = 2 (the MLP's gate/up,
 // n = f) the same rows of both halves, [r, ...) and [f + r, ...). At most g_ahead_kb KiB in all.
@@ -777,7 +768,11 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // kernel runs side by side (1, 2 or 4; gemv.h), "bf16_streams" / "q8_streams" = the same for the AVX512-BF16
 // and the integer-dot decode kernels, "q8_rt" / "q8_pass_kb" = the integer-dot pass tile's shape and k block
 // (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the AVX512-BF16 pass tile's k block (tile.h), "qz_rt" /
-// "qz_pass_kb" = the 512-bit integer-dot pass tile's shape (0 = none) and k block, "pass_min_b" = the fewest sequences that take those tiles (default 32),
+// "qz_pass_kb" = the 512-bit integer-dot pass tile's shape (0 = none) and k block, "pass_min_b" = the fewest
+// sequences that take those tiles (default 32), "span_chunk_kb" = KiB of weights per work item of a span
+// product on AMX builds (gemv.h), "amx" 0 = the span's packed products on the decode kernel instead of tiles,
+// "amx_groups" = 16-row groups the packed decode kernel reads side by side, "amx_span_kb" = KiB of packed rows
+// turned into tiles at a time (amx.h; the amx level only),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
 // "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.

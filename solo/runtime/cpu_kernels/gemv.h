@@ -623,17 +623,24 @@ static int g_chunk_bytes = 128 << 10;
 // Products with more tokens than one decode tile on AMX (span prefill) take larger chunks, about this many
 // KiB of weights (knob "span_chunk_kb"; 0 = the decode chunks): a chunk's tokens are read once per chunk and
 // its per-token epilogue (the MLP's activation) runs once per chunk, and at 128 KiB both cost more than the
-// AMX products (results/intel-xeon-amx/prefill-ab-amx-*.txt); at least 4 chunks per thread for balance.
+// AMX products (measured with the first AMX kernels: results/intel-xeon-amx/README.md, "The AMX level"); at
+// least 4 chunks per thread for balance.
 static int g_span_chunk_kb = SOLO_AMX ? 1024 : 0;
+
+// Bytes of weights per row of W (packed bf16: per row of a 16-row group, columns padded to 32), so row r of
+// a 16-row-aligned range starts r * mat_row_bytes(W) into W->weight.
+static inline size_t mat_row_bytes(const Mat* W) {
+  const size_t cols = (size_t)W->cols;
+  return is_int4_format(W->format)    ? cols / 2
+         : W->format == W_F32        ? cols * 4
+         : W->format == W_BF16       ? cols * 2
+         : W->format == W_BF16_AMX   ? (cols + 31) / 32 * 64
+                                     : cols;
+}
 
 // Rows per chunk of W's product with B tokens, n rows shared by nt threads.
 static inline int chunk_rows(const Mat* W, int B, int n, int nt) {
-  const size_t cols = (size_t)W->cols;
-  const size_t row_bytes = is_int4_format(W->format) ? cols / 2
-                           : W->format == W_F32                            ? cols * 4
-                           : W->format == W_BF16                           ? cols * 2
-                           : W->format == W_BF16_AMX                       ? (cols + 31) / 32 * 64
-                                                                           : cols;
+  const size_t row_bytes = mat_row_bytes(W);
   // The AMX level's packed kernel reads four 16-row groups at a time: whole runs of them, in chunks twice as
   // large (Qwen2.5-0.5B decode steps on a 2-core Xeon with AMX: 0.95x of the row-major kernel at 128 KiB and
   // four-group runs, 0.97-0.98x at 256 KiB; results/intel-xeon-amx/step-ab-packed-*.txt).
