@@ -2,7 +2,8 @@ r"""Diagnostic of the native CPU decode step at long context (not a `solo bench`
 
 At tens of thousands of positions a batch-1 decode step spends much of its time in attention over the KV
 cache. Variants, each a set of `solo_set_knob` knobs ("name=knob=value,knob=value"; decode.cpp lists them;
-give every variant every knob any of them sets), take turns round by round on one runtime (random weights
+give every variant every knob any of them sets; "lib:DIR" names another build of the kernels, as in
+step_ab.py), take turns round by round on one runtime (random weights
 of a bench shape, a cache of `--context` positions) and time `--steps` decode steps with the kernel's phase
 profile on (`solo.bench.cpu_profile.profile`). Prints per variant the attention phase's ms per token (thread
 0) each round, the whole step's, and the median over rounds of (first variant's attention time / this
@@ -22,6 +23,7 @@ import statistics
 
 import torch
 from prefill_ab import parse_variant  # this folder (the script's own) is on sys.path
+from step_ab import build_library
 
 from solo.bench.cpu_profile import profile
 from solo.bench.shapes import build_model, shape_config
@@ -38,26 +40,32 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
     args = ap.parse_args()
-    variants = [parse_variant(v) for v in args.variant] or [("base", {})]
+    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None)]
     model = build_model(shape_config(args.shape), torch.bfloat16)
     positions = args.context + 3 * args.steps + 2
     runtime = CpuRuntime(model, rows=1, max_seq=positions, num_threads=args.threads)
     runtime.reserve(1, positions)
-    lib = runtime._lib
-    attention: dict[str, list[float]] = {name: [] for name, _ in variants}
-    step: dict[str, list[float]] = {name: [] for name, _ in variants}
-    for _ in range(args.rounds):
-        for name, knobs in variants:
-            for key, value in knobs.items():
-                if lib.solo_set_knob(key.encode(), value) != 0:
-                    raise SystemExit(f"unknown knob {key!r}")
-            result = profile(runtime, args.steps, args.context)
-            attention[name].append(result["phases"]["attention"][0])
-            step[name].append(result["ms_per_token"])
+    base_lib = runtime._lib
+    # (name, library, knobs): another build of the kernels runs on the same struct and cache
+    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d in specs]
+    attention: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    step: dict[str, list[float]] = {name: [] for name, _, _ in variants}
+    try:
+        for _ in range(args.rounds):
+            for name, lib, knobs in variants:
+                runtime._lib = lib
+                for key, value in knobs.items():
+                    if lib.solo_set_knob(key.encode(), value) != 0:
+                        raise SystemExit(f"unknown knob {key!r}")
+                result = profile(runtime, args.steps, args.context)
+                attention[name].append(result["phases"]["attention"][0])
+                step[name].append(result["ms_per_token"])
+    finally:
+        runtime._lib = base_lib
     first = variants[0][0]
     print(f"{args.shape}, context {args.context}, {runtime.isa} kernels, {runtime.num_threads} threads, "
           f"{args.rounds} rounds of {args.steps} steps (ms per token)")
-    for name, _ in variants:
+    for name, _, _ in variants:
         ratio = statistics.median(a / b for a, b in zip(attention[first], attention[name], strict=True))
         print(f"{name:>14s}  attention {' '.join(f'{t:6.2f}' for t in attention[name])}  "
               f"step {' '.join(f'{t:6.1f}' for t in step[name])}  x{ratio:.2f}")

@@ -21,6 +21,7 @@ import time
 
 import torch
 from prefill_ab import parse_variant  # this folder (the script's own) is on sys.path
+from step_ab import build_library
 
 from solo.bench.shapes import build_model, shape_config
 from solo.runtime.cpu import CpuRuntime
@@ -38,7 +39,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
     args = ap.parse_args()
-    variants = [parse_variant(v) for v in args.variant] or [("base", {})]
+    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None)]
     model = build_model(shape_config(args.shape), torch.bfloat16)
     if args.quantize:
         from solo.runtime.quant import quantize_model
@@ -52,11 +53,14 @@ def main() -> None:
     generator = torch.Generator().manual_seed(0)
     for row in range(batch):
         runtime.prefill(row, torch.randint(0, model.config.vocab_size, (prompt_len,), generator=generator))
-    rows, lib = torch.arange(batch), runtime._lib
-    times: dict[str, list[float]] = {name: [] for name, _ in variants}
+    rows, base_lib = torch.arange(batch), runtime._lib
+    # (name, library, knobs): another build of the kernels ("lib:DIR") runs on the same struct and cache
+    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d in specs]
+    times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     logits: dict[str, torch.Tensor] = {}
     for _ in range(args.rounds):
-        for name, knobs in variants:
+        for name, lib, knobs in variants:
+            runtime._lib = lib
             for key, value in knobs.items():
                 if lib.solo_set_knob(key.encode(), value) != 0:
                     raise SystemExit(f"unknown knob {key!r}")
@@ -65,12 +69,13 @@ def main() -> None:
                 out = runtime.decode(rows, torch.full((batch,), 5), torch.full((batch,), prompt_len + step))
             times[name].append((time.perf_counter() - start) / args.steps)
             logits[name] = out
+    runtime._lib = base_lib
     first = variants[0][0]
-    same = all(torch.equal(logits[name], logits[first]) for name, _ in variants)
+    same = all(torch.equal(logits[name], logits[first]) for name, _, _ in variants)
     label = f"{args.shape} {args.quantize}" if args.quantize else args.shape
     print(f"{label}, batch {batch}, {runtime.isa} kernels, {args.threads} threads, {args.rounds} rounds of "
           f"{args.steps} steps; logits identical across variants: {same}")
-    for name, _ in variants:
+    for name, _, _ in variants:
         print(f"{name:>20s}  {statistics.median(times[name]) * 1e3:8.1f} ms/step (median)  "
               f"fastest {min(times[name]) * 1e3:8.1f}")
 

@@ -170,3 +170,48 @@ def test_a_packed_layer_keeps_the_linear_state_dict():
         packed.load_state_dict(torch.nn.Linear(41, 24).bfloat16().state_dict())
     with pytest.raises(RuntimeError, match="Unexpected key.*junk"):
         packed.load_state_dict({**other.state_dict(), "junk": torch.zeros(1)})
+
+
+@pytest.mark.parametrize("heads,kv_heads", [(14, 2), (16, 1), (20, 1)], ids=["gqa7", "gqa16", "gqa20-avx512"])
+def test_split_kv_attention_on_tiles(lib, tmp_path, heads, kv_heads):
+    """Split-KV parts of a bf16 cache (head_dim 64, up to 16 query heads per KV head) run q . k and p @ v on
+    tiles: as close to the eager model as the AVX-512 kernels (knob attn_amx = 0; another order of the same
+    products), and batched rows keep batch 1's bits. 20 heads per KV head take the AVX-512 kernels (same bits
+    with the knob on and off)."""
+    from _decode_helpers import greedy_steps
+    from checkpoints import make_checkpoint
+
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+    from solo.runtime.cpu import CpuRuntime
+    from solo.runtime.eager import EagerRuntime
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=64 * heads // 2,
+                             head_dim=64, num_attention_heads=heads, num_key_value_heads=kv_heads,
+                             max_position_embeddings=1700)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    prompt = [(7 * i * i + 3 * i + 5) % 377 + 3 for i in range(1290)]  # 3 blocks of 512 at the decode steps
+    eager_tokens, eager_logits = greedy_steps(EagerRuntime(model), prompt, 3)
+    runtime = CpuRuntime(model, rows=2, max_seq=1700)
+    results = {}
+    try:
+        for knob in (1, 0):
+            assert lib.solo_set_knob(b"attn_amx", knob) == 0
+            assert runtime._lib.solo_set_knob(b"attn_amx", knob) == 0
+            _, results[knob] = greedy_steps(runtime, prompt, 3, eager_tokens)
+            # (bf16 logits of these shapes: the AVX-512 kernels differ from eager by up to 0.47 here)
+            torch.testing.assert_close(results[knob], eager_logits.float(), atol=0.6, rtol=0)
+        if heads // kv_heads > 16:
+            assert torch.equal(results[0], results[1])
+        elif heads // kv_heads == 16:  # (other shapes' differences can all vanish in the bf16 roundings)
+            assert not torch.equal(results[0], results[1])
+        # Batched: row 1 at another length (2 blocks), row 0 at the same position as its batch-1 step.
+        runtime._lib.solo_set_knob(b"attn_amx", 1)
+        runtime.prefill(1, torch.tensor(prompt[:700]))
+        position = torch.tensor([len(prompt) + 2, 700])
+        batched = runtime.decode(torch.tensor([0, 1]), torch.tensor([eager_tokens[2], 9]), position)
+        single = runtime.decode(torch.tensor([0]), torch.tensor([eager_tokens[2]]), position[:1])[0]
+        assert torch.equal(batched[0], single)
+        assert torch.equal(batched[0], results[1][2])
+    finally:
+        runtime._lib.solo_set_knob(b"attn_amx", 1)

@@ -323,6 +323,139 @@ static void amx_span(const uint16_t* P, int K, const uint16_t* x, int ldx, int B
   }
   _tile_release();  // the tile state back to its initial one: decode after the prompt uses no tiles
 }
+
+// ------------------------------------------------------------------ split-KV attention on tiles
+// At long context a decode step's attention is bound by its instructions on AVX-512 (Qwen2.5-0.5B at 32000
+// positions: 14 of its 25 ms per token with the cache read from L2 instead of memory). On tiles, one split-KV
+// part (elementwise.h: up to 512 positions of one KV head and its GQA group of query heads) makes q . k as
+// S^T = K q^T, the key rows A tiles read in place from the cache, and p @ v as O = P V, the value rows two by
+// two interleaved into B tiles. Each product then has the tile's order (two sums per 32 positions or dims,
+// amx.h's header) instead of the AVX-512 kernels': a part's results depend on its positions only, so batched
+// decode, the span prefill and batch 1 stay bit-identical. head_dim 64 and up to 16 query heads per KV head
+// (Qwen2.5, Llama 3.2 1B/3B); other shapes keep the AVX-512 kernels.
+// Knob "attn_amx": 0 = those parts on AVX-512 too (measurement).
+static int g_attn_amx = 1;
+
+// Positions per split-KV part, at most (elementwise.h's SOLO_KV_BLOCK).
+#define SOLO_AMX_PART 512
+
+// q . k of the whole 16-position blocks of cached positions j .. j1 - 1 (key rows of 64 bf16 dims, position
+// 0 at K, rows row_bytes apart): scores[g * stride + p] = scale * (q_g . k_p) with q rounded to bf16 (as the
+// AVX512-BF16 path does), and mx[g] raised to each block's maximum. C = [16 positions, 16 heads]; each head's
+// column is gathered back. Returns the first position left over (fewer than 16 remain).
+//   q: float32 [gs, 64], gs <= 16; prefetch: blocks of 16 key rows to prefetch ahead (0 = none).
+static int amx_part_scores(const float* q, int gs, const char* K, size_t row_bytes, int j, int j1, float scale,
+                           float* scores, size_t stride, float* mx, int prefetch) {
+  if (j + 16 > j1) return j;
+  alignas(64) uint16_t qb[16 * 64];
+  alignas(64) uint32_t qt[2][16][16];  // B tiles: [dim pair, head] per 32 dims (heads past gs zero)
+  memset(qt, 0, sizeof qt);
+  for (int g = 0; g < gs; g++)
+    for (int c = 0; c < 2; c++) {
+      const float* src = q + (size_t)g * 64 + 32 * c;
+      _mm512_store_si512(qb + g * 64 + 32 * c,
+                         (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)));
+      for (int r = 0; r < 16; r++) qt[c][r][g] = (uint32_t)qb[g * 64 + 32 * c + 2 * r] |
+                                                 (uint32_t)qb[g * 64 + 32 * c + 2 * r + 1] << 16;
+    }
+  amx_configure();
+  AMX_LOADD(2, qt[0], 64);
+  AMX_LOADD(3, qt[1], 64);
+  alignas(64) float c[16 * 16];
+  const __m512i rows = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
+  const __m512 vscale = _mm512_set1_ps(scale);
+  for (; j + 16 <= j1; j += 16) {
+    const char* kr = K + (size_t)j * row_bytes;
+    if (prefetch)
+      for (size_t o = 0; o < 16 * row_bytes; o += 64) __builtin_prefetch(kr + (size_t)prefetch * 16 * row_bytes + o, 0, 3);
+    _tile_zero(0);
+    AMX_LOADD(1, kr, row_bytes);
+    AMX_LOADD(4, kr + 64, row_bytes);
+    _tile_dpbf16ps(0, 1, 2);
+    _tile_dpbf16ps(0, 4, 3);
+    AMX_STORED(0, c, 64);
+    for (int g = 0; g < gs; g++) {
+      const __m512 sc = _mm512_mul_ps(_mm512_i32gather_ps(rows, c + g, 4), vscale);
+      _mm512_storeu_ps(scores + (size_t)g * stride + j, sc);
+      const float tmax = _mm512_reduce_max_ps(sc);
+      mx[g] = tmax > mx[g] ? tmax : mx[g];
+    }
+  }
+  return j;
+}
+
+// p @ v over cached positions j0 .. j1 - 1 (at most SOLO_AMX_PART; value rows of 64 bf16 dims, position 0
+// at V): acc_out[g, :] = sum_p p_gp v_p, p_gp = scores[g * stride + p] (float32 numerators that hold bf16
+// values), in `load_pair` order (elementwise.h: the 32 even dims, then the 32 odd ones, per 32 dims) for
+// g < gs <= 16. P = [16 heads, 32 positions] A tiles, B tiles of position pairs x 16 dims, 4 C tiles.
+static void amx_part_pv(const float* scores, size_t stride, int gs, const char* V, size_t row_bytes, int j0, int j1,
+                        float* acc_out, int prefetch) {
+  const int n = j1 - j0, steps = (n + 31) / 32;
+  alignas(64) uint16_t p[16][SOLO_AMX_PART];
+  for (int g = 0; g < 16; g++)
+    for (int i = 0; i < 32 * steps; i += 32) {
+      const int left = g < gs ? n - i : 0;
+      const __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 0 ? left : 0)) - 1);
+      const __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 16 ? left - 16 : 0)) - 1);
+      const float* src = scores + (size_t)(g < gs ? g : 0) * stride + j0 + i;
+      _mm512_store_si512(p[g] + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + 16),
+                                                                _mm512_maskz_loadu_ps(m0, src)));
+    }
+  alignas(64) uint32_t b[4][16][16];  // B tiles: [position pair, 16 dims] for dims 0-31 (2) and 32-63 (2)
+  amx_configure();
+  for (int t = 4; t < 8; t++) {
+    if (t == 4) _tile_zero(4);
+    if (t == 5) _tile_zero(5);
+    if (t == 6) _tile_zero(6);
+    if (t == 7) _tile_zero(7);
+  }
+  const __m512i zero = _mm512_setzero_si512();
+  for (int s = 0; s < steps; s++) {
+    for (int r = 0; r < 16; r++) {
+      const int pa = j0 + 32 * s + 2 * r, pb = pa + 1;
+      const char* ra = V + (size_t)pa * row_bytes;
+      if (prefetch) __builtin_prefetch(ra + (size_t)prefetch * 16 * row_bytes, 0, 3),
+                    __builtin_prefetch(ra + (size_t)prefetch * 16 * row_bytes + 64, 0, 3),
+                    __builtin_prefetch(ra + (size_t)(prefetch * 16 + 1) * row_bytes, 0, 3),
+                    __builtin_prefetch(ra + (size_t)(prefetch * 16 + 1) * row_bytes + 64, 0, 3);
+      for (int c = 0; c < 2; c++) {
+        const __m512i a = pa < j1 ? _mm512_loadu_si512(ra + 64 * c) : zero;  // positions past j1 add 0 x 0
+        const __m512i bb = pb < j1 ? _mm512_loadu_si512(ra + row_bytes + 64 * c) : zero;
+        // dword i of a 128-bit lane L: dims 8L + i (lo) and 8L + 4 + i (hi) of 32c .. 32c + 31
+        _mm512_store_si512(b[2 * c][r], _mm512_unpacklo_epi16(a, bb));
+        _mm512_store_si512(b[2 * c + 1][r], _mm512_unpackhi_epi16(a, bb));
+      }
+    }
+    AMX_LOADD(1, p[0] + 32 * s, sizeof p[0]);
+    AMX_LOADD(0, b[0], 64);
+    _tile_dpbf16ps(4, 1, 0);
+    AMX_LOADD(2, b[1], 64);
+    _tile_dpbf16ps(5, 1, 2);
+    AMX_LOADD(0, b[2], 64);
+    _tile_dpbf16ps(6, 1, 0);
+    AMX_LOADD(2, b[3], 64);
+    _tile_dpbf16ps(7, 1, 2);
+  }
+  alignas(64) float o[4][16 * 16];
+  AMX_STORED(4, o[0], 64);
+  AMX_STORED(5, o[1], 64);
+  AMX_STORED(6, o[2], 64);
+  AMX_STORED(7, o[3], 64);
+  _tile_release();
+  alignas(64) int even[16], odd[16];  // unpack order -> `load_pair` order
+  for (int i = 0; i < 16; i++) {
+    const int de = 2 * i, dodd = 2 * i + 1;
+    even[i] = 4 * (de / 8) + de % 4 + (de % 8 >= 4 ? 16 : 0);
+    odd[i] = 4 * (dodd / 8) + dodd % 4 + (dodd % 8 >= 4 ? 16 : 0);
+  }
+  const __m512i ie = _mm512_load_si512(even), io = _mm512_load_si512(odd);
+  for (int g = 0; g < gs; g++)
+    for (int c = 0; c < 2; c++) {
+      const __m512 lo = _mm512_load_ps(o[2 * c] + 16 * g), hi = _mm512_load_ps(o[2 * c + 1] + 16 * g);
+      _mm512_storeu_ps(acc_out + (size_t)g * 64 + 32 * c, _mm512_permutex2var_ps(lo, ie, hi));
+      _mm512_storeu_ps(acc_out + (size_t)g * 64 + 32 * c + 16, _mm512_permutex2var_ps(lo, io, hi));
+    }
+}
 #else
 #define SOLO_AMX 0
 #endif

@@ -774,6 +774,8 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 // "amx_groups" = 16-row groups the packed decode kernel reads side by side, "amx_span_kb" = KiB of packed rows
 // turned into tiles at a time (amx.h; the amx level only),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
+// "attn_qk_dot" 0 = split-KV q . k of a bf16 cache on widened rows instead of bf16 dot products,
+// "attn_amx" 0 = split-KV attention of a bf16 cache without tiles (amx.h; the amx level only),
 // "profile" 1 = time the phases of each step (0 = off; either resets the totals).
 // Returns 0, or -1 for an unknown name.
 extern "C" int solo_set_knob(const char* name, int value) {
@@ -795,6 +797,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "amx")) g_amx = value;
   else if (!strcmp(name, "amx_groups")) g_amx_groups = value;
   else if (!strcmp(name, "amx_span_kb")) g_amx_span_kb = value < 1 ? 1 : value;
+  else if (!strcmp(name, "attn_amx")) g_attn_amx = value;
 #endif
   else if (!strcmp(name, "span_chunk_kb")) g_span_chunk_kb = value < 0 ? 0 : value;
   else if (!strcmp(name, "q8_streams")) g_q8_streams = value < 1 ? 1 : value;
@@ -803,6 +806,7 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "q8_pass_kb")) g_q8_pass_kb = value < 128 ? 128 : value & ~127;
   else if (!strcmp(name, "bf16_pass_kb")) g_bf16_pass_kb = value < 128 ? 128 : value & ~127;
   else if (!strcmp(name, "attn_prefetch")) g_attn_prefetch = value < 0 ? 0 : value;
+  else if (!strcmp(name, "attn_qk_dot")) g_attn_qk_dot = value;
   else if (!strcmp(name, "qz_rt")) g_qz_rt = value;
   else if (!strcmp(name, "qz_pass_kb")) g_qz_pass_kb = value < 128 ? 128 : value & ~127;
   else if (!strcmp(name, "profile")) {

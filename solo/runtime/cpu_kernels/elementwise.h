@@ -385,6 +385,11 @@ static void attend(const Model* m, const Layer* L, const float* q, const float* 
 // attention (AVX2, NEON) takes none: bound by its instructions, it measured 1.03x with it (SOLO_CPU_ISA=avx2,
 // 16000 positions).
 static int g_attn_prefetch = 2;
+// Split-KV parts of a bf16 cache on AVX512-BF16 builds: q . k with bf16 dot products on the cache rows (1)
+// or on rows widened to float32 (0). Knob "attn_qk_dot" (measurement). The bf16 one measured 1.14x on Zen 5
+// and 0.93x on a Xeon 6 class CPU (whose VDPBF16PS issues one per two cycles, half its FMA's multiply-adds);
+// at the amx level the parts' products run on tiles instead (amx.h).
+static int g_attn_qk_dot = 1;
 
 static inline void prefetch_rows(const char* p, size_t bytes) {
   for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch(p + o, 0, 3);
@@ -540,8 +545,15 @@ static void attend_group_part(const Model* m, const Layer* L, const float* q, co
   }
   int j = j0;
   (void)tiled;
+#if SOLO_AMX
+  // (head_dim 64, at most 16 heads: amx.h)
+  const int amx_att = NPAIR == 2 && tiled && bf && gs <= 16 && j1 - j0 <= SOLO_AMX_PART && g_attn_amx && g_amx_permitted;
+  if (amx_att) j = amx_part_scores(q, gs, K, row_bytes, j, j1, scale, scores, stride, mx, g_attn_prefetch);
+#else
+  const int amx_att = 0;
+#endif
 #if defined(__AVX512BF16__)
-  if (tiled && bf) {
+  if (tiled && bf && g_attn_qk_dot && !amx_att) {
     // bf16 cache: q . k of 16 keys at a time with bf16 dot products on the cache rows as they are (no
     // widening to float32): q rounded to bf16 (exact where it holds bf16 values already, as after the
     // rounded RoPE), each instruction summing the products of two adjacent dims into 16 float32 lanes,
@@ -647,7 +659,12 @@ static void attend_group_part(const Model* m, const Layer* L, const float* q, co
     mx_out[g] = mx[g];
     sum_out[g] = sum[g];
   }
-  pv_heads<NPAIR, HB>(scores, stride, V, row_bytes, bf, j0, j1, gs, qp);
+#if SOLO_AMX
+  if (amx_att)
+    amx_part_pv(scores, stride, gs, V, row_bytes, j0, j1, qp, g_attn_prefetch);
+  else
+#endif
+    pv_heads<NPAIR, HB>(scores, stride, V, row_bytes, bf, j0, j1, gs, qp);
   alignas(64) float vn[256];
   if (now) pair_layout(v_now, vn, hd, 0, 0);  // float32 row: `load_pair`'s float32 order is the natural one
   for (int g = 0; g < gs; g++) {
