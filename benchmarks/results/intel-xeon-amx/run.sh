@@ -13,6 +13,18 @@ solo="${SOLO:-solo}"
 # of the packed kernel against the row-major AVX512-BF16 kernel in one process, TTFT and decode against
 # llama.cpp, then the amx and avx512-bf16 levels in one window, alternating. The runs below this block
 # predate the AMX level (they ran the avx512-bf16 kernels).
+# Split-KV attention on AMX tiles (set ATTN_AMX to run only this part): attention at 32000 positions with
+# the parts on tiles and on AVX-512 in one process, then the long-context sweep in turns.
+if [ -n "${ATTN_AMX:-}" ]; then
+  run attention-ab-amx-32000 python ../../attention_ab.py --shape Qwen2.5-0.5B --context 32000 --steps 8 \
+    --rounds 5 --variant avx512=attn_amx=0 --variant tiles=attn_amx=1
+  run Qwen2.5-0.5B-long-context-lockstep-amx-attn $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 \
+    --energy-s 0 --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random \
+    --sweep-gen-len 129 --lockstep 16 --json Qwen2.5-0.5B-long-context-lockstep-amx-attn.json \
+    --plot Qwen2.5-0.5B-long-context-lockstep-amx-attn.png
+  exit 0
+fi
+
 if [ -n "${AMX:-}" ]; then
   for shape in Qwen2.5-0.5B Llama-3.2-1B; do
     SOLO_CPU_ISA=amx run "step-ab-packed-$shape" python ../../step_ab.py --shape "$shape" --steps 8 --rounds 8 \
