@@ -39,12 +39,18 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
+    ap.add_argument("--fill", choices=["zeros", "random"], default="zeros",
+                    help="the cached keys and values: zeros, or standard normal as `solo bench --sweep-fill random`")
     args = ap.parse_args()
     specs = [parse_variant(v) for v in args.variant] or [("base", {}, None)]
     model = build_model(shape_config(args.shape), torch.bfloat16)
     positions = args.context + 3 * args.steps + 2
     runtime = CpuRuntime(model, rows=1, max_seq=positions, num_threads=args.threads)
     runtime.reserve(1, positions)
+    if args.fill == "random":
+        gen = torch.Generator().manual_seed(0)
+        for layer in (*runtime.cache.k, *runtime.cache.v):
+            layer[0, :, :args.context].copy_(torch.randn(layer[0, :, :args.context].shape, generator=gen))
     base_lib = runtime._lib
     # (name, library, knobs): another build of the kernels runs on the same struct and cache
     variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d in specs]
@@ -63,7 +69,7 @@ def main() -> None:
     finally:
         runtime._lib = base_lib
     first = variants[0][0]
-    print(f"{args.shape}, context {args.context}, {runtime.isa} kernels, {runtime.num_threads} threads, "
+    print(f"{args.shape}, context {args.context} ({args.fill} cache), {runtime.isa} kernels, {runtime.num_threads} threads, "
           f"{args.rounds} rounds of {args.steps} steps (ms per token)")
     for name, _, _ in variants:
         ratio = statistics.median(a / b for a, b in zip(attention[first], attention[name], strict=True))

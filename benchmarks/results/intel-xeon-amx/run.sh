@@ -16,8 +16,10 @@ solo="${SOLO:-solo}"
 # Split-KV attention on AMX tiles (set ATTN_AMX to run only this part): attention at 32000 positions with
 # the parts on tiles and on AVX-512 in one process, then the long-context sweep in turns.
 if [ -n "${ATTN_AMX:-}" ]; then
-  run attention-ab-amx-32000 python ../../attention_ab.py --shape Qwen2.5-0.5B --context 32000 --steps 8 \
-    --rounds 5 --variant avx512=attn_amx=0 --variant tiles=attn_amx=1
+  for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+    run "attention-ab-amx-$shape-32000" python ../../attention_ab.py --shape "$shape" --context 32000 --steps 8 \
+      --rounds 5 --fill random --variant avx512=attn_amx=0 --variant tiles=attn_amx=1
+  done
   run Qwen2.5-0.5B-long-context-lockstep-amx-attn $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 \
     --energy-s 0 --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random \
     --sweep-gen-len 129 --lockstep 16 --json Qwen2.5-0.5B-long-context-lockstep-amx-attn.json \

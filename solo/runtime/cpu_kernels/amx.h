@@ -339,10 +339,35 @@ static int g_attn_amx = 1;
 // Positions per split-KV part, at most (elementwise.h's SOLO_KV_BLOCK).
 #define SOLO_AMX_PART 512
 
+// c[16][16] (row-major) transposed into out[16]: out[n] = column n. Unpacks, then 4 x 4 shuffles of 32-bit
+// elements and of 128-bit lanes (64 instructions; a gather per column was slower).
+static inline void amx_transpose16(const float* c, __m512* out) {
+  __m512 t[16], u[16];
+  for (int i = 0; i < 8; i++) {
+    const __m512 a = _mm512_load_ps(c + 32 * i), b = _mm512_load_ps(c + 32 * i + 16);
+    t[2 * i] = _mm512_unpacklo_ps(a, b);  // per 128-bit lane L: rows 2i, 2i + 1 of columns 4L, 4L + 1
+    t[2 * i + 1] = _mm512_unpackhi_ps(a, b);  // ... of columns 4L + 2, 4L + 3
+  }
+  for (int i = 0; i < 4; i++) {  // u[4i + k], lane L: rows 4i .. 4i + 3 of column 4L + k
+    u[4 * i] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0x44);
+    u[4 * i + 1] = _mm512_shuffle_ps(t[4 * i], t[4 * i + 2], 0xEE);
+    u[4 * i + 2] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0x44);
+    u[4 * i + 3] = _mm512_shuffle_ps(t[4 * i + 1], t[4 * i + 3], 0xEE);
+  }
+  for (int k = 0; k < 4; k++) {  // column 4L + k: lane L of u[k], u[4 + k], u[8 + k], u[12 + k]
+    const __m512 a = _mm512_shuffle_f32x4(u[k], u[4 + k], 0x44), b = _mm512_shuffle_f32x4(u[k], u[4 + k], 0xEE);
+    const __m512 d = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0x44), e = _mm512_shuffle_f32x4(u[8 + k], u[12 + k], 0xEE);
+    out[k] = _mm512_shuffle_f32x4(a, d, 0x88);
+    out[4 + k] = _mm512_shuffle_f32x4(a, d, 0xDD);
+    out[8 + k] = _mm512_shuffle_f32x4(b, e, 0x88);
+    out[12 + k] = _mm512_shuffle_f32x4(b, e, 0xDD);
+  }
+}
+
 // q . k of the whole 16-position blocks of cached positions j .. j1 - 1 (key rows of 64 bf16 dims, position
 // 0 at K, rows row_bytes apart): scores[g * stride + p] = scale * (q_g . k_p) with q rounded to bf16 (as the
-// AVX512-BF16 path does), and mx[g] raised to each block's maximum. C = [16 positions, 16 heads]; each head's
-// column is gathered back. Returns the first position left over (fewer than 16 remain).
+// AVX512-BF16 path does), and mx[g] raised to each block's maximum. C = [16 positions, 16 heads], transposed
+// back to a row of 16 positions per head. Returns the first position left over (fewer than 16 remain).
 //   q: float32 [gs, 64], gs <= 16; prefetch: blocks of 16 key rows to prefetch ahead (0 = none).
 static int amx_part_scores(const float* q, int gs, const char* K, size_t row_bytes, int j, int j1, float scale,
                            float* scores, size_t stride, float* mx, int prefetch) {
@@ -362,7 +387,6 @@ static int amx_part_scores(const float* q, int gs, const char* K, size_t row_byt
   AMX_LOADD(2, qt[0], 64);
   AMX_LOADD(3, qt[1], 64);
   alignas(64) float c[16 * 16];
-  const __m512i rows = _mm512_set_epi32(240, 224, 208, 192, 176, 160, 144, 128, 112, 96, 80, 64, 48, 32, 16, 0);
   const __m512 vscale = _mm512_set1_ps(scale);
   for (; j + 16 <= j1; j += 16) {
     const char* kr = K + (size_t)j * row_bytes;
@@ -374,8 +398,10 @@ static int amx_part_scores(const float* q, int gs, const char* K, size_t row_byt
     _tile_dpbf16ps(0, 1, 2);
     _tile_dpbf16ps(0, 4, 3);
     AMX_STORED(0, c, 64);
+    __m512 col[16];
+    amx_transpose16(c, col);
     for (int g = 0; g < gs; g++) {
-      const __m512 sc = _mm512_mul_ps(_mm512_i32gather_ps(rows, c + g, 4), vscale);
+      const __m512 sc = _mm512_mul_ps(col[g], vscale);
       _mm512_storeu_ps(scores + (size_t)g * stride + j, sc);
       const float tmax = _mm512_reduce_max_ps(sc);
       mx[g] = tmax > mx[g] ? tmax : mx[g];
