@@ -69,8 +69,8 @@ def main() -> None:
     finally:
         runtime._lib = base_lib
     first = variants[0][0]
-    print(f"{args.shape}, context {args.context} ({args.fill} cache), {runtime.isa} kernels, {runtime.num_threads} threads, "
-          f"{args.rounds} rounds of {args.steps} steps (ms per token)")
+    print(f"{args.shape}, context {args.context} ({args.fill} cache), {runtime.isa} kernels, "
+          f"{runtime.num_threads} threads, {args.rounds} rounds of {args.steps} steps (ms per token)")
     for name, _, _ in variants:
         ratio = statistics.median(a / b for a, b in zip(attention[first], attention[name], strict=True))
         print(f"{name:>14s}  attention {' '.join(f'{t:6.2f}' for t in attention[name])}  "

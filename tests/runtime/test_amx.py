@@ -172,9 +172,10 @@ def test_a_packed_layer_keeps_the_linear_state_dict():
         packed.load_state_dict({**other.state_dict(), "junk": torch.zeros(1)})
 
 
-@pytest.mark.parametrize("heads,kv_heads", [(14, 2), (16, 1), (20, 1)], ids=["gqa7", "gqa16", "gqa20-avx512"])
-def test_split_kv_attention_on_tiles(lib, tmp_path, heads, kv_heads):
-    """Split-KV parts of a bf16 cache (head_dim 64, up to 16 query heads per KV head) run q . k and p @ v on
+@pytest.mark.parametrize("heads,kv_heads,head_dim", [(14, 2, 64), (16, 1, 64), (20, 1, 64), (8, 2, 128), (16, 1, 128)],
+                         ids=["gqa7", "gqa16", "gqa20-avx512", "hd128-gqa4", "hd128-gqa16"])
+def test_split_kv_attention_on_tiles(lib, tmp_path, heads, kv_heads, head_dim):
+    """Split-KV parts of a bf16 cache (head_dim 64 or 128, up to 16 query heads per KV head) run q . k and p @ v on
     tiles: as close to the eager model as the AVX-512 kernels (knob attn_amx = 0; another order of the same
     products), and batched rows keep batch 1's bits. 20 heads per KV head take the AVX-512 kernels (same bits
     with the knob on and off)."""
@@ -186,8 +187,8 @@ def test_split_kv_attention_on_tiles(lib, tmp_path, heads, kv_heads):
     from solo.runtime.cpu import CpuRuntime
     from solo.runtime.eager import EagerRuntime
 
-    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=64 * heads // 2,
-                             head_dim=64, num_attention_heads=heads, num_key_value_heads=kv_heads,
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=head_dim * heads // 2,
+                             head_dim=head_dim, num_attention_heads=heads, num_key_value_heads=kv_heads,
                              max_position_embeddings=1700)
     model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
     prompt = [(7 * i * i + 3 * i + 5) % 377 + 3 for i in range(1290)]  # 3 blocks of 512 at the decode steps
@@ -203,7 +204,7 @@ def test_split_kv_attention_on_tiles(lib, tmp_path, heads, kv_heads):
             torch.testing.assert_close(results[knob], eager_logits.float(), atol=0.6, rtol=0)
         if heads // kv_heads > 16:
             assert torch.equal(results[0], results[1])
-        elif heads // kv_heads == 16:  # (other shapes' differences can all vanish in the bf16 roundings)
+        elif (heads, kv_heads, head_dim) == (16, 1, 64):  # (other shapes' differences vanish in bf16 roundings)
             assert not torch.equal(results[0], results[1])
         # Batched: row 1 at another length (2 blocks), row 0 at the same position as its batch-1 step.
         runtime._lib.solo_set_knob(b"attn_amx", 1)

@@ -9,17 +9,15 @@ cd "$(dirname "$0")"
 solo="${SOLO:-solo}"
 . ../run_logged.sh  # run NAME CMD... (output in NAME.txt); ttft512_runs, quantized_runs, cpu_hog_run
 
-# The AMX level (cpu_kernels/amx.h, the default on this CPU; set AMX to run only this part): whole decode steps
-# of the packed kernel against the row-major AVX512-BF16 kernel in one process, TTFT and decode against
-# llama.cpp, then the amx and avx512-bf16 levels in one window, alternating. The runs below this block
-# predate the AMX level (they ran the avx512-bf16 kernels).
 # Split-KV attention on AMX tiles (set ATTN_AMX to run only this part): attention at 32000 positions with
-# the parts on tiles and on AVX-512 in one process, then the long-context sweep in turns.
+# the parts on tiles and on AVX-512 in one process, then the long-context sweep in turns (ATTN_AMX=ab: the
+# A/Bs only).
 if [ -n "${ATTN_AMX:-}" ]; then
-  for shape in Qwen2.5-0.5B Llama-3.2-1B; do
+  for shape in Qwen2.5-0.5B Llama-3.2-1B Qwen3-30B-A3B-2L; do  # head_dim 64, 64, 128
     run "attention-ab-amx-$shape-32000" python ../../attention_ab.py --shape "$shape" --context 32000 --steps 8 \
       --rounds 5 --fill random --variant avx512=attn_amx=0 --variant tiles=attn_amx=1
   done
+  [ "$ATTN_AMX" = ab ] && exit 0
   run Qwen2.5-0.5B-long-context-lockstep-amx-attn $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 \
     --energy-s 0 --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random \
     --sweep-gen-len 129 --lockstep 16 --json Qwen2.5-0.5B-long-context-lockstep-amx-attn.json \
@@ -27,6 +25,11 @@ if [ -n "${ATTN_AMX:-}" ]; then
   exit 0
 fi
 
+
+# The AMX level (cpu_kernels/amx.h, the default on this CPU; set AMX to run only this part): whole decode steps
+# of the packed kernel against the row-major AVX512-BF16 kernel in one process, TTFT and decode against
+# llama.cpp, then the amx and avx512-bf16 levels in one window, alternating. The runs below this block
+# predate the AMX level (they ran the avx512-bf16 kernels).
 if [ -n "${AMX:-}" ]; then
   for shape in Qwen2.5-0.5B Llama-3.2-1B; do
     SOLO_CPU_ISA=amx run "step-ab-packed-$shape" python ../../step_ab.py --shape "$shape" --steps 8 --rounds 8 \

@@ -331,8 +331,8 @@ static void amx_span(const uint16_t* P, int K, const uint16_t* x, int ldx, int B
 // S^T = K q^T, the key rows A tiles read in place from the cache, and p @ v as O = P V, the value rows two by
 // two interleaved into B tiles. Each product then has the tile's order (two sums per 32 positions or dims,
 // amx.h's header) instead of the AVX-512 kernels': a part's results depend on its positions only, so batched
-// decode, the span prefill and batch 1 stay bit-identical. head_dim 64 and up to 16 query heads per KV head
-// (Qwen2.5, Llama 3.2 1B/3B); other shapes keep the AVX-512 kernels.
+// decode, the span prefill and batch 1 stay bit-identical. head_dim 64 or 128 and up to 16 query heads per KV
+// head (Qwen2.5, Llama 3.x, Mistral); other shapes keep the AVX-512 kernels.
 // Knob "attn_amx": 0 = those parts on AVX-512 too (measurement).
 static int g_attn_amx = 1;
 
@@ -364,28 +364,35 @@ static inline void amx_transpose16(const float* c, __m512* out) {
   }
 }
 
-// q . k of the whole 16-position blocks of cached positions j .. j1 - 1 (key rows of 64 bf16 dims, position
-// 0 at K, rows row_bytes apart): scores[g * stride + p] = scale * (q_g . k_p) with q rounded to bf16 (as the
-// AVX512-BF16 path does), and mx[g] raised to each block's maximum. C = [16 positions, 16 heads], transposed
-// back to a row of 16 positions per head. Returns the first position left over (fewer than 16 remain).
-//   q: float32 [gs, 64], gs <= 16; prefetch: blocks of 16 key rows to prefetch ahead (0 = none).
+// q . k of the whole 16-position blocks of cached positions j .. j1 - 1 (key rows of hd = 32 * NPAIR bf16
+// dims, NPAIR 2 or 4; position 0 at K, rows row_bytes apart): scores[g * stride + p] = scale * (q_g . k_p)
+// with q rounded to bf16 (as the AVX512-BF16 path does), and mx[g] raised to each block's maximum. C = [16
+// positions, 16 heads], transposed back to a row of 16 positions per head. Returns the first position left
+// over (fewer than 16 remain).
+//   q: float32 [gs, hd], gs <= 16; prefetch: blocks of 16 key rows to prefetch ahead (0 = none).
+template <int NPAIR>
 static int amx_part_scores(const float* q, int gs, const char* K, size_t row_bytes, int j, int j1, float scale,
                            float* scores, size_t stride, float* mx, int prefetch) {
+  static_assert(NPAIR == 2 || NPAIR == 4, "head_dim 64 or 128");
+  constexpr int hd = 32 * NPAIR;
   if (j + 16 > j1) return j;
-  alignas(64) uint16_t qb[16 * 64];
-  alignas(64) uint32_t qt[2][16][16];  // B tiles: [dim pair, head] per 32 dims (heads past gs zero)
+  alignas(64) uint16_t qb[32 * NPAIR];
+  alignas(64) uint32_t qt[NPAIR][16][16];  // B tiles: [dim pair, head] per 32 dims (heads past gs zero)
   memset(qt, 0, sizeof qt);
   for (int g = 0; g < gs; g++)
-    for (int c = 0; c < 2; c++) {
-      const float* src = q + (size_t)g * 64 + 32 * c;
-      _mm512_store_si512(qb + g * 64 + 32 * c,
-                         (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)));
-      for (int r = 0; r < 16; r++) qt[c][r][g] = (uint32_t)qb[g * 64 + 32 * c + 2 * r] |
-                                                 (uint32_t)qb[g * 64 + 32 * c + 2 * r + 1] << 16;
+    for (int c = 0; c < NPAIR; c++) {
+      const float* src = q + (size_t)g * hd + 32 * c;
+      _mm512_store_si512(qb + 32 * c, (__m512i)_mm512_cvtne2ps_pbh(_mm512_loadu_ps(src + 16), _mm512_loadu_ps(src)));
+      for (int r = 0; r < 16; r++) qt[c][r][g] = (uint32_t)qb[32 * c + 2 * r] | (uint32_t)qb[32 * c + 2 * r + 1] << 16;
     }
+  // Tiles: 0 C, 1 and 4 A (key rows), 2, 3 (and 5, 6) B (q^T of dims 0-31, 32-63 (64-95, 96-127)).
   amx_configure();
   AMX_LOADD(2, qt[0], 64);
   AMX_LOADD(3, qt[1], 64);
+  if constexpr (NPAIR == 4) {
+    AMX_LOADD(5, qt[2], 64);
+    AMX_LOADD(6, qt[3], 64);
+  }
   alignas(64) float c[16 * 16];
   const __m512 vscale = _mm512_set1_ps(scale);
   for (; j + 16 <= j1; j += 16) {
@@ -397,6 +404,12 @@ static int amx_part_scores(const float* q, int gs, const char* K, size_t row_byt
     AMX_LOADD(4, kr + 64, row_bytes);
     _tile_dpbf16ps(0, 1, 2);
     _tile_dpbf16ps(0, 4, 3);
+    if constexpr (NPAIR == 4) {
+      AMX_LOADD(1, kr + 128, row_bytes);
+      AMX_LOADD(4, kr + 192, row_bytes);
+      _tile_dpbf16ps(0, 1, 5);
+      _tile_dpbf16ps(0, 4, 6);
+    }
     AMX_STORED(0, c, 64);
     __m512 col[16];
     amx_transpose16(c, col);
@@ -410,12 +423,16 @@ static int amx_part_scores(const float* q, int gs, const char* K, size_t row_byt
   return j;
 }
 
-// p @ v over cached positions j0 .. j1 - 1 (at most SOLO_AMX_PART; value rows of 64 bf16 dims, position 0
-// at V): acc_out[g, :] = sum_p p_gp v_p, p_gp = scores[g * stride + p] (float32 numerators that hold bf16
-// values), in `load_pair` order (elementwise.h: the 32 even dims, then the 32 odd ones, per 32 dims) for
-// g < gs <= 16. P = [16 heads, 32 positions] A tiles, B tiles of position pairs x 16 dims, 4 C tiles.
+// p @ v over cached positions j0 .. j1 - 1 (at most SOLO_AMX_PART; value rows of hd = 32 * NPAIR bf16 dims,
+// position 0 at V): acc_out[g, :] = sum_p p_gp v_p, p_gp = scores[g * stride + p] (float32 numerators that
+// hold bf16 values), in `load_pair` order (elementwise.h: per 32 dims the 16 even ones, then the 16 odd
+// ones) for g < gs <= 16. P = [16 heads, 32 positions] A tiles, B tiles of position pairs x 16 dims, four C
+// tiles per 64 dims (one pass over the part's value rows per 64 dims; the second reads them from L2).
+template <int NPAIR>
 static void amx_part_pv(const float* scores, size_t stride, int gs, const char* V, size_t row_bytes, int j0, int j1,
                         float* acc_out, int prefetch) {
+  static_assert(NPAIR == 2 || NPAIR == 4, "head_dim 64 or 128");
+  constexpr int hd = 32 * NPAIR;
   const int n = j1 - j0, steps = (n + 31) / 32;
   alignas(64) uint16_t p[16][SOLO_AMX_PART];
   for (int g = 0; g < 16; g++)
@@ -427,60 +444,64 @@ static void amx_part_pv(const float* scores, size_t stride, int gs, const char* 
       _mm512_store_si512(p[g] + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + 16),
                                                                 _mm512_maskz_loadu_ps(m0, src)));
     }
-  alignas(64) uint32_t b[4][16][16];  // B tiles: [position pair, 16 dims] for dims 0-31 (2) and 32-63 (2)
-  amx_configure();
-  for (int t = 4; t < 8; t++) {
-    if (t == 4) _tile_zero(4);
-    if (t == 5) _tile_zero(5);
-    if (t == 6) _tile_zero(6);
-    if (t == 7) _tile_zero(7);
-  }
-  const __m512i zero = _mm512_setzero_si512();
-  for (int s = 0; s < steps; s++) {
-    for (int r = 0; r < 16; r++) {
-      const int pa = j0 + 32 * s + 2 * r, pb = pa + 1;
-      const char* ra = V + (size_t)pa * row_bytes;
-      if (prefetch) __builtin_prefetch(ra + (size_t)prefetch * 16 * row_bytes, 0, 3),
-                    __builtin_prefetch(ra + (size_t)prefetch * 16 * row_bytes + 64, 0, 3),
-                    __builtin_prefetch(ra + (size_t)(prefetch * 16 + 1) * row_bytes, 0, 3),
-                    __builtin_prefetch(ra + (size_t)(prefetch * 16 + 1) * row_bytes + 64, 0, 3);
-      for (int c = 0; c < 2; c++) {
-        const __m512i a = pa < j1 ? _mm512_loadu_si512(ra + 64 * c) : zero;  // positions past j1 add 0 x 0
-        const __m512i bb = pb < j1 ? _mm512_loadu_si512(ra + row_bytes + 64 * c) : zero;
-        // dword i of a 128-bit lane L: dims 8L + i (lo) and 8L + 4 + i (hi) of 32c .. 32c + 31
-        _mm512_store_si512(b[2 * c][r], _mm512_unpacklo_epi16(a, bb));
-        _mm512_store_si512(b[2 * c + 1][r], _mm512_unpackhi_epi16(a, bb));
-      }
-    }
-    AMX_LOADD(1, p[0] + 32 * s, sizeof p[0]);
-    AMX_LOADD(0, b[0], 64);
-    _tile_dpbf16ps(4, 1, 0);
-    AMX_LOADD(2, b[1], 64);
-    _tile_dpbf16ps(5, 1, 2);
-    AMX_LOADD(0, b[2], 64);
-    _tile_dpbf16ps(6, 1, 0);
-    AMX_LOADD(2, b[3], 64);
-    _tile_dpbf16ps(7, 1, 2);
-  }
-  alignas(64) float o[4][16 * 16];
-  AMX_STORED(4, o[0], 64);
-  AMX_STORED(5, o[1], 64);
-  AMX_STORED(6, o[2], 64);
-  AMX_STORED(7, o[3], 64);
-  _tile_release();
-  alignas(64) int even[16], odd[16];  // unpack order -> `load_pair` order
+  alignas(64) int even[16], odd[16];  // the unpacks' dim order -> `load_pair` order
   for (int i = 0; i < 16; i++) {
     const int de = 2 * i, dodd = 2 * i + 1;
     even[i] = 4 * (de / 8) + de % 4 + (de % 8 >= 4 ? 16 : 0);
     odd[i] = 4 * (dodd / 8) + dodd % 4 + (dodd % 8 >= 4 ? 16 : 0);
   }
   const __m512i ie = _mm512_load_si512(even), io = _mm512_load_si512(odd);
-  for (int g = 0; g < gs; g++)
-    for (int c = 0; c < 2; c++) {
-      const __m512 lo = _mm512_load_ps(o[2 * c] + 16 * g), hi = _mm512_load_ps(o[2 * c + 1] + 16 * g);
-      _mm512_storeu_ps(acc_out + (size_t)g * 64 + 32 * c, _mm512_permutex2var_ps(lo, ie, hi));
-      _mm512_storeu_ps(acc_out + (size_t)g * 64 + 32 * c + 16, _mm512_permutex2var_ps(lo, io, hi));
+  alignas(64) uint32_t b[4][16][16];  // B tiles: [position pair, 16 dims], two per 32 dims of the pass
+  alignas(64) float o[4][16 * 16];
+  const __m512i zero = _mm512_setzero_si512();
+  amx_configure();
+  for (int half = 0; half < NPAIR / 2; half++) {  // dims 64 half .. 64 half + 63
+    _tile_zero(4);
+    _tile_zero(5);
+    _tile_zero(6);
+    _tile_zero(7);
+    for (int s = 0; s < steps; s++) {
+      for (int r = 0; r < 16; r++) {
+        const int pa = j0 + 32 * s + 2 * r, pb = pa + 1;
+        const char* ra = V + (size_t)pa * row_bytes + 128 * half;
+        if (prefetch && half == 0) {
+          const char* ahead = ra + (size_t)prefetch * 16 * row_bytes;
+          for (int l = 0; l < NPAIR; l++) {  // the two rows' 64-byte lines
+            __builtin_prefetch(ahead + 64 * l, 0, 3);
+            __builtin_prefetch(ahead + row_bytes + 64 * l, 0, 3);
+          }
+        }
+        for (int c = 0; c < 2; c++) {
+          const __m512i a = pa < j1 ? _mm512_loadu_si512(ra + 64 * c) : zero;  // positions past j1 add 0 x 0
+          const __m512i bb = pb < j1 ? _mm512_loadu_si512(ra + row_bytes + 64 * c) : zero;
+          // dword i of 128-bit lane L: dims 8L + i (lo) and 8L + 4 + i (hi) of these 32
+          _mm512_store_si512(b[2 * c][r], _mm512_unpacklo_epi16(a, bb));
+          _mm512_store_si512(b[2 * c + 1][r], _mm512_unpackhi_epi16(a, bb));
+        }
+      }
+      AMX_LOADD(1, p[0] + 32 * s, sizeof p[0]);
+      AMX_LOADD(0, b[0], 64);
+      _tile_dpbf16ps(4, 1, 0);
+      AMX_LOADD(2, b[1], 64);
+      _tile_dpbf16ps(5, 1, 2);
+      AMX_LOADD(0, b[2], 64);
+      _tile_dpbf16ps(6, 1, 0);
+      AMX_LOADD(2, b[3], 64);
+      _tile_dpbf16ps(7, 1, 2);
     }
+    AMX_STORED(4, o[0], 64);
+    AMX_STORED(5, o[1], 64);
+    AMX_STORED(6, o[2], 64);
+    AMX_STORED(7, o[3], 64);
+    for (int g = 0; g < gs; g++)
+      for (int c = 0; c < 2; c++) {
+        float* out = acc_out + (size_t)g * hd + 64 * half + 32 * c;
+        const __m512 lo = _mm512_load_ps(o[2 * c] + 16 * g), hi = _mm512_load_ps(o[2 * c + 1] + 16 * g);
+        _mm512_storeu_ps(out, _mm512_permutex2var_ps(lo, ie, hi));
+        _mm512_storeu_ps(out + 16, _mm512_permutex2var_ps(lo, io, hi));
+      }
+  }
+  _tile_release();
 }
 #else
 #define SOLO_AMX 0

@@ -546,9 +546,11 @@ static void attend_group_part(const Model* m, const Layer* L, const float* q, co
   int j = j0;
   (void)tiled;
 #if SOLO_AMX
-  // (head_dim 64, at most 16 heads: amx.h)
-  const int amx_att = NPAIR == 2 && tiled && bf && gs <= 16 && j1 - j0 <= SOLO_AMX_PART && g_attn_amx && g_amx_permitted;
-  if (amx_att) j = amx_part_scores(q, gs, K, row_bytes, j, j1, scale, scores, stride, mx, g_attn_prefetch);
+  // (head_dim 64 or 128, at most 16 heads: amx.h)
+  constexpr int amx_hd = NPAIR == 2 || NPAIR == 4;
+  const int amx_att = amx_hd && tiled && bf && gs <= 16 && j1 - j0 <= SOLO_AMX_PART && g_attn_amx && g_amx_permitted;
+  if constexpr (amx_hd)
+    if (amx_att) j = amx_part_scores<NPAIR>(q, gs, K, row_bytes, j, j1, scale, scores, stride, mx, g_attn_prefetch);
 #else
   const int amx_att = 0;
 #endif
@@ -660,9 +662,10 @@ static void attend_group_part(const Model* m, const Layer* L, const float* q, co
     sum_out[g] = sum[g];
   }
 #if SOLO_AMX
-  if (amx_att)
-    amx_part_pv(scores, stride, gs, V, row_bytes, j0, j1, qp, g_attn_prefetch);
-  else
+  if constexpr (amx_hd) {
+    if (amx_att) amx_part_pv<NPAIR>(scores, stride, gs, V, row_bytes, j0, j1, qp, g_attn_prefetch);
+  }
+  if (!amx_att)
 #endif
     pv_heads<NPAIR, HB>(scores, stride, V, row_bytes, bf, j0, j1, gs, qp);
   alignas(64) float vn[256];
