@@ -434,13 +434,15 @@ static void amx_part_pv(const float* scores, size_t stride, int gs, const char* 
   static_assert(NPAIR == 2 || NPAIR == 4, "head_dim 64 or 128");
   constexpr int hd = 32 * NPAIR;
   const int n = j1 - j0, steps = (n + 31) / 32;
-  alignas(64) uint16_t p[16][SOLO_AMX_PART];
-  for (int g = 0; g < 16; g++)
+  // The A tiles' 16 rows: heads g < gs, then rows whose C rows are not read (zero at first, later other
+  // calls' numerators: finite either way), so only gs rows are written.
+  alignas(64) static thread_local uint16_t p[16][SOLO_AMX_PART];
+  for (int g = 0; g < gs; g++)
     for (int i = 0; i < 32 * steps; i += 32) {
-      const int left = g < gs ? n - i : 0;
-      const __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 0 ? left : 0)) - 1);
+      const int left = n - i;
+      const __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
       const __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 16 ? left - 16 : 0)) - 1);
-      const float* src = scores + (size_t)(g < gs ? g : 0) * stride + j0 + i;
+      const float* src = scores + (size_t)g * stride + j0 + i;
       _mm512_store_si512(p[g] + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + 16),
                                                                 _mm512_maskz_loadu_ps(m0, src)));
     }
