@@ -1,5 +1,6 @@
 // bf16 matrix products on Intel AMX tiles (AMX-BF16: Sapphire Rapids and later Xeons), over weights packed
-// for them (format W_BF16_AMX). Compiled into the "amx" ISA level only (cpu_build.py); included by gemv.h.
+// for them (format W_BF16_AMX), and the split-KV attention parts of a bf16 KV cache (at the end). Compiled
+// into the "amx" ISA level only (cpu_build.py); included by gemv.h.
 //
 // Solo's rule is that a (row, token) result has the same bits whatever else was computed with it (batch 1,
 // batched decode, the span prefill, any thread count). AMX makes the span prefill's products 5-6x faster
