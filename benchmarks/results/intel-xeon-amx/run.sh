@@ -17,6 +17,11 @@ if [ -n "${ATTN_AMX:-}" ]; then
     run "attention-ab-amx-$shape-32000" python ../../attention_ab.py --shape "$shape" --context 32000 --steps 8 \
       --rounds 5 --fill random --variant avx512=attn_amx=0 --variant tiles=attn_amx=1
   done
+  # Batched decode of 8 and 16 rows: products on tiles (the span path) against the packed decode kernel.
+  for batch in 8 16; do
+    run "batch-decode-ab-amx-$batch" python ../../batch_decode_ab.py --shape Qwen2.5-0.5B --batch "$batch" \
+      --steps 8 --rounds 4 --variant tiles=amx=1 --variant decode-kernel=amx=0
+  done
   [ "$ATTN_AMX" = ab ] && exit 0
   run Qwen2.5-0.5B-long-context-lockstep-amx-attn $solo bench --shape Qwen2.5-0.5B --gen-len 2 --repeats 1 \
     --energy-s 0 --sweep-context --contexts 128,1024,4096,8192,16384,32638 --sweep-fill random \
