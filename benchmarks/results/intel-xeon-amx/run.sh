@@ -31,6 +31,16 @@ if [ -n "${ATTN_AMX:-}" ]; then
 fi
 
 
+# MoE (issue #14; set MOE to run only this part): the MoE layer shapes with fewer layers beside two llama.cpp
+# copies, in turns of 16, the roofline counting the active bytes (as amd-epyc-zen5/run.sh).
+if [ -n "${MOE:-}" ]; then
+  for shape in OLMoE-1B-7B-4L Qwen3-30B-A3B-2L; do
+    run "$shape-bf16-lockstep" $solo bench --shape "$shape" --gen-len 256 --repeats 3 --energy-s 0 \
+      --compare llama.cpp --lockstep 16 --json "$shape-bf16-lockstep.json"
+  done
+  exit 0
+fi
+
 # The AMX level (cpu_kernels/amx.h, the default on this CPU; set AMX to run only this part): whole decode steps
 # of the packed kernel against the row-major AVX512-BF16 kernel in one process, TTFT and decode against
 # llama.cpp, then the amx and avx512-bf16 levels in one window, alternating. The runs below this block
