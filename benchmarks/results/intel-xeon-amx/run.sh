@@ -38,6 +38,9 @@ if [ -n "${MOE:-}" ]; then
     run "$shape-bf16-lockstep" $solo bench --shape "$shape" --gen-len 256 --repeats 3 --energy-s 0 \
       --compare llama.cpp --lockstep 16 --json "$shape-bf16-lockstep.json"
   done
+  # The full OLMoE-1B-7B in int8 against Q8_0 (the quantized run frees its dense model before the peer loads).
+  run OLMoE-1B-7B-int8-lockstep $solo bench --shape OLMoE-1B-7B --quantize int8 --prompt-len 32 --gen-len 256 \
+    --repeats 3 --lockstep 16 --energy-s 0 --compare llama.cpp --json OLMoE-1B-7B-int8-lockstep.json
   exit 0
 fi
 
