@@ -523,7 +523,8 @@ static inline __m512 reduce16(const __m512* a) {
 // the last float32 bits; p @ v is bit-identical. Results never depend on `gs`.
 // `tiled` (split-KV parts, head_dim <= 128): scores of 16 keys at a time, their lanes summed by one
 // `reduce16` (same products, another order of the final additions) instead of one reduction per key; with
-// a bf16 cache on AVX512-BF16 builds (any head_dim) those products come from bf16 dot products (below).
+// a bf16 cache on AVX512-BF16 builds (any head_dim) those products come from bf16 dot products (below), and
+// at the amx level (head_dim 64 or 128, gs <= 16) both q . k and p @ v run on AMX tiles (amx.h).
 template <int NPAIR>
 static void attend_group_part(const Model* m, const Layer* L, const float* q, const float* k_now, const float* v_now,
                               int row, int pos, int j0, int jend, int kvh, int gs, float* scores, size_t stride,
