@@ -22,7 +22,7 @@ import argparse
 import statistics
 
 import torch
-from prefill_ab import parse_variant  # this folder (the script's own) is on sys.path
+from prefill_ab import parse_variant, select_variant  # this folder (the script's own) is on sys.path
 from step_ab import build_library
 
 from solo.bench.cpu_profile import profile
@@ -59,10 +59,7 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, lib, knobs in variants:
-                runtime._lib = lib
-                for key, value in knobs.items():
-                    if lib.solo_set_knob(key.encode(), value) != 0:
-                        raise SystemExit(f"unknown knob {key!r}")
+                select_variant(runtime, lib, knobs)
                 result = profile(runtime, args.steps, args.context)
                 attention[name].append(result["phases"]["attention"][0])
                 step[name].append(result["ms_per_token"])

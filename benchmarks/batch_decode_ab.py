@@ -20,7 +20,7 @@ import statistics
 import time
 
 import torch
-from prefill_ab import parse_variant  # this folder (the script's own) is on sys.path
+from prefill_ab import parse_variant, select_variant  # this folder (the script's own) is on sys.path
 from step_ab import build_library
 
 from solo.bench.shapes import build_model, shape_config
@@ -60,10 +60,7 @@ def main() -> None:
     logits: dict[str, torch.Tensor] = {}
     for _ in range(args.rounds):
         for name, lib, knobs in variants:
-            runtime._lib = lib
-            for key, value in knobs.items():
-                if lib.solo_set_knob(key.encode(), value) != 0:
-                    raise SystemExit(f"unknown knob {key!r}")
+            select_variant(runtime, lib, knobs)
             start = time.perf_counter()
             for step in range(args.steps):  # the same positions every round: the cache rows are rewritten
                 out = runtime.decode(rows, torch.full((batch,), 5), torch.full((batch,), prompt_len + step))

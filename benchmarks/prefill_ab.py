@@ -50,6 +50,14 @@ def parse_variant(text: str) -> tuple[str, dict[str, int], str | None]:
     return name, settings, lib_dir
 
 
+def select_variant(runtime: CpuRuntime, lib: ctypes.CDLL, knobs: dict[str, int]) -> None:
+    """Point `runtime` at a variant's library (`lib:DIR` or its own) and set the variant's knobs there."""
+    runtime._lib = lib
+    for key, value in knobs.items():
+        if lib.solo_set_knob(key.encode(), value) != 0:
+            raise SystemExit(f"unknown knob {key!r}")
+
+
 def main() -> None:
     """Command line: see the module docstring."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -84,10 +92,7 @@ def main() -> None:
     try:
         for _ in range(args.rounds):
             for name, lib, knobs in variants:
-                runtime._lib = lib
-                for key, value in knobs.items():
-                    if lib.solo_set_knob(key.encode(), value) != 0:
-                        raise SystemExit(f"unknown knob {key!r}")
+                select_variant(runtime, lib, knobs)
                 lib.solo_set_knob(b"profile", 1)
                 start = time.perf_counter()
                 logits[name] = runtime.prefill(0, ids)
