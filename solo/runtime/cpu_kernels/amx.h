@@ -440,12 +440,11 @@ static void amx_part_pv(const float* scores, size_t stride, int gs, const char* 
   alignas(64) static thread_local uint16_t p[16][SOLO_AMX_PART];
   for (int g = 0; g < gs; g++)
     for (int i = 0; i < 32 * steps; i += 32) {
-      const int left = n - i;
-      const __mmask16 m0 = left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1);
-      const __mmask16 m1 = left >= 32 ? (__mmask16)0xFFFF : (__mmask16)((1u << (left > 16 ? left - 16 : 0)) - 1);
+      const int left = n - i;  // >= 1
       const float* src = scores + (size_t)g * stride + j0 + i;
-      _mm512_store_si512(p[g] + i, (__m512i)_mm512_cvtne2ps_pbh(_mm512_maskz_loadu_ps(m1, src + 16),
-                                                                _mm512_maskz_loadu_ps(m0, src)));
+      _mm512_store_si512(p[g] + i, (__m512i)_mm512_cvtne2ps_pbh(
+                                       _mm512_maskz_loadu_ps(tail_mask(left > 16 ? left - 16 : 0), src + 16),
+                                       _mm512_maskz_loadu_ps(tail_mask(left), src)));
     }
   alignas(64) int even[16], odd[16];  // the unpacks' dim order -> `load_pair` order
   for (int i = 0; i < 16; i++) {

@@ -133,6 +133,9 @@ static inline void store_act(void* p, size_t i, float v, int bf) {
 }
 
 #if SOLO_AVX512
+// The first `left` of 16 lanes (0 <= left; 16 or more: all).
+static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
+
 static inline __m512 load_bf16x16(const uint16_t* p) {
   return _mm512_castsi512_ps(_mm512_slli_epi32(_mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i*)p)), 16));
 }

@@ -11,7 +11,6 @@
 
 #if SOLO_AVX512
 #define SOLO_VEC 1
-static inline __mmask16 tail_mask(int left) { return left >= 16 ? (__mmask16)0xFFFF : (__mmask16)((1u << left) - 1); }
 
 static inline __m512 rnd16(__m512 v, int bf) {
   if (!bf) return v;
