@@ -38,7 +38,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="with --agent, skip the replay with prefix caching and speculation off")
     add_feature_arguments(parser)
     parser.add_argument("--shape", default=None, choices=sorted(SHAPES),
-                        help="benchmark a real model shape with random weights instead of MODEL (no download)")
+                        help="benchmark a real model shape with random weights instead of MODEL (no download); with "
+                        "--load, serve it (its vocabulary cut to the tokenizer's, see --tokenizer)")
     parser.add_argument("--prompt-len", type=int, default=128, help="prompt tokens (default: 128)")
     parser.add_argument("--gen-len", type=int, default=256, help="generated tokens per run (default: 256)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each engine (default: 3)")
@@ -71,8 +72,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="measure grammar-constrained decoding instead: decode tok/s with a JSON schema against "
                         "unconstrained, and the mask time per token (p50/p99)")
     parser.add_argument("--tokenizer", default=None, metavar="FOLDER",
-                        help="with --shape and --structured or --agent: the folder of the shape's real tokenizer "
-                        "files (--agent defaults to the bundled model's tokenizer)")
+                        help="with --shape and --structured, --agent or --load: the folder of the shape's real "
+                        "tokenizer files (--agent and --load default to the bundled model's tokenizer)")
     parser.add_argument("--energy-s", type=float, default=5.0, metavar="SECONDS",
                         help="window of repeated Solo runs over which energy per token is read from NVML (GPUs) or "
                         "RAPL (CPUs, where readable); 0 skips it (default: %(default)g)")

@@ -182,3 +182,103 @@ def test_load_flag_errors(tmp_path, capsys):
     assert "not a shipped workload" in capsys.readouterr().err
     assert main(["bench", "--load", "chat", "--url", "http://10.0.0.1:8000"]) == 2
     assert "loopback" in capsys.readouterr().err
+
+
+def _bench_args(*argv: str):
+    import argparse
+
+    from solo.bench.cli import add_arguments
+
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    return parser.parse_args(list(argv))
+
+
+def test_server_flags_reach_the_server_it_starts():
+    from solo.bench.load.cli import serve_arguments
+
+    args = _bench_args("--load", "chat", "--threads", "1", "--revision", "v2", "--no-prefix-cache", "--tp", "2",
+                       "--max-queue-wait", "0.1", "--dtype", "bfloat16")
+    serve = serve_arguments(args)
+    for flags in (["--threads", "1"], ["--revision", "v2"], ["--tp", "2"], ["--max-queue-wait", "0.1"],
+                  ["--dtype", "bfloat16"], ["--no-prefix-cache"]):
+        i = serve.index(flags[0])
+        assert serve[i:i + len(flags)] == flags
+    assert "--device" not in serve and "--prefix-cache-gb" not in serve  # defaults stay the server's own
+    assert serve_arguments(_bench_args("--load", "chat", "--prefix-cache-gb", "0.5"))[-2:] == ["--prefix-cache-gb",
+                                                                                                 "0.5"]
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--prompt-len", "64"], "--prompt-len: flags of the decode benchmark"),
+    (["--compare", "llama.cpp", "--cpu-hog", "1"], "--compare, --cpu-hog: flags of the decode benchmark"),
+    (["--speculative", "off"], "use --serve-speculative"),
+    (["--url", "http://127.0.0.1:9", "--threads", "1"], "--threads: flags of the `solo serve`"),
+    (["--tokenizer", "somewhere"], "--tokenizer and --seed make a --shape"),
+    (["--shape", "Qwen2.5-0.5B", "--url", "http://127.0.0.1:9"], "not several"),
+])
+def test_load_refuses_flags_it_would_ignore(argv, message, capsys):
+    assert main(["bench", "--load", "chat", *argv]) == 2
+    assert message in capsys.readouterr().err
+
+
+TINY_SHAPES = {
+    "TinyQwen": dict(architectures=["Qwen2ForCausalLM"], hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                     num_attention_heads=4, num_key_value_heads=2, vocab_size=151936, tie_word_embeddings=True,
+                     rms_norm_eps=1e-6, rope_theta=1e6, max_position_embeddings=512, torch_dtype="bfloat16"),
+    "TinyOlmoe": dict(architectures=["OlmoeForCausalLM"], hidden_size=64, intermediate_size=32, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, vocab_size=50304, tie_word_embeddings=False,
+                      num_experts=4, num_experts_per_tok=2, norm_topk_prob=False, clip_qkv=None, rms_norm_eps=1e-5,
+                      rope_theta=10000.0, max_position_embeddings=512, torch_dtype="bfloat16"),
+}
+
+
+@pytest.mark.parametrize("shape", sorted(TINY_SHAPES))
+def test_shape_folder_holds_the_bench_weights(shape, tmp_path, monkeypatch):
+    # The folder `--load --shape` serves: the bench's random weights of the shape (same seed), the vocabulary cut
+    # to the lent tokenizer's, which Solo's loader reads back bit for bit.
+    import torch
+
+    from solo.bench import shapes
+    from solo.bench.load.shape_folder import write_shape_folder
+    from solo.model.config import ModelConfig
+    from solo.model.default_model import default_model_path
+    from solo.model.weights import load_weights
+    from solo.tokenizer import Tokenizer
+
+    monkeypatch.setitem(shapes.SHAPES, shape, TINY_SHAPES[shape])
+    raw = write_shape_folder(shape, tmp_path, default_model_path(), seed=3)
+    assert raw["vocab_size"] == Tokenizer.from_folder(default_model_path()).vocab_size
+    assert json.loads((tmp_path / "config.json").read_text())["vocab_size"] == raw["vocab_size"]
+    assert (tmp_path / "tokenizer.json").is_file()
+    config = ModelConfig.from_dict(dict(raw))
+    loaded = load_weights(tmp_path, config, torch.bfloat16, torch.device("cpu")).state_dict()
+    expected = shapes.build_model(config, torch.bfloat16, seed=3).state_dict()
+    assert loaded.keys() == expected.keys()
+    assert all(torch.equal(loaded[k], expected[k]) for k in expected)
+
+
+def test_shape_folder_refuses_a_lane_shape(tmp_path):
+    from solo.bench.load.shape_folder import write_shape_folder
+    from solo.model.default_model import default_model_path
+
+    with pytest.raises(SoloError, match="lane shape"):
+        write_shape_folder("Laneformer-2B", tmp_path, default_model_path())
+
+
+@pytest.mark.slow
+def test_load_run_on_a_shape(tmp_path, monkeypatch):
+    from solo.bench import shapes
+
+    monkeypatch.setitem(shapes.SHAPES, "TinyQwen", TINY_SHAPES["TinyQwen"])
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY)
+    out = tmp_path / "load.json"
+    status = main(["bench", "--load", str(workload), "--shape", "TinyQwen", "--max-batch", "2", "--threads", "1",
+                   "--verify", "4", "--json", str(out)])
+    assert status == 0
+    result = json.loads(out.read_text())
+    assert result["meta"]["model"].startswith("TinyQwen shape, random weights")
+    assert "--threads 1" in result["meta"]["server"] and "TinyQwen" in result["meta"]["command"]
+    assert result["phases"][0]["http_5xx"] == 0 and result["output_check"]["wrong"] == 0
+    assert not list(Path(__import__("tempfile").gettempdir()).glob("solo-bench-shape-*"))  # removed after the run

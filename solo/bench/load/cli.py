@@ -7,6 +7,7 @@ import asyncio
 import json
 import shlex
 import sys
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -49,16 +50,113 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--note", default="", help="a line added to the report (e.g. that the machine was shared)")
 
 
+# The decode benchmark's flags that mean nothing to a load test: refused when set, not silently ignored.
+_DECODE_BENCH_ONLY = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
+                      "sweep_gen_len", "sweep_fill", "probe_gib", "energy_s", "pause_ms", "cpu_hog",
+                      "agent_no_baseline")
+# Flags handed to the `solo serve` the load test starts (and meaningless with --url: that server is running).
+_SERVE_FLAGS = ("device", "dtype", "backend", "revision", "threads", "quantize", "tp", "prefix_cache_gb",
+                "no_prefix_cache", "prefill_chunk", "max_queue", "max_queue_wait", "serve_speculative",
+                "max_model_len")
+
+
+def _bench_defaults() -> dict[str, Any]:
+    from solo.bench.cli import add_arguments as add_bench_arguments
+
+    parser = argparse.ArgumentParser(add_help=False)
+    add_bench_arguments(parser)
+    return vars(parser.parse_args([]))
+
+
+def serve_arguments(args: argparse.Namespace) -> list[str]:
+    """`solo serve` flags for the server a load test starts, from `solo bench --load` flags.
+
+    Raises:
+        SoloError: a flag of the decode benchmark (--prompt-len, --compare, --speculative, ...), which a load
+            test cannot honour, or a server flag beside --url (that server already runs with its own).
+    """
+    defaults = _bench_defaults()
+    changed = [f for f in (*_DECODE_BENCH_ONLY, "speculative", *_SERVE_FLAGS)
+               if getattr(args, f, defaults.get(f)) != defaults.get(f)]
+    unused = [f for f in changed if f in _DECODE_BENCH_ONLY]
+    if unused:
+        flags = ", ".join("--" + f.replace("_", "-") for f in unused)
+        raise SoloError(f"{flags}: flags of the decode benchmark, which --load does not run; the load test's "
+                        "prompts and outputs come from its workload (see `solo bench --help`, load test)")
+    if "speculative" in changed:
+        raise SoloError("--speculative sets the decode benchmark's speculation; for the server a load test starts "
+                        "use --serve-speculative")
+    if args.url:
+        given = [f for f in changed if f in _SERVE_FLAGS]
+        if given:
+            flags = ", ".join("--" + f.replace("_", "-") for f in given)
+            raise SoloError(f"{flags}: flags of the `solo serve` that --load starts; with --url the server already "
+                            "runs with its own: set them where it was started, or drop --url")
+        return []
+    serve = ["--dtype", args.dtype, "--backend", args.backend]
+    if args.device != defaults["device"]:
+        serve += ["--device", args.device]
+    if args.revision is not None:
+        serve += ["--revision", args.revision]
+    if args.threads is not None:
+        serve += ["--threads", str(args.threads)]
+    if args.tp != 1:
+        serve += ["--tp", str(args.tp)]
+    if args.max_batch is not None:
+        serve += ["--max-batch", str(args.max_batch)]
+    if getattr(args, "prefill_chunk", None) is not None:
+        serve += ["--prefill-chunk", str(args.prefill_chunk)]
+    if args.max_queue is not None:
+        serve += ["--max-queue", str(args.max_queue)]
+    if getattr(args, "max_queue_wait", None) is not None:
+        serve += ["--max-queue-wait", f"{args.max_queue_wait:g}"]
+    if getattr(args, "serve_speculative", None) is not None:
+        serve += ["--speculative", args.serve_speculative]
+    if args.max_model_len is not None:
+        serve += ["--max-model-len", str(args.max_model_len)]
+    if args.quantize:
+        serve += ["--quantize", args.quantize]
+    if args.prefix_cache_gb is not None:
+        serve += ["--prefix-cache-gb", f"{args.prefix_cache_gb:g}"]
+    if args.no_prefix_cache:
+        serve += ["--no-prefix-cache"]
+    return serve
+
+
+def _shape_model(args: argparse.Namespace) -> tuple[str, tempfile.TemporaryDirectory, str]:
+    # A temporary folder the server loads (removed after the run): the shape's layers, a real tokenizer.
+    from solo.bench.load.shape_folder import write_shape_folder
+    from solo.model.default_model import default_model_path
+
+    tokenizer = Path(args.tokenizer) if args.tokenizer else default_model_path()
+    tmp = tempfile.TemporaryDirectory(prefix="solo-bench-shape-")
+    try:
+        print(f"writing {args.shape} with random weights and the tokenizer of {tokenizer.name}", file=sys.stderr)
+        raw = write_shape_folder(args.shape, Path(tmp.name), tokenizer, args.dtype, args.seed)
+    except BaseException:
+        tmp.cleanup()
+        raise
+    label = (f"{args.shape} shape, random weights, vocabulary cut to the {tokenizer.name} tokenizer's "
+             f"{raw['vocab_size']}")
+    print(label, file=sys.stderr)
+    return tmp.name, tmp, label
+
+
 def _command(args: argparse.Namespace) -> str:
     # Rebuilt from the flags (not sys.argv), so the report never quotes local paths of a caller's shell.
     parts = ["solo", "bench"] + ([Path(args.model).name] if args.model else []) + ["--load", Path(args.load).name]
+    if getattr(args, "shape", None):
+        parts += ["--shape", args.shape] + (["--tokenizer", Path(args.tokenizer).name] if args.tokenizer else [])
+        parts += ["--seed", str(args.seed)] if args.seed else []
     for flag in ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
-                 "max_queue_wait", "serve_speculative",
-                 "max_model_len", "capacity_s", "verify", "dtype", "backend", "quantize"):
+                 "max_queue_wait", "serve_speculative", "max_model_len", "capacity_s", "verify", "dtype", "backend",
+                 "quantize", "device", "revision", "threads", "tp", "prefix_cache_gb"):
         value = getattr(args, flag, None)
         if value is not None and value != {"capacity_s": 20.0, "verify": 64, "dtype": "auto",
-                                           "backend": "auto"}.get(flag):
+                                           "backend": "auto", "device": "cpu", "tp": 1}.get(flag):
             parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
+    if getattr(args, "no_prefix_cache", False):
+        parts.append("--no-prefix-cache")
     for flag in ("json", "markdown", "plot"):
         if getattr(args, flag, None):
             parts += [f"--{flag}", Path(getattr(args, flag)).name]
@@ -90,8 +188,12 @@ def main(args: argparse.Namespace) -> int:
     from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
     from solo.bench.report import machine_info, versions
 
-    if getattr(args, "shape", None):
-        raise SoloError("--load serves a model folder (or the bundled model); --shape is for the decode benchmark")
+    shape = getattr(args, "shape", None)
+    if shape and (args.model or args.url):
+        raise SoloError("--shape serves random weights of a shape; give MODEL, --url or --shape, not several")
+    if not shape and (getattr(args, "tokenizer", None) or getattr(args, "seed", 0)):
+        raise SoloError("--tokenizer and --seed make a --shape's model; without --shape the load test serves MODEL "
+                        "(or the bundled model) as it is")
     workload = load_workload(args.load)
     if args.rates:
         workload.rates = [parse_rate(r) for r in args.rates.split(",") if r.strip()]
@@ -117,28 +219,24 @@ def main(args: argparse.Namespace) -> int:
             raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
 
     server = None
-    serve_args = ["--dtype", args.dtype, "--backend", args.backend]
-    if args.max_batch is not None:
-        serve_args += ["--max-batch", str(args.max_batch)]
-    if getattr(args, "prefill_chunk", None) is not None:
-        serve_args += ["--prefill-chunk", str(args.prefill_chunk)]
-    if args.max_queue is not None:
-        serve_args += ["--max-queue", str(args.max_queue)]
-    if getattr(args, "max_queue_wait", None) is not None:
-        serve_args += ["--max-queue-wait", f"{args.max_queue_wait:g}"]
-    if getattr(args, "serve_speculative", None) is not None:
-        serve_args += ["--speculative", args.serve_speculative]
-    if args.max_model_len is not None:
-        serve_args += ["--max-model-len", str(args.max_model_len)]
-    if args.quantize:
-        serve_args += ["--quantize", args.quantize]
+    serve_args = serve_arguments(args)
+    shape_dir, shape_label = None, ""
     if args.url:
         base = check_loopback(args.url)
         server_desc = f"{base} (already running)"
     else:
-        server = start_server(args.model, serve_args)
+        model = args.model
+        if shape:
+            model, shape_dir, shape_label = _shape_model(args)
+        try:
+            server = start_server(model, serve_args)
+        except BaseException:
+            if shape_dir is not None:
+                shape_dir.cleanup()
+            raise
         base = server.base_url
-        server_desc = "solo serve " + shlex.join([*([args.model] if args.model else []), *serve_args])
+        shown = [f"<{shape} random weights>"] if shape else ([args.model] if args.model else [])
+        server_desc = "solo serve " + shlex.join([*shown, *serve_args])
     meta: dict[str, Any] = {
         "command": _command(args),
         "server": server_desc, "machine": machine_info(__import__("torch").device("cpu")), "versions": versions(),
@@ -150,6 +248,8 @@ def main(args: argparse.Namespace) -> int:
     try:
         prompts = build_prompts(base, workload, workload.seed)
         meta["model"], meta["max_model_len"] = prompts.model, prompts.max_model_len
+        if shape:
+            meta["model"] = shape_label
         for note in prompts.notes:
             meta["note"] = f"{meta['note']} {note}.".strip()
             print(note, file=sys.stderr)
@@ -176,6 +276,8 @@ def main(args: argparse.Namespace) -> int:
             check = asyncio.run(check_outputs(base, prompts, workload, phases, timeout, args.verify))
     finally:
         status = server.stop() if server is not None else None
+        if shape_dir is not None:
+            shape_dir.cleanup()
     energy_end = energy_uj()
     if energy_start is not None and energy_end is not None and energy_end >= energy_start:
         meta["energy_j"] = (energy_end - energy_start) / 1e6

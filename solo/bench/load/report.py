@@ -130,6 +130,7 @@ def markdown(result: dict[str, Any]) -> str:
         f"- Workload: {w['name']} ({w['description']}); SLO: TTFT <= {w['slo_ttft_s']} s and TPOT <= "
         f"{w['slo_tpot_s']} s",
         f"- Server: {meta['server']}" + (f" ({meta['server_slots']} slots)" if meta.get("server_slots") else ""),
+        f"- Model: {meta.get('model', '?')}",
         f"- Machine: {meta['machine'].get('cpu')} ({meta['machine'].get('cpu_cores')} CPUs); load average before: "
         f"{meta['cpu_load_before']}, after: {meta.get('cpu_load_after')}",
     ]

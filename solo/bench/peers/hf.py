@@ -58,6 +58,45 @@ def _set_tensor(module: torch.nn.Module, name: str, tensor: torch.Tensor) -> Non
     owner._parameters[attr] = torch.nn.Parameter(tensor, requires_grad=False)
 
 
+def hf_model_from_solo(solo_model: torch.nn.Module, raw_config: dict[str, Any], dtype: torch.dtype,
+                       device: torch.device) -> Any:  # noqa: ANN401
+    """A transformers causal LM that holds Solo's tensors (shared, not copied).
+
+    Args:
+        solo_model: a Solo `Transformer` (packed CPU matrices are unpacked, see `dense_named_tensors`).
+        raw_config: its config.json fields.
+        dtype: the weights' dtype.
+        device: where Solo's tensors live (RoPE buffers are rebuilt there).
+
+    Raises:
+        PeerSkipped: transformers cannot build the architecture, or a parameter has no Solo tensor.
+    """
+    from transformers import AutoModelForCausalLM
+
+    config = _hf_config(raw_config, dtype)
+    try:
+        with torch.device("meta"):
+            model = AutoModelForCausalLM.from_config(config, dtype=dtype, attn_implementation="sdpa")
+    except Exception as exc:  # noqa: BLE001 - any failure means the peer cannot run
+        raise PeerSkipped(f"transformers cannot build this model ({exc})") from None
+    solo_params = dense_named_tensors(solo_model)  # unpacked where the CPU runtime packed them for AMX
+    for name, _ in model.named_parameters(remove_duplicate=False):
+        # transformers holds experts fused ([experts, ...]) in the same layout as Solo.
+        target = moe_tensor_target(name, solo_model.config)
+        solo_name = target.name if target is not None else hf_to_solo_name(name, solo_model.config)
+        if solo_name is None and name == "lm_head.weight":
+            solo_name = "embed.weight"
+        if solo_name not in solo_params:
+            raise PeerSkipped(f"no Solo tensor for transformers parameter {name}")
+        _set_tensor(model, name, solo_params[solo_name].detach())
+    for module in model.modules():
+        inv_freq = getattr(module, "inv_freq", None)
+        if isinstance(inv_freq, torch.Tensor) and inv_freq.is_meta:
+            module.__init__(config=model.config)  # rebuild the RoPE buffers for real
+            module.to(device)
+    return model
+
+
 class HFPeer:
     """transformers generate on Solo's weights.
 
@@ -73,33 +112,12 @@ class HFPeer:
     def __init__(self, spec: PeerSpec, compiled: bool) -> None:
         try:
             import transformers
-            from transformers import AutoModelForCausalLM, GenerationConfig
+            from transformers import GenerationConfig
         except ImportError:
             raise PeerSkipped("transformers is not installed (pip install transformers)") from None
         self.name = "hf-compile" if compiled else "hf-eager"
         self.device = spec.device
-        solo_model = spec.model
-        config = _hf_config(spec.raw_config, spec.dtype)
-        try:
-            with torch.device("meta"):
-                model = AutoModelForCausalLM.from_config(config, dtype=spec.dtype, attn_implementation="sdpa")
-        except Exception as exc:  # noqa: BLE001 - any failure means the peer cannot run
-            raise PeerSkipped(f"transformers cannot build this model ({exc})") from None
-        solo_params = dense_named_tensors(solo_model)  # unpacked where the CPU runtime packed them for AMX
-        for name, _ in model.named_parameters(remove_duplicate=False):
-            # transformers holds experts fused ([experts, ...]) in the same layout as Solo.
-            target = moe_tensor_target(name, solo_model.config)
-            solo_name = target.name if target is not None else hf_to_solo_name(name, solo_model.config)
-            if solo_name is None and name == "lm_head.weight":
-                solo_name = "embed.weight"
-            if solo_name not in solo_params:
-                raise PeerSkipped(f"no Solo tensor for transformers parameter {name}")
-            _set_tensor(model, name, solo_params[solo_name].detach())
-        for module in model.modules():
-            inv_freq = getattr(module, "inv_freq", None)
-            if isinstance(inv_freq, torch.Tensor) and inv_freq.is_meta:
-                module.__init__(config=model.config)  # rebuild the RoPE buffers for real
-                module.to(spec.device)
+        model = hf_model_from_solo(spec.model, spec.raw_config, spec.dtype, spec.device)
         model.eval().requires_grad_(False)
         self.model = model
         self.generation_config = GenerationConfig(
