@@ -37,7 +37,7 @@ def pool_prompts() -> list[str]:
 
 
 def main() -> None:
-    cpu.SPAN_PREFILL_POSITIONS = int(sys.argv[1])  # read by each CpuRuntime at construction
+    cpu.SPAN_PREFILL_POSITIONS = cpu.SPAN_PREFILL_POSITIONS_AMX = int(sys.argv[1])  # read by each CpuRuntime
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tests" / "server"))
     from server_harness import start_server
 

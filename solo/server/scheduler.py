@@ -14,16 +14,16 @@ FIFO queue of at most `max_queue`. One thread drives the runtime; each loop iter
    speculative draft feeds its last token and the draft, the others their last token), then frees the
    rows of those that finished.
 
-On a runtime with span prefill (`span_prefill_limit`: the native CPU runtime) in "fused" mode, steps 3 and
-4 merge while any row decodes (stall-free batching, Agrawal et al., "Sarathi-Serve", OSDI 2024; vLLM's
-chunked prefill): the prompts within `span_prefill_positions` (512) ride in the step's one `decode_spans`
-call as spans of their own rows, at most `prefill_chunk` prompt tokens per step, shortest remaining prompt
-first, cut anywhere (their KV and logits are the same bits for any split); a prompt whose last piece ran
-gets its first token from that step. A request admitted at the top of an iteration thus waits only for the
-step in progress, and no step grows by more than the budget. Longer prompts keep their chunk calls on the
-fixed grid, within what is left of the budget. With no row decoding, the shortest prompt is prefilled by
-its own `prefill` call (an idle server's request: the path `Engine.run` takes) and the other prompts ride
-in the step after it, instead of one prefill call each before any step.
+On a runtime with span prefill (`span_prefill_limit`: the native CPU runtime) in "fused" mode, steps 3 and 4
+merge while any row decodes (stall-free batching, Agrawal et al., "Sarathi-Serve", OSDI 2024; vLLM's chunked
+prefill): the prompts within `span_prefill_positions` (512; 2048 for a dense model at the amx level) ride in
+the step's one `decode_spans` call as spans of their own rows, at most `prefill_chunk` prompt tokens per step,
+shortest remaining prompt first, cut anywhere (their KV and logits are the same bits for any split); a prompt
+whose last piece ran gets its first token from that step. A request admitted at the top of an iteration thus
+waits only for the step in progress, and no step grows by more than the budget. Longer prompts keep their
+chunk calls on the fixed grid, within what is left of the budget. With no row decoding, the shortest prompt is
+prefilled by its own `prefill` call (an idle server's request: the path `Engine.run` takes) and the other
+prompts ride in the step after it, instead of one prefill call each before any step.
 
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
@@ -69,11 +69,12 @@ So `decode_batching` is
   "isolated".
 
 A prompt longer than `prefill_chunk` is prefilled in chunks. On the native CPU runtime a sequence within
-`CpuRuntime.span_prefill_positions` (512) has the same bits however it is split (cold, cached prefix +
-tail, chunks); past that, or on other runtimes, chunks change its arithmetic from one whole prefill in the
-last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on the load. An
-"isolated" step (one call per request) stops between two of them when a new request is waiting for a free
-row: its prefill (and first token) goes first, and the requests not served yet go first in the next step.
+`CpuRuntime.span_prefill_positions` (512, or 2048 at the amx level) has the same bits however it is split
+(cold, cached prefix + tail, chunks); past that, or on other runtimes, chunks change its arithmetic from one
+whole prefill in the last bits (as a prefix-cache hit does); the chunk grid is fixed, so that never depends on
+the load. An "isolated" step (one call per request) stops between two of them when a new request is waiting
+for a free row: its prefill (and first token) goes first, and the requests not served yet go first in the next
+step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
 a request that would wait longer than that for a row, at the rate rows have been freeing lately (the last

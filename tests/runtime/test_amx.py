@@ -196,11 +196,12 @@ def test_split_kv_attention_on_tiles(lib, tmp_path, heads, kv_heads, head_dim):
     runtime = CpuRuntime(model, rows=2, max_seq=1700)
     results = {}
     try:
-        for knob in (1, 0):
+        for knob in (0, 1):  # tiles last: the cache row then holds their prompt (prefilled by the kernel)
             assert runtime._lib.solo_set_knob(b"attn_amx", knob) == 0  # (the same library as `lib`)
             _, results[knob] = greedy_steps(runtime, prompt, 3, eager_tokens)
-            # (bf16 logits of these shapes: the AVX-512 kernels differ from eager by up to 0.47 here)
-            torch.testing.assert_close(results[knob], eager_logits.float(), atol=0.6, rtol=0)
+            # (bf16 logits of these shapes: up to 0.77 from eager's, the prompt's 1290 positions prefilled by the
+            # kernel at the amx level; against a float32 eager model both are off by 0.67-0.69 on average, up to 2.8)
+            torch.testing.assert_close(results[knob], eager_logits.float(), atol=1.0, rtol=0)
         if heads // kv_heads > 16:
             assert torch.equal(results[0], results[1])
         elif (heads, kv_heads, head_dim) == (16, 1, 64):  # (other shapes' differences vanish in bf16 roundings)

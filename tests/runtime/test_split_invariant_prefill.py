@@ -97,3 +97,23 @@ def test_bundled_model_greedy_output_does_not_depend_on_the_cached_prefix():
         got = warm.complete(BUNDLED_PROMPT, greedy)
         assert 0 < got.stats.cached_tokens < len(ids) - 1
         assert got.token_ids == expected, f"cached prefix of {got.stats.cached_tokens} tokens"
+
+
+def test_the_amx_level_covers_2048_positions_of_a_dense_model(tmp_path):
+    # At the amx level the span prefill is no slower than the matmuls up to 2048 positions
+    # (`SPAN_PREFILL_POSITIONS_AMX`), so a prompt past 512 positions is split-exact there too.
+    from solo.runtime.cpu import SPAN_PREFILL_POSITIONS, SPAN_PREFILL_POSITIONS_AMX
+
+    folder = make_checkpoint(tmp_path, "llama")
+    rt = CpuRuntime(load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16))
+    if rt.isa != "amx":
+        assert rt.span_prefill_positions == SPAN_PREFILL_POSITIONS
+        pytest.skip(f"the kernels run at the {rt.isa} level here (no AMX)")
+    assert rt.span_prefill_positions == SPAN_PREFILL_POSITIONS_AMX
+    rt.reserve(2, 800)
+    prompt = [(37 * i + 11) % 300 + 2 for i in range(700)]
+    cold = _prefill(rt, 0, prompt, [])
+    assert torch.equal(_prefill(rt, 1, prompt, [300, 556, 690]), cold)  # chunks and a cached prefix + tail
+    moe = make_checkpoint(tmp_path / "moe", "qwen2_moe")
+    assert CpuRuntime(load_weights(moe, ModelConfig.from_file(moe), torch.bfloat16)).span_prefill_positions \
+        == SPAN_PREFILL_POSITIONS  # the grouped expert matmuls are faster past it
