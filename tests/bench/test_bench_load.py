@@ -282,3 +282,20 @@ def test_load_run_on_a_shape(tmp_path, monkeypatch):
     assert "--threads 1" in result["meta"]["server"] and "TinyQwen" in result["meta"]["command"]
     assert result["phases"][0]["http_5xx"] == 0 and result["output_check"]["wrong"] == 0
     assert not list(Path(__import__("tempfile").gettempdir()).glob("solo-bench-shape-*"))  # removed after the run
+
+
+def test_arrivals_the_generator_could_not_send_are_not_server_errors():
+    from solo.bench.load.report import markdown, summarize_phase
+    from solo.bench.load.runner import Outcome, PhaseResult
+
+    workload = parse_workload(__import__("tomllib").loads(TINY), "tiny.toml")
+    failed = Outcome(cls="chat", offered_at=0.0)
+    failed.error = "http 500"
+    phase = summarize_phase(PhaseResult(6.0, "6 req/s", 2.0, [failed], 2.0, saturated=7), workload, {})
+    assert phase["errors"] == {"http 500": 1, "client saturated": 7}
+    meta = {"command": "solo bench --load tiny", "server": "solo serve", "machine": {}, "cpu_load_before": None}
+    report = markdown({"meta": meta, "phases": [phase], "output_check": None,
+                       "workload": {"name": "tiny", "description": "", "slo_ttft_s": 5.0, "slo_tpot_s": 1.0}})
+    row = next(line for line in report.splitlines() if line.startswith("| 6 req/s |"))
+    assert row.split("|")[7].strip() == "1"  # other errors: the 500 only
+    assert "7 arrivals not sent" in report and "client saturated: 7" in report

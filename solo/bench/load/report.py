@@ -152,7 +152,8 @@ def markdown(result: dict[str, Any]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
-        other = sum(n for k, n in p["errors"].items() if not k.startswith("503"))
+        # (arrivals the generator could not send are not the server's errors: listed below the table)
+        other = sum(n for k, n in p["errors"].items() if not k.startswith("503") and k != "client saturated")
         t, tp, e = p["ttft_s"], p["tpot_s"], p["e2e_s"]
         ratio = ", ".join(f"{k} {v}x" for k, v in p["p99_ttft_over_idle"].items()) or "-"
         drift = f"{p['rss']['drift_pct']}%" if p["rss"] else "-"
@@ -161,6 +162,10 @@ def markdown(result: dict[str, Any]) -> str:
             f"{p['http_503']} / {p['retried_503']} | {other} | {_ms(t['p50'])}/{_ms(t['p90'])}/{_ms(t['p99'])} | "
             f"{_ms(tp['p50'])}/{_ms(tp['p90'])}/{_ms(tp['p99'])} | {_ms(e['p50'])}/{_ms(e['p90'])}/{_ms(e['p99'])} | "
             f"{p['goodput_rps']:.3g} | {p['completed_per_hour']} | {ratio} | {drift} |")
+    for p in phases:
+        if p["errors"].get("client saturated"):
+            lines += ["", f"{p['label']}: {p['errors']['client saturated']} arrivals not sent: the load generator "
+                          "already held its bound of open requests (client saturated; not in `sent`)."]
     for p in phases:
         if p.get("arrivals_end_s"):
             lines += ["", f"{p['label']}: the workload's max_requests ended the arrivals at "
