@@ -84,6 +84,11 @@ the server had cached before (the load bench's "wrong outputs", issue #15). On a
 no AMX) the kernel was also the faster cold prefill at every length measured, 16 to 2000 tokens (noisy);
 AMX makes matmuls cheaper per token, so the bound stays at a chat turn's length, not a document's."""
 
+SPAN_CALL_TOKENS = 512
+"""Most tokens of one span-prefill kernel call (`CpuRuntime.prefill` splits longer ones): the kernel's
+workspace holds every token's split-KV parts for the whole reserved cache (`solo_workspace_bytes`), 2.2 GB
+for 512 tokens of Llama-3.1-8B at its 131072-token context."""
+
 SPAN_PREFILL_POSITIONS_AMX = 2048
 """`CpuRuntime.span_prefill_positions` at the amx ISA level for dense models: there the decode kernel's span
 prefill runs its products on AMX tiles too, and a cold prompt through it took (2-core Intel Xeon with AMX,
@@ -733,9 +738,14 @@ class CpuRuntime:
             raise SoloError(f"prefill of row {row}, positions {start_pos}..{start_pos + seq - 1} is "
                             f"outside the reserved cache ({self.rows} rows x {self.max_seq} tokens)")
         if start_pos + seq <= self.span_prefill_positions or seq <= min(start_pos, self.span_prefill_tokens):
-            return self._step(torch.full((seq,), row, dtype=torch.long), ids,
-                              torch.arange(start_pos, start_pos + seq, dtype=torch.long),
-                              _SPAN_SHARED_ROWS | _SPAN_LAST_LOGITS)[0]
+            # Calls of at most SPAN_CALL_TOKENS tokens (the same bits: every token is computed alone): the
+            # kernel's workspace grows with the tokens of a call times the cache length.
+            for first in range(0, seq, SPAN_CALL_TOKENS):
+                n = min(SPAN_CALL_TOKENS, seq - first)
+                logits = self._step(torch.full((n,), row, dtype=torch.long), ids[first:first + n],
+                                    torch.arange(start_pos + first, start_pos + first + n, dtype=torch.long),
+                                    _SPAN_SHARED_ROWS | _SPAN_LAST_LOGITS)[0]
+            return logits
         if self.config.is_moe:  # (cpu_moe imports this module)
             from solo.runtime.cpu_moe import moe_prefill
         cfg, model, lib, nt = self.config, self.model, self._lib, self.num_threads

@@ -117,3 +117,22 @@ def test_the_amx_level_covers_2048_positions_of_a_dense_model(tmp_path):
     moe = make_checkpoint(tmp_path / "moe", "qwen2_moe")
     assert CpuRuntime(load_weights(moe, ModelConfig.from_file(moe), torch.bfloat16)).span_prefill_positions \
         == SPAN_PREFILL_POSITIONS  # the grouped expert matmuls are faster past it
+
+
+def test_a_long_span_prefill_is_split_into_calls_with_the_same_bits(tmp_path, monkeypatch):
+    # Spans longer than SPAN_CALL_TOKENS run as several kernel calls (bounded workspace); every token is computed
+    # alone, so the bits are those of any other split.
+    from solo.runtime import cpu
+
+    monkeypatch.setattr(cpu, "SPAN_CALL_TOKENS", 64)
+    folder = make_checkpoint(tmp_path, "llama")
+    rt = CpuRuntime(load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16))
+    rt.span_prefill_positions = 300
+    rt.reserve(2, 320)
+    prompt = [(37 * i + 11) % 300 + 2 for i in range(290)]
+    calls = []
+    step = rt._step
+    monkeypatch.setattr(rt, "_step", lambda *a: calls.append(len(a[1])) or step(*a))
+    cold = _prefill(rt, 0, prompt, [])
+    assert calls == [64, 64, 64, 64, 34]
+    assert torch.equal(_prefill(rt, 1, prompt, [100, 200]), cold)
