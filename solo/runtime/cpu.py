@@ -90,13 +90,14 @@ workspace holds every token's split-KV parts for the whole reserved cache (`solo
 for 512 tokens of Llama-3.1-8B at its 131072-token context."""
 
 SPAN_PREFILL_POSITIONS_AMX = 2048
-"""`CpuRuntime.span_prefill_positions` at the amx ISA level for dense models: there the decode kernel's span
+"""`CpuRuntime.span_prefill_positions` at the amx ISA level for dense bf16 models: there the decode kernel's span
 prefill runs its products on AMX tiles too, and a cold prompt through it took (2-core Intel Xeon with AMX,
 one process, min of 2): Qwen2.5-0.5B 788 vs 965 ms at 1024 tokens, 1889 vs 2290 at 2000, 4759 vs 4831 at
 4096, 15357 vs 12543 at 8192; Llama-3.2-1B 4094 vs 4043 ms at 2048, 11224 vs 8892 at 4096 (its per-token
 attention grows with the position; SDPA's does not). So up to 2048 positions every split of a prompt is
 exact at no cost in TTFT. MoE models keep `SPAN_PREFILL_POSITIONS` (OLMoE-1B-7B-4L: 1998 vs 1727 ms at 1024,
-4508 vs 3419 at 2048: the grouped expert matmuls win)."""
+4508 vs 3419 at 2048: the grouped expert matmuls win), and so do int8 / int4 and float32 weights, whose
+products are not on tiles (Qwen2.5-0.5B at 2000 tokens: int8 5808 vs 1594 ms, float32 9775 vs 4732)."""
 
 
 class _Mat(ctypes.Structure):
@@ -375,8 +376,8 @@ class CpuRuntime:
         span_prefill_tokens: a prefill that continues a cached prefix with at most this many tokens (and no
             more than the prefix) runs through the decode kernel instead of batched matmuls (see `prefill`).
         span_prefill_positions: a prefill that ends within this many positions runs through the decode
-            kernel, cold or not (`SPAN_PREFILL_POSITIONS`, or `SPAN_PREFILL_POSITIONS_AMX` for a dense model at
-            the amx level; 0: only the tails above).
+            kernel, cold or not (`SPAN_PREFILL_POSITIONS`, or `SPAN_PREFILL_POSITIONS_AMX` for a dense bf16
+            model at the amx level; 0: only the tails above).
 
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
@@ -440,7 +441,10 @@ class CpuRuntime:
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
             self.prefill_matmul_dtype = torch.float32
         self.span_prefill_tokens = SPAN_PREFILL_TOKENS
-        self.span_prefill_positions = SPAN_PREFILL_POSITIONS_AMX if self.isa == "amx" and not self.config.is_moe \
+        # (AMX tiles serve bf16 weights only: int8 / int4 / float32 products stay on the vector kernels, where
+        # the longer bound made a 2000-token prefill 2-3.6x slower)
+        amx_spans = self.isa == "amx" and model.dtype == torch.bfloat16 and model_quantization(model) is None
+        self.span_prefill_positions = SPAN_PREFILL_POSITIONS_AMX if amx_spans and not self.config.is_moe \
             else SPAN_PREFILL_POSITIONS
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None] | None] = []

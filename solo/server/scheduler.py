@@ -230,7 +230,7 @@ def span_prefill_limit(runtime: DecodeRuntime) -> int:
 
     Needs a runtime whose spans are batch-invariant (`RuntimeCapabilities.spans_batch_invariant`) and whose
     `prefill` of a sequence ending within its `span_prefill_positions` runs through that same kernel (the
-    native CPU runtime: `CpuRuntime.span_prefill_positions`, 512). Then a prompt's KV and logits are the same
+    native CPU runtime: `CpuRuntime.span_prefill_positions`, 512 or 2048). Then a prompt's KV and logits are the same
     bits prefilled alone, in pieces of any size, or as spans beside other rows' decode tokens, so prefilling
     it inside a decode step changes no output. Other runtimes: 0 (their prefill is not the decode kernel's
     arithmetic).
@@ -663,6 +663,9 @@ class Scheduler:
         pending = [s for s in self._running if not s.ready and s.prefilled and not s.request.finished]
         pending.sort(key=_Sequence.prefill_left)  # stable: admission order among equals
         budget = self.prefill_chunk or math.inf
+        # Pieces ride in the step's one kernel call, whose memory grows with its tokens: at most one prompt's worth
+        # even with --prefill-chunk 0 (whole prompts).
+        piece_budget = min(budget, self.span_prefill_positions)
         spent = 0
         if not any(s.ready and not s.request.finished for s in self._running):
             short = [s for s in pending if len(s.request.prompt_ids) <= self.span_prefill_positions]
@@ -676,7 +679,7 @@ class Scheduler:
         chunks: list[tuple[_Sequence, int]] = []
         for seq in pending:
             if len(seq.request.prompt_ids) <= self.span_prefill_positions:
-                n = min(seq.prefill_left(), budget - spent)
+                n = min(seq.prefill_left(), piece_budget - spent)
                 if n > 0:
                     pieces.append((seq, int(n)))
                     spent += n

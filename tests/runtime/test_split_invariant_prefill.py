@@ -117,6 +117,12 @@ def test_the_amx_level_covers_2048_positions_of_a_dense_model(tmp_path):
     moe = make_checkpoint(tmp_path / "moe", "qwen2_moe")
     assert CpuRuntime(load_weights(moe, ModelConfig.from_file(moe), torch.bfloat16)).span_prefill_positions \
         == SPAN_PREFILL_POSITIONS  # the grouped expert matmuls are faster past it
+    from solo.runtime.quant import quantize_model
+
+    int8 = quantize_model(load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16), "int8")
+    assert CpuRuntime(int8).span_prefill_positions == SPAN_PREFILL_POSITIONS  # no tiles for int8 products
+    f32 = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    assert CpuRuntime(f32).span_prefill_positions == SPAN_PREFILL_POSITIONS
 
 
 def test_a_long_span_prefill_is_split_into_calls_with_the_same_bits(tmp_path, monkeypatch):

@@ -164,6 +164,21 @@ def test_nothing_sent_is_dropped_and_every_output_equals_its_lone_run(engine):
     assert rest == [alone(engine, p) for p in later]
 
 
+def test_whole_prompts_mode_still_bounds_the_pieces_of_one_step(engine):
+    # --prefill-chunk 0 (whole prompts): the pieces riding in one step's kernel call stay within one prompt's
+    # worth of tokens (the span limit), whose memory grows with its tokens; nothing is lost.
+    later = PROMPTS[1:]
+    lengths = [len(request(engine, p).prompt_ids) for p in later]
+    limit = max(lengths) + 1
+    scheduler, calls, head, rest = run_with_arrivals(engine, PROMPTS[0], later, prefill_chunk=0, span_limit=limit,
+                                                     first_tokens=40)
+    assert sum(lengths) > limit
+    steps = [c[1] for c in calls if c[0] == "spans"]
+    per_step = [sum(k for row, k, start in spans if row > 0 and start < lengths[row - 1]) for spans in steps]
+    assert sum(per_step) == sum(lengths) and max(per_step) <= limit
+    assert rest == [alone(engine, p) for p in later]
+
+
 def test_prompts_past_the_span_limit_keep_their_own_chunk_calls(engine):
     # A prompt longer than the limit is prefilled by prefill calls on the fixed grid, as before; a short one
     # arriving with it still rides in the step.
