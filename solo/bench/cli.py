@@ -288,11 +288,22 @@ def main(args: argparse.Namespace) -> int:
         SoloError: conflicting or out-of-range flags, --quantize off the CPU, an unknown peer, a prompt plus
             generation longer than the model's context, or any error loading the model.
     """
+    from solo.errors import SoloError
+
+    modes = [flag for flag, on in (("--load", args.load), ("--agent", args.agent), ("--structured", args.structured))
+             if on]
+    if len(modes) > 1:
+        raise SoloError(f"{' and '.join(modes)} run different benchmarks; give one of them")
+    if not args.load:
+        from solo.bench.load.cli import load_flags_given
+
+        given = load_flags_given(args)
+        if given:
+            raise SoloError(f"{', '.join(given)}: flags of the load test; add --load WORKLOAD (e.g. --load chat) "
+                            "or drop them")
     other_mode = next((flag for flag, on in (("--load", args.load), ("--agent", args.agent),
                                              ("--structured", args.structured), ("--tp", args.tp != 1)) if on), None)
     if args.lockstep and other_mode:
-        from solo.errors import SoloError
-
         raise SoloError(f"--lockstep times decode turns of Solo and llama.cpp peers; {other_mode} runs another "
                         "benchmark that has no turns: drop one of them")
     if args.load:

@@ -216,6 +216,8 @@ def test_server_flags_reach_the_server_it_starts():
     (["--url", "http://127.0.0.1:9", "--threads", "1"], "--threads: flags of the `solo serve`"),
     (["--tokenizer", "somewhere"], "--tokenizer and --seed make a --shape"),
     (["--shape", "Qwen2.5-0.5B", "--url", "http://127.0.0.1:9"], "not several"),
+    (["--agent", "edit-loop"], "--load and --agent run different benchmarks"),
+    (["--revision", "main"], "drop --revision"),
 ])
 def test_load_refuses_flags_it_would_ignore(argv, message, capsys):
     assert main(["bench", "--load", "chat", *argv]) == 2
@@ -299,3 +301,47 @@ def test_arrivals_the_generator_could_not_send_are_not_server_errors():
     row = next(line for line in report.splitlines() if line.startswith("| 6 req/s |"))
     assert row.split("|")[7].strip() == "1"  # other errors: the 500 only
     assert "7 arrivals not sent" in report and "client saturated: 7" in report
+
+
+@pytest.mark.parametrize("argv", [["--rates", "1x"], ["--url", "http://127.0.0.1:9", "--max-queue-wait", "0.5"],
+                                  ["--markdown", "out.md"], ["--verify", "3"]])
+def test_load_flags_without_load_are_refused(argv, capsys):
+    assert main(["bench", "--gen-len", "4", *argv]) == 2
+    assert "flags of the load test; add --load" in capsys.readouterr().err
+
+
+def test_an_unreachable_server_is_a_clear_error(capsys):
+    import socket
+
+    with socket.socket() as s:  # a loopback port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    assert main(["bench", "--load", "chat", "--url", f"http://127.0.0.1:{port}"]) == 2
+    assert "no answer from the server" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_sigterm_stops_the_server_and_removes_the_shape_folder(tmp_path):
+    import os
+    import signal
+    import subprocess
+    import time
+
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY.replace("duration_s = 2", "duration_s = 60").replace("max_requests = 12",
+                                                                                  "max_requests = 600"))
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "bench", "--load", str(workload), "--shape",
+                             "SmolLM2-135M", "--max-batch", "2", "--verify", "0"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            env={**os.environ, "TMPDIR": str(tmp_path)})  # the shape folder goes there
+    try:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and "phase" not in (line := proc.stderr.readline()):
+            assert line or proc.poll() is None, "the bench ended before its phase"
+        assert time.monotonic() < deadline
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=60) == 128 + signal.SIGTERM
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    assert not list(tmp_path.glob("solo-bench-shape-*"))

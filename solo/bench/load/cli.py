@@ -6,8 +6,10 @@ import argparse
 import asyncio
 import json
 import shlex
+import signal
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -58,6 +60,17 @@ _DECODE_BENCH_ONLY = ("prompt_len", "gen_len", "repeats", "compare", "peers_afte
 _SERVE_FLAGS = ("device", "dtype", "backend", "revision", "threads", "quantize", "tp", "prefix_cache_gb",
                 "no_prefix_cache", "prefill_chunk", "max_queue", "max_queue_wait", "serve_speculative",
                 "max_model_len")
+
+
+# The load test's own flags (besides --json / --plot, which every mode has).
+_LOAD_ONLY = ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue", "max_queue_wait",
+              "serve_speculative", "max_model_len", "capacity_s", "verify", "request_timeout", "markdown", "note")
+
+
+def load_flags_given(args: argparse.Namespace) -> list[str]:
+    """The load test's flags set to other than their defaults (`solo bench` refuses them without --load)."""
+    defaults = _bench_defaults()
+    return ["--" + f.replace("_", "-") for f in _LOAD_ONLY if getattr(args, f, defaults[f]) != defaults[f]]
 
 
 def _bench_defaults() -> dict[str, Any]:
@@ -123,6 +136,10 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
     return serve
 
 
+def _exit_on_sigterm(signum: int, frame: Any) -> None:  # noqa: ANN401
+    raise SystemExit(128 + signum)
+
+
 def _shape_model(args: argparse.Namespace) -> tuple[str, tempfile.TemporaryDirectory, str]:
     # A temporary folder the server loads (removed after the run): the shape's layers, a real tokenizer.
     from solo.bench.load.shape_folder import write_shape_folder
@@ -172,6 +189,8 @@ def main(args: argparse.Namespace) -> int:
     Raises:
         SoloError: a bad workload or flag, a server that cannot start, a non-loopback --url.
     """
+    import httpx
+
     from solo.bench.load.report import markdown, plot_load, summarize_phase
     from solo.bench.load.runner import (
         build_prompts,
@@ -220,32 +239,33 @@ def main(args: argparse.Namespace) -> int:
 
     server = None
     serve_args = serve_arguments(args)
+    if args.revision is not None and (shape or not args.model or Path(args.model).exists()):
+        raise SoloError("--revision picks a Hugging Face Hub id's branch, tag or commit; the model here is a local "
+                        "folder, the bundled model or a --shape: drop --revision")
     shape_dir, shape_label = None, ""
-    if args.url:
-        base = check_loopback(args.url)
-        server_desc = f"{base} (already running)"
-    else:
-        model = args.model
-        if shape:
-            model, shape_dir, shape_label = _shape_model(args)
-        try:
-            server = start_server(model, serve_args)
-        except BaseException:
-            if shape_dir is not None:
-                shape_dir.cleanup()
-            raise
-        base = server.base_url
-        shown = [f"<{shape} random weights>"] if shape else ([args.model] if args.model else [])
-        server_desc = "solo serve " + shlex.join([*shown, *serve_args])
-    meta: dict[str, Any] = {
-        "command": _command(args),
-        "server": server_desc, "machine": machine_info(__import__("torch").device("cpu")), "versions": versions(),
-        "cpu_load_before": cpu_load(), "note": args.note,
-    }
-    phases = []
-    timeout = args.request_timeout
-    energy_start = energy_uj()
+    # SIGTERM (a `timeout`, a CI job's end) as an exception, so the server stops and the shape folder goes.
+    main_thread = threading.current_thread() is threading.main_thread()  # (only it may set handlers)
+    sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
     try:
+        if args.url:
+            base = check_loopback(args.url)
+            server_desc = f"{base} (already running)"
+        else:
+            model = args.model
+            if shape:
+                model, shape_dir, shape_label = _shape_model(args)
+            server = start_server(model, serve_args)
+            base = server.base_url
+            shown = [f"<{shape} random weights>"] if shape else ([args.model] if args.model else [])
+            server_desc = "solo serve " + shlex.join([*shown, *serve_args])
+        meta: dict[str, Any] = {
+            "command": _command(args),
+            "server": server_desc, "machine": machine_info(__import__("torch").device("cpu")),
+            "versions": versions(), "cpu_load_before": cpu_load(), "note": args.note,
+        }
+        phases = []
+        timeout = args.request_timeout
+        energy_start = energy_uj()
         prompts = build_prompts(base, workload, workload.seed)
         meta["model"], meta["max_model_len"] = prompts.model, prompts.max_model_len
         if shape:
@@ -274,7 +294,11 @@ def main(args: argparse.Namespace) -> int:
         check = None
         if args.verify:
             check = asyncio.run(check_outputs(base, prompts, workload, phases, timeout, args.verify))
+    except httpx.TransportError as exc:
+        raise SoloError(f"no answer from the server at {base} ({exc}); is `solo serve` running there?") from None
     finally:
+        if main_thread:
+            signal.signal(signal.SIGTERM, sigterm)
         status = server.stop() if server is not None else None
         if shape_dir is not None:
             shape_dir.cleanup()
