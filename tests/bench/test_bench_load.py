@@ -276,6 +276,7 @@ def test_load_run_on_a_shape(tmp_path, monkeypatch):
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY)
     out = tmp_path / "load.json"
+    logs = set(Path(__import__("tempfile").gettempdir()).glob("solo-bench-load-*.log"))
     status = main(["bench", "--load", str(workload), "--shape", "TinyQwen", "--max-batch", "2", "--threads", "1",
                    "--verify", "4", "--json", str(out)])
     assert status == 0
@@ -284,6 +285,7 @@ def test_load_run_on_a_shape(tmp_path, monkeypatch):
     assert "--threads 1" in result["meta"]["server"] and "TinyQwen" in result["meta"]["command"]
     assert result["phases"][0]["http_5xx"] == 0 and result["output_check"]["wrong"] == 0
     assert not list(Path(__import__("tempfile").gettempdir()).glob("solo-bench-shape-*"))  # removed after the run
+    assert set(Path(__import__("tempfile").gettempdir()).glob("solo-bench-load-*.log")) <= logs  # and its log
 
 
 def test_arrivals_the_generator_could_not_send_are_not_server_errors():

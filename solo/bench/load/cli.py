@@ -242,7 +242,7 @@ def main(args: argparse.Namespace) -> int:
     if args.revision is not None and (shape or not args.model or Path(args.model).exists()):
         raise SoloError("--revision picks a Hugging Face Hub id's branch, tag or commit; the model here is a local "
                         "folder, the bundled model or a --shape: drop --revision")
-    shape_dir, shape_label = None, ""
+    shape_dir, shape_label, finished = None, "", False
     # SIGTERM (a `timeout`, a CI job's end) as an exception, so the server stops and the shape folder goes.
     main_thread = threading.current_thread() is threading.main_thread()  # (only it may set handlers)
     sigterm = signal.signal(signal.SIGTERM, _exit_on_sigterm) if main_thread else None
@@ -294,6 +294,7 @@ def main(args: argparse.Namespace) -> int:
         check = None
         if args.verify:
             check = asyncio.run(check_outputs(base, prompts, workload, phases, timeout, args.verify))
+        finished = True
     except httpx.TransportError as exc:
         raise SoloError(f"no answer from the server at {base} ({exc}); is `solo serve` running there?") from None
     finally:
@@ -302,6 +303,11 @@ def main(args: argparse.Namespace) -> int:
         status = server.stop() if server is not None else None
         if shape_dir is not None:
             shape_dir.cleanup()
+        if server is not None:  # the server's log: kept (and named) unless the run and the server ended well
+            if finished and status == 0:
+                server.log_path.unlink(missing_ok=True)
+            else:
+                print(f"solo serve's log (exit status {status}): {server.log_path}", file=sys.stderr)
     energy_end = energy_uj()
     if energy_start is not None and energy_end is not None and energy_end >= energy_start:
         meta["energy_j"] = (energy_end - energy_start) / 1e6
