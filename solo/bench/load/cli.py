@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
 import shlex
 import signal
@@ -56,10 +57,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 _DECODE_BENCH_ONLY = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
                       "sweep_gen_len", "sweep_fill", "probe_gib", "energy_s", "pause_ms", "cpu_hog",
                       "agent_no_baseline")
-# Flags handed to the `solo serve` the load test starts (and meaningless with --url: that server is running).
-_SERVE_FLAGS = ("device", "dtype", "backend", "revision", "threads", "quantize", "tp", "prefix_cache_gb",
-                "no_prefix_cache", "prefill_chunk", "max_queue", "max_queue_wait", "serve_speculative",
-                "max_model_len")
+# Flags handed to the `solo serve` the load test starts, in that order: (the bench's flag, solo serve's).
+_SERVE_PASS = (("dtype", "--dtype"), ("backend", "--backend"), ("device", "--device"), ("revision", "--revision"),
+               ("threads", "--threads"), ("tp", "--tp"), ("max_batch", "--max-batch"),
+               ("prefill_chunk", "--prefill-chunk"), ("max_queue", "--max-queue"),
+               ("max_queue_wait", "--max-queue-wait"), ("serve_speculative", "--speculative"),
+               ("max_model_len", "--max-model-len"), ("quantize", "--quantize"),
+               ("prefix_cache_gb", "--prefix-cache-gb"), ("no_prefix_cache", "--no-prefix-cache"))
+# Those meaningless with --url, whose server already runs (--max-batch there sizes the capacity run's clients).
+_SERVE_FLAGS = tuple(f for f, _ in _SERVE_PASS if f != "max_batch")
 
 
 # The load test's own flags (besides --json / --plot, which every mode has).
@@ -73,7 +79,9 @@ def load_flags_given(args: argparse.Namespace) -> list[str]:
     return ["--" + f.replace("_", "-") for f in _LOAD_ONLY if getattr(args, f, defaults[f]) != defaults[f]]
 
 
+@functools.cache
 def _bench_defaults() -> dict[str, Any]:
+    # `solo bench`'s defaults, from its parser (read only: the dict is shared).
     from solo.bench.cli import add_arguments as add_bench_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -106,34 +114,19 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
             raise SoloError(f"{flags}: flags of the `solo serve` that --load starts; with --url the server already "
                             "runs with its own: set them where it was started, or drop --url")
         return []
-    serve = ["--dtype", args.dtype, "--backend", args.backend]
-    if args.device != defaults["device"]:
-        serve += ["--device", args.device]
-    if args.revision is not None:
-        serve += ["--revision", args.revision]
-    if args.threads is not None:
-        serve += ["--threads", str(args.threads)]
-    if args.tp != 1:
-        serve += ["--tp", str(args.tp)]
-    if args.max_batch is not None:
-        serve += ["--max-batch", str(args.max_batch)]
-    if getattr(args, "prefill_chunk", None) is not None:
-        serve += ["--prefill-chunk", str(args.prefill_chunk)]
-    if args.max_queue is not None:
-        serve += ["--max-queue", str(args.max_queue)]
-    if getattr(args, "max_queue_wait", None) is not None:
-        serve += ["--max-queue-wait", f"{args.max_queue_wait:g}"]
-    if getattr(args, "serve_speculative", None) is not None:
-        serve += ["--speculative", args.serve_speculative]
-    if args.max_model_len is not None:
-        serve += ["--max-model-len", str(args.max_model_len)]
-    if args.quantize:
-        serve += ["--quantize", args.quantize]
-    if args.prefix_cache_gb is not None:
-        serve += ["--prefix-cache-gb", f"{args.prefix_cache_gb:g}"]
-    if args.no_prefix_cache:
-        serve += ["--no-prefix-cache"]
+    serve: list[str] = []
+    for name, flag in _SERVE_PASS:
+        value = getattr(args, name, defaults[name])
+        if name in ("dtype", "backend") or value != defaults[name]:  # (those two always: the report shows them)
+            serve += _flag(flag, value)
     return serve
+
+
+def _flag(flag: str, value: Any) -> list[str]:  # noqa: ANN401
+    # One flag as command-line words: a switch alone, a float without trailing zeros.
+    if value is True:
+        return [flag]
+    return [flag, f"{value:g}" if isinstance(value, float) else str(value)]
 
 
 def _exit_on_sigterm(signum: int, frame: Any) -> None:  # noqa: ANN401
@@ -165,15 +158,13 @@ def _command(args: argparse.Namespace) -> str:
     if getattr(args, "shape", None):
         parts += ["--shape", args.shape] + (["--tokenizer", Path(args.tokenizer).name] if args.tokenizer else [])
         parts += ["--seed", str(args.seed)] if args.seed else []
+    defaults = _bench_defaults()
     for flag in ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
                  "max_queue_wait", "serve_speculative", "max_model_len", "capacity_s", "verify", "dtype", "backend",
-                 "quantize", "device", "revision", "threads", "tp", "prefix_cache_gb"):
-        value = getattr(args, flag, None)
-        if value is not None and value != {"capacity_s": 20.0, "verify": 64, "dtype": "auto",
-                                           "backend": "auto", "device": "cpu", "tp": 1}.get(flag):
-            parts += [f"--{flag.replace('_', '-')}", f"{value:g}" if isinstance(value, float) else str(value)]
-    if getattr(args, "no_prefix_cache", False):
-        parts.append("--no-prefix-cache")
+                 "quantize", "device", "revision", "threads", "tp", "prefix_cache_gb", "no_prefix_cache"):
+        value = getattr(args, flag, defaults[flag])
+        if value != defaults[flag]:
+            parts += _flag(f"--{flag.replace('_', '-')}", value)
     for flag in ("json", "markdown", "plot"):
         if getattr(args, flag, None):
             parts += [f"--{flag}", Path(getattr(args, flag)).name]

@@ -47,7 +47,7 @@ def write_shape_folder(shape: str, folder: Path, tokenizer_folder: Path, dtype: 
     from solo.tokenizer import Tokenizer
 
     raw = shape_raw_config(shape)
-    if "lanes" in raw or "num_lanes" in raw:
+    if ModelConfig.from_dict(dict(raw)).lanes is not None:
         raise SoloError(f"--load --shape {shape}: a lane shape cannot be written as a transformers checkpoint; "
                         "serve a lane model's folder instead")
     if not (tokenizer_folder / "config.json").is_file() or not (tokenizer_folder / "tokenizer.json").is_file():
