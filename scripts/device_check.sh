@@ -16,12 +16,12 @@
 #                         (256 tokens per launch, and one per launch), the CUDA-graph path
 #                         (triton:block:16) and transformers static cache + torch.compile  (limit 200 s)
 #   mk_pytest     ~60 s   monokernel GPU parity (tests/runtime/test_megakernel_gpu.py)  (limit 100 s)
-#   solo_lane     ~80 s   Laneformer-2B shape, the same engines + the monokernel        (limit 110 s)
+#   solo_lane     ~80 s   Laneformer-2B-dense shape, the same engines + the monokernel       (limit 110 s)
 #   pytest_gpu    ~100 s  GPU parity tests (pytest -m gpu, per-test timeouts)           (limit 150 s)
 #   kernels       ~40 s   achieved GB/s of every kernel for both shapes + HBM probe
 #                         (launch configurations come from the tuning cache)            (limit 80 s)
 #   hf_llama      ~100 s  transformers, static cache + torch.compile(reduce-overhead)   (limit 130 s)
-#   hf_lane       ~100 s  the same, Laneformer-2B shape                                 (limit 130 s)
+#   hf_lane       ~100 s  the same, Laneformer-2B-dense shape                             (limit 130 s)
 #   summary       ~2 s    scripts/device_summary.py -> OUT_DIR/results.json            (limit 30 s)
 #   extras        rest    only with budget left: kernel tests compiled on the GPU, the
 #                         torch.compile'd step, K=8/32 blocks, energy per token (solo bench over
@@ -92,7 +92,7 @@ if [ "${SOLO_CHECK_PROFILE:-full}" = short ]; then
     step pytest_gpu 70 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 60 \
         -k "(greedy and triton) or host_syncs or engine_runs or split_k" \
         --junitxml "$OUT/pytest_gpu.xml" tests/runtime/test_cuda_gpu.py
-    step solo_lane 60 $BENCH --shape Laneformer-2B --engines triton:block:16,$MK_ENGINES \
+    step solo_lane 60 $BENCH --shape Laneformer-2B-dense --engines triton:block:16,$MK_ENGINES \
         --json "$OUT/bench_lane_solo.json"
     step summary 20 $PY scripts/device_summary.py "$OUT"
     step kernels 40 $PY -m solo.runtime.triton.benchtools --json "$OUT/kernels.json"
@@ -108,7 +108,7 @@ step mk_llama 200 $BENCH --shape Llama-3.2-1B --engines $MK_ENGINES,megakernel:t
     --with-peer hf-compile --json "$OUT/bench_llama_mk.json"
 step mk_pytest 100 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 300 \
     --junitxml "$OUT/pytest_mk.xml" tests/runtime/test_megakernel_gpu.py
-step solo_lane 110 $BENCH --shape Laneformer-2B --engines $ENGINES,$MK_ENGINES \
+step solo_lane 110 $BENCH --shape Laneformer-2B-dense --engines $ENGINES,$MK_ENGINES \
     --json "$OUT/bench_lane_solo.json"
 
 step pytest_gpu 150 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 180 \
@@ -116,7 +116,7 @@ step pytest_gpu 150 $PY -m pytest -q -p no:cacheprovider -m gpu --timeout 180 \
 
 step kernels 80 $PY -m solo.runtime.triton.benchtools --json "$OUT/kernels.json"
 
-step hf_lane 130 $BENCH --shape Laneformer-2B --peer hf-compile --json "$OUT/bench_lane_hf.json"
+step hf_lane 130 $BENCH --shape Laneformer-2B-dense --peer hf-compile --json "$OUT/bench_lane_hf.json"
 
 step summary 30 $PY scripts/device_summary.py "$OUT"
 

@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from solo.bench.peers import RunResult
-from solo.runtime.base import DecodeRuntime
+from solo.runtime.base import DecodeRuntime, SamplingSpec, runtime_capabilities
 
 
 def _sync(device: torch.device) -> None:
@@ -22,7 +22,11 @@ def _sync(device: torch.device) -> None:
 
 
 class SoloRunner:
-    """Greedy generation on a runtime, timed like the engine's loop (prefill, then one decode per token).
+    """Greedy generation on a runtime, timed like the engine's loop.
+
+    Prefill, then one decode step per token with a host argmax, or, on runtimes with block decoding (the
+    CUDA-graph runtime, the monokernel), K tokens per host sync as `Engine.run` decodes a greedy request
+    there (`solo.engine.block_decoding`).
 
     Args:
         runtime: the runtime under test.
@@ -79,8 +83,9 @@ class SoloRunner:
         """Decode `tokens` more greedy tokens after `begin` / `begin_filled` (or the last `advance`).
 
         Returns:
-            Seconds for the `tokens` decode steps, each followed by the greedy choice (one host sync per
-            token, as the engine's loop), device synchronised at the end.
+            Seconds for the `tokens` decode steps, each followed by the greedy choice as the engine's loop
+            makes it (one host sync per token, or per block of K tokens on block-decoding runtimes),
+            device synchronised at the end.
 
         Raises:
             RuntimeError: no `begin` or `begin_filled` came first.
@@ -90,9 +95,16 @@ class SoloRunner:
         rt = self.runtime
         row = torch.zeros(1, dtype=torch.long)
         token, position = self._token, self._position
+        blocks = runtime_capabilities(rt).block_decoding and tokens > 0
         _sync(rt.device)
         start = time.perf_counter()
-        for _ in range(tokens):
+        if blocks:
+            made = [t for block in rt.iter_blocks(0, token, position, SamplingSpec(), frozenset(), tokens)
+                    for t in block]
+            if len(made) != tokens:
+                raise RuntimeError(f"block decoding made {len(made)} tokens, not {tokens}")
+            token, position = made[-1], position + tokens
+        for _ in range(0 if blocks else tokens):
             logits = rt.decode(row, torch.tensor([token]), torch.tensor([position]))
             token = int(logits[0].argmax())  # the engine's greedy choice syncs once per token too
             position += 1

@@ -150,3 +150,19 @@ def test_fused_weights_are_views_and_change_nothing(tiny):
     assert attn.v_proj.bias.data_ptr() == layers[0].b_qkv[-attn.v_proj.bias.shape[0]:].data_ptr()
     assert torch.equal(logits(), before)
     assert weight_bytes_per_token(model) == bytes_before
+
+
+def test_bench_runner_decodes_in_blocks_like_the_engine(tiny):
+    # `solo bench` times a block-decoding runtime as Engine.run drives it (K tokens per host sync), with
+    # the greedy tokens of the per-token loop.
+    from solo.bench.runner import SoloRunner
+
+    steps = 12
+    expected, _ = eager_greedy(tiny.model("llama", DEVICE), PROMPT, steps + 1)
+    rt = CudaGraphRuntime(tiny.model("llama", DEVICE), step="torch", use_graphs=False, block_size=4)
+    runner = SoloRunner(rt)
+    result = runner.run(PROMPT, steps + 1)
+    assert result.decode_tokens == steps and result.host_syncs == 3  # 12 tokens in blocks of 4
+    assert (runner._token, runner._position) == (expected[-1], len(PROMPT) + steps)
+    runner.advance(1)  # continues after the block run, within the reserved row
+    assert runner._position == len(PROMPT) + steps + 1

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 # isort: off
-from _triton_env import DEVICE, bf16_close, requires_triton  # first: sets TRITON_INTERPRET before Triton loads
+from _triton_env import DEVICE, ON_GPU, bf16_close, requires_triton  # first: sets TRITON_INTERPRET before Triton loads
 # isort: on
 import pytest
 import torch
@@ -56,10 +56,18 @@ def test_decode_attention_matches_reference(dtype, heads, kv_heads, head_dim, ma
     expected = _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap)
     if dtype == torch.float32:
         torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
-    else:
-        # Products of bf16 inputs are exact in float32; the output is rounded once (tensor-core
-        # probabilities in bf16 on a GPU add up to a few more ulps).
+    elif not ON_GPU:
+        # Products of bf16 inputs are exact in float32; the output is rounded once.
         bf16_close(out, expected.to(torch.bfloat16), ulps=4)
+    else:
+        # On a GPU p @ v runs on tensor cores with the probabilities rounded to bf16 (relative error
+        # 2^-9 each), so the error is bounded by 2^-9 * sum_j p_j |v_j|, which is not small next to an
+        # output that cancels towards 0: allow twice that bound on top of 4 ulp of the output.
+        weighted = _reference(q, kc, vc.abs(), row, pos, heads, head_dim, window, softcap)
+        a, e = out.double(), expected.to(torch.bfloat16).double()
+        ulp = torch.exp2(torch.floor(torch.log2(e.abs().clamp(min=1e-30))) - 7)
+        bad = (a - e).abs() > 4 * ulp + 2.0**-8 * weighted
+        assert not bad.any(), f"{int(bad.sum())} elements off by more than 4 ulp + 2^-8 sum p|v|"
 
 
 def test_attention_plan_partitions():

@@ -102,8 +102,8 @@ class HFPeer:
 
     Args:
         spec: what to build (see `PeerSpec`).
-        compiled: use a static KV cache and torch.compile (mode "reduce-overhead" on CUDA, the default
-            inductor mode on the CPU).
+        compiled: use a static KV cache and torch.compile: on CUDA generate's own compile of the decode
+            step (mode "reduce-overhead"), on the CPU the whole forward in the default inductor mode.
 
     Raises:
         PeerSkipped: transformers is missing, or the model cannot be built or compiled.
@@ -126,16 +126,31 @@ class HFPeer:
         mode = "eager (sdpa attention, dynamic cache)"
         if compiled:
             self.generation_config.cache_implementation = "static"
-            self.generation_config.disable_compile = True  # compiled by hand below, once
-            compile_mode = "reduce-overhead" if spec.device.type == "cuda" else "default"
-            model.forward = torch.compile(model.forward, mode=compile_mode)
-            mode = f"static cache + torch.compile(mode={compile_mode!r})"
+            if spec.device.type == "cuda":
+                # transformers' own path: generate compiles the decode forward (mode "reduce-overhead",
+                # CUDA graphs) and runs the prefill eager, so the static cache's tensors get their fixed
+                # addresses. Compiling the whole forward by hand (prefill included) made every graph skip
+                # CUDA graphs (mutated inputs) and then read overwritten graph outputs (transformers 5.17).
+                self.generation_config.disable_compile = False
+                mode = "static cache + generate's torch.compile(mode='reduce-overhead') of the decode step"
+            else:
+                self.generation_config.disable_compile = True  # compiled by hand below, once
+                model.forward = torch.compile(model.forward, mode="default")
+                mode = "static cache + torch.compile(mode='default')"
         torch.set_num_threads(spec.threads)
         self.build_info = f"transformers {transformers.__version__}, torch {torch.__version__}, {mode}, {spec.dtype}"
 
     @torch.inference_mode()
     def run(self, prompt_ids: list[int], gen_len: int) -> RunResult:
-        """Greedy `generate` of `gen_len` tokens, timed through a streamer."""
+        """Greedy `generate` of `gen_len` tokens, timed through a streamer.
+
+        On CUDA a streamer would force a host sync per token, so there TTFT is a 1-token `generate` and
+        the decode time what a full one takes beyond it.
+        """
+        if self.device.type == "cuda":
+            ttft_s = self._timed_generate(prompt_ids, 1)
+            total_s = self._timed_generate(prompt_ids, gen_len)
+            return RunResult(ttft_s=ttft_s, decode_s=max(total_s - ttft_s, 1e-9), decode_tokens=gen_len - 1)
         ids = torch.tensor([prompt_ids], device=self.device)
         clock = _Clock(self.device)
         self.generation_config.max_new_tokens = gen_len
@@ -150,6 +165,22 @@ class HFPeer:
             raise PeerSkipped(f"{self.name} failed: {str(exc).splitlines()[0][:300]}") from None
         tokens = clock.times[1:]  # times[0] is the prompt
         return RunResult(ttft_s=tokens[0] - start, decode_s=tokens[-1] - tokens[0], decode_tokens=len(tokens) - 1)
+
+    def _timed_generate(self, prompt_ids: list[int], gen_len: int) -> float:
+        ids = torch.tensor([prompt_ids], device=self.device)
+        self.generation_config.max_new_tokens = gen_len
+        self.generation_config.min_new_tokens = gen_len
+        torch.cuda.synchronize(self.device)
+        start = time.perf_counter()
+        try:
+            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
+                                      generation_config=self.generation_config)
+        except Exception as exc:  # noqa: BLE001 - e.g. an inductor failure on first use
+            raise PeerSkipped(f"{self.name} failed: {str(exc).splitlines()[0][:300]}") from None
+        torch.cuda.synchronize(self.device)
+        if out.shape[1] != ids.shape[1] + gen_len:
+            raise PeerSkipped(f"{self.name} made {out.shape[1] - ids.shape[1]} tokens, not {gen_len}")
+        return time.perf_counter() - start
 
     @torch.inference_mode()
     def generate(self, prompt_ids: list[int], gen_len: int) -> list[int]:
