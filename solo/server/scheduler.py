@@ -25,6 +25,14 @@ chunk calls on the fixed grid, within what is left of the budget. With no row de
 prefilled by its own `prefill` call (an idle server's request: the path `Engine.run` takes) and the other
 prompts ride in the step after it, instead of one prefill call each before any step.
 
+On a runtime with block decoding (the CUDA-graph runtime, the monokernel: `iter_blocks`), a lone greedy
+request (nothing else running or waiting, no penalties, logprobs, constraint, logits processor or draft)
+decodes a block of up to K tokens per host sync on the device, as `Engine.run` does, instead of one step
+per token: the server's lone request runs at `solo run`'s speed. K is the runtime's block size, lowered (to
+a power of two, so few graphs are captured) while blocks take longer than `BLOCK_TARGET_S`, so a request
+arriving meanwhile waits for at most about that long; the tokens are the per-token steps' (the same
+argmax of the same logits), and the next iteration goes back to per-token steps once anything else runs.
+
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
 runs on the event loop.
@@ -119,7 +127,8 @@ import torch
 from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
-from solo.runtime.base import DecodeRuntime, decode_spans, runtime_capabilities
+from solo.errors import SoloError
+from solo.runtime.base import DecodeRuntime, SamplingSpec, decode_spans, runtime_capabilities
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
@@ -145,6 +154,10 @@ RELEASE_WINDOW = 64
 
 ABORT = "abort"
 """finish_reason of a request ended by the server (shutdown) or by its client going away."""
+
+
+BLOCK_TARGET_S = 0.02
+"""Longest a lone request's block of tokens should take (seconds): a request arriving meanwhile waits for it."""
 
 
 class QueueFullError(Exception):
@@ -398,6 +411,16 @@ class Scheduler:
         """Bytes of the KV-cache rows this scheduler uses."""
         self.step_s: float | None = None
         """Moving average of one decode step's wall time (all active rows), seconds; None before the first."""
+        self.block_decoding = runtime_capabilities(runtime).block_decoding
+        """A lone greedy request decodes in blocks of tokens on the device (see the module docstring)."""
+        self.block_size = max(1, int(getattr(runtime, "block_size", 16)))
+        """Most tokens per block (the runtime's block size)."""
+        self.block_target_s = BLOCK_TARGET_S
+        """Longest a block should take (seconds); K halves while blocks take longer."""
+        self.block_token_s: float | None = None
+        """Moving average of one token's wall time in a block, seconds (picks K under `block_target_s`)."""
+        self.blocks = 0
+        """Blocks decoded so far (for tests and debugging)."""
         self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -622,10 +645,11 @@ class Scheduler:
                 if seq.request.finished:  # cancelled between admission and now
                     continue
                 self._guard([seq], self._begin_prefill, seq)
-            if not self._mixed_iteration():
+            if not self._block_iteration() and not self._mixed_iteration():
                 self._prefill_chunks()  # prefill first: a new request's first token does not wait for a step
                 self._admit_late()
-                self._timed_step([s for s in self._running if s.ready and not s.request.finished], [])
+                if self._lone_block_sequence() is None:  # else its tokens come in blocks from the next iteration
+                    self._timed_step([s for s in self._running if s.ready and not s.request.finished], [])
             self._release_finished()
             if stopping:
                 with self._cond:
@@ -643,6 +667,58 @@ class Scheduler:
             self._cut_short = False
         elif active:
             self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
+
+    def _lone_block_sequence(self) -> _Sequence | None:
+        # The request to decode in blocks: alone, past its prefill, greedy, needing nothing per token.
+        if not self.block_decoding or len(self._running) != 1 or self._waiting:
+            return None
+        seq = self._running[0]
+        request = seq.request
+        if (not seq.ready or request.finished or seq.proposer is not None or request.needs_host_logits
+                or not request.sampling.greedy):
+            return None
+        return seq
+
+    def _block_iteration(self) -> bool:
+        # A lone greedy request on a block-decoding runtime: one block of K tokens on the device, one host
+        # sync (see the module docstring). False (nothing run) unless it is alone and needs nothing per token.
+        seq = self._lone_block_sequence()
+        if seq is None:
+            return False
+        request = seq.request
+        left = request.max_new_tokens - len(request.output_ids)
+        k = self.block_size
+        if self.block_token_s is not None:
+            while k > 1 and k * self.block_token_s > self.block_target_s:
+                k //= 2
+        k = max(1, min(k, left))
+        start = time.perf_counter()
+
+        def run_block() -> None:
+            blocks = self.runtime.iter_blocks(seq.row, seq.last_token, request.next_position - 1, SamplingSpec(),
+                                              frozenset(request.eos_ids), k, k=k)
+            made = 0
+            try:
+                for tokens in blocks:
+                    for token in tokens:
+                        made += 1
+                        self._emit(seq, request.append(token))
+                        if request.finished:
+                            return
+            finally:
+                blocks.close()
+            if not made:  # the row's reserved length ended before the request's budget
+                raise SoloError("decode blocks ended before the request finished: the KV-cache row is full")
+
+        made = len(request.output_ids)
+        self._guard([seq], run_block)
+        self.blocks += 1
+        made = len(request.output_ids) - made
+        if made > 0 and not request.finished:  # a whole block: a measure of its tokens' time
+            per_token = (time.perf_counter() - start) / made
+            self.block_token_s = per_token if self.block_token_s is None else 0.8 * self.block_token_s + 0.2 * per_token
+        self._flush()
+        return True
 
     def _mixed_iteration(self) -> bool:
         # Stall-free batching (Agrawal et al., "Sarathi-Serve", OSDI 2024; vLLM's chunked prefill): while rows

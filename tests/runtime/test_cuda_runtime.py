@@ -166,3 +166,72 @@ def test_bench_runner_decodes_in_blocks_like_the_engine(tiny):
     assert (runner._token, runner._position) == (expected[-1], len(PROMPT) + steps)
     runner.advance(1)  # continues after the block run, within the reserved row
     assert runner._position == len(PROMPT) + steps + 1
+
+
+def test_server_decodes_a_lone_greedy_request_in_blocks(tiny):
+    # The server's scheduler on a block-decoding runtime: a lone greedy request takes K tokens per host sync
+    # (as Engine.run), with the per-token loop's tokens; beside another request, or sampled, it steps per
+    # token as before.
+    import asyncio
+
+    from solo import Engine, SamplingParams
+    from solo.server.scheduler import Scheduler
+
+    loaded = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager", dtype="float32")
+    rt = CudaGraphRuntime(loaded.model, step="torch", use_graphs=False, block_size=4)
+    reference = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager", dtype="float32")
+    prompts = ["def fibonacci(n):", "class Tree:"]
+    params = SamplingParams(max_tokens=13, ignore_eos=True, temperature=0.0)
+    expected = [reference.complete(p, params).token_ids for p in prompts]
+    scheduler = Scheduler(rt, max_batch=2, max_queue=4, max_seq=128)
+    scheduler.block_target_s = 60.0  # whole blocks of 4 even at the interpreter's speed
+
+    async def run(requests):
+        loop = asyncio.get_running_loop()
+        gens = [scheduler.submit([r], loop) for r in requests]
+
+        async def drain(g):
+            return [t async for _, e in g.events() for t in e.token_ids]
+
+        return await asyncio.gather(*(drain(g) for g in gens))
+
+    scheduler.start()
+    try:
+        syncs = rt.host_syncs
+        assert asyncio.run(run([loaded.make_request(prompts[0], params)])) == [expected[0]]
+        assert scheduler.blocks == 3 and rt.host_syncs - syncs == 1 + 3  # prefill, then 12 tokens in blocks of 4
+        assert scheduler.steps == 0
+        blocks = scheduler.blocks
+        assert asyncio.run(run([loaded.make_request(p, params) for p in prompts])) == expected
+        sampled = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, seed=1)
+        assert len(asyncio.run(run([loaded.make_request(prompts[1], sampled)]))[0]) == 6
+        assert scheduler.blocks - blocks <= 3  # only while one greedy request ran alone
+    finally:
+        scheduler.stop()
+
+
+def test_server_blocks_shrink_to_the_time_target(tiny):
+    # A block longer than the target holds an arriving request back: K halves (powers of two) until it fits.
+    import asyncio
+
+    from solo import Engine, SamplingParams
+    from solo.server.scheduler import Scheduler
+
+    loaded = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager", dtype="float32")
+    rt = CudaGraphRuntime(loaded.model, step="torch", use_graphs=False, block_size=8)
+    scheduler = Scheduler(rt, max_batch=1, max_queue=1, max_seq=128)
+    scheduler.block_target_s = 1e-9
+    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0)
+    expected = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager",
+                           dtype="float32").complete("def f(x):", params).token_ids
+
+    async def run():
+        gen = scheduler.submit([loaded.make_request("def f(x):", params)], asyncio.get_running_loop())
+        return [t async for _, e in gen.events() for t in e.token_ids]
+
+    scheduler.start()
+    try:
+        assert asyncio.run(run()) == expected
+    finally:
+        scheduler.stop()
+    assert scheduler.blocks == 1 + 3  # one block of 8, then blocks of 1 for the other 3 of the 11 after prefill
