@@ -132,6 +132,43 @@ def test_engine_runs_on_the_cuda_graph_runtime(tiny):
 
 
 @pytest.mark.timeout(120)
+def test_server_scheduler_on_captured_graphs(tiny):
+    # The server's scheduler on the CUDA-graph runtime with graphs: a lone greedy request in blocks (one
+    # host sync per block), two at once in per-token steps; the eager engine's tokens either way.
+    import asyncio
+
+    from solo import Engine, SamplingParams
+    from solo.server.scheduler import Scheduler
+
+    loaded = Engine.load(tiny.folder("llama"), device="cuda", backend="eager", dtype="float32")
+    reference = Engine.load(tiny.folder("llama"), device="cuda", backend="eager", dtype="float32")
+    rt = CudaGraphRuntime(loaded.model, tune=False, block_size=8)
+    prompts = ["def fibonacci(n):", "class Tree:"]
+    params = SamplingParams(max_tokens=33, ignore_eos=True, temperature=0.0)
+    expected = [reference.complete(p, params).token_ids for p in prompts]
+    scheduler = Scheduler(rt, max_batch=2, max_queue=4, max_seq=128)
+    scheduler.block_target_s = 60.0
+
+    async def run(requests):
+        loop = asyncio.get_running_loop()
+        gens = [scheduler.submit([r], loop) for r in requests]
+
+        async def drain(g):
+            return [t async for _, e in g.events() for t in e.token_ids]
+
+        return await asyncio.gather(*(drain(g) for g in gens))
+
+    scheduler.start()
+    try:
+        syncs = rt.host_syncs
+        assert asyncio.run(run([loaded.make_request(prompts[0], params)])) == [expected[0]]
+        assert scheduler.blocks == 4 and rt.host_syncs - syncs == 1 + 4
+        assert asyncio.run(run([loaded.make_request(p, params) for p in prompts])) == expected
+    finally:
+        scheduler.stop()
+
+
+@pytest.mark.timeout(120)
 @pytest.mark.parametrize("heads,kv_heads,head_dim", [(32, 8, 64), (32, 16, 96)])
 def test_flash_decoding_at_long_context_real_shapes(heads, kv_heads, head_dim):
     from solo.runtime.triton.attention import AttentionPlan, decode_attention
