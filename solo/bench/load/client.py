@@ -37,6 +37,9 @@ class Outcome:
         refusals: 503s this request got and retried after their Retry-After.
         send_lag_s: how late the (last) attempt was handed to the HTTP client after its scheduled time
             (the load generator's own delay: on a small machine it shares the CPUs with the server).
+        prompt: index of its prompt in the class's pool (None for requests outside a phase's plan).
+        cached_tokens: prompt tokens the server reused from its prefix cache (`usage.prompt_tokens_details`;
+            None where no usage came, e.g. a cancelled stream).
     """
 
     cls: str
@@ -54,6 +57,8 @@ class Outcome:
     key: tuple | None = None
     refusals: int = 0
     send_lag_s: float | None = None
+    prompt: int | None = None
+    cached_tokens: int | None = None
 
     @property
     def completed(self) -> bool:
@@ -115,6 +120,7 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], o
                     outcome.text = choice["message"]["content"] if endpoint == "chat" else choice["text"]
                     outcome.finish_reason = choice["finish_reason"]
                     outcome.completion_tokens = data["usage"]["completion_tokens"]
+                    outcome.cached_tokens = _cached_tokens(data["usage"])
                     outcome.e2e_s = now - outcome.offered_at
     except TimeoutError:
         outcome.error = "timeout"
@@ -127,6 +133,12 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], o
     except (ValueError, KeyError, IndexError, TypeError):
         outcome.error = "malformed response"
     return outcome
+
+
+def _cached_tokens(usage: dict[str, Any]) -> int | None:
+    details = usage.get("prompt_tokens_details") or {}
+    cached = details.get("cached_tokens")
+    return int(cached) if isinstance(cached, int) else None
 
 
 def _retry_after(response: httpx.Response) -> float | None:
@@ -158,6 +170,7 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: dic
                 return
             if event.get("usage"):
                 outcome.completion_tokens = event["usage"]["completion_tokens"]
+                outcome.cached_tokens = _cached_tokens(event["usage"])
             for choice in event.get("choices", []):
                 text = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
                 if text:

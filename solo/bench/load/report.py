@@ -49,7 +49,18 @@ def rss_drift(samples: list[tuple[float, int]], warmup_s: float) -> dict[str, An
             "max_mib": round(max(after) / 2**20, 1), "drift_pct": round(100 * (last / first - 1), 2)}
 
 
-def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict[str, float | None]],
+def _over_own_idle(o: Outcome, idle_prompts: list[dict[str, float | None]] | None) -> float | None:
+    # A request's TTFT over the idle TTFT of its own prompt in the same prefix-cache state: warm when the
+    # server reused a prefix (or did not say: a cancelled stream gets no usage; warm is the smaller, stricter
+    # base), cold when it reused nothing.
+    if o.ttft_s is None or o.prompt is None or not idle_prompts or o.prompt >= len(idle_prompts):
+        return None
+    base = idle_prompts[o.prompt]
+    idle = base["cold_ttft_s"] if o.cached_tokens == 0 else (base["warm_ttft_s"] or base["cold_ttft_s"])
+    return o.ttft_s / idle if idle else None
+
+
+def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict[str, Any]],
                     warmup_s: float = 30.0) -> dict[str, Any]:
     """Every number of one phase (see the Markdown table for their meaning)."""
     outs = phase.outcomes
@@ -66,6 +77,12 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         p99 = percentile([o.ttft_s for o in done if o.cls == name and o.ttft_s is not None], 0.99)
         if p99 is not None and base:
             ratios[name] = round(p99 / base, 2)
+    same_prompt = {}
+    for name, v in idle.items():
+        per_request = [r for o in done if o.cls == name and (r := _over_own_idle(o, v.get("prompts"))) is not None]
+        p99 = percentile(per_request, 0.99)
+        if p99 is not None:
+            same_prompt[name] = round(p99, 2)
     return {
         "label": phase.label,
         "offered_rps": round(phase.rate_rps, 4),
@@ -85,6 +102,7 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "tpot_s": _pcts([o.tpot_s for o in done if o.tpot_s is not None]),
         "e2e_s": _pcts([o.e2e_s for o in done if o.e2e_s is not None]),
         "p99_ttft_over_idle": ratios,
+        "p99_ttft_over_idle_same_prompt": same_prompt,
         "statuses": dict(statuses),
         "http_5xx": sum(n for s, n in statuses.items() if s.startswith("5")),
         "http_503": statuses.get("503", 0),
@@ -145,23 +163,28 @@ def markdown(result: dict[str, Any]) -> str:
             f"{k}: TTFT {_ms(v['ttft_s'])} ms, e2e {_ms(v['e2e_s'])} ms" for k, v in idle.items()))
     lines += [
         "",
-        "Client-side times from each request's scheduled arrival (ms). Goodput: completed within the SLO.",
+        "Client-side times from each request's scheduled arrival (ms). Goodput: completed within the SLO. "
+        "p99 TTFT / idle: the phase's p99 over the class's idle TTFT (cold prompts); p99 of TTFT / own prompt's "
+        "idle: each request's TTFT over the idle TTFT of the same prompt in the same prefix-cache state (warm "
+        "when the server reused a prefix or did not say), the p99 of those ratios.",
         "",
         "| phase | offered (req/s) | sent | done | cancelled | 503 final / retried | other errors | TTFT p50/p90/p99 | "
-        "TPOT p50/p90/p99 | e2e p50/p90/p99 | goodput (req/s) | done/hour | p99 TTFT / idle | RSS drift |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "TPOT p50/p90/p99 | e2e p50/p90/p99 | goodput (req/s) | done/hour | p99 TTFT / idle | "
+        "p99 of TTFT / own prompt's idle | RSS drift |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for p in phases:
         # (arrivals the generator could not send are not the server's errors: listed below the table)
         other = sum(n for k, n in p["errors"].items() if not k.startswith("503") and k != "client saturated")
         t, tp, e = p["ttft_s"], p["tpot_s"], p["e2e_s"]
         ratio = ", ".join(f"{k} {v}x" for k, v in p["p99_ttft_over_idle"].items()) or "-"
+        own = ", ".join(f"{k} {v}x" for k, v in p.get("p99_ttft_over_idle_same_prompt", {}).items()) or "-"
         drift = f"{p['rss']['drift_pct']}%" if p["rss"] else "-"
         lines.append(
             f"| {p['label']} | {p['offered_rps']:.3g} | {p['sent']} | {p['completed']} | {p['cancelled']} | "
             f"{p['http_503']} / {p['retried_503']} | {other} | {_ms(t['p50'])}/{_ms(t['p90'])}/{_ms(t['p99'])} | "
             f"{_ms(tp['p50'])}/{_ms(tp['p90'])}/{_ms(tp['p99'])} | {_ms(e['p50'])}/{_ms(e['p90'])}/{_ms(e['p99'])} | "
-            f"{p['goodput_rps']:.3g} | {p['completed_per_hour']} | {ratio} | {drift} |")
+            f"{p['goodput_rps']:.3g} | {p['completed_per_hour']} | {ratio} | {own} | {drift} |")
     for p in phases:
         if p["errors"].get("client saturated"):
             lines += ["", f"{p['label']}: {p['errors']['client saturated']} arrivals not sent: the load generator "

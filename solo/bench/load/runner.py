@@ -353,7 +353,7 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
                 saturated += 1
                 continue
             outcome = Outcome(cls=req.cls.name, offered_at=start + req.offset_s,
-                              key=_key(req) if req.greedy else None)
+                              key=_key(req) if req.greedy else None, prompt=req.prompt)
             outcomes.append(outcome)
             tasks.append(asyncio.create_task(_send_with_retries(client, prompts, req, outcome, timeout_s,
                                                                 workload.retries)))
@@ -409,10 +409,24 @@ async def closed_loop_capacity(base_url: str, prompts: Prompts, workload: Worklo
     return done / wall if wall > 0 else 0.0
 
 
+IDLE_PROMPT_MAX_TOKENS = 4
+"""Tokens each prompt's idle TTFT request asks for (its first text, not a whole answer)."""
+
+
 async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, timeout_s: float,
-                        repeats: int = 3) -> dict[str, dict[str, float | None]]:
-    """Each class's TTFT and e2e alone on the idle server (streamed, greedy), the median of `repeats`."""
-    out: dict[str, dict[str, float | None]] = {}
+                        repeats: int = 3) -> dict[str, dict[str, Any]]:
+    """TTFT of requests alone on the idle server, per class and per prompt (streamed, greedy).
+
+    Per class: the TTFT and e2e of `repeats` different prompts of the pool at the class's largest
+    max_tokens, the median (cold: the server has not seen them). Per prompt of the pool ("for the same
+    prompt"): `repeats` sends of it in a row at `IDLE_PROMPT_MAX_TOKENS`, split by the server's reported
+    `cached_tokens` into a cold TTFT (nothing reused; the class's cold median where none was cold) and a
+    warm one (a prefix-cache hit: the state a pool prompt is in once the server has seen it), medians.
+
+    Returns:
+        {class: {"ttft_s", "e2e_s", "prompts": [{"cold_ttft_s", "warm_ttft_s"} per pool index]}}.
+    """
+    out: dict[str, dict[str, Any]] = {}
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s)) as client:
         for cls in workload.classes:
             ttfts, e2es = [], []
@@ -424,6 +438,18 @@ async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, tim
                     ttfts.append(outcome.ttft_s)
                     e2es.append(outcome.e2e_s)
             out[cls.name] = {"ttft_s": _median(ttfts), "e2e_s": _median(e2es)}
+            per_prompt = []
+            for index in range(cls.pool):
+                cold, warm = [], []
+                for _ in range(repeats):
+                    req = PlannedRequest(0.0, cls, index, IDLE_PROMPT_MAX_TOKENS, True, True, 0, None)
+                    outcome = Outcome(cls=cls.name, offered_at=time.perf_counter())
+                    await send(client, cls.endpoint, _body(prompts, req), outcome, None, timeout_s)
+                    if outcome.completed and outcome.ttft_s is not None:
+                        (warm if outcome.cached_tokens else cold).append(outcome.ttft_s)
+                per_prompt.append({"cold_ttft_s": _median(cold) or out[cls.name]["ttft_s"],
+                                   "warm_ttft_s": _median(warm)})
+            out[cls.name]["prompts"] = per_prompt
     return out
 
 
