@@ -129,7 +129,8 @@ def _requests(outs: list[Outcome]) -> list[dict[str, Any]]:
 
     return [{"cls": o.cls, "at": ms(o.offered_at - t0), "status": o.status, "error": o.error,
              "cancelled": o.cancelled, "refusals": o.refusals, "lag": ms(o.send_lag_s), "ttft": ms(o.ttft_s),
-             "e2e": ms(o.e2e_s), "tokens": o.completion_tokens} for o in outs]
+             "e2e": ms(o.e2e_s), "tokens": o.completion_tokens, "prompt": o.prompt, "cached": o.cached_tokens}
+            for o in outs]
 
 
 def _ms(v: float | None) -> str:
