@@ -26,12 +26,13 @@ prefilled by its own `prefill` call (an idle server's request: the path `Engine.
 prompts ride in the step after it, instead of one prefill call each before any step.
 
 On a runtime with block decoding (the CUDA-graph runtime, the monokernel: `iter_blocks`), a lone greedy
-request (nothing else running or waiting, no penalties, logprobs, constraint, logits processor or draft)
-decodes a block of up to K tokens per host sync on the device, as `Engine.run` does, instead of one step
-per token: the server's lone request runs at `solo run`'s speed. K is the runtime's block size, lowered (to
-a power of two, so few graphs are captured) while blocks take longer than `BLOCK_TARGET_S`, so a request
-arriving meanwhile waits for at most about that long; the tokens are the per-token steps' (the same
-argmax of the same logits), and the next iteration goes back to per-token steps once anything else runs.
+request (nothing else running, nothing waiting for a free row, no penalties, logprobs, constraint, logits
+processor or draft) decodes a block of up to K tokens per host sync on the device, as `Engine.run` does,
+instead of one step per token: the server's lone request runs at `solo run`'s speed. K is the runtime's
+block size, halved (a power of two, so few graphs are captured) while blocks take longer than
+`BLOCK_TARGET_S`, so a request arriving meanwhile waits for at most about that long; the tokens are the
+per-token steps' (the same argmax of the same logits), and the next iteration goes back to per-token steps
+once anything else runs.
 
 A request joins at the next step and leaves the moment it finishes (continuous batching, Yu et al.,
 "Orca", OSDI 2022). Events reach the asyncio side through `loop.call_soon_threadsafe`, so torch work never
@@ -669,8 +670,9 @@ class Scheduler:
             self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
 
     def _lone_block_sequence(self) -> _Sequence | None:
-        # The request to decode in blocks: alone, past its prefill, greedy, needing nothing per token.
-        if not self.block_decoding or len(self._running) != 1 or self._waiting:
+        # The request to decode in blocks: alone, past its prefill, greedy, needing nothing per token. Requests
+        # waiting with no free row wait for this one to end: blocks end it sooner.
+        if not self.block_decoding or len(self._running) != 1 or (self._waiting and self._free_rows):
             return None
         seq = self._running[0]
         request = seq.request

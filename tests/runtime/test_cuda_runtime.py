@@ -235,3 +235,36 @@ def test_server_blocks_shrink_to_the_time_target(tiny):
     finally:
         scheduler.stop()
     assert scheduler.blocks == 1 + 3  # one block of 8, then blocks of 1 for the other 3 of the 11 after prefill
+
+
+def test_server_blocks_while_requests_wait_for_the_only_row(tiny):
+    # With every row taken, a waiting request can only start when the running one ends: blocks end it sooner.
+    import asyncio
+
+    from solo import Engine, SamplingParams
+    from solo.server.scheduler import Scheduler
+
+    loaded = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager", dtype="float32")
+    rt = CudaGraphRuntime(loaded.model, step="torch", use_graphs=False, block_size=4)
+    scheduler = Scheduler(rt, max_batch=1, max_queue=4, max_seq=128)
+    scheduler.block_target_s = 60.0
+    prompts = ["def f(x):", "import os"]
+    params = SamplingParams(max_tokens=9, ignore_eos=True, temperature=0.0)
+    reference = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager", dtype="float32")
+    expected = [reference.complete(p, params).token_ids for p in prompts]
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        gens = [scheduler.submit([loaded.make_request(p, params)], loop) for p in prompts]
+
+        async def drain(g):
+            return [t async for _, e in g.events() for t in e.token_ids]
+
+        return await asyncio.gather(*(drain(g) for g in gens))
+
+    scheduler.start()
+    try:
+        assert asyncio.run(run()) == expected
+    finally:
+        scheduler.stop()
+    assert scheduler.blocks == 2 + 2 and scheduler.steps == 0  # 8 tokens after each prefill, in blocks of 4
