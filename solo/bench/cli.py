@@ -423,7 +423,7 @@ def main(args: argparse.Namespace) -> int:
     print("measuring read bandwidth ...", file=sys.stderr)
     probe_bytes = int(args.probe_gib * 2**30)
     probes = [probe_bandwidth(device, probe_bytes)]
-    solo.run(prompt[:16], 8)  # warm-up: page in the weights, build kernels, allocate the cache
+    solo.warm_up(prompt[:16])  # page in the weights, build kernels (and block graphs), allocate the cache
     rss_now, _ = rss_bytes()
     memory: dict[str, Any] = {"process_rss_bytes_after_warmup": rss_now}
     if device.type == "cuda":

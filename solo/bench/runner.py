@@ -99,11 +99,14 @@ class SoloRunner:
         _sync(rt.device)
         start = time.perf_counter()
         if blocks:
-            made = [t for block in rt.iter_blocks(0, token, position, SamplingSpec(), frozenset(), tokens)
-                    for t in block]
+            made = []
+            for n, k in block_plan(tokens, self._block_size()):
+                made += [t for block in rt.iter_blocks(0, token, position + len(made), SamplingSpec(), frozenset(),
+                                                       n, k=k) for t in block]
+                token = made[-1]
             if len(made) != tokens:
                 raise RuntimeError(f"block decoding made {len(made)} tokens, not {tokens}")
-            token, position = made[-1], position + tokens
+            position += tokens
         for _ in range(0 if blocks else tokens):
             logits = rt.decode(row, torch.tensor([token]), torch.tensor([position]))
             token = int(logits[0].argmax())  # the engine's greedy choice syncs once per token too
@@ -112,6 +115,24 @@ class SoloRunner:
         elapsed = time.perf_counter() - start
         self._token, self._position = token, position
         return elapsed
+
+    def _block_size(self) -> int:
+        return max(1, int(getattr(self.runtime, "block_size", 16)))
+
+    @torch.inference_mode()
+    def warm_up(self, prompt_ids: list[int], gen_len: int = 8) -> None:
+        """Untimed work before timing: one generation (pages in the weights, builds kernels, allocates the cache).
+
+        On a block-decoding runtime also one block of every K `block_plan` can use, so no graph is
+        captured inside a timed run.
+        """
+        self.run(prompt_ids, gen_len)
+        if not runtime_capabilities(self.runtime).block_decoding:
+            return
+        ks = sorted({k for n in range(1, self._block_size() + 1) for _, k in block_plan(n, self._block_size())})
+        self.begin(prompt_ids, sum(ks) + 1)
+        for k in ks:
+            self.advance(k)
 
     @torch.inference_mode()
     def run_filled(self, context: int, gen_len: int, seed: int = 0) -> RunResult:
@@ -153,6 +174,25 @@ class SoloRunner:
 
     def close(self) -> None:
         """Nothing to release (the runtime belongs to the caller)."""
+
+
+def block_plan(tokens: int, block_size: int) -> list[tuple[int, int]]:
+    """How `SoloRunner.advance` decodes `tokens` on a block-decoding runtime: (tokens, K) per `iter_blocks`.
+
+    Whole blocks of `block_size`, then the rest in powers of two: a block always runs all of its K steps,
+    so a short remainder (a `--lockstep` turn, the end of a run) is not padded to a whole block, and the Ks
+    used stay few (each is one captured graph, warmed up before timing).
+
+    Example: block_plan(37, 16) == [(32, 16), (4, 4), (1, 1)].
+    """
+    full = tokens - tokens % block_size
+    plan = [(full, block_size)] if full else []
+    rest = tokens - full
+    while rest:
+        k = 1 << (rest.bit_length() - 1)
+        plan.append((k, k))
+        rest -= k
+    return plan
 
 
 @dataclass(frozen=True)

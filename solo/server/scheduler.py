@@ -422,6 +422,7 @@ class Scheduler:
         """Moving average of one token's wall time in a block, seconds (picks K under `block_target_s`)."""
         self.blocks = 0
         """Blocks decoded so far (for tests and debugging)."""
+        self._block_sizes_used: set[int] = set()  # a K's first block pays its graph capture: not timed
         self._free_rows = list(range(max_batch - 1, -1, -1))  # pop() hands out row 0 first
         self._waiting: deque[_Sequence] = deque()
         self._running: list[_Sequence] = []
@@ -688,12 +689,16 @@ class Scheduler:
         if seq is None:
             return False
         request = seq.request
-        left = request.max_new_tokens - len(request.output_ids)
         k = self.block_size
         if self.block_token_s is not None:
             while k > 1 and k * self.block_token_s > self.block_target_s:
                 k //= 2
-        k = max(1, min(k, left))
+        left = request.max_new_tokens - len(request.output_ids)
+        if left < k:  # the tail in powers of two: every K a block ever uses is one of a few captured graphs
+            k = 1 << (max(left, 1).bit_length() - 1)
+        first_use = k not in self._block_sizes_used
+        self._block_sizes_used.add(k)
+        self.blocks += 1
         start = time.perf_counter()
 
         def run_block() -> None:
@@ -714,12 +719,12 @@ class Scheduler:
 
         made = len(request.output_ids)
         self._guard([seq], run_block)
-        self.blocks += 1
         made = len(request.output_ids) - made
-        if made > 0 and not request.finished:  # a whole block: a measure of its tokens' time
+        # A whole block is a measure of its tokens' time, except a K's first (its graph capture, compiles).
+        if made > 0 and not request.finished and not first_use:
             per_token = (time.perf_counter() - start) / made
             self.block_token_s = per_token if self.block_token_s is None else 0.8 * self.block_token_s + 0.2 * per_token
-        self._flush()
+            self.step_s = per_token if self.step_s is None else 0.8 * self.step_s + 0.2 * per_token  # Retry-After
         return True
 
     def _mixed_iteration(self) -> bool:

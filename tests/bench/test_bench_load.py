@@ -148,7 +148,7 @@ def test_load_run_against_a_running_server(server, tmp_path, capsys):
     pools = {c.name: c.pool for c in parse_workload(__import__("tomllib").loads(TINY), "tiny.toml").classes}
     for name, idle in result["idle"].items():  # every pool prompt's idle TTFT, cold and (cached) warm
         assert len(idle["prompts"]) == pools[name]
-        assert all(p["cold_ttft_s"] and p["warm_ttft_s"] for p in idle["prompts"])
+        assert all(p["new_ttft_s"] and p["warm_ttft_s"] for p in idle["prompts"])
         assert phase["p99_ttft_over_idle_same_prompt"][name] > 0
     assert "| 6 req/s |" in md.read_text() and plot.stat().st_size > 0
     assert str(tmp_path) not in md.read_text()  # the command is quoted without local paths
@@ -356,19 +356,23 @@ def test_sigterm_stops_the_server_and_removes_the_shape_folder(tmp_path):
 
 def test_ttft_over_the_idle_ttft_of_the_same_prompt():
     # "within 3x of an idle server's TTFT for the same prompt": each request against its own prompt's idle
-    # TTFT in the same prefix-cache state (cold when nothing was reused, else warm; warm when unknown).
+    # TTFT in the same prefix-cache state (warm after a full hit or when unknown, else the prompt's first send).
     from solo.bench.load.report import summarize_phase
     from solo.bench.load.runner import Outcome, PhaseResult
 
     workload = parse_workload(__import__("tomllib").loads(TINY), "tiny.toml")
-    idle = {"chat": {"ttft_s": 0.1, "e2e_s": 1.0, "prompts": [{"cold_ttft_s": 0.1, "warm_ttft_s": 0.05},
-                                                              {"cold_ttft_s": 0.4, "warm_ttft_s": None}]}}
+    idle = {"chat": {"ttft_s": 0.1, "e2e_s": 1.0, "prompts": [{"new_ttft_s": 0.1, "warm_ttft_s": 0.05},
+                                                              {"new_ttft_s": 0.4, "warm_ttft_s": None}]}}
     outs = []
-    for prompt, cached, ttft in [(0, 0, 0.2), (0, 12, 0.2), (0, None, 0.1), (1, 30, 0.8), (1, 0, 0.4), (5, 0, 9.0)]:
-        o = Outcome(cls="chat", offered_at=0.0, prompt=prompt, cached_tokens=cached, status=200)
+    # (prompt, cached, prompt_tokens, ttft): a full hit reuses all but the last prompt token
+    for prompt, cached, n, ttft in [(0, 0, 40, 0.2), (0, 39, 40, 0.2), (0, None, None, 0.1), (1, 39, 40, 0.8),
+                                    (1, 28, 40, 0.4), (5, 0, 40, 9.0)]:
+        o = Outcome(cls="chat", offered_at=0.0, prompt=prompt, cached_tokens=cached, prompt_tokens=n, status=200)
         o.ttft_s, o.e2e_s = ttft, 1.0
         outs.append(o)
+    assert [o.prefix_hit for o in outs] == [False, True, None, True, False, False]
     phase = summarize_phase(PhaseResult(6.0, "6 req/s", 2.0, outs, 2.0), workload, idle)
-    # ratios 2 (cold), 4 (warm), 2 (unknown: warm), 2 (warm missing: cold), 1 (cold); prompt 5 is not in the pool
+    # ratios 2 (new), 4 (warm), 2 (unknown: warm), 2 (warm missing: new), 1 (a partial hit: new); prompt 5 is
+    # not in the pool
     assert phase["p99_ttft_over_idle_same_prompt"] == {"chat": round(2 + 0.96 * 2, 2)}
     assert phase["p99_ttft_over_idle"] == {"chat": round(percentile([o.ttft_s for o in outs], 0.99) / 0.1, 2)}

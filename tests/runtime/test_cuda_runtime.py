@@ -166,6 +166,21 @@ def test_bench_runner_decodes_in_blocks_like_the_engine(tiny):
     assert (runner._token, runner._position) == (expected[-1], len(PROMPT) + steps)
     runner.advance(1)  # continues after the block run, within the reserved row
     assert runner._position == len(PROMPT) + steps + 1
+    # A turn shorter than a block is not padded to one: its tokens in powers of two, each K warmed up first.
+    ks = []
+    iter_blocks = rt.iter_blocks
+
+    def recording(*args, k=None, **kwargs):
+        ks.append(k)
+        return iter_blocks(*args, k=k, **kwargs)
+
+    rt.iter_blocks = recording
+    runner.warm_up(PROMPT)
+    assert sorted(set(ks)) == [1, 2, 4]
+    ks.clear()
+    runner.begin(PROMPT, 8)
+    runner.advance(7)
+    assert ks == [4, 2, 1] and runner._position == len(PROMPT) + 7
 
 
 def test_server_decodes_a_lone_greedy_request_in_blocks(tiny):
@@ -211,7 +226,8 @@ def test_server_decodes_a_lone_greedy_request_in_blocks(tiny):
 
 
 def test_server_blocks_shrink_to_the_time_target(tiny):
-    # A block longer than the target holds an arriving request back: K halves (powers of two) until it fits.
+    # A block longer than the target holds an arriving request back: K halves (powers of two) until it fits,
+    # once a block of a K already captured was timed; the tail of a request runs in powers of two too.
     import asyncio
 
     from solo import Engine, SamplingParams
@@ -221,9 +237,17 @@ def test_server_blocks_shrink_to_the_time_target(tiny):
     rt = CudaGraphRuntime(loaded.model, step="torch", use_graphs=False, block_size=8)
     scheduler = Scheduler(rt, max_batch=1, max_queue=1, max_seq=128)
     scheduler.block_target_s = 1e-9
-    params = SamplingParams(max_tokens=12, ignore_eos=True, temperature=0.0)
+    params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0)
     expected = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager",
                            dtype="float32").complete("def f(x):", params).token_ids
+    ks = []
+    iter_blocks = rt.iter_blocks
+
+    def recording(*args, k=None, **kwargs):
+        ks.append(k)
+        return iter_blocks(*args, k=k, **kwargs)
+
+    rt.iter_blocks = recording
 
     async def run():
         gen = scheduler.submit([loaded.make_request("def f(x):", params)], asyncio.get_running_loop())
@@ -234,7 +258,19 @@ def test_server_blocks_shrink_to_the_time_target(tiny):
         assert asyncio.run(run()) == expected
     finally:
         scheduler.stop()
-    assert scheduler.blocks == 1 + 3  # one block of 8, then blocks of 1 for the other 3 of the 11 after prefill
+    # 29 tokens after the prefill: K=8 untimed (its first use), K=8 timed, then K=1 for the other 13
+    assert ks == [8, 8] + [1] * 13 and scheduler.blocks == 15
+
+    ks.clear()  # a tail shorter than K: powers of two (8 + 4 + 2 + 1 after a generous target)
+    scheduler = Scheduler(rt, max_batch=1, max_queue=1, max_seq=128)
+    scheduler.block_target_s = 60.0
+    params = SamplingParams(max_tokens=16, ignore_eos=True, temperature=0.0)
+    scheduler.start()
+    try:
+        asyncio.run(run())
+    finally:
+        scheduler.stop()
+    assert ks == [8, 4, 2, 1]
 
 
 def test_server_blocks_while_requests_wait_for_the_only_row(tiny):

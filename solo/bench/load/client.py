@@ -40,6 +40,7 @@ class Outcome:
         prompt: index of its prompt in the class's pool (None for requests outside a phase's plan).
         cached_tokens: prompt tokens the server reused from its prefix cache (`usage.prompt_tokens_details`;
             None where no usage came, e.g. a cancelled stream).
+        prompt_tokens: the prompt's length in tokens (`usage`; None where no usage came).
     """
 
     cls: str
@@ -59,6 +60,14 @@ class Outcome:
     send_lag_s: float | None = None
     prompt: int | None = None
     cached_tokens: int | None = None
+    prompt_tokens: int | None = None
+
+    @property
+    def prefix_hit(self) -> bool | None:
+        """The server reused the whole prompt but its last token (the prefix cache's full hit; None: unknown)."""
+        if self.cached_tokens is None or not self.prompt_tokens:
+            return None
+        return self.cached_tokens >= self.prompt_tokens - 1
 
     @property
     def completed(self) -> bool:
@@ -121,6 +130,7 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], o
                     outcome.finish_reason = choice["finish_reason"]
                     outcome.completion_tokens = data["usage"]["completion_tokens"]
                     outcome.cached_tokens = _cached_tokens(data["usage"])
+                    outcome.prompt_tokens = data["usage"].get("prompt_tokens")
                     outcome.e2e_s = now - outcome.offered_at
     except TimeoutError:
         outcome.error = "timeout"
@@ -171,6 +181,7 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: dic
             if event.get("usage"):
                 outcome.completion_tokens = event["usage"]["completion_tokens"]
                 outcome.cached_tokens = _cached_tokens(event["usage"])
+                outcome.prompt_tokens = event["usage"].get("prompt_tokens")
             for choice in event.get("choices", []):
                 text = (choice.get("delta") or {}).get("content") if endpoint == "chat" else choice.get("text")
                 if text:

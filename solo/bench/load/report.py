@@ -50,13 +50,14 @@ def rss_drift(samples: list[tuple[float, int]], warmup_s: float) -> dict[str, An
 
 
 def _over_own_idle(o: Outcome, idle_prompts: list[dict[str, float | None]] | None) -> float | None:
-    # A request's TTFT over the idle TTFT of its own prompt in the same prefix-cache state: warm when the
-    # server reused a prefix (or did not say: a cancelled stream gets no usage; warm is the smaller, stricter
-    # base), cold when it reused nothing.
+    # A request's TTFT over the idle TTFT of its own prompt in the same prefix-cache state: warm after a full
+    # hit (or when the server did not say: a cancelled stream gets no usage; warm is the smaller, stricter
+    # base), new when the server reused less than the whole prompt.
     if o.ttft_s is None or o.prompt is None or not idle_prompts or o.prompt >= len(idle_prompts):
         return None
     base = idle_prompts[o.prompt]
-    idle = base["cold_ttft_s"] if o.cached_tokens == 0 else (base["warm_ttft_s"] or base["cold_ttft_s"])
+    new = base.get("new_ttft_s", base.get("cold_ttft_s"))
+    idle = new if o.prefix_hit is False else (base["warm_ttft_s"] or new)
     return o.ttft_s / idle if idle else None
 
 
@@ -129,7 +130,8 @@ def _requests(outs: list[Outcome]) -> list[dict[str, Any]]:
 
     return [{"cls": o.cls, "at": ms(o.offered_at - t0), "status": o.status, "error": o.error,
              "cancelled": o.cancelled, "refusals": o.refusals, "lag": ms(o.send_lag_s), "ttft": ms(o.ttft_s),
-             "e2e": ms(o.e2e_s), "tokens": o.completion_tokens, "prompt": o.prompt, "cached": o.cached_tokens}
+             "e2e": ms(o.e2e_s), "tokens": o.completion_tokens, "prompt": o.prompt, "cached": o.cached_tokens,
+             "prompt_tokens": o.prompt_tokens}
             for o in outs]
 
 
@@ -167,7 +169,8 @@ def markdown(result: dict[str, Any]) -> str:
         "Client-side times from each request's scheduled arrival (ms). Goodput: completed within the SLO. "
         "p99 TTFT / idle: the phase's p99 over the class's idle TTFT (cold prompts); p99 of TTFT / own prompt's "
         "idle: each request's TTFT over the idle TTFT of the same prompt in the same prefix-cache state (warm "
-        "when the server reused a prefix or did not say), the p99 of those ratios.",
+        "after a full prefix-cache hit or when the server did not say, else the prompt's first send), the p99 "
+        "of those ratios.",
         "",
         "| phase | offered (req/s) | sent | done | cancelled | 503 final / retried | other errors | TTFT p50/p90/p99 | "
         "TPOT p50/p90/p99 | e2e p50/p90/p99 | goodput (req/s) | done/hour | p99 TTFT / idle | "

@@ -418,18 +418,19 @@ async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, tim
     """TTFT of requests alone on the idle server, per class and per prompt (streamed, greedy).
 
     Per class: the TTFT and e2e of `repeats` different prompts of the pool at the class's largest
-    max_tokens, the median (cold: the server has not seen them). Per prompt of the pool ("for the same
-    prompt"): `repeats` sends of it in a row at `IDLE_PROMPT_MAX_TOKENS`, split by the server's reported
-    `cached_tokens` into a cold TTFT (nothing reused; the class's cold median where none was cold) and a
-    warm one (a prefix-cache hit: the state a pool prompt is in once the server has seen it), medians.
+    max_tokens, the median (the server has not seen them). Per prompt of the pool ("for the same prompt"):
+    its TTFT the first time the server sees it ("new": only what it shares with other prompts, such as a
+    chat template, is reused) and, over `repeats` - 1 more sends at `IDLE_PROMPT_MAX_TOKENS`, the median
+    TTFT of a full prefix-cache hit ("warm": the state a pool prompt is in once the server has seen it).
 
     Returns:
-        {class: {"ttft_s", "e2e_s", "prompts": [{"cold_ttft_s", "warm_ttft_s"} per pool index]}}.
+        {class: {"ttft_s", "e2e_s", "prompts": [{"new_ttft_s", "warm_ttft_s"} per pool index]}}.
     """
     out: dict[str, dict[str, Any]] = {}
     async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s)) as client:
         for cls in workload.classes:
             ttfts, e2es = [], []
+            new: dict[int, float] = {}
             for i in range(repeats):
                 req = PlannedRequest(0.0, cls, i % cls.pool, max(cls.max_tokens), True, True, 0, None)
                 outcome = Outcome(cls=cls.name, offered_at=time.perf_counter())
@@ -437,18 +438,22 @@ async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, tim
                 if outcome.completed:
                     ttfts.append(outcome.ttft_s)
                     e2es.append(outcome.e2e_s)
+                    if outcome.ttft_s is not None and not outcome.prefix_hit:
+                        new.setdefault(req.prompt, outcome.ttft_s)
             out[cls.name] = {"ttft_s": _median(ttfts), "e2e_s": _median(e2es)}
             per_prompt = []
             for index in range(cls.pool):
-                cold, warm = [], []
-                for _ in range(repeats):
+                warm = []
+                for _ in range(repeats if index not in new else repeats - 1):
                     req = PlannedRequest(0.0, cls, index, IDLE_PROMPT_MAX_TOKENS, True, True, 0, None)
                     outcome = Outcome(cls=cls.name, offered_at=time.perf_counter())
                     await send(client, cls.endpoint, _body(prompts, req), outcome, None, timeout_s)
                     if outcome.completed and outcome.ttft_s is not None:
-                        (warm if outcome.cached_tokens else cold).append(outcome.ttft_s)
-                per_prompt.append({"cold_ttft_s": _median(cold) or out[cls.name]["ttft_s"],
-                                   "warm_ttft_s": _median(warm)})
+                        if outcome.prefix_hit:
+                            warm.append(outcome.ttft_s)
+                        else:
+                            new.setdefault(index, outcome.ttft_s)
+                per_prompt.append({"new_ttft_s": new.get(index, out[cls.name]["ttft_s"]), "warm_ttft_s": _median(warm)})
             out[cls.name]["prompts"] = per_prompt
     return out
 
