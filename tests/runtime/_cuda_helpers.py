@@ -80,3 +80,32 @@ def first_divergence(tokens: list[int], expected: list[int], expected_logits: li
     if len(tokens) != len(expected):
         return f"lengths differ: {len(tokens)} vs {len(expected)}"
     return None
+
+
+def scheduler_tokens(scheduler, requests) -> list[list[int]]:
+    """Submit each request to a started `solo.server.scheduler.Scheduler` at once; every one's token ids."""
+    import asyncio
+
+    async def run():
+        loop = asyncio.get_running_loop()
+        gens = [scheduler.submit([r], loop) for r in requests]
+
+        async def drain(g):
+            return [t async for _, e in g.events() for t in e.token_ids]
+
+        return await asyncio.gather(*(drain(g) for g in gens))
+
+    return asyncio.run(run())
+
+
+def record_block_sizes(rt) -> list[int]:
+    """Wrap `rt.iter_blocks` to record the K of every call; returns the (live) list."""
+    ks: list[int] = []
+    iter_blocks = rt.iter_blocks
+
+    def recording(*args, k=None, **kwargs):
+        ks.append(k)
+        return iter_blocks(*args, k=k, **kwargs)
+
+    rt.iter_blocks = recording
+    return ks

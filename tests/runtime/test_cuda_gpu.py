@@ -12,7 +12,15 @@ from _triton_env import ON_GPU, bf16_close  # first: sets TRITON_INTERPRET befor
 # isort: on
 import pytest
 import torch
-from _cuda_helpers import ARCHS, PROMPT, TinyCheckpoints, eager_greedy, first_divergence, runtime_greedy
+from _cuda_helpers import (
+    ARCHS,
+    PROMPT,
+    TinyCheckpoints,
+    eager_greedy,
+    first_divergence,
+    runtime_greedy,
+    scheduler_tokens,
+)
 
 from solo.runtime.cuda.runtime import CudaGraphRuntime
 from solo.runtime.cuda.state import SamplingSpec
@@ -135,7 +143,6 @@ def test_engine_runs_on_the_cuda_graph_runtime(tiny):
 def test_server_scheduler_on_captured_graphs(tiny):
     # The server's scheduler on the CUDA-graph runtime with graphs: a lone greedy request in blocks (one
     # host sync per block), two at once in per-token steps; the eager engine's tokens either way.
-    import asyncio
 
     from solo import Engine, SamplingParams
     from solo.server.scheduler import Scheduler
@@ -149,21 +156,12 @@ def test_server_scheduler_on_captured_graphs(tiny):
     scheduler = Scheduler(rt, max_batch=2, max_queue=4, max_seq=128)
     scheduler.block_target_s = 60.0
 
-    async def run(requests):
-        loop = asyncio.get_running_loop()
-        gens = [scheduler.submit([r], loop) for r in requests]
-
-        async def drain(g):
-            return [t async for _, e in g.events() for t in e.token_ids]
-
-        return await asyncio.gather(*(drain(g) for g in gens))
-
     scheduler.start()
     try:
         syncs = rt.host_syncs
-        assert asyncio.run(run([loaded.make_request(prompts[0], params)])) == [expected[0]]
+        assert scheduler_tokens(scheduler, [loaded.make_request(prompts[0], params)]) == [expected[0]]
         assert scheduler.blocks == 4 and rt.host_syncs - syncs == 1 + 4
-        assert asyncio.run(run([loaded.make_request(p, params) for p in prompts])) == expected
+        assert scheduler_tokens(scheduler, [loaded.make_request(p, params) for p in prompts]) == expected
     finally:
         scheduler.stop()
 

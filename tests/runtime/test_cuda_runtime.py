@@ -12,7 +12,15 @@ from _triton_env import DEVICE, ON_GPU, requires_triton  # first: sets TRITON_IN
 # isort: on
 import pytest
 import torch
-from _cuda_helpers import ARCHS, PROMPT, TinyCheckpoints, eager_greedy, runtime_greedy
+from _cuda_helpers import (
+    ARCHS,
+    PROMPT,
+    TinyCheckpoints,
+    eager_greedy,
+    record_block_sizes,
+    runtime_greedy,
+    scheduler_tokens,
+)
 
 from solo.errors import SoloError
 from solo.runtime import BACKENDS, create_runtime
@@ -167,14 +175,7 @@ def test_bench_runner_decodes_in_blocks_like_the_engine(tiny):
     runner.advance(1)  # continues after the block run, within the reserved row
     assert runner._position == len(PROMPT) + steps + 1
     # A turn shorter than a block is not padded to one: its tokens in powers of two, each K warmed up first.
-    ks = []
-    iter_blocks = rt.iter_blocks
-
-    def recording(*args, k=None, **kwargs):
-        ks.append(k)
-        return iter_blocks(*args, k=k, **kwargs)
-
-    rt.iter_blocks = recording
+    ks = record_block_sizes(rt)
     runner.warm_up(PROMPT)
     assert sorted(set(ks)) == [1, 2, 4]
     ks.clear()
@@ -187,7 +188,6 @@ def test_server_decodes_a_lone_greedy_request_in_blocks(tiny):
     # The server's scheduler on a block-decoding runtime: a lone greedy request takes K tokens per host sync
     # (as Engine.run), with the per-token loop's tokens; beside another request, or sampled, it steps per
     # token as before.
-    import asyncio
 
     from solo import Engine, SamplingParams
     from solo.server.scheduler import Scheduler
@@ -201,25 +201,16 @@ def test_server_decodes_a_lone_greedy_request_in_blocks(tiny):
     scheduler = Scheduler(rt, max_batch=2, max_queue=4, max_seq=128)
     scheduler.block_target_s = 60.0  # whole blocks of 4 even at the interpreter's speed
 
-    async def run(requests):
-        loop = asyncio.get_running_loop()
-        gens = [scheduler.submit([r], loop) for r in requests]
-
-        async def drain(g):
-            return [t async for _, e in g.events() for t in e.token_ids]
-
-        return await asyncio.gather(*(drain(g) for g in gens))
-
     scheduler.start()
     try:
         syncs = rt.host_syncs
-        assert asyncio.run(run([loaded.make_request(prompts[0], params)])) == [expected[0]]
+        assert scheduler_tokens(scheduler, [loaded.make_request(prompts[0], params)]) == [expected[0]]
         assert scheduler.blocks == 3 and rt.host_syncs - syncs == 1 + 3  # prefill, then 12 tokens in blocks of 4
         assert scheduler.steps == 0
         blocks = scheduler.blocks
-        assert asyncio.run(run([loaded.make_request(p, params) for p in prompts])) == expected
+        assert scheduler_tokens(scheduler, [loaded.make_request(p, params) for p in prompts]) == expected
         sampled = SamplingParams(max_tokens=6, ignore_eos=True, temperature=0.8, seed=1)
-        assert len(asyncio.run(run([loaded.make_request(prompts[1], sampled)]))[0]) == 6
+        assert len(scheduler_tokens(scheduler, [loaded.make_request(prompts[1], sampled)])[0]) == 6
         assert scheduler.blocks - blocks <= 3  # only while one greedy request ran alone
     finally:
         scheduler.stop()
@@ -240,14 +231,7 @@ def test_server_blocks_shrink_to_the_time_target(tiny):
     params = SamplingParams(max_tokens=30, ignore_eos=True, temperature=0.0)
     expected = Engine.load(tiny.folder("llama"), device=str(DEVICE), backend="eager",
                            dtype="float32").complete("def f(x):", params).token_ids
-    ks = []
-    iter_blocks = rt.iter_blocks
-
-    def recording(*args, k=None, **kwargs):
-        ks.append(k)
-        return iter_blocks(*args, k=k, **kwargs)
-
-    rt.iter_blocks = recording
+    ks = record_block_sizes(rt)
 
     async def run():
         gen = scheduler.submit([loaded.make_request("def f(x):", params)], asyncio.get_running_loop())
