@@ -167,19 +167,12 @@ class HFPeer:
         return RunResult(ttft_s=tokens[0] - start, decode_s=tokens[-1] - tokens[0], decode_tokens=len(tokens) - 1)
 
     def _timed_generate(self, prompt_ids: list[int], gen_len: int) -> float:
-        ids = torch.tensor([prompt_ids], device=self.device)
-        self.generation_config.max_new_tokens = gen_len
-        self.generation_config.min_new_tokens = gen_len
         torch.cuda.synchronize(self.device)
         start = time.perf_counter()
-        try:
-            out = self.model.generate(ids, attention_mask=torch.ones_like(ids),
-                                      generation_config=self.generation_config)
-        except Exception as exc:  # noqa: BLE001 - e.g. an inductor failure on first use
-            raise PeerSkipped(f"{self.name} failed: {str(exc).splitlines()[0][:300]}") from None
+        made = len(self.generate(prompt_ids, gen_len))
         torch.cuda.synchronize(self.device)
-        if out.shape[1] != ids.shape[1] + gen_len:
-            raise PeerSkipped(f"{self.name} made {out.shape[1] - ids.shape[1]} tokens, not {gen_len}")
+        if made != gen_len:
+            raise PeerSkipped(f"{self.name} made {made} tokens, not {gen_len}")
         return time.perf_counter() - start
 
     @torch.inference_mode()
