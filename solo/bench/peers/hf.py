@@ -186,7 +186,7 @@ class HFPeer:
                                       generation_config=self.generation_config)
         except Exception as exc:  # noqa: BLE001 - e.g. an inductor failure on first use
             raise PeerSkipped(f"{self.name} failed: {str(exc).splitlines()[0][:300]}") from None
-        return [int(t) for t in out[0, len(prompt_ids):]]
+        return out[0, len(prompt_ids):].tolist()  # one device-to-host copy
 
     def close(self) -> None:
         """Drop the model (Solo's shared tensors stay alive)."""
