@@ -24,7 +24,8 @@
 #   hf_lane       ~100 s  the same, Laneformer-2B-dense shape                             (limit 130 s)
 #   summary       ~2 s    scripts/device_summary.py -> OUT_DIR/results.json            (limit 30 s)
 #   extras        rest    only with budget left: kernel tests compiled on the GPU, the
-#                         torch.compile'd step, K=8/32 blocks, energy per token (solo bench over
+#                         torch.compile'd step, K=8/32 blocks, PDL released early vs late (the default),
+#                         energy per token (solo bench over
 #                         NVML with nvidia-ml-py; "not measurable here" without it)
 # Expected total above the budget: the budget cap keeps it under 8 minutes whatever happens, cutting
 # the last steps (hf_lane, extras) first. The separate hf_llama step is gone: mk_llama times
@@ -128,6 +129,9 @@ step pytest_kern 60 $PY -m pytest -q -p no:cacheprovider --timeout 60 \
     tests/runtime/test_cuda_runtime.py tests/runtime/test_cuda_block_loop.py
 step extra_llama 120 $BENCH --shape Llama-3.2-1B --engines compiled:block:16,triton:block:8,triton:block:32 \
     --json "$OUT/bench_llama_extra.json"
+# PDL release point: late (the default) against early, same shape (see common.pdl_mode).
+step pdl_early 40 env SOLO_PDL_RELEASE=early $BENCH --shape Llama-3.2-1B --engines triton-pdl:block:16 \
+    --json "$OUT/pdl_early_llama.json"  # not bench_*: same engine name as solo_llama
 step energy 60 $PY -m solo.cli bench --shape Llama-3.2-1B --device cuda --prompt-len 128 --gen-len 256 \
     --repeats 1 --probe-gib 1 --energy-s 10 --json "$OUT/bench_energy.json"
 final_summary

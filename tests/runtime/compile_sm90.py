@@ -173,11 +173,28 @@ def _cases():
     cases.append(("gated_mlp_f32_gelu_offset", swiglu.gated_mlp, (torch.empty(64), torch.empty(320, 64)),
                   dict(norm_weight=torch.empty(64), activation="gelu", unit_offset=True, bias=torch.empty(320),
                        config=swiglu.GatedMlpConfig(4, 512))))
+    # Double-buffered weight tiles (num_stages=2): two tiles per thread in flight, no spills.
+    cases.append(("gemv_2048x8192_db", gemv.gemv, (torch.empty(2048, 8192, dtype=bf16), torch.empty(8192, dtype=bf16)),
+                  dict(out=torch.empty(2048, dtype=bf16), residual=torch.empty(2048, dtype=bf16),
+                       config=gemv.GemvConfig(8, 1024, 1, 4, 2))))
+    cases.append(("rmsnorm_gemv_128256x2048_db", rmsnorm_gemv.rmsnorm_gemv,
+                  (torch.empty(2048, dtype=bf16), torch.empty(2048, dtype=bf16), torch.empty(128256, 2048, dtype=bf16),
+                   1e-5), dict(out=torch.empty(128256), config=rmsnorm_gemv.RmsNormGemvConfig(8, 1024, 4, 2))))
+    cases.append(("qkv_rope_32x8x64_db", qkv_rope.qkv_rope,
+                  (torch.empty(2048, dtype=bf16), torch.empty(2048, dtype=bf16), torch.empty(3072, 2048, dtype=bf16),
+                   1e-5, torch.empty(512, 32), torch.empty(512, 32), torch.zeros(8, dtype=torch.int64),
+                   torch.empty(2048, dtype=bf16), torch.empty(2, 8, 512, 64, dtype=bf16),
+                   torch.empty(2, 8, 512, 64, dtype=bf16)),
+                  dict(num_heads=32, num_kv_heads=8, head_dim=64, config=qkv_rope.QkvRopeConfig(4, 1024, 4, 2))))
+    cases.append(("gated_mlp_8192x2048_db", swiglu.gated_mlp,
+                  (torch.empty(2048, dtype=bf16), torch.empty(16384, 2048, dtype=bf16)),
+                  dict(norm_weight=torch.empty(2048, dtype=bf16), config=swiglu.GatedMlpConfig(4, 1024, 4, 2))))
     # Programmatic dependent launch variants (grid dependency control instructions).
     pdl_cases = []
     for name, fn, fargs, fkwargs in cases:
         if name in ("gemv_3072x12288_s4", "rmsnorm_gemv_32000x3072", "qkv_rope_32x16x96",
-                    "attention_32x8x64_8192_256", "gated_mlp_8192x2048_silu", "sample_step_mode1"):
+                    "attention_32x8x64_8192_256", "gated_mlp_8192x2048_silu", "sample_step_mode1",
+                    "gemv_2048x8192_db", "qkv_rope_32x8x64_db"):
             pdl_cases.append((name + "_pdl", fn, fargs, {**fkwargs, "pdl": True}))
     return cases + pdl_cases
 

@@ -288,3 +288,34 @@ def test_server_blocks_while_requests_wait_for_the_only_row(tiny):
     finally:
         scheduler.stop()
     assert scheduler.blocks == 2 + 2 and scheduler.steps == 0  # 8 tokens after each prefill, in blocks of 4
+
+
+def test_triton_step_tunes_over_every_layer_and_decodes_with_what_it_chose(tiny, tmp_path, monkeypatch):
+    from solo.runtime.triton import gemv, qkv_rope, rmsnorm_gemv, swiglu, tuning
+
+    monkeypatch.setenv("SOLO_TUNING_CACHE", str(tmp_path / "tuning.json"))
+    monkeypatch.setattr(tuning, "_MEMORY", {})
+    # Double-buffered candidates only, each timed faster than the last, so the step decodes with them.
+    monkeypatch.setattr(gemv, "CANDIDATES", (gemv.GemvConfig(4, 32, 1, 1, 2), gemv.GemvConfig(8, 32, 2, 1, 2)))
+    monkeypatch.setattr(qkv_rope, "CANDIDATES", (qkv_rope.QkvRopeConfig(4, 32, 1, 2),))
+    monkeypatch.setattr(swiglu, "CANDIDATES", (swiglu.GatedMlpConfig(4, 32, 1, 2),))
+    monkeypatch.setattr(rmsnorm_gemv, "CANDIDATES", (rmsnorm_gemv.RmsNormGemvConfig(8, 32, 1, 2),))
+    timed: list[int] = []
+
+    def fake_time_graph(launches):
+        for fn in launches:
+            fn()
+        timed.append(len(launches))
+        return 1.0 / len(timed)
+
+    monkeypatch.setattr(tuning, "time_graph", fake_time_graph)
+    model = tiny.model("llama", DEVICE)
+    layers = model.config.num_layers
+    expected, _ = eager_greedy(tiny.model("llama", DEVICE), PROMPT, 4)
+    rt = CudaGraphRuntime(model, step="triton", use_graphs=False, tune=True)
+    assert runtime_greedy(rt, PROMPT, 4, "token")[0] == expected
+    # qkv (2 configs), o and down (3 each), gate/up (2): one launch per layer; the LM head (2): one.
+    assert sorted(timed) == sorted([layers] * 10 + [1] * 2)
+    assert rt.tuned["o"] == rt.tuned["down"] == gemv.CANDIDATES[-1]
+    assert rt.tuned["qkv"] == qkv_rope.CANDIDATES[0] and rt.tuned["gate_up"] == swiglu.CANDIDATES[0]
+    assert rt.tuned["head"] == rmsnorm_gemv.CANDIDATES[0]

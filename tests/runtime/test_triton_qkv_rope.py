@@ -72,6 +72,12 @@ def test_qkv_rope_matches_eager(dtype, head_dim, heads, kv_heads, block_p):
     check(q, q_ref)
     check(kc[row, :, pos], k_ref)
     check(vc[row, :, pos], v_ref)
+    # Double-buffered weight loads: the same sums in the same order, so the same bits.
+    q2, kc2, vc2 = torch.full_like(q, float("nan")), torch.zeros_like(kc), torch.zeros_like(vc)
+    qkv_rope(x, model.layers[0].attn_norm.weight, w, cfg.rms_norm_eps, freqs.cos(), freqs.sin(), state, q2, kc2, vc2,
+             num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim, bias=b,
+             config=QkvRopeConfig(block_p, 16, num_stages=2))
+    assert torch.equal(q2, q) and torch.equal(kc2, kc) and torch.equal(vc2, vc)
     kc[row, :, pos] = 0
     vc[row, :, pos] = 0
     assert not kc.any() and not vc.any()  # nothing else in the cache was touched

@@ -36,6 +36,9 @@ def test_gated_mlp_matches_eager(activation, dtype, unit_offset, bias):
               config=GatedMlpConfig(8, 16))
     h = norm(x.view(1, 1, -1))
     expected = (mlp.act(mlp.gate_proj(h)) * mlp.up_proj(h)).view(-1)
+    double_buffered = gated_mlp(x, w, norm_weight=norm.weight, eps=1e-5, bias=b, activation=activation,
+                                unit_offset=unit_offset, config=GatedMlpConfig(8, 16, num_stages=2))
+    assert torch.equal(double_buffered, out)  # the same sums in the same order
     if dtype == torch.float32:
         torch.testing.assert_close(out, expected, rtol=1e-5, atol=1e-5)
     else:

@@ -50,3 +50,30 @@ def test_tuner_picks_the_fastest_correct_config_and_caches_it(tmp_path, monkeypa
     monkeypatch.setattr(tuning, "_MEMORY", {})  # a new process: read back from disk, nothing re-timed
     monkeypatch.setattr(triton.testing, "do_bench", lambda *a, **k: pytest.fail("re-tuned a cached key"))
     assert tuning.tune(key, candidates, launch, reference) == FakeConfig(2.0)
+
+
+def test_tuner_times_the_steps_launches_in_a_graph_and_falls_back_to_single_launches(tmp_path, monkeypatch):
+    import triton.testing
+
+    from solo.runtime.triton import tuning
+
+    monkeypatch.setenv("SOLO_TUNING_CACHE", str(tmp_path / "cache.json"))
+    monkeypatch.setattr(tuning, "_MEMORY", {})
+    graph_ms = {FakeConfig(5.0): 4.0, FakeConfig(3.0): 1.0}  # graph timing disagrees with single launches
+
+    def fake_time_graph(launches):
+        config = launches[0]()
+        if config not in graph_ms:
+            raise RuntimeError("capture refused")
+        return graph_ms[config] / 1e3
+
+    monkeypatch.setattr(tuning, "time_graph", fake_time_graph)
+    monkeypatch.setattr(triton.testing, "do_bench", lambda fn, **_: 2.0)
+    candidates = [FakeConfig(3.0), FakeConfig(1.0)]
+    key = tuning.make_key("fake", n=8)
+    chosen = tuning.tune(key, candidates, lambda c: torch.ones(4), FakeConfig(5.0),
+                         graph_launches=lambda c: [lambda: c] * 3)
+    assert chosen == FakeConfig(3.0)  # 1 ms in the graph beats the 1.0 config's 2 ms single-launch fallback
+    saved = json.loads((tmp_path / "cache.json").read_text())[key]
+    assert saved["timing"] == "graph" and len(saved["ms"]) == 3
+    assert key.endswith(f"|v{tuning.KEY_VERSION}")  # choices made before this timing method are not reused

@@ -125,13 +125,16 @@ class TritonStep:
     def tune(self) -> dict[str, object]:
         """Pick each call site's launch configuration on the device (cached per shape and GPU).
 
-        Runs the candidates on the real weights of layer 0 and scratch inputs, before graph capture.
+        Checks each candidate's output on layer 0's weights and scratch inputs, then times it as the step
+        runs it: one launch per layer's weights back to back in a CUDA graph, in the step's launch mode
+        (PDL or not; `tuning.tune`). Runs before graph capture.
 
         Returns:
             The chosen configuration per call site.
         """
         cfg, layer0, device, dtype = self.config, self.fused[0], self.model.device, self.model.dtype
-        hidden = cfg.hidden_size
+        hidden, pdl = cfg.hidden_size, self.pdl
+        layers = self.fused
 
         def randn(n: int) -> torch.Tensor:
             return torch.randn(n, device=device).to(dtype)
@@ -148,58 +151,72 @@ class TritonStep:
             scratch_state[STATE_ROW] = self.cache.rows - 1  # the runtime's scratch row
             k_cache, v_cache = self.cache.k[0], self.cache.v[0]
 
-            def launch_qkv(c: qkv_rope.QkvRopeConfig) -> torch.Tensor:
-                qkv_rope.qkv_rope(x, norm_w, layer0.w_qkv, eps, self.cos, self.sin, scratch_state, self.q,
+            def launch_qkv(c: qkv_rope.QkvRopeConfig, layer: FusedLayer = layer0, pdl: bool = False) -> torch.Tensor:
+                qkv_rope.qkv_rope(x, norm_w, layer.w_qkv, eps, self.cos, self.sin, scratch_state, self.q,
                                   k_cache, v_cache, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                  head_dim=cfg.head_dim, bias=layer0.b_qkv, unit_offset=unit,
-                                  per_step_table=self.dynamic_rope, config=c)
+                                  head_dim=cfg.head_dim, bias=layer.b_qkv, unit_offset=unit,
+                                  per_step_table=self.dynamic_rope, config=c, pdl=pdl)
                 return self.q
 
             self.configs["qkv"] = tuning.tune(
                 tuning.make_key("qkv_rope", hidden=hidden, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
-                                head_dim=cfg.head_dim, dtype=dt),
-                qkv_rope.CANDIDATES, launch_qkv, self.configs["qkv"])
+                                head_dim=cfg.head_dim, dtype=dt, pdl=pdl),
+                qkv_rope.CANDIDATES, launch_qkv, self.configs["qkv"],
+                graph_launches=lambda c: [lambda f=f: launch_qkv(c, f, pdl) for f in layers])
         else:
             qkv_out = torch.empty_like(self.qkv)
-            self.configs["qkv_proj"] = tuning.tune(
-                tuning.make_key("rmsnorm_gemv", n=qkv_out.numel(), k=hidden, dtype=dt),
-                rmsnorm_gemv.CANDIDATES,
-                lambda c: rmsnorm_gemv.rmsnorm_gemv(x, norm_w, layer0.w_qkv, eps, qkv_out, bias=layer0.b_qkv,
-                                                    unit_offset=unit, config=c),
-                self.configs["qkv_proj"])
 
-        sites = [("o", layer0.w_o, q_in, not cfg.sandwich_norm)]
+            def launch_qkv_proj(c: rmsnorm_gemv.RmsNormGemvConfig, layer: FusedLayer = layer0,
+                                pdl: bool = False) -> torch.Tensor:
+                return rmsnorm_gemv.rmsnorm_gemv(x, norm_w, layer.w_qkv, eps, qkv_out, bias=layer.b_qkv,
+                                                 unit_offset=unit, config=c, pdl=pdl)
+
+            self.configs["qkv_proj"] = tuning.tune(
+                tuning.make_key("rmsnorm_gemv", n=qkv_out.numel(), k=hidden, dtype=dt, pdl=pdl),
+                rmsnorm_gemv.CANDIDATES, launch_qkv_proj, self.configs["qkv_proj"],
+                graph_launches=lambda c: [lambda f=f: launch_qkv_proj(c, f, pdl) for f in layers])
+
+        sites = [("o", [f.w_o for f in layers], q_in, not cfg.sandwich_norm)]
         if layer0.w_down is not None:  # an MoE layer 0 has no dense MLP to tune on
-            sites.append(("down", layer0.w_down, act_in, not cfg.sandwich_norm))
-        for site, w, inp, residual in sites:
+            sites.append(("down", [f.w_down for f in layers if f.w_down is not None], act_in, not cfg.sandwich_norm))
+        for site, ws, inp, residual in sites:
             # Workspaces made up front, so no allocation or memset is timed.
-            workspaces = {c: SplitKWorkspace(w.shape[0], c, device)
+            workspaces = {c: SplitKWorkspace(ws[0].shape[0], c, device)
                           for c in (self.configs[site], *gemv.CANDIDATES) if c.split_k > 1}
 
-            def launch_gemv(c: gemv.GemvConfig, w=w, inp=inp, residual=residual, workspaces=workspaces):
+            def launch_gemv(c: gemv.GemvConfig, w: torch.Tensor = ws[0], pdl: bool = False, inp=inp,
+                            residual=residual, workspaces=workspaces) -> torch.Tensor:
                 return gemv.gemv(w, inp, out_h, residual=res if residual else None, config=c,
-                                 workspace=workspaces.get(c))
+                                 workspace=workspaces.get(c), pdl=pdl)
 
             self.configs[site] = tuning.tune(
-                tuning.make_key("gemv", n=w.shape[0], k=w.shape[1], residual=residual, dtype=dt),
-                gemv.CANDIDATES, launch_gemv, self.configs[site])
+                tuning.make_key("gemv", n=ws[0].shape[0], k=ws[0].shape[1], residual=residual, dtype=dt, pdl=pdl),
+                gemv.CANDIDATES, launch_gemv, self.configs[site],
+                graph_launches=lambda c, ws=ws, launch=launch_gemv: [lambda w=w: launch(c, w, pdl) for w in ws])
 
         act_out = torch.empty_like(self.act)
         if layer0.w_gate_up is not None:
+            mlp_layers = [f for f in layers if f.w_gate_up is not None]
+
+            def launch_gate_up(c: swiglu.GatedMlpConfig, layer: FusedLayer = layer0, pdl: bool = False) -> torch.Tensor:
+                return swiglu.gated_mlp(x, layer.w_gate_up, act_out, norm_weight=norm_w, eps=eps, bias=layer.b_gate_up,
+                                        activation=cfg.hidden_act, unit_offset=unit, config=c, pdl=pdl)
+
             self.configs["gate_up"] = tuning.tune(
-                tuning.make_key("gated_mlp", f=cfg.intermediate_size, hidden=hidden, act=cfg.hidden_act, dtype=dt),
-                swiglu.CANDIDATES,
-                lambda c: swiglu.gated_mlp(x, layer0.w_gate_up, act_out, norm_weight=norm_w, eps=eps,
-                                           bias=layer0.b_gate_up, activation=cfg.hidden_act, unit_offset=unit,
-                                           config=c),
-                self.configs["gate_up"])
+                tuning.make_key("gated_mlp", f=cfg.intermediate_size, hidden=hidden, act=cfg.hidden_act, dtype=dt,
+                                pdl=pdl),
+                swiglu.CANDIDATES, launch_gate_up, self.configs["gate_up"],
+                graph_launches=lambda c: [lambda f=f: launch_gate_up(c, f, pdl) for f in mlp_layers])
         logits = torch.empty_like(self.logits)
+
+        def launch_head(c: rmsnorm_gemv.RmsNormGemvConfig, pdl: bool = False) -> torch.Tensor:
+            return rmsnorm_gemv.rmsnorm_gemv(x, self.model.norm.weight, self.head_w, eps, logits, unit_offset=unit,
+                                             config=c, pdl=pdl)
+
         self.configs["head"] = tuning.tune(
-            tuning.make_key("rmsnorm_gemv", n=cfg.vocab_size, k=hidden, dtype=dt),
-            rmsnorm_gemv.CANDIDATES,
-            lambda c: rmsnorm_gemv.rmsnorm_gemv(x, self.model.norm.weight, self.head_w, eps, logits,
-                                                unit_offset=unit, config=c),
-            self.configs["head"])
+            tuning.make_key("rmsnorm_gemv", n=cfg.vocab_size, k=hidden, dtype=dt, pdl=pdl),
+            rmsnorm_gemv.CANDIDATES, launch_head, self.configs["head"],
+            graph_launches=lambda c: [lambda: launch_head(c, pdl)])
         self._make_workspaces()
         return dict(self.configs)
 

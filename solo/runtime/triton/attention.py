@@ -33,6 +33,7 @@ from solo.runtime.triton.common import (
     interpreting,
     launch_options,
     next_power_of_2,
+    pdl_mode,
     pdl_release,
     pdl_wait,
     round_to,
@@ -259,13 +260,13 @@ def decode_attention(
         NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PART=plan.partition,
         BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_D=block_d,
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, SINGLE_PART=single,
-        TENSOR_CORES=tensor_cores, USE_PDL=pdl, **launch_options(num_warps, 1, pdl),
+        TENSOR_CORES=tensor_cores, USE_PDL=pdl_mode(pdl), **launch_options(num_warps, 1, pdl),
     )
     if not single:
         combine_partitions_kernel[(num_heads,)](
             plan.part_out, plan.part_lse, state, out,
             NUM_HEADS=num_heads, HEAD_DIM=head_dim, PART=plan.partition,
-            BLOCK_C=min(32, next_power_of_2(plan.num_parts)), BLOCK_D=block_d, USE_PDL=pdl,
+            BLOCK_C=min(32, next_power_of_2(plan.num_parts)), BLOCK_D=block_d, USE_PDL=pdl_mode(pdl),
             **launch_options(num_warps, 1, pdl),
         )
     return out

@@ -8,11 +8,12 @@ for the model shapes and writes one JSON report:
 Method (warm up first, time with CUDA events, report medians, keep the working set out of the L2):
 - HBM ceiling: a 2 GiB device-to-device copy (bytes read + written) and a read-only reduction.
 - Each kernel is tuned first (`tuning.tune`, which also fills the tuning cache the runtime uses), then
-  timed two ways: `do_bench` (median, L2 flushed between runs, one launch each: includes launch
-  latency), and "graph": a CUDA graph of back-to-back launches rotating over enough weight copies that
-  they never fit the 60 MB L2, replayed and timed with events. The graph number is what a decode step
-  sees (kernels back to back in one graph); GB/s counts the weights and vectors each launch must read
-  and write once.
+  timed: `do_bench` (median, L2 flushed between runs, one launch each: includes launch latency), and
+  "graph": a CUDA graph of back-to-back launches rotating over enough weight copies that they never fit
+  the 60 MB L2, replayed and timed with events; on Hopper also "graph_pdl", the same with programmatic
+  dependent launch (each kernel's first weight tiles load while the previous kernel finishes). The graph
+  numbers are what a decode step sees (kernels back to back in one graph); GB/s counts the weights and
+  vectors each launch must read and write once.
 - cuBLAS (`torch.nn.functional.linear` at batch 1) is timed the same way for reference.
 """
 
@@ -27,6 +28,8 @@ from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from solo.runtime.triton.tuning import time_graph
 
 _GIB = 1 << 30
 _L2_BYTES = 60 * (1 << 20)
@@ -79,30 +82,6 @@ def copies_for(nbytes: int, minimum: int = 2, maximum: int = 48) -> int:
     return max(minimum, min(maximum, math.ceil(3 * _L2_BYTES / max(1, nbytes))))
 
 
-def time_graph(launches: list[Callable[[], Any]], rounds: int = 4, replays: int = 5) -> float:
-    """Median seconds per launch of `launches` captured back to back (`rounds` times) in one CUDA graph."""
-    for fn in launches:
-        fn()  # compile and warm up outside the capture
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for _ in range(rounds):
-            for fn in launches:
-                fn()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / 1e3 / (rounds * len(launches)))
-    times.sort()
-    return times[len(times) // 2]
-
-
 def do_bench_s(fn: Callable[[], Any]) -> float:
     """`triton.testing.do_bench` median, in seconds."""
     from triton.testing import do_bench
@@ -111,9 +90,9 @@ def do_bench_s(fn: Callable[[], Any]) -> float:
 
 
 def _entry(name: str, nbytes: int, graph_s: float | None, bench_s: float | None, hbm_gbps: float,
-           **extra: Any) -> dict[str, Any]:  # noqa: ANN401
+           graph_pdl_s: float | None = None, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
     entry: dict[str, Any] = {"kernel": name, "bytes": nbytes, **extra}
-    for label, seconds in (("graph", graph_s), ("do_bench", bench_s)):
+    for label, seconds in (("graph", graph_s), ("graph_pdl", graph_pdl_s), ("do_bench", bench_s)):
         if seconds:
             entry[f"{label}_us"] = seconds * 1e6
             entry[f"{label}_gbps"] = nbytes / seconds / 1e9
@@ -123,6 +102,39 @@ def _entry(name: str, nbytes: int, graph_s: float | None, bench_s: float | None,
 
 def _randn(*shape: int, dtype: torch.dtype = torch.bfloat16) -> torch.Tensor:
     return torch.randn(*shape, device="cuda").to(dtype)
+
+
+def _bench_weight_kernel(name: str, nbytes: int, run: Callable[[torch.Tensor, Any, bool], Any],
+                         ws: list[torch.Tensor], kernel: str, shape: dict[str, Any], candidates: tuple,
+                         default: Any, hbm_gbps: float, **extra: Any) -> dict[str, Any]:  # noqa: ANN401
+    """Tune a weight-streaming kernel as the decode step does, then time it three ways.
+
+    Args:
+        name: report name.
+        nbytes: bytes one launch must move.
+        run: run(weight, config, pdl) launches the kernel once.
+        ws: weight copies rotated through (`copies_for`).
+        kernel, shape: the tuning key's kernel name and shape fields (`tuning.make_key`, plus `pdl`).
+        candidates, default: `tuning.tune`'s candidates and reference.
+        hbm_gbps: GB/s denominator of the fractions.
+        extra: more report fields.
+
+    Returns:
+        The report entry: graph (back to back, no PDL), graph_pdl (back to back with programmatic dependent
+        launch, Hopper only: weight tiles load before each kernel's wait) and do_bench timings.
+    """
+    from solo.runtime.triton import tuning
+    from solo.runtime.triton.common import pdl_supported
+
+    pdl = pdl_supported()
+    config = tuning.tune(tuning.make_key(kernel, **shape, pdl=pdl), candidates, lambda c: run(ws[0], c, False),
+                         default, graph_launches=lambda c: [lambda w=w: run(w, c, pdl) for w in ws])
+
+    def graph_s(use_pdl: bool) -> float:
+        return time_graph([lambda w=w: run(w, config, use_pdl) for w in ws])
+
+    return _entry(name, nbytes, graph_s(False), do_bench_s(lambda: run(ws[0], config, False)), hbm_gbps,
+                  graph_pdl_s=graph_s(True) if pdl else None, config=repr(config), **extra)
 
 
 def bench_gemv(n: int, k: int, hbm_gbps: float, residual: bool = True, label: str = "") -> list[dict[str, Any]]:
@@ -137,25 +149,22 @@ def bench_gemv(n: int, k: int, hbm_gbps: float, residual: bool = True, label: st
     Returns:
         Report entries (bytes moved, microseconds and GB/s per timing method, the chosen configuration).
     """
-    from solo.runtime.triton import gemv, tuning
+    from solo.runtime.triton import gemv
 
     copies = copies_for(n * k * 2)
     ws = [_randn(n, k) for _ in range(copies)]
     x, res, out = _randn(k), _randn(n), torch.empty(n, dtype=torch.bfloat16, device="cuda")
     default = gemv.default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
     workspaces = {c: gemv.SplitKWorkspace(n, c, "cuda") for c in (default, *gemv.CANDIDATES) if c.split_k > 1}
-    config = tuning.tune(
-        tuning.make_key("gemv", n=n, k=k, residual=residual, dtype="bfloat16"), gemv.CANDIDATES,
-        lambda c: gemv.gemv(ws[0], x, out, residual=res if residual else None, config=c, workspace=workspaces.get(c)),
-        default)
-    ws_tuned = workspaces.get(config)
+
+    def run(w: torch.Tensor, c: gemv.GemvConfig, pdl: bool) -> torch.Tensor:
+        return gemv.gemv(w, x, out, residual=res if residual else None, config=c, workspace=workspaces.get(c),
+                         pdl=pdl)
+
     nbytes = n * k * 2 + k * 2 + n * 2 * (2 if residual else 1)
-
-    def launch(w: torch.Tensor) -> Callable[[], Any]:
-        return lambda: gemv.gemv(w, x, out, residual=res if residual else None, config=config, workspace=ws_tuned)
-
-    results = [_entry(f"gemv{label}", nbytes, time_graph([launch(w) for w in ws]), do_bench_s(launch(ws[0])),
-                      hbm_gbps, n=n, k=k, config=repr(config))]
+    results = [_bench_weight_kernel(f"gemv{label}", nbytes, run, ws, "gemv",
+                                    dict(n=n, k=k, residual=residual, dtype="bfloat16"), gemv.CANDIDATES, default,
+                                    hbm_gbps, n=n, k=k)]
     xs = x.view(1, k)
     results.append(_entry(f"cublas_linear{label}", n * k * 2 + k * 2 + n * 2,
                           time_graph([lambda w=w: torch.nn.functional.linear(xs, w) for w in ws]),
@@ -165,27 +174,26 @@ def bench_gemv(n: int, k: int, hbm_gbps: float, residual: bool = True, label: st
 
 def bench_rmsnorm_gemv(n: int, k: int, hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
     """RMSNorm + GEMV (the LM head) on [n, k] bf16 weights, tuned, with float32 output (args as `bench_gemv`)."""
-    from solo.runtime.triton import rmsnorm_gemv, tuning
+    from solo.runtime.triton import rmsnorm_gemv
 
     copies = copies_for(n * k * 2)
     ws = [_randn(n, k) for _ in range(copies)]
     x, norm = _randn(k), _randn(k)
     out = torch.empty(n, dtype=torch.float32, device="cuda")
     default = rmsnorm_gemv.default_config(n, k, torch.cuda.get_device_properties(0).multi_processor_count)
-    config = tuning.tune(tuning.make_key("rmsnorm_gemv", n=n, k=k, dtype="bfloat16"), rmsnorm_gemv.CANDIDATES,
-                         lambda c: rmsnorm_gemv.rmsnorm_gemv(x, norm, ws[0], 1e-5, out, config=c), default)
 
-    def launch(w: torch.Tensor) -> Callable[[], Any]:
-        return lambda: rmsnorm_gemv.rmsnorm_gemv(x, norm, w, 1e-5, out, config=config)
+    def run(w: torch.Tensor, c: rmsnorm_gemv.RmsNormGemvConfig, pdl: bool) -> torch.Tensor:
+        return rmsnorm_gemv.rmsnorm_gemv(x, norm, w, 1e-5, out, config=c, pdl=pdl)
 
     nbytes = n * k * 2 + 2 * k * 2 + n * 4
-    return [_entry(f"rmsnorm_gemv{label}", nbytes, time_graph([launch(w) for w in ws]), do_bench_s(launch(ws[0])),
-                   hbm_gbps, n=n, k=k, config=repr(config))]
+    return [_bench_weight_kernel(f"rmsnorm_gemv{label}", nbytes, run, ws, "rmsnorm_gemv",
+                                 dict(n=n, k=k, dtype="bfloat16"), rmsnorm_gemv.CANDIDATES, default, hbm_gbps,
+                                 n=n, k=k)]
 
 
 def bench_qkv_rope(shape: dict[str, int], hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
     """RMSNorm + QKV + RoPE + cache write for a `SHAPES` entry, bf16, tuned (other args as `bench_gemv`)."""
-    from solo.runtime.triton import qkv_rope, tuning
+    from solo.runtime.triton import qkv_rope
 
     h, hq, hkv, hd = shape["hidden"], shape["heads"], shape["kv_heads"], shape["head_dim"]
     rows = (hq + 2 * hkv) * hd
@@ -199,21 +207,20 @@ def bench_qkv_rope(shape: dict[str, int], hbm_gbps: float, label: str = "") -> l
     kc = torch.zeros(1, hkv, 1024, hd, dtype=torch.bfloat16, device="cuda")
     vc = torch.zeros_like(kc)
 
-    def run(w: torch.Tensor, c: Any) -> torch.Tensor:  # noqa: ANN401
+    def run(w: torch.Tensor, c: qkv_rope.QkvRopeConfig, pdl: bool) -> torch.Tensor:
         qkv_rope.qkv_rope(x, norm, w, 1e-5, cos, sin, state, q, kc, vc, num_heads=hq, num_kv_heads=hkv,
-                          head_dim=hd, config=c)
+                          head_dim=hd, config=c, pdl=pdl)
         return q
 
-    config = tuning.tune(tuning.make_key("qkv_rope", hidden=h, heads=hq, kv_heads=hkv, head_dim=hd, dtype="bfloat16"),
-                         qkv_rope.CANDIDATES, lambda c: run(ws[0], c), qkv_rope.QkvRopeConfig())
     nbytes = rows * h * 2 + 2 * h * 2 + rows * 2
-    return [_entry(f"qkv_rope{label}", nbytes, time_graph([lambda w=w: run(w, config) for w in ws]),
-                   do_bench_s(lambda: run(ws[0], config)), hbm_gbps, n=rows, k=h, config=repr(config))]
+    return [_bench_weight_kernel(f"qkv_rope{label}", nbytes, run, ws, "qkv_rope",
+                                 dict(hidden=h, heads=hq, kv_heads=hkv, head_dim=hd, dtype="bfloat16"),
+                                 qkv_rope.CANDIDATES, qkv_rope.QkvRopeConfig(), hbm_gbps, n=rows, k=h)]
 
 
 def bench_gated_mlp(shape: dict[str, int], hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
     """RMSNorm + gate/up + SiLU for a `SHAPES` entry, bf16, tuned (other args as `bench_gemv`)."""
-    from solo.runtime.triton import swiglu, tuning
+    from solo.runtime.triton import swiglu
 
     h, f = shape["hidden"], shape["ffn"]
     copies = copies_for(2 * f * h * 2)
@@ -221,14 +228,13 @@ def bench_gated_mlp(shape: dict[str, int], hbm_gbps: float, label: str = "") -> 
     x, norm = _randn(h), _randn(h)
     out = torch.empty(f, dtype=torch.bfloat16, device="cuda")
 
-    def run(w: torch.Tensor, c: Any) -> torch.Tensor:  # noqa: ANN401
-        return swiglu.gated_mlp(x, w, out, norm_weight=norm, eps=1e-5, config=c)
+    def run(w: torch.Tensor, c: swiglu.GatedMlpConfig, pdl: bool) -> torch.Tensor:
+        return swiglu.gated_mlp(x, w, out, norm_weight=norm, eps=1e-5, config=c, pdl=pdl)
 
-    config = tuning.tune(tuning.make_key("gated_mlp", f=f, hidden=h, act="silu", dtype="bfloat16"),
-                         swiglu.CANDIDATES, lambda c: run(ws[0], c), swiglu.GatedMlpConfig())
     nbytes = 2 * f * h * 2 + 2 * h * 2 + f * 2
-    return [_entry(f"gated_mlp{label}", nbytes, time_graph([lambda w=w: run(w, config) for w in ws]),
-                   do_bench_s(lambda: run(ws[0], config)), hbm_gbps, n=2 * f, k=h, config=repr(config))]
+    return [_bench_weight_kernel(f"gated_mlp{label}", nbytes, run, ws, "gated_mlp",
+                                 dict(f=f, hidden=h, act="silu", dtype="bfloat16"), swiglu.CANDIDATES,
+                                 swiglu.GatedMlpConfig(), hbm_gbps, n=2 * f, k=h)]
 
 
 def bench_attention(shape: dict[str, int], context: int, hbm_gbps: float, label: str = "") -> list[dict[str, Any]]:
@@ -305,15 +311,16 @@ def _print_table(report: dict[str, Any]) -> None:
     hbm = report["hbm"]
     print(f"HBM: copy {hbm.get('copy_gbps_median', 0):.0f} GB/s (read+write), read {hbm.get('read_gbps_median', 0):.0f}"
           " GB/s (median)")
-    print(f"{'kernel':<44} {'MB':>8} {'graph us':>9} {'GB/s':>7} {'%HBM':>5} {'bench us':>9} {'GB/s':>7}  config")
+    print(f"{'kernel':<44} {'MB':>8} {'graph us':>9} {'GB/s':>7} {'%HBM':>5} {'PDL us':>7} {'%HBM':>5} "
+          f"{'bench us':>9} {'GB/s':>7}  config")
     for e in report["kernels"]:
         if "error" in e:
             print(f"{e['kernel']:<44} ERROR {e['error'][:150]}")
             continue
-        frac = e.get("graph_hbm_fraction")
+        frac, pdl_frac = e.get("graph_hbm_fraction"), e.get("graph_pdl_hbm_fraction")
         print(f"{e['kernel']:<44} {e['bytes'] / 1e6:>8.2f} {e.get('graph_us', 0):>9.1f} {e.get('graph_gbps', 0):>7.0f} "
-              f"{(frac or 0) * 100:>4.0f}% {e.get('do_bench_us', 0):>9.1f} {e.get('do_bench_gbps', 0):>7.0f}  "
-              f"{e.get('config', '')}")
+              f"{(frac or 0) * 100:>4.0f}% {e.get('graph_pdl_us', 0):>7.1f} {(pdl_frac or 0) * 100:>4.0f}% "
+              f"{e.get('do_bench_us', 0):>9.1f} {e.get('do_bench_gbps', 0):>7.0f}  {e.get('config', '')}")
 
 
 def main(argv: list[str] | None = None) -> int:

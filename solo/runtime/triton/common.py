@@ -84,67 +84,151 @@ def load_input(x_ptr, norm_ptr, cols, mask, rstd, HAS_NORM: tl.constexpr, UNIT_O
 
 
 @triton.jit
-def dot_rows(w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, k_lo, K_SPAN: tl.constexpr, k_end,
-             HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+def weight_tile(w_ptr, row_off, row_mask, cols, col_mask):
+    """W[rows, cols] in the weights' dtype, zero where a row or column is masked.
+
+    `row_off` is rows * stride_w as int64 [BLOCK_N, 1].
+    """
+    return tl.load(w_ptr + row_off + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
+
+
+@triton.jit
+def first_tile(w_ptr, rows, row_mask, stride_w, k_lo, k_end, BLOCK_K: tl.constexpr):
+    """The first [BLOCK_N, BLOCK_K] weight tile of `dot_rows_from` (columns k_lo ...).
+
+    Weights are never written during decode, so a kernel may load this before `pdl_wait`: the load then
+    overlaps the previous kernel's tail instead of starting after it.
+    """
+    cols = k_lo + tl.arange(0, BLOCK_K)
+    return weight_tile(w_ptr, rows.to(tl.int64)[:, None] * stride_w, row_mask, cols, cols < k_end)
+
+
+@triton.jit
+def dot_rows_from(w_first, w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, k_lo, K_SPAN: tl.constexpr,
+                  k_end, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
+                  BLOCK_K: tl.constexpr, DOUBLE_BUFFER: tl.constexpr):
     """sum_k W[rows, k] * x[k] for k in [k_lo, min(k_lo + K_SPAN, k_end)): float32 [BLOCK_N].
 
-    K_SPAN is a compile-time constant so the loop has a static trip count (and runs under the
-    interpreter); `k_end` masks the tail.
+    `w_first` is the span's first tile (`first_tile`). K_SPAN is a compile-time constant so the loop has
+    a static trip count (and runs under the interpreter); `k_end` masks the tail.
 
     The product is kept as a [BLOCK_N, BLOCK_K] float32 tile and reduced once at the end, so the loop
     body is loads and fused multiply-adds only; rows are contiguous along k, so the loads coalesce.
+    Each step loads the next tile (masked off past the span): with DOUBLE_BUFFER before this tile's
+    multiply-adds, so two tiles per thread are in flight (Triton does not pipeline loads that feed no
+    dot); without, after them (one tile in flight, fewer registers).
     """
     acc = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
     row_off = rows.to(tl.int64)[:, None] * stride_w
+    w = w_first
     for kk in range(0, K_SPAN, BLOCK_K):
         cols = k_lo + kk + tl.arange(0, BLOCK_K)
-        col_mask = cols < k_end
-        x = load_input(x_ptr, norm_ptr, cols, col_mask, rstd, HAS_NORM, UNIT_OFFSET)
-        w = tl.load(w_ptr + row_off + cols[None, :], mask=row_mask[:, None] & col_mask[None, :], other=0.0)
-        acc += w.to(tl.float32) * x[None, :]
+        x = load_input(x_ptr, norm_ptr, cols, cols < k_end, rstd, HAS_NORM, UNIT_OFFSET)
+        next_mask = (cols + BLOCK_K < k_end) & (kk + BLOCK_K < K_SPAN)
+        if DOUBLE_BUFFER:
+            w_next = weight_tile(w_ptr, row_off, row_mask, cols + BLOCK_K, next_mask)
+            acc += w.to(tl.float32) * x[None, :]
+            w = w_next
+        else:
+            acc += w.to(tl.float32) * x[None, :]
+            w = weight_tile(w_ptr, row_off, row_mask, cols + BLOCK_K, next_mask)
     return tl.sum(acc, axis=1)
+
+
+@triton.jit
+def dot_rows(w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, k_lo, K_SPAN: tl.constexpr, k_end,
+             HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr):
+    """`dot_rows_from` loading its own first tile, one tile in flight."""
+    w_first = first_tile(w_ptr, rows, row_mask, stride_w, k_lo, k_end, BLOCK_K)
+    return dot_rows_from(w_first, w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, k_lo, K_SPAN, k_end,
+                         HAS_NORM, UNIT_OFFSET, BLOCK_N, BLOCK_K, False)
+
+
+@triton.jit
+def dot_row_pairs_from(w_first_a, w_first_b, w_ptr, rows_a, rows_b, row_mask, stride_w, x_ptr, norm_ptr, rstd,
+                       K: tl.constexpr, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
+                       BLOCK_K: tl.constexpr, DOUBLE_BUFFER: tl.constexpr):
+    """Two row sets against the whole input x[0:K]: (W[rows_a] @ x, W[rows_b] @ x), float32 [BLOCK_N] each.
+
+    Used where an output needs two rows at once: the two halves of a RoPE rotation pair, or the gate and
+    up rows of a gated MLP. The input chunk is loaded (and normalized) once for both. `w_first_a/b` are
+    the first tiles (`first_tile` at k_lo = 0); DOUBLE_BUFFER as in `dot_rows_from`.
+    """
+    acc_a = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    acc_b = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
+    off_a = rows_a.to(tl.int64)[:, None] * stride_w
+    off_b = rows_b.to(tl.int64)[:, None] * stride_w
+    w_a = w_first_a
+    w_b = w_first_b
+    for k0 in range(0, K, BLOCK_K):
+        cols = k0 + tl.arange(0, BLOCK_K)
+        x = load_input(x_ptr, norm_ptr, cols, cols < K, rstd, HAS_NORM, UNIT_OFFSET)
+        next_mask = cols + BLOCK_K < K
+        if DOUBLE_BUFFER:
+            next_a = weight_tile(w_ptr, off_a, row_mask, cols + BLOCK_K, next_mask)
+            next_b = weight_tile(w_ptr, off_b, row_mask, cols + BLOCK_K, next_mask)
+            acc_a += w_a.to(tl.float32) * x[None, :]
+            acc_b += w_b.to(tl.float32) * x[None, :]
+            w_a = next_a
+            w_b = next_b
+        else:
+            acc_a += w_a.to(tl.float32) * x[None, :]
+            acc_b += w_b.to(tl.float32) * x[None, :]
+            w_a = weight_tile(w_ptr, off_a, row_mask, cols + BLOCK_K, next_mask)
+            w_b = weight_tile(w_ptr, off_b, row_mask, cols + BLOCK_K, next_mask)
+    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
 
 
 @triton.jit
 def dot_row_pairs(w_ptr, rows_a, rows_b, row_mask, stride_w, x_ptr, norm_ptr, rstd, K: tl.constexpr,
                   HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr, BLOCK_N: tl.constexpr,
                   BLOCK_K: tl.constexpr):
-    """Two row sets against the whole input x[0:K]: (W[rows_a] @ x, W[rows_b] @ x), float32 [BLOCK_N] each.
+    """`dot_row_pairs_from` loading its own first tiles, one tile per row set in flight."""
+    w_a = first_tile(w_ptr, rows_a, row_mask, stride_w, 0, K, BLOCK_K)
+    w_b = first_tile(w_ptr, rows_b, row_mask, stride_w, 0, K, BLOCK_K)
+    return dot_row_pairs_from(w_a, w_b, w_ptr, rows_a, rows_b, row_mask, stride_w, x_ptr, norm_ptr, rstd, K,
+                              HAS_NORM, UNIT_OFFSET, BLOCK_N, BLOCK_K, False)
 
-    Used where an output needs two rows at once: the two halves of a RoPE rotation pair, or the gate and
-    up rows of a gated MLP. The input chunk is loaded (and normalized) once for both.
+
+PDL_OFF, PDL_RELEASE_LATE, PDL_RELEASE_EARLY = 0, 1, 2
+"""The values of a kernel's USE_PDL constant (`pdl_mode`)."""
+
+
+def pdl_mode(pdl: bool) -> int:
+    """The USE_PDL constant of a launch: PDL_OFF, or how a PDL kernel releases its dependent.
+
+    PDL_RELEASE_LATE (the default): release after the weight loop, so the next kernel's CTAs start (and
+    load their first weight tiles, `first_tile`, before their wait) while this kernel finishes its
+    epilogue. PDL_RELEASE_EARLY (SOLO_PDL_RELEASE=early, for measurement): each CTA releases the next
+    kernel right after its own wait, so the next kernel's CTAs become resident as soon as all of this
+    kernel's have started. Either way every read of an activation waits for the previous kernel to have
+    completed (`pdl_wait`), so results are identical. On an H200 (Llama-3.2-1B shape, block decode) late
+    release measured 1218 tok/s against early's 1203 (benchmarks/results/nvidia-h200/README.md).
     """
-    acc_a = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    acc_b = tl.zeros([BLOCK_N, BLOCK_K], tl.float32)
-    off_a = rows_a.to(tl.int64)[:, None] * stride_w
-    off_b = rows_b.to(tl.int64)[:, None] * stride_w
-    for k0 in range(0, K, BLOCK_K):
-        cols = k0 + tl.arange(0, BLOCK_K)
-        col_mask = cols < K
-        x = load_input(x_ptr, norm_ptr, cols, col_mask, rstd, HAS_NORM, UNIT_OFFSET)
-        mask = row_mask[:, None] & col_mask[None, :]
-        w_a = tl.load(w_ptr + off_a + cols[None, :], mask=mask, other=0.0)
-        w_b = tl.load(w_ptr + off_b + cols[None, :], mask=mask, other=0.0)
-        acc_a += w_a.to(tl.float32) * x[None, :]
-        acc_b += w_b.to(tl.float32) * x[None, :]
-    return tl.sum(acc_a, axis=1), tl.sum(acc_b, axis=1)
+    if not pdl:
+        return PDL_OFF
+    return PDL_RELEASE_EARLY if os.environ.get("SOLO_PDL_RELEASE", "late") == "early" else PDL_RELEASE_LATE
 
 
 @triton.jit
 def pdl_wait(USE_PDL: tl.constexpr):
     """With programmatic dependent launch, block until the previous kernel in the stream has finished.
 
-    Called first thing by every decode kernel: a PDL launch lets this kernel's CTAs be scheduled while the
-    previous kernel drains (hiding the launch gap), and this wait keeps every read after its writes.
+    Called by every decode kernel before it reads anything the previous kernel may write (only weight
+    tiles, which decode never writes, may be loaded before it). A PDL launch lets this kernel's CTAs be
+    scheduled while the previous kernel drains (hiding the launch gap), and this wait keeps every read
+    after its writes. In PDL_RELEASE_EARLY mode the next kernel is released here (see `pdl_mode`).
     """
-    if USE_PDL:
+    if USE_PDL != 0:  # PDL_OFF
         gdc_wait()
+    if USE_PDL == 2:  # PDL_RELEASE_EARLY
+        gdc_launch_dependents()
 
 
 @triton.jit
 def pdl_release(USE_PDL: tl.constexpr):
-    """With programmatic dependent launch, let the next kernel in the stream start launching."""
-    if USE_PDL:
+    """In PDL_RELEASE_LATE mode, let the next kernel in the stream start launching (see `pdl_mode`)."""
+    if USE_PDL == 1:  # PDL_RELEASE_LATE
         gdc_launch_dependents()
 
 

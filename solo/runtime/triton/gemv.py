@@ -32,8 +32,10 @@ import triton.language as tl
 from solo.runtime.triton.common import (
     check_matrix,
     check_vectors,
-    dot_rows,
+    dot_rows_from,
+    first_tile,
     launch_options,
+    pdl_mode,
     pdl_release,
     pdl_wait,
     round_to,
@@ -48,7 +50,10 @@ class GemvConfig:
         block_n: output rows per CTA.
         block_k: K elements per tile step; 8 * 32 * num_warps for bf16 (see `CANDIDATES`).
         split_k: K slices, each its own CTA (1: no split).
-        num_warps, num_stages: Triton launch options.
+        num_warps: Triton launch option.
+        num_stages: 2 double-buffers the weight tiles in registers (the next tile loads before this one
+            is used, `common.dot_rows_from`); 1 keeps one tile in flight. Kernels launch with Triton's
+            num_stages=1 either way (its pipeliner does not apply to loads that feed no dot).
     """
 
     block_n: int = 4
@@ -67,6 +72,11 @@ CANDIDATES = (
     GemvConfig(8, 2048, 1, 8),
     GemvConfig(4, 1024, 2, 4),
     GemvConfig(8, 1024, 4, 4),
+    # Double-buffered (num_stages=2): two tiles per thread in flight.
+    GemvConfig(2, 1024, 1, 4, 2),
+    GemvConfig(4, 1024, 1, 4, 2),
+    GemvConfig(8, 1024, 1, 4, 2),
+    GemvConfig(4, 1024, 2, 4, 2),
 )
 """Configurations `solo.runtime.triton.tuning` times per shape on the device.
 
@@ -141,17 +151,19 @@ def gemv_kernel(
     w_ptr, x_ptr, out_ptr, bias_ptr, res_ptr, partial_ptr, counter_ptr,
     N, stride_w, K: tl.constexpr, K_PER_SPLIT: tl.constexpr,
     HAS_BIAS: tl.constexpr, HAS_RESIDUAL: tl.constexpr,
-    SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr,
+    SPLIT_K: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, DOUBLE_BUFFER: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """y[N] = W[N, K] @ x[K] (+ bias) (+ residual); grid (cdiv(N, BLOCK_N), SPLIT_K)."""
-    pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     # K_PER_SPLIT is a whole number of tiles, so only the last slice has a masked tail.
-    acc = dot_rows(w_ptr, rows, row_mask, stride_w, x_ptr, x_ptr, 1.0, pid_k * K_PER_SPLIT, K_PER_SPLIT, K,
-                   False, False, BLOCK_N, BLOCK_K)
+    w_first = first_tile(w_ptr, rows, row_mask, stride_w, pid_k * K_PER_SPLIT, K, BLOCK_K)
+    pdl_wait(USE_PDL)
+    acc = dot_rows_from(w_first, w_ptr, rows, row_mask, stride_w, x_ptr, x_ptr, 1.0, pid_k * K_PER_SPLIT,
+                        K_PER_SPLIT, K, False, False, BLOCK_N, BLOCK_K, DOUBLE_BUFFER)
     pdl_release(USE_PDL)
     if SPLIT_K == 1:
         gemv_epilogue(acc, rows, row_mask, w_ptr, out_ptr, bias_ptr, res_ptr, HAS_BIAS, HAS_RESIDUAL)
@@ -219,8 +231,9 @@ def gemv(
         weight, x, out, bias if bias is not None else out, residual if residual is not None else out,
         partials, counters, n, weight.stride(0), K=k, K_PER_SPLIT=k_per_split,
         HAS_BIAS=bias is not None, HAS_RESIDUAL=residual is not None,
-        SPLIT_K=config.split_k, BLOCK_N=config.block_n, BLOCK_K=config.block_k, USE_PDL=pdl,
-        **launch_options(config.num_warps, config.num_stages, pdl),
+        SPLIT_K=config.split_k, BLOCK_N=config.block_n, BLOCK_K=config.block_k,
+        DOUBLE_BUFFER=config.num_stages > 1, USE_PDL=pdl_mode(pdl),
+        **launch_options(config.num_warps, 1, pdl),
     )
     return out
 

@@ -32,8 +32,10 @@ from solo.runtime.triton.common import (
     STATE_ROW,
     check_matrix,
     check_vectors,
-    dot_row_pairs,
+    dot_row_pairs_from,
+    first_tile,
     launch_options,
+    pdl_mode,
     pdl_release,
     pdl_wait,
     rms_rstd,
@@ -48,7 +50,8 @@ class QkvRopeConfig:
     Attributes:
         block_p: rotation pairs per CTA (2 * block_p weight rows); reduced to divide H_kv * D/2.
         block_k: hidden elements per tile step.
-        num_warps, num_stages: Triton launch options.
+        num_warps: Triton launch option.
+        num_stages: 2 double-buffers the weight tiles (see `gemv.GemvConfig`).
     """
 
     block_p: int = 4
@@ -64,6 +67,8 @@ CANDIDATES = (
     QkvRopeConfig(4, 512, 2),
     QkvRopeConfig(8, 512, 2),
     QkvRopeConfig(4, 2048, 8),
+    QkvRopeConfig(2, 1024, 4, 2),  # num_stages=2: double-buffered weight tiles (see `gemv.GemvConfig`)
+    QkvRopeConfig(4, 1024, 4, 2),
 )
 """Configurations the tuner times per shape (BLOCK_K = 8 * 32 * num_warps: see `gemv.CANDIDATES`)."""
 
@@ -83,10 +88,10 @@ def qkv_rope_kernel(
     stride_w, eps, table_stride, stride_row, stride_head, stride_pos,
     HIDDEN: tl.constexpr, NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr,
     UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_P: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOUBLE_BUFFER: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """See the module docstring; grid ((NUM_HEADS + 2 NUM_KV_HEADS) * HEAD_DIM / 2 / BLOCK_P,)."""
-    pdl_wait(USE_PDL)
     HALF: tl.constexpr = HEAD_DIM // 2
     Q_PAIRS: tl.constexpr = NUM_HEADS * HALF
     KV_PAIRS: tl.constexpr = NUM_KV_HEADS * HALF
@@ -101,10 +106,13 @@ def qkv_rope_kernel(
     d = pair % HALF
     row_a = seg_row0 + head * HEAD_DIM + d
     row_b = row_a + HALF
+    w_a = first_tile(w_ptr, row_a, row_a >= 0, stride_w, 0, HIDDEN, BLOCK_K)
+    w_b = first_tile(w_ptr, row_b, row_a >= 0, stride_w, 0, HIDDEN, BLOCK_K)
+    pdl_wait(USE_PDL)
 
     rstd = rms_rstd(x_ptr, HIDDEN, eps, BLOCK_NORM)
-    a, b = dot_row_pairs(w_ptr, row_a, row_b, row_a >= 0, stride_w, x_ptr, norm_ptr, rstd, HIDDEN,
-                         True, UNIT_OFFSET, BLOCK_P, BLOCK_K)
+    a, b = dot_row_pairs_from(w_a, w_b, w_ptr, row_a, row_b, row_a >= 0, stride_w, x_ptr, norm_ptr, rstd, HIDDEN,
+                              True, UNIT_OFFSET, BLOCK_P, BLOCK_K, DOUBLE_BUFFER)
     pdl_release(USE_PDL)
     if HAS_BIAS:
         a += tl.load(bias_ptr + row_a).to(tl.float32)
@@ -208,7 +216,7 @@ def qkv_rope(
         HIDDEN=hidden, NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim,
         UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None,
         BLOCK_P=block_p, BLOCK_K=config.block_k, BLOCK_NORM=min(1024, triton.next_power_of_2(hidden)),
-        USE_PDL=pdl, **launch_options(config.num_warps, config.num_stages, pdl),
+        DOUBLE_BUFFER=config.num_stages > 1, USE_PDL=pdl_mode(pdl), **launch_options(config.num_warps, 1, pdl),
     )
 
 

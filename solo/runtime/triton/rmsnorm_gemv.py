@@ -24,8 +24,10 @@ import triton.language as tl
 from solo.runtime.triton.common import (
     check_matrix,
     check_vectors,
-    dot_rows,
+    dot_rows_from,
+    first_tile,
     launch_options,
+    pdl_mode,
     pdl_release,
     pdl_wait,
     rms_rstd,
@@ -50,6 +52,8 @@ CANDIDATES = (
     RmsNormGemvConfig(8, 512, 2),
     RmsNormGemvConfig(16, 512, 2),
     RmsNormGemvConfig(8, 2048, 8),
+    RmsNormGemvConfig(4, 1024, 4, 2),  # num_stages=2: double-buffered weight tiles (see `gemv.GemvConfig`)
+    RmsNormGemvConfig(8, 1024, 4, 2),
 )
 """Configurations the tuner times per shape (BLOCK_K = 8 * 32 * num_warps: see `gemv.CANDIDATES`)."""
 
@@ -68,16 +72,18 @@ def rmsnorm_gemv_kernel(
     x_ptr, norm_ptr, w_ptr, bias_ptr, out_ptr,
     N, stride_w, eps,
     K: tl.constexpr, UNIT_OFFSET: tl.constexpr, HAS_BIAS: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, USE_PDL: tl.constexpr,
+    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr, DOUBLE_BUFFER: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """y[N] = round(W[N, K] @ rmsnorm(x[K]) (+ bias)); grid (cdiv(N, BLOCK_N),)."""
-    pdl_wait(USE_PDL)
     pid = tl.program_id(0)
     rows = pid * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
+    w_first = first_tile(w_ptr, rows, row_mask, stride_w, 0, K, BLOCK_K)
+    pdl_wait(USE_PDL)
     rstd = rms_rstd(x_ptr, K, eps, BLOCK_NORM)
-    acc = dot_rows(w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, 0, K, K,
-                   True, UNIT_OFFSET, BLOCK_N, BLOCK_K)
+    acc = dot_rows_from(w_first, w_ptr, rows, row_mask, stride_w, x_ptr, norm_ptr, rstd, 0, K, K,
+                        True, UNIT_OFFSET, BLOCK_N, BLOCK_K, DOUBLE_BUFFER)
     pdl_release(USE_PDL)
     if HAS_BIAS:
         acc += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
@@ -128,7 +134,8 @@ def rmsnorm_gemv(
         x, norm_weight, weight, bias if bias is not None else out, out, n, weight.stride(0), float(eps),
         K=k, UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None,
         BLOCK_N=config.block_n, BLOCK_K=config.block_k, BLOCK_NORM=min(1024, triton.next_power_of_2(k)),
-        USE_PDL=pdl, **launch_options(config.num_warps, config.num_stages, pdl),
+        DOUBLE_BUFFER=config.num_stages > 1,
+        USE_PDL=pdl_mode(pdl), **launch_options(config.num_warps, 1, pdl),
     )
     return out
 

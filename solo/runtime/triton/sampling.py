@@ -30,6 +30,7 @@ from solo.runtime.cuda import state as st
 from solo.runtime.cuda.state import MODE_FILTERED, MODE_GREEDY, MODE_SAMPLE
 from solo.runtime.triton.common import (
     PARAM_TEMPERATURE,
+    PDL_OFF,
     STATE_COUNT,
     STATE_DONE,
     STATE_LIMIT,
@@ -38,6 +39,7 @@ from solo.runtime.triton.common import (
     STATE_TOKEN,
     launch_options,
     next_power_of_2,
+    pdl_mode,
     pdl_release,
     pdl_wait,
 )
@@ -191,12 +193,12 @@ def sample_step(
         raise ValueError(f"logits must be float32 [{plan.vocab_size}]")
     sample_partial_kernel[(plan.num_parts,)](
         logits, state, params, threshold, plan.part_val, plan.part_idx, plan.vocab_size,
-        MODE=mode, BLOCK_V=plan.block_v, USE_PDL=pdl,
+        MODE=mode, BLOCK_V=plan.block_v, USE_PDL=pdl_mode(pdl),
         **launch_options(8 if plan.block_v >= 2048 else 4, 1, pdl),
     )
     sample_finalize_kernel[(1,)](
         plan.part_val, plan.part_idx, state, stop_mask, out_tokens, slot, plan.num_parts,
-        UPDATE_STATE=True, BLOCK_P=next_power_of_2(plan.num_parts), USE_PDL=pdl, **launch_options(4, 1, pdl),
+        UPDATE_STATE=True, BLOCK_P=next_power_of_2(plan.num_parts), USE_PDL=pdl_mode(pdl), **launch_options(4, 1, pdl),
     )
 
 
@@ -215,11 +217,11 @@ def argmax(logits: torch.Tensor, plan: SamplerPlan | None = None, out: torch.Ten
     out = out if out is not None else torch.empty(1, dtype=torch.int64, device=logits.device)
     sample_partial_kernel[(plan.num_parts,)](
         logits, out, logits, logits, plan.part_val, plan.part_idx, plan.vocab_size,
-        MODE=MODE_GREEDY, BLOCK_V=plan.block_v, USE_PDL=False,
+        MODE=MODE_GREEDY, BLOCK_V=plan.block_v, USE_PDL=PDL_OFF,
     )
     sample_finalize_kernel[(1,)](
         plan.part_val, plan.part_idx, out, out, out, 0, plan.num_parts,
-        UPDATE_STATE=False, BLOCK_P=next_power_of_2(plan.num_parts), USE_PDL=False,
+        UPDATE_STATE=False, BLOCK_P=next_power_of_2(plan.num_parts), USE_PDL=PDL_OFF,
     )
     return out
 

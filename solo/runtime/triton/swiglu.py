@@ -24,8 +24,10 @@ import triton.language as tl
 from solo.runtime.triton.common import (
     check_matrix,
     check_vectors,
-    dot_row_pairs,
+    dot_row_pairs_from,
+    first_tile,
     launch_options,
+    pdl_mode,
     pdl_release,
     pdl_wait,
     rms_rstd,
@@ -54,6 +56,9 @@ CANDIDATES = (
     GatedMlpConfig(4, 512, 2),
     GatedMlpConfig(8, 512, 2),
     GatedMlpConfig(4, 2048, 8),
+    GatedMlpConfig(2, 1024, 4, 2),  # num_stages=2: double-buffered weight tiles (see `gemv.GemvConfig`)
+    GatedMlpConfig(4, 1024, 4, 2),
+    GatedMlpConfig(8, 512, 2, 2),
 )
 """Configurations the tuner times per shape (BLOCK_K = 8 * 32 * num_warps: see `gemv.CANDIDATES`)."""
 
@@ -64,19 +69,21 @@ def gated_mlp_kernel(
     F, stride_w, eps,
     HIDDEN: tl.constexpr, ACTIVATION: tl.constexpr, HAS_NORM: tl.constexpr, UNIT_OFFSET: tl.constexpr,
     HAS_BIAS: tl.constexpr, BLOCK_F: tl.constexpr, BLOCK_K: tl.constexpr, BLOCK_NORM: tl.constexpr,
-    USE_PDL: tl.constexpr,
+    DOUBLE_BUFFER: tl.constexpr, USE_PDL: tl.constexpr,
 ):
     """a[F] = act(W_gate @ norm(x)) * (W_up @ norm(x)); grid (cdiv(F, BLOCK_F),)."""
-    pdl_wait(USE_PDL)
     dtype = w_ptr.dtype.element_ty
     f = tl.program_id(0) * BLOCK_F + tl.arange(0, BLOCK_F)
     f_mask = f < F
+    w_gate = first_tile(w_ptr, f, f_mask, stride_w, 0, HIDDEN, BLOCK_K)
+    w_up = first_tile(w_ptr, f + F, f_mask, stride_w, 0, HIDDEN, BLOCK_K)
+    pdl_wait(USE_PDL)
     if HAS_NORM:
         rstd = rms_rstd(x_ptr, HIDDEN, eps, BLOCK_NORM)
     else:
         rstd = 1.0
-    g, u = dot_row_pairs(w_ptr, f, f + F, f_mask, stride_w, x_ptr, norm_ptr, rstd, HIDDEN,
-                         HAS_NORM, UNIT_OFFSET, BLOCK_F, BLOCK_K)
+    g, u = dot_row_pairs_from(w_gate, w_up, w_ptr, f, f + F, f_mask, stride_w, x_ptr, norm_ptr, rstd, HIDDEN,
+                              HAS_NORM, UNIT_OFFSET, BLOCK_F, BLOCK_K, DOUBLE_BUFFER)
     pdl_release(USE_PDL)
     if HAS_BIAS:
         g += tl.load(bias_ptr + f, mask=f_mask, other=0.0).to(tl.float32)
@@ -145,7 +152,7 @@ def gated_mlp(
         HIDDEN=hidden, ACTIVATION=ACTIVATIONS[activation], HAS_NORM=norm_weight is not None,
         UNIT_OFFSET=unit_offset, HAS_BIAS=bias is not None,
         BLOCK_F=config.block_f, BLOCK_K=config.block_k, BLOCK_NORM=min(1024, triton.next_power_of_2(hidden)),
-        USE_PDL=pdl, **launch_options(config.num_warps, config.num_stages, pdl),
+        DOUBLE_BUFFER=config.num_stages > 1, USE_PDL=pdl_mode(pdl), **launch_options(config.num_warps, 1, pdl),
     )
     return out
 

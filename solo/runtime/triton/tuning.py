@@ -3,9 +3,15 @@
 Each kernel module lists a few candidate configurations. For one call site (kernel, shape, dtype,
 GPU) the tuner launches every candidate on the real weights, drops any that fail to compile or whose
 output differs from the reference configuration's (a guard against a wrong configuration, e.g. a
-split-K race), times the rest with `triton.testing.do_bench` (median, L2 flushed between runs) and
-keeps the fastest. Results are cached by key in memory and in a JSON file, so a model is tuned once
-per GPU type.
+split-K race), times the rest and keeps the fastest. Results are cached by key in memory and in a JSON
+file, so a model is tuned once per GPU type.
+
+Timing is the way the decode step runs the kernel when the caller can say so (`graph_launches`): one
+launch per layer's weights, back to back in a CUDA graph (`time_graph`), with the step's launch mode
+(PDL or not). A decode kernel of a 1B model streams 8-30 MB in 4-15 us, less than one launch's latency,
+so timing a lone launch (`triton.testing.do_bench`, the fallback) measures mostly the launch and picks
+configurations at random among the small kernels; back to back, the next layer's weights are not in the
+L2 and the kernels overlap as they do in the step.
 """
 
 from __future__ import annotations
@@ -57,11 +63,43 @@ def _store_disk(key: str, entry: dict[str, Any]) -> None:
         log.warning("could not write the tuning cache %s: %s", path, exc)
 
 
+KEY_VERSION = 2
+"""Bumped when candidates or the timing method change, so cached choices are made again."""
+
+
 def make_key(kernel: str, **shape: Any) -> str:
-    """Cache key of one call site: kernel name, shape fields and the GPU's name."""
+    """Cache key of one call site: kernel name, shape fields, the GPU's name and `KEY_VERSION`."""
     device = torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu"
     fields = ",".join(f"{k}={v}" for k, v in sorted(shape.items()))
-    return f"{kernel}|{fields}|{device}"
+    return f"{kernel}|{fields}|{device}|v{KEY_VERSION}"
+
+
+def time_graph(launches: Sequence[Callable[[], Any]], rounds: int = 4, replays: int = 5) -> float:
+    """Median seconds per launch of `launches` captured back to back (`rounds` times) in one CUDA graph.
+
+    Each launch is run once first (compilation, warm-up) outside the capture; the graph is replayed once
+    untimed, then `replays` times, each timed with CUDA events.
+    """
+    for fn in launches:
+        fn()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for _ in range(rounds):
+            for fn in launches:
+                fn()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(replays):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) / 1e3 / (rounds * len(launches)))
+    times.sort()
+    return times[len(times) // 2]
 
 
 def lookup(key: str, config_type: type[C]) -> C | None:
@@ -93,6 +131,7 @@ def tune(
     rtol: float = 1e-2,
     warmup_ms: float = 5.0,
     rep_ms: float = 25.0,
+    graph_launches: Callable[[C], Sequence[Callable[[], Any]]] | None = None,
 ) -> C:
     """The fastest candidate whose output matches the reference configuration's.
 
@@ -103,6 +142,9 @@ def tune(
         reference: configuration whose output is trusted (the untuned default).
         rtol: allowed max |out - ref| relative to max |ref| (summation order differs between configs).
         warmup_ms, rep_ms: `do_bench` budgets per candidate, in milliseconds.
+        graph_launches: for a configuration, the launches a decode step makes (one per layer, in the
+            step's launch mode), timed back to back in a CUDA graph (`time_graph`); None, or a
+            candidate whose capture fails: `do_bench` of `launch`.
 
     Returns:
         The chosen configuration (the reference when nothing else works); cached under `key`.
@@ -126,12 +168,24 @@ def tune(
             if not error <= rtol * scale:
                 log.warning("tuning %s: %s disagrees with the reference (max error %.3g); skipped", key, config, error)
                 continue
-            ms = do_bench(lambda config=config: launch(config), warmup=warmup_ms, rep=rep_ms, return_mode="median")
+            ms = None
+            if graph_launches is not None:
+                try:
+                    ms = time_graph(graph_launches(config)) * 1e3
+                except Exception as exc:  # e.g. capture refused: fall back to timing single launches
+                    log.warning("tuning %s: graph timing of %s failed (%s); timing single launches", key, config,
+                                exc)
+                    if torch.cuda.is_available():
+                        torch.cuda.synchronize()
+            if ms is None:
+                ms = do_bench(lambda config=config: launch(config), warmup=warmup_ms, rep=rep_ms,
+                              return_mode="median")
             timings.append((ms, config))
         except Exception as exc:  # a configuration that fails to compile or launch is skipped
             log.warning("tuning %s: %s failed (%s: %s)", key, config, type(exc).__name__, exc)
     best = min(timings, key=lambda t: t[0])[1] if timings else reference
-    entry = {"config": asdict(best), "ms": {str(asdict(c)): ms for ms, c in timings}}  # type: ignore[call-overload]
+    entry = {"config": asdict(best), "ms": {str(asdict(c)): ms for ms, c in timings},  # type: ignore[call-overload]
+             "timing": "do_bench" if graph_launches is None else "graph"}
     with _LOCK:
         _MEMORY[key] = entry
     _store_disk(key, entry)
