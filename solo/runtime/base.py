@@ -16,7 +16,7 @@ whose sampling settings are a `SamplingSpec`). `runtime_capabilities` reads them
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -213,10 +213,19 @@ def decode_spans_by_calls(runtime: DecodeRuntime, rows: Sequence[int], token_lis
 
 
 def decode_spans(runtime: DecodeRuntime, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
-                 start_positions: Sequence[int]) -> list[torch.Tensor]:
-    """The runtime's `decode_spans` where it declares one, else `decode_spans_by_calls` (same contract)."""
+                 start_positions: Sequence[int], between: Callable[[], None] | None = None) -> list[torch.Tensor]:
+    """The runtime's `decode_spans` where it declares one, else `decode_spans_by_calls` (same contract).
+
+    Args:
+        rows, token_lists, start_positions: see `SpanDecodeRuntime.decode_spans`.
+        between: on a runtime with `pausable_steps` (`RuntimeCapabilities`), called between runs of the
+            step's layers (the native CPU runtime: `CpuRuntime.decode_spans`); elsewhere the step is one call
+            and `between` is not called.
+    """
     method = getattr(runtime, "decode_spans", None)
     if callable(method):
+        if between is not None and getattr(runtime, "pausable_steps", False):
+            return method(rows, token_lists, start_positions, between=between)
         return method(rows, token_lists, start_positions)
     return decode_spans_by_calls(runtime, rows, token_lists, start_positions)
 
@@ -313,6 +322,8 @@ class RuntimeCapabilities:
         kv_snapshots: `export_kv` / `import_kv` (the prefix cache's snapshot store can run).
         block_decoding: `iter_blocks` (tokens decoded in blocks on the device).
         batch_invariant: a row's logits in a batched `decode` are bit for bit its batch-1 logits.
+        pausable_steps: `decode_spans(..., between=f)` calls f between runs of the step's layers, where f may
+            run other rows' calls (a server serves a new request's first token inside a long batched step).
     """
 
     name: str
@@ -324,6 +335,7 @@ class RuntimeCapabilities:
     kv_snapshots: bool
     block_decoding: bool
     batch_invariant: bool
+    pausable_steps: bool = False
 
 
 def runtime_capabilities(runtime: object) -> RuntimeCapabilities:
@@ -339,6 +351,7 @@ def runtime_capabilities(runtime: object) -> RuntimeCapabilities:
         kv_snapshots=supports_kv_snapshots(runtime),
         block_decoding=callable(getattr(runtime, "iter_blocks", None)),
         batch_invariant=bool(getattr(runtime, "batch_invariant", False)),
+        pausable_steps=supports_decode_spans(runtime) and bool(getattr(runtime, "pausable_steps", False)),
     )
 
 

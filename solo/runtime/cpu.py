@@ -45,7 +45,7 @@ import os
 import platform
 import time
 import weakref
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 import torch
 import torch.nn.functional as F
@@ -66,6 +66,9 @@ _W_INT8_Q8, _W_INT4_Q8 = 5, 6  # the same weights, integer dot products with int
 _W_BF16_AMX = 7  # bf16 packed for the AMX level (solo.runtime.cpu_packing)
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 _SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
+PAUSES_PER_STEP = 6
+"""Runs of layers a step pausable between layers is cut into (`CpuRuntime.pause_points`), the LM head apart:
+each ends with one more thread-pool start (tens of microseconds) and is the longest a new request waits."""
 
 SPAN_PREFILL_TOKENS = 128
 """Default `CpuRuntime.span_prefill_tokens`: the longest tail after a cached prefix that `prefill` runs
@@ -402,6 +405,9 @@ class CpuRuntime:
     # other entries (decode.cpp's decode_step), so a row's span gives the logits it gives alone (tested bit for
     # bit in float32 and bfloat16: tests/runtime/test_decode_spans.py).
     spans_batch_invariant = True
+    # decode_spans(between=...) runs a step as runs of layers with calls for other rows in between (decode.cpp:
+    # solo_decode_span_layers), the same bits.
+    pausable_steps = True
 
     def __init__(self, model: Transformer, rows: int = 1, max_seq: int = 0, num_threads: int | None = None,
                  int_dot: bool | None = None, pack_amx: bool | None = None) -> None:
@@ -454,6 +460,10 @@ class CpuRuntime:
         self._layers = (_Layer * self.config.num_layers)()
         self._struct = _Model()
         self._workspace = torch.empty(0, dtype=torch.uint8)
+        # Calls made while a step is paused between layers (decode_spans' `between`) use their own workspace:
+        # the paused step's per-thread state waits in the first.
+        self._paused_workspace = torch.empty(0, dtype=torch.uint8)
+        self._paused = False
         self._cos = self._sin = torch.empty(0)
         self._build_struct()
         if max_seq:
@@ -875,14 +885,31 @@ class CpuRuntime:
         """
         return self._step(rows, token_ids, positions, 0)
 
-    def _step(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, flags: int) -> torch.Tensor:
+    def pause_points(self) -> list[tuple[int, int]]:
+        """The layer ranges a step pausable between layers runs as (`decode_spans`' `between`).
+
+        About `PAUSES_PER_STEP` equal runs of layers, then the LM head alone ([layers, layers]): the head is
+        the largest matrix of a small model, and with a batch its products take longer than a run of layers.
+        """
+        layers = self.config.num_layers
+        per = max(1, -(-layers // PAUSES_PER_STEP))
+        return [(l0, min(l0 + per, layers)) for l0 in range(0, layers, per)] + [(layers, layers)]
+
+    def _step(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, flags: int,
+              between: Callable[[], None] | None = None) -> torch.Tensor:
         """The native decode step over a batch of (row, token, position) entries with `_SPAN_*` flags.
+
+        With `between`, the step runs as the layer ranges of `pause_points`, calling `between()` after each
+        but the last: it may make other calls on this runtime (for other cache rows), which use their own
+        workspace. The logits are those of one call, bit for bit (decode.cpp: decode_step).
 
         Returns:
             float32 [batch, vocab] logits, or [1, vocab] (the last entry's) with `_SPAN_LAST_LOGITS`.
         """
         if flags & _SPAN_LAST_LOGITS and not flags & _SPAN_SHARED_ROWS:  # its barrier orders the cache writes
             raise ValueError("_SPAN_LAST_LOGITS needs _SPAN_SHARED_ROWS (decode.cpp)")
+        if between is not None and (flags & _SPAN_LAST_LOGITS or self._paused):
+            raise ValueError("a step pausable between layers returns every entry's logits and does not nest")
         rows = rows.to(device="cpu", dtype=torch.long).contiguous()
         ids = token_ids.to(device="cpu", dtype=torch.long).contiguous()
         positions = positions.to(device="cpu", dtype=torch.long).contiguous()
@@ -902,15 +929,36 @@ class CpuRuntime:
         # workspace must be sized for the threads the kernel actually runs, or they write past its end.
         nthreads = max(1, min(self.threads.threads_for(batch), self.num_threads))
         need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, nthreads)
-        if self._workspace.numel() < need:
-            self._workspace = torch.empty(need, dtype=torch.uint8)
+        if self._paused:
+            if self._paused_workspace.numel() < need:
+                self._paused_workspace = torch.empty(need, dtype=torch.uint8)
+            workspace = self._paused_workspace
+        else:
+            if self._workspace.numel() < need:
+                self._workspace = torch.empty(need, dtype=torch.uint8)
+            workspace = self._workspace
         logits = torch.empty(1 if flags & _SPAN_LAST_LOGITS else batch, self.config.vocab_size, dtype=torch.float32)
         args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
-                cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(),
+                cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), workspace.data_ptr(),
                 nthreads)
-        start = time.perf_counter()
-        late = self._lib.solo_decode_span(*args, flags) if flags else self._lib.solo_decode(*args)
-        self.threads.report(late, time.perf_counter() - start, batch)
+        if between is None:
+            start = time.perf_counter()
+            late = self._lib.solo_decode_span(*args, flags) if flags else self._lib.solo_decode(*args)
+            self.threads.report(late, time.perf_counter() - start, batch)
+            return logits
+        late, busy_s = 0, 0.0
+        points = self.pause_points()
+        for i, (l0, l1) in enumerate(points):
+            start = time.perf_counter()
+            late += self._lib.solo_decode_span_layers(*args, flags, l0, l1)
+            busy_s += time.perf_counter() - start
+            if i + 1 < len(points):
+                self._paused = True
+                try:
+                    between()
+                finally:
+                    self._paused = False
+        self.threads.report(late, busy_s, batch)
         return logits
 
     # ------------------------------------------------------------------- capabilities (solo.runtime.base)
@@ -937,7 +985,7 @@ class CpuRuntime:
 
     @torch.inference_mode()
     def decode_spans(self, rows: Sequence[int], token_lists: Sequence[Sequence[int]],
-                     start_positions: Sequence[int]) -> list[torch.Tensor]:
+                     start_positions: Sequence[int], between: Callable[[], None] | None = None) -> list[torch.Tensor]:
         """Every row's 1..k tokens in one native call (`SpanDecodeRuntime`): float32 [k_i, vocab] per row.
 
         The spans are laid end to end as the entries of one decode step (`solo_decode_span` with the
@@ -947,8 +995,16 @@ class CpuRuntime:
         gets its `decode` logits and a longer row its `verify` logits, bit for bit. A step of one-token rows
         only is exactly `decode`.
 
+        Args:
+            rows, token_lists, start_positions: see `SpanDecodeRuntime.decode_spans`.
+            between: called between runs of layers of this step (`pause_points`; `PausableStepRuntime`):
+                it may run other calls on this runtime for other rows (a new request's prompt tail and first
+                token, before the rest of a long batched step) but not another pausable step. The logits
+                are the same bits.
+
         Raises:
             SoloError: see `check_spans`; rows, positions or ids outside the cache / vocabulary.
+            ValueError: `between` given inside another step's `between`.
         """
         check_spans(rows, token_lists, start_positions)
         if not rows:
@@ -959,7 +1015,7 @@ class CpuRuntime:
         flat_pos = [p + j for p, k in zip(start_positions, counts, strict=True) for j in range(k)]
         flags = _SPAN_SHARED_ROWS if max(counts) > 1 else 0
         logits = self._step(torch.tensor(flat_rows, dtype=torch.long), torch.tensor(flat_ids, dtype=torch.long),
-                            torch.tensor(flat_pos, dtype=torch.long), flags)
+                            torch.tensor(flat_pos, dtype=torch.long), flags, between)
         return list(logits.split(counts))
 
     def export_kv(self, row: int, length: int) -> KVSnapshot:

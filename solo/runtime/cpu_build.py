@@ -353,6 +353,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_decode.restype = i
     lib.solo_decode_span.argtypes = [p, i, p, p, p, p, p, p, p, i, i]
     lib.solo_decode_span.restype = i
+    lib.solo_decode_span_layers.argtypes = [p, i, p, p, p, p, p, p, p, i, i, i, i]
+    lib.solo_decode_span_layers.restype = i
     lib.solo_set_knob.argtypes = [ctypes.c_char_p, i]
     lib.solo_set_knob.restype = i
     lib.solo_profile.argtypes = [p, i]

@@ -25,6 +25,13 @@ chunk calls on the fixed grid, within what is left of the budget. With no row de
 prefilled by its own `prefill` call (an idle server's request: the path `Engine.run` takes) and the other
 prompts ride in the step after it, instead of one prefill call each before any step.
 
+On a runtime whose steps can pause between runs of layers (`pausable_steps`: the native CPU runtime), a
+decode step expected to take at least `PAUSE_MIN_STEP_S` pauses at each run's end when a request is waiting
+with a free row: a new request whose prompt is, after the prefix cache, a tail of at most `PAUSE_TAIL_TOKENS`
+tokens (a chat turn resent with its history) is admitted, prefilled and given its first token in a call of
+its own there, and the step resumes (the same bits). Its TTFT then waits for a run of layers, not for the rest
+of the step and a whole batched step of its own; the paused rows wait for that one call.
+
 On a runtime with block decoding (the CUDA-graph runtime, the monokernel: `iter_blocks`), a lone greedy
 request (nothing else running, nothing waiting for a free row, no penalties, logprobs, constraint, logits
 processor or draft) decodes a block of up to K tokens per host sync on the device, as `Engine.run` does,
@@ -148,6 +155,13 @@ SpanPrefill = Literal["step", "before", "off"]
 """Where the CPU runtime's short prompts are prefilled while rows decode (`Scheduler`'s span_prefill)."""
 
 DEFAULT_SPAN_PREFILL: SpanPrefill = "step"
+PAUSE_MIN_STEP_S = 0.01
+"""Decode steps expected to take at least this long (seconds) pause between runs of layers for new requests'
+prompt tails, on runtimes that can (`Scheduler._serve_arrivals_mid_step`); shorter ones are one call (each
+pause point costs a thread-pool start)."""
+PAUSE_TAIL_TOKENS = 16
+"""Longest prompt tail (tokens after the prefix cache) served inside a paused step: about a batch-1 step's
+cost, which the paused rows wait."""
 """The default `SpanPrefill`."""
 
 RELEASE_WINDOW = 64
@@ -445,6 +459,15 @@ class Scheduler:
         """Prompt pieces prefilled inside decode steps so far (see `span_prefill_positions`)."""
         self.prefill_piece_tokens = 0
         """Prompt tokens prefilled inside decode steps so far."""
+        self.pausable_steps = runtime_capabilities(runtime).pausable_steps and decode_batching == "fused"
+        """Long decode steps pause between runs of layers to serve new requests' short prompt tails (see
+        `_serve_arrivals_mid_step`)."""
+        self.pause_min_step_s = PAUSE_MIN_STEP_S
+        """Steps expected to take at least this long (seconds, `step_s`) are pausable."""
+        self.mid_step_prefills = 0
+        """New requests whose prompt tail and first token were served inside a paused step (tests, debugging)."""
+        self._in_pausable_step = False
+        self._paused_s = 0.0  # time the current step spent paused (not a measure of the step)
         if metrics is not None:
             metrics.watch_kv_cache(self.kv_used_bytes, self.kv_capacity_bytes, self.kv_bytes_per_token)
 
@@ -663,8 +686,9 @@ class Scheduler:
         if not active and not pieces:
             return
         start = time.perf_counter()
+        self._paused_s = 0.0
         self._guard(active + [s for s, _ in pieces], self._decode_step, active, pieces)
-        elapsed = time.perf_counter() - start
+        elapsed = time.perf_counter() - start - self._paused_s
         if self._cut_short:  # a partial step: not a measure of a whole one
             self._cut_short = False
         elif active:
@@ -930,7 +954,16 @@ class Scheduler:
                 seq.request.stats.prefill_start_s = time.perf_counter() - seq.request.start_time
             self.prefill_pieces += 1
             self.prefill_piece_tokens += n
-        logits = decode_spans(self.runtime, row_ids, spans, starts)
+        pausable = (self.pausable_steps and seqs and not self._in_pausable_step and self.step_s is not None
+                    and self.step_s >= self.pause_min_step_s)
+        if pausable:
+            self._in_pausable_step = True
+            try:
+                logits = decode_spans(self.runtime, row_ids, spans, starts, between=self._serve_arrivals_mid_step)
+            finally:
+                self._in_pausable_step = False
+        else:
+            logits = decode_spans(self.runtime, row_ids, spans, starts)
         for (seq, n), piece in zip(pieces, logits[len(seqs):], strict=True):
             seq.prefill_at += n
             if seq.prefill_left() == 0:
@@ -942,6 +975,23 @@ class Scheduler:
             else:
                 self._advance(seq, rows[0])
         self._flush()
+
+    def _serve_arrivals_mid_step(self) -> None:
+        # Between runs of a long step's layers (the runtime pauses it: `pausable_steps`): new requests whose
+        # prompt, after the prefix cache, is a tail of at most PAUSE_TAIL_TOKENS get it prefilled and their
+        # first token now, in one call of their own, instead of after this step (whose rows wait for that
+        # call: about one batch-1 step). A chat turn resent with its history is such a tail: its TTFT is then
+        # about its idle TTFT plus a run of layers, not a whole batched step plus its own. Longer prompts are
+        # admitted and start with the next iteration.
+        if not (self._waiting and self._free_rows):  # a racy read: at worst this pause serves no one
+            return
+        start = time.perf_counter()
+        late = self._admit_arrivals()
+        tails = [s for s in late if s.prefilled and not s.request.finished and s.prefill_left() <= PAUSE_TAIL_TOKENS]
+        if tails:
+            self.mid_step_prefills += len(tails)
+            self._guard(tails, self._span_step, [], [(s, s.prefill_left()) for s in tails])
+        self._paused_s += time.perf_counter() - start
 
     def _advance(self, seq: _Sequence, logits: torch.Tensor) -> None:
         token, info = seq.request.choose(logits)

@@ -9,6 +9,7 @@ head_dim 64, sliding windows and soft-capping) and on the bundled model, in floa
 
 from __future__ import annotations
 
+import ctypes
 import random
 
 import pytest
@@ -202,3 +203,39 @@ def test_bad_spans_are_refused_with_the_fix(folder):
         with pytest.raises(SoloError, match=match):
             runtime.decode_spans(rows, tokens, starts)
     assert runtime.decode_spans([], [], []) == []
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
+def test_a_step_paused_between_layers_gives_the_same_bits_and_calls_in_between_run_alone(folder, dtype):
+    runtime = _cpu(folder, dtype)
+    assert runtime_capabilities(runtime).pausable_steps
+    rng = random.Random(3)
+    vocab = runtime.config.vocab_size
+    lengths = [rng.randint(3, 60) for _ in range(4)]
+    twins = [(i, 6 + i) for i in range(4)]  # rows 0..3: whole steps; 6..9: paused ones
+    _fill(runtime, twins, lengths, seed=4)
+    _fill(runtime, [(4, 5)], [20], seed=5)  # rows 4 and 5: the call made in the pauses, and it alone
+    tokens = [[rng.randrange(vocab) for _ in range(k)] for k in (1, 4, 1, 2)]
+    whole = runtime.decode_spans([a for a, _ in twins], tokens, lengths)
+    inside: list[torch.Tensor] = []
+
+    def between():
+        inside.append(runtime.decode_spans([4], [[7, 8]], [20])[0])  # another row's span, on another workspace
+        with pytest.raises(ValueError, match="does not nest"):
+            runtime.decode_spans([5], [[7]], [20], between=lambda: None)
+
+    paused = runtime.decode_spans([b for _, b in twins], tokens, lengths, between=between)
+    points = runtime.pause_points()
+    assert points[-1] == (runtime.config.num_layers,) * 2 and len(inside) == len(points) - 1
+    for a, b in zip(whole, paused, strict=True):
+        assert torch.equal(a, b)
+    alone = runtime.decode_spans([5], [[7, 8]], [20])[0]
+    assert all(torch.equal(x, alone) for x in inside)  # row 4 rewritten with the same tokens each time
+    for (a, b), n, t in zip(twins, lengths, tokens, strict=True):
+        for (ka, va), (kb, vb) in zip(_cache(runtime, a, n + len(t)), _cache(runtime, b, n + len(t)), strict=True):
+            assert torch.equal(ka, kb) and torch.equal(va, vb)
+    # The kernel refuses ranges it cannot resume (the Python side never makes them).
+    lib, layers = runtime._lib, runtime.config.num_layers
+    for l0, l1 in ((-1, 1), (2, 1), (0, layers + 1)):
+        assert lib.solo_decode_span_layers(ctypes.byref(runtime._struct), 0, None, None, None, None, None, None,
+                                           None, 1, 0, l0, l1) == -1

@@ -13,7 +13,7 @@ import pytest
 from solo.engine.engine import Engine
 from solo.engine.sampling import SamplingParams
 from solo.errors import SoloError
-from solo.server.scheduler import Scheduler, span_prefill_limit
+from solo.server.scheduler import PAUSE_TAIL_TOKENS, Scheduler, span_prefill_limit
 
 PROMPTS = ["import os", "def add(a, b):\n    return a + b\n" * 3, "x = [i * i for i in range(10)]",
            "class Point:\n    def __init__(self, x, y):\n        self.x = x\n"]
@@ -43,8 +43,8 @@ class _Spy:
         self.calls.append(("prefill", row, start_pos, ids.numel()))
         return self.inner.prefill(row, ids, start_pos)
 
-    def decode_spans(self, rows, token_lists, starts):
-        out = self.inner.decode_spans(rows, token_lists, starts)
+    def decode_spans(self, rows, token_lists, starts, between=None):
+        out = self.inner.decode_spans(rows, token_lists, starts, between=between)
         self.calls.append(("spans", tuple(zip(rows, map(len, token_lists), starts, strict=True))))
         if self.hook is not None:
             self.hook()
@@ -251,3 +251,50 @@ def test_before_mode_prefills_the_new_prompts_in_one_call_ahead_of_the_step(engi
     assert head == alone(engine, PROMPTS[0], 20) and rest == [alone(engine, p) for p in PROMPTS[1:3]]
     with pytest.raises(ValueError, match="span_prefill"):
         Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=64, span_prefill="sometimes")
+
+
+@pytest.mark.parametrize("newcomer", [0, 1], ids=["short-tail", "long-prompt"])
+def test_a_short_tail_arriving_mid_step_is_served_inside_the_paused_step(engine, newcomer):
+    # Every step pausable (a tiny model's steps are short); the newcomer arrives at a pause of the third step.
+    spy = _Spy(engine.runtime)
+    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused")
+    assert scheduler.pausable_steps
+    scheduler.pause_min_step_s = 0.0
+    spy.calls.clear()
+    late: list = []
+    prompt = PROMPTS[newcomer]
+    n = len(request(engine, prompt).prompt_ids)
+    assert (n <= PAUSE_TAIL_TOKENS) == (newcomer == 0)
+    serve = scheduler._serve_arrivals_mid_step
+    steps_seen: list[int] = []
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def arrive_then_serve():
+            steps_seen.append(scheduler.steps)
+            if not late and scheduler.steps == 3:
+                late.append(scheduler.submit([request(engine, prompt)], loop))
+            serve()
+
+        scheduler._serve_arrivals_mid_step = arrive_then_serve
+        head = scheduler.submit([request(engine, PROMPTS[2], 12)], loop)
+        scheduler.start()
+        out = await collect(head)
+        return out, await collect(late[0])
+
+    try:
+        head, rest = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    spans = [c[1] for c in spy.calls if c[0] == "spans"]
+    if newcomer == 0:
+        # Its whole prompt in a call of its own inside the third step (logged before the step, which ends after).
+        assert scheduler.mid_step_prefills == 1
+        assert spans[2] == ((1, n, 0),) and spans[3][0][0] == 0 and len(spans[3]) == 1
+        assert [r for r, _, _ in spans[4]] == [0, 1]  # then both rows decode together
+    else:
+        assert scheduler.mid_step_prefills == 0  # admitted mid-step; its prompt rides the next step
+        assert spans[3] == ((0, 1, spans[3][0][2]), (1, n, 0))
+    assert max(steps_seen) > 3  # the later steps paused too, with nothing to serve
+    assert head == alone(engine, PROMPTS[2], 12) and rest == alone(engine, prompt)

@@ -364,9 +364,14 @@ enum {
 // longer than g_late_wait_ns (a thread was off its core: cpu_threads.py reads it).
 // A row's arithmetic does not depend on the thread count, the batch or the flags: an entry's logits are
 // bit for bit those of a batch-1 step at its position.
+//
+// Layers [l0, l1) only (solo_decode_span_layers): l0 > 0 resumes a step whose layers before l0 ran in earlier
+// calls on the same workspace, batch and thread count (each thread's residual stream and the next layer's
+// input stay in its private workspace slice between calls); l1 < layers stops before layer l1 (no logits);
+// l0 == l1 == layers runs the LM head alone. The same arithmetic in the same order as one whole call.
 static int decode_step(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                         const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
-                        int nthreads, int flags) {
+                        int nthreads, int flags, int l0, int l1) {
   const int B = batch, h = m->hidden, hd = m->head_dim, bf = m->dtype == DT_BF16;
   const int nq = m->heads * hd, nkv = m->kv_heads * hd, nqkv = nq + 2 * nkv, f = m->inter;
   const int kmax = max3(h, nq, f);
@@ -414,17 +419,19 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
     float* lq = t + (size_t)B * h;                                   // post-processed q, k, v [B, nqkv]
     void* xin = lq + (size_t)B * nqkv;                               // matrix-vector input [B, kmax]
     float* scores = (float*)xin + (size_t)B * kmax;                  // attention scores [group, max_seq]
-    for (int b = 0; b < B; b++) {
-      for (int i = 0; i < h; i++) {
-        float v = load_act(m->embed, (size_t)tokens[b] * h + i, bf);
-        if (m->embed_scale != 0.f) v = rnd(v * rnd(m->embed_scale, bf), bf);
-        x[(size_t)b * h + i] = v;
+    if (l0 == 0) {
+      for (int b = 0; b < B; b++) {
+        for (int i = 0; i < h; i++) {
+          float v = load_act(m->embed, (size_t)tokens[b] * h + i, bf);
+          if (m->embed_scale != 0.f) v = rnd(v * rnd(m->embed_scale, bf), bf);
+          x[(size_t)b * h + i] = v;
+        }
+        rms_norm(x + (size_t)b * h, t + (size_t)b * h, h, m->layer[0].attn_norm, m->eps, m->unit_offset, bf);
       }
-      rms_norm(x + (size_t)b * h, t + (size_t)b * h, h, m->layer[0].attn_norm, m->eps, m->unit_offset, bf);
+      prepare_input(&m->layer[0].qkv, t, B, xin);
     }
-    prepare_input(&m->layer[0].qkv, t, B, xin);
     mark(PH_EMBED);
-    for (int l = 0; l < m->layers; l++) {
+    for (int l = l0; l < l1; l++) {
       const Layer* L = &m->layer[l];
       // --- q, k, v projections, then bias, q/k norms and RoPE on this thread's own copy
       const Layer* Ln = l + 1 < m->layers ? &m->layer[l + 1] : nullptr;
@@ -534,20 +541,22 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       mark(PH_RESID);
     }
     // --- LM head; each thread finishes the logits it computed (same row split as gemv)
-    const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : nb;  // entries that get logits: the last HB
-    const char* head_in = (const char*)xin + (size_t)(nb - HB) * m->head.cols * input_elem_bytes(&m->head);
-    const float cap = m->final_softcap;
-    gemv_shared(&m->head, head_in, HB, logits, m->vocab, queues, calls++, tid, nt, skip, [&](int n0, int n1) {
-      finish_linear_rows(&m->head, logits, HB, m->vocab, bf, n0, n1);
-      if (cap > 0.f) {
-        for (int b = 0; b < HB; b++)
-          for (int n = n0; n < n1; n++) {
-            float* v = logits + (size_t)b * m->vocab + n;
-            *v = rnd(rnd(tanhf(rnd(*v / cap, bf)), bf) * cap, bf);
-          }
-      }
-    });
-    mark(PH_HEAD);
+    if (l1 == m->layers) {  // else a step paused before layer l1 (solo_decode_span_layers)
+      const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : nb;  // entries that get logits: the last HB
+      const char* head_in = (const char*)xin + (size_t)(nb - HB) * m->head.cols * input_elem_bytes(&m->head);
+      const float cap = m->final_softcap;
+      gemv_shared(&m->head, head_in, HB, logits, m->vocab, queues, calls++, tid, nt, skip, [&](int n0, int n1) {
+        finish_linear_rows(&m->head, logits, HB, m->vocab, bf, n0, n1);
+        if (cap > 0.f) {
+          for (int b = 0; b < HB; b++)
+            for (int n = n0; n < n1; n++) {
+              float* v = logits + (size_t)b * m->vocab + n;
+              *v = rnd(rnd(tanhf(rnd(*v / cap, bf)), bf) * cap, bf);
+            }
+        }
+      });
+      mark(PH_HEAD);
+    }
   }
   return bar.late.load();
 }
@@ -555,7 +564,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
 extern "C" int solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                            const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
                            int nthreads) {
-  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0);
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0, 0, m->layers);
 }
 
 // Several tokens through the decode step at once, with `flags` (SPAN_*): a speculative verify (every
@@ -564,7 +573,19 @@ extern "C" int solo_decode(const Model* m, int batch, const int64_t* tokens, con
 extern "C" int solo_decode_span(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                                 const int64_t* rows, const float* cos, const float* sin, float* logits,
                                 void* workspace, int nthreads, int flags) {
-  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags);
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags, 0, m->layers);
+}
+
+// solo_decode_span over layers [l0, l1) only, so a caller can pause a step between layers (a server serving a
+// new request's first token before the rest of a long batched step) and resume it: see decode_step. Returns
+// -1 for a range outside 0 <= l0 <= l1 <= layers, or SPAN_LAST_LOGITS on a call that does not end the step.
+extern "C" int solo_decode_span_layers(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
+                                       const int64_t* rows, const float* cos, const float* sin, float* logits,
+                                       void* workspace, int nthreads, int flags, int l0, int l1) {
+  // SPAN_LAST_LOGITS moves the last entry to slot 0 in the last layer: that layer and the head in one call.
+  if (l0 < 0 || l1 < l0 || l1 > m->layers || ((flags & SPAN_LAST_LOGITS) && (l1 < m->layers || l0 == l1)))
+    return -1;
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags, l0, l1);
 }
 
 // ------------------------------------------------------------------------------ prefill pieces
