@@ -886,14 +886,15 @@ class CpuRuntime:
         return self._step(rows, token_ids, positions, 0)
 
     def pause_points(self) -> list[tuple[int, int]]:
-        """The layer ranges a step pausable between layers runs as (`decode_spans`' `between`).
+        """The stage ranges [l0, l1) a step pausable between layers runs as (`decode_spans`' `between`).
 
-        About `PAUSES_PER_STEP` equal runs of layers, then the LM head alone ([layers, layers]): the head is
-        the largest matrix of a small model, and with a batch its products take longer than a run of layers.
+        Stage l < layers is layer l, stage `layers` the LM head (decode.cpp: decode_step). About
+        `PAUSES_PER_STEP` equal runs of layers, then the head alone: it is the largest matrix of a small model,
+        and with a batch its products take longer than a run of layers.
         """
         layers = self.config.num_layers
         per = max(1, -(-layers // PAUSES_PER_STEP))
-        return [(l0, min(l0 + per, layers)) for l0 in range(0, layers, per)] + [(layers, layers)]
+        return [(l0, min(l0 + per, layers)) for l0 in range(0, layers, per)] + [(layers, layers + 1)]
 
     def _step(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor, flags: int,
               between: Callable[[], None] | None = None) -> torch.Tensor:

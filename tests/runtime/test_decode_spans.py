@@ -226,7 +226,9 @@ def test_a_step_paused_between_layers_gives_the_same_bits_and_calls_in_between_r
 
     paused = runtime.decode_spans([b for _, b in twins], tokens, lengths, between=between)
     points = runtime.pause_points()
-    assert points[-1] == (runtime.config.num_layers,) * 2 and len(inside) == len(points) - 1
+    layers = runtime.config.num_layers
+    assert points[0][0] == 0 and points[-1] == (layers, layers + 1) and len(inside) == len(points) - 1
+    assert all(a[1] == b[0] for a, b in zip(points, points[1:], strict=False))
     for a, b in zip(whole, paused, strict=True):
         assert torch.equal(a, b)
     alone = runtime.decode_spans([5], [[7, 8]], [20])[0]
@@ -235,7 +237,7 @@ def test_a_step_paused_between_layers_gives_the_same_bits_and_calls_in_between_r
         for (ka, va), (kb, vb) in zip(_cache(runtime, a, n + len(t)), _cache(runtime, b, n + len(t)), strict=True):
             assert torch.equal(ka, kb) and torch.equal(va, vb)
     # The kernel refuses ranges it cannot resume (the Python side never makes them).
-    lib, layers = runtime._lib, runtime.config.num_layers
-    for l0, l1 in ((-1, 1), (2, 1), (0, layers + 1)):
+    lib = runtime._lib
+    for l0, l1 in ((-1, 1), (2, 1), (0, layers + 2)):
         assert lib.solo_decode_span_layers(ctypes.byref(runtime._struct), 0, None, None, None, None, None, None,
                                            None, 1, 0, l0, l1) == -1

@@ -365,10 +365,11 @@ enum {
 // A row's arithmetic does not depend on the thread count, the batch or the flags: an entry's logits are
 // bit for bit those of a batch-1 step at its position.
 //
-// Layers [l0, l1) only (solo_decode_span_layers): l0 > 0 resumes a step whose layers before l0 ran in earlier
-// calls on the same workspace, batch and thread count (each thread's residual stream and the next layer's
-// input stay in its private workspace slice between calls); l1 < layers stops before layer l1 (no logits);
-// l0 == l1 == layers runs the LM head alone. The same arithmetic in the same order as one whole call.
+// Stages [l0, l1) only (solo_decode_span_layers), stage l < layers being layer l and stage `layers` the LM
+// head (a whole step: [0, layers + 1)): l0 > 0 resumes a step whose stages before l0 ran in earlier calls on
+// the same workspace, batch and thread count (each thread's residual stream and the next stage's input stay
+// in its private workspace slice between calls); l1 <= layers stops before stage l1 (no logits). The same
+// arithmetic in the same order as one whole call.
 static int decode_step(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                         const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
                         int nthreads, int flags, int l0, int l1) {
@@ -431,7 +432,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       prepare_input(&m->layer[0].qkv, t, B, xin);
     }
     mark(PH_EMBED);
-    for (int l = l0; l < l1; l++) {
+    for (int l = l0; l < l1 && l < m->layers; l++) {
       const Layer* L = &m->layer[l];
       // --- q, k, v projections, then bias, q/k norms and RoPE on this thread's own copy
       const Layer* Ln = l + 1 < m->layers ? &m->layer[l + 1] : nullptr;
@@ -541,7 +542,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       mark(PH_RESID);
     }
     // --- LM head; each thread finishes the logits it computed (same row split as gemv)
-    if (l1 == m->layers) {  // else a step paused before layer l1 (solo_decode_span_layers)
+    if (l1 > m->layers) {  // else a step paused before stage l1 (solo_decode_span_layers)
       const int HB = (flags & SPAN_LAST_LOGITS) ? 1 : nb;  // entries that get logits: the last HB
       const char* head_in = (const char*)xin + (size_t)(nb - HB) * m->head.cols * input_elem_bytes(&m->head);
       const float cap = m->final_softcap;
@@ -564,7 +565,7 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
 extern "C" int solo_decode(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                            const int64_t* rows, const float* cos, const float* sin, float* logits, void* workspace,
                            int nthreads) {
-  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0, 0, m->layers);
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, 0, 0, m->layers + 1);
 }
 
 // Several tokens through the decode step at once, with `flags` (SPAN_*): a speculative verify (every
@@ -573,17 +574,19 @@ extern "C" int solo_decode(const Model* m, int batch, const int64_t* tokens, con
 extern "C" int solo_decode_span(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                                 const int64_t* rows, const float* cos, const float* sin, float* logits,
                                 void* workspace, int nthreads, int flags) {
-  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags, 0, m->layers);
+  return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags, 0,
+                     m->layers + 1);
 }
 
-// solo_decode_span over layers [l0, l1) only, so a caller can pause a step between layers (a server serving a
-// new request's first token before the rest of a long batched step) and resume it: see decode_step. Returns
-// -1 for a range outside 0 <= l0 <= l1 <= layers, or SPAN_LAST_LOGITS on a call that does not end the step.
+// solo_decode_span over stages [l0, l1) only (layers, then the LM head as stage `layers`), so a caller can
+// pause a step between layers (a server serving a new request's first token before the rest of a long
+// batched step) and resume it: see decode_step. Returns -1 for a range outside 0 <= l0 <= l1 <= layers + 1,
+// or SPAN_LAST_LOGITS on a call that does not run the last layer and the head.
 extern "C" int solo_decode_span_layers(const Model* m, int batch, const int64_t* tokens, const int64_t* positions,
                                        const int64_t* rows, const float* cos, const float* sin, float* logits,
                                        void* workspace, int nthreads, int flags, int l0, int l1) {
   // SPAN_LAST_LOGITS moves the last entry to slot 0 in the last layer: that layer and the head in one call.
-  if (l0 < 0 || l1 < l0 || l1 > m->layers || ((flags & SPAN_LAST_LOGITS) && (l1 < m->layers || l0 == l1)))
+  if (l0 < 0 || l1 < l0 || l1 > m->layers + 1 || ((flags & SPAN_LAST_LOGITS) && (l1 <= m->layers || l0 >= m->layers)))
     return -1;
   return decode_step(m, batch, tokens, positions, rows, cos, sin, logits, workspace, nthreads, flags, l0, l1);
 }
