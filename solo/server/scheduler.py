@@ -155,7 +155,7 @@ SpanPrefill = Literal["step", "before", "off"]
 """Where the CPU runtime's short prompts are prefilled while rows decode (`Scheduler`'s span_prefill)."""
 
 DEFAULT_SPAN_PREFILL: SpanPrefill = "step"
-PAUSE_MIN_STEP_S = 0.01
+PAUSE_MIN_STEP_S = 0.025
 """Decode steps expected to take at least this long (seconds) pause between runs of layers for new requests'
 prompt tails, on runtimes that can (`Scheduler._serve_arrivals_mid_step`); shorter ones are one call (each
 pause point costs a thread-pool start)."""
@@ -459,9 +459,10 @@ class Scheduler:
         """Prompt pieces prefilled inside decode steps so far (see `span_prefill_positions`)."""
         self.prefill_piece_tokens = 0
         """Prompt tokens prefilled inside decode steps so far."""
-        self.pausable_steps = runtime_capabilities(runtime).pausable_steps and decode_batching == "fused"
+        self.pausable_steps = runtime_capabilities(runtime).pausable_steps and decode_batching == "fused" and \
+            os.environ.get("SOLO_PAUSE_STEPS", "1") != "0"
         """Long decode steps pause between runs of layers to serve new requests' short prompt tails (see
-        `_serve_arrivals_mid_step`)."""
+        `_serve_arrivals_mid_step`; SOLO_PAUSE_STEPS=0 turns it off, for measurement)."""
         self.pause_min_step_s = PAUSE_MIN_STEP_S
         """Steps expected to take at least this long (seconds, `step_s`) are pausable."""
         self.mid_step_prefills = 0
