@@ -159,6 +159,9 @@ PAUSE_MIN_STEP_S = 0.025
 """Decode steps expected to take at least this long (seconds) pause between runs of layers for new requests'
 prompt tails, on runtimes that can (`Scheduler._serve_arrivals_mid_step`); shorter ones are one call (each
 pause point costs a thread-pool start)."""
+PAUSE_MAX_CALLS = 3
+"""Most calls for new requests one pause makes (those arriving during one are served after it), so a stream of
+arrivals cannot hold a step for long."""
 PAUSE_TAIL_TOKENS = 16
 """Longest prompt tail (tokens after the prefix cache) served inside a paused step: about a batch-1 step's
 cost, which the paused rows wait."""
@@ -984,12 +987,15 @@ class Scheduler:
         # call: about one batch-1 step). A chat turn resent with its history is such a tail: its TTFT is then
         # about its idle TTFT plus a run of layers, not a whole batched step plus its own. Longer prompts are
         # admitted and start with the next iteration.
-        if not (self._waiting and self._free_rows):  # a racy read: at worst this pause serves no one
-            return
         start = time.perf_counter()
-        late = self._admit_arrivals()
-        tails = [s for s in late if s.prefilled and not s.request.finished and s.prefill_left() <= PAUSE_TAIL_TOKENS]
-        if tails:
+        for _ in range(PAUSE_MAX_CALLS):  # requests that arrive during a call are served after it
+            if not (self._waiting and self._free_rows):  # a racy read: at worst this pause serves no one
+                break
+            late = self._admit_arrivals()
+            tails = [s for s in late
+                     if s.prefilled and not s.request.finished and s.prefill_left() <= PAUSE_TAIL_TOKENS]
+            if not tails:
+                break
             self.mid_step_prefills += len(tails)
             self._guard(tails, self._span_step, [], [(s, s.prefill_left()) for s in tails])
         self._paused_s += time.perf_counter() - start
