@@ -836,12 +836,15 @@ class Scheduler:
             for seq in sorted(short, key=_Sequence.prefill_left):
                 self._guard([seq], self._prefill, seq, seq.prefill_left())
 
-    def _admit_arrivals(self) -> list[_Sequence]:
+    def _admit_arrivals(self, mid_step: bool = False) -> list[_Sequence]:
         # Requests that arrived since the top of the iteration (while it ended cancelled requests or loaded
         # the prefix cache into the admitted rows): admitted now, so their prompts join this step's pieces
-        # instead of waiting for it. Returns them ([] when none could be admitted).
+        # instead of waiting for it. Returns them ([] when none could be admitted). Pending cancellations
+        # send the loop back to its top first, except inside a paused step (`mid_step`), which ends anyway:
+        # a cancelled stream only frees its row there, and the free rows are free already.
         with self._cond:
-            if self._stopping or self._abort_all or self._cancelled or not (self._waiting and self._free_rows):
+            if self._stopping or self._abort_all or (self._cancelled and not mid_step) or \
+                    not (self._waiting and self._free_rows):
                 return []
             late = self._admit()
             self._publish_load()
@@ -991,7 +994,7 @@ class Scheduler:
         for _ in range(PAUSE_MAX_CALLS):  # requests that arrive during a call are served after it
             if not (self._waiting and self._free_rows):  # a racy read: at worst this pause serves no one
                 break
-            late = self._admit_arrivals()
+            late = self._admit_arrivals(mid_step=True)
             tails = [s for s in late
                      if s.prefilled and not s.request.finished and s.prefill_left() <= PAUSE_TAIL_TOKENS]
             if not tails:
