@@ -66,7 +66,7 @@ _W_INT8_Q8, _W_INT4_Q8 = 5, 6  # the same weights, integer dot products with int
 _W_BF16_AMX = 7  # bf16 packed for the AMX level (solo.runtime.cpu_packing)
 _ACTS = {"silu": 0, "gelu_pytorch_tanh": 1, "gelu": 2}
 _SPAN_SHARED_ROWS, _SPAN_LAST_LOGITS = 1, 2  # solo_decode_span flags (decode.cpp)
-PAUSES_PER_STEP = 12
+PAUSES_PER_STEP = 6
 """Runs of layers a step pausable between layers is cut into (`CpuRuntime.pause_points`), the LM head apart:
 each ends with one more thread-pool start (tens of microseconds) and is the longest a new request waits."""
 
