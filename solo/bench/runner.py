@@ -13,7 +13,7 @@ from typing import Any
 import torch
 
 from solo.bench.peers import RunResult
-from solo.runtime.base import DecodeRuntime, SamplingSpec, runtime_capabilities
+from solo.runtime.base import DecodeRuntime, SamplingSpec, block_tail, runtime_block_size, runtime_capabilities
 
 
 def _sync(device: torch.device) -> None:
@@ -117,7 +117,7 @@ class SoloRunner:
         return elapsed
 
     def _block_size(self) -> int:
-        return max(1, int(getattr(self.runtime, "block_size", 16)))
+        return runtime_block_size(self.runtime)
 
     @torch.inference_mode()
     def warm_up(self, prompt_ids: list[int], gen_len: int = 8) -> None:
@@ -179,9 +179,9 @@ class SoloRunner:
 def block_plan(tokens: int, block_size: int) -> list[tuple[int, int]]:
     """How `SoloRunner.advance` decodes `tokens` on a block-decoding runtime: (tokens, K) per `iter_blocks`.
 
-    Whole blocks of `block_size`, then the rest in powers of two: a block always runs all of its K steps,
-    so a short remainder (a `--lockstep` turn, the end of a run) is not padded to a whole block, and the Ks
-    used stay few (each is one captured graph, warmed up before timing).
+    Whole blocks of `block_size`, then the rest in powers of two (`solo.runtime.base.block_tail`, as the
+    server's scheduler does): a short remainder (a `--lockstep` turn, the end of a run) is not padded to a
+    whole block, and the Ks used stay few (each is one captured graph, warmed up before timing).
 
     Example: block_plan(37, 16) == [(32, 16), (4, 4), (1, 1)].
     """
@@ -189,7 +189,7 @@ def block_plan(tokens: int, block_size: int) -> list[tuple[int, int]]:
     plan = [(full, block_size)] if full else []
     rest = tokens - full
     while rest:
-        k = 1 << (rest.bit_length() - 1)
+        k = block_tail(rest, block_size)
         plan.append((k, k))
         rest -= k
     return plan

@@ -305,6 +305,26 @@ class BlockDecodingRuntime(Protocol):
         ...
 
 
+DEFAULT_BLOCK_SIZE = 16
+"""Tokens per block on a block-decoding runtime that does not say (`block_size`)."""
+
+
+def runtime_block_size(runtime: object) -> int:
+    """Most tokens per `iter_blocks` block: the runtime's `block_size`, else `DEFAULT_BLOCK_SIZE` (at least 1)."""
+    return max(1, int(getattr(runtime, "block_size", DEFAULT_BLOCK_SIZE)))
+
+
+def block_tail(left: int, k: int) -> int:
+    """The K of the next block when `left` tokens remain and blocks hold up to `k`.
+
+    `k` while at least k remain, else the largest power of two <= left (1 when nothing or one remains): a
+    block always runs all of its K steps, so a remainder is not padded to a whole block, and the Ks a
+    generation uses stay few (each is one captured graph). Example: 37 tokens with k = 16 run as
+    16, 16, 4, 1.
+    """
+    return k if left >= k else 1 << (max(left, 1).bit_length() - 1)
+
+
 @dataclass(frozen=True)
 class RuntimeCapabilities:
     """What a runtime can do beyond the `DecodeRuntime` protocol (read with `runtime_capabilities`).

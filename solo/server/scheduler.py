@@ -136,7 +136,14 @@ from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
 from solo.errors import SoloError
-from solo.runtime.base import DecodeRuntime, SamplingSpec, decode_spans, runtime_capabilities
+from solo.runtime.base import (
+    DecodeRuntime,
+    SamplingSpec,
+    block_tail,
+    decode_spans,
+    runtime_block_size,
+    runtime_capabilities,
+)
 from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
@@ -431,7 +438,7 @@ class Scheduler:
         """Moving average of one decode step's wall time (all active rows), seconds; None before the first."""
         self.block_decoding = runtime_capabilities(runtime).block_decoding
         """A lone greedy request decodes in blocks of tokens on the device (see the module docstring)."""
-        self.block_size = max(1, int(getattr(runtime, "block_size", 16)))
+        self.block_size = runtime_block_size(runtime)
         """Most tokens per block (the runtime's block size)."""
         self.block_target_s = BLOCK_TARGET_S
         """Longest a block should take (seconds); K halves while blocks take longer."""
@@ -722,8 +729,7 @@ class Scheduler:
             while k > 1 and k * self.block_token_s > self.block_target_s:
                 k //= 2
         left = request.max_new_tokens - len(request.output_ids)
-        if left < k:  # the tail in powers of two: every K a block ever uses is one of a few captured graphs
-            k = 1 << (max(left, 1).bit_length() - 1)
+        k = block_tail(left, k)  # the tail in powers of two: every K a block uses is one of a few captured graphs
         first_use = k not in self._block_sizes_used
         self._block_sizes_used.add(k)
         self.blocks += 1
