@@ -290,7 +290,8 @@ def test_server_blocks_while_requests_wait_for_the_only_row(tiny):
     assert scheduler.blocks == 2 + 2 and scheduler.steps == 0  # 8 tokens after each prefill, in blocks of 4
 
 
-def test_triton_step_tunes_over_every_layer_and_decodes_with_what_it_chose(tiny, tmp_path, monkeypatch):
+@pytest.mark.parametrize("arch", ["llama", "qwen3", pytest.param("olmoe", marks=pytest.mark.slow)])
+def test_triton_step_tunes_over_every_layer_and_decodes_with_what_it_chose(tiny, tmp_path, monkeypatch, arch):
     from solo.runtime.triton import gemv, qkv_rope, rmsnorm_gemv, swiglu, tuning
 
     monkeypatch.setenv("SOLO_TUNING_CACHE", str(tmp_path / "tuning.json"))
@@ -300,22 +301,37 @@ def test_triton_step_tunes_over_every_layer_and_decodes_with_what_it_chose(tiny,
     monkeypatch.setattr(qkv_rope, "CANDIDATES", (qkv_rope.QkvRopeConfig(4, 32, 1, 2),))
     monkeypatch.setattr(swiglu, "CANDIDATES", (swiglu.GatedMlpConfig(4, 32, 1, 2),))
     monkeypatch.setattr(rmsnorm_gemv, "CANDIDATES", (rmsnorm_gemv.RmsNormGemvConfig(8, 32, 1, 2),))
-    timed: list[int] = []
+    # Which weight matrix each launch of a timed graph read (the weight is the wrapper's argument `arg`).
+    read: list[list[int]] = []
 
-    def fake_time_graph(launches):
+    def recorder(fn, arg):
+        def recording(*args, **kwargs):
+            if read:
+                read[-1].append(args[arg].data_ptr())
+            return fn(*args, **kwargs)
+        return recording
+
+    for module, name, arg in ((gemv, "gemv", 0), (qkv_rope, "qkv_rope", 2), (rmsnorm_gemv, "rmsnorm_gemv", 2),
+                              (swiglu, "gated_mlp", 1)):
+        monkeypatch.setattr(module, name, recorder(getattr(module, name), arg))
+    timed: list[list[int]] = []
+
+    def fake_time_graph(launches, rounds, flush_bytes):
+        read.append([])
         for fn in launches:
             fn()
-        timed.append(len(launches))
+        timed.append(read.pop())
         return 1.0 / len(timed)
 
     monkeypatch.setattr(tuning, "time_graph", fake_time_graph)
-    model = tiny.model("llama", DEVICE)
-    layers = model.config.num_layers
-    expected, _ = eager_greedy(tiny.model("llama", DEVICE), PROMPT, 4)
+    model = tiny.model(arch, DEVICE)
+    layers, cfg = model.config.num_layers, model.config
+    expected, _ = eager_greedy(tiny.model(arch, DEVICE), PROMPT, 4)
     rt = CudaGraphRuntime(model, step="triton", use_graphs=False, tune=True)
     assert runtime_greedy(rt, PROMPT, 4, "token")[0] == expected
-    # qkv (2 configs), o and down (3 each), gate/up (2): one launch per layer; the LM head (2): one.
-    assert sorted(timed) == sorted([layers] * 10 + [1] * 2)
-    assert rt.tuned["o"] == rt.tuned["down"] == gemv.CANDIDATES[-1]
-    assert rt.tuned["qkv"] == qkv_rope.CANDIDATES[0] and rt.tuned["gate_up"] == swiglu.CANDIDATES[0]
-    assert rt.tuned["head"] == rmsnorm_gemv.CANDIDATES[0]
+    dense = 0 if cfg.is_moe else layers  # the tiny MoE checkpoint's layers are all MoE
+    # One graph per candidate and the reference: q/k/v (2), o (3), down (3) and gate/up (2) over the layers
+    # that have the site, the LM head (2) once; each launch on its own layer's weights.
+    assert sorted(map(len, timed)) == sorted([layers] * 5 + [dense] * 5 * (dense > 0) + [1] * 2)
+    assert all(len(set(ptrs)) == len(ptrs) for ptrs in timed)
+    assert rt.tuned["o"] == gemv.CANDIDATES[-1] and rt.tuned["head"] == rmsnorm_gemv.CANDIDATES[0]

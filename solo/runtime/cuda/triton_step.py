@@ -29,7 +29,7 @@ from solo.runtime.cuda.state import STATE_POS, STATE_ROW, STATE_TOKEN
 from solo.runtime.cuda.torch_step import store_kv
 from solo.runtime.cuda.weights import FusedLayer, fused_layers
 from solo.runtime.triton import attention, gemv, moe, qkv_rope, rmsnorm_gemv, swiglu, tuning
-from solo.runtime.triton.common import interpreting, next_power_of_2
+from solo.runtime.triton.common import interpreting, next_power_of_2, pdl_mode
 from solo.runtime.triton.gemv import SplitKWorkspace
 
 
@@ -134,6 +134,7 @@ class TritonStep:
         """
         cfg, layer0, device, dtype = self.config, self.fused[0], self.model.device, self.model.dtype
         hidden, pdl = cfg.hidden_size, self.pdl
+        key_pdl = pdl_mode(pdl)  # the release point too (SOLO_PDL_RELEASE): configurations are timed in it
         layers = self.fused
 
         def randn(n: int) -> torch.Tensor:
@@ -160,7 +161,7 @@ class TritonStep:
 
             self.configs["qkv"] = tuning.tune(
                 tuning.make_key("qkv_rope", hidden=hidden, heads=cfg.num_heads, kv_heads=cfg.num_kv_heads,
-                                head_dim=cfg.head_dim, dtype=dt, pdl=pdl),
+                                head_dim=cfg.head_dim, dtype=dt, pdl=key_pdl),
                 qkv_rope.CANDIDATES, launch_qkv, self.configs["qkv"],
                 graph_launches=lambda c: [lambda f=f: launch_qkv(c, f, pdl) for f in layers])
         else:
@@ -172,7 +173,7 @@ class TritonStep:
                                                  unit_offset=unit, config=c, pdl=pdl)
 
             self.configs["qkv_proj"] = tuning.tune(
-                tuning.make_key("rmsnorm_gemv", n=qkv_out.numel(), k=hidden, dtype=dt, pdl=pdl),
+                tuning.make_key("rmsnorm_gemv", n=qkv_out.numel(), k=hidden, dtype=dt, pdl=key_pdl),
                 rmsnorm_gemv.CANDIDATES, launch_qkv_proj, self.configs["qkv_proj"],
                 graph_launches=lambda c: [lambda f=f: launch_qkv_proj(c, f, pdl) for f in layers])
 
@@ -190,7 +191,7 @@ class TritonStep:
                                  workspace=workspaces.get(c), pdl=pdl)
 
             self.configs[site] = tuning.tune(
-                tuning.make_key("gemv", n=ws[0].shape[0], k=ws[0].shape[1], residual=residual, dtype=dt, pdl=pdl),
+                tuning.make_key("gemv", n=ws[0].shape[0], k=ws[0].shape[1], residual=residual, dtype=dt, pdl=key_pdl),
                 gemv.CANDIDATES, launch_gemv, self.configs[site],
                 graph_launches=lambda c, ws=ws, launch=launch_gemv: [lambda w=w: launch(c, w, pdl) for w in ws])
 
@@ -204,7 +205,7 @@ class TritonStep:
 
             self.configs["gate_up"] = tuning.tune(
                 tuning.make_key("gated_mlp", f=cfg.intermediate_size, hidden=hidden, act=cfg.hidden_act, dtype=dt,
-                                pdl=pdl),
+                                pdl=key_pdl),
                 swiglu.CANDIDATES, launch_gate_up, self.configs["gate_up"],
                 graph_launches=lambda c: [lambda f=f: launch_gate_up(c, f, pdl) for f in mlp_layers])
         logits = torch.empty_like(self.logits)
@@ -214,7 +215,7 @@ class TritonStep:
                                              config=c, pdl=pdl)
 
         self.configs["head"] = tuning.tune(
-            tuning.make_key("rmsnorm_gemv", n=cfg.vocab_size, k=hidden, dtype=dt, pdl=pdl),
+            tuning.make_key("rmsnorm_gemv", n=cfg.vocab_size, k=hidden, dtype=dt, pdl=key_pdl),
             rmsnorm_gemv.CANDIDATES, launch_head, self.configs["head"],
             graph_launches=lambda c: [lambda: launch_head(c, pdl)])
         self._make_workspaces()

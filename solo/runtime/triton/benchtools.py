@@ -124,11 +124,12 @@ def _bench_weight_kernel(name: str, nbytes: int, run: Callable[[torch.Tensor, An
         launch, Hopper only: weight tiles load before each kernel's wait) and do_bench timings.
     """
     from solo.runtime.triton import tuning
-    from solo.runtime.triton.common import pdl_supported
+    from solo.runtime.triton.common import pdl_mode, pdl_supported
 
     pdl = pdl_supported()
-    config = tuning.tune(tuning.make_key(kernel, **shape, pdl=pdl), candidates, lambda c: run(ws[0], c, False),
-                         default, graph_launches=lambda c: [lambda w=w: run(w, c, pdl) for w in ws])
+    key = tuning.make_key(kernel, **shape, pdl=pdl_mode(pdl))
+    config = tuning.tune(key, candidates, lambda c: run(ws[0], c, False), default,
+                         graph_launches=lambda c: [lambda w=w: run(w, c, pdl) for w in ws])
 
     def graph_s(use_pdl: bool) -> float:
         return time_graph([lambda w=w: run(w, config, use_pdl) for w in ws])
