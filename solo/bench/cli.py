@@ -423,7 +423,8 @@ def main(args: argparse.Namespace) -> int:
     print("measuring read bandwidth ...", file=sys.stderr)
     probe_bytes = int(args.probe_gib * 2**30)
     probes = [probe_bandwidth(device, probe_bytes)]
-    solo.warm_up(prompt[:16])  # page in the weights, build kernels (and block graphs), allocate the cache
+    # Page in the weights, build kernels (and block graphs), allocate the cache at the timed runs' length.
+    solo.warm_up(prompt[:16], reserve_tokens=max_context)
     rss_now, _ = rss_bytes()
     memory: dict[str, Any] = {"process_rss_bytes_after_warmup": rss_now}
     if device.type == "cuda":

@@ -182,6 +182,12 @@ def test_bench_runner_decodes_in_blocks_like_the_engine(tiny):
     runner.begin(PROMPT, 8)
     runner.advance(7)
     assert ks == [4, 2, 1] and runner._position == len(PROMPT) + 7
+    # Warmed up for the timed runs' length: a timed run keeps the cache (and the graphs captured on it).
+    runner = SoloRunner(CudaGraphRuntime(tiny.model("llama", DEVICE), step="torch", use_graphs=False, block_size=4))
+    runner.warm_up(PROMPT, reserve_tokens=len(PROMPT) + 300)
+    cache = runner.runtime.cache
+    runner.begin(PROMPT, 300 - 1)
+    assert runner.runtime.cache is cache
 
 
 def test_server_decodes_a_lone_greedy_request_in_blocks(tiny):
