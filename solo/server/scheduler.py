@@ -162,6 +162,8 @@ SpanPrefill = Literal["step", "before", "off"]
 """Where the CPU runtime's short prompts are prefilled while rows decode (`Scheduler`'s span_prefill)."""
 
 DEFAULT_SPAN_PREFILL: SpanPrefill = "step"
+"""The default `SpanPrefill`."""
+
 PAUSE_MIN_STEP_S = 0.025
 """Decode steps expected to take at least this long (seconds) pause between runs of layers for new requests'
 prompt tails, on runtimes that can (`Scheduler._serve_arrivals_mid_step`); shorter ones are one call (each
@@ -172,7 +174,6 @@ arrivals cannot hold a step for long."""
 PAUSE_TAIL_TOKENS = 16
 """Longest prompt tail (tokens after the prefix cache) served inside a paused step: about a batch-1 step's
 cost, which the paused rows wait."""
-"""The default `SpanPrefill`."""
 
 RELEASE_WINDOW = 64
 """Recent row releases whose rate `max_queue_wait_s` admission control predicts the queue wait from."""
@@ -477,7 +478,6 @@ class Scheduler:
         """Steps expected to take at least this long (seconds, `step_s`) are pausable."""
         self.mid_step_prefills = 0
         """New requests whose prompt tail and first token were served inside a paused step (tests, debugging)."""
-        self._in_pausable_step = False
         self._paused_s = 0.0  # time the current step spent paused (not a measure of the step)
         if metrics is not None:
             metrics.watch_kv_cache(self.kv_used_bytes, self.kv_capacity_bytes, self.kv_bytes_per_token)
@@ -967,16 +967,10 @@ class Scheduler:
                 seq.request.stats.prefill_start_s = time.perf_counter() - seq.request.start_time
             self.prefill_pieces += 1
             self.prefill_piece_tokens += n
-        pausable = (self.pausable_steps and seqs and not self._in_pausable_step and self.step_s is not None
-                    and self.step_s >= self.pause_min_step_s)
-        if pausable:
-            self._in_pausable_step = True
-            try:
-                logits = decode_spans(self.runtime, row_ids, spans, starts, between=self._serve_arrivals_mid_step)
-            finally:
-                self._in_pausable_step = False
-        else:
-            logits = decode_spans(self.runtime, row_ids, spans, starts)
+        # Only a step with decode rows pauses: the calls made in its pauses carry prompt pieces alone.
+        pausable = self.pausable_steps and seqs and self.step_s is not None and self.step_s >= self.pause_min_step_s
+        logits = decode_spans(self.runtime, row_ids, spans, starts,
+                              between=self._serve_arrivals_mid_step if pausable else None)
         for (seq, n), piece in zip(pieces, logits[len(seqs):], strict=True):
             seq.prefill_at += n
             if seq.prefill_left() == 0:

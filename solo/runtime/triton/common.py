@@ -202,8 +202,8 @@ def pdl_mode(pdl: bool) -> int:
     epilogue. PDL_RELEASE_EARLY (SOLO_PDL_RELEASE=early, for measurement): each CTA releases the next
     kernel right after its own wait, so the next kernel's CTAs become resident as soon as all of this
     kernel's have started. Either way every read of an activation waits for the previous kernel to have
-    completed (`pdl_wait`), so results are identical. On an H200 (Llama-3.2-1B shape, block decode) late
-    release measured 1218 tok/s against early's 1203 (benchmarks/results/nvidia-h200/README.md).
+    completed (`pdl_wait`), so results are identical. On an H200 (Llama-3.2-1B shape, block decode) the two
+    measured within run-to-run noise of each other (1203-1218 tok/s; benchmarks/results/nvidia-h200/README.md).
     """
     if not pdl:
         return PDL_OFF

@@ -184,7 +184,6 @@ def tune(
         except Exception as exc:  # a configuration that fails to compile or launch is skipped
             log.warning("tuning %s: %s failed (%s: %s)", key, config, type(exc).__name__, exc)
     timings: list[tuple[float, C]] = []
-    method = "do_bench"
     if graph_launches is not None:
         method = "graph"
         for config in correct:
