@@ -72,19 +72,28 @@ if _PATH and "serve" in sys.argv:
         return emit
 
     def _spans(orig):
-        def decode_spans(runtime, rows, token_lists, starts):
+        def decode_spans(runtime, rows, token_lists, starts, **kwargs):
             t0 = time.perf_counter()
-            out = orig(runtime, rows, token_lists, starts)
+            out = orig(runtime, rows, token_lists, starts, **kwargs)
             _log(ev="spans", t0=t0, t1=time.perf_counter(), rows=len(rows), entries=sum(map(len, token_lists)))
             return out
         return decode_spans
 
+    def _pause(orig):
+        def serve_arrivals_mid_step(self):  # a pause inside a step (the calls made in it are logged too)
+            t0, served = time.perf_counter(), self.mid_step_prefills
+            orig(self)
+            if self.mid_step_prefills > served:
+                _log(ev="pause", t0=t0, t1=time.perf_counter(), served=self.mid_step_prefills - served)
+        return serve_arrivals_mid_step
+
     def _kernel(orig):
-        def step(self, rows, token_ids, positions, flags):
+        def step(self, rows, token_ids, positions, flags, between=None):
             threads = self.threads.threads
             t0 = time.perf_counter()
-            out = orig(self, rows, token_ids, positions, flags)
-            _log(ev="kernel", t0=t0, t1=time.perf_counter(), b=int(rows.numel()), th=threads, flags=flags)
+            out = orig(self, rows, token_ids, positions, flags, between)
+            _log(ev="kernel", t0=t0, t1=time.perf_counter(), b=int(rows.numel()), th=threads, flags=flags,
+                 paused=between is not None)
             return out
         return step
 
@@ -94,4 +103,6 @@ if _PATH and "serve" in sys.argv:
     _wrap(_s.Scheduler, "_emit", _emit)
     if hasattr(_s, "decode_spans"):
         _wrap(_s, "decode_spans", _spans)
+    if hasattr(_s.Scheduler, "_serve_arrivals_mid_step"):
+        _wrap(_s.Scheduler, "_serve_arrivals_mid_step", _pause)
     _wrap(_cpu.CpuRuntime, "_step", _kernel)

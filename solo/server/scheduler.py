@@ -478,6 +478,8 @@ class Scheduler:
         """Steps expected to take at least this long (seconds, `step_s`) are pausable."""
         self.mid_step_prefills = 0
         """New requests whose prompt tail and first token were served inside a paused step (tests, debugging)."""
+        self.step_start_prefills = 0
+        """The same, served in a call of their own right before a pausable step (its first pause point)."""
         self._paused_s = 0.0  # time the current step spent paused (not a measure of the step)
         if metrics is not None:
             metrics.watch_kv_cache(self.kv_used_bytes, self.kv_capacity_bytes, self.kv_bytes_per_token)
@@ -811,9 +813,23 @@ class Scheduler:
         if pieces and self.span_prefill == "before":  # one call for every prompt piece, then the decode step
             self._guard([s for s, _ in pieces], self._decode_step, [], pieces)
             pieces = []
+        elif pieces and self._step_pauses([s for s in self._running if s.ready and not s.request.finished]):
+            # The step's start is a pause point too: short tails get their first token from a call of their
+            # own now, as they would at any later point of the step, instead of riding the whole batched step
+            # (and waiting for the calls its pauses make for requests that arrived after them). They then
+            # decode in the step.
+            tails = [(s, n) for s, n in pieces if n == s.prefill_left() <= PAUSE_TAIL_TOKENS]
+            if tails:
+                self.step_start_prefills += len(tails)
+                self._guard([s for s, _ in tails], self._span_step, [], tails)
+                pieces = [p for p in pieces if p not in tails]
         active = [s for s in self._running if s.ready and not s.request.finished]
         self._timed_step(active, pieces)
         return True
+
+    def _step_pauses(self, seqs: list[_Sequence]) -> bool:
+        # A decode step of `seqs` pauses between runs of layers for new requests (see _serve_arrivals_mid_step).
+        return bool(self.pausable_steps and seqs and self.step_s is not None and self.step_s >= self.pause_min_step_s)
 
     def _admit(self) -> list[_Sequence]:
         # Waiting requests into free rows, by priority (call with the lock held).
@@ -968,9 +984,8 @@ class Scheduler:
             self.prefill_pieces += 1
             self.prefill_piece_tokens += n
         # Only a step with decode rows pauses: the calls made in its pauses carry prompt pieces alone.
-        pausable = self.pausable_steps and seqs and self.step_s is not None and self.step_s >= self.pause_min_step_s
         logits = decode_spans(self.runtime, row_ids, spans, starts,
-                              between=self._serve_arrivals_mid_step if pausable else None)
+                              between=self._serve_arrivals_mid_step if self._step_pauses(seqs) else None)
         for (seq, n), piece in zip(pieces, logits[len(seqs):], strict=True):
             seq.prefill_at += n
             if seq.prefill_left() == 0:

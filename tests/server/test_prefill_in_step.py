@@ -298,3 +298,45 @@ def test_a_short_tail_arriving_mid_step_is_served_inside_the_paused_step(engine,
         assert spans[3] == ((0, 1, spans[3][0][2]), (1, n, 0))
     assert max(steps_seen) > 3  # the later steps paused too, with nothing to serve
     assert head == alone(engine, PROMPTS[2], 12) and rest == alone(engine, prompt)
+
+
+@pytest.mark.parametrize("newcomer", [0, 1], ids=["short-tail", "long-prompt"])
+def test_a_short_tail_arriving_after_the_last_pause_is_served_before_the_next_step(engine, newcomer):
+    # The newcomer arrives after the second step's last pause point (the spy's hook runs after each call): at
+    # the next iteration a short tail gets a call of its own before the (pausable) step, as at a pause, and
+    # then decodes in that step; a longer prompt rides the step as a piece.
+    spy = _Spy(engine.runtime)
+    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused")
+    scheduler.pause_min_step_s = 0.0
+    spy.calls.clear()
+    late: list = []
+    prompt = PROMPTS[newcomer]
+    n = len(request(engine, prompt).prompt_ids)
+    assert (n <= PAUSE_TAIL_TOKENS) == (newcomer == 0)
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def hook():
+            if not late and scheduler.steps == 2:
+                late.append(scheduler.submit([request(engine, prompt)], loop))
+
+        spy.hook = hook
+        head = scheduler.submit([request(engine, PROMPTS[2], 12)], loop)
+        scheduler.start()
+        out = await collect(head)
+        return out, await collect(late[0])
+
+    try:
+        head, rest = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    spans = [c[1] for c in spy.calls if c[0] == "spans"]
+    if newcomer == 0:
+        assert scheduler.step_start_prefills == 1 and scheduler.mid_step_prefills == 0
+        assert spans[2] == ((1, n, 0),)
+        assert [(r, k) for r, k, _ in spans[3]] == [(0, 1), (1, 1)]  # then it decodes in that step
+    else:
+        assert scheduler.step_start_prefills == 0
+        assert spans[2] == ((0, 1, spans[2][0][2]), (1, n, 0))
+    assert head == alone(engine, PROMPTS[2], 12) and rest == alone(engine, prompt)
