@@ -152,7 +152,8 @@ def markdown(result: dict[str, Any]) -> str:
         f"{w['slo_tpot_s']} s",
         f"- Server: {meta['server']}" + (f" ({meta['server_slots']} slots)" if meta.get("server_slots") else ""),
         f"- Model: {meta.get('model', '?')}",
-        f"- Machine: {meta['machine'].get('cpu')} ({meta['machine'].get('cpu_cores')} CPUs); load average before: "
+        f"- Machine: {meta['machine'].get('cpu')} ({meta['machine'].get('cpu_cores')} CPUs)"
+        + (f", {meta['machine']['gpu']}" if meta["machine"].get("gpu") else "") + "; load average before: "
         f"{meta['cpu_load_before']}, after: {meta.get('cpu_load_after')}",
     ]
     if meta.get("capacity_rps"):
