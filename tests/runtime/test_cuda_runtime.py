@@ -122,6 +122,31 @@ def test_batched_decode_rows_and_cache_checks(tiny):
             CudaGraphRuntime(model, use_graphs=True)  # graphs need CUDA
 
 
+def test_eager_calls_attend_without_cudnn_and_restore_the_setting(tiny, monkeypatch):
+    # cuDNN's SDPA builds a plan per new attended length (37-631 ms each on an H200): the runtime's eager
+    # prefill, batched decode and verify leave it out, and the process's own setting is back afterwards.
+    import torch.nn.functional as F
+
+    model = tiny.model("qwen2", DEVICE)
+    rt = CudaGraphRuntime(model, step="torch", use_graphs=False)
+    rt.reserve(2, 32)
+    seen = []
+    sdpa = F.scaled_dot_product_attention
+
+    def spy(*args, **kwargs):
+        seen.append(torch.backends.cuda.cudnn_sdp_enabled())
+        return sdpa(*args, **kwargs)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", spy)
+    before = torch.backends.cuda.cudnn_sdp_enabled()
+    a = rt.prefill(0, torch.tensor(PROMPT))
+    rt.prefill(1, torch.tensor(PROMPT[:6]))
+    rt.decode(torch.tensor([0, 1]), torch.tensor([int(a.argmax()), 3]), torch.tensor([len(PROMPT), 6]))
+    rt.verify(0, torch.tensor([3, 4]), len(PROMPT) + 1)
+    assert seen and not any(seen)
+    assert torch.backends.cuda.cudnn_sdp_enabled() == before
+
+
 def test_cuda_graph_backend_is_registered():
     assert "cuda-graph" in BACKENDS
     with pytest.raises(SoloError):

@@ -14,9 +14,11 @@ contexts; the Triton step's flash-decoding reads only the live positions.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 
 import torch
+from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.cuda.state import STATE_POS, STATE_ROW, STATE_TOKEN
@@ -57,6 +59,24 @@ def forward_tokens(model: Transformer, cache: KVCache, input_ids: torch.Tensor, 
         Logits [batch, seq, vocab] (or [batch, 1, vocab] with last_only) in the weights' dtype.
     """
     return model(input_ids, positions, cache, rows, last_only=last_only, kv_len=kv_len)
+
+
+EAGER_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
+"""Attention backends of the GPU runtimes' eager calls (prefill, batched decode, verify): cuDNN's left out."""
+
+
+def eager_attention_backends() -> contextlib.AbstractContextManager:
+    """Scope for the GPU runtimes' eager torch calls: SDPA without its cuDNN backend.
+
+    Those calls attend over a length that changes with every prompt and every step (`kv_len`), and torch
+    2.11 picks cuDNN's attention for bf16 with a mask on Hopper, which builds a plan per new shape: on an
+    H200 (Llama-3.2-1B shape) a prefill of a new length took 37-631 ms the first time against 8-10 ms
+    after, and a 4-row decode step at a new length 36-382 ms against 8-9 ms, so a server's TTFT under
+    load was set by plan builds. With the memory-efficient backend a new length costs nothing extra
+    (10-11 ms first, 10-10.5 ms after). The setting is restored on exit (the process's other torch code,
+    a `transformers` peer included, keeps its own).
+    """
+    return sdpa_kernel(EAGER_SDPA_BACKENDS)
 
 
 class TorchStep:

@@ -28,6 +28,7 @@ import torch
 
 from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
+from solo.runtime.cuda.torch_step import eager_attention_backends
 from solo.runtime.megakernel.graph import (
     MAX_STOP_IDS,
     STATE_ERROR,
@@ -279,8 +280,9 @@ class MegakernelRuntime:
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq:
             raise SoloError(f"prefill of {seq} tokens at {start_pos} does not fit row {row} of the cache")
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1).to(self.device)
-        logits = self.model(ids.to(self.device), positions, self.cache, torch.tensor([row], device=self.device),
-                            last_only=True, kv_len=start_pos + seq)
+        with eager_attention_backends():
+            logits = self.model(ids.to(self.device), positions, self.cache, torch.tensor([row], device=self.device),
+                                last_only=True, kv_len=start_pos + seq)
         self.host_syncs += 1
         return logits[0, -1].float()
 
@@ -307,8 +309,9 @@ class MegakernelRuntime:
             self._check_launch()
             return logits
         kv_len = int(positions.max()) + 1
-        logits = self.model(token_ids.view(-1, 1).to(self.device), positions.view(-1, 1).to(self.device),
-                            self.cache, rows.to(self.device), last_only=True, kv_len=kv_len)
+        with eager_attention_backends():
+            logits = self.model(token_ids.view(-1, 1).to(self.device), positions.view(-1, 1).to(self.device),
+                                self.cache, rows.to(self.device), last_only=True, kv_len=kv_len)
         self.host_syncs += 1
         return logits[:, -1].float()
 
