@@ -317,7 +317,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
-    from solo.bench.report import machine_info, rss_bytes, summarize, versions
+    from solo.bench.report import machine_info, report_command, rss_bytes, summarize, versions
     from solo.bench.roofline import decode_bytes, probe_bandwidth, roofline_tokens_per_s
     from solo.bench.runner import (
         TOKEN_CHECK_LEN,
@@ -578,8 +578,7 @@ def main(args: argparse.Namespace) -> int:
         if hasattr(engine, "peak_rss_bytes") and not deferred:  # peers in their own process (llama.cpp)
             memory[f"{engine.name}_process_rss_peak_bytes"] = engine.peak_rss_bytes()
     report: dict[str, Any] = {
-        "command": " ".join(["solo", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("solo") else
-        " ".join(sys.argv),
+        "command": report_command(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": model_label, "device": str(device), "dtype": str(dense_dtype).replace("torch.", ""),
         "quantize": args.quantize, "backend": backend_name, "kernel_isa": kernel_isa, "int_dot": int_dot,

@@ -64,6 +64,21 @@ def versions() -> dict[str, str | None]:
     }
 
 
+def report_command(argv: list[str] | None = None) -> str:
+    """The command line a report records: `solo ...` however it was started, absolute paths cut to their names.
+
+    `python -m solo.cli bench ...` and a virtual environment's `.../bin/solo` both read `solo bench ...`, and
+    an argument such as `--json /home/me/runs/x.json` reads `--json x.json`: a result file never quotes the
+    local paths of the machine or the shell that wrote it.
+
+    Args:
+        argv: the process's arguments (default: sys.argv).
+    """
+    argv = list(sys.argv if argv is None else argv)
+    rest = argv[1:] if argv else []
+    return " ".join(["solo", *(Path(a).name if os.path.isabs(a) else a for a in rest)])
+
+
 def summarize(values: list[float]) -> dict[str, float]:
     """Median, min and max of a list of measurements."""
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}

@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         SoloError: loading the model failed, or --shape was given (the benchmark needs a tokenizer).
     """
-    from solo.bench.report import machine_info, versions
+    from solo.bench.report import machine_info, report_command, versions
     from solo.engine.constraints import TokenConstraint
     from solo.engine.engine import Engine
     from solo.engine.sampling import SamplingParams
@@ -86,7 +86,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
                 tokens += stats.completion_tokens
     free_tps, json_tps = statistics.median(rates["unconstrained"]), statistics.median(rates["json_schema"])
     report = {
-        "command": " ".join(["solo", *sys.argv[1:]]),
+        "command": report_command(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "model": engine.name, "backend": engine.runtime.name, "device": str(engine.runtime.device),
         "gen_len": args.gen_len, "repeats": args.repeats, "machine": machine_info(engine.runtime.device),

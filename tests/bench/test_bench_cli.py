@@ -613,3 +613,11 @@ def test_rapl_wraparound_and_absent_counters(tmp_path):
     assert result["joules"] == pytest.approx(3.0)  # 1 J to the wrap, 2 J after it
     counter, reason = rapl_counter(tmp_path / "none")
     assert counter is None and "no RAPL counters" in reason
+
+
+def test_report_command_reads_solo_and_cuts_absolute_paths():
+    from solo.bench.report import report_command
+
+    for program in ("/venv/bin/solo", "/repo/solo/cli.py"):  # the entry point, `python -m solo.cli`
+        argv = [program, "bench", "--shape", "Qwen2.5-0.5B", "--json", "/home/me/runs/x.json", "--plot", "p.png"]
+        assert report_command(argv) == "solo bench --shape Qwen2.5-0.5B --json x.json --plot p.png"
