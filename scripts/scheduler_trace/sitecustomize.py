@@ -79,6 +79,18 @@ if _PATH and "serve" in sys.argv:
             return out
         return decode_spans
 
+    def _calls_of_their_own(orig):
+        def span_step(self, seqs, pieces=()):
+            if seqs:  # a decode step (logged by decode_step)
+                return orig(self, seqs, pieces)
+            t0 = time.perf_counter()  # new requests' tails in a call of their own: before a step or in a pause
+            orig(self, seqs, pieces)
+            t1 = time.perf_counter()
+            for seq, n in pieces:
+                _log(ev="piece", id=getattr(seq.request, "_trace_id", -1), t0=t0, t1=t1, n=n,
+                     at=seq.prefill_at - n, ready=seq.ready, own_call=True)
+        return span_step
+
     def _pause(orig):
         def serve_arrivals_mid_step(self):  # a pause inside a step (the calls made in it are logged too)
             t0, served = time.perf_counter(), self.mid_step_prefills
@@ -103,6 +115,7 @@ if _PATH and "serve" in sys.argv:
     _wrap(_s.Scheduler, "_emit", _emit)
     if hasattr(_s, "decode_spans"):
         _wrap(_s, "decode_spans", _spans)
+    _wrap(_s.Scheduler, "_span_step", _calls_of_their_own)
     if hasattr(_s.Scheduler, "_serve_arrivals_mid_step"):
         _wrap(_s.Scheduler, "_serve_arrivals_mid_step", _pause)
     _wrap(_cpu.CpuRuntime, "_step", _kernel)

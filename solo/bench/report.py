@@ -5,6 +5,7 @@ from __future__ import annotations
 import importlib.metadata
 import os
 import platform
+import shlex
 import statistics
 import sys
 from pathlib import Path
@@ -67,16 +68,26 @@ def versions() -> dict[str, str | None]:
 def report_command(argv: list[str] | None = None) -> str:
     """The command line a report records: `solo ...` however it was started, absolute paths cut to their names.
 
-    `python -m solo.cli bench ...` and a virtual environment's `.../bin/solo` both read `solo bench ...`, and
-    an argument such as `--json /home/me/runs/x.json` reads `--json x.json`: a result file never quotes the
-    local paths of the machine or the shell that wrote it.
+    `python -m solo.cli bench ...` and a virtual environment's `.../bin/solo` both read `solo bench ...`; an
+    argument such as `--json /home/me/runs/x.json` or `--json=/home/me/runs/x.json` reads `--json x.json`, so a
+    result file never quotes the local paths of the machine or the shell that wrote it; arguments are quoted
+    as a POSIX shell needs (`shlex.join`).
 
     Args:
         argv: the process's arguments (default: sys.argv).
+
+    Returns:
+        The command, e.g. "solo bench --shape Qwen2.5-0.5B --json x.json".
     """
     argv = list(sys.argv if argv is None else argv)
-    rest = argv[1:] if argv else []
-    return " ".join(["solo", *(Path(a).name if os.path.isabs(a) else a for a in rest)])
+
+    def cut(arg: str) -> str:
+        flag, eq, value = arg.partition("=")
+        if eq and flag.startswith("-") and os.path.isabs(value):
+            return f"{flag}={Path(value).name}"
+        return Path(arg).name if os.path.isabs(arg) else arg
+
+    return shlex.join(["solo", *(cut(a) for a in argv[1:])])
 
 
 def summarize(values: list[float]) -> dict[str, float]:

@@ -44,7 +44,8 @@ def freeze_startup_heap() -> int:
     yet every oldest-generation collection walked all of it: on the bundled model under the chat workload
     at 30 req/s (2-core Zen 5) four such collections of 155-270 ms each stopped every thread in a 45-second
     phase, and the requests that arrived during them were the p99 of TTFT. Frozen, a collection walks only
-    what the server made since. vLLM's engine core freezes its startup heap for the same reason.
+    what the server made since. vLLM's engine core freezes its startup heap for the same reason, and so does
+    `solo bench --load`'s load generator (its collections held every stream's reads).
     """
     import gc
 

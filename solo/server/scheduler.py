@@ -30,7 +30,8 @@ decode step expected to take at least `PAUSE_MIN_STEP_S` pauses at each run's en
 with a free row: a new request whose prompt is, after the prefix cache, a tail of at most `PAUSE_TAIL_TOKENS`
 tokens (a chat turn resent with its history) is admitted, prefilled and given its first token in a call of
 its own there, and the step resumes (the same bits). Its TTFT then waits for a run of layers, not for the rest
-of the step and a whole batched step of its own; the paused rows wait for that one call.
+of the step and a whole batched step of its own; the paused rows wait for that one call. The step's start is
+such a point too: a new request's short tail already waiting then gets that call before the step.
 
 On a runtime with block decoding (the CUDA-graph runtime, the monokernel: `iter_blocks`), a lone greedy
 request (nothing else running, nothing waiting for a free row, no penalties, logprobs, constraint, logits
@@ -818,7 +819,8 @@ class Scheduler:
             # own now, as they would at any later point of the step, instead of riding the whole batched step
             # (and waiting for the calls its pauses make for requests that arrived after them). They then
             # decode in the step.
-            tails = [(s, n) for s, n in pieces if n == s.prefill_left() <= PAUSE_TAIL_TOKENS]
+            tails = [(s, n) for s, n in pieces if n == s.prefill_left() <= PAUSE_TAIL_TOKENS
+                     and s.prefill_at == s.request.stats.cached_tokens]  # new requests, not a prompt's last piece
             if tails:
                 self.step_start_prefills += len(tails)
                 self._guard([s for s, _ in tails], self._span_step, [], tails)

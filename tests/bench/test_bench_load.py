@@ -376,3 +376,47 @@ def test_ttft_over_the_idle_ttft_of_the_same_prompt():
     # not in the pool
     assert phase["p99_ttft_over_idle_same_prompt"] == {"chat": round(2 + 0.96 * 2, 2)}
     assert phase["p99_ttft_over_idle"] == {"chat": round(percentile([o.ttft_s for o in outs], 0.99) / 0.1, 2)}
+
+
+def test_the_report_names_the_gpu_a_started_server_runs_on(monkeypatch):
+    import argparse
+
+    from solo.bench.load import cli as load_cli
+    from solo.bench.load.report import markdown
+
+    monkeypatch.setattr(load_cli, "_gpu_name", lambda index: f"NVIDIA H200 #{index}")
+    started = load_cli._machine(argparse.Namespace(device="cuda:1", url=None))
+    assert started["gpu"] == "NVIDIA H200 #1" and started["cpu"]
+    assert "gpu" not in load_cli._machine(argparse.Namespace(device="cuda", url="http://127.0.0.1:8000"))
+    assert "gpu" not in load_cli._machine(argparse.Namespace(device=None, url=None))
+    meta = {"command": "solo bench --load tiny", "server": "solo serve", "machine": started, "cpu_load_before": None}
+    report = markdown({"meta": meta, "phases": [], "output_check": None,
+                       "workload": {"name": "tiny", "description": "", "slo_ttft_s": 5.0, "slo_tpot_s": 1.0}})
+    assert "NVIDIA H200 #1; load average before" in report
+
+
+def test_the_load_generator_runs_its_phases_on_a_frozen_heap(monkeypatch, tmp_path):
+    import gc
+
+    from solo.bench.load import runner
+
+    seen = []
+
+    def idle_baseline(*args, **kwargs):
+        seen.append(gc.get_freeze_count())
+        raise RuntimeError("stop here")
+
+    async def fake(*args, **kwargs):
+        return idle_baseline()
+
+    monkeypatch.setattr(runner, "idle_baseline", fake)
+    monkeypatch.setattr(runner, "check_loopback", lambda url: url)
+    monkeypatch.setattr(runner, "build_prompts", lambda *a, **k: type("P", (), {"model": "m", "max_model_len": 64,
+                                                                                  "notes": []})())
+    workload = tmp_path / "tiny.toml"
+    workload.write_text(TINY)
+    before = gc.get_freeze_count()
+    with pytest.raises(RuntimeError, match="stop here"):
+        main(["bench", "--load", str(workload), "--url", "http://127.0.0.1:9"])
+    assert seen and seen[0] > 0  # frozen while it ran
+    assert gc.get_freeze_count() == before  # and as it was after

@@ -147,6 +147,22 @@ def test_eager_calls_attend_without_cudnn_and_restore_the_setting(tiny, monkeypa
     assert torch.backends.cuda.cudnn_sdp_enabled() == before
 
 
+def test_eager_attention_scope_keeps_long_prefills_and_disabled_backends_as_they_are():
+    from solo.runtime.cuda.torch_step import MATH_SCORES_BUDGET_BYTES, eager_attention_backends
+
+    with eager_attention_backends(32, 1, 4096):  # a decode step: cuDNN left out
+        assert not torch.backends.cuda.cudnn_sdp_enabled()
+    long_tokens = MATH_SCORES_BUDGET_BYTES // (4 * 32 * 8192) + 1
+    with eager_attention_backends(32, long_tokens, 8192):  # a long prefill: torch's own choice
+        assert torch.backends.cuda.cudnn_sdp_enabled()
+    torch.backends.cuda.enable_mem_efficient_sdp(False)
+    try:
+        with eager_attention_backends(32, 1, 64):
+            assert not torch.backends.cuda.mem_efficient_sdp_enabled() and torch.backends.cuda.math_sdp_enabled()
+    finally:
+        torch.backends.cuda.enable_mem_efficient_sdp(True)
+
+
 def test_cuda_graph_backend_is_registered():
     assert "cuda-graph" in BACKENDS
     with pytest.raises(SoloError):

@@ -7,6 +7,7 @@ row: `prefill`, then batch-1 decode steps, the calls `Engine.run` makes)."""
 from __future__ import annotations
 
 import asyncio
+import math
 
 import pytest
 
@@ -79,6 +80,7 @@ def run_with_arrivals(engine: Engine, first: str, later: list[str], *, after_ste
                           prefill_chunk=prefill_chunk)
     if span_limit is not None:
         scheduler.span_prefill_positions = span_limit
+    scheduler.pause_min_step_s = math.inf  # the calls these tests expect do not depend on the machine's speed
     spy.calls.clear()  # (the start-up probe's calls)
     late: list = []
 
@@ -198,6 +200,7 @@ def test_prompts_past_the_span_limit_keep_their_own_chunk_calls(engine):
 def test_a_burst_on_an_idle_server_makes_one_prefill_call_and_the_rest_ride_the_first_step(engine):
     spy = _Spy(engine.runtime)
     scheduler = Scheduler(spy, max_batch=3, max_queue=3, max_seq=256, decode_batching="fused")
+    scheduler.pause_min_step_s = math.inf
     spy.calls.clear()
     prompts = [PROMPTS[1], PROMPTS[0], PROMPTS[2]]
     lengths = [len(request(engine, p).prompt_ids) for p in prompts]
@@ -223,6 +226,7 @@ def test_a_burst_on_an_idle_server_makes_one_prefill_call_and_the_rest_ride_the_
 def test_before_mode_prefills_the_new_prompts_in_one_call_ahead_of_the_step(engine):
     spy = _Spy(engine.runtime)
     scheduler = Scheduler(spy, max_batch=3, max_queue=3, max_seq=256, decode_batching="fused", span_prefill="before")
+    scheduler.pause_min_step_s = math.inf
     spy.calls.clear()
     late: list = []
     lengths = [len(request(engine, p).prompt_ids) for p in PROMPTS[:3]]
@@ -339,4 +343,39 @@ def test_a_short_tail_arriving_after_the_last_pause_is_served_before_the_next_st
     else:
         assert scheduler.step_start_prefills == 0
         assert spans[2] == ((0, 1, spans[2][0][2]), (1, n, 0))
+    assert head == alone(engine, PROMPTS[2], 12) and rest == alone(engine, prompt)
+
+
+def test_a_chunked_prompts_short_last_piece_rides_the_step(engine):
+    # Only new requests' tails get a call before a pausable step: the last piece of a prompt whose earlier
+    # pieces rode earlier steps rides its step too (the decode rows would otherwise wait for one more call).
+    spy = _Spy(engine.runtime)
+    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused", prefill_chunk=8)
+    scheduler.pause_min_step_s = 0.0
+    spy.calls.clear()
+    late: list = []
+    prompt = PROMPTS[1]
+    n = len(request(engine, prompt).prompt_ids)
+    assert n > 8 and n % 8
+
+    async def main():
+        loop = asyncio.get_running_loop()
+
+        def hook():
+            if not late and scheduler.steps == 2:
+                late.append(scheduler.submit([request(engine, prompt)], loop))
+
+        spy.hook = hook
+        head = scheduler.submit([request(engine, PROMPTS[2], 12)], loop)
+        scheduler.start()
+        out = await collect(head)
+        return out, await collect(late[0])
+
+    try:
+        head, rest = asyncio.run(main())
+    finally:
+        scheduler.stop()
+    assert scheduler.step_start_prefills == 0
+    spans = [c[1] for c in spy.calls if c[0] == "spans"]
+    assert all(any(r == 0 for r, _, _ in call) for call in spans[2:2 + -(-n // 8)])  # every piece beside row 0
     assert head == alone(engine, PROMPTS[2], 12) and rest == alone(engine, prompt)

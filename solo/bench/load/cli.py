@@ -5,9 +5,11 @@ from __future__ import annotations
 import argparse
 import asyncio
 import functools
+import gc
 import json
 import shlex
 import signal
+import subprocess
 import sys
 import tempfile
 import threading
@@ -154,13 +156,47 @@ def _shape_model(args: argparse.Namespace) -> tuple[str, tempfile.TemporaryDirec
 
 
 def _served_device(args: argparse.Namespace) -> Any:
-    # The device the started server runs on, for the report's machine line (its GPU's name on CUDA).
+    # The device a started server runs on, for the report's machine line (its GPU's name on CUDA).
     import torch
 
     device = getattr(args, "device", None)
-    if not args.url and device and str(device).startswith("cuda") and torch.cuda.is_available():
+    if not getattr(args, "url", None) and device and str(device).startswith("cuda"):
         return torch.device(device)
     return torch.device("cpu")
+
+
+def _machine(args: argparse.Namespace) -> dict[str, Any]:
+    # machine_info of the host; on a started CUDA server its GPU's name through NVML or nvidia-smi, so the
+    # load generator opens no CUDA context of its own on the GPU the server uses.
+    import torch
+
+    from solo.bench.report import machine_info
+
+    info = machine_info(torch.device("cpu"))
+    device = _served_device(args)
+    if device.type == "cuda":
+        info["gpu"] = _gpu_name(device.index or 0)
+    return info
+
+
+def _gpu_name(index: int) -> str:
+    try:
+        import pynvml
+
+        pynvml.nvmlInit()
+        try:
+            name = pynvml.nvmlDeviceGetName(pynvml.nvmlDeviceGetHandleByIndex(index))
+            return name.decode() if isinstance(name, bytes) else str(name)
+        finally:
+            pynvml.nvmlShutdown()
+    except Exception:  # (no NVML, or NVML without this GPU: try the driver's tool)
+        pass
+    try:
+        out = subprocess.run(["nvidia-smi", f"--id={index}", "--query-gpu=name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=10, check=True)
+        return out.stdout.strip() or "CUDA GPU"
+    except (OSError, subprocess.SubprocessError):
+        return "CUDA GPU"
 
 
 def _command(args: argparse.Namespace) -> str:
@@ -207,7 +243,7 @@ def main(args: argparse.Namespace) -> int:
         start_server,
     )
     from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
-    from solo.bench.report import machine_info, versions
+    from solo.bench.report import versions
 
     shape = getattr(args, "shape", None)
     if shape and (args.model or args.url):
@@ -262,7 +298,7 @@ def main(args: argparse.Namespace) -> int:
             server_desc = "solo serve " + shlex.join([*shown, *serve_args])
         meta: dict[str, Any] = {
             "command": _command(args),
-            "server": server_desc, "machine": machine_info(_served_device(args)),
+            "server": server_desc, "machine": _machine(args),
             "versions": versions(), "cpu_load_before": cpu_load(), "note": args.note,
         }
         phases = []
@@ -277,8 +313,9 @@ def main(args: argparse.Namespace) -> int:
             print(note, file=sys.stderr)
         # The load generator's own oldest-generation collections walk torch's import heap (~30-45 ms each,
         # longer beside a busy server) and hold every stream's reads meanwhile: charged to the server's TTFT.
-        freeze_startup_heap()
-        frozen = True
+        if not gc.get_freeze_count():  # (a caller that froze its own heap keeps it frozen)
+            frozen = True
+            freeze_startup_heap()
         idle = asyncio.run(idle_baseline(base, prompts, workload, timeout))
         clients = args.max_batch or server_slots(base) or 8
         meta["capacity_clients"] = meta["server_slots"] = clients

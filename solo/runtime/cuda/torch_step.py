@@ -61,22 +61,40 @@ def forward_tokens(model: Transformer, cache: KVCache, input_ids: torch.Tensor, 
     return model(input_ids, positions, cache, rows, last_only=last_only, kv_len=kv_len)
 
 
-EAGER_SDPA_BACKENDS = [SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION, SDPBackend.MATH]
-"""Attention backends of the GPU runtimes' eager calls (prefill, batched decode, verify): cuDNN's left out."""
+MATH_SCORES_BUDGET_BYTES = 256 * 2**20
+"""Largest float32 score matrix (heads x query tokens x attended positions) an eager call may attend with
+cuDNN left out: the backend torch then takes for the model's masked grouped-KV calls can be its math
+one, which holds those scores whole; longer prefills keep torch's own choice."""
 
 
-def eager_attention_backends() -> contextlib.AbstractContextManager:
-    """Scope for the GPU runtimes' eager torch calls: SDPA without its cuDNN backend.
+def eager_attention_backends(heads: int = 1, tokens: int = 1, kv_len: int = 1) -> contextlib.AbstractContextManager:
+    """Scope for one of the GPU runtimes' eager torch calls (prefill, batched decode, verify): SDPA off cuDNN.
 
-    Those calls attend over a length that changes with every prompt and every step (`kv_len`), and torch
-    2.11 picks cuDNN's attention for bf16 with a mask on Hopper, which builds a plan per new shape: on an
-    H200 (Llama-3.2-1B shape) a prefill of a new length took 37-631 ms the first time against 8-10 ms
-    after, and a 4-row decode step at a new length 36-382 ms against 8-9 ms, so a server's TTFT under
-    load was set by plan builds. With the memory-efficient backend a new length costs nothing extra
-    (10-11 ms first, 10-10.5 ms after). The setting is restored on exit (the process's other torch code,
-    a `transformers` peer included, keeps its own).
+    Those calls attend over a length that changes with every prompt and every step, and torch 2.11 picks
+    cuDNN's attention for bf16 with a mask on Hopper, which builds a plan per new shape: on an H200
+    (Llama-3.2-1B shape) a prefill of a new length took 37-631 ms the first time against 8-10 ms after, and
+    a 4-row decode step at a new length 36-382 ms against 8-9 ms (benchmarks/results/nvidia-h200). Without
+    it a new length cost nothing extra there (prefill 11-16 ms, decode 9.4-9.6 ms). For these masked
+    grouped-KV calls torch's flash backend takes no mask and, per its backend checks, the memory-efficient
+    one no grouped KV heads, so the math backend may run, whose scores are a whole float32
+    [heads, tokens, kv_len] matrix: calls whose matrix would exceed `MATH_SCORES_BUDGET_BYTES` (long
+    prefills) keep torch's choice. Backends the process turned off stay off; the setting is restored on
+    exit.
+
+    Args:
+        heads: query heads per sequence times the batch's sequences.
+        tokens: query tokens per sequence (1 for a decode step).
+        kv_len: positions attended.
+
+    Returns:
+        A context manager (`torch.nn.attention.sdpa_kernel` over the enabled backends but cuDNN's, or a no-op).
     """
-    return sdpa_kernel(EAGER_SDPA_BACKENDS)
+    backends = [b for b, on in ((SDPBackend.FLASH_ATTENTION, torch.backends.cuda.flash_sdp_enabled()),
+                                (SDPBackend.EFFICIENT_ATTENTION, torch.backends.cuda.mem_efficient_sdp_enabled()),
+                                (SDPBackend.MATH, torch.backends.cuda.math_sdp_enabled())) if on]
+    if not backends or 4 * heads * tokens * kv_len > MATH_SCORES_BUDGET_BYTES:
+        return contextlib.nullcontext()
+    return sdpa_kernel(backends)
 
 
 class TorchStep:

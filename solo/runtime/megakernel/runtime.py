@@ -280,7 +280,7 @@ class MegakernelRuntime:
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq:
             raise SoloError(f"prefill of {seq} tokens at {start_pos} does not fit row {row} of the cache")
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1).to(self.device)
-        with eager_attention_backends():
+        with eager_attention_backends(self.config.num_heads, seq, start_pos + seq):
             logits = self.model(ids.to(self.device), positions, self.cache, torch.tensor([row], device=self.device),
                                 last_only=True, kv_len=start_pos + seq)
         self.host_syncs += 1
@@ -309,7 +309,7 @@ class MegakernelRuntime:
             self._check_launch()
             return logits
         kv_len = int(positions.max()) + 1
-        with eager_attention_backends():
+        with eager_attention_backends(self.config.num_heads * rows.numel(), 1, kv_len):
             logits = self.model(token_ids.view(-1, 1).to(self.device), positions.view(-1, 1).to(self.device),
                                 self.cache, rows.to(self.device), last_only=True, kv_len=kv_len)
         self.host_syncs += 1
