@@ -257,31 +257,36 @@ def test_before_mode_prefills_the_new_prompts_in_one_call_ahead_of_the_step(engi
         Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=64, span_prefill="sometimes")
 
 
-@pytest.mark.parametrize("newcomer", [0, 1], ids=["short-tail", "long-prompt"])
-def test_a_short_tail_arriving_mid_step_is_served_inside_the_paused_step(engine, newcomer):
-    # Every step pausable (a tiny model's steps are short); the newcomer arrives at a pause of the third step.
+def newcomer_arrives(engine, prompt: str, *, mid_step: bool = False, prefill_chunk: int = 256):
+    """Row 0 decodes 12 tokens in pausable steps (a tiny model's steps are short); `prompt` arrives after the
+    second step's last pause point (the spy's hook runs after each call), or with `mid_step` at a pause of
+    the third step. Returns (scheduler, span calls, row 0's tokens, the newcomer's, the steps seen at pauses)."""
     spy = _Spy(engine.runtime)
-    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused")
+    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused",
+                          prefill_chunk=prefill_chunk)
     assert scheduler.pausable_steps
     scheduler.pause_min_step_s = 0.0
     spy.calls.clear()
     late: list = []
-    prompt = PROMPTS[newcomer]
-    n = len(request(engine, prompt).prompt_ids)
-    assert (n <= PAUSE_TAIL_TOKENS) == (newcomer == 0)
     serve = scheduler._serve_arrivals_mid_step
     steps_seen: list[int] = []
 
     async def main():
         loop = asyncio.get_running_loop()
 
+        def arrive(step: int) -> None:
+            if not late and scheduler.steps == step:
+                late.append(scheduler.submit([request(engine, prompt)], loop))
+
         def arrive_then_serve():
             steps_seen.append(scheduler.steps)
-            if not late and scheduler.steps == 3:
-                late.append(scheduler.submit([request(engine, prompt)], loop))
+            arrive(3)
             serve()
 
-        scheduler._serve_arrivals_mid_step = arrive_then_serve
+        if mid_step:
+            scheduler._serve_arrivals_mid_step = arrive_then_serve
+        else:
+            spy.hook = lambda: arrive(2)
         head = scheduler.submit([request(engine, PROMPTS[2], 12)], loop)
         scheduler.start()
         out = await collect(head)
@@ -291,7 +296,16 @@ def test_a_short_tail_arriving_mid_step_is_served_inside_the_paused_step(engine,
         head, rest = asyncio.run(main())
     finally:
         scheduler.stop()
-    spans = [c[1] for c in spy.calls if c[0] == "spans"]
+    return scheduler, [c[1] for c in spy.calls if c[0] == "spans"], head, rest, steps_seen
+
+
+@pytest.mark.parametrize("newcomer", [0, 1], ids=["short-tail", "long-prompt"])
+def test_a_short_tail_arriving_mid_step_is_served_inside_the_paused_step(engine, newcomer):
+    # The newcomer arrives at a pause of the third step.
+    prompt = PROMPTS[newcomer]
+    n = len(request(engine, prompt).prompt_ids)
+    assert (n <= PAUSE_TAIL_TOKENS) == (newcomer == 0)
+    scheduler, spans, head, rest, steps_seen = newcomer_arrives(engine, prompt, mid_step=True)
     if newcomer == 0:
         # Its whole prompt in a call of its own inside the third step (logged before the step, which ends after).
         assert scheduler.mid_step_prefills == 1
@@ -306,36 +320,12 @@ def test_a_short_tail_arriving_mid_step_is_served_inside_the_paused_step(engine,
 
 @pytest.mark.parametrize("newcomer", [0, 1], ids=["short-tail", "long-prompt"])
 def test_a_short_tail_arriving_after_the_last_pause_is_served_before_the_next_step(engine, newcomer):
-    # The newcomer arrives after the second step's last pause point (the spy's hook runs after each call): at
-    # the next iteration a short tail gets a call of its own before the (pausable) step, as at a pause, and
+    # At the next iteration a short tail gets a call of its own before the (pausable) step, as at a pause, and
     # then decodes in that step; a longer prompt rides the step as a piece.
-    spy = _Spy(engine.runtime)
-    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused")
-    scheduler.pause_min_step_s = 0.0
-    spy.calls.clear()
-    late: list = []
     prompt = PROMPTS[newcomer]
     n = len(request(engine, prompt).prompt_ids)
     assert (n <= PAUSE_TAIL_TOKENS) == (newcomer == 0)
-
-    async def main():
-        loop = asyncio.get_running_loop()
-
-        def hook():
-            if not late and scheduler.steps == 2:
-                late.append(scheduler.submit([request(engine, prompt)], loop))
-
-        spy.hook = hook
-        head = scheduler.submit([request(engine, PROMPTS[2], 12)], loop)
-        scheduler.start()
-        out = await collect(head)
-        return out, await collect(late[0])
-
-    try:
-        head, rest = asyncio.run(main())
-    finally:
-        scheduler.stop()
-    spans = [c[1] for c in spy.calls if c[0] == "spans"]
+    scheduler, spans, head, rest, _ = newcomer_arrives(engine, prompt)
     if newcomer == 0:
         assert scheduler.step_start_prefills == 1 and scheduler.mid_step_prefills == 0
         assert spans[2] == ((1, n, 0),)
@@ -349,33 +339,10 @@ def test_a_short_tail_arriving_after_the_last_pause_is_served_before_the_next_st
 def test_a_chunked_prompts_short_last_piece_rides_the_step(engine):
     # Only new requests' tails get a call before a pausable step: the last piece of a prompt whose earlier
     # pieces rode earlier steps rides its step too (the decode rows would otherwise wait for one more call).
-    spy = _Spy(engine.runtime)
-    scheduler = Scheduler(spy, max_batch=2, max_queue=2, max_seq=256, decode_batching="fused", prefill_chunk=8)
-    scheduler.pause_min_step_s = 0.0
-    spy.calls.clear()
-    late: list = []
     prompt = PROMPTS[1]
     n = len(request(engine, prompt).prompt_ids)
     assert n > 8 and n % 8
-
-    async def main():
-        loop = asyncio.get_running_loop()
-
-        def hook():
-            if not late and scheduler.steps == 2:
-                late.append(scheduler.submit([request(engine, prompt)], loop))
-
-        spy.hook = hook
-        head = scheduler.submit([request(engine, PROMPTS[2], 12)], loop)
-        scheduler.start()
-        out = await collect(head)
-        return out, await collect(late[0])
-
-    try:
-        head, rest = asyncio.run(main())
-    finally:
-        scheduler.stop()
+    scheduler, spans, head, rest, _ = newcomer_arrives(engine, prompt, prefill_chunk=8)
     assert scheduler.step_start_prefills == 0
-    spans = [c[1] for c in spy.calls if c[0] == "spans"]
     assert all(any(r == 0 for r, _, _ in call) for call in spans[2:2 + -(-n // 8)])  # every piece beside row 0
     assert head == alone(engine, PROMPTS[2], 12) and rest == alone(engine, prompt)
