@@ -621,5 +621,5 @@ def test_report_command_reads_solo_and_cuts_absolute_paths():
     for program in ("/venv/bin/solo", "/repo/solo/cli.py"):  # the entry point, `python -m solo.cli`
         argv = [program, "bench", "--shape", "Qwen2.5-0.5B", "--json", "/home/me/runs/x.json", "--plot", "p.png"]
         assert report_command(argv) == "solo bench --shape Qwen2.5-0.5B --json x.json --plot p.png"
-    assert report_command(["solo", "bench", "--json=/tmp/r/x.json", "--note", "two words"]) == \
+    assert report_command(["solo", "bench", "--json=/home/me/r/x.json", "--note", "two words"]) == \
         "solo bench --json=x.json --note 'two words'"
