@@ -819,8 +819,7 @@ class Scheduler:
             # own now, as they would at any later point of the step, instead of riding the whole batched step
             # (and waiting for the calls its pauses make for requests that arrived after them). They then
             # decode in the step.
-            tails = [(s, n) for s, n in pieces if n == s.prefill_left() <= PAUSE_TAIL_TOKENS
-                     and s.prefill_at == s.request.stats.cached_tokens]  # new requests, not a prompt's last piece
+            tails = [(s, n) for s, n in pieces if n == s.prefill_left() and self._is_pause_tail(s)]
             if tails:
                 self.step_start_prefills += len(tails)
                 self._guard([s for s, _ in tails], self._span_step, [], tails)
@@ -881,6 +880,12 @@ class Scheduler:
         # A whole prompt (after its cached part) within one chunk: prefilled in one call, never chunked.
         return seq.prefill_at == seq.request.stats.cached_tokens and \
             (not self.prefill_chunk or seq.prefill_left() <= self.prefill_chunk)
+
+    @staticmethod
+    def _is_pause_tail(seq: _Sequence) -> bool:
+        # A new request whose whole prompt after the cached part is at most PAUSE_TAIL_TOKENS (not the last
+        # piece of a prompt that earlier steps carried): served in a call of its own at a pause point.
+        return seq.prefill_at == seq.request.stats.cached_tokens and seq.prefill_left() <= PAUSE_TAIL_TOKENS
 
     def _guard(self, seqs: list[_Sequence], fn, *args) -> None:  # noqa: ANN001
         # A failure (a bug, a device error) ends only the requests involved; the thread keeps serving.
@@ -1012,8 +1017,7 @@ class Scheduler:
             if not (self._waiting and self._free_rows):  # a racy read: at worst this pause serves no one
                 break
             late = self._admit_arrivals(mid_step=True)
-            tails = [s for s in late
-                     if s.prefilled and not s.request.finished and s.prefill_left() <= PAUSE_TAIL_TOKENS]
+            tails = [s for s in late if s.prefilled and not s.request.finished and self._is_pause_tail(s)]
             if not tails:
                 break
             self.mid_step_prefills += len(tails)

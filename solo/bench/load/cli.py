@@ -155,27 +155,17 @@ def _shape_model(args: argparse.Namespace) -> tuple[str, tempfile.TemporaryDirec
     return tmp.name, tmp, label
 
 
-def _served_device(args: argparse.Namespace) -> Any:
-    # The device a started server runs on, for the report's machine line (its GPU's name on CUDA).
-    import torch
-
-    device = getattr(args, "device", None)
-    if not getattr(args, "url", None) and device and str(device).startswith("cuda"):
-        return torch.device(device)
-    return torch.device("cpu")
-
-
 def _machine(args: argparse.Namespace) -> dict[str, Any]:
-    # machine_info of the host; on a started CUDA server its GPU's name through NVML or nvidia-smi, so the
-    # load generator opens no CUDA context of its own on the GPU the server uses.
+    # machine_info of the host; for a server this run starts on CUDA, its GPU's name through NVML or
+    # nvidia-smi, so the load generator opens no CUDA context of its own on the GPU the server uses.
     import torch
 
     from solo.bench.report import machine_info
 
     info = machine_info(torch.device("cpu"))
-    device = _served_device(args)
-    if device.type == "cuda":
-        info["gpu"] = _gpu_name(device.index or 0)
+    device = getattr(args, "device", None)
+    if not getattr(args, "url", None) and device and str(device).startswith("cuda"):
+        info["gpu"] = _gpu_name(torch.device(device).index or 0)
     return info
 
 

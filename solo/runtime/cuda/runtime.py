@@ -37,7 +37,7 @@ from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
 from solo.runtime.cuda.state import MODE_FILTERED, STATE_DONE, STATE_SIZE, DecodeState, SamplingSpec
-from solo.runtime.cuda.torch_step import TorchStep, eager_attention_backends, forward_tokens
+from solo.runtime.cuda.torch_step import TorchStep, eager_forward_tokens
 
 log = logging.getLogger(__name__)
 
@@ -245,9 +245,8 @@ class CudaGraphRuntime:
             raise SoloError(f"prefill of {seq} tokens at {start_pos} does not fit row {row} of the cache")
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1)
         rows = torch.tensor([row])
-        with eager_attention_backends(self.config.num_heads, seq, start_pos + seq):
-            logits = forward_tokens(self.model, self.cache, self._to_device(ids), self._to_device(positions),
-                                    self._to_device(rows), start_pos + seq, last_only=True)
+        logits = eager_forward_tokens(self.model, self.cache, self._to_device(ids), self._to_device(positions),
+                                      self._to_device(rows), start_pos + seq, last_only=True)
         self.host_syncs += 1
         return logits[0, -1].float()
 
@@ -277,10 +276,9 @@ class CudaGraphRuntime:
             self.host_syncs += 1
             return self.logits.view(1, -1).clone()
         kv_len = int(positions.max()) + 1
-        with eager_attention_backends(self.config.num_heads * rows.numel(), 1, kv_len):
-            logits = forward_tokens(self.model, self.cache, self._to_device(token_ids.view(-1, 1)),
-                                    self._to_device(positions.view(-1, 1)), self._to_device(rows), kv_len,
-                                    last_only=True)
+        logits = eager_forward_tokens(self.model, self.cache, self._to_device(token_ids.view(-1, 1)),
+                                      self._to_device(positions.view(-1, 1)), self._to_device(rows), kv_len,
+                                      last_only=True)
         self.host_syncs += 1
         return logits[:, -1].float()
 
@@ -301,9 +299,8 @@ class CudaGraphRuntime:
         if k == 0 or not 0 <= row < self.rows or start_pos < 0 or start_pos + k > self.max_seq:
             raise SoloError(f"verify of {k} tokens at {start_pos} does not fit row {row} of the cache")
         positions = torch.arange(start_pos, start_pos + k).view(1, -1)
-        with eager_attention_backends(self.config.num_heads, k, start_pos + k):
-            logits = forward_tokens(self.model, self.cache, self._to_device(ids), self._to_device(positions),
-                                    self._to_device(torch.tensor([row])), start_pos + k)
+        logits = eager_forward_tokens(self.model, self.cache, self._to_device(ids), self._to_device(positions),
+                                      self._to_device(torch.tensor([row])), start_pos + k)
         self.host_syncs += 1
         return logits[0].float()
 

@@ -97,6 +97,18 @@ def eager_attention_backends(heads: int = 1, tokens: int = 1, kv_len: int = 1) -
     return sdpa_kernel(backends)
 
 
+def eager_forward_tokens(model: Transformer, cache: KVCache, input_ids: torch.Tensor, positions: torch.Tensor,
+                         rows: torch.Tensor, kv_len: int, last_only: bool = False) -> torch.Tensor:
+    """`forward_tokens` as the GPU runtimes' eager calls run it (prefill, batched decode, verify).
+
+    Attention is scoped by `eager_attention_backends` for the call's [batch, seq] tokens over `kv_len`
+    positions. Args and returns: see `forward_tokens`.
+    """
+    batch, seq = input_ids.shape
+    with eager_attention_backends(model.config.num_heads * batch, seq, kv_len):
+        return forward_tokens(model, cache, input_ids, positions, rows, kv_len, last_only=last_only)
+
+
 class TorchStep:
     """A decode step over the device state in plain torch ops (see the module docstring).
 

@@ -28,7 +28,7 @@ import torch
 
 from solo.errors import SoloError
 from solo.model.transformer import KVCache, Transformer
-from solo.runtime.cuda.torch_step import eager_attention_backends
+from solo.runtime.cuda.torch_step import eager_forward_tokens
 from solo.runtime.megakernel.graph import (
     MAX_STOP_IDS,
     STATE_ERROR,
@@ -280,9 +280,8 @@ class MegakernelRuntime:
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq:
             raise SoloError(f"prefill of {seq} tokens at {start_pos} does not fit row {row} of the cache")
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1).to(self.device)
-        with eager_attention_backends(self.config.num_heads, seq, start_pos + seq):
-            logits = self.model(ids.to(self.device), positions, self.cache, torch.tensor([row], device=self.device),
-                                last_only=True, kv_len=start_pos + seq)
+        logits = eager_forward_tokens(self.model, self.cache, ids.to(self.device), positions,
+                                      torch.tensor([row], device=self.device), start_pos + seq, last_only=True)
         self.host_syncs += 1
         return logits[0, -1].float()
 
@@ -309,9 +308,9 @@ class MegakernelRuntime:
             self._check_launch()
             return logits
         kv_len = int(positions.max()) + 1
-        with eager_attention_backends(self.config.num_heads * rows.numel(), 1, kv_len):
-            logits = self.model(token_ids.view(-1, 1).to(self.device), positions.view(-1, 1).to(self.device),
-                                self.cache, rows.to(self.device), last_only=True, kv_len=kv_len)
+        logits = eager_forward_tokens(self.model, self.cache, token_ids.view(-1, 1).to(self.device),
+                                      positions.view(-1, 1).to(self.device), rows.to(self.device), kv_len,
+                                      last_only=True)
         self.host_syncs += 1
         return logits[:, -1].float()
 
