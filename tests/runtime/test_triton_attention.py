@@ -25,9 +25,14 @@ def _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap):
     return out.reshape(-1)
 
 
-CASES = [  # heads, kv_heads, head_dim, max_seq, pos, window, softcap, partition
+DYNAMIC = {"min_partition": 16, "grid_partition": 16, "ctas_per_sm": 3}  # 3 partitions whose lengths follow pos
+
+CASES = [  # heads, kv_heads, head_dim, max_seq, pos, window, softcap, partition (a forced length, or DYNAMIC)
     (4, 2, 12, 40, 37, None, None, 16),  # GQA, several partitions, head_dim not a power of two
-    (4, 2, 12, 40, 37, 8, None, 16),  # sliding window: early partitions are empty
+    (4, 2, 12, 40, 37, 8, None, 16),  # sliding window: its keys in the first partition, the others empty
+    (4, 2, 16, 200, 150, None, None, DYNAMIC),  # 3 partitions of 64, 64, 23
+    (4, 2, 16, 200, 20, None, None, DYNAMIC),  # one partition holds keys
+    (4, 2, 16, 200, 150, 40, None, DYNAMIC),  # window: 16, 16, 8 from 111
     (6, 3, 16, 70, 69, None, 30.0, 32),  # soft-capping
     (4, 4, 16, 20, 5, None, None, None),  # MHA, one partition (direct write)
     (8, 2, 16, 64, 31, 20, None, 16),  # position at a partition's end
@@ -50,7 +55,10 @@ def test_decode_attention_matches_reference(dtype, heads, kv_heads, head_dim, ma
     state = torch.zeros(8, dtype=torch.int64, device=DEVICE)
     state[1], state[2] = pos, row
     out = torch.full((heads * head_dim,), float("nan"), device=DEVICE).to(dtype)
-    plan = AttentionPlan(max_seq, heads, kv_heads, head_dim, DEVICE, partition=partition) if partition else None
+    options = partition if isinstance(partition, dict) else {"partition": partition}
+    plan = AttentionPlan(max_seq, heads, kv_heads, head_dim, DEVICE, sm_count=2, **options) if partition else None
+    if isinstance(partition, dict):
+        assert plan.num_parts == 3
     decode_attention(q, kc, vc, state, out, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                      scale=head_dim**-0.5, window=window, softcap=softcap, plan=plan)
     expected = _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap)
@@ -73,11 +81,19 @@ def test_decode_attention_matches_reference(dtype, heads, kv_heads, head_dim, ma
 def test_attention_plan_partitions():
     from solo.runtime.triton.attention import AttentionPlan
 
+    # The grid: CTAS_PER_SM CTAs per SM once all partitions hold keys, at most max_seq / GRID_PARTITION of them;
+    # partitions of at least MIN_PARTITION keys.
     short = AttentionPlan(400, 32, 8, 64, "cpu", sm_count=132)
-    assert short.partition == 32 and short.num_parts == 13 and short.part_out.shape == (13, 32, 64)
+    assert short.partition == 128 and short.num_parts == 2 and short.part_out.shape == (2, 32, 64)
     long = AttentionPlan(131072, 32, 8, 64, "cpu", sm_count=132)
-    assert long.partition == 1024 and long.num_parts == 128
+    assert long.partition == 128 and long.num_parts == 66
+    assert AttentionPlan(32768, 14, 2, 64, "cpu", sm_count=132).num_parts == 128  # not 264: GRID_PARTITION
+    assert AttentionPlan(131072, 32, 8, 64, "cpu", sm_count=132, min_partition=64, ctas_per_sm=8).num_parts == 132
+    forced = AttentionPlan(400, 32, 8, 64, "cpu", sm_count=132, partition=32)
+    assert forced.partition == 32 and forced.num_parts == 13
     single = AttentionPlan(16, 4, 2, 16, "cpu", partition=16)
     assert single.num_parts == 1 and single.part_out.numel() == 0
     with pytest.raises(ValueError):
         AttentionPlan(64, 4, 2, 16, "cpu", partition=24)
+    with pytest.raises(ValueError):
+        AttentionPlan(64, 4, 2, 16, "cpu", min_partition=8)

@@ -13,9 +13,13 @@ partial results by their log-sum-exp:
     for head in parallel:                                 # combine: grid = (H_q,)
         o[head] = sum_p exp(lse_p - max) o_p / sum_p exp(lse_p - max)
 
-The partition length is fixed when the cache is sized, so a captured graph's grid covers the longest
-sequence; partitions past the current position do no work and the combine reads only the
-`pos // PART + 1` partitions that exist. With a single partition the kernel writes the output directly.
+A captured graph's grid is fixed when the cache is sized, but the partition length is not: every step
+spreads the keys it attends over the grid's partitions (at least `MIN_PARTITION` keys each, a multiple
+of the key block), so a short context uses few of them and a long one all of them, and the combine reads
+only those that hold keys. A fixed length sized for the longest sequence (1024 keys for a 128k cache)
+left most SMs idle at medium contexts: on an H200 (Llama-3.2-1B shape, cache reserved for 131k tokens)
+decode ran at 46% of the roofline at 8192 positions against 58% at 128. With a single partition the
+kernel writes the output directly.
 """
 
 from __future__ import annotations
@@ -40,38 +44,65 @@ from solo.runtime.triton.common import (
     tanh_f32,
 )
 
+MIN_PARTITION = 128
+"""Fewest keys a partition takes (tokens) unless a plan forces its own. On an H200 (attention of one decode
+step over a 131072-position cache, Llama-3.2-1B shape; benchmarks/attention_partitions_cuda.py) 128 took
+7.0 us at 1024 positions against 9.2 with 256 and 23.4 with the fixed 1024 before; 64 made long contexts
+slower."""
+GRID_PARTITION = 256
+"""The grid holds at most max_seq / GRID_PARTITION partitions per KV head: more, shorter ones at full length
+made the combine (one CTA per query head) the bottleneck (Qwen2.5-0.5B shape at 32638 positions: 20.1 us
+with 128-key partitions against 15.3 with 256)."""
+CTAS_PER_SM = 4
+"""Partitions per KV head: enough for this many CTAs per SM once the context fills them all (8 was slower at
+32768 positions and more: 34.4 against 30.6 us)."""
+
 
 class AttentionPlan:
     """Partitioning of the KV length and the scratch buffers of the partial results.
+
+    Each step splits the keys it attends (positions 0..pos, or the sliding window's) into partitions of
+    max(partition, ceil(keys / num_parts) rounded up to the key block) keys: few at short contexts, all
+    `num_parts` of them at long ones (see the module docstring).
 
     Args:
         max_seq: cache length (tokens per row).
         num_heads, num_kv_heads, head_dim: attention geometry.
         device: where the scratch buffers live.
-        sm_count: streaming multiprocessors (the split aims at ~2 CTAs per SM at full length).
-        partition: force a partition length in tokens (power of two >= 16), e.g. in tests.
+        sm_count: streaming multiprocessors (the grid aims at `ctas_per_sm` CTAs per SM).
+        partition: force a fixed partition length in tokens (power of two >= 16), e.g. in tests: every
+            partition then holds exactly that many keys (the last fewer).
+        min_partition: the shortest partition when none is forced (a power of two >= 16; default
+            `MIN_PARTITION`).
+        ctas_per_sm: CTAs per SM the grid aims at when no partition is forced (default `CTAS_PER_SM`).
+        grid_partition: without a forced partition the grid holds at most ceil(max_seq / grid_partition)
+            partitions per KV head (default `GRID_PARTITION`; at least `min_partition`).
 
     Attributes:
-        partition: keys per partition (tokens); default a power of two in [32, 1024].
-        num_parts: ceil(max_seq / partition).
+        partition: the shortest partition (tokens).
+        num_parts: the grid's partitions per KV head: ceil(max_seq / partition) with a forced partition,
+            else min(ceil(ctas_per_sm * sm_count / num_kv_heads), ceil(max_seq / grid_partition)).
         part_out: float32 [num_parts, num_heads, head_dim] partial outputs ([0, ...] with one partition).
         part_lse: float32 [num_parts, num_heads] partial log-sum-exps.
 
     Raises:
-        ValueError: `partition` is not a power of two >= 16.
+        ValueError: `partition` or `min_partition` is not a power of two >= 16.
     """
 
     def __init__(self, max_seq: int, num_heads: int, num_kv_heads: int, head_dim: int,
-                 device: torch.device | str, sm_count: int = 132, partition: int | None = None) -> None:
-        if partition is None:
-            per_cta = math.ceil(max_seq * num_kv_heads / (2 * sm_count))
-            partition = min(1024, max(32, next_power_of_2(per_cta)))
-        if partition < 16 or partition & (partition - 1):
-            raise ValueError(f"partition must be a power of two >= 16, got {partition}")
-        self.partition = partition
+                 device: torch.device | str, sm_count: int = 132, partition: int | None = None,
+                 min_partition: int = MIN_PARTITION, ctas_per_sm: int = CTAS_PER_SM,
+                 grid_partition: int = GRID_PARTITION) -> None:
+        for name, value in (("partition", partition), ("min_partition", min_partition)):
+            if value is not None and (value < 16 or value & (value - 1)):
+                raise ValueError(f"{name} must be a power of two >= 16, got {value}")
+        self.partition = partition or min_partition
         # Keys per step: a [BLOCK_S, head_dim] tile of K and of V stays in registers.
-        self.block_s = min(partition, 64 if head_dim <= 128 else 32)
-        self.num_parts = math.ceil(max_seq / partition)
+        self.block_s = min(self.partition, 64 if head_dim <= 128 else 32)
+        self.num_parts = math.ceil(max_seq / self.partition)
+        if partition is None:
+            self.num_parts = max(1, min(math.ceil(max_seq / max(grid_partition, min_partition)),
+                                        math.ceil(ctas_per_sm * sm_count / num_kv_heads)))
         self.max_seq = max_seq
         parts = self.num_parts if self.num_parts > 1 else 0
         self.part_out = torch.empty(parts, num_heads, head_dim, dtype=torch.float32, device=device)
@@ -79,25 +110,36 @@ class AttentionPlan:
 
 
 @triton.jit
+def _partitioning(pos, window, HAS_WINDOW: tl.constexpr, N_PARTS: tl.constexpr, MIN_PART: tl.constexpr,
+                  BLOCK_S: tl.constexpr):
+    # The keys this step attends start at `first`; partitions of `length` keys each (the last fewer).
+    first = pos * 0
+    if HAS_WINDOW:
+        first = tl.maximum(first, pos - window + 1)
+    per = (pos + 1 - first + N_PARTS - 1) // N_PARTS
+    length = tl.maximum((per + BLOCK_S - 1) // BLOCK_S * BLOCK_S, MIN_PART)
+    return first, length
+
+
+@triton.jit
 def decode_attention_kernel(
     q_ptr, k_cache_ptr, v_cache_ptr, state_ptr, out_ptr, part_out_ptr, part_lse_ptr,
     scale, softcap, window, stride_row, stride_head, stride_pos,
-    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PART: tl.constexpr,
-    BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
+    NUM_HEADS: tl.constexpr, NUM_KV_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, N_PARTS: tl.constexpr,
+    MIN_PART: tl.constexpr, BLOCK_G: tl.constexpr, BLOCK_S: tl.constexpr, BLOCK_D: tl.constexpr,
     HAS_WINDOW: tl.constexpr, HAS_SOFTCAP: tl.constexpr, SINGLE_PART: tl.constexpr,
     TENSOR_CORES: tl.constexpr, USE_PDL: tl.constexpr,
 ):
-    """Partial attention of one KV head's query group over one partition; grid (H_kv, n_partitions)."""
+    """Partial attention of one KV head's query group over one partition; grid (H_kv, N_PARTS)."""
     pdl_wait(USE_PDL)
     GROUP: tl.constexpr = NUM_HEADS // NUM_KV_HEADS
     kv_head = tl.program_id(0)
     part = tl.program_id(1)
     pos = tl.load(state_ptr + STATE_POS)
     row = tl.load(state_ptr + STATE_ROW)
-    lo = pos * 0 + part * PART
-    hi = tl.minimum(lo + PART, pos + 1)
-    if HAS_WINDOW:
-        lo = tl.maximum(lo, pos - window + 1)
+    first, length = _partitioning(pos, window, HAS_WINDOW, N_PARTS, MIN_PART, BLOCK_S)
+    lo = first + part * length  # a partition past the keys (lo > pos) writes lse = -inf, never read
+    hi = tl.minimum(lo + length, pos + 1)
 
     g = tl.arange(0, BLOCK_G)
     d = tl.arange(0, BLOCK_D)
@@ -156,15 +198,17 @@ def decode_attention_kernel(
 
 @triton.jit
 def combine_partitions_kernel(
-    part_out_ptr, part_lse_ptr, state_ptr, out_ptr,
-    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, PART: tl.constexpr,
-    BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr, USE_PDL: tl.constexpr,
+    part_out_ptr, part_lse_ptr, state_ptr, out_ptr, window,
+    NUM_HEADS: tl.constexpr, HEAD_DIM: tl.constexpr, N_PARTS: tl.constexpr, MIN_PART: tl.constexpr,
+    BLOCK_S: tl.constexpr, HAS_WINDOW: tl.constexpr, BLOCK_C: tl.constexpr, BLOCK_D: tl.constexpr,
+    USE_PDL: tl.constexpr,
 ):
     """Merge the partitions' partial outputs of one query head by log-sum-exp; grid (H_q,)."""
     pdl_wait(USE_PDL)
     head = tl.program_id(0)
     pos = tl.load(state_ptr + STATE_POS)
-    n_valid = pos // PART + 1
+    first, length = _partitioning(pos, window, HAS_WINDOW, N_PARTS, MIN_PART, BLOCK_S)
+    n_valid = (pos + 1 - first + length - 1) // length  # the partitions that hold keys
     d = tl.arange(0, BLOCK_D)
     d_mask = d < HEAD_DIM
     # The running max and denominator are kept as BLOCK_D copies (a vector) so loop types stay fixed.
@@ -257,16 +301,17 @@ def decode_attention(
         plan.part_lse if not single else out,
         float(scale), float(softcap or 1.0), int(window or 0),
         k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, PART=plan.partition,
-        BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_D=block_d,
+        NUM_HEADS=num_heads, NUM_KV_HEADS=num_kv_heads, HEAD_DIM=head_dim, N_PARTS=plan.num_parts,
+        MIN_PART=plan.partition, BLOCK_G=block_g, BLOCK_S=block_s, BLOCK_D=block_d,
         HAS_WINDOW=window is not None, HAS_SOFTCAP=softcap is not None, SINGLE_PART=single,
         TENSOR_CORES=tensor_cores, USE_PDL=pdl_mode(pdl), **launch_options(num_warps, 1, pdl),
     )
     if not single:
         combine_partitions_kernel[(num_heads,)](
-            plan.part_out, plan.part_lse, state, out,
-            NUM_HEADS=num_heads, HEAD_DIM=head_dim, PART=plan.partition,
-            BLOCK_C=min(32, next_power_of_2(plan.num_parts)), BLOCK_D=block_d, USE_PDL=pdl_mode(pdl),
+            plan.part_out, plan.part_lse, state, out, int(window or 0),
+            NUM_HEADS=num_heads, HEAD_DIM=head_dim, N_PARTS=plan.num_parts, MIN_PART=plan.partition,
+            BLOCK_S=block_s, HAS_WINDOW=window is not None, BLOCK_C=min(32, next_power_of_2(plan.num_parts)),
+            BLOCK_D=block_d, USE_PDL=pdl_mode(pdl),
             **launch_options(num_warps, 1, pdl),
         )
     return out
