@@ -337,8 +337,11 @@ def test_sigterm_stops_the_server_and_removes_the_shape_folder(tmp_path):
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY.replace("duration_s = 2", "duration_s = 60").replace("max_requests = 12",
                                                                                   "max_requests = 600"))
-    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "bench", "--load", str(workload), "--shape",
-                             "SmolLM2-135M", "--max-batch", "2", "--verify", "0"],
+    # The bench in a child process that knows the tiny shape (a real shape's random weights take most of a minute).
+    child = (f"import sys; from solo.bench import shapes; shapes.SHAPES['TinyQwen'] = {TINY_SHAPES['TinyQwen']!r}; "
+             "from solo.cli import main; sys.exit(main(sys.argv[1:]))")
+    proc = subprocess.Popen([sys.executable, "-c", child, "bench", "--load", str(workload), "--shape", "TinyQwen",
+                             "--max-batch", "2", "--verify", "0"],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             env={**os.environ, "TMPDIR": str(tmp_path)})  # the shape folder goes there
     try:
