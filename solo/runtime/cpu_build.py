@@ -22,13 +22,15 @@ slower prompts), and a level the CPU lacks is refused with `IsaError`.
 
 Each library is cached under the user's cache folder keyed by a hash of the source, the compiler and
 the flags; an unwritable cache folder falls back to a per-user folder under the system temp folder, with
-a warning. The library has no Python or PyTorch headers, so it builds in seconds, and is called through
-`ctypes` (which releases the GIL). It links libgomp by its soname, so inside a PyTorch process it shares
-PyTorch's OpenMP runtime instead of starting a second thread pool.
+a warning. Processes that need the same library at once (tensor-parallel ranks, test runs) build it once:
+the others wait on a lock file beside it. The library has no Python or PyTorch headers, so it builds in
+seconds, and is called through `ctypes` (which releases the GIL). It links libgomp by its soname, so inside
+a PyTorch process it shares PyTorch's OpenMP runtime instead of starting a second thread pool.
 """
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -326,22 +328,41 @@ def library_path(level: IsaLevel | None = None) -> Path:
                                    "set XDG_CACHE_HOME to a writable folder")
         folder = fallback
     target = folder / name
-    # Build into a temporary name and rename: concurrent builders never see a half-written library.
-    fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
-    os.close(fd)
-    try:
-        with tempfile.TemporaryDirectory(prefix="solo-kernels-src-") as src:
-            for source_name, text in sources.items():
-                Path(src, source_name).write_bytes(text)
-            result = subprocess.run([cxx, *flags, str(Path(src, _MAIN.name)), "-o", tmp], capture_output=True,
-                                    text=True, timeout=600)
-        if result.returncode != 0:
-            raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) failed:\n{result.stderr[-4000:]}")
-        os.replace(tmp, target)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    with _build_lock(folder / f"{name}.lock"):
+        if target.is_file():  # another process built it while this one waited
+            return target
+        # Build into a temporary name and rename: a reader never sees a half-written library.
+        fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
+        os.close(fd)
+        try:
+            with tempfile.TemporaryDirectory(prefix="solo-kernels-src-") as src:
+                for source_name, text in sources.items():
+                    Path(src, source_name).write_bytes(text)
+                result = subprocess.run([cxx, *flags, str(Path(src, _MAIN.name)), "-o", tmp], capture_output=True,
+                                        text=True, timeout=600)
+            if result.returncode != 0:
+                raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) failed:\n{result.stderr[-4000:]}")
+            os.replace(tmp, target)
+        finally:
+            if os.path.exists(tmp):
+                os.unlink(tmp)
     return target
+
+
+@contextlib.contextmanager
+def _build_lock(path: Path):  # noqa: ANN202
+    # An exclusive lock on `path` (created if needed) for one library's build; without fcntl (not POSIX) or a
+    # lock file that cannot be opened, no lock: concurrent builds are still safe, only duplicated.
+    try:
+        import fcntl
+
+        handle = open(path, "a")  # noqa: SIM115
+    except (ImportError, OSError):
+        yield
+        return
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes (or the process ends)
+        yield
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -84,6 +84,34 @@ def test_an_unwritable_kernel_cache_falls_back_with_a_warning(monkeypatch, tmp_p
     assert cpu_build.library_path(available_levels()[0]) == path  # found there next time, no rebuild
 
 
+def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_path):
+    import threading
+    import time
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++"])
+    monkeypatch.setattr(cpu_build, "_MAIN", tmp_path / "tiny.cpp")
+    (tmp_path / "tiny.cpp").write_text('extern "C" int solo_tiny(void) { return 1; }\n')
+    builds, run = [], subprocess.run
+
+    def slow_build(cmd, **kwargs):
+        if "-o" in cmd:  # a build, not the compiler's --version
+            builds.append(cmd)
+            time.sleep(0.5)  # the other builder arrives meanwhile
+        return run(cmd, **kwargs)
+
+    monkeypatch.setattr(cpu_build.subprocess, "run", slow_build)
+    paths = []
+    threads = [threading.Thread(target=lambda: paths.append(cpu_build.library_path(available_levels()[0])))
+               for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(paths) == 2 and paths[0] == paths[1] and paths[0].is_file()
+    assert len(builds) == 1  # the second waited on the lock file, then found the library
+
+
 # The parity tests this file reruns under each other level (a subset, to stay fast): every GEMV format
 # against torch, bitwise batch invariance at real widths, the quantized runtime against eager, and
 # end-to-end logits / greedy tokens against eager and transformers.
