@@ -3,12 +3,12 @@ r"""Diagnostic of the CUDA flash-decoding attention (not a `solo bench` report):
 A decode step's attention reads the keys and values of positions 0..pos from a cache sized for the longest
 sequence. This times `solo.runtime.triton.attention.decode_attention` (the kernel and the combine, replayed
 in a CUDA graph) at several positions of one cache, for each partitioning given as
-"name=min_partition:ctas_per_sm" (dynamic lengths, the default plan's kind) or "name=fixed:N" (every
-partition N keys, the plan before dynamic lengths), and prints microseconds per call and the GB/s of the
-keys and values read:
+"name=min_partition:ctas_per_sm[:grid_partition]" (dynamic lengths, the default plan's kind; see
+`AttentionPlan`) or "name=fixed:N" (every partition N keys, the plan before dynamic lengths), and prints
+microseconds per call and the GB/s of the keys and values read:
 
     python benchmarks/attention_partitions_cuda.py --shape Llama-3.2-1B --max-seq 131072 \
-        --positions 128,8192,32768,131000 --variant fixed=fixed:1024 --variant default=256:4
+        --positions 128,8192,32768,131000 --variant fixed=fixed:1024 --variant default=128:4:256
 
 Needs a CUDA GPU. Measurement only, like every timing.
 """
@@ -22,15 +22,22 @@ import torch
 import triton
 
 from solo.bench.shapes import shape_config
-from solo.runtime.triton.attention import CTAS_PER_SM, MIN_PARTITION, AttentionPlan, decode_attention
+from solo.runtime.triton.attention import (
+    CTAS_PER_SM,
+    GRID_PARTITION,
+    MIN_PARTITION,
+    AttentionPlan,
+    decode_attention,
+)
 
 
 def _plan(spec: str, max_seq: int, heads: int, kv_heads: int, head_dim: int, sms: int) -> AttentionPlan:
-    first, _, second = spec.partition(":")
-    if first == "fixed":
-        return AttentionPlan(max_seq, heads, kv_heads, head_dim, "cuda", sms, partition=int(second))
-    return AttentionPlan(max_seq, heads, kv_heads, head_dim, "cuda", sms, min_partition=int(first),
-                         ctas_per_sm=int(second))
+    fields = spec.split(":")
+    if fields[0] == "fixed":
+        return AttentionPlan(max_seq, heads, kv_heads, head_dim, "cuda", sms, partition=int(fields[1]))
+    grid = {"grid_partition": int(fields[2])} if len(fields) > 2 else {}
+    return AttentionPlan(max_seq, heads, kv_heads, head_dim, "cuda", sms, min_partition=int(fields[0]),
+                         ctas_per_sm=int(fields[1]), **grid)
 
 
 def main() -> None:
@@ -40,13 +47,15 @@ def main() -> None:
     ap.add_argument("--max-seq", type=int, default=131072, help="cache length (positions per row)")
     ap.add_argument("--positions", default="128,2048,8192,32768,131000")
     ap.add_argument("--variant", action="append", default=[],
-                    help="name=min_partition:ctas_per_sm or name=fixed:N (repeatable; default: the plan's default)")
+                    help="name=min_partition:ctas_per_sm[:grid_partition] or name=fixed:N (repeatable; default: "
+                    "the plan's default)")
     ap.add_argument("--json", default=None, help="write the results here")
     args = ap.parse_args()
     cfg = shape_config(args.shape)
     heads, kv_heads, head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
     sms = torch.cuda.get_device_properties(0).multi_processor_count
-    variants = [v.split("=", 1) for v in args.variant] or [["default", f"{MIN_PARTITION}:{CTAS_PER_SM}"]]
+    variants = [v.split("=", 1) for v in args.variant] or [
+        ["default", f"{MIN_PARTITION}:{CTAS_PER_SM}:{GRID_PARTITION}"]]
     positions = [int(p) for p in args.positions.split(",")]
     kc = torch.randn(1, kv_heads, args.max_seq, head_dim, device="cuda", dtype=torch.bfloat16)
     vc = torch.randn_like(kc)

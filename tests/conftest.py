@@ -31,25 +31,32 @@ def tiny_llama(tmp_path_factory) -> Path:
     return make_checkpoint(tmp_path_factory.mktemp("tiny-llama"), "llama")
 
 
+# Tests that run the suite's parity subsets under each lower ISA level, each needing that level's kernels.
+_LOWER_LEVEL_TESTS = ("test_parity_under_every_isa_level_this_cpu_runs", "test_moe_parity_under_every_isa_level",
+                      "test_parity_under_lower_isa_levels", "test_split_kv_under_the_avx2_kernels")
+
+
 def pytest_collection_finish(session: pytest.Session) -> None:
-    # The parity tests under lower ISA levels (test_cpu_isa, test_cpu_moe, ...) each need that level's kernels,
-    # a compile of ~20 s apiece that would run serially in the middle of the suite. When such tests are
-    # collected, the levels this CPU runs besides its own are built in a background thread from the start, on
-    # the second core while the first test files run mostly one thread of Python. A test that needs a level
-    # being built waits for it (cpu_build's lock file), and any build error is left to the tests to report.
-    if os.environ.get("SOLO_TEST_PREBUILD", "1") == "0" or not any("isa" in item.nodeid for item in session.items):
+    # Those levels' kernels are a compile of ~20 s apiece that would otherwise run one after another in the
+    # middle of the suite. When such tests are collected, a child process builds them from the start (on the
+    # second core while the first test files run mostly one thread of Python), with the environment as it is
+    # now: no test's monkeypatching reaches it, and it finishes its builds if the run ends first. A test that
+    # needs a level being built waits for it (cpu_build's lock file); build errors are left to the tests.
+    # Not in the parity runs themselves (SOLO_CPU_ISA set) nor with SOLO_TEST_PREBUILD=0.
+    wanted = any(item.name.startswith(_LOWER_LEVEL_TESTS) for item in session.items)
+    if not wanted or session.config.option.collectonly or os.environ.get("SOLO_TEST_PREBUILD", "1") == "0" or \
+            os.environ.get("SOLO_CPU_ISA"):
         return
-    import threading
+    import subprocess
 
-    def build() -> None:
-        try:
-            from solo.runtime import cpu_build
+    try:
+        from solo.runtime import cpu_build
 
-            own = cpu_build.selected_level()
-            for level in cpu_build.available_levels():  # scalar and avx2 first: the most tests use them
-                if level != own:
-                    cpu_build.library_path(level)
-        except Exception:  # noqa: BLE001
-            pass
-
-    threading.Thread(target=build, name="solo-kernel-prebuild", daemon=True).start()
+        own = cpu_build.selected_level()
+        levels = [lv.name for lv in cpu_build.available_levels() if lv != own]  # scalar and avx2 first
+    except Exception:  # noqa: BLE001 (the tests report it)
+        return
+    if levels:
+        subprocess.Popen([sys.executable, "-c", "import sys; from solo.runtime import cpu_build as b; "
+                          "[b.library_path(lv) for lv in b.LEVELS if lv.name in sys.argv[1:]]", *levels],
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)

@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import logging
 import os
 import platform
 import shutil
@@ -44,6 +45,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from solo.errors import SoloError, SoloWarning
+
+log = logging.getLogger(__name__)
 
 _SOURCES = Path(__file__).with_name("cpu_kernels")
 _MAIN = _SOURCES / "decode.cpp"
@@ -351,18 +354,29 @@ def library_path(level: IsaLevel | None = None) -> Path:
 
 @contextlib.contextmanager
 def _build_lock(path: Path):  # noqa: ANN202
-    # An exclusive lock on `path` (created if needed) for one library's build; without fcntl (not POSIX) or a
-    # lock file that cannot be opened, no lock: concurrent builds are still safe, only duplicated.
+    # An exclusive lock on `path` (created if needed, never removed: removing it would let a third builder lock
+    # a new file while the second still holds the old one) for one library's build. Without fcntl (not POSIX),
+    # or where the lock file cannot be opened or locked (some network file systems), no lock: concurrent builds
+    # are still safe (each lands by an atomic rename), only duplicated.
+    handle = None
     try:
         import fcntl
 
         handle = open(path, "a")  # noqa: SIM115
+        try:
+            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            log.info("waiting for another process building %s", path.stem)
+            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes (or the process ends)
     except (ImportError, OSError):
+        if handle is not None:
+            handle.close()
+        handle = None
+    try:
         yield
-        return
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes (or the process ends)
-        yield
+    finally:
+        if handle is not None:
+            handle.close()
 
 
 def declare(lib: ctypes.CDLL) -> ctypes.CDLL:

@@ -95,7 +95,7 @@ def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_
     builds, run = [], subprocess.run
 
     def slow_build(cmd, **kwargs):
-        if "-o" in cmd:  # a build, not the compiler's --version
+        if "-o" in cmd and str(tmp_path) in cmd[cmd.index("-o") + 1]:  # this test's builds (not --version)
             builds.append(cmd)
             time.sleep(0.5)  # the other builder arrives meanwhile
         return run(cmd, **kwargs)

@@ -26,12 +26,16 @@ def _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap):
 
 
 DYNAMIC = {"min_partition": 16, "grid_partition": 16, "ctas_per_sm": 3}  # 3 partitions whose lengths follow pos
+# ... of at least 64 keys, while the float32 kernel's key block is 32 (group 4 x head_dim 64): lengths round up
+# to the kernel's block, which the combine must use too
+DYNAMIC_64 = {"min_partition": 64, "grid_partition": 64, "ctas_per_sm": 3}
 
 CASES = [  # heads, kv_heads, head_dim, max_seq, pos, window, softcap, partition (a forced length, or DYNAMIC)
     (4, 2, 12, 40, 37, None, None, 16),  # GQA, several partitions, head_dim not a power of two
     (4, 2, 12, 40, 37, 8, None, 16),  # sliding window: its keys in the first partition, the others empty
     (4, 2, 16, 200, 150, None, None, DYNAMIC),  # 3 partitions of 64, 64, 23
-    (4, 2, 16, 200, 20, None, None, DYNAMIC),  # one partition holds keys
+    (4, 2, 16, 200, 20, None, None, DYNAMIC),  # two of the three hold keys (16, 5)
+    (8, 2, 64, 256, 199, None, None, DYNAMIC_64),  # 96, 96, 8 keys (128, 72 with the plan's block of 64)
     (4, 2, 16, 200, 150, 40, None, DYNAMIC),  # window: 16, 16, 8 from 111
     (6, 3, 16, 70, 69, None, 30.0, 32),  # soft-capping
     (4, 4, 16, 20, 5, None, None, None),  # MHA, one partition (direct write)
@@ -58,7 +62,7 @@ def test_decode_attention_matches_reference(dtype, heads, kv_heads, head_dim, ma
     options = partition if isinstance(partition, dict) else {"partition": partition}
     plan = AttentionPlan(max_seq, heads, kv_heads, head_dim, DEVICE, sm_count=2, **options) if partition else None
     if isinstance(partition, dict):
-        assert plan.num_parts == 3
+        assert plan.num_parts == 3 and plan.block_s == (16 if partition is DYNAMIC else 64)
     decode_attention(q, kc, vc, state, out, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                      scale=head_dim**-0.5, window=window, softcap=softcap, plan=plan)
     expected = _reference(q, kc, vc, row, pos, heads, head_dim, window, softcap)
@@ -76,6 +80,27 @@ def test_decode_attention_matches_reference(dtype, heads, kv_heads, head_dim, ma
         ulp = torch.exp2(torch.floor(torch.log2(e.abs().clamp(min=1e-30))) - 7)
         bad = (a - e).abs() > 4 * ulp + 2.0**-8 * weighted
         assert not bad.any(), f"{int(bad.sum())} elements off by more than 4 ulp + 2^-8 sum p|v|"
+
+
+@pytest.mark.parametrize("pos", [0, 15, 16, 47, 48, 49, 96, 97, 143, 144, 145, 199])
+def test_partition_lengths_follow_the_position_through_one_plan(pos):
+    # One dynamic plan (3 partitions of at least 16 keys, in blocks of 16) at the positions where the length
+    # steps (keys = 48 k + 1) and around them: every key attended once, the combine reading the right ones.
+    from solo.runtime.triton.attention import AttentionPlan, decode_attention
+
+    heads, kv_heads, head_dim, max_seq = 4, 2, 16, 200
+    torch.manual_seed(pos)
+    kc = torch.randn(1, kv_heads, max_seq, head_dim, device=DEVICE)
+    vc = torch.randn_like(kc)
+    q = torch.randn(heads * head_dim, device=DEVICE)
+    state = torch.zeros(8, dtype=torch.int64, device=DEVICE)
+    state[1] = pos
+    out = torch.full((heads * head_dim,), float("nan"), device=DEVICE)
+    plan = AttentionPlan(max_seq, heads, kv_heads, head_dim, DEVICE, sm_count=2, **DYNAMIC)
+    decode_attention(q, kc, vc, state, out, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
+                     scale=head_dim**-0.5, plan=plan)
+    expected = _reference(q, kc, vc, 0, pos, heads, head_dim, None, None)
+    torch.testing.assert_close(out.double(), expected, rtol=1e-5, atol=1e-5)
 
 
 def test_attention_plan_partitions():

@@ -47,12 +47,12 @@ from solo.runtime.triton.common import (
 MIN_PARTITION = 128
 """Fewest keys a partition takes (tokens) unless a plan forces its own. On an H200 (attention of one decode
 step over a 131072-position cache, Llama-3.2-1B shape; benchmarks/attention_partitions_cuda.py) 128 took
-7.0 us at 1024 positions against 9.2 with 256 and 23.4 with the fixed 1024 before; 64 made long contexts
-slower."""
+7.0 us at 1024 positions against 9.2 with 256 and 23.4 with the fixed 1024 before; 64 (with 8 CTAs per SM)
+was slower from 8192 positions (16.4 against 12.1 us)."""
 GRID_PARTITION = 256
 """The grid holds at most max_seq / GRID_PARTITION partitions per KV head: more, shorter ones at full length
 made the combine (one CTA per query head) the bottleneck (Qwen2.5-0.5B shape at 32638 positions: 20.1 us
-with 128-key partitions against 15.3 with 256)."""
+with a grid of 256 partitions of 128 keys against 15.3 with 128 of 256)."""
 CTAS_PER_SM = 4
 """Partitions per KV head: enough for this many CTAs per SM once the context fills them all (8 was slower at
 32768 positions and more: 34.4 against 30.6 us)."""
@@ -81,7 +81,8 @@ class AttentionPlan:
     Attributes:
         partition: the shortest partition (tokens).
         num_parts: the grid's partitions per KV head: ceil(max_seq / partition) with a forced partition,
-            else min(ceil(ctas_per_sm * sm_count / num_kv_heads), ceil(max_seq / grid_partition)).
+            else max(1, min(ceil(ctas_per_sm * sm_count / num_kv_heads),
+            ceil(max_seq / max(grid_partition, min_partition)))).
         part_out: float32 [num_parts, num_heads, head_dim] partial outputs ([0, ...] with one partition).
         part_lse: float32 [num_parts, num_heads] partial log-sum-exps.
 

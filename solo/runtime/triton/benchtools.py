@@ -257,7 +257,7 @@ def bench_attention(shape: dict[str, int], context: int, hbm_gbps: float, label:
                                                   head_dim=hd, scale=hd**-0.5, plan=plan)
 
     return [_entry(f"attention{label}", kv_bytes + 2 * hq * hd * 2, time_graph([launch(*c) for c in caches]),
-                   do_bench_s(launch(*caches[0])), hbm_gbps, context=context, partition=plan.partition,
+                   do_bench_s(launch(*caches[0])), hbm_gbps, context=context, min_partition=plan.partition,
                    partitions=plan.num_parts)]
 
 
