@@ -72,6 +72,7 @@ def main() -> None:
         row = []
         for pos in positions:
             state[1] = pos
+
             def call(plan: AttentionPlan = plan) -> None:
                 decode_attention(q, kc, vc, state, out, num_heads=heads, num_kv_heads=kv_heads, head_dim=head_dim,
                                  scale=head_dim**-0.5, plan=plan)

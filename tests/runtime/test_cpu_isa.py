@@ -70,28 +70,30 @@ def test_the_loaded_library_reports_its_level_and_matching_struct_layout():
     check_struct_layout(lib)
 
 
-def test_an_unwritable_kernel_cache_falls_back_with_a_warning(monkeypatch, tmp_path):
+@pytest.fixture
+def tiny_kernel_source(monkeypatch, tmp_path):
+    """library_path builds a one-function library from tmp_path/tiny.cpp without optimization (fast)."""
+    monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++"])
+    monkeypatch.setattr(cpu_build, "_MAIN", tmp_path / "tiny.cpp")
+    (tmp_path / "tiny.cpp").write_text('extern "C" int solo_tiny(void) { return 1; }\n')
+
+
+def test_an_unwritable_kernel_cache_falls_back_with_a_warning(monkeypatch, tmp_path, tiny_kernel_source):
     blocker = tmp_path / "not-a-folder"
     blocker.write_text("a file where the cache folder's parent should be")
     monkeypatch.setenv("XDG_CACHE_HOME", str(blocker / "cache"))
     monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
-    monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++"])
-    monkeypatch.setattr(cpu_build, "_MAIN", tmp_path / "tiny.cpp")
-    (tmp_path / "tiny.cpp").write_text('extern "C" int solo_tiny(void) { return 1; }\n')
     with pytest.warns(UserWarning, match="is not writable; building Solo's CPU kernels in"):
         path = cpu_build.library_path(available_levels()[0])
     assert path.parent == tmp_path / "fallback" and path.is_file()
     assert cpu_build.library_path(available_levels()[0]) == path  # found there next time, no rebuild
 
 
-def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_path):
+def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_path, tiny_kernel_source):
     import threading
     import time
 
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
-    monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++"])
-    monkeypatch.setattr(cpu_build, "_MAIN", tmp_path / "tiny.cpp")
-    (tmp_path / "tiny.cpp").write_text('extern "C" int solo_tiny(void) { return 1; }\n')
     builds, run = [], subprocess.run
 
     def slow_build(cmd, **kwargs):
