@@ -1,4 +1,4 @@
-"""Grammar-constrained decoding: JSON, JSON Schema, regex, choice, grammar and tool-call formats.
+r"""Grammar-constrained decoding: JSON, JSON Schema, regex, choice, grammar and tool-call formats.
 
 A `StructuredOutput` says what the output must match. `ConstraintCompiler` (one per engine) compiles it
 with XGrammar (Dong et al. 2024, "XGrammar: Flexible and Efficient Structured Generation Engine for Large
@@ -17,16 +17,25 @@ step runs (`TokenConstraint.accept` starts it, `apply` waits for it); otherwise 
 
 JSON Schemas are checked before compiling: llguidance reports keywords that no engine here enforces
 ("Unimplemented keys", e.g. uniqueItems, not, if/then, contains); those are refused rather than ignored,
-so an output always validates against the schema it was promised. Whitespace between JSON tokens is
+so an output always validates against the schema it was promised. XGrammar compiles some constructs
+while only logging that it ignores them (allOf with several subschemas, multipleOf on numbers, regex
+escapes it does not know such as \A or \z, lookaheads); its log is read while it compiles, and a grammar
+it warned about goes to llguidance instead, which enforces it or rejects it (a 400 naming the problem). A
+tool-call grammar (XGrammar only) that XGrammar warned about is refused. Whitespace between JSON tokens is
 bounded (`MAX_WHITESPACE`), so a constrained output cannot run away in blanks.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import sys
+import tempfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -84,13 +93,14 @@ class StructuredOutput:
     def parse(cls, value: StructuredOutput | Mapping[str, Any] | None) -> StructuredOutput | None:
         """Read OpenAI's `response_format` shape (plus Solo's extension types) into a `StructuredOutput`.
 
-        Accepted: None or {"type": "text"} (no constraint); {"type": "json_object"};
-        {"type": "json_schema", "json_schema": {"name", "schema", "strict", "description"}};
-        {"type": "regex", "regex": ...}; {"type": "choice", "choice": [...]}; {"type": "grammar",
-        "grammar": ...}.
+        Accepted: None or {"type": "text"} (no constraint); {"type": "json_object"}, or with a "schema"
+        (llama.cpp's server form: the same as json_schema); {"type": "json_schema", "json_schema": {"name",
+        "schema", "strict", "description"}}; {"type": "regex", "regex": ...}; {"type": "choice", "choice":
+        [...]}; {"type": "grammar", "grammar": ...}.
 
         Raises:
-            InvalidRequestError: an unknown type or a missing / malformed field.
+            InvalidRequestError: an unknown type, a missing / malformed field, or a field the type does not
+                take (refused rather than ignored).
         """
         if value is None or isinstance(value, StructuredOutput):
             return value
@@ -99,15 +109,27 @@ class StructuredOutput:
                                       f"json_schema, regex, choice or grammar), got {value!r}",
                                       param="response_format")
         kind = value["type"]
+        fields = {"text": (), "json_object": ("schema",), "json_schema": ("json_schema",), "regex": ("regex",),
+                  "choice": ("choice",), "grammar": ("grammar",)}.get(kind)
+        extra = sorted(set(value) - {"type", *fields}) if fields is not None else []
+        if extra:
+            raise InvalidRequestError(f"response_format type {kind} does not take {', '.join(map(repr, extra))}; "
+                                      f"its fields are type{''.join(', ' + f for f in fields)}",
+                                      param="response_format")
         if kind == "text":
             return None
         if kind == "json_object":
-            return cls("json_object")
+            return cls("json_schema", value["schema"]) if "schema" in value else cls("json_object")
         if kind == "json_schema":
             spec = value.get("json_schema")
             if not isinstance(spec, Mapping) or "schema" not in spec:
                 raise InvalidRequestError('response_format json_schema needs "json_schema": {"name": ..., '
                                           '"schema": {...}}', param="response_format")
+            extra = sorted(set(spec) - {"name", "schema", "strict", "description"})
+            if extra:
+                raise InvalidRequestError(f"response_format json_schema does not take {', '.join(map(repr, extra))}; "
+                                          "its fields are name, schema, strict and description",
+                                          param="response_format")
             return cls("json_schema", spec["schema"], spec.get("name"))
         if kind in ("regex", "choice", "grammar"):
             if kind not in value:
@@ -215,6 +237,10 @@ class ConstraintCompiler:
         if spec.kind == "structural_tag":
             try:
                 return CompiledConstraint("xgrammar", self._compile_xgrammar(spec), self.logits_width, self)
+            except XGrammarWarning as exc:
+                raise InvalidRequestError(f"a tool's parameters use JSON Schema features Solo cannot enforce in "
+                                          f"a tool call ({exc}); remove them from the tool's parameters",
+                                          param="tools") from None
             except Exception as exc:  # XGrammar raises RuntimeError / ValueError / its own types
                 raise InvalidRequestError(f"the tool-call grammar does not compile: {_first_line(exc)}",
                                           param="tools") from None
@@ -247,11 +273,20 @@ class ConstraintCompiler:
 
     def _compile_xgrammar(self, spec: StructuredOutput) -> Any:  # noqa: ANN401
         compiler = self._xgrammar()
+        with _native_stderr() as log:
+            compiled = self._compile_xgrammar_quietly(compiler, spec)
+        warnings = _xgrammar_warnings(log.text)
+        if warnings:
+            raise XGrammarWarning("; ".join(warnings))
+        return compiled
+
+    @staticmethod
+    def _compile_xgrammar_quietly(compiler: Any, spec: StructuredOutput) -> Any:  # noqa: ANN401
         if spec.kind == "json_object":
             return compiler.compile_json_schema({"type": "object"}, any_whitespace=True,
                                                 max_whitespace_cnt=MAX_WHITESPACE)
         if spec.kind == "json_schema":
-            schema = spec.value if not isinstance(spec.value, bool) else ({} if spec.value else {"not": {}})
+            schema = {} if spec.value is True else spec.value  # (false is refused before compiling)
             return compiler.compile_json_schema(json.dumps(schema), any_whitespace=True,
                                                 max_whitespace_cnt=MAX_WHITESPACE, strict_mode=True)
         if spec.kind == "regex":
@@ -261,6 +296,60 @@ class ConstraintCompiler:
         if spec.kind == "grammar":
             return compiler.compile_grammar(spec.value)
         return compiler.compile_structural_tag(spec.value)
+
+
+class XGrammarWarning(ValueError):
+    """XGrammar compiled a grammar but logged that it ignores part of it (the message lists what)."""
+
+
+class _CapturedLog:
+    text = ""
+
+
+_stderr_lock = threading.Lock()
+# XGrammar's log lines: "[hh:mm:ss] /path/json_schema_converter.cc:3159: Warning: ..."
+_XGRAMMAR_LOG = re.compile(r"^(?:\[[0-9:]+\] )?\S+\.cc:\d+: (.*)$")
+
+
+@contextlib.contextmanager
+def _native_stderr() -> Iterator[_CapturedLog]:
+    """Capture what native code writes to file descriptor 2 while the block runs.
+
+    XGrammar logs its warnings to std::cerr, with no Python API to read them. Other output that lands there
+    meanwhile (another thread's log line) is written back to the real stderr afterwards, not lost.
+    """
+    log = _CapturedLog()
+    with _stderr_lock, tempfile.TemporaryFile(mode="w+b") as sink:
+        with contextlib.suppress(Exception):
+            sys.stderr.flush()
+        try:
+            saved = os.dup(2)
+        except OSError:  # no descriptor 2 (a daemon without stderr): nothing to read, compile anyway
+            yield log
+            return
+        os.dup2(sink.fileno(), 2)
+        try:
+            yield log
+        finally:
+            with contextlib.suppress(Exception):
+                sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            sink.seek(0)
+            log.text = sink.read().decode("utf-8", "replace")
+            others = [line for line in log.text.splitlines(keepends=True) if not _XGRAMMAR_LOG.match(line)]
+            if others:
+                with contextlib.suppress(OSError):
+                    os.write(2, "".join(others).encode())
+
+
+def _xgrammar_warnings(text: str) -> list[str]:
+    found = []
+    for line in text.splitlines():
+        match = _XGRAMMAR_LOG.match(line.strip())
+        if match and match.group(1) not in found:
+            found.append(match.group(1).removeprefix("Warning: "))
+    return found
 
 
 def check_json_schema(schema: Any, source: str = "response_format") -> None:  # noqa: ANN401
@@ -273,7 +362,10 @@ def check_json_schema(schema: Any, source: str = "response_format") -> None:  # 
     Raises:
         InvalidRequestError: naming the problem (the keywords, or the compiler's message).
     """
-    if isinstance(schema, bool):
+    if schema is False:
+        raise InvalidRequestError("the JSON schema is false, which no output satisfies; send a schema that some "
+                                  "JSON value matches", param=source)
+    if schema is True:
         return
     if not isinstance(schema, Mapping):
         raise InvalidRequestError(f"the JSON schema must be an object, got {type(schema).__name__}",

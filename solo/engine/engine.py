@@ -377,7 +377,7 @@ class Engine:
             template = self.tokenizer.chat_template
             tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None)
             spec, forced = output_constraint(tool_format, tools, choice, parallel_tool_calls, params.response_format)
-            if forced:
+            if spec is not params.response_format:  # a forced call's grammar, or strict functions' (auto)
                 params = params.copy(response_format=spec)
             if choice == "none":
                 tool_format = None

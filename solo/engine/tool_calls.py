@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from solo.engine.constraints import MAX_WHITESPACE, StructuredOutput
+from solo.engine.constraints import MAX_WHITESPACE, StructuredOutput, check_json_schema
 from solo.errors import InvalidRequestError
 
 TOOL_FORMATS = ("hermes", "llama3_json", "mistral")
@@ -105,6 +105,8 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         if parameters is not None and not isinstance(parameters, Mapping):
             raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON Schema object",
                                       param="tools")
+        if function.get("strict") is not None and not isinstance(function.get("strict"), bool):
+            raise InvalidRequestError(f"tools[{i}].function.strict must be true, false or null", param="tools")
         names.append(name)
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
@@ -139,6 +141,10 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
 
     Hermes and Llama use XGrammar's structural tags for their syntax; Mistral's `[TOOL_CALLS]` is a
     special token no grammar can emit as text, so its calls are constrained to the JSON array that follows it.
+
+    Raises:
+        InvalidRequestError: a chosen tool's parameters hold a keyword no grammar engine enforces, or are not
+            a valid JSON Schema (param "tools").
     """
     if tool_choice in ("auto", "none"):
         return None
@@ -148,6 +154,9 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
         parallel_tool_calls = False
     else:
         chosen = list(tools)
+    for tool in chosen:
+        # The grammar enforces these schemas: refuse keywords no engine enforces, as for response_format.
+        check_json_schema(_parameters(tool), source="tools")
     if fmt == "mistral":
         items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                    "arguments": _parameters(t)},
@@ -193,12 +202,55 @@ def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_
     """
     forced = tool_call_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
     if forced is None:
+        if fmt and response_format is None:
+            return strict_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls), False
         return response_format, False
     if response_format is not None:
         source = getattr(response_format, "source", "response_format")  # a dict is OpenAI's field
         raise InvalidRequestError(f'{source} cannot be combined with tool_choice "required" or a named function '
                                   "(the output is the tool call)", param=source)
     return forced, True
+
+
+def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
+                            parallel_tool_calls: bool = True) -> StructuredOutput | None:
+    """Under tool_choice "auto", the grammar that holds calls of `"strict": true` functions to their schemas.
+
+    Free text is left free; from the call marker on, a call's arguments follow its function's schema (any
+    JSON object for a function without strict), and with parallel_tool_calls false the output ends after
+    one call (XGrammar's triggered tags). None when no function is strict.
+
+    Raises:
+        InvalidRequestError: strict functions on a model whose call syntax is not Hermes' `<tool_call>`
+            (its calls are not marked where free text could be left free), or a strict schema with keywords
+            no grammar engine enforces (param "tools").
+    """
+    if tool_choice != "auto" or not any(t["function"].get("strict") is True for t in tools):
+        return None
+    if fmt != "hermes":
+        raise InvalidRequestError(f'"strict": true functions under tool_choice "auto" are enforced for models '
+                                  f"with Hermes-style <tool_call> calls only; this model's syntax is {fmt}: drop "
+                                  'strict, or send tool_choice "required" or a named function (enforced)',
+                                  param="tools")
+    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TriggeredTagsFormat
+
+    begin, end = _CALL_SYNTAX[fmt]
+    tags = []
+    for tool in tools:
+        strict = tool["function"].get("strict") is True
+        schema = _parameters(tool) if strict else {"type": "object"}
+        if strict:
+            check_json_schema(schema, source="tools")
+        tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
+                              content=JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=MAX_WHITESPACE),
+                              end=end))
+    try:
+        tag = StructuralTag(format=TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags,
+                                                       stop_after_first=not parallel_tool_calls))
+    except Exception as exc:  # pydantic validation of the tags
+        raise InvalidRequestError(f"the tools cannot be turned into a tool-call grammar: {exc}",
+                                  param="tools") from None
+    return StructuredOutput("structural_tag", tag, "tool_calls", source="tools")
 
 
 # Text around one call's arguments object, per syntax ({name} is the function name).
@@ -314,13 +366,15 @@ class ToolCallParser:
             rest, self._pending = self._pending, ""
             self._release(rest)
             return self._content, [], rest
-        calls = parse_tool_calls(self.fmt, self._calls_text)
-        if calls is None:
+        calls, rest = complete_tool_calls(self.fmt, self._calls_text)
+        if not calls:
             rest = self._pending + self._calls_text
             self._calls_text, self._pending = None, ""
             self._release(rest)
             return self._content, [], rest
-        return self._content, calls, ""
+        # Text after the last complete call (a call cut short by max_tokens) is content: never dropped.
+        self._release(rest)
+        return self._content, calls, rest
 
 
 def _partial_suffix(text: str, marker: str) -> int:
@@ -329,6 +383,28 @@ def _partial_suffix(text: str, marker: str) -> int:
         if marker.startswith(text[-n:]):
             return n
     return 0
+
+
+def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
+    """The calls an output's tool-call part (from its marker on) makes in full, and the text after them.
+
+    Hermes calls are blocks, so the complete ones before a block that is cut short (max_tokens) or does not
+    parse are kept and the rest is returned as text; the JSON formats parse whole or not at all.
+    """
+    if fmt != "hermes":
+        calls = parse_tool_calls(fmt, text)
+        return (calls, "") if calls else ([], text)
+    calls, i = [], 0
+    for block in re.finditer(r"\s*<tool_call>(.*?)</tool_call>", text, flags=re.S):
+        parsed = parse_tool_calls(fmt, block.group(0)) if block.start() == i else None
+        if not parsed:
+            break
+        calls += parsed
+        i = block.end()
+    last = parse_tool_calls(fmt, text[i:]) if text[i:].lstrip().startswith("<tool_call>") else None
+    if last:  # a last call whose JSON is whole but whose closing tag never came (a stop string, EOS)
+        return calls + last, ""
+    return calls, text[i:] if text[i:].strip() else ""
 
 
 def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:

@@ -5,6 +5,7 @@ streaming keep working; bad schemas are refused with a message naming the proble
 from __future__ import annotations
 
 import json
+import os
 import re
 
 import jsonschema
@@ -162,3 +163,66 @@ def test_malformed_response_format(value):
 def test_text_means_no_constraint():
     assert SamplingParams(response_format={"type": "text"}).response_format is None
     assert SamplingParams(response_format={"type": "json_object"}).response_format == StructuredOutput("json_object")
+
+
+def _format(kind, value):
+    if kind == "json_schema":
+        return _schema_format(value)
+    return {"type": kind, kind: value}
+
+
+@pytest.mark.parametrize("kind, value", [
+    ("json_schema", {"allOf": [{"type": "integer"}, {"minimum": 5, "maximum": 9}]}),
+    ("json_schema", {"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 10}),
+    ("json_schema", {"type": "string", "pattern": r"^\Aab\z$"}),
+    ("regex", r"\Aab\z"),
+])
+def test_what_xgrammar_would_ignore_goes_to_llguidance(bundled, kind, value):
+    # XGrammar 0.2.9 compiles these while logging that it ignores part of them (allOf with several
+    # subschemas, multipleOf on numbers, \A and \z): they must be enforced all the same.
+    request = bundled.make_request("x = ", SamplingParams(response_format=_format(kind, value)))
+    assert request.constraint.compiled.backend == "llguidance"
+    finished = 0
+    for seed in range(4):
+        result = bundled.complete("x = ", SamplingParams(max_tokens=24, temperature=1.0, seed=seed,
+                                                         response_format=_format(kind, value)))
+        if result.finish_reason == "length":
+            continue
+        finished += 1
+        if kind == "regex" or "pattern" in value:  # (Python's re, which jsonschema uses, lacks \z)
+            assert result.text == ("ab" if kind == "regex" else '"ab"')
+        else:
+            jsonschema.validate(json.loads(result.text), value)
+    assert finished >= 1
+
+
+@pytest.mark.parametrize("response_format, words", [
+    ({"type": "regex", "regex": r"ab\Z"}, r"\\Z"),  # neither engine knows \Z: refused, not matched as "Z"
+    ({"type": "regex", "regex": "(?=a)ab"}, "ook"),
+    (_schema_format(False), "false"),
+])
+def test_what_no_engine_enforces_is_refused(bundled, response_format, words):
+    with pytest.raises(InvalidRequestError, match=words) as info:
+        bundled.make_request("x", SamplingParams(response_format=response_format))
+    assert info.value.param == "response_format"
+
+
+def test_json_object_with_a_schema_is_that_schema():
+    # llama.cpp's server form of a schema; other fields a type does not take are refused, not ignored.
+    schema = {"type": "integer"}
+    assert StructuredOutput.parse({"type": "json_object", "schema": schema}) == StructuredOutput("json_schema", schema)
+    for value, words in [({"type": "regex", "regex": "a", "flags": "i"}, "flags"),
+                         ({"type": "text", "schema": schema}, "schema"),
+                         ({"type": "json_schema", "json_schema": {"schema": schema, "strictt": True}}, "strictt")]:
+        with pytest.raises(InvalidRequestError, match=words):
+            StructuredOutput.parse(value)
+
+
+def test_other_stderr_output_survives_the_capture(capfd):
+    from solo.engine.constraints import _native_stderr, _xgrammar_warnings
+
+    with _native_stderr() as log:
+        os.write(2, b"[12:00:00] /src/json_schema_converter.cc:1: Warning: ignoring multipleOf\n")
+        os.write(2, b"another thread's line\n")
+    assert _xgrammar_warnings(log.text) == ["ignoring multipleOf"]
+    assert capfd.readouterr().err == "another thread's line\n"

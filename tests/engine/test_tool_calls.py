@@ -111,6 +111,24 @@ def test_broken_call_comes_back_as_content():
     assert not calls and streamed + rest == text
 
 
+@pytest.mark.parametrize("tail", ["\n<tool_call>\n{\"name\": \"get_time\", \"argu", "\n<tool_", "\nand then"])
+def test_complete_calls_are_kept_and_what_follows_is_content(tail):
+    # A second call cut short by max_tokens (or any text after a call) comes back as content, not dropped.
+    first = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    parser = ToolCallParser("hermes", {})
+    streamed = _feed_pieces(parser, "Hi " + first + tail)
+    content, calls, rest = parser.finish()
+    assert [c.name for c in calls] == ["get_weather"]
+    assert rest == tail and streamed + rest == "Hi " + tail == content
+
+
+def test_last_call_without_its_closing_tag_is_a_call():
+    parser = ToolCallParser("hermes", {})
+    _feed_pieces(parser, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n')
+    content, calls, rest = parser.finish()
+    assert [c.name for c in calls] == ["get_time"] and content == rest == ""
+
+
 def test_llama3_json_calls():
     parser = ToolCallParser("llama3_json", {"<|python_tag|>": 7})
     text = '{"name": "get_weather", "parameters": {"city": "Tokyo", "days": 1}}; {"name": "get_time", ' \
@@ -197,3 +215,49 @@ def test_mistral_forced_call_with_real_tokenizer(shared_hf, tmp_path):
     history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
     assert engine.complete(history, SamplingParams(max_tokens=2), tools=[WEATHER, TIME]).stats.prompt_tokens > 0
+
+
+@pytest.mark.parametrize("schema, words", [
+    ({"not": {"type": "string"}}, "not"),  # no engine enforces it
+    ({"type": "array", "uniqueItems": True}, "uniqueItems"),
+    ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "allOf"),  # XGrammar's tool-call grammar would ignore it
+    ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+])
+def test_forced_call_parameters_no_grammar_enforces_are_refused(schema, words):
+    engine = Engine.load(None)  # the bundled model's template takes tools (Hermes syntax)
+    tool = {"type": "function", "function": {"name": "f", "parameters": {
+        "type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False}}}
+    messages = [{"role": "user", "content": "Weather?"}]
+    with pytest.raises(InvalidRequestError, match=words) as info:
+        engine.complete(messages, SamplingParams(max_tokens=4), tools=[tool], tool_choice="required")
+    assert info.value.param == "tools"
+    # Under "auto" nothing constrains the arguments (as in vLLM): the same tools are accepted.
+    assert engine.complete(messages, SamplingParams(max_tokens=2), tools=[tool]).stats.prompt_tokens > 0
+
+
+def test_strict_functions_under_auto_hold_calls_to_their_schemas():
+    import xgrammar as xgr
+
+    from solo.engine.tool_calls import strict_tools_constraint
+
+    engine = Engine.load(None)  # Hermes syntax
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    bad = call.replace('"days": 2', '"days": 9')  # above the schema's maximum
+    assert strict_tools_constraint("hermes", [WEATHER, TIME], "auto") is None  # nothing strict: no grammar
+    for parallel, text, accepted in [(True, "Let me look. " + call, True), (True, "Let me look. " + bad, False),
+                                     (True, "no call at all", True), (True, call + "\n" + call, True),
+                                     (False, call + "\n" + call, False)]:
+        spec = strict_tools_constraint("hermes", [strict, TIME], "auto", parallel_tool_calls=parallel)
+        matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
+        assert matcher.accept_string(text) is accepted, (parallel, text)
+    # The request takes it as its constraint, free text still allowed (not a forced call).
+    request = engine.make_request([{"role": "user", "content": "Weather?"}], tools=[strict, TIME])
+    assert request.constraint is not None and not request.tool_call_forced
+    # Where calls are not marked apart from free text, strict under auto is refused, not ignored.
+    with pytest.raises(InvalidRequestError, match="strict") as info:
+        strict_tools_constraint("llama3_json", [strict], "auto")
+    assert info.value.param == "tools"
+    with pytest.raises(InvalidRequestError, match="strict"):
+        check_tools([{**WEATHER, "function": {**WEATHER["function"], "strict": "yes"}}], "auto",
+                    "{{ tools }}<tool_call>")
