@@ -117,6 +117,13 @@ class Tokenizer:
         """Text of `ids`."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def token_string(self, token_id: int) -> str:
+        """The vocabulary's string for one id, as `tokenizers` stores it ("" for an id it lacks: padding).
+
+        Byte-level BPE writes a space as "Ġ", ...: what vLLM's /tokenize returns as token_strs.
+        """
+        return self.backend.id_to_token(token_id) or ""
+
     def render_chat(self, messages: Sequence[Mapping[str, Any]], add_generation_prompt: bool = True,
                     **kwargs: Any) -> str:
         """Render messages with the model's chat template (see `ChatTemplate.render`).

@@ -45,7 +45,7 @@ def _route_label(path: str) -> str:
 
 
 class _Gate:
-    """ASGI middleware: the API-key check (before anything else, even JSON parsing) and request counting.
+    """ASGI middleware: the Host and API-key checks (before anything else, even JSON parsing), and counting.
 
     Every response is counted by route and status.
 
@@ -53,18 +53,39 @@ class _Gate:
         app: the wrapped application.
         api_key: required as `Authorization: Bearer <key>` on every route but /health; None disables it.
         metrics: where requests are counted.
+        allowed_hosts: names the Host header may carry (any port); None or "*": any.
     """
 
-    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics) -> None:
+    def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics,
+                 allowed_hosts: list[str] | None = None) -> None:
         self.app = app
-        self.expected = None if api_key is None else f"Bearer {api_key}".encode()
+        self.expected = None if api_key is None else api_key.encode()
         self.metrics = metrics
+        hosts = allowed_hosts or ["*"]
+        self.allowed_hosts = None if "*" in hosts else {h.lower() for h in hosts}
+
+    def _host_refused(self, scope: Scope) -> APIError | None:
+        if self.allowed_hosts is None:
+            return None
+        given = dict(scope.get("headers", ())).get(b"host", b"").decode("latin-1").strip().lower()
+        if not given:  # (HTTP/1.0 without one: not a browser, which always sends it)
+            return None
+        # "name:port", "[v6]:port", "name" -> the name ("[v6]" keeps its brackets)
+        name = given[: given.index("]") + 1] if given.startswith("[") and "]" in given else given.rsplit(":", 1)[0]
+        if name in self.allowed_hosts:
+            return None
+        return APIError(403, f"the Host header names {name!r}, which this server does not answer (it answers "
+                        f"{', '.join(sorted(self.allowed_hosts))}: a guard against DNS rebinding); to reach it by "
+                        f"that name, start it with --allowed-hosts {name}",
+                        code="host_not_allowed")
 
     def _authorized(self, scope: Scope) -> bool:
         if self.expected is None or scope["path"] in _OPEN_ROUTES or scope["path"] in _OPEN_PAGES:
             return True
         given = dict(scope.get("headers", ())).get(b"authorization", b"")
-        return secrets.compare_digest(given, self.expected)
+        scheme, _, credentials = given.strip().partition(b" ")
+        # The scheme is case-insensitive (RFC 7235, section 2.1): "bearer KEY" is as good as "Bearer KEY".
+        return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(), self.expected)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -79,7 +100,10 @@ class _Gate:
             await send(message)
 
         try:
-            if self._authorized(scope):
+            refused = self._host_refused(scope)
+            if refused is not None:
+                await refused.response()(scope, receive, send_and_note)
+            elif self._authorized(scope):
                 await self.app(scope, receive, send_and_note)
             else:
                 error = APIError(401, "missing or incorrect API key; send it as 'Authorization: Bearer <key>'",
@@ -122,7 +146,8 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(playground_router)
-    app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics)
+    app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
+                       allowed_hosts=settings.allowed_hosts)
     # Outermost (added last), so a browser's preflight, which never carries the API key, is answered here.
     cors: dict[str, Any] = {"allow_origins": settings.allowed_origins} if settings.allowed_origins is not None \
         else {"allow_origin_regex": LOCAL_ORIGINS}

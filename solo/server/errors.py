@@ -145,6 +145,23 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     return APIError(400, message, param=param)
 
 
+def unreadable_body_message(cause: BaseException) -> str:
+    """What was wrong with a body FastAPI could not parse, from the decoder's exception.
+
+    FastAPI answers a bare "There was an error parsing the body" for bytes that are not UTF-8, an integer
+    beyond Python's 4300-digit conversion limit, or nesting too deep to decode.
+    """
+    if isinstance(cause, UnicodeDecodeError):
+        return (f"the request body is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start}); "
+                "send JSON encoded as UTF-8, with non-ASCII text as such or as \\u escapes")
+    if isinstance(cause, RecursionError):
+        return "the request body's JSON is nested too deeply to decode; send a flatter document"
+    if isinstance(cause, ValueError) and "digits" in str(cause):
+        return ("the request body holds an integer with more digits than JSON decoding allows (4300); send it "
+                "as a string or a float")
+    return f"the request body cannot be read as JSON ({type(cause).__name__}); send a UTF-8 JSON object"
+
+
 def install_error_handlers(app: FastAPI) -> None:
     """Answer every error in OpenAI's shape: APIError, SoloError, validation errors, 404/405, and bugs."""
 
@@ -160,6 +177,8 @@ def install_error_handlers(app: FastAPI) -> None:
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/models",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
+        if exc.status_code == 400 and exc.__cause__ is not None:
+            message = unreadable_body_message(exc.__cause__)
         return APIError(exc.status_code, message, type=kind, headers=exc.headers).response()
 
     async def on_bug(_: Request, exc: Exception) -> JSONResponse:

@@ -482,13 +482,19 @@ class CompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Lenient):
-    """POST /tokenize (vLLM's shape): either `prompt` or `messages`."""
+    """POST /tokenize (vLLM's shape): either `prompt` or `messages`.
+
+    `return_token_strs` adds each token's string. Other fields are refused by name, not ignored.
+    """
+
+    model_config = ConfigDict(extra="forbid")
 
     model: _Str | None = None
     prompt: _Str | None = None
     messages: list[ChatMessage] | None = None
     add_special_tokens: _Bool = True
     add_generation_prompt: _Bool = True
+    return_token_strs: _Bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -498,7 +504,9 @@ class TokenizeRequest(_Lenient):
 
 
 class DetokenizeRequest(_Lenient):
-    """POST /detokenize (vLLM's shape)."""
+    """POST /detokenize (vLLM's shape; special tokens are kept, as vLLM's). Other fields are refused by name."""
+
+    model_config = ConfigDict(extra="forbid")
 
     model: _Str | None = None
     tokens: list[Annotated[_Int, Field(ge=0)]]
@@ -683,6 +691,7 @@ class TokenizeResponse(BaseModel):
     count: int
     max_model_len: int
     tokens: list[int]
+    token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(BaseModel):

@@ -29,7 +29,7 @@ from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, output_constraint
 from solo.errors import InvalidRequestError
-from solo.server.errors import APIError, api_error_from
+from solo.server.errors import APIError, api_error_from, shutting_down
 from solo.server.logprobs import chat_logprobs, completion_logprobs
 from solo.server.metrics import CONTENT_TYPE
 from solo.server.protocol import (
@@ -148,6 +148,10 @@ async def _collect(job: _Job, request: Request, n: int) -> list[list[GenerationE
         if not work.done():
             raise APIError(499, "the client closed the connection", code="client_closed_request")
         work.result()  # re-raises a failure inside the scheduler
+        if job.completion_tokens == 0 and all(events and events[-1].finish_reason == "abort" for events in per_choice):
+            # Ended by shutdown before any token: nothing was done, so say so (503, retry elsewhere) instead of
+            # a 200 with empty text that only finish_reason tells apart from a real answer.
+            raise shutting_down()
         return per_choice
     finally:
         for task in (work, watcher):
@@ -434,7 +438,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         return engine.tokenizer.encode(body.prompt, body.add_special_tokens)
 
     ids = await run_in_threadpool(encode)
-    return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids)
+    strs = [engine.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None
+    return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids, token_strs=strs)
 
 
 @router.post("/detokenize")

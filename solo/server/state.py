@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -28,6 +29,28 @@ from solo.server.scheduler import DEFAULT_PREFILL_CHUNK, DecodeBatching, Generat
 from solo.tokenizer import Tokenizer
 
 logger = logging.getLogger("solo.server")
+
+LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+"""Host names a server bound to a loopback address answers by default (`ServerSettings.allowed_hosts`)."""
+
+
+def default_allowed_hosts(bind_host: str) -> list[str] | None:
+    """The `Host` names `solo serve --host bind_host` answers unless told otherwise.
+
+    The loopback names (plus the bind address itself) when it listens on a loopback address, else None
+    (any: a server exposed on the network is reached by whatever name or address its clients use).
+    """
+    import ipaddress
+
+    name = bind_host.strip("[]")
+    try:
+        loopback = ipaddress.ip_address(name).is_loopback
+    except ValueError:
+        loopback = name == "localhost"
+    if not loopback:
+        return None
+    own = f"[{name}]" if ":" in name else name
+    return list(dict.fromkeys([*LOOPBACK_HOSTS, own]))
 
 
 def longest_token_bytes(tokenizer: Tokenizer) -> int:
@@ -55,6 +78,11 @@ class ServerSettings:
         allowed_origins: browser origins (CORS) that may call the API, e.g. "http://localhost:3000", or "*"
             for any; None: origins on localhost, 127.0.0.1 or [::1] (any port; the browser's own machine), as
             Ollama's default.
+        allowed_hosts: host names the `Host` header may carry (any port), or ["*"] / None for any. `solo
+            serve` bound to a loopback address defaults to the loopback names (`LOOPBACK_HOSTS`): a web page
+            whose name an attacker re-points at 127.0.0.1 (DNS rebinding) is then same-origin to the browser,
+            so CORS cannot stop it, but its requests carry the attacker's name as Host (Ollama checks the
+            same).
         max_batch: KV-cache slots (requests decoded together); None: chosen from free memory at start-up
             (`kv_memory.auto_slots`: 8 to 32), after which it holds the number chosen.
         max_queue: requests that may wait for a slot; beyond it, 503 with Retry-After.
@@ -80,6 +108,7 @@ class ServerSettings:
     served_model_name: str | None = None
     api_key: str | None = None
     allowed_origins: list[str] | None = None
+    allowed_hosts: list[str] | None = None
     max_batch: int | None = None
     max_queue: int = 64
     max_model_len: int | None = None
@@ -111,6 +140,13 @@ class ServerSettings:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
         if self.api_key is not None and not self.api_key:
             raise SoloError("--api-key is empty; give a key or leave the flag out")
+        for host in self.allowed_hosts or []:
+            if host != "*" and not re.fullmatch(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+", host):
+                raise SoloError(f"--allowed-hosts takes host names without scheme or port, like myhost.lan, "
+                                f"192.168.1.5 or [::1], or * for any; got {host!r}")
+        if self.served_model_name is not None and not self.served_model_name.strip():
+            raise SoloError("--served-model-name is empty; give a name or leave the flag out (the model's own name "
+                            "is served)")
         for origin in self.allowed_origins or []:
             parts = urlsplit(origin)
             if origin != "*" and (parts.scheme not in ("http", "https") or not parts.netloc or parts.path

@@ -9,7 +9,7 @@ import pytest
 from server_harness import MODEL_NAME, start_server
 
 from solo.errors import SoloError
-from solo.server.state import ServerSettings
+from solo.server.state import ServerSettings, default_allowed_hosts
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -375,7 +375,8 @@ def test_api_key(tiny_model):
     running = start_server(tiny_model, max_batch=1, api_key="sesame")
     try:
         with running.http() as http:
-            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"}):
+            for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": "sesame"},
+                            {"Authorization": "Basic sesame"}, {"Authorization": "Bearer sesame2"}):
                 error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2), headers=headers), 401,
                                             code="invalid_api_key")
                 assert "API key" in error["message"]
@@ -399,6 +400,8 @@ def test_api_key(tiny_model):
                                                     "Authorization": "Bearer sesame"})
             assert reply.status_code == 200 and reply.headers["access-control-allow-origin"] == "http://127.0.0.1:5173"
             assert "retry-after" in reply.headers["access-control-expose-headers"].lower()
+            # The scheme is case-insensitive (RFC 7235).
+            assert http.get("/v1/models", headers={"Authorization": "bearer sesame"}).status_code == 200
         with pytest.raises(openai.AuthenticationError):
             running.client(api_key="wrong").models.list()
         reply = running.client(api_key="sesame").chat.completions.create(model=MODEL_NAME, messages=MSG, max_tokens=2)
@@ -441,3 +444,72 @@ def test_max_model_len_bounds_requests(tiny_model):
     too_long = start_server(tiny_model, max_model_len=10_000)
     too_long.thread.join(30)
     assert too_long.state.status == "failed" and "--max-model-len" in str(too_long.state.error)
+
+
+@pytest.mark.parametrize(("route", "body", "field"), [
+    ("/tokenize", {"prompt": "x", "foo": 1}, "foo"),
+    ("/detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens"),
+])
+def test_tokenize_routes_refuse_fields_they_do_not_take(server, route, body, field):
+    with server.http() as http:
+        error = assert_openai_error(http.post(route, json=body), 400, field)
+    assert field in error["message"]
+
+
+def test_tokenize_returns_token_strings_when_asked(server):
+    with server.http() as http:
+        plain = http.post("/tokenize", json={"prompt": "hello world"}).json()
+        asked = http.post("/tokenize", json={"prompt": "hello world", "return_token_strs": True}).json()
+    assert plain["token_strs"] is None and asked["tokens"] == plain["tokens"]
+    tokenizer = server.state.engine.tokenizer
+    assert asked["token_strs"] == [tokenizer.backend.id_to_token(i) for i in plain["tokens"]]
+    assert "".join(asked["token_strs"]).replace("Ġ", " ").endswith("hello world")
+
+
+@pytest.mark.parametrize(("body", "words"), [
+    (b'{"prompt": "ab\xff\xfecd", "max_tokens": 3}', "not UTF-8 (byte 0xff at offset 14)"),
+    (b'{"prompt": "x", "max_tokens": 1' + b"0" * 5000 + b"}", "4300"),
+    (b"[" * 100_000, "nested too deeply"),
+])
+def test_unreadable_bodies_say_why(server, body, words):
+    with server.http() as http:
+        response = http.post(COMPLETIONS, content=body, headers={"Content-Type": "application/json"})
+    assert words in assert_openai_error(response, 400)["message"]
+
+
+@pytest.mark.parametrize(("settings", "words"), [({"api_key": ""}, "--api-key"),
+                                                 ({"served_model_name": ""}, "--served-model-name"),
+                                                 ({"served_model_name": "  "}, "--served-model-name")])
+def test_empty_names_are_refused_not_ignored(settings, words):
+    with pytest.raises(SoloError, match=words):
+        ServerSettings(**settings).validate()
+
+
+def test_host_header_outside_the_allowed_names_is_refused(tiny_model):
+    # DNS rebinding: a page on attacker.example re-pointed at 127.0.0.1 is same-origin to the browser (no
+    # CORS preflight), but its requests name attacker.example as Host.
+    running = start_server(tiny_model, max_batch=1, allowed_hosts=default_allowed_hosts("127.0.0.1"))
+    try:
+        with running.http() as http:
+            for host in ("attacker.example:8011", "attacker.example", "127.0.0.1.attacker.example"):
+                response = http.post(COMPLETIONS, json=completion(max_tokens=1),
+                                     headers={"Host": host, "Origin": f"http://{host}"})
+                error = assert_openai_error(response, 403, code="host_not_allowed")
+                assert "--allowed-hosts" in error["message"]
+                assert http.get("/health", headers={"Host": host}).status_code == 403
+            for host in ("127.0.0.1:8000", "LOCALHOST:1", "localhost", "[::1]:8000"):
+                assert http.get("/v1/models", headers={"Host": host}).status_code == 200, host
+    finally:
+        running.stop()
+
+
+def test_default_allowed_hosts_follow_the_bind_address():
+    assert default_allowed_hosts("127.0.0.1") == ["localhost", "127.0.0.1", "[::1]"]
+    assert default_allowed_hosts("::1") == ["localhost", "127.0.0.1", "[::1]"]
+    assert default_allowed_hosts("127.0.0.2") == ["localhost", "127.0.0.1", "[::1]", "127.0.0.2"]
+    assert default_allowed_hosts("localhost") == ["localhost", "127.0.0.1", "[::1]"]
+    assert default_allowed_hosts("0.0.0.0") is None and default_allowed_hosts("192.168.1.5") is None
+    ServerSettings(allowed_hosts=["*", "mybox.lan", "[fe80::1]", "10.0.0.2"]).validate()
+    for bad in ("http://mybox", "mybox:8000", "", "a b"):
+        with pytest.raises(SoloError, match="--allowed-hosts"):
+            ServerSettings(allowed_hosts=[bad]).validate()
