@@ -203,7 +203,7 @@ def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_
     forced = tool_call_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
     if forced is None:
         if fmt and response_format is None:
-            return strict_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls), False
+            return auto_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls), False
         return response_format, False
     if response_format is not None:
         source = getattr(response_format, "source", "response_format")  # a dict is OpenAI's field
@@ -212,20 +212,23 @@ def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_
     return forced, True
 
 
-def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
-                            parallel_tool_calls: bool = True) -> StructuredOutput | None:
-    """Under tool_choice "auto", the grammar that holds calls of `"strict": true` functions to their schemas.
+def auto_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
+                          parallel_tool_calls: bool = True) -> StructuredOutput | None:
+    """Under tool_choice "auto", the grammar for `"strict": true` functions or parallel_tool_calls false.
 
     Free text is left free; from the call marker on, a call's arguments follow its function's schema (any
     JSON object for a function without strict), and with parallel_tool_calls false the output ends after
-    one call (XGrammar's triggered tags). None when no function is strict.
+    one call (XGrammar's triggered tags) instead of a second call being generated and dropped. None when no
+    function is strict and parallel calls are allowed, or for parallel_tool_calls false alone on a syntax
+    other than Hermes (there the replies keep their first call, as vLLM's).
 
     Raises:
         InvalidRequestError: strict functions on a model whose call syntax is not Hermes' `<tool_call>`
             (its calls are not marked where free text could be left free), or a strict schema with keywords
             no grammar engine enforces (param "tools").
     """
-    if tool_choice != "auto" or not any(t["function"].get("strict") is True for t in tools):
+    strict_any = any(t["function"].get("strict") is True for t in tools)
+    if tool_choice != "auto" or not (strict_any or (not parallel_tool_calls and fmt == "hermes")):
         return None
     if fmt != "hermes":
         raise InvalidRequestError(f'"strict": true functions under tool_choice "auto" are enforced for models '

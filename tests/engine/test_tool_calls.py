@@ -235,20 +235,25 @@ def test_forced_call_parameters_no_grammar_enforces_are_refused(schema, words):
     assert engine.complete(messages, SamplingParams(max_tokens=2), tools=[tool]).stats.prompt_tokens > 0
 
 
-def test_strict_functions_under_auto_hold_calls_to_their_schemas():
+def test_strict_functions_and_single_calls_under_auto_are_grammar_held():
     import xgrammar as xgr
 
-    from solo.engine.tool_calls import strict_tools_constraint
+    from solo.engine.tool_calls import auto_tools_constraint
 
     engine = Engine.load(None)  # Hermes syntax
     strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
     bad = call.replace('"days": 2', '"days": 9')  # above the schema's maximum
-    assert strict_tools_constraint("hermes", [WEATHER, TIME], "auto") is None  # nothing strict: no grammar
+    assert auto_tools_constraint("hermes", [WEATHER, TIME], "auto") is None  # nothing strict: no grammar
+    # parallel_tool_calls false: one call, then the end (a second one is never generated to be dropped).
+    spec = auto_tools_constraint("hermes", [WEATHER, TIME], "auto", parallel_tool_calls=False)
+    matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
+    assert not matcher.accept_string(call + "\n" + call.replace('"days": 2', '"days": 9'))
+    assert auto_tools_constraint("llama3_json", [WEATHER], "auto", parallel_tool_calls=False) is None
     for parallel, text, accepted in [(True, "Let me look. " + call, True), (True, "Let me look. " + bad, False),
                                      (True, "no call at all", True), (True, call + "\n" + call, True),
                                      (False, call + "\n" + call, False)]:
-        spec = strict_tools_constraint("hermes", [strict, TIME], "auto", parallel_tool_calls=parallel)
+        spec = auto_tools_constraint("hermes", [strict, TIME], "auto", parallel_tool_calls=parallel)
         matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
         assert matcher.accept_string(text) is accepted, (parallel, text)
     # The request takes it as its constraint, free text still allowed (not a forced call).
@@ -256,7 +261,7 @@ def test_strict_functions_under_auto_hold_calls_to_their_schemas():
     assert request.constraint is not None and not request.tool_call_forced
     # Where calls are not marked apart from free text, strict under auto is refused, not ignored.
     with pytest.raises(InvalidRequestError, match="strict") as info:
-        strict_tools_constraint("llama3_json", [strict], "auto")
+        auto_tools_constraint("llama3_json", [strict], "auto")
     assert info.value.param == "tools"
     with pytest.raises(InvalidRequestError, match="strict"):
         check_tools([{**WEATHER, "function": {**WEATHER["function"], "strict": "yes"}}], "auto",
