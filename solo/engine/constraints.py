@@ -119,7 +119,9 @@ class StructuredOutput:
         if kind == "text":
             return None
         if kind == "json_object":
-            return cls("json_schema", value["schema"]) if "schema" in value else cls("json_object")
+            if "schema" not in value:
+                return cls("json_object")
+            return cls("json_schema", value["schema"], source="response_format.schema")
         if kind == "json_schema":
             spec = value.get("json_schema")
             if not isinstance(spec, Mapping) or "schema" not in spec:
@@ -202,7 +204,9 @@ class ConstraintCompiler:
 
             info = xgr.TokenizerInfo.from_huggingface(self._hf_tokenizer(), vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids or None)
-            self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=1)
+            # No cache of XGrammar's own: it would return a grammar it warned about once without warning again
+            # (the warning is how such a grammar is turned away); this class caches what it accepts.
+            self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
         return self._xgr_compiler
 
     def _llguidance(self) -> Any:  # noqa: ANN401
@@ -347,8 +351,9 @@ def _xgrammar_warnings(text: str) -> list[str]:
     found = []
     for line in text.splitlines():
         match = _XGRAMMAR_LOG.match(line.strip())
-        if match and match.group(1) not in found:
-            found.append(match.group(1).removeprefix("Warning: "))
+        text = match.group(1).removeprefix("Warning: ") if match else None
+        if text and text not in found:
+            found.append(text)
     return found
 
 

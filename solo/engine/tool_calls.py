@@ -202,9 +202,13 @@ def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_
     """
     forced = tool_call_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
     if forced is None:
-        if fmt and response_format is None:
-            return auto_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls), False
-        return response_format, False
+        strict = strict_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
+        if strict is not None and response_format is not None:
+            source = getattr(response_format, "source", "response_format")
+            raise InvalidRequestError(f'{source} cannot be combined with "strict": true functions under tool_choice '
+                                      '"auto" (one grammar holds the whole output); drop strict or the format',
+                                      param=source)
+        return strict or response_format, False
     if response_format is not None:
         source = getattr(response_format, "source", "response_format")  # a dict is OpenAI's field
         raise InvalidRequestError(f'{source} cannot be combined with tool_choice "required" or a named function '
@@ -212,23 +216,22 @@ def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_
     return forced, True
 
 
-def auto_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
-                          parallel_tool_calls: bool = True) -> StructuredOutput | None:
-    """Under tool_choice "auto", the grammar for `"strict": true` functions or parallel_tool_calls false.
+def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,
+                            parallel_tool_calls: bool = True) -> StructuredOutput | None:
+    """Under tool_choice "auto", the grammar that holds calls of `"strict": true` functions to their schemas.
 
     Free text is left free; from the call marker on, a call's arguments follow its function's schema (any
     JSON object for a function without strict), and with parallel_tool_calls false the output ends after
-    one call (XGrammar's triggered tags) instead of a second call being generated and dropped. None when no
-    function is strict and parallel calls are allowed, or for parallel_tool_calls false alone on a syntax
-    other than Hermes (there the replies keep their first call, as vLLM's).
+    one call (XGrammar's triggered tags). None when no function is strict: without a grammar a request
+    keeps GPU block decoding, min_tokens and token bans, and parallel_tool_calls false keeps the reply's
+    first call.
 
     Raises:
         InvalidRequestError: strict functions on a model whose call syntax is not Hermes' `<tool_call>`
             (its calls are not marked where free text could be left free), or a strict schema with keywords
             no grammar engine enforces (param "tools").
     """
-    strict_any = any(t["function"].get("strict") is True for t in tools)
-    if tool_choice != "auto" or not (strict_any or (not parallel_tool_calls and fmt == "hermes")):
+    if tool_choice != "auto" or not any(t["function"].get("strict") is True for t in tools):
         return None
     if fmt != "hermes":
         raise InvalidRequestError(f'"strict": true functions under tool_choice "auto" are enforced for models '
@@ -397,17 +400,19 @@ def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
     if fmt != "hermes":
         calls = parse_tool_calls(fmt, text)
         return (calls, "") if calls else ([], text)
-    calls, i = [], 0
-    for block in re.finditer(r"\s*<tool_call>(.*?)</tool_call>", text, flags=re.S):
-        parsed = parse_tool_calls(fmt, block.group(0)) if block.start() == i else None
+    calls, between, i = [], [], 0
+    for block in re.finditer(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
+        parsed = parse_tool_calls(fmt, block.group(0))
         if not parsed:
             break
         calls += parsed
+        between.append(text[i:block.start()])
         i = block.end()
     last = parse_tool_calls(fmt, text[i:]) if text[i:].lstrip().startswith("<tool_call>") else None
     if last:  # a last call whose JSON is whole but whose closing tag never came (a stop string, EOS)
-        return calls + last, ""
-    return calls, text[i:] if text[i:].strip() else ""
+        calls, i = calls + last, len(text)
+    rest = "".join(between[1:]) + text[i:]  # text between calls, then after them (the first gap is "")
+    return calls, rest if rest.strip() else ""
 
 
 def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:

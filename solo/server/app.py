@@ -25,7 +25,7 @@ from solo.server.metrics import ServerMetrics
 from solo.server.playground import STATIC_PREFIX
 from solo.server.playground import router as playground_router
 from solo.server.routes import router
-from solo.server.state import ServerSettings, ServerState
+from solo.server.state import ServerSettings, ServerState, host_name
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/tokenize", "/detokenize",
           "/health", "/metrics", "/", "/playground/info")
@@ -62,7 +62,7 @@ class _Gate:
         self.expected = None if api_key is None else api_key.encode()
         self.metrics = metrics
         hosts = allowed_hosts or ["*"]
-        self.allowed_hosts = None if "*" in hosts else {h.lower() for h in hosts}
+        self.allowed_hosts = None if "*" in hosts else {host_name(h) for h in hosts}
 
     def _host_refused(self, scope: Scope) -> APIError | None:
         if self.allowed_hosts is None:
@@ -72,6 +72,7 @@ class _Gate:
             return None
         # "name:port", "[v6]:port", "name" -> the name ("[v6]" keeps its brackets)
         name = given[: given.index("]") + 1] if given.startswith("[") and "]" in given else given.rsplit(":", 1)[0]
+        name = host_name(name)
         if name in self.allowed_hosts:
             return None
         return APIError(403, f"the Host header names {name!r}, which this server does not answer (it answers "

@@ -25,9 +25,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "http://localhost:3000, or * for any (default: pages served from this machine: "
                              "localhost, 127.0.0.1 or [::1] on any port)")
     parser.add_argument("--allowed-hosts", type=_hosts, default=None, metavar="HOSTS",
-                        help="comma-separated names the Host header may carry, e.g. mybox.lan, or * for any "
-                             "(default: with a loopback --host, localhost, 127.0.0.1 and [::1] only, against DNS "
-                             "rebinding; otherwise any)")
+                        help="comma-separated names the Host header may carry besides localhost, 127.0.0.1 "
+                             "and [::1], e.g. mybox.lan, or * for any (default: with a loopback --host, those "
+                             "three only, against DNS rebinding; otherwise any)")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given, or the bundled "
                              "model's name)")
@@ -100,7 +100,7 @@ def main(args: argparse.Namespace) -> int:
     from solo.errors import SoloError
     from solo.server.runner import serve
     from solo.server.scheduler import DEFAULT_PREFILL_CHUNK
-    from solo.server.state import ServerSettings, default_allowed_hosts
+    from solo.server.state import ServerSettings, allowed_hosts_for
 
     if not 0 <= args.port <= 65535:
         raise SoloError(f"--port must be in [0, 65535], got {args.port}")
@@ -111,7 +111,7 @@ def main(args: argparse.Namespace) -> int:
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
         quantize=args.quantize,
         served_model_name=args.served_model_name, api_key=args.api_key, allowed_origins=args.allowed_origins,
-        allowed_hosts=default_allowed_hosts(args.host) if args.allowed_hosts is None else args.allowed_hosts,
+        allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
         max_batch=args.max_batch,
         max_queue=args.max_queue, max_queue_wait_s=args.max_queue_wait, max_model_len=args.max_model_len,
         decode_batching=args.decode_batching,

@@ -484,7 +484,9 @@ class CompletionRequest(SamplingFields):
 class TokenizeRequest(_Lenient):
     """POST /tokenize (vLLM's shape): either `prompt` or `messages`.
 
-    `return_token_strs` adds each token's string. Other fields are refused by name, not ignored.
+    With messages, `tools` and `chat_template_kwargs` reach the chat template as on the chat route, so the
+    count is the chat request's prompt. `return_token_strs` adds each token's string. Other fields are
+    refused by name, not ignored.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -494,12 +496,16 @@ class TokenizeRequest(_Lenient):
     messages: list[ChatMessage] | None = None
     add_special_tokens: _Bool = True
     add_generation_prompt: _Bool = True
+    tools: list[dict[str, Any]] | None = None
+    chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: _Bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
+        if self.prompt is not None and (self.tools is not None or self.chat_template_kwargs is not None):
+            raise ValueError("tools and chat_template_kwargs go with messages (they are passed to the chat template)")
         return self
 
 

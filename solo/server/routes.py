@@ -432,7 +432,12 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
     def encode() -> list[int]:
         if messages is not None:
-            text = engine.tokenizer.render_chat([m.for_template() for m in messages], body.add_generation_prompt)
+            extra = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+            template = engine.tokenizer.chat_template
+            _, tools, _ = check_tools(body.tools, "none",
+                                      template.source if template is not None else None)
+            text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in messages]),
+                                                body.add_generation_prompt, tools=tools or None, **extra)
             return engine.tokenizer.encode(text, add_special_tokens=False)
         assert body.prompt is not None
         return engine.tokenizer.encode(body.prompt, body.add_special_tokens)

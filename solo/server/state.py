@@ -8,8 +8,10 @@ the server through `on_fatal`.
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import logging
 import re
+import socket
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -34,23 +36,52 @@ LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 """Host names a server bound to a loopback address answers by default (`ServerSettings.allowed_hosts`)."""
 
 
-def default_allowed_hosts(bind_host: str) -> list[str] | None:
-    """The `Host` names `solo serve --host bind_host` answers unless told otherwise.
+def host_name(host: str) -> str:
+    """A host name or address as the Host check compares it.
 
-    The loopback names (plus the bind address itself) when it listens on a loopback address, else None
-    (any: a server exposed on the network is reached by whatever name or address its clients use).
+    Lower case, no trailing dot, an IPv6 address in brackets and compressed ("[0:0:0:0:0:0:0:1]" -> "[::1]").
     """
-    import ipaddress
+    name = host.strip().lower().rstrip(".")
+    if name.startswith("[") and name.endswith("]") or name.count(":") > 1:
+        try:
+            return f"[{ipaddress.IPv6Address(name.strip('[]')).compressed}]"
+        except ValueError:
+            return name
+    return name
 
-    name = bind_host.strip("[]")
+
+def _is_loopback(host: str) -> bool:
+    # An address, or a name this machine resolves (from /etc/hosts for the usual loopback names) to
+    # loopback addresses only; an IPv4-mapped IPv6 address counts as its IPv4 one.
+    def loopback(address: str) -> bool:
+        ip = ipaddress.ip_address(address.split("%")[0])
+        mapped = getattr(ip, "ipv4_mapped", None)
+        return (mapped or ip).is_loopback
+
+    name = host.strip("[]")
     try:
-        loopback = ipaddress.ip_address(name).is_loopback
+        return loopback(name)
     except ValueError:
-        loopback = name == "localhost"
-    if not loopback:
+        pass
+    try:
+        return all(loopback(info[4][0]) for info in socket.getaddrinfo(name, None))
+    except (OSError, ValueError):
+        return False
+
+
+def allowed_hosts_for(bind_host: str, extra: Sequence[str] | None = None) -> list[str] | None:
+    """The `Host` names `solo serve --host bind_host [--allowed-hosts extra]` answers.
+
+    Bound to a loopback address: the loopback names, the bind address itself and `extra`. Else None (any:
+    a server exposed on the network is reached by whatever name or address its clients use) unless
+    `extra` names some, which then add to the loopback names. "*" in `extra`: any.
+    """
+    extra = list(extra or [])
+    if "*" in extra:
         return None
-    own = f"[{name}]" if ":" in name else name
-    return list(dict.fromkeys([*LOOPBACK_HOSTS, own]))
+    if not _is_loopback(bind_host):
+        return [host_name(h) for h in [*LOOPBACK_HOSTS, *extra]] if extra else None
+    return list(dict.fromkeys(host_name(h) for h in [*LOOPBACK_HOSTS, bind_host, *extra]))
 
 
 def longest_token_bytes(tokenizer: Tokenizer) -> int:
@@ -79,7 +110,7 @@ class ServerSettings:
             for any; None: origins on localhost, 127.0.0.1 or [::1] (any port; the browser's own machine), as
             Ollama's default.
         allowed_hosts: host names the `Host` header may carry (any port), or ["*"] / None for any. `solo
-            serve` bound to a loopback address defaults to the loopback names (`LOOPBACK_HOSTS`): a web page
+            serve` bound to a loopback address answers the loopback names (`allowed_hosts_for`): a web page
             whose name an attacker re-points at 127.0.0.1 (DNS rebinding) is then same-origin to the browser,
             so CORS cannot stop it, but its requests carry the attacker's name as Host (Ollama checks the
             same).

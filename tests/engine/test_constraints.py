@@ -218,11 +218,25 @@ def test_json_object_with_a_schema_is_that_schema():
             StructuredOutput.parse(value)
 
 
+def test_a_refused_grammar_stays_refused(bundled):
+    # XGrammar warns only when it compiles (its own cache would hand back the grammar silently next time).
+    spec = {"type": "regex", "regex": r"ab\Z"}
+    for _ in range(2):
+        with pytest.raises(InvalidRequestError, match=r"\\Z"):
+            bundled.make_request("x", SamplingParams(response_format=spec))
+    warned = _schema_format({"type": "number", "multipleOf": 0.5})
+    for clear in (False, True):
+        if clear:
+            bundled.constraints._cache.clear()
+        assert bundled.make_request("x", SamplingParams(response_format=warned)).constraint.compiled.backend \
+            == "llguidance"
+
+
 def test_other_stderr_output_survives_the_capture(capfd):
     from solo.engine.constraints import _native_stderr, _xgrammar_warnings
 
     with _native_stderr() as log:
         os.write(2, b"[12:00:00] /src/json_schema_converter.cc:1: Warning: ignoring multipleOf\n")
         os.write(2, b"another thread's line\n")
-    assert _xgrammar_warnings(log.text) == ["ignoring multipleOf"]
+    assert _xgrammar_warnings(log.text + log.text) == ["ignoring multipleOf"]  # each warning once
     assert capfd.readouterr().err == "another thread's line\n"

@@ -122,6 +122,16 @@ def test_complete_calls_are_kept_and_what_follows_is_content(tail):
     assert rest == tail and streamed + rest == "Hi " + tail == content
 
 
+def test_text_between_calls_is_content_and_both_calls_count():
+    first = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    second = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    parser = ToolCallParser("hermes", {})
+    streamed = _feed_pieces(parser, "Hi " + first + "\nthen\n" + second + " bye")
+    content, calls, rest = parser.finish()
+    assert [c.name for c in calls] == ["get_weather", "get_time"]
+    assert streamed + rest == content == "Hi \nthen\n bye"
+
+
 def test_last_call_without_its_closing_tag_is_a_call():
     parser = ToolCallParser("hermes", {})
     _feed_pieces(parser, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n')
@@ -235,25 +245,22 @@ def test_forced_call_parameters_no_grammar_enforces_are_refused(schema, words):
     assert engine.complete(messages, SamplingParams(max_tokens=2), tools=[tool]).stats.prompt_tokens > 0
 
 
-def test_strict_functions_and_single_calls_under_auto_are_grammar_held():
+def test_strict_functions_under_auto_hold_calls_to_their_schemas():
     import xgrammar as xgr
 
-    from solo.engine.tool_calls import auto_tools_constraint
+    from solo.engine.tool_calls import strict_tools_constraint
 
     engine = Engine.load(None)  # Hermes syntax
     strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
     call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
     bad = call.replace('"days": 2', '"days": 9')  # above the schema's maximum
-    assert auto_tools_constraint("hermes", [WEATHER, TIME], "auto") is None  # nothing strict: no grammar
-    # parallel_tool_calls false: one call, then the end (a second one is never generated to be dropped).
-    spec = auto_tools_constraint("hermes", [WEATHER, TIME], "auto", parallel_tool_calls=False)
-    matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
-    assert not matcher.accept_string(call + "\n" + call.replace('"days": 2', '"days": 9'))
-    assert auto_tools_constraint("llama3_json", [WEATHER], "auto", parallel_tool_calls=False) is None
+    # Nothing strict: no grammar (speculative drafts and token bans stay available).
+    assert strict_tools_constraint("hermes", [WEATHER, TIME], "auto") is None
+    assert strict_tools_constraint("hermes", [WEATHER, TIME], "auto", parallel_tool_calls=False) is None
     for parallel, text, accepted in [(True, "Let me look. " + call, True), (True, "Let me look. " + bad, False),
                                      (True, "no call at all", True), (True, call + "\n" + call, True),
                                      (False, call + "\n" + call, False)]:
-        spec = auto_tools_constraint("hermes", [strict, TIME], "auto", parallel_tool_calls=parallel)
+        spec = strict_tools_constraint("hermes", [strict, TIME], "auto", parallel_tool_calls=parallel)
         matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
         assert matcher.accept_string(text) is accepted, (parallel, text)
     # The request takes it as its constraint, free text still allowed (not a forced call).
@@ -261,8 +268,13 @@ def test_strict_functions_and_single_calls_under_auto_are_grammar_held():
     assert request.constraint is not None and not request.tool_call_forced
     # Where calls are not marked apart from free text, strict under auto is refused, not ignored.
     with pytest.raises(InvalidRequestError, match="strict") as info:
-        auto_tools_constraint("llama3_json", [strict], "auto")
+        strict_tools_constraint("llama3_json", [strict], "auto")
     assert info.value.param == "tools"
     with pytest.raises(InvalidRequestError, match="strict"):
         check_tools([{**WEATHER, "function": {**WEATHER["function"], "strict": "yes"}}], "auto",
                     "{{ tools }}<tool_call>")
+    # One grammar holds the whole output: a response format beside strict functions is refused, not dropped.
+    with pytest.raises(InvalidRequestError, match="strict") as info:
+        engine.make_request([{"role": "user", "content": "Weather?"}], SamplingParams(
+            response_format={"type": "json_object"}), tools=[strict])
+    assert info.value.param == "response_format"

@@ -9,7 +9,7 @@ import pytest
 from server_harness import MODEL_NAME, start_server
 
 from solo.errors import SoloError
-from solo.server.state import ServerSettings, default_allowed_hosts
+from solo.server.state import ServerSettings, allowed_hosts_for
 
 CHAT = "/v1/chat/completions"
 COMPLETIONS = "/v1/completions"
@@ -488,7 +488,7 @@ def test_empty_names_are_refused_not_ignored(settings, words):
 def test_host_header_outside_the_allowed_names_is_refused(tiny_model):
     # DNS rebinding: a page on attacker.example re-pointed at 127.0.0.1 is same-origin to the browser (no
     # CORS preflight), but its requests name attacker.example as Host.
-    running = start_server(tiny_model, max_batch=1, allowed_hosts=default_allowed_hosts("127.0.0.1"))
+    running = start_server(tiny_model, max_batch=1, allowed_hosts=allowed_hosts_for("127.0.0.1", ["mybox.lan"]))
     try:
         with running.http() as http:
             for host in ("attacker.example:8011", "attacker.example", "127.0.0.1.attacker.example"):
@@ -497,19 +497,38 @@ def test_host_header_outside_the_allowed_names_is_refused(tiny_model):
                 error = assert_openai_error(response, 403, code="host_not_allowed")
                 assert "--allowed-hosts" in error["message"]
                 assert http.get("/health", headers={"Host": host}).status_code == 403
-            for host in ("127.0.0.1:8000", "LOCALHOST:1", "localhost", "[::1]:8000"):
+            for host in ("127.0.0.1:8000", "LOCALHOST:1", "localhost", "localhost.", "[::1]:8000",
+                         "[0:0:0:0:0:0:0:1]:80", "mybox.lan:8000", "MyBox.Lan."):
                 assert http.get("/v1/models", headers={"Host": host}).status_code == 200, host
     finally:
         running.stop()
 
 
-def test_default_allowed_hosts_follow_the_bind_address():
-    assert default_allowed_hosts("127.0.0.1") == ["localhost", "127.0.0.1", "[::1]"]
-    assert default_allowed_hosts("::1") == ["localhost", "127.0.0.1", "[::1]"]
-    assert default_allowed_hosts("127.0.0.2") == ["localhost", "127.0.0.1", "[::1]", "127.0.0.2"]
-    assert default_allowed_hosts("localhost") == ["localhost", "127.0.0.1", "[::1]"]
-    assert default_allowed_hosts("0.0.0.0") is None and default_allowed_hosts("192.168.1.5") is None
+def test_allowed_hosts_follow_the_bind_address():
+    loopback = ["localhost", "127.0.0.1", "[::1]"]
+    assert allowed_hosts_for("127.0.0.1") == allowed_hosts_for("::1") == allowed_hosts_for("localhost") == loopback
+    assert allowed_hosts_for("127.0.0.2") == [*loopback, "127.0.0.2"]
+    assert allowed_hosts_for("::ffff:127.0.0.1") == [*loopback, "[::ffff:7f00:1]"]  # IPv4-mapped loopback
+    # --allowed-hosts adds to the loopback names (local clients and the printed URL keep working); * is any.
+    assert allowed_hosts_for("127.0.0.1", ["mybox.lan"]) == [*loopback, "mybox.lan"]
+    assert allowed_hosts_for("127.0.0.1", ["*"]) is None
+    # Bound to the network: any name, unless some are given.
+    assert allowed_hosts_for("0.0.0.0") is None and allowed_hosts_for("192.168.1.5") is None
+    assert allowed_hosts_for("0.0.0.0", ["mybox.lan"]) == [*loopback, "mybox.lan"]
     ServerSettings(allowed_hosts=["*", "mybox.lan", "[fe80::1]", "10.0.0.2"]).validate()
     for bad in ("http://mybox", "mybox:8000", "", "a b"):
         with pytest.raises(SoloError, match="--allowed-hosts"):
             ServerSettings(allowed_hosts=[bad]).validate()
+
+
+def test_tokenize_counts_the_chat_requests_prompt_with_tools(server):
+    # tools and chat_template_kwargs reach the template as on the chat route; with a prompt they are refused.
+    messages = [{"role": "user", "content": "Weather?"}]
+    with server.http() as http:
+        plain = http.post("/tokenize", json={"messages": messages}).json()
+        with_tools = http.post("/tokenize", json={"messages": messages, "tools": [TOOL]})
+        bad = http.post("/tokenize", json={"prompt": "x", "tools": [TOOL]})
+    assert_openai_error(bad, 400)
+    assert plain["count"] > 0
+    # This model's template never reads tools: said, as the chat route says it (not rendered without them).
+    assert "tool support" in assert_openai_error(with_tools, 400, "tools")["message"]
