@@ -156,10 +156,11 @@ def test_sigterm_under_load_ends_every_stream_and_queued_request_cleanly(long_mo
                     plain.append(exc)
 
         threads = [threading.Thread(target=stream, args=(i,)) for i in range(4)]
-        threads.append(threading.Thread(target=non_streamed))
         for t in threads:
             t.start()
-        started.wait(30)  # 2 streams running, 2 queued, 1 non-streamed queued
+        started.wait(30)  # 2 streams running, 2 queued
+        threads.append(threading.Thread(target=non_streamed))  # after them: queued behind both slots
+        threads[-1].start()
         time.sleep(0.3)
         process.send_signal(signal.SIGTERM)
         for t in threads:
