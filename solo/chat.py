@@ -84,7 +84,7 @@ class ChatSession:
 
     def messages(self) -> list[dict[str, str]]:
         """The conversation as OpenAI-style messages, system message first."""
-        return ([{"role": "system", "content": self.system}] if self.system else []) + self.history
+        return ([{"role": "system", "content": self.system}] if self.system is not None else []) + self.history
 
     def say(self, text: str) -> None:
         """A line to the user (stderr, so that stdout holds only the model's replies)."""
@@ -110,7 +110,8 @@ class ChatSession:
                 if self.command(text) == "exit":
                     return 0
                 continue
-            self.turn(line[1:] if text.startswith("//") else line)
+            # "//x" sends "/x": the escape is the first non-blank character, whatever blanks lead the line
+            self.turn(line.replace("/", "", 1) if text.startswith("//") else line)
 
     def command(self, text: str) -> str | None:
         """Run one /command; returns "exit" to end the loop."""
@@ -124,7 +125,7 @@ class ChatSession:
             self._reset()
         elif name == "/system":
             if not rest:
-                self.say(f"system message: {self.system!r}" if self.system else "no system message; "
+                self.say(f"system message: {self.system!r}" if self.system is not None else "no system message; "
                          "/system TEXT sets one")
             elif rest == "-":
                 self.system = None

@@ -117,3 +117,42 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template rejected the messages: {exc}", param="messages") from None
+
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+"""Message roles a chat request may carry (OpenAI's, as the server's `ChatMessage` takes them)."""
+
+
+def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
+    """Chat messages checked and put the way templates take them (what the server's `ChatMessage` does).
+
+    A content given as a list of text parts ({"type": "text", "text": ...}) is joined into one string; other
+    keys (name, tool_calls, tool_call_id, ...) pass through.
+
+    Raises:
+        InvalidRequestError: an unknown role, a content that is neither a string nor a list of text parts
+            (images and other parts included: Solo's models take text only), or a missing / null content on
+            a message other than an assistant's (param "messages").
+    """
+    checked = []
+    for i, message in enumerate(messages):
+        role = message.get("role")
+        if role not in ROLES:
+            raise InvalidRequestError(f"messages[{i}].role must be one of {', '.join(ROLES)}, got {role!r}",
+                                      param="messages")
+        content = message.get("content")
+        if isinstance(content, list):
+            for j, part in enumerate(content):
+                if not (isinstance(part, Mapping) and part.get("type") == "text" and isinstance(part.get("text"), str)):
+                    raise InvalidRequestError(f"messages[{i}].content[{j}] must be a text part {{'type': 'text', "
+                                              f"'text': ...}} (Solo's models take text only), got {part!r:.80}",
+                                              param="messages")
+            message = {**message, "content": "".join(part["text"] for part in content)}
+        elif content is None and role != "assistant":
+            raise InvalidRequestError(f"messages[{i}] ({role}) needs a content (a string or a list of text parts); "
+                                      "only assistant messages may leave it out", param="messages")
+        elif content is not None and not isinstance(content, str):
+            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of text parts, got "
+                                      f"{type(content).__name__}", param="messages")
+        checked.append(dict(message))
+    return checked

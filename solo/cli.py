@@ -174,13 +174,17 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
-    # Without --max-tokens, generate 256 tokens or as many as fit the context, never an error.
+    # Without --max-tokens, generate 256 tokens (or the generation config's max_new_tokens) or as many as fit
+    # the context, never an error.
     # A prompt that alone fills the context keeps None, so the error counts the prompt, not a budget the user
     # never gave.
     if params.max_tokens is None:
         room = engine.config.context_length - len(engine.encode_prompt(prompt))
         if room > 0:
-            params.max_tokens = min(256, room)
+            # --min-tokens above the default raises the budget with it (room permitting), rather than an error
+            # naming a max_tokens the user never set.
+            default = engine.defaults.max_new_tokens or 256  # the generation config's, as transformers
+            params.max_tokens = min(max(default, params.min_tokens), room)
 
 
 def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
@@ -224,7 +228,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     params = sampling_params_from_args(args)
     engine = _load_engine(args)
     if args.chat:
-        messages = ([{"role": "system", "content": args.system}] if args.system else [])
+        messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         prompt = messages + [{"role": "user", "content": prompt}]
     _default_max_tokens(engine, prompt, params)
     _, last = _stream(engine, prompt, params)
@@ -478,8 +482,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         from solo.train.cli import main as train_main
 
         return train_main(argv[1:])
-    parser = build_parser(argv)
-    args = parser.parse_args(argv)
+    try:
+        # Building the parser of some commands imports torch (a second or more): Ctrl-C there is a quiet exit.
+        parser = build_parser(argv)
+        args = parser.parse_args(argv)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        return 130
     try:
         _apply_threads(args)
         if getattr(args, "tp", 1) != 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:

@@ -128,3 +128,13 @@ def test_argparse_errors_are_one_line_with_a_hint(capsys):
     with pytest.raises(SystemExit):
         main(["runn"])
     assert "(did you mean run?)" in capsys.readouterr().err
+
+
+def test_escaped_slash_and_an_empty_system_message_are_sent_as_given(engine, monkeypatch):
+    sent = []
+    original = Engine.generate
+    monkeypatch.setattr(Engine, "generate", lambda self, p, s=None: sent.append(p) or original(self, p, s))
+    session, _, _ = _session(engine, ["  //x"], system="")
+    session.loop()
+    # "//" escapes a leading "/" even after blanks; an empty system message is still a system turn.
+    assert sent[0] == [{"role": "system", "content": ""}, {"role": "user", "content": "  /x"}]

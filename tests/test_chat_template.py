@@ -98,3 +98,20 @@ def test_messages_without_template_are_rejected(tmp_path):
 def test_empty_messages_rejected(tiny_llama):
     with pytest.raises(InvalidRequestError, match="messages is empty"):
         Tokenizer.from_folder(tiny_llama).encode_chat([])
+
+
+def test_messages_from_python_are_checked_not_dropped():
+    # What the server's ChatMessage refuses is refused from Python too (a non-text part used to render as
+    # an empty turn); text parts are joined, as the server joins them.
+    from solo.chat_template import template_messages
+    from solo.errors import InvalidRequestError
+
+    parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
+    assert template_messages(parts) == [{"role": "user", "content": "ab"}]
+    assistant = {"role": "assistant", "tool_calls": [{"id": "1"}]}  # content may be left out here
+    assert template_messages([assistant]) == [assistant]
+    for messages, words in [([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "text only"),
+                            ([{"role": "user", "content": 5}], "got int"), ([{"role": "user"}], "needs a content"),
+                            ([{"role": "bogus", "content": "x"}], "bogus")]:
+        with pytest.raises(InvalidRequestError, match=words):
+            template_messages(messages)

@@ -17,6 +17,7 @@ from typing import Any
 
 import torch
 
+from solo.chat_template import template_messages
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
@@ -260,6 +261,15 @@ class Engine:
         """
         if speculative not in SPECULATIVE_MODES:  # before the slow part
             raise SoloError(f"unknown speculative mode {speculative!r}; choose one of {', '.join(SPECULATIVE_MODES)}")
+        # Python callers get a named error for a wrong type, not a TypeError from a comparison deep inside.
+        if not isinstance(tp, int) or isinstance(tp, bool):
+            raise SoloError(f"tp must be an integer (ranks), got {tp!r}")
+        if prefix_cache_gb is not None and (not isinstance(prefix_cache_gb, int | float)
+                                            or isinstance(prefix_cache_gb, bool)):
+            raise SoloError(f"prefix_cache_gb must be a number of GB or None (off), got {prefix_cache_gb!r}")
+        if isinstance(model, str) and not model.strip():
+            raise SoloError('model is an empty string; give a folder, a hub id, a .gguf file, or None for the '
+                            "bundled model")
         dev = resolve_device(device)
         folder = resolve_model_dir(model, revision)
         config = ModelConfig.from_file(folder)
@@ -319,7 +329,7 @@ class Engine:
                     f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})", param="prompt"
                 )
         else:
-            ids = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)))  # type: ignore[arg-type]
+            ids = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)))  # type: ignore[arg-type]
         if not ids:
             raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
         if (largest := max(ids)) >= self.config.vocab_size:  # only a tokenizer's ids can get here
@@ -333,7 +343,8 @@ class Engine:
         """Encode a prompt and check it fits the context with `max_tokens` new tokens.
 
         Returns:
-            The ids and the token budget (`max_tokens`, or what is left of the context when None).
+            The ids and the token budget (`max_tokens`; when None, what is left of the context, at most the
+            generation config's `max_new_tokens` where it sets one, as transformers and vLLM take it).
 
         Raises:
             InvalidRequestError: see `encode_prompt`.
@@ -341,8 +352,10 @@ class Engine:
                 the message gives the numbers.
         """
         ids = self.encode_prompt(prompt)
-        return PreparedPrompt(ids, context_budget(len(ids), max_tokens, self.config.context_length,
-                                                  "the model's context"))
+        budget = context_budget(len(ids), max_tokens, self.config.context_length, "the model's context")
+        if max_tokens is None and self.defaults.max_new_tokens is not None:
+            budget = min(budget, self.defaults.max_new_tokens)
+        return PreparedPrompt(ids, budget)
 
     def make_request(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
                      fallback_temperature: float = 0.0, start_time: float | None = None,
@@ -381,7 +394,8 @@ class Engine:
                 params = params.copy(response_format=spec)
             if choice == "none":
                 tool_format = None
-            prompt = self.tokenizer.encode_chat(arguments_as_objects(list(prompt)), tools=list(tools) or None)
+            prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)),
+                                                tools=list(tools) or None)
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(

@@ -304,10 +304,11 @@ def _as_id_tuple(value: Any) -> tuple[int, ...]:
 
 def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     # transformers >= 5 writes `rope_parameters` (theta inside); older configs write `rope_theta` and
-    # `rope_scaling` (with "type" in the oldest ones).
+    # `rope_scaling` (with "type" in the oldest ones). With both, `rope_scaling` wins, as transformers 5
+    # reads it: a user adds it to a saved config to stretch the context (model cards say so).
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
-    merged = {**scaling, **params}
+    merged = {**params, **scaling}
     theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
     if rope_type not in _SUPPORTED_ROPE_TYPES:

@@ -242,3 +242,4 @@ def test_common_prefix_length_matches_a_plain_loop():
         expected = next((i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y), min(len(a), len(b)))
         assert common_prefix_length(a, b) == expected
         assert common_prefix_length(tuple(a), b) == expected
+

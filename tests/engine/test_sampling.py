@@ -246,3 +246,24 @@ def test_seed_minus_one_is_random_as_in_vllm_and_llama_cpp():
     seeds = {SamplingParams(seed=-1).resolve(GenerationDefaults()).seed for _ in range(4)}
     assert len(seeds) == 4 and -1 not in seeds
     assert SamplingParams(seed=-2).resolve(GenerationDefaults()).seed == -2
+
+
+def test_wrong_types_from_python_are_named():
+    for kwargs, words in [({"prefix_cache_gb": "1"}, "prefix_cache_gb"), ({"tp": "2"}, "tp must"),
+                          ({"model": ""}, "empty string")]:
+        with pytest.raises(SoloError, match=words):
+            Engine.load(**{"model": None, **kwargs})
+
+
+def test_generation_configs_max_new_tokens_is_the_default_budget(tiny_llama, tmp_path):
+    # As transformers' generate and vLLM take it: no max_tokens given -> the generation config's max_new_tokens.
+    import json
+    import shutil
+
+    folder = shutil.copytree(tiny_llama, tmp_path / "model")
+    config = json.loads((folder / "generation_config.json").read_text()) \
+        if (folder / "generation_config.json").exists() else {}
+    (folder / "generation_config.json").write_text(json.dumps({**config, "max_new_tokens": 5}))
+    engine = Engine.load(folder)
+    assert len(engine.complete("hello", SamplingParams(ignore_eos=True)).token_ids) == 5
+    assert len(engine.complete("hello", SamplingParams(ignore_eos=True, max_tokens=7)).token_ids) == 7

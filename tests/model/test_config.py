@@ -63,6 +63,16 @@ def test_old_style_rope_scaling_fields():
     assert config.context_length == 4096
 
 
+def test_rope_scaling_added_beside_rope_parameters_wins():
+    # transformers 5 saves rope_parameters; a user then adds rope_scaling to stretch the context, and
+    # transformers reads that (keeping the saved theta): so does Solo.
+    params = {"rope_theta": 10000.0, "rope_type": "default"}
+    config = ModelConfig.from_dict(_raw(rope_parameters=params, rope_scaling={"rope_type": "linear", "factor": 4.0}))
+    assert (config.rope.rope_type, config.rope.factor, config.rope.theta) == ("linear", 4.0, 10000.0)
+    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
+        ModelConfig.from_dict(_raw(rope_parameters=params, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+
+
 def test_unsupported_rope_type():
     with pytest.raises(UnsupportedArchitectureError, match="yarn"):
         ModelConfig.from_dict(_raw(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
