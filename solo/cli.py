@@ -13,7 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
-from typing import NoReturn
+from typing import Any, NoReturn
 
 from solo.errors import SoloError
 
@@ -133,6 +133,16 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                    "(or 15043=-100); repeatable")
 
 
+class _Once(argparse.Action):
+    """Store a flag's value, refusing it a second time (argparse would keep the last and drop the others)."""
+
+    def __call__(self, parser: argparse.ArgumentParser, namespace: argparse.Namespace, values: Any,  # noqa: ANN401
+                 option_string: str | None = None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"{option_string} was given twice; give it once")
+        setattr(namespace, self.dest, values)
+
+
 def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
     # llama.cpp's --logit-bias form, ID+BIAS / ID-BIAS, or ID=BIAS.
     from solo.errors import InvalidRequestError
@@ -143,6 +153,9 @@ def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
         match = re.fullmatch(rf"\s*(\d+)\s*(=\s*[+-]?{number}|[+-]\s*{number})\s*", item)
         try:
             value = float(match[2].lstrip("=").replace(" ", ""))
+            if int(match[1]) in bias:
+                raise InvalidRequestError(f"--logit-bias gives token {int(match[1])} twice; give each token once",
+                                          param="logit_bias")
             bias[int(match[1])] = value
         except (TypeError, ValueError):
             raise InvalidRequestError(f"--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, "
@@ -355,7 +368,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                   "a line with TTFT and decode speed follows on stderr.")
     if run is not None:
         add_model_arguments(run)
-        run.add_argument("--prompt", "-p", default=None, help="the prompt text (default: read stdin)")
+        run.add_argument("--prompt", "-p", default=None, action=_Once, help="the prompt text (default: read stdin)")
         run.add_argument("--chat", action="store_true",
                          help="send the prompt as a user message through the model's chat template")
         run.add_argument("--system", default=None, help="system message (with --chat)")

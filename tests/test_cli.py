@@ -40,6 +40,13 @@ def test_run_takes_logit_bias_and_min_tokens_as_llama_cpp_writes_them(capsys, ti
     for item in ("5+200", "5-inf"):  # out of range: the flag is named, and how to ban a token
         code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", item)
         assert code == 2 and f"--logit-bias {item}: the bias must be within [-100, 100]" in err and "bans" in err
+    # A flag given twice is refused, not reduced to its last value.
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", "7-100", "--logit-bias",
+                        "7+0")
+    assert code == 2 and "token 7 twice" in err
+    with pytest.raises(SystemExit) as exit_info:  # argparse's own exit, as for any bad flag
+        main(["run", str(tiny_llama), "-p", "hi", "-p", "there"])
+    assert exit_info.value.code == 2 and "-p was given twice" in capsys.readouterr().err
 
 
 def test_run_reads_prompt_from_stdin(tiny_llama):
