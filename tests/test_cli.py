@@ -124,6 +124,11 @@ def test_partial_folder_and_unknown_architecture(capsys, tmp_path, tiny_llama):
     write_tokenizer(partial)
     code, _, err = _run(capsys, "run", str(partial), "--prompt", "hi")
     assert code == 2 and "no model.safetensors" in err
+    ggufs = tmp_path / "ggufs"  # a folder of GGUF files only: the error names the file to give
+    ggufs.mkdir()
+    (ggufs / "m-Q8_0.gguf").write_bytes(b"GGUF")
+    code, _, err = _run(capsys, "run", str(ggufs), "--prompt", "hi")
+    assert code == 2 and f"solo run {ggufs / 'm-Q8_0.gguf'}" in err
 
     odd = tmp_path / "odd"
     shutil.copytree(tiny_llama, odd)

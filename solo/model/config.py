@@ -283,6 +283,10 @@ class ModelConfig:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
+            ggufs = sorted(path.parent.glob("*.gguf"))
+            if ggufs:  # a folder of GGUF files: the file is what to load
+                raise CheckpointError(f"{path} is missing, but the folder holds GGUF files: give one of them, "
+                                      f"e.g. solo run {ggufs[0]}")
             raise CheckpointError(
                 f"{path} is missing: a model folder needs config.json; point Solo at a complete "
                 "Hugging Face model folder"

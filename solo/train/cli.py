@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps is not None:
         cfg = replace(cfg, steps=args.steps)
     if args.lanes is None and (args.delay is not None or args.early_comm is not None):
-        print("error: --delay and --early-comm need --lanes L", file=sys.stderr)
-        return 1
+        print("solo train: error: --delay and --early-comm need --lanes L", file=sys.stderr)
+        return 2
     if args.lanes is not None:
         cfg = replace(cfg, num_lanes=args.lanes, broadcast_delay=args.delay or 0,
                       use_early_comm=True if args.early_comm is None else args.early_comm)
@@ -137,8 +137,11 @@ def main(argv: list[str] | None = None) -> int:
     )
     try:
         summary = run_recipe(cfg, opts, log=lambda line: print(line, flush=True))
-    except (FileExistsError, FileNotFoundError, ValueError, RuntimeError) as exc:
-        print(f"error: {exc}", file=sys.stderr)
+    except (FileExistsError, FileNotFoundError, ValueError) as exc:  # a flag or path to change: as `solo`'s
+        print(f"solo train: error: {exc}", file=sys.stderr)
+        return 2
+    except RuntimeError as exc:
+        print(f"solo train: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
         print(f"\nsolo train: interrupted; the last checkpoint is in {opts.run_dir} (saved every "

@@ -42,4 +42,4 @@ def test_lane_export_round_trip_and_flags(tmp_path: Path) -> None:
     with torch.no_grad():
         a, b = model(input_ids=ids).logits, loaded(input_ids=ids).logits
     assert torch.allclose(a, b, atol=0.05)  # exported in bfloat16
-    assert cli.main(["--out", str(tmp_path / "x"), "--delay", "1"]) == 1
+    assert cli.main(["--out", str(tmp_path / "x"), "--delay", "1"]) == 2

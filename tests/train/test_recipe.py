@@ -68,7 +68,7 @@ def test_summary_and_card(tiny_run: Path) -> None:
 
 
 def test_refuses_to_clobber_without_flags(tiny_run: Path) -> None:
-    assert _run(tiny_run / "tiny-model", tiny_run / "run") == 1
+    assert _run(tiny_run / "tiny-model", tiny_run / "run") == 2  # a user mistake: exit 2, as `solo`
 
 
 def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatch: pytest.MonkeyPatch,
