@@ -181,6 +181,13 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
             "log in with `hf auth login`); check the name"
         ) from None
     except LocalEntryNotFoundError:
+        cached = _cached_revisions(repo_id) if revision is not None else []
+        if cached:  # the model is cached, only not at this revision
+            raise ModelNotFoundError(
+                f"revision {revision!r} of {repo_id!r} is not in the Hugging Face cache (cached: "
+                f"{', '.join(cached)}), and the Hub cannot be reached; connect to the network or pass a cached "
+                "--revision"
+            ) from None
         raise ModelNotFoundError(
             f"{repo_id!r} is not a local folder and is not in the Hugging Face cache, and the Hub cannot be "
             "reached; connect to the network or pass a local model folder"
@@ -189,6 +196,23 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         raise ModelNotFoundError(
             f"could not download {repo_id!r} from the Hugging Face Hub ({exc}); pass a local model folder"
         ) from None
+
+
+def _cached_revisions(repo_id: str) -> list[str]:
+    # The cached revisions of a model, by ref name (main, v1, ...) or short commit hash; [] when none.
+    import huggingface_hub.constants as hf_constants
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(hf_constants.HF_HUB_CACHE)
+    except Exception:  # no cache folder, or one scan_cache_dir cannot read: nothing to name
+        return []
+    names: list[str] = []
+    for repo in info.repos:
+        if repo.repo_id == repo_id and repo.repo_type == "model":
+            for rev in sorted(repo.revisions, key=lambda r: r.commit_hash):
+                names += sorted(rev.refs) or [rev.commit_hash[:12]]
+    return names
 
 
 def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:

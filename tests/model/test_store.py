@@ -56,6 +56,10 @@ def test_pull_of_a_cached_model_and_a_missing_one_offline(cache, capsys):
     assert main(["pull", "nobody/nothing"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be reached" in err and "resumes" in err
+    # Cached, but not at that revision: said so, with the revisions that are cached.
+    assert main(["run", "tiny/llama", "--revision", "v2", "-p", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "revision 'v2' of 'tiny/llama' is not in the Hugging Face cache (cached: main)" in err
 
 
 def test_rm_deletes_and_reports(cache, capsys):
