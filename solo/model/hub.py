@@ -199,20 +199,13 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
 
 
 def _cached_revisions(repo_id: str) -> list[str]:
-    # The cached revisions of a model, by ref name (main, v1, ...) or short commit hash; [] when none.
-    import huggingface_hub.constants as hf_constants
-    from huggingface_hub import scan_cache_dir
+    # The cached revisions of a model as `solo list` names them (ref names, else a short commit hash).
+    from solo.model.store import list_models
 
     try:
-        info = scan_cache_dir(hf_constants.HF_HUB_CACHE)
-    except Exception:  # no cache folder, or one scan_cache_dir cannot read: nothing to name
+        return [m.revision for m in list_models() if m.repo_id == repo_id]
+    except SoloError:  # a cache that cannot be read: nothing to name
         return []
-    names: list[str] = []
-    for repo in info.repos:
-        if repo.repo_id == repo_id and repo.repo_type == "model":
-            for rev in sorted(repo.revisions, key=lambda r: r.commit_hash):
-                names += sorted(rev.refs) or [rev.commit_hash[:12]]
-    return names
 
 
 def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:
