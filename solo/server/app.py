@@ -67,7 +67,7 @@ class _Gate:
     def _host_refused(self, scope: Scope) -> APIError | None:
         if self.allowed_hosts is None:
             return None
-        given = dict(scope.get("headers", ())).get(b"host", b"").decode("latin-1").strip().lower()
+        given = dict(scope.get("headers", ())).get(b"host", b"").decode("latin-1").strip()
         if not given:  # (HTTP/1.0 without one: not a browser, which always sends it)
             return None
         # "name:port", "[v6]:port", "name" -> the name ("[v6]" keeps its brackets)

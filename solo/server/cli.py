@@ -9,6 +9,7 @@ GET /health (503 while loading, 200 when ready), GET /metrics (Prometheus).
 from __future__ import annotations
 
 import argparse
+from collections.abc import Callable
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -20,11 +21,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every route but /health")
-    parser.add_argument("--allowed-origins", type=_origins, default=None, metavar="ORIGINS",
+    parser.add_argument("--allowed-origins", type=_comma_list("origins (e.g. http://localhost:3000)"), default=None,
+                        metavar="ORIGINS",
                         help="comma-separated browser origins (CORS) that may call the API, e.g. "
                              "http://localhost:3000, or * for any (default: pages served from this machine: "
                              "localhost, 127.0.0.1 or [::1] on any port)")
-    parser.add_argument("--allowed-hosts", type=_hosts, default=None, metavar="HOSTS",
+    parser.add_argument("--allowed-hosts", type=_comma_list("host names (e.g. mybox.lan)"), default=None,
+                        metavar="HOSTS",
                         help="comma-separated names the Host header may carry besides localhost, 127.0.0.1 "
                              "and [::1], e.g. mybox.lan, or * for any (default: with a loopback --host, those "
                              "three only, against DNS rebinding; otherwise any)")
@@ -74,20 +77,15 @@ def _slots(text: str) -> int | None:
         raise argparse.ArgumentTypeError(f"expected a number of slots or 'auto', got {text!r}") from None
 
 
-def _origins(text: str) -> list[str]:
-    # "http://a:3000,http://b" -> the list; ServerSettings.validate checks each.
-    origins = [o.strip() for o in text.split(",") if o.strip()]
-    if not origins:
-        raise argparse.ArgumentTypeError("expected comma-separated origins (e.g. http://localhost:3000) or *")
-    return origins
+def _comma_list(example: str) -> Callable[[str], list[str]]:
+    # An argparse type: "a,b" -> ["a", "b"] (ServerSettings.validate checks each); `example` goes in the error.
+    def parse(text: str) -> list[str]:
+        items = [item.strip() for item in text.split(",") if item.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {example} or *")
+        return items
 
-
-def _hosts(text: str) -> list[str]:
-    # "a.lan,b" -> the list; ServerSettings.validate checks each.
-    hosts = [h.strip() for h in text.split(",") if h.strip()]
-    if not hosts:
-        raise argparse.ArgumentTypeError("expected comma-separated host names (e.g. mybox.lan) or *")
-    return hosts
+    return parse
 
 
 def main(args: argparse.Namespace) -> int:

@@ -68,6 +68,11 @@ _RESERVED_TEMPLATE_ARGS = ("messages", "add_generation_prompt", "tools", "docume
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
+def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
+    # A request's chat_template_kwargs, less the names Solo passes to the template itself.
+    return {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+
+
 def _state(request: Request) -> ServerState:
     return request.app.state.solo
 
@@ -188,7 +193,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = _state(request)
     engine, _ = state.require_ready(body.model)
     _check_n(state, body.n)
-    extra = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+    extra = _template_kwargs(body.chat_template_kwargs)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
@@ -432,7 +437,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
     def encode() -> list[int]:
         if messages is not None:
-            extra = {k: v for k, v in (body.chat_template_kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+            extra = _template_kwargs(body.chat_template_kwargs)
             template = engine.tokenizer.chat_template
             _, tools, _ = check_tools(body.tools, "none",
                                       template.source if template is not None else None)
