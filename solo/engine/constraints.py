@@ -351,9 +351,9 @@ def _xgrammar_warnings(text: str) -> list[str]:
     found = []
     for line in text.splitlines():
         match = _XGRAMMAR_LOG.match(line.strip())
-        text = match.group(1).removeprefix("Warning: ") if match else None
-        if text and text not in found:
-            found.append(text)
+        warning = match.group(1).removeprefix("Warning: ") if match else None
+        if warning and warning not in found:
+            found.append(warning)
     return found
 
 
