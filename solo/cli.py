@@ -66,6 +66,14 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
                         "starts N processes itself, or joins a torchrun job (default: 1)")
 
 
+def add_context_argument(parser: argparse.ArgumentParser, help_suffix: str = "") -> None:
+    """--max-model-len (`Engine.load`'s context_length)."""
+    parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
+                        help="longest sequence, prompt plus completion (default: the model's context length; a "
+                        "LongRoPE model such as Phi-3.5 starts at its original context and takes its long RoPE "
+                        "factors above it)" + help_suffix)
+
+
 def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
     """--prefix-cache-gb, --no-prefix-cache, --speculative (see `solo.engine.prefix_cache` / `.speculative`)."""
     from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
@@ -183,7 +191,7 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
 
     return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                        revision=args.revision, quantize=args.quantize, prefix_cache_gb=prefix_cache_gb_from_args(args),
-                       speculative=args.speculative, tp=args.tp)
+                       speculative=args.speculative, tp=args.tp, context_length=args.max_model_len)
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
@@ -372,6 +380,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         run.add_argument("--chat", action="store_true",
                          help="send the prompt as a user message through the model's chat template")
         run.add_argument("--system", default=None, help="system message (with --chat)")
+        add_context_argument(run)
         add_feature_arguments(run)
         add_sampling_arguments(run)
         run.set_defaults(handler=cmd_run)
@@ -386,6 +395,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             "(default: Solo's bundled model)"
         )
         chat.add_argument("--system", default=None, help="system message for the conversation")
+        add_context_argument(chat)
         add_feature_arguments(chat)
         add_sampling_arguments(chat)
         chat.set_defaults(handler=_lazy_handler("solo.chat", "cmd_chat"))
@@ -508,7 +518,8 @@ def main(argv: Sequence[str] | None = None) -> int:
             # A torchrun job: ranks other than 0 load their shard and follow rank 0.
             from solo.distributed.launch import run_torchrun_follower
 
-            return run_torchrun_follower(args.model, args.dtype, args.device, args.revision)
+            return run_torchrun_follower(args.model, args.dtype, args.device, args.revision,
+                                         getattr(args, "max_model_len", None))
         return args.handler(args)
     except SoloError as exc:
         print(f"solo: error: {exc}", file=sys.stderr)

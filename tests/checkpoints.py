@@ -71,14 +71,15 @@ MOE = {
 
 
 def hf_config(arch: str, vocab_size: int, **overrides):
-    """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2", or
-    an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")."""
+    """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2",
+    "phi3", or an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")."""
     from transformers import (
         Gemma2Config,
         LlamaConfig,
         MistralConfig,
         MixtralConfig,
         OlmoeConfig,
+        Phi3Config,
         Qwen2Config,
         Qwen2MoeConfig,
         Qwen3Config,
@@ -86,7 +87,7 @@ def hf_config(arch: str, vocab_size: int, **overrides):
     )
 
     cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-           "gemma2": Gemma2Config, "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig,
+           "gemma2": Gemma2Config, "phi3": Phi3Config, "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig,
            "qwen3_moe": Qwen3MoeConfig, "olmoe": OlmoeConfig}[arch]
     kwargs = dict(TINY, vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=None,
                   initializer_range=0.2)
@@ -94,7 +95,7 @@ def hf_config(arch: str, vocab_size: int, **overrides):
         kwargs["head_dim"] = 16
     if arch == "gemma2":
         kwargs.update(sliding_window=8, query_pre_attn_scalar=16)
-    if arch == "mistral":
+    if arch in ("mistral", "phi3"):
         kwargs.update(sliding_window=8)
     kwargs.update(MOE.get(arch, {}))
     kwargs.update(overrides)
@@ -122,6 +123,16 @@ def make_checkpoint(
     if generation_config is not None:
         (folder / "generation_config.json").write_text(json.dumps(generation_config))
     return folder
+
+
+def make_longrope_checkpoint(folder: Path, **overrides) -> Path:
+    """A tiny Phi-3 with LongRoPE: a 32-token original context stretched to 128 (attention factor ~1.18), short
+    and long factors far apart so the two regimes give different tokens."""
+    half = 8  # head_dim 16
+    rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.05 * i for i in range(half)],
+            "long_factor": [1.0 + 2.0 * i for i in range(half)]}
+    return make_checkpoint(folder, "phi3", max_position_embeddings=128, original_max_position_embeddings=32,
+                           rope_parameters=rope, sliding_window=None, **overrides)
 
 
 TINY_LANES = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=8,

@@ -7,6 +7,7 @@ merges, special token ids, chat template) follow llama.cpp's converter; the writ
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -23,15 +24,20 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
-    """Convert the tiny Llama checkpoint in `folder` to `path` with matrices of `type_name`."""
+    """Convert the tiny Llama or Phi-3 checkpoint in `folder` to `path` with matrices of `type_name`.
+
+    Phi-3 as llama.cpp's Phi3MiniModel writes it: fused attn_qkv and ffn_up (gate then up), no q/k row
+    permutation (NeoX RoPE), the sliding window (0: none), and LongRoPE's original context, attention factor
+    and rope_factors_long / rope_factors_short tensors."""
     import gguf
     from gguf.quants import quantize
     from gguf.vocab import BpeVocab, SpecialVocab
 
     cfg = json.loads((folder / "config.json").read_text())
     tensors = {k: v.float().numpy() for k, v in load_file(folder / "model.safetensors").items()}
-    writer = gguf.GGUFWriter(str(path), "llama")
-    writer.add_name("tiny-llama")
+    phi3 = cfg["model_type"] == "phi3"
+    writer = gguf.GGUFWriter(str(path), "phi3" if phi3 else "llama")
+    writer.add_name("tiny-phi3" if phi3 else "tiny-llama")
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     writer.add_context_length(cfg["max_position_embeddings"])
@@ -45,6 +51,14 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(_FILE_TYPE[type_name])
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if phi3:
+        writer.add_sliding_window(cfg.get("sliding_window") or 0)
+        if rope.get("rope_type") == "longrope":
+            original = cfg["original_max_position_embeddings"]
+            writer.add_rope_scaling_orig_ctx_len(original)
+            scale = cfg["max_position_embeddings"] / original
+            writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
 
     vocab = BpeVocab(folder)
     tokens = [text for text, _, _ in vocab.all_tokens()]
@@ -73,9 +87,19 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
         writer.add_tensor(name, v.astype(np.float32))
 
     matrix("token_embd.weight", tensors["model.embed_tokens.weight"])
+    if phi3 and rope.get("rope_type") == "longrope":
+        vector("rope_factors_long.weight", np.array(rope["long_factor"]))
+        vector("rope_factors_short.weight", np.array(rope["short_factor"]))
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         vector(f"blk.{i}.attn_norm.weight", tensors[p + "input_layernorm.weight"])
+        if phi3:
+            matrix(f"blk.{i}.attn_qkv.weight", tensors[p + "self_attn.qkv_proj.weight"])
+            matrix(f"blk.{i}.attn_output.weight", tensors[p + "self_attn.o_proj.weight"])
+            vector(f"blk.{i}.ffn_norm.weight", tensors[p + "post_attention_layernorm.weight"])
+            matrix(f"blk.{i}.ffn_up.weight", tensors[p + "mlp.gate_up_proj.weight"])
+            matrix(f"blk.{i}.ffn_down.weight", tensors[p + "mlp.down_proj.weight"])
+            continue
         matrix(f"blk.{i}.attn_q.weight", _permute(tensors[p + "self_attn.q_proj.weight"], heads))
         matrix(f"blk.{i}.attn_k.weight", _permute(tensors[p + "self_attn.k_proj.weight"], kv_heads))
         matrix(f"blk.{i}.attn_v.weight", tensors[p + "self_attn.v_proj.weight"])

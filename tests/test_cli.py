@@ -283,3 +283,21 @@ def test_solo_warnings_print_as_one_line(capsys, monkeypatch):
     warnings.showwarning(UserWarning("from a library"), UserWarning, cli.__file__, 7)
     assert capsys.readouterr().err == "solo: warning: the kernel cache folder /x is not writable\n"
     assert [(c, str(m)) for c, m in others] == [(UserWarning, "from a library")]  # its own handler and form
+
+
+def test_max_model_len_sets_the_context_and_a_longrope_models_factors(capsys, tmp_path):
+    from checkpoints import make_longrope_checkpoint
+
+    folder = make_longrope_checkpoint(tmp_path / "phi3-longrope")
+    prompt = "The quick brown fox jumps over the lazy dog. " * 2  # > 32 tokens: past the original context
+    code, _, err = _run(capsys, "run", str(folder), "--prompt", prompt, "--max-tokens", "2")
+    assert code == 2 and ("but the model's original context (--max-model-len up to 128 extends it, with LongRoPE's "
+                          "long factors) is 32") in err
+    code, out, _ = _run(capsys, "run", str(folder), "--prompt", prompt, "--max-tokens", "2", "--max-model-len", "128")
+    assert code == 0
+    expected = Engine.load(folder, context_length=128).complete(prompt, SamplingParams(max_tokens=2, temperature=0))
+    assert out.startswith(expected.text)
+    code, _, err = _run(capsys, "run", str(folder), "--prompt", "hi", "--max-model-len", "129")
+    assert code == 2 and "from 2 to 128 (its longest context); lower --max-model-len" in err
+    code, _, err = _run(capsys, "run", str(folder), "--prompt", prompt, "--max-model-len", "16")
+    assert code == 2 and "but the context it was loaded with (context_length, --max-model-len) is 16" in err

@@ -43,6 +43,7 @@ class RankSpec:
         world: number of ranks.
         init_method: the rendezvous URL ("tcp://127.0.0.1:PORT").
         threads: CPU threads per rank.
+        context_length: the context rank 0 loaded the model with (`ModelConfig.with_context_length`).
     """
 
     folder: str
@@ -51,6 +52,7 @@ class RankSpec:
     world: int
     init_method: str
     threads: int
+    context_length: int | None = None
 
 
 def torchrun_world() -> tuple[int, int, int] | None:
@@ -119,7 +121,7 @@ def follower_main(spec: RankSpec | dict, rank: int) -> int:
     control = dist.new_group(backend="gloo", timeout=TIMEOUT) if backend != "gloo" else dist.group.WORLD
     device = rank_device(spec.device_type, rank)
     try:
-        config = ModelConfig.from_file(spec.folder)
+        config = _config(spec.folder, spec.context_length)
         model = load_shard(Path(spec.folder), config, resolve_dtype(spec.dtype, config.torch_dtype), device)
         TPRuntime(model, model.comm, control, exit_on_failure=False).follow()
     except (RankFailure, SoloError) as exc:
@@ -198,7 +200,8 @@ def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: t
     else:
         threads = threads or min(torch.get_num_threads(), default_threads(tp))
         torch.set_num_threads(threads)
-        spec = RankSpec(str(folder), str(dtype).removeprefix("torch."), device.type, tp, "", threads)
+        spec = RankSpec(str(folder), str(dtype).removeprefix("torch."), device.type, tp, "", threads,
+                        config.context_length)
         store, procs = _spawn_followers(spec)
         backend = "nccl" if device.type == "cuda" else "gloo"
         dist.init_process_group(backend, store=store, rank=0, world_size=tp, timeout=TIMEOUT)
@@ -215,8 +218,17 @@ def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: t
     return runtime
 
 
-def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: str | None = None) -> int:
+def _config(folder: str | Path, context_length: int | None) -> ModelConfig:
+    # The followers' RoPE tables must be rank 0's: the context picks a LongRoPE model's factors.
+    config = ModelConfig.from_file(folder)
+    return config if context_length is None else config.with_context_length(context_length)
+
+
+def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: str | None = None,
+                          context_length: int | None = None) -> int:
     """Rank > 0 of a torchrun job: load this rank's shard and follow rank 0 until it stops; returns 0.
+
+    `context_length` is the command's --max-model-len (rank 0 loads the model with it too).
 
     Raises:
         SoloError: as `start_ranks`, or rank 0 went away (exit status 1 from the CLI).
@@ -226,7 +238,7 @@ def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: 
 
     rank, world, local_rank = torchrun_world()
     folder = resolve_model_dir(model, revision)
-    config = ModelConfig.from_file(folder)
+    config = _config(folder, context_length)
     device_type = torch.device(device).type
     control = init_group(device_type, "env://", world, rank)
     model_shard = load_shard(folder, config, resolve_dtype(dtype, config.torch_dtype),

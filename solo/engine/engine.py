@@ -130,10 +130,14 @@ class Engine:
     Attributes:
         prefix_cache: the `PrefixCache`, or None when off.
         speculative: the speculative mode in use ("off", "ngram" or "suffix").
+        context_name: what errors call `config.context_length` ("the model's context", or the setting the
+            engine was loaded with).
 
     Raises:
         SoloError: a negative prefix_cache_gb, an unknown speculative mode, or one the runtime cannot run.
     """
+
+    context_name = "the model's context"
 
     def __init__(self, model: Transformer, tokenizer: Tokenizer, defaults: GenerationDefaults,
                  runtime: DecodeRuntime, model_dir: Path, name: str, prefix_cache_gb: float | None = None,
@@ -239,6 +243,7 @@ class Engine:
         prefix_cache_gb: float | None = DEFAULT_PREFIX_CACHE_GB,
         speculative: str = "auto",
         tp: int = 1,
+        context_length: int | None = None,
     ) -> Engine:
         """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.
 
@@ -253,11 +258,16 @@ class Engine:
             speculative: "auto" (n-gram drafts on the native CPU runtime, off elsewhere), "off", "ngram", "suffix".
             tp: tensor-parallel ranks (`solo.distributed`): > 1 spawns tp - 1 follower processes (or joins a
                 torchrun job as rank 0) and runs the eager model sharded over them.
+            context_length: longest sequence (prompt + generated) to accept, in tokens; None for the model's
+                (`ModelConfig.context_length`). Lower saves KV-cache memory; a LongRoPE model (Phi-3) accepts up
+                to its long context and then takes its long factors at every position (see
+                `ModelConfig.with_context_length`).
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
             SoloError: an unknown dtype, device, backend, quantization or speculative mode; `quantize` off
-                the CPU; a backend that cannot run this model; int4 on sizes that are not multiples of 32.
+                the CPU; a backend that cannot run this model; int4 on sizes that are not multiples of 32; a
+                context_length the model cannot take.
         """
         if speculative not in SPECULATIVE_MODES:  # before the slow part
             raise SoloError(f"unknown speculative mode {speculative!r}; choose one of {', '.join(SPECULATIVE_MODES)}")
@@ -273,6 +283,8 @@ class Engine:
         dev = resolve_device(device)
         folder = resolve_model_dir(model, revision)
         config = ModelConfig.from_file(folder)
+        if context_length is not None:
+            config = config.with_context_length(context_length)
         torch_dtype = resolve_dtype(dtype, config.torch_dtype)
         tokenizer = Tokenizer.from_folder(folder)
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
@@ -282,7 +294,8 @@ class Engine:
             if quantize is not None or backend not in ("auto", "eager"):
                 raise SoloError("--tp runs the eager model on every rank; drop --quantize and --backend")
             runtime = start_ranks(folder, config, torch_dtype, dev, tp)
-            return cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name)
+            engine = cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name)
+            return engine._with_context_name(context_length)
         weights = load_weights(folder, config, torch_dtype, dev)
         if quantize is not None:
             if dev.type != "cpu":
@@ -294,8 +307,20 @@ class Engine:
             weights = quantize_model(weights, quantize)
         runtime = create_runtime(weights, backend, dev)
         name = str(model) if model is not None else folder.name
-        return cls(weights, tokenizer, defaults, runtime, folder, name, prefix_cache_gb=prefix_cache_gb,
-                   speculative=speculative)
+        engine = cls(weights, tokenizer, defaults, runtime, folder, name, prefix_cache_gb=prefix_cache_gb,
+                     speculative=speculative)
+        return engine._with_context_name(context_length)
+
+    def _with_context_name(self, context_length: int | None) -> Engine:
+        # What a too-long prompt's error calls the limit: the user's own setting when they gave one; a
+        # LongRoPE model's original context names the way to its long one.
+        config = self.config
+        if context_length is not None:
+            self.context_name = "the context it was loaded with (context_length, --max-model-len)"
+        elif config.max_context_length > config.context_length:
+            self.context_name = (f"the model's original context (--max-model-len up to {config.max_context_length} "
+                                 "extends it, with LongRoPE's long factors)")
+        return self
 
     # ----------------------------------------------------------------------------------------- prompts
 
@@ -352,7 +377,7 @@ class Engine:
                 the message gives the numbers.
         """
         ids = self.encode_prompt(prompt)
-        budget = context_budget(len(ids), max_tokens, self.config.context_length, "the model's context")
+        budget = context_budget(len(ids), max_tokens, self.config.context_length, self.context_name)
         if max_tokens is None and self.defaults.max_new_tokens is not None:
             budget = min(budget, self.defaults.max_new_tokens)
         return PreparedPrompt(ids, budget)

@@ -16,9 +16,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
-from solo.errors import CheckpointError, UnsupportedArchitectureError
+from solo.errors import CheckpointError, SoloError, UnsupportedArchitectureError
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope")
 
 
 @dataclass(frozen=True)
@@ -27,11 +27,17 @@ class RopeConfig:
 
     Attributes:
         theta: base of the rotary frequencies.
-        rope_type: "default", "linear" (position interpolation), "dynamic" (dynamic NTK scaling) or
-            "llama3" (Llama 3.1 frequency-band scaling). Formulas follow transformers' modeling_rope_utils.py.
+        rope_type: "default", "linear" (position interpolation), "dynamic" (dynamic NTK scaling), "llama3"
+            (Llama 3.1 frequency-band scaling) or "longrope" (Phi-3's LongRoPE). Formulas follow transformers'
+            modeling_rope_utils.py.
         factor: scaling factor for the non-default types.
         low_freq_factor, high_freq_factor: llama3 band edges.
-        original_max_position_embeddings: llama3's pre-training context length.
+        original_max_position_embeddings: llama3's and longrope's pre-training context length.
+        short_factor, long_factor: longrope's per-frequency divisors ([head_dim // 2] each) for sequences
+            within / beyond `original_max_position_embeddings`.
+        attention_factor: longrope's multiplier of cos and sin (1.0 for the other types).
+        use_long_factor: longrope runs with `long_factor` at every position (the context Solo was given
+            exceeds the original one; see `ModelConfig.with_context_length`), else with `short_factor`.
     """
 
     theta: float = 10000.0
@@ -40,6 +46,10 @@ class RopeConfig:
     low_freq_factor: float = 1.0
     high_freq_factor: float = 4.0
     original_max_position_embeddings: int | None = None
+    short_factor: tuple[float, ...] = ()
+    long_factor: tuple[float, ...] = ()
+    attention_factor: float = 1.0
+    use_long_factor: bool = False
 
 
 LM_HEAD_TYPES = ("replicate", "pre_norm_lane_agg", "lane", "vocab_parallel")
@@ -80,7 +90,9 @@ class ModelConfig:
         rms_norm_eps: epsilon of every RMSNorm.
         hidden_act: MLP activation: "silu", "gelu_pytorch_tanh" or "gelu".
         max_position_embeddings: the checkpoint's `max_position_embeddings`.
-        context_length: longest sequence (prompt + generated) Solo accepts, in tokens.
+        context_length: longest sequence (prompt + generated) Solo accepts, in tokens: the checkpoint's
+            (stretched by linear / dynamic RoPE scaling; a LongRoPE model's original context) unless
+            `with_context_length` chose another.
         rope: RoPE parameters.
         tie_word_embeddings: the LM head reuses the token embedding matrix.
         qkv_bias, o_bias, mlp_bias: which projections carry a bias.
@@ -163,6 +175,37 @@ class ModelConfig:
     def num_kv_groups(self) -> int:
         """Query heads per KV head (GQA group size)."""
         return self.num_heads // self.num_kv_heads
+
+    @property
+    def max_context_length(self) -> int:
+        """The longest `context_length` this checkpoint can be given (a LongRoPE model's long context)."""
+        if self.rope.rope_type == "longrope":
+            return max(self.max_position_embeddings, self.rope.original_max_position_embeddings or 0)
+        return _context_length(self)
+
+    def with_context_length(self, tokens: int) -> ModelConfig:
+        """A copy of this config that accepts sequences of up to `tokens` (prompt + generated).
+
+        A LongRoPE model (Phi-3) takes its short factors while the context stays within its original one, and
+        its long factors at every position beyond (as llama.cpp chooses them from the context size):
+        transformers switches per sequence, recomputing the KV cache when a sequence first outgrows the
+        original context, so the default context (the original one) gives transformers' outputs for every
+        sequence it accepts, and a longer one gives them for prompts longer than the original context.
+
+        Args:
+            tokens: the context, 2 <= tokens <= `max_context_length`.
+
+        Raises:
+            SoloError: `tokens` is not an integer in that range; the message names the longest allowed.
+        """
+        most = self.max_context_length
+        if not isinstance(tokens, int) or isinstance(tokens, bool) or not 2 <= tokens <= most:
+            raise SoloError(f"a context length of {tokens!r} tokens is not possible for this model: give an integer "
+                            f"from 2 to {most} (its longest context); lower --max-model-len")
+        rope = self.rope
+        if rope.rope_type == "longrope":
+            rope = replace(rope, use_long_factor=tokens > (rope.original_max_position_embeddings or most))
+        return replace(self, context_length=tokens, rope=rope)
 
     def num_parameters(self) -> int:
         """Parameter count of the checkpoint (the LM head counted once when tied)."""
@@ -315,6 +358,10 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     merged = {**params, **scaling}
     theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
+    if rope_type in ("su", "yarn") and _architecture_name(raw) == "Phi3ForCausalLM":
+        rope_type = "longrope"  # Phi-3's early configs named LongRoPE so (transformers' Phi3Config maps them)
+    if rope_type == "longrope":
+        return _longrope_config(raw, merged, theta)
     if rope_type not in _SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitectureError(
             f"RoPE scaling type {rope_type!r} is not supported; Solo supports "
@@ -334,11 +381,41 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     )
 
 
+def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> RopeConfig:
+    # transformers' `_compute_longrope_parameters`, with Phi3Config's precedence: a top-level
+    # original_max_position_embeddings wins over the one inside the RoPE dict (Phi-3 saves it there).
+    if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise UnsupportedArchitectureError(
+            "partial rotary embeddings (partial_rotary_factor != 1, e.g. Phi-4-mini) are not supported"
+        )
+    max_pos = int(raw.get("max_position_embeddings", 2048))
+    original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings")
+    try:
+        original = int(original or max_pos)
+        short = tuple(float(f) for f in merged["short_factor"])
+        long = tuple(float(f) for f in merged["long_factor"])
+    except KeyError as exc:
+        raise CheckpointError(f"config.json's longrope scaling lacks {exc.args[0]!r}; re-download config.json") \
+            from None
+    except (TypeError, ValueError):
+        raise CheckpointError("config.json's longrope short_factor / long_factor must be lists of numbers and "
+                              "original_max_position_embeddings an integer; fix or re-download it") from None
+    factor = float(merged.get("factor") or max_pos / original)
+    attention = merged.get("attention_factor")
+    if attention is None:  # the LongRoPE paper's magnitude correction, as transformers computes it
+        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    return RopeConfig(theta=theta, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
+                      short_factor=short, long_factor=long, attention_factor=float(attention))
+
+
 def _context_length(config: ModelConfig) -> int:
     # As vLLM does: linear and dynamic scaling stretch the trained context by `factor`; llama3 configs
-    # already state the stretched length in max_position_embeddings.
+    # already state the stretched length in max_position_embeddings. LongRoPE starts at its original context
+    # (short factors, transformers' outputs); `with_context_length` goes beyond.
     if config.rope.rope_type in ("linear", "dynamic"):
         return int(config.max_position_embeddings * config.rope.factor)
+    if config.rope.rope_type == "longrope" and config.rope.original_max_position_embeddings:
+        return min(config.rope.original_max_position_embeddings, config.max_position_embeddings)
     return config.max_position_embeddings
 
 
@@ -480,6 +557,12 @@ def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full_width=True)
     return _moe_fields(config, raw, "num_experts", "intermediate_size", (64, 8, 2048),
                        norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
+def _phi3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    # transformers' Phi3: Llama's blocks with fused qkv_proj / gate_up_proj (split at load time, see
+    # solo.model.weights.split_fused_tensor), no biases, one sliding window on every layer when set.
+    return replace(config, layer_sliding_windows=(raw.get("sliding_window"),) * config.num_layers)
+
+
 def _laneformer(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     from solo.model.lane_config import laneformer_config
 
@@ -496,6 +579,7 @@ _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConf
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "OlmoeForCausalLM": _olmoe,
+    "Phi3ForCausalLM": _phi3,
     "LaneformerForCausalLM": _laneformer,
 }
 
@@ -512,6 +596,7 @@ _MODEL_TYPES = {
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
     "olmoe": "OlmoeForCausalLM",
+    "phi3": "Phi3ForCausalLM",
     "laneformer": "LaneformerForCausalLM",
 }
 
@@ -545,6 +630,13 @@ def _validate(config: ModelConfig) -> None:
         raise CheckpointError(
             f"num_attention_heads ({config.num_heads}) is not a multiple of num_key_value_heads "
             f"({config.num_kv_heads}); fix config.json"
+        )
+    rope = config.rope
+    if rope.rope_type == "longrope" and not len(rope.short_factor) == len(rope.long_factor) == config.head_dim // 2:
+        raise CheckpointError(
+            f"config.json's longrope short_factor and long_factor have {len(rope.short_factor)} and "
+            f"{len(rope.long_factor)} entries; a head of {config.head_dim} needs {config.head_dim // 2} each. Fix "
+            "or re-download config.json"
         )
 
 

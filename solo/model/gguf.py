@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import shutil
 import tempfile
@@ -150,9 +151,14 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise UnsupportedArchitectureError(
             f"{src.name}: GGUF architecture {arch!r} cannot be read ({exc}); Solo runs GGUF files of llama, "
-            "mistral, qwen2, qwen3 and gemma2 models") from None
+            "mistral, qwen2, qwen3, gemma2 and phi3 models") from None
+    pad = getattr(config, "pad_token_id", None)
+    if isinstance(pad, int) and pad >= config.vocab_size:  # a class default (Phi3Config's 32000), not the file's
+        config.pad_token_id = None
     raw = config.to_dict()
     raw["torch_dtype"] = raw["dtype"] = dtype
+    if arch == "phi3":
+        raw.update(_phi3_fields(src, raw))
     ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -175,6 +181,55 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     _mark_special_tokens(out / "tokenizer.json", _read_token_types(src), int(raw["vocab_size"]))
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json fields of a phi3 GGUF that transformers' GGUF reader leaves out.
+
+    llama.cpp's converter (convert_hf_to_gguf.py, Phi3MiniModel) writes the sliding window (0: none, as
+    Phi-4), the original context and LongRoPE's attention factor as keys, and the long / short factors as the
+    tensors rope_factors_long / rope_factors_short; without them the model would run with plain RoPE and no
+    window.
+
+    Raises:
+        UnsupportedArchitectureError: the file's rotary dimension is not the head size (partial rotary).
+        CheckpointError: only one of the two factor tensors is present.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(src))
+
+    def number(key: str) -> float | None:
+        field = reader.fields.get(f"phi3.{key}")
+        return None if field is None else field.parts[field.data[0]][0].item()
+
+    fields: dict[str, Any] = {}
+    window = number("attention.sliding_window")
+    if window is not None:
+        fields["sliding_window"] = int(window) or None
+    head_dim = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
+    rotary = number("rope.dimension_count")
+    if rotary is not None and int(rotary) != head_dim:
+        raise UnsupportedArchitectureError(f"{src.name} rotates {int(rotary)} of each head's {head_dim} features "
+                                           "(partial rotary embeddings, e.g. Phi-4-mini), which Solo does not run")
+    factors = {t.name: [float(f) for f in t.data.reshape(-1)] for t in reader.tensors
+               if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
+    if len(factors) == 1:
+        raise CheckpointError(f"{src.name} holds {next(iter(factors))} without its pair; the file is damaged or "
+                              "was converted wrongly")
+    if factors:
+        original = number("rope.scaling.original_context_length")
+        scaling = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
+                   "short_factor": factors["rope_factors_short.weight"]}
+        attention = number("rope.scaling.attn_factor")
+        scale = int(raw["max_position_embeddings"]) / int(original or raw["max_position_embeddings"])
+        formula = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+        if attention is not None and abs(attention - formula) > 1e-6 * formula:
+            scaling["attention_factor"] = float(attention)  # else computed as transformers does (float64)
+        fields["rope_scaling"] = scaling
+        if original is not None:
+            fields["original_max_position_embeddings"] = int(original)
+    return fields
 
 
 def _read_token_types(src: Path) -> list[tuple[str, int]]:

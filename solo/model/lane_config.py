@@ -88,9 +88,10 @@ def laneformer_config(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         raise UnsupportedArchitectureError(
             f"hidden_act {config.hidden_act!r} is not implemented for Laneformer models; Solo supports silu"
         )
-    if config.rope.rope_type == "dynamic":
+    if config.rope.rope_type in ("dynamic", "longrope"):
         raise UnsupportedArchitectureError(
-            "dynamic RoPE scaling is not implemented for Laneformer models; Solo supports default, linear, llama3"
+            f"{config.rope.rope_type} RoPE scaling is not implemented for Laneformer models; Solo supports default, "
+            "linear, llama3"
         )
     for name, value in (("num_attention_heads", config.num_heads), ("num_key_value_heads", config.num_kv_heads),
                         ("intermediate_size", config.intermediate_size)):

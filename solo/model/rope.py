@@ -1,7 +1,7 @@
 """Rotary position embeddings (RoPE) with the scaling schemes Hugging Face checkpoints use.
 
 Source: Su et al., "RoFormer" (2021) for RoPE; the scaling formulas follow transformers'
-`modeling_rope_utils.py` (linear interpolation, dynamic NTK, Llama 3.1 bands). Frequencies use the
+`modeling_rope_utils.py` (linear interpolation, dynamic NTK, Llama 3.1 bands, LongRoPE). Frequencies use the
 "rotate half" layout of the Hugging Face Llama family (first half / second half of each head).
 """
 
@@ -15,11 +15,12 @@ from solo.model.config import ModelConfig, RopeConfig
 
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
-    """Inverse frequencies for a static RoPE type (default, linear, llama3; dynamic at its base length).
+    """Inverse frequencies for a static RoPE type (default, linear, llama3, longrope; dynamic at its base length).
 
     default: theta ** (-2i / head_dim) (Su et al. 2021, "RoFormer"); linear: divided by `factor`
     (position interpolation, Chen et al. 2023); llama3: Meta's Llama 3.1 frequency bands, as
-    transformers' `_compute_llama3_parameters`.
+    transformers' `_compute_llama3_parameters`; longrope: divided per frequency by `short_factor` or
+    `long_factor` (`rope.use_long_factor`; Ding et al. 2024, "LongRoPE"), as `_compute_longrope_parameters`.
 
     Args:
         rope: RoPE parameters.
@@ -30,6 +31,9 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | 
         float32 tensor [head_dim // 2], in radians per position.
     """
     exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    if rope.rope_type == "longrope":
+        factors = rope.long_factor if rope.use_long_factor else rope.short_factor
+        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * rope.theta**exponent)
     inv_freq = 1.0 / (rope.theta**exponent)
     if rope.rope_type == "linear":
         inv_freq = inv_freq / rope.factor
@@ -101,8 +105,9 @@ class RotaryEmbedding(torch.nn.Module):
             dtype: dtype of the returned tables (the activations' dtype).
 
         Returns:
-            (cos, sin), each [batch, seq, head_dim] in `dtype`, computed in float32 first; the two halves
-            of head_dim repeat the same [head_dim // 2] angles ("rotate half" layout).
+            (cos, sin), each [batch, seq, head_dim] in `dtype`, computed in float32 first (and multiplied by
+            LongRoPE's `attention_factor` there); the two halves of head_dim repeat the same [head_dim // 2]
+            angles ("rotate half" layout).
         """
         if self.config.rope.rope_type == "dynamic":
             inv_freq = dynamic_ntk_inv_freq(self.config, positions.max(dim=1).values + 1)  # [batch, half]
@@ -110,7 +115,11 @@ class RotaryEmbedding(torch.nn.Module):
         else:
             freqs = positions.float()[:, :, None] * self.inv_freq.float()[None, None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
-        return emb.cos().to(dtype), emb.sin().to(dtype)
+        cos, sin = emb.cos(), emb.sin()
+        scale = self.config.rope.attention_factor
+        if scale != 1.0:
+            cos, sin = cos * scale, sin * scale
+        return cos.to(dtype), sin.to(dtype)
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

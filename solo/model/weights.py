@@ -76,6 +76,57 @@ def hf_to_solo_name(name: str, config: ModelConfig) -> str | None:
     )
 
 
+_FUSED_RE = re.compile(r"^(model\.layers\.\d+\.)(self_attn\.qkv_proj|mlp\.gate_up_proj)\.(weight|bias)$")
+
+
+def fused_parts(name: str, config: ModelConfig) -> list[tuple[str, int]] | None:
+    """The unfused tensors a fused projection (Phi-3's `qkv_proj`, `gate_up_proj`) holds, in row order.
+
+    `self_attn.qkv_proj` [q + 2 * kv, hidden] holds q_proj, k_proj, v_proj; `mlp.gate_up_proj`
+    [2 * intermediate, hidden] holds gate_proj then up_proj (transformers' Phi3MLP chunks it so).
+
+    Returns:
+        [(Hugging Face name of the part, its rows)], or None when `name` is not a fused projection.
+    """
+    match = _FUSED_RE.match(name)
+    if match is None:
+        return None
+    prefix, module, kind = match.groups()
+    if module == "self_attn.qkv_proj":
+        q, kv = config.num_heads * config.head_dim, config.num_kv_heads * config.head_dim
+        parts = (("self_attn.q_proj", q), ("self_attn.k_proj", kv), ("self_attn.v_proj", kv))
+    else:
+        parts = (("mlp.gate_proj", config.intermediate_size), ("mlp.up_proj", config.intermediate_size))
+    return [(f"{prefix}{part}.{kind}", rows) for part, rows in parts]
+
+
+def split_fused_tensor(name: str, tensor: torch.Tensor, config: ModelConfig) -> list[tuple[str, torch.Tensor]]:
+    """Split a fused projection (see `fused_parts`) into the tensors Solo's model holds; others pass as they are.
+
+    Args:
+        name: the checkpoint's tensor name.
+        tensor: its value, [rows, ...].
+        config: the model's config (head and FFN sizes).
+
+    Returns:
+        [(Hugging Face name, tensor)]: the parts are views of `tensor` (no copy), named as unfused
+        checkpoints name them.
+
+    Raises:
+        CheckpointError: a fused tensor whose first dimension does not match the config's sizes.
+    """
+    parts = fused_parts(name, config)
+    if parts is None:
+        return [(name, tensor)]
+    sizes = [rows for _, rows in parts]
+    if tensor.shape[0] != sum(sizes):
+        raise CheckpointError(
+            f"checkpoint tensor {name!r} has {tensor.shape[0]} rows; config.json implies {' + '.join(map(str, sizes))}"
+            f" = {sum(sizes)}; the config and weights do not match"
+        )
+    return [(part, value) for (part, _), value in zip(parts, tensor.split(sizes), strict=True)]
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a model folder, single-file or sharded.
 
@@ -155,7 +206,7 @@ def load_weights(
     expert_slices: dict[str, set[tuple[int, str]]] = {}
     device_str = str(device)
     read_device = device_str if device_str.startswith("cuda") else "cpu"
-    for hf_name, tensor in _iter_tensors(checkpoint_files(folder), read_device):
+    for hf_name, tensor in _unfused(_iter_tensors(checkpoint_files(folder), read_device), config):
         target = moe_tensor_target(hf_name, config) if config.is_moe else None
         if target is not None and target.expert is not None:
             _load_expert_slice(model, hf_name, target, tensor, expected, expert_slices, dtype, device)
@@ -182,6 +233,11 @@ def load_weights(
     # Buffers built on the meta device hold no values; rebuild the RoPE table for real.
     model.rotary = RotaryEmbedding(config).to(device)
     return model.eval().requires_grad_(False)
+
+
+def _unfused(tensors: Iterator[tuple[str, torch.Tensor]], config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
+    for name, tensor in tensors:
+        yield from split_fused_tensor(name, tensor, config)
 
 
 def _check_complete(expected: dict[str, object], loaded: set[str]) -> None:

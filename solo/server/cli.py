@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
-    from solo.cli import add_feature_arguments, add_model_arguments
+    from solo.cli import add_context_argument, add_feature_arguments, add_model_arguments
 
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -44,9 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="also refuse (503 + Retry-After) a request whose predicted wait for a slot, at the rate "
                              "slots have been freeing, exceeds SECONDS: bounds admitted requests' TTFT under "
                              "load (default: off, only --max-queue bounds the queue)")
-    parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
-                        help="tokens per slot, prompt plus completion (default: the model's context length); "
-                             "lower it to save KV-cache memory")
+    add_context_argument(parser, "; tokens per slot: lower it to save KV-cache memory")
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                         help="prompt tokens prefilled per scheduler step: a longer prompt is prefilled in chunks "
                              "with decode steps of the running requests between them (default: "

@@ -117,7 +117,8 @@ class ServerSettings:
         max_batch: KV-cache slots (requests decoded together); None: chosen from free memory at start-up
             (`kv_memory.auto_slots`: 8 to 32), after which it holds the number chosen.
         max_queue: requests that may wait for a slot; beyond it, 503 with Retry-After.
-        max_model_len: tokens per slot (prompt + completion); None for the model's context length.
+        max_model_len: tokens per slot (prompt + completion), the engine's context_length; None for the
+            model's context length.
         decode_batching: "auto", "isolated" or "fused" (see solo.server.scheduler).
         prefill_chunk: prompt tokens prefilled per scheduler iteration (chunked prefill); 0: whole prompts.
         max_queue_wait_s: refuse (503) a request whose predicted wait for a slot exceeds this; None: no bound
@@ -222,7 +223,8 @@ class ServerState:
         s = self.settings
         gb = DEFAULT_PREFIX_CACHE_GB if s.prefix_cache_gb == "auto" else s.prefix_cache_gb  # sized in _start
         return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
-                           quantize=s.quantize, prefix_cache_gb=gb, speculative=s.speculative, tp=s.tp)
+                           quantize=s.quantize, prefix_cache_gb=gb, speculative=s.speculative, tp=s.tp,
+                           context_length=s.max_model_len)
 
     @property
     def status(self) -> str:
@@ -364,8 +366,8 @@ class ServerState:
         assert self.engine is not None
         if self.memory_limited:
             return "the KV-cache slot this server's memory holds"
-        if self.max_model_len == self.engine.config.context_length:
-            return "the model's context"
+        if self.settings.max_model_len is None:
+            return self.engine.context_name
         return "this server's --max-model-len"
 
     def check_prompt_size(self, prompt_bytes: int, max_tokens: int | None, param: str = "max_tokens",

@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
+import math
 
 import pytest
 
-from solo.errors import UnsupportedArchitectureError
+from solo.errors import CheckpointError, SoloError, UnsupportedArchitectureError
 from solo.model.config import SUPPORTED_ARCHITECTURES, ModelConfig
 from solo.model.generation_config import GenerationDefaults
 
@@ -39,14 +40,65 @@ def test_qwen2_bias_and_inactive_sliding_window(shared_hf):
     assert set(config.layer_sliding_windows) == {None}
 
 
-@pytest.mark.parametrize("folder, name", [("Phi-3-mini-4k-instruct", "Phi3ForCausalLM")])
-def test_unsupported_architecture_is_named_with_the_supported_list(shared_hf, folder, name):
+def test_unsupported_architecture_is_named_with_the_supported_list():
     with pytest.raises(UnsupportedArchitectureError) as err:
-        ModelConfig.from_file(shared_hf / folder)
+        ModelConfig.from_dict(_raw(architectures=["PhiMoEForCausalLM"], model_type="phimoe"))
     message = str(err.value)
-    assert name in message
+    assert "PhiMoEForCausalLM" in message
     for supported in SUPPORTED_ARCHITECTURES:
         assert supported in message
+
+
+def test_real_phi3_mini_4k_config(shared_hf):
+    config = ModelConfig.from_file(shared_hf / "Phi-3-mini-4k-instruct")
+    assert config.architecture == "Phi3ForCausalLM"
+    assert (config.hidden_size, config.num_layers, config.num_heads, config.num_kv_heads) == (3072, 32, 32, 32)
+    assert set(config.layer_sliding_windows) == {2047} and config.context_length == 4096
+    assert config.rope.rope_type == "default" and not config.qkv_bias and not config.tie_word_embeddings
+    assert config.num_parameters() == pytest.approx(3.82e9, rel=0.01)
+
+
+def test_real_phi35_longrope_config_and_its_two_contexts(shared_hf):
+    config = ModelConfig.from_file(shared_hf / "Phi-3.5-mini-instruct")
+    rope = config.rope
+    assert rope.rope_type == "longrope" and rope.original_max_position_embeddings == 4096
+    assert len(rope.short_factor) == len(rope.long_factor) == config.head_dim // 2 == 48
+    # transformers: factor = 131072 / 4096, attention factor sqrt(1 + ln(32) / ln(4096)).
+    assert rope.factor == 32.0 and rope.attention_factor == pytest.approx(math.sqrt(1 + math.log(32) / math.log(4096)))
+    assert config.context_length == 4096 and not rope.use_long_factor  # the original context: short factors
+    assert config.max_context_length == 131072
+    long = config.with_context_length(131072)
+    assert long.context_length == 131072 and long.rope.use_long_factor
+    assert not config.with_context_length(4096).rope.use_long_factor
+    assert config.with_context_length(4097).rope.use_long_factor
+    with pytest.raises(SoloError, match="from 2 to 131072"):
+        config.with_context_length(131073)
+
+
+def test_context_length_of_other_models_can_only_shrink():
+    config = ModelConfig.from_dict(_raw(max_position_embeddings=256))
+    assert config.with_context_length(64).context_length == 64 and config.max_context_length == 256
+    for bad in (257, 1, 0, 64.0, True, "64"):
+        with pytest.raises(SoloError, match="from 2 to 256"):
+            config.with_context_length(bad)
+
+
+def test_phi3_early_longrope_names_and_bad_factors():
+    half = 8
+    raw = _raw(architectures=["Phi3ForCausalLM"], hidden_size=64, num_attention_heads=4, num_key_value_heads=4,
+               max_position_embeddings=128, original_max_position_embeddings=32,
+               rope_scaling={"type": "su", "short_factor": [1.0] * half, "long_factor": [2.0] * half})
+    assert ModelConfig.from_dict(raw).rope.rope_type == "longrope"  # "su" / "yarn": Phi3Config's old names
+    raw["rope_scaling"]["long_factor"] = [2.0] * (half + 1)
+    with pytest.raises(CheckpointError, match="short_factor and long_factor have 8 and 9 entries"):
+        ModelConfig.from_dict(raw)
+    del raw["rope_scaling"]["long_factor"]
+    with pytest.raises(CheckpointError, match="lacks 'long_factor'"):
+        ModelConfig.from_dict(raw)
+    raw["rope_scaling"]["long_factor"] = [2.0] * half
+    raw["partial_rotary_factor"] = 0.75  # Phi-4-mini
+    with pytest.raises(UnsupportedArchitectureError, match="partial rotary"):
+        ModelConfig.from_dict(raw)
 
 
 def _raw(**overrides):

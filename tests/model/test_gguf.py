@@ -7,6 +7,8 @@ rounding allows (stated below), and Q8_0 keeps the first greedy tokens.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -140,3 +142,31 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
     assert "ready: solo run someone/tiny-GGUF:Q8_0 --prompt" in capsys.readouterr().out
     assert main(["pull", "someone/tiny-GGUF:zz"]) == 2  # what `solo run` would refuse, pull refuses too
     assert "has no GGUF file whose name holds 'zz'" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("window", [None, 8], ids=["longrope", "sliding-window"])
+def test_phi3_gguf_keeps_longrope_and_the_sliding_window(tmp_path, window):
+    # transformers' GGUF reader drops them; without them the model runs with plain RoPE and no window.
+    from checkpoints import make_longrope_checkpoint
+
+    folder = make_longrope_checkpoint(tmp_path / "phi3", dtype=torch.float16)
+    if window is not None:
+        config = json.loads((folder / "config.json").read_text())
+        config["sliding_window"] = window
+        (folder / "config.json").write_text(json.dumps(config))
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-phi3-F16.gguf", "F16")
+    reference = Engine.load(folder, dtype="float16", backend="eager")
+    engine = Engine.load(path, backend="eager")
+    rope, expected = engine.config.rope, reference.config.rope
+    assert rope.rope_type == "longrope" and rope.attention_factor == expected.attention_factor
+    assert rope.original_max_position_embeddings == expected.original_max_position_embeddings == 32
+    for factors in ("short_factor", "long_factor"):  # stored as float32, as transformers builds them
+        assert torch.equal(torch.tensor(getattr(rope, factors)), torch.tensor(getattr(expected, factors)))
+    assert engine.config.layer_sliding_windows == reference.config.layer_sliding_windows
+    assert engine.config.context_length == 32 and engine.config.max_context_length == 128
+    assert _tokens(engine) == _tokens(reference)
+    prompt = "The quick brown fox jumps over the lazy dog. " * 2  # beyond the original context: long factors
+    params = SamplingParams(max_tokens=8, ignore_eos=True)
+    long = Engine.load(path, backend="eager", context_length=128).complete(prompt, params)
+    assert long.token_ids == Engine.load(folder, dtype="float16", backend="eager",
+                                         context_length=128).complete(prompt, params).token_ids

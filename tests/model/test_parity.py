@@ -6,13 +6,14 @@ import json
 
 import pytest
 import torch
-from checkpoints import make_checkpoint
+from checkpoints import make_checkpoint, make_longrope_checkpoint
 from transformers import AutoModelForCausalLM
 
 from solo import Engine, SamplingParams
+from solo.errors import SoloError
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n"
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3"]
 LOGIT_ATOL = 1e-4  # float32: only summation order differs from transformers
 
 
@@ -42,7 +43,7 @@ def test_greedy_and_logits_match_transformers(tmp_path, arch):
     folder = make_checkpoint(tmp_path / arch, arch)
     engine, ids = _check_parity(folder)
     windows = [w for w in engine.config.layer_sliding_windows if w is not None]
-    if arch in ("mistral", "gemma2"):
+    if arch in ("mistral", "gemma2", "phi3"):
         # The prompt alone is longer than the sliding window, so the window really masks.
         assert windows and len(ids) > max(windows)
 
@@ -93,6 +94,52 @@ def test_rope_scaling(tmp_path, rope):
     assert engine.config.rope.rope_type == rope["rope_type"]
     prompt = PROMPT + "\n    return fibonacci(n - 1)"
     _check_parity(folder, prompt=prompt, new_tokens=32)
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_longrope_short_context_matches_transformers(tmp_path, backend):
+    # The default context is the original one, where transformers uses the short factors for every sequence.
+    folder = make_longrope_checkpoint(tmp_path / "longrope")
+    engine, ids = _check_parity(folder, new_tokens=12, backend=backend)
+    assert engine.config.context_length == 32 and not engine.config.rope.use_long_factor
+    assert len(ids) + 12 <= 32
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_longrope_long_context_matches_transformers_on_a_long_prompt(tmp_path, backend):
+    # A prompt longer than the original context: transformers takes the long factors for the whole sequence,
+    # as Solo does at every position once its context goes beyond the original one.
+    folder = make_longrope_checkpoint(tmp_path / "longrope")
+    prompt = PROMPT + "\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\nclass Stack:\n    def push(self, item):"
+    engine = Engine.load(folder, dtype="float32", backend=backend, context_length=128)
+    assert engine.config.rope.use_long_factor and engine.config.context_length == 128
+    ids = engine.encode_prompt(prompt)
+    assert len(ids) > 32
+    hf_tokens, hf_logits = _hf_greedy(folder, ids, 16)
+    result = engine.complete(prompt, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
+    assert result.token_ids == hf_tokens
+    engine.runtime.reserve(1, len(ids))
+    assert torch.allclose(engine.runtime.prefill(0, torch.tensor(ids)), hf_logits, atol=LOGIT_ATOL, rtol=0)
+    with pytest.raises(SoloError, match="from 2 to 128"):
+        Engine.load(folder, dtype="float32", backend=backend, context_length=129)
+
+
+def test_longrope_regimes_differ_on_a_long_prompt(tmp_path):
+    # The parity test above tells the regimes apart: the short factors' logits on the same long prompt are
+    # far from transformers' (which takes the long ones there).
+    from dataclasses import replace
+
+    from solo.model.rope import RotaryEmbedding
+
+    folder = make_longrope_checkpoint(tmp_path / "longrope")
+    engine = Engine.load(folder, dtype="float32", backend="eager", context_length=128)
+    ids = engine.encode_prompt(PROMPT * 3)
+    assert len(ids) > 32
+    _, hf_logits = _hf_greedy(folder, ids, 1)
+    short = replace(engine.config, rope=replace(engine.config.rope, use_long_factor=False))
+    engine.model.rotary = RotaryEmbedding(short)
+    engine.runtime.reserve(1, len(ids))
+    assert (engine.runtime.prefill(0, torch.tensor(ids)) - hf_logits).abs().max() > 100 * LOGIT_ATOL
 
 
 def test_multi_eos_generation_config(tmp_path):

@@ -5,14 +5,15 @@ from __future__ import annotations
 from pathlib import Path
 
 import torch
-from checkpoints import make_checkpoint
+from checkpoints import make_checkpoint, make_longrope_checkpoint
 
 from solo.model.config import ModelConfig
 from solo.model.transformer import Transformer
 from solo.model.weights import load_weights
 from solo.runtime.eager import EagerRuntime
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3")
+LONGROPE = "phi3-longrope"  # a TinyCheckpoints name: Phi-3 with LongRoPE, loaded with its long context
 PROMPT = [1, 5, 9, 33, 70, 2, 100, 7, 250, 31]
 
 
@@ -25,12 +26,18 @@ class TinyCheckpoints:
 
     def folder(self, arch: str) -> Path:
         if arch not in self.folders:
-            self.folders[arch] = make_checkpoint(self.root / arch, arch)
+            if arch == LONGROPE:
+                self.folders[arch] = make_longrope_checkpoint(self.root / arch)
+            else:
+                self.folders[arch] = make_checkpoint(self.root / arch, arch)
         return self.folders[arch]
 
     def model(self, arch: str, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32) -> Transformer:
         folder = self.folder(arch)
-        return load_weights(folder, ModelConfig.from_file(folder), dtype, torch.device(device))
+        config = ModelConfig.from_file(folder)
+        if arch == LONGROPE:  # beyond the original context: the long factors and the attention factor
+            config = config.with_context_length(128)
+        return load_weights(folder, config, dtype, torch.device(device))
 
 
 @torch.inference_mode()

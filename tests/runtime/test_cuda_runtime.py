@@ -14,6 +14,7 @@ import pytest
 import torch
 from _cuda_helpers import (
     ARCHS,
+    LONGROPE,
     PROMPT,
     TinyCheckpoints,
     eager_greedy,
@@ -48,9 +49,9 @@ def test_torch_step_matches_eager_per_token_and_in_blocks(tiny, arch):
 
 
 @pytest.mark.parametrize("arch", [
-    "llama", "gemma2",
+    "llama", "gemma2", LONGROPE,
     pytest.param("qwen3", marks=pytest.mark.slow), pytest.param("qwen2", marks=pytest.mark.slow),
-    pytest.param("mistral", marks=pytest.mark.slow),
+    pytest.param("mistral", marks=pytest.mark.slow), pytest.param("phi3", marks=pytest.mark.slow),
 ])
 def test_triton_step_matches_eager(tiny, arch):
     steps = 4

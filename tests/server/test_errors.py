@@ -446,6 +446,34 @@ def test_max_model_len_bounds_requests(tiny_model):
     assert too_long.state.status == "failed" and "--max-model-len" in str(too_long.state.error)
 
 
+def test_max_model_len_takes_a_longrope_model_past_its_original_context(tmp_path):
+    from checkpoints import make_longrope_checkpoint
+
+    from solo import Engine, SamplingParams
+
+    folder = make_longrope_checkpoint(tmp_path / "phi3-longrope")
+    prompt = "The quick brown fox jumps over the lazy dog. " * 2  # > 32 tokens
+    short = start_server(folder, max_batch=1)
+    try:
+        with short.http() as http:
+            error = assert_openai_error(http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prompt,
+                                                                          "max_tokens": 2}),
+                                        400, "prompt", "context_length_exceeded")
+            assert "--max-model-len up to 128 extends it" in error["message"]
+    finally:
+        short.stop()
+    long = start_server(folder, max_batch=1, max_model_len=128)
+    try:
+        with long.http() as http:
+            reply = http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": prompt, "max_tokens": 4,
+                                                       "temperature": 0, "ignore_eos": True}).json()
+    finally:
+        long.stop()
+    expected = Engine.load(folder, context_length=128).complete(prompt, SamplingParams(max_tokens=4, temperature=0,
+                                                                                      ignore_eos=True))
+    assert reply["choices"][0]["text"] == expected.text
+
+
 @pytest.mark.parametrize(("route", "body", "field"), [
     ("/tokenize", {"prompt": "x", "foo": 1}, "foo"),
     ("/detokenize", {"tokens": [1], "skip_special_tokens": True}, "skip_special_tokens"),

@@ -14,7 +14,7 @@ import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
 from solo.model.moe import moe_tensor_target
-from solo.model.weights import hf_to_solo_name
+from solo.model.weights import fused_parts, hf_to_solo_name
 from solo.runtime.cpu_packing import dense_named_tensors
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -81,6 +81,13 @@ def hf_model_from_solo(solo_model: torch.nn.Module, raw_config: dict[str, Any], 
         raise PeerSkipped(f"transformers cannot build this model ({exc})") from None
     solo_params = dense_named_tensors(solo_model)  # unpacked where the CPU runtime packed them for AMX
     for name, _ in model.named_parameters(remove_duplicate=False):
+        parts = fused_parts(name, solo_model.config)
+        if parts is not None:  # Phi-3's fused qkv_proj / gate_up_proj: one copy of Solo's parts, joined
+            names = [hf_to_solo_name(part, solo_model.config) for part, _ in parts]
+            if not all(n in solo_params for n in names):
+                raise PeerSkipped(f"no Solo tensors for transformers parameter {name}")
+            _set_tensor(model, name, torch.cat([solo_params[n].detach() for n in names]))
+            continue
         # transformers holds experts fused ([experts, ...]) in the same layout as Solo.
         target = moe_tensor_target(name, solo_model.config)
         solo_name = target.name if target is not None else hf_to_solo_name(name, solo_model.config)

@@ -112,7 +112,8 @@ class TritonStep:
         else:
             # Same float32 products as RotaryEmbedding.forward, so cos/sin match the eager model's.
             freqs = torch.arange(max_seq, device=device).float()[:, None] * model.rotary.inv_freq.float()[None, :]
-            self.cos, self.sin = freqs.cos().contiguous(), freqs.sin().contiguous()
+            scale = self.config.rope.attention_factor  # LongRoPE's magnitude factor, 1.0 otherwise
+            self.cos, self.sin = (freqs.cos() * scale).contiguous(), (freqs.sin() * scale).contiguous()
 
     def _make_workspaces(self) -> None:
         self._workspaces = {}
