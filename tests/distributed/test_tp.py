@@ -11,7 +11,7 @@ import time
 
 import pytest
 import torch
-from checkpoints import make_checkpoint, make_lane_checkpoint
+from checkpoints import make_checkpoint, make_lane_checkpoint, make_longrope_checkpoint
 
 from solo import Engine, SamplingParams
 from solo.errors import SoloError
@@ -25,13 +25,13 @@ def _greedy(engine, n=16):
     return result.token_ids
 
 
-def _check_same(folder, tp):
-    one = Engine.load(folder, dtype="float32", backend="eager")
+def _check_same(folder, tp, **load):
+    one = Engine.load(folder, dtype="float32", backend="eager", **load)
     expected = _greedy(one)
     ids = one.encode_prompt(PROMPT)
     one.runtime.reserve(1, len(ids))
     ref_logits = one.runtime.prefill(0, torch.tensor(ids))
-    engine = Engine.load(folder, dtype="float32", tp=tp)
+    engine = Engine.load(folder, dtype="float32", tp=tp, **load)
     try:
         assert engine.runtime.name == f"eager-tp{tp}"
         assert _greedy(engine) == expected
@@ -50,6 +50,11 @@ def dense(tmp_path_factory):
 @pytest.mark.parametrize("tp", [2, 4])
 def test_dense_tp_matches_one_process(dense, tp):
     _check_same(dense, tp)
+
+
+def test_phi3_tp_followers_take_rank_0s_longrope_factors(tmp_path):
+    # The followers load the config themselves: the context rank 0 was given must pick their factors too.
+    _check_same(make_longrope_checkpoint(tmp_path / "phi3"), 2, context_length=128)
 
 
 @pytest.mark.parametrize("tp, overrides", [
