@@ -180,7 +180,7 @@ class ModelConfig:
     def max_context_length(self) -> int:
         """The longest `context_length` this checkpoint can be given (a LongRoPE model's long context)."""
         if self.rope.rope_type == "longrope":
-            return max(self.max_position_embeddings, self.rope.original_max_position_embeddings or 0)
+            return self.max_position_embeddings
         return _context_length(self)
 
     def with_context_length(self, tokens: int) -> ModelConfig:
@@ -382,16 +382,19 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
 
 
 def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> RopeConfig:
-    # transformers' `_compute_longrope_parameters`, with Phi3Config's precedence: a top-level
-    # original_max_position_embeddings wins over the one inside the RoPE dict (Phi-3 saves it there).
+    # transformers' `_compute_longrope_parameters`. Phi3Config's original_max_position_embeddings (top level,
+    # default 4096) replaces any inside the RoPE dict; other configs take the dict's, else max_position_embeddings.
     if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         raise UnsupportedArchitectureError(
             "partial rotary embeddings (partial_rotary_factor != 1, e.g. Phi-4-mini) are not supported"
         )
     max_pos = int(raw.get("max_position_embeddings", 2048))
-    original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings")
+    if _architecture_name(raw) == "Phi3ForCausalLM":
+        original = raw.get("original_max_position_embeddings", 4096)
+    else:
+        original = merged.get("original_max_position_embeddings") or max_pos
     try:
-        original = int(original or max_pos)
+        original = int(original)
         short = tuple(float(f) for f in merged["short_factor"])
         long = tuple(float(f) for f in merged["long_factor"])
     except KeyError as exc:

@@ -153,3 +153,18 @@ def test_generation_defaults(tmp_path):
     assert GenerationDefaults.from_dict({"do_sample": False, "temperature": 0.7}).default_temperature() == 0.0
     missing = GenerationDefaults.from_folder(tmp_path / "nowhere", fallback_eos_ids=(2,))
     assert missing.eos_token_ids == (2,) and missing.default_temperature() is None
+
+
+@pytest.mark.parametrize("top, inner, expected", [(None, 16, 4096), (32, 16, 32), (None, None, 4096)])
+def test_phi3_original_context_comes_from_the_top_level_as_in_transformers(top, inner, expected):
+    # Phi3Config's original_max_position_embeddings (default 4096) replaces the RoPE dict's own.
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    if inner is not None:
+        rope["original_max_position_embeddings"] = inner
+    raw = _raw(architectures=["Phi3ForCausalLM"], num_attention_heads=4, num_key_value_heads=4,
+               max_position_embeddings=128, rope_scaling=rope)
+    if top is not None:
+        raw["original_max_position_embeddings"] = top
+    config = ModelConfig.from_dict(raw)
+    assert config.rope.original_max_position_embeddings == expected
+    assert config.max_context_length == 128 and config.context_length == min(expected, 128)
