@@ -44,6 +44,13 @@ SHAPES: dict[str, dict[str, Any]] = {
         rope_scaling=dict(rope_type="llama3", factor=8.0, low_freq_factor=1.0, high_freq_factor=4.0,
                           original_max_position_embeddings=8192),
     ),
+    # microsoft/Phi-3-mini-4k-instruct: multi-head attention (32 KV heads, head_dim 96) and a 2047-token window.
+    "Phi-3-mini": dict(
+        architectures=["Phi3ForCausalLM"], hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, vocab_size=32064, tie_word_embeddings=False,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096, sliding_window=2047,
+        torch_dtype="bfloat16",
+    ),
     # A lane model (solo.model.lanes; ../shared/laneformer.md section 2): 8 lanes, delay 2, a 2048-token
     # sliding window on layers 0-9.
     "Laneformer-2B": dict(

@@ -22,7 +22,8 @@ from solo.model.weights import load_weights
 from solo.runtime.cpu import CpuRuntime
 
 # Published parameter counts (model cards), in billions.
-PUBLISHED = {"SmolLM2-135M": 0.135, "Qwen2.5-0.5B": 0.494, "Llama-3.2-1B": 1.236, "Llama-3.1-8B": 8.03}
+PUBLISHED = {"SmolLM2-135M": 0.135, "Qwen2.5-0.5B": 0.494, "Llama-3.2-1B": 1.236, "Llama-3.1-8B": 8.03,
+             "Phi-3-mini": 3.821}
 
 
 @pytest.mark.parametrize("name", sorted(SHAPES))
