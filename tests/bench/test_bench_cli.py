@@ -219,6 +219,16 @@ def test_bench_moe_reports_active_bytes_and_parameters(tmp_path, capsys):
     assert "hf-eager" in report["engines"]  # transformers runs on Solo's fused expert tensors
 
 
+def test_bench_phi3_runs_transformers_on_solos_split_tensors(tmp_path, capsys):
+    # transformers holds Phi-3's qkv_proj / gate_up_proj fused: the peer joins Solo's parts back.
+    folder = make_checkpoint(tmp_path / "phi3", "phi3", dtype=torch.bfloat16)
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "1", "--probe-gib",
+                 "0.0625", "--energy-s", "0", "--compare", "hf-eager", "--json", str(out)]) == 0
+    report = json.loads(out.read_text())
+    assert "hf-eager" in report["engines"], capsys.readouterr()
+
+
 def test_bench_quantized_reports_quality(tmp_path, capsys):
     folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
     out = tmp_path / "bench.json"
