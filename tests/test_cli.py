@@ -298,6 +298,7 @@ def test_max_model_len_sets_the_context_and_a_longrope_models_factors(capsys, tm
     expected = Engine.load(folder, context_length=128).complete(prompt, SamplingParams(max_tokens=2, temperature=0))
     assert out.startswith(expected.text)
     code, _, err = _run(capsys, "run", str(folder), "--prompt", "hi", "--max-model-len", "129")
-    assert code == 2 and "from 2 to 128 (its longest context); lower --max-model-len" in err
+    assert code == 2 and "--max-model-len (context_length) must be an integer from 2 to 128, this model's longest " \
+        "context; got 129" in err
     code, _, err = _run(capsys, "run", str(folder), "--prompt", prompt, "--max-model-len", "16")
     assert code == 2 and "but the context it was loaded with (context_length, --max-model-len) is 16" in err

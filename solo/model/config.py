@@ -200,8 +200,8 @@ class ModelConfig:
         """
         most = self.max_context_length
         if not isinstance(tokens, int) or isinstance(tokens, bool) or not 2 <= tokens <= most:
-            raise SoloError(f"a context length of {tokens!r} tokens is not possible for this model: give an integer "
-                            f"from 2 to {most} (its longest context); lower --max-model-len")
+            raise SoloError(f"--max-model-len (context_length) must be an integer from 2 to {most}, this model's "
+                            f"longest context; got {tokens!r}")
         rope = self.rope
         if rope.rope_type == "longrope":
             rope = replace(rope, use_long_factor=tokens > (rope.original_max_position_embeddings or most))

@@ -13,6 +13,7 @@ quantization error stays (plus bfloat16 rounding); `--quantize int8|int4` re-qua
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import math
@@ -101,7 +102,17 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     types = _weight_types(reader)
     matrices = sorted(t for t in types if t not in ("F32",)) or ["F32"]
     dtype = _EXACT.get(matrices[0], "bfloat16") if len(matrices) == 1 else "bfloat16"
-    tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=_mkdir(folder.parent)))
+    parent = _mkdir(folder.parent)
+    need = sum(int(t.n_elements) for t in reader.tensors) * (4 if dtype == "float32" else 2)
+    free = shutil.disk_usage(parent).free
+    if need > free:  # quantized files grow (Q4_0 about 3.5x): say so before writing most of it
+        raise CheckpointError(f"converting {named.name} writes about {need / 1e9:.1f} GB of {dtype} weights to "
+                              f"{parent}, which has {free / 1e9:.1f} GB free; free space or point SOLO_CACHE_DIR at "
+                              "a folder with room")
+    try:
+        tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=parent))
+    except OSError as exc:
+        raise CheckpointError(_cache_write_error(parent, exc)) from None
     try:
         _convert(src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
@@ -111,10 +122,25 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
             tmp.rename(folder)
         except OSError:  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
+        if _is_write_failure(exc):
+            raise CheckpointError(_cache_write_error(parent, exc)) from None
         raise
     return folder
+
+
+def _is_write_failure(exc: BaseException) -> bool:
+    # A full disk or a read-only / foreign-owned cache folder, as OSError or as safetensors' own error.
+    if isinstance(exc, OSError):
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+    return type(exc).__name__ == "SafetensorError" and ("os error 28" in str(exc) or "No space" in str(exc))
+
+
+def _cache_write_error(parent: Path, exc: BaseException) -> str:
+    reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    return (f"cannot write the converted GGUF model under {parent} ({reason}); free space, fix the folder's "
+            "permissions or point SOLO_CACHE_DIR at a writable folder with room")
 
 
 def _mkdir(path: Path) -> Path:

@@ -7,6 +7,7 @@ fetched (configs, tokenizer, safetensors), plus the files an --include pattern n
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -15,7 +16,7 @@ from typing import Any
 from solo.errors import ModelNotFoundError, SoloError
 
 # GGUF architectures whose tensors Solo runs (through solo.model.gguf).
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2")
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3")
 
 
 @dataclass
@@ -206,7 +207,10 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
                  or r.commit_hash.startswith(revision)]
     if not revisions:
         raise ModelNotFoundError(f"{repo_id} has no cached revision {revision!r}; `solo list` shows what is")
-    strategy = info.delete_revisions(*(r.commit_hash for r in revisions))  # type: ignore[union-attr]
+    # delete_revisions takes bare commit hashes and deletes them in every cached repo that holds one (mirrors
+    # and forks share commits): scope it to this repo.
+    scoped = dataclasses.replace(info, repos=frozenset({repo}))  # type: ignore[arg-type]
+    strategy = scoped.delete_revisions(*(r.commit_hash for r in revisions))
     strategy.execute()
     return strategy.expected_freed_size
 

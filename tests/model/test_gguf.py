@@ -90,6 +90,32 @@ def test_a_file_that_is_not_gguf_is_refused(tmp_path):
         Engine.load(damaged)
 
 
+def test_a_full_or_read_only_cache_is_one_clear_line(gguf_dir, tmp_path, monkeypatch, capsys):
+    import errno
+    import shutil
+    from collections import namedtuple
+
+    from solo.model import gguf as gguf_module
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    usage = namedtuple("usage", "total used free")
+    with monkeypatch.context() as m:  # too little room for the converted weights: refused before writing
+        m.setattr(shutil, "disk_usage", lambda path: usage(10**6, 10**6 - 100, 100))
+        with pytest.raises(SoloError, match=r"writes about 0\.0 GB of float16 weights .* has 0\.0 GB free"):
+            Engine.load(gguf_dir["F16"])
+    for failure in (OSError(errno.EROFS, "Read-only file system"), OSError(errno.ENOSPC, "No space left on device")):
+        def fail(*args, failure=failure, **kwargs):
+            raise failure
+
+        with monkeypatch.context() as m:
+            m.setattr(gguf_module, "_convert", fail)
+            assert main(["run", str(gguf_dir["F16"]), "--prompt", PROMPT, "--max-tokens", "2"]) == 2
+        err = capsys.readouterr().err
+        assert f"cannot write the converted GGUF model under {tmp_path / 'cache' / 'gguf'} ({failure.strerror})" in err
+        assert "SOLO_CACHE_DIR" in err and "Traceback" not in err
+        assert not list((tmp_path / "cache" / "gguf").iterdir())  # the partial folder is gone
+
+
 def test_an_unwritable_cache_folder_is_one_clear_line(gguf_dir, tmp_path, monkeypatch, capsys):
     blocker = tmp_path / "a-file"
     blocker.write_text("")
@@ -170,3 +196,21 @@ def test_phi3_gguf_keeps_longrope_and_the_sliding_window(tmp_path, window):
     long = Engine.load(path, backend="eager", context_length=128).complete(prompt, params)
     assert long.token_ids == Engine.load(folder, dtype="float16", backend="eager",
                                          context_length=128).complete(prompt, params).token_ids
+
+
+def test_a_phi3_gguf_repository_is_listed_as_runnable(tmp_path, monkeypatch):
+    from checkpoints import make_checkpoint
+    from hf_cache import add_to_cache, use_offline_cache
+
+    from solo.model import store
+
+    cache = tmp_path / "hub"
+    cache.mkdir()
+    use_offline_cache(cache, monkeypatch)
+    files = tmp_path / "phi3-gguf"
+    files.mkdir()
+    write_gguf_from_hf(make_checkpoint(tmp_path / "phi3", "phi3", dtype=torch.float16), files / "tiny-phi3-F16.gguf",
+                       "F16")
+    add_to_cache(cache, "tiny/phi3-GGUF", files)
+    [model] = store.list_models()
+    assert model.supported and model.architecture == "gguf:phi3"

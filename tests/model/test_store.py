@@ -72,6 +72,19 @@ def test_rm_deletes_and_reports(cache, capsys):
     assert "not in the Hugging Face cache" in capsys.readouterr().err
 
 
+def test_rm_of_a_mirror_deletes_only_the_named_repo(cache, tiny_llama, capsys):
+    # A mirror holds the same commit as the original: huggingface_hub's delete_revisions, given bare hashes,
+    # would delete it wherever it is cached.
+    add_to_cache(cache, "mirror/llama", tiny_llama)
+    assert main(["rm", "mirror/llama", "--revision", COMMIT[:8]]) == 0
+    assert "deleted mirror/llama" in capsys.readouterr().out
+    assert [m.repo_id for m in store.list_models()] == ["someone/llama-gptq", "tiny/llama"]
+    add_to_cache(cache, "mirror/llama", tiny_llama)
+    assert main(["rm", "tiny/llama"]) == 0
+    assert [m.repo_id for m in store.list_models()] == ["mirror/llama", "someone/llama-gptq"]
+    assert store.pull("mirror/llama").is_dir()
+
+
 def test_empty_cache(tmp_path, monkeypatch, capsys):
     import huggingface_hub.constants as hf_constants
 

@@ -182,6 +182,10 @@ def test_batched_decode_is_bit_identical_to_batch_1(tmp_path):
         engine = Engine.load(make_checkpoint(tmp_path / dtype, "llama"), dtype=dtype, backend="cpu")
         assert engine.runtime.batch_invariant
         assert runtime_is_batch_invariant(engine.runtime, rows=4)
+    # solo serve --max-model-len 2: the probe's prompts are one token, its step at position 1.
+    runtime = Engine.load(tmp_path / "float32", backend="cpu").runtime
+    runtime.reserve(4, 2)
+    assert runtime_is_batch_invariant(runtime, rows=4)
 
 
 # The native runtime has a grouped attention kernel (one pass over a KV head's cache for all the query
