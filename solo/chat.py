@@ -184,8 +184,10 @@ class ChatSession:
         context = engine.config.context_length
         if used + (turn.max_tokens or 1) > context:
             self.history.pop()
+            # A first message that cannot fit is not helped by /reset.
+            advice = "/reset starts a new conversation" if len(self.history) > 1 else "shorten the message"
             self.say(f"solo: error: the conversation is {used} tokens; with {turn.max_tokens or 1} more it no longer "
-                     f"fits the context ({context} tokens). /reset starts a new conversation"
+                     f"fits {engine.context_name}, {context} tokens. {advice}"
                      f"{'; or lower --max-tokens' if turn.max_tokens else ''}")
             return
         _default_max_tokens(engine, messages, turn)

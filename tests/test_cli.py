@@ -221,8 +221,12 @@ def test_chat_says_reset_when_the_history_fills_the_context(tiny_llama, monkeypa
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\n{turn}\n/reset\ny\nhi\n"))
     code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "100", "--ignore-eos")
     assert code == 0
-    assert "no longer fits the context (256 tokens). /reset starts a new conversation" in err
+    assert "no longer fits the model's context, 256 tokens. /reset starts a new conversation" in err
     assert err.count("[TTFT") == 2  # the first turn and the turn after /reset ran
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\n"))
+    code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "100", "--max-model-len", "64")
+    assert code == 0 and ("fits the context it was loaded with (context_length, --max-model-len), 64 tokens. shorten "
+                          "the message; or lower --max-tokens") in err
 
 
 def test_serve_refuses_a_missing_folder_before_listening(tmp_path):

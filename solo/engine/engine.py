@@ -109,6 +109,17 @@ def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_
     return max_tokens
 
 
+def _context_name(config: ModelConfig, context_length: int | None) -> str | None:
+    # What a too-long prompt's error calls the limit: the user's own setting when they gave one; a LongRoPE
+    # model's original context names the way to its long one.
+    if context_length is not None:
+        return "the context it was loaded with (context_length, --max-model-len)"
+    if config.max_context_length > config.context_length:
+        return (f"the model's original context (--max-model-len up to {config.max_context_length} extends it, with "
+                "LongRoPE's long factors)")
+    return None
+
+
 class Engine:
     """A loaded model ready to generate.
 
@@ -126,6 +137,7 @@ class Engine:
         prefix_cache_gb: bound of the prefix cache's snapshot store in GB (10^9 bytes); None turns prefix
             caching off (see `solo.engine.prefix_cache`).
         speculative: "auto", "off", "ngram" or "suffix" (see `solo.engine.speculative`).
+        context_name: what errors call `config.context_length`; None: "the model's context".
 
     Attributes:
         prefix_cache: the `PrefixCache`, or None when off.
@@ -137,11 +149,9 @@ class Engine:
         SoloError: a negative prefix_cache_gb, an unknown speculative mode, or one the runtime cannot run.
     """
 
-    context_name = "the model's context"
-
     def __init__(self, model: Transformer, tokenizer: Tokenizer, defaults: GenerationDefaults,
                  runtime: DecodeRuntime, model_dir: Path, name: str, prefix_cache_gb: float | None = None,
-                 speculative: str = "off") -> None:
+                 speculative: str = "off", context_name: str | None = None) -> None:
         self.model = model
         self.config: ModelConfig = model.config
         self.tokenizer = tokenizer
@@ -149,6 +159,7 @@ class Engine:
         self.runtime = runtime
         self.model_dir = model_dir
         self.name = name
+        self.context_name = context_name or "the model's context"
         self.eos_ids = set(defaults.eos_token_ids) or set(self.config.eos_token_ids)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread running a generation: a second one there would deadlock
@@ -294,8 +305,8 @@ class Engine:
             if quantize is not None or backend not in ("auto", "eager"):
                 raise SoloError("--tp runs the eager model on every rank; drop --quantize and --backend")
             runtime = start_ranks(folder, config, torch_dtype, dev, tp)
-            engine = cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name)
-            return engine._with_context_name(context_length)
+            return cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name,
+                       context_name=_context_name(config, context_length))
         weights = load_weights(folder, config, torch_dtype, dev)
         if quantize is not None:
             if dev.type != "cpu":
@@ -307,20 +318,8 @@ class Engine:
             weights = quantize_model(weights, quantize)
         runtime = create_runtime(weights, backend, dev)
         name = str(model) if model is not None else folder.name
-        engine = cls(weights, tokenizer, defaults, runtime, folder, name, prefix_cache_gb=prefix_cache_gb,
-                     speculative=speculative)
-        return engine._with_context_name(context_length)
-
-    def _with_context_name(self, context_length: int | None) -> Engine:
-        # What a too-long prompt's error calls the limit: the user's own setting when they gave one; a
-        # LongRoPE model's original context names the way to its long one.
-        config = self.config
-        if context_length is not None:
-            self.context_name = "the context it was loaded with (context_length, --max-model-len)"
-        elif config.max_context_length > config.context_length:
-            self.context_name = (f"the model's original context (--max-model-len up to {config.max_context_length} "
-                                 "extends it, with LongRoPE's long factors)")
-        return self
+        return cls(weights, tokenizer, defaults, runtime, folder, name, prefix_cache_gb=prefix_cache_gb,
+                   speculative=speculative, context_name=_context_name(config, context_length))
 
     # ----------------------------------------------------------------------------------------- prompts
 

@@ -360,16 +360,16 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
     if rope_type in ("su", "yarn") and _architecture_name(raw) == "Phi3ForCausalLM":
         rope_type = "longrope"  # Phi-3's early configs named LongRoPE so (transformers' Phi3Config maps them)
+    if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
+        raise UnsupportedArchitectureError(
+            "partial rotary embeddings (partial_rotary_factor != 1, e.g. Phi-4-mini) are not supported"
+        )
     if rope_type == "longrope":
         return _longrope_config(raw, merged, theta)
     if rope_type not in _SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitectureError(
             f"RoPE scaling type {rope_type!r} is not supported; Solo supports "
             f"{', '.join(_SUPPORTED_ROPE_TYPES)}"
-        )
-    if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise UnsupportedArchitectureError(
-            "partial rotary embeddings (partial_rotary_factor != 1) are not supported"
         )
     return RopeConfig(
         theta=theta,
@@ -381,13 +381,18 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     )
 
 
+def longrope_attention_factor(factor: float, original: int) -> float:
+    """LongRoPE's cos/sin multiplier for a context stretched `factor` times beyond `original` tokens.
+
+    sqrt(1 + ln(factor) / ln(original)), 1.0 when not stretched: Ding et al. 2024 ("LongRoPE"), as
+    transformers' `_compute_longrope_parameters` and llama.cpp's converter compute it.
+    """
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+
+
 def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> RopeConfig:
     # transformers' `_compute_longrope_parameters`. Phi3Config's original_max_position_embeddings (top level,
     # default 4096) replaces any inside the RoPE dict; other configs take the dict's, else max_position_embeddings.
-    if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise UnsupportedArchitectureError(
-            "partial rotary embeddings (partial_rotary_factor != 1, e.g. Phi-4-mini) are not supported"
-        )
     max_pos = int(raw.get("max_position_embeddings", 2048))
     if _architecture_name(raw) == "Phi3ForCausalLM":
         original = raw.get("original_max_position_embeddings", 4096)
@@ -403,10 +408,13 @@ def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) 
     except (TypeError, ValueError):
         raise CheckpointError("config.json's longrope short_factor / long_factor must be lists of numbers and "
                               "original_max_position_embeddings an integer; fix or re-download it") from None
+    if original < 1:
+        raise CheckpointError(f"config.json gives original_max_position_embeddings = {original}; it must be >= 1. "
+                              "Fix or re-download it")
     factor = float(merged.get("factor") or max_pos / original)
     attention = merged.get("attention_factor")
-    if attention is None:  # the LongRoPE paper's magnitude correction, as transformers computes it
-        attention = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
+    if attention is None:
+        attention = longrope_attention_factor(factor, original)
     return RopeConfig(theta=theta, rope_type="longrope", factor=factor, original_max_position_embeddings=original,
                       short_factor=short, long_factor=long, attention_factor=float(attention))
 
@@ -420,6 +428,11 @@ def _context_length(config: ModelConfig) -> int:
     if config.rope.rope_type == "longrope" and config.rope.original_max_position_embeddings:
         return min(config.rope.original_max_position_embeddings, config.max_position_embeddings)
     return config.max_position_embeddings
+
+
+def _window(raw: dict[str, Any]) -> int | None:
+    # A sliding_window of 0 (or null) means no window, as llama.cpp reads it (Phi-4's GGUF files write 0).
+    return raw.get("sliding_window") or None
 
 
 def _layer_windows_from_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tuple:
@@ -439,14 +452,13 @@ def _llama(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
 
 
 def _mistral(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
-    window = raw.get("sliding_window")
-    return replace(config, layer_sliding_windows=(window,) * config.num_layers)
+    return replace(config, layer_sliding_windows=(_window(raw),) * config.num_layers)
 
 
 def _qwen_windows(config: ModelConfig, raw: dict[str, Any]) -> tuple:
     # transformers: the window is only active with use_sliding_window, and then only from
     # max_window_layers on, unless config.json spells out layer_types.
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    window = _window(raw) if raw.get("use_sliding_window", False) else None
     if raw.get("layer_types") is not None:
         return _layer_windows_from_types(raw, config.num_layers, window)
     first = int(raw.get("max_window_layers", config.num_layers))
@@ -528,7 +540,7 @@ def _mixtral(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
 
 
 def _qwen2_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    window = _window(raw) if raw.get("use_sliding_window", False) else None
     if raw.get("layer_types") is not None:
         windows = _layer_windows_from_types(raw, config.num_layers, window)
     else:
@@ -544,7 +556,7 @@ def _qwen2_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
 
 def _qwen3_moe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     bias = bool(raw.get("attention_bias", False))
-    window = raw.get("sliding_window") if raw.get("use_sliding_window", False) else None
+    window = _window(raw) if raw.get("use_sliding_window", False) else None
     config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True,
                      layer_sliding_windows=(window,) * config.num_layers)
     return _moe_fields(config, raw, "num_experts", "moe_intermediate_size", (128, 8, 768),
@@ -563,7 +575,7 @@ def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
 def _phi3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     # transformers' Phi3: Llama's blocks with fused qkv_proj / gate_up_proj (split at load time, see
     # solo.model.weights.split_fused_tensor), no biases, one sliding window on every layer when set.
-    return replace(config, layer_sliding_windows=(raw.get("sliding_window"),) * config.num_layers)
+    return replace(config, layer_sliding_windows=(_window(raw),) * config.num_layers)
 
 
 def _laneformer(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:

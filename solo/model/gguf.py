@@ -16,7 +16,6 @@ from __future__ import annotations
 import errno
 import hashlib
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -223,6 +222,8 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
     """
     from gguf import GGUFReader
 
+    from solo.model.config import longrope_attention_factor
+
     reader = GGUFReader(str(src))
 
     def number(key: str) -> float | None:
@@ -249,7 +250,7 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
                    "short_factor": factors["rope_factors_short.weight"]}
         attention = number("rope.scaling.attn_factor")
         scale = int(raw["max_position_embeddings"]) / int(original or raw["max_position_embeddings"])
-        formula = 1.0 if scale <= 1.0 else math.sqrt(1 + math.log(scale) / math.log(original))
+        formula = longrope_attention_factor(scale, int(original or raw["max_position_embeddings"]))
         if attention is not None and abs(attention - formula) > 1e-6 * formula:
             scaling["attention_factor"] = float(attention)  # else computed as transformers does (float64)
         fields["rope_scaling"] = scaling

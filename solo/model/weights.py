@@ -206,48 +206,70 @@ def load_weights(
     expert_slices: dict[str, set[tuple[int, str]]] = {}
     device_str = str(device)
     read_device = device_str if device_str.startswith("cuda") else "cpu"
-    for hf_name, tensor in _unfused(_iter_tensors(checkpoint_files(folder), read_device), config):
-        target = moe_tensor_target(hf_name, config) if config.is_moe else None
-        if target is not None and target.expert is not None:
-            _load_expert_slice(model, hf_name, target, tensor, expected, expert_slices, dtype, device)
-            if len(expert_slices[target.name]) == _expert_slice_count(config, target):
-                loaded.add(target.name)
-            continue
-        name = target.name if target is not None else hf_to_solo_name(hf_name, config)
-        if name is None:
-            continue
-        if name not in expected:
-            raise CheckpointError(
-                f"checkpoint tensor {hf_name!r} has no place in this {config.architecture} config "
-                f"(maps to {name}); check that config.json matches the weights"
-            )
-        if tuple(tensor.shape) != tuple(expected[name]):
-            raise CheckpointError(
-                f"checkpoint tensor {hf_name!r} has shape {tuple(tensor.shape)}, config.json implies "
-                f"{tuple(expected[name])}; the config and weights do not match"
-            )
-        _set_parameter(model, name, tensor.to(device=device, dtype=dtype))
-        del tensor
-        loaded.add(name)
-    _check_complete(expected, loaded)
+    source: dict[str, str] = {}  # parameter -> the checkpoint tensor that filled it
+    for file_name, file_tensor in _iter_tensors(checkpoint_files(folder), read_device):
+        for hf_name, tensor in split_fused_tensor(file_name, file_tensor, config):
+            # Errors name the tensor the file holds (a fused one, with the part meant).
+            shown = repr(file_name) if hf_name == file_name else f"{file_name!r} (its {hf_name.split('.')[-2]} rows)"
+            target = moe_tensor_target(hf_name, config) if config.is_moe else None
+            if target is not None and target.expert is not None:
+                _load_expert_slice(model, hf_name, target, tensor, expected, expert_slices, dtype, device)
+                if len(expert_slices[target.name]) == _expert_slice_count(config, target):
+                    loaded.add(target.name)
+                continue
+            name = target.name if target is not None else hf_to_solo_name(hf_name, config)
+            if name is None:
+                continue
+            if name not in expected:
+                raise CheckpointError(
+                    f"checkpoint tensor {shown} has no place in this {config.architecture} config "
+                    f"(maps to {name}); check that config.json matches the weights"
+                )
+            if name in source:
+                raise CheckpointError(
+                    f"checkpoint tensors {source[name]!r} and {file_name!r} both hold {name}: the weights repeat it "
+                    "(fused and unfused copies of a projection?); keep one of them"
+                )
+            if tuple(tensor.shape) != tuple(expected[name]):
+                raise CheckpointError(
+                    f"checkpoint tensor {shown} has shape {tuple(tensor.shape)}, config.json implies "
+                    f"{tuple(expected[name])}; the config and weights do not match"
+                )
+            _set_parameter(model, name, tensor.to(device=device, dtype=dtype))
+            del tensor
+            loaded.add(name)
+            source[name] = file_name
+        del file_tensor
+    _check_complete(expected, loaded, config)
     # Buffers built on the meta device hold no values; rebuild the RoPE table for real.
     model.rotary = RotaryEmbedding(config).to(device)
     return model.eval().requires_grad_(False)
 
 
-def _unfused(tensors: Iterator[tuple[str, torch.Tensor]], config: ModelConfig) -> Iterator[tuple[str, torch.Tensor]]:
-    for name, tensor in tensors:
-        yield from split_fused_tensor(name, tensor, config)
-
-
-def _check_complete(expected: dict[str, object], loaded: set[str]) -> None:
+def _check_complete(expected: dict[str, object], loaded: set[str], config: ModelConfig | None = None) -> None:
     """Raise CheckpointError naming the first parameter in `expected` that no checkpoint tensor filled."""
     missing = sorted(set(expected) - loaded)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        fused = _fused_home(missing[0], config)
+        where = f", which {config.architecture} checkpoints hold in {fused}" if fused and config else ""
         raise CheckpointError(
-            f"checkpoint lacks tensor {missing[0]}{more}; the weights are incomplete or belong to another model"
+            f"checkpoint lacks tensor {missing[0]}{more}{where}; the weights are incomplete or belong to another model"
         )
+
+
+_FUSED_HOMES = {"attn.q_proj": "self_attn.qkv_proj", "attn.k_proj": "self_attn.qkv_proj",
+                "attn.v_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj",
+                "mlp.up_proj": "mlp.gate_up_proj"}
+
+
+def _fused_home(solo_name: str, config: ModelConfig | None) -> str | None:
+    # The fused checkpoint tensor (Phi-3) a missing Solo parameter comes from, or None.
+    match = re.match(r"^layers\.(\d+)\.(attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.(weight|bias)$", solo_name)
+    if config is None or config.architecture != "Phi3ForCausalLM" or match is None:
+        return None
+    layer, module, kind = match.groups()
+    return f"model.layers.{layer}.{_FUSED_HOMES[module]}.{kind}"
 
 
 def _set_parameter(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:

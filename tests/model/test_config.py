@@ -168,3 +168,17 @@ def test_phi3_original_context_comes_from_the_top_level_as_in_transformers(top, 
     config = ModelConfig.from_dict(raw)
     assert config.rope.original_max_position_embeddings == expected
     assert config.max_context_length == 128 and config.context_length == min(expected, 128)
+
+
+@pytest.mark.parametrize("arch", ["Phi3ForCausalLM", "MistralForCausalLM"])
+def test_a_sliding_window_of_zero_is_none(arch):
+    # llama.cpp reads 0 as no window (Phi-4's GGUF files write 0); a window of 0 would mask every key.
+    assert set(ModelConfig.from_dict(_raw(architectures=[arch], sliding_window=0)).layer_sliding_windows) == {None}
+
+
+def test_longrope_original_context_of_zero_is_named():
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [2.0] * 8}
+    raw = _raw(architectures=["Phi3ForCausalLM"], num_attention_heads=4, num_key_value_heads=4, rope_scaling=rope,
+               original_max_position_embeddings=0)
+    with pytest.raises(CheckpointError, match="original_max_position_embeddings = 0; it must be >= 1"):
+        ModelConfig.from_dict(raw)

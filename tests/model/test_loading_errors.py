@@ -82,6 +82,32 @@ def test_missing_tensor(folder):
         Engine.load(folder)
 
 
+def test_phi3_fused_tensors_are_named_in_errors(tmp_path):
+    import torch
+
+    folder = make_checkpoint(tmp_path / "phi3", "phi3")
+    path = folder / "model.safetensors"
+    clean = load_file(path)
+
+    def save(tensors):
+        save_file(tensors, path, metadata={"format": "pt"})
+
+    # Fused and unfused copies of a projection: transformers uses the fused one; Solo would mix them.
+    save({**clean, "model.layers.0.self_attn.v_proj.weight": torch.zeros(64, 64)})
+    with pytest.raises(CheckpointError, match="'model.layers.0.self_attn.qkv_proj.weight' and 'model.layers.0."
+                                              "self_attn.v_proj.weight' both hold layers.0.attn.v_proj"):
+        Engine.load(folder)
+    qkv = "model.layers.0.self_attn.qkv_proj.weight"
+    save({**clean, qkv: clean[qkv][:, :63].contiguous()})
+    with pytest.raises(CheckpointError, match=r"'model.layers.0.self_attn.qkv_proj.weight' \(its q_proj rows\) has "
+                                              r"shape \(64, 63\)"):
+        Engine.load(folder)
+    save({k: v for k, v in clean.items() if k != "model.layers.1.mlp.gate_up_proj.weight"})
+    with pytest.raises(CheckpointError, match="lacks tensor layers.1.mlp.gate_proj.weight .*, which "
+                                              "Phi3ForCausalLM checkpoints hold in model.layers.1.mlp.gate_up_proj"):
+        Engine.load(folder)
+
+
 def test_misshapen_tensor(folder):
     config = json.loads((folder / "config.json").read_text())
     config["intermediate_size"] = 96
