@@ -278,6 +278,32 @@ def _lockstep(engines: list[Any], prompt: list[int], gen_len: int, repeats: int,
             {k: v for k, v in turns.items() if v and k not in skipped})
 
 
+# Flags of the decode benchmark that --structured and --agent take; the others would be ignored, so they are
+# refused (the load test checks its own, solo.bench.load.cli.serve_arguments).
+_MODE_TAKES = {"structured": ("gen_len", "repeats", "pause_ms"),
+               "agent": ("compare", "repeats", "pause_ms", "agent_no_baseline")}
+_MODE_REFUSES = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
+                 "sweep_gen_len", "sweep_fill", "probe_gib", "energy_s", "pause_ms", "cpu_hog", "agent_no_baseline",
+                 "plot", "seed")
+
+
+def _refuse_unused_flags(args: argparse.Namespace) -> None:
+    from solo.bench.load.cli import bench_defaults
+    from solo.errors import SoloError
+
+    mode = "structured" if args.structured else "agent" if args.agent else None
+    if mode is None:
+        return
+    defaults = bench_defaults()
+    unused = ["--" + f.replace("_", "-") for f in _MODE_REFUSES
+              if f not in _MODE_TAKES[mode] and getattr(args, f, defaults.get(f)) != defaults.get(f)]
+    if unused:
+        raise SoloError(f"{', '.join(unused)}: not used by --{mode} (it takes "
+                        f"{', '.join('--' + f.replace('_', '-') for f in _MODE_TAKES[mode])}); drop them")
+    if args.repeats < 1 or (mode == "structured" and args.gen_len < 1):
+        raise SoloError(f"--repeats and --gen-len must be >= 1, got {args.repeats} and {args.gen_len}")
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the benchmark, print the report, and write --json / --plot.
 
@@ -301,6 +327,7 @@ def main(args: argparse.Namespace) -> int:
         if given:
             raise SoloError(f"{', '.join(given)}: flags of the load test; add --load WORKLOAD (e.g. --load chat) "
                             "or drop them")
+    _refuse_unused_flags(args)
     other_mode = next((flag for flag, on in (("--load", args.load), ("--agent", args.agent),
                                              ("--structured", args.structured), ("--tp", args.tp != 1)) if on), None)
     if args.lockstep and other_mode:

@@ -25,3 +25,18 @@ def test_structured_bench_reports_mask_time_and_slowdown(tmp_path, capsys):
 def test_structured_bench_shape_needs_a_tokenizer(capsys):
     assert main(["bench", "--structured", "--shape", "SmolLM2-135M"]) != 0
     assert "needs --tokenizer FOLDER" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("extra, message", [
+    (["--compare", "llama.cpp", "--sweep-context", "--plot", "x.png"],
+     "--compare, --sweep-context, --plot: not used by --structured (it takes --gen-len, --repeats, --pause-ms)"),
+    (["--repeats", "0"], "--repeats and --gen-len must be >= 1, got 0 and"),
+])
+def test_structured_bench_refuses_flags_it_would_ignore(capsys, extra, message):
+    assert main(["bench", "--structured", *extra]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_agent_bench_refuses_flags_it_would_ignore(capsys):
+    assert main(["bench", "--agent", "edit-loop", "--prompt-len", "64", "--cpu-hog", "1"]) == 2
+    assert "--prompt-len, --cpu-hog: not used by --agent" in capsys.readouterr().err

@@ -78,13 +78,13 @@ _LOAD_ONLY = ("url", "rates", "duration", "max_requests", "max_batch", "prefill_
 
 def load_flags_given(args: argparse.Namespace) -> list[str]:
     """The load test's flags set to other than their defaults (`solo bench` refuses them without --load)."""
-    defaults = _bench_defaults()
+    defaults = bench_defaults()
     return ["--" + f.replace("_", "-") for f in _LOAD_ONLY if getattr(args, f, defaults[f]) != defaults[f]]
 
 
 @functools.cache
-def _bench_defaults() -> dict[str, Any]:
-    # `solo bench`'s defaults, from its parser (read only: the dict is shared).
+def bench_defaults() -> dict[str, Any]:
+    """`solo bench`'s flag defaults by dest, from its parser (read only: the dict is shared)."""
     from solo.bench.cli import add_arguments as add_bench_arguments
 
     parser = argparse.ArgumentParser(add_help=False)
@@ -99,7 +99,7 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
         SoloError: a flag of the decode benchmark (--prompt-len, --compare, --speculative, ...), which a load
             test cannot honour, or a server flag beside --url (that server already runs with its own).
     """
-    defaults = _bench_defaults()
+    defaults = bench_defaults()
     changed = [f for f in (*_DECODE_BENCH_ONLY, "speculative", *_SERVE_FLAGS)
                if getattr(args, f, defaults.get(f)) != defaults.get(f)]
     unused = [f for f in changed if f in _DECODE_BENCH_ONLY]
@@ -195,7 +195,7 @@ def _command(args: argparse.Namespace) -> str:
     if getattr(args, "shape", None):
         parts += ["--shape", args.shape] + (["--tokenizer", Path(args.tokenizer).name] if args.tokenizer else [])
         parts += ["--seed", str(args.seed)] if args.seed else []
-    defaults = _bench_defaults()
+    defaults = bench_defaults()
     for flag in ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
                  "max_queue_wait", "serve_speculative", "max_model_len", "capacity_s", "verify", "dtype", "backend",
                  "quantize", "device", "revision", "threads", "tp", "prefix_cache_gb", "no_prefix_cache"):
