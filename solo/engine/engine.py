@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -46,6 +47,8 @@ from solo.tokenizer import Tokenizer
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 """A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids."""
+
+_log = logging.getLogger(__name__)
 
 
 def resolve_device(device: str | torch.device) -> torch.device:
@@ -297,6 +300,13 @@ class Engine:
         if context_length is not None:
             config = config.with_context_length(context_length)
         torch_dtype = resolve_dtype(dtype, config.torch_dtype)
+        if torch_dtype == torch.float16 and dtype == "auto" and dev.type == "cpu" and backend in ("auto", "cpu") \
+                and tp == 1 and config.lanes is None:
+            # As vLLM on CPUs: the native kernels read bfloat16 (float16 would run on the eager reference, 100x+
+            # slower); exact for weights that came from bfloat16 (most F16 GGUF files).
+            _log.warning("float16 weights are loaded as bfloat16 for the CPU kernels (--dtype float32 keeps every bit; "
+                         "--dtype float16 runs the slow eager reference)")
+            torch_dtype = torch.bfloat16
         tokenizer = Tokenizer.from_folder(folder)
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
         if tp != 1:

@@ -123,6 +123,19 @@ def test_auto_backend_picks_cpu_and_falls_back_for_float16(tmp_path):
         create_runtime(half, "cpu", torch.device("cpu"))
 
 
+def test_a_float16_checkpoint_loads_as_bfloat16_for_the_cpu_kernels(tmp_path, caplog):
+    # As vLLM on CPUs: dtype "auto" on a float16 checkpoint (an F16 GGUF file) takes the native kernels in
+    # bfloat16 instead of the eager reference in float16; an explicit --dtype float16 keeps float16.
+    from solo import Engine
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.float16)
+    engine = Engine.load(folder)
+    assert engine.model.dtype == torch.bfloat16 and engine.backend_name == "cpu"
+    assert "float16 weights are loaded as bfloat16 for the CPU kernels" in caplog.text
+    assert Engine.load(folder, dtype="float16").model.dtype == torch.float16
+    assert Engine.load(folder, backend="eager").model.dtype == torch.float16
+
+
 def test_out_of_range_decode_is_refused(tmp_path):
     folder = make_checkpoint(tmp_path / "llama", "llama")
     runtime = CpuRuntime(_load(folder, torch.float32), rows=1, max_seq=16)
