@@ -37,6 +37,41 @@ def cache_root() -> Path:
     return Path(base) / "solo"
 
 
+def prune_conversions(keep: Path | None = None) -> int:
+    """Delete converted folders whose GGUF file is gone or changed since (a stale conversion is never read again).
+
+    Args:
+        keep: a folder to keep whatever its source (the conversion just made).
+
+    Returns:
+        The bytes freed.
+    """
+    root = cache_root() / "gguf"
+    freed = 0
+    for source in root.glob("*/gguf_source.json"):
+        folder = source.parent
+        try:
+            info = json.loads(source.read_text(encoding="utf-8"))
+            if not Path(info["file"]).is_absolute():
+                continue  # written before names were stored absolute: cannot be checked from here
+            src = Path(info["file"]).resolve()
+            stale = not src.is_file() or folder.name != _folder_name(Path(info["file"]), src)
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable: not ours to judge
+        if stale and folder != keep:
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+            shutil.rmtree(folder, ignore_errors=True)
+            freed += size
+    return freed
+
+
+def _folder_name(named: Path, src: Path) -> str:
+    # The converted folder's name: the file's name and a key of its resolved path, size and mtime.
+    stat = src.stat()
+    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    return f"{named.stem}-{key}"
+
+
 def is_gguf(path: str | Path) -> bool:
     """Whether `path` names a GGUF file (by its magic bytes, or by its suffix when it cannot be read)."""
     p = Path(path).expanduser()
@@ -82,8 +117,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     named = Path(path).expanduser()  # its name, not a link's target (a Hub snapshot links to blobs named by hash)
     src = named.resolve()
     stat = src.stat()
-    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    folder = cache_root() / "gguf" / f"{named.stem}-{key}"
+    folder = cache_root() / "gguf" / _folder_name(named, src)
     if (folder / "gguf_source.json").is_file():
         return folder
     if is_split_part(named):
@@ -115,12 +149,13 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     try:
         _convert(src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
-            {"file": str(named), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
+            {"file": str(named.absolute()), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
              "stored_dtype": dtype}, indent=2) + "\n")
         try:
             tmp.rename(folder)
         except OSError:  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
+        prune_conversions(keep=folder)  # an earlier conversion of this file, since changed or moved
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if _is_write_failure(exc):

@@ -188,7 +188,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
         cache_dir: the cache folder (None: huggingface_hub's default).
 
     Returns:
-        The bytes freed.
+        The bytes freed (with Solo's converted folders of the GGUF files deleted).
 
     Raises:
         ModelNotFoundError: the model (or that revision) is not in the cache.
@@ -212,7 +212,9 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     scoped = dataclasses.replace(info, repos=frozenset({repo}))  # type: ignore[arg-type]
     strategy = scoped.delete_revisions(*(r.commit_hash for r in revisions))
     strategy.execute()
-    return strategy.expected_freed_size
+    from solo.model.gguf import prune_conversions
+
+    return strategy.expected_freed_size + prune_conversions()  # the deleted GGUF files' converted folders
 
 
 def human_size(size_bytes: int) -> str:

@@ -214,3 +214,32 @@ def test_a_phi3_gguf_repository_is_listed_as_runnable(tmp_path, monkeypatch):
     add_to_cache(cache, "tiny/phi3-GGUF", files)
     [model] = store.list_models()
     assert model.supported and model.architecture == "gguf:phi3"
+
+
+def test_stale_conversions_are_pruned(gguf_dir, tmp_path, monkeypatch, capsys):
+    # A changed file converts again and its old folder goes; solo rm of a GGUF repository frees its conversions.
+    import os
+
+    from hf_cache import add_to_cache, use_offline_cache
+
+    from solo.model.hub import resolve_model_dir
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    converted = tmp_path / "cache" / "gguf"
+    path = tmp_path / "tiny.gguf"
+    path.write_bytes(gguf_dir["Q8_0"].read_bytes())
+    first = resolve_model_dir(str(path))
+    os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # changed since
+    second = resolve_model_dir(str(path))
+    assert second != first and not first.exists() and [p.name for p in converted.iterdir()] == [second.name]
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    use_offline_cache(hub, monkeypatch)
+    files = tmp_path / "repo"
+    files.mkdir()
+    (files / "tiny-F16.gguf").write_bytes(gguf_dir["F16"].read_bytes())
+    add_to_cache(hub, "someone/tiny-GGUF", files)
+    from_hub = resolve_model_dir("someone/tiny-GGUF")
+    assert from_hub.is_dir()
+    assert main(["rm", "someone/tiny-GGUF"]) == 0
+    assert not from_hub.exists() and second.exists()  # the local file is still there: its conversion stays
