@@ -86,10 +86,17 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
             return str(names[0]), False, "no tokenizer (tokenizer.json, tokenizer.model or vocab.json)", ggufs
         return str(names[0]), True, "", ggufs
     if ggufs:
-        arch = _gguf_architecture(Path(ggufs[0]))
-        if arch in GGUF_ARCHITECTURES:
-            return f"gguf:{arch}", True, "", ggufs
-        return f"gguf:{arch}", False, f"GGUF architecture {arch!r} is not one Solo runs", ggufs
+        from solo.model.gguf import is_split_part
+
+        whole = [g for g in ggufs if not is_split_part(g)]
+        if not whole:
+            return "gguf:?", False, "its GGUF files are parts of a split file; merge them (llama-gguf-split --merge)", \
+                ggufs
+        archs = [_gguf_architecture(Path(g)) for g in whole]
+        runnable = [a for a in archs if a in GGUF_ARCHITECTURES]
+        if runnable:  # a file Solo runs (`solo run ORG/NAME:TAG` picks one)
+            return f"gguf:{runnable[0]}", True, "", ggufs
+        return f"gguf:{archs[0]}", False, f"GGUF architecture {archs[0]!r} is not one Solo runs", ggufs
     return "?", False, "no config.json and no GGUF file", ggufs
 
 

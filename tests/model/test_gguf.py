@@ -212,8 +212,14 @@ def test_a_phi3_gguf_repository_is_listed_as_runnable(tmp_path, monkeypatch):
     write_gguf_from_hf(make_checkpoint(tmp_path / "phi3", "phi3", dtype=torch.float16), files / "tiny-phi3-F16.gguf",
                        "F16")
     add_to_cache(cache, "tiny/phi3-GGUF", files)
-    [model] = store.list_models()
-    assert model.supported and model.architecture == "gguf:phi3"
+    split = tmp_path / "split"
+    split.mkdir()
+    for part in ("tiny-00001-of-00002.gguf", "tiny-00002-of-00002.gguf"):
+        (split / part).write_bytes((files / "tiny-phi3-F16.gguf").read_bytes())
+    add_to_cache(cache, "tiny/split-GGUF", split)
+    phi3, parts = store.list_models()
+    assert phi3.supported and phi3.architecture == "gguf:phi3"
+    assert not parts.supported and "parts of a split file; merge them" in parts.reason  # as solo run refuses it
 
 
 def test_stale_conversions_are_pruned(gguf_dir, tmp_path, monkeypatch, capsys):
