@@ -261,10 +261,15 @@ def cmd_run(args: argparse.Namespace) -> int:
 
 def cmd_pull(args: argparse.Namespace) -> int:
     """`solo pull`: download into the Hugging Face cache, then say what was fetched and whether Solo runs it."""
+    import huggingface_hub.constants as hf_constants
+
     from solo.model.hub import pick_gguf, split_gguf_tag
     from solo.model.store import human_size, inspect_folder, pull
 
     folder = pull(args.model, args.revision, args.include)
+    if hf_constants.HF_HUB_OFFLINE:  # snapshot_download returned what the cache holds, complete or not
+        print("offline (HF_HUB_OFFLINE is set): nothing was downloaded; this is what the cache holds",
+              file=sys.stderr)
     arch, ok, reason, ggufs = inspect_folder(folder)
     size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
     print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")

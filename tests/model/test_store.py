@@ -51,8 +51,9 @@ def test_pull_of_a_cached_model_and_a_missing_one_offline(cache, capsys):
     folder = store.pull("tiny/llama")
     assert folder == cache / "models--tiny--llama" / "snapshots" / COMMIT
     assert main(["pull", "tiny/llama"]) == 0
-    out = capsys.readouterr().out
+    out, err = capsys.readouterr()
     assert "LlamaForCausalLM" in out and "ready: solo run tiny/llama" in out
+    assert "offline (HF_HUB_OFFLINE is set): nothing was downloaded" in err
     assert main(["pull", "nobody/nothing"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "cannot be reached" in err and "resumes" in err
