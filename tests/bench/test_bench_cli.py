@@ -578,6 +578,29 @@ def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides
     assert not (tmp_path / "m.gguf").exists()
 
 
+@pytest.mark.parametrize("longrope", [False, True], ids=["window", "longrope"])
+def test_gguf_writer_writes_phi3_as_llama_cpp_reads_it(tmp_path, monkeypatch, longrope):
+    # Read back through Solo's own GGUF loader (transformers' reader + the phi3 fields it drops): the same
+    # model, so fused attn_qkv / ffn_up, the window and LongRoPE's factors went out as llama.cpp lays them out.
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    from checkpoints import make_longrope_checkpoint
+
+    from solo import Engine, SamplingParams
+    from solo.bench.peers.llamacpp import write_gguf
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    folder = make_longrope_checkpoint(tmp_path / "phi3") if longrope else make_checkpoint(tmp_path / "phi3", "phi3")
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    write_gguf(model, tmp_path / "m.gguf", "F32")
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    ids = [1, 5, 9, 33, 70, 2, 100, 7, 250, 31, 12, 44]  # longer than the window of 8
+    read = Engine.load(tmp_path / "m.gguf", backend="eager")
+    assert read.config.layer_sliding_windows == model.config.layer_sliding_windows
+    assert read.config.rope.rope_type == model.config.rope.rope_type
+    expected = Engine.load(folder, dtype="float32", backend="eager").complete(ids, params).token_ids
+    assert read.complete(ids, params).token_ids == expected
+
+
 def test_sweep_context_defaults_fit_the_model():
     from solo.bench.cli import default_contexts
 

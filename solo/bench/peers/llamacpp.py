@@ -38,7 +38,7 @@ from solo.model.transformer import Transformer
 
 _ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
            "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-           "OlmoeForCausalLM": "olmoe"}
+           "OlmoeForCausalLM": "olmoe", "Phi3ForCausalLM": "phi3"}
 _PERMUTED = {"llama"}  # llama.cpp applies interleaved RoPE to these: q/k rows must be permuted
 _MOE_NORM_TOPK = {"olmoe": False, "qwen3moe": True}  # llama.cpp's fixed choice per MoE family (Mixtral: True)
 
@@ -87,11 +87,26 @@ def _vocab(size: int) -> tuple[list[str], list[float], list[int]]:
 
 @dataclass
 class _Entry:
-    """One GGUF tensor: its name, its source tensor (numpy layout), and the GGUF type it is written as."""
+    """One GGUF tensor: its name, its source tensor (numpy layout), and the GGUF type it is written as.
+
+    A tuple of sources is written as their concatenation along the rows (Phi-3's fused q/k/v and gate/up),
+    joined only while that tensor is written.
+    """
 
     name: str
-    source: torch.Tensor
+    source: torch.Tensor | tuple[torch.Tensor, ...]
     type_name: str
+
+    def tensor(self) -> torch.Tensor:
+        """The source (joined when it is a tuple)."""
+        return torch.cat(self.source) if isinstance(self.source, tuple) else self.source
+
+    @property
+    def shape(self) -> list[int]:
+        """The written tensor's shape, without joining."""
+        if isinstance(self.source, tuple):
+            return [sum(t.shape[0] for t in self.source), *self.source[0].shape[1:]]
+        return list(self.source.shape)
 
 
 def _check_gguf_support(cfg: ModelConfig) -> str:
@@ -102,9 +117,12 @@ def _check_gguf_support(cfg: ModelConfig) -> str:
     # What this writer does not carry over would make llama.cpp run a different model: refuse instead.
     qk_norm = {"olmoe": "full", "qwen3": "head", "qwen3moe": "head"}.get(arch)
     moe = arch in _MOE_NORM_TOPK or (arch == "llama" and cfg.is_moe)
+    windows = set(cfg.layer_sliding_windows)
     unsupported = [name for name, present in [
-        ("a sliding window", any(w is not None for w in cfg.layer_sliding_windows)),
-        (f"{cfg.rope.rope_type} RoPE scaling", cfg.rope.rope_type not in ("default", "llama3")),
+        # phi3 has one window for every layer (llama.cpp's phi3.attention.sliding_window).
+        ("a sliding window", windows != {None} and not (arch == "phi3" and len(windows) == 1)),
+        (f"{cfg.rope.rope_type} RoPE scaling", cfg.rope.rope_type not in ("default", "llama3")
+         and not (arch == "phi3" and cfg.rope.rope_type == "longrope")),
         ("o_proj / MLP biases", cfg.o_bias or cfg.mlp_bias),
         (f"the {cfg.hidden_act} activation", cfg.hidden_act != "silu"),
         ("q/k norms", cfg.qk_norm != (qk_norm is not None)
@@ -131,13 +149,16 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
     cfg: ModelConfig = model.config
     out: list[_Entry] = []
 
-    def matrix(name: str, w: torch.Tensor) -> None:
+    def matrix(name: str, w: torch.Tensor | tuple[torch.Tensor, ...]) -> None:
         out.append(_Entry(name, w, type_name))
 
     def vector(name: str, v: torch.Tensor) -> None:  # norms, biases, the router: F32 as llama.cpp keeps them
         out.append(_Entry(name, v, "F32"))
 
     matrix("token_embd.weight", model.embed.weight)
+    if cfg.rope.rope_type == "longrope":  # phi3: both factor sets; llama.cpp picks by its context size
+        vector("rope_factors_long.weight", torch.tensor(cfg.rope.long_factor))
+        vector("rope_factors_short.weight", torch.tensor(cfg.rope.short_factor))
     if cfg.rope.rope_type == "llama3":
         base = rope_inv_freq(type(cfg.rope)(theta=cfg.rope.theta), cfg.head_dim)
         vector("rope_freqs.weight", base / rope_inv_freq(cfg.rope, cfg.head_dim))
@@ -147,6 +168,13 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
         if arch in _PERMUTED:
             q, k = _permute_rope_rows(q, cfg.num_heads), _permute_rope_rows(k, cfg.num_kv_heads)
         vector(f"blk.{i}.attn_norm.weight", layer.attn_norm.weight)
+        if arch == "phi3":  # fused, as llama.cpp's phi3 reads them: q, k, v rows; gate then up rows
+            matrix(f"blk.{i}.attn_qkv.weight", (q, k, attn.v_proj.weight))
+            matrix(f"blk.{i}.attn_output.weight", attn.o_proj.weight)
+            vector(f"blk.{i}.ffn_norm.weight", layer.mlp_norm.weight)
+            matrix(f"blk.{i}.ffn_up.weight", (mlp.gate_proj.weight, mlp.up_proj.weight))
+            matrix(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight)
+            continue
         matrix(f"blk.{i}.attn_q.weight", q)
         matrix(f"blk.{i}.attn_k.weight", k)
         matrix(f"blk.{i}.attn_v.weight", attn.v_proj.weight)
@@ -185,7 +213,7 @@ def _gguf_data(entry: _Entry) -> np.ndarray:
     # One tensor in its GGUF encoding (a float32 copy of it lives only while this runs).
     import gguf
 
-    w = entry.source.detach()
+    w = entry.tensor().detach()
     if entry.type_name == "BF16":  # the bf16 bits as they are (rounded to nearest even from float32)
         return w.to(torch.bfloat16).contiguous().view(torch.int16).numpy().view(np.uint16)
     data = w.float().contiguous().numpy()
@@ -200,7 +228,7 @@ def _gguf_nbytes(entry: _Entry) -> tuple[list[int], np.dtype, int]:
     # (shape as add_tensor_info takes it, numpy dtype of `_gguf_data`, bytes) without converting the tensor.
     import gguf
 
-    shape = list(entry.source.shape)
+    shape = entry.shape
     qtype = gguf.GGMLQuantizationType[entry.type_name]
     if entry.type_name in ("F32", "F16", "BF16"):
         dtype = {"F32": np.dtype(np.float32), "F16": np.dtype(np.float16), "BF16": np.dtype(np.uint16)}[entry.type_name]
@@ -225,7 +253,8 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     Architectures (llama.cpp's names): Llama and Mistral ("llama", q/k rows permuted to its interleaved
     RoPE), Qwen2 ("qwen2"), Qwen3 ("qwen3": per-head q/k norms), Mixtral ("llama" with `expert_count`,
     `expert_used_count` and stacked experts), Qwen3-MoE ("qwen3moe": `expert_feed_forward_length`) and OLMoE
-    ("olmoe": q/k norms over the whole projection). An MoE layer's experts go out stacked as
+    ("olmoe": q/k norms over the whole projection), Phi-3 ("phi3": fused attn_qkv and ffn_up, one sliding
+    window, LongRoPE's factor tensors). An MoE layer's experts go out stacked as
     `ffn_gate_exps` / `ffn_up_exps` [experts, inter, hidden] and `ffn_down_exps` [experts, hidden, inter],
     its router as `ffn_gate_inp` [experts, hidden] in F32 (as llama.cpp's converter keeps it). The names and
     metadata keys follow the `gguf` package's constants and llama.cpp's model loader. Each tensor is
@@ -266,6 +295,11 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.add_value_length(cfg.head_dim)
     writer.add_rope_dimension_count(cfg.head_dim)
     writer.add_rope_freq_base(cfg.rope.theta)
+    if arch == "phi3":  # as llama.cpp's converter (Phi3MiniModel): 0 is no window
+        writer.add_sliding_window(cfg.layer_sliding_windows[0] or 0)
+        if cfg.rope.rope_type == "longrope":
+            writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
+            writer.add_rope_scaling_attn_factors(cfg.rope.attention_factor)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type({"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2}[type_name])
