@@ -93,6 +93,9 @@ for shape in Qwen2.5-0.5B Llama-3.2-1B; do
   run "$shape-bf16-lockstep" $solo bench --shape "$shape" --energy-s 0 --compare llama.cpp --lockstep 16 \
     --json "$shape-bf16-lockstep.json"
 done
+# Phi-3-mini's shape against llama.cpp's F16 GGUF (a second, BF16 copy does not fit 24 GiB beside it).
+run Phi-3-mini-bf16-lockstep $solo bench --shape Phi-3-mini --energy-s 0 --compare llama.cpp-F16 --lockstep 16 \
+  --json Phi-3-mini-bf16-lockstep.json
 # Beside one busy-loop process (one of the two cores taken by other work).
 cpu_hog_run
 # int8 against Q8_0, int4 against Q4_0: the native llama.cpp build's Q8_0 / Q4_0 (AMX) crashed on this VM,
