@@ -284,7 +284,7 @@ _MODE_TAKES = {"structured": ("gen_len", "repeats", "pause_ms"),
                "agent": ("compare", "repeats", "pause_ms", "agent_no_baseline")}
 _MODE_REFUSES = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
                  "sweep_gen_len", "sweep_fill", "probe_gib", "energy_s", "pause_ms", "cpu_hog", "agent_no_baseline",
-                 "plot", "seed")
+                 "plot")  # --seed stays: it seeds a --shape's random weights in every mode
 
 
 def _refuse_unused_flags(args: argparse.Namespace) -> None:

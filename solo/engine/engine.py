@@ -112,6 +112,12 @@ def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_
     return max_tokens
 
 
+def _cpu_kernels_run(config: ModelConfig) -> bool:
+    from solo.runtime.cpu import cpu_config_unsupported_reason
+
+    return cpu_config_unsupported_reason(config) is None
+
+
 def _context_name(config: ModelConfig, context_length: int | None) -> str | None:
     # What a too-long prompt's error calls the limit: the user's own setting when they gave one; a LongRoPE
     # model's original context names the way to its long one.
@@ -301,7 +307,7 @@ class Engine:
             config = config.with_context_length(context_length)
         torch_dtype = resolve_dtype(dtype, config.torch_dtype)
         if torch_dtype == torch.float16 and dtype == "auto" and dev.type == "cpu" and backend in ("auto", "cpu") \
-                and tp == 1 and config.lanes is None:
+                and tp == 1 and config.lanes is None and _cpu_kernels_run(config):
             # As vLLM on CPUs: the native kernels read bfloat16 (float16 would run on the eager reference, 100x+
             # slower); exact for weights that came from bfloat16 (most F16 GGUF files).
             _log.warning("float16 weights are loaded as bfloat16 for the CPU kernels (--dtype float32 keeps every bit; "

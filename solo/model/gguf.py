@@ -17,8 +17,10 @@ import errno
 import hashlib
 import json
 import os
+import re
 import shutil
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -37,31 +39,42 @@ def cache_root() -> Path:
     return Path(base) / "solo"
 
 
-def prune_conversions(keep: Path | None = None) -> int:
-    """Delete converted folders whose GGUF file is gone or changed since (a stale conversion is never read again).
+_CONVERTED_NAME = re.compile(r"^[^.].*-[0-9a-f]{16}$")  # `_folder_name`'s; not a `.converting-*` folder
+
+
+def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (), keep: Path | None = None) -> int:
+    """Delete converted folders Solo knows are stale; returns the bytes freed.
+
+    Only folders named as `gguf_to_folder` names them are considered (never one being written), and only
+    these: the conversions of `same_file` (the absolute path of a file about to be converted again because
+    it changed since), and those of files that lay under `under` and are gone (the snapshots `solo rm`
+    deleted). A source that merely cannot be seen now (an unmounted drive) is left alone.
 
     Args:
-        keep: a folder to keep whatever its source (the conversion just made).
-
-    Returns:
-        The bytes freed.
+        same_file: an absolute GGUF path whose earlier conversions are stale.
+        under: folders whose deleted GGUF files' conversions are stale.
+        keep: the current version's folder, never deleted (another process may have just made it).
     """
     root = cache_root() / "gguf"
     freed = 0
     for source in root.glob("*/gguf_source.json"):
         folder = source.parent
+        if not _CONVERTED_NAME.match(folder.name) or folder == keep:
+            continue
         try:
-            info = json.loads(source.read_text(encoding="utf-8"))
-            if not Path(info["file"]).is_absolute():
-                continue  # written before names were stored absolute: cannot be checked from here
-            src = Path(info["file"]).resolve()
-            stale = not src.is_file() or folder.name != _folder_name(Path(info["file"]), src)
+            file = Path(json.loads(source.read_text(encoding="utf-8"))["file"])
         except (OSError, ValueError, KeyError, TypeError):
             continue  # unreadable: not ours to judge
-        if stale and folder != keep:
+        stale = (same_file is not None and file == same_file) or (
+            any(file.is_relative_to(u) for u in under) and not os.path.lexists(file))
+        if not stale:
+            continue
+        try:
             size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-            shutil.rmtree(folder, ignore_errors=True)
-            freed += size
+        except OSError:  # deleted meanwhile
+            size = 0
+        shutil.rmtree(folder, ignore_errors=True)
+        freed += size
     return freed
 
 
@@ -109,7 +122,8 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         The folder (config.json, tokenizer files, model.safetensors, gguf_source.json).
 
     Raises:
-        CheckpointError: the file is damaged, split into parts, or holds a tensor type that cannot be dequantized.
+        CheckpointError: the file is damaged, split into parts, or holds a tensor type that cannot be
+            dequantized; the cache folder has no room for the converted weights or cannot be written.
         UnsupportedArchitectureError: the file's architecture is not one Solo runs.
     """
     import sys
@@ -136,6 +150,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     matrices = sorted(t for t in types if t not in ("F32",)) or ["F32"]
     dtype = _EXACT.get(matrices[0], "bfloat16") if len(matrices) == 1 else "bfloat16"
     parent = _mkdir(folder.parent)
+    prune_conversions(same_file=named.absolute(), keep=folder)  # this file's earlier versions: it changed since
     need = sum(int(t.n_elements) for t in reader.tensors) * (4 if dtype == "float32" else 2)
     free = shutil.disk_usage(parent).free
     if need > free:  # quantized files grow (Q4_0 about 3.5x): say so before writing most of it
@@ -155,7 +170,8 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
             tmp.rename(folder)
         except OSError:  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
-        prune_conversions(keep=folder)  # an earlier conversion of this file, since changed or moved
+            if not (folder / "gguf_source.json").is_file():
+                raise CheckpointError(f"could not move the converted {named.name} into {folder}; run again") from None
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if _is_write_failure(exc):

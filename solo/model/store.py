@@ -221,7 +221,8 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     strategy.execute()
     from solo.model.gguf import prune_conversions
 
-    return strategy.expected_freed_size + prune_conversions()  # the deleted GGUF files' converted folders
+    # Solo's converted folders of the GGUF files just deleted.
+    return strategy.expected_freed_size + prune_conversions(under=[Path(r.snapshot_path) for r in revisions])
 
 
 def human_size(size_bytes: int) -> str:

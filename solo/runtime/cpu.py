@@ -52,6 +52,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from solo.errors import SoloError
+from solo.model.config import ModelConfig
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer
 from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_cache_kv
@@ -240,15 +241,24 @@ def cpu_unsupported_reason(model: Transformer) -> str | None:
         return f"the model is on {model.device}, not the CPU"
     if model.dtype not in (torch.bfloat16, torch.float32):
         return f"{model.dtype} weights are not supported by the CPU kernels (bfloat16 and float32 are)"
-    if model.config.head_dim % 2 or model.config.head_dim > 1024:
-        return f"head_dim {model.config.head_dim} is not supported by the CPU kernels (even, <= 1024)"
-    if model.config.hidden_size > 16384 or model.config.intermediate_size > 32768:
-        return (f"hidden size {model.config.hidden_size} / intermediate size {model.config.intermediate_size} "
+    return cpu_config_unsupported_reason(model.config)
+
+
+def cpu_config_unsupported_reason(config: ModelConfig) -> str | None:
+    """Why the CPU runtime cannot run a model of `config` in bfloat16 or float32, or None when it can.
+
+    Checks the head size, the widths, a mixture-of-experts layout and that the kernel library builds (the
+    part of `cpu_unsupported_reason` that needs no weights).
+    """
+    if config.head_dim % 2 or config.head_dim > 1024:
+        return f"head_dim {config.head_dim} is not supported by the CPU kernels (even, <= 1024)"
+    if config.hidden_size > 16384 or config.intermediate_size > 32768:
+        return (f"hidden size {config.hidden_size} / intermediate size {config.intermediate_size} "
                 "is not supported by the CPU kernels (<= 16384 / 32768)")
-    if model.config.is_moe:
+    if config.is_moe:
         from solo.runtime.cpu_moe import moe_unsupported_reason
 
-        reason = moe_unsupported_reason(model)
+        reason = moe_unsupported_reason(config)
         if reason is not None:
             return reason
     try:

@@ -19,6 +19,7 @@ import ctypes
 import torch
 from torch import nn
 
+from solo.model.config import ModelConfig
 from solo.model.moe import SparseMoeBlock, route
 from solo.model.transformer import Transformer
 from solo.runtime.cpu import _W_BF16, _W_F32, _W_INT4, _W_INT4_BF16X, _W_INT8, _fuse_rows, _Mat
@@ -61,9 +62,9 @@ def check_moe_struct_layout(lib: ctypes.CDLL) -> None:
     _layout_checked.add(id(lib))
 
 
-def moe_unsupported_reason(model: Transformer) -> str | None:
-    """Why the CPU kernels cannot run this mixture-of-experts model, or None when they can."""
-    cfg = model.config
+def moe_unsupported_reason(model: Transformer | ModelConfig) -> str | None:
+    """Why the CPU kernels cannot run this mixture-of-experts model (or config), or None when they can."""
+    cfg = model if isinstance(model, ModelConfig) else model.config
     if cfg.num_experts > MAX_EXPERTS:
         return f"{cfg.num_experts} experts per layer is more than the CPU kernels route ({MAX_EXPERTS})"
     if max(cfg.moe_intermediate_size, cfg.shared_expert_intermediate_size) > 32768:

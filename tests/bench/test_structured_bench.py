@@ -40,3 +40,9 @@ def test_structured_bench_refuses_flags_it_would_ignore(capsys, extra, message):
 def test_agent_bench_refuses_flags_it_would_ignore(capsys):
     assert main(["bench", "--agent", "edit-loop", "--prompt-len", "64", "--cpu-hog", "1"]) == 2
     assert "--prompt-len, --cpu-hog: not used by --agent" in capsys.readouterr().err
+
+
+def test_seed_is_taken_by_every_bench_mode(capsys):
+    # --seed seeds a --shape's random weights: not refused as an unused flag (the tokenizer check comes next).
+    assert main(["bench", "--structured", "--shape", "SmolLM2-135M", "--seed", "1"]) == 2
+    assert "needs --tokenizer FOLDER" in capsys.readouterr().err

@@ -238,6 +238,11 @@ def test_stale_conversions_are_pruned(gguf_dir, tmp_path, monkeypatch, capsys):
     os.utime(path, ns=(path.stat().st_atime_ns, path.stat().st_mtime_ns + 10**9))  # changed since
     second = resolve_model_dir(str(path))
     assert second != first and not first.exists() and [p.name for p in converted.iterdir()] == [second.name]
+    # Never pruned: a conversion being written (another process), one whose file cannot be seen now (an
+    # unmounted drive: not a file solo rm deleted).
+    for name, file in ((".converting-abc123", path), ("elsewhere-0123456789abcdef", tmp_path / "gone" / "x.gguf")):
+        (converted / name).mkdir()
+        (converted / name / "gguf_source.json").write_text(json.dumps({"file": str(file)}))
     hub = tmp_path / "hub"
     hub.mkdir()
     use_offline_cache(hub, monkeypatch)
@@ -249,3 +254,4 @@ def test_stale_conversions_are_pruned(gguf_dir, tmp_path, monkeypatch, capsys):
     assert from_hub.is_dir()
     assert main(["rm", "someone/tiny-GGUF"]) == 0
     assert not from_hub.exists() and second.exists()  # the local file is still there: its conversion stays
+    assert (converted / ".converting-abc123").exists() and (converted / "elsewhere-0123456789abcdef").exists()
