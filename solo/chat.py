@@ -78,13 +78,19 @@ class ChatSession:
         self.params = params
         self.system = system
         self.history: list[dict[str, str]] = []
+        self.first = 0  # history[first:] is what the model sees: older turns left out once they outgrow the context
         self.read_line = read_line
         self.out = out or sys.stdout
         self.err = err or sys.stderr
 
-    def messages(self) -> list[dict[str, str]]:
-        """The conversation as OpenAI-style messages, system message first."""
-        return ([{"role": "system", "content": self.system}] if self.system is not None else []) + self.history
+    def messages(self, whole: bool = False) -> list[dict[str, str]]:
+        """The conversation as OpenAI-style messages, system message first.
+
+        Args:
+            whole: every message, also those left out of the context (for /save); else what the model sees.
+        """
+        shown = self.history if whole else self.history[self.first:]
+        return ([{"role": "system", "content": self.system}] if self.system is not None else []) + shown
 
     def say(self, text: str) -> None:
         """A line to the user (stderr, so that stdout holds only the model's replies)."""
@@ -150,6 +156,7 @@ class ChatSession:
             answer = ""
         if answer.strip().lower() in ("y", "yes"):
             self.history.clear()
+            self.first = 0
             self.say("conversation cleared")
         else:
             self.say("kept the conversation")
@@ -159,7 +166,7 @@ class ChatSession:
             self.say("/save needs a file name: /save FILE")
             return
         path = Path(name).expanduser()
-        data = {"model": self.engine.name, "messages": self.messages()}
+        data = {"model": self.engine.name, "messages": self.messages(whole=True)}
         try:
             path.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
         except OSError as exc:
@@ -174,22 +181,31 @@ class ChatSession:
         engine = self.engine
         self.history.append({"role": "user", "content": line})
         turn = self.params.copy(max_tokens=self.params.max_tokens)
-        messages = self.messages()
+        first, need, context = self.first, turn.max_tokens or 1, engine.config.context_length
         try:
-            used = len(engine.encode_prompt(messages))
+            used = len(engine.encode_prompt(self.messages()))
+            # As Ollama and llama.cpp's chat keep going: the oldest turns leave the context, said once here.
+            while used + need > context and self.first < len(self.history) - 1:
+                self.first += 1
+                while self.first < len(self.history) - 1 and self.history[self.first]["role"] != "user":
+                    self.first += 1  # the model's context starts at a user message
+                used = len(engine.encode_prompt(self.messages()))
         except SoloError as exc:
             self.history.pop()
+            self.first = first
             self.say(f"solo: error: {exc}")
             return
-        context = engine.config.context_length
-        if used + (turn.max_tokens or 1) > context:
+        if used + need > context:
             self.history.pop()
-            # A first message that cannot fit is not helped by /reset.
-            advice = "/reset starts a new conversation" if len(self.history) > 1 else "shorten the message"
-            self.say(f"solo: error: the conversation is {used} tokens; with {turn.max_tokens or 1} more it no longer "
-                     f"fits {engine.context_name}, {context} tokens. {advice}"
-                     f"{'; or lower --max-tokens' if turn.max_tokens else ''}")
+            self.first = first
+            self.say(f"solo: error: this message is {used} tokens; with {need} more it does not fit "
+                     f"{engine.context_name}, {context} tokens. Shorten the message"
+                     f"{' or lower --max-tokens' if turn.max_tokens else ''}")
             return
+        if self.first > first:
+            self.say(f"[the conversation outgrew {engine.context_name}, {context} tokens: its oldest "
+                     f"{self.first} messages are left out from now on (/save keeps them; /reset starts anew)]")
+        messages = self.messages()
         _default_max_tokens(engine, messages, turn)
         pieces: list[str] = []
         stream: Iterator[Any] | None = None

@@ -215,18 +215,25 @@ def test_threads_flag_sets_the_thread_count(capsys, tiny_llama):
         torch.set_num_threads(before)
 
 
-def test_chat_says_reset_when_the_history_fills_the_context(tiny_llama, monkeypatch, capsys):
-    # The tiny model's context is 256 tokens: the second long turn cannot fit with 100 more tokens.
+def test_chat_leaves_the_oldest_turns_out_when_the_history_fills_the_context(tiny_llama, monkeypatch, capsys,
+                                                                              tmp_path):
+    # The tiny model's context is 256 tokens: the second long turn fits with 100 more tokens only without the
+    # first turn (as Ollama and llama.cpp's chat go on), which /save still keeps.
     turn = "word " * 15  # about 60 tokens
-    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\n{turn}\n/reset\ny\nhi\n"))
+    saved = tmp_path / "chat.json"
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\n{turn}\n/save {saved}\n"))
     code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "100", "--ignore-eos")
     assert code == 0
-    assert "no longer fits the model's context, 256 tokens. /reset starts a new conversation" in err
-    assert err.count("[TTFT") == 2  # the first turn and the turn after /reset ran
-    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\n"))
+    assert ("[the conversation outgrew the model's context, 256 tokens: its oldest 2 messages are left out from now "
+            "on (/save keeps them; /reset starts anew)]") in err
+    assert err.count("[TTFT") == 2
+    assert len(json.loads(saved.read_text())["messages"]) == 4
+    # A message that does not fit alone is refused, and the conversation stays as it was.
+    monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\nhi\n"))
     code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "100", "--max-model-len", "64")
-    assert code == 0 and ("fits the context it was loaded with (context_length, --max-model-len), 64 tokens. shorten "
-                          "the message; or lower --max-tokens") in err
+    assert code == 0 and ("does not fit the context it was loaded with (context_length, --max-model-len), 64 "
+                          "tokens. Shorten the message or lower --max-tokens") in err
+    assert err.count("[TTFT") == 0  # "hi" + 100 tokens does not fit 64 either
 
 
 def test_serve_refuses_a_missing_folder_before_listening(tmp_path):
