@@ -282,21 +282,18 @@ def _lockstep(engines: list[Any], prompt: list[int], gen_len: int, repeats: int,
 # refused (the load test checks its own, solo.bench.load.cli.serve_arguments).
 _MODE_TAKES = {"structured": ("gen_len", "repeats", "pause_ms"),
                "agent": ("compare", "repeats", "pause_ms", "agent_no_baseline")}
-_MODE_REFUSES = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
-                 "sweep_gen_len", "sweep_fill", "probe_gib", "energy_s", "pause_ms", "cpu_hog", "agent_no_baseline",
-                 "plot")  # --seed stays: it seeds a --shape's random weights in every mode
 
 
 def _refuse_unused_flags(args: argparse.Namespace) -> None:
-    from solo.bench.load.cli import bench_defaults
+    from solo.bench.load.cli import DECODE_BENCH_ONLY, changed_flags
     from solo.errors import SoloError
 
     mode = "structured" if args.structured else "agent" if args.agent else None
     if mode is None:
         return
-    defaults = bench_defaults()
-    unused = ["--" + f.replace("_", "-") for f in _MODE_REFUSES
-              if f not in _MODE_TAKES[mode] and getattr(args, f, defaults.get(f)) != defaults.get(f)]
+    # --seed stays: it seeds a --shape's random weights in every mode.
+    unused = ["--" + f.replace("_", "-") for f in changed_flags(args, (*DECODE_BENCH_ONLY, "plot"))
+              if f not in _MODE_TAKES[mode]]
     if unused:
         raise SoloError(f"{', '.join(unused)}: not used by --{mode} (it takes "
                         f"{', '.join('--' + f.replace('_', '-') for f in _MODE_TAKES[mode])}); drop them")

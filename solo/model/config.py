@@ -283,7 +283,7 @@ class ModelConfig:
                 hidden_act=str(raw.get("hidden_act", "silu")),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 context_length=0,
-                rope=_rope_config(raw),
+                rope=_rope_config(raw, architecture),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
                 bos_token_id=raw.get("bos_token_id"),
@@ -349,7 +349,7 @@ def _as_id_tuple(value: Any) -> tuple[int, ...]:
     return tuple(int(v) for v in value)
 
 
-def _rope_config(raw: dict[str, Any]) -> RopeConfig:
+def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
     # transformers >= 5 writes `rope_parameters` (theta inside); older configs write `rope_theta` and
     # `rope_scaling` (with "type" in the oldest ones). With both, `rope_scaling` wins, as transformers 5
     # reads it: a user adds it to a saved config to stretch the context (model cards say so).
@@ -358,14 +358,14 @@ def _rope_config(raw: dict[str, Any]) -> RopeConfig:
     merged = {**params, **scaling}
     theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
     rope_type = merged.get("rope_type") or merged.get("type") or "default"
-    if rope_type in ("su", "yarn") and _architecture_name(raw) == "Phi3ForCausalLM":
+    if rope_type in ("su", "yarn") and architecture == "Phi3ForCausalLM":
         rope_type = "longrope"  # Phi-3's early configs named LongRoPE so (transformers' Phi3Config maps them)
     if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
         raise UnsupportedArchitectureError(
             "partial rotary embeddings (partial_rotary_factor != 1, e.g. Phi-4-mini) are not supported"
         )
     if rope_type == "longrope":
-        return _longrope_config(raw, merged, theta)
+        return _longrope_config(raw, merged, theta, architecture)
     if rope_type not in _SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitectureError(
             f"RoPE scaling type {rope_type!r} is not supported; Solo supports "
@@ -390,11 +390,11 @@ def longrope_attention_factor(factor: float, original: int) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
 
 
-def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> RopeConfig:
+def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, architecture: str) -> RopeConfig:
     # transformers' `_compute_longrope_parameters`. Phi3Config's original_max_position_embeddings (top level,
     # default 4096) replaces any inside the RoPE dict; other configs take the dict's, else max_position_embeddings.
     max_pos = int(raw.get("max_position_embeddings", 2048))
-    if _architecture_name(raw) == "Phi3ForCausalLM":
+    if architecture == "Phi3ForCausalLM":
         original = raw.get("original_max_position_embeddings", 4096)
     else:
         original = merged.get("original_max_position_embeddings") or max_pos
@@ -572,10 +572,6 @@ def _olmoe(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     config = replace(config, qkv_bias=bias, o_bias=bias, qk_norm=True, qk_norm_full_width=True)
     return _moe_fields(config, raw, "num_experts", "intermediate_size", (64, 8, 2048),
                        norm_topk_prob=bool(raw.get("norm_topk_prob", False)))
-def _phi3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
-    # transformers' Phi3: Llama's blocks with fused qkv_proj / gate_up_proj (split at load time, see
-    # solo.model.weights.split_fused_tensor), no biases, one sliding window on every layer when set.
-    return replace(config, layer_sliding_windows=(_window(raw),) * config.num_layers)
 
 
 def _laneformer(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
@@ -594,7 +590,9 @@ _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConf
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Qwen3MoeForCausalLM": _qwen3_moe,
     "OlmoeForCausalLM": _olmoe,
-    "Phi3ForCausalLM": _phi3,
+    # transformers' Phi3 is Llama's blocks with fused qkv_proj / gate_up_proj (split at load time, see
+    # solo.model.weights.split_fused_tensor), no biases and one sliding window on every layer: Mistral's rule.
+    "Phi3ForCausalLM": _mistral,
     "LaneformerForCausalLM": _laneformer,
 }
 

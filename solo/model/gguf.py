@@ -219,6 +219,7 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     from transformers.modeling_gguf_pytorch_utils import load_gguf_checkpoint
 
     from solo.model.config import ModelConfig
+    from solo.model.store import GGUF_ARCHITECTURES
 
     hf_logging.set_verbosity_error()
     logging.getLogger("transformers").setLevel(logging.ERROR)
@@ -226,8 +227,8 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
         config = AutoConfig.from_pretrained(str(src.parent), gguf_file=src.name)
     except (ValueError, KeyError, NotImplementedError) as exc:
         raise UnsupportedArchitectureError(
-            f"{src.name}: GGUF architecture {arch!r} cannot be read ({exc}); Solo runs GGUF files of llama, "
-            "mistral, qwen2, qwen3, gemma2 and phi3 models") from None
+            f"{src.name}: GGUF architecture {arch!r} cannot be read ({exc}); Solo runs GGUF files of "
+            f"{', '.join(GGUF_ARCHITECTURES)} models") from None
     pad = getattr(config, "pad_token_id", None)
     if isinstance(pad, int) and pad >= config.vocab_size:  # a class default (Phi3Config's 32000), not the file's
         config.pad_token_id = None
@@ -300,8 +301,8 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
         scaling = {"rope_type": "longrope", "long_factor": factors["rope_factors_long.weight"],
                    "short_factor": factors["rope_factors_short.weight"]}
         attention = number("rope.scaling.attn_factor")
-        scale = int(raw["max_position_embeddings"]) / int(original or raw["max_position_embeddings"])
-        formula = longrope_attention_factor(scale, int(original or raw["max_position_embeddings"]))
+        context = int(original or raw["max_position_embeddings"])
+        formula = longrope_attention_factor(int(raw["max_position_embeddings"]) / context, context)
         if attention is not None and abs(attention - formula) > 1e-6 * formula:
             scaling["attention_factor"] = float(attention)  # else computed as transformers does (float64)
         fields["rope_scaling"] = scaling

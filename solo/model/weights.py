@@ -258,18 +258,16 @@ def _check_complete(expected: dict[str, object], loaded: set[str], config: Model
         )
 
 
-_FUSED_HOMES = {"attn.q_proj": "self_attn.qkv_proj", "attn.k_proj": "self_attn.qkv_proj",
-                "attn.v_proj": "self_attn.qkv_proj", "mlp.gate_proj": "mlp.gate_up_proj",
-                "mlp.up_proj": "mlp.gate_up_proj"}
-
-
 def _fused_home(solo_name: str, config: ModelConfig | None) -> str | None:
-    # The fused checkpoint tensor (Phi-3) a missing Solo parameter comes from, or None.
-    match = re.match(r"^layers\.(\d+)\.(attn\.[qkv]_proj|mlp\.(?:gate|up)_proj)\.(weight|bias)$", solo_name)
-    if config is None or config.architecture != "Phi3ForCausalLM" or match is None:
+    # The fused checkpoint tensor (Phi-3) one of whose parts is the missing Solo parameter, or None.
+    layer = re.match(r"^layers\.(\d+)\..+\.(weight|bias)$", solo_name)
+    if config is None or config.architecture != "Phi3ForCausalLM" or layer is None:
         return None
-    layer, module, kind = match.groups()
-    return f"model.layers.{layer}.{_FUSED_HOMES[module]}.{kind}"
+    for module in ("self_attn.qkv_proj", "mlp.gate_up_proj"):
+        fused = f"model.layers.{layer[1]}.{module}.{layer[2]}"
+        if any(hf_to_solo_name(part, config) == solo_name for part, _ in fused_parts(fused, config) or ()):
+            return fused
+    return None
 
 
 def _set_parameter(model: torch.nn.Module, name: str, tensor: torch.Tensor) -> None:

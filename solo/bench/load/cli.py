@@ -14,6 +14,7 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -57,7 +58,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 # The decode benchmark's flags that mean nothing to a load test: refused when set, not silently ignored.
-_DECODE_BENCH_ONLY = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
+DECODE_BENCH_ONLY = ("prompt_len", "gen_len", "repeats", "compare", "peers_after_solo", "sweep_context", "contexts",
                       "sweep_gen_len", "sweep_fill", "probe_gib", "energy_s", "pause_ms", "cpu_hog",
                       "agent_no_baseline")
 # Flags handed to the `solo serve` the load test starts, in that order: (the bench's flag, solo serve's).
@@ -78,8 +79,13 @@ _LOAD_ONLY = ("url", "rates", "duration", "max_requests", "max_batch", "prefill_
 
 def load_flags_given(args: argparse.Namespace) -> list[str]:
     """The load test's flags set to other than their defaults (`solo bench` refuses them without --load)."""
+    return ["--" + f.replace("_", "-") for f in changed_flags(args, _LOAD_ONLY)]
+
+
+def changed_flags(args: argparse.Namespace, names: Sequence[str]) -> list[str]:
+    """The `solo bench` flags (argparse dests) among `names` set to other than their defaults, in that order."""
     defaults = bench_defaults()
-    return ["--" + f.replace("_", "-") for f in _LOAD_ONLY if getattr(args, f, defaults[f]) != defaults[f]]
+    return [f for f in names if getattr(args, f, defaults.get(f)) != defaults.get(f)]
 
 
 @functools.cache
@@ -99,10 +105,8 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
         SoloError: a flag of the decode benchmark (--prompt-len, --compare, --speculative, ...), which a load
             test cannot honour, or a server flag beside --url (that server already runs with its own).
     """
-    defaults = bench_defaults()
-    changed = [f for f in (*_DECODE_BENCH_ONLY, "speculative", *_SERVE_FLAGS)
-               if getattr(args, f, defaults.get(f)) != defaults.get(f)]
-    unused = [f for f in changed if f in _DECODE_BENCH_ONLY]
+    changed = changed_flags(args, (*DECODE_BENCH_ONLY, "speculative", *_SERVE_FLAGS))
+    unused = [f for f in changed if f in DECODE_BENCH_ONLY]
     if unused:
         flags = ", ".join("--" + f.replace("_", "-") for f in unused)
         raise SoloError(f"{flags}: flags of the decode benchmark, which --load does not run; the load test's "
@@ -117,6 +121,7 @@ def serve_arguments(args: argparse.Namespace) -> list[str]:
             raise SoloError(f"{flags}: flags of the `solo serve` that --load starts; with --url the server already "
                             "runs with its own: set them where it was started, or drop --url")
         return []
+    defaults = bench_defaults()
     serve: list[str] = []
     for name, flag in _SERVE_PASS:
         value = getattr(args, name, defaults[name])
