@@ -72,9 +72,13 @@ MOE = {
 
 def hf_config(arch: str, vocab_size: int, **overrides):
     """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2",
-    "phi3", or an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe")."""
+    "gemma3", "phi3", "smollm3", or an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe").
+
+    gemma3 alternates sliding and global layers, each with its own RoPE theta; smollm3's second layer is NoPE.
+    """
     from transformers import (
         Gemma2Config,
+        Gemma3TextConfig,
         LlamaConfig,
         MistralConfig,
         MixtralConfig,
@@ -84,17 +88,27 @@ def hf_config(arch: str, vocab_size: int, **overrides):
         Qwen2MoeConfig,
         Qwen3Config,
         Qwen3MoeConfig,
+        SmolLM3Config,
     )
 
     cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-           "gemma2": Gemma2Config, "phi3": Phi3Config, "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig,
+           "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "phi3": Phi3Config, "smollm3": SmolLM3Config,
+           "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig,
            "qwen3_moe": Qwen3MoeConfig, "olmoe": OlmoeConfig}[arch]
     kwargs = dict(TINY, vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=None,
                   initializer_range=0.2)
-    if arch in ("qwen3", "gemma2", "mistral"):
+    if arch in ("qwen3", "gemma2", "gemma3", "mistral"):
         kwargs["head_dim"] = 16
-    if arch == "gemma2":
+    if arch in ("gemma2", "gemma3"):
         kwargs.update(sliding_window=8, query_pre_attn_scalar=16)
+    if arch == "gemma3":
+        # Global layers at theta 1e6 with linear scaling, sliding ones at 10000 (as gemma-3-4b): a RoPE table per
+        # layer kind; the tiny model's two layers take one of each.
+        kwargs.update(layer_types=["sliding_attention", "full_attention"],
+                      rope_parameters={"full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+                                       "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}})
+    if arch == "smollm3":
+        kwargs.update(no_rope_layer_interval=2)  # layer 1 has no position embeddings
     if arch in ("mistral", "phi3"):
         kwargs.update(sliding_window=8)
     kwargs.update(MOE.get(arch, {}))
@@ -122,6 +136,22 @@ def make_checkpoint(
     model.save_pretrained(folder, **kwargs)
     if generation_config is not None:
         (folder / "generation_config.json").write_text(json.dumps(generation_config))
+    return folder
+
+
+def make_gemma3_image_text_checkpoint(folder: Path, dtype: torch.dtype = torch.float32, seed: int = 0) -> Path:
+    """A tiny Gemma3ForConditionalGeneration (gemma-3-4b's layout: a SigLIP vision tower beside the language
+    model, whose config is text_config) written with `save_pretrained`, plus tokenizer files."""
+    from transformers import Gemma3Config, Gemma3ForConditionalGeneration, SiglipVisionConfig
+
+    vocab = write_tokenizer(folder)
+    vision = SiglipVisionConfig(hidden_size=32, intermediate_size=64, num_hidden_layers=1, num_attention_heads=2,
+                                image_size=28, patch_size=14)
+    config = Gemma3Config(text_config=hf_config("gemma3", vocab).to_dict(), vision_config=vision.to_dict(),
+                          mm_tokens_per_image=4, image_token_index=vocab - 1, boi_token_index=vocab - 2,
+                          eoi_token_index=vocab - 3)
+    torch.manual_seed(seed)
+    Gemma3ForConditionalGeneration(config).to(dtype).save_pretrained(folder)
     return folder
 
 

@@ -24,20 +24,23 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
-    """Convert the tiny Llama or Phi-3 checkpoint in `folder` to `path` with matrices of `type_name`.
+    """Convert the tiny Llama, Phi-3 or Gemma 3 checkpoint in `folder` to `path` with matrices of `type_name`.
 
     Phi-3 as llama.cpp's Phi3MiniModel writes it: fused attn_qkv and ffn_up (gate then up), no q/k row
     permutation (NeoX RoPE), the sliding window (0: none), and LongRoPE's original context, attention factor
-    and rope_factors_long / rope_factors_short tensors."""
+    and rope_factors_long / rope_factors_short tensors. Gemma 3 as Gemma3Model writes it: no permutation,
+    every norm stored as 1 + w, the sandwich norms as post_attention_norm / post_ffw_norm, the sliding window,
+    the global layers' linear RoPE scaling as rope.scaling.type / factor."""
     import gguf
     from gguf.quants import quantize
     from gguf.vocab import BpeVocab, SpecialVocab
 
     cfg = json.loads((folder / "config.json").read_text())
     tensors = {k: v.float().numpy() for k, v in load_file(folder / "model.safetensors").items()}
-    phi3 = cfg["model_type"] == "phi3"
-    writer = gguf.GGUFWriter(str(path), "phi3" if phi3 else "llama")
-    writer.add_name("tiny-phi3" if phi3 else "tiny-llama")
+    phi3, gemma3 = cfg["model_type"] == "phi3", cfg["model_type"] == "gemma3_text"
+    arch = "phi3" if phi3 else "gemma3" if gemma3 else "llama"
+    writer = gguf.GGUFWriter(str(path), arch)
+    writer.add_name(f"tiny-{arch}")
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
     head_dim = cfg.get("head_dim") or cfg["hidden_size"] // heads
     writer.add_context_length(cfg["max_position_embeddings"])
@@ -47,11 +50,19 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_dimension_count(head_dim)
-    writer.add_rope_freq_base(float(cfg.get("rope_theta") or cfg.get("rope_parameters", {}).get("rope_theta", 1e4)))
+    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
+    if gemma3:
+        rope = rope["full_attention"]  # the global layers' (llama.cpp fixes the sliding layers' theta at 10000)
+        writer.add_key_length(head_dim)
+        writer.add_value_length(head_dim)
+        writer.add_sliding_window(cfg["sliding_window"])
+        if rope.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["factor"])
+    writer.add_rope_freq_base(float(cfg.get("rope_theta") or rope.get("rope_theta", 1e4)))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(_FILE_TYPE[type_name])
-    rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if phi3:
         writer.add_sliding_window(cfg.get("sliding_window") or 0)
         if rope.get("rope_type") == "longrope":
@@ -84,7 +95,7 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
             writer.add_tensor(name, quantize(w.astype(np.float32), qtype), raw_dtype=qtype)
 
     def vector(name: str, v: np.ndarray) -> None:
-        writer.add_tensor(name, v.astype(np.float32))
+        writer.add_tensor(name, v.astype(np.float32) + (1.0 if gemma3 and name.endswith("norm.weight") else 0.0))
 
     matrix("token_embd.weight", tensors["model.embed_tokens.weight"])
     if phi3 and rope.get("rope_type") == "longrope":
@@ -100,11 +111,19 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
             matrix(f"blk.{i}.ffn_up.weight", tensors[p + "mlp.gate_up_proj.weight"])
             matrix(f"blk.{i}.ffn_down.weight", tensors[p + "mlp.down_proj.weight"])
             continue
-        matrix(f"blk.{i}.attn_q.weight", _permute(tensors[p + "self_attn.q_proj.weight"], heads))
-        matrix(f"blk.{i}.attn_k.weight", _permute(tensors[p + "self_attn.k_proj.weight"], kv_heads))
+        q, k = tensors[p + "self_attn.q_proj.weight"], tensors[p + "self_attn.k_proj.weight"]
+        matrix(f"blk.{i}.attn_q.weight", q if gemma3 else _permute(q, heads))
+        matrix(f"blk.{i}.attn_k.weight", k if gemma3 else _permute(k, kv_heads))
         matrix(f"blk.{i}.attn_v.weight", tensors[p + "self_attn.v_proj.weight"])
         matrix(f"blk.{i}.attn_output.weight", tensors[p + "self_attn.o_proj.weight"])
-        vector(f"blk.{i}.ffn_norm.weight", tensors[p + "post_attention_layernorm.weight"])
+        if gemma3:
+            vector(f"blk.{i}.attn_q_norm.weight", tensors[p + "self_attn.q_norm.weight"])
+            vector(f"blk.{i}.attn_k_norm.weight", tensors[p + "self_attn.k_norm.weight"])
+            vector(f"blk.{i}.post_attention_norm.weight", tensors[p + "post_attention_layernorm.weight"])
+            vector(f"blk.{i}.ffn_norm.weight", tensors[p + "pre_feedforward_layernorm.weight"])
+            vector(f"blk.{i}.post_ffw_norm.weight", tensors[p + "post_feedforward_layernorm.weight"])
+        else:
+            vector(f"blk.{i}.ffn_norm.weight", tensors[p + "post_attention_layernorm.weight"])
         matrix(f"blk.{i}.ffn_gate.weight", tensors[p + "mlp.gate_proj.weight"])
         matrix(f"blk.{i}.ffn_up.weight", tensors[p + "mlp.up_proj.weight"])
         matrix(f"blk.{i}.ffn_down.weight", tensors[p + "mlp.down_proj.weight"])

@@ -51,6 +51,22 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096, sliding_window=2047,
         torch_dtype="bfloat16",
     ),
+    # google/gemma-3-1b-it: five 512-token sliding layers then a global one, RoPE theta 10000 on the sliding
+    # layers and 1e6 on the global ones, a 262k vocabulary (tied: 0.3 of the 1.0B parameters).
+    "Gemma-3-1B": dict(
+        architectures=["Gemma3ForCausalLM"], hidden_size=1152, intermediate_size=6912, num_hidden_layers=26,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, vocab_size=262144, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, rope_theta=1000000.0, rope_local_base_freq=10000.0, sliding_window=512,
+        sliding_window_pattern=6, query_pre_attn_scalar=256, max_position_embeddings=32768,
+        hidden_activation="gelu_pytorch_tanh", torch_dtype="bfloat16",
+    ),
+    # HuggingFaceTB/SmolLM3-3B: Llama blocks, every fourth layer without RoPE (NoPE).
+    "SmolLM3-3B": dict(
+        architectures=["SmolLM3ForCausalLM"], hidden_size=2048, intermediate_size=11008, num_hidden_layers=36,
+        num_attention_heads=16, num_key_value_heads=4, vocab_size=128256, tie_word_embeddings=True,
+        rms_norm_eps=1e-6, rope_theta=5000000.0, no_rope_layer_interval=4, max_position_embeddings=65536,
+        torch_dtype="bfloat16",
+    ),
     # A lane model (solo.model.lanes; ../shared/laneformer.md section 2): 8 lanes, delay 2, a 2048-token
     # sliding window on layers 0-9.
     "Laneformer-2B": dict(

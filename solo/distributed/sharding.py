@@ -85,8 +85,9 @@ class TPTransformer(nn.Module):
         """
         m = self.local
         x = m.embed_tokens(input_ids)
-        cos, sin = m.rotary(positions, x.dtype)
+        tables = m.rotary.layer_tables(positions, x.dtype)
         for i, layer in enumerate(m.layers):
+            cos, sin = tables[m.config.layer_rope_table(i)]
             h = self.comm.all_reduce(layer.attn(layer.attn_norm(x), cos, sin, positions, cache.k[i], cache.v[i],
                                                 rows, kv_len))
             if self.o_bias[i] is not None:

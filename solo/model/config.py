@@ -121,6 +121,9 @@ class ModelConfig:
         lanes: the lane structure of a lane model (Laneformer), or None for a dense model.
         rope_interleaved: RoPE rotates adjacent pairs (x[2i], x[2i+1]) (Meta's complex form) instead of
             the two halves of each head (transformers' rotate_half).
+        layer_ropes: per layer, its own RoPE parameters, or None for a layer without position embeddings
+            (NoPE: SmolLM3); empty when every layer takes `rope`. Gemma 3's sliding layers take a local
+            theta (10000) and its global layers `rope`. See `rope_tables` / `layer_rope_table`.
     """
 
     architecture: str
@@ -170,6 +173,26 @@ class ModelConfig:
         return bool(self.moe_layers) and self.moe_layers[layer_idx]
     lanes: LaneConfig | None = None
     rope_interleaved: bool = False
+    layer_ropes: tuple[RopeConfig | None, ...] = ()
+
+    @property
+    def rope_tables(self) -> tuple[RopeConfig | None, ...]:
+        """The distinct RoPE tables the layers use: `rope` first, then every other layer's in layer order.
+
+        None stands for a NoPE layer (its table is the identity: cos 1, sin 0). One entry unless the layers
+        differ (`layer_ropes`).
+        """
+        tables: list[RopeConfig | None] = [self.rope]
+        tables += [r for i, r in enumerate(self.layer_ropes) if r not in self.layer_ropes[:i] and r != self.rope]
+        return tuple(tables)
+
+    def layer_rope_table(self, layer_idx: int) -> int:
+        """Index into `rope_tables` of layer `layer_idx`'s RoPE table."""
+        return self.rope_tables.index(self.layer_ropes[layer_idx]) if self.layer_ropes else 0
+
+    def layer_uses_rope(self, layer_idx: int) -> bool:
+        """False for a NoPE layer (no rotary embedding on its queries and keys)."""
+        return not self.layer_ropes or self.layer_ropes[layer_idx] is not None
 
     @property
     def num_kv_groups(self) -> int:
@@ -265,6 +288,8 @@ class ModelConfig:
         """
         architecture = _architecture_name(raw)
         refuse_quantized_checkpoint(raw)
+        if architecture in MULTIMODAL_ARCHITECTURES:
+            raw = _language_model_config(raw)
         rule = _ARCHITECTURE_RULES[architecture]
         try:
             hidden = int(raw["hidden_size"])
@@ -419,11 +444,16 @@ def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, 
                       short_factor=short, long_factor=long, attention_factor=float(attention))
 
 
+# Architectures whose max_position_embeddings already counts their RoPE scaling (vLLM makes Gemma 3 the same
+# exception: its global layers' linear factor 8 took 32k of training to 128k).
+_STATES_STRETCHED_CONTEXT = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+
+
 def _context_length(config: ModelConfig) -> int:
     # As vLLM does: linear and dynamic scaling stretch the trained context by `factor`; llama3 configs
     # already state the stretched length in max_position_embeddings. LongRoPE starts at its original context
     # (short factors, transformers' outputs); `with_context_length` goes beyond.
-    if config.rope.rope_type in ("linear", "dynamic"):
+    if config.rope.rope_type in ("linear", "dynamic") and config.architecture not in _STATES_STRETCHED_CONTEXT:
         return int(config.max_position_embeddings * config.rope.factor)
     if config.rope.rope_type == "longrope" and config.rope.original_max_position_embeddings:
         return min(config.rope.original_max_position_embeddings, config.max_position_embeddings)
@@ -476,16 +506,12 @@ def _qwen3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     )
 
 
-def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
-    bias = bool(raw.get("attention_bias", False))
-    window = raw.get("sliding_window", 4096)
-    if raw.get("layer_types") is None:
-        # Gemma 2 alternates: even layers slide, odd layers are global.
-        windows = tuple(window if i % 2 == 0 else None for i in range(config.num_layers))
-    else:
-        windows = _layer_windows_from_types(raw, config.num_layers, window)
+def _gemma_fields(config: ModelConfig, raw: dict[str, Any], windows: tuple, softcaps: tuple) -> ModelConfig:
+    # What Gemma 2 and Gemma 3 share: (1 + w) norms, sandwich norms, scaled embeddings, query_pre_attn_scalar.
     if raw.get("use_bidirectional_attention"):
         raise UnsupportedArchitectureError("bidirectional attention (use_bidirectional_attention) is not supported")
+    bias = bool(raw.get("attention_bias", False))
+    attn_cap, final_cap = softcaps
     return replace(
         config,
         qkv_bias=bias,
@@ -495,12 +521,71 @@ def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         hidden_act=str(raw.get("hidden_activation") or raw.get("hidden_act") or "gelu_pytorch_tanh"),
         embedding_scale=math.sqrt(config.hidden_size),
         attn_scale=float(raw.get("query_pre_attn_scalar", 256)) ** -0.5,
-        attn_logit_softcap=raw.get("attn_logit_softcapping", 50.0),
-        final_logit_softcap=raw.get("final_logit_softcapping", 30.0),
+        attn_logit_softcap=raw.get("attn_logit_softcapping", attn_cap),
+        final_logit_softcap=raw.get("final_logit_softcapping", final_cap),
         tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
-        max_position_embeddings=int(raw.get("max_position_embeddings", 8192)),
         layer_sliding_windows=windows,
     )
+
+
+def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    window = raw.get("sliding_window", 4096)
+    if raw.get("layer_types") is None:
+        # Gemma 2 alternates: even layers slide, odd layers are global.
+        windows = tuple(window if i % 2 == 0 else None for i in range(config.num_layers))
+    else:
+        windows = _layer_windows_from_types(raw, config.num_layers, window)
+    config = replace(config, max_position_embeddings=int(raw.get("max_position_embeddings", 8192)))
+    return _gemma_fields(config, raw, windows, (50.0, 30.0))
+
+
+def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    # transformers' Gemma3TextConfig: five sliding layers then a global one (sliding_window_pattern 6) unless
+    # layer_types says otherwise; per-head q/k norms; no soft-capping; the global layers' RoPE (theta 1e6,
+    # any rope_scaling) differs from the sliding layers' (rope_local_base_freq, 10000).
+    window = raw.get("sliding_window", 4096)
+    if raw.get("layer_types") is None:
+        pattern = int(raw.get("sliding_window_pattern") or 6)
+        windows = tuple(window if (i + 1) % pattern else None for i in range(config.num_layers))
+    else:
+        windows = _layer_windows_from_types(raw, config.num_layers, window)
+    params = raw.get("rope_parameters") or {}
+    if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5
+        full, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
+        full.update(raw.get("rope_scaling") or {})
+    else:  # older configs: rope_theta and rope_scaling for the global layers, rope_local_base_freq
+        full, local = {**params, **(raw.get("rope_scaling") or {})}, {}
+    full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
+    local.setdefault("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
+    arch = config.architecture
+    global_rope = _rope_config({"rope_parameters": full}, arch)
+    local_rope = _rope_config({"rope_parameters": local}, arch)
+    config = replace(config, qk_norm=True, rope=global_rope,
+                     max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
+                     layer_ropes=tuple(global_rope if w is None else local_rope for w in windows))
+    return _gemma_fields(config, raw, windows, (None, None))
+
+
+def _smollm3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
+    # transformers' SmolLM3Config: Llama blocks; no_rope_layers[i] is 1 where layer i uses RoPE and 0 where it
+    # has none (NoPE), by default every fourth layer (no_rope_layer_interval); a sliding window, when used, only
+    # on NoPE layers unless layer_types says otherwise.
+    n = config.num_layers
+    uses_rope = raw.get("no_rope_layers")
+    if uses_rope is None:
+        interval = int(raw.get("no_rope_layer_interval") or 4)
+        uses_rope = [int((i + 1) % interval != 0) for i in range(n)]
+    if len(uses_rope) != n:
+        raise CheckpointError(f"config.json lists {len(uses_rope)} no_rope_layers for {n} layers; fix config.json")
+    window = _window(raw) if raw.get("use_sliding_window", False) else None
+    if raw.get("layer_types") is not None:
+        windows = _layer_windows_from_types(raw, n, window)
+    else:
+        windows = tuple(window if not uses_rope[i] else None for i in range(n))
+    config = _llama(config, raw)
+    return replace(config, layer_sliding_windows=windows,
+                   tie_word_embeddings=bool(raw.get("tie_word_embeddings", True)),
+                   layer_ropes=tuple(config.rope if uses_rope[i] else None for i in range(n)))
 
 
 def _moe_fields(config: ModelConfig, raw: dict[str, Any], experts_key: str, expert_width_key: str,
@@ -586,6 +671,10 @@ _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConf
     "Qwen2ForCausalLM": _qwen2,
     "Qwen3ForCausalLM": _qwen3,
     "Gemma2ForCausalLM": _gemma2,
+    "Gemma3ForCausalLM": _gemma3,
+    # gemma-3-4b/12b/27b: the language model of the image-text checkpoint (solo.model.weights skips the rest)
+    "Gemma3ForConditionalGeneration": _gemma3,
+    "SmolLM3ForCausalLM": _smollm3,
     "MixtralForCausalLM": _mixtral,
     "Qwen2MoeForCausalLM": _qwen2_moe,
     "Qwen3MoeForCausalLM": _qwen3_moe,
@@ -605,6 +694,9 @@ _MODEL_TYPES = {
     "qwen2": "Qwen2ForCausalLM",
     "qwen3": "Qwen3ForCausalLM",
     "gemma2": "Gemma2ForCausalLM",
+    "gemma3_text": "Gemma3ForCausalLM",
+    "gemma3": "Gemma3ForConditionalGeneration",
+    "smollm3": "SmolLM3ForCausalLM",
     "mixtral": "MixtralForCausalLM",
     "qwen2_moe": "Qwen2MoeForCausalLM",
     "qwen3_moe": "Qwen3MoeForCausalLM",
@@ -614,6 +706,31 @@ _MODEL_TYPES = {
 }
 
 _SUPPORTED_ACTIVATIONS = ("silu", "gelu_pytorch_tanh", "gelu")
+
+
+MULTIMODAL_ARCHITECTURES: tuple[str, ...] = ("Gemma3ForConditionalGeneration",)
+"""Image-text checkpoints whose language model Solo runs on text (the vision tower is never loaded)."""
+
+
+def _language_model_config(raw: dict[str, Any]) -> dict[str, Any]:
+    # Gemma3Config keeps the language model's fields in text_config, which the published configs write
+    # sparsely (gemma-3-4b-it: 6 fields); transformers' Gemma3TextConfig supplies the rest, as it does when
+    # transformers loads the checkpoint. Token ids and the dtype stay at the top level.
+    from transformers import Gemma3TextConfig
+
+    text = raw.get("text_config")
+    if not isinstance(text, dict):
+        raise CheckpointError("config.json of an image-text model lacks its text_config object; re-download it")
+    known = {k: v for k, v in text.items() if k not in ("architectures", "model_type")}
+    try:
+        merged = Gemma3TextConfig(**known).to_dict()
+    except (TypeError, ValueError) as exc:
+        raise CheckpointError(f"config.json's text_config cannot be read ({exc}); fix or re-download it") from None
+    merged["architectures"] = list(raw.get("architectures") or ["Gemma3ForConditionalGeneration"])
+    for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
+        if raw.get(key) is not None:
+            merged[key] = raw[key]
+    return merged
 
 
 def _architecture_name(raw: dict[str, Any]) -> str:
@@ -644,6 +761,12 @@ def _validate(config: ModelConfig) -> None:
             f"num_attention_heads ({config.num_heads}) is not a multiple of num_key_value_heads "
             f"({config.num_kv_heads}); fix config.json"
         )
+    for layer_rope in config.layer_ropes:
+        if layer_rope is not None and layer_rope.rope_type in ("dynamic", "longrope"):
+            raise UnsupportedArchitectureError(
+                f"{layer_rope.rope_type} RoPE scaling on some layers only is not supported; Solo supports default, "
+                "linear and llama3 scaling there"
+            )
     rope = config.rope
     if rope.rope_type == "longrope" and not len(rope.short_factor) == len(rope.long_factor) == config.head_dim // 2:
         raise CheckpointError(

@@ -236,6 +236,8 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     raw["torch_dtype"] = raw["dtype"] = dtype
     if arch == "phi3":
         raw.update(_phi3_fields(src, raw))
+    elif arch == "gemma3":
+        raw.update(_gemma3_fields(src, raw))
     ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -258,6 +260,50 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     _mark_special_tokens(out / "tokenizer.json", _read_token_types(src), int(raw["vocab_size"]))
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+def gemma3_query_pre_attn_scalar(num_layers: int, hidden_size: int, num_heads: int, head_dim: int) -> float:
+    """Gemma 3's query_pre_attn_scalar as llama.cpp derives it for a gemma3 GGUF file (which does not store it).
+
+    hidden_size / num_heads for the 62-layer 27B, else head_dim (llama.cpp's llama-model.cpp, after
+    gemma_pytorch's config.py); the attention scale is its inverse square root.
+    """
+    return hidden_size / num_heads if num_layers == 62 else float(head_dim)
+
+
+def _gemma3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
+    """config.json fields of a gemma3 GGUF that transformers' GGUF reader leaves out or defaults.
+
+    llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) writes the global layers' RoPE scaling as
+    `gemma3.rope.scaling.type` / `.factor` (linear 8 on gemma-3-4b and larger); the query scale is not stored
+    (`gemma3_query_pre_attn_scalar`). Without them the model would run with unscaled global RoPE and, on the
+    27B, the wrong attention scale. The sliding pattern (5 sliding layers, 1 global) and the sliding layers'
+    theta (10000) are transformers' defaults as they are llama.cpp's.
+
+    Raises:
+        UnsupportedArchitectureError: a RoPE scaling type other than linear.
+    """
+    from gguf import GGUFReader, GGUFValueType
+
+    reader = GGUFReader(str(src))
+
+    def field(key: str) -> Any:  # noqa: ANN401
+        f = reader.fields.get(f"gemma3.{key}")
+        if f is None:
+            return None
+        value = f.parts[f.data[0]]
+        return bytes(value).decode() if f.types[0] == GGUFValueType.STRING else value[0].item()
+
+    head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // int(raw["num_attention_heads"]))
+    fields: dict[str, Any] = {"query_pre_attn_scalar": gemma3_query_pre_attn_scalar(
+        int(raw["num_hidden_layers"]), int(raw["hidden_size"]), int(raw["num_attention_heads"]), head_dim)}
+    kind, factor = field("rope.scaling.type"), field("rope.scaling.factor")
+    if kind not in (None, "none") and factor not in (None, 1.0):
+        if kind != "linear":
+            raise UnsupportedArchitectureError(f"{src.name} scales its RoPE as {kind!r}; Solo runs gemma3 GGUF files "
+                                               "with linear scaling or none")
+        fields["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
+    return fields
 
 
 def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:

@@ -93,8 +93,10 @@ class Attention(nn.Module):
         if config.qk_norm:
             # Per head (Qwen3), or across the whole q / k projection (OLMoE).
             wide = config.qk_norm_full_width
-            self.q_norm = RMSNorm(config.num_heads * hd if wide else hd, config.rms_norm_eps)
-            self.k_norm = RMSNorm(config.num_kv_heads * hd if wide else hd, config.rms_norm_eps)
+            offset = config.norm_unit_offset  # Gemma 3's q/k norms scale by (1 + w) as its other norms
+            self.q_norm = RMSNorm(config.num_heads * hd if wide else hd, config.rms_norm_eps, offset)
+            self.k_norm = RMSNorm(config.num_kv_heads * hd if wide else hd, config.rms_norm_eps, offset)
+        self.use_rope = config.layer_uses_rope(layer_idx)  # False on SmolLM3's NoPE layers
 
     def forward(
         self,
@@ -133,8 +135,9 @@ class Attention(nn.Module):
         v = self.v_proj(x).view(batch, seq, cfg.num_kv_heads, cfg.head_dim)
         if cfg.qk_norm and not cfg.qk_norm_full_width:
             q, k = self.q_norm(q), self.k_norm(k)
-        q = apply_rope(q.transpose(1, 2), cos, sin)  # [batch, heads, seq, head_dim]
-        k = apply_rope(k.transpose(1, 2), cos, sin)  # [batch, kv_heads, seq, head_dim]
+        q, k = q.transpose(1, 2), k.transpose(1, 2)  # [batch, heads or kv_heads, seq, head_dim]
+        if self.use_rope:
+            q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
 
         row_idx = rows[:, None].expand(batch, seq)
         k_cache[row_idx, :, positions] = k.transpose(1, 2).to(k_cache.dtype)

@@ -85,41 +85,65 @@ def dynamic_ntk_inv_freq(config: ModelConfig, seq_len: torch.Tensor) -> torch.Te
 class RotaryEmbedding(torch.nn.Module):
     """Computes RoPE cos/sin tables for given positions (Su et al. 2021, "RoFormer").
 
+    A model whose layers differ (`ModelConfig.layer_ropes`: Gemma 3's local and global layers, SmolLM3's NoPE
+    layers) has one table per entry of `config.rope_tables`; `forward(..., table=t)` gives table t, and a NoPE
+    table is the identity (cos 1, sin 0: `apply_rope` then returns its input exactly).
+
     Args:
         config: model config (head_dim and rope parameters).
 
     Attributes:
-        inv_freq: float32 buffer [head_dim // 2] (the static frequencies; dynamic NTK recomputes per call).
+        inv_freq: float32 buffer [head_dim // 2], table 0's static frequencies (dynamic NTK recomputes per call).
     """
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
         self.config = config
+        self.tables = config.rope_tables
         self.register_buffer("inv_freq", rope_inv_freq(config.rope, config.head_dim), persistent=False)
+        for t, rope in enumerate(self.tables[1:], start=1):
+            if rope is not None:
+                self.register_buffer(f"inv_freq_{t}", rope_inv_freq(rope, config.head_dim), persistent=False)
 
-    def forward(self, positions: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    def table_inv_freq(self, table: int) -> torch.Tensor | None:
+        """Static inverse frequencies [head_dim // 2] (float32) of `table`, None for a NoPE table."""
+        if self.tables[table] is None:
+            return None
+        return self.inv_freq if table == 0 else getattr(self, f"inv_freq_{table}")
+
+    def forward(self, positions: torch.Tensor, dtype: torch.dtype, table: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
         """Cos and sin for each position.
 
         Args:
             positions: int64 [batch, seq], absolute token positions.
             dtype: dtype of the returned tables (the activations' dtype).
+            table: which of `config.rope_tables` (0: `config.rope`).
 
         Returns:
             (cos, sin), each [batch, seq, head_dim] in `dtype`, computed in float32 first (and multiplied by
             LongRoPE's `attention_factor` there); the two halves of head_dim repeat the same [head_dim // 2]
-            angles ("rotate half" layout).
+            angles ("rotate half" layout). A NoPE table gives ones and zeros.
         """
-        if self.config.rope.rope_type == "dynamic":
+        rope = self.tables[table]
+        if rope is None:
+            shape = (*positions.shape, self.config.head_dim)
+            return (torch.ones(shape, dtype=dtype, device=positions.device),
+                    torch.zeros(shape, dtype=dtype, device=positions.device))
+        if rope.rope_type == "dynamic":
             inv_freq = dynamic_ntk_inv_freq(self.config, positions.max(dim=1).values + 1)  # [batch, half]
             freqs = positions.float()[:, :, None] * inv_freq[:, None, :]
         else:
-            freqs = positions.float()[:, :, None] * self.inv_freq.float()[None, None, :]
+            freqs = positions.float()[:, :, None] * self.table_inv_freq(table).float()[None, None, :]
         emb = torch.cat((freqs, freqs), dim=-1)
         cos, sin = emb.cos(), emb.sin()
-        scale = self.config.rope.attention_factor
+        scale = rope.attention_factor
         if scale != 1.0:
             cos, sin = cos * scale, sin * scale
         return cos.to(dtype), sin.to(dtype)
+
+    def layer_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """`forward(positions, dtype, t)` for every table t of `config.rope_tables`, each computed once."""
+        return [self(positions, dtype, t) for t in range(len(self.tables))]
 
 
 def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

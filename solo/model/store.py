@@ -16,7 +16,7 @@ from typing import Any
 from solo.errors import ModelNotFoundError, SoloError
 
 # GGUF architectures whose tensors Solo runs (through solo.model.gguf).
-GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3")
+GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
 
 
 @dataclass

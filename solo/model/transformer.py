@@ -50,7 +50,7 @@ class KVCache:
 
 
 class Transformer(nn.Module):
-    """Decoder-only transformer (Llama, Mistral, Qwen2, Qwen3, Gemma 2) in plain PyTorch.
+    """Decoder-only transformer (Llama, Mistral, Qwen2/3, Gemma 2/3, Phi-3, SmolLM3, MoE families) in plain PyTorch.
 
     Args:
         config: model config.
@@ -131,8 +131,9 @@ class Transformer(nn.Module):
             Logits [batch, seq, vocab] (or [batch, 1, vocab] with last_only) in the weights' dtype.
         """
         x = self.embed_tokens(input_ids)
-        cos, sin = self.rotary(positions, x.dtype)
+        tables = self.rotary.layer_tables(positions, x.dtype)  # one per distinct RoPE (Gemma 3: local, global)
         for i, layer in enumerate(self.layers):
+            cos, sin = tables[self.config.layer_rope_table(i)]
             x = layer(x, cos, sin, positions, cache.k[i], cache.v[i], rows, kv_len)
         if last_only:
             x = x[:, -1:]

@@ -2,15 +2,15 @@
 
 One name table (`hf_to_solo_name`) covers every supported architecture. Tensors stream from the
 safetensors files straight into the model (built on the meta device first), so RAM never holds the
-checkpoint twice. Every parameter must arrive with the expected shape, or loading fails with a message
-that names the tensor.
+checkpoint twice; an image-text checkpoint's vision tower is skipped unread. Every parameter must arrive
+with the expected shape, or loading fails with a message that names the tensor.
 """
 
 from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -18,7 +18,7 @@ from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
 from solo.errors import CheckpointError
-from solo.model.config import ModelConfig
+from solo.model.config import MULTIMODAL_ARCHITECTURES, ModelConfig
 from solo.model.moe import MoeTensorTarget, expert_slice, moe_tensor_target
 from solo.model.rope import RotaryEmbedding
 from solo.model.transformer import Transformer
@@ -44,6 +44,26 @@ _SANDWICH_NORMS = {
 }
 _LAYER_RE = re.compile(r"^model\.layers\.(\d+)\.(.+)\.(weight|bias)$")
 _IGNORED_RE = re.compile(r"rotary_emb\.inv_freq$")
+
+
+# An image-text checkpoint's language model under the causal LM's names: transformers >= 5 saves it as
+# model.language_model.*, the published Gemma 3 files (transformers 4.5x) as language_model.model.*.
+_LANGUAGE_MODEL_PREFIXES = (("model.language_model.", "model."), ("language_model.model.", "model."),
+                            ("language_model.lm_head.", "lm_head."))
+_VISION_PREFIXES = ("vision_tower.", "multi_modal_projector.", "model.vision_tower.", "model.multi_modal_projector.")
+
+
+def language_model_tensor_name(name: str) -> str | None:
+    """An image-text checkpoint's tensor name as the causal LM names it, or None for the vision tower's.
+
+    `model.language_model.layers.0.mlp.up_proj.weight` and `language_model.model.layers.0.mlp.up_proj.weight`
+    both become `model.layers.0.mlp.up_proj.weight`; `vision_tower.*` and `multi_modal_projector.*` (with or
+    without `model.`) are not loaded: Solo runs the language model on text.
+    """
+    for old, new in _LANGUAGE_MODEL_PREFIXES:
+        if name.startswith(old):
+            return new + name[len(old):]
+    return None if name.startswith(_VISION_PREFIXES) else name
 
 
 def hf_to_solo_name(name: str, config: ModelConfig) -> str | None:
@@ -163,13 +183,17 @@ def checkpoint_files(folder: Path) -> list[Path]:
     )
 
 
-def _iter_tensors(files: list[Path], device: str) -> Iterator[tuple[str, torch.Tensor]]:
+def _iter_tensors(files: list[Path], device: str,
+                  rename: Callable[[str], str | None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    # rename: a stored name -> the name to yield it under, or None to skip the tensor without reading it.
     bar = tqdm(total=len(files), desc="Loading shards", unit="shard", disable=len(files) < 2)
     for path in files:
         try:
             with safe_open(str(path), framework="pt", device=device) as f:
-                for name in f.keys():
-                    yield name, f.get_tensor(name)
+                for stored in f.keys():
+                    name = stored if rename is None else rename(stored)
+                    if name is not None:
+                        yield name, f.get_tensor(stored)
         except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
             raise CheckpointError(
                 f"cannot read {path} ({exc}); the file is damaged or incomplete, re-download it"
@@ -207,7 +231,8 @@ def load_weights(
     device_str = str(device)
     read_device = device_str if device_str.startswith("cuda") else "cpu"
     source: dict[str, str] = {}  # parameter -> the checkpoint tensor that filled it
-    for file_name, file_tensor in _iter_tensors(checkpoint_files(folder), read_device):
+    rename = language_model_tensor_name if config.architecture in MULTIMODAL_ARCHITECTURES else None
+    for file_name, file_tensor in _iter_tensors(checkpoint_files(folder), read_device, rename):
         for hf_name, tensor in split_fused_tensor(file_name, file_tensor, config):
             # Errors name the tensor the file holds (a fused one, with the part meant).
             shown = repr(file_name) if hf_name == file_name else f"{file_name!r} (its {hf_name.split('.')[-2]} rows)"

@@ -115,7 +115,8 @@ class _Layer(ctypes.Structure):
                 ("attn_norm", ctypes.c_void_p), ("mlp_norm", ctypes.c_void_p),
                 ("attn_out_norm", ctypes.c_void_p), ("mlp_out_norm", ctypes.c_void_p),
                 ("q_norm", ctypes.c_void_p), ("k_norm", ctypes.c_void_p),
-                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("window", ctypes.c_int32)]
+                ("k_cache", ctypes.c_void_p), ("v_cache", ctypes.c_void_p), ("window", ctypes.c_int32),
+                ("rope", ctypes.c_int32)]
 
 
 class _Model(ctypes.Structure):
@@ -126,6 +127,12 @@ class _Model(ctypes.Structure):
     ] + [("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", _Mat),
          ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32),
          ("moe", ctypes.c_void_p)]  # mixture of experts: solo.runtime.cpu_moe's MoeLayer array
+
+
+def _stack_tables(tables: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
+    """`RotaryEmbedding.layer_tables` ([1, seq, head_dim] each) -> float32 cos, sin [tables, seq, head_dim]."""
+    return (torch.cat([c.float() for c, _ in tables]).contiguous(),
+            torch.cat([s.float() for _, s in tables]).contiguous())
 
 
 def _python_layout() -> list[int]:
@@ -636,6 +643,7 @@ class CpuRuntime:
                 entry.q_norm = self._ptr(attn.q_norm.weight)
                 entry.k_norm = self._ptr(attn.k_norm.weight)
             entry.window = cfg.layer_sliding_windows[i] or 0
+            entry.rope = cfg.layer_rope_table(i)
         s = self._struct
         s.dtype = _DT_BF16 if model.dtype == torch.bfloat16 else _DT_F32
         s.hidden, s.heads, s.kv_heads, s.head_dim = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
@@ -680,10 +688,9 @@ class CpuRuntime:
         self._struct.max_seq, self._struct.cache_rows = self.max_seq, self.rows
         self._workspace = torch.empty(0, dtype=torch.uint8)
         if self.config.rope.rope_type != "dynamic":
-            # Static RoPE: one table for every position, rounded to the dtype as eager rounds it.
+            # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it.
             positions = torch.arange(self.max_seq).view(1, -1)
-            cos, sin = self.model.rotary(positions, self.model.dtype)
-            self._cos, self._sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+            self._cos, self._sin = _stack_tables(self.model.rotary.layer_tables(positions, self.model.dtype))
 
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, scales, biases, norms; the embedding as one row).
@@ -775,8 +782,7 @@ class CpuRuntime:
         cfg, model, lib, nt = self.config, self.model, self._lib, self.num_threads
         dtype, struct = model.dtype, ctypes.byref(self._struct)
         positions = torch.arange(start_pos, start_pos + seq).view(1, -1)
-        cos, sin = model.rotary(positions, dtype)
-        cos, sin = cos[0].float().contiguous(), sin[0].float().contiguous()
+        cos, sin = _stack_tables(model.rotary.layer_tables(positions, dtype))  # [tables, seq, head_dim]
         x = model.embed_tokens(ids.view(1, -1))[0].float().contiguous()  # residual stream [seq, hidden]
         normed = torch.empty(seq, cfg.hidden_size, dtype=dtype)
         lib.solo_prefill_norm(struct, x.data_ptr(), seq, self._layers[0].attn_norm, normed.data_ptr(), nt)
@@ -877,10 +883,11 @@ class CpuRuntime:
         return out.to(self.model.dtype)
 
     def _rope(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        # float32 [tables, batch, head_dim]: the kernels index table (Layer.rope), then batch entry.
         if self.config.rope.rope_type != "dynamic":
-            return self._cos[positions].contiguous(), self._sin[positions].contiguous()
-        cos, sin = self.model.rotary(positions.view(-1, 1), self.model.dtype)
-        return cos[:, 0].float().contiguous(), sin[:, 0].float().contiguous()
+            return self._cos[:, positions].contiguous(), self._sin[:, positions].contiguous()
+        cos, sin = self.model.rotary(positions.view(1, -1), self.model.dtype)  # dynamic NTK: one table
+        return cos.float().contiguous(), sin.float().contiguous()
 
     @torch.inference_mode()
     def decode(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

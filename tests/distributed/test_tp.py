@@ -52,6 +52,12 @@ def test_dense_tp_matches_one_process(dense, tp):
     _check_same(dense, tp)
 
 
+@pytest.mark.parametrize("arch", ["gemma3", "smollm3"])
+def test_per_layer_rope_under_tp(tmp_path, arch):
+    # Gemma 3's local and global tables, SmolLM3's NoPE layer: every rank picks each layer's own.
+    _check_same(make_checkpoint(tmp_path / arch, arch), 2)
+
+
 def test_phi3_tp_followers_take_rank_0s_longrope_factors(tmp_path):
     # The followers load the config themselves: the context rank 0 was given must pick their factors too.
     _check_same(make_longrope_checkpoint(tmp_path / "phi3"), 2, context_length=128)

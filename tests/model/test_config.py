@@ -182,3 +182,65 @@ def test_longrope_original_context_of_zero_is_named():
                original_max_position_embeddings=0)
     with pytest.raises(CheckpointError, match="original_max_position_embeddings = 0; it must be >= 1"):
         ModelConfig.from_dict(raw)
+
+
+# google/gemma-3-1b-it's config.json as published (transformers 4.50 wrote it: rope_theta and
+# rope_local_base_freq at the top level, the pattern as sliding_window_pattern).
+GEMMA3_1B = {
+    "architectures": ["Gemma3ForCausalLM"], "attention_bias": False, "attn_logit_softcapping": None, "bos_token_id": 2,
+    "eos_token_id": [1, 106], "final_logit_softcapping": None, "head_dim": 256,
+    "hidden_activation": "gelu_pytorch_tanh", "hidden_size": 1152, "intermediate_size": 6912,
+    "max_position_embeddings": 32768, "model_type": "gemma3_text", "num_attention_heads": 4, "num_hidden_layers": 26,
+    "num_key_value_heads": 1, "pad_token_id": 0, "query_pre_attn_scalar": 256, "rms_norm_eps": 1e-06,
+    "rope_local_base_freq": 10000, "rope_scaling": None, "rope_theta": 1000000, "sliding_window": 512,
+    "sliding_window_pattern": 6, "torch_dtype": "bfloat16", "vocab_size": 262144,
+}
+
+
+def test_gemma3_1b_config_has_local_and_global_rope_tables():
+    config = ModelConfig.from_dict(GEMMA3_1B)
+    assert config.architecture == "Gemma3ForCausalLM"
+    assert config.layer_sliding_windows == ((512,) * 5 + (None,)) * 4 + (512, 512)
+    glob, local = config.rope_tables
+    assert (glob.theta, local.theta) == (1e6, 1e4) and glob.rope_type == local.rope_type == "default"
+    assert [config.layer_rope_table(i) for i in range(6)] == [1, 1, 1, 1, 1, 0]
+    assert config.qk_norm and config.norm_unit_offset and config.sandwich_norm and config.tie_word_embeddings
+    assert config.attn_logit_softcap is None and config.final_logit_softcap is None
+    assert config.attn_scale == 256 ** -0.5 and config.embedding_scale == math.sqrt(1152)
+    assert config.context_length == 32768 and config.eos_token_ids == (1, 106)
+    assert config.num_parameters() == pytest.approx(999_885_952, rel=1e-6)  # transformers' count
+
+
+def test_gemma3_rope_scaling_applies_to_the_global_layers_only_and_states_the_context():
+    # gemma-3-4b: linear factor 8 on the global layers; max_position_embeddings (131072) already counts it, as
+    # vLLM reads Gemma 3 too. transformers >= 5 writes one rope_parameters dict per layer type.
+    raw = dict(GEMMA3_1B, max_position_embeddings=131072, rope_scaling={"rope_type": "linear", "factor": 8.0})
+    old = ModelConfig.from_dict(raw)
+    new = ModelConfig.from_dict(dict(GEMMA3_1B, max_position_embeddings=131072, rope_parameters={
+        "full_attention": {"rope_type": "linear", "factor": 8.0, "rope_theta": 1e6},
+        "sliding_attention": {"rope_type": "default", "rope_theta": 1e4}}))
+    for config in (old, new):
+        glob, local = config.rope_tables
+        assert (glob.rope_type, glob.factor, glob.theta) == ("linear", 8.0, 1e6)
+        assert (local.rope_type, local.theta) == ("default", 1e4)
+        assert config.context_length == 131072
+    layer_types = ["sliding_attention", "full_attention"] * 13
+    config = ModelConfig.from_dict(dict(GEMMA3_1B, layer_types=layer_types))
+    assert config.layer_sliding_windows == (512, None) * 13
+    with pytest.raises(UnsupportedArchitectureError, match="dynamic RoPE scaling on some layers"):
+        ModelConfig.from_dict(dict(GEMMA3_1B, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
+
+
+def test_smollm3_nope_layers():
+    raw = _raw(architectures=["SmolLM3ForCausalLM"], num_hidden_layers=8, rope_theta=5e6)
+    config = ModelConfig.from_dict(raw)
+    assert [config.layer_uses_rope(i) for i in range(8)] == [True, True, True, False] * 2
+    assert config.rope_tables == (config.rope, None) and config.rope.theta == 5e6
+    assert [config.layer_rope_table(i) for i in range(4)] == [0, 0, 0, 1]
+    assert config.tie_word_embeddings and set(config.layer_sliding_windows) == {None}
+    # an explicit list (1 = RoPE), and a window on the NoPE layers when use_sliding_window is on
+    config = ModelConfig.from_dict(dict(raw, no_rope_layers=[0, 1] * 4, use_sliding_window=True, sliding_window=16))
+    assert [config.layer_uses_rope(i) for i in range(2)] == [False, True]
+    assert config.layer_sliding_windows == (16, None) * 4
+    with pytest.raises(CheckpointError, match="no_rope_layers"):
+        ModelConfig.from_dict(dict(raw, no_rope_layers=[1, 0]))

@@ -255,3 +255,21 @@ def test_stale_conversions_are_pruned(gguf_dir, tmp_path, monkeypatch, capsys):
     assert main(["rm", "someone/tiny-GGUF"]) == 0
     assert not from_hub.exists() and second.exists()  # the local file is still there: its conversion stays
     assert (converted / ".converting-abc123").exists() and (converted / "elsewhere-0123456789abcdef").exists()
+
+
+def test_gemma3_gguf_keeps_the_global_rope_scaling_and_the_layer_pattern(tmp_path):
+    # transformers' GGUF reader drops gemma3.rope.scaling.*; llama.cpp's layout: five sliding layers, then a
+    # global one, every norm stored as 1 + w.
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "gemma3", "gemma3", dtype=torch.float16, num_hidden_layers=6,
+                             layer_types=["sliding_attention"] * 5 + ["full_attention"])
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-gemma3-F16.gguf", "F16")
+    reference = Engine.load(folder, dtype="float16", backend="eager")
+    engine = Engine.load(path, backend="eager")
+    assert engine.config.architecture == "Gemma3ForCausalLM"
+    assert engine.config.rope_tables == reference.config.rope_tables
+    assert engine.config.rope.rope_type == "linear" and engine.config.rope.factor == 8.0
+    assert engine.config.layer_sliding_windows == reference.config.layer_sliding_windows == (8,) * 5 + (None,)
+    assert engine.config.attn_scale == reference.config.attn_scale
+    assert _tokens(engine) == _tokens(reference)

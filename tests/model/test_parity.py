@@ -6,14 +6,14 @@ import json
 
 import pytest
 import torch
-from checkpoints import make_checkpoint, make_longrope_checkpoint
+from checkpoints import make_checkpoint, make_gemma3_image_text_checkpoint, make_longrope_checkpoint
 from transformers import AutoModelForCausalLM
 
 from solo import Engine, SamplingParams
 from solo.errors import SoloError
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n"
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "phi3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3"]
 LOGIT_ATOL = 1e-4  # float32: only summation order differs from transformers
 
 
@@ -43,7 +43,7 @@ def test_greedy_and_logits_match_transformers(tmp_path, arch):
     folder = make_checkpoint(tmp_path / arch, arch)
     engine, ids = _check_parity(folder)
     windows = [w for w in engine.config.layer_sliding_windows if w is not None]
-    if arch in ("mistral", "gemma2", "phi3"):
+    if arch in ("mistral", "gemma2", "gemma3", "phi3"):
         # The prompt alone is longer than the sliding window, so the window really masks.
         assert windows and len(ids) > max(windows)
 
@@ -57,6 +57,24 @@ def test_bfloat16_greedy_matches_transformers_bfloat16(tmp_path, arch):
     hf_tokens, _ = _hf_greedy(folder, ids, 16, dtype=torch.bfloat16, attn="sdpa" if arch != "gemma2" else "eager")
     result = engine.complete(PROMPT, SamplingParams(max_tokens=16, temperature=0, ignore_eos=True))
     assert result.token_ids == hf_tokens
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_gemma3_image_text_checkpoint_runs_its_language_model(tmp_path, backend):
+    # gemma-3-4b and larger ship as Gemma3ForConditionalGeneration: Solo runs the language model on text, as
+    # transformers' class does for a prompt without images; the vision tower is not loaded.
+    from safetensors.torch import load_file, save_file
+
+    folder = make_gemma3_image_text_checkpoint(tmp_path / "gemma3-it")
+    engine, _ = _check_parity(folder, backend=backend)
+    assert engine.config.architecture == "Gemma3ForConditionalGeneration"
+    assert engine.runtime.name == backend
+    # transformers >= 5 names the language model model.language_model.*; the published files language_model.*
+    tensors = load_file(folder / "model.safetensors")
+    assert any(name.startswith("vision_tower.") for name in tensors)
+    save_file({name.replace("language_model.model.", "model.language_model."): t for name, t in tensors.items()},
+              folder / "model.safetensors", metadata={"format": "pt"})
+    _check_parity(folder, new_tokens=8, backend=backend)
 
 
 def test_sharded_checkpoint(tmp_path):

@@ -146,6 +146,7 @@ def test_lowering_shapes_and_refusals(ckpts):
     assert megakernel_unsupported_reason(ckpts.model("gemma2").config) is not None
     assert "q/k RMSNorm" in megakernel_unsupported_reason(ckpts.model("qwen3").config)
     assert "biases" in megakernel_unsupported_reason(ckpts.model("qwen2").config)
+    assert "per-layer RoPE" in megakernel_unsupported_reason(ckpts.model("smollm3").config)
     # A Llama-3.2-1B-shaped config on 132 SMs: about one wave of tiles per stage, tiles within 64 KiB.
     from dataclasses import replace
     cfg = replace(model.config, hidden_size=2048, intermediate_size=8192, num_layers=16, num_heads=32,

@@ -20,7 +20,7 @@ from solo.runtime.cpu_packing import dense_named_tensors
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
                 "Qwen3ForCausalLM": "qwen3", "Gemma2ForCausalLM": "gemma2", "MixtralForCausalLM": "mixtral",
                 "Qwen2MoeForCausalLM": "qwen2_moe", "Qwen3MoeForCausalLM": "qwen3_moe", "OlmoeForCausalLM": "olmoe",
-                "Phi3ForCausalLM": "phi3"}
+                "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3_text", "SmolLM3ForCausalLM": "smollm3"}
 
 
 class _Clock:

@@ -4,8 +4,9 @@ The GGUF is written with the `gguf` package at the precision matching Solo's run
 BF16 (same bytes per weight; the bench reports llama.cpp's better of the two, since which of its 16-bit CPU
 paths is faster depends on the CPU), float32 -> F32, int8 -> Q8_0, int4 -> Q4_0. Norms stay F32 as llama.cpp
 expects. Llama-family q/k rows (Llama, Mistral, Mixtral) are permuted from the rotate-half RoPE layout to
-llama.cpp's interleaved one (Qwen2/3, Qwen3-MoE and OLMoE use the same rotate-half in both). Mixture-of-experts
-models (Mixtral, Qwen3-MoE, OLMoE) keep their experts stacked as llama.cpp reads them (see `write_gguf`).
+llama.cpp's interleaved one (Qwen2/3, Qwen3-MoE, OLMoE, Phi-3 and Gemma 3 use the same rotate-half in both).
+Mixture-of-experts models (Mixtral, Qwen3-MoE, OLMoE) keep their experts stacked as llama.cpp reads them (see
+`write_gguf`).
 The vocabulary is a placeholder of the right size: the benchmark feeds token ids, never text.
 
 The conversion runs in the bench's process (and is cached); llama.cpp itself runs in a worker process
@@ -32,13 +33,14 @@ import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
 from solo.model.config import ModelConfig
+from solo.model.gguf import gemma3_query_pre_attn_scalar
 from solo.model.moe import SparseMoeBlock
 from solo.model.rope import rope_inv_freq
 from solo.model.transformer import Transformer
 
 _ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
            "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-           "OlmoeForCausalLM": "olmoe", "Phi3ForCausalLM": "phi3"}
+           "OlmoeForCausalLM": "olmoe", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3"}
 _PERMUTED = {"llama"}  # llama.cpp applies interleaved RoPE to these: q/k rows must be permuted
 _MOE_NORM_TOPK = {"olmoe": False, "qwen3moe": True}  # llama.cpp's fixed choice per MoE family (Mixtral: True)
 
@@ -112,19 +114,32 @@ class _Entry:
 def _check_gguf_support(cfg: ModelConfig) -> str:
     """The llama.cpp architecture name for `cfg`, or PeerSkipped naming what this writer cannot carry over."""
     arch = _ARCHES.get(cfg.architecture)
-    if arch is None or cfg.sandwich_norm:
+    if arch is None or (cfg.sandwich_norm and arch != "gemma3"):
         raise PeerSkipped(f"no GGUF conversion for {cfg.architecture} in the bench")
     # What this writer does not carry over would make llama.cpp run a different model: refuse instead.
-    qk_norm = {"olmoe": "full", "qwen3": "head", "qwen3moe": "head"}.get(arch)
+    qk_norm = {"olmoe": "full", "qwen3": "head", "qwen3moe": "head", "gemma3": "head"}.get(arch)
+    local_rope = cfg.layer_ropes[0] if cfg.layer_ropes else cfg.rope  # gemma3: layer 0 slides
     moe = arch in _MOE_NORM_TOPK or (arch == "llama" and cfg.is_moe)
     windows = set(cfg.layer_sliding_windows)
     unsupported = [name for name, present in [
         # phi3 has one window for every layer (llama.cpp's phi3.attention.sliding_window).
-        ("a sliding window", windows != {None} and not (arch == "phi3" and len(windows) == 1)),
+        ("a sliding window", windows != {None} and not (arch == "phi3" and len(windows) == 1) and arch != "gemma3"),
         (f"{cfg.rope.rope_type} RoPE scaling", cfg.rope.rope_type not in ("default", "llama3")
-         and not (arch == "phi3" and cfg.rope.rope_type == "longrope")),
+         and not (arch == "phi3" and cfg.rope.rope_type == "longrope")
+         and not (arch == "gemma3" and cfg.rope.rope_type == "linear")),
+        # llama.cpp's gemma3 hard-codes five sliding layers then a global one, the sliding layers' RoPE theta
+        # (10000) and the query scale (1 / sqrt(head_dim); hidden / heads for its 62-layer 27B).
+        ("a sliding-window pattern other than llama.cpp's (5 sliding, 1 global)", arch == "gemma3"
+         and [w is None for w in cfg.layer_sliding_windows] != [(i + 1) % 6 == 0 for i in range(cfg.num_layers)]),
+        ("a sliding-layer RoPE other than theta 10000", arch == "gemma3" and cfg.layer_ropes
+         and local_rope != type(cfg.rope)(theta=10000.0)),
+        ("a query_pre_attn_scalar other than llama.cpp's", arch == "gemma3"
+         and cfg.attn_scale != gemma3_query_pre_attn_scalar(cfg.num_layers, cfg.hidden_size, cfg.num_heads,
+                                                             cfg.head_dim) ** -0.5),
+        ("per-layer RoPE", cfg.layer_ropes and arch != "gemma3"),
         ("o_proj / MLP biases", cfg.o_bias or cfg.mlp_bias),
-        (f"the {cfg.hidden_act} activation", cfg.hidden_act != "silu"),
+        (f"the {cfg.hidden_act} activation", cfg.hidden_act != ("gelu_pytorch_tanh" if arch == "gemma3" else "silu")),
+        ("logit soft-capping", cfg.attn_logit_softcap is not None or cfg.final_logit_softcap is not None),
         ("q/k norms", cfg.qk_norm != (qk_norm is not None)
          or (cfg.qk_norm and cfg.qk_norm_full_width != (qk_norm == "full"))),
         # llama.cpp's olmoe sizes the k norm as the hidden size, so K must be as wide as Q.
@@ -155,6 +170,9 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
     def vector(name: str, v: torch.Tensor) -> None:  # norms, biases, the router: F32 as llama.cpp keeps them
         out.append(_Entry(name, v, "F32"))
 
+    def norm(name: str, w: torch.Tensor) -> None:  # Gemma's (1 + w) norms: llama.cpp stores 1 + w and scales by it
+        vector(name, w.float() + 1.0 if cfg.norm_unit_offset else w)
+
     matrix("token_embd.weight", model.embed.weight)
     if cfg.rope.rope_type == "longrope":  # phi3: both factor sets; llama.cpp picks by its context size
         vector("rope_factors_long.weight", torch.tensor(cfg.rope.long_factor))
@@ -167,7 +185,7 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
         q, k = attn.q_proj.weight, attn.k_proj.weight
         if arch in _PERMUTED:
             q, k = _permute_rope_rows(q, cfg.num_heads), _permute_rope_rows(k, cfg.num_kv_heads)
-        vector(f"blk.{i}.attn_norm.weight", layer.attn_norm.weight)
+        norm(f"blk.{i}.attn_norm.weight", layer.attn_norm.weight)
         if arch == "phi3":  # fused, as llama.cpp's phi3 reads them: q, k, v rows; gate then up rows
             matrix(f"blk.{i}.attn_qkv.weight", (q, k, attn.v_proj.weight))
             matrix(f"blk.{i}.attn_output.weight", attn.o_proj.weight)
@@ -179,9 +197,11 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
         matrix(f"blk.{i}.attn_k.weight", k)
         matrix(f"blk.{i}.attn_v.weight", attn.v_proj.weight)
         matrix(f"blk.{i}.attn_output.weight", attn.o_proj.weight)
-        if cfg.qk_norm:  # per head [head_dim] (Qwen3) or over the whole projection (OLMoE)
-            vector(f"blk.{i}.attn_q_norm.weight", attn.q_norm.weight)
-            vector(f"blk.{i}.attn_k_norm.weight", attn.k_norm.weight)
+        if cfg.qk_norm:  # per head [head_dim] (Qwen3, Gemma 3) or over the whole projection (OLMoE)
+            norm(f"blk.{i}.attn_q_norm.weight", attn.q_norm.weight)
+            norm(f"blk.{i}.attn_k_norm.weight", attn.k_norm.weight)
+        if cfg.sandwich_norm:  # Gemma 3: after attention, and after the MLP (below)
+            norm(f"blk.{i}.post_attention_norm.weight", layer.attn_out_norm.weight)
         if cfg.qkv_bias:
             qb, kb = attn.q_proj.bias, attn.k_proj.bias
             if arch in _PERMUTED:
@@ -190,7 +210,9 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
             vector(f"blk.{i}.attn_q.bias", qb)
             vector(f"blk.{i}.attn_k.bias", kb)
             vector(f"blk.{i}.attn_v.bias", attn.v_proj.bias)
-        vector(f"blk.{i}.ffn_norm.weight", layer.mlp_norm.weight)
+        norm(f"blk.{i}.ffn_norm.weight", layer.mlp_norm.weight)
+        if cfg.sandwich_norm:
+            norm(f"blk.{i}.post_ffw_norm.weight", layer.mlp_out_norm.weight)
         if isinstance(mlp, SparseMoeBlock):
             inter = mlp.down_proj.shape[-1]
             vector(f"blk.{i}.ffn_gate_inp.weight", mlp.router.weight)  # [experts, hidden]
@@ -201,7 +223,7 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
             matrix(f"blk.{i}.ffn_gate.weight", mlp.gate_proj.weight)
             matrix(f"blk.{i}.ffn_up.weight", mlp.up_proj.weight)
             matrix(f"blk.{i}.ffn_down.weight", mlp.down_proj.weight)
-    vector("output_norm.weight", model.norm.weight)
+    norm("output_norm.weight", model.norm.weight)
     if model.lm_head is not None:
         matrix("output.weight", model.lm_head.weight)
     elif arch == "olmoe":  # llama.cpp's olmoe has no tied head: write the embedding again
@@ -253,7 +275,9 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     Architectures (llama.cpp's names): Llama and Mistral ("llama", q/k rows permuted to its interleaved
     RoPE), Qwen2 ("qwen2"), Qwen3 ("qwen3": per-head q/k norms), Mixtral ("llama" with `expert_count`,
     `expert_used_count` and stacked experts), Qwen3-MoE ("qwen3moe": `expert_feed_forward_length`) and OLMoE
-    ("olmoe": q/k norms over the whole projection), Phi-3 ("phi3": fused attn_qkv and ffn_up, one sliding
+    ("olmoe": q/k norms over the whole projection), Gemma 3 ("gemma3": per-head q/k norms, the sandwich norms
+    as post_attention_norm / post_ffw_norm, every norm stored as 1 + w as llama.cpp's converter does, the
+    sliding window and the global layers' linear RoPE scaling), Phi-3 ("phi3": fused attn_qkv and ffn_up, one sliding
     window, LongRoPE's factor tensors). An MoE layer's experts go out stacked as
     `ffn_gate_exps` / `ffn_up_exps` [experts, inter, hidden] and `ffn_down_exps` [experts, hidden, inter],
     its router as `ffn_gate_inp` [experts, hidden] in F32 (as llama.cpp's converter keeps it). The names and
@@ -297,6 +321,11 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.add_rope_freq_base(cfg.rope.theta)
     if arch == "phi3":  # as llama.cpp's converter (Phi3MiniModel): 0 is no window
         writer.add_sliding_window(cfg.layer_sliding_windows[0] or 0)
+    if arch == "gemma3":  # as Gemma3Model: the sliding layers' window, the global layers' RoPE scaling
+        writer.add_sliding_window(cfg.layer_sliding_windows[0])
+        if cfg.rope.rope_type == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(cfg.rope.factor)
         if cfg.rope.rope_type == "longrope":
             writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
             writer.add_rope_scaling_attn_factors(cfg.rope.attention_factor)

@@ -87,6 +87,7 @@ typedef struct {
   const void *attn_norm, *mlp_norm, *attn_out_norm, *mlp_out_norm, *q_norm, *k_norm;
   void *k_cache, *v_cache;  // activation dtype [cache_rows, kv_heads, max_seq, head_dim]
   int32_t window;           // sliding window in tokens, 0 = global attention
+  int32_t rope;             // the layer's RoPE table: cos / sin hold [tables][entries][head_dim]
 } Layer;
 
 typedef struct {

@@ -355,7 +355,8 @@ enum {
 };
 
 // One decode step for `batch` sequences (see CpuRuntime.decode in cpu.py).
-//   tokens, positions, rows: int64 [batch]; cos, sin: float32 [batch, head_dim] (dtype-rounded values);
+//   tokens, positions, rows: int64 [batch]; cos, sin: float32 [tables, batch, head_dim] (dtype-rounded
+//   values; Layer.rope picks the table);
 //   logits: float32 [batch, vocab] out ([1, vocab] with SPAN_LAST_LOGITS); workspace:
 //   solo_workspace_bytes(m, batch, nthreads) bytes.
 // Synchronization: the small per-token work (norms, residuals, q/k/v post-processing) is done by every
@@ -447,13 +448,15 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
       for (int b = 0; b < B; b++) {
         float* qb = lq + (size_t)b * nqkv;
         if (m->qk_norm == 2) {  // OLMoE: one norm over the whole q and one over the whole k
-          rms_norm(qb, qb, nq, L->q_norm, m->eps, 0, bf);
-          rms_norm(qb + nq, qb + nq, nkv, L->k_norm, m->eps, 0, bf);
+          rms_norm(qb, qb, nq, L->q_norm, m->eps, m->unit_offset, bf);
+          rms_norm(qb + nq, qb + nq, nkv, L->k_norm, m->eps, m->unit_offset, bf);
         }
         for (int hh = 0; hh < m->heads + m->kv_heads; hh++) {
           float* v = qb + (size_t)hh * hd;
-          if (m->qk_norm == 1) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
-          rope(v, cos + (size_t)b * hd, sin + (size_t)b * hd, hd, bf);
+          if (m->qk_norm == 1)
+            rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, m->unit_offset, bf);
+          const size_t t = ((size_t)L->rope * B + b) * hd;
+          rope(v, cos + t, sin + t, hd, bf);
         }
         if (tid == 0) {
           // The cache slot is read by attention only in later steps (this step's keys and values come
@@ -614,7 +617,8 @@ extern "C" void solo_prefill_norm(const Model* m, const float* x, int S, const v
 }
 
 // q/k norms and RoPE on qkv (activation dtype [S, nq + 2 nkv], biases already added), keys and values
-// written to cache row `row` at positions start..start+S-1, queries to q_out [heads, S, head_dim].
+// written to cache row `row` at positions start..start+S-1, queries to q_out [heads, S, head_dim];
+// cos, sin: float32 [tables, S, head_dim].
 extern "C" void solo_prefill_qkv(const Model* m, int layer, const void* qkv, int S, int start, int row,
                                  const float* cos, const float* sin, void* q_out, int nthreads) {
   const Layer* L = &m->layer[layer];
@@ -627,8 +631,10 @@ extern "C" void solo_prefill_qkv(const Model* m, int layer, const void* qkv, int
     for (int hh = 0; hh < m->heads + 2 * m->kv_heads; hh++) {
       for (int i = 0; i < hd; i++) v[i] = load_act(qkv, (size_t)s * nqkv + (size_t)hh * hd + i, bf);
       if (hh < m->heads + m->kv_heads) {
-        if (m->qk_norm == 1) rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, 0, bf);
-        rope(v, cos + (size_t)s * hd, sin + (size_t)s * hd, hd, bf);
+        if (m->qk_norm == 1)
+          rms_norm(v, v, hd, hh < m->heads ? L->q_norm : L->k_norm, m->eps, m->unit_offset, bf);
+        const size_t t = ((size_t)L->rope * S + s) * hd;
+        rope(v, cos + t, sin + t, hd, bf);
       }
       if (hh < m->heads) {
         store_row(q_out, ((size_t)hh * S + s) * hd, v, hd, bf);
@@ -907,7 +913,7 @@ extern "C" int solo_struct_layout(int64_t* out, int capacity) {
       (int64_t)sizeof(Layer), SOLO_OFF(Layer, qkv), SOLO_OFF(Layer, o), SOLO_OFF(Layer, gate_up),
       SOLO_OFF(Layer, down), SOLO_OFF(Layer, attn_norm), SOLO_OFF(Layer, mlp_norm), SOLO_OFF(Layer, attn_out_norm),
       SOLO_OFF(Layer, mlp_out_norm), SOLO_OFF(Layer, q_norm), SOLO_OFF(Layer, k_norm), SOLO_OFF(Layer, k_cache),
-      SOLO_OFF(Layer, v_cache), SOLO_OFF(Layer, window),
+      SOLO_OFF(Layer, v_cache), SOLO_OFF(Layer, window), SOLO_OFF(Layer, rope),
       (int64_t)sizeof(Model), SOLO_OFF(Model, dtype), SOLO_OFF(Model, hidden), SOLO_OFF(Model, heads),
       SOLO_OFF(Model, kv_heads), SOLO_OFF(Model, head_dim), SOLO_OFF(Model, inter), SOLO_OFF(Model, vocab),
       SOLO_OFF(Model, layers), SOLO_OFF(Model, max_seq), SOLO_OFF(Model, cache_rows), SOLO_OFF(Model, unit_offset),

@@ -109,11 +109,21 @@ class TritonStep:
             # One row, recomputed each step for the current length (dynamic NTK scaling).
             self.cos = torch.zeros(1, half, dtype=torch.float32, device=device)
             self.sin = torch.zeros(1, half, dtype=torch.float32, device=device)
-        else:
-            # Same float32 products as RotaryEmbedding.forward, so cos/sin match the eager model's.
-            freqs = torch.arange(max_seq, device=device).float()[:, None] * model.rotary.inv_freq.float()[None, :]
-            scale = self.config.rope.attention_factor  # LongRoPE's magnitude factor, 1.0 otherwise
-            self.cos, self.sin = (freqs.cos() * scale).contiguous(), (freqs.sin() * scale).contiguous()
+            self.cos_tables, self.sin_tables = [self.cos], [self.sin]  # one table (per-layer RoPE refuses dynamic)
+            return
+        self.cos_tables, self.sin_tables = [], []  # per entry of config.rope_tables (Gemma 3: global, local)
+        for t, rope in enumerate(self.config.rope_tables):
+            if rope is None:  # NoPE: the identity rotation (cos 1, sin 0) leaves q and k exactly as they are
+                cos = torch.ones(max_seq, half, dtype=torch.float32, device=device)
+                sin = torch.zeros(max_seq, half, dtype=torch.float32, device=device)
+            else:
+                # Same float32 products as RotaryEmbedding.forward, so cos/sin match the eager model's.
+                inv_freq = model.rotary.table_inv_freq(t).float()
+                freqs = torch.arange(max_seq, device=device).float()[:, None] * inv_freq[None, :]
+                scale = rope.attention_factor  # LongRoPE's magnitude factor, 1.0 otherwise
+                cos, sin = (freqs.cos() * scale).contiguous(), (freqs.sin() * scale).contiguous()
+            self.cos_tables.append(cos)
+            self.sin_tables.append(sin)
 
     def _make_workspaces(self) -> None:
         self._workspaces = {}
@@ -154,10 +164,11 @@ class TritonStep:
             k_cache, v_cache = self.cache.k[0], self.cache.v[0]
 
             def launch_qkv(c: qkv_rope.QkvRopeConfig, layer: FusedLayer = layer0, pdl: bool = False) -> torch.Tensor:
-                qkv_rope.qkv_rope(x, norm_w, layer.w_qkv, eps, self.cos, self.sin, scratch_state, self.q,
-                                  k_cache, v_cache, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-                                  head_dim=cfg.head_dim, bias=layer.b_qkv, unit_offset=unit,
-                                  per_step_table=self.dynamic_rope, config=c, pdl=pdl)
+                t = cfg.layer_rope_table(0)
+                qkv_rope.qkv_rope(x, norm_w, layer.w_qkv, eps, self.cos_tables[t], self.sin_tables[t],
+                                  scratch_state, self.q, k_cache, v_cache, num_heads=cfg.num_heads,
+                                  num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, bias=layer.b_qkv,
+                                  unit_offset=unit, per_step_table=self.dynamic_rope, config=c, pdl=pdl)
                 return self.q
 
             self.configs["qkv"] = tuning.tune(
@@ -229,8 +240,9 @@ class TritonStep:
         cfg, layer = self.config, self.model.layers[i]
         k_cache, v_cache = self.cache.k[i], self.cache.v[i]
         if not cfg.qk_norm:
-            qkv_rope.qkv_rope(self.x, layer.attn_norm.weight, fused.w_qkv, cfg.rms_norm_eps, self.cos, self.sin,
-                              self.state, self.q, k_cache, v_cache, num_heads=cfg.num_heads,
+            t = cfg.layer_rope_table(i)
+            qkv_rope.qkv_rope(self.x, layer.attn_norm.weight, fused.w_qkv, cfg.rms_norm_eps, self.cos_tables[t],
+                              self.sin_tables[t], self.state, self.q, k_cache, v_cache, num_heads=cfg.num_heads,
                               num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim, bias=fused.b_qkv,
                               unit_offset=cfg.norm_unit_offset, per_step_table=self.dynamic_rope,
                               config=self.configs["qkv"], pdl=self.pdl)
@@ -249,7 +261,7 @@ class TritonStep:
             q, k = layer.attn.q_norm(q), layer.attn.k_norm(k)
         v = self.qkv[q_dim + kv_dim:].view(cfg.num_kv_heads, cfg.head_dim)
         pos = self.state[STATE_POS:STATE_POS + 1]
-        cos, sin = self.model.rotary(pos.view(1, 1), self.x.dtype)
+        cos, sin = self.model.rotary(pos.view(1, 1), self.x.dtype, cfg.layer_rope_table(i))
         self.q.copy_(apply_rope(q, cos, sin).reshape(-1))
         k = apply_rope(k, cos, sin)
         store_kv(k_cache, v_cache, self.state[STATE_ROW:STATE_ROW + 1], pos, k[0, :, 0], v)

@@ -87,6 +87,7 @@ def megakernel_unsupported_reason(config: ModelConfig) -> str | None:
         (config.attn_logit_softcap is None and config.final_logit_softcap is None, "logit soft-capping"),
         (all(w is None for w in config.layer_sliding_windows), "sliding-window attention"),
         (config.rope.rope_type != "dynamic", "dynamic NTK RoPE"),
+        (not config.layer_ropes, "per-layer RoPE (Gemma 3's local layers, SmolLM3's NoPE layers)"),
         (config.head_dim % 2 == 0, f"odd head_dim {config.head_dim}"),
     ]
     for ok, what in checks:
