@@ -96,6 +96,12 @@ done
 # Phi-3-mini's shape against llama.cpp's F16 GGUF (a second, BF16 copy does not fit 24 GiB beside it).
 run Phi-3-mini-bf16-lockstep $solo bench --shape Phi-3-mini --energy-s 0 --compare llama.cpp-F16 --lockstep 16 \
   --json Phi-3-mini-bf16-lockstep.json
+# Gemma-3-1B's shape (per-layer RoPE tables) against llama.cpp's F16 and BF16 GGUFs, and the check that the
+# bench's gemma3 GGUF is the same model (logits of a 6-layer copy in float32).
+run Gemma-3-1B-bf16-lockstep $solo bench --shape Gemma-3-1B --energy-s 0 --compare llama.cpp --lockstep 16 \
+  --json Gemma-3-1B-bf16-lockstep.json
+run gguf-peer-logits-Gemma-3-1B python ../../gguf_peer_logits.py --shape Gemma-3-1B --layers 6 --prompt-len 700 \
+  --type F32 --type F16 --type BF16
 # Beside one busy-loop process (one of the two cores taken by other work).
 cpu_hog_run
 # int8 against Q8_0, int4 against Q4_0: the native llama.cpp build's Q8_0 / Q4_0 (AMX) crashed on this VM,
