@@ -13,6 +13,7 @@ import json
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -175,7 +176,7 @@ class ModelConfig:
     rope_interleaved: bool = False
     layer_ropes: tuple[RopeConfig | None, ...] = ()
 
-    @property
+    @cached_property
     def rope_tables(self) -> tuple[RopeConfig | None, ...]:
         """The distinct RoPE tables the layers use: `rope` first, then every other layer's in layer order.
 
@@ -183,12 +184,18 @@ class ModelConfig:
         differ (`layer_ropes`).
         """
         tables: list[RopeConfig | None] = [self.rope]
-        tables += [r for i, r in enumerate(self.layer_ropes) if r not in self.layer_ropes[:i] and r != self.rope]
+        for rope in self.layer_ropes:
+            if rope not in tables:
+                tables.append(rope)
         return tuple(tables)
+
+    @cached_property
+    def _layer_rope_tables(self) -> tuple[int, ...]:
+        return tuple(self.rope_tables.index(rope) for rope in self.layer_ropes)
 
     def layer_rope_table(self, layer_idx: int) -> int:
         """Index into `rope_tables` of layer `layer_idx`'s RoPE table."""
-        return self.rope_tables.index(self.layer_ropes[layer_idx]) if self.layer_ropes else 0
+        return self._layer_rope_tables[layer_idx] if self.layer_ropes else 0
 
     def layer_uses_rope(self, layer_idx: int) -> bool:
         """False for a NoPE layer (no rotary embedding on its queries and keys)."""
@@ -543,12 +550,14 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     # transformers' Gemma3TextConfig: five sliding layers then a global one (sliding_window_pattern 6) unless
     # layer_types says otherwise; per-head q/k norms; no soft-capping; the global layers' RoPE (theta 1e6,
     # any rope_scaling) differs from the sliding layers' (rope_local_base_freq, 10000).
+    # A layer's type picks both its window and its RoPE table (sliding_window null leaves the tables as they are).
     window = raw.get("sliding_window", 4096)
     if raw.get("layer_types") is None:
         pattern = int(raw.get("sliding_window_pattern") or 6)
-        windows = tuple(window if (i + 1) % pattern else None for i in range(config.num_layers))
+        sliding = [bool((i + 1) % pattern) for i in range(config.num_layers)]
     else:
-        windows = _layer_windows_from_types(raw, config.num_layers, window)
+        sliding = [w is not None for w in _layer_windows_from_types(raw, config.num_layers, 0)]
+    windows = tuple(window if s else None for s in sliding)
     params = raw.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5
         full, local = dict(params.get("full_attention") or {}), dict(params.get("sliding_attention") or {})
@@ -562,7 +571,7 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     local_rope = _rope_config({"rope_parameters": local}, arch)
     config = replace(config, qk_norm=True, rope=global_rope,
                      max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
-                     layer_ropes=tuple(global_rope if w is None else local_rope for w in windows))
+                     layer_ropes=tuple(local_rope if s else global_rope for s in sliding))
     return _gemma_fields(config, raw, windows, (None, None))
 
 
@@ -575,8 +584,12 @@ def _smollm3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     if uses_rope is None:
         interval = int(raw.get("no_rope_layer_interval") or 4)
         uses_rope = [int((i + 1) % interval != 0) for i in range(n)]
-    if len(uses_rope) != n:
+    if len(uses_rope) < n:  # transformers reads the first num_hidden_layers entries of a longer list
         raise CheckpointError(f"config.json lists {len(uses_rope)} no_rope_layers for {n} layers; fix config.json")
+    if not (raw.get("rope_parameters") or {}).get("rope_theta") and "rope_theta" not in raw:
+        config = replace(config, rope=replace(config.rope, theta=2_000_000.0))  # SmolLM3Config's default
+    if "max_position_embeddings" not in raw:
+        config = replace(config, max_position_embeddings=32768)
     window = _window(raw) if raw.get("use_sliding_window", False) else None
     if raw.get("layer_types") is not None:
         windows = _layer_windows_from_types(raw, n, window)
@@ -724,7 +737,7 @@ def _language_model_config(raw: dict[str, Any]) -> dict[str, Any]:
     known = {k: v for k, v in text.items() if k not in ("architectures", "model_type")}
     try:
         merged = Gemma3TextConfig(**known).to_dict()
-    except (TypeError, ValueError) as exc:
+    except Exception as exc:  # noqa: BLE001 (transformers' strict-dataclass validation errors subclass Exception)
         raise CheckpointError(f"config.json's text_config cannot be read ({exc}); fix or re-download it") from None
     merged["architectures"] = list(raw.get("architectures") or ["Gemma3ForConditionalGeneration"])
     for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
@@ -764,8 +777,9 @@ def _validate(config: ModelConfig) -> None:
     for layer_rope in config.layer_ropes:
         if layer_rope is not None and layer_rope.rope_type in ("dynamic", "longrope"):
             raise UnsupportedArchitectureError(
-                f"{layer_rope.rope_type} RoPE scaling on some layers only is not supported; Solo supports default, "
-                "linear and llama3 scaling there"
+                f"{layer_rope.rope_type} RoPE scaling is not supported on a model whose layers take different RoPE "
+                "tables (Gemma 3's local layers, SmolLM3's NoPE layers); Solo supports default, linear and llama3 "
+                "scaling there"
             )
     rope = config.rope
     if rope.rope_type == "longrope" and not len(rope.short_factor) == len(rope.long_factor) == config.head_dim // 2:

@@ -886,8 +886,9 @@ class CpuRuntime:
         # float32 [tables, batch, head_dim]: the kernels index table (Layer.rope), then batch entry.
         if self.config.rope.rope_type != "dynamic":
             return self._cos[:, positions].contiguous(), self._sin[:, positions].contiguous()
-        cos, sin = self.model.rotary(positions.view(1, -1), self.model.dtype)  # dynamic NTK: one table
-        return cos.float().contiguous(), sin.float().contiguous()
+        # Dynamic NTK (one table): each entry its own row, so its frequencies follow its own length only.
+        cos, sin = self.model.rotary(positions.view(-1, 1), self.model.dtype)
+        return cos[:, 0][None].float().contiguous(), sin[:, 0][None].float().contiguous()
 
     @torch.inference_mode()
     def decode(self, rows: torch.Tensor, token_ids: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:

@@ -488,13 +488,18 @@ def test_quantize_with_hf_peers_is_refused(tmp_path, capsys):
 
 # Mixture-of-experts checkpoints as llama.cpp's families hold them: OLMoE's full-width k norm needs as many KV
 # heads as query heads, and llama.cpp's qwen3moe has no dense layers between the expert layers.
-_GGUF_OVERRIDES = {"olmoe": {"num_key_value_heads": 4}, "qwen3_moe": {"decoder_sparse_step": 1}}
+# Gemma 3 and SmolLM3 with llama.cpp's fixed layer patterns (five sliding layers then a global one; a NoPE layer
+# every fourth one).
+_GGUF_OVERRIDES = {"olmoe": {"num_key_value_heads": 4}, "qwen3_moe": {"decoder_sparse_step": 1},
+                   "gemma3": {"num_hidden_layers": 6, "layer_types": ["sliding_attention"] * 5 + ["full_attention"]},
+                   "smollm3": {"num_hidden_layers": 4, "no_rope_layer_interval": 4}}
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", torch.float32), ("qwen2", torch.float32),
                                         ("llama", torch.bfloat16), ("qwen3", torch.float32),
                                         ("olmoe", torch.float32), ("olmoe", torch.bfloat16),
-                                        ("qwen3_moe", torch.float32), ("mixtral", torch.float32)])
+                                        ("qwen3_moe", torch.float32), ("mixtral", torch.float32),
+                                        ("gemma3", torch.float32), ("smollm3", torch.float32)])
 def test_llamacpp_gguf_conversion_generates_the_same_tokens(tmp_path, arch, dtype):
     pytest.importorskip("llama_cpp", reason="llama-cpp-python is not installed (pip install llama-cpp-python)")
     pytest.importorskip("gguf", reason="gguf is not installed")
@@ -565,6 +570,8 @@ def test_llamacpp_runs_outside_the_bench_process(tmp_path):
     ("olmoe", {"num_key_value_heads": 4, "norm_topk_prob": True}, "norm_topk_prob = True"),
     ("qwen3_moe", {}, "dense MLP layers between the expert layers"),
     ("qwen2_moe", {}, "no GGUF conversion for Qwen2MoeForCausalLM"),
+    ("gemma3", {}, "a sliding-window pattern other than llama.cpp's"),
+    ("smollm3", {"no_rope_layer_interval": 2}, "NoPE layers other than every fourth"),
 ])
 def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides, feature):
     pytest.importorskip("gguf", reason="gguf is not installed")
@@ -599,6 +606,51 @@ def test_gguf_writer_writes_phi3_as_llama_cpp_reads_it(tmp_path, monkeypatch, lo
     assert read.config.rope.rope_type == model.config.rope.rope_type
     expected = Engine.load(folder, dtype="float32", backend="eager").complete(ids, params).token_ids
     assert read.complete(ids, params).token_ids == expected
+
+
+def test_gguf_writer_writes_gemma3_as_llama_cpp_reads_it(tmp_path, monkeypatch):
+    # Read back through Solo's GGUF loader: norms stored as 1 + w, the window and the global layers' linear RoPE
+    # scaling went out as llama.cpp's gemma3 reads them (its fixed pattern and sliding-layer theta match).
+    pytest.importorskip("gguf", reason="gguf is not installed")
+    from solo import Engine, SamplingParams
+    from solo.bench.peers.llamacpp import write_gguf
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    folder = make_checkpoint(tmp_path / "gemma3", "gemma3", **_GGUF_OVERRIDES["gemma3"])
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    with torch.no_grad():  # norms away from 0, so that a missing or doubled + 1 changes the tokens
+        for name, param in model.named_parameters():
+            if name.endswith("norm.weight"):
+                param.normal_(0.0, 0.5)
+    write_gguf(model, tmp_path / "m.gguf", "F32")
+    read = Engine.load(tmp_path / "m.gguf", backend="eager")
+    assert read.config.rope_tables == model.config.rope_tables
+    assert read.config.layer_sliding_windows == model.config.layer_sliding_windows
+    params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
+    ids = [1, 5, 9, 33, 70, 2, 100, 7, 250, 31, 12, 44]  # longer than the window of 8
+    from solo.runtime.eager import EagerRuntime
+
+    expected = Engine(model, read.tokenizer, read.defaults, EagerRuntime(model), folder, "written").complete(
+        ids, params).token_ids
+    assert read.complete(ids, params).token_ids == expected
+
+
+@pytest.mark.parametrize("arch", ["llama", "phi3", "gemma3", "smollm3"])
+def test_the_hf_peer_holds_solos_weights_as_transformers_loads_them(tmp_path, arch):
+    # Built on the meta device around Solo's tensors: its buffers (RoPE tables, one per layer type in Gemma 3;
+    # Gemma's embedding scale) must be rebuilt, or its logits would not be transformers' own.
+    from transformers import AutoModelForCausalLM
+
+    from solo.bench.peers.hf import hf_model_from_solo
+
+    folder = make_checkpoint(tmp_path / arch, arch)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
+    raw = json.loads((folder / "config.json").read_text())
+    peer = hf_model_from_solo(model, raw, torch.float32, torch.device("cpu"))
+    reference = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
+    ids = torch.tensor([[1, 5, 9, 33, 70, 2, 100, 7, 250, 31, 12, 44]])
+    with torch.no_grad():
+        torch.testing.assert_close(peer(ids).logits, reference(ids).logits, atol=1e-5, rtol=0)
 
 
 def test_sweep_context_defaults_fit_the_model():

@@ -227,7 +227,12 @@ def test_gemma3_rope_scaling_applies_to_the_global_layers_only_and_states_the_co
     layer_types = ["sliding_attention", "full_attention"] * 13
     config = ModelConfig.from_dict(dict(GEMMA3_1B, layer_types=layer_types))
     assert config.layer_sliding_windows == (512, None) * 13
-    with pytest.raises(UnsupportedArchitectureError, match="dynamic RoPE scaling on some layers"):
+    assert [config.layer_rope_table(i) for i in range(4)] == [1, 0, 1, 0]
+    # The layer type picks the RoPE table even without a window (transformers indexes the tables by type).
+    config = ModelConfig.from_dict(dict(GEMMA3_1B, sliding_window=None))
+    assert set(config.layer_sliding_windows) == {None}
+    assert [config.layer_rope_table(i) for i in range(6)] == [1, 1, 1, 1, 1, 0]
+    with pytest.raises(UnsupportedArchitectureError, match="dynamic RoPE scaling is not supported on a model whose"):
         ModelConfig.from_dict(dict(GEMMA3_1B, rope_scaling={"rope_type": "dynamic", "factor": 2.0}))
 
 
@@ -244,3 +249,9 @@ def test_smollm3_nope_layers():
     assert config.layer_sliding_windows == (16, None) * 4
     with pytest.raises(CheckpointError, match="no_rope_layers"):
         ModelConfig.from_dict(dict(raw, no_rope_layers=[1, 0]))
+    # transformers reads the first num_hidden_layers entries; SmolLM3Config's defaults where config.json is silent
+    config = ModelConfig.from_dict(dict(raw, no_rope_layers=[1, 1, 1, 0] * 3))
+    assert [config.layer_uses_rope(i) for i in range(8)] == [True, True, True, False] * 2
+    bare = {k: v for k, v in raw.items() if k != "rope_theta"}
+    config = ModelConfig.from_dict(bare)
+    assert config.rope.theta == 2e6 and config.rope_tables[0].theta == 2e6 and config.context_length == 32768

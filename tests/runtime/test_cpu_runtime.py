@@ -80,6 +80,22 @@ def test_rope_scaling_and_biases(tmp_path, rope):
     torch.testing.assert_close(logits, eager_logits, atol=F32_ATOL, rtol=0)
 
 
+def test_dynamic_rope_rows_take_their_own_lengths_in_a_batch(tmp_path):
+    # Dynamic NTK frequencies follow a sequence's own length: a row past the trained context must not change the
+    # frequencies of a shorter row decoded in the same step.
+    folder = make_checkpoint(tmp_path / "dynamic", "llama", max_position_embeddings=16,
+                             rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
+    runtime = CpuRuntime(_load(folder, torch.float32))
+    runtime.reserve(2, 64)
+    prompts = [PROMPT[:6], PROMPT + PROMPT[:10]]  # 6 tokens (inside 16) and 27 (past it)
+    for row, prompt in enumerate(prompts):
+        runtime.prefill(row, torch.tensor(prompt))
+    batched = runtime.decode(torch.tensor([0, 1]), torch.tensor([5, 7]), torch.tensor([6, len(prompts[1])]))
+    runtime.prefill(0, torch.tensor(prompts[0]))
+    alone = runtime.decode(torch.tensor([0]), torch.tensor([5]), torch.tensor([6]))[0]
+    torch.testing.assert_close(batched[0], alone, atol=1e-5, rtol=0)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 def test_multi_row_decode_matches_single_rows(tmp_path, dtype):
     folder = make_checkpoint(tmp_path / "llama", "llama", dtype=dtype)

@@ -102,6 +102,11 @@ run Gemma-3-1B-bf16-lockstep $solo bench --shape Gemma-3-1B --energy-s 0 --compa
   --json Gemma-3-1B-bf16-lockstep.json
 run gguf-peer-logits-Gemma-3-1B python ../../gguf_peer_logits.py --shape Gemma-3-1B --layers 6 --prompt-len 700 \
   --type F32 --type F16 --type BF16
+# SmolLM3-3B's shape (NoPE layers) against llama.cpp's F16 GGUF (two GGUF copies beside Solo do not fit 24 GiB).
+run SmolLM3-3B-bf16-lockstep $solo bench --shape SmolLM3-3B --energy-s 0 --compare llama.cpp-F16 --lockstep 16 \
+  --json SmolLM3-3B-bf16-lockstep.json
+run gguf-peer-logits-SmolLM3-3B python ../../gguf_peer_logits.py --shape SmolLM3-3B --layers 8 \
+  --type F32 --type F16 --type BF16
 # Beside one busy-loop process (one of the two cores taken by other work).
 cpu_hog_run
 # int8 against Q8_0, int4 against Q4_0: the native llama.cpp build's Q8_0 / Q4_0 (AMX) crashed on this VM,

@@ -97,11 +97,18 @@ def hf_model_from_solo(solo_model: torch.nn.Module, raw_config: dict[str, Any], 
         if solo_name not in solo_params:
             raise PeerSkipped(f"no Solo tensor for transformers parameter {name}")
         _set_tensor(model, name, solo_params[solo_name].detach())
+    # Buffers built on the meta device hold no values: rebuild them for real (RoPE tables, Gemma's embedding scale).
     for module in model.modules():
-        inv_freq = getattr(module, "inv_freq", None)
-        if isinstance(inv_freq, torch.Tensor) and inv_freq.is_meta:
-            module.__init__(config=model.config)  # rebuild the RoPE buffers for real
+        meta = [name for name, b in module.named_buffers(recurse=False) if b.is_meta]
+        if not meta:
+            continue
+        if type(module).__name__.endswith("RotaryEmbedding"):  # one table, or one per layer type (Gemma 3)
+            module.__init__(config=getattr(module, "config", model.config))
             module.to(device)
+        elif meta == ["embed_scale"] and hasattr(module, "scalar_embed_scale"):
+            module.embed_scale = torch.tensor(module.scalar_embed_scale, device=device)
+        else:
+            raise PeerSkipped(f"cannot rebuild {type(module).__name__}'s buffers {meta} for transformers")
     return model
 
 

@@ -40,8 +40,9 @@ from solo.model.transformer import Transformer
 
 _ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
            "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
-           "OlmoeForCausalLM": "olmoe", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3"}
-_PERMUTED = {"llama"}  # llama.cpp applies interleaved RoPE to these: q/k rows must be permuted
+           "OlmoeForCausalLM": "olmoe", "Phi3ForCausalLM": "phi3", "Gemma3ForCausalLM": "gemma3",
+           "SmolLM3ForCausalLM": "smollm3"}
+_PERMUTED = {"llama", "smollm3"}  # llama.cpp applies interleaved RoPE to these: q/k rows must be permuted
 _MOE_NORM_TOPK = {"olmoe": False, "qwen3moe": True}  # llama.cpp's fixed choice per MoE family (Mixtral: True)
 
 _INSTALL_HINT = '(pip install llama-cpp-python gguf; from a checkout: pip install -e ".[llamacpp]")'
@@ -136,7 +137,10 @@ def _check_gguf_support(cfg: ModelConfig) -> str:
         ("a query_pre_attn_scalar other than llama.cpp's", arch == "gemma3"
          and cfg.attn_scale != gemma3_query_pre_attn_scalar(cfg.num_layers, cfg.hidden_size, cfg.num_heads,
                                                              cfg.head_dim) ** -0.5),
-        ("per-layer RoPE", cfg.layer_ropes and arch != "gemma3"),
+        # llama.cpp's smollm3 hard-codes a NoPE layer every fourth one.
+        ("NoPE layers other than every fourth", arch == "smollm3" and [cfg.layer_uses_rope(i) for i in range(
+            cfg.num_layers)] != [(i + 1) % 4 != 0 for i in range(cfg.num_layers)]),
+        ("per-layer RoPE", cfg.layer_ropes and arch not in ("gemma3", "smollm3")),
         ("o_proj / MLP biases", cfg.o_bias or cfg.mlp_bias),
         (f"the {cfg.hidden_act} activation", cfg.hidden_act != ("gelu_pytorch_tanh" if arch == "gemma3" else "silu")),
         ("logit soft-capping", cfg.attn_logit_softcap is not None or cfg.final_logit_softcap is not None),
@@ -277,7 +281,8 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     `expert_used_count` and stacked experts), Qwen3-MoE ("qwen3moe": `expert_feed_forward_length`) and OLMoE
     ("olmoe": q/k norms over the whole projection), Gemma 3 ("gemma3": per-head q/k norms, the sandwich norms
     as post_attention_norm / post_ffw_norm, every norm stored as 1 + w as llama.cpp's converter does, the
-    sliding window and the global layers' linear RoPE scaling), Phi-3 ("phi3": fused attn_qkv and ffn_up, one sliding
+    sliding window and the global layers' linear RoPE scaling), SmolLM3 ("smollm3": Llama's layout; llama.cpp
+    makes every fourth layer NoPE), Phi-3 ("phi3": fused attn_qkv and ffn_up, one sliding
     window, LongRoPE's factor tensors). An MoE layer's experts go out stacked as
     `ffn_gate_exps` / `ffn_up_exps` [experts, inter, hidden] and `ffn_down_exps` [experts, hidden, inter],
     its router as `ffn_gate_inp` [experts, hidden] in F32 (as llama.cpp's converter keeps it). The names and
@@ -321,14 +326,14 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.add_rope_freq_base(cfg.rope.theta)
     if arch == "phi3":  # as llama.cpp's converter (Phi3MiniModel): 0 is no window
         writer.add_sliding_window(cfg.layer_sliding_windows[0] or 0)
+        if cfg.rope.rope_type == "longrope":
+            writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
+            writer.add_rope_scaling_attn_factors(cfg.rope.attention_factor)
     if arch == "gemma3":  # as Gemma3Model: the sliding layers' window, the global layers' RoPE scaling
         writer.add_sliding_window(cfg.layer_sliding_windows[0])
         if cfg.rope.rope_type == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(cfg.rope.factor)
-        if cfg.rope.rope_type == "longrope":
-            writer.add_rope_scaling_orig_ctx_len(cfg.rope.original_max_position_embeddings)
-            writer.add_rope_scaling_attn_factors(cfg.rope.attention_factor)
     writer.add_layer_norm_rms_eps(cfg.rms_norm_eps)
     writer.add_vocab_size(cfg.vocab_size)
     writer.add_file_type({"F32": 0, "F16": 1, "BF16": 32, "Q8_0": 7, "Q4_0": 2}[type_name])
