@@ -101,6 +101,12 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
     if phi3 and rope.get("rope_type") == "longrope":
         vector("rope_factors_long.weight", np.array(rope["long_factor"]))
         vector("rope_factors_short.weight", np.array(rope["short_factor"]))
+    # llama.cpp's norm names -> transformers' (Gemma 3: q/k norms and the sandwich norms)
+    norms = [("ffn_norm", "post_attention_layernorm")]
+    if gemma3:
+        norms = [("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm"),
+                 ("post_attention_norm", "post_attention_layernorm"), ("ffn_norm", "pre_feedforward_layernorm"),
+                 ("post_ffw_norm", "post_feedforward_layernorm")]
     for i in range(cfg["num_hidden_layers"]):
         p = f"model.layers.{i}."
         vector(f"blk.{i}.attn_norm.weight", tensors[p + "input_layernorm.weight"])
@@ -116,14 +122,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
         matrix(f"blk.{i}.attn_k.weight", k if gemma3 else _permute(k, kv_heads))
         matrix(f"blk.{i}.attn_v.weight", tensors[p + "self_attn.v_proj.weight"])
         matrix(f"blk.{i}.attn_output.weight", tensors[p + "self_attn.o_proj.weight"])
-        if gemma3:
-            vector(f"blk.{i}.attn_q_norm.weight", tensors[p + "self_attn.q_norm.weight"])
-            vector(f"blk.{i}.attn_k_norm.weight", tensors[p + "self_attn.k_norm.weight"])
-            vector(f"blk.{i}.post_attention_norm.weight", tensors[p + "post_attention_layernorm.weight"])
-            vector(f"blk.{i}.ffn_norm.weight", tensors[p + "pre_feedforward_layernorm.weight"])
-            vector(f"blk.{i}.post_ffw_norm.weight", tensors[p + "post_feedforward_layernorm.weight"])
-        else:
-            vector(f"blk.{i}.ffn_norm.weight", tensors[p + "post_attention_layernorm.weight"])
+        for ours, theirs in norms:
+            vector(f"blk.{i}.{ours}.weight", tensors[f"{p}{theirs}.weight"])
         matrix(f"blk.{i}.ffn_gate.weight", tensors[p + "mlp.gate_proj.weight"])
         matrix(f"blk.{i}.ffn_up.weight", tensors[p + "mlp.up_proj.weight"])
         matrix(f"blk.{i}.ffn_down.weight", tensors[p + "mlp.down_proj.weight"])
