@@ -315,7 +315,6 @@ class ModelConfig:
                 hidden_act=str(raw.get("hidden_act", "silu")),
                 max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
                 context_length=0,
-                rope=_rope_config(raw, architecture),
                 tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
                 torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
                 bos_token_id=raw.get("bos_token_id"),
@@ -340,8 +339,13 @@ class ModelConfig:
                 raise CheckpointError(f"config.json gives {hf_name} = {base[name]}; it must be >= 1. Fix or "
                                       "re-download it")
         base["attn_scale"] = base["head_dim"] ** -0.5
-        config = cls(**base)
-        config = rule(config, raw)
+        try:
+            base["rope"] = _rope_config(raw, architecture)
+            config = rule(cls(**base), raw)
+        except (TypeError, ValueError, AttributeError) as exc:
+            # A field of the wrong type (a null rope_theta, a string where a number or a list belongs, ...).
+            raise CheckpointError(f"config.json has a field of the wrong type or value for {architecture} ({exc}); "
+                                  "fix or re-download it") from None
         config = replace(config, context_length=_context_length(config))
         _validate(config)
         return config
@@ -388,8 +392,14 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
     merged = {**params, **scaling}
-    theta = float(merged.get("rope_theta", raw.get("rope_theta", 10000.0)))
-    rope_type = merged.get("rope_type") or merged.get("type") or "default"
+    theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+        raise CheckpointError(f"config.json gives rope_theta = {theta!r}; it must be a positive number. Fix or "
+                              "re-download it")
+    theta = float(theta)
+    # rope_scaling's type, in either spelling, wins over rope_parameters' (a user adds {"type": "linear", ...})
+    rope_type = (scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or params.get("type")
+                 or "default")
     if rope_type in ("su", "yarn") and architecture == "Phi3ForCausalLM":
         rope_type = "longrope"  # Phi-3's early configs named LongRoPE so (transformers' Phi3Config maps them)
     if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
@@ -476,10 +486,13 @@ def _layer_windows_from_types(raw: dict[str, Any], num_layers: int, window: int 
     layer_types = raw.get("layer_types")
     if layer_types is None:
         return (None,) * num_layers
-    if len(layer_types) != num_layers:
-        raise CheckpointError(
-            f"config.json lists {len(layer_types)} layer_types for {num_layers} layers; fix config.json"
-        )
+    if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+        shown = f"{len(layer_types)} layer_types" if isinstance(layer_types, list) else f"layer_types {layer_types!r}"
+        raise CheckpointError(f"config.json lists {shown} for {num_layers} layers; fix config.json")
+    unknown = sorted({str(t) for t in layer_types} - {"sliding_attention", "full_attention"})
+    if unknown:
+        raise UnsupportedArchitectureError(f"layer type {unknown[0]!r} (config.json layer_types) is not supported; "
+                                           "Solo runs sliding_attention and full_attention layers")
     return tuple(window if t == "sliding_attention" else None for t in layer_types)
 
 
@@ -572,7 +585,8 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     config = replace(config, qk_norm=True, rope=global_rope,
                      max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
                      layer_ropes=tuple(local_rope if s else global_rope for s in sliding))
-    return _gemma_fields(config, raw, windows, (None, None))
+    config = _gemma_fields(config, raw, windows, (None, None))
+    return replace(config, attn_logit_softcap=None)  # transformers' Gemma3Attention never applies it
 
 
 def _smollm3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
@@ -582,10 +596,15 @@ def _smollm3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     n = config.num_layers
     uses_rope = raw.get("no_rope_layers")
     if uses_rope is None:
-        interval = int(raw.get("no_rope_layer_interval") or 4)
+        interval = raw.get("no_rope_layer_interval", 4)
+        if not isinstance(interval, int) or isinstance(interval, bool) or interval < 1:
+            raise CheckpointError(f"config.json gives no_rope_layer_interval = {interval!r}; it must be an integer "
+                                  ">= 1. Fix or re-download it")
         uses_rope = [int((i + 1) % interval != 0) for i in range(n)]
-    if len(uses_rope) < n:  # transformers reads the first num_hidden_layers entries of a longer list
-        raise CheckpointError(f"config.json lists {len(uses_rope)} no_rope_layers for {n} layers; fix config.json")
+    # transformers reads the first num_hidden_layers entries of a longer list
+    if not isinstance(uses_rope, list) or len(uses_rope) < n or any(u not in (0, 1) for u in uses_rope):
+        raise CheckpointError(f"config.json's no_rope_layers must list 1 (RoPE) or 0 (none) for each of the {n} "
+                              f"layers, got {uses_rope!r}; fix config.json")
     if not (raw.get("rope_parameters") or {}).get("rope_theta") and "rope_theta" not in raw:
         config = replace(config, rope=replace(config.rope, theta=2_000_000.0))  # SmolLM3Config's default
     if "max_position_embeddings" not in raw:
@@ -738,7 +757,8 @@ def _language_model_config(raw: dict[str, Any]) -> dict[str, Any]:
     try:
         merged = Gemma3TextConfig(**known).to_dict()
     except Exception as exc:  # noqa: BLE001 (transformers' strict-dataclass validation errors subclass Exception)
-        raise CheckpointError(f"config.json's text_config cannot be read ({exc}); fix or re-download it") from None
+        reason = " ".join(str(exc).split())  # transformers' validation errors span lines
+        raise CheckpointError(f"config.json's text_config cannot be read ({reason}); fix or re-download it") from None
     merged["architectures"] = list(raw.get("architectures") or ["Gemma3ForConditionalGeneration"])
     for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
         if raw.get(key) is not None:
@@ -765,6 +785,11 @@ def _architecture_name(raw: dict[str, Any]) -> str:
 
 
 def _validate(config: ModelConfig) -> None:
+    bad_window = next((w for w in config.layer_sliding_windows if w is not None
+                       and (not isinstance(w, int) or isinstance(w, bool) or w < 1)), None)
+    if bad_window is not None:
+        raise CheckpointError(f"config.json gives sliding_window = {bad_window!r}; it must be a positive integer (or "
+                              "null for none). Fix or re-download it")
     if config.hidden_act not in _SUPPORTED_ACTIVATIONS:
         raise UnsupportedArchitectureError(
             f"activation {config.hidden_act!r} is not supported; Solo supports {', '.join(_SUPPORTED_ACTIVATIONS)}"

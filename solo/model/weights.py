@@ -184,16 +184,15 @@ def checkpoint_files(folder: Path) -> list[Path]:
 
 
 def _iter_tensors(files: list[Path], device: str,
-                  rename: Callable[[str], str | None] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
-    # rename: a stored name -> the name to yield it under, or None to skip the tensor without reading it.
+                  skip: Callable[[str], bool] | None = None) -> Iterator[tuple[str, torch.Tensor]]:
+    # skip: names of tensors not to read at all (an image-text checkpoint's vision tower).
     bar = tqdm(total=len(files), desc="Loading shards", unit="shard", disable=len(files) < 2)
     for path in files:
         try:
             with safe_open(str(path), framework="pt", device=device) as f:
-                for stored in f.keys():
-                    name = stored if rename is None else rename(stored)
-                    if name is not None:
-                        yield name, f.get_tensor(stored)
+                for name in f.keys():
+                    if skip is None or not skip(name):
+                        yield name, f.get_tensor(name)
         except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
             raise CheckpointError(
                 f"cannot read {path} ({exc}); the file is damaged or incomplete, re-download it"
@@ -231,11 +230,13 @@ def load_weights(
     device_str = str(device)
     read_device = device_str if device_str.startswith("cuda") else "cpu"
     source: dict[str, str] = {}  # parameter -> the checkpoint tensor that filled it
-    rename = language_model_tensor_name if config.architecture in MULTIMODAL_ARCHITECTURES else None
-    for file_name, file_tensor in _iter_tensors(checkpoint_files(folder), read_device, rename):
-        for hf_name, tensor in split_fused_tensor(file_name, file_tensor, config):
+    multimodal = config.architecture in MULTIMODAL_ARCHITECTURES
+    skip = (lambda name: language_model_tensor_name(name) is None) if multimodal else None
+    for file_name, file_tensor in _iter_tensors(checkpoint_files(folder), read_device, skip):
+        lm_name = language_model_tensor_name(file_name) if multimodal else file_name
+        for hf_name, tensor in split_fused_tensor(lm_name, file_tensor, config):
             # Errors name the tensor the file holds (a fused one, with the part meant).
-            shown = repr(file_name) if hf_name == file_name else f"{file_name!r} (its {hf_name.split('.')[-2]} rows)"
+            shown = repr(file_name) if hf_name == lm_name else f"{file_name!r} (its {hf_name.split('.')[-2]} rows)"
             target = moe_tensor_target(hf_name, config) if config.is_moe else None
             if target is not None and target.expert is not None:
                 _load_expert_slice(model, hf_name, target, tensor, expected, expert_slices, dtype, device)
@@ -253,7 +254,7 @@ def load_weights(
             if name in source:
                 raise CheckpointError(
                     f"checkpoint tensors {source[name]!r} and {file_name!r} both hold {name}: the weights repeat it "
-                    "(fused and unfused copies of a projection?); keep one of them"
+                    "(fused and unfused copies of a projection, or two copies of a language model?); keep one of them"
                 )
             if tuple(tensor.shape) != tuple(expected[name]):
                 raise CheckpointError(

@@ -208,6 +208,9 @@ def test_gemma3_1b_config_has_local_and_global_rope_tables():
     assert config.attn_logit_softcap is None and config.final_logit_softcap is None
     assert config.attn_scale == 256 ** -0.5 and config.embedding_scale == math.sqrt(1152)
     assert config.context_length == 32768 and config.eos_token_ids == (1, 106)
+    # transformers' Gemma3Attention never applies attn_logit_softcapping (its final soft-capping it does)
+    capped = ModelConfig.from_dict(dict(GEMMA3_1B, attn_logit_softcapping=50.0, final_logit_softcapping=30.0))
+    assert capped.attn_logit_softcap is None and capped.final_logit_softcap == 30.0
     assert config.num_parameters() == pytest.approx(999_885_952, rel=1e-6)  # transformers' count
 
 
@@ -255,3 +258,32 @@ def test_smollm3_nope_layers():
     bare = {k: v for k, v in raw.items() if k != "rope_theta"}
     config = ModelConfig.from_dict(bare)
     assert config.rope.theta == 2e6 and config.rope_tables[0].theta == 2e6 and config.context_length == 32768
+
+
+def test_rope_scalings_old_type_key_wins_over_rope_parameters_type():
+    # A saved config (rope_parameters with rope_type "default") plus a user's {"type": "linear", ...}, as model
+    # cards write it: transformers applies the scaling, so must Solo.
+    raw = _raw(rope_parameters={"rope_type": "default", "rope_theta": 1e4},
+               rope_scaling={"type": "linear", "factor": 4.0}, max_position_embeddings=64)
+    config = ModelConfig.from_dict(raw)
+    assert config.rope.rope_type == "linear" and config.rope.factor == 4.0 and config.context_length == 256
+    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
+        ModelConfig.from_dict(dict(raw, rope_scaling={"type": "yarn", "factor": 2.0}))
+
+
+@pytest.mark.parametrize("arch, fields, message", [
+    ("Gemma3ForCausalLM", {"layer_types": 5}, "layer_types 5 for 4 layers"),
+    ("Gemma3ForCausalLM", {"layer_types": ["linear_attention"] * 4}, "layer type 'linear_attention'"),
+    ("Gemma3ForCausalLM", {"query_pre_attn_scalar": None}, "wrong type or value for Gemma3ForCausalLM"),
+    ("Gemma3ForCausalLM", {"sliding_window_pattern": "x"}, "wrong type or value"),
+    ("Gemma3ForCausalLM", {"sliding_window": -1}, "sliding_window = -1"),
+    ("Gemma3ForCausalLM", {"rope_parameters": {"full_attention": "linear"}}, "wrong type or value"),
+    ("SmolLM3ForCausalLM", {"no_rope_layers": 3}, "no_rope_layers must list 1"),
+    ("SmolLM3ForCausalLM", {"no_rope_layers": [{}] * 4}, "no_rope_layers must list 1"),
+    ("SmolLM3ForCausalLM", {"no_rope_layer_interval": "abc"}, "no_rope_layer_interval = 'abc'"),
+    ("LlamaForCausalLM", {"rope_theta": None}, "rope_theta = None"),
+])
+def test_malformed_fields_are_one_line_errors(arch, fields, message):
+    with pytest.raises((CheckpointError, UnsupportedArchitectureError), match=message) as err:
+        ModelConfig.from_dict(_raw(architectures=[arch], head_dim=16, **fields))
+    assert "\n" not in str(err.value)

@@ -165,3 +165,20 @@ def test_a_damaged_kernel_library_falls_back_to_a_clear_error(monkeypatch, tmp_p
     monkeypatch.setattr(cpu_build, "library_path", lambda: broken)
     with pytest.raises(cpu_build.KernelBuildError, match="delete it to rebuild"):
         cpu_build.load_library()
+
+
+def test_an_image_text_checkpoints_tensor_errors_name_the_files_own_tensors(tmp_path):
+    from checkpoints import make_gemma3_image_text_checkpoint
+
+    folder = make_gemma3_image_text_checkpoint(tmp_path / "gemma3-it")
+    tensors = load_file(folder / "model.safetensors")
+    name = "language_model.model.layers.0.mlp.up_proj.weight"
+    twice = dict(tensors, **{name.replace("language_model.model.", "model.language_model."): tensors[name].clone()})
+    save_file(twice, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="language_model.model.layers.0.mlp.up_proj.weight' and "
+                                              "'model.language_model.layers.0.mlp.up_proj.weight' both hold"):
+        Engine.load(folder, backend="eager")
+    tensors[name] = tensors[name][:, :3].contiguous()
+    save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match=f"tensor '{name}' has shape"):
+        Engine.load(folder, backend="eager")
