@@ -51,7 +51,13 @@ def variant_configs(config: ModelConfig, world: int) -> list[tuple[str, ModelCon
 def random_shard(config: ModelConfig, dtype: torch.dtype, device: torch.device, seed: int) -> torch.nn.Module:
     """The shard of `config` this rank holds, with random weights (N(0, 0.02^2), norms 1), built directly."""
     from solo.distributed.comm import DistLanes
-    from solo.distributed.sharding import TPTransformer, attach_lane_cache_config, check_tp, lane_shard
+    from solo.distributed.sharding import (
+        TPTransformer,
+        attach_lane_cache_config,
+        check_tp,
+        kv_heads_of_rank,
+        lane_shard,
+    )
     from solo.model.lanes import LaneRotary, LaneTransformer
     from solo.model.rope import RotaryEmbedding
     from solo.model.transformer import Transformer
@@ -63,7 +69,8 @@ def random_shard(config: ModelConfig, dtype: torch.dtype, device: torch.device, 
         with torch.device("meta"):
             model = LaneTransformer(config, lane_shard(config, w, comm.rank), comm)
     else:
-        local_cfg = replace(config, num_heads=config.num_heads // w, num_kv_heads=config.num_kv_heads // w,
+        kv = kv_heads_of_rank(config, w, comm.rank)[1]
+        local_cfg = replace(config, num_heads=config.num_heads // w, num_kv_heads=kv,
                             intermediate_size=config.intermediate_size // w, tie_word_embeddings=False)
         with torch.device("meta"):
             local = Transformer(local_cfg)

@@ -2,7 +2,9 @@
 
 Dense models (every architecture of `solo.model.transformer`) shard Megatron-style (Shoeybi et al. 2019,
 "Megatron-LM"): q/k/v and gate/up are column-parallel (each rank holds num_heads/N query heads,
-num_kv_heads/N KV heads and intermediate_size/N FFN columns), o_proj and down_proj row-parallel, followed by
+num_kv_heads/N KV heads and intermediate_size/N FFN columns; with fewer KV heads than ranks, N a multiple of
+them, each rank holds a copy of the one KV head its query heads share, as vLLM replicates them), o_proj and
+down_proj row-parallel, followed by
 one all-reduce per module; the LM head is vocab-parallel (each rank computes a slice of the logits, then an
 all-gather). Embeddings and norms are replicated. Lane models put L/N lanes on each rank
 (`solo.model.lanes.LaneShard`) and exchange partials through `DistLanes` (DTP).
@@ -34,10 +36,26 @@ def check_tp(config: ModelConfig, world: int) -> None:
             raise SoloError(f"--tp {world} does not divide the model's {config.lanes.num_lanes} lanes; use a "
                             "divisor of num_lanes")
         return
-    for name, value in (("num_attention_heads", config.num_heads), ("num_key_value_heads", config.num_kv_heads),
-                        ("intermediate_size", config.intermediate_size)):
+    for name, value in (("num_attention_heads", config.num_heads), ("intermediate_size", config.intermediate_size)):
         if value % world:
             raise SoloError(f"--tp {world} does not divide {name} = {value}; use a divisor of it")
+    kv = config.num_kv_heads
+    if kv % world and (world % kv or config.qk_norm_full_width):
+        # Fewer KV heads than ranks: each rank copies the KV head its query heads share, which needs N % kv == 0.
+        raise SoloError(f"--tp {world} does not divide num_key_value_heads = {kv}, nor is it a multiple of it "
+                        "(then each rank holds a copy of one KV head); use a divisor or a multiple of it")
+
+
+def kv_heads_of_rank(config: ModelConfig, world: int, rank: int) -> tuple[int, int]:
+    """The KV heads [first, first + count) that rank `rank` of `world` holds.
+
+    Its share of num_kv_heads, or, when the model has fewer KV heads than ranks, the one head its query heads
+    share (a copy on each of world / num_kv_heads ranks).
+    """
+    kv = config.num_kv_heads
+    if kv >= world:
+        return rank * (kv // world), kv // world
+    return rank * kv // world, 1
 
 
 def lane_shard(config: ModelConfig, world: int, rank: int) -> LaneShard:
@@ -121,9 +139,9 @@ def shard_dense(full: Transformer, comm: DistLanes) -> TPTransformer:
     check_tp(cfg, world)
     hd = cfg.head_dim
     q_rows = cfg.num_heads // world * hd
-    kv_rows = cfg.num_kv_heads // world * hd
+    kv_first, kv_count = kv_heads_of_rank(cfg, world, rank)
     f_rows = cfg.intermediate_size // world
-    local_cfg = replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=cfg.num_kv_heads // world,
+    local_cfg = replace(cfg, num_heads=cfg.num_heads // world, num_kv_heads=kv_count,
                         intermediate_size=f_rows, tie_word_embeddings=False)
     start, stop = vocab_range(cfg.vocab_size, world, rank)
     with torch.device("meta"):
@@ -135,18 +153,20 @@ def shard_dense(full: Transformer, comm: DistLanes) -> TPTransformer:
         module._parameters[attr] = None if tensor is None else nn.Parameter(tensor.contiguous().clone(),
                                                                               requires_grad=False)
 
-    cuts = {"attn.q_proj": (0, q_rows), "attn.k_proj": (0, kv_rows), "attn.v_proj": (0, kv_rows),
-            "attn.o_proj": (1, q_rows), "mlp.gate_proj": (0, f_rows), "mlp.up_proj": (0, f_rows),
-            "mlp.down_proj": (1, f_rows)}
+    # module -> (dim, first row or column, count) of this rank's slice
+    kv_slice = (0, kv_first * hd, kv_count * hd)
+    cuts = {"attn.q_proj": (0, rank * q_rows, q_rows), "attn.k_proj": kv_slice, "attn.v_proj": kv_slice,
+            "attn.o_proj": (1, rank * q_rows, q_rows), "mlp.gate_proj": (0, rank * f_rows, f_rows),
+            "mlp.up_proj": (0, rank * f_rows, f_rows), "mlp.down_proj": (1, rank * f_rows, f_rows)}
     for name, param in full.named_parameters():
         parts = name.split(".")
         module = ".".join(parts[2:4]) if name.startswith("layers.") else ""
         if module in cuts:
-            dim, size = cuts[module]
+            dim, first, size = cuts[module]
             if parts[-1] == "bias" and dim == 1:
                 put(name, None)  # added once, after the all-reduce
             else:
-                put(name, param.narrow(dim if parts[-1] == "weight" else 0, rank * size, size))
+                put(name, param.narrow(dim if parts[-1] == "weight" else 0, first, size))
         elif name != "lm_head.weight":
             put(name, param)
     o_bias = [layer.attn.o_proj.bias for layer in full.layers]

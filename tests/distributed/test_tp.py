@@ -58,6 +58,26 @@ def test_per_layer_rope_under_tp(tmp_path, arch):
     _check_same(make_checkpoint(tmp_path / arch, arch), 2)
 
 
+def test_fewer_kv_heads_than_ranks_are_copied_to_each_rank(tmp_path):
+    # One KV head (Gemma-3-1B, multi-query attention) on 2 ranks: each holds a copy, as vLLM does; its own query
+    # heads' share of everything else. Qwen2's k/v biases go with the copied rows.
+    _check_same(make_checkpoint(tmp_path / "gemma3", "gemma3", num_key_value_heads=1), 2)
+    _check_same(make_checkpoint(tmp_path / "qwen2", "qwen2", num_key_value_heads=1), 2)
+
+
+def test_a_kv_head_count_that_does_not_divide_the_ranks_is_refused(tmp_path):
+    from solo.distributed.sharding import check_tp
+    from solo.model.config import ModelConfig
+
+    config = ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 64,
+                                    "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 6,
+                                    "num_key_value_heads": 2})
+    check_tp(config, 2)
+    with pytest.raises(SoloError, match="nor is it a multiple of it"):
+        check_tp(config, 3)
+    check_tp(config, 6)  # six ranks, three to each KV head
+
+
 def test_phi3_tp_followers_take_rank_0s_longrope_factors(tmp_path):
     # The followers load the config themselves: the context rank 0 was given must pick their factors too.
     _check_same(make_longrope_checkpoint(tmp_path / "phi3"), 2, context_length=128)
