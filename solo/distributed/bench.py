@@ -27,7 +27,11 @@ from solo.model.config import ModelConfig
 
 
 def variant_configs(config: ModelConfig, world: int) -> list[tuple[str, ModelConfig]]:
-    """(label, config) of standard TP and DTP d = 1, 2 for a shape's config."""
+    """(label, config) of standard TP and DTP d = 1, 2 for a shape's config.
+
+    DTP's lanes need the KV heads to divide into `world` lanes: a shape with fewer KV heads than ranks runs
+    standard TP only.
+    """
     from solo.model.config import LaneConfig
     from solo.model.lane_config import default_broadcast_flags
 
@@ -36,6 +40,8 @@ def variant_configs(config: ModelConfig, world: int) -> list[tuple[str, ModelCon
     out: list[tuple[str, ModelConfig]] = []
     if config.lanes is None:
         out.append(("standard TP (Megatron, dense)", config))
+        if config.num_kv_heads % world:  # a lane owns 1/L of the KV heads: none to give with fewer heads than lanes
+            return out
     for delay in (0, 1, 2):
         if delay == 0 and config.lanes is None:
             continue

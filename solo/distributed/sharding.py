@@ -36,11 +36,16 @@ def check_tp(config: ModelConfig, world: int) -> None:
             raise SoloError(f"--tp {world} does not divide the model's {config.lanes.num_lanes} lanes; use a "
                             "divisor of num_lanes")
         return
+    if config.is_moe:
+        raise SoloError("--tp does not shard mixture-of-experts layers yet; run this model without --tp")
+    if config.qk_norm_full_width:
+        raise SoloError("--tp does not shard q/k norms over the whole projection (OLMoE) yet; run this model "
+                        "without --tp")
     for name, value in (("num_attention_heads", config.num_heads), ("intermediate_size", config.intermediate_size)):
         if value % world:
             raise SoloError(f"--tp {world} does not divide {name} = {value}; use a divisor of it")
     kv = config.num_kv_heads
-    if kv % world and (world % kv or config.qk_norm_full_width):
+    if kv % world and world % kv:
         # Fewer KV heads than ranks: each rank copies the KV head its query heads share, which needs N % kv == 0.
         raise SoloError(f"--tp {world} does not divide num_key_value_heads = {kv}, nor is it a multiple of it "
                         "(then each rank holds a copy of one KV head); use a divisor or a multiple of it")

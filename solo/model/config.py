@@ -339,13 +339,14 @@ class ModelConfig:
                 raise CheckpointError(f"config.json gives {hf_name} = {base[name]}; it must be >= 1. Fix or "
                                       "re-download it")
         base["attn_scale"] = base["head_dim"] ** -0.5
+        base["rope"] = _rope_config(raw, architecture)
+        config = cls(**base)
         try:
-            base["rope"] = _rope_config(raw, architecture)
-            config = rule(cls(**base), raw)
+            config = rule(config, raw)
         except (TypeError, ValueError, AttributeError) as exc:
-            # A field of the wrong type (a null rope_theta, a string where a number or a list belongs, ...).
-            raise CheckpointError(f"config.json has a field of the wrong type or value for {architecture} ({exc}); "
-                                  "fix or re-download it") from None
+            # A field the rule reads has the wrong type (a null query_pre_attn_scalar, a string for a number, ...).
+            raise CheckpointError(f"config.json has a {architecture} field of the wrong type or value ({exc}); "
+                                  "fix or re-download it") from exc
         config = replace(config, context_length=_context_length(config))
         _validate(config)
         return config
@@ -391,13 +392,18 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
     # reads it: a user adds it to a saved config to stretch the context (model cards say so).
     params = raw.get("rope_parameters") or {}
     scaling = raw.get("rope_scaling") or {}
+    if not isinstance(params, dict) or not isinstance(scaling, dict):
+        raise CheckpointError("config.json's rope_parameters and rope_scaling must be objects (or null); fix or "
+                              "re-download it")
     merged = {**params, **scaling}
     theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
-    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or theta <= 0:
+    if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
         raise CheckpointError(f"config.json gives rope_theta = {theta!r}; it must be a positive number. Fix or "
                               "re-download it")
     theta = float(theta)
-    # rope_scaling's type, in either spelling, wins over rope_parameters' (a user adds {"type": "linear", ...})
+    # rope_scaling's type, in either spelling, wins over rope_parameters' (a user adds {"type": "linear", ...} to a
+    # saved config). transformers 5 replaces rope_parameters by rope_scaling whole, so its theta falls back to
+    # the top-level rope_theta or 10000; Solo keeps the saved theta, which the model was trained with.
     rope_type = (scaling.get("rope_type") or scaling.get("type") or params.get("rope_type") or params.get("type")
                  or "default")
     if rope_type in ("su", "yarn") and architecture == "Phi3ForCausalLM":
@@ -489,7 +495,9 @@ def _layer_windows_from_types(raw: dict[str, Any], num_layers: int, window: int 
     if not isinstance(layer_types, list) or len(layer_types) != num_layers:
         shown = f"{len(layer_types)} layer_types" if isinstance(layer_types, list) else f"layer_types {layer_types!r}"
         raise CheckpointError(f"config.json lists {shown} for {num_layers} layers; fix config.json")
-    unknown = sorted({str(t) for t in layer_types} - {"sliding_attention", "full_attention"})
+    if not all(isinstance(t, str) for t in layer_types):
+        raise CheckpointError(f"config.json's layer_types must be strings, got {layer_types!r}; fix config.json")
+    unknown = sorted(set(layer_types) - {"sliding_attention", "full_attention"})
     if unknown:
         raise UnsupportedArchitectureError(f"layer type {unknown[0]!r} (config.json layer_types) is not supported; "
                                            "Solo runs sliding_attention and full_attention layers")
@@ -602,7 +610,7 @@ def _smollm3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
                                   ">= 1. Fix or re-download it")
         uses_rope = [int((i + 1) % interval != 0) for i in range(n)]
     # transformers reads the first num_hidden_layers entries of a longer list
-    if not isinstance(uses_rope, list) or len(uses_rope) < n or any(u not in (0, 1) for u in uses_rope):
+    if not isinstance(uses_rope, list) or len(uses_rope) < n or any(u not in (0, 1) for u in uses_rope[:n]):
         raise CheckpointError(f"config.json's no_rope_layers must list 1 (RoPE) or 0 (none) for each of the {n} "
                               f"layers, got {uses_rope!r}; fix config.json")
     if not (raw.get("rope_parameters") or {}).get("rope_theta") and "rope_theta" not in raw:

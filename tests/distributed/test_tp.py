@@ -63,6 +63,8 @@ def test_fewer_kv_heads_than_ranks_are_copied_to_each_rank(tmp_path):
     # heads' share of everything else. Qwen2's k/v biases go with the copied rows.
     _check_same(make_checkpoint(tmp_path / "gemma3", "gemma3", num_key_value_heads=1), 2)
     _check_same(make_checkpoint(tmp_path / "qwen2", "qwen2", num_key_value_heads=1), 2)
+    # Two KV heads on 4 ranks: ranks 0-1 copy head 0, ranks 2-3 head 1 (and its k/v bias rows).
+    _check_same(make_checkpoint(tmp_path / "qwen2-2kv", "qwen2", num_key_value_heads=2), 4)
 
 
 def test_a_kv_head_count_that_does_not_divide_the_ranks_is_refused(tmp_path):
@@ -76,6 +78,11 @@ def test_a_kv_head_count_that_does_not_divide_the_ranks_is_refused(tmp_path):
     with pytest.raises(SoloError, match="nor is it a multiple of it"):
         check_tp(config, 3)
     check_tp(config, 6)  # six ranks, three to each KV head
+    moe = ModelConfig.from_dict({"architectures": ["MixtralForCausalLM"], "vocab_size": 64, "hidden_size": 64,
+                                 "intermediate_size": 96, "num_hidden_layers": 1, "num_attention_heads": 4,
+                                 "num_key_value_heads": 2, "num_local_experts": 4, "num_experts_per_tok": 2})
+    with pytest.raises(SoloError, match="mixture-of-experts"):
+        check_tp(moe, 2)
 
 
 def test_phi3_tp_followers_take_rank_0s_longrope_factors(tmp_path):

@@ -269,12 +269,15 @@ def test_rope_scalings_old_type_key_wins_over_rope_parameters_type():
     assert config.rope.rope_type == "linear" and config.rope.factor == 4.0 and config.context_length == 256
     with pytest.raises(UnsupportedArchitectureError, match="yarn"):
         ModelConfig.from_dict(dict(raw, rope_scaling={"type": "yarn", "factor": 2.0}))
+    # The saved theta stays (transformers 5 would fall back to 10000 when rope_scaling replaces rope_parameters)
+    config = ModelConfig.from_dict(dict(raw, rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
+    assert config.rope.theta == 5e5 and config.rope.rope_type == "linear"
 
 
 @pytest.mark.parametrize("arch, fields, message", [
     ("Gemma3ForCausalLM", {"layer_types": 5}, "layer_types 5 for 4 layers"),
     ("Gemma3ForCausalLM", {"layer_types": ["linear_attention"] * 4}, "layer type 'linear_attention'"),
-    ("Gemma3ForCausalLM", {"query_pre_attn_scalar": None}, "wrong type or value for Gemma3ForCausalLM"),
+    ("Gemma3ForCausalLM", {"query_pre_attn_scalar": None}, "a Gemma3ForCausalLM field of the wrong type"),
     ("Gemma3ForCausalLM", {"sliding_window_pattern": "x"}, "wrong type or value"),
     ("Gemma3ForCausalLM", {"sliding_window": -1}, "sliding_window = -1"),
     ("Gemma3ForCausalLM", {"rope_parameters": {"full_attention": "linear"}}, "wrong type or value"),
@@ -282,6 +285,9 @@ def test_rope_scalings_old_type_key_wins_over_rope_parameters_type():
     ("SmolLM3ForCausalLM", {"no_rope_layers": [{}] * 4}, "no_rope_layers must list 1"),
     ("SmolLM3ForCausalLM", {"no_rope_layer_interval": "abc"}, "no_rope_layer_interval = 'abc'"),
     ("LlamaForCausalLM", {"rope_theta": None}, "rope_theta = None"),
+    ("LlamaForCausalLM", {"rope_theta": float("nan")}, "rope_theta = nan"),
+    ("LlamaForCausalLM", {"rope_parameters": "x"}, "rope_parameters and rope_scaling must be objects"),
+    ("Gemma3ForCausalLM", {"layer_types": [None] * 4}, "layer_types must be strings"),
 ])
 def test_malformed_fields_are_one_line_errors(arch, fields, message):
     with pytest.raises((CheckpointError, UnsupportedArchitectureError), match=message) as err:
