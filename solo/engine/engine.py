@@ -227,6 +227,23 @@ class Engine:
         """Bytes per element of the KV cache (every runtime keeps it in the model's dtype)."""
         return torch.empty((), dtype=self.model.dtype).element_size()
 
+    def close(self) -> None:
+        """Release what the engine holds besides memory (idempotent; the engine cannot generate afterwards).
+
+        A tensor-parallel runtime's follower processes and process group go, so that another `tp` engine can
+        load in this process; a single-process runtime holds nothing to release. `with Engine.load(...) as
+        engine:` closes it on leaving the block.
+        """
+        close = getattr(self.runtime, "close", None)
+        if callable(close):
+            close()
+
+    def __enter__(self) -> Engine:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
     def warm_up(self) -> None:
         """Run one prefill and one decode step in row 0 (one-time costs stay off the first request's TTFT).
 

@@ -138,6 +138,17 @@ print("released" if group() is None else "alive")
 """
 
 
+def test_a_closed_tp_engine_lets_the_next_one_load(tmp_path):
+    # Without close() the second engine's process group failed to start ("initialize the default process
+    # group twice"); Engine is a context manager that closes its runtime.
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    with Engine.load(folder, dtype="float32", tp=2) as first:
+        expected = _greedy(first, 4)
+    with Engine.load(folder, dtype="float32", tp=2) as second:
+        assert _greedy(second, 4) == expected
+    second.close()  # idempotent
+
+
 def test_close_releases_the_process_group(tmp_path):
     # A process group that outlives close() keeps gloo's worker threads into interpreter shutdown, where
     # one releasing a tensor aborts rank 0 ("terminate called without an active exception") after its
