@@ -4,10 +4,9 @@ Dense models (every architecture of `solo.model.transformer`) shard Megatron-sty
 "Megatron-LM"): q/k/v and gate/up are column-parallel (each rank holds num_heads/N query heads,
 num_kv_heads/N KV heads and intermediate_size/N FFN columns; with fewer KV heads than ranks, N a multiple of
 them, each rank holds a copy of the one KV head its query heads share, as vLLM replicates them), o_proj and
-down_proj row-parallel, followed by
-one all-reduce per module; the LM head is vocab-parallel (each rank computes a slice of the logits, then an
-all-gather). Embeddings and norms are replicated. Lane models put L/N lanes on each rank
-(`solo.model.lanes.LaneShard`) and exchange partials through `DistLanes` (DTP).
+down_proj row-parallel, followed by one all-reduce per module; the LM head is vocab-parallel (each rank
+computes a slice of the logits, then an all-gather). Embeddings and norms are replicated. Lane models put L/N
+lanes on each rank (`solo.model.lanes.LaneShard`) and exchange partials through `DistLanes` (DTP).
 """
 
 from __future__ import annotations

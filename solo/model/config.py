@@ -489,9 +489,17 @@ def _window(raw: dict[str, Any]) -> int | None:
 
 
 def _layer_windows_from_types(raw: dict[str, Any], num_layers: int, window: int | None) -> tuple:
+    sliding = _sliding_layers(raw, num_layers)
+    if sliding is None:
+        return (None,) * num_layers
+    return tuple(window if s else None for s in sliding)
+
+
+def _sliding_layers(raw: dict[str, Any], num_layers: int) -> list[bool] | None:
+    # Per layer, whether config.json's layer_types makes it a sliding_attention layer; None without layer_types.
     layer_types = raw.get("layer_types")
     if layer_types is None:
-        return (None,) * num_layers
+        return None
     if not isinstance(layer_types, list) or len(layer_types) != num_layers:
         shown = f"{len(layer_types)} layer_types" if isinstance(layer_types, list) else f"layer_types {layer_types!r}"
         raise CheckpointError(f"config.json lists {shown} for {num_layers} layers; fix config.json")
@@ -501,7 +509,7 @@ def _layer_windows_from_types(raw: dict[str, Any], num_layers: int, window: int 
     if unknown:
         raise UnsupportedArchitectureError(f"layer type {unknown[0]!r} (config.json layer_types) is not supported; "
                                            "Solo runs sliding_attention and full_attention layers")
-    return tuple(window if t == "sliding_attention" else None for t in layer_types)
+    return [t == "sliding_attention" for t in layer_types]
 
 
 def _llama(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
@@ -573,11 +581,10 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     # any rope_scaling) differs from the sliding layers' (rope_local_base_freq, 10000).
     # A layer's type picks both its window and its RoPE table (sliding_window null leaves the tables as they are).
     window = raw.get("sliding_window", 4096)
-    if raw.get("layer_types") is None:
+    sliding = _sliding_layers(raw, config.num_layers)
+    if sliding is None:
         pattern = int(raw.get("sliding_window_pattern") or 6)
         sliding = [bool((i + 1) % pattern) for i in range(config.num_layers)]
-    else:
-        sliding = [w is not None for w in _layer_windows_from_types(raw, config.num_layers, 0)]
     windows = tuple(window if s else None for s in sliding)
     params = raw.get("rope_parameters") or {}
     if "full_attention" in params or "sliding_attention" in params:  # transformers >= 5

@@ -111,19 +111,12 @@ class TritonStep:
             self.sin = torch.zeros(1, half, dtype=torch.float32, device=device)
             self.cos_tables, self.sin_tables = [self.cos], [self.sin]  # one table (per-layer RoPE refuses dynamic)
             return
-        self.cos_tables, self.sin_tables = [], []  # per entry of config.rope_tables (Gemma 3: global, local)
-        for t, rope in enumerate(self.config.rope_tables):
-            if rope is None:  # NoPE: the identity rotation (cos 1, sin 0) leaves q and k exactly as they are
-                cos = torch.ones(max_seq, half, dtype=torch.float32, device=device)
-                sin = torch.zeros(max_seq, half, dtype=torch.float32, device=device)
-            else:
-                # Same float32 products as RotaryEmbedding.forward, so cos/sin match the eager model's.
-                inv_freq = model.rotary.table_inv_freq(t).float()
-                freqs = torch.arange(max_seq, device=device).float()[:, None] * inv_freq[None, :]
-                scale = rope.attention_factor  # LongRoPE's magnitude factor, 1.0 otherwise
-                cos, sin = (freqs.cos() * scale).contiguous(), (freqs.sin() * scale).contiguous()
-            self.cos_tables.append(cos)
-            self.sin_tables.append(sin)
+        # The eager model's own float32 tables, one per entry of config.rope_tables (Gemma 3: global, local; a
+        # NoPE layer's is the identity); the kernel reads the first half of each row (both halves are the same).
+        positions = torch.arange(max_seq, device=device).view(1, -1)
+        tables = model.rotary.layer_tables(positions, torch.float32)
+        self.cos_tables = [cos[0, :, :half].contiguous() for cos, _ in tables]
+        self.sin_tables = [sin[0, :, :half].contiguous() for _, sin in tables]
 
     def _make_workspaces(self) -> None:
         self._workspaces = {}
