@@ -157,7 +157,17 @@ def probe_cpu_bandwidth(buffer_bytes: int = 2 * _GIB, passes: int = 5, threads: 
     threads = threads or torch.get_num_threads()
     buf = torch.ones(buffer_bytes // 8, dtype=torch.int64)  # touched, so pages are mapped before timing
     nbytes = buf.numel() * 8
-    kernels: dict[str, Callable[[], object]] = {f"torch.sum over int64, {threads} threads": buf.sum}
+
+    def torch_sum() -> object:
+        # torch.sum runs on torch's own thread count: held at `threads` for the pass, as its label says
+        before = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            return buf.sum()
+        finally:
+            torch.set_num_threads(before)
+
+    kernels: dict[str, Callable[[], object]] = {f"torch.sum over int64, {threads} threads": torch_sum}
     try:
         from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 

@@ -20,6 +20,20 @@ def test_the_probe_is_the_best_of_torch_and_the_native_loop_and_names_the_isa():
     assert probe.method in names and probe.bandwidth_gbps == max(probe.candidates_gbps.values())
 
 
+def test_the_torch_candidate_reads_with_the_threads_it_is_labelled_with(monkeypatch):
+    """torch.sum used torch's own thread count whatever `threads` said: a one-thread probe's torch candidate
+    read with every thread (29 GB/s against 11 on one core of a 2-core Xeon) under a "1 threads" label."""
+    seen = []
+    sum_of = torch.Tensor.sum
+    monkeypatch.setattr(torch.Tensor, "sum", lambda self, *a, **k: (seen.append(torch.get_num_threads()),
+                                                                       sum_of(self, *a, **k))[1])
+    before = torch.get_num_threads()
+    probe = probe_cpu_bandwidth(8 * 2**20, passes=1, threads=1)
+    assert "torch.sum over int64, 1 threads" in probe.candidates_gbps
+    assert seen and set(seen) == {1}
+    assert torch.get_num_threads() == before
+
+
 def test_instrument_warnings():
     gib = 2**30
     assert instrument_warnings(2 * gib, 2 * gib, 20.0, {"solo": 9.0}, 32 * 2**20) == []
