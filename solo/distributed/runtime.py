@@ -21,6 +21,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from solo.distributed.sharding import kv_heads_in_memory
 from solo.errors import SoloError
 from solo.model.transformer import KVCache
 
@@ -46,6 +47,9 @@ class TPRuntime:
 
     Attributes:
         failed: why the runtime stopped, or None while healthy.
+        kv_heads_in_memory: KV heads per layer whose cache the memory of `device` holds, for sizing the KV
+            cache (`sharding.kv_heads_in_memory`: every local rank's on the CPU, rank 0's on CUDA); None for
+            lane models (the model's count).
     """
 
     batch_invariant = False
@@ -59,6 +63,11 @@ class TPRuntime:
         self.control = control
         self.rank, self.world = comm.rank, comm.world
         self.name = f"eager-tp{self.world}"
+        self.kv_heads_in_memory: int | None = None
+        if self.config.lanes is None:
+            local = os.environ.get("LOCAL_WORLD_SIZE")  # torchrun: the ranks on this host
+            self.kv_heads_in_memory = kv_heads_in_memory(self.config, self.world, self.device.type,
+                                                         int(local) if local and local.isdigit() else None)
         self.rows = 0
         self.max_seq = 0
         self.cache: KVCache | None = None

@@ -62,6 +62,29 @@ def kv_heads_of_rank(config: ModelConfig, world: int, rank: int) -> tuple[int, i
     return rank * kv // world, 1
 
 
+def kv_heads_in_memory(config: ModelConfig, world: int, device_type: str, local_ranks: int | None = None) -> int:
+    """KV heads whose cache rank 0's memory holds under `world`-way tensor parallelism, for sizing the KV cache.
+
+    On the CPU the ranks on this host share its memory: every local rank's heads count, a copied KV head once per
+    rank that holds it (fewer KV heads than ranks: `kv_heads_of_rank`). On CUDA each rank has its own GPU: rank
+    0's heads only.
+
+    Args:
+        config: the whole model's config.
+        world: tensor-parallel ranks.
+        device_type: "cpu" or "cuda".
+        local_ranks: ranks on this host, ranks 0 .. local_ranks - 1 (default: all of them, as `solo --tp`
+            spawns them; a torchrun job over several hosts passes its LOCAL_WORLD_SIZE).
+
+    Returns:
+        A count of KV heads (per layer).
+    """
+    if device_type == "cuda":
+        return kv_heads_of_rank(config, world, 0)[1]
+    local = world if local_ranks is None else max(1, min(local_ranks, world))
+    return sum(kv_heads_of_rank(config, world, rank)[1] for rank in range(local))
+
+
 def lane_shard(config: ModelConfig, world: int, rank: int) -> LaneShard:
     """The lanes (and LM-head rows) of rank `rank` of `world`."""
     per = config.lanes.num_lanes // world

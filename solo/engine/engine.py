@@ -227,6 +227,16 @@ class Engine:
         """Bytes per element of the KV cache (every runtime keeps it in the model's dtype)."""
         return torch.empty((), dtype=self.model.dtype).element_size()
 
+    @property
+    def kv_heads_in_memory(self) -> int:
+        """KV heads per layer whose cache the memory of `device` holds (what the server sizes the KV cache with).
+
+        The model's count, or a tensor-parallel runtime's: on the CPU every rank's, a KV head copied to several
+        ranks once per rank; on CUDA rank 0's share.
+        """
+        heads = getattr(self.runtime, "kv_heads_in_memory", None)
+        return self.config.num_kv_heads if heads is None else heads
+
     def close(self) -> None:
         """Release what the engine holds besides memory (idempotent; the engine cannot generate afterwards).
 

@@ -29,17 +29,29 @@ MIN_SLOT_TOKENS = 16
 """A slot shorter than this is not worth serving: the server refuses to start instead."""
 
 
-def kv_bytes_per_token(config: ModelConfig, element_bytes: int) -> int:
+def kv_bytes_per_token(config: ModelConfig, element_bytes: int, kv_heads: int | None = None) -> int:
     """Bytes of KV cache one token takes in one sequence: keys and values of every layer.
 
     Args:
         config: the model config (num_layers, num_kv_heads, head_dim).
         element_bytes: bytes per cache element (2 for bfloat16/float16, 4 for float32).
+        kv_heads: KV heads held per layer, where a runtime holds another count than the model's (a
+            tensor-parallel one: its `kv_heads_in_memory`); default `config.num_kv_heads`.
 
     Returns:
-        2 * num_layers * num_kv_heads * head_dim * element_bytes.
+        2 * num_layers * kv_heads * head_dim * element_bytes.
     """
-    return 2 * config.num_layers * config.num_kv_heads * config.head_dim * element_bytes
+    heads = config.num_kv_heads if kv_heads is None else kv_heads
+    return 2 * config.num_layers * heads * config.head_dim * element_bytes
+
+
+def runtime_kv_bytes_per_token(runtime: object) -> int:
+    """`kv_bytes_per_token` of a runtime's cache: its element size and its `kv_heads_in_memory` where it has one.
+
+    A tensor-parallel runtime declares the KV heads in the memory the server checks (`TPRuntime`).
+    """
+    return kv_bytes_per_token(runtime.config, cache_element_bytes(runtime),  # type: ignore[attr-defined]
+                              getattr(runtime, "kv_heads_in_memory", None))
 
 
 def cache_element_bytes(runtime: object, default_dtype: torch.dtype = torch.bfloat16) -> int:

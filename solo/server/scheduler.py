@@ -145,7 +145,7 @@ from solo.runtime.base import (
     runtime_block_size,
     runtime_capabilities,
 )
-from solo.server.kv_memory import cache_element_bytes, kv_bytes_per_token
+from solo.server.kv_memory import runtime_kv_bytes_per_token
 
 logger = logging.getLogger("solo.server")
 
@@ -434,7 +434,7 @@ class Scheduler:
             span_prefill != "off" else 0
         """Prompts of at most this many tokens are prefilled inside the decode steps while rows decode (0: never;
         see `span_prefill_limit`)."""
-        self.kv_bytes_per_token = kv_bytes_per_token(runtime.config, cache_element_bytes(runtime))
+        self.kv_bytes_per_token = runtime_kv_bytes_per_token(runtime)
         """Bytes of KV cache one token of one request takes."""
         self.kv_capacity_bytes = max_batch * max_seq * self.kv_bytes_per_token
         """Bytes of the KV-cache rows this scheduler uses."""

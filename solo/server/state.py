@@ -270,7 +270,8 @@ class ServerState:
         if limit > context:
             raise SoloError(f"--max-model-len {limit} exceeds the model's context length of {context}; lower it")
         if self.settings.max_batch is None:  # --max-batch auto: from free memory, before the cache is sized
-            per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes)
+            per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes,
+                                                     engine.kv_heads_in_memory)
             free = kv_memory.available_memory_bytes(engine.device)
             self.settings.max_batch = kv_memory.auto_slots(limit, per_token, free)
         self.max_model_len = self._fit_kv_cache(engine, limit)
@@ -307,7 +308,8 @@ class ServerState:
         # Checked before the static cache is allocated, so a cache too big for this machine is refused with
         # the numbers instead of failing in the allocator or waking the OOM killer once its pages are written.
         rows = self.settings.max_batch
-        per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes)
+        per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes,
+                                                 engine.kv_heads_in_memory)
         free = kv_memory.available_memory_bytes(engine.device)
         fits = kv_memory.fit_slot_tokens(rows, limit, per_token, free)
         if fits == limit:

@@ -25,7 +25,7 @@ def _greedy(engine, n=16):
     return result.token_ids
 
 
-def _check_same(folder, tp, **load):
+def _check_same(folder, tp, kv_heads_in_memory=None, **load):
     one = Engine.load(folder, dtype="float32", backend="eager", **load)
     expected = _greedy(one)
     ids = one.encode_prompt(PROMPT)
@@ -34,6 +34,8 @@ def _check_same(folder, tp, **load):
     engine = Engine.load(folder, dtype="float32", tp=tp, **load)
     try:
         assert engine.runtime.name == f"eager-tp{tp}"
+        if kv_heads_in_memory is not None:  # what the server sizes the KV cache with (all ranks share this host)
+            assert engine.kv_heads_in_memory == kv_heads_in_memory
         assert _greedy(engine) == expected
         engine.runtime.reserve(1, len(ids))
         assert torch.allclose(engine.runtime.prefill(0, torch.tensor(ids)), ref_logits, atol=1e-4, rtol=0)
@@ -61,10 +63,31 @@ def test_per_layer_rope_under_tp(tmp_path, arch):
 def test_fewer_kv_heads_than_ranks_are_copied_to_each_rank(tmp_path):
     # One KV head (Gemma-3-1B, multi-query attention) on 2 ranks: each holds a copy, as vLLM does; its own query
     # heads' share of everything else. Qwen2's k/v biases go with the copied rows.
-    _check_same(make_checkpoint(tmp_path / "gemma3", "gemma3", num_key_value_heads=1), 2)
+    # The host's memory holds a copy per rank: the server sizes the KV cache with 2 heads, not the model's 1.
+    _check_same(make_checkpoint(tmp_path / "gemma3", "gemma3", num_key_value_heads=1), 2, kv_heads_in_memory=2)
     _check_same(make_checkpoint(tmp_path / "qwen2", "qwen2", num_key_value_heads=1), 2)
     # Two KV heads on 4 ranks: ranks 0-1 copy head 0, ranks 2-3 head 1 (and its k/v bias rows).
-    _check_same(make_checkpoint(tmp_path / "qwen2-2kv", "qwen2", num_key_value_heads=2), 4)
+    _check_same(make_checkpoint(tmp_path / "qwen2-2kv", "qwen2", num_key_value_heads=2), 4, kv_heads_in_memory=4)
+
+
+def test_kv_heads_in_memory_counts_copies_on_the_cpu_and_rank_0s_share_on_cuda():
+    from solo.distributed.sharding import kv_heads_in_memory
+    from solo.model.config import ModelConfig
+    from solo.server import kv_memory
+
+    def config(kv):
+        return ModelConfig.from_dict({"architectures": ["LlamaForCausalLM"], "vocab_size": 64, "hidden_size": 64,
+                                      "intermediate_size": 96, "num_hidden_layers": 3, "num_attention_heads": 8,
+                                      "num_key_value_heads": kv})
+
+    assert kv_heads_in_memory(config(4), 2, "cpu") == 4  # split: the host holds the model's heads
+    assert kv_heads_in_memory(config(4), 2, "cuda") == 2  # rank 0's GPU holds its half
+    assert kv_heads_in_memory(config(1), 4, "cpu") == 4  # copied: once per rank
+    assert kv_heads_in_memory(config(1), 4, "cuda") == 1
+    assert kv_heads_in_memory(config(2), 8, "cpu", local_ranks=4) == 4  # torchrun: 4 of the 8 ranks on this host
+    assert kv_heads_in_memory(config(4), 8, "cpu", local_ranks=2) == 2
+    # The bytes the server's --max-batch auto and start-up check count (bf16, head_dim 8, 3 layers).
+    assert kv_memory.kv_bytes_per_token(config(1), 2, kv_heads=4) == 4 * kv_memory.kv_bytes_per_token(config(1), 2)
 
 
 def test_a_kv_head_count_that_does_not_divide_the_ranks_is_refused(tmp_path):
