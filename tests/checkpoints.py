@@ -72,9 +72,11 @@ MOE = {
 
 def hf_config(arch: str, vocab_size: int, **overrides):
     """A tiny transformers config of architecture `arch` ("llama", "mistral", "qwen2", "qwen3", "gemma2",
-    "gemma3", "phi3", "smollm3", or an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe").
+    "gemma3", "phi3", "phi4", "smollm3", or an MoE family: "mixtral", "qwen2_moe", "qwen3_moe", "olmoe").
 
-    gemma3 alternates sliding and global layers, each with its own RoPE theta; smollm3's second layer is NoPE.
+    gemma3 alternates sliding and global layers, each with its own RoPE theta; smollm3's second layer is NoPE;
+    phi4 is Phi-4-mini's layout: a Phi-3 whose RoPE rotates 3/4 of each head (partial_rotary_factor), tied
+    embeddings.
     """
     from transformers import (
         Gemma2Config,
@@ -92,7 +94,8 @@ def hf_config(arch: str, vocab_size: int, **overrides):
     )
 
     cls = {"llama": LlamaConfig, "mistral": MistralConfig, "qwen2": Qwen2Config, "qwen3": Qwen3Config,
-           "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "phi3": Phi3Config, "smollm3": SmolLM3Config,
+           "gemma2": Gemma2Config, "gemma3": Gemma3TextConfig, "phi3": Phi3Config, "phi4": Phi3Config,
+           "smollm3": SmolLM3Config,
            "mixtral": MixtralConfig, "qwen2_moe": Qwen2MoeConfig,
            "qwen3_moe": Qwen3MoeConfig, "olmoe": OlmoeConfig}[arch]
     kwargs = dict(TINY, vocab_size=vocab_size, bos_token_id=1, eos_token_id=2, pad_token_id=None,
@@ -111,6 +114,8 @@ def hf_config(arch: str, vocab_size: int, **overrides):
         kwargs.update(no_rope_layer_interval=2)  # layer 1 has no position embeddings
     if arch in ("mistral", "phi3"):
         kwargs.update(sliding_window=8)
+    if arch == "phi4":  # 12 of the 16 dims rotated
+        kwargs.update(partial_rotary_factor=0.75, tie_word_embeddings=True)
     kwargs.update(MOE.get(arch, {}))
     kwargs.update(overrides)
     return cls(**kwargs)
@@ -155,12 +160,15 @@ def make_gemma3_image_text_checkpoint(folder: Path, dtype: torch.dtype = torch.f
     return folder
 
 
-def make_longrope_checkpoint(folder: Path, **overrides) -> Path:
+def make_longrope_checkpoint(folder: Path, partial_rotary_factor: float = 1.0, **overrides) -> Path:
     """A tiny Phi-3 with LongRoPE: a 32-token original context stretched to 128 (attention factor ~1.18), short
-    and long factors far apart so the two regimes give different tokens."""
-    half = 8  # head_dim 16
+    and long factors far apart so the two regimes give different tokens. `partial_rotary_factor` 0.75 makes it
+    Phi-4-mini's layout (12 of the 16 dims of each head rotated, 6 factors each; tied embeddings)."""
+    half = int(16 * partial_rotary_factor) // 2  # head_dim 16
     rope = {"rope_type": "longrope", "rope_theta": 10000.0, "short_factor": [1.0 + 0.05 * i for i in range(half)],
             "long_factor": [1.0 + 2.0 * i for i in range(half)]}
+    if partial_rotary_factor != 1.0:
+        overrides = dict(overrides, partial_rotary_factor=partial_rotary_factor, tie_word_embeddings=True)
     return make_checkpoint(folder, "phi3", max_position_embeddings=128, original_max_position_embeddings=32,
                            rope_parameters=rope, sliding_window=None, **overrides)
 

@@ -49,7 +49,7 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
     writer.add_feed_forward_length(cfg["intermediate_size"])
     writer.add_head_count(heads)
     writer.add_head_count_kv(kv_heads)
-    writer.add_rope_dimension_count(head_dim)
+    writer.add_rope_dimension_count(int(head_dim * (cfg.get("partial_rotary_factor") or 1.0)))  # Phi-4-mini: 3/4
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
     if gemma3:
         rope = rope["full_attention"]  # the global layers' (llama.cpp fixes the sliding layers' theta at 10000)

@@ -51,6 +51,16 @@ SHAPES: dict[str, dict[str, Any]] = {
         rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=4096, sliding_window=2047,
         torch_dtype="bfloat16",
     ),
+    # microsoft/Phi-4-mini-instruct: a Phi-3 whose RoPE rotates 96 of each head's 128 dims, GQA (8 KV heads), a
+    # 200k vocabulary (tied), LongRoPE from a 4096-token original context (the shape runs within it, on the
+    # short factors; these are placeholders of the published lists' length, 48 each).
+    "Phi-4-mini": dict(
+        architectures=["Phi3ForCausalLM"], hidden_size=3072, intermediate_size=8192, num_hidden_layers=32,
+        num_attention_heads=24, num_key_value_heads=8, vocab_size=200064, tie_word_embeddings=True,
+        rms_norm_eps=1e-5, rope_theta=10000.0, max_position_embeddings=131072, original_max_position_embeddings=4096,
+        partial_rotary_factor=0.75, sliding_window=262144, torch_dtype="bfloat16",
+        rope_scaling=dict(type="longrope", short_factor=[1.0] * 48, long_factor=[1.0 + 0.5 * i for i in range(48)]),
+    ),
     # google/gemma-3-1b-it: five 512-token sliding layers then a global one, RoPE theta 10000 on the sliding
     # layers and 1e6 on the global ones, a 262k vocabulary (tied: 0.3 of the 1.0B parameters).
     "Gemma-3-1B": dict(

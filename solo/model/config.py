@@ -125,6 +125,8 @@ class ModelConfig:
         layer_ropes: per layer, its own RoPE parameters, or None for a layer without position embeddings
             (NoPE: SmolLM3); empty when every layer takes `rope`. Gemma 3's sliding layers take a local
             theta (10000) and its global layers `rope`. See `rope_tables` / `layer_rope_table`.
+        rotary_dim: dims of each query / key head that RoPE rotates (`partial_rotary_factor` x head_dim:
+            Phi-4-mini's 96 of 128), or None for the whole head. See `rope_dim`.
     """
 
     architecture: str
@@ -175,6 +177,19 @@ class ModelConfig:
     lanes: LaneConfig | None = None
     rope_interleaved: bool = False
     layer_ropes: tuple[RopeConfig | None, ...] = ()
+    rotary_dim: int | None = None
+
+    @property
+    def rope_dim(self) -> int:
+        """Dims of each head RoPE rotates (`rotary_dim`, else `head_dim`), at frequencies theta ** (-2i / rope_dim).
+
+        Where it is less than head_dim (partial rotary embeddings) the loaded q and k projections' rows are
+        reordered within each head (`solo.model.weights.rope_row_order`) so that the rotated dims' pairs sit
+        at (i, i + head_dim / 2) as in a full rotation and the others in between, whose table entries are the
+        identity (cos 1, sin 0): every runtime then runs them as a full rotation; q . k is unchanged, as the
+        same order is applied to both.
+        """
+        return self.rotary_dim or self.head_dim
 
     @cached_property
     def rope_tables(self) -> tuple[RopeConfig | None, ...]:
@@ -340,6 +355,7 @@ class ModelConfig:
                                       "re-download it")
         base["attn_scale"] = base["head_dim"] ** -0.5
         base["rope"] = _rope_config(raw, architecture)
+        base["rotary_dim"] = _rotary_dim(raw, architecture, base["head_dim"])
         config = cls(**base)
         try:
             config = rule(config, raw)
@@ -408,10 +424,6 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
                  or "default")
     if rope_type in ("su", "yarn") and architecture == "Phi3ForCausalLM":
         rope_type = "longrope"  # Phi-3's early configs named LongRoPE so (transformers' Phi3Config maps them)
-    if float(merged.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))) != 1.0:
-        raise UnsupportedArchitectureError(
-            "partial rotary embeddings (partial_rotary_factor != 1, e.g. Phi-4-mini) are not supported"
-        )
     if rope_type == "longrope":
         return _longrope_config(raw, merged, theta, architecture)
     if rope_type not in _SUPPORTED_ROPE_TYPES:
@@ -427,6 +439,33 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
         high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
         original_max_position_embeddings=merged.get("original_max_position_embeddings"),
     )
+
+
+# Architectures whose transformers implementation rotates the first `partial_rotary_factor` x head_dim dims of
+# each head in the rotate-half layout and passes the rest through (Phi3Attention: Phi-4-mini).
+_PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM",)
+
+
+def _rotary_dim(raw: dict[str, Any], architecture: str, head_dim: int) -> int | None:
+    # partial_rotary_factor sits at the top level (transformers 4) or in rope_parameters (transformers 5).
+    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
+    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    if factor is None:
+        return None
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
+        raise CheckpointError(f"config.json gives partial_rotary_factor = {factor!r}; it must be in (0, 1]. Fix or "
+                              "re-download it")
+    if factor == 1:
+        return None
+    if architecture not in _PARTIAL_ROTARY_ARCHITECTURES:
+        raise UnsupportedArchitectureError(
+            f"partial rotary embeddings (partial_rotary_factor {factor}) are supported for "
+            f"{', '.join(_PARTIAL_ROTARY_ARCHITECTURES)} (Phi-4-mini), not for {architecture}")
+    dim = int(head_dim * factor)  # as transformers' rope initialisation rounds it
+    if dim < 2 or dim % 2:
+        raise CheckpointError(f"partial_rotary_factor {factor} of a {head_dim}-dim head rotates {dim} dims; RoPE needs "
+                              "an even number of at least 2. Fix or re-download config.json")
+    return None if dim == head_dim else dim
 
 
 def longrope_attention_factor(factor: float, original: int) -> float:
@@ -822,12 +861,17 @@ def _validate(config: ModelConfig) -> None:
                 "scaling there"
             )
     rope = config.rope
-    if rope.rope_type == "longrope" and not len(rope.short_factor) == len(rope.long_factor) == config.head_dim // 2:
+    if rope.rope_type == "longrope" and not len(rope.short_factor) == len(rope.long_factor) == config.rope_dim // 2:
+        rotated = f"{config.rope_dim} rotated dims" if config.rotary_dim else f"a head of {config.head_dim}"
         raise CheckpointError(
             f"config.json's longrope short_factor and long_factor have {len(rope.short_factor)} and "
-            f"{len(rope.long_factor)} entries; a head of {config.head_dim} needs {config.head_dim // 2} each. Fix "
+            f"{len(rope.long_factor)} entries; {rotated} needs {config.rope_dim // 2} each. Fix "
             "or re-download config.json"
         )
+    if config.rotary_dim is not None and (rope.rope_type == "dynamic" or config.layer_ropes or config.rope_interleaved):
+        raise UnsupportedArchitectureError(
+            "partial rotary embeddings are supported with static RoPE tables shared by every layer (Phi-4-mini's "
+            "LongRoPE), not with dynamic NTK scaling, per-layer tables or interleaved pairs")
 
 
 # quant_method of config.json's quantization_config -> the name users know it by.

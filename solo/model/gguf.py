@@ -314,9 +314,11 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
     tensors rope_factors_long / rope_factors_short; without them the model would run with plain RoPE and no
     window.
 
+    A rotary dimension below the head size (Phi-4-mini's 96 of 128) becomes `partial_rotary_factor`.
+
     Raises:
-        UnsupportedArchitectureError: the file's rotary dimension is not the head size (partial rotary).
-        CheckpointError: only one of the two factor tensors is present.
+        CheckpointError: only one of the two factor tensors is present, or the rotary dimension is not an
+            even number of at most the head size.
     """
     from gguf import GGUFReader
 
@@ -335,8 +337,13 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
     head_dim = int(raw["hidden_size"]) // int(raw["num_attention_heads"])
     rotary = number("rope.dimension_count")
     if rotary is not None and int(rotary) != head_dim:
-        raise UnsupportedArchitectureError(f"{src.name} rotates {int(rotary)} of each head's {head_dim} features "
-                                           "(partial rotary embeddings, e.g. Phi-4-mini), which Solo does not run")
+        if not 0 < int(rotary) < head_dim or int(rotary) % 2:
+            raise CheckpointError(f"{src.name} rotates {int(rotary)} of each head's {head_dim} features; RoPE needs an "
+                                  "even number of at most the head size. The file is damaged or was converted wrongly")
+        # Phi-4-mini: 96 of 128. Where transformers 5 reads it (rope_parameters, over the top-level field).
+        partial = int(rotary) / head_dim
+        fields["partial_rotary_factor"] = partial
+        fields["rope_parameters"] = {**(raw.get("rope_parameters") or {}), "partial_rotary_factor": partial}
     factors = {t.name: [float(f) for f in t.data.reshape(-1)] for t in reader.tensors
                if t.name in ("rope_factors_long.weight", "rope_factors_short.weight")}
     if len(factors) == 1:

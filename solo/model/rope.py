@@ -14,7 +14,8 @@ import torch
 from solo.model.config import ModelConfig, RopeConfig
 
 
-def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None) -> torch.Tensor:
+def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None,
+                  rotary_dim: int | None = None) -> torch.Tensor:
     """Inverse frequencies for a static RoPE type (default, linear, llama3, longrope; dynamic at its base length).
 
     default: theta ** (-2i / head_dim) (Su et al. 2021, "RoFormer"); linear: divided by `factor`
@@ -26,19 +27,25 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | 
         rope: RoPE parameters.
         head_dim: features per attention head (even).
         device: where to build the tensor.
+        rotary_dim: dims RoPE rotates (`ModelConfig.rope_dim`; default head_dim): the frequencies are those of
+            a rotary_dim head, followed by zeros (unrotated dims: cos 1, sin 0) up to head_dim // 2.
 
     Returns:
         float32 tensor [head_dim // 2], in radians per position.
     """
-    exponent = torch.arange(0, head_dim, 2, dtype=torch.int64, device=device).float() / head_dim
+    dim = rotary_dim or head_dim
+    exponent = torch.arange(0, dim, 2, dtype=torch.int64, device=device).float() / dim
     if rope.rope_type == "longrope":
         factors = rope.long_factor if rope.use_long_factor else rope.short_factor
-        return 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * rope.theta**exponent)
-    inv_freq = 1.0 / (rope.theta**exponent)
-    if rope.rope_type == "linear":
-        inv_freq = inv_freq / rope.factor
-    elif rope.rope_type == "llama3":
-        inv_freq = _llama3_scale(inv_freq, rope)
+        inv_freq = 1.0 / (torch.tensor(factors, dtype=torch.float32, device=device) * rope.theta**exponent)
+    else:
+        inv_freq = 1.0 / (rope.theta**exponent)
+        if rope.rope_type == "linear":
+            inv_freq = inv_freq / rope.factor
+        elif rope.rope_type == "llama3":
+            inv_freq = _llama3_scale(inv_freq, rope)
+    if dim < head_dim:
+        inv_freq = torch.cat((inv_freq, inv_freq.new_zeros((head_dim - dim) // 2)))
     return inv_freq
 
 
@@ -87,7 +94,9 @@ class RotaryEmbedding(torch.nn.Module):
 
     A model whose layers differ (`ModelConfig.layer_ropes`: Gemma 3's local and global layers, SmolLM3's NoPE
     layers) has one table per entry of `config.rope_tables`; `forward(..., table=t)` gives table t, and a NoPE
-    table is the identity (cos 1, sin 0: `apply_rope` then returns its input exactly).
+    table is the identity (cos 1, sin 0: `apply_rope` then returns its input exactly). With partial rotary
+    embeddings (`ModelConfig.rope_dim` < head_dim) the entries past rope_dim / 2 of each half are that identity
+    (the projections' rows are reordered to match at load: see `ModelConfig.rope_dim`).
 
     Args:
         config: model config (head_dim and rope parameters).
@@ -100,10 +109,12 @@ class RotaryEmbedding(torch.nn.Module):
         super().__init__()
         self.config = config
         self.tables = config.rope_tables
-        self.register_buffer("inv_freq", rope_inv_freq(config.rope, config.head_dim), persistent=False)
+        self.register_buffer("inv_freq", rope_inv_freq(config.rope, config.head_dim, rotary_dim=config.rope_dim),
+                             persistent=False)
         for t, rope in enumerate(self.tables[1:], start=1):
             if rope is not None:
-                self.register_buffer(f"inv_freq_{t}", rope_inv_freq(rope, config.head_dim), persistent=False)
+                self.register_buffer(f"inv_freq_{t}", rope_inv_freq(rope, config.head_dim, rotary_dim=config.rope_dim),
+                                     persistent=False)
 
     def table_inv_freq(self, table: int) -> torch.Tensor | None:
         """Static inverse frequencies [head_dim // 2] (float32) of `table`, None for a NoPE table."""
@@ -138,7 +149,15 @@ class RotaryEmbedding(torch.nn.Module):
         cos, sin = emb.cos(), emb.sin()
         scale = rope.attention_factor
         if scale != 1.0:
-            cos, sin = cos * scale, sin * scale
+            rotated = self.config.rope_dim // 2  # unrotated dims keep cos 1, sin 0 (transformers passes them through)
+            if rotated == self.config.head_dim // 2:
+                cos, sin = cos * scale, sin * scale
+            else:
+                half = self.config.head_dim // 2
+                column = torch.ones(self.config.head_dim, dtype=cos.dtype, device=cos.device)
+                column[:rotated] = scale
+                column[half:half + rotated] = scale
+                cos, sin = cos * column, sin * column
         return cos.to(dtype), sin.to(dtype)
 
     def layer_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -147,6 +147,61 @@ def split_fused_tensor(name: str, tensor: torch.Tensor, config: ModelConfig) -> 
     return [(part, value) for (part, _), value in zip(parts, tensor.split(sizes), strict=True)]
 
 
+def rope_row_order(config: ModelConfig) -> torch.Tensor | None:
+    """Where each of a head's q / k rows goes under partial rotary embeddings, or None (RoPE rotates the whole head).
+
+    A checkpoint rotates the first r = `config.rope_dim` dims of each head in pairs (i, i + r / 2) and passes the
+    rest through; Solo's model holds the rows reordered so that those pairs sit at (i, i + head_dim / 2), as a
+    full rotation's do, and the unrotated dims at r / 2 .. head_dim / 2 - 1 and head_dim / 2 + r / 2 .. head_dim
+    - 1, where the RoPE table is the identity (`RotaryEmbedding`). Queries and keys take the same order, so
+    q . k, and with it attention, is unchanged.
+
+    Returns:
+        int64 [head_dim]: row j of a head in Solo's model is row `order[j]` of the checkpoint's head.
+    """
+    hd, r = config.head_dim, config.rope_dim
+    if r == hd:
+        return None
+    rest = (hd - r) // 2
+    return torch.cat((torch.arange(0, r // 2), torch.arange(r, r + rest),  # first half: rotated, then unrotated
+                      torch.arange(r // 2, r), torch.arange(r + rest, hd)))  # second half: their partners
+
+
+_ROPE_ROWS_RE = re.compile(r"^layers\.\d+\.attn\.(q_proj|k_proj)\.(weight|bias)$")
+
+
+def reorder_rope_rows(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """A loaded q / k projection (Solo's parameter `name`) with each head's rows in `rope_row_order`.
+
+    Any other parameter is returned as it is.
+
+    Args:
+        name: Solo's parameter name ("layers.3.attn.q_proj.weight").
+        tensor: its value, [heads * head_dim, ...] for the q / k projections.
+        config: the model's config.
+    """
+    return _rope_rows(name, tensor, config, inverse=False)
+
+
+def restore_rope_rows(name: str, tensor: torch.Tensor, config: ModelConfig) -> torch.Tensor:
+    """The inverse of `reorder_rope_rows`: each head's rows of Solo's q / k projection `name` in the checkpoint's order.
+
+    For writing the model out to another engine (the bench's peers). Any other parameter is returned as it is.
+    """
+    return _rope_rows(name, tensor, config, inverse=True)
+
+
+def _rope_rows(name: str, tensor: torch.Tensor, config: ModelConfig, inverse: bool) -> torch.Tensor:
+    order = rope_row_order(config)
+    if order is None or not _ROPE_ROWS_RE.match(name):
+        return tensor
+    if inverse:
+        order = order.argsort()
+    heads = tensor.shape[0] // config.head_dim
+    rows = tensor.reshape(heads, config.head_dim, *tensor.shape[1:])
+    return rows.index_select(1, order.to(tensor.device)).reshape(tensor.shape)
+
+
 def checkpoint_files(folder: Path) -> list[Path]:
     """The safetensors files of a model folder, single-file or sharded.
 
@@ -261,7 +316,7 @@ def load_weights(
                     f"checkpoint tensor {shown} has shape {tuple(tensor.shape)}, config.json implies "
                     f"{tuple(expected[name])}; the config and weights do not match"
                 )
-            _set_parameter(model, name, tensor.to(device=device, dtype=dtype))
+            _set_parameter(model, name, reorder_rope_rows(name, tensor.to(device=device, dtype=dtype), config))
             del tensor
             loaded.add(name)
             source[name] = file_name

@@ -585,10 +585,12 @@ def test_gguf_writer_refuses_what_it_cannot_carry_over(tmp_path, arch, overrides
     assert not (tmp_path / "m.gguf").exists()
 
 
-@pytest.mark.parametrize("longrope", [False, True], ids=["window", "longrope"])
-def test_gguf_writer_writes_phi3_as_llama_cpp_reads_it(tmp_path, monkeypatch, longrope):
+@pytest.mark.parametrize("longrope,partial", [(False, 1.0), (True, 1.0), (True, 0.75)],
+                         ids=["window", "longrope", "phi4-partial-rotary"])
+def test_gguf_writer_writes_phi3_as_llama_cpp_reads_it(tmp_path, monkeypatch, longrope, partial):
     # Read back through Solo's own GGUF loader (transformers' reader + the phi3 fields it drops): the same
-    # model, so fused attn_qkv / ffn_up, the window and LongRoPE's factors went out as llama.cpp lays them out.
+    # model, so fused attn_qkv / ffn_up, the window and LongRoPE's factors went out as llama.cpp lays them out;
+    # Phi-4-mini's partial rotary as rope.dimension_count, its q/k rows in the checkpoint's order, its tied head.
     pytest.importorskip("gguf", reason="gguf is not installed")
     from checkpoints import make_longrope_checkpoint
 
@@ -596,14 +598,17 @@ def test_gguf_writer_writes_phi3_as_llama_cpp_reads_it(tmp_path, monkeypatch, lo
     from solo.bench.peers.llamacpp import write_gguf
 
     monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
-    folder = make_longrope_checkpoint(tmp_path / "phi3") if longrope else make_checkpoint(tmp_path / "phi3", "phi3")
+    folder = make_longrope_checkpoint(tmp_path / "phi3", partial_rotary_factor=partial) if longrope else \
+        make_checkpoint(tmp_path / "phi3", "phi3")
     model = load_weights(folder, ModelConfig.from_file(folder), torch.float32)
     write_gguf(model, tmp_path / "m.gguf", "F32")
+    assert model.config.rotary_dim == (12 if partial != 1.0 else None)
     params = SamplingParams(max_tokens=12, temperature=0, ignore_eos=True)
     ids = [1, 5, 9, 33, 70, 2, 100, 7, 250, 31, 12, 44]  # longer than the window of 8
     read = Engine.load(tmp_path / "m.gguf", backend="eager")
     assert read.config.layer_sliding_windows == model.config.layer_sliding_windows
     assert read.config.rope.rope_type == model.config.rope.rope_type
+    assert read.config.rotary_dim == model.config.rotary_dim
     expected = Engine.load(folder, dtype="float32", backend="eager").complete(ids, params).token_ids
     assert read.complete(ids, params).token_ids == expected
 
@@ -635,7 +640,7 @@ def test_gguf_writer_writes_gemma3_as_llama_cpp_reads_it(tmp_path, monkeypatch):
     assert read.complete(ids, params).token_ids == expected
 
 
-@pytest.mark.parametrize("arch", ["llama", "phi3", "gemma3", "smollm3"])
+@pytest.mark.parametrize("arch", ["llama", "phi3", "phi4", "gemma3", "smollm3"])
 def test_the_hf_peer_holds_solos_weights_as_transformers_loads_them(tmp_path, arch):
     # Built on the meta device around Solo's tensors: its buffers (RoPE tables, one per layer type in Gemma 3;
     # Gemma's embedding scale) must be rebuilt, or its logits would not be transformers' own.

@@ -60,6 +60,11 @@ def test_per_layer_rope_under_tp(tmp_path, arch):
     _check_same(make_checkpoint(tmp_path / arch, arch), 2)
 
 
+def test_partial_rotary_under_tp(tmp_path):
+    # Phi-4-mini's layout: each rank's q/k rows keep the per-head order the loader gave them (weights.rope_row_order).
+    _check_same(make_checkpoint(tmp_path / "phi4", "phi4"), 2)
+
+
 def test_fewer_kv_heads_than_ranks_are_copied_to_each_rank(tmp_path):
     # One KV head (Gemma-3-1B, multi-query attention) on 2 ranks: each holds a copy, as vLLM does; its own query
     # heads' share of everything else. Qwen2's k/v biases go with the copied rows.

@@ -96,9 +96,42 @@ def test_phi3_early_longrope_names_and_bad_factors():
     with pytest.raises(CheckpointError, match="lacks 'long_factor'"):
         ModelConfig.from_dict(raw)
     raw["rope_scaling"]["long_factor"] = [2.0] * half
-    raw["partial_rotary_factor"] = 0.75  # Phi-4-mini
-    with pytest.raises(UnsupportedArchitectureError, match="partial rotary"):
+    raw["partial_rotary_factor"] = 0.75  # 12 of the 16 dims rotated: 6 factors each
+    with pytest.raises(CheckpointError, match="have 8 and 8 entries; 12 rotated dims needs 6 each"):
         ModelConfig.from_dict(raw)
+
+
+def test_phi4_mini_rotates_three_quarters_of_each_head():
+    # Phi-4-mini-instruct's published config: a Phi-3 whose RoPE rotates 96 of each head's 128 dims (LongRoPE
+    # with 48 factors each), tied embeddings.
+    raw = _raw(architectures=["Phi3ForCausalLM"], vocab_size=200064, hidden_size=3072, intermediate_size=8192,
+               num_hidden_layers=32, num_attention_heads=24, num_key_value_heads=8, max_position_embeddings=131072,
+               original_max_position_embeddings=4096, partial_rotary_factor=0.75, tie_word_embeddings=True,
+               sliding_window=262144, rope_theta=10000.0,
+               rope_scaling={"type": "longrope", "short_factor": [1.0] * 48, "long_factor": [2.0] * 48})
+    config = ModelConfig.from_dict(raw)
+    assert (config.head_dim, config.rotary_dim, config.rope_dim) == (128, 96, 96)
+    assert config.rope.rope_type == "longrope" and config.context_length == 4096 and config.tie_word_embeddings
+    assert config.num_parameters() == 3_836_021_760  # transformers' count (Phi3ForCausalLM on the meta device)
+    # transformers 5 keeps it in rope_parameters; 1.0 (or none) rotates the whole head
+    moved = dict(raw, rope_parameters={"partial_rotary_factor": 0.75, "rope_theta": 10000.0})
+    del moved["partial_rotary_factor"]
+    assert ModelConfig.from_dict(moved).rotary_dim == 96
+    assert ModelConfig.from_dict(dict(raw, partial_rotary_factor=1.0, rope_scaling=None)).rotary_dim is None
+    with pytest.raises(CheckpointError, match="have 64 and 64 entries; 96 rotated dims needs 48 each"):
+        ModelConfig.from_dict(dict(raw, rope_scaling={"type": "longrope", "short_factor": [1.0] * 64,
+                                                      "long_factor": [2.0] * 64}))
+    for bad in (0, 1.5, "0.75", True):
+        with pytest.raises(CheckpointError, match="partial_rotary_factor .* must be in \\(0, 1\\]"):
+            ModelConfig.from_dict(dict(raw, partial_rotary_factor=bad))
+    with pytest.raises(CheckpointError, match="rotates 5 dims; RoPE needs an even number"):
+        ModelConfig.from_dict(_raw(architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.3125))  # of 16
+    # Other architectures' transformers code rotates the whole head whatever the field says: refused by name.
+    with pytest.raises(UnsupportedArchitectureError, match="supported for Phi3ForCausalLM .* not for LlamaForCausalLM"):
+        ModelConfig.from_dict(_raw(partial_rotary_factor=0.5))
+    with pytest.raises(UnsupportedArchitectureError, match="not with dynamic NTK scaling"):
+        ModelConfig.from_dict(_raw(architectures=["Phi3ForCausalLM"], partial_rotary_factor=0.5,
+                                   rope_scaling={"type": "dynamic", "factor": 2.0}))
 
 
 def _raw(**overrides):

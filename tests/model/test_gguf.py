@@ -170,12 +170,14 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
     assert "has no GGUF file whose name holds 'zz'" in capsys.readouterr().err
 
 
-@pytest.mark.parametrize("window", [None, 8], ids=["longrope", "sliding-window"])
-def test_phi3_gguf_keeps_longrope_and_the_sliding_window(tmp_path, window):
-    # transformers' GGUF reader drops them; without them the model runs with plain RoPE and no window.
+@pytest.mark.parametrize("window,partial", [(None, 1.0), (8, 1.0), (None, 0.75)],
+                         ids=["longrope", "sliding-window", "phi4-partial-rotary"])
+def test_phi3_gguf_keeps_longrope_and_the_sliding_window(tmp_path, window, partial):
+    # transformers' GGUF reader drops them; without them the model runs with plain RoPE and no window. Phi-4-mini's
+    # files rotate 3/4 of each head (phi3.rope.dimension_count), which the reader drops too.
     from checkpoints import make_longrope_checkpoint
 
-    folder = make_longrope_checkpoint(tmp_path / "phi3", dtype=torch.float16)
+    folder = make_longrope_checkpoint(tmp_path / "phi3", partial_rotary_factor=partial, dtype=torch.float16)
     if window is not None:
         config = json.loads((folder / "config.json").read_text())
         config["sliding_window"] = window
@@ -189,6 +191,7 @@ def test_phi3_gguf_keeps_longrope_and_the_sliding_window(tmp_path, window):
     for factors in ("short_factor", "long_factor"):  # stored as float32, as transformers builds them
         assert torch.equal(torch.tensor(getattr(rope, factors)), torch.tensor(getattr(expected, factors)))
     assert engine.config.layer_sliding_windows == reference.config.layer_sliding_windows
+    assert engine.config.rotary_dim == reference.config.rotary_dim == (12 if partial != 1.0 else None)
     assert engine.config.context_length == 32 and engine.config.max_context_length == 128
     assert _tokens(engine) == _tokens(reference)
     prompt = "The quick brown fox jumps over the lazy dog. " * 2  # beyond the original context: long factors

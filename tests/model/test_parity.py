@@ -13,7 +13,7 @@ from solo import Engine, SamplingParams
 from solo.errors import SoloError
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n"
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi4", "smollm3"]
 LOGIT_ATOL = 1e-4  # float32: only summation order differs from transformers
 
 

@@ -12,7 +12,7 @@ from solo.model.transformer import Transformer
 from solo.model.weights import load_weights
 from solo.runtime.eager import EagerRuntime
 
-ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3")
+ARCHS = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi4", "smollm3")
 LONGROPE = "phi3-longrope"  # a TinyCheckpoints name: Phi-3 with LongRoPE, loaded with its long context
 PROMPT = [1, 5, 9, 33, 70, 2, 100, 7, 250, 31]
 

@@ -17,7 +17,7 @@ from solo.runtime import create_runtime
 from solo.runtime.cpu import CpuRuntime, cpu_unsupported_reason
 from solo.runtime.eager import EagerRuntime
 
-ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "smollm3"]
+ARCHS = ["llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3", "phi4", "smollm3"]
 PROMPT = [1, 17, 93, 5, 250, 31, 77, 8, 140, 66, 12, 301, 9, 44, 2, 180, 23]  # longer than the sliding windows
 F32_ATOL = 1e-4  # float32: only the summation order differs
 # bfloat16: the runtime rounds wherever eager rounds, but PyTorch's attention uses its own exp() and

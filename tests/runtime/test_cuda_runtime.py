@@ -49,7 +49,7 @@ def test_torch_step_matches_eager_per_token_and_in_blocks(tiny, arch):
 
 
 @pytest.mark.parametrize("arch", [
-    "llama", "gemma2", LONGROPE, "gemma3", "smollm3",
+    "llama", "gemma2", LONGROPE, "gemma3", "smollm3", "phi4",
     pytest.param("qwen3", marks=pytest.mark.slow), pytest.param("qwen2", marks=pytest.mark.slow),
     pytest.param("mistral", marks=pytest.mark.slow), pytest.param("phi3", marks=pytest.mark.slow),
 ])

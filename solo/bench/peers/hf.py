@@ -14,7 +14,7 @@ import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
 from solo.model.moe import moe_tensor_target
-from solo.model.weights import fused_parts, hf_to_solo_name
+from solo.model.weights import fused_parts, hf_to_solo_name, restore_rope_rows
 from solo.runtime.cpu_packing import dense_named_tensors
 
 _MODEL_TYPES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "mistral", "Qwen2ForCausalLM": "qwen2",
@@ -87,7 +87,8 @@ def hf_model_from_solo(solo_model: torch.nn.Module, raw_config: dict[str, Any], 
             names = [hf_to_solo_name(part, solo_model.config) for part, _ in parts]
             if not all(n in solo_params for n in names):
                 raise PeerSkipped(f"no Solo tensors for transformers parameter {name}")
-            _set_tensor(model, name, torch.cat([solo_params[n].detach() for n in names]))
+            _set_tensor(model, name, torch.cat([restore_rope_rows(n, solo_params[n].detach(), solo_model.config)
+                                                for n in names]))
             continue
         # transformers holds experts fused ([experts, ...]) in the same layout as Solo.
         target = moe_tensor_target(name, solo_model.config)
@@ -96,7 +97,8 @@ def hf_model_from_solo(solo_model: torch.nn.Module, raw_config: dict[str, Any], 
             solo_name = "embed.weight"
         if solo_name not in solo_params:
             raise PeerSkipped(f"no Solo tensor for transformers parameter {name}")
-        _set_tensor(model, name, solo_params[solo_name].detach())
+        # (partial rotary embeddings: q / k rows back in the checkpoint's order, a copy; see rope_row_order)
+        _set_tensor(model, name, restore_rope_rows(solo_name, solo_params[solo_name].detach(), solo_model.config))
     # Buffers built on the meta device hold no values: rebuild them for real (RoPE tables, Gemma's embedding scale).
     for module in model.modules():
         meta = [name for name, b in module.named_buffers(recurse=False) if b.is_meta]

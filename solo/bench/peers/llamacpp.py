@@ -37,6 +37,7 @@ from solo.model.gguf import gemma3_query_pre_attn_scalar
 from solo.model.moe import SparseMoeBlock
 from solo.model.rope import rope_inv_freq
 from solo.model.transformer import Transformer
+from solo.model.weights import restore_rope_rows
 
 _ARCHES = {"LlamaForCausalLM": "llama", "MistralForCausalLM": "llama", "Qwen2ForCausalLM": "qwen2",
            "Qwen3ForCausalLM": "qwen3", "MixtralForCausalLM": "llama", "Qwen3MoeForCausalLM": "qwen3moe",
@@ -186,7 +187,9 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
         vector("rope_freqs.weight", base / rope_inv_freq(cfg.rope, cfg.head_dim))
     for i, layer in enumerate(model.layers):
         attn, mlp = layer.attn, layer.mlp
-        q, k = attn.q_proj.weight, attn.k_proj.weight
+        # (Phi-4-mini's partial rotary: back to the checkpoint's row order, in which llama.cpp rotates them)
+        q = restore_rope_rows(f"layers.{i}.attn.q_proj.weight", attn.q_proj.weight, cfg)
+        k = restore_rope_rows(f"layers.{i}.attn.k_proj.weight", attn.k_proj.weight, cfg)
         if arch in _PERMUTED:
             q, k = _permute_rope_rows(q, cfg.num_heads), _permute_rope_rows(k, cfg.num_kv_heads)
         norm(f"blk.{i}.attn_norm.weight", layer.attn_norm.weight)
@@ -207,7 +210,8 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
         if cfg.sandwich_norm:  # Gemma 3: after attention, and after the MLP (below)
             norm(f"blk.{i}.post_attention_norm.weight", layer.attn_out_norm.weight)
         if cfg.qkv_bias:
-            qb, kb = attn.q_proj.bias, attn.k_proj.bias
+            qb = restore_rope_rows(f"layers.{i}.attn.q_proj.bias", attn.q_proj.bias, cfg)
+            kb = restore_rope_rows(f"layers.{i}.attn.k_proj.bias", attn.k_proj.bias, cfg)
             if arch in _PERMUTED:
                 qb = _permute_rope_rows(qb[:, None], cfg.num_heads)[:, 0]
                 kb = _permute_rope_rows(kb[:, None], cfg.num_kv_heads)[:, 0]
@@ -230,7 +234,7 @@ def _gguf_entries(model: Transformer, arch: str, type_name: str) -> list[_Entry]
     norm("output_norm.weight", model.norm.weight)
     if model.lm_head is not None:
         matrix("output.weight", model.lm_head.weight)
-    elif arch == "olmoe":  # llama.cpp's olmoe has no tied head: write the embedding again
+    elif arch in ("olmoe", "phi3"):  # olmoe has no tied head in llama.cpp (phi3: Phi-4-mini's tied one, written out)
         matrix("output.weight", model.embed.weight)
     return out
 
@@ -322,7 +326,7 @@ def write_gguf(model: Transformer, path: Path, type_name: str) -> None:
     writer.add_head_count_kv(cfg.num_kv_heads)
     writer.add_key_length(cfg.head_dim)
     writer.add_value_length(cfg.head_dim)
-    writer.add_rope_dimension_count(cfg.head_dim)
+    writer.add_rope_dimension_count(cfg.rope_dim)  # Phi-4-mini: 96 of 128
     writer.add_rope_freq_base(cfg.rope.theta)
     if arch == "phi3":  # as llama.cpp's converter (Phi3MiniModel): 0 is no window
         writer.add_sliding_window(cfg.layer_sliding_windows[0] or 0)
