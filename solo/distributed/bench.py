@@ -30,7 +30,7 @@ def variant_configs(config: ModelConfig, world: int) -> list[tuple[str, ModelCon
     """(label, config) of standard TP and DTP d = 1, 2 for a shape's config.
 
     DTP's lanes need the KV heads to divide into `world` lanes: a shape with fewer KV heads than ranks runs
-    standard TP only.
+    standard TP only, as does one with partial rotary embeddings (Phi-4-mini), which lane models do not take.
     """
     from solo.model.config import LaneConfig
     from solo.model.lane_config import default_broadcast_flags
@@ -41,6 +41,8 @@ def variant_configs(config: ModelConfig, world: int) -> list[tuple[str, ModelCon
     if config.lanes is None:
         out.append(("standard TP (Megatron, dense)", config))
         if config.num_kv_heads % world:  # a lane owns 1/L of the KV heads: none to give with fewer heads than lanes
+            return out
+        if config.rotary_dim is not None:  # lanes rotate interleaved pairs of the whole head
             return out
     for delay in (0, 1, 2):
         if delay == 0 and config.lanes is None:

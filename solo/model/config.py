@@ -447,9 +447,13 @@ _PARTIAL_ROTARY_ARCHITECTURES = ("Phi3ForCausalLM",)
 
 
 def _rotary_dim(raw: dict[str, Any], architecture: str, head_dim: int) -> int | None:
-    # partial_rotary_factor sits at the top level (transformers 4) or in rope_parameters (transformers 5).
-    params = raw.get("rope_parameters") if isinstance(raw.get("rope_parameters"), dict) else {}
-    factor = params.get("partial_rotary_factor", raw.get("partial_rotary_factor", 1.0))
+    # partial_rotary_factor sits at the top level (transformers 4) or in rope_parameters (transformers 5); a
+    # rope_scaling beside them wins, as in `_rope_config` (transformers 5 takes rope_scaling whole then).
+    factor = raw.get("partial_rotary_factor", 1.0)
+    for key in ("rope_parameters", "rope_scaling"):
+        section = raw.get(key)
+        if isinstance(section, dict) and "partial_rotary_factor" in section:
+            factor = section["partial_rotary_factor"]
     if factor is None:
         return None
     if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor <= 1:
@@ -865,7 +869,8 @@ def _validate(config: ModelConfig) -> None:
         rotated = f"{config.rope_dim} rotated dims" if config.rotary_dim else f"a head of {config.head_dim}"
         raise CheckpointError(
             f"config.json's longrope short_factor and long_factor have {len(rope.short_factor)} and "
-            f"{len(rope.long_factor)} entries; {rotated} needs {config.rope_dim // 2} each. Fix "
+            f"{len(rope.long_factor)} entries; {rotated} need{'s' if config.rotary_dim is None else ''} "
+            f"{config.rope_dim // 2} each. Fix "
             "or re-download config.json"
         )
     if config.rotary_dim is not None and (rope.rope_type == "dynamic" or config.layer_ropes or config.rope_interleaved):

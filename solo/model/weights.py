@@ -316,7 +316,14 @@ def load_weights(
                     f"checkpoint tensor {shown} has shape {tuple(tensor.shape)}, config.json implies "
                     f"{tuple(expected[name])}; the config and weights do not match"
                 )
-            _set_parameter(model, name, reorder_rope_rows(name, tensor.to(device=device, dtype=dtype), config))
+            value = tensor.to(device=device, dtype=dtype)
+            reordered = reorder_rope_rows(name, value, config)
+            if (reordered is value and config.rotary_dim is not None and "qkv_proj" in lm_name
+                    and value.untyped_storage().data_ptr() == file_tensor.untyped_storage().data_ptr()):
+                # v_proj as a view of a fused qkv_proj whose q / k parts were copied to reorder them: kept alone it
+                # would keep the whole fused tensor alive (0.8 GB of Phi-4-mini in bf16).
+                reordered = value.clone()
+            _set_parameter(model, name, reordered)
             del tensor
             loaded.add(name)
             source[name] = file_name

@@ -187,3 +187,12 @@ def test_close_releases_the_process_group(tmp_path):
                           timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.split() == ["released"]
+
+
+def test_the_tp_bench_runs_partial_rotary_shapes_on_standard_tp_only():
+    # Lane models rotate interleaved pairs of the whole head: Phi-4-mini's DTP variants failed deep in LaneRotary.
+    from solo.bench.shapes import shape_config
+    from solo.distributed.bench import variant_configs
+
+    assert [label for label, _ in variant_configs(shape_config("Phi-4-mini"), 2)] == ["standard TP (Megatron, dense)"]
+    assert len(variant_configs(shape_config("Phi-3-mini"), 2)) == 3  # standard TP, DTP d=1, d=2

@@ -97,7 +97,7 @@ def test_phi3_early_longrope_names_and_bad_factors():
         ModelConfig.from_dict(raw)
     raw["rope_scaling"]["long_factor"] = [2.0] * half
     raw["partial_rotary_factor"] = 0.75  # 12 of the 16 dims rotated: 6 factors each
-    with pytest.raises(CheckpointError, match="have 8 and 8 entries; 12 rotated dims needs 6 each"):
+    with pytest.raises(CheckpointError, match="have 8 and 8 entries; 12 rotated dims need 6 each"):
         ModelConfig.from_dict(raw)
 
 
@@ -117,8 +117,14 @@ def test_phi4_mini_rotates_three_quarters_of_each_head():
     moved = dict(raw, rope_parameters={"partial_rotary_factor": 0.75, "rope_theta": 10000.0})
     del moved["partial_rotary_factor"]
     assert ModelConfig.from_dict(moved).rotary_dim == 96
+    # In rope_scaling it wins, as the rest of rope_scaling does (transformers 5 takes rope_scaling whole then).
+    scaled = dict(raw, rope_scaling={**raw["rope_scaling"], "partial_rotary_factor": 0.5})
+    with pytest.raises(CheckpointError, match="64 rotated dims need 32 each"):
+        ModelConfig.from_dict(scaled)
+    scaled["rope_scaling"] = {"rope_type": "default", "partial_rotary_factor": 0.5}
+    assert ModelConfig.from_dict(scaled).rotary_dim == 64
     assert ModelConfig.from_dict(dict(raw, partial_rotary_factor=1.0, rope_scaling=None)).rotary_dim is None
-    with pytest.raises(CheckpointError, match="have 64 and 64 entries; 96 rotated dims needs 48 each"):
+    with pytest.raises(CheckpointError, match="have 64 and 64 entries; 96 rotated dims need 48 each"):
         ModelConfig.from_dict(dict(raw, rope_scaling={"type": "longrope", "short_factor": [1.0] * 64,
                                                       "long_factor": [2.0] * 64}))
     for bad in (0, 1.5, "0.75", True):

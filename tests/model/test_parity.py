@@ -115,19 +115,22 @@ def test_rope_scaling(tmp_path, rope):
 
 
 @pytest.mark.parametrize("backend", ["eager", "cpu"])
-def test_longrope_short_context_matches_transformers(tmp_path, backend):
+@pytest.mark.parametrize("partial", [1.0, 0.75], ids=["phi3", "phi4-partial-rotary"])
+def test_longrope_short_context_matches_transformers(tmp_path, backend, partial):
     # The default context is the original one, where transformers uses the short factors for every sequence.
-    folder = make_longrope_checkpoint(tmp_path / "longrope")
+    # Phi-4-mini's layout: the attention factor scales only the rotated dims' cos and sin.
+    folder = make_longrope_checkpoint(tmp_path / "longrope", partial_rotary_factor=partial)
     engine, ids = _check_parity(folder, new_tokens=12, backend=backend)
     assert engine.config.context_length == 32 and not engine.config.rope.use_long_factor
     assert len(ids) + 12 <= 32
 
 
 @pytest.mark.parametrize("backend", ["eager", "cpu"])
-def test_longrope_long_context_matches_transformers_on_a_long_prompt(tmp_path, backend):
+@pytest.mark.parametrize("partial", [1.0, 0.75], ids=["phi3", "phi4-partial-rotary"])
+def test_longrope_long_context_matches_transformers_on_a_long_prompt(tmp_path, backend, partial):
     # A prompt longer than the original context: transformers takes the long factors for the whole sequence,
     # as Solo does at every position once its context goes beyond the original one.
-    folder = make_longrope_checkpoint(tmp_path / "longrope")
+    folder = make_longrope_checkpoint(tmp_path / "longrope", partial_rotary_factor=partial)
     prompt = PROMPT + "\n    return fibonacci(n - 1) + fibonacci(n - 2)\n\nclass Stack:\n    def push(self, item):"
     engine = Engine.load(folder, dtype="float32", backend=backend, context_length=128)
     assert engine.config.rope.use_long_factor and engine.config.context_length == 128
@@ -177,3 +180,16 @@ def test_multi_eos_generation_config(tmp_path):
     ids = engine.encode_prompt(PROMPT)
     out = hf.generate(torch.tensor([ids]), max_new_tokens=12, do_sample=False, pad_token_id=0)
     assert out[0, len(ids):].tolist() == free[:6]
+
+
+def test_partial_rotary_loading_keeps_no_fused_tensor_alive(tmp_path):
+    # Phi-4-mini's fused qkv_proj: q and k are copied to reorder their rows, so v_proj, a view of the fused tensor,
+    # would keep all of it alive (0.8 GB in bf16 at its size): v is copied too, to its own storage.
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+
+    folder = make_checkpoint(tmp_path / "phi4", "phi4", dtype=torch.bfloat16)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    for name in ("q_proj", "k_proj", "v_proj"):
+        weight = getattr(model.layers[0].attn, name).weight
+        assert weight.untyped_storage().nbytes() == weight.numel() * weight.element_size(), name

@@ -107,6 +107,11 @@ run SmolLM3-3B-bf16-lockstep $solo bench --shape SmolLM3-3B --energy-s 0 --compa
   --json SmolLM3-3B-bf16-lockstep.json
 run gguf-peer-logits-SmolLM3-3B python ../../gguf_peer_logits.py --shape SmolLM3-3B --layers 8 \
   --type F32 --type F16 --type BF16
+# Phi-4-mini's shape (RoPE on 96 of each head's 128 dims) against llama.cpp's F16 GGUF, and the GGUF's logits.
+run Phi-4-mini-bf16-lockstep $solo bench --shape Phi-4-mini --energy-s 0 --compare llama.cpp-F16 --lockstep 16 \
+  --json Phi-4-mini-bf16-lockstep.json
+run gguf-peer-logits-Phi-4-mini python ../../gguf_peer_logits.py --shape Phi-4-mini --layers 8 \
+  --type F32 --type F16 --type BF16
 # Beside one busy-loop process (one of the two cores taken by other work).
 cpu_hog_run
 # int8 against Q8_0, int4 against Q4_0: the native llama.cpp build's Q8_0 / Q4_0 (AMX) crashed on this VM,
