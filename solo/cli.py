@@ -287,12 +287,15 @@ def cmd_list(args: argparse.Namespace) -> int:
     """`solo list`: the cached models as a table (or --json)."""
     import json
 
-    from solo.model.store import human_size, list_models
+    from solo.model.store import human_size, list_models, partial_downloads
 
     models = list_models()
     if args.json:
         print(json.dumps([m.to_dict() for m in models], indent=2))
         return 0
+    for repo, size in partial_downloads().items():  # not in the table: nothing of them runs yet
+        print(f"{repo}: an interrupted download holds {human_size(size)}; `solo pull {repo}` resumes it, "
+              f"`solo rm {repo}` deletes it", file=sys.stderr)
     if not models:
         print("no models in the Hugging Face cache; `solo pull ORG/NAME` downloads one", file=sys.stderr)
         return 0

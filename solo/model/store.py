@@ -186,6 +186,36 @@ def list_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
     return found
 
 
+def _partial_blobs(cache_dir: str | Path | None) -> dict[str, list[Path]]:
+    # huggingface_hub writes a file being downloaded as blobs/<hash>.incomplete in the repo's cache folder
+    # (models--org--name) and renames it when done; scan_cache_dir does not count these.
+    found: dict[str, list[Path]] = {}
+    for folder in Path(_cache(cache_dir)).glob("models--*"):
+        parts = folder.name.split("--", 2)[1:]  # models--org--name -> org, name ("models--gpt2": gpt2)
+        blobs = sorted((folder / "blobs").glob("*.incomplete"))
+        if parts and blobs:
+            found["/".join(parts)] = blobs
+    return found
+
+
+def _size(paths: list[Path]) -> int:
+    total = 0
+    for path in paths:
+        try:
+            total += path.stat().st_size
+        except OSError:  # finished or deleted meanwhile
+            pass
+    return total
+
+
+def partial_downloads(cache_dir: str | Path | None = None) -> dict[str, int]:
+    """Bytes of interrupted downloads per model repository ("org/name" -> bytes), which `solo list` does not count.
+
+    `solo pull` of the repository resumes them; `solo rm` of it deletes them.
+    """
+    return {repo: size for repo, blobs in sorted(_partial_blobs(cache_dir).items()) if (size := _size(blobs))}
+
+
 def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | None = None) -> int:
     """Delete a model (every revision, or one) from the cache.
 
@@ -195,7 +225,8 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
         cache_dir: the cache folder (None: huggingface_hub's default).
 
     Returns:
-        The bytes freed (with Solo's converted folders of the GGUF files deleted).
+        The bytes freed (with Solo's converted folders of the GGUF files deleted, and, when every revision goes,
+        the repository's interrupted downloads: `partial_downloads`).
 
     Raises:
         ModelNotFoundError: the model (or that revision) is not in the cache.
@@ -208,6 +239,9 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     except CacheNotFound:
         info = None
     repo = next((r for r in (info.repos if info else []) if r.repo_id == repo_id and r.repo_type == "model"), None)
+    partial = _partial_blobs(cache_dir).get(repo_id, []) if revision is None else []
+    if repo is None and partial:  # interrupted before any file was complete: nothing else to delete
+        return _delete_partial(partial)
     if repo is None:
         raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")
     revisions = [r for r in repo.revisions if revision is None or revision in r.refs
@@ -218,11 +252,25 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     # and forks share commits): scope it to this repo.
     scoped = dataclasses.replace(info, repos=frozenset({repo}))  # type: ignore[arg-type]
     strategy = scoped.delete_revisions(*(r.commit_hash for r in revisions))
+    partial_freed = _delete_partial(partial)  # first: deleting every revision may take the repo folder with them
     strategy.execute()
     from solo.model.gguf import prune_conversions
 
     # Solo's converted folders of the GGUF files just deleted.
-    return strategy.expected_freed_size + prune_conversions(under=[Path(r.snapshot_path) for r in revisions])
+    return (strategy.expected_freed_size + prune_conversions(under=[Path(r.snapshot_path) for r in revisions])
+            + partial_freed)
+
+
+def _delete_partial(blobs: list[Path]) -> int:
+    freed = 0
+    for blob in blobs:
+        try:
+            size = blob.stat().st_size
+            blob.unlink()
+        except OSError:  # finished or deleted meanwhile
+            continue
+        freed += size
+    return freed
 
 
 def human_size(size_bytes: int) -> str:

@@ -73,6 +73,29 @@ def test_rm_deletes_and_reports(cache, capsys):
     assert "not in the Hugging Face cache" in capsys.readouterr().err
 
 
+def test_interrupted_downloads_are_listed_and_removed(cache, capsys):
+    # huggingface_hub writes a file being downloaded as blobs/<hash>.incomplete; scan_cache_dir does not count it,
+    # and a download interrupted before any file completed leaves a repo folder it does not list at all.
+    (cache / "models--tiny--llama" / "blobs" / "f00.incomplete").write_bytes(b"x" * 1500)
+    partial = cache / "models--org--partial" / "blobs"
+    partial.mkdir(parents=True)
+    (partial / "a.incomplete").write_bytes(b"y" * 2500)
+    assert store.partial_downloads() == {"org/partial": 2500, "tiny/llama": 1500}
+    assert main(["list"]) == 0
+    out, err = capsys.readouterr()
+    assert "org/partial: an interrupted download holds 2.5 KB; `solo pull org/partial` resumes it, " \
+           "`solo rm org/partial` deletes it" in err
+    assert "tiny/llama: an interrupted download holds 1.5 KB" in err and "org/partial" not in out
+    assert main(["rm", "org/partial"]) == 0
+    assert "deleted org/partial (2.5 KB freed)" in capsys.readouterr().out
+    assert not (partial / "a.incomplete").exists()
+    # Removing every revision of a repo removes its interrupted downloads too, counted in what was freed.
+    size = store.list_models()[1].size_bytes
+    assert main(["rm", "tiny/llama"]) == 0
+    assert f"({store.human_size(size + 1500)} freed)" in capsys.readouterr().out
+    assert store.partial_downloads() == {}
+
+
 def test_rm_of_a_mirror_deletes_only_the_named_repo(cache, tiny_llama, capsys):
     # A mirror holds the same commit as the original: huggingface_hub's delete_revisions, given bare hashes,
     # would delete it wherever it is cached.
