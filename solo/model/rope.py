@@ -149,15 +149,13 @@ class RotaryEmbedding(torch.nn.Module):
         cos, sin = emb.cos(), emb.sin()
         scale = rope.attention_factor
         if scale != 1.0:
-            rotated = self.config.rope_dim // 2  # unrotated dims keep cos 1, sin 0 (transformers passes them through)
-            if rotated == self.config.head_dim // 2:
-                cos, sin = cos * scale, sin * scale
-            else:
-                half = self.config.head_dim // 2
-                column = torch.ones(self.config.head_dim, dtype=cos.dtype, device=cos.device)
-                column[:rotated] = scale
-                column[half:half + rotated] = scale
-                cos, sin = cos * column, sin * column
+            # Per column: the rotated dims' entries scaled, unrotated ones (partial rotary) kept at cos 1, sin 0, as
+            # transformers passes those dims through.
+            half, rotated = self.config.head_dim // 2, self.config.rope_dim // 2
+            column = torch.ones(self.config.head_dim, dtype=cos.dtype, device=cos.device)
+            column[:rotated] = scale
+            column[half:half + rotated] = scale
+            cos, sin = cos * column, sin * column
         return cos.to(dtype), sin.to(dtype)
 
     def layer_tables(self, positions: torch.Tensor, dtype: torch.dtype) -> list[tuple[torch.Tensor, torch.Tensor]]:

@@ -269,12 +269,12 @@ class ServerState:
         limit = self.settings.max_model_len or context
         if limit > context:
             raise SoloError(f"--max-model-len {limit} exceeds the model's context length of {context}; lower it")
+        per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes,
+                                                 engine.kv_heads_in_memory)
         if self.settings.max_batch is None:  # --max-batch auto: from free memory, before the cache is sized
-            per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes,
-                                                     engine.kv_heads_in_memory)
             free = kv_memory.available_memory_bytes(engine.device)
             self.settings.max_batch = kv_memory.auto_slots(limit, per_token, free)
-        self.max_model_len = self._fit_kv_cache(engine, limit)
+        self.max_model_len = self._fit_kv_cache(engine, limit, per_token)
         limit = self.max_model_len
         self.metrics.slots.set(self.settings.max_batch)
         client = AsyncEngine(engine, self.settings.max_batch, self.settings.max_queue, limit,
@@ -304,12 +304,11 @@ class ServerState:
                             f"is {kv_memory.gib(budget)}; lower --prefix-cache-gb (or leave it out: auto)")
         return size
 
-    def _fit_kv_cache(self, engine: Engine, limit: int) -> int:
+    def _fit_kv_cache(self, engine: Engine, limit: int, per_token: int) -> int:
         # Checked before the static cache is allocated, so a cache too big for this machine is refused with
         # the numbers instead of failing in the allocator or waking the OOM killer once its pages are written.
+        # per_token: KV-cache bytes per token of one sequence (kv_memory.kv_bytes_per_token).
         rows = self.settings.max_batch
-        per_token = kv_memory.kv_bytes_per_token(engine.config, engine.kv_cache_element_bytes,
-                                                 engine.kv_heads_in_memory)
         free = kv_memory.available_memory_bytes(engine.device)
         fits = kv_memory.fit_slot_tokens(rows, limit, per_token, free)
         if fits == limit:
