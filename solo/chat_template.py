@@ -16,6 +16,7 @@ from typing import Any
 
 import jinja2
 import jinja2.ext
+import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
 from solo.errors import InvalidRequestError
@@ -58,6 +59,18 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
+def template_variables(source: str) -> set[str]:
+    """The variables a template reads from its caller (`messages`, `tools`, `bos_token`, ...).
+
+    Found by Jinja's parser (`jinja2.meta.find_undeclared_variables`), so a name that only appears in
+    text, a comment or a key of another object does not count.
+
+    Raises:
+        jinja2.TemplateSyntaxError: the template does not parse.
+    """
+    return set(jinja2.meta.find_undeclared_variables(_environment().parse(source)))
+
+
 class ChatTemplate:
     """A compiled chat template plus the special tokens it may reference.
 
@@ -76,6 +89,10 @@ class ChatTemplate:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the model's chat template does not compile: {exc}") from None
+        from solo.engine.tool_calls import detect_tool_format  # the engine package imports this module
+
+        self.tool_format = detect_tool_format(source)
+        """The tool-call syntax the template teaches (`solo.engine.tool_calls.TOOL_FORMATS`), or None."""
 
     def render(
         self,
@@ -90,7 +107,9 @@ class ChatTemplate:
             messages: [{"role": ..., "content": ...}, ...]; keys whose value is None are dropped, as
                 transformers does.
             add_generation_prompt: append the header that starts the assistant's reply.
-            tools: JSON schemas of tools, for templates that support them.
+            tools: OpenAI tools ({"type": "function", "function": {...}}), for templates that support them;
+                a template that takes them in the system message (Phi-4-mini) gets them there, and earlier
+                tool calls in its own syntax (`solo.engine.tool_calls.template_tool_messages`).
             **kwargs: extra template variables (they override special tokens of the same name).
 
         Returns:
@@ -102,6 +121,12 @@ class ChatTemplate:
         """
         if not messages:
             raise InvalidRequestError("messages is empty; send at least one message", param="messages")
+        if self.tool_format == "phi4_mini":
+            from solo.engine.tool_calls import template_tool_messages
+
+            if not all(isinstance(m, Mapping) for m in messages):
+                raise InvalidRequestError("messages must be objects with a 'role' and a 'content'", param="messages")
+            messages = template_tool_messages(self.tool_format, messages, tools)
         cleaned = []
         for i, message in enumerate(messages):
             if not isinstance(message, Mapping) or "role" not in message:

@@ -1,6 +1,6 @@
 r"""Tool calling: checking `tools` / `tool_choice`, the grammar of a forced call, and parsing calls out of text.
 
-Solo recognises three model families' tool-call syntax, from their chat templates:
+Solo recognises four model families' tool-call syntax, from their chat templates:
 
 - "hermes" (Hermes 2/3, Qwen2.5, Qwen3, SmolLM3): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
   one block per call, after optional text.
@@ -8,10 +8,15 @@ Solo recognises three model families' tool-call syntax, from their chat template
   after `<|python_tag|>`; several calls separated by `;`).
 - "mistral" (Mistral 7B Instruct v0.3, Mixtral, Mistral Small / Nemo): `[TOOL_CALLS] [{"name": ..., "arguments":
   {...}}, ...]`.
+- "phi4_mini" (Phi-4-mini-instruct): `<|tool_call|>[{"name": ..., "arguments": {...}}, ...]<|/tool_call|>`. Its
+  template takes the tools as a JSON string in the system message's `tools` key (Microsoft's model card,
+  "Tool-enabled function-calling format") and assistant turns as plain text, so `template_tool_messages`
+  puts the request's tools there and writes earlier calls back in that syntax, as llama.cpp does for it.
 
 With tool_choice "auto" the model writes freely and its calls are parsed out (as vLLM's hermes, llama3_json
 and mistral parsers do). With "required" or a named function the output is grammar-constrained to the
-family's syntax (XGrammar structural tags: only calls, no free text; a JSON array schema for Mistral), so the
+family's syntax (XGrammar structural tags: only calls, no free text; a JSON array schema for Mistral and
+Phi-4-mini, whose call markers are special tokens), so the
 name is one of the tools and the arguments validate against its parameters schema.
 """
 
@@ -24,10 +29,13 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import jinja2
+
+from solo.chat_template import template_variables
 from solo.engine.constraints import MAX_WHITESPACE, StructuredOutput, check_json_schema
 from solo.errors import InvalidRequestError
 
-TOOL_FORMATS = ("hermes", "llama3_json", "mistral")
+TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")
 """Tool-call syntaxes Solo parses (see the module docstring)."""
 
 
@@ -51,15 +59,35 @@ class ToolCall:
 
 
 def supports_tools(template_source: str | None) -> bool:
-    """Whether a chat template reads the `tools` variable at all."""
-    return template_source is not None and re.search(r"\btools\b", template_source) is not None
+    """Whether a chat template shows tools to its model.
+
+    It does when it reads the `tools` variable, or (Phi-4-mini) a system message's `tools` key. The variable
+    is found with Jinja's own parser (`jinja2.meta`): a template that only names "tools" in text, a comment
+    or a message key it never renders does not count.
+    """
+    if template_source is None:
+        return False
+    if _tools_in_system_message(template_source):
+        return True
+    try:
+        return "tools" in template_variables(template_source)
+    except jinja2.TemplateSyntaxError:
+        return False  # ChatTemplate refuses it when it compiles it
+
+
+def _tools_in_system_message(template_source: str) -> bool:
+    # Phi-4-mini: `<|system|>{content}<|tool|>{message['tools']}<|/tool|><|end|>`.
+    return "<|tool|>" in template_source and re.search(r"""\.tools\b|\[\s*['"]tools['"]\s*\]""",
+                                                       template_source) is not None
 
 
 def detect_tool_format(template_source: str | None) -> str | None:
-    """The tool-call syntax a chat template teaches its model ("hermes", "llama3_json", "mistral"), or None."""
+    """The tool-call syntax a chat template teaches its model (one of `TOOL_FORMATS`), or None."""
     if not supports_tools(template_source):
         return None
     assert template_source is not None
+    if _tools_in_system_message(template_source):
+        return "phi4_mini"
     if "<tool_call>" in template_source:
         return "hermes"
     if "[TOOL_CALLS]" in template_source:
@@ -139,8 +167,9 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
                          parallel_tool_calls: bool = True) -> StructuredOutput | None:
     """The output grammar for tool_choice "required" or a named function (None for "auto" / "none").
 
-    Hermes and Llama use XGrammar's structural tags for their syntax; Mistral's `[TOOL_CALLS]` is a
-    special token no grammar can emit as text, so its calls are constrained to the JSON array that follows it.
+    Hermes and Llama use XGrammar's structural tags for their syntax; Mistral's `[TOOL_CALLS]` and
+    Phi-4-mini's `<|tool_call|>` are special tokens no grammar can emit as text, so their calls are
+    constrained to the JSON array that follows the marker.
 
     Raises:
         InvalidRequestError: a chosen tool's parameters hold a keyword no grammar engine enforces, or are not
@@ -157,7 +186,7 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
     for tool in chosen:
         # The grammar enforces these schemas: refuse keywords no engine enforces, as for response_format.
         check_json_schema(_parameters(tool), source="tools")
-    if fmt == "mistral":
+    if fmt in ("mistral", "phi4_mini"):
         items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                    "arguments": _parameters(t)},
                   "required": ["name", "arguments"], "additionalProperties": False} for t in chosen]
@@ -268,6 +297,58 @@ def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
     return dict(tool["function"].get("parameters") or {"type": "object", "properties": {}})
 
 
+def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]],
+                           tools: Sequence[Mapping[str, Any]] | None) -> list[dict[str, Any]]:
+    """Messages put the way a template that takes tools in the system message expects them (Phi-4-mini).
+
+    For "phi4_mini": the tools' function objects ([{"name", "description", "parameters"}], as Microsoft's
+    model card lists them) go, as one JSON string, into the first system message's `tools` key (a system
+    message with empty content is put first when there is none); an assistant message's `tool_calls` are
+    written after its content in the model's own syntax, `<|tool_call|>[{"name": ..., "arguments": {...}}]
+    <|/tool_call|>` (the template renders content only). Tool results keep their role: the template renders
+    them. Other formats: the messages unchanged.
+
+    Args:
+        fmt: the template's tool-call syntax (`detect_tool_format`).
+        messages: chat messages, with tool-call arguments as objects (`arguments_as_objects`) or strings.
+        tools: the request's OpenAI tools, or None.
+
+    Raises:
+        InvalidRequestError: the request sends tools and a system message also carries its own `tools`
+            (param "messages": give them once).
+    """
+    out = [dict(m) for m in messages]
+    if fmt != "phi4_mini":
+        return out
+    for message in out:
+        calls = message.pop("tool_calls", None) if message.get("role") == "assistant" else None
+        if calls:
+            written = [{"name": c["function"]["name"], "arguments": _arguments_object(c["function"].get("arguments"))}
+                       for c in calls if isinstance(c, Mapping) and isinstance(c.get("function"), Mapping)]
+            message["content"] = (f"{message.get('content') or ''}<|tool_call|>"
+                                  f"{json.dumps(written, ensure_ascii=False)}<|/tool_call|>")
+    if tools:
+        system = next((m for m in out if m.get("role") == "system"), None)
+        if system is None:
+            system = {"role": "system", "content": ""}
+            out.insert(0, system)
+        if system.get("tools") is not None:
+            raise InvalidRequestError("the request sends tools and its system message carries its own 'tools'; give "
+                                      "the tools once (the request's tools field is the OpenAI way)",
+                                      param="messages")
+        system["tools"] = json.dumps([dict(t["function"]) for t in tools], ensure_ascii=False)
+    return out
+
+
+def _arguments_object(arguments: Any) -> Any:  # noqa: ANN401
+    if isinstance(arguments, str):
+        try:
+            return json.loads(arguments)
+        except json.JSONDecodeError:
+            return arguments
+    return {} if arguments is None else arguments
+
+
 def new_call_id(fmt: str | None) -> str:
     """A fresh tool-call id: "call_" + 24 hex digits, or 9 alphanumerics for Mistral's template."""
     if fmt == "mistral":
@@ -302,7 +383,8 @@ def arguments_as_objects(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
 
 # ---------------------------------------------------------------------------------------------- parsing
 
-_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>"}
+_MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>",
+            "phi4_mini": "<|tool_call|>"}
 
 
 class ToolCallParser:
@@ -313,7 +395,7 @@ class ToolCallParser:
     A tool call that does not parse is returned as content, as vLLM does.
 
     Args:
-        fmt: "hermes", "llama3_json" or "mistral".
+        fmt: one of `TOOL_FORMATS`.
         special_token_ids: the tokenizer's special tokens (text -> id): markers that are special tokens
             never appear in decoded text and are recognised by id.
         forced: the output was constrained to tool calls (tool_choice "required" or named): all of it is
@@ -426,9 +508,12 @@ def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:
         for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S):
             if block.strip():
                 objects.extend(_json_values(block))
-    elif fmt == "mistral":
-        text = text.removeprefix("[TOOL_CALLS]").strip()
-        for value in _json_values(text):
+    elif fmt in ("mistral", "phi4_mini"):
+        if fmt == "mistral":
+            text = text.removeprefix("[TOOL_CALLS]")
+        else:  # each block's markers (they are special tokens: decoded text usually lacks them)
+            text = text.replace("<|tool_call|>", " ").replace("<|/tool_call|>", " ")
+        for value in _json_values(text.strip()):
             objects.extend(value if isinstance(value, list) else [value])
     else:
         text = text.removeprefix("<|python_tag|>").strip()

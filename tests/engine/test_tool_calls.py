@@ -15,7 +15,14 @@ from transformers.utils.chat_template_utils import render_jinja_template
 
 from solo import Engine, SamplingParams
 from solo.chat_template import ChatTemplate
-from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, detect_tool_format
+from solo.engine.tool_calls import (
+    ToolCallParser,
+    arguments_as_objects,
+    check_tools,
+    detect_tool_format,
+    supports_tools,
+    tool_call_constraint,
+)
 from solo.errors import InvalidRequestError
 from solo.tokenizer import _chat_template_source, _read_json, _token_text
 
@@ -36,6 +43,16 @@ HISTORY = [
 
 EXPECTED_FORMATS = {"Qwen2.5-Instruct": "hermes", "Qwen3-0.6B": "hermes", "SmolLM3-3B": "hermes",
                     "Llama-3.2-3B-Instruct": "llama3_json", "Mistral-7B-Instruct-v0.3": "mistral"}
+
+
+# Phi-4-mini-instruct's prompt format (its template is not among the shared fixtures; this one renders the
+# same text): the tools are a JSON string in the system message's "tools" key, every turn is
+# <|role|>content<|end|>.
+PHI4_MINI_TEMPLATE = ("{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}"
+                      "{% if m['role'] == 'system' and m['tools'] is defined %}<|tool|>{{ m['tools'] }}<|/tool|>"
+                      "{% endif %}<|end|>{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}")
+PHI4_MINI_SPECIAL = ["<|system|>", "<|user|>", "<|assistant|>", "<|end|>", "<|tool|>", "<|/tool|>", "<|tool_call|>",
+                     "<|/tool_call|>"]
 
 
 def _template(folder: Path) -> tuple[str, dict]:
@@ -160,6 +177,69 @@ def test_mistral_marker_is_a_special_token():
     assert content == "Sure." and calls[0].name == "get_time" and len(calls[0].id) == 9
 
 
+def test_tool_support_is_a_variable_the_template_reads():
+    # Jinja's parser decides: "tools" in text, a comment or an unrendered message key shows no tool to the model.
+    for source in ("{# no tools here #}{% for m in messages %}{{ m.content }}{% endfor %}",
+                   "{% for m in messages %}Use your tools. {{ m.content }}{% endfor %}",
+                   "{% for m in messages %}{% if m.tools %}x{% endif %}{{ m.content }}{% endfor %}"):
+        assert not supports_tools(source), source
+        with pytest.raises(InvalidRequestError, match="no tool support"):
+            check_tools([WEATHER], "none", source)
+    assert supports_tools("{% if tools %}{{ tools | tojson }}{% endif %}<tool_call>")
+    assert detect_tool_format(PHI4_MINI_TEMPLATE) == "phi4_mini"
+
+
+def test_phi4_mini_tools_go_in_the_system_message():
+    template = ChatTemplate(PHI4_MINI_TEMPLATE, {})
+    functions = json.dumps([WEATHER["function"], TIME["function"]], ensure_ascii=False)
+    call = '<|tool_call|>[{"name": "get_weather", "arguments": {"city": "Paris", "days": 1}}]<|/tool_call|>'
+    history = ("<|user|>Weather in Paris?<|end|><|assistant|>" + call + "<|end|><|tool|>sunny<|end|><|assistant|>")
+    # No system message: one with no text of its own carries the tools.
+    assert (template.render(arguments_as_objects(HISTORY), tools=[WEATHER, TIME])
+            == f"<|system|><|tool|>{functions}<|/tool|><|end|>" + history)
+    # The caller's system message carries them; arguments sent as a JSON string are written as an object.
+    messages = [{"role": "system", "content": "Be brief."}, *HISTORY]
+    assert (template.render(messages, tools=[WEATHER, TIME])
+            == f"<|system|>Be brief.<|tool|>{functions}<|/tool|><|end|>" + history)
+    # Without tools the earlier calls still render, in the model's own syntax.
+    assert template.render(messages) == "<|system|>Be brief.<|end|>" + history
+    assert [m.get("tools") for m in messages] == [None] * 4  # the caller's messages are left as they were
+    # Microsoft's own way (a "tools" string on the system message) passes through; both at once is refused.
+    own = [{"role": "system", "content": "", "tools": functions}, {"role": "user", "content": "Hi"}]
+    assert template.render(own) == f"<|system|><|tool|>{functions}<|/tool|><|end|><|user|>Hi<|end|><|assistant|>"
+    with pytest.raises(InvalidRequestError, match="once") as info:
+        template.render(own, tools=[WEATHER])
+    assert info.value.param == "messages"
+
+
+def test_phi4_mini_calls_parsed():
+    markers = {"<|tool_call|>": 9, "<|/tool_call|>": 10}
+    parser = ToolCallParser("phi4_mini", markers)
+    assert parser.feed("Checking.", [3]) == "Checking."
+    assert parser.feed("", [9]) == ""  # the marker is a special token: it decodes to nothing
+    parser.feed('[{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}, ', [4])
+    parser.feed('{"name": "get_time", "arguments": {"zone": "CET"}}]', [5, 10])
+    content, calls, rest = parser.finish()
+    assert content == "Checking." and rest == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris", "days": 2}),
+                                                                  ("get_time", {"zone": "CET"})]
+    assert all(c.id.startswith("call_") for c in calls)
+    # Markers kept in the text (skip_special_tokens off), calls outside a list, two blocks.
+    text = ('<|tool_call|>{"name": "get_time", "arguments": {"zone": "UTC"}}<|/tool_call|>'
+            '<|tool_call|>[{"name": "get_time", "arguments": {"zone": "JST"}}]<|/tool_call|>')
+    parser = ToolCallParser("phi4_mini", markers)
+    assert _feed_pieces(parser, text) == ""
+    assert [json.loads(c.arguments)["zone"] for c in parser.finish()[1]] == ["UTC", "JST"]
+    # Not a call: everything comes back as content.
+    parser = ToolCallParser("phi4_mini", markers)
+    streamed = parser.feed("Sure", [3]) + parser.feed("", [9]) + parser.feed("[oops", [4])
+    content, calls, rest = parser.finish()
+    assert not calls and content == streamed + rest == "Sure[oops"
+    # A forced call is the JSON array that follows the marker (a grammar cannot write the special token).
+    spec = tool_call_constraint("phi4_mini", [WEATHER, TIME], "required", parallel_tool_calls=False)
+    assert spec.kind == "json_schema" and spec.value["type"] == "array" and spec.value["maxItems"] == 1
+
+
 def test_tool_choice_naming_no_tool():
     with pytest.raises(InvalidRequestError, match="nope") as info:
         check_tools([WEATHER], {"type": "function", "function": {"name": "nope"}}, "{{ tools }}<tool_call>")
@@ -225,6 +305,45 @@ def test_mistral_forced_call_with_real_tokenizer(shared_hf, tmp_path):
     history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
                {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
     assert engine.complete(history, SamplingParams(max_tokens=2), tools=[WEATHER, TIME]).stats.prompt_tokens > 0
+
+
+@pytest.mark.slow
+def test_phi4_mini_forced_call_and_history(tmp_path):
+    """A tiny random model whose tokenizer has Phi-4-mini's turn and tool-call special tokens and its prompt
+    format: a forced call is valid, goes back through the template with the tool's answer, and the prompt
+    shows the model the tools."""
+    import torch
+    from checkpoints import hf_config, write_tokenizer
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    write_tokenizer(tmp_path)
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    tokenizer.add_special_tokens(PHI4_MINI_SPECIAL)
+    tokenizer.save(str(tmp_path / "tokenizer.json"))
+    config = json.loads((tmp_path / "tokenizer_config.json").read_text())
+    (tmp_path / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": PHI4_MINI_TEMPLATE,
+                                                                "eos_token": "<|end|>"}))
+    torch.manual_seed(0)
+    model = AutoModelForCausalLM.from_config(hf_config("llama", tokenizer.get_vocab_size(),
+                                                       max_position_embeddings=1024), attn_implementation="eager")
+    model.save_pretrained(tmp_path)
+    engine = Engine.load(tmp_path, backend="eager", dtype="float32")
+    assert engine.tokenizer.chat_template.tool_format == "phi4_mini"
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    prompt = engine.tokenizer.render_chat(messages, tools=[WEATHER])
+    assert prompt.startswith('<|system|><|tool|>[{"name": "get_weather"') and prompt.endswith("<|assistant|>")
+    result = engine.complete(messages, SamplingParams(max_tokens=80, temperature=1.0, seed=0), tools=[WEATHER, TIME],
+                             tool_choice="required", parallel_tool_calls=False)
+    assert result.finish_reason == "tool_calls", result
+    call = result.tool_calls[0]
+    tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+    jsonschema.validate(json.loads(call.arguments), tool["function"]["parameters"])
+    history = [*messages, {"role": "assistant", "content": None, "tool_calls": [call.to_openai()]},
+               {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+    ids = engine.make_request(history, tools=[WEATHER, TIME]).prompt_ids
+    assert engine.tokenizer.special_token_ids()["<|tool_call|>"] in ids
+    assert engine.complete(history, SamplingParams(max_tokens=2), tools=[WEATHER, TIME]).stats.prompt_tokens == len(ids)
 
 
 @pytest.mark.parametrize("schema, words", [
