@@ -142,6 +142,12 @@ class ChatTemplate:
             )
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template rejected the messages: {exc}", param="messages") from None
+        except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
+            # The template's own expressions failing on what the messages hold (a tool call's name that is a
+            # number, a missing field the template concatenates): the request's content, not a server fault.
+            raise InvalidRequestError(f"the chat template failed on the messages ({type(exc).__name__}: {exc}); "
+                                      "check each message's fields against the OpenAI chat format",
+                                      param="messages") from None
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
@@ -151,8 +157,8 @@ ROLES = ("system", "developer", "user", "assistant", "tool")
 def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]:
     """Chat messages checked and put the way templates take them (what the server's `ChatMessage` does).
 
-    A content given as a list of text parts ({"type": "text", "text": ...}) is joined into one string; other
-    keys (name, tool_calls, tool_call_id, ...) pass through.
+    A content given as a list of text parts ({"type": "text", "text": ...}) is joined into one string, one
+    part per line (as vLLM joins them); other keys (name, tool_calls, tool_call_id, ...) pass through.
 
     Raises:
         InvalidRequestError: an unknown role, a content that is neither a string nor a list of text parts
@@ -172,7 +178,7 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
                     raise InvalidRequestError(f"messages[{i}].content[{j}] must be a text part {{'type': 'text', "
                                               f"'text': ...}} (Solo's models take text only), got {part!r:.80}",
                                               param="messages")
-            message = {**message, "content": "".join(part["text"] for part in content)}
+            message = {**message, "content": "\n".join(part["text"] for part in content)}
         elif content is None and role != "assistant":
             raise InvalidRequestError(f"messages[{i}] ({role}) needs a content (a string or a list of text parts); "
                                       "only assistant messages may leave it out", param="messages")

@@ -107,7 +107,7 @@ def test_messages_from_python_are_checked_not_dropped():
     from solo.errors import InvalidRequestError
 
     parts = [{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}]}]
-    assert template_messages(parts) == [{"role": "user", "content": "ab"}]
+    assert template_messages(parts) == [{"role": "user", "content": "a\nb"}]  # one part per line, as vLLM joins
     assistant = {"role": "assistant", "tool_calls": [{"id": "1"}]}  # content may be left out here
     assert template_messages([assistant]) == [assistant]
     for messages, words in [([{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}], "text only"),
@@ -115,3 +115,13 @@ def test_messages_from_python_are_checked_not_dropped():
                             ([{"role": "bogus", "content": "x"}], "bogus")]:
         with pytest.raises(InvalidRequestError, match=words):
             template_messages(messages)
+
+
+def test_template_expression_errors_are_the_requests():
+    # A template's own expression failing on what a message holds is a 400 naming the messages, not a crash.
+    from solo.errors import InvalidRequestError
+
+    template = ChatTemplate("{% for m in messages %}{{ 'turn: ' + m['content'] + m['extra'] }}{% endfor %}", {})
+    with pytest.raises(InvalidRequestError, match="TypeError") as info:
+        template.render([{"role": "user", "content": "hi", "extra": 5}])
+    assert info.value.param == "messages"

@@ -478,9 +478,9 @@ class Engine:
         constraint = None
         if params.response_format is not None:
             # A grammar decides which tokens may come and where the output ends; bans on top of it could leave
-            # none (or force one the ban forbids).
+            # none (or force one the ban forbids), and past its end only EOS is allowed (ignore_eos could not hold).
             for name, value in (("min_tokens", params.min_tokens), ("allowed_token_ids", params.allowed_token_ids),
-                                ("bad_words", params.bad_words)):
+                                ("bad_words", params.bad_words), ("ignore_eos", params.ignore_eos)):
                 if value:
                     source = getattr(params.response_format, "source", "response_format")
                     raise InvalidRequestError(f"{name} cannot be combined with {source}: the output's grammar decides "

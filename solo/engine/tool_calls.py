@@ -32,7 +32,12 @@ from typing import Any
 import jinja2
 
 from solo.chat_template import template_variables
-from solo.engine.constraints import MAX_WHITESPACE, StructuredOutput, check_json_schema
+from solo.engine.constraints import (
+    MAX_WHITESPACE,
+    StructuredOutput,
+    check_json_schema,
+    required_outside_properties,
+)
 from solo.errors import InvalidRequestError
 
 TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")
@@ -185,7 +190,7 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
         chosen = list(tools)
     for tool in chosen:
         # The grammar enforces these schemas: refuse keywords no engine enforces, as for response_format.
-        check_json_schema(_parameters(tool), source="tools")
+        _check_enforceable(tool)
     if fmt in ("mistral", "phi4_mini"):
         items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                    "arguments": _parameters(t)},
@@ -275,7 +280,7 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
         strict = tool["function"].get("strict") is True
         schema = _parameters(tool) if strict else {"type": "object"}
         if strict:
-            check_json_schema(schema, source="tools")
+            _check_enforceable(tool)
         tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
                               content=JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=MAX_WHITESPACE),
                               end=end))
@@ -291,6 +296,18 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
 # Text around one call's arguments object, per syntax ({name} is the function name).
 _CALL_SYNTAX = {"hermes": ('<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
                 "llama3_json": ('{{"name": "{name}", "parameters": ', "}")}
+
+
+def _check_enforceable(tool: Mapping[str, Any]) -> None:
+    # Tool-call grammars are XGrammar's (structural tags) or, for Mistral / Phi-4-mini, a JSON Schema: either
+    # way a required name the parameters do not define would be left out of the call (XGrammar's strict mode).
+    parameters = _parameters(tool)
+    check_json_schema(parameters, source="tools")
+    missing = required_outside_properties(parameters)
+    if missing:
+        raise InvalidRequestError(f"the parameters of tool {tool['function']['name']!r} require {missing[0]!r}, which "
+                                  "their properties do not define, so a constrained call could not hold it; add it "
+                                  "to properties (with its schema) or drop it from required", param="tools")
 
 
 def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -361,10 +378,17 @@ def arguments_as_objects(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
 
     OpenAI sends arguments as a JSON string; chat templates (written for transformers, where callers
     pass dicts) serialise them with `tojson`, which would quote the string again. vLLM does the same.
+
+    Raises:
+        InvalidRequestError: a message's `tool_calls` is not a list of OpenAI tool calls ({"id", "type":
+            "function", "function": {"name": a string, "arguments": a JSON string or object}}); the message
+            names the message and the call (param "messages").
     """
     out = []
-    for message in messages:
+    for i, message in enumerate(messages):
         calls = message.get("tool_calls")
+        if calls is not None:
+            _check_tool_calls(i, calls)
         if isinstance(calls, list):
             fixed = []
             for call in calls:
@@ -379,6 +403,30 @@ def arguments_as_objects(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
             message = {**message, "tool_calls": fixed}
         out.append(dict(message))
     return out
+
+
+def _check_tool_calls(index: int, calls: Any) -> None:  # noqa: ANN401
+    # A history's calls reach the template, whose expressions fail on the wrong types (they were 500s).
+    where = f"messages[{index}].tool_calls"
+    if not isinstance(calls, list):
+        raise InvalidRequestError(f"{where} must be a list of tool calls, got {type(calls).__name__}",
+                                  param="messages")
+    for j, call in enumerate(calls):
+        function = call.get("function") if isinstance(call, Mapping) else None
+        if not isinstance(function, Mapping):
+            raise InvalidRequestError(f'{where}[{j}] must be {{"id": ..., "type": "function", "function": {{"name": '
+                                      '..., "arguments": ...}}}}', param="messages")
+        if call.get("type", "function") != "function":
+            raise InvalidRequestError(f'{where}[{j}].type must be "function", got {call.get("type")!r}',
+                                      param="messages")
+        if call.get("id") is not None and not isinstance(call.get("id"), str):
+            raise InvalidRequestError(f"{where}[{j}].id must be a string", param="messages")
+        if not isinstance(function.get("name"), str):
+            raise InvalidRequestError(f"{where}[{j}].function.name must be a string, got "
+                                      f"{function.get('name')!r:.40}", param="messages")
+        if not isinstance(function.get("arguments"), str | Mapping):
+            raise InvalidRequestError(f"{where}[{j}].function.arguments must be the arguments as a JSON string "
+                                      f"(or an object), got {function.get('arguments')!r:.40}", param="messages")
 
 
 # ---------------------------------------------------------------------------------------------- parsing

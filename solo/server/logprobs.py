@@ -9,6 +9,7 @@ A token's `token` string is those bytes decoded as UTF-8 (an incomplete characte
 
 from __future__ import annotations
 
+import codecs
 import json
 import math
 import re
@@ -103,20 +104,45 @@ def chat_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob]) -> ChatLog
     return ChatLogprobs(content=content)
 
 
-def completion_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob], text_offset: int) -> CompletionLogprobs:
-    """Completions-shaped logprobs for consecutive tokens.
+class CompletionLogprobsBuilder:
+    """Completions-shaped logprobs of one choice, built event by event.
+
+    `text_offset` counts characters of the choice's returned text: a token that ends inside a character
+    (byte-level BPE splits multi-byte characters) adds nothing until the token that completes it, as the
+    text itself is streamed. Each token's `top_logprobs` holds its sampled token besides the top ones (up
+    to logprobs + 1 entries, as OpenAI and vLLM return them).
+
+    Args:
+        pieces: token text lookup.
+        text_offset: character offset of the first token (the echoed prompt's length, else 0).
+    """
+
+    def __init__(self, pieces: TokenPieces, text_offset: int = 0) -> None:
+        self.pieces = pieces
+        self.text_offset = text_offset
+        self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
+
+    def add(self, infos: Sequence[TokenLogprob]) -> CompletionLogprobs:
+        """The next tokens' logprobs (their offsets follow the tokens added before)."""
+        tokens, logprobs, tops, offsets = [], [], [], []
+        for info in infos:
+            text, raw = self.pieces.get(info.token_id)
+            tokens.append(text)
+            logprobs.append(_finite(info.logprob))
+            top = {self.pieces.get(t)[0]: _finite(lp) for t, lp in info.top}
+            top.setdefault(text, _finite(info.logprob))
+            tops.append(top)
+            offsets.append(self.text_offset)
+            self.text_offset += len(self._utf8.decode(raw))
+        return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
+
+
+def completion_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob], text_offset: int = 0) -> CompletionLogprobs:
+    """Completions-shaped logprobs for one choice's consecutive tokens (see `CompletionLogprobsBuilder`).
 
     Args:
         pieces: token text lookup.
         infos: the tokens' log-probabilities, in order.
-        text_offset: character offset of the first token in the choice's generated text.
+        text_offset: character offset of the first token in the choice's returned text.
     """
-    tokens, logprobs, tops, offsets = [], [], [], []
-    for info in infos:
-        text, _ = pieces.get(info.token_id)
-        tokens.append(text)
-        logprobs.append(_finite(info.logprob))
-        tops.append({pieces.get(t)[0]: _finite(lp) for t, lp in info.top})
-        offsets.append(text_offset)
-        text_offset += len(text)
-    return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
+    return CompletionLogprobsBuilder(pieces, text_offset).add(infos)

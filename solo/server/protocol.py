@@ -175,7 +175,7 @@ class SamplingFields(_Lenient):
         "return_tokens_as_token_ids": False,
     }
 
-    model: Annotated[_Str, Field(min_length=1)] | None = None
+    model: _Str | None = None
     max_tokens: Annotated[_Int, Field(ge=1)] | None = None
     temperature: Annotated[_Float, Field(ge=0, le=2)] | None = None
     top_p: Annotated[_Float, Field(gt=0, le=1)] | None = None
@@ -210,6 +210,14 @@ class SamplingFields(_Lenient):
     guided_choice: list[_Str] | None = None
     guided_grammar: _Str | None = None
     structured_outputs: dict[str, Any] | None = None
+
+    @field_validator("model")
+    @classmethod
+    def _model_not_empty(cls, value: str | None) -> str | None:
+        if value is not None and not value.strip():
+            raise ValueError("model is an empty string; send the served model's id (GET /v1/models lists it) or "
+                             "leave model out")
+        return value
 
     @field_validator("response_format")
     @classmethod
@@ -348,10 +356,10 @@ class ChatMessage(BaseModel):
         return self
 
     def for_template(self) -> dict[str, Any]:
-        """The message as the chat template expects it: content parts joined into one string."""
+        """The message as the chat template expects it: text parts joined one per line (as vLLM joins them)."""
         message = self.model_dump(exclude_none=True)
         if isinstance(self.content, list):
-            message["content"] = "".join(part.text for part in self.content)
+            message["content"] = "\n".join(part.text for part in self.content)
         return message
 
 

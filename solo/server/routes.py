@@ -30,7 +30,7 @@ from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, output_constraint
 from solo.errors import InvalidRequestError
 from solo.server.errors import APIError, api_error_from, shutting_down
-from solo.server.logprobs import chat_logprobs, completion_logprobs
+from solo.server.logprobs import CompletionLogprobsBuilder, chat_logprobs, completion_logprobs
 from solo.server.metrics import CONTENT_TYPE
 from solo.server.protocol import (
     COMPLETIONS_DEFAULT_MAX_TOKENS,
@@ -69,8 +69,16 @@ _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
 def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    # A request's chat_template_kwargs, less the names Solo passes to the template itself.
-    return {k: v for k, v in (kwargs or {}).items() if k not in _RESERVED_TEMPLATE_ARGS}
+    # A request's chat_template_kwargs; the names Solo passes to the template itself are refused, not dropped.
+    for name in kwargs or {}:
+        if name == "documents":
+            raise InvalidRequestError("chat_template_kwargs cannot set 'documents': Solo does not pass retrieval "
+                                      "documents to templates; put their text in the messages",
+                                      param="chat_template_kwargs")
+        if name in _RESERVED_TEMPLATE_ARGS:
+            raise InvalidRequestError(f"chat_template_kwargs cannot set {name!r}: Solo passes it to the template "
+                                      f"itself; use the request's {name} field", param="chat_template_kwargs")
+    return dict(kwargs or {})
 
 
 def _state(request: Request) -> ServerState:
@@ -382,14 +390,13 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequest, n: int) -> AsyncIterator[str]:
-    offsets = [0] * n
+    builders = [CompletionLogprobsBuilder(state.pieces) for _ in range(n)]
     try:
         async for index, event in job.generation.events():
             job.count(event)
             logprobs: CompletionLogprobs | None = None
             if body.logprobs is not None and event.logprobs:
-                logprobs = completion_logprobs(state.pieces, event.logprobs, offsets[index])  # type: ignore[arg-type]
-                offsets[index] += sum(len(t) for t in logprobs.tokens)
+                logprobs = builders[index].add(event.logprobs)  # type: ignore[arg-type]
             if not event.text and logprobs is None and event.finish_reason is None:
                 continue
             choice = CompletionChoice(index=index, text=event.text, logprobs=logprobs,

@@ -176,10 +176,14 @@ def _format(kind, value):
     ("json_schema", {"type": "number", "multipleOf": 0.5, "minimum": 0, "maximum": 10}),
     ("json_schema", {"type": "string", "pattern": r"^\Aab\z$"}),
     ("regex", r"\Aab\z"),
+    # A required name its properties do not define: XGrammar's strict mode silently leaves it out.
+    ("json_schema", {"type": "object", "properties": {"a": {"enum": [1]}}, "required": ["a", "zz"],
+                     "additionalProperties": {"enum": [2]}, "maxProperties": 2}),
 ])
 def test_what_xgrammar_would_ignore_goes_to_llguidance(bundled, kind, value):
     # XGrammar 0.2.9 compiles these while logging that it ignores part of them (allOf with several
-    # subschemas, multipleOf on numbers, \A and \z): they must be enforced all the same.
+    # subschemas, multipleOf on numbers, \A and \z), or without a word (required names outside properties):
+    # they must be enforced all the same.
     request = bundled.make_request("x = ", SamplingParams(response_format=_format(kind, value)))
     assert request.constraint.compiled.backend == "llguidance"
     finished = 0
@@ -230,6 +234,18 @@ def test_a_refused_grammar_stays_refused(bundled):
             bundled.constraints._cache.clear()
         assert bundled.make_request("x", SamplingParams(response_format=warned)).constraint.compiled.backend \
             == "llguidance"
+
+
+def test_required_outside_properties():
+    from solo.engine.constraints import required_outside_properties
+
+    assert required_outside_properties({"type": "object", "required": ["zz"]}) == ["zz"]
+    nested = {"type": "array", "items": {"properties": {"a": {}, "required": {"type": "boolean"}},
+                                         "required": ["a", "required", "b"]}}
+    assert required_outside_properties(nested) == ["b"]
+    # Data is not a schema: a "required" inside const / enum / default / examples is not one.
+    assert required_outside_properties({"const": {"required": ["x"]}, "examples": [{"required": ["y"]}]}) == []
+    assert required_outside_properties(SCHEMAS["nested"]) == []
 
 
 def test_other_stderr_output_survives_the_capture(capfd):

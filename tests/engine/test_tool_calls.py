@@ -351,6 +351,7 @@ def test_phi4_mini_forced_call_and_history(tmp_path):
     ({"type": "array", "uniqueItems": True}, "uniqueItems"),
     ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "allOf"),  # XGrammar's tool-call grammar would ignore it
     ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
+    ({"type": "object", "required": ["zz"]}, "zz"),  # XGrammar would leave the undefined property out
 ])
 def test_forced_call_parameters_no_grammar_enforces_are_refused(schema, words):
     engine = Engine.load(None)  # the bundled model's template takes tools (Hermes syntax)

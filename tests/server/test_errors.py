@@ -125,6 +125,23 @@ CASES = [
     ("system-content-null", CHAT, chat(messages=[{"role": "system", "content": None}, *MSG]), 400, "messages", None),
     ("tool-content-missing", CHAT, chat(messages=[*MSG, {"role": "tool", "tool_call_id": "1"}]), 400, "messages",
      None),
+    # A history's tool calls reach the template: malformed ones are the request's fault (they were 500s).
+    ("tool-call-without-arguments", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f"}}]}, {"role": "tool", "tool_call_id": "c1",
+                                                                        "content": "5"}]), 400, "messages", None),
+    ("tool-call-name-number", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": 5, "arguments": "{}"}}]}]), 400, "messages", None),
+    ("tool-calls-object", CHAT, chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": {}}]), 400,
+     "messages", None),
+    ("tokenize-tool-call-without-arguments", "/tokenize", {"messages": [*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f"}}]}]}, 400, "messages", None),
+    # Names Solo passes to the template itself are refused, not dropped.
+    ("template-kwargs-messages", CHAT, chat(chat_template_kwargs={"messages": [{"role": "user", "content": "x"}]}),
+     400, "chat_template_kwargs", None),
+    ("template-kwargs-tools", CHAT, chat(chat_template_kwargs={"tools": [TOOL]}), 400, "chat_template_kwargs", None),
+    # Past a grammar's end only EOS is allowed: ignore_eos could not hold.
+    ("ignore-eos-with-grammar", CHAT, chat(ignore_eos=True, response_format={"type": "json_object"}), 400,
+     "ignore_eos", None),
     ("content-lone-surrogate", CHAT,
      '{"model": "tiny", "messages": [{"role": "user", "content": "caf\\u00e9 \\ud800"}]}', 400, "messages", None),
     ("prompt-too-long", CHAT, chat(messages=[{"role": "user", "content": "hello world " * 200}]), 400, "messages",

@@ -119,11 +119,36 @@ def test_completions_logprobs_shape_streamed(server):
     for chunk in chunks:
         lp = chunk.choices[0].logprobs
         assert len(lp.tokens) == len(lp.token_logprobs) == len(lp.top_logprobs) == len(lp.text_offset)
-        assert all(len(top) <= 2 for top in lp.top_logprobs)
+        # The sampled token is always among them (up to logprobs + 1 entries, as OpenAI and vLLM return them).
+        assert all(len(top) <= 3 and token in top for top, token in zip(lp.top_logprobs, lp.tokens, strict=True))
         tokens += lp.tokens
         offsets += lp.text_offset
     assert len(tokens) == 5
     assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(5)]
+
+
+def test_completion_text_offsets_count_characters_of_the_text():
+    # Byte-level BPE splits multi-byte characters over tokens: offsets index the returned text (a token that
+    # ends inside a character adds nothing), whether the tokens come in one event or one per event.
+    from solo.engine.request import TokenLogprob
+    from solo.model.default_model import default_model_path
+    from solo.server.logprobs import CompletionLogprobsBuilder, TokenPieces
+    from solo.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(default_model_path())
+    text = "héllo 日本🎉 ok"
+    ids = tokenizer.encode(text, add_special_tokens=False)
+    assert tokenizer.decode(ids) == text and len(ids) > len(text.split())
+    infos = [TokenLogprob(i, -1.0) for i in ids]
+    pieces = TokenPieces(tokenizer)
+    whole = CompletionLogprobsBuilder(pieces).add(infos)
+    builder = CompletionLogprobsBuilder(pieces)
+    one_by_one = [builder.add([info]).text_offset[0] for info in infos]
+    assert whole.text_offset == one_by_one
+    for i, offset in enumerate(whole.text_offset):
+        assert offset == len(b"".join(pieces.get(t)[1] for t in ids[:i]).decode("utf-8", errors="ignore"))
+    assert whole.text_offset[-1] < len(text)
+    assert whole.top_logprobs[0] == {whole.tokens[0]: -1.0}  # the sampled token, with no top ones asked
 
 
 def test_models_tokenize_detokenize(server, engine):
