@@ -8,9 +8,12 @@ clears the line; Ctrl-D or /exit quits. Commands start with '/': see `COMMANDS`.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
+import signal
 import sys
+import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -214,9 +217,10 @@ class ChatSession:
             stream = engine.generate(messages, turn)
             for event in stream:
                 if event.text:
-                    self.out.write(event.text)
-                    self.out.flush()
-                    pieces.append(event.text)
+                    with _interrupt_after():  # shown and kept together: Ctrl-C lands between pieces
+                        pieces.append(event.text)
+                        self.out.write(event.text)
+                        self.out.flush()
                 last = event
         except KeyboardInterrupt:
             # Only this reply stops; what was shown stays in the conversation, as the user saw it.
@@ -234,6 +238,20 @@ class ChatSession:
             self.out.flush()
             self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name))
         self.history.append({"role": "assistant", "content": "".join(pieces)})
+
+
+@contextlib.contextmanager
+def _interrupt_after() -> Iterator[None]:
+    # SIGINT held while the block runs and delivered (as KeyboardInterrupt) when it ends; where signals cannot
+    # be masked (Windows, a thread other than the main one) the block runs as it is.
+    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    try:
+        yield
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -13,6 +13,7 @@ import os
 import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, NoReturn
 
 from solo.errors import SoloError
@@ -298,21 +299,44 @@ def cmd_list(args: argparse.Namespace) -> int:
               f"`solo rm {repo}` deletes it", file=sys.stderr)
     if not models:
         print("no models in the Hugging Face cache; `solo pull ORG/NAME` downloads one", file=sys.stderr)
-        return 0
-    rows = [("MODEL", "REVISION", "SIZE", "ARCHITECTURE", "SOLO")]
-    for m in models:
-        rows.append((m.repo_id, m.revision, human_size(m.size_bytes), m.architecture,
-                     "yes" if m.supported else f"no: {m.reason}"))
-    widths = [max(len(r[i]) for r in rows) for i in range(4)]
-    for r in rows:
-        print("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    else:
+        rows = [("MODEL", "REVISION", "SIZE", "ARCHITECTURE", "SOLO")]
+        for m in models:
+            reason = m.reason if len(m.reason) <= 100 else m.reason[:99] + "…"  # one line per model
+            rows.append((m.repo_id, m.revision, human_size(m.size_bytes), m.architecture,
+                         "yes" if m.supported else f"no: {reason}"))
+        widths = [max(len(r[i]) for r in rows) for i in range(4)]
+        for r in rows:
+            print("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])
+    _print_conversions()
     return 0
+
+
+def _print_conversions() -> None:
+    # GGUF files Solo converted into its own cache: disk no Hugging Face command shows.
+    from solo.model.gguf import cache_root, list_conversions
+    from solo.model.store import human_size
+
+    conversions = list_conversions()
+    if not conversions:
+        return
+    print(f"\nGGUF files converted into Solo's cache ({cache_root() / 'gguf'}; `solo rm FILE.gguf` deletes one):")
+    for c in conversions:
+        print(f"  {human_size(c.size_bytes):>9}  {c.source}{'' if c.source_exists else '  (source gone)'}")
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
     """`solo rm`: delete a cached model."""
     from solo.model.store import human_size, remove
 
+    if args.model.lower().endswith(".gguf") or Path(args.model).expanduser().is_file():
+        from solo.model.gguf import remove_conversions
+
+        if args.revision is not None:
+            raise SoloError("--revision applies to Hub ids; a GGUF file's conversions have none: drop it")
+        freed = remove_conversions(args.model)  # the file itself is the user's: left alone
+        print(f"deleted Solo's conversion of {args.model} ({human_size(freed)} freed; the file itself is kept)")
+        return 0
     freed = remove(args.model, args.revision)
     print(f"deleted {args.model}{'@' + args.revision if args.revision else ''} ({human_size(freed)} freed)")
     return 0
@@ -337,12 +361,32 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     if not message.startswith(prefix):
         return ""
     options = [o for p in _all_parsers(parser) for a in p._actions for o in a.option_strings]
-    for word in message[len(prefix):].split():
+    words = message[len(prefix):].split()
+    for word in words:
+        if word.split("=")[0] in _FOREIGN_FLAGS:
+            return f" ({word.split('=')[0]} is {_FOREIGN_FLAGS[word.split('=')[0]]})"
+    if words and not words[0].startswith("-") and getattr(parser, "_solo_command", "") == "solo run":
+        return " (the prompt goes after -p / --prompt, quoted, or on stdin: solo run MODEL -p 'PROMPT')"
+    for word in words:
         if word.startswith("-"):
             close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
             if close:
                 return f" (did you mean {close[0]}?)"
     return ""
+
+
+# Other engines' flags for the same thing (llama.cpp, Ollama, vLLM), named in the error.
+_FOREIGN_FLAGS = {
+    "-n": "llama.cpp's --n-predict: use --max-tokens", "--n-predict": "llama.cpp's: use --max-tokens",
+    "--num-predict": "Ollama's: use --max-tokens", "-c": "llama.cpp's --ctx-size: use --max-model-len",
+    "--ctx-size": "llama.cpp's: use --max-model-len", "--num-ctx": "Ollama's: use --max-model-len",
+    "-m": "llama.cpp's --model: the model is the first argument, solo run MODEL",
+    "--model": "the first argument here: solo COMMAND MODEL", "-t": "llama.cpp's --threads: use --threads",
+    "--repeat-penalty": "llama.cpp's: use --repetition-penalty",
+    "-ngl": "llama.cpp's GPU offload: use --device cuda (the whole model)",
+    "--n-gpu-layers": "llama.cpp's GPU offload: use --device cuda (the whole model)",
+    "--tensor-parallel-size": "vLLM's: use --tp", "-tp": "vLLM's --tensor-parallel-size: use --tp",
+}
 
 
 def _all_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
@@ -424,10 +468,13 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if listing is not None:
         listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
         listing.set_defaults(handler=cmd_list)
-    rm = command("rm", help="delete a model from the Hugging Face cache",
+    rm = command("rm", help="delete a model from the Hugging Face cache (or Solo's conversion of a GGUF file)",
                  description="Delete a model (every revision, or one) from the Hugging Face cache.")
     if rm is not None:
-        rm.add_argument("model", metavar="ORG/NAME", help="Hugging Face Hub id, as `solo list` shows it")
+        rm.add_argument("model", metavar="ORG/NAME[:TAG] | FILE.gguf",
+                        help="Hugging Face Hub id, as `solo list` shows it; with :TAG (e.g. :Q8_0) only the GGUF "
+                             "files whose names hold TAG. A local .gguf path deletes Solo's converted copy of it "
+                             "(the file itself is kept)")
         rm.add_argument("--revision", default=None, help="only this branch, tag or commit (default: all)")
         rm.set_defaults(handler=cmd_rm)
 

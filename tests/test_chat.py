@@ -87,6 +87,37 @@ def test_ctrl_c_stops_the_reply_not_the_session(engine, monkeypatch):
     assert [m["role"] for m in session.history] == ["user", "assistant", "user", "assistant"]
 
 
+def test_ctrl_c_keeps_what_was_shown(engine):
+    # The interrupt arriving while a piece is written: the saved reply is what the screen shows, not a piece less.
+    import os
+    import signal
+
+    class Screen(io.StringIO):
+        writes = 0
+
+        def write(self, text):
+            shown = super().write(text)
+            Screen.writes += 1
+            if Screen.writes == 2:
+                os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, delivered at once unless held
+            return shown
+
+    feed = iter(["hi"])
+
+    def read(prompt):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    out, err = Screen(), io.StringIO()
+    session = ChatSession(engine, SamplingParams(max_tokens=8, ignore_eos=True, temperature=0), None, read, out, err)
+    assert session.loop() == 0
+    assert "[reply stopped]" in err.getvalue()
+    assert Screen.writes >= 2
+    assert session.history[-1]["content"] == out.getvalue().removesuffix("\n")
+
+
 def test_ctrl_c_at_the_prompt_keeps_going(engine):
     calls = iter([KeyboardInterrupt, "hi"])
 
@@ -128,6 +159,13 @@ def test_argparse_errors_are_one_line_with_a_hint(capsys):
     with pytest.raises(SystemExit):
         main(["runn"])
     assert "(did you mean run?)" in capsys.readouterr().err
+    # Other engines' flags and an Ollama-style positional prompt say what Solo calls them.
+    for argv, hint in ((["run", "-n", "3"], "-n is llama.cpp's --n-predict: use --max-tokens"),
+                       (["serve", "--ctx-size=64"], "--ctx-size is llama.cpp's: use --max-model-len"),
+                       (["run", "org/model", "hello world"], "the prompt goes after -p / --prompt")):
+        with pytest.raises(SystemExit):
+            main(argv)
+        assert hint in capsys.readouterr().err, argv
 
 
 def test_escaped_slash_and_an_empty_system_message_are_sent_as_given(engine, monkeypatch):

@@ -21,6 +21,7 @@ import re
 import shutil
 import tempfile
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -76,6 +77,57 @@ def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (),
         shutil.rmtree(folder, ignore_errors=True)
         freed += size
     return freed
+
+
+@dataclass(frozen=True)
+class Conversion:
+    """One GGUF file converted into Solo's cache (see `gguf_to_folder`).
+
+    Attributes:
+        folder: the converted model folder.
+        source: the GGUF file it was converted from (absolute, as it was named).
+        size_bytes: the folder's size on disk (quantized types are stored dequantized, so it may be several times
+            the source's).
+        source_exists: whether the source file is still there (a gone source's conversion is never used again).
+    """
+
+    folder: Path
+    source: Path
+    size_bytes: int
+    source_exists: bool
+
+
+def list_conversions() -> list[Conversion]:
+    """The converted folders in Solo's cache, largest first (`solo list` shows them; `solo rm FILE` deletes them)."""
+    found = []
+    for record in (cache_root() / "gguf").glob("*/gguf_source.json"):
+        folder = record.parent
+        if not _CONVERTED_NAME.match(folder.name):
+            continue
+        try:
+            source = Path(json.loads(record.read_text(encoding="utf-8"))["file"])
+            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # unreadable, or deleted meanwhile
+        found.append(Conversion(folder, source, size, os.path.lexists(source)))
+    return sorted(found, key=lambda c: (-c.size_bytes, str(c.source)))
+
+
+def remove_conversions(source: str | Path) -> int:
+    """Delete the converted folders of one GGUF file (which may be gone); returns the bytes freed.
+
+    Args:
+        source: the GGUF file's path as it was given to Solo (relative paths are taken from the current folder).
+
+    Raises:
+        ModelNotFoundError: Solo's cache holds no conversion of that file.
+    """
+    from solo.errors import ModelNotFoundError
+
+    file = Path(source).expanduser().absolute()
+    if not any(c.source == file for c in list_conversions()):
+        raise ModelNotFoundError(f"Solo's cache holds no conversion of {file}; `solo list` shows the converted files")
+    return prune_conversions(same_file=file)
 
 
 def _folder_name(named: Path, src: Path) -> str:

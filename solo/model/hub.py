@@ -5,6 +5,7 @@ Hub ids are resolved through `huggingface_hub` (its cache, then a download of th
 
 from __future__ import annotations
 
+import json
 import re
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from solo.errors import ModelNotFoundError, SoloError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # "org/name:Q8_0": one quantization of a repository of GGUF files (llama.cpp's -hf and Ollama's hf.co syntax).
+_COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash: a revision whose files never change
 _GGUF_TAG = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+):(?P<tag>[\w.\-]+)$")
 # Only what Solo reads: configs, tokenizer files, chat templates and safetensors weights.
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt", "*.tiktoken"]
@@ -87,13 +89,17 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
         raise ModelNotFoundError(f"{path} is a file but not a GGUF file; pass the model folder that holds "
                                  "config.json, or a .gguf file")
     repo_id, tag = split_gguf_tag(str(model))
+    if str(model).lower().endswith(".gguf"):
+        raise ModelNotFoundError(f"GGUF file {str(model)!r} does not exist; check the path (a Hub repository of GGUF "
+                                 "files is named as org/name:Q8_0)")
     if not _HUB_ID.match(repo_id) or repo_id.startswith((".", "/", "~")):
         raise ModelNotFoundError(
-            f"model folder {str(model)!r} does not exist; pass a folder with config.json and safetensors "
+            f"model folder or file {str(model)!r} does not exist; pass a folder with config.json and safetensors "
             "weights, a .gguf file, or a Hugging Face Hub id such as 'org/name' ('org/name:Q8_0' for one "
             "quantization of a repository of GGUF files)"
         )
     folder = _download_from_hub(repo_id, revision, gguf_patterns(tag))
+    _check_download_finished(repo_id, folder)
     if tag is not None or not (folder / "config.json").is_file():
         gguf = pick_gguf(folder, repo_id, tag)
         if gguf is None:
@@ -127,8 +133,11 @@ def gguf_patterns(tag: str | None) -> list[str]:
                    for p in ("{t}.gguf", "{t}{e}*.gguf", "*{e}{t}.gguf", "*{e}{t}{e}*.gguf")})
 
 
-def _holds_tag(name: str, tag: str) -> bool:
-    # The tag as a word of the file's path, in any case: F16 is not in BF16.
+def holds_tag(name: str, tag: str) -> bool:
+    """Whether a GGUF file's path holds `tag` (a quantization such as Q8_0) as a word, in any case.
+
+    "F16" is not in "model-BF16.gguf".
+    """
     return re.search(rf"(?<![A-Za-z0-9]){re.escape(tag)}(?![A-Za-z0-9])", name, re.IGNORECASE) is not None
 
 
@@ -151,7 +160,7 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
 
     files = sorted(folder.rglob("*.gguf"))
     if tag is not None:
-        files = [f for f in files if _holds_tag(str(f.relative_to(folder)), tag)]
+        files = [f for f in files if holds_tag(str(f.relative_to(folder)), tag)]
     if len(files) == 1:
         return files[0]
     if len(files) > 1:
@@ -172,9 +181,19 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError, RepositoryNotFoundError
 
+    patterns = [*HUB_FILE_PATTERNS, *(extra_patterns or [])]
+    if revision is not None and _COMMIT.fullmatch(revision):
+        # A commit's files never change: a complete cached snapshot needs no Hub call (offline, asking the Hub
+        # for its file list retried for about 25 s before falling back to the cache).
+        try:
+            folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
+                                            local_files_only=True))
+            if _looks_complete(folder):
+                return folder
+        except (LocalEntryNotFoundError, OSError, ValueError):
+            pass  # not cached: ask the Hub
     try:
-        return Path(snapshot_download(repo_id, revision=revision,
-                                      allow_patterns=[*HUB_FILE_PATTERNS, *(extra_patterns or [])]))
+        return Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns))
     except RepositoryNotFoundError:
         raise ModelNotFoundError(
             f"{repo_id!r} is neither a local folder nor a model on the Hugging Face Hub (or it is gated: "
@@ -196,6 +215,40 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         raise ModelNotFoundError(
             f"could not download {repo_id!r} from the Hugging Face Hub ({exc}); pass a local model folder"
         ) from None
+
+
+def _check_download_finished(repo_id: str, folder: Path) -> None:
+    # Offline, huggingface_hub hands back a snapshot whose download stopped part-way (its files were then
+    # reported missing one by one: "no tokenizer", "lacks tensor ..."); online it would have resumed it.
+    from solo.model.store import human_size, partial_downloads
+
+    if _looks_complete(folder):
+        return
+    try:
+        partial = partial_downloads().get(repo_id)
+    except SoloError:  # a cache that cannot be read: the load reports what is missing
+        return
+    if partial is not None:
+        raise ModelNotFoundError(f"the download of {repo_id} was interrupted ({human_size(partial)} of partial files "
+                                 "in the Hugging Face cache) and the Hub cannot be reached to finish it; `solo pull "
+                                 f"{repo_id}` resumes it once online (`solo rm {repo_id}` deletes it)")
+
+
+def _looks_complete(folder: Path) -> bool:
+    # A GGUF file, or config.json + a tokenizer + every safetensors shard the index lists (or one file).
+    if any(folder.rglob("*.gguf")):
+        return True
+    if not (folder / "config.json").is_file() or not any((folder / n).is_file() for n in ("tokenizer.json",
+                                                                                          "tokenizer.model")):
+        return False
+    index = folder / "model.safetensors.index.json"
+    if index.is_file():
+        try:
+            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            return False
+        return all((folder / shard).is_file() for shard in shards)
+    return any(folder.glob("*.safetensors"))
 
 
 def _cached_revisions(repo_id: str) -> list[str]:

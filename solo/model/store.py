@@ -7,6 +7,7 @@ fetched (configs, tokenizer, safetensors), plus the files an --include pattern n
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 from dataclasses import asdict, dataclass
@@ -220,7 +221,8 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     """Delete a model (every revision, or one) from the cache.
 
     Args:
-        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0).
+        repo_id: "org/name", or "org/name:TAG" for only the GGUF files whose names hold TAG (e.g. Q8_0), as
+            `solo run org/name:TAG` picks one: the rest of the repository stays.
         revision: a branch/tag name or a commit hash (or its prefix); None removes every revision.
         cache_dir: the cache folder (None: huggingface_hub's default).
 
@@ -229,10 +231,14 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
         the repository's interrupted downloads: `partial_downloads`).
 
     Raises:
-        ModelNotFoundError: the model (or that revision) is not in the cache.
+        ModelNotFoundError: the model (or that revision, or a GGUF file holding TAG) is not in the cache.
     """
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
+
+    from solo.model.hub import split_gguf_tag
+
+    repo_id, tag = split_gguf_tag(repo_id)
 
     try:
         info = scan_cache_dir(_cache(cache_dir))
@@ -248,6 +254,8 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
                  or r.commit_hash.startswith(revision)]
     if not revisions:
         raise ModelNotFoundError(f"{repo_id} has no cached revision {revision!r}; `solo list` shows what is")
+    if tag is not None:
+        return _remove_gguf_files(repo_id, Path(repo.repo_path), [Path(r.snapshot_path) for r in revisions], tag)
     # delete_revisions takes bare commit hashes and deletes them in every cached repo that holds one (mirrors
     # and forks share commits): scope it to this repo.
     scoped = dataclasses.replace(info, repos=frozenset({repo}))  # type: ignore[arg-type]
@@ -259,6 +267,34 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     # Solo's converted folders of the GGUF files just deleted.
     return (strategy.expected_freed_size + prune_conversions(under=[Path(r.snapshot_path) for r in revisions])
             + partial_freed)
+
+
+def _remove_gguf_files(repo_id: str, repo_path: Path, snapshots: list[Path], tag: str) -> int:
+    # The snapshots' GGUF files holding `tag`: their links, the blobs no other snapshot links to, and Solo's
+    # conversions of them.
+    from solo.model.gguf import prune_conversions
+    from solo.model.hub import holds_tag
+
+    files = [f for snapshot in snapshots for f in snapshot.rglob("*.gguf") if holds_tag(str(f.relative_to(snapshot)),
+                                                                                        tag)]
+    if not files:
+        raise ModelNotFoundError(f"{repo_id} has no cached GGUF file whose name holds {tag!r}; `solo list` shows "
+                                 f"what is cached (`solo rm {repo_id}` deletes the whole repository)")
+    freed = 0
+    blobs = set()
+    for f in files:
+        if f.is_symlink():
+            blobs.add(f.resolve())
+        else:  # a cache without symlinks (Windows without developer mode) holds copies
+            freed += f.stat().st_size
+        f.unlink()
+    kept = {f.resolve() for f in (repo_path / "snapshots").rglob("*") if f.is_symlink()}
+    for blob in blobs - kept:
+        with contextlib.suppress(OSError):
+            size = blob.stat().st_size
+            blob.unlink()
+            freed += size
+    return freed + prune_conversions(under=snapshots)
 
 
 def _delete_partial(blobs: list[Path]) -> int:

@@ -8,7 +8,9 @@ with the expected shape, or loading fails with a message that names the tensor.
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import logging
 import re
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -22,6 +24,8 @@ from solo.model.config import MULTIMODAL_ARCHITECTURES, ModelConfig
 from solo.model.moe import MoeTensorTarget, expert_slice, moe_tensor_target
 from solo.model.rope import RotaryEmbedding
 from solo.model.transformer import Transformer
+
+_log = logging.getLogger(__name__)
 
 _LAYER_NAMES = {
     "self_attn.q_proj": "attn.q_proj",
@@ -285,6 +289,7 @@ def load_weights(
     device_str = str(device)
     read_device = device_str if device_str.startswith("cuda") else "cpu"
     source: dict[str, str] = {}  # parameter -> the checkpoint tensor that filled it
+    held_head: torch.Tensor | None = None  # an LM head the config says is tied to the embedding
     multimodal = config.architecture in MULTIMODAL_ARCHITECTURES
     skip = (lambda name: language_model_tensor_name(name) is None) if multimodal else None
     for file_name, file_tensor in _iter_tensors(checkpoint_files(folder), read_device, skip):
@@ -294,18 +299,23 @@ def load_weights(
             shown = repr(file_name) if hf_name == lm_name else f"{file_name!r} (its {hf_name.split('.')[-2]} rows)"
             target = moe_tensor_target(hf_name, config) if config.is_moe else None
             if target is not None and target.expert is not None:
+                _check_floating(tensor, shown)
                 _load_expert_slice(model, hf_name, target, tensor, expected, expert_slices, dtype, device)
                 if len(expert_slices[target.name]) == _expert_slice_count(config, target):
                     loaded.add(target.name)
                 continue
             name = target.name if target is not None else hf_to_solo_name(hf_name, config)
             if name is None:
+                if hf_name == "lm_head.weight" and config.tie_word_embeddings:
+                    _check_floating(tensor, shown)
+                    held_head = tensor.to(device=device, dtype=dtype)  # compared with the embedding once loaded
                 continue
             if name not in expected:
                 raise CheckpointError(
                     f"checkpoint tensor {shown} has no place in this {config.architecture} config "
                     f"(maps to {name}); check that config.json matches the weights"
                 )
+            _check_floating(tensor, shown)
             if name in source:
                 raise CheckpointError(
                     f"checkpoint tensors {source[name]!r} and {file_name!r} both hold {name}: the weights repeat it "
@@ -329,9 +339,31 @@ def load_weights(
             source[name] = file_name
         del file_tensor
     _check_complete(expected, loaded, config)
+    if held_head is not None and held_head.shape != model.embed.weight.shape:
+        raise CheckpointError(f"checkpoint tensor lm_head.weight has shape {tuple(held_head.shape)}, the embedding "
+                              f"{tuple(model.embed.weight.shape)}; the config and weights do not match")
+    if held_head is not None and not torch.equal(held_head, model.embed.weight):
+        # As transformers (5.x) loads it: a stored head that differs from the embedding is not tied.
+        _log.warning("config.json ties the LM head to the embedding but the checkpoint holds a different "
+                     "lm_head.weight; using it, untied (as transformers does; set tie_word_embeddings to false to "
+                     "silence this)")
+        model.config = dataclasses.replace(config, tie_word_embeddings=False)
+        model.lm_head = torch.nn.Linear(config.hidden_size, config.vocab_size, bias=False, device="meta")
+        model.lm_head.weight = torch.nn.Parameter(held_head, requires_grad=False)
     # Buffers built on the meta device hold no values; rebuild the RoPE table for real.
     model.rotary = RotaryEmbedding(config).to(device)
     return model.eval().requires_grad_(False)
+
+
+def _check_floating(tensor: torch.Tensor, shown: str) -> None:
+    # Integer weights without a quantization_config (packed or scaled values) would be cast to floats and
+    # run as garbage.
+    if not tensor.is_floating_point() or tensor.element_size() == 1:  # integers, or FP8 without its scales
+        raise CheckpointError(
+            f"checkpoint tensor {shown} holds {str(tensor.dtype).removeprefix('torch.')} values, not 16- or 32-bit "
+            "floating-point weights: a quantized checkpoint whose config.json has no quantization_config? Solo loads "
+            "float32 / float16 / bfloat16 checkpoints (and quantizes them itself with --quantize int8|int4)"
+        )
 
 
 def _check_complete(expected: dict[str, object], loaded: set[str], config: ModelConfig | None = None) -> None:

@@ -276,3 +276,31 @@ def test_gemma3_gguf_keeps_the_global_rope_scaling_and_the_layer_pattern(tmp_pat
     assert engine.config.layer_sliding_windows == reference.config.layer_sliding_windows == (8,) * 5 + (None,)
     assert engine.config.attn_scale == reference.config.attn_scale
     assert _tokens(engine) == _tokens(reference)
+
+
+def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, capsys):
+    # Converted copies (several times a quantized file's size) are Solo's disk use: `solo list` shows them, with the
+    # ones whose file is gone, and `solo rm FILE.gguf` deletes them (never the file).
+    import shutil
+
+    from solo.model.gguf import list_conversions
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))  # an empty Hugging Face cache
+    kept, gone = tmp_path / "kept.gguf", tmp_path / "gone.gguf"
+    shutil.copy(gguf_dir["Q8_0"], kept)
+    shutil.copy(gguf_dir["Q4_0"], gone)
+    for file in (kept, gone):
+        assert main(["run", str(file), "--prompt", PROMPT, "--max-tokens", "1"]) == 0
+    gone.unlink()
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert f"{kept}\n" in out and f"{gone}  (source gone)" in out and "solo rm FILE.gguf" in out
+    assert main(["rm", str(gone)]) == 0
+    assert "deleted Solo's conversion of" in capsys.readouterr().out
+    assert [c.source for c in list_conversions()] == [kept]
+    assert main(["rm", str(gone)]) == 2  # nothing left of it
+    assert "holds no conversion" in capsys.readouterr().err
+    assert main(["rm", str(kept), "--revision", "main"]) == 2
+    assert main(["rm", str(kept)]) == 0 and kept.is_file() and list_conversions() == []

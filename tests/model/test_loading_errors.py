@@ -6,6 +6,7 @@ import json
 import shutil
 
 import pytest
+import torch
 from checkpoints import make_checkpoint
 from safetensors.torch import load_file, save_file
 
@@ -182,3 +183,35 @@ def test_an_image_text_checkpoints_tensor_errors_name_the_files_own_tensors(tmp_
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match=f"tensor '{name}' has shape"):
         Engine.load(folder, backend="eager")
+
+
+def test_integer_weights_are_refused(folder):
+    # A quantized checkpoint whose config lacks quantization_config: casting its integers to floats runs garbage.
+    weights = load_file(folder / "model.safetensors")
+    weights["model.layers.0.self_attn.q_proj.weight"] = weights["model.layers.0.self_attn.q_proj.weight"].to(torch.int8)
+    save_file(weights, folder / "model.safetensors")
+    with pytest.raises(CheckpointError, match=r"model.layers.0.self_attn.q_proj.weight' holds int8 values.*"
+                                              "quantization_config"):
+        Engine.load(folder)
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_a_stored_head_that_differs_from_the_tied_embedding_is_used(tmp_path, backend):
+    # transformers 5 does not tie a head the checkpoint stores with other values than the embedding's.
+    from transformers import AutoModelForCausalLM
+
+    folder = make_checkpoint(tmp_path / "model", tie_word_embeddings=False)
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "tie_word_embeddings": True}))
+    ids = torch.tensor([[1, 5, 9, 14, 3]])
+    expected = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)(ids).logits[0]
+    engine = Engine.load(folder, backend=backend, dtype="float32")
+    assert engine.model.lm_head is not None and not engine.config.tie_word_embeddings
+    engine.runtime.reserve(1, 16)
+    logits = engine.runtime.prefill(0, ids[0])
+    torch.testing.assert_close(logits, expected[-1], atol=1e-4, rtol=0)
+    # The same values stored twice stay tied (nothing to untie).
+    weights = load_file(folder / "model.safetensors")
+    weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
+    save_file(weights, folder / "model.safetensors")
+    assert Engine.load(folder, backend=backend, dtype="float32").model.lm_head is None

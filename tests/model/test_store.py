@@ -132,3 +132,62 @@ def test_a_model_without_tokenizer_files_is_not_listed_as_runnable(cache, tmp_pa
     assert not model.supported and "no tokenizer" in model.reason
     assert main(["pull", "tiny/no-tokenizer"]) == 0
     assert "ready: solo run" not in capsys.readouterr().out
+
+
+def test_a_cached_commit_needs_no_hub_call(cache, monkeypatch):
+    # A commit's files never change: online but unreachable, asking the Hub for its file list retried for ~25 s.
+    import huggingface_hub
+    import huggingface_hub.constants as hf_constants
+
+    from solo.model.hub import resolve_model_dir
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    real = huggingface_hub.snapshot_download
+
+    def local_only(*args, **kwargs):
+        if not kwargs.get("local_files_only"):
+            raise AssertionError("the Hub was asked")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(huggingface_hub, "snapshot_download", local_only)
+    assert resolve_model_dir("tiny/llama", revision=COMMIT).name == COMMIT
+    # A snapshot whose download stopped part-way: the Hub is asked (it resumes it).
+    (cache / "models--tiny--llama" / "snapshots" / COMMIT / "tokenizer.json").unlink()
+    (cache / "models--tiny--llama" / "blobs" / "deadbeef.incomplete").write_bytes(b"x")
+    with pytest.raises(AssertionError, match="the Hub was asked"):
+        resolve_model_dir("tiny/llama", revision=COMMIT)
+
+
+def test_an_interrupted_download_is_named_offline(cache, capsys):
+    # Offline, huggingface_hub returns the partial snapshot: the error says so instead of naming a missing file.
+    (cache / "models--tiny--llama" / "blobs" / "deadbeef.incomplete").write_bytes(b"x" * 2000)
+    assert main(["run", "tiny/llama", "-p", "x", "--max-tokens", "2"]) == 0  # complete: partial files beside it
+    (cache / "models--tiny--llama" / "snapshots" / COMMIT / "model.safetensors").unlink()
+    assert main(["run", "tiny/llama", "-p", "x"]) == 2
+    err = capsys.readouterr().err
+    assert "the download of tiny/llama was interrupted (2.0 KB of partial files" in err
+    assert "solo pull tiny/llama" in err
+
+
+def test_a_missing_gguf_path_is_named_as_a_file(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "models" / "missing.gguf"), "-p", "x"]) == 2
+    assert "GGUF file" in capsys.readouterr().err
+    assert main(["run", "models/missing.gguf", "-p", "x"]) == 2  # relative: not taken for a Hub id
+    err = capsys.readouterr().err
+    assert "GGUF file 'models/missing.gguf' does not exist" in err and "Hub" not in err.split(";")[0]
+
+
+def test_rm_of_a_tag_deletes_only_that_gguf_file(cache, tmp_path, capsys):
+    # As `ollama rm model:tag`: the file `solo run org/name:TAG` picks, not the whole repository.
+    files = tmp_path / "gguf-repo"
+    files.mkdir()
+    (files / "model-Q8_0.gguf").write_bytes(b"q" * 3000)
+    (files / "model-BF16.gguf").write_bytes(b"b" * 5000)
+    snapshot = add_to_cache(cache, "someone/model-GGUF", files, commit="c" * 40)
+    assert main(["rm", "someone/model-GGUF:Q8_0"]) == 0
+    assert "deleted someone/model-GGUF:Q8_0 (3.0 KB freed)" in capsys.readouterr().out
+    assert sorted(p.name for p in snapshot.iterdir()) == ["model-BF16.gguf"]
+    assert len(list((snapshot.parent.parent / "blobs").iterdir())) == 1
+    assert main(["rm", "someone/model-GGUF:F16"]) == 2  # F16 is not in BF16
+    assert "no cached GGUF file whose name holds 'F16'" in capsys.readouterr().err
