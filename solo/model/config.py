@@ -19,7 +19,7 @@ from typing import Any
 
 from solo.errors import CheckpointError, SoloError, UnsupportedArchitectureError
 
-_SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope")
+_SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope", "yarn")
 
 
 @dataclass(frozen=True)
@@ -29,14 +29,17 @@ class RopeConfig:
     Attributes:
         theta: base of the rotary frequencies.
         rope_type: "default", "linear" (position interpolation), "dynamic" (dynamic NTK scaling), "llama3"
-            (Llama 3.1 frequency-band scaling) or "longrope" (Phi-3's LongRoPE). Formulas follow transformers'
-            modeling_rope_utils.py.
+            (Llama 3.1 frequency-band scaling), "longrope" (Phi-3's LongRoPE) or "yarn" (YaRN: Qwen2.5 / Qwen3
+            beyond 32k, DeepSeek). Formulas follow transformers' modeling_rope_utils.py.
         factor: scaling factor for the non-default types.
         low_freq_factor, high_freq_factor: llama3 band edges.
-        original_max_position_embeddings: llama3's and longrope's pre-training context length.
+        original_max_position_embeddings: llama3's, longrope's and yarn's pre-training context length.
         short_factor, long_factor: longrope's per-frequency divisors ([head_dim // 2] each) for sequences
             within / beyond `original_max_position_embeddings`.
-        attention_factor: longrope's multiplier of cos and sin (1.0 for the other types).
+        attention_factor: longrope's and yarn's multiplier of cos and sin (1.0 for the other types).
+        beta_fast, beta_slow: yarn's bounds, in rotations over the original context, of the frequencies kept
+            (faster) and interpolated (slower); a ramp joins them.
+        truncate: yarn rounds those bounds to whole dims (transformers' default).
         use_long_factor: longrope runs with `long_factor` at every position (the context Solo was given
             exceeds the original one; see `ModelConfig.with_context_length`), else with `short_factor`.
     """
@@ -51,6 +54,9 @@ class RopeConfig:
     long_factor: tuple[float, ...] = ()
     attention_factor: float = 1.0
     use_long_factor: bool = False
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    truncate: bool = True
 
 
 LM_HEAD_TYPES = ("replicate", "pre_norm_lane_agg", "lane", "vocab_parallel")
@@ -426,6 +432,8 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
         rope_type = "longrope"  # Phi-3's early configs named LongRoPE so (transformers' Phi3Config maps them)
     if rope_type == "longrope":
         return _longrope_config(raw, merged, theta, architecture)
+    if rope_type == "yarn":
+        return _yarn_config(raw, merged, theta)
     if rope_type not in _SUPPORTED_ROPE_TYPES:
         raise UnsupportedArchitectureError(
             f"RoPE scaling type {rope_type!r} is not supported; Solo supports "
@@ -510,17 +518,59 @@ def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, 
                       short_factor=short, long_factor=long, attention_factor=float(attention))
 
 
+def _yarn_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> RopeConfig:
+    # transformers' `_compute_yarn_parameters` and `standardize_rope_params`: a top-level
+    # original_max_position_embeddings wins over the dict's, else max_position_embeddings; without a factor,
+    # max_position_embeddings / original; without an attention factor, YaRN's 0.1 ln(factor) + 1 (DeepSeek's
+    # mscale / mscale_all_dim ratio when both are given).
+    def number(key: str, value: Any, low: float) -> float:  # noqa: ANN401
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not low <= value < math.inf:
+            raise CheckpointError(f"config.json's yarn RoPE scaling gives {key} = {value!r}; it must be a number "
+                                  f">= {low:g}. Fix or re-download it")
+        return float(value)
+
+    max_pos = int(raw.get("max_position_embeddings", 2048))
+    original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
+        or max_pos
+    original = int(number("original_max_position_embeddings", original, 1))
+    factor = merged.get("factor")
+    factor = number("factor", max_pos / original if factor is None else factor, 1)
+    attention = merged.get("attention_factor")
+    if attention is None:
+        mscale, mscale_all_dim = merged.get("mscale"), merged.get("mscale_all_dim")
+        if mscale and mscale_all_dim:
+            attention = _yarn_mscale(factor, number("mscale", mscale, 0)) / \
+                _yarn_mscale(factor, number("mscale_all_dim", mscale_all_dim, 0))
+        else:
+            attention = _yarn_mscale(factor)
+    return RopeConfig(theta=theta, rope_type="yarn", factor=factor, original_max_position_embeddings=original,
+                      attention_factor=number("attention_factor", attention, 0),
+                      beta_fast=number("beta_fast", merged.get("beta_fast") or 32, 0),
+                      beta_slow=number("beta_slow", merged.get("beta_slow") or 1, 0),
+                      truncate=bool(merged.get("truncate", True)))
+
+
+def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
+    # YaRN's attention temperature (Peng et al. 2023, "YaRN"), as transformers' get_mscale.
+    return 1.0 if factor <= 1 else 0.1 * mscale * math.log(factor) + 1.0
+
+
 # Architectures whose max_position_embeddings already counts their RoPE scaling (vLLM makes Gemma 3 the same
 # exception: its global layers' linear factor 8 took 32k of training to 128k).
 _STATES_STRETCHED_CONTEXT = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
 
 
 def _context_length(config: ModelConfig) -> int:
-    # As vLLM does: linear and dynamic scaling stretch the trained context by `factor`; llama3 configs
+    # As vLLM does: linear and dynamic scaling stretch the trained context by `factor`, yarn its original one; llama3
+    # configs
     # already state the stretched length in max_position_embeddings. LongRoPE starts at its original context
     # (short factors, transformers' outputs); `with_context_length` goes beyond.
     if config.rope.rope_type in ("linear", "dynamic") and config.architecture not in _STATES_STRETCHED_CONTEXT:
         return int(config.max_position_embeddings * config.rope.factor)
+    if config.rope.rope_type == "yarn":  # vLLM's: the original context times the factor
+        return max(config.max_position_embeddings,
+                   int((config.rope.original_max_position_embeddings or config.max_position_embeddings)
+                       * config.rope.factor))
     if config.rope.rope_type == "longrope" and config.rope.original_max_position_embeddings:
         return min(config.rope.original_max_position_embeddings, config.max_position_embeddings)
     return config.max_position_embeddings

@@ -1,7 +1,7 @@
 """Rotary position embeddings (RoPE) with the scaling schemes Hugging Face checkpoints use.
 
 Source: Su et al., "RoFormer" (2021) for RoPE; the scaling formulas follow transformers'
-`modeling_rope_utils.py` (linear interpolation, dynamic NTK, Llama 3.1 bands, LongRoPE). Frequencies use the
+`modeling_rope_utils.py` (linear interpolation, dynamic NTK, Llama 3.1 bands, LongRoPE, YaRN). Frequencies use the
 "rotate half" layout of the Hugging Face Llama family (first half / second half of each head).
 """
 
@@ -16,12 +16,13 @@ from solo.model.config import ModelConfig, RopeConfig
 
 def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | None = None,
                   rotary_dim: int | None = None) -> torch.Tensor:
-    """Inverse frequencies for a static RoPE type (default, linear, llama3, longrope; dynamic at its base length).
+    """Inverse frequencies for a static RoPE type (default, linear, llama3, longrope, yarn; dynamic at its base length).
 
     default: theta ** (-2i / head_dim) (Su et al. 2021, "RoFormer"); linear: divided by `factor`
     (position interpolation, Chen et al. 2023); llama3: Meta's Llama 3.1 frequency bands, as
     transformers' `_compute_llama3_parameters`; longrope: divided per frequency by `short_factor` or
-    `long_factor` (`rope.use_long_factor`; Ding et al. 2024, "LongRoPE"), as `_compute_longrope_parameters`.
+    `long_factor` (`rope.use_long_factor`; Ding et al. 2024, "LongRoPE"), as `_compute_longrope_parameters`;
+    yarn: YaRN's blend of kept and interpolated frequencies (Peng et al. 2023), as `_compute_yarn_parameters`.
 
     Args:
         rope: RoPE parameters.
@@ -44,6 +45,8 @@ def rope_inv_freq(rope: RopeConfig, head_dim: int, device: torch.device | str | 
             inv_freq = inv_freq / rope.factor
         elif rope.rope_type == "llama3":
             inv_freq = _llama3_scale(inv_freq, rope)
+        elif rope.rope_type == "yarn":
+            inv_freq = _yarn_scale(rope, dim, device)
     if dim < head_dim:
         inv_freq = torch.cat((inv_freq, inv_freq.new_zeros((head_dim - dim) // 2)))
     return inv_freq
@@ -61,6 +64,27 @@ def _llama3_scale(inv_freq: torch.Tensor, rope: RopeConfig) -> torch.Tensor:
     smoothed = (1 - smooth) * scaled / rope.factor + smooth * scaled
     is_medium = ~(wavelen < high_wavelen) * ~(wavelen > low_wavelen)
     return torch.where(is_medium, smoothed, scaled)
+
+
+def _yarn_scale(rope: RopeConfig, dim: int, device: torch.device | str | None) -> torch.Tensor:
+    # YaRN (Peng et al. 2023): frequencies that turn more than beta_fast times over the original context are
+    # kept, those turning fewer than beta_slow times are divided by `factor`, and a linear ramp over the dims
+    # between blends the two. Same float32 steps as transformers' `_compute_yarn_parameters`.
+    original = rope.original_max_position_embeddings or 1
+
+    def correction_dim(rotations: float) -> float:
+        return (dim * math.log(original / (rotations * 2 * math.pi))) / (2 * math.log(rope.theta))
+
+    low, high = correction_dim(rope.beta_fast), correction_dim(rope.beta_slow)
+    if rope.truncate:
+        low, high = math.floor(low), math.ceil(high)
+    low, high = max(low, 0), min(high, dim - 1)
+    if low == high:
+        high += 0.001  # a ramp of width 0 would divide by zero
+    pos_freqs = rope.theta ** (torch.arange(0, dim, 2, device=device).float() / dim)
+    ramp = torch.clamp((torch.arange(dim // 2, dtype=torch.float32, device=device) - low) / (high - low), 0, 1)
+    keep = 1 - ramp
+    return (1.0 / (rope.factor * pos_freqs)) * (1 - keep) + (1.0 / pos_freqs) * keep
 
 
 def dynamic_ntk_inv_freq(config: ModelConfig, seq_len: torch.Tensor) -> torch.Tensor:

@@ -160,13 +160,27 @@ def test_rope_scaling_added_beside_rope_parameters_wins():
     params = {"rope_theta": 10000.0, "rope_type": "default"}
     config = ModelConfig.from_dict(_raw(rope_parameters=params, rope_scaling={"rope_type": "linear", "factor": 4.0}))
     assert (config.rope.rope_type, config.rope.factor, config.rope.theta) == ("linear", 4.0, 10000.0)
-    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
-        ModelConfig.from_dict(_raw(rope_parameters=params, rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    # Qwen2.5's model card: add YaRN to reach 128k; the context becomes the original one times the factor.
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32768}
+    config = ModelConfig.from_dict(_raw(rope_parameters=params, rope_scaling=yarn, max_position_embeddings=32768))
+    assert (config.rope.rope_type, config.rope.factor, config.context_length) == ("yarn", 4.0, 131072)
+    assert config.rope.attention_factor == pytest.approx(0.1 * math.log(4.0) + 1)
 
 
 def test_unsupported_rope_type():
-    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
-        ModelConfig.from_dict(_raw(rope_scaling={"rope_type": "yarn", "factor": 4.0}))
+    with pytest.raises(UnsupportedArchitectureError, match="mrope"):
+        ModelConfig.from_dict(_raw(rope_scaling={"rope_type": "mrope", "factor": 4.0}))
+
+
+@pytest.mark.parametrize("field, value", [("factor", "4"), ("factor", 0.5), ("beta_fast", None),
+                                          ("original_max_position_embeddings", -1), ("attention_factor", -1.0)])
+def test_bad_yarn_fields_are_named(field, value):
+    yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, field: value}
+    if value is None:  # a null beta falls back to its default, as transformers reads it
+        assert ModelConfig.from_dict(_raw(rope_scaling=yarn)).rope.beta_fast == 32.0
+        return
+    with pytest.raises(CheckpointError, match=field):
+        ModelConfig.from_dict(_raw(rope_scaling=yarn))
 
 
 def test_gemma2_defaults_alternate_sliding_layers():
@@ -306,8 +320,9 @@ def test_rope_scalings_old_type_key_wins_over_rope_parameters_type():
                rope_scaling={"type": "linear", "factor": 4.0}, max_position_embeddings=64)
     config = ModelConfig.from_dict(raw)
     assert config.rope.rope_type == "linear" and config.rope.factor == 4.0 and config.context_length == 256
-    with pytest.raises(UnsupportedArchitectureError, match="yarn"):
-        ModelConfig.from_dict(dict(raw, rope_scaling={"type": "yarn", "factor": 2.0}))
+    assert ModelConfig.from_dict(dict(raw, rope_scaling={"type": "yarn", "factor": 2.0})).rope.rope_type == "yarn"
+    with pytest.raises(UnsupportedArchitectureError, match="mrope"):
+        ModelConfig.from_dict(dict(raw, rope_scaling={"type": "mrope", "factor": 2.0}))
     # The saved theta stays (transformers 5 would fall back to 10000 when rope_scaling replaces rope_parameters)
     config = ModelConfig.from_dict(dict(raw, rope_parameters={"rope_type": "default", "rope_theta": 5e5}))
     assert config.rope.theta == 5e5 and config.rope.rope_type == "linear"

@@ -99,17 +99,24 @@ def test_tied_and_untied_embeddings(tmp_path, tied):
          "original_max_position_embeddings": 16},
         {"rope_type": "linear", "factor": 2.0},
         {"rope_type": "dynamic", "factor": 2.0},
+        {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 32},
+        # DeepSeek's attention factor from mscale / mscale_all_dim; bounds not rounded to whole dims.
+        {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16, "mscale": 1.0,
+         "mscale_all_dim": 0.5, "beta_fast": 16, "truncate": False},
     ],
-    ids=lambda r: r["rope_type"],
+    ids=lambda r: r["rope_type"] + ("-mscale" if "mscale" in r else ""),
 )
 def test_rope_scaling(tmp_path, rope):
-    # linear/dynamic: a 32-token trained context stretched by 2, so 26 prompt + 32 new tokens run past the
-    # trained length (dynamic NTK kicks in); llama3 configs state the stretched length themselves.
+    # linear/dynamic/yarn: a 32-token trained context stretched by 2 (yarn: its original one by its factor), so 26
+    # prompt + 32 new tokens run past the trained length (dynamic NTK kicks in); llama3 configs state the
+    # stretched length themselves.
     max_pos = 64 if rope["rope_type"] == "llama3" else 32
     folder = make_checkpoint(tmp_path / rope["rope_type"], "llama", max_position_embeddings=max_pos,
                              rope_parameters={"rope_theta": 10000.0, **rope})
     engine = Engine.load(folder)
     assert engine.config.rope.rope_type == rope["rope_type"]
+    if rope["rope_type"] == "yarn":  # as vLLM derives it: the original context times the factor
+        assert engine.config.context_length == max(32, rope["original_max_position_embeddings"] * rope["factor"])
     prompt = PROMPT + "\n    return fibonacci(n - 1)"
     _check_parity(folder, prompt=prompt, new_tokens=32)
 

@@ -69,6 +69,7 @@ def test_bfloat16_logits_match_eager(tmp_path, arch):
     {"rope_type": "dynamic", "factor": 2.0},
     {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
      "original_max_position_embeddings": 16},
+    {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 16},
 ], ids=lambda r: r["rope_type"])
 def test_rope_scaling_and_biases(tmp_path, rope):
     # A 32-token trained context (dynamic NTK kicks in past it), and every optional bias switched on.
