@@ -16,7 +16,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from solo.errors import SoloError
+from solo.errors import EngineFailedError, SoloError
 
 _DESCRIPTION = """\
 Solo: a latency-first LLM inference engine for one request at a time.
@@ -95,10 +95,13 @@ def prefix_cache_gb_from_args(args: argparse.Namespace) -> float | None:
     """The `prefix_cache_gb` for `Engine.load` from the flags (None when --no-prefix-cache).
 
     Raises:
-        SoloError: a negative --prefix-cache-gb, or --prefix-cache-gb beside --no-prefix-cache.
+        SoloError: a negative --prefix-cache-gb, --prefix-cache-gb beside --no-prefix-cache, or with --tp.
     """
     from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 
+    if getattr(args, "tp", 1) != 1 and args.prefix_cache_gb is not None:
+        raise SoloError("--prefix-cache-gb needs a runtime that copies KV-cache rows out and back; the tensor-parallel "
+                        "runtime (--tp) has none, so prefix caching is off there: drop --prefix-cache-gb")
     if args.no_prefix_cache:
         if args.prefix_cache_gb is not None:
             raise SoloError("--no-prefix-cache turns prefix caching off and --prefix-cache-gb sizes it; give one of "
@@ -576,6 +579,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             return run_torchrun_follower(args.model, args.dtype, args.device, args.revision,
                                          getattr(args, "max_model_len", None))
         return args.handler(args)
+    except EngineFailedError as exc:  # not the command line's fault: 1, as for a crash
+        print(f"solo: error: {exc}", file=sys.stderr)
+        return 1
     except SoloError as exc:
         print(f"solo: error: {exc}", file=sys.stderr)
         return 2

@@ -42,6 +42,13 @@ class ContextLengthError(InvalidRequestError):
     """The prompt, or the prompt plus `max_tokens`, does not fit the model's context length."""
 
 
+class EngineFailedError(SoloError):
+    """The engine can no longer run requests: a tensor-parallel rank stopped answering.
+
+    Not the request's fault: the server answers 500 (and shuts down), the `solo` command exits with status 1.
+    """
+
+
 class SoloWarning(UserWarning):
     """Something the user may want to fix that does not stop the work.
 

@@ -23,7 +23,7 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
+def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool = True) -> Path:
     """Convert the tiny Llama, Phi-3 or Gemma 3 checkpoint in `folder` to `path` with matrices of `type_name`.
 
     Phi-3 as llama.cpp's Phi3MiniModel writes it: fused attn_qkv and ffn_up (gate then up), no q/k row
@@ -77,12 +77,13 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str) -> Path:
     added = {t["content"]: t for t in json.loads((folder / "tokenizer.json").read_text())["added_tokens"]}
     types = [(gguf.TokenType.CONTROL if added[t]["special"] else gguf.TokenType.USER_DEFINED) if t in added
              else gguf.TokenType.NORMAL for t in tokens]
-    writer.add_tokenizer_model("gpt2")
-    writer.add_tokenizer_pre("default")
-    writer.add_token_list(tokens)
-    writer.add_token_types(types)
-    special = SpecialVocab(folder, load_merges=True)
-    special.add_to_gguf(writer)
+    if tokenizer:  # (False: a file without one, which Solo refuses)
+        writer.add_tokenizer_model("gpt2")
+        writer.add_tokenizer_pre("default")
+        writer.add_token_list(tokens)
+        writer.add_token_types(types)
+        special = SpecialVocab(folder, load_merges=True)
+        special.add_to_gguf(writer)
 
     qtype = gguf.GGMLQuantizationType[type_name]
 

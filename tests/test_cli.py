@@ -313,3 +313,15 @@ def test_max_model_len_sets_the_context_and_a_longrope_models_factors(capsys, tm
         "context; got 129" in err
     code, _, err = _run(capsys, "run", str(folder), "--prompt", prompt, "--max-model-len", "16")
     assert code == 2 and "but the context it was loaded with (context_length, --max-model-len) is 16" in err
+
+
+def test_tp_refuses_what_its_runtime_cannot_honour(capsys, tiny_llama):
+    # The tensor-parallel runtime has no multi-token verify nor KV snapshots, and its bench no peers: refused
+    # before any rank starts, never dropped.
+    for argv, words in ((["run", str(tiny_llama), "--tp", "2", "--speculative", "ngram", "-p", "x"], "--speculative"),
+                        (["run", str(tiny_llama), "--tp", "2", "--prefix-cache-gb", "1", "-p", "x"],
+                         "--prefix-cache-gb"),
+                        (["bench", str(tiny_llama), "--tp", "2", "--quantize", "int8"], "--quantize: not used by --tp"),
+                        (["bench", str(tiny_llama), "--tp", "2", "--backend", "cpu"], "--backend: not used by --tp")):
+        assert main(argv) == 2, argv
+        assert words in capsys.readouterr().err, argv

@@ -357,7 +357,16 @@ def main(args: argparse.Namespace) -> int:
     from solo.runtime import create_runtime
 
     if args.tp != 1:  # tensor parallelism: decode speed and time blocked on communication (solo.distributed)
+        from solo.bench.load.cli import DECODE_BENCH_ONLY, changed_flags
         from solo.distributed.bench import main_tp
+
+        # The TP bench runs the eager model sharded, with no peers: flags it would not honour are refused.
+        unused = ["--" + f.replace("_", "-") for f in changed_flags(
+            args, (*DECODE_BENCH_ONLY, "plot", "quantize", "backend", "speculative", "prefix_cache_gb",
+                   "no_prefix_cache")) if f not in ("prompt_len", "gen_len", "repeats")]
+        if unused:
+            raise SoloError(f"{', '.join(unused)}: not used by --tp (it times the eager model sharded over ranks, "
+                            "with --prompt-len, --gen-len, --repeats); drop them")
 
         return main_tp(args)
     if args.model and args.shape:
@@ -866,8 +875,10 @@ def _print_report(r: dict[str, Any]) -> None:
         d, t = e["decode_tokens_per_s"], e["ttft_s"]
         ratio = solo["decode_tokens_per_s"]["median"] / d["median"] if solo else float("nan")
         pt = e.get("point_roofline_fraction")
+        places = 1 if t["max"] < 0.1 else 0  # a short TTFT's range in tenths: "4.5 [4-4]" read as a contradiction
         print(f"{name:<15} {d['median']:>8.2f} [{d['min']:.2f}-{d['max']:.2f}] {e['ms_per_token']['median']:>9.2f} "
-              f"{t['median'] * 1e3:>8.1f} [{t['min'] * 1e3:.0f}-{t['max'] * 1e3:.0f}] {e['roofline_fraction']:>8.0%} "
+              f"{t['median'] * 1e3:>8.1f} [{t['min'] * 1e3:.{places}f}-{t['max'] * 1e3:.{places}f}] "
+              f"{e['roofline_fraction']:>8.0%} "
               f"{ratio:>6.2f}x" + (f" {pt['median']:>5.0%} [{pt['min']:.0%}-{pt['max']:.0%}]" if pt else ""))
     if points:
         unit = "turn" if r.get("lockstep_tokens") else "run"

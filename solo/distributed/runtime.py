@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from solo.distributed.sharding import kv_heads_in_memory
-from solo.errors import SoloError
+from solo.errors import EngineFailedError, SoloError
 from solo.model.transformer import KVCache
 
 _log = logging.getLogger("solo.distributed")
@@ -32,7 +32,7 @@ PING_INTERVAL_S = 5.0
 EXIT_AFTER_FAILURE_S = 3.0
 
 
-class RankFailure(SoloError):
+class RankFailure(EngineFailedError):
     """A tensor-parallel rank stopped answering (it died, or its connection broke)."""
 
 
@@ -114,7 +114,9 @@ class TPRuntime:
                 time.sleep(30.0)
                 os._exit(1)
 
-            threading.Timer(EXIT_AFTER_FAILURE_S, end).start()
+            timer = threading.Timer(EXIT_AFTER_FAILURE_S, end)
+            timer.daemon = True  # a `solo run` that already reported the failure exits with its own status
+            timer.start()
         raise RankFailure(f"tensor parallelism stopped: {self.failed}") from None
 
     def _keepalive(self) -> None:

@@ -347,6 +347,9 @@ class Engine:
 
             if quantize is not None or backend not in ("auto", "eager"):
                 raise SoloError("--tp runs the eager model on every rank; drop --quantize and --backend")
+            if speculative not in ("auto", "off"):
+                raise SoloError(f"--speculative {speculative} needs a runtime with multi-token verify; the "
+                                "tensor-parallel runtime (--tp) has none: use --speculative off (or auto)")
             runtime = start_ranks(folder, config, torch_dtype, dev, tp)
             return cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name,
                        context_name=_context_name(config, context_length))

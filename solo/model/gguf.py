@@ -198,6 +198,10 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     except (ValueError, OSError, IndexError) as exc:
         raise CheckpointError(f"{src} is not a readable GGUF file ({exc}); re-download it") from None
     arch = _field(reader, "general.architecture")
+    if "tokenizer.ggml.tokens" not in reader.fields:  # before the slow part: transformers' reader needs them
+        raise CheckpointError(f"{named.name} carries no tokenizer (no tokenizer.ggml.tokens field): Solo takes the "
+                              "tokenizer and chat template from the GGUF file; use a file written with them "
+                              "(llama.cpp's convert_hf_to_gguf.py writes them)")
     types = _weight_types(reader)
     matrices = sorted(t for t in types if t not in ("F32",)) or ["F32"]
     dtype = _EXACT.get(matrices[0], "bfloat16") if len(matrices) == 1 else "bfloat16"

@@ -20,7 +20,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on every route but /health")
+                        help="require 'Authorization: Bearer KEY' on every API route (not /health, nor the "
+                             "playground page at /, which calls the API with the key you type in)")
     parser.add_argument("--allowed-origins", type=_comma_list("origins (e.g. http://localhost:3000)"), default=None,
                         metavar="ORIGINS",
                         help="comma-separated browser origins (CORS) that may call the API, e.g. "
@@ -43,7 +44,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
                         help="also refuse (503 + Retry-After) a request whose predicted wait for a slot, at the rate "
                              "slots have been freeing, exceeds SECONDS: bounds admitted requests' TTFT under "
-                             "load (default: off, only --max-queue bounds the queue)")
+                             "load; the rate is measured from the 8th finished request on, everything is admitted "
+                             "before (default: off, only --max-queue bounds the queue)")
     add_context_argument(parser, "; tokens per slot: lower it to save KV-cache memory")
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                         help="prompt tokens prefilled per scheduler step: a longer prompt is prefilled in chunks "

@@ -20,6 +20,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from solo.errors import (
     CheckpointError,
     ContextLengthError,
+    EngineFailedError,
     InvalidRequestError,
     ModelNotFoundError,
     SoloError,
@@ -68,8 +69,9 @@ def api_error_from(exc: BaseException) -> APIError:
     """Map an exception to the error response it deserves; the one table of SoloError -> status.
 
     ContextLengthError and InvalidRequestError -> 400; a model folder or checkpoint problem -> 400 with
-    its own code; QueueFullError (Retry-After: its estimate) and SchedulerStoppedError -> 503 with
-    Retry-After; anything else is a bug in Solo -> 500 (logged with its traceback by the caller).
+    its own code; EngineFailedError (a tensor-parallel rank died) -> 500 "engine_failed"; QueueFullError
+    (Retry-After: its estimate) and SchedulerStoppedError -> 503 with Retry-After; anything else is a bug in
+    Solo -> 500 (logged with its traceback by the caller).
     """
     if isinstance(exc, APIError):
         return exc
@@ -81,6 +83,8 @@ def api_error_from(exc: BaseException) -> APIError:
         return APIError(404, str(exc), code="model_not_found")
     if isinstance(exc, CheckpointError | UnsupportedArchitectureError):
         return APIError(400, str(exc), code="unsupported_model")
+    if isinstance(exc, EngineFailedError):  # not the request's fault: clients and balancers retry a 5xx elsewhere
+        return APIError(500, str(exc), type="server_error", code="engine_failed")
     if isinstance(exc, SoloError):
         return APIError(400, str(exc))
     if isinstance(exc, QueueFullError):

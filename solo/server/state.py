@@ -172,6 +172,9 @@ class ServerSettings:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
         if self.api_key is not None and not self.api_key:
             raise SoloError("--api-key is empty; give a key or leave the flag out")
+        if self.api_key is not None and (self.api_key != self.api_key.strip() or not self.api_key.isprintable()):
+            raise SoloError("--api-key has blanks at its ends or unprintable characters (a newline from a file?): HTTP "
+                            "header values lose them, so no client could send it; strip the key")
         for host in self.allowed_hosts or []:
             if host != "*" and not re.fullmatch(r"\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9._-]+", host):
                 raise SoloError(f"--allowed-hosts takes host names without scheme or port, like myhost.lan, "

@@ -14,7 +14,7 @@ import torch
 from checkpoints import make_checkpoint, make_lane_checkpoint, make_longrope_checkpoint
 
 from solo import Engine, SamplingParams
-from solo.errors import SoloError
+from solo.errors import EngineFailedError, SoloError
 
 PROMPT = "def fibonacci(n):\n    if n < 2:\n        return n"
 pytestmark = pytest.mark.slow
@@ -145,10 +145,15 @@ def test_a_dead_rank_fails_fast_instead_of_hanging(tmp_path):
             proc.kill()
             proc.wait(timeout=10)
         start = time.monotonic()
-        with pytest.raises(SoloError, match="tensor parallelism stopped"):
+        with pytest.raises(EngineFailedError, match="tensor parallelism stopped") as info:
             _greedy(engine, 4)
         assert time.monotonic() - start < 60
         assert runtime.failed is not None
+        # Not the request's fault: a server answers 500 (clients retry a 5xx), never 400.
+        from solo.server.errors import api_error_from
+
+        error = api_error_from(info.value)
+        assert (error.status, error.type, error.code) == (500, "server_error", "engine_failed")
     finally:
         runtime.close()
 

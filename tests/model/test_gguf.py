@@ -304,3 +304,10 @@ def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, cap
     assert "holds no conversion" in capsys.readouterr().err
     assert main(["rm", str(kept), "--revision", "main"]) == 2
     assert main(["rm", str(kept)]) == 0 and kept.is_file() and list_conversions() == []
+
+
+def test_a_gguf_without_a_tokenizer_is_refused_before_converting(tiny_llama, tmp_path, capsys):
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "no-tokenizer.gguf", "F16", tokenizer=False)
+    assert main(["run", str(path), "--prompt", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert "carries no tokenizer (no tokenizer.ggml.tokens field)" in err and "Traceback" not in err

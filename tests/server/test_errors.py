@@ -523,6 +523,8 @@ def test_unreadable_bodies_say_why(server, body, words):
 
 
 @pytest.mark.parametrize(("settings", "words"), [({"api_key": ""}, "--api-key"),
+                                                 ({"api_key": "sekret\n"}, "--api-key has blanks"),  # no client
+                                                 ({"api_key": " sekret"}, "--api-key has blanks"),  # could send it
                                                  ({"served_model_name": ""}, "--served-model-name"),
                                                  ({"served_model_name": "  "}, "--served-model-name")])
 def test_empty_names_are_refused_not_ignored(settings, words):
