@@ -485,7 +485,7 @@ class ToolCallParser:
             self._calls_text = buffer[index:]
             self._pending = ""
             return self._release(buffer[:index])
-        keep = _partial_suffix(buffer, self.marker)
+        keep = partial_suffix(buffer, self.marker)
         self._pending = buffer[len(buffer) - keep:] if keep else ""
         return self._release(buffer[:len(buffer) - keep])
 
@@ -513,8 +513,8 @@ class ToolCallParser:
         return self._content, calls, rest
 
 
-def _partial_suffix(text: str, marker: str) -> int:
-    # Length of the longest suffix of text that is a proper prefix of marker.
+def partial_suffix(text: str, marker: str) -> int:
+    """Length of the longest suffix of `text` that is a proper prefix of `marker` (text to hold back)."""
     for n in range(min(len(text), len(marker) - 1), 0, -1):
         if marker.startswith(text[-n:]):
             return n

@@ -15,6 +15,7 @@ from collections.abc import Callable
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
     from solo.cli import add_context_argument, add_feature_arguments, add_model_arguments
+    from solo.engine.reasoning import REASONING_PARSERS
 
     add_model_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
@@ -41,6 +42,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "instead of queueing)")
     parser.add_argument("--max-queue", type=int, default=64, metavar="M",
                         help="requests that may wait for a slot; more get 503 + Retry-After (default: 64)")
+    parser.add_argument("--reasoning-parser", default="auto", choices=REASONING_PARSERS,
+                        help="split a thinking model's <think> ... </think> block out of chat replies into "
+                             "reasoning_content (as vLLM's reasoning parsers): auto = when the chat template writes "
+                             "such blocks (Qwen3, DeepSeek-R1 distills, QwQ, SmolLM3), none = never; qwen3 and "
+                             "deepseek_r1 = always (default: auto)")
     parser.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
                         help="also refuse (503 + Retry-After) a request whose predicted wait for a slot, at the rate "
                              "slots have been freeing, exceeds SECONDS: bounds admitted requests' TTFT under "
@@ -117,6 +123,6 @@ def main(args: argparse.Namespace) -> int:
         shutdown_grace_s=args.shutdown_grace,
         prefix_cache_gb="auto" if args.prefix_cache_gb is None and not args.no_prefix_cache
         else prefix_cache_gb_from_args(args),
-        speculative=args.speculative, tp=args.tp,
+        speculative=args.speculative, tp=args.tp, reasoning_parser=args.reasoning_parser,
     )
     return serve(settings, args.host, args.port)

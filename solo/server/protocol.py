@@ -591,17 +591,23 @@ class ToolCallOut(BaseModel):
 
 
 class AssistantMessage(BaseModel):
-    """The reply of a non-streamed chat choice; content is null when the reply is only tool calls."""
+    """The reply of a non-streamed chat choice; content is null when the reply is only tool calls.
+
+    `reasoning_content` (vLLM's and DeepSeek's field) holds a thinking model's `<think>` block, when the
+    server splits it out (`solo.engine.reasoning`); it is left out of replies that have none.
+    """
 
     role: Literal["assistant"] = "assistant"
     content: str | None
+    reasoning_content: str | None = None
     tool_calls: list[ToolCallOut] | None = None
 
     @model_serializer(mode="wrap")
     def _calls_when_present(self, handler: Any) -> dict[str, Any]:  # noqa: ANN401
         data = handler(self)
-        if self.tool_calls is None:
-            data.pop("tool_calls", None)
+        for key in ("tool_calls", "reasoning_content"):
+            if getattr(self, key) is None:
+                data.pop(key, None)
         return data
 
 
@@ -634,11 +640,13 @@ class Delta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
     tool_calls: list[dict[str, Any]] | None = None
 
     @model_serializer(mode="plain")
     def _present_only(self) -> dict[str, Any]:
-        return {k: v for k, v in (("role", self.role), ("content", self.content), ("tool_calls", self.tool_calls))
+        return {k: v for k, v in (("role", self.role), ("content", self.content),
+                                  ("reasoning_content", self.reasoning_content), ("tool_calls", self.tool_calls))
                 if v is not None}
 
 

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
+from solo.engine.reasoning import ReasoningParser, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, output_constraint
@@ -223,6 +224,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         state.check_prompt_size(content, body.completion_budget, budget_param, "messages")
         text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=tool_list or None, **extra)
         state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
+        # A thinking model's block is split off unless a grammar holds the output from its first token.
+        tools.reasoning = state.reasoning and response_format is None
+        tools.in_reasoning = tools.reasoning and prompt_opens_reasoning(text)
         # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
@@ -240,21 +244,23 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     choices = []
     for index, events in enumerate(per_choice):
         infos = [info for e in events for info in (e.logprobs or [])]
-        content: str | None = "".join(e.text for e in events)
         finish_reason = events[-1].finish_reason if events else None
-        calls: list[ToolCall] = []
-        if tools.format is not None:
-            parser = tools.parser(engine)
-            for e in events:
-                parser.feed(e.text, e.token_ids)
-            content, calls, _ = parser.finish()
-            calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
-            if calls:
-                content = content or None
-                finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        reader = tools.reader(engine)
+        reasoning_parts, content_parts = [], []
+        for e in events:
+            reasoning_delta, content_delta = reader.feed(e.text, e.token_ids)
+            reasoning_parts.append(reasoning_delta)
+            content_parts.append(content_delta)
+        reasoning_rest, content_rest, calls = reader.finish()
+        content: str | None = "".join(content_parts) + content_rest
+        calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
+        if calls:
+            content = content or None
+            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+        reasoning = "".join(reasoning_parts) + reasoning_rest if reader.reasoning_opened else None
         choices.append(ChatChoice(
             index=index,
-            message=AssistantMessage(content=content, tool_calls=[
+            message=AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=[
                 ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
             ] or None),
             logprobs=chat_logprobs(state.pieces, infos) if top is not None else None,  # type: ignore[arg-type]
@@ -266,14 +272,48 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
 
 @dataclass
 class _ToolSetup:
-    # How a chat request's output is read: the tool-call syntax (None: plain content) and whether the
-    # output was constrained to tool calls.
+    # How a chat request's output is read: the tool-call syntax (None: plain content), whether the output was
+    # constrained to tool calls, and whether a thinking model's block is split off (opened by the prompt).
     format: str | None = None
     forced: bool = False
+    reasoning: bool = False
+    in_reasoning: bool = False
 
-    def parser(self, engine: Any) -> ToolCallParser:  # noqa: ANN401
-        assert self.format is not None
-        return ToolCallParser(self.format, engine.tokenizer.special_token_ids(), forced=self.forced)
+    def reader(self, engine: Any) -> _ChoiceReader:  # noqa: ANN401
+        tools = None if self.format is None else ToolCallParser(self.format, engine.tokenizer.special_token_ids(),
+                                                                forced=self.forced)
+        return _ChoiceReader(ReasoningParser(self.in_reasoning) if self.reasoning else None, tools)
+
+
+class _ChoiceReader:
+    # One chat choice's output as it streams: the reasoning block split off first, then tool calls parsed out
+    # of the content.
+
+    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
+        self.reasoning, self.tools = reasoning, tools
+
+    @property
+    def reasoning_opened(self) -> bool:
+        return self.reasoning is not None and self.reasoning.opened
+
+    def feed(self, text: str, token_ids: Sequence[int]) -> tuple[str, str]:
+        # (reasoning, content) that can be sent now.
+        reasoning = ""
+        if self.reasoning is not None:
+            reasoning, text = self.reasoning.feed(text)
+        if self.tools is not None:
+            text = self.tools.feed(text, token_ids)
+        return reasoning, text
+
+    def finish(self) -> tuple[str, str, list[ToolCall]]:
+        # (reasoning, content) held back until the end, and the tool calls.
+        reasoning, content = self.reasoning.finish() if self.reasoning is not None else ("", "")
+        calls: list[ToolCall] = []
+        if self.tools is not None:
+            content = self.tools.feed(content, []) if content else ""
+            _, calls, rest = self.tools.finish()
+            content += rest
+        return reasoning, content, calls
 
 
 def _tool_call_deltas(calls: list[ToolCall]) -> list[Delta]:
@@ -294,7 +334,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
 
     want_logprobs = body.top_logprobs_count is not None
     engine = state.engine
-    parsers = [tools.parser(engine) if tools.format is not None else None for _ in range(body.n)]
+    readers = [tools.reader(engine) for _ in range(body.n)]
     try:
         # The first chunk of each choice carries the role, as OpenAI's does.
         for index in range(body.n):
@@ -304,24 +344,24 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
             logprobs: ChatLogprobs | None = None
             if want_logprobs and event.logprobs:
                 logprobs = chat_logprobs(state.pieces, event.logprobs)  # type: ignore[arg-type]
-            text, finish_reason = event.text, event.finish_reason
-            parser = parsers[index]
-            if parser is not None:
-                text = parser.feed(text, event.token_ids)
-                if finish_reason is not None:
-                    _, calls, rest = parser.finish()
-                    calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
-                    text += rest
-                    if calls:
-                        if text:
-                            yield chunk([ChatChunkChoice(index=index, delta=Delta(content=text))])
-                            text = ""
-                        for delta in _tool_call_deltas(calls):
-                            yield chunk([ChatChunkChoice(index=index, delta=delta)])
-                        finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
-            if not text and logprobs is None and finish_reason is None:
-                continue  # text held back (an incomplete character, a possible stop string or a tool call)
-            delta = Delta(content=text) if text else Delta()
+            finish_reason = event.finish_reason
+            reader = readers[index]
+            reasoning, text = reader.feed(event.text, event.token_ids)
+            if finish_reason is not None:
+                reasoning_rest, rest, calls = reader.finish()
+                calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
+                reasoning, text = reasoning + reasoning_rest, text + rest
+                if calls:
+                    if reasoning or text:
+                        yield chunk([ChatChunkChoice(index=index, delta=Delta(reasoning_content=reasoning or None,
+                                                                              content=text or None))])
+                        reasoning = text = ""
+                    for delta in _tool_call_deltas(calls):
+                        yield chunk([ChatChunkChoice(index=index, delta=delta)])
+                    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            if not text and not reasoning and logprobs is None and finish_reason is None:
+                continue  # text held back (an incomplete character, a possible stop string, marker or tool call)
+            delta = Delta(reasoning_content=reasoning or None, content=text or None)
             yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
                                          finish_reason=finish_reason)])
         if body.include_usage:

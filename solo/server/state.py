@@ -19,6 +19,7 @@ from urllib.parse import urlsplit
 
 from solo.engine.engine import Engine, context_budget
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
+from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, SoloError
 from solo.server import kv_memory
@@ -129,6 +130,8 @@ class ServerSettings:
             prefix caching off. The store is preallocated at start-up (`PrefixCache.allocate_store`).
         speculative: "auto", "off", "ngram" or "suffix" (see solo.engine.speculative).
         tp: tensor-parallel ranks (`solo.distributed`; rank 0 serves, the others follow).
+        reasoning_parser: "auto" (split `<think>` blocks into `reasoning_content` when the chat template writes
+            them), "none", or vLLM's "qwen3" / "deepseek_r1" (see solo.engine.reasoning).
     """
 
     model: str | None = None
@@ -151,6 +154,7 @@ class ServerSettings:
     prefix_cache_gb: float | str | None = "auto"
     speculative: str = "auto"
     tp: int = 1
+    reasoning_parser: str = "auto"
 
     def validate(self) -> None:
         """Check the numbers.
@@ -170,6 +174,9 @@ class ServerSettings:
             raise SoloError(f"--max-model-len must be >= 2, got {self.max_model_len}")
         if self.shutdown_grace_s < 0:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
+        if self.reasoning_parser not in REASONING_PARSERS:
+            raise SoloError(f"--reasoning-parser must be one of {', '.join(REASONING_PARSERS)}, got "
+                            f"{self.reasoning_parser!r}")
         if self.api_key is not None and not self.api_key:
             raise SoloError("--api-key is empty; give a key or leave the flag out")
         if self.api_key is not None and (self.api_key != self.api_key.strip() or not self.api_key.isprintable()):
@@ -211,6 +218,7 @@ class ServerState:
         self._load_engine = load_engine or self._default_loader
         self._on_fatal = on_fatal
         self.engine: Engine | None = None
+        self.reasoning = False  # chat replies split into reasoning_content and content (solo.engine.reasoning)
         self.client: AsyncEngine | None = None  # the engine client the routes submit to
         self.scheduler: Scheduler | None = None
         self.pieces: TokenPieces | None = None
@@ -258,6 +266,9 @@ class ServerState:
                 self._on_fatal(exc)
             return
         self.engine, self.pieces = engine, TokenPieces(engine.tokenizer)
+        template = engine.tokenizer.chat_template
+        self.reasoning = detect_reasoning(template.source if template is not None else None,
+                                          self.settings.reasoning_parser)
         self.served_name = self.settings.served_model_name or engine.name
         logger.debug("startup heap frozen: %d objects", freeze_startup_heap())
         self._frozen_heap = True

@@ -1,0 +1,57 @@
+"""A thinking model's reasoning comes back as reasoning_content, whole and streamed, and --reasoning-parser none
+leaves it in the content: a tiny random model behind a template that opens the <think> block in the prompt
+(DeepSeek-R1's way), so every generated token is reasoning until a </think> that a random model never writes."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from checkpoints import make_checkpoint
+from server_harness import MODEL_NAME, start_server
+
+# DeepSeek-R1's shape: earlier replies lose their reasoning, the generation prompt opens a <think> block.
+TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
+            "{{ m['content'].split('</think>')[-1] }}<|end|>{% else %}<|User|>{{ m['content'] }}{% endif %}"
+            "{% endfor %}{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+ASK = [{"role": "user", "content": "def f"}]
+
+
+@pytest.fixture(scope="module")
+def thinking_model(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("thinking") / "model", max_position_embeddings=512)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": TEMPLATE}))
+    return folder
+
+
+@pytest.mark.slow
+def test_reasoning_content_whole_streamed_and_off(thinking_model):
+    running = start_server(thinking_model, max_batch=2)
+    try:
+        client = running.client()
+        whole = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0)
+        message = whole.choices[0].message
+        reasoning = message.model_extra["reasoning_content"]
+        assert reasoning and message.content == "" and whole.choices[0].finish_reason == "length"
+        parts, content = [], ""
+        for chunk in client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0,
+                                                    stream=True):
+            for choice in chunk.choices:
+                parts.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
+                content += choice.delta.content or ""
+        assert "".join(parts) == reasoning and content == ""
+        # A grammar holds the output from its first token: nothing is taken for reasoning.
+        constrained = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0,
+                                                     extra_body={"guided_regex": "[a-z ]+"})
+        assert "reasoning_content" not in (constrained.choices[0].message.model_extra or {})
+    finally:
+        running.stop()
+    running = start_server(thinking_model, max_batch=2, reasoning_parser="none")
+    try:
+        plain = running.client().chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12,
+                                                         temperature=0)
+        assert plain.choices[0].message.content == reasoning
+        assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+    finally:
+        running.stop()
