@@ -242,16 +242,20 @@ class ChatSession:
 
 @contextlib.contextmanager
 def _interrupt_after() -> Iterator[None]:
-    # SIGINT held while the block runs and delivered (as KeyboardInterrupt) when it ends; where signals cannot
-    # be masked (Windows, a thread other than the main one) the block runs as it is.
-    if not hasattr(signal, "pthread_sigmask") or threading.current_thread() is not threading.main_thread():
+    # Ctrl-C during the block is noted and raised (KeyboardInterrupt) when it ends. A handler, not a signal mask:
+    # a mask holds only this thread, and SIGINT then goes to another thread (torch's, the mask worker), whose
+    # delivery still interrupts the main thread mid-block. Off the main thread (no handlers) the block runs as is.
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
-    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT})
+    noted: list[int] = []
+    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
     try:
         yield
     finally:
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT})
+        signal.signal(signal.SIGINT, previous)
+    if noted:
+        raise KeyboardInterrupt
 
 
 def cmd_chat(args: argparse.Namespace) -> int:

@@ -251,10 +251,9 @@ class ConstraintCompiler:
         # XGrammar first: its masks measured 10-15x faster here (p50 17-25 us against 250-350 us for
         # llguidance on an 8k vocabulary). But XGrammar 0.2.9 lets raw control characters into strings that
         # have a minLength / maxLength (not valid JSON), so such schemas go to llguidance.
-        # XGrammar also drops `required` names that `properties` does not define (it compiles in strict mode,
-        # no undeclared properties), so the output would lack them; llguidance writes them.
+        # XGrammar also leaves some `required` names unenforced (`required_xgrammar_drops`); llguidance writes them.
         llguidance_first = spec.kind == "json_schema" and (_has_string_length(spec.value)
-                                                           or bool(required_outside_properties(spec.value)))
+                                                           or bool(required_xgrammar_drops(spec.value)))
         order = ("llguidance", "xgrammar") if llguidance_first else ("xgrammar", "llguidance")
         errors = []
         for backend in order:
@@ -409,33 +408,48 @@ def _has_string_length(schema: Any) -> bool:  # noqa: ANN401
 
 # Keywords whose values are data, not subschemas: a "required" inside them is not a schema's.
 _DATA_KEYWORDS = frozenset({"const", "enum", "default", "examples"})
+# Keywords whose value maps names to subschemas (the names are not keywords).
+_SCHEMA_MAPS = frozenset({"properties", "patternProperties", "$defs", "definitions", "dependentSchemas"})
+# Branches that add constraints to the schema they sit in.
+_BRANCHES = frozenset({"anyOf", "allOf", "oneOf", "if", "then", "else"})
 
 
-def required_outside_properties(schema: Any) -> list[str]:  # noqa: ANN401
-    """Names an object (sub)schema lists in `required` without defining them in its `properties`.
+def required_xgrammar_drops(schema: Any, in_branch: bool = False) -> list[str]:  # noqa: ANN401
+    """`required` names XGrammar would leave out of an output: a JSON Schema's requirement it does not enforce.
 
-    JSON Schema lets such a property take any value (or `additionalProperties`' schema); XGrammar, in the
-    strict mode Solo compiles it with, admits no undeclared property and silently leaves the requirement out.
+    Two kinds, both checked against XGrammar 0.2.9 here: a name an object (sub)schema requires without defining
+    it in its `properties` (JSON Schema lets it take any value, or `additionalProperties`' schema; XGrammar's
+    strict mode, which Solo compiles with, admits no undeclared property), and any name required inside an
+    anyOf / allOf / oneOf / if / then / else branch (XGrammar accepts `{}` for
+    `{"properties": {"a": ...}, "anyOf": [{"required": ["a"]}]}`). llguidance enforces both.
 
     Args:
         schema: a JSON Schema (any JSON value).
+        in_branch: (recursion) the schema is such a branch.
 
     Returns:
-        The names, in the order found (empty when every required name is defined).
+        The names, in the order found (empty when XGrammar enforces every requirement).
     """
     found: list[str] = []
-    if isinstance(schema, Mapping):
-        required = schema.get("required")
-        properties = schema.get("properties")
-        if isinstance(required, list):
-            defined = properties if isinstance(properties, Mapping) else {}
-            found += [name for name in required if isinstance(name, str) and name not in defined]
-        for key, value in schema.items():
-            if key not in _DATA_KEYWORDS:
-                found += required_outside_properties(value)
-    elif isinstance(schema, list):
+    if isinstance(schema, list):
         for value in schema:
-            found += required_outside_properties(value)
+            found += required_xgrammar_drops(value, in_branch)
+        return found
+    if not isinstance(schema, Mapping):
+        return found
+    properties = schema.get("properties")
+    defined = properties if isinstance(properties, Mapping) else {}
+    required = schema.get("required")
+    if isinstance(required, list):
+        found += [name for name in required if isinstance(name, str) and (in_branch or name not in defined)]
+    for key, value in schema.items():
+        if key in _DATA_KEYWORDS or key == "required":
+            continue
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            for sub in value.values():
+                found += required_xgrammar_drops(sub)
+        else:
+            found += required_xgrammar_drops(value, key in _BRANCHES)
     return found
 
 

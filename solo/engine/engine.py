@@ -304,7 +304,8 @@ class Engine:
             prefix_cache_gb: bound of the prefix cache's snapshot store in GB; None turns prefix caching off.
             speculative: "auto" (n-gram drafts on the native CPU runtime, off elsewhere), "off", "ngram", "suffix".
             tp: tensor-parallel ranks (`solo.distributed`): > 1 spawns tp - 1 follower processes (or joins a
-                torchrun job as rank 0) and runs the eager model sharded over them.
+                torchrun job as rank 0) and runs the eager model sharded over them; that runtime has neither
+                prefix caching (prefix_cache_gb is not used) nor speculative verify ("ngram" / "suffix" refused).
             context_length: longest sequence (prompt + generated) to accept, in tokens; None for the model's
                 (`ModelConfig.context_length`). Lower saves KV-cache memory; a LongRoPE model (Phi-3) accepts up
                 to its long context and then takes its long factors at every position (see

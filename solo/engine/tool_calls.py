@@ -36,7 +36,7 @@ from solo.engine.constraints import (
     MAX_WHITESPACE,
     StructuredOutput,
     check_json_schema,
-    required_outside_properties,
+    required_xgrammar_drops,
 )
 from solo.errors import InvalidRequestError
 
@@ -189,8 +189,7 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
     else:
         chosen = list(tools)
     for tool in chosen:
-        # The grammar enforces these schemas: refuse keywords no engine enforces, as for response_format.
-        _check_enforceable(tool)
+        _check_enforceable(tool, xgrammar_only=fmt not in ("mistral", "phi4_mini"))  # those: a JSON Schema
     if fmt in ("mistral", "phi4_mini"):
         items = [{"type": "object", "properties": {"name": {"const": t["function"]["name"]},
                                                    "arguments": _parameters(t)},
@@ -298,16 +297,17 @@ _CALL_SYNTAX = {"hermes": ('<tool_call>\n{{"name": "{name}", "arguments": ', "}\
                 "llama3_json": ('{{"name": "{name}", "parameters": ', "}")}
 
 
-def _check_enforceable(tool: Mapping[str, Any]) -> None:
-    # Tool-call grammars are XGrammar's (structural tags) or, for Mistral / Phi-4-mini, a JSON Schema: either
-    # way a required name the parameters do not define would be left out of the call (XGrammar's strict mode).
+def _check_enforceable(tool: Mapping[str, Any], xgrammar_only: bool = True) -> None:
+    # Keywords no engine enforces are refused, as for response_format. Tool-call grammars in XGrammar's structural
+    # tags (Hermes, Llama) cannot fall back to llguidance, which enforces what XGrammar leaves out of `required`.
     parameters = _parameters(tool)
     check_json_schema(parameters, source="tools")
-    missing = required_outside_properties(parameters)
-    if missing:
-        raise InvalidRequestError(f"the parameters of tool {tool['function']['name']!r} require {missing[0]!r}, which "
-                                  "their properties do not define, so a constrained call could not hold it; add it "
-                                  "to properties (with its schema) or drop it from required", param="tools")
+    dropped = required_xgrammar_drops(parameters) if xgrammar_only else []
+    if dropped:
+        raise InvalidRequestError(f"the parameters of tool {tool['function']['name']!r} require {dropped[0]!r} in a "
+                                  "way the tool-call grammar cannot enforce (a name their properties do not define, "
+                                  "or one required inside anyOf / allOf / oneOf / if-then-else); define it in "
+                                  "properties and require it at the top level", param="tools")
 
 
 def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:
@@ -320,7 +320,8 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
 
     For "phi4_mini": the tools' function objects ([{"name", "description", "parameters"}], as Microsoft's
     model card lists them) go, as one JSON string, into the first system message's `tools` key (a system
-    message with empty content is put first when there is none); an assistant message's `tool_calls` are
+    message with empty content is put first when there is none; a "developer" message, OpenAI's newer name
+    for it, is one: Phi-4 has no such role); an assistant message's `tool_calls` are
     written after its content in the model's own syntax, `<|tool_call|>[{"name": ..., "arguments": {...}}]
     <|/tool_call|>` (the template renders content only). Tool results keep their role: the template renders
     them. Other formats: the messages unchanged.
@@ -338,6 +339,8 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
     if fmt != "phi4_mini":
         return out
     for message in out:
+        if message.get("role") == "developer":  # OpenAI's newer name for system; Phi-4 has no such role
+            message["role"] = "system"
         calls = message.pop("tool_calls", None) if message.get("role") == "assistant" else None
         if calls:
             written = [{"name": c["function"]["name"], "arguments": _arguments_object(c["function"].get("arguments"))}
@@ -353,7 +356,8 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
             raise InvalidRequestError("the request sends tools and its system message carries its own 'tools'; give "
                                       "the tools once (the request's tools field is the OpenAI way)",
                                       param="messages")
-        system["tools"] = json.dumps([dict(t["function"]) for t in tools], ensure_ascii=False)
+        system["tools"] = json.dumps([{k: t["function"][k] for k in ("name", "description", "parameters")
+                                       if k in t["function"]} for t in tools], ensure_ascii=False)
     return out
 
 
@@ -458,6 +462,7 @@ class ToolCallParser:
         self._content = ""      # content released so far
         self._pending = ""      # content held back: it may be the start of a marker
         self._calls_text: str | None = "" if forced else None
+        self._lead_unknown = False  # the marker came after other tokens of its event (see `feed`)
 
     @property
     def in_tool_call(self) -> bool:
@@ -470,6 +475,9 @@ class ToolCallParser:
             self._calls_text += text
             return ""
         if self.marker_id is not None and self.marker_id in token_ids:
+            # The marker decodes to nothing; with tokens before it in this event (a speculative step, released
+            # hold-back) some of the text is content, split off in `finish` where the calls start.
+            self._lead_unknown = list(token_ids).index(self.marker_id) > 0
             self._calls_text, pending, self._pending = text, self._pending, ""
             return self._release(pending)
         buffer = self._pending + text
@@ -503,6 +511,12 @@ class ToolCallParser:
             self._release(rest)
             return self._content, [], rest
         calls, rest = complete_tool_calls(self.fmt, self._calls_text)
+        if not calls and self._lead_unknown:
+            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text)
+            self._release(lead)
+            if calls:
+                self._release(rest)
+                return self._content, calls, lead + rest
         if not calls:
             rest = self._pending + self._calls_text
             self._calls_text, self._pending = None, ""
@@ -511,6 +525,17 @@ class ToolCallParser:
         # Text after the last complete call (a call cut short by max_tokens) is content: never dropped.
         self._release(rest)
         return self._content, calls, rest
+
+
+def _calls_after_content(fmt: str, text: str) -> tuple[str, list[ToolCall], str]:
+    # (content, calls, text after them) for the tool-call part of an event that began with content: the calls
+    # start at the first "[" or "{" from which the rest parses as calls; ("", [], text) when none does.
+    for i, char in enumerate(text):
+        if char in "[{":
+            calls, rest = complete_tool_calls(fmt, text[i:])
+            if calls:
+                return text[:i], calls, rest
+    return "", [], text
 
 
 def partial_suffix(text: str, marker: str) -> int:

@@ -547,7 +547,14 @@ def _yarn_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> R
                       attention_factor=number("attention_factor", attention, 0),
                       beta_fast=number("beta_fast", merged.get("beta_fast") or 32, 0),
                       beta_slow=number("beta_slow", merged.get("beta_slow") or 1, 0),
-                      truncate=bool(merged.get("truncate", True)))
+                      truncate=_yarn_truncate(merged.get("truncate", True)))
+
+
+def _yarn_truncate(value: Any) -> bool:  # noqa: ANN401
+    if not isinstance(value, bool):
+        raise CheckpointError(f"config.json's yarn RoPE scaling gives truncate = {value!r}; it must be true or false. "
+                              "Fix or re-download it")
+    return value
 
 
 def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
@@ -567,7 +574,7 @@ def _context_length(config: ModelConfig) -> int:
     # (short factors, transformers' outputs); `with_context_length` goes beyond.
     if config.rope.rope_type in ("linear", "dynamic") and config.architecture not in _STATES_STRETCHED_CONTEXT:
         return int(config.max_position_embeddings * config.rope.factor)
-    if config.rope.rope_type == "yarn":  # vLLM's: the original context times the factor
+    if config.rope.rope_type == "yarn":  # vLLM's: the original context times the factor (never below max_pos)
         return max(config.max_position_embeddings,
                    int((config.rope.original_max_position_embeddings or config.max_position_embeddings)
                        * config.rope.factor))

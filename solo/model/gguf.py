@@ -124,10 +124,11 @@ def remove_conversions(source: str | Path) -> int:
     """
     from solo.errors import ModelNotFoundError
 
-    file = Path(source).expanduser().absolute()
-    if not any(c.source == file for c in list_conversions()):
+    file = Path(source).expanduser().resolve()  # as named then, or through other links and ".." parts
+    recorded = {c.source for c in list_conversions() if c.source == file or c.source.resolve() == file}
+    if not recorded:
         raise ModelNotFoundError(f"Solo's cache holds no conversion of {file}; `solo list` shows the converted files")
-    return prune_conversions(same_file=file)
+    return sum(prune_conversions(same_file=named) for named in recorded)
 
 
 def _folder_name(named: Path, src: Path) -> str:

@@ -5,6 +5,7 @@ Hub ids are resolved through `huggingface_hub` (its cache, then a download of th
 
 from __future__ import annotations
 
+import fnmatch
 import json
 import re
 from pathlib import Path
@@ -99,7 +100,7 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
             "quantization of a repository of GGUF files)"
         )
     folder = _download_from_hub(repo_id, revision, gguf_patterns(tag))
-    _check_download_finished(repo_id, folder)
+    _check_download_finished(repo_id, folder, gguf_patterns(tag))
     if tag is not None or not (folder / "config.json").is_file():
         gguf = pick_gguf(folder, repo_id, tag)
         if gguf is None:
@@ -188,7 +189,7 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         try:
             folder = Path(snapshot_download(repo_id, revision=revision, allow_patterns=patterns,
                                             local_files_only=True))
-            if _looks_complete(folder):
+            if _looks_complete(folder, extra_patterns):
                 return folder
         except (LocalEntryNotFoundError, OSError, ValueError):
             pass  # not cached: ask the Hub
@@ -217,12 +218,12 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         ) from None
 
 
-def _check_download_finished(repo_id: str, folder: Path) -> None:
+def _check_download_finished(repo_id: str, folder: Path, patterns: list[str]) -> None:
     # Offline, huggingface_hub hands back a snapshot whose download stopped part-way (its files were then
     # reported missing one by one: "no tokenizer", "lacks tensor ..."); online it would have resumed it.
     from solo.model.store import human_size, partial_downloads
 
-    if _looks_complete(folder):
+    if _looks_complete(folder, patterns):
         return
     try:
         partial = partial_downloads().get(repo_id)
@@ -234,12 +235,16 @@ def _check_download_finished(repo_id: str, folder: Path) -> None:
                                  f"{repo_id}` resumes it once online (`solo rm {repo_id}` deletes it)")
 
 
-def _looks_complete(folder: Path) -> bool:
-    # A GGUF file, or config.json + a tokenizer + every safetensors shard the index lists (or one file).
+def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> bool:
+    # The GGUF file a tag asks for; else a GGUF file, or config.json + a tokenizer (any form `Tokenizer` loads) +
+    # every safetensors shard the index lists (or one file).
+    if gguf_patterns:
+        return any(fnmatch.fnmatch(f.name, p) for f in folder.rglob("*.gguf") for p in gguf_patterns)
     if any(folder.rglob("*.gguf")):
         return True
-    if not (folder / "config.json").is_file() or not any((folder / n).is_file() for n in ("tokenizer.json",
-                                                                                          "tokenizer.model")):
+    tokenizer = (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file() or (
+        (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
+    if not (folder / "config.json").is_file() or not tokenizer:
         return False
     index = folder / "model.safetensors.index.json"
     if index.is_file():

@@ -88,7 +88,7 @@ def laneformer_config(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         raise UnsupportedArchitectureError(
             f"hidden_act {config.hidden_act!r} is not implemented for Laneformer models; Solo supports silu"
         )
-    if config.rope.rope_type in ("dynamic", "longrope"):
+    if config.rope.rope_type in ("dynamic", "longrope", "yarn"):  # their tables scale cos/sin or vary per length
         raise UnsupportedArchitectureError(
             f"{config.rope.rope_type} RoPE scaling is not implemented for Laneformer models; Solo supports default, "
             "linear, llama3"

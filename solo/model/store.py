@@ -289,7 +289,10 @@ def _remove_gguf_files(repo_id: str, repo_path: Path, snapshots: list[Path], tag
             freed += f.stat().st_size
         f.unlink()
     kept = {f.resolve() for f in (repo_path / "snapshots").rglob("*") if f.is_symlink()}
+    store = (repo_path / "blobs").resolve()
     for blob in blobs - kept:
+        if not blob.is_relative_to(store):  # a link to a file of the user's: never deleted
+            continue
         with contextlib.suppress(OSError):
             size = blob.stat().st_size
             blob.unlink()

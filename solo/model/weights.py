@@ -541,6 +541,7 @@ def load_lane_weights(
                 f"checkpoint tensor {ckpt_name!r} has no place in this Laneformer config; check that config.json "
                 "matches the weights"
             )
+        _check_floating(tensor, repr(ckpt_name))
         local = lane_tensor(name, tensor, config, shard)
         if tuple(local.shape) != tuple(expected[name]):
             raise CheckpointError(

@@ -115,11 +115,14 @@ class CompletionLogprobsBuilder:
     Args:
         pieces: token text lookup.
         text_offset: character offset of the first token (the echoed prompt's length, else 0).
+        skipped_ids: tokens the returned text leaves out (its special tokens, with `skip_special_tokens`): they
+            add nothing to the offsets.
     """
 
-    def __init__(self, pieces: TokenPieces, text_offset: int = 0) -> None:
+    def __init__(self, pieces: TokenPieces, text_offset: int = 0, skipped_ids: frozenset[int] = frozenset()) -> None:
         self.pieces = pieces
         self.text_offset = text_offset
+        self.skipped_ids = skipped_ids
         self._utf8 = codecs.getincrementaldecoder("utf-8")(errors="replace")
 
     def add(self, infos: Sequence[TokenLogprob]) -> CompletionLogprobs:
@@ -133,16 +136,19 @@ class CompletionLogprobsBuilder:
             top.setdefault(text, _finite(info.logprob))
             tops.append(top)
             offsets.append(self.text_offset)
-            self.text_offset += len(self._utf8.decode(raw))
+            if info.token_id not in self.skipped_ids:
+                self.text_offset += len(self._utf8.decode(raw))
         return CompletionLogprobs(tokens=tokens, token_logprobs=logprobs, top_logprobs=tops, text_offset=offsets)
 
 
-def completion_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob], text_offset: int = 0) -> CompletionLogprobs:
+def completion_logprobs(pieces: TokenPieces, infos: Sequence[TokenLogprob], text_offset: int = 0,
+                        skipped_ids: frozenset[int] = frozenset()) -> CompletionLogprobs:
     """Completions-shaped logprobs for one choice's consecutive tokens (see `CompletionLogprobsBuilder`).
 
     Args:
         pieces: token text lookup.
         infos: the tokens' log-probabilities, in order.
         text_offset: character offset of the first token in the choice's returned text.
+        skipped_ids: tokens the returned text leaves out.
     """
-    return CompletionLogprobsBuilder(pieces, text_offset).add(infos)
+    return CompletionLogprobsBuilder(pieces, text_offset, skipped_ids).add(infos)

@@ -422,7 +422,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     choices = []
     for index, events in enumerate(per_choice):
         infos = [info for e in events for info in (e.logprobs or [])]
-        logprobs = completion_logprobs(state.pieces, infos, 0) if body.logprobs is not None else None  # type: ignore[arg-type]
+        logprobs = completion_logprobs(state.pieces, infos, 0, _skipped_ids(engine, body)) \
+            if body.logprobs is not None else None  # type: ignore[arg-type]
         choices.append(CompletionChoice(index=index, text="".join(e.text for e in events), logprobs=logprobs,
                                         finish_reason=events[-1].finish_reason if events else None))
     return _json(Completion(id=job.response_id, created=job.created, model=job.model, choices=choices,
@@ -430,7 +431,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
 
 
 async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequest, n: int) -> AsyncIterator[str]:
-    builders = [CompletionLogprobsBuilder(state.pieces) for _ in range(n)]
+    skipped = _skipped_ids(state.engine, body)
+    builders = [CompletionLogprobsBuilder(state.pieces, skipped_ids=skipped) for _ in range(n)]
     try:
         async for index, event in job.generation.events():
             job.count(event)
@@ -448,6 +450,11 @@ async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequ
         yield _DONE
     except Exception as exc:
         yield _error_event(exc)
+
+
+def _skipped_ids(engine: Any, body: CompletionRequest) -> frozenset[int]:  # noqa: ANN401
+    # Tokens the returned text leaves out (its special tokens, unless skip_special_tokens is false).
+    return frozenset(engine.tokenizer.special_token_ids().values()) if body.skip_special_tokens else frozenset()
 
 
 # ------------------------------------------------------------------------------------ everything else

@@ -179,6 +179,9 @@ def _format(kind, value):
     # A required name its properties do not define: XGrammar's strict mode silently leaves it out.
     ("json_schema", {"type": "object", "properties": {"a": {"enum": [1]}}, "required": ["a", "zz"],
                      "additionalProperties": {"enum": [2]}, "maxProperties": 2}),
+    # A requirement inside a branch: XGrammar accepts {} here.
+    ("json_schema", {"type": "object", "properties": {"a": {"enum": [1]}, "b": {"enum": [2]}},
+                     "additionalProperties": False, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}),
 ])
 def test_what_xgrammar_would_ignore_goes_to_llguidance(bundled, kind, value):
     # XGrammar 0.2.9 compiles these while logging that it ignores part of them (allOf with several
@@ -236,16 +239,20 @@ def test_a_refused_grammar_stays_refused(bundled):
             == "llguidance"
 
 
-def test_required_outside_properties():
-    from solo.engine.constraints import required_outside_properties
+def test_required_names_xgrammar_leaves_out():
+    from solo.engine.constraints import required_xgrammar_drops
 
-    assert required_outside_properties({"type": "object", "required": ["zz"]}) == ["zz"]
+    assert required_xgrammar_drops({"type": "object", "required": ["zz"]}) == ["zz"]
     nested = {"type": "array", "items": {"properties": {"a": {}, "required": {"type": "boolean"}},
                                          "required": ["a", "required", "b"]}}
-    assert required_outside_properties(nested) == ["b"]
-    # Data is not a schema: a "required" inside const / enum / default / examples is not one.
-    assert required_outside_properties({"const": {"required": ["x"]}, "examples": [{"required": ["y"]}]}) == []
-    assert required_outside_properties(SCHEMAS["nested"]) == []
+    assert required_xgrammar_drops(nested) == ["b"]
+    # Inside a branch XGrammar enforces no requirement, defined or not (it accepts {} for this one).
+    either = {"properties": {"city": {}, "zip": {}}, "anyOf": [{"required": ["city"]}, {"required": ["zip"]}]}
+    assert required_xgrammar_drops(either) == ["city", "zip"]
+    # Data is not a schema; a property named like a data keyword is.
+    assert required_xgrammar_drops({"const": {"required": ["x"]}, "examples": [{"required": ["y"]}]}) == []
+    assert required_xgrammar_drops({"properties": {"default": {"type": "object", "required": ["x"]}}}) == ["x"]
+    assert required_xgrammar_drops(SCHEMAS["nested"]) == []
 
 
 def test_other_stderr_output_survives_the_capture(capfd):

@@ -204,6 +204,10 @@ def test_phi4_mini_tools_go_in_the_system_message():
     # Without tools the earlier calls still render, in the model's own syntax.
     assert template.render(messages) == "<|system|>Be brief.<|end|>" + history
     assert [m.get("tools") for m in messages] == [None] * 4  # the caller's messages are left as they were
+    # A developer message is Phi-4's system message; only name, description and parameters are written.
+    strict = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    developer = template.render([{"role": "developer", "content": "Be brief."}, HISTORY[0]], tools=[strict])
+    assert developer.startswith(f"<|system|>Be brief.<|tool|>{json.dumps([WEATHER['function']])}<|/tool|>")
     # Microsoft's own way (a "tools" string on the system message) passes through; both at once is refused.
     own = [{"role": "system", "content": "", "tools": functions}, {"role": "user", "content": "Hi"}]
     assert template.render(own) == f"<|system|><|tool|>{functions}<|/tool|><|end|><|user|>Hi<|end|><|assistant|>"
@@ -235,6 +239,12 @@ def test_phi4_mini_calls_parsed():
     streamed = parser.feed("Sure", [3]) + parser.feed("", [9]) + parser.feed("[oops", [4])
     content, calls, rest = parser.finish()
     assert not calls and content == streamed + rest == "Sure[oops"
+    # The marker after other tokens of one event (a speculative step): their text is content, the call parses.
+    parser = ToolCallParser("phi4_mini", markers)
+    assert parser.feed("Checking [now].", [3, 4, 9]) == ""
+    parser.feed('[{"name": "get_time", "arguments": {"zone": "CET"}}]', [5, 10])
+    content, calls, rest = parser.finish()
+    assert content == rest == "Checking [now]." and [c.name for c in calls] == ["get_time"]
     # A forced call is the JSON array that follows the marker (a grammar cannot write the special token).
     spec = tool_call_constraint("phi4_mini", [WEATHER, TIME], "required", parallel_tool_calls=False)
     assert spec.kind == "json_schema" and spec.value["type"] == "array" and spec.value["maxItems"] == 1
@@ -352,6 +362,7 @@ def test_phi4_mini_forced_call_and_history(tmp_path):
     ({"allOf": [{"type": "integer"}, {"minimum": 5}]}, "allOf"),  # XGrammar's tool-call grammar would ignore it
     ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
     ({"type": "object", "required": ["zz"]}, "zz"),  # XGrammar would leave the undefined property out
+    ({"type": "object", "properties": {"x": {"type": "integer"}}, "anyOf": [{"required": ["x"]}]}, "anyOf"),
 ])
 def test_forced_call_parameters_no_grammar_enforces_are_refused(schema, words):
     engine = Engine.load(None)  # the bundled model's template takes tools (Hermes syntax)

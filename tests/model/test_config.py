@@ -173,7 +173,8 @@ def test_unsupported_rope_type():
 
 
 @pytest.mark.parametrize("field, value", [("factor", "4"), ("factor", 0.5), ("beta_fast", None),
-                                          ("original_max_position_embeddings", -1), ("attention_factor", -1.0)])
+                                          ("original_max_position_embeddings", -1), ("attention_factor", -1.0),
+                                          ("truncate", "false")])
 def test_bad_yarn_fields_are_named(field, value):
     yarn = {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64, field: value}
     if value is None:  # a null beta falls back to its default, as transformers reads it

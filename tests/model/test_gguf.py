@@ -304,6 +304,10 @@ def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, cap
     assert "holds no conversion" in capsys.readouterr().err
     assert main(["rm", str(kept), "--revision", "main"]) == 2
     assert main(["rm", str(kept)]) == 0 and kept.is_file() and list_conversions() == []
+    # Converted under one spelling of the path, removed under another.
+    (tmp_path / "sub").mkdir()
+    assert main(["run", str(tmp_path / "sub" / ".." / "kept.gguf"), "--prompt", PROMPT, "--max-tokens", "1"]) == 0
+    assert main(["rm", str(kept)]) == 0 and list_conversions() == []
 
 
 def test_a_gguf_without_a_tokenizer_is_refused_before_converting(tiny_llama, tmp_path, capsys):

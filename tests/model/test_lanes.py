@@ -257,6 +257,7 @@ def test_sliding_window_layers_and_decode_match_prefill(tmp_path):
     ("broadcast_delay", 9, "broadcast_delay"),
     ("hidden_act", "gelu", "hidden_act"),
     ("rope_scaling", {"rope_type": "dynamic", "factor": 2.0}, "dynamic"),
+    ("rope_scaling", {"rope_type": "yarn", "factor": 2.0}, "yarn"),  # the lane RoPE has no attention factor
 ])
 def test_unimplemented_values_are_refused_by_name(field, value, message):
     with pytest.raises((UnsupportedArchitectureError, CheckpointError), match=message):

@@ -191,3 +191,9 @@ def test_rm_of_a_tag_deletes_only_that_gguf_file(cache, tmp_path, capsys):
     assert len(list((snapshot.parent.parent / "blobs").iterdir())) == 1
     assert main(["rm", "someone/model-GGUF:F16"]) == 2  # F16 is not in BF16
     assert "no cached GGUF file whose name holds 'F16'" in capsys.readouterr().err
+    # A snapshot link to a file outside the cache's blobs: the link goes, the file stays.
+    mine = tmp_path / "my-Q4_0.gguf"
+    mine.write_bytes(b"m" * 100)
+    (snapshot / "my-Q4_0.gguf").symlink_to(mine)
+    assert main(["rm", "someone/model-GGUF:Q4_0"]) == 0
+    assert mine.is_file() and not (snapshot / "my-Q4_0.gguf").exists()

@@ -124,7 +124,7 @@ def test_completions_logprobs_shape_streamed(server):
         tokens += lp.tokens
         offsets += lp.text_offset
     assert len(tokens) == 5
-    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(5)]
+    assert offsets[0] == 0 and offsets == sorted(offsets)  # characters of the text (see the test below)
 
 
 def test_completion_text_offsets_count_characters_of_the_text():
@@ -149,6 +149,13 @@ def test_completion_text_offsets_count_characters_of_the_text():
         assert offset == len(b"".join(pieces.get(t)[1] for t in ids[:i]).decode("utf-8", errors="ignore"))
     assert whole.text_offset[-1] < len(text)
     assert whole.top_logprobs[0] == {whole.tokens[0]: -1.0}  # the sampled token, with no top ones asked
+    # A special token the returned text leaves out (skip_special_tokens) adds nothing.
+    special = next(iter(tokenizer.special_token_ids().values()))
+    ids = tokenizer.encode("hi", add_special_tokens=False) + [special] + tokenizer.encode(" there",
+                                                                                           add_special_tokens=False)
+    offsets = CompletionLogprobsBuilder(pieces, skipped_ids=frozenset({special})).add(
+        [TokenLogprob(i, -1.0) for i in ids]).text_offset
+    assert offsets[ids.index(special) + 1] == offsets[ids.index(special)] == len("hi")
 
 
 def test_models_tokenize_detokenize(server, engine):
