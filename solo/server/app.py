@@ -24,6 +24,7 @@ from solo.server.errors import APIError, install_error_handlers
 from solo.server.metrics import ServerMetrics
 from solo.server.playground import STATIC_PREFIX
 from solo.server.playground import router as playground_router
+from solo.server.responses import router as responses_router
 from solo.server.routes import router
 from solo.server.state import ServerSettings, ServerState, host_name
 
@@ -146,6 +147,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.state.solo = state
     install_error_handlers(app)
     app.include_router(router)
+    app.include_router(responses_router)
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
                        allowed_hosts=settings.allowed_hosts)

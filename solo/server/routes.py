@@ -98,7 +98,7 @@ def _json(payload: BaseModel) -> Response:
     return Response(payload.model_dump_json(), media_type="application/json")
 
 
-class _GenerationStream(StreamingResponse):
+class GenerationStream(StreamingResponse):
     """Server-sent events of one generation, cancelled however the response ends.
 
     Finished, client gone before or during streaming, server shutdown: the generation's slots are freed.
@@ -109,6 +109,7 @@ class _GenerationStream(StreamingResponse):
         self.generation = generation
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        """Stream the events; the generation is cancelled when the response ends, however it ends."""
         try:
             await super().__call__(scope, receive, send)
         finally:
@@ -239,7 +240,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = await _submit(state, prepare, body.priority)
     job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
     if body.stream:
-        return _GenerationStream(_chat_stream(state, job, body, tools), generation)
+        return GenerationStream(_chat_stream(state, job, body, tools), generation)
     per_choice = await _collect(job, request, body.n)
     choices = []
     for index, events in enumerate(per_choice):
@@ -417,7 +418,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
     job = _Job(generation, f"cmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
     n = body.n * len(prompts)
     if body.stream:
-        return _GenerationStream(_completion_stream(state, job, body, n), generation)
+        return GenerationStream(_completion_stream(state, job, body, n), generation)
     per_choice = await _collect(job, request, n)
     choices = []
     for index, events in enumerate(per_choice):

@@ -1,0 +1,376 @@
+"""OpenAI's Responses API (`POST /v1/responses`) on top of the chat route, stateless.
+
+Agents built on the Responses API (OpenAI's Agents SDK, Codex) send `input` items and get `output` items; the
+route turns a request into the chat request it means (instructions -> a system message, messages, function
+calls and their outputs -> the chat history with `tool_calls` and `tool` messages, flat function tools ->
+chat tools, `text.format` -> `response_format`, `max_output_tokens` -> `max_tokens`), runs it through the chat
+route (so templates, tool-call parsing, reasoning and output grammars behave exactly as there), and turns the
+result back: a `reasoning` item for a thinking model's block, a `message` item with `output_text`, one
+`function_call` item per call. Streamed, the chat deltas become the Responses events (`response.created`,
+`response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, ...,
+`response.completed` or `response.incomplete`), each with its `sequence_number`.
+
+Solo stores no responses, as vLLM without a store: `previous_response_id` (and GET /v1/responses/{id}) is
+refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any, Literal
+
+from fastapi import APIRouter, Request
+from fastapi.responses import Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from solo.errors import InvalidRequestError
+from solo.server.errors import validation_error
+from solo.server.protocol import ChatCompletionRequest
+
+router = APIRouter()
+
+# Chat fields a Responses request names otherwise (for errors that the chat request's validation finds).
+_FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+
+
+class ResponsesRequest(BaseModel):
+    """POST /v1/responses (OpenAI's fields Solo honours; the rest are refused by name or have no effect).
+
+    `input` is a string (one user message) or a list of items: messages ({"role", "content": a string or
+    input_text / output_text parts}), {"type": "function_call", "call_id", "name", "arguments"},
+    {"type": "function_call_output", "call_id", "output"}, and the `reasoning` items a reply carried
+    (passed back to the template as the next assistant message's reasoning_content).
+    """
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str | None = None
+    input: str | list[dict[str, Any]]
+    instructions: str | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: str | dict[str, Any] | None = None
+    parallel_tool_calls: bool | None = None
+    max_output_tokens: int | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    stream: bool = False
+    text: dict[str, Any] | None = None
+    store: bool | None = None
+    metadata: dict[str, Any] | None = None
+    user: str | None = None
+    previous_response_id: str | None = None
+    truncation: Literal["disabled"] | None = None
+    reasoning: dict[str, Any] | None = None
+    include: list[str] | None = None
+
+
+# Fields of OpenAI's API a Responses request may carry that change nothing Solo generates.
+_NO_EFFECT = frozenset({"service_tier", "prompt_cache_key", "safety_identifier", "background", "stream_options"})
+# Sampling fields the chat route takes as they are (vLLM accepts them on /v1/responses too).
+_PASSED = ("temperature", "top_p", "user", "seed", "top_k", "min_p", "frequency_penalty", "presence_penalty",
+           "repetition_penalty", "stop", "logit_bias", "priority")
+
+
+def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
+    """The chat request a Responses request means (see the module docstring).
+
+    Raises:
+        InvalidRequestError: `previous_response_id` (nothing is stored), a `reasoning` effort, `include`
+            entries, an input item or content part Solo does not take (images, files), a malformed item, or
+            any field the chat route refuses (named by its Responses name: max_output_tokens, text, input).
+    """
+    if body.previous_response_id is not None:
+        raise InvalidRequestError("previous_response_id needs stored responses, which Solo does not keep; send the "
+                                  "whole conversation in input (store: false)", param="previous_response_id")
+    if body.reasoning:
+        raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control); "
+                                  "leave reasoning out", param="reasoning")
+    if body.include:
+        raise InvalidRequestError(f"include {body.include[0]!r} is not supported; leave include out", param="include")
+    messages: list[dict[str, Any]] = []
+    if body.instructions is not None:
+        messages.append({"role": "system", "content": body.instructions})
+    items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
+    reasoning: str | None = None
+    for i, item in enumerate(items):
+        kind = item.get("type", "message")
+        if kind == "message":
+            message = {"role": item.get("role"), "content": _text(item.get("content"), i)}
+            if message["role"] == "assistant" and reasoning is not None:
+                message["reasoning_content"], reasoning = reasoning, None
+            messages.append(message)
+        elif kind == "function_call":
+            call = {"id": _string(item, "call_id", i), "type": "function",
+                    "function": {"name": _string(item, "name", i), "arguments": _string(item, "arguments", i)}}
+            last = messages[-1] if messages else None
+            if last is not None and last["role"] == "assistant":
+                last.setdefault("tool_calls", []).append(call)  # the same reply: its text, then its calls
+            else:
+                messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
+                if reasoning is not None:
+                    messages[-1]["reasoning_content"], reasoning = reasoning, None
+        elif kind == "function_call_output":
+            output = item.get("output")
+            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", i),
+                             "content": output if isinstance(output, str) else _text(output, i)})
+        elif kind == "reasoning":
+            reasoning = "".join(part.get("text", "") for part in item.get("content") or [] if isinstance(part, dict))
+        else:
+            raise InvalidRequestError(f"input[{i}] is a {kind!r} item, which Solo does not take (it takes messages, "
+                                      "function_call, function_call_output and reasoning items)", param="input")
+    fields: dict[str, Any] = {"model": body.model, "messages": messages, "stream": body.stream,
+                              "max_tokens": body.max_output_tokens}
+    if body.stream:
+        fields["stream_options"] = {"include_usage": True}
+    for name in _PASSED:
+        value = getattr(body, name, None) if name in ResponsesRequest.model_fields else (body.model_extra or {}).get(
+            name)
+        if value is not None:
+            fields[name] = value
+    if body.tools:
+        fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
+    if body.tool_choice is not None:
+        fields["tool_choice"] = _chat_tool_choice(body.tool_choice)
+    if body.parallel_tool_calls is not None:
+        fields["parallel_tool_calls"] = body.parallel_tool_calls
+    if body.text is not None:
+        fields["response_format"] = _response_format(body.text)
+    for name in body.model_extra or {}:
+        if name not in _PASSED and name not in _NO_EFFECT:
+            raise InvalidRequestError(f"{name} is not a field Solo's Responses API takes", param=name)
+    try:
+        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *(_FIELD_NAMES.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
+        error = validation_error(errors)
+        raise InvalidRequestError(error.message, param=error.param) from None
+
+
+def _string(item: dict[str, Any], key: str, index: int) -> str:
+    value = item.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"input[{index}].{key} must be a string, got {value!r:.40}", param="input")
+    return value
+
+
+def _text(content: Any, index: int) -> str:  # noqa: ANN401
+    # A message's content: a string, or input_text / output_text parts (joined one per line, as chat parts are).
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not (isinstance(part, dict) and part.get("type") in ("input_text", "output_text", "text")
+                    and isinstance(part.get("text"), str)):
+                kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+                raise InvalidRequestError(f"input[{index}] holds a {kind!r} part; Solo's models take text only "
+                                          "(input_text / output_text)", param="input")
+            texts.append(part["text"])
+        return "\n".join(texts)
+    raise InvalidRequestError(f"input[{index}].content must be a string or a list of text parts", param="input")
+
+
+def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
+    # Responses' flat {"type": "function", "name", "description", "parameters", "strict"} -> chat's nesting.
+    if tool.get("type") != "function":
+        raise InvalidRequestError(f"tools[{index}] is a {tool.get('type')!r} tool; Solo runs function tools only "
+                                  "(built-in tools such as web_search run on OpenAI's servers)", param="tools")
+    return {"type": "function", "function": {k: tool[k] for k in ("name", "description", "parameters", "strict")
+                                             if tool.get(k) is not None}}
+
+
+def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
+    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
+        return {"type": "function", "function": {"name": choice.get("name")}}
+    return choice
+
+
+def _response_format(text: dict[str, Any]) -> dict[str, Any]:
+    # Responses' text.format {"type": "json_schema", "name", "schema", "strict"} -> chat's nesting.
+    fmt = text.get("format") or {"type": "text"}
+    if not isinstance(fmt, dict):
+        raise InvalidRequestError("text.format must be an object", param="text")
+    if fmt.get("type") == "json_schema":
+        return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
+    return fmt
+
+
+# ------------------------------------------------------------------------------------------- output
+
+def _new_id(prefix: str) -> str:
+    return f"{prefix}_{uuid.uuid4().hex}"
+
+
+def response_object(body: ResponsesRequest, response_id: str, created: int, model: str, output: list[dict[str, Any]],
+                    finish_reason: str | None, usage: dict[str, Any] | None, status: str | None = None
+                    ) -> dict[str, Any]:
+    """The Responses API's `response` object for a finished (or, with `status`, running) chat choice."""
+    incomplete = finish_reason == "length"
+    usage = usage or {}
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {
+        "id": response_id, "object": "response", "created_at": created, "model": model,
+        "status": status or ("incomplete" if incomplete else "completed"), "error": None,
+        "incomplete_details": {"reason": "max_output_tokens"} if incomplete and status is None else None,
+        "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
+        "metadata": body.metadata or {}, "output": output,
+        "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
+        "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
+        "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
+        "store": False, "user": body.user,
+        "usage": None if not usage else {
+            "input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
+            "total_tokens": usage.get("total_tokens", 0), "input_tokens_details": {"cached_tokens": cached},
+            "output_tokens_details": {"reasoning_tokens": 0}},
+    }
+
+
+def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat reply's `message` as Responses output items: reasoning, the text message, the function calls."""
+    items: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        items.append(_reasoning_item(_new_id("rs"), message["reasoning_content"]))
+    calls = message.get("tool_calls") or []
+    if message.get("content") or not calls:
+        items.append(_message_item(_new_id("msg"), message.get("content") or "", "completed"))
+    for call in calls:
+        items.append(_call_item(_new_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"],
+                                "completed"))
+    return items
+
+
+def _reasoning_item(item_id: str, text: str) -> dict[str, Any]:
+    return {"type": "reasoning", "id": item_id, "summary": [], "content": [{"type": "reasoning_text", "text": text}]}
+
+
+def _message_item(item_id: str, text: str | None, status: str) -> dict[str, Any]:
+    content = [] if text is None else [{"type": "output_text", "text": text, "annotations": []}]
+    return {"type": "message", "id": item_id, "status": status, "role": "assistant", "content": content}
+
+
+def _call_item(item_id: str, call_id: str, name: str, arguments: str, status: str) -> dict[str, Any]:
+    return {"type": "function_call", "id": item_id, "call_id": call_id, "name": name, "arguments": arguments,
+            "status": status}
+
+
+@router.post("/v1/responses", response_model=None)
+async def responses(body: ResponsesRequest, request: Request) -> Response:
+    """OpenAI's Responses API, stateless (see the module docstring); streamed as its events when `stream` is true."""
+    from solo.server.routes import GenerationStream, chat_completions
+
+    chat = chat_request(body)
+    reply = await chat_completions(chat, request)
+    response_id, created = _new_id("resp"), int(time.time())
+    if isinstance(reply, GenerationStream):
+        return GenerationStream(_events(body, reply.body_iterator, response_id, created), reply.generation)
+    completion = json.loads(reply.body)
+    choice = completion["choices"][0]
+    result = response_object(body, response_id, created, completion["model"], output_items(choice["message"]),
+                             choice["finish_reason"], completion.get("usage"))
+    return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
+
+
+async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_id: str, created: int
+                  ) -> AsyncIterator[str]:
+    # The chat stream's chunks (server-sent events) as the Responses API's events.
+    sequence = 0
+    output: list[dict[str, Any]] = []
+    open_items: dict[str, dict[str, Any]] = {}  # "reasoning" / "message" -> the item being streamed
+    calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its function_call item
+    model, finish_reason, usage = body.model or "", None, None
+
+    def event(kind: str, **fields: Any) -> str:  # noqa: ANN401
+        nonlocal sequence
+        sequence += 1
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, 'sequence_number': sequence - 1, **fields})}\n\n"
+
+    def close(kind: str) -> list[str]:
+        item = open_items.pop(kind, None)
+        if item is None:
+            return []
+        index = output.index(item)
+        if kind == "reasoning":
+            text = item["content"][0]["text"]
+            return [event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
+                          text=text), event("response.output_item.done", output_index=index, item=item)]
+        item["status"] = "completed"
+        part = item["content"][0]
+        return [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
+                      text=part["text"]),
+                event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
+                      part=part),
+                event("response.output_item.done", output_index=index, item=item)]
+
+    def running() -> dict[str, Any]:
+        return response_object(body, response_id, created, model, [], None, None, status="in_progress")
+
+    yield event("response.created", response=running())
+    yield event("response.in_progress", response=running())
+    async for raw in chunks:
+        for line in str(raw).splitlines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if "error" in chunk:
+                yield event("error", code=chunk["error"].get("code"), message=chunk["error"].get("message"),
+                            param=chunk["error"].get("param"))
+                return
+            model = chunk.get("model", model)
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta") or {}
+                if delta.get("reasoning_content"):
+                    item = open_items.get("reasoning")
+                    if item is None:
+                        item = open_items["reasoning"] = _reasoning_item(_new_id("rs"), "")
+                        output.append(item)
+                        yield event("response.output_item.added", output_index=output.index(item),
+                                    item={**item, "content": []})
+                    item["content"][0]["text"] += delta["reasoning_content"]
+                    yield event("response.reasoning_text.delta", item_id=item["id"], output_index=output.index(item),
+                                content_index=0, delta=delta["reasoning_content"])
+                if delta.get("content"):
+                    for text in close("reasoning"):
+                        yield text
+                    item = open_items.get("message")
+                    if item is None:
+                        item = open_items["message"] = _message_item(_new_id("msg"), None, "in_progress")
+                        output.append(item)
+                        index = output.index(item)
+                        yield event("response.output_item.added", output_index=index, item=dict(item, content=[]))
+                        item["content"].append({"type": "output_text", "text": "", "annotations": []})
+                        yield event("response.content_part.added", item_id=item["id"], output_index=index,
+                                    content_index=0, part=item["content"][0])
+                    item["content"][0]["text"] += delta["content"]
+                    yield event("response.output_text.delta", item_id=item["id"], output_index=output.index(item),
+                                content_index=0, delta=delta["content"])
+                for call in delta.get("tool_calls") or []:
+                    for text in close("reasoning") + close("message"):
+                        yield text
+                    function = call.get("function") or {}
+                    item = calls.get(call["index"])
+                    if item is None:
+                        item = calls[call["index"]] = _call_item(_new_id("fc"), call.get("id", ""),
+                                                                 function.get("name", ""), "", "in_progress")
+                        output.append(item)
+                        yield event("response.output_item.added", output_index=output.index(item), item=dict(item))
+                    if function.get("arguments"):
+                        item["arguments"] += function["arguments"]
+                        yield event("response.function_call_arguments.delta", item_id=item["id"],
+                                    output_index=output.index(item), delta=function["arguments"])
+                finish_reason = choice.get("finish_reason") or finish_reason
+    for text in close("reasoning") + close("message"):
+        yield text
+    for item in calls.values():
+        item["status"] = "completed"
+        index = output.index(item)
+        yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                    arguments=item["arguments"])
+        yield event("response.output_item.done", output_index=index, item=item)
+    if not output:  # nothing generated (max_output_tokens reached at once): an empty message, as unstreamed
+        output.append(_message_item(_new_id("msg"), "", "completed"))
+    final = response_object(body, response_id, created, model, output, finish_reason, usage)
+    yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)

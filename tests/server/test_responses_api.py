@@ -1,0 +1,94 @@
+"""OpenAI's Responses API through the official client: the same generation as the chat route for the same
+conversation (instructions, messages, function calls and their outputs), streamed events that add up to the
+unstreamed response, function calls as items, and what Solo cannot honour refused by name."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from server_harness import MODEL_NAME, start_server
+
+WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
+           "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
+                          "required": ["city"], "additionalProperties": False}}
+CHAT_WEATHER = {"type": "function", "function": {k: v for k, v in WEATHER.items() if k != "type"}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = start_server(None, max_batch=2)  # the bundled model: its template takes tools (Hermes syntax)
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
+@pytest.mark.slow
+def test_text_equals_the_chat_routes_and_streams_the_same(server):
+    client = server.client()
+    reply = client.responses.create(model=MODEL_NAME, instructions="Be brief.", input="def fibonacci(n):",
+                                    max_output_tokens=12, temperature=0)
+    chat = client.chat.completions.create(model=MODEL_NAME, max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "def fibonacci(n):"}])
+    assert reply.output_text == chat.choices[0].message.content
+    assert reply.usage.input_tokens == chat.usage.prompt_tokens and reply.usage.output_tokens == 12
+    assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
+    assert reply.id.startswith("resp_") and [item.type for item in reply.output] == ["message"]
+    events = list(client.responses.create(model=MODEL_NAME, instructions="Be brief.", input="def fibonacci(n):",
+                                          max_output_tokens=12, temperature=0, stream=True))
+    kinds = [e.type for e in events]
+    assert kinds[:4] == ["response.created", "response.in_progress", "response.output_item.added",
+                         "response.content_part.added"]
+    assert kinds[-4:] == ["response.output_text.done", "response.content_part.done", "response.output_item.done",
+                          "response.incomplete"]
+    assert [e.sequence_number for e in events] == list(range(len(events)))
+    assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == reply.output_text
+    assert events[-1].response.output_text == reply.output_text and events[-1].response.usage.output_tokens == 12
+
+
+@pytest.mark.slow
+def test_function_calls_round_trip(server):
+    client = server.client()
+    reply = client.responses.create(model=MODEL_NAME, input="Weather in Paris?", tools=[WEATHER],
+                                    tool_choice="required", parallel_tool_calls=False, max_output_tokens=120)
+    calls = [item for item in reply.output if item.type == "function_call"]
+    assert len(calls) == 1 and calls[0].name == "get_weather" and calls[0].call_id.startswith("call_")
+    assert json.loads(calls[0].arguments)["city"] in ("Paris", "Tokyo") and reply.status == "completed"
+    # Named, streamed: the call's item and its arguments as events.
+    events = list(client.responses.create(model=MODEL_NAME, input="Weather in Paris?", tools=[WEATHER],
+                                          tool_choice={"type": "function", "name": "get_weather"},
+                                          parallel_tool_calls=False, max_output_tokens=120, stream=True))
+    done = [e.item for e in events if e.type == "response.output_item.done" and e.item.type == "function_call"]
+    arguments = "".join(e.delta for e in events if e.type == "response.function_call_arguments.delta")
+    assert len(done) == 1 and done[0].arguments == arguments and json.loads(arguments)["city"] in ("Paris", "Tokyo")
+    # The call and its output sent back: the same prompt as the chat route's tool_calls + tool message.
+    call = calls[0]
+    history = client.responses.create(model=MODEL_NAME, tools=[WEATHER], max_output_tokens=4, temperature=0, input=[
+        {"role": "user", "content": [{"type": "input_text", "text": "Weather in Paris?"}]},
+        {"type": "function_call", "call_id": call.call_id, "name": call.name, "arguments": call.arguments},
+        {"type": "function_call_output", "call_id": call.call_id, "output": "sunny"}])
+    chat = client.chat.completions.create(model=MODEL_NAME, tools=[CHAT_WEATHER], max_tokens=4, temperature=0,
+                                          messages=[{"role": "user", "content": "Weather in Paris?"},
+                                                    {"role": "assistant", "content": None, "tool_calls": [
+                                                        {"id": call.call_id, "type": "function", "function": {
+                                                            "name": call.name, "arguments": call.arguments}}]},
+                                                    {"role": "tool", "tool_call_id": call.call_id, "content": "sunny"}])
+    assert history.usage.input_tokens == chat.usage.prompt_tokens
+    assert history.output_text == (chat.choices[0].message.content or "")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("fields, param, words", [
+    ({"previous_response_id": "resp_1"}, "previous_response_id", "does not keep"),
+    ({"reasoning": {"effort": "low"}}, "reasoning", "reasoning"),
+    ({"tools": [{"type": "web_search"}]}, "tools", "function tools only"),
+    ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text only"),
+    ({"input": [{"type": "computer_call"}]}, "input", "computer_call"),
+    ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens"),
+    ({"extra_body": {"frobnicate": 1}}, "frobnicate", "frobnicate"),
+])
+def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
+    with pytest.raises(openai.BadRequestError) as info:
+        server.client().responses.create(**{"model": MODEL_NAME, "input": "hi", **fields})
+    assert words in info.value.message and info.value.body["param"] == param
