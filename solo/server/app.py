@@ -20,6 +20,8 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from solo import __version__
 from solo.engine.engine import Engine
+from solo.server.anthropic_messages import anthropic_error
+from solo.server.anthropic_messages import router as messages_router
 from solo.server.errors import APIError, install_error_handlers
 from solo.server.metrics import ServerMetrics
 from solo.server.playground import STATIC_PREFIX
@@ -28,8 +30,8 @@ from solo.server.responses import router as responses_router
 from solo.server.routes import router
 from solo.server.state import ServerSettings, ServerState, host_name
 
-ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/models", "/v1/models/{model}", "/tokenize", "/detokenize",
-          "/health", "/metrics", "/", "/playground/info")
+ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models",
+          "/v1/models/{model}", "/tokenize", "/detokenize", "/health", "/metrics", "/", "/playground/info")
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 """Browser origins allowed by default (CORS): pages served from this machine, any port."""
@@ -52,7 +54,8 @@ class _Gate:
 
     Args:
         app: the wrapped application.
-        api_key: required as `Authorization: Bearer <key>` on every route but /health; None disables it.
+        api_key: required as `Authorization: Bearer <key>` (or `x-api-key: <key>`, Anthropic's way) on every route
+            but /health; None disables it.
         metrics: where requests are counted.
         allowed_hosts: names the Host header may carry (any port); None or "*": any.
     """
@@ -84,8 +87,11 @@ class _Gate:
     def _authorized(self, scope: Scope) -> bool:
         if self.expected is None or scope["path"] in _OPEN_ROUTES or scope["path"] in _OPEN_PAGES:
             return True
-        given = dict(scope.get("headers", ())).get(b"authorization", b"")
-        scheme, _, credentials = given.strip().partition(b" ")
+        headers = dict(scope.get("headers", ()))
+        key = headers.get(b"x-api-key")  # Anthropic's clients send the key so
+        if key is not None and secrets.compare_digest(key.strip(), self.expected):
+            return True
+        scheme, _, credentials = headers.get(b"authorization", b"").strip().partition(b" ")
         # The scheme is case-insensitive (RFC 7235, section 2.1): "bearer KEY" is as good as "Bearer KEY".
         return scheme.lower() == b"bearer" and secrets.compare_digest(credentials.strip(), self.expected)
 
@@ -108,9 +114,10 @@ class _Gate:
             elif self._authorized(scope):
                 await self.app(scope, receive, send_and_note)
             else:
-                error = APIError(401, "missing or incorrect API key; send it as 'Authorization: Bearer <key>'",
-                                 code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                await error.response()(scope, receive, send_and_note)
+                error = APIError(401, "missing or incorrect API key; send it as 'Authorization: Bearer <key>' (or "
+                                 "'x-api-key: <key>')", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
+                reply = anthropic_error(error) if scope["path"] == "/v1/messages" else error.response()
+                await reply(scope, receive, send_and_note)
         finally:
             route = _route_label(scope["path"])
             self.metrics.requests.labels(route, str(status)).inc()
@@ -148,6 +155,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     install_error_handlers(app)
     app.include_router(router)
     app.include_router(responses_router)
+    app.include_router(messages_router)
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
                        allowed_hosts=settings.allowed_hosts)

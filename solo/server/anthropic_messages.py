@@ -1,0 +1,290 @@
+"""Anthropic's Messages API (`POST /v1/messages`) on top of the chat route.
+
+Agents and tools written for Anthropic's API (the `anthropic` SDK, Claude Code pointed at a local server with
+ANTHROPIC_BASE_URL) send `system`, `messages` of content blocks and `tools` with `input_schema`; the route
+turns a request into the chat request it means (text blocks -> message text, `tool_use` blocks -> the
+assistant's `tool_calls`, `tool_result` blocks -> `tool` messages, `thinking` blocks -> `reasoning_content`,
+`tool_choice` auto / any / tool / none -> auto / required / a named function / none, `stop_sequences` ->
+`stop`), runs it through the chat route, and turns the reply back into content blocks (`thinking`, `text`,
+`tool_use` with its parsed `input`) with Anthropic's `stop_reason`, or, streamed, into its events
+(`message_start`, `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`). Errors come in
+Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the API key may come as `x-api-key`.
+
+`stop_reason` is "end_turn" for a stop string too (the chat route does not say which ended the reply), and
+`thinking` requests with a token budget are refused (Solo has no reasoning-budget control).
+"""
+
+from __future__ import annotations
+
+import json
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from solo.errors import InvalidRequestError, SoloError
+from solo.server.errors import APIError, api_error_from, validation_error
+from solo.server.protocol import ChatCompletionRequest
+
+router = APIRouter()
+
+_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
+                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+_STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
+# Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
+_FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages"}
+# Fields of Anthropic's API that change nothing Solo generates.
+_NO_EFFECT = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management"})
+
+
+class MessagesRequest(BaseModel):
+    """POST /v1/messages (Anthropic's fields Solo honours; others are refused by name or have no effect)."""
+
+    model_config = ConfigDict(extra="allow")
+
+    model: str
+    max_tokens: int
+    messages: list[dict[str, Any]]
+    system: str | list[dict[str, Any]] | None = None
+    tools: list[dict[str, Any]] | None = None
+    tool_choice: dict[str, Any] | None = None
+    stop_sequences: list[str] | None = None
+    temperature: float | None = None
+    top_p: float | None = None
+    top_k: int | None = None
+    stream: bool = False
+    thinking: dict[str, Any] | None = None
+
+
+def anthropic_error(error: APIError) -> JSONResponse:
+    """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}, with its status."""
+    kind = _ERROR_TYPES.get(error.status, "api_error")
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": error.message}},
+                        status_code=error.status, headers=error.headers)
+
+
+def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
+    """The chat request a Messages request means (see the module docstring).
+
+    Raises:
+        InvalidRequestError: a `thinking` budget, a block Solo does not take (images, documents, server tool
+            results), a server tool, a malformed block, or any field the chat route refuses.
+    """
+    if body.thinking is not None and body.thinking.get("type") != "disabled":
+        raise InvalidRequestError("thinking with a token budget is not supported by Solo (it has no reasoning-budget "
+                                  "control; a thinking model's reasoning comes back as thinking blocks anyway); "
+                                  "leave thinking out", param="thinking")
+    for name in body.model_extra or {}:
+        if name not in _NO_EFFECT:
+            raise InvalidRequestError(f"{name} is not a field Solo's Messages API takes", param=name)
+    messages: list[dict[str, Any]] = []
+    if body.system is not None:
+        messages.append({"role": "system", "content": _text(body.system, "system")})
+    for i, message in enumerate(body.messages):
+        role, content = message.get("role"), message.get("content")
+        if role not in ("user", "assistant"):
+            raise InvalidRequestError(f"messages[{i}].role must be user or assistant, got {role!r}", param="messages")
+        blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
+        if not isinstance(blocks, list):
+            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of blocks", param="messages")
+        texts, calls, results, thinking = [], [], [], None
+        for j, block in enumerate(blocks):
+            kind = block.get("type") if isinstance(block, dict) else None
+            where = f"messages[{i}].content[{j}]"
+            if kind == "text" and isinstance(block.get("text"), str):
+                texts.append(block["text"])
+            elif kind == "tool_use" and role == "assistant":
+                calls.append({"id": _string(block, "id", where), "type": "function", "function": {
+                    "name": _string(block, "name", where), "arguments": json.dumps(block.get("input") or {})}})
+            elif kind == "tool_result" and role == "user":
+                results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", where),
+                                "content": _text(block.get("content", ""), where)})
+            elif kind == "thinking" and role == "assistant":
+                thinking = block.get("thinking")
+            else:
+                raise InvalidRequestError(f"{where} is a {kind!r} block, which Solo does not take here (text, "
+                                          "tool_use from the assistant, tool_result from the user, thinking)",
+                                          param="messages")
+        if role == "user":
+            messages += results  # a user turn answers the calls first, then speaks
+            if texts or not results:
+                messages.append({"role": "user", "content": "\n".join(texts)})
+        else:
+            reply: dict[str, Any] = {"role": "assistant", "content": "\n".join(texts) if texts else None}
+            if calls:
+                reply["tool_calls"] = calls
+            if thinking:
+                reply["reasoning_content"] = thinking
+            messages.append(reply)
+    fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
+                              "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
+                              "top_k": body.top_k, "stop": body.stop_sequences}
+    if body.stream:
+        fields["stream_options"] = {"include_usage": True}
+    if body.tools:
+        fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
+    if body.tool_choice is not None:
+        fields.update(_chat_tool_choice(body.tool_choice))
+    try:
+        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *(_FIELD_NAMES.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
+        error = validation_error(errors)
+        raise InvalidRequestError(error.message, param=error.param) from None
+
+
+def _string(block: dict[str, Any], key: str, where: str) -> str:
+    value = block.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{where}.{key} must be a string, got {value!r:.40}", param="messages")
+    return value
+
+
+def _text(content: Any, where: str) -> str:  # noqa: ANN401
+    # A string, or text blocks (joined one per line, as chat text parts are).
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(b, dict) and b.get("type") == "text"
+                                         and isinstance(b.get("text"), str) for b in content):
+        return "\n".join(b["text"] for b in content)
+    raise InvalidRequestError(f"{where} must be a string or a list of text blocks (Solo's models take text only)",
+                              param="system" if where == "system" else "messages")
+
+
+def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
+    if tool.get("type", "custom") != "custom" or "input_schema" not in tool:
+        raise InvalidRequestError(f"tools[{index}] is a {tool.get('type')!r} tool; Solo runs client tools only "
+                                  '({"name", "description", "input_schema"}; server tools run on Anthropic\'s side)',
+                                  param="tools")
+    function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    return {"type": "function", "function": function}
+
+
+def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
+    kind = choice.get("type")
+    mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
+    if kind == "tool":
+        mapped = {"type": "function", "function": {"name": choice.get("name")}}
+    if mapped is None:
+        raise InvalidRequestError(f"tool_choice type must be auto, any, tool or none, got {kind!r}",
+                                  param="tool_choice")
+    fields: dict[str, Any] = {"tool_choice": mapped}
+    if choice.get("disable_parallel_tool_use"):
+        fields["parallel_tool_calls"] = False
+    return fields
+
+
+def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
+    """A chat reply's `message` as Anthropic content blocks: thinking, text, tool_use (with `input` parsed)."""
+    blocks: list[dict[str, Any]] = []
+    if message.get("reasoning_content"):
+        blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
+    if message.get("content"):
+        blocks.append({"type": "text", "text": message["content"]})
+    for call in message.get("tool_calls") or []:
+        blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
+                       "input": json.loads(call["function"]["arguments"])})
+    return blocks
+
+
+@router.post("/v1/messages", response_model=None)
+async def messages(request: Request) -> Response:
+    """Anthropic's Messages API (see the module docstring); streamed as its events when `stream` is true."""
+    from solo.server.routes import GenerationStream, chat_completions
+
+    try:
+        try:
+            data = await request.json()
+        except ValueError:
+            raise InvalidRequestError("the request body is not valid JSON") from None
+        try:
+            body = MessagesRequest.model_validate(data)
+        except ValidationError as exc:
+            error = validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
+            raise InvalidRequestError(error.message, param=error.param) from None
+        reply = await chat_completions(chat_request(body), request)
+    except (SoloError, APIError) as exc:
+        return anthropic_error(api_error_from(exc))
+    message_id = f"msg_{uuid.uuid4().hex}"
+    if isinstance(reply, GenerationStream):
+        return GenerationStream(_events(body, reply.body_iterator, message_id), reply.generation)
+    completion = json.loads(reply.body)
+    choice, usage = completion["choices"][0], completion.get("usage") or {}
+    result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
+              "content": content_blocks(choice["message"]),
+              "stop_reason": _STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None,
+              "usage": {"input_tokens": usage.get("prompt_tokens", 0),
+                        "output_tokens": usage.get("completion_tokens", 0),
+                        "cache_read_input_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}}
+    return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
+
+
+async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id: str) -> AsyncIterator[str]:
+    # The chat stream's chunks as the Messages API's events.
+    def event(kind: str, **fields: Any) -> str:  # noqa: ANN401
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
+
+    index = -1
+    open_kind: str | None = None  # "thinking" / "text" / "tool_use": the block being streamed
+    tool_indexes: dict[int, int] = {}
+    finish_reason, usage = None, None
+    yield event("message_start", message={"id": message_id, "type": "message", "role": "assistant",
+                                          "model": body.model, "content": [], "stop_reason": None,
+                                          "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}})
+
+    def start(kind: str, block: dict[str, Any]) -> list[str]:
+        nonlocal index, open_kind
+        out = [event("content_block_stop", index=index)] if open_kind is not None else []
+        index, open_kind = index + 1, kind
+        return [*out, event("content_block_start", index=index, content_block=block)]
+
+    async for raw in chunks:
+        for line in str(raw).splitlines():
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[len("data: "):])
+            if "error" in chunk:
+                error = chunk["error"]
+                status = 500 if error.get("type") == "server_error" else 400
+                yield event("error", error={"type": _ERROR_TYPES.get(status, "api_error"),
+                                            "message": error.get("message", "")})
+                return
+            usage = chunk.get("usage") or usage
+            for choice in chunk.get("choices", []):
+                delta = choice.get("delta") or {}
+                if delta.get("reasoning_content"):
+                    if open_kind != "thinking":
+                        for text in start("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
+                            yield text
+                    yield event("content_block_delta", index=index,
+                                delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]})
+                if delta.get("content"):
+                    if open_kind != "text":
+                        for text in start("text", {"type": "text", "text": ""}):
+                            yield text
+                    yield event("content_block_delta", index=index, delta={"type": "text_delta",
+                                                                           "text": delta["content"]})
+                for call in delta.get("tool_calls") or []:
+                    function = call.get("function") or {}
+                    if call["index"] not in tool_indexes:
+                        for text in start("tool_use", {"type": "tool_use", "id": call.get("id", ""),
+                                                       "name": function.get("name", ""), "input": {}}):
+                            yield text
+                        tool_indexes[call["index"]] = index
+                    if function.get("arguments"):
+                        yield event("content_block_delta", index=tool_indexes[call["index"]],
+                                    delta={"type": "input_json_delta", "partial_json": function["arguments"]})
+                finish_reason = choice.get("finish_reason") or finish_reason
+    if open_kind is not None:
+        yield event("content_block_stop", index=index)
+    usage = usage or {}
+    yield event("message_delta", delta={"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"),
+                                        "stop_sequence": None},
+                usage={"input_tokens": usage.get("prompt_tokens", 0),
+                       "output_tokens": usage.get("completion_tokens", 0)})
+    yield event("message_stop")

@@ -1,0 +1,88 @@
+"""Anthropic's Messages API through Anthropic's own client: the same generation as the chat route for the same
+conversation (system, text blocks, tool_use and tool_result blocks), streamed events that add up to the
+unstreamed message, tool_use blocks with parsed input, errors in Anthropic's shape, and the key as x-api-key."""
+
+from __future__ import annotations
+
+import json
+
+import anthropic
+import pytest
+from server_harness import MODEL_NAME, start_server
+
+WEATHER = {"name": "get_weather", "description": "Weather of a city",
+           "input_schema": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
+                            "required": ["city"], "additionalProperties": False}}
+CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                                 "parameters": WEATHER["input_schema"]}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = start_server(None, max_batch=2, api_key="sesame")  # the bundled model: Hermes tool calls
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
+def _client(server, key="sesame"):
+    return anthropic.Anthropic(base_url=server.base_url, api_key=key, max_retries=0)
+
+
+@pytest.mark.slow
+def test_text_tools_and_stream_equal_the_chat_routes(server):
+    client, chat = _client(server), server.client(api_key="sesame")
+    reply = client.messages.create(model=MODEL_NAME, max_tokens=12, extra_body={"temperature": 0}, system="Be brief.",
+                                   messages=[{"role": "user", "content": "def fibonacci(n):"}])
+    expected = chat.chat.completions.create(model=MODEL_NAME, max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, {"role": "user", "content": "def fibonacci(n):"}])
+    assert [b.type for b in reply.content] == ["text"] and reply.content[0].text == expected.choices[0].message.content
+    assert reply.stop_reason == "max_tokens" and reply.usage.input_tokens == expected.usage.prompt_tokens
+    with client.messages.stream(model=MODEL_NAME, max_tokens=12, extra_body={"temperature": 0}, system="Be brief.",
+                                messages=[{"role": "user", "content": "def fibonacci(n):"}]) as stream:
+        streamed = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert streamed == reply.content[0].text and final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+    # A forced call: a tool_use block whose input is the parsed arguments; then its result sent back.
+    call = client.messages.create(model=MODEL_NAME, max_tokens=120, tools=[WEATHER],
+                                  tool_choice={"type": "tool", "name": "get_weather"},
+                                  messages=[{"role": "user", "content": "Weather in Paris?"}])
+    uses = [b for b in call.content if b.type == "tool_use"]
+    assert call.stop_reason == "tool_use" and len(uses) == 1 and uses[0].input["city"] in ("Paris", "Tokyo")
+    with client.messages.stream(model=MODEL_NAME, max_tokens=120, tools=[WEATHER],
+                                tool_choice={"type": "any", "disable_parallel_tool_use": True},
+                                messages=[{"role": "user", "content": "Weather in Paris?"}]) as stream:
+        final = stream.get_final_message()
+    assert final.stop_reason == "tool_use" and [b.type for b in final.content][-1] == "tool_use"
+    use = uses[0]
+    answered = client.messages.create(model=MODEL_NAME, max_tokens=4, tools=[WEATHER], messages=[
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name, "input": use.input}]},
+        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny"}]}])
+    expected = chat.chat.completions.create(model=MODEL_NAME, max_tokens=4, temperature=0, tools=[CHAT_WEATHER],
+                                            messages=[{"role": "user", "content": "Weather in Paris?"},
+                                                      {"role": "assistant", "content": None, "tool_calls": [
+                                                          {"id": use.id, "type": "function", "function": {
+                                                              "name": use.name, "arguments": json.dumps(use.input)}}]},
+                                                      {"role": "tool", "tool_call_id": use.id, "content": "sunny"}])
+    assert answered.usage.input_tokens == expected.usage.prompt_tokens
+
+
+@pytest.mark.slow
+def test_errors_come_in_anthropics_shape(server):
+    client = _client(server)
+    ask = {"max_tokens": 5, "messages": [{"role": "user", "content": "hi"}]}
+    for fields, error, words in (
+            ({"model": "claude-nope"}, anthropic.NotFoundError, "does not exist on this server"),
+            ({"model": MODEL_NAME, "thinking": {"type": "enabled", "budget_tokens": 64}}, anthropic.BadRequestError,
+             "thinking"),
+            ({"model": MODEL_NAME, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
+             anthropic.BadRequestError, "client tools only"),
+            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
+             anthropic.BadRequestError, "'image' block")):
+        with pytest.raises(error) as info:
+            client.messages.create(**{**ask, **fields})
+        assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]
+    with pytest.raises(anthropic.AuthenticationError) as info:
+        _client(server, key="wrong").messages.create(model=MODEL_NAME, **ask)
+    assert info.value.body["error"]["type"] == "authentication_error"
