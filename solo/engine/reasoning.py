@@ -19,7 +19,8 @@ THINK_START, THINK_END = "<think>", "</think>"
 
 REASONING_PARSERS = ("auto", "none", "qwen3", "deepseek_r1")
 """`--reasoning-parser` values: "auto" splits `<think>` blocks when the chat template writes them, "none" never;
-vLLM's "qwen3" and "deepseek_r1" split them whatever the template (one `<think>` syntax serves both)."""
+vLLM's "qwen3" and "deepseek_r1" split them whatever the template; with "deepseek_r1" the output starts inside
+the block whether or not the prompt opened it (DeepSeek-R1's replies may lack the opening tag), as vLLM's."""
 
 
 def detect_reasoning(template_source: str | None, parser: str = "auto") -> bool:
@@ -59,7 +60,7 @@ class ReasoningParser:
 
     def __init__(self, in_reasoning: bool = False) -> None:
         self.opened = in_reasoning  # a reasoning block began (in the prompt or the output)
-        self._state = "reasoning" if in_reasoning else "start"
+        self._state = "opened" if in_reasoning else "start"
         self._held = ""
         self.reasoning = ""  # everything returned as reasoning so far
         self.content = ""  # everything returned as content so far
@@ -70,7 +71,16 @@ class ReasoningParser:
         buffer = self._held + text
         self._held = ""
         while buffer:
-            if self._state == "start":
+            if self._state == "opened":  # inside a block already: an opening marker written anyway is skipped
+                stripped = buffer.lstrip()
+                if stripped.startswith(THINK_START):
+                    self._state, buffer = "reasoning", stripped[len(THINK_START):]
+                elif THINK_START.startswith(stripped):
+                    self._held = buffer
+                    buffer = ""
+                else:
+                    self._state = "reasoning"
+            elif self._state == "start":
                 stripped = buffer.lstrip()
                 if stripped.startswith(THINK_START):
                     self._state, buffer, self.opened = "reasoning", stripped[len(THINK_START):], True
@@ -99,7 +109,7 @@ class ReasoningParser:
     def finish(self) -> tuple[str, str]:
         """End of output: the held-back text, as (reasoning, content)."""
         held, self._held = self._held, ""
-        if self._state == "reasoning":
+        if self._state in ("reasoning", "opened"):
             self.reasoning += held
             return held, ""
         self.content += held

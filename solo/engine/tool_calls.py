@@ -552,6 +552,12 @@ def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
     Hermes calls are blocks, so the complete ones before a block that is cut short (max_tokens) or does not
     parse are kept and the rest is returned as text; the JSON formats parse whole or not at all.
     """
+    if fmt in ("mistral", "phi4_mini"):
+        # A JSON array (Phi-4-mini: in <|tool_call|> ... <|/tool_call|>, markers that decode to nothing), then
+        # maybe text: the calls are the leading JSON, what follows is content.
+        end = _leading_json_end(fmt, text)
+        calls = parse_tool_calls(fmt, text[:end]) if end else None
+        return (calls, text[end:] if text[end:].strip() else "") if calls else ([], text)
     if fmt != "hermes":
         calls = parse_tool_calls(fmt, text)
         return (calls, "") if calls else ([], text)
@@ -568,6 +574,27 @@ def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
         calls, i = calls + last, len(text)
     rest = "".join(between[1:]) + text[i:]  # text between calls, then after them (the first gap is "")
     return calls, rest if rest.strip() else ""
+
+
+def _leading_json_end(fmt: str, text: str) -> int:
+    # Where the JSON values (and the markers between them) at the start of a call part end; 0 when none parses.
+    decoder = json.JSONDecoder(strict=False)
+    markers = ("[TOOL_CALLS]",) if fmt == "mistral" else ("<|tool_call|>", "<|/tool_call|>")
+    i, end = 0, 0
+    while i < len(text):
+        while i < len(text) and text[i] in " \t\r\n,;":
+            i += 1
+        marker = next((m for m in markers if text.startswith(m, i)), None)
+        if marker is not None:
+            i += len(marker)
+            end = i
+            continue
+        try:
+            _, i = decoder.raw_decode(text, i)
+        except json.JSONDecodeError:
+            break
+        end = i
+    return end
 
 
 def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:

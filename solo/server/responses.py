@@ -24,7 +24,7 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
 
 from solo.errors import InvalidRequestError
 from solo.server.errors import validation_error
@@ -47,6 +47,14 @@ class ResponsesRequest(BaseModel):
 
     model_config = ConfigDict(extra="allow")
 
+    @model_validator(mode="before")
+    @classmethod
+    def _null_means_default(cls, data: Any) -> Any:  # noqa: ANN401
+        # As on the other routes: null for an optional field is its default (clients send it).
+        if not isinstance(data, dict):
+            return data
+        return {k: v for k, v in data.items() if v is not None or k == "input"}
+
     model: str | None = None
     input: str | list[dict[str, Any]]
     instructions: str | None = None
@@ -68,7 +76,7 @@ class ResponsesRequest(BaseModel):
 
 
 # Fields of OpenAI's API a Responses request may carry that change nothing Solo generates.
-_NO_EFFECT = frozenset({"service_tier", "prompt_cache_key", "safety_identifier", "background", "stream_options"})
+_NO_EFFECT = frozenset({"service_tier", "prompt_cache_key", "safety_identifier", "stream_options"})
 # Sampling fields the chat route takes as they are (vLLM accepts them on /v1/responses too).
 _PASSED = ("temperature", "top_p", "user", "seed", "top_k", "min_p", "frequency_penalty", "presence_penalty",
            "repetition_penalty", "stop", "logit_bias", "priority")
@@ -90,6 +98,9 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                                   "leave reasoning out", param="reasoning")
     if body.include:
         raise InvalidRequestError(f"include {body.include[0]!r} is not supported; leave include out", param="include")
+    if (body.model_extra or {}).get("background"):
+        raise InvalidRequestError("background responses need stored responses, which Solo does not keep; leave "
+                                  "background out (or stream the response)", param="background")
     messages: list[dict[str, Any]] = []
     if body.instructions is not None:
         messages.append({"role": "system", "content": body.instructions})
@@ -115,7 +126,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         elif kind == "function_call_output":
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", i),
-                             "content": output if isinstance(output, str) else _text(output, i)})
+                             "content": output if isinstance(output, str) else _text(output, i, "output")})
         elif kind == "reasoning":
             reasoning = "".join(part.get("text", "") for part in item.get("content") or [] if isinstance(part, dict))
         else:
@@ -139,7 +150,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     if body.text is not None:
         fields["response_format"] = _response_format(body.text)
     for name in body.model_extra or {}:
-        if name not in _PASSED and name not in _NO_EFFECT:
+        if name not in _PASSED and name not in _NO_EFFECT and name != "background":
             raise InvalidRequestError(f"{name} is not a field Solo's Responses API takes", param=name)
     try:
         return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
@@ -156,7 +167,7 @@ def _string(item: dict[str, Any], key: str, index: int) -> str:
     return value
 
 
-def _text(content: Any, index: int) -> str:  # noqa: ANN401
+def _text(content: Any, index: int, key: str = "content") -> str:  # noqa: ANN401
     # A message's content: a string, or input_text / output_text parts (joined one per line, as chat parts are).
     if isinstance(content, str):
         return content
@@ -170,7 +181,7 @@ def _text(content: Any, index: int) -> str:  # noqa: ANN401
                                           "(input_text / output_text)", param="input")
             texts.append(part["text"])
         return "\n".join(texts)
-    raise InvalidRequestError(f"input[{index}].content must be a string or a list of text parts", param="input")
+    raise InvalidRequestError(f"input[{index}].{key} must be a string or a list of text parts", param="input")
 
 
 def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
@@ -183,9 +194,13 @@ def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
 
 
 def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
-    if isinstance(choice, dict) and choice.get("type") == "function" and "function" not in choice:
-        return {"type": "function", "function": {"name": choice.get("name")}}
-    return choice
+    # Responses' {"type": "function", "name"} -> chat's nesting; other shapes are refused in Responses' terms.
+    if choice in ("auto", "none", "required"):
+        return choice
+    if isinstance(choice, dict) and choice.get("type") == "function" and isinstance(choice.get("name"), str):
+        return {"type": "function", "function": {"name": choice["name"]}}
+    raise InvalidRequestError('tool_choice must be "auto", "none", "required" or {"type": "function", "name": ...}',
+                              param="tool_choice")
 
 
 def _response_format(text: dict[str, Any]) -> dict[str, Any]:
@@ -223,22 +238,30 @@ def response_object(body: ResponsesRequest, response_id: str, created: int, mode
         "store": False, "user": body.user,
         "usage": None if not usage else {
             "input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
-            "total_tokens": usage.get("total_tokens", 0), "input_tokens_details": {"cached_tokens": cached},
+            "total_tokens": usage.get("total_tokens", 0),
+            "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
             "output_tokens_details": {"reasoning_tokens": 0}},
     }
 
 
-def output_items(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat reply's `message` as Responses output items: reasoning, the text message, the function calls."""
+def output_items(message: dict[str, Any], finish_reason: str | None = "stop") -> list[dict[str, Any]]:
+    """A chat reply's `message` as Responses output items: reasoning, the text message, the function calls.
+
+    The message item is left out when its text is blank beside other items (Qwen3 writes two newlines between
+    its thinking and a call); a reply cut by max_output_tokens marks its last item "incomplete", as OpenAI does.
+    """
     items: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
         items.append(_reasoning_item(_new_id("rs"), message["reasoning_content"]))
     calls = message.get("tool_calls") or []
-    if message.get("content") or not calls:
-        items.append(_message_item(_new_id("msg"), message.get("content") or "", "completed"))
+    text = message.get("content") or ""
+    if text.strip() or not (items or calls):
+        items.append(_message_item(_new_id("msg"), text, "completed"))
     for call in calls:
         items.append(_call_item(_new_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"],
                                 "completed"))
+    if finish_reason == "length" and items[-1]["type"] != "reasoning":
+        items[-1]["status"] = "incomplete"
     return items
 
 
@@ -262,25 +285,32 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     from solo.server.routes import GenerationStream, chat_completions
 
     chat = chat_request(body)
-    reply = await chat_completions(chat, request)
+    try:
+        reply = await chat_completions(chat, request)
+    except InvalidRequestError as exc:  # named as this API names the field
+        param = _FIELD_NAMES.get(exc.param or "", exc.param)
+        message = str(exc).replace(exc.param, param) if exc.param and param and exc.param != "messages" else str(exc)
+        raise type(exc)(message, param=param) from None
     response_id, created = _new_id("resp"), int(time.time())
     if isinstance(reply, GenerationStream):
-        return GenerationStream(_events(body, reply.body_iterator, response_id, created), reply.generation)
+        model = request.app.state.solo.served_name
+        return GenerationStream(_events(body, reply.body_iterator, response_id, created, model), reply.generation)
     completion = json.loads(reply.body)
     choice = completion["choices"][0]
-    result = response_object(body, response_id, created, completion["model"], output_items(choice["message"]),
-                             choice["finish_reason"], completion.get("usage"))
+    result = response_object(body, response_id, created, completion["model"],
+                             output_items(choice["message"], choice["finish_reason"]), choice["finish_reason"],
+                             completion.get("usage"))
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
 
-async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_id: str, created: int
+async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_id: str, created: int, model: str
                   ) -> AsyncIterator[str]:
     # The chat stream's chunks (server-sent events) as the Responses API's events.
     sequence = 0
     output: list[dict[str, Any]] = []
     open_items: dict[str, dict[str, Any]] = {}  # "reasoning" / "message" -> the item being streamed
     calls: dict[int, dict[str, Any]] = {}  # chat tool-call index -> its function_call item
-    model, finish_reason, usage = body.model or "", None, None
+    finish_reason, usage = None, None
 
     def event(kind: str, **fields: Any) -> str:  # noqa: ANN401
         nonlocal sequence
@@ -296,16 +326,42 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
             text = item["content"][0]["text"]
             return [event("response.reasoning_text.done", item_id=item["id"], output_index=index, content_index=0,
                           text=text), event("response.output_item.done", output_index=index, item=item)]
-        item["status"] = "completed"
+        if item["status"] == "in_progress":  # (else "incomplete": cut by max_output_tokens)
+            item["status"] = "completed"
         part = item["content"][0]
         return [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                      text=part["text"]),
+                      text=part["text"], logprobs=[]),
                 event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                       part=part),
                 event("response.output_item.done", output_index=index, item=item)]
 
     def running() -> dict[str, Any]:
         return response_object(body, response_id, created, model, [], None, None, status="in_progress")
+
+    def close_call() -> list[str]:
+        item = open_items.pop("call", None)
+        if item is None:
+            return []
+        if item["status"] == "in_progress":
+            item["status"] = "completed"
+        index = output.index(item)
+        return [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
+                      arguments=item["arguments"]), event("response.output_item.done", output_index=index, item=item)]
+
+    def _open_message(text: str) -> list[str]:
+        item = open_items["message"] = _message_item(_new_id("msg"), None, "in_progress")
+        output.append(item)
+        index = output.index(item)
+        out = [event("response.output_item.added", output_index=index, item=dict(item, content=[]))]
+        item["content"].append({"type": "output_text", "text": text, "annotations": []})
+        out.append(event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
+                         part=dict(item["content"][0], text="")))
+        if text:
+            out.append(event("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0,
+                             delta=text, logprobs=[]))
+        return out
+
+    pending_blank = ""
 
     yield event("response.created", response=running())
     yield event("response.in_progress", response=running())
@@ -332,45 +388,51 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
                     item["content"][0]["text"] += delta["reasoning_content"]
                     yield event("response.reasoning_text.delta", item_id=item["id"], output_index=output.index(item),
                                 content_index=0, delta=delta["reasoning_content"])
-                if delta.get("content"):
+                content = delta.get("content") or ""
+                if content and "message" not in open_items and not content.strip():
+                    pending_blank += content  # blank text between thinking and a call: no message item for it
+                    content = ""
+                elif content and "message" not in open_items:
+                    content, pending_blank = pending_blank + content, ""
+                if content:
                     for text in close("reasoning"):
                         yield text
                     item = open_items.get("message")
                     if item is None:
-                        item = open_items["message"] = _message_item(_new_id("msg"), None, "in_progress")
-                        output.append(item)
-                        index = output.index(item)
-                        yield event("response.output_item.added", output_index=index, item=dict(item, content=[]))
-                        item["content"].append({"type": "output_text", "text": "", "annotations": []})
-                        yield event("response.content_part.added", item_id=item["id"], output_index=index,
-                                    content_index=0, part=item["content"][0])
-                    item["content"][0]["text"] += delta["content"]
-                    yield event("response.output_text.delta", item_id=item["id"], output_index=output.index(item),
-                                content_index=0, delta=delta["content"])
+                        for text in _open_message(content):
+                            yield text
+                    else:
+                        item["content"][0]["text"] += content
+                        yield event("response.output_text.delta", item_id=item["id"], output_index=output.index(item),
+                                    content_index=0, delta=content, logprobs=[])
                 for call in delta.get("tool_calls") or []:
+                    pending_blank = ""
                     for text in close("reasoning") + close("message"):
                         yield text
                     function = call.get("function") or {}
                     item = calls.get(call["index"])
                     if item is None:
+                        for text in close_call():
+                            yield text
                         item = calls[call["index"]] = _call_item(_new_id("fc"), call.get("id", ""),
                                                                  function.get("name", ""), "", "in_progress")
                         output.append(item)
+                        open_items["call"] = item
                         yield event("response.output_item.added", output_index=output.index(item), item=dict(item))
                     if function.get("arguments"):
                         item["arguments"] += function["arguments"]
                         yield event("response.function_call_arguments.delta", item_id=item["id"],
                                     output_index=output.index(item), delta=function["arguments"])
                 finish_reason = choice.get("finish_reason") or finish_reason
-    for text in close("reasoning") + close("message"):
-        yield text
-    for item in calls.values():
-        item["status"] = "completed"
-        index = output.index(item)
-        yield event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
-                    arguments=item["arguments"])
-        yield event("response.output_item.done", output_index=index, item=item)
+    if pending_blank and not output:  # only blank text: it is the reply
+        for text in _open_message(pending_blank):
+            yield text
     if not output:  # nothing generated (max_output_tokens reached at once): an empty message, as unstreamed
-        output.append(_message_item(_new_id("msg"), "", "completed"))
+        for text in _open_message(""):
+            yield text
+    if finish_reason == "length" and output[-1]["type"] != "reasoning":
+        output[-1]["status"] = "incomplete"  # as OpenAI marks the item a max_output_tokens cut ends
+    for text in close("reasoning") + close("message") + close_call():
+        yield text
     final = response_object(body, response_id, created, model, output, finish_reason, usage)
     yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)

@@ -226,8 +226,11 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=tool_list or None, **extra)
         state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
         # A thinking model's block is split off unless a grammar holds the output from its first token.
-        tools.reasoning = state.reasoning and response_format is None
-        tools.in_reasoning = tools.reasoning and prompt_opens_reasoning(text)
+        # (Strict functions under auto leave the text around calls free: the block is split off there too.)
+        tools.reasoning = state.reasoning and (response_format is None or (
+            not tools.forced and getattr(response_format, "source", None) == "tools"))
+        tools.in_reasoning = tools.reasoning and (prompt_opens_reasoning(text)
+                                                  or state.settings.reasoning_parser == "deepseek_r1")
         # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
@@ -258,7 +261,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if calls:
             content = content or None
             finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
-        reasoning = "".join(reasoning_parts) + reasoning_rest if reader.reasoning_opened else None
+        reasoning = ("".join(reasoning_parts) + reasoning_rest) or None  # (an empty block: none, as streamed)
         choices.append(ChatChoice(
             index=index,
             message=AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=[

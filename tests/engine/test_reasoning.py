@@ -19,6 +19,7 @@ CASES = [
     ("<think>cut short by max_tok", False, "cut short by max_tok", ""),  # a block cut short: all reasoning
     ("so 2 + 2 = 4</think>\n\nIt is 4.", True, "so 2 + 2 = 4", "\n\nIt is 4."),  # opened by the prompt
     ("still thinking", True, "still thinking", ""),
+    ("<think>abc</think>ans", True, "abc", "ans"),  # inside a block already, the opening tag written anyway
     ("<think>x</think>a <think>b</think>", False, "x", "a <think>b</think>"),  # one block, at the start
 ]
 

@@ -239,6 +239,14 @@ def test_phi4_mini_calls_parsed():
     streamed = parser.feed("Sure", [3]) + parser.feed("", [9]) + parser.feed("[oops", [4])
     content, calls, rest = parser.finish()
     assert not calls and content == streamed + rest == "Sure[oops"
+    # Text after the calls (past the closing marker, which decodes to nothing) is content; the calls stay.
+    parser = ToolCallParser("phi4_mini", markers)
+    parser.feed("", [9])
+    parser.feed('[{"name": "get_time", "arguments": {"zone": "CET"}}, {"name": "get_time", "arguments": {"zone": '
+                '"UTC"}}]', [4])
+    parser.feed(" Done.", [10, 5])
+    content, calls, rest = parser.finish()
+    assert content == rest == " Done." and [json.loads(c.arguments)["zone"] for c in calls] == ["CET", "UTC"]
     # The marker after other tokens of one event (a speculative step): their text is content, the call parses.
     parser = ToolCallParser("phi4_mini", markers)
     assert parser.feed("Checking [now].", [3, 4, 9]) == ""

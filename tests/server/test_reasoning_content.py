@@ -11,7 +11,8 @@ from checkpoints import make_checkpoint
 from server_harness import MODEL_NAME, start_server
 
 # DeepSeek-R1's shape: earlier replies lose their reasoning, the generation prompt opens a <think> block.
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
+TEMPLATE = ("{% if tools %}Call tools as <tool_call>{...}</tool_call>: {{ tools | tojson }}{% endif %}"
+            "{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
             "{{ m['content'].split('</think>')[-1] }}<|end|>{% else %}<|User|>{{ m['content'] }}{% endif %}"
             "{% endfor %}{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
 ASK = [{"role": "user", "content": "def f"}]
@@ -41,6 +42,22 @@ def test_reasoning_content_whole_streamed_and_off(thinking_model):
                 parts.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
                 content += choice.delta.content or ""
         assert "".join(parts) == reasoning and content == ""
+        # The Responses API: a reasoning item only (no empty message beside it), streamed the same.
+        response = running.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=12,
+                                                     temperature=0)
+        assert [(item.type, item.content[0].text) for item in response.output] == [("reasoning", reasoning)]
+        events = list(running.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=12,
+                                                        temperature=0, stream=True))
+        final = events[-1].response
+        assert events[-1].type == "response.incomplete" and [item.type for item in final.output] == ["reasoning"]
+        assert "".join(e.delta for e in events if e.type == "response.reasoning_text.delta") == reasoning
+        # Strict functions under auto leave the text around calls free: the block is still split off.
+        strict = {"type": "function", "function": {"name": "f", "strict": True, "parameters": {
+            "type": "object", "properties": {"x": {"type": "integer"}}, "required": ["x"]}}}
+        with_tools = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0,
+                                                    tools=[strict])
+        assert with_tools.choices[0].message.model_extra["reasoning_content"]
+        assert with_tools.choices[0].message.content in ("", None)
         # A grammar holds the output from its first token: nothing is taken for reasoning.
         constrained = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0,
                                                      extra_body={"guided_regex": "[a-z ]+"})

@@ -35,6 +35,7 @@ def test_text_equals_the_chat_routes_and_streams_the_same(server):
     assert reply.usage.input_tokens == chat.usage.prompt_tokens and reply.usage.output_tokens == 12
     assert reply.status == "incomplete" and reply.incomplete_details.reason == "max_output_tokens"
     assert reply.id.startswith("resp_") and [item.type for item in reply.output] == ["message"]
+    assert reply.output[0].status == "incomplete"  # the item a max_output_tokens cut ends, as OpenAI marks it
     events = list(client.responses.create(model=MODEL_NAME, instructions="Be brief.", input="def fibonacci(n):",
                                           max_output_tokens=12, temperature=0, stream=True))
     kinds = [e.type for e in events]
@@ -45,6 +46,8 @@ def test_text_equals_the_chat_routes_and_streams_the_same(server):
     assert [e.sequence_number for e in events] == list(range(len(events)))
     assert "".join(e.delta for e in events if e.type == "response.output_text.delta") == reply.output_text
     assert events[-1].response.output_text == reply.output_text and events[-1].response.usage.output_tokens == 12
+    assert events[-1].response.output[0].status == "incomplete" and events[-1].response.model == MODEL_NAME
+    assert events[0].response.model == MODEL_NAME
 
 
 @pytest.mark.slow
@@ -86,9 +89,15 @@ def test_function_calls_round_trip(server):
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text only"),
     ({"input": [{"type": "computer_call"}]}, "input", "computer_call"),
     ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens"),
+    ({"max_output_tokens": 10**6}, "max_output_tokens", "max_output_tokens"),  # the chat route's check, renamed
+    ({"background": True}, "background", "background"),
+    ({"tool_choice": {"type": "function"}}, "tool_choice", '"type": "function", "name"'),
     ({"extra_body": {"frobnicate": 1}}, "frobnicate", "frobnicate"),
 ])
 def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
+    # (null is a field's default here as on the other routes)
+    assert server.client().responses.create(model=MODEL_NAME, input="hi", max_output_tokens=2,
+                                            extra_body={"stream": None}).usage.output_tokens == 2
     with pytest.raises(openai.BadRequestError) as info:
         server.client().responses.create(**{"model": MODEL_NAME, "input": "hi", **fields})
     assert words in info.value.message and info.value.body["param"] == param
