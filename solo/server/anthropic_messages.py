@@ -26,6 +26,7 @@ from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from solo.errors import InvalidRequestError, SoloError
+from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field
 from solo.server.errors import APIError, api_error_from, validation_error
 from solo.server.protocol import ChatCompletionRequest
 
@@ -97,10 +98,12 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             if kind == "text" and isinstance(block.get("text"), str):
                 texts.append(block["text"])
             elif kind == "tool_use" and role == "assistant":
-                calls.append({"id": _string(block, "id", where), "type": "function", "function": {
-                    "name": _string(block, "name", where), "arguments": json.dumps(block.get("input") or {})}})
+                calls.append({"id": string_field(block, "id", where, "messages"), "type": "function", "function": {
+                    "name": string_field(block, "name", where, "messages"),
+                    "arguments": json.dumps(block.get("input") or {})}})
             elif kind == "tool_result" and role == "user":
-                results.append({"role": "tool", "tool_call_id": _string(block, "tool_use_id", where),
+                results.append({"role": "tool",
+                                "tool_call_id": string_field(block, "tool_use_id", where, "messages"),
                                 "content": _text(block.get("content", ""), where)})
             elif kind == "thinking" and role == "assistant":
                 thinking = block.get("thinking")
@@ -128,19 +131,7 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
         fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         fields.update(_chat_tool_choice(body.tool_choice))
-    try:
-        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *(_FIELD_NAMES.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
-        error = validation_error(errors)
-        raise InvalidRequestError(error.message, param=error.param) from None
-
-
-def _string(block: dict[str, Any], key: str, where: str) -> str:
-    value = block.get(key)
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"{where}.{key} must be a string, got {value!r:.40}", param="messages")
-    return value
+    return chat_request_from(fields, _FIELD_NAMES)
 
 
 def _text(content: Any, where: str) -> str:  # noqa: ANN401
@@ -243,43 +234,39 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
         index, open_kind = index + 1, kind
         return [*out, event("content_block_start", index=index, content_block=block)]
 
-    async for raw in chunks:
-        for line in str(raw).splitlines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            if "error" in chunk:
-                error = chunk["error"]
-                status = 500 if error.get("type") == "server_error" else 400
-                yield event("error", error={"type": _ERROR_TYPES.get(status, "api_error"),
-                                            "message": error.get("message", "")})
-                return
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta") or {}
-                if delta.get("reasoning_content"):
-                    if open_kind != "thinking":
-                        for text in start("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
-                            yield text
-                    yield event("content_block_delta", index=index,
-                                delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]})
-                if delta.get("content"):
-                    if open_kind != "text":
-                        for text in start("text", {"type": "text", "text": ""}):
-                            yield text
-                    yield event("content_block_delta", index=index, delta={"type": "text_delta",
-                                                                           "text": delta["content"]})
-                for call in delta.get("tool_calls") or []:
-                    function = call.get("function") or {}
-                    if call["index"] not in tool_indexes:
-                        for text in start("tool_use", {"type": "tool_use", "id": call.get("id", ""),
-                                                       "name": function.get("name", ""), "input": {}}):
-                            yield text
-                        tool_indexes[call["index"]] = index
-                    if function.get("arguments"):
-                        yield event("content_block_delta", index=tool_indexes[call["index"]],
-                                    delta={"type": "input_json_delta", "partial_json": function["arguments"]})
-                finish_reason = choice.get("finish_reason") or finish_reason
+    async for chunk in chat_chunks(chunks):
+        if "error" in chunk:
+            error = chunk["error"]
+            status = 500 if error.get("type") == "server_error" else 400
+            yield event("error", error={"type": _ERROR_TYPES.get(status, "api_error"),
+                                        "message": error.get("message", "")})
+            return
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                if open_kind != "thinking":
+                    for text in start("thinking", {"type": "thinking", "thinking": "", "signature": ""}):
+                        yield text
+                yield event("content_block_delta", index=index,
+                            delta={"type": "thinking_delta", "thinking": delta["reasoning_content"]})
+            if delta.get("content"):
+                if open_kind != "text":
+                    for text in start("text", {"type": "text", "text": ""}):
+                        yield text
+                yield event("content_block_delta", index=index, delta={"type": "text_delta",
+                                                                       "text": delta["content"]})
+            for call in delta.get("tool_calls") or []:
+                function = call.get("function") or {}
+                if call["index"] not in tool_indexes:
+                    for text in start("tool_use", {"type": "tool_use", "id": call.get("id", ""),
+                                                   "name": function.get("name", ""), "input": {}}):
+                        yield text
+                    tool_indexes[call["index"]] = index
+                if function.get("arguments"):
+                    yield event("content_block_delta", index=tool_indexes[call["index"]],
+                                delta={"type": "input_json_delta", "partial_json": function["arguments"]})
+            finish_reason = choice.get("finish_reason") or finish_reason
     if open_kind is not None:
         yield event("content_block_stop", index=index)
     usage = usage or {}

@@ -24,10 +24,10 @@ from typing import Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
-from pydantic import BaseModel, ConfigDict, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, model_validator
 
 from solo.errors import InvalidRequestError
-from solo.server.errors import validation_error
+from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field
 from solo.server.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -114,8 +114,10 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                 message["reasoning_content"], reasoning = reasoning, None
             messages.append(message)
         elif kind == "function_call":
-            call = {"id": _string(item, "call_id", i), "type": "function",
-                    "function": {"name": _string(item, "name", i), "arguments": _string(item, "arguments", i)}}
+            where = f"input[{i}]"
+            call = {"id": string_field(item, "call_id", where, "input"), "type": "function",
+                    "function": {"name": string_field(item, "name", where, "input"),
+                                 "arguments": string_field(item, "arguments", where, "input")}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant":
                 last.setdefault("tool_calls", []).append(call)  # the same reply: its text, then its calls
@@ -125,7 +127,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                     messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": _string(item, "call_id", i),
+            messages.append({"role": "tool", "tool_call_id": string_field(item, "call_id", f"input[{i}]", "input"),
                              "content": output if isinstance(output, str) else _text(output, i, "output")})
         elif kind == "reasoning":
             reasoning = "".join(part.get("text", "") for part in item.get("content") or [] if isinstance(part, dict))
@@ -152,19 +154,7 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
     for name in body.model_extra or {}:
         if name not in _PASSED and name not in _NO_EFFECT and name != "background":
             raise InvalidRequestError(f"{name} is not a field Solo's Responses API takes", param=name)
-    try:
-        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
-    except ValidationError as exc:
-        errors = [{**e, "loc": ("body", *(_FIELD_NAMES.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
-        error = validation_error(errors)
-        raise InvalidRequestError(error.message, param=error.param) from None
-
-
-def _string(item: dict[str, Any], key: str, index: int) -> str:
-    value = item.get(key)
-    if not isinstance(value, str):
-        raise InvalidRequestError(f"input[{index}].{key} must be a string, got {value!r:.40}", param="input")
-    return value
+    return chat_request_from(fields, _FIELD_NAMES)
 
 
 def _text(content: Any, index: int, key: str = "content") -> str:  # noqa: ANN401
@@ -365,65 +355,61 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
 
     yield event("response.created", response=running())
     yield event("response.in_progress", response=running())
-    async for raw in chunks:
-        for line in str(raw).splitlines():
-            if not line.startswith("data: ") or line == "data: [DONE]":
-                continue
-            chunk = json.loads(line[len("data: "):])
-            if "error" in chunk:
-                yield event("error", code=chunk["error"].get("code"), message=chunk["error"].get("message"),
-                            param=chunk["error"].get("param"))
-                return
-            model = chunk.get("model", model)
-            usage = chunk.get("usage") or usage
-            for choice in chunk.get("choices", []):
-                delta = choice.get("delta") or {}
-                if delta.get("reasoning_content"):
-                    item = open_items.get("reasoning")
-                    if item is None:
-                        item = open_items["reasoning"] = _reasoning_item(_new_id("rs"), "")
-                        output.append(item)
-                        yield event("response.output_item.added", output_index=output.index(item),
-                                    item={**item, "content": []})
-                    item["content"][0]["text"] += delta["reasoning_content"]
-                    yield event("response.reasoning_text.delta", item_id=item["id"], output_index=output.index(item),
-                                content_index=0, delta=delta["reasoning_content"])
-                content = delta.get("content") or ""
-                if content and "message" not in open_items and not content.strip():
-                    pending_blank += content  # blank text between thinking and a call: no message item for it
-                    content = ""
-                elif content and "message" not in open_items:
-                    content, pending_blank = pending_blank + content, ""
-                if content:
-                    for text in close("reasoning"):
+    async for chunk in chat_chunks(chunks):
+        if "error" in chunk:
+            yield event("error", code=chunk["error"].get("code"), message=chunk["error"].get("message"),
+                        param=chunk["error"].get("param"))
+            return
+        model = chunk.get("model", model)
+        usage = chunk.get("usage") or usage
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta") or {}
+            if delta.get("reasoning_content"):
+                item = open_items.get("reasoning")
+                if item is None:
+                    item = open_items["reasoning"] = _reasoning_item(_new_id("rs"), "")
+                    output.append(item)
+                    yield event("response.output_item.added", output_index=output.index(item),
+                                item={**item, "content": []})
+                item["content"][0]["text"] += delta["reasoning_content"]
+                yield event("response.reasoning_text.delta", item_id=item["id"], output_index=output.index(item),
+                            content_index=0, delta=delta["reasoning_content"])
+            content = delta.get("content") or ""
+            if content and "message" not in open_items and not content.strip():
+                pending_blank += content  # blank text between thinking and a call: no message item for it
+                content = ""
+            elif content and "message" not in open_items:
+                content, pending_blank = pending_blank + content, ""
+            if content:
+                for text in close("reasoning"):
+                    yield text
+                item = open_items.get("message")
+                if item is None:
+                    for text in _open_message(content):
                         yield text
-                    item = open_items.get("message")
-                    if item is None:
-                        for text in _open_message(content):
-                            yield text
-                    else:
-                        item["content"][0]["text"] += content
-                        yield event("response.output_text.delta", item_id=item["id"], output_index=output.index(item),
-                                    content_index=0, delta=content, logprobs=[])
-                for call in delta.get("tool_calls") or []:
-                    pending_blank = ""
-                    for text in close("reasoning") + close("message"):
+                else:
+                    item["content"][0]["text"] += content
+                    yield event("response.output_text.delta", item_id=item["id"], output_index=output.index(item),
+                                content_index=0, delta=content, logprobs=[])
+            for call in delta.get("tool_calls") or []:
+                pending_blank = ""
+                for text in close("reasoning") + close("message"):
+                    yield text
+                function = call.get("function") or {}
+                item = calls.get(call["index"])
+                if item is None:
+                    for text in close_call():
                         yield text
-                    function = call.get("function") or {}
-                    item = calls.get(call["index"])
-                    if item is None:
-                        for text in close_call():
-                            yield text
-                        item = calls[call["index"]] = _call_item(_new_id("fc"), call.get("id", ""),
-                                                                 function.get("name", ""), "", "in_progress")
-                        output.append(item)
-                        open_items["call"] = item
-                        yield event("response.output_item.added", output_index=output.index(item), item=dict(item))
-                    if function.get("arguments"):
-                        item["arguments"] += function["arguments"]
-                        yield event("response.function_call_arguments.delta", item_id=item["id"],
-                                    output_index=output.index(item), delta=function["arguments"])
-                finish_reason = choice.get("finish_reason") or finish_reason
+                    item = calls[call["index"]] = _call_item(_new_id("fc"), call.get("id", ""),
+                                                             function.get("name", ""), "", "in_progress")
+                    output.append(item)
+                    open_items["call"] = item
+                    yield event("response.output_item.added", output_index=output.index(item), item=dict(item))
+                if function.get("arguments"):
+                    item["arguments"] += function["arguments"]
+                    yield event("response.function_call_arguments.delta", item_id=item["id"],
+                                output_index=output.index(item), delta=function["arguments"])
+            finish_reason = choice.get("finish_reason") or finish_reason
     if pending_blank and not output:  # only blank text: it is the reply
         for text in _open_message(pending_blank):
             yield text

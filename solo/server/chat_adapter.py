@@ -1,0 +1,55 @@
+"""Running another API's request through the chat route (`responses.py`, `anthropic_messages.py`).
+
+The chat request it means, validated with errors named by the calling API's own field names, and the chat
+stream's server-sent events read back as chunks.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import AsyncIterator, Mapping
+from typing import Any
+
+from pydantic import ValidationError
+
+from solo.errors import InvalidRequestError
+from solo.server.errors import validation_error
+from solo.server.protocol import ChatCompletionRequest
+
+
+def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str]) -> ChatCompletionRequest:
+    """A validated chat request from `fields` (None values left out: the chat route's defaults).
+
+    Args:
+        fields: ChatCompletionRequest fields.
+        field_names: chat field -> the calling API's name for it, for error messages and `param`.
+
+    Raises:
+        InvalidRequestError: a field the chat request refuses, named as the calling API names it.
+    """
+    try:
+        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
+    except ValidationError as exc:
+        errors = [{**e, "loc": ("body", *(field_names.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
+        error = validation_error(errors)
+        raise InvalidRequestError(error.message, param=error.param) from None
+
+
+def string_field(obj: Mapping[str, Any], key: str, where: str, param: str) -> str:
+    """`obj[key]`, which must be a string.
+
+    Raises:
+        InvalidRequestError: it is missing or not a string; the message names `where`.key, `param` the field.
+    """
+    value = obj.get(key)
+    if not isinstance(value, str):
+        raise InvalidRequestError(f"{where}.{key} must be a string, got {value!r:.40}", param=param)
+    return value
+
+
+async def chat_chunks(events: AsyncIterator[Any]) -> AsyncIterator[dict[str, Any]]:  # noqa: ANN401
+    """The chat stream's chunks (its `data:` events as objects; an error event is {"error": {...}}), in order."""
+    async for raw in events:
+        for line in str(raw).splitlines():
+            if line.startswith("data: ") and line != "data: [DONE]":
+                yield json.loads(line[len("data: "):])
