@@ -10,8 +10,9 @@ assistant's `tool_calls`, `tool_result` blocks -> `tool` messages, `thinking` bl
 (`message_start`, `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`). Errors come in
 Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the API key may come as `x-api-key`.
 
-`stop_reason` is "end_turn" for a stop string too (the chat route does not say which ended the reply), and
-`thinking` requests with a token budget are refused (Solo has no reasoning-budget control).
+`stop_reason` is "end_turn" for a stop string too (the chat route does not say which ended the reply); a
+`tool_result` with `is_error` reaches the model as "Error: " and its text (chat templates have no such flag);
+`thinking` requests with a token budget and an assistant message last (a prefill) are refused.
 """
 
 from __future__ import annotations
@@ -38,7 +39,8 @@ _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool
 # Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
 _FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages"}
 # Fields of Anthropic's API that change nothing Solo generates.
-_NO_EFFECT = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management"})
+_NO_EFFECT = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management",
+                        "cache_control"})
 
 
 class MessagesRequest(BaseModel):
@@ -102,9 +104,12 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
                     "name": string_field(block, "name", where, "messages"),
                     "arguments": json.dumps(block.get("input") or {})}})
             elif kind == "tool_result" and role == "user":
+                output = _text(block.get("content", ""), where)
+                if block.get("is_error"):  # chat templates have no such flag: said in the text the model reads
+                    output = f"Error: {output}"
                 results.append({"role": "tool",
                                 "tool_call_id": string_field(block, "tool_use_id", where, "messages"),
-                                "content": _text(block.get("content", ""), where)})
+                                "content": output})
             elif kind == "thinking" and role == "assistant":
                 thinking = block.get("thinking")
             else:
@@ -122,6 +127,9 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             if thinking:
                 reply["reasoning_content"] = thinking
             messages.append(reply)
+    if body.messages and body.messages[-1].get("role") == "assistant":
+        raise InvalidRequestError("the last message is the assistant's (a prefill for the reply to continue), which "
+                                  "Solo does not support; end with a user message", param="messages")
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
@@ -151,8 +159,9 @@ def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
                                   '({"name", "description", "input_schema"}; server tools run on Anthropic\'s side)',
                                   param="tools")
     function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
-    if tool.get("description") is not None:
-        function["description"] = tool["description"]
+    for key in ("description", "strict"):
+        if tool.get(key) is not None:
+            function[key] = tool[key]
     return {"type": "function", "function": function}
 
 
@@ -168,6 +177,13 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
     if choice.get("disable_parallel_tool_use"):
         fields["parallel_tool_calls"] = False
     return fields
+
+
+def _usage(usage: dict[str, Any]) -> dict[str, int]:
+    # Anthropic counts the prompt tokens read from the cache apart: input_tokens is the rest.
+    cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
+    return {"input_tokens": usage.get("prompt_tokens", 0) - cached, "cache_read_input_tokens": cached,
+            "cache_creation_input_tokens": 0, "output_tokens": usage.get("completion_tokens", 0)}
 
 
 def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
@@ -209,9 +225,7 @@ async def messages(request: Request) -> Response:
     result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
               "content": content_blocks(choice["message"]),
               "stop_reason": _STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None,
-              "usage": {"input_tokens": usage.get("prompt_tokens", 0),
-                        "output_tokens": usage.get("completion_tokens", 0),
-                        "cache_read_input_tokens": (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)}}
+              "usage": _usage(usage)}
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
 
@@ -271,7 +285,5 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
         yield event("content_block_stop", index=index)
     usage = usage or {}
     yield event("message_delta", delta={"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"),
-                                        "stop_sequence": None},
-                usage={"input_tokens": usage.get("prompt_tokens", 0),
-                       "output_tokens": usage.get("completion_tokens", 0)})
+                                        "stop_sequence": None}, usage=_usage(usage))
     yield event("message_stop")

@@ -111,7 +111,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         if kind == "message":
             message = {"role": item.get("role"), "content": _text(item.get("content"), i)}
             if message["role"] == "assistant" and reasoning is not None:
-                message["reasoning_content"], reasoning = reasoning, None
+                message["reasoning_content"] = reasoning
+            reasoning = None  # a reasoning item belongs to the reply right after it
             messages.append(message)
         elif kind == "function_call":
             where = f"input[{i}]"
@@ -126,11 +127,17 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                 if reasoning is not None:
                     messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
+            reasoning = None
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": string_field(item, "call_id", f"input[{i}]", "input"),
                              "content": output if isinstance(output, str) else _text(output, i, "output")})
-        elif kind == "reasoning":
-            reasoning = "".join(part.get("text", "") for part in item.get("content") or [] if isinstance(part, dict))
+        elif kind == "reasoning":  # its text, else its summary's
+            parts = item.get("content") or item.get("summary") or []
+            texts = [part.get("text") for part in parts if isinstance(part, dict)] if isinstance(parts, list) else None
+            if texts is None or not all(isinstance(t, str) for t in texts):
+                raise InvalidRequestError(f"input[{i}] is a reasoning item whose content is not a list of text parts",
+                                          param="input")
+            reasoning = "".join(texts)
         else:
             raise InvalidRequestError(f"input[{i}] is a {kind!r} item, which Solo does not take (it takes messages, "
                                       "function_call, function_call_output and reasoning items)", param="input")
@@ -357,8 +364,11 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
     yield event("response.in_progress", response=running())
     async for chunk in chat_chunks(chunks):
         if "error" in chunk:
-            yield event("error", code=chunk["error"].get("code"), message=chunk["error"].get("message"),
-                        param=chunk["error"].get("param"))
+            error = chunk["error"]
+            yield event("error", code=error.get("code"), message=error.get("message"), param=error.get("param"))
+            failed = response_object(body, response_id, created, model, output, None, usage, status="failed")
+            yield event("response.failed", response={**failed, "error": {"code": error.get("code") or "server_error",
+                                                                         "message": error.get("message", "")}})
             return
         model = chunk.get("model", model)
         usage = chunk.get("usage") or usage

@@ -305,6 +305,8 @@ class _ChoiceReader:
         reasoning = ""
         if self.reasoning is not None:
             reasoning, text = self.reasoning.feed(text)
+            if not text:
+                token_ids = ()  # all reasoning: a call marker among its tokens was written while thinking
         if self.tools is not None:
             text = self.tools.feed(text, token_ids)
         return reasoning, text

@@ -65,7 +65,18 @@ def test_text_tools_and_stream_equal_the_chat_routes(server):
                                                           {"id": use.id, "type": "function", "function": {
                                                               "name": use.name, "arguments": json.dumps(use.input)}}]},
                                                       {"role": "tool", "tool_call_id": use.id, "content": "sunny"}])
-    assert answered.usage.input_tokens == expected.usage.prompt_tokens
+    # Anthropic counts the prompt read from the prefix cache apart from input_tokens.
+    usage = answered.usage
+    assert usage.input_tokens + usage.cache_read_input_tokens == expected.usage.prompt_tokens
+    assert usage.cache_read_input_tokens > 0  # (the conversation's start was prefilled by the requests before)
+    # A failed tool's result says so in the text the model reads (chat templates have no such flag).
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": [{"type": "tool_use", "id": use.id, "name": use.name,
+                                                  "input": use.input}]}]
+    failed = client.messages.create(model=MODEL_NAME, max_tokens=2, tools=[WEATHER], messages=[*history, {
+        "role": "user", "content": [{"type": "tool_result", "tool_use_id": use.id, "content": "sunny",
+                                     "is_error": True}]}]).usage
+    assert failed.input_tokens + failed.cache_read_input_tokens > usage.input_tokens + usage.cache_read_input_tokens
 
 
 @pytest.mark.slow
@@ -79,7 +90,10 @@ def test_errors_come_in_anthropics_shape(server):
             ({"model": MODEL_NAME, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
              anthropic.BadRequestError, "client tools only"),
             ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-             anthropic.BadRequestError, "'image' block")):
+             anthropic.BadRequestError, "'image' block"),
+            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"},
+                                                {"role": "assistant", "content": "The answer is ("}]},
+             anthropic.BadRequestError, "prefill")):
         with pytest.raises(error) as info:
             client.messages.create(**{**ask, **fields})
         assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]

@@ -88,6 +88,8 @@ def test_function_calls_round_trip(server):
     ({"tools": [{"type": "web_search"}]}, "tools", "function tools only"),
     ({"input": [{"role": "user", "content": [{"type": "input_image", "image_url": "x"}]}]}, "input", "text only"),
     ({"input": [{"type": "computer_call"}]}, "input", "computer_call"),
+    ({"input": [{"type": "reasoning", "content": [{"type": "reasoning_text", "text": None}]}]}, "input",
+     "reasoning item"),
     ({"max_output_tokens": 0}, "max_output_tokens", "max_output_tokens"),
     ({"max_output_tokens": 10**6}, "max_output_tokens", "max_output_tokens"),  # the chat route's check, renamed
     ({"background": True}, "background", "background"),
