@@ -512,6 +512,9 @@ class Engine:
             skip_special_tokens=params.skip_special_tokens,
         )
         request.tool_call_format, request.tool_call_forced = tool_format, forced
+        model_eos = set() if params.ignore_eos else set(self.eos_ids)
+        request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
+                                      **{special[s]: s for s in params.stop if s in special}}
         return request
 
     # -------------------------------------------------------------------------------------- generation

@@ -102,6 +102,9 @@ class GenerationEvent:
         finish_reason: None until the last event, then "stop" (EOS or stop string) or "length".
         logprobs: per new token, its log-probabilities (when requested), else None.
         stats: set on the last event.
+        stop_reason: on a "stop" event, what stopped it besides the model's EOS (vLLM's field): the matched
+            stop string, or the id of a `stop_token_ids` token (a stop string that is a special token: that
+            string); None for EOS, a grammar's end or another reason.
     """
 
     text: str
@@ -109,6 +112,7 @@ class GenerationEvent:
     finish_reason: str | None = None
     logprobs: list[TokenLogprob] | None = None
     stats: GenerationStats | None = None
+    stop_reason: str | int | None = None
 
 
 @dataclass
@@ -189,6 +193,8 @@ class Request:
         self.logits_processors = logits_processors if logits_processors is not None and logits_processors.active \
             else None
         self._min_tokens = 0 if self.logits_processors is None else self.logits_processors.min_tokens
+        self.stop_token_reasons: dict[int, str | int] = {}  # a user's stop token -> its `stop_reason` (make_request)
+        self.stop_reason: str | int | None = None
         self.tool_call_format: str | None = None  # set by Engine.make_request when the output may hold tool calls
         self.tool_call_forced = False  # the output is constrained to tool calls
 
@@ -264,6 +270,7 @@ class Request:
         armed = len(self.output_ids) > self._min_tokens  # stop strings may end the output (min_tokens)
         if token in self.eos_ids:
             self.finish_reason = "stop"
+            self.stop_reason = self.stop_token_reasons.get(token)
             if self.stop_matcher.include:  # vLLM keeps the stop token's text then (empty for a skipped special token)
                 text = self.stop_matcher.feed(self.detokenizer.add([token]), armed=False)
         else:
@@ -278,8 +285,10 @@ class Request:
                 self.finish_reason = "stop"
             else:
                 text += self.stop_matcher.flush()
+        if self.stop_matcher.stopped:
+            self.stop_reason = self.stop_matcher.matched
         event = GenerationEvent(text=text, token_ids=[token], finish_reason=self.finish_reason,
-                                logprobs=None if info is None else [info])
+                                logprobs=None if info is None else [info], stop_reason=self.stop_reason)
         if self.finish_reason is not None:
             self.stats.total_s = now - self.start_time
             event.stats = self.stats

@@ -25,6 +25,7 @@ class StopStringMatcher:
         self.include = include
         self.pending = ""
         self.stopped = False
+        self.matched: str | None = None  # the stop string that ended the output
         self._unarmed = 0  # the first characters of `pending` that were fed unarmed
 
     def feed(self, text: str, armed: bool = True) -> str:
@@ -45,9 +46,11 @@ class StopStringMatcher:
             if first >= 0:
                 self.pending = ""
                 self.stopped = True
-                if self.include:  # the shortest stop string at that place is the one that completed first
-                    return buffer[:first + min(len(s) for s in self.stop if buffer.startswith(s, first)
-                                               and first + len(s) > self._unarmed)]
+                # The shortest stop string at that place is the one that completed first.
+                self.matched = min((s for s in self.stop if buffer.startswith(s, first)
+                                    and first + len(s) > self._unarmed), key=len)
+                if self.include:
+                    return buffer[:first + len(self.matched)]
                 return buffer[:first]
         hold = 0
         for s in self.stop:

@@ -10,8 +10,7 @@ assistant's `tool_calls`, `tool_result` blocks -> `tool` messages, `thinking` bl
 (`message_start`, `content_block_start` / `_delta` / `_stop`, `message_delta`, `message_stop`). Errors come in
 Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the API key may come as `x-api-key`.
 
-`stop_reason` is "end_turn" for a stop string too (the chat route does not say which ended the reply); a
-`tool_result` with `is_error` reaches the model as "Error: " and its text (chat templates have no such flag);
+A `tool_result` with `is_error` reaches the model as "Error: " and its text (chat templates have no such flag);
 `thinking` requests with a token budget and an assistant message last (a prefill) are refused.
 """
 
@@ -179,6 +178,13 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
+def _stop(finish_reason: str | None, stop_reason: Any, body: MessagesRequest) -> dict[str, Any]:  # noqa: ANN401
+    # Anthropic's stop_reason and stop_sequence from the chat route's finish_reason and vLLM's stop_reason.
+    if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in (body.stop_sequences or ()):
+        return {"stop_reason": "stop_sequence", "stop_sequence": stop_reason}
+    return {"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
+
+
 def _usage(usage: dict[str, Any]) -> dict[str, int]:
     # Anthropic counts the prompt tokens read from the cache apart: input_tokens is the rest.
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
@@ -224,7 +230,7 @@ async def messages(request: Request) -> Response:
     choice, usage = completion["choices"][0], completion.get("usage") or {}
     result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
               "content": content_blocks(choice["message"]),
-              "stop_reason": _STOP_REASONS.get(choice["finish_reason"], "end_turn"), "stop_sequence": None,
+              **_stop(choice["finish_reason"], choice.get("stop_reason"), body),
               "usage": _usage(usage)}
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
@@ -237,7 +243,7 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
     index = -1
     open_kind: str | None = None  # "thinking" / "text" / "tool_use": the block being streamed
     tool_indexes: dict[int, int] = {}
-    finish_reason, usage = None, None
+    finish_reason, stop_reason, usage = None, None, None
     yield event("message_start", message={"id": message_id, "type": "message", "role": "assistant",
                                           "model": body.model, "content": [], "stop_reason": None,
                                           "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}})
@@ -281,9 +287,9 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
                     yield event("content_block_delta", index=tool_indexes[call["index"]],
                                 delta={"type": "input_json_delta", "partial_json": function["arguments"]})
             finish_reason = choice.get("finish_reason") or finish_reason
+            stop_reason = choice.get("stop_reason") or stop_reason
     if open_kind is not None:
         yield event("content_block_stop", index=index)
     usage = usage or {}
-    yield event("message_delta", delta={"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"),
-                                        "stop_sequence": None}, usage=_usage(usage))
+    yield event("message_delta", delta=_stop(finish_reason or "stop", stop_reason, body), usage=_usage(usage))
     yield event("message_stop")

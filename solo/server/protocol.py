@@ -618,6 +618,7 @@ class ChatChoice(BaseModel):
     message: AssistantMessage
     logprobs: ChatLogprobs | None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended the choice
 
 
 class ChatCompletion(BaseModel):
@@ -657,6 +658,7 @@ class ChatChunkChoice(BaseModel):
     delta: Delta
     logprobs: ChatLogprobs | None = None
     finish_reason: str | None = None
+    stop_reason: str | int | None = None
 
 
 class ChatCompletionChunk(BaseModel):
@@ -677,6 +679,7 @@ class CompletionChoice(BaseModel):
     text: str
     logprobs: CompletionLogprobs | None
     finish_reason: str | None
+    stop_reason: str | int | None = None  # vLLM's: the stop string or stop token id that ended the choice
 
 
 class Completion(BaseModel):

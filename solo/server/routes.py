@@ -268,7 +268,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 ToolCallOut(id=c.id, function=FunctionCall(name=c.name, arguments=c.arguments)) for c in calls
             ] or None),
             logprobs=chat_logprobs(state.pieces, infos) if top is not None else None,  # type: ignore[arg-type]
-            finish_reason=finish_reason,
+            finish_reason=finish_reason, stop_reason=events[-1].stop_reason if events else None,
         ))
     return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                 usage=job.usage()))
@@ -368,8 +368,8 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
             if not text and not reasoning and logprobs is None and finish_reason is None:
                 continue  # text held back (an incomplete character, a possible stop string, marker or tool call)
             delta = Delta(reasoning_content=reasoning or None, content=text or None)
-            yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs,
-                                         finish_reason=finish_reason)])
+            yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
+                                         stop_reason=event.stop_reason if finish_reason is not None else None)])
         if body.include_usage:
             yield chunk([], job.usage())
         yield _DONE
@@ -431,7 +431,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         logprobs = completion_logprobs(state.pieces, infos, 0, _skipped_ids(engine, body)) \
             if body.logprobs is not None else None  # type: ignore[arg-type]
         choices.append(CompletionChoice(index=index, text="".join(e.text for e in events), logprobs=logprobs,
-                                        finish_reason=events[-1].finish_reason if events else None))
+                                        finish_reason=events[-1].finish_reason if events else None,
+                                        stop_reason=events[-1].stop_reason if events else None))
     return _json(Completion(id=job.response_id, created=job.created, model=job.model, choices=choices,
                             usage=job.usage()))
 
@@ -448,7 +449,7 @@ async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequ
             if not event.text and logprobs is None and event.finish_reason is None:
                 continue
             choice = CompletionChoice(index=index, text=event.text, logprobs=logprobs,
-                                      finish_reason=event.finish_reason)
+                                      finish_reason=event.finish_reason, stop_reason=event.stop_reason)
             yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[choice]))
         if body.include_usage:
             yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[],

@@ -95,6 +95,10 @@ def test_stop_string_across_token_boundaries_in_generation(tiny_llama):
     assert streamed == result.text
     kept = engine.complete("def fibonacci(n):", params.copy(stop=[stop], include_stop_str_in_output=True))
     assert kept.finish_reason == "stop" and kept.text == full[:start + len(stop)]
+    # The last event names the stop string that ended it (vLLM's stop_reason); EOS or length name nothing.
+    last = list(engine.generate("def fibonacci(n):", params.copy(stop=["\x00never", stop])))[-1]
+    assert last.stop_reason == stop
+    assert list(engine.generate("def fibonacci(n):", params))[-1].stop_reason is None
     # A stop string that never matches changes nothing, held-back text included.
     unmatched = engine.complete("def fibonacci(n):", params.copy(stop=[full[-1] + "\x00never"]))
     assert unmatched.text == full and unmatched.finish_reason == "length"

@@ -43,6 +43,17 @@ def test_text_tools_and_stream_equal_the_chat_routes(server):
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == reply.content[0].text and final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+    # A stop sequence that ends the reply is named, whole and streamed.
+    stop = reply.content[0].text[3:5]
+    ended = client.messages.create(model=MODEL_NAME, max_tokens=12, extra_body={"temperature": 0},
+                                   system="Be brief.", stop_sequences=["\x00never", stop],
+                                   messages=[{"role": "user", "content": "def fibonacci(n):"}])
+    assert (ended.stop_reason, ended.stop_sequence) == ("stop_sequence", stop)
+    with client.messages.stream(model=MODEL_NAME, max_tokens=12, extra_body={"temperature": 0}, system="Be brief.",
+                                stop_sequences=[stop],
+                                messages=[{"role": "user", "content": "def fibonacci(n):"}]) as stream:
+        final = stream.get_final_message()
+    assert (final.stop_reason, final.stop_sequence) == ("stop_sequence", stop)
     # A forced call: a tool_use block whose input is the parsed arguments; then its result sent back.
     call = client.messages.create(model=MODEL_NAME, max_tokens=120, tools=[WEATHER],
                                   tool_choice={"type": "tool", "name": "get_weather"},
