@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sys
+import tempfile
 from pathlib import Path
 
 import pytest
@@ -281,7 +282,18 @@ def test_load_run_on_a_shape(tmp_path, monkeypatch):
     workload = tmp_path / "tiny.toml"
     workload.write_text(TINY)
     out = tmp_path / "load.json"
-    logs = set(Path(__import__("tempfile").gettempdir()).glob("solo-bench-load-*.log"))
+    # A temporary folder of its own: another run on the machine has its own shape folders and logs meanwhile.
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setenv("TMPDIR", str(scratch))
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    made, folder = [], tempfile.TemporaryDirectory
+
+    def recorded(*args, **kwargs):
+        made.append(folder(*args, **kwargs))
+        return made[-1]
+
+    monkeypatch.setattr(tempfile, "TemporaryDirectory", recorded)
     status = main(["bench", "--load", str(workload), "--shape", "TinyQwen", "--max-batch", "2", "--threads", "1",
                    "--verify", "4", "--json", str(out)])
     assert status == 0
@@ -289,8 +301,9 @@ def test_load_run_on_a_shape(tmp_path, monkeypatch):
     assert result["meta"]["model"].startswith("TinyQwen shape, random weights")
     assert "--threads 1" in result["meta"]["server"] and "TinyQwen" in result["meta"]["command"]
     assert result["phases"][0]["http_5xx"] == 0 and result["output_check"]["wrong"] == 0
-    assert not list(Path(__import__("tempfile").gettempdir()).glob("solo-bench-shape-*"))  # removed after the run
-    assert set(Path(__import__("tempfile").gettempdir()).glob("solo-bench-load-*.log")) <= logs  # and its log
+    shape_folders = [Path(d.name) for d in made if Path(d.name).name.startswith("solo-bench-shape-")]
+    assert shape_folders and all(f.parent == scratch and not f.exists() for f in shape_folders)  # removed after
+    assert not list(scratch.glob("solo-bench-load-*.log"))  # and its log
 
 
 def test_arrivals_the_generator_could_not_send_are_not_server_errors():
