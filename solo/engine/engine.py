@@ -647,7 +647,7 @@ class Engine:
         return GenerationResult(
             text=text, token_ids=ids, finish_reason=finish_reason, stats=event.stats,
             prompt_token_ids=request.prompt_ids, logprobs=logprobs if request.logprobs is not None else None,
-            tool_calls=calls or None,
+            tool_calls=calls or None, stop_reason=event.stop_reason,
         )
 
 

@@ -65,6 +65,11 @@ class ReasoningParser:
         self.reasoning = ""  # everything returned as reasoning so far
         self.content = ""  # everything returned as content so far
 
+    @property
+    def in_block(self) -> bool:
+        """True while the output is inside the reasoning block."""
+        return self._state in ("reasoning", "opened")
+
     def feed(self, text: str) -> tuple[str, str]:
         """Take the next piece of output; returns (reasoning delta, content delta)."""
         reasoning, content = "", ""

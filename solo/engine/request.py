@@ -127,6 +127,7 @@ class GenerationResult:
         prompt_token_ids: the prompt as the model saw it.
         logprobs: per generated token, when requested.
         tool_calls: tool calls parsed from the output (`solo.engine.tool_calls.ToolCall`), when tools were given.
+        stop_reason: the stop string or stop token id that ended it (see `GenerationEvent.stop_reason`).
     """
 
     text: str
@@ -136,6 +137,7 @@ class GenerationResult:
     prompt_token_ids: list[int]
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list | None = None
+    stop_reason: str | int | None = None
 
 
 class Request:

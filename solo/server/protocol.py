@@ -534,6 +534,12 @@ class PromptTokensDetails(BaseModel):
     cached_tokens: int = 0
 
 
+class CompletionTokensDetails(BaseModel):
+    """Breakdown of the completion tokens: `reasoning_tokens` were a thinking model's `<think>` block, as OpenAI."""
+
+    reasoning_tokens: int = 0
+
+
 class Usage(BaseModel):
     """Token counts of a response (the prompt counted once, however many choices)."""
 
@@ -541,6 +547,7 @@ class Usage(BaseModel):
     completion_tokens: int
     total_tokens: int
     prompt_tokens_details: PromptTokensDetails | None = None
+    completion_tokens_details: CompletionTokensDetails | None = None
 
 
 class TopLogprob(BaseModel):

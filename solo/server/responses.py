@@ -237,7 +237,8 @@ def response_object(body: ResponsesRequest, response_id: str, created: int, mode
             "input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
             "total_tokens": usage.get("total_tokens", 0),
             "input_tokens_details": {"cached_tokens": cached, "cache_write_tokens": 0},
-            "output_tokens_details": {"reasoning_tokens": 0}},
+            "output_tokens_details": {
+                "reasoning_tokens": (usage.get("completion_tokens_details") or {}).get("reasoning_tokens", 0)}},
     }
 
 

@@ -46,6 +46,7 @@ from solo.server.protocol import (
     CompletionChoice,
     CompletionLogprobs,
     CompletionRequest,
+    CompletionTokensDetails,
     Delta,
     DetokenizeRequest,
     DetokenizeResponse,
@@ -246,6 +247,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         return GenerationStream(_chat_stream(state, job, body, tools), generation)
     per_choice = await _collect(job, request, body.n)
     choices = []
+    reasoning_tokens = 0
     for index, events in enumerate(per_choice):
         infos = [info for e in events for info in (e.logprobs or [])]
         finish_reason = events[-1].finish_reason if events else None
@@ -262,6 +264,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             content = content or None
             finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         reasoning = ("".join(reasoning_parts) + reasoning_rest) or None  # (an empty block: none, as streamed)
+        reasoning_tokens += reader.reasoning_tokens
         choices.append(ChatChoice(
             index=index,
             message=AssistantMessage(content=content, reasoning_content=reasoning, tool_calls=[
@@ -271,7 +274,14 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             finish_reason=finish_reason, stop_reason=events[-1].stop_reason if events else None,
         ))
     return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                usage=job.usage()))
+                                usage=_with_reasoning(job.usage(), tools, reasoning_tokens)))
+
+
+def _with_reasoning(usage: Usage, tools: _ToolSetup, reasoning_tokens: int) -> Usage:
+    # A chat reply whose reasoning is split off counts its tokens, as OpenAI's completion_tokens_details does.
+    if tools.reasoning:
+        usage.completion_tokens_details = CompletionTokensDetails(reasoning_tokens=reasoning_tokens)
+    return usage
 
 
 @dataclass
@@ -295,6 +305,7 @@ class _ChoiceReader:
 
     def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
         self.reasoning, self.tools = reasoning, tools
+        self.reasoning_tokens = 0  # tokens of the block, its markers included (usage's reasoning_tokens)
 
     @property
     def reasoning_opened(self) -> bool:
@@ -304,7 +315,10 @@ class _ChoiceReader:
         # (reasoning, content) that can be sent now.
         reasoning = ""
         if self.reasoning is not None:
+            inside = self.reasoning.in_block
             reasoning, text = self.reasoning.feed(text)
+            if inside or reasoning or self.reasoning.in_block:
+                self.reasoning_tokens += len(token_ids)
             if not text:
                 token_ids = ()  # all reasoning: a call marker among its tokens was written while thinking
         if self.tools is not None:
@@ -371,7 +385,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
             yield chunk([ChatChunkChoice(index=index, delta=delta, logprobs=logprobs, finish_reason=finish_reason,
                                          stop_reason=event.stop_reason if finish_reason is not None else None)])
         if body.include_usage:
-            yield chunk([], job.usage())
+            yield chunk([], _with_reasoning(job.usage(), tools, sum(r.reasoning_tokens for r in readers)))
         yield _DONE
     except Exception as exc:  # a failure inside the scheduler: end the stream with an error event
         yield _error_event(exc)

@@ -77,3 +77,17 @@ def test_reasoning_then_a_tool_call():
     assert "".join(r for r, _ in fed) + reasoning == "I could write <tool_call> here."
     assert "".join(c for _, c in fed) + content == "\n\n"
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"zone": "CET"})]
+
+
+def test_reasoning_tokens_are_the_blocks():
+    # usage's reasoning_tokens: every token of the block, its markers included, none of the answer's.
+    from solo.server.routes import _ChoiceReader
+
+    reader = _ChoiceReader(ReasoningParser(), None)
+    for text, ids in (("<think>", [1]), ("abc", [2]), ("</think>", [3]), ("\n\nIt is", [4, 5]), (" 4.", [6])):
+        reader.feed(text, ids)
+    assert reader.reasoning_tokens == 3
+    opened = _ChoiceReader(ReasoningParser(in_reasoning=True), None)
+    for text, ids in (("so 4", [1, 2]), ("</think>4", [3, 4])):
+        opened.feed(text, ids)
+    assert opened.reasoning_tokens == 4  # the event that closes the block is counted whole

@@ -188,6 +188,7 @@ def test_stop_token_ids_hold_with_ignore_eos_and_special_token_stop_strings_matc
     assert stopped.finish_reason == "stop"
     events = list(engine.generate("def f(x):", {"max_tokens": 12, "ignore_eos": True, "stop_token_ids": [target]}))
     assert events[-1].stop_reason == target  # vLLM's stop_reason: the stop token's id
+    assert stopped.stop_reason == target
     # "<|im_end|>" is a special token of the test tokenizer: decoded text never shows it, so it stops by id.
     special = engine.tokenizer.special_token_ids()["<|im_end|>"]
     request = engine.make_request("def f(x):", {"max_tokens": 4, "stop": ["<|im_end|>"]})

@@ -35,9 +35,12 @@ def test_reasoning_content_whole_streamed_and_off(thinking_model):
         message = whole.choices[0].message
         reasoning = message.model_extra["reasoning_content"]
         assert reasoning and message.content == "" and whole.choices[0].finish_reason == "length"
+        assert whole.usage.completion_tokens_details.reasoning_tokens == 12  # every token was the block's
         parts, content = [], ""
         for chunk in client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0,
-                                                    stream=True):
+                                                    stream=True, stream_options={"include_usage": True}):
+            if chunk.usage is not None:
+                assert chunk.usage.completion_tokens_details.reasoning_tokens == 12
             for choice in chunk.choices:
                 parts.append((choice.delta.model_extra or {}).get("reasoning_content") or "")
                 content += choice.delta.content or ""
@@ -46,6 +49,7 @@ def test_reasoning_content_whole_streamed_and_off(thinking_model):
         response = running.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=12,
                                                      temperature=0)
         assert [(item.type, item.content[0].text) for item in response.output] == [("reasoning", reasoning)]
+        assert response.usage.output_tokens_details.reasoning_tokens == 12
         events = list(running.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=12,
                                                         temperature=0, stream=True))
         final = events[-1].response
@@ -70,5 +74,6 @@ def test_reasoning_content_whole_streamed_and_off(thinking_model):
                                                          temperature=0)
         assert plain.choices[0].message.content == reasoning
         assert "reasoning_content" not in (plain.choices[0].message.model_extra or {})
+        assert plain.usage.completion_tokens_details is None  # nothing split: nothing counted
     finally:
         running.stop()
