@@ -9,6 +9,7 @@ sees `messages`, `tools`, `documents`, `add_generation_prompt` and the named spe
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -59,16 +60,18 @@ def _environment() -> ImmutableSandboxedEnvironment:
     return env
 
 
-def template_variables(source: str) -> set[str]:
+@functools.lru_cache(maxsize=16)
+def template_variables(source: str) -> frozenset[str]:
     """The variables a template reads from its caller (`messages`, `tools`, `bos_token`, ...).
 
     Found by Jinja's parser (`jinja2.meta.find_undeclared_variables`), so a name that only appears in
-    text, a comment or a key of another object does not count.
+    text, a comment or a key of another object does not count. Cached per template: parsing one takes
+    milliseconds (10 ms for Qwen3's), and every request with tools asks.
 
     Raises:
         jinja2.TemplateSyntaxError: the template does not parse.
     """
-    return set(jinja2.meta.find_undeclared_variables(_environment().parse(source)))
+    return frozenset(jinja2.meta.find_undeclared_variables(_environment().parse(source)))
 
 
 class ChatTemplate:

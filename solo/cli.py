@@ -365,9 +365,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
         return ""
     options = [o for p in _all_parsers(parser) for a in p._actions for o in a.option_strings]
     words = message[len(prefix):].split()
-    for word in words:
-        if word.split("=")[0] in _FOREIGN_FLAGS:
-            return f" ({word.split('=')[0]} is {_FOREIGN_FLAGS[word.split('=')[0]]})"
+    for flag in (word.split("=")[0] for word in words):
+        if flag in _FOREIGN_FLAGS:
+            return f" ({flag} is {_FOREIGN_FLAGS[flag]})"
     if words and not words[0].startswith("-") and getattr(parser, "_solo_command", "") == "solo run":
         return " (the prompt goes after -p / --prompt, quoted, or on stdin: solo run MODEL -p 'PROMPT')"
     for word in words:

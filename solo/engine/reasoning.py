@@ -60,7 +60,7 @@ class ReasoningParser:
 
     def __init__(self, in_reasoning: bool = False) -> None:
         self.opened = in_reasoning  # a reasoning block began (in the prompt or the output)
-        self._state = "opened" if in_reasoning else "start"
+        self._state = "start"  # then "reasoning", then "content"
         self._held = ""
         self.reasoning = ""  # everything returned as reasoning so far
         self.content = ""  # everything returned as content so far
@@ -68,7 +68,7 @@ class ReasoningParser:
     @property
     def in_block(self) -> bool:
         """True while the output is inside the reasoning block."""
-        return self._state in ("reasoning", "opened")
+        return self._state == "reasoning" or (self._state == "start" and self.opened)
 
     def feed(self, text: str) -> tuple[str, str]:
         """Take the next piece of output; returns (reasoning delta, content delta)."""
@@ -76,16 +76,7 @@ class ReasoningParser:
         buffer = self._held + text
         self._held = ""
         while buffer:
-            if self._state == "opened":  # inside a block already: an opening marker written anyway is skipped
-                stripped = buffer.lstrip()
-                if stripped.startswith(THINK_START):
-                    self._state, buffer = "reasoning", stripped[len(THINK_START):]
-                elif THINK_START.startswith(stripped):
-                    self._held = buffer
-                    buffer = ""
-                else:
-                    self._state = "reasoning"
-            elif self._state == "start":
+            if self._state == "start":  # (opened by the prompt, an opening marker written anyway is skipped)
                 stripped = buffer.lstrip()
                 if stripped.startswith(THINK_START):
                     self._state, buffer, self.opened = "reasoning", stripped[len(THINK_START):], True
@@ -93,7 +84,7 @@ class ReasoningParser:
                     self._held = buffer
                     buffer = ""
                 else:
-                    self._state = "content"
+                    self._state = "reasoning" if self.opened else "content"
             elif self._state == "reasoning":
                 end = buffer.find(THINK_END)
                 if end >= 0:
@@ -114,7 +105,7 @@ class ReasoningParser:
     def finish(self) -> tuple[str, str]:
         """End of output: the held-back text, as (reasoning, content)."""
         held, self._held = self._held, ""
-        if self._state in ("reasoning", "opened"):
+        if self.in_block:
             self.reasoning += held
             return held, ""
         self.content += held

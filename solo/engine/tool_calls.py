@@ -362,6 +362,7 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
 
 
 def _arguments_object(arguments: Any) -> Any:  # noqa: ANN401
+    # A call's arguments as an object: a JSON string parsed (kept as it is when it is not JSON), None -> {}.
     if isinstance(arguments, str):
         try:
             return json.loads(arguments)
@@ -398,11 +399,7 @@ def arguments_as_objects(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
             for call in calls:
                 function = call.get("function") if isinstance(call, Mapping) else None
                 if isinstance(function, Mapping) and isinstance(function.get("arguments"), str):
-                    try:
-                        arguments = json.loads(function["arguments"])
-                    except json.JSONDecodeError:
-                        arguments = function["arguments"]
-                    call = {**call, "function": {**function, "arguments": arguments}}
+                    call = {**call, "function": {**function, "arguments": _arguments_object(function["arguments"])}}
                 fixed.append(call)
             message = {**message, "tool_calls": fixed}
         out.append(dict(message))
@@ -555,7 +552,8 @@ def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
     if fmt in ("mistral", "phi4_mini"):
         # A JSON array (Phi-4-mini: in <|tool_call|> ... <|/tool_call|>, markers that decode to nothing), then
         # maybe text: the calls are the leading JSON, what follows is content.
-        end = _leading_json_end(fmt, text)
+        markers = ("[TOOL_CALLS]",) if fmt == "mistral" else ("<|tool_call|>", "<|/tool_call|>")
+        end = _leading_json(text, markers)[1]
         calls = parse_tool_calls(fmt, text[:end]) if end else None
         return (calls, text[end:] if text[end:].strip() else "") if calls else ([], text)
     if fmt != "hermes":
@@ -574,27 +572,6 @@ def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
         calls, i = calls + last, len(text)
     rest = "".join(between[1:]) + text[i:]  # text between calls, then after them (the first gap is "")
     return calls, rest if rest.strip() else ""
-
-
-def _leading_json_end(fmt: str, text: str) -> int:
-    # Where the JSON values (and the markers between them) at the start of a call part end; 0 when none parses.
-    decoder = json.JSONDecoder(strict=False)
-    markers = ("[TOOL_CALLS]",) if fmt == "mistral" else ("<|tool_call|>", "<|/tool_call|>")
-    i, end = 0, 0
-    while i < len(text):
-        while i < len(text) and text[i] in " \t\r\n,;":
-            i += 1
-        marker = next((m for m in markers if text.startswith(m, i)), None)
-        if marker is not None:
-            i += len(marker)
-            end = i
-            continue
-        try:
-            _, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
-            break
-        end = i
-    return end
 
 
 def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:
@@ -642,16 +619,31 @@ def _json_values(text: str) -> list[Any]:
     # Every JSON value in text, in order; [None] when something that is not JSON is left over. Raw control
     # characters inside strings are taken (XGrammar 0.2.9's length-bounded strings admit them); the
     # arguments are re-serialised, escaped, so the client always gets valid JSON.
+    values, end = _leading_json(text)
+    return values if not text[end:].strip(_SEPARATORS) else [None]
+
+
+_SEPARATORS = " \t\r\n,;"  # between JSON values: blanks, and the "," or ";" between parallel calls
+
+
+def _leading_json(text: str, markers: tuple[str, ...] = ()) -> tuple[list[Any], int]:
+    # The JSON values at the start of text (separated by `_SEPARATORS` and `markers`) and where the last value or
+    # marker ends (0 when none parses).
     decoder = json.JSONDecoder(strict=False)
-    values, i, text = [], 0, text.strip()
+    values: list[Any] = []
+    i, end = 0, 0
     while i < len(text):
-        while i < len(text) and text[i] in " \t\r\n,;":
+        while i < len(text) and text[i] in _SEPARATORS:
             i += 1
-        if i >= len(text):
-            break
+        marker = next((m for m in markers if text.startswith(m, i)), None)
+        if marker is not None:
+            i += len(marker)
+            end = i
+            continue
         try:
             value, i = decoder.raw_decode(text, i)
         except json.JSONDecodeError:
-            return [None]
+            break
         values.append(value)
-    return values
+        end = i
+    return values, end

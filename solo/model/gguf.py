@@ -70,10 +70,7 @@ def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (),
             any(file.is_relative_to(u) for u in under) and not os.path.lexists(file))
         if not stale:
             continue
-        try:
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
-        except OSError:  # deleted meanwhile
-            size = 0
+        size = _folder_size(folder)
         shutil.rmtree(folder, ignore_errors=True)
         freed += size
     return freed
@@ -106,10 +103,9 @@ def list_conversions() -> list[Conversion]:
             continue
         try:
             source = Path(json.loads(record.read_text(encoding="utf-8"))["file"])
-            size = sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
         except (OSError, ValueError, KeyError, TypeError):
             continue  # unreadable, or deleted meanwhile
-        found.append(Conversion(folder, source, size, os.path.lexists(source)))
+        found.append(Conversion(folder, source, _folder_size(folder), os.path.lexists(source)))
     return sorted(found, key=lambda c: (-c.size_bytes, str(c.source)))
 
 
@@ -129,6 +125,14 @@ def remove_conversions(source: str | Path) -> int:
     if not recorded:
         raise ModelNotFoundError(f"Solo's cache holds no conversion of {file}; `solo list` shows the converted files")
     return sum(prune_conversions(same_file=named) for named in recorded)
+
+
+def _folder_size(folder: Path) -> int:
+    # Bytes of the files under a converted folder (0 when it was deleted meanwhile).
+    try:
+        return sum(f.stat().st_size for f in folder.rglob("*") if f.is_file())
+    except OSError:
+        return 0
 
 
 def _folder_name(named: Path, src: Path) -> str:

@@ -7,7 +7,6 @@ fetched (configs, tokenizer, safetensors), plus the files an --include pattern n
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import json
 from dataclasses import asdict, dataclass
@@ -247,7 +246,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     repo = next((r for r in (info.repos if info else []) if r.repo_id == repo_id and r.repo_type == "model"), None)
     partial = _partial_blobs(cache_dir).get(repo_id, []) if revision is None else []
     if repo is None and partial:  # interrupted before any file was complete: nothing else to delete
-        return _delete_partial(partial)
+        return _delete_files(partial)
     if repo is None:
         raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")
     revisions = [r for r in repo.revisions if revision is None or revision in r.refs
@@ -260,7 +259,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     # and forks share commits): scope it to this repo.
     scoped = dataclasses.replace(info, repos=frozenset({repo}))  # type: ignore[arg-type]
     strategy = scoped.delete_revisions(*(r.commit_hash for r in revisions))
-    partial_freed = _delete_partial(partial)  # first: deleting every revision may take the repo folder with them
+    partial_freed = _delete_files(partial)  # first: deleting every revision may take the repo folder with them
     strategy.execute()
     from solo.model.gguf import prune_conversions
 
@@ -290,17 +289,11 @@ def _remove_gguf_files(repo_id: str, repo_path: Path, snapshots: list[Path], tag
         f.unlink()
     kept = {f.resolve() for f in (repo_path / "snapshots").rglob("*") if f.is_symlink()}
     store = (repo_path / "blobs").resolve()
-    for blob in blobs - kept:
-        if not blob.is_relative_to(store):  # a link to a file of the user's: never deleted
-            continue
-        with contextlib.suppress(OSError):
-            size = blob.stat().st_size
-            blob.unlink()
-            freed += size
+    freed += _delete_files([b for b in blobs - kept if b.is_relative_to(store)])  # (a link to a user's file: kept)
     return freed + prune_conversions(under=snapshots)
 
 
-def _delete_partial(blobs: list[Path]) -> int:
+def _delete_files(blobs: list[Path]) -> int:
     freed = 0
     for blob in blobs:
         try:

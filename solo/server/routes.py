@@ -307,10 +307,6 @@ class _ChoiceReader:
         self.reasoning, self.tools = reasoning, tools
         self.reasoning_tokens = 0  # tokens of the block, its markers included (usage's reasoning_tokens)
 
-    @property
-    def reasoning_opened(self) -> bool:
-        return self.reasoning is not None and self.reasoning.opened
-
     def feed(self, text: str, token_ids: Sequence[int]) -> tuple[str, str]:
         # (reasoning, content) that can be sent now.
         reasoning = ""
