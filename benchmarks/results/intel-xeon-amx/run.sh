@@ -107,6 +107,9 @@ run SmolLM3-3B-bf16-lockstep $solo bench --shape SmolLM3-3B --energy-s 0 --compa
   --json SmolLM3-3B-bf16-lockstep.json
 run gguf-peer-logits-SmolLM3-3B python ../../gguf_peer_logits.py --shape SmolLM3-3B --layers 8 \
   --type F32 --type F16 --type BF16
+# The decode step after the engine's per-token path gained stop_reason (2026-12-05): Solo alone, in turns.
+run Qwen2.5-0.5B-bf16-after-stop-reason $solo bench --shape Qwen2.5-0.5B --energy-s 0 --lockstep 16 \
+  --json Qwen2.5-0.5B-bf16-after-stop-reason.json
 # Phi-4-mini's shape (RoPE on 96 of each head's 128 dims) against llama.cpp's F16 GGUF, and the GGUF's logits.
 run Phi-4-mini-bf16-lockstep $solo bench --shape Phi-4-mini --energy-s 0 --compare llama.cpp-F16 --lockstep 16 \
   --json Phi-4-mini-bf16-lockstep.json
