@@ -24,6 +24,8 @@ from solo.server.anthropic_messages import anthropic_error
 from solo.server.anthropic_messages import router as messages_router
 from solo.server.errors import APIError, install_error_handlers
 from solo.server.metrics import ServerMetrics
+from solo.server.ollama import ollama_error
+from solo.server.ollama import router as ollama_router
 from solo.server.playground import STATIC_PREFIX
 from solo.server.playground import router as playground_router
 from solo.server.responses import router as responses_router
@@ -31,7 +33,8 @@ from solo.server.routes import router
 from solo.server.state import ServerSettings, ServerState, host_name
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models",
-          "/v1/models/{model}", "/tokenize", "/detokenize", "/health", "/metrics", "/", "/playground/info")
+          "/v1/models/{model}", "/tokenize", "/detokenize", "/health", "/metrics", "/", "/playground/info",
+          "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 """Browser origins allowed by default (CORS): pages served from this machine, any port."""
@@ -45,6 +48,13 @@ def _route_label(path: str) -> str:
     if path.startswith("/v1/models/"):
         return "/v1/models/{model}"
     return path if path in ROUTES else "other"
+
+
+def _error_reply(path: str, error: APIError) -> ASGIApp:
+    # An error in the shape of the API the path belongs to (Anthropic's, Ollama's, OpenAI's).
+    if path == "/v1/messages":
+        return anthropic_error(error)
+    return ollama_error(error) if path.startswith("/api/") else error.response()
 
 
 class _Gate:
@@ -110,14 +120,13 @@ class _Gate:
         try:
             refused = self._host_refused(scope)
             if refused is not None:
-                await refused.response()(scope, receive, send_and_note)
+                await _error_reply(scope["path"], refused)(scope, receive, send_and_note)
             elif self._authorized(scope):
                 await self.app(scope, receive, send_and_note)
             else:
                 error = APIError(401, "missing or incorrect API key; send it as 'Authorization: Bearer <key>' (or "
                                  "'x-api-key: <key>')", code="invalid_api_key", headers={"WWW-Authenticate": "Bearer"})
-                reply = anthropic_error(error) if scope["path"] == "/v1/messages" else error.response()
-                await reply(scope, receive, send_and_note)
+                await _error_reply(scope["path"], error)(scope, receive, send_and_note)
         finally:
             route = _route_label(scope["path"])
             self.metrics.requests.labels(route, str(status)).inc()
@@ -156,6 +165,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.include_router(router)
     app.include_router(responses_router)
     app.include_router(messages_router)
+    app.include_router(ollama_router)
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
                        allowed_hosts=settings.allowed_hosts)

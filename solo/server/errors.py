@@ -180,7 +180,7 @@ def install_error_handlers(app: FastAPI) -> None:
         assert isinstance(exc, StarletteHTTPException)
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
-                          "/v1/models",
+                          "/v1/models, and Ollama's /api/chat, /api/generate, /api/tags, /api/show",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
         if exc.status_code == 400 and exc.__cause__ is not None:
             message = unreadable_body_message(exc.__cause__)

@@ -1,0 +1,691 @@
+"""Ollama's API (`/api/chat`, `/api/generate`, `/api/tags`, `/api/show`, `/api/ps`, `/api/version`).
+
+Tools written for Ollama (its Python and JavaScript clients, Open WebUI, Continue, LangChain's ChatOllama)
+reach `solo serve` by pointing them at it (`OLLAMA_HOST=http://127.0.0.1:8000`). A chat or generate request
+becomes the chat request it means (`options` -> sampling fields, `format` -> `response_format`, `think` ->
+the template's `enable_thinking`, Ollama's tool calls and `tool_name` results -> OpenAI's ids), runs through
+the chat route (so templates, tool-call parsing, the reasoning split and grammars behave exactly as there),
+and comes back in Ollama's shape: streamed by default as newline-delimited JSON objects
+(`application/x-ndjson`), the last one `done: true` with token counts and durations in nanoseconds. A raw
+generate request (`raw: true`) runs through the completions route, the prompt as it is. Errors are Ollama's
+`{"error": "..."}`, with the status the OpenAI routes give.
+
+Differences from Ollama, each said where it applies: sampling defaults are the model's
+(generation_config.json), as on Solo's other routes, not Ollama's (temperature 0.8, top_k 40, ...);
+`repeat_penalty` covers the whole sequence, as vLLM's `repetition_penalty` (Ollama: the last
+`repeat_last_n`, 64 tokens, so only `repeat_last_n` -1 or 0 are taken); a prompt longer than the context (or
+`num_ctx`) is refused instead of truncated; options that place the model (`num_gpu`, `num_thread`, ...) or
+that only steer Ollama's context shifting (`num_keep`) have no effect here, and `keep_alive` none (the model
+stays loaded while the server runs). Refused by name: images, `template`, `context`, `suffix`, `think`
+levels, and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off values).
+Model management (`/api/pull`, `/api/create`, ...) and embeddings answer 501 with the `solo` command to use.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime
+import json
+import re
+import time
+from collections.abc import AsyncIterator, Callable, Mapping
+from typing import Any
+
+from fastapi import APIRouter, Request
+from fastapi.responses import JSONResponse, Response
+from starlette.responses import StreamingResponse
+
+from solo import __version__
+from solo.engine.tool_calls import arguments_as_objects, detect_tool_format
+from solo.errors import InvalidRequestError, SoloError
+from solo.server.chat_adapter import chat_chunks, chat_request_from
+from solo.server.errors import APIError, api_error_from, shutting_down
+from solo.server.protocol import CompletionRequest
+
+router = APIRouter()
+
+NDJSON = "application/x-ndjson"
+"""Media type of Ollama's streams: one JSON object per line."""
+
+# options -> the chat / completions request field that means the same.
+_SAMPLING_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
+                     "seed": "seed", "presence_penalty": "presence_penalty",
+                     "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty",
+                     "stop": "stop", "num_predict": "max_tokens"}
+# Options that decide where and how the model runs (or how Ollama shifts a full context), not what it
+# generates; Solo's are set by `solo serve`.
+_NO_EFFECT_OPTIONS = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
+                                "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep",
+                                "penalize_newline"})
+# Sampling Solo does not have, taken at the value that turns it off.
+_OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
+# Request fields (besides the ones each route reads) that change nothing Solo generates.
+_NO_EFFECT_FIELDS = frozenset({"keep_alive", "truncate", "shift"})
+_CHAT_FIELDS = frozenset({"model", "messages", "tools", "format", "options", "stream", "think", "logprobs",
+                          "top_logprobs", *_NO_EFFECT_FIELDS})
+_GENERATE_FIELDS = frozenset({"model", "prompt", "suffix", "system", "template", "context", "raw", "images",
+                              "format", "options", "stream", "think", "logprobs", "top_logprobs",
+                              *_NO_EFFECT_FIELDS})
+# Chat request fields as an Ollama request names them (for errors the chat route's validation finds).
+_FIELD_NAMES = {**{chat: f"options.{option}" for option, chat in _SAMPLING_OPTIONS.items()},
+                "response_format": "format", "top_logprobs": "top_logprobs", "prompt": "prompt"}
+
+
+def ollama_error(error: APIError) -> JSONResponse:
+    """An error in Ollama's shape, {"error": "message"}, with its status and headers (Retry-After)."""
+    return JSONResponse({"error": error.message}, status_code=error.status, headers=error.headers)
+
+
+def _now() -> str:
+    # Ollama's created_at: RFC 3339 in UTC.
+    return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
+
+
+def _check_model(request: Request, data: Mapping[str, Any]) -> str:
+    """The served name, after checking `model` names it (Ollama's `:latest` tag may be added to it).
+
+    Raises:
+        APIError: 400 without a model, 404 for another model, 503 while loading or draining.
+    """
+    state = request.app.state.solo
+    state.require_ready()
+    model = data.get("model")
+    if not isinstance(model, str) or not model:
+        raise APIError(400, "model is required: name the served model (GET /api/tags lists it)", param="model")
+    if model not in (state.served_name, f"{state.served_name}:latest"):
+        raise APIError(404, f"model {model!r} not found: this server serves {state.served_name!r} (GET /api/tags "
+                       "lists it)", code="model_not_found")
+    return state.served_name
+
+
+def _check_fields(data: Mapping[str, Any], known: frozenset[str], route: str) -> None:
+    for name in data:
+        if name not in known:
+            raise InvalidRequestError(f"{name} is not a field of Ollama's {route} that Solo takes; leave it out "
+                                      f"(it takes {', '.join(sorted(known))})", param=name)
+
+
+def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
+    """The chat / completions request fields an Ollama `options` object means (see the module docstring).
+
+    Args:
+        options: the request's `options` (an object, or None).
+
+    Raises:
+        InvalidRequestError: not an object, an unknown option, sampling Solo does not have, a
+            `repeat_last_n` other than -1 or 0, a `num_predict` of 0 or below -2.
+    """
+    if options is None:
+        return {}
+    if not isinstance(options, Mapping):
+        raise InvalidRequestError(f"options must be an object, got {options!r:.40}", param="options")
+    fields: dict[str, Any] = {}
+    for name, value in options.items():
+        if value is None or name in _NO_EFFECT_OPTIONS or name == "num_ctx":
+            continue
+        if name in _SAMPLING_OPTIONS:
+            fields[_SAMPLING_OPTIONS[name]] = value
+        elif name in _OFF_VALUES:
+            if value != _OFF_VALUES[name]:
+                raise InvalidRequestError(f"options.{name} is not supported by Solo (it has no {name} sampling); "
+                                          f"leave it out or set it to {_OFF_VALUES[name]}", param=f"options.{name}")
+        elif name == "repeat_last_n":
+            if value not in (-1, 0):
+                raise InvalidRequestError(
+                    "options.repeat_last_n: Solo's repeat_penalty covers the whole sequence (as vLLM's "
+                    "repetition_penalty); set repeat_last_n to -1 (the whole sequence) or 0 (no penalty), or "
+                    "leave it out", param="options.repeat_last_n")
+        else:
+            raise InvalidRequestError(f"options.{name} is not an option Solo knows; leave it out",
+                                      param=f"options.{name}")
+    if options.get("repeat_last_n") == 0:
+        fields.pop("repetition_penalty", None)  # Ollama: a window of 0 tokens penalizes nothing
+    predict = fields.get("max_tokens")
+    if isinstance(predict, int) and not isinstance(predict, bool) and predict <= 0:
+        if predict not in (-1, -2):
+            raise InvalidRequestError(f"options.num_predict must be positive, or -1 / -2 (until the context ends), "
+                                      f"got {predict}", param="options.num_predict")
+        del fields["max_tokens"]
+    return fields
+
+
+def _response_format(fmt: Any) -> dict[str, Any] | None:  # noqa: ANN401
+    # Ollama's `format`: "json", a JSON schema, or "" / null for free text.
+    if fmt is None or fmt == "":
+        return None
+    if fmt == "json":
+        return {"type": "json_object"}
+    if isinstance(fmt, Mapping):
+        return {"type": "json_schema", "json_schema": {"name": "format", "schema": dict(fmt), "strict": True}}
+    raise InvalidRequestError(f'format must be "json" or a JSON schema object, got {fmt!r:.40}', param="format")
+
+
+def _thinking(think: Any, state: Any) -> dict[str, Any] | None:  # noqa: ANN401
+    # Ollama's `think` as chat_template_kwargs; None leaves the template's default.
+    if think is None:
+        return None
+    if isinstance(think, str):
+        raise InvalidRequestError(f"think {think!r}: Solo has no reasoning-effort levels; send true or false",
+                                  param="think")
+    if not isinstance(think, bool):
+        raise InvalidRequestError(f"think must be true or false, got {think!r:.40}", param="think")
+    if think and not state.reasoning:
+        raise InvalidRequestError(
+            f"{state.served_name!r} does not support thinking here (its chat template writes no reasoning block, "
+            "or the server runs with --reasoning-parser none); leave think out", param="think")
+    return {"enable_thinking": think}
+
+
+def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
+    """OpenAI chat messages from Ollama's.
+
+    Assistant `tool_calls` ({"function": {"name", "arguments": {...}}}) get ids and JSON-string arguments;
+    a `tool` message's `tool_name` is matched to the earliest unanswered call of that name (or, without a
+    name, the earliest unanswered call) for its `tool_call_id`; `thinking` becomes `reasoning_content`.
+
+    Raises:
+        InvalidRequestError: not a list of objects, images, a malformed tool call.
+    """
+    if not isinstance(messages, list):
+        raise InvalidRequestError(f"messages must be a list of messages, got {messages!r:.40}", param="messages")
+    out: list[dict[str, Any]] = []
+    unanswered: list[tuple[str, str]] = []  # (id, name) of calls without a tool message yet
+    for i, message in enumerate(messages):
+        if not isinstance(message, Mapping):
+            raise InvalidRequestError(f"messages[{i}] must be an object with role and content", param="messages")
+        if message.get("images"):
+            raise InvalidRequestError(f"messages[{i}].images: Solo's models take text only; leave images out",
+                                      param="messages")
+        converted = {k: v for k, v in message.items()
+                     if k not in ("images", "thinking", "tool_calls", "tool_name") and v is not None}
+        converted.setdefault("content", "")
+        role = message.get("role")
+        if role == "assistant":
+            if message.get("thinking"):
+                converted["reasoning_content"] = message["thinking"]
+            calls = message.get("tool_calls") or []
+            if not isinstance(calls, list):
+                raise InvalidRequestError(f"messages[{i}].tool_calls must be a list", param="messages")
+            converted_calls = []
+            for j, call in enumerate(calls):
+                function = call.get("function") if isinstance(call, Mapping) else None
+                name = function.get("name") if isinstance(function, Mapping) else None
+                if not isinstance(name, str):
+                    raise InvalidRequestError(f'messages[{i}].tool_calls[{j}] must be {{"function": {{"name": ..., '
+                                              '"arguments": {...}}}}', param="messages")
+                arguments = function.get("arguments", {})
+                call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{i}_{j}"
+                converted_calls.append({"id": call_id, "type": "function", "function": {
+                    "name": name,
+                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
+                }})
+                unanswered.append((call_id, name))
+            if converted_calls:
+                converted["tool_calls"] = converted_calls
+        elif role == "tool":
+            name = message.get("tool_name") or message.get("name")
+            match = next((k for k, (_, n) in enumerate(unanswered) if name is None or n == name), None)
+            if match is not None:
+                call_id, call_name = unanswered.pop(match)
+                converted.setdefault("tool_call_id", call_id)
+                name = name or call_name
+            if isinstance(name, str):
+                converted["name"] = name
+        out.append(converted)
+    return out
+
+
+def _logprobs(content: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
+    # The chat route's logprobs.content entries are already Ollama's {token, logprob, bytes, top_logprobs}.
+    return [{"token": e["token"], "logprob": e["logprob"], "bytes": e.get("bytes"),
+             "top_logprobs": e.get("top_logprobs") or []} for e in content or []]
+
+
+def _completion_logprobs(logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
+    # The completions route's parallel lists as Ollama's per-token entries.
+    if not logprobs:
+        return []
+    out = []
+    for k, token in enumerate(logprobs.get("tokens") or []):
+        tops = (logprobs.get("top_logprobs") or [None] * (k + 1))[k] or {}
+        out.append({"token": token, "logprob": logprobs["token_logprobs"][k],
+                    "bytes": list(token.encode("utf-8", "surrogatepass")),
+                    "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode("utf-8", "surrogatepass"))}
+                                     for t, p in tops.items()]})
+    return out
+
+
+class _Reply:
+    """One Ollama reply being assembled from the chat or completions stream's chunks, with its timings."""
+
+    def __init__(self, model: str, start_ns: int) -> None:
+        self.model, self.start_ns = model, start_ns
+        self.first_ns: int | None = None
+        self.content: list[str] = []
+        self.thinking: list[str] = []
+        self.logprobs: list[dict[str, Any]] = []
+        self.calls: dict[int, dict[str, Any]] = {}
+        self.finish_reason: str | None = None
+        self.usage: dict[str, Any] = {}
+
+    def feed(self, chunk: dict[str, Any]) -> dict[str, Any] | None:
+        """Take one chunk; returns the piece it adds ({"content", "thinking", "logprobs"}) or None."""
+        self.usage = chunk.get("usage") or self.usage
+        piece: dict[str, Any] = {}
+        for choice in chunk.get("choices", []):
+            delta = choice.get("delta")
+            if delta is None:  # the completions route
+                text = choice.get("text") or ""
+                logprobs = _completion_logprobs(choice.get("logprobs"))
+                thinking = ""
+            else:
+                text, thinking = delta.get("content") or "", delta.get("reasoning_content") or ""
+                logprobs = _logprobs((choice.get("logprobs") or {}).get("content"))
+                for call in delta.get("tool_calls") or []:
+                    entry = self.calls.setdefault(call["index"], {"id": "", "name": "", "arguments": ""})
+                    function = call.get("function") or {}
+                    entry["id"] = call.get("id") or entry["id"]
+                    entry["name"] += function.get("name") or ""
+                    entry["arguments"] += function.get("arguments") or ""
+            self.finish_reason = choice.get("finish_reason") or self.finish_reason
+            if self.first_ns is None and (text or thinking or logprobs or self.calls or self.finish_reason):
+                self.first_ns = time.perf_counter_ns()  # (not the chat stream's opening role chunk)
+            self.content.append(text)
+            self.thinking.append(thinking)
+            self.logprobs += logprobs
+            if text or thinking or logprobs:
+                piece = {"content": text, "thinking": thinking, "logprobs": logprobs}
+        return piece or None
+
+    def tool_calls(self) -> list[dict[str, Any]]:
+        """Ollama's tool_calls: arguments as objects."""
+        return [{"id": c["id"], "function": {"index": i, "name": c["name"], "arguments": json.loads(c["arguments"])}}
+                for i, c in sorted(self.calls.items())]
+
+    def final(self) -> dict[str, Any]:
+        """The last object's statistics: done_reason, token counts, durations in nanoseconds."""
+        end = time.perf_counter_ns()
+        first = self.first_ns or end
+        reason = {"tool_calls": "stop", None: "stop"}.get(self.finish_reason, self.finish_reason)
+        return {"done": True, "done_reason": reason, "total_duration": end - self.start_ns, "load_duration": 0,
+                "prompt_eval_count": self.usage.get("prompt_tokens", 0), "prompt_eval_duration": first - self.start_ns,
+                "eval_count": self.usage.get("completion_tokens", 0), "eval_duration": end - first}
+
+
+def _chat_object(model: str, piece: Mapping[str, Any], calls: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    message: dict[str, Any] = {"role": "assistant", "content": piece.get("content", "")}
+    if piece.get("thinking"):
+        message["thinking"] = piece["thinking"]
+    if calls:
+        message["tool_calls"] = calls
+    out = {"model": model, "created_at": _now(), "message": message}
+    if piece.get("logprobs"):
+        out["logprobs"] = piece["logprobs"]
+    return out
+
+
+def _generate_object(model: str, piece: Mapping[str, Any]) -> dict[str, Any]:
+    out = {"model": model, "created_at": _now(), "response": piece.get("content", "")}
+    if piece.get("thinking"):
+        out["thinking"] = piece["thinking"]
+    if piece.get("logprobs"):
+        out["logprobs"] = piece["logprobs"]
+    return out
+
+
+def _line(obj: dict[str, Any]) -> str:
+    return json.dumps(obj, ensure_ascii=False) + "\n"
+
+
+async def _lines(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, shape: Callable[..., dict[str, Any]]
+                 ) -> AsyncIterator[str]:
+    # The stream's chunks as Ollama's objects, one per line; the last one done with the statistics.
+    async for chunk in chunks:
+        if "error" in chunk:
+            yield _line({"error": chunk["error"].get("message", "")})
+            return
+        piece = reply.feed(chunk)
+        if piece is not None:
+            yield _line({**shape(reply.model, piece), "done": False})
+    calls = reply.tool_calls()
+    last = _chat_object(reply.model, {}, calls) if shape is _chat_object else shape(reply.model, {})
+    yield _line({**last, **reply.final()})
+
+
+async def _whole(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, request: Request) -> None:
+    # Every chunk into `reply` (a reply that is not streamed); stops if the client leaves.
+    from solo.server.routes import _until_disconnected
+
+    async def gather() -> None:
+        async for chunk in chunks:
+            if "error" in chunk:
+                error = chunk["error"]
+                status = 500 if error.get("type") == "server_error" else 400
+                raise APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"))
+            reply.feed(chunk)
+
+    work = asyncio.ensure_future(gather())
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not work.done():
+            raise APIError(499, "the client closed the connection", code="client_closed_request")
+        work.result()
+    finally:
+        for task in (work, watcher):
+            task.cancel()
+
+
+class _NDJSONStream(StreamingResponse):
+    # Ollama's stream; the generation is cancelled however the response ends (as GenerationStream's).
+
+    def __init__(self, lines: AsyncIterator[str], generation: Any) -> None:  # noqa: ANN401
+        super().__init__(lines, media_type=NDJSON, headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+        self.generation = generation
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: ANN401
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self.generation.cancel()
+
+
+async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: int, fields: dict[str, Any],
+               raw: bool, shape: Callable[..., dict[str, Any]]) -> Response:
+    # The chat (or, raw, completions) route on `fields`, streamed internally, answered in Ollama's shape.
+    from solo.server.routes import GenerationStream, chat_completions, completions
+
+    stream = data.get("stream", True)
+    if not isinstance(stream, bool):
+        raise InvalidRequestError(f"stream must be true or false, got {stream!r:.40}", param="stream")
+    fields = {**fields, "stream": True, "stream_options": {"include_usage": True}}
+    if raw:
+        try:
+            body = CompletionRequest(**{k: v for k, v in fields.items() if v is not None})
+        except ValueError as exc:
+            raise _named(exc) from None
+        reply_stream = await completions(body, request)
+    else:
+        reply_stream = await chat_completions(chat_request_from(fields, _FIELD_NAMES), request)
+    assert isinstance(reply_stream, GenerationStream)
+    reply = _Reply(model, start_ns)
+    chunks = chat_chunks(reply_stream.body_iterator)
+    if stream:
+        return _NDJSONStream(_lines(chunks, reply, shape), reply_stream.generation)
+    try:
+        await _whole(chunks, reply, request)
+    finally:
+        reply_stream.generation.cancel()
+    if reply.finish_reason == "abort" and not reply.usage.get("completion_tokens"):
+        raise shutting_down()  # ended by shutdown before any token: retry elsewhere, as the chat route says
+    text = {"content": "".join(reply.content), "thinking": "".join(reply.thinking), "logprobs": reply.logprobs}
+    obj = _chat_object(model, text, reply.tool_calls()) if shape is _chat_object else shape(model, text)
+    return JSONResponse({**obj, **reply.final()})
+
+
+def _named(exc: ValueError) -> InvalidRequestError:
+    # A completions request's validation error, its fields named as Ollama names them.
+    from pydantic import ValidationError
+
+    from solo.server.errors import validation_error
+
+    assert isinstance(exc, ValidationError)
+    errors = [{**e, "loc": ("body", *(_FIELD_NAMES.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
+    error = validation_error(errors)
+    return InvalidRequestError(error.message, param=error.param)
+
+
+def _num_ctx(options: Any, state: Any) -> int | None:  # noqa: ANN401
+    # options.num_ctx, when it asks for a smaller window than the server's context.
+    num_ctx = options.get("num_ctx") if isinstance(options, Mapping) else None
+    if num_ctx is None:
+        return None
+    if not isinstance(num_ctx, int) or isinstance(num_ctx, bool) or num_ctx < 1:
+        raise InvalidRequestError(f"options.num_ctx must be a positive integer, got {num_ctx!r:.40}",
+                                  param="options.num_ctx")
+    return num_ctx if num_ctx < state.max_model_len else None
+
+
+async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | None, raw: bool) -> None:
+    """Bound the output by the window (num_ctx, or raw, the rest of the context; the completions route's is 16).
+
+    num_ctx (Ollama's context size) counts when smaller than the server's context.
+
+    A raw prompt is tokenized here (off the event loop) and handed on as token ids.
+
+    Raises:
+        InvalidRequestError: the prompt leaves no room in num_ctx (Solo does not truncate prompts).
+    """
+    from starlette.concurrency import run_in_threadpool
+
+    if num_ctx is None and not raw:
+        return
+    state = request.app.state.solo
+    tokenizer = state.engine.tokenizer
+
+    def count() -> int:
+        if raw:
+            fields["prompt"] = tokenizer.encode(fields["prompt"], add_special_tokens=True)  # as the route would
+            return len(fields["prompt"])
+        messages = arguments_as_objects([m.for_template() for m in chat_request_from(fields, _FIELD_NAMES).messages])
+        text = tokenizer.render_chat(messages, True,
+                                     tools=fields.get("tools") or None, **(fields.get("chat_template_kwargs") or {}))
+        return len(tokenizer.encode(text, add_special_tokens=False))
+
+    prompt_tokens = await run_in_threadpool(count)
+    if num_ctx is not None and prompt_tokens >= num_ctx:
+        raise InvalidRequestError(f"the prompt is {prompt_tokens} tokens, which leaves no room in options.num_ctx "
+                                  f"{num_ctx}; Solo does not truncate prompts: raise num_ctx (this server's context "
+                                  f"is {state.max_model_len}) or shorten the prompt", param="options.num_ctx")
+    window = state.max_model_len if num_ctx is None else min(num_ctx, state.max_model_len)
+    room = max(1, window - prompt_tokens)  # (a prompt that fills the context: the route says so)
+    asked = fields.get("max_tokens")
+    if num_ctx is not None:
+        fields["max_tokens"] = room if asked is None else min(asked, room)
+    elif asked is None:  # raw, num_predict -1 / -2 or none: the rest of the context
+        fields["max_tokens"] = room
+
+
+def _common_fields(data: Mapping[str, Any], state: Any) -> dict[str, Any]:  # noqa: ANN401
+    # The fields chat and generate share: options, format, logprobs.
+    fields = sampling_fields(data.get("options"))
+    fields["response_format"] = _response_format(data.get("format"))
+    top = data.get("top_logprobs")
+    if data.get("logprobs") or top:
+        fields["logprobs"] = (top or 0) if data.get("raw") else True
+        if not data.get("raw"):
+            fields["top_logprobs"] = top or 0
+    return fields
+
+
+def _load_reply(data: Mapping[str, Any], model: str, chat: bool) -> JSONResponse:
+    # Ollama loads a model when asked with no messages / prompt; Solo's is loaded already. keep_alive 0 asks
+    # to unload it, which Solo does not do while the server runs.
+    if data.get("keep_alive") in (0, "0", "0s", "0m"):
+        raise InvalidRequestError("Solo keeps its model loaded while `solo serve` runs; stop the server to free it",
+                                  param="keep_alive")
+    obj = {"model": model, "created_at": _now(), "done": True, "done_reason": "load"}
+    obj.update({"message": {"role": "assistant", "content": ""}} if chat else {"response": ""})
+    return JSONResponse(obj)
+
+
+async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> Response:
+    # Parse the body, run the route's handler, and answer any error in Ollama's shape.
+    try:
+        try:
+            data = await request.json()
+        except ValueError:
+            raise InvalidRequestError("the request body is not valid JSON") from None
+        if not isinstance(data, dict):
+            raise InvalidRequestError("the request body must be a JSON object")
+        return await handle(data)
+    except (SoloError, APIError) as exc:
+        return ollama_error(api_error_from(exc))
+
+
+@router.post("/api/chat", response_model=None)
+async def chat(request: Request) -> Response:
+    """Ollama's chat (see the module docstring); streamed as JSON lines unless `stream` is false."""
+    start_ns = time.perf_counter_ns()
+
+    async def handle(data: dict[str, Any]) -> Response:
+        model = _check_model(request, data)
+        _check_fields(data, _CHAT_FIELDS, "/api/chat")
+        state = request.app.state.solo
+        messages = chat_messages(data.get("messages") or [])
+        if not messages:
+            return _load_reply(data, model, chat=True)
+        fields = {**_common_fields(data, state), "messages": messages, "tools": data.get("tools") or None,
+                  "chat_template_kwargs": _thinking(data.get("think"), state)}
+        await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=False)
+        return await _run(request, data, model, start_ns, fields, raw=False, shape=_chat_object)
+
+    return await _answer(request, handle)
+
+
+@router.post("/api/generate", response_model=None)
+async def generate(request: Request) -> Response:
+    """Ollama's generate: `prompt` (and `system`) through the chat template, or as it is with `raw`."""
+    start_ns = time.perf_counter_ns()
+
+    async def handle(data: dict[str, Any]) -> Response:
+        model = _check_model(request, data)
+        _check_fields(data, _GENERATE_FIELDS, "/api/generate")
+        state = request.app.state.solo
+        for name, why in (("images", "Solo's models take text only"),
+                          ("template", "Solo renders the model's own (Jinja) chat template; send raw: true with "
+                                       "a prompt you formatted yourself"),
+                          ("context", "Solo keeps no generate context; send the conversation to /api/chat as "
+                                      "messages"),
+                          ("suffix", "Solo has no fill-in-the-middle")):
+            if data.get(name):
+                raise InvalidRequestError(f"{name}: {why}; leave {name} out", param=name)
+        prompt, system, raw = data.get("prompt") or "", data.get("system"), data.get("raw", False)
+        if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
+            raise InvalidRequestError("prompt and system must be strings", param="prompt")
+        if not isinstance(raw, bool):
+            raise InvalidRequestError(f"raw must be true or false, got {raw!r:.40}", param="raw")
+        if not prompt:
+            return _load_reply(data, model, chat=False)
+        fields = _common_fields(data, state)
+        if raw:
+            for name in ("system", "think"):
+                if data.get(name) is not None:
+                    raise InvalidRequestError(f"{name} needs the chat template, which raw: true skips; leave {name} "
+                                              "out or send raw: false", param=name)
+            fields["prompt"] = prompt
+        else:
+            messages = [{"role": "system", "content": system}] if system else []
+            fields.update(messages=[*messages, {"role": "user", "content": prompt}],
+                          chat_template_kwargs=_thinking(data.get("think"), state))
+        await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=raw)
+        return await _run(request, data, model, start_ns, fields, raw=raw, shape=_generate_object)
+
+    return await _answer(request, handle)
+
+
+def _details(state: Any) -> dict[str, Any]:  # noqa: ANN401
+    # Ollama's model details: format, family, parameter size, quantization level.
+    engine = state.engine
+    config = engine.config
+    params = config.num_parameters()
+    size = f"{params / 1e9:.1f}B" if params >= 1e9 else f"{params / 1e6:.2f}M" if params >= 1e6 else f"{params}"
+    level = (state.settings.quantize or str(engine.model.dtype).removeprefix("torch.")).upper()
+    level = {"BFLOAT16": "BF16", "FLOAT16": "F16", "FLOAT32": "F32"}.get(level, level)
+    fmt = "gguf" if (state.settings.model or "").lower().endswith(".gguf") else "safetensors"
+    # Ollama's family names: LlamaForCausalLM -> llama, Qwen3MoeForCausalLM -> qwen3moe.
+    family = re.sub(r"For(CausalLM|ConditionalGeneration)$", "", config.architecture).lower()
+    return {"parent_model": "", "format": fmt, "family": family, "families": [family], "parameter_size": size,
+            "quantization_level": level}
+
+
+def _model_entry(state: Any) -> dict[str, Any]:  # noqa: ANN401
+    engine = state.engine
+    size = engine.config.num_parameters() * engine.kv_cache_element_bytes
+    created = datetime.datetime.fromtimestamp(state.created, datetime.UTC).isoformat().replace("+00:00", "Z")
+    return {"name": state.served_name, "model": state.served_name, "modified_at": created, "size": size,
+            "digest": "", "details": _details(state)}
+
+
+@router.get("/api/tags")
+async def tags(request: Request) -> Response:
+    """Ollama's list of local models: the served one."""
+    try:
+        state = request.app.state.solo
+        state.require_ready()
+        return JSONResponse({"models": [_model_entry(state)]})
+    except APIError as exc:
+        return ollama_error(exc)
+
+
+@router.get("/api/ps")
+async def running(request: Request) -> Response:
+    """Ollama's list of loaded models: the served one, loaded until the server stops."""
+    try:
+        state = request.app.state.solo
+        state.require_ready()
+        entry = _model_entry(state)
+        on_gpu = state.engine.device.type != "cpu"
+        return JSONResponse({"models": [{**entry, "expires_at": "9999-12-31T23:59:59Z",
+                                         "size_vram": entry["size"] if on_gpu else 0,
+                                         "context_length": state.max_model_len}]})
+    except APIError as exc:
+        return ollama_error(exc)
+
+
+@router.post("/api/show", response_model=None)
+async def show(request: Request) -> Response:
+    """Ollama's model information: details, the chat template, the shape in `model_info`, capabilities."""
+
+    async def handle(data: dict[str, Any]) -> Response:
+        if "name" in data and "model" not in data:  # older clients send `name`
+            data = {**data, "model": data["name"]}
+        _check_model(request, data)
+        state = request.app.state.solo
+        engine = state.engine
+        config = engine.config
+        template = engine.tokenizer.chat_template
+        source = template.source if template is not None else None
+        family = _details(state)["family"]
+        info = {"general.architecture": family, "general.parameter_count": config.num_parameters(),
+                f"{family}.context_length": state.max_model_len, f"{family}.embedding_length": config.hidden_size,
+                f"{family}.block_count": config.num_layers, f"{family}.feed_forward_length": config.intermediate_size,
+                f"{family}.attention.head_count": config.num_heads,
+                f"{family}.attention.head_count_kv": config.num_kv_heads, f"{family}.vocab_size": config.vocab_size}
+        capabilities = ["completion"]
+        if detect_tool_format(source) is not None:
+            capabilities.append("tools")
+        if state.reasoning:
+            capabilities.append("thinking")
+        return JSONResponse({"modelfile": "", "parameters": "", "template": source or "", "license": "",
+                             "details": _details(state), "model_info": info, "capabilities": capabilities,
+                             "modified_at": _model_entry(state)["modified_at"]})
+
+    return await _answer(request, handle)
+
+
+@router.get("/api/version")
+async def version() -> dict[str, str]:
+    """Solo's version, where Ollama gives its own."""
+    return {"version": __version__}
+
+
+_NOT_SERVED = {
+    "/api/pull": "download models with `solo pull MODEL`, then serve one with `solo serve MODEL`",
+    "/api/push": "Solo does not publish models; push them with huggingface_hub",
+    "/api/create": "Solo serves Hugging Face checkpoints and GGUF files as they are; there are no Modelfiles",
+    "/api/copy": "Solo serves one model; start the server with --served-model-name to give it another name",
+    "/api/delete": "delete downloaded models with `solo rm MODEL`",
+    "/api/embed": "Solo serves no embeddings",
+    "/api/embeddings": "Solo serves no embeddings",
+}
+
+
+def _not_served(path: str) -> Callable[[], Any]:
+    async def handler() -> JSONResponse:
+        return JSONResponse({"error": f"{path} is not served by Solo: {_NOT_SERVED[path]}"}, status_code=501)
+    return handler
+
+
+for _path in _NOT_SERVED:
+    router.add_api_route(_path, _not_served(_path), methods=["POST", "DELETE"], include_in_schema=False)

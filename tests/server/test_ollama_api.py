@@ -1,0 +1,241 @@
+"""Ollama's API through Ollama's own Python client: chat and generate give what the chat and completions routes
+give for the same request (whole and streamed as JSON lines), options map to sampling fields or are refused by
+name, tool calls and their results convert both ways, a thinking model's block comes back as `thinking`, the
+model listing routes describe the served model, and errors come in Ollama's shape."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+
+import httpx
+import ollama
+import pytest
+from checkpoints import make_checkpoint
+from server_harness import MODEL_NAME, start_server
+
+from solo.errors import InvalidRequestError
+from solo.server.ollama import NDJSON, _lines, _Reply, chat_messages, sampling_fields
+
+ASK = [{"role": "user", "content": "def fibonacci(n):"}]
+# (Its keys in the order Ollama's client writes them, so the rendered prompts can be compared.)
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "Weather of a city", "parameters": {
+    "type": "object", "required": ["city"], "properties": {"city": {"enum": ["Paris", "Tokyo"]}}}}}
+
+
+@pytest.fixture(scope="module")
+def server():
+    running = start_server(None, max_batch=2, api_key="sesame")  # the bundled model: Hermes tool calls
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
+def _client(server, key="sesame"):
+    return ollama.Client(host=server.base_url.removesuffix("/v1"), headers={"Authorization": f"Bearer {key}"})
+
+
+@pytest.mark.slow
+def test_chat_and_generate_equal_the_openai_routes(server):
+    client, openai = _client(server), server.client(api_key="sesame")
+    options = {"temperature": 0, "num_predict": 12}
+    reply = client.chat(model=MODEL_NAME, messages=ASK, options=options, logprobs=True, top_logprobs=2)
+    expected = openai.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=12, temperature=0,
+                                              logprobs=True, top_logprobs=2)
+    assert reply.message.content == expected.choices[0].message.content and reply.done_reason == "length"
+    assert (reply.prompt_eval_count, reply.eval_count) == (expected.usage.prompt_tokens, 12)
+    assert reply.total_duration >= reply.prompt_eval_duration + reply.eval_duration > 0
+    assert [(p.token, round(p.logprob, 4), len(p.top_logprobs)) for p in reply.logprobs] == [
+        (p.token, round(p.logprob, 4), 2) for p in expected.choices[0].logprobs.content]
+    # Streamed by default: the pieces add up to the whole reply, the last object holds the statistics.
+    parts = list(client.chat(model=f"{MODEL_NAME}:latest", messages=ASK, options=options, stream=True))
+    assert "".join(p.message.content for p in parts) == reply.message.content
+    assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True] and parts[-1].eval_count == 12
+    # Generate through the template is the chat with one user message (and the system one).
+    generated = client.generate(model=MODEL_NAME, prompt=ASK[0]["content"], system="Be brief.", options=options)
+    expected = openai.chat.completions.create(model=MODEL_NAME, max_tokens=12, temperature=0, messages=[
+        {"role": "system", "content": "Be brief."}, *ASK])
+    assert generated.response == expected.choices[0].message.content
+    # Raw: the prompt as it is (the completions route); without num_predict until EOS or the context's end.
+    raw = client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options=options)
+    completion = openai.completions.create(model=MODEL_NAME, prompt="def fibonacci(n):", max_tokens=12, temperature=0)
+    assert raw.response == completion.choices[0].text and raw.eval_count == 12
+    unbounded = client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options={"temperature": 0})
+    assert unbounded.eval_count > 16 and unbounded.response.startswith(raw.response)
+    streamed = list(client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options=options,
+                                    stream=True))
+    assert "".join(p.response for p in streamed) == raw.response and streamed[-1].done_reason == "length"
+    # options.num_ctx smaller than the server's context bounds prompt + output.
+    bounded = client.chat(model=MODEL_NAME, messages=ASK, options={"temperature": 0, "num_ctx": reply.prompt_eval_count
+                                                                   + 3})
+    assert bounded.eval_count == 3 and bounded.done_reason == "length"
+    assert bounded.message.content == expected_prefix(openai, 3)
+    # format: a JSON schema holds the output.
+    shaped = client.chat(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 40},
+                         format={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
+    assert isinstance(json.loads(shaped.message.content)["a"], int)
+
+
+def expected_prefix(openai, tokens):
+    return openai.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=tokens,
+                                          temperature=0).choices[0].message.content
+
+
+@pytest.mark.slow
+def test_tool_history_reaches_the_template_as_the_chat_routes(server):
+    client, openai = _client(server), server.client(api_key="sesame")
+    history = [{"role": "user", "content": "Weather in Paris?"},
+               {"role": "assistant", "content": "", "tool_calls": [
+                   {"function": {"name": "get_weather", "arguments": {"city": "Paris"}}}]},
+               {"role": "tool", "content": "sunny", "tool_name": "get_weather"}]
+    reply = client.chat(model=MODEL_NAME, messages=history, tools=[WEATHER], options={"temperature": 0,
+                                                                                      "num_predict": 4})
+    expected = openai.chat.completions.create(model=MODEL_NAME, max_tokens=4, temperature=0, tools=[WEATHER], messages=[
+        history[0], {"role": "assistant", "content": "", "tool_calls": [
+            {"id": "call_1_0", "type": "function", "function": {"name": "get_weather",
+                                                                "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1_0", "name": "get_weather", "content": "sunny"}])
+    assert reply.prompt_eval_count == expected.usage.prompt_tokens
+    assert reply.message.content == expected.choices[0].message.content
+
+
+def test_tool_results_are_matched_to_their_calls_by_name():
+    messages = chat_messages([
+        {"role": "user", "content": "?"},
+        {"role": "assistant", "content": "", "thinking": "hmm", "tool_calls": [
+            {"function": {"name": "a", "arguments": {"x": 1}}}, {"function": {"name": "b", "arguments": {}}}]},
+        {"role": "tool", "content": "B", "tool_name": "b"}, {"role": "tool", "content": "A"}])
+    assert messages[1]["reasoning_content"] == "hmm"
+    assert [c["function"]["arguments"] for c in messages[1]["tool_calls"]] == ['{"x": 1}', "{}"]
+    assert [(m["tool_call_id"], m["name"]) for m in messages[2:]] == [("call_1_1", "b"), ("call_1_0", "a")]
+    with pytest.raises(InvalidRequestError, match="images"):
+        chat_messages([{"role": "user", "content": "?", "images": ["aGk="]}])
+    with pytest.raises(InvalidRequestError, match="tool_calls"):
+        chat_messages([{"role": "assistant", "content": "", "tool_calls": [{"name": "a"}]}])
+
+
+def test_streamed_tool_calls_come_whole_with_arguments_as_objects():
+    # The chat stream's chunks (role, text, a call's name then its arguments, the finish, usage) as Ollama's lines.
+    chunks = [{"choices": [{"index": 0, "delta": {"role": "assistant", "content": ""}}]},
+              {"choices": [{"index": 0, "delta": {"content": "Let me check."}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "id": "call_x", "type": "function",
+                                                                  "function": {"name": "get_weather",
+                                                                               "arguments": ""}}]}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {
+                  "arguments": '{"city": "Paris"}'}}]}}]},
+              {"choices": [{"index": 0, "delta": {}, "finish_reason": "tool_calls"}]},
+              {"choices": [], "usage": {"prompt_tokens": 9, "completion_tokens": 7}}]
+
+    async def source():
+        for chunk in chunks:
+            yield chunk
+
+    async def collect():
+        from solo.server.ollama import _chat_object
+        return [json.loads(line) async for line in _lines(source(), _Reply("m", 0), _chat_object)]
+
+    lines = asyncio.run(collect())
+    assert [line["message"]["content"] for line in lines] == ["Let me check.", ""]
+    assert lines[-1]["message"]["tool_calls"] == [{"id": "call_x", "function": {
+        "index": 0, "name": "get_weather", "arguments": {"city": "Paris"}}}]
+    assert (lines[-1]["done"], lines[-1]["done_reason"], lines[-1]["eval_count"]) == (True, "stop", 7)
+
+
+def test_options_map_to_sampling_fields():
+    assert sampling_fields({"temperature": 0.2, "repeat_penalty": 1.1, "num_predict": -1, "num_gpu": 99,
+                            "num_thread": 4, "num_ctx": 4096, "mirostat": 0, "stop": ["\n"], "seed": 3}) == {
+        "temperature": 0.2, "repetition_penalty": 1.1, "stop": ["\n"], "seed": 3}
+    assert sampling_fields({"repeat_penalty": 1.3, "repeat_last_n": 0, "num_predict": 5}) == {"max_tokens": 5}
+    for options, words in (({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
+                           ({"repeat_last_n": 64}, "repeat_last_n"), ({"num_predict": 0}, "num_predict"),
+                           ({"top_a": 1}, "not an option"), ([1], "must be an object")):
+        with pytest.raises(InvalidRequestError, match=words):
+            sampling_fields(options)
+
+
+@pytest.mark.slow
+def test_model_routes_describe_the_served_model(server):
+    client = _client(server)
+    (listed,) = client.list().models
+    assert listed.model == MODEL_NAME and listed.details.family == "llama" and listed.size > 0
+    assert listed.details.quantization_level == "F32" and listed.details.parameter_size.endswith("M")
+    shown = client.show(MODEL_NAME)
+    assert shown.capabilities == ["completion", "tools"] and "<tool_call>" in shown.template
+    assert shown.modelinfo["llama.context_length"] == server.state.max_model_len
+    (loaded,) = client.ps().models
+    assert loaded.context_length == server.state.max_model_len and loaded.size_vram == 0
+    headers = {"Authorization": "Bearer sesame"}
+    assert httpx.get(f"{_host(server)}/api/version", headers=headers).json()["version"]
+    # No messages: Ollama's "load the model" call, answered at once.
+    loaded = client.chat(model=MODEL_NAME, messages=[])
+    assert (loaded.done, loaded.done_reason) == (True, "load")
+
+
+def _host(server):
+    return server.base_url.removesuffix("/v1")
+
+
+@pytest.mark.slow
+def test_errors_come_in_ollamas_shape(server):
+    client = _client(server)
+    ask = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}]}
+    for fields, status, words in (
+            ({"model": "llama3.2"}, 404, "not found"),
+            ({"options": {"mirostat": 2}}, 400, "mirostat"),
+            ({"options": {"temperature": "hot"}}, 400, "options.temperature"),
+            ({"think": "high"}, 400, "reasoning-effort"),
+            ({"think": True}, 400, "does not support thinking"),
+            ({"options": {"num_ctx": 3}}, 400, "num_ctx"),
+            ({"messages": [{"role": "user", "content": "hi", "images": ["aGk="]}]}, 400, "text only"),
+            ({"messages": [], "keep_alive": 0}, 400, "keeps its model loaded")):
+        with pytest.raises(ollama.ResponseError) as info:
+            client.chat(**{**ask, **fields})
+        assert info.value.status_code == status and words in info.value.error, (fields, info.value.error)
+    for fields, words in (({"suffix": "x"}, "fill-in-the-middle"), ({"context": [1, 2]}, "/api/chat"),
+                          ({"template": "{{ .Prompt }}"}, "raw: true"), ({"raw": True, "system": "s"}, "raw")):
+        with pytest.raises(ollama.ResponseError) as info:
+            client.generate(model=MODEL_NAME, prompt="hi", **fields)
+        assert info.value.status_code == 400 and words in info.value.error
+    host = _host(server)
+    refused = httpx.post(f"{host}/api/chat", json={**ask, "unknown_field": 1},
+                         headers={"Authorization": "Bearer sesame"})
+    assert refused.status_code == 400 and "unknown_field" in refused.json()["error"]
+    refused = httpx.post(f"{host}/api/chat", json={**ask, "format": "yaml"}, headers={"Authorization": "Bearer sesame"})
+    assert refused.status_code == 400 and "format" in refused.json()["error"]
+    pull = httpx.post(f"{host}/api/pull", json={"model": "x"}, headers={"Authorization": "Bearer sesame"})
+    assert pull.status_code == 501 and "solo pull" in pull.json()["error"]
+    denied = httpx.post(f"{host}/api/chat", json=ask, headers={"Authorization": "Bearer wrong"})
+    assert denied.status_code == 401 and "API key" in denied.json()["error"]
+    # A stream's media type is Ollama's.
+    with httpx.stream("POST", f"{host}/api/chat", json={**ask, "options": {"num_predict": 2}},
+                      headers={"Authorization": "Bearer sesame"}) as streamed:
+        assert streamed.headers["content-type"] == NDJSON
+        assert json.loads(list(streamed.iter_lines())[-1])["done"] is True
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
+                     "{{ m['content'].split('</think>')[-1] }}<|end|>{% else %}<|User|>{{ m['content'] }}{% endif %}"
+                     "{% endfor %}{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+
+
+@pytest.mark.slow
+def test_a_thinking_models_block_comes_back_as_thinking(tmp_path):
+    folder = make_checkpoint(tmp_path / "model", max_position_embeddings=512)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": THINKING_TEMPLATE}))
+    running = start_server(folder, max_batch=2)
+    try:
+        client = ollama.Client(host=_host(running))
+        expected = running.client().chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=8,
+                                                            temperature=0).choices[0].message
+        reply = client.chat(model=MODEL_NAME, messages=ASK, think=True, options={"temperature": 0, "num_predict": 8})
+        assert reply.message.thinking == expected.model_extra["reasoning_content"] and reply.message.content == ""
+        parts = list(client.chat(model=MODEL_NAME, messages=ASK, options={"temperature": 0, "num_predict": 8},
+                                 stream=True))
+        assert "".join(p.message.thinking or "" for p in parts) == reply.message.thinking
+        generated = client.generate(model=MODEL_NAME, prompt=ASK[0]["content"], options={"temperature": 0,
+                                                                                       "num_predict": 8})
+        assert generated.thinking == reply.message.thinking and generated.response == ""
+        assert client.show(MODEL_NAME).capabilities == ["completion", "thinking"]
+    finally:
+        running.stop()
