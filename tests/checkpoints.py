@@ -200,3 +200,21 @@ def make_lane_checkpoint(folder: Path, seed: int = 0, std: float = 0.2, **overri
     model = build_random_lane_model(ModelConfig.from_dict(raw), torch.float32, seed=seed, std=std)
     save_file(laneformer_state_dict(model), str(folder / "model.safetensors"))
     return folder
+
+
+# Qwen3-Coder's prompt format (its template is not among the shared fixtures; this one renders its structure):
+# the tools listed as XML, each call as <function=NAME> with one <parameter=KEY> element per argument.
+QWEN3_CODER_TEMPLATE = (
+    "{%- if tools %}<|im_start|>system\nYou have access to the following functions:\n\n<tools>"
+    "{% for tool in tools %}\n<function>\n<name>{{ tool.function.name }}</name>\n<parameters>"
+    "{% for name, p in (tool.function.parameters.properties or {}) | items %}\n<parameter>\n<name>{{ name }}</name>"
+    "\n<type>{{ p.type }}</type>\n</parameter>{% endfor %}\n</parameters>\n</function>{% endfor %}\n</tools>\n\n"
+    "If you choose to call a function ONLY reply in the following format:\n<tool_call>\n<function=NAME>\n"
+    "<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call><|im_end|>\n{% endif %}"
+    "{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
+    "{% for call in m.tool_calls or [] %}\n<tool_call>\n<function={{ call.function.name }}>\n"
+    "{% for k, v in call.function.arguments | items %}<parameter={{ k }}>\n"
+    "{{ v if v is string else v | tojson }}\n</parameter>\n{% endfor %}</function>\n</tool_call>{% endfor %}"
+    "<|im_end|>\n{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>"
+    "<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
+    "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -34,7 +34,13 @@ from solo.engine.speculative import (
     resolve_speculative,
     speculative_step,
 )
-from solo.engine.tool_calls import ToolCallParser, arguments_as_objects, check_tools, output_constraint
+from solo.engine.tool_calls import (
+    ToolCallParser,
+    arguments_as_objects,
+    check_tools,
+    output_constraint,
+    tool_parameters,
+)
 from solo.errors import CheckpointError, ContextLengthError, InvalidRequestError, SoloError
 from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
@@ -512,6 +518,7 @@ class Engine:
             skip_special_tokens=params.skip_special_tokens,
         )
         request.tool_call_format, request.tool_call_forced = tool_format, forced
+        request.tool_parameters = tool_parameters(tools) if tool_format is not None else None
         model_eos = set() if params.ignore_eos else set(self.eos_ids)
         request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
                                       **{special[s]: s for s in params.stop if s in special}}
@@ -638,7 +645,7 @@ class Engine:
         text, finish_reason, calls = "".join(texts), event.finish_reason, None
         if request.tool_call_format is not None:
             parser = ToolCallParser(request.tool_call_format, self.tokenizer.special_token_ids(),
-                                    forced=request.tool_call_forced)
+                                    forced=request.tool_call_forced, parameters=request.tool_parameters)
             parser.feed(text, ids)
             text, calls, _ = parser.finish()
             calls = calls if parallel_tool_calls else calls[:1]  # OpenAI: at most one call without parallel calls

@@ -199,6 +199,7 @@ class Request:
         self.stop_reason: str | int | None = None
         self.tool_call_format: str | None = None  # set by Engine.make_request when the output may hold tool calls
         self.tool_call_forced = False  # the output is constrained to tool calls
+        self.tool_parameters: dict[str, dict] | None = None  # function name -> parameters schema (typed XML values)
 
     @property
     def finished(self) -> bool:

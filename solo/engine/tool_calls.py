@@ -1,6 +1,6 @@
 r"""Tool calling: checking `tools` / `tool_choice`, the grammar of a forced call, and parsing calls out of text.
 
-Solo recognises four model families' tool-call syntax, from their chat templates:
+Solo recognises five model families' tool-call syntax, from their chat templates:
 
 - "hermes" (Hermes 2/3, Qwen2.5, Qwen3, SmolLM3): `<tool_call>\n{"name": ..., "arguments": {...}}\n</tool_call>`,
   one block per call, after optional text.
@@ -12,11 +12,15 @@ Solo recognises four model families' tool-call syntax, from their chat templates
   template takes the tools as a JSON string in the system message's `tools` key (Microsoft's model card,
   "Tool-enabled function-calling format") and assistant turns as plain text, so `template_tool_messages`
   puts the request's tools there and writes earlier calls back in that syntax, as llama.cpp does for it.
+- "qwen3_coder" (Qwen3-Coder, Qwen3.5, Granite 4.2): XML parameters, one block per call,
+  `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`; a value is text,
+  typed by its parameter's schema (an integer parameter's "3" is 3; a string's stays text), as vLLM's
+  qwen3_coder parser reads it.
 
 With tool_choice "auto" the model writes freely and its calls are parsed out (as vLLM's hermes, llama3_json
 and mistral parsers do). With "required" or a named function the output is grammar-constrained to the
-family's syntax (XGrammar structural tags: only calls, no free text; a JSON array schema for Mistral and
-Phi-4-mini, whose call markers are special tokens), so the
+family's syntax (XGrammar structural tags: only calls, no free text, Qwen3-Coder's parameters in XGrammar's
+qwen_xml style; a JSON array schema for Mistral and Phi-4-mini, whose call markers are special tokens), so the
 name is one of the tools and the arguments validate against its parameters schema.
 """
 
@@ -40,7 +44,7 @@ from solo.engine.constraints import (
 )
 from solo.errors import InvalidRequestError
 
-TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini")
+TOOL_FORMATS = ("hermes", "llama3_json", "mistral", "phi4_mini", "qwen3_coder")
 """Tool-call syntaxes Solo parses (see the module docstring)."""
 
 
@@ -93,6 +97,8 @@ def detect_tool_format(template_source: str | None) -> str | None:
     assert template_source is not None
     if _tools_in_system_message(template_source):
         return "phi4_mini"
+    if "<function=" in template_source and "<parameter=" in template_source:  # (its calls sit in <tool_call> too)
+        return "qwen3_coder"
     if "<tool_call>" in template_source:
         return "hermes"
     if "[TOOL_CALLS]" in template_source:
@@ -199,18 +205,17 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
         if not parallel_tool_calls:
             schema["maxItems"] = 1
         return StructuredOutput("json_schema", schema, "tool_calls", source="tool_choice")
-    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
+    from xgrammar.structural_tag import StructuralTag, TagFormat, TagsWithSeparatorFormat
 
     # Only calls, no free text around them (XGrammar's own "required" tags allow text before a call).
     begin, end = _CALL_SYNTAX[fmt]
     try:
         tags = [TagFormat(begin=begin.format(name=t["function"]["name"]),
-                          content=JSONSchemaFormat(json_schema=_parameters(t), max_whitespace_cnt=MAX_WHITESPACE),
-                          end=end) for t in chosen]
+                          content=_arguments_format(fmt, _parameters(t)), end=end) for t in chosen]
         if len(tags) == 1 and not parallel_tool_calls:
             tag = StructuralTag(format=tags[0])
         else:
-            separator = "\n" if fmt == "hermes" else "; "
+            separator = "; " if fmt == "llama3_json" else "\n"
             tag = StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator=separator, at_least_one=True,
                                                                stop_after_first=not parallel_tool_calls))
         return StructuredOutput("structural_tag", tag, "tool_calls", source="tool_choice")
@@ -266,12 +271,12 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
     """
     if tool_choice != "auto" or not any(t["function"].get("strict") is True for t in tools):
         return None
-    if fmt != "hermes":
+    if fmt not in ("hermes", "qwen3_coder"):
         raise InvalidRequestError(f'"strict": true functions under tool_choice "auto" are enforced for models '
-                                  f"with Hermes-style <tool_call> calls only; this model's syntax is {fmt}: drop "
-                                  'strict, or send tool_choice "required" or a named function (enforced)',
-                                  param="tools")
-    from xgrammar.structural_tag import JSONSchemaFormat, StructuralTag, TagFormat, TriggeredTagsFormat
+                                  f"whose calls are marked by <tool_call> only (Hermes, Qwen3-Coder); this model's "
+                                  f'syntax is {fmt}: drop strict, or send tool_choice "required" or a named function '
+                                  "(enforced)", param="tools")
+    from xgrammar.structural_tag import StructuralTag, TagFormat, TriggeredTagsFormat
 
     begin, end = _CALL_SYNTAX[fmt]
     tags = []
@@ -281,8 +286,7 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
         if strict:
             _check_enforceable(tool)
         tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
-                              content=JSONSchemaFormat(json_schema=schema, max_whitespace_cnt=MAX_WHITESPACE),
-                              end=end))
+                              content=_arguments_format(fmt, schema), end=end))
     try:
         tag = StructuralTag(format=TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags,
                                                        stop_after_first=not parallel_tool_calls))
@@ -292,9 +296,18 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
     return StructuredOutput("structural_tag", tag, "tool_calls", source="tools")
 
 
-# Text around one call's arguments object, per syntax ({name} is the function name).
+# Text around one call's arguments, per syntax ({name} is the function name).
 _CALL_SYNTAX = {"hermes": ('<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
-                "llama3_json": ('{{"name": "{name}", "parameters": ', "}")}
+                "llama3_json": ('{{"name": "{name}", "parameters": ', "}"),
+                "qwen3_coder": ("<tool_call>\n<function={name}>\n", "</function>\n</tool_call>")}
+
+
+def _arguments_format(fmt: str, schema: Mapping[str, Any]) -> Any:  # noqa: ANN401
+    # A call's arguments in a structural tag: a JSON object, or Qwen3-Coder's <parameter=...> elements.
+    from xgrammar.structural_tag import JSONSchemaFormat
+
+    style = "qwen_xml" if fmt == "qwen3_coder" else "json"
+    return JSONSchemaFormat(json_schema=dict(schema), max_whitespace_cnt=MAX_WHITESPACE, style=style)
 
 
 def _check_enforceable(tool: Mapping[str, Any], xgrammar_only: bool = True) -> None:
@@ -433,7 +446,7 @@ def _check_tool_calls(index: int, calls: Any) -> None:  # noqa: ANN401
 # ---------------------------------------------------------------------------------------------- parsing
 
 _MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>",
-            "phi4_mini": "<|tool_call|>"}
+            "phi4_mini": "<|tool_call|>", "qwen3_coder": "<tool_call>"}
 
 
 class ToolCallParser:
@@ -449,10 +462,14 @@ class ToolCallParser:
             never appear in decoded text and are recognised by id.
         forced: the output was constrained to tool calls (tool_choice "required" or named): all of it is
             a call (Mistral's constrained output is the bare JSON array).
+        parameters: function name -> its parameters schema (`tool_parameters`): how Qwen3-Coder's text
+            values are typed; None types none (every value stays text).
     """
 
-    def __init__(self, fmt: str, special_token_ids: Mapping[str, int], forced: bool = False) -> None:
+    def __init__(self, fmt: str, special_token_ids: Mapping[str, int], forced: bool = False,
+                 parameters: Mapping[str, Mapping[str, Any]] | None = None) -> None:
         self.fmt = fmt
+        self.parameters = parameters
         self.marker = _MARKERS[fmt]
         self.marker_id = special_token_ids.get(self.marker)
         self.forced = forced
@@ -507,9 +524,9 @@ class ToolCallParser:
             rest, self._pending = self._pending, ""
             self._release(rest)
             return self._content, [], rest
-        calls, rest = complete_tool_calls(self.fmt, self._calls_text)
+        calls, rest = complete_tool_calls(self.fmt, self._calls_text, self.parameters)
         if not calls and self._lead_unknown:
-            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text)
+            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text, self.parameters)
             self._release(lead)
             if calls:
                 self._release(rest)
@@ -524,12 +541,13 @@ class ToolCallParser:
         return self._content, calls, rest
 
 
-def _calls_after_content(fmt: str, text: str) -> tuple[str, list[ToolCall], str]:
+def _calls_after_content(fmt: str, text: str, parameters: Mapping[str, Mapping[str, Any]] | None = None
+                         ) -> tuple[str, list[ToolCall], str]:
     # (content, calls, text after them) for the tool-call part of an event that began with content: the calls
-    # start at the first "[" or "{" from which the rest parses as calls; ("", [], text) when none does.
+    # start at the first "[", "{" or "<" from which the rest parses as calls; ("", [], text) when none does.
     for i, char in enumerate(text):
-        if char in "[{":
-            calls, rest = complete_tool_calls(fmt, text[i:])
+        if char in "[{<":
+            calls, rest = complete_tool_calls(fmt, text[i:], parameters)
             if calls:
                 return text[:i], calls, rest
     return "", [], text
@@ -543,11 +561,13 @@ def partial_suffix(text: str, marker: str) -> int:
     return 0
 
 
-def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
+def complete_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[str, Any]] | None = None
+                        ) -> tuple[list[ToolCall], str]:
     """The calls an output's tool-call part (from its marker on) makes in full, and the text after them.
 
-    Hermes calls are blocks, so the complete ones before a block that is cut short (max_tokens) or does not
-    parse are kept and the rest is returned as text; the JSON formats parse whole or not at all.
+    Hermes and Qwen3-Coder calls are blocks, so the complete ones before a block that is cut short
+    (max_tokens) or does not parse are kept and the rest is returned as text; the JSON formats parse whole or
+    not at all. `parameters` types Qwen3-Coder's values (see `ToolCallParser`).
     """
     if fmt in ("mistral", "phi4_mini"):
         # A JSON array (Phi-4-mini: in <|tool_call|> ... <|/tool_call|>, markers that decode to nothing), then
@@ -556,31 +576,36 @@ def complete_tool_calls(fmt: str, text: str) -> tuple[list[ToolCall], str]:
         end = _leading_json(text, markers)[1]
         calls = parse_tool_calls(fmt, text[:end]) if end else None
         return (calls, text[end:] if text[end:].strip() else "") if calls else ([], text)
-    if fmt != "hermes":
+    if fmt not in ("hermes", "qwen3_coder"):
         calls = parse_tool_calls(fmt, text)
         return (calls, "") if calls else ([], text)
     calls, between, i = [], [], 0
     for block in re.finditer(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
-        parsed = parse_tool_calls(fmt, block.group(0))
+        parsed = parse_tool_calls(fmt, block.group(0), parameters)
         if not parsed:
             break
         calls += parsed
         between.append(text[i:block.start()])
         i = block.end()
-    last = parse_tool_calls(fmt, text[i:]) if text[i:].lstrip().startswith("<tool_call>") else None
+    last = parse_tool_calls(fmt, text[i:], parameters) if text[i:].lstrip().startswith("<tool_call>") else None
     if last:  # a last call whose JSON is whole but whose closing tag never came (a stop string, EOS)
         calls, i = calls + last, len(text)
     rest = "".join(between[1:]) + text[i:]  # text between calls, then after them (the first gap is "")
     return calls, rest if rest.strip() else ""
 
 
-def parse_tool_calls(fmt: str, text: str) -> list[ToolCall] | None:
+def parse_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[str, Any]] | None = None
+                     ) -> list[ToolCall] | None:
     """Parse the tool-call part of an output (from its marker on); None when it is not valid calls.
 
-    Raises nothing: malformed JSON, a missing name or non-object arguments give None.
+    Raises nothing: malformed JSON, a missing name or non-object arguments give None (Qwen3-Coder: a
+    function element without its end, or text between its parameters). `parameters` types Qwen3-Coder's
+    values (see `ToolCallParser`).
     """
     objects: list[Any] = []
     text = text.strip()
+    if fmt == "qwen3_coder":
+        return _xml_calls(text, parameters or {})
     if fmt == "hermes":
         for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S):
             if block.strip():
@@ -647,3 +672,62 @@ def _leading_json(text: str, markers: tuple[str, ...] = ()) -> tuple[list[Any], 
         values.append(value)
         end = i
     return values, end
+
+
+def tool_parameters(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:
+    """Function name -> its parameters schema, for `ToolCallParser` (checked tools, as `check_tools` returns)."""
+    return {t["function"]["name"]: _parameters(t) for t in tools or []}
+
+
+_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", flags=re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", flags=re.S)
+
+
+def _xml_calls(text: str, parameters: Mapping[str, Mapping[str, Any]]) -> list[ToolCall] | None:
+    # Qwen3-Coder's calls: <tool_call> blocks (the last one's end may be missing: a stop string, EOS), each one
+    # <function=NAME> element of <parameter=KEY>VALUE</parameter> elements and nothing else.
+    calls = []
+    for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S):
+        if not block.strip():
+            continue
+        functions = list(_FUNCTION.finditer(block))
+        if not functions or _FUNCTION.sub("", block).strip():
+            return None
+        for function in functions:
+            name, body = function.group(1).strip(), function.group(2)
+            if _PARAMETER.sub("", body).strip():
+                return None  # text outside the parameters: not a call this syntax writes
+            schema = (parameters.get(name) or {}).get("properties") or {}
+            arguments = {key.strip(): _xml_value(value, schema.get(key.strip()))
+                         for key, value in _PARAMETER.findall(body)}
+            calls.append(ToolCall(new_call_id("qwen3_coder"), name, json.dumps(arguments, ensure_ascii=False)))
+    return calls or None
+
+
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict,
+               "array": list, "null": type(None)}
+
+
+def _xml_value(text: str, schema: Mapping[str, Any] | None) -> Any:  # noqa: ANN401
+    # A parameter's text (one newline each side is the syntax's) as its schema's type: one of its enum strings,
+    # JSON when the text parses to a value of a type the schema allows, else the text itself.
+    text = text.removeprefix("\n").removesuffix("\n")
+    schema = schema or {}
+    choices = schema.get("enum") or ([schema["const"]] if "const" in schema else [])
+    if text.strip() in choices:  # (a grammar may put blanks around a value: the syntax's, not the value's)
+        return text.strip()
+    types = schema.get("type") or [t.get("type") for key in ("anyOf", "oneOf") for t in schema.get(key) or []
+                                    if isinstance(t, Mapping) and isinstance(t.get("type"), str)]
+    types = [types] if isinstance(types, str) else list(types)
+    if not types or types == ["string"]:
+        return text
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError:
+        return text
+    for name in types:
+        kind = _JSON_TYPES.get(name)
+        if kind is not None and isinstance(value, kind) and not (name in ("integer", "number")
+                                                                 and isinstance(value, bool)):
+            return value
+    return text

@@ -28,7 +28,14 @@ from starlette.types import Receive, Scope, Send
 from solo.engine.reasoning import ReasoningParser, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
-from solo.engine.tool_calls import ToolCall, ToolCallParser, arguments_as_objects, check_tools, output_constraint
+from solo.engine.tool_calls import (
+    ToolCall,
+    ToolCallParser,
+    arguments_as_objects,
+    check_tools,
+    output_constraint,
+    tool_parameters,
+)
 from solo.errors import InvalidRequestError
 from solo.server.errors import APIError, api_error_from, shutting_down
 from solo.server.logprobs import CompletionLogprobsBuilder, chat_logprobs, completion_logprobs
@@ -220,6 +227,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                                                           body.structured_output())
         if choice == "none":
             tools.format = None
+        tools.parameters = tool_parameters(tool_list)
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
@@ -292,10 +300,11 @@ class _ToolSetup:
     forced: bool = False
     reasoning: bool = False
     in_reasoning: bool = False
+    parameters: dict[str, dict[str, Any]] | None = None  # function name -> parameters schema (typed XML values)
 
     def reader(self, engine: Any) -> _ChoiceReader:  # noqa: ANN401
         tools = None if self.format is None else ToolCallParser(self.format, engine.tokenizer.special_token_ids(),
-                                                                forced=self.forced)
+                                                                forced=self.forced, parameters=self.parameters)
         return _ChoiceReader(ReasoningParser(self.in_reasoning) if self.reasoning else None, tools)
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 import jinja2
 import jsonschema
 import pytest
-from checkpoints import make_checkpoint
+from checkpoints import QWEN3_CODER_TEMPLATE, make_checkpoint
 from transformers.utils.chat_template_utils import render_jinja_template
 
 from solo import Engine, SamplingParams
@@ -417,3 +417,77 @@ def test_strict_functions_under_auto_hold_calls_to_their_schemas():
         engine.make_request([{"role": "user", "content": "Weather?"}], SamplingParams(
             response_format={"type": "json_object"}), tools=[strict])
     assert info.value.param == "response_format"
+
+
+def test_qwen3_coder_calls_parsed_with_typed_values():
+    from solo.engine.tool_calls import tool_parameters
+
+    assert detect_tool_format(QWEN3_CODER_TEMPLATE) == "qwen3_coder"
+    schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                               "hot": {"type": "boolean"}, "tags": {"type": "array"},
+                                               "limit": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}
+    parameters = tool_parameters([{"type": "function", "function": {"name": "f", "parameters": schema}}])
+
+    def call(name, **values):
+        params = "".join(f"<parameter={k}>\n{v}\n</parameter>\n" for k, v in values.items())
+        return f"<tool_call>\n<function={name}>\n{params}</function>\n</tool_call>"
+
+    text = ("Checking.\n" + call("f", city="3", days="3", hot="true", tags='["a", 1]', limit="null") + "\n"
+            + call("g", x="7"))
+    parser = ToolCallParser("qwen3_coder", {}, parameters=parameters)
+    streamed = "".join(parser.feed(piece, []) for piece in text)  # one character per event
+    content, calls, rest = parser.finish()
+    assert streamed == "Checking.\n" and content == "Checking.\n" and rest == ""
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("f", {"city": "3", "days": 3, "hot": True, "tags": ["a", 1], "limit": None}),  # a string stays text
+        ("g", {"x": "7"})]  # no schema: text
+    # A value that does not parse as its type stays text; a call cut short (max_tokens) is content.
+    parser = ToolCallParser("qwen3_coder", {}, parameters=parameters)
+    parser.feed(call("f", days="three") + "\n<tool_call>\n<function=f>\n<parameter=days>\n4", [])
+    content, calls, rest = parser.finish()
+    assert json.loads(calls[0].arguments) == {"days": "three"} and rest.startswith("\n<tool_call>")
+    # Text among the parameters is not this syntax: the whole part comes back as content.
+    parser = ToolCallParser("qwen3_coder", {})
+    parser.feed("<tool_call>\n<function=f>\nhello\n</function>\n</tool_call>", [])
+    assert parser.finish()[1] == []
+
+
+@pytest.mark.slow
+def test_qwen3_coder_forced_and_strict_calls_and_history(tmp_path):
+    """A tiny random model behind Qwen3-Coder's prompt format: a forced call is valid against its schema (the
+    grammar writes XML parameters), strict functions under auto hold calls to their schemas, and a call goes
+    back through the template with its typed arguments."""
+    import xgrammar as xgr
+
+    from solo.engine.tool_calls import strict_tools_constraint
+
+    folder = make_checkpoint(tmp_path / "model", max_position_embeddings=2048)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN3_CODER_TEMPLATE}))
+    engine = Engine.load(folder, backend="eager", dtype="float32")
+    messages = [{"role": "user", "content": "Weather in Paris?"}]
+    for seed, tool_choice in enumerate(("required", {"type": "function", "function": {"name": "get_weather"}})):
+        result = engine.complete(messages, SamplingParams(max_tokens=200, temperature=1.0, seed=seed),
+                                 tools=[WEATHER, TIME], tool_choice=tool_choice, parallel_tool_calls=False)
+        assert result.finish_reason == "tool_calls", result
+        (call,) = result.tool_calls
+        tool = {"get_weather": WEATHER, "get_time": TIME}[call.name]
+        # (The grammar allows a few blanks next to the tags, which a string value keeps: only one newline each
+        # side is the syntax's, as vLLM reads it. A trained model writes none.)
+        arguments = {k: v.strip() if isinstance(v, str) else v for k, v in json.loads(call.arguments).items()}
+        jsonschema.validate(arguments, tool["function"]["parameters"])
+    history = [*messages, {"role": "assistant", "content": None, "tool_calls": [
+        {"id": "call_1", "type": "function", "function": {"name": "get_weather",
+                                                          "arguments": '{"city": "Paris", "days": 2}'}}]},
+               {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]
+    prompt = engine.tokenizer.render_chat(arguments_as_objects(history), tools=[WEATHER])
+    assert "<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n</parameter>" in prompt
+    # Strict functions under auto: free text, then calls held to the schema (days at most 7).
+    strict = {**WEATHER, "function": {**WEATHER["function"], "strict": True}}
+    good = "<tool_call>\n<function=get_weather>\n<parameter=city>\nParis\n</parameter>\n<parameter=days>\n2\n" \
+           "</parameter>\n</function>\n</tool_call>"
+    spec = strict_tools_constraint("qwen3_coder", [strict, TIME], "auto")
+    for text, accepted in (("Let me look. " + good, True), ("no call at all", True),
+                           ("Let me look. " + good.replace(">\n2\n<", ">\n9\n<"), False)):
+        matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
+        assert matcher.accept_string(text) is accepted, text

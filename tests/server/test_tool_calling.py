@@ -7,7 +7,7 @@ import json
 
 import jsonschema
 import pytest
-from checkpoints import make_checkpoint
+from checkpoints import QWEN3_CODER_TEMPLATE, make_checkpoint
 from server_harness import MODEL_NAME, start_server
 
 WEATHER = {"type": "function", "function": {
@@ -116,3 +116,30 @@ def test_auto_tool_choice_streams_the_same_reply(tool_server):
     assert content == (whole.message.content or "") and finish == whole.finish_reason
     assert bool(calls) == bool(whole.message.tool_calls)
     assert logprobs == len(whole.logprobs.content)
+
+
+@pytest.mark.slow
+def test_qwen3_coder_calls_come_back_typed(tmp_path):
+    """Qwen3-Coder's XML call syntax through the chat route: a forced call's integer parameter comes back as a
+    JSON number (typed by the tool's schema), whole and streamed, and goes back through the template."""
+    folder = make_checkpoint(tmp_path / "model", max_position_embeddings=2048)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": QWEN3_CODER_TEMPLATE}))
+    running = start_server(folder, max_batch=2)
+    try:
+        client = running.client()
+        ask = {"model": MODEL_NAME, "messages": ASK, "tools": [WEATHER], "tool_choice": "required",
+               "max_tokens": 200, "temperature": 0}
+        call = client.chat.completions.create(**ask).choices[0].message.tool_calls[0]
+        arguments = json.loads(call.function.arguments)
+        assert call.function.name == "get_weather" and isinstance(arguments["days"], int)
+        assert arguments["city"] in ("Paris", "Tokyo")
+        streamed = "".join(d.function.arguments or "" for chunk in client.chat.completions.create(**ask, stream=True)
+                           for c in chunk.choices for d in c.delta.tool_calls or [] if d.function)
+        assert json.loads(streamed) == arguments
+        history = [*ASK, {"role": "assistant", "content": None, "tool_calls": [call.model_dump()]},
+                   {"role": "tool", "tool_call_id": call.id, "content": "sunny"}]
+        assert client.chat.completions.create(model=MODEL_NAME, messages=history, tools=[WEATHER], max_tokens=2,
+                                              temperature=0).usage.prompt_tokens > 0
+    finally:
+        running.stop()
