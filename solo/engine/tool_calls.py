@@ -12,7 +12,7 @@ Solo recognises five model families' tool-call syntax, from their chat templates
   template takes the tools as a JSON string in the system message's `tools` key (Microsoft's model card,
   "Tool-enabled function-calling format") and assistant turns as plain text, so `template_tool_messages`
   puts the request's tools there and writes earlier calls back in that syntax, as llama.cpp does for it.
-- "qwen3_coder" (Qwen3-Coder, Qwen3.5, Granite 4.2): XML parameters, one block per call,
+- "qwen3_coder" (Qwen3-Coder, and newer templates in its syntax): XML parameters, one block per call,
   `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`; a value is text,
   typed by its parameter's schema (an integer parameter's "3" is 3; a string's stays text), as vLLM's
   qwen3_coder parser reads it.
