@@ -16,6 +16,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from fastapi.middleware.cors import CORSMiddleware
+from fastapi.responses import JSONResponse
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from solo import __version__
@@ -38,7 +39,7 @@ ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messa
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 """Browser origins allowed by default (CORS): pages served from this machine, any port."""
-_OPEN_ROUTES = ("/health",)  # reachable without the API key (load-balancer probes)
+_OPEN_ROUTES = ("/health", "/api/version")  # reachable without the API key (probes; Ollama's clients' first call)
 _OPEN_PAGES = ("/", *(STATIC_PREFIX + name for name in ("index.html", "playground.js", "playground.css")))
 """The playground's static files: no data in them; the page sends the key on its API calls."""
 
@@ -50,7 +51,7 @@ def _route_label(path: str) -> str:
     return path if path in ROUTES else "other"
 
 
-def _error_reply(path: str, error: APIError) -> ASGIApp:
+def _error_reply(path: str, error: APIError) -> JSONResponse:
     # An error in the shape of the API the path belongs to (Anthropic's, Ollama's, OpenAI's).
     if path == "/v1/messages":
         return anthropic_error(error)
@@ -161,7 +162,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
 
     app = FastAPI(title="Solo", version=__version__, lifespan=lifespan, docs_url=None, redoc_url=None)
     app.state.solo = state
-    install_error_handlers(app)
+    install_error_handlers(app, reply=_error_reply)
     app.include_router(router)
     app.include_router(responses_router)
     app.include_router(messages_router)

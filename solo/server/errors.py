@@ -9,12 +9,12 @@ are rewritten into the same shape (422 becomes 400, as OpenAI and vLLM answer).
 from __future__ import annotations
 
 import logging
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from solo.errors import (
@@ -166,29 +166,37 @@ def unreadable_body_message(cause: BaseException) -> str:
     return f"the request body cannot be read as JSON ({type(cause).__name__}); send a UTF-8 JSON object"
 
 
-def install_error_handlers(app: FastAPI) -> None:
-    """Answer every error in OpenAI's shape: APIError, SoloError, validation errors, 404/405, and bugs."""
+def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Response] | None = None) -> None:
+    """Answer every error: APIError, SoloError, validation errors, 404/405, and bugs.
 
-    async def on_api_error(_: Request, exc: Exception) -> JSONResponse:
-        return api_error_from(exc).response()
+    Args:
+        app: the application.
+        reply: the response for an error on a path (the shape of the API the path belongs to); default
+            OpenAI's shape.
+    """
+    shape = reply or (lambda _path, error: error.response())
 
-    async def on_validation_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_api_error(request: Request, exc: Exception) -> Response:
+        return shape(request.url.path, api_error_from(exc))
+
+    async def on_validation_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, RequestValidationError)
-        return validation_error(exc.errors()).response()
+        return shape(request.url.path, validation_error(exc.errors()))
 
-    async def on_http_error(_: Request, exc: Exception) -> JSONResponse:
+    async def on_http_error(request: Request, exc: Exception) -> Response:
         assert isinstance(exc, StarletteHTTPException)
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
-                          "/v1/models, and Ollama's /api/chat, /api/generate, /api/tags, /api/show",
+                          "/v1/models, and Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
+                          "/api/version",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
         if exc.status_code == 400 and exc.__cause__ is not None:
             message = unreadable_body_message(exc.__cause__)
-        return APIError(exc.status_code, message, type=kind, headers=exc.headers).response()
+        return shape(request.url.path, APIError(exc.status_code, message, type=kind, headers=exc.headers))
 
-    async def on_bug(_: Request, exc: Exception) -> JSONResponse:
+    async def on_bug(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error", exc_info=exc)
-        return api_error_from(exc).response()
+        return shape(request.url.path, api_error_from(exc))
 
     app.add_exception_handler(APIError, on_api_error)
     app.add_exception_handler(SoloError, on_api_error)

@@ -10,15 +10,25 @@ and comes back in Ollama's shape: streamed by default as newline-delimited JSON 
 generate request (`raw: true`) runs through the completions route, the prompt as it is. Errors are Ollama's
 `{"error": "..."}`, with the status the OpenAI routes give.
 
+`num_predict` is a cap, as Ollama's: past the context the reply runs to the context's end (`done_reason`
+"length"), and `num_ctx` below the server's context is the window for prompt and output (above it, the
+server's context is the window: `/api/show` gives it). Models are listed with Ollama's `:latest` tag and
+answer to their name with or without it.
+
 Differences from Ollama, each said where it applies: sampling defaults are the model's
 (generation_config.json), as on Solo's other routes, not Ollama's (temperature 0.8, top_k 40, ...);
 `repeat_penalty` covers the whole sequence, as vLLM's `repetition_penalty` (Ollama: the last
-`repeat_last_n`, 64 tokens, so only `repeat_last_n` -1 or 0 are taken); a prompt longer than the context (or
-`num_ctx`) is refused instead of truncated; options that place the model (`num_gpu`, `num_thread`, ...) or
-that only steer Ollama's context shifting (`num_keep`) have no effect here, and `keep_alive` none (the model
-stays loaded while the server runs). Refused by name: images, `template`, `context`, `suffix`, `think`
-levels, and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off values).
-Model management (`/api/pull`, `/api/create`, ...) and embeddings answer 501 with the `solo` command to use.
+`repeat_last_n`, 64 tokens, so beside a penalty only `repeat_last_n` -1 or 0 are taken); a prompt longer
+than the window is refused instead of truncated, and the window is not shifted to continue past it; a
+conversation ending with an assistant message (a prefill Ollama continues) is refused; options that place
+the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
+`shift`, `truncate`) have no effect here, and `keep_alive` none (the model stays loaded while the server
+runs; a load request with `keep_alive` 0, which asks to unload it, is refused). Refused by name: images,
+`template`, `context`, `suffix`, `think` levels (and `think: false` on a template that cannot turn
+thinking off), and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off
+values). Every field is checked, a load request's (no messages or prompt) too; `null` means a field's
+default. Model management (`/api/pull`, `/api/create`, ...) and embeddings answer 501 with the `solo`
+command to use; `HEAD /` and `/api/version` answer without the API key (Ollama's CLI probes them).
 """
 
 from __future__ import annotations
@@ -36,10 +46,11 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 
 from solo import __version__
+from solo.chat_template import template_variables
 from solo.engine.tool_calls import arguments_as_objects, detect_tool_format
-from solo.errors import InvalidRequestError, SoloError
+from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.server.chat_adapter import chat_chunks, chat_request_from
-from solo.server.errors import APIError, api_error_from, shutting_down
+from solo.server.errors import APIError, api_error_from, logger, shutting_down, unreadable_body_message
 from solo.server.protocol import CompletionRequest
 
 router = APIRouter()
@@ -68,7 +79,7 @@ _GENERATE_FIELDS = frozenset({"model", "prompt", "suffix", "system", "template",
                               *_NO_EFFECT_FIELDS})
 # Chat request fields as an Ollama request names them (for errors the chat route's validation finds).
 _FIELD_NAMES = {**{chat: f"options.{option}" for option, chat in _SAMPLING_OPTIONS.items()},
-                "response_format": "format", "top_logprobs": "top_logprobs", "prompt": "prompt"}
+                "response_format": "format", "logprobs": "top_logprobs", "prompt": "prompt"}
 
 
 def ollama_error(error: APIError) -> JSONResponse:
@@ -81,8 +92,15 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
+def _listed_name(served: str) -> str:
+    # The served name as Ollama lists models: with a tag (":latest" unless it has one).
+    return served if ":" in served.rsplit("/", 1)[-1] else f"{served}:latest"
+
+
 def _check_model(request: Request, data: Mapping[str, Any]) -> str:
-    """The served name, after checking `model` names it (Ollama's `:latest` tag may be added to it).
+    """The model name to echo, as the request gave it, after checking it names the served model.
+
+    The served name may come with or without Ollama's `:latest` tag.
 
     Raises:
         APIError: 400 without a model, 404 for another model, 503 while loading or draining.
@@ -92,10 +110,10 @@ def _check_model(request: Request, data: Mapping[str, Any]) -> str:
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise APIError(400, "model is required: name the served model (GET /api/tags lists it)", param="model")
-    if model not in (state.served_name, f"{state.served_name}:latest"):
-        raise APIError(404, f"model {model!r} not found: this server serves {state.served_name!r} (GET /api/tags "
-                       "lists it)", code="model_not_found")
-    return state.served_name
+    if model not in (state.served_name, _listed_name(state.served_name)):
+        raise APIError(404, f"model {model!r} not found: this server serves {_listed_name(state.served_name)!r} "
+                       "(GET /api/tags lists it)", code="model_not_found")
+    return model
 
 
 def _check_fields(data: Mapping[str, Any], known: frozenset[str], route: str) -> None:
@@ -130,11 +148,11 @@ def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
                 raise InvalidRequestError(f"options.{name} is not supported by Solo (it has no {name} sampling); "
                                           f"leave it out or set it to {_OFF_VALUES[name]}", param=f"options.{name}")
         elif name == "repeat_last_n":
-            if value not in (-1, 0):
+            if value not in (-1, 0) and options.get("repeat_penalty") not in (None, 1, 1.0):
                 raise InvalidRequestError(
                     "options.repeat_last_n: Solo's repeat_penalty covers the whole sequence (as vLLM's "
-                    "repetition_penalty); set repeat_last_n to -1 (the whole sequence) or 0 (no penalty), or "
-                    "leave it out", param="options.repeat_last_n")
+                    "repetition_penalty); with repeat_penalty, set repeat_last_n to -1 (the whole sequence) or 0 "
+                    "(no penalty), or leave it out", param="options.repeat_last_n")
         else:
             raise InvalidRequestError(f"options.{name} is not an option Solo knows; leave it out",
                                       param=f"options.{name}")
@@ -173,6 +191,10 @@ def _thinking(think: Any, state: Any) -> dict[str, Any] | None:  # noqa: ANN401
         raise InvalidRequestError(
             f"{state.served_name!r} does not support thinking here (its chat template writes no reasoning block, "
             "or the server runs with --reasoning-parser none); leave think out", param="think")
+    template = state.engine.tokenizer.chat_template
+    if not think and state.reasoning and "enable_thinking" not in template_variables(template.source):
+        raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
+                                  "enable_thinking switch); leave think out", param="think")
     return {"enable_thinking": think}
 
 
@@ -184,7 +206,8 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
     name, the earliest unanswered call) for its `tool_call_id`; `thinking` becomes `reasoning_content`.
 
     Raises:
-        InvalidRequestError: not a list of objects, images, a malformed tool call.
+        InvalidRequestError: not a list of objects, images, a malformed tool call (arguments not an object),
+            tool fields on messages of other roles, an assistant message last (a prefill Solo does not continue).
     """
     if not isinstance(messages, list):
         raise InvalidRequestError(f"messages must be a list of messages, got {messages!r:.40}", param="messages")
@@ -196,10 +219,14 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
         if message.get("images"):
             raise InvalidRequestError(f"messages[{i}].images: Solo's models take text only; leave images out",
                                       param="messages")
+        role = message.get("role")
+        for key, roles in (("tool_calls", ("assistant",)), ("thinking", ("assistant",)), ("tool_name", ("tool",))):
+            if message.get(key) is not None and role not in roles:
+                raise InvalidRequestError(f"messages[{i}].{key} belongs on {roles[0]} messages, not {role!r} ones",
+                                          param="messages")
         converted = {k: v for k, v in message.items()
                      if k not in ("images", "thinking", "tool_calls", "tool_name") and v is not None}
         converted.setdefault("content", "")
-        role = message.get("role")
         if role == "assistant":
             if message.get("thinking"):
                 converted["reasoning_content"] = message["thinking"]
@@ -214,11 +241,19 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
                     raise InvalidRequestError(f'messages[{i}].tool_calls[{j}] must be {{"function": {{"name": ..., '
                                               '"arguments": {...}}}}', param="messages")
                 arguments = function.get("arguments", {})
-                call_id = call.get("id") if isinstance(call.get("id"), str) else f"call_{i}_{j}"
+                if isinstance(arguments, str):  # (OpenAI's way; Ollama's is an object)
+                    try:
+                        arguments = json.loads(arguments)
+                    except json.JSONDecodeError:
+                        arguments = None
+                if not isinstance(arguments, dict):
+                    raise InvalidRequestError(f"messages[{i}].tool_calls[{j}].function.arguments must be an object, "
+                                              f"got {function.get('arguments')!r:.40}", param="messages")
+                call_id = call.get("id", f"call_{i}_{j}")
+                if not isinstance(call_id, str):
+                    raise InvalidRequestError(f"messages[{i}].tool_calls[{j}].id must be a string", param="messages")
                 converted_calls.append({"id": call_id, "type": "function", "function": {
-                    "name": name,
-                    "arguments": arguments if isinstance(arguments, str) else json.dumps(arguments, ensure_ascii=False),
-                }})
+                    "name": name, "arguments": json.dumps(arguments, ensure_ascii=False)}})
                 unanswered.append((call_id, name))
             if converted_calls:
                 converted["tool_calls"] = converted_calls
@@ -232,6 +267,9 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
             if isinstance(name, str):
                 converted["name"] = name
         out.append(converted)
+    if out and out[-1].get("role") == "assistant":
+        raise InvalidRequestError("the last message is the assistant's: Solo does not continue a reply (a prefill); "
+                                  "end the conversation with a user or tool message", param="messages")
     return out
 
 
@@ -241,25 +279,27 @@ def _logprobs(content: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
              "top_logprobs": e.get("top_logprobs") or []} for e in content or []]
 
 
-def _completion_logprobs(logprobs: dict[str, Any] | None) -> list[dict[str, Any]]:
-    # The completions route's parallel lists as Ollama's per-token entries.
+def _completion_logprobs(logprobs: dict[str, Any] | None, tops: bool) -> list[dict[str, Any]]:
+    # The completions route's parallel lists as Ollama's per-token entries (its alternatives if `tops`: the
+    # route lists the sampled token among them even when none were asked for).
     if not logprobs:
         return []
     out = []
+    top_wanted = tops
     for k, token in enumerate(logprobs.get("tokens") or []):
         tops = (logprobs.get("top_logprobs") or [None] * (k + 1))[k] or {}
         out.append({"token": token, "logprob": logprobs["token_logprobs"][k],
                     "bytes": list(token.encode("utf-8", "surrogatepass")),
                     "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode("utf-8", "surrogatepass"))}
-                                     for t, p in tops.items()]})
+                                     for t, p in tops.items()] if top_wanted else []})
     return out
 
 
 class _Reply:
     """One Ollama reply being assembled from the chat or completions stream's chunks, with its timings."""
 
-    def __init__(self, model: str, start_ns: int) -> None:
-        self.model, self.start_ns = model, start_ns
+    def __init__(self, model: str, start_ns: int, tops: bool = True) -> None:
+        self.model, self.start_ns, self.tops = model, start_ns, tops
         self.first_ns: int | None = None
         self.content: list[str] = []
         self.thinking: list[str] = []
@@ -276,7 +316,7 @@ class _Reply:
             delta = choice.get("delta")
             if delta is None:  # the completions route
                 text = choice.get("text") or ""
-                logprobs = _completion_logprobs(choice.get("logprobs"))
+                logprobs = _completion_logprobs(choice.get("logprobs"), self.tops)
                 thinking = ""
             else:
                 text, thinking = delta.get("content") or "", delta.get("reasoning_content") or ""
@@ -395,20 +435,27 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     # The chat (or, raw, completions) route on `fields`, streamed internally, answered in Ollama's shape.
     from solo.server.routes import GenerationStream, chat_completions, completions
 
-    stream = data.get("stream", True)
-    if not isinstance(stream, bool):
-        raise InvalidRequestError(f"stream must be true or false, got {stream!r:.40}", param="stream")
+    stream = _typed(data, "stream", bool, "true or false", default=True)
     fields = {**fields, "stream": True, "stream_options": {"include_usage": True}}
-    if raw:
+
+    async def call(fields: dict[str, Any]) -> Any:  # noqa: ANN401
+        if not raw:
+            return await chat_completions(chat_request_from(fields, _FIELD_NAMES), request)
         try:
             body = CompletionRequest(**{k: v for k, v in fields.items() if v is not None})
         except ValueError as exc:
             raise _named(exc) from None
-        reply_stream = await completions(body, request)
-    else:
-        reply_stream = await chat_completions(chat_request_from(fields, _FIELD_NAMES), request)
+        return await completions(body, request)
+
+    try:
+        reply_stream = await call(fields)
+    except ContextLengthError as exc:
+        if exc.param != "max_tokens" or raw:  # (a raw prompt's budget is fitted to the context already)
+            raise
+        # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
+        reply_stream = await call({**fields, "max_tokens": None})
     assert isinstance(reply_stream, GenerationStream)
-    reply = _Reply(model, start_ns)
+    reply = _Reply(model, start_ns, tops=not raw or bool(fields.get("logprobs")))
     chunks = chat_chunks(reply_stream.body_iterator)
     if stream:
         return _NDJSONStream(_lines(chunks, reply, shape), reply_stream.generation)
@@ -421,6 +468,16 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     text = {"content": "".join(reply.content), "thinking": "".join(reply.thinking), "logprobs": reply.logprobs}
     obj = _chat_object(model, text, reply.tool_calls()) if shape is _chat_object else shape(model, text)
     return JSONResponse({**obj, **reply.final()})
+
+
+def _typed(data: Mapping[str, Any], name: str, kind: type, what: str, default: Any = None) -> Any:  # noqa: ANN401
+    # data[name] if it is of `kind` (null or absent: `default`, as Ollama takes null).
+    value = data.get(name)
+    if value is None:
+        return default
+    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
+        raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
+    return value
 
 
 def _named(exc: ValueError) -> InvalidRequestError:
@@ -480,28 +537,55 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
     window = state.max_model_len if num_ctx is None else min(num_ctx, state.max_model_len)
     room = max(1, window - prompt_tokens)  # (a prompt that fills the context: the route says so)
     asked = fields.get("max_tokens")
-    if num_ctx is not None:
-        fields["max_tokens"] = room if asked is None else min(asked, room)
-    elif asked is None:  # raw, num_predict -1 / -2 or none: the rest of the context
-        fields["max_tokens"] = room
+    # num_predict is a cap: at most the rest of the window (raw, the completions route's default is 16)
+    fields["max_tokens"] = room if asked is None else min(asked, room)
 
 
-def _common_fields(data: Mapping[str, Any], state: Any) -> dict[str, Any]:  # noqa: ANN401
-    # The fields chat and generate share: options, format, logprobs.
+def _common_fields(data: Mapping[str, Any], raw: bool) -> dict[str, Any]:
+    # The fields chat and generate share, checked: options, format, logprobs, stream, keep_alive.
     fields = sampling_fields(data.get("options"))
     fields["response_format"] = _response_format(data.get("format"))
-    top = data.get("top_logprobs")
-    if data.get("logprobs") or top:
-        fields["logprobs"] = (top or 0) if data.get("raw") else True
-        if not data.get("raw"):
+    _typed(data, "stream", bool, "true or false")
+    _keep_alive_s(data.get("keep_alive"))
+    logprobs = _typed(data, "logprobs", bool, "true or false")
+    top = _typed(data, "top_logprobs", int, "an integer")
+    if top and logprobs is False:
+        raise InvalidRequestError("top_logprobs needs logprobs; send logprobs: true or leave top_logprobs out",
+                                  param="top_logprobs")
+    if logprobs or top:
+        fields["logprobs"] = (top or 0) if raw else True  # (raw: the completions route's top count)
+        if not raw:
             fields["top_logprobs"] = top or 0
     return fields
+
+
+_DURATION = re.compile(r"(-?)((?:\d+(?:\.\d*)?|\.\d+)(?:ns|us|µs|ms|s|m|h))+")
+_DURATION_PART = re.compile(r"(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)")
+_UNIT_S = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
+
+
+def _keep_alive_s(value: Any) -> float | None:  # noqa: ANN401
+    # Ollama's keep_alive in seconds: a number of seconds, or a duration ("5m", "1h30m", "-1"); None if absent.
+    if value is None:
+        return None
+    if isinstance(value, int | float) and not isinstance(value, bool):
+        return float(value)
+    if isinstance(value, str):
+        try:
+            return float(value)
+        except ValueError:
+            pass
+        if _DURATION.fullmatch(value):
+            seconds = sum(float(n) * _UNIT_S[unit] for n, unit in _DURATION_PART.findall(value))
+            return -seconds if value.startswith("-") else seconds
+    raise InvalidRequestError(f'keep_alive must be seconds or a duration such as "5m", got {value!r:.40}',
+                              param="keep_alive")
 
 
 def _load_reply(data: Mapping[str, Any], model: str, chat: bool) -> JSONResponse:
     # Ollama loads a model when asked with no messages / prompt; Solo's is loaded already. keep_alive 0 asks
     # to unload it, which Solo does not do while the server runs.
-    if data.get("keep_alive") in (0, "0", "0s", "0m"):
+    if _keep_alive_s(data.get("keep_alive")) == 0:
         raise InvalidRequestError("Solo keeps its model loaded while `solo serve` runs; stop the server to free it",
                                   param="keep_alive")
     obj = {"model": model, "created_at": _now(), "done": True, "done_reason": "load"}
@@ -510,17 +594,28 @@ def _load_reply(data: Mapping[str, Any], model: str, chat: bool) -> JSONResponse
 
 
 async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> Response:
-    # Parse the body, run the route's handler, and answer any error in Ollama's shape.
+    # Parse the body, run the route's handler, and answer any error in Ollama's shape, the fields it names
+    # as Ollama names them.
     try:
         try:
             data = await request.json()
-        except ValueError:
-            raise InvalidRequestError("the request body is not valid JSON") from None
+        except (ValueError, RecursionError) as exc:
+            raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
+                                      else "the request body is not valid JSON") from None
         if not isinstance(data, dict):
             raise InvalidRequestError("the request body must be a JSON object")
         return await handle(data)
-    except (SoloError, APIError) as exc:
-        return ollama_error(api_error_from(exc))
+    except Exception as exc:  # noqa: BLE001 (every error, a bug included, answered in Ollama's shape)
+        error = api_error_from(exc)
+        if error.status >= 500 and not isinstance(exc, APIError | SoloError):
+            logger.error("request failed", exc_info=exc)
+        # The error's field, and fields no message uses as plain words, as Ollama names them.
+        for field in {error.param or "", "max_tokens", "repetition_penalty", "response_format"}:
+            name = _FIELD_NAMES.get(field)
+            if name is not None:
+                error.message = re.sub(rf"(?<![\w.]){re.escape(field)}(?!\w)", name, error.message)
+                error.param = name if field == error.param else error.param
+        return ollama_error(error)
 
 
 @router.post("/api/chat", response_model=None)
@@ -532,11 +627,12 @@ async def chat(request: Request) -> Response:
         model = _check_model(request, data)
         _check_fields(data, _CHAT_FIELDS, "/api/chat")
         state = request.app.state.solo
-        messages = chat_messages(data.get("messages") or [])
+        messages = chat_messages(_typed(data, "messages", list, "a list of messages", default=[]))
+        fields = {**_common_fields(data, raw=False), "messages": messages,
+                  "tools": _typed(data, "tools", list, "a list of tools") or None,
+                  "chat_template_kwargs": _thinking(data.get("think"), state)}
         if not messages:
             return _load_reply(data, model, chat=True)
-        fields = {**_common_fields(data, state), "messages": messages, "tools": data.get("tools") or None,
-                  "chat_template_kwargs": _thinking(data.get("think"), state)}
         await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=False)
         return await _run(request, data, model, start_ns, fields, raw=False, shape=_chat_object)
 
@@ -560,14 +656,16 @@ async def generate(request: Request) -> Response:
                           ("suffix", "Solo has no fill-in-the-middle")):
             if data.get(name):
                 raise InvalidRequestError(f"{name}: {why}; leave {name} out", param=name)
-        prompt, system, raw = data.get("prompt") or "", data.get("system"), data.get("raw", False)
-        if not isinstance(prompt, str) or (system is not None and not isinstance(system, str)):
-            raise InvalidRequestError("prompt and system must be strings", param="prompt")
-        if not isinstance(raw, bool):
-            raise InvalidRequestError(f"raw must be true or false, got {raw!r:.40}", param="raw")
+        prompt = _typed(data, "prompt", str, "a string", default="")
+        system = _typed(data, "system", str, "a string")
+        raw = _typed(data, "raw", bool, "true or false", default=False)
+        fields = _common_fields(data, raw)
+        thinking = None if raw else _thinking(data.get("think"), state)
         if not prompt:
+            if system:
+                raise InvalidRequestError("system without a prompt: give the prompt the system message goes with",
+                                          param="prompt")
             return _load_reply(data, model, chat=False)
-        fields = _common_fields(data, state)
         if raw:
             for name in ("system", "think"):
                 if data.get(name) is not None:
@@ -576,8 +674,7 @@ async def generate(request: Request) -> Response:
             fields["prompt"] = prompt
         else:
             messages = [{"role": "system", "content": system}] if system else []
-            fields.update(messages=[*messages, {"role": "user", "content": prompt}],
-                          chat_template_kwargs=_thinking(data.get("think"), state))
+            fields.update(messages=[*messages, {"role": "user", "content": prompt}], chat_template_kwargs=thinking)
         await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=raw)
         return await _run(request, data, model, start_ns, fields, raw=raw, shape=_generate_object)
 
@@ -603,7 +700,8 @@ def _model_entry(state: Any) -> dict[str, Any]:  # noqa: ANN401
     engine = state.engine
     size = engine.config.num_parameters() * engine.kv_cache_element_bytes
     created = datetime.datetime.fromtimestamp(state.created, datetime.UTC).isoformat().replace("+00:00", "Z")
-    return {"name": state.served_name, "model": state.served_name, "modified_at": created, "size": size,
+    name = _listed_name(state.served_name)
+    return {"name": name, "model": name, "modified_at": created, "size": size,
             "digest": "", "details": _details(state)}
 
 

@@ -32,7 +32,7 @@ router = APIRouter()
 _probe_lock = threading.Lock()
 
 
-@router.get("/", include_in_schema=False)
+@router.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)  # (HEAD: Ollama's CLI probes it)
 async def index() -> FileResponse:
     """The playground page."""
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")

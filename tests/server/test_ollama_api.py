@@ -49,6 +49,7 @@ def test_chat_and_generate_equal_the_openai_routes(server):
         (p.token, round(p.logprob, 4), 2) for p in expected.choices[0].logprobs.content]
     # Streamed by default: the pieces add up to the whole reply, the last object holds the statistics.
     parts = list(client.chat(model=f"{MODEL_NAME}:latest", messages=ASK, options=options, stream=True))
+    assert {p.model for p in parts} == {f"{MODEL_NAME}:latest"}  # the name as the request gave it
     assert "".join(p.message.content for p in parts) == reply.message.content
     assert [p.done for p in parts] == [False] * (len(parts) - 1) + [True] and parts[-1].eval_count == 12
     # Generate through the template is the chat with one user message (and the system one).
@@ -65,6 +66,10 @@ def test_chat_and_generate_equal_the_openai_routes(server):
     streamed = list(client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options=options,
                                     stream=True))
     assert "".join(p.response for p in streamed) == raw.response and streamed[-1].done_reason == "length"
+    # num_predict is a cap: past the context, the reply runs to the context's end (as Ollama's).
+    long = client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options={
+        "temperature": 0, "num_predict": 10**6})
+    assert long.eval_count == unbounded.eval_count and long.response == unbounded.response
     # options.num_ctx smaller than the server's context bounds prompt + output.
     bounded = client.chat(model=MODEL_NAME, messages=ASK, options={"temperature": 0, "num_ctx": reply.prompt_eval_count
                                                                    + 3})
@@ -146,8 +151,10 @@ def test_options_map_to_sampling_fields():
                             "num_thread": 4, "num_ctx": 4096, "mirostat": 0, "stop": ["\n"], "seed": 3}) == {
         "temperature": 0.2, "repetition_penalty": 1.1, "stop": ["\n"], "seed": 3}
     assert sampling_fields({"repeat_penalty": 1.3, "repeat_last_n": 0, "num_predict": 5}) == {"max_tokens": 5}
+    assert sampling_fields({"repeat_last_n": 64}) == {}  # (no penalty: the window changes nothing)
     for options, words in (({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
-                           ({"repeat_last_n": 64}, "repeat_last_n"), ({"num_predict": 0}, "num_predict"),
+                           ({"repeat_last_n": 64, "repeat_penalty": 1.2}, "repeat_last_n"),
+                           ({"num_predict": 0}, "num_predict"),
                            ({"top_a": 1}, "not an option"), ([1], "must be an object")):
         with pytest.raises(InvalidRequestError, match=words):
             sampling_fields(options)
@@ -157,7 +164,7 @@ def test_options_map_to_sampling_fields():
 def test_model_routes_describe_the_served_model(server):
     client = _client(server)
     (listed,) = client.list().models
-    assert listed.model == MODEL_NAME and listed.details.family == "llama" and listed.size > 0
+    assert listed.model == f"{MODEL_NAME}:latest" and listed.details.family == "llama" and listed.size > 0
     assert listed.details.quantization_level == "F32" and listed.details.parameter_size.endswith("M")
     shown = client.show(MODEL_NAME)
     assert shown.capabilities == ["completion", "tools"] and "<tool_call>" in shown.template
@@ -196,12 +203,36 @@ def test_errors_come_in_ollamas_shape(server):
         with pytest.raises(ollama.ResponseError) as info:
             client.generate(model=MODEL_NAME, prompt="hi", **fields)
         assert info.value.status_code == 400 and words in info.value.error
-    host = _host(server)
-    refused = httpx.post(f"{host}/api/chat", json={**ask, "unknown_field": 1},
-                         headers={"Authorization": "Bearer sesame"})
-    assert refused.status_code == 400 and "unknown_field" in refused.json()["error"]
-    refused = httpx.post(f"{host}/api/chat", json={**ask, "format": "yaml"}, headers={"Authorization": "Bearer sesame"})
-    assert refused.status_code == 400 and "format" in refused.json()["error"]
+    host, key = _host(server), {"Authorization": "Bearer sesame"}
+    # Every field is checked (a "load" request with no messages too), and errors name Ollama's fields.
+    for path, body, words in (
+            ("chat", {**ask, "unknown_field": 1}, "unknown_field"),
+            ("chat", {**ask, "format": "yaml"}, "format"),
+            ("chat", {**ask, "messages": {}}, "messages must be a list"),
+            ("chat", {**ask, "messages": [], "options": {"bogus": 1}}, "options.bogus"),
+            ("chat", {**ask, "messages": [], "tools": "nope"}, "tools must be"),
+            ("chat", {**ask, "logprobs": "yes"}, "logprobs must be true or false"),
+            ("chat", {**ask, "logprobs": False, "top_logprobs": 2}, "top_logprobs needs logprobs"),
+            ("chat", {**ask, "keep_alive": "forever"}, "keep_alive"),
+            ("chat", {**ask, "options": {"stop": [""]}}, "options.stop"),
+            ("chat", {**ask, "messages": [{"role": "user", "content": "hi", "tool_name": "f"}]}, "tool_name"),
+            ("chat", {**ask, "messages": [*ask["messages"], {"role": "assistant", "content": "The"}]}, "prefill"),
+            ("chat", {**ask, "messages": [{"role": "assistant", "content": "", "tool_calls": [
+                {"function": {"name": "f", "arguments": [1]}}]}, {"role": "user", "content": "?"}]}, "object"),
+            ("chat", {**ask, "messages": [{"role": "user", "content": "hi"}] * 400, "options": {"num_predict": 5}},
+             "options.num_predict 5"),
+            ("generate", {"model": MODEL_NAME, "prompt": 0}, "prompt must be a string"),
+            ("generate", {"model": MODEL_NAME, "system": "s"}, "system without a prompt"),
+            ("generate", {"model": MODEL_NAME, "prompt": "hi", "raw": True, "logprobs": True, "top_logprobs": 50},
+             "top_logprobs")):
+        refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
+        assert refused.status_code == 400 and words in refused.json()["error"], (body, refused.json())
+    deep = httpx.post(f"{host}/api/chat", content=b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", headers=key)
+    assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]
+    # Routes and methods Solo does not have, in Ollama's shape too; Ollama's CLI probes HEAD / and the version.
+    assert httpx.get(f"{host}/api/chat", headers=key).json()["error"]
+    assert httpx.post(f"{host}/api/blobs/sha256:00", headers=key).status_code == 404
+    assert httpx.head(f"{host}/").status_code == 200 and httpx.get(f"{host}/api/version").status_code == 200
     pull = httpx.post(f"{host}/api/pull", json={"model": "x"}, headers={"Authorization": "Bearer sesame"})
     assert pull.status_code == 501 and "solo pull" in pull.json()["error"]
     denied = httpx.post(f"{host}/api/chat", json=ask, headers={"Authorization": "Bearer wrong"})
@@ -237,5 +268,7 @@ def test_a_thinking_models_block_comes_back_as_thinking(tmp_path):
                                                                                        "num_predict": 8})
         assert generated.thinking == reply.message.thinking and generated.response == ""
         assert client.show(MODEL_NAME).capabilities == ["completion", "thinking"]
+        with pytest.raises(ollama.ResponseError, match="no enable_thinking switch"):  # it cannot be turned off
+            client.chat(model=MODEL_NAME, messages=ASK, think=False)
     finally:
         running.stop()
