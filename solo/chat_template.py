@@ -102,6 +102,7 @@ class ChatTemplate:
         messages: Sequence[Mapping[str, Any]],
         add_generation_prompt: bool = True,
         tools: list[dict] | None = None,
+        continue_final_message: bool = False,
         **kwargs: Any,
     ) -> str:
         """Render a conversation to the prompt text.
@@ -110,6 +111,9 @@ class ChatTemplate:
             messages: [{"role": ..., "content": ...}, ...]; keys whose value is None are dropped, as
                 transformers does.
             add_generation_prompt: append the header that starts the assistant's reply.
+            continue_final_message: end the text right after the last message's content, so the model
+                continues that message (a prefill) instead of starting a new one: the template's text after it
+                (its end-of-turn marker) is cut off, as transformers' `apply_chat_template` does.
             tools: OpenAI tools ({"type": "function", "function": {...}}), for templates that support them;
                 a template that takes them in the system message (Phi-4-mini) gets them there, and earlier
                 tool calls in its own syntax (`solo.engine.tool_calls.template_tool_messages`).
@@ -120,10 +124,15 @@ class ChatTemplate:
             without adding special tokens.
 
         Raises:
-            InvalidRequestError: the messages are empty or malformed, or the template rejects them.
+            InvalidRequestError: the messages are empty or malformed, or the template rejects them; with
+                continue_final_message, add_generation_prompt too, a last message without text content, or a
+                template that leaves its content out of the text.
         """
         if not messages:
             raise InvalidRequestError("messages is empty; send at least one message", param="messages")
+        if continue_final_message and add_generation_prompt:
+            raise InvalidRequestError("continue_final_message continues the last message, add_generation_prompt "
+                                      "starts a new one: set add_generation_prompt to false", param="messages")
         if self.tool_format == "phi4_mini":
             from solo.engine.tool_calls import template_tool_messages
 
@@ -139,7 +148,7 @@ class ChatTemplate:
             cleaned.append({k: v for k, v in message.items() if v is not None})
         variables = {**self.special_tokens, **kwargs}
         try:
-            return self._template.render(
+            text = self._template.render(
                 messages=cleaned, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
                 **variables,
             )
@@ -151,6 +160,24 @@ class ChatTemplate:
             raise InvalidRequestError(f"the chat template failed on the messages ({type(exc).__name__}: {exc}); "
                                       "check each message's fields against the OpenAI chat format",
                                       param="messages") from None
+        return _cut_after_final_message(text, cleaned[-1]) if continue_final_message else text
+
+
+def _cut_after_final_message(text: str, final: Mapping[str, Any]) -> str:
+    # The rendered text up to the end of the last message's content (its last occurrence; a template that
+    # trims contents has the trimmed one), as transformers' continue_final_message cuts it.
+    content = final.get("content")
+    if isinstance(content, list):  # text parts: the last one's text ends the message
+        content = content[-1].get("text") if content and isinstance(content[-1], Mapping) else None
+    if not isinstance(content, str) or not content.strip():
+        raise InvalidRequestError("continue_final_message needs a last message with text to continue; give its "
+                                  "content, or leave continue_final_message out", param="messages")
+    for piece in (content, content.strip()):
+        end = text.rfind(piece)
+        if end >= 0:
+            return text[:end + len(piece)]
+    raise InvalidRequestError("continue_final_message: the chat template does not write the last message's content "
+                              "into the prompt, so there is nothing to continue", param="messages")
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -125,3 +125,32 @@ def test_template_expression_errors_are_the_requests():
     with pytest.raises(InvalidRequestError, match="TypeError") as info:
         template.render([{"role": "user", "content": "hi", "extra": 5}])
     assert info.value.param == "messages"
+
+
+def test_continue_final_message_as_transformers(shared_hf):
+    """A last assistant message continued (a prefill): the text ends right after its content, as transformers'
+    apply_chat_template(continue_final_message=True) ends it, on every fixture template AutoTokenizer loads."""
+    from transformers import AutoTokenizer
+
+    prefill = [*CONVERSATION[1:4], {"role": "assistant", "content": "Tokyo, which in 日本語 is"}]
+    checked = 0
+    for folder in _template_folders(shared_hf):
+        try:
+            hf = AutoTokenizer.from_pretrained(str(folder))
+            expected = hf.apply_chat_template(prefill, tokenize=False, continue_final_message=True)
+        except Exception:  # noqa: BLE001 (a fixture AutoTokenizer cannot load, or whose template refuses this)
+            continue
+        _, special, source = _transformers_render(folder, prefill, False)  # (the special tokens as transformers')
+        ours = ChatTemplate(source, special).render(prefill, add_generation_prompt=False, continue_final_message=True)
+        assert ours == expected, folder.name
+        assert expected.endswith("日本語 is")
+        checked += 1
+    assert checked >= 5
+    template = ChatTemplate("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}", {})
+    with pytest.raises(InvalidRequestError, match="add_generation_prompt"):
+        template.render(prefill, add_generation_prompt=True, continue_final_message=True)
+    with pytest.raises(InvalidRequestError, match="text to continue"):
+        template.render([*prefill[:-1], {"role": "assistant", "content": ""}], False, continue_final_message=True)
+    hidden = ChatTemplate("{% for m in messages %}{{ m['role'] }}\n{% endfor %}", {})
+    with pytest.raises(InvalidRequestError, match="nothing to continue"):
+        hidden.render(prefill, False, continue_final_message=True)

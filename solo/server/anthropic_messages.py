@@ -11,7 +11,8 @@ assistant's `tool_calls`, `tool_result` blocks -> `tool` messages, `thinking` bl
 Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the API key may come as `x-api-key`.
 
 A `tool_result` with `is_error` reaches the model as "Error: " and its text (chat templates have no such flag);
-`thinking` requests with a token budget and an assistant message last (a prefill) are refused.
+an assistant message last (a prefill) is continued, the reply holding what follows it (vLLM's
+`continue_final_message`); `thinking` requests with a token budget are refused.
 """
 
 from __future__ import annotations
@@ -126,12 +127,11 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             if thinking:
                 reply["reasoning_content"] = thinking
             messages.append(reply)
-    if body.messages and body.messages[-1].get("role") == "assistant":
-        raise InvalidRequestError("the last message is the assistant's (a prefill for the reply to continue), which "
-                                  "Solo does not support; end with a user message", param="messages")
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
+    if body.messages and body.messages[-1].get("role") == "assistant":  # a prefill: the reply continues it
+        fields.update(continue_final_message=True, add_generation_prompt=False)
     if body.stream:
         fields["stream_options"] = {"include_usage": True}
     if body.tools:

@@ -19,8 +19,7 @@ Differences from Ollama, each said where it applies: sampling defaults are the m
 (generation_config.json), as on Solo's other routes, not Ollama's (temperature 0.8, top_k 40, ...);
 `repeat_penalty` covers the whole sequence, as vLLM's `repetition_penalty` (Ollama: the last
 `repeat_last_n`, 64 tokens, so beside a penalty only `repeat_last_n` -1 or 0 are taken); a prompt longer
-than the window is refused instead of truncated, and the window is not shifted to continue past it; a
-conversation ending with an assistant message (a prefill Ollama continues) is refused; options that place
+than the window is refused instead of truncated, and the window is not shifted to continue past it; options that place
 the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
 `shift`, `truncate`) have no effect here, and `keep_alive` none (the model stays loaded while the server
 runs; a load request with `keep_alive` 0, which asks to unload it, is refused). Refused by name: images,
@@ -207,7 +206,7 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
 
     Raises:
         InvalidRequestError: not a list of objects, images, a malformed tool call (arguments not an object),
-            tool fields on messages of other roles, an assistant message last (a prefill Solo does not continue).
+            tool fields on messages of other roles.
     """
     if not isinstance(messages, list):
         raise InvalidRequestError(f"messages must be a list of messages, got {messages!r:.40}", param="messages")
@@ -267,9 +266,6 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
             if isinstance(name, str):
                 converted["name"] = name
         out.append(converted)
-    if out and out[-1].get("role") == "assistant":
-        raise InvalidRequestError("the last message is the assistant's: Solo does not continue a reply (a prefill); "
-                                  "end the conversation with a user or tool message", param="messages")
     return out
 
 
@@ -525,8 +521,10 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
             fields["prompt"] = tokenizer.encode(fields["prompt"], add_special_tokens=True)  # as the route would
             return len(fields["prompt"])
         messages = arguments_as_objects([m.for_template() for m in chat_request_from(fields, _FIELD_NAMES).messages])
-        text = tokenizer.render_chat(messages, True,
-                                     tools=fields.get("tools") or None, **(fields.get("chat_template_kwargs") or {}))
+        text = tokenizer.render_chat(messages, fields.get("add_generation_prompt", True),
+                                     tools=fields.get("tools") or None,
+                                     continue_final_message=fields.get("continue_final_message", False),
+                                     **(fields.get("chat_template_kwargs") or {}))
         return len(tokenizer.encode(text, add_special_tokens=False))
 
     prompt_tokens = await run_in_threadpool(count)
@@ -631,6 +629,8 @@ async def chat(request: Request) -> Response:
         fields = {**_common_fields(data, raw=False), "messages": messages,
                   "tools": _typed(data, "tools", list, "a list of tools") or None,
                   "chat_template_kwargs": _thinking(data.get("think"), state)}
+        if messages and messages[-1].get("role") == "assistant":  # Ollama continues it (a prefill)
+            fields.update(continue_final_message=True, add_generation_prompt=False)
         if not messages:
             return _load_reply(data, model, chat=True)
         await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=False)

@@ -367,7 +367,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**SamplingFields.DEFAULT_ONLY, "echo": False,
-                                               "add_special_tokens": False, "continue_final_message": False}
+                                               "add_special_tokens": False}
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[_Int, Field(ge=1)] | None = None
@@ -387,6 +387,7 @@ class ChatCompletionRequest(SamplingFields):
     modalities: list[_Str] | None = None
     reasoning_effort: _Str | None = None
     add_generation_prompt: _Bool = True
+    continue_final_message: _Bool = False  # vLLM's: the model continues the last (assistant) message
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("top_logprobs")
@@ -504,6 +505,7 @@ class TokenizeRequest(_Lenient):
     messages: list[ChatMessage] | None = None
     add_special_tokens: _Bool = True
     add_generation_prompt: _Bool = True
+    continue_final_message: _Bool = False
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: _Bool = False

@@ -73,7 +73,7 @@ logger = logging.getLogger("solo.server")
 
 router = APIRouter()
 
-_RESERVED_TEMPLATE_ARGS = ("messages", "add_generation_prompt", "tools", "documents")
+_RESERVED_TEMPLATE_ARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 
 
@@ -232,7 +232,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
         state.check_prompt_size(content, body.completion_budget, budget_param, "messages")
-        text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=tool_list or None, **extra)
+        text = engine.tokenizer.render_chat(messages, body.add_generation_prompt, tools=tool_list or None,
+                                            continue_final_message=body.continue_final_message, **extra)
         state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
         # A thinking model's block is split off unless a grammar holds the output from its first token.
         # (Strict functions under auto leave the text around calls free: the block is split off there too.)
@@ -522,7 +523,8 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             _, tools, _ = check_tools(body.tools, "none",
                                       template.source if template is not None else None)
             text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in messages]),
-                                                body.add_generation_prompt, tools=tools or None, **extra)
+                                                body.add_generation_prompt, tools=tools or None,
+                                                continue_final_message=body.continue_final_message, **extra)
             return engine.tokenizer.encode(text, add_special_tokens=False)
         assert body.prompt is not None
         return engine.tokenizer.encode(body.prompt, body.add_special_tokens)

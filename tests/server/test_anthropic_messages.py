@@ -101,13 +101,22 @@ def test_errors_come_in_anthropics_shape(server):
             ({"model": MODEL_NAME, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
              anthropic.BadRequestError, "client tools only"),
             ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-             anthropic.BadRequestError, "'image' block"),
-            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"},
-                                                {"role": "assistant", "content": "The answer is ("}]},
-             anthropic.BadRequestError, "prefill")):
+             anthropic.BadRequestError, "'image' block")):
         with pytest.raises(error) as info:
             client.messages.create(**{**ask, **fields})
         assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]
     with pytest.raises(anthropic.AuthenticationError) as info:
         _client(server, key="wrong").messages.create(model=MODEL_NAME, **ask)
     assert info.value.body["error"]["type"] == "authentication_error"
+
+
+@pytest.mark.slow
+def test_a_prefill_is_continued(server):
+    """An assistant message last: the reply is what follows it, as the chat route's continue_final_message."""
+    conversation = [{"role": "user", "content": "def fibonacci(n):"}, {"role": "assistant", "content": "    if n <"}]
+    reply = _client(server).messages.create(model=MODEL_NAME, max_tokens=8, messages=conversation,
+                                            extra_body={"temperature": 0})
+    expected = server.client(api_key="sesame").chat.completions.create(
+        model=MODEL_NAME, max_tokens=8, temperature=0, messages=conversation,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    assert reply.content[0].text == expected.choices[0].message.content and reply.usage.output_tokens == 8

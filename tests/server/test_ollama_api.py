@@ -75,6 +75,13 @@ def test_chat_and_generate_equal_the_openai_routes(server):
                                                                    + 3})
     assert bounded.eval_count == 3 and bounded.done_reason == "length"
     assert bounded.message.content == expected_prefix(openai, 3)
+    # An assistant message last is continued (as Ollama does), as the chat route's continue_final_message.
+    prefill = [*ASK, {"role": "assistant", "content": "    if n <"}]
+    continued = client.chat(model=MODEL_NAME, messages=prefill, options=options)
+    expected = openai.chat.completions.create(model=MODEL_NAME, messages=prefill, max_tokens=12, temperature=0,
+                                              extra_body={"continue_final_message": True,
+                                                          "add_generation_prompt": False})
+    assert continued.message.content == expected.choices[0].message.content
     # format: a JSON schema holds the output.
     shaped = client.chat(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}], options={"num_predict": 40},
                          format={"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"]})
@@ -216,7 +223,6 @@ def test_errors_come_in_ollamas_shape(server):
             ("chat", {**ask, "keep_alive": "forever"}, "keep_alive"),
             ("chat", {**ask, "options": {"stop": [""]}}, "options.stop"),
             ("chat", {**ask, "messages": [{"role": "user", "content": "hi", "tool_name": "f"}]}, "tool_name"),
-            ("chat", {**ask, "messages": [*ask["messages"], {"role": "assistant", "content": "The"}]}, "prefill"),
             ("chat", {**ask, "messages": [{"role": "assistant", "content": "", "tool_calls": [
                 {"function": {"name": "f", "arguments": [1]}}]}, {"role": "user", "content": "?"}]}, "object"),
             ("chat", {**ask, "messages": [{"role": "user", "content": "hi"}] * 400, "options": {"num_predict": 5}},

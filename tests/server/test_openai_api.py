@@ -243,3 +243,24 @@ def test_raw_sse_framing(server):
     first = json.loads(lines[0][6:])
     assert first["choices"][0]["delta"] == {"role": "assistant", "content": ""}
     assert first["choices"][0]["finish_reason"] is None
+
+
+def test_continue_final_message_continues_the_last_message(server, engine):
+    """vLLM's continue_final_message: the prompt ends right after the last message's content (no end of turn),
+    and the reply is what the model writes next: the completions route's on the same ids."""
+    import httpx
+
+    prefill = [*MESSAGES, {"role": "assistant", "content": "    if n <"}]
+    extra = {"continue_final_message": True, "add_generation_prompt": False}
+    ids = httpx.post(server.base_url.removesuffix("/v1") + "/tokenize",
+                     json={"messages": prefill, **extra}).json()["tokens"]
+    text = engine.tokenizer.decode(ids, skip_special_tokens=False)
+    assert text.endswith("    if n <")
+    reply = server.client().chat.completions.create(model=MODEL_NAME, messages=prefill, max_tokens=12,
+                                                    temperature=0, extra_body=extra)
+    expected = server.client().completions.create(model=MODEL_NAME, prompt=ids, max_tokens=12, temperature=0)
+    assert reply.choices[0].message.content == expected.choices[0].text
+    assert reply.usage.prompt_tokens == len(ids)
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+        server.client().chat.completions.create(model=MODEL_NAME, messages=prefill, max_tokens=2,
+                                                extra_body={"continue_final_message": True})
