@@ -203,7 +203,8 @@ def make_lane_checkpoint(folder: Path, seed: int = 0, std: float = 0.2, **overri
 
 
 # Qwen3-Coder's prompt format (its template is not among the shared fixtures; this one renders its structure):
-# the tools listed as XML, each call as <function=NAME> with one <parameter=KEY> element per argument.
+# the tools listed as XML, each call as <function=NAME> with one <parameter=KEY> element per argument, objects
+# and lists as JSON and other values as Python writes them (True, None), as its template does.
 QWEN3_CODER_TEMPLATE = (
     "{%- if tools %}<|im_start|>system\nYou have access to the following functions:\n\n<tools>"
     "{% for tool in tools %}\n<function>\n<name>{{ tool.function.name }}</name>\n<parameters>"
@@ -214,7 +215,8 @@ QWEN3_CODER_TEMPLATE = (
     "{%- for m in messages %}{%- if m.role == 'assistant' %}<|im_start|>assistant\n{{ m.content or '' }}"
     "{% for call in m.tool_calls or [] %}\n<tool_call>\n<function={{ call.function.name }}>\n"
     "{% for k, v in call.function.arguments | items %}<parameter={{ k }}>\n"
-    "{{ v if v is string else v | tojson }}\n</parameter>\n{% endfor %}</function>\n</tool_call>{% endfor %}"
+    "{{ v | tojson if v is mapping or (v is sequence and v is not string) else v | string }}\n</parameter>\n"
+    "{% endfor %}</function>\n</tool_call>{% endfor %}"
     "<|im_end|>\n{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>"
     "<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")

@@ -14,8 +14,11 @@ Solo recognises five model families' tool-call syntax, from their chat templates
   puts the request's tools there and writes earlier calls back in that syntax, as llama.cpp does for it.
 - "qwen3_coder" (Qwen3-Coder, and newer templates in its syntax): XML parameters, one block per call,
   `<tool_call>\n<function=NAME>\n<parameter=KEY>\nVALUE\n</parameter>\n</function>\n</tool_call>`; a value is text,
-  typed by its parameter's schema (an integer parameter's "3" is 3; a string's stays text), as vLLM's
-  qwen3_coder parser reads it.
+  typed by its parameter's schema (local `$ref`s followed; an integer parameter's "3" is 3, Python's True /
+  None as the template writes them taken for booleans and nulls; a string's value stays text), as vLLM's
+  qwen3_coder parser reads it, which also forgives a missing </parameter> or </function>. A value may hold
+  the syntax's own closing tags (a tag ends it only where the next tag follows). Unlike vLLM's, a
+  <function=...> without <tool_call> around it is content.
 
 With tool_choice "auto" the model writes freely and its calls are parsed out (as vLLM's hermes, llama3_json
 and mistral parsers do). With "required" or a named function the output is grammar-constrained to the
@@ -27,6 +30,7 @@ name is one of the tools and the arguments validate against its parameters schem
 from __future__ import annotations
 
 import json
+import math
 import re
 import uuid
 from collections.abc import Mapping, Sequence
@@ -97,7 +101,7 @@ def detect_tool_format(template_source: str | None) -> str | None:
     assert template_source is not None
     if _tools_in_system_message(template_source):
         return "phi4_mini"
-    if "<function=" in template_source and "<parameter=" in template_source:  # (its calls sit in <tool_call> too)
+    if "<tool_call>" in template_source and "<function=" in template_source and "<parameter=" in template_source:
         return "qwen3_coder"
     if "<tool_call>" in template_source:
         return "hermes"
@@ -576,18 +580,21 @@ def complete_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[st
         end = _leading_json(text, markers)[1]
         calls = parse_tool_calls(fmt, text[:end]) if end else None
         return (calls, text[end:] if text[end:].strip() else "") if calls else ([], text)
-    if fmt not in ("hermes", "qwen3_coder"):
+    if fmt == "qwen3_coder":
+        calls, rest = _complete_xml_calls(text, parameters or {})
+        return (calls, rest) if calls else ([], text)
+    if fmt != "hermes":
         calls = parse_tool_calls(fmt, text)
         return (calls, "") if calls else ([], text)
     calls, between, i = [], [], 0
     for block in re.finditer(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
-        parsed = parse_tool_calls(fmt, block.group(0), parameters)
+        parsed = parse_tool_calls(fmt, block.group(0))
         if not parsed:
             break
         calls += parsed
         between.append(text[i:block.start()])
         i = block.end()
-    last = parse_tool_calls(fmt, text[i:], parameters) if text[i:].lstrip().startswith("<tool_call>") else None
+    last = parse_tool_calls(fmt, text[i:]) if text[i:].lstrip().startswith("<tool_call>") else None
     if last:  # a last call whose JSON is whole but whose closing tag never came (a stop string, EOS)
         calls, i = calls + last, len(text)
     rest = "".join(between[1:]) + text[i:]  # text between calls, then after them (the first gap is "")
@@ -679,52 +686,183 @@ def tool_parameters(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict
     return {t["function"]["name"]: _parameters(t) for t in tools or []}
 
 
-_FUNCTION = re.compile(r"<function=([^>\n]+)>(.*?)</function>", flags=re.S)
-_PARAMETER = re.compile(r"<parameter=([^>\n]+)>(.*?)</parameter>", flags=re.S)
+_FUNCTION_TAG = re.compile(r"<function=([^>\n]+)>")
+_PARAMETER_TAG = re.compile(r"<parameter=([^>\n]+)>")
+_NEXT_TAG = re.compile(r"\s*(?:<parameter=|</function>|</tool_call>|$)")
+
+
+def _complete_xml_calls(text: str, parameters: Mapping[str, Mapping[str, Any]]) -> tuple[list[ToolCall], str]:
+    # (the complete calls from the start of text, the text between and after them): as complete_tool_calls.
+    calls: list[ToolCall] = []
+    between: list[str] = []
+    i = 0
+    while (start := text.find("<tool_call>", i)) >= 0:
+        if not calls and text[:start].strip():
+            break  # the first call begins the text
+        block = _xml_block(text, start, parameters)
+        if block is None:
+            break
+        calls += block[0]
+        between.append(text[i:start])
+        i = block[1]
+    rest = "".join(between[1:]) + text[i:]  # (the first gap is "": the text starts with the marker)
+    return calls, rest if rest.strip() else ""
+
+
+def _xml_block(text: str, start: int, parameters: Mapping[str, Mapping[str, Any]]
+               ) -> tuple[list[ToolCall], int] | None:
+    # The calls of the <tool_call> block at `start` and where it ends; None if it is cut short or malformed.
+    # Its </tool_call> may be missing at the end of the output (a stop string, EOS) after a whole function.
+    i, calls = start + len("<tool_call>"), []
+    while True:
+        i = _skip_blanks(text, i)
+        if text.startswith("</tool_call>", i):
+            return (calls, i + len("</tool_call>")) if calls else None
+        if i >= len(text) or (calls and "</tool_call>".startswith(text[i:])):  # (cut inside the closing tag)
+            return (calls, len(text)) if calls else None
+        function = _xml_function(text, i, parameters)
+        if function is None:
+            return None
+        calls.append(function[0])
+        i = function[1]
+
+
+def _xml_function(text: str, i: int, parameters: Mapping[str, Mapping[str, Any]]) -> tuple[ToolCall, int] | None:
+    # One <function=NAME> element at i, its parameters typed by the function's schema, and where it ends. As
+    # vLLM's parser, a parameter may lack its </parameter> before the next tag, and the function its
+    # </function> before </tool_call>; a function cut short by the end of the output is None.
+    tag = _FUNCTION_TAG.match(text, i)
+    if tag is None:
+        return None
+    name, i = tag.group(1).strip(), tag.end()
+    root = parameters.get(name)
+    root = root if isinstance(root, Mapping) else {}
+    properties = root.get("properties") if isinstance(root.get("properties"), Mapping) else {}
+    arguments: dict[str, Any] = {}
+    while True:
+        i = _skip_blanks(text, i)
+        if text.startswith("</function>", i):
+            i += len("</function>")
+            break
+        if text.startswith("</tool_call>", i):
+            break  # its </function> left out
+        tag = _PARAMETER_TAG.match(text, i)
+        if tag is None:
+            return None  # other text, or the output's end
+        key, i = tag.group(1).strip(), tag.end()
+        end = _value_end(text, i)
+        if end is None:
+            return None
+        arguments[key] = _xml_value(text[i:end[0]], properties.get(key), root)
+        i = end[1]
+    return ToolCall(new_call_id("qwen3_coder"), name, json.dumps(arguments, ensure_ascii=False)), i
+
+
+def _value_end(text: str, i: int) -> tuple[int, int] | None:
+    # (end of the value at i, where the next tag starts): the first </parameter> followed by the next tag (a
+    # value may hold "</parameter>" of its own, such as code that writes this syntax), else the next tag.
+    k = i
+    while (k := text.find("</parameter>", k)) >= 0:
+        if _NEXT_TAG.match(text, k + len("</parameter>")):
+            return k, k + len("</parameter>")
+        k += 1
+    tags = [m for m in (text.find(tag, i) for tag in ("<parameter=", "</function>", "</tool_call>")) if m >= 0]
+    return (min(tags), min(tags)) if tags else None
+
+
+def _skip_blanks(text: str, i: int) -> int:
+    while i < len(text) and text[i].isspace():
+        i += 1
+    return i
 
 
 def _xml_calls(text: str, parameters: Mapping[str, Mapping[str, Any]]) -> list[ToolCall] | None:
-    # Qwen3-Coder's calls: <tool_call> blocks (the last one's end may be missing: a stop string, EOS), each one
-    # <function=NAME> element of <parameter=KEY>VALUE</parameter> elements and nothing else.
-    calls = []
-    for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S):
-        if not block.strip():
-            continue
-        functions = list(_FUNCTION.finditer(block))
-        if not functions or _FUNCTION.sub("", block).strip():
-            return None
-        for function in functions:
-            name, body = function.group(1).strip(), function.group(2)
-            if _PARAMETER.sub("", body).strip():
-                return None  # text outside the parameters: not a call this syntax writes
-            schema = (parameters.get(name) or {}).get("properties") or {}
-            arguments = {key.strip(): _xml_value(value, schema.get(key.strip()))
-                         for key, value in _PARAMETER.findall(body)}
-            calls.append(ToolCall(new_call_id("qwen3_coder"), name, json.dumps(arguments, ensure_ascii=False)))
-    return calls or None
+    # Every call of a tool-call part that holds calls only (blanks around them); None otherwise.
+    calls, rest = _complete_xml_calls(text, parameters)
+    return calls if calls and not rest.strip() else None
 
 
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "object": dict,
                "array": list, "null": type(None)}
 
 
-def _xml_value(text: str, schema: Mapping[str, Any] | None) -> Any:  # noqa: ANN401
-    # A parameter's text (one newline each side is the syntax's) as its schema's type: one of its enum strings,
-    # JSON when the text parses to a value of a type the schema allows, else the text itself.
+def _resolved(schema: Any, root: Mapping[str, Any], depth: int = 0) -> Mapping[str, Any]:  # noqa: ANN401
+    # A subschema with its local $ref ("#/$defs/Name") followed; {} for anything that is not a schema object
+    # (true / false subschemas included: they say nothing of a type).
+    if not isinstance(schema, Mapping):
+        return {}
+    ref = schema.get("$ref")
+    if isinstance(ref, str) and ref.startswith("#/") and depth < 16:
+        target: Any = root
+        for part in ref[2:].split("/"):
+            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, Mapping) else None
+        return _resolved(target, root, depth + 1)
+    return schema
+
+
+def _types(schema: Any, root: Mapping[str, Any], depth: int = 0) -> set[str]:  # noqa: ANN401
+    # The JSON types a subschema allows: its `type`, its anyOf / oneOf / allOf branches', or what its enum /
+    # const values, properties or items imply; empty when it says nothing.
+    schema = _resolved(schema, root)
+    kind = schema.get("type")
+    if isinstance(kind, str):
+        return {kind}
+    if isinstance(kind, list):
+        return {k for k in kind if isinstance(k, str)}
+    types: set[str] = set()
+    for key in ("anyOf", "oneOf", "allOf"):
+        branches = schema.get(key)
+        for branch in branches if isinstance(branches, list) and depth < 16 else []:
+            types |= _types(branch, root, depth + 1)
+    if types:
+        return types
+    values = schema.get("enum") if isinstance(schema.get("enum"), list) else []
+    values = [*values, schema["const"]] if "const" in schema else values
+    for value in values:
+        types |= {name for name, kind in _JSON_TYPES.items() if isinstance(value, kind)
+                  and not (name in ("integer", "number") and isinstance(value, bool))
+                  and not (name == "integer" and isinstance(value, float))}
+    if "properties" in schema:
+        types.add("object")
+    if "items" in schema:
+        types.add("array")
+    return types
+
+
+def _finite(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise ValueError(f"{text} is not a finite number")
+    return value
+
+
+def _reject(name: str) -> Any:  # noqa: ANN401
+    raise ValueError(f"{name} is not JSON")
+
+
+def _xml_value(text: str, schema: Any, root: Mapping[str, Any]) -> Any:  # noqa: ANN401
+    # A parameter's text (one newline each side is the syntax's) as its schema's type (as vLLM's qwen3_coder
+    # parser types it): one of its enum strings; JSON (or Python's True / False / None, which the real template
+    # writes for such values) when it parses to a value of a type the schema allows; else the text itself.
     text = text.removeprefix("\n").removesuffix("\n")
-    schema = schema or {}
-    choices = schema.get("enum") or ([schema["const"]] if "const" in schema else [])
-    if text.strip() in choices:  # (a grammar may put blanks around a value: the syntax's, not the value's)
-        return text.strip()
-    types = schema.get("type") or [t.get("type") for key in ("anyOf", "oneOf") for t in schema.get(key) or []
-                                    if isinstance(t, Mapping) and isinstance(t.get("type"), str)]
-    types = [types] if isinstance(types, str) else list(types)
-    if not types or types == ["string"]:
+    schema = _resolved(schema, root)
+    stripped = text.strip()  # (a grammar may put blanks around a value: the syntax's)
+    enum = schema.get("enum") if isinstance(schema.get("enum"), list) else []
+    if stripped in [*enum, *([schema["const"]] if "const" in schema else [])]:
+        return stripped
+    types = _types(schema, root)
+    if not types or types == {"string"}:
         return text
+    if "boolean" in types and stripped.lower() in ("true", "false"):
+        return stripped.lower() == "true"
+    if "null" in types and stripped in ("null", "None"):
+        return None
     try:
-        value = json.loads(text)
-    except json.JSONDecodeError:
+        value = json.loads(stripped, parse_float=_finite, parse_constant=_reject)
+    except ValueError:
         return text
+    if isinstance(value, str):
+        return text  # a string allowed beside other types keeps its text, quotes and all
     for name in types:
         kind = _JSON_TYPES.get(name)
         if kind is not None and isinstance(value, kind) and not (name in ("integer", "number")

@@ -423,6 +423,8 @@ def test_qwen3_coder_calls_parsed_with_typed_values():
     from solo.engine.tool_calls import tool_parameters
 
     assert detect_tool_format(QWEN3_CODER_TEMPLATE) == "qwen3_coder"
+    # Another family's XML calls in their own wrapper (Seed-OSS's <seed:tool_call>) are not this syntax.
+    assert detect_tool_format("{{ tools }}<seed:tool_call><function=f><parameter=x>") is None
     schema = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
                                                "hot": {"type": "boolean"}, "tags": {"type": "array"},
                                                "limit": {"anyOf": [{"type": "number"}, {"type": "null"}]}}}
@@ -450,6 +452,54 @@ def test_qwen3_coder_calls_parsed_with_typed_values():
     parser = ToolCallParser("qwen3_coder", {})
     parser.feed("<tool_call>\n<function=f>\nhello\n</function>\n</tool_call>", [])
     assert parser.finish()[1] == []
+
+
+def test_qwen3_coder_values_typed_by_refs_enums_and_python_literals():
+    from solo.engine.tool_calls import tool_parameters
+
+    schema = {"type": "object", "$defs": {"Loc": {"type": "object", "properties": {"lat": {"type": "number"}}}},
+              "properties": {"loc": {"$ref": "#/$defs/Loc"}, "wrapped": {"allOf": [{"$ref": "#/$defs/Loc"}]},
+                             "level": {"enum": [1, 2]}, "on": {"const": True}, "flag": {"type": "boolean"},
+                             "n": {"type": ["integer", "null"]}, "maybe": {"anyOf": [{"type": "string"},
+                                                                                     {"type": "null"}]},
+                             "x": True, "big": {"type": "number"}, "free": {}}}
+    parameters = tool_parameters([{"type": "function", "function": {"name": "f", "parameters": schema}}])
+    values = {"loc": '{"lat": 1.5}', "wrapped": '{"lat": 2}', "level": "2", "on": "true", "flag": "True",
+              "n": "None", "maybe": '"hi"', "x": "anything", "big": "1e400", "free": "3"}
+    text = "<tool_call>\n<function=f>\n" + "".join(f"<parameter={k}>\n{v}\n</parameter>\n"
+                                                   for k, v in values.items()) + "</function>\n</tool_call>"
+    parser = ToolCallParser("qwen3_coder", {}, parameters=parameters)
+    parser.feed(text, [])
+    (call,) = parser.finish()[1]
+    assert json.loads(call.arguments) == {
+        "loc": {"lat": 1.5}, "wrapped": {"lat": 2}, "level": 2, "on": True, "flag": True, "n": None,
+        "maybe": '"hi"',  # a string allowed: the text as written
+        "x": "anything", "big": "1e400", "free": "3"}  # (no schema; not a finite number; untyped: text)
+
+
+def test_qwen3_coder_tolerances_and_closing_tags_inside_values():
+    def parse(text):
+        parser = ToolCallParser("qwen3_coder", {})
+        assert parser.feed(text, []) == ""
+        return parser.finish()
+
+    # A value holding this syntax's own closing tags (code that writes it) stays one value.
+    code = "print('</parameter>')\n</function> is a tag"
+    _, calls, rest = parse(f"<tool_call>\n<function=write>\n<parameter=body>\n{code}\n</parameter>\n"
+                           "</function>\n</tool_call>")
+    assert json.loads(calls[0].arguments) == {"body": code} and rest == ""
+    # As vLLM's parser: a parameter without its </parameter>, a function without its </function>.
+    _, calls, _ = parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</tool_call>")
+    assert json.loads(calls[0].arguments) == {"a": "1", "b": "2"}
+    # Cut short by max_tokens at any point: no call, all of it content.
+    whole = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"
+    function_end = whole.index("</function>") + len("</function>")
+    for cut in range(1, len(whole) + 1):
+        content, calls, rest = parse(whole[:cut])
+        if cut < function_end:
+            assert (calls, content) == ([], whole[:cut]), cut
+        else:  # the function is whole: a call, whatever of its closing tag came
+            assert len(calls) == 1 and content == rest == "", cut
 
 
 @pytest.mark.slow
