@@ -13,6 +13,7 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from pathlib import Path
 from typing import Any
 
 import jinja2
@@ -20,7 +21,7 @@ import jinja2.ext
 import jinja2.meta
 from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-from solo.errors import InvalidRequestError
+from solo.errors import InvalidRequestError, SoloError
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -80,21 +81,26 @@ class ChatTemplate:
     Args:
         source: the Jinja template text.
         special_tokens: named special tokens as strings, e.g. {"bos_token": "<s>", "eos_token": "</s>"}.
+        tool_format: the tool-call syntax to parse (`solo.engine.tool_calls.TOOL_FORMATS`; vLLM's
+            `--tool-call-parser`), or None to detect it from the template.
 
     Raises:
-        InvalidRequestError: the template does not compile.
+        InvalidRequestError: the template does not compile; an unknown tool_format.
     """
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str]) -> None:
+    def __init__(self, source: str, special_tokens: Mapping[str, str], tool_format: str | None = None) -> None:
         self.source = source
         self.special_tokens = dict(special_tokens)
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the model's chat template does not compile: {exc}") from None
-        from solo.engine.tool_calls import detect_tool_format  # the engine package imports this module
+        from solo.engine.tool_calls import TOOL_FORMATS, detect_tool_format  # (the engine package imports this)
 
-        self.tool_format = detect_tool_format(source)
+        if tool_format is not None and tool_format not in TOOL_FORMATS:
+            raise InvalidRequestError(f"unknown tool-call parser {tool_format!r}; choose one of "
+                                      f"{', '.join(TOOL_FORMATS)}")
+        self.tool_format = tool_format or detect_tool_format(source)
         """The tool-call syntax the template teaches (`solo.engine.tool_calls.TOOL_FORMATS`), or None."""
 
     def render(
@@ -178,6 +184,24 @@ def _cut_after_final_message(text: str, final: Mapping[str, Any]) -> str:
             return text[:end + len(piece)]
     raise InvalidRequestError("continue_final_message: the chat template does not write the last message's content "
                               "into the prompt, so there is nothing to continue", param="messages")
+
+
+def read_chat_template(value: str) -> str:
+    """A chat template given as a file's path or as the template text itself (vLLM's `--chat-template`).
+
+    Raises:
+        SoloError: neither a readable file nor text with Jinja tags in it.
+    """
+    path = Path(value).expanduser()
+    if path.is_file():
+        try:
+            return path.read_text(encoding="utf-8")
+        except (OSError, UnicodeDecodeError) as exc:
+            raise SoloError(f"--chat-template: cannot read {path}: {exc}") from None
+    if "{{" in value or "{%" in value:
+        return value
+    raise SoloError(f"--chat-template {value!r} is neither a file nor a Jinja template (no {{{{ or {{% in it); give "
+                    "the path of a .jinja file or the template text")
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

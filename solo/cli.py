@@ -67,6 +67,18 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
                         "starts N processes itself, or joins a torchrun job (default: 1)")
 
 
+def add_template_arguments(parser: argparse.ArgumentParser) -> None:
+    """--chat-template, --tool-call-parser (`Engine.load`'s chat_template, tool_call_parser)."""
+    from solo.engine.tool_calls import TOOL_FORMATS
+
+    parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
+                        help="a chat template to use instead of the model's: a .jinja file or the template text "
+                        "(as vLLM's --chat-template)")
+    parser.add_argument("--tool-call-parser", default=None, choices=TOOL_FORMATS,
+                        help="the tool-call syntax to parse instead of the one detected from the chat template "
+                        "(as vLLM's --tool-call-parser)")
+
+
 def add_context_argument(parser: argparse.ArgumentParser, help_suffix: str = "") -> None:
     """--max-model-len (`Engine.load`'s context_length)."""
     parser.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS",
@@ -195,7 +207,8 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
 
     return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                        revision=args.revision, quantize=args.quantize, prefix_cache_gb=prefix_cache_gb_from_args(args),
-                       speculative=args.speculative, tp=args.tp, context_length=args.max_model_len)
+                       speculative=args.speculative, tp=args.tp, context_length=args.max_model_len,
+                       chat_template=args.chat_template, tool_call_parser=args.tool_call_parser)
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
@@ -389,6 +402,9 @@ _FOREIGN_FLAGS = {
     "-ngl": "llama.cpp's GPU offload: use --device cuda (the whole model)",
     "--n-gpu-layers": "llama.cpp's GPU offload: use --device cuda (the whole model)",
     "--tensor-parallel-size": "vLLM's: use --tp", "-tp": "vLLM's --tensor-parallel-size: use --tp",
+    "--enable-auto-tool-choice": "vLLM's: Solo parses tool calls whenever a request sends tools; drop it",
+    "--chat-template-file": "llama.cpp's: use --chat-template FILE",
+    "--jinja": "llama.cpp's: Solo always renders the model's Jinja chat template; drop it",
 }
 
 
@@ -436,6 +452,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                          help="send the prompt as a user message through the model's chat template")
         run.add_argument("--system", default=None, help="system message (with --chat)")
         add_context_argument(run)
+        add_template_arguments(run)
         add_feature_arguments(run)
         add_sampling_arguments(run)
         run.set_defaults(handler=cmd_run)
@@ -451,6 +468,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
         )
         chat.add_argument("--system", default=None, help="system message for the conversation")
         add_context_argument(chat)
+        add_template_arguments(chat)
         add_feature_arguments(chat)
         add_sampling_arguments(chat)
         chat.set_defaults(handler=_lazy_handler("solo.chat", "cmd_chat"))

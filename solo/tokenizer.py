@@ -75,6 +75,25 @@ class Tokenizer:
                 special.setdefault(name, text)
         return cls(_load_backend(folder), special, _chat_template_source(folder, config))
 
+    def use_chat_template(self, source: str | None = None, tool_format: str | None = None) -> None:
+        """Replace the model's chat template and / or its tool-call syntax (vLLM's --chat-template, --tool-call-parser).
+
+        Args:
+            source: the template text, or None to keep the model's.
+            tool_format: a tool-call syntax (`solo.engine.tool_calls.TOOL_FORMATS`), or None to detect it.
+
+        Raises:
+            CheckpointError: a tool_format without any chat template; InvalidRequestError: the template does
+                not compile, or an unknown tool_format.
+        """
+        source = source if source is not None else (self.chat_template.source if self.chat_template else None)
+        if source is None:
+            if tool_format is not None:
+                raise CheckpointError("a tool-call parser needs a chat template, and this model has none; give "
+                                      "one with --chat-template")
+            return
+        self.chat_template = ChatTemplate(source, self.special_tokens, tool_format)
+
     @property
     def vocab_size(self) -> int:
         """Number of ids the tokenizer can produce, added tokens included."""

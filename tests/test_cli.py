@@ -325,3 +325,31 @@ def test_tp_refuses_what_its_runtime_cannot_honour(capsys, tiny_llama):
                         (["bench", str(tiny_llama), "--tp", "2", "--backend", "cpu"], "--backend: not used by --tp")):
         assert main(argv) == 2, argv
         assert words in capsys.readouterr().err, argv
+
+
+def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_model):
+    """vLLM's --chat-template (a file or the text) gives a completion model a template, or replaces a model's;
+    --tool-call-parser picks the syntax parsed; bad values are one line each, before any weight is read."""
+    template = tmp_path / "turns.jinja"
+    template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
+                        "{% if add_generation_prompt %}<assistant>{% endif %}")
+    code, out, _ = _run(capsys, "run", str(no_template_model), "--chat", "--chat-template", str(template),
+                        "--prompt", "hi", "--max-tokens", "3", "--temperature", "0")
+    engine = Engine.load(no_template_model, chat_template=str(template))
+    assert code == 0 and out == engine.complete([{"role": "user", "content": "hi"}],
+                                                SamplingParams(max_tokens=3, temperature=0)).text + "\n"
+    assert engine.tokenizer.render_chat([{"role": "user", "content": "hi"}]) == "<user>hi\n<assistant>"
+    inline = Engine.load(no_template_model, chat_template=template.read_text(), tool_call_parser="qwen3_coder")
+    assert inline.tokenizer.chat_template.tool_format == "qwen3_coder"
+    assert Engine.load(None, tool_call_parser="qwen3_coder").tokenizer.chat_template.tool_format == "qwen3_coder"
+    for extra, message in ((["--chat-template", "no-such-file.jinja"], "neither a file nor a Jinja template"),
+                           (["--chat-template", "{% if %}"], "does not compile")):
+        code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", *extra)
+        assert code == 2 and message in err and "Traceback" not in err, (extra, err)
+    code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--tool-call-parser", "hermes")
+    assert code == 2 and "needs a chat template" in err
+    for extra, message in ((["--tool-call-parser", "pythonic"], "invalid choice"),
+                           (["--enable-auto-tool-choice"], "parses tool calls whenever a request sends tools")):
+        with pytest.raises(SystemExit):
+            main(["serve", str(no_template_model), *extra])
+        assert message in capsys.readouterr().err, extra

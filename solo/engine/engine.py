@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from solo.chat_template import template_messages
+from solo.chat_template import read_chat_template, template_messages
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
@@ -35,6 +35,7 @@ from solo.engine.speculative import (
     speculative_step,
 )
 from solo.engine.tool_calls import (
+    TOOL_FORMATS,
     ToolCallParser,
     arguments_as_objects,
     check_tools,
@@ -297,6 +298,8 @@ class Engine:
         speculative: str = "auto",
         tp: int = 1,
         context_length: int | None = None,
+        chat_template: str | None = None,
+        tool_call_parser: str | None = None,
     ) -> Engine:
         """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.
 
@@ -316,6 +319,10 @@ class Engine:
                 (`ModelConfig.context_length`). Lower saves KV-cache memory; a LongRoPE model (Phi-3) accepts up
                 to its long context and then takes its long factors at every position (see
                 `ModelConfig.with_context_length`).
+            chat_template: a chat template to use instead of the model's: a file's path or the template text
+                (vLLM's `--chat-template`).
+            tool_call_parser: the tool-call syntax to parse (`solo.engine.tool_calls.TOOL_FORMATS`) instead of
+                the one detected from the template (vLLM's `--tool-call-parser`).
 
         Raises:
             ModelNotFoundError, CheckpointError, UnsupportedArchitectureError: see their docs.
@@ -325,6 +332,9 @@ class Engine:
         """
         if speculative not in SPECULATIVE_MODES:  # before the slow part
             raise SoloError(f"unknown speculative mode {speculative!r}; choose one of {', '.join(SPECULATIVE_MODES)}")
+        if tool_call_parser is not None and tool_call_parser not in TOOL_FORMATS:
+            raise SoloError(f"unknown tool-call parser {tool_call_parser!r}; choose one of {', '.join(TOOL_FORMATS)}")
+        template_text = None if chat_template is None else read_chat_template(chat_template)
         # Python callers get a named error for a wrong type, not a TypeError from a comparison deep inside.
         if not isinstance(tp, int) or isinstance(tp, bool):
             raise SoloError(f"tp must be an integer (ranks), got {tp!r}")
@@ -348,6 +358,11 @@ class Engine:
                          "--dtype float16 runs the slow eager reference)")
             torch_dtype = torch.bfloat16
         tokenizer = Tokenizer.from_folder(folder)
+        if chat_template is not None or tool_call_parser is not None:
+            try:
+                tokenizer.use_chat_template(template_text, tool_call_parser)
+            except InvalidRequestError as exc:  # (a request's error type; here the flags' fault)
+                raise SoloError(f"--chat-template / --tool-call-parser: {exc}") from None
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
         if tp != 1:
             from solo.distributed.launch import start_ranks
@@ -465,7 +480,8 @@ class Engine:
             if isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt):
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
             template = self.tokenizer.chat_template
-            tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None)
+            tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None,
+                                                     template.tool_format if template else None)
             spec, forced = output_constraint(tool_format, tools, choice, parallel_tool_calls, params.response_format)
             if spec is not params.response_format:  # a forced call's grammar, or strict functions' (auto)
                 params = params.copy(response_format=spec)

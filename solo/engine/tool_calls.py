@@ -114,7 +114,8 @@ def detect_tool_format(template_source: str | None) -> str | None:
 
 
 def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # noqa: ANN401
-                template_source: str | None) -> tuple[str | None, list[dict[str, Any]], str | dict | None]:
+                template_source: str | None, tool_format: str | None = None
+                ) -> tuple[str | None, list[dict[str, Any]], str | dict | None]:
     """Validate tools and tool_choice against each other and the model's chat template.
 
     Args:
@@ -122,6 +123,8 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         tool_choice: "none", "auto", "required", {"type": "function", "function": {"name": ...}}, or None
             (OpenAI's default: "auto" with tools, "none" without).
         template_source: the model's chat template (None: the model has none).
+        tool_format: the tool-call syntax to use (`ChatTemplate.tool_format`: a `--tool-call-parser` or the
+            detected one), or None to detect it from the template.
 
     Returns:
         (tool-call format or None, the tools, the resolved tool_choice).
@@ -170,7 +173,7 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         raise InvalidRequestError("this model's chat template has no tool support (it never reads `tools`), so "
                                   "the model would not see them; leave tools out or serve a tool-calling model",
                                   param="tools")
-    fmt = detect_tool_format(template_source)
+    fmt = tool_format or detect_tool_format(template_source)
     if fmt is None and tool_choice != "none":
         raise InvalidRequestError("Solo does not recognise this model's tool-call syntax (it parses "
                                   f"{', '.join(TOOL_FORMATS)}); send tool_choice \"none\" to only show the "

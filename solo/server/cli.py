@@ -14,10 +14,11 @@ from collections.abc import Callable
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
-    from solo.cli import add_context_argument, add_feature_arguments, add_model_arguments
+    from solo.cli import add_context_argument, add_feature_arguments, add_model_arguments, add_template_arguments
     from solo.engine.reasoning import REASONING_PARSERS
 
     add_model_arguments(parser)
+    add_template_arguments(parser)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=None, metavar="KEY",
@@ -113,7 +114,7 @@ def main(args: argparse.Namespace) -> int:
     check_local_model(args.model)  # a wrong path fails here, before the server starts listening
     settings = ServerSettings(
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
-        quantize=args.quantize,
+        quantize=args.quantize, chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
         served_model_name=args.served_model_name, api_key=args.api_key, allowed_origins=args.allowed_origins,
         allowed_hosts=allowed_hosts_for(args.host, args.allowed_hosts),
         max_batch=args.max_batch,

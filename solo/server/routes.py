@@ -222,7 +222,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         messages = arguments_as_objects([m.for_template() for m in body.messages])
         template = engine.tokenizer.chat_template
         tools.format, tool_list, choice = check_tools(body.tools, body.tool_choice,
-                                                      template.source if template is not None else None)
+                                                      template.source if template is not None else None,
+                                                      template.tool_format if template is not None else None)
         response_format, tools.forced = output_constraint(tools.format, tool_list, choice, body.parallel_tool_calls,
                                                           body.structured_output())
         if choice == "none":

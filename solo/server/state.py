@@ -132,6 +132,7 @@ class ServerSettings:
         tp: tensor-parallel ranks (`solo.distributed`; rank 0 serves, the others follow).
         reasoning_parser: "auto" (split `<think>` blocks into `reasoning_content` when the chat template writes
             them), "none", or vLLM's "qwen3" / "deepseek_r1" (see solo.engine.reasoning).
+        chat_template, tool_call_parser: as for `Engine.load` (vLLM's --chat-template, --tool-call-parser).
     """
 
     model: str | None = None
@@ -140,6 +141,8 @@ class ServerSettings:
     backend: str = "auto"
     revision: str | None = None
     quantize: str | None = None
+    chat_template: str | None = None
+    tool_call_parser: str | None = None
     served_model_name: str | None = None
     api_key: str | None = None
     allowed_origins: list[str] | None = None
@@ -235,7 +238,8 @@ class ServerState:
         gb = DEFAULT_PREFIX_CACHE_GB if s.prefix_cache_gb == "auto" else s.prefix_cache_gb  # sized in _start
         return Engine.load(s.model, device=s.device, dtype=s.dtype, backend=s.backend, revision=s.revision,
                            quantize=s.quantize, prefix_cache_gb=gb, speculative=s.speculative, tp=s.tp,
-                           context_length=s.max_model_len)
+                           context_length=s.max_model_len, chat_template=s.chat_template,
+                           tool_call_parser=s.tool_call_parser)
 
     @property
     def status(self) -> str:
