@@ -32,7 +32,6 @@ command to use; `HEAD /` and `/api/version` answer without the API key (Ollama's
 
 from __future__ import annotations
 
-import asyncio
 import datetime
 import json
 import re
@@ -390,7 +389,7 @@ async def _lines(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, shape: Ca
 
 async def _whole(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, request: Request) -> None:
     # Every chunk into `reply` (a reply that is not streamed); stops if the client leaves.
-    from solo.server.routes import _until_disconnected
+    from solo.server.routes import while_connected
 
     async def gather() -> None:
         async for chunk in chunks:
@@ -400,16 +399,7 @@ async def _whole(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, request: 
                 raise APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"))
             reply.feed(chunk)
 
-    work = asyncio.ensure_future(gather())
-    watcher = asyncio.ensure_future(_until_disconnected(request))
-    try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            raise APIError(499, "the client closed the connection", code="client_closed_request")
-        work.result()
-    finally:
-        for task in (work, watcher):
-            task.cancel()
+    await while_connected(gather(), request)
 
 
 class _NDJSONStream(StreamingResponse):

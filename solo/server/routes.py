@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -155,6 +155,24 @@ async def _until_disconnected(request: Request) -> None:
         pass
 
 
+async def while_connected(work: Awaitable[None], request: Request) -> None:
+    """Run `work` to its end (re-raising its failure), or stop it when the client closes the connection.
+
+    Raises:
+        APIError: 499 when the client left first.
+    """
+    task = asyncio.ensure_future(work)
+    watcher = asyncio.ensure_future(_until_disconnected(request))
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+        if not task.done():
+            raise APIError(499, "the client closed the connection", code="client_closed_request")
+        task.result()  # re-raises a failure inside the scheduler
+    finally:
+        for running in (task, watcher):
+            running.cancel()
+
+
 async def _collect(job: _Job, request: Request, n: int) -> list[list[GenerationEvent]]:
     """Every choice's events (non-streamed responses); cancels the generation if the client leaves."""
     per_choice: list[list[GenerationEvent]] = [[] for _ in range(n)]
@@ -164,21 +182,14 @@ async def _collect(job: _Job, request: Request, n: int) -> list[list[GenerationE
             per_choice[index].append(event)
             job.count(event)
 
-    work = asyncio.ensure_future(gather())
-    watcher = asyncio.ensure_future(_until_disconnected(request))
     try:
-        await asyncio.wait({work, watcher}, return_when=asyncio.FIRST_COMPLETED)
-        if not work.done():
-            raise APIError(499, "the client closed the connection", code="client_closed_request")
-        work.result()  # re-raises a failure inside the scheduler
+        await while_connected(gather(), request)
         if job.completion_tokens == 0 and all(events and events[-1].finish_reason == "abort" for events in per_choice):
             # Ended by shutdown before any token: nothing was done, so say so (503, retry elsewhere) instead of
             # a 200 with empty text that only finish_reason tells apart from a real answer.
             raise shutting_down()
         return per_choice
     finally:
-        for task in (work, watcher):
-            task.cancel()
         job.generation.cancel()
 
 
