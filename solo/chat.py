@@ -267,6 +267,7 @@ def cmd_chat(args: argparse.Namespace) -> int:
     if engine.tokenizer.chat_template is None:
         raise SoloError(
             f"{engine.name} is a completion model without a chat template, so it cannot chat; use "
-            "`solo run --prompt ...` with it, or give `solo chat` a chat (instruct) model"
+            "`solo run --prompt ...` with it, give `solo chat` a chat (instruct) model, or give this one a "
+            "template with --chat-template"
         )
     return ChatSession(engine, params, args.system, _line_reader()).loop()

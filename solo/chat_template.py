@@ -83,18 +83,21 @@ class ChatTemplate:
         special_tokens: named special tokens as strings, e.g. {"bos_token": "<s>", "eos_token": "</s>"}.
         tool_format: the tool-call syntax to parse (`solo.engine.tool_calls.TOOL_FORMATS`; vLLM's
             `--tool-call-parser`), or None to detect it from the template.
+        origin: what the template is, for errors ("the model's chat template", or one the user gave).
 
     Raises:
         InvalidRequestError: the template does not compile; an unknown tool_format.
     """
 
-    def __init__(self, source: str, special_tokens: Mapping[str, str], tool_format: str | None = None) -> None:
+    def __init__(self, source: str, special_tokens: Mapping[str, str], tool_format: str | None = None,
+                 origin: str = "the model's chat template") -> None:
         self.source = source
         self.special_tokens = dict(special_tokens)
         try:
             self._template = _environment().from_string(source)
         except jinja2.TemplateError as exc:
-            raise InvalidRequestError(f"the model's chat template does not compile: {exc}") from None
+            where = f" (line {exc.lineno})" if isinstance(exc, jinja2.TemplateSyntaxError) else ""
+            raise InvalidRequestError(f"{origin} does not compile: {exc}{where}") from None
         from solo.engine.tool_calls import TOOL_FORMATS, detect_tool_format  # (the engine package imports this)
 
         if tool_format is not None and tool_format not in TOOL_FORMATS:
@@ -176,14 +179,15 @@ def _cut_after_final_message(text: str, final: Mapping[str, Any]) -> str:
     if isinstance(content, list):  # text parts: the last one's text ends the message
         content = content[-1].get("text") if content and isinstance(content[-1], Mapping) else None
     if not isinstance(content, str) or not content.strip():
-        raise InvalidRequestError("continue_final_message needs a last message with text to continue; give its "
-                                  "content, or leave continue_final_message out", param="messages")
+        raise InvalidRequestError("continuing the last message (continue_final_message, a prefill) needs text in "
+                                  "it; give its content", param="messages")
     for piece in (content, content.strip()):
         end = text.rfind(piece)
         if end >= 0:
             return text[:end + len(piece)]
-    raise InvalidRequestError("continue_final_message: the chat template does not write the last message's content "
-                              "into the prompt, so there is nothing to continue", param="messages")
+    raise InvalidRequestError("the last message is continued (continue_final_message, a prefill), but the chat "
+                              "template does not write its content into the prompt: there is nothing to continue",
+                              param="messages")
 
 
 def read_chat_template(value: str) -> str:
@@ -193,6 +197,9 @@ def read_chat_template(value: str) -> str:
         SoloError: neither a readable file nor text with Jinja tags in it.
     """
     path = Path(value).expanduser()
+    if path.is_dir():
+        raise SoloError(f"--chat-template {value!r} is a folder; give the template file in it (e.g. its "
+                        "chat_template.jinja)")
     if path.is_file():
         try:
             return path.read_text(encoding="utf-8")
@@ -202,6 +209,11 @@ def read_chat_template(value: str) -> str:
         return value
     raise SoloError(f"--chat-template {value!r} is neither a file nor a Jinja template (no {{{{ or {{% in it); give "
                     "the path of a .jinja file or the template text")
+
+
+def chat_template_origin(value: str) -> str:
+    """What a `--chat-template` value is, for errors: the file, or text given inline."""
+    return f"the chat template {value}" if Path(value).expanduser().is_file() else "the chat template given as text"
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

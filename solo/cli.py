@@ -67,16 +67,17 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
                         "starts N processes itself, or joins a torchrun job (default: 1)")
 
 
-def add_template_arguments(parser: argparse.ArgumentParser) -> None:
-    """--chat-template, --tool-call-parser (`Engine.load`'s chat_template, tool_call_parser)."""
+def add_template_arguments(parser: argparse.ArgumentParser, tools: bool = False) -> None:
+    """--chat-template, and with `tools` --tool-call-parser (`Engine.load`'s chat_template, tool_call_parser)."""
     from solo.engine.tool_calls import TOOL_FORMATS
 
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
                         help="a chat template to use instead of the model's: a .jinja file or the template text "
                         "(as vLLM's --chat-template)")
-    parser.add_argument("--tool-call-parser", default=None, choices=TOOL_FORMATS,
-                        help="the tool-call syntax to parse instead of the one detected from the chat template "
-                        "(as vLLM's --tool-call-parser)")
+    if tools:  # (only the server takes requests with tools)
+        parser.add_argument("--tool-call-parser", default=None, choices=TOOL_FORMATS,
+                            help="the tool-call syntax to parse instead of the one detected from the chat template "
+                            "(as vLLM's --tool-call-parser)")
 
 
 def add_context_argument(parser: argparse.ArgumentParser, help_suffix: str = "") -> None:
@@ -208,7 +209,7 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
     return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
                        revision=args.revision, quantize=args.quantize, prefix_cache_gb=prefix_cache_gb_from_args(args),
                        speculative=args.speculative, tp=args.tp, context_length=args.max_model_len,
-                       chat_template=args.chat_template, tool_call_parser=args.tool_call_parser)
+                       chat_template=args.chat_template)
 
 
 def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
@@ -261,6 +262,8 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "text") from None
     if args.system is not None and not args.chat:
         raise SoloError("--system only applies to chat prompts; add --chat (or put the text in --prompt)")
+    if args.chat_template is not None and not args.chat:
+        raise SoloError("--chat-template only applies to chat prompts; add --chat (a plain prompt is sent as it is)")
     if args.chat and not prompt:  # as a plain prompt's (the chat template would still render a turn)
         raise SoloError("the prompt is empty; give some text")
     params = sampling_params_from_args(args)

@@ -75,24 +75,28 @@ class Tokenizer:
                 special.setdefault(name, text)
         return cls(_load_backend(folder), special, _chat_template_source(folder, config))
 
-    def use_chat_template(self, source: str | None = None, tool_format: str | None = None) -> None:
+    def use_chat_template(self, source: str | None = None, tool_format: str | None = None,
+                          origin: str = "the chat template given") -> None:
         """Replace the model's chat template and / or its tool-call syntax (vLLM's --chat-template, --tool-call-parser).
 
         Args:
             source: the template text, or None to keep the model's.
             tool_format: a tool-call syntax (`solo.engine.tool_calls.TOOL_FORMATS`), or None to detect it.
+            origin: what `source` is, for a compile error.
 
         Raises:
             CheckpointError: a tool_format without any chat template; InvalidRequestError: the template does
                 not compile, or an unknown tool_format.
         """
-        source = source if source is not None else (self.chat_template.source if self.chat_template else None)
+        if source is None and self.chat_template is not None:
+            origin = "the model's chat template"
+            source = self.chat_template.source
         if source is None:
             if tool_format is not None:
                 raise CheckpointError("a tool-call parser needs a chat template, and this model has none; give "
                                       "one with --chat-template")
             return
-        self.chat_template = ChatTemplate(source, self.special_tokens, tool_format)
+        self.chat_template = ChatTemplate(source, self.special_tokens, tool_format, origin)
 
     @property
     def vocab_size(self) -> int:
@@ -153,7 +157,8 @@ class Tokenizer:
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template, so it cannot take messages; send a plain prompt "
-                "(solo run --prompt / the completions API) or use a chat (instruct) model",
+                "(solo run --prompt / the completions API), use a chat (instruct) model, or give this one a "
+                "template with --chat-template",
                 param="messages",
             )
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)

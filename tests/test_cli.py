@@ -13,6 +13,7 @@ from checkpoints import make_checkpoint, write_tokenizer
 
 from solo import Engine, SamplingParams
 from solo.cli import main
+from solo.errors import SoloError
 
 
 def _run(capsys, *argv):
@@ -329,7 +330,10 @@ def test_tp_refuses_what_its_runtime_cannot_honour(capsys, tiny_llama):
 
 def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_model):
     """vLLM's --chat-template (a file or the text) gives a completion model a template, or replaces a model's;
-    --tool-call-parser picks the syntax parsed; bad values are one line each, before any weight is read."""
+    --tool-call-parser (solo serve, which takes tools) picks the syntax parsed; bad values are one line each,
+    before any weight is read (and before the server listens)."""
+    from solo.server.state import ServerSettings
+
     template = tmp_path / "turns.jinja"
     template.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}\n{% endfor %}"
                         "{% if add_generation_prompt %}<assistant>{% endif %}")
@@ -342,14 +346,23 @@ def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_
     inline = Engine.load(no_template_model, chat_template=template.read_text(), tool_call_parser="qwen3_coder")
     assert inline.tokenizer.chat_template.tool_format == "qwen3_coder"
     assert Engine.load(None, tool_call_parser="qwen3_coder").tokenizer.chat_template.tool_format == "qwen3_coder"
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("line one\n{{ messages[0].content }")
     for extra, message in ((["--chat-template", "no-such-file.jinja"], "neither a file nor a Jinja template"),
-                           (["--chat-template", "{% if %}"], "does not compile")):
-        code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", *extra)
+                           (["--chat-template", str(tmp_path)], "is a folder"),
+                           (["--chat-template", str(broken)], "broken.jinja does not compile"),
+                           (["--chat-template", str(template)], "only applies to chat prompts; add --chat")):
+        chat = [] if "only applies" in message else ["--chat"]
+        code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", *chat, *extra)
         assert code == 2 and message in err and "Traceback" not in err, (extra, err)
-    code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--tool-call-parser", "hermes")
-    assert code == 2 and "needs a chat template" in err
-    for extra, message in ((["--tool-call-parser", "pythonic"], "invalid choice"),
-                           (["--enable-auto-tool-choice"], "parses tool calls whenever a request sends tools")):
+    assert "(line 2)" in str(pytest.raises(SoloError, Engine.load, no_template_model, chat_template=str(broken)).value)
+    with pytest.raises(SoloError, match="needs a chat template"):
+        Engine.load(no_template_model, tool_call_parser="hermes")
+    with pytest.raises(SoloError, match="does not compile"):  # solo serve: before it listens
+        ServerSettings(chat_template=str(broken)).validate()
+    for argv, message in ((["serve", str(no_template_model), "--tool-call-parser", "pythonic"], "invalid choice"),
+                          (["serve", "--enable-auto-tool-choice"], "parses tool calls whenever a request sends tools"),
+                          (["run", "--tool-call-parser", "hermes", "-p", "hi"], "unrecognized arguments")):
         with pytest.raises(SystemExit):
-            main(["serve", str(no_template_model), *extra])
-        assert message in capsys.readouterr().err, extra
+            main(argv)
+        assert message in capsys.readouterr().err, argv

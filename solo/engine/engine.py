@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from solo.chat_template import read_chat_template, template_messages
+from solo.chat_template import chat_template_origin, read_chat_template, template_messages
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
@@ -360,9 +360,10 @@ class Engine:
         tokenizer = Tokenizer.from_folder(folder)
         if chat_template is not None or tool_call_parser is not None:
             try:
-                tokenizer.use_chat_template(template_text, tool_call_parser)
-            except InvalidRequestError as exc:  # (a request's error type; here the flags' fault)
-                raise SoloError(f"--chat-template / --tool-call-parser: {exc}") from None
+                tokenizer.use_chat_template(template_text, tool_call_parser,
+                                            origin=chat_template_origin(chat_template or ""))
+            except InvalidRequestError as exc:  # (a request's error type; here the caller's)
+                raise SoloError(str(exc)) from None
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
         if tp != 1:
             from solo.distributed.launch import start_ranks

@@ -48,6 +48,12 @@ def prompt_opens_reasoning(prompt_text: str) -> bool:
     return start >= 0 and THINK_END not in prompt_text[start:] and not prompt_text[start + len(THINK_START):].strip()
 
 
+def continues_reasoning(content: str) -> bool:
+    """Whether a message the model continues (a prefill) ends inside a `<think>` block it opened."""
+    start = content.rfind(THINK_START)
+    return start >= 0 and THINK_END not in content[start:]
+
+
 class ReasoningParser:
     """Splits one choice's output into reasoning and content as it streams.
 

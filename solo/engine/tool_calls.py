@@ -171,8 +171,8 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         return None, [], tool_choice
     if not supports_tools(template_source):
         raise InvalidRequestError("this model's chat template has no tool support (it never reads `tools`), so "
-                                  "the model would not see them; leave tools out or serve a tool-calling model",
-                                  param="tools")
+                                  "the model would not see them; leave tools out, serve a tool-calling model, or "
+                                  "give the server a template that shows them (--chat-template)", param="tools")
     fmt = tool_format or detect_tool_format(template_source)
     if fmt is None and tool_choice != "none":
         raise InvalidRequestError("Solo does not recognise this model's tool-call syntax (it parses "

@@ -130,8 +130,11 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
-    if body.messages and body.messages[-1].get("role") == "assistant":  # a prefill: the reply continues it
-        fields.update(continue_final_message=True, add_generation_prompt=False)
+    if messages and messages[-1]["role"] == "assistant":  # a prefill: the reply continues it
+        if (messages[-1].get("content") or "").strip() or messages[-1].get("tool_calls"):
+            fields.update(continue_final_message=True, add_generation_prompt=False)
+        else:
+            messages.pop()  # an empty one: nothing to continue, the reply starts as without it
     if body.stream:
         fields["stream_options"] = {"include_usage": True}
     if body.tools:

@@ -18,7 +18,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     from solo.engine.reasoning import REASONING_PARSERS
 
     add_model_arguments(parser)
-    add_template_arguments(parser)
+    add_template_arguments(parser, tools=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=None, metavar="KEY",

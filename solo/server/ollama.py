@@ -620,7 +620,10 @@ async def chat(request: Request) -> Response:
                   "tools": _typed(data, "tools", list, "a list of tools") or None,
                   "chat_template_kwargs": _thinking(data.get("think"), state)}
         if messages and messages[-1].get("role") == "assistant":  # Ollama continues it (a prefill)
-            fields.update(continue_final_message=True, add_generation_prompt=False)
+            if str(messages[-1].get("content") or "").strip() or messages[-1].get("tool_calls"):
+                fields.update(continue_final_message=True, add_generation_prompt=False)
+            else:
+                messages.pop()  # an empty one: nothing to continue, the reply starts as without it
         if not messages:
             return _load_reply(data, model, chat=True)
         await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=False)

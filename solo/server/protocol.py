@@ -514,8 +514,10 @@ class TokenizeRequest(_Lenient):
     def _one_input(self) -> TokenizeRequest:
         if (self.prompt is None) == (self.messages is None):
             raise ValueError("give exactly one of prompt or messages")
-        if self.prompt is not None and (self.tools is not None or self.chat_template_kwargs is not None):
-            raise ValueError("tools and chat_template_kwargs go with messages (they are passed to the chat template)")
+        chat_only = ("tools", "chat_template_kwargs", "continue_final_message", "add_generation_prompt")
+        given = [name for name in chat_only if name in self.model_fields_set and getattr(self, name) is not None]
+        if self.prompt is not None and given:
+            raise ValueError(f"{given[0]} goes with messages (it is passed to the chat template), not a prompt")
         return self
 
 

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from solo.engine.reasoning import ReasoningParser, prompt_opens_reasoning
+from solo.engine.reasoning import ReasoningParser, continues_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import (
@@ -240,6 +240,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if choice == "none":
             tools.format = None
         tools.parameters = tool_parameters(tool_list)
+        if body.continue_final_message:
+            _check_continued(messages[-1], response_format)
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
@@ -252,7 +254,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.reasoning = state.reasoning and (response_format is None or (
             not tools.forced and getattr(response_format, "source", None) == "tools"))
         tools.in_reasoning = tools.reasoning and (prompt_opens_reasoning(text)
-                                                  or state.settings.reasoning_parser == "deepseek_r1")
+                                                  or state.settings.reasoning_parser == "deepseek_r1"
+                                                  or (body.continue_final_message
+                                                      and continues_reasoning(str(messages[-1].get("content")))))
         # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).
         ids = engine.tokenizer.encode(text, add_special_tokens=False)
         if not ids:
@@ -296,6 +300,19 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         ))
     return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                 usage=_with_reasoning(job.usage(), tools, reasoning_tokens)))
+
+
+def _check_continued(last: dict[str, Any], response_format: Any) -> None:  # noqa: ANN401
+    # A continued message (a prefill) is text the model goes on with: its tool calls would not be continued, and
+    # an output grammar (forced or strict tool calls, response_format) would start over inside the text.
+    if last.get("tool_calls"):
+        raise InvalidRequestError("the last message, which is continued (continue_final_message, a prefill), has "
+                                  "tool_calls: only its text is continued; leave the calls out", param="messages")
+    if response_format is not None:
+        source = getattr(response_format, "source", "response_format")
+        raise InvalidRequestError(f"continuing the last message (continue_final_message, a prefill) cannot be "
+                                  f"combined with {source}: its grammar would start over inside the continued text; "
+                                  f"drop one of them", param=source)
 
 
 def _with_reasoning(usage: Usage, tools: _ToolSetup, reasoning_tokens: int) -> Usage:

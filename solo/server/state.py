@@ -21,7 +21,7 @@ from solo.engine.engine import Engine, context_budget
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
 from solo.engine.request import Request
-from solo.errors import ContextLengthError, SoloError
+from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.server import kv_memory
 from solo.server.async_engine import AsyncEngine
 from solo.server.errors import model_loading, model_not_found, shutting_down
@@ -163,8 +163,23 @@ class ServerSettings:
         """Check the numbers.
 
         Raises:
-            SoloError: a value out of range, naming the flag.
+            SoloError: a value out of range, naming the flag; a --chat-template that cannot be read or does not
+                compile, an unknown --tool-call-parser (before the server listens: the model loads after).
         """
+        if self.chat_template is not None:
+            from solo.chat_template import ChatTemplate, chat_template_origin, read_chat_template
+
+            try:
+                source = read_chat_template(self.chat_template)
+                ChatTemplate(source, {}, origin=chat_template_origin(self.chat_template))
+            except InvalidRequestError as exc:
+                raise SoloError(str(exc)) from None
+        if self.tool_call_parser is not None:
+            from solo.engine.tool_calls import TOOL_FORMATS
+
+            if self.tool_call_parser not in TOOL_FORMATS:
+                raise SoloError(f"unknown --tool-call-parser {self.tool_call_parser!r}; choose one of "
+                                f"{', '.join(TOOL_FORMATS)}")
         if self.max_batch is not None and self.max_batch < 1:
             raise SoloError(f"--max-batch must be >= 1, got {self.max_batch}")
         if self.prefill_chunk < 0:

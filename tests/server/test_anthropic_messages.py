@@ -120,3 +120,9 @@ def test_a_prefill_is_continued(server):
         model=MODEL_NAME, max_tokens=8, temperature=0, messages=conversation,
         extra_body={"continue_final_message": True, "add_generation_prompt": False})
     assert reply.content[0].text == expected.choices[0].message.content and reply.usage.output_tokens == 8
+    # An empty assistant message last has nothing to continue: the reply starts as without it.
+    empty = _client(server).messages.create(model=MODEL_NAME, max_tokens=8, extra_body={"temperature": 0},
+                                            messages=[conversation[0], {"role": "assistant", "content": ""}])
+    alone = _client(server).messages.create(model=MODEL_NAME, max_tokens=8, extra_body={"temperature": 0},
+                                            messages=[conversation[0]])
+    assert empty.content[0].text == alone.content[0].text

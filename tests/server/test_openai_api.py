@@ -264,3 +264,15 @@ def test_continue_final_message_continues_the_last_message(server, engine):
     with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
         server.client().chat.completions.create(model=MODEL_NAME, messages=prefill, max_tokens=2,
                                                 extra_body={"continue_final_message": True})
+    # What the continued text cannot carry on with is refused: its tool calls, an output grammar (it would start
+    # over inside the text), and chat fields on a plain prompt to /tokenize.
+    call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    for messages, extra_fields, words in (
+            ([*MESSAGES, {"role": "assistant", "content": "x", "tool_calls": [call]}], {}, "tool_calls"),
+            (prefill, {"response_format": {"type": "json_object"}}, "response_format")):
+        with pytest.raises(openai.BadRequestError, match=words):
+            server.client().chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=2,
+                                                    extra_body={**extra, **extra_fields})
+    refused = httpx.post(server.base_url.removesuffix("/v1") + "/tokenize",
+                         json={"prompt": "abc", "continue_final_message": True})
+    assert refused.status_code == 400 and "continue_final_message goes with messages" in refused.text

@@ -77,3 +77,18 @@ def test_reasoning_content_whole_streamed_and_off(thinking_model):
         assert plain.usage.completion_tokens_details is None  # nothing split: nothing counted
     finally:
         running.stop()
+
+
+@pytest.mark.slow
+def test_a_prefill_that_opens_a_thinking_block_is_continued_as_reasoning(thinking_model):
+    running = start_server(thinking_model, max_batch=2)
+    try:
+        prefill = [*ASK, {"role": "assistant", "content": "<think>\nLet me"}]
+        reply = running.client().chat.completions.create(
+            model=MODEL_NAME, messages=prefill, max_tokens=6, temperature=0,
+            extra_body={"continue_final_message": True, "add_generation_prompt": False})
+        message = reply.choices[0].message
+        assert message.model_extra["reasoning_content"] and message.content == ""
+        assert reply.usage.completion_tokens_details.reasoning_tokens == 6
+    finally:
+        running.stop()
