@@ -156,11 +156,14 @@ class ChatTemplate:
                 )
             cleaned.append({k: v for k, v in message.items() if v is not None})
         variables = {**self.special_tokens, **kwargs}
+
+        def rendered(messages: list[dict[str, Any]]) -> str:
+            return self._template.render(messages=messages, tools=tools, documents=None,
+                                         add_generation_prompt=add_generation_prompt, **variables)
+
         try:
-            text = self._template.render(
-                messages=cleaned, tools=tools, documents=None, add_generation_prompt=add_generation_prompt,
-                **variables,
-            )
+            text = rendered(cleaned)
+            marked = rendered([*cleaned[:-1], _marked(cleaned[-1])]) if continue_final_message else None
         except jinja2.TemplateError as exc:
             raise InvalidRequestError(f"the chat template rejected the messages: {exc}", param="messages") from None
         except (TypeError, ValueError, LookupError, AttributeError, ArithmeticError) as exc:
@@ -169,18 +172,42 @@ class ChatTemplate:
             raise InvalidRequestError(f"the chat template failed on the messages ({type(exc).__name__}: {exc}); "
                                       "check each message's fields against the OpenAI chat format",
                                       param="messages") from None
-        return _cut_after_final_message(text, cleaned[-1]) if continue_final_message else text
+        return _cut_after_final_message(text, marked, cleaned[-1]) if continue_final_message else text
 
 
-def _cut_after_final_message(text: str, final: Mapping[str, Any]) -> str:
-    # The rendered text up to the end of the last message's content (its last occurrence; a template that
-    # trims contents has the trimmed one), as transformers' continue_final_message cuts it.
-    content = final.get("content")
-    if isinstance(content, list):  # text parts: the last one's text ends the message
-        content = content[-1].get("text") if content and isinstance(content[-1], Mapping) else None
+_END_MARK = "\ue000\ue001"  # (private-use characters: no text a client sends ends with them)
+
+
+def _final_text(message: Mapping[str, Any]) -> str | None:
+    # The text that ends a message: its content, or its last text part's.
+    content = message.get("content")
+    if isinstance(content, list):
+        return content[-1].get("text") if content and isinstance(content[-1], Mapping) else None
+    return content if isinstance(content, str) else None
+
+
+def _marked(message: dict[str, Any]) -> dict[str, Any]:
+    # The message with `_END_MARK` after its text, to find where a template writes the text's end.
+    content = message.get("content")
+    if isinstance(content, list) and content and isinstance(content[-1], Mapping):
+        return {**message, "content": [*content[:-1], {**content[-1], "text": f"{content[-1].get('text')}{_END_MARK}"}]}
+    return {**message, "content": f"{content}{_END_MARK}"} if isinstance(content, str) else message
+
+
+def _cut_after_final_message(text: str, marked: str | None, final: Mapping[str, Any]) -> str:
+    # The rendered text up to the end of the last message's content, as transformers' continue_final_message
+    # cuts it: where the content ends (found by a mark after it, so a content that also occurs in the template's
+    # end-of-turn marker, "<" or "end", is not cut inside that marker as transformers would), else its last
+    # occurrence (a template that trims contents has the trimmed one).
+    content = _final_text(final)
     if not isinstance(content, str) or not content.strip():
         raise InvalidRequestError("continuing the last message (continue_final_message, a prefill) needs text in "
                                   "it; give its content", param="messages")
+    end = marked.find(_END_MARK) if marked is not None and _END_MARK not in content else -1
+    if end >= 0:
+        for prefix in (marked[:end], marked[:end].rstrip()):
+            if text.startswith(prefix) and prefix.rstrip().endswith(content.strip()):
+                return prefix
     for piece in (content, content.strip()):
         end = text.rfind(piece)
         if end >= 0:
@@ -196,6 +223,8 @@ def read_chat_template(value: str) -> str:
     Raises:
         SoloError: neither a readable file nor text with Jinja tags in it.
     """
+    if "{{" in value or "{%" in value:  # (before the file system: text longer than a file name raises there)
+        return value
     path = Path(value).expanduser()
     if path.is_dir():
         raise SoloError(f"--chat-template {value!r} is a folder; give the template file in it (e.g. its "
@@ -205,15 +234,15 @@ def read_chat_template(value: str) -> str:
             return path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SoloError(f"--chat-template: cannot read {path}: {exc}") from None
-    if "{{" in value or "{%" in value:
-        return value
     raise SoloError(f"--chat-template {value!r} is neither a file nor a Jinja template (no {{{{ or {{% in it); give "
                     "the path of a .jinja file or the template text")
 
 
 def chat_template_origin(value: str) -> str:
     """What a `--chat-template` value is, for errors: the file, or text given inline."""
-    return f"the chat template {value}" if Path(value).expanduser().is_file() else "the chat template given as text"
+    if "{{" in value or "{%" in value:
+        return "the chat template given as text"
+    return f"the chat template {value}"
 
 
 ROLES = ("system", "developer", "user", "assistant", "tool")

@@ -149,8 +149,16 @@ def test_continue_final_message_as_transformers(shared_hf):
     template = ChatTemplate("{% for m in messages %}{{ m['role'] }}: {{ m['content'] }}\n{% endfor %}", {})
     with pytest.raises(InvalidRequestError, match="add_generation_prompt"):
         template.render(prefill, add_generation_prompt=True, continue_final_message=True)
-    with pytest.raises(InvalidRequestError, match="text to continue"):
+    with pytest.raises(InvalidRequestError, match="needs text"):
         template.render([*prefill[:-1], {"role": "assistant", "content": ""}], False, continue_final_message=True)
+    # A content that also occurs in the end-of-turn marker is cut where it ends, not inside the marker.
+    chatml = ChatTemplate("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                          "{% endfor %}", {})
+    for content in ("<", "end", "|", "im_end", "x "):
+        cut = chatml.render([prefill[0], {"role": "assistant", "content": content}], False, continue_final_message=True)
+        assert cut == f"<|im_start|>user\n{prefill[0]['content']}<|im_end|>\n<|im_start|>assistant\n{content}", content
+    trims = ChatTemplate("{% for m in messages %}[{{ m['content'] | trim }}]{% endfor %}", {})
+    assert trims.render([{"role": "assistant", "content": " go on "}], False, continue_final_message=True) == "[go on"
     hidden = ChatTemplate("{% for m in messages %}{{ m['role'] }}\n{% endfor %}", {})
     with pytest.raises(InvalidRequestError, match="nothing to continue"):
         hidden.render(prefill, False, continue_final_message=True)

@@ -131,7 +131,8 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
     if messages and messages[-1]["role"] == "assistant":  # a prefill: the reply continues it
-        if (messages[-1].get("content") or "").strip() or messages[-1].get("tool_calls"):
+        last = messages[-1]
+        if (last.get("content") or "").strip() or last.get("tool_calls") or last.get("reasoning_content"):
             fields.update(continue_final_message=True, add_generation_prompt=False)
         else:
             messages.pop()  # an empty one: nothing to continue, the reply starts as without it

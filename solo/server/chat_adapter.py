@@ -10,25 +10,27 @@ import json
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
-from pydantic import ValidationError
+from pydantic import BaseModel, ValidationError
 
 from solo.errors import InvalidRequestError
 from solo.server.errors import validation_error
 from solo.server.protocol import ChatCompletionRequest
 
 
-def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str]) -> ChatCompletionRequest:
-    """A validated chat request from `fields` (None values left out: the chat route's defaults).
+def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str],
+                      kind: type[BaseModel] = ChatCompletionRequest) -> Any:  # noqa: ANN401
+    """A validated chat request (or another route's, `kind`) from `fields` (None values: the route's defaults).
 
     Args:
-        fields: ChatCompletionRequest fields.
-        field_names: chat field -> the calling API's name for it, for error messages and `param`.
+        fields: the request's fields.
+        field_names: route field -> the calling API's name for it, for error messages and `param`.
+        kind: the route's request model (ChatCompletionRequest, or CompletionRequest for a raw prompt).
 
     Raises:
-        InvalidRequestError: a field the chat request refuses, named as the calling API names it.
+        InvalidRequestError: a field the route refuses, named as the calling API names it.
     """
     try:
-        return ChatCompletionRequest(**{k: v for k, v in fields.items() if v is not None})
+        return kind(**{k: v for k, v in fields.items() if v is not None})
     except ValidationError as exc:
         errors = [{**e, "loc": ("body", *(field_names.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
         error = validation_error(errors)

@@ -45,7 +45,7 @@ from starlette.responses import StreamingResponse
 
 from solo import __version__
 from solo.chat_template import template_variables
-from solo.engine.tool_calls import arguments_as_objects, detect_tool_format
+from solo.engine.tool_calls import arguments_as_objects, supports_tools
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.server.chat_adapter import chat_chunks, chat_request_from
 from solo.server.errors import APIError, api_error_from, logger, shutting_down, unreadable_body_message
@@ -137,16 +137,21 @@ def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
         raise InvalidRequestError(f"options must be an object, got {options!r:.40}", param="options")
     fields: dict[str, Any] = {}
     for name, value in options.items():
-        if value is None or name in _NO_EFFECT_OPTIONS or name == "num_ctx":
+        if name in _NO_EFFECT_OPTIONS or name == "num_ctx":
             continue
         if name in _SAMPLING_OPTIONS:
+            if value is None:
+                continue  # (null: the default)
             fields[_SAMPLING_OPTIONS[name]] = value
         elif name in _OFF_VALUES:
-            if value != _OFF_VALUES[name]:
+            if value is not None and value != _OFF_VALUES[name]:
                 raise InvalidRequestError(f"options.{name} is not supported by Solo (it has no {name} sampling); "
                                           f"leave it out or set it to {_OFF_VALUES[name]}", param=f"options.{name}")
         elif name == "repeat_last_n":
-            if value not in (-1, 0) and options.get("repeat_penalty") not in (None, 1, 1.0):
+            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
+                raise InvalidRequestError(f"options.repeat_last_n must be an integer, got {value!r:.40}",
+                                          param="options.repeat_last_n")
+            if value not in (None, -1, 0) and options.get("repeat_penalty") not in (None, 1, 1.0):
                 raise InvalidRequestError(
                     "options.repeat_last_n: Solo's repeat_penalty covers the whole sequence (as vLLM's "
                     "repetition_penalty); with repeat_penalty, set repeat_last_n to -1 (the whole sequence) or 0 "
@@ -247,7 +252,9 @@ def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401
                 if not isinstance(arguments, dict):
                     raise InvalidRequestError(f"messages[{i}].tool_calls[{j}].function.arguments must be an object, "
                                               f"got {function.get('arguments')!r:.40}", param="messages")
-                call_id = call.get("id", f"call_{i}_{j}")
+                # (9 letters and digits, the form Mistral's template requires; the same each turn, so the
+                # prefix cache keeps the history)
+                call_id = call.get("id") if call.get("id") is not None else f"call{i:03d}{j:02d}"[-9:]
                 if not isinstance(call_id, str):
                     raise InvalidRequestError(f"messages[{i}].tool_calls[{j}].id must be a string", param="messages")
                 converted_calls.append({"id": call_id, "type": "function", "function": {
@@ -274,27 +281,28 @@ def _logprobs(content: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
              "top_logprobs": e.get("top_logprobs") or []} for e in content or []]
 
 
-def _completion_logprobs(logprobs: dict[str, Any] | None, tops: bool) -> list[dict[str, Any]]:
-    # The completions route's parallel lists as Ollama's per-token entries (its alternatives if `tops`: the
-    # route lists the sampled token among them even when none were asked for).
+def _completion_logprobs(logprobs: dict[str, Any] | None, top_n: int) -> list[dict[str, Any]]:
+    # The completions route's parallel lists as Ollama's per-token entries, with the `top_n` most likely
+    # alternatives (the route adds the sampled token to its top ones; Ollama lists exactly top_n).
     if not logprobs:
         return []
     out = []
-    top_wanted = tops
     for k, token in enumerate(logprobs.get("tokens") or []):
-        tops = (logprobs.get("top_logprobs") or [None] * (k + 1))[k] or {}
+        alternatives = (logprobs.get("top_logprobs") or [None] * (k + 1))[k] or {}
+        best = sorted(alternatives.items(), key=lambda item: -item[1])[:top_n]
         out.append({"token": token, "logprob": logprobs["token_logprobs"][k],
                     "bytes": list(token.encode("utf-8", "surrogatepass")),
                     "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode("utf-8", "surrogatepass"))}
-                                     for t, p in tops.items()] if top_wanted else []})
+                                     for t, p in best]})
     return out
 
 
 class _Reply:
     """One Ollama reply being assembled from the chat or completions stream's chunks, with its timings."""
 
-    def __init__(self, model: str, start_ns: int, tops: bool = True) -> None:
-        self.model, self.start_ns, self.tops = model, start_ns, tops
+    def __init__(self, model: str, start_ns: int, tops: int | None = None) -> None:
+        # tops: alternatives per token of a raw (completions) reply
+        self.model, self.start_ns, self.tops = model, start_ns, tops or 0
         self.first_ns: int | None = None
         self.content: list[str] = []
         self.thinking: list[str] = []
@@ -417,8 +425,9 @@ class _NDJSONStream(StreamingResponse):
 
 
 async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: int, fields: dict[str, Any],
-               raw: bool, shape: Callable[..., dict[str, Any]]) -> Response:
-    # The chat (or, raw, completions) route on `fields`, streamed internally, answered in Ollama's shape.
+               raw: bool, shape: Callable[..., dict[str, Any]], fitted: bool = False) -> Response:
+    # The chat (or, raw, completions) route on `fields`, streamed internally, answered in Ollama's shape;
+    # `fitted`: max_tokens was fitted to a num_ctx window (`_fit_window`).
     from solo.server.routes import GenerationStream, chat_completions, completions
 
     stream = _typed(data, "stream", bool, "true or false", default=True)
@@ -427,21 +436,17 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     async def call(fields: dict[str, Any]) -> Any:  # noqa: ANN401
         if not raw:
             return await chat_completions(chat_request_from(fields, _FIELD_NAMES), request)
-        try:
-            body = CompletionRequest(**{k: v for k, v in fields.items() if v is not None})
-        except ValueError as exc:
-            raise _named(exc) from None
-        return await completions(body, request)
+        return await completions(chat_request_from(fields, _FIELD_NAMES, CompletionRequest), request)
 
     try:
         reply_stream = await call(fields)
     except ContextLengthError as exc:
-        if exc.param != "max_tokens" or raw:  # (a raw prompt's budget is fitted to the context already)
+        if exc.param != "max_tokens" or raw or fitted:  # (a budget fitted to the window already stands)
             raise
         # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
         reply_stream = await call({**fields, "max_tokens": None})
     assert isinstance(reply_stream, GenerationStream)
-    reply = _Reply(model, start_ns, tops=not raw or bool(fields.get("logprobs")))
+    reply = _Reply(model, start_ns, tops=fields.get("logprobs") if raw else None)
     chunks = chat_chunks(reply_stream.body_iterator)
     if stream:
         return _NDJSONStream(_lines(chunks, reply, shape), reply_stream.generation)
@@ -464,18 +469,6 @@ def _typed(data: Mapping[str, Any], name: str, kind: type, what: str, default: A
     if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
         raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
     return value
-
-
-def _named(exc: ValueError) -> InvalidRequestError:
-    # A completions request's validation error, its fields named as Ollama names them.
-    from pydantic import ValidationError
-
-    from solo.server.errors import validation_error
-
-    assert isinstance(exc, ValidationError)
-    errors = [{**e, "loc": ("body", *(_FIELD_NAMES.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
-    error = validation_error(errors)
-    return InvalidRequestError(error.message, param=error.param)
 
 
 def _num_ctx(options: Any, state: Any) -> int | None:  # noqa: ANN401
@@ -620,14 +613,17 @@ async def chat(request: Request) -> Response:
                   "tools": _typed(data, "tools", list, "a list of tools") or None,
                   "chat_template_kwargs": _thinking(data.get("think"), state)}
         if messages and messages[-1].get("role") == "assistant":  # Ollama continues it (a prefill)
-            if str(messages[-1].get("content") or "").strip() or messages[-1].get("tool_calls"):
+            last = messages[-1]
+            if str(last.get("content") or "").strip() or last.get("tool_calls") or last.get("reasoning_content"):
                 fields.update(continue_final_message=True, add_generation_prompt=False)
             else:
                 messages.pop()  # an empty one: nothing to continue, the reply starts as without it
+        num_ctx = _num_ctx(data.get("options"), state)
         if not messages:
             return _load_reply(data, model, chat=True)
-        await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=False)
-        return await _run(request, data, model, start_ns, fields, raw=False, shape=_chat_object)
+        await _fit_window(request, fields, num_ctx, raw=False)
+        return await _run(request, data, model, start_ns, fields, raw=False, shape=_chat_object,
+                          fitted=num_ctx is not None)
 
     return await _answer(request, handle)
 
@@ -654,6 +650,7 @@ async def generate(request: Request) -> Response:
         raw = _typed(data, "raw", bool, "true or false", default=False)
         fields = _common_fields(data, raw)
         thinking = None if raw else _thinking(data.get("think"), state)
+        num_ctx = _num_ctx(data.get("options"), state)
         if not prompt:
             if system:
                 raise InvalidRequestError("system without a prompt: give the prompt the system message goes with",
@@ -668,8 +665,9 @@ async def generate(request: Request) -> Response:
         else:
             messages = [{"role": "system", "content": system}] if system else []
             fields.update(messages=[*messages, {"role": "user", "content": prompt}], chat_template_kwargs=thinking)
-        await _fit_window(request, fields, _num_ctx(data.get("options"), state), raw=raw)
-        return await _run(request, data, model, start_ns, fields, raw=raw, shape=_generate_object)
+        await _fit_window(request, fields, num_ctx, raw=raw)
+        return await _run(request, data, model, start_ns, fields, raw=raw, shape=_generate_object,
+                          fitted=num_ctx is not None)
 
     return await _answer(request, handle)
 
@@ -691,7 +689,8 @@ def _details(state: Any) -> dict[str, Any]:  # noqa: ANN401
 
 def _model_entry(state: Any) -> dict[str, Any]:  # noqa: ANN401
     engine = state.engine
-    size = engine.config.num_parameters() * engine.kv_cache_element_bytes
+    bits = {"int8": 8, "int4": 4}.get(state.settings.quantize or "", 8 * engine.kv_cache_element_bytes)
+    size = engine.config.num_parameters() * bits // 8  # (the weights' bytes as served)
     created = datetime.datetime.fromtimestamp(state.created, datetime.UTC).isoformat().replace("+00:00", "Z")
     name = _listed_name(state.served_name)
     return {"name": name, "model": name, "modified_at": created, "size": size,
@@ -744,7 +743,7 @@ async def show(request: Request) -> Response:
                 f"{family}.attention.head_count": config.num_heads,
                 f"{family}.attention.head_count_kv": config.num_kv_heads, f"{family}.vocab_size": config.vocab_size}
         capabilities = ["completion"]
-        if detect_tool_format(source) is not None:
+        if template is not None and template.tool_format is not None and supports_tools(source):
             capabilities.append("tools")
         if state.reasoning:
             capabilities.append("thinking")

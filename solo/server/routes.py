@@ -306,8 +306,9 @@ def _check_continued(last: dict[str, Any], response_format: Any) -> None:  # noq
     # A continued message (a prefill) is text the model goes on with: its tool calls would not be continued, and
     # an output grammar (forced or strict tool calls, response_format) would start over inside the text.
     if last.get("tool_calls"):
-        raise InvalidRequestError("the last message, which is continued (continue_final_message, a prefill), has "
-                                  "tool_calls: only its text is continued; leave the calls out", param="messages")
+        raise InvalidRequestError("the last message is continued (continue_final_message, a prefill), and it holds "
+                                  "tool calls (tool_calls; Anthropic's tool_use blocks): only its text is continued; "
+                                  "leave the calls out", param="messages")
     if response_format is not None:
         source = getattr(response_format, "source", "response_format")
         raise InvalidRequestError(f"continuing the last message (continue_final_message, a prefill) cannot be "

@@ -58,7 +58,9 @@ def test_chat_and_generate_equal_the_openai_routes(server):
         {"role": "system", "content": "Be brief."}, *ASK])
     assert generated.response == expected.choices[0].message.content
     # Raw: the prompt as it is (the completions route); without num_predict until EOS or the context's end.
-    raw = client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options=options)
+    raw = client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options=options, logprobs=True,
+                          top_logprobs=2)
+    assert [len(p.top_logprobs) for p in raw.logprobs] == [2] * 12  # (exactly the number asked, as Ollama)
     completion = openai.completions.create(model=MODEL_NAME, prompt="def fibonacci(n):", max_tokens=12, temperature=0)
     assert raw.response == completion.choices[0].text and raw.eval_count == 12
     unbounded = client.generate(model=MODEL_NAME, prompt="def fibonacci(n):", raw=True, options={"temperature": 0})
@@ -104,9 +106,9 @@ def test_tool_history_reaches_the_template_as_the_chat_routes(server):
                                                                                       "num_predict": 4})
     expected = openai.chat.completions.create(model=MODEL_NAME, max_tokens=4, temperature=0, tools=[WEATHER], messages=[
         history[0], {"role": "assistant", "content": "", "tool_calls": [
-            {"id": "call_1_0", "type": "function", "function": {"name": "get_weather",
+            {"id": "call00100", "type": "function", "function": {"name": "get_weather",
                                                                 "arguments": '{"city": "Paris"}'}}]},
-        {"role": "tool", "tool_call_id": "call_1_0", "name": "get_weather", "content": "sunny"}])
+        {"role": "tool", "tool_call_id": "call00100", "name": "get_weather", "content": "sunny"}])
     assert reply.prompt_eval_count == expected.usage.prompt_tokens
     assert reply.message.content == expected.choices[0].message.content
 
@@ -119,7 +121,8 @@ def test_tool_results_are_matched_to_their_calls_by_name():
         {"role": "tool", "content": "B", "tool_name": "b"}, {"role": "tool", "content": "A"}])
     assert messages[1]["reasoning_content"] == "hmm"
     assert [c["function"]["arguments"] for c in messages[1]["tool_calls"]] == ['{"x": 1}', "{}"]
-    assert [(m["tool_call_id"], m["name"]) for m in messages[2:]] == [("call_1_1", "b"), ("call_1_0", "a")]
+    # (ids of 9 letters and digits, as Mistral's template requires, the same for the same history)
+    assert [(m["tool_call_id"], m["name"]) for m in messages[2:]] == [("call00101", "b"), ("call00100", "a")]
     with pytest.raises(InvalidRequestError, match="images"):
         chat_messages([{"role": "user", "content": "?", "images": ["aGk="]}])
     with pytest.raises(InvalidRequestError, match="tool_calls"):
@@ -218,6 +221,9 @@ def test_errors_come_in_ollamas_shape(server):
             ("chat", {**ask, "messages": {}}, "messages must be a list"),
             ("chat", {**ask, "messages": [], "options": {"bogus": 1}}, "options.bogus"),
             ("chat", {**ask, "messages": [], "tools": "nope"}, "tools must be"),
+            ("chat", {**ask, "messages": [], "options": {"num_ctx": "big"}}, "options.num_ctx"),
+            ("chat", {**ask, "options": {"repeat_last_n": "lots"}}, "options.repeat_last_n"),
+            ("chat", {**ask, "options": {"tmperature": None}}, "options.tmperature"),
             ("chat", {**ask, "logprobs": "yes"}, "logprobs must be true or false"),
             ("chat", {**ask, "logprobs": False, "top_logprobs": 2}, "top_logprobs needs logprobs"),
             ("chat", {**ask, "keep_alive": "forever"}, "keep_alive"),
