@@ -2,7 +2,10 @@
 
 Line editing and history come from `prompt_toolkit` when stdin is a terminal (plain line reads otherwise,
 so the loop can be driven by a pipe or a test). Ctrl-C during a reply stops that reply only; at the prompt it
-clears the line; Ctrl-D or /exit quits. Commands start with '/': see `COMMANDS`.
+clears the line; Ctrl-D or /exit quits. Commands start with '/': see `COMMANDS`. A thinking model's
+`<think>` block (the server's reasoning_content, `solo.engine.reasoning`) is shown apart from its answer:
+dimmed on a terminal, on stderr when stdout is not one (so a pipe gets the answers only); the conversation
+keeps the reply as the model wrote it, for the template to handle as it does.
 """
 
 from __future__ import annotations
@@ -85,6 +88,10 @@ class ChatSession:
         self.read_line = read_line
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        from solo.engine.reasoning import detect_reasoning
+
+        template = engine.tokenizer.chat_template
+        self.reasoning = detect_reasoning(template.source if template is not None else None)
 
     def messages(self, whole: bool = False) -> list[dict[str, str]]:
         """The conversation as OpenAI-style messages, system message first.
@@ -213,15 +220,22 @@ class ChatSession:
         pieces: list[str] = []
         stream: Iterator[Any] | None = None
         last = None
+        show = _ReplyWriter(self.out, self.err, self.reasoning and _opens_reasoning(engine, messages)) \
+            if self.reasoning else None
         try:
             stream = engine.generate(messages, turn)
             for event in stream:
                 if event.text:
                     with _interrupt_after():  # shown and kept together: Ctrl-C lands between pieces
                         pieces.append(event.text)
-                        self.out.write(event.text)
-                        self.out.flush()
+                        if show is not None:
+                            show.write(event.text)
+                        else:
+                            self.out.write(event.text)
+                            self.out.flush()
                 last = event
+            if show is not None:
+                show.finish()
         except KeyboardInterrupt:
             # Only this reply stops; what was shown stays in the conversation, as the user saw it.
             self.out.write("\n")
@@ -238,6 +252,62 @@ class ChatSession:
             self.out.flush()
             self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name))
         self.history.append({"role": "assistant", "content": "".join(pieces)})
+
+
+def _opens_reasoning(engine: Any, messages: list[dict[str, str]]) -> bool:  # noqa: ANN401
+    # Whether the rendered prompt leaves the reply inside a <think> block (DeepSeek-R1's templates).
+    from solo.engine.reasoning import prompt_opens_reasoning
+
+    return prompt_opens_reasoning(engine.tokenizer.render_chat(messages))
+
+
+class _ReplyWriter:
+    """Writes a thinking model's reply: the reasoning block apart from the answer.
+
+    On a terminal the block is dimmed; when `out` is not one, the block goes to `err`, so `out` holds answers only.
+    """
+
+    _DIM, _PLAIN = "\x1b[2m", "\x1b[0m"
+
+    def __init__(self, out: Any, err: Any, in_reasoning: bool) -> None:  # noqa: ANN401
+        from solo.engine.reasoning import ReasoningParser
+
+        self.parser = ReasoningParser(in_reasoning)
+        self.out, self.err = out, err
+        self.tty = bool(getattr(out, "isatty", lambda: False)())
+        self.thinking = False  # reasoning text is on the screen and its block not yet closed there
+        self.answered = False  # some of the answer is on the screen
+
+    def write(self, text: str) -> None:
+        """One piece of the reply."""
+        self._show(*self.parser.feed(text))
+
+    def finish(self) -> None:
+        """The end of the reply: what the parser held back."""
+        self._show(*self.parser.finish())
+        self._end_thinking()
+
+    def _show(self, reasoning: str, content: str) -> None:
+        if reasoning:
+            if self.tty:
+                self.out.write(self._DIM + reasoning + self._PLAIN)
+                self.out.flush()
+            else:
+                self.err.write(reasoning)
+                self.err.flush()
+            self.thinking = True
+        if not self.answered:
+            content = content.lstrip("\n")  # (the blank lines after </think>)
+        if content:
+            self._end_thinking()
+            self.answered = True
+            self.out.write(content)
+            self.out.flush()
+
+    def _end_thinking(self) -> None:
+        if self.thinking:
+            (self.out if self.tty else self.err).write("\n\n" if self.tty else "\n")
+            self.thinking = False
 
 
 @contextlib.contextmanager

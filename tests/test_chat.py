@@ -175,3 +175,34 @@ def test_escaped_slash_and_an_empty_system_message_are_sent_as_given(engine, mon
     session.loop()
     # "//" escapes a leading "/" even after blanks; an empty system message is still a system turn.
     assert sent[0] == [{"role": "system", "content": ""}, {"role": "user", "content": "  /x"}]
+
+
+def test_a_thinking_models_block_is_shown_apart_from_its_answer(tmp_path):
+    """DeepSeek-R1's template shape (the prompt opens <think>): the block goes to stderr when stdout is not a
+    terminal, dimmed on stdout when it is, and the conversation keeps the reply as the model wrote it."""
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "model", max_position_embeddings=512)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    template = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|A|>{{ m['content'].split('</think>')[-1] }}"
+                "{% else %}<|U|>{{ m['content'] }}{% endif %}{% endfor %}{% if add_generation_prompt %}<|A|><think>\n"
+                "{% endif %}")
+    (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    thinker = Engine.load(folder)
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    for out in (io.StringIO(), Terminal()):
+        err = io.StringIO()
+        session = ChatSession(thinker, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0), None,
+                              iter(["hi"]).__next__, out, err)
+        session.turn("hi")
+        reply = session.history[-1]["content"]
+        assert reply  # (a random model never closes the block: all of it is thinking)
+        if isinstance(out, Terminal):
+            assert out.getvalue().startswith("\x1b[2m") and reply.strip() in out.getvalue().replace(
+                "\x1b[2m", "").replace("\x1b[0m", "")
+        else:
+            assert out.getvalue().strip() == "" and reply.strip() in err.getvalue()
