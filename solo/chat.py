@@ -76,10 +76,11 @@ class ChatSession:
         system: the system message, or None.
         read_line: shows a prompt and returns the user's line (see `_line_reader`).
         out, err: where replies and messages/stats go.
+        template_kwargs: extra chat template variables of every turn ({"enable_thinking": False}: --no-think).
     """
 
     def __init__(self, engine: Any, params: Any, system: str | None, read_line: Callable[[str], str],  # noqa: ANN401
-                 out: Any = None, err: Any = None) -> None:  # noqa: ANN401
+                 out: Any = None, err: Any = None, template_kwargs: dict | None = None) -> None:  # noqa: ANN401
         self.engine = engine
         self.params = params
         self.system = system
@@ -88,6 +89,7 @@ class ChatSession:
         self.read_line = read_line
         self.out = out or sys.stdout
         self.err = err or sys.stderr
+        self.template_kwargs = template_kwargs
         from solo.engine.reasoning import detect_reasoning
 
         template = engine.tokenizer.chat_template
@@ -184,6 +186,14 @@ class ChatSession:
             return
         self.say(f"saved {len(data['messages'])} messages to {path}")
 
+    def _prompt_tokens(self) -> int:
+        # The conversation's prompt length as the model will see it (with the template variables of the turns).
+        messages = self.messages()
+        if not self.template_kwargs:
+            return len(self.engine.encode_prompt(messages))
+        return len(self.engine.make_request(messages, {"max_tokens": 1},
+                                            chat_template_kwargs=self.template_kwargs).prompt_ids)
+
     def turn(self, line: str) -> None:
         """Send one user message, stream the reply, then print the stats line."""
         from solo.cli import _default_max_tokens, _stats_line
@@ -193,13 +203,13 @@ class ChatSession:
         turn = self.params.copy(max_tokens=self.params.max_tokens)
         first, need, context = self.first, turn.max_tokens or 1, engine.config.context_length
         try:
-            used = len(engine.encode_prompt(self.messages()))
+            used = self._prompt_tokens()
             # As Ollama and llama.cpp's chat keep going: the oldest turns leave the context, said once here.
             while used + need > context and self.first < len(self.history) - 1:
                 self.first += 1
                 while self.first < len(self.history) - 1 and self.history[self.first]["role"] != "user":
                     self.first += 1  # the model's context starts at a user message
-                used = len(engine.encode_prompt(self.messages()))
+                used = self._prompt_tokens()
         except SoloError as exc:
             self.history.pop()
             self.first = first
@@ -216,14 +226,14 @@ class ChatSession:
             self.say(f"[the conversation outgrew {engine.context_name}, {context} tokens: its oldest "
                      f"{self.first} messages are left out from now on (/save keeps them; /reset starts anew)]")
         messages = self.messages()
-        _default_max_tokens(engine, messages, turn)
+        _default_max_tokens(engine, messages, turn, self.template_kwargs)
         pieces: list[str] = []
         stream: Iterator[Any] | None = None
         last = None
-        show = _ReplyWriter(self.out, self.err, self.reasoning and _opens_reasoning(engine, messages)) \
+        show = _ReplyWriter(self.out, self.err, _opens_reasoning(engine, messages, self.template_kwargs)) \
             if self.reasoning else None
         try:
-            stream = engine.generate(messages, turn)
+            stream = engine.generate(messages, turn, chat_template_kwargs=self.template_kwargs)
             for event in stream:
                 if event.text:
                     with _interrupt_after():  # shown and kept together: Ctrl-C lands between pieces
@@ -254,11 +264,11 @@ class ChatSession:
         self.history.append({"role": "assistant", "content": "".join(pieces)})
 
 
-def _opens_reasoning(engine: Any, messages: list[dict[str, str]]) -> bool:  # noqa: ANN401
+def _opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
     # Whether the rendered prompt leaves the reply inside a <think> block (DeepSeek-R1's templates).
     from solo.engine.reasoning import prompt_opens_reasoning
 
-    return prompt_opens_reasoning(engine.tokenizer.render_chat(messages))
+    return prompt_opens_reasoning(engine.tokenizer.render_chat(messages, **(kwargs or {})))
 
 
 class _ReplyWriter:
@@ -330,7 +340,7 @@ def _interrupt_after() -> Iterator[None]:
 
 def cmd_chat(args: argparse.Namespace) -> int:
     """`solo chat`: load the model, then run the conversation loop."""
-    from solo.cli import _load_engine, sampling_params_from_args
+    from solo.cli import _load_engine, sampling_params_from_args, template_kwargs_from_args
 
     params = sampling_params_from_args(args)
     engine = _load_engine(args)
@@ -340,4 +350,5 @@ def cmd_chat(args: argparse.Namespace) -> int:
             "`solo run --prompt ...` with it, give `solo chat` a chat (instruct) model, or give this one a "
             "template with --chat-template"
         )
-    return ChatSession(engine, params, args.system, _line_reader()).loop()
+    return ChatSession(engine, params, args.system, _line_reader(),
+                       template_kwargs=template_kwargs_from_args(engine, args)).loop()

@@ -217,6 +217,31 @@ def _cut_after_final_message(text: str, marked: str | None, final: Mapping[str, 
                               param="messages")
 
 
+RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
+"""Template variables Solo sets itself: chat_template_kwargs may not name them."""
+
+
+def check_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+    """A request's chat_template_kwargs, refused (not dropped) where they name a variable Solo sets itself.
+
+    Raises:
+        InvalidRequestError: not an object, or a name among `RESERVED_TEMPLATE_VARIABLES` (param
+            "chat_template_kwargs"); the message says which field to use instead.
+    """
+    if kwargs is not None and not isinstance(kwargs, Mapping):
+        raise InvalidRequestError(f"chat_template_kwargs must be an object, got {kwargs!r:.40}",
+                                  param="chat_template_kwargs")
+    for name in kwargs or {}:
+        if name == "documents":
+            raise InvalidRequestError("chat_template_kwargs cannot set 'documents': Solo does not pass retrieval "
+                                      "documents to templates; put their text in the messages",
+                                      param="chat_template_kwargs")
+        if name in RESERVED_TEMPLATE_VARIABLES:
+            raise InvalidRequestError(f"chat_template_kwargs cannot set {name!r}: Solo passes it to the template "
+                                      f"itself; use the request's {name} field", param="chat_template_kwargs")
+    return dict(kwargs or {})
+
+
 def read_chat_template(value: str) -> str:
     """A chat template given as a file's path or as the template text itself (vLLM's `--chat-template`).
 

@@ -74,6 +74,10 @@ def add_template_arguments(parser: argparse.ArgumentParser, tools: bool = False)
     parser.add_argument("--chat-template", default=None, metavar="FILE_OR_TEXT",
                         help="a chat template to use instead of the model's: a .jinja file or the template text "
                         "(as vLLM's --chat-template)")
+    if not tools:  # (the server's requests say it themselves: chat_template_kwargs, think)
+        parser.add_argument("--no-think", action="store_true",
+                            help="ask a thinking model not to think (its chat template's enable_thinking=false, "
+                            "as Ollama's --think=false)")
     if tools:  # (only the server takes requests with tools)
         parser.add_argument("--tool-call-parser", default=None, choices=TOOL_FORMATS,
                             help="the tool-call syntax to parse instead of the one detected from the chat template "
@@ -212,13 +216,32 @@ def _load_engine(args: argparse.Namespace):  # noqa: ANN202
                        chat_template=args.chat_template)
 
 
-def _default_max_tokens(engine, prompt, params) -> None:  # noqa: ANN001
+def template_kwargs_from_args(engine, args: argparse.Namespace) -> dict | None:  # noqa: ANN001
+    """The chat template variables the flags ask for (--no-think), or None.
+
+    Raises:
+        SoloError: --no-think on a model whose template has no enable_thinking switch.
+    """
+    from solo.engine.reasoning import has_thinking_switch
+
+    if not getattr(args, "no_think", False):
+        return None
+    template = engine.tokenizer.chat_template
+    if not has_thinking_switch(template.source if template is not None else None):
+        raise SoloError(f"--no-think: {engine.name}'s chat template has no enable_thinking switch (the model thinks, "
+                        "or not, by itself); drop --no-think")
+    return {"enable_thinking": False}
+
+
+def _default_max_tokens(engine, prompt, params, template_kwargs: dict | None = None) -> None:  # noqa: ANN001
     # Without --max-tokens, generate 256 tokens (or the generation config's max_new_tokens) or as many as fit
     # the context, never an error.
     # A prompt that alone fills the context keeps None, so the error counts the prompt, not a budget the user
     # never gave.
     if params.max_tokens is None:
-        room = engine.config.context_length - len(engine.encode_prompt(prompt))
+        ids = engine.make_request(prompt, {"max_tokens": 1}, chat_template_kwargs=template_kwargs).prompt_ids \
+            if template_kwargs else engine.encode_prompt(prompt)
+        room = engine.config.context_length - len(ids)
         if room > 0:
             # --min-tokens above the default raises the budget with it (room permitting), rather than an error
             # naming a max_tokens the user never set.
@@ -236,11 +259,11 @@ def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
             f"generated tokens{accept} | finish: {finish_reason} | backend: {backend}]")
 
 
-def _stream(engine, prompt, params) -> tuple[str, object]:  # noqa: ANN001
+def _stream(engine, prompt, params, template_kwargs: dict | None = None) -> tuple[str, object]:  # noqa: ANN001
     out = sys.stdout
     pieces = []
     last = None
-    for event in engine.generate(prompt, params):
+    for event in engine.generate(prompt, params, chat_template_kwargs=template_kwargs):
         if event.text:
             out.write(event.text)
             out.flush()
@@ -262,17 +285,19 @@ def cmd_run(args: argparse.Namespace) -> int:
                             "text") from None
     if args.system is not None and not args.chat:
         raise SoloError("--system only applies to chat prompts; add --chat (or put the text in --prompt)")
-    if args.chat_template is not None and not args.chat:
-        raise SoloError("--chat-template only applies to chat prompts; add --chat (a plain prompt is sent as it is)")
+    for flag, given in (("--chat-template", args.chat_template is not None), ("--no-think", args.no_think)):
+        if given and not args.chat:
+            raise SoloError(f"{flag} only applies to chat prompts; add --chat (a plain prompt is sent as it is)")
     if args.chat and not prompt:  # as a plain prompt's (the chat template would still render a turn)
         raise SoloError("the prompt is empty; give some text")
     params = sampling_params_from_args(args)
     engine = _load_engine(args)
+    kwargs = template_kwargs_from_args(engine, args)
     if args.chat:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         prompt = messages + [{"role": "user", "content": prompt}]
-    _default_max_tokens(engine, prompt, params)
-    _, last = _stream(engine, prompt, params)
+    _default_max_tokens(engine, prompt, params, kwargs)
+    _, last = _stream(engine, prompt, params, kwargs)
     sys.stdout.write("\n")
     sys.stdout.flush()
     print(_stats_line(last.stats, last.finish_reason, engine.backend_name), file=sys.stderr)

@@ -33,7 +33,7 @@ def _session(engine, lines, system=None):
 def test_commands_are_not_sent_to_the_model(engine, monkeypatch):
     sent = []
     original = Engine.generate
-    monkeypatch.setattr(Engine, "generate", lambda self, p, s=None: sent.append(p) or original(self, p, s))
+    monkeypatch.setattr(Engine, "generate", lambda self, p, s=None, **kw: sent.append(p) or original(self, p, s, **kw))
     session, _, err = _session(engine, ["/help", "/nope", "/system be brief", "/system", "hi"])
     assert session.loop() == 0
     text = err.getvalue()
@@ -69,9 +69,9 @@ def test_ctrl_c_stops_the_reply_not_the_session(engine, monkeypatch):
     original = Engine.generate
     calls = []
 
-    def first_interrupted(self, prompt, params=None):
+    def first_interrupted(self, prompt, params=None, **kwargs):
         calls.append(prompt)
-        stream = original(self, prompt, params)
+        stream = original(self, prompt, params, **kwargs)
         if len(calls) > 1:
             yield from stream
             return
@@ -170,7 +170,7 @@ def test_argparse_errors_are_one_line_with_a_hint(capsys):
 def test_escaped_slash_and_an_empty_system_message_are_sent_as_given(engine, monkeypatch):
     sent = []
     original = Engine.generate
-    monkeypatch.setattr(Engine, "generate", lambda self, p, s=None: sent.append(p) or original(self, p, s))
+    monkeypatch.setattr(Engine, "generate", lambda self, p, s=None, **kw: sent.append(p) or original(self, p, s, **kw))
     session, _, _ = _session(engine, ["  //x"], system="")
     session.loop()
     # "//" escapes a leading "/" even after blanks; an empty system message is still a system turn.

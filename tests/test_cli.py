@@ -61,9 +61,9 @@ def test_chat_keeps_history(tiny_llama, monkeypatch, capsys):
     seen = []
     original = Engine.generate
 
-    def spy(self, prompt, params=None):
+    def spy(self, prompt, params=None, **kwargs):
         seen.append(list(prompt))
-        return original(self, prompt, params)
+        return original(self, prompt, params, **kwargs)
 
     monkeypatch.setattr(Engine, "generate", spy)
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO("hello\nsecond turn\n"))
@@ -366,3 +366,33 @@ def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_
         with pytest.raises(SystemExit):
             main(argv)
         assert message in capsys.readouterr().err, argv
+
+
+def test_no_think_and_chat_template_kwargs(capsys, tmp_path, shared_hf, no_template_model):
+    """--no-think (solo run --chat, solo chat) and Engine's chat_template_kwargs reach the template as
+    enable_thinking=false (Qwen3's real template writes an empty block); refused where the template has no
+    such switch, on a plain prompt, or naming a variable Solo sets itself."""
+    from solo.errors import InvalidRequestError
+
+    qwen3 = json.loads((shared_hf / "Qwen3-0.6B" / "tokenizer_config.json").read_text())["chat_template"]
+    template = tmp_path / "qwen3.jinja"
+    template.write_text(qwen3)
+    engine = Engine.load(no_template_model, chat_template=str(template))
+    ask = [{"role": "user", "content": "hi"}]
+    off = engine.make_request(ask, {"max_tokens": 2}, chat_template_kwargs={"enable_thinking": False})
+    assert engine.tokenizer.decode(off.prompt_ids).endswith("<think>\n\n</think>\n\n")
+    assert not engine.tokenizer.decode(engine.make_request(ask, {"max_tokens": 2}).prompt_ids).endswith("</think>\n\n")
+    for prompt, kwargs, words in (("hi", {"enable_thinking": False}, "need chat messages"),
+                                  (ask, {"messages": []}, "cannot set 'messages'")):
+        with pytest.raises(InvalidRequestError, match=words):
+            engine.make_request(prompt, chat_template_kwargs=kwargs)
+    code, out, _ = _run(capsys, "run", str(no_template_model), "--chat", "--chat-template", str(template),
+                        "--no-think", "--prompt", "hi", "--max-tokens", "3", "--temperature", "0")
+    expected = engine.complete(ask, SamplingParams(max_tokens=3, temperature=0),
+                               chat_template_kwargs={"enable_thinking": False})
+    assert code == 0 and out == expected.text + "\n"
+    for extra, words in ((["--no-think"], "only applies to chat prompts"),
+                         (["--chat", "--no-think"], "no enable_thinking switch")):
+        code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", *extra,
+                            *(["--chat-template", "{{ messages[0]['content'] }}"] if "--chat" in extra else []))
+        assert code == 2 and words in err, (extra, err)

@@ -18,7 +18,7 @@ from typing import Any
 
 import torch
 
-from solo.chat_template import chat_template_origin, read_chat_template, template_messages
+from solo.chat_template import chat_template_origin, check_template_kwargs, read_chat_template, template_messages
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
@@ -453,7 +453,8 @@ class Engine:
     def make_request(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None,
                      fallback_temperature: float = 0.0, start_time: float | None = None,
                      tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
-                     parallel_tool_calls: bool = True) -> Request:
+                     parallel_tool_calls: bool = True,
+                     chat_template_kwargs: Mapping[str, Any] | None = None) -> Request:
         """Encode, validate and resolve a request without running it (the server's scheduler runs it).
 
         Args:
@@ -465,6 +466,8 @@ class Engine:
             tool_choice: "auto" (default with tools), "none", "required" or {"type": "function", "function":
                 {"name": ...}}; the last two constrain the output to tool calls.
             parallel_tool_calls: allow several calls in one reply.
+            chat_template_kwargs: extra variables for the chat template (messages only), as vLLM's field:
+                {"enable_thinking": False} turns a Qwen3-style model's thinking off.
 
         Returns:
             The request, not yet prefilled; `tool_call_format` is set when its output holds tool calls.
@@ -472,11 +475,16 @@ class Engine:
         Raises:
             InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`; also an
                 unknown key in a `params` dict, or `params` of another type; an invalid or unsupported
-                response_format; bad tools (see `check_tools`).
+                response_format; bad tools (see `check_tools`); chat_template_kwargs without messages or
+                naming a variable Solo sets itself.
         """
         params = _as_sampling_params(params)
         params.validate()
         tool_format, forced = None, False
+        extra = check_template_kwargs(chat_template_kwargs)
+        if extra and (isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt)):
+            raise InvalidRequestError("chat_template_kwargs need chat messages as the prompt",
+                                      param="chat_template_kwargs")
         if tools or tool_choice not in (None, "none", "auto"):
             if isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt):
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
@@ -489,7 +497,9 @@ class Engine:
             if choice == "none":
                 tool_format = None
             prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)),
-                                                tools=list(tools) or None)
+                                                tools=list(tools) or None, **extra)
+        elif extra:
+            prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)), **extra)
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(
@@ -545,7 +555,8 @@ class Engine:
 
     def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
-                 parallel_tool_calls: bool = True) -> Iterator[GenerationEvent]:
+                 parallel_tool_calls: bool = True,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
         The engine runs one generation at a time: from its first event until it ends, the stream holds
@@ -554,8 +565,8 @@ class Engine:
         Args:
             prompt: text, chat messages or token ids.
             params: sampling parameters, or a dict of `SamplingParams` fields.
-            tools, tool_choice, parallel_tool_calls: see `make_request`; the events carry the raw text,
-                `complete` parses the calls.
+            tools, tool_choice, parallel_tool_calls, chat_template_kwargs: see `make_request`; the events carry
+                the raw text, `complete` parses the calls.
 
         Yields:
             `GenerationEvent`s; the last has `finish_reason` and `stats`.
@@ -564,7 +575,7 @@ class Engine:
             InvalidRequestError, ContextLengthError: before the first event, for bad input.
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
-                                    parallel_tool_calls=parallel_tool_calls)
+                                    parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs)
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
@@ -640,7 +651,8 @@ class Engine:
 
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
-                 parallel_tool_calls: bool = True) -> GenerationResult:
+                 parallel_tool_calls: bool = True,
+                 chat_template_kwargs: Mapping[str, Any] | None = None) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`).
 
         With `tools` (and messages), tool calls in the output are parsed into `tool_calls` (finish_reason
@@ -650,7 +662,7 @@ class Engine:
             InvalidRequestError, ContextLengthError: for bad input, before anything runs.
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
-                                    parallel_tool_calls=parallel_tool_calls)
+                                    parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs)
         texts, ids, logprobs = [], [], []
         event = None
         for event in self.run(request):

@@ -48,6 +48,13 @@ def prompt_opens_reasoning(prompt_text: str) -> bool:
     return start >= 0 and THINK_END not in prompt_text[start:] and not prompt_text[start + len(THINK_START):].strip()
 
 
+def has_thinking_switch(template_source: str | None) -> bool:
+    """Whether a chat template reads `enable_thinking` (Qwen3's, SmolLM3's): thinking can be turned off."""
+    from solo.chat_template import template_variables
+
+    return template_source is not None and "enable_thinking" in template_variables(template_source)
+
+
 def continues_reasoning(content: str) -> bool:
     """Whether a message the model continues (a prefill) ends inside a `<think>` block it opened."""
     start = content.rfind(THINK_START)

@@ -12,7 +12,9 @@ Anthropic's shape ({"type": "error", "error": {"type", "message"}}), and the API
 
 A `tool_result` with `is_error` reaches the model as "Error: " and its text (chat templates have no such flag);
 an assistant message last (a prefill) is continued, the reply holding what follows it (vLLM's
-`continue_final_message`); `thinking` requests with a token budget are refused.
+`continue_final_message`); `thinking: {"type": "disabled"}` turns a Qwen3-style model's thinking off (its
+template's enable_thinking; refused for a thinking model whose template has no such switch); `thinking`
+requests with a token budget are refused.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
+from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError, SoloError
 from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field
 from solo.server.errors import APIError, api_error_from, validation_error
@@ -142,6 +145,8 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
         fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         fields.update(_chat_tool_choice(body.tool_choice))
+    if body.thinking is not None:  # (only "disabled" gets here)
+        fields["chat_template_kwargs"] = {"enable_thinking": False}
     return chat_request_from(fields, _FIELD_NAMES)
 
 
@@ -224,6 +229,12 @@ async def messages(request: Request) -> Response:
         except ValidationError as exc:
             error = validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
             raise InvalidRequestError(error.message, param=error.param) from None
+        state = request.app.state.solo
+        template = state.engine.tokenizer.chat_template if state.engine is not None else None
+        disabled = body.thinking is not None and body.thinking.get("type") == "disabled"
+        if disabled and state.reasoning and not has_thinking_switch(template and template.source):
+            raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has "
+                                      "no enable_thinking switch); leave thinking out", param="thinking")
         reply = await chat_completions(chat_request(body), request)
     except (SoloError, APIError) as exc:
         return anthropic_error(api_error_from(exc))

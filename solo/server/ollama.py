@@ -44,7 +44,7 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 
 from solo import __version__
-from solo.chat_template import template_variables
+from solo.engine.reasoning import has_thinking_switch
 from solo.engine.tool_calls import arguments_as_objects, supports_tools
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.server.chat_adapter import chat_chunks, chat_request_from
@@ -195,7 +195,7 @@ def _thinking(think: Any, state: Any) -> dict[str, Any] | None:  # noqa: ANN401
             f"{state.served_name!r} does not support thinking here (its chat template writes no reasoning block, "
             "or the server runs with --reasoning-parser none); leave think out", param="think")
     template = state.engine.tokenizer.chat_template
-    if not think and state.reasoning and "enable_thinking" not in template_variables(template.source):
+    if not think and state.reasoning and not has_thinking_switch(template.source):
         raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
                                   "enable_thinking switch); leave think out", param="think")
     return {"enable_thinking": think}

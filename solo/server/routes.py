@@ -25,6 +25,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
+from solo.chat_template import check_template_kwargs
 from solo.engine.reasoning import ReasoningParser, continues_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
@@ -73,21 +74,7 @@ logger = logging.getLogger("solo.server")
 
 router = APIRouter()
 
-_RESERVED_TEMPLATE_ARGS = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
-
-
-def _template_kwargs(kwargs: dict[str, Any] | None) -> dict[str, Any]:
-    # A request's chat_template_kwargs; the names Solo passes to the template itself are refused, not dropped.
-    for name in kwargs or {}:
-        if name == "documents":
-            raise InvalidRequestError("chat_template_kwargs cannot set 'documents': Solo does not pass retrieval "
-                                      "documents to templates; put their text in the messages",
-                                      param="chat_template_kwargs")
-        if name in _RESERVED_TEMPLATE_ARGS:
-            raise InvalidRequestError(f"chat_template_kwargs cannot set {name!r}: Solo passes it to the template "
-                                      f"itself; use the request's {name} field", param="chat_template_kwargs")
-    return dict(kwargs or {})
 
 
 def _state(request: Request) -> ServerState:
@@ -222,7 +209,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = _state(request)
     engine, _ = state.require_ready(body.model)
     _check_n(state, body.n)
-    extra = _template_kwargs(body.chat_template_kwargs)
+    extra = check_template_kwargs(body.chat_template_kwargs)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
@@ -548,7 +535,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
     def encode() -> list[int]:
         if messages is not None:
-            extra = _template_kwargs(body.chat_template_kwargs)
+            extra = check_template_kwargs(body.chat_template_kwargs)
             template = engine.tokenizer.chat_template
             _, tools, _ = check_tools(body.tools, "none",
                                       template.source if template is not None else None)

@@ -126,3 +126,11 @@ def test_a_prefill_is_continued(server):
     alone = _client(server).messages.create(model=MODEL_NAME, max_tokens=8, extra_body={"temperature": 0},
                                             messages=[conversation[0]])
     assert empty.content[0].text == alone.content[0].text
+
+
+def test_thinking_disabled_turns_the_templates_switch_off():
+    from solo.server.anthropic_messages import MessagesRequest, chat_request
+
+    body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "thinking": {"type": "disabled"},
+                                           "messages": [{"role": "user", "content": "hi"}]})
+    assert chat_request(body).chat_template_kwargs == {"enable_thinking": False}

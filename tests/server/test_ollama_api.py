@@ -282,5 +282,9 @@ def test_a_thinking_models_block_comes_back_as_thinking(tmp_path):
         assert client.show(MODEL_NAME).capabilities == ["completion", "thinking"]
         with pytest.raises(ollama.ResponseError, match="no enable_thinking switch"):  # it cannot be turned off
             client.chat(model=MODEL_NAME, messages=ASK, think=False)
+        # (Anthropic's thinking "disabled" the same way)
+        refused = httpx.post(f"{_host(running)}/v1/messages", json={
+            "model": MODEL_NAME, "max_tokens": 2, "messages": ASK, "thinking": {"type": "disabled"}})
+        assert refused.status_code == 400 and "no enable_thinking switch" in refused.text
     finally:
         running.stop()
