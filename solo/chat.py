@@ -230,7 +230,7 @@ class ChatSession:
         pieces: list[str] = []
         stream: Iterator[Any] | None = None
         last = None
-        show = _ReplyWriter(self.out, self.err, _opens_reasoning(engine, messages, self.template_kwargs)) \
+        show = ReplyWriter(self.out, self.err, opens_reasoning(engine, messages, self.template_kwargs)) \
             if self.reasoning else None
         try:
             stream = engine.generate(messages, turn, chat_template_kwargs=self.template_kwargs)
@@ -261,17 +261,17 @@ class ChatSession:
             self.out.write("\n")
             self.out.flush()
             self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name))
-        self.history.append({"role": "assistant", "content": "".join(pieces)})
+        self.history.append(show.message() if show is not None else {"role": "assistant", "content": "".join(pieces)})
 
 
-def _opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
-    # Whether the rendered prompt leaves the reply inside a <think> block (DeepSeek-R1's templates).
+def opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
+    """Whether the rendered chat prompt leaves the reply inside a `<think>` block (DeepSeek-R1's templates)."""
     from solo.engine.reasoning import prompt_opens_reasoning
 
     return prompt_opens_reasoning(engine.tokenizer.render_chat(messages, **(kwargs or {})))
 
 
-class _ReplyWriter:
+class ReplyWriter:
     """Writes a thinking model's reply: the reasoning block apart from the answer.
 
     On a terminal the block is dimmed; when `out` is not one, the block goes to `err`, so `out` holds answers only.
@@ -293,9 +293,21 @@ class _ReplyWriter:
         self._show(*self.parser.feed(text))
 
     def finish(self) -> None:
-        """The end of the reply: what the parser held back."""
+        """The end of the reply: what the parser held back (the caller ends the line)."""
         self._show(*self.parser.finish())
-        self._end_thinking()
+        if self.thinking and not self.tty:
+            self.err.write("\n")
+        self.thinking = False
+
+    def message(self) -> dict[str, str]:
+        """The reply as a chat message: its answer as content, its block as reasoning_content.
+
+        A reply cut inside its block is then thinking to the next turn's template, not an answer.
+        """
+        message = {"role": "assistant", "content": self.parser.content}
+        if self.parser.reasoning:
+            message["reasoning_content"] = self.parser.reasoning
+        return message
 
     def _show(self, reasoning: str, content: str) -> None:
         if reasoning:

@@ -196,37 +196,42 @@ def _marked(message: dict[str, Any]) -> dict[str, Any]:
 
 def _cut_after_final_message(text: str, marked: str | None, final: Mapping[str, Any]) -> str:
     # The rendered text up to the end of the last message's content, as transformers' continue_final_message
-    # cuts it: where the content ends (found by a mark after it, so a content that also occurs in the template's
-    # end-of-turn marker, "<" or "end", is not cut inside that marker as transformers would), else its last
-    # occurrence (a template that trims contents has the trimmed one).
+    # cuts it: where the template writes the content's end (found by a mark after it: a content that also occurs
+    # in the end-of-turn marker, "<" or "end", is not cut inside that marker as transformers would cut it, and
+    # one the template rewrites, a <think> block it reformats, is cut where it ends), else its last occurrence.
     content = _final_text(final)
-    if not isinstance(content, str) or not content.strip():
-        raise InvalidRequestError("continuing the last message (continue_final_message, a prefill) needs text in "
-                                  "it; give its content", param="messages")
+    thinking = final.get("reasoning_content")
+    if not isinstance(content, str) or not (content.strip() or (isinstance(thinking, str) and thinking.strip())):
+        raise InvalidRequestError("continuing the last message (a prefill) needs text in it: give its text, or its "
+                                  "thinking", param="messages")
     end = marked.find(_END_MARK) if marked is not None and _END_MARK not in content else -1
     if end >= 0:
         for prefix in (marked[:end], marked[:end].rstrip()):
-            if text.startswith(prefix) and prefix.rstrip().endswith(content.strip()):
+            if text.startswith(prefix):  # (a template that trims contents: the trimmed one)
                 return prefix
-    for piece in (content, content.strip()):
+    for piece in (content, content.strip()) if content.strip() else ():
         end = text.rfind(piece)
         if end >= 0:
             return text[:end + len(piece)]
-    raise InvalidRequestError("the last message is continued (continue_final_message, a prefill), but the chat "
-                              "template does not write its content into the prompt: there is nothing to continue",
-                              param="messages")
+    raise InvalidRequestError("the last message is continued (a prefill), but the chat template leaves its text out "
+                              "of the prompt: there is nothing to continue", param="messages")
 
 
 RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "continue_final_message", "tools", "documents")
 """Template variables Solo sets itself: chat_template_kwargs may not name them."""
 
 
-def check_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
-    """A request's chat_template_kwargs, refused (not dropped) where they name a variable Solo sets itself.
+def check_template_kwargs(kwargs: Mapping[str, Any] | None, template_source: str | None = None) -> dict[str, Any]:
+    """A request's chat_template_kwargs, refused (not dropped) where they would change nothing or clash.
+
+    Args:
+        kwargs: the variables, or None.
+        template_source: the chat template they go to; a name it never reads is refused (it would be
+            silently ignored: {"enable_thinking": false} to a template without that switch).
 
     Raises:
-        InvalidRequestError: not an object, or a name among `RESERVED_TEMPLATE_VARIABLES` (param
-            "chat_template_kwargs"); the message says which field to use instead.
+        InvalidRequestError: not an object, a name among `RESERVED_TEMPLATE_VARIABLES`, a name the template
+            never reads, or an enable_thinking that is not a boolean (param "chat_template_kwargs").
     """
     if kwargs is not None and not isinstance(kwargs, Mapping):
         raise InvalidRequestError(f"chat_template_kwargs must be an object, got {kwargs!r:.40}",
@@ -238,7 +243,14 @@ def check_template_kwargs(kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
                                       param="chat_template_kwargs")
         if name in RESERVED_TEMPLATE_VARIABLES:
             raise InvalidRequestError(f"chat_template_kwargs cannot set {name!r}: Solo passes it to the template "
-                                      f"itself; use the request's {name} field", param="chat_template_kwargs")
+                                      f"itself (it has a field of its own)", param="chat_template_kwargs")
+        if template_source is not None and name not in template_variables(template_source):
+            what = " (the model thinks, or not, by itself)" if name == "enable_thinking" else ""
+            raise InvalidRequestError(f"chat_template_kwargs names {name!r}, which the model's chat template never "
+                                      f"reads{what}; leave it out", param="chat_template_kwargs")
+    if "enable_thinking" in (kwargs or {}) and not isinstance(kwargs["enable_thinking"], bool):
+        raise InvalidRequestError(f"chat_template_kwargs.enable_thinking must be true or false, got "
+                                  f"{kwargs['enable_thinking']!r:.40}", param="chat_template_kwargs")
     return dict(kwargs or {})
 
 

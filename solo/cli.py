@@ -222,15 +222,18 @@ def template_kwargs_from_args(engine, args: argparse.Namespace) -> dict | None: 
     Raises:
         SoloError: --no-think on a model whose template has no enable_thinking switch.
     """
-    from solo.engine.reasoning import has_thinking_switch
+    from solo.engine.reasoning import detect_reasoning, has_thinking_switch
 
     if not getattr(args, "no_think", False):
         return None
     template = engine.tokenizer.chat_template
-    if not has_thinking_switch(template.source if template is not None else None):
-        raise SoloError(f"--no-think: {engine.name}'s chat template has no enable_thinking switch (the model thinks, "
-                        "or not, by itself); drop --no-think")
-    return {"enable_thinking": False}
+    source = template.source if template is not None else None
+    if has_thinking_switch(source):
+        return {"enable_thinking": False}
+    if detect_reasoning(source):
+        raise SoloError(f"--no-think: {engine.name}'s chat template has no enable_thinking switch (the model thinks "
+                        "whatever it is asked); drop --no-think")
+    return None  # (a model that does not think: as asked already)
 
 
 def _default_max_tokens(engine, prompt, params, template_kwargs: dict | None = None) -> None:  # noqa: ANN001
@@ -260,15 +263,29 @@ def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
 
 
 def _stream(engine, prompt, params, template_kwargs: dict | None = None) -> tuple[str, object]:  # noqa: ANN001
+    # A thinking model's block (chat prompts) is shown apart from its answer, as in solo chat.
+    from solo.chat import ReplyWriter, opens_reasoning
+    from solo.engine.reasoning import detect_reasoning
+
     out = sys.stdout
+    template = engine.tokenizer.chat_template
+    show = None
+    if not isinstance(prompt, str) and prompt and isinstance(prompt[0], dict) and template is not None \
+            and detect_reasoning(template.source):
+        show = ReplyWriter(out, sys.stderr, opens_reasoning(engine, prompt, template_kwargs))
     pieces = []
     last = None
     for event in engine.generate(prompt, params, chat_template_kwargs=template_kwargs):
         if event.text:
-            out.write(event.text)
-            out.flush()
+            if show is not None:
+                show.write(event.text)
+            else:
+                out.write(event.text)
+                out.flush()
             pieces.append(event.text)
         last = event
+    if show is not None:
+        show.finish()
     return "".join(pieces), last
 
 

@@ -179,7 +179,7 @@ def test_escaped_slash_and_an_empty_system_message_are_sent_as_given(engine, mon
 
 def test_a_thinking_models_block_is_shown_apart_from_its_answer(tmp_path):
     """DeepSeek-R1's template shape (the prompt opens <think>): the block goes to stderr when stdout is not a
-    terminal, dimmed on stdout when it is, and the conversation keeps the reply as the model wrote it."""
+    terminal, dimmed on stdout when it is, and the conversation keeps it as the reply's reasoning_content."""
     from checkpoints import make_checkpoint
 
     folder = make_checkpoint(tmp_path / "model", max_position_embeddings=512)
@@ -199,8 +199,8 @@ def test_a_thinking_models_block_is_shown_apart_from_its_answer(tmp_path):
         session = ChatSession(thinker, SamplingParams(max_tokens=4, ignore_eos=True, temperature=0), None,
                               iter(["hi"]).__next__, out, err)
         session.turn("hi")
-        reply = session.history[-1]["content"]
-        assert reply  # (a random model never closes the block: all of it is thinking)
+        reply = session.history[-1]["reasoning_content"]  # (kept as thinking for the next turn's template)
+        assert reply and session.history[-1]["content"] == ""  # (a random model never closes the block)
         if isinstance(out, Terminal):
             assert out.getvalue().startswith("\x1b[2m") and reply.strip() in out.getvalue().replace(
                 "\x1b[2m", "").replace("\x1b[0m", "")

@@ -157,6 +157,17 @@ def test_continue_final_message_as_transformers(shared_hf):
     for content in ("<", "end", "|", "im_end", "x "):
         cut = chatml.render([prefill[0], {"role": "assistant", "content": content}], False, continue_final_message=True)
         assert cut == f"<|im_start|>user\n{prefill[0]['content']}<|im_end|>\n<|im_start|>assistant\n{content}", content
+    # Qwen3's real template rewrites a <think> block (and writes reasoning_content as one): the cut is where the
+    # message ends as the template writes it; a message of thinking only is continued after its block.
+    import json as _json
+
+    qwen3 = ChatTemplate(_json.loads((shared_hf / "Qwen3-0.6B" / "tokenizer_config.json").read_text())["chat_template"],
+                         {})
+    ask = [{"role": "user", "content": "hi"}]
+    assert qwen3.render([*ask, {"role": "assistant", "content": "<think>\nok</think>\n\nThe answer"}], False,
+                        continue_final_message=True).endswith("<think>\nok\n</think>\n\nThe answer")
+    assert qwen3.render([*ask, {"role": "assistant", "content": "", "reasoning_content": "ok"}], False,
+                        continue_final_message=True).endswith("<think>\nok\n</think>\n\n")
     trims = ChatTemplate("{% for m in messages %}[{{ m['content'] | trim }}]{% endfor %}", {})
     assert trims.render([{"role": "assistant", "content": " go on "}], False, continue_final_message=True) == "[go on"
     hidden = ChatTemplate("{% for m in messages %}{{ m['role'] }}\n{% endfor %}", {})

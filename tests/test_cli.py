@@ -391,8 +391,13 @@ def test_no_think_and_chat_template_kwargs(capsys, tmp_path, shared_hf, no_templ
     expected = engine.complete(ask, SamplingParams(max_tokens=3, temperature=0),
                                chat_template_kwargs={"enable_thinking": False})
     assert code == 0 and out == expected.text + "\n"
-    for extra, words in ((["--no-think"], "only applies to chat prompts"),
-                         (["--chat", "--no-think"], "no enable_thinking switch")):
-        code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", *extra,
-                            *(["--chat-template", "{{ messages[0]['content'] }}"] if "--chat" in extra else []))
-        assert code == 2 and words in err, (extra, err)
+    # Refused where it cannot be honoured: a plain prompt, a thinking template without the switch; a model that does
+    # not think is as asked already.
+    thinks = "{% for m in messages %}{{ m['content'].split('</think>')[-1] }}{% endfor %}<think>\n"
+    for extra, code_words in ((["--no-think"], (2, "only applies to chat prompts")),
+                              (["--chat", "--no-think", "--chat-template", thinks], (2, "no enable_thinking switch")),
+                              (["--chat", "--no-think", "--chat-template", "{{ messages[0]['content'] }}"], (0, ""))):
+        code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--max-tokens", "2", *extra)
+        assert (code, code_words[1] in err) == (code_words[0], True), (extra, err)
+    with pytest.raises(InvalidRequestError, match="never reads"):  # (the Python API: a variable no one reads)
+        engine.make_request(ask, chat_template_kwargs={"bogus": 1})

@@ -481,7 +481,8 @@ class Engine:
         params = _as_sampling_params(params)
         params.validate()
         tool_format, forced = None, False
-        extra = check_template_kwargs(chat_template_kwargs)
+        template = self.tokenizer.chat_template
+        extra = check_template_kwargs(chat_template_kwargs, template.source if template is not None else None)
         if extra and (isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt)):
             raise InvalidRequestError("chat_template_kwargs need chat messages as the prompt",
                                       param="chat_template_kwargs")

@@ -72,7 +72,7 @@ def anthropic_error(error: APIError) -> JSONResponse:
                         status_code=error.status, headers=error.headers)
 
 
-def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
+def chat_request(body: MessagesRequest, thinking_switch: bool = True) -> ChatCompletionRequest:
     """The chat request a Messages request means (see the module docstring).
 
     Raises:
@@ -80,9 +80,10 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
             results), a server tool, a malformed block, or any field the chat route refuses.
     """
     if body.thinking is not None and body.thinking.get("type") != "disabled":
-        raise InvalidRequestError("thinking with a token budget is not supported by Solo (it has no reasoning-budget "
-                                  "control; a thinking model's reasoning comes back as thinking blocks anyway); "
-                                  "leave thinking out", param="thinking")
+        raise InvalidRequestError(f"thinking {body.thinking.get('type')!r} is not supported by Solo (it has no "
+                                  "reasoning-budget control; a thinking model's reasoning comes back as thinking "
+                                  'blocks anyway); leave thinking out, or send {"type": "disabled"}',
+                                  param="thinking")
     for name in body.model_extra or {}:
         if name not in _NO_EFFECT:
             raise InvalidRequestError(f"{name} is not a field Solo's Messages API takes", param=name)
@@ -145,7 +146,7 @@ def chat_request(body: MessagesRequest) -> ChatCompletionRequest:
         fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         fields.update(_chat_tool_choice(body.tool_choice))
-    if body.thinking is not None:  # (only "disabled" gets here)
+    if body.thinking is not None and thinking_switch:  # (only "disabled" gets here; without a switch, as asked)
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     return chat_request_from(fields, _FIELD_NAMES)
 
@@ -166,10 +167,13 @@ def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
         raise InvalidRequestError(f"tools[{index}] is a {tool.get('type')!r} tool; Solo runs client tools only "
                                   '({"name", "description", "input_schema"}; server tools run on Anthropic\'s side)',
                                   param="tools")
-    function = {"name": tool.get("name"), "parameters": tool["input_schema"]}
-    for key in ("description", "strict"):
-        if tool.get(key) is not None:
-            function[key] = tool[key]
+    # (keys in the order the OpenAI routes pass them: the template renders the tools as given)
+    function: dict[str, Any] = {"name": tool.get("name")}
+    if tool.get("description") is not None:
+        function["description"] = tool["description"]
+    function["parameters"] = tool["input_schema"]
+    if tool.get("strict") is not None:
+        function["strict"] = tool["strict"]
     return {"type": "function", "function": function}
 
 
@@ -232,10 +236,11 @@ async def messages(request: Request) -> Response:
         state = request.app.state.solo
         template = state.engine.tokenizer.chat_template if state.engine is not None else None
         disabled = body.thinking is not None and body.thinking.get("type") == "disabled"
-        if disabled and state.reasoning and not has_thinking_switch(template and template.source):
+        switch = has_thinking_switch(template.source if template is not None else None)
+        if disabled and state.reasoning and not switch:
             raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has "
                                       "no enable_thinking switch); leave thinking out", param="thinking")
-        reply = await chat_completions(chat_request(body), request)
+        reply = await chat_completions(chat_request(body, thinking_switch=switch), request)
     except (SoloError, APIError) as exc:
         return anthropic_error(api_error_from(exc))
     message_id = f"msg_{uuid.uuid4().hex}"

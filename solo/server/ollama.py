@@ -195,10 +195,11 @@ def _thinking(think: Any, state: Any) -> dict[str, Any] | None:  # noqa: ANN401
             f"{state.served_name!r} does not support thinking here (its chat template writes no reasoning block, "
             "or the server runs with --reasoning-parser none); leave think out", param="think")
     template = state.engine.tokenizer.chat_template
-    if not think and state.reasoning and not has_thinking_switch(template.source):
+    switch = has_thinking_switch(template.source if template is not None else None)
+    if not think and state.reasoning and not switch:
         raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
                                   "enable_thinking switch); leave think out", param="think")
-    return {"enable_thinking": think}
+    return {"enable_thinking": think} if switch else None  # (without a switch it is as asked already)
 
 
 def chat_messages(messages: Any) -> list[dict[str, Any]]:  # noqa: ANN401

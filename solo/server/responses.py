@@ -106,8 +106,20 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         messages.append({"role": "system", "content": body.instructions})
     items = [{"role": "user", "content": body.input}] if isinstance(body.input, str) else body.input
     reasoning: str | None = None
+
+    def flush_reasoning() -> None:
+        # A reasoning item that no reply of its own follows (a reply cut short inside the block): a thinking-only
+        # assistant message, as the other APIs send it.
+        nonlocal reasoning
+        if reasoning is not None:
+            messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning})
+            reasoning = None
+
     for i, item in enumerate(items):
         kind = item.get("type", "message")
+        if kind != "reasoning" and not (kind == "function_call" or (kind == "message"
+                                                                    and item.get("role") == "assistant")):
+            flush_reasoning()
         if kind == "message":
             message = {"role": item.get("role"), "content": _text(item.get("content"), i)}
             if message["role"] == "assistant" and reasoning is not None:
@@ -127,7 +139,6 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
                 if reasoning is not None:
                     messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
-            reasoning = None
             output = item.get("output")
             messages.append({"role": "tool", "tool_call_id": string_field(item, "call_id", f"input[{i}]", "input"),
                              "content": output if isinstance(output, str) else _text(output, i, "output")})
@@ -137,10 +148,12 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
             if texts is None or not all(isinstance(t, str) for t in texts):
                 raise InvalidRequestError(f"input[{i}] is a reasoning item whose content is not a list of text parts",
                                           param="input")
+            flush_reasoning()  # (two in a row: each its own reply)
             reasoning = "".join(texts)
         else:
             raise InvalidRequestError(f"input[{i}] is a {kind!r} item, which Solo does not take (it takes messages, "
                                       "function_call, function_call_output and reasoning items)", param="input")
+    flush_reasoning()
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "stream": body.stream,
                               "max_tokens": body.max_output_tokens}
     if body.stream:

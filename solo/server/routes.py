@@ -209,7 +209,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = _state(request)
     engine, _ = state.require_ready(body.model)
     _check_n(state, body.n)
-    extra = check_template_kwargs(body.chat_template_kwargs)
+    template = engine.tokenizer.chat_template
+    extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
@@ -535,8 +536,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
     def encode() -> list[int]:
         if messages is not None:
-            extra = check_template_kwargs(body.chat_template_kwargs)
             template = engine.tokenizer.chat_template
+            extra = check_template_kwargs(body.chat_template_kwargs,
+                                          template.source if template is not None else None)
             _, tools, _ = check_tools(body.tools, "none",
                                       template.source if template is not None else None)
             text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in messages]),

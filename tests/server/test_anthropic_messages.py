@@ -134,3 +134,11 @@ def test_thinking_disabled_turns_the_templates_switch_off():
     body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "thinking": {"type": "disabled"},
                                            "messages": [{"role": "user", "content": "hi"}]})
     assert chat_request(body).chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_tools_reach_the_template_as_the_chat_routes_pass_them():
+    from solo.server.anthropic_messages import MessagesRequest, chat_request
+
+    body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "tools": [WEATHER],
+                                           "messages": [{"role": "user", "content": "hi"}]})
+    assert list(chat_request(body).tools[0]["function"]) == ["name", "description", "parameters"]

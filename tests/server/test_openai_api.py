@@ -273,6 +273,9 @@ def test_continue_final_message_continues_the_last_message(server, engine):
         with pytest.raises(openai.BadRequestError, match=words):
             server.client().chat.completions.create(model=MODEL_NAME, messages=messages, max_tokens=2,
                                                     extra_body={**extra, **extra_fields})
+    with pytest.raises(openai.BadRequestError, match="never reads"):  # (it would change nothing: refused)
+        server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2,
+                                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
     refused = httpx.post(server.base_url.removesuffix("/v1") + "/tokenize",
                          json={"prompt": "abc", "continue_final_message": True})
     assert refused.status_code == 400 and "continue_final_message goes with messages" in refused.text

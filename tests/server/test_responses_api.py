@@ -103,3 +103,16 @@ def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     with pytest.raises(openai.BadRequestError) as info:
         server.client().responses.create(**{"model": MODEL_NAME, "input": "hi", **fields})
     assert words in info.value.message and info.value.body["param"] == param
+
+
+def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
+    """A reply cut short inside its block comes back as a reasoning item alone: re-sent, it is the assistant's
+    thinking, as the other APIs send it, not dropped."""
+    from solo.server.responses import ResponsesRequest, chat_request
+
+    reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "think more"}]}
+    for items in ([{"role": "user", "content": "q"}, reasoning, {"role": "user", "content": "go on"}],
+                  [{"role": "user", "content": "q"}, reasoning]):
+        messages = chat_request(ResponsesRequest.model_validate({"input": items})).messages
+        assert [(m.role, m.content, (m.model_extra or {}).get("reasoning_content")) for m in messages][:2] == [
+            ("user", "q", None), ("assistant", "", "think more")]
