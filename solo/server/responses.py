@@ -26,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError
 from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field
 from solo.server.protocol import ChatCompletionRequest
@@ -82,20 +83,24 @@ _PASSED = ("temperature", "top_p", "user", "seed", "top_k", "min_p", "frequency_
            "repetition_penalty", "stop", "logit_bias", "priority")
 
 
-def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
+def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCompletionRequest:
     """The chat request a Responses request means (see the module docstring).
 
+    `reasoning: {"effort": "none"}` turns a Qwen3-style template's thinking off (`enable_thinking`, where
+    `thinking_switch` says the template has it; without one a model that does not think is as asked).
+
     Raises:
-        InvalidRequestError: `previous_response_id` (nothing is stored), a `reasoning` effort, `include`
-            entries, an input item or content part Solo does not take (images, files), a malformed item, or
-            any field the chat route refuses (named by its Responses name: max_output_tokens, text, input).
+        InvalidRequestError: `previous_response_id` (nothing is stored), a `reasoning` setting other than
+            {"effort": "none"}, `include` entries, an input item or content part Solo does not take (images,
+            files), a malformed item, or any field the chat route refuses (named by its Responses name:
+            max_output_tokens, text, input).
     """
     if body.previous_response_id is not None:
         raise InvalidRequestError("previous_response_id needs stored responses, which Solo does not keep; send the "
                                   "whole conversation in input (store: false)", param="previous_response_id")
-    if body.reasoning:
-        raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control); "
-                                  "leave reasoning out", param="reasoning")
+    if body.reasoning and body.reasoning != {"effort": "none"}:
+        raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control) "
+                                  'but {"effort": "none"}, thinking off; leave reasoning out', param="reasoning")
     if body.include:
         raise InvalidRequestError(f"include {body.include[0]!r} is not supported; leave include out", param="include")
     if (body.model_extra or {}).get("background"):
@@ -171,6 +176,8 @@ def chat_request(body: ResponsesRequest) -> ChatCompletionRequest:
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     if body.text is not None:
         fields["response_format"] = _response_format(body.text)
+    if body.reasoning and thinking_switch:  # {"effort": "none"}: thinking off
+        fields["chat_template_kwargs"] = {"enable_thinking": False}
     for name in body.model_extra or {}:
         if name not in _PASSED and name not in _NO_EFFECT and name != "background":
             raise InvalidRequestError(f"{name} is not a field Solo's Responses API takes", param=name)
@@ -295,7 +302,13 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     """OpenAI's Responses API, stateless (see the module docstring); streamed as its events when `stream` is true."""
     from solo.server.routes import GenerationStream, chat_completions
 
-    chat = chat_request(body)
+    state = request.app.state.solo
+    template = state.engine.tokenizer.chat_template if state.engine is not None else None
+    switch = has_thinking_switch(template.source if template is not None else None)
+    if body.reasoning and state.reasoning and not switch:
+        raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
+                                  "enable_thinking switch); leave reasoning out", param="reasoning")
+    chat = chat_request(body, thinking_switch=switch)
     try:
         reply = await chat_completions(chat, request)
     except InvalidRequestError as exc:  # named as this API names the field

@@ -286,5 +286,8 @@ def test_a_thinking_models_block_comes_back_as_thinking(tmp_path):
         refused = httpx.post(f"{_host(running)}/v1/messages", json={
             "model": MODEL_NAME, "max_tokens": 2, "messages": ASK, "thinking": {"type": "disabled"}})
         assert refused.status_code == 400 and "no enable_thinking switch" in refused.text
+        refused = httpx.post(f"{_host(running)}/v1/responses", json={
+            "model": MODEL_NAME, "max_output_tokens": 2, "input": "hi", "reasoning": {"effort": "none"}})
+        assert refused.status_code == 400 and "no enable_thinking switch" in refused.text
     finally:
         running.stop()

@@ -116,3 +116,11 @@ def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
         messages = chat_request(ResponsesRequest.model_validate({"input": items})).messages
         assert [(m.role, m.content, (m.model_extra or {}).get("reasoning_content")) for m in messages][:2] == [
             ("user", "q", None), ("assistant", "", "think more")]
+
+
+def test_reasoning_effort_none_turns_thinking_off():
+    from solo.server.responses import ResponsesRequest, chat_request
+
+    body = ResponsesRequest.model_validate({"input": "hi", "reasoning": {"effort": "none"}})
+    assert chat_request(body).chat_template_kwargs == {"enable_thinking": False}
+    assert chat_request(body, thinking_switch=False).chat_template_kwargs is None  # (a model that does not think)
