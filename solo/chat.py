@@ -5,7 +5,7 @@ so the loop can be driven by a pipe or a test). Ctrl-C during a reply stops that
 clears the line; Ctrl-D or /exit quits. Commands start with '/': see `COMMANDS`. A thinking model's
 `<think>` block (the server's reasoning_content, `solo.engine.reasoning`) is shown apart from its answer:
 dimmed on a terminal, on stderr when stdout is not one (so a pipe gets the answers only); the conversation
-keeps the reply as the model wrote it, for the template to handle as it does.
+keeps the block as the reply's reasoning_content, for the next turn's template to handle as it does.
 """
 
 from __future__ import annotations
@@ -188,11 +188,7 @@ class ChatSession:
 
     def _prompt_tokens(self) -> int:
         # The conversation's prompt length as the model will see it (with the template variables of the turns).
-        messages = self.messages()
-        if not self.template_kwargs:
-            return len(self.engine.encode_prompt(messages))
-        return len(self.engine.make_request(messages, {"max_tokens": 1},
-                                            chat_template_kwargs=self.template_kwargs).prompt_ids)
+        return len(self.engine.encode_prompt(self.messages(), self.template_kwargs))
 
     def turn(self, line: str) -> None:
         """Send one user message, stream the reply, then print the stats line."""
@@ -248,6 +244,8 @@ class ChatSession:
                 show.finish()
         except KeyboardInterrupt:
             # Only this reply stops; what was shown stays in the conversation, as the user saw it.
+            if show is not None and show.thinking and not show.tty:
+                self.err.write("\n")  # (the block's line on stderr ends before the note)
             self.out.write("\n")
             self.say("[reply stopped]")
         except SoloError as exc:
@@ -304,7 +302,7 @@ class ReplyWriter:
 
         A reply cut inside its block is then thinking to the next turn's template, not an answer.
         """
-        message = {"role": "assistant", "content": self.parser.content}
+        message = {"role": "assistant", "content": self.parser.content.lstrip("\n")}  # (as shown)
         if self.parser.reasoning:
             message["reasoning_content"] = self.parser.reasoning
         return message

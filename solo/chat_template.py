@@ -191,7 +191,8 @@ def _marked(message: dict[str, Any]) -> dict[str, Any]:
     content = message.get("content")
     if isinstance(content, list) and content and isinstance(content[-1], Mapping):
         return {**message, "content": [*content[:-1], {**content[-1], "text": f"{content[-1].get('text')}{_END_MARK}"}]}
-    return {**message, "content": f"{content}{_END_MARK}"} if isinstance(content, str) else message
+    return {**message, "content": f"{content or ''}{_END_MARK}"} if content is None or isinstance(content, str) \
+        else message
 
 
 def _cut_after_final_message(text: str, marked: str | None, final: Mapping[str, Any]) -> str:
@@ -199,15 +200,20 @@ def _cut_after_final_message(text: str, marked: str | None, final: Mapping[str, 
     # cuts it: where the template writes the content's end (found by a mark after it: a content that also occurs
     # in the end-of-turn marker, "<" or "end", is not cut inside that marker as transformers would cut it, and
     # one the template rewrites, a <think> block it reformats, is cut where it ends), else its last occurrence.
-    content = _final_text(final)
+    content = _final_text(final) if final.get("content") is not None else ""
     thinking = final.get("reasoning_content")
-    if not isinstance(content, str) or not (content.strip() or (isinstance(thinking, str) and thinking.strip())):
+    thinking = thinking.strip() if isinstance(thinking, str) else ""
+    if not isinstance(content, str) or not (content.strip() or thinking):
         raise InvalidRequestError("continuing the last message (a prefill) needs text in it: give its text, or its "
                                   "thinking", param="messages")
     end = marked.find(_END_MARK) if marked is not None and _END_MARK not in content else -1
     if end >= 0:
         for prefix in (marked[:end], marked[:end].rstrip()):
             if text.startswith(prefix):  # (a template that trims contents: the trimmed one)
+                if not content.strip() and thinking not in prefix:
+                    raise InvalidRequestError("the last message, continued (a prefill), is thinking only, and the "
+                                              "chat template leaves thinking out of the prompt; send it in the text "
+                                              "as <think>...</think>", param="messages")
                 return prefix
     for piece in (content, content.strip()) if content.strip() else ():
         end = text.rfind(piece)
@@ -221,13 +227,16 @@ RESERVED_TEMPLATE_VARIABLES = ("messages", "add_generation_prompt", "continue_fi
 """Template variables Solo sets itself: chat_template_kwargs may not name them."""
 
 
-def check_template_kwargs(kwargs: Mapping[str, Any] | None, template_source: str | None = None) -> dict[str, Any]:
+def check_template_kwargs(kwargs: Mapping[str, Any] | None, template_source: str | None = None,
+                          thinks: bool = False) -> dict[str, Any]:
     """A request's chat_template_kwargs, refused (not dropped) where they would change nothing or clash.
 
     Args:
         kwargs: the variables, or None.
         template_source: the chat template they go to; a name it never reads is refused (it would be
-            silently ignored: {"enable_thinking": false} to a template without that switch).
+            silently ignored), except `enable_thinking` for a model that does not think (clients send it to
+            every model; such a model is as asked already), which is left out.
+        thinks: the model writes a reasoning block (`solo.engine.reasoning.detect_reasoning`).
 
     Raises:
         InvalidRequestError: not an object, a name among `RESERVED_TEMPLATE_VARIABLES`, a name the template
@@ -244,14 +253,19 @@ def check_template_kwargs(kwargs: Mapping[str, Any] | None, template_source: str
         if name in RESERVED_TEMPLATE_VARIABLES:
             raise InvalidRequestError(f"chat_template_kwargs cannot set {name!r}: Solo passes it to the template "
                                       f"itself (it has a field of its own)", param="chat_template_kwargs")
+    checked = dict(kwargs or {})
+    if "enable_thinking" in checked and not isinstance(checked["enable_thinking"], bool):
+        raise InvalidRequestError(f"chat_template_kwargs.enable_thinking must be true or false, got "
+                                  f"{checked['enable_thinking']!r:.40}", param="chat_template_kwargs")
+    for name in list(checked):
         if template_source is not None and name not in template_variables(template_source):
-            what = " (the model thinks, or not, by itself)" if name == "enable_thinking" else ""
+            if name == "enable_thinking" and not thinks:
+                del checked[name]  # (a model that does not think: as asked already)
+                continue
+            what = " (the model thinks whatever it is asked)" if name == "enable_thinking" else ""
             raise InvalidRequestError(f"chat_template_kwargs names {name!r}, which the model's chat template never "
                                       f"reads{what}; leave it out", param="chat_template_kwargs")
-    if "enable_thinking" in (kwargs or {}) and not isinstance(kwargs["enable_thinking"], bool):
-        raise InvalidRequestError(f"chat_template_kwargs.enable_thinking must be true or false, got "
-                                  f"{kwargs['enable_thinking']!r:.40}", param="chat_template_kwargs")
-    return dict(kwargs or {})
+    return checked
 
 
 def read_chat_template(value: str) -> str:

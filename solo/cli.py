@@ -242,9 +242,7 @@ def _default_max_tokens(engine, prompt, params, template_kwargs: dict | None = N
     # A prompt that alone fills the context keeps None, so the error counts the prompt, not a budget the user
     # never gave.
     if params.max_tokens is None:
-        ids = engine.make_request(prompt, {"max_tokens": 1}, chat_template_kwargs=template_kwargs).prompt_ids \
-            if template_kwargs else engine.encode_prompt(prompt)
-        room = engine.config.context_length - len(ids)
+        room = engine.config.context_length - len(engine.encode_prompt(prompt, template_kwargs))
         if room > 0:
             # --min-tokens above the default raises the budget with it (room permitting), rather than an error
             # naming a max_tokens the user never set.

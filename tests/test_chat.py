@@ -206,3 +206,17 @@ def test_a_thinking_models_block_is_shown_apart_from_its_answer(tmp_path):
                 "\x1b[2m", "").replace("\x1b[0m", "")
         else:
             assert out.getvalue().strip() == "" and reply.strip() in err.getvalue()
+
+
+def test_no_think_keeps_leaving_the_oldest_turns_out(tiny_llama, shared_hf):
+    """--no-think's template variables are counted as the turn renders them, so a conversation that outgrows
+    the context leaves its oldest turns out instead of failing every turn (Qwen3's real template)."""
+    qwen3 = json.loads((shared_hf / "Qwen3-0.6B" / "tokenizer_config.json").read_text())["chat_template"]
+    engine = Engine.load(tiny_llama, chat_template=qwen3)  # (a 256-token context)
+    err = io.StringIO()
+    session = ChatSession(engine, SamplingParams(max_tokens=8, ignore_eos=True), None, iter(()).__next__,
+                          io.StringIO(), err, template_kwargs={"enable_thinking": False})
+    for turn in range(8):
+        session.turn(f"turn {turn}: " + "word " * 30)
+        assert session.history[-1]["role"] == "assistant", err.getvalue()
+    assert session.first > 0 and "left out" in err.getvalue() and "error" not in err.getvalue()

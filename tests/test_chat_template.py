@@ -168,6 +168,11 @@ def test_continue_final_message_as_transformers(shared_hf):
                         continue_final_message=True).endswith("<think>\nok\n</think>\n\nThe answer")
     assert qwen3.render([*ask, {"role": "assistant", "content": "", "reasoning_content": "ok"}], False,
                         continue_final_message=True).endswith("<think>\nok\n</think>\n\n")
+    assert qwen3.render([*ask, {"role": "assistant", "content": None, "reasoning_content": "ok"}], False,
+                        continue_final_message=True).endswith("<think>\nok\n</think>\n\n")  # (Anthropic's form)
+    with pytest.raises(InvalidRequestError, match="leaves thinking out"):  # (not silently dropped)
+        template.render([*ask, {"role": "assistant", "content": "", "reasoning_content": "ok"}], False,
+                        continue_final_message=True)
     trims = ChatTemplate("{% for m in messages %}[{{ m['content'] | trim }}]{% endfor %}", {})
     assert trims.render([{"role": "assistant", "content": " go on "}], False, continue_final_message=True) == "[go on"
     hidden = ChatTemplate("{% for m in messages %}{{ m['role'] }}\n{% endfor %}", {})

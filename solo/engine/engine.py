@@ -24,6 +24,7 @@ from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
 from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
+from solo.engine.reasoning import detect_reasoning
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
 from solo.engine.speculative import (
@@ -392,11 +393,11 @@ class Engine:
 
     # ----------------------------------------------------------------------------------------- prompts
 
-    def encode_prompt(self, prompt: Prompt) -> list[int]:
+    def encode_prompt(self, prompt: Prompt, chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of a prompt.
 
-        Text gets the tokenizer's special tokens (e.g. BOS), messages are rendered with the chat template,
-        ids pass through.
+        Text gets the tokenizer's special tokens (e.g. BOS), messages are rendered with the chat template (and
+        `chat_template_kwargs`, checked as `make_request` checks them), ids pass through.
 
         Raises:
             InvalidRequestError: an empty prompt, messages without a chat template, ids out of range.
@@ -422,7 +423,8 @@ class Engine:
                     f"token id {bad[0]} is outside the vocabulary [0, {self.config.vocab_size})", param="prompt"
                 )
         else:
-            ids = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)))  # type: ignore[arg-type]
+            ids = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)),  # type: ignore[arg-type]
+                                             **self._template_kwargs(chat_template_kwargs))
         if not ids:
             raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
         if (largest := max(ids)) >= self.config.vocab_size:  # only a tokenizer's ids can get here
@@ -431,6 +433,12 @@ class Engine:
                 f"{self.config.vocab_size}): the tokenizer does not belong to this model (use the model's own "
                 "tokenizer files)")
         return ids
+
+    def _template_kwargs(self, kwargs: Mapping[str, Any] | None) -> dict[str, Any]:
+        # chat_template_kwargs checked against the template (see `check_template_kwargs`).
+        template = self.tokenizer.chat_template
+        source = template.source if template is not None else None
+        return check_template_kwargs(kwargs, source, thinks=detect_reasoning(source))
 
     def prepare(self, prompt: Prompt, max_tokens: int | None) -> PreparedPrompt:
         """Encode a prompt and check it fits the context with `max_tokens` new tokens.
@@ -475,14 +483,14 @@ class Engine:
         Raises:
             InvalidRequestError, ContextLengthError: see `prepare` and `SamplingParams.validate`; also an
                 unknown key in a `params` dict, or `params` of another type; an invalid or unsupported
-                response_format; bad tools (see `check_tools`); chat_template_kwargs without messages or
-                naming a variable Solo sets itself.
+                response_format; bad tools (see `check_tools`); chat_template_kwargs without messages, naming
+                a variable Solo sets itself or one the template never reads (enable_thinking excepted where
+                the model does not think), or an enable_thinking that is not a boolean.
         """
         params = _as_sampling_params(params)
         params.validate()
         tool_format, forced = None, False
-        template = self.tokenizer.chat_template
-        extra = check_template_kwargs(chat_template_kwargs, template.source if template is not None else None)
+        extra = self._template_kwargs(chat_template_kwargs)
         if extra and (isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt)):
             raise InvalidRequestError("chat_template_kwargs need chat messages as the prompt",
                                       param="chat_template_kwargs")
@@ -500,7 +508,7 @@ class Engine:
             prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)),
                                                 tools=list(tools) or None, **extra)
         elif extra:
-            prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)), **extra)
+            prompt = self.encode_prompt(prompt, extra)
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(

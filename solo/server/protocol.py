@@ -11,7 +11,8 @@ so FastAPI rejects bad input before any engine work.
 What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`,
 `best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
 `stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
-`max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort`.
+`max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort` but "none"
+(thinking off).
 Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, `allowed_token_ids`, `bad_words`, `skip_special_tokens`,
 `add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both
@@ -415,9 +416,9 @@ class ChatCompletionRequest(SamplingFields):
     @field_validator("reasoning_effort")
     @classmethod
     def _no_reasoning_effort(cls, value: str | None) -> str | None:
-        if value is not None:
-            raise ValueError("reasoning_effort is not supported by Solo (it has no reasoning-budget control); "
-                             "leave it out")
+        if value is not None and value != "none":
+            raise ValueError("reasoning_effort is not supported by Solo (it has no reasoning-budget control) but "
+                             '"none", thinking off; leave it out')
         return value
 
     @field_validator("functions")

@@ -98,7 +98,9 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
     if body.previous_response_id is not None:
         raise InvalidRequestError("previous_response_id needs stored responses, which Solo does not keep; send the "
                                   "whole conversation in input (store: false)", param="previous_response_id")
-    if body.reasoning and body.reasoning != {"effort": "none"}:
+    thinking_off = bool(body.reasoning) and body.reasoning.get("effort") == "none" \
+        and set(body.reasoning) <= {"effort", "summary"}  # (a summary of no reasoning changes nothing)
+    if body.reasoning and not thinking_off:
         raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control) "
                                   'but {"effort": "none"}, thinking off; leave reasoning out', param="reasoning")
     if body.include:
@@ -137,8 +139,11 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
                     "function": {"name": string_field(item, "name", where, "input"),
                                  "arguments": string_field(item, "arguments", where, "input")}}
             last = messages[-1] if messages else None
-            if last is not None and last["role"] == "assistant":
+            if last is not None and last["role"] == "assistant" and (reasoning is None
+                                                                     or "reasoning_content" not in last):
                 last.setdefault("tool_calls", []).append(call)  # the same reply: its text, then its calls
+                if reasoning is not None:
+                    last["reasoning_content"], reasoning = reasoning, None
             else:
                 messages.append({"role": "assistant", "content": None, "tool_calls": [call]})
                 if reasoning is not None:
@@ -176,7 +181,7 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     if body.text is not None:
         fields["response_format"] = _response_format(body.text)
-    if body.reasoning and thinking_switch:  # {"effort": "none"}: thinking off
+    if thinking_off and thinking_switch:
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     for name in body.model_extra or {}:
         if name not in _PASSED and name not in _NO_EFFECT and name != "background":

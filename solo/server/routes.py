@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from solo.chat_template import check_template_kwargs
-from solo.engine.reasoning import ReasoningParser, continues_reasoning, prompt_opens_reasoning
+from solo.engine.reasoning import ReasoningParser, continues_reasoning, has_thinking_switch, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import (
@@ -210,7 +210,15 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     engine, _ = state.require_ready(body.model)
     _check_n(state, body.n)
     template = engine.tokenizer.chat_template
-    extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None)
+    extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None,
+                                  thinks=state.reasoning)
+    if body.reasoning_effort == "none":  # (the one effort Solo honours: thinking off, as the other APIs' ways)
+        if state.reasoning and not has_thinking_switch(template.source if template is not None else None):
+            raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has "
+                                      "no enable_thinking switch); leave reasoning_effort out",
+                                      param="reasoning_effort")
+        if has_thinking_switch(template.source if template is not None else None):
+            extra = {**extra, "enable_thinking": False}
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
@@ -538,7 +546,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         if messages is not None:
             template = engine.tokenizer.chat_template
             extra = check_template_kwargs(body.chat_template_kwargs,
-                                          template.source if template is not None else None)
+                                          template.source if template is not None else None, thinks=state.reasoning)
             _, tools, _ = check_tools(body.tools, "none",
                                       template.source if template is not None else None)
             text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in messages]),

@@ -126,6 +126,11 @@ def test_a_prefill_is_continued(server):
     alone = _client(server).messages.create(model=MODEL_NAME, max_tokens=8, extra_body={"temperature": 0},
                                             messages=[conversation[0]])
     assert empty.content[0].text == alone.content[0].text
+    # A prefill of thinking only reaches a template that does not write thinking: refused, not dropped.
+    with pytest.raises(anthropic.BadRequestError, match="thinking only"):
+        _client(server).messages.create(model=MODEL_NAME, max_tokens=8, messages=[
+            conversation[0], {"role": "assistant", "content": [{"type": "thinking", "thinking": "hmm",
+                                                                "signature": ""}]}])
 
 
 def test_thinking_disabled_turns_the_templates_switch_off():

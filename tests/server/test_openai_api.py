@@ -275,7 +275,11 @@ def test_continue_final_message_continues_the_last_message(server, engine):
                                                     extra_body={**extra, **extra_fields})
     with pytest.raises(openai.BadRequestError, match="never reads"):  # (it would change nothing: refused)
         server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2,
-                                                extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+                                                extra_body={"chat_template_kwargs": {"bogus": False}})
+    # Thinking off, asked of a model that does not think (clients send it to every model): as asked already.
+    for extra_fields in ({"chat_template_kwargs": {"enable_thinking": False}}, {"reasoning_effort": "none"}):
+        assert server.client().chat.completions.create(model=MODEL_NAME, messages=MESSAGES, max_tokens=2,
+                                                       extra_body=extra_fields).usage.completion_tokens == 2
     refused = httpx.post(server.base_url.removesuffix("/v1") + "/tokenize",
                          json={"prompt": "abc", "continue_final_message": True})
     assert refused.status_code == 400 and "continue_final_message goes with messages" in refused.text

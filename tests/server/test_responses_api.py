@@ -106,8 +106,8 @@ def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
 
 
 def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
-    """A reply cut short inside its block comes back as a reasoning item alone: re-sent, it is the assistant's
-    thinking, as the other APIs send it, not dropped."""
+    """A reply cut short inside its block comes back as a reasoning item alone: re-sent, it is an assistant turn
+    of thinking only (not dropped); the next reply starts after it."""
     from solo.server.responses import ResponsesRequest, chat_request
 
     reasoning = {"type": "reasoning", "content": [{"type": "reasoning_text", "text": "think more"}]}
@@ -116,6 +116,13 @@ def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
         messages = chat_request(ResponsesRequest.model_validate({"input": items})).messages
         assert [(m.role, m.content, (m.model_extra or {}).get("reasoning_content")) for m in messages][:2] == [
             ("user", "q", None), ("assistant", "", "think more")]
+    # Between a reply's text and its call, the reasoning joins that reply (not a turn between call and result).
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    items = [{"role": "user", "content": "q"}, {"role": "assistant", "content": "let me"}, reasoning, call,
+             {"type": "function_call_output", "call_id": "c1", "output": "ok"}]
+    messages = chat_request(ResponsesRequest.model_validate({"input": items})).messages
+    assert [m.role for m in messages] == ["user", "assistant", "tool"]
+    assert messages[1].model_extra["reasoning_content"] == "think more" and messages[1].model_extra["tool_calls"]
 
 
 def test_reasoning_effort_none_turns_thinking_off():
@@ -124,3 +131,5 @@ def test_reasoning_effort_none_turns_thinking_off():
     body = ResponsesRequest.model_validate({"input": "hi", "reasoning": {"effort": "none"}})
     assert chat_request(body).chat_template_kwargs == {"enable_thinking": False}
     assert chat_request(body, thinking_switch=False).chat_template_kwargs is None  # (a model that does not think)
+    summarised = ResponsesRequest.model_validate({"input": "hi", "reasoning": {"effort": "none", "summary": "auto"}})
+    assert chat_request(summarised).chat_template_kwargs == {"enable_thinking": False}
