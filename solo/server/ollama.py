@@ -13,14 +13,15 @@ generate request (`raw: true`) runs through the completions route, the prompt as
 `num_predict` is a cap, as Ollama's: past the context the reply runs to the context's end (`done_reason`
 "length"), and `num_ctx` below the server's context is the window for prompt and output (above it, the
 server's context is the window: `/api/show` gives it). Models are listed with Ollama's `:latest` tag and
-answer to their name with or without it.
+answer to their name with or without it. An assistant message last is continued (a prefill), as Ollama
+continues it.
 
 Differences from Ollama, each said where it applies: sampling defaults are the model's
 (generation_config.json), as on Solo's other routes, not Ollama's (temperature 0.8, top_k 40, ...);
 `repeat_penalty` covers the whole sequence, as vLLM's `repetition_penalty` (Ollama: the last
 `repeat_last_n`, 64 tokens, so beside a penalty only `repeat_last_n` -1 or 0 are taken); a prompt longer
-than the window is refused instead of truncated, and the window is not shifted to continue past it; options that place
-the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
+than the window is refused instead of truncated, and the window is not shifted to continue past it;
+options that place the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
 `shift`, `truncate`) have no effect here, and `keep_alive` none (the model stays loaded while the server
 runs; a load request with `keep_alive` 0, which asks to unload it, is refused). Refused by name: images,
 `template`, `context`, `suffix`, `think` levels (and `think: false` on a template that cannot turn
