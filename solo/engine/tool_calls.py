@@ -17,8 +17,8 @@ Solo recognises five model families' tool-call syntax, from their chat templates
   typed by its parameter's schema (local `$ref`s followed; an integer parameter's "3" is 3, Python's True /
   None as the template writes them taken for booleans and nulls; a string's value stays text), as vLLM's
   qwen3_coder parser reads it, which also forgives a missing </parameter> or </function>. A value may hold
-  the syntax's own closing tags (a tag ends it only where the next tag follows). Unlike vLLM's, a
-  <function=...> without <tool_call> around it is content.
+  the syntax's own closing tags (a tag ends it only where the next tag follows); a <function=...> element
+  written without its <tool_call> wrapper is a call too, as vLLM takes it.
 
 With tool_choice "auto" the model writes freely and its calls are parsed out (as vLLM's hermes, llama3_json
 and mistral parsers do). With "required" or a named function the output is grammar-constrained to the
@@ -479,6 +479,9 @@ class ToolCallParser:
         self.parameters = parameters
         self.marker = _MARKERS[fmt]
         self.marker_id = special_token_ids.get(self.marker)
+        # Qwen3-Coder's models sometimes leave the <tool_call> wrapper out: a bare <function= starts a call too
+        # (as vLLM's qwen3_coder parser takes it).
+        self.markers = (self.marker, "<function=") if fmt == "qwen3_coder" else (self.marker,)
         self.forced = forced
         self._content = ""      # content released so far
         self._pending = ""      # content held back: it may be the start of a marker
@@ -509,12 +512,13 @@ class ToolCallParser:
             self._calls_text = buffer
             self._pending = ""
             return ""
-        index = buffer.find(self.marker)
+        found = [i for i in (buffer.find(m) for m in self.markers) if i >= 0]
+        index = min(found) if found else -1
         if index >= 0:
             self._calls_text = buffer[index:]
             self._pending = ""
             return self._release(buffer[:index])
-        keep = partial_suffix(buffer, self.marker)
+        keep = max(partial_suffix(buffer, m) for m in self.markers)
         self._pending = buffer[len(buffer) - keep:] if keep else ""
         return self._release(buffer[:len(buffer) - keep])
 
@@ -699,10 +703,12 @@ def _complete_xml_calls(text: str, parameters: Mapping[str, Mapping[str, Any]]) 
     calls: list[ToolCall] = []
     between: list[str] = []
     i = 0
-    while (start := text.find("<tool_call>", i)) >= 0:
+    while (start := _next_call(text, i)) >= 0:
         if not calls and text[:start].strip():
             break  # the first call begins the text
-        block = _xml_block(text, start, parameters)
+        # a <tool_call> block, or a bare <function=...> element (the wrapper left out, as vLLM takes it)
+        block = _xml_block(text, start, parameters) if text.startswith("<tool_call>", start) else \
+            _bare_function(text, start, parameters)
         if block is None:
             break
         calls += block[0]
@@ -710,6 +716,21 @@ def _complete_xml_calls(text: str, parameters: Mapping[str, Mapping[str, Any]]) 
         i = block[1]
     rest = "".join(between[1:]) + text[i:]  # (the first gap is "": the text starts with the marker)
     return calls, rest if rest.strip() else ""
+
+
+def _next_call(text: str, i: int) -> int:
+    # Where the next call starts at or after i: a <tool_call> block or a bare <function= element; -1 if none.
+    found = [k for k in (text.find("<tool_call>", i), text.find("<function=", i)) if k >= 0]
+    return min(found) if found else -1
+
+
+def _bare_function(text: str, start: int, parameters: Mapping[str, Mapping[str, Any]]
+                   ) -> tuple[list[ToolCall], int] | None:
+    # A <function=...> element without <tool_call> around it: a call once its </function> came.
+    function = _xml_function(text, start, parameters)
+    if function is None or not text[:function[1]].endswith("</function>"):
+        return None
+    return [function[0]], function[1]
 
 
 def _xml_block(text: str, start: int, parameters: Mapping[str, Mapping[str, Any]]

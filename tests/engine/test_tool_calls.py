@@ -491,6 +491,18 @@ def test_qwen3_coder_tolerances_and_closing_tags_inside_values():
     # As vLLM's parser: a parameter without its </parameter>, a function without its </function>.
     _, calls, _ = parse("<tool_call>\n<function=f>\n<parameter=a>\n1\n<parameter=b>\n2\n</tool_call>")
     assert json.loads(calls[0].arguments) == {"a": "1", "b": "2"}
+    # The <tool_call> wrapper left out (Qwen3-Coder's models sometimes do): still a call, whole and streamed.
+    bare = "Sure.\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\nDone."
+    parser = ToolCallParser("qwen3_coder", {})
+    streamed = "".join(parser.feed(piece, []) for piece in bare)
+    content, calls, rest = parser.finish()
+    assert streamed == "Sure.\n" and json.loads(calls[0].arguments) == {"a": "1"} and rest == "\nDone."
+    # Prose that names the syntax without a whole element is content, all of it.
+    prose = "Write <function=NAME> then its parameters."
+    parser = ToolCallParser("qwen3_coder", {})
+    shown = parser.feed(prose, [])
+    content, calls, rest = parser.finish()
+    assert (calls, content, shown + rest) == ([], prose, prose)
     # Cut short by max_tokens at any point: no call, all of it content.
     whole = "<tool_call>\n<function=f>\n<parameter=a>\n1\n</parameter>\n</function>\n</tool_call>"
     function_end = whole.index("</function>") + len("</function>")
