@@ -28,9 +28,14 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError, SoloError
-from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field
+from solo.server.chat_adapter import (
+    chat_chunks,
+    chat_request_from,
+    continue_prefill,
+    string_field,
+    thinking_switch,
+)
 from solo.server.errors import APIError, api_error_from, validation_error
 from solo.server.protocol import ChatCompletionRequest
 
@@ -134,12 +139,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True) -> ChatCom
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
-    if messages and messages[-1]["role"] == "assistant":  # a prefill: the reply continues it
-        last = messages[-1]
-        if (last.get("content") or "").strip() or last.get("tool_calls") or last.get("reasoning_content"):
-            fields.update(continue_final_message=True, add_generation_prompt=False)
-        else:
-            messages.pop()  # an empty one: nothing to continue, the reply starts as without it
+    continue_prefill(messages, fields)
     if body.stream:
         fields["stream_options"] = {"include_usage": True}
     if body.tools:
@@ -233,13 +233,8 @@ async def messages(request: Request) -> Response:
         except ValidationError as exc:
             error = validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
             raise InvalidRequestError(error.message, param=error.param) from None
-        state = request.app.state.solo
-        template = state.engine.tokenizer.chat_template if state.engine is not None else None
         disabled = body.thinking is not None and body.thinking.get("type") == "disabled"
-        switch = has_thinking_switch(template.source if template is not None else None)
-        if disabled and state.reasoning and not switch:
-            raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has "
-                                      "no enable_thinking switch); leave thinking out", param="thinking")
+        switch = thinking_switch(request.app.state.solo, disabled, "thinking")
         reply = await chat_completions(chat_request(body, thinking_switch=switch), request)
     except (SoloError, APIError) as exc:
         return anthropic_error(api_error_from(exc))

@@ -1,7 +1,8 @@
-"""Running another API's request through the chat route (`responses.py`, `anthropic_messages.py`).
+"""Running another API's request through the chat route (`responses.py`, `anthropic_messages.py`, `ollama.py`).
 
 The chat request it means, validated with errors named by the calling API's own field names, and the chat
-stream's server-sent events read back as chunks.
+stream's server-sent events read back as chunks; what those APIs share in between: a last assistant message
+(a prefill) and their ways of turning thinking off.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
+from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError
 from solo.server.errors import validation_error
 from solo.server.protocol import ChatCompletionRequest
@@ -35,6 +37,40 @@ def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str],
         errors = [{**e, "loc": ("body", *(field_names.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
         error = validation_error(errors)
         raise InvalidRequestError(error.message, param=error.param) from None
+
+
+def continue_prefill(messages: list[dict[str, Any]], fields: dict[str, Any]) -> None:
+    """Continue an assistant message last (a prefill) when it holds anything: its text, calls or thinking.
+
+    An empty one is left out of `messages` (the reply starts as without it); else `fields`, the chat request's,
+    ask to continue it.
+    """
+    if messages and messages[-1].get("role") == "assistant":
+        last = messages[-1]
+        if str(last.get("content") or "").strip() or last.get("tool_calls") or last.get("reasoning_content"):
+            fields.update(continue_final_message=True, add_generation_prompt=False)
+        else:
+            messages.pop()
+
+
+def thinking_switch(state: Any, off_asked: bool, param: str) -> bool:  # noqa: ANN401
+    """Whether the served model's chat template has an `enable_thinking` switch.
+
+    Args:
+        state: the server's state (its engine's template, whether replies are split into reasoning).
+        off_asked: the request asks for thinking off (its API's way).
+        param: the request field that asks, for the error.
+
+    Raises:
+        InvalidRequestError: thinking off asked of a model that thinks and has no such switch (it would be
+            ignored); a model that does not think is as asked already.
+    """
+    template = state.engine.tokenizer.chat_template if state.engine is not None else None
+    switch = has_thinking_switch(template.source if template is not None else None)
+    if off_asked and state.reasoning and not switch:
+        raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
+                                  f"enable_thinking switch); leave {param} out", param=param)
+    return switch
 
 
 def string_field(obj: Mapping[str, Any], key: str, where: str, param: str) -> str:

@@ -45,10 +45,9 @@ from fastapi.responses import JSONResponse, Response
 from starlette.responses import StreamingResponse
 
 from solo import __version__
-from solo.engine.reasoning import has_thinking_switch
 from solo.engine.tool_calls import arguments_as_objects, supports_tools
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
-from solo.server.chat_adapter import chat_chunks, chat_request_from
+from solo.server.chat_adapter import chat_chunks, chat_request_from, continue_prefill, thinking_switch
 from solo.server.errors import APIError, api_error_from, logger, shutting_down, unreadable_body_message
 from solo.server.protocol import CompletionRequest
 
@@ -195,11 +194,7 @@ def _thinking(think: Any, state: Any) -> dict[str, Any] | None:  # noqa: ANN401
         raise InvalidRequestError(
             f"{state.served_name!r} does not support thinking here (its chat template writes no reasoning block, "
             "or the server runs with --reasoning-parser none); leave think out", param="think")
-    template = state.engine.tokenizer.chat_template
-    switch = has_thinking_switch(template.source if template is not None else None)
-    if not think and state.reasoning and not switch:
-        raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
-                                  "enable_thinking switch); leave think out", param="think")
+    switch = thinking_switch(state, not think, "think")
     return {"enable_thinking": think} if switch else None  # (without a switch it is as asked already)
 
 
@@ -427,11 +422,12 @@ class _NDJSONStream(StreamingResponse):
 
 
 async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: int, fields: dict[str, Any],
-               raw: bool, shape: Callable[..., dict[str, Any]], fitted: bool = False) -> Response:
-    # The chat (or, raw, completions) route on `fields`, streamed internally, answered in Ollama's shape;
-    # `fitted`: max_tokens was fitted to a num_ctx window (`_fit_window`).
+               raw: bool, shape: Callable[..., dict[str, Any]], num_ctx: int | None) -> Response:
+    # The chat (or, raw, completions) route on `fields`, its output bounded by the window (`_fit_window`:
+    # num_ctx, a raw prompt's context), streamed internally, answered in Ollama's shape.
     from solo.server.routes import GenerationStream, chat_completions, completions
 
+    await _fit_window(request, fields, num_ctx, raw)
     stream = _typed(data, "stream", bool, "true or false", default=True)
     fields = {**fields, "stream": True, "stream_options": {"include_usage": True}}
 
@@ -443,7 +439,7 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     try:
         reply_stream = await call(fields)
     except ContextLengthError as exc:
-        if exc.param != "max_tokens" or raw or fitted:  # (a budget fitted to the window already stands)
+        if exc.param != "max_tokens" or raw or num_ctx is not None:  # (a budget fitted to the window stands)
             raise
         # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
         reply_stream = await call({**fields, "max_tokens": None})
@@ -614,18 +610,11 @@ async def chat(request: Request) -> Response:
         fields = {**_common_fields(data, raw=False), "messages": messages,
                   "tools": _typed(data, "tools", list, "a list of tools") or None,
                   "chat_template_kwargs": _thinking(data.get("think"), state)}
-        if messages and messages[-1].get("role") == "assistant":  # Ollama continues it (a prefill)
-            last = messages[-1]
-            if str(last.get("content") or "").strip() or last.get("tool_calls") or last.get("reasoning_content"):
-                fields.update(continue_final_message=True, add_generation_prompt=False)
-            else:
-                messages.pop()  # an empty one: nothing to continue, the reply starts as without it
+        continue_prefill(messages, fields)  # (Ollama continues it)
         num_ctx = _num_ctx(data.get("options"), state)
         if not messages:
             return _load_reply(data, model, chat=True)
-        await _fit_window(request, fields, num_ctx, raw=False)
-        return await _run(request, data, model, start_ns, fields, raw=False, shape=_chat_object,
-                          fitted=num_ctx is not None)
+        return await _run(request, data, model, start_ns, fields, raw=False, shape=_chat_object, num_ctx=num_ctx)
 
     return await _answer(request, handle)
 
@@ -667,9 +656,7 @@ async def generate(request: Request) -> Response:
         else:
             messages = [{"role": "system", "content": system}] if system else []
             fields.update(messages=[*messages, {"role": "user", "content": prompt}], chat_template_kwargs=thinking)
-        await _fit_window(request, fields, num_ctx, raw=raw)
-        return await _run(request, data, model, start_ns, fields, raw=raw, shape=_generate_object,
-                          fitted=num_ctx is not None)
+        return await _run(request, data, model, start_ns, fields, raw=raw, shape=_generate_object, num_ctx=num_ctx)
 
     return await _answer(request, handle)
 

@@ -26,9 +26,8 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, model_validator
 
-from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError
-from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field
+from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field, thinking_switch
 from solo.server.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -307,12 +306,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     """OpenAI's Responses API, stateless (see the module docstring); streamed as its events when `stream` is true."""
     from solo.server.routes import GenerationStream, chat_completions
 
-    state = request.app.state.solo
-    template = state.engine.tokenizer.chat_template if state.engine is not None else None
-    switch = has_thinking_switch(template.source if template is not None else None)
-    if body.reasoning and state.reasoning and not switch:
-        raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has no "
-                                  "enable_thinking switch); leave reasoning out", param="reasoning")
+    switch = thinking_switch(request.app.state.solo, bool(body.reasoning), "reasoning")
     chat = chat_request(body, thinking_switch=switch)
     try:
         reply = await chat_completions(chat, request)

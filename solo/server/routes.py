@@ -26,7 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from solo.chat_template import check_template_kwargs
-from solo.engine.reasoning import ReasoningParser, continues_reasoning, has_thinking_switch, prompt_opens_reasoning
+from solo.engine.reasoning import ReasoningParser, continues_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import (
@@ -38,6 +38,7 @@ from solo.engine.tool_calls import (
     tool_parameters,
 )
 from solo.errors import InvalidRequestError
+from solo.server.chat_adapter import thinking_switch
 from solo.server.errors import APIError, api_error_from, shutting_down
 from solo.server.logprobs import CompletionLogprobsBuilder, chat_logprobs, completion_logprobs
 from solo.server.metrics import CONTENT_TYPE
@@ -212,13 +213,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     template = engine.tokenizer.chat_template
     extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None,
                                   thinks=state.reasoning)
-    if body.reasoning_effort == "none":  # (the one effort Solo honours: thinking off, as the other APIs' ways)
-        if state.reasoning and not has_thinking_switch(template.source if template is not None else None):
-            raise InvalidRequestError(f"{state.served_name!r} thinks whatever the request says (its chat template has "
-                                      "no enable_thinking switch); leave reasoning_effort out",
-                                      param="reasoning_effort")
-        if has_thinking_switch(template.source if template is not None else None):
-            extra = {**extra, "enable_thinking": False}
+    # The one effort Solo honours: "none", thinking off, as the other APIs' ways.
+    if body.reasoning_effort == "none" and thinking_switch(state, True, "reasoning_effort"):
+        extra = {**extra, "enable_thinking": False}
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
