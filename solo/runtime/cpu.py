@@ -46,6 +46,7 @@ import platform
 import time
 import weakref
 from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn.functional as F
@@ -60,6 +61,9 @@ from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.cpu_packing import AmxPackedLinear, packed_shape
 from solo.runtime.cpu_threads import ThreadGovernor
 from solo.runtime.quant import QuantLinear, model_quantization
+
+if TYPE_CHECKING:
+    from solo.runtime.cpu_lanes import CpuLaneRuntime
 
 _DT_BF16, _DT_F32 = 0, 1
 _W_BF16, _W_F32, _W_INT8, _W_INT4, _W_INT4_BF16X = 0, 1, 2, 3, 4
@@ -273,6 +277,51 @@ def cpu_config_unsupported_reason(config: ModelConfig) -> str | None:
     except KernelBuildError as exc:
         return str(exc)
     return None
+
+
+def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model) -> KVCache:
+    """A zeroed KV cache of `runtime.rows` x `runtime.max_seq` tokens, its layers' pointers set in the C structs.
+
+    Args:
+        runtime: a native CPU runtime (its config, model dtype, `_layers` structs and sizes).
+        model_struct: the `_Model` struct the kernels read the cache's sizes from.
+
+    Returns:
+        The cache (the runtime keeps it: the structs point into its tensors).
+    """
+    cache = KVCache(runtime.config, runtime.rows, runtime.max_seq, runtime.model.dtype, runtime.device)
+    for i in range(runtime.config.num_layers):
+        runtime._layers[i].k_cache = cache.k[i].data_ptr()
+        runtime._layers[i].v_cache = cache.v[i].data_ptr()
+    model_struct.max_seq, model_struct.cache_rows = runtime.max_seq, runtime.rows
+    return cache
+
+
+def checked_step_inputs(runtime: CpuRuntime | CpuLaneRuntime, rows: torch.Tensor, token_ids: torch.Tensor,
+                        positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """A decode step's rows, token ids and positions as contiguous int64 [batch] CPU tensors, checked.
+
+    The kernels index the cache and the embedding with them unchecked, so every value is checked here.
+
+    Raises:
+        SoloError: no cache reserved, an empty batch, mismatched lengths, or a row, position or token id out of
+            range of the cache (`runtime.rows` x `runtime.max_seq`) or the vocabulary.
+    """
+    rows = rows.to(device="cpu", dtype=torch.long).contiguous().view(-1)
+    ids = token_ids.to(device="cpu", dtype=torch.long).contiguous().view(-1)
+    positions = positions.to(device="cpu", dtype=torch.long).contiguous().view(-1)
+    batch = rows.numel()
+    if runtime.cache is None:
+        raise SoloError("decode before reserve(): the KV cache is not allocated")
+    if ids.numel() != batch or positions.numel() != batch or batch == 0:
+        raise SoloError(f"decode got {batch} rows, {ids.numel()} tokens and {positions.numel()} positions")
+    lo = torch.stack((rows.min(), positions.min(), ids.min()))
+    hi = torch.stack((rows.max(), positions.max(), ids.max()))
+    vocab = runtime.config.vocab_size
+    if bool((lo < 0).any()) or int(hi[0]) >= runtime.rows or int(hi[1]) >= runtime.max_seq or int(hi[2]) >= vocab:
+        raise SoloError(f"decode rows/positions/token ids out of range ({runtime.rows} rows x {runtime.max_seq} "
+                        f"tokens, vocab {vocab})")
+    return rows, ids, positions
 
 
 def _replace_tensor(module: nn.Module, name: str, tensor: torch.Tensor) -> None:
@@ -681,11 +730,7 @@ class CpuRuntime:
             return
         self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
         self.cache = None
-        self.cache = KVCache(self.config, self.rows, self.max_seq, self.model.dtype, self.device)
-        for i in range(self.config.num_layers):
-            self._layers[i].k_cache = self.cache.k[i].data_ptr()
-            self._layers[i].v_cache = self.cache.v[i].data_ptr()
-        self._struct.max_seq, self._struct.cache_rows = self.max_seq, self.rows
+        self.cache = bind_kv_cache(self, self._struct)
         self._workspace = torch.empty(0, dtype=torch.uint8)
         if self.config.rope.rope_type != "dynamic":
             # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it.
@@ -929,20 +974,8 @@ class CpuRuntime:
             raise ValueError("_SPAN_LAST_LOGITS needs _SPAN_SHARED_ROWS (decode.cpp)")
         if between is not None and (flags & _SPAN_LAST_LOGITS or self._paused):
             raise ValueError("a step pausable between layers returns every entry's logits and does not nest")
-        rows = rows.to(device="cpu", dtype=torch.long).contiguous()
-        ids = token_ids.to(device="cpu", dtype=torch.long).contiguous()
-        positions = positions.to(device="cpu", dtype=torch.long).contiguous()
+        rows, ids, positions = checked_step_inputs(self, rows, token_ids, positions)
         batch = rows.numel()
-        if self.cache is None:
-            raise SoloError("decode before reserve(): the KV cache is not allocated")
-        if ids.numel() != batch or positions.numel() != batch:
-            raise SoloError(f"decode got {batch} rows, {ids.numel()} tokens and {positions.numel()} positions")
-        lo = torch.stack((rows.min(), positions.min(), ids.min()))
-        hi = torch.stack((rows.max(), positions.max(), ids.max()))
-        if bool((lo < 0).any()) or int(hi[0]) >= self.rows or int(hi[1]) >= self.max_seq or \
-                int(hi[2]) >= self.config.vocab_size:
-            raise SoloError(f"decode rows/positions/token ids out of range ({self.rows} rows x {self.max_seq} "
-                            f"tokens, vocab {self.config.vocab_size})")
         cos, sin = self._rope(positions)
         # The governor's count, capped by num_threads (which a caller may lower after construction): the
         # workspace must be sized for the threads the kernel actually runs, or they write past its end.

@@ -31,7 +31,16 @@ from solo.errors import SoloError
 from solo.model.lanes import LaneTransformer
 from solo.model.transformer import KVCache
 from solo.runtime.base import KVSnapshot, export_cache_kv, import_cache_kv
-from solo.runtime.cpu import _W_BF16, _W_F32, _Layer, _Mat, _Model, checked_library
+from solo.runtime.cpu import (
+    _W_BF16,
+    _W_F32,
+    _Layer,
+    _Mat,
+    _Model,
+    bind_kv_cache,
+    checked_library,
+    checked_step_inputs,
+)
 from solo.runtime.cpu_build import KernelBuildError, library_isa
 
 _DT_BF16, _DT_F32 = 0, 1
@@ -225,11 +234,7 @@ class CpuLaneRuntime:
             return
         self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
         self.cache = None
-        self.cache = KVCache(self.config, self.rows, self.max_seq, self.model.dtype, self.device)
-        for i in range(self.config.num_layers):
-            self._layers[i].k_cache = self.cache.k[i].data_ptr()
-            self._layers[i].v_cache = self.cache.v[i].data_ptr()
-        self._base.max_seq, self._base.cache_rows = self.max_seq, self.rows
+        self.cache = bind_kv_cache(self, self._base)
         self._workspace = torch.empty(0, dtype=torch.uint8)
         # The eager model's own float32 interleaved-RoPE tables [max_seq, head_dim / 2] (element for element
         # what it computes for any single position).
@@ -287,20 +292,8 @@ class CpuLaneRuntime:
             SoloError: no cache reserved, mismatched lengths, or a row, position or token id out of range
                 (checked, since the kernels do not).
         """
-        rows = rows.to(device="cpu", dtype=torch.long).contiguous().view(-1)
-        ids = token_ids.to(device="cpu", dtype=torch.long).contiguous().view(-1)
-        positions = positions.to(device="cpu", dtype=torch.long).contiguous().view(-1)
+        rows, ids, positions = checked_step_inputs(self, rows, token_ids, positions)
         batch = rows.numel()
-        if self.cache is None:
-            raise SoloError("decode before reserve(): the KV cache is not allocated")
-        if ids.numel() != batch or positions.numel() != batch or batch == 0:
-            raise SoloError(f"decode got {batch} rows, {ids.numel()} tokens and {positions.numel()} positions")
-        lo = torch.stack((rows.min(), positions.min(), ids.min()))
-        hi = torch.stack((rows.max(), positions.max(), ids.max()))
-        if bool((lo < 0).any()) or int(hi[0]) >= self.rows or int(hi[1]) >= self.max_seq or \
-                int(hi[2]) >= self.config.vocab_size:
-            raise SoloError(f"decode rows/positions/token ids out of range ({self.rows} rows x {self.max_seq} "
-                            f"tokens, vocab {self.config.vocab_size})")
         cos, sin = self._cos[positions].contiguous(), self._sin[positions].contiguous()
         struct = ctypes.byref(self._struct)
         need = self._lib.solo_lane_workspace_bytes(struct, batch, self.num_threads)

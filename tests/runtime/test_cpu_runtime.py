@@ -162,6 +162,9 @@ def test_out_of_range_decode_is_refused(tmp_path):
         runtime.decode(torch.tensor([1]), torch.tensor([3]), torch.tensor([0]))
     with pytest.raises(SoloError, match="out of range"):
         runtime.decode(torch.tensor([0]), torch.tensor([10**6]), torch.tensor([0]))
+    with pytest.raises(SoloError, match="0 rows"):  # (torch's min() of nothing raised a RuntimeError)
+        runtime.decode(torch.tensor([], dtype=torch.long), torch.tensor([], dtype=torch.long),
+                       torch.tensor([], dtype=torch.long))
     with pytest.raises(SoloError, match="outside the reserved cache"):
         runtime.prefill(0, torch.arange(17))
 
