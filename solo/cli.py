@@ -344,14 +344,21 @@ def cmd_pull(args: argparse.Namespace) -> int:
 
 
 def cmd_list(args: argparse.Namespace) -> int:
-    """`solo list`: the cached models as a table (or --json)."""
+    """`solo list`: the cached models as a table (or --json), interrupted downloads and GGUF conversions."""
     import json
 
+    from solo.model.gguf import list_conversions
     from solo.model.store import human_size, list_models, partial_downloads
 
     models = list_models()
-    if args.json:
-        print(json.dumps([m.to_dict() for m in models], indent=2))
+    if args.json:  # the same three things the table and its notes show
+        print(json.dumps({
+            "models": [m.to_dict() for m in models],
+            "interrupted_downloads": [{"repo_id": repo, "size_bytes": size}
+                                      for repo, size in partial_downloads().items()],
+            "gguf_conversions": [{"source": str(c.source), "folder": str(c.folder), "size_bytes": c.size_bytes,
+                                  "source_exists": c.source_exists} for c in list_conversions()],
+        }, indent=2))
         return 0
     for repo, size in partial_downloads().items():  # not in the table: nothing of them runs yet
         print(f"{repo}: an interrupted download holds {human_size(size)}; `solo pull {repo}` resumes it, "
@@ -530,7 +537,9 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                       description="List the models in the Hugging Face cache: size, architecture, and whether "
                       "Solo runs them.")
     if listing is not None:
-        listing.add_argument("--json", action="store_true", help="print JSON instead of a table")
+        listing.add_argument("--json", action="store_true",
+                             help='print JSON instead of a table: {"models", "interrupted_downloads", '
+                                  '"gguf_conversions"}')
         listing.set_defaults(handler=cmd_list)
     rm = command("rm", help="delete a model from the Hugging Face cache (or Solo's conversion of a GGUF file)",
                  description="Delete a model (every revision, or one) from the Hugging Face cache.")

@@ -297,6 +297,11 @@ def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, cap
     assert main(["list"]) == 0
     out = capsys.readouterr().out
     assert f"{kept}\n" in out and f"{gone}  (source gone)" in out and "solo rm FILE.gguf" in out
+    assert main(["list", "--json"]) == 0
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["models"] == [] and listed["interrupted_downloads"] == []
+    assert sorted((c["source"], c["source_exists"]) for c in listed["gguf_conversions"]) == [
+        (str(gone), False), (str(kept), True)]
     assert main(["rm", str(gone)]) == 0
     assert "deleted Solo's conversion of" in capsys.readouterr().out
     assert [c.source for c in list_conversions()] == [kept]

@@ -32,7 +32,8 @@ def cache(tmp_path, monkeypatch, tiny_llama):
     return cache
 
 
-def test_list_shows_size_architecture_and_support(cache, capsys):
+def test_list_shows_size_architecture_and_support(cache, capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "solo-cache"))  # no GGUF conversions
     models = store.list_models()
     assert [m.repo_id for m in models] == ["someone/llama-gptq", "tiny/llama"]
     tiny = models[1]
@@ -44,7 +45,9 @@ def test_list_shows_size_architecture_and_support(cache, capsys):
     assert out[0].split()[:4] == ["MODEL", "REVISION", "SIZE", "ARCHITECTURE"]
     assert out[2].startswith("tiny/llama") and out[2].rstrip().endswith("yes")
     assert main(["list", "--json"]) == 0
-    assert json.loads(capsys.readouterr().out)[1]["repo_id"] == "tiny/llama"
+    listed = json.loads(capsys.readouterr().out)
+    assert listed["models"][1]["repo_id"] == "tiny/llama"
+    assert listed["interrupted_downloads"] == [] and listed["gguf_conversions"] == []
 
 
 def test_pull_of_a_cached_model_and_a_missing_one_offline(cache, capsys):
@@ -86,6 +89,9 @@ def test_interrupted_downloads_are_listed_and_removed(cache, capsys):
     assert "org/partial: an interrupted download holds 2.5 KB; `solo pull org/partial` resumes it, " \
            "`solo rm org/partial` deletes it" in err
     assert "tiny/llama: an interrupted download holds 1.5 KB" in err and "org/partial" not in out
+    assert main(["list", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["interrupted_downloads"] == [
+        {"repo_id": "org/partial", "size_bytes": 2500}, {"repo_id": "tiny/llama", "size_bytes": 1500}]
     assert main(["rm", "org/partial"]) == 0
     assert "deleted org/partial (2.5 KB freed)" in capsys.readouterr().out
     assert not (partial / "a.incomplete").exists()
