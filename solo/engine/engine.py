@@ -23,8 +23,9 @@ from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
 from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
+from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
-from solo.engine.reasoning import detect_reasoning
+from solo.engine.reasoning import ReasoningParser, detect_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
 from solo.engine.speculative import (
@@ -54,6 +55,8 @@ from solo.runtime.base import DecodeRuntime, runtime_capabilities
 from solo.tokenizer import Tokenizer
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
+
+_CLOSED = "this engine was closed (Engine.close()); load another with Engine.load(...) to generate"
 """A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids."""
 
 _log = logging.getLogger(__name__)
@@ -180,6 +183,7 @@ class Engine:
         self.eos_ids = set(defaults.eos_token_ids) or set(self.config.eos_token_ids)
         self._lock = threading.Lock()
         self._owner: int | None = None  # thread running a generation: a second one there would deadlock
+        self._closed = False
         self._constraints: ConstraintCompiler | None = None
         self._constraints_lock = threading.Lock()
         if prefix_cache_gb is not None and not prefix_cache_gb >= 0:
@@ -217,18 +221,20 @@ class Engine:
 
     @property
     def is_running(self) -> bool:
-        """True while the engine can generate."""
-        return not self.errored
+        """True while the engine can generate (not failed, not closed)."""
+        return not self.errored and not self._closed
 
     def check_health(self) -> None:
         """Return if the engine can generate.
 
         Raises:
-            EngineDeadError: the runtime failed (the message says why).
+            EngineDeadError: the runtime failed, or the engine was closed (the message says which).
         """
         failed = getattr(self.runtime, "failed", None)
         if failed:
             raise EngineDeadError(f"the {self.backend_name} runtime stopped: {failed}")
+        if self._closed:
+            raise EngineDeadError(_CLOSED)
 
     @property
     def kv_cache_element_bytes(self) -> int:
@@ -246,12 +252,14 @@ class Engine:
         return self.config.num_kv_heads if heads is None else heads
 
     def close(self) -> None:
-        """Release what the engine holds besides memory (idempotent; the engine cannot generate afterwards).
+        """Release what the engine holds besides memory (idempotent).
 
         A tensor-parallel runtime's follower processes and process group go, so that another `tp` engine can
-        load in this process; a single-process runtime holds nothing to release. `with Engine.load(...) as
-        engine:` closes it on leaving the block.
+        load in this process; a single-process runtime holds nothing to release. Whatever the runtime, the
+        engine generates no more afterwards (`is_running` turns False; a generation or `warm_up` raises
+        `SoloError`). `with Engine.load(...) as engine:` closes it on leaving the block.
         """
+        self._closed = True
         close = getattr(self.runtime, "close", None)
         if callable(close):
             close()
@@ -265,15 +273,28 @@ class Engine:
     def warm_up(self) -> None:
         """Run one prefill and one decode step in row 0 (one-time costs stay off the first request's TTFT).
 
-        The allocator and kernel selection pay their first-call costs here. Needs a reserved cache of at
-        least 2 tokens; row 0's KV is overwritten (and forgotten by the prefix cache).
+        The allocator and kernel selection pay their first-call costs here. Row 0's KV is overwritten (and
+        forgotten by the prefix cache); a cache of at least 1 row x 2 tokens is reserved where none is. Takes
+        the engine's lock as a generation does (another thread's call waits for it).
+
+        Raises:
+            SoloError: a stream from this engine is still open in this thread.
         """
-        runtime = self.runtime
-        runtime.prefill(0, torch.zeros(1, dtype=torch.long))
-        runtime.decode(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
-                       torch.ones(1, dtype=torch.long))
-        if self.prefix_cache is not None:
-            self.prefix_cache.forget(0)
+        if self._closed:
+            raise SoloError(_CLOSED)
+        if self._owner == threading.get_ident():
+            raise SoloError("warm_up() while a stream from this engine is open in this thread would overwrite its "
+                            "KV cache; read the stream to the end or close() it first")
+        with self._lock:
+            runtime = self.runtime
+            if self.prefix_cache is not None:
+                self.prefix_cache.reserve(1, 2)
+                self.prefix_cache.forget(0)
+            else:
+                runtime.reserve(1, 2)
+            runtime.prefill(0, torch.zeros(1, dtype=torch.long))
+            runtime.decode(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
+                           torch.ones(1, dtype=torch.long))
 
     @property
     def constraints(self) -> ConstraintCompiler:
@@ -489,15 +510,19 @@ class Engine:
         """
         params = _as_sampling_params(params)
         params.validate()
+        if not isinstance(parallel_tool_calls, bool):
+            raise InvalidRequestError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r:.40}",
+                                      param="parallel_tool_calls")
         tool_format, forced = None, False
+        chat = not isinstance(prompt, str) and bool(prompt) and all(isinstance(m, Mapping) for m in prompt)
+        template = self.tokenizer.chat_template
         extra = self._template_kwargs(chat_template_kwargs)
-        if extra and (isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt)):
+        if extra and not chat:
             raise InvalidRequestError("chat_template_kwargs need chat messages as the prompt",
                                       param="chat_template_kwargs")
         if tools or tool_choice not in (None, "none", "auto"):
-            if isinstance(prompt, str) or not prompt or not all(isinstance(m, Mapping) for m in prompt):
+            if not chat:
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
-            template = self.tokenizer.chat_template
             tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None,
                                                      template.tool_format if template else None)
             spec, forced = output_constraint(tool_format, tools, choice, parallel_tool_calls, params.response_format)
@@ -555,6 +580,11 @@ class Engine:
         )
         request.tool_call_format, request.tool_call_forced = tool_format, forced
         request.tool_parameters = tool_parameters(tools) if tool_format is not None else None
+        # A thinking model's block, split as the server splits it (`Engine.complete`'s reasoning_content).
+        constrained = getattr(params.response_format, "source", None) if params.response_format is not None else None
+        if chat and splits_reasoning(detect_reasoning(template.source if template else None), constrained, forced):
+            tail = self.tokenizer.decode(prepared.token_ids[-16:], skip_special_tokens=False)
+            request.reasoning_split, request.in_reasoning = True, prompt_opens_reasoning(tail)
         model_eos = set() if params.ignore_eos else set(self.eos_ids)
         request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
                                       **{special[s]: s for s in params.stop if s in special}}
@@ -599,8 +629,11 @@ class Engine:
             `GenerationEvent`s, one per token; the last has `finish_reason` and `stats`.
 
         Raises:
-            SoloError: (GPU block decoding) the device stopped before the request finished.
+            SoloError: the engine was closed or a stream from it is still open in this thread (at the first
+                event); (GPU block decoding) the device stopped before the request finished.
         """
+        if self._closed:
+            raise SoloError(_CLOSED)
         if self._owner == threading.get_ident():
             raise SoloError(
                 "a stream from this engine is still open in this thread (the engine runs one generation at a "
@@ -664,28 +697,34 @@ class Engine:
                  chat_template_kwargs: Mapping[str, Any] | None = None) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`).
 
-        With `tools` (and messages), tool calls in the output are parsed into `tool_calls` (finish_reason
-        "tool_calls"), and `text` keeps the rest.
+        With chat messages, a thinking model's `<think>` block is split off as the server splits it
+        (`reasoning_content`; `text` keeps the block). With `tools` (and messages), tool calls after the block
+        are parsed into `tool_calls` (finish_reason "tool_calls"), and `text` keeps the rest; a call written
+        inside the block is reasoning, never a call.
 
         Raises:
             InvalidRequestError, ContextLengthError: for bad input, before anything runs.
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
                                     parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs)
-        texts, ids, logprobs = [], [], []
+        parser = None if request.tool_call_format is None else ToolCallParser(
+            request.tool_call_format, self.tokenizer.special_token_ids(), forced=request.tool_call_forced,
+            parameters=request.tool_parameters)
+        thinking = ReasoningParser(request.in_reasoning) if request.reasoning_split else None
+        reader = OutputReader(thinking, parser)
+        texts, contents, ids, logprobs = [], [], [], []
         event = None
         for event in self.run(request):
             texts.append(event.text)
+            contents.append(reader.feed(event.text, event.token_ids)[1])
             ids.extend(event.token_ids)
             if event.logprobs:
                 logprobs.extend(event.logprobs)
         assert event is not None and event.finish_reason is not None and event.stats is not None
-        text, finish_reason, calls = "".join(texts), event.finish_reason, None
-        if request.tool_call_format is not None:
-            parser = ToolCallParser(request.tool_call_format, self.tokenizer.special_token_ids(),
-                                    forced=request.tool_call_forced, parameters=request.tool_parameters)
-            parser.feed(text, ids)
-            text, calls, _ = parser.finish()
+        _, rest, calls = reader.finish()
+        text, finish_reason = "".join(texts), event.finish_reason
+        if parser is not None:  # the block as written, then the content less its calls
+            text = text[:len(text) - len(reader.raw_content)] + "".join(contents) + rest
             calls = calls if parallel_tool_calls else calls[:1]  # OpenAI: at most one call without parallel calls
             if calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
@@ -693,6 +732,7 @@ class Engine:
             text=text, token_ids=ids, finish_reason=finish_reason, stats=event.stats,
             prompt_token_ids=request.prompt_ids, logprobs=logprobs if request.logprobs is not None else None,
             tool_calls=calls or None, stop_reason=event.stop_reason,
+            reasoning_content=thinking.reasoning if thinking is not None and thinking.opened else None,
         )
 
 

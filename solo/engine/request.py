@@ -122,12 +122,14 @@ class GenerationResult:
     Attributes:
         text: the generated text (stop strings excluded).
         token_ids: generated token ids.
-        finish_reason: "stop" or "length".
+        finish_reason: "stop", "length", or "tool_calls" (tools were given and the output ended with calls).
         stats: timings and counts.
         prompt_token_ids: the prompt as the model saw it.
         logprobs: per generated token, when requested.
         tool_calls: tool calls parsed from the output (`solo.engine.tool_calls.ToolCall`), when tools were given.
         stop_reason: the stop string or stop token id that ended it (see `GenerationEvent.stop_reason`).
+        reasoning_content: a thinking model's reasoning block (chat messages only; markers left out), as the
+            server's reasoning_content; None when the output has none. `text` keeps the block as written.
     """
 
     text: str
@@ -138,6 +140,7 @@ class GenerationResult:
     logprobs: list[TokenLogprob] | None = None
     tool_calls: list | None = None
     stop_reason: str | int | None = None
+    reasoning_content: str | None = None
 
 
 class Request:
@@ -200,6 +203,8 @@ class Request:
         self.tool_call_format: str | None = None  # set by Engine.make_request when the output may hold tool calls
         self.tool_call_forced = False  # the output is constrained to tool calls
         self.tool_parameters: dict[str, dict] | None = None  # function name -> parameters schema (typed XML values)
+        self.reasoning_split = False  # set by Engine.make_request: a thinking model's block is split off
+        self.in_reasoning = False  # ... and the prompt opened it (the output starts inside it)
 
     @property
     def finished(self) -> bool:

@@ -27,7 +27,8 @@ class SamplingParams:
     """What the user asks of one generation. None means "use the model's default, then Solo's".
 
     Attributes:
-        max_tokens: most new tokens to generate (>= 1); None fills the context.
+        max_tokens: most new tokens to generate (>= 1); None fills the context, at most the generation
+            config's `max_new_tokens` where the checkpoint sets one (as transformers and vLLM take it).
         temperature: 0 for greedy decoding, > 0 to sample.
         top_k: keep the k most likely tokens (0 or -1 disables).
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1] (nucleus
@@ -35,7 +36,8 @@ class SamplingParams:
         min_p: drop tokens less likely than min_p times the most likely one, in [0, 1] (Nguyen et al. 2024).
         repetition_penalty: > 0; 1 disables (Keskar et al. 2019, "CTRL", as transformers implements it).
         presence_penalty, frequency_penalty: in [-2, 2]; 0 disables (OpenAI API definition).
-        seed: makes sampling reproducible; None (or -1, as in vLLM and llama.cpp) draws a random seed.
+        seed: makes sampling reproducible, any int64 (on the CPU each is mixed down to the generator's 32
+            bits: `generator_seed`); None (or -1, as in vLLM and llama.cpp) draws a random seed.
         stop: strings that end generation; they are left out of the returned text.
         stop_token_ids: extra token ids that end generation, besides the model's EOS ids.
         include_stop_str_in_output: keep a matched stop string at the end of the text (vLLM's field).
@@ -238,6 +240,22 @@ class ResolvedSampling:
         return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
 
 
+def generator_seed(seed: int, device: torch.device) -> int:
+    """The seed given to a `torch.Generator` on `device` for a request's `seed` (any int64).
+
+    The CPU generator (Mersenne Twister) keeps only a seed's low 32 bits, so seeds 2**32 apart (and a
+    negative seed and its complement) would draw the same tokens: seeds outside [0, 2**32) are first mixed
+    down to 32 bits (SplitMix64's finalizer, Steele et al. 2014), those inside are kept (their draws do not
+    change). Other generators take all 64 bits.
+    """
+    if device.type != "cpu" or 0 <= seed < 2**32:
+        return seed
+    z = seed % 2**64
+    z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) % 2**64
+    z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) % 2**64
+    return (z ^ (z >> 31)) >> 32
+
+
 class TokenSampler:
     """Per-request sampling state: penalty bookkeeping and the seeded random generator.
 
@@ -256,7 +274,7 @@ class TokenSampler:
                  device: torch.device | str = "cpu") -> None:
         self.params = params
         self.generator = torch.Generator(device=device)
-        self.generator.manual_seed(params.seed)
+        self.generator.manual_seed(generator_seed(params.seed, self.generator.device))
         self.counts = torch.zeros(vocab_size, dtype=torch.float32, device=device)
         self._vocab_size, self._device = vocab_size, device
         # The ids the repetition penalty touches (a few hundred of a vocabulary of up to 150k), as a Python

@@ -156,15 +156,21 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         names.append(name)
     if tool_choice is None:
         tool_choice = "auto" if tools else "none"
+    shape = 'tool_choice must be "none", "auto", "required" or {"type": "function", "function": {"name": ...}}'
     if isinstance(tool_choice, Mapping):
         function = tool_choice.get("function")
         name = function.get("name") if isinstance(function, Mapping) else None
         if tool_choice.get("type") != "function" or not isinstance(name, str):
-            raise InvalidRequestError('tool_choice must be "none", "auto", "required" or {"type": "function", '
-                                      '"function": {"name": ...}}', param="tool_choice")
+            raise InvalidRequestError(shape, param="tool_choice")
+        extra = sorted({*tool_choice} - {"type", "function"}) + sorted({*function} - {"name"})
+        if extra:  # (nothing else would be read: refused rather than ignored)
+            raise InvalidRequestError(f"tool_choice has {extra[0]!r}, which Solo does not read; {shape}",
+                                      param="tool_choice")
         if name not in names:
             raise InvalidRequestError(f"tool_choice names the function {name!r}, which is not among tools "
                                       f"({', '.join(names) or 'none given'})", param="tool_choice")
+    elif not isinstance(tool_choice, str) or tool_choice not in ("none", "auto", "required"):
+        raise InvalidRequestError(f"{shape}, got {tool_choice!r:.40}", param="tool_choice")
     elif tool_choice == "required" and not tools:
         raise InvalidRequestError('tool_choice "required" needs at least one tool in tools', param="tool_choice")
     if not tools:

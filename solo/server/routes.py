@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,6 +26,7 @@ from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
 from solo.chat_template import check_template_kwargs
+from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.reasoning import ReasoningParser, continues_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
@@ -244,8 +245,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         state.check_prompt_size(_utf8_len(text), body.completion_budget, budget_param, "messages")
         # A thinking model's block is split off unless a grammar holds the output from its first token.
         # (Strict functions under auto leave the text around calls free: the block is split off there too.)
-        tools.reasoning = state.reasoning and (response_format is None or (
-            not tools.forced and getattr(response_format, "source", None) == "tools"))
+        tools.reasoning = splits_reasoning(state.reasoning, getattr(response_format, "source", None)
+                                           if response_format is not None else None, tools.forced)
         tools.in_reasoning = tools.reasoning and (prompt_opens_reasoning(text)
                                                   or state.settings.reasoning_parser == "deepseek_r1"
                                                   or (body.continue_final_message
@@ -326,43 +327,10 @@ class _ToolSetup:
     in_reasoning: bool = False
     parameters: dict[str, dict[str, Any]] | None = None  # function name -> parameters schema (typed XML values)
 
-    def reader(self, engine: Any) -> _ChoiceReader:  # noqa: ANN401
+    def reader(self, engine: Any) -> OutputReader:  # noqa: ANN401
         tools = None if self.format is None else ToolCallParser(self.format, engine.tokenizer.special_token_ids(),
                                                                 forced=self.forced, parameters=self.parameters)
-        return _ChoiceReader(ReasoningParser(self.in_reasoning) if self.reasoning else None, tools)
-
-
-class _ChoiceReader:
-    # One chat choice's output as it streams: the reasoning block split off first, then tool calls parsed out
-    # of the content.
-
-    def __init__(self, reasoning: ReasoningParser | None, tools: ToolCallParser | None) -> None:
-        self.reasoning, self.tools = reasoning, tools
-        self.reasoning_tokens = 0  # tokens of the block, its markers included (usage's reasoning_tokens)
-
-    def feed(self, text: str, token_ids: Sequence[int]) -> tuple[str, str]:
-        # (reasoning, content) that can be sent now.
-        reasoning = ""
-        if self.reasoning is not None:
-            inside = self.reasoning.in_block
-            reasoning, text = self.reasoning.feed(text)
-            if inside or reasoning or self.reasoning.in_block:
-                self.reasoning_tokens += len(token_ids)
-            if not text:
-                token_ids = ()  # all reasoning: a call marker among its tokens was written while thinking
-        if self.tools is not None:
-            text = self.tools.feed(text, token_ids)
-        return reasoning, text
-
-    def finish(self) -> tuple[str, str, list[ToolCall]]:
-        # (reasoning, content) held back until the end, and the tool calls.
-        reasoning, content = self.reasoning.finish() if self.reasoning is not None else ("", "")
-        calls: list[ToolCall] = []
-        if self.tools is not None:
-            content = self.tools.feed(content, []) if content else ""
-            _, calls, rest = self.tools.finish()
-            content += rest
-        return reasoning, content, calls
+        return OutputReader(ReasoningParser(self.in_reasoning) if self.reasoning else None, tools)
 
 
 def _tool_call_deltas(calls: list[ToolCall]) -> list[Delta]:

@@ -45,6 +45,38 @@ def test_warm_up_leaves_the_prefix_cache_consistent(tiny_llama):
     assert again.stats.cached_tokens == 0 and again.token_ids == first.token_ids
 
 
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_warm_up_on_a_fresh_engine_and_beside_an_open_stream(tiny_llama, backend):
+    # A fresh engine has no cache: warm_up reserves one (it failed, naming a 0 x 0 cache); beside an open
+    # stream in the same thread it is refused (it overwrote the stream's KV cache and the prefix cache's row).
+    from solo.errors import SoloError
+
+    engine = Engine.load(tiny_llama, dtype="float32", backend=backend, speculative="off")
+    engine.warm_up()
+    params = {"max_tokens": 12, "temperature": 0.0, "ignore_eos": True}
+    alone = engine.complete("def f(x):", params).token_ids
+    stream = engine.generate("def f(x):", params)
+    streamed = [next(stream).token_ids[0] for _ in range(3)]
+    with pytest.raises(SoloError, match="read the stream to the end or close"):
+        engine.warm_up()
+    streamed += [t for event in stream for t in event.token_ids]
+    assert streamed == alone and engine.complete("def f(x):", params).token_ids == alone
+
+
+def test_a_closed_engine_generates_no_more(tiny_llama):
+    from solo.errors import SoloError
+
+    with Engine.load(tiny_llama, dtype="float32", backend="eager") as engine:
+        engine.complete("def f", {"max_tokens": 2})
+    assert not engine.is_running and not engine.errored
+    with pytest.raises(EngineDeadError, match="closed"):
+        engine.check_health()
+    for call in (lambda: engine.complete("def f", {"max_tokens": 2}), engine.warm_up):
+        with pytest.raises(SoloError, match=r"Engine.load\(...\)"):
+            call()
+    engine.close()  # idempotent
+
+
 def test_the_server_engine_is_an_engine_client(tiny_llama):
     from solo.server.async_engine import AsyncEngine
 

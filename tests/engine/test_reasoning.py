@@ -8,6 +8,7 @@ import json
 import pytest
 
 from solo.chat_template import ChatTemplate
+from solo.engine.output_reader import OutputReader
 from solo.engine.reasoning import ReasoningParser, detect_reasoning, prompt_opens_reasoning, split_reasoning
 
 CASES = [
@@ -67,11 +68,10 @@ def test_detection_from_real_templates(shared_hf):
 def test_reasoning_then_a_tool_call():
     # The hermes parser reads the content after the block: thinking about a call does not make one.
     from solo.engine.tool_calls import ToolCallParser
-    from solo.server.routes import _ChoiceReader
 
     call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
     output = "<think>I could write <tool_call> here.</think>\n\n" + call
-    reader = _ChoiceReader(ReasoningParser(), ToolCallParser("hermes", {}))
+    reader = OutputReader(ReasoningParser(), ToolCallParser("hermes", {}))
     fed = [reader.feed(output[i:i + 5], []) for i in range(0, len(output), 5)]
     reasoning, content, calls = reader.finish()
     assert "".join(r for r, _ in fed) + reasoning == "I could write <tool_call> here."
@@ -81,13 +81,62 @@ def test_reasoning_then_a_tool_call():
 
 def test_reasoning_tokens_are_the_blocks():
     # usage's reasoning_tokens: every token of the block, its markers included, none of the answer's.
-    from solo.server.routes import _ChoiceReader
-
-    reader = _ChoiceReader(ReasoningParser(), None)
+    reader = OutputReader(ReasoningParser(), None)
     for text, ids in (("<think>", [1]), ("abc", [2]), ("</think>", [3]), ("\n\nIt is", [4, 5]), (" 4.", [6])):
         reader.feed(text, ids)
     assert reader.reasoning_tokens == 3
-    opened = _ChoiceReader(ReasoningParser(in_reasoning=True), None)
+    opened = OutputReader(ReasoningParser(in_reasoning=True), None)
     for text, ids in (("so 4", [1, 2]), ("</think>4", [3, 4])):
         opened.feed(text, ids)
     assert opened.reasoning_tokens == 4  # the event that closes the block is counted whole
+
+
+# DeepSeek-R1's shape: the generation prompt opens a <think> block; tools shown in Hermes syntax.
+R1_TEMPLATE = ("{% if tools %}Call tools as <tool_call>{...}</tool_call>: {{ tools | tojson }}{% endif %}"
+               "{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
+               "{{ m['content'].split('</think>')[-1] }}<|end|>"
+               "{% else %}<|User|>{{ m['content'] }}{% endif %}{% endfor %}"
+               "{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+TOOL = {"type": "function", "function": {"name": "get_time", "parameters": {
+    "type": "object", "properties": {"zone": {"type": "string"}}}}}
+
+
+@pytest.fixture(scope="module")
+def r1_engine(tmp_path_factory):
+    from checkpoints import make_checkpoint
+
+    from solo import Engine
+
+    folder = make_checkpoint(tmp_path_factory.mktemp("r1") / "model", max_position_embeddings=512)
+    return Engine.load(folder, backend="eager", dtype="float32", chat_template=R1_TEMPLATE)
+
+
+def test_complete_splits_reasoning_as_the_server(r1_engine):
+    # Engine.complete gives a thinking model's block as reasoning_content (text keeps it as written); a random
+    # model never closes the block its prompt opened, so all of it is reasoning.
+    ask = [{"role": "user", "content": "def f"}]
+    result = r1_engine.complete(ask, {"max_tokens": 8, "temperature": 0})
+    assert result.reasoning_content == result.text and result.text
+    assert r1_engine.complete("def f", {"max_tokens": 8, "temperature": 0}).reasoning_content is None  # no chat
+    # An output grammar holds the output from its first token: nothing is split (as the server).
+    assert r1_engine.complete(ask, {"max_tokens": 8, "response_format": {"type": "regex", "regex": "[ab]{3}"}}
+                              ).reasoning_content is None
+
+
+def test_complete_reads_tool_calls_after_the_block_only(r1_engine, monkeypatch):
+    # A call written while thinking is reasoning, never a call to run; the one after the block is parsed, and
+    # text keeps the block as written and what is left of the content.
+    from solo.engine.request import GenerationEvent, GenerationStats
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    for output, calls in ((f"I could {call} here.</think>\n\n{call}", 1), (f"I could {call}</think>\n\nNo.", 0)):
+        pieces = [output[i:i + 7] for i in range(0, len(output), 7)]
+        events = [GenerationEvent(text=p, token_ids=[5]) for p in pieces[:-1]]
+        events.append(GenerationEvent(text=pieces[-1], token_ids=[5], finish_reason="stop",
+                                      stats=GenerationStats(prompt_tokens=3)))
+        monkeypatch.setattr(r1_engine, "run", lambda request, events=events: iter(events))
+        result = r1_engine.complete([{"role": "user", "content": "time?"}], {"max_tokens": 64}, tools=[TOOL])
+        assert result.reasoning_content == f"I could {call}" + (" here." if calls else "")
+        assert len(result.tool_calls or []) == calls
+        assert result.finish_reason == ("tool_calls" if calls else "stop")
+        assert result.text == (output[:-len(call)] if calls else output)

@@ -82,6 +82,20 @@ def test_seed_reproducibility(tiny_llama):
     assert tuple(first) not in others or len(others) > 1
 
 
+def test_seeds_beyond_32_bits_draw_differently_on_the_cpu():
+    # The CPU generator keeps a seed's low 32 bits: seeds 2**32 apart drew the same tokens.
+    from solo.engine.sampling import generator_seed
+
+    cpu = torch.device("cpu")
+    seeds = (7, 7 + 2**32, 7 + 5 * 2**40, -7, 2**32 - 7, 2**63 - 1, -(2**63))
+    mixed = [generator_seed(s, cpu) for s in seeds]
+    assert mixed[0] == 7 and mixed[4] == 2**32 - 7  # seeds within 32 bits are kept (their draws do not change)
+    assert len(set(mixed)) == len(seeds) and all(0 <= m < 2**32 for m in mixed)
+    assert generator_seed(7 + 2**32, torch.device("cuda")) == 7 + 2**32  # Philox takes all 64 bits
+    draws = {tuple(torch.rand(4, generator=torch.Generator().manual_seed(m)).tolist()) for m in mixed}
+    assert len(draws) == len(seeds)
+
+
 def test_penalties_change_generation(tiny_llama):
     engine = Engine.load(tiny_llama)
     base = SamplingParams(max_tokens=24, temperature=0, ignore_eos=True)

@@ -5,6 +5,7 @@ valid by construction on a tiny random checkpoint."""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import jinja2
@@ -264,6 +265,30 @@ def test_tool_choice_naming_no_tool():
     assert info.value.param == "tool_choice"
     with pytest.raises(InvalidRequestError, match="unique"):
         check_tools([WEATHER, WEATHER], "auto", "{{ tools }}<tool_call>")
+
+
+@pytest.mark.parametrize("choice, words", [
+    ("Auto", "got 'Auto'"), ("always", "got 'always'"), (5, "got 5"), (["auto"], "got ['auto']"),
+    ({"type": "function", "function": {"name": "get_weather"}, "mode": "x"}, "'mode'"),
+    ({"type": "function", "function": {"name": "get_weather", "strict": True}}, "'strict'"),
+])
+def test_tool_choice_other_than_the_four_is_refused(choice, words):
+    # An unknown tool_choice was taken as "required" (a grammar forcing a call); unknown keys were ignored.
+    for tools in ([WEATHER], []):
+        with pytest.raises(InvalidRequestError, match=re.escape(words)) as info:
+            check_tools(tools, choice, "{{ tools }}<tool_call>")
+        assert info.value.param == "tool_choice" and '"none", "auto", "required"' in str(info.value)
+
+
+def test_engine_refuses_a_tool_choice_or_parallel_tool_calls_of_another_kind():
+    engine = Engine.load(None)  # the bundled model's template takes tools (Hermes syntax)
+    ask = [{"role": "user", "content": "t"}]
+    with pytest.raises(InvalidRequestError, match="tool_choice"):
+        engine.make_request(ask, {"max_tokens": 5}, tools=[TIME], tool_choice="Auto")
+    with pytest.raises(InvalidRequestError, match="parallel_tool_calls must be true or false, got 'no'"):
+        engine.make_request(ask, {"max_tokens": 5}, tools=[TIME], parallel_tool_calls="no")
+    request = engine.make_request(ask, {"max_tokens": 5}, tools=[TIME], tool_choice="auto")
+    assert not request.tool_call_forced and request.constraint is None
 
 
 @pytest.fixture(scope="module")
