@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
@@ -23,14 +25,16 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
     return w.reshape(heads, 2, rows // heads // 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
 
 
-def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool = True) -> Path:
+def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool = True,
+                       metadata: Callable[[Any], None] | None = None) -> Path:
     """Convert the tiny Llama, Phi-3 or Gemma 3 checkpoint in `folder` to `path` with matrices of `type_name`.
 
     Phi-3 as llama.cpp's Phi3MiniModel writes it: fused attn_qkv and ffn_up (gate then up), no q/k row
     permutation (NeoX RoPE), the sliding window (0: none), and LongRoPE's original context, attention factor
     and rope_factors_long / rope_factors_short tensors. Gemma 3 as Gemma3Model writes it: no permutation,
     every norm stored as 1 + w, the sandwich norms as post_attention_norm / post_ffw_norm, the sliding window,
-    the global layers' linear RoPE scaling as rope.scaling.type / factor."""
+    the global layers' linear RoPE scaling as rope.scaling.type / factor. `metadata(writer)` adds keys of a
+    test's own before the file is written."""
     import gguf
     from gguf.quants import quantize
     from gguf.vocab import BpeVocab, SpecialVocab
@@ -131,6 +135,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
     vector("output_norm.weight", tensors["model.norm.weight"])
     if "lm_head.weight" in tensors:
         matrix("output.weight", tensors["lm_head.weight"])
+    if metadata is not None:
+        metadata(writer)
     writer.write_header_to_file()
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()

@@ -20,12 +20,13 @@ import os
 import re
 import shutil
 import tempfile
+import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from solo.errors import CheckpointError, UnsupportedArchitectureError
+from solo.errors import CheckpointError, SoloWarning, UnsupportedArchitectureError
 
 # GGUF general.file_type / tensor types kept bit-exact, and the dtype Solo stores them in.
 _EXACT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -135,10 +136,16 @@ def _folder_size(folder: Path) -> int:
         return 0
 
 
+# Raised when a conversion writes something new, so folders converted before are converted again (2: the
+# end-of-turn tokens and the file's sampling defaults in generation_config.json).
+_CONVERSION_FORMAT = 2
+
+
 def _folder_name(named: Path, src: Path) -> str:
-    # The converted folder's name: the file's name and a key of its resolved path, size and mtime.
+    # The converted folder's name: the file's name and a key of its resolved path, size and mtime (and of
+    # what a conversion writes).
     stat = src.stat()
-    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}\0{_CONVERSION_FORMAT}".encode()).hexdigest()[:16]
     return f"{named.stem}-{key}"
 
 
@@ -320,7 +327,54 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     tokenizer.save_pretrained(str(out))
     _mark_special_tokens(out / "tokenizer.json", _read_token_types(src), int(raw["vocab_size"]))
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
+    generation.update(_generation_fields(src, raw.get("eos_token_id"), int(raw["vocab_size"])))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
+
+
+# llama.cpp's general.sampling.* keys (written by its converter from generation_config.json) -> the
+# generation_config.json fields Solo reads.
+_SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
+                  "penalty_repeat": "repetition_penalty"}
+
+
+def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int) -> dict[str, Any]:
+    """generation_config.json fields of a GGUF file that transformers' GGUF reader leaves out.
+
+    Every token that ends a turn stops generation, as llama.cpp stops on its end-of-generation tokens: the
+    file's eot and eom tokens join eos (Llama 3's <|eot_id|> / <|eom_id|>, Gemma's <end_of_turn>). The file's
+    sampling defaults (llama.cpp's general.sampling.temp, top_k, top_p, min_p, penalty_repeat) become the
+    model's, as a checkpoint's generation_config.json gives them; a default sampler Solo does not run
+    (mirostat, XTC) is named in a warning.
+    """
+    from gguf import GGUFReader
+
+    reader = GGUFReader(str(src))
+
+    def number(key: str) -> float | None:
+        field = reader.fields.get(key)
+        if field is None or not field.data:
+            return None
+        value = field.parts[field.data[0]]
+        return value[0].item() if len(value) == 1 and value.dtype.kind in "iuf" else None
+
+    fields: dict[str, Any] = {}
+    ids = [eos] if isinstance(eos, int) else list(eos or [])
+    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
+        token = number(key)
+        if token is not None and 0 <= int(token) < vocab_size and int(token) not in ids:
+            ids.append(int(token))
+    if ids and ids != ([eos] if isinstance(eos, int) else list(eos or [])):
+        fields["eos_token_id"] = ids
+    for key, name in _SAMPLING_KEYS.items():
+        value = number(f"general.sampling.{key}")
+        if value is not None:
+            fields[name] = int(value) if name == "top_k" else float(value)
+    ignored = [f"{key} {number(f'general.sampling.{key}'):g}" for key in ("mirostat", "xtc_probability")
+               if number(f"general.sampling.{key}")]
+    if ignored:
+        warnings.warn(f"{src.name} asks for sampling Solo does not run by default ({', '.join(ignored)}); its other "
+                      "defaults apply", SoloWarning, stacklevel=2)
+    return fields
 
 
 def gemma3_query_pre_attn_scalar(num_layers: int, hidden_size: int, num_heads: int, head_dim: int) -> float:

@@ -320,3 +320,32 @@ def test_a_gguf_without_a_tokenizer_is_refused_before_converting(tiny_llama, tmp
     assert main(["run", str(path), "--prompt", PROMPT]) == 2
     err = capsys.readouterr().err
     assert "carries no tokenizer (no tokenizer.ggml.tokens field)" in err and "Traceback" not in err
+
+
+def test_end_of_turn_tokens_and_sampling_defaults_are_the_files(tiny_llama, tmp_path, monkeypatch):
+    # llama.cpp stops on every end-of-generation token (eos, eot, eom) and samples with the file's
+    # general.sampling.* defaults; the converted folder kept eos alone and no sampling values, so a chat reply
+    # ran past <|im_end|> and a model that asks for temperature 0.7 decoded greedily.
+    from solo.errors import SoloWarning
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+
+    def metadata(writer) -> None:  # noqa: ANN001
+        writer.add_eot_token_id(4)  # <|im_end|>
+        writer.add_sampling_temp(0.7)
+        writer.add_sampling_top_k(20)
+        writer.add_sampling_top_p(0.8)
+        writer.add_sampling_min_p(0.05)
+        writer.add_sampling_penalty_repeat(1.1)
+        writer.add_sampling_mirostat(2)
+
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-eot.gguf", "F16", metadata=metadata)
+    with pytest.warns(SoloWarning, match="mirostat 2"):
+        engine = Engine.load(path, backend="eager")
+    plain = Engine.load(write_gguf_from_hf(tiny_llama, tmp_path / "tiny-plain.gguf", "F16"), backend="eager")
+    assert engine.eos_ids == plain.eos_ids | {4} and 4 not in plain.eos_ids
+    d = engine.defaults
+    assert (d.temperature, d.top_k, d.top_p, d.min_p, d.repetition_penalty) == pytest.approx((0.7, 20, 0.8, 0.05, 1.1))
+    assert plain.defaults.temperature is None and plain.defaults.top_k is None
+    result = engine.complete([{"role": "user", "content": "hi"}], {"max_tokens": 8, "logit_bias": {4: 100}})
+    assert result.finish_reason == "stop" and result.token_ids == [4]
