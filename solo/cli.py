@@ -423,6 +423,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     if choice:
         close = difflib.get_close_matches(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)), n=1)
         return f" (did you mean {close[0]}?)" if close else ""
+    glued = re.search(r"-h/--help: ignored explicit argument '([^']*)'", message)  # -hf read as -h f
+    if glued and f"-h{glued.group(1)}" in _FOREIGN_FLAGS:
+        return f" (-h{glued.group(1)} is {_FOREIGN_FLAGS['-h' + glued.group(1)]})"
     prefix = "unrecognized arguments: "
     if not message.startswith(prefix):
         return ""
@@ -455,6 +458,22 @@ _FOREIGN_FLAGS = {
     "--enable-auto-tool-choice": "vLLM's: Solo parses tool calls whenever a request sends tools; drop it",
     "--chat-template-file": "llama.cpp's: use --chat-template FILE",
     "--jinja": "llama.cpp's: Solo always renders the model's Jinja chat template; drop it",
+    **dict.fromkeys(("-hf", "-hfr", "--hf-repo"), "llama.cpp's: name the repository and file as MODEL, "
+                    "solo run ORG/NAME-GGUF:Q4_K_M"),
+    **dict.fromkeys(("-r", "--reverse-prompt"), "llama.cpp's: use --stop TEXT"),
+    "-s": "llama.cpp's --seed: use --seed",
+    **dict.fromkeys(("-f", "--file"), "llama.cpp's: give the prompt on stdin, solo run MODEL < FILE"),
+    **dict.fromkeys(("-i", "-cnv", "--interactive", "--conversation"), "llama.cpp's: use solo chat MODEL"),
+    **dict.fromkeys(("--grammar", "--grammar-file", "--json-schema", "-j"),
+                    "llama.cpp's: solo serve takes grammars and JSON schemas as response_format (and Python's "
+                    "Engine.complete as SamplingParams.response_format)"),
+    **dict.fromkeys(("--typical", "--mirostat", "--mirostat-lr", "--mirostat-ent"),
+                    "a llama.cpp sampler Solo does not run; drop it, or use --top-p, --min-p or --top-k"),
+    **dict.fromkeys(("-fa", "--flash-attn", "--no-mmap", "--mlock", "-b", "--batch-size", "-ub", "--ubatch-size"),
+                    "llama.cpp's memory / kernel tuning, which Solo does itself; drop it"),
+    "--alias": "llama-server's: use --served-model-name",
+    **dict.fromkeys(("-np", "--parallel"), "llama-server's: use --max-batch (concurrent requests)"),
+    "--slots": "llama-server's: /metrics shows the running and waiting requests; drop it",
 }
 
 

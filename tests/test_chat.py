@@ -161,7 +161,11 @@ def test_argparse_errors_are_one_line_with_a_hint(capsys):
     # Other engines' flags and an Ollama-style positional prompt say what Solo calls them.
     for argv, hint in ((["run", "-n", "3"], "-n is llama.cpp's --n-predict: use --max-tokens"),
                        (["serve", "--ctx-size=64"], "--ctx-size is llama.cpp's: use --max-model-len"),
-                       (["run", "org/model", "hello world"], "the prompt goes after -p / --prompt")):
+                       (["run", "org/model", "hello world"], "the prompt goes after -p / --prompt"),
+                       # -hf is parsed as -h with an argument "f": named for what it is, not as --help's misuse.
+                       (["run", "-hf", "org/m-GGUF:Q4_K_M"], "-hf is llama.cpp's: name the repository and file"),
+                       (["run", "-p", "hi", "-r", "User:"], "-r is llama.cpp's: use --stop TEXT"),
+                       (["serve", "--alias", "m"], "--alias is llama-server's: use --served-model-name")):
         with pytest.raises(SystemExit):
             main(argv)
         assert hint in capsys.readouterr().err, argv

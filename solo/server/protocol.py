@@ -129,6 +129,8 @@ def _refuse_unknown(model: BaseModel, no_effect: frozenset[str], default_only: d
                 continue
             message = (f"{json.dumps(value)} is not supported by Solo (only {json.dumps(default)}, which changes "
                        "nothing); leave it out")
+        elif name in FOREIGN_FIELDS:
+            message = f"unrecognized request argument: {FOREIGN_FIELDS[name]}"
         else:
             message = ("unrecognized request argument: Solo's API does not know it, so it cannot honour it; "
                        "leave it out (the fields it takes: the README's \"Serve (OpenAI-compatible)\" section)")
@@ -160,6 +162,20 @@ NO_EFFECT_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache
                               "cache_salt"})
 """Request fields of OpenAI's or vLLM's API that cannot change what Solo generates: accepted and ignored."""
 
+_DROP = "a llama.cpp sampler Solo does not run; leave it out (top_p, min_p and top_k are Solo's)"
+FOREIGN_FIELDS = {
+    "n_predict": "llama.cpp's name for max_tokens; send max_tokens",
+    "repeat_penalty": "llama.cpp's name for repetition_penalty; send repetition_penalty",
+    "grammar": 'llama.cpp\'s; send response_format {"type": "grammar", "grammar": "..."} (or vLLM\'s guided_grammar)',
+    "json_schema": 'llama.cpp\'s; send response_format {"type": "json_schema", "json_schema": {"name": "...", '
+                   '"schema": {...}}}',
+    "n_probs": "llama.cpp's; send logprobs (with top_logprobs on the chat route)",
+    "id_slot": "llama-server's slots; Solo places requests itself: leave it out",
+    **dict.fromkeys(("typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "dry_multiplier",
+                     "xtc_probability"), _DROP),
+}
+"""Other servers' request fields Solo takes under another name, or refuses: the error names what to send."""
+
 
 class SamplingFields(_Lenient):
     """Fields shared by chat and completions requests.
@@ -174,6 +190,7 @@ class SamplingFields(_Lenient):
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {
         "use_beam_search": False, "length_penalty": 1.0, "spaces_between_special_tokens": True,
         "return_tokens_as_token_ids": False,
+        "cache_prompt": True,  # llama-server's (its web UI sends it): Solo's prefix cache reuses what it can anyway
     }
 
     model: _Str | None = None

@@ -283,12 +283,20 @@ def test_unknown_fields_are_refused_by_name(server):
         error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, stream=True, stream_options={
             "include_usage": True, "continuous_usage_stats": True})), 400, param="stream_options")
         assert "continuous_usage_stats" in error["message"]
+        # llama-server's fields: those Solo takes under another name say which to send.
+        for name, value, says in (("n_predict", 5, "send max_tokens"), ("repeat_penalty", 1.1, "repetition_penalty"),
+                                  ("grammar", "root ::= \"a\"", '"type": "grammar"'), ("n_probs", 2, "logprobs"),
+                                  ("json_schema", {"type": "object"}, '"type": "json_schema"'),
+                                  ("typical_p", 0.9, "sampler Solo does not run"), ("cache_prompt", False, "only true")):
+            error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, **{name: value})), 400, param=name)
+            assert says in error["message"], error
         # Fields that cannot change the output, and vLLM's at the value that changes nothing, are accepted.
         for route, body in ((CHAT, chat(echo=False, add_special_tokens=False)),
                             (COMPLETIONS, completion(add_special_tokens=True))):
             response = http.post(route, json={**body, "max_tokens": 2, "metadata": {"a": 1}, "store": False,
                                               "service_tier": "auto", "min_tokens": 0, "skip_special_tokens": True,
                                               "include_stop_str_in_output": True, "length_penalty": 1,
+                                              "cache_prompt": True,
                                               "guided_decoding_backend": "xgrammar", "frobnicate": None,
                                               "bad_words": [], "prediction": {"type": "content", "content": "x"},
                                               "stream": True, "stream_options": {
