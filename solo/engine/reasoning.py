@@ -48,6 +48,15 @@ def prompt_opens_reasoning(prompt_text: str) -> bool:
     return start >= 0 and THINK_END not in prompt_text[start:] and not prompt_text[start + len(THINK_START):].strip()
 
 
+def prompt_closes_reasoning(prompt_text: str) -> bool:
+    """Whether a rendered chat prompt ends with a closed `<think>` block.
+
+    Qwen3's template with thinking off writes an empty one: the output starts after the reasoning, whatever
+    the parser assumes.
+    """
+    return prompt_text.rstrip().endswith(THINK_END)
+
+
 def has_thinking_switch(template_source: str | None) -> bool:
     """Whether a chat template reads `enable_thinking` (Qwen3's, SmolLM3's): thinking can be turned off."""
     from solo.chat_template import template_variables

@@ -30,13 +30,14 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from solo.errors import InvalidRequestError, SoloError
 from solo.server.chat_adapter import (
+    CUT_SHORT,
     chat_chunks,
     chat_request_from,
     continue_prefill,
     string_field,
     thinking_switch,
 )
-from solo.server.errors import APIError, api_error_from, validation_error
+from solo.server.errors import RETRY_AFTER_S, APIError, api_error_from, unreadable_body_message, validation_error
 from solo.server.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -226,8 +227,9 @@ async def messages(request: Request) -> Response:
     try:
         try:
             data = await request.json()
-        except ValueError:
-            raise InvalidRequestError("the request body is not valid JSON") from None
+        except (ValueError, RecursionError) as exc:
+            raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
+                                      else "the request body is not valid JSON") from None
         try:
             body = MessagesRequest.model_validate(data)
         except ValidationError as exc:
@@ -243,6 +245,9 @@ async def messages(request: Request) -> Response:
         return GenerationStream(_events(body, reply.body_iterator, message_id), reply.generation)
     completion = json.loads(reply.body)
     choice, usage = completion["choices"][0], completion.get("usage") or {}
+    if choice["finish_reason"] == "abort":  # (Anthropic has no stop_reason for a reply the server cut)
+        return anthropic_error(APIError(503, CUT_SHORT, type="server_overloaded", code="shutting_down",
+                                        headers={"Retry-After": str(RETRY_AFTER_S)}))
     result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
               "content": content_blocks(choice["message"]),
               **_stop(choice["finish_reason"], choice.get("stop_reason"), body),
@@ -305,6 +310,9 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
             stop_reason = choice.get("stop_reason") or stop_reason
     if open_kind is not None:
         yield event("content_block_stop", index=index)
+    if finish_reason == "abort":  # an error event ends the stream, as Anthropic's end one it cannot finish
+        yield event("error", error={"type": "overloaded_error", "message": CUT_SHORT})
+        return
     usage = usage or {}
     yield event("message_delta", delta=_stop(finish_reason or "stop", stop_reason, body), usage=_usage(usage))
     yield event("message_stop")

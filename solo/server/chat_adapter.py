@@ -18,6 +18,9 @@ from solo.errors import InvalidRequestError
 from solo.server.errors import validation_error
 from solo.server.protocol import ChatCompletionRequest
 
+CUT_SHORT = "the server stopped before the reply finished (it is shutting down); send the request again"
+"""What a reply the chat route ended with finish_reason "abort" says on APIs that have no such reason."""
+
 
 def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str],
                       kind: type[BaseModel] = ChatCompletionRequest) -> Any:  # noqa: ANN401

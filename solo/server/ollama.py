@@ -46,7 +46,7 @@ from starlette.responses import StreamingResponse
 
 from solo import __version__
 from solo.engine.tool_calls import arguments_as_objects, supports_tools
-from solo.errors import ContextLengthError, InvalidRequestError, SoloError
+from solo.errors import ContextLengthError, InvalidRequestError
 from solo.server.chat_adapter import chat_chunks, chat_request_from, continue_prefill, thinking_switch
 from solo.server.errors import APIError, api_error_from, logger, shutting_down, unreadable_body_message
 from solo.server.protocol import CompletionRequest
@@ -586,7 +586,7 @@ async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> 
         return await handle(data)
     except Exception as exc:  # noqa: BLE001 (every error, a bug included, answered in Ollama's shape)
         error = api_error_from(exc)
-        if error.status >= 500 and not isinstance(exc, APIError | SoloError):
+        if error.code == "internal_error":  # a bug (a full queue or a shutdown is no error of Solo's)
             logger.error("request failed", exc_info=exc)
         # The error's field, and fields no message uses as plain words, as Ollama names them.
         for field in {error.param or "", "max_tokens", "repetition_penalty", "response_format"}:

@@ -438,6 +438,16 @@ class ChatCompletionRequest(SamplingFields):
                              '"none", thinking off; leave it out')
         return value
 
+    @field_validator("function_call")
+    @classmethod
+    def _no_forcing_function_call(cls, value: str | dict[str, Any] | None) -> str | dict[str, Any] | None:
+        # "none" / "auto" change nothing without functions (those are refused below); a named one would force a
+        # call Solo never makes from this field.
+        if isinstance(value, dict):
+            raise ValueError('the deprecated function_call is not supported by Solo; send tool_choice {"type": '
+                             '"function", "function": {"name": ...}} with the function in tools')
+        return value
+
     @field_validator("functions")
     @classmethod
     def _no_function_calls(cls, value: list[dict[str, Any]] | None, info: ValidationInfo

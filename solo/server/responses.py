@@ -27,7 +27,7 @@ from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, model_validator
 
 from solo.errors import InvalidRequestError
-from solo.server.chat_adapter import chat_chunks, chat_request_from, string_field, thinking_switch
+from solo.server.chat_adapter import CUT_SHORT, chat_chunks, chat_request_from, string_field, thinking_switch
 from solo.server.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -97,9 +97,10 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
     if body.previous_response_id is not None:
         raise InvalidRequestError("previous_response_id needs stored responses, which Solo does not keep; send the "
                                   "whole conversation in input (store: false)", param="previous_response_id")
-    thinking_off = bool(body.reasoning) and body.reasoning.get("effort") == "none" \
-        and set(body.reasoning) <= {"effort", "summary"}  # (a summary of no reasoning changes nothing)
-    if body.reasoning and not thinking_off:
+    reasoning = {k: v for k, v in (body.reasoning or {}).items() if v is not None}  # (null: the default)
+    thinking_off = reasoning.get("effort") == "none" \
+        and set(reasoning) <= {"effort", "summary"}  # (a summary of no reasoning changes nothing)
+    if reasoning and not thinking_off:
         raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control) "
                                   'but {"effort": "none"}, thinking off; leave reasoning out', param="reasoning")
     if body.include:
@@ -243,13 +244,18 @@ def _new_id(prefix: str) -> str:
 def response_object(body: ResponsesRequest, response_id: str, created: int, model: str, output: list[dict[str, Any]],
                     finish_reason: str | None, usage: dict[str, Any] | None, status: str | None = None
                     ) -> dict[str, Any]:
-    """The Responses API's `response` object for a finished (or, with `status`, running) chat choice."""
+    """The Responses API's `response` object for a finished (or, with `status`, running) chat choice.
+
+    A reply the server cut short (finish_reason "abort": it is shutting down) has failed, with its error.
+    """
     incomplete = finish_reason == "length"
+    cut = finish_reason == "abort" and status is None
     usage = usage or {}
     cached = (usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0)
     return {
         "id": response_id, "object": "response", "created_at": created, "model": model,
-        "status": status or ("incomplete" if incomplete else "completed"), "error": None,
+        "status": status or ("incomplete" if incomplete else "failed" if cut else "completed"),
+        "error": {"code": "server_error", "message": CUT_SHORT} if cut else None,
         "incomplete_details": {"reason": "max_output_tokens"} if incomplete and status is None else None,
         "instructions": body.instructions, "max_output_tokens": body.max_output_tokens,
         "metadata": body.metadata or {}, "output": output,
@@ -282,7 +288,7 @@ def output_items(message: dict[str, Any], finish_reason: str | None = "stop") ->
     for call in calls:
         items.append(_call_item(_new_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"],
                                 "completed"))
-    if finish_reason == "length" and items[-1]["type"] != "reasoning":
+    if finish_reason in ("length", "abort") and items[-1]["type"] != "reasoning":
         items[-1]["status"] = "incomplete"
     return items
 
@@ -452,9 +458,11 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
     if not output:  # nothing generated (max_output_tokens reached at once): an empty message, as unstreamed
         for text in _open_message(""):
             yield text
-    if finish_reason == "length" and output[-1]["type"] != "reasoning":
+    if finish_reason in ("length", "abort") and output[-1]["type"] != "reasoning":
         output[-1]["status"] = "incomplete"  # as OpenAI marks the item a max_output_tokens cut ends
     for text in close("reasoning") + close("message") + close_call():
         yield text
     final = response_object(body, response_id, created, model, output, finish_reason, usage)
-    yield event("response.incomplete" if final["status"] == "incomplete" else "response.completed", response=final)
+    yield event({"incomplete": "response.incomplete", "failed": "response.failed"}.get(final["status"],
+                                                                                       "response.completed"),
+                response=final)

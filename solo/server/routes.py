@@ -27,7 +27,12 @@ from starlette.types import Receive, Scope, Send
 
 from solo.chat_template import check_template_kwargs
 from solo.engine.output_reader import OutputReader, splits_reasoning
-from solo.engine.reasoning import ReasoningParser, continues_reasoning, prompt_opens_reasoning
+from solo.engine.reasoning import (
+    ReasoningParser,
+    continues_reasoning,
+    prompt_closes_reasoning,
+    prompt_opens_reasoning,
+)
 from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import (
@@ -248,7 +253,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.reasoning = splits_reasoning(state.reasoning, getattr(response_format, "source", None)
                                            if response_format is not None else None, tools.forced)
         tools.in_reasoning = tools.reasoning and (prompt_opens_reasoning(text)
-                                                  or state.settings.reasoning_parser == "deepseek_r1"
+                                                  or (state.settings.reasoning_parser == "deepseek_r1"
+                                                      and not prompt_closes_reasoning(text))
                                                   or (body.continue_final_message
                                                       and continues_reasoning(str(messages[-1].get("content")))))
         # Encoded without adding special tokens, as Tokenizer.encode_chat does (templates write BOS).

@@ -147,3 +147,45 @@ def test_tools_reach_the_template_as_the_chat_routes_pass_them():
     body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "tools": [WEATHER],
                                            "messages": [{"role": "user", "content": "hi"}]})
     assert list(chat_request(body).tools[0]["function"]) == ["name", "description", "parameters"]
+
+
+def _chat_stream(*chunks: dict) -> object:
+    async def lines():  # the chat route's SSE lines
+        for chunk in chunks:
+            yield f"data: {json.dumps(chunk)}\n\n"
+        yield "data: [DONE]\n\n"
+    return lines()
+
+
+def test_a_reply_the_server_cut_short_is_not_an_end_turn():
+    # A shutdown ends a reply with the chat route's finish_reason "abort"; the Messages API has no such
+    # stop_reason, and end_turn (what it was mapped to) says the model finished: the stream ends with an error
+    # event instead, as Anthropic's ends one it cannot finish.
+    import asyncio
+
+    from solo.server.anthropic_messages import MessagesRequest, _events
+
+    body = MessagesRequest(model=MODEL_NAME, max_tokens=50, messages=[{"role": "user", "content": "hi"}])
+
+    async def events(finish_reason: str) -> list[dict]:
+        stream = _chat_stream({"choices": [{"index": 0, "delta": {"content": "def f"}}]},
+                              {"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]})
+        return [json.loads(e.split("data: ", 1)[1]) async for e in _events(body, stream, "msg_1")]
+
+    cut = asyncio.run(events("abort"))
+    assert [e["type"] for e in cut][-2:] == ["content_block_stop", "error"]
+    assert cut[-1]["error"]["type"] == "overloaded_error" and "shutting down" in cut[-1]["error"]["message"]
+    done = asyncio.run(events("stop"))
+    assert [e["type"] for e in done][-2:] == ["message_delta", "message_stop"]
+    assert done[-2]["delta"]["stop_reason"] == "end_turn"
+
+
+def test_deeply_nested_bodies_are_a_400(server):
+    # The Messages route decoded bodies itself and let RecursionError through: a 500 (the other routes: 400).
+    import httpx
+
+    body = ('{"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": "hi"}], "metadata": '
+            + "[" * 5000 + "]" * 5000 + "}")
+    reply = httpx.post(f"{server.base_url}/v1/messages", content=body,
+                       headers={"content-type": "application/json", "x-api-key": "sesame"})
+    assert reply.status_code == 400 and "nested too deeply" in reply.json()["error"]["message"], reply.text

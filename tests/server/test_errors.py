@@ -115,6 +115,8 @@ CASES = [
      chat(tools=[TOOL], tool_choice={"type": "function", "function": {"name": "get_weather"}}), 400, "tools", None),
     ("tool-choice-unknown", CHAT, chat(tools=[TOOL], tool_choice="sometimes"), 400, "tool_choice", None),
     ("functions-default-function-call", CHAT, chat(functions=[TOOL["function"]]), 400, "functions", None),
+    ("function-call-named-without-functions", CHAT, chat(function_call={"name": "get_weather"}), 400,
+     "function_call", None),
     ("budgets-disagree", CHAT, chat(max_tokens=2, max_completion_tokens=5), 400, "max_completion_tokens", None),
     ("audio-modality", CHAT, chat(modalities=["audio"]), 400, "modalities", None),
     ("reasoning-effort", CHAT, chat(reasoning_effort="low"), 400, "reasoning_effort", None),
@@ -287,7 +289,8 @@ def test_unknown_fields_are_refused_by_name(server):
         for name, value, says in (("n_predict", 5, "send max_tokens"), ("repeat_penalty", 1.1, "repetition_penalty"),
                                   ("grammar", "root ::= \"a\"", '"type": "grammar"'), ("n_probs", 2, "logprobs"),
                                   ("json_schema", {"type": "object"}, '"type": "json_schema"'),
-                                  ("typical_p", 0.9, "sampler Solo does not run"), ("cache_prompt", False, "only true")):
+                                  ("typical_p", 0.9, "sampler Solo does not run"),
+                                  ("cache_prompt", False, "only true")):
             error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, **{name: value})), 400, param=name)
             assert says in error["message"], error
         # Fields that cannot change the output, and vLLM's at the value that changes nothing, are accepted.

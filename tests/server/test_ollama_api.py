@@ -291,3 +291,27 @@ def test_a_thinking_models_block_comes_back_as_thinking(tmp_path):
         assert refused.status_code == 400 and "no enable_thinking switch" in refused.text
     finally:
         running.stop()
+
+
+def test_a_full_queue_is_answered_without_a_logged_traceback(caplog):
+    # Every 503 queue_full on /api/* was logged as "request failed" with its traceback (71 in one burst); only
+    # a bug (a 500 internal error) is.
+    import asyncio
+
+    from solo.server.ollama import _answer
+    from solo.server.scheduler import QueueFullError
+
+    class Body:
+        async def json(self) -> dict:
+            return {"model": "m"}
+
+    async def answer(exc: Exception):
+        async def handle(data: dict):
+            raise exc
+        return await _answer(Body(), handle)
+
+    full = asyncio.run(answer(QueueFullError("every slot is busy", 2)))
+    assert full.status_code == 503 and json.loads(full.body)["error"] == "every slot is busy"
+    assert full.headers["retry-after"] == "2" and "request failed" not in caplog.text
+    bug = asyncio.run(answer(KeyError("x")))
+    assert bug.status_code == 500 and "request failed" in caplog.text

@@ -92,3 +92,29 @@ def test_a_prefill_that_opens_a_thinking_block_is_continued_as_reasoning(thinkin
         assert reply.usage.completion_tokens_details.reasoning_tokens == 6
     finally:
         running.stop()
+
+
+# Qwen3's shape: the output opens the block, and thinking off writes an empty one into the prompt.
+SWITCH_TEMPLATE = ("{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'].split('</think>')[-1] }}"
+                   "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n"
+                   "{% if enable_thinking is defined and not enable_thinking %}<think>\n\n</think>\n\n{% endif %}"
+                   "{% endif %}")
+
+
+@pytest.mark.slow
+def test_thinking_off_is_content_under_the_deepseek_r1_parser(thinking_model, tmp_path):
+    # deepseek_r1 takes the output as reasoning from its first token (R1's replies may lack the opening tag);
+    # a prompt whose block is already closed (thinking off) makes it content: it was all reasoning.
+    template = tmp_path / "switch.jinja"
+    template.write_text(SWITCH_TEMPLATE)
+    running = start_server(thinking_model, max_batch=2, reasoning_parser="deepseek_r1", chat_template=str(template))
+    try:
+        client = running.client()
+        on = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=6, temperature=0)
+        assert on.choices[0].message.model_extra["reasoning_content"] and on.choices[0].message.content == ""
+        off = client.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=6, temperature=0,
+                                             extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+        assert off.choices[0].message.content and not (off.choices[0].message.model_extra or {}).get(
+            "reasoning_content")
+    finally:
+        running.stop()

@@ -133,3 +133,23 @@ def test_reasoning_effort_none_turns_thinking_off():
     assert chat_request(body, thinking_switch=False).chat_template_kwargs is None  # (a model that does not think)
     summarised = ResponsesRequest.model_validate({"input": "hi", "reasoning": {"effort": "none", "summary": "auto"}})
     assert chat_request(summarised).chat_template_kwargs == {"enable_thinking": False}
+
+
+def test_a_reply_the_server_cut_short_has_failed():
+    # A shutdown ends a reply with the chat route's finish_reason "abort": it was reported "completed".
+    from solo.server.responses import ResponsesRequest, output_items, response_object
+
+    body = ResponsesRequest(input="hi")
+    items = output_items({"content": "def f"}, "abort")
+    cut = response_object(body, "resp_1", 0, MODEL_NAME, items, "abort", None)
+    assert cut["status"] == "failed" and "shutting down" in cut["error"]["message"]
+    assert items[-1]["status"] == "incomplete"
+    done = response_object(body, "resp_1", 0, MODEL_NAME, output_items({"content": "x"}), "stop", None)
+    assert done["status"] == "completed" and done["error"] is None
+
+
+def test_reasoning_effort_null_is_the_default(server):
+    # null means a field's default (the README): {"effort": null} was refused as a reasoning setting.
+    reply = server.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=2,
+                                             reasoning={"effort": None})
+    assert reply.status == "incomplete"
