@@ -420,6 +420,10 @@ class OneLineErrorParser(argparse.ArgumentParser):
 def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     # "unrecognized arguments: --tempreature 0.5" -> " (did you mean --temperature?)"
     choice = re.search(r"invalid choice: '([^']*)' \(choose from (.*)\)", message)
+    if choice and message.startswith("argument --quantize") and choice.group(1).upper().startswith("Q"):
+        bits = "int8" if choice.group(1).upper().startswith(("Q8", "Q6", "Q5")) else "int4"
+        return (f" (llama.cpp's types are read from GGUF files; Solo quantizes a model itself to int8, 8 bits per "
+                f"weight as Q8_0, or int4, 4 bits as Q4_0: --quantize {bits})")
     if choice:
         close = difflib.get_close_matches(choice.group(1), re.findall(r"'([^']*)'", choice.group(2)), n=1)
         return f" (did you mean {close[0]}?)" if close else ""

@@ -165,7 +165,8 @@ def test_argparse_errors_are_one_line_with_a_hint(capsys):
                        # -hf is parsed as -h with an argument "f": named for what it is, not as --help's misuse.
                        (["run", "-hf", "org/m-GGUF:Q4_K_M"], "-hf is llama.cpp's: name the repository and file"),
                        (["run", "-p", "hi", "-r", "User:"], "-r is llama.cpp's: use --stop TEXT"),
-                       (["serve", "--alias", "m"], "--alias is llama-server's: use --served-model-name")):
+                       (["serve", "--alias", "m"], "--alias is llama-server's: use --served-model-name"),
+                       (["run", "-p", "hi", "--quantize", "Q4_K_M"], "--quantize int4")):
         with pytest.raises(SystemExit):
             main(argv)
         assert hint in capsys.readouterr().err, argv

@@ -85,6 +85,9 @@ class SamplingParams:
     def __post_init__(self) -> None:
         if isinstance(self.stop, str):
             self.stop = [self.stop]
+        for name in ("stop", "stop_token_ids", "bad_words", "allowed_token_ids"):  # (a tuple is a list here)
+            if isinstance(getattr(self, name), tuple):
+                setattr(self, name, list(getattr(self, name)))
         self.response_format = StructuredOutput.parse(self.response_format)
         self.validate()
 

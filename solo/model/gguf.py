@@ -201,8 +201,8 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
                               "(llama-gguf-split --merge) and pass the merged file")
-    (log or (lambda line: print(line, file=sys.stderr, flush=True)))(
-        f"converting {named.name} to a model folder in {folder.parent} (once) ...")
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    say(f"converting {named.name} to a model folder in {folder.parent} (once) ...")
     try:
         from gguf import GGUFReader
 
@@ -220,6 +220,10 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     parent = _mkdir(folder.parent)
     prune_conversions(same_file=named.absolute(), keep=folder)  # this file's earlier versions: it changed since
     need = sum(int(t.n_elements) for t in reader.tensors) * (4 if dtype == "float32" else 2)
+    quantized = [t for t in matrices if t not in _EXACT]
+    if quantized:  # (a Q4_K_M 8B needs about 16 GB, not its file's 5: said before anyone wonders)
+        say(f"{named.name} holds {', '.join(quantized)} weights, which Solo runs dequantized to bfloat16 (about "
+            f"{need / 1e9:.1f} GB); --quantize int8 or int4 quantizes them again for the CPU kernels")
     free = shutil.disk_usage(parent).free
     if need > free:  # quantized files grow (Q4_0 about 3.5x): say so before writing most of it
         raise CheckpointError(f"converting {named.name} writes about {need / 1e9:.1f} GB of {dtype} weights to "

@@ -82,6 +82,12 @@ def test_seed_reproducibility(tiny_llama):
     assert tuple(first) not in others or len(others) > 1
 
 
+def test_tuples_are_taken_as_lists():
+    params = SamplingParams(stop=("a", "b"), stop_token_ids=(3,), bad_words=("x",), allowed_token_ids=(1, 2))
+    assert (params.stop, params.stop_token_ids, params.bad_words, params.allowed_token_ids) == (
+        ["a", "b"], [3], ["x"], [1, 2])
+
+
 def test_seeds_beyond_32_bits_draw_differently_on_the_cpu():
     # The CPU generator keeps a seed's low 32 bits: seeds 2**32 apart drew the same tokens.
     from solo.engine.sampling import generator_seed

@@ -70,13 +70,20 @@ def test_quantized_gguf_within_stated_error(gguf_dir, tiny_llama, kind, bound):
         assert _tokens(engine, 4) == _tokens(reference, 4)
 
 
-def test_gguf_via_cli_and_cache_reuse(gguf_dir, capsys):
+def test_gguf_via_cli_and_cache_reuse(gguf_dir, capsys, tmp_path):
     assert main(["run", str(gguf_dir["BF16"]), "--prompt", PROMPT, "--max-tokens", "4"]) == 0
     first = capsys.readouterr()
     assert "TTFT" in first.err
     assert main(["run", str(gguf_dir["BF16"]), "--prompt", PROMPT, "--max-tokens", "4"]) == 0
     second = capsys.readouterr()
     assert second.out == first.out and "converting" not in second.err  # converted once
+    assert "dequantized" not in first.err
+    # A quantized file says it runs dequantized (its memory is several times its file's).
+    import shutil
+
+    quantized = shutil.copy(gguf_dir["Q4_0"], tmp_path / "fresh-Q4_0.gguf")  # (not converted by another test)
+    assert main(["run", str(quantized), "--prompt", PROMPT, "--max-tokens", "1"]) == 0
+    assert "holds Q4_0 weights, which Solo runs dequantized to bfloat16" in capsys.readouterr().err
 
 
 def test_a_file_that_is_not_gguf_is_refused(tmp_path):
