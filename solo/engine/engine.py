@@ -55,9 +55,9 @@ from solo.runtime.base import DecodeRuntime, runtime_capabilities
 from solo.tokenizer import Tokenizer
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
+"""A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids."""
 
 _CLOSED = "this engine was closed (Engine.close()); load another with Engine.load(...) to generate"
-"""A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids."""
 
 _log = logging.getLogger(__name__)
 
@@ -278,7 +278,7 @@ class Engine:
         the engine's lock as a generation does (another thread's call waits for it).
 
         Raises:
-            SoloError: a stream from this engine is still open in this thread.
+            SoloError: the engine was closed, or a stream from it is still open in this thread.
         """
         if self._closed:
             raise SoloError(_CLOSED)
@@ -508,6 +508,8 @@ class Engine:
                 a variable Solo sets itself or one the template never reads (enable_thinking excepted where
                 the model does not think), or an enable_thinking that is not a boolean.
         """
+        if self._closed:
+            raise SoloError(_CLOSED)
         params = _as_sampling_params(params)
         params.validate()
         if not isinstance(parallel_tool_calls, bool):
@@ -732,7 +734,9 @@ class Engine:
             text=text, token_ids=ids, finish_reason=finish_reason, stats=event.stats,
             prompt_token_ids=request.prompt_ids, logprobs=logprobs if request.logprobs is not None else None,
             tool_calls=calls or None, stop_reason=event.stop_reason,
-            reasoning_content=thinking.reasoning if thinking is not None and thinking.opened else None,
+            # (an empty block is none, as the server sends it)
+            reasoning_content=(thinking.reasoning or None) if thinking is not None else None,
+            content=reader.raw_content if parser is None else "".join(contents) + rest,
         )
 
 

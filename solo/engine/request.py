@@ -129,7 +129,10 @@ class GenerationResult:
         tool_calls: tool calls parsed from the output (`solo.engine.tool_calls.ToolCall`), when tools were given.
         stop_reason: the stop string or stop token id that ended it (see `GenerationEvent.stop_reason`).
         reasoning_content: a thinking model's reasoning block (chat messages only; markers left out), as the
-            server's reasoning_content; None when the output has none. `text` keeps the block as written.
+            server's reasoning_content; None when the output has none (or an empty one). `text` keeps the block
+            as written.
+        content: the reply without its reasoning block (and without its tool calls), as the server's message
+            content; `text` itself where nothing was split off.
     """
 
     text: str
@@ -141,6 +144,7 @@ class GenerationResult:
     tool_calls: list | None = None
     stop_reason: str | int | None = None
     reasoning_content: str | None = None
+    content: str = ""
 
 
 class Request:

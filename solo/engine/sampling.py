@@ -249,7 +249,7 @@ def generator_seed(seed: int, device: torch.device) -> int:
     The CPU generator (Mersenne Twister) keeps only a seed's low 32 bits, so seeds 2**32 apart (and a
     negative seed and its complement) would draw the same tokens: seeds outside [0, 2**32) are first mixed
     down to 32 bits (SplitMix64's finalizer, Steele et al. 2014), those inside are kept (their draws do not
-    change). Other generators take all 64 bits.
+    change). Other generators take all 64 bits (CUDA's block decoding keeps a seed modulo 2**62).
     """
     if device.type != "cpu" or 0 <= seed < 2**32:
         return seed

@@ -136,16 +136,15 @@ def _folder_size(folder: Path) -> int:
         return 0
 
 
-# Raised when a conversion writes something new, so folders converted before are converted again (2: the
-# end-of-turn tokens and the file's sampling defaults in generation_config.json).
+# What a conversion writes, recorded in gguf_source.json; a folder of an older format is brought up to date
+# in place (2: the end-of-turn tokens and the file's sampling defaults in generation_config.json).
 _CONVERSION_FORMAT = 2
 
 
 def _folder_name(named: Path, src: Path) -> str:
-    # The converted folder's name: the file's name and a key of its resolved path, size and mtime (and of
-    # what a conversion writes).
+    # The converted folder's name: the file's name and a key of its resolved path, size and mtime.
     stat = src.stat()
-    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}\0{_CONVERSION_FORMAT}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
     return f"{named.stem}-{key}"
 
 
@@ -197,6 +196,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     stat = src.stat()
     folder = cache_root() / "gguf" / _folder_name(named, src)
     if (folder / "gguf_source.json").is_file():
+        _bring_up_to_date(folder, src)
         return folder
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
@@ -223,7 +223,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     quantized = [t for t in matrices if t not in _EXACT]
     if quantized:  # (a Q4_K_M 8B needs about 16 GB, not its file's 5: said before anyone wonders)
         say(f"{named.name} holds {', '.join(quantized)} weights, which Solo runs dequantized to bfloat16 (about "
-            f"{need / 1e9:.1f} GB); --quantize int8 or int4 quantizes them again for the CPU kernels")
+            f"{need / 1e9:.1f} GB) unless --quantize int8 or int4 quantizes them again for the CPU kernels")
     free = shutil.disk_usage(parent).free
     if need > free:  # quantized files grow (Q4_0 about 3.5x): say so before writing most of it
         raise CheckpointError(f"converting {named.name} writes about {need / 1e9:.1f} GB of {dtype} weights to "
@@ -237,7 +237,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         _convert(src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
             {"file": str(named.absolute()), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
-             "stored_dtype": dtype}, indent=2) + "\n")
+             "stored_dtype": dtype, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
         try:
             tmp.rename(folder)
         except OSError:  # another process finished first
@@ -329,26 +329,55 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     (out / "config.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     tokenizer.save_pretrained(str(out))
-    _mark_special_tokens(out / "tokenizer.json", _read_token_types(src), int(raw["vocab_size"]))
+    token_types = _read_token_types(src)
+    _mark_special_tokens(out / "tokenizer.json", token_types, int(raw["vocab_size"]))
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
-    generation.update(_generation_fields(src, raw.get("eos_token_id"), int(raw["vocab_size"])))
+    generation.update(_generation_fields(src, raw.get("eos_token_id"), int(raw["vocab_size"]), token_types))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
+def _bring_up_to_date(folder: Path, src: Path) -> None:
+    """Give a folder converted by an older Solo what a conversion writes now, without converting it again.
+
+    Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. A cache
+    that cannot be written keeps the folder as it is (it still runs, as before).
+    """
+    record_path = folder / "gguf_source.json"
+    try:
+        record = json.loads(record_path.read_text(encoding="utf-8"))
+        if record.get("format", 1) >= _CONVERSION_FORMAT:
+            return
+        generation_path = folder / "generation_config.json"
+        generation = json.loads(generation_path.read_text(encoding="utf-8"))
+        vocab_size = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"])
+        generation.update(_generation_fields(src, generation.get("eos_token_id"), vocab_size, _read_token_types(src)))
+        generation_path.write_text(json.dumps(generation, indent=2) + "\n")
+        record_path.write_text(json.dumps({**record, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
+    except (OSError, ValueError, KeyError, TypeError):
+        return
+
+
 # llama.cpp's general.sampling.* keys (written by its converter from generation_config.json) -> the
-# generation_config.json fields Solo reads.
-_SAMPLING_KEYS = {"temp": "temperature", "top_k": "top_k", "top_p": "top_p", "min_p": "min_p",
-                  "penalty_repeat": "repetition_penalty"}
+# generation_config.json fields Solo reads, with the values each takes.
+_SAMPLING_KEYS = {"temp": ("temperature", lambda v: v >= 0), "top_k": ("top_k", lambda v: v >= -1),
+                  "top_p": ("top_p", lambda v: 0 < v <= 1), "min_p": ("min_p", lambda v: 0 <= v <= 1),
+                  "penalty_repeat": ("repetition_penalty", lambda v: v > 0)}
+# Tokens llama.cpp also ends generation on, found by their text (files often store no eot id for them).
+_END_OF_TURN_TEXTS = frozenset({"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end|>", "<end_of_turn>", "<|endoftext|>",
+                                "<|end_of_text|>", "<EOT>", "<｜end▁of▁sentence｜>"})
 
 
-def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int) -> dict[str, Any]:
+def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int,
+                       token_types: list[tuple[str, int]]) -> dict[str, Any]:
     """generation_config.json fields of a GGUF file that transformers' GGUF reader leaves out.
 
     Every token that ends a turn stops generation, as llama.cpp stops on its end-of-generation tokens: the
-    file's eot and eom tokens join eos (Llama 3's <|eot_id|> / <|eom_id|>, Gemma's <end_of_turn>). The file's
-    sampling defaults (llama.cpp's general.sampling.temp, top_k, top_p, min_p, penalty_repeat) become the
-    model's, as a checkpoint's generation_config.json gives them; a default sampler Solo does not run
-    (mirostat, XTC) is named in a warning.
+    file's eot and eom tokens and the vocabulary's well-known end-of-turn markers (Llama 3's <|eot_id|> /
+    <|eom_id|>, ChatML's <|im_end|>, Gemma's <end_of_turn>, ...) join eos. The file's sampling defaults
+    (llama.cpp's general.sampling.temp, top_k, top_p, min_p, penalty_repeat) become the model's, as a
+    checkpoint's generation_config.json gives them (a value out of its range is left out with a warning; a
+    negative temperature, llama.cpp's greedy, is 0); a default sampler Solo does not run (mirostat, XTC) is
+    named in a warning. Warnings come when the file is converted.
     """
     from gguf import GGUFReader
 
@@ -362,22 +391,32 @@ def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int) 
         return value[0].item() if len(value) == 1 and value.dtype.kind in "iuf" else None
 
     fields: dict[str, Any] = {}
-    ids = [eos] if isinstance(eos, int) else list(eos or [])
-    for key in ("tokenizer.ggml.eot_token_id", "tokenizer.ggml.eom_token_id"):
-        token = number(key)
+    given = [eos] if isinstance(eos, int) else list(eos or [])
+    ids = list(given)
+    found = [number(f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    found += [i for i, (text, _) in enumerate(token_types) if text in _END_OF_TURN_TEXTS]
+    for token in found:
         if token is not None and 0 <= int(token) < vocab_size and int(token) not in ids:
             ids.append(int(token))
-    if ids and ids != ([eos] if isinstance(eos, int) else list(eos or [])):
+    if ids != given:
         fields["eos_token_id"] = ids
-    for key, name in _SAMPLING_KEYS.items():
+    problems = []
+    for key, (name, ok) in _SAMPLING_KEYS.items():
         value = number(f"general.sampling.{key}")
-        if value is not None:
-            fields[name] = int(value) if name == "top_k" else float(value)
-    ignored = [f"{key} {number(f'general.sampling.{key}'):g}" for key in ("mirostat", "xtc_probability")
-               if number(f"general.sampling.{key}")]
-    if ignored:
-        warnings.warn(f"{src.name} asks for sampling Solo does not run by default ({', '.join(ignored)}); its other "
-                      "defaults apply", SoloWarning, stacklevel=2)
+        if value is None:
+            continue
+        value = int(value) if name == "top_k" else float(f"{value:.6g}")  # (stored as float32: 0.699999988)
+        if name == "temperature" and value < 0:
+            value = 0.0
+        if ok(value):
+            fields[name] = value
+        else:
+            problems.append(f"{key} {value:g} is out of range, left out")
+    problems += [f"{key} {number(f'general.sampling.{key}'):g}, which Solo does not run" for key in
+                 ("mirostat", "xtc_probability") if number(f"general.sampling.{key}")]
+    if problems:
+        warnings.warn(f"{src.name}'s sampling defaults: {'; '.join(problems)}; its other defaults apply", SoloWarning,
+                      stacklevel=2)
     return fields
 
 

@@ -104,8 +104,8 @@ class AsyncEngine:
 
     @property
     def is_running(self) -> bool:
-        """True while requests can be served."""
-        return not self.errored
+        """True while requests can be served (not failed, the engine not closed)."""
+        return not self.errored and self.engine.is_running
 
     def check_health(self) -> None:
         """Return if healthy.

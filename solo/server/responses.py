@@ -312,7 +312,8 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     """OpenAI's Responses API, stateless (see the module docstring); streamed as its events when `stream` is true."""
     from solo.server.routes import GenerationStream, chat_completions
 
-    switch = thinking_switch(request.app.state.solo, bool(body.reasoning), "reasoning")
+    off = (body.reasoning or {}).get("effort") == "none"  # (other settings are refused by chat_request)
+    switch = thinking_switch(request.app.state.solo, off, "reasoning")
     chat = chat_request(body, thinking_switch=switch)
     try:
         reply = await chat_completions(chat, request)

@@ -71,7 +71,8 @@ def test_a_closed_engine_generates_no_more(tiny_llama):
     assert not engine.is_running and not engine.errored
     with pytest.raises(EngineDeadError, match="closed"):
         engine.check_health()
-    for call in (lambda: engine.complete("def f", {"max_tokens": 2}), engine.warm_up):
+    for call in (lambda: engine.complete("def f", {"max_tokens": 2}), engine.warm_up,
+                 lambda: engine.make_request("def f", {"max_tokens": 2})):
         with pytest.raises(SoloError, match=r"Engine.load\(...\)"):
             call()
     engine.close()  # idempotent

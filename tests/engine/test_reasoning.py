@@ -116,11 +116,12 @@ def test_complete_splits_reasoning_as_the_server(r1_engine):
     # model never closes the block its prompt opened, so all of it is reasoning.
     ask = [{"role": "user", "content": "def f"}]
     result = r1_engine.complete(ask, {"max_tokens": 8, "temperature": 0})
-    assert result.reasoning_content == result.text and result.text
-    assert r1_engine.complete("def f", {"max_tokens": 8, "temperature": 0}).reasoning_content is None  # no chat
+    assert result.reasoning_content == result.text and result.text and result.content == ""
+    plain = r1_engine.complete("def f", {"max_tokens": 8, "temperature": 0})  # no chat: nothing split
+    assert plain.reasoning_content is None and plain.content == plain.text
     # An output grammar holds the output from its first token: nothing is split (as the server).
-    assert r1_engine.complete(ask, {"max_tokens": 8, "response_format": {"type": "regex", "regex": "[ab]{3}"}}
-                              ).reasoning_content is None
+    constrained = r1_engine.complete(ask, {"max_tokens": 8, "response_format": {"type": "regex", "regex": "[ab]{3}"}})
+    assert constrained.reasoning_content is None and constrained.content == constrained.text
 
 
 def test_complete_reads_tool_calls_after_the_block_only(r1_engine, monkeypatch):
@@ -140,3 +141,10 @@ def test_complete_reads_tool_calls_after_the_block_only(r1_engine, monkeypatch):
         assert len(result.tool_calls or []) == calls
         assert result.finish_reason == ("tool_calls" if calls else "stop")
         assert result.text == (output[:-len(call)] if calls else output)
+        assert result.content == ("\n\n" if calls else "\n\nNo.")
+    # An empty block is no reasoning (None, as the server sends it); the answer after it is the content.
+    events = [GenerationEvent(text="</think>", token_ids=[5]),
+              GenerationEvent(text="It is 4.", token_ids=[6], finish_reason="stop", stats=GenerationStats(1))]
+    monkeypatch.setattr(r1_engine, "run", lambda request: iter(events))
+    result = r1_engine.complete([{"role": "user", "content": "2 + 2?"}], {"max_tokens": 64})
+    assert result.reasoning_content is None and result.content == "It is 4." and result.text == "</think>It is 4."

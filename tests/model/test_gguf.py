@@ -330,15 +330,17 @@ def test_a_gguf_without_a_tokenizer_is_refused_before_converting(tiny_llama, tmp
 
 
 def test_end_of_turn_tokens_and_sampling_defaults_are_the_files(tiny_llama, tmp_path, monkeypatch):
-    # llama.cpp stops on every end-of-generation token (eos, eot, eom) and samples with the file's
-    # general.sampling.* defaults; the converted folder kept eos alone and no sampling values, so a chat reply
-    # ran past <|im_end|> and a model that asks for temperature 0.7 decoded greedily.
+    # llama.cpp stops on every end-of-generation token (eos, eot, eom, and end-of-turn markers found by their
+    # text) and samples with the file's general.sampling.* defaults; the converted folder kept eos alone and no
+    # sampling values, so a chat reply ran past <|im_end|> and a model that asks for temperature 0.7 decoded
+    # greedily.
     from solo.errors import SoloWarning
 
     monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
 
     def metadata(writer) -> None:  # noqa: ANN001
-        writer.add_eot_token_id(4)  # <|im_end|>
+        writer.add_eot_token_id(3)  # (a file's own eot id, whatever its text)
+        writer.add_eom_token_id(2)  # = eos: counted once
         writer.add_sampling_temp(0.7)
         writer.add_sampling_top_k(20)
         writer.add_sampling_top_p(0.8)
@@ -347,12 +349,52 @@ def test_end_of_turn_tokens_and_sampling_defaults_are_the_files(tiny_llama, tmp_
         writer.add_sampling_mirostat(2)
 
     path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-eot.gguf", "F16", metadata=metadata)
-    with pytest.warns(SoloWarning, match="mirostat 2"):
+    with pytest.warns(SoloWarning, match="mirostat 2, which Solo does not run"):
         engine = Engine.load(path, backend="eager")
     plain = Engine.load(write_gguf_from_hf(tiny_llama, tmp_path / "tiny-plain.gguf", "F16"), backend="eager")
-    assert engine.eos_ids == plain.eos_ids | {4} and 4 not in plain.eos_ids
+    assert plain.eos_ids == {2, 4}  # </s>, and <|im_end|> by its text
+    assert engine.eos_ids == {2, 3, 4}
     d = engine.defaults
-    assert (d.temperature, d.top_k, d.top_p, d.min_p, d.repetition_penalty) == pytest.approx((0.7, 20, 0.8, 0.05, 1.1))
+    assert (d.temperature, d.top_k, d.top_p, d.min_p, d.repetition_penalty) == (0.7, 20, 0.8, 0.05, 1.1)
     assert plain.defaults.temperature is None and plain.defaults.top_k is None
     result = engine.complete([{"role": "user", "content": "hi"}], {"max_tokens": 8, "logit_bias": {4: 100}})
     assert result.finish_reason == "stop" and result.token_ids == [4]
+
+
+def test_out_of_range_sampling_defaults_are_left_out(tiny_llama, tmp_path, monkeypatch):
+    # The file loaded before its defaults were read: one out of Solo's range must not make it unloadable.
+    from solo.errors import SoloWarning
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+
+    def metadata(writer) -> None:  # noqa: ANN001
+        writer.add_sampling_temp(-1.0)  # llama.cpp's greedy
+        writer.add_sampling_top_p(0.0)
+        writer.add_sampling_top_k(40)
+
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-odd.gguf", "F16", metadata=metadata)
+    with pytest.warns(SoloWarning, match="top_p 0 is out of range, left out"):
+        engine = Engine.load(path, backend="eager")
+    assert (engine.defaults.temperature, engine.defaults.top_p, engine.defaults.top_k) == (0.0, None, 40)
+
+
+def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, tmp_path, monkeypatch):
+    # A format-1 folder (no end-of-turn tokens, no sampling defaults) gains them in place: converting a large
+    # file again would take minutes and its size in disk once more.
+    from solo.model.gguf import gguf_to_folder
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-old.gguf", "F16",
+                              metadata=lambda writer: writer.add_sampling_temp(0.6))
+    folder = gguf_to_folder(path)
+    record = json.loads((folder / "gguf_source.json").read_text())
+    assert record["format"] == 2
+    del record["format"]
+    (folder / "gguf_source.json").write_text(json.dumps(record))
+    (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
+    weights = (folder / "model.safetensors").stat().st_mtime_ns
+    assert gguf_to_folder(path) == folder
+    assert json.loads((folder / "generation_config.json").read_text()) == {
+        "bos_token_id": 1, "eos_token_id": [2, 4], "temperature": 0.6}
+    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 2
+    assert (folder / "model.safetensors").stat().st_mtime_ns == weights  # not converted again

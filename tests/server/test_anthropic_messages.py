@@ -180,6 +180,23 @@ def test_a_reply_the_server_cut_short_is_not_an_end_turn():
     assert done[-2]["delta"]["stop_reason"] == "end_turn"
 
 
+def test_a_whole_reply_the_server_cut_short_is_a_503(server, monkeypatch):
+    from fastapi.responses import JSONResponse
+
+    import solo.server.routes
+
+    async def cut(body, request):  # noqa: ANN001 (the chat route's reply at shutdown)
+        return JSONResponse({"model": MODEL_NAME, "usage": {"prompt_tokens": 1, "completion_tokens": 1},
+                             "choices": [{"index": 0, "message": {"role": "assistant", "content": "def"},
+                                          "finish_reason": "abort"}]})
+
+    monkeypatch.setattr(solo.server.routes, "chat_completions", cut)
+    with pytest.raises(anthropic.InternalServerError) as info:
+        _client(server).messages.create(model=MODEL_NAME, max_tokens=5, messages=[{"role": "user", "content": "hi"}])
+    assert info.value.status_code == 503 and "shutting down" in str(info.value)
+    assert info.value.response.headers["retry-after"] == "1"
+
+
 def test_deeply_nested_bodies_are_a_400(server):
     # The Messages route decoded bodies itself and let RecursionError through: a 500 (the other routes: 400).
     import httpx

@@ -118,3 +118,16 @@ def test_thinking_off_is_content_under_the_deepseek_r1_parser(thinking_model, tm
             "reasoning_content")
     finally:
         running.stop()
+
+
+@pytest.mark.slow
+def test_responses_reasoning_effort_null_on_a_model_without_a_switch(thinking_model):
+    # null means the default: on a thinking model without an enable_thinking switch it was taken as thinking off
+    # asked (and refused).
+    running = start_server(thinking_model, max_batch=2)
+    try:
+        reply = running.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=4,
+                                                  temperature=0, reasoning={"effort": None})
+        assert [item.type for item in reply.output] == ["reasoning"]
+    finally:
+        running.stop()

@@ -146,6 +146,23 @@ def test_a_reply_the_server_cut_short_has_failed():
     assert items[-1]["status"] == "incomplete"
     done = response_object(body, "resp_1", 0, MODEL_NAME, output_items({"content": "x"}), "stop", None)
     assert done["status"] == "completed" and done["error"] is None
+    # Streamed: the last event is response.failed, the message item incomplete.
+    import asyncio
+
+    from solo.server.responses import _events
+
+    async def events(finish_reason: str) -> list[dict]:
+        async def lines():
+            for chunk in ({"choices": [{"index": 0, "delta": {"content": "def f"}}]},
+                          {"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]}):
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+        return [json.loads(e.split("data: ", 1)[1]) async for e in _events(body, lines(), "resp_1", 0, MODEL_NAME)]
+
+    last = asyncio.run(events("abort"))[-1]
+    assert last["type"] == "response.failed" and last["response"]["status"] == "failed"
+    assert last["response"]["output"][-1]["status"] == "incomplete"
+    assert asyncio.run(events("stop"))[-1]["type"] == "response.completed"
 
 
 def test_reasoning_effort_null_is_the_default(server):
