@@ -268,6 +268,28 @@ def check_template_kwargs(kwargs: Mapping[str, Any] | None, template_source: str
     return checked
 
 
+def check_continued(last: Mapping[str, Any], response_format: Any) -> None:  # noqa: ANN401
+    """Refuse what cannot go with continuing the last message (continue_final_message, a prefill).
+
+    Args:
+        last: the message continued.
+        response_format: the output's grammar (a response_format, forced or strict tool calls), or None.
+
+    Raises:
+        InvalidRequestError: the message holds tool calls (only its text is continued), or there is an output
+            grammar (it would start over inside the continued text).
+    """
+    if last.get("tool_calls"):
+        raise InvalidRequestError("the last message is continued (continue_final_message, a prefill), and it holds "
+                                  "tool calls (tool_calls; Anthropic's tool_use blocks): only its text is continued; "
+                                  "leave the calls out", param="messages")
+    if response_format is not None:
+        source = getattr(response_format, "source", "response_format")
+        raise InvalidRequestError(f"continuing the last message (continue_final_message, a prefill) cannot be "
+                                  f"combined with {source}: its grammar would start over inside the continued text; "
+                                  f"drop one of them", param=source)
+
+
 def read_chat_template(value: str) -> str:
     """A chat template given as a file's path or as the template text itself (vLLM's `--chat-template`).
 

@@ -18,14 +18,20 @@ from typing import Any
 
 import torch
 
-from solo.chat_template import chat_template_origin, check_template_kwargs, read_chat_template, template_messages
+from solo.chat_template import (
+    chat_template_origin,
+    check_continued,
+    check_template_kwargs,
+    read_chat_template,
+    template_messages,
+)
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
 from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
-from solo.engine.reasoning import ReasoningParser, detect_reasoning, prompt_opens_reasoning
+from solo.engine.reasoning import ReasoningParser, continues_reasoning, detect_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
 from solo.engine.speculative import (
@@ -483,7 +489,8 @@ class Engine:
                      fallback_temperature: float = 0.0, start_time: float | None = None,
                      tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
                      parallel_tool_calls: bool = True,
-                     chat_template_kwargs: Mapping[str, Any] | None = None) -> Request:
+                     chat_template_kwargs: Mapping[str, Any] | None = None,
+                     continue_final_message: bool = False) -> Request:
         """Encode, validate and resolve a request without running it (the server's scheduler runs it).
 
         Args:
@@ -497,6 +504,9 @@ class Engine:
             parallel_tool_calls: allow several calls in one reply.
             chat_template_kwargs: extra variables for the chat template (messages only), as vLLM's field:
                 {"enable_thinking": False} turns a Qwen3-style model's thinking off.
+            continue_final_message: the model continues the last message (a prefill, usually the assistant's
+                start of a reply) instead of starting a new one, as vLLM's `LLM.chat(continue_final_message=True)`;
+                a prefill that opens a `<think>` block is continued as reasoning.
 
         Returns:
             The request, not yet prefilled; `tool_call_format` is set when its output holds tool calls.
@@ -506,7 +516,9 @@ class Engine:
                 unknown key in a `params` dict, or `params` of another type; an invalid or unsupported
                 response_format; bad tools (see `check_tools`); chat_template_kwargs without messages, naming
                 a variable Solo sets itself or one the template never reads (enable_thinking excepted where
-                the model does not think), or an enable_thinking that is not a boolean.
+                the model does not think), or an enable_thinking that is not a boolean; continue_final_message
+                without messages, beside an output grammar (or forced / strict tool calls), or continuing a
+                message that holds tool calls.
         """
         if self._closed:
             raise SoloError(_CLOSED)
@@ -522,6 +534,11 @@ class Engine:
         if extra and not chat:
             raise InvalidRequestError("chat_template_kwargs need chat messages as the prompt",
                                       param="chat_template_kwargs")
+        if not isinstance(continue_final_message, bool) or (continue_final_message and not chat):
+            raise InvalidRequestError("continue_final_message must be true or false, and true needs chat messages as "
+                                      "the prompt (it continues the last one)", param="continue_final_message")
+        messages = prompt if chat else None
+        render = {"add_generation_prompt": False, "continue_final_message": True} if continue_final_message else {}
         if tools or tool_choice not in (None, "none", "auto"):
             if not chat:
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
@@ -533,9 +550,13 @@ class Engine:
             if choice == "none":
                 tool_format = None
             prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)),
-                                                tools=list(tools) or None, **extra)
+                                                tools=list(tools) or None, **extra, **render)
+        elif render:
+            prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)), **extra, **render)
         elif extra:
             prompt = self.encode_prompt(prompt, extra)
+        if continue_final_message:
+            check_continued(messages[-1], params.response_format)
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(
@@ -586,7 +607,9 @@ class Engine:
         constrained = getattr(params.response_format, "source", None) if params.response_format is not None else None
         if chat and splits_reasoning(detect_reasoning(template.source if template else None), constrained, forced):
             tail = self.tokenizer.decode(prepared.token_ids[-16:], skip_special_tokens=False)
-            request.reasoning_split, request.in_reasoning = True, prompt_opens_reasoning(tail)
+            request.reasoning_split = True
+            request.in_reasoning = prompt_opens_reasoning(tail) or (
+                continue_final_message and continues_reasoning(str(messages[-1].get("content"))))
         model_eos = set() if params.ignore_eos else set(self.eos_ids)
         request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
                                       **{special[s]: s for s in params.stop if s in special}}
@@ -596,8 +619,8 @@ class Engine:
 
     def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
-                 parallel_tool_calls: bool = True,
-                 chat_template_kwargs: Mapping[str, Any] | None = None) -> Iterator[GenerationEvent]:
+                 parallel_tool_calls: bool = True, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 continue_final_message: bool = False) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
         The engine runs one generation at a time: from its first event until it ends, the stream holds
@@ -606,8 +629,8 @@ class Engine:
         Args:
             prompt: text, chat messages or token ids.
             params: sampling parameters, or a dict of `SamplingParams` fields.
-            tools, tool_choice, parallel_tool_calls, chat_template_kwargs: see `make_request`; the events carry
-                the raw text, `complete` parses the calls.
+            tools, tool_choice, parallel_tool_calls, chat_template_kwargs, continue_final_message: see
+                `make_request`; the events carry the raw text, `complete` parses the calls.
 
         Yields:
             `GenerationEvent`s; the last has `finish_reason` and `stats`.
@@ -616,7 +639,8 @@ class Engine:
             InvalidRequestError, ContextLengthError: before the first event, for bad input.
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
-                                    parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs)
+                                    parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs,
+                                    continue_final_message=continue_final_message)
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
@@ -695,8 +719,8 @@ class Engine:
 
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
-                 parallel_tool_calls: bool = True,
-                 chat_template_kwargs: Mapping[str, Any] | None = None) -> GenerationResult:
+                 parallel_tool_calls: bool = True, chat_template_kwargs: Mapping[str, Any] | None = None,
+                 continue_final_message: bool = False) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`).
 
         With chat messages, a thinking model's `<think>` block is split off as the server splits it
@@ -708,7 +732,8 @@ class Engine:
             InvalidRequestError, ContextLengthError: for bad input, before anything runs.
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
-                                    parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs)
+                                    parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs,
+                                    continue_final_message=continue_final_message)
         parser = None if request.tool_call_format is None else ToolCallParser(
             request.tool_call_format, self.tokenizer.special_token_ids(), forced=request.tool_call_forced,
             parameters=request.tool_parameters)

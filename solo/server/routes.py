@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from solo.chat_template import check_template_kwargs
+from solo.chat_template import check_continued, check_template_kwargs
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.reasoning import (
     ReasoningParser,
@@ -240,7 +240,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             tools.format = None
         tools.parameters = tool_parameters(tool_list)
         if body.continue_final_message:
-            _check_continued(messages[-1], response_format)
+            check_continued(messages[-1], response_format)
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
@@ -300,20 +300,6 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         ))
     return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
                                 usage=_with_reasoning(job.usage(), tools, reasoning_tokens)))
-
-
-def _check_continued(last: dict[str, Any], response_format: Any) -> None:  # noqa: ANN401
-    # A continued message (a prefill) is text the model goes on with: its tool calls would not be continued, and
-    # an output grammar (forced or strict tool calls, response_format) would start over inside the text.
-    if last.get("tool_calls"):
-        raise InvalidRequestError("the last message is continued (continue_final_message, a prefill), and it holds "
-                                  "tool calls (tool_calls; Anthropic's tool_use blocks): only its text is continued; "
-                                  "leave the calls out", param="messages")
-    if response_format is not None:
-        source = getattr(response_format, "source", "response_format")
-        raise InvalidRequestError(f"continuing the last message (continue_final_message, a prefill) cannot be "
-                                  f"combined with {source}: its grammar would start over inside the continued text; "
-                                  f"drop one of them", param=source)
 
 
 def _with_reasoning(usage: Usage, tools: _ToolSetup, reasoning_tokens: int) -> Usage:

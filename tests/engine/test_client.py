@@ -87,3 +87,27 @@ def test_the_server_engine_is_an_engine_client(tiny_llama):
     assert client.backend_name == "cpu" and client.capabilities == engine.capabilities
     assert client.decode_batching == "fused" and client.is_running
     client.check_health()
+
+
+def test_continue_final_message_in_the_python_api():
+    # vLLM's LLM.chat(continue_final_message=True): the text ends where the last message's content ends (a
+    # prefill), not with its end-of-turn marker and a new assistant header.
+    from solo.errors import InvalidRequestError
+
+    engine = Engine.load(None)  # the bundled model: ChatML
+    prefill = [{"role": "user", "content": "Write a function."}, {"role": "assistant", "content": "def add(a, b):"}]
+    request = engine.make_request(prefill, {"max_tokens": 4}, continue_final_message=True)
+    text = engine.tokenizer.render_chat(prefill, add_generation_prompt=False, continue_final_message=True)
+    assert text.endswith("def add(a, b):")
+    assert request.prompt_ids == engine.tokenizer.encode(text, add_special_tokens=False)
+    assert engine.make_request(prefill, {"max_tokens": 4}).prompt_ids != request.prompt_ids  # a new turn
+    greedy = {"max_tokens": 6, "temperature": 0}
+    assert engine.complete(prefill, greedy, continue_final_message=True).token_ids == \
+        engine.complete(request.prompt_ids, greedy).token_ids
+    for prompt, extra, words in (
+            ("def f", {}, "needs chat messages"),
+            ([*prefill[:1], {**prefill[1], "tool_calls": [{"id": "c1", "type": "function", "function": {
+                "name": "f", "arguments": "{}"}}]}], {}, "holds tool calls"),
+            (prefill, {"response_format": {"type": "json_object"}}, "cannot be combined with response_format")):
+        with pytest.raises(InvalidRequestError, match=words):
+            engine.make_request(prompt, {"max_tokens": 4, **extra}, continue_final_message=True)

@@ -148,3 +148,11 @@ def test_complete_reads_tool_calls_after_the_block_only(r1_engine, monkeypatch):
     monkeypatch.setattr(r1_engine, "run", lambda request: iter(events))
     result = r1_engine.complete([{"role": "user", "content": "2 + 2?"}], {"max_tokens": 64})
     assert result.reasoning_content is None and result.content == "It is 4." and result.text == "</think>It is 4."
+
+
+def test_a_continued_prefill_that_opens_a_block_is_reasoning(r1_engine):
+    # Engine.complete(continue_final_message=True) continues the last message (vLLM's LLM.chat flag); a prefill
+    # opening <think> is continued as reasoning, as the server continues it.
+    prefill = [{"role": "user", "content": "def f"}, {"role": "assistant", "content": "<think>\nLet me"}]
+    result = r1_engine.complete(prefill, {"max_tokens": 6, "temperature": 0}, continue_final_message=True)
+    assert result.reasoning_content == result.text and result.content == ""
