@@ -26,7 +26,7 @@ from typing import Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import BaseModel, ConfigDict, ValidationError
+from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from solo.errors import InvalidRequestError, SoloError
 from solo.server.chat_adapter import (
@@ -67,7 +67,7 @@ class MessagesRequest(BaseModel):
     temperature: float | None = None
     top_p: float | None = None
     top_k: int | None = None
-    stream: bool = False
+    stream: StrictBool = False
     thinking: dict[str, Any] | None = None
 
 
@@ -101,20 +101,27 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True) -> ChatCom
         if role not in ("user", "assistant"):
             raise InvalidRequestError(f"messages[{i}].role must be user or assistant, got {role!r}", param="messages")
         blocks = [{"type": "text", "text": content}] if isinstance(content, str) else content
-        if not isinstance(blocks, list):
-            raise InvalidRequestError(f"messages[{i}].content must be a string or a list of blocks", param="messages")
+        if not isinstance(blocks, list) or (not blocks and (role == "user" or i + 1 < len(body.messages))):
+            raise InvalidRequestError(f"messages[{i}].content must be a string or a non-empty list of blocks (only a "
+                                      "last assistant message may be empty)", param="messages")
         texts, calls, results, thinking = [], [], [], None
         for j, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, dict) else None
             where = f"messages[{i}].content[{j}]"
-            if kind == "text" and isinstance(block.get("text"), str):
-                texts.append(block["text"])
+            if kind == "text":
+                texts.append(string_field(block, "text", where, "messages"))
             elif kind == "tool_use" and role == "assistant":
+                if not isinstance(block.get("input"), dict):
+                    raise InvalidRequestError(f"{where}.input must be an object (the call's arguments), got "
+                                              f"{block.get('input')!r:.40}", param="messages")
                 calls.append({"id": string_field(block, "id", where, "messages"), "type": "function", "function": {
                     "name": string_field(block, "name", where, "messages"),
-                    "arguments": json.dumps(block.get("input") or {})}})
+                    "arguments": json.dumps(block["input"])}})
             elif kind == "tool_result" and role == "user":
                 output = _text(block.get("content", ""), where)
+                if not isinstance(block.get("is_error", False), bool):
+                    raise InvalidRequestError(f"{where}.is_error must be true or false, got "
+                                              f"{block.get('is_error')!r:.40}", param="messages")
                 if block.get("is_error"):  # chat templates have no such flag: said in the text the model reads
                     output = f"Error: {output}"
                 results.append({"role": "tool",
@@ -164,9 +171,12 @@ def _text(content: Any, where: str) -> str:  # noqa: ANN401
 
 
 def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
-    if tool.get("type", "custom") != "custom" or "input_schema" not in tool:
+    if tool.get("type", "custom") != "custom":
         raise InvalidRequestError(f"tools[{index}] is a {tool.get('type')!r} tool; Solo runs client tools only "
                                   '({"name", "description", "input_schema"}; server tools run on Anthropic\'s side)',
+                                  param="tools")
+    if not isinstance(tool.get("input_schema"), dict):
+        raise InvalidRequestError(f"tools[{index}] needs an input_schema (a JSON Schema object of its input)",
                                   param="tools")
     # (keys in the order the OpenAI routes pass them: the template renders the tools as given)
     function: dict[str, Any] = {"name": tool.get("name")}

@@ -385,7 +385,7 @@ class ChatCompletionRequest(SamplingFields):
     """POST /v1/chat/completions."""
 
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**SamplingFields.DEFAULT_ONLY, "echo": False,
-                                               "add_special_tokens": False}
+                                               "add_special_tokens": False, "verbosity": "medium"}
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
     max_completion_tokens: Annotated[_Int, Field(ge=1)] | None = None

@@ -227,6 +227,14 @@ def _chat_tool_choice(choice: str | dict[str, Any]) -> str | dict[str, Any]:
 
 def _response_format(text: dict[str, Any]) -> dict[str, Any]:
     # Responses' text.format {"type": "json_schema", "name", "schema", "strict"} -> chat's nesting.
+    if not isinstance(text, dict):
+        raise InvalidRequestError("text must be an object ({\"format\": {...}})", param="text")
+    unknown = sorted(set(text) - {"format", "verbosity"})
+    if unknown:
+        raise InvalidRequestError(f"text.{unknown[0]} is not a setting Solo knows; leave it out", param="text")
+    if text.get("verbosity") not in (None, "medium"):  # (GPT-5's; a model here has no such control)
+        raise InvalidRequestError(f"text.verbosity {text['verbosity']!r} is not supported by Solo (only \"medium\", "
+                                  "the default, which changes nothing); leave it out", param="text")
     fmt = text.get("format") or {"type": "text"}
     if not isinstance(fmt, dict):
         raise InvalidRequestError("text.format must be an object", param="text")

@@ -101,10 +101,25 @@ def test_errors_come_in_anthropics_shape(server):
             ({"model": MODEL_NAME, "tools": [{"type": "web_search_20250305", "name": "web_search"}]},
              anthropic.BadRequestError, "client tools only"),
             ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "image", "source": {}}]}]},
-             anthropic.BadRequestError, "'image' block")):
+             anthropic.BadRequestError, "'image' block"),
+            # Looser than Anthropic's API, from a break test: each was accepted (or misnamed).
+            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+                {"type": "tool_use", "id": "t1", "name": "f", "input": "x=1"}]}, {"role": "user", "content": [
+                    {"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}]},
+             anthropic.BadRequestError, "content[0].input must be an object"),
+            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [
+                {"type": "tool_result", "tool_use_id": "t1", "content": "1", "is_error": "yes"}]}]},
+             anthropic.BadRequestError, "is_error must be true or false"),
+            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": []}]}, anthropic.BadRequestError,
+             "non-empty list of blocks"),
+            ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
+             anthropic.BadRequestError, "content[0].text must be a string"),
+            ({"model": MODEL_NAME, "tools": [{"name": "f"}]}, anthropic.BadRequestError, "needs an input_schema")):
         with pytest.raises(error) as info:
             client.messages.create(**{**ask, **fields})
         assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]
+    with pytest.raises(anthropic.BadRequestError, match="stream"):  # (a string was taken as true)
+        client.messages.create(model=MODEL_NAME, **ask, extra_body={"stream": "yes"})
     with pytest.raises(anthropic.AuthenticationError) as info:
         _client(server, key="wrong").messages.create(model=MODEL_NAME, **ask)
     assert info.value.body["error"]["type"] == "authentication_error"

@@ -95,6 +95,8 @@ def test_function_calls_round_trip(server):
     ({"background": True}, "background", "background"),
     ({"tool_choice": {"type": "function"}}, "tool_choice", '"type": "function", "name"'),
     ({"extra_body": {"frobnicate": 1}}, "frobnicate", "frobnicate"),
+    ({"text": {"verbosity": "low"}}, "text", "text.verbosity 'low' is not supported"),  # (it was ignored)
+    ({"text": {"format": {"type": "text"}, "bogus": 1}}, "text", "text.bogus"),
 ])
 def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     # (null is a field's default here as on the other routes)
