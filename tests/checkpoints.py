@@ -27,13 +27,16 @@ CHAT_TEMPLATE = (
 )
 
 
-def write_tokenizer(folder: Path, vocab_size: int = 384, chat_template: bool = True) -> int:
-    """Train a byte-level BPE tokenizer on the fixed corpus and save HF tokenizer files; returns its size."""
+def write_tokenizer(folder: Path, vocab_size: int = 384, chat_template: bool = True,
+                    extra_tokens: tuple[str, ...] = ()) -> int:
+    """Train a byte-level BPE tokenizer on the fixed corpus and save HF tokenizer files; returns its size.
+
+    `extra_tokens` join the special tokens (markers such as FIM's <|fim_prefix|>)."""
     tok = Tokenizer(models.BPE(unk_token=None))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
     trainer = trainers.BpeTrainer(
-        vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS,
+        vocab_size=vocab_size, special_tokens=[*SPECIAL_TOKENS, *extra_tokens],
         initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False,
     )
     tok.train_from_iterator(_CORPUS * 4, trainer=trainer)
@@ -128,12 +131,13 @@ def make_checkpoint(
     max_shard_size: str | None = None,
     generation_config: dict | None = None,
     seed: int = 0,
+    extra_tokens: tuple[str, ...] = (),
     **overrides,
 ) -> Path:
     """Write a tiny random `arch` checkpoint with `save_pretrained`, plus tokenizer files, into `folder`."""
     from transformers import AutoModelForCausalLM
 
-    vocab = write_tokenizer(folder)
+    vocab = write_tokenizer(folder, extra_tokens=extra_tokens)
     config = hf_config(arch, vocab, **overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, attn_implementation="eager").to(dtype)

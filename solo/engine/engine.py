@@ -8,6 +8,7 @@ Example:
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import threading
@@ -28,6 +29,7 @@ from solo.chat_template import (
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
+from solo.engine.fim import Fim, detect_fim
 from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
@@ -302,6 +304,27 @@ class Engine:
             runtime.decode(torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long),
                            torch.ones(1, dtype=torch.long))
 
+    @functools.cached_property
+    def fim(self) -> Fim | None:
+        """The model's fill-in-the-middle format (`solo.engine.fim`), or None when its vocabulary has none."""
+        return detect_fim(self.tokenizer.backend.token_to_id)
+
+    def infill_prompt(self, prefix: str, suffix: str) -> str:
+        """The prompt text whose continuation fills the gap between `prefix` and `suffix` (FIM).
+
+        Raises:
+            InvalidRequestError: the model has no FIM tokens, or prefix / suffix is not a string.
+        """
+        if self.fim is None:
+            raise InvalidRequestError(f"{self.name} has no fill-in-the-middle tokens (such as Qwen2.5-Coder's "
+                                      "<|fim_prefix|>, StarCoder's <fim_prefix>, DeepSeek-Coder's <｜fim▁begin｜>), "
+                                      "so it cannot fill in a suffix; leave suffix out, or serve a code model "
+                                      "trained for it", param="suffix")
+        if not isinstance(prefix, str) or not isinstance(suffix, str):
+            raise InvalidRequestError("fill-in-the-middle takes text: the prompt (before the gap) and suffix (after "
+                                      "it) must be strings", param="suffix")
+        return self.fim.format.prompt(prefix, suffix)
+
     @property
     def constraints(self) -> ConstraintCompiler:
         """The grammar compiler for this model's tokenizer (structured output; built on first use)."""
@@ -490,7 +513,7 @@ class Engine:
                      tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
                      parallel_tool_calls: bool = True,
                      chat_template_kwargs: Mapping[str, Any] | None = None,
-                     continue_final_message: bool = False) -> Request:
+                     continue_final_message: bool = False, suffix: str | None = None) -> Request:
         """Encode, validate and resolve a request without running it (the server's scheduler runs it).
 
         Args:
@@ -507,6 +530,9 @@ class Engine:
             continue_final_message: the model continues the last message (a prefill, usually the assistant's
                 start of a reply) instead of starting a new one, as vLLM's `LLM.chat(continue_final_message=True)`;
                 a prefill that opens a `<think>` block is continued as reasoning.
+            suffix: the text after the gap: the prompt (text) is the text before it and the output fills it in
+                (fill-in-the-middle, `infill_prompt`; OpenAI's completions `suffix`), ending at the model's EOS
+                or its FIM end tokens.
 
         Returns:
             The request, not yet prefilled; `tool_call_format` is set when its output holds tool calls.
@@ -518,7 +544,8 @@ class Engine:
                 a variable Solo sets itself or one the template never reads (enable_thinking excepted where
                 the model does not think), or an enable_thinking that is not a boolean; continue_final_message
                 without messages, beside an output grammar (or forced / strict tool calls), or continuing a
-                message that holds tool calls.
+                message that holds tool calls; a suffix beside a prompt that is not text, or on a model without
+                FIM tokens.
         """
         if self._closed:
             raise SoloError(_CLOSED)
@@ -538,6 +565,11 @@ class Engine:
             raise InvalidRequestError("continue_final_message must be true or false, and true needs chat messages as "
                                       "the prompt (it continues the last one)", param="continue_final_message")
         messages = prompt if chat else None
+        if suffix is not None:
+            if not isinstance(prompt, str):
+                raise InvalidRequestError("suffix fills in the gap after a text prompt; send the prompt as text (not "
+                                          "messages or token ids)", param="suffix")
+            prompt = self.infill_prompt(prompt, suffix)
         render = {"add_generation_prompt": False, "continue_final_message": True} if continue_final_message else {}
         if tools or tool_choice not in (None, "none", "auto"):
             if not chat:
@@ -567,7 +599,8 @@ class Engine:
         # ignore_eos drops the model's EOS ids only: the user's stop_token_ids still stop, as in vLLM. A stop
         # string that is a special token never appears in the (special-token-free) text: match its id.
         special = self.tokenizer.special_token_ids()
-        eos = ((set() if params.ignore_eos else set(self.eos_ids)) | set(params.stop_token_ids)
+        fim_ends = set(self.fim.end_ids) if suffix is not None and self.fim is not None else set()
+        eos = ((set() if params.ignore_eos else set(self.eos_ids) | fim_ends) | set(params.stop_token_ids)
                | {special[s] for s in params.stop if s in special})
         constraint = None
         if params.response_format is not None:
@@ -610,7 +643,7 @@ class Engine:
             request.reasoning_split = True
             request.in_reasoning = prompt_opens_reasoning(tail) or (
                 continue_final_message and continues_reasoning(str(messages[-1].get("content"))))
-        model_eos = set() if params.ignore_eos else set(self.eos_ids)
+        model_eos = set() if params.ignore_eos else set(self.eos_ids) | fim_ends
         request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
                                       **{special[s]: s for s in params.stop if s in special}}
         return request
@@ -620,7 +653,7 @@ class Engine:
     def generate(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
                  parallel_tool_calls: bool = True, chat_template_kwargs: Mapping[str, Any] | None = None,
-                 continue_final_message: bool = False) -> Iterator[GenerationEvent]:
+                 continue_final_message: bool = False, suffix: str | None = None) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
         The engine runs one generation at a time: from its first event until it ends, the stream holds
@@ -629,7 +662,7 @@ class Engine:
         Args:
             prompt: text, chat messages or token ids.
             params: sampling parameters, or a dict of `SamplingParams` fields.
-            tools, tool_choice, parallel_tool_calls, chat_template_kwargs, continue_final_message: see
+            tools, tool_choice, parallel_tool_calls, chat_template_kwargs, continue_final_message, suffix: see
                 `make_request`; the events carry the raw text, `complete` parses the calls.
 
         Yields:
@@ -640,7 +673,7 @@ class Engine:
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
                                     parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs,
-                                    continue_final_message=continue_final_message)
+                                    continue_final_message=continue_final_message, suffix=suffix)
         return self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
@@ -720,7 +753,7 @@ class Engine:
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
                  parallel_tool_calls: bool = True, chat_template_kwargs: Mapping[str, Any] | None = None,
-                 continue_final_message: bool = False) -> GenerationResult:
+                 continue_final_message: bool = False, suffix: str | None = None) -> GenerationResult:
         """Generate to the end and return the whole result (see `generate`).
 
         With chat messages, a thinking model's `<think>` block is split off as the server splits it
@@ -733,7 +766,7 @@ class Engine:
         """
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
                                     parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs,
-                                    continue_final_message=continue_final_message)
+                                    continue_final_message=continue_final_message, suffix=suffix)
         parser = None if request.tool_call_format is None else ToolCallParser(
             request.tool_call_format, self.tokenizer.special_token_ids(), forced=request.tool_call_forced,
             parameters=request.tool_parameters)

@@ -23,9 +23,10 @@ Differences from Ollama, each said where it applies: sampling defaults are the m
 than the window is refused instead of truncated, and the window is not shifted to continue past it;
 options that place the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
 `shift`, `truncate`) have no effect here, and `keep_alive` none (the model stays loaded while the server
-runs; a load request with `keep_alive` 0, which asks to unload it, is refused). Refused by name: images,
-`template`, `context`, `suffix`, `think` levels (and `think: false` on a template that cannot turn
-thinking off), and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off
+runs; a load request with `keep_alive` 0, which asks to unload it, is refused). Generate's `suffix` fills in
+the middle with the model's FIM tokens (capability "insert"). Refused by name: images, `template`,
+`context`, `suffix` on a model without FIM tokens, `think` levels (and `think: false` on a template that
+cannot turn thinking off), and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off
 values). Every field is checked, a load request's (no messages or prompt) too; `null` means a field's
 default. Model management (`/api/pull`, `/api/create`, ...) and embeddings answer 501 with the `solo`
 command to use; `HEAD /` and `/api/version` answer without the API key (Ollama's CLI probes them).
@@ -498,6 +499,9 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
     tokenizer = state.engine.tokenizer
 
     def count() -> int:
+        if raw and fields.get("suffix"):  # (fill-in-the-middle: the route builds the prompt from the text)
+            text = state.engine.infill_prompt(fields["prompt"], fields["suffix"])
+            return len(tokenizer.encode(text, add_special_tokens=True))
         if raw:
             fields["prompt"] = tokenizer.encode(fields["prompt"], add_special_tokens=True)  # as the route would
             return len(fields["prompt"])
@@ -632,13 +636,21 @@ async def generate(request: Request) -> Response:
                           ("template", "Solo renders the model's own (Jinja) chat template; send raw: true with "
                                        "a prompt you formatted yourself"),
                           ("context", "Solo keeps no generate context; send the conversation to /api/chat as "
-                                      "messages"),
-                          ("suffix", "Solo has no fill-in-the-middle")):
+                                      "messages")):
             if data.get(name):
                 raise InvalidRequestError(f"{name}: {why}; leave {name} out", param=name)
         prompt = _typed(data, "prompt", str, "a string", default="")
         system = _typed(data, "system", str, "a string")
         raw = _typed(data, "raw", bool, "true or false", default=False)
+        suffix = _typed(data, "suffix", str, "a string", default="")
+        if suffix and prompt:  # fill-in-the-middle: the model's FIM tokens, not its chat template (as Ollama)
+            engine = state.engine
+            engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
+            for name in ("system", "think"):
+                if data.get(name) is not None:
+                    raise InvalidRequestError(f"{name} has no place in a fill-in-the-middle prompt (suffix); leave "
+                                              f"{name} out", param=name)
+            raw = True
         fields = _common_fields(data, raw)
         thinking = None if raw else _thinking(data.get("think"), state)
         num_ctx = _num_ctx(data.get("options"), state)
@@ -653,6 +665,8 @@ async def generate(request: Request) -> Response:
                     raise InvalidRequestError(f"{name} needs the chat template, which raw: true skips; leave {name} "
                                               "out or send raw: false", param=name)
             fields["prompt"] = prompt
+            if suffix:
+                fields["suffix"] = suffix
         else:
             messages = [{"role": "system", "content": system}] if system else []
             fields.update(messages=[*messages, {"role": "user", "content": prompt}], chat_template_kwargs=thinking)
@@ -736,6 +750,8 @@ async def show(request: Request) -> Response:
             capabilities.append("tools")
         if state.reasoning:
             capabilities.append("thinking")
+        if engine.fim is not None:
+            capabilities.append("insert")  # (Ollama's name for fill-in-the-middle: generate's suffix)
         return JSONResponse({"modelfile": "", "parameters": "", "template": source or "", "license": "",
                              "details": _details(state), "model_info": info, "capabilities": capabilities,
                              "modified_at": _model_entry(state)["modified_at"]})

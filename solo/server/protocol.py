@@ -8,8 +8,8 @@ nothing (`use_beam_search` false, `length_penalty` 1, ...:
 `SamplingFields.DEFAULT_ONLY`); `null` for any optional field means its default, as in OpenAI's API.
 Known fields are strictly typed (no "0.5" strings for numbers, no 1 for true, no NaN) and range-checked,
 so FastAPI rejects bad input before any engine work.
-What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix`,
-`best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
+What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix` on a model without
+fill-in-the-middle tokens, `best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
 `stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
 `max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort` but "none"
 (thinking off).
@@ -479,7 +479,7 @@ class CompletionRequest(SamplingFields):
     ]
     logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: _Bool = False
-    suffix: _Str | None = None
+    suffix: _Str | None = None  # fill-in-the-middle: the text after the gap ("" or null: none)
     best_of: Annotated[_Int, Field(ge=1)] | None = None
 
     @field_validator("prompt")
@@ -494,13 +494,6 @@ class CompletionRequest(SamplingFields):
     def _no_echo(cls, value: bool) -> bool:
         if value:
             raise ValueError("echo is not supported by Solo; leave it out or set it to false")
-        return value
-
-    @field_validator("suffix")
-    @classmethod
-    def _no_suffix(cls, value: str | None) -> str | None:
-        if value:
-            raise ValueError("suffix (insertion) is not supported by Solo; leave it out")
         return value
 
     @field_validator("best_of")

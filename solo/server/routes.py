@@ -403,23 +403,30 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         nonlocal prompt_tokens
         requests = []
         response_format = body.structured_output()
+        suffix = body.suffix or None  # fill-in-the-middle (an empty suffix is none, as OpenAI's)
         # Every prompt is checked for size before any is tokenized.
         for prompt in prompts:
+            if suffix is not None and not isinstance(prompt, str):
+                raise InvalidRequestError("suffix fills in the gap after a text prompt; send the prompt as text, "
+                                          "not token ids", param="suffix")
             if isinstance(prompt, str):
-                state.check_prompt_size(_utf8_len(prompt), body.max_tokens)
+                state.check_prompt_size(_utf8_len(prompt) + _utf8_len(suffix or ""), body.max_tokens)
             else:
                 state.completion_budget(len(prompt), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
         for prompt in prompts:
             if isinstance(prompt, str):
-                ids = engine.tokenizer.encode(prompt, add_special_tokens=True)  # as Engine.encode_prompt does
+                text = prompt if suffix is None else engine.infill_prompt(prompt, suffix)
+                ids = engine.tokenizer.encode(text, add_special_tokens=True)  # as Engine.encode_prompt does
                 if not ids:
                     raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
             else:
                 ids = engine.encode_prompt(prompt)  # checks the ids against the vocabulary
             prompt_tokens += len(ids)
             max_tokens = state.completion_budget(len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-            requests += [engine.make_request(ids, body.sampling_params(max_tokens, body.logprobs, i, response_format),
-                                             fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
+            requests += [engine.make_request(ids if suffix is None else prompt,
+                                             body.sampling_params(max_tokens, body.logprobs, i, response_format),
+                                             fallback_temperature=1.0, start_time=arrival, suffix=suffix)
+                         for i in range(body.n)]
         return requests
 
     generation = await _submit(state, prepare, body.priority)

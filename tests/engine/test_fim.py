@@ -1,0 +1,73 @@
+"""Fill-in-the-middle: the format found from the vocabulary (the real Qwen tokenizers' and tiny ones), the prompt
+laid out as transformers tokenizes it, the middle ending at the FIM end tokens, and models without FIM refused."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from checkpoints import make_checkpoint
+
+from solo import Engine
+from solo.engine.fim import FIM_FORMATS, detect_fim
+from solo.errors import InvalidRequestError
+
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|endoftext|>")
+PREFIX, SUFFIX = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def fim_model(tmp_path_factory):
+    return make_checkpoint(tmp_path_factory.mktemp("fim") / "model", extra_tokens=QWEN_FIM)
+
+
+@pytest.fixture(scope="module")
+def fim_engine(fim_model):
+    return Engine.load(fim_model, backend="eager", dtype="float32")
+
+
+def test_formats_found_from_real_vocabularies(shared_hf):
+    # Qwen2.5's and Qwen3's vocabularies hold the FIM markers as (non-special) added tokens.
+    for name in ("Qwen2.5-Instruct", "Qwen3-0.6B"):
+        config = json.loads((shared_hf / name / "tokenizer_config.json").read_text())
+        vocab = {t["content"]: int(i) for i, t in config["added_tokens_decoder"].items()}
+        fim = detect_fim(vocab.get)
+        assert fim is not None and fim.format.name == "qwen"
+        assert fim.end_ids == (vocab["<|fim_pad|>"], vocab["<|file_sep|>"], vocab["<|repo_name|>"],
+                               vocab["<|endoftext|>"])
+    llama = json.loads((shared_hf / "Llama-3.2-1B" / "tokenizer_config.json").read_text())
+    assert detect_fim({t["content"]: int(i) for i, t in llama["added_tokens_decoder"].items()}.get) is None
+    for fmt in FIM_FORMATS:  # each format's prompt: prefix, suffix, then the middle's marker
+        vocab = {fmt.prefix: 1, fmt.suffix: 2, fmt.middle: 3}
+        assert detect_fim(vocab.get).format == fmt
+        assert fmt.prompt("a", "b") == f"{fmt.prefix}a{fmt.suffix}b{fmt.middle}"
+
+
+def test_the_prompt_is_tokenized_as_transformers_does(fim_engine, fim_model):
+    from transformers import AutoTokenizer
+
+    request = fim_engine.make_request(PREFIX, {"max_tokens": 4}, suffix=SUFFIX)
+    text = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    assert request.prompt_ids == AutoTokenizer.from_pretrained(fim_model)(text)["input_ids"]
+    ids = fim_engine.tokenizer.backend.token_to_id
+    assert {ids("<|fim_pad|>"), ids("<|endoftext|>")} <= request.eos_ids  # the middle's ends
+    assert ids("<|fim_pad|>") not in fim_engine.make_request(PREFIX, {"max_tokens": 4}).eos_ids  # (only there)
+
+
+def test_complete_fills_the_middle_and_stops_at_its_end(fim_engine, monkeypatch):
+    greedy = {"max_tokens": 8, "temperature": 0}
+    text = fim_engine.infill_prompt(PREFIX, SUFFIX)
+    assert fim_engine.complete(PREFIX, greedy, suffix=SUFFIX).token_ids == fim_engine.complete(text, greedy).token_ids
+    pad = fim_engine.tokenizer.backend.token_to_id("<|fim_pad|>")
+    ended = fim_engine.complete(PREFIX, {**greedy, "logit_bias": {pad: 100}}, suffix=SUFFIX)
+    assert ended.finish_reason == "stop" and ended.token_ids == [pad] and ended.text == ""
+
+
+def test_what_fim_cannot_take_is_refused(fim_engine):
+    plain = Engine.load(None)  # the bundled model: no FIM tokens
+    with pytest.raises(InvalidRequestError, match="has no fill-in-the-middle tokens") as info:
+        plain.make_request(PREFIX, {"max_tokens": 4}, suffix=SUFFIX)
+    assert info.value.param == "suffix"
+    for prompt in ([{"role": "user", "content": "x"}], [1, 2, 3]):
+        with pytest.raises(InvalidRequestError, match="send the prompt as text"):
+            fim_engine.make_request(prompt, {"max_tokens": 4}, suffix=SUFFIX)

@@ -1,0 +1,52 @@
+"""Fill-in-the-middle through the server: OpenAI's completions `suffix` and Ollama's generate `suffix` give the
+middle the FIM prompt gives as a raw prompt; /api/show lists "insert"; a suffix beside token ids is refused."""
+
+from __future__ import annotations
+
+import httpx
+import ollama
+import pytest
+from checkpoints import make_checkpoint
+from server_harness import MODEL_NAME, start_server
+
+QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|endoftext|>")
+PREFIX, SUFFIX = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("fim") / "model", extra_tokens=QWEN_FIM)
+    running = start_server(folder, max_batch=2)
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
+def test_suffix_fills_in_the_middle(server):
+    client = server.client()
+    raw = f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>"
+    want = client.completions.create(model=MODEL_NAME, prompt=raw, max_tokens=8, temperature=0).choices[0].text
+    got = client.completions.create(model=MODEL_NAME, prompt=PREFIX, suffix=SUFFIX, max_tokens=8, temperature=0)
+    assert got.choices[0].text == want and got.usage.prompt_tokens == len(
+        server.state.engine.tokenizer.encode(raw))
+    streamed = client.completions.create(model=MODEL_NAME, prompt=PREFIX, suffix=SUFFIX, max_tokens=8,
+                                         temperature=0, stream=True)
+    assert "".join(c.choices[0].text for c in streamed if c.choices) == want
+    # Ollama's generate: suffix is FIM (its templates' .Suffix), capability "insert".
+    host = server.base_url.removesuffix("/v1")
+    reply = ollama.Client(host=host).generate(model=MODEL_NAME, prompt=PREFIX, suffix=SUFFIX,
+                                              options={"num_predict": 8, "temperature": 0})
+    assert reply.response == want
+    assert "insert" in httpx.post(f"{host}/api/show", json={"model": MODEL_NAME}).json()["capabilities"]
+    with pytest.raises(ollama.ResponseError, match="no place in a fill-in-the-middle prompt"):
+        ollama.Client(host=host).generate(model=MODEL_NAME, prompt=PREFIX, suffix=SUFFIX, system="be brief")
+
+
+def test_suffix_beside_token_ids_is_refused(server):
+    reply = httpx.post(f"{server.base_url}/v1/completions",
+                       json={"prompt": [1, 2, 3], "suffix": SUFFIX, "max_tokens": 2})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "suffix"
+    assert "send the prompt as text" in reply.json()["error"]["message"]
+    # An empty suffix is none (OpenAI's): a plain completion.
+    plain = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": PREFIX, "suffix": "", "max_tokens": 2})
+    assert plain.status_code == 200
