@@ -48,6 +48,7 @@ from solo.engine.tool_calls import (
     TOOL_FORMATS,
     ToolCallParser,
     arguments_as_objects,
+    check_prefill_opens_no_call,
     check_tools,
     output_constraint,
     tool_parameters,
@@ -316,7 +317,7 @@ class Engine:
             InvalidRequestError: the model has no FIM tokens, or prefix / suffix is not a string.
         """
         if self.fim is None:
-            raise InvalidRequestError(f"{self.name} has no fill-in-the-middle tokens (such as Qwen2.5-Coder's "
+            raise InvalidRequestError("this model has no fill-in-the-middle tokens (such as Qwen2.5-Coder's "
                                       "<|fim_prefix|>, StarCoder's <fim_prefix>, DeepSeek-Coder's <｜fim▁begin｜>), "
                                       "so it cannot fill in a suffix; leave suffix out, or serve a code model "
                                       "trained for it", param="suffix")
@@ -532,7 +533,8 @@ class Engine:
                 a prefill that opens a `<think>` block is continued as reasoning.
             suffix: the text after the gap: the prompt (text) is the text before it and the output fills it in
                 (fill-in-the-middle, `infill_prompt`; OpenAI's completions `suffix`), ending at the model's EOS
-                or its FIM end tokens.
+                or its FIM end tokens (as does a prompt holding the FIM middle marker, laid out by the caller);
+                None or empty: no suffix.
 
         Returns:
             The request, not yet prefilled; `tool_call_format` is set when its output holds tool calls.
@@ -565,6 +567,7 @@ class Engine:
             raise InvalidRequestError("continue_final_message must be true or false, and true needs chat messages as "
                                       "the prompt (it continues the last one)", param="continue_final_message")
         messages = prompt if chat else None
+        suffix = suffix or None  # (an empty suffix is none, as OpenAI's)
         if suffix is not None:
             if not isinstance(prompt, str):
                 raise InvalidRequestError("suffix fills in the gap after a text prompt; send the prompt as text (not "
@@ -589,6 +592,7 @@ class Engine:
             prompt = self.encode_prompt(prompt, extra)
         if continue_final_message:
             check_continued(messages[-1], params.response_format)
+            check_prefill_opens_no_call(tool_format, messages[-1].get("content"), self.tokenizer.special_token_ids())
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(
@@ -599,7 +603,10 @@ class Engine:
         # ignore_eos drops the model's EOS ids only: the user's stop_token_ids still stop, as in vLLM. A stop
         # string that is a special token never appears in the (special-token-free) text: match its id.
         special = self.tokenizer.special_token_ids()
-        fim_ends = set(self.fim.end_ids) if suffix is not None and self.fim is not None else set()
+        # A FIM prompt's middle ends at the FIM end tokens, whether Solo laid it out (suffix) or the client did
+        # (a completion prompt holding the middle marker, as Tabby's and Twinny's templates write it).
+        infill = self.fim is not None and not chat and (suffix is not None or self.fim.middle_id in prepared.token_ids)
+        fim_ends = set(self.fim.end_ids) if infill else set()
         eos = ((set() if params.ignore_eos else set(self.eos_ids) | fim_ends) | set(params.stop_token_ids)
                | {special[s] for s in params.stop if s in special})
         constraint = None

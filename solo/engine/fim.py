@@ -52,10 +52,16 @@ FIM_FORMATS = (
 
 @dataclass(frozen=True)
 class Fim:
-    """A model's FIM format and the ids of its end tokens (see `detect_fim`)."""
+    """A model's FIM format, the ids of its end tokens and of its middle marker (see `detect_fim`).
+
+    `end_ids` also holds the three markers: a middle never contains one, and a model writing one starts
+    another FIM layout (where the vocabulary keeps them as plain added tokens, as Qwen's does, they would
+    show in the text).
+    """
 
     format: FimFormat
     end_ids: tuple[int, ...]
+    middle_id: int
 
 
 def detect_fim(token_id: Callable[[str], int | None]) -> Fim | None:
@@ -65,7 +71,8 @@ def detect_fim(token_id: Callable[[str], int | None]) -> Fim | None:
         token_id: a token's text -> its id, or None when the vocabulary lacks it (added tokens included).
     """
     for fmt in FIM_FORMATS:
-        if all(token_id(marker) is not None for marker in (fmt.prefix, fmt.suffix, fmt.middle)):
-            ends = tuple(dict.fromkeys(i for i in map(token_id, fmt.ends) if i is not None))
-            return Fim(fmt, ends)
+        markers = [token_id(marker) for marker in (fmt.prefix, fmt.suffix, fmt.middle)]
+        if all(i is not None for i in markers):
+            ends = tuple(dict.fromkeys(i for i in [*map(token_id, fmt.ends), *markers] if i is not None))
+            return Fim(fmt, ends, markers[2])  # type: ignore[arg-type]
     return None

@@ -462,6 +462,24 @@ _MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "
             "phi4_mini": "<|tool_call|>", "qwen3_coder": "<tool_call>"}
 
 
+def check_prefill_opens_no_call(fmt: str | None, prefill: Any, special_token_ids: Mapping[str, int]) -> None:  # noqa: ANN401
+    """Refuse continuing a message (a prefill) that ends inside a tool call of syntax `fmt`.
+
+    The call's start is in the prompt, so the reply would hold only its end, which parses as no call.
+
+    Raises:
+        InvalidRequestError: the prefill's text opens a call it does not close.
+    """
+    if fmt is None or not isinstance(prefill, str):
+        return
+    parser = ToolCallParser(fmt, special_token_ids)
+    parser.feed(prefill, [])
+    if parser.in_tool_call:
+        raise InvalidRequestError("the last message is continued (a prefill), and its text opens a tool call it does "
+                                  "not close: the reply would hold only the call's end; send the whole call as the "
+                                  "message's tool_calls, or force one with tool_choice", param="messages")
+
+
 class ToolCallParser:
     """Splits one choice's output into content and tool calls, streamed or whole.
 

@@ -166,6 +166,16 @@ def unreadable_body_message(cause: BaseException) -> str:
     return f"the request body cannot be read as JSON ({type(cause).__name__}); send a UTF-8 JSON object"
 
 
+# llama-server's native routes, which editor plugins call (llama.vim's /infill): what Solo serves instead.
+_LLAMA_SERVER_ROUTES = {
+    "/infill": "send POST /v1/completions with prompt (the text before the cursor) and suffix (the text after it)",
+    "/completion": "send POST /v1/completions (max_tokens for n_predict)",
+    "/props": "GET /v1/models names the model, /api/show gives its template and context length",
+    "/slots": "GET /metrics shows the running and waiting requests",
+    "/embedding": "Solo serves no embeddings",
+}
+
+
 def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Response] | None = None) -> None:
     """Answer every error: APIError, SoloError, validation errors, 404/405, and bugs.
 
@@ -187,9 +197,11 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
         assert isinstance(exc, StarletteHTTPException)
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
-                          "/v1/models, and Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
-                          "/api/version",
+                          "/v1/models, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
+                          "/api/version, and /tokenize, /detokenize, /health, /metrics",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
+        if exc.status_code == 404 and request.url.path.rstrip("/") in _LLAMA_SERVER_ROUTES:
+            message = f"{request.url.path} is llama-server's; {_LLAMA_SERVER_ROUTES[request.url.path.rstrip('/')]}"
         if exc.status_code == 400 and exc.__cause__ is not None:
             message = unreadable_body_message(exc.__cause__)
         return shape(request.url.path, APIError(exc.status_code, message, type=kind, headers=exc.headers))

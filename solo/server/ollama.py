@@ -643,18 +643,18 @@ async def generate(request: Request) -> Response:
         system = _typed(data, "system", str, "a string")
         raw = _typed(data, "raw", bool, "true or false", default=False)
         suffix = _typed(data, "suffix", str, "a string", default="")
-        if suffix and prompt:  # fill-in-the-middle: the model's FIM tokens, not its chat template (as Ollama)
-            engine = state.engine
-            engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
-            for name in ("system", "think"):
-                if data.get(name) is not None:
+        if suffix:  # fill-in-the-middle: the model's FIM tokens, not its chat template (empty prompt: a file's start)
+            state.engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
+            for name in ("system", "think"):  # (think false, which editors send, changes nothing here)
+                if data.get(name) not in (None, False):
                     raise InvalidRequestError(f"{name} has no place in a fill-in-the-middle prompt (suffix); leave "
                                               f"{name} out", param=name)
+            data.pop("think", None)
             raw = True
         fields = _common_fields(data, raw)
         thinking = None if raw else _thinking(data.get("think"), state)
         num_ctx = _num_ctx(data.get("options"), state)
-        if not prompt:
+        if not prompt and not suffix:
             if system:
                 raise InvalidRequestError("system without a prompt: give the prompt the system message goes with",
                                           param="prompt")

@@ -474,7 +474,7 @@ class CompletionRequest(SamplingFields):
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**SamplingFields.DEFAULT_ONLY, "add_special_tokens": True}
 
     prompt: Annotated[
-        Annotated[_Str, Field(min_length=1)] | list[_Int] | list[_Str] | list[list[_Int]],
+        _Str | list[_Int] | list[_Str] | list[list[_Int]],
         _one_of("a non-empty string, a list of token ids, a list of strings or a list of token-id lists"),
     ]
     logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
@@ -485,9 +485,19 @@ class CompletionRequest(SamplingFields):
     @field_validator("prompt")
     @classmethod
     def _not_empty(cls, value: str | list) -> str | list:
-        if isinstance(value, list) and (not value or any(isinstance(p, str | list) and not p for p in value)):
+        if isinstance(value, list) and (not value or any(isinstance(p, list) and not p for p in value)):
             raise ValueError("prompt is empty; give text or token ids")
         return value
+
+    @model_validator(mode="after")
+    def _text_before_a_suffix(self) -> CompletionRequest:
+        # An empty text prompt is the empty start of a file before a suffix (fill-in-the-middle), else nothing.
+        texts = [self.prompt] if isinstance(self.prompt, str) else [p for p in self.prompt if isinstance(p, str)]
+        if not self.suffix and any(not t for t in texts):  # (located at the field, so the error names it)
+            message = "prompt is empty; give text or token ids (an empty text prompt only goes with a suffix)"
+            raise ValidationError.from_exception_data(type(self).__name__, [
+                {"type": PydanticCustomError("value_error", message), "loc": ("prompt",), "input": self.prompt}])
+        return self
 
     @field_validator("echo")
     @classmethod

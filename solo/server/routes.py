@@ -39,6 +39,7 @@ from solo.engine.tool_calls import (
     ToolCall,
     ToolCallParser,
     arguments_as_objects,
+    check_prefill_opens_no_call,
     check_tools,
     output_constraint,
     tool_parameters,
@@ -241,6 +242,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.parameters = tool_parameters(tool_list)
         if body.continue_final_message:
             check_continued(messages[-1], response_format)
+            check_prefill_opens_no_call(tools.format, messages[-1].get("content"),
+                                        engine.tokenizer.special_token_ids())
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))

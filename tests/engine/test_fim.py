@@ -32,9 +32,10 @@ def test_formats_found_from_real_vocabularies(shared_hf):
         config = json.loads((shared_hf / name / "tokenizer_config.json").read_text())
         vocab = {t["content"]: int(i) for i, t in config["added_tokens_decoder"].items()}
         fim = detect_fim(vocab.get)
-        assert fim is not None and fim.format.name == "qwen"
+        assert fim is not None and fim.format.name == "qwen" and fim.middle_id == vocab["<|fim_middle|>"]
         assert fim.end_ids == (vocab["<|fim_pad|>"], vocab["<|file_sep|>"], vocab["<|repo_name|>"],
-                               vocab["<|endoftext|>"])
+                               vocab["<|endoftext|>"], vocab["<|fim_prefix|>"], vocab["<|fim_suffix|>"],
+                               vocab["<|fim_middle|>"])
     llama = json.loads((shared_hf / "Llama-3.2-1B" / "tokenizer_config.json").read_text())
     assert detect_fim({t["content"]: int(i) for i, t in llama["added_tokens_decoder"].items()}.get) is None
     for fmt in FIM_FORMATS:  # each format's prompt: prefix, suffix, then the middle's marker
@@ -58,9 +59,16 @@ def test_complete_fills_the_middle_and_stops_at_its_end(fim_engine, monkeypatch)
     greedy = {"max_tokens": 8, "temperature": 0}
     text = fim_engine.infill_prompt(PREFIX, SUFFIX)
     assert fim_engine.complete(PREFIX, greedy, suffix=SUFFIX).token_ids == fim_engine.complete(text, greedy).token_ids
-    pad = fim_engine.tokenizer.backend.token_to_id("<|fim_pad|>")
-    ended = fim_engine.complete(PREFIX, {**greedy, "logit_bias": {pad: 100}}, suffix=SUFFIX)
-    assert ended.finish_reason == "stop" and ended.token_ids == [pad] and ended.text == ""
+    ids = fim_engine.tokenizer.backend.token_to_id
+    for end in ("<|fim_pad|>", "<|fim_middle|>"):  # (a marker: Qwen's are plain added tokens, shown as text)
+        ended = fim_engine.complete(PREFIX, {**greedy, "logit_bias": {ids(end): 100}}, suffix=SUFFIX)
+        assert ended.finish_reason == "stop" and ended.token_ids == [ids(end)] and ended.text == ""
+        # A FIM prompt the caller laid out (Tabby's, Twinny's templates) ends there too.
+        raw = fim_engine.complete(text, {**greedy, "logit_bias": {ids(end): 100}})
+        assert raw.finish_reason == "stop" and raw.token_ids == [ids(end)]
+    # An empty suffix is none (as on the server): a plain completion.
+    assert fim_engine.make_request(PREFIX, greedy, suffix="").prompt_ids == fim_engine.make_request(
+        PREFIX, greedy).prompt_ids
 
 
 def test_what_fim_cannot_take_is_refused(fim_engine):
@@ -71,3 +79,16 @@ def test_what_fim_cannot_take_is_refused(fim_engine):
     for prompt in ([{"role": "user", "content": "x"}], [1, 2, 3]):
         with pytest.raises(InvalidRequestError, match="send the prompt as text"):
             fim_engine.make_request(prompt, {"max_tokens": 4}, suffix=SUFFIX)
+
+
+def test_a_prefill_that_opens_a_tool_call_is_refused():
+    # The call's start would be in the prompt and its end in the reply, which parses as no call (it was content).
+    engine = Engine.load(None)  # Hermes tool calls
+    tools = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}}]
+    ask = [{"role": "user", "content": "time?"}]
+    opened = [*ask, {"role": "assistant", "content": '<tool_call>\n{"name": "get_time", "arguments": {'}]
+    with pytest.raises(InvalidRequestError, match="opens a tool call it does not close"):
+        engine.make_request(opened, {"max_tokens": 4}, tools=tools, continue_final_message=True)
+    closed = [*ask, {"role": "assistant", "content": "Let me check."}]
+    engine.make_request(closed, {"max_tokens": 4}, tools=tools, continue_final_message=True)
+    engine.make_request(opened, {"max_tokens": 4}, continue_final_message=True)  # no tools: only text

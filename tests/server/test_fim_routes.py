@@ -47,6 +47,25 @@ def test_suffix_beside_token_ids_is_refused(server):
                        json={"prompt": [1, 2, 3], "suffix": SUFFIX, "max_tokens": 2})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "suffix"
     assert "send the prompt as text" in reply.json()["error"]["message"]
-    # An empty suffix is none (OpenAI's): a plain completion.
+    # An empty suffix is none (OpenAI's): a plain completion; an empty prompt is too, without a suffix.
     plain = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": PREFIX, "suffix": "", "max_tokens": 2})
     assert plain.status_code == 200
+    empty = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": "", "max_tokens": 2})
+    assert empty.status_code == 400 and "prompt is empty" in empty.json()["error"]["message"]
+
+
+def test_an_empty_prefix_is_the_start_of_a_file(server):
+    # The cursor at the top of a file: OpenAI's route refused the empty prompt, Ollama's answered a load reply.
+    client = server.client()
+    want = client.completions.create(model=MODEL_NAME, prompt=f"<|fim_prefix|><|fim_suffix|>{SUFFIX}<|fim_middle|>",
+                                     max_tokens=6, temperature=0).choices[0].text
+    got = client.completions.create(model=MODEL_NAME, prompt="", suffix=SUFFIX, max_tokens=6, temperature=0)
+    assert got.choices[0].text == want
+    reply = ollama.Client(host=server.base_url.removesuffix("/v1")).generate(
+        model=MODEL_NAME, prompt="", suffix=SUFFIX, think=False, options={"num_predict": 6, "temperature": 0})
+    assert reply.response == want and reply.done_reason != "load"
+
+
+def test_llama_servers_routes_name_solos(server):
+    reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
+    assert reply.status_code == 404 and "/v1/completions with prompt" in reply.json()["error"]["message"]
