@@ -514,7 +514,8 @@ class Engine:
                      tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401
                      parallel_tool_calls: bool = True,
                      chat_template_kwargs: Mapping[str, Any] | None = None,
-                     continue_final_message: bool = False, suffix: str | None = None) -> Request:
+                     continue_final_message: bool = False, suffix: str | None = None,
+                     rendered_chat: bool = False) -> Request:
         """Encode, validate and resolve a request without running it (the server's scheduler runs it).
 
         Args:
@@ -533,8 +534,10 @@ class Engine:
                 a prefill that opens a `<think>` block is continued as reasoning.
             suffix: the text after the gap: the prompt (text) is the text before it and the output fills it in
                 (fill-in-the-middle, `infill_prompt`; OpenAI's completions `suffix`), ending at the model's EOS
-                or its FIM end tokens (as does a prompt holding the FIM middle marker, laid out by the caller);
-                None or empty: no suffix.
+                or its FIM end tokens (as does a text or id prompt holding the FIM middle marker, laid out by
+                the caller); None or empty: no suffix.
+            rendered_chat: the prompt's ids are a conversation the caller rendered with the chat template (the
+                server's chat route): a FIM marker in it is a message's text, not a FIM layout.
 
         Returns:
             The request, not yet prefilled; `tool_call_format` is set when its output holds tool calls.
@@ -567,6 +570,8 @@ class Engine:
             raise InvalidRequestError("continue_final_message must be true or false, and true needs chat messages as "
                                       "the prompt (it continues the last one)", param="continue_final_message")
         messages = prompt if chat else None
+        if suffix is not None and not isinstance(suffix, str):
+            raise InvalidRequestError(f"suffix must be text, got {suffix!r:.40}", param="suffix")
         suffix = suffix or None  # (an empty suffix is none, as OpenAI's)
         if suffix is not None:
             if not isinstance(prompt, str):
@@ -592,7 +597,7 @@ class Engine:
             prompt = self.encode_prompt(prompt, extra)
         if continue_final_message:
             check_continued(messages[-1], params.response_format)
-            check_prefill_opens_no_call(tool_format, messages[-1].get("content"), self.tokenizer.special_token_ids())
+            check_prefill_opens_no_call(tool_format, messages[-1].get("content"))
         bad_ids = [t for t in params.stop_token_ids if t >= self.config.vocab_size]
         if bad_ids:
             raise InvalidRequestError(
@@ -605,7 +610,8 @@ class Engine:
         special = self.tokenizer.special_token_ids()
         # A FIM prompt's middle ends at the FIM end tokens, whether Solo laid it out (suffix) or the client did
         # (a completion prompt holding the middle marker, as Tabby's and Twinny's templates write it).
-        infill = self.fim is not None and not chat and (suffix is not None or self.fim.middle_id in prepared.token_ids)
+        infill = self.fim is not None and not chat and not rendered_chat and (
+            suffix is not None or self.fim.middle_id in prepared.token_ids)
         fim_ends = set(self.fim.end_ids) if infill else set()
         eos = ((set() if params.ignore_eos else set(self.eos_ids) | fim_ends) | set(params.stop_token_ids)
                | {special[s] for s in params.stop if s in special})
@@ -650,7 +656,7 @@ class Engine:
             request.reasoning_split = True
             request.in_reasoning = prompt_opens_reasoning(tail) or (
                 continue_final_message and continues_reasoning(str(messages[-1].get("content"))))
-        model_eos = set() if params.ignore_eos else set(self.eos_ids) | fim_ends
+        model_eos = set() if params.ignore_eos else set(self.eos_ids)
         request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
                                       **{special[s]: s for s in params.stop if s in special}}
         return request

@@ -21,7 +21,7 @@ class FimFormat:
     """A model family's FIM tokens.
 
     Attributes:
-        name: the family's name in errors and `/api/show`.
+        name: the family's name.
         prefix, suffix, middle: the markers written before the prefix, the suffix and the middle.
         ends: tokens that end a middle besides the model's EOS (padding and file separators the model may
             write after it), where the vocabulary has them.

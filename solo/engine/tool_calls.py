@@ -462,19 +462,48 @@ _MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "
             "phi4_mini": "<|tool_call|>", "qwen3_coder": "<tool_call>"}
 
 
-def check_prefill_opens_no_call(fmt: str | None, prefill: Any, special_token_ids: Mapping[str, int]) -> None:  # noqa: ANN401
-    """Refuse continuing a message (a prefill) that ends inside a tool call of syntax `fmt`.
+# Per syntax: the text that closes a call (None: a JSON array that parses), and how a call's body starts.
+_CALL_BODIES = {"hermes": ("</tool_call>", "{"), "qwen3_coder": ("</tool_call>", "<function="),
+                "phi4_mini": ("<|/tool_call|>", "["), "mistral": (None, "[")}
 
-    The call's start is in the prompt, so the reply would hold only its end, which parses as no call.
+
+def prefill_opens_call(fmt: str | None, prefill: str) -> bool:
+    """Whether a message's text ends inside a tool call of syntax `fmt` (opened, not closed).
+
+    Prose naming a marker (a marker not followed by a call's body) and closed calls are not; neither is
+    anything in Llama 3's bare-JSON syntax (a "{" prefill asks for JSON output as often as for a call).
+    """
+    if fmt not in _CALL_BODIES:
+        return False
+    markers = (_MARKERS[fmt], "<function=") if fmt == "qwen3_coder" else (_MARKERS[fmt],)
+    at, marker = max((prefill.rfind(m), m) for m in markers)
+    if at < 0:
+        return False
+    after = prefill[at + len(marker):]
+    if marker == "<function=":  # (Qwen3-Coder's call without its wrapper)
+        return "</function>" not in after
+    closing, body_start = _CALL_BODIES[fmt]
+    body = after.strip()
+    if (closing is not None and closing in after) or (body and not body.startswith(body_start)):
+        return False
+    if closing is None:  # (the array's end closes it; text may follow)
+        try:
+            json.JSONDecoder().raw_decode(body)
+            return False
+        except ValueError:
+            return True
+    return True
+
+
+def check_prefill_opens_no_call(fmt: str | None, prefill: Any) -> None:  # noqa: ANN401
+    """Refuse continuing a message (a prefill) whose text ends inside a tool call (`prefill_opens_call`).
+
+    The call's start would be in the prompt and only its end in the reply, which parses as no call.
 
     Raises:
-        InvalidRequestError: the prefill's text opens a call it does not close.
+        InvalidRequestError: the prefill opens a call it does not close (param "messages").
     """
-    if fmt is None or not isinstance(prefill, str):
-        return
-    parser = ToolCallParser(fmt, special_token_ids)
-    parser.feed(prefill, [])
-    if parser.in_tool_call:
+    if isinstance(prefill, str) and prefill_opens_call(fmt, prefill):
         raise InvalidRequestError("the last message is continued (a prefill), and its text opens a tool call it does "
                                   "not close: the reply would hold only the call's end; send the whole call as the "
                                   "message's tool_calls, or force one with tool_choice", param="messages")

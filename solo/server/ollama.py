@@ -646,7 +646,7 @@ async def generate(request: Request) -> Response:
         if suffix:  # fill-in-the-middle: the model's FIM tokens, not its chat template (empty prompt: a file's start)
             state.engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
             for name in ("system", "think"):  # (think false, which editors send, changes nothing here)
-                if data.get(name) not in (None, False):
+                if data.get(name) not in (None, False, ""):
                     raise InvalidRequestError(f"{name} has no place in a fill-in-the-middle prompt (suffix); leave "
                                               f"{name} out", param=name)
             data.pop("think", None)

@@ -475,7 +475,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: Annotated[
         _Str | list[_Int] | list[_Str] | list[list[_Int]],
-        _one_of("a non-empty string, a list of token ids, a list of strings or a list of token-id lists"),
+        _one_of("a string, a list of token ids, a list of strings or a list of token-id lists"),
     ]
     logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: _Bool = False

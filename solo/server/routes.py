@@ -242,8 +242,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.parameters = tool_parameters(tool_list)
         if body.continue_final_message:
             check_continued(messages[-1], response_format)
-            check_prefill_opens_no_call(tools.format, messages[-1].get("content"),
-                                        engine.tokenizer.special_token_ids())
+            check_prefill_opens_no_call(tools.format, messages[-1].get("content"))
         # The template adds to the contents (some trim them), so their bytes bound the prompt from below;
         # then the rendered text, which also holds tools and template extras, is bounded the same way.
         content = sum(_utf8_len(m["content"].strip()) for m in messages if isinstance(m.get("content"), str))
@@ -267,7 +266,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         prompt_tokens = len(ids)
         max_tokens = state.completion_budget(len(ids), body.completion_budget, None, budget_param, "messages")
         return [engine.make_request(ids, body.sampling_params(max_tokens, top, i, response_format),
-                                    fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
+                                    fallback_temperature=1.0, start_time=arrival, rendered_chat=True)
+                for i in range(body.n)]
 
     generation = await _submit(state, prepare, body.priority)
     job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)

@@ -66,9 +66,15 @@ def test_complete_fills_the_middle_and_stops_at_its_end(fim_engine, monkeypatch)
         # A FIM prompt the caller laid out (Tabby's, Twinny's templates) ends there too.
         raw = fim_engine.complete(text, {**greedy, "logit_bias": {ids(end): 100}})
         assert raw.finish_reason == "stop" and raw.token_ids == [ids(end)]
-    # An empty suffix is none (as on the server): a plain completion.
+    # An empty suffix is none (as on the server): a plain completion; a suffix that is not text is refused.
     assert fim_engine.make_request(PREFIX, greedy, suffix="").prompt_ids == fim_engine.make_request(
         PREFIX, greedy).prompt_ids
+    with pytest.raises(InvalidRequestError, match="suffix must be text"):
+        fim_engine.make_request(PREFIX, greedy, suffix=0)
+    # The caller's own stop_token_ids still name what stopped it, a FIM end among them.
+    pad = ids("<|fim_pad|>")
+    named = fim_engine.complete(PREFIX, {**greedy, "logit_bias": {pad: 100}, "stop_token_ids": [pad]}, suffix=SUFFIX)
+    assert named.stop_reason == pad
 
 
 def test_what_fim_cannot_take_is_refused(fim_engine):
@@ -79,6 +85,25 @@ def test_what_fim_cannot_take_is_refused(fim_engine):
     for prompt in ([{"role": "user", "content": "x"}], [1, 2, 3]):
         with pytest.raises(InvalidRequestError, match="send the prompt as text"):
             fim_engine.make_request(prompt, {"max_tokens": 4}, suffix=SUFFIX)
+
+
+@pytest.mark.parametrize("fmt, prefill, opens", [
+    ("hermes", '<tool_call>\n{"name": "get_time", "arguments": {', True),
+    ("hermes", "<tool_call>", True),
+    ("hermes", '<tool_call>{"name": "f", "arguments": {}}</tool_call>\nThe time is', False),  # closed
+    ("hermes", "Tools are called with <tool_call> tags; here I answer directly:", False),  # prose
+    ("qwen3_coder", "<tool_call>\n<function=get_time>\n<parameter=zone>\nCE", True),
+    ("qwen3_coder", "<function=get_time>\n", True),
+    ("qwen3_coder", "Calls look like <function=NAME>...</function>; none needed.", False),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {', True),
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": {}}] done', False),
+    ("llama3_json", "{", False),  # a JSON prefill, the common way to ask for JSON output
+    (None, "<tool_call>", False),
+])
+def test_which_prefills_open_a_call(fmt, prefill, opens):
+    from solo.engine.tool_calls import prefill_opens_call
+
+    assert prefill_opens_call(fmt, prefill) is opens
 
 
 def test_a_prefill_that_opens_a_tool_call_is_refused():

@@ -66,6 +66,15 @@ def test_an_empty_prefix_is_the_start_of_a_file(server):
     assert reply.response == want and reply.done_reason != "load"
 
 
+def test_a_chat_that_mentions_a_marker_is_no_fim_prompt(server):
+    # The chat route hands rendered ids on: a FIM marker in a message made the FIM end tokens stop the reply.
+    pad = server.state.engine.tokenizer.backend.token_to_id("<|fim_pad|>")
+    reply = server.client().chat.completions.create(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "what does <|fim_middle|> mean?"}], max_tokens=3,
+        temperature=0, logit_bias={str(pad): 100})
+    assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
+
+
 def test_llama_servers_routes_name_solos(server):
     reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
     assert reply.status_code == 404 and "/v1/completions with prompt" in reply.json()["error"]["message"]
