@@ -451,9 +451,16 @@ def _check_tool_calls(index: int, calls: Any) -> None:  # noqa: ANN401
         if not isinstance(function.get("name"), str):
             raise InvalidRequestError(f"{where}[{j}].function.name must be a string, got "
                                       f"{function.get('name')!r:.40}", param="messages")
-        if not isinstance(function.get("arguments"), str | Mapping):
+        arguments = function.get("arguments")
+        if not isinstance(arguments, str | Mapping):
             raise InvalidRequestError(f"{where}[{j}].function.arguments must be the arguments as a JSON string "
-                                      f"(or an object), got {function.get('arguments')!r:.40}", param="messages")
+                                      f"(or an object), got {arguments!r:.40}", param="messages")
+        if isinstance(arguments, str) and arguments.strip():
+            try:  # (the template would show the model broken text as its own call, as vLLM refuses it too)
+                json.loads(arguments)
+            except ValueError:
+                raise InvalidRequestError(f"{where}[{j}].function.arguments is not JSON ({arguments!r:.40}); send the "
+                                          "arguments as a JSON object string", param="messages") from None
 
 
 # ---------------------------------------------------------------------------------------------- parsing
