@@ -229,25 +229,57 @@ def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
     return blocks
 
 
+class CountTokensRequest(MessagesRequest):
+    """POST /v1/messages/count_tokens: a Messages request's fields, without max_tokens."""
+
+    max_tokens: int | None = None  # type: ignore[assignment]
+
+
+async def _read(request: Request, kind: type[MessagesRequest]) -> tuple[MessagesRequest, ChatCompletionRequest]:
+    # The body, validated, and the chat request it means.
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
+                                  else "the request body is not valid JSON") from None
+    try:
+        body = kind.model_validate(data)
+    except ValidationError as exc:
+        error = validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
+        raise InvalidRequestError(error.message, param=error.param) from None
+    disabled = body.thinking is not None and body.thinking.get("type") == "disabled"
+    switch = thinking_switch(request.app.state.solo, disabled, "thinking")
+    return body, chat_request(body, thinking_switch=switch)
+
+
+@router.post("/v1/messages/count_tokens", response_model=None)
+async def count_tokens(request: Request) -> Response:
+    """Anthropic's token counting: {"input_tokens": N} of the prompt a Messages request would run.
+
+    Claude Code asks before it sends one. Nothing is generated, so no slot is taken.
+    """
+    from starlette.concurrency import run_in_threadpool
+
+    from solo.server.routes import chat_prompt_ids
+
+    try:
+        body, chat = await _read(request, CountTokensRequest)
+        state = request.app.state.solo
+        engine, _ = state.require_ready(body.model)
+        ids = await run_in_threadpool(chat_prompt_ids, state, engine, chat)
+    except (SoloError, APIError) as exc:
+        return anthropic_error(api_error_from(exc))
+    return JSONResponse({"input_tokens": len(ids)})
+
+
 @router.post("/v1/messages", response_model=None)
 async def messages(request: Request) -> Response:
     """Anthropic's Messages API (see the module docstring); streamed as its events when `stream` is true."""
     from solo.server.routes import GenerationStream, chat_completions
 
     try:
-        try:
-            data = await request.json()
-        except (ValueError, RecursionError) as exc:
-            raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
-                                      else "the request body is not valid JSON") from None
-        try:
-            body = MessagesRequest.model_validate(data)
-        except ValidationError as exc:
-            error = validation_error([{**e, "loc": ("body", *e["loc"])} for e in exc.errors()])
-            raise InvalidRequestError(error.message, param=error.param) from None
-        disabled = body.thinking is not None and body.thinking.get("type") == "disabled"
-        switch = thinking_switch(request.app.state.solo, disabled, "thinking")
-        reply = await chat_completions(chat_request(body, thinking_switch=switch), request)
+        body, chat = await _read(request, MessagesRequest)
+        reply = await chat_completions(chat, request)
     except (SoloError, APIError) as exc:
         return anthropic_error(api_error_from(exc))
     message_id = f"msg_{uuid.uuid4().hex}"

@@ -502,24 +502,37 @@ def _model_card(state: ServerState) -> ModelCard:
     return ModelCard(id=state.served_name, created=state.created, max_model_len=state.max_model_len)
 
 
+def chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  # noqa: ANN401
+    """Token ids of a request's chat prompt, rendered as the chat route renders it (no request is run).
+
+    Args:
+        state: the server's state.
+        engine: the served engine.
+        body: a request with the chat fields (`ChatCompletionRequest`, `TokenizeRequest`): messages, tools,
+            chat_template_kwargs, add_generation_prompt, continue_final_message.
+
+    Raises:
+        InvalidRequestError: bad tools or template variables, or messages the template rejects.
+    """
+    template = engine.tokenizer.chat_template
+    source = template.source if template is not None else None
+    extra = check_template_kwargs(body.chat_template_kwargs, source, thinks=state.reasoning)
+    _, tools, _ = check_tools(body.tools, "none", source)
+    text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in body.messages]),
+                                        body.add_generation_prompt, tools=tools or None,
+                                        continue_final_message=body.continue_final_message, **extra)
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
 @router.post("/tokenize")
 async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     """Token ids of a prompt or of chat messages (vLLM's /tokenize)."""
     state = _state(request)
     engine, _ = state.require_ready(body.model)
-    messages = body.messages
 
     def encode() -> list[int]:
-        if messages is not None:
-            template = engine.tokenizer.chat_template
-            extra = check_template_kwargs(body.chat_template_kwargs,
-                                          template.source if template is not None else None, thinks=state.reasoning)
-            _, tools, _ = check_tools(body.tools, "none",
-                                      template.source if template is not None else None)
-            text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in messages]),
-                                                body.add_generation_prompt, tools=tools or None,
-                                                continue_final_message=body.continue_final_message, **extra)
-            return engine.tokenizer.encode(text, add_special_tokens=False)
+        if body.messages is not None:
+            return chat_prompt_ids(state, engine, body)
         assert body.prompt is not None
         return engine.tokenizer.encode(body.prompt, body.add_special_tokens)
 

@@ -221,3 +221,21 @@ def test_deeply_nested_bodies_are_a_400(server):
     reply = httpx.post(f"{server.base_url}/v1/messages", content=body,
                        headers={"content-type": "application/json", "x-api-key": "sesame"})
     assert reply.status_code == 400 and "nested too deeply" in reply.json()["error"]["message"], reply.text
+
+
+def test_count_tokens_counts_what_a_message_would_run(server):
+    # Claude Code asks /v1/messages/count_tokens before it sends: the prompt the same request runs.
+    client = _client(server)
+    fields = {"model": MODEL_NAME, "system": "Answer briefly.", "messages": [{"role": "user", "content": "Weather?"}],
+              "tools": [{"name": "get_weather", "description": "Weather of a city", "input_schema": {
+                  "type": "object", "properties": {"city": {"type": "string"}}}}]}
+    counted = client.messages.count_tokens(**fields)
+    reply = client.messages.create(**fields, max_tokens=2)
+    assert counted.input_tokens == reply.usage.input_tokens + (reply.usage.cache_read_input_tokens or 0)
+    assert client.messages.count_tokens(model=MODEL_NAME, messages=fields["messages"]).input_tokens < \
+        counted.input_tokens  # (the system message and the tools count)
+    with pytest.raises(anthropic.BadRequestError, match="client tools only"):
+        client.messages.count_tokens(model=MODEL_NAME, messages=fields["messages"],
+                                     tools=[{"type": "web_search_20250305", "name": "web_search"}])
+    with pytest.raises(anthropic.NotFoundError):
+        client.messages.count_tokens(model="claude-nope", messages=fields["messages"])
