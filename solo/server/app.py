@@ -35,11 +35,13 @@ from solo.server.state import ServerSettings, ServerState, host_name
 
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models",
           "/v1/models/{model}", "/tokenize", "/detokenize", "/health", "/metrics", "/", "/playground/info",
-          "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version")
+          "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/version",
+          "/v1/messages/count_tokens")
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 """Browser origins allowed by default (CORS): pages served from this machine, any port."""
-_OPEN_ROUTES = ("/health", "/api/version")  # reachable without the API key (probes; Ollama's clients' first call)
+_OPEN_ROUTES = ("/health", "/api/version", "/version")  # reachable without the API key (probes; Ollama's and
+# vLLM's clients' first call)
 _OPEN_PAGES = ("/", *(STATIC_PREFIX + name for name in ("index.html", "playground.js", "playground.css")))
 """The playground's static files: no data in them; the page sends the key on its API calls."""
 

@@ -166,13 +166,17 @@ def unreadable_body_message(cause: BaseException) -> str:
     return f"the request body cannot be read as JSON ({type(cause).__name__}); send a UTF-8 JSON object"
 
 
-# llama-server's native routes, which editor plugins call (llama.vim's /infill): what Solo serves instead.
-_LLAMA_SERVER_ROUTES = {
-    "/infill": "send POST /v1/completions with prompt (the text before the cursor) and suffix (the text after it)",
-    "/completion": "send POST /v1/completions (max_tokens for n_predict)",
-    "/props": "GET /v1/models names the model, /api/show gives its template and context length",
-    "/slots": "GET /metrics shows the running and waiting requests",
-    "/embedding": "Solo serves no embeddings",
+# Other servers' routes clients call (llama.vim's /infill, LangChain's embeddings): what Solo serves instead.
+_OTHER_SERVERS_ROUTES = {
+    "/infill": "llama-server's; send POST /v1/completions with prompt (the text before the cursor) and suffix "
+               "(the text after it)",
+    "/completion": "llama-server's; send POST /v1/completions (max_tokens for n_predict)",
+    "/props": "llama-server's; GET /v1/models names the model, /api/show gives its template and context length",
+    "/slots": "llama-server's; GET /metrics shows the running and waiting requests",
+    **dict.fromkeys(("/embedding", "/embeddings", "/v1/embeddings"),
+                    "an embeddings route; Solo serves no embeddings (it generates text): use an embedding server"),
+    **dict.fromkeys(("/v1/score", "/score", "/v1/rerank", "/rerank", "/pooling"),
+                    "vLLM's scoring / pooling; Solo serves none (it generates text)"),
 }
 
 
@@ -200,8 +204,8 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
                           "/v1/models, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
                           "/api/version, and /tokenize, /detokenize, /health, /metrics",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
-        if exc.status_code == 404 and request.url.path.rstrip("/") in _LLAMA_SERVER_ROUTES:
-            message = f"{request.url.path} is llama-server's; {_LLAMA_SERVER_ROUTES[request.url.path.rstrip('/')]}"
+        if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_SERVERS_ROUTES:
+            message = f"{request.url.path} is {_OTHER_SERVERS_ROUTES[request.url.path.rstrip('/')]}"
         if exc.status_code == 400 and exc.__cause__ is not None:
             message = unreadable_body_message(exc.__cause__)
         return shape(request.url.path, APIError(exc.status_code, message, type=kind, headers=exc.headers))

@@ -561,6 +561,14 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
 
+@router.get("/version")
+async def version() -> JSONResponse:
+    """{"version": Solo's version} (vLLM's GET /version, which clients probe)."""
+    from solo import __version__
+
+    return JSONResponse({"version": __version__})
+
+
 @router.get("/metrics")
 async def metrics(request: Request) -> Response:
     """Prometheus metrics in the text exposition format."""

@@ -245,6 +245,11 @@ def test_errors_come_in_ollamas_shape(server):
     assert httpx.get(f"{host}/api/chat", headers=key).json()["error"]
     assert httpx.post(f"{host}/api/blobs/sha256:00", headers=key).status_code == 404
     assert httpx.head(f"{host}/").status_code == 200 and httpx.get(f"{host}/api/version").status_code == 200
+    from solo import __version__  # vLLM's GET /version, open as Ollama's is
+
+    assert httpx.get(f"{host}/version").json() == {"version": __version__}
+    embeddings = httpx.post(f"{host}/v1/embeddings", json={"input": "x"}, headers=key)
+    assert embeddings.status_code == 404 and "Solo serves no embeddings" in embeddings.json()["error"]["message"]
     pull = httpx.post(f"{host}/api/pull", json={"model": "x"}, headers={"Authorization": "Bearer sesame"})
     assert pull.status_code == 501 and "solo pull" in pull.json()["error"]
     denied = httpx.post(f"{host}/api/chat", json=ask, headers={"Authorization": "Bearer wrong"})
