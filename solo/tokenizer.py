@@ -136,6 +136,27 @@ class Tokenizer:
             )
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def encode_plain(self, text: str) -> list[int]:
+        """Token ids of `text` as plain text, nothing added (no BOS).
+
+        An added token's text in it (a marker written in code) is not read as that token: the normalizer,
+        pre-tokenizer and model of `tokenizers`' pipeline run without its added-token step. For text holding no
+        added token's text, the ids are those of `encode(text, add_special_tokens=False)`.
+
+        Raises:
+            InvalidRequestError: `text` is not valid Unicode (see `encode`).
+        """
+        if not is_valid_unicode(text):
+            raise InvalidRequestError("the prompt is not valid Unicode text (it holds an unpaired surrogate such as "
+                                      "\\ud800, or bytes that are not UTF-8 such as 0xff); send UTF-8 text")
+        if not text:
+            return []
+        backend = self.backend
+        normalized = backend.normalizer.normalize_str(text) if backend.normalizer is not None else text
+        pieces = (backend.pre_tokenizer.pre_tokenize_str(normalized) if backend.pre_tokenizer is not None
+                  else [(normalized, (0, len(normalized)))])
+        return [token.id for piece, _ in pieces for token in backend.model.tokenize(piece)]
+
     def decode(self, ids: Sequence[int], skip_special_tokens: bool = True) -> str:
         """Text of `ids`."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -326,6 +326,22 @@ class Engine:
                                       "it) must be strings", param="suffix")
         return self.fim.format.prompt(prefix, suffix)
 
+    def infill_ids(self, prefix: str, suffix: str) -> list[int]:
+        """Token ids of `infill_prompt(prefix, suffix)`, the code read as plain text.
+
+        A FIM marker's text inside the code (a tokenizer's config being edited) stays text, as llama-server's
+        /infill reads it, instead of becoming a marker that breaks the layout. The tokenizer's BOS comes first
+        where it adds one (DeepSeek-Coder's, CodeGemma's).
+
+        Raises:
+            InvalidRequestError: see `infill_prompt`.
+        """
+        self.infill_prompt(prefix, suffix)  # (the checks)
+        fmt, token = self.fim.format, self.tokenizer.backend.token_to_id  # type: ignore[union-attr]
+        plain = self.tokenizer.encode_plain
+        start = self.tokenizer.backend.encode("", add_special_tokens=True).ids  # (BOS, where the tokenizer adds one)
+        return [*start, token(fmt.prefix), *plain(prefix), token(fmt.suffix), *plain(suffix), token(fmt.middle)]
+
     @property
     def constraints(self) -> ConstraintCompiler:
         """The grammar compiler for this model's tokenizer (structured output; built on first use)."""
@@ -577,7 +593,7 @@ class Engine:
             if not isinstance(prompt, str):
                 raise InvalidRequestError("suffix fills in the gap after a text prompt; send the prompt as text (not "
                                           "messages or token ids)", param="suffix")
-            prompt = self.infill_prompt(prompt, suffix)
+            prompt = self.infill_ids(prompt, suffix)
         render = {"add_generation_prompt": False, "continue_final_message": True} if continue_final_message else {}
         if tools or tool_choice not in (None, "none", "auto"):
             if not chat:

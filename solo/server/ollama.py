@@ -500,8 +500,7 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
 
     def count() -> int:
         if raw and fields.get("suffix"):  # (fill-in-the-middle: the route builds the prompt from the text)
-            text = state.engine.infill_prompt(fields["prompt"], fields["suffix"])
-            return len(tokenizer.encode(text, add_special_tokens=True))
+            return len(state.engine.infill_ids(fields["prompt"], fields["suffix"]))
         if raw:
             fields["prompt"] = tokenizer.encode(fields["prompt"], add_special_tokens=True)  # as the route would
             return len(fields["prompt"])

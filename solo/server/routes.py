@@ -418,8 +418,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 state.completion_budget(len(prompt), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
         for prompt in prompts:
             if isinstance(prompt, str):
-                text = prompt if suffix is None else engine.infill_prompt(prompt, suffix)
-                ids = engine.tokenizer.encode(text, add_special_tokens=True)  # as Engine.encode_prompt does
+                ids = (engine.tokenizer.encode(prompt, add_special_tokens=True) if suffix is None  # (as Engine's)
+                       else engine.infill_ids(prompt, suffix))
                 if not ids:
                     raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
             else:

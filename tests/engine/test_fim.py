@@ -117,3 +117,23 @@ def test_a_prefill_that_opens_a_tool_call_is_refused():
     closed = [*ask, {"role": "assistant", "content": "Let me check."}]
     engine.make_request(closed, {"max_tokens": 4}, tools=tools, continue_final_message=True)
     engine.make_request(opened, {"max_tokens": 4}, continue_final_message=True)  # no tools: only text
+
+
+def test_marker_text_in_the_code_stays_text(fim_engine):
+    # Code that writes a marker (a tokenizer config being edited) broke the layout: it became a second marker.
+    ids = fim_engine.tokenizer.backend.token_to_id
+    prefix = "s = '<|fim_suffix|>'\n"
+    prompt = fim_engine.make_request(prefix, {"max_tokens": 2}, suffix="x").prompt_ids
+    assert prompt.count(ids("<|fim_suffix|>")) == 1 and prompt.count(ids("<|fim_prefix|>")) == 1
+    assert fim_engine.tokenizer.decode(prompt, skip_special_tokens=False).endswith(
+        "<|fim_prefix|>s = '<|fim_suffix|>'\n<|fim_suffix|>x<|fim_middle|>")
+
+
+@pytest.mark.parametrize("name", ["Mistral-7B-Instruct-v0.3", "Phi-3-mini-4k-instruct", "Llama-2-7b-hf"])
+def test_plain_encoding_is_the_tokenizers_without_added_tokens(shared_hf, name):
+    from solo.tokenizer import Tokenizer
+
+    tokenizer = Tokenizer.from_folder(shared_hf / name)
+    for text in ("def add(a, b):\n    return a + b\n", "  ünïcödé 你好 🙂\n\ttab", "x", " ", "a\n\n\nb  c   d"):
+        assert tokenizer.encode_plain(text) == tokenizer.encode(text, add_special_tokens=False), text
+    assert tokenizer.encode_plain("") == []
