@@ -329,8 +329,8 @@ class Engine:
     def infill_ids(self, prefix: str, suffix: str) -> list[int]:
         """Token ids of `infill_prompt(prefix, suffix)`, the code read as plain text.
 
-        A FIM marker's text inside the code (a tokenizer's config being edited) stays text, as llama-server's
-        /infill reads it, instead of becoming a marker that breaks the layout. The tokenizer's BOS comes first
+        A FIM marker's text inside the code (a tokenizer's config being edited) stays text instead of becoming a
+        marker that breaks the layout. The tokenizer's BOS comes first
         where it adds one (DeepSeek-Coder's, CodeGemma's).
 
         Raises:
