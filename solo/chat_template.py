@@ -141,7 +141,8 @@ class ChatTemplate:
             raise InvalidRequestError("messages is empty; send at least one message", param="messages")
         if continue_final_message and add_generation_prompt:
             raise InvalidRequestError("continue_final_message continues the last message, add_generation_prompt "
-                                      "starts a new one: set add_generation_prompt to false", param="messages")
+                                      "starts a new one: set add_generation_prompt to false",
+                                      param="add_generation_prompt")
         if self.tool_format == "phi4_mini":
             from solo.engine.tool_calls import template_tool_messages
 

@@ -261,9 +261,10 @@ def test_continue_final_message_continues_the_last_message(server, engine):
     expected = server.client().completions.create(model=MODEL_NAME, prompt=ids, max_tokens=12, temperature=0)
     assert reply.choices[0].message.content == expected.choices[0].text
     assert reply.usage.prompt_tokens == len(ids)
-    with pytest.raises(openai.BadRequestError, match="add_generation_prompt"):
+    with pytest.raises(openai.BadRequestError, match="add_generation_prompt") as info:
         server.client().chat.completions.create(model=MODEL_NAME, messages=prefill, max_tokens=2,
                                                 extra_body={"continue_final_message": True})
+    assert info.value.body["param"] == "add_generation_prompt"  # (the field to change; it named messages)
     # What the continued text cannot carry on with is refused: its tool calls, an output grammar (it would start
     # over inside the text), and chat fields on a plain prompt to /tokenize.
     call = {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
