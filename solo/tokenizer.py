@@ -53,6 +53,7 @@ class Tokenizer:
         self.backend = backend
         self.special_tokens = dict(special_tokens)
         self._special_ids: dict[str, int] | None = None
+        self._added_texts: list[str] | None = None
         self.chat_template = ChatTemplate(chat_template, self.special_tokens) if chat_template else None
 
     @classmethod
@@ -136,12 +137,20 @@ class Tokenizer:
             )
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
+    def added_token_texts(self) -> list[str]:
+        """The texts of the tokenizer's added tokens (special or not), which encoding reads as those tokens."""
+        if self._added_texts is None:
+            self._added_texts = [t.content for t in self.backend.get_added_tokens_decoder().values() if t.content]
+        return self._added_texts
+
     def encode_plain(self, text: str) -> list[int]:
         """Token ids of `text` as plain text, nothing added (no BOS).
 
         An added token's text in it (a marker written in code) is not read as that token: the normalizer,
         pre-tokenizer and model of `tokenizers`' pipeline run without its added-token step. For text holding no
-        added token's text, the ids are those of `encode(text, add_special_tokens=False)`.
+        added token's text, the ids are those of `encode(text, add_special_tokens=False)`. A Metaspace
+        pre-tokenizer that prepends "▁" to the first piece only prepends it here too, where the text may not be
+        first. Holds the GIL (unlike `encode`): for the rare text that needs it.
 
         Raises:
             InvalidRequestError: `text` is not valid Unicode (see `encode`).

@@ -327,20 +327,25 @@ class Engine:
         return self.fim.format.prompt(prefix, suffix)
 
     def infill_ids(self, prefix: str, suffix: str) -> list[int]:
-        """Token ids of `infill_prompt(prefix, suffix)`, the code read as plain text.
+        """Token ids of `infill_prompt(prefix, suffix)`, the code read as text.
 
-        A FIM marker's text inside the code (a tokenizer's config being edited) stays text instead of becoming a
-        marker that breaks the layout. The tokenizer's BOS comes first
-        where it adds one (DeepSeek-Coder's, CodeGemma's).
+        The whole prompt is encoded as transformers encodes it (the tokenizer's own additions, such as BOS,
+        included). Where the code itself holds an added token's text (a FIM marker in a tokenizer's config being
+        edited), that text stays text instead of becoming a marker that breaks the layout: the code between the
+        markers is encoded plain (`Tokenizer.encode_plain`).
 
         Raises:
             InvalidRequestError: see `infill_prompt`.
         """
-        self.infill_prompt(prefix, suffix)  # (the checks)
+        text = self.infill_prompt(prefix, suffix)
+        ids = self.tokenizer.encode(text)
+        if not any(marker in prefix or marker in suffix for marker in self.tokenizer.added_token_texts()):
+            return ids
         fmt, token = self.fim.format, self.tokenizer.backend.token_to_id  # type: ignore[union-attr]
+        first, last = ids.index(token(fmt.prefix)), len(ids) - 1 - ids[::-1].index(token(fmt.middle))
         plain = self.tokenizer.encode_plain
-        start = self.tokenizer.backend.encode("", add_special_tokens=True).ids  # (BOS, where the tokenizer adds one)
-        return [*start, token(fmt.prefix), *plain(prefix), token(fmt.suffix), *plain(suffix), token(fmt.middle)]
+        return [*ids[:first], token(fmt.prefix), *plain(prefix), token(fmt.suffix), *plain(suffix), token(fmt.middle),
+                *ids[last + 1:]]
 
     @property
     def constraints(self) -> ConstraintCompiler:

@@ -387,13 +387,23 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
     return out
 
 
-def _arguments_object(arguments: Any) -> Any:  # noqa: ANN401
-    # A call's arguments as an object: a JSON string parsed (kept as it is when it is not JSON), None -> {}.
+def _arguments_object(arguments: Any, where: str | None = None) -> Any:  # noqa: ANN401
+    """A call's arguments as an object: a JSON string parsed, None or a blank string -> {} (as vLLM takes them).
+
+    Raises:
+        InvalidRequestError: with `where` (the call, for the message), a string that is not JSON (without it, such
+            a string is kept as it is).
+    """
     if isinstance(arguments, str):
-        try:
+        if not arguments.strip():
+            return {}
+        try:  # (the template would show the model broken text as its own call; vLLM refuses it too)
             return json.loads(arguments)
-        except json.JSONDecodeError:
-            return arguments
+        except (ValueError, RecursionError):
+            if where is None:
+                return arguments
+            raise InvalidRequestError(f"{where}.function.arguments is not JSON ({arguments!r:.40}); send the "
+                                      "arguments as a JSON object string", param="messages") from None
     return {} if arguments is None else arguments
 
 
@@ -455,12 +465,9 @@ def _check_tool_calls(index: int, calls: Any) -> None:  # noqa: ANN401
         if not isinstance(arguments, str | Mapping):
             raise InvalidRequestError(f"{where}[{j}].function.arguments must be the arguments as a JSON string "
                                       f"(or an object), got {arguments!r:.40}", param="messages")
-        if isinstance(arguments, str) and arguments.strip():
-            try:  # (the template would show the model broken text as its own call, as vLLM refuses it too)
-                json.loads(arguments)
-            except ValueError:
-                raise InvalidRequestError(f"{where}[{j}].function.arguments is not JSON ({arguments!r:.40}); send the "
-                                          "arguments as a JSON object string", param="messages") from None
+        if isinstance(arguments, str) and not isinstance(_arguments_object(arguments, f"{where}[{j}]"), dict):
+            raise InvalidRequestError(f"{where}[{j}].function.arguments must be a JSON object (the call's arguments by "
+                                      f"name), got {arguments!r:.40}", param="messages")
 
 
 # ---------------------------------------------------------------------------------------------- parsing

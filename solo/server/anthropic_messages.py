@@ -78,19 +78,25 @@ def anthropic_error(error: APIError) -> JSONResponse:
                         status_code=error.status, headers=error.headers)
 
 
-def chat_request(body: MessagesRequest, thinking_switch: bool = True) -> ChatCompletionRequest:
+def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: bool = False) -> ChatCompletionRequest:
     """The chat request a Messages request means (see the module docstring).
+
+    Args:
+        body: the request.
+        thinking_switch: the template can turn thinking off (`thinking: {"type": "disabled"}`).
+        counting: for count_tokens: settings that change what is generated but not the prompt (a thinking
+            budget, output settings, any field Solo does not know) are taken, as they would be counted.
 
     Raises:
         InvalidRequestError: a `thinking` budget, a block Solo does not take (images, documents, server tool
             results), a server tool, a malformed block, or any field the chat route refuses.
     """
-    if body.thinking is not None and body.thinking.get("type") != "disabled":
+    if body.thinking is not None and body.thinking.get("type") != "disabled" and not counting:
         raise InvalidRequestError(f"thinking {body.thinking.get('type')!r} is not supported by Solo (it has no "
                                   "reasoning-budget control; a thinking model's reasoning comes back as thinking "
                                   'blocks anyway); leave thinking out, or send {"type": "disabled"}',
                                   param="thinking")
-    for name in body.model_extra or {}:
+    for name in () if counting else body.model_extra or {}:
         if name not in _NO_EFFECT:
             raise InvalidRequestError(f"{name} is not a field Solo's Messages API takes", param=name)
     messages: list[dict[str, Any]] = []
@@ -154,7 +160,8 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True) -> ChatCom
         fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         fields.update(_chat_tool_choice(body.tool_choice))
-    if body.thinking is not None and thinking_switch:  # (only "disabled" gets here; without a switch, as asked)
+    if body.thinking is not None and body.thinking.get("type") == "disabled" and thinking_switch:  # (without a
+        # switch: as asked already)
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     return chat_request_from(fields, _FIELD_NAMES)
 
@@ -249,7 +256,7 @@ async def _read(request: Request, kind: type[MessagesRequest]) -> tuple[Messages
         raise InvalidRequestError(error.message, param=error.param) from None
     disabled = body.thinking is not None and body.thinking.get("type") == "disabled"
     switch = thinking_switch(request.app.state.solo, disabled, "thinking")
-    return body, chat_request(body, thinking_switch=switch)
+    return body, chat_request(body, thinking_switch=switch, counting=kind is CountTokensRequest)
 
 
 @router.post("/v1/messages/count_tokens", response_model=None)

@@ -202,7 +202,7 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
                           "/v1/models, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
-                          "/api/version, and /tokenize, /detokenize, /health, /metrics",
+                          "/api/version, and /tokenize, /detokenize, /health, /metrics, /version",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
         if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_SERVERS_ROUTES:
             message = f"{request.url.path} is {_OTHER_SERVERS_ROUTES[request.url.path.rstrip('/')]}"

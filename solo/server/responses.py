@@ -135,9 +135,16 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
             messages.append(message)
         elif kind == "function_call":
             where = f"input[{i}]"
+            arguments = string_field(item, "arguments", where, "input")
+            try:  # (named here as the client sent it, not as the chat request's message it becomes)
+                valid = not arguments.strip() or isinstance(json.loads(arguments), dict)
+            except (ValueError, RecursionError):
+                valid = False
+            if not valid:
+                raise InvalidRequestError(f"{where}.arguments must be a JSON object string (the call's arguments by "
+                                          f"name), got {arguments!r:.40}", param="input")
             call = {"id": string_field(item, "call_id", where, "input"), "type": "function",
-                    "function": {"name": string_field(item, "name", where, "input"),
-                                 "arguments": string_field(item, "arguments", where, "input")}}
+                    "function": {"name": string_field(item, "name", where, "input"), "arguments": arguments}}
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and (reasoning is None
                                                                      or "reasoning_content" not in last):

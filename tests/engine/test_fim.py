@@ -137,3 +137,31 @@ def test_plain_encoding_is_the_tokenizers_without_added_tokens(shared_hf, name):
     for text in ("def add(a, b):\n    return a + b\n", "  ünïcödé 你好 🙂\n\ttab", "x", " ", "a\n\n\nb  c   d"):
         assert tokenizer.encode_plain(text) == tokenizer.encode(text, add_special_tokens=False), text
     assert tokenizer.encode_plain("") == []
+
+
+def test_the_layout_is_the_whole_texts_encoding_on_metaspace_tokenizers(tmp_path):
+    # Code read plain only where it holds a marker's text: encoded by pieces, a Metaspace tokenizer that
+    # prepends "▁" to the first piece prepended it to the prefix and to the suffix (spaces not in the file).
+    from tokenizers import AddedToken, Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
+
+    from solo.tokenizer import Tokenizer as SoloTokenizer
+
+    tok = Tokenizer(models.BPE(unk_token="<unk>", byte_fallback=True))
+    tok.pre_tokenizer = pre_tokenizers.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.decoder = decoders.Metaspace(replacement="▁", prepend_scheme="first")
+    tok.normalizer = normalizers.NFC()
+    tok.train_from_iterator(["def add(a, b):\n    return a + b\n"] * 20, trainers.BpeTrainer(
+        vocab_size=200, special_tokens=["<unk>", "<s>"], show_progress=False))
+    tok.add_tokens([AddedToken(t, special=False, normalized=False) for t in QWEN_FIM])
+    folder = tmp_path / "tok"
+    folder.mkdir()
+    tok.save(str(folder / "tokenizer.json"))
+    tokenizer = SoloTokenizer.from_folder(folder)
+    engine = Engine.__new__(Engine)  # (a tokenizer is all infill_ids reads)
+    engine.tokenizer = tokenizer
+    engine.name = "t"
+    text = "<|fim_prefix|>x = 1<|fim_suffix|>\n\nprint(x)<|fim_middle|>"
+    assert engine.infill_ids("x = 1", "\n\nprint(x)") == tokenizer.encode(text)
+    # With a marker's text in the code, that text is plain and the layout's markers are the only markers.
+    ids = engine.infill_ids("s = '<|fim_suffix|>'", "y")
+    assert ids.count(tok.token_to_id("<|fim_suffix|>")) == 1

@@ -239,3 +239,10 @@ def test_count_tokens_counts_what_a_message_would_run(server):
                                      tools=[{"type": "web_search_20250305", "name": "web_search"}])
     with pytest.raises(anthropic.NotFoundError):
         client.messages.count_tokens(model="claude-nope", messages=fields["messages"])
+    # What changes the reply but not the prompt is counted as sent (Claude Code sends a thinking budget).
+    assert client.messages.count_tokens(**fields, thinking={"type": "enabled", "budget_tokens": 2048},
+                                        extra_body={"output_config": {"effort": "low"}}).input_tokens == \
+        counted.input_tokens
+    with pytest.raises(anthropic.AuthenticationError) as info:  # (in Anthropic's shape, as /v1/messages)
+        _client(server, key="wrong").messages.count_tokens(**fields)
+    assert info.value.body["type"] == "error"

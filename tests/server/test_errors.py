@@ -135,6 +135,12 @@ CASES = [
         {"id": "c1", "type": "function", "function": {"name": 5, "arguments": "{}"}}]}]), 400, "messages", None),
     ("tool-call-arguments-not-json", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{bad"}}]}]), 400, "messages", None),
+    ("tool-call-arguments-a-string", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": '"rm -rf"'}}]}]), 400, "messages",
+     None),
+    ("tool-call-arguments-too-deep", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 50000}}]}]), 400, "messages",
+     None),
     ("tool-calls-object", CHAT, chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": {}}]), 400,
      "messages", None),
     ("tokenize-tool-call-without-arguments", "/tokenize", {"messages": [*MSG, {"role": "assistant", "tool_calls": [

@@ -96,6 +96,9 @@ def test_function_calls_round_trip(server):
     ({"tool_choice": {"type": "function"}}, "tool_choice", '"type": "function", "name"'),
     ({"extra_body": {"frobnicate": 1}}, "frobnicate", "frobnicate"),
     ({"text": {"verbosity": "low"}}, "text", "text.verbosity 'low' is not supported"),  # (it was ignored)
+    ({"input": [{"type": "function_call", "call_id": "c1", "name": "f", "arguments": "[1, 2]"},
+                {"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input",
+     "input[0].arguments must be a JSON object string"),
     ({"text": {"format": {"type": "text"}, "bogus": 1}}, "text", "text.bogus"),
 ])
 def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
