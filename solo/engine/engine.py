@@ -590,7 +590,7 @@ class Engine:
         if not isinstance(continue_final_message, bool) or (continue_final_message and not chat):
             raise InvalidRequestError("continue_final_message must be true or false, and true needs chat messages as "
                                       "the prompt (it continues the last one)", param="continue_final_message")
-        messages = prompt if chat else None
+        messages = template_messages(prompt) if chat else None  # (text parts joined, as the server joins them)
         if suffix is not None and not isinstance(suffix, str):
             raise InvalidRequestError(f"suffix must be text, got {suffix!r:.40}", param="suffix")
         suffix = suffix or None  # (an empty suffix is none, as OpenAI's)
@@ -676,7 +676,7 @@ class Engine:
             tail = self.tokenizer.decode(prepared.token_ids[-16:], skip_special_tokens=False)
             request.reasoning_split = True
             request.in_reasoning = prompt_opens_reasoning(tail) or (
-                continue_final_message and continues_reasoning(str(messages[-1].get("content"))))
+                continue_final_message and continues_reasoning(str(messages[-1].get("content") or "")))
         model_eos = set() if params.ignore_eos else set(self.eos_ids)
         request.stop_token_reasons = {**{t: t for t in params.stop_token_ids if t not in model_eos},
                                       **{special[s]: s for s in params.stop if s in special}}

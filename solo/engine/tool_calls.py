@@ -398,7 +398,8 @@ def _arguments_object(arguments: Any, where: str | None = None) -> Any:  # noqa:
         if not arguments.strip():
             return {}
         try:  # (the template would show the model broken text as its own call; vLLM refuses it too)
-            return json.loads(arguments)
+            parsed = json.loads(arguments)
+            return {} if parsed is None else parsed  # (null: no arguments, as a blank string)
         except (ValueError, RecursionError):
             if where is None:
                 return arguments
@@ -422,8 +423,8 @@ def arguments_as_objects(messages: Sequence[Mapping[str, Any]]) -> list[dict[str
 
     Raises:
         InvalidRequestError: a message's `tool_calls` is not a list of OpenAI tool calls ({"id", "type":
-            "function", "function": {"name": a string, "arguments": a JSON string or object}}); the message
-            names the message and the call (param "messages").
+            "function", "function": {"name": a string, "arguments": a JSON object string, or an object}}); the
+            message names the message and the call (param "messages").
     """
     out = []
     for i, message in enumerate(messages):
@@ -520,7 +521,8 @@ def check_prefill_opens_no_call(fmt: str | None, prefill: Any) -> None:  # noqa:
     if isinstance(prefill, str) and prefill_opens_call(fmt, prefill):
         raise InvalidRequestError("the last message is continued (a prefill), and its text opens a tool call it does "
                                   "not close: the reply would hold only the call's end; send the whole call as the "
-                                  "message's tool_calls, or force one with tool_choice", param="messages")
+                                  "message's tool_calls, or drop the prefill and force a call with tool_choice",
+                                  param="messages")
 
 
 class ToolCallParser:

@@ -195,13 +195,15 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     src = named.resolve()
     stat = src.stat()
     folder = cache_root() / "gguf" / _folder_name(named, src)
+    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     if (folder / "gguf_source.json").is_file():
-        _bring_up_to_date(folder, src)
+        if _bring_up_to_date(folder, src):
+            say(f"updated Solo's conversion of {named.name}: it stops on the file's end-of-turn tokens and samples "
+                "with the file's defaults, as llama.cpp reads them")
         return folder
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
                               "(llama-gguf-split --merge) and pass the merged file")
-    say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     say(f"converting {named.name} to a model folder in {folder.parent} (once) ...")
     try:
         from gguf import GGUFReader
@@ -336,17 +338,20 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
-def _bring_up_to_date(folder: Path, src: Path) -> None:
+def _bring_up_to_date(folder: Path, src: Path) -> bool:
     """Give a folder converted by an older Solo what a conversion writes now, without converting it again.
 
     Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. A cache
     that cannot be written keeps the folder as it is (it still runs, as before).
+
+    Returns:
+        Whether the folder was updated.
     """
     record_path = folder / "gguf_source.json"
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         if record.get("format", 1) >= _CONVERSION_FORMAT:
-            return
+            return False
         generation_path = folder / "generation_config.json"
         generation = json.loads(generation_path.read_text(encoding="utf-8"))
         vocab_size = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"])
@@ -354,7 +359,8 @@ def _bring_up_to_date(folder: Path, src: Path) -> None:
         generation_path.write_text(json.dumps(generation, indent=2) + "\n")
         record_path.write_text(json.dumps({**record, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
     except (OSError, ValueError, KeyError, TypeError):
-        return
+        return False
+    return True
 
 
 # llama.cpp's general.sampling.* keys (written by its converter from generation_config.json) -> the

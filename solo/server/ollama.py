@@ -649,6 +649,7 @@ async def generate(request: Request) -> Response:
                     raise InvalidRequestError(f"{name} has no place in a fill-in-the-middle prompt (suffix); leave "
                                               f"{name} out", param=name)
             data.pop("think", None)
+            data.pop("system", None)  # (an empty one: none)
             raw = True
         fields = _common_fields(data, raw)
         thinking = None if raw else _thinking(data.get("think"), state)

@@ -9,10 +9,11 @@ nothing (`use_beam_search` false, `length_penalty` 1, ...:
 Known fields are strictly typed (no "0.5" strings for numbers, no 1 for true, no NaN) and range-checked,
 so FastAPI rejects bad input before any engine work.
 What Solo cannot honour is rejected rather than silently ignored: `echo`, `suffix` on a model without
-fill-in-the-middle tokens, `best_of` != n, the deprecated `functions` unless `function_call` is "none" (use `tools`),
-`stream_options` without `stream`, a non-assistant message without content, `max_tokens` and
-`max_completion_tokens` that disagree, `modalities` other than ["text"], and `reasoning_effort` but "none"
-(thinking off).
+fill-in-the-middle tokens, `best_of` != n, the deprecated `functions` unless `function_call` is "none" and a
+`function_call` naming a function (use `tools` and `tool_choice`), `stream_options` without `stream`, a
+non-assistant message without content, `max_tokens` and `max_completion_tokens` that disagree, `modalities`
+other than ["text"], `reasoning_effort` but "none" (thinking off), `verbosity` but "medium", and llama-server's
+fields (`FOREIGN_FIELDS`: the error names the field to send instead).
 Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, `allowed_token_ids`, `bad_words`, `skip_special_tokens`,
 `add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both

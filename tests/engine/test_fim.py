@@ -117,6 +117,14 @@ def test_a_prefill_that_opens_a_tool_call_is_refused():
     closed = [*ask, {"role": "assistant", "content": "Let me check."}]
     engine.make_request(closed, {"max_tokens": 4}, tools=tools, continue_final_message=True)
     engine.make_request(opened, {"max_tokens": 4}, continue_final_message=True)  # no tools: only text
+    # Text parts are joined first, as the server joins them (the list skipped the check).
+    parts = [*ask, {"role": "assistant", "content": [{"type": "text", "text": opened[-1]["content"]}]}]
+    with pytest.raises(InvalidRequestError, match="opens a tool call"):
+        engine.make_request(parts, {"max_tokens": 4}, tools=tools, continue_final_message=True)
+    # A null arguments string in a history is no arguments, as a blank one.
+    call = {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": "null"}}
+    engine.make_request([*ask, {"role": "assistant", "content": None, "tool_calls": [call]},
+                         {"role": "tool", "tool_call_id": "c1", "content": "12:00"}], {"max_tokens": 2}, tools=tools)
 
 
 def test_marker_text_in_the_code_stays_text(fim_engine):

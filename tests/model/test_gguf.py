@@ -393,8 +393,14 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
     (folder / "gguf_source.json").write_text(json.dumps(record))
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     weights = (folder / "model.safetensors").stat().st_mtime_ns
-    assert gguf_to_folder(path) == folder
+    said = []
+    assert gguf_to_folder(path, log=said.append) == folder
+    assert said == ["updated Solo's conversion of tiny-old.gguf: it stops on the file's end-of-turn tokens and "
+                    "samples with the file's defaults, as llama.cpp reads them"]
     assert json.loads((folder / "generation_config.json").read_text()) == {
         "bos_token_id": 1, "eos_token_id": [2, 4], "temperature": 0.6}
     assert json.loads((folder / "gguf_source.json").read_text())["format"] == 2
     assert (folder / "model.safetensors").stat().st_mtime_ns == weights  # not converted again
+    said.clear()
+    gguf_to_folder(path, log=said.append)
+    assert said == []  # (once)

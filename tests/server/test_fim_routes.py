@@ -78,3 +78,11 @@ def test_a_chat_that_mentions_a_marker_is_no_fim_prompt(server):
 def test_llama_servers_routes_name_solos(server):
     reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
     assert reply.status_code == 404 and "/v1/completions with prompt" in reply.json()["error"]["message"]
+
+
+def test_an_empty_system_beside_a_suffix_is_none(server):
+    # Editors send every field: an empty system (and think false) change nothing in a FIM prompt.
+    reply = httpx.post(f"{server.base_url.removesuffix('/v1')}/api/generate", json={
+        "model": MODEL_NAME, "prompt": PREFIX, "suffix": SUFFIX, "system": "", "think": False, "stream": False,
+        "options": {"num_predict": 2}})
+    assert reply.status_code == 200, reply.text
