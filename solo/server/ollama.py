@@ -499,8 +499,9 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
     tokenizer = state.engine.tokenizer
 
     def count() -> int:
-        if raw and fields.get("suffix"):  # (fill-in-the-middle: the route builds the prompt from the text)
-            return len(state.engine.infill_ids(fields["prompt"], fields["suffix"]))
+        if raw and fields.get("suffix"):  # (fill-in-the-middle: its layout's ids, which end at the FIM end tokens)
+            fields["prompt"] = state.engine.infill_ids(fields["prompt"], fields.pop("suffix"))
+            return len(fields["prompt"])
         if raw:
             fields["prompt"] = tokenizer.encode(fields["prompt"], add_special_tokens=True)  # as the route would
             return len(fields["prompt"])

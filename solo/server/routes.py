@@ -426,10 +426,9 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 ids = engine.encode_prompt(prompt)  # checks the ids against the vocabulary
             prompt_tokens += len(ids)
             max_tokens = state.completion_budget(len(ids), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
-            requests += [engine.make_request(ids if suffix is None else prompt,
-                                             body.sampling_params(max_tokens, body.logprobs, i, response_format),
-                                             fallback_temperature=1.0, start_time=arrival, suffix=suffix)
-                         for i in range(body.n)]
+            # (a FIM layout's ids end at the FIM end tokens: make_request finds the middle marker in them)
+            requests += [engine.make_request(ids, body.sampling_params(max_tokens, body.logprobs, i, response_format),
+                                             fallback_temperature=1.0, start_time=arrival) for i in range(body.n)]
         return requests
 
     generation = await _submit(state, prepare, body.priority)
