@@ -33,7 +33,7 @@ from solo.engine.fim import Fim, detect_fim
 from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
-from solo.engine.reasoning import ReasoningParser, continues_reasoning, detect_reasoning, prompt_opens_reasoning
+from solo.engine.reasoning import continues_reasoning, detect_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent, GenerationResult, Request
 from solo.engine.sampling import SamplingParams
 from solo.engine.speculative import (
@@ -46,7 +46,6 @@ from solo.engine.speculative import (
 )
 from solo.engine.tool_calls import (
     TOOL_FORMATS,
-    ToolCallParser,
     arguments_as_objects,
     check_prefill_opens_no_call,
     check_tools,
@@ -801,11 +800,10 @@ class Engine:
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
                                     parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs,
                                     continue_final_message=continue_final_message, suffix=suffix)
-        parser = None if request.tool_call_format is None else ToolCallParser(
-            request.tool_call_format, self.tokenizer.special_token_ids(), forced=request.tool_call_forced,
-            parameters=request.tool_parameters)
-        thinking = ReasoningParser(request.in_reasoning) if request.reasoning_split else None
-        reader = OutputReader(thinking, parser)
+        reader = OutputReader.for_reply(request.tool_call_format, self.tokenizer.special_token_ids(),
+                                        request.tool_call_forced, request.tool_parameters, request.reasoning_split,
+                                        request.in_reasoning)
+        parser, thinking = reader.tools, reader.reasoning
         texts, contents, ids, logprobs = [], [], [], []
         event = None
         for event in self.run(request):

@@ -7,7 +7,8 @@ model merely wrote while thinking is never run.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 from solo.engine.reasoning import ReasoningParser
 from solo.engine.tool_calls import ToolCall, ToolCallParser
@@ -40,6 +41,23 @@ class OutputReader:
         self.reasoning, self.tools = reasoning, tools
         self.reasoning_tokens = 0  # tokens of the block, its markers included (usage's reasoning_tokens)
         self.raw_content = ""  # the output after the block, before tool calls were taken out
+
+    @classmethod
+    def for_reply(cls, tool_format: str | None, special_token_ids: Mapping[str, int], forced: bool = False,
+                  parameters: Mapping[str, Mapping[str, Any]] | None = None, split: bool = False,
+                  in_reasoning: bool = False) -> OutputReader:
+        """A reader for one reply.
+
+        Args:
+            tool_format: the tool-call syntax (`ToolCallParser`), or None when the reply holds no calls.
+            special_token_ids: the tokenizer's special tokens (text -> id).
+            forced, parameters: as `ToolCallParser` takes them.
+            split: a thinking model's block is split off (`splits_reasoning`).
+            in_reasoning: the prompt opened the block (the output starts inside it).
+        """
+        tools = None if tool_format is None else ToolCallParser(tool_format, special_token_ids, forced=forced,
+                                                                parameters=parameters)
+        return cls(ReasoningParser(in_reasoning) if split else None, tools)
 
     def feed(self, text: str, token_ids: Sequence[int]) -> tuple[str, str]:
         """Take one event's text and tokens; returns the (reasoning, content) deltas that can be sent now."""

@@ -387,24 +387,38 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
     return out
 
 
-def _arguments_object(arguments: Any, where: str | None = None) -> Any:  # noqa: ANN401
-    """A call's arguments as an object: a JSON string parsed, None or a blank string -> {} (as vLLM takes them).
+def check_arguments(arguments: str, where: str, param: str) -> None:
+    """Refuse a tool call's arguments string that is not a JSON object (blank or null: no arguments).
+
+    Args:
+        arguments: the string a client sent.
+        where: where it is, for the message ("messages[2].tool_calls[0].function.arguments", "input[1].arguments").
+        param: the request field to name.
 
     Raises:
-        InvalidRequestError: with `where` (the call, for the message), a string that is not JSON (without it, such
-            a string is kept as it is).
+        InvalidRequestError: not JSON, nested too deeply, or JSON that is not an object.
     """
+    try:
+        parsed = json.loads(arguments) if arguments.strip() else {}
+    except (ValueError, RecursionError):
+        parsed = None
+    else:
+        parsed = {} if parsed is None else parsed
+    if not isinstance(parsed, dict):  # (the template would show the model broken text as its own call)
+        raise InvalidRequestError(f"{where} must be a JSON object string (the call's arguments by name), got "
+                                  f"{arguments!r:.40}", param=param)
+
+
+def _arguments_object(arguments: Any) -> Any:  # noqa: ANN401
+    # A call's arguments as an object: a JSON string parsed, None, null or a blank string -> {} (as vLLM takes
+    # them); text that is not JSON is kept (histories are refused before: `check_arguments`).
     if isinstance(arguments, str):
         if not arguments.strip():
             return {}
-        try:  # (the template would show the model broken text as its own call; vLLM refuses it too)
-            parsed = json.loads(arguments)
-            return {} if parsed is None else parsed  # (null: no arguments, as a blank string)
+        try:
+            arguments = json.loads(arguments)
         except (ValueError, RecursionError):
-            if where is None:
-                return arguments
-            raise InvalidRequestError(f"{where}.function.arguments is not JSON ({arguments!r:.40}); send the "
-                                      "arguments as a JSON object string", param="messages") from None
+            return arguments
     return {} if arguments is None else arguments
 
 
@@ -466,9 +480,8 @@ def _check_tool_calls(index: int, calls: Any) -> None:  # noqa: ANN401
         if not isinstance(arguments, str | Mapping):
             raise InvalidRequestError(f"{where}[{j}].function.arguments must be the arguments as a JSON string "
                                       f"(or an object), got {arguments!r:.40}", param="messages")
-        if isinstance(arguments, str) and not isinstance(_arguments_object(arguments, f"{where}[{j}]"), dict):
-            raise InvalidRequestError(f"{where}[{j}].function.arguments must be a JSON object (the call's arguments by "
-                                      f"name), got {arguments!r:.40}", param="messages")
+        if isinstance(arguments, str):
+            check_arguments(arguments, f"{where}[{j}].function.arguments", "messages")
 
 
 # ---------------------------------------------------------------------------------------------- parsing

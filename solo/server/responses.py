@@ -26,6 +26,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import Response
 from pydantic import BaseModel, ConfigDict, model_validator
 
+from solo.engine.tool_calls import check_arguments
 from solo.errors import InvalidRequestError
 from solo.server.chat_adapter import CUT_SHORT, chat_chunks, chat_request_from, string_field, thinking_switch
 from solo.server.protocol import ChatCompletionRequest
@@ -136,13 +137,7 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
         elif kind == "function_call":
             where = f"input[{i}]"
             arguments = string_field(item, "arguments", where, "input")
-            try:  # (named here as the client sent it, not as the chat request's message it becomes)
-                valid = not arguments.strip() or isinstance(json.loads(arguments), dict)
-            except (ValueError, RecursionError):
-                valid = False
-            if not valid:
-                raise InvalidRequestError(f"{where}.arguments must be a JSON object string (the call's arguments by "
-                                          f"name), got {arguments!r:.40}", param="input")
+            check_arguments(arguments, f"{where}.arguments", "input")  # (named as the client sent it)
             call = {"id": string_field(item, "call_id", where, "input"), "type": "function",
                     "function": {"name": string_field(item, "name", where, "input"), "arguments": arguments}}
             last = messages[-1] if messages else None

@@ -28,7 +28,6 @@ from starlette.types import Receive, Scope, Send
 from solo.chat_template import check_continued, check_template_kwargs
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.reasoning import (
-    ReasoningParser,
     continues_reasoning,
     prompt_closes_reasoning,
     prompt_opens_reasoning,
@@ -37,7 +36,6 @@ from solo.engine.request import GenerationEvent
 from solo.engine.request import Request as EngineRequest
 from solo.engine.tool_calls import (
     ToolCall,
-    ToolCallParser,
     arguments_as_objects,
     check_prefill_opens_no_call,
     check_tools,
@@ -323,9 +321,8 @@ class _ToolSetup:
     parameters: dict[str, dict[str, Any]] | None = None  # function name -> parameters schema (typed XML values)
 
     def reader(self, engine: Any) -> OutputReader:  # noqa: ANN401
-        tools = None if self.format is None else ToolCallParser(self.format, engine.tokenizer.special_token_ids(),
-                                                                forced=self.forced, parameters=self.parameters)
-        return OutputReader(ReasoningParser(self.in_reasoning) if self.reasoning else None, tools)
+        return OutputReader.for_reply(self.format, engine.tokenizer.special_token_ids(), self.forced,
+                                      self.parameters, self.reasoning, self.in_reasoning)
 
 
 def _tool_call_deltas(calls: list[ToolCall]) -> list[Delta]:
