@@ -236,7 +236,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     except OSError as exc:
         raise CheckpointError(_cache_write_error(parent, exc)) from None
     try:
-        _convert(src, tmp, arch, dtype)
+        _convert(reader, src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
             {"file": str(named.absolute()), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
              "stored_dtype": dtype, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
@@ -283,7 +283,9 @@ def _field(reader: Any, name: str) -> str:  # noqa: ANN401
     return bytes(field.parts[field.data[0]]).decode("utf-8")
 
 
-def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
+def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None:  # noqa: ANN401
+    # The file's metadata comes from `reader` (its GGUFReader, opened once); weights and tokenizer through
+    # transformers' GGUF loader.
     import logging
 
     import torch
@@ -309,9 +311,9 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     raw = config.to_dict()
     raw["torch_dtype"] = raw["dtype"] = dtype
     if arch == "phi3":
-        raw.update(_phi3_fields(src, raw))
+        raw.update(_phi3_fields(reader, src, raw))
     elif arch == "gemma3":
-        raw.update(_gemma3_fields(src, raw))
+        raw.update(_gemma3_fields(reader, src, raw))
     ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
@@ -331,10 +333,11 @@ def _convert(src: Path, out: Path, arch: str, dtype: str) -> None:
     (out / "config.json").write_text(json.dumps(raw, indent=2, default=str) + "\n")
     tokenizer = AutoTokenizer.from_pretrained(str(src.parent), gguf_file=src.name)
     tokenizer.save_pretrained(str(out))
-    token_types = _read_token_types(src)
+    token_types = _token_types(reader)
     _mark_special_tokens(out / "tokenizer.json", token_types, int(raw["vocab_size"]))
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
-    generation.update(_generation_fields(src, raw.get("eos_token_id"), int(raw["vocab_size"]), token_types))
+    generation.update(_generation_fields(reader, src.name, raw.get("eos_token_id"), int(raw["vocab_size"]),
+                                         token_types))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
@@ -347,6 +350,8 @@ def _bring_up_to_date(folder: Path, src: Path) -> bool:
     Returns:
         Whether the folder was updated.
     """
+    from gguf import GGUFReader
+
     record_path = folder / "gguf_source.json"
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
@@ -355,7 +360,9 @@ def _bring_up_to_date(folder: Path, src: Path) -> bool:
         generation_path = folder / "generation_config.json"
         generation = json.loads(generation_path.read_text(encoding="utf-8"))
         vocab_size = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"])
-        generation.update(_generation_fields(src, generation.get("eos_token_id"), vocab_size, _read_token_types(src)))
+        reader = GGUFReader(str(src))
+        generation.update(_generation_fields(reader, src.name, generation.get("eos_token_id"), vocab_size,
+                                             _token_types(reader)))
         generation_path.write_text(json.dumps(generation, indent=2) + "\n")
         record_path.write_text(json.dumps({**record, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
     except (OSError, ValueError, KeyError, TypeError):
@@ -373,7 +380,7 @@ _END_OF_TURN_TEXTS = frozenset({"<|eot_id|>", "<|eom_id|>", "<|im_end|>", "<|end
                                 "<|end_of_text|>", "<EOT>", "<｜end▁of▁sentence｜>"})
 
 
-def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int,
+def _generation_fields(reader: Any, name: str, eos: int | list[int] | None, vocab_size: int,  # noqa: ANN401
                        token_types: list[tuple[str, int]]) -> dict[str, Any]:
     """generation_config.json fields of a GGUF file that transformers' GGUF reader leaves out.
 
@@ -384,22 +391,15 @@ def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int,
     checkpoint's generation_config.json gives them (a value out of its range is left out with a warning; a
     negative temperature, llama.cpp's greedy, is 0); a default sampler Solo does not run (mirostat, XTC) is
     named in a warning. Warnings come when the file is converted.
+
+    Args:
+        reader: the file's GGUFReader; name: its name, for the warning.
+        eos: the eos id(s) transformers read; vocab_size: the model's; token_types: `_token_types(reader)`.
     """
-    from gguf import GGUFReader
-
-    reader = GGUFReader(str(src))
-
-    def number(key: str) -> float | None:
-        field = reader.fields.get(key)
-        if field is None or not field.data:
-            return None
-        value = field.parts[field.data[0]]
-        return value[0].item() if len(value) == 1 and value.dtype.kind in "iuf" else None
-
     fields: dict[str, Any] = {}
     given = [eos] if isinstance(eos, int) else list(eos or [])
     ids = list(given)
-    found = [number(f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
+    found = [_number(reader, f"tokenizer.ggml.{kind}_token_id") for kind in ("eot", "eom")]
     found += [i for i, (text, _) in enumerate(token_types) if text in _END_OF_TURN_TEXTS]
     for token in found:
         if token is not None and 0 <= int(token) < vocab_size and int(token) not in ids:
@@ -408,7 +408,7 @@ def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int,
         fields["eos_token_id"] = ids
     problems = []
     for key, (name, ok) in _SAMPLING_KEYS.items():
-        value = number(f"general.sampling.{key}")
+        value = _number(reader, f"general.sampling.{key}")
         if value is None:
             continue
         value = int(value) if name == "top_k" else float(f"{value:.6g}")  # (stored as float32: 0.699999988)
@@ -418,10 +418,12 @@ def _generation_fields(src: Path, eos: int | list[int] | None, vocab_size: int,
             fields[name] = value
         else:
             problems.append(f"{key} {value:g} is out of range, left out")
-    problems += [f"{key} {number(f'general.sampling.{key}'):g}, which Solo does not run" for key in
-                 ("mirostat", "xtc_probability") if number(f"general.sampling.{key}")]
+    for key in ("mirostat", "xtc_probability"):
+        value = _number(reader, f"general.sampling.{key}")
+        if value:
+            problems.append(f"{key} {value:g}, which Solo does not run")
     if problems:
-        warnings.warn(f"{src.name}'s sampling defaults: {'; '.join(problems)}; its other defaults apply", SoloWarning,
+        warnings.warn(f"{name}'s sampling defaults: {'; '.join(problems)}; its other defaults apply", SoloWarning,
                       stacklevel=2)
     return fields
 
@@ -435,7 +437,7 @@ def gemma3_query_pre_attn_scalar(num_layers: int, hidden_size: int, num_heads: i
     return hidden_size / num_heads if num_layers == 62 else float(head_dim)
 
 
-def _gemma3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
+def _gemma3_fields(reader: Any, src: Path, raw: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
     """config.json fields of a gemma3 GGUF that transformers' GGUF reader leaves out or defaults.
 
     llama.cpp's converter (convert_hf_to_gguf.py, Gemma3Model) writes the global layers' RoPE scaling as
@@ -447,9 +449,7 @@ def _gemma3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
     Raises:
         UnsupportedArchitectureError: a RoPE scaling type other than linear.
     """
-    from gguf import GGUFReader, GGUFValueType
-
-    reader = GGUFReader(str(src))
+    from gguf import GGUFValueType
 
     def field(key: str) -> Any:  # noqa: ANN401
         f = reader.fields.get(f"gemma3.{key}")
@@ -470,7 +470,7 @@ def _gemma3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
+def _phi3_fields(reader: Any, src: Path, raw: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
     """config.json fields of a phi3 GGUF that transformers' GGUF reader leaves out.
 
     llama.cpp's converter (convert_hf_to_gguf.py, Phi3MiniModel) writes the sliding window (0: none, as
@@ -484,15 +484,10 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
         CheckpointError: only one of the two factor tensors is present, or the rotary dimension is not an
             even number of at most the head size.
     """
-    from gguf import GGUFReader
-
     from solo.model.config import longrope_attention_factor
 
-    reader = GGUFReader(str(src))
-
     def number(key: str) -> float | None:
-        field = reader.fields.get(f"phi3.{key}")
-        return None if field is None else field.parts[field.data[0]][0].item()
+        return _number(reader, f"phi3.{key}")
 
     fields: dict[str, Any] = {}
     window = number("attention.sliding_window")
@@ -528,10 +523,17 @@ def _phi3_fields(src: Path, raw: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _read_token_types(src: Path) -> list[tuple[str, int]]:
-    from gguf import GGUFReader
+def _number(reader: Any, key: str) -> float | None:  # noqa: ANN401
+    # A numeric metadata value of the file, or None where it has none (or not one number).
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    return value[0].item() if len(value) == 1 and value.dtype.kind in "iuf" else None
 
-    reader = GGUFReader(str(src))
+
+def _token_types(reader: Any) -> list[tuple[str, int]]:  # noqa: ANN401
+    # (text, llama.cpp token type) of every vocabulary entry.
     tokens, types = reader.fields.get("tokenizer.ggml.tokens"), reader.fields.get("tokenizer.ggml.token_type")
     if tokens is None or types is None:
         return []
