@@ -609,12 +609,10 @@ class Engine:
                 params = params.copy(response_format=spec)
             if choice == "none":
                 tool_format = None
-            prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)),
-                                                tools=list(tools) or None, **extra, **render)
-        elif render:
-            prompt = self.tokenizer.encode_chat(arguments_as_objects(template_messages(prompt)), **extra, **render)
-        elif extra:
-            prompt = self.encode_prompt(prompt, extra)
+            prompt = self.tokenizer.encode_chat(arguments_as_objects(messages), tools=list(tools) or None, **extra,
+                                                **render)
+        elif extra or render:  # (the variables are checked above; `prepare` checks the ids)
+            prompt = self.tokenizer.encode_chat(arguments_as_objects(messages), **extra, **render)
         if continue_final_message:
             check_continued(messages[-1], params.response_format)
             check_prefill_opens_no_call(tool_format, messages[-1].get("content"))
@@ -814,9 +812,9 @@ class Engine:
                 logprobs.extend(event.logprobs)
         assert event is not None and event.finish_reason is not None and event.stats is not None
         _, rest, calls = reader.finish()
-        text, finish_reason = "".join(texts), event.finish_reason
+        text, finish_reason, content = "".join(texts), event.finish_reason, "".join(contents) + rest
         if parser is not None:  # the block as written, then the content less its calls
-            text = text[:len(text) - len(reader.raw_content)] + "".join(contents) + rest
+            text = text[:len(text) - len(reader.raw_content)] + content
             calls = calls if parallel_tool_calls else calls[:1]  # OpenAI: at most one call without parallel calls
             if calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
@@ -826,7 +824,7 @@ class Engine:
             tool_calls=calls or None, stop_reason=event.stop_reason,
             # (an empty block is none, as the server sends it)
             reasoning_content=(thinking.reasoning or None) if thinking is not None else None,
-            content=reader.raw_content if parser is None else "".join(contents) + rest,
+            content=content,
         )
 
 
