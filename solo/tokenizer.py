@@ -130,11 +130,7 @@ class Tokenizer:
             InvalidRequestError: `text` is not valid Unicode (an unpaired surrogate, or undecodable bytes
                 carried as surrogate escapes), which `tokenizers` cannot encode.
         """
-        if not is_valid_unicode(text):
-            raise InvalidRequestError(
-                "the prompt is not valid Unicode text (it holds an unpaired surrogate such as \\ud800, or bytes "
-                "that are not UTF-8 such as 0xff); send UTF-8 text"
-            )
+        _require_valid_unicode(text)
         return self.backend.encode_batch([text], add_special_tokens=add_special_tokens)[0].ids
 
     def added_token_texts(self) -> list[str]:
@@ -155,9 +151,7 @@ class Tokenizer:
         Raises:
             InvalidRequestError: `text` is not valid Unicode (see `encode`).
         """
-        if not is_valid_unicode(text):
-            raise InvalidRequestError("the prompt is not valid Unicode text (it holds an unpaired surrogate such as "
-                                      "\\ud800, or bytes that are not UTF-8 such as 0xff); send UTF-8 text")
+        _require_valid_unicode(text)
         if not text:
             return []
         backend = self.backend
@@ -201,6 +195,15 @@ class Tokenizer:
         need BOS write it themselves, so it is never doubled.
         """
         return self.encode(self.render_chat(messages, add_generation_prompt, **kwargs), add_special_tokens=False)
+
+
+def _require_valid_unicode(text: str) -> None:
+    # `tokenizers` cannot encode an unpaired surrogate (nor undecodable bytes carried as surrogate escapes).
+    if not is_valid_unicode(text):
+        raise InvalidRequestError(
+            "the prompt is not valid Unicode text (it holds an unpaired surrogate such as \\ud800, or bytes "
+            "that are not UTF-8 such as 0xff); send UTF-8 text"
+        )
 
 
 def _chat_template_source(folder: Path, config: Mapping[str, Any]) -> str | None:

@@ -398,13 +398,8 @@ def check_arguments(arguments: str, where: str, param: str) -> None:
     Raises:
         InvalidRequestError: not JSON, nested too deeply, or JSON that is not an object.
     """
-    try:
-        parsed = json.loads(arguments) if arguments.strip() else {}
-    except (ValueError, RecursionError):
-        parsed = None
-    else:
-        parsed = {} if parsed is None else parsed
-    if not isinstance(parsed, dict):  # (the template would show the model broken text as its own call)
+    # (the template would show the model broken text as its own call)
+    if not isinstance(_arguments_object(arguments), dict):
         raise InvalidRequestError(f"{where} must be a JSON object string (the call's arguments by name), got "
                                   f"{arguments!r:.40}", param=param)
 
@@ -488,6 +483,9 @@ def _check_tool_calls(index: int, calls: Any) -> None:  # noqa: ANN401
 
 _MARKERS = {"hermes": "<tool_call>", "mistral": "[TOOL_CALLS]", "llama3_json": "<|python_tag|>",
             "phi4_mini": "<|tool_call|>", "qwen3_coder": "<tool_call>"}
+# What starts a call, per syntax: its marker; Qwen3-Coder's models sometimes leave the <tool_call> wrapper out,
+# so a bare <function= starts a call too (as vLLM's qwen3_coder parser takes it).
+_CALL_STARTS = {**{fmt: (marker,) for fmt, marker in _MARKERS.items()}, "qwen3_coder": ("<tool_call>", "<function=")}
 
 
 # Per syntax: the text that closes a call (None: a JSON array that parses), and how a call's body starts.
@@ -503,8 +501,7 @@ def prefill_opens_call(fmt: str | None, prefill: str) -> bool:
     """
     if fmt not in _CALL_BODIES:
         return False
-    markers = (_MARKERS[fmt], "<function=") if fmt == "qwen3_coder" else (_MARKERS[fmt],)
-    at, marker = max((prefill.rfind(m), m) for m in markers)
+    at, marker = max((prefill.rfind(m), m) for m in _CALL_STARTS[fmt])
     if at < 0:
         return False
     after = prefill[at + len(marker):]
@@ -561,9 +558,7 @@ class ToolCallParser:
         self.parameters = parameters
         self.marker = _MARKERS[fmt]
         self.marker_id = special_token_ids.get(self.marker)
-        # Qwen3-Coder's models sometimes leave the <tool_call> wrapper out: a bare <function= starts a call too
-        # (as vLLM's qwen3_coder parser takes it).
-        self.markers = (self.marker, "<function=") if fmt == "qwen3_coder" else (self.marker,)
+        self.markers = _CALL_STARTS[fmt]
         self.forced = forced
         self._content = ""      # content released so far
         self._pending = ""      # content held back: it may be the start of a marker
@@ -802,7 +797,7 @@ def _complete_xml_calls(text: str, parameters: Mapping[str, Mapping[str, Any]]) 
 
 def _next_call(text: str, i: int) -> int:
     # Where the next call starts at or after i: a <tool_call> block or a bare <function= element; -1 if none.
-    found = [k for k in (text.find("<tool_call>", i), text.find("<function=", i)) if k >= 0]
+    found = [k for k in (text.find(m, i) for m in _CALL_STARTS["qwen3_coder"]) if k >= 0]
     return min(found) if found else -1
 
 
