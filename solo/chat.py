@@ -90,10 +90,6 @@ class ChatSession:
         self.out = out or sys.stdout
         self.err = err or sys.stderr
         self.template_kwargs = template_kwargs
-        from solo.engine.reasoning import detect_reasoning
-
-        template = engine.tokenizer.chat_template
-        self.reasoning = detect_reasoning(template.source if template is not None else None)
 
     def messages(self, whole: bool = False) -> list[dict[str, str]]:
         """The conversation as OpenAI-style messages, system message first.
@@ -223,28 +219,20 @@ class ChatSession:
                      f"{self.first} messages are left out from now on (/save keeps them; /reset starts anew)]")
         messages = self.messages()
         _default_max_tokens(engine, messages, turn, self.template_kwargs)
-        pieces: list[str] = []
         stream: Iterator[Any] | None = None
         last = None
-        show = ReplyWriter(self.out, self.err, opens_reasoning(engine, messages, self.template_kwargs)) \
-            if self.reasoning else None
+        show = ReplyWriter.for_prompt(engine, messages, self.template_kwargs, self.out, self.err)
         try:
             stream = engine.generate(messages, turn, chat_template_kwargs=self.template_kwargs)
             for event in stream:
                 if event.text:
                     with _interrupt_after():  # shown and kept together: Ctrl-C lands between pieces
-                        pieces.append(event.text)
-                        if show is not None:
-                            show.write(event.text)
-                        else:
-                            self.out.write(event.text)
-                            self.out.flush()
+                        show.write(event.text)
                 last = event
-            if show is not None:
-                show.finish()
+            show.finish()
         except KeyboardInterrupt:
             # Only this reply stops; what was shown stays in the conversation, as the user saw it.
-            if show is not None and show.thinking and not show.tty:
+            if show.thinking and not show.tty:
                 self.err.write("\n")  # (the block's line on stderr ends before the note)
             self.out.write("\n")
             self.say("[reply stopped]")
@@ -259,7 +247,7 @@ class ChatSession:
             self.out.write("\n")
             self.out.flush()
             self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name))
-        self.history.append(show.message() if show is not None else {"role": "assistant", "content": "".join(pieces)})
+        self.history.append(show.message())
 
 
 def opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
@@ -270,28 +258,47 @@ def opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | 
 
 
 class ReplyWriter:
-    """Writes a thinking model's reply: the reasoning block apart from the answer.
+    """Writes a reply as it streams: a thinking model's reasoning block apart from the answer.
 
     On a terminal the block is dimmed; when `out` is not one, the block goes to `err`, so `out` holds answers only.
+    Without `split` (not a chat, or a model that does not think) the reply is written as it comes.
     """
 
     _DIM, _PLAIN = "\x1b[2m", "\x1b[0m"
 
-    def __init__(self, out: Any, err: Any, in_reasoning: bool) -> None:  # noqa: ANN401
+    def __init__(self, out: Any, err: Any, in_reasoning: bool, split: bool = True) -> None:  # noqa: ANN401
         from solo.engine.reasoning import ReasoningParser
 
-        self.parser = ReasoningParser(in_reasoning)
+        self.parser = ReasoningParser(in_reasoning) if split else None
         self.out, self.err = out, err
         self.tty = bool(getattr(out, "isatty", lambda: False)())
         self.thinking = False  # reasoning text is on the screen and its block not yet closed there
         self.answered = False  # some of the answer is on the screen
+        self._pieces: list[str] = []  # the reply as it came (unsplit)
+
+    @classmethod
+    def for_prompt(cls, engine: Any, prompt: Any, kwargs: dict | None, out: Any, err: Any) -> ReplyWriter:  # noqa: ANN401
+        """The writer of `prompt`'s reply: split where it is chat messages to a model that thinks."""
+        from solo.engine.reasoning import detect_reasoning
+
+        template = engine.tokenizer.chat_template
+        chat = not isinstance(prompt, str) and bool(prompt) and isinstance(prompt[0], dict)
+        split = chat and template is not None and detect_reasoning(template.source)
+        return cls(out, err, split and opens_reasoning(engine, prompt, kwargs), split)
 
     def write(self, text: str) -> None:
         """One piece of the reply."""
+        if self.parser is None:
+            self._pieces.append(text)
+            self.out.write(text)
+            self.out.flush()
+            return
         self._show(*self.parser.feed(text))
 
     def finish(self) -> None:
         """The end of the reply: what the parser held back (the caller ends the line)."""
+        if self.parser is None:
+            return
         self._show(*self.parser.finish())
         if self.thinking and not self.tty:
             self.err.write("\n")
@@ -302,6 +309,8 @@ class ReplyWriter:
 
         A reply cut inside its block is then thinking to the next turn's template, not an answer.
         """
+        if self.parser is None:
+            return {"role": "assistant", "content": "".join(self._pieces)}
         message = {"role": "assistant", "content": self.parser.content.lstrip("\n")}  # (as shown)
         if self.parser.reasoning:
             message["reasoning_content"] = self.parser.reasoning

@@ -262,28 +262,17 @@ def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
 
 def _stream(engine, prompt, params, template_kwargs: dict | None = None) -> tuple[str, object]:  # noqa: ANN001
     # A thinking model's block (chat prompts) is shown apart from its answer, as in solo chat.
-    from solo.chat import ReplyWriter, opens_reasoning
-    from solo.engine.reasoning import detect_reasoning
+    from solo.chat import ReplyWriter
 
-    out = sys.stdout
-    template = engine.tokenizer.chat_template
-    show = None
-    if not isinstance(prompt, str) and prompt and isinstance(prompt[0], dict) and template is not None \
-            and detect_reasoning(template.source):
-        show = ReplyWriter(out, sys.stderr, opens_reasoning(engine, prompt, template_kwargs))
+    show = ReplyWriter.for_prompt(engine, prompt, template_kwargs, sys.stdout, sys.stderr)
     pieces = []
     last = None
     for event in engine.generate(prompt, params, chat_template_kwargs=template_kwargs):
         if event.text:
-            if show is not None:
-                show.write(event.text)
-            else:
-                out.write(event.text)
-                out.flush()
+            show.write(event.text)
             pieces.append(event.text)
         last = event
-    if show is not None:
-        show.finish()
+    show.finish()
     return "".join(pieces), last
 
 
