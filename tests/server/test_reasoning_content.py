@@ -79,19 +79,22 @@ def test_reasoning_content_whole_streamed_and_off(thinking_model):
         running.stop()
 
 
-@pytest.mark.slow
-def test_a_prefill_that_opens_a_thinking_block_is_continued_as_reasoning(thinking_model):
+@pytest.fixture(scope="module")
+def thinking_server(thinking_model):
     running = start_server(thinking_model, max_batch=2)
-    try:
-        prefill = [*ASK, {"role": "assistant", "content": "<think>\nLet me"}]
-        reply = running.client().chat.completions.create(
-            model=MODEL_NAME, messages=prefill, max_tokens=6, temperature=0,
-            extra_body={"continue_final_message": True, "add_generation_prompt": False})
-        message = reply.choices[0].message
-        assert message.model_extra["reasoning_content"] and message.content == ""
-        assert reply.usage.completion_tokens_details.reasoning_tokens == 6
-    finally:
-        running.stop()
+    yield running
+    running.stop()
+
+
+@pytest.mark.slow
+def test_a_prefill_that_opens_a_thinking_block_is_continued_as_reasoning(thinking_server):
+    prefill = [*ASK, {"role": "assistant", "content": "<think>\nLet me"}]
+    reply = thinking_server.client().chat.completions.create(
+        model=MODEL_NAME, messages=prefill, max_tokens=6, temperature=0,
+        extra_body={"continue_final_message": True, "add_generation_prompt": False})
+    message = reply.choices[0].message
+    assert message.model_extra["reasoning_content"] and message.content == ""
+    assert reply.usage.completion_tokens_details.reasoning_tokens == 6
 
 
 # Qwen3's shape: the output opens the block, and thinking off writes an empty one into the prompt.
@@ -121,13 +124,9 @@ def test_thinking_off_is_content_under_the_deepseek_r1_parser(thinking_model, tm
 
 
 @pytest.mark.slow
-def test_responses_reasoning_effort_null_on_a_model_without_a_switch(thinking_model):
+def test_responses_reasoning_effort_null_on_a_model_without_a_switch(thinking_server):
     # null means the default: on a thinking model without an enable_thinking switch it was taken as thinking off
     # asked (and refused).
-    running = start_server(thinking_model, max_batch=2)
-    try:
-        reply = running.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=4,
-                                                  temperature=0, reasoning={"effort": None})
-        assert [item.type for item in reply.output] == ["reasoning"]
-    finally:
-        running.stop()
+    reply = thinking_server.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=4,
+                                                      temperature=0, reasoning={"effort": None})
+    assert [item.type for item in reply.output] == ["reasoning"]
