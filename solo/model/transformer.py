@@ -7,6 +7,8 @@ own; `solo.model.weights` maps Hugging Face checkpoint names onto them.
 
 from __future__ import annotations
 
+import math
+
 import torch
 from torch import nn
 
@@ -24,11 +26,20 @@ class KVCache:
         max_seq: tokens per row.
         dtype: element dtype of the cache (the model's weight dtype).
         device: where the cache lives.
+        buffer: optional uint8 [>= `KVCache.buffer_bytes(...)`] memory on `device` to hold the layers
+            (the native CPU runtime passes one on transparent huge pages); it is zero-filled here.
+            Default: each layer its own `torch.zeros`.
 
     Attributes:
         k, v: per layer, a tensor [rows, kv_heads, max_seq, head_dim]. A row holds one sequence; the
             server gives each concurrent request its own row.
+
+    Raises:
+        ValueError: `buffer` is not a uint8 tensor on `device` of at least `buffer_bytes` bytes.
     """
+
+    # Each layer's tensor starts on a 4 KiB boundary of `buffer` (a page: a layer's rows never share one).
+    _LAYER_ALIGN = 4096
 
     def __init__(
         self,
@@ -37,12 +48,37 @@ class KVCache:
         max_seq: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
+        buffer: torch.Tensor | None = None,
     ) -> None:
         shape = (rows, config.num_kv_heads, max_seq, config.head_dim)
         self.rows = rows
         self.max_seq = max_seq
-        self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-        self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+        if buffer is None:
+            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+            return
+        need = self.buffer_bytes(config, rows, max_seq, dtype)
+        if buffer.dtype != torch.uint8 or buffer.device != torch.device(device) or buffer.numel() < need:
+            raise ValueError(
+                f"KVCache buffer: need a uint8 tensor on {device} of at least {need} bytes, got "
+                f"{buffer.dtype} [{buffer.numel()}] on {buffer.device}"
+            )
+        buffer[:need].zero_()  # touches every page now (as torch.zeros does), not during decode
+        step = self._layer_bytes(shape, dtype)
+        nbytes = math.prod(shape) * dtype.itemsize
+        layers = [buffer[i * step:i * step + nbytes].view(dtype).view(shape) for i in range(2 * config.num_layers)]
+        self.k, self.v = layers[:config.num_layers], layers[config.num_layers:]
+
+    @classmethod
+    def _layer_bytes(cls, shape: tuple[int, ...], dtype: torch.dtype) -> int:
+        nbytes = math.prod(shape) * dtype.itemsize
+        return -(-nbytes // cls._LAYER_ALIGN) * cls._LAYER_ALIGN
+
+    @classmethod
+    def buffer_bytes(cls, config: ModelConfig, rows: int, max_seq: int, dtype: torch.dtype) -> int:
+        """Bytes a `buffer` must hold for this cache: 2 x layers tensors, each padded to 4 KiB."""
+        shape = (rows, config.num_kv_heads, max_seq, config.head_dim)
+        return 2 * config.num_layers * cls._layer_bytes(shape, dtype)
 
     def nbytes(self) -> int:
         """Memory held by the cache, in bytes."""

@@ -82,3 +82,42 @@ def test_arena_registry_forgets_freed_arenas():
 
     gc.collect()
     assert base not in _LIVE_ARENAS  # a freed mapping's address may be reused by a plain allocation
+
+
+def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    reason = cpu_unsupported_reason(model)
+    if reason is not None:
+        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    runtime = CpuRuntime(model)
+    runtime.reserve(2, 40)
+    cache = runtime.cache
+    for i, (k, v) in enumerate(zip(cache.k, cache.v, strict=True)):
+        assert k.shape == v.shape == (2, 2, 40, 32) and k.dtype == torch.bfloat16
+        assert not k.any() and not v.any()
+        assert runtime._layers[i].k_cache == k.data_ptr() and runtime._layers[i].v_cache == v.data_ptr()
+        assert k.data_ptr() % 4096 == 0 and v.data_ptr() % 4096 == 0
+    if sys.platform.startswith("linux"):
+        assert "hg" in _vm_flags(cache.k[0].data_ptr())  # advised before its first touch
+    # A step writes the rows of its own position only, in its own layer's tensor.
+    runtime.decode(torch.tensor([1]), torch.tensor([3]), torch.tensor([5]))
+    for k in cache.k:
+        assert k[1, :, 5].any() and not k[0].any() and not k[1, :, :5].any() and not k[1, :, 6:].any()
+
+
+def test_kv_cache_refuses_a_buffer_it_cannot_use():
+    from types import SimpleNamespace
+
+    from solo.model.transformer import KVCache
+
+    config = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=16)  # what the cache reads of a config
+    need = KVCache.buffer_bytes(config, 1, 8, torch.bfloat16)
+    assert need == 4 * 4096  # 2 x layers tensors, each on its own 4 KiB page
+    with pytest.raises(ValueError, match=f"at least {need} bytes"):
+        KVCache(config, 1, 8, torch.bfloat16, buffer=torch.empty(need - 1, dtype=torch.uint8))
+    with pytest.raises(ValueError, match="uint8"):
+        KVCache(config, 1, 8, torch.bfloat16, buffer=torch.empty(need, dtype=torch.float32))
+    cache = KVCache(config, 1, 8, torch.bfloat16, buffer=torch.full((need,), 7, dtype=torch.uint8))
+    assert cache.nbytes() == 4 * 2 * 8 * 16 * 2 and all(not t.any() for t in cache.k + cache.v)
