@@ -282,9 +282,10 @@ def cpu_config_unsupported_reason(config: ModelConfig) -> str | None:
 def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model) -> KVCache:
     """A zeroed KV cache of `runtime.rows` x `runtime.max_seq` tokens, its layers' pointers set in the C structs.
 
-    The layers live in one `_huge_page_buffer`: at long context the decode step streams the cache, and on 4 KiB
-    pages (a quarter of PyTorch's own allocation, Qwen2.5-0.5B shape at 32k positions) its attention ran 1.1x
-    slower (AMX Xeon, benchmarks/attention_ab.py at 32000 positions).
+    The layers live in one `_huge_page_buffer` (caches of 2 MiB and more): at long context the decode step
+    streams the cache, and on 4 KiB pages (up to a quarter of PyTorch's own allocation, Qwen2.5-0.5B shape at
+    32k positions) its attention ran up to 1.1x slower (AMX Xeon, benchmarks/attention_ab.py at 32000
+    positions).
 
     Args:
         runtime: a native CPU runtime (its config, model dtype, `_layers` structs and sizes).
@@ -294,7 +295,9 @@ def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model) ->
         The cache (the runtime keeps it: the structs point into its tensors).
     """
     config, dtype = runtime.config, runtime.model.dtype
-    buffer = _huge_page_buffer(KVCache.buffer_bytes(config, runtime.rows, runtime.max_seq, dtype))
+    nbytes = KVCache.buffer_bytes(config, runtime.rows, runtime.max_seq, dtype)
+    # (a cache under one huge page would take a whole one)
+    buffer = _huge_page_buffer(nbytes) if nbytes >= _HUGE_PAGE else torch.empty(nbytes, dtype=torch.uint8)
     cache = KVCache(config, runtime.rows, runtime.max_seq, dtype, runtime.device, buffer=buffer)
     for i in range(runtime.config.num_layers):
         runtime._layers[i].k_cache = cache.k[i].data_ptr()

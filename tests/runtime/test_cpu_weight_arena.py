@@ -92,10 +92,10 @@ def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
     if reason is not None:
         pytest.skip(f"the native CPU runtime is not available here ({reason})")
     runtime = CpuRuntime(model)
-    runtime.reserve(2, 40)
+    runtime.reserve(2, 2048)  # 2 MiB and more: a huge-page mapping
     cache = runtime.cache
     for i, (k, v) in enumerate(zip(cache.k, cache.v, strict=True)):
-        assert k.shape == v.shape == (2, 2, 40, 32) and k.dtype == torch.bfloat16
+        assert k.shape == v.shape == (2, 2, 2048, 32) and k.dtype == torch.bfloat16
         assert not k.any() and not v.any()
         assert runtime._layers[i].k_cache == k.data_ptr() and runtime._layers[i].v_cache == v.data_ptr()
         assert k.data_ptr() % 4096 == 0 and v.data_ptr() % 4096 == 0
@@ -105,6 +105,9 @@ def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
     runtime.decode(torch.tensor([1]), torch.tensor([3]), torch.tensor([5]))
     for k in cache.k:
         assert k[1, :, 5].any() and not k[0].any() and not k[1, :, :5].any() and not k[1, :, 6:].any()
+    small = CpuRuntime(model)
+    small.reserve(1, 8)  # under one huge page: an ordinary zeroed allocation
+    assert not small.cache.k[0].any() and small._layers[0].k_cache == small.cache.k[0].data_ptr()
 
 
 def test_kv_cache_refuses_a_buffer_it_cannot_use():
