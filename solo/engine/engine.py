@@ -481,9 +481,14 @@ class Engine:
             all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
             or all(isinstance(m, Mapping) for m in prompt)
         ):
+            several = isinstance(prompt, list | tuple) and bool(prompt) and all(
+                isinstance(p, str) or (isinstance(p, list | tuple) and p) for p in prompt
+            )  # a batch of prompts, as vLLM's LLM.generate takes
             raise InvalidRequestError(
                 "the prompt must be text (str), a non-empty list of chat messages ({'role': ..., 'content': ...}) "
-                f"or a non-empty list of token ids (int), got {_describe(prompt)}",
+                f"or a non-empty list of token ids (int), got {_describe(prompt)}"
+                + ("; for several prompts, call complete() or generate() once per prompt (the engine runs one "
+                   "generation at a time; `solo serve` batches concurrent requests)" if several else ""),
                 param="prompt",
             )
         elif all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):

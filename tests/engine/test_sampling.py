@@ -172,7 +172,9 @@ def test_an_open_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny_llama
     ([], "got an empty list"),
     (None, "got NoneType"),
     ([True], "got a list of bool"),
-    (["x"], "got a list of str"),
+    (["x"], "got a list of str; for several prompts, call complete\\(\\) or generate\\(\\) once per prompt"),
+    ([[1, 2], [3]], "got a list of list; for several prompts"),
+    ([{"role": "user", "content": "x"}, "y"], "got a list of dict$"),  # not a batch: no batch hint
 ])
 def test_prompts_of_the_wrong_kind_are_clear_errors(tiny_llama, prompt, message):
     with pytest.raises(InvalidRequestError, match=message):
