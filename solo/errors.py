@@ -42,6 +42,10 @@ class ContextLengthError(InvalidRequestError):
     """The prompt, or the prompt plus `max_tokens`, does not fit the model's context length."""
 
 
+class KVCacheMemoryError(SoloError):
+    """The KV cache of the rows and tokens asked for cannot be allocated: the machine is out of memory."""
+
+
 class EngineFailedError(SoloError):
     """The engine can no longer run requests: a tensor-parallel rank stopped answering.
 

@@ -111,6 +111,7 @@ def test_bad_input_is_one_clear_line(capsys, tiny_llama, case, extra, message):
 def test_prompt_longer_than_context_names_both_numbers(capsys, tiny_llama):
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "word " * 400)
     assert code == 2 and "needs at least 1602 tokens (prompt 1601 + 1 new token) but the model's context is 256" in err
+    assert "shorten the prompt (alone it exceeds it; at most 255 prompt tokens leave room for one new token)" in err
 
 
 def test_messages_to_a_model_without_template(capsys, no_template_model):

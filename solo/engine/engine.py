@@ -119,8 +119,9 @@ def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_
         need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens})"
                 if max_tokens is not None else f"at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new token)")
         raise ContextLengthError(
-            f"this request needs {need} but {context_name} is {limit}; shorten the prompt (the prompt alone fills "
-            "it)", param=prompt_param)
+            f"this request needs {need} but {context_name} is {limit}; shorten the prompt (alone it "
+            f"{'fills' if prompt_len == limit else 'exceeds'} it; at most {limit - 1} prompt tokens leave room for "
+            "one new token)", param=prompt_param)
     room = limit - prompt_len
     if max_tokens is None:
         return room

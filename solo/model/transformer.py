@@ -7,11 +7,14 @@ own; `solo.model.weights` maps Hugging Face checkpoint names onto them.
 
 from __future__ import annotations
 
+import errno
 import math
+from collections.abc import Callable
 
 import torch
 from torch import nn
 
+from solo.errors import KVCacheMemoryError
 from solo.model.config import ModelConfig
 from solo.model.layers import DecoderLayer, RMSNorm
 from solo.model.rope import RotaryEmbedding
@@ -26,8 +29,8 @@ class KVCache:
         max_seq: tokens per row.
         dtype: element dtype of the cache (the model's weight dtype).
         device: where the cache lives.
-        buffer: optional uint8 [>= `KVCache.buffer_bytes(...)`] memory on `device` to hold the layers
-            (the native CPU runtime passes one on transparent huge pages); it is zero-filled here.
+        allocate: optional nbytes -> uint8 [>= nbytes] memory on `device` to hold all the layers (the
+            native CPU runtime's is a mapping on transparent huge pages); it is zero-filled here.
             Default: each layer its own `torch.zeros`.
 
     Attributes:
@@ -35,10 +38,11 @@ class KVCache:
             server gives each concurrent request its own row.
 
     Raises:
-        ValueError: `buffer` is not a uint8 tensor on `device` of at least `buffer_bytes` bytes.
+        KVCacheMemoryError: the memory cannot be allocated (out of memory), with the size and the fix.
+        ValueError: `allocate` gave something other than a uint8 tensor of at least the bytes asked for.
     """
 
-    # Each layer's tensor starts on a 4 KiB boundary of `buffer` (a page: a layer's rows never share one).
+    # Each layer's tensor starts on a 4 KiB boundary of the allocation (a page: layers never share one).
     _LAYER_ALIGN = 4096
 
     def __init__(
@@ -48,22 +52,32 @@ class KVCache:
         max_seq: int,
         dtype: torch.dtype,
         device: torch.device | str = "cpu",
-        buffer: torch.Tensor | None = None,
+        allocate: Callable[[int], torch.Tensor] | None = None,
     ) -> None:
         shape = (rows, config.num_kv_heads, max_seq, config.head_dim)
         self.rows = rows
         self.max_seq = max_seq
-        if buffer is None:
-            self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-            self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
-            return
         need = self.buffer_bytes(config, rows, max_seq, dtype)
-        if buffer.dtype != torch.uint8 or buffer.device != torch.device(device) or buffer.numel() < need:
-            raise ValueError(
-                f"KVCache buffer: need a uint8 tensor on {device} of at least {need} bytes, got "
-                f"{buffer.dtype} [{buffer.numel()}] on {buffer.device}"
-            )
-        buffer[:need].zero_()  # touches every page now (as torch.zeros does), not during decode
+        try:
+            if allocate is None:
+                self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+                self.v = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
+                return
+            buffer = allocate(need)
+            if buffer.dtype != torch.uint8 or buffer.device != torch.device(device) or buffer.numel() < need:
+                raise ValueError(
+                    f"KVCache allocate({need}) must give a uint8 tensor on {device} of at least {need} bytes, "
+                    f"got {buffer.dtype} [{buffer.numel()}] on {buffer.device}"
+                )
+            buffer[:need].zero_()  # touches every page now (as torch.zeros does), not during decode
+        except (MemoryError, OSError, RuntimeError) as exc:
+            if not _out_of_memory(exc):
+                raise
+            raise KVCacheMemoryError(
+                f"out of memory for the KV cache of {rows} sequence(s) x {max_seq} tokens ({need / 2**30:.2f} "
+                "GiB); ask for fewer tokens (a shorter prompt or max_tokens, --max-model-len) or fewer concurrent "
+                "sequences (--max-batch), or free memory"
+            ) from exc
         step = self._layer_bytes(shape, dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         layers = [buffer[i * step:i * step + nbytes].view(dtype).view(shape) for i in range(2 * config.num_layers)]
@@ -76,7 +90,7 @@ class KVCache:
 
     @classmethod
     def buffer_bytes(cls, config: ModelConfig, rows: int, max_seq: int, dtype: torch.dtype) -> int:
-        """Bytes a `buffer` must hold for this cache: 2 x layers tensors, each padded to 4 KiB."""
+        """Bytes `allocate` is asked for: 2 x layers tensors, each padded to 4 KiB."""
         shape = (rows, config.num_kv_heads, max_seq, config.head_dim)
         return 2 * config.num_layers * cls._layer_bytes(shape, dtype)
 
@@ -174,3 +188,12 @@ class Transformer(nn.Module):
         if last_only:
             x = x[:, -1:]
         return self.logits(x)
+
+
+def _out_of_memory(exc: BaseException) -> bool:
+    """Whether an allocation failed for want of memory (torch's allocators, mmap's ENOMEM, MemoryError)."""
+    if isinstance(exc, MemoryError | torch.OutOfMemoryError):
+        return True
+    if isinstance(exc, OSError):
+        return exc.errno == errno.ENOMEM
+    return isinstance(exc, RuntimeError) and "allocate" in str(exc)

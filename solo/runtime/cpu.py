@@ -279,8 +279,8 @@ def cpu_config_unsupported_reason(config: ModelConfig) -> str | None:
     return None
 
 
-def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model) -> KVCache:
-    """A zeroed KV cache of `runtime.rows` x `runtime.max_seq` tokens, its layers' pointers set in the C structs.
+def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model, rows: int, max_seq: int) -> KVCache:
+    """A zeroed KV cache of `rows` x `max_seq` tokens, its layers' pointers and sizes set in the C structs.
 
     The layers live in one `_huge_page_buffer` (caches of 2 MiB and more): at long context the decode step
     streams the cache, and on 4 KiB pages (up to a quarter of PyTorch's own allocation, Qwen2.5-0.5B shape at
@@ -288,21 +288,24 @@ def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model) ->
     positions).
 
     Args:
-        runtime: a native CPU runtime (its config, model dtype, `_layers` structs and sizes).
+        runtime: a native CPU runtime (its config, model dtype and `_layers` structs).
         model_struct: the `_Model` struct the kernels read the cache's sizes from.
+        rows, max_seq: the cache's sequences and tokens per sequence.
+
+    Raises:
+        KVCacheMemoryError: out of memory (the structs are left as they were).
 
     Returns:
         The cache (the runtime keeps it: the structs point into its tensors).
     """
-    config, dtype = runtime.config, runtime.model.dtype
-    nbytes = KVCache.buffer_bytes(config, runtime.rows, runtime.max_seq, dtype)
-    # (a cache under one huge page would take a whole one)
-    buffer = _huge_page_buffer(nbytes) if nbytes >= _HUGE_PAGE else torch.empty(nbytes, dtype=torch.uint8)
-    cache = KVCache(config, runtime.rows, runtime.max_seq, dtype, runtime.device, buffer=buffer)
+    def allocate(nbytes: int) -> torch.Tensor:  # (a cache under one huge page would take a whole one)
+        return _huge_page_buffer(nbytes) if nbytes >= _HUGE_PAGE else torch.empty(nbytes, dtype=torch.uint8)
+
+    cache = KVCache(runtime.config, rows, max_seq, runtime.model.dtype, runtime.device, allocate=allocate)
     for i in range(runtime.config.num_layers):
         runtime._layers[i].k_cache = cache.k[i].data_ptr()
         runtime._layers[i].v_cache = cache.v[i].data_ptr()
-    model_struct.max_seq, model_struct.cache_rows = runtime.max_seq, runtime.rows
+    model_struct.max_seq, model_struct.cache_rows = max_seq, rows
     return cache
 
 
@@ -737,9 +740,10 @@ class CpuRuntime:
         """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
-        self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None
-        self.cache = bind_kv_cache(self, self._struct)
+        rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
+        self.cache = None  # free the old cache before allocating the new one
+        self.cache = bind_kv_cache(self, self._struct, rows, max_seq)
+        self.rows, self.max_seq = rows, max_seq  # (after it: a failed allocation leaves the old sizes)
         self._workspace = torch.empty(0, dtype=torch.uint8)
         if self.config.rope.rope_type != "dynamic":
             # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it.

@@ -232,9 +232,10 @@ class CpuLaneRuntime:
         """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
-        self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None
-        self.cache = bind_kv_cache(self, self._base)
+        rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
+        self.cache = None  # free the old cache before allocating the new one
+        self.cache = bind_kv_cache(self, self._base, rows, max_seq)
+        self.rows, self.max_seq = rows, max_seq  # (after it: a failed allocation leaves the old sizes)
         self._workspace = torch.empty(0, dtype=torch.uint8)
         # The eager model's own float32 interleaved-RoPE tables [max_seq, head_dim / 2] (element for element
         # what it computes for any single position).

@@ -45,9 +45,10 @@ class EagerRuntime:
         """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
-        self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
+        rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
         self.cache = None  # free the old cache before allocating the new one
-        self.cache = KVCache(self.config, self.rows, self.max_seq, self.model.dtype, self.device)
+        self.cache = KVCache(self.config, rows, max_seq, self.model.dtype, self.device)
+        self.rows, self.max_seq = rows, max_seq  # (after it: a failed allocation leaves the old sizes)
 
     @torch.inference_mode()
     def prefill(self, row: int, token_ids: torch.Tensor, start_pos: int = 0) -> torch.Tensor:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import sys
 from pathlib import Path
 
@@ -110,7 +111,7 @@ def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
     assert not small.cache.k[0].any() and small._layers[0].k_cache == small.cache.k[0].data_ptr()
 
 
-def test_kv_cache_refuses_a_buffer_it_cannot_use():
+def test_kv_cache_refuses_memory_it_cannot_use():
     from types import SimpleNamespace
 
     from solo.model.transformer import KVCache
@@ -119,8 +120,73 @@ def test_kv_cache_refuses_a_buffer_it_cannot_use():
     need = KVCache.buffer_bytes(config, 1, 8, torch.bfloat16)
     assert need == 4 * 4096  # 2 x layers tensors, each on its own 4 KiB page
     with pytest.raises(ValueError, match=f"at least {need} bytes"):
-        KVCache(config, 1, 8, torch.bfloat16, buffer=torch.empty(need - 1, dtype=torch.uint8))
+        KVCache(config, 1, 8, torch.bfloat16, allocate=lambda n: torch.empty(n - 1, dtype=torch.uint8))
     with pytest.raises(ValueError, match="uint8"):
-        KVCache(config, 1, 8, torch.bfloat16, buffer=torch.empty(need, dtype=torch.float32))
-    cache = KVCache(config, 1, 8, torch.bfloat16, buffer=torch.full((need,), 7, dtype=torch.uint8))
+        KVCache(config, 1, 8, torch.bfloat16, allocate=lambda n: torch.empty(n, dtype=torch.float32))
+    cache = KVCache(config, 1, 8, torch.bfloat16, allocate=lambda n: torch.full((n,), 7, dtype=torch.uint8))
     assert cache.nbytes() == 4 * 2 * 8 * 16 * 2 and all(not t.any() for t in cache.k + cache.v)
+
+
+@pytest.mark.parametrize("failure", [
+    OSError(errno.ENOMEM, "Cannot allocate memory"),  # mmap
+    RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 52428800000 bytes"),
+    MemoryError(),
+])
+def test_kv_cache_out_of_memory_is_a_clear_error(failure):
+    from types import SimpleNamespace
+
+    from solo.errors import KVCacheMemoryError
+    from solo.model.transformer import KVCache
+
+    def allocate(nbytes):
+        raise failure
+
+    config = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=16)
+    with pytest.raises(KVCacheMemoryError, match=r"out of memory for the KV cache of 3 sequence\(s\) x 4096 "
+                                                 r"tokens \(0\.00 GiB\); ask for fewer tokens .*--max-batch"):
+        KVCache(config, 3, 4096, torch.bfloat16, allocate=allocate)
+
+    def broken(nbytes):
+        raise RuntimeError("something else")
+
+    with pytest.raises(RuntimeError, match="something else"):  # not an allocation failure: not renamed
+        KVCache(config, 3, 4096, torch.bfloat16, allocate=broken)
+
+
+def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypatch):
+    """A reservation that runs out of memory fails alone: the runtime keeps its sizes, and the next one that
+    fits is allocated (it kept the failed sizes and failed every request after)."""
+    import solo.runtime.cpu as cpu
+    from solo.errors import KVCacheMemoryError
+    from solo.runtime.eager import EagerRuntime
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    reason = cpu_unsupported_reason(model)
+    if reason is not None:
+        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    runtime = CpuRuntime(model)
+    runtime.reserve(1, 8)
+    expected = runtime.prefill(0, torch.tensor([1, 5, 9]))
+    real = cpu._huge_page_buffer
+
+    def scarce(nbytes):
+        if nbytes > 64 << 20:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real(nbytes)
+
+    monkeypatch.setattr(cpu, "_huge_page_buffer", scarce)
+    with pytest.raises(KVCacheMemoryError, match="1000 sequence"):
+        runtime.reserve(1000, 2048)
+    assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
+    runtime.reserve(1, 16)
+    assert (runtime.rows, runtime.max_seq) == (1, 16)
+    assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), expected)
+
+    eager = EagerRuntime(model)
+    eager.reserve(1, 8)
+    monkeypatch.setattr(torch, "zeros", lambda *a, **k: (_ for _ in ()).throw(MemoryError()))
+    with pytest.raises(KVCacheMemoryError):
+        eager.reserve(1, 64)
+    assert (eager.rows, eager.max_seq, eager.cache) == (1, 8, None)

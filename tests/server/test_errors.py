@@ -241,6 +241,11 @@ def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):
         assert "at least 313 tokens" in error["message"] and "256" in error["message"]
         error = http.post(CHAT, json=chat(messages=[{"role": "user", "content": "é" * 2500}])).json()["error"]
         assert "at least 313 tokens" in error["message"] and error["param"] == "messages"
+        # With max_tokens: the most it could be for a prompt of at least 63 tokens (1000 bytes).
+        error = http.post(COMPLETIONS, json=completion(prompt="x" * 1000, max_tokens=5000)).json()["error"]
+        assert error["message"] == ("this request needs at least 5063 tokens (prompt at least 63 + max_tokens "
+                                    "5000) but the model's context is 256; lower max_tokens (to at most 193, less "
+                                    "as the prompt's tokens are counted) or shorten the prompt"), error
 
 
 def test_the_bound_never_exceeds_a_real_token_count(server):
