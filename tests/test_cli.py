@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -111,7 +112,21 @@ def test_bad_input_is_one_clear_line(capsys, tiny_llama, case, extra, message):
 def test_prompt_longer_than_context_names_both_numbers(capsys, tiny_llama):
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "word " * 400)
     assert code == 2 and "needs at least 1602 tokens (prompt 1601 + 1 new token) but the model's context is 256" in err
-    assert "shorten the prompt (alone it exceeds it; at most 255 prompt tokens leave room for one new token)" in err
+    assert "shorten the prompt (the prompt alone exceeds it; at most 255 prompt tokens leave room for one new " \
+        "token)" in err
+
+
+@pytest.mark.parametrize("prompt_len, max_tokens, note", [
+    (256, None, "the prompt alone fills it; at most 255 prompt tokens leave room for one new token"),
+    (300, 56, "the prompt alone exceeds it; at most 200 prompt tokens leave room for max_tokens 56"),
+    (300, 400, "the prompt alone exceeds it; and max_tokens 400 alone does not fit either: lower it below 256"),
+])
+def test_a_prompt_that_alone_fills_the_context_says_how_long_it_may_be(prompt_len, max_tokens, note):
+    from solo.engine.engine import context_budget
+    from solo.errors import ContextLengthError
+
+    with pytest.raises(ContextLengthError, match=re.escape(f"shorten the prompt ({note})")):
+        context_budget(prompt_len, max_tokens, 256, "the model's context")
 
 
 def test_messages_to_a_model_without_template(capsys, no_template_model):

@@ -177,9 +177,10 @@ class TPRuntime:
     def _reserve(self, rows: int, max_seq: int) -> None:
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
-        self.rows, self.max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None
-        self.cache = KVCache(self.model.cache_config, self.rows, self.max_seq, self.model.dtype, self.device)
+        rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
+        self.cache = None  # free the old cache before allocating the new one
+        self.cache = KVCache(self.model.cache_config, rows, max_seq, self.model.dtype, self.device)
+        self.rows, self.max_seq = rows, max_seq  # (after it: a failed allocation leaves the old sizes)
 
     @torch.inference_mode()
     def _prefill(self, row: int, ids: torch.Tensor, start_pos: int) -> torch.Tensor:

@@ -100,6 +100,15 @@ class PreparedPrompt:
     max_new_tokens: int
 
 
+def _room_note(limit: int, max_tokens: int | None, param: str) -> str:
+    # How long a prompt may be, for an error about one that alone fills the context.
+    if max_tokens is None:
+        return f"at most {limit - 1} prompt tokens leave room for one new token"
+    if max_tokens < limit:
+        return f"at most {limit - max_tokens} prompt tokens leave room for {param} {max_tokens}"
+    return f"and {param} {max_tokens} alone does not fit either: lower it below {limit}"
+
+
 def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_name: str,
                    param: str = "max_tokens", prompt_param: str = "prompt") -> int:
     """Tokens a request may generate: `max_tokens`, or what is left of `limit` when None.
@@ -119,9 +128,9 @@ def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_
         need = (f"{prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens})"
                 if max_tokens is not None else f"at least {prompt_len + 1} tokens (prompt {prompt_len} + 1 new token)")
         raise ContextLengthError(
-            f"this request needs {need} but {context_name} is {limit}; shorten the prompt (alone it "
-            f"{'fills' if prompt_len == limit else 'exceeds'} it; at most {limit - 1} prompt tokens leave room for "
-            "one new token)", param=prompt_param)
+            f"this request needs {need} but {context_name} is {limit}; shorten the prompt (the prompt alone "
+            f"{'fills' if prompt_len == limit else 'exceeds'} it; {_room_note(limit, max_tokens, param)})",
+            param=prompt_param)
     room = limit - prompt_len
     if max_tokens is None:
         return room

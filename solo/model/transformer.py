@@ -73,10 +73,11 @@ class KVCache:
         except (MemoryError, OSError, RuntimeError) as exc:
             if not _out_of_memory(exc):
                 raise
+            size = f"{need / 2**30:.2f} GiB" if need >= 2**30 else f"{need / 2**20:.1f} MiB"
             raise KVCacheMemoryError(
-                f"out of memory for the KV cache of {rows} sequence(s) x {max_seq} tokens ({need / 2**30:.2f} "
-                "GiB); ask for fewer tokens (a shorter prompt or max_tokens, --max-model-len) or fewer concurrent "
-                "sequences (--max-batch), or free memory"
+                f"out of memory for the KV cache of {rows} sequence(s) x {max_seq} tokens ({size}); ask for "
+                "fewer tokens (a shorter prompt or max_tokens, --max-model-len) or fewer concurrent sequences "
+                "(--max-batch), or free memory"
             ) from exc
         step = self._layer_bytes(shape, dtype)
         nbytes = math.prod(shape) * dtype.itemsize
@@ -196,4 +197,5 @@ def _out_of_memory(exc: BaseException) -> bool:
         return True
     if isinstance(exc, OSError):
         return exc.errno == errno.ENOMEM
-    return isinstance(exc, RuntimeError) and "allocate" in str(exc)
+    message = str(exc).lower()  # torch's CPU allocator: "can't allocate memory"; CUDA's: "out of memory"
+    return isinstance(exc, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message)

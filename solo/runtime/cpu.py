@@ -293,7 +293,8 @@ def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model, ro
         rows, max_seq: the cache's sequences and tokens per sequence.
 
     Raises:
-        KVCacheMemoryError: out of memory (the structs are left as they were).
+        KVCacheMemoryError: out of memory (the structs keep the old cache's pointers: the runtime's cache is None
+            until a reserve() succeeds, and every step checks it).
 
     Returns:
         The cache (the runtime keeps it: the structs point into its tensors).
@@ -403,7 +404,10 @@ _LIVE_ARENAS: set[int] = set()  # storage addresses of the live `_huge_page_buff
 
 
 def _in_arena(tensor: torch.Tensor) -> bool:
-    """True if `tensor` already lives in a runtime's huge-page arena (another CpuRuntime on the same model)."""
+    """True if `tensor` already lives in a runtime's huge-page arena (another CpuRuntime on the same model).
+
+    KV caches' mappings are registered too; no weight ever lives in one.
+    """
     return tensor.untyped_storage().data_ptr() in _LIVE_ARENAS
 
 
@@ -823,6 +827,8 @@ class CpuRuntime:
         """
         ids = token_ids.to(self.device, torch.long).view(-1)
         seq = ids.numel()
+        if self.cache is None:  # (never reserved, or the last reserve() failed: the structs' pointers are stale)
+            raise SoloError("prefill before reserve(): the KV cache is not allocated")
         if not 0 <= row < self.rows or start_pos + seq > self.max_seq or seq == 0:
             raise SoloError(f"prefill of row {row}, positions {start_pos}..{start_pos + seq - 1} is "
                             f"outside the reserved cache ({self.rows} rows x {self.max_seq} tokens)")

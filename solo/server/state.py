@@ -429,8 +429,8 @@ class ServerState:
         if max_tokens is not None and at_least + max_tokens > limit:
             raise ContextLengthError(
                 f"this request needs at least {at_least + max_tokens} tokens (prompt at least {at_least} + {param} "
-                f"{max_tokens}) but {what} is {limit}; lower {param} (to at most {limit - at_least}, less as the "
-                "prompt's tokens are counted) or shorten the prompt", param=param)
+                f"{max_tokens}) but {what} is {limit}; lower {param} (to at most {limit - at_least}, or "
+                f"fewer: the prompt may have more than {at_least} tokens) or shorten the prompt", param=param)
 
     def completion_budget(self, prompt_len: int, max_tokens: int | None, default_cap: int | None,
                           param: str = "max_tokens", prompt_param: str = "prompt") -> int:

@@ -262,3 +262,28 @@ def test_the_dense_peer_shape_reads_the_same_bytes():
     assert lane.lanes is not None and dense.lanes is None
     assert lane.num_parameters() == dense.num_parameters() == 2_320_069_632
     assert decode_bytes(lane, 2, 1000) == decode_bytes(dense, 2, 1000)  # windows (2048) do not bite at 1000
+
+
+def test_a_cache_that_does_not_fit_leaves_the_lane_runtime_usable(monkeypatch):
+    import errno
+
+    import solo.runtime.cpu as cpu
+    from solo.errors import KVCacheMemoryError
+
+    runtime = CpuLaneRuntime(_model(dict(CONFIGS)["L4-d1"], torch.float32))
+    runtime.reserve(1, 16)
+    real = cpu._huge_page_buffer
+
+    def scarce(nbytes):
+        if nbytes > 64 << 20:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real(nbytes)
+
+    monkeypatch.setattr(cpu, "_huge_page_buffer", scarce)
+    with pytest.raises(KVCacheMemoryError):
+        runtime.reserve(4000, 4096)
+    assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 16, None)
+    runtime.reserve(1, 32)
+    assert (runtime.rows, runtime.max_seq) == (1, 32)
+    tokens, _ = _greedy(runtime, PROMPT, 4)
+    assert tokens == _greedy(EagerRuntime(runtime.model), PROMPT, 4)[0]

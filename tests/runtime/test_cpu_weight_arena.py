@@ -109,6 +109,9 @@ def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
     small = CpuRuntime(model)
     small.reserve(1, 8)  # under one huge page: an ordinary zeroed allocation
     assert not small.cache.k[0].any() and small._layers[0].k_cache == small.cache.k[0].data_ptr()
+    from solo.runtime.cpu import _in_arena
+
+    assert _in_arena(cache.k[0]) == sys.platform.startswith("linux") and not _in_arena(small.cache.k[0])
 
 
 def test_kv_cache_refuses_memory_it_cannot_use():
@@ -131,6 +134,7 @@ def test_kv_cache_refuses_memory_it_cannot_use():
     OSError(errno.ENOMEM, "Cannot allocate memory"),  # mmap
     RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 52428800000 bytes"),
     MemoryError(),
+    RuntimeError("CUDA error: out of memory"),
 ])
 def test_kv_cache_out_of_memory_is_a_clear_error(failure):
     from types import SimpleNamespace
@@ -143,7 +147,7 @@ def test_kv_cache_out_of_memory_is_a_clear_error(failure):
 
     config = SimpleNamespace(num_layers=2, num_kv_heads=2, head_dim=16)
     with pytest.raises(KVCacheMemoryError, match=r"out of memory for the KV cache of 3 sequence\(s\) x 4096 "
-                                                 r"tokens \(0\.00 GiB\); ask for fewer tokens .*--max-batch"):
+                                                 r"tokens \(3\.0 MiB\); ask for fewer tokens .*--max-batch"):
         KVCache(config, 3, 4096, torch.bfloat16, allocate=allocate)
 
     def broken(nbytes):
@@ -157,7 +161,7 @@ def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypat
     """A reservation that runs out of memory fails alone: the runtime keeps its sizes, and the next one that
     fits is allocated (it kept the failed sizes and failed every request after)."""
     import solo.runtime.cpu as cpu
-    from solo.errors import KVCacheMemoryError
+    from solo.errors import KVCacheMemoryError, SoloError
     from solo.runtime.eager import EagerRuntime
 
     folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
@@ -180,6 +184,10 @@ def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypat
     with pytest.raises(KVCacheMemoryError, match="1000 sequence"):
         runtime.reserve(1000, 2048)
     assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
+    with pytest.raises(SoloError, match="prefill before reserve"):  # (the structs still point at the old cache)
+        runtime.prefill(0, torch.tensor([1, 5, 9]))
+    with pytest.raises(SoloError, match="reserve"):
+        runtime.decode(torch.tensor([0]), torch.tensor([1]), torch.tensor([0]))
     runtime.reserve(1, 16)
     assert (runtime.rows, runtime.max_seq) == (1, 16)
     assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), expected)

@@ -244,8 +244,8 @@ def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):
         # With max_tokens: the most it could be for a prompt of at least 63 tokens (1000 bytes).
         error = http.post(COMPLETIONS, json=completion(prompt="x" * 1000, max_tokens=5000)).json()["error"]
         assert error["message"] == ("this request needs at least 5063 tokens (prompt at least 63 + max_tokens "
-                                    "5000) but the model's context is 256; lower max_tokens (to at most 193, less "
-                                    "as the prompt's tokens are counted) or shorten the prompt"), error
+                                    "5000) but the model's context is 256; lower max_tokens (to at most 193, or "
+                                    "fewer: the prompt may have more than 63 tokens) or shorten the prompt"), error
 
 
 def test_the_bound_never_exceeds_a_real_token_count(server):
