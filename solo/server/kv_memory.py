@@ -9,11 +9,10 @@ lowered to what fits, and a request longer than that gets a 400 saying the limit
 
 from __future__ import annotations
 
-import os
-
 import torch
 
 from solo.model.config import ModelConfig
+from solo.runtime.memory import meminfo_available_bytes
 
 KV_MEMORY_FRACTION = 0.9
 """Share of the free memory the KV cache may take at start-up (the rest: activations, the HTTP side, and
@@ -82,25 +81,11 @@ def available_memory_bytes(device: torch.device | str) -> int | None:
             return int(torch.cuda.mem_get_info(device)[0])
         except (RuntimeError, AssertionError):
             return None
-    free = _meminfo_available()
+    free = meminfo_available_bytes()
     limit = _cgroup_room()
     if free is None or limit is None:
         return free if limit is None else limit
     return min(free, limit)
-
-
-def _meminfo_available() -> int | None:
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    try:
-        return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-    except (ValueError, OSError, AttributeError):
-        return None
 
 
 def _cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:

@@ -198,3 +198,31 @@ def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypat
     with pytest.raises(KVCacheMemoryError):
         eager.reserve(1, 64)
     assert (eager.rows, eager.max_seq, eager.cache) == (1, 8, None)
+
+
+def test_a_cache_beyond_the_available_memory_is_refused_before_allocating(tmp_path, monkeypatch):
+    """Linux overcommits: the mapping would succeed and the OOM killer end the process at the first writes."""
+    import solo.runtime.memory as memory
+    from solo.errors import KVCacheMemoryError
+    from solo.runtime.eager import EagerRuntime
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    runtimes = [EagerRuntime(model)]
+    if cpu_unsupported_reason(model) is None:
+        runtimes.append(CpuRuntime(model))
+    from solo.model.transformer import KVCache
+
+    row = KVCache.buffer_bytes(model.config, 1, 1024, torch.bfloat16)  # one sequence of 1024 tokens
+    monkeypatch.setattr(memory, "meminfo_available_bytes", lambda: 5 * row // 2)
+    for runtime in runtimes:
+        runtime.reserve(1, 1024)
+        with pytest.raises(KVCacheMemoryError, match=rf"of 4 sequence\(s\) x 1024 tokens needs {4 * row / 2**20:.1f} "
+                                                     rf"MiB but {5 * row / 2**21:.1f} MiB of memory is available"):
+            runtime.reserve(4, 1024)
+        assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 1024, None)
+        runtime.reserve(2, 1024)
+        assert runtime.prefill(1, torch.tensor([1, 5, 9])).shape == (model.config.vocab_size,)
+    monkeypatch.setattr(memory, "meminfo_available_bytes", lambda: None)  # unreadable: no check
+    runtimes[0].reserve(8, 1024)
