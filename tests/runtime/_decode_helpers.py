@@ -25,3 +25,19 @@ def greedy_steps(runtime, prompt: list[int], steps: int, forced: list[int] | Non
         logits = runtime.decode(torch.tensor([0]), torch.tensor([token]), torch.tensor([len(prompt) + i]))[0]
         history.append(logits)
     return tokens, torch.stack(history)
+
+
+def scarce_huge_pages(monkeypatch, limit_bytes: int = 64 << 20) -> None:
+    """Make the CPU runtime's huge-page mappings above `limit_bytes` fail as mmap does without memory (ENOMEM)."""
+    import errno
+
+    import solo.runtime.cpu as cpu
+
+    real = cpu._huge_page_buffer
+
+    def scarce(nbytes: int) -> torch.Tensor:
+        if nbytes > limit_bytes:
+            raise OSError(errno.ENOMEM, "Cannot allocate memory")
+        return real(nbytes)
+
+    monkeypatch.setattr(cpu, "_huge_page_buffer", scarce)

@@ -265,21 +265,13 @@ def test_the_dense_peer_shape_reads_the_same_bytes():
 
 
 def test_a_cache_that_does_not_fit_leaves_the_lane_runtime_usable(monkeypatch):
-    import errno
+    from _decode_helpers import scarce_huge_pages
 
-    import solo.runtime.cpu as cpu
     from solo.errors import KVCacheMemoryError
 
     runtime = CpuLaneRuntime(_model(dict(CONFIGS)["L4-d1"], torch.float32))
     runtime.reserve(1, 16)
-    real = cpu._huge_page_buffer
-
-    def scarce(nbytes):
-        if nbytes > 64 << 20:
-            raise OSError(errno.ENOMEM, "Cannot allocate memory")
-        return real(nbytes)
-
-    monkeypatch.setattr(cpu, "_huge_page_buffer", scarce)
+    scarce_huge_pages(monkeypatch)
     with pytest.raises(KVCacheMemoryError):
         runtime.reserve(4000, 4096)
     assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 16, None)

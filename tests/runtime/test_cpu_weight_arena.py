@@ -85,13 +85,19 @@ def test_arena_registry_forgets_freed_arenas():
     assert base not in _LIVE_ARENAS  # a freed mapping's address may be reused by a plain allocation
 
 
-def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
+def _small_bf16_model(tmp_path, native: bool = True):
+    """A small bf16 Qwen2 checkpoint's eager model (skips without the native CPU runtime when `native`)."""
     folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
     model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
     reason = cpu_unsupported_reason(model)
-    if reason is not None:
+    if native and reason is not None:
         pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    return model
+
+
+def test_kv_cache_lives_zeroed_on_a_huge_page_mapping(tmp_path):
+    model = _small_bf16_model(tmp_path)
     runtime = CpuRuntime(model)
     runtime.reserve(2, 2048)  # 2 MiB and more: a huge-page mapping
     cache = runtime.cache
@@ -160,27 +166,16 @@ def test_kv_cache_out_of_memory_is_a_clear_error(failure):
 def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypatch):
     """A reservation that runs out of memory fails alone: the runtime keeps its sizes, and the next one that
     fits is allocated (it kept the failed sizes and failed every request after)."""
-    import solo.runtime.cpu as cpu
+    from _decode_helpers import scarce_huge_pages
+
     from solo.errors import KVCacheMemoryError, SoloError
     from solo.runtime.eager import EagerRuntime
 
-    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
-                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
-    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
-    reason = cpu_unsupported_reason(model)
-    if reason is not None:
-        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    model = _small_bf16_model(tmp_path)
     runtime = CpuRuntime(model)
     runtime.reserve(1, 8)
     expected = runtime.prefill(0, torch.tensor([1, 5, 9]))
-    real = cpu._huge_page_buffer
-
-    def scarce(nbytes):
-        if nbytes > 64 << 20:
-            raise OSError(errno.ENOMEM, "Cannot allocate memory")
-        return real(nbytes)
-
-    monkeypatch.setattr(cpu, "_huge_page_buffer", scarce)
+    scarce_huge_pages(monkeypatch)
     with pytest.raises(KVCacheMemoryError, match="1000 sequence"):
         runtime.reserve(1000, 2048)
     assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
@@ -206,9 +201,7 @@ def test_a_cache_beyond_the_available_memory_is_refused_before_allocating(tmp_pa
     from solo.errors import KVCacheMemoryError
     from solo.runtime.eager import EagerRuntime
 
-    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
-                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
-    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    model = _small_bf16_model(tmp_path, native=False)
     runtimes = [EagerRuntime(model)]
     if cpu_unsupported_reason(model) is None:
         runtimes.append(CpuRuntime(model))
