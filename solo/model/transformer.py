@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from solo.errors import KVCacheMemoryError
+from solo.memory import KV_MEMORY_FIX, check_kv_cache_fits, size_text
 from solo.model.config import ModelConfig
 from solo.model.layers import DecoderLayer, RMSNorm
 from solo.model.rope import RotaryEmbedding
@@ -38,7 +39,8 @@ class KVCache:
             server gives each concurrent request its own row.
 
     Raises:
-        KVCacheMemoryError: the memory cannot be allocated (out of memory), with the size and the fix.
+        KVCacheMemoryError: a host cache larger than the memory Linux can hand out (`solo.memory`), or memory
+            that cannot be allocated (out of memory), with the sizes and the fix.
         ValueError: `allocate` gave something other than a uint8 tensor of at least the bytes asked for.
     """
 
@@ -58,6 +60,8 @@ class KVCache:
         self.rows = rows
         self.max_seq = max_seq
         need = self.buffer_bytes(config, rows, max_seq, dtype)
+        if torch.device(device).type == "cpu":  # (overcommit: the allocation would succeed, the first writes not)
+            check_kv_cache_fits(need, rows, max_seq)
         try:
             if allocate is None:
                 self.k = [torch.zeros(shape, dtype=dtype, device=device) for _ in range(config.num_layers)]
@@ -73,12 +77,8 @@ class KVCache:
         except (MemoryError, OSError, RuntimeError) as exc:
             if not _out_of_memory(exc):
                 raise
-            size = f"{need / 2**30:.2f} GiB" if need >= 2**30 else f"{need / 2**20:.1f} MiB"
-            raise KVCacheMemoryError(
-                f"out of memory for the KV cache of {rows} sequence(s) x {max_seq} tokens ({size}); ask for "
-                "fewer tokens (a shorter prompt or max_tokens, --max-model-len) or fewer concurrent sequences "
-                "(--max-batch), or free memory"
-            ) from exc
+            raise KVCacheMemoryError(f"out of memory for the KV cache of {rows} sequence(s) x {max_seq} tokens "
+                                     f"({size_text(need)}); {KV_MEMORY_FIX}") from exc
         step = self._layer_bytes(shape, dtype)
         nbytes = math.prod(shape) * dtype.itemsize
         layers = [buffer[i * step:i * step + nbytes].view(dtype).view(shape) for i in range(2 * config.num_layers)]

@@ -60,7 +60,6 @@ from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_c
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.cpu_packing import AmxPackedLinear, packed_shape
 from solo.runtime.cpu_threads import ThreadGovernor
-from solo.runtime.memory import check_kv_cache_fits
 from solo.runtime.quant import QuantLinear, model_quantization
 
 if TYPE_CHECKING:
@@ -294,9 +293,9 @@ def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model, ro
         rows, max_seq: the cache's sequences and tokens per sequence.
 
     Raises:
-        KVCacheMemoryError: more than the memory Linux can hand out (`check_kv_cache_fits`), or out of memory
-            (the structs keep the old cache's pointers: the runtime's cache is None
-            until a reserve() succeeds, and every step checks it).
+        KVCacheMemoryError: more than the memory Linux can hand out, or out of memory (see `KVCache`; the structs
+            keep the old cache's pointers: the runtime's cache is None until a reserve() succeeds, and every step
+            checks it).
 
     Returns:
         The cache (the runtime keeps it: the structs point into its tensors).
@@ -304,7 +303,6 @@ def bind_kv_cache(runtime: CpuRuntime | CpuLaneRuntime, model_struct: _Model, ro
     def allocate(nbytes: int) -> torch.Tensor:  # (a cache under one huge page would take a whole one)
         return _huge_page_buffer(nbytes) if nbytes >= _HUGE_PAGE else torch.empty(nbytes, dtype=torch.uint8)
 
-    check_kv_cache_fits(KVCache.buffer_bytes(runtime.config, rows, max_seq, runtime.model.dtype), rows, max_seq)
     cache = KVCache(runtime.config, rows, max_seq, runtime.model.dtype, runtime.device, allocate=allocate)
     for i in range(runtime.config.num_layers):
         runtime._layers[i].k_cache = cache.k[i].data_ptr()

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import torch
 
+from solo.memory import meminfo_available_bytes
 from solo.model.config import ModelConfig
-from solo.runtime.memory import meminfo_available_bytes
 
 KV_MEMORY_FRACTION = 0.9
 """Share of the free memory the KV cache may take at start-up (the rest: activations, the HTTP side, and

@@ -197,7 +197,7 @@ def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypat
 
 def test_a_cache_beyond_the_available_memory_is_refused_before_allocating(tmp_path, monkeypatch):
     """Linux overcommits: the mapping would succeed and the OOM killer end the process at the first writes."""
-    import solo.runtime.memory as memory
+    import solo.memory as memory
     from solo.errors import KVCacheMemoryError
     from solo.runtime.eager import EagerRuntime
 
