@@ -407,15 +407,15 @@ def _generation_fields(reader: Any, name: str, eos: int | list[int] | None, voca
     if ids != given:
         fields["eos_token_id"] = ids
     problems = []
-    for key, (name, ok) in _SAMPLING_KEYS.items():
+    for key, (field, ok) in _SAMPLING_KEYS.items():
         value = _number(reader, f"general.sampling.{key}")
         if value is None:
             continue
-        value = int(value) if name == "top_k" else float(f"{value:.6g}")  # (stored as float32: 0.699999988)
-        if name == "temperature" and value < 0:
+        value = int(value) if field == "top_k" else float(f"{value:.6g}")  # (stored as float32: 0.699999988)
+        if field == "temperature" and value < 0:
             value = 0.0
         if ok(value):
-            fields[name] = value
+            fields[field] = value
         else:
             problems.append(f"{key} {value:g} is out of range, left out")
     for key in ("mirostat", "xtc_probability"):

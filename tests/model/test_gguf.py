@@ -349,7 +349,7 @@ def test_end_of_turn_tokens_and_sampling_defaults_are_the_files(tiny_llama, tmp_
         writer.add_sampling_mirostat(2)
 
     path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-eot.gguf", "F16", metadata=metadata)
-    with pytest.warns(SoloWarning, match="mirostat 2, which Solo does not run"):
+    with pytest.warns(SoloWarning, match="^tiny-eot.gguf's sampling defaults: mirostat 2, which Solo does not run"):
         engine = Engine.load(path, backend="eager")
     plain = Engine.load(write_gguf_from_hf(tiny_llama, tmp_path / "tiny-plain.gguf", "F16"), backend="eager")
     assert plain.eos_ids == {2, 4}  # </s>, and <|im_end|> by its text
@@ -373,7 +373,7 @@ def test_out_of_range_sampling_defaults_are_left_out(tiny_llama, tmp_path, monke
         writer.add_sampling_top_k(40)
 
     path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-odd.gguf", "F16", metadata=metadata)
-    with pytest.warns(SoloWarning, match="top_p 0 is out of range, left out"):
+    with pytest.warns(SoloWarning, match="^tiny-odd.gguf's sampling defaults: top_p 0 is out of range, left out"):
         engine = Engine.load(path, backend="eager")
     assert (engine.defaults.temperature, engine.defaults.top_p, engine.defaults.top_k) == (0.0, None, 40)
 
