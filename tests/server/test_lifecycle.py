@@ -76,6 +76,8 @@ def test_full_queue_answers_503_with_retry_after(long_server):
         with a.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as running:
             running_lines = running.iter_lines()
             next(running_lines)
+            # (its role chunk comes before it holds the slot: on a busy machine the second could queue beside it)
+            wait_for(lambda: metric(http, "solo_active_slots") == 1, 10.0)
             with b.stream("POST", "/v1/chat/completions", json={**LONG, "stream": True}) as queued:
                 queued_lines = queued.iter_lines()
                 next(queued_lines)  # the role chunk comes at once, even while waiting for a slot
