@@ -4,18 +4,39 @@ Linux overcommits memory: an anonymous mapping far larger than the machine succe
 killed by the kernel's OOM killer later, when the cache's pages are first written. So a host KV cache
 (`solo.model.transformer.KVCache`) compares its bytes with what Linux says it can hand out before allocating,
 and refuses with the numbers instead. The server checks its static cache against a share of the same figure
-at start-up (solo.server.kv_memory).
+at start-up (solo.server.kv_memory). In a container the cgroup's memory limit counts too: its OOM killer acts
+on the container's limit whatever the host has free.
 """
 
 from __future__ import annotations
 
 import os
+from pathlib import Path
+from typing import NamedTuple
 
 from solo.errors import KVCacheMemoryError
 
 KV_MEMORY_FIX = ("ask for fewer tokens (a shorter prompt or max_tokens, --max-model-len) or fewer concurrent sequences "
                  "(--max-batch), or free memory")
 """What a KV cache that does not fit in memory asks of the user (`KVCacheMemoryError`'s fix)."""
+
+CGROUP_ROOT = "/sys/fs/cgroup"
+"""Where this process's cgroup (v2: memory.max; v1: memory/memory.limit_in_bytes) is mounted in a container."""
+
+_CGROUP_V1_NO_LIMIT = 1 << 60
+"""cgroup v1 writes "no limit" as a huge page-aligned number (9223372036854771712 on x86-64)."""
+
+
+class HostMemory(NamedTuple):
+    """Bytes the host can hand out now, and which limit gave them.
+
+    Attributes:
+        available_bytes: the smaller of `MemAvailable` and the container's room, or None where neither can be read.
+        source: "MemAvailable", "the container's memory limit" or "unknown".
+    """
+
+    available_bytes: int | None
+    source: str
 
 
 def meminfo_available_bytes() -> int | None:
@@ -36,6 +57,69 @@ def meminfo_available_bytes() -> int | None:
         return None
 
 
+def cgroup_room_bytes(root: str = CGROUP_ROOT, self_cgroup: str = "/proc/self/cgroup") -> int | None:
+    """Bytes this process may still take before a cgroup's OOM killer acts, or None where no limit is set.
+
+    Per cgroup with a limit: the limit minus what it uses, its inactive file pages not counted as used (the
+    kernel reclaims them before it kills: the "working set" of container runtimes). Read for this process's
+    cgroup (its path in `self_cgroup`, under `root`) and each parent up to `root`, since a parent's limit (a
+    systemd slice's MemoryMax=, a container's) binds too; the smallest room wins. cgroup v2: `memory.max`,
+    `memory.current`, `memory.stat`'s inactive_file; v1 (under `root`/memory): `memory.limit_in_bytes`,
+    `memory.usage_in_bytes`, `memory.stat`'s total_inactive_file. None where no limit is set or nothing can be
+    read.
+    """
+    v2_path, v1_path = "/", "/"
+    try:
+        for line in Path(self_cgroup).read_text(encoding="ascii").splitlines():
+            _, controllers, path = line.split(":", 2)
+            if controllers == "":
+                v2_path = path.strip()
+            elif "memory" in controllers.split(","):
+                v1_path = path.strip()
+    except (OSError, UnicodeDecodeError, ValueError):
+        pass
+    rooms = [room for folder in _cgroup_chain(Path(root), v2_path)
+             if (room := _read_cgroup(folder, "memory.max", "memory.current", "inactive_file")) is not None]
+    rooms += [room for folder in _cgroup_chain(Path(root) / "memory", v1_path)
+              if (room := _read_cgroup(folder, "memory.limit_in_bytes", "memory.usage_in_bytes",
+                                       "total_inactive_file")) is not None]
+    return min(rooms) if rooms else None
+
+
+def _cgroup_chain(base: Path, path: str) -> list[Path]:
+    # The cgroup's folder under `base`, then each parent up to `base` itself.
+    parts = [p for p in path.split("/") if p and p not in (".", "..")]
+    return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
+
+
+def _read_cgroup(folder: Path, limit_name: str, usage_name: str, inactive_key: str) -> int | None:
+    try:
+        limit = (folder / limit_name).read_text(encoding="ascii").strip()
+        if limit == "max" or int(limit) >= _CGROUP_V1_NO_LIMIT:
+            return None
+        used = int((folder / usage_name).read_text(encoding="ascii").strip())
+    except (OSError, ValueError):
+        return None
+    inactive = 0
+    try:
+        for line in (folder / "memory.stat").read_text(encoding="ascii").splitlines():
+            key, _, value = line.partition(" ")
+            if key == inactive_key:
+                inactive = int(value)
+                break
+    except (OSError, ValueError):
+        pass
+    return max(0, int(limit) - max(0, used - inactive))
+
+
+def host_memory() -> HostMemory:
+    """What the host can hand out for a new allocation: `MemAvailable`, within the container's limit where set."""
+    free, room = meminfo_available_bytes(), cgroup_room_bytes()
+    if room is not None and (free is None or room < free):
+        return HostMemory(room, "the container's memory limit")
+    return HostMemory(free, "MemAvailable" if free is not None else "unknown")
+
+
 def check_kv_cache_fits(nbytes: int, rows: int, max_seq: int) -> None:
     """Refuse a host KV cache of `nbytes` bytes that the memory Linux can hand out cannot hold.
 
@@ -43,13 +127,13 @@ def check_kv_cache_fits(nbytes: int, rows: int, max_seq: int) -> None:
     counted: a KV cache decoded from swap would read every token's keys and values from disk.
 
     Raises:
-        KVCacheMemoryError: `nbytes` is above `meminfo_available_bytes()`; the message gives both.
+        KVCacheMemoryError: `nbytes` is above `host_memory()`; the message gives both and which limit it is.
     """
-    free = meminfo_available_bytes()
+    free, source = host_memory()
     if free is None or nbytes <= free:
         return
     raise KVCacheMemoryError(f"the KV cache of {rows} sequence(s) x {max_seq} tokens needs {size_text(nbytes)} but "
-                             f"{size_text(free)} of memory is available; {KV_MEMORY_FIX}")
+                             f"{size_text(free)} of memory is available ({source}); {KV_MEMORY_FIX}")
 
 
 def size_text(nbytes: int) -> str:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from solo.memory import meminfo_available_bytes
+from solo.memory import host_memory
 from solo.model.config import ModelConfig
 
 KV_MEMORY_FRACTION = 0.9
@@ -71,9 +71,8 @@ def cache_element_bytes(runtime: object, default_dtype: torch.dtype = torch.bflo
 def available_memory_bytes(device: torch.device | str) -> int | None:
     """Memory free for new allocations on `device`, in bytes, or None when it cannot be read.
 
-    CPU: `MemAvailable` of /proc/meminfo (what Linux can hand out without swapping), else the free
-    physical pages, and no more than the cgroup v2 limit leaves (a container's `memory.max` minus
-    `memory.current`). CUDA: `torch.cuda.mem_get_info`.
+    CPU: `solo.memory.host_memory` (`MemAvailable` of /proc/meminfo, within a container's cgroup limit), the
+    figure every host KV cache checks itself against. CUDA: `torch.cuda.mem_get_info`.
     """
     device = torch.device(device)
     if device.type == "cuda":
@@ -81,25 +80,7 @@ def available_memory_bytes(device: torch.device | str) -> int | None:
             return int(torch.cuda.mem_get_info(device)[0])
         except (RuntimeError, AssertionError):
             return None
-    free = meminfo_available_bytes()
-    limit = _cgroup_room()
-    if free is None or limit is None:
-        return free if limit is None else limit
-    return min(free, limit)
-
-
-def _cgroup_room(root: str = "/sys/fs/cgroup") -> int | None:
-    # cgroup v2 of this process's container: bytes left under memory.max ("max" means no limit).
-    try:
-        with open(f"{root}/memory.max", encoding="ascii") as f:
-            limit = f.read().strip()
-        if limit == "max":
-            return None
-        with open(f"{root}/memory.current", encoding="ascii") as f:
-            current = int(f.read().strip())
-        return max(0, int(limit) - current)
-    except (OSError, ValueError):
-        return None
+    return host_memory().available_bytes
 
 
 def gib(nbytes: float) -> str:

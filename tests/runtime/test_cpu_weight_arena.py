@@ -209,10 +209,12 @@ def test_a_cache_beyond_the_available_memory_is_refused_before_allocating(tmp_pa
 
     row = KVCache.buffer_bytes(model.config, 1, 1024, torch.bfloat16)  # one sequence of 1024 tokens
     monkeypatch.setattr(memory, "meminfo_available_bytes", lambda: 5 * row // 2)
+    monkeypatch.setattr(memory, "cgroup_room_bytes", lambda: None)
     for runtime in runtimes:
         runtime.reserve(1, 1024)
         with pytest.raises(KVCacheMemoryError, match=rf"of 4 sequence\(s\) x 1024 tokens needs {4 * row / 2**20:.1f} "
-                                                     rf"MiB but {5 * row / 2**21:.1f} MiB of memory is available"):
+                                                     rf"MiB but {5 * row / 2**21:.1f} MiB of memory is available "
+                                                     r"\(MemAvailable\)"):
             runtime.reserve(4, 1024)
         assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 1024, None)
         runtime.reserve(2, 1024)

@@ -280,16 +280,11 @@ def test_queue_full_under_concurrent_load_never_5xx_but_503(long_model):
         running.stop()
 
 
-def test_kv_memory_arithmetic_and_container_limit(tmp_path):
+def test_kv_memory_arithmetic():
     assert kv_memory.fit_slot_tokens(4, 1000, 100, None) == 1000  # unknown memory: taken as fitting
     assert kv_memory.fit_slot_tokens(4, 1000, 100, 10**7) == 1000
     fits = kv_memory.fit_slot_tokens(4, 1000, 100, 100_000)
     assert fits % 16 == 0 and 4 * fits * 100 <= 100_000 * kv_memory.KV_MEMORY_FRACTION < 4 * (fits + 16) * 100
-    (tmp_path / "memory.max").write_text("1000000\n")
-    (tmp_path / "memory.current").write_text("400000\n")
-    assert kv_memory._cgroup_room(str(tmp_path)) == 600_000
-    (tmp_path / "memory.max").write_text("max\n")
-    assert kv_memory._cgroup_room(str(tmp_path)) is None
 
 
 def test_malloc_arenas_are_capped_unless_the_user_chose():

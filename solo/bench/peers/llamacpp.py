@@ -32,6 +32,7 @@ import numpy as np
 import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
+from solo.memory import host_memory
 from solo.model.config import ModelConfig
 from solo.model.gguf import gemma3_query_pre_attn_scalar
 from solo.model.moe import SparseMoeBlock
@@ -407,7 +408,7 @@ def cached_gguf(spec: PeerSpec, type_name: str) -> Path:
         raise PeerSkipped(f"no GGUF {type_name} was written before Solo's weights were freed")
     # The conversion holds one tensor at a time: its float32 copy and its GGUF encoding.
     largest = max(p.numel() for p in spec.model.parameters())
-    if largest * 8 > _available_memory_bytes():
+    if largest * 8 > (host_memory().available_bytes or 1 << 62):
         raise PeerSkipped(f"not enough free memory to convert a tensor of {largest / 1e9:.1f}B parameters to GGUF")
     need = gguf_file_bytes(spec.model, type_name) + (64 << 20)
     free = shutil.disk_usage(folder).free
@@ -418,16 +419,6 @@ def cached_gguf(spec: PeerSpec, type_name: str) -> Path:
     write_gguf(spec.model, tmp, type_name)
     os.replace(tmp, path)
     return path
-
-
-def _available_memory_bytes() -> int:
-    try:
-        for line in Path("/proc/meminfo").read_text().splitlines():
-            if line.startswith("MemAvailable:"):
-                return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 1 << 62
 
 
 def _worker_error(proc: subprocess.Popen[str], log: IO[bytes]) -> str:
