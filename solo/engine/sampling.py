@@ -182,13 +182,19 @@ class SamplingParams:
 
         Returns:
             The resolved values; an unset seed (or -1) becomes a random one (drawn from torch's global RNG), and
-            top_k -1 becomes 0 (disabled).
+            top_k -1 becomes 0 (disabled). A request that sets a sampling filter (top_k > 0, top_p < 1 or
+            min_p > 0) but no temperature samples, where the defaults alone would decode greedily (a
+            generation config's `do_sample: false`, or the greedy fallback): at the config's temperature, else
+            1 (vLLM's and OpenAI's default). Those filters act only when sampling, so greedy decoding would
+            silently ignore them.
         """
         temperature = self.temperature
         if temperature is None:
             temperature = defaults.default_temperature()
         if temperature is None:
             temperature = fallback_temperature
+        if self.temperature is None and temperature == 0.0 and self.asks_sampling:
+            temperature = defaults.temperature if defaults.temperature else 1.0
 
         def pick(value, default, solo_default):  # noqa: ANN001, ANN202
             return value if value is not None else (default if default is not None else solo_default)
@@ -204,6 +210,12 @@ class SamplingParams:
             frequency_penalty=float(self.frequency_penalty),
             seed=seed,
         )
+
+    @property
+    def asks_sampling(self) -> bool:
+        """True when a sampling filter that acts is set: top_k > 0, top_p < 1 or min_p > 0."""
+        return ((self.top_k is not None and self.top_k > 0) or (self.top_p is not None and self.top_p < 1)
+                or (self.min_p is not None and self.min_p > 0))
 
     def copy(self, **changes: object) -> SamplingParams:
         """A copy with some fields changed (validated again).

@@ -146,6 +146,20 @@ def test_defaults_come_from_generation_config_then_fallback():
     assert SamplingParams().resolve(GenerationDefaults()).greedy
 
 
+
+@pytest.mark.parametrize("filters", [{"top_p": 0.9}, {"top_k": 40}, {"min_p": 0.05}])
+def test_a_sampling_filter_without_a_temperature_samples_where_the_defaults_are_greedy(filters):
+    """top_k / top_p / min_p act only when sampling: greedy decoding would silently ignore them."""
+    greedy_by_config = GenerationDefaults(do_sample=False)
+    assert SamplingParams(**filters).resolve(greedy_by_config).temperature == 1.0
+    assert SamplingParams(**filters).resolve(GenerationDefaults()).temperature == 1.0  # the greedy fallback
+    # the config's own temperature where it gives one; an explicit temperature always stands
+    assert SamplingParams(**filters).resolve(GenerationDefaults(do_sample=False, temperature=0.7)).temperature == 0.7
+    assert SamplingParams(temperature=0, **filters).resolve(greedy_by_config).greedy
+    # filters that do nothing, or none: the defaults' greedy decoding stays
+    for inert in ({"top_p": 1.0}, {"top_k": 0}, {"top_k": -1}, {"min_p": 0.0}, {"seed": 3}, {}):
+        assert SamplingParams(**inert).resolve(greedy_by_config).greedy, inert
+
 def test_params_may_be_a_dict(tiny_llama):
     engine = Engine.load(tiny_llama)
     as_dict = engine.complete("def f(x):", {"max_tokens": 6, "ignore_eos": True})

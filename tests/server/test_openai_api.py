@@ -215,7 +215,7 @@ def test_metrics_count_requests_and_tokens(server):
 
 
 def test_generation_config_supplies_defaults(tmp_path):
-    # do_sample=false in generation_config.json: a request without temperature decodes greedily.
+    # do_sample=false in generation_config.json: a request without temperature decodes greedily...
     folder = make_checkpoint(tmp_path / "gc", generation_config={"do_sample": False, "eos_token_id": 2})
     engine = Engine.load(folder, dtype="float32", backend=BACKEND)
     expected = engine.complete("def", SamplingParams(max_tokens=12, temperature=0.0))
@@ -223,6 +223,10 @@ def test_generation_config_supplies_defaults(tmp_path):
     try:
         reply = running.client().completions.create(model=MODEL_NAME, prompt="def", max_tokens=12)
         assert reply.choices[0].text == expected.text
+        # ... but top_p asked without a temperature samples (at 1): greedy decoding would ignore it
+        sampled = engine.complete("def", SamplingParams(max_tokens=12, temperature=1.0, top_p=0.9, seed=7))
+        reply = running.client().completions.create(model=MODEL_NAME, prompt="def", max_tokens=12, top_p=0.9, seed=7)
+        assert reply.choices[0].text == sampled.text
     finally:
         running.stop()
 
