@@ -76,11 +76,23 @@ class OutputReader:
 
     def finish(self) -> tuple[str, str, list[ToolCall]]:
         """End of output: (reasoning, content) held back until now, and the tool calls."""
+        reasoning, before, calls, after = self.finish_in_order()
+        return reasoning, before + after, calls
+
+    def finish_in_order(self) -> tuple[str, str, list[ToolCall], str]:
+        """End of output in the reply's order: held-back reasoning and content before the calls, the calls, after.
+
+        Returns:
+            (reasoning, content before the calls) held back until now, the tool calls, then the content after
+            them (text between and after calls, a call cut short); with no calls, all content comes before.
+        """
         reasoning, content = self.reasoning.finish() if self.reasoning is not None else ("", "")
         self.raw_content += content
-        calls: list[ToolCall] = []
-        if self.tools is not None:
-            content = self.tools.feed(content, []) if content else ""
-            _, calls, rest = self.tools.finish()
-            content += rest
-        return reasoning, content, calls
+        if self.tools is None:
+            return reasoning, content, [], ""
+        before = self.tools.feed(content, []) if content else ""
+        _, calls, rest = self.tools.finish()
+        if not calls:
+            return reasoning, before + rest, [], ""
+        lead = self.tools.lead
+        return reasoning, before + lead, calls, rest[len(lead):]

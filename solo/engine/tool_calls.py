@@ -564,6 +564,7 @@ class ToolCallParser:
         self._pending = ""      # content held back: it may be the start of a marker
         self._calls_text: str | None = "" if forced else None
         self._lead_unknown = False  # the marker came after other tokens of its event (see `feed`)
+        self.lead = ""  # after `finish`: the start of its last value that is content before the calls
 
     @property
     def in_tool_call(self) -> bool:
@@ -606,24 +607,29 @@ class ToolCallParser:
     def finish(self) -> tuple[str, list[ToolCall], str]:
         """End of output: (all content, the parsed calls, content not yet streamed).
 
-        With no call parsed, the held-back text is content (streamed last).
+        With no call parsed, the held-back text is content (streamed last). Content not yet streamed comes
+        before the calls for its first `lead` characters (text in the marker's event ahead of it), after them
+        for the rest.
         """
         if self._calls_text is None:
             rest, self._pending = self._pending, ""
             self._release(rest)
             return self._content, [], rest
-        calls, rest = complete_tool_calls(self.fmt, self._calls_text, self.parameters)
-        if not calls and self._lead_unknown:
-            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text, self.parameters)
-            self._release(lead)
-            if calls:
-                self._release(rest)
-                return self._content, calls, lead + rest
+        text, lead = self._calls_text, ""
+        if self._lead_unknown:  # content ahead of the marker in its event: up to the marker's text where it shows
+            found = [i for i in (text.find(m) for m in self.markers) if i > 0]
+            if found:
+                lead, text = text[:min(found)], text[min(found):]
+        calls, rest = complete_tool_calls(self.fmt, text, self.parameters)
+        if not calls and self._lead_unknown and not lead:  # the marker decodes to nothing: where do calls start?
+            lead, calls, rest = _calls_after_content(self.fmt, text, self.parameters)
         if not calls:
             rest = self._pending + self._calls_text
             self._calls_text, self._pending = None, ""
             self._release(rest)
             return self._content, [], rest
+        self.lead = lead
+        rest = lead + rest
         # Text after the last complete call (a call cut short by max_tokens) is content: never dropped.
         self._release(rest)
         return self._content, calls, rest
@@ -678,8 +684,10 @@ def complete_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[st
         calls += parsed
         between.append(text[i:block.start()])
         i = block.end()
-    last = parse_tool_calls(fmt, text[i:]) if text[i:].lstrip().startswith("<tool_call>") else None
-    if last:  # a last call whose JSON is whole but whose closing tag never came (a stop string, EOS)
+    tail = text[i:].rstrip()
+    tail = tail[:len(tail) - partial_suffix(tail, "</tool_call>")]
+    last = parse_tool_calls(fmt, tail) if tail.lstrip().startswith("<tool_call>") else None
+    if last:  # a last call whose JSON is whole but whose closing tag never came or was cut (stop, EOS, max_tokens)
         calls, i = calls + last, len(text)
     rest = "".join(between[1:]) + text[i:]  # text between calls, then after them (the first gap is "")
     return calls, rest if rest.strip() else ""

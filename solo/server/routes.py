@@ -357,17 +357,19 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
             reader = readers[index]
             reasoning, text = reader.feed(event.text, event.token_ids)
             if finish_reason is not None:
-                reasoning_rest, rest, calls = reader.finish()
+                # In the reply's order: what came before the calls, the calls, then the text after them.
+                reasoning_rest, before, calls, after = reader.finish_in_order()
                 calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
-                reasoning, text = reasoning + reasoning_rest, text + rest
+                reasoning, text = reasoning + reasoning_rest, text + before
                 if calls:
                     if reasoning or text:
                         yield chunk([ChatChunkChoice(index=index, delta=Delta(reasoning_content=reasoning or None,
                                                                               content=text or None))])
-                        reasoning = text = ""
+                        reasoning = ""
                     for delta in _tool_call_deltas(calls):
                         yield chunk([ChatChunkChoice(index=index, delta=delta)])
                     finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+                    text = after
             if not text and not reasoning and logprobs is None and finish_reason is None:
                 continue  # text held back (an incomplete character, a possible stop string, marker or tool call)
             delta = Delta(reasoning_content=reasoning or None, content=text or None)

@@ -79,6 +79,26 @@ def test_reasoning_then_a_tool_call():
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_time", {"zone": "CET"})]
 
 
+
+@pytest.mark.parametrize("lead", ["Sure.", "Use {x} or <y>."])
+@pytest.mark.parametrize("lead_in_marker_event", [False, True])
+def test_the_end_of_a_reply_comes_in_its_order_content_calls_then_the_text_after(lead_in_marker_event, lead):
+    """A stream sends what preceded the calls, the calls, then what followed them (a second call cut short);
+    content in the marker's event ahead of it is kept whole, braces and all."""
+    from solo.engine.tool_calls import ToolCallParser
+
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    cut = '\n<tool_call>\n{"name": "get_ti'
+    special = {"<tool_call>": 99}
+    reader = OutputReader(None, ToolCallParser("hermes", special))
+    if lead_in_marker_event:  # one event holds the lead and the marker token (a speculative step)
+        streamed = reader.feed(lead + call + cut, [5, 99, 7])[1]
+    else:
+        streamed = reader.feed(lead, [5])[1] + reader.feed(call + cut, [99, 7])[1]
+    reasoning, before, calls, after = reader.finish_in_order()
+    assert reasoning == "" and streamed + before == lead
+    assert [c.name for c in calls] == ["get_time"] and after == cut
+
 def test_reasoning_tokens_are_the_blocks():
     # usage's reasoning_tokens: every token of the block, its markers included, none of the answer's.
     reader = OutputReader(ReasoningParser(), None)

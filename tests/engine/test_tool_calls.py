@@ -150,9 +150,11 @@ def test_text_between_calls_is_content_and_both_calls_count():
     assert streamed + rest == content == "Hi \nthen\n bye"
 
 
-def test_last_call_without_its_closing_tag_is_a_call():
+@pytest.mark.parametrize("cut", ["\n", "\n</", "\n</tool_call", "</tool_call "])
+def test_last_call_without_its_closing_tag_or_with_it_cut_is_a_call(cut):
+    # The call's JSON is whole; its closing tag never came (EOS, a stop string) or max_tokens cut it.
     parser = ToolCallParser("hermes", {})
-    _feed_pieces(parser, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n')
+    _feed_pieces(parser, '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}' + cut)
     content, calls, rest = parser.finish()
     assert [c.name for c in calls] == ["get_time"] and content == rest == ""
 

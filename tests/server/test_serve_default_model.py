@@ -31,5 +31,29 @@ def test_serves_the_bundled_model_by_default():
                                               temperature=0)
         expected = Engine.load(None).complete(messages, SamplingParams(max_tokens=32, temperature=0))
         assert chat.choices[0].message.content == expected.text and expected.text
+        _forced_calls_stream_in_the_replys_order(client)
     finally:
         running.stop()
+
+
+def _forced_calls_stream_in_the_replys_order(client):
+    # tool_choice "required": the model makes a call, then starts another that max_tokens cuts. The stream sends
+    # the call before that text (as the non-streamed reply holds them), and a call whose closing tag max_tokens
+    # cut is still a call.
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
+    ask = {"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "weather in paris"}],
+           "tools": tools, "tool_choice": "required", "temperature": 0}
+    for max_tokens in (100, 60):
+        whole = client.chat.completions.create(max_tokens=max_tokens, **ask).choices[0]
+        kinds, content = [], ""
+        for chunk in client.chat.completions.create(max_tokens=max_tokens, stream=True, **ask):
+            delta = chunk.choices[0].delta
+            if delta.tool_calls:
+                kinds.append("call")
+            if delta.content:
+                kinds.append("content")
+                content += delta.content
+        assert whole.message.tool_calls, (max_tokens, whole.message)
+        assert (content or None) == whole.message.content
+        assert kinds.index("call") < (kinds.index("content") if "content" in kinds else len(kinds)), kinds
