@@ -34,6 +34,10 @@ from solo.tokenizer import Tokenizer
 logger = logging.getLogger("solo.server")
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+
+EXACT_CHECK_BYTES_PER_TOKEN = 16
+"""A prompt of at most this many UTF-8 bytes per context token is tokenized before its max_tokens is checked
+(milliseconds: 512 KiB at a 32k context), so the error gives its token count; beyond, a bound refuses it first."""
 """Host names a server bound to a loopback address answers by default (`ServerSettings.allowed_hosts`)."""
 
 
@@ -409,7 +413,9 @@ class ServerState:
         """Reject, before tokenizing it, a prompt that cannot fit whatever its tokens turn out to be.
 
         A prompt of B UTF-8 bytes has at least ceil(B / L) tokens, L being `longest_token`; tokenizing a
-        prompt of many megabytes takes seconds, and rejecting it first is free.
+        prompt of many megabytes takes seconds, and rejecting it first is free. A prompt of at most
+        `EXACT_CHECK_BYTES_PER_TOKEN` bytes per context token is cheap to tokenize, so with max_tokens it is left
+        to the exact check after tokenizing (`completion_budget`), whose error counts its tokens.
 
         Args:
             prompt_bytes: UTF-8 bytes of the text to tokenize.
@@ -426,7 +432,8 @@ class ServerState:
             raise ContextLengthError(
                 f"this request needs more than {limit} tokens (its prompt of {prompt_bytes} bytes is at least "
                 f"{at_least} tokens) but {what} is {limit}; shorten the prompt", param=prompt_param)
-        if max_tokens is not None and at_least + max_tokens > limit:
+        if (max_tokens is not None and at_least + max_tokens > limit
+                and prompt_bytes > EXACT_CHECK_BYTES_PER_TOKEN * limit):
             raise ContextLengthError(
                 f"this request needs at least {at_least + max_tokens} tokens (prompt at least {at_least} + {param} "
                 f"{max_tokens}) but {what} is {limit}; lower {param} (to at most {limit - at_least}, or "

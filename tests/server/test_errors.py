@@ -8,6 +8,7 @@ import openai
 import pytest
 from server_harness import MODEL_NAME, start_server
 
+import solo.server.state as state_module
 from solo.errors import SoloError
 from solo.server.state import ServerSettings, allowed_hosts_for
 
@@ -170,7 +171,7 @@ CASES = [
      "context_length_exceeded"),
     ("completion-cannot-fit-untokenized", COMPLETIONS, completion(prompt="x" * 5000), 400, "prompt",
      "context_length_exceeded"),
-    ("completion-cannot-fit-with-max-tokens", COMPLETIONS, completion(prompt="x" * 3000, max_tokens=100), 400,
+    ("completion-cannot-fit-with-max-tokens", COMPLETIONS, completion(prompt="x" * 100, max_tokens=250), 400,
      "max_tokens", "context_length_exceeded"),
     ("completion-ids-too-long", COMPLETIONS, completion(prompt=[5] * 300), 400, "prompt", "context_length_exceeded"),
     ("completion-stream-options-without-stream", COMPLETIONS, completion(stream_options={"include_usage": True}), 400,
@@ -233,7 +234,7 @@ def test_context_error_gives_the_numbers(server):
         assert "+ max_completion_tokens 10) but " in message, message
 
 
-def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):
+def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server, monkeypatch):
     # 5000 bytes with no token longer than 16 bytes: at least 313 tokens, more than the 256 of the context.
     assert server.state.longest_token == 16
     with server.http() as http:
@@ -241,7 +242,13 @@ def test_a_prompt_that_cannot_fit_is_rejected_before_tokenizing(server):
         assert "at least 313 tokens" in error["message"] and "256" in error["message"]
         error = http.post(CHAT, json=chat(messages=[{"role": "user", "content": "é" * 2500}])).json()["error"]
         assert "at least 313 tokens" in error["message"] and error["param"] == "messages"
-        # With max_tokens: the most it could be for a prompt of at least 63 tokens (1000 bytes).
+        # With max_tokens, a prompt cheap to tokenize (at most 16 bytes per context token) gets the exact count.
+        tokens = len(http.post("/tokenize", json={"prompt": "x" * 1000}).json()["tokens"])
+        error = http.post(COMPLETIONS, json=completion(prompt="x" * 1000, max_tokens=5000)).json()["error"]
+        assert error["message"].startswith(f"this request needs {tokens + 5000} tokens (prompt {tokens} + "
+                                           "max_tokens 5000) but the model's context is 256"), error
+        # A longer one (here: beyond 2 bytes per context token): the most it could be for at least 63 tokens.
+        monkeypatch.setattr(state_module, "EXACT_CHECK_BYTES_PER_TOKEN", 2)
         error = http.post(COMPLETIONS, json=completion(prompt="x" * 1000, max_tokens=5000)).json()["error"]
         assert error["message"] == ("this request needs at least 5063 tokens (prompt at least 63 + max_tokens "
                                     "5000) but the model's context is 256; lower max_tokens (to at most 193, or "
