@@ -51,6 +51,7 @@ from solo.errors import ContextLengthError, InvalidRequestError
 from solo.server.chat_adapter import chat_chunks, chat_request_from, continue_prefill, thinking_switch
 from solo.server.errors import APIError, api_error_from, logger, shutting_down, unreadable_body_message
 from solo.server.protocol import CompletionRequest
+from solo.server.state import listed_name
 
 router = APIRouter()
 
@@ -91,11 +92,6 @@ def _now() -> str:
     return datetime.datetime.now(datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
-def _listed_name(served: str) -> str:
-    # The served name as Ollama lists models: with a tag (":latest" unless it has one).
-    return served if ":" in served.rsplit("/", 1)[-1] else f"{served}:latest"
-
-
 def _check_model(request: Request, data: Mapping[str, Any]) -> str:
     """The model name to echo, as the request gave it, after checking it names the served model.
 
@@ -109,8 +105,8 @@ def _check_model(request: Request, data: Mapping[str, Any]) -> str:
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise APIError(400, "model is required: name the served model (GET /api/tags lists it)", param="model")
-    if model not in (state.served_name, _listed_name(state.served_name)):
-        raise APIError(404, f"model {model!r} not found: this server serves {_listed_name(state.served_name)!r} "
+    if model not in (state.served_name, listed_name(state.served_name)):
+        raise APIError(404, f"model {model!r} not found: this server serves {listed_name(state.served_name)!r} "
                        "(GET /api/tags lists it)", code="model_not_found")
     return model
 
@@ -696,7 +692,7 @@ def _model_entry(state: Any) -> dict[str, Any]:  # noqa: ANN401
     bits = {"int8": 8, "int4": 4}.get(state.settings.quantize or "", 8 * engine.kv_cache_element_bytes)
     size = engine.config.num_parameters() * bits // 8  # (the weights' bytes as served)
     created = datetime.datetime.fromtimestamp(state.created, datetime.UTC).isoformat().replace("+00:00", "Z")
-    name = _listed_name(state.served_name)
+    name = listed_name(state.served_name)
     return {"name": name, "model": name, "modified_at": created, "size": size,
             "digest": "", "details": _details(state)}
 

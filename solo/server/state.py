@@ -35,6 +35,14 @@ logger = logging.getLogger("solo.server")
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
 
+def listed_name(served: str) -> str:
+    """The served name as Ollama lists models: with a tag (":latest" unless it has one); every route accepts it.
+
+    Ollama's clients (and Ollama's own /v1 routes) send "name:latest" for a model listed by /api/tags.
+    """
+    return served if ":" in served.rsplit("/", 1)[-1] else f"{served}:latest"
+
+
 EXACT_CHECK_BYTES_PER_TOKEN = 16
 """A prompt of at most this many UTF-8 bytes per context token is tokenized before its max_tokens is checked
 (milliseconds: 512 KiB at a 32k context), so the error gives its token count; beyond, a bound refuses it first."""
@@ -396,7 +404,7 @@ class ServerState:
             raise shutting_down()
         if self.engine is None or self.scheduler is None:
             raise model_loading()
-        if model is not None and model != self.served_name:
+        if model is not None and model not in (self.served_name, listed_name(self.served_name)):
             raise model_not_found(model, self.served_name)
         return self.engine, self.scheduler
 

@@ -10,6 +10,7 @@ import json
 
 import httpx
 import ollama
+import openai
 import pytest
 from checkpoints import make_checkpoint
 from server_harness import MODEL_NAME, start_server
@@ -175,6 +176,12 @@ def test_model_routes_describe_the_served_model(server):
     client = _client(server)
     (listed,) = client.list().models
     assert listed.model == f"{MODEL_NAME}:latest" and listed.details.family == "llama" and listed.size > 0
+    # The listed name works on the OpenAI routes too (Ollama's own /v1 takes it), a wrong tag does not.
+    openai_client = server.client(api_key="sesame")
+    reply = openai_client.completions.create(model=listed.model, prompt="def", max_tokens=2, temperature=0)
+    assert reply.choices[0].text is not None
+    with pytest.raises(openai.NotFoundError):
+        openai_client.completions.create(model=f"{MODEL_NAME}:7b", prompt="def", max_tokens=2)
     assert listed.details.quantization_level == "F32" and listed.details.parameter_size.endswith("M")
     shown = client.show(MODEL_NAME)
     assert shown.capabilities == ["completion", "tools"] and "<tool_call>" in shown.template
