@@ -11,7 +11,7 @@ alone or batched with other requests.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field, fields, replace
+from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
 import torch
@@ -83,6 +83,9 @@ class SamplingParams:
     response_format: StructuredOutput | dict[str, Any] | None = None
 
     def __post_init__(self) -> None:
+        for f in fields(self):  # None means the default for every field (the server's null does too)
+            if getattr(self, f.name) is None and (f.default is not None or f.default_factory is not MISSING):
+                setattr(self, f.name, f.default_factory() if f.default_factory is not MISSING else f.default)
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         for name in ("stop", "stop_token_ids", "bad_words", "allowed_token_ids"):  # (a tuple is a list here)

@@ -88,6 +88,13 @@ def test_tuples_are_taken_as_lists():
         ["a", "b"], [3], ["x"], [1, 2])
 
 
+
+def test_none_means_the_default_for_every_field():
+    # vLLM's SamplingParams takes stop=None and the like; the server's null means the default too.
+    every = {f: None for f in SamplingParams.field_names()}
+    assert SamplingParams(**every) == SamplingParams()
+    assert SamplingParams(stop=None, bad_words=None, presence_penalty=None, min_tokens=None).stop == []
+
 def test_seeds_beyond_32_bits_draw_differently_on_the_cpu():
     # The CPU generator keeps a seed's low 32 bits: seeds 2**32 apart drew the same tokens.
     from solo.engine.sampling import generator_seed
@@ -185,6 +192,9 @@ def test_an_open_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny_llama
     (b"abc", "got bytes"),
     ([], "got an empty list"),
     (None, "got NoneType"),
+    (5, "got int"),
+    (3.5, "got float"),
+    ({"role": "user", "content": "x"}, "got dict"),
     ([True], "got a list of bool"),
     (["x"], "got a list of str; for several prompts, call complete\\(\\) or generate\\(\\) once per prompt"),
     ([[1, 2], [3]], "got a list of list; for several prompts"),
