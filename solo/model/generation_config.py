@@ -3,11 +3,41 @@
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from solo.errors import CheckpointError
+from solo.errors import CheckpointError, SoloWarning
+
+_UNAPPLIED = {
+    "no_repeat_ngram_size": lambda v: isinstance(v, int) and v > 0,
+    "suppress_tokens": lambda v: bool(v),
+    "begin_suppress_tokens": lambda v: bool(v),
+    "bad_words_ids": lambda v: bool(v),
+    "sequence_bias": lambda v: bool(v),
+    "forced_bos_token_id": lambda v: v is not None,
+    "forced_eos_token_id": lambda v: v is not None,
+    "num_beams": lambda v: isinstance(v, int) and v > 1,
+    "penalty_alpha": lambda v: isinstance(v, int | float) and v > 0,
+    "typical_p": lambda v: isinstance(v, int | float) and v < 1,
+    "epsilon_cutoff": lambda v: isinstance(v, int | float) and v > 0,
+    "eta_cutoff": lambda v: isinstance(v, int | float) and v > 0,
+    "min_length": lambda v: isinstance(v, int) and v > 0,
+    "min_new_tokens": lambda v: isinstance(v, int) and v > 0,
+    "exponential_decay_length_penalty": lambda v: v is not None,
+    "guidance_scale": lambda v: isinstance(v, int | float) and v != 1,
+}
+"""generation_config.json keys that change what transformers' generate writes and that Solo does not apply, each
+with the test of a value that acts (transformers' defaults do nothing). Loading a file that sets one warns."""
+
+
+def unapplied_keys(raw: dict[str, Any]) -> list[str]:
+    """The keys of a parsed generation_config.json that would change transformers' output but Solo ignores.
+
+    `max_length` is not among them: Solo bounds a generation by the context and max_tokens, as vLLM does.
+    """
+    return [key for key, acts in _UNAPPLIED.items() if key in raw and acts(raw[key])]
 
 
 @dataclass(frozen=True)
@@ -87,6 +117,11 @@ class GenerationDefaults:
             ) from None
         if not defaults.eos_token_ids and fallback_eos_ids:
             defaults = cls(**{**defaults.__dict__, "eos_token_ids": fallback_eos_ids})
+        if unapplied := unapplied_keys(raw):
+            warnings.warn(f"{path} sets {', '.join(f'{k}={raw[k]!r:.40}' for k in unapplied)}, which Solo does not "
+                          "apply, so its outputs can differ from transformers' generate on this checkpoint; its "
+                          "other defaults apply (per request: bad_words, logit_bias, min_tokens do similar jobs)",
+                          SoloWarning, stacklevel=2)
         return defaults
 
     def check(self) -> None:

@@ -209,6 +209,30 @@ def test_generation_defaults(tmp_path):
     assert missing.eos_token_ids == (2,) and missing.default_temperature() is None
 
 
+
+def test_generation_config_keys_solo_does_not_apply_are_named_not_ignored(tmp_path):
+    from solo.errors import SoloWarning
+
+    (tmp_path / "generation_config.json").write_text(json.dumps(
+        {"eos_token_id": 2, "no_repeat_ngram_size": 2, "suppress_tokens": [7], "num_beams": 1, "max_length": 4096,
+         "repetition_penalty": 1.3}))
+    with pytest.warns(SoloWarning, match=r"sets no_repeat_ngram_size=2, suppress_tokens=\[7\], which Solo does "
+                                         r"not apply, so its outputs can differ from transformers' generate"):
+        defaults = GenerationDefaults.from_folder(tmp_path)
+    assert defaults.repetition_penalty == 1.3  # the rest applies
+
+
+def test_real_generation_configs_load_quietly(shared_hf):
+    # max_length and keys at values that do nothing are not warned about.
+    import warnings
+
+    from solo.errors import SoloWarning
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SoloWarning)
+        for folder in sorted(shared_hf.glob("*/generation_config.json")):
+            GenerationDefaults.from_folder(folder.parent)
+
 @pytest.mark.parametrize("top, inner, expected", [(None, 16, 4096), (32, 16, 32), (None, None, 4096)])
 def test_phi3_original_context_comes_from_the_top_level_as_in_transformers(top, inner, expected):
     # Phi3Config's original_max_position_embeddings (default 4096) replaces the RoPE dict's own.
