@@ -547,7 +547,8 @@ class ToolCallParser:
         special_token_ids: the tokenizer's special tokens (text -> id): markers that are special tokens
             never appear in decoded text and are recognised by id.
         forced: the output was constrained to tool calls (tool_choice "required" or named): all of it is
-            a call (Mistral's constrained output is the bare JSON array).
+            a call (Mistral's constrained output is the bare JSON array), and a call cut short (max_tokens, a
+            stop string) is left out rather than returned as content.
         parameters: function name -> its parameters schema (`tool_parameters`): how Qwen3-Coder's text
             values are typed; None types none (every value stays text).
     """
@@ -623,6 +624,11 @@ class ToolCallParser:
         calls, rest = complete_tool_calls(self.fmt, text, self.parameters)
         if not calls and self._lead_unknown and not lead:  # the marker decodes to nothing: where do calls start?
             lead, calls, rest = _calls_after_content(self.fmt, text, self.parameters)
+        if self.forced:
+            # The output was held to calls: what follows the complete ones, or is all of it when none is complete,
+            # is a call that max_tokens or a stop string cut short (finish_reason says which), never content.
+            self._calls_text, self._pending = (None, "") if not calls else (self._calls_text, "")
+            return self._content, calls, ""
         if not calls:
             rest = self._pending + self._calls_text
             self._calls_text, self._pending = None, ""

@@ -159,6 +159,19 @@ def test_last_call_without_its_closing_tag_or_with_it_cut_is_a_call(cut):
     assert [c.name for c in calls] == ["get_time"] and content == rest == ""
 
 
+
+@pytest.mark.parametrize("cut", ['\n<tool_call>\n{"name": "get_ti', "\n<tool_", "\n"])
+def test_forced_calls_cut_short_are_left_out_never_content(cut):
+    # tool_choice "required" / named: the output is held to calls, so a cut one is no text the model wrote.
+    call = '<tool_call>\n{"name": "get_time", "arguments": {"zone": "CET"}}\n</tool_call>'
+    parser = ToolCallParser("hermes", {}, forced=True)
+    assert _feed_pieces(parser, call + cut) == ""
+    content, calls, rest = parser.finish()
+    assert [c.name for c in calls] == ["get_time"] and content == rest == ""
+    parser = ToolCallParser("hermes", {}, forced=True)  # no call complete: nothing at all
+    assert _feed_pieces(parser, '<tool_call>\n{"name": "get_') == ""
+    assert parser.finish() == ("", [], "")
+
 def test_llama3_json_calls():
     parser = ToolCallParser("llama3_json", {"<|python_tag|>": 7})
     text = '{"name": "get_weather", "parameters": {"city": "Tokyo", "days": 1}}; {"name": "get_time", ' \

@@ -37,9 +37,9 @@ def test_serves_the_bundled_model_by_default():
 
 
 def _forced_calls_stream_in_the_replys_order(client):
-    # tool_choice "required": the model makes a call, then starts another that max_tokens cuts. The stream sends
-    # the call before that text (as the non-streamed reply holds them), and a call whose closing tag max_tokens
-    # cut is still a call.
+    # tool_choice "required": the model makes a call, then starts another that max_tokens cuts: left out, never
+    # content (the output was held to calls); a call whose closing tag max_tokens cut is still a call; a reply
+    # cut before any call is complete has neither.
     tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {
         "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]
     ask = {"model": DEFAULT_MODEL_NAME, "messages": [{"role": "user", "content": "weather in paris"}],
@@ -55,5 +55,6 @@ def _forced_calls_stream_in_the_replys_order(client):
                 kinds.append("content")
                 content += delta.content
         assert whole.message.tool_calls, (max_tokens, whole.message)
-        assert (content or None) == whole.message.content
-        assert kinds.index("call") < (kinds.index("content") if "content" in kinds else len(kinds)), kinds
+        assert whole.message.content is None and not content and "call" in kinds, (whole.message, kinds)
+    cut = client.chat.completions.create(max_tokens=6, **ask).choices[0]
+    assert (cut.message.content or None, cut.message.tool_calls, cut.finish_reason) == (None, None, "length")
