@@ -48,8 +48,15 @@ _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool
 # Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
 _FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages"}
 # Fields of Anthropic's API that change nothing Solo generates.
-_NO_EFFECT = frozenset({"metadata", "service_tier", "container", "mcp_servers", "context_management",
-                        "cache_control"})
+_NO_EFFECT = frozenset({"metadata", "service_tier", "cache_control"})
+# Fields of Anthropic's API for what Solo does not do, each with what to do instead.
+_NOT_DONE = {
+    "mcp_servers": "Solo connects to no MCP servers; list their tools in tools and run the calls yourself",
+    "context_management": "Solo does not edit the context (clearing old tool uses or thinking); send the messages "
+                          "as the model should see them",
+    "container": "Solo runs no containers (code execution, skills); leave container out",
+    "thread": "Solo keeps no threads; send the whole conversation in messages (the SDK's tool_runner: thread=False)",
+}
 
 
 class MessagesRequest(BaseModel):
@@ -97,8 +104,19 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                                   'blocks anyway); leave thinking out, or send {"type": "disabled"}',
                                   param="thinking")
     for name in () if counting else body.model_extra or {}:
+        if name in _NOT_DONE:
+            raise InvalidRequestError(f"{name}: {_NOT_DONE[name]}", param=name)
         if name not in _NO_EFFECT:
             raise InvalidRequestError(f"{name} is not a field Solo's Messages API takes", param=name)
+    metadata = (body.model_extra or {}).get("metadata")
+    if not counting and metadata is not None and (
+            not isinstance(metadata, dict) or set(metadata) - {"user_id"}
+            or not isinstance(metadata.get("user_id", ""), str | None)):
+        raise InvalidRequestError(f"metadata takes only user_id (a string), as Anthropic's; got {metadata!r:.60}",
+                                  param="metadata")
+    if body.temperature is not None and not 0 <= body.temperature <= 1:
+        raise InvalidRequestError(f"temperature must be in [0, 1] on the Messages API (Anthropic's range), got "
+                                  f"{body.temperature!r}; for more, use /v1/chat/completions", param="temperature")
     messages: list[dict[str, Any]] = []
     if body.system is not None:
         messages.append({"role": "system", "content": _text(body.system, "system")})
@@ -291,7 +309,9 @@ async def messages(request: Request) -> Response:
         return anthropic_error(api_error_from(exc))
     message_id = f"msg_{uuid.uuid4().hex}"
     if isinstance(reply, GenerationStream):
-        return GenerationStream(_events(body, reply.body_iterator, message_id), reply.generation)
+        model = request.app.state.solo.served_name
+        return GenerationStream(_events(body, reply.body_iterator, message_id, model, reply.prompt_tokens),
+                                reply.generation)
     completion = json.loads(reply.body)
     choice, usage = completion["choices"][0], completion.get("usage") or {}
     if choice["finish_reason"] == "abort":  # (Anthropic has no stop_reason for a reply the server cut)
@@ -304,8 +324,10 @@ async def messages(request: Request) -> Response:
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
 
-async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id: str) -> AsyncIterator[str]:
-    # The chat stream's chunks as the Messages API's events.
+async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id: str, model: str,
+                  prompt_tokens: int) -> AsyncIterator[str]:
+    # The chat stream's chunks as the Messages API's events. message_start counts the whole prompt as input
+    # (how much of it the prefix cache holds is known once it ran: message_delta's usage splits it).
     def event(kind: str, **fields: Any) -> str:  # noqa: ANN401
         return f"event: {kind}\ndata: {json.dumps({'type': kind, **fields})}\n\n"
 
@@ -314,8 +336,9 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
     tool_indexes: dict[int, int] = {}
     finish_reason, stop_reason, usage = None, None, None
     yield event("message_start", message={"id": message_id, "type": "message", "role": "assistant",
-                                          "model": body.model, "content": [], "stop_reason": None,
-                                          "stop_sequence": None, "usage": {"input_tokens": 0, "output_tokens": 0}})
+                                          "model": model, "content": [], "stop_reason": None,
+                                          "stop_sequence": None,
+                                          "usage": {"input_tokens": prompt_tokens, "output_tokens": 0}})
 
     def start(kind: str, block: dict[str, Any]) -> list[str]:
         nonlocal index, open_kind

@@ -55,7 +55,7 @@ def _route_label(path: str) -> str:
 
 def _error_reply(path: str, error: APIError) -> JSONResponse:
     # An error in the shape of the API the path belongs to (Anthropic's, Ollama's, OpenAI's).
-    if path in ("/v1/messages", "/v1/messages/count_tokens"):
+    if path.rstrip("/") == "/v1/messages" or path.startswith("/v1/messages/"):
         return anthropic_error(error)
     return ollama_error(error) if path.startswith("/api/") else error.response()
 

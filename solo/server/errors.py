@@ -204,8 +204,15 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
                           "/v1/models, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
                           "/api/version, and /tokenize, /detokenize, /health, /metrics, /version",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
-        if exc.status_code == 404 and request.url.path.rstrip("/") in _OTHER_SERVERS_ROUTES:
-            message = f"{request.url.path} is {_OTHER_SERVERS_ROUTES[request.url.path.rstrip('/')]}"
+        path = request.url.path.rstrip("/")
+        if exc.status_code == 404 and path in _OTHER_SERVERS_ROUTES:
+            message = f"{request.url.path} is {_OTHER_SERVERS_ROUTES[path]}"
+        elif exc.status_code == 404 and path.startswith("/v1/responses/"):
+            message = ("Solo stores no responses, so none can be retrieved, cancelled or deleted; keep the reply you "
+                       "got, and send the whole conversation in input")
+        elif exc.status_code == 404 and path.startswith("/v1/messages/batches"):
+            message = ("Solo runs no message batches (its requests answer at once); send each request to POST "
+                       "/v1/messages")
         if exc.status_code == 400 and exc.__cause__ is not None:
             message = unreadable_body_message(exc.__cause__)
         return shape(request.url.path, APIError(exc.status_code, message, type=kind, headers=exc.headers))

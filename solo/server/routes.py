@@ -105,9 +105,10 @@ class GenerationStream(StreamingResponse):
     Finished, client gone before or during streaming, server shutdown: the generation's slots are freed.
     """
 
-    def __init__(self, events: AsyncIterator[str], generation: Generation) -> None:
+    def __init__(self, events: AsyncIterator[str], generation: Generation, prompt_tokens: int = 0) -> None:
         super().__init__(events, media_type="text/event-stream", headers=_SSE_HEADERS)
         self.generation = generation
+        self.prompt_tokens = prompt_tokens  # (for streams that announce it first: Anthropic's message_start)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stream the events; the generation is cancelled when the response ends, however it ends."""
@@ -270,7 +271,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     generation = await _submit(state, prepare, body.priority)
     job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
     if body.stream:
-        return GenerationStream(_chat_stream(state, job, body, tools), generation)
+        return GenerationStream(_chat_stream(state, job, body, tools), generation, prompt_tokens)
     per_choice = await _collect(job, request, body.n)
     choices = []
     reasoning_tokens = 0

@@ -43,6 +43,13 @@ def test_text_tools_and_stream_equal_the_chat_routes(server):
         streamed = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert streamed == reply.content[0].text and final.stop_reason == "max_tokens" and final.usage.output_tokens == 12
+    # message_start announces the prompt's tokens and the served name, as the unstreamed reply does.
+    with client.messages.with_streaming_response.create(model=f"{MODEL_NAME}:latest", max_tokens=2, stream=True,
+                                                        messages=[{"role": "user", "content": "hi"}]) as raw:
+        start = next(json.loads(line[6:]) for line in raw.iter_lines() if line.startswith("data: "))
+    assert start["type"] == "message_start" and start["message"]["model"] == MODEL_NAME
+    assert start["message"]["usage"]["input_tokens"] == client.messages.count_tokens(
+        model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}]).input_tokens
     # A stop sequence that ends the reply is named, whole and streamed.
     stop = reply.content[0].text[3:5]
     ended = client.messages.create(model=MODEL_NAME, max_tokens=12, extra_body={"temperature": 0},
@@ -114,10 +121,25 @@ def test_errors_come_in_anthropics_shape(server):
              "non-empty list of blocks"),
             ({"model": MODEL_NAME, "messages": [{"role": "user", "content": [{"type": "text"}]}]},
              anthropic.BadRequestError, "content[0].text must be a string"),
-            ({"model": MODEL_NAME, "tools": [{"name": "f"}]}, anthropic.BadRequestError, "needs an input_schema")):
+            ({"model": MODEL_NAME, "tools": [{"name": "f"}]}, anthropic.BadRequestError, "needs an input_schema"),
+            # What Solo does not do is refused with what to do instead, not accepted to no effect.
+            ({"model": MODEL_NAME, "extra_body": {"mcp_servers": [{"type": "url", "url": "http://x", "name": "x"}]}},
+             anthropic.BadRequestError, "mcp_servers: Solo connects to no MCP servers"),
+            ({"model": MODEL_NAME, "extra_body": {"context_management": {"edits": []}}}, anthropic.BadRequestError,
+             "does not edit the context"),
+            ({"model": MODEL_NAME, "extra_body": {"thread": {"type": "create"}}}, anthropic.BadRequestError,
+             "thread=False"),
+            ({"model": MODEL_NAME, "extra_body": {"container": "c1"}}, anthropic.BadRequestError, "no containers"),
+            ({"model": MODEL_NAME, "metadata": {"foo": "bar"}}, anthropic.BadRequestError, "takes only user_id"),
+            ({"model": MODEL_NAME, "extra_body": {"temperature": 1.5}}, anthropic.BadRequestError,
+             "temperature must be in [0, 1]")):
         with pytest.raises(error) as info:
             client.messages.create(**{**ask, **fields})
         assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]
+    client.messages.create(model=MODEL_NAME, metadata={"user_id": "u1"}, **ask)  # Anthropic's one metadata field
+    with pytest.raises(anthropic.NotFoundError) as info:  # Anthropic's shape under /v1/messages/ too
+        client.messages.batches.list()
+    assert info.value.body["type"] == "error" and "no message batches" in info.value.body["error"]["message"]
     with pytest.raises(anthropic.BadRequestError, match="stream"):  # (a string was taken as true)
         client.messages.create(model=MODEL_NAME, **ask, extra_body={"stream": "yes"})
     with pytest.raises(anthropic.AuthenticationError) as info:
@@ -185,7 +207,7 @@ def test_a_reply_the_server_cut_short_is_not_an_end_turn():
     async def events(finish_reason: str) -> list[dict]:
         stream = _chat_stream({"choices": [{"index": 0, "delta": {"content": "def f"}}]},
                               {"choices": [{"index": 0, "delta": {}, "finish_reason": finish_reason}]})
-        return [json.loads(e.split("data: ", 1)[1]) async for e in _events(body, stream, "msg_1")]
+        return [json.loads(e.split("data: ", 1)[1]) async for e in _events(body, stream, "msg_1", MODEL_NAME, 9)]
 
     cut = asyncio.run(events("abort"))
     assert [e["type"] for e in cut][-2:] == ["content_block_stop", "error"]

@@ -110,6 +110,12 @@ def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     assert words in info.value.message and info.value.body["param"] == param
 
 
+
+def test_a_stored_response_cannot_be_fetched_and_the_404_says_why(server):
+    for call in (lambda c: c.responses.retrieve("resp_1"), lambda c: c.responses.delete("resp_1")):
+        with pytest.raises(openai.NotFoundError, match="Solo stores no responses"):
+            call(server.client())
+
 def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
     """A reply cut short inside its block comes back as a reasoning item alone: re-sent, it is an assistant turn
     of thinking only (not dropped); the next reply starts after it."""
