@@ -369,5 +369,16 @@ def cmd_chat(args: argparse.Namespace) -> int:
             "`solo run --prompt ...` with it, give `solo chat` a chat (instruct) model, or give this one a "
             "template with --chat-template"
         )
-    return ChatSession(engine, params, args.system, _line_reader(),
-                       template_kwargs=template_kwargs_from_args(engine, args)).loop()
+    session = ChatSession(engine, params, args.system, _line_reader(),
+                          template_kwargs=template_kwargs_from_args(engine, args))
+    if params.max_tokens is not None:
+        # Checked once here, not refused at every message: the shortest message's prompt (the system prompt and
+        # the template around a one-character message) plus --max-tokens must fit the context.
+        shortest = len(engine.encode_prompt([*session.messages(), {"role": "user", "content": "x"}],
+                                            session.template_kwargs))
+        context = engine.config.context_length
+        if shortest + params.max_tokens > context:
+            raise SoloError(f"--max-tokens {params.max_tokens} leaves no room for a message: the shortest one's "
+                            f"prompt is {shortest} tokens and {engine.context_name} is {context}; lower --max-tokens "
+                            f"to at most {max(1, context - shortest)} (or raise --max-model-len)")
+    return session.loop()

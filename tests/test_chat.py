@@ -225,3 +225,13 @@ def test_no_think_keeps_leaving_the_oldest_turns_out(tiny_llama, shared_hf):
         session.turn(f"turn {turn}: " + "word " * 30)
         assert session.history[-1]["role"] == "assistant", err.getvalue()
     assert session.first > 0 and "left out" in err.getvalue() and "error" not in err.getvalue()
+
+
+def test_a_max_tokens_that_leaves_no_room_for_a_message_is_refused_at_start(tiny_llama, capsys):
+    from solo.cli import main
+
+    # (main prints a SoloError as one line and returns 2, before reading a message)
+    assert main(["chat", str(tiny_llama), "--max-model-len", "32", "--max-tokens", "100"]) == 2
+    err = capsys.readouterr().err
+    assert "solo: error: --max-tokens 100 leaves no room for a message: the shortest one's prompt is " in err
+    assert "lower --max-tokens to at most" in err
