@@ -377,6 +377,10 @@ def cmd_chat(args: argparse.Namespace) -> int:
         shortest = len(engine.encode_prompt([*session.messages(), {"role": "user", "content": "x"}],
                                             session.template_kwargs))
         context = engine.config.context_length
+        if shortest >= context:
+            raise SoloError(f"the shortest message's prompt (the system prompt and the template) is {shortest} "
+                            f"tokens, which fills {engine.context_name} of {context}; shorten the system prompt "
+                            "(or raise --max-model-len)")
         if shortest + params.max_tokens > context:
             raise SoloError(f"--max-tokens {params.max_tokens} leaves no room for a message: the shortest one's "
                             f"prompt is {shortest} tokens and {engine.context_name} is {context}; lower --max-tokens "

@@ -247,10 +247,12 @@ def test_chat_leaves_the_oldest_turns_out_when_the_history_fills_the_context(tin
     assert len(json.loads(saved.read_text())["messages"]) == 4
     # A message that does not fit alone is refused, and the conversation stays as it was.
     monkeypatch.setattr("sys.stdin", __import__("io").StringIO(f"{turn}\nhi\n"))
-    code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "100", "--max-model-len", "64")
+    code, out, err = _run(capsys, "chat", str(tiny_llama), "--max-tokens", "30", "--max-model-len", "64",
+                          "--ignore-eos")
     assert code == 0 and ("does not fit the context it was loaded with (context_length, --max-model-len), 64 "
                           "tokens. Shorten the message or lower --max-tokens") in err
-    assert err.count("[TTFT") == 0  # "hi" + 100 tokens does not fit 64 either
+    assert err.count("[TTFT") == 1  # "hi" + 30 tokens fits
+    # A --max-tokens that leaves no room for any message is refused at start (test_chat.py).
 
 
 def test_serve_refuses_a_missing_folder_before_listening(tmp_path):

@@ -595,7 +595,7 @@ class Engine:
             raise InvalidRequestError(f"parallel_tool_calls must be true or false, got {parallel_tool_calls!r:.40}",
                                       param="parallel_tool_calls")
         tool_format, forced = None, False
-        chat = isinstance(prompt, list) and bool(prompt) and all(isinstance(m, Mapping) for m in prompt)
+        chat = isinstance(prompt, list | tuple) and bool(prompt) and all(isinstance(m, Mapping) for m in prompt)
         template = self.tokenizer.chat_template
         extra = self._template_kwargs(chat_template_kwargs)
         if extra and not chat:

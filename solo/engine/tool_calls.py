@@ -622,8 +622,8 @@ class ToolCallParser:
             if found:
                 lead, text = text[:min(found)], text[min(found):]
         calls, rest = complete_tool_calls(self.fmt, text, self.parameters)
-        if not calls and self._lead_unknown and not lead:  # the marker decodes to nothing: where do calls start?
-            lead, calls, rest = _calls_after_content(self.fmt, text, self.parameters)
+        if not calls and self._lead_unknown:  # the marker decodes to nothing (or its text split a call's JSON)
+            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text, self.parameters)
         if self.forced:
             # The output was held to calls: what follows the complete ones, or is all of it when none is complete,
             # is a call that max_tokens or a stop string cut short (finish_reason says which), never content.

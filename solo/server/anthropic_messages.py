@@ -47,13 +47,12 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
 _FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages"}
-# Fields of Anthropic's API that change nothing Solo generates.
-_NO_EFFECT = frozenset({"metadata", "service_tier", "cache_control"})
+# Fields of Anthropic's API that change nothing Solo generates. context_management (clearing old tool uses or
+# thinking from the context) is not applied either, but Claude Code sends it on every request.
+_NO_EFFECT = frozenset({"metadata", "service_tier", "cache_control", "context_management"})
 # Fields of Anthropic's API for what Solo does not do, each with what to do instead.
 _NOT_DONE = {
     "mcp_servers": "Solo connects to no MCP servers; list their tools in tools and run the calls yourself",
-    "context_management": "Solo does not edit the context (clearing old tool uses or thinking); send the messages "
-                          "as the model should see them",
     "container": "Solo runs no containers (code execution, skills); leave container out",
     "thread": "Solo keeps no threads; send the whole conversation in messages (the SDK's tool_runner: thread=False)",
 }

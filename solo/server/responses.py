@@ -434,7 +434,7 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
             elif content and "message" not in open_items:
                 content, pending_blank = pending_blank + content, ""
             if content:
-                for text in close("reasoning"):
+                for text in close("reasoning") + close_call():  # (text after a call: the call's item ends first)
                     yield text
                 item = open_items.get("message")
                 if item is None:

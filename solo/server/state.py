@@ -34,6 +34,12 @@ from solo.tokenizer import Tokenizer
 logger = logging.getLogger("solo.server")
 
 LOOPBACK_HOSTS = ("localhost", "127.0.0.1", "[::1]")
+"""Host names a server bound to a loopback address answers by default (`ServerSettings.allowed_hosts`)."""
+
+EXACT_CHECK_BYTES_PER_TOKEN = 16
+"""A prompt of at most this many UTF-8 bytes per context token is tokenized before its max_tokens is checked
+(milliseconds: 512 KiB at a 32k context), so the error gives its token count; beyond, a bound refuses it first."""
+
 
 def listed_name(served: str) -> str:
     """The served name as Ollama lists models: with a tag (":latest" unless it has one); every route accepts it.
@@ -41,12 +47,6 @@ def listed_name(served: str) -> str:
     Ollama's clients (and Ollama's own /v1 routes) send "name:latest" for a model listed by /api/tags.
     """
     return served if ":" in served.rsplit("/", 1)[-1] else f"{served}:latest"
-
-
-EXACT_CHECK_BYTES_PER_TOKEN = 16
-"""A prompt of at most this many UTF-8 bytes per context token is tokenized before its max_tokens is checked
-(milliseconds: 512 KiB at a 32k context), so the error gives its token count; beyond, a bound refuses it first."""
-"""Host names a server bound to a loopback address answers by default (`ServerSettings.allowed_hosts`)."""
 
 
 def host_name(host: str) -> str:

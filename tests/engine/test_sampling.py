@@ -187,6 +187,13 @@ def test_an_open_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny_llama
     assert len(engine.complete("x", {"max_tokens": 2, "ignore_eos": True}).token_ids) == 2
 
 
+def test_a_tuple_of_messages_is_chat_everywhere(tiny_llama):
+    # (a tuple reached the template but was not chat for continue_final_message, tools or template kwargs)
+    engine = Engine.load(tiny_llama)
+    messages = ({"role": "user", "content": "x"}, {"role": "assistant", "content": "def"})
+    assert engine.complete(messages, {"max_tokens": 2}, continue_final_message=True).token_ids == \
+        engine.complete(list(messages), {"max_tokens": 2}, continue_final_message=True).token_ids
+
 @pytest.mark.parametrize("prompt, message", [
     ("a\ud800b", "not valid Unicode text"),
     (b"abc", "got bytes"),

@@ -172,6 +172,16 @@ def test_forced_calls_cut_short_are_left_out_never_content(cut):
     assert _feed_pieces(parser, '<tool_call>\n{"name": "get_') == ""
     assert parser.finish() == ("", [], "")
 
+
+def test_a_marker_token_whose_text_shows_inside_the_arguments_does_not_lose_the_call():
+    # The marker decodes to nothing and shares its event with content: its text inside a value is no split point.
+    parser = ToolCallParser("mistral", {"[TOOL_CALLS]": 99})
+    text = 'Sure [{"name": "search", "arguments": {"q": "what is [TOOL_CALLS]"}}]'
+    assert parser.feed(text, [5, 99, 6]) == ""
+    content, calls, rest = parser.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("search", {"q": "what is [TOOL_CALLS]"})]
+    assert content == rest == "Sure " and parser.lead == "Sure "
+
 def test_llama3_json_calls():
     parser = ToolCallParser("llama3_json", {"<|python_tag|>": 7})
     text = '{"name": "get_weather", "parameters": {"city": "Tokyo", "days": 1}}; {"name": "get_time", ' \

@@ -176,6 +176,33 @@ def test_a_reply_the_server_cut_short_has_failed():
     assert asyncio.run(events("stop"))[-1]["type"] == "response.completed"
 
 
+
+def test_text_after_a_call_opens_its_message_item_after_the_calls_item_is_done():
+    # The chat stream sends text that followed the calls after them: each item ends before the next starts.
+    import asyncio
+
+    from solo.server.responses import ResponsesRequest, _events
+
+    call = {"index": 0, "id": "call_1", "type": "function", "function": {"name": "f", "arguments": ""}}
+    chunks = ({"choices": [{"index": 0, "delta": {"content": "Sure."}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [call]}}]},
+              {"choices": [{"index": 0, "delta": {"tool_calls": [{"index": 0, "function": {"arguments": "{}"}}]}}]},
+              {"choices": [{"index": 0, "delta": {"content": "\n<tool_call>"}, "finish_reason": "length"}]})
+
+    async def events() -> list[dict]:
+        async def lines():
+            for chunk in chunks:
+                yield f"data: {json.dumps(chunk)}\n\n"
+            yield "data: [DONE]\n\n"
+        body = ResponsesRequest(input="hi")
+        return [json.loads(e.split("data: ", 1)[1]) async for e in _events(body, lines(), "resp_1", 0, MODEL_NAME)]
+
+    items = [(e["type"], e["output_index"]) for e in asyncio.run(events())
+             if e["type"] in ("response.output_item.added", "response.output_item.done")]
+    assert items == [("response.output_item.added", 0), ("response.output_item.done", 0),
+                     ("response.output_item.added", 1), ("response.output_item.done", 1),
+                     ("response.output_item.added", 2), ("response.output_item.done", 2)]
+
 def test_reasoning_effort_null_is_the_default(server):
     # null means a field's default (the README): {"effort": null} was refused as a reasoning setting.
     reply = server.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=2,

@@ -408,7 +408,8 @@ def cached_gguf(spec: PeerSpec, type_name: str) -> Path:
         raise PeerSkipped(f"no GGUF {type_name} was written before Solo's weights were freed")
     # The conversion holds one tensor at a time: its float32 copy and its GGUF encoding.
     largest = max(p.numel() for p in spec.model.parameters())
-    if largest * 8 > (host_memory().available_bytes or 1 << 62):
+    available = host_memory().available_bytes
+    if available is not None and largest * 8 > available:
         raise PeerSkipped(f"not enough free memory to convert a tensor of {largest / 1e9:.1f}B parameters to GGUF")
     need = gguf_file_bytes(spec.model, type_name) + (64 << 20)
     free = shutil.disk_usage(folder).free
