@@ -30,10 +30,12 @@ from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
 from solo.errors import InvalidRequestError, SoloError
 from solo.server.chat_adapter import (
+    CHAT_TOOL_TERMS,
     CUT_SHORT,
     chat_chunks,
     chat_request_from,
     continue_prefill,
+    in_api_terms,
     string_field,
     thinking_switch,
 )
@@ -47,6 +49,11 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
 _FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages"}
+# The chat route's terms in errors -> the Messages API's (`in_api_terms`).
+_TERMS = ((r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"), *CHAT_TOOL_TERMS,
+          (r'tool_choice "required"', 'tool_choice {"type": "any"}'),
+          (r"tool_choice names the function", "tool_choice names the tool"),
+          (r"^stop must be", "stop_sequences must be"))
 # Fields of Anthropic's API that change nothing Solo generates. context_management (clearing old tool uses or
 # thinking from the context) is not applied either, but Claude Code sends it on every request.
 _NO_EFFECT = frozenset({"metadata", "service_tier", "cache_control", "context_management"})
@@ -78,9 +85,13 @@ class MessagesRequest(BaseModel):
 
 
 def anthropic_error(error: APIError) -> JSONResponse:
-    """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}, with its status."""
+    """An error in Anthropic's shape: {"type": "error", "error": {"type", "message"}}, with its status.
+
+    The chat route's field names and shapes in its message are put in the Messages API's terms.
+    """
     kind = _ERROR_TYPES.get(error.status, "api_error")
-    return JSONResponse({"type": "error", "error": {"type": kind, "message": error.message}},
+    message = in_api_terms(error.message, _TERMS)
+    return JSONResponse({"type": "error", "error": {"type": kind, "message": message}},
                         status_code=error.status, headers=error.headers)
 
 
@@ -216,7 +227,10 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
     kind = choice.get("type")
     mapped = {"auto": "auto", "any": "required", "none": "none"}.get(kind)
     if kind == "tool":
-        mapped = {"type": "function", "function": {"name": choice.get("name")}}
+        if not isinstance(choice.get("name"), str):
+            raise InvalidRequestError('tool_choice {"type": "tool"} needs the "name" of one of the tools',
+                                      param="tool_choice")
+        mapped = {"type": "function", "function": {"name": choice["name"]}}
     if mapped is None:
         raise InvalidRequestError(f"tool_choice type must be auto, any, tool or none, got {kind!r}",
                                   param="tool_choice")

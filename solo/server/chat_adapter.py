@@ -8,7 +8,8 @@ stream's server-sent events read back as chunks; what those APIs share in betwee
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Mapping
+import re
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
@@ -40,6 +41,22 @@ def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str],
         errors = [{**e, "loc": ("body", *(field_names.get(str(p), p) for p in e["loc"]))} for e in exc.errors()]
         error = validation_error(errors)
         raise InvalidRequestError(error.message, param=error.param) from None
+
+
+CHAT_TOOL_TERMS = ((r"tools\[(\d+)\]\.function\.", r"tools[\1]."),)
+"""The chat route's nested tool fields in a flat tool's terms (Anthropic's and Responses' tools are flat)."""
+
+
+def in_api_terms(message: str, terms: Sequence[tuple[str, str]]) -> str:
+    """An error message of the chat route with its field names and shapes in the calling API's terms.
+
+    Args:
+        message: the chat route's message.
+        terms: (regular expression, replacement) pairs, applied in order (`re.sub`).
+    """
+    for pattern, replacement in terms:
+        message = re.sub(pattern, replacement, message)
+    return message
 
 
 def continue_prefill(messages: list[dict[str, Any]], fields: dict[str, Any]) -> None:

@@ -28,7 +28,15 @@ from pydantic import BaseModel, ConfigDict, model_validator
 
 from solo.engine.tool_calls import check_arguments
 from solo.errors import InvalidRequestError
-from solo.server.chat_adapter import CUT_SHORT, chat_chunks, chat_request_from, string_field, thinking_switch
+from solo.server.chat_adapter import (
+    CHAT_TOOL_TERMS,
+    CUT_SHORT,
+    chat_chunks,
+    chat_request_from,
+    in_api_terms,
+    string_field,
+    thinking_switch,
+)
 from solo.server.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -241,6 +249,9 @@ def _response_format(text: dict[str, Any]) -> dict[str, Any]:
     if not isinstance(fmt, dict):
         raise InvalidRequestError("text.format must be an object", param="text")
     if fmt.get("type") == "json_schema":
+        if not isinstance(fmt.get("name"), str) or "schema" not in fmt:
+            raise InvalidRequestError('text.format json_schema needs "name" and "schema" beside its type: {"type": '
+                                      '"json_schema", "name": ..., "schema": {...}}', param="text")
         return {"type": "json_schema", "json_schema": {k: v for k, v in fmt.items() if k != "type"}}
     return fmt
 
@@ -330,7 +341,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     except InvalidRequestError as exc:  # named as this API names the field
         param = _FIELD_NAMES.get(exc.param or "", exc.param)
         message = str(exc).replace(exc.param, param) if exc.param and param and exc.param != "messages" else str(exc)
-        raise type(exc)(message, param=param) from None
+        raise type(exc)(in_api_terms(message, CHAT_TOOL_TERMS), param=param) from None
     response_id, created = _new_id("resp"), int(time.time())
     if isinstance(reply, GenerationStream):
         model = request.app.state.solo.served_name

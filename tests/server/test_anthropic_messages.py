@@ -130,7 +130,16 @@ def test_errors_come_in_anthropics_shape(server):
             ({"model": MODEL_NAME, "extra_body": {"container": "c1"}}, anthropic.BadRequestError, "no containers"),
             ({"model": MODEL_NAME, "metadata": {"foo": "bar"}}, anthropic.BadRequestError, "takes only user_id"),
             ({"model": MODEL_NAME, "extra_body": {"temperature": 1.5}}, anthropic.BadRequestError,
-             "temperature must be in [0, 1]")):
+             "temperature must be in [0, 1]"),
+            # The chat route's errors in the Messages API's terms.
+            ({"model": MODEL_NAME, "tools": [{"name": "bad name!", "input_schema": {"type": "object"}}]},
+             anthropic.BadRequestError, "tools[0].name must be 1-64 letters"),
+            ({"model": MODEL_NAME, "tool_choice": {"type": "any"}}, anthropic.BadRequestError,
+             'tool_choice {"type": "any"} needs at least one tool'),
+            ({"model": MODEL_NAME, "tools": [WEATHER], "tool_choice": {"type": "tool"}}, anthropic.BadRequestError,
+             'tool_choice {"type": "tool"} needs the "name"'),
+            ({"model": MODEL_NAME, "stop_sequences": [""]}, anthropic.BadRequestError,
+             "stop_sequences must be a non-empty string")):
         with pytest.raises(error) as info:
             client.messages.create(**{**ask, **fields})
         assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]

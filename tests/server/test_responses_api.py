@@ -100,6 +100,9 @@ def test_function_calls_round_trip(server):
                 {"type": "function_call_output", "call_id": "c1", "output": "x"}]}, "input",
      "input[0].arguments must be a JSON object string"),
     ({"text": {"format": {"type": "text"}, "bogus": 1}}, "text", "text.bogus"),
+    # the chat route's terms put in the Responses API's (flat tools, flat json_schema format)
+    ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", 'needs "name" and "schema" beside its type'),
+    ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools", "tools[0].name must be 1-64 letters"),
 ])
 def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     # (null is a field's default here as on the other routes)
