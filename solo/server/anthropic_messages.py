@@ -254,16 +254,26 @@ def _usage(usage: dict[str, Any]) -> dict[str, int]:
             "cache_creation_input_tokens": 0, "output_tokens": usage.get("completion_tokens", 0)}
 
 
-def content_blocks(message: dict[str, Any]) -> list[dict[str, Any]]:
-    """A chat reply's `message` as Anthropic content blocks: thinking, text, tool_use (with `input` parsed)."""
+def content_blocks(message: dict[str, Any], after_calls: str = "") -> list[dict[str, Any]]:
+    """A chat reply's `message` as Anthropic content blocks: thinking, text, tool_use (with `input` parsed), text.
+
+    Args:
+        message: the chat reply's message.
+        after_calls: the end of its content that came after the tool calls (a block after them, as streamed).
+    """
     blocks: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
         blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
-    if message.get("content"):
-        blocks.append({"type": "text", "text": message["content"]})
-    for call in message.get("tool_calls") or []:
+    calls = message.get("tool_calls") or []
+    text = message.get("content") or ""
+    after = after_calls if calls and after_calls and text.endswith(after_calls) else ""
+    if text[:len(text) - len(after)]:
+        blocks.append({"type": "text", "text": text[:len(text) - len(after)]})
+    for call in calls:
         blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                        "input": json.loads(call["function"]["arguments"])})
+    if after:
+        blocks.append({"type": "text", "text": after})
     return blocks
 
 
@@ -331,10 +341,15 @@ async def messages(request: Request) -> Response:
         return anthropic_error(APIError(503, CUT_SHORT, type="server_overloaded", code="shutting_down",
                                         headers={"Retry-After": str(RETRY_AFTER_S)}))
     result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
-              "content": content_blocks(choice["message"]),
+              "content": content_blocks(choice["message"], _after_calls(reply)),
               **_stop(choice["finish_reason"], choice.get("stop_reason"), body),
               "usage": _usage(usage)}
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
+
+
+def _after_calls(reply: Response) -> str:
+    # The first choice's content after its tool calls (the chat route's `content_after_calls`).
+    return (getattr(reply, "content_after_calls", None) or [""])[0]
 
 
 async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id: str, model: str,

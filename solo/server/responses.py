@@ -293,22 +293,28 @@ def response_object(body: ResponsesRequest, response_id: str, created: int, mode
     }
 
 
-def output_items(message: dict[str, Any], finish_reason: str | None = "stop") -> list[dict[str, Any]]:
-    """A chat reply's `message` as Responses output items: reasoning, the text message, the function calls.
+def output_items(message: dict[str, Any], finish_reason: str | None = "stop",
+                 after_calls: str = "") -> list[dict[str, Any]]:
+    """A chat reply's `message` as Responses output items: reasoning, a message, the function calls, a message.
 
-    The message item is left out when its text is blank beside other items (Qwen3 writes two newlines between
-    its thinking and a call); a reply cut by max_output_tokens marks its last item "incomplete", as OpenAI does.
+    The last message holds `after_calls`, the end of the content that followed the calls (as streamed). A message
+    item is left out when its text is blank beside other items (Qwen3 writes two newlines between its thinking
+    and a call); a reply cut by max_output_tokens marks its last item "incomplete", as OpenAI does.
     """
     items: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
         items.append(_reasoning_item(_new_id("rs"), message["reasoning_content"]))
     calls = message.get("tool_calls") or []
     text = message.get("content") or ""
+    after = after_calls if calls and after_calls and text.endswith(after_calls) else ""
+    text = text[:len(text) - len(after)]
     if text.strip() or not (items or calls):
         items.append(_message_item(_new_id("msg"), text, "completed"))
     for call in calls:
         items.append(_call_item(_new_id("fc"), call["id"], call["function"]["name"], call["function"]["arguments"],
                                 "completed"))
+    if after.strip():
+        items.append(_message_item(_new_id("msg"), after, "completed"))
     if finish_reason in ("length", "abort") and items[-1]["type"] != "reasoning":
         items[-1]["status"] = "incomplete"
     return items
@@ -349,7 +355,9 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     completion = json.loads(reply.body)
     choice = completion["choices"][0]
     result = response_object(body, response_id, created, completion["model"],
-                             output_items(choice["message"], choice["finish_reason"]), choice["finish_reason"],
+                             output_items(choice["message"], choice["finish_reason"],
+                                          (getattr(reply, "content_after_calls", None) or [""])[0]),
+                             choice["finish_reason"],
                              completion.get("usage"))
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 

@@ -273,7 +273,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     if body.stream:
         return GenerationStream(_chat_stream(state, job, body, tools), generation, prompt_tokens)
     per_choice = await _collect(job, request, body.n)
-    choices = []
+    choices, afters = [], []
     reasoning_tokens = 0
     for index, events in enumerate(per_choice):
         infos = [info for e in events for info in (e.logprobs or [])]
@@ -284,8 +284,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             reasoning_delta, content_delta = reader.feed(e.text, e.token_ids)
             reasoning_parts.append(reasoning_delta)
             content_parts.append(content_delta)
-        reasoning_rest, content_rest, calls = reader.finish()
-        content: str | None = "".join(content_parts) + content_rest
+        reasoning_rest, before, calls, after = reader.finish_in_order()
+        content: str | None = "".join(content_parts) + before + after
+        afters.append(after)
         calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
         if calls:
             content = content or None
@@ -300,8 +301,12 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
             logprobs=chat_logprobs(state.pieces, infos) if top is not None else None,  # type: ignore[arg-type]
             finish_reason=finish_reason, stop_reason=events[-1].stop_reason if events else None,
         ))
-    return _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
-                                usage=_with_reasoning(job.usage(), tools, reasoning_tokens)))
+    reply = _json(ChatCompletion(id=job.response_id, created=job.created, model=job.model, choices=choices,
+                                 usage=_with_reasoning(job.usage(), tools, reasoning_tokens)))
+    # Per choice, the end of its content that came after its tool calls: routes whose replies are ordered blocks
+    # (Anthropic's, Responses') put it after the calls, as their streams do.
+    reply.content_after_calls = afters  # type: ignore[attr-defined]
+    return reply
 
 
 def _with_reasoning(usage: Usage, tools: _ToolSetup, reasoning_tokens: int) -> Usage:

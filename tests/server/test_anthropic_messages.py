@@ -278,3 +278,17 @@ def test_count_tokens_counts_what_a_message_would_run(server):
     with pytest.raises(anthropic.AuthenticationError) as info:  # (in Anthropic's shape, as /v1/messages)
         _client(server, key="wrong").messages.count_tokens(**fields)
     assert info.value.body["type"] == "error"
+
+
+def test_text_after_the_calls_is_a_block_after_them_as_streamed():
+    from solo.server.anthropic_messages import content_blocks
+    from solo.server.responses import output_items
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    message = {"content": "Sure.\nDone.", "tool_calls": [call]}
+    assert [(b["type"], b.get("text")) for b in content_blocks(message, "\nDone.")] == [
+        ("text", "Sure."), ("tool_use", None), ("text", "\nDone.")]
+    assert [b["type"] for b in content_blocks(message)] == ["text", "tool_use"]  # (nothing known after the calls)
+    items = output_items(message, "stop", "\nDone.")
+    assert [(i["type"], i.get("content", [{}])[0].get("text")) for i in items] == [
+        ("message", "Sure."), ("function_call", None), ("message", "\nDone.")]
