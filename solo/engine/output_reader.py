@@ -67,8 +67,8 @@ class OutputReader:
             reasoning, text = self.reasoning.feed(text)
             if inside or reasoning or self.reasoning.in_block:
                 self.reasoning_tokens += len(token_ids)
-            if not text:
-                token_ids = ()  # all reasoning: a call marker among its tokens was written while thinking
+                if not text:
+                    token_ids = ()  # all reasoning: a call marker among its tokens was written while thinking
         self.raw_content += text
         if self.tools is not None:
             text = self.tools.feed(text, token_ids)

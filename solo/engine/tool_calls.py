@@ -565,6 +565,7 @@ class ToolCallParser:
         self._pending = ""      # content held back: it may be the start of a marker
         self._calls_text: str | None = "" if forced else None
         self._lead_unknown = False  # the marker came after other tokens of its event (see `feed`)
+        self._lead_limit = 0
         self.lead = ""  # after `finish`: the start of its last value that is content before the calls
 
     @property
@@ -581,6 +582,7 @@ class ToolCallParser:
             # The marker decodes to nothing; with tokens before it in this event (a speculative step, released
             # hold-back) some of the text is content, split off in `finish` where the calls start.
             self._lead_unknown = list(token_ids).index(self.marker_id) > 0
+            self._lead_limit = len(text)  # the content ahead of the marker lies within this event's text
             self._calls_text, pending, self._pending = text, self._pending, ""
             return self._release(pending)
         buffer = self._pending + text
@@ -616,14 +618,15 @@ class ToolCallParser:
             rest, self._pending = self._pending, ""
             self._release(rest)
             return self._content, [], rest
-        text, lead = self._calls_text, ""
+        text, lead, calls, rest = self._calls_text, "", [], self._calls_text
         if self._lead_unknown:  # content ahead of the marker in its event: up to the marker's text where it shows
-            found = [i for i in (text.find(m) for m in self.markers) if i > 0]
+            found = [i for i in (text.find(m) for m in self.markers) if 0 < i <= self._lead_limit]
             if found:
                 lead, text = text[:min(found)], text[min(found):]
-        calls, rest = complete_tool_calls(self.fmt, text, self.parameters)
+        if not self._lead_unknown or lead:
+            calls, rest = complete_tool_calls(self.fmt, text, self.parameters)
         if not calls and self._lead_unknown:  # the marker decodes to nothing (or its text split a call's JSON)
-            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text, self.parameters)
+            lead, calls, rest = _calls_after_content(self.fmt, self._calls_text, self.parameters, self._lead_limit)
         if self.forced:
             # The output was held to calls: what follows the complete ones, or is all of it when none is complete,
             # is a call that max_tokens or a stop string cut short (finish_reason says which), never content.
@@ -641,16 +644,21 @@ class ToolCallParser:
         return self._content, calls, rest
 
 
-def _calls_after_content(fmt: str, text: str, parameters: Mapping[str, Mapping[str, Any]] | None = None
-                         ) -> tuple[str, list[ToolCall], str]:
+def _calls_after_content(fmt: str, text: str, parameters: Mapping[str, Mapping[str, Any]] | None = None,
+                         limit: int | None = None) -> tuple[str, list[ToolCall], str]:
     # (content, calls, text after them) for the tool-call part of an event that began with content: the calls
-    # start at the first "[", "{" or "<" from which the rest parses as calls; ("", [], text) when none does.
-    for i, char in enumerate(text):
+    # start at a "[", "{" or "<" at most `limit` characters in (the marker's event, which may end with it) from
+    # which the rest parses as calls, the one leaving the least text after them (JSON in the content ahead is no
+    # call), the earliest of those; ("", [], text) when none does.
+    best: tuple[str, list[ToolCall], str] = ("", [], text)
+    for i, char in enumerate(text if limit is None else text[:limit + 1]):
         if char in "[{<":
             calls, rest = complete_tool_calls(fmt, text[i:], parameters)
-            if calls:
-                return text[:i], calls, rest
-    return "", [], text
+            if calls and (not best[1] or len(rest) < len(best[2])):
+                best = (text[:i], calls, rest)
+                if not rest:
+                    break
+    return best
 
 
 def partial_suffix(text: str, marker: str) -> int:

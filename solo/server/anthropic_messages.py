@@ -242,9 +242,12 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
 
 def _stop(finish_reason: str | None, stop_reason: Any, body: MessagesRequest) -> dict[str, Any]:  # noqa: ANN401
     # Anthropic's stop_reason and stop_sequence from the chat route's finish_reason and vLLM's stop_reason.
-    if finish_reason == "stop" and isinstance(stop_reason, str) and stop_reason in (body.stop_sequences or ()):
-        return {"stop_reason": "stop_sequence", "stop_sequence": stop_reason}
-    return {"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"), "stop_sequence": None}
+    matched = stop_reason if isinstance(stop_reason, str) and stop_reason in (body.stop_sequences or ()) else None
+    if finish_reason == "stop" and matched is not None:
+        return {"stop_reason": "stop_sequence", "stop_sequence": matched}
+    # (a reply with tool calls that a stop sequence ended stays a tool_use, which agent loops act on, and names it)
+    return {"stop_reason": _STOP_REASONS.get(finish_reason or "stop", "end_turn"),
+            "stop_sequence": matched if finish_reason == "tool_calls" else None}
 
 
 def _usage(usage: dict[str, Any]) -> dict[str, int]:

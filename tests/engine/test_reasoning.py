@@ -99,6 +99,17 @@ def test_the_end_of_a_reply_comes_in_its_order_content_calls_then_the_text_after
     assert reasoning == "" and streamed + before == lead
     assert [c.name for c in calls] == ["get_time"] and after == cut
 
+
+@pytest.mark.parametrize("fmt, marker", [("mistral", "[TOOL_CALLS]"), ("phi4_mini", "<|tool_call|>")])
+def test_a_marker_token_after_the_block_closed_still_starts_a_call(fmt, marker):
+    # One token per event: the marker decodes to nothing after </think>; it was taken for reasoning and dropped.
+    reader = OutputReader.for_reply(fmt, {marker: 5}, split=True)
+    events = [("<think>", [1]), ("hm", [2]), ("</think>", [3]), ("", [5]),
+              ('[{"name": "f", "arguments": {"a": 1}}]', [9])]
+    streamed = "".join(reader.feed(text, ids)[1] for text, ids in events)
+    reasoning, before, calls, after = reader.finish_in_order()
+    assert streamed + before + after == "" and [(c.name, c.arguments) for c in calls] == [("f", '{"a": 1}')]
+
 def test_reasoning_tokens_are_the_blocks():
     # usage's reasoning_tokens: every token of the block, its markers included, none of the answer's.
     reader = OutputReader(ReasoningParser(), None)

@@ -182,6 +182,19 @@ def test_a_marker_token_whose_text_shows_inside_the_arguments_does_not_lose_the_
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [("search", {"q": "what is [TOOL_CALLS]"})]
     assert content == rest == "Sure " and parser.lead == "Sure "
 
+
+def test_content_ahead_of_a_marker_token_in_its_event_is_content_json_and_blanks_included():
+    # The marker decodes to nothing and shares its event with content (a speculative step): JSON in that content
+    # is no call, and a blank before the call stays, as token by token.
+    parser = ToolCallParser("mistral", {"[TOOL_CALLS]": 5})
+    assert parser.feed('x {"name": "g", "arguments": {}} y [{"name": "f", "arguments": {"a": 1}}]', [7, 8, 5, 9]) == ""
+    content, calls, rest = parser.finish()
+    assert [c.name for c in calls] == ["f"] and content == rest == 'x {"name": "g", "arguments": {}} y '
+    parser = ToolCallParser("mistral", {"[TOOL_CALLS]": 5})
+    streamed = parser.feed("Hello", [7]) + parser.feed(' [{"name": "f", "arguments": {"a": 1}}]', [7, 5, 9])
+    content, calls, rest = parser.finish()
+    assert [c.name for c in calls] == ["f"] and streamed + rest == content == "Hello "
+
 def test_llama3_json_calls():
     parser = ToolCallParser("llama3_json", {"<|python_tag|>": 7})
     text = '{"name": "get_weather", "parameters": {"city": "Tokyo", "days": 1}}; {"name": "get_time", ' \

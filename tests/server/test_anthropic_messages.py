@@ -292,3 +292,14 @@ def test_text_after_the_calls_is_a_block_after_them_as_streamed():
     items = output_items(message, "stop", "\nDone.")
     assert [(i["type"], i.get("content", [{}])[0].get("text")) for i in items] == [
         ("message", "Sure."), ("function_call", None), ("message", "\nDone.")]
+
+
+
+def test_a_stop_sequence_that_ended_a_reply_with_calls_is_named():
+    from solo.server.anthropic_messages import MessagesRequest, _stop
+
+    body = MessagesRequest(model=MODEL_NAME, max_tokens=50, messages=[{"role": "user", "content": "hi"}],
+                           stop_sequences=["END"])
+    assert _stop("tool_calls", "END", body) == {"stop_reason": "tool_use", "stop_sequence": "END"}
+    assert _stop("stop", "END", body) == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
+    assert _stop("tool_calls", None, body) == {"stop_reason": "tool_use", "stop_sequence": None}
