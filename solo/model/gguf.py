@@ -216,6 +216,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         raise CheckpointError(f"{named.name} carries no tokenizer (no tokenizer.ggml.tokens field): Solo takes the "
                               "tokenizer and chat template from the GGUF file; use a file written with them "
                               "(llama.cpp's convert_hf_to_gguf.py writes them)")
+    _check_special_token_ids(reader, named.name)
     types = _weight_types(reader)
     matrices = sorted(t for t in types if t not in ("F32",)) or ["F32"]
     dtype = _EXACT.get(matrices[0], "bfloat16") if len(matrices) == 1 else "bfloat16"
@@ -274,6 +275,21 @@ def _mkdir(path: Path) -> Path:
         raise CheckpointError(f"cannot create the folder for converted GGUF files, {path} ({exc.strerror}); "
                               "point SOLO_CACHE_DIR at a writable folder") from None
     return path
+
+
+def _check_special_token_ids(reader: Any, name: str) -> None:  # noqa: ANN401
+    # A special token's id past the vocabulary (a file written for another tokenizer) made transformers' GGUF
+    # tokenizer reader fail with a bare IndexError; named here, before the slow part.
+    count = len(reader.fields["tokenizer.ggml.tokens"].data)
+    for key in ("bos_token_id", "eos_token_id", "unknown_token_id", "padding_token_id"):  # (those it looks up)
+        field = reader.fields.get(f"tokenizer.ggml.{key}")
+        if field is None or not field.data:
+            continue
+        value = int(field.parts[field.data[0]][0])
+        if not 0 <= value < count:
+            raise CheckpointError(f"{name}: tokenizer.ggml.{key} is {value}, outside its {count} tokens; the file "
+                                  "is damaged or its metadata belongs to another tokenizer: re-download or re-convert "
+                                  "it")
 
 
 def _field(reader: Any, name: str) -> str:  # noqa: ANN401

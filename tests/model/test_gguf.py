@@ -404,3 +404,12 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
     said.clear()
     gguf_to_folder(path, log=said.append)
     assert said == []  # (once)
+
+
+def test_a_special_token_id_outside_the_vocabulary_is_one_clear_line(tiny_llama, tmp_path, capsys):
+    # (transformers' GGUF tokenizer reader failed on it with a bare IndexError)
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "bad-ids.gguf", "F16",
+                              metadata=lambda writer: writer.add_pad_token_id(10**6))
+    assert main(["run", str(path), "--prompt", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert "tokenizer.ggml.padding_token_id is 1000000, outside its" in err and "Traceback" not in err
