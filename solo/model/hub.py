@@ -16,6 +16,7 @@ from solo.errors import ModelNotFoundError, SoloError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 # "org/name:Q8_0": one quantization of a repository of GGUF files (llama.cpp's -hf and Ollama's hf.co syntax).
+_HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)  # (Ollama's hf.co/org/name)
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash: a revision whose files never change
 _GGUF_TAG = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+):(?P<tag>[\w.\-]+)$")
 # Only what Solo reads: configs, tokenizer files, chat templates and safetensors weights.
@@ -117,8 +118,15 @@ def split_gguf_tag(model: str) -> tuple[str, str | None]:
     """Split "org/name:TAG" into ("org/name", "TAG"); anything else is (model, None).
 
     TAG names one quantization of a repository of GGUF files, as llama.cpp's `-hf` and Ollama's `hf.co/` do.
+    Ollama's forms are taken too: an "hf.co/" (or "huggingface.co/", with or without https://) prefix is
+    dropped, and ":latest", Ollama's default tag, names no quantization.
     """
+    match = _HUB_PREFIX.match(model)
+    if match and (_GGUF_TAG.match(model[match.end():]) or _HUB_ID.match(model[match.end():])):
+        model = model[match.end():]
     match = _GGUF_TAG.match(model)
+    if match and match["tag"].lower() == "latest":
+        return match["repo"], None
     return (match["repo"], match["tag"]) if match else (model, None)
 
 

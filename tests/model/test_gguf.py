@@ -163,6 +163,10 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
     f16 = resolve_model_dir("someone/tiny-GGUF:F16")
     assert f16.name.startswith("tiny-F16-") and (f16 / "gguf_source.json").is_file()
     assert (resolve_model_dir("someone/tiny-F16-GGUF") / "gguf_source.json").is_file()
+    # Ollama's names: hf.co/ (or huggingface.co/) before the repository, ":latest" naming no quantization.
+    assert resolve_model_dir("hf.co/someone/tiny-GGUF:F16") == f16
+    assert resolve_model_dir("https://huggingface.co/someone/tiny-F16-GGUF:latest") == \
+        resolve_model_dir("someone/tiny-F16-GGUF")
     for name, message in (("someone/tiny-GGUF", "holds several GGUF files (tiny-BF16.gguf, tiny-F16.gguf, "
                                                 "tiny-Q8_0.gguf); name one as someone/tiny-GGUF:<quantization>"),
                           ("someone/tiny-GGUF:Q5_K_M", "has no GGUF file whose name holds 'Q5_K_M'"),
