@@ -337,14 +337,16 @@ def cmd_list(args: argparse.Namespace) -> int:
     import json
 
     from solo.model.gguf import list_conversions
-    from solo.model.store import human_size, list_models, partial_downloads
+    from solo.model.store import damaged_repos, human_size, list_models, partial_downloads
 
     models = list_models()
-    if args.json:  # the same three things the table and its notes show
+    damaged = damaged_repos()
+    if args.json:  # the same four things the table and its notes show
         print(json.dumps({
             "models": [m.to_dict() for m in models],
             "interrupted_downloads": [{"repo_id": repo, "size_bytes": size}
                                       for repo, size in partial_downloads().items()],
+            "damaged": [{"repo_id": repo, "path": str(folder)} for repo, folder in damaged.items()],
             "gguf_conversions": [{"source": str(c.source), "folder": str(c.folder), "size_bytes": c.size_bytes,
                                   "source_exists": c.source_exists} for c in list_conversions()],
         }, indent=2))
@@ -352,6 +354,9 @@ def cmd_list(args: argparse.Namespace) -> int:
     for repo, size in partial_downloads().items():  # not in the table: nothing of them runs yet
         print(f"{repo}: an interrupted download holds {human_size(size)}; `solo pull {repo}` resumes it, "
               f"`solo rm {repo}` deletes it", file=sys.stderr)
+    for repo, folder in damaged.items():  # not in the table: huggingface_hub cannot read them
+        print(f"{repo}: its cache folder is damaged (a file or a ref is missing: {folder}); `solo rm {repo}` deletes "
+              f"it, `solo pull {repo}` downloads it again", file=sys.stderr)
     if not models:
         print("no models in the Hugging Face cache; `solo pull ORG/NAME` downloads one", file=sys.stderr)
     else:

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -208,6 +209,43 @@ def _size(paths: list[Path]) -> int:
     return total
 
 
+def _repo_folders(cache_dir: str | Path | None) -> dict[str, Path]:
+    # Every model repository folder of the cache (models--org--name -> "org/name"), scanned or not.
+    found = {}
+    for folder in Path(_cache(cache_dir)).glob("models--*"):
+        parts = folder.name.split("--", 2)[1:]
+        if parts and folder.is_dir():
+            found["/".join(parts)] = folder
+    return found
+
+
+def _scanned_repo_ids(cache_dir: str | Path | None) -> set[str]:
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    try:
+        info = scan_cache_dir(_cache(cache_dir))
+    except CacheNotFound:
+        return set()
+    return {r.repo_id for r in info.repos if r.repo_type == "model"}
+
+
+def damaged_repos(cache_dir: str | Path | None = None) -> dict[str, Path]:
+    """Model repositories whose cache folder huggingface_hub cannot read ("org/name" -> folder).
+
+    A blob deleted behind a snapshot's link, refs without snapshots: `scan_cache_dir` leaves such a repository
+    out (it reports it as corrupted), so `solo list` names it apart and `solo rm` deletes its folder. A folder
+    holding only an interrupted download is not one (`partial_downloads`).
+    """
+    scanned, partial = _scanned_repo_ids(cache_dir), _partial_blobs(cache_dir)
+    return {repo: folder for repo, folder in sorted(_repo_folders(cache_dir).items())
+            if repo not in scanned and repo not in partial}
+
+
+def _folder_size(folder: Path) -> int:
+    return _size([p for p in folder.rglob("*") if p.is_file() and not p.is_symlink()])
+
+
 def partial_downloads(cache_dir: str | Path | None = None) -> dict[str, int]:
     """Bytes of interrupted downloads per model repository ("org/name" -> bytes), which `solo list` does not count.
 
@@ -227,7 +265,8 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
 
     Returns:
         The bytes freed (with Solo's converted folders of the GGUF files deleted, and, when every revision goes,
-        the repository's interrupted downloads: `partial_downloads`).
+        the repository's interrupted downloads: `partial_downloads`). A repository folder huggingface_hub cannot
+        read (`damaged_repos`) or that holds only an interrupted download is deleted whole.
 
     Raises:
         ModelNotFoundError: the model (or that revision, or a GGUF file holding TAG) is not in the cache.
@@ -245,8 +284,12 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
         info = None
     repo = next((r for r in (info.repos if info else []) if r.repo_id == repo_id and r.repo_type == "model"), None)
     partial = _partial_blobs(cache_dir).get(repo_id, []) if revision is None else []
-    if repo is None and partial:  # interrupted before any file was complete: nothing else to delete
-        return _delete_files(partial)
+    folder = _repo_folders(cache_dir).get(repo_id)
+    if repo is None and folder is not None and revision is None and tag is None:
+        # Interrupted before any file was complete, or damaged (scan_cache_dir cannot read it): the whole folder.
+        freed = _folder_size(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+        return freed
     if repo is None:
         raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")
     revisions = [r for r in repo.revisions if revision is None or revision in r.refs

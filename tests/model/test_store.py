@@ -94,7 +94,7 @@ def test_interrupted_downloads_are_listed_and_removed(cache, capsys):
         {"repo_id": "org/partial", "size_bytes": 2500}, {"repo_id": "tiny/llama", "size_bytes": 1500}]
     assert main(["rm", "org/partial"]) == 0
     assert "deleted org/partial (2.5 KB freed)" in capsys.readouterr().out
-    assert not (partial / "a.incomplete").exists()
+    assert not partial.parent.exists()  # the whole folder: no empty blobs folder left
     # Removing every revision of a repo removes its interrupted downloads too, counted in what was freed.
     size = store.list_models()[1].size_bytes
     assert main(["rm", "tiny/llama"]) == 0
@@ -203,3 +203,23 @@ def test_rm_of_a_tag_deletes_only_that_gguf_file(cache, tmp_path, capsys):
     (snapshot / "my-Q4_0.gguf").symlink_to(mine)
     assert main(["rm", "someone/model-GGUF:Q4_0"]) == 0
     assert mine.is_file() and not (snapshot / "my-Q4_0.gguf").exists()
+
+
+def test_a_damaged_cache_folder_is_listed_apart_and_removed(cache, capsys):
+    # A blob deleted behind its snapshot's link: huggingface_hub's scan leaves the repository out (corrupted).
+    damaged = cache / "models--tiny--llama"
+    for blob in (damaged / "blobs").iterdir():
+        blob.unlink()
+    refs_only = cache / "models--org--badref" / "refs"
+    refs_only.mkdir(parents=True)
+    (refs_only / "main").write_text("c" * 40)
+    assert store.damaged_repos() == {"org/badref": cache / "models--org--badref", "tiny/llama": damaged}
+    assert main(["list"]) == 0
+    err = capsys.readouterr().err
+    assert "tiny/llama: its cache folder is damaged (a file or a ref is missing: " in err
+    assert "`solo rm tiny/llama` deletes it, `solo pull tiny/llama` downloads it again" in err
+    assert main(["list", "--json"]) == 0
+    assert [d["repo_id"] for d in json.loads(capsys.readouterr().out)["damaged"]] == ["org/badref", "tiny/llama"]
+    for repo in ("tiny/llama", "org/badref"):
+        assert main(["rm", repo]) == 0 and f"deleted {repo}" in capsys.readouterr().out
+    assert store.damaged_repos() == {} and not damaged.exists()
