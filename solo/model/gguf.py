@@ -330,7 +330,12 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
         raw.update(_phi3_fields(reader, src, raw))
     elif arch == "gemma3":
         raw.update(_gemma3_fields(reader, src, raw))
-    ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
+    try:
+        ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
+    except UnsupportedArchitectureError as exc:  # named as GGUF files name architectures
+        raise UnsupportedArchitectureError(
+            f"{src.name}: GGUF architecture {arch!r} is not one Solo runs ({exc}); Solo runs GGUF files of "
+            f"{', '.join(GGUF_ARCHITECTURES)} models") from None
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     try:

@@ -417,3 +417,20 @@ def test_a_special_token_id_outside_the_vocabulary_is_one_clear_line(tiny_llama,
     assert main(["run", str(path), "--prompt", PROMPT]) == 2
     err = capsys.readouterr().err
     assert "tokenizer.ggml.padding_token_id is 1000000, outside its" in err and "Traceback" not in err
+
+
+def test_an_architecture_solo_does_not_run_is_named_as_gguf_names_them(tiny_llama, tmp_path, monkeypatch, capsys):
+    from solo.errors import UnsupportedArchitectureError
+    from solo.model import config as config_module
+    from solo.model.store import GGUF_ARCHITECTURES
+
+    def refuse(raw):
+        raise UnsupportedArchitectureError("unsupported architecture model_type 'mamba'")
+
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "other.gguf", "F16")
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setattr(config_module.ModelConfig, "from_dict", staticmethod(refuse))
+    assert main(["run", str(path), "--prompt", PROMPT]) == 2
+    err = capsys.readouterr().err
+    assert "other.gguf: GGUF architecture 'llama' is not one Solo runs" in err
+    assert f"Solo runs GGUF files of {', '.join(GGUF_ARCHITECTURES)} models" in err and "Traceback" not in err
