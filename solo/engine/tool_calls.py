@@ -630,7 +630,9 @@ class ToolCallParser:
         if self.forced:
             # The output was held to calls: what follows the complete ones, or is all of it when none is complete,
             # is a call that max_tokens or a stop string cut short (finish_reason says which), never content.
-            self._calls_text, self._pending = (None, "") if not calls else (self._calls_text, "")
+            self._pending = ""
+            if not calls:
+                self._calls_text = None
             return self._content, calls, ""
         if not calls:
             rest = self._pending + self._calls_text

@@ -34,9 +34,11 @@ from solo.server.chat_adapter import (
     CUT_SHORT,
     chat_chunks,
     chat_request_from,
+    content_after_calls,
     continue_prefill,
     in_api_terms,
     string_field,
+    text_around_calls,
     thinking_switch,
 )
 from solo.server.errors import RETRY_AFTER_S, APIError, api_error_from, unreadable_body_message, validation_error
@@ -267,12 +269,10 @@ def content_blocks(message: dict[str, Any], after_calls: str = "") -> list[dict[
     blocks: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
         blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
-    calls = message.get("tool_calls") or []
-    text = message.get("content") or ""
-    after = after_calls if calls and after_calls and text.endswith(after_calls) else ""
-    if text[:len(text) - len(after)]:
-        blocks.append({"type": "text", "text": text[:len(text) - len(after)]})
-    for call in calls:
+    before, after = text_around_calls(message, after_calls)
+    if before:
+        blocks.append({"type": "text", "text": before})
+    for call in message.get("tool_calls") or []:
         blocks.append({"type": "tool_use", "id": call["id"], "name": call["function"]["name"],
                        "input": json.loads(call["function"]["arguments"])})
     if after:
@@ -344,15 +344,10 @@ async def messages(request: Request) -> Response:
         return anthropic_error(APIError(503, CUT_SHORT, type="server_overloaded", code="shutting_down",
                                         headers={"Retry-After": str(RETRY_AFTER_S)}))
     result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
-              "content": content_blocks(choice["message"], _after_calls(reply)),
+              "content": content_blocks(choice["message"], content_after_calls(reply)),
               **_stop(choice["finish_reason"], choice.get("stop_reason"), body),
               "usage": _usage(usage)}
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
-
-
-def _after_calls(reply: Response) -> str:
-    # The first choice's content after its tool calls (the chat route's `content_after_calls`).
-    return (getattr(reply, "content_after_calls", None) or [""])[0]
 
 
 async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id: str, model: str,

@@ -59,6 +59,29 @@ def in_api_terms(message: str, terms: Sequence[tuple[str, str]]) -> str:
     return message
 
 
+def content_after_calls(reply: object) -> str:
+    """The end of the first choice's content that came after its tool calls ("" where there is none).
+
+    The chat route records it on its unstreamed reply (`content_after_calls`, one per choice).
+    """
+    return (getattr(reply, "content_after_calls", None) or [""])[0]
+
+
+def text_around_calls(message: Mapping[str, Any], after_calls: str) -> tuple[str, str]:
+    """A chat reply's content split into the text before its tool calls and the text after them.
+
+    Args:
+        message: the chat reply's message (content, tool_calls).
+        after_calls: the end of the content that followed the calls (`content_after_calls`).
+
+    Returns:
+        (before, after); after is "" without calls or when the content does not end with `after_calls`.
+    """
+    text = message.get("content") or ""
+    after = after_calls if message.get("tool_calls") and after_calls and text.endswith(after_calls) else ""
+    return text[:len(text) - len(after)], after
+
+
 def continue_prefill(messages: list[dict[str, Any]], fields: dict[str, Any]) -> None:
     """Continue an assistant message last (a prefill) when it holds anything: its text, calls or thinking.
 

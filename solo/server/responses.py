@@ -33,8 +33,10 @@ from solo.server.chat_adapter import (
     CUT_SHORT,
     chat_chunks,
     chat_request_from,
+    content_after_calls,
     in_api_terms,
     string_field,
+    text_around_calls,
     thinking_switch,
 )
 from solo.server.protocol import ChatCompletionRequest
@@ -305,9 +307,7 @@ def output_items(message: dict[str, Any], finish_reason: str | None = "stop",
     if message.get("reasoning_content"):
         items.append(_reasoning_item(_new_id("rs"), message["reasoning_content"]))
     calls = message.get("tool_calls") or []
-    text = message.get("content") or ""
-    after = after_calls if calls and after_calls and text.endswith(after_calls) else ""
-    text = text[:len(text) - len(after)]
+    text, after = text_around_calls(message, after_calls)
     if text.strip() or not (items or calls):
         items.append(_message_item(_new_id("msg"), text, "completed"))
     for call in calls:
@@ -355,8 +355,7 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     completion = json.loads(reply.body)
     choice = completion["choices"][0]
     result = response_object(body, response_id, created, completion["model"],
-                             output_items(choice["message"], choice["finish_reason"],
-                                          (getattr(reply, "content_after_calls", None) or [""])[0]),
+                             output_items(choice["message"], choice["finish_reason"], content_after_calls(reply)),
                              choice["finish_reason"],
                              completion.get("usage"))
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
