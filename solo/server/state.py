@@ -290,7 +290,8 @@ class ServerState:
         except Exception as exc:  # a bad path, a broken checkpoint, out of memory: the server cannot serve
             self.error = exc
             if isinstance(exc, SoloError | OSError):  # the user's to fix: the message says how
-                logger.error("cannot load the model: %s", exc)
+                if self._on_fatal is None:  # else its owner reports it (the CLI: one "solo: error:" line)
+                    logger.error("cannot load the model: %s", exc)
             else:
                 logger.exception("cannot load the model")
             if self._on_fatal is not None:

@@ -122,7 +122,7 @@ def test_a_model_that_cannot_load_stops_the_server(tmp_path):
     assert isinstance(running.state.error, ModelNotFoundError)
 
 
-def test_cli_exits_2_when_the_model_cannot_load(tmp_path, tiny_model, capsys, monkeypatch):
+def test_cli_exits_2_when_the_model_cannot_load(tmp_path, tiny_model, capsys, monkeypatch, caplog):
     from solo.cli import main
     from solo.server import runner
 
@@ -135,8 +135,11 @@ def test_cli_exits_2_when_the_model_cannot_load(tmp_path, tiny_model, capsys, mo
     folder = tmp_path / "no-weights"
     folder.mkdir()
     shutil.copy(tiny_model / "config.json", folder)
+    caplog.clear()
     assert main(["serve", str(folder), "--port", "0"]) == 2
-    assert "cannot load the model" in capsys.readouterr().err
+    assert capsys.readouterr().err.count("cannot load the model") == 1
+    # Reported once, by the CLI, not also by the server's log.
+    assert not [r for r in caplog.records if "cannot load the model" in r.getMessage()]
 
 
 def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):
