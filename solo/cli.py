@@ -10,6 +10,7 @@ import argparse
 import difflib
 import importlib
 import os
+import random
 import re
 import sys
 from collections.abc import Callable, Sequence
@@ -250,14 +251,15 @@ def _default_max_tokens(engine, prompt, params, template_kwargs: dict | None = N
             params.max_tokens = min(max(default, params.min_tokens), room)
 
 
-def _stats_line(stats, finish_reason: str, backend: str) -> str:  # noqa: ANN001
+def _stats_line(stats, finish_reason: str, backend: str, seed: int | None = None) -> str:  # noqa: ANN001
     ttft = f"{stats.ttft_s * 1000:.1f} ms" if stats.ttft_s is not None else "n/a"
     tps = stats.decode_tokens_per_s
     decode = f"{tps:.1f} tok/s" if tps is not None else "n/a"
     cached = f" ({stats.cached_tokens} cached)" if stats.cached_tokens else ""
     accept = "" if stats.acceptance_length is None else f" | acceptance {stats.acceptance_length:.2f} tok/step"
     return (f"[TTFT {ttft} | decode {decode} | {stats.prompt_tokens} prompt{cached} + {stats.completion_tokens} "
-            f"generated tokens{accept} | finish: {finish_reason} | backend: {backend}]")
+            f"generated tokens{accept} | finish: {finish_reason} | backend: {backend}"
+            f"{'' if seed is None else f' | seed: {seed}'}]")
 
 
 def _stream(engine, prompt, params, template_kwargs: dict | None = None) -> tuple[str, object]:  # noqa: ANN001
@@ -301,10 +303,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         prompt = messages + [{"role": "user", "content": prompt}]
     _default_max_tokens(engine, prompt, params, kwargs)
+    seed = None
+    if not params.resolve(engine.defaults).greedy:
+        # A sampled run names its seed, so a run worth keeping can be repeated (llama.cpp prints its seed too);
+        # -1 or unset draws one here rather than inside the engine.
+        seed = params.seed if params.seed not in (None, -1) else random.randrange(2**32)
+        params = params.copy(seed=seed)
     _, last = _stream(engine, prompt, params, kwargs)
     sys.stdout.write("\n")
     sys.stdout.flush()
-    print(_stats_line(last.stats, last.finish_reason, engine.backend_name), file=sys.stderr)
+    print(_stats_line(last.stats, last.finish_reason, engine.backend_name, seed), file=sys.stderr)
     return 0
 
 

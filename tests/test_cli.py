@@ -32,6 +32,18 @@ def test_run_streams_text_and_ends_with_stats(capsys, tiny_llama):
     assert "TTFT" in err and "tok/s" in err and "12 generated tokens" in err
 
 
+def test_a_sampled_run_names_its_seed_and_the_seed_repeats_it(capsys, tiny_llama):
+    args = ("run", str(tiny_llama), "--prompt", "def f(x):", "--max-tokens", "8", "--ignore-eos", "--temperature", "1")
+    code, out, err = _run(capsys, *args)  # no --seed: one is drawn and named, as llama.cpp does
+    seed = re.search(r"\| seed: (\d+)\]", err)
+    assert code == 0 and seed
+    for given in (seed[1], seed[1]):
+        code, again, err = _run(capsys, *args, "--seed", given)
+        assert code == 0 and again == out and f"| seed: {given}]" in err
+    code, _, err = _run(capsys, *args[:-2], "--temperature", "0")  # greedy: no seed is used, none is named
+    assert code == 0 and "seed" not in err
+
+
 def test_run_takes_logit_bias_and_min_tokens_as_llama_cpp_writes_them(capsys, tiny_llama):
     code, out, _ = _run(capsys, "run", str(tiny_llama), "--prompt", "def f(x):", "--max-tokens", "3", "--ignore-eos",
                         "--temperature", "0", "--logit-bias", "7+100", "--min-tokens", "2")
