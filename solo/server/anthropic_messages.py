@@ -132,6 +132,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
     messages: list[dict[str, Any]] = []
     if body.system is not None:
         messages.append({"role": "system", "content": _text(body.system, "system")})
+    asked: list[str] = []  # the previous message's tool_use ids
     for i, message in enumerate(body.messages):
         role, content = message.get("role"), message.get("content")
         if role not in ("user", "assistant"):
@@ -145,7 +146,13 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             kind = block.get("type") if isinstance(block, dict) else None
             where = f"messages[{i}].content[{j}]"
             if kind == "text":
-                texts.append(string_field(block, "text", where, "messages"))
+                text = string_field(block, "text", where, "messages")
+                if not text.strip() and not (role == "assistant" and i + 1 == len(body.messages)):
+                    # As Anthropic's API: only the final assistant message (a prefill) may be empty.
+                    raise InvalidRequestError(f"{where}: text must not be empty or only whitespace (only a final "
+                                              "assistant message, the reply's start, may be); leave the block out",
+                                              param="messages")
+                texts.append(text)
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("input"), dict):
                     raise InvalidRequestError(f"{where}.input must be an object (the call's arguments), got "
@@ -160,15 +167,33 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                                               f"{block.get('is_error')!r:.40}", param="messages")
                 if block.get("is_error"):  # chat templates have no such flag: said in the text the model reads
                     output = f"Error: {output}"
-                results.append({"role": "tool",
-                                "tool_call_id": string_field(block, "tool_use_id", where, "messages"),
-                                "content": output})
+                call_id = string_field(block, "tool_use_id", where, "messages")
+                if call_id not in asked or any(r["tool_call_id"] == call_id for r in results):
+                    # As Anthropic's API: a result answers one call of the message right before.
+                    raise InvalidRequestError(
+                        f"{where}.tool_use_id {call_id!r} answers no tool_use block of messages[{i - 1}] (its ids: "
+                        f"{', '.join(map(repr, asked)) or 'none'}), or answers one twice; each tool_result answers "
+                        "one tool_use of the previous assistant message", param="messages")
+                results.append({"role": "tool", "tool_call_id": call_id, "content": output})
             elif kind == "thinking" and role == "assistant":
                 thinking = block.get("thinking")
             else:
                 raise InvalidRequestError(f"{where} is a {kind!r} block, which Solo does not take here (text, "
                                           "tool_use from the assistant, tool_result from the user, thinking)",
                                           param="messages")
+        unanswered = [call_id for call_id in asked if all(r["tool_call_id"] != call_id for r in results)]
+        if unanswered:
+            raise InvalidRequestError(
+                f"messages[{i - 1}] has tool_use ids with no tool_result in messages[{i}]: "
+                f"{', '.join(map(repr, unanswered))}; answer each call with a tool_result block in the next user "
+                "message", param="messages")
+        asked = [call["id"] for call in calls]
+        last_block = blocks[-1] if blocks else None
+        if (role == "assistant" and i + 1 == len(body.messages) and isinstance(last_block, dict)
+                and last_block.get("type") == "text" and last_block["text"] != last_block["text"].rstrip()):
+            # A reply's start ending in a space leaves the model at a token boundary text rarely has.
+            raise InvalidRequestError(f"messages[{i}]: the final assistant message (the reply's start) must not end "
+                                      "with whitespace, as on Anthropic's API; strip it", param="messages")
         if role == "user":
             messages += results  # a user turn answers the calls first, then speaks
             if texts or not results:

@@ -133,6 +133,7 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
             messages.append({"role": "assistant", "content": "", "reasoning_content": reasoning})
             reasoning = None
 
+    pending: dict[str, int] = {}  # function_call items' call_ids without an output yet -> their index
     for i, item in enumerate(items):
         kind = item.get("type", "message")
         if kind != "reasoning" and not (kind == "function_call" or (kind == "message"
@@ -150,6 +151,7 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
             check_arguments(arguments, f"{where}.arguments", "input")  # (named as the client sent it)
             call = {"id": string_field(item, "call_id", where, "input"), "type": "function",
                     "function": {"name": string_field(item, "name", where, "input"), "arguments": arguments}}
+            pending[call["id"]] = i
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and (reasoning is None
                                                                      or "reasoning_content" not in last):
@@ -162,7 +164,12 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
                     messages[-1]["reasoning_content"], reasoning = reasoning, None
         elif kind == "function_call_output":
             output = item.get("output")
-            messages.append({"role": "tool", "tool_call_id": string_field(item, "call_id", f"input[{i}]", "input"),
+            call_id = string_field(item, "call_id", f"input[{i}]", "input")
+            if pending.pop(call_id, None) is None:  # as OpenAI's API: an output answers a call sent before it
+                raise InvalidRequestError(f"input[{i}].call_id {call_id!r} answers no function_call item before it "
+                                          f"(unanswered call_ids: {', '.join(map(repr, pending)) or 'none'}); send "
+                                          "the function_call item, then its output", param="input")
+            messages.append({"role": "tool", "tool_call_id": call_id,
                              "content": output if isinstance(output, str) else _text(output, i, "output")})
         elif kind == "reasoning":  # its text, else its summary's
             parts = item.get("content") or item.get("summary") or []
@@ -176,6 +183,10 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
             raise InvalidRequestError(f"input[{i}] is a {kind!r} item, which Solo does not take (it takes messages, "
                                       "function_call, function_call_output and reasoning items)", param="input")
     flush_reasoning()
+    if pending:
+        call_id, index = next(iter(pending.items()))
+        raise InvalidRequestError(f"input[{index}] is a function_call ({call_id!r}) with no function_call_output "
+                                  "item after it; send each call's output", param="input")
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "stream": body.stream,
                               "max_tokens": body.max_output_tokens}
     if body.stream:

@@ -303,3 +303,53 @@ def test_a_stop_sequence_that_ended_a_reply_with_calls_is_named():
     assert _stop("tool_calls", "END", body) == {"stop_reason": "tool_use", "stop_sequence": "END"}
     assert _stop("stop", "END", body) == {"stop_reason": "stop_sequence", "stop_sequence": "END"}
     assert _stop("tool_calls", None, body) == {"stop_reason": "tool_use", "stop_sequence": None}
+
+
+@pytest.mark.parametrize("messages, words", [
+    # Refused as Anthropic's API refuses them (a break test found each accepted).
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "1"}]}],
+     "tool_use_id 't9' answers no tool_use block of messages[1] (its ids: 't1')"),
+    ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
+     "(its ids: none)"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"},
+                                   {"type": "tool_result", "tool_use_id": "t1", "content": "2"}]}],
+     "or answers one twice"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+        {"type": "tool_use", "id": "t2", "name": "f", "input": {}}]},
+      {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
+     "messages[1] has tool_use ids with no tool_result in messages[2]: 't2'"),
+    ([{"role": "user", "content": "  "}], "messages[0].content[0]: text must not be empty"),
+    ([{"role": "user", "content": [{"type": "text", "text": ""}]}, {"role": "assistant", "content": "ok"}],
+     "text must not be empty"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}],
+     "must not end with whitespace"),
+])
+def test_conversations_anthropics_api_refuses_are_refused(messages, words):
+    from solo.errors import InvalidRequestError
+    from solo.server.anthropic_messages import MessagesRequest, chat_request
+
+    body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "messages": messages})
+    with pytest.raises(InvalidRequestError) as info:
+        chat_request(body)
+    assert words in str(info.value) and info.value.param == "messages"
+
+
+def test_answered_calls_and_a_final_empty_prefill_are_taken():
+    from solo.server.anthropic_messages import MessagesRequest, chat_request
+
+    calls = {"role": "assistant", "content": [{"type": "text", "text": "Checking."},
+                                              {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
+                                              {"type": "tool_use", "id": "t2", "name": "f", "input": {}}]}
+    answers = {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t2", "content": "2"},
+                                           {"type": "tool_result", "tool_use_id": "t1", "content": "1"},
+                                           {"type": "text", "text": "thanks"}]}
+    for last in ([], [{"role": "assistant", "content": ""}], [{"role": "assistant", "content": "It"}]):
+        body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "messages": [
+            {"role": "user", "content": "hi"}, calls, answers, *last]})
+        roles = [m.role for m in chat_request(body).messages]
+        assert roles[:5] == ["user", "assistant", "tool", "tool", "user"]

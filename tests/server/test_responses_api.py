@@ -139,6 +139,25 @@ def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
     assert messages[1].model_extra["reasoning_content"] == "think more" and messages[1].model_extra["tool_calls"]
 
 
+def test_outputs_and_calls_must_pair_up_as_on_openais_api():
+    from solo.errors import InvalidRequestError
+    from solo.server.responses import ResponsesRequest, chat_request
+
+    call = {"type": "function_call", "call_id": "c1", "name": "f", "arguments": "{}"}
+    for items, words in (
+            ([{"role": "user", "content": "q"}, {"type": "function_call_output", "call_id": "c1", "output": "ok"}],
+             "input[1].call_id 'c1' answers no function_call item before it (unanswered call_ids: none)"),
+            ([{"role": "user", "content": "q"}, call, {"type": "function_call_output", "call_id": "c2", "output": "x"}],
+             "(unanswered call_ids: 'c1')"),
+            ([{"role": "user", "content": "q"}, call, {"type": "function_call_output", "call_id": "c1", "output": "x"},
+              {"type": "function_call_output", "call_id": "c1", "output": "x"}], "input[3].call_id 'c1' answers no"),
+            ([{"role": "user", "content": "q"}, call, {"role": "user", "content": "and?"}],
+             "input[1] is a function_call ('c1') with no function_call_output item after it")):
+        with pytest.raises(InvalidRequestError) as info:
+            chat_request(ResponsesRequest.model_validate({"input": items}))
+        assert words in str(info.value) and info.value.param == "input"
+
+
 def test_reasoning_effort_none_turns_thinking_off():
     from solo.server.responses import ResponsesRequest, chat_request
 
