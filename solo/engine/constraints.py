@@ -22,7 +22,8 @@ while only logging that it ignores them (allOf with several subschemas, multiple
 escapes it does not know such as \A or \z, lookaheads); its log is read while it compiles, and a grammar
 it warned about goes to llguidance instead, which enforces it or rejects it (a 400 naming the problem). A
 tool-call grammar (XGrammar only) that XGrammar warned about is refused. Whitespace between JSON tokens is
-bounded (`MAX_WHITESPACE`), so a constrained output cannot run away in blanks.
+bounded (`MAX_WHITESPACE`), so a constrained output cannot run away in blanks. Either engine closes objects
+the same way: XGrammar's strict mode is written into the schema llguidance gets (`strict_schema`).
 """
 
 from __future__ import annotations
@@ -453,11 +454,79 @@ def required_xgrammar_drops(schema: Any, in_branch: bool = False) -> list[str]: 
     return found
 
 
+_OPENERS = frozenset({"additionalProperties", "unevaluatedProperties", "patternProperties"})
+
+
+def _declared_names(schema: Any) -> set[str]:  # noqa: ANN401
+    # The property names an object schema and its allOf / anyOf / oneOf / then / else branches declare.
+    if not isinstance(schema, Mapping):
+        return set()
+    properties = schema.get("properties")
+    names = set(properties) if isinstance(properties, Mapping) else set()
+    for key in ("allOf", "anyOf", "oneOf", "then", "else"):
+        branches = schema.get(key)
+        for branch in branches if isinstance(branches, list) else [branches]:
+            names |= _declared_names(branch)
+    return names
+
+
+def strict_schema(schema: Any, inherited: frozenset[str] = frozenset()) -> Any:  # noqa: ANN401
+    """A copy of a JSON Schema with XGrammar's strict mode written out in it, for llguidance.
+
+    XGrammar's strict mode, which Solo compiles every JSON Schema with, admits no property an object schema
+    with `properties` does not declare and no item past an array's `prefixItems`; llguidance follows JSON
+    Schema, where both are open unless the schema closes them. Without this, a schema's objects would close or
+    open with the engine that compiled it (a break test: a `minLength` sent a schema to llguidance, and the
+    model's objects gained keys until max_tokens). So every object schema with `properties` and none of
+    additionalProperties / unevaluatedProperties / patternProperties gets `additionalProperties: false`, and
+    every array with `prefixItems` and no `items` / `unevaluatedItems` gets `items: false`. llguidance
+    intersects an object with its allOf / anyOf / oneOf branches, so each side also lists the names the other
+    declares (as `{}`, the declaring side's schema still applying): a branch's property stays allowed, as
+    `unevaluatedProperties: false` would have it. `if` and `not` subschemas (conditions) are left open.
+
+    Args:
+        schema: a JSON Schema (any JSON value); not modified.
+        inherited: (recursion) the names declared beside a composition branch.
+
+    Returns:
+        The closed copy.
+    """
+    if isinstance(schema, list):
+        return [strict_schema(value) for value in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    properties = schema.get("properties")
+    own = set(properties) if isinstance(properties, Mapping) else set()
+    level = own | inherited
+    for branch in schema.get("allOf") if isinstance(schema.get("allOf"), list) else []:
+        level |= _declared_names(branch)
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DATA_KEYWORDS or key in ("required", "if", "not", "x-guidance"):
+            out[key] = value
+        elif key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            out[key] = {name: strict_schema(sub) for name, sub in value.items()}
+        elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+            out[key] = [strict_schema(branch, frozenset(level)) for branch in value]
+        elif key in ("then", "else"):
+            out[key] = strict_schema(value, frozenset(level))
+        else:
+            out[key] = strict_schema(value)
+    if isinstance(properties, Mapping) and not _OPENERS & set(schema):
+        branches = {k: v for k, v in schema.items() if k in ("anyOf", "oneOf", "then", "else")}
+        extra = (level | _declared_names(branches)) - own
+        out["properties"] = {**out["properties"], **{name: {} for name in sorted(extra)}}
+        out["additionalProperties"] = False
+    if "prefixItems" in schema and not {"items", "unevaluatedItems", "additionalItems"} & set(schema):
+        out["items"] = False
+    return out
+
+
 def _llguidance_grammar(spec: StructuredOutput) -> str:
     import llguidance
 
     if spec.kind in ("json_object", "json_schema"):
-        schema = {"type": "object"} if spec.kind == "json_object" else spec.value
+        schema = {"type": "object"} if spec.kind == "json_object" else strict_schema(spec.value)
         if isinstance(schema, bool):
             schema = {} if schema else {"not": {}}
         return llguidance.grammar_from("json_schema", json.dumps({**schema, "x-guidance": _LLG_JSON_OPTIONS}))

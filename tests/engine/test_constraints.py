@@ -255,6 +255,48 @@ def test_required_names_xgrammar_leaves_out():
     assert required_xgrammar_drops(SCHEMAS["nested"]) == []
 
 
+@pytest.mark.parametrize("schema", [
+    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "allOf": [{"required": ["a"]}]},
+    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 6}}, "required": ["s"]},
+])
+def test_objects_stay_closed_whichever_engine_compiles_them(bundled, schema):
+    # A break test: these go to llguidance (a branch's requirement, a string's length), which left undeclared
+    # keys open where XGrammar's strict mode closes them; the model wrote keys until max_tokens.
+    assert bundled.make_request("x", SamplingParams(response_format=_schema_format(schema))).constraint.compiled \
+        .backend == "llguidance"
+    finished = 0
+    for seed in range(3):
+        result = bundled.complete("give json", SamplingParams(max_tokens=40, temperature=0.0 if seed == 0 else 1.0,
+                                                              seed=seed, response_format=_schema_format(schema)))
+        if result.finish_reason == "stop":
+            finished += 1
+            assert set(json.loads(result.text)) == set(schema["properties"]), result.text
+    assert finished >= 1
+
+
+def test_strict_schema_writes_xgrammars_strict_mode_out():
+    from solo.engine.constraints import strict_schema
+
+    closed = strict_schema({"type": "object", "properties": {"a": {"type": "object", "properties": {}}},
+                            "$defs": {"P": {"properties": {"x": {}}}}, "if": {"properties": {"a": {}}},
+                            "not": {"properties": {"b": {}}}})
+    assert closed["additionalProperties"] is False and closed["properties"]["a"]["additionalProperties"] is False
+    assert closed["$defs"]["P"]["additionalProperties"] is False
+    assert "additionalProperties" not in closed["if"] and "additionalProperties" not in closed["not"]  # conditions
+    # Open objects stay open: no properties listed, or additionalProperties / patternProperties given.
+    for schema in ({"type": "object"}, {"properties": {"a": {}}, "additionalProperties": {"type": "string"}},
+                   {"properties": {"a": {}}, "patternProperties": {"^x": {}}}, {"enum": [{"properties": {}}]}):
+        assert strict_schema(schema) == schema
+    # Each side of a composition lists the names the other declares, since llguidance intersects them.
+    either = strict_schema({"properties": {"a": {}}, "anyOf": [{"properties": {"b": {}}}, {"properties": {"c": {}}}],
+                            "allOf": [{"properties": {"d": {}}}]})
+    assert list(either["properties"]) == ["a", "b", "c", "d"]
+    assert [list(branch["properties"]) for branch in either["anyOf"]] == [["b", "a", "d"], ["c", "a", "d"]]
+    assert list(either["allOf"][0]["properties"]) == ["d", "a"]
+    assert strict_schema({"prefixItems": [{}]})["items"] is False
+    assert strict_schema({"prefixItems": [{}], "items": {}}) == {"prefixItems": [{}], "items": {}}
+
+
 def test_other_stderr_output_survives_the_capture(capfd):
     from solo.engine.constraints import _native_stderr, _xgrammar_warnings
 
