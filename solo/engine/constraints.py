@@ -133,6 +133,11 @@ class StructuredOutput:
                 raise InvalidRequestError(f"response_format json_schema does not take {', '.join(map(repr, extra))}; "
                                           "its fields are name, schema, strict and description",
                                           param="response_format")
+            for name, kind_, what in (("name", str, "a string"), ("strict", bool, "true or false"),
+                                      ("description", str, "a string")):
+                if spec.get(name) is not None and not isinstance(spec[name], kind_):
+                    raise InvalidRequestError(f"response_format json_schema.{name} must be {what}, got "
+                                              f"{spec[name]!r:.40}", param="response_format")
             return cls("json_schema", spec["schema"], spec.get("name"))
         if kind in ("regex", "choice", "grammar"):
             if kind not in value:

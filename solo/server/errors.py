@@ -142,7 +142,7 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     where = _location(loc)
     param = next((p for p in loc[1:] if isinstance(p, str)), None) if loc[:1] == ["body"] else None
     text = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    message = f"{where}: {text}" if where else text
+    message = f"{where}: {text}" if where and not text.startswith(where) else text  # (a validator that names it)
     more = len({_location(e.get("loc", ())) for e in errors} - {where})
     if more:
         message += f" (and {more} more invalid field{'s' if more > 1 else ''})"

@@ -41,3 +41,19 @@ def test_conflicts_and_unknowns_are_refused(fields, param):
     with pytest.raises(InvalidRequestError) as info:
         CompletionRequest(prompt="hi", **fields).structured_output()
     assert info.value.param == param
+
+
+def test_response_format_errors_name_the_field_once():
+    from pydantic import ValidationError
+
+    from solo.server.errors import validation_error
+
+    for value, words in (({"type": "json_schema"}, 'response_format json_schema needs "json_schema"'),
+                         ({"type": "json_schema", "json_schema": {"schema": SCHEMA, "strict": "yes"}},
+                          "response_format json_schema.strict must be true or false, got 'yes'"),
+                         ({"type": "json_schema", "json_schema": {"schema": SCHEMA, "name": 7}},
+                          "response_format json_schema.name must be a string")):
+        with pytest.raises(ValidationError) as info:
+            ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], response_format=value)
+        message = validation_error(info.value.errors()).message
+        assert message.startswith(words) and message.count("response_format") == 1, message
