@@ -124,6 +124,7 @@ import logging
 import math
 import os
 import random
+import statistics
 import threading
 import time
 from collections import deque
@@ -178,6 +179,9 @@ cost, which the paused rows wait."""
 
 RELEASE_WINDOW = 64
 """Recent row releases whose rate `max_queue_wait_s` admission control predicts the queue wait from."""
+
+TOKEN_S_WINDOW = 33
+"""Recent steps whose median time per generated token Retry-After's estimate takes."""
 
 ABORT = "abort"
 """finish_reason of a request ended by the server (shutdown) or by its client going away."""
@@ -440,6 +444,9 @@ class Scheduler:
         """Bytes of the KV-cache rows this scheduler uses."""
         self.step_s: float | None = None
         """Moving average of one decode step's wall time (all active rows), seconds; None before the first."""
+        self._token_s_window: deque[float] = deque(maxlen=TOKEN_S_WINDOW)
+        """Seconds per generated token of one running request, one entry per recent whole step (the step's
+        time over the tokens each of its rows got: drafts accepted count), for Retry-After."""
         self.block_decoding = runtime_capabilities(runtime).block_decoding
         """A lone greedy request decodes in blocks of tokens on the device (see the module docstring)."""
         self.block_size = runtime_block_size(runtime)
@@ -577,13 +584,15 @@ class Scheduler:
                 f"of {self.max_queue_wait_s:g} s; retry in about {retry_s} s", retry_after_s=retry_s)
 
     def _estimate_wait_s(self, rows: int) -> int:
-        # Whole seconds until `rows` running requests have used their token budget (call with the lock held).
-        # Unknown step time (nothing decoded yet): 1 s, the shortest Retry-After.
-        if self.step_s is None or not self._running:
+        # Whole seconds until `rows` running requests have used their token budget (call with the lock held):
+        # their tokens left times the median time per token of the recent steps. A median, as one stalled step
+        # (a preempted core) moved a moving average, and with it Retry-After, by tens of seconds; per token,
+        # as a step with accepted drafts gives a row several. Unknown (nothing decoded yet): 1 s, the shortest.
+        if not self._token_s_window or not self._running:
             return 1
         remaining = sorted(max(0, s.request.max_new_tokens - len(s.request.output_ids)) for s in self._running)
-        steps = remaining[min(rows, len(remaining)) - 1]
-        return max(1, min(3600, math.ceil(steps * self.step_s)))
+        tokens = remaining[min(rows, len(remaining)) - 1]
+        return max(1, min(3600, math.ceil(tokens * statistics.median(self._token_s_window))))
 
     def retry_after_s(self) -> int:
         """Whole seconds until a queue place is expected to free (1 when one is free or nothing is known)."""
@@ -703,12 +712,16 @@ class Scheduler:
             return
         start = time.perf_counter()
         self._paused_s = 0.0
+        made = sum(len(s.request.output_ids) for s in active)
         self._guard(active + [s for s, _ in pieces], self._decode_step, active, pieces)
         elapsed = time.perf_counter() - start - self._paused_s
+        made = sum(len(s.request.output_ids) for s in active) - made
         if self._cut_short:  # a partial step: not a measure of a whole one
             self._cut_short = False
         elif active:
             self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
+            if made > 0:
+                self._token_s_window.append(elapsed * len(active) / made)
 
     def _lone_block_sequence(self) -> _Sequence | None:
         # The request to decode in blocks: alone, past its prefill, greedy, needing nothing per token. Requests
@@ -763,7 +776,8 @@ class Scheduler:
         if made > 0 and not request.finished and not first_use:
             per_token = (time.perf_counter() - start) / made
             self.block_token_s = per_token if self.block_token_s is None else 0.8 * self.block_token_s + 0.2 * per_token
-            self.step_s = per_token if self.step_s is None else 0.8 * self.step_s + 0.2 * per_token  # Retry-After
+            self.step_s = per_token if self.step_s is None else 0.8 * self.step_s + 0.2 * per_token
+            self._token_s_window.append(per_token)  # Retry-After
         return True
 
     def _mixed_iteration(self) -> bool:

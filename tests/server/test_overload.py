@@ -66,6 +66,22 @@ def test_retry_after_estimates_when_the_running_request_ends(long_model):
         running.stop()
 
 
+def test_retry_after_takes_the_median_time_per_token(engine):
+    # A break test saw Retry-After jump between 1 and 158 s for one running request: a moving average of step
+    # times moved with each stalled step, and a step's time was charged per token where drafts gave several.
+    from types import SimpleNamespace
+
+    scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=0, max_seq=256)
+    row = SimpleNamespace(request=SimpleNamespace(max_new_tokens=1000, output_ids=[0] * 100))
+    scheduler._running.append(row)
+    scheduler._free_rows.clear()  # its row
+    assert scheduler.retry_after_s() == 1  # nothing timed yet
+    scheduler._token_s_window.extend([0.01] * 20 + [2.0, 3.0])  # two stalled steps among 22
+    assert scheduler.retry_after_s() == 9  # 900 tokens left x 10 ms
+    scheduler._token_s_window.extend([0.002] * 30)  # steps with accepted drafts: 5 tokens a step of 10 ms
+    assert scheduler.retry_after_s() == 2
+
+
 def test_waiting_requests_leave_by_priority(engine):
     scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=3, max_seq=256)
     scheduler.start()
