@@ -124,7 +124,6 @@ import logging
 import math
 import os
 import random
-import statistics
 import threading
 import time
 from collections import deque
@@ -180,8 +179,14 @@ cost, which the paused rows wait."""
 RELEASE_WINDOW = 64
 """Recent row releases whose rate `max_queue_wait_s` admission control predicts the queue wait from."""
 
-TOKEN_S_WINDOW = 33
-"""Recent steps whose median time per generated token Retry-After's estimate takes."""
+TOKEN_S_WINDOW_S = 10.0
+"""Seconds of recent steps whose time per generated token Retry-After's estimate takes."""
+
+TOKEN_S_WINDOW_STEPS = 8192
+"""At most this many steps of them (a bound on the memory)."""
+
+SINCE_LAST_STEP_S = 0.5
+"""A step starting within this many seconds of the last one's end counts the gap as its rows' time."""
 
 ABORT = "abort"
 """finish_reason of a request ended by the server (shutdown) or by its client going away."""
@@ -444,9 +449,12 @@ class Scheduler:
         """Bytes of the KV-cache rows this scheduler uses."""
         self.step_s: float | None = None
         """Moving average of one decode step's wall time (all active rows), seconds; None before the first."""
-        self._token_s_window: deque[float] = deque(maxlen=TOKEN_S_WINDOW)
-        """Seconds per generated token of one running request, one entry per recent whole step (the step's
-        time over the tokens each of its rows got: drafts accepted count), for Retry-After."""
+        self._last_step_end = 0.0  # perf_counter() at the end of the last step with running rows (0: none)
+        self._token_s_window: deque[tuple[int, int, int]] = deque()
+        """The recent whole steps' (wall ns, row-ns, tokens generated): each step's time, that time times its
+        rows, and the tokens its rows got (accepted drafts count), for Retry-After's time per token; the last
+        `TOKEN_S_WINDOW_S` seconds of them (at most `TOKEN_S_WINDOW_STEPS`). Integers: exact running sums."""
+        self._token_s_sums = [0, 0, 0]  # the window's sums, column by column
         self.block_decoding = runtime_capabilities(runtime).block_decoding
         """A lone greedy request decodes in blocks of tokens on the device (see the module docstring)."""
         self.block_size = runtime_block_size(runtime)
@@ -583,16 +591,32 @@ class Scheduler:
                 f"({len(self._running)} running, {len(self._waiting)} waiting), more than the queue-wait limit "
                 f"of {self.max_queue_wait_s:g} s; retry in about {retry_s} s", retry_after_s=retry_s)
 
+    def _note_token_time(self, seconds: float, rows: int, tokens: int) -> None:
+        # One whole step for Retry-After: `seconds` of wall time in which `rows` rows got `tokens` tokens.
+        window, sums = self._token_s_window, self._token_s_sums
+        ns = round(seconds * 1e9)
+        entry = (ns, ns * rows, tokens)
+        window.append(entry)
+        for i in range(3):
+            sums[i] += entry[i]
+        while len(window) > 1 and (sums[0] - window[0][0] >= TOKEN_S_WINDOW_S * 1e9
+                                   or len(window) > TOKEN_S_WINDOW_STEPS):
+            old = window.popleft()
+            for i in range(3):
+                sums[i] -= old[i]
+
     def _estimate_wait_s(self, rows: int) -> int:
         # Whole seconds until `rows` running requests have used their token budget (call with the lock held):
-        # their tokens left times the median time per token of the recent steps. A median, as one stalled step
-        # (a preempted core) moved a moving average, and with it Retry-After, by tens of seconds; per token,
-        # as a step with accepted drafts gives a row several. Unknown (nothing decoded yet): 1 s, the shortest.
+        # their tokens left times a row's time per token over the last seconds of steps, all their time over
+        # all their tokens: a step with accepted drafts gives a row several, and a stalled step (a preempted
+        # core) weighs its share of seconds, where a moving average of step times let one stall move
+        # Retry-After by tens of seconds. Unknown (nothing decoded yet): 1 s, the shortest.
         if not self._token_s_window or not self._running:
             return 1
+        token_s = self._token_s_sums[1] / 1e9 / self._token_s_sums[2]
         remaining = sorted(max(0, s.request.max_new_tokens - len(s.request.output_ids)) for s in self._running)
         tokens = remaining[min(rows, len(remaining)) - 1]
-        return max(1, min(3600, math.ceil(tokens * statistics.median(self._token_s_window))))
+        return max(1, min(3600, math.ceil(tokens * token_s)))
 
     def retry_after_s(self) -> int:
         """Whole seconds until a queue place is expected to free (1 when one is free or nothing is known)."""
@@ -714,14 +738,19 @@ class Scheduler:
         self._paused_s = 0.0
         made = sum(len(s.request.output_ids) for s in active)
         self._guard(active + [s for s, _ in pieces], self._decode_step, active, pieces)
-        elapsed = time.perf_counter() - start - self._paused_s
+        end = time.perf_counter()
+        elapsed = end - start - self._paused_s
         made = sum(len(s.request.output_ids) for s in active) - made
+        # For Retry-After, the wall time since the previous step ended when rows ran through it: what a row
+        # waits per step, the host's work between steps and the calls of pauses and prefills included.
+        since = self._last_step_end if active and self._last_step_end >= start - SINCE_LAST_STEP_S else start
+        self._last_step_end = end if active else 0.0
         if self._cut_short:  # a partial step: not a measure of a whole one
             self._cut_short = False
         elif active:
             self.step_s = elapsed if self.step_s is None else 0.8 * self.step_s + 0.2 * elapsed
             if made > 0:
-                self._token_s_window.append(elapsed * len(active) / made)
+                self._note_token_time(end - since, len(active), made)
 
     def _lone_block_sequence(self) -> _Sequence | None:
         # The request to decode in blocks: alone, past its prefill, greedy, needing nothing per token. Requests
@@ -777,7 +806,7 @@ class Scheduler:
             per_token = (time.perf_counter() - start) / made
             self.block_token_s = per_token if self.block_token_s is None else 0.8 * self.block_token_s + 0.2 * per_token
             self.step_s = per_token if self.step_s is None else 0.8 * self.step_s + 0.2 * per_token
-            self._token_s_window.append(per_token)  # Retry-After
+            self._note_token_time(per_token * made, 1, made)
         return True
 
     def _mixed_iteration(self) -> bool:

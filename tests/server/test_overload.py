@@ -66,7 +66,7 @@ def test_retry_after_estimates_when_the_running_request_ends(long_model):
         running.stop()
 
 
-def test_retry_after_takes_the_median_time_per_token(engine):
+def test_retry_after_takes_the_recent_time_per_token(engine):
     # A break test saw Retry-After jump between 1 and 158 s for one running request: a moving average of step
     # times moved with each stalled step, and a step's time was charged per token where drafts gave several.
     from types import SimpleNamespace
@@ -76,10 +76,18 @@ def test_retry_after_takes_the_median_time_per_token(engine):
     scheduler._running.append(row)
     scheduler._free_rows.clear()  # its row
     assert scheduler.retry_after_s() == 1  # nothing timed yet
-    scheduler._token_s_window.extend([0.01] * 20 + [2.0, 3.0])  # two stalled steps among 22
-    assert scheduler.retry_after_s() == 9  # 900 tokens left x 10 ms
-    scheduler._token_s_window.extend([0.002] * 30)  # steps with accepted drafts: 5 tokens a step of 10 ms
-    assert scheduler.retry_after_s() == 2
+    for _ in range(2000):  # 20 s of steps of 10 ms, 1 token each; the window keeps the last 10 s
+        scheduler._note_token_time(0.01, 1, 1)
+    assert len(scheduler._token_s_window) == 1000 and scheduler.retry_after_s() == 9  # 900 tokens left x 10 ms
+    scheduler._note_token_time(1.0, 1, 1)  # a stall of 1 s weighs its share of the 10 s
+    assert scheduler.retry_after_s() == 10
+    for _ in range(1000):  # drafts accepted in every other step: 10 tokens per 2 steps of 10 ms
+        scheduler._note_token_time(0.01, 1, 1)
+        scheduler._note_token_time(0.01, 1, 9)
+    assert scheduler.retry_after_s() == 2  # 900 x 2 ms
+    for _ in range(1000):  # two rows in each step, one token each: a row's token every 10 ms still
+        scheduler._note_token_time(0.01, 2, 2)
+    assert scheduler.retry_after_s() == 9
 
 
 def test_waiting_requests_leave_by_priority(engine):
