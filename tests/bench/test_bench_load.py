@@ -69,6 +69,15 @@ def test_shipped_workloads_parse(name):
     ({"classes": [{}], "rates": ["fast"]}, "rate"),
     ({"classes": [{}], "duration_s": 1e9}, "duration_s"),
     ({"classes": [{}], "bursts": [{"at_s": 1}]}, "bursts[0]"),
+    # From a break test: each was a traceback, or taken.
+    ({"classes": [{}], "slo": {"ttft_s": "fast"}}, "slo.ttft_s must be a number > 0; got 'fast'"),
+    ({"classes": [{}], "slo": {"tpot_s": 0}}, "slo.tpot_s must be a number > 0"),
+    ({"classes": [{"weight": "heavy"}]}, "classes[0].weight must be a number > 0"),
+    ({"classes": [{"max_tokens": True}]}, "classes[0].max_tokens must be a list of token counts"),
+    ({"classes": [{"prompt_tokens": [True, 8]}]}, "classes[0].prompt_tokens"),
+    ({"classes": [{}], "rates": "2x"}, "rates must be a list of rates"),
+    ({"classes": [{}], "bursts": {"at_s": 1}}, "bursts must be a list"),
+    ({"classes": {"name": "a"}}, "at least one [[classes]]"),
 ])
 def test_bad_workloads_name_the_field(raw, message):
     with pytest.raises(SoloError, match="workload") as info:
@@ -96,8 +105,9 @@ def test_plan_is_seeded_bounded_and_bursty():
 
 def test_rates_and_loopback():
     assert parse_rate("1.5x") == "1.5x" and parse_rate("2") == 2.0 and parse_rate(3) == 3.0
-    with pytest.raises(SoloError):
-        parse_rate("-1x")
+    for bad in ("-1x", "", " "):
+        with pytest.raises(SoloError):
+            parse_rate(bad)
     assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     assert check_loopback("http://[::1]:8000") == "http://[::1]:8000"
     for url in ("http://10.1.2.3:8000", "http://192.168.0.1", "ftp://127.0.0.1"):

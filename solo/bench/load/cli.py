@@ -247,8 +247,8 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError("--tokenizer and --seed make a --shape's model; without --shape the load test serves MODEL "
                         "(or the bundled model) as it is")
     workload = load_workload(args.load)
-    if args.rates:
-        workload.rates = [parse_rate(r) for r in args.rates.split(",") if r.strip()]
+    if args.rates is not None:
+        workload.rates = [parse_rate(r) for r in args.rates.split(",")]  # (an empty item is refused by name)
     if args.duration is not None:
         if not 0 < args.duration <= MAX_PHASE_S:
             raise SoloError(f"--duration must be in (0, {MAX_PHASE_S:g}] seconds; got {args.duration}")

@@ -105,15 +105,31 @@ def _bad(path: str, where: str, what: str) -> SoloError:
     return SoloError(f"workload {path}: {where} {what}")
 
 
+def _is_number(value: Any) -> bool:  # noqa: ANN401
+    # TOML's true / false are not numbers here (Python counts bool as an int).
+    return isinstance(value, int | float) and not isinstance(value, bool) and math.isfinite(value)
+
+
+def _is_int(value: Any) -> bool:  # noqa: ANN401
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _positive(value: Any, path: str, where: str) -> float:  # noqa: ANN401
+    if not _is_number(value) or value <= 0:
+        raise _bad(path, where, f"must be a number > 0; got {value!r}")
+    return float(value)
+
+
 def _pair(value: Any, path: str, where: str, kind: type) -> tuple:  # noqa: ANN401
-    if (not isinstance(value, list) or len(value) != 2 or not all(isinstance(v, int | float) for v in value)
+    if (not isinstance(value, list) or len(value) != 2 or not all(_is_number(v) for v in value)
+        or (kind is int and not all(_is_int(v) for v in value))
             or value[0] > value[1] or value[0] < 0):
         raise _bad(path, where, f"must be [low, high] with 0 <= low <= high; got {value!r}")
     return tuple(kind(v) for v in value)
 
 
 def _share(value: Any, path: str, where: str) -> float:  # noqa: ANN401
-    if not isinstance(value, int | float) or not 0 <= value <= 1:
+    if not _is_number(value) or not 0 <= value <= 1:
         raise _bad(path, where, f"must be a share between 0 and 1; got {value!r}")
     return float(value)
 
@@ -174,36 +190,43 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         raise _bad(path, "key", f"{sorted(unknown)[0]!r} is unknown; known keys: {', '.join(sorted(_TOP))}")
     w = Workload(name=str(raw.get("name", Path(path).stem)), description=str(raw.get("description", "")))
     w.seed = raw.get("seed", 0)
-    if not isinstance(w.seed, int):
+    if not _is_int(w.seed):
         raise _bad(path, "seed", f"must be an integer; got {w.seed!r}")
     w.retries = raw.get("retries", 0)
-    if not isinstance(w.retries, int) or not 0 <= w.retries <= 10:
+    if not _is_int(w.retries) or not 0 <= w.retries <= 10:
         raise _bad(path, "retries", f"must be an integer in [0, 10]; got {w.retries!r}")
-    w.rates = [parse_rate(r, f"workload {path}: rates") for r in raw.get("rates", ["1x"])]
+    rates = raw.get("rates", ["1x"])
+    if not isinstance(rates, list):
+        raise _bad(path, "rates", f'must be a list of rates (e.g. ["0.5x", "1x", 3.0]); got {rates!r}')
+    w.rates = [parse_rate(r, f"workload {path}: rates") for r in rates]
     if not w.rates:
         raise _bad(path, "rates", "must list at least one rate")
     w.process = raw.get("process", "poisson")
     if w.process not in ("poisson", "uniform"):
         raise _bad(path, "process", f"must be 'poisson' or 'uniform'; got {w.process!r}")
     w.duration_s = raw.get("duration_s", 30.0)
-    if not isinstance(w.duration_s, int | float) or not 0 < w.duration_s <= MAX_PHASE_S:
+    if not _is_number(w.duration_s) or not 0 < w.duration_s <= MAX_PHASE_S:
         raise _bad(path, "duration_s", f"must be in (0, {MAX_PHASE_S:g}]; got {w.duration_s!r}")
     w.max_requests = raw.get("max_requests", 1000)
-    if not isinstance(w.max_requests, int) or not 1 <= w.max_requests <= MAX_REQUESTS:
+    if not _is_int(w.max_requests) or not 1 <= w.max_requests <= MAX_REQUESTS:
         raise _bad(path, "max_requests", f"must be an integer in [1, {MAX_REQUESTS}]; got {w.max_requests!r}")
-    for i, b in enumerate(raw.get("bursts", [])):
+    bursts = raw.get("bursts", [])
+    if not isinstance(bursts, list):
+        raise _bad(path, "bursts", "must be a list of [[bursts]] tables")
+    for i, b in enumerate(bursts):
         where = f"bursts[{i}]"
         if not isinstance(b, dict) or set(b) != {"at_s", "length_s", "factor"}:
             raise _bad(path, where, "needs exactly at_s, length_s and factor")
-        if not all(isinstance(v, int | float) and v >= 0 for v in b.values()) or b["factor"] <= 0:
+        if not all(_is_number(v) and v >= 0 for v in b.values()) or b["factor"] <= 0:
             raise _bad(path, where, "values must be numbers >= 0 (factor > 0)")
         w.bursts.append(Burst(float(b["at_s"]), float(b["length_s"]), float(b["factor"])))
     slo = raw.get("slo", {})
     if not isinstance(slo, dict) or set(slo) - {"ttft_s", "tpot_s"}:
         raise _bad(path, "slo", "takes ttft_s and tpot_s")
-    w.slo_ttft_s, w.slo_tpot_s = float(slo.get("ttft_s", 2.0)), float(slo.get("tpot_s", 0.25))
+    w.slo_ttft_s = _positive(slo.get("ttft_s", 2.0), path, "slo.ttft_s")
+    w.slo_tpot_s = _positive(slo.get("tpot_s", 0.25), path, "slo.tpot_s")
     classes = raw.get("classes", [])
-    if not classes:
+    if not isinstance(classes, list) or not classes:
         raise _bad(path, "classes", "must list at least one [[classes]] table")
     for i, c in enumerate(classes):
         where = f"classes[{i}]"
@@ -213,9 +236,7 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         if unknown:
             raise _bad(path, where, f"key {sorted(unknown)[0]!r} is unknown; known: {', '.join(sorted(_CLASS))}")
         rc = RequestClass(name=str(c.get("name", f"class{i}")))
-        rc.weight = float(c.get("weight", 1.0))
-        if not rc.weight > 0:
-            raise _bad(path, f"{where}.weight", "must be > 0")
+        rc.weight = _positive(c.get("weight", 1.0), path, f"{where}.weight")
         rc.endpoint = c.get("endpoint", "chat")
         if rc.endpoint not in ("chat", "completions"):
             raise _bad(path, f"{where}.endpoint", f"must be 'chat' or 'completions'; got {rc.endpoint!r}")
@@ -232,8 +253,8 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
             if rc.prompt_tokens[0] < 1:
                 raise _bad(path, f"{where}.prompt_tokens", "must be at least 1 token")
         mt = c.get("max_tokens", [32])
-        mt = [mt] if isinstance(mt, int) else mt
-        if not isinstance(mt, list) or not mt or not all(isinstance(v, int) and v >= 1 for v in mt):
+        mt = [mt] if _is_int(mt) else mt
+        if not isinstance(mt, list) or not mt or not all(_is_int(v) and v >= 1 for v in mt):
             raise _bad(path, f"{where}.max_tokens", f"must be a list of token counts >= 1; got {mt!r}")
         rc.max_tokens = tuple(mt)
         rc.stream = _share(c.get("stream", 1.0), path, f"{where}.stream")
@@ -241,7 +262,7 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         rc.cancel = _share(c.get("cancel", 0.0), path, f"{where}.cancel")
         rc.cancel_after = _pair(c.get("cancel_after", [1, 8]), path, f"{where}.cancel_after", int)
         rc.pool = c.get("pool", 8)
-        if not isinstance(rc.pool, int) or not 1 <= rc.pool <= 256:
+        if not _is_int(rc.pool) or not 1 <= rc.pool <= 256:
             raise _bad(path, f"{where}.pool", f"must be an integer in [1, 256]; got {rc.pool!r}")
         w.classes.append(rc)
     return w
