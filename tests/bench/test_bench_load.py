@@ -110,6 +110,8 @@ def test_rates_and_loopback():
             parse_rate(bad)
     assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
     assert check_loopback("http://[::1]:8000") == "http://[::1]:8000"
+    for url in ("http://127.0.0.1:8000/v1", "http://127.0.0.1:8000/v1/"):  # the OpenAI clients' base URL
+        assert check_loopback(url) == "http://127.0.0.1:8000"
     for url in ("http://10.1.2.3:8000", "http://192.168.0.1", "ftp://127.0.0.1"):
         with pytest.raises(SoloError):
             check_loopback(url)
@@ -191,6 +193,30 @@ def test_load_run_starts_the_bundled_model_and_measures_capacity(tmp_path):
     assert result["meta"]["capacity_rps"] > 0 and result["meta"]["server_exit_status"] == 0
     assert result["phases"][0]["http_5xx"] == 0 and result["output_check"]["wrong"] == 0
     assert result["phases"][0]["rss"]  # the server's RSS was sampled
+
+
+def test_a_keyed_server_and_its_error_messages(tiny_llama, tmp_path, capsys):
+    # From a break test: --url could not reach a server with --api-key, and the report kept "400: 3" but not
+    # the server's message, as did the capacity run's failure.
+    from server_harness import start_server
+
+    running = start_server(tiny_llama, max_batch=1, max_queue=0, api_key="sesame")
+    try:
+        workload = tmp_path / "busy.toml"
+        workload.write_text(TINY.replace("rates = [6.0]", "rates = [30.0]").replace("max_tokens = [4, 8]",
+                                                                                    "max_tokens = [64]"))
+        out, md = tmp_path / "load.json", tmp_path / "load.md"
+        assert main(["bench", "--load", str(workload), "--url", f"{running.base_url}/v1", "--verify", "0",
+                     "--api-key", "sesame", "--json", str(out), "--markdown", str(md)]) == 0
+        phase = json.loads(out.read_text())["phases"][0]
+        assert phase["completed"] > 0 and phase["errors"]["503 queue_full"] > 0
+        assert "at capacity" in phase["error_examples"]["503 queue_full"]
+        assert "503 queue_full, the first message: the server is at capacity" in md.read_text()
+        assert "sesame" not in md.read_text() and "sesame" not in out.read_text()
+    finally:
+        running.stop()
+    assert main(["bench", "--load", "chat", "--api-key", "k"]) == 2
+    assert "--api-key is the key of a server given with --url" in capsys.readouterr().err
 
 
 def test_load_flag_errors(tmp_path, capsys):
@@ -446,3 +472,12 @@ def test_the_load_generator_runs_its_phases_on_a_frozen_heap(monkeypatch, tmp_pa
         main(["bench", "--load", str(workload), "--url", "http://127.0.0.1:9"])
     assert seen and seen[0] > 0  # frozen while it ran
     assert gc.get_freeze_count() == before  # and as it was after
+
+
+def test_bursts_the_phases_do_not_reach_are_said():
+    from solo.bench.load.report import _bursts_line
+
+    bursts = [{"at_s": 1.0, "length_s": 2.0, "factor": 10.0}, {"at_s": 60.0, "length_s": 10.0, "factor": 5.0}]
+    assert _bursts_line(bursts, [15.0]) == [
+        "- Bursts: 10x the rate for 2 s at 1 s; 5x the rate for 10 s at 60 s (not reached: a phase lasts 15 s)"]
+    assert _bursts_line([], [15.0]) == []

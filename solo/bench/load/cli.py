@@ -29,6 +29,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="replay a workload (a shipped name: chat, code, soak; or a TOML file) against "
                             "`solo serve MODEL` started on loopback (or --url) and report latency against load")
     group.add_argument("--url", default=None, help="a running server on a loopback address instead of starting one")
+    group.add_argument("--api-key", default=None, metavar="KEY",
+                       help="the --url server's API key (its solo serve --api-key), sent as Authorization: Bearer")
     group.add_argument("--rates", default=None,
                        help="offered loads, comma-separated requests/s or multiples of the measured capacity "
                             "(e.g. 0.5x,1x,2x); default: the workload's")
@@ -73,8 +75,9 @@ _SERVE_FLAGS = tuple(f for f, _ in _SERVE_PASS if f != "max_batch")
 
 
 # The load test's own flags (besides --json / --plot, which every mode has).
-_LOAD_ONLY = ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue", "max_queue_wait",
-              "serve_speculative", "max_model_len", "capacity_s", "verify", "request_timeout", "markdown", "note")
+_LOAD_ONLY = ("url", "api_key", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
+              "max_queue_wait", "serve_speculative", "max_model_len", "capacity_s", "verify", "request_timeout",
+              "markdown", "note")
 
 
 def load_flags_given(args: argparse.Namespace) -> list[str]:
@@ -236,6 +239,7 @@ def main(args: argparse.Namespace) -> int:
         run_phase,
         server_slots,
         start_server,
+        use_api_key,
     )
     from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
     from solo.bench.report import versions
@@ -246,6 +250,8 @@ def main(args: argparse.Namespace) -> int:
     if not shape and (getattr(args, "tokenizer", None) or getattr(args, "seed", 0)):
         raise SoloError("--tokenizer and --seed make a --shape's model; without --shape the load test serves MODEL "
                         "(or the bundled model) as it is")
+    if args.api_key is not None and not args.url:
+        raise SoloError("--api-key is the key of a server given with --url; the server --load starts takes no key")
     workload = load_workload(args.load)
     if args.rates is not None:
         workload.rates = [parse_rate(r) for r in args.rates.split(",")]  # (an empty item is refused by name)
@@ -282,6 +288,7 @@ def main(args: argparse.Namespace) -> int:
     try:
         if args.url:
             base = check_loopback(args.url)
+            use_api_key(args.api_key)
             server_desc = f"{base} (already running)"
         else:
             model = args.model
@@ -322,6 +329,11 @@ def main(args: argparse.Namespace) -> int:
             meta["capacity_rps"] = capacity
             if capacity <= 0:
                 raise SoloError("no request completed in the capacity run; see the server's log")
+        missed = [b for b in workload.bursts if b.at_s >= workload.duration_s]
+        if missed:
+            print(f"note: {len(missed)} of the workload's bursts start after a {workload.duration_s:g} s phase ends "
+                  f"(at {', '.join(f'{b.at_s:g}' for b in missed)} s): not run; raise --duration to include them",
+                  file=sys.stderr)
         rss = server.rss_bytes if server is not None else None
         for i, rate in enumerate(workload.rates):
             rps = capacity * float(rate[:-1]) if isinstance(rate, str) else rate
@@ -336,6 +348,7 @@ def main(args: argparse.Namespace) -> int:
     except httpx.TransportError as exc:
         raise SoloError(f"no answer from the server at {base} ({exc}); is `solo serve` running there?") from None
     finally:
+        use_api_key(None)
         if frozen:
             unfreeze_heap()
         if main_thread:

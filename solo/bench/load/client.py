@@ -27,6 +27,7 @@ class Outcome:
         status: HTTP status, or None when no response came.
         error: None on success, else a kind: "503 queue_full", "timeout", "connect", "reset",
             "incomplete stream", "wrong output", ...
+        error_message: the server's message for that error (its first 300 characters), where it sent one.
         cancelled: the client went away mid-stream on purpose (not an error).
         ttft_s, tpot_s, e2e_s: latencies (None where not measured).
         completion_tokens: from `usage` (or chunks counted when cancelled).
@@ -47,6 +48,7 @@ class Outcome:
     offered_at: float
     status: int | None = None
     error: str | None = None
+    error_message: str | None = None
     cancelled: bool = False
     ttft_s: float | None = None
     tpot_s: float | None = None
@@ -89,12 +91,22 @@ def request_body(endpoint: str, model: str, prompt: str, max_tokens: int, stream
     return body
 
 
-def _error_kind(response: httpx.Response) -> str:
+ERROR_MESSAGE_CHARS = 300
+"""The most of a server's error message an outcome keeps."""
+
+
+def _note_error(response: httpx.Response, outcome: Outcome) -> None:
+    # The error's kind ("400", "503 queue_full") and the server's message for it.
     try:
-        code = response.json()["error"]["code"]
+        error = response.json()["error"]
     except (ValueError, KeyError, TypeError):
-        code = None
-    return f"{response.status_code} {code}" if code else str(response.status_code)
+        error = None
+    code = error.get("code") if isinstance(error, dict) else None
+    outcome.error = f"{response.status_code} {code}" if code else str(response.status_code)
+    message = error.get("message") if isinstance(error, dict) else (error if isinstance(error, str) else None)
+    if message is None and not isinstance(error, dict):
+        message = response.text.strip() or None
+    outcome.error_message = str(message)[:ERROR_MESSAGE_CHARS] if message else None
 
 
 async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], outcome: Outcome,
@@ -121,7 +133,7 @@ async def send(client: httpx.AsyncClient, endpoint: str, body: dict[str, Any], o
                 outcome.status = response.status_code
                 now = time.perf_counter()
                 if response.status_code != 200:
-                    outcome.error = _error_kind(response)
+                    _note_error(response, outcome)
                     outcome.retry_after_s = _retry_after(response)
                 else:
                     data = response.json()
@@ -164,7 +176,7 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: dic
         outcome.status = response.status_code
         if response.status_code != 200:
             await response.aread()
-            outcome.error = _error_kind(response)
+            _note_error(response, outcome)
             outcome.retry_after_s = _retry_after(response)
             return
         chunks, parts, done, first, last = 0, [], False, None, None
@@ -177,6 +189,7 @@ async def _stream(client: httpx.AsyncClient, path: str, endpoint: str, body: dic
             event = json.loads(line[6:])
             if "error" in event:
                 outcome.error = f"stream error {event['error'].get('code')}"
+                outcome.error_message = str(event["error"].get("message") or "")[:ERROR_MESSAGE_CHARS] or None
                 return
             if event.get("usage"):
                 outcome.completion_tokens = event["usage"]["completion_tokens"]

@@ -109,6 +109,8 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "http_503": statuses.get("503", 0),
         "retried_503": sum(o.refusals for o in outs),
         "errors": dict(errors),
+        "error_examples": {kind: next(o.error_message for o in outs if o.error == kind and o.error_message)
+                           for kind in errors if any(o.error == kind and o.error_message for o in outs)},
         "retry_after_s": _pcts([o.retry_after_s for o in outs if o.retry_after_s is not None]),
         "rss": rss_drift(phase.rss_samples, warmup_s),
         "server_latency_s": phase.server_latency,
@@ -139,6 +141,16 @@ def _ms(v: float | None) -> str:
     return "-" if v is None else f"{v * 1000:.0f}"
 
 
+def _bursts_line(bursts: list[dict[str, float]], durations: list[float]) -> list[str]:
+    # The workload's bursts, and those its phases were too short to reach (they would go unsaid otherwise).
+    if not bursts:
+        return []
+    shortest = min(durations, default=0.0)
+    said = [f"{b['factor']:g}x the rate for {b['length_s']:g} s at {b['at_s']:g} s"
+            + (" (not reached: a phase lasts " f"{shortest:g} s)" if b["at_s"] >= shortest else "") for b in bursts]
+    return [f"- Bursts: {'; '.join(said)}"]
+
+
 def markdown(result: dict[str, Any]) -> str:
     """The report as Markdown: what was run, then one table row per phase, then errors and checks."""
     meta, phases = result["meta"], result["phases"]
@@ -150,6 +162,7 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"- Workload: {w['name']} ({w['description']}); SLO: TTFT <= {w['slo_ttft_s']} s and TPOT <= "
         f"{w['slo_tpot_s']} s",
+        *_bursts_line(w.get("bursts") or [], [p["duration_s"] for p in phases]),
         f"- Server: {meta['server']}" + (f" ({meta['server_slots']} slots)" if meta.get("server_slots") else ""),
         f"- Model: {meta.get('model', '?')}",
         f"- Machine: {meta['machine'].get('cpu')} ({meta['machine'].get('cpu_cores')} CPUs)"
@@ -201,6 +214,8 @@ def markdown(result: dict[str, Any]) -> str:
     lines += ["", "Errors by kind:", ""]
     for p in phases:
         lines.append(f"- {p['label']}: " + (", ".join(f"{k}: {n}" for k, n in sorted(p["errors"].items())) or "none"))
+        for kind, message in sorted(p.get("error_examples", {}).items()):
+            lines.append(f"  - {kind}, the first message: {message}")
     check = result.get("output_check")
     if check:
         lines += ["", f"Greedy outputs checked against the same request alone: {check['checked']} compared "

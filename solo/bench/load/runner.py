@@ -48,8 +48,21 @@ MAX_IN_FLIGHT = 512
 """Requests the generator keeps open at once; beyond it an arrival is counted as "client saturated"."""
 
 
+_HEADERS: dict[str, str] = {}
+"""Headers of every request to the server (its API key, `use_api_key`)."""
+
+
+def use_api_key(key: str | None) -> None:
+    """Send `Authorization: Bearer <key>` with every request to the server from now on (None: no key)."""
+    _HEADERS.clear()
+    if key:
+        _HEADERS["Authorization"] = f"Bearer {key}"
+
+
 def check_loopback(url: str) -> str:
-    """The URL without a trailing slash, if its host is a loopback address.
+    """The server's base URL, if its host is a loopback address.
+
+    The URL loses a trailing slash and a trailing /v1 (the OpenAI clients' base URL is taken too).
 
     Raises:
         SoloError: another host (the load generator only targets this machine).
@@ -64,13 +77,14 @@ def check_loopback(url: str) -> str:
         raise SoloError(f"--url {url}: cannot resolve {host!r}") from None
     if not addresses or not all(ipaddress.ip_address(a.split("%")[0]).is_loopback for a in addresses):
         raise SoloError(f"--url {url}: the load generator only targets loopback addresses (127.0.0.1, ::1, localhost)")
-    return url.rstrip("/")
+    url = url.rstrip("/")
+    return url.removesuffix("/v1") if parsed.path.rstrip("/").endswith("/v1") else url
 
 
 def server_slots(base_url: str) -> int | None:
     """The server's KV-cache slots from its /metrics (`solo_slots`), or None when it does not report them."""
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+        text = httpx.get(f"{base_url}/metrics", timeout=30, headers=_HEADERS).text
     except httpx.HTTPError:
         return None
     for line in text.splitlines():
@@ -90,7 +104,7 @@ def server_histograms(base_url: str) -> dict[str, list[tuple[float, float]]]:
     from prometheus_client.parser import text_string_to_metric_families
 
     try:
-        text = httpx.get(f"{base_url}/metrics", timeout=30).text
+        text = httpx.get(f"{base_url}/metrics", timeout=30, headers=_HEADERS).text
     except httpx.HTTPError:
         return {}
     wanted = {v: k for k, v in SERVER_HISTOGRAMS.items()}
@@ -174,7 +188,11 @@ def start_server(model: str | None, serve_args: list[str], timeout_s: float = 30
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if process.poll() is not None:
-            raise SoloError(f"solo serve exited with status {process.returncode}; see {log_path}")
+            log.flush()
+            lines = log_path.read_text(errors="replace").splitlines()
+            said = [line for line in lines if line.startswith("solo: error:")]
+            why = f": {said[-1].removeprefix('solo: error:').strip()}" if said else f"; see {log_path}"
+            raise SoloError(f"solo serve exited with status {process.returncode}{why}")
         try:
             if httpx.get(f"{base}/health", timeout=1).status_code == 200:
                 return ServerProcess(process, base, log_path)
@@ -215,7 +233,7 @@ def build_prompts(base_url: str, workload: Workload, seed: int) -> Prompts:
     Raises:
         SoloError: the server has no /tokenize, or refuses the prompts.
     """
-    with httpx.Client(base_url=base_url, timeout=120) as http:
+    with httpx.Client(base_url=base_url, timeout=120, headers=_HEADERS) as http:
         models = http.get("/v1/models")
         if models.status_code != 200:
             raise SoloError(f"GET /v1/models answered {models.status_code}: {models.text[:200]}")
@@ -326,7 +344,8 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
     outcomes: list[Outcome] = []
     samples: list[tuple[float, int]] = []
     saturated = 0
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), limits=limits) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), limits=limits,
+                                 headers=_HEADERS) as client:
         start = time.perf_counter()
         stop_sampling = asyncio.Event()
 
@@ -386,13 +405,18 @@ async def _send_with_retries(client: httpx.AsyncClient, prompts: Prompts, req: P
 
 async def closed_loop_capacity(base_url: str, prompts: Prompts, workload: Workload, clients: int, duration_s: float,
                                seed: int, timeout_s: float) -> float:
-    """Completed requests/s with `clients` clients sending back to back (no cancellations) for `duration_s`."""
+    """Completed requests/s with `clients` clients sending back to back (no cancellations) for `duration_s`.
+
+    Raises:
+        SoloError: no request completed (naming the first failure and the server's message for it).
+    """
     plan = [r for r in plan_phase(workload, 1000.0, 1e9, 100_000, seed)][:5000]
     for r in plan:
         r.cancel_after = None
     done = 0
     index = 0
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s)) as client:
+    failed: list[Outcome] = []
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS) as client:
         start = time.perf_counter()
 
         async def worker() -> None:
@@ -403,14 +427,27 @@ async def closed_loop_capacity(base_url: str, prompts: Prompts, workload: Worklo
                 outcome = Outcome(cls=req.cls.name, offered_at=time.perf_counter())
                 await send(client, req.cls.endpoint, _body(prompts, req), outcome, None, timeout_s)
                 done += outcome.completed
+                if outcome.error and not failed:
+                    failed.append(outcome)
 
         await asyncio.gather(*(worker() for _ in range(clients)))
         wall = time.perf_counter() - start
+    if not done:
+        why = f"; the first failure: {failed[0].error}" if failed else ""
+        if failed and failed[0].error_message:
+            why += f" ({failed[0].error_message})"
+        raise SoloError(f"no request completed in the capacity run ({index} sent{why})")
     return done / wall if wall > 0 else 0.0
 
 
 IDLE_PROMPT_MAX_TOKENS = 4
 """Tokens each prompt's idle TTFT request asks for (its first text, not a whole answer)."""
+
+WARMUP_REQUESTS = 2
+"""Requests per route sent before the idle baseline (not measured)."""
+
+WARMUP_PROMPT = "Warm-up request (not measured): say hello."
+"""Their prompt, outside every pool."""
 
 
 async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, timeout_s: float,
@@ -427,7 +464,14 @@ async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, tim
         {class: {"ttft_s", "e2e_s", "prompts": [{"new_ttft_s", "warm_ttft_s"} per pool index]}}.
     """
     out: dict[str, dict[str, Any]] = {}
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s)) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS) as client:
+        # A fresh server's first requests on a route are slow (a break test: 423 and 409 ms, then 48): warm each
+        # route used with a prompt outside the pools, so no pool prompt is charged for it.
+        for endpoint in dict.fromkeys(cls.endpoint for cls in workload.classes):
+            for _ in range(WARMUP_REQUESTS):
+                body = request_body(endpoint, prompts.model, WARMUP_PROMPT, IDLE_PROMPT_MAX_TOKENS, True, True, 0)
+                await send(client, endpoint, body, Outcome(cls="warm-up", offered_at=time.perf_counter()), None,
+                           timeout_s)
         for cls in workload.classes:
             ttfts, e2es = [], []
             new: dict[int, float] = {}
@@ -482,7 +526,7 @@ async def check_outputs(base_url: str, prompts: Prompts, workload: Workload, pha
     checked = wrong = unchecked = 0
     mismatches: list[dict[str, Any]] = []
     keys = list(by_key)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s)) as client:
+    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS) as client:
         for i, key in enumerate(keys):
             if i >= limit:
                 unchecked += len(by_key[key])
