@@ -70,6 +70,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.help = ("reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots kept "
                            "besides the live cache rows, preallocated at start-up (default: auto = as large as "
                            "the KV cache, at most 1 GB)")
+    parser.add_argument("--max-body-mb", type=float, default=64.0, metavar="MIB",
+                        help="largest request body taken; a larger one gets 413 before it is read whole, so a "
+                             "few huge bodies cannot exhaust memory (default: 64)")
     parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 
@@ -125,5 +128,6 @@ def main(args: argparse.Namespace) -> int:
         prefix_cache_gb="auto" if args.prefix_cache_gb is None and not args.no_prefix_cache
         else prefix_cache_gb_from_args(args),
         speculative=args.speculative, tp=args.tp, reasoning_parser=args.reasoning_parser,
+        max_body_mb=args.max_body_mb,
     )
     return serve(settings, args.host, args.port)

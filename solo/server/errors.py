@@ -213,6 +213,8 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
         elif exc.status_code == 404 and path.startswith("/v1/messages/batches"):
             message = ("Solo runs no message batches (its requests answer at once); send each request to POST "
                        "/v1/messages")
+        if exc.status_code == 400 and isinstance(exc.__cause__, APIError):  # (a body past --max-body-mb)
+            return shape(request.url.path, exc.__cause__)
         if exc.status_code == 400 and exc.__cause__ is not None:
             message = unreadable_body_message(exc.__cause__)
         return shape(request.url.path, APIError(exc.status_code, message, type=kind, headers=exc.headers))

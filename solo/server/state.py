@@ -145,6 +145,7 @@ class ServerSettings:
         reasoning_parser: "auto" (split `<think>` blocks into `reasoning_content` when the chat template writes
             them), "none", or vLLM's "qwen3" / "deepseek_r1" (see solo.engine.reasoning).
         chat_template, tool_call_parser: as for `Engine.load` (vLLM's --chat-template, --tool-call-parser).
+        max_body_mb: the largest request body taken, MiB (a larger one gets 413 before it is read whole).
     """
 
     model: str | None = None
@@ -170,6 +171,7 @@ class ServerSettings:
     speculative: str = "auto"
     tp: int = 1
     reasoning_parser: str = "auto"
+    max_body_mb: float = 64.0
 
     def validate(self) -> None:
         """Check the numbers.
@@ -202,6 +204,8 @@ class ServerSettings:
             raise SoloError(f"--max-queue-wait must be >= 0 seconds, got {self.max_queue_wait_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise SoloError(f"--max-model-len must be >= 2, got {self.max_model_len}")
+        if not self.max_body_mb > 0:
+            raise SoloError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
         if self.shutdown_grace_s < 0:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
         if self.reasoning_parser not in REASONING_PARSERS:

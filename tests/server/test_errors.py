@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import json
 
 import openai
 import pytest
@@ -551,6 +552,28 @@ def test_unreadable_bodies_say_why(server, body, words):
     with server.http() as http:
         response = http.post(COMPLETIONS, content=body, headers={"Content-Type": "application/json"})
     assert words in assert_openai_error(response, 400)["message"]
+
+
+def test_a_body_past_the_bound_is_413_on_every_api(tiny_model):
+    # From a break test: a 400 MB body was read whole before its 400 (server RSS +0.8 GiB, kept afterwards).
+    running = start_server(tiny_model, max_batch=1, max_body_mb=1 / 64)  # 16 KiB
+    big = completion(max_tokens=1, prompt="x " * 10_000)
+    try:
+        with running.http() as http:
+            error = assert_openai_error(http.post(COMPLETIONS, json=big), 413, code="request_too_large")
+            assert "--max-body-mb" in error["message"] and "0.015625 MiB" in error["message"]
+
+            def chunks():  # no Content-Length: counted as it arrives
+                yield json.dumps(big).encode()
+
+            for route in (COMPLETIONS, "/v1/messages", "/api/generate"):
+                response = http.post(route, content=chunks(), headers={"Content-Type": "application/json"})
+                assert response.status_code == 413 and "--max-body-mb" in response.text, (route, response.text)
+            assert http.post(COMPLETIONS, json=completion(max_tokens=1)).status_code == 200
+    finally:
+        running.stop()
+    with pytest.raises(SoloError, match="--max-body-mb"):
+        ServerSettings(max_body_mb=0).validate()
 
 
 @pytest.mark.parametrize(("settings", "words"), [({"api_key": ""}, "--api-key"),
