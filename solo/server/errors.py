@@ -33,6 +33,16 @@ logger = logging.getLogger("solo.server")
 RETRY_AFTER_S = 1
 """Seconds a client is asked to wait (the Retry-After header) when the server is busy or loading."""
 
+MAX_MESSAGE_CHARS = 4000
+"""An error message or param longer than this is cut (it may quote the request: a break test's 5 MB model name
+came back in a 5 MB 404)."""
+
+
+def _bounded(text: str | None) -> str | None:
+    if text is None or len(text) <= MAX_MESSAGE_CHARS:
+        return text
+    return f"{text[:MAX_MESSAGE_CHARS]}... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
+
 
 class APIError(Exception):
     """An error response: HTTP status plus OpenAI's error object.
@@ -48,11 +58,12 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
+        message = _bounded(message) or ""
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
-        self.param = param
+        self.param = _bounded(param)
         self.code = code
         self.headers = dict(headers or {})
 

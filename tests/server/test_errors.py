@@ -554,6 +554,16 @@ def test_unreadable_bodies_say_why(server, body, words):
     assert words in assert_openai_error(response, 400)["message"]
 
 
+def test_errors_quote_the_request_within_a_bound(server):
+    # From a break test: a 5 MB model name came back in a 5 MB 404, a 1 MB unknown key in a 2 MB 400.
+    with server.http() as http:
+        missing = http.post(COMPLETIONS, json=completion(max_tokens=1, model="m" * 1_000_000))
+        unknown = http.post(COMPLETIONS, json={**completion(max_tokens=1), "k" * 1_000_000: 1})
+    for response, status in ((missing, 404), (unknown, 400)):
+        assert response.status_code == status and len(response.content) < 10_000
+        assert "more characters)" in response.json()["error"]["message"]
+
+
 def test_a_body_past_the_bound_is_413_on_every_api(tiny_model):
     # From a break test: a 400 MB body was read whole before its 400 (server RSS +0.8 GiB, kept afterwards).
     running = start_server(tiny_model, max_batch=1, max_body_mb=1 / 64)  # 16 KiB
