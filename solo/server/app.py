@@ -106,9 +106,14 @@ class _Gate:
                         "start the server with a larger --max-body-mb", code="request_too_large")
 
     def _body_refused(self, scope: Scope) -> APIError | None:
+        headers = dict(scope.get("headers", ()))
+        encoding = headers.get(b"content-encoding", b"identity").decode("latin-1").strip().lower()
+        if encoding not in ("", "identity"):  # (it was read as the JSON's bytes: "not UTF-8 (byte 0x8b ...)")
+            return APIError(415, f"the request body is sent with Content-Encoding {encoding!r}, which Solo does not "
+                            "decode; send it uncompressed", code="unsupported_content_encoding")
         if self.max_body_bytes is None:
             return None
-        length = dict(scope.get("headers", ())).get(b"content-length", b"")
+        length = headers.get(b"content-length", b"")
         return self._too_large() if length.isdigit() and int(length) > self.max_body_bytes else None
 
     def _bounded(self, receive: Receive) -> Receive:

@@ -224,6 +224,10 @@ def test_load_flag_errors(tmp_path, capsys):
     assert "not a shipped workload" in capsys.readouterr().err
     assert main(["bench", "--load", "chat", "--url", "http://10.0.0.1:8000"]) == 2
     assert "loopback" in capsys.readouterr().err
+    for flag, value in (("--capacity-s", "0"), ("--verify", "-1"), ("--request-timeout", "-2")):
+        assert main(["bench", "--load", "chat", flag, value]) == 2
+        assert capsys.readouterr().err.strip().endswith(f"{flag} must be {'>= 0' if flag == '--verify' else '> 0'}, "
+                                                        f"got {float(value):g}")
 
 
 def _bench_args(*argv: str):

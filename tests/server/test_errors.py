@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import concurrent.futures
+import gzip
 import json
 
 import openai
@@ -580,6 +581,10 @@ def test_a_body_past_the_bound_is_413_on_every_api(tiny_model):
                 response = http.post(route, content=chunks(), headers={"Content-Type": "application/json"})
                 assert response.status_code == 413 and "--max-body-mb" in response.text, (route, response.text)
             assert http.post(COMPLETIONS, json=completion(max_tokens=1)).status_code == 200
+            zipped = http.post(COMPLETIONS, content=gzip.compress(json.dumps(completion(max_tokens=1)).encode()),
+                               headers={"Content-Type": "application/json", "Content-Encoding": "gzip"})
+            assert "Content-Encoding 'gzip'" in assert_openai_error(zipped, 415, code="unsupported_content_encoding")[
+                "message"]
     finally:
         running.stop()
     with pytest.raises(SoloError, match="--max-body-mb"):

@@ -265,9 +265,13 @@ def main(args: argparse.Namespace) -> int:
         workload.max_requests = args.max_requests
     if Path(args.load).name != args.load and not Path(args.load).is_file():
         raise SoloError(f"--load {args.load}: no such file")
-    if (args.max_batch is not None and args.max_batch < 1) or args.capacity_s <= 0 or args.verify < 0 \
-            or args.request_timeout <= 0:
-        raise SoloError("--max-batch must be >= 1, --capacity-s > 0, --verify >= 0 and --request-timeout > 0")
+    for flag, bad, bound in (("--max-batch", args.max_batch is not None and args.max_batch < 1, ">= 1"),
+                             ("--capacity-s", not args.capacity_s > 0, "> 0"),
+                             ("--verify", args.verify < 0, ">= 0"),
+                             ("--request-timeout", not args.request_timeout > 0, "> 0")):
+        if bad:
+            value = getattr(args, flag[2:].replace("-", "_"))
+            raise SoloError(f"{flag} must be {bound}, got {value:g}")
     if args.plot:
         from solo.bench.plot import require_matplotlib
 
