@@ -6,7 +6,9 @@ gloo control group, then every rank runs its shard of the model and the collecti
 gets the full logits. Followers sit in `TPRuntime.follow`. While idle, rank 0 pings the followers every few
 seconds, so a rank that died is noticed without a request; a failed collective marks the runtime dead,
 raises a `SoloError`, and ends the process shortly after (a server reports unhealthy and exits rather than
-hanging).
+hanging). A rank that stops without dying (stopped, frozen) would leave a call blocked until gloo's timeout
+(minutes): each follower beats a counter in the process group's store every second, and rank 0 marks the
+runtime dead when a call has been blocked for `STALL_S` while a rank's counter stood still as long.
 """
 
 from __future__ import annotations
@@ -30,6 +32,21 @@ _log = logging.getLogger("solo.distributed")
 OP_STOP, OP_RESERVE, OP_PREFILL, OP_DECODE, OP_PING = range(5)
 PING_INTERVAL_S = 5.0
 EXIT_AFTER_FAILURE_S = 3.0
+HEARTBEAT_S = 1.0
+STALL_S = 15.0
+"""A call blocked this long, with a rank whose heartbeat stood still as long: that rank stopped answering."""
+
+
+def _default_store() -> dist.Store | None:
+    # The process group's rendezvous store (a TCPStore every rank reaches), or None where there is none.
+    try:
+        return dist.distributed_c10d._get_default_store()
+    except Exception:  # noqa: BLE001 (private API: without it, gloo's own timeout is the bound)
+        return None
+
+
+def _beat_key(rank: int) -> str:
+    return f"solo/heartbeat/{rank}"
 
 
 class RankFailure(EngineFailedError):
@@ -75,9 +92,13 @@ class TPRuntime:
         self.exit_on_failure = exit_on_failure
         self._lock = threading.Lock()
         self._last = time.monotonic()
+        self._call_since: float | None = None  # when the call in progress started (rank 0)
         self._closed = False
         if self.rank == 0:
             threading.Thread(target=self._keepalive, name="solo-tp-ping", daemon=True).start()
+            store = _default_store() if self.world > 1 else None
+            if store is not None:
+                threading.Thread(target=self._watchdog, args=(store,), name="solo-tp-watchdog", daemon=True).start()
 
     # --------------------------------------------------------------------------------------- rank 0
 
@@ -95,16 +116,57 @@ class TPRuntime:
                 # close() may have destroyed the process group while the keep-alive thread waited for the
                 # lock; a collective on a destroyed group aborts the process instead of raising.
                 raise SoloError("tensor parallelism is closed")
+            self._call_since = time.monotonic()
             try:
                 self._send(op, a, b, c, payload)
                 out = local()
             except (RuntimeError, dist.DistError) as exc:
+                if self.failed is not None:  # the watchdog named the rank already
+                    raise RankFailure(f"tensor parallelism stopped: {self.failed}") from None
                 self._fail(exc)
+            finally:
+                self._call_since = None
             self._last = time.monotonic()
             return out
 
     def _fail(self, exc: BaseException) -> None:
-        self.failed = f"a rank stopped answering ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})"
+        self._mark_failed(f"a rank stopped answering ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+        raise RankFailure(f"tensor parallelism stopped: {self.failed}") from None
+
+    def _watchdog(self, store: dist.Store) -> None:
+        # Rank 0: a call blocked for STALL_S while a rank's heartbeat stood still as long (see the module
+        # docstring). Ranks that never beat (another launcher's) are not watched.
+        seen: dict[int, tuple[int, float]] = {}
+        while not self._closed and self.failed is None:
+            time.sleep(HEARTBEAT_S)
+            now = time.monotonic()
+            for rank in range(1, self.world):
+                try:
+                    beat = store.add(_beat_key(rank), 0)
+                except Exception:  # noqa: BLE001 (the store went away: the collectives report it)
+                    return
+                last = seen.get(rank)
+                if last is None or beat != last[0]:
+                    seen[rank] = (beat, now)
+                    continue
+                since = self._call_since
+                if beat > 0 and now - last[1] >= STALL_S and since is not None and now - since >= STALL_S:
+                    self._mark_failed(f"rank {rank} stopped answering: its heartbeat stood still for "
+                                      f"{now - last[1]:.0f} s while a call waited for it (a stopped or hung process)")
+                    return
+
+    def _heartbeat(self, store: dist.Store) -> None:
+        # Followers: one beat a second while the process runs (see `_watchdog`).
+        key = _beat_key(self.rank)
+        while not self._closed:
+            try:
+                store.add(key, 1)
+            except Exception:  # noqa: BLE001 (rank 0 went away: the next collective reports it)
+                return
+            time.sleep(HEARTBEAT_S)
+
+    def _mark_failed(self, reason: str) -> None:
+        self.failed = reason
         _log.error("tensor parallelism failed: %s; exiting", self.failed)
         if self.exit_on_failure:
             def end() -> None:
@@ -117,7 +179,6 @@ class TPRuntime:
             timer = threading.Timer(EXIT_AFTER_FAILURE_S, end)
             timer.daemon = True  # a `solo run` that already reported the failure exits with its own status
             timer.start()
-        raise RankFailure(f"tensor parallelism stopped: {self.failed}") from None
 
     def _keepalive(self) -> None:
         while not self._closed and self.failed is None:
@@ -202,6 +263,15 @@ class TPRuntime:
             RankFailure: rank 0 (or another rank) went away.
         """
         header = torch.empty(4, dtype=torch.int64)
+        store = _default_store()
+        if store is not None:
+            threading.Thread(target=self._heartbeat, args=(store,), name="solo-tp-heartbeat", daemon=True).start()
+        try:
+            self._follow(header)
+        finally:
+            self._closed = True  # (the heartbeat stops)
+
+    def _follow(self, header: torch.Tensor) -> None:
         while True:
             try:
                 dist.broadcast(header, 0, group=self.control)

@@ -119,3 +119,43 @@ def test_bench_tp2_reports_blocked_time(tmp_path, capsys, lane_model):
     assert variant["ms_per_token"] > 0 and variant["blocked_ms_per_token_max_rank"] >= 0
     assert variant["collectives_per_token"] > 0
     assert "blocked ms/token" in capsys.readouterr().out
+
+
+def test_a_stopped_rank_fails_the_engine_before_the_gloo_timeout(lane_model, monkeypatch):
+    # From a break test: a follower stopped with SIGSTOP (alive, answering nothing) left a request blocked and
+    # /health "ok" for gloo's 300 s timeout. Its heartbeat stands still: rank 0 marks the runtime failed.
+    import threading
+
+    from solo.distributed import runtime as tp_runtime
+
+    monkeypatch.setattr(tp_runtime, "STALL_S", 3.0)
+    monkeypatch.setattr(tp_runtime, "EXIT_AFTER_FAILURE_S", 1e9)  # (the test process stays)
+    engine = Engine.load(lane_model, tp=2)
+    followers = [p for p in _descendants(os.getpid()) if p not in _children_of(os.getpid())]  # (forked by the
+    # helper process)
+    assert followers
+    errors: list[BaseException] = []
+
+    def generate() -> None:
+        try:
+            engine.complete("def f(x):", SamplingParams(max_tokens=4, temperature=0))
+        except BaseException as exc:  # noqa: BLE001
+            errors.append(exc)
+
+    try:
+        time.sleep(2.5)  # a few heartbeats
+        for pid in followers:
+            os.kill(pid, signal.SIGSTOP)
+        worker = threading.Thread(target=generate, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 30
+        while not engine.errored and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert engine.errored and "heartbeat stood still" in engine.runtime.failed
+    finally:
+        for pid in followers:
+            os.kill(pid, signal.SIGKILL)
+            os.kill(pid, signal.SIGCONT)
+    worker.join(60)
+    assert not worker.is_alive() and errors
+    engine.close()  # leaves the process group (later tests start their own)
