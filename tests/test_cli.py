@@ -289,6 +289,11 @@ def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
     (["--json", "/definitely/not/here/x.json"], "does not exist; create it first"),
     (["--sweep-context", "--sweep-gen-len", "0"], "--sweep-gen-len must be >= 2"),
     (["--energy-s", "-1"], "--energy-s must be >= 0"),
+    # From a break test: each was taken and ignored, or failed after the whole run.
+    (["--speculative", "ngram"], "--speculative: used by --agent only; the decode benchmark"),
+    (["--no-prefix-cache"], "--no-prefix-cache: used by --agent only"),
+    (["--sweep-fill", "random"], "--sweep-fill sets the context sweep's runs; add --sweep-context"),
+    (["--sweep-context", "--plot", "sweep.txt"], "--plot sweep.txt: matplotlib writes"),
 ])
 def test_bench_refuses_bad_flag_values_before_running(capsys, extra, message):
     code, _, err = _run(capsys, "bench", "--shape", "SmolLM2-135M", *extra)

@@ -147,10 +147,13 @@ def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
     from solo.bench.report import summarize
 
     tps = [r.decode_tokens_per_s for r in results]
+    speed = summarize(tps)
     out = {
         "ttft_s": summarize([r.ttft_s for r in results]),
-        "decode_tokens_per_s": summarize(tps),
-        "ms_per_token": summarize([1000.0 / t for t in tps]),
+        "decode_tokens_per_s": speed,
+        # The median speed's reciprocal (an even count's median of the reciprocals is another number).
+        "ms_per_token": {"median": 1000.0 / speed["median"], "min": 1000.0 / speed["max"],
+                         "max": 1000.0 / speed["min"]},
         "runs": [{"ttft_s": r.ttft_s, "decode_s": r.decode_s, "decode_tokens": r.decode_tokens,
                   "host_syncs": r.host_syncs} for r in results],
     }
@@ -369,6 +372,13 @@ def main(args: argparse.Namespace) -> int:
                             "with --prompt-len, --gen-len, --repeats); drop them")
 
         return main_tp(args)
+    from solo.bench.load.cli import changed_flags
+
+    ignored = changed_flags(args, ("speculative", "prefix_cache_gb", "no_prefix_cache"))
+    if ignored:  # (a break test measured "the n-gram speedup" with --speculative ngram: the same tok/s, no word)
+        raise SoloError(f"{', '.join('--' + f.replace('_', '-') for f in ignored)}: used by --agent only; the "
+                        f"{'structured-output' if args.structured else 'decode'} benchmark times plain decoding of "
+                        "one prompt: drop them")
     if args.model and args.shape:
         raise SoloError("give either MODEL or --shape, not both")
     if args.structured:
@@ -390,8 +400,14 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError(f"--probe-gib must be > 0, got {args.probe_gib:g}")
     if args.compare is not None and not args.compare.strip(","):
         raise SoloError("--compare needs peer names (hf, hf-eager, hf-compile, llama.cpp); leave it out for none")
-    if args.contexts is not None and not args.sweep_context:
-        raise SoloError("--contexts sets the context sweep's lengths; add --sweep-context")
+    from solo.bench.load.cli import changed_flags
+
+    for flag in changed_flags(args, ("contexts", "sweep_gen_len", "sweep_fill")):
+        if not args.sweep_context:
+            name = "--" + flag.replace("_", "-")
+            raise SoloError(f"{name} sets the context sweep's {'lengths' if flag == 'contexts' else 'runs'}; "
+                            "add --sweep-context")
+
     for flag, value in (("--json", args.json), ("--plot", args.plot)):
         if value and not Path(value).expanduser().resolve().parent.is_dir():
             raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
@@ -420,7 +436,7 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         from solo.bench.plot import require_matplotlib
 
-        require_matplotlib()
+        require_matplotlib(args.plot)
     device = resolve_device(args.device)
     print("loading model ...", file=sys.stderr)
     model, raw_config, model_label, cache_key = _load(args, device)
@@ -507,9 +523,10 @@ def main(args: argparse.Namespace) -> int:
         peer = None
         try:
             if args.peers_after_solo:  # write its GGUF now, while Solo's weights are here; run it later
-                from solo.bench.peers.llamacpp import cached_gguf
+                from solo.bench.peers.llamacpp import cached_gguf, check_llamacpp_peer
 
-                cached_gguf(spec, name.removeprefix("llama.cpp-"))
+                # (no GGUF is written for a peer that cannot run)
+                cached_gguf(spec, check_llamacpp_peer(spec, name.removeprefix("llama.cpp-")))
                 if solo_check is None:
                     tokens, logits = greedy_tokens(runtime, check_prompt, TOKEN_CHECK_LEN)
                     solo_check = (tokens, logits[0].topk(5).indices.tolist())
@@ -536,7 +553,8 @@ def main(args: argparse.Namespace) -> int:
                 peer.close()
     torch.set_num_threads(spec.threads)
 
-    print(f"timing {args.repeats} {'repeats of solo' if deferred else 'interleaved repeats'}"
+    print(f"timing {args.repeats} {'repeat' if args.repeats == 1 else 'repeats'}"
+          f"{' of solo' if deferred else ' interleaved' if engines[1:] else ''}"
           + (f" in turns of {args.lockstep} tokens" if args.lockstep else "") + " ...", file=sys.stderr)
     # The probe runs again before every round of repeats (and after the last): the roofline uses the
     # best bandwidth seen in this run, so a busy moment during one probe cannot flatter the fraction.

@@ -10,16 +10,23 @@ from solo.errors import SoloError
 MISSING_MATPLOTLIB = '--plot needs matplotlib: pip install matplotlib (from a checkout: pip install -e ".[plot]")'
 
 
-def require_matplotlib() -> None:
-    """Fail early, before a long sweep, when --plot cannot draw.
+def require_matplotlib(path: str | Path | None = None) -> None:
+    """Fail early, before a long sweep, when --plot cannot draw (to `path`).
 
     Raises:
-        SoloError: matplotlib is not installed.
+        SoloError: matplotlib is not installed, or it cannot write the format `path`'s suffix names.
     """
     import importlib.util
 
     if importlib.util.find_spec("matplotlib") is None:
         raise SoloError(MISSING_MATPLOTLIB)
+    if path is not None:
+        from matplotlib.figure import Figure
+
+        formats = Figure().canvas.get_supported_filetypes()
+        if Path(path).suffix.lstrip(".").lower() not in formats:
+            raise SoloError(f"--plot {path}: matplotlib writes {', '.join('.' + f for f in sorted(formats))}; name "
+                            "the file with one of them (e.g. out.png)")
 
 
 def plot_sweep(sweep: dict[str, Any], title: str, path: str | Path) -> None:

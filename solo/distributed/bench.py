@@ -182,7 +182,7 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
     Raises:
         SoloError: --tp below 2, CUDA asked for, or a shape / model that cannot be split that way.
     """
-    from solo.bench.report import machine_info, versions
+    from solo.bench.report import machine_info, report_command, versions
     from solo.bench.shapes import shape_config
     from solo.distributed.launch import default_threads
     from solo.distributed.sharding import check_tp
@@ -215,8 +215,7 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
     prompt = [rng.randrange(3, config.vocab_size) for _ in range(args.prompt_len)]
     dtype_name = args.dtype if args.dtype != "auto" else (config.torch_dtype or "float32")
     report: dict[str, Any] = {
-        "command": " ".join(["solo", *sys.argv[1:]]) if sys.argv and sys.argv[0].endswith("solo") else
-        " ".join(sys.argv),
+        "command": report_command(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "model": label, "tp": world, "backend": "gloo (CPU)",
         "dtype": dtype_name, "threads_per_rank": threads, "prompt_len": args.prompt_len, "gen_len": args.gen_len,
         "repeats": args.repeats, "machine": machine_info(torch.device("cpu")), "versions": versions(),
@@ -248,7 +247,7 @@ def main_tp(args: Any) -> int:  # noqa: ANN401
 def _print(r: dict[str, Any]) -> None:
     m = r["machine"]
     print(f"model: {r['model']} | {r['dtype']} | --tp {r['tp']} over {r['backend']}, {r['threads_per_rank']} "
-          f"threads per rank | {m['cpu']}, {m['cpu_cores']} cores")
+          f"thread{'' if r['threads_per_rank'] == 1 else 's'} per rank | {m['cpu']}, {m['cpu_cores']} cores")
     print(f"prompt {r['prompt_len']} tokens, {r['gen_len']} generated, best of {r['repeats']} runs per rank")
     print(f"{'variant':<34} {'ms/token':>9} {'blocked ms/token':>17} {'rank 0':>8} {'blocked':>8} {'colls/tok':>9}")
     for name, v in r["variants"].items():

@@ -43,6 +43,7 @@ def test_replay_reports_cached_tokens_and_identical_output(tmp_path, tiny_llama,
                  "--dtype", "float32", "--json", str(out)]) == 0
     report = json.loads(out.read_text())
     assert report["identical_tokens"] is True and report["turns"] == 3
+    assert report["command"] and report["machine"]["cpu"] and report["versions"]  # (the command: sys.argv)
     solo = report["configs"]["solo"]["runs"][0]
     assert solo["turns"][1]["cached_tokens"] > 0 and solo["cached_tokens"] > 0
     assert "end to end" in capsys.readouterr().out

@@ -714,3 +714,31 @@ def test_report_command_reads_solo_and_cuts_absolute_paths():
         assert report_command(argv) == "solo bench --shape Qwen2.5-0.5B --json x.json --plot p.png"
     assert report_command(["solo", "bench", "--json=/home/me/r/x.json", "--note", "two words"]) == \
         "solo bench --json=x.json --note 'two words'"
+
+
+def test_peers_after_solo_without_llamacpp_writes_no_gguf(tmp_path, capsys, monkeypatch):
+    # From a break test: the GGUFs (270 MB each there) were written, and only then was the peer skipped.
+    import importlib.util
+
+    from solo.bench.peers import llamacpp
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "llama_cpp" else real(name, *a))
+    written: list = []
+    monkeypatch.setattr(llamacpp, "cached_gguf", lambda *a, **k: written.append(a))
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "4", "--repeats", "1", "--probe-gib",
+                 "0.0625", "--compare", "llama.cpp", "--peers-after-solo", "--energy-s", "0"]) == 0
+    assert not written and "llama-cpp-python is not installed" in capsys.readouterr().err
+
+
+def test_ms_per_token_is_the_median_speeds_reciprocal():
+    from types import SimpleNamespace
+
+    from solo.bench.cli import _stats
+
+    runs = [SimpleNamespace(decode_tokens_per_s=tps, ttft_s=0.1, decode_s=1.0, decode_tokens=10, host_syncs=None)
+            for tps in (20.0, 60.0)]  # an even count: the median speed is 40 tok/s
+    stats = _stats(runs)
+    assert stats["decode_tokens_per_s"]["median"] == 40.0 and stats["ms_per_token"]["median"] == 25.0
+    assert stats["ms_per_token"]["min"] == pytest.approx(1000 / 60) and stats["ms_per_token"]["max"] == 50.0

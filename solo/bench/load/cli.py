@@ -206,7 +206,8 @@ def _command(args: argparse.Namespace) -> str:
     defaults = bench_defaults()
     for flag in ("url", "rates", "duration", "max_requests", "max_batch", "prefill_chunk", "max_queue",
                  "max_queue_wait", "serve_speculative", "max_model_len", "capacity_s", "verify", "dtype", "backend",
-                 "quantize", "device", "revision", "threads", "tp", "prefix_cache_gb", "no_prefix_cache"):
+                 "quantize", "device", "revision", "threads", "tp", "prefix_cache_gb", "no_prefix_cache",
+                 "request_timeout", "note"):
         value = getattr(args, flag, defaults[flag])
         if value != defaults[flag]:
             parts += _flag(f"--{flag.replace('_', '-')}", value)
@@ -275,7 +276,7 @@ def main(args: argparse.Namespace) -> int:
     if args.plot:
         from solo.bench.plot import require_matplotlib
 
-        require_matplotlib()
+        require_matplotlib(args.plot)
     for flag, value in (("--json", args.json), ("--plot", args.plot), ("--markdown", args.markdown)):
         if value and not Path(value).expanduser().resolve().parent.is_dir():
             raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
