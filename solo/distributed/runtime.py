@@ -16,6 +16,7 @@ from __future__ import annotations
 import atexit
 import logging
 import os
+import re
 import signal
 import threading
 import time
@@ -130,7 +131,12 @@ class TPRuntime:
             return out
 
     def _fail(self, exc: BaseException) -> None:
-        self._mark_failed(f"a rank stopped answering ({str(exc).splitlines()[0] if str(exc) else type(exc).__name__})")
+        # Which rank, where rank 0 started them (`followers`: their processes); gloo says only "Connection
+        # closed by peer [address]:port" behind its source location.
+        gone = [rank for rank, proc in enumerate(getattr(self, "followers", []), start=1) if proc.poll() is not None]
+        detail = re.sub(r"^\[[^\]]*\]\s*", "", str(exc).splitlines()[0]) if str(exc) else type(exc).__name__
+        who = f"rank {', '.join(map(str, gone))} exited" if gone else "a rank stopped answering"
+        self._mark_failed(f"{who} ({detail})")
         raise RankFailure(f"tensor parallelism stopped: {self.failed}") from None
 
     def _watchdog(self, store: dist.Store) -> None:
