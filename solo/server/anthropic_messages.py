@@ -132,7 +132,19 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
     messages: list[dict[str, Any]] = []
     if body.system is not None:
         messages.append({"role": "system", "content": _text(body.system, "system")})
-    asked: list[str] = []  # the previous message's tool_use ids
+    # Tool results answer the calls of the assistant turn before them; Anthropic's API merges consecutive
+    # messages of one role into one turn, so calls and results gather over them.
+    asked: list[str] = []  # the last assistant turn's tool_use ids
+    answered: list[str] = []  # the tool_use ids the user turn after it answered
+    turn_start = 0  # index of the message that began the last assistant turn
+
+    def check_answered(before: int | None) -> None:
+        unanswered = [call_id for call_id in asked if call_id not in answered]
+        if unanswered:
+            raise InvalidRequestError(
+                f"messages[{turn_start}] has tool_use ids with no tool_result in the user message after it"
+                f"{'' if before is None else f' (before messages[{before}])'}: {', '.join(map(repr, unanswered))}; "
+                "answer each call with a tool_result block in the next user message", param="messages")
     for i, message in enumerate(body.messages):
         role, content = message.get("role"), message.get("content")
         if role not in ("user", "assistant"):
@@ -141,18 +153,23 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
         if not isinstance(blocks, list) or (not blocks and (role == "user" or i + 1 < len(body.messages))):
             raise InvalidRequestError(f"messages[{i}].content must be a string or a non-empty list of blocks (only a "
                                       "last assistant message may be empty)", param="messages")
+        previous = body.messages[i - 1].get("role") if i else None
+        if role == "assistant" and previous == "user":  # a new assistant turn: the last one's calls are answered
+            check_answered(i)
+            asked, answered, turn_start = [], [], i
+        elif role == "assistant" and previous is None:
+            turn_start = i
         texts, calls, results, thinking = [], [], [], None
         for j, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, dict) else None
             where = f"messages[{i}].content[{j}]"
             if kind == "text":
                 text = string_field(block, "text", where, "messages")
-                if not text.strip() and not (role == "assistant" and i + 1 == len(body.messages)):
-                    # As Anthropic's API: only the final assistant message (a prefill) may be empty.
-                    raise InvalidRequestError(f"{where}: text must not be empty or only whitespace (only a final "
-                                              "assistant message, the reply's start, may be); leave the block out",
-                                              param="messages")
-                texts.append(text)
+                if not text.strip() and role == "user":  # as Anthropic's API
+                    raise InvalidRequestError(f"{where}: text must not be empty or only whitespace; leave the block "
+                                              "out", param="messages")
+                if text.strip() or i + 1 == len(body.messages):  # (an earlier reply's blank block says nothing)
+                    texts.append(text)
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("input"), dict):
                     raise InvalidRequestError(f"{where}.input must be an object (the call's arguments), got "
@@ -168,12 +185,13 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                 if block.get("is_error"):  # chat templates have no such flag: said in the text the model reads
                     output = f"Error: {output}"
                 call_id = string_field(block, "tool_use_id", where, "messages")
-                if call_id not in asked or any(r["tool_call_id"] == call_id for r in results):
-                    # As Anthropic's API: a result answers one call of the message right before.
+                if call_id not in asked or call_id in answered:
+                    # As Anthropic's API: a result answers one call of the assistant turn right before.
                     raise InvalidRequestError(
-                        f"{where}.tool_use_id {call_id!r} answers no tool_use block of messages[{i - 1}] (its ids: "
-                        f"{', '.join(map(repr, asked)) or 'none'}), or answers one twice; each tool_result answers "
-                        "one tool_use of the previous assistant message", param="messages")
+                        f"{where}.tool_use_id {call_id!r} answers no tool_use block of the assistant turn before it "
+                        f"(its ids: {', '.join(map(repr, asked)) or 'none'}), or answers one twice; each tool_result "
+                        "answers one tool_use of the previous assistant message", param="messages")
+                answered.append(call_id)
                 results.append({"role": "tool", "tool_call_id": call_id, "content": output})
             elif kind == "thinking" and role == "assistant":
                 thinking = block.get("thinking")
@@ -181,13 +199,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                 raise InvalidRequestError(f"{where} is a {kind!r} block, which Solo does not take here (text, "
                                           "tool_use from the assistant, tool_result from the user, thinking)",
                                           param="messages")
-        unanswered = [call_id for call_id in asked if all(r["tool_call_id"] != call_id for r in results)]
-        if unanswered:
-            raise InvalidRequestError(
-                f"messages[{i - 1}] has tool_use ids with no tool_result in messages[{i}]: "
-                f"{', '.join(map(repr, unanswered))}; answer each call with a tool_result block in the next user "
-                "message", param="messages")
-        asked = [call["id"] for call in calls]
+        asked += [call["id"] for call in calls]
         last_block = blocks[-1] if blocks else None
         if (role == "assistant" and i + 1 == len(body.messages) and isinstance(last_block, dict)
                 and last_block.get("type") == "text" and last_block["text"] != last_block["text"].rstrip()):
@@ -205,6 +217,8 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             if thinking:
                 reply["reasoning_content"] = thinking
             messages.append(reply)
+    if body.messages and body.messages[-1].get("role") == "user":
+        check_answered(None)
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
@@ -295,6 +309,8 @@ def content_blocks(message: dict[str, Any], after_calls: str = "") -> list[dict[
     if message.get("reasoning_content"):
         blocks.append({"type": "thinking", "thinking": message["reasoning_content"], "signature": ""})
     before, after = text_around_calls(message, after_calls)
+    if message.get("tool_calls"):  # a blank between the thinking and the calls is no text block (Anthropic's API
+        before, after = before.strip() and before, after.strip() and after  # refuses blank ones sent back)
     if before:
         blocks.append({"type": "text", "text": before})
     for call in message.get("tool_calls") or []:

@@ -310,7 +310,7 @@ def test_a_stop_sequence_that_ended_a_reply_with_calls_is_named():
     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
         {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]},
       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t9", "content": "1"}]}],
-     "tool_use_id 't9' answers no tool_use block of messages[1] (its ids: 't1')"),
+     "tool_use_id 't9' answers no tool_use block of the assistant turn before it (its ids: 't1')"),
     ([{"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
      "(its ids: none)"),
     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
@@ -322,10 +322,14 @@ def test_a_stop_sequence_that_ended_a_reply_with_calls_is_named():
         {"type": "tool_use", "id": "t1", "name": "f", "input": {}},
         {"type": "tool_use", "id": "t2", "name": "f", "input": {}}]},
       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
-     "messages[1] has tool_use ids with no tool_result in messages[2]: 't2'"),
+     "messages[1] has tool_use ids with no tool_result in the user message after it: 't2'"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}, {"role": "user", "content": "what now?"},
+      {"role": "assistant", "content": "ok"}], "before messages[3]): 't1'"),
     ([{"role": "user", "content": "  "}], "messages[0].content[0]: text must not be empty"),
     ([{"role": "user", "content": [{"type": "text", "text": ""}]}, {"role": "assistant", "content": "ok"}],
      "text must not be empty"),
+    ([{"role": "user", "content": "hi"}, {"role": "user", "content": " \n"}], "messages[1].content[0]: text must"),
     ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": "Sure, "}],
      "must not end with whitespace"),
 ])
@@ -353,3 +357,25 @@ def test_answered_calls_and_a_final_empty_prefill_are_taken():
             {"role": "user", "content": "hi"}, calls, answers, *last]})
         roles = [m.role for m in chat_request(body).messages]
         assert roles[:5] == ["user", "assistant", "tool", "tool", "user"]
+    # Anthropic's API merges consecutive messages of one role: results may come one user message each.
+    split = [{"role": "user", "content": [block]} for block in answers["content"]]
+    body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"}, calls, *split]})
+    assert [m.role for m in chat_request(body).messages] == ["user", "assistant", "tool", "tool", "user"]
+
+
+def test_a_reply_with_calls_goes_back_as_it_came():
+    # A review found Solo's own reply refused when sent back: the blank between a thinking block and a call
+    # came back as a whitespace-only text block, which the Messages API refuses.
+    from solo.server.anthropic_messages import MessagesRequest, chat_request, content_blocks
+
+    reply = content_blocks({"role": "assistant", "content": "\n\n", "reasoning_content": "need weather",
+                            "tool_calls": [{"id": "t1", "type": "function", "function": {
+                                "name": "get_weather", "arguments": '{"city": "Paris"}'}}]})
+    assert [b["type"] for b in reply] == ["thinking", "tool_use"]
+    older = [reply[0], {"type": "text", "text": "\n\n"}, reply[1]]  # (as earlier versions sent it: taken)
+    for content in (reply, older):
+        body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "messages": [
+            {"role": "user", "content": "weather?"}, {"role": "assistant", "content": content},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "sunny"}]}]})
+        assert [m.role for m in chat_request(body).messages] == ["user", "assistant", "tool"]
