@@ -277,11 +277,14 @@ class ConstraintCompiler:
     def _compile_llguidance(self, spec: StructuredOutput) -> str:
         import llguidance
 
-        grammar = _llguidance_grammar(spec)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._llguidance())
-        if is_error:
-            raise ValueError("; ".join(messages) or "rejected")
-        return grammar
+        # Closed as XGrammar's strict mode first; where that leaves nothing to write (strict_schema cannot see
+        # through a $ref), as the schema says: better open objects than a fallback that drops requirements.
+        for strict in (True, False) if spec.kind == "json_schema" else (False,):
+            grammar = _llguidance_grammar(spec, strict)
+            is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._llguidance())
+            if not is_error:
+                return grammar
+        raise ValueError("; ".join(messages) or "rejected")
 
     def _compile_xgrammar(self, spec: StructuredOutput) -> Any:  # noqa: ANN401
         compiler = self._xgrammar()
@@ -462,17 +465,69 @@ def required_xgrammar_drops(schema: Any, in_branch: bool = False) -> list[str]: 
 _OPENERS = frozenset({"additionalProperties", "unevaluatedProperties", "patternProperties"})
 
 
+def _own_names(schema: Mapping[str, Any]) -> set[str]:
+    # The names an object schema lists in its properties or requires.
+    properties, required = schema.get("properties"), schema.get("required")
+    names = set(properties) if isinstance(properties, Mapping) else set()
+    return names | ({n for n in required if isinstance(n, str)} if isinstance(required, list) else set())
+
+
 def _declared_names(schema: Any) -> set[str]:  # noqa: ANN401
-    # The property names an object schema and its allOf / anyOf / oneOf / then / else branches declare.
+    # The names an object schema and its allOf / anyOf / oneOf / then / else branches list or require.
     if not isinstance(schema, Mapping):
         return set()
-    properties = schema.get("properties")
-    names = set(properties) if isinstance(properties, Mapping) else set()
+    names = _own_names(schema)
     for key in ("allOf", "anyOf", "oneOf", "then", "else"):
         branches = schema.get(key)
         for branch in branches if isinstance(branches, list) else [branches]:
             names |= _declared_names(branch)
     return names
+
+
+def _resolved(branch: Any, root: Any, seen: frozenset[str]) -> tuple[Any, frozenset[str]]:  # noqa: ANN401
+    # A composition branch that is a local $ref ("#/$defs/Base"), as the schema it names (its other keys kept).
+    ref = branch.get("$ref") if isinstance(branch, Mapping) else None
+    if not isinstance(ref, str) or not ref.startswith("#/") or ref in seen:
+        return branch, seen
+    target = root
+    for part in ref[2:].split("/"):
+        part = part.replace("~1", "/").replace("~0", "~")
+        if not isinstance(target, Mapping) or part not in target:
+            return branch, seen
+        target = target[part]
+    if not isinstance(target, Mapping):
+        return branch, seen
+    return {**target, **{k: v for k, v in branch.items() if k != "$ref"}}, seen | {ref}
+
+
+def inline_branch_refs(schema: Any, seen: frozenset[str] = frozenset(), root: Any = None) -> Any:  # noqa: ANN401
+    """A copy of a JSON Schema whose allOf / anyOf / oneOf branches that are local `$ref`s are written out.
+
+    So `strict_schema` sees the names a referenced base declares (`{"allOf": [{"$ref": "#/$defs/Base"}],
+    "properties": {...}}`, the inheritance pattern of OpenAPI and zod schemas). A reference inside its own
+    expansion is left as it is.
+
+    Args:
+        schema: a JSON Schema (any JSON value); not modified.
+        seen, root: (recursion) the references being expanded; the whole schema, which they point into.
+
+    Returns:
+        The copy.
+    """
+    root = schema if root is None else root
+    if isinstance(schema, list):
+        return [inline_branch_refs(value, seen, root) for value in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _DATA_KEYWORDS:
+            out[key] = value
+        elif key in ("allOf", "anyOf", "oneOf") and isinstance(value, list):
+            out[key] = [inline_branch_refs(*_resolved(branch, root, seen), root=root) for branch in value]
+        else:
+            out[key] = inline_branch_refs(value, seen, root)
+    return out
 
 
 def strict_schema(schema: Any, inherited: frozenset[str] = frozenset()) -> Any:  # noqa: ANN401
@@ -486,8 +541,10 @@ def strict_schema(schema: Any, inherited: frozenset[str] = frozenset()) -> Any: 
     additionalProperties / unevaluatedProperties / patternProperties gets `additionalProperties: false`, and
     every array with `prefixItems` and no `items` / `unevaluatedItems` gets `items: false`. llguidance
     intersects an object with its allOf / anyOf / oneOf branches, so each side also lists the names the other
-    declares (as `{}`, the declaring side's schema still applying): a branch's property stays allowed, as
-    `unevaluatedProperties: false` would have it. `if` and `not` subschemas (conditions) are left open.
+    declares or requires, and the names it requires itself (as `{}`, the declaring side's schema still
+    applying): a required name or a branch's property stays allowed. `if` and `not` subschemas (conditions)
+    are left open. A schema this makes unsatisfiable (a `$ref`'d base closed on its own) is compiled open
+    (`ConstraintCompiler._compile_llguidance`).
 
     Args:
         schema: a JSON Schema (any JSON value); not modified.
@@ -502,7 +559,7 @@ def strict_schema(schema: Any, inherited: frozenset[str] = frozenset()) -> Any: 
         return schema
     properties = schema.get("properties")
     own = set(properties) if isinstance(properties, Mapping) else set()
-    level = own | inherited
+    level = _own_names(schema) | inherited
     for branch in schema.get("allOf") if isinstance(schema.get("allOf"), list) else []:
         level |= _declared_names(branch)
     out: dict[str, Any] = {}
@@ -527,11 +584,12 @@ def strict_schema(schema: Any, inherited: frozenset[str] = frozenset()) -> Any: 
     return out
 
 
-def _llguidance_grammar(spec: StructuredOutput) -> str:
+def _llguidance_grammar(spec: StructuredOutput, strict: bool = True) -> str:
     import llguidance
 
     if spec.kind in ("json_object", "json_schema"):
-        schema = {"type": "object"} if spec.kind == "json_object" else strict_schema(spec.value)
+        schema = {"type": "object"} if spec.kind == "json_object" else (
+            strict_schema(inline_branch_refs(spec.value)) if strict else spec.value)
         if isinstance(schema, bool):
             schema = {} if schema else {"not": {}}
         return llguidance.grammar_from("json_schema", json.dumps({**schema, "x-guidance": _LLG_JSON_OPTIONS}))

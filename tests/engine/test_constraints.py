@@ -255,11 +255,19 @@ def test_required_names_xgrammar_leaves_out():
     assert required_xgrammar_drops(SCHEMAS["nested"]) == []
 
 
-@pytest.mark.parametrize("schema", [
-    {"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "allOf": [{"required": ["a"]}]},
-    {"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 6}}, "required": ["s"]},
+@pytest.mark.parametrize("schema, keys", [
+    ({"type": "object", "properties": {"a": {"type": "integer"}}, "required": ["a"], "allOf": [{"required": ["a"]}]},
+     {"a"}),
+    ({"type": "object", "properties": {"s": {"type": "string", "minLength": 2, "maxLength": 6}}, "required": ["s"]},
+     {"s"}),
+    # From a review: closing these left nothing to write, and the XGrammar fallback dropped a required name.
+    ({"type": "object", "properties": {"a": {"type": "string", "minLength": 1}}, "required": ["a", "b"]},
+     {"a", "b"}),
+    ({"$defs": {"Base": {"type": "object", "properties": {"id": {"type": "integer"}}, "required": ["id"]}},
+      "type": "object", "allOf": [{"$ref": "#/$defs/Base"}], "properties": {"name": {"type": "string", "minLength": 1}},
+      "required": ["name"]}, None),
 ])
-def test_objects_stay_closed_whichever_engine_compiles_them(bundled, schema):
+def test_objects_stay_closed_whichever_engine_compiles_them(bundled, schema, keys):
     # A break test: these go to llguidance (a branch's requirement, a string's length), which left undeclared
     # keys open where XGrammar's strict mode closes them; the model wrote keys until max_tokens.
     assert bundled.make_request("x", SamplingParams(response_format=_schema_format(schema))).constraint.compiled \
@@ -270,7 +278,8 @@ def test_objects_stay_closed_whichever_engine_compiles_them(bundled, schema):
                                                               seed=seed, response_format=_schema_format(schema)))
         if result.finish_reason == "stop":
             finished += 1
-            assert set(json.loads(result.text)) == set(schema["properties"]), result.text
+            jsonschema.validate(json.loads(result.text), schema)
+            assert keys is None or set(json.loads(result.text)) == keys, result.text
     assert finished >= 1
 
 
@@ -293,7 +302,17 @@ def test_strict_schema_writes_xgrammars_strict_mode_out():
     assert list(either["properties"]) == ["a", "b", "c", "d"]
     assert [list(branch["properties"]) for branch in either["anyOf"]] == [["b", "a", "d"], ["c", "a", "d"]]
     assert list(either["allOf"][0]["properties"]) == ["d", "a"]
+    # A name only required is listed too, so closing cannot forbid it.
+    assert list(strict_schema({"properties": {"a": {}}, "required": ["a", "b"]})["properties"]) == ["a", "b"]
     assert strict_schema({"prefixItems": [{}]})["items"] is False
+    # A base named by $ref in a composition is written out, so its names are the object's too.
+    from solo.engine.constraints import inline_branch_refs
+
+    based = {"$defs": {"B": {"properties": {"id": {}}}}, "allOf": [{"$ref": "#/$defs/B"}], "properties": {"n": {}}}
+    assert strict_schema(inline_branch_refs(based))["allOf"][0] == {"properties": {"id": {}, "n": {}},
+                                                                     "additionalProperties": False}
+    looped = {"$defs": {"A": {"allOf": [{"$ref": "#/$defs/A"}]}}, "allOf": [{"$ref": "#/$defs/A"}]}
+    assert inline_branch_refs(looped)["allOf"][0] == {"allOf": [{"$ref": "#/$defs/A"}]}  # (expanded once)
     assert strict_schema({"prefixItems": [{}], "items": {}}) == {"prefixItems": [{}], "items": {}}
 
 
