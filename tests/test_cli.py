@@ -294,6 +294,7 @@ def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
     (["--no-prefix-cache"], "--no-prefix-cache: used by --agent only"),
     (["--sweep-fill", "random"], "--sweep-fill sets the context sweep's runs; add --sweep-context"),
     (["--sweep-context", "--plot", "sweep.txt"], "--plot sweep.txt: matplotlib writes"),
+    (["--sweep-context", "--plot", "sweep", "--repeats", "0"], "--repeats must be >= 1"),  # (no suffix: PNG)
 ])
 def test_bench_refuses_bad_flag_values_before_running(capsys, extra, message):
     code, _, err = _run(capsys, "bench", "--shape", "SmolLM2-135M", *extra)

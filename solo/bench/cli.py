@@ -400,8 +400,6 @@ def main(args: argparse.Namespace) -> int:
         raise SoloError(f"--probe-gib must be > 0, got {args.probe_gib:g}")
     if args.compare is not None and not args.compare.strip(","):
         raise SoloError("--compare needs peer names (hf, hf-eager, hf-compile, llama.cpp); leave it out for none")
-    from solo.bench.load.cli import changed_flags
-
     for flag in changed_flags(args, ("contexts", "sweep_gen_len", "sweep_fill")):
         if not args.sweep_context:
             name = "--" + flag.replace("_", "-")

@@ -24,7 +24,8 @@ def require_matplotlib(path: str | Path | None = None) -> None:
         from matplotlib.figure import Figure
 
         formats = Figure().canvas.get_supported_filetypes()
-        if Path(path).suffix.lstrip(".").lower() not in formats:
+        suffix = Path(path).suffix.lstrip(".").lower()
+        if suffix and suffix not in formats:  # (no suffix: matplotlib's default, PNG)
             raise SoloError(f"--plot {path}: matplotlib writes {', '.join('.' + f for f in sorted(formats))}; name "
                             "the file with one of them (e.g. out.png)")
 

@@ -143,9 +143,13 @@ class TPRuntime:
         # Rank 0: a call blocked for STALL_S while a rank's heartbeat stood still as long (see the module
         # docstring). Ranks that never beat (another launcher's) are not watched.
         seen: dict[int, tuple[int, float]] = {}
+        previous = time.monotonic()
         while not self._closed and self.failed is None:
             time.sleep(HEARTBEAT_S)
             now = time.monotonic()
+            if now - previous > 3 * HEARTBEAT_S:  # this process was not running either (a stopped process
+                seen.clear()  # group, a paused container): what stood still meanwhile says nothing of a rank
+            previous = now
             for rank in range(1, self.world):
                 try:
                     beat = store.add(_beat_key(rank), 0)

@@ -38,7 +38,7 @@ MAX_MESSAGE_CHARS = 4000
 came back in a 5 MB 404)."""
 
 
-def _bounded(text: str | None) -> str | None:
+def _cut(text: str | None) -> str | None:
     if text is None or len(text) <= MAX_MESSAGE_CHARS:
         return text
     return f"{text[:MAX_MESSAGE_CHARS]}... ({len(text) - MAX_MESSAGE_CHARS} more characters)"
@@ -58,12 +58,12 @@ class APIError(Exception):
 
     def __init__(self, status: int, message: str, type: str = "invalid_request_error", param: str | None = None,
                  code: str | None = None, headers: Mapping[str, str] | None = None) -> None:
-        message = _bounded(message) or ""
+        message = _cut(message) or ""
         super().__init__(message)
         self.status = status
         self.message = message
         self.type = type
-        self.param = _bounded(param)
+        self.param = _cut(param)
         self.code = code
         self.headers = dict(headers or {})
 
@@ -153,7 +153,8 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     where = _location(loc)
     param = next((p for p in loc[1:] if isinstance(p, str)), None) if loc[:1] == ["body"] else None
     text = str(first.get("msg", "invalid value")).removeprefix("Value error, ")
-    message = f"{where}: {text}" if where and not text.startswith(where) else text  # (a validator that names it)
+    named = where and text.startswith(where) and text[len(where):len(where) + 1] in (" ", ".", ":", "[")
+    message = text if named or not where else f"{where}: {text}"  # (a validator's message may name it)
     more = len({_location(e.get("loc", ())) for e in errors} - {where})
     if more:
         message += f" (and {more} more invalid field{'s' if more > 1 else ''})"

@@ -596,9 +596,9 @@ class Scheduler:
         window, sums = self._token_s_window, self._token_s_sums
         ns = round(seconds * 1e9)
         entry = (ns, ns * rows, tokens)
-        window.append(entry)
-        for i in range(3):
+        for i in range(3):  # (before the entry shows: the event loop reads the sums without the lock)
             sums[i] += entry[i]
+        window.append(entry)
         while len(window) > 1 and (sums[0] - window[0][0] >= TOKEN_S_WINDOW_S * 1e9
                                    or len(window) > TOKEN_S_WINDOW_STEPS):
             old = window.popleft()
@@ -611,9 +611,10 @@ class Scheduler:
         # all their tokens: a step with accepted drafts gives a row several, and a stalled step (a preempted
         # core) weighs its share of seconds, where a moving average of step times let one stall move
         # Retry-After by tens of seconds. Unknown (nothing decoded yet): 1 s, the shortest.
-        if not self._token_s_window or not self._running:
+        row_ns, tokens = self._token_s_sums[1], self._token_s_sums[2]
+        if not self._running or tokens <= 0:
             return 1
-        token_s = self._token_s_sums[1] / 1e9 / self._token_s_sums[2]
+        token_s = row_ns / 1e9 / tokens
         remaining = sorted(max(0, s.request.max_new_tokens - len(s.request.output_ids)) for s in self._running)
         tokens = remaining[min(rows, len(remaining)) - 1]
         return max(1, min(3600, math.ceil(tokens * token_s)))

@@ -204,8 +204,8 @@ class ServerSettings:
             raise SoloError(f"--max-queue-wait must be >= 0 seconds, got {self.max_queue_wait_s}")
         if self.max_model_len is not None and self.max_model_len < 2:
             raise SoloError(f"--max-model-len must be >= 2, got {self.max_model_len}")
-        if not self.max_body_mb > 0:
-            raise SoloError(f"--max-body-mb must be > 0, got {self.max_body_mb}")
+        if not 0 < self.max_body_mb < 2**40:
+            raise SoloError(f"--max-body-mb must be a number of MiB > 0, got {self.max_body_mb}")
         if self.shutdown_grace_s < 0:
             raise SoloError(f"--shutdown-grace must be >= 0, got {self.shutdown_grace_s}")
         if self.reasoning_parser not in REASONING_PARSERS:

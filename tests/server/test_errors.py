@@ -587,8 +587,9 @@ def test_a_body_past_the_bound_is_413_on_every_api(tiny_model):
                 "message"]
     finally:
         running.stop()
-    with pytest.raises(SoloError, match="--max-body-mb"):
-        ServerSettings(max_body_mb=0).validate()
+    for bad in (0, float("inf"), float("nan")):
+        with pytest.raises(SoloError, match="--max-body-mb"):
+            ServerSettings(max_body_mb=bad).validate()
 
 
 @pytest.mark.parametrize(("settings", "words"), [({"api_key": ""}, "--api-key"),

@@ -57,3 +57,8 @@ def test_response_format_errors_name_the_field_once():
             ChatCompletionRequest(messages=[{"role": "user", "content": "hi"}], response_format=value)
         message = validation_error(info.value.errors()).message
         assert message.startswith(words) and message.count("response_format") == 1, message
+    # A message that only begins with the field's letters is still prefixed.
+    from solo.server.errors import validation_error as errors_of
+
+    error = errors_of([{"loc": ("body", "n"), "msg": "Value error, not an integer", "type": "value_error"}])
+    assert error.message == "n: not an integer"
