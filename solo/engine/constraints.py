@@ -484,17 +484,24 @@ def _declared_names(schema: Any) -> set[str]:  # noqa: ANN401
     return names
 
 
+def local_ref_target(root: Any, ref: str) -> Any:  # noqa: ANN401
+    """What a local JSON Schema reference ("#/$defs/Name": a JSON pointer into `root`) points at, or None."""
+    if not ref.startswith("#/"):
+        return None
+    target = root
+    for part in ref[2:].split("/"):
+        if not isinstance(target, Mapping):
+            return None
+        target = target.get(part.replace("~1", "/").replace("~0", "~"))
+    return target
+
+
 def _resolved(branch: Any, root: Any, seen: frozenset[str]) -> tuple[Any, frozenset[str]]:  # noqa: ANN401
     # A composition branch that is a local $ref ("#/$defs/Base"), as the schema it names (its other keys kept).
     ref = branch.get("$ref") if isinstance(branch, Mapping) else None
-    if not isinstance(ref, str) or not ref.startswith("#/") or ref in seen:
+    if not isinstance(ref, str) or ref in seen:
         return branch, seen
-    target = root
-    for part in ref[2:].split("/"):
-        part = part.replace("~1", "/").replace("~0", "~")
-        if not isinstance(target, Mapping) or part not in target:
-            return branch, seen
-        target = target[part]
+    target = local_ref_target(root, ref)
     if not isinstance(target, Mapping):
         return branch, seen
     return {**target, **{k: v for k, v in branch.items() if k != "$ref"}}, seen | {ref}

@@ -44,6 +44,7 @@ from solo.engine.constraints import (
     MAX_WHITESPACE,
     StructuredOutput,
     check_json_schema,
+    local_ref_target,
     required_xgrammar_drops,
 )
 from solo.errors import InvalidRequestError
@@ -918,10 +919,7 @@ def _resolved(schema: Any, root: Mapping[str, Any], depth: int = 0) -> Mapping[s
         return {}
     ref = schema.get("$ref")
     if isinstance(ref, str) and ref.startswith("#/") and depth < 16:
-        target: Any = root
-        for part in ref[2:].split("/"):
-            target = target.get(part.replace("~1", "/").replace("~0", "~")) if isinstance(target, Mapping) else None
-        return _resolved(target, root, depth + 1)
+        return _resolved(local_ref_target(root, ref), root, depth + 1)
     return schema
 
 
