@@ -105,7 +105,7 @@ def _check_model(request: Request, data: Mapping[str, Any]) -> str:
     model = data.get("model")
     if not isinstance(model, str) or not model:
         raise APIError(400, "model is required: name the served model (GET /api/tags lists it)", param="model")
-    if model not in (state.served_name, listed_name(state.served_name)):
+    if not state.serves(model):
         raise APIError(404, f"model {model!r} not found: this server serves {listed_name(state.served_name)!r} "
                        "(GET /api/tags lists it)", code="model_not_found")
     return model

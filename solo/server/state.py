@@ -399,6 +399,10 @@ class ServerState:
 
     # ------------------------------------------------------------------------------- request helpers
 
+    def serves(self, model: str) -> bool:
+        """Whether `model` names the served model: its name, or the name Ollama lists it by (`listed_name`)."""
+        return model in (self.served_name, listed_name(self.served_name))
+
     def require_ready(self, model: str | None = None) -> tuple[Engine, Scheduler]:
         """The engine and scheduler, after checking readiness and the requested model name.
 
@@ -409,7 +413,7 @@ class ServerState:
             raise shutting_down()
         if self.engine is None or self.scheduler is None:
             raise model_loading()
-        if model is not None and model not in (self.served_name, listed_name(self.served_name)):
+        if model is not None and not self.serves(model):
             raise model_not_found(model, self.served_name)
         return self.engine, self.scheduler
 
