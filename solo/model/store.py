@@ -166,15 +166,14 @@ def list_models(cache_dir: str | Path | None = None) -> list[CachedModel]:
     Raises:
         SoloError: the cache folder exists but cannot be read.
     """
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound, CorruptedCacheException
+    from huggingface_hub.errors import CorruptedCacheException
 
     try:
-        info = scan_cache_dir(_cache(cache_dir))
-    except CacheNotFound:
-        return []
+        info = _scan(cache_dir)
     except (CorruptedCacheException, OSError) as exc:
         raise SoloError(f"the Hugging Face cache cannot be read ({exc})") from None
+    if info is None:
+        return []
     found = []
     for repo in sorted(info.repos, key=lambda r: r.repo_id):
         if repo.repo_type != "model":
@@ -219,15 +218,20 @@ def _repo_folders(cache_dir: str | Path | None) -> dict[str, Path]:
     return found
 
 
-def _scanned_repo_ids(cache_dir: str | Path | None) -> set[str]:
+def _scan(cache_dir: str | Path | None) -> Any:  # noqa: ANN401
+    # huggingface_hub's view of the cache (HFCacheInfo), or None where there is no cache folder.
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
     try:
-        info = scan_cache_dir(_cache(cache_dir))
+        return scan_cache_dir(_cache(cache_dir))
     except CacheNotFound:
-        return set()
-    return {r.repo_id for r in info.repos if r.repo_type == "model"}
+        return None
+
+
+def _scanned_repo_ids(cache_dir: str | Path | None) -> set[str]:
+    info = _scan(cache_dir)
+    return {r.repo_id for r in info.repos if r.repo_type == "model"} if info is not None else set()
 
 
 def damaged_repos(cache_dir: str | Path | None = None) -> dict[str, Path]:
@@ -271,17 +275,10 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     Raises:
         ModelNotFoundError: the model (or that revision, or a GGUF file holding TAG) is not in the cache.
     """
-    from huggingface_hub import scan_cache_dir
-    from huggingface_hub.errors import CacheNotFound
-
     from solo.model.hub import split_gguf_tag
 
     repo_id, tag = split_gguf_tag(repo_id)
-
-    try:
-        info = scan_cache_dir(_cache(cache_dir))
-    except CacheNotFound:
-        info = None
+    info = _scan(cache_dir)
     repo = next((r for r in (info.repos if info else []) if r.repo_id == repo_id and r.repo_type == "model"), None)
     partial = _partial_blobs(cache_dir).get(repo_id, []) if revision is None else []
     folder = _repo_folders(cache_dir).get(repo_id)
