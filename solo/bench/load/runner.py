@@ -59,6 +59,11 @@ def use_api_key(key: str | None) -> None:
         _HEADERS["Authorization"] = f"Bearer {key}"
 
 
+def _async_client(base_url: str, timeout_s: float, **options: Any) -> httpx.AsyncClient:  # noqa: ANN401
+    # A client of the server: its base URL, the request deadline, the API key's header.
+    return httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS, **options)
+
+
 def check_loopback(url: str) -> str:
     """The server's base URL, if its host is a loopback address.
 
@@ -344,8 +349,7 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
     outcomes: list[Outcome] = []
     samples: list[tuple[float, int]] = []
     saturated = 0
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), limits=limits,
-                                 headers=_HEADERS) as client:
+    async with _async_client(base_url, timeout_s, limits=limits) as client:
         start = time.perf_counter()
         stop_sampling = asyncio.Event()
 
@@ -416,7 +420,7 @@ async def closed_loop_capacity(base_url: str, prompts: Prompts, workload: Worklo
     done = 0
     index = 0
     failed: list[Outcome] = []
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS) as client:
+    async with _async_client(base_url, timeout_s) as client:
         start = time.perf_counter()
 
         async def worker() -> None:
@@ -464,7 +468,7 @@ async def idle_baseline(base_url: str, prompts: Prompts, workload: Workload, tim
         {class: {"ttft_s", "e2e_s", "prompts": [{"new_ttft_s", "warm_ttft_s"} per pool index]}}.
     """
     out: dict[str, dict[str, Any]] = {}
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS) as client:
+    async with _async_client(base_url, timeout_s) as client:
         # A fresh server's first requests on a route are slow (a break test: 423 and 409 ms, then 48): warm each
         # route used with a prompt outside the pools, so no pool prompt is charged for it.
         for endpoint in dict.fromkeys(cls.endpoint for cls in workload.classes):
@@ -526,7 +530,7 @@ async def check_outputs(base_url: str, prompts: Prompts, workload: Workload, pha
     checked = wrong = unchecked = 0
     mismatches: list[dict[str, Any]] = []
     keys = list(by_key)
-    async with httpx.AsyncClient(base_url=base_url, timeout=httpx.Timeout(timeout_s), headers=_HEADERS) as client:
+    async with _async_client(base_url, timeout_s) as client:
         for i, key in enumerate(keys):
             if i >= limit:
                 unchecked += len(by_key[key])
