@@ -39,7 +39,19 @@ class InvalidRequestError(SoloError):
 
 
 class ContextLengthError(InvalidRequestError):
-    """The prompt, or the prompt plus `max_tokens`, does not fit the model's context length."""
+    """The prompt, or the prompt plus `max_tokens`, does not fit the model's context length.
+
+    Attributes:
+        param: as InvalidRequestError's.
+        prompt_tokens: the prompt's tokens (a lower bound where it was refused before tokenizing), or None.
+        max_tokens: the tokens the request asked to generate, or None.
+        limit: the context the two had to fit (tokens), or None.
+    """
+
+    def __init__(self, message: str, param: str | None = None, prompt_tokens: int | None = None,
+                 max_tokens: int | None = None, limit: int | None = None) -> None:
+        super().__init__(message, param)
+        self.prompt_tokens, self.max_tokens, self.limit = prompt_tokens, max_tokens, limit
 
 
 class KVCacheMemoryError(SoloError):

@@ -130,14 +130,15 @@ def context_budget(prompt_len: int, max_tokens: int | None, limit: int, context_
         raise ContextLengthError(
             f"this request needs {need} but {context_name} is {limit}; shorten the prompt (the prompt alone "
             f"{'fills' if prompt_len == limit else 'exceeds'} it; {_room_note(limit, max_tokens, param)})",
-            param=prompt_param)
+            param=prompt_param, prompt_tokens=prompt_len, max_tokens=max_tokens, limit=limit)
     room = limit - prompt_len
     if max_tokens is None:
         return room
     if max_tokens > room:
         raise ContextLengthError(
             f"this request needs {prompt_len + max_tokens} tokens (prompt {prompt_len} + {param} {max_tokens}) "
-            f"but {context_name} is {limit}; lower {param} to at most {room} or shorten the prompt", param=param)
+            f"but {context_name} is {limit}; lower {param} to at most {room} or shorten the prompt", param=param,
+            prompt_tokens=prompt_len, max_tokens=max_tokens, limit=limit)
     return max_tokens
 
 

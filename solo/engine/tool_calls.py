@@ -152,6 +152,12 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         if parameters is not None and not isinstance(parameters, Mapping):
             raise InvalidRequestError(f"tools[{i}].function.parameters must be a JSON Schema object",
                                       param="tools")
+        if parameters is not None and parameters.get("type", "object") != "object":
+            # A call's arguments are named values, as OpenAI's and Anthropic's APIs require: the call parsers read
+            # an object and would drop a call that forced another type.
+            raise InvalidRequestError(f'tools[{i}].function.parameters must be a schema of "type": "object" (the '
+                                      f"call's named arguments), got \"type\": {json.dumps(parameters['type'])[:40]}; "
+                                      "make the value a property of an object", param="tools")
         if function.get("strict") is not None and not isinstance(function.get("strict"), bool):
             raise InvalidRequestError(f"tools[{i}].function.strict must be true, false or null", param="tools")
         names.append(name)

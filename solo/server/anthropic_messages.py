@@ -14,7 +14,10 @@ A `tool_result` with `is_error` reaches the model as "Error: " and its text (cha
 an assistant message last (a prefill) is continued, the reply holding what follows it (vLLM's
 `continue_final_message`); `thinking: {"type": "disabled"}` turns a Qwen3-style model's thinking off (its
 template's enable_thinking; refused for a thinking model whose template has no such switch); `thinking`
-requests with a token budget are refused.
+requests with a token budget are refused. Structured outputs (`output_config.format`, or the beta's
+`output_format`: {"type": "json_schema", "schema"}, as the SDK's `messages.parse` sends it) become the chat
+route's `response_format`: the reply's text is JSON the schema admits. A context overflow is worded first as
+Anthropic's ("prompt is too long: N tokens > M maximum"), which agent tools match on.
 """
 
 from __future__ import annotations
@@ -28,7 +31,7 @@ from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from pydantic import BaseModel, ConfigDict, StrictBool, ValidationError
 
-from solo.errors import InvalidRequestError, SoloError
+from solo.errors import ContextLengthError, InvalidRequestError, SoloError
 from solo.server.chat_adapter import (
     CHAT_TOOL_TERMS,
     CUT_SHORT,
@@ -50,7 +53,10 @@ _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: 
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
-_FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages"}
+_FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages",
+                "response_format": "output_config.format"}
+# Fields of Anthropic's structured outputs (`_output_format`).
+_OUTPUT_FIELDS = frozenset({"output_config", "output_format"})
 # The chat route's terms in errors -> the Messages API's (`in_api_terms`).
 _TERMS = ((r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"), *CHAT_TOOL_TERMS,
           (r'tool_choice "required"', 'tool_choice {"type": "any"}'),
@@ -97,6 +103,20 @@ def anthropic_error(error: APIError) -> JSONResponse:
                         status_code=error.status, headers=error.headers)
 
 
+def _error_from(exc: SoloError | APIError) -> JSONResponse:
+    # As api_error_from, with a context overflow worded as Anthropic's API words it first: agent tools (Claude
+    # Code's compaction, LiteLLM's ContextWindowExceededError) recognise the overflow by that text.
+    error = api_error_from(exc)
+    if isinstance(exc, ContextLengthError) and exc.prompt_tokens is not None and exc.limit is not None:
+        if exc.prompt_tokens > exc.limit:
+            words = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum"
+        else:
+            words = (f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + "
+                     f"{exc.max_tokens or 1} > {exc.limit}, decrease input length or `max_tokens` and try again")
+        error = APIError(error.status, f"{words} ({error.message})", param=error.param, code=error.code)
+    return anthropic_error(error)
+
+
 def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: bool = False) -> ChatCompletionRequest:
     """The chat request a Messages request means (see the module docstring).
 
@@ -115,7 +135,11 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                                   "reasoning-budget control; a thinking model's reasoning comes back as thinking "
                                   'blocks anyway); leave thinking out, or send {"type": "disabled"}',
                                   param="thinking")
-    for name in () if counting else body.model_extra or {}:
+    extra = body.model_extra or {}
+    output_format = None if counting else _output_format(extra)
+    for name in () if counting else extra:
+        if name in _OUTPUT_FIELDS:
+            continue
         if name in _NOT_DONE:
             raise InvalidRequestError(f"{name}: {_NOT_DONE[name]}", param=name)
         if name not in _NO_EFFECT:
@@ -137,6 +161,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
     asked: list[str] = []  # the last assistant turn's tool_use ids
     answered: list[str] = []  # the tool_use ids the user turn after it answered
     turn_start = 0  # index of the message that began the last assistant turn
+    spoke = False  # the user turn being read has text (its tool_result blocks must all come before)
 
     def check_answered(before: int | None) -> None:
         unanswered = [call_id for call_id in asked if call_id not in answered]
@@ -159,6 +184,8 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             asked, answered, turn_start = [], [], i
         elif role == "assistant" and previous is None:
             turn_start = i
+        if role == "user" and previous != "user":
+            spoke = False
         texts, calls, results, thinking = [], [], [], None
         for j, block in enumerate(blocks):
             kind = block.get("type") if isinstance(block, dict) else None
@@ -170,6 +197,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                                               "out", param="messages")
                 if text.strip() or i + 1 == len(body.messages):  # (an earlier reply's blank block says nothing)
                     texts.append(text)
+                spoke = spoke or role == "user"
             elif kind == "tool_use" and role == "assistant":
                 if not isinstance(block.get("input"), dict):
                     raise InvalidRequestError(f"{where}.input must be an object (the call's arguments), got "
@@ -185,6 +213,9 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                 if block.get("is_error"):  # chat templates have no such flag: said in the text the model reads
                     output = f"Error: {output}"
                 call_id = string_field(block, "tool_use_id", where, "messages")
+                if spoke:  # as Anthropic's API: the template would show the results first anyway
+                    raise InvalidRequestError(f"{where} is a tool_result after text of the same user turn; put the "
+                                              "tool_result blocks first, then any text", param="messages")
                 if call_id not in asked or call_id in answered:
                     # As Anthropic's API: a result answers one call of the assistant turn right before.
                     raise InvalidRequestError(
@@ -229,10 +260,37 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
         fields["tools"] = [_chat_tool(t, i) for i, t in enumerate(body.tools)]
     if body.tool_choice is not None:
         fields.update(_chat_tool_choice(body.tool_choice))
+    if output_format is not None:
+        fields["response_format"] = output_format
     if body.thinking is not None and body.thinking.get("type") == "disabled" and thinking_switch:  # (without a
         # switch: as asked already)
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     return chat_request_from(fields, _FIELD_NAMES)
+
+
+def _output_format(extra: dict[str, Any]) -> dict[str, Any] | None:
+    # Anthropic's structured outputs, output_config.format (or the beta's output_format): {"type": "json_schema",
+    # "schema": {...}} -> the chat route's response_format, whose grammar keeps the reply's text to the schema.
+    config, beta = extra.get("output_config"), extra.get("output_format")
+    if config is not None:
+        if not isinstance(config, dict) or set(config) - {"format", "effort"}:
+            raise InvalidRequestError(f"output_config takes format (and effort), got {config!r:.60}",
+                                      param="output_config")
+        if config.get("effort") not in (None, "high"):  # "high" is Anthropic's default: what Solo does anyway
+            raise InvalidRequestError(f"output_config.effort {config['effort']!r:.40} is not supported by Solo (it "
+                                      "has no effort control); leave effort out", param="output_config.effort")
+        if config.get("format") is not None and beta is not None:
+            raise InvalidRequestError("output_format and output_config.format both give the output's format; send "
+                                      "only output_config.format", param="output_format")
+        beta = config.get("format") if config.get("format") is not None else beta
+    if beta is None:
+        return None
+    where = "output_config.format" if config is not None and config.get("format") is not None else "output_format"
+    if not isinstance(beta, dict) or beta.get("type") != "json_schema" or not isinstance(beta.get("schema"), dict) \
+            or set(beta) - {"type", "schema"}:
+        raise InvalidRequestError(f'{where} must be {{"type": "json_schema", "schema": {{...}}}}, got {beta!r:.60}',
+                                  param=where)
+    return {"type": "json_schema", "json_schema": {"name": "output", "schema": beta["schema"]}}
 
 
 def _text(content: Any, where: str) -> str:  # noqa: ANN401
@@ -360,7 +418,7 @@ async def count_tokens(request: Request) -> Response:
         engine, _ = state.require_ready(body.model)
         ids = await run_in_threadpool(chat_prompt_ids, state, engine, chat)
     except (SoloError, APIError) as exc:
-        return anthropic_error(api_error_from(exc))
+        return _error_from(exc)
     return JSONResponse({"input_tokens": len(ids)})
 
 
@@ -373,7 +431,7 @@ async def messages(request: Request) -> Response:
         body, chat = await _read(request, MessagesRequest)
         reply = await chat_completions(chat, request)
     except (SoloError, APIError) as exc:
-        return anthropic_error(api_error_from(exc))
+        return _error_from(exc)
     message_id = f"msg_{uuid.uuid4().hex}"
     if isinstance(reply, GenerationStream):
         model = request.app.state.solo.served_name

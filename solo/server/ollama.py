@@ -29,7 +29,9 @@ the middle with the model's FIM tokens (capability "insert"). Refused by name: i
 cannot turn thinking off), and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off
 values). Every field is checked, a load request's (no messages or prompt) too; `null` means a field's
 default. Model management (`/api/pull`, `/api/create`, ...) and embeddings answer 501 with the `solo`
-command to use; `HEAD /` and `/api/version` answer without the API key (Ollama's CLI probes them).
+command to use, except a pull of the served model, which answers `{"status": "success"}` as Ollama's does for a
+model it has; the final generate object carries no `context` (Solo takes none back); `temperature` above 2 is
+refused, as on the OpenAI routes; `HEAD /` and `/api/version` answer without the API key (Ollama's CLI probes them).
 """
 
 from __future__ import annotations
@@ -657,8 +659,8 @@ async def generate(request: Request) -> Response:
                                           param="prompt")
             return _load_reply(data, model, chat=False)
         if raw:
-            for name in ("system", "think"):
-                if data.get(name) is not None:
+            for name in ("system", "think"):  # (think false, which front ends send on every request: as asked)
+                if data.get(name) is not None and not (name == "think" and data[name] is False):
                     raise InvalidRequestError(f"{name} needs the chat template, which raw: true skips; leave {name} "
                                               "out or send raw: false", param=name)
             fields["prompt"] = prompt
@@ -773,8 +775,20 @@ _NOT_SERVED = {
 }
 
 
-def _not_served(path: str) -> Callable[[], Any]:
-    async def handler() -> JSONResponse:
+def _not_served(path: str) -> Callable[[Request], Any]:
+    async def handler(request: Request) -> Response:
+        if path == "/api/pull":  # scripts pull a model before using it: the served one is there already
+            try:
+                data = await request.json()
+            except ValueError:
+                data = None
+            state = request.app.state.solo
+            name = data.get("model") or data.get("name") if isinstance(data, dict) else None
+            if isinstance(name, str) and state.engine is not None and state.serves(name):
+                done = {"status": "success"}
+                if data.get("stream", True) is False:
+                    return JSONResponse(done)
+                return Response(json.dumps(done) + "\n", media_type=NDJSON)
         return JSONResponse({"error": f"{path} is not served by Solo: {_NOT_SERVED[path]}"}, status_code=501)
     return handler
 

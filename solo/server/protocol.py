@@ -27,6 +27,7 @@ usage, both logprobs shapes).
 
 from __future__ import annotations
 
+import datetime
 import json
 from typing import Annotated, Any, ClassVar, Literal
 
@@ -737,20 +738,41 @@ class Completion(BaseModel):
 
 
 class ModelCard(BaseModel):
-    """One entry of GET /v1/models."""
+    """One entry of GET /v1/models, in OpenAI's shape and Anthropic's at once.
+
+    OpenAI's fields (object, created, owned_by; vLLM's max_model_len) and Anthropic's (type, display_name,
+    created_at: RFC 3339) share the id, so both SDKs' `models.list()` / `retrieve()` read theirs.
+    """
 
     id: str
     object: Literal["model"] = "model"
     created: int
     owned_by: str = "solo"
     max_model_len: int
+    type: Literal["model"] = "model"
+    display_name: str = ""
+    created_at: str = ""
+
+    def model_post_init(self, __context: Any) -> None:  # noqa: ANN401
+        """Anthropic's display name and time from the id and `created` where not given."""
+        self.display_name = self.display_name or self.id
+        self.created_at = self.created_at or datetime.datetime.fromtimestamp(
+            self.created, datetime.UTC).isoformat().replace("+00:00", "Z")
 
 
 class ModelList(BaseModel):
-    """GET /v1/models."""
+    """GET /v1/models: OpenAI's list, with Anthropic's paging fields (one page)."""
 
     object: Literal["list"] = "list"
     data: list[ModelCard]
+    has_more: bool = False
+    first_id: str | None = None
+    last_id: str | None = None
+
+    def model_post_init(self, __context: Any) -> None:  # noqa: ANN401
+        """Anthropic's first and last ids from the data."""
+        if self.data:
+            self.first_id, self.last_id = self.first_id or self.data[0].id, self.last_id or self.data[-1].id
 
 
 class TokenizeResponse(BaseModel):

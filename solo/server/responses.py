@@ -10,6 +10,8 @@ result back: a `reasoning` item for a thinking model's block, a `message` item w
 `response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, ...,
 `response.completed` or `response.incomplete`), each with its `sequence_number`.
 
+`POST /v1/responses/input_tokens` counts the prompt a request would run, as OpenAI's.
+
 Solo stores no responses, as vLLM without a store: `previous_response_id` (and GET /v1/responses/{id}) is
 refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`).
 """
@@ -355,10 +357,8 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     chat = chat_request(body, thinking_switch=switch)
     try:
         reply = await chat_completions(chat, request)
-    except InvalidRequestError as exc:  # named as this API names the field
-        param = _FIELD_NAMES.get(exc.param or "", exc.param)
-        message = str(exc).replace(exc.param, param) if exc.param and param and exc.param != "messages" else str(exc)
-        raise type(exc)(in_api_terms(message, CHAT_TOOL_TERMS), param=param) from None
+    except InvalidRequestError as exc:
+        raise _in_responses_terms(exc) from None
     response_id, created = _new_id("resp"), int(time.time())
     if isinstance(reply, GenerationStream):
         model = request.app.state.solo.served_name
@@ -370,6 +370,36 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
                              choice["finish_reason"],
                              completion.get("usage"))
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
+
+
+def _in_responses_terms(exc: InvalidRequestError) -> InvalidRequestError:
+    # The chat route's error with its field named as this API names it.
+    param = _FIELD_NAMES.get(exc.param or "", exc.param)
+    message = str(exc).replace(exc.param, param) if exc.param and param and exc.param != "messages" else str(exc)
+    return type(exc)(in_api_terms(message, CHAT_TOOL_TERMS), param=param)
+
+
+@router.post("/v1/responses/input_tokens", response_model=None)
+async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
+    """OpenAI's token counting for the Responses API: {"object": "response.input_tokens", "input_tokens": N}.
+
+    N is the prompt a `POST /v1/responses` with the same fields would run (instructions, input, tools, as the
+    chat template renders them). Nothing is generated, so no slot is taken.
+    """
+    from starlette.concurrency import run_in_threadpool
+
+    from solo.server.routes import chat_prompt_ids
+
+    state = request.app.state.solo
+    engine, _ = state.require_ready(body.model)
+    off = (body.reasoning or {}).get("effort") == "none"
+    chat = chat_request(body, thinking_switch=thinking_switch(state, off, "reasoning"))
+    try:
+        ids = await run_in_threadpool(chat_prompt_ids, state, engine, chat)
+    except InvalidRequestError as exc:
+        raise _in_responses_terms(exc) from None
+    return Response(json.dumps({"object": "response.input_tokens", "input_tokens": len(ids)}),
+                    media_type="application/json")
 
 
 async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_id: str, created: int, model: str

@@ -448,13 +448,15 @@ class ServerState:
         if at_least >= limit:
             raise ContextLengthError(
                 f"this request needs more than {limit} tokens (its prompt of {prompt_bytes} bytes is at least "
-                f"{at_least} tokens) but {what} is {limit}; shorten the prompt", param=prompt_param)
+                f"{at_least} tokens) but {what} is {limit}; shorten the prompt", param=prompt_param,
+                prompt_tokens=at_least, max_tokens=max_tokens, limit=limit)
         if (max_tokens is not None and at_least + max_tokens > limit
                 and prompt_bytes > EXACT_CHECK_BYTES_PER_TOKEN * limit):
             raise ContextLengthError(
                 f"this request needs at least {at_least + max_tokens} tokens (prompt at least {at_least} + {param} "
                 f"{max_tokens}) but {what} is {limit}; lower {param} (to at most {limit - at_least}, or "
-                f"fewer: the prompt may have more than {at_least} tokens) or shorten the prompt", param=param)
+                f"fewer: the prompt may have more than {at_least} tokens) or shorten the prompt", param=param,
+                prompt_tokens=at_least, max_tokens=max_tokens, limit=limit)
 
     def completion_budget(self, prompt_len: int, max_tokens: int | None, default_cap: int | None,
                           param: str = "max_tokens", prompt_param: str = "prompt") -> int:

@@ -305,6 +305,18 @@ def test_tool_choice_naming_no_tool():
         check_tools([WEATHER, WEATHER], "auto", "{{ tools }}<tool_call>")
 
 
+@pytest.mark.parametrize("parameters", [{"type": "string"}, {"type": "array", "items": {}},
+                                        {"type": ["object", "null"]}])
+def test_parameters_that_are_no_object_are_refused(parameters):
+    # A forced call of such a tool was generated, then dropped by the call parser: the reply had no call.
+    tool = {"type": "function", "function": {"name": "f", "parameters": parameters}}
+    with pytest.raises(InvalidRequestError, match='parameters must be a schema of "type": "object"') as info:
+        check_tools([tool], {"type": "function", "function": {"name": "f"}}, "{{ tools }}<tool_call>")
+    assert info.value.param == "tools"
+    no_type = {"type": "function", "function": {"name": "f", "parameters": {"properties": {}}}}
+    assert check_tools([no_type], "auto", "{{ tools }}<tool_call>")[1] == [no_type]  # (an object by default)
+
+
 @pytest.mark.parametrize("choice, words", [
     ("Auto", "got 'Auto'"), ("always", "got 'always'"), (5, "got 5"), (["auto"], "got ['auto']"),
     ({"type": "function", "function": {"name": "get_weather"}, "mode": "x"}, "'mode'"),

@@ -259,6 +259,11 @@ def test_errors_come_in_ollamas_shape(server):
     assert embeddings.status_code == 404 and "Solo serves no embeddings" in embeddings.json()["error"]["message"]
     pull = httpx.post(f"{host}/api/pull", json={"model": "x"}, headers={"Authorization": "Bearer sesame"})
     assert pull.status_code == 501 and "solo pull" in pull.json()["error"]
+    # Scripts pull a model before using it: the served one is there (a trial found a 501 for it).
+    assert client.pull(MODEL_NAME).status == "success"
+    assert [p.status for p in client.pull(f"{MODEL_NAME}:latest", stream=True)] == ["success"]
+    # think false, which front ends send on every request, is taken beside raw: true (nothing to turn off).
+    assert client.generate(model=MODEL_NAME, prompt="def", raw=True, think=False, options={"num_predict": 2}).done
     denied = httpx.post(f"{host}/api/chat", json=ask, headers={"Authorization": "Bearer wrong"})
     assert denied.status_code == 401 and "API key" in denied.json()["error"]
     # A stream's media type is Ollama's.

@@ -119,6 +119,20 @@ def test_a_stored_response_cannot_be_fetched_and_the_404_says_why(server):
         with pytest.raises(openai.NotFoundError, match="Solo stores no responses"):
             call(server.client())
 
+
+@pytest.mark.slow
+def test_input_tokens_counts_what_a_response_would_run(server):
+    # POST /v1/responses/input_tokens was taken for a stored response's id (a 404).
+    client = server.client()
+    fields = {"model": MODEL_NAME, "instructions": "Be brief.", "input": "Weather?", "tools": [
+        {"type": "function", "name": "get_weather", "parameters": {"type": "object", "properties": {}}}]}
+    counted = client.responses.input_tokens.count(**fields)
+    reply = client.responses.create(**fields, max_output_tokens=2)
+    assert counted.input_tokens == reply.usage.input_tokens and counted.object == "response.input_tokens"
+    assert client.responses.input_tokens.count(model=MODEL_NAME, input="Weather?").input_tokens < counted.input_tokens
+    with pytest.raises(openai.BadRequestError, match="max_output_tokens"):
+        client.responses.input_tokens.count(model=MODEL_NAME, input="hi", extra_body={"max_output_tokens": -1})
+
 def test_a_reasoning_item_without_its_reply_is_a_thinking_only_message():
     """A reply cut short inside its block comes back as a reasoning item alone: re-sent, it is an assistant turn
     of thinking only (not dropped); the next reply starts after it."""
