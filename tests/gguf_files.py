@@ -26,8 +26,12 @@ def _permute(w: np.ndarray, heads: int) -> np.ndarray:
 
 
 def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool = True,
-                       metadata: Callable[[Any], None] | None = None) -> Path:
-    """Convert the tiny Llama, Phi-3 or Gemma 3 checkpoint in `folder` to `path` with matrices of `type_name`.
+                       metadata: Callable[[Any], None] | None = None, spm: Path | None = None) -> Path:
+    """Convert the tiny Llama, Qwen3, Phi-3 or Gemma 3 checkpoint in `folder` to `path` with matrices of `type_name`.
+
+    The tokenizer is the folder's (GPT-2 style BPE), or with `spm` the SentencePiece model `spm`/tokenizer.model
+    as llama.cpp writes one ("llama": tokens, scores, types; ids 1 and 2 BOS and EOS). Qwen3 as Qwen3Model
+    writes it: no q/k row permutation, the q/k norms as attn_q_norm / attn_k_norm, the head size as key_length.
 
     Phi-3 as llama.cpp's Phi3MiniModel writes it: fused attn_qkv and ffn_up (gate then up), no q/k row
     permutation (NeoX RoPE), the sliding window (0: none), and LongRoPE's original context, attention factor
@@ -41,8 +45,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
 
     cfg = json.loads((folder / "config.json").read_text())
     tensors = {k: v.float().numpy() for k, v in load_file(folder / "model.safetensors").items()}
-    phi3, gemma3 = cfg["model_type"] == "phi3", cfg["model_type"] == "gemma3_text"
-    arch = "phi3" if phi3 else "gemma3" if gemma3 else "llama"
+    phi3, gemma3, qwen3 = cfg["model_type"] == "phi3", cfg["model_type"] == "gemma3_text", cfg["model_type"] == "qwen3"
+    arch = "phi3" if phi3 else "gemma3" if gemma3 else "qwen3" if qwen3 else "llama"
     writer = gguf.GGUFWriter(str(path), arch)
     writer.add_name(f"tiny-{arch}")
     heads, kv_heads = cfg["num_attention_heads"], cfg["num_key_value_heads"]
@@ -55,10 +59,11 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
     writer.add_head_count_kv(kv_heads)
     writer.add_rope_dimension_count(int(head_dim * (cfg.get("partial_rotary_factor") or 1.0)))  # Phi-4-mini: 3/4
     rope = cfg.get("rope_parameters") or cfg.get("rope_scaling") or {}
-    if gemma3:
-        rope = rope["full_attention"]  # the global layers' (llama.cpp fixes the sliding layers' theta at 10000)
+    if gemma3 or qwen3:
         writer.add_key_length(head_dim)
         writer.add_value_length(head_dim)
+    if gemma3:
+        rope = rope["full_attention"]  # the global layers' (llama.cpp fixes the sliding layers' theta at 10000)
         writer.add_sliding_window(cfg["sliding_window"])
         if rope.get("rope_type") == "linear":
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
@@ -75,6 +80,18 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
             scale = cfg["max_position_embeddings"] / original
             writer.add_rope_scaling_attn_factors(math.sqrt(1 + math.log(scale) / math.log(original)))
 
+    if spm is not None:
+        from gguf.vocab import SentencePieceVocab
+
+        texts, scores, kinds = zip(*SentencePieceVocab(spm).all_tokens(), strict=True)
+        writer.add_tokenizer_model("llama")
+        writer.add_token_list(list(texts))
+        writer.add_token_scores(list(scores))
+        writer.add_token_types(list(kinds))
+        writer.add_bos_token_id(1)
+        writer.add_eos_token_id(2)
+        writer.add_add_bos_token(True)
+        tokenizer = False
     vocab = BpeVocab(folder)
     tokens = [text for text, _, _ in vocab.all_tokens()]
     # As convert_hf_to_gguf.py: added tokens are CONTROL when special, else USER_DEFINED; the rest NORMAL.
@@ -108,6 +125,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
         vector("rope_factors_short.weight", np.array(rope["short_factor"]))
     # llama.cpp's norm names -> transformers' (Gemma 3: q/k norms and the sandwich norms)
     norms = [("ffn_norm", "post_attention_layernorm")]
+    if qwen3:
+        norms += [("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm")]
     if gemma3:
         norms = [("attn_q_norm", "self_attn.q_norm"), ("attn_k_norm", "self_attn.k_norm"),
                  ("post_attention_norm", "post_attention_layernorm"), ("ffn_norm", "pre_feedforward_layernorm"),
@@ -123,8 +142,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
             matrix(f"blk.{i}.ffn_down.weight", tensors[p + "mlp.down_proj.weight"])
             continue
         q, k = tensors[p + "self_attn.q_proj.weight"], tensors[p + "self_attn.k_proj.weight"]
-        matrix(f"blk.{i}.attn_q.weight", q if gemma3 else _permute(q, heads))
-        matrix(f"blk.{i}.attn_k.weight", k if gemma3 else _permute(k, kv_heads))
+        matrix(f"blk.{i}.attn_q.weight", q if gemma3 or qwen3 else _permute(q, heads))
+        matrix(f"blk.{i}.attn_k.weight", k if gemma3 or qwen3 else _permute(k, kv_heads))
         matrix(f"blk.{i}.attn_v.weight", tensors[p + "self_attn.v_proj.weight"])
         matrix(f"blk.{i}.attn_output.weight", tensors[p + "self_attn.o_proj.weight"])
         for ours, theirs in norms:

@@ -137,8 +137,9 @@ def _folder_size(folder: Path) -> int:
 
 
 # What a conversion writes, recorded in gguf_source.json; a folder of an older format is brought up to date
-# in place (2: the end-of-turn tokens and the file's sampling defaults in generation_config.json).
-_CONVERSION_FORMAT = 2
+# in place (2: the end-of-turn tokens and the file's sampling defaults in generation_config.json; 3: a
+# SentencePiece tokenizer's space prefix on every text, `_spm_space_prefix`).
+_CONVERSION_FORMAT = 3
 
 
 def _folder_name(named: Path, src: Path) -> str:
@@ -198,8 +199,8 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     if (folder / "gguf_source.json").is_file():
         if _bring_up_to_date(folder, src):
-            say(f"updated Solo's conversion of {named.name}: it stops on the file's end-of-turn tokens and samples "
-                "with the file's defaults, as llama.cpp reads them")
+            say(f"updated Solo's conversion of {named.name} to what a conversion writes now (the file's end-of-turn "
+                "tokens and sampling defaults, a SentencePiece tokenizer's space prefix), as llama.cpp reads them")
         return folder
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
@@ -321,6 +322,7 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
         raise UnsupportedArchitectureError(
             f"{src.name}: GGUF architecture {arch!r} cannot be read ({exc}); Solo runs GGUF files of "
             f"{', '.join(GGUF_ARCHITECTURES)} models") from None
+    _head_dim_field(reader, arch, config)
     pad = getattr(config, "pad_token_id", None)
     if isinstance(pad, int) and pad >= config.vocab_size:  # a class default (Phi3Config's 32000), not the file's
         config.pad_token_id = None
@@ -356,6 +358,7 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
     tokenizer.save_pretrained(str(out))
     token_types = _token_types(reader)
     _mark_special_tokens(out / "tokenizer.json", token_types, int(raw["vocab_size"]))
+    _spm_space_prefix(out / "tokenizer.json", reader)
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     generation.update(_generation_fields(reader, src.name, raw.get("eos_token_id"), int(raw["vocab_size"]),
                                          token_types))
@@ -365,8 +368,9 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
 def _bring_up_to_date(folder: Path, src: Path) -> bool:
     """Give a folder converted by an older Solo what a conversion writes now, without converting it again.
 
-    Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. A cache
-    that cannot be written keeps the folder as it is (it still runs, as before).
+    Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. 2 -> 3: a
+    SentencePiece tokenizer prefixes a space to every text (`_spm_space_prefix`). A cache that cannot be written
+    keeps the folder as it is (it still runs, as before).
 
     Returns:
         Whether the folder was updated.
@@ -382,9 +386,11 @@ def _bring_up_to_date(folder: Path, src: Path) -> bool:
         generation = json.loads(generation_path.read_text(encoding="utf-8"))
         vocab_size = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"])
         reader = GGUFReader(str(src))
-        generation.update(_generation_fields(reader, src.name, generation.get("eos_token_id"), vocab_size,
-                                             _token_types(reader)))
-        generation_path.write_text(json.dumps(generation, indent=2) + "\n")
+        if record.get("format", 1) < 2:
+            generation.update(_generation_fields(reader, src.name, generation.get("eos_token_id"), vocab_size,
+                                                 _token_types(reader)))
+            generation_path.write_text(json.dumps(generation, indent=2) + "\n")
+        _spm_space_prefix(folder / "tokenizer.json", reader)
         record_path.write_text(json.dumps({**record, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
     except (OSError, ValueError, KeyError, TypeError):
         return False
@@ -542,6 +548,44 @@ def _phi3_fields(reader: Any, src: Path, raw: dict[str, Any]) -> dict[str, Any]:
         if original is not None:
             fields["original_max_position_embeddings"] = int(original)
     return fields
+
+
+def _head_dim_field(reader: Any, arch: str, config: Any) -> None:  # noqa: ANN401
+    # A head's size as llama.cpp reads it, from {arch}.attention.key_length where the file has one; transformers'
+    # reader maps it for some architectures only (not qwen3), so a head size other than hidden / heads was lost.
+    key_length = _number(reader, f"{arch}.attention.key_length")
+    heads = getattr(config, "num_attention_heads", None)
+    if key_length is None or not heads:
+        return
+    if int(key_length) != (getattr(config, "head_dim", None) or config.hidden_size // heads):
+        config.head_dim = int(key_length)
+
+
+def _spm_space_prefix(path: Path, reader: Any) -> None:  # noqa: ANN401
+    """Make a SentencePiece ("llama") tokenizer prefix a space to every text, as sentencepiece and llama.cpp do.
+
+    transformers' GGUF tokenizer writes a Metaspace pre-tokenizer with `prepend_scheme: "first"`, which adds no
+    "▁" to a text that starts with a space: " one" became [697] ("▁one") where sentencepiece, llama.cpp and the
+    model's own tokenizer.json give [29871, 697] ("▁", "▁one"), so indented prompts lost a space. The
+    normalizer Hugging Face's Llama tokenizer.json files carry (Prepend "▁", then spaces -> "▁") does it, after
+    each special token too, as llama.cpp's `tokenizer_add_space_prefix`. Files that turn the prefix off
+    (`tokenizer.ggml.add_space_prefix` false) and other tokenizer models are left as they are.
+    """
+    model, prefix = reader.fields.get("tokenizer.ggml.model"), reader.fields.get("tokenizer.ggml.add_space_prefix")
+    if model is None or bytes(model.parts[model.data[0]]) != b"llama":
+        return
+    if prefix is not None and not bool(prefix.parts[prefix.data[0]][0]):
+        return
+    data = json.loads(path.read_text(encoding="utf-8"))
+    pre = data.get("pre_tokenizer") or {}
+    if (data.get("normalizer") is not None or pre.get("type") != "Metaspace"
+            or pre.get("prepend_scheme") not in ("first", "always") or pre.get("split")):
+        return
+    space = pre.get("replacement", "\u2581")
+    data["normalizer"] = {"type": "Sequence", "normalizers": [
+        {"type": "Prepend", "prepend": space}, {"type": "Replace", "pattern": {"String": " "}, "content": space}]}
+    data["pre_tokenizer"] = None
+    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
 
 
 def _number(reader: Any, key: str) -> float | None:  # noqa: ANN401

@@ -392,18 +392,19 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
                               metadata=lambda writer: writer.add_sampling_temp(0.6))
     folder = gguf_to_folder(path)
     record = json.loads((folder / "gguf_source.json").read_text())
-    assert record["format"] == 2
+    assert record["format"] == 3
     del record["format"]
     (folder / "gguf_source.json").write_text(json.dumps(record))
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
     weights = (folder / "model.safetensors").stat().st_mtime_ns
     said = []
     assert gguf_to_folder(path, log=said.append) == folder
-    assert said == ["updated Solo's conversion of tiny-old.gguf: it stops on the file's end-of-turn tokens and "
-                    "samples with the file's defaults, as llama.cpp reads them"]
+    assert said == ["updated Solo's conversion of tiny-old.gguf to what a conversion writes now (the file's "
+                    "end-of-turn tokens and sampling defaults, a SentencePiece tokenizer's space prefix), as llama.cpp "
+                    "reads them"]
     assert json.loads((folder / "generation_config.json").read_text()) == {
         "bos_token_id": 1, "eos_token_id": [2, 4], "temperature": 0.6}
-    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 2
+    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 3
     assert (folder / "model.safetensors").stat().st_mtime_ns == weights  # not converted again
     said.clear()
     gguf_to_folder(path, log=said.append)
@@ -434,3 +435,34 @@ def test_an_architecture_solo_does_not_run_is_named_as_gguf_names_them(tiny_llam
     err = capsys.readouterr().err
     assert "other.gguf: GGUF architecture 'llama' is not one Solo runs" in err
     assert f"Solo runs GGUF files of {', '.join(GGUF_ARCHITECTURES)} models" in err and "Traceback" not in err
+
+
+def test_a_qwen3_gguf_keeps_its_head_size(tmp_path):
+    # Qwen3 files give a head's size as key_length, which transformers' GGUF reader does not map for qwen3: the
+    # conversion took its config default (128) and the file was refused as not matching its own weights.
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "qwen3", "qwen3", head_dim=32)  # (not hidden / heads: 16)
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-qwen3-F32.gguf", "F32")
+    assert _tokens(Engine.load(str(path))) == _tokens(Engine.load(str(folder)))
+
+
+def test_a_sentencepiece_gguf_prefixes_a_space_to_every_text(shared_hf, tmp_path):
+    # As sentencepiece and llama.cpp: " one" is "▁" + "▁one" (29871, 697). transformers' GGUF tokenizer gave
+    # [697], so a prompt starting with whitespace (indented code) lost a space (a trial found it).
+    import sentencepiece
+    from checkpoints import hf_config, write_tokenizer
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from solo.model.gguf import gguf_to_folder
+
+    model = sentencepiece.SentencePieceProcessor(model_file=str(shared_hf / "Llama-2-7b-hf" / "tokenizer.model"))
+    folder = tmp_path / "llama"
+    write_tokenizer(folder)  # (the weights' vocabulary is the SentencePiece model's)
+    AutoModelForCausalLM.from_config(hf_config("llama", model.vocab_size())).save_pretrained(folder)
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-spm-F16.gguf", "F16", spm=shared_hf / "Llama-2-7b-hf")
+    tokenizer = Tokenizer.from_file(str(gguf_to_folder(path) / "tokenizer.json"))
+    for text in (" one", "  two spaces", "    return x", "Hello world", "a\n  b", "def f():\n    return 1"):
+        assert tokenizer.encode(text, add_special_tokens=False).ids == model.encode(text), text
+    assert tokenizer.decode(model.encode("  two spaces")) == "  two spaces"
