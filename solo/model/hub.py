@@ -19,6 +19,9 @@ _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)  # (Ollama's hf.co/org/name)
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash: a revision whose files never change
 _GGUF_TAG = re.compile(r"^(?P<repo>[A-Za-z0-9][\w.\-]*/[\w.\-]+):(?P<tag>[\w.\-]+)$")
+# The quantization a repository of GGUF files named without a tag stands for, as llama.cpp's -hf and Ollama's
+# hf.co/ pick it where the repository has it.
+DEFAULT_GGUF_TAG = "Q4_K_M"
 # Only what Solo reads: configs, tokenizer files, chat templates and safetensors weights.
 HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*.txt", "*.tiktoken"]
 
@@ -54,8 +57,9 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     Args:
         model: a folder path, a .gguf file (converted once into Solo's cache, see `solo.model.gguf`), a Hugging
             Face Hub id ("org/name"; a snapshot without config.json that holds one GGUF file stands for it),
-            "org/name:TAG" (the repository's GGUF file whose name holds TAG, e.g. Q8_0), or None for Solo's
-            bundled model.
+            "org/name:TAG" (the repository's GGUF file whose name holds TAG, e.g. Q8_0; without a tag, or with
+            ":latest", a repository of several GGUF files stands for its Q4_K_M file, as llama.cpp's `-hf` and
+            Ollama's `hf.co/` pick it), or None for Solo's bundled model.
         revision: hub branch, tag or commit (hub ids only).
 
     Returns:
@@ -102,6 +106,9 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
         )
     folder = _download_from_hub(repo_id, revision, gguf_patterns(tag))
     _check_download_finished(repo_id, folder, gguf_patterns(tag))
+    if tag is None and not (folder / "config.json").is_file() and len(list(folder.rglob("*.gguf"))) != 1:
+        # A repository of GGUF files named without a tag: its Q4_K_M file, where it has one (`pick_gguf`).
+        folder = _download_from_hub(repo_id, revision, gguf_patterns(DEFAULT_GGUF_TAG))
     if tag is not None or not (folder / "config.json").is_file():
         gguf = pick_gguf(folder, repo_id, tag)
         if gguf is None:
@@ -156,7 +163,8 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
     Args:
         folder: the snapshot folder.
         repo_id: "org/name", for messages.
-        tag: a quantization the file name must hold (case-insensitive), or None for any.
+        tag: a quantization the file name must hold (case-insensitive), or None for any (of several files, the
+            one holding Q4_K_M, `DEFAULT_GGUF_TAG`).
 
     Returns:
         The one GGUF file that matches, or None when there is none and no tag was given.
@@ -170,6 +178,8 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
     files = sorted(folder.rglob("*.gguf"))
     if tag is not None:
         files = [f for f in files if holds_tag(str(f.relative_to(folder)), tag)]
+    elif len(files) > 1:  # as llama.cpp's -hf and Ollama's hf.co/ without a tag
+        files = [f for f in files if holds_tag(str(f.relative_to(folder)), DEFAULT_GGUF_TAG)] or files
     if len(files) == 1:
         return files[0]
     if len(files) > 1:
@@ -178,9 +188,15 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
             raise ModelNotFoundError(f"{repo_id} stores this model split into parts ({names}); Solo runs single GGUF "
                                      "files: merge them (llama-gguf-split --merge) and pass the merged file")
         hint = f"{repo_id}:<quantization>" if tag is None else f"a longer tag, or the path of one of them in {folder}"
-        raise ModelNotFoundError(f"{repo_id} holds several GGUF files{'' if tag is None else f' matching {tag!r}'} "
-                                 f"({names}); name one as {hint}")
+        which = f" and none is {DEFAULT_GGUF_TAG}, the default" if tag is None else f" matching {tag!r}"
+        raise ModelNotFoundError(f"{repo_id} holds several GGUF files ({names}){which}; name one as {hint}")
     if tag is not None:
+        from huggingface_hub import constants
+
+        if constants.HF_HUB_OFFLINE:  # only the cache was looked at
+            raise ModelNotFoundError(f"{repo_id} has no GGUF file whose name holds {tag!r} in the Hugging Face cache, "
+                                     f"and HF_HUB_OFFLINE keeps Solo from asking the Hub; `solo pull {repo_id}:{tag}` "
+                                     "online downloads it")
         raise ModelNotFoundError(f"{repo_id} has no GGUF file whose name holds {tag!r}; check the quantization "
                                  "against the repository's file list")
     return None
@@ -209,6 +225,7 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
             "log in with `hf auth login`); check the name"
         ) from None
     except LocalEntryNotFoundError:
+        _refuse_damaged(repo_id, None)
         cached = _cached_revisions(repo_id) if revision is not None else []
         if cached:  # the model is cached, only not at this revision
             raise ModelNotFoundError(
@@ -231,6 +248,9 @@ def _check_download_finished(repo_id: str, folder: Path, patterns: list[str]) ->
     # reported missing one by one: "no tokenizer", "lacks tensor ..."); online it would have resumed it.
     from solo.model.store import human_size, partial_downloads
 
+    broken = sorted(p.name for p in folder.rglob("*") if p.is_symlink() and not p.exists())
+    if broken:  # a blob deleted behind the snapshot's link (online, huggingface_hub fetches it again)
+        _refuse_damaged(repo_id, f"{broken[0]}'s file is missing")
     if _looks_complete(folder, patterns):
         return
     try:
@@ -241,6 +261,21 @@ def _check_download_finished(repo_id: str, folder: Path, patterns: list[str]) ->
         raise ModelNotFoundError(f"the download of {repo_id} was interrupted ({human_size(partial)} of partial files "
                                  "in the Hugging Face cache) and the Hub cannot be reached to finish it; `solo pull "
                                  f"{repo_id}` resumes it once online (`solo rm {repo_id}` deletes it)")
+
+
+def _refuse_damaged(repo_id: str, why: str | None) -> None:
+    # As `solo list` names a cache folder huggingface_hub cannot read, with the two commands that mend it.
+    from solo.model.store import damaged_repos
+
+    if why is None:
+        try:
+            if repo_id not in damaged_repos():
+                return
+        except SoloError:  # a cache that cannot be read: the caller's message stands
+            return
+        why = "a file or a ref is missing"
+    raise ModelNotFoundError(f"the cached {repo_id} is damaged ({why}) and the Hub cannot be reached to mend it; "
+                             f"`solo pull {repo_id}` online downloads it again (`solo rm {repo_id}` deletes it)")
 
 
 def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> bool:

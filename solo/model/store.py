@@ -25,7 +25,8 @@ class CachedModel:
     """One revision of a model in the cache.
 
     Attributes:
-        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0).
+        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0); a
+            repository of GGUF files (no config.json) named without a tag gets its Q4_K_M file.
         revision: the branch/tag names pointing at it ("main"), else the short commit hash.
         commit: the full commit hash.
         path: the snapshot folder.
@@ -116,7 +117,8 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
     """Download a model from the Hugging Face Hub into the cache (resuming a partial download).
 
     Args:
-        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0).
+        repo_id: "org/name", or "org/name:TAG" to fetch also the GGUF files whose names hold TAG (e.g. Q8_0); a
+            repository of GGUF files (no config.json) named without a tag gets its Q4_K_M file.
         revision: branch, tag or commit (None: main).
         include: extra glob patterns to fetch besides Solo's files, e.g. ["*Q8_0.gguf"].
         cache_dir: the cache folder (None: huggingface_hub's default, $HF_HUB_CACHE).
@@ -136,15 +138,20 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         RevisionNotFoundError,
     )
 
-    from solo.model.hub import _HUB_ID, HUB_FILE_PATTERNS, gguf_patterns, split_gguf_tag
+    from solo.model.hub import _HUB_ID, DEFAULT_GGUF_TAG, HUB_FILE_PATTERNS, gguf_patterns, split_gguf_tag
 
     repo_id, tag = split_gguf_tag(repo_id)
     if not _HUB_ID.match(repo_id):
         raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name' "
                                  "('org/name:Q8_0' for one quantization of a repository of GGUF files)")
     try:
-        return Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
-                                      allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(tag), *(include or [])]))
+        folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
+                                        allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(tag), *(include or [])]))
+        if tag is None and not include and not (folder / "config.json").is_file():
+            # A repository of GGUF files named without a tag: its Q4_K_M file, which `solo run` then picks.
+            folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
+                                            allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(DEFAULT_GGUF_TAG)]))
+        return folder
     except GatedRepoError:
         raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "
                                  "`hf auth login`") from None

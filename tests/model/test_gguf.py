@@ -156,6 +156,11 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
     add_to_cache(cache, "someone/tiny-GGUF", several)
     add_to_cache(cache, "someone/tiny-F16-GGUF", single)
     add_to_cache(cache, "someone/tiny-split-GGUF", split)
+    default = tmp_path / "default"  # (the Q4_K_M file's bytes are another file's: only its name matters here)
+    default.mkdir()
+    (default / "tiny-Q8_0.gguf").write_bytes(gguf_dir["Q8_0"].read_bytes())
+    (default / "tiny-Q4_K_M.gguf").write_bytes(gguf_dir["Q4_0"].read_bytes())
+    add_to_cache(cache, "someone/tiny-default-GGUF", default)
 
     want = _tokens(Engine.load(str(gguf_dir["Q8_0"]), dtype="float32"))
     assert _tokens(Engine.load("someone/tiny-GGUF:q8_0", dtype="float32")) == want
@@ -167,9 +172,16 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
     assert resolve_model_dir("hf.co/someone/tiny-GGUF:F16") == f16
     assert resolve_model_dir("https://huggingface.co/someone/tiny-F16-GGUF:latest") == \
         resolve_model_dir("someone/tiny-F16-GGUF")
+    # Without a tag (or with :latest), several files stand for the Q4_K_M one, as llama.cpp's -hf and Ollama pick.
+    q4_k_m = resolve_model_dir("someone/tiny-default-GGUF")
+    assert q4_k_m.name.startswith("tiny-Q4_K_M-") and resolve_model_dir("hf.co/someone/tiny-default-GGUF:latest") == \
+        q4_k_m
     for name, message in (("someone/tiny-GGUF", "holds several GGUF files (tiny-BF16.gguf, tiny-F16.gguf, "
-                                                "tiny-Q8_0.gguf); name one as someone/tiny-GGUF:<quantization>"),
-                          ("someone/tiny-GGUF:Q5_K_M", "has no GGUF file whose name holds 'Q5_K_M'"),
+                                                "tiny-Q8_0.gguf) and none is Q4_K_M, the default; name one as "
+                                                "someone/tiny-GGUF:<quantization>"),
+                          ("someone/tiny-GGUF:Q5_K_M", "has no GGUF file whose name holds 'Q5_K_M' in the Hugging "
+                                                       "Face cache, and HF_HUB_OFFLINE keeps Solo from asking the Hub; "
+                                                       "`solo pull someone/tiny-GGUF:Q5_K_M` online downloads it"),
                           ("someone/tiny-split-GGUF:Q8_0", "stores this model split into parts"),
                           ("someone/tiny-split-GGUF:00001-of-00002", "one part of a split GGUF; merge the parts")):
         with pytest.raises(SoloError) as info:
@@ -177,6 +189,8 @@ def test_a_hub_repository_of_gguf_files_runs_by_quantization_tag(tmp_path, monke
         assert message in str(info.value)
     assert main(["pull", "someone/tiny-GGUF:Q8_0"]) == 0
     assert "ready: solo run someone/tiny-GGUF:Q8_0 --prompt" in capsys.readouterr().out
+    assert main(["pull", "someone/tiny-default-GGUF"]) == 0  # (its Q4_K_M file)
+    assert "ready: solo run someone/tiny-default-GGUF --prompt" in capsys.readouterr().out
     assert main(["pull", "someone/tiny-GGUF:zz"]) == 2  # what `solo run` would refuse, pull refuses too
     assert "has no GGUF file whose name holds 'zz'" in capsys.readouterr().err
 

@@ -214,6 +214,10 @@ def test_a_damaged_cache_folder_is_listed_apart_and_removed(cache, capsys):
     refs_only.mkdir(parents=True)
     (refs_only / "main").write_text("c" * 40)
     assert store.damaged_repos() == {"org/badref": cache / "models--org--badref", "tiny/llama": damaged}
+    for repo, why in (("tiny/llama", "config.json's file is missing"), ("org/badref", "a file or a ref is missing")):
+        assert main(["run", repo, "-p", "hi"]) == 2  # named as `solo list` names it, with the same two commands
+        assert f"the cached {repo} is damaged ({why}) and the Hub cannot be reached to mend it; `solo pull {repo}` " \
+            f"online downloads it again (`solo rm {repo}` deletes it)" in capsys.readouterr().err
     assert main(["list"]) == 0
     err = capsys.readouterr().err
     assert "tiny/llama: its cache folder is damaged (a file or a ref is missing: " in err
