@@ -29,7 +29,7 @@ class SamplingParams:
     Attributes:
         max_tokens: most new tokens to generate (>= 1); None fills the context, at most the generation
             config's `max_new_tokens` where the checkpoint sets one (as transformers and vLLM take it).
-        temperature: 0 for greedy decoding, > 0 to sample.
+        temperature: 0 for greedy decoding (as is anything below 1e-5, `GREEDY_BELOW`), > 0 to sample.
         top_k: keep the k most likely tokens (0 or -1 disables).
         top_p: keep the smallest set of tokens whose probability reaches top_p, in (0, 1] (nucleus
             sampling, Holtzman et al. 2019).
@@ -184,8 +184,9 @@ class SamplingParams:
                 as transformers' generate) for the Python API and CLI, 1 (OpenAI's default) for the server.
 
         Returns:
-            The resolved values; an unset seed (or -1) becomes a random one (drawn from torch's global RNG), and
-            top_k -1 becomes 0 (disabled). A request that sets a sampling filter (top_k > 0, top_p < 1 or
+            The resolved values; an unset seed (or -1) becomes a random one (drawn from torch's global RNG),
+            top_k -1 becomes 0 (disabled), and a temperature below `GREEDY_BELOW` (1e-5) is 0: greedy, as vLLM
+            takes it. A request that sets a sampling filter (top_k > 0, top_p < 1 or
             min_p > 0) but no temperature samples, where the defaults alone would decode greedily (a
             generation config's `do_sample: false`, or the greedy fallback): at the config's temperature, else
             1 (vLLM's and OpenAI's default). Those filters act only when sampling, so greedy decoding would
@@ -198,6 +199,8 @@ class SamplingParams:
             temperature = fallback_temperature
         if self.temperature is None and temperature == 0.0 and self.asks_sampling:
             temperature = defaults.temperature if defaults.temperature else 1.0
+        if temperature < GREEDY_BELOW:  # (logits / 1e-38 overflow to inf: the sampler then drew the last id)
+            temperature = 0.0
 
         def pick(value, default, solo_default):  # noqa: ANN001, ANN202
             return value if value is not None else (default if default is not None else solo_default)
@@ -232,6 +235,10 @@ class SamplingParams:
     def field_names(cls) -> tuple[str, ...]:
         """Names of all fields."""
         return tuple(f.name for f in fields(cls))
+
+
+GREEDY_BELOW = 1e-5
+"""Temperatures below this decode greedily (vLLM's `_SAMPLING_EPS`): dividing logits by one overflows float32."""
 
 
 @dataclass(frozen=True)

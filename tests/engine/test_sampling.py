@@ -323,3 +323,15 @@ def test_generation_configs_max_new_tokens_is_the_default_budget(tiny_llama, tmp
     engine = Engine.load(folder)
     assert len(engine.complete("hello", SamplingParams(ignore_eos=True)).token_ids) == 5
     assert len(engine.complete("hello", SamplingParams(ignore_eos=True, max_tokens=7)).token_ids) == 7
+
+
+def test_a_temperature_below_1e_5_is_greedy(tiny_llama):
+    # logits / 1e-38 overflowed to inf and the sampler drew the last id every step (a trial found it); vLLM
+    # decodes greedily below its _SAMPLING_EPS, 1e-5.
+    engine = Engine.load(str(tiny_llama))
+    greedy = engine.complete("Hello", SamplingParams(max_tokens=8, ignore_eos=True)).token_ids
+    for temperature in (1e-38, 1e-45, 9e-6):
+        got = engine.complete("Hello", SamplingParams(max_tokens=8, ignore_eos=True, temperature=temperature,
+                                                      seed=3)).token_ids
+        assert got == greedy, temperature
+    assert SamplingParams(temperature=1e-6).resolve(GenerationDefaults()).greedy
