@@ -154,13 +154,14 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
     g.add_argument("--seed", type=int, default=None,
                    help="random seed; the same seed repeats a sampled run (-1 or unset: a random one)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
-                   help="stop when this text is generated (repeatable); it is left out of the output")
+                   help="stop when this text is generated (repeatable); it is left out of the output; taken as "
+                   "written, escapes included (a newline: --stop $'\\n' in bash)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
     g.add_argument("--min-tokens", type=int, default=0, metavar="N",
                    help="generate at least N tokens before an end-of-sequence token or a stop string ends the output")
     g.add_argument("--logit-bias", action="append", default=[], metavar="ID+BIAS",
                    help="add BIAS (-100 to 100) to token ID's logit, as llama.cpp writes it: 15043+1, 15043-100 "
-                   "(or 15043=-100); repeatable")
+                   "(or 15043=-100); llama.cpp's 15043-inf, a ban, is -100 here; repeatable")
 
 
 class _Once(argparse.Action):
@@ -186,11 +187,12 @@ def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
             if int(match[1]) in bias:
                 raise InvalidRequestError(f"--logit-bias gives token {int(match[1])} twice; give each token once",
                                           param="logit_bias")
+            value = max(-100.0, min(100.0, value)) if abs(value) == float("inf") else value  # llama.cpp's ban
             bias[int(match[1])] = value
         except (TypeError, ValueError):
             raise InvalidRequestError(f"--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, "
                                       f"15043-100), got {item!r}", param="logit_bias") from None
-        if not -100 <= value <= 100:  # OpenAI's range; llama.cpp's -inf ban is -100 here
+        if not -100 <= value <= 100:  # OpenAI's range
             raise InvalidRequestError(f"--logit-bias {item.strip()}: the bias must be within [-100, 100] (-100 in "
                                       "effect bans the token, +100 forces it)", param="logit_bias")
     return bias or None
@@ -198,8 +200,16 @@ def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
 
 def sampling_params_from_args(args: argparse.Namespace):  # noqa: ANN201
     """Build `SamplingParams` from parsed flags (raises InvalidRequestError on bad values)."""
-    from solo.engine.sampling import SamplingParams
+    import warnings
 
+    from solo.engine.sampling import SamplingParams
+    from solo.errors import SoloWarning
+
+    for stop in args.stop:
+        if re.search(r"\\[ntr]", stop):  # llama.cpp reads escapes in its flags; a shell passes them as written
+            warnings.warn(f"--stop '{stop}' holds a backslash escape, which Solo takes as written (a backslash, then a "
+                          "letter), not as the character llama.cpp reads; for a newline write --stop $'\\n' in the "
+                          "shell", SoloWarning, stacklevel=2)
     return SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,

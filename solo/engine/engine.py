@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import logging
+import numbers
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -63,7 +64,8 @@ from solo.runtime.base import DecodeRuntime, runtime_capabilities
 from solo.tokenizer import Tokenizer
 
 Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
-"""A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids."""
+"""A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids (ints, NumPy's too, or a 1-D NumPy array
+or torch tensor of them)."""
 
 _CLOSED = "this engine was closed (Engine.close()); load another with Engine.load(...) to generate"
 
@@ -478,16 +480,23 @@ class Engine:
     def encode_prompt(self, prompt: Prompt, chat_template_kwargs: Mapping[str, Any] | None = None) -> list[int]:
         """Token ids of a prompt.
 
-        Text gets the tokenizer's special tokens (e.g. BOS), messages are rendered with the chat template (and
-        `chat_template_kwargs`, checked as `make_request` checks them), ids pass through.
+        Text gets the tokenizer's special tokens (e.g. BOS; "" is BOS alone), messages are rendered with the chat
+        template (and `chat_template_kwargs`, checked as `make_request` checks them), ids pass through.
 
         Raises:
-            InvalidRequestError: an empty prompt, messages without a chat template, ids out of range.
+            InvalidRequestError: an empty prompt (text one where the tokenizer adds no BOS), messages without a
+                chat template, ids out of range.
         """
-        if isinstance(prompt, str):
-            if not prompt:
-                raise InvalidRequestError("the prompt is empty; give some text", param="prompt")
+        if not isinstance(prompt, str | list | tuple) and getattr(prompt, "ndim", None) == 1:
+            prompt = prompt.tolist()  # a 1-D NumPy array or torch tensor of token ids
+        if isinstance(prompt, list | tuple) and any(isinstance(t, numbers.Integral) and not isinstance(t, bool | int)
+                                                    for t in prompt):
+            prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
+        if isinstance(prompt, str):  # ("" is the tokenizer's BOS alone, where it adds one, as transformers takes it)
             ids = self.tokenizer.encode(prompt)
+            if not ids and not prompt:
+                raise InvalidRequestError("the prompt is empty and this model's tokenizer adds no BOS token to start "
+                                          "from; give some text", param="prompt")
         elif not isinstance(prompt, list | tuple) or not prompt or not (
             all(isinstance(t, int) and not isinstance(t, bool) for t in prompt)
             or all(isinstance(m, Mapping) for m in prompt)

@@ -11,6 +11,7 @@ alone or batched with other requests.
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
@@ -91,6 +92,15 @@ class SamplingParams:
         for name in ("stop", "stop_token_ids", "bad_words", "allowed_token_ids"):  # (a tuple is a list here)
             if isinstance(getattr(self, name), tuple):
                 setattr(self, name, list(getattr(self, name)))
+        for f in fields(self):  # NumPy's integers and floats (ids from arrays) as Python's
+            value = getattr(self, f.name)
+            if isinstance(value, numbers.Number) and not isinstance(value, bool | int | float):
+                setattr(self, f.name, int(value) if isinstance(value, numbers.Integral) else
+                        float(value) if isinstance(value, numbers.Real) else value)
+            elif isinstance(value, list) and any(isinstance(v, numbers.Integral) and not isinstance(v, bool | int)
+                                                 for v in value):
+                setattr(self, f.name, [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
+                                       for v in value])
         self.response_format = StructuredOutput.parse(self.response_format)
         self.validate()
 

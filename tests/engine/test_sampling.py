@@ -335,3 +335,31 @@ def test_a_temperature_below_1e_5_is_greedy(tiny_llama):
                                                       seed=3)).token_ids
         assert got == greedy, temperature
     assert SamplingParams(temperature=1e-6).resolve(GenerationDefaults()).greedy
+
+
+def test_an_empty_text_prompt_is_the_tokenizers_bos_alone(tiny_llama, monkeypatch):
+    # As transformers and llama.cpp (-p ""): generation from BOS alone; a tokenizer that adds none has nothing
+    # to start from, which is said.
+    engine = Engine.load(tiny_llama)
+    bos = engine.tokenizer.encode("")
+    assert bos == [1]  # (the tiny tokenizer adds BOS, id 1)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    assert engine.complete("", params).token_ids == engine.complete([1], params).token_ids
+    monkeypatch.setattr(engine.tokenizer, "encode", lambda text, **_: [])  # a tokenizer that adds no BOS
+    with pytest.raises(InvalidRequestError, match="the prompt is empty and this model's tokenizer adds no BOS"):
+        engine.complete("", params)
+
+
+def test_numpy_and_torch_token_ids_and_numbers_are_taken(tiny_llama):
+    # Ids from `tokenizer(..., return_tensors="pt")` or NumPy were refused ("must be an integer, got np.int64(3)").
+    import numpy as np
+
+    engine = Engine.load(tiny_llama)
+    params = SamplingParams(max_tokens=np.int64(3), temperature=np.float32(0.0), stop_token_ids=[np.int64(5)],
+                            ignore_eos=True)
+    assert params.max_tokens == 3 and type(params.max_tokens) is int and params.stop_token_ids == [5]
+    want = engine.complete([1, 7, 9], SamplingParams(max_tokens=3, ignore_eos=True)).token_ids
+    for ids in (np.array([1, 7, 9]), torch.tensor([1, 7, 9]), [np.int32(1), np.int64(7), 9]):
+        assert engine.complete(ids, params).token_ids == want
+    with pytest.raises(InvalidRequestError, match="got Tensor"):  # (a batch of prompts is still refused)
+        engine.complete(torch.tensor([[1, 7]]), params)
