@@ -377,12 +377,15 @@ def cmd_chat(args: argparse.Namespace) -> int:
         shortest = len(engine.encode_prompt([*session.messages(), {"role": "user", "content": "x"}],
                                             session.template_kwargs))
         context = engine.config.context_length
+        # (--max-model-len helps only where the context was loaded below the model's longest)
+        raise_it = f" (or raise --max-model-len, up to {engine.config.max_context_length})" \
+            if engine.config.max_context_length > context else ""
         if shortest >= context:
             raise SoloError(f"the shortest message's prompt (the system prompt and the template) is {shortest} "
-                            f"tokens, which fills {engine.context_name} of {context}; shorten the system prompt "
-                            "(or raise --max-model-len)")
+                            f"tokens, which fills {engine.context_name} of {context}; shorten the system prompt"
+                            f"{raise_it}")
         if shortest + params.max_tokens > context:
             raise SoloError(f"--max-tokens {params.max_tokens} leaves no room for a message: the shortest one's "
                             f"prompt is {shortest} tokens and {engine.context_name} is {context}; lower --max-tokens "
-                            f"to at most {max(1, context - shortest)} (or raise --max-model-len)")
+                            f"to at most {max(1, context - shortest)}{raise_it}")
     return session.loop()

@@ -182,7 +182,7 @@ class Tokenizer:
             raise InvalidRequestError(
                 "this model has no chat template, so it cannot take messages; send a plain prompt "
                 "(solo run --prompt / the completions API), use a chat (instruct) model, or give this one a "
-                "template with --chat-template",
+                "template (--chat-template; Engine.load(..., chat_template=...) in Python)",
                 param="messages",
             )
         return self.chat_template.render(messages, add_generation_prompt=add_generation_prompt, **kwargs)
