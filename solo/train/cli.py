@@ -144,8 +144,14 @@ def main(argv: list[str] | None = None) -> int:
         print(f"solo train: error: {exc}", file=sys.stderr)
         return 1
     except KeyboardInterrupt:
-        print(f"\nsolo train: interrupted; the last checkpoint is in {opts.run_dir} (saved every "
-              f"{cfg.checkpoint_every_min:g} min): add --resume to continue", file=sys.stderr)
+        from solo.train.trainer import CHECKPOINT_NAME
+
+        if (opts.run_dir / CHECKPOINT_NAME).is_file():
+            print(f"\nsolo train: interrupted; the checkpoint is in {opts.run_dir}: add --resume to continue",
+                  file=sys.stderr)
+        else:  # (stopped before the first step: the tokenizer and token caches are kept)
+            print(f"\nsolo train: interrupted before training began; --resume starts it from step 0 with the "
+                  f"tokenizer and data prepared in {opts.run_dir}", file=sys.stderr)
         return 130
     held, xz = summary["heldout"], summary["xz_heldout"]
     print(

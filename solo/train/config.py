@@ -140,6 +140,20 @@ class TrainConfig:
         Raises:
             ValueError: on an inconsistent configuration.
         """
+        for name in ("vocab_size", "hidden_size", "num_layers", "num_heads", "num_kv_heads", "head_dim", "ffn_size",
+                     "context", "batch_size", "eval_every", "eval_windows", "log_every"):
+            if getattr(self, name) < 1:  # (0 divided by zero in the schedule, or wrote a model no one loads)
+                raise ValueError(f"--{name.replace('_', '-')} must be >= 1, got {getattr(self, name)}")
+        if self.warmup_steps < 0 or self.sample_tokens < 0:
+            raise ValueError("--warmup-steps and --sample-tokens must be >= 0")
+        if not self.lr > 0:
+            raise ValueError(f"--lr must be > 0, got {self.lr}")
+        if not self.checkpoint_every_min >= 0:  # (0: after every step)
+            raise ValueError(f"--checkpoint-every-min must be >= 0, got {self.checkpoint_every_min}")
+        if self.eval_stride is not None and not 1 <= self.eval_stride <= self.context:
+            raise ValueError(f"eval_stride must be in [1, context ({self.context})], got {self.eval_stride}")
+        if self.hidden_size % self.num_heads:  # (transformers' configs refuse it)
+            raise ValueError(f"--hidden-size ({self.hidden_size}) must be a multiple of --num-heads ({self.num_heads})")
         if self.num_heads % self.num_kv_heads:
             raise ValueError("num_heads must be a multiple of num_kv_heads")
         if self.head_dim % 2:

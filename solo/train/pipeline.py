@@ -64,7 +64,8 @@ class RunOptions:
         compile: wrap the training forward pass in ``torch.compile``.
         threads: CPU threads for torch (``None`` keeps torch's default).
         resume: continue the run in ``run_dir`` from its last checkpoint.
-        overwrite: replace an existing ``out`` folder and discard an existing run in ``run_dir``.
+        overwrite: replace an existing ``out`` model folder (one an earlier run wrote: ``check_out``) and
+            discard an existing run in ``run_dir``.
         eval_batch_size: windows per forward pass in the final evaluation.
     """
 
@@ -85,9 +86,32 @@ def _describe_device(device: torch.device) -> str:
     return f"CPU ({torch.get_num_threads()} threads)"
 
 
+def check_out(out: Path, run_dir: Path) -> None:
+    """Refuse an ``out`` folder whose replacement would delete what is not a model this recipe wrote.
+
+    The export replaces ``out`` whole, so ``out`` must be new, empty, or a model folder of an earlier run (it
+    holds ``training_summary.json``); never the working folder, a folder above it, the home folder or the run
+    folder (``--out ""`` was the working folder, and ``--overwrite`` deleted it).
+
+    Raises:
+        ValueError: ``out`` is one of those folders.
+        FileExistsError: ``out`` is a file, or a folder holding other files.
+    """
+    where, cwd, run = out.expanduser().resolve(), Path.cwd().resolve(), run_dir.expanduser().resolve()
+    if where == cwd or where in cwd.parents or where == Path.home().resolve() or where == run or where in run.parents:
+        raise ValueError(f"--out {str(out)!r} is {where}: the working folder, one above it, the home folder or the "
+                         "run folder, which the model folder would replace; name a new folder, e.g. --out my-model")
+    if where.exists() and not where.is_dir():
+        raise FileExistsError(f"--out {out} is a file; name a folder for the model")
+    if where.is_dir() and any(where.iterdir()) and not (where / SUMMARY_NAME).is_file():
+        raise FileExistsError(f"{out} holds files that are not a model `solo train` wrote ({SUMMARY_NAME} missing); "
+                              "Solo replaces only its own model folders: name another --out, or empty this one")
+
+
 def _prepare_run_dir(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None]) -> TrainConfig:
     run_dir = opts.run_dir
     config_path = run_dir / RUN_CONFIG
+    check_out(opts.out, run_dir)
     if opts.resume:
         if not config_path.is_file():
             raise FileNotFoundError(f"--resume: no run to resume in {run_dir} ({RUN_CONFIG} missing)")
@@ -323,6 +347,8 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
     if opts.resume and (opts.run_dir / CHECKPOINT_NAME).is_file():
         trainer.load_checkpoint(opts.run_dir / CHECKPOINT_NAME)
         log(f"resumed at step {trainer.state.step} ({trainer.state.elapsed_s / 60:.1f} min trained)")
+    elif opts.resume:
+        log(f"--resume: {opts.run_dir} holds no checkpoint yet; training starts at step 0")
     state = trainer.train()
 
     # Everything below measures the folder exactly as shipped: bfloat16 weights, reloaded.
@@ -429,6 +455,7 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
     _make_readable(export)
 
     if opts.out.exists():
+        check_out(opts.out, opts.run_dir)  # (again: it may have changed during the run)
         shutil.rmtree(opts.out)
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(export), str(opts.out))

@@ -11,6 +11,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import signal
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -38,10 +40,16 @@ def resolve_device(name: str) -> torch.device:
 
     Raises:
         RuntimeError: if CUDA is requested but unavailable.
+        ValueError: a device other than cpu or cuda.
     """
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(name)
+    try:
+        device = torch.device(name)
+    except RuntimeError:
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"--device {name!r}: use auto, cpu, cuda or cuda:N")
     if device.type == "cuda" and not torch.cuda.is_available():
         raise RuntimeError("--device cuda requested but CUDA is not available")
     return device
@@ -357,9 +365,29 @@ class Trainer:
         Returns:
             The final :class:`TrainState`.
 
+        Ctrl-C (SIGINT, in the main thread) ends the run after the step in progress, with a checkpoint saved, as
+        KeyboardInterrupt; a second Ctrl-C stops at once.
+
         Raises:
             FloatingPointError: if the training loss becomes NaN or infinite.
+            KeyboardInterrupt: on Ctrl-C.
         """
+        asked = []
+
+        def on_sigint(signum: int, frame: object) -> None:
+            if asked:
+                raise KeyboardInterrupt
+            asked.append(signum)
+
+        if threading.current_thread() is not threading.main_thread():
+            return self._train(asked)
+        previous = signal.signal(signal.SIGINT, on_sigint)
+        try:
+            return self._train(asked)
+        finally:
+            signal.signal(signal.SIGINT, previous)
+
+    def _train(self, asked: list[int]) -> TrainState:
         cfg = self.cfg
         tokens_per_step = cfg.batch_size * cfg.context
         self.model.train()
@@ -415,12 +443,14 @@ class Trainer:
                     }
                 )
                 self.log(f"step {self.state.step} | held-out loss {est:.4f}")
-            if done or time.monotonic() - last_ckpt >= 60.0 * cfg.checkpoint_every_min:
+            if done or asked or time.monotonic() - last_ckpt >= 60.0 * cfg.checkpoint_every_min:
                 t_ckpt = time.monotonic()
                 self.save_checkpoint()
                 self.state.elapsed_s += time.monotonic() - t_ckpt
                 last_ckpt = time.monotonic()
                 self.log(f"checkpoint saved at step {self.state.step}")
+            if asked:  # (after the step and its checkpoint: an optimizer step cut in two would be saved half-done)
+                raise KeyboardInterrupt
         return self.state
 
 

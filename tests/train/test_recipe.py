@@ -86,7 +86,7 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatc
     out, run_dir = tiny_run / "resumed-model", tiny_run / "run2"
     assert _run(out, run_dir, "--checkpoint-every-min", "0") == 130  # Ctrl-C: one line, exit status 130
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("solo train: interrupted; the last checkpoint is in") and "--resume" in err[-1]
+    assert err[-1].startswith("solo train: interrupted; the checkpoint is in") and "--resume" in err[-1]
     assert not out.exists()
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert ckpt["state"]["step"] == 7 and ckpt["data_position"]["next_batch"] == 7
@@ -95,3 +95,59 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatc
     a = load_file(tiny_run / "tiny-model" / "model.safetensors")
     b = load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_ctrl_c_ends_the_step_and_saves_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture) -> None:
+    # Ctrl-C used to leave no checkpoint before the first 10-minute save, while the message pointed at one.
+    import os
+    import signal
+
+    original = Trainer._train_step
+    calls = {"n": 0}
+
+    def interrupt_during_step_3(self: Trainer, *args, **kwargs):  # noqa: ANN002, ANN003
+        calls["n"] += 1
+        if calls["n"] == 3:
+            os.kill(os.getpid(), signal.SIGINT)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(Trainer, "_train_step", interrupt_during_step_3)
+    assert _run(tmp_path / "model", tmp_path / "run") == 130
+    assert "solo train: interrupted; the checkpoint is in" in capsys.readouterr().err
+    assert torch.load(tmp_path / "run" / "checkpoint.pt", weights_only=False)["state"]["step"] == 3
+
+
+@pytest.mark.parametrize("flags, words", [
+    (["--context", "0"], "--context must be >= 1"),
+    (["--batch-size", "0"], "--batch-size must be >= 1"),
+    (["--log-every", "0"], "--log-every must be >= 1"),
+    (["--eval-windows", "0"], "--eval-windows must be >= 1"),
+    (["--num-layers", "0"], "--num-layers must be >= 1"),
+    (["--hidden-size", "30", "--num-heads", "4"], "--hidden-size (30) must be a multiple of --num-heads (4)"),
+    (["--device", "tpu"], "--device 'tpu': use auto, cpu, cuda or cuda:N"),
+])
+def test_bad_flags_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture, flags: list[str], words: str) -> None:
+    # Each was a traceback (ZeroDivisionError, transformers' config validation) or a model no one could load.
+    assert _run(tmp_path / "model", tmp_path / "run", *flags) == 2
+    err = capsys.readouterr().err
+    assert words in err and "Traceback" not in err
+
+
+def test_out_never_replaces_what_it_did_not_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture) -> None:
+    # `--out "" --overwrite` deleted the working folder; `--resume` replaced an unrelated --out folder.
+    work = tmp_path / "work"
+    (work / "project").mkdir(parents=True)
+    (work / "notes.txt").write_text("precious")
+    monkeypatch.chdir(work)
+    for out in ("", ".", str(tmp_path)):
+        assert cli.main([*TINY, "--out", out, "--run-dir", str(tmp_path / "run"), "--overwrite"]) == 2
+        assert "which the model folder would replace" in capsys.readouterr().err
+    (work / "mine").mkdir()
+    (work / "mine" / "notes.txt").write_text("precious")
+    for extra in (["--overwrite"], ["--resume"]):
+        assert _run(work / "mine", tmp_path / "run", *extra) == 2
+        assert "holds files that are not a model `solo train` wrote" in capsys.readouterr().err
+    assert (work / "notes.txt").read_text() == "precious" and (work / "mine" / "notes.txt").is_file()
+    assert (work / "project").is_dir()
