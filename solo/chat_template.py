@@ -295,7 +295,7 @@ def read_chat_template(value: str) -> str:
     """A chat template given as a file's path or as the template text itself (vLLM's `--chat-template`).
 
     Raises:
-        SoloError: neither a readable file nor text with Jinja tags in it.
+        SoloError: neither a readable file nor text with Jinja tags in it, a missing file, or an empty one.
     """
     if "{{" in value or "{%" in value:  # (before the file system: text longer than a file name raises there)
         return value
@@ -305,9 +305,14 @@ def read_chat_template(value: str) -> str:
                         "chat_template.jinja)")
     if path.is_file():
         try:
-            return path.read_text(encoding="utf-8")
+            text = path.read_text(encoding="utf-8")
         except (OSError, UnicodeDecodeError) as exc:
             raise SoloError(f"--chat-template: cannot read {path}: {exc}") from None
+        if not text.strip():  # (every chat request would then be refused: the messages render to nothing)
+            raise SoloError(f"--chat-template {path} is empty; give a file that holds the template")
+        return text
+    if path.suffix in (".jinja", ".j2", ".jinja2", ".txt", ".json") or "/" in value:
+        raise SoloError(f"--chat-template {value!r}: no such file; check the path (or give the template text)")
     raise SoloError(f"--chat-template {value!r} is neither a file nor a Jinja template (no {{{{ or {{% in it); give "
                     "the path of a .jinja file or the template text")
 

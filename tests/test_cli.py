@@ -279,6 +279,31 @@ def test_serve_refuses_a_missing_folder_before_listening(tmp_path):
     assert "Uvicorn" not in proc.stderr and "Started server" not in proc.stderr
 
 
+@pytest.mark.parametrize("extra, message", [
+    (["--device", "gpu"], "device 'gpu'"),
+    (["--dtype", "int8"], "unknown dtype 'int8'"),
+    (["--tp", "0"], "--tp must be >= 1, got 0"),
+    (["--revision", "main"], "applies to Hub ids only"),
+    (["--max-model-len", "99999999"], "must be an integer from 2 to"),
+])
+def test_serve_refuses_what_would_fail_the_load_before_listening(capsys, monkeypatch, extra, message):
+    # A trial saw each one print "Uvicorn running" first, then fail the load.
+    import solo.server.runner as runner
+
+    monkeypatch.setattr(runner, "serve", lambda *args, **kwargs: pytest.fail("the server started"))
+    code, _, err = _run(capsys, "serve", "--port", "0", *extra)
+    assert code == 2 and message in err, err
+
+
+def test_serve_takes_the_api_key_from_the_environment(monkeypatch):
+    # vLLM's VLLM_API_KEY: a key on the command line shows in the process list.
+    from solo.cli import build_parser
+
+    monkeypatch.setenv("SOLO_API_KEY", "sesame")
+    assert build_parser().parse_args(["serve"]).api_key == "sesame"
+    assert build_parser().parse_args(["serve", "--api-key", "other"]).api_key == "other"
+
+
 def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
     proc = subprocess.run([sys.executable, "-m", "solo.cli", "run", str(tiny_llama), "--max-tokens", "2"],
                           input=b"abc\xff", capture_output=True, timeout=120)
@@ -389,7 +414,11 @@ def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_
     assert Engine.load(None, tool_call_parser="qwen3_coder").tokenizer.chat_template.tool_format == "qwen3_coder"
     broken = tmp_path / "broken.jinja"
     broken.write_text("line one\n{{ messages[0].content }")
-    for extra, message in ((["--chat-template", "no-such-file.jinja"], "neither a file nor a Jinja template"),
+    empty = tmp_path / "empty.jinja"
+    empty.write_text("\n")
+    for extra, message in ((["--chat-template", "no-such-file.jinja"], "'no-such-file.jinja': no such file"),
+                           (["--chat-template", "no-such-words"], "neither a file nor a Jinja template"),
+                           (["--chat-template", str(empty)], "empty.jinja is empty"),
                            (["--chat-template", str(tmp_path)], "is a folder"),
                            (["--chat-template", str(broken)], "broken.jinja does not compile"),
                            (["--chat-template", str(template)], "only applies to chat prompts; add --chat")):

@@ -30,25 +30,30 @@ DTYPE_CHOICES = ("auto", *_DTYPES)
 """Values accepted for `dtype` / `--dtype`."""
 
 
-def check_local_model(model: str | Path | None) -> None:
+def check_local_model(model: str | Path | None, revision: str | None = None, context_length: int | None = None
+                      ) -> None:
     """Fail fast on a model reference that names a local folder which cannot load.
 
-    Hub ids and the bundled model (None) pass; so does a folder with a config.json (the rest is checked
-    when loading). Used by `solo serve` before it starts listening.
+    Hub ids pass (what they hold is checked once downloaded); a local folder (or the bundled model, None) needs a
+    config.json that parses, of an architecture Solo runs, whose context takes `context_length`. Used by
+    `solo serve` before it starts listening.
 
     Raises:
-        ModelNotFoundError: a missing folder that is not a hub id, or a file that is not a GGUF file.
+        ModelNotFoundError: a missing folder that is not a hub id, a file that is not a GGUF file, or a
+            `revision` for a local folder.
         CheckpointError: a folder without config.json, or a config.json that does not parse.
         UnsupportedArchitectureError: config.json names an architecture Solo does not implement.
+        SoloError: `context_length` beyond the model's longest context.
     """
-    if model is None:
-        return
-    path = Path(model).expanduser()
-    if path.is_dir() or path.exists() or not _HUB_ID.match(str(model)) or str(model).startswith((".", "/", "~")):
-        folder = resolve_model_dir(model)
+    path = Path(model).expanduser() if model is not None else None
+    if path is None or path.is_dir() or path.exists() or not _HUB_ID.match(str(model)) \
+            or str(model).startswith((".", "/", "~")):
+        folder = resolve_model_dir(model, revision)
         from solo.model.config import ModelConfig
 
-        ModelConfig.from_file(folder)
+        config = ModelConfig.from_file(folder)
+        if context_length is not None:
+            config.with_context_length(context_length)
 
 
 def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> Path:

@@ -9,6 +9,7 @@ GET /health (503 while loading, 200 when ready), GET /metrics (Prometheus).
 from __future__ import annotations
 
 import argparse
+import os
 from collections.abc import Callable
 
 
@@ -21,9 +22,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_template_arguments(parser, tools=True)
     parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
-    parser.add_argument("--api-key", default=None, metavar="KEY",
+    parser.add_argument("--api-key", default=os.environ.get("SOLO_API_KEY") or None, metavar="KEY",
                         help="require 'Authorization: Bearer KEY' on every API route (not /health, nor the "
-                             "playground page at /, which calls the API with the key you type in)")
+                             "playground page at /, which calls the API with the key you type in); default: "
+                             "$SOLO_API_KEY, which keeps the key out of the process list (vLLM's VLLM_API_KEY)")
     parser.add_argument("--allowed-origins", type=_comma_list("origins (e.g. http://localhost:3000)"), default=None,
                         metavar="ORIGINS",
                         help="comma-separated browser origins (CORS) that may call the API, e.g. "
@@ -112,9 +114,15 @@ def main(args: argparse.Namespace) -> int:
 
     if not 0 <= args.port <= 65535:
         raise SoloError(f"--port must be in [0, 65535], got {args.port}")
-    from solo.model.hub import check_local_model
+    from solo.engine.engine import resolve_device
+    from solo.model.hub import check_local_model, resolve_dtype
 
-    check_local_model(args.model)  # a wrong path fails here, before the server starts listening
+    # What fails the model's load is refused here, before the server says it is listening (as vLLM checks).
+    resolve_device(args.device)
+    resolve_dtype(args.dtype, None)
+    if args.tp < 1:
+        raise SoloError(f"--tp must be >= 1, got {args.tp}")
+    check_local_model(args.model, args.revision, args.max_model_len)
     settings = ServerSettings(
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,
         quantize=args.quantize, chat_template=args.chat_template, tool_call_parser=args.tool_call_parser,
