@@ -67,3 +67,58 @@ def test_browser_types_a_prompt_and_sees_streamed_text(keyed_server):
         finally:
             browser.close()
 
+
+
+THINKING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
+                     "{{ m['content'].split('</think>')[-1] }}<|end|>{% else %}<|User|>{{ m['content'] }}{% endif %}"
+                     "{% endfor %}{% if add_generation_prompt %}<|Assistant|><think>\n{% endif %}")
+
+
+@pytest.mark.slow
+def test_browser_shows_thinking_drops_a_failed_turn_and_says_when_the_server_is_gone(tiny_model):
+    # A trial found the page blank while a thinking model thought (it read only `content`), a failed turn left
+    # in the transcript but not in the history sent next, and a stopped server shown as connected.
+    if CHROMIUM is None:
+        pytest.skip("chromium is not installed (apt-get install -y chromium)")
+    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
+    running = start_server(tiny_model, max_batch=2, chat_template=THINKING_TEMPLATE, reasoning_parser="deepseek_r1")
+    assert running.state.status == "ok", running.state.error
+    errors = []
+    with playwright.sync_playwright() as p:
+        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
+            "--disable-component-update", "--no-first-run"])
+        try:
+            page = browser.new_page()
+            page.on("pageerror", lambda error: errors.append(str(error)))
+            page.on("console", lambda message: errors.append(message.text) if message.type == "error" else None)
+            page.goto(running.base_url + "/")
+            page.wait_for_function("document.getElementById('model-info').textContent.includes('tiny')",
+                                   timeout=30_000)
+            page.fill("#max_tokens", "12")
+            page.fill("#temperature", "0")
+            page.fill("#prompt", "hello")
+            page.press("#prompt", "Enter")
+            page.wait_for_function("!document.getElementById('send').disabled && "
+                                   "document.getElementById('tokens').textContent !== '–'", timeout=60_000)
+            assert page.is_visible(".msg.assistant .thinking") and page.text_content(".thinking .thought")
+            assert page.text_content("#ttft").endswith(" ms")
+            assert page.evaluate("state.messages.length") == 2  # the turn is kept, its reply the content
+            page.fill("#max_tokens", "100000")  # refused (400): the turn leaves the transcript and the history
+            page.fill("#prompt", "second")
+            page.press("#prompt", "Enter")
+            page.wait_for_function("document.getElementById('error').textContent !== ''", timeout=30_000)
+            assert page.evaluate("state.messages.length") == 2 and page.locator(".msg.user").count() == 1
+            assert page.input_value("#prompt") == "second"  # (to send again)
+            running.stop()
+            page.fill("#max_tokens", "4")
+            page.press("#prompt", "Enter")
+            page.wait_for_function("document.getElementById('error').textContent.includes('cannot be reached')",
+                                   timeout=30_000)
+            page.wait_for_function("document.getElementById('model-info').textContent.includes('cannot be "
+                                   "reached')", timeout=30_000)
+        finally:
+            browser.close()
+            running.stop()
+    assert not [e for e in errors if "Failed to load resource" not in e and "ERR_CONNECTION_REFUSED" not in e], \
+        errors

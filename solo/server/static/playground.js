@@ -25,7 +25,15 @@ async function apiError(response) {
 }
 
 async function loadInfo() {
-  const response = await fetch("/playground/info", { headers: headers() });
+  let response;
+  try {
+    response = await fetch("/playground/info", { headers: headers() });
+  } catch (e) {  // the server stopped or cannot be reached: say so, and try again
+    state.info = null;
+    $("model-info").textContent = "the server cannot be reached; retrying…";
+    setTimeout(loadInfo, 3000);
+    return;
+  }
   if (response.status === 401) {
     $("model-info").textContent = "this server needs an API key: type it under Server";
     return;
@@ -65,7 +73,20 @@ function addMessage(role, text) {
   const body = document.createElement("span");
   body.className = "text";
   body.textContent = text;
-  div.append(label, body);
+  div.append(label);
+  if (role === "assistant") {  // a thinking model's reasoning (reasoning_content), folded away once it answers
+    const thinking = document.createElement("details");
+    thinking.className = "thinking";
+    thinking.hidden = true;
+    thinking.open = true;
+    const summary = document.createElement("summary");
+    summary.textContent = "thinking";
+    const thought = document.createElement("span");
+    thought.className = "thought";
+    thinking.append(summary, thought);
+    div.append(thinking);
+  }
+  div.append(body);
   $("transcript").append(div);
   $("transcript").scrollTop = $("transcript").scrollHeight;
   return body;
@@ -102,10 +123,10 @@ function sampling() {
 async function send(text) {
   showError("");
   const body = sampling();
-  let route, out;
+  let route, out, userText = null;
   if (state.mode === "chat") {
     state.messages.push({ role: "user", content: text });
-    addMessage("user", text);
+    userText = addMessage("user", text);
     const system = $("system").value.trim();
     body.messages = (system ? [{ role: "system", content: system }] : []).concat(state.messages);
     route = "/v1/chat/completions";
@@ -123,7 +144,8 @@ async function send(text) {
   $("send").disabled = true;
   $("stop").disabled = false;
   const start = performance.now();
-  let first = null, last = null, tokens = 0, reply = "";
+  let first = null, last = null, tokens = 0, reply = "", reasoning = "";
+  const thinking = out.parentElement.querySelector(".thinking");
   try {
     const response = await fetch(route, { method: "POST", headers: headers(), body: JSON.stringify(body),
       signal: state.controller.signal });
@@ -148,14 +170,24 @@ async function send(text) {
           if (chunk.usage) tokens = chunk.usage.completion_tokens;
           const choice = chunk.choices && chunk.choices[0];
           if (!choice) continue;
-          const piece = state.mode === "chat" ? (choice.delta && choice.delta.content) || "" : choice.text || "";
-          if (piece) {
+          const delta = choice.delta || {};
+          const piece = state.mode === "chat" ? delta.content || "" : choice.text || "";
+          const thought = state.mode === "chat" ? delta.reasoning_content || "" : "";
+          if (piece || thought) {  // the first token is the first of either: a thinking model's TTFT
             const now = performance.now();
             if (first === null) first = now;
             last = now;
             tokens += 1;
-            reply += piece;
-            out.textContent = reply;
+            if (thought && thinking) {
+              reasoning += thought;
+              thinking.hidden = false;
+              thinking.querySelector(".thought").textContent = reasoning;
+            }
+            if (piece) {
+              if (thinking && !reply) thinking.open = false;
+              reply += piece;
+              out.textContent = reply;
+            }
             $("transcript").scrollTop = $("transcript").scrollHeight;
             showSpeed((first - start) / 1000, tokens, (last - first) / 1000);
           }
@@ -164,11 +196,17 @@ async function send(text) {
     }
     showSpeed(first === null ? null : (first - start) / 1000, tokens, first === null ? 0 : (last - first) / 1000);
   } catch (err) {
-    if (err.name !== "AbortError") showError(err.message);
+    if (err.name === "TypeError") showError("the server cannot be reached (" + err.message + "); is it running?");
+    else if (err.name !== "AbortError") showError(err.message);
   } finally {
     if (state.mode === "chat") {
-      if (reply) state.messages.push({ role: "assistant", content: reply });
-      else state.messages.pop();
+      if (reply || reasoning) state.messages.push({ role: "assistant", content: reply });
+      else {  // nothing came back: the turn leaves the transcript as it leaves the history, its text to resend
+        state.messages.pop();
+        userText.parentElement.remove();
+        out.parentElement.remove();
+        if (!$("prompt").value) $("prompt").value = text;
+      }
     }
     state.controller = null;
     $("send").disabled = false;
