@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import os
 import signal
 import socket
+import sys
 from collections.abc import Callable
 from types import FrameType
 
@@ -129,8 +131,25 @@ def _log_to_console() -> None:
         logger.propagate = False
 
 
+class _ForcedExitFilter(logging.Filter):
+    """Drop uvicorn's tracebacks of the requests a forced exit (a second signal) cancels: `serve` says it once."""
+
+    def __init__(self, server: uvicorn.Server) -> None:
+        super().__init__()
+        self.server = server
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        """False for a cancelled request's "Exception in ASGI application" during a forced exit."""
+        cancelled = (record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError)) or \
+            str(record.msg).rstrip().endswith("CancelledError")  # (the lifespan's, logged as its traceback's text)
+        return not (self.server.force_exit and cancelled)
+
+
 def serve(settings: ServerSettings, host: str, port: int) -> int:
-    """Run the server in this (main) thread until SIGTERM/SIGINT; returns the exit status (0).
+    """Run the server in this (main) thread until SIGTERM/SIGINT; returns the exit status.
+
+    0 after a graceful shutdown; 1 when a second signal forced it (requests cut off). Stopped while the model
+    loads, the process exits at once (status 0), without waiting for the load.
 
     Raises:
         SoloError: invalid settings, an address that cannot be bound, or a model that could not be loaded
@@ -148,11 +167,21 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
         del sig, frame
 
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
+    forced = _ForcedExitFilter(server)
+    logging.getLogger("uvicorn.error").addFilter(forced)
     try:
         server.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        logging.getLogger("uvicorn.error").removeFilter(forced)
+    if server.state.loading:  # stopped during the load, which no thread can interrupt: exit without waiting for it
+        print("solo: stopped while the model was loading", file=sys.stderr, flush=True)
+        sys.stdout.flush()
+        os._exit(0)
+    if server.force_exit:  # a second Ctrl-C / SIGTERM: the grace period was cut short
+        print("solo: forced shutdown (a second signal): the requests still running were cut off", file=sys.stderr)
+        return 1
     error = server.state.error
     if error is not None:
         raise SoloError(f"cannot load the model: {error}") from None

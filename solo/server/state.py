@@ -12,9 +12,11 @@ import ipaddress
 import logging
 import re
 import socket
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit
 
 from solo.engine.engine import Engine, context_budget
@@ -258,6 +260,7 @@ class ServerState:
         self.pieces: TokenPieces | None = None
         self.served_name = settings.served_model_name or ""
         self.max_model_len = 0
+        self._loader: threading.Thread | None = None
         self.memory_limited = False  # max_model_len was lowered to what the KV cache can hold in memory
         self.longest_token = 1  # bytes of text one token covers at most (see longest_token_bytes)
         self.error: BaseException | None = None
@@ -285,12 +288,45 @@ class ServerState:
 
     # ----------------------------------------------------------------------------------- lifecycle
 
+    @property
+    def loading(self) -> bool:
+        """The model's load (or the scheduler's start) is still running on its thread."""
+        return self._loader is not None and self._loader.is_alive()
+
+    async def _off_loop(self, fn: Callable[..., Any], *args: Any) -> Any:  # noqa: ANN401
+        # fn(*args) on a daemon thread of its own, not the loop's executor: asyncio.run's exit waits for the
+        # executor's threads, so a Ctrl-C during a multi-GB load waited for the whole load (`serve` exits instead).
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+
+        def settle(result: Any, error: BaseException | None) -> None:  # noqa: ANN401
+            if done.done():  # (cancelled: the server stopped)
+                return
+            if error is not None:
+                done.set_exception(error)
+            else:
+                done.set_result(result)
+
+        def run() -> None:
+            try:
+                result, error = fn(*args), None
+            except BaseException as exc:  # noqa: BLE001 (handed to the awaiting coroutine)
+                result, error = None, exc
+            try:
+                loop.call_soon_threadsafe(settle, result, error)
+            except RuntimeError:  # the loop closed meanwhile: the server is gone
+                pass
+
+        self._loader = threading.Thread(target=run, name="solo-load", daemon=True)
+        self._loader.start()
+        return await done
+
     async def load(self) -> None:
         """Load the model and start the scheduler off the event loop; on failure call `on_fatal`."""
         try:
-            engine = await asyncio.to_thread(self._load_engine)
-            self.longest_token = await asyncio.to_thread(longest_token_bytes, engine.tokenizer)
-            client = await asyncio.to_thread(self._start, engine)
+            engine = await self._off_loop(self._load_engine)
+            self.longest_token = await self._off_loop(longest_token_bytes, engine.tokenizer)
+            client = await self._off_loop(self._start, engine)
         except Exception as exc:  # a bad path, a broken checkpoint, out of memory: the server cannot serve
             self.error = exc
             if isinstance(exc, SoloError | OSError):  # the user's to fix: the message says how

@@ -3,7 +3,10 @@
 from __future__ import annotations
 
 import shutil
+import signal
 import socket
+import subprocess
+import sys
 import threading
 import time
 
@@ -114,6 +117,46 @@ def test_health_is_503_while_loading(tiny_model):
         running.stop()
 
 
+def test_stopping_while_the_model_loads_does_not_wait_for_the_load():
+    # The load ran on the event loop's executor, whose threads asyncio.run waits for: a Ctrl-C during a
+    # multi-GB load waited for the whole load (a trial measured 9.8 s after the signal).
+    release = threading.Event()
+
+    def slow_load() -> Engine:
+        release.wait(60)
+        raise RuntimeError("(never loaded)")
+
+    running = start_server(None, wait=False, load_engine=slow_load)
+    try:
+        assert running.state.loading
+        start = time.monotonic()
+        running.stop(timeout=10)
+        assert time.monotonic() - start < 5 and running.state.loading  # (the load thread, a daemon, goes on)
+    finally:
+        release.set()
+
+
+def test_serve_exits_at_once_on_a_signal_during_the_load_and_says_a_forced_exit(tmp_path):
+    # `solo serve` exits without waiting for the load (os._exit: no thread can interrupt it).
+    script = tmp_path / "slow_serve.py"
+    script.write_text(
+        "import time, solo.engine.engine as e, solo.cli\n"
+        "e.Engine.load = classmethod(lambda cls, *a, **k: time.sleep(60))\n"
+        "raise SystemExit(solo.cli.main(['serve', '--port', '0']))\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        for line in proc.stdout:
+            if "Application startup complete" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        start = time.monotonic()
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and time.monotonic() - start < 10
+    assert "solo: stopped while the model was loading" in out and "Traceback" not in out
+
+
 def test_a_model_that_cannot_load_stops_the_server(tmp_path):
     running = start_server(tmp_path / "missing")
     running.thread.join(30)
@@ -150,3 +193,45 @@ def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):
         sock.listen()
         assert main(["serve", str(tiny_model), "--port", str(sock.getsockname()[1])]) == 2
     assert "cannot listen" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_second_signal_forces_the_exit_in_one_line_and_a_nonzero_status():
+    # A trial saw two CancelledError tracebacks and status 0 while a stream was cut off.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (the bundled model)
+    try:
+        base = f"http://127.0.0.1:{port}"
+        wait_for(lambda: _healthy(base), timeout=60)
+        streamed = threading.Event()
+
+        def stream() -> None:
+            with httpx.stream("POST", f"{base}/v1/completions", json={  # (seconds long: still running at the 2nd)
+                    "prompt": "hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}, timeout=60) as response:
+                try:
+                    for _ in response.iter_lines():
+                        streamed.set()
+                except httpx.HTTPError:
+                    pass  # (cut off: the point)
+
+        client = threading.Thread(target=stream, daemon=True)
+        client.start()
+        assert streamed.wait(30)
+        proc.send_signal(signal.SIGINT)
+        time.sleep(0.3)
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 1 and "solo: forced shutdown (a second signal)" in out
+    assert "Traceback" not in out and "CancelledError" not in out, out
+
+
+def _healthy(base: str) -> bool:
+    try:
+        return httpx.get(f"{base}/health", timeout=2).status_code == 200
+    except httpx.HTTPError:
+        return False
