@@ -138,6 +138,7 @@ def _spawn_followers(spec: RankSpec) -> tuple[dist.TCPStore, list]:
     store = dist.TCPStore("127.0.0.1", 0, spec.world, is_master=True, wait_for_workers=False, timeout=TIMEOUT)
     payload = asdict(replace(spec, init_method=f"tcp://127.0.0.1:{store.port}"))
     procs = [fork("solo.distributed.launch:follower_main", [payload, rank]) for rank in range(1, spec.world)]
+    _SPAWNED.extend(procs)
     keys = [f"ready{rank}" for rank in range(1, spec.world)]
     deadline = time.monotonic() + TIMEOUT.total_seconds()
     while not store.check(keys):
@@ -157,6 +158,17 @@ def _stop(procs: list) -> None:
     for proc in procs:
         if proc.poll() is None:
             proc.terminate()
+
+
+_SPAWNED: list = []  # every follower this process spawned (`stop_spawned_ranks`)
+
+
+def stop_spawned_ranks() -> None:
+    """Terminate every follower rank this process spawned that still runs.
+
+    A server stopped while its model loads exits without the runtime's own shutdown.
+    """
+    _stop(_SPAWNED)
 
 
 def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: torch.device, tp: int,

@@ -198,9 +198,10 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     folder = cache_root() / "gguf" / _folder_name(named, src)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
     if (folder / "gguf_source.json").is_file():
-        if _bring_up_to_date(folder, src):
-            say(f"updated Solo's conversion of {named.name} to what a conversion writes now (the file's end-of-turn "
-                "tokens and sampling defaults, a SentencePiece tokenizer's space prefix), as llama.cpp reads them")
+        changes = _bring_up_to_date(folder, src)
+        if changes:
+            say(f"updated Solo's conversion of {named.name} to what a conversion writes now ({'; '.join(changes)}), as "
+                "llama.cpp reads them")
         return folder
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
@@ -233,8 +234,9 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         raise CheckpointError(f"converting {named.name} writes about {need / 1e9:.1f} GB of {dtype} weights to "
                               f"{parent}, which has {free / 1e9:.1f} GB free; free space or point SOLO_CACHE_DIR at "
                               "a folder with room")
+    _prune_abandoned_conversions(parent)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=".converting-", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}-", dir=parent))
     except OSError as exc:
         raise CheckpointError(_cache_write_error(parent, exc)) from None
     try:
@@ -254,6 +256,21 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
             raise CheckpointError(_cache_write_error(parent, exc)) from None
         raise
     return folder
+
+
+def _prune_abandoned_conversions(parent: Path) -> None:
+    # A conversion's temporary folder (.converting-<pid>-*) whose process is gone: a process killed, or a server
+    # stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights.
+    for folder in parent.glob(".converting-*"):
+        match = re.match(r"\.converting-(\d+)-", folder.name)
+        if match is None:
+            continue  # (an older Solo's, with no pid: its process may still run)
+        try:
+            os.kill(int(match[1]), 0)
+        except ProcessLookupError:
+            shutil.rmtree(folder, ignore_errors=True)
+        except OSError:  # alive under another user: not ours to judge
+            pass
 
 
 def _is_write_failure(exc: BaseException) -> bool:
@@ -359,29 +376,33 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
     token_types = _token_types(reader)
     _mark_special_tokens(out / "tokenizer.json", token_types, int(raw["vocab_size"]))
     _spm_space_prefix(out / "tokenizer.json", reader)
+    if arch == "phi3":
+        _phi3_special_tokens(out / "tokenizer.json")
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     generation.update(_generation_fields(reader, src.name, raw.get("eos_token_id"), int(raw["vocab_size"]),
                                          token_types))
     (out / "generation_config.json").write_text(json.dumps(generation, indent=2) + "\n")
 
 
-def _bring_up_to_date(folder: Path, src: Path) -> bool:
+def _bring_up_to_date(folder: Path, src: Path) -> list[str]:
     """Give a folder converted by an older Solo what a conversion writes now, without converting it again.
 
     Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. 2 -> 3: a
-    SentencePiece tokenizer prefixes a space to every text (`_spm_space_prefix`). A cache that cannot be written
-    keeps the folder as it is (it still runs, as before).
+    SentencePiece tokenizer prefixes a space to every text (`_spm_space_prefix`), and a phi3 file's special
+    tokens take the blanks after them (`_phi3_special_tokens`). A cache that cannot be written keeps the folder
+    as it is (it still runs, as before).
 
     Returns:
-        Whether the folder was updated.
+        What changed, in words (empty: nothing).
     """
     from gguf import GGUFReader
 
     record_path = folder / "gguf_source.json"
+    changes = []
     try:
         record = json.loads(record_path.read_text(encoding="utf-8"))
         if record.get("format", 1) >= _CONVERSION_FORMAT:
-            return False
+            return []
         generation_path = folder / "generation_config.json"
         generation = json.loads(generation_path.read_text(encoding="utf-8"))
         vocab_size = int(json.loads((folder / "config.json").read_text(encoding="utf-8"))["vocab_size"])
@@ -389,12 +410,23 @@ def _bring_up_to_date(folder: Path, src: Path) -> bool:
         if record.get("format", 1) < 2:
             generation.update(_generation_fields(reader, src.name, generation.get("eos_token_id"), vocab_size,
                                                  _token_types(reader)))
-            generation_path.write_text(json.dumps(generation, indent=2) + "\n")
-        _spm_space_prefix(folder / "tokenizer.json", reader)
-        record_path.write_text(json.dumps({**record, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
+            _write_json(generation_path, generation)
+            changes.append("the file's end-of-turn tokens and sampling defaults")
+        if _spm_space_prefix(folder / "tokenizer.json", reader):
+            changes.append("a SentencePiece tokenizer's space prefix")
+        if record.get("architecture") == "phi3" and _phi3_special_tokens(folder / "tokenizer.json"):
+            changes.append("Phi-3's special tokens taking the blanks after them")
+        _write_json(record_path, {**record, "format": _CONVERSION_FORMAT})
     except (OSError, ValueError, KeyError, TypeError):
-        return False
-    return True
+        return []
+    return changes
+
+
+def _write_json(path: Path, data: Any) -> None:  # noqa: ANN401
+    # Whole or not at all (a folder rewritten in place by `_bring_up_to_date` must not be left half-written).
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(json.dumps(data, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+    os.replace(tmp, path)
 
 
 # llama.cpp's general.sampling.* keys (written by its converter from generation_config.json) -> the
@@ -561,7 +593,23 @@ def _head_dim_field(reader: Any, arch: str, config: Any) -> None:  # noqa: ANN40
         config.head_dim = int(key_length)
 
 
-def _spm_space_prefix(path: Path, reader: Any) -> None:  # noqa: ANN401
+def _phi3_special_tokens(path: Path) -> bool:
+    """Make a phi3 file's special tokens take the blanks after them (`rstrip`), except <unk>, <s>, <|endoftext|>.
+
+    As llama.cpp does for Phi-3 and Phi-3's own tokenizer.json has it: "<|user|>", a newline, then "hi" is
+    [<|user|>, "▁hi"]. Returns whether the file changed.
+    """
+    data = json.loads(path.read_text(encoding="utf-8"))
+    changed = False
+    for token in data.get("added_tokens", []):
+        if token["content"] not in ("<unk>", "<s>", "<|endoftext|>") and not token.get("rstrip"):
+            token["rstrip"], changed = True, True
+    if changed:
+        _write_json(path, data)
+    return changed
+
+
+def _spm_space_prefix(path: Path, reader: Any) -> bool:  # noqa: ANN401
     """Make a SentencePiece ("llama") tokenizer prefix a space to every text, as sentencepiece and llama.cpp do.
 
     transformers' GGUF tokenizer writes a Metaspace pre-tokenizer with `prepend_scheme: "first"`, which adds no
@@ -573,19 +621,20 @@ def _spm_space_prefix(path: Path, reader: Any) -> None:  # noqa: ANN401
     """
     model, prefix = reader.fields.get("tokenizer.ggml.model"), reader.fields.get("tokenizer.ggml.add_space_prefix")
     if model is None or bytes(model.parts[model.data[0]]) != b"llama":
-        return
+        return False
     if prefix is not None and not bool(prefix.parts[prefix.data[0]][0]):
-        return
+        return False
     data = json.loads(path.read_text(encoding="utf-8"))
     pre = data.get("pre_tokenizer") or {}
     if (data.get("normalizer") is not None or pre.get("type") != "Metaspace"
             or pre.get("prepend_scheme") not in ("first", "always") or pre.get("split")):
-        return
+        return False
     space = pre.get("replacement", "\u2581")
     data["normalizer"] = {"type": "Sequence", "normalizers": [
         {"type": "Prepend", "prepend": space}, {"type": "Replace", "pattern": {"String": " "}, "content": space}]}
     data["pre_tokenizer"] = None
-    path.write_text(json.dumps(data, ensure_ascii=False), encoding="utf-8")
+    _write_json(path, data)
+    return True
 
 
 def _number(reader: Any, key: str) -> float | None:  # noqa: ANN401

@@ -111,9 +111,11 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
         )
     folder = _download_from_hub(repo_id, revision, gguf_patterns(tag))
     _check_download_finished(repo_id, folder, gguf_patterns(tag))
-    if tag is None and not (folder / "config.json").is_file() and len(list(folder.rglob("*.gguf"))) != 1:
-        # A repository of GGUF files named without a tag: its Q4_K_M file, where it has one (`pick_gguf`).
+    if tag is None and not (folder / "config.json").is_file():
+        # A repository of GGUF files named without a tag: its Q4_K_M file, where it has one (`pick_gguf`), as
+        # `solo pull` fetches it.
         folder = _download_from_hub(repo_id, revision, gguf_patterns(DEFAULT_GGUF_TAG))
+        _check_download_finished(repo_id, folder, gguf_patterns(DEFAULT_GGUF_TAG))
     if tag is not None or not (folder / "config.json").is_file():
         gguf = pick_gguf(folder, repo_id, tag)
         if gguf is None:
@@ -192,8 +194,11 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
         if all(is_split_part(f) for f in files):
             raise ModelNotFoundError(f"{repo_id} stores this model split into parts ({names}); Solo runs single GGUF "
                                      "files: merge them (llama-gguf-split --merge) and pass the merged file")
-        hint = f"{repo_id}:<quantization>" if tag is None else f"a longer tag, or the path of one of them in {folder}"
-        which = f" and none is {DEFAULT_GGUF_TAG}, the default" if tag is None else f" matching {tag!r}"
+        default = tag is None and holds_tag(str(files[0].relative_to(folder)), DEFAULT_GGUF_TAG)
+        hint = f"{repo_id}:<quantization>" if tag is None and not default else \
+            f"a longer tag, or the path of one of them in {folder}"
+        which = f" matching {tag!r}" if tag is not None else f" matching {DEFAULT_GGUF_TAG}, the default" if default \
+            else f" and none is {DEFAULT_GGUF_TAG}, the default"
         raise ModelNotFoundError(f"{repo_id} holds several GGUF files ({names}){which}; name one as {hint}")
     if tag is not None:
         from huggingface_hub import constants
@@ -253,8 +258,10 @@ def _check_download_finished(repo_id: str, folder: Path, patterns: list[str]) ->
     # reported missing one by one: "no tokenizer", "lacks tensor ..."); online it would have resumed it.
     from solo.model.store import human_size, partial_downloads
 
-    broken = sorted(p.name for p in folder.rglob("*") if p.is_symlink() and not p.exists())
-    if broken:  # a blob deleted behind the snapshot's link (online, huggingface_hub fetches it again)
+    wanted = [*HUB_FILE_PATTERNS, *patterns]  # (a missing file this name does not need is no reason to refuse)
+    broken = sorted(p.name for p in folder.rglob("*") if p.is_symlink() and not p.exists()
+                    and any(fnmatch.fnmatch(p.name, w) for w in wanted))
+    if broken:  # a blob deleted behind the snapshot's link, which the Hub would have mended
         _refuse_damaged(repo_id, f"{broken[0]}'s file is missing")
     if _looks_complete(folder, patterns):
         return

@@ -108,8 +108,8 @@ def _error_from(exc: SoloError | APIError) -> JSONResponse:
     # Code's compaction, LiteLLM's ContextWindowExceededError) recognise the overflow by that text.
     error = api_error_from(exc)
     if isinstance(exc, ContextLengthError) and exc.prompt_tokens is not None and exc.limit is not None:
-        if exc.prompt_tokens > exc.limit:
-            words = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum"
+        if exc.prompt_tokens >= exc.limit:  # (a prompt that fills the context leaves no room for a token)
+            words = f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit - 1} maximum"
         else:
             words = (f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + "
                      f"{exc.max_tokens or 1} > {exc.limit}, decrease input length or `max_tokens` and try again")

@@ -48,6 +48,12 @@ class SoloServer(uvicorn.Server):
         finally:
             deadline.cancel()
 
+    def handle_exit(self, sig: int, frame: FrameType | None) -> None:
+        """As uvicorn's, with a second SIGTERM forcing the exit as a second SIGINT does (uvicorn: SIGINT only)."""
+        if self.should_exit and sig == signal.SIGTERM:
+            self.force_exit = True
+        super().handle_exit(sig, frame)
+
     @property
     def port(self) -> int | None:
         """The port actually bound (useful with port 0), once started."""
@@ -178,7 +184,10 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
     if server.state.loading:  # stopped during the load, which no thread can interrupt: exit without waiting for it
         print("solo: stopped while the model was loading", file=sys.stderr, flush=True)
         sys.stdout.flush()
-        os._exit(0)
+        launch = sys.modules.get("solo.distributed.launch")
+        if launch is not None:  # (tensor-parallel ranks spawned for the load would go on loading)
+            launch.stop_spawned_ranks()
+        os._exit(0)  # (a GGUF conversion cut here leaves its temporary folder: the next one prunes it)
     if server.force_exit:  # a second Ctrl-C / SIGTERM: the grace period was cut short
         print("solo: forced shutdown (a second signal): the requests still running were cut off", file=sys.stderr)
         return 1

@@ -300,7 +300,10 @@ class ServerState:
         done: asyncio.Future[Any] = loop.create_future()
 
         def settle(result: Any, error: BaseException | None) -> None:  # noqa: ANN401
-            if done.done():  # (cancelled: the server stopped)
+            if done.done():  # (cancelled: the server stopped) what was built is let go: a scheduler, an engine
+                closer = getattr(result, "stop", None) or getattr(result, "close", None)
+                if callable(closer):
+                    threading.Thread(target=closer, name="solo-unload", daemon=True).start()
                 return
             if error is not None:
                 done.set_exception(error)

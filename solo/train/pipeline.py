@@ -100,7 +100,8 @@ def check_out(out: Path, run_dir: Path) -> None:
     where, cwd, run = out.expanduser().resolve(), Path.cwd().resolve(), run_dir.expanduser().resolve()
     if where == cwd or where in cwd.parents or where == Path.home().resolve() or where == run or where in run.parents:
         raise ValueError(f"--out {str(out)!r} is {where}: the working folder, one above it, the home folder or the "
-                         "run folder, which the model folder would replace; name a new folder, e.g. --out my-model")
+                         f"run folder (--run-dir, default runs/<name of --out>: {run}), which the model folder "
+                         "would replace; name another folder, e.g. --out my-model")
     if where.exists() and not where.is_dir():
         raise FileExistsError(f"--out {out} is a file; name a folder for the model")
     if where.is_dir() and any(where.iterdir()) and not (where / SUMMARY_NAME).is_file():
@@ -455,7 +456,10 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
     _make_readable(export)
 
     if opts.out.exists():
-        check_out(opts.out, opts.run_dir)  # (again: it may have changed during the run)
+        try:
+            check_out(opts.out, opts.run_dir)  # (again: it may have changed during the run)
+        except (ValueError, FileExistsError) as exc:
+            raise FileExistsError(f"{exc}; the trained model is in {export}: move it where you want it") from None
         shutil.rmtree(opts.out)
     opts.out.parent.mkdir(parents=True, exist_ok=True)
     shutil.move(str(export), str(opts.out))

@@ -414,8 +414,7 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
     said = []
     assert gguf_to_folder(path, log=said.append) == folder
     assert said == ["updated Solo's conversion of tiny-old.gguf to what a conversion writes now (the file's "
-                    "end-of-turn tokens and sampling defaults, a SentencePiece tokenizer's space prefix), as llama.cpp "
-                    "reads them"]
+                    "end-of-turn tokens and sampling defaults), as llama.cpp reads them"]  # (a BPE vocabulary)
     assert json.loads((folder / "generation_config.json").read_text()) == {
         "bos_token_id": 1, "eos_token_id": [2, 4], "temperature": 0.6}
     assert json.loads((folder / "gguf_source.json").read_text())["format"] == 3
@@ -480,3 +479,44 @@ def test_a_sentencepiece_gguf_prefixes_a_space_to_every_text(shared_hf, tmp_path
     for text in (" one", "  two spaces", "    return x", "Hello world", "a\n  b", "def f():\n    return 1"):
         assert tokenizer.encode(text, add_special_tokens=False).ids == model.encode(text), text
     assert tokenizer.decode(model.encode("  two spaces")) == "  two spaces"
+
+
+def test_a_phi3_gguf_tokenizes_a_chat_prompt_as_its_own_tokenizer(shared_hf, tmp_path):
+    # Phi-3's special tokens take the blanks after them (rstrip), in its tokenizer.json and in llama.cpp; without
+    # it, "<|user|>\nhi" gained a "▁" and a newline token after each marker.
+    from checkpoints import hf_config, write_tokenizer
+    from gguf.vocab import SentencePieceVocab
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    from solo.model.gguf import gguf_to_folder
+
+    phi = shared_hf / "Phi-3.5-mini-instruct"
+    vocab = sum(1 for _ in SentencePieceVocab(phi).all_tokens())
+    folder = tmp_path / "phi3"
+    write_tokenizer(folder)
+    AutoModelForCausalLM.from_config(hf_config("phi3", vocab)).save_pretrained(folder)
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-phi3-spm-F16.gguf", "F16", spm=phi)
+    ours = Tokenizer.from_file(str(gguf_to_folder(path) / "tokenizer.json"))
+    theirs = Tokenizer.from_file(str(phi / "tokenizer.json"))
+    prompt = "<|system|>\nBe brief.<|end|>\n<|user|>\n  def f():\n    return 1<|end|>\n<|assistant|>\n"
+    assert ours.encode(prompt, add_special_tokens=False).ids == theirs.encode(prompt, add_special_tokens=False).ids
+
+
+def test_a_conversion_left_by_a_process_that_is_gone_is_pruned(tmp_path):
+    # A server stopped mid-load exits without waiting for a conversion, whose temporary folder (the size of the
+    # weights) stayed behind for good.
+    import os
+    import subprocess
+    import sys
+
+    from solo.model.gguf import _prune_abandoned_conversions
+
+    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
+    folders = [tmp_path / f".converting-{int(gone.stdout)}-abc", tmp_path / f".converting-{os.getpid()}-def",
+               tmp_path / ".converting-ghi"]  # (an older Solo's, without a pid: left alone)
+    for folder in folders:
+        folder.mkdir()
+        (folder / "model.safetensors").write_bytes(b"x")
+    _prune_abandoned_conversions(tmp_path)
+    assert [f.exists() for f in folders] == [False, True, True]

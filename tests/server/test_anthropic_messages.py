@@ -150,7 +150,7 @@ def test_errors_come_in_anthropics_shape(server):
             ({"model": MODEL_NAME, "extra_body": {"output_config": {"format": {"type": "json"}}}},
              anthropic.BadRequestError, 'output_config.format must be {"type": "json_schema", "schema": {...}}'),
             ({"model": MODEL_NAME, "messages": [{"role": "user", "content": "word " * 3000}]},
-             anthropic.BadRequestError, "prompt is too long: 3012 tokens > 2048 maximum"),
+             anthropic.BadRequestError, "prompt is too long: 3012 tokens > 2047 maximum"),
             ({"model": MODEL_NAME, "max_tokens": 2000, "messages": [{"role": "user", "content": "word " * 100}]},
              anthropic.BadRequestError, "input length and `max_tokens` exceed context limit: ")):
         with pytest.raises(error) as info:

@@ -136,7 +136,7 @@ def test_stopping_while_the_model_loads_does_not_wait_for_the_load():
         release.set()
 
 
-def test_serve_exits_at_once_on_a_signal_during_the_load_and_says_a_forced_exit(tmp_path):
+def test_serve_exits_at_once_on_a_signal_during_the_load(tmp_path):
     # `solo serve` exits without waiting for the load (os._exit: no thread can interrupt it).
     script = tmp_path / "slow_serve.py"
     script.write_text(

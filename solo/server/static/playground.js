@@ -3,7 +3,7 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { mode: "chat", messages: [], info: null, controller: null };
+const state = { mode: "chat", messages: [], info: null, controller: null, retry: null };
 
 function apiKey() { return $("api-key").value.trim(); }
 
@@ -25,20 +25,26 @@ async function apiError(response) {
 }
 
 async function loadInfo() {
+  clearTimeout(state.retry);  // (one retry pending at most, however many calls failed)
+  state.retry = null;
   let response;
   try {
     response = await fetch("/playground/info", { headers: headers() });
   } catch (e) {  // the server stopped or cannot be reached: say so, and try again
     state.info = null;
     $("model-info").textContent = "the server cannot be reached; retrying…";
-    setTimeout(loadInfo, 3000);
+    state.retry = setTimeout(loadInfo, 3000);
     return;
   }
   if (response.status === 401) {
     $("model-info").textContent = "this server needs an API key: type it under Server";
     return;
   }
-  if (response.status === 503) { setTimeout(loadInfo, 1000); $("model-info").textContent = "loading the model…"; return; }
+  if (response.status === 503) {
+    state.retry = setTimeout(loadInfo, 1000);
+    $("model-info").textContent = "loading the model…";
+    return;
+  }
   if (!response.ok) { $("model-info").textContent = await apiError(response); return; }
   const info = await response.json();
   state.info = info;
