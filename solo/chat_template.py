@@ -105,6 +105,10 @@ class ChatTemplate:
                                       f"{', '.join(TOOL_FORMATS)}")
         self.tool_format = tool_format or detect_tool_format(source)
         """The tool-call syntax the template teaches (`solo.engine.tool_calls.TOOL_FORMATS`), or None."""
+        self.single_tool_call = "only supports single tool-calls" in source
+        """The template refuses an assistant turn with several calls (Llama 3.1-3.3's raise "This model only
+        supports single tool-calls at once!"), so a reply gets one call whatever parallel_tool_calls asks: several
+        would be refused when the conversation is sent back."""
 
     def render(
         self,

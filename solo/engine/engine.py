@@ -629,7 +629,8 @@ class Engine:
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
             tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None,
                                                      template.tool_format if template else None)
-            spec, forced = output_constraint(tool_format, tools, choice, parallel_tool_calls, params.response_format)
+            parallel = parallel_tool_calls and not (template is not None and template.single_tool_call)
+            spec, forced = output_constraint(tool_format, tools, choice, parallel, params.response_format)
             if spec is not params.response_format:  # a forced call's grammar, or strict functions' (auto)
                 params = params.copy(response_format=spec)
             if choice == "none":

@@ -234,7 +234,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.format, tool_list, choice = check_tools(body.tools, body.tool_choice,
                                                       template.source if template is not None else None,
                                                       template.tool_format if template is not None else None)
-        response_format, tools.forced = output_constraint(tools.format, tool_list, choice, body.parallel_tool_calls,
+        tools.parallel = body.parallel_tool_calls and not (template is not None and template.single_tool_call)
+        response_format, tools.forced = output_constraint(tools.format, tool_list, choice, tools.parallel,
                                                           body.structured_output())
         if choice == "none":
             tools.format = None
@@ -287,7 +288,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         reasoning_rest, before, calls, after = reader.finish_in_order()
         content: str | None = "".join(content_parts) + before + after
         afters.append(after)
-        calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
+        calls = calls if tools.parallel else calls[:1]  # OpenAI: at most one call
         if calls:
             content = content or None
             finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
@@ -325,6 +326,7 @@ class _ToolSetup:
     reasoning: bool = False
     in_reasoning: bool = False
     parameters: dict[str, dict[str, Any]] | None = None  # function name -> parameters schema (typed XML values)
+    parallel: bool = True  # several calls in a reply (parallel_tool_calls, unless the template takes one only)
 
     def reader(self, engine: Any) -> OutputReader:  # noqa: ANN401
         return OutputReader.for_reply(self.format, engine.tokenizer.special_token_ids(), self.forced,
@@ -365,7 +367,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
             if finish_reason is not None:
                 # In the reply's order: what came before the calls, the calls, then the text after them.
                 reasoning_rest, before, calls, after = reader.finish_in_order()
-                calls = calls if body.parallel_tool_calls else calls[:1]  # OpenAI: at most one call
+                calls = calls if tools.parallel else calls[:1]  # OpenAI: at most one call
                 reasoning, text = reasoning + reasoning_rest, text + before
                 if calls:
                     if reasoning or text:

@@ -76,6 +76,27 @@ def test_formats_detected_from_real_templates(shared_hf):
         assert info.value.param == "tools"
 
 
+def test_a_template_that_takes_one_call_per_turn_gets_one(shared_hf, tmp_path, monkeypatch):
+    # Llama 3.x's template raises on an assistant turn with several calls: a reply with several (tool_choice
+    # "required", parallel_tool_calls left true) was refused when the agent sent it back (a trial found it).
+    from solo.chat_template import ChatTemplate
+
+    source, special = _template(shared_hf / "Llama-3.2-3B-Instruct")
+    assert ChatTemplate(source, special).single_tool_call
+    assert not ChatTemplate(_template(shared_hf / "Qwen2.5-Instruct")[0], {}).single_tool_call
+    from checkpoints import make_checkpoint
+
+    import solo.engine.engine as engine_module
+
+    asked = []
+    real = engine_module.output_constraint
+    monkeypatch.setattr(engine_module, "output_constraint", lambda *args: asked.append(args[3]) or real(*args))
+    engine = Engine.load(make_checkpoint(tmp_path, max_position_embeddings=2048), chat_template=source)
+    engine.make_request([{"role": "user", "content": "t"}], {"max_tokens": 40}, tools=[WEATHER],
+                        tool_choice="required")
+    assert asked == [False]  # parallel_tool_calls, left true by the request
+
+
 @pytest.mark.parametrize("name", sorted(EXPECTED_FORMATS))
 def test_tools_and_history_render_as_transformers(shared_hf, name):
     template, special = _template(shared_hf / name)
