@@ -660,11 +660,14 @@ def _calls_after_content(fmt: str, text: str, parameters: Mapping[str, Mapping[s
     # which the rest parses as calls, the one leaving the least text after them (JSON in the content ahead is no
     # call), the earliest of those; ("", [], text) when none does.
     best: tuple[str, list[ToolCall], str] = ("", [], text)
+    end = len(text) if limit is None else limit  # (the event's text: the content ahead of the marker lies in it)
+    if limit is not None:  # and the blanks after it, which follow the marker: Mistral v0.3 writes "▁[" after it
+        limit += len(text[limit:]) - len(text[limit:].lstrip())
     for i, char in enumerate(text if limit is None else text[:limit + 1]):
         if char in "[{<":
             calls, rest = complete_tool_calls(fmt, text[i:], parameters)
             if calls and (not best[1] or len(rest) < len(best[2])):
-                best = (text[:i], calls, rest)
+                best = (text[:min(i, end)], calls, rest)
                 if not rest:
                     break
     return best
