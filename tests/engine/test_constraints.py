@@ -111,6 +111,19 @@ def test_json_object_regex_choice_grammar(padded_engine):
     assert re.fullmatch(r"\([a-c]+\)?", g.text)
 
 
+def test_a_regex_from_re_escape_stays_on_xgrammar(bundled):
+    # re.escape writes "\\ " and "\\\n", which XGrammar matches as the characters, with a warning that sent the
+    # regex to llguidance, whose mask then let through an added token its matcher refused (a 500 on Qwen's
+    # <tool_call>, a trial found it).
+    for text in ("<tool_call> x", "<tool_call>\n", "a#b~c"):
+        pattern = re.escape(text)
+        request = bundled.make_request("x", SamplingParams(max_tokens=12, response_format={
+            "type": "regex", "regex": pattern}))
+        assert request.constraint.compiled.backend == "xgrammar", text
+        assert bundled.complete("x", SamplingParams(max_tokens=40, response_format={
+            "type": "regex", "regex": pattern})).text == text
+
+
 def test_length_cut_says_length(padded_engine):
     result = padded_engine.complete("x", SamplingParams(max_tokens=3, temperature=0,
                                                         response_format=_schema_format(SCHEMAS["nested"])))
