@@ -779,7 +779,8 @@ _SEPARATORS = " \t\r\n,;"  # between JSON values: blanks, and the "," or ";" bet
 def _leading_json(text: str, markers: tuple[str, ...] = ()) -> tuple[list[Any], int]:
     # The JSON values at the start of text (separated by `_SEPARATORS` and `markers`) and where the last value or
     # marker ends (0 when none parses).
-    decoder = json.JSONDecoder(strict=False)
+    # (NaN, Infinity and 1e400 are no JSON: re-serialised they would reach the client as such; not a call then)
+    decoder = json.JSONDecoder(strict=False, parse_constant=_reject, parse_float=_finite)
     values: list[Any] = []
     i, end = 0, 0
     while i < len(text):
@@ -792,7 +793,7 @@ def _leading_json(text: str, markers: tuple[str, ...] = ()) -> tuple[list[Any], 
             continue
         try:
             value, i = decoder.raw_decode(text, i)
-        except json.JSONDecodeError:
+        except ValueError:  # (json.JSONDecodeError, or a value `_finite` / `_reject` refuse)
             break
         values.append(value)
         end = i

@@ -657,3 +657,16 @@ def test_qwen3_coder_forced_and_strict_calls_and_history(tmp_path):
                            ("Let me look. " + good.replace(">\n2\n<", ">\n9\n<"), False)):
         matcher = xgr.GrammarMatcher(engine.constraints.compile(spec).grammar)
         assert matcher.accept_string(text) is accepted, text
+
+
+@pytest.mark.parametrize("fmt, text", [
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>'),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": 1e400}}\n</tool_call>'),
+    ("llama3_json", '{"name": "f", "parameters": {"x": -Infinity}}'),
+])
+def test_arguments_that_are_not_json_are_no_call(fmt, text):
+    # Python's json reads NaN, Infinity and 1e400 (inf): re-serialised, the client's arguments were not JSON.
+    parser = ToolCallParser(fmt, {})
+    parser.feed(text, [1])
+    content, calls, _ = parser.finish()
+    assert calls == [] and content == text
