@@ -571,7 +571,8 @@ class Engine:
             tools: OpenAI tools (messages only), rendered through the chat template (`solo.engine.tool_calls`).
             tool_choice: "auto" (default with tools), "none", "required" or {"type": "function", "function":
                 {"name": ...}}; the last two constrain the output to tool calls.
-            parallel_tool_calls: allow several calls in one reply.
+            parallel_tool_calls: allow several calls in one reply (a template that takes one call per turn, as
+                Llama 3.x's, gets one whatever this says).
             chat_template_kwargs: extra variables for the chat template (messages only), as vLLM's field:
                 {"enable_thinking": False} turns a Qwen3-style model's thinking off.
             continue_final_message: the model continues the last message (a prefill, usually the assistant's
@@ -624,6 +625,7 @@ class Engine:
                                           "messages or token ids)", param="suffix")
             prompt = self.infill_ids(prompt, suffix)
         render = {"add_generation_prompt": False, "continue_final_message": True} if continue_final_message else {}
+        parallel = parallel_tool_calls
         if tools or tool_choice not in (None, "none", "auto"):
             if not chat:
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
@@ -692,6 +694,7 @@ class Engine:
             skip_special_tokens=params.skip_special_tokens,
         )
         request.tool_call_format, request.tool_call_forced = tool_format, forced
+        request.parallel_tool_calls = parallel
         request.tool_parameters = tool_parameters(tools) if tool_format is not None else None
         # A thinking model's block, split as the server splits it (`Engine.complete`'s reasoning_content).
         constrained = getattr(params.response_format, "source", None) if params.response_format is not None else None
@@ -841,7 +844,7 @@ class Engine:
         text, finish_reason, content = "".join(texts), event.finish_reason, "".join(contents) + rest
         if parser is not None:  # the block as written, then the content less its calls
             text = text[:len(text) - len(reader.raw_content)] + content
-            calls = calls if parallel_tool_calls else calls[:1]  # OpenAI: at most one call without parallel calls
+            calls = calls if request.parallel_tool_calls else calls[:1]  # OpenAI: one call without parallel calls
             if calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
         return GenerationResult(

@@ -206,6 +206,7 @@ class Request:
         self.stop_reason: str | int | None = None
         self.tool_call_format: str | None = None  # set by Engine.make_request when the output may hold tool calls
         self.tool_call_forced = False  # the output is constrained to tool calls
+        self.parallel_tool_calls = True  # several calls in a reply (parallel_tool_calls, unless the template takes one)
         self.tool_parameters: dict[str, dict] | None = None  # function name -> parameters schema (typed XML values)
         self.reasoning_split = False  # set by Engine.make_request: a thinking model's block is split off
         self.in_reasoning = False  # ... and the prompt opened it (the output starts inside it)

@@ -754,10 +754,10 @@ def parse_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[str, 
         if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
             return None
         arguments = obj.get("arguments", obj.get("parameters", {}))
-        if isinstance(arguments, str):
+        if isinstance(arguments, str):  # (a JSON string of the object: the same values refused as `_leading_json`)
             try:
-                arguments = json.loads(arguments, strict=False)
-            except json.JSONDecodeError:
+                arguments = json.loads(arguments, strict=False, parse_constant=_reject, parse_float=_finite)
+            except ValueError:
                 return None
         if not isinstance(arguments, dict):
             return None

@@ -19,6 +19,7 @@ import json
 import os
 import re
 import shutil
+import socket
 import tempfile
 import warnings
 from collections.abc import Sequence
@@ -138,8 +139,9 @@ def _folder_size(folder: Path) -> int:
 
 # What a conversion writes, recorded in gguf_source.json; a folder of an older format is brought up to date
 # in place (2: the end-of-turn tokens and the file's sampling defaults in generation_config.json; 3: a
-# SentencePiece tokenizer's space prefix on every text, `_spm_space_prefix`).
-_CONVERSION_FORMAT = 3
+# SentencePiece tokenizer's space prefix on every text, `_spm_space_prefix`; 4: Phi-3's special tokens taking the
+# blanks after them, `_phi3_special_tokens`).
+_CONVERSION_FORMAT = 4
 
 
 def _folder_name(named: Path, src: Path) -> str:
@@ -236,7 +238,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
                               "a folder with room")
     _prune_abandoned_conversions(parent)
     try:
-        tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}-", dir=parent))
+        tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}@{socket.gethostname()}@", dir=parent))
     except OSError as exc:
         raise CheckpointError(_cache_write_error(parent, exc)) from None
     try:
@@ -259,12 +261,13 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
 
 
 def _prune_abandoned_conversions(parent: Path) -> None:
-    # A conversion's temporary folder (.converting-<pid>-*) whose process is gone: a process killed, or a server
-    # stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights.
+    # A conversion's temporary folder (.converting-<pid>@<host>@*) whose process is gone: a process killed, or a
+    # server stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights. Only
+    # this host's: a cache shared over the network (or with containers) holds others' live ones.
     for folder in parent.glob(".converting-*"):
-        match = re.match(r"\.converting-(\d+)-", folder.name)
-        if match is None:
-            continue  # (an older Solo's, with no pid: its process may still run)
+        match = re.match(r"\.converting-(\d+)@(.*)@", folder.name)
+        if match is None or match[2] != socket.gethostname():
+            continue  # (an older Solo's, with no pid, or another host's: its process may still run)
         try:
             os.kill(int(match[1]), 0)
         except ProcessLookupError:
@@ -377,7 +380,7 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
     _mark_special_tokens(out / "tokenizer.json", token_types, int(raw["vocab_size"]))
     _spm_space_prefix(out / "tokenizer.json", reader)
     if arch == "phi3":
-        _phi3_special_tokens(out / "tokenizer.json")
+        _phi3_special_tokens(out / "tokenizer.json", reader)
     generation = {k: raw[k] for k in ("bos_token_id", "eos_token_id") if raw.get(k) is not None}
     generation.update(_generation_fields(reader, src.name, raw.get("eos_token_id"), int(raw["vocab_size"]),
                                          token_types))
@@ -388,7 +391,7 @@ def _bring_up_to_date(folder: Path, src: Path) -> list[str]:
     """Give a folder converted by an older Solo what a conversion writes now, without converting it again.
 
     Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. 2 -> 3: a
-    SentencePiece tokenizer prefixes a space to every text (`_spm_space_prefix`), and a phi3 file's special
+    SentencePiece tokenizer prefixes a space to every text (`_spm_space_prefix`). 3 -> 4: a Phi-3 file's special
     tokens take the blanks after them (`_phi3_special_tokens`). A cache that cannot be written keeps the folder
     as it is (it still runs, as before).
 
@@ -412,9 +415,9 @@ def _bring_up_to_date(folder: Path, src: Path) -> list[str]:
                                                  _token_types(reader)))
             _write_json(generation_path, generation)
             changes.append("the file's end-of-turn tokens and sampling defaults")
-        if _spm_space_prefix(folder / "tokenizer.json", reader):
+        if record.get("format", 1) < 3 and _spm_space_prefix(folder / "tokenizer.json", reader):
             changes.append("a SentencePiece tokenizer's space prefix")
-        if record.get("architecture") == "phi3" and _phi3_special_tokens(folder / "tokenizer.json"):
+        if record.get("architecture") == "phi3" and _phi3_special_tokens(folder / "tokenizer.json", reader):
             changes.append("Phi-3's special tokens taking the blanks after them")
         _write_json(record_path, {**record, "format": _CONVERSION_FORMAT})
     except (OSError, ValueError, KeyError, TypeError):
@@ -593,12 +596,16 @@ def _head_dim_field(reader: Any, arch: str, config: Any) -> None:  # noqa: ANN40
         config.head_dim = int(key_length)
 
 
-def _phi3_special_tokens(path: Path) -> bool:
-    """Make a phi3 file's special tokens take the blanks after them (`rstrip`), except <unk>, <s>, <|endoftext|>.
+def _phi3_special_tokens(path: Path, reader: Any) -> bool:  # noqa: ANN401
+    """Make a Phi-3 file's special tokens take the blanks after them (`rstrip`), except <unk>, <s>, <|endoftext|>.
 
     As llama.cpp does for Phi-3 and Phi-3's own tokenizer.json has it: "<|user|>", a newline, then "hi" is
-    [<|user|>, "▁hi"]. Returns whether the file changed.
+    [<|user|>, "▁hi"]. Phi-3 and 3.5 only: their SentencePiece vocabulary ("llama"); Phi-4-mini, a phi3 file too,
+    has a BPE one and its own tokens' settings. Returns whether the file changed.
     """
+    model = reader.fields.get("tokenizer.ggml.model")
+    if model is None or bytes(model.parts[model.data[0]]) != b"llama":
+        return False
     data = json.loads(path.read_text(encoding="utf-8"))
     changed = False
     for token in data.get("added_tokens", []):

@@ -188,12 +188,12 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
         if launch is not None:  # (tensor-parallel ranks spawned for the load would go on loading)
             launch.stop_spawned_ranks()
         os._exit(0)  # (a GGUF conversion cut here leaves its temporary folder: the next one prunes it)
-    if server.force_exit:  # a second Ctrl-C / SIGTERM: the grace period was cut short
-        print("solo: forced shutdown (a second signal): the requests still running were cut off", file=sys.stderr)
-        return 1
     error = server.state.error
     if error is not None:
         raise SoloError(f"cannot load the model: {error}") from None
+    if server.force_exit:  # a second Ctrl-C / SIGTERM: the grace period was cut short
+        print("solo: forced shutdown (a second signal): the requests still running were cut off", file=sys.stderr)
+        return 1
     if not server.started:
         raise SoloError(f"could not start the server on {host}:{port} (see the log above)")
     return 0

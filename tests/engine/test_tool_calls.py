@@ -663,6 +663,8 @@ def test_qwen3_coder_forced_and_strict_calls_and_history(tmp_path):
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": NaN}}\n</tool_call>'),
     ("hermes", '<tool_call>\n{"name": "f", "arguments": {"x": 1e400}}\n</tool_call>'),
     ("llama3_json", '{"name": "f", "parameters": {"x": -Infinity}}'),
+    ("hermes", '<tool_call>\n{"name": "f", "arguments": "{\\"x\\": NaN}"}\n</tool_call>'),  # (as a string)
+    ("mistral", '[TOOL_CALLS][{"name": "f", "arguments": "{\\"x\\": 1e999}"}]'),
 ])
 def test_arguments_that_are_not_json_are_no_call(fmt, text):
     # Python's json reads NaN, Infinity and 1e400 (inf): re-serialised, the client's arguments were not JSON.

@@ -406,7 +406,7 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
                               metadata=lambda writer: writer.add_sampling_temp(0.6))
     folder = gguf_to_folder(path)
     record = json.loads((folder / "gguf_source.json").read_text())
-    assert record["format"] == 3
+    assert record["format"] == 4
     del record["format"]
     (folder / "gguf_source.json").write_text(json.dumps(record))
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
@@ -417,7 +417,7 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
                     "end-of-turn tokens and sampling defaults), as llama.cpp reads them"]  # (a BPE vocabulary)
     assert json.loads((folder / "generation_config.json").read_text()) == {
         "bos_token_id": 1, "eos_token_id": [2, 4], "temperature": 0.6}
-    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 3
+    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 4
     assert (folder / "model.safetensors").stat().st_mtime_ns == weights  # not converted again
     said.clear()
     gguf_to_folder(path, log=said.append)
@@ -507,16 +507,20 @@ def test_a_conversion_left_by_a_process_that_is_gone_is_pruned(tmp_path):
     # A server stopped mid-load exits without waiting for a conversion, whose temporary folder (the size of the
     # weights) stayed behind for good.
     import os
+    import socket
     import subprocess
     import sys
 
     from solo.model.gguf import _prune_abandoned_conversions
 
-    gone = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True, text=True)
-    folders = [tmp_path / f".converting-{int(gone.stdout)}-abc", tmp_path / f".converting-{os.getpid()}-def",
-               tmp_path / ".converting-ghi"]  # (an older Solo's, without a pid: left alone)
+    gone = int(subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                              text=True).stdout)
+    host = socket.gethostname()
+    folders = [tmp_path / f".converting-{gone}@{host}@abc", tmp_path / f".converting-{os.getpid()}@{host}@def",
+               tmp_path / f".converting-{gone}@another-host@ghi",  # (a shared cache: another host's, maybe live)
+               tmp_path / ".converting-jkl"]  # (an older Solo's, without a pid: left alone)
     for folder in folders:
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"x")
     _prune_abandoned_conversions(tmp_path)
-    assert [f.exists() for f in folders] == [False, True, True]
+    assert [f.exists() for f in folders] == [False, True, True, True]
