@@ -144,6 +144,34 @@ def _exit_on_sigterm(signum: int, frame: Any) -> None:  # noqa: ANN401
     raise SystemExit(128 + signum)
 
 
+def _run_until_sigterm(coro: Any) -> Any:  # noqa: ANN401
+    """`asyncio.run(coro)`, a SIGTERM cancelling it (then SystemExit, as `_exit_on_sigterm`).
+
+    Raised from the signal handler anywhere in the event loop's code, the SystemExit could leave a lock of the loop
+    or its executor held, and the run's teardown then waited on it (a test saw the bench hang past 60 s).
+    """
+    async def main() -> Any:  # noqa: ANN401
+        loop, task, stopped = asyncio.get_running_loop(), asyncio.current_task(), []
+        try:
+            loop.add_signal_handler(signal.SIGTERM, lambda: (stopped.append(True), task.cancel()))
+        except (ValueError, RuntimeError, NotImplementedError):  # (not the main thread, or no such support)
+            return await coro
+        try:
+            return await coro
+        except asyncio.CancelledError:
+            if stopped:
+                raise SystemExit(128 + signal.SIGTERM) from None
+            raise
+        finally:
+            loop.remove_signal_handler(signal.SIGTERM)
+
+    try:
+        return asyncio.run(main())
+    finally:  # (remove_signal_handler leaves the default action: the handler of the synchronous parts again)
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
 def _shape_model(args: argparse.Namespace) -> tuple[str, tempfile.TemporaryDirectory, str]:
     # A temporary folder the server loads (removed after the run): the shape's layers, a real tokenizer.
     from solo.bench.load.shape_folder import write_shape_folder
@@ -323,13 +351,13 @@ def main(args: argparse.Namespace) -> int:
         if not gc.get_freeze_count():  # (a caller that froze its own heap keeps it frozen)
             frozen = True
             freeze_startup_heap()
-        idle = asyncio.run(idle_baseline(base, prompts, workload, timeout))
+        idle = _run_until_sigterm(idle_baseline(base, prompts, workload, timeout))
         clients = args.max_batch or server_slots(base) or 8
         meta["capacity_clients"] = meta["server_slots"] = clients
         capacity = None
         if any(isinstance(r, str) for r in workload.rates):
             print(f"measuring capacity: {clients} closed-loop clients for {args.capacity_s:g} s", file=sys.stderr)
-            capacity = asyncio.run(closed_loop_capacity(base, prompts, workload, clients, args.capacity_s,
+            capacity = _run_until_sigterm(closed_loop_capacity(base, prompts, workload, clients, args.capacity_s,
                                                         workload.seed + 1, timeout))
             meta["capacity_rps"] = capacity
             if capacity <= 0:
@@ -344,11 +372,11 @@ def main(args: argparse.Namespace) -> int:
             rps = capacity * float(rate[:-1]) if isinstance(rate, str) else rate
             label = f"{rate} ({rps:.3g} req/s)" if isinstance(rate, str) else f"{rate:g} req/s"
             print(f"phase {label}: {workload.duration_s:g} s", file=sys.stderr)
-            phases.append(asyncio.run(run_phase(base, prompts, workload, rps, label, workload.duration_s,
+            phases.append(_run_until_sigterm(run_phase(base, prompts, workload, rps, label, workload.duration_s,
                                                 workload.max_requests, workload.seed + 100 + i, timeout, rss)))
         check = None
         if args.verify:
-            check = asyncio.run(check_outputs(base, prompts, workload, phases, timeout, args.verify))
+            check = _run_until_sigterm(check_outputs(base, prompts, workload, phases, timeout, args.verify))
         finished = True
     except httpx.TransportError as exc:
         raise SoloError(f"no answer from the server at {base} ({exc}); is `solo serve` running there?") from None
