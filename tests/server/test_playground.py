@@ -3,7 +3,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import shutil
+from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from server_harness import start_server
@@ -35,15 +38,21 @@ def test_page_and_static_files_are_open_and_info_needs_the_key(keyed_server):
     assert info["roofline_tokens_per_s"] == pytest.approx(info["bandwidth_gbps"] * 1e9 / info["bytes_per_token"])
 
 
-@pytest.mark.slow
-def test_browser_types_a_prompt_and_sees_streamed_text(keyed_server):
+@contextlib.contextmanager
+def _browser() -> Iterator[Any]:
+    # Debian's headless chromium driven by Playwright, or the test skips saying what is missing.
     if CHROMIUM is None:
         pytest.skip("chromium is not installed (apt-get install -y chromium)")
     playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
     with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
+        yield p.chromium.launch(executable_path=CHROMIUM, args=[
             "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
             "--disable-component-update", "--no-first-run"])
+
+
+@pytest.mark.slow
+def test_browser_types_a_prompt_and_sees_streamed_text(keyed_server):
+    with _browser() as browser:
         try:
             page = browser.new_page()
             page.goto(keyed_server.base_url + "/")
@@ -78,16 +87,11 @@ THINKING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|
 def test_browser_shows_thinking_drops_a_failed_turn_and_says_when_the_server_is_gone(tiny_model):
     # A trial found the page blank while a thinking model thought (it read only `content`), a failed turn left
     # in the transcript but not in the history sent next, and a stopped server shown as connected.
-    if CHROMIUM is None:
-        pytest.skip("chromium is not installed (apt-get install -y chromium)")
-    playwright = pytest.importorskip("playwright.sync_api", reason="the playwright package is not installed")
-    running = start_server(tiny_model, max_batch=2, chat_template=THINKING_TEMPLATE, reasoning_parser="deepseek_r1")
-    assert running.state.status == "ok", running.state.error
     errors = []
-    with playwright.sync_playwright() as p:
-        browser = p.chromium.launch(executable_path=CHROMIUM, args=[
-            "--headless", "--no-sandbox", "--disable-gpu", "--disable-background-networking",
-            "--disable-component-update", "--no-first-run"])
+    with _browser() as browser:
+        running = start_server(tiny_model, max_batch=2, chat_template=THINKING_TEMPLATE,
+                               reasoning_parser="deepseek_r1")
+        assert running.state.status == "ok", running.state.error
         try:
             page = browser.new_page()
             page.on("pageerror", lambda error: errors.append(str(error)))
