@@ -254,24 +254,68 @@ def output_constraint(fmt: str | None, tools: Sequence[Mapping[str, Any]], tool_
         tools, tool_choice, parallel_tool_calls: as `tool_call_constraint` takes them.
         response_format: the request's own constraint (response_format or vLLM's guided_* fields), or None.
 
+    A JSON response format (a final answer's schema) beside tool_choice "required" or a named function has
+    nothing to hold (the output is the call), as on OpenAI's API; beside tools under "auto" the output is either
+    calls or the format's JSON (`calls_or_format_constraint`), as agent frameworks ask for a final answer in a
+    schema while tools run.
+
     Raises:
-        InvalidRequestError: a response format beside tool_choice "required" or a named function (the output
-            is the tool call); the message and `param` name the response format's field.
+        InvalidRequestError: a regex, grammar or choice beside a forced call, or what `calls_or_format_constraint`
+            refuses; the message and `param` name the format's field.
     """
     forced = tool_call_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
-    if forced is None:
-        strict = strict_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
-        if strict is not None and response_format is not None:
-            source = getattr(response_format, "source", "response_format")
-            raise InvalidRequestError(f'{source} cannot be combined with "strict": true functions under tool_choice '
-                                      '"auto" (one grammar holds the whole output); drop strict or the format',
-                                      param=source)
-        return strict or response_format, False
-    if response_format is not None:
-        source = getattr(response_format, "source", "response_format")  # a dict is OpenAI's field
+    if forced is not None and response_format is not None and response_format.kind not in ("json_schema",
+                                                                                              "json_object"):
+        source = getattr(response_format, "source", "response_format")  # (a regex or grammar is no final answer)
         raise InvalidRequestError(f'{source} cannot be combined with tool_choice "required" or a named function '
                                   "(the output is the tool call)", param=source)
-    return forced, True
+    if forced is not None:
+        return forced, True
+    if fmt is not None and tool_choice == "auto" and response_format is not None:
+        return calls_or_format_constraint(fmt, tools, parallel_tool_calls, response_format), False
+    strict = strict_tools_constraint(fmt, tools, tool_choice, parallel_tool_calls) if fmt else None
+    return strict or response_format, False
+
+
+def calls_or_format_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], parallel_tool_calls: bool,
+                               response_format: StructuredOutput) -> StructuredOutput:
+    """Under tool_choice "auto" with a JSON response format: the output is tool calls or the format's JSON.
+
+    The calls' arguments follow their function's schema where it is `"strict": true` (any JSON object
+    otherwise); the answer follows the format. One grammar (XGrammar's structural tags: an OrFormat of the JSON
+    and the calls) holds the output from its first token, so a format alone would have ruled the calls out.
+
+    Raises:
+        InvalidRequestError: a format other than JSON (regex, grammar, choice), or a model whose calls start
+            with a special token no grammar writes (Mistral, Phi-4-mini); param: the format's field.
+    """
+    from xgrammar.structural_tag import JSONSchemaFormat, OrFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
+
+    source = getattr(response_format, "source", "response_format")
+    if response_format.kind not in ("json_schema", "json_object") or fmt not in _CALL_SYNTAX:
+        raise InvalidRequestError(
+            f'{source} beside tools under tool_choice "auto" is enforced for a JSON format on models whose calls are '
+            f"text (Hermes, Qwen3-Coder, Llama 3); this one is {response_format.kind} on {fmt} calls: send tool_choice "
+            '"none" to answer in the format, "required" for a call, or drop the format', param=source)
+    begin, end = _CALL_SYNTAX[fmt]
+    tags = []
+    for tool in tools:
+        strict = tool["function"].get("strict") is True
+        if strict:
+            _check_enforceable(tool)
+        tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
+                              content=_arguments_format(fmt, _parameters(tool) if strict else {"type": "object"}),
+                              end=end))
+    answer = response_format.value if response_format.kind == "json_schema" else {"type": "object"}
+    try:
+        calls = TagsWithSeparatorFormat(tags=tags, separator="; " if fmt == "llama3_json" else "\n", at_least_one=True,
+                                        stop_after_first=not parallel_tool_calls)
+        tag = StructuralTag(format=OrFormat(elements=[
+            JSONSchemaFormat(json_schema=dict(answer), max_whitespace_cnt=MAX_WHITESPACE), calls]))
+    except Exception as exc:  # pydantic validation of the formats
+        raise InvalidRequestError(f"the tools and {source} cannot be turned into one grammar: {exc}",
+                                  param=source) from None
+    return StructuredOutput("structural_tag", tag, "tool_calls", source=source)
 
 
 def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choice: str | Mapping,

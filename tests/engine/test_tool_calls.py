@@ -516,11 +516,10 @@ def test_strict_functions_under_auto_hold_calls_to_their_schemas():
     with pytest.raises(InvalidRequestError, match="strict"):
         check_tools([{**WEATHER, "function": {**WEATHER["function"], "strict": "yes"}}], "auto",
                     "{{ tools }}<tool_call>")
-    # One grammar holds the whole output: a response format beside strict functions is refused, not dropped.
-    with pytest.raises(InvalidRequestError, match="strict") as info:
-        engine.make_request([{"role": "user", "content": "Weather?"}], SamplingParams(
-            response_format={"type": "json_object"}), tools=[strict])
-    assert info.value.param == "response_format"
+    # Beside a JSON response format, one grammar holds calls or the format's JSON (the test below).
+    both = engine.make_request([{"role": "user", "content": "Weather?"}], SamplingParams(
+        max_tokens=8, response_format={"type": "json_object"}), tools=[strict])
+    assert both.constraint.compiled.backend == "xgrammar"
 
 
 def test_qwen3_coder_calls_parsed_with_typed_values():
@@ -672,3 +671,32 @@ def test_arguments_that_are_not_json_are_no_call(fmt, text):
     parser.feed(text, [1])
     content, calls, _ = parser.finish()
     assert calls == [] and content == text
+
+
+def test_tools_beside_a_json_format_under_auto_allow_calls_or_the_json():
+    # Agent frameworks send tools and a final answer's schema together (the Agents SDK's output_type with its
+    # strict function tools): that was a 400, or, with non-strict tools, a grammar that ruled calls out.
+    import xgrammar as xgr
+    from xgrammar.testing import _is_grammar_accept_string
+
+    from solo.engine.constraints import StructuredOutput
+    from solo.engine.tool_calls import output_constraint
+
+    answer = StructuredOutput("json_schema", {"type": "object", "properties": {"answer": {"type": "string"}},
+                                              "required": ["answer"], "additionalProperties": False})
+    strict_weather = {"type": "function", "function": {**WEATHER["function"], "strict": True}}
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": 2}}\n</tool_call>'
+    for tools, loose_call_ok in (([strict_weather], False), ([WEATHER], True)):
+        spec, forced = output_constraint("hermes", tools, "auto", True, answer)
+        grammar = xgr.Grammar.from_structural_tag(spec.value)
+        assert not forced and _is_grammar_accept_string(grammar, '{"answer": "hi"}')
+        assert _is_grammar_accept_string(grammar, call) and not _is_grammar_accept_string(grammar, "hello")
+        loose = call.replace('"Paris"', '"Rome"')  # (outside the strict schema's enum)
+        assert _is_grammar_accept_string(grammar, loose) is loose_call_ok
+    # A forced call has no room for the format: the call's grammar alone, as OpenAI's API takes the pair.
+    assert output_constraint("hermes", [WEATHER], "required", True, answer) == \
+        (tool_call_constraint("hermes", [WEATHER], "required", True), True)
+    # A call that starts with a special token (Mistral) cannot share one grammar with text: said, not dropped.
+    with pytest.raises(InvalidRequestError, match='response_format beside tools under tool_choice "auto"') as info:
+        output_constraint("mistral", [WEATHER], "auto", True, answer)
+    assert info.value.param == "response_format"
