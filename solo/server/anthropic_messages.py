@@ -113,7 +113,7 @@ def _error_from(exc: SoloError | APIError) -> JSONResponse:
         else:
             words = (f"input length and `max_tokens` exceed context limit: {exc.prompt_tokens} + "
                      f"{exc.max_tokens or 1} > {exc.limit}, decrease input length or `max_tokens` and try again")
-        error = APIError(error.status, f"{words} ({error.message})", param=error.param, code=error.code)
+        error = APIError(error.status, f"{words} ({exc})", param=error.param, code=error.code)
     return anthropic_error(error)
 
 

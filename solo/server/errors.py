@@ -87,7 +87,14 @@ def api_error_from(exc: BaseException) -> APIError:
     if isinstance(exc, APIError):
         return exc
     if isinstance(exc, ContextLengthError):
-        return APIError(400, str(exc), param=exc.param, code="context_length_exceeded")
+        message = str(exc)
+        if exc.prompt_tokens is not None and exc.limit is not None:  # and OpenAI's and vLLM's words: clients
+            # (litellm's ContextWindowExceededError, context-window fallbacks) recognise an overflow by them
+            completion = exc.max_tokens or 1
+            message += (f". This model's maximum context length is {exc.limit} tokens. However, you requested "
+                        f"{exc.prompt_tokens + completion} tokens ({exc.prompt_tokens} in the messages, {completion} "
+                        "in the completion).")
+        return APIError(400, message, param=exc.param, code="context_length_exceeded")
     if isinstance(exc, InvalidRequestError):
         return APIError(400, str(exc), param=exc.param)
     if isinstance(exc, ModelNotFoundError):
