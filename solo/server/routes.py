@@ -289,8 +289,9 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         content: str | None = "".join(content_parts) + before + after
         afters.append(after)
         calls = calls if tools.parallel else calls[:1]  # OpenAI: at most one call
-        if calls:
+        if calls or tools.forced:  # (a forced call max_tokens cut, left out: no text either, null as OpenAI's)
             content = content or None
+        if calls:
             finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
         reasoning = ("".join(reasoning_parts) + reasoning_rest) or None  # (an empty block: none, as streamed)
         reasoning_tokens += reader.reasoning_tokens

@@ -83,6 +83,10 @@ def test_openai_client_json_schema_and_named_tool(tool_server):
         model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=100, temperature=1.0, seed=1,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.choices[0].message.tool_calls[0].function.name == "get_weather"
+    cut = client.chat.completions.create(  # a forced call max_tokens cuts is left out: no text either (not "")
+        model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=3, tool_choice="required")
+    assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content is None
+    assert not cut.choices[0].message.tool_calls
     with tool_server.http() as http:
         completion = http.post("/v1/completions", json={"prompt": "Answer:", "max_tokens": 20,
                                                         "guided_choice": ["alpha", "beta"]}).json()
