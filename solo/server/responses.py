@@ -10,7 +10,8 @@ result back: a `reasoning` item for a thinking model's block, a `message` item w
 `response.output_item.added`, `response.output_text.delta`, `response.function_call_arguments.delta`, ...,
 `response.completed` or `response.incomplete`), each with its `sequence_number`.
 
-`POST /v1/responses/input_tokens` counts the prompt a request would run, as OpenAI's.
+`POST /v1/responses/input_tokens` counts the prompt a request would run, as OpenAI's. `top_logprobs` and `include`
+["message.output_text.logprobs"] give each output_text part (and text delta) its tokens' logprobs.
 
 Solo stores no responses, as vLLM without a store: `previous_response_id` (and GET /v1/responses/{id}) is
 refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`).
@@ -86,6 +87,7 @@ class ResponsesRequest(BaseModel):
     truncation: Literal["disabled"] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
+    top_logprobs: int | None = None
 
 
 # Fields of OpenAI's API a Responses request may carry that change nothing Solo generates.
@@ -116,8 +118,10 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
     if reasoning and not thinking_off:
         raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control) "
                                   'but {"effort": "none"}, thinking off; leave reasoning out', param="reasoning")
-    if body.include:
-        raise InvalidRequestError(f"include {body.include[0]!r} is not supported; leave include out", param="include")
+    for entry in body.include or []:
+        if entry != _LOGPROBS:
+            raise InvalidRequestError(f"include {entry!r} is not supported (Solo includes {_LOGPROBS!r}); leave it "
+                                      "out", param="include")
     if (body.model_extra or {}).get("background"):
         raise InvalidRequestError("background responses need stored responses, which Solo does not keep; leave "
                                   "background out (or stream the response)", param="background")
@@ -206,12 +210,23 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
         fields["parallel_tool_calls"] = body.parallel_tool_calls
     if body.text is not None:
         fields["response_format"] = _response_format(body.text)
+    if wants_logprobs(body):  # (the chat route's logprobs: each output_text part carries its tokens')
+        fields["logprobs"], fields["top_logprobs"] = True, body.top_logprobs or 0
     if thinking_off and thinking_switch:
         fields["chat_template_kwargs"] = {"enable_thinking": False}
     for name in body.model_extra or {}:
         if name not in _PASSED and name not in _NO_EFFECT and name != "background":
             raise InvalidRequestError(f"{name} is not a field Solo's Responses API takes", param=name)
     return chat_request_from(fields, _FIELD_NAMES)
+
+
+_LOGPROBS = "message.output_text.logprobs"
+"""The `include` entry Solo takes: the output text's token logprobs, as `top_logprobs` asks for them too."""
+
+
+def wants_logprobs(body: ResponsesRequest) -> bool:
+    """The request asks for the output text's logprobs (`include` or `top_logprobs`, as the Agents SDK sends)."""
+    return body.top_logprobs is not None or _LOGPROBS in (body.include or [])
 
 
 def _text(content: Any, index: int, key: str = "content") -> str:  # noqa: ANN401
@@ -365,9 +380,12 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
         return GenerationStream(_events(body, reply.body_iterator, response_id, created, model), reply.generation)
     completion = json.loads(reply.body)
     choice = completion["choices"][0]
-    result = response_object(body, response_id, created, completion["model"],
-                             output_items(choice["message"], choice["finish_reason"], content_after_calls(reply)),
-                             choice["finish_reason"],
+    output = output_items(choice["message"], choice["finish_reason"], content_after_calls(reply))
+    if wants_logprobs(body):  # the reply's tokens on its first text part, [] on any other
+        tokens = (choice.get("logprobs") or {}).get("content") or []
+        for part in (p for item in output if item["type"] == "message" for p in item["content"]):
+            part["logprobs"], tokens = tokens, []
+    result = response_object(body, response_id, created, completion["model"], output, choice["finish_reason"],
                              completion.get("usage"))
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
@@ -429,7 +447,7 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
             item["status"] = "completed"
         part = item["content"][0]
         return [event("response.output_text.done", item_id=item["id"], output_index=index, content_index=0,
-                      text=part["text"], logprobs=[]),
+                      text=part["text"], logprobs=part.get("logprobs", [])),
                 event("response.content_part.done", item_id=item["id"], output_index=index, content_index=0,
                       part=part),
                 event("response.output_item.done", output_index=index, item=item)]
@@ -447,20 +465,23 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
         return [event("response.function_call_arguments.done", item_id=item["id"], output_index=index,
                       arguments=item["arguments"]), event("response.output_item.done", output_index=index, item=item)]
 
-    def _open_message(text: str) -> list[str]:
+    def _open_message(text: str, tokens: list[dict[str, Any]]) -> list[str]:
         item = open_items["message"] = _message_item(_new_id("msg"), None, "in_progress")
         output.append(item)
         index = output.index(item)
         out = [event("response.output_item.added", output_index=index, item=dict(item, content=[]))]
         item["content"].append({"type": "output_text", "text": text, "annotations": []})
+        if logprobs:
+            item["content"][0]["logprobs"] = list(tokens)
         out.append(event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
-                         part=dict(item["content"][0], text="")))
+                         part=dict(item["content"][0], text="", **({"logprobs": []} if logprobs else {}))))
         if text:
             out.append(event("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0,
-                             delta=text, logprobs=[]))
+                             delta=text, logprobs=tokens))
         return out
 
-    pending_blank = ""
+    logprobs = wants_logprobs(body)
+    pending_blank, pending_tokens = "", []
 
     yield event("response.created", response=running())
     yield event("response.in_progress", response=running())
@@ -487,22 +508,27 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
                 yield event("response.reasoning_text.delta", item_id=item["id"], output_index=output.index(item),
                             content_index=0, delta=delta["reasoning_content"])
             content = delta.get("content") or ""
+            tokens = ((choice.get("logprobs") or {}).get("content") or []) if logprobs and content else []
             if content and "message" not in open_items and not content.strip():
                 pending_blank += content  # blank text between thinking and a call: no message item for it
-                content = ""
+                pending_tokens += tokens
+                content, tokens = "", []
             elif content and "message" not in open_items:
                 content, pending_blank = pending_blank + content, ""
+                tokens, pending_tokens = pending_tokens + tokens, []
             if content:
                 for text in close("reasoning") + close_call():  # (text after a call: the call's item ends first)
                     yield text
                 item = open_items.get("message")
                 if item is None:
-                    for text in _open_message(content):
+                    for text in _open_message(content, tokens):
                         yield text
                 else:
                     item["content"][0]["text"] += content
+                    if logprobs:
+                        item["content"][0]["logprobs"] += tokens
                     yield event("response.output_text.delta", item_id=item["id"], output_index=output.index(item),
-                                content_index=0, delta=content, logprobs=[])
+                                content_index=0, delta=content, logprobs=tokens)
             for call in delta.get("tool_calls") or []:
                 pending_blank = ""
                 for text in close("reasoning") + close("message"):
@@ -523,10 +549,10 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
                                 output_index=output.index(item), delta=function["arguments"])
             finish_reason = choice.get("finish_reason") or finish_reason
     if pending_blank and not output:  # only blank text: it is the reply
-        for text in _open_message(pending_blank):
+        for text in _open_message(pending_blank, pending_tokens):
             yield text
     if not output:  # nothing generated (max_output_tokens reached at once): an empty message, as unstreamed
-        for text in _open_message(""):
+        for text in _open_message("", []):
             yield text
     if finish_reason in ("length", "abort") and output[-1]["type"] != "reasoning":
         output[-1]["status"] = "incomplete"  # as OpenAI marks the item a max_output_tokens cut ends

@@ -103,6 +103,8 @@ def test_function_calls_round_trip(server):
     # the chat route's terms put in the Responses API's (flat tools, flat json_schema format)
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", 'needs "name" and "schema" beside its type'),
     ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools", "tools[0].name must be 1-64 letters"),
+    ({"include": ["reasoning.encrypted_content"]}, "include", "'reasoning.encrypted_content' is not supported"),
+    ({"top_logprobs": 21}, "top_logprobs", "top_logprobs"),
 ])
 def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     # (null is a field's default here as on the other routes)
@@ -244,3 +246,28 @@ def test_reasoning_effort_null_is_the_default(server):
     reply = server.client().responses.create(model=MODEL_NAME, input="def f", max_output_tokens=2,
                                              reasoning={"effort": None})
     assert reply.status == "incomplete"
+
+
+@pytest.mark.slow
+def test_output_text_logprobs_as_the_chat_route_gives_them(server):
+    # The Agents SDK sends include ["message.output_text.logprobs"] and top_logprobs with ModelSettings(top_logprobs):
+    # both were refused (a trial found it).
+    client = server.client()
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "hi"}],
+                                          max_tokens=6, temperature=0, logprobs=True, top_logprobs=2)
+    want = [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs])
+            for t in chat.choices[0].logprobs.content]
+    reply = client.responses.create(model=MODEL_NAME, input="hi", max_output_tokens=6, temperature=0, top_logprobs=2,
+                                    include=["message.output_text.logprobs"])
+    part = reply.output[0].content[0]
+    assert part.text == chat.choices[0].message.content
+    assert [(t.token, t.logprob, [(a.token, a.logprob) for a in t.top_logprobs]) for t in part.logprobs] == want
+    deltas = []
+    with client.responses.stream(model=MODEL_NAME, input="hi", max_output_tokens=6, temperature=0,
+                                 top_logprobs=2) as stream:
+        for event in stream:
+            if event.type == "response.output_text.delta":
+                deltas += [(t.token, t.logprob) for t in event.logprobs]
+    assert deltas == [(token, logprob) for token, logprob, _ in want]
+    plain = client.responses.create(model=MODEL_NAME, input="hi", max_output_tokens=2)
+    assert plain.output[0].content[0].logprobs is None  # (only when asked, as before)
