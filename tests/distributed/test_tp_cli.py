@@ -128,8 +128,7 @@ def test_a_stopped_rank_fails_the_engine_before_the_gloo_timeout(lane_model, mon
 
     from solo.distributed import runtime as tp_runtime
 
-    monkeypatch.setattr(tp_runtime, "STALL_S", 3.0)
-    monkeypatch.setattr(tp_runtime, "EXIT_AFTER_FAILURE_S", 1e9)  # (the test process stays)
+    monkeypatch.setattr(tp_runtime, "STALL_S", 3.0)  # (conftest keeps a failure from ending the test process)
     engine = Engine.load(lane_model, tp=2)
     followers = [p for p in _descendants(os.getpid()) if p not in _children_of(os.getpid())]  # (forked by the
     # helper process)
@@ -148,7 +147,7 @@ def test_a_stopped_rank_fails_the_engine_before_the_gloo_timeout(lane_model, mon
             os.kill(pid, signal.SIGSTOP)
         worker = threading.Thread(target=generate, daemon=True)
         worker.start()
-        deadline = time.monotonic() + 30
+        deadline = time.monotonic() + 90  # (3 s of stillness; more under a loaded machine)
         while not engine.errored and time.monotonic() < deadline:
             time.sleep(0.2)
         assert engine.errored and "heartbeat stood still" in engine.runtime.failed
