@@ -235,8 +235,8 @@ def tool_call_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_choi
         if len(tags) == 1 and not parallel_tool_calls:
             tag = StructuralTag(format=tags[0])
         else:
-            separator = "; " if fmt == "llama3_json" else "\n"
-            tag = StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator=separator, at_least_one=True,
+            tag = StructuralTag(format=TagsWithSeparatorFormat(tags=tags, separator=_CALL_SEPARATOR.get(fmt, "\n"),
+                                                               at_least_one=True,
                                                                stop_after_first=not parallel_tool_calls))
         return StructuredOutput("structural_tag", tag, "tool_calls", source="tool_choice")
     except Exception as exc:  # pydantic validation of the tags
@@ -289,7 +289,7 @@ def calls_or_format_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], par
         InvalidRequestError: a format other than JSON (regex, grammar, choice), or a model whose calls start
             with a special token no grammar writes (Mistral, Phi-4-mini); param: the format's field.
     """
-    from xgrammar.structural_tag import JSONSchemaFormat, OrFormat, StructuralTag, TagFormat, TagsWithSeparatorFormat
+    from xgrammar.structural_tag import JSONSchemaFormat, OrFormat, StructuralTag, TagsWithSeparatorFormat
 
     source = getattr(response_format, "source", "response_format")
     if response_format.kind not in ("json_schema", "json_object") or fmt not in _CALL_SYNTAX:
@@ -297,18 +297,10 @@ def calls_or_format_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], par
             f'{source} beside tools under tool_choice "auto" is enforced for a JSON format on models whose calls are '
             f"text (Hermes, Qwen3-Coder, Llama 3); this one is {response_format.kind} on {fmt} calls: send tool_choice "
             '"none" to answer in the format, "required" for a call, or drop the format', param=source)
-    begin, end = _CALL_SYNTAX[fmt]
-    tags = []
-    for tool in tools:
-        strict = tool["function"].get("strict") is True
-        if strict:
-            _check_enforceable(tool)
-        tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
-                              content=_arguments_format(fmt, _parameters(tool) if strict else {"type": "object"}),
-                              end=end))
+    tags = _auto_call_tags(fmt, tools)
     answer = response_format.value if response_format.kind == "json_schema" else {"type": "object"}
     try:
-        calls = TagsWithSeparatorFormat(tags=tags, separator="; " if fmt == "llama3_json" else "\n", at_least_one=True,
+        calls = TagsWithSeparatorFormat(tags=tags, separator=_CALL_SEPARATOR.get(fmt, "\n"), at_least_one=True,
                                         stop_after_first=not parallel_tool_calls)
         tag = StructuralTag(format=OrFormat(elements=[
             JSONSchemaFormat(json_schema=dict(answer), max_whitespace_cnt=MAX_WHITESPACE), calls]))
@@ -340,17 +332,9 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
                                   f"whose calls are marked by <tool_call> only (Hermes, Qwen3-Coder); this model's "
                                   f'syntax is {fmt}: drop strict, or send tool_choice "required" or a named function '
                                   "(enforced)", param="tools")
-    from xgrammar.structural_tag import StructuralTag, TagFormat, TriggeredTagsFormat
+    from xgrammar.structural_tag import StructuralTag, TriggeredTagsFormat
 
-    begin, end = _CALL_SYNTAX[fmt]
-    tags = []
-    for tool in tools:
-        strict = tool["function"].get("strict") is True
-        schema = _parameters(tool) if strict else {"type": "object"}
-        if strict:
-            _check_enforceable(tool)
-        tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
-                              content=_arguments_format(fmt, schema), end=end))
+    tags = _auto_call_tags(fmt, tools)
     try:
         tag = StructuralTag(format=TriggeredTagsFormat(triggers=["<tool_call>"], tags=tags,
                                                        stop_after_first=not parallel_tool_calls))
@@ -360,6 +344,25 @@ def strict_tools_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], tool_c
     return StructuredOutput("structural_tag", tag, "tool_calls", source="tools")
 
 
+def _auto_call_tags(fmt: str, tools: Sequence[Mapping[str, Any]]) -> list[Any]:
+    # One tag per function for calls under tool_choice "auto": its arguments held to its schema where it is
+    # `"strict": true` (checked enforceable: InvalidRequestError), any JSON object otherwise.
+    from xgrammar.structural_tag import TagFormat
+
+    begin, end = _CALL_SYNTAX[fmt]
+    tags = []
+    for tool in tools:
+        strict = tool["function"].get("strict") is True
+        if strict:
+            _check_enforceable(tool)
+        tags.append(TagFormat(begin=begin.format(name=tool["function"]["name"]),
+                              content=_arguments_format(fmt, _parameters(tool) if strict else {"type": "object"}),
+                              end=end))
+    return tags
+
+
+# Between parallel calls, per syntax (newline where not named).
+_CALL_SEPARATOR = {"llama3_json": "; "}
 # Text around one call's arguments, per syntax ({name} is the function name).
 _CALL_SYNTAX = {"hermes": ('<tool_call>\n{{"name": "{name}", "arguments": ', "}\n</tool_call>"),
                 "llama3_json": ('{{"name": "{name}", "parameters": ', "}"),

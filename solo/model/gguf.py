@@ -596,6 +596,12 @@ def _head_dim_field(reader: Any, arch: str, config: Any) -> None:  # noqa: ANN40
         config.head_dim = int(key_length)
 
 
+def _sentencepiece(reader: Any) -> bool:  # noqa: ANN401
+    # The file's vocabulary is SentencePiece's (llama.cpp's tokenizer model "llama"; "gpt2" is BPE).
+    model = reader.fields.get("tokenizer.ggml.model")
+    return model is not None and bytes(model.parts[model.data[0]]) == b"llama"
+
+
 def _phi3_special_tokens(path: Path, reader: Any) -> bool:  # noqa: ANN401
     """Make a Phi-3 file's special tokens take the blanks after them (`rstrip`), except <unk>, <s>, <|endoftext|>.
 
@@ -603,8 +609,7 @@ def _phi3_special_tokens(path: Path, reader: Any) -> bool:  # noqa: ANN401
     [<|user|>, "▁hi"]. Phi-3 and 3.5 only: their SentencePiece vocabulary ("llama"); Phi-4-mini, a phi3 file too,
     has a BPE one and its own tokens' settings. Returns whether the file changed.
     """
-    model = reader.fields.get("tokenizer.ggml.model")
-    if model is None or bytes(model.parts[model.data[0]]) != b"llama":
+    if not _sentencepiece(reader):
         return False
     data = json.loads(path.read_text(encoding="utf-8"))
     changed = False
@@ -626,8 +631,8 @@ def _spm_space_prefix(path: Path, reader: Any) -> bool:  # noqa: ANN401
     each special token too, as llama.cpp's `tokenizer_add_space_prefix`. Files that turn the prefix off
     (`tokenizer.ggml.add_space_prefix` false) and other tokenizer models are left as they are.
     """
-    model, prefix = reader.fields.get("tokenizer.ggml.model"), reader.fields.get("tokenizer.ggml.add_space_prefix")
-    if model is None or bytes(model.parts[model.data[0]]) != b"llama":
+    prefix = reader.fields.get("tokenizer.ggml.add_space_prefix")
+    if not _sentencepiece(reader):
         return False
     if prefix is not None and not bool(prefix.parts[prefix.data[0]][0]):
         return False
