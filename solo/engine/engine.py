@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import numbers
 import os
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -36,7 +35,7 @@ from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
 from solo.engine.reasoning import continues_reasoning, detect_reasoning, prompt_opens_reasoning
 from solo.engine.request import GenerationEvent, GenerationResult, Request
-from solo.engine.sampling import SamplingParams
+from solo.engine.sampling import SamplingParams, python_ints
 from solo.engine.speculative import (
     SPECULATIVE_MODES,
     DraftProposer,
@@ -489,9 +488,8 @@ class Engine:
         """
         if not isinstance(prompt, str | list | tuple) and getattr(prompt, "ndim", None) == 1:
             prompt = prompt.tolist()  # a 1-D NumPy array or torch tensor of token ids
-        if isinstance(prompt, list | tuple) and any(isinstance(t, numbers.Integral) and not isinstance(t, bool | int)
-                                                    for t in prompt):
-            prompt = [int(t) if isinstance(t, numbers.Integral) and not isinstance(t, bool) else t for t in prompt]
+        if isinstance(prompt, list | tuple):
+            prompt = python_ints(prompt)
         if isinstance(prompt, str):  # ("" is the tokenizer's BOS alone, where it adds one, as transformers takes it)
             ids = self.tokenizer.encode(prompt)
             if not ids and not prompt:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
 
@@ -97,10 +98,8 @@ class SamplingParams:
             if isinstance(value, numbers.Number) and not isinstance(value, bool | int | float):
                 setattr(self, f.name, int(value) if isinstance(value, numbers.Integral) else
                         float(value) if isinstance(value, numbers.Real) else value)
-            elif isinstance(value, list) and any(isinstance(v, numbers.Integral) and not isinstance(v, bool | int)
-                                                 for v in value):
-                setattr(self, f.name, [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v
-                                       for v in value])
+            elif isinstance(value, list):
+                setattr(self, f.name, python_ints(value))
         self.response_format = StructuredOutput.parse(self.response_format)
         self.validate()
 
@@ -245,6 +244,17 @@ class SamplingParams:
     def field_names(cls) -> tuple[str, ...]:
         """Names of all fields."""
         return tuple(f.name for f in fields(cls))
+
+
+def python_ints(values: Sequence[Any]) -> Sequence[Any]:
+    """`values` with NumPy's (or any other `numbers.Integral`) integers as Python ints; as given when none is.
+
+    Token ids from arrays (`tokenizer(..., return_tensors="np")`) arrive as np.int64, which the checks of ids
+    (`isinstance(t, int)`) would refuse. Booleans stay as they are, to be refused.
+    """
+    if not any(isinstance(v, numbers.Integral) and not isinstance(v, bool | int) for v in values):
+        return values
+    return [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in values]
 
 
 GREEDY_BELOW = 1e-5
