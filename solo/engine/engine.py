@@ -29,7 +29,7 @@ from solo.chat_template import (
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
-from solo.engine.fim import Fim, detect_fim
+from solo.engine.fim import Fim, InfillLayout, detect_fim, infill_layout
 from solo.engine.logits_processors import LogitsProcessors, bad_word_token_ids
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB, PrefixCache
@@ -357,6 +357,37 @@ class Engine:
         plain = self.tokenizer.encode_plain
         return [*ids[:first], token(fmt.prefix), *plain(prefix), token(fmt.suffix), *plain(suffix), token(fmt.middle),
                 *ids[last + 1:]]
+
+    def infill_layout(self, prefix: str, suffix: str, files: Sequence[tuple[str, str]] = (), middle: str = "",
+                      budget: int | None = None) -> InfillLayout:
+        """A fill-in-the-middle prompt with other files' code and the middle's start, fitted in `budget` tokens.
+
+        llama-server's `/infill` layout (`solo.engine.fim.infill_layout`): the files first, then `infill_ids(prefix,
+        suffix)`, then `middle`; to fit, the oldest files are left out, then the prefix's start and the suffix's
+        end are cut, and the result says what was.
+
+        Args:
+            prefix, suffix: the code before and after the gap.
+            files: (path, text) of other files, oldest first.
+            middle: text the middle starts with.
+            budget: the most tokens the prompt may take (None: no limit).
+
+        Raises:
+            InvalidRequestError: see `infill_prompt`; a path or text is not a string; the budget cannot hold
+                the layout's markers and `middle`.
+        """
+        whole = self.infill_ids(prefix, suffix)
+        for path, text in files:
+            if not isinstance(path, str) or not isinstance(text, str):
+                raise InvalidRequestError("each other file is a path and its text, both strings", param="files")
+        if not isinstance(middle, str):
+            raise InvalidRequestError(f"middle must be text, got {middle!r:.40}", param="middle")
+        assert self.fim is not None  # (infill_ids refused a model without)
+        try:
+            return infill_layout(self.fim, self.tokenizer.encode_plain, whole, prefix, suffix, files, middle, budget)
+        except ValueError as exc:
+            raise InvalidRequestError(f"{exc}; shorten the middle's start or raise the context",
+                                      param="middle") from None
 
     @property
     def constraints(self) -> ConstraintCompiler:

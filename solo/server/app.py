@@ -24,6 +24,7 @@ from solo.engine.engine import Engine
 from solo.server.anthropic_messages import anthropic_error
 from solo.server.anthropic_messages import router as messages_router
 from solo.server.errors import APIError, install_error_handlers
+from solo.server.llama_server import router as llama_server_router
 from solo.server.metrics import ServerMetrics
 from solo.server.ollama import ollama_error
 from solo.server.ollama import router as ollama_router
@@ -36,7 +37,7 @@ from solo.server.state import ServerSettings, ServerState, host_name
 ROUTES = ("/v1/chat/completions", "/v1/completions", "/v1/responses", "/v1/messages", "/v1/models",
           "/v1/models/{model}", "/tokenize", "/detokenize", "/health", "/metrics", "/", "/playground/info",
           "/api/chat", "/api/generate", "/api/tags", "/api/show", "/api/ps", "/api/version", "/version",
-          "/v1/messages/count_tokens")
+          "/v1/messages/count_tokens", "/completion", "/infill", "/props", "/apply-template")
 """Labels of `solo_requests_total` by route; any other path counts as "other"."""
 LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 """Browser origins allowed by default (CORS): pages served from this machine, any port."""
@@ -206,6 +207,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.include_router(responses_router)
     app.include_router(messages_router)
     app.include_router(ollama_router)
+    app.include_router(llama_server_router)
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
                        allowed_hosts=settings.allowed_hosts, max_body_bytes=int(settings.max_body_mb * 2**20))

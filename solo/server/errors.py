@@ -187,10 +187,6 @@ def unreadable_body_message(cause: BaseException) -> str:
 
 # Other servers' routes clients call (llama.vim's /infill, LangChain's embeddings): what Solo serves instead.
 _OTHER_SERVERS_ROUTES = {
-    "/infill": "llama-server's; send POST /v1/completions with prompt (the text before the cursor) and suffix "
-               "(the text after it)",
-    "/completion": "llama-server's; send POST /v1/completions (max_tokens for n_predict)",
-    "/props": "llama-server's; GET /v1/models names the model, /api/show gives its template and context length",
     "/slots": "llama-server's; GET /metrics shows the running and waiting requests",
     **dict.fromkeys(("/embedding", "/embeddings", "/v1/embeddings"),
                     "an embeddings route; Solo serves no embeddings (it generates text): use an embedding server"),
@@ -221,7 +217,8 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
         kind = {404: "not_found_error", 405: "invalid_request_error"}.get(exc.status_code, "invalid_request_error")
         message = {404: "no such route; see /v1/chat/completions, /v1/completions, /v1/responses, /v1/messages, "
                           "/v1/models, Ollama's /api/chat, /api/generate, /api/tags, /api/show, /api/ps, "
-                          "/api/version, and /tokenize, /detokenize, /health, /metrics, /version",
+                          "/api/version, llama-server's /completion, /infill, /props, /apply-template, and /tokenize, "
+                          "/detokenize, /health, /metrics, /version",
                    405: "this route does not accept that HTTP method"}.get(exc.status_code, str(exc.detail))
         path = request.url.path.rstrip("/")
         if exc.status_code == 404 and path in _OTHER_SERVERS_ROUTES:

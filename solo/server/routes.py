@@ -512,6 +512,14 @@ def _model_card(state: ServerState) -> ModelCard:
 def chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  # noqa: ANN401
     """Token ids of a request's chat prompt, rendered as the chat route renders it (no request is run).
 
+    See `chat_prompt_text` for the arguments and errors.
+    """
+    return engine.tokenizer.encode(chat_prompt_text(state, engine, body), add_special_tokens=False)
+
+
+def chat_prompt_text(state: ServerState, engine: Any, body: Any) -> str:  # noqa: ANN401
+    """A request's chat prompt as text, rendered as the chat route renders it (no request is run).
+
     Args:
         state: the server's state.
         engine: the served engine.
@@ -525,10 +533,9 @@ def chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  #
     source = template.source if template is not None else None
     extra = check_template_kwargs(body.chat_template_kwargs, source, thinks=state.reasoning)
     _, tools, _ = check_tools(body.tools, "none", source)
-    text = engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in body.messages]),
+    return engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in body.messages]),
                                         body.add_generation_prompt, tools=tools or None,
                                         continue_final_message=body.continue_final_message, **extra)
-    return engine.tokenizer.encode(text, add_special_tokens=False)
 
 
 @router.post("/tokenize")

@@ -173,3 +173,37 @@ def test_the_layout_is_the_whole_texts_encoding_on_metaspace_tokenizers(tmp_path
     # With a marker's text in the code, that text is plain and the layout's markers are the only markers.
     ids = engine.infill_ids("s = '<|fim_suffix|>'", "y")
     assert ids.count(tok.token_to_id("<|fim_suffix|>")) == 1
+
+
+def test_infill_layout_fits_oldest_files_first_then_cuts_the_far_ends():
+    from solo.engine.fim import SNIPPET_HEADER, infill_layout
+
+    def encode(text):  # one id per character, from 1000 on
+        return [1000 + ord(c) for c in text]
+
+    markers = {"<|fim_prefix|>": 1, "<|fim_suffix|>": 2, "<|fim_middle|>": 3}
+    fim = detect_fim(markers.get)
+    assert fim.repo_id is None and fim.file_separator_id is None
+    whole = [0, 1, *encode("ab"), 2, *encode("cd"), 3]  # BOS, then the layout
+    files = [("old.py", "xxxx"), ("new.py", "yy")]
+    layout = infill_layout(fim, encode, whole, "ab", "cd", files, middle="m")
+    snippet = encode(SNIPPET_HEADER)
+    assert layout.ids == [0, *snippet, *encode("xxxx"), *snippet, *encode("yy"), *whole[1:], *encode("m")]
+    assert not layout.truncated
+    fitted = infill_layout(fim, encode, whole, "ab", "cd", files, middle="m", budget=len(whole) + 1 + len(snippet) + 2)
+    assert fitted.files_dropped == 1 and fitted.ids[1:1 + len(snippet) + 2] == [*snippet, *encode("yy")]
+    # No room for any file, nor the whole code: the prefix keeps its end (up to 3/4 of the room), the suffix
+    # its start.
+    cut = infill_layout(fim, encode, whole, "ab", "cd", files, middle="m", budget=len(whole) - 1)
+    assert cut.ids == [0, 1, *encode("ab"), 2, 3, *encode("m")] and cut.truncated and cut.files_dropped == 2
+    assert (cut.prefix_tokens_cut, cut.suffix_tokens_cut) == (0, 2)
+    long = infill_layout(fim, encode, [0, 1, *encode("abcdefgh"), 2, *encode("ijkl"), 3], "abcdefgh", "ijkl",
+                         budget=12)
+    assert long.ids == [0, 1, *encode("cdefgh"), 2, *encode("ij"), 3]  # (room 8: a quarter to the suffix)
+    with pytest.raises(ValueError, match="cannot hold"):
+        infill_layout(fim, encode, whole, "ab", "cd", middle="mmmm", budget=5)
+    # With a repository marker and a file separator: the repository-level form.
+    repo = detect_fim({**markers, "<|repo_name|>": 4, "<|file_sep|>": 5}.get)
+    layout = infill_layout(repo, encode, whole, "ab", "cd", [("a.py", "z")])
+    assert layout.ids == [0, 4, *encode("myproject\n"), 5, *encode("a.py\n"), *encode("z"), 5,
+                          *encode("filename\n"), *whole[1:]]

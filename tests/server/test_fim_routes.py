@@ -75,11 +75,6 @@ def test_a_chat_that_mentions_a_marker_is_no_fim_prompt(server):
     assert reply.choices[0].finish_reason == "length" and reply.usage.completion_tokens == 3
 
 
-def test_llama_servers_routes_name_solos(server):
-    reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
-    assert reply.status_code == 404 and "/v1/completions with prompt" in reply.json()["error"]["message"]
-
-
 def test_an_empty_system_beside_a_suffix_is_none(server):
     # Editors send every field: an empty system (and think false) change nothing in a FIM prompt.
     reply = httpx.post(f"{server.base_url.removesuffix('/v1')}/api/generate", json={

@@ -1,0 +1,186 @@
+"""llama-server's own API on `solo serve`: /infill (llama.vim's and llama.vscode's requests) gives the middle the
+same layout gives on /v1/completions, with other files, fitting, n_indent, t_max_predict_ms and response_fields;
+/completion in llama-server's shape, streamed and not; fields Solo cannot honour are refused by name."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+from checkpoints import make_checkpoint
+from server_harness import MODEL_NAME, start_server
+
+from solo.server.llama_server import _Ask, _Reply, indent_cut
+
+FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|endoftext|>",
+              "<|repo_name|>", "<|file_sep|>")
+PREFIX, SUFFIX = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
+GREEDY = {"temperature": 0, "n_predict": 8}
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory):
+    folder = make_checkpoint(tmp_path_factory.mktemp("llama-server") / "model", extra_tokens=FIM_TOKENS)
+    running = start_server(folder, max_batch=2)
+    assert running.state.status == "ok", running.state.error
+    yield running
+    running.stop()
+
+
+def _root(server) -> str:
+    return server.base_url
+
+
+def _openai_text(server, prompt, max_tokens: int = 8) -> dict:
+    reply = httpx.post(f"{server.base_url}/v1/completions", json={"prompt": prompt, "max_tokens": max_tokens,
+                                                              "temperature": 0})
+    assert reply.status_code == 200, reply.text
+    return reply.json()
+
+
+def test_infill_gives_the_middle_of_the_fim_layout(server):
+    want = _openai_text(server, f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>")
+    reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY})
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert body["content"] == want["choices"][0]["text"] and body["stop"] is True
+    assert body["tokens_evaluated"] == want["usage"]["prompt_tokens"]
+    assert body["tokens_predicted"] == want["usage"]["completion_tokens"]
+    assert body["stop_type"] == ("limit" if want["choices"][0]["finish_reason"] == "length" else "eos")
+    assert body["truncated"] is False and body["model"] == MODEL_NAME
+    assert body["generation_settings"]["n_ctx"] == server.state.max_model_len
+    assert {"prompt_n", "prompt_ms", "prompt_per_second", "predicted_n", "predicted_ms",
+            "predicted_per_second"} <= set(body["timings"])
+
+
+def test_llama_vim_request_with_other_files_and_response_fields(server):
+    # llama.vim's FIM request, field for field (its defaults), with two chunks of other files.
+    extra = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"},
+             {"filename": "main.py", "text": "import util\n"}]
+    request = {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra,
+               "prompt": "return", "n_predict": 6, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90,
+               "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
+               "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+               "response_fields": ["content", "timings/prompt_n", "timings/predicted_per_second", "truncated",
+                                   "tokens_cached", "generation_settings/temperature"]}
+    reply = httpx.post(f"{_root(server)}/infill", json=request)
+    assert reply.status_code == 200, reply.text
+    body = reply.json()
+    assert set(body) == {"content", "timings/prompt_n", "timings/predicted_per_second", "truncated", "tokens_cached",
+                         "generation_settings/temperature"}
+    assert body["truncated"] is False
+    assert body["generation_settings/temperature"] == 1.0  # (no "temperature" among the samplers: plain sampling)
+    # The layout: the repository form (Qwen2.5-Coder's), then the middle's start after the middle marker.
+    laid_out = ("<|repo_name|>myproject\n<|file_sep|>util.py\ndef sub(a, b):\n    return a - b\n"
+                "<|file_sep|>main.py\nimport util\n<|file_sep|>filename\n"
+                f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>return")
+    tokenizer = server.state.engine.tokenizer
+    full = httpx.post(f"{_root(server)}/infill", json={**request, "response_fields": None, **GREEDY}).json()
+    assert full["prompt"] == tokenizer.decode(tokenizer.encode(laid_out), skip_special_tokens=False)
+    assert full["tokens_evaluated"] == len(tokenizer.encode(laid_out))
+    # llama.vim's warm-up: n_predict 0 evaluates the prompt and writes nothing; [""] names no field.
+    warm = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": [""]})
+    assert warm.status_code == 200 and warm.json() == {}
+    nothing = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": None}).json()
+    assert nothing["content"] == "" and nothing["tokens_predicted"] == 0 and nothing["stop_type"] == "limit"
+
+
+def test_infill_fits_the_context_oldest_files_first(server):
+    context = server.state.max_model_len
+    files = [{"filename": f"f{i}.py", "text": "x = 1\n" * 8} for i in range(9)]
+    body = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
+                                                       "input_extra": files, **GREEDY}).json()
+    assert body["truncated"] is True and body["tokens_evaluated"] + 8 <= context
+    assert "f8.py" in body["prompt"] and "f0.py" not in body["prompt"]  # (the newest kept)
+    # A prefix longer than the context loses its start; the cursor's side is kept.
+    long_prefix = "y = 2\n" * 200 + PREFIX
+    body = httpx.post(f"{_root(server)}/infill", json={"input_prefix": long_prefix, "input_suffix": SUFFIX,
+                                                       **GREEDY}).json()
+    assert body["truncated"] is True and body["prompt"].endswith(f"{SUFFIX}<|fim_middle|>")
+    assert PREFIX in body["prompt"] and body["tokens_evaluated"] <= context
+
+
+def test_completion_in_llama_servers_shape(server):
+    want = _openai_text(server, "def add(a, b):")
+    body = httpx.post(f"{_root(server)}/completion", json={"prompt": "def add(a, b):", **GREEDY}).json()
+    assert body["content"] == want["choices"][0]["text"]
+    assert body["tokens_evaluated"] == want["usage"]["prompt_tokens"] and body["stop"] is True
+    # Streamed: the pieces, then a last event with stop true and the statistics.
+    with httpx.stream("POST", f"{_root(server)}/completion",
+                      json={"prompt": "def add(a, b):", "stream": True, **GREEDY}) as stream:
+        events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+    assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
+    assert "".join(e["content"] for e in events) == want["choices"][0]["text"]
+    assert events[-1]["tokens_predicted"] == want["usage"]["completion_tokens"]
+    # Token ids, or ids and text mixed (BOS only before a leading text).
+    ids = server.state.engine.tokenizer.encode("def add(a, b):")
+    mixed = httpx.post(f"{_root(server)}/completion", json={"prompt": [*ids[:3], "(a, b):"], **GREEDY}).json()
+    assert mixed["tokens_evaluated"] == len(ids[:3]) + len(server.state.engine.tokenizer.encode(
+        "(a, b):", add_special_tokens=False))
+
+
+def test_stop_words_and_bans(server):
+    text = _openai_text(server, "def add(a, b):")["choices"][0]["text"]
+    word = text[2:4]
+    body = httpx.post(f"{_root(server)}/completion",
+                      json={"prompt": "def add(a, b):", "stop": [word], **GREEDY}).json()
+    assert body["stop_type"] == "word" and body["stopping_word"] == word and word not in body["content"]
+    engine = server.state.engine
+    first = engine.complete("def add(a, b):", {"max_tokens": 1, "temperature": 0}).token_ids[0]
+    banned = httpx.post(f"{_root(server)}/completion", json={"prompt": "def add(a, b):",
+                                                             "logit_bias": [[first, False]], **GREEDY}).json()
+    assert banned["content"] != text
+
+
+@pytest.mark.parametrize(("fields", "param", "words"), [
+    ({"mirostat": 2}, "mirostat", "no mirostat sampling"),
+    ({"n_probs": 3}, "n_probs", "logprobs"),
+    ({"samplers": ["top_k", "magic"]}, "samplers", "not a sampler"),
+    ({"frobnicate": 1}, "frobnicate", "not a field"),
+    ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n", "whole sequence"),
+    ({"n_predict": -2}, "n_predict", "n_predict must be"),
+    ({"logit_bias": [["hello", 1.0]]}, "logit_bias", "token ids"),
+    ({"prompt": ["one", "two"]}, "prompt", "one prompt per request"),
+    ({"temperature": 3}, "temperature", "temperature"),
+])
+def test_what_solo_cannot_honour_is_refused_by_name(server, fields, param, words):
+    reply = httpx.post(f"{_root(server)}/completion", json={"prompt": "x = 1", **GREEDY, **fields})
+    assert reply.status_code == 400, reply.text
+    error = reply.json()["error"]
+    assert error["param"] == param and words in error["message"]
+
+
+def test_infill_on_a_model_without_fim_tokens_is_refused(server, monkeypatch):
+    monkeypatch.setattr(server.state.engine, "fim", None)
+    reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input_suffix"
+    assert "no fill-in-the-middle tokens" in reply.json()["error"]["message"]
+
+
+def test_props_and_apply_template(server):
+    props = httpx.get(f"{_root(server)}/props").json()
+    assert props["default_generation_settings"]["n_ctx"] == server.state.max_model_len
+    assert props["total_slots"] == 1 and props["chat_template"]
+    messages = [{"role": "user", "content": "Hi"}]
+    reply = httpx.post(f"{_root(server)}/apply-template", json={"messages": messages})
+    assert reply.status_code == 200, reply.text
+    assert reply.json()["prompt"] == server.state.engine.tokenizer.render_chat(messages, True)
+
+
+def test_n_indent_ends_the_middle_at_a_shallower_line():
+    # llama-server's rule: the first line is the cursor's; each later one needs n_indent blanks.
+    assert indent_cut("a + b\n    return x\n", 4) is None
+    assert indent_cut("a + b\n    return x\nprint(1)", 4) == len("a + b\n    return x\n")
+    assert indent_cut("a + b\n  ", 4) is None  # (still being written)
+    assert indent_cut("a + b\n\n", 4) == len("a + b\n")  # (a blank line ends a block too)
+    assert indent_cut("x\ny", 0) is None
+
+
+def test_t_max_predict_ms_ends_after_a_complete_line():
+    reply = _Reply(_Ask({"t_max_predict_ms": 1}, infill=True), time.perf_counter())
+    assert reply.feed({"choices": [{"text": "a = 1"}]}) == "a = 1" and not reply.done  # (no newline yet)
+    time.sleep(0.01)
+    assert reply.feed({"choices": [{"text": "\nb"}]}) == "\nb" and reply.done and reply.cut
+    assert reply.feed({"choices": [{"text": "more"}]}) == ""
