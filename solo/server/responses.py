@@ -13,6 +13,8 @@ result back: a `reasoning` item for a thinking model's block, a `message` item w
 `POST /v1/responses/input_tokens` counts the prompt a request would run, as OpenAI's. `top_logprobs` and `include`
 ["message.output_text.logprobs"] give each output_text part (and text delta) its tokens' logprobs.
 
+`truncation: "auto"` leaves the oldest turns out of a conversation longer than the context (`_fit_context`).
+
 Solo stores no responses, as vLLM without a store: `previous_response_id` (and GET /v1/responses/{id}) is
 refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`).
 """
@@ -20,6 +22,7 @@ refused, and a client sends the whole conversation each turn (the Agents SDK doe
 from __future__ import annotations
 
 import json
+import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -84,14 +87,15 @@ class ResponsesRequest(BaseModel):
     metadata: dict[str, Any] | None = None
     user: str | None = None
     previous_response_id: str | None = None
-    truncation: Literal["disabled"] | None = None
+    truncation: Literal["disabled", "auto"] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
     top_logprobs: int | None = None
 
 
 # Fields of OpenAI's API a Responses request may carry that change nothing Solo generates.
-_NO_EFFECT = frozenset({"service_tier", "prompt_cache_key", "safety_identifier", "stream_options"})
+# (max_tool_calls bounds OpenAI's built-in tools' calls; Solo runs none, and function calls are the client's.)
+_NO_EFFECT = frozenset({"service_tier", "prompt_cache_key", "safety_identifier", "stream_options", "max_tool_calls"})
 # Sampling fields the chat route takes as they are (vLLM accepts them on /v1/responses too).
 _PASSED = ("temperature", "top_p", "user", "seed", "top_k", "min_p", "frequency_penalty", "presence_penalty",
            "repetition_penalty", "stop", "logit_bias", "priority")
@@ -312,7 +316,8 @@ def response_object(body: ResponsesRequest, response_id: str, created: int, mode
         "metadata": body.metadata or {}, "output": output,
         "parallel_tool_calls": body.parallel_tool_calls is not False, "previous_response_id": None,
         "temperature": body.temperature, "top_p": body.top_p, "tool_choice": body.tool_choice or "auto",
-        "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}}, "truncation": "disabled",
+        "tools": body.tools or [], "text": body.text or {"format": {"type": "text"}},
+        "truncation": body.truncation or "disabled",
         "store": False, "user": body.user,
         "usage": None if not usage else {
             "input_tokens": usage.get("prompt_tokens", 0), "output_tokens": usage.get("completion_tokens", 0),
@@ -371,6 +376,8 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     switch = thinking_switch(request.app.state.solo, off, "reasoning")
     chat = chat_request(body, thinking_switch=switch)
     try:
+        if body.truncation == "auto":
+            chat = await _fit_context(body, chat, switch, request)
         reply = await chat_completions(chat, request)
     except InvalidRequestError as exc:
         raise _in_responses_terms(exc) from None
@@ -390,11 +397,63 @@ async def responses(body: ResponsesRequest, request: Request) -> Response:
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
 
+async def _fit_context(body: ResponsesRequest, chat: ChatCompletionRequest, switch: bool, request: Request
+                       ) -> ChatCompletionRequest:
+    """`truncation: "auto"`: the chat request with the oldest input items left out until it fits the context.
+
+    As OpenAI's API drops items from the beginning of the conversation: the leading system and developer
+    messages (and `instructions`) stay, and what is kept starts at a user message, so no call is left without
+    the turn that asked for it nor an output without its call. The prompt, with `max_output_tokens` (or one
+    token) after it, must fit the server's context; the fewest items are dropped (a binary search over the user
+    messages, each candidate rendered by the chat template). A request that fits is unchanged; one that cannot
+    fit even from its last user message is left whole for the chat route to refuse.
+    """
+    from starlette.concurrency import run_in_threadpool
+
+    from solo.server.routes import chat_prompt_ids
+
+    if isinstance(body.input, str):
+        return chat
+    state = request.app.state.solo
+    engine, _ = state.require_ready(body.model)
+    items = body.input
+    room = state.max_model_len - (body.max_output_tokens or 1)
+    lead = 0
+    while lead < len(items) and isinstance(items[lead], dict) and items[lead].get("role") in ("system", "developer"):
+        lead += 1
+    starts = [i for i in range(lead + 1, len(items)) if isinstance(items[i], dict)
+              and items[i].get("role") == "user" and items[i].get("type", "message") == "message"]
+
+    def fitted(start: int) -> ChatCompletionRequest | None:
+        candidate = chat_request(body.model_copy(update={"input": [*items[:lead], *items[start:]]}),
+                                 thinking_switch=switch)
+        return candidate if len(chat_prompt_ids(state, engine, candidate)) <= room else None
+
+    def search() -> ChatCompletionRequest:
+        if not starts or len(chat_prompt_ids(state, engine, chat)) <= room:
+            return chat
+        best, low, high = None, 0, len(starts) - 1
+        while low <= high:  # (the prompt shrinks as the start moves later)
+            middle = (low + high) // 2
+            candidate = fitted(starts[middle])
+            if candidate is not None:
+                best, high = candidate, middle - 1
+            else:
+                low = middle + 1
+        return best or chat
+
+    return await run_in_threadpool(search)
+
+
 def _in_responses_terms(exc: InvalidRequestError) -> InvalidRequestError:
     # The chat route's error with its field named as this API names it.
     param = _FIELD_NAMES.get(exc.param or "", exc.param)
     message = str(exc).replace(exc.param, param) if exc.param and param and exc.param != "messages" else str(exc)
-    return type(exc)(in_api_terms(message, CHAT_TOOL_TERMS), param=param)
+    message = re.sub(r"(?<![\w.])max_tokens(?!\w)", "max_output_tokens", message)
+    renamed = type(exc)(in_api_terms(message, CHAT_TOOL_TERMS), param=param)
+    # (a context overflow keeps its counts, from which the reply says it in OpenAI's words too)
+    renamed.__dict__.update({k: v for k, v in vars(exc).items() if k != "param"})
+    return renamed
 
 
 @router.post("/v1/responses/input_tokens", response_model=None)
