@@ -147,10 +147,13 @@ def infill_layout(fim: Fim, encode: Callable[[str], list[int]], whole: list[int]
 
     core = whole[first:last + 1]
     limit = budget if budget is not None else float("inf")
-    for dropped in range(len(chunks) + 1):
-        ids = assemble(chunks[dropped:], core)
-        if len(ids) <= limit:
-            return InfillLayout(ids, files_dropped=dropped)
+    bare = len(head) + len(core) + len(middle_ids) + len(tail)
+    size, dropped = bare + len(opening) + len(current) + sum(map(len, chunks)), 0
+    while dropped < len(chunks) and size > limit:  # (the oldest files out first)
+        size -= len(chunks[dropped])
+        dropped += 1
+    if dropped < len(chunks) or bare <= limit:
+        return InfillLayout(assemble(chunks[dropped:], core), files_dropped=dropped)
     prefix_ids, suffix_ids = encode(prefix), encode(suffix)
     room = int(limit) - len(head) - len(middle_ids) - len(tail) - 3  # (the three markers)
     if room < 0:

@@ -1,34 +1,38 @@
 """llama-server's own API: `POST /completion`, `POST /infill`, `GET /props`, `POST /apply-template`.
 
-Tools written for llama.cpp's server reach `solo serve` at its address: llama.vim and llama.vscode complete
-code at the cursor through `/infill` (with code from other open files in `input_extra`), Continue's llama.cpp
-provider and scripts call `/completion`. A request becomes the `/v1/completions` request it means (`n_predict`
--> `max_tokens`, `repeat_penalty` -> `repetition_penalty`, `grammar` -> a GBNF grammar, `json_schema` -> a JSON
-schema, `logit_bias` pairs -> OpenAI's map), runs through that route, and comes back in llama-server's shape:
-`content`, `stop`, `stop_type` ("eos", "word" with `stopping_word`, "limit"), `tokens_predicted`,
-`tokens_evaluated`, `tokens_cached`, `truncated`, `timings` (`prompt_n`, `prompt_ms`, `predicted_per_second`,
-...), `generation_settings`; streamed (`stream: true`) as server-sent events `data: {"content": ..., "stop":
-false}`, the last one `stop: true` with the statistics. `response_fields` keeps only the fields named (a name
-with a slash, `timings/prompt_n`, lifts a nested one, as llama-server does).
+Tools written for llama.cpp's server reach `solo serve` at its address: llama.vim and llama.vscode complete code at
+the cursor through `/infill` (with code from other open files in `input_extra`), Continue's llama.cpp provider and
+scripts call `/completion`. A request becomes the `/v1/completions` request it means (`n_predict` -> `max_tokens`,
+`repeat_penalty` -> `repetition_penalty`, `grammar` -> a GBNF grammar, `json_schema` -> a JSON schema, `logit_bias`
+pairs -> OpenAI's map, `n_cmpl` -> `n`), is run by that route (its generation's events read here), and comes back in
+llama-server's shape: `content`, `stop`, `stop_type` ("eos", "word" with `stopping_word`, "limit"),
+`tokens_predicted`, `tokens_evaluated`, `tokens_cached` (prompt tokens from the prefix cache), `truncated`,
+`timings` (`prompt_n`, `prompt_ms`, `predicted_per_second`, ...), `generation_settings` (the values the completion
+ran with), `tokens` with `return_tokens`; several completions (`n_cmpl`) as a list of such objects, each with its
+`index`. Streamed (`stream: true`): server-sent events `data: {"index", "content", "tokens", "stop": false,
+"tokens_predicted", ...}`, then per completion one `stop: true` with the statistics. `response_fields` keeps only
+the fields named (a name with a slash, `timings/prompt_n`, lifts a nested one, as llama-server does).
 
-`/infill` lays out `input_extra` (other files, oldest first), `input_prefix`, `input_suffix` and `prompt` (the
-middle's start) with the model's FIM tokens in llama-server's order (`solo.engine.fim.infill_layout`); what does
-not fit the context (after room for `n_predict`) is left out as llama-server leaves it out, the oldest files
-first, then the prefix's start and the suffix's end, and the reply says so (`truncated: true`). `n_indent` ends
-the middle at a line indented less than asked, and `t_max_predict_ms` after that time once a line is complete,
-as llama-server does for editors. `n_predict: 0` evaluates the prompt (filling the prefix cache) and writes
-nothing; -1 (the default) writes until the context ends. Without `samplers`, sampling values left out are the
+`/infill` lays out `input_extra` (other files, oldest first: `{"filename", "text"}`; other keys, such as llama.vim's
+`time`, are the editor's bookkeeping, as llama-server takes them), `input_prefix`, `input_suffix` and `prompt` (the
+middle's start) with the model's FIM tokens in llama-server's order (`solo.engine.fim.infill_layout`); what does not
+fit the context (after room for `n_predict`, at most a quarter of it) is left out as llama-server leaves it out, the
+oldest files first, then the prefix's start and the suffix's end, and the reply says so (`truncated: true`).
+`n_indent` ends the middle at a line indented less than asked, and `t_max_predict_ms` after that time once a line is
+complete, as llama-server does for editors. `n_predict: 0` evaluates the prompt (filling the prefix cache) and
+writes nothing; -1 (the default) writes until the context ends. Without `samplers`, sampling values left out are the
 model's (generation_config.json), as on Solo's other routes, not llama-server's defaults; with `samplers`, the
 samplers it leaves out are off (temperature: 1, plain sampling), as in llama-server.
 
-Differences, each said where it applies: Solo applies its samplers in one order (penalties, temperature,
-top-k, top-p, min-p), so `samplers` chooses which apply, not their order; llama-server's `infill` sampler (which
-merges candidates sharing a prefix) has no counterpart and listing it changes nothing; repetition penalties
-cover the whole sequence (`repeat_last_n` -1 or 0 beside one); `tokens` is always empty (`return_tokens` and
-`n_probs` are refused: `/v1/completions` has `logprobs`); one prompt per request; fields that place work in
-llama-server's slots or shift its context (`id_slot`, `n_keep`, `n_discard`, `n_cache_reuse`,
-`t_max_prompt_ms`, which llama-server does not enforce either) change nothing; sampling Solo does not have
-(`mirostat`, `typical_p`, DRY, XTC, `top_n_sigma`, dynamic temperature) is taken only at its off value.
+Differences, each said where it applies: Solo applies its samplers in one order (penalties, temperature, top-k,
+top-p, min-p), so `samplers` chooses which apply, not their order; llama-server's `infill` sampler (which merges
+candidates sharing a prefix) has no counterpart and listing it changes nothing; repetition penalties cover the whole
+sequence (`repeat_last_n` -1 or 0 beside one); `n_probs` is refused (`/v1/completions` has `logprobs`); one prompt
+per request; a completion that `n_indent` or `t_max_predict_ms` ended beside others (`n_cmpl`) runs on to its own
+end, unseen; errors come in OpenAI's shape, as on Solo's other routes; fields that place work in llama-server's
+slots or shift its context (`id_slot`, `n_keep`, `n_discard`, `n_cache_reuse`, `t_max_prompt_ms`, which llama-server
+does not enforce either) change nothing; sampling Solo does not have (`mirostat`, `typical_p`, DRY, XTC,
+`top_n_sigma`, dynamic temperature) is taken only at its off value.
 """
 
 from __future__ import annotations
@@ -45,8 +49,8 @@ from starlette.responses import StreamingResponse
 
 from solo import __version__
 from solo.errors import ContextLengthError, InvalidRequestError
-from solo.server.chat_adapter import chat_chunks, chat_request_from
-from solo.server.errors import APIError, shutting_down, unreadable_body_message
+from solo.server.chat_adapter import chat_request_from
+from solo.server.errors import api_error_from, shutting_down, unreadable_body_message
 from solo.server.protocol import CompletionRequest
 
 router = APIRouter()
@@ -59,15 +63,17 @@ _PASSED = ("model", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "i
            "frequency_penalty", "repeat_penalty", "grammar", "json_schema", "cache_prompt")
 # Sampling Solo does not have, taken at the value that turns it off.
 _OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
-               "dynatemp_range": 0.0, "min_keep": 0, "n_probs": 0, "return_tokens": False, "timings_per_token": False,
-               "return_progress": False, "post_sampling_probs": False, "n_cmpl": 1, "lora": []}
+               "dynatemp_range": 0.0, "min_keep": 0, "n_probs": 0, "timings_per_token": False,
+               "return_progress": False, "post_sampling_probs": False, "lora": []}
 # Fields that tune a sampler only while it is on (all of the above are off), or place work in llama-server's
 # slots, or shift its context: nothing Solo generates depends on them.
 _NO_EFFECT = frozenset({"mirostat_tau", "mirostat_eta", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
                         "dry_sequence_breakers", "xtc_threshold", "dynatemp_exponent", "id_slot", "n_keep",
                         "n_discard", "n_cache_reuse", "t_max_prompt_ms"})
 _OWN = frozenset({"prompt", "n_predict", "stream", "samplers", "t_max_predict_ms", "n_indent", "response_fields",
-                  "repeat_last_n", "logit_bias"})
+                  "repeat_last_n", "logit_bias", "n_cmpl", "return_tokens"})
+_DEFAULT_SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
+"""Solo's samplers, in the order it applies them (`solo.engine.sampling`)."""
 _INFILL_OWN = frozenset({"input_prefix", "input_suffix", "input_extra"})
 # Sampler names (llama.cpp's and their aliases) -> Solo's sampling field each turns on.
 _SAMPLERS = {"top_k": "top_k", "top_p": "top_p", "nucleus": "top_p", "min_p": "min_p", "temperature": "temperature",
@@ -102,12 +108,17 @@ class _Ask:
             value = data.get(name)
             if value is not None and value != off and not (name == "top_n_sigma" and _number(value) and value <= 0):
                 why = {"n_probs": "send logprobs to /v1/completions for token probabilities",
-                       "return_tokens": "POST /tokenize gives the ids of a text",
-                       "n_cmpl": "send one request per completion", "lora": "Solo serves no LoRA adapters"
-                       }.get(name, f"Solo has no {name} sampling")
+                       "timings_per_token": "the last object's timings cover the whole reply",
+                       "return_progress": "it reports no prompt-processing progress",
+                       "post_sampling_probs": "send logprobs to /v1/completions for token probabilities",
+                       "lora": "Solo serves no LoRA adapters"}.get(name, f"Solo has no {name} sampling")
                 raise InvalidRequestError(f"{name} is not supported by Solo ({why}); leave it out or set it to "
                                           f"{json.dumps(off)}", param=name)
         self.stream = bool(_typed(data, "stream", bool, "true or false"))
+        self.return_tokens = bool(_typed(data, "return_tokens", bool, "true or false"))
+        self.n_cmpl = _typed(data, "n_cmpl", int, "an integer") or 1
+        if self.n_cmpl < 1:
+            raise InvalidRequestError(f"n_cmpl must be at least 1, got {self.n_cmpl}", param="n_cmpl")
         predict = _typed(data, "n_predict", int, "an integer")
         if predict is not None and predict < -1:
             raise InvalidRequestError(f"n_predict must be -1 (until the context ends), 0 (evaluate the prompt only) or "
@@ -173,17 +184,17 @@ class _Ask:
             for name in _PENALTIES:
                 self.fields.pop(name, None)
 
-    def settings(self, n_ctx: int, model: str) -> dict[str, Any]:
-        """llama-server's `generation_settings`: what this request asked for (null: the model's default)."""
-        out = {"n_ctx": n_ctx, "n_predict": self.n_predict, "model": model, "stream": self.stream,
-               "n_indent": self.n_indent, "t_max_predict_ms": (self.t_max_predict_s or 0) * 1e3,
-               "samplers": self.samplers}
-        for ours, route in (("temperature", "temperature"), ("top_k", "top_k"), ("top_p", "top_p"),
-                            ("min_p", "min_p"), ("seed", "seed"), ("repeat_penalty", "repetition_penalty"),
-                            ("presence_penalty", "presence_penalty"), ("frequency_penalty", "frequency_penalty"),
-                            ("ignore_eos", "ignore_eos"), ("stop", "stop")):
-            out[ours] = self.fields.get(route)
-        return out
+    def settings(self, state: Any, sampling: Any) -> dict[str, Any]:  # noqa: ANN401
+        """llama-server's `generation_settings`: the values this completion ran with (`ResolvedSampling`)."""
+        return {"n_ctx": state.max_model_len, "n_predict": self.n_predict, "model": state.served_name,
+                "stream": self.stream, "n_indent": self.n_indent,
+                "t_max_predict_ms": (self.t_max_predict_s or 0) * 1e3,
+                "samplers": self.samplers if self.samplers is not None else _DEFAULT_SAMPLERS,
+                "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+                "min_p": sampling.min_p, "seed": sampling.seed, "repeat_penalty": sampling.repetition_penalty,
+                "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
+                "ignore_eos": bool(self.fields.get("ignore_eos")), "stop": self.fields.get("stop") or [],
+                "n_cmpl": self.n_cmpl}
 
 
 def _number(value: Any) -> bool:  # noqa: ANN401
@@ -261,74 +272,97 @@ def _prompt_ids(engine: Any, prompt: Any) -> list[int]:  # noqa: ANN401
     return engine.encode_prompt(ids)  # (checks the ids against the vocabulary)
 
 
-def _infill_ids(engine: Any, data: Mapping[str, Any], budget: int) -> tuple[list[int], bool]:  # noqa: ANN401
-    """An /infill request's layout, fitted in `budget` tokens; whether anything was left out."""
+def _infill_ids(engine: Any, data: Mapping[str, Any], context: int, reserve: int  # noqa: ANN401
+                ) -> tuple[list[int], bool]:
+    """An /infill request's layout, fitted in the context less `reserve` tokens; whether anything was left out."""
     prefix = _typed(data, "input_prefix", str, "a string") or ""
     suffix = _typed(data, "input_suffix", str, "a string") or ""
     middle = _typed(data, "prompt", str, "a string (the middle's start, after the FIM middle token)") or ""
     extra = _typed(data, "input_extra", list, 'a list of {"filename": ..., "text": ...} objects') or []
     files = []
     for index, chunk in enumerate(extra):
-        if not isinstance(chunk, Mapping) or not isinstance(chunk.get("text", ""), str) \
-                or not isinstance(chunk.get("filename", ""), str) or set(chunk) - {"filename", "text"}:
-            raise InvalidRequestError(f'input_extra[{index}] must be {{"filename": string, "text": string}}, got '
-                                      f"{chunk!r:.60}", param="input_extra")
+        # (other keys, such as llama.vim's "time", are the editor's own bookkeeping, as llama-server takes them)
+        if not isinstance(chunk, Mapping) or not isinstance(chunk.get("text") or "", str) \
+                or not isinstance(chunk.get("filename") or "", str):
+            got = f"its keys are {sorted(chunk)}" if isinstance(chunk, Mapping) else f"got {chunk!r:.40}"
+            raise InvalidRequestError(f'input_extra[{index}] must be an object with "text" (a string) and optionally '
+                                      f'"filename" (a string); {got}', param="input_extra")
         files.append((chunk.get("filename") or "tmp", chunk.get("text") or ""))
+    if engine.fim is None:
+        raise InvalidRequestError("/infill needs a model with fill-in-the-middle tokens (such as Qwen2.5-Coder's "
+                                  "<|fim_prefix|>, StarCoder's <fim_prefix>, DeepSeek-Coder's <｜fim▁begin｜>); this "
+                                  "one has none: serve a code model trained for it, or send /completion",
+                                  param="input_suffix")
     try:
-        layout = engine.infill_layout(prefix, suffix, files, middle, budget)
+        layout = engine.infill_layout(prefix, suffix, files, middle, context - reserve)
     except InvalidRequestError as exc:
-        exc.param = {"suffix": "input_suffix", "middle": "prompt", "files": "input_extra"}.get(exc.param or "",
-                                                                                               exc.param)
-        raise
+        param = {"suffix": "input_suffix", "middle": "prompt", "files": "input_extra"}.get(exc.param or "", exc.param)
+        if param != "prompt":
+            raise
+        raise InvalidRequestError(f"this server's context of {context} tokens, less {reserve} kept for the output "
+                                  f"(n_predict, at most a quarter of the context), cannot hold the FIM markers and "
+                                  f"prompt (the middle's start); shorten prompt", param="prompt") from None
     return layout.ids, layout.truncated
 
 
 class _Reply:
-    """One reply assembled from the completions stream, with llama-server's early stops and statistics."""
+    """One completion (of `n_cmpl`) assembled from the generation's events, with llama-server's early stops."""
 
-    def __init__(self, ask: _Ask, start: float) -> None:
-        self.ask, self.start = ask, start
+    def __init__(self, ask: _Ask, index: int, start: float) -> None:
+        self.ask, self.index, self.start = ask, index, start
         self.text = ""
+        self.token_ids: list[int] = []
         self.first: float | None = None
+        self.end: float | None = None
         self.finish_reason: str | None = None
         self.stop_reason: Any = None
-        self.usage: dict[str, Any] = {}
+        self.cached_tokens = 0
         self.cut = False  # ended here (n_indent, t_max_predict_ms), not by the engine
 
-    def feed(self, chunk: Mapping[str, Any]) -> str:
-        """Take one chunk of the completions stream; returns the text it adds (after any early stop)."""
-        self.usage = chunk.get("usage") or self.usage
-        added = ""
-        for choice in chunk.get("choices", []):
-            text = choice.get("text") or ""
-            if self.first is None and (text or choice.get("finish_reason")):
-                self.first = time.perf_counter()
-            self.finish_reason = choice.get("finish_reason") or self.finish_reason
-            self.stop_reason = choice.get("stop_reason", self.stop_reason)
-            if self.ask.n_predict == 0 or self.cut:
-                continue
-            before = len(self.text)
-            self.text += text
-            at = indent_cut(self.text, self.ask.n_indent)
-            if at is not None:
-                self.text, self.cut = self.text[:at], True
-            elif (self.ask.t_max_predict_s is not None and "\n" in self.text
-                  and time.perf_counter() - (self.first or self.start) > self.ask.t_max_predict_s):
-                self.cut = True
-            added += self.text[before:]
-        return added
+    def feed(self, event: Any) -> tuple[str, list[int]]:  # noqa: ANN401
+        """Take one event (`GenerationEvent`); returns the text and token ids it adds (after any early stop)."""
+        if self.first is None and (event.text or event.token_ids or event.finish_reason):
+            self.first = time.perf_counter()
+        if event.stats is not None:
+            self.cached_tokens = event.stats.cached_tokens
+        if event.finish_reason is not None and not self.cut:
+            self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason
+            self.end = time.perf_counter()
+        if self.ask.n_predict == 0 or self.cut:
+            return "", []
+        before = len(self.text)
+        self.text += event.text
+        self.token_ids += event.token_ids
+        at = indent_cut(self.text, self.ask.n_indent)
+        if at is not None:
+            self.text, self.cut = self.text[:at], True
+        elif (self.ask.t_max_predict_s is not None and "\n" in self.text
+              and time.perf_counter() - (self.first or self.start) > self.ask.t_max_predict_s):
+            self.cut = True
+        if self.cut:
+            self.end = time.perf_counter()
+        return self.text[before:], list(event.token_ids)
 
     @property
     def done(self) -> bool:
+        """Whether this completion has ended (here or in the engine)."""
         return self.cut or self.finish_reason is not None
 
-    def final(self, ask: _Ask, state: Any, prompt_ids: list[int], truncated: bool) -> dict[str, Any]:  # noqa: ANN401
-        """llama-server's final object (content included; the stream's last event empties it)."""
-        end = time.perf_counter()
+    @property
+    def predicted(self) -> int:
+        """Tokens generated so far (none for `n_predict` 0, which only evaluates the prompt)."""
+        return 0 if self.ask.n_predict == 0 else len(self.token_ids)
+
+    def final(self, state: Any, sampling: Any, prompt_ids: list[int], truncated: bool,  # noqa: ANN401
+              capped: bool) -> dict[str, Any]:
+        """llama-server's final object (content included; the stream's last event empties it).
+
+        `sampling`: the values it ran with; `truncated`: the prompt was fitted; `capped`: `n_predict` was lowered
+        to the room left in the context, which the reply reports as truncated only when that room ran out.
+        """
+        end = self.end or time.perf_counter()
         first = self.first or end
-        prompt_n = self.usage.get("prompt_tokens", len(prompt_ids))
-        cached = (self.usage.get("prompt_tokens_details") or {}).get("cached_tokens", 0) or 0
-        predicted = 0 if ask.n_predict == 0 else self.usage.get("completion_tokens", 0)
+        ask, cached, predicted = self.ask, self.cached_tokens, self.predicted
         if self.cut or ask.n_predict == 0 or self.finish_reason == "length":
             stop_type, word = "limit", ""
         elif isinstance(self.stop_reason, str):
@@ -336,19 +370,22 @@ class _Reply:
         else:
             stop_type, word = "eos", ""
         prompt_ms, predicted_ms = (first - self.start) * 1e3, (end - first) * 1e3
-        evaluated = prompt_n - cached
+        evaluated = len(prompt_ids) - cached
         timings = {"cache_n": cached, "prompt_n": evaluated, "prompt_ms": prompt_ms,
                    "prompt_per_token_ms": prompt_ms / evaluated if evaluated else 0.0,
                    "prompt_per_second": evaluated / prompt_ms * 1e3 if prompt_ms > 0 else 0.0,
                    "predicted_n": predicted, "predicted_ms": predicted_ms,
                    "predicted_per_token_ms": predicted_ms / predicted if predicted else 0.0,
                    "predicted_per_second": predicted / predicted_ms * 1e3 if predicted and predicted_ms > 0 else 0.0}
-        return {"index": 0, "content": self.text, "tokens": [], "id_slot": 0, "stop": True, "model": state.served_name,
-                "tokens_predicted": predicted, "tokens_evaluated": prompt_n,
-                "generation_settings": ask.settings(state.max_model_len, state.served_name),
+        return {"index": self.index, "content": self.text,
+                "tokens": self.token_ids if ask.return_tokens and ask.n_predict else [], "id_slot": 0,
+                "stop": True, "model": state.served_name, "tokens_predicted": predicted,
+                "tokens_evaluated": len(prompt_ids),
+                "generation_settings": ask.settings(state, sampling),
                 "prompt": state.engine.tokenizer.decode(prompt_ids, skip_special_tokens=False),
-                "has_new_line": "\n" in self.text, "truncated": truncated, "stop_type": stop_type,
-                "stopping_word": word, "tokens_cached": cached, "timings": timings}
+                "has_new_line": "\n" in self.text,
+                "truncated": truncated or (capped and self.finish_reason == "length" and not self.cut),
+                "stop_type": stop_type, "stopping_word": word, "tokens_cached": cached, "timings": timings}
 
 
 def indent_cut(text: str, n_indent: int) -> int | None:
@@ -415,6 +452,8 @@ class _EventStream(StreamingResponse):
 
 
 async def _serve(request: Request, infill: bool) -> Response:
+    # The completions route on the request's fields; its generation's events read here, so each completion's
+    # token ids and counts are exact and n_indent / t_max_predict_ms can end it.
     from solo.server.routes import GenerationStream, completions, while_connected
 
     start = time.perf_counter()
@@ -424,8 +463,9 @@ async def _serve(request: Request, infill: bool) -> Response:
     ask = _Ask(data, infill)
     context = state.max_model_len
     if infill:
-        reserve = ask.n_predict if ask.n_predict > 0 else max(1, context // 4) if ask.n_predict < 0 else 1
-        ids, truncated = await run_in_threadpool(_infill_ids, engine, data, max(1, context - min(reserve, context - 1)))
+        # Room for the output, at most a quarter of the context, so the code always has the rest.
+        reserve = 1 if ask.n_predict == 0 else min(ask.n_predict if ask.n_predict > 0 else context, context // 4)
+        ids, truncated = await run_in_threadpool(_infill_ids, engine, data, context, reserve)
     else:
         if data.get("prompt") is None:
             raise InvalidRequestError("prompt is missing; give the text (or token ids) to continue", param="prompt")
@@ -437,49 +477,54 @@ async def _serve(request: Request, infill: bool) -> Response:
                                  "/completion prompts)", param="prompt", prompt_tokens=len(ids), max_tokens=0,
                                  limit=context)
     max_tokens = room if ask.n_predict < 0 else 1 if ask.n_predict == 0 else min(ask.n_predict, room)
-    if ask.n_predict > room > 0:
-        truncated = True  # (the context ends first, as llama-server says)
-    fields = {**ask.fields, "prompt": ids, "max_tokens": max(1, max_tokens), "stream": True,
-              "stream_options": {"include_usage": True}}
+    capped = ask.n_predict > room  # (the context ends first: truncated, if the output reaches it)
+    fields = {**ask.fields, "prompt": ids, "max_tokens": max_tokens, "n": ask.n_cmpl, "stream": True}
     reply_stream = await completions(chat_request_from(fields, _FIELD_NAMES, CompletionRequest), request)
     assert isinstance(reply_stream, GenerationStream)
-    generation = reply_stream.generation
-    reply = _Reply(ask, start)
-    chunks = chat_chunks(reply_stream.body_iterator)
+    generation = reply_stream.generation  # (its events are read here; the route's own stream is not)
+    replies = [_Reply(ask, index, start) for index in range(ask.n_cmpl)]
+    sampling = [r.sampling for r in generation.requests]
 
     async def events() -> AsyncIterator[str]:
-        async for chunk in chunks:
-            if "error" in chunk:
-                yield _sse({"error": chunk["error"]})
-                return
-            text = reply.feed(chunk)
-            if text:
-                yield _sse({"index": 0, "content": text, "tokens": [], "stop": False, "id_slot": 0})
-            if reply.cut:
-                generation.cancel()
-                break
-        yield _sse(_projected({**reply.final(ask, state, ids, truncated), "content": ""}, ask.response_fields))
+        try:
+            async for index, event in generation.events():
+                reply = replies[index]
+                if reply.done:
+                    continue
+                text, tokens = reply.feed(event)
+                if text or tokens:
+                    yield _sse({"index": index, "content": text, "tokens": tokens, "stop": False, "id_slot": 0,
+                                "tokens_predicted": reply.predicted, "tokens_evaluated": len(ids)})
+                if reply.done:
+                    final = reply.final(state, sampling[index], ids, truncated, capped)
+                    yield _sse(_projected({**final, "content": "", "tokens": []}, ask.response_fields))
+                if all(r.done for r in replies):
+                    break
+        except Exception as exc:  # noqa: BLE001 (a failure mid-stream ends it with llama-server's error event)
+            error = api_error_from(exc)
+            yield _sse({"error": {"code": error.status, "message": error.message, "type": error.type}})
+        finally:
+            generation.cancel()
 
     if ask.stream:
         return _EventStream(events(), generation)
 
     async def gather() -> None:
-        async for chunk in chunks:
-            if "error" in chunk:
-                error = chunk["error"]
-                status = 500 if error.get("type") == "server_error" else 400
-                raise APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"))
-            reply.feed(chunk)
-            if reply.cut:
+        async for index, event in generation.events():
+            if not replies[index].done:
+                replies[index].feed(event)
+            if all(r.done for r in replies):
                 break
 
     try:
         await while_connected(gather(), request)
     finally:
         generation.cancel()
-    if reply.finish_reason == "abort" and not reply.usage.get("completion_tokens"):
+    if all(r.finish_reason == "abort" and not r.predicted for r in replies):
         raise shutting_down()
-    return JSONResponse(_projected(reply.final(ask, state, ids, truncated), ask.response_fields))
+    finals = [_projected(r.final(state, sampling[r.index], ids, truncated, capped), ask.response_fields)
+              for r in replies]
+    return JSONResponse(finals[0] if len(finals) == 1 else finals)
 
 
 @router.post("/completion", response_model=None)
@@ -496,12 +541,18 @@ async def infill(request: Request) -> Response:
 
 @router.get("/props")
 async def props(request: Request) -> JSONResponse:
-    """llama-server's properties: the context, the default settings, the chat template, one slot."""
+    """llama-server's properties: the context, the default sampling (the model's), the chat template, the slots."""
+    from solo.engine.sampling import SamplingParams
+
     state = request.app.state.solo
     engine, _ = state.require_ready(None)
     template = engine.tokenizer.chat_template
-    settings = {"n_ctx": state.max_model_len, "params": {"n_predict": -1}, "model": state.served_name}
-    return JSONResponse({"default_generation_settings": settings, "total_slots": 1,
+    defaults = SamplingParams().resolve(engine.defaults, fallback_temperature=1.0)  # (as a request without any)
+    params = {"n_predict": -1, "temperature": defaults.temperature, "top_k": defaults.top_k, "top_p": defaults.top_p,
+              "min_p": defaults.min_p, "repeat_penalty": defaults.repetition_penalty, "presence_penalty": 0.0,
+              "frequency_penalty": 0.0, "samplers": _DEFAULT_SAMPLERS, "stop": [], "ignore_eos": False}
+    settings = {"n_ctx": state.max_model_len, "params": params, "model": state.served_name}
+    return JSONResponse({"default_generation_settings": settings, "total_slots": state.settings.max_batch,
                          "model_alias": state.served_name, "model_path": state.settings.model or state.served_name,
                          "chat_template": template.source if template is not None else "",
                          "modalities": {"vision": False, "audio": False}, "build_info": f"solo {__version__}",
@@ -510,18 +561,15 @@ async def props(request: Request) -> JSONResponse:
 
 @router.post("/apply-template")
 async def apply_template(request: Request) -> JSONResponse:
-    """llama-server's chat-template rendering: `messages` (as on the chat route) -> `prompt`, the text to continue."""
+    """llama-server's chat-template rendering: a chat request's `messages` (and `tools`) -> `prompt`, its text.
+
+    The body is a chat request (its other fields are checked as the chat route checks them, and change no
+    prompt).
+    """
     from solo.server.routes import chat_prompt_text
 
     data = await _body(request)
     state = request.app.state.solo
     engine, _ = state.require_ready(data.get("model"))
-    if not isinstance(data.get("messages"), list) or not data["messages"]:
-        raise InvalidRequestError("messages must be a non-empty list of chat messages", param="messages")
-    fields = {k: v for k, v in data.items() if k in ("messages", "tools", "chat_template_kwargs", "model",
-                                                     "add_generation_prompt", "continue_final_message")}
-    for name in set(data) - set(fields):
-        raise InvalidRequestError(f"{name} is not a field of /apply-template; leave it out", param=name)
-    body = chat_request_from(fields, {})
+    body = chat_request_from(data, {})
     return JSONResponse({"prompt": await run_in_threadpool(chat_prompt_text, state, engine, body)})
-

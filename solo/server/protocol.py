@@ -524,11 +524,13 @@ class CompletionRequest(SamplingFields):
 
 
 class TokenizeRequest(_Lenient):
-    """POST /tokenize (vLLM's shape): either `prompt` or `messages`.
+    """POST /tokenize (vLLM's shape): either `prompt` or `messages`; or llama-server's, `content`.
 
     With messages, `tools` and `chat_template_kwargs` reach the chat template as on the chat route, so the
-    count is the chat request's prompt. `return_token_strs` adds each token's string. Other fields are
-    refused by name, not ignored.
+    count is the chat request's prompt. `return_token_strs` adds each token's string. llama-server's form:
+    `content` (its text), `add_special` (BOS; default false, as llama-server's), `parse_special` (false: special
+    tokens' texts stay text), `with_pieces` (each token as {"id", "piece"}, the piece its text, or its bytes where
+    they are no whole UTF-8). Other fields are refused by name, not ignored.
     """
 
     model_config = ConfigDict(extra="forbid")
@@ -542,11 +544,19 @@ class TokenizeRequest(_Lenient):
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
     return_token_strs: _Bool = False
+    content: _Str | None = None  # llama-server's
+    add_special: _Bool = False
+    parse_special: _Bool = True
+    with_pieces: _Bool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
-        if (self.prompt is None) == (self.messages is None):
-            raise ValueError("give exactly one of prompt or messages")
+        if sum(x is not None for x in (self.prompt, self.messages, self.content)) != 1:
+            raise ValueError("give exactly one of prompt or messages (vLLM's), or content (llama-server's)")
+        llama = [name for name in ("add_special", "parse_special", "with_pieces") if name in self.model_fields_set]
+        if llama and self.content is None:
+            raise ValueError(f"{llama[0]} goes with content (llama-server's form); with prompt, send "
+                             "add_special_tokens / return_token_strs")
         chat_only = ("tools", "chat_template_kwargs", "continue_final_message", "add_generation_prompt")
         given = [name for name in chat_only if name in self.model_fields_set and getattr(self, name) is not None]
         if self.prompt is not None and given:
@@ -780,11 +790,12 @@ class TokenizeResponse(BaseModel):
 
     count: int
     max_model_len: int
-    tokens: list[int]
+    tokens: list[int] | list[dict[str, Any]]  # (llama-server's with_pieces: {"id", "piece"})
     token_strs: list[str] | None = None
 
 
 class DetokenizeResponse(BaseModel):
-    """POST /detokenize."""
+    """POST /detokenize: the text as vLLM names it (`prompt`) and as llama-server does (`content`)."""
 
     prompt: str
+    content: str

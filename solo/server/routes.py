@@ -547,12 +547,28 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
     def encode() -> list[int]:
         if body.messages is not None:
             return chat_prompt_ids(state, engine, body)
+        if body.content is not None:  # llama-server's form
+            tokenizer = engine.tokenizer
+            bos = tokenizer.encode("", add_special_tokens=True) if body.add_special else []
+            text = (tokenizer.encode(body.content, add_special_tokens=False) if body.parse_special
+                    else tokenizer.encode_plain(body.content))
+            return [*bos, *text]
         assert body.prompt is not None
         return engine.tokenizer.encode(body.prompt, body.add_special_tokens)
 
     ids = await run_in_threadpool(encode)
     strs = [engine.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None
-    return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=ids, token_strs=strs)
+    tokens: list = ids
+    if body.with_pieces:
+        tokens = []
+        for token_id in ids:
+            _, raw = state.pieces.get(token_id)  # type: ignore[union-attr]
+            try:
+                piece: str | list[int] = raw.decode("utf-8")
+            except UnicodeDecodeError:  # (part of a character: its bytes, as llama-server gives them)
+                piece = list(raw)
+            tokens.append({"id": token_id, "piece": piece})
+    return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=tokens, token_strs=strs)
 
 
 @router.post("/detokenize")
@@ -564,7 +580,8 @@ async def detokenize(body: DetokenizeRequest, request: Request) -> DetokenizeRes
     bad = [t for t in body.tokens if t >= vocab]
     if bad:
         raise InvalidRequestError(f"token id {bad[0]} is outside the vocabulary [0, {vocab})", param="tokens")
-    return DetokenizeResponse(prompt=engine.tokenizer.decode(body.tokens, skip_special_tokens=False))
+    text = engine.tokenizer.decode(body.tokens, skip_special_tokens=False)
+    return DetokenizeResponse(prompt=text, content=text)
 
 
 @router.api_route("/health", methods=["GET", "HEAD"])

@@ -12,6 +12,7 @@ import pytest
 from checkpoints import make_checkpoint
 from server_harness import MODEL_NAME, start_server
 
+from solo.engine.request import GenerationEvent
 from solo.server.llama_server import _Ask, _Reply, indent_cut
 
 FIM_TOKENS = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|endoftext|>",
@@ -57,8 +58,9 @@ def test_infill_gives_the_middle_of_the_fim_layout(server):
 
 def test_llama_vim_request_with_other_files_and_response_fields(server):
     # llama.vim's FIM request, field for field (its defaults), with two chunks of other files.
-    extra = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n"},
-             {"filename": "main.py", "text": "import util\n"}]
+    # (llama.vim's chunks carry the time it saw them: the editor's bookkeeping)
+    extra = [{"filename": "util.py", "text": "def sub(a, b):\n    return a - b\n", "time": [1738000000, 5]},
+             {"filename": "main.py", "text": "import util\n", "time": [1738000001, 7]}]
     request = {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra,
                "prompt": "return", "n_predict": 6, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90,
                "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
@@ -72,6 +74,12 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
                          "generation_settings/temperature"}
     assert body["truncated"] is False
     assert body["generation_settings/temperature"] == 1.0  # (no "temperature" among the samplers: plain sampling)
+    # llama.vscode's: n_cmpl completions (3 by default) as a list, each with its index.
+    several = httpx.post(f"{_root(server)}/infill", json={**request, "n_cmpl": 3, "response_fields": None})
+    assert several.status_code == 200, several.text
+    assert [c["index"] for c in several.json()] == [0, 1, 2]
+    assert all(c["generation_settings"]["top_k"] == 40 and c["generation_settings"]["n_cmpl"] == 3
+               for c in several.json())
     # The layout: the repository form (Qwen2.5-Coder's), then the middle's start after the middle marker.
     laid_out = ("<|repo_name|>myproject\n<|file_sep|>util.py\ndef sub(a, b):\n    return a - b\n"
                 "<|file_sep|>main.py\nimport util\n<|file_sep|>filename\n"
@@ -156,15 +164,17 @@ def test_infill_on_a_model_without_fim_tokens_is_refused(server, monkeypatch):
     monkeypatch.setattr(server.state.engine, "fim", None)
     reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "input_suffix"
-    assert "no fill-in-the-middle tokens" in reply.json()["error"]["message"]
+    assert "needs a model with fill-in-the-middle tokens" in reply.json()["error"]["message"]
 
 
 def test_props_and_apply_template(server):
     props = httpx.get(f"{_root(server)}/props").json()
     assert props["default_generation_settings"]["n_ctx"] == server.state.max_model_len
-    assert props["total_slots"] == 1 and props["chat_template"]
+    assert props["total_slots"] == 2 and props["chat_template"]  # (max_batch: the server's slots)
+    assert props["default_generation_settings"]["params"]["temperature"] == 1.0  # (no generation config: OpenAI's)
     messages = [{"role": "user", "content": "Hi"}]
-    reply = httpx.post(f"{_root(server)}/apply-template", json={"messages": messages})
+    reply = httpx.post(f"{_root(server)}/apply-template", json={"messages": messages, "tool_choice": "auto",
+                                                                "temperature": 0.8})
     assert reply.status_code == 200, reply.text
     assert reply.json()["prompt"] == server.state.engine.tokenizer.render_chat(messages, True)
 
@@ -179,8 +189,45 @@ def test_n_indent_ends_the_middle_at_a_shallower_line():
 
 
 def test_t_max_predict_ms_ends_after_a_complete_line():
-    reply = _Reply(_Ask({"t_max_predict_ms": 1}, infill=True), time.perf_counter())
-    assert reply.feed({"choices": [{"text": "a = 1"}]}) == "a = 1" and not reply.done  # (no newline yet)
+    reply = _Reply(_Ask({"t_max_predict_ms": 1}, infill=True), 0, time.perf_counter())
+    assert reply.feed(GenerationEvent("a = 1", [7])) == ("a = 1", [7]) and not reply.done  # (no newline yet)
     time.sleep(0.01)
-    assert reply.feed({"choices": [{"text": "\nb"}]}) == "\nb" and reply.done and reply.cut
-    assert reply.feed({"choices": [{"text": "more"}]}) == ""
+    assert reply.feed(GenerationEvent("\nb", [8, 9])) == ("\nb", [8, 9]) and reply.done and reply.cut
+    assert reply.feed(GenerationEvent("more", [10])) == ("", []) and reply.predicted == 3
+
+
+def test_counts_and_tokens_of_a_reply_ended_early(server):
+    # n_indent ends a reply inside the route: its tokens still count (llama.vim shows them).
+    tokenizer = server.state.engine.tokenizer
+    body = httpx.post(f"{_root(server)}/completion", json={
+        "prompt": "def f(x):\n", "n_predict": 40, "temperature": 0, "n_indent": 40, "return_tokens": True}).json()
+    assert body["tokens_predicted"] == len(body["tokens"]) == body["timings"]["predicted_n"]
+    if body["stop_type"] == "limit" and "\n" in body["content"]:
+        assert body["tokens_predicted"] > 0
+    assert body["content"] == tokenizer.decode(body["tokens"])[:len(body["content"])]
+    # Streamed: each event's tokens, and the running count.
+    with httpx.stream("POST", f"{_root(server)}/completion",
+                      json={"prompt": "def f(x):\n", "stream": True, **GREEDY}) as stream:
+        events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
+    tokens = [t for e in events[:-1] for t in e["tokens"]]
+    assert events[-2]["tokens_predicted"] == len(tokens) == events[-1]["tokens_predicted"]
+
+
+def test_tokenize_and_detokenize_in_llama_servers_form(server):
+    tokenizer = server.state.engine.tokenizer
+    reply = httpx.post(f"{_root(server)}/tokenize", json={"content": "def f(x):"}).json()
+    assert reply["tokens"] == tokenizer.encode("def f(x):", add_special_tokens=False)  # (add_special: false)
+    with_bos = httpx.post(f"{_root(server)}/tokenize", json={"content": "def f(x):", "add_special": True}).json()
+    assert with_bos["tokens"] == tokenizer.encode("def f(x):")
+    pieces = httpx.post(f"{_root(server)}/tokenize", json={"content": "é<|fim_prefix|>", "with_pieces": True}).json()
+    assert [p["id"] for p in pieces["tokens"]] == tokenizer.encode("é<|fim_prefix|>", add_special_tokens=False)
+    assert pieces["tokens"][-1]["piece"] == "<|fim_prefix|>"
+    joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
+                      for p in pieces["tokens"])
+    assert joined == "é<|fim_prefix|>".encode()
+    plain = httpx.post(f"{_root(server)}/tokenize", json={"content": "<|fim_prefix|>", "parse_special": False}).json()
+    assert len(plain["tokens"]) > 1  # (the marker's text read as text)
+    text = httpx.post(f"{_root(server)}/detokenize", json={"tokens": reply["tokens"]}).json()
+    assert text["content"] == text["prompt"] == "def f(x):"
+    refused = httpx.post(f"{_root(server)}/tokenize", json={"prompt": "x", "with_pieces": True})
+    assert refused.status_code == 400 and "goes with content" in refused.text
