@@ -104,7 +104,14 @@ class EngineInfo(Protocol):
 
 
 class RequestStream(Protocol):
-    """The events of one `EngineClient.generate` call (n >= 1 choices)."""
+    """The events of one `EngineClient.generate` call (n >= 1 choices).
+
+    Attributes:
+        requests: the prepared requests, one per choice (their resolved sampling; their `stats`, which the engine
+            fills as they run).
+    """
+
+    requests: list[Request]
 
     def events(self) -> AsyncIterator[tuple[int, GenerationEvent]]:
         """(choice index, event) pairs until every choice has finished; re-raises a failure inside the engine."""

@@ -358,36 +358,32 @@ class Engine:
         return [*ids[:first], token(fmt.prefix), *plain(prefix), token(fmt.suffix), *plain(suffix), token(fmt.middle),
                 *ids[last + 1:]]
 
-    def infill_layout(self, prefix: str, suffix: str, files: Sequence[tuple[str, str]] = (), middle: str = "",
+    def infill_layout(self, prefix: str, suffix: str, files: Sequence[tuple[str, str]] = (),
                       budget: int | None = None) -> InfillLayout:
-        """A fill-in-the-middle prompt with other files' code and the middle's start, fitted in `budget` tokens.
+        """A fill-in-the-middle prompt with other files' code, fitted in `budget` tokens.
 
         llama-server's `/infill` layout (`solo.engine.fim.infill_layout`): the files first, then `infill_ids(prefix,
-        suffix)`, then `middle`; to fit, the oldest files are left out, then the prefix's start and the suffix's
-        end are cut, and the result says what was.
+        suffix)`; to fit, the oldest files are left out, then the prefix's start and the suffix's end are cut, and
+        the result says what was.
 
         Args:
             prefix, suffix: the code before and after the gap.
             files: (path, text) of other files, oldest first.
-            middle: text the middle starts with.
             budget: the most tokens the prompt may take (None: no limit).
 
         Raises:
             InvalidRequestError: see `infill_prompt`; a path or text is not a string; the budget cannot hold
-                the layout's markers and `middle`.
+                the layout's markers (param "budget").
         """
         whole = self.infill_ids(prefix, suffix)
         for path, text in files:
             if not isinstance(path, str) or not isinstance(text, str):
                 raise InvalidRequestError("each other file is a path and its text, both strings", param="files")
-        if not isinstance(middle, str):
-            raise InvalidRequestError(f"middle must be text, got {middle!r:.40}", param="middle")
         assert self.fim is not None  # (infill_ids refused a model without)
         try:
-            return infill_layout(self.fim, self.tokenizer.encode_plain, whole, prefix, suffix, files, middle, budget)
+            return infill_layout(self.fim, self.tokenizer.encode_plain, whole, prefix, suffix, files, budget)
         except ValueError as exc:
-            raise InvalidRequestError(f"{exc}; shorten the middle's start or raise the context",
-                                      param="middle") from None
+            raise InvalidRequestError(f"{exc}; raise the budget", param="budget") from None
 
     @property
     def constraints(self) -> ConstraintCompiler:

@@ -14,8 +14,9 @@ repository marker and a file separator (Qwen2.5-Coder's `<|repo_name|>` and `<|f
 files go before the layout in the repository-level form the model was trained on (Qwen2.5-Coder technical
 report, Hui et al. 2024, section 3): `REPO name`, then per file `FILE_SEP path`, a newline and its text, then
 `FILE_SEP` and the current file's name; without those markers each file's text follows a plain-text snippet
-header. `infill_layout` builds those ids and fits them in a token budget, as llama-server lays out and fits
-its `/infill` prompt: whole files from the oldest first, then the prefix's start and the suffix's end.
+header. `infill_layout` builds those ids and fits them in a token budget, much as llama-server lays out and fits
+its `/infill` prompt: whole files from the oldest first (llama-server cuts their tokens from the front), then the
+prefix's start and the suffix's end.
 """
 
 from __future__ import annotations
@@ -108,34 +109,32 @@ class InfillLayout:
 
 
 def infill_layout(fim: Fim, encode: Callable[[str], list[int]], whole: list[int], prefix: str, suffix: str,
-                  files: Sequence[tuple[str, str]] = (), middle: str = "", budget: int | None = None) -> InfillLayout:
-    """The ids of `[files] PRE prefix SUF suffix MID middle`, fitted in `budget` tokens.
+                  files: Sequence[tuple[str, str]] = (), budget: int | None = None) -> InfillLayout:
+    """The ids of `[files] PRE prefix SUF suffix MID`, fitted in `budget` tokens.
 
-    Other files go first (repository-level form, or snippet headers: see the module docstring); `middle` is the
-    start of the middle, written after the middle marker. To fit the budget, whole files are left out from the
-    first (the oldest in an editor's list), then the prefix loses tokens from its start and the suffix from its
-    end, three quarters of what is left going to the prefix, as llama-server shares its batch.
+    Other files go first (repository-level form, or snippet headers: see the module docstring). To fit the
+    budget, whole files are left out from the first (the oldest in an editor's list), then the prefix loses tokens
+    from its start and the suffix from its end, the suffix keeping up to a quarter of the room (more where the
+    prefix needs less), as llama-server shares its batch.
 
     Args:
         fim: the model's FIM format.
         encode: text -> its ids as plain text (no BOS, added tokens' texts read as text).
-        whole: the ids of the prompt without files or middle, as the tokenizer encodes the whole layout
-            (its BOS included); used as they are when nothing is cut.
+        whole: the ids of the prompt without files, as the tokenizer encodes the whole layout (its BOS
+            included); used as they are when nothing is cut.
         prefix, suffix: the code before and after the gap.
         files: (path, text) of other files, oldest first.
-        middle: text the middle starts with.
         budget: the most tokens the prompt may take; None: no limit.
 
     Returns:
         The layout, saying what was left out.
 
     Raises:
-        ValueError: the budget cannot hold even the markers and the middle's start.
+        ValueError: the budget cannot hold even the markers (and the tokenizer's BOS).
     """
     first = whole.index(fim.prefix_id)
     last = len(whole) - 1 - whole[::-1].index(fim.middle_id)
-    head, tail = whole[:first], whole[last + 1:]
-    middle_ids = encode(middle)
+    head, core, tail = whole[:first], whole[first:last + 1], whole[last + 1:]
     chunks = [_file_ids(fim, encode, path, text) for path, text in files]
     opening = ([fim.repo_id, *encode(REPO_NAME + "\n")] if fim.repo_id is not None and fim.file_separator_id is not None
                else [])
@@ -143,11 +142,10 @@ def infill_layout(fim: Fim, encode: Callable[[str], list[int]], whole: list[int]
 
     def assemble(kept: list[list[int]], core: list[int]) -> list[int]:
         extra = [*opening, *(i for chunk in kept for i in chunk), *current] if kept else []
-        return [*head, *extra, *core, *middle_ids, *tail]
+        return [*head, *extra, *core, *tail]
 
-    core = whole[first:last + 1]
     limit = budget if budget is not None else float("inf")
-    bare = len(head) + len(core) + len(middle_ids) + len(tail)
+    bare = len(head) + len(core) + len(tail)
     size, dropped = bare + len(opening) + len(current) + sum(map(len, chunks)), 0
     while dropped < len(chunks) and size > limit:  # (the oldest files out first)
         size -= len(chunks[dropped])
@@ -155,10 +153,10 @@ def infill_layout(fim: Fim, encode: Callable[[str], list[int]], whole: list[int]
     if dropped < len(chunks) or bare <= limit:
         return InfillLayout(assemble(chunks[dropped:], core), files_dropped=dropped)
     prefix_ids, suffix_ids = encode(prefix), encode(suffix)
-    room = int(limit) - len(head) - len(middle_ids) - len(tail) - 3  # (the three markers)
+    room = int(limit) - len(head) - len(tail) - 3  # (the three markers)
     if room < 0:
-        raise ValueError(f"the budget of {budget} tokens cannot hold the layout's markers and the middle's start "
-                         f"({len(head) + len(middle_ids) + len(tail) + 3} tokens)")
+        raise ValueError(f"the budget of {budget} tokens cannot hold the layout's markers "
+                         f"({len(head) + len(tail) + 3} tokens)")
     keep_suffix = min(len(suffix_ids), max(room // 4, room - len(prefix_ids)))
     keep_prefix = min(len(prefix_ids), room - keep_suffix)
     core = [fim.prefix_id, *prefix_ids[len(prefix_ids) - keep_prefix:], fim.suffix_id, *suffix_ids[:keep_suffix],

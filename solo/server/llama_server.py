@@ -14,30 +14,32 @@ ran with), `tokens` with `return_tokens`; several completions (`n_cmpl`) as a li
 the fields named (a name with a slash, `timings/prompt_n`, lifts a nested one, as llama-server does).
 
 `/infill` lays out `input_extra` (other files, oldest first: `{"filename", "text"}`; other keys, such as llama.vim's
-`time`, are the editor's bookkeeping, as llama-server takes them), `input_prefix`, `input_suffix` and `prompt` (the
-middle's start) with the model's FIM tokens in llama-server's order (`solo.engine.fim.infill_layout`); what does not
-fit the context (after room for `n_predict`, at most a quarter of it) is left out as llama-server leaves it out, the
-oldest files first, then the prefix's start and the suffix's end, and the reply says so (`truncated: true`).
-`n_indent` ends the middle at a line indented less than asked, and `t_max_predict_ms` after that time once a line is
-complete, as llama-server does for editors. `n_predict: 0` evaluates the prompt (filling the prefix cache) and
-writes nothing; -1 (the default) writes until the context ends. Without `samplers`, sampling values left out are the
-model's (generation_config.json), as on Solo's other routes, not llama-server's defaults; with `samplers`, the
-samplers it leaves out are off (temperature: 1, plain sampling), as in llama-server.
+`time`, are the editor's bookkeeping, as llama-server takes them), `input_prefix` and `prompt` (the cursor's line so
+far, which llama-server appends to the prefix), and `input_suffix` with the model's FIM tokens in llama-server's
+order (`solo.engine.fim.infill_layout`); what does not fit the context (after room for `n_predict`, at most a
+quarter of it) is left out, whole files from the oldest, then the prefix's start and the suffix's end, and the reply
+says so (`truncated: true`). `n_indent` ends the middle at a line indented less than asked, and `t_max_predict_ms`
+after that time once a line is complete, as llama-server does for editors. `n_predict: 0` evaluates the prompt
+(filling the prefix cache) and writes nothing; -1 (the default) writes until the context ends. Without `samplers`,
+sampling values left out are the model's (generation_config.json), as on Solo's other routes, not llama-server's
+defaults; with `samplers`, the samplers it leaves out are off (temperature: 1, plain sampling), as in llama-server.
 
-Differences, each said where it applies: Solo applies its samplers in one order (penalties, temperature, top-k,
-top-p, min-p), so `samplers` chooses which apply, not their order; llama-server's `infill` sampler (which merges
-candidates sharing a prefix) has no counterpart and listing it changes nothing; repetition penalties cover the whole
-sequence (`repeat_last_n` -1 or 0 beside one); `n_probs` is refused (`/v1/completions` has `logprobs`); one prompt
-per request; a completion that `n_indent` or `t_max_predict_ms` ended beside others (`n_cmpl`) runs on to its own
-end, unseen; errors come in OpenAI's shape, as on Solo's other routes; fields that place work in llama-server's
-slots or shift its context (`id_slot`, `n_keep`, `n_discard`, `n_cache_reuse`, `t_max_prompt_ms`, which llama-server
-does not enforce either) change nothing; sampling Solo does not have (`mirostat`, `typical_p`, DRY, XTC,
-`top_n_sigma`, dynamic temperature) is taken only at its off value.
+Differences, each said where it applies: the prompt is fitted to the context, not to llama-server's batch, and other
+files go out whole (llama-server cuts their tokens from the front); Solo applies its samplers in one order
+(penalties, temperature, top-k, top-p, min-p), so `samplers` chooses which apply, not their order; llama-server's
+`infill` sampler (which merges candidates sharing a prefix) has no counterpart and listing it changes nothing;
+repetition penalties cover the whole sequence (`repeat_last_n` -1 or 0 beside one); `n_probs` is refused
+(`/v1/completions` has `logprobs`); one prompt per request; a completion that `n_indent` or `t_max_predict_ms` ended
+beside others (`n_cmpl`) runs on to its own end, unseen; errors come in OpenAI's shape, as on Solo's other routes;
+fields that place work in llama-server's slots or shift its context (`id_slot`, `n_keep`, `n_discard`,
+`n_cache_reuse`, `t_max_prompt_ms`, which llama-server does not enforce either) change nothing; sampling Solo does
+not have (`mirostat`, `typical_p`, DRY, XTC, `top_n_sigma`, dynamic temperature) is taken only at its off value.
 """
 
 from __future__ import annotations
 
 import json
+import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -58,7 +60,7 @@ router = APIRouter()
 # llama-server's field -> the completions route's.
 _RENAMED = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "grammar": "guided_grammar",
             "json_schema": "guided_json"}
-_FIELD_NAMES = {route: ours for ours, route in _RENAMED.items()}
+_FIELD_NAMES = {**{route: ours for ours, route in _RENAMED.items()}, "n": "n_cmpl"}
 _PASSED = ("model", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "ignore_eos", "presence_penalty",
            "frequency_penalty", "repeat_penalty", "grammar", "json_schema", "cache_prompt")
 # Sampling Solo does not have, taken at the value that turns it off.
@@ -116,7 +118,8 @@ class _Ask:
                                           f"{json.dumps(off)}", param=name)
         self.stream = bool(_typed(data, "stream", bool, "true or false"))
         self.return_tokens = bool(_typed(data, "return_tokens", bool, "true or false"))
-        self.n_cmpl = _typed(data, "n_cmpl", int, "an integer") or 1
+        n_cmpl = _typed(data, "n_cmpl", int, "an integer")
+        self.n_cmpl = 1 if n_cmpl is None else n_cmpl
         if self.n_cmpl < 1:
             raise InvalidRequestError(f"n_cmpl must be at least 1, got {self.n_cmpl}", param="n_cmpl")
         predict = _typed(data, "n_predict", int, "an integer")
@@ -277,14 +280,15 @@ def _infill_ids(engine: Any, data: Mapping[str, Any], context: int, reserve: int
     """An /infill request's layout, fitted in the context less `reserve` tokens; whether anything was left out."""
     prefix = _typed(data, "input_prefix", str, "a string") or ""
     suffix = _typed(data, "input_suffix", str, "a string") or ""
-    middle = _typed(data, "prompt", str, "a string (the middle's start, after the FIM middle token)") or ""
+    # (llama-server appends prompt, the cursor's line up to the cursor in llama.vim's requests, to the prefix)
+    prompt = _typed(data, "prompt", str, "a string (the text right before the cursor, after input_prefix)") or ""
     extra = _typed(data, "input_extra", list, 'a list of {"filename": ..., "text": ...} objects') or []
     files = []
     for index, chunk in enumerate(extra):
         # (other keys, such as llama.vim's "time", are the editor's own bookkeeping, as llama-server takes them)
-        if not isinstance(chunk, Mapping) or not isinstance(chunk.get("text") or "", str) \
+        if not isinstance(chunk, Mapping) or not isinstance(chunk.get("text"), str) \
                 or not isinstance(chunk.get("filename") or "", str):
-            got = f"its keys are {sorted(chunk)}" if isinstance(chunk, Mapping) else f"got {chunk!r:.40}"
+            got = f"got {dict(chunk)!r:.60}" if isinstance(chunk, Mapping) else f"got {chunk!r:.40}"
             raise InvalidRequestError(f'input_extra[{index}] must be an object with "text" (a string) and optionally '
                                       f'"filename" (a string); {got}', param="input_extra")
         files.append((chunk.get("filename") or "tmp", chunk.get("text") or ""))
@@ -294,22 +298,24 @@ def _infill_ids(engine: Any, data: Mapping[str, Any], context: int, reserve: int
                                   "one has none: serve a code model trained for it, or send /completion",
                                   param="input_suffix")
     try:
-        layout = engine.infill_layout(prefix, suffix, files, middle, context - reserve)
+        layout = engine.infill_layout(prefix + prompt, suffix, files, context - reserve)
     except InvalidRequestError as exc:
-        param = {"suffix": "input_suffix", "middle": "prompt", "files": "input_extra"}.get(exc.param or "", exc.param)
-        if param != "prompt":
+        if exc.param != "budget":
+            exc.param = {"suffix": "input_suffix", "files": "input_extra"}.get(exc.param or "", exc.param)
             raise
         raise InvalidRequestError(f"this server's context of {context} tokens, less {reserve} kept for the output "
-                                  f"(n_predict, at most a quarter of the context), cannot hold the FIM markers and "
-                                  f"prompt (the middle's start); shorten prompt", param="prompt") from None
+                                  "(n_predict, at most a quarter of the context), cannot hold the FIM markers; "
+                                  "lower n_predict", param="n_predict") from None
     return layout.ids, layout.truncated
 
 
 class _Reply:
     """One completion (of `n_cmpl`) assembled from the generation's events, with llama-server's early stops."""
 
-    def __init__(self, ask: _Ask, index: int, start: float) -> None:
-        self.ask, self.index, self.start = ask, index, start
+    def __init__(self, ask: _Ask, index: int, start: float, request: Any = None) -> None:  # noqa: ANN401
+        # request: the engine's Request of this completion (its resolved sampling; its stats, which the scheduler
+        # fills as it runs, say the prompt tokens the prefix cache gave even when the reply ends here first)
+        self.ask, self.index, self.start, self.request = ask, index, start, request
         self.text = ""
         self.token_ids: list[int] = []
         self.first: float | None = None
@@ -325,6 +331,8 @@ class _Reply:
             self.first = time.perf_counter()
         if event.stats is not None:
             self.cached_tokens = event.stats.cached_tokens
+        elif self.request is not None:
+            self.cached_tokens = self.request.stats.cached_tokens
         if event.finish_reason is not None and not self.cut:
             self.finish_reason, self.stop_reason = event.finish_reason, event.stop_reason
             self.end = time.perf_counter()
@@ -353,17 +361,18 @@ class _Reply:
         """Tokens generated so far (none for `n_predict` 0, which only evaluates the prompt)."""
         return 0 if self.ask.n_predict == 0 else len(self.token_ids)
 
-    def final(self, state: Any, sampling: Any, prompt_ids: list[int], truncated: bool,  # noqa: ANN401
+    def final(self, state: Any, prompt_ids: list[int], prompt: str | None, truncated: bool,  # noqa: ANN401
               capped: bool) -> dict[str, Any]:
         """llama-server's final object (content included; the stream's last event empties it).
 
-        `sampling`: the values it ran with; `truncated`: the prompt was fitted; `capped`: `n_predict` was lowered
-        to the room left in the context, which the reply reports as truncated only when that room ran out.
+        `prompt`: the prompt's text (None where `response_fields` leaves it out); `truncated`: the prompt was
+        fitted; `capped`: the output may run to the context's end, which the reply reports as truncated when
+        it does.
         """
         end = self.end or time.perf_counter()
         first = self.first or end
         ask, cached, predicted = self.ask, self.cached_tokens, self.predicted
-        if self.cut or ask.n_predict == 0 or self.finish_reason == "length":
+        if self.cut or ask.n_predict == 0 or self.finish_reason in ("length", "abort"):  # (abort: shutdown)
             stop_type, word = "limit", ""
         elif isinstance(self.stop_reason, str):
             stop_type, word = "word", self.stop_reason
@@ -381,8 +390,8 @@ class _Reply:
                 "tokens": self.token_ids if ask.return_tokens and ask.n_predict else [], "id_slot": 0,
                 "stop": True, "model": state.served_name, "tokens_predicted": predicted,
                 "tokens_evaluated": len(prompt_ids),
-                "generation_settings": ask.settings(state, sampling),
-                "prompt": state.engine.tokenizer.decode(prompt_ids, skip_special_tokens=False),
+                "generation_settings": ask.settings(state, self.request.sampling),
+                **({} if prompt is None else {"prompt": prompt}),
                 "has_new_line": "\n" in self.text,
                 "truncated": truncated or (capped and self.finish_reason == "length" and not self.cut),
                 "stop_type": stop_type, "stopping_word": word, "tokens_cached": cached, "timings": timings}
@@ -414,6 +423,19 @@ def indent_cut(text: str, n_indent: int) -> int | None:
             return end
         start = text.find("\n", end) + 1
     return None
+
+
+def _renamed(exc: InvalidRequestError) -> InvalidRequestError:
+    # The completions route's error with its fields named as llama-server names them.
+    message = str(exc)
+    for route, ours in _FIELD_NAMES.items():
+        if route == "n":
+            message = re.sub(r"^n(?=\b)", ours, message)  # (only where the message starts with the field)
+            continue
+        message = re.sub(rf"(?<![\w.]){re.escape(route)}(?!\w)", ours, message)
+    renamed = type(exc)(message, param=_FIELD_NAMES.get(exc.param or "", exc.param))
+    renamed.__dict__.update({k: v for k, v in vars(exc).items() if k != "param"})  # (a ContextLengthError's counts)
+    return renamed
 
 
 def _projected(obj: Mapping[str, Any], fields: list[str] | None) -> dict[str, Any]:
@@ -477,13 +499,17 @@ async def _serve(request: Request, infill: bool) -> Response:
                                  "/completion prompts)", param="prompt", prompt_tokens=len(ids), max_tokens=0,
                                  limit=context)
     max_tokens = room if ask.n_predict < 0 else 1 if ask.n_predict == 0 else min(ask.n_predict, room)
-    capped = ask.n_predict > room  # (the context ends first: truncated, if the output reaches it)
+    capped = ask.n_predict < 0 or ask.n_predict > room  # (the context ends first: truncated, if reached)
     fields = {**ask.fields, "prompt": ids, "max_tokens": max_tokens, "n": ask.n_cmpl, "stream": True}
-    reply_stream = await completions(chat_request_from(fields, _FIELD_NAMES, CompletionRequest), request)
+    try:
+        reply_stream = await completions(chat_request_from(fields, _FIELD_NAMES, CompletionRequest), request)
+    except InvalidRequestError as exc:  # (the route's fields named as this API names them)
+        raise _renamed(exc) from None
     assert isinstance(reply_stream, GenerationStream)
     generation = reply_stream.generation  # (its events are read here; the route's own stream is not)
-    replies = [_Reply(ask, index, start) for index in range(ask.n_cmpl)]
-    sampling = [r.sampling for r in generation.requests]
+    replies = [_Reply(ask, index, start, r) for index, r in enumerate(generation.requests)]
+    wanted = ask.response_fields is None or "prompt" in ask.response_fields
+    prompt_text = await run_in_threadpool(engine.tokenizer.decode, ids, False) if wanted else None
 
     async def events() -> AsyncIterator[str]:
         try:
@@ -496,7 +522,7 @@ async def _serve(request: Request, infill: bool) -> Response:
                     yield _sse({"index": index, "content": text, "tokens": tokens, "stop": False, "id_slot": 0,
                                 "tokens_predicted": reply.predicted, "tokens_evaluated": len(ids)})
                 if reply.done:
-                    final = reply.final(state, sampling[index], ids, truncated, capped)
+                    final = reply.final(state, ids, prompt_text, truncated, capped)
                     yield _sse(_projected({**final, "content": "", "tokens": []}, ask.response_fields))
                 if all(r.done for r in replies):
                     break
@@ -522,8 +548,7 @@ async def _serve(request: Request, infill: bool) -> Response:
         generation.cancel()
     if all(r.finish_reason == "abort" and not r.predicted for r in replies):
         raise shutting_down()
-    finals = [_projected(r.final(state, sampling[r.index], ids, truncated, capped), ask.response_fields)
-              for r in replies]
+    finals = [_projected(r.final(state, ids, prompt_text, truncated, capped), ask.response_fields) for r in replies]
     return JSONResponse(finals[0] if len(finals) == 1 else finals)
 
 

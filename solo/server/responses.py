@@ -401,12 +401,14 @@ async def _fit_context(body: ResponsesRequest, chat: ChatCompletionRequest, swit
                        ) -> ChatCompletionRequest:
     """`truncation: "auto"`: the chat request with the oldest input items left out until it fits the context.
 
-    As OpenAI's API drops items from the beginning of the conversation: the leading system and developer
-    messages (and `instructions`) stay, and what is kept starts at a user message, so no call is left without
-    the turn that asked for it nor an output without its call. The prompt, with `max_output_tokens` (or one
-    token) after it, must fit the server's context; the fewest items are dropped (a binary search over the user
-    messages, each candidate rendered by the chat template). A request that fits is unchanged; one that cannot
-    fit even from its last user message is left whole for the chat route to refuse.
+    As OpenAI's API drops items from the beginning of the conversation, turn by turn: the leading system and
+    developer messages (and `instructions`) stay; what is kept starts at a later user message, or, in an agent's
+    loop of calls on one task, at a later assistant turn (a reply, or the calls after a function's output) with
+    the user message before it, the task, kept ahead of it. So no call is kept without its output nor an output
+    without its call. The prompt, with room for `max_output_tokens` (without it, a quarter of the context), must
+    fit the server's context; the fewest items are dropped (a binary search over the turns, each candidate
+    rendered by the chat template). A request that fits is unchanged; one that cannot fit from its last turn is
+    left whole for the chat route to refuse.
     """
     from starlette.concurrency import run_in_threadpool
 
@@ -417,25 +419,40 @@ async def _fit_context(body: ResponsesRequest, chat: ChatCompletionRequest, swit
     state = request.app.state.solo
     engine, _ = state.require_ready(body.model)
     items = body.input
-    room = state.max_model_len - (body.max_output_tokens or 1)
-    lead = 0
-    while lead < len(items) and isinstance(items[lead], dict) and items[lead].get("role") in ("system", "developer"):
-        lead += 1
-    starts = [i for i in range(lead + 1, len(items)) if isinstance(items[i], dict)
-              and items[i].get("role") == "user" and items[i].get("type", "message") == "message"]
+    room = state.max_model_len - (body.max_output_tokens or state.max_model_len // 4)
 
-    def fitted(start: int) -> ChatCompletionRequest | None:
-        candidate = chat_request(body.model_copy(update={"input": [*items[:lead], *items[start:]]}),
-                                 thinking_switch=switch)
+    def role(item: Any) -> str:  # noqa: ANN401
+        if not isinstance(item, dict):
+            return ""
+        kind = item.get("type", "message")
+        return item.get("role", "") if kind == "message" else kind
+
+    lead = 0
+    while lead < len(items) and role(items[lead]) in ("system", "developer"):
+        lead += 1
+    task = None  # the last user message so far: the task of the calls after it
+    cuts: list[list[Any]] = []  # the kept conversations, fewest dropped first
+    for i in range(lead, len(items)):
+        before = role(items[i - 1]) if i else ""
+        if role(items[i]) == "user":
+            if i > lead:
+                cuts.append([*items[:lead], *items[i:]])
+            task = i
+        elif task is not None and i > task + 1 and role(items[i]) in ("assistant", "function_call", "reasoning") \
+                and before in ("user", "function_call_output"):
+            cuts.append([*items[:lead], items[task], *items[i:]])
+
+    def fitted(kept: list[Any]) -> ChatCompletionRequest | None:
+        candidate = chat_request(body.model_copy(update={"input": kept}), thinking_switch=switch)
         return candidate if len(chat_prompt_ids(state, engine, candidate)) <= room else None
 
     def search() -> ChatCompletionRequest:
-        if not starts or len(chat_prompt_ids(state, engine, chat)) <= room:
+        if not cuts or len(chat_prompt_ids(state, engine, chat)) <= room:
             return chat
-        best, low, high = None, 0, len(starts) - 1
-        while low <= high:  # (the prompt shrinks as the start moves later)
+        best, low, high = None, 0, len(cuts) - 1
+        while low <= high:  # (the prompt shrinks as the cut moves later)
             middle = (low + high) // 2
-            candidate = fitted(starts[middle])
+            candidate = fitted(cuts[middle])
             if candidate is not None:
                 best, high = candidate, middle - 1
             else:
@@ -470,8 +487,11 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
     state = request.app.state.solo
     engine, _ = state.require_ready(body.model)
     off = (body.reasoning or {}).get("effort") == "none"
-    chat = chat_request(body, thinking_switch=thinking_switch(state, off, "reasoning"))
+    switch = thinking_switch(state, off, "reasoning")
+    chat = chat_request(body, thinking_switch=switch)
     try:
+        if body.truncation == "auto":  # (the prompt that request would run)
+            chat = await _fit_context(body, chat, switch, request)
         ids = await run_in_threadpool(chat_prompt_ids, state, engine, chat)
     except InvalidRequestError as exc:
         raise _in_responses_terms(exc) from None

@@ -556,10 +556,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
         assert body.prompt is not None
         return engine.tokenizer.encode(body.prompt, body.add_special_tokens)
 
-    ids = await run_in_threadpool(encode)
-    strs = [engine.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None
-    tokens: list = ids
-    if body.with_pieces:
+    def with_pieces(ids: list[int]) -> list[dict[str, Any]]:
         tokens = []
         for token_id in ids:
             _, raw = state.pieces.get(token_id)  # type: ignore[union-attr]
@@ -568,6 +565,11 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             except UnicodeDecodeError:  # (part of a character: its bytes, as llama-server gives them)
                 piece = list(raw)
             tokens.append({"id": token_id, "piece": piece})
+        return tokens
+
+    ids = await run_in_threadpool(encode)
+    strs = [engine.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None
+    tokens: list = await run_in_threadpool(with_pieces, ids) if body.with_pieces else ids
     return TokenizeResponse(count=len(ids), max_model_len=state.max_model_len, tokens=tokens, token_strs=strs)
 
 

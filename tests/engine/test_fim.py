@@ -186,22 +186,22 @@ def test_infill_layout_fits_oldest_files_first_then_cuts_the_far_ends():
     assert fim.repo_id is None and fim.file_separator_id is None
     whole = [0, 1, *encode("ab"), 2, *encode("cd"), 3]  # BOS, then the layout
     files = [("old.py", "xxxx"), ("new.py", "yy")]
-    layout = infill_layout(fim, encode, whole, "ab", "cd", files, middle="m")
+    layout = infill_layout(fim, encode, whole, "ab", "cd", files)
     snippet = encode(SNIPPET_HEADER)
-    assert layout.ids == [0, *snippet, *encode("xxxx"), *snippet, *encode("yy"), *whole[1:], *encode("m")]
+    assert layout.ids == [0, *snippet, *encode("xxxx"), *snippet, *encode("yy"), *whole[1:]]
     assert not layout.truncated
-    fitted = infill_layout(fim, encode, whole, "ab", "cd", files, middle="m", budget=len(whole) + 1 + len(snippet) + 2)
+    fitted = infill_layout(fim, encode, whole, "ab", "cd", files, budget=len(whole) + len(snippet) + 2)
     assert fitted.files_dropped == 1 and fitted.ids[1:1 + len(snippet) + 2] == [*snippet, *encode("yy")]
     # No room for any file, nor the whole code: the prefix keeps its end (up to 3/4 of the room), the suffix
     # its start.
-    cut = infill_layout(fim, encode, whole, "ab", "cd", files, middle="m", budget=len(whole) - 1)
-    assert cut.ids == [0, 1, *encode("ab"), 2, 3, *encode("m")] and cut.truncated and cut.files_dropped == 2
+    cut = infill_layout(fim, encode, whole, "ab", "cd", files, budget=len(whole) - 2)
+    assert cut.ids == [0, 1, *encode("ab"), 2, 3] and cut.truncated and cut.files_dropped == 2
     assert (cut.prefix_tokens_cut, cut.suffix_tokens_cut) == (0, 2)
     long = infill_layout(fim, encode, [0, 1, *encode("abcdefgh"), 2, *encode("ijkl"), 3], "abcdefgh", "ijkl",
                          budget=12)
     assert long.ids == [0, 1, *encode("cdefgh"), 2, *encode("ij"), 3]  # (room 8: a quarter to the suffix)
     with pytest.raises(ValueError, match="cannot hold"):
-        infill_layout(fim, encode, whole, "ab", "cd", middle="mmmm", budget=5)
+        infill_layout(fim, encode, whole, "ab", "cd", budget=3)
     # With a repository marker and a file separator: the repository-level form.
     repo = detect_fim({**markers, "<|repo_name|>": 4, "<|file_sep|>": 5}.get)
     layout = infill_layout(repo, encode, whole, "ab", "cd", [("a.py", "z")])

@@ -80,10 +80,11 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
     assert [c["index"] for c in several.json()] == [0, 1, 2]
     assert all(c["generation_settings"]["top_k"] == 40 and c["generation_settings"]["n_cmpl"] == 3
                for c in several.json())
-    # The layout: the repository form (Qwen2.5-Coder's), then the middle's start after the middle marker.
+    # The layout: the repository form (Qwen2.5-Coder's); prompt (the cursor's line so far) after the prefix, as
+    # llama-server lays it out.
     laid_out = ("<|repo_name|>myproject\n<|file_sep|>util.py\ndef sub(a, b):\n    return a - b\n"
                 "<|file_sep|>main.py\nimport util\n<|file_sep|>filename\n"
-                f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>return")
+                f"<|fim_prefix|>{PREFIX}return<|fim_suffix|>{SUFFIX}<|fim_middle|>")
     tokenizer = server.state.engine.tokenizer
     full = httpx.post(f"{_root(server)}/infill", json={**request, "response_fields": None, **GREEDY}).json()
     assert full["prompt"] == tokenizer.decode(tokenizer.encode(laid_out), skip_special_tokens=False)
@@ -152,6 +153,9 @@ def test_stop_words_and_bans(server):
     ({"logit_bias": [["hello", 1.0]]}, "logit_bias", "token ids"),
     ({"prompt": ["one", "two"]}, "prompt", "one prompt per request"),
     ({"temperature": 3}, "temperature", "temperature"),
+    ({"n_cmpl": 0}, "n_cmpl", "at least 1"),
+    ({"n_cmpl": 1000}, "n_cmpl", "n_cmpl"),
+    ({"grammar": "root ::= ("}, "grammar", "grammar"),
 ])
 def test_what_solo_cannot_honour_is_refused_by_name(server, fields, param, words):
     reply = httpx.post(f"{_root(server)}/completion", json={"prompt": "x = 1", **GREEDY, **fields})
@@ -231,3 +235,19 @@ def test_tokenize_and_detokenize_in_llama_servers_form(server):
     assert text["content"] == text["prompt"] == "def f(x):"
     refused = httpx.post(f"{_root(server)}/tokenize", json={"prompt": "x", "with_pieces": True})
     assert refused.status_code == 400 and "goes with content" in refused.text
+
+
+def test_infill_extra_chunks_need_text_and_the_context_end_is_truncation(server):
+    reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_extra": [{"filename": "a"}]})
+    assert reply.status_code == 400 and reply.json()["error"]["param"] == "input_extra"
+    # n_predict -1 runs to the context's end: truncated, as llama-server says it.
+    body = httpx.post(f"{_root(server)}/completion", json={"prompt": "x = 1", "n_predict": -1, "ignore_eos": True,
+                                                           "temperature": 0}).json()
+    assert body["truncated"] is True and body["tokens_evaluated"] + body["tokens_predicted"] == \
+        server.state.max_model_len
+    # A reply n_indent ends still says what the prefix cache gave.
+    ask = {"input_prefix": PREFIX * 4, "input_suffix": SUFFIX, "n_predict": 30, "temperature": 0, "n_indent": 50,
+           "ignore_eos": True}
+    httpx.post(f"{_root(server)}/infill", json=ask)
+    again = httpx.post(f"{_root(server)}/infill", json=ask).json()
+    assert again["tokens_cached"] > 0 and again["timings"]["cache_n"] == again["tokens_cached"]

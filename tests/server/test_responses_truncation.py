@@ -54,3 +54,28 @@ def test_auto_truncation_drops_the_oldest_turns(server):
     same = client.responses.create(model=MODEL_NAME, input=short, max_output_tokens=2, truncation="auto")
     plain = client.responses.create(model=MODEL_NAME, input=short, max_output_tokens=2)
     assert same.usage.input_tokens == plain.usage.input_tokens
+
+
+def test_an_agents_loop_on_one_task_keeps_the_task_and_whole_calls(server):
+    # One user message, then many calls and outputs (Codex's and the Agents SDK's shape): the oldest calls go,
+    # each with its output, and the task stays.
+    client = server.client()
+    items = [{"role": "user", "content": "list the files, then read each one"}]
+    for turn in range(25):
+        items += [{"type": "function_call", "call_id": f"c{turn}", "name": "read", "arguments": '{"path": "a.py"}'},
+                  {"type": "function_call_output", "call_id": f"c{turn}", "output": f"x = {turn}\n" * 3}]
+    with pytest.raises(openai.BadRequestError):
+        client.responses.create(model=MODEL_NAME, input=items, max_output_tokens=4)
+    reply = client.responses.create(model=MODEL_NAME, input=items, max_output_tokens=4, truncation="auto")
+    assert reply.usage.input_tokens + 4 <= server.state.max_model_len
+    counted = client.post("/responses/input_tokens", cast_to=object, body={
+        "model": MODEL_NAME, "input": items, "max_output_tokens": 4, "truncation": "auto"})
+    assert counted["input_tokens"] == reply.usage.input_tokens  # (the prompt the request runs)
+    for start in range(1, len(items), 2):  # the first call whose turn fits, with the task before it
+        kept = [items[0], *items[start:]]
+        count = client.post("/responses/input_tokens", cast_to=object, body={"model": MODEL_NAME, "input": kept})
+        if count["input_tokens"] + 4 <= server.state.max_model_len:
+            assert count["input_tokens"] == reply.usage.input_tokens
+            break
+    else:
+        pytest.fail("no start fits")
