@@ -750,13 +750,13 @@ def complete_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[st
         calls = parse_tool_calls(fmt, text)
         return (calls, "") if calls else ([], text)
     calls, between, i = [], [], 0
-    for block in re.finditer(r"<tool_call>(.*?)</tool_call>", text, flags=re.S):
-        parsed = parse_tool_calls(fmt, block.group(0))
+    for start, end, _, closed in _hermes_blocks(text):
+        parsed = parse_tool_calls(fmt, text[start:end]) if closed else None
         if not parsed:
             break
         calls += parsed
-        between.append(text[i:block.start()])
-        i = block.end()
+        between.append(text[i:start])
+        i = end
     tail = text[i:].rstrip()
     tail = tail[:len(tail) - partial_suffix(tail, "</tool_call>")]
     last = parse_tool_calls(fmt, tail) if tail.lstrip().startswith("<tool_call>") else None
@@ -779,7 +779,7 @@ def parse_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[str, 
     if fmt == "qwen3_coder":
         return _xml_calls(text, parameters or {})
     if fmt == "hermes":
-        for block in re.findall(r"<tool_call>(.*?)(?:</tool_call>|$)", text, flags=re.S):
+        for _, _, block, _ in _hermes_blocks(text):
             if block.strip():
                 objects.extend(_json_values(block))
     elif fmt in ("mistral", "phi4_mini"):
@@ -810,6 +810,35 @@ def parse_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[str, 
             return None
         calls.append(ToolCall(new_call_id(fmt), obj["name"], json.dumps(arguments, ensure_ascii=False)))
     return calls
+
+
+def _hermes_blocks(text: str) -> list[tuple[int, int, str, bool]]:
+    """Each `<tool_call>` block of Hermes-syntax text: (start, end, body, closed), in order.
+
+    A block ends at the `</tool_call>` after its JSON, so a string argument holding that tag's text (code that
+    writes tool calls) stays inside it; where the body is no JSON, at the first tag. An unclosed block runs to
+    the end of the text.
+    """
+    blocks: list[tuple[int, int, str, bool]] = []
+    decoder = json.JSONDecoder(strict=False)
+    i = 0
+    while (start := text.find("<tool_call>", i)) >= 0:
+        body = start + len("<tool_call>")
+        close = -1
+        try:
+            _, after = decoder.raw_decode(text, len(text) - len(text[body:].lstrip()))
+            after += len(text[after:]) - len(text[after:].lstrip())
+            close = after if text.startswith("</tool_call>", after) else -1
+        except ValueError:
+            pass
+        if close < 0:
+            close = text.find("</tool_call>", body)
+        if close < 0:
+            blocks.append((start, len(text), text[body:], False))
+            break
+        i = close + len("</tool_call>")
+        blocks.append((start, i, text[body:close], True))
+    return blocks
 
 
 def _json_values(text: str) -> list[Any]:

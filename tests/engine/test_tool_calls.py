@@ -134,6 +134,20 @@ def test_hermes_content_then_two_calls_streamed():
     assert all(c.id.startswith("call_") for c in calls)
 
 
+def test_hermes_call_whose_argument_holds_the_closing_tag():
+    # Code that writes tool calls: a string argument holding "</tool_call>" stays in its call (the tag after the
+    # JSON closes it); the call was returned as text before.
+    source = 'print("<tool_call>{}</tool_call>")'
+    text = (f'<tool_call>\n{{"name": "write_file", "arguments": {{"path": "a.py", "text": {json.dumps(source)}}}}}\n'
+            '</tool_call>\n<tool_call>\n{"name": "run", "arguments": {}}\n</tool_call>')
+    parser = ToolCallParser("hermes", {})
+    streamed = _feed_pieces(parser, text)
+    content, calls, rest = parser.finish()
+    assert streamed + rest == "" == content
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("write_file", {"path": "a.py", "text": source}), ("run", {})]
+
+
 def test_hermes_without_calls_is_all_content():
     parser = ToolCallParser("hermes", {})
     text = "No tools <tool needed> here <tool_ca"
