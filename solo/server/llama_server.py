@@ -31,9 +31,11 @@ files go out whole (llama-server cuts their tokens from the front); Solo applies
 repetition penalties cover the whole sequence (`repeat_last_n` -1 or 0 beside one); `n_probs` is refused
 (`/v1/completions` has `logprobs`); one prompt per request; a completion that `n_indent` or `t_max_predict_ms` ended
 beside others (`n_cmpl`) runs on to its own end, unseen; errors come in OpenAI's shape, as on Solo's other routes;
-fields that place work in llama-server's slots or shift its context (`id_slot`, `n_keep`, `n_discard`,
-`n_cache_reuse`, `t_max_prompt_ms`, which llama-server does not enforce either) change nothing; sampling Solo does
-not have (`mirostat`, `typical_p`, DRY, XTC, `top_n_sigma`, dynamic temperature) is taken only at its off value.
+`model` names nothing here: any name (editors send their configured one, or an empty one) is the served model, as a
+llama-server with one model takes it; fields that place work in llama-server's slots or shift its context
+(`id_slot`, `n_keep`, `n_discard`, `n_cache_reuse`, `t_max_prompt_ms`, which llama-server does not enforce either)
+change nothing; sampling Solo does not have (`mirostat`, `typical_p`, DRY, XTC, `top_n_sigma`, dynamic temperature)
+is taken only at its off value.
 """
 
 from __future__ import annotations
@@ -61,7 +63,7 @@ router = APIRouter()
 _RENAMED = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "grammar": "guided_grammar",
             "json_schema": "guided_json"}
 _FIELD_NAMES = {**{route: ours for ours, route in _RENAMED.items()}, "n": "n_cmpl"}
-_PASSED = ("model", "temperature", "top_k", "top_p", "min_p", "seed", "stop", "ignore_eos", "presence_penalty",
+_PASSED = ("temperature", "top_k", "top_p", "min_p", "seed", "stop", "ignore_eos", "presence_penalty",
            "frequency_penalty", "repeat_penalty", "grammar", "json_schema", "cache_prompt")
 # Sampling Solo does not have, taken at the value that turns it off.
 _OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.0, "xtc_probability": 0.0, "top_n_sigma": -1.0,
@@ -71,7 +73,8 @@ _OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "dry_multiplier": 0.0, "xtc_prob
 # slots, or shift its context: nothing Solo generates depends on them.
 _NO_EFFECT = frozenset({"mirostat_tau", "mirostat_eta", "dry_base", "dry_allowed_length", "dry_penalty_last_n",
                         "dry_sequence_breakers", "xtc_threshold", "dynatemp_exponent", "id_slot", "n_keep",
-                        "n_discard", "n_cache_reuse", "t_max_prompt_ms"})
+                        "n_discard", "n_cache_reuse", "t_max_prompt_ms",
+                        "model"})  # (a one-model llama-server serves it whatever the name: editors send theirs, or "")
 _OWN = frozenset({"prompt", "n_predict", "stream", "samplers", "t_max_predict_ms", "n_indent", "response_fields",
                   "repeat_last_n", "logit_bias", "n_cmpl", "return_tokens"})
 _DEFAULT_SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
@@ -481,7 +484,7 @@ async def _serve(request: Request, infill: bool) -> Response:
     start = time.perf_counter()
     data = await _body(request)
     state = request.app.state.solo
-    engine, _ = state.require_ready(data.get("model"))
+    engine, _ = state.require_ready(None)  # (any model name: see _NO_EFFECT)
     ask = _Ask(data, infill)
     context = state.max_model_len
     if infill:
@@ -595,6 +598,6 @@ async def apply_template(request: Request) -> JSONResponse:
 
     data = await _body(request)
     state = request.app.state.solo
-    engine, _ = state.require_ready(data.get("model"))
-    body = chat_request_from(data, {})
+    engine, _ = state.require_ready(None)  # (any model name: see _NO_EFFECT)
+    body = chat_request_from({k: v for k, v in data.items() if k != "model"}, {})
     return JSONResponse({"prompt": await run_in_threadpool(chat_prompt_text, state, engine, body)})

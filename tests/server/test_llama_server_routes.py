@@ -64,7 +64,7 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
     request = {"id_slot": 0, "input_prefix": PREFIX, "input_suffix": SUFFIX, "input_extra": extra,
                "prompt": "return", "n_predict": 6, "stop": [], "n_indent": 4, "top_k": 40, "top_p": 0.90,
                "samplers": ["top_k", "top_p", "infill"], "stream": False, "cache_prompt": True,
-               "t_max_prompt_ms": 500, "t_max_predict_ms": 1000,
+               "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "model": "",  # (llama.vim before 2026-04)
                "response_fields": ["content", "timings/prompt_n", "timings/predicted_per_second", "truncated",
                                    "tokens_cached", "generation_settings/temperature"]}
     reply = httpx.post(f"{_root(server)}/infill", json=request)
