@@ -44,7 +44,7 @@ from solo.server.chat_adapter import (
     text_around_calls,
     thinking_switch,
 )
-from solo.server.errors import RETRY_AFTER_S, APIError, api_error_from, unreadable_body_message, validation_error
+from solo.server.errors import RETRY_AFTER_S, APIError, api_error_from, json_body, validation_error
 from solo.server.protocol import ChatCompletionRequest
 
 router = APIRouter()
@@ -387,11 +387,7 @@ class CountTokensRequest(MessagesRequest):
 
 async def _read(request: Request, kind: type[MessagesRequest]) -> tuple[MessagesRequest, ChatCompletionRequest]:
     # The body, validated, and the chat request it means.
-    try:
-        data = await request.json()
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
-                                  else "the request body is not valid JSON") from None
+    data = await json_body(request, object_only=False)  # (the model says what a non-object is)
     try:
         body = kind.model_validate(data)
     except ValidationError as exc:

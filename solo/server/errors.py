@@ -168,6 +168,28 @@ def validation_error(errors: Sequence[Mapping[str, Any]]) -> APIError:
     return APIError(400, message, param=param)
 
 
+async def json_body(request: Request, object_only: bool = True) -> Any:  # noqa: ANN401
+    """The request's body decoded as JSON, for routes that read it themselves (Ollama's, Anthropic's, llama-server's).
+
+    Args:
+        request: the request.
+        object_only: refuse a body that is not a JSON object.
+
+    Raises:
+        InvalidRequestError: the body is no JSON (`unreadable_body_message` says why), or no object.
+    """
+    import json
+
+    try:
+        data = await request.json()
+    except (ValueError, RecursionError) as exc:
+        raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
+                                  else "the request body is not valid JSON") from None
+    if object_only and not isinstance(data, dict):
+        raise InvalidRequestError("the request body must be a JSON object")
+    return data
+
+
 def unreadable_body_message(cause: BaseException) -> str:
     """What was wrong with a body FastAPI could not parse, from the decoder's exception.
 

@@ -49,12 +49,11 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
 from starlette.concurrency import run_in_threadpool
-from starlette.responses import StreamingResponse
 
 from solo import __version__
 from solo.errors import ContextLengthError, InvalidRequestError
 from solo.server.chat_adapter import chat_request_from
-from solo.server.errors import api_error_from, shutting_down, unreadable_body_message
+from solo.server.errors import api_error_from, json_body, shutting_down
 from solo.server.protocol import CompletionRequest
 
 router = APIRouter()
@@ -237,17 +236,6 @@ def _logit_bias(value: Any) -> dict[str, float] | None:  # noqa: ANN401
                                       f"{bias!r:.40}", param="logit_bias")
         out[str(token)] = float(bias)
     return out
-
-
-async def _body(request: Request) -> dict[str, Any]:
-    try:
-        data = await request.json()
-    except (ValueError, RecursionError) as exc:
-        raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
-                                  else "the request body is not valid JSON") from None
-    if not isinstance(data, dict):
-        raise InvalidRequestError("the request body must be a JSON object")
-    return data
 
 
 def _prompt_ids(engine: Any, prompt: Any) -> list[int]:  # noqa: ANN401
@@ -461,28 +449,13 @@ def _sse(obj: Mapping[str, Any]) -> str:
     return f"data: {json.dumps(obj, ensure_ascii=False)}\n\n"
 
 
-class _EventStream(StreamingResponse):
-    # llama-server's stream; the generation is cancelled however the response ends.
-
-    def __init__(self, events: AsyncIterator[str], generation: Any) -> None:  # noqa: ANN401
-        super().__init__(events, media_type="text/event-stream",
-                         headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
-        self.generation = generation
-
-    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: ANN401
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self.generation.cancel()
-
-
 async def _serve(request: Request, infill: bool) -> Response:
     # The completions route on the request's fields; its generation's events read here, so each completion's
     # token ids and counts are exact and n_indent / t_max_predict_ms can end it.
     from solo.server.routes import GenerationStream, completions, while_connected
 
     start = time.perf_counter()
-    data = await _body(request)
+    data = await json_body(request)
     state = request.app.state.solo
     engine, _ = state.require_ready(None)  # (any model name: see _NO_EFFECT)
     ask = _Ask(data, infill)
@@ -536,7 +509,7 @@ async def _serve(request: Request, infill: bool) -> Response:
             generation.cancel()
 
     if ask.stream:
-        return _EventStream(events(), generation)
+        return GenerationStream(events(), generation)  # (cancels the generation however the stream ends)
 
     async def gather() -> None:
         async for index, event in generation.events():
@@ -596,7 +569,7 @@ async def apply_template(request: Request) -> JSONResponse:
     """
     from solo.server.routes import chat_prompt_text
 
-    data = await _body(request)
+    data = await json_body(request)
     state = request.app.state.solo
     engine, _ = state.require_ready(None)  # (any model name: see _NO_EFFECT)
     body = chat_request_from({k: v for k, v in data.items() if k != "model"}, {})

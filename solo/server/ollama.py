@@ -51,7 +51,7 @@ from solo import __version__
 from solo.engine.tool_calls import arguments_as_objects, supports_tools
 from solo.errors import ContextLengthError, InvalidRequestError
 from solo.server.chat_adapter import chat_chunks, chat_request_from, continue_prefill, thinking_switch
-from solo.server.errors import APIError, api_error_from, logger, shutting_down, unreadable_body_message
+from solo.server.errors import APIError, api_error_from, json_body, logger, shutting_down
 from solo.server.protocol import CompletionRequest
 from solo.server.state import listed_name
 
@@ -578,14 +578,7 @@ async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> 
     # Parse the body, run the route's handler, and answer any error in Ollama's shape, the fields it names
     # as Ollama names them.
     try:
-        try:
-            data = await request.json()
-        except (ValueError, RecursionError) as exc:
-            raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
-                                      else "the request body is not valid JSON") from None
-        if not isinstance(data, dict):
-            raise InvalidRequestError("the request body must be a JSON object")
-        return await handle(data)
+        return await handle(await json_body(request))
     except Exception as exc:  # noqa: BLE001 (every error, a bug included, answered in Ollama's shape)
         error = api_error_from(exc)
         if error.code == "internal_error":  # a bug (a full queue or a shutdown is no error of Solo's)
