@@ -54,7 +54,7 @@ from solo import __version__
 from solo.errors import ContextLengthError, InvalidRequestError
 from solo.server.chat_adapter import chat_request_from
 from solo.server.errors import api_error_from, json_body, shutting_down
-from solo.server.protocol import CompletionRequest
+from solo.server.protocol import CompletionRequest, llama_server_fields
 
 router = APIRouter()
 
@@ -79,14 +79,6 @@ _OWN = frozenset({"prompt", "n_predict", "stream", "samplers", "t_max_predict_ms
 _DEFAULT_SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 """Solo's samplers, in the order it applies them (`solo.engine.sampling`)."""
 _INFILL_OWN = frozenset({"input_prefix", "input_suffix", "input_extra"})
-# Sampler names (llama.cpp's and their aliases) -> Solo's sampling field each turns on.
-_SAMPLERS = {"top_k": "top_k", "top_p": "top_p", "nucleus": "top_p", "min_p": "min_p", "temperature": "temperature",
-             "temp": "temperature", "penalties": "penalties", "infill": None, "dry": None, "typ_p": None,
-             "typical_p": None, "typical": None, "xtc": None, "top_n_sigma": None}
-_OFF_SAMPLING = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
-_PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
-
-
 def _typed(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:  # noqa: ANN401
     # data[name] if it is of `kind` (null or absent: None).
     value = data.get(name)
@@ -140,54 +132,24 @@ class _Ask:
             raise InvalidRequestError("response_fields must be a list of field names (strings)",
                                       param="response_fields")
         self.response_fields: list[str] | None = fields
-        self.fields: dict[str, Any] = {_RENAMED.get(k, k): data[k] for k in _PASSED if data.get(k) is not None}
+        self.fields: dict[str, Any] = {k: data[k] for k in (*_PASSED, "samplers", "repeat_last_n")
+                                       if data.get(k) is not None}
+        problems = llama_server_fields(self.fields, max_tokens=None)  # (penalties and samplers, as on the chat route)
+        if problems:
+            raise InvalidRequestError(problems[0][1], param=problems[0][0])
+        for ours in ("grammar", "json_schema"):
+            if ours in self.fields:
+                self.fields[_RENAMED[ours]] = self.fields.pop(ours)
         seed = self.fields.get("seed")
         if seed == -1 or (isinstance(seed, int) and not isinstance(seed, bool) and seed == 0xFFFFFFFF):
             del self.fields["seed"]  # (llama-server's random seed)
         temperature = self.fields.get("temperature")
         if _number(temperature) and temperature < 0:
             self.fields["temperature"] = 0.0  # llama-server: below 0, greedy
-        self._penalty_window(data)
-        self._samplers(data.get("samplers"))
         bias = _logit_bias(data.get("logit_bias"))
         if bias is not None:
             self.fields["logit_bias"] = bias
         self.samplers = data.get("samplers")
-
-    def _penalty_window(self, data: Mapping[str, Any]) -> None:
-        window = data.get("repeat_last_n")
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
-            raise InvalidRequestError(f"repeat_last_n must be an integer, got {window!r:.40}", param="repeat_last_n")
-        penalized = any(self.fields.get(name) not in (None, 0, 0.0) for name in _PENALTIES[1:]) or \
-            self.fields.get("repetition_penalty") not in (None, 1, 1.0)
-        if window not in (None, -1, 0) and penalized:
-            raise InvalidRequestError("repeat_last_n: Solo's penalties cover the whole sequence (as vLLM's); beside "
-                                      "repeat_penalty, presence_penalty or frequency_penalty set repeat_last_n to -1 "
-                                      "(the whole sequence) or 0 (no penalty), or leave it out", param="repeat_last_n")
-        if window == 0:
-            for name in _PENALTIES:  # (a window of no tokens penalizes nothing)
-                self.fields.pop(name, None)
-
-    def _samplers(self, samplers: Any) -> None:  # noqa: ANN401
-        if samplers is None:
-            return
-        if not isinstance(samplers, list) or not all(isinstance(s, str) for s in samplers):
-            raise InvalidRequestError('samplers must be a list of sampler names, such as ["top_k", "top_p", '
-                                      '"temperature"]', param="samplers")
-        on = set()
-        for name in samplers:
-            key = name.strip().lower().replace("-", "_")
-            if key not in _SAMPLERS:
-                raise InvalidRequestError(f"samplers: {name!r} is not a sampler Solo knows; use top_k, top_p, min_p, "
-                                          "temperature, penalties (and llama.cpp's others at their off values)",
-                                          param="samplers")
-            on.add(_SAMPLERS[key])
-        for name, off in _OFF_SAMPLING.items():
-            if name not in on:
-                self.fields[name] = off
-        if "penalties" not in on:
-            for name in _PENALTIES:
-                self.fields.pop(name, None)
 
     def settings(self, state: Any, sampling: Any) -> dict[str, Any]:  # noqa: ANN401
         """llama-server's `generation_settings`: the values this completion ran with (`ResolvedSampling`)."""

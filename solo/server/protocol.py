@@ -13,7 +13,10 @@ fill-in-the-middle tokens, `best_of` != n, the deprecated `functions` unless `fu
 `function_call` naming a function (use `tools` and `tool_choice`), `stream_options` without `stream`, a
 non-assistant message without content, `max_tokens` and `max_completion_tokens` that disagree, `modalities`
 other than ["text"], `reasoning_effort` but "none" (thinking off), `verbosity` but "medium", and llama-server's
-fields (`FOREIGN_FIELDS`: the error names the field to send instead).
+fields it has no counterpart for (`FOREIGN_FIELDS`: the error names the field to send instead). llama-server's
+own fields that its clients send to these routes (llama.vim's instructions) are taken as llama-server takes
+them (`llama_server_fields`): `n_predict` (max_tokens), `repeat_penalty` (repetition_penalty, with
+`repeat_last_n` -1 or 0), `samplers` (which samplers apply; those left out are off), `id_slot` (no effect).
 Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, `allowed_token_ids`, `bad_words`, `skip_special_tokens`,
 `add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both
@@ -166,17 +169,93 @@ NO_EFFECT_FIELDS = frozenset({"store", "metadata", "service_tier", "prompt_cache
 
 _DROP = "a llama.cpp sampler Solo does not run; leave it out (top_p, min_p and top_k are Solo's)"
 FOREIGN_FIELDS = {
-    "n_predict": "llama.cpp's name for max_tokens; send max_tokens",
-    "repeat_penalty": "llama.cpp's name for repetition_penalty; send repetition_penalty",
     "grammar": 'llama.cpp\'s; send response_format {"type": "grammar", "grammar": "..."} (or vLLM\'s guided_grammar)',
     "json_schema": 'llama.cpp\'s; send response_format {"type": "json_schema", "json_schema": {"name": "...", '
                    '"schema": {...}}}',
     "n_probs": "llama.cpp's; send logprobs (with top_logprobs on the chat route)",
-    "id_slot": "llama-server's slots; Solo places requests itself: leave it out",
     **dict.fromkeys(("typical_p", "mirostat", "mirostat_tau", "mirostat_eta", "tfs_z", "dry_multiplier",
                      "xtc_probability"), _DROP),
 }
-"""Other servers' request fields Solo takes under another name, or refuses: the error names what to send."""
+"""Other servers' request fields Solo refuses: the error names what to send instead."""
+
+# llama.cpp's sampler names (and aliases) -> the sampling field each turns on (None: one Solo does not run, taken
+# at its off value; "infill": llama-server's FIM sampler, without a counterpart).
+LLAMA_SAMPLERS = {"top_k": "top_k", "top_p": "top_p", "nucleus": "top_p", "min_p": "min_p",
+                  "temperature": "temperature", "temp": "temperature", "penalties": "penalties", "infill": None,
+                  "dry": None, "typ_p": None, "typical_p": None, "typical": None, "xtc": None, "top_n_sigma": None}
+_LLAMA_OFF_SAMPLING = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
+_PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+
+
+def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_tokens") -> list[tuple[str, str]]:
+    """Turn llama-server's sampling fields in a request body into Solo's, in place, as llama-server means them.
+
+    `n_predict` -> `max_tokens` (-1: unset; with `max_tokens` None, the caller reads it itself),
+    `repeat_penalty` -> `repetition_penalty`, `repeat_last_n` (only -1, the whole sequence as Solo's penalties
+    cover it, or 0, no penalty, beside a penalty), `samplers` (the samplers it leaves out are off: top-k, top-p,
+    min-p, penalties, and temperature 1, plain sampling; their order is Solo's), `id_slot` (llama-server's
+    slots: no effect).
+
+    Args:
+        data: the request body (a dict), changed in place.
+        max_tokens: the field `n_predict` becomes; None leaves `n_predict` in place.
+
+    Returns:
+        (field, problem) for each field that cannot be taken (empty when all were).
+    """
+    problems: list[tuple[str, str]] = []
+    data.pop("id_slot", None)
+    if max_tokens is not None and "n_predict" in data:
+        predict = data.pop("n_predict")
+        if data.get(max_tokens) is not None or data.get("max_completion_tokens") is not None:
+            problems.append(("n_predict", "n_predict is llama-server's max_tokens; send one of them"))
+        elif isinstance(predict, int) and not isinstance(predict, bool) and predict >= 1:
+            data[max_tokens] = predict
+        elif predict not in (None, -1):
+            problems.append(("n_predict", f"n_predict must be -1 (until the context ends) or a positive number of "
+                                          f"tokens here, got {predict!r:.40} (0, the prompt evaluated alone, is "
+                                          "/completion's)"))
+    if "repeat_penalty" in data:
+        if data.get("repetition_penalty") is not None:
+            problems.append(("repeat_penalty", "repeat_penalty is llama-server's repetition_penalty; send one"))
+        data["repetition_penalty"] = data.pop("repeat_penalty")
+    if "repeat_last_n" in data:
+        window = data.pop("repeat_last_n")
+        penalized = data.get("repetition_penalty") not in (None, 1, 1.0) or any(
+            data.get(name) not in (None, 0, 0.0) for name in _PENALTIES[1:])
+        if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
+            problems.append(("repeat_last_n", f"repeat_last_n must be an integer, got {window!r:.40}"))
+        elif window not in (None, -1, 0) and penalized:
+            problems.append(("repeat_last_n", "Solo's penalties cover the whole sequence (as vLLM's); beside a "
+                                              "penalty set repeat_last_n to -1 (the whole sequence) or 0 (no "
+                                              "penalty), or leave it out"))
+        elif window == 0:
+            for name in _PENALTIES:  # (a window of no tokens penalizes nothing)
+                data.pop(name, None)
+    samplers = data.pop("samplers", None)
+    if samplers is not None:
+        if not isinstance(samplers, list) or not all(isinstance(x, str) for x in samplers):
+            problems.append(("samplers", 'samplers must be a list of sampler names, such as ["top_k", "top_p", '
+                                         '"temperature"]'))
+            return problems
+        on = set()
+        for name in samplers:
+            key = name.strip().lower().replace("-", "_")
+            if key not in LLAMA_SAMPLERS:
+                problems.append(("samplers", f"{name!r} is not a sampler Solo knows; use top_k, top_p, min_p, "
+                                             "temperature, penalties (and llama.cpp's others at their off values)"))
+                return problems
+            on.add(LLAMA_SAMPLERS[key])
+        for name, off in _LLAMA_OFF_SAMPLING.items():
+            if name not in on:
+                data[name] = off
+        if "penalties" not in on:
+            for name in _PENALTIES:
+                data.pop(name, None)
+    return problems
+
+
+_LLAMA_FIELDS = frozenset({"n_predict", "repeat_penalty", "repeat_last_n", "samplers", "id_slot"})
 
 
 class SamplingFields(_Lenient):
@@ -230,6 +309,20 @@ class SamplingFields(_Lenient):
     guided_choice: list[_Str] | None = None
     guided_grammar: _Str | None = None
     structured_outputs: dict[str, Any] | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _llama_servers_fields(cls, data: Any) -> Any:  # noqa: ANN401
+        # llama-server's own fields, as its clients send them to these routes (see the module docstring).
+        if not isinstance(data, dict) or not data.keys() & _LLAMA_FIELDS:
+            return data
+        data = dict(data)
+        problems = llama_server_fields(data)
+        if problems:
+            raise ValidationError.from_exception_data(cls.__name__, [
+                {"type": PydanticCustomError("value_error", message), "loc": (name,), "input": None}
+                for name, message in problems])
+        return data
 
     @field_validator("model")
     @classmethod

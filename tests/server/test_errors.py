@@ -310,8 +310,9 @@ def test_unknown_fields_are_refused_by_name(server):
         error = assert_openai_error(http.post(CHAT, json=chat(max_tokens=2, stream=True, stream_options={
             "include_usage": True, "continuous_usage_stats": True})), 400, param="stream_options")
         assert "continuous_usage_stats" in error["message"]
-        # llama-server's fields: those Solo takes under another name say which to send.
-        for name, value, says in (("n_predict", 5, "send max_tokens"), ("repeat_penalty", 1.1, "repetition_penalty"),
+        # llama-server's fields: those Solo has no counterpart for say what to send; one it takes beside its own
+        # name is refused.
+        for name, value, says in (("n_predict", 5, "llama-server's max_tokens; send one"),
                                   ("grammar", "root ::= \"a\"", '"type": "grammar"'), ("n_probs", 2, "logprobs"),
                                   ("json_schema", {"type": "object"}, '"type": "json_schema"'),
                                   ("typical_p", 0.9, "sampler Solo does not run"),

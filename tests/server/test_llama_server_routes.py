@@ -251,3 +251,26 @@ def test_infill_extra_chunks_need_text_and_the_context_end_is_truncation(server)
     httpx.post(f"{_root(server)}/infill", json=ask)
     again = httpx.post(f"{_root(server)}/infill", json=ask).json()
     assert again["tokens_cached"] > 0 and again["timings"]["cache_n"] == again["tokens_cached"]
+
+
+def test_llama_vims_instruction_request_on_the_chat_route(server):
+    # llama.vim's instructions go to /v1/chat/completions with llama-server's own fields.
+    request = {"id_slot": 3, "messages": [{"role": "user", "content": "rename x to y"}], "min_p": 0.1,
+               "temperature": 0.1, "samplers": ["min_p", "temperature"], "stream": True, "cache_prompt": True,
+               "n_predict": 4, "repeat_penalty": 1.0}
+    with httpx.stream("POST", f"{_root(server)}/v1/chat/completions", json=request) as stream:
+        assert stream.status_code == 200
+        lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
+    assert lines[-1] == "data: [DONE]"
+    assert json.loads(lines[-2][6:])["choices"][0]["finish_reason"] in ("length", "stop")
+    # The samplers left out are off: the request's values as llama-server means them.
+    from solo.server.protocol import ChatCompletionRequest
+
+    body = ChatCompletionRequest(**{k: v for k, v in request.items() if k != "stream"})
+    assert (body.top_k, body.top_p, body.min_p, body.temperature, body.max_tokens) == (-1, 1.0, 0.1, 0.1, 4)
+    for fields, param in (({"n_predict": 0}, "n_predict"), ({"n_predict": 3, "max_tokens": 3}, "n_predict"),
+                          ({"samplers": ["mirostat"]}, "samplers"),
+                          ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "repeat_last_n")):
+        reply = httpx.post(f"{_root(server)}/v1/chat/completions",
+                           json={"messages": [{"role": "user", "content": "hi"}], **fields})
+        assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (fields, reply.text)
