@@ -30,7 +30,7 @@ Hub id such as 'org/name' (`solo pull` fetches one, `solo list` shows what is ca
 # Subcommands that live in their own packages: name -> (module, help). Each module has
 # add_arguments(parser) and main(args) -> int, and imports its heavy dependencies inside main().
 _EXTERNAL_COMMANDS = {
-    "serve": ("solo.server.cli", "serve an OpenAI-compatible HTTP API (and Anthropic's and Ollama's APIs)"),
+    "serve": ("solo.server.cli", "serve an OpenAI-compatible HTTP API (and Anthropic's, Ollama's and llama-server's)"),
     "bench": ("solo.bench.cli", "measure TTFT, decode tok/s and the roofline, against peers"),
 }
 

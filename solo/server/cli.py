@@ -2,8 +2,9 @@
 
     solo serve [MODEL] --port 8000 --max-batch auto --max-queue 64 [--api-key KEY]
 
-Routes: POST /v1/chat/completions, POST /v1/completions, GET /v1/models, POST /tokenize, POST /detokenize,
-GET /health (503 while loading, 200 when ready), GET /metrics (Prometheus).
+Routes: POST /v1/chat/completions, POST /v1/completions, POST /v1/responses, POST /v1/messages, GET /v1/models,
+Ollama's /api/*, llama-server's /completion and /infill, POST /tokenize, POST /detokenize, GET /health (503 while
+loading, 200 when ready), GET /metrics (Prometheus); the README's "Serve" section has them all.
 """
 
 from __future__ import annotations
