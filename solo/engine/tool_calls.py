@@ -562,6 +562,9 @@ def prefill_opens_call(fmt: str | None, prefill: str) -> bool:
     if marker == "<function=":  # (Qwen3-Coder's call without its wrapper)
         return "</function>" not in after
     closing, body_start = _CALL_BODIES[fmt]
+    if fmt == "hermes":  # (a closing tag inside a string argument closes nothing: `_hermes_blocks`)
+        _, _, body, closed = _hermes_blocks(prefill)[-1]
+        return not closed and (not body.strip() or body.strip().startswith(body_start))
     body = after.strip()
     if (closing is not None and closing in after) or (body and not body.startswith(body_start)):
         return False
@@ -815,30 +818,40 @@ def parse_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[str, 
 def _hermes_blocks(text: str) -> list[tuple[int, int, str, bool]]:
     """Each `<tool_call>` block of Hermes-syntax text: (start, end, body, closed), in order.
 
-    A block ends at the `</tool_call>` after its JSON, so a string argument holding that tag's text (code that
-    writes tool calls) stays inside it; where the body is no JSON, at the first tag. An unclosed block runs to
-    the end of the text.
+    A block whose body is JSON ends at the first `</tool_call>` outside its strings, so a string argument holding
+    that tag's text (code that writes tool calls) stays inside it, whole or cut short; any other body ends at the
+    first tag. A block without its closing tag runs to the end of the text.
     """
     blocks: list[tuple[int, int, str, bool]] = []
-    decoder = json.JSONDecoder(strict=False)
     i = 0
     while (start := text.find("<tool_call>", i)) >= 0:
         body = start + len("<tool_call>")
-        close = -1
-        try:
-            _, after = decoder.raw_decode(text, len(text) - len(text[body:].lstrip()))
-            after += len(text[after:]) - len(text[after:].lstrip())
-            close = after if text.startswith("</tool_call>", after) else -1
-        except ValueError:
-            pass
-        if close < 0:
-            close = text.find("</tool_call>", body)
+        close = _closing_tag(text, body)
         if close < 0:
             blocks.append((start, len(text), text[body:], False))
             break
         i = close + len("</tool_call>")
         blocks.append((start, i, text[body:close], True))
     return blocks
+
+
+def _closing_tag(text: str, body: int) -> int:
+    # Where the block whose body starts at `body` closes (-1: it does not): the first </tool_call> outside a JSON
+    # string when the body is JSON, else the first one.
+    i = len(text) - len(text[body:].lstrip())
+    if not text.startswith("{", i):
+        return text.find("</tool_call>", body)
+    in_string = escaped = False
+    while i < len(text):
+        char = text[i]
+        if in_string:
+            escaped, in_string = (False, True) if escaped else (char == "\\", char != '"')
+        elif char == '"':
+            in_string = True
+        elif char == "<" and text.startswith("</tool_call>", i):
+            return i
+        i += 1
+    return -1
 
 
 def _json_values(text: str) -> list[Any]:

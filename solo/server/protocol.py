@@ -190,11 +190,12 @@ _PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
 def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_tokens") -> list[tuple[str, str]]:
     """Turn llama-server's sampling fields in a request body into Solo's, in place, as llama-server means them.
 
-    `n_predict` -> `max_tokens` (-1: unset; with `max_tokens` None, the caller reads it itself),
+    `n_predict` -> `max_tokens` (-1 or null: unset; with `max_tokens` None, the caller reads it itself),
     `repeat_penalty` -> `repetition_penalty`, `repeat_last_n` (only -1, the whole sequence as Solo's penalties
-    cover it, or 0, no penalty, beside a penalty), `samplers` (the samplers it leaves out are off: top-k, top-p,
-    min-p, penalties, and temperature 1, plain sampling; their order is Solo's), `id_slot` (llama-server's
-    slots: no effect).
+    cover it, or 0, no penalty, beside a penalty), `samplers` (a list of names, or llama.cpp's letters such as
+    "kpt"; the samplers it leaves out are off: top-k, top-p, min-p, penalties, and temperature 1, plain sampling;
+    their order is Solo's), `id_slot` (llama-server's slots: no effect). A value of the wrong type is left for the
+    request's own validation to refuse.
 
     Args:
         data: the request body (a dict), changed in place.
@@ -207,18 +208,22 @@ def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_toke
     data.pop("id_slot", None)
     if max_tokens is not None and "n_predict" in data:
         predict = data.pop("n_predict")
-        if data.get(max_tokens) is not None or data.get("max_completion_tokens") is not None:
+        if predict in (None, -1) and not isinstance(predict, bool):
+            pass  # (null or -1: until the context ends, the default)
+        elif data.get(max_tokens) is not None or data.get("max_completion_tokens") is not None:
             problems.append(("n_predict", "n_predict is llama-server's max_tokens; send one of them"))
         elif isinstance(predict, int) and not isinstance(predict, bool) and predict >= 1:
             data[max_tokens] = predict
-        elif predict not in (None, -1):
+        else:
             problems.append(("n_predict", f"n_predict must be -1 (until the context ends) or a positive number of "
                                           f"tokens here, got {predict!r:.40} (0, the prompt evaluated alone, is "
                                           "/completion's)"))
     if "repeat_penalty" in data:
-        if data.get("repetition_penalty") is not None:
+        penalty = data.pop("repeat_penalty")
+        if penalty is not None and data.get("repetition_penalty") is not None:
             problems.append(("repeat_penalty", "repeat_penalty is llama-server's repetition_penalty; send one"))
-        data["repetition_penalty"] = data.pop("repeat_penalty")
+        elif penalty is not None:
+            data["repetition_penalty"] = penalty
     if "repeat_last_n" in data:
         window = data.pop("repeat_last_n")
         penalized = data.get("repetition_penalty") not in (None, 1, 1.0) or any(
@@ -230,31 +235,51 @@ def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_toke
                                               "penalty set repeat_last_n to -1 (the whole sequence) or 0 (no "
                                               "penalty), or leave it out"))
         elif window == 0:
-            for name in _PENALTIES:  # (a window of no tokens penalizes nothing)
-                data.pop(name, None)
+            _turn_off(data, _PENALTIES)  # (a window of no tokens penalizes nothing)
     samplers = data.pop("samplers", None)
-    if samplers is not None:
-        if not isinstance(samplers, list) or not all(isinstance(x, str) for x in samplers):
-            problems.append(("samplers", 'samplers must be a list of sampler names, such as ["top_k", "top_p", '
-                                         '"temperature"]'))
+    if samplers is None:
+        return problems
+    if isinstance(samplers, str):  # llama.cpp's letters ("edskypmxt", its --sampler-seq)
+        unknown = [c for c in samplers if c not in _LLAMA_SAMPLER_LETTERS]
+        if unknown:
+            problems.append(("samplers", f"samplers: {unknown[0]!r} is not one of llama.cpp's sampler letters "
+                                         f"({''.join(_LLAMA_SAMPLER_LETTERS)})"))
             return problems
-        on = set()
-        for name in samplers:
-            key = name.strip().lower().replace("-", "_")
-            if key not in LLAMA_SAMPLERS:
-                problems.append(("samplers", f"{name!r} is not a sampler Solo knows; use top_k, top_p, min_p, "
-                                             "temperature, penalties (and llama.cpp's others at their off values)"))
-                return problems
-            on.add(LLAMA_SAMPLERS[key])
-        for name, off in _LLAMA_OFF_SAMPLING.items():
-            if name not in on:
-                data[name] = off
-        if "penalties" not in on:
-            for name in _PENALTIES:
-                data.pop(name, None)
+        samplers = [_LLAMA_SAMPLER_LETTERS[c] for c in samplers]
+    if not isinstance(samplers, list) or not all(isinstance(x, str) for x in samplers):
+        problems.append(("samplers", 'samplers must be a list of sampler names, such as ["top_k", "top_p", '
+                                     '"temperature"], or llama.cpp\'s letters, such as "kpt"'))
+        return problems
+    on = set()
+    for name in samplers:
+        key = name.strip().lower().replace("-", "_")
+        if key not in LLAMA_SAMPLERS:
+            problems.append(("samplers", f"{name!r} is not a sampler Solo knows; use top_k, top_p, min_p, "
+                                         "temperature, penalties (and llama.cpp's others at their off values)"))
+            return problems
+        on.add(LLAMA_SAMPLERS[key])
+    for name, off in _LLAMA_OFF_SAMPLING.items():
+        if name not in on and _number_or_none(data.get(name)):
+            data[name] = off
+    if "penalties" not in on:
+        _turn_off(data, _PENALTIES)
     return problems
 
 
+def _number_or_none(value: Any) -> bool:  # noqa: ANN401
+    return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
+
+
+def _turn_off(data: dict[str, Any], names: tuple[str, ...]) -> None:
+    # Drop these fields (their defaults are off), but leave a value of the wrong type for validation to refuse.
+    for name in names:
+        if _number_or_none(data.get(name)):
+            data.pop(name, None)
+
+
+_LLAMA_SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
+                          "m": "min_p", "x": "xtc", "t": "temperature", "i": "infill"}
+"""llama.cpp's sampler letters (common/sampling.cpp; its default sequence is "edskypmxt")."""
 _LLAMA_FIELDS = frozenset({"n_predict", "repeat_penalty", "repeat_last_n", "samplers", "id_slot"})
 
 

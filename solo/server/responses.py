@@ -430,19 +430,28 @@ async def _fit_context(body: ResponsesRequest, chat: ChatCompletionRequest, swit
     lead = 0
     while lead < len(items) and role(items[lead]) in ("system", "developer"):
         lead += 1
-    task = None  # the last user message so far: the task of the calls after it
-    cuts: list[list[Any]] = []  # the kept conversations, fewest dropped first
+    # Cut points (where the kept items start, and the task kept ahead of them), fewest dropped first; only where
+    # every call before has had its output (a kept output needs its call).
+    cuts: list[tuple[int, int | None]] = []
+    task, waiting = None, set()  # the last user message so far; calls not yet answered
     for i in range(lead, len(items)):
-        before = role(items[i - 1]) if i else ""
-        if role(items[i]) == "user":
-            if i > lead:
-                cuts.append([*items[:lead], *items[i:]])
+        kind, before = role(items[i]), role(items[i - 1]) if i else ""
+        if not waiting and i > lead:
+            if kind == "user":
+                cuts.append((i, None))
+            elif task is not None and i > task + 1 and kind in ("assistant", "function_call", "reasoning") \
+                    and before in ("user", "function_call_output"):
+                cuts.append((i, task))
+        if kind == "user":
             task = i
-        elif task is not None and i > task + 1 and role(items[i]) in ("assistant", "function_call", "reasoning") \
-                and before in ("user", "function_call_output"):
-            cuts.append([*items[:lead], items[task], *items[i:]])
+        elif kind == "function_call":
+            waiting.add(str(items[i].get("call_id")))
+        elif kind == "function_call_output":
+            waiting.discard(str(items[i].get("call_id")))
 
-    def fitted(kept: list[Any]) -> ChatCompletionRequest | None:
+    def fitted(cut: tuple[int, int | None]) -> ChatCompletionRequest | None:
+        start, kept_task = cut
+        kept = [*items[:lead], *([] if kept_task is None else [items[kept_task]]), *items[start:]]
         candidate = chat_request(body.model_copy(update={"input": kept}), thinking_switch=switch)
         return candidate if len(chat_prompt_ids(state, engine, candidate)) <= room else None
 

@@ -20,7 +20,9 @@ from solo.engine.tool_calls import (
     ToolCallParser,
     arguments_as_objects,
     check_tools,
+    complete_tool_calls,
     detect_tool_format,
+    prefill_opens_call,
     supports_tools,
     tool_call_constraint,
 )
@@ -146,6 +148,14 @@ def test_hermes_call_whose_argument_holds_the_closing_tag():
     assert streamed + rest == "" == content
     assert [(c.name, json.loads(c.arguments)) for c in calls] == [
         ("write_file", {"path": "a.py", "text": source}), ("run", {})]
+    # Its closing tag cut off (EOS, a stop string, max_tokens inside it): still the call.
+    for end in ("", "\n</tool_"):
+        text = f'<tool_call>{{"name": "w", "arguments": {{"s": "a</tool_call>b"}}}}{end}'
+        calls, rest = complete_tool_calls("hermes", text)
+        assert [(c.name, json.loads(c.arguments)) for c in calls] == [("w", {"s": "a</tool_call>b"})] and rest == ""
+    # A prefill that stops inside such a string opens a call (the reply would hold only its end).
+    assert prefill_opens_call("hermes", '<tool_call>\n{"name": "w", "arguments": {"s": "a</tool_call>')
+    assert not prefill_opens_call("hermes", '<tool_call>\n{"name": "w", "arguments": {}}\n</tool_call>')
 
 
 def test_hermes_without_calls_is_all_content():

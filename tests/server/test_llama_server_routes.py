@@ -268,7 +268,12 @@ def test_llama_vims_instruction_request_on_the_chat_route(server):
 
     body = ChatCompletionRequest(**{k: v for k, v in request.items() if k != "stream"})
     assert (body.top_k, body.top_p, body.min_p, body.temperature, body.max_tokens) == (-1, 1.0, 0.1, 0.1, 4)
+    letters = ChatCompletionRequest(messages=request["messages"], samplers="kt", top_p=0.5)  # (llama.cpp's letters)
+    assert (letters.top_p, letters.min_p) == (1.0, 0.0)
+    assert ChatCompletionRequest(messages=request["messages"], n_predict=None, max_tokens=3).max_tokens == 3
     for fields, param in (({"n_predict": 0}, "n_predict"), ({"n_predict": 3, "max_tokens": 3}, "n_predict"),
+                          ({"repeat_last_n": 0, "repeat_penalty": "abc"}, "repetition_penalty"),
+                          ({"samplers": ["temperature"], "top_k": "x"}, "top_k"), ({"samplers": "kz"}, "samplers"),
                           ({"samplers": ["mirostat"]}, "samplers"),
                           ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "repeat_last_n")):
         reply = httpx.post(f"{_root(server)}/v1/chat/completions",

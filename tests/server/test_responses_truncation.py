@@ -79,3 +79,17 @@ def test_an_agents_loop_on_one_task_keeps_the_task_and_whole_calls(server):
             break
     else:
         pytest.fail("no start fits")
+
+
+def test_no_cut_leaves_a_call_without_its_output(server):
+    # Parallel calls answered after an assistant note: a cut there would keep an output without its call.
+    client = server.client()
+    items = [{"role": "user", "content": "check both"}]
+    for turn in range(20):
+        items += [{"type": "function_call", "call_id": f"a{turn}", "name": "f", "arguments": "{}"},
+                  {"type": "function_call", "call_id": f"b{turn}", "name": "f", "arguments": "{}"},
+                  {"type": "function_call_output", "call_id": f"a{turn}", "output": "x = 1\n" * 2},
+                  {"role": "assistant", "content": "one more to come"},
+                  {"type": "function_call_output", "call_id": f"b{turn}", "output": "y = 2\n" * 2}]
+    reply = client.responses.create(model=MODEL_NAME, input=items, max_output_tokens=4, truncation="auto")
+    assert reply.usage.input_tokens + 4 <= server.state.max_model_len
