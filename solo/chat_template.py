@@ -273,6 +273,15 @@ def check_template_kwargs(kwargs: Mapping[str, Any] | None, template_source: str
     return checked
 
 
+def allows_parallel_calls(template: ChatTemplate | None, asked: bool) -> bool:
+    """Whether a reply may hold several tool calls.
+
+    As `parallel_tool_calls` (`asked`) says, unless the template takes one call per assistant turn
+    (`ChatTemplate.single_tool_call`: several would be refused when the conversation is sent back).
+    """
+    return asked and not (template is not None and template.single_tool_call)
+
+
 def check_continued(last: Mapping[str, Any], response_format: Any) -> None:  # noqa: ANN401
     """Refuse what cannot go with continuing the last message (continue_final_message, a prefill).
 

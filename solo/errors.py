@@ -6,6 +6,8 @@ server maps it to an OpenAI-shaped error with status 400 (or 404 for an unknown 
 
 from __future__ import annotations
 
+import copy
+
 
 class SoloError(Exception):
     """Base class for errors caused by user input (a path, a flag, a request field).
@@ -36,6 +38,16 @@ class InvalidRequestError(SoloError):
     def __init__(self, message: str, param: str | None = None) -> None:
         super().__init__(message)
         self.param = param
+
+    def renamed(self, message: str, param: str | None) -> InvalidRequestError:
+        """A copy of the error with another message and param (an API's own names for the fields it names).
+
+        Of the same class, its other attributes kept (a ContextLengthError's counts, from which the server's reply
+        also says the overflow in OpenAI's words).
+        """
+        other = copy.copy(self)
+        other.args, other.param = (message,), param
+        return other
 
 
 class ContextLengthError(InvalidRequestError):

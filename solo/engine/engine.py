@@ -20,6 +20,7 @@ from typing import Any
 import torch
 
 from solo.chat_template import (
+    allows_parallel_calls,
     chat_template_origin,
     check_continued,
     check_template_kwargs,
@@ -656,7 +657,7 @@ class Engine:
                 raise InvalidRequestError("tools need chat messages as the prompt", param="tools")
             tool_format, tools, choice = check_tools(tools, tool_choice, template.source if template else None,
                                                      template.tool_format if template else None)
-            parallel = parallel_tool_calls and not (template is not None and template.single_tool_call)
+            parallel = allows_parallel_calls(template, parallel_tool_calls)
             spec, forced = output_constraint(tool_format, tools, choice, parallel, params.response_format)
             if spec is not params.response_format:  # a forced call's grammar, or strict functions' (auto)
                 params = params.copy(response_format=spec)

@@ -59,6 +59,34 @@ def in_api_terms(message: str, terms: Sequence[tuple[str, str]]) -> str:
     return message
 
 
+def field_terms(names: Mapping[str, str]) -> list[tuple[str, str]]:
+    """`in_api_terms` pairs that rename each field (route's name -> the calling API's) where it stands as a word."""
+    return [(rf"(?<![\w.]){re.escape(route)}(?!\w)", ours) for route, ours in names.items()]
+
+
+def typed_field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str,
+                default: Any = None) -> Any:  # noqa: ANN401
+    """`data[name]` checked to be of `kind`, for routes that read their body themselves (Ollama's, llama-server's).
+
+    Args:
+        data: the request body.
+        name: the field.
+        kind: its type(s); a boolean is refused unless `bool` is one of them (JSON's true is no number).
+        what: the type in words, for the error ("an integer").
+        default: the value of a field left out or null (as those APIs take null).
+
+    Raises:
+        InvalidRequestError: the value is of another type (param: the field).
+    """
+    value = data.get(name)
+    if value is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
+        raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
+    return value
+
+
 def content_after_calls(reply: object) -> str:
     """The end of the first choice's content that came after its tool calls ("" where there is none).
 

@@ -41,7 +41,6 @@ is taken only at its off value.
 from __future__ import annotations
 
 import json
-import re
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -52,7 +51,7 @@ from starlette.concurrency import run_in_threadpool
 
 from solo import __version__
 from solo.errors import ContextLengthError, InvalidRequestError
-from solo.server.chat_adapter import chat_request_from
+from solo.server.chat_adapter import chat_request_from, field_terms, in_api_terms, typed_field
 from solo.server.errors import api_error_from, json_body, shutting_down
 from solo.server.protocol import CompletionRequest, llama_server_fields
 
@@ -79,17 +78,6 @@ _OWN = frozenset({"prompt", "n_predict", "stream", "samplers", "t_max_predict_ms
 _DEFAULT_SAMPLERS = ["penalties", "top_k", "top_p", "min_p", "temperature"]
 """Solo's samplers, in the order it applies them (`solo.engine.sampling`)."""
 _INFILL_OWN = frozenset({"input_prefix", "input_suffix", "input_extra"})
-def _typed(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...], what: str) -> Any:  # noqa: ANN401
-    # data[name] if it is of `kind` (null or absent: None).
-    value = data.get(name)
-    if value is None:
-        return None
-    if not isinstance(value, kind) or (isinstance(value, bool) and bool not in (kind if isinstance(kind, tuple)
-                                                                                 else (kind,))):
-        raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
-    return value
-
-
 class _Ask:
     """One llama-server request, checked: the completions route's fields and what this module does itself."""
 
@@ -110,24 +98,24 @@ class _Ask:
                        "lora": "Solo serves no LoRA adapters"}.get(name, f"Solo has no {name} sampling")
                 raise InvalidRequestError(f"{name} is not supported by Solo ({why}); leave it out or set it to "
                                           f"{json.dumps(off)}", param=name)
-        self.stream = bool(_typed(data, "stream", bool, "true or false"))
-        self.return_tokens = bool(_typed(data, "return_tokens", bool, "true or false"))
-        n_cmpl = _typed(data, "n_cmpl", int, "an integer")
+        self.stream = bool(typed_field(data, "stream", bool, "true or false"))
+        self.return_tokens = bool(typed_field(data, "return_tokens", bool, "true or false"))
+        n_cmpl = typed_field(data, "n_cmpl", int, "an integer")
         self.n_cmpl = 1 if n_cmpl is None else n_cmpl
         if self.n_cmpl < 1:
             raise InvalidRequestError(f"n_cmpl must be at least 1, got {self.n_cmpl}", param="n_cmpl")
-        predict = _typed(data, "n_predict", int, "an integer")
+        predict = typed_field(data, "n_predict", int, "an integer")
         if predict is not None and predict < -1:
             raise InvalidRequestError(f"n_predict must be -1 (until the context ends), 0 (evaluate the prompt only) or "
                                       f"a positive number of tokens, got {predict}", param="n_predict")
         self.n_predict = -1 if predict is None else predict
-        self.n_indent = _typed(data, "n_indent", int, "an integer") or 0
+        self.n_indent = typed_field(data, "n_indent", int, "an integer") or 0
         if self.n_indent < 0:
             raise InvalidRequestError(f"n_indent must be 0 (no limit) or a number of blanks, got {self.n_indent}",
                                       param="n_indent")
-        limit_ms = _typed(data, "t_max_predict_ms", (int, float), "a number of milliseconds")
+        limit_ms = typed_field(data, "t_max_predict_ms", (int, float), "a number of milliseconds")
         self.t_max_predict_s = limit_ms / 1e3 if limit_ms and limit_ms > 0 else None
-        fields = _typed(data, "response_fields", list, "a list of field names")
+        fields = typed_field(data, "response_fields", list, "a list of field names")
         if fields is not None and not all(isinstance(f, str) for f in fields):
             raise InvalidRequestError("response_fields must be a list of field names (strings)",
                                       param="response_fields")
@@ -225,17 +213,17 @@ def _prompt_ids(engine: Any, prompt: Any) -> list[int]:  # noqa: ANN401
             ids.append(part)
     if not ids:
         raise InvalidRequestError("prompt is empty; give text or token ids", param="prompt")
-    return engine.encode_prompt(ids)  # (checks the ids against the vocabulary)
+    return ids  # (the completions route checks them against the vocabulary)
 
 
 def _infill_ids(engine: Any, data: Mapping[str, Any], context: int, reserve: int  # noqa: ANN401
                 ) -> tuple[list[int], bool]:
     """An /infill request's layout, fitted in the context less `reserve` tokens; whether anything was left out."""
-    prefix = _typed(data, "input_prefix", str, "a string") or ""
-    suffix = _typed(data, "input_suffix", str, "a string") or ""
+    prefix = typed_field(data, "input_prefix", str, "a string") or ""
+    suffix = typed_field(data, "input_suffix", str, "a string") or ""
     # (llama-server appends prompt, the cursor's line up to the cursor in llama.vim's requests, to the prefix)
-    prompt = _typed(data, "prompt", str, "a string (the text right before the cursor, after input_prefix)") or ""
-    extra = _typed(data, "input_extra", list, 'a list of {"filename": ..., "text": ...} objects') or []
+    prompt = typed_field(data, "prompt", str, "a string (the text right before the cursor, after input_prefix)") or ""
+    extra = typed_field(data, "input_extra", list, 'a list of {"filename": ..., "text": ...} objects') or []
     files = []
     for index, chunk in enumerate(extra):
         # (other keys, such as llama.vim's "time", are the editor's own bookkeeping, as llama-server takes them)
@@ -379,16 +367,10 @@ def indent_cut(text: str, n_indent: int) -> int | None:
 
 
 def _renamed(exc: InvalidRequestError) -> InvalidRequestError:
-    # The completions route's error with its fields named as llama-server names them.
-    message = str(exc)
-    for route, ours in _FIELD_NAMES.items():
-        if route == "n":
-            message = re.sub(r"^n(?=\b)", ours, message)  # (only where the message starts with the field)
-            continue
-        message = re.sub(rf"(?<![\w.]){re.escape(route)}(?!\w)", ours, message)
-    renamed = type(exc)(message, param=_FIELD_NAMES.get(exc.param or "", exc.param))
-    renamed.__dict__.update({k: v for k, v in vars(exc).items() if k != "param"})  # (a ContextLengthError's counts)
-    return renamed
+    # The completions route's error with its fields named as llama-server names them ("n" only where the message
+    # starts with it: it is a word in prose too).
+    terms = [*field_terms({k: v for k, v in _FIELD_NAMES.items() if k != "n"}), (r"^n\b", "n_cmpl")]
+    return exc.renamed(in_api_terms(str(exc), terms), _FIELD_NAMES.get(exc.param or "", exc.param))
 
 
 def _projected(obj: Mapping[str, Any], fields: list[str] | None) -> dict[str, Any]:

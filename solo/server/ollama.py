@@ -50,7 +50,15 @@ from starlette.responses import StreamingResponse
 from solo import __version__
 from solo.engine.tool_calls import arguments_as_objects, supports_tools
 from solo.errors import ContextLengthError, InvalidRequestError
-from solo.server.chat_adapter import chat_chunks, chat_request_from, continue_prefill, thinking_switch
+from solo.server.chat_adapter import (
+    chat_chunks,
+    chat_request_from,
+    continue_prefill,
+    field_terms,
+    in_api_terms,
+    thinking_switch,
+    typed_field,
+)
 from solo.server.errors import APIError, api_error_from, json_body, logger, shutting_down
 from solo.server.protocol import CompletionRequest
 from solo.server.state import listed_name
@@ -427,7 +435,7 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     from solo.server.routes import GenerationStream, chat_completions, completions
 
     await _fit_window(request, fields, num_ctx, raw)
-    stream = _typed(data, "stream", bool, "true or false", default=True)
+    stream = typed_field(data, "stream", bool, "true or false", default=True)
     fields = {**fields, "stream": True, "stream_options": {"include_usage": True}}
 
     async def call(fields: dict[str, Any]) -> Any:  # noqa: ANN401
@@ -456,16 +464,6 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     text = {"content": "".join(reply.content), "thinking": "".join(reply.thinking), "logprobs": reply.logprobs}
     obj = _chat_object(model, text, reply.tool_calls()) if shape is _chat_object else shape(model, text)
     return JSONResponse({**obj, **reply.final()})
-
-
-def _typed(data: Mapping[str, Any], name: str, kind: type, what: str, default: Any = None) -> Any:  # noqa: ANN401
-    # data[name] if it is of `kind` (null or absent: `default`, as Ollama takes null).
-    value = data.get(name)
-    if value is None:
-        return default
-    if not isinstance(value, kind) or (kind is int and isinstance(value, bool)):
-        raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
-    return value
 
 
 def _num_ctx(options: Any, state: Any) -> int | None:  # noqa: ANN401
@@ -526,10 +524,10 @@ def _common_fields(data: Mapping[str, Any], raw: bool) -> dict[str, Any]:
     # The fields chat and generate share, checked: options, format, logprobs, stream, keep_alive.
     fields = sampling_fields(data.get("options"))
     fields["response_format"] = _response_format(data.get("format"))
-    _typed(data, "stream", bool, "true or false")
+    typed_field(data, "stream", bool, "true or false")
     _keep_alive_s(data.get("keep_alive"))
-    logprobs = _typed(data, "logprobs", bool, "true or false")
-    top = _typed(data, "top_logprobs", int, "an integer")
+    logprobs = typed_field(data, "logprobs", bool, "true or false")
+    top = typed_field(data, "top_logprobs", int, "an integer")
     if top and logprobs is False:
         raise InvalidRequestError("top_logprobs needs logprobs; send logprobs: true or leave top_logprobs out",
                                   param="top_logprobs")
@@ -584,11 +582,10 @@ async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> 
         if error.code == "internal_error":  # a bug (a full queue or a shutdown is no error of Solo's)
             logger.error("request failed", exc_info=exc)
         # The error's field, and fields no message uses as plain words, as Ollama names them.
-        for field in {error.param or "", "max_tokens", "repetition_penalty", "response_format"}:
-            name = _FIELD_NAMES.get(field)
-            if name is not None:
-                error.message = re.sub(rf"(?<![\w.]){re.escape(field)}(?!\w)", name, error.message)
-                error.param = name if field == error.param else error.param
+        named = {f: _FIELD_NAMES[f] for f in (error.param, "max_tokens", "repetition_penalty", "response_format")
+                 if f in _FIELD_NAMES}
+        error.message = in_api_terms(error.message, field_terms(named))
+        error.param = named.get(error.param or "", error.param)
         return ollama_error(error)
 
 
@@ -601,9 +598,9 @@ async def chat(request: Request) -> Response:
         model = _check_model(request, data)
         _check_fields(data, _CHAT_FIELDS, "/api/chat")
         state = request.app.state.solo
-        messages = chat_messages(_typed(data, "messages", list, "a list of messages", default=[]))
+        messages = chat_messages(typed_field(data, "messages", list, "a list of messages", default=[]))
         fields = {**_common_fields(data, raw=False), "messages": messages,
-                  "tools": _typed(data, "tools", list, "a list of tools") or None,
+                  "tools": typed_field(data, "tools", list, "a list of tools") or None,
                   "chat_template_kwargs": _thinking(data.get("think"), state)}
         continue_prefill(messages, fields)  # (Ollama continues it)
         num_ctx = _num_ctx(data.get("options"), state)
@@ -630,10 +627,10 @@ async def generate(request: Request) -> Response:
                                       "messages")):
             if data.get(name):
                 raise InvalidRequestError(f"{name}: {why}; leave {name} out", param=name)
-        prompt = _typed(data, "prompt", str, "a string", default="")
-        system = _typed(data, "system", str, "a string")
-        raw = _typed(data, "raw", bool, "true or false", default=False)
-        suffix = _typed(data, "suffix", str, "a string", default="")
+        prompt = typed_field(data, "prompt", str, "a string", default="")
+        system = typed_field(data, "system", str, "a string")
+        raw = typed_field(data, "raw", bool, "true or false", default=False)
+        suffix = typed_field(data, "suffix", str, "a string", default="")
         if suffix:  # fill-in-the-middle: the model's FIM tokens, not its chat template (empty prompt: a file's start)
             state.engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
             for name in ("system", "think"):  # (think false, which editors send, changes nothing here)

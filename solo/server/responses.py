@@ -22,7 +22,6 @@ refused, and a client sends the whole conversation each turn (the Agents SDK doe
 from __future__ import annotations
 
 import json
-import re
 import time
 import uuid
 from collections.abc import AsyncIterator
@@ -40,6 +39,7 @@ from solo.server.chat_adapter import (
     chat_chunks,
     chat_request_from,
     content_after_calls,
+    field_terms,
     in_api_terms,
     string_field,
     text_around_calls,
@@ -475,11 +475,8 @@ def _in_responses_terms(exc: InvalidRequestError) -> InvalidRequestError:
     # The chat route's error with its field named as this API names it.
     param = _FIELD_NAMES.get(exc.param or "", exc.param)
     message = str(exc).replace(exc.param, param) if exc.param and param and exc.param != "messages" else str(exc)
-    message = re.sub(r"(?<![\w.])max_tokens(?!\w)", "max_output_tokens", message)
-    renamed = type(exc)(in_api_terms(message, CHAT_TOOL_TERMS), param=param)
-    # (a context overflow keeps its counts, from which the reply says it in OpenAI's words too)
-    renamed.__dict__.update({k: v for k, v in vars(exc).items() if k != "param"})
-    return renamed
+    return exc.renamed(in_api_terms(message, [*field_terms({"max_tokens": "max_output_tokens"}), *CHAT_TOOL_TERMS]),
+                       param)
 
 
 @router.post("/v1/responses/input_tokens", response_model=None)

@@ -25,7 +25,7 @@ from pydantic import BaseModel
 from starlette.concurrency import run_in_threadpool
 from starlette.types import Receive, Scope, Send
 
-from solo.chat_template import check_continued, check_template_kwargs
+from solo.chat_template import allows_parallel_calls, check_continued, check_template_kwargs
 from solo.engine.output_reader import OutputReader, splits_reasoning
 from solo.engine.reasoning import (
     continues_reasoning,
@@ -234,7 +234,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.format, tool_list, choice = check_tools(body.tools, body.tool_choice,
                                                       template.source if template is not None else None,
                                                       template.tool_format if template is not None else None)
-        tools.parallel = body.parallel_tool_calls and not (template is not None and template.single_tool_call)
+        tools.parallel = allows_parallel_calls(template, body.parallel_tool_calls)
         response_format, tools.forced = output_constraint(tools.format, tool_list, choice, tools.parallel,
                                                           body.structured_output())
         if choice == "none":

@@ -62,12 +62,7 @@ def test_browser_types_a_prompt_and_sees_streamed_text(keyed_server):
             page.wait_for_function("document.getElementById('model-info').textContent.includes('tiny')",
                                    timeout=30_000)
             assert "cpu" in page.text_content("#model-info")
-            page.fill("#max_tokens", "24")
-            page.fill("#temperature", "0")
-            page.fill("#prompt", "def add(a, b):")
-            page.press("#prompt", "Enter")
-            page.wait_for_function("document.getElementById('tokens').textContent !== '–' && "
-                                   "!document.getElementById('send').disabled", timeout=60_000)
+            _send_greedy(page, "def add(a, b):", max_tokens=24)
             reply = page.text_content(".msg.assistant .text")
             assert reply, "no streamed text"
             assert page.text_content("#ttft").endswith(" ms")
@@ -76,6 +71,16 @@ def test_browser_types_a_prompt_and_sees_streamed_text(keyed_server):
         finally:
             browser.close()
 
+
+
+def _send_greedy(page: Any, prompt: str, max_tokens: int) -> None:  # noqa: ANN401
+    # Send a greedy turn from the page's form and wait until its reply has finished (its stats shown).
+    page.fill("#max_tokens", str(max_tokens))
+    page.fill("#temperature", "0")
+    page.fill("#prompt", prompt)
+    page.press("#prompt", "Enter")
+    page.wait_for_function("document.getElementById('tokens').textContent !== '–' && "
+                           "!document.getElementById('send').disabled", timeout=60_000)
 
 
 THINKING_TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' %}<|Assistant|>"
@@ -99,12 +104,7 @@ def test_browser_shows_thinking_drops_a_failed_turn_and_says_when_the_server_is_
             page.goto(running.base_url + "/")
             page.wait_for_function("document.getElementById('model-info').textContent.includes('tiny')",
                                    timeout=30_000)
-            page.fill("#max_tokens", "12")
-            page.fill("#temperature", "0")
-            page.fill("#prompt", "hello")
-            page.press("#prompt", "Enter")
-            page.wait_for_function("!document.getElementById('send').disabled && "
-                                   "document.getElementById('tokens').textContent !== '–'", timeout=60_000)
+            _send_greedy(page, "hello", max_tokens=12)
             assert page.is_visible(".msg.assistant .thinking") and page.text_content(".thinking .thought")
             assert page.text_content("#ttft").endswith(" ms")
             assert page.evaluate("state.messages.length") == 2  # the turn is kept, its reply the content
