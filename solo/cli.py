@@ -151,6 +151,9 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                    help="in [-2, 2]: penalise tokens already generated, once (OpenAI's definition)")
     g.add_argument("--frequency-penalty", type=float, default=0.0,
                    help="in [-2, 2]: penalise tokens by how often they were generated (OpenAI's definition)")
+    g.add_argument("--repeat-last-n", type=int, default=None, metavar="N",
+                   help="the penalties look at the last N tokens only (llama.cpp's flag; -1 or unset: all of them, "
+                   "0: no penalties)")
     g.add_argument("--seed", type=int, default=None,
                    help="random seed; the same seed repeats a sampled run (-1 or unset: a random one)")
     g.add_argument("--stop", action="append", default=[], metavar="TEXT",
@@ -213,7 +216,8 @@ def sampling_params_from_args(args: argparse.Namespace):  # noqa: ANN201
     return SamplingParams(
         max_tokens=args.max_tokens, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
         min_p=args.min_p, repetition_penalty=args.repetition_penalty, presence_penalty=args.presence_penalty,
-        frequency_penalty=args.frequency_penalty, seed=args.seed, stop=list(args.stop),
+        frequency_penalty=args.frequency_penalty, repeat_last_n=args.repeat_last_n, seed=args.seed,
+        stop=list(args.stop),
         ignore_eos=args.ignore_eos, min_tokens=args.min_tokens, logit_bias=_logit_bias(args.logit_bias),
     )
 

@@ -4,7 +4,8 @@ Order, as transformers' `generate` applies them: repetition penalty (transformer
 prompt and the generated tokens, logits > 0 divided and < 0 multiplied by the penalty), then presence and
 frequency penalties (OpenAI's definition: over generated tokens only, logit -= presence * [count > 0] +
 frequency * count), then temperature, top-k, top-p (nucleus, Holtzman et al. 2019) and min-p
-(Nguyen et al. 2024). A per-request `torch.Generator` seeded from `seed` makes sampled runs reproducible,
+(Nguyen et al. 2024). `repeat_last_n` (llama.cpp's and Ollama's) narrows the penalties to the sequence's last n
+tokens. A per-request `torch.Generator` seeded from `seed` makes sampled runs reproducible,
 alone or batched with other requests.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import math
 import numbers
+from collections import Counter, deque
 from collections.abc import Sequence
 from dataclasses import MISSING, dataclass, field, fields, replace
 from typing import Any
@@ -38,6 +40,10 @@ class SamplingParams:
         min_p: drop tokens less likely than min_p times the most likely one, in [0, 1] (Nguyen et al. 2024).
         repetition_penalty: > 0; 1 disables (Keskar et al. 2019, "CTRL", as transformers implements it).
         presence_penalty, frequency_penalty: in [-2, 2]; 0 disables (OpenAI API definition).
+        repeat_last_n: the penalties look only at the sequence's last n tokens (llama.cpp's and Ollama's
+            `repeat_last_n`): the repetition penalty at the prompt's and the output's tokens among them, the
+            presence and frequency penalties at the output's; None or -1 the whole sequence (transformers' and
+            vLLM's), 0 turns all three off (llama.cpp's).
         seed: makes sampling reproducible, any int64 (on the CPU each is mixed down to the generator's 32
             bits: `generator_seed`); None (or -1, as in vLLM and llama.cpp) draws a random seed.
         stop: strings that end generation; they are left out of the returned text.
@@ -71,6 +77,7 @@ class SamplingParams:
     repetition_penalty: float | None = None
     presence_penalty: float = 0.0
     frequency_penalty: float = 0.0
+    repeat_last_n: int | None = None
     seed: int | None = None
     stop: list[str] = field(default_factory=list)
     stop_token_ids: list[int] = field(default_factory=list)
@@ -140,6 +147,9 @@ class SamplingParams:
         for name in ("presence_penalty", "frequency_penalty"):
             if (v := finite(name)) is None or not -2 <= v <= 2:
                 raise bad(name, "in [-2, 2]")
+        if self.repeat_last_n is not None and (isinstance(self.repeat_last_n, bool)
+                                               or not isinstance(self.repeat_last_n, int) or self.repeat_last_n < -1):
+            raise bad("repeat_last_n", "an integer >= -1 (-1: the whole sequence, 0: no penalties)")
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             raise bad("seed", "an integer in [-2**63, 2**63)")
@@ -224,6 +234,7 @@ class SamplingParams:
             presence_penalty=float(self.presence_penalty),
             frequency_penalty=float(self.frequency_penalty),
             seed=seed,
+            repeat_last_n=-1 if self.repeat_last_n is None else self.repeat_last_n,
         )
 
     @property
@@ -263,7 +274,10 @@ GREEDY_BELOW = 1e-5
 
 @dataclass(frozen=True)
 class ResolvedSampling:
-    """Sampling values after defaults are applied; see `SamplingParams` for their meaning."""
+    """Sampling values after defaults are applied; see `SamplingParams` for their meaning.
+
+    `repeat_last_n` is -1 for the whole sequence; with 0 no penalty acts (`needs_penalties` is false).
+    """
 
     temperature: float
     top_k: int
@@ -273,6 +287,7 @@ class ResolvedSampling:
     presence_penalty: float
     frequency_penalty: float
     seed: int
+    repeat_last_n: int = -1
 
     @property
     def greedy(self) -> bool:
@@ -282,7 +297,8 @@ class ResolvedSampling:
     @property
     def needs_penalties(self) -> bool:
         """True when any penalty changes the logits."""
-        return self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0
+        return self.repeat_last_n != 0 and (
+            self.repetition_penalty != 1.0 or self.presence_penalty != 0.0 or self.frequency_penalty != 0.0)
 
 
 def generator_seed(seed: int, device: torch.device) -> int:
@@ -312,7 +328,8 @@ class TokenSampler:
 
     Attributes:
         generator: torch.Generator on `device`, seeded with `params.seed`.
-        counts: float32 [vocab], occurrences of each token in the output (presence / frequency penalties).
+        counts: float32 [vocab], occurrences of each token in the output (presence / frequency penalties);
+            with `repeat_last_n` > 0, in the output's part of the sequence's last `repeat_last_n` tokens.
     """
 
     def __init__(self, params: ResolvedSampling, prompt_ids: list[int], vocab_size: int,
@@ -326,7 +343,18 @@ class TokenSampler:
         # set: recording a token reads no device tensor. `_seen_index` is them as a tensor, built when used.
         self._seen: set[int] = set()
         self._seen_index: torch.Tensor | None = None
-        if params.repetition_penalty != 1.0 and prompt_ids:
+        # With a window (repeat_last_n > 0): its tokens, oldest first, each with whether it is the output's, and
+        # how often each id occurs in it; an id leaves `_seen` when its last occurrence leaves the window.
+        self._window: deque[tuple[int, bool]] | None = None
+        self._in_window: Counter[int] = Counter()
+        if not params.needs_penalties:
+            return
+        n = params.repeat_last_n
+        if n > 0:
+            self._window = deque()
+            for t in prompt_ids[-n:]:
+                self._enter(min(max(int(t), 0), vocab_size - 1), output=False)
+        elif params.repetition_penalty != 1.0 and prompt_ids:
             self._seen = {min(max(int(t), 0), vocab_size - 1) for t in prompt_ids}
 
     @property
@@ -338,11 +366,35 @@ class TokenSampler:
 
     def observe(self, token_id: int) -> None:
         """Record a generated token for the penalties."""
-        if self.params.needs_penalties:
-            if token_id not in self._seen:
-                self._seen.add(token_id)
-                self._seen_index = None
+        if not self.params.needs_penalties:
+            return
+        if self._window is not None:
+            self._enter(token_id, output=True)
+            return
+        if token_id not in self._seen:
+            self._seen.add(token_id)
+            self._seen_index = None
+        self.counts[token_id] += 1
+
+    def _enter(self, token_id: int, output: bool) -> None:
+        # The window's newest token; past repeat_last_n tokens the oldest leaves.
+        assert self._window is not None
+        self._window.append((token_id, output))
+        self._in_window[token_id] += 1
+        if output:
             self.counts[token_id] += 1
+        if token_id not in self._seen:
+            self._seen.add(token_id)
+            self._seen_index = None
+        if len(self._window) > self.params.repeat_last_n:
+            old, was_output = self._window.popleft()
+            self._in_window[old] -= 1
+            if was_output:
+                self.counts[old] -= 1
+            if not self._in_window[old]:
+                del self._in_window[old]
+                self._seen.discard(old)
+                self._seen_index = None
 
     def process(self, logits: torch.Tensor) -> torch.Tensor:
         """Apply penalties and warpers, in transformers' order (see the module docstring).

@@ -44,10 +44,10 @@ from solo.server.chat_adapter import (
     text_around_calls,
     thinking_switch,
 )
-from solo.server.errors import RETRY_AFTER_S, APIError, api_error_from, json_body, validation_error
+from solo.server.errors import RETRY_AFTER_S, APIError, StrictJSONRoute, api_error_from, json_body, validation_error
 from solo.server.protocol import ChatCompletionRequest
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
                 404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}

@@ -15,6 +15,7 @@ from typing import Any
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
+from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from solo.errors import (
@@ -184,10 +185,96 @@ async def json_body(request: Request, object_only: bool = True) -> Any:  # noqa:
         data = await request.json()
     except (ValueError, RecursionError) as exc:
         raise InvalidRequestError(unreadable_body_message(exc) if not isinstance(exc, json.JSONDecodeError)
-                                  else "the request body is not valid JSON") from None
+                                  else "the request body is not valid JSON", param=unreadable_body_param(exc)) from None
     if object_only and not isinstance(data, dict):
         raise InvalidRequestError("the request body must be a JSON object")
     return data
+
+
+class NonFiniteJSONError(ValueError):
+    """A request body holds NaN, Infinity or a number too large for a float.
+
+    None is JSON (RFC 8259), though Python's decoder takes them; values Solo echoes back (metadata, schemas)
+    could not be encoded again.
+
+    Attributes:
+        location: where the first one is ("temperature", "metadata.a", "messages[0].content"); None if unknown.
+    """
+
+    def __init__(self, problem: str, location: str | None = None) -> None:
+        super().__init__(problem)
+        self.location = location
+
+
+def _non_finite_location(value: Any, path: tuple[str | int, ...] = ()) -> str | None:  # noqa: ANN401
+    # The first NaN / ±Infinity in a decoded body, as a location (only walked for a body already refused).
+    if isinstance(value, float) and value != value or value in (float("inf"), float("-inf")):
+        return _location(list(path)) or "the body"
+    children = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    for key, child in children:
+        if isinstance(child, float | dict | list) and (where := _non_finite_location(child, (*path, key))):
+            return where
+    return None
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if value in (float("inf"), float("-inf")):
+        raise NonFiniteJSONError(f"the number {text[:40]} is too large for a float")
+    return value
+
+
+def _no_constant(name: str) -> float:
+    raise NonFiniteJSONError(f"{name} is not a JSON value")
+
+
+class StrictJSONRequest(Request):
+    """A request whose body decodes as RFC 8259 JSON only.
+
+    NaN, Infinity, -Infinity and numbers that overflow a float (1e400) are refused, as llama-server's and
+    OpenAI's parsers refuse them (Python's `json`, which FastAPI uses, takes them).
+    """
+
+    async def json(self) -> Any:  # noqa: ANN401
+        """The body decoded as JSON.
+
+        Raises:
+            json.JSONDecodeError: the body is not JSON.
+            NonFiniteJSONError: it holds NaN, Infinity or a number beyond a float's range.
+            UnicodeDecodeError: it is not UTF-8.
+        """
+        if not hasattr(self, "_json"):
+            import json
+
+            body = await self.body()
+            try:
+                self._json = json.loads(body, parse_constant=_no_constant, parse_float=_finite_float)
+            except NonFiniteJSONError as exc:
+                raise NonFiniteJSONError(str(exc), _non_finite_location(json.loads(body))) from None
+        return self._json
+
+
+class StrictJSONRoute(APIRoute):
+    """The route class of every router: its handler reads the body through `StrictJSONRequest`.
+
+    That covers FastAPI's own body parsing and `json_body` (FastAPI's documented custom-request pattern).
+    """
+
+    def get_route_handler(self) -> Callable[[Request], Any]:
+        """FastAPI's handler, given a `StrictJSONRequest` over the same ASGI scope and receive channel."""
+        handler = super().get_route_handler()
+
+        async def strict(request: Request) -> Response:
+            return await handler(StrictJSONRequest(request.scope, request.receive))
+        return strict
+
+
+def unreadable_body_param(cause: BaseException) -> str | None:
+    """The top-level field an unreadable body's problem lies in, where known (a NaN in `temperature`)."""
+    location = getattr(cause, "location", None) if isinstance(cause, NonFiniteJSONError) else None
+    if not location or location == "the body":
+        return None
+    return location.split(".", 1)[0].split("[", 1)[0]
 
 
 def unreadable_body_message(cause: BaseException) -> str:
@@ -196,6 +283,10 @@ def unreadable_body_message(cause: BaseException) -> str:
     FastAPI answers a bare "There was an error parsing the body" for bytes that are not UTF-8, an integer
     beyond Python's 4300-digit conversion limit, or nesting too deep to decode.
     """
+    if isinstance(cause, NonFiniteJSONError):
+        where = f" (at {cause.location})" if cause.location else ""
+        return (f"the request body is not valid JSON: {cause}{where}; send a finite number (JSON has no NaN or "
+                "Infinity), or null where the field takes it")
     if isinstance(cause, UnicodeDecodeError):
         return (f"the request body is not UTF-8 (byte 0x{cause.object[cause.start]:02x} at offset {cause.start}); "
                 "send JSON encoded as UTF-8, with non-ASCII text as such or as \\u escapes")
@@ -253,9 +344,11 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
                        "/v1/messages")
         if exc.status_code == 400 and isinstance(exc.__cause__, APIError):  # (a body past --max-body-mb)
             return shape(request.url.path, exc.__cause__)
+        param = None
         if exc.status_code == 400 and exc.__cause__ is not None:
-            message = unreadable_body_message(exc.__cause__)
-        return shape(request.url.path, APIError(exc.status_code, message, type=kind, headers=exc.headers))
+            message, param = unreadable_body_message(exc.__cause__), unreadable_body_param(exc.__cause__)
+        return shape(request.url.path, APIError(exc.status_code, message, type=kind, param=param,
+                                                headers=exc.headers))
 
     async def on_bug(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error", exc_info=exc)

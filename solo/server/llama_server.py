@@ -28,7 +28,8 @@ Differences, each said where it applies: the prompt is fitted to the context, no
 files go out whole (llama-server cuts their tokens from the front); Solo applies its samplers in one order
 (penalties, temperature, top-k, top-p, min-p), so `samplers` chooses which apply, not their order; llama-server's
 `infill` sampler (which merges candidates sharing a prefix) has no counterpart and listing it changes nothing;
-repetition penalties cover the whole sequence (`repeat_last_n` -1 or 0 beside one); `n_probs` is refused
+without `repeat_last_n` the penalties cover the whole sequence (llama-server: the last 64 tokens), and with one
+presence and frequency penalties count the output's tokens in the window, not the prompt's; `n_probs` is refused
 (`/v1/completions` has `logprobs`); one prompt per request; a completion that `n_indent` or `t_max_predict_ms` ended
 beside others (`n_cmpl`) runs on to its own end, unseen; errors come in OpenAI's shape, as on Solo's other routes;
 `model` names nothing here: any name (editors send their configured one, or an empty one) is the served model, as a
@@ -52,10 +53,10 @@ from starlette.concurrency import run_in_threadpool
 from solo import __version__
 from solo.errors import ContextLengthError, InvalidRequestError
 from solo.server.chat_adapter import chat_request_from, field_terms, in_api_terms, typed_field
-from solo.server.errors import api_error_from, json_body, shutting_down
+from solo.server.errors import StrictJSONRoute, api_error_from, json_body, shutting_down
 from solo.server.protocol import CompletionRequest, llama_server_fields
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 # llama-server's field -> the completions route's.
 _RENAMED = {"n_predict": "max_tokens", "repeat_penalty": "repetition_penalty", "grammar": "guided_grammar",
@@ -119,7 +120,7 @@ class _Ask:
         if fields is not None and not all(isinstance(f, str) for f in fields):
             raise InvalidRequestError("response_fields must be a list of field names (strings)",
                                       param="response_fields")
-        self.response_fields: list[str] | None = fields
+        self.response_fields: list[str] | None = fields or None  # (an empty list: every field, as llama-server)
         self.fields: dict[str, Any] = {k: data[k] for k in (*_PASSED, "samplers", "repeat_last_n")
                                        if data.get(k) is not None}
         problems = llama_server_fields(self.fields, max_tokens=None)  # (penalties and samplers, as on the chat route)
@@ -148,7 +149,8 @@ class _Ask:
                 "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
                 "min_p": sampling.min_p, "seed": sampling.seed, "repeat_penalty": sampling.repetition_penalty,
                 "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
-                "ignore_eos": bool(self.fields.get("ignore_eos")), "stop": self.fields.get("stop") or [],
+                "repeat_last_n": sampling.repeat_last_n, "ignore_eos": bool(self.fields.get("ignore_eos")),
+                "stop": self.fields.get("stop") or [],
                 "n_cmpl": self.n_cmpl}
 
 
@@ -494,8 +496,9 @@ async def props(request: Request) -> JSONResponse:
     template = engine.tokenizer.chat_template
     defaults = SamplingParams().resolve(engine.defaults, fallback_temperature=1.0)  # (as a request without any)
     params = {"n_predict": -1, "temperature": defaults.temperature, "top_k": defaults.top_k, "top_p": defaults.top_p,
-              "min_p": defaults.min_p, "repeat_penalty": defaults.repetition_penalty, "presence_penalty": 0.0,
-              "frequency_penalty": 0.0, "samplers": _DEFAULT_SAMPLERS, "stop": [], "ignore_eos": False}
+              "min_p": defaults.min_p, "repeat_penalty": defaults.repetition_penalty, "repeat_last_n": -1,
+              "presence_penalty": 0.0, "frequency_penalty": 0.0, "samplers": _DEFAULT_SAMPLERS, "stop": [],
+              "ignore_eos": False}
     settings = {"n_ctx": state.max_model_len, "params": params, "model": state.served_name}
     return JSONResponse({"default_generation_settings": settings, "total_slots": state.settings.max_batch,
                          "model_alias": state.served_name, "model_path": state.settings.model or state.served_name,

@@ -18,8 +18,8 @@ continues it.
 
 Differences from Ollama, each said where it applies: sampling defaults are the model's
 (generation_config.json), as on Solo's other routes, not Ollama's (temperature 0.8, top_k 40, ...);
-`repeat_penalty` covers the whole sequence, as vLLM's `repetition_penalty` (Ollama: the last
-`repeat_last_n`, 64 tokens, so beside a penalty only `repeat_last_n` -1 or 0 are taken); a prompt longer
+without `repeat_last_n` the penalties cover the whole sequence, as vLLM's (Ollama's default window is the
+last 64 tokens), and with one presence and frequency penalties count the output's tokens in it; a prompt longer
 than the window is refused instead of truncated, and the window is not shifted to continue past it;
 options that place the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
 `shift`, `truncate`) have no effect here, and `keep_alive` none (the model stays loaded while the server
@@ -59,11 +59,11 @@ from solo.server.chat_adapter import (
     thinking_switch,
     typed_field,
 )
-from solo.server.errors import APIError, api_error_from, json_body, logger, shutting_down
+from solo.server.errors import APIError, StrictJSONRoute, api_error_from, json_body, logger, shutting_down
 from solo.server.protocol import CompletionRequest
 from solo.server.state import listed_name
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 NDJSON = "application/x-ndjson"
 """Media type of Ollama's streams: one JSON object per line."""
@@ -72,6 +72,7 @@ NDJSON = "application/x-ndjson"
 _SAMPLING_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p",
                      "seed": "seed", "presence_penalty": "presence_penalty",
                      "frequency_penalty": "frequency_penalty", "repeat_penalty": "repetition_penalty",
+                     "repeat_last_n": "repeat_last_n",
                      "stop": "stop", "num_predict": "max_tokens"}
 # Options that decide where and how the model runs (or how Ollama shifts a full context), not what it
 # generates; Solo's are set by `solo serve`.
@@ -136,7 +137,7 @@ def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
 
     Raises:
         InvalidRequestError: not an object, an unknown option, sampling Solo does not have, a
-            `repeat_last_n` other than -1 or 0, a `num_predict` of 0 or below -2.
+            `num_predict` of 0 or below -2.
     """
     if options is None:
         return {}
@@ -154,20 +155,9 @@ def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
             if value is not None and value != _OFF_VALUES[name]:
                 raise InvalidRequestError(f"options.{name} is not supported by Solo (it has no {name} sampling); "
                                           f"leave it out or set it to {_OFF_VALUES[name]}", param=f"options.{name}")
-        elif name == "repeat_last_n":
-            if value is not None and (not isinstance(value, int) or isinstance(value, bool)):
-                raise InvalidRequestError(f"options.repeat_last_n must be an integer, got {value!r:.40}",
-                                          param="options.repeat_last_n")
-            if value not in (None, -1, 0) and options.get("repeat_penalty") not in (None, 1, 1.0):
-                raise InvalidRequestError(
-                    "options.repeat_last_n: Solo's repeat_penalty covers the whole sequence (as vLLM's "
-                    "repetition_penalty); with repeat_penalty, set repeat_last_n to -1 (the whole sequence) or 0 "
-                    "(no penalty), or leave it out", param="options.repeat_last_n")
         else:
             raise InvalidRequestError(f"options.{name} is not an option Solo knows; leave it out",
                                       param=f"options.{name}")
-    if options.get("repeat_last_n") == 0:
-        fields.pop("repetition_penalty", None)  # Ollama: a window of 0 tokens penalizes nothing
     predict = fields.get("max_tokens")
     if isinstance(predict, int) and not isinstance(predict, bool) and predict <= 0:
         if predict not in (-1, -2):

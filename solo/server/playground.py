@@ -20,7 +20,7 @@ from typing import Any
 from fastapi import APIRouter, Request
 from fastapi.responses import FileResponse, JSONResponse
 
-from solo.server.errors import APIError
+from solo.server.errors import APIError, StrictJSONRoute
 
 STATIC_DIR = Path(__file__).parent / "static"
 _FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
@@ -28,7 +28,7 @@ STATIC_PREFIX = "/static/"
 ROOFLINE_CONTEXT = 256  # tokens in the KV cache at which the page's roofline is computed
 _PROBE_BYTES = 512 * 2**20
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 _probe_lock = threading.Lock()
 
 

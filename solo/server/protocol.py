@@ -15,8 +15,8 @@ non-assistant message without content, `max_tokens` and `max_completion_tokens` 
 other than ["text"], `reasoning_effort` but "none" (thinking off), `verbosity` but "medium", and llama-server's
 fields it has no counterpart for (`FOREIGN_FIELDS`: the error names the field to send instead). llama-server's
 own fields that its clients send to these routes (llama.vim's instructions) are taken as llama-server takes
-them (`llama_server_fields`): `n_predict` (max_tokens), `repeat_penalty` (repetition_penalty, with
-`repeat_last_n` -1 or 0), `samplers` (which samplers apply; those left out are off), `id_slot` (no effect).
+them (`llama_server_fields`): `n_predict` (max_tokens), `repeat_penalty` (repetition_penalty), `repeat_last_n`
+(the penalties' window), `samplers` (which samplers apply; those left out are off), `id_slot` (no effect).
 Extensions that vLLM also accepts: `top_k`, `min_p`, `repetition_penalty`, `stop_token_ids`,
 `include_stop_str_in_output`, `ignore_eos`, `min_tokens`, `allowed_token_ids`, `bad_words`, `skip_special_tokens`,
 `add_generation_prompt`, `chat_template_kwargs`, and structured output beside `response_format` (both
@@ -184,18 +184,18 @@ LLAMA_SAMPLERS = {"top_k": "top_k", "top_p": "top_p", "nucleus": "top_p", "min_p
                   "temperature": "temperature", "temp": "temperature", "penalties": "penalties", "infill": None,
                   "dry": None, "typ_p": None, "typical_p": None, "typical": None, "xtc": None, "top_n_sigma": None}
 _LLAMA_OFF_SAMPLING = {"top_k": -1, "top_p": 1.0, "min_p": 0.0, "temperature": 1.0}
-_PENALTIES = ("repetition_penalty", "presence_penalty", "frequency_penalty")
+_PENALTIES_OFF = {"repetition_penalty": 1.0, "presence_penalty": 0.0, "frequency_penalty": 0.0}
 
 
 def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_tokens") -> list[tuple[str, str]]:
     """Turn llama-server's sampling fields in a request body into Solo's, in place, as llama-server means them.
 
     `n_predict` -> `max_tokens` (-1 or null: unset; with `max_tokens` None, the caller reads it itself),
-    `repeat_penalty` -> `repetition_penalty`, `repeat_last_n` (only -1, the whole sequence as Solo's penalties
-    cover it, or 0, no penalty, beside a penalty), `samplers` (a list of names, or llama.cpp's letters such as
-    "kpt"; the samplers it leaves out are off: top-k, top-p, min-p, penalties, and temperature 1, plain sampling;
-    their order is Solo's), `id_slot` (llama-server's slots: no effect). A value of the wrong type is left for the
-    request's own validation to refuse.
+    `repeat_penalty` -> `repetition_penalty`, `repeat_last_n` (kept: the penalties' window, `SamplingParams`),
+    `samplers` (a list of names, or llama.cpp's letters such as "kpt"; the samplers it leaves out are off: top-k,
+    top-p, min-p, the penalties (at their neutral values, so a model's default penalty is off too), and temperature
+    1, plain sampling; their order is Solo's), `id_slot` (llama-server's slots: no effect). A value of the wrong
+    type is left for the request's own validation to refuse.
 
     Args:
         data: the request body (a dict), changed in place.
@@ -224,18 +224,6 @@ def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_toke
             problems.append(("repeat_penalty", "repeat_penalty is llama-server's repetition_penalty; send one"))
         elif penalty is not None:
             data["repetition_penalty"] = penalty
-    if "repeat_last_n" in data:
-        window = data.pop("repeat_last_n")
-        penalized = data.get("repetition_penalty") not in (None, 1, 1.0) or any(
-            data.get(name) not in (None, 0, 0.0) for name in _PENALTIES[1:])
-        if window is not None and (not isinstance(window, int) or isinstance(window, bool)):
-            problems.append(("repeat_last_n", f"repeat_last_n must be an integer, got {window!r:.40}"))
-        elif window not in (None, -1, 0) and penalized:
-            problems.append(("repeat_last_n", "Solo's penalties cover the whole sequence (as vLLM's); beside a "
-                                              "penalty set repeat_last_n to -1 (the whole sequence) or 0 (no "
-                                              "penalty), or leave it out"))
-        elif window == 0:
-            _turn_off(data, _PENALTIES)  # (a window of no tokens penalizes nothing)
     samplers = data.pop("samplers", None)
     if samplers is None:
         return problems
@@ -262,19 +250,14 @@ def llama_server_fields(data: dict[str, Any], max_tokens: str | None = "max_toke
         if name not in on and _number_or_none(data.get(name)):
             data[name] = off
     if "penalties" not in on:
-        _turn_off(data, _PENALTIES)
+        for name, off in _PENALTIES_OFF.items():  # (explicit: a model's default penalty would apply otherwise)
+            if _number_or_none(data.get(name)):
+                data[name] = off
     return problems
 
 
 def _number_or_none(value: Any) -> bool:  # noqa: ANN401
     return value is None or (isinstance(value, int | float) and not isinstance(value, bool))
-
-
-def _turn_off(data: dict[str, Any], names: tuple[str, ...]) -> None:
-    # Drop these fields (their defaults are off), but leave a value of the wrong type for validation to refuse.
-    for name in names:
-        if _number_or_none(data.get(name)):
-            data.pop(name, None)
 
 
 _LLAMA_SAMPLER_LETTERS = {"e": "penalties", "d": "dry", "s": "top_n_sigma", "k": "top_k", "y": "typ_p", "p": "top_p",
@@ -308,6 +291,8 @@ class SamplingFields(_Lenient):
     presence_penalty: Annotated[_Float, Field(ge=-2, le=2)] | None = None
     frequency_penalty: Annotated[_Float, Field(ge=-2, le=2)] | None = None
     repetition_penalty: Annotated[_Float, Field(gt=0)] | None = None
+    # llama.cpp's and Ollama's: the penalties' window in tokens (-1 the whole sequence, 0 no penalties).
+    repeat_last_n: Annotated[_Int, Field(ge=-1)] | None = None
     seed: Annotated[_Int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
     stop: Annotated[_Str | list[_Str], _one_of("a string or a list of strings")] | None = None
     # vLLM's extension: token ids that end the generation (left out of the text), besides the model's EOS ids.
@@ -441,6 +426,7 @@ class SamplingFields(_Lenient):
             max_tokens=max_tokens, temperature=self.temperature, top_k=self.top_k, top_p=self.top_p,
             min_p=self.min_p, repetition_penalty=self.repetition_penalty,
             presence_penalty=self.presence_penalty or 0.0, frequency_penalty=self.frequency_penalty or 0.0,
+            repeat_last_n=self.repeat_last_n,
             # -1 is vLLM's "random"; other negative seeds step away from it, so no choice lands on it.
             seed=None if self.seed in (None, -1) else self.seed + choice if self.seed >= 0 else self.seed - choice,
             stop=stop,

@@ -45,9 +45,10 @@ from solo.server.chat_adapter import (
     text_around_calls,
     thinking_switch,
 )
+from solo.server.errors import StrictJSONRoute
 from solo.server.protocol import ChatCompletionRequest
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 # Chat fields a Responses request names otherwise (for errors that the chat request's validation finds).
 _FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}

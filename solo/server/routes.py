@@ -44,7 +44,7 @@ from solo.engine.tool_calls import (
 )
 from solo.errors import InvalidRequestError
 from solo.server.chat_adapter import thinking_switch
-from solo.server.errors import APIError, api_error_from, shutting_down
+from solo.server.errors import APIError, StrictJSONRoute, api_error_from, shutting_down
 from solo.server.logprobs import CompletionLogprobsBuilder, chat_logprobs, completion_logprobs
 from solo.server.metrics import CONTENT_TYPE
 from solo.server.protocol import (
@@ -78,7 +78,7 @@ from solo.server.state import ServerState
 
 logger = logging.getLogger("solo.server")
 
-router = APIRouter()
+router = APIRouter(route_class=StrictJSONRoute)
 
 _SSE_HEADERS = {"Cache-Control": "no-cache", "X-Accel-Buffering": "no"}
 

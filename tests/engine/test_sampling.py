@@ -133,6 +133,8 @@ def test_penalties_change_generation(tiny_llama):
         ({"repetition_penalty": 0.0}, "repetition_penalty must be > 0"),
         ({"presence_penalty": 3.0}, "presence_penalty must be in [-2, 2]"),
         ({"frequency_penalty": -2.5}, "frequency_penalty must be in [-2, 2]"),
+        ({"repeat_last_n": -2}, "repeat_last_n must be an integer >= -1 (-1: the whole sequence, 0: no penalties)"),
+        ({"repeat_last_n": 1.5}, "repeat_last_n must be an integer >= -1"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
         ({"stop": [""]}, "stop must be a non-empty string"),
     ],
@@ -268,6 +270,35 @@ def test_repetition_penalty_touches_exactly_the_seen_tokens(logits):
     seen[[1, 5, 7, 9, 49]] = True
     expected = torch.where(seen, torch.where(logits < 0, logits * 1.3, logits / 1.3), logits)
     assert torch.equal(sampler.process(logits), expected)
+
+
+@pytest.mark.parametrize("n", [1, 3, 6, 50])
+def test_repeat_last_n_penalizes_the_last_n_tokens_only(logits, n):
+    # llama.cpp's window: after each token, the repetition penalty is transformers' over the sequence's last n
+    # tokens (prompt and output), presence / frequency OpenAI's over the output's tokens among them.
+    prompt, generated = [1, 5, 7, 5, 2], [9, 5, 9, 49, 3, 9]
+    sampler = _sampler(prompt, repetition_penalty=1.3, presence_penalty=0.5, frequency_penalty=0.25,
+                       temperature=0, repeat_last_n=n)
+    for i, t in enumerate(generated):
+        sampler.observe(t)
+        sequence = prompt + generated[:i + 1]
+        window = sequence[-n:]
+        expected = RepetitionPenaltyLogitsProcessor(1.3)(torch.tensor([window]), logits[None].clone())[0]
+        output_in_window = generated[:i + 1][-min(n, i + 1):]
+        for token in set(output_in_window):
+            expected[token] -= 0.5 + 0.25 * output_in_window.count(token)
+        assert torch.allclose(sampler.process(logits), expected), (n, i)
+
+
+def test_repeat_last_n_minus_one_is_the_whole_sequence_and_zero_turns_penalties_off(logits):
+    whole = _sampler([1, 5, 7], repetition_penalty=1.3, frequency_penalty=0.5, temperature=0)
+    minus_one = _sampler([1, 5, 7], repetition_penalty=1.3, frequency_penalty=0.5, temperature=0, repeat_last_n=-1)
+    off = _sampler([1, 5, 7], repetition_penalty=1.3, frequency_penalty=0.5, temperature=0, repeat_last_n=0)
+    for t in [9, 5]:
+        for sampler in (whole, minus_one, off):
+            sampler.observe(t)
+    assert torch.equal(minus_one.process(logits), whole.process(logits))
+    assert torch.equal(off.process(logits), logits) and not off.params.needs_penalties
 
 
 @pytest.mark.parametrize("scale, top_p", [(1.0, 0.9), (1.0, 0.3), (8.0, 0.95), (8.0, 0.5)])

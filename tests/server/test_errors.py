@@ -559,6 +559,28 @@ def test_unreadable_bodies_say_why(server, body, words):
     assert words in assert_openai_error(response, 400)["message"]
 
 
+@pytest.mark.parametrize("literal", ["NaN", "Infinity", "-Infinity", "1e400"])
+@pytest.mark.parametrize(("route", "body", "where"), [
+    (COMPLETIONS, '{"prompt": "x", "max_tokens": 2, "temperature": %s}', "temperature"),
+    ("/v1/responses", '{"input": "x", "max_output_tokens": 2, "metadata": {"a": %s}}', "metadata.a"),
+    ("/completion", '{"prompt": "x", "n_predict": 2, "t_max_predict_ms": %s}', "t_max_predict_ms"),
+    ("/api/generate", '{"model": "tiny", "prompt": "x", "stream": false, "keep_alive": %s}', "keep_alive"),
+    ("/v1/messages/count_tokens", '{"model": "tiny", "messages": [{"role": "user", "content": "x"}], '
+                                  '"metadata": {"user_id": [1, %s]}}', "metadata.user_id[1]"),
+])
+def test_non_finite_numbers_are_not_json(server, route, body, where, literal):
+    # From a break test: Python's decoder takes NaN / Infinity / 1e400; echoed back (metadata, t_max_predict_ms)
+    # they made invalid JSON, or a 500 when the encoder refused them.
+    with server.http() as http:
+        response = http.post(route, content=body % literal, headers={"Content-Type": "application/json"})
+        assert response.status_code == 400, response.text
+        assert "not valid JSON" in response.text and "finite number" in response.text
+        assert f"(at {where})" in response.text
+        if route in (COMPLETIONS, "/completion"):
+            assert response.json()["error"]["param"] == where.split(".")[0]
+        assert http.get("/health").status_code == 200
+
+
 def test_errors_quote_the_request_within_a_bound(server):
     # From a break test: a 5 MB model name came back in a 5 MB 404, a 1 MB unknown key in a 2 MB 400.
     with server.http() as http:

@@ -92,6 +92,9 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
     # llama.vim's warm-up: n_predict 0 evaluates the prompt and writes nothing; [""] names no field.
     warm = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": [""]})
     assert warm.status_code == 200 and warm.json() == {}
+    # An empty list is no projection (llama-server's), not an empty reply.
+    every = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": []}).json()
+    assert {"content", "tokens_predicted", "stop_type", "generation_settings"} <= set(every)
     nothing = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": None}).json()
     assert nothing["content"] == "" and nothing["tokens_predicted"] == 0 and nothing["stop_type"] == "limit"
 
@@ -148,7 +151,7 @@ def test_stop_words_and_bans(server):
     ({"n_probs": 3}, "n_probs", "logprobs"),
     ({"samplers": ["top_k", "magic"]}, "samplers", "not a sampler"),
     ({"frobnicate": 1}, "frobnicate", "not a field"),
-    ({"repeat_penalty": 1.1, "repeat_last_n": 64}, "repeat_last_n", "whole sequence"),
+    ({"repeat_penalty": 1.1, "repeat_last_n": -2}, "repeat_last_n", "greater than or equal to -1"),
     ({"n_predict": -2}, "n_predict", "n_predict must be"),
     ({"logit_bias": [["hello", 1.0]]}, "logit_bias", "token ids"),
     ({"prompt": ["one", "two"]}, "prompt", "one prompt per request"),
@@ -162,6 +165,42 @@ def test_what_solo_cannot_honour_is_refused_by_name(server, fields, param, words
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and words in error["message"]
+
+
+def test_turning_penalties_off_turns_off_the_models_default_too(server, monkeypatch):
+    # From a break test: repeat_last_n 0, or samplers without "penalties", dropped the request's penalty fields, so
+    # the model's default repetition penalty (the bundled model's is 1.3) still applied; a window other than -1 / 0
+    # was ignored beside a default penalty.
+    import dataclasses
+
+    engine = server.state.engine
+    monkeypatch.setattr(engine, "defaults", dataclasses.replace(engine.defaults, repetition_penalty=1.8))
+    prompt = "def add(a, b):\n    return a + b\n\n\ndef add(a, b):\n"
+
+    def completion(route: str = "/completion", **fields) -> dict:
+        body = ({"prompt": prompt, "temperature": 0, "n_predict": 24, **fields} if route == "/completion" else
+                {"model": MODEL_NAME, "prompt": prompt, "raw": True, "stream": False,
+                 "options": {"temperature": 0, "num_predict": 24, **fields}})
+        reply = httpx.post(f"{_root(server)}{route}", json=body)
+        assert reply.status_code == 200, reply.text
+        return reply.json()
+
+    plain = completion(repeat_penalty=1.0)["content"]
+    assert completion()["content"] != plain  # (the default penalty changes this output)
+    for fields in ({"repeat_last_n": 0}, {"samplers": ["top_k", "temperature"]}, {"samplers": "t"}):
+        reply = completion(**fields)
+        assert reply["content"] == plain, fields
+    assert completion(samplers="kt")["generation_settings"]["repeat_penalty"] == 1.0
+    assert completion(repeat_last_n=0)["generation_settings"]["repeat_last_n"] == 0
+    assert completion("/api/generate", repeat_last_n=0)["response"] == completion("/api/generate",
+                                                                                 repeat_penalty=1.0)["response"]
+    # A window: as the engine runs it, on every route.
+    windowed = engine.complete(prompt, {"temperature": 0, "max_tokens": 24, "repeat_last_n": 4}).text
+    assert completion(repeat_last_n=4)["content"] == windowed
+    assert completion("/api/generate", repeat_last_n=4)["response"] == windowed
+    chat_route = httpx.post(f"{_root(server)}/v1/completions", json={
+        "prompt": prompt, "temperature": 0, "max_tokens": 24, "repeat_last_n": 4}).json()
+    assert chat_route["choices"][0]["text"] == windowed
 
 
 def test_infill_on_a_model_without_fim_tokens_is_refused(server, monkeypatch):
@@ -275,7 +314,7 @@ def test_llama_vims_instruction_request_on_the_chat_route(server):
                           ({"repeat_last_n": 0, "repeat_penalty": "abc"}, "repetition_penalty"),
                           ({"samplers": ["temperature"], "top_k": "x"}, "top_k"), ({"samplers": "kz"}, "samplers"),
                           ({"samplers": ["mirostat"]}, "samplers"),
-                          ({"repeat_penalty": 1.2, "repeat_last_n": 64}, "repeat_last_n")):
+                          ({"repeat_penalty": 1.2, "repeat_last_n": -3}, "repeat_last_n")):
         reply = httpx.post(f"{_root(server)}/v1/chat/completions",
                            json={"messages": [{"role": "user", "content": "hi"}], **fields})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (fields, reply.text)

@@ -161,10 +161,10 @@ def test_options_map_to_sampling_fields():
     assert sampling_fields({"temperature": 0.2, "repeat_penalty": 1.1, "num_predict": -1, "num_gpu": 99,
                             "num_thread": 4, "num_ctx": 4096, "mirostat": 0, "stop": ["\n"], "seed": 3}) == {
         "temperature": 0.2, "repetition_penalty": 1.1, "stop": ["\n"], "seed": 3}
-    assert sampling_fields({"repeat_penalty": 1.3, "repeat_last_n": 0, "num_predict": 5}) == {"max_tokens": 5}
-    assert sampling_fields({"repeat_last_n": 64}) == {}  # (no penalty: the window changes nothing)
+    assert sampling_fields({"repeat_penalty": 1.3, "repeat_last_n": 0, "num_predict": 5}) == {
+        "repetition_penalty": 1.3, "repeat_last_n": 0, "max_tokens": 5}  # (the window of 0 turns it off)
+    assert sampling_fields({"repeat_last_n": 64}) == {"repeat_last_n": 64}
     for options, words in (({"mirostat": 2}, "mirostat"), ({"typical_p": 0.5}, "typical_p"),
-                           ({"repeat_last_n": 64, "repeat_penalty": 1.2}, "repeat_last_n"),
                            ({"num_predict": 0}, "num_predict"),
                            ({"top_a": 1}, "not an option"), ([1], "must be an object")):
         with pytest.raises(InvalidRequestError, match=words):
