@@ -87,8 +87,8 @@ class StructuredOutput:
         if self.kind in checks:
             ok, what = checks[self.kind]
             if not ok(self.value):
-                raise InvalidRequestError(f"{self.source} {self.kind} must be {what}, got {self.value!r}",
-                                          param=self.source)
+                where = self.source if self.source == self.kind else f"{self.source} {self.kind}"
+                raise InvalidRequestError(f"{where} must be {what}, got {self.value!r:.80}", param=self.source)
 
     @classmethod
     def parse(cls, value: StructuredOutput | Mapping[str, Any] | None) -> StructuredOutput | None:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Request
 from fastapi.responses import JSONResponse, Response
@@ -45,7 +45,7 @@ from solo.server.chat_adapter import (
     thinking_switch,
 )
 from solo.server.errors import RETRY_AFTER_S, APIError, StrictJSONRoute, api_error_from, json_body, validation_error
-from solo.server.protocol import ChatCompletionRequest
+from solo.server.protocol import ChatCompletionRequest, one_of
 
 router = APIRouter(route_class=StrictJSONRoute)
 
@@ -81,7 +81,7 @@ class MessagesRequest(BaseModel):
     model: str
     max_tokens: int
     messages: list[dict[str, Any]]
-    system: str | list[dict[str, Any]] | None = None
+    system: Annotated[str | list[dict[str, Any]], one_of("a string or a list of text blocks")] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
     stop_sequences: list[str] | None = None

@@ -178,7 +178,9 @@ def _logit_bias(value: Any) -> dict[str, float] | None:  # noqa: ANN401
         token, bias = pair
         if isinstance(token, str) and token.strip().isdigit():
             token = int(token)
-        if not isinstance(token, int) or isinstance(token, bool):
+        if isinstance(token, float) or isinstance(token, bool):
+            raise InvalidRequestError(f"logit_bias: a token id is an integer, got {token!r:.40}", param="logit_bias")
+        if not isinstance(token, int):
             raise InvalidRequestError(f"logit_bias: Solo takes token ids, not text ({token!r:.40}); POST /tokenize "
                                       "gives a text's ids", param="logit_bias")
         if bias is False:
@@ -186,6 +188,9 @@ def _logit_bias(value: Any) -> dict[str, float] | None:  # noqa: ANN401
         if not _number(bias):
             raise InvalidRequestError(f"logit_bias: the bias of token {token} must be a number or false, got "
                                       f"{bias!r:.40}", param="logit_bias")
+        if str(token) in out:
+            raise InvalidRequestError(f"logit_bias names token {token} twice; give each token one bias",
+                                      param="logit_bias")
         out[str(token)] = float(bias)
     return out
 

@@ -114,7 +114,10 @@ def _check_model(request: Request, data: Mapping[str, Any]) -> str:
     state = request.app.state.solo
     state.require_ready()
     model = data.get("model")
-    if not isinstance(model, str) or not model:
+    if model is not None and not isinstance(model, str):
+        raise APIError(400, f"model must be a string, the served model's name (GET /api/tags lists it), got "
+                            f"{json.dumps(model)[:40]}", param="model")
+    if not model:
         raise APIError(400, "model is required: name the served model (GET /api/tags lists it)", param="model")
     if not state.serves(model):
         raise APIError(404, f"model {model!r} not found: this server serves {listed_name(state.served_name)!r} "

@@ -76,9 +76,13 @@ def _valid_unicode(value: Any) -> Any:
 _Str = Annotated[str, Strict(), BeforeValidator(_valid_unicode)]
 
 
-def _one_of(description: str) -> WrapValidator:
-    # A union's failure is reported once, in words, instead of once per alternative with pydantic's
-    # internal tags in the location ("stop.str", "stop.list[str]").
+def one_of(description: str) -> WrapValidator:
+    """A union field's validator that reports a failure once, in words ("Input should be {description}").
+
+    Pydantic reports it once per alternative, with its internal tags in the location ("stop.str",
+    "stop.list[str]").
+    """
+
     def validate(value: Any, handler: ValidatorFunctionWrapHandler) -> Any:
         try:
             return handler(value)
@@ -294,7 +298,7 @@ class SamplingFields(_Lenient):
     # llama.cpp's and Ollama's: the penalties' window in tokens (-1 the whole sequence, 0 no penalties).
     repeat_last_n: Annotated[_Int, Field(ge=-1)] | None = None
     seed: Annotated[_Int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
-    stop: Annotated[_Str | list[_Str], _one_of("a string or a list of strings")] | None = None
+    stop: Annotated[_Str | list[_Str], one_of("a string or a list of strings")] | None = None
     # vLLM's extension: token ids that end the generation (left out of the text), besides the model's EOS ids.
     stop_token_ids: list[Annotated[_Int, Field(ge=0)]] | None = None
     # vLLM's extension: keep a matched stop string at the end of the text.
@@ -389,12 +393,17 @@ class SamplingFields(_Lenient):
     @field_validator("logit_bias")
     @classmethod
     def _token_id_keys(cls, value: dict[str, float] | None) -> dict[str, float] | None:
+        ids: dict[int, str] = {}
         for key in value or {}:
             if not key.isascii() or not key.isdigit():
                 raise ValueError(f"logit_bias keys must be token ids (strings of digits, as \"50256\"), got {key!r}")
             if len(key.lstrip("0")) > 18:  # beyond any vocabulary (and Python's int() refuses 4301+ digits)
                 raise ValueError(f"logit_bias holds token id {key[:24]}{'...' if len(key) > 24 else ''}, outside "
                                  "this model's vocabulary")
+            if int(key) in ids:  # ("020" and "20": one token, two biases; one would be dropped)
+                raise ValueError(f"logit_bias names token {int(key)} twice ({ids[int(key)]!r} and {key!r}); give "
+                                 "each token one bias")
+            ids[int(key)] = key
         return value
 
     @model_validator(mode="after")
@@ -467,7 +476,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[_Str | list[TextContentPart], _one_of(
+    content: Annotated[_Str | list[TextContentPart], one_of(
         'a string or a list of text parts ({"type": "text", "text": ...}); Solo\'s models take text only'
     )] | None = None
 
@@ -499,13 +508,13 @@ class ChatCompletionRequest(SamplingFields):
     top_logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tool_choice: Annotated[
         Literal["none", "auto", "required"] | dict[str, Any],
-        _one_of('"none", "auto", "required" or an object naming a function'),
+        one_of('"none", "auto", "required" or an object naming a function'),
     ] | None = None
     tools: list[dict[str, Any]] | None = None
     parallel_tool_calls: _Bool = True
     # OpenAI's deprecated predecessors of tool_choice / tools, refused the same way.
     function_call: Annotated[
-        Literal["none", "auto"] | dict[str, Any], _one_of('"none", "auto" or an object naming a function'),
+        Literal["none", "auto"] | dict[str, Any], one_of('"none", "auto" or an object naming a function'),
     ] | None = None
     functions: list[dict[str, Any]] | None = None
     modalities: list[_Str] | None = None
@@ -581,7 +590,7 @@ class CompletionRequest(SamplingFields):
 
     prompt: Annotated[
         _Str | list[_Int] | list[_Str] | list[list[_Int]],
-        _one_of("a string, a list of token ids, a list of strings or a list of token-id lists"),
+        one_of("a string, a list of token ids, a list of strings or a list of token-id lists"),
     ]
     logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     echo: _Bool = False

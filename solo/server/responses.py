@@ -25,7 +25,7 @@ import json
 import time
 import uuid
 from collections.abc import AsyncIterator
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Request
 from fastapi.responses import Response
@@ -46,7 +46,7 @@ from solo.server.chat_adapter import (
     thinking_switch,
 )
 from solo.server.errors import StrictJSONRoute
-from solo.server.protocol import ChatCompletionRequest
+from solo.server.protocol import ChatCompletionRequest, one_of
 
 router = APIRouter(route_class=StrictJSONRoute)
 
@@ -74,10 +74,11 @@ class ResponsesRequest(BaseModel):
         return {k: v for k, v in data.items() if v is not None or k == "input"}
 
     model: str | None = None
-    input: str | list[dict[str, Any]]
+    input: Annotated[str | list[dict[str, Any]], one_of("a string or a list of input items")]
     instructions: str | None = None
     tools: list[dict[str, Any]] | None = None
-    tool_choice: str | dict[str, Any] | None = None
+    tool_choice: Annotated[str | dict[str, Any],
+                           one_of('"none", "auto", "required" or an object naming a tool')] | None = None
     parallel_tool_calls: bool | None = None
     max_output_tokens: int | None = None
     temperature: float | None = None
@@ -222,7 +223,32 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
     for name in body.model_extra or {}:
         if name not in _PASSED and name not in _NO_EFFECT and name != "background":
             raise InvalidRequestError(f"{name} is not a field Solo's Responses API takes", param=name)
+    _check_no_effect_fields(body.model_extra or {}, body.stream)
     return chat_request_from(fields, _FIELD_NAMES)
+
+
+def _check_no_effect_fields(extra: dict[str, Any], stream: bool) -> None:
+    # Fields that change nothing still take only OpenAI's values (a wrong one is the client's mistake).
+    calls = extra.get("max_tool_calls")
+    if calls is not None and (not isinstance(calls, int) or isinstance(calls, bool) or calls < 0):
+        raise InvalidRequestError(f"max_tool_calls must be an integer >= 0, got {json.dumps(calls)[:40]}",
+                                  param="max_tool_calls")
+    options = extra.get("stream_options")
+    if options is None:
+        return
+    if not isinstance(options, dict):
+        raise InvalidRequestError("stream_options must be an object, as {\"include_obfuscation\": false}",
+                                  param="stream_options")
+    for name, value in options.items():
+        if name != "include_obfuscation":
+            raise InvalidRequestError(f"stream_options.{name} is not an option of the Responses API (it takes "
+                                      "include_obfuscation; usage comes in response.completed)", param="stream_options")
+        if not isinstance(value, bool):
+            raise InvalidRequestError("stream_options.include_obfuscation must be true or false",
+                                      param="stream_options")
+    if not stream:
+        raise InvalidRequestError("stream_options is only allowed when stream is true; set stream to true or leave "
+                                  "stream_options out", param="stream_options")
 
 
 _LOGPROBS = "message.output_text.logprobs"

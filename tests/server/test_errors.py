@@ -45,6 +45,7 @@ CASES = [
     ("image-content", CHAT, chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
      400, "messages", None),
     ("temperature-string", CHAT, chat(temperature="0.5"), 400, "temperature", None),
+    ("logit-bias-one-id-twice", COMPLETIONS, completion(logit_bias={"020": -100, "20": 0}), 400, "logit_bias", None),
     ("temperature-nan", CHAT, '{"model": "tiny", "messages": [{"role": "user", "content": "hi"}], "temperature": NaN}',
      400, "temperature", None),
     ("temperature-high", CHAT, chat(temperature=3), 400, "temperature", None),

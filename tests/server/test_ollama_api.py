@@ -243,7 +243,8 @@ def test_errors_come_in_ollamas_shape(server):
             ("generate", {"model": MODEL_NAME, "prompt": 0}, "prompt must be a string"),
             ("generate", {"model": MODEL_NAME, "system": "s"}, "system without a prompt"),
             ("generate", {"model": MODEL_NAME, "prompt": "hi", "raw": True, "logprobs": True, "top_logprobs": 50},
-             "top_logprobs")):
+             "top_logprobs"),
+            ("show", {"model": 123}, "model must be a string")):
         refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
         assert refused.status_code == 400 and words in refused.json()["error"], (body, refused.json())
     deep = httpx.post(f"{host}/api/chat", content=b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", headers=key)

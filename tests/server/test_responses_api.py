@@ -105,6 +105,13 @@ def test_function_calls_round_trip(server):
     ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools", "tools[0].name must be 1-64 letters"),
     ({"include": ["reasoning.encrypted_content"]}, "include", "'reasoning.encrypted_content' is not supported"),
     ({"top_logprobs": 21}, "top_logprobs", "top_logprobs"),
+    # from a break test: in words, without pydantic's tags ("input.str"); no-effect fields checked all the same
+    ({"input": 123}, "input", "input: Input should be a string or a list of input items"),
+    ({"tool_choice": 5}, "tool_choice", 'Input should be "none", "auto", "required" or an object'),
+    ({"max_tool_calls": -1}, "max_tool_calls", "max_tool_calls must be an integer >= 0"),
+    ({"stream_options": {"continuous_usage_stats": True}, "stream": True}, "stream_options",
+     "stream_options.continuous_usage_stats is not an option"),
+    ({"stream_options": {"include_obfuscation": False}}, "stream_options", "only allowed when stream is true"),
 ])
 def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     # (null is a field's default here as on the other routes)
