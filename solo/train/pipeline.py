@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import platform
 import shutil
 import time
@@ -141,7 +142,9 @@ def _check_recorded(run_dir: Path, key: str, value: str, resume: bool) -> None:
     if resume and key in data and data[key] != value:
         raise ValueError(f"--resume: {key} changed since the run started ({data[key]} -> {value})")
     data[key] = value
-    path.write_text(json.dumps(data, indent=2) + "\n")
+    tmp = path.with_suffix(".tmp")  # (whole or not at all: an interrupt must not leave a cut run config)
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
 
 
 def _tokenize(cfg: TrainConfig, corpus: Corpus, opts: RunOptions, log: Callable[[str], None]):
@@ -167,7 +170,10 @@ def _tokenize(cfg: TrainConfig, corpus: Corpus, opts: RunOptions, log: Callable[
     else:
         t0 = time.monotonic()
         train_tokens = pack_documents(encode_documents(tokenizer, [f.text for f in corpus.train]))
-        np.save(cache, train_tokens)
+        tmp = cache.with_suffix(".tmp")  # (a cache cut by an interrupt would be loaded by --resume)
+        with open(tmp, "wb") as f:
+            np.save(f, train_tokens)
+        os.replace(tmp, cache)
         log(f"train stream: {len(train_tokens):,} tokens, encoded in {time.monotonic() - t0:.1f} s")
     heldout_docs = encode_documents(tokenizer, [f.text for f in corpus.heldout])
     return tokenizer, train_tokens, heldout_docs

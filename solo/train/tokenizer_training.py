@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -78,7 +79,6 @@ def save_tokenizer(tokenizer: Tokenizer, folder: Path, model_max_length: int) ->
     """
     folder = Path(folder)
     folder.mkdir(parents=True, exist_ok=True)
-    tokenizer.save(str(folder / "tokenizer.json"))
     config = {
         "tokenizer_class": "PreTrainedTokenizerFast",
         "bos_token": BOS_TOKEN,
@@ -95,6 +95,10 @@ def save_tokenizer(tokenizer: Tokenizer, folder: Path, model_max_length: int) ->
     (folder / "tokenizer_config.json").write_text(json.dumps(config, indent=2) + "\n")
     special = {"bos_token": BOS_TOKEN, "eos_token": EOS_TOKEN, "pad_token": PAD_TOKEN}
     (folder / "special_tokens_map.json").write_text(json.dumps(special, indent=2) + "\n")
+    # Last, and whole or not at all: a run resumed after an interrupt takes the folder once tokenizer.json is there.
+    tmp = folder / "tokenizer.json.tmp"
+    tokenizer.save(str(tmp))
+    os.replace(tmp, folder / "tokenizer.json")
 
 
 def load_tokenizer(folder: Path) -> Tokenizer:

@@ -97,6 +97,27 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatc
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
 
 
+def test_ctrl_c_while_the_token_cache_is_written_leaves_none(tiny_run: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A cache cut by Ctrl-C was kept, and --resume loaded it (a short or unreadable token stream).
+    from solo.train import pipeline
+
+    save = pipeline.np.save
+
+    def cut_save(file, array) -> None:  # noqa: ANN001
+        file.write(b"\x93NUMPY partial")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(pipeline.np, "save", cut_save)
+    out, run_dir = tiny_run / "cut-cache-model", tiny_run / "run-cut-cache"
+    assert _run(out, run_dir) == 130
+    assert not (run_dir / "train_tokens.npy").exists() and (run_dir / "tokenizer" / "tokenizer.json").is_file()
+    monkeypatch.setattr(pipeline.np, "save", save)
+    assert _run(out, run_dir, "--resume") == 0
+    a = load_file(tiny_run / "tiny-model" / "model.safetensors")
+    b = load_file(out / "model.safetensors")
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
 def test_ctrl_c_ends_the_step_and_saves_a_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                      capsys: pytest.CaptureFixture) -> None:
     # Ctrl-C used to leave no checkpoint before the first 10-minute save, while the message pointed at one.
