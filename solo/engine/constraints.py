@@ -210,6 +210,16 @@ class ConstraintCompiler:
 
             info = xgr.TokenizerInfo.from_huggingface(self._hf_tokenizer(), vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids or None)
+            if self.stop_token_ids:
+                # XGrammar matches an added token by its text, a stop token's too ("<|im_end|>" in a choice or a
+                # regex): sampled there, it ended the output before the grammar did, and its text was skipped.
+                # With no text (XGrammar's mark of a special token) a stop token only ends a complete output.
+                vocab = list(info.decoded_vocab)
+                for t in self.stop_token_ids:
+                    if t < len(vocab):
+                        vocab[t] = b""
+                info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=self.vocab_size,
+                                         stop_token_ids=self.stop_token_ids, add_prefix_space=info.add_prefix_space)
             # No cache of XGrammar's own: it would return a grammar it warned about once without warning again
             # (the warning is how such a grammar is turned away); this class caches what it accepts.
             self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
@@ -720,6 +730,8 @@ class TokenConstraint:
 
             llguidance.torch.fill_next_token_bitmask(self._matcher, self.bitmask, 0)
             # The tokenizer's EOS ids stand for "the grammar may end"; the request's own stop ids replace them.
+            # (A Lark string naming the EOS token, "<|im_end|>", is that token to llguidance: `"x" "<|im_end|>"`
+            # ends there, as meant, but `"<|im_end|>" "!"` ends before its "!".)
             words = self._words.view(np.uint32)
             stops = self._model_stops
             accepting = (bool((words[stops // 32] & (1 << (stops % 32)).astype(np.uint32)).any()) if len(stops)

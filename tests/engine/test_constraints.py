@@ -111,6 +111,21 @@ def test_json_object_regex_choice_grammar(padded_engine):
     assert re.fullmatch(r"\([a-c]+\)?", g.text)
 
 
+@pytest.mark.parametrize("response_format", [
+    {"type": "choice", "choice": ["</s>", "abc"]},  # XGrammar
+    {"type": "regex", "regex": "(</s>|abc)!"},  # XGrammar
+    {"type": "grammar", "grammar": 'root ::= ("</s>" | "abc") "!"'},  # GBNF: XGrammar
+])
+def test_a_stop_tokens_text_in_a_grammar_is_written_not_stopped_on(padded_engine, response_format):
+    # From a break test: XGrammar let the EOS token stand for its own text ("</s>" here, "<|im_end|>" on Qwen), so
+    # sampling it there ended the output before the grammar did, its text skipped: "" came back as "stop".
+    eos = padded_engine.tokenizer.backend.token_to_id("</s>")
+    result = padded_engine.complete("x", SamplingParams(max_tokens=40, temperature=0, logit_bias={eos: 100},
+                                                        response_format=response_format))
+    assert result.finish_reason == "stop" and result.text in ("</s>", "abc", "</s>!", "abc!"), result.text
+    assert eos not in result.token_ids[:-1]  # (the EOS that ended it, only at the end)
+
+
 def test_a_regex_from_re_escape_stays_on_xgrammar(bundled):
     # re.escape writes "\\ " and "\\\n", which XGrammar matches as the characters, with a warning that sent the
     # regex to llguidance, whose mask then let through an added token its matcher refused (a 500 on Qwen's
