@@ -20,9 +20,10 @@ LOGIT_ATOL = 1e-4  # float32: only summation order differs from transformers
 def _hf_greedy(folder, ids, new_tokens, dtype=torch.float32, attn="eager"):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation=attn)
     with torch.no_grad():
+        # (the prompt's logits first: dynamic NTK keeps the longest length the model object has seen)
+        logits = hf(torch.tensor([ids])).logits[0, -1].float()
         out = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
                           do_sample=False, pad_token_id=0)
-        logits = hf(torch.tensor([ids])).logits[0, -1].float()
     return out[0, len(ids):].tolist(), logits
 
 
@@ -119,6 +120,18 @@ def test_rope_scaling(tmp_path, rope):
         assert engine.config.context_length == max(32, rope["original_max_position_embeddings"] * rope["factor"])
     prompt = PROMPT + "\n    return fibonacci(n - 1)"
     _check_parity(folder, prompt=prompt, new_tokens=32)
+
+
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_dynamic_rope_on_a_prompt_past_the_trained_context_matches_transformers(tmp_path, backend):
+    # From a parity trial: transformers rotates every prompt token with the frequencies of the whole prompt's
+    # length; the CPU runtime prefilled short prompts through its decode kernel, each token at its own length
+    # (logits off by 6), and a prefix cached from a shorter prompt kept that prompt's rotation.
+    folder = make_checkpoint(tmp_path / "dynamic", "llama", max_position_embeddings=32,
+                             rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
+    prompt = PROMPT + "\n\n\ndef lucas(n):\n    if n < 2:\n        return 2 - n"
+    engine, ids = _check_parity(folder, prompt=prompt, new_tokens=12, backend=backend)
+    assert 32 < len(ids) and engine.prefix_cache is None
 
 
 @pytest.mark.parametrize("backend", ["eager", "cpu"])
