@@ -123,11 +123,13 @@ def follower_main(spec: RankSpec | dict, rank: int) -> int:
     try:
         config = _config(spec.folder, spec.context_length)
         model = load_shard(Path(spec.folder), config, resolve_dtype(spec.dtype, config.torch_dtype), device)
-        TPRuntime(model, model.comm, control, exit_on_failure=False).follow()
+        runtime = TPRuntime(model, model.comm, control, exit_on_failure=False)
+        runtime.follow()
     except (RankFailure, SoloError) as exc:
         _log.error("%s", exc)
         return 1
-    dist.destroy_process_group()
+    control = None
+    runtime.leave()
     return 0
 
 
@@ -255,6 +257,8 @@ def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: 
     control = init_group(device_type, "env://", world, rank)
     model_shard = load_shard(folder, config, resolve_dtype(dtype, config.torch_dtype),
                              rank_device(device_type, local_rank))
-    TPRuntime(model_shard, model_shard.comm, control, exit_on_failure=False).follow()
-    dist.destroy_process_group()
+    runtime = TPRuntime(model_shard, model_shard.comm, control, exit_on_failure=False)
+    runtime.follow()
+    control = None
+    runtime.leave()
     return 0

@@ -275,11 +275,29 @@ class TPRuntime:
         header = torch.empty(4, dtype=torch.int64)
         store = _default_store()
         if store is not None:
-            threading.Thread(target=self._heartbeat, args=(store,), name="solo-tp-heartbeat", daemon=True).start()
+            self._heartbeat_thread = threading.Thread(target=self._heartbeat, args=(store,), name="solo-tp-heartbeat",
+                                                      daemon=True)
+            self._heartbeat_thread.start()
         try:
             self._follow(header)
         finally:
             self._closed = True  # (the heartbeat stops)
+
+    def leave(self) -> None:
+        """Followers, after `follow` returned: leave the process group and let go of it while Python runs.
+
+        As rank 0's `close`: references to the gloo group kept its worker threads alive into interpreter
+        shutdown, where one can abort the process ("terminate called without an active exception", exit -6:
+        a torchrun job's follower failed that way about one run in seven).
+        """
+        self._closed = True
+        beat = getattr(self, "_heartbeat_thread", None)
+        if beat is not None:
+            beat.join(timeout=HEARTBEAT_S + 1.0)  # (it holds the store the group was made from)
+        if dist.is_initialized():
+            dist.destroy_process_group()
+        self.control = None
+        self.comm.group = None
 
     def _follow(self, header: torch.Tensor) -> None:
         while True:
