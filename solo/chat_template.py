@@ -312,6 +312,8 @@ def read_chat_template(value: str) -> str:
     """
     if "{{" in value or "{%" in value:  # (before the file system: text longer than a file name raises there)
         return value
+    if not value.strip():  # (Path("") is the working folder)
+        raise SoloError("--chat-template is empty; give the path of a .jinja file or the template text")
     path = Path(value).expanduser()
     if path.is_dir():
         raise SoloError(f"--chat-template {value!r} is a folder; give the template file in it (e.g. its "

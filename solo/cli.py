@@ -35,6 +35,21 @@ _EXTERNAL_COMMANDS = {
 }
 
 
+def finite_float(text: str) -> float:
+    """The argparse type of float flags: nan and inf are refused (`--prefix-cache-gb inf` crashed).
+
+    Raises:
+        argparse.ArgumentTypeError: not a finite number (argparse prints it as a one-line error, exit status 2).
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"invalid float value: {text!r}") from None
+    if value != value or value in (float("inf"), float("-inf")):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
     """MODEL, --device, --dtype, --backend, --revision."""
     from solo.model.hub import DTYPE_CHOICES
@@ -98,7 +113,7 @@ def add_feature_arguments(parser: argparse.ArgumentParser) -> None:
     from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
     from solo.engine.speculative import SPECULATIVE_MODES
 
-    parser.add_argument("--prefix-cache-gb", type=float, default=None, metavar="GB",
+    parser.add_argument("--prefix-cache-gb", type=finite_float, default=None, metavar="GB",
                         help="reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots "
                         f"kept besides the live cache rows (default: {DEFAULT_PREFIX_CACHE_GB:g})")
     parser.add_argument("--no-prefix-cache", action="store_true", help="turn prefix caching off")
@@ -578,7 +593,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
     if listing is not None:
         listing.add_argument("--json", action="store_true",
                              help='print JSON instead of a table: {"models", "interrupted_downloads", '
-                                  '"gguf_conversions"}')
+                                  '"damaged", "gguf_conversions"}')
         listing.set_defaults(handler=cmd_list)
     rm = command("rm", help="delete a model from the Hugging Face cache (or Solo's conversion of a GGUF file)",
                  description="Delete a model (every revision, or one) from the Hugging Face cache.")

@@ -18,7 +18,10 @@ from solo.errors import SoloError
 
 
 def _run(capsys, *argv):
-    code = main(list(argv))
+    try:
+        code = main(list(argv))
+    except SystemExit as exc:  # (argparse's own errors: a flag's value of the wrong type)
+        code = exc.code
     out, err = capsys.readouterr()
     return code, out, err
 
@@ -116,6 +119,7 @@ def test_chat_on_a_completion_model_says_so(capsys, no_template_model):
         ("too long", ["--max-tokens", "5000"], "needs 5003 tokens (prompt 3 + max_tokens 5000) but the model's"),
         ("prefix cache off and sized", ["--no-prefix-cache", "--prefix-cache-gb", "1"],
          "--no-prefix-cache turns prefix caching off and --prefix-cache-gb sizes it; give one of them"),
+        ("prefix cache inf", ["--prefix-cache-gb", "inf"], "must be a finite number, got 'inf'"),  # (a traceback)
     ],
 )
 def test_bad_input_is_one_clear_line(capsys, tiny_llama, case, extra, message):
@@ -325,6 +329,12 @@ def test_prompt_bytes_that_are_not_utf8_are_one_clear_line(tiny_llama):
     (["--sweep-fill", "random"], "--sweep-fill sets the context sweep's runs; add --sweep-context"),
     (["--sweep-context", "--plot", "sweep.txt"], "--plot sweep.txt: matplotlib writes"),
     (["--sweep-context", "--plot", "sweep", "--repeats", "0"], "--repeats must be >= 1"),  # (no suffix: PNG)
+    # From a trial: a folder as --json, or nan / inf, crashed after (or during) the whole run.
+    (["--json", "."], "--json . is a folder; give a file name in it"),
+    (["--structured", "--json", "/definitely/not/here/x.json"], "does not exist; create it first"),
+    (["--pause-ms", "nan"], "argument --pause-ms: must be a finite number, got 'nan'"),
+    (["--probe-gib", "inf"], "argument --probe-gib: must be a finite number, got 'inf'"),
+    (["--load", "chat", "--duration", "inf"], "argument --duration: must be a finite number"),
 ])
 def test_bench_refuses_bad_flag_values_before_running(capsys, extra, message):
     code, _, err = _run(capsys, "bench", "--shape", "SmolLM2-135M", *extra)
@@ -420,6 +430,7 @@ def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_
                            (["--chat-template", "no-such-words"], "neither a file nor a Jinja template"),
                            (["--chat-template", str(empty)], "empty.jinja is empty"),
                            (["--chat-template", str(tmp_path)], "is a folder"),
+                           (["--chat-template", ""], "--chat-template is empty"),  # (was "'' is a folder")
                            (["--chat-template", str(broken)], "broken.jinja does not compile"),
                            (["--chat-template", str(template)], "only applies to chat prompts; add --chat")):
         chat = [] if "only applies" in message else ["--chat"]

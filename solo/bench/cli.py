@@ -28,7 +28,7 @@ _DEFAULT_CONTEXTS = (128, 512, 1024, 2048, 4096)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench`."""
     from solo.bench.shapes import SHAPES
-    from solo.cli import add_feature_arguments, add_model_arguments
+    from solo.cli import add_feature_arguments, add_model_arguments, finite_float
 
     add_model_arguments(parser)
     parser.add_argument("--agent", default=None, metavar="TRACE",
@@ -65,7 +65,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--plot", default=None, metavar="OUT.png",
                         help="plot tok/s against context (with --sweep-context), or latency against load "
                              "(with --load)")
-    parser.add_argument("--probe-gib", type=float, default=2.0,
+    parser.add_argument("--probe-gib", type=finite_float, default=2.0,
                         help="buffer of the CPU bandwidth probe in GiB; keep it far above the LLC (default: 2)")
     parser.add_argument("--seed", type=int, default=0, help="seed of the random weights and prompt (default: 0)")
     parser.add_argument("--structured", action="store_true",
@@ -74,10 +74,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--tokenizer", default=None, metavar="FOLDER",
                         help="with --shape and --structured, --agent or --load: the folder of the shape's real "
                         "tokenizer files (--agent and --load default to the bundled model's tokenizer)")
-    parser.add_argument("--energy-s", type=float, default=5.0, metavar="SECONDS",
+    parser.add_argument("--energy-s", type=finite_float, default=5.0, metavar="SECONDS",
                         help="window of repeated Solo runs over which energy per token is read from NVML (GPUs) or "
                         "RAPL (CPUs, where readable); 0 skips it (default: %(default)g)")
-    parser.add_argument("--pause-ms", type=float, default=500.0,
+    parser.add_argument("--pause-ms", type=finite_float, default=500.0,
                         help="idle pause before every timed run and bandwidth probe, in ms, longer than OpenMP's "
                         "spin-wait after parallel work (LLVM libomp: 200 ms), so threads the previous engine "
                         "left spinning are asleep before the next one starts (default: %(default)g)")
@@ -344,7 +344,7 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
-    from solo.bench.report import machine_info, report_command, rss_bytes, summarize, versions
+    from solo.bench.report import check_output_path, machine_info, report_command, rss_bytes, summarize, versions
     from solo.bench.roofline import decode_bytes, probe_bandwidth, roofline_tokens_per_s
     from solo.bench.runner import (
         TOKEN_CHECK_LEN,
@@ -384,6 +384,8 @@ def main(args: argparse.Namespace) -> int:
     if args.structured:
         from solo.bench.structured import run as run_structured
 
+        if args.json:
+            check_output_path("--json", args.json)
         report = run_structured(args)
         if args.json:
             Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
@@ -407,8 +409,8 @@ def main(args: argparse.Namespace) -> int:
                             "add --sweep-context")
 
     for flag, value in (("--json", args.json), ("--plot", args.plot)):
-        if value and not Path(value).expanduser().resolve().parent.is_dir():
-            raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
+        if value:
+            check_output_path(flag, value)
     pause_s = args.pause_ms / 1000.0
     try:
         peer_names = expand_names(args.compare.split(",")) if args.compare else []
@@ -731,7 +733,7 @@ def _energy(device: Any, solo: Any, prompt: list[int], args: argparse.Namespace,
     from solo.bench.energy import measure, open_counter
 
     if args.energy_s == 0:
-        return {"measurable": False, "reason": "skipped (--energy-s 0)"}
+        return {"measurable": False, "reason": "skipped: --energy-s 0"}
     counter, reason = open_counter(device)
     if counter is None:
         return {"measurable": False, "reason": reason}

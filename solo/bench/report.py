@@ -107,3 +107,30 @@ def rss_bytes() -> tuple[int, int]:
     except OSError:
         pass
     return current, peak
+
+
+def check_output_path(flag: str, value: str) -> None:
+    """Refuse, before a benchmark runs, an output file its results could not be written to.
+
+    Args:
+        flag: the flag's name for the message ("--json").
+        value: the path given.
+
+    Raises:
+        SoloError: the path is a folder, its folder does not exist, or it cannot be written (a read-only folder).
+    """
+    from solo.errors import SoloError
+
+    path = Path(value).expanduser()
+    if path.is_dir():
+        raise SoloError(f"{flag} {value} is a folder; give a file name in it")
+    if not path.resolve().parent.is_dir():
+        raise SoloError(f"{flag} {value}: the folder {path.parent} does not exist; create it first")
+    existed = path.exists()
+    try:
+        with open(path, "a"):
+            pass
+    except OSError as exc:
+        raise SoloError(f"{flag} {value} cannot be written ({exc.strerror or exc}); give a writable path") from None
+    if not existed:
+        path.unlink()

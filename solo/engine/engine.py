@@ -207,8 +207,8 @@ class Engine:
         self._closed = False
         self._constraints: ConstraintCompiler | None = None
         self._constraints_lock = threading.Lock()
-        if prefix_cache_gb is not None and not prefix_cache_gb >= 0:
-            raise SoloError(f"--prefix-cache-gb must be >= 0, got {prefix_cache_gb}")
+        if prefix_cache_gb is not None and not 0 <= prefix_cache_gb < float("inf"):
+            raise SoloError(f"--prefix-cache-gb must be a number of GB >= 0, got {prefix_cache_gb}")
         if self.config.rope.rope_type == "dynamic":
             # A cached prefix keeps the rotation of its own length, where a longer prompt's tokens all take the
             # frequencies of the longer length (dynamic NTK): reusing it would change the output.

@@ -281,7 +281,18 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
 
     Raises:
         ModelNotFoundError: the model (or that revision, or a GGUF file holding TAG) is not in the cache.
+        SoloError: a file could not be deleted (a read-only cache, or another user's); the message names it.
     """
+    try:
+        return _remove(repo_id, revision, cache_dir)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise SoloError(f"could not delete {repo_id} from the Hugging Face cache: {exc.strerror or exc}{where}; the "
+                        "cache is read-only or another user's: delete it with the owner's rights, or point HF_HOME "
+                        "at a cache of your own") from None
+
+
+def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) -> int:
     from solo.model.hub import split_gguf_tag
 
     repo_id, tag = split_gguf_tag(repo_id)
@@ -292,7 +303,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     if repo is None and folder is not None and revision is None and tag is None:
         # Interrupted before any file was complete, or damaged (scan_cache_dir cannot read it): the whole folder.
         freed = _folder_size(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder)  # (an error is reported, never a folder that is still there)
         return freed
     if repo is None:
         raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")

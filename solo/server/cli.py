@@ -16,7 +16,13 @@ from collections.abc import Callable
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
-    from solo.cli import add_context_argument, add_feature_arguments, add_model_arguments, add_template_arguments
+    from solo.cli import (
+        add_context_argument,
+        add_feature_arguments,
+        add_model_arguments,
+        add_template_arguments,
+        finite_float,
+    )
     from solo.engine.reasoning import REASONING_PARSERS
 
     add_model_arguments(parser)
@@ -51,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "reasoning_content (as vLLM's reasoning parsers): auto = when the chat template writes "
                              "such blocks (Qwen3, DeepSeek-R1 distills, QwQ, SmolLM3), none = never; qwen3 and "
                              "deepseek_r1 = always (default: auto)")
-    parser.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
+    parser.add_argument("--max-queue-wait", type=finite_float, default=None, metavar="SECONDS",
                         help="also refuse (503 + Retry-After) a request whose predicted wait for a slot, at the rate "
                              "slots have been freeing, exceeds SECONDS: bounds admitted requests' TTFT under "
                              "load; the rate is measured from the 8th finished request on, everything is admitted "
@@ -73,10 +79,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.help = ("reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots kept "
                            "besides the live cache rows, preallocated at start-up (default: auto = as large as "
                            "the KV cache, at most 1 GB)")
-    parser.add_argument("--max-body-mb", type=float, default=64.0, metavar="MIB",
+    parser.add_argument("--max-body-mb", type=finite_float, default=64.0, metavar="MIB",
                         help="largest request body taken; a larger one gets 413 before it is read whole, so a "
                              "few huge bodies cannot exhaust memory (default: 64)")
-    parser.add_argument("--shutdown-grace", type=float, default=30.0, metavar="SECONDS",
+    parser.add_argument("--shutdown-grace", type=finite_float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 
 

@@ -76,6 +76,27 @@ def test_rm_deletes_and_reports(cache, capsys):
     assert "not in the Hugging Face cache" in capsys.readouterr().err
 
 
+def test_rm_that_cannot_delete_says_so(cache, capsys, monkeypatch):
+    # From a trial on a read-only cache: a traceback for a healthy repository, and "deleted" (exit 0) for a damaged
+    # one that was still there (its folder removed with errors ignored).
+    import os
+
+    def read_only(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+        raise OSError(30, "Read-only file system", str(path))
+
+    for blob in (cache / "models--someone--llama-gptq" / "blobs").iterdir():
+        blob.unlink()  # (damaged: its blobs gone behind their links)
+    monkeypatch.setattr(os, "unlink", read_only)
+    monkeypatch.setattr(os, "remove", read_only)
+    monkeypatch.setattr(shutil, "rmtree", read_only)
+    assert main(["rm", "tiny/llama"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "could not delete tiny/llama" in err and "Read-only file system" in err
+    assert main(["rm", "someone/llama-gptq"]) == 2
+    assert "could not delete someone/llama-gptq" in capsys.readouterr().err
+    assert (cache / "models--someone--llama-gptq").exists()
+
+
 def test_interrupted_downloads_are_listed_and_removed(cache, capsys):
     # huggingface_hub writes a file being downloaded as blobs/<hash>.incomplete; scan_cache_dir does not count it,
     # and a download interrupted before any file completed leaves a repo folder it does not list at all.

@@ -24,6 +24,8 @@ from solo.server.heap import freeze_startup_heap, unfreeze_heap
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench --load` (MODEL, --dtype, --backend, --json and --plot are the bench's own)."""
+    from solo.cli import finite_float
+
     group = parser.add_argument_group("load test (solo bench --load)")
     group.add_argument("--load", default=None, metavar="WORKLOAD",
                        help="replay a workload (a shipped name: chat, code, soak; or a TOML file) against "
@@ -34,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--rates", default=None,
                        help="offered loads, comma-separated requests/s or multiples of the measured capacity "
                             "(e.g. 0.5x,1x,2x); default: the workload's")
-    group.add_argument("--duration", type=float, default=None, metavar="SECONDS",
+    group.add_argument("--duration", type=finite_float, default=None, metavar="SECONDS",
                        help="length of each phase (default: the workload's)")
     group.add_argument("--max-requests", type=int, default=None, metavar="N",
                        help="most requests per phase (default: the workload's)")
@@ -44,16 +46,16 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                        help="solo serve's --prefill-chunk (default: the server's own)")
     group.add_argument("--max-queue", type=int, default=None, metavar="M", help="solo serve's --max-queue")
-    group.add_argument("--max-queue-wait", type=float, default=None, metavar="SECONDS",
+    group.add_argument("--max-queue-wait", type=finite_float, default=None, metavar="SECONDS",
                        help="solo serve's --max-queue-wait (refuse requests predicted to wait longer for a slot)")
     group.add_argument("--serve-speculative", default=None, metavar="MODE",
                        help="solo serve's --speculative (default: the server's own, auto)")
     group.add_argument("--max-model-len", type=int, default=None, metavar="TOKENS", help="solo serve's --max-model-len")
-    group.add_argument("--capacity-s", type=float, default=20.0, metavar="SECONDS",
+    group.add_argument("--capacity-s", type=finite_float, default=20.0, metavar="SECONDS",
                        help="length of the closed-loop capacity run, when a rate is given as <k>x (default: 20)")
     group.add_argument("--verify", type=int, default=64, metavar="N",
                        help="distinct greedy requests re-sent alone to check outputs (default: 64; 0: none)")
-    group.add_argument("--request-timeout", type=float, default=300.0, metavar="SECONDS",
+    group.add_argument("--request-timeout", type=finite_float, default=300.0, metavar="SECONDS",
                        help="a request still unanswered after this counts as a timeout (default: 300)")
     group.add_argument("--markdown", default=None, metavar="OUT.md", help="write the report as Markdown")
     group.add_argument("--note", default="", help="a line added to the report (e.g. that the machine was shared)")
@@ -271,7 +273,7 @@ def main(args: argparse.Namespace) -> int:
         use_api_key,
     )
     from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
-    from solo.bench.report import versions
+    from solo.bench.report import check_output_path, versions
 
     shape = getattr(args, "shape", None)
     if shape and (args.model or args.url):
@@ -306,8 +308,8 @@ def main(args: argparse.Namespace) -> int:
 
         require_matplotlib(args.plot)
     for flag, value in (("--json", args.json), ("--plot", args.plot), ("--markdown", args.markdown)):
-        if value and not Path(value).expanduser().resolve().parent.is_dir():
-            raise SoloError(f"{flag} {value}: the folder {Path(value).parent} does not exist; create it first")
+        if value:
+            check_output_path(flag, value)
 
     server = None
     serve_args = serve_arguments(args)
