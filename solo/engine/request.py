@@ -255,9 +255,10 @@ class Request:
             info = TokenLogprob(
                 token_id=token,
                 logprob=float(logp[token]),
-                top=() if top is None else tuple(
-                    (int(i), float(v)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)
-                ),
+                # (ties in id order, as the argmax takes the first: the greedy token heads its own tie)
+                top=() if top is None else tuple(sorted(
+                    ((int(i), float(v)) for v, i in zip(top.values.tolist(), top.indices.tolist(), strict=True)),
+                    key=lambda pair: (-pair[1], pair[0]))),
             )
         return token, info
 

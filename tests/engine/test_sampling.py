@@ -394,3 +394,15 @@ def test_numpy_and_torch_token_ids_and_numbers_are_taken(tiny_llama):
         assert engine.complete(ids, params).token_ids == want
     with pytest.raises(InvalidRequestError, match="got Tensor"):  # (a batch of prompts is still refused)
         engine.complete(torch.tensor([[1, 7]]), params)
+
+
+def test_logprobs_list_ties_in_id_order_with_the_greedy_token_first(tiny_llama):
+    # From a parity trial: in an exact tie the alternatives came in topk's order, another token ahead of the one
+    # greedy decoding picked (the argmax's first maximum).
+    engine = Engine.load(tiny_llama)
+    request = engine.make_request("x", SamplingParams(max_tokens=2, temperature=0, logprobs=4))
+    logits = torch.zeros(engine.config.vocab_size)
+    logits[[41, 7, 23]] = 5.0
+    logits[3] = 4.0
+    token, info = request.choose(logits)
+    assert token == 7 and [t for t, _ in info.top] == [7, 23, 41, 3]
