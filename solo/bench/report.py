@@ -124,6 +124,8 @@ def check_output_path(flag: str, value: str) -> None:
     path = Path(value).expanduser()
     if path.is_dir():
         raise SoloError(f"{flag} {value} is a folder; give a file name in it")
+    if path.resolve().parent.exists() and not path.resolve().parent.is_dir():
+        raise SoloError(f"{flag} {value}: {path.parent} is a file, not a folder")
     if not path.resolve().parent.is_dir():
         raise SoloError(f"{flag} {value}: the folder {path.parent} does not exist; create it first")
     existed = path.exists()

@@ -45,7 +45,8 @@ def cache_root() -> Path:
 _CONVERTED_NAME = re.compile(r"^[^.].*-[0-9a-f]{16}$")  # `_folder_name`'s; not a `.converting-*` folder
 
 
-def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (), keep: Path | None = None) -> int:
+def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (), keep: Path | None = None,
+                      strict: bool = False) -> int:
     """Delete converted folders Solo knows are stale; returns the bytes freed.
 
     Only folders named as `gguf_to_folder` names them are considered (never one being written), and only
@@ -57,6 +58,10 @@ def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (),
         same_file: an absolute GGUF path whose earlier conversions are stale.
         under: folders whose deleted GGUF files' conversions are stale.
         keep: the current version's folder, never deleted (another process may have just made it).
+        strict: raise when a folder cannot be deleted (`solo rm`); otherwise it is left for a later prune.
+
+    Raises:
+        OSError: with `strict`, a folder could not be deleted (a read-only cache).
     """
     root = cache_root() / "gguf"
     freed = 0
@@ -73,7 +78,7 @@ def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (),
         if not stale:
             continue
         size = _folder_size(folder)
-        shutil.rmtree(folder, ignore_errors=True)
+        shutil.rmtree(folder, ignore_errors=not strict)
         freed += size
     return freed
 
@@ -119,14 +124,21 @@ def remove_conversions(source: str | Path) -> int:
 
     Raises:
         ModelNotFoundError: Solo's cache holds no conversion of that file.
+        SoloError: a converted folder could not be deleted (a read-only cache, or another user's).
     """
-    from solo.errors import ModelNotFoundError
+    from solo.errors import ModelNotFoundError, SoloError
 
     file = Path(source).expanduser().resolve()  # as named then, or through other links and ".." parts
     recorded = {c.source for c in list_conversions() if c.source == file or c.source.resolve() == file}
     if not recorded:
         raise ModelNotFoundError(f"Solo's cache holds no conversion of {file}; `solo list` shows the converted files")
-    return sum(prune_conversions(same_file=named) for named in recorded)
+    try:
+        return sum(prune_conversions(same_file=named, strict=True) for named in recorded)
+    except OSError as exc:
+        where = f" ({exc.filename})" if exc.filename else ""
+        raise SoloError(f"could not delete Solo's conversion of {file}: {exc.strerror or exc}{where}; Solo's cache is "
+                        "read-only or another user's: delete it with the owner's rights, or point SOLO_CACHE_DIR at "
+                        "a folder of your own") from None
 
 
 def _folder_size(folder: Path) -> int:

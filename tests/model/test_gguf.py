@@ -333,6 +333,15 @@ def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, cap
     assert main(["rm", str(gone)]) == 2  # nothing left of it
     assert "holds no conversion" in capsys.readouterr().err
     assert main(["rm", str(kept), "--revision", "main"]) == 2
+    # A read-only cache (from a trial: "deleted ... freed" with the folder still there).
+    with monkeypatch.context() as readonly:
+        def refuse(path, *args, **kwargs):  # noqa: ANN001, ANN002, ANN003
+            raise OSError(30, "Read-only file system", str(path))
+
+        readonly.setattr(shutil, "rmtree", refuse)
+        assert main(["rm", str(kept)]) == 2
+        assert "could not delete Solo's conversion of" in capsys.readouterr().err
+    assert [c.source for c in list_conversions()] == [kept]
     assert main(["rm", str(kept)]) == 0 and kept.is_file() and list_conversions() == []
     # Converted under one spelling of the path, removed under another.
     (tmp_path / "sub").mkdir()

@@ -296,3 +296,24 @@ def test_serve_flags(tiny_model):
     assert parser.parse_args(["--max-batch", "3"]).max_batch == 3
     with pytest.raises(SystemExit):
         parser.parse_args(["--max-batch", "many"])
+
+
+def test_a_dynamic_ntk_model_prefills_whole_prompts(tmp_path):
+    # From a trial: dynamic NTK rotates a prompt with its whole length's frequencies (transformers); a chunk of
+    # --prefill-chunk took the length at its end, so a prompt past the trained context came out wrong.
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "dynamic", "llama", max_position_embeddings=32,
+                             rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
+    lone = Engine.load(folder, dtype="float32", backend=BACKEND)
+    ids = [(7 * i) % 300 + 3 for i in range(50)]  # past the trained 32 positions
+    expected = lone.complete(ids, SamplingParams(max_tokens=8, temperature=0, ignore_eos=True)).text
+    server = start_server(folder, max_batch=2, prefill_chunk=16)
+    try:
+        assert server.state.settings.prefill_chunk == 0
+        with server.http() as http:
+            reply = http.post("/v1/completions", json={"prompt": ids, "max_tokens": 8, "temperature": 0,
+                                                       "ignore_eos": True}).json()
+        assert reply["choices"][0]["text"] == expected
+    finally:
+        server.stop()
