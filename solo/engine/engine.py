@@ -209,9 +209,7 @@ class Engine:
         self._constraints_lock = threading.Lock()
         if prefix_cache_gb is not None and not 0 <= prefix_cache_gb < float("inf"):
             raise SoloError(f"--prefix-cache-gb must be a number of GB >= 0, got {prefix_cache_gb}")
-        if self.config.rope.rope_type == "dynamic":
-            # A cached prefix keeps the rotation of its own length, where a longer prompt's tokens all take the
-            # frequencies of the longer length (dynamic NTK): reusing it would change the output.
+        if self.config.rope.prefills_whole:  # (a cached prefix keeps its own, shorter length's rotation)
             prefix_cache_gb = None
         self.prefix_cache = None if prefix_cache_gb is None else PrefixCache(runtime, int(prefix_cache_gb * 1e9))
         self.speculative = resolve_speculative(speculative, runtime)

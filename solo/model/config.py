@@ -58,6 +58,15 @@ class RopeConfig:
     beta_slow: float = 1.0
     truncate: bool = True
 
+    @property
+    def prefills_whole(self) -> bool:
+        """Whether a prompt must be prefilled in one call, and no cached prefix reused.
+
+        Dynamic NTK rotates every prompt token with the frequencies of the whole prompt's length (transformers);
+        a chunk, a cached prefix or a token through the decode kernel would take another length's.
+        """
+        return self.rope_type == "dynamic"
+
 
 LM_HEAD_TYPES = ("replicate", "pre_norm_lane_agg", "lane", "vocab_parallel")
 """`lm_head_type` values of lane models Solo implements (see `LaneConfig`)."""

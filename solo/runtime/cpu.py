@@ -535,9 +535,7 @@ class CpuRuntime:
         amx_spans = self.isa == "amx" and model.dtype == torch.bfloat16 and model_quantization(model) is None
         self.span_prefill_positions = SPAN_PREFILL_POSITIONS_AMX if amx_spans and not self.config.is_moe \
             else SPAN_PREFILL_POSITIONS
-        if self.config.rope.rope_type == "dynamic":
-            # Dynamic NTK rotates a prompt's tokens with the frequencies of the whole prompt's length (transformers);
-            # through the decode kernel each token would take its own position's.
+        if self.config.rope.prefills_whole:  # (through the decode kernel each token takes its own length's)
             self.span_prefill_positions = self.span_prefill_tokens = 0
         self._keep: list[torch.Tensor] = []  # every tensor the native struct points at
         self._prefill_mats: list[tuple[_Mat, torch.Tensor | None, torch.Tensor | None] | None] = []

@@ -365,8 +365,7 @@ class ServerState:
             self.settings.max_batch = kv_memory.auto_slots(limit, per_token, free)
         self.max_model_len = self._fit_kv_cache(engine, limit, per_token)
         limit = self.max_model_len
-        if engine.config.rope.rope_type == "dynamic" and self.settings.prefill_chunk:
-            # Dynamic NTK rotates a prompt with its whole length's frequencies; a chunk would take its end's.
+        if engine.config.rope.prefills_whole and self.settings.prefill_chunk:  # (a chunk: its end's length)
             logger.info("dynamic NTK RoPE: prompts are prefilled whole, as transformers does (--prefill-chunk %d is "
                         "not used)", self.settings.prefill_chunk)
             self.settings.prefill_chunk = 0
