@@ -83,3 +83,16 @@ class SoloWarning(UserWarning):
     The `solo` command prints it as "solo: warning: <message>"; the message names the problem and the fix,
     as an error's does.
     """
+
+
+def undeletable(what: str, exc: OSError, cache_setting: str) -> SoloError:
+    """The error for a cached folder `solo rm` could not delete (a read-only cache, or another user's).
+
+    Args:
+        what: what was being deleted ("tiny/llama from the Hugging Face cache").
+        exc: the file system's error (its `filename` is named).
+        cache_setting: the environment variable that moves that cache ("HF_HOME").
+    """
+    where = f" ({exc.filename})" if exc.filename else ""
+    return SoloError(f"could not delete {what}: {exc.strerror or exc}{where}; the cache is read-only or another "
+                     f"user's: delete it with the owner's rights, or point {cache_setting} at a cache of your own")

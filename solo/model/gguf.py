@@ -126,7 +126,7 @@ def remove_conversions(source: str | Path) -> int:
         ModelNotFoundError: Solo's cache holds no conversion of that file.
         SoloError: a converted folder could not be deleted (a read-only cache, or another user's).
     """
-    from solo.errors import ModelNotFoundError, SoloError
+    from solo.errors import ModelNotFoundError, undeletable
 
     file = Path(source).expanduser().resolve()  # as named then, or through other links and ".." parts
     recorded = {c.source for c in list_conversions() if c.source == file or c.source.resolve() == file}
@@ -135,10 +135,7 @@ def remove_conversions(source: str | Path) -> int:
     try:
         return sum(prune_conversions(same_file=named, strict=True) for named in recorded)
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise SoloError(f"could not delete Solo's conversion of {file}: {exc.strerror or exc}{where}; Solo's cache is "
-                        "read-only or another user's: delete it with the owner's rights, or point SOLO_CACHE_DIR at "
-                        "a folder of your own") from None
+        raise undeletable(f"Solo's conversion of {file}", exc, "SOLO_CACHE_DIR") from None
 
 
 def _folder_size(folder: Path) -> int:

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-from solo.errors import ModelNotFoundError, SoloError
+from solo.errors import ModelNotFoundError, SoloError, undeletable
 
 # GGUF architectures whose tensors Solo runs (through solo.model.gguf).
 GGUF_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "gemma2", "gemma3", "phi3")
@@ -286,10 +286,7 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     try:
         return _remove(repo_id, revision, cache_dir)
     except OSError as exc:
-        where = f" ({exc.filename})" if exc.filename else ""
-        raise SoloError(f"could not delete {repo_id} from the Hugging Face cache: {exc.strerror or exc}{where}; the "
-                        "cache is read-only or another user's: delete it with the owner's rights, or point HF_HOME "
-                        "at a cache of your own") from None
+        raise undeletable(f"{repo_id} from the Hugging Face cache", exc, "HF_HOME") from None
 
 
 def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) -> int:
