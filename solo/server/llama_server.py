@@ -146,12 +146,17 @@ class _Ask:
                 "stream": self.stream, "n_indent": self.n_indent,
                 "t_max_predict_ms": (self.t_max_predict_s or 0) * 1e3,
                 "samplers": self.samplers if self.samplers is not None else _DEFAULT_SAMPLERS,
-                "temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
-                "min_p": sampling.min_p, "seed": sampling.seed, "repeat_penalty": sampling.repetition_penalty,
-                "presence_penalty": sampling.presence_penalty, "frequency_penalty": sampling.frequency_penalty,
-                "repeat_last_n": sampling.repeat_last_n, "ignore_eos": bool(self.fields.get("ignore_eos")),
-                "stop": self.fields.get("stop") or [],
+                **_sampling_settings(sampling), "seed": sampling.seed,
+                "ignore_eos": bool(self.fields.get("ignore_eos")), "stop": self.fields.get("stop") or [],
                 "n_cmpl": self.n_cmpl}
+
+
+def _sampling_settings(sampling: Any) -> dict[str, Any]:  # noqa: ANN401
+    # A `ResolvedSampling` under llama-server's names (generation_settings, /props).
+    return {"temperature": sampling.temperature, "top_k": sampling.top_k, "top_p": sampling.top_p,
+            "min_p": sampling.min_p, "repeat_penalty": sampling.repetition_penalty,
+            "repeat_last_n": sampling.repeat_last_n, "presence_penalty": sampling.presence_penalty,
+            "frequency_penalty": sampling.frequency_penalty}
 
 
 def _number(value: Any) -> bool:  # noqa: ANN401
@@ -500,9 +505,7 @@ async def props(request: Request) -> JSONResponse:
     engine, _ = state.require_ready(None)
     template = engine.tokenizer.chat_template
     defaults = SamplingParams().resolve(engine.defaults, fallback_temperature=1.0)  # (as a request without any)
-    params = {"n_predict": -1, "temperature": defaults.temperature, "top_k": defaults.top_k, "top_p": defaults.top_p,
-              "min_p": defaults.min_p, "repeat_penalty": defaults.repetition_penalty, "repeat_last_n": -1,
-              "presence_penalty": 0.0, "frequency_penalty": 0.0, "samplers": _DEFAULT_SAMPLERS, "stop": [],
+    params = {"n_predict": -1, **_sampling_settings(defaults), "samplers": _DEFAULT_SAMPLERS, "stop": [],
               "ignore_eos": False}
     settings = {"n_ctx": state.max_model_len, "params": params, "model": state.served_name}
     return JSONResponse({"default_generation_settings": settings, "total_slots": state.settings.max_batch,
