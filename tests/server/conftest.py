@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 from checkpoints import make_checkpoint, write_tokenizer
-from server_harness import RunningServer, start_server
+from server_harness import RunningServer, serving
 
 
 @pytest.fixture(scope="session")
@@ -33,7 +33,5 @@ def long_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="module")
 def server(tiny_model) -> Iterator[RunningServer]:
     """A server on the tiny model: 4 slots, 16 queued."""
-    running = start_server(tiny_model, max_batch=4, max_queue=16)
-    assert running.state.status == "ok", running.state.error
-    yield running
-    running.stop()
+    with serving(tiny_model, max_batch=4, max_queue=16) as running:
+        yield running

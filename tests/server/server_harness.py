@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -62,3 +64,14 @@ def start_server(model_dir: Path | None, timeout: float = 120, wait: bool = True
         raise TimeoutError("server did not become ready")
     port = server.port
     return RunningServer(server, thread, f"http://127.0.0.1:{port}")
+
+
+@contextmanager
+def serving(model_dir: Path | None, **settings) -> Iterator[RunningServer]:
+    """A started server (`start_server`) whose model loaded, stopped when the block ends (a module fixture's body)."""
+    running = start_server(model_dir, **settings)
+    try:
+        assert running.state.status == "ok", running.state.error
+        yield running
+    finally:
+        running.stop()

@@ -9,7 +9,7 @@ from typing import Literal
 
 import anthropic
 import pytest
-from server_harness import MODEL_NAME, start_server
+from server_harness import MODEL_NAME, serving
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
@@ -20,10 +20,8 @@ CHAT_WEATHER = {"type": "function", "function": {"name": "get_weather", "descrip
 
 @pytest.fixture(scope="module")
 def server():
-    running = start_server(None, max_batch=2, api_key="sesame")  # the bundled model: Hermes tool calls
-    assert running.state.status == "ok", running.state.error
-    yield running
-    running.stop()
+    with serving(None, max_batch=2, api_key="sesame") as running:  # the bundled model: Hermes tool calls
+        yield running
 
 
 def _client(server, key="sesame"):

@@ -7,7 +7,7 @@ import httpx
 import ollama
 import pytest
 from checkpoints import make_checkpoint
-from server_harness import MODEL_NAME, start_server
+from server_harness import MODEL_NAME, serving
 
 QWEN_FIM = ("<|fim_prefix|>", "<|fim_suffix|>", "<|fim_middle|>", "<|fim_pad|>", "<|endoftext|>")
 PREFIX, SUFFIX = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
@@ -16,10 +16,8 @@ PREFIX, SUFFIX = "def add(a, b):\n    ", "\n\nprint(add(1, 2))\n"
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = make_checkpoint(tmp_path_factory.mktemp("fim") / "model", extra_tokens=QWEN_FIM)
-    running = start_server(folder, max_batch=2)
-    assert running.state.status == "ok", running.state.error
-    yield running
-    running.stop()
+    with serving(folder, max_batch=2) as running:
+        yield running
 
 
 def test_suffix_fills_in_the_middle(server):

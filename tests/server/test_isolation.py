@@ -6,7 +6,7 @@ import threading
 import time
 
 import pytest
-from server_harness import MODEL_NAME, start_server
+from server_harness import MODEL_NAME, serving, start_server
 
 # Different prompts, seeds, sampling settings and lengths; several run past EOS so they overlap long.
 CASES = [
@@ -68,10 +68,8 @@ def run_together(server) -> list:
 def server(tiny_model):
     # Bit-for-bit isolation is a property of batching. The prefix cache reuses KV that other requests left
     # behind (equal up to rounding: tests/engine/test_prefix_cache.py), so it is off here.
-    running = start_server(tiny_model, max_batch=4, max_queue=16, prefix_cache_gb=None)
-    assert running.state.status == "ok", running.state.error
-    yield running
-    running.stop()
+    with serving(tiny_model, max_batch=4, max_queue=16, prefix_cache_gb=None) as running:
+        yield running
 
 
 def test_concurrent_streams_equal_their_lone_runs(server):

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 from checkpoints import make_checkpoint
-from server_harness import MODEL_NAME, start_server
+from server_harness import MODEL_NAME, serving
 
 from solo.engine.request import GenerationEvent
 from solo.server.llama_server import _Ask, _Reply, indent_cut
@@ -24,14 +24,8 @@ GREEDY = {"temperature": 0, "n_predict": 8}
 @pytest.fixture(scope="module")
 def server(tmp_path_factory):
     folder = make_checkpoint(tmp_path_factory.mktemp("llama-server") / "model", extra_tokens=FIM_TOKENS)
-    running = start_server(folder, max_batch=2)
-    assert running.state.status == "ok", running.state.error
-    yield running
-    running.stop()
-
-
-def _root(server) -> str:
-    return server.base_url
+    with serving(folder, max_batch=2) as running:
+        yield running
 
 
 def _openai_text(server, prompt, max_tokens: int = 8) -> dict:
@@ -43,7 +37,7 @@ def _openai_text(server, prompt, max_tokens: int = 8) -> dict:
 
 def test_infill_gives_the_middle_of_the_fim_layout(server):
     want = _openai_text(server, f"<|fim_prefix|>{PREFIX}<|fim_suffix|>{SUFFIX}<|fim_middle|>")
-    reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY})
+    reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX, **GREEDY})
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert body["content"] == want["choices"][0]["text"] and body["stop"] is True
@@ -67,7 +61,7 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
                "t_max_prompt_ms": 500, "t_max_predict_ms": 1000, "model": "",  # (llama.vim before 2026-04)
                "response_fields": ["content", "timings/prompt_n", "timings/predicted_per_second", "truncated",
                                    "tokens_cached", "generation_settings/temperature"]}
-    reply = httpx.post(f"{_root(server)}/infill", json=request)
+    reply = httpx.post(f"{server.base_url}/infill", json=request)
     assert reply.status_code == 200, reply.text
     body = reply.json()
     assert set(body) == {"content", "timings/prompt_n", "timings/predicted_per_second", "truncated", "tokens_cached",
@@ -75,7 +69,7 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
     assert body["truncated"] is False
     assert body["generation_settings/temperature"] == 1.0  # (no "temperature" among the samplers: plain sampling)
     # llama.vscode's: n_cmpl completions (3 by default) as a list, each with its index.
-    several = httpx.post(f"{_root(server)}/infill", json={**request, "n_cmpl": 3, "response_fields": None})
+    several = httpx.post(f"{server.base_url}/infill", json={**request, "n_cmpl": 3, "response_fields": None})
     assert several.status_code == 200, several.text
     assert [c["index"] for c in several.json()] == [0, 1, 2]
     assert all(c["generation_settings"]["top_k"] == 40 and c["generation_settings"]["n_cmpl"] == 3
@@ -86,29 +80,29 @@ def test_llama_vim_request_with_other_files_and_response_fields(server):
                 "<|file_sep|>main.py\nimport util\n<|file_sep|>filename\n"
                 f"<|fim_prefix|>{PREFIX}return<|fim_suffix|>{SUFFIX}<|fim_middle|>")
     tokenizer = server.state.engine.tokenizer
-    full = httpx.post(f"{_root(server)}/infill", json={**request, "response_fields": None, **GREEDY}).json()
+    full = httpx.post(f"{server.base_url}/infill", json={**request, "response_fields": None, **GREEDY}).json()
     assert full["prompt"] == tokenizer.decode(tokenizer.encode(laid_out), skip_special_tokens=False)
     assert full["tokens_evaluated"] == len(tokenizer.encode(laid_out))
     # llama.vim's warm-up: n_predict 0 evaluates the prompt and writes nothing; [""] names no field.
-    warm = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": [""]})
+    warm = httpx.post(f"{server.base_url}/infill", json={**request, "n_predict": 0, "response_fields": [""]})
     assert warm.status_code == 200 and warm.json() == {}
     # An empty list is no projection (llama-server's), not an empty reply.
-    every = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": []}).json()
+    every = httpx.post(f"{server.base_url}/infill", json={**request, "n_predict": 0, "response_fields": []}).json()
     assert {"content", "tokens_predicted", "stop_type", "generation_settings"} <= set(every)
-    nothing = httpx.post(f"{_root(server)}/infill", json={**request, "n_predict": 0, "response_fields": None}).json()
+    nothing = httpx.post(f"{server.base_url}/infill", json={**request, "n_predict": 0, "response_fields": None}).json()
     assert nothing["content"] == "" and nothing["tokens_predicted"] == 0 and nothing["stop_type"] == "limit"
 
 
 def test_infill_fits_the_context_oldest_files_first(server):
     context = server.state.max_model_len
     files = [{"filename": f"f{i}.py", "text": "x = 1\n" * 8} for i in range(9)]
-    body = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
+    body = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX,
                                                        "input_extra": files, **GREEDY}).json()
     assert body["truncated"] is True and body["tokens_evaluated"] + 8 <= context
     assert "f8.py" in body["prompt"] and "f0.py" not in body["prompt"]  # (the newest kept)
     # A prefix longer than the context loses its start; the cursor's side is kept.
     long_prefix = "y = 2\n" * 200 + PREFIX
-    body = httpx.post(f"{_root(server)}/infill", json={"input_prefix": long_prefix, "input_suffix": SUFFIX,
+    body = httpx.post(f"{server.base_url}/infill", json={"input_prefix": long_prefix, "input_suffix": SUFFIX,
                                                        **GREEDY}).json()
     assert body["truncated"] is True and body["prompt"].endswith(f"{SUFFIX}<|fim_middle|>")
     assert PREFIX in body["prompt"] and body["tokens_evaluated"] <= context
@@ -116,11 +110,11 @@ def test_infill_fits_the_context_oldest_files_first(server):
 
 def test_completion_in_llama_servers_shape(server):
     want = _openai_text(server, "def add(a, b):")
-    body = httpx.post(f"{_root(server)}/completion", json={"prompt": "def add(a, b):", **GREEDY}).json()
+    body = httpx.post(f"{server.base_url}/completion", json={"prompt": "def add(a, b):", **GREEDY}).json()
     assert body["content"] == want["choices"][0]["text"]
     assert body["tokens_evaluated"] == want["usage"]["prompt_tokens"] and body["stop"] is True
     # Streamed: the pieces, then a last event with stop true and the statistics.
-    with httpx.stream("POST", f"{_root(server)}/completion",
+    with httpx.stream("POST", f"{server.base_url}/completion",
                       json={"prompt": "def add(a, b):", "stream": True, **GREEDY}) as stream:
         events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
     assert all(e["stop"] is False for e in events[:-1]) and events[-1]["stop"] is True
@@ -128,7 +122,7 @@ def test_completion_in_llama_servers_shape(server):
     assert events[-1]["tokens_predicted"] == want["usage"]["completion_tokens"]
     # Token ids, or ids and text mixed (BOS only before a leading text).
     ids = server.state.engine.tokenizer.encode("def add(a, b):")
-    mixed = httpx.post(f"{_root(server)}/completion", json={"prompt": [*ids[:3], "(a, b):"], **GREEDY}).json()
+    mixed = httpx.post(f"{server.base_url}/completion", json={"prompt": [*ids[:3], "(a, b):"], **GREEDY}).json()
     assert mixed["tokens_evaluated"] == len(ids[:3]) + len(server.state.engine.tokenizer.encode(
         "(a, b):", add_special_tokens=False))
 
@@ -136,12 +130,12 @@ def test_completion_in_llama_servers_shape(server):
 def test_stop_words_and_bans(server):
     text = _openai_text(server, "def add(a, b):")["choices"][0]["text"]
     word = text[2:4]
-    body = httpx.post(f"{_root(server)}/completion",
+    body = httpx.post(f"{server.base_url}/completion",
                       json={"prompt": "def add(a, b):", "stop": [word], **GREEDY}).json()
     assert body["stop_type"] == "word" and body["stopping_word"] == word and word not in body["content"]
     engine = server.state.engine
     first = engine.complete("def add(a, b):", {"max_tokens": 1, "temperature": 0}).token_ids[0]
-    banned = httpx.post(f"{_root(server)}/completion", json={"prompt": "def add(a, b):",
+    banned = httpx.post(f"{server.base_url}/completion", json={"prompt": "def add(a, b):",
                                                              "logit_bias": [[first, False]], **GREEDY}).json()
     assert banned["content"] != text
 
@@ -164,7 +158,7 @@ def test_stop_words_and_bans(server):
     ({"grammar": "root ::= ("}, "grammar", "grammar"),
 ])
 def test_what_solo_cannot_honour_is_refused_by_name(server, fields, param, words):
-    reply = httpx.post(f"{_root(server)}/completion", json={"prompt": "x = 1", **GREEDY, **fields})
+    reply = httpx.post(f"{server.base_url}/completion", json={"prompt": "x = 1", **GREEDY, **fields})
     assert reply.status_code == 400, reply.text
     error = reply.json()["error"]
     assert error["param"] == param and words in error["message"]
@@ -184,7 +178,7 @@ def test_turning_penalties_off_turns_off_the_models_default_too(server, monkeypa
         body = ({"prompt": prompt, "temperature": 0, "n_predict": 24, **fields} if route == "/completion" else
                 {"model": MODEL_NAME, "prompt": prompt, "raw": True, "stream": False,
                  "options": {"temperature": 0, "num_predict": 24, **fields}})
-        reply = httpx.post(f"{_root(server)}{route}", json=body)
+        reply = httpx.post(f"{server.base_url}{route}", json=body)
         assert reply.status_code == 200, reply.text
         return reply.json()
 
@@ -201,25 +195,25 @@ def test_turning_penalties_off_turns_off_the_models_default_too(server, monkeypa
     windowed = engine.complete(prompt, {"temperature": 0, "max_tokens": 24, "repeat_last_n": 4}).text
     assert completion(repeat_last_n=4)["content"] == windowed
     assert completion("/api/generate", repeat_last_n=4)["response"] == windowed
-    chat_route = httpx.post(f"{_root(server)}/v1/completions", json={
+    chat_route = httpx.post(f"{server.base_url}/v1/completions", json={
         "prompt": prompt, "temperature": 0, "max_tokens": 24, "repeat_last_n": 4}).json()
     assert chat_route["choices"][0]["text"] == windowed
 
 
 def test_infill_on_a_model_without_fim_tokens_is_refused(server, monkeypatch):
     monkeypatch.setattr(server.state.engine, "fim", None)
-    reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
+    reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_suffix": SUFFIX})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "input_suffix"
     assert "needs a model with fill-in-the-middle tokens" in reply.json()["error"]["message"]
 
 
 def test_props_and_apply_template(server):
-    props = httpx.get(f"{_root(server)}/props").json()
+    props = httpx.get(f"{server.base_url}/props").json()
     assert props["default_generation_settings"]["n_ctx"] == server.state.max_model_len
     assert props["total_slots"] == 2 and props["chat_template"]  # (max_batch: the server's slots)
     assert props["default_generation_settings"]["params"]["temperature"] == 1.0  # (no generation config: OpenAI's)
     messages = [{"role": "user", "content": "Hi"}]
-    reply = httpx.post(f"{_root(server)}/apply-template", json={"messages": messages, "tool_choice": "auto",
+    reply = httpx.post(f"{server.base_url}/apply-template", json={"messages": messages, "tool_choice": "auto",
                                                                 "temperature": 0.8})
     assert reply.status_code == 200, reply.text
     assert reply.json()["prompt"] == server.state.engine.tokenizer.render_chat(messages, True)
@@ -245,14 +239,14 @@ def test_t_max_predict_ms_ends_after_a_complete_line():
 def test_counts_and_tokens_of_a_reply_ended_early(server):
     # n_indent ends a reply inside the route: its tokens still count (llama.vim shows them).
     tokenizer = server.state.engine.tokenizer
-    body = httpx.post(f"{_root(server)}/completion", json={
+    body = httpx.post(f"{server.base_url}/completion", json={
         "prompt": "def f(x):\n", "n_predict": 40, "temperature": 0, "n_indent": 40, "return_tokens": True}).json()
     assert body["tokens_predicted"] == len(body["tokens"]) == body["timings"]["predicted_n"]
     if body["stop_type"] == "limit" and "\n" in body["content"]:
         assert body["tokens_predicted"] > 0
     assert body["content"] == tokenizer.decode(body["tokens"])[:len(body["content"])]
     # Streamed: each event's tokens, and the running count.
-    with httpx.stream("POST", f"{_root(server)}/completion",
+    with httpx.stream("POST", f"{server.base_url}/completion",
                       json={"prompt": "def f(x):\n", "stream": True, **GREEDY}) as stream:
         events = [json.loads(line[6:]) for line in stream.iter_lines() if line.startswith("data: ")]
     tokens = [t for e in events[:-1] for t in e["tokens"]]
@@ -261,37 +255,37 @@ def test_counts_and_tokens_of_a_reply_ended_early(server):
 
 def test_tokenize_and_detokenize_in_llama_servers_form(server):
     tokenizer = server.state.engine.tokenizer
-    reply = httpx.post(f"{_root(server)}/tokenize", json={"content": "def f(x):"}).json()
+    reply = httpx.post(f"{server.base_url}/tokenize", json={"content": "def f(x):"}).json()
     assert reply["tokens"] == tokenizer.encode("def f(x):", add_special_tokens=False)  # (add_special: false)
-    with_bos = httpx.post(f"{_root(server)}/tokenize", json={"content": "def f(x):", "add_special": True}).json()
+    with_bos = httpx.post(f"{server.base_url}/tokenize", json={"content": "def f(x):", "add_special": True}).json()
     assert with_bos["tokens"] == tokenizer.encode("def f(x):")
-    pieces = httpx.post(f"{_root(server)}/tokenize", json={"content": "é<|fim_prefix|>", "with_pieces": True}).json()
+    pieces = httpx.post(f"{server.base_url}/tokenize", json={"content": "é<|fim_prefix|>", "with_pieces": True}).json()
     assert [p["id"] for p in pieces["tokens"]] == tokenizer.encode("é<|fim_prefix|>", add_special_tokens=False)
     assert pieces["tokens"][-1]["piece"] == "<|fim_prefix|>"
     joined = b"".join(bytes(p["piece"]) if isinstance(p["piece"], list) else p["piece"].encode()
                       for p in pieces["tokens"])
     assert joined == "é<|fim_prefix|>".encode()
-    plain = httpx.post(f"{_root(server)}/tokenize", json={"content": "<|fim_prefix|>", "parse_special": False}).json()
+    plain = httpx.post(f"{server.base_url}/tokenize", json={"content": "<|fim_prefix|>", "parse_special": False}).json()
     assert len(plain["tokens"]) > 1  # (the marker's text read as text)
-    text = httpx.post(f"{_root(server)}/detokenize", json={"tokens": reply["tokens"]}).json()
+    text = httpx.post(f"{server.base_url}/detokenize", json={"tokens": reply["tokens"]}).json()
     assert text["content"] == text["prompt"] == "def f(x):"
-    refused = httpx.post(f"{_root(server)}/tokenize", json={"prompt": "x", "with_pieces": True})
+    refused = httpx.post(f"{server.base_url}/tokenize", json={"prompt": "x", "with_pieces": True})
     assert refused.status_code == 400 and "goes with content" in refused.text
 
 
 def test_infill_extra_chunks_need_text_and_the_context_end_is_truncation(server):
-    reply = httpx.post(f"{_root(server)}/infill", json={"input_prefix": PREFIX, "input_extra": [{"filename": "a"}]})
+    reply = httpx.post(f"{server.base_url}/infill", json={"input_prefix": PREFIX, "input_extra": [{"filename": "a"}]})
     assert reply.status_code == 400 and reply.json()["error"]["param"] == "input_extra"
     # n_predict -1 runs to the context's end: truncated, as llama-server says it.
-    body = httpx.post(f"{_root(server)}/completion", json={"prompt": "x = 1", "n_predict": -1, "ignore_eos": True,
+    body = httpx.post(f"{server.base_url}/completion", json={"prompt": "x = 1", "n_predict": -1, "ignore_eos": True,
                                                            "temperature": 0}).json()
     assert body["truncated"] is True and body["tokens_evaluated"] + body["tokens_predicted"] == \
         server.state.max_model_len
     # A reply n_indent ends still says what the prefix cache gave.
     ask = {"input_prefix": PREFIX * 4, "input_suffix": SUFFIX, "n_predict": 30, "temperature": 0, "n_indent": 50,
            "ignore_eos": True}
-    httpx.post(f"{_root(server)}/infill", json=ask)
-    again = httpx.post(f"{_root(server)}/infill", json=ask).json()
+    httpx.post(f"{server.base_url}/infill", json=ask)
+    again = httpx.post(f"{server.base_url}/infill", json=ask).json()
     assert again["tokens_cached"] > 0 and again["timings"]["cache_n"] == again["tokens_cached"]
 
 
@@ -300,7 +294,7 @@ def test_llama_vims_instruction_request_on_the_chat_route(server):
     request = {"id_slot": 3, "messages": [{"role": "user", "content": "rename x to y"}], "min_p": 0.1,
                "temperature": 0.1, "samplers": ["min_p", "temperature"], "stream": True, "cache_prompt": True,
                "n_predict": 4, "repeat_penalty": 1.0}
-    with httpx.stream("POST", f"{_root(server)}/v1/chat/completions", json=request) as stream:
+    with httpx.stream("POST", f"{server.base_url}/v1/chat/completions", json=request) as stream:
         assert stream.status_code == 200
         lines = [line for line in stream.iter_lines() if line.startswith("data: ")]
     assert lines[-1] == "data: [DONE]"
@@ -318,6 +312,6 @@ def test_llama_vims_instruction_request_on_the_chat_route(server):
                           ({"samplers": ["temperature"], "top_k": "x"}, "top_k"), ({"samplers": "kz"}, "samplers"),
                           ({"samplers": ["mirostat"]}, "samplers"),
                           ({"repeat_penalty": 1.2, "repeat_last_n": -3}, "repeat_last_n")):
-        reply = httpx.post(f"{_root(server)}/v1/chat/completions",
+        reply = httpx.post(f"{server.base_url}/v1/chat/completions",
                            json={"messages": [{"role": "user", "content": "hi"}], **fields})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (fields, reply.text)
