@@ -37,8 +37,9 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
     permutation (NeoX RoPE), the sliding window (0: none), and LongRoPE's original context, attention factor
     and rope_factors_long / rope_factors_short tensors. Gemma 3 as Gemma3Model writes it: no permutation,
     every norm stored as 1 + w, the sandwich norms as post_attention_norm / post_ffw_norm, the sliding window,
-    the global layers' linear RoPE scaling as rope.scaling.type / factor. `metadata(writer)` adds keys of a
-    test's own before the file is written."""
+    the global layers' linear RoPE scaling as rope.scaling.type / factor. A Llama or Qwen3 checkpoint's RoPE
+    scaling as llama.cpp writes it: linear and YaRN as rope.scaling.* keys, Llama 3's as the tensor rope_freqs
+    (one factor per frequency). `metadata(writer)` adds keys of a test's own before the file is written."""
     import gguf
     from gguf.quants import quantize
     from gguf.vocab import BpeVocab, SpecialVocab
@@ -69,6 +70,33 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
             writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
             writer.add_rope_scaling_factor(rope["factor"])
     writer.add_rope_freq_base(float(cfg.get("rope_theta") or rope.get("rope_theta", 1e4)))
+    llama3_factors = None
+    if arch in ("llama", "qwen3"):  # as TextModel.set_gguf_parameters and LlamaModel.generate_extra_tensors
+        if rope.get("rope_type") == "linear":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.LINEAR)
+            writer.add_rope_scaling_factor(rope["factor"])
+        elif rope.get("rope_type") == "yarn":
+            writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
+            writer.add_rope_scaling_factor(rope["factor"])
+            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            for key, add in (("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
+                             ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
+                             ("attention_factor", writer.add_rope_scaling_yarn_attn_factor)):
+                if key in rope:
+                    add(rope[key])
+        elif rope.get("rope_type") == "llama3":  # no keys: one factor per frequency, the tensor rope_freqs
+            theta, original = rope.get("rope_theta", 1e4), rope["original_max_position_embeddings"]
+            low, high, factor = rope["low_freq_factor"], rope["high_freq_factor"], rope["factor"]
+            llama3_factors = []
+            for f in (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)).tolist():
+                wavelength = 2 * math.pi / f
+                if wavelength < original / high:
+                    llama3_factors.append(1.0)
+                elif wavelength > original / low:
+                    llama3_factors.append(factor)
+                else:
+                    smooth = (original / wavelength - low) / (high - low)
+                    llama3_factors.append(1 / ((1 - smooth) / factor + smooth))
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(_FILE_TYPE[type_name])
@@ -120,6 +148,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
         writer.add_tensor(name, v.astype(np.float32) + (1.0 if gemma3 and name.endswith("norm.weight") else 0.0))
 
     matrix("token_embd.weight", tensors["model.embed_tokens.weight"])
+    if llama3_factors is not None:
+        vector("rope_freqs.weight", np.array(llama3_factors))
     if phi3 and rope.get("rope_type") == "longrope":
         vector("rope_factors_long.weight", np.array(rope["long_factor"]))
         vector("rope_factors_short.weight", np.array(rope["short_factor"]))

@@ -149,8 +149,9 @@ def _folder_size(folder: Path) -> int:
 # What a conversion writes, recorded in gguf_source.json; a folder of an older format is brought up to date
 # in place (2: the end-of-turn tokens and the file's sampling defaults in generation_config.json; 3: a
 # SentencePiece tokenizer's space prefix on every text, `_spm_space_prefix`; 4: Phi-3's special tokens taking the
-# blanks after them, `_phi3_special_tokens`).
-_CONVERSION_FORMAT = 4
+# blanks after them, `_phi3_special_tokens`; 5: the RoPE scaling of llama, mistral, qwen2, qwen3 and gemma2 files,
+# `_rope_scaling_fields`).
+_CONVERSION_FORMAT = 5
 
 
 def _folder_name(named: Path, src: Path) -> str:
@@ -361,6 +362,8 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
         raw.update(_phi3_fields(reader, src, raw))
     elif arch == "gemma3":
         raw.update(_gemma3_fields(reader, src, raw))
+    else:
+        raw.update(_rope_scaling_fields(reader, src, arch, raw))
     try:
         ModelConfig.from_dict(raw)  # refuses an architecture Solo does not run, before the slow part
     except UnsupportedArchitectureError as exc:  # named as GGUF files name architectures
@@ -401,8 +404,12 @@ def _bring_up_to_date(folder: Path, src: Path) -> list[str]:
 
     Format 1 -> 2: generation_config.json gains the file's end-of-turn tokens and sampling defaults. 2 -> 3: a
     SentencePiece tokenizer prefixes a space to every text (`_spm_space_prefix`). 3 -> 4: a Phi-3 file's special
-    tokens take the blanks after them (`_phi3_special_tokens`). A cache that cannot be written keeps the folder
-    as it is (it still runs, as before).
+    tokens take the blanks after them (`_phi3_special_tokens`). 4 -> 5: config.json gains the file's RoPE scaling
+    (`_rope_scaling_fields`). A cache that cannot be written keeps the folder as it is (it still runs, as before).
+
+    Raises:
+        CheckpointError, UnsupportedArchitectureError: as `_rope_scaling_fields` (a scaling Solo cannot run as
+            the file means it is refused rather than run unscaled).
 
     Returns:
         What changed, in words (empty: nothing).
@@ -428,6 +435,12 @@ def _bring_up_to_date(folder: Path, src: Path) -> list[str]:
             changes.append("a SentencePiece tokenizer's space prefix")
         if record.get("architecture") == "phi3" and _phi3_special_tokens(folder / "tokenizer.json", reader):
             changes.append("Phi-3's special tokens taking the blanks after them")
+        if record.get("format", 1) < 5 and record.get("architecture") not in ("phi3", "gemma3"):
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+            fields = _rope_scaling_fields(reader, src, str(record.get("architecture")), config)
+            if fields:
+                _write_json(folder / "config.json", {**config, **fields})
+                changes.append("the file's RoPE scaling")
         _write_json(record_path, {**record, "format": _CONVERSION_FORMAT})
     except (OSError, ValueError, KeyError, TypeError):
         return []
@@ -539,6 +552,153 @@ def _gemma3_fields(reader: Any, src: Path, raw: dict[str, Any]) -> dict[str, Any
                                                "with linear scaling or none")
         fields["rope_scaling"] = {"rope_type": "linear", "factor": float(factor)}
     return fields
+
+
+def _rope_scaling_fields(reader: Any, src: Path, arch: str, raw: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401
+    """config.json's `rope_parameters` with the RoPE scaling of a llama, mistral, qwen2, qwen3 or gemma2 GGUF file.
+
+    transformers' GGUF reader maps none of it, so without this a model ran with unscaled RoPE (logits off from
+    the first positions on, wrong past the original context). llama.cpp's converter (convert_hf_to_gguf.py)
+    writes linear and YaRN scaling as `{arch}.rope.scaling.type` / `.factor` / `.original_context_length` (YaRN's
+    `yarn_beta_fast` / `yarn_beta_slow` / `yarn_attn_factor` where the model sets them), and Llama 3.1's scaling
+    (rope_type "llama3") as the tensor `rope_freqs.weight`: one factor per rotated frequency, each frequency
+    divided by its factor (`_llama3_fields` reads the parameters back from it).
+
+    Returns:
+        {"rope_parameters": ...} (the file's theta kept), or {} for a file without scaling.
+
+    Raises:
+        UnsupportedArchitectureError: a scaling type Solo cannot run as llama.cpp does (YaRN's extrapolation
+            factor or log multiplier, LongRoPE outside phi3, an unknown type).
+        CheckpointError: a scaling whose values are missing or not numbers, or a `rope_freqs` tensor that is not
+            Llama 3's.
+    """
+    from gguf import GGUFValueType
+
+    def field(key: str) -> Any:  # noqa: ANN401
+        f = reader.fields.get(f"{arch}.rope.scaling.{key}")
+        if f is None or not f.data:
+            return None
+        value = f.parts[f.data[0]]
+        return bytes(value).decode() if f.types[0] == GGUFValueType.STRING else value[0].item()
+
+    params = dict(raw.get("rope_parameters") or {})
+    params.setdefault("rope_theta", float(raw.get("rope_theta") or 10000.0))
+    kind, factor, original = field("type"), field("factor"), field("original_context_length")
+    freqs = next((t for t in reader.tensors if t.name == "rope_freqs.weight"), None)
+    if freqs is not None:
+        if kind not in (None, "none"):
+            raise UnsupportedArchitectureError(f"{src.name} scales its RoPE both as {kind!r} and by a rope_freqs "
+                                               "tensor; Solo runs one or the other")
+        head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // int(raw["num_attention_heads"]))
+        fields = _llama3_fields([float(f) for f in freqs.data.reshape(-1)], float(params["rope_theta"]), head_dim,
+                                None if original is None else int(original), src)
+        return {"rope_parameters": {**params, **fields}} if fields else {}
+    if kind in (None, "none"):
+        return {}
+    if isinstance(factor, bool) or not isinstance(factor, (int, float)) or not 0 < factor < float("inf"):
+        raise CheckpointError(f"{src.name} scales its RoPE as {kind!r} with factor {factor!r}; the factor must be a "
+                              "positive number. The file is damaged or was converted wrongly")
+    if kind == "linear":
+        return {"rope_parameters": {**params, "rope_type": "linear", "factor": float(factor)}}
+    if kind != "yarn":
+        raise UnsupportedArchitectureError(f"{src.name} scales its RoPE as {kind!r}; Solo runs {arch} GGUF files with "
+                                           "linear or YaRN scaling, Llama 3's rope_freqs, or none")
+    if original is None:
+        raise CheckpointError(f"{src.name} scales its RoPE as YaRN without {arch}.rope.scaling.original_context_length;"
+                              " the file is damaged or was converted wrongly")
+    for key in ("yarn_ext_factor", "yarn_log_multiplier"):  # no transformers equivalent: refused, not dropped
+        value = field(key)
+        if value is not None and value not in (-1.0, 1.0 if key == "yarn_ext_factor" else 0.0):
+            raise UnsupportedArchitectureError(f"{src.name} sets {arch}.rope.scaling.{key} = {value}; Solo runs YaRN "
+                                               "as transformers does, without it")
+    yarn = {"rope_type": "yarn", "factor": float(factor), "original_max_position_embeddings": int(original)}
+    for key, name in (("yarn_beta_fast", "beta_fast"), ("yarn_beta_slow", "beta_slow"),
+                      ("yarn_attn_factor", "attention_factor")):
+        if (value := field(key)) is not None:
+            yarn[name] = float(value)
+    return {"rope_parameters": {**params, **yarn}}
+
+
+def _llama3_fields(factors: list[float], theta: float, head_dim: int, original: int | None,
+                   src: Path) -> dict[str, Any]:
+    """Llama 3.1's RoPE scaling parameters (rope_type "llama3") that give llama.cpp's `rope_freqs` factors.
+
+    llama.cpp's converter stores, per rotated frequency f_i = theta^(-2i/head_dim), the factor its wavelength is
+    stretched by: 1 above the high-frequency band edge, `factor` below the low one, and 1 / ((1 - s) / factor + s)
+    between them, with s = (original / wavelength - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    (transformers' `_compute_llama3_parameters`). The result depends on `original` only through the band edges
+    original / low_freq_factor and original / high_freq_factor, so with the original context unknown (llama.cpp
+    does not store it) Llama 3.1's 8192 is taken and the two band factors are read back from the factors: Llama
+    3.1's own (1 and 4) where they reproduce them, else a least-squares fit of s over the in-band frequencies.
+
+    Args:
+        factors: the tensor's values, float32 [head_dim / 2].
+
+    Returns:
+        rope_parameters fields ({} where every factor is 1).
+
+    Raises:
+        CheckpointError: the factors are not of that form (another tensor length, a factor below 1, or no band
+            edges that reproduce them within float32 rounding).
+    """
+    import math
+
+    n = head_dim // 2
+    if len(factors) != n or any(not math.isfinite(f) or f < 1 - 1e-6 for f in factors):
+        raise CheckpointError(f"{src.name}'s rope_freqs tensor ({len(factors)} values) is not Llama 3's RoPE scaling "
+                              f"of a head size {head_dim} (that is {n} factors of at least 1); the file is damaged "
+                              "or was converted wrongly")
+    factor = max(factors)
+    if factor <= 1 + 1e-6:
+        return {}
+    original = original or 8192
+    wavelengths = [2 * math.pi * theta ** (2 * i / head_dim) for i in range(n)]
+
+    def stretch(low: float, high: float) -> list[float]:  # transformers' formula, as a factor per frequency
+        out = []
+        for w in wavelengths:
+            if w < original / high:
+                out.append(1.0)
+            elif w > original / low:
+                out.append(factor)
+            else:
+                s = (original / w - low) / (high - low)
+                out.append(1 / ((1 - s) / factor + s))
+        return out
+
+    # In x = original / wavelength: x > high_freq_factor keeps its frequency, x < low_freq_factor takes `factor`,
+    # and between them s = (x - low) / (high - low) is a line.
+    xs = [original / w for w in wavelengths]
+    kept = [x for x, f in zip(xs, factors, strict=True) if abs(f - 1) <= 1e-5]
+    stretched = [x for x, f in zip(xs, factors, strict=True) if abs(f - factor) <= 1e-5 * factor]
+    band = [(x, (1 / f - 1 / factor) / (1 - 1 / factor)) for x, f in zip(xs, factors, strict=True)
+            if abs(f - 1) > 1e-5 and abs(f - factor) > 1e-5 * factor]
+    candidates = [(1.0, 4.0)]  # Llama 3.1's, 3.2's and 3.3's
+    if len(band) >= 2:  # least squares
+        mx, ms = sum(x for x, _ in band) / len(band), sum(s for _, s in band) / len(band)
+        var = sum((x - mx) ** 2 for x, _ in band)
+        slope = sum((x - mx) * (s - ms) for x, s in band) / var if var > 0 else 0.0
+        if slope > 0:
+            low = mx - ms / slope
+            candidates.append((low, low + 1 / slope))
+    elif len(band) == 1:  # any line through the one point whose edges keep the other frequencies outside
+        x, s = band[0]
+        low = (x + max(stretched)) / 2 if stretched else x / 2  # the low edge halfway to the stretched ones
+        candidates.append((low, low + (x - low) / s))
+        if kept:  # or the high edge halfway to the kept ones
+            high = (x + min(kept)) / 2
+            candidates.append(((x - s * high) / (1 - s), high))
+    elif stretched:  # no frequency in the band: edges anywhere between the kept and the stretched ones
+        top = max(stretched)
+        gap = (min(kept) - top) if kept else top
+        candidates.append((top + gap / 3, top + 2 * gap / 3))
+    for low, high in candidates:
+        if 0 < low < high and all(abs(a - b) <= 1e-4 * b for a, b in zip(stretch(low, high), factors, strict=True)):
+            return {"rope_type": "llama3", "factor": float(factor), "low_freq_factor": low, "high_freq_factor": high,
+                    "original_max_position_embeddings": original}
+    raise CheckpointError(f"{src.name}'s rope_freqs tensor is not Llama 3's RoPE scaling (no frequency bands "
+                          "reproduce its factors); Solo cannot run it as llama.cpp does")
 
 
 def _phi3_fields(reader: Any, src: Path, raw: dict[str, Any]) -> dict[str, Any]:  # noqa: ANN401

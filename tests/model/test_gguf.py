@@ -285,6 +285,74 @@ def test_stale_conversions_are_pruned(gguf_dir, tmp_path, monkeypatch, capsys):
     assert (converted / ".converting-abc123").exists() and (converted / "elsewhere-0123456789abcdef").exists()
 
 
+_LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0}
+
+
+@pytest.mark.parametrize("arch, rope", [
+    # Llama 3.1's edges and context (one frequency of the tiny head inside the band); a 16-token original
+    # context (one in the band, edges not Llama 3.1's); 64 (two in the band: the edges are fitted).
+    ("llama", {**_LLAMA3, "original_max_position_embeddings": 8192}),
+    ("llama", {**_LLAMA3, "original_max_position_embeddings": 16}),
+    ("llama", {**_LLAMA3, "factor": 32.0, "original_max_position_embeddings": 64}),
+    ("llama", {"rope_type": "linear", "factor": 2.0}),
+    ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
+    ("qwen3", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
+               "beta_slow": 2.0}),
+], ids=["llama3", "llama3-16", "llama3-64-fitted", "linear", "yarn", "qwen3-yarn-betas"])
+def test_gguf_keeps_the_rope_scaling(tmp_path, arch, rope):
+    # From a break test: transformers' GGUF reader maps neither the rope.scaling.* keys nor Llama 3's rope_freqs
+    # tensor, so such files ran with unscaled RoPE (other tokens from the first positions on), without a word.
+    from checkpoints import make_checkpoint
+
+    from solo.model.rope import rope_inv_freq
+
+    folder = make_checkpoint(tmp_path / "hf", arch, rope_parameters={"rope_theta": 10000.0, **rope})
+    path = write_gguf_from_hf(folder, tmp_path / f"tiny-{arch}-F32.gguf", "F32")
+    reference, engine = Engine.load(folder, backend="eager"), Engine.load(path, backend="eager")
+    assert engine.config.rope.rope_type == rope["rope_type"]
+    head_dim = reference.config.head_dim
+    torch.testing.assert_close(rope_inv_freq(engine.config.rope, head_dim),
+                               rope_inv_freq(reference.config.rope, head_dim), rtol=1e-6, atol=0)
+    if rope["rope_type"] != "llama3":  # (llama3's edges are read back from float32 factors: equal up to rounding)
+        assert engine.config.rope == reference.config.rope
+    long = "The quick brown fox jumps over the lazy dog. " * 4  # past a 16- or 32-token original context
+    params = SamplingParams(max_tokens=24, ignore_eos=True)
+    assert engine.complete(long, params).token_ids == reference.complete(long, params).token_ids
+
+
+def test_gguf_rope_freqs_that_are_not_llama3s_are_refused(tmp_path):
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "hf", "llama")
+
+    def odd_factors(writer):  # a factor per frequency, but falling: no Llama 3 bands make them
+        import numpy as np
+
+        writer.add_tensor("rope_freqs.weight", np.array([4.0, 3.0, 2.0, 1.0, 1.5, 1.0, 1.0, 1.0], dtype=np.float32))
+
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-odd-F32.gguf", "F32", metadata=odd_factors)
+    with pytest.raises(SoloError, match="rope_freqs tensor is not Llama 3's RoPE scaling"):
+        Engine.load(path, backend="eager")
+
+
+def test_an_older_conversion_gains_the_rope_scaling(tmp_path, capsys):
+    # Folders converted before Solo read the scaling (format 4) are brought up to date in place, not run unscaled.
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "hf", "llama", rope_parameters={"rope_theta": 10000.0, "rope_type": "linear",
+                                                                        "factor": 2.0})
+    path = write_gguf_from_hf(folder, tmp_path / "tiny-linear-F32.gguf", "F32")
+    converted = Engine.load(path, backend="eager").model_dir
+    record_path, config_path = converted / "gguf_source.json", converted / "config.json"
+    config = json.loads(config_path.read_text())
+    config["rope_parameters"] = {"rope_theta": 10000.0, "rope_type": "default"}  # what format 4 wrote
+    config_path.write_text(json.dumps(config))
+    record_path.write_text(json.dumps({**json.loads(record_path.read_text()), "format": 4}))
+    engine = Engine.load(path, backend="eager")
+    assert engine.model_dir == converted and engine.config.rope.rope_type == "linear"
+    assert json.loads(record_path.read_text())["format"] == 5
+
+
 def test_gemma3_gguf_keeps_the_global_rope_scaling_and_the_layer_pattern(tmp_path):
     # transformers' GGUF reader drops gemma3.rope.scaling.*; llama.cpp's layout: five sliding layers, then a
     # global one, every norm stored as 1 + w.
@@ -415,7 +483,7 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
                               metadata=lambda writer: writer.add_sampling_temp(0.6))
     folder = gguf_to_folder(path)
     record = json.loads((folder / "gguf_source.json").read_text())
-    assert record["format"] == 4
+    assert record["format"] == 5
     del record["format"]
     (folder / "gguf_source.json").write_text(json.dumps(record))
     (folder / "generation_config.json").write_text(json.dumps({"bos_token_id": 1, "eos_token_id": 2}))
@@ -426,7 +494,7 @@ def test_a_folder_converted_by_an_older_solo_is_brought_up_to_date(tiny_llama, t
                     "end-of-turn tokens and sampling defaults), as llama.cpp reads them"]  # (a BPE vocabulary)
     assert json.loads((folder / "generation_config.json").read_text()) == {
         "bos_token_id": 1, "eos_token_id": [2, 4], "temperature": 0.6}
-    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 4
+    assert json.loads((folder / "gguf_source.json").read_text())["format"] == 5
     assert (folder / "model.safetensors").stat().st_mtime_ns == weights  # not converted again
     said.clear()
     gguf_to_folder(path, log=said.append)
