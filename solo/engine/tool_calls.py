@@ -745,7 +745,13 @@ def complete_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[st
         markers = ("[TOOL_CALLS]",) if fmt == "mistral" else ("<|tool_call|>", "<|/tool_call|>")
         end = _leading_json(text, markers)[1]
         calls = parse_tool_calls(fmt, text[:end]) if end else None
-        return (calls, text[end:] if text[end:].strip() else "") if calls else ([], text)
+        if calls:
+            return calls, text[end:] if text[end:].strip() else ""
+        # An array cut short (max_tokens, a stop string): its complete items are calls, the cut one is text, as
+        # a cut Hermes block is.
+        first, last, cut = _complete_items(text, end)
+        calls = parse_tool_calls(fmt, "[" + text[first:last] + "]") if last > first else None
+        return (calls, text[cut:]) if calls else ([], text)
     if fmt == "qwen3_coder":
         calls, rest = _complete_xml_calls(text, parameters or {})
         return (calls, rest) if calls else ([], text)
@@ -887,6 +893,30 @@ def _leading_json(text: str, markers: tuple[str, ...] = ()) -> tuple[list[Any], 
         values.append(value)
         end = i
     return values, end
+
+
+def _complete_items(text: str, start: int) -> tuple[int, int, int]:
+    # The complete items of a JSON array that opens at `start` (after blanks) and does not close: where the first
+    # starts, where the last complete one ends and where the item after it starts; (0, 0, 0) without one.
+    decoder = json.JSONDecoder(strict=False, parse_constant=_reject, parse_float=_finite)
+    i = start + len(text[start:]) - len(text[start:].lstrip())
+    if not text.startswith("[", i):
+        return 0, 0, 0
+    first = last = 0
+    i += 1
+    while True:
+        i += len(text[i:]) - len(text[i:].lstrip())
+        if last:
+            if not text.startswith(",", i):
+                break
+            i += 1
+            i += len(text[i:]) - len(text[i:].lstrip())
+        try:
+            _, end = decoder.raw_decode(text, i)
+        except ValueError:
+            break
+        first, last, i = first or i, end, end
+    return (first, last, i) if last else (0, 0, 0)
 
 
 def tool_parameters(tools: Sequence[Mapping[str, Any]] | None) -> dict[str, dict[str, Any]]:

@@ -15,7 +15,7 @@ import json
 import logging
 import time
 import uuid
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -237,6 +237,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         tools.parallel = allows_parallel_calls(template, body.parallel_tool_calls)
         response_format, tools.forced = output_constraint(tools.format, tool_list, choice, tools.parallel,
                                                           body.structured_output())
+        tools.named = isinstance(choice, Mapping)
         if choice == "none":
             tools.format = None
         tools.parameters = tool_parameters(tool_list)
@@ -292,7 +293,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
         if calls or tools.forced:  # (a forced call max_tokens cut, left out: no text either, null as OpenAI's)
             content = content or None
         if calls:
-            finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+            finish_reason = tools.finish_reason(finish_reason)
         reasoning = ("".join(reasoning_parts) + reasoning_rest) or None  # (an empty block: none, as streamed)
         reasoning_tokens += reader.reasoning_tokens
         choices.append(ChatChoice(
@@ -328,6 +329,12 @@ class _ToolSetup:
     in_reasoning: bool = False
     parameters: dict[str, dict[str, Any]] | None = None  # function name -> parameters schema (typed XML values)
     parallel: bool = True  # several calls in a reply (parallel_tool_calls, unless the template takes one only)
+    named: bool = False  # tool_choice names a function
+
+    def finish_reason(self, reason: str | None) -> str | None:
+        # A reply with calls that ended on its own: "tool_calls", except where tool_choice named the function,
+        # which OpenAI's API (and vLLM) answer with "stop".
+        return "tool_calls" if reason == "stop" and not self.named else reason
 
     def reader(self, engine: Any) -> OutputReader:  # noqa: ANN401
         return OutputReader.for_reply(self.format, engine.tokenizer.special_token_ids(), self.forced,
@@ -377,7 +384,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
                         reasoning = ""
                     for delta in _tool_call_deltas(calls):
                         yield chunk([ChatChunkChoice(index=index, delta=delta)])
-                    finish_reason = "tool_calls" if finish_reason == "stop" else finish_reason
+                    finish_reason = tools.finish_reason(finish_reason)
                     text = after
             if not text and not reasoning and logprobs is None and finish_reason is None:
                 continue  # text held back (an incomplete character, a possible stop string, marker or tool call)

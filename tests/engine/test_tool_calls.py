@@ -218,6 +218,25 @@ def test_forced_calls_cut_short_are_left_out_never_content(cut):
     assert parser.finish() == ("", [], "")
 
 
+@pytest.mark.parametrize("fmt, marker", [("mistral", "[TOOL_CALLS]"), ("phi4_mini", "<|tool_call|>")])
+@pytest.mark.parametrize("forced", [False, True])
+def test_an_array_of_calls_cut_short_keeps_its_complete_calls(fmt, marker, forced):
+    # From a break test: a forced Mistral call array that max_tokens cut after nine whole calls came back with no
+    # call at all (the array was read only once closed). As a cut Hermes block: the complete calls are calls, the
+    # cut one is content (left out under a forced call, whose output is no text the model wrote).
+    call = '{"name": "get_weather", "arguments": {"city": "Paris"}}'
+    cut = '{"name": "get_we'
+    parser = ToolCallParser(fmt, {}, forced=forced)
+    streamed = _feed_pieces(parser, f"{marker} [{call}, {call},\n {cut}")
+    content, calls, rest = parser.finish()
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [("get_weather", {"city": "Paris"})] * 2
+    assert streamed + rest == content == ("" if forced else cut)
+    parser = ToolCallParser(fmt, {}, forced=forced)  # no call complete: all of it content, or nothing if forced
+    streamed = _feed_pieces(parser, f"{marker} [{cut}")
+    content, calls, rest = parser.finish()
+    assert not calls and streamed + rest == content == ("" if forced else f"{marker} [{cut}")
+
+
 def test_a_marker_token_whose_text_shows_inside_the_arguments_does_not_lose_the_call():
     # The marker decodes to nothing and shares its event with content: its text inside a value is no split point.
     parser = ToolCallParser("mistral", {"[TOOL_CALLS]": 99})

@@ -83,6 +83,12 @@ def test_openai_client_json_schema_and_named_tool(tool_server):
         model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=100, temperature=1.0, seed=1,
         tool_choice={"type": "function", "function": {"name": "get_weather"}})
     assert named.choices[0].message.tool_calls[0].function.name == "get_weather"
+    # OpenAI's API (and vLLM) end a reply whose tool_choice named the function with "stop", not "tool_calls".
+    assert named.choices[0].finish_reason == "stop"
+    stream = client.chat.completions.create(
+        model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=100, temperature=1.0, seed=1, stream=True,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}})
+    assert [c.finish_reason for chunk in stream for c in chunk.choices if c.finish_reason] == ["stop"]
     cut = client.chat.completions.create(  # a forced call max_tokens cuts is left out: no text either (not "")
         model=MODEL_NAME, messages=ASK, tools=[WEATHER], max_tokens=3, tool_choice="required")
     assert cut.choices[0].finish_reason == "length" and cut.choices[0].message.content is None
