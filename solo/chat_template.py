@@ -10,6 +10,7 @@ sees `messages`, `tools`, `documents`, `add_generation_prompt` and the named spe
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 from collections.abc import Mapping, Sequence
 from datetime import datetime
@@ -106,6 +107,10 @@ class ChatTemplate:
         self.tool_format = tool_format or detect_tool_format(source)
         """The tool-call syntax the template teaches (`solo.engine.tool_calls.TOOL_FORMATS`), or None."""
         self.single_tool_call = "only supports single tool-calls" in source
+        self.nine_char_call_ids = "alphanumeric strings with length 9" in source
+        """The template refuses tool-call ids other than 9 letters or digits (Mistral v0.3's raise "Tool call IDs
+        should be alphanumeric strings with length 9!"): other ids (OpenAI's call_..., Anthropic's toolu_...) are
+        rewritten for it, each call and its result alike."""
         """The template refuses an assistant turn with several calls (Llama 3.1-3.3's raise "This model only
         supports single tool-calls at once!"), so a reply gets one call whatever parallel_tool_calls asks: several
         would be refused when the conversation is sent back."""
@@ -160,6 +165,8 @@ class ChatTemplate:
                     f"messages[{i}] must be an object with a 'role' and a 'content'", param="messages"
                 )
             cleaned.append({k: v for k, v in message.items() if v is not None})
+        if self.nine_char_call_ids:
+            cleaned = [_nine_char_call_ids(m) for m in cleaned]
         variables = {**self.special_tokens, **kwargs}
 
         def rendered(messages: list[dict[str, Any]]) -> str:
@@ -178,6 +185,25 @@ class ChatTemplate:
                                       "check each message's fields against the OpenAI chat format",
                                       param="messages") from None
         return _cut_after_final_message(text, marked, cleaned[-1]) if continue_final_message else text
+
+
+def _nine_char_id(call_id: Any) -> Any:  # noqa: ANN401
+    # A 9-character alphanumeric stand-in for a tool-call id a Mistral template refuses (the same for the same id,
+    # so a call and its result still pair up; as vLLM's Mistral tokenizer mode shortens them).
+    if not isinstance(call_id, str) or (len(call_id) == 9 and call_id.isascii() and call_id.isalnum()):
+        return call_id
+    return hashlib.sha256(call_id.encode("utf-8", "surrogatepass")).hexdigest()[:9]
+
+
+def _nine_char_call_ids(message: dict[str, Any]) -> dict[str, Any]:
+    out = dict(message)
+    if "tool_call_id" in out:
+        out["tool_call_id"] = _nine_char_id(out["tool_call_id"])
+    calls = out.get("tool_calls")
+    if isinstance(calls, list):
+        out["tool_calls"] = [{**c, "id": _nine_char_id(c["id"])} if isinstance(c, Mapping) and "id" in c else c
+                             for c in calls]
+    return out
 
 
 _END_MARK = "\ue000\ue001"  # (private-use characters: no text a client sends ends with them)

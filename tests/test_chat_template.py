@@ -178,3 +178,31 @@ def test_continue_final_message_as_transformers(shared_hf):
     hidden = ChatTemplate("{% for m in messages %}{{ m['role'] }}\n{% endfor %}", {})
     with pytest.raises(InvalidRequestError, match="nothing to continue"):
         hidden.render(prefill, False, continue_final_message=True)
+
+
+def test_mistral_template_gets_nine_character_call_ids(shared_hf):
+    # From a break test: Mistral v0.3's template raises on any tool-call id but 9 letters or digits, so a history
+    # with OpenAI's (call_...), Anthropic's (toolu_...) or the Responses API's ids was a 400. They are rewritten
+    # for it, a call and its result alike; 9-character ids pass as they are.
+    import json as _json
+    import re
+
+    config = shared_hf / "Mistral-7B-Instruct-v0.3" / "tokenizer_config.json"
+    source = _json.loads(config.read_text())["chat_template"]
+    template = ChatTemplate(source, {"bos_token": "<s>", "eos_token": "</s>"})
+    assert template.nine_char_call_ids
+
+    def history(first: str, second: str) -> list[dict]:
+        calls = [{"id": i, "type": "function", "function": {"name": "get_weather", "arguments": {"city": c}}}
+                 for i, c in ((first, "Paris"), (second, "Rome"))]
+        return [{"role": "user", "content": "Weather?"}, {"role": "assistant", "content": None, "tool_calls": calls},
+                {"role": "tool", "tool_call_id": first, "content": "sunny"},
+                {"role": "tool", "tool_call_id": second, "content": "rain"}]
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+    text = template.render(history("call_abc123def456", "toolu_01XyZ"), tools=tools)
+    ids = re.findall(r'"call_id": "([^"]*)"', text)
+    assert ids and all(len(i) == 9 and i.isalnum() for i in ids), text
+    assert text.count(ids[0]) == 2 and text.count(ids[1]) == 2 and ids[0] != ids[1]  # each call and its result
+    same = template.render(history("abcdefghi", "123456789"), tools=tools)
+    assert "abcdefghi" in same and "123456789" in same
