@@ -165,8 +165,12 @@ class RotaryEmbedding(torch.nn.Module):
             return (torch.ones(shape, dtype=dtype, device=positions.device),
                     torch.zeros(shape, dtype=dtype, device=positions.device))
         if rope.rope_type == "dynamic":
-            inv_freq = dynamic_ntk_inv_freq(self.config, positions.max(dim=1).values + 1)  # [batch, half]
-            freqs = positions.float()[:, :, None] * inv_freq[:, None, :]
+            # A prompt's tokens (from position 0) take the whole prompt's length, as transformers rotates a prompt;
+            # tokens after cached ones (a speculative verify) each their own, as one-token decode steps do.
+            whole = positions.max(dim=1, keepdim=True).values + 1  # [batch, 1]
+            lengths = torch.where(positions[:, :1] > 0, positions + 1, whole)  # [batch, seq]
+            inv_freq = dynamic_ntk_inv_freq(self.config, lengths.reshape(-1)).reshape(*positions.shape, -1)
+            freqs = positions.float()[:, :, None] * inv_freq
         else:
             freqs = positions.float()[:, :, None] * self.table_inv_freq(table).float()[None, None, :]
         emb = torch.cat((freqs, freqs), dim=-1)

@@ -27,8 +27,8 @@ def _hf_greedy(folder, ids, new_tokens, dtype=torch.float32, attn="eager"):
     return out[0, len(ids):].tolist(), logits
 
 
-def _check_parity(folder, prompt=PROMPT, new_tokens=32, backend="eager"):
-    engine = Engine.load(folder, dtype="float32", backend=backend)
+def _check_parity(folder, prompt=PROMPT, new_tokens=32, backend="eager", speculative="auto"):
+    engine = Engine.load(folder, dtype="float32", backend=backend, speculative=speculative)
     ids = engine.encode_prompt(prompt)
     hf_tokens, hf_logits = _hf_greedy(folder, ids, new_tokens)
     result = engine.complete(prompt, SamplingParams(max_tokens=new_tokens, temperature=0, ignore_eos=True))
@@ -122,16 +122,26 @@ def test_rope_scaling(tmp_path, rope):
     _check_parity(folder, prompt=prompt, new_tokens=32)
 
 
-@pytest.mark.parametrize("backend", ["eager", "cpu"])
-def test_dynamic_rope_on_a_prompt_past_the_trained_context_matches_transformers(tmp_path, backend):
+@pytest.mark.parametrize("backend, speculative", [("eager", "off"), ("eager", "ngram"), ("cpu", "ngram")])
+def test_dynamic_rope_on_a_prompt_past_the_trained_context_matches_transformers(tmp_path, backend, speculative):
     # From a parity trial: transformers rotates every prompt token with the frequencies of the whole prompt's
     # length; the CPU runtime prefilled short prompts through its decode kernel, each token at its own length
-    # (logits off by 6), and a prefix cached from a shorter prompt kept that prompt's rotation.
+    # (logits off by 6), and a prefix cached from a shorter prompt kept that prompt's rotation. The eager
+    # runtime's speculative verify rotated its drafted tokens with the longest one's length, not each its own.
     folder = make_checkpoint(tmp_path / "dynamic", "llama", max_position_embeddings=32,
                              rope_parameters={"rope_theta": 10000.0, "rope_type": "dynamic", "factor": 2.0})
     prompt = PROMPT + "\n\n\ndef lucas(n):\n    if n < 2:\n        return 2 - n"
-    engine, ids = _check_parity(folder, prompt=prompt, new_tokens=12, backend=backend)
-    assert 32 < len(ids) and engine.prefix_cache is None
+    engine, ids = _check_parity(folder, prompt=prompt, new_tokens=20, backend=backend, speculative=speculative)
+    assert 32 < len(ids) and engine.prefix_cache is None and engine.speculative == speculative
+    if speculative != "off":  # a verify of 6 tokens past the prompt: each row as its own decode step gives it
+        runtime, tail = engine.runtime, torch.tensor(ids[:6])
+        runtime.reserve(1, len(ids) + 6)
+        runtime.prefill(0, torch.tensor(ids))
+        verified = runtime.verify(0, tail, len(ids))
+        runtime.prefill(0, torch.tensor(ids))
+        stepped = torch.cat([runtime.decode(torch.tensor([0]), tail[i:i + 1], torch.tensor([len(ids) + i]))
+                             for i in range(6)])
+        torch.testing.assert_close(verified, stepped, atol=1e-4, rtol=0)
 
 
 @pytest.mark.parametrize("backend", ["eager", "cpu"])
