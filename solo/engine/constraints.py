@@ -210,16 +210,20 @@ class ConstraintCompiler:
 
             info = xgr.TokenizerInfo.from_huggingface(self._hf_tokenizer(), vocab_size=self.vocab_size,
                                                       stop_token_ids=self.stop_token_ids or None)
-            if self.stop_token_ids:
-                # XGrammar matches an added token by its text, a stop token's too ("<|im_end|>" in a choice or a
-                # regex): sampled there, it ended the output before the grammar did, and its text was skipped.
-                # With no text (XGrammar's mark of a special token) a stop token only ends a complete output.
+            # XGrammar matches an added token by its text, a stop token's too ("<|im_end|>" in a choice or a
+            # regex): sampled there, it ended the output before the grammar did, and its text was skipped. Other
+            # special tokens ("<|im_start|>", "<s>") it let into JSON strings, whose text decoding then drops. With
+            # no text (XGrammar's mark of a special token) a stop token only ends a complete output and the others
+            # never come, as with llguidance, which tells special tokens from text.
+            blank = set(self.stop_token_ids) | set(self.tokenizer.special_token_ids().values())
+            if blank:
                 vocab = list(info.decoded_vocab)
-                for t in self.stop_token_ids:
+                for t in blank:
                     if t < len(vocab):
                         vocab[t] = b""
                 info = xgr.TokenizerInfo(vocab, xgr.VocabType.RAW, vocab_size=self.vocab_size,
-                                         stop_token_ids=self.stop_token_ids, add_prefix_space=info.add_prefix_space)
+                                         stop_token_ids=self.stop_token_ids or list(info.stop_token_ids),
+                                         add_prefix_space=info.add_prefix_space)
             # No cache of XGrammar's own: it would return a grammar it warned about once without warning again
             # (the warning is how such a grammar is turned away); this class caches what it accepts.
             self._xgr_compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)

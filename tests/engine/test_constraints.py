@@ -126,6 +126,18 @@ def test_a_stop_tokens_text_in_a_grammar_is_written_not_stopped_on(padded_engine
     assert eos not in result.token_ids[:-1]  # (the EOS that ended it, only at the end)
 
 
+def test_special_tokens_never_come_inside_a_grammar(padded_engine):
+    # From a break test: XGrammar matched special tokens by their text, so under a strong logit_bias "<s>" came
+    # inside a JSON string, and decoding (which skips special tokens) dropped it from the text the grammar held.
+    bos = padded_engine.tokenizer.backend.token_to_id("<s>")
+    assert bos in padded_engine.tokenizer.special_token_ids().values()
+    for response_format in ({"type": "json_schema", "json_schema": {"name": "s", "schema": {"type": "string"}}},
+                            {"type": "regex", "regex": "[<>/a-z]{1,8}"}):
+        result = padded_engine.complete("x", SamplingParams(max_tokens=12, temperature=0, logit_bias={bos: 100},
+                                                            response_format=response_format))
+        assert bos not in result.token_ids, result.token_ids
+
+
 def test_a_regex_from_re_escape_stays_on_xgrammar(bundled):
     # re.escape writes "\\ " and "\\\n", which XGrammar matches as the characters, with a warning that sent the
     # regex to llguidance, whose mask then let through an added token its matcher refused (a 500 on Qwen's
