@@ -250,6 +250,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             messages.append(reply)
     if body.messages and body.messages[-1].get("role") == "user":
         check_answered(None)
+    messages = _one_turn_per_role(messages)
     fields: dict[str, Any] = {"model": body.model, "messages": messages, "max_tokens": body.max_tokens,
                               "stream": body.stream, "temperature": body.temperature, "top_p": body.top_p,
                               "top_k": body.top_k, "stop": body.stop_sequences}
@@ -339,8 +340,33 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def _stop(finish_reason: str | None, stop_reason: Any, body: MessagesRequest) -> dict[str, Any]:  # noqa: ANN401
-    # Anthropic's stop_reason and stop_sequence from the chat route's finish_reason and vLLM's stop_reason.
+def _one_turn_per_role(messages: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    # As Anthropic's API: "consecutive user or assistant turns in your request will be combined into a single
+    # turn" (chat templates that enforce alternation, Llama 2's and Mistral's, refused two user messages in a row).
+    # Texts join as a message's text blocks do; an assistant turn's calls gather in order.
+    merged: list[dict[str, Any]] = []
+    for message in messages:
+        last = merged[-1] if merged else None
+        if last is None or message["role"] != last["role"] or message["role"] not in ("user", "assistant"):
+            merged.append(dict(message))
+            continue
+        texts = [t for t in (last.get("content"), message.get("content")) if t]
+        last["content"] = "\n".join(texts) if texts or message["role"] == "user" else None
+        if message.get("tool_calls"):
+            last["tool_calls"] = [*(last.get("tool_calls") or []), *message["tool_calls"]]
+        thinking = [t for t in (last.get("reasoning_content"), message.get("reasoning_content")) if t]
+        if thinking:
+            last["reasoning_content"] = "\n".join(thinking)
+    return merged
+
+
+def _stop(finish_reason: str | None, stop_reason: Any, body: MessagesRequest,  # noqa: ANN401
+          called: bool = False) -> dict[str, Any]:
+    # Anthropic's stop_reason and stop_sequence from the chat route's finish_reason and vLLM's stop_reason. A
+    # reply with calls is a tool_use however the chat route ended it (it says "stop" for a named function, as
+    # OpenAI's API; Anthropic's says tool_use for {"type": "tool"} too).
+    if called and finish_reason == "stop":
+        finish_reason = "tool_calls"
     matched = stop_reason if isinstance(stop_reason, str) and stop_reason in (body.stop_sequences or ()) else None
     if finish_reason == "stop" and matched is not None:
         return {"stop_reason": "stop_sequence", "stop_sequence": matched}
@@ -440,7 +466,8 @@ async def messages(request: Request) -> Response:
                                         headers={"Retry-After": str(RETRY_AFTER_S)}))
     result = {"id": message_id, "type": "message", "role": "assistant", "model": completion["model"],
               "content": content_blocks(choice["message"], content_after_calls(reply)),
-              **_stop(choice["finish_reason"], choice.get("stop_reason"), body),
+              **_stop(choice["finish_reason"], choice.get("stop_reason"), body,
+                      bool(choice["message"].get("tool_calls"))),
               "usage": _usage(usage)}
     return Response(json.dumps(result, ensure_ascii=False), media_type="application/json")
 
@@ -507,5 +534,6 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
         yield event("error", error={"type": "overloaded_error", "message": CUT_SHORT})
         return
     usage = usage or {}
-    yield event("message_delta", delta=_stop(finish_reason or "stop", stop_reason, body), usage=_usage(usage))
+    yield event("message_delta", delta=_stop(finish_reason or "stop", stop_reason, body, bool(tool_indexes)),
+                usage=_usage(usage))
     yield event("message_stop")

@@ -422,3 +422,17 @@ def test_structured_outputs_and_models_in_anthropics_shape(server):
     listed = client.models.list().data
     assert [m.id for m in listed] == [MODEL_NAME] and listed[0].display_name == MODEL_NAME
     assert listed[0].created_at.year >= 2024 and client.models.retrieve(MODEL_NAME).type == "model"
+
+
+def test_consecutive_turns_of_one_role_are_one_turn(server):
+    # Anthropic's API combines consecutive user (or assistant) messages into one turn; they were sent to the chat
+    # template as two, which Llama 2's and Mistral's templates refuse (roles must alternate).
+    client = _client(server)
+    apart = [{"role": "user", "content": "Weather?"},
+             {"role": "user", "content": [{"type": "text", "text": "In Paris"}]},
+             {"role": "assistant", "content": "Sunny."}, {"role": "assistant", "content": "Warm."},
+             {"role": "user", "content": "Thanks"}]
+    joined = [{"role": "user", "content": "Weather?\nIn Paris"}, {"role": "assistant", "content": "Sunny.\nWarm."},
+              {"role": "user", "content": "Thanks"}]
+    assert client.messages.count_tokens(model=MODEL_NAME, messages=apart).input_tokens == \
+        client.messages.count_tokens(model=MODEL_NAME, messages=joined).input_tokens
