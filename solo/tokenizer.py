@@ -230,6 +230,10 @@ def _load_backend(folder: Path) -> HFTokenizer:
             return HFTokenizer.from_file(str(path))
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise CheckpointError(f"cannot read {path} ({exc}); re-download it") from None
+    if (folder / "vocab.json").is_file() and not (folder / "merges.txt").is_file() \
+            and not (folder / "tokenizer.model").is_file():  # (a BPE vocabulary is its merges too)
+        raise CheckpointError(f"{folder} has vocab.json but no merges.txt (a BPE tokenizer needs both, or a "
+                              "tokenizer.json); download the tokenizer files with the model")
     if (folder / "tokenizer.model").is_file() or (folder / "vocab.json").is_file():
         return _convert_with_transformers(folder)
     raise CheckpointError(
@@ -250,7 +254,8 @@ def _convert_with_transformers(folder: Path) -> HFTokenizer:
     try:
         converted = AutoTokenizer.from_pretrained(str(folder))
     except Exception as exc:  # conversion errors come in many types
-        raise CheckpointError(f"could not convert the tokenizer in {folder} ({exc})") from None
+        reason = " ".join(str(exc).split())  # (transformers' messages span lines)
+        raise CheckpointError(f"could not convert the tokenizer in {folder} ({reason})") from None
     backend = getattr(converted, "backend_tokenizer", None)
     if backend is None:
         raise CheckpointError(f"transformers could not build a fast tokenizer for {folder}")

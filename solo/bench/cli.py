@@ -328,6 +328,13 @@ def main(args: argparse.Namespace) -> int:
             raise SoloError(f"{', '.join(given)}: flags of the load test; add --load WORKLOAD (e.g. --load chat) "
                             "or drop them")
     _refuse_unused_flags(args)
+    if args.tokenizer is not None and not args.load:  # (the load test words its own refusal)
+        if not (args.shape and modes):  # (it was ignored there, a missing folder included)
+            raise SoloError("--tokenizer gives --shape's random weights a real tokenizer for --structured, --agent or "
+                            "--load (a model folder brings its own, the decode benchmark needs none): drop it")
+        if not Path(args.tokenizer).expanduser().is_dir():
+            raise SoloError(f"--tokenizer {args.tokenizer}: no such folder; give the folder of a model's tokenizer "
+                            "files")
     other_mode = next((flag for flag, on in (("--load", args.load), ("--agent", args.agent),
                                              ("--structured", args.structured), ("--tp", args.tp != 1)) if on), None)
     if args.lockstep and other_mode:

@@ -406,6 +406,9 @@ class ModelConfig:
             raw = json.loads(path.read_text(encoding="utf-8"))
         except json.JSONDecodeError as exc:
             raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
+        if not isinstance(raw, dict):
+            raise CheckpointError(f"{path} holds a JSON {type(raw).__name__}, not the object of a model config; "
+                                  "re-download it")
         return cls.from_dict(raw)
 
 
@@ -883,7 +886,8 @@ def _language_model_config(raw: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 (transformers' strict-dataclass validation errors subclass Exception)
         reason = " ".join(str(exc).split())  # transformers' validation errors span lines
         raise CheckpointError(f"config.json's text_config cannot be read ({reason}); fix or re-download it") from None
-    merged["architectures"] = list(raw.get("architectures") or ["Gemma3ForConditionalGeneration"])
+    names = raw.get("architectures") or ["Gemma3ForConditionalGeneration"]
+    merged["architectures"] = [names] if isinstance(names, str) else list(names)
     for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
         if raw.get(key) is not None:
             merged[key] = raw[key]
@@ -892,6 +896,11 @@ def _language_model_config(raw: dict[str, Any]) -> dict[str, Any]:
 
 def _architecture_name(raw: dict[str, Any]) -> str:
     names = raw.get("architectures") or []
+    if isinstance(names, str):  # one class name, not in a list: transformers takes it too
+        names = [names]
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise CheckpointError(f"config.json gives architectures = {names!r:.80}; it must be a list of class names "
+                              "such as [\"LlamaForCausalLM\"]. Fix or re-download it")
     if not names and raw.get("model_type") in _MODEL_TYPES:
         names = [_MODEL_TYPES[raw["model_type"]]]
     for name in names:

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from solo.errors import CheckpointError, SoloWarning, UnsupportedArchitectureError
+from solo.errors import CheckpointError, SoloWarning, UnsupportedArchitectureError, undeletable
 
 # GGUF general.file_type / tensor types kept bit-exact, and the dtype Solo stores them in.
 _EXACT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -126,7 +126,7 @@ def remove_conversions(source: str | Path) -> int:
         ModelNotFoundError: Solo's cache holds no conversion of that file.
         SoloError: a converted folder could not be deleted (a read-only cache, or another user's).
     """
-    from solo.errors import ModelNotFoundError, undeletable
+    from solo.errors import ModelNotFoundError
 
     file = Path(source).expanduser().resolve()  # as named then, or through other links and ".." parts
     recorded = {c.source for c in list_conversions() if c.source == file or c.source.resolve() == file}
@@ -209,12 +209,20 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     stat = src.stat()
     folder = cache_root() / "gguf" / _folder_name(named, src)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    if (folder / "gguf_source.json").is_file():
+    whole = all((folder / name).is_file() for name in ("gguf_source.json", "config.json", "model.safetensors",
+                                                        "tokenizer.json"))
+    if whole:
         changes = _bring_up_to_date(folder, src)
         if changes:
             say(f"updated Solo's conversion of {named.name} to what a conversion writes now ({'; '.join(changes)}), as "
                 "llama.cpp reads them")
         return folder
+    if folder.exists():  # a file of it deleted or lost: converted again, not run half
+        say(f"Solo's conversion of {named.name} in {folder} lacks some of its files; converting it again")
+        try:
+            shutil.rmtree(folder)
+        except OSError as exc:
+            raise undeletable(f"the damaged conversion {folder}", exc, "SOLO_CACHE_DIR") from None
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
                               "(llama-gguf-split --merge) and pass the merged file")
@@ -243,8 +251,10 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
             f"{need / 1e9:.1f} GB) unless --quantize int8 or int4 quantizes them again for the CPU kernels")
     free = shutil.disk_usage(parent).free
     if need > free:  # quantized files grow (Q4_0 about 3.5x): say so before writing most of it
-        raise CheckpointError(f"converting {named.name} writes about {need / 1e9:.1f} GB of {dtype} weights to "
-                              f"{parent}, which has {free / 1e9:.1f} GB free; free space or point SOLO_CACHE_DIR at "
+        from solo.model.store import human_size
+
+        raise CheckpointError(f"converting {named.name} writes about {human_size(need)} of {dtype} weights to "
+                              f"{parent}, which has {human_size(free)} free; free space or point SOLO_CACHE_DIR at "
                               "a folder with room")
     _prune_abandoned_conversions(parent)
     try:
@@ -287,10 +297,11 @@ def _prune_abandoned_conversions(parent: Path) -> None:
 
 
 def _is_write_failure(exc: BaseException) -> bool:
-    # A full disk or a read-only / foreign-owned cache folder, as OSError or as safetensors' own error.
+    # A full disk or a read-only / foreign-owned cache folder, as OSError or as the Rust libraries' errors.
     if isinstance(exc, OSError):
         return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
-    return type(exc).__name__ == "SafetensorError" and ("os error 28" in str(exc) or "No space" in str(exc))
+    # (safetensors' SafetensorError and tokenizers' bare Exception carry the OS error in their text only)
+    return "os error 28" in str(exc) or "No space left" in str(exc)
 
 
 def _cache_write_error(parent: Path, exc: BaseException) -> str:

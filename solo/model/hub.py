@@ -15,6 +15,22 @@ import torch
 from solo.errors import ModelNotFoundError, SoloError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
+_BARE_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*$")  # ("gpt2": the Hub's ids from before organisations)
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` names a Hub model.
+
+    "org/name", or a bare "name" the Hugging Face cache holds (`solo list` shows such models, e.g. gpt2); a bare
+    name not cached is taken for a missing local folder, not asked of the Hub.
+    """
+    if _HUB_ID.match(name):
+        return True
+    if not _BARE_HUB_ID.match(name):
+        return False
+    from solo.model.store import _cache
+
+    return (Path(_cache(None)) / f"models--{name}").is_dir()
 # "org/name:Q8_0": one quantization of a repository of GGUF files (llama.cpp's -hf and Ollama's hf.co syntax).
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)  # (Ollama's hf.co/org/name)
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash: a revision whose files never change
@@ -103,12 +119,15 @@ def resolve_model_dir(model: str | Path | None, revision: str | None = None) -> 
     if str(model).lower().endswith(".gguf"):
         raise ModelNotFoundError(f"GGUF file {str(model)!r} does not exist; check the path (a Hub repository of GGUF "
                                  "files is named as org/name:Q8_0)")
-    if not _HUB_ID.match(repo_id) or repo_id.startswith((".", "/", "~")):
+    if not is_hub_id(repo_id) or repo_id.startswith((".", "/", "~")):
         raise ModelNotFoundError(
             f"model folder or file {str(model)!r} does not exist; pass a folder with config.json and safetensors "
             "weights, a .gguf file, or a Hugging Face Hub id such as 'org/name' ('org/name:Q8_0' for one "
             "quantization of a repository of GGUF files)"
         )
+    from solo.model.store import cached_commit
+
+    revision = cached_commit(repo_id, revision)  # (a short hash of a cached commit, as `solo list` shows it)
     folder = _download_from_hub(repo_id, revision, gguf_patterns(tag))
     _check_download_finished(repo_id, folder, gguf_patterns(tag))
     if tag is None and not (folder / "config.json").is_file():
@@ -236,10 +255,10 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         ) from None
     except LocalEntryNotFoundError:
         _refuse_damaged(repo_id, None)
-        cached = _cached_revisions(repo_id) if revision is not None else []
-        if cached:  # the model is cached, only not at this revision
+        cached = _cached_revisions(repo_id)
+        if cached:  # the model is cached, only not at this revision (main, without --revision)
             raise ModelNotFoundError(
-                f"revision {revision!r} of {repo_id!r} is not in the Hugging Face cache (cached: "
+                f"revision {revision or 'main'!r} of {repo_id!r} is not in the Hugging Face cache (cached: "
                 f"{', '.join(cached)}), and the Hub cannot be reached; connect to the network or pass a cached "
                 "--revision"
             ) from None
@@ -302,6 +321,8 @@ def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> boo
     if not (folder / "config.json").is_file() or not tokenizer:
         return False
     index = folder / "model.safetensors.index.json"
+    if (folder / "model.safetensors").is_file():  # (read before an index, as `checkpoint_files` does)
+        return True
     if index.is_file():
         try:
             shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())

@@ -76,16 +76,25 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
         if not isinstance(raw, dict):
             return "?", False, "config.json is not a JSON object", ggufs
         names = raw.get("architectures") or [raw.get("model_type") or "?"]
+        names = [names] if isinstance(names, str) else names if isinstance(names, list) and names else ["?"]
         try:
             from solo.model.config import ModelConfig
 
             ModelConfig.from_dict(raw)
         except _SoloError as exc:
             return str(names[0]), False, str(exc), ggufs
-        if not any(folder.glob("*.safetensors")):
-            return str(names[0]), False, "no safetensors weights", ggufs
-        if not any((folder / name).is_file() for name in ("tokenizer.json", "tokenizer.model", "vocab.json")):
-            return str(names[0]), False, "no tokenizer (tokenizer.json, tokenizer.model or vocab.json)", ggufs
+        except Exception as exc:  # noqa: BLE001  # an odd but parseable config: one model listed as not runnable
+            return str(names[0]), False, f"config.json cannot be read ({type(exc).__name__}: {exc})", ggufs
+        from solo.model.weights import checkpoint_files
+
+        try:  # what loading reads first: every shard the index lists (a link whose file is gone is none)
+            checkpoint_files(folder)
+        except _SoloError as exc:
+            return str(names[0]), False, str(exc), ggufs
+        if not ((folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file()
+                or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())):
+            return str(names[0]), False, "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json with " \
+                "merges.txt)", ggufs
         return str(names[0]), True, "", ggufs
     if ggufs:
         from solo.model.gguf import is_split_part
@@ -138,12 +147,13 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         RevisionNotFoundError,
     )
 
-    from solo.model.hub import _HUB_ID, DEFAULT_GGUF_TAG, HUB_FILE_PATTERNS, gguf_patterns, split_gguf_tag
+    from solo.model.hub import _BARE_HUB_ID, _HUB_ID, DEFAULT_GGUF_TAG, HUB_FILE_PATTERNS, gguf_patterns, split_gguf_tag
 
     repo_id, tag = split_gguf_tag(repo_id)
-    if not _HUB_ID.match(repo_id):
+    if not (_HUB_ID.match(repo_id) or _BARE_HUB_ID.match(repo_id)):  # ("gpt2": ids from before organisations)
         raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name' "
                                  "('org/name:Q8_0' for one quantization of a repository of GGUF files)")
+    revision = cached_commit(repo_id, revision, cache_dir)
     try:
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
                                         allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(tag), *(include or [])]))
@@ -161,6 +171,14 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
     except RevisionNotFoundError:
         raise ModelNotFoundError(f"{repo_id} has no revision {revision!r}; check --revision") from None
     except LocalEntryNotFoundError:
+        try:
+            cached = [m.revision for m in list_models(cache_dir) if m.repo_id == repo_id]
+        except SoloError:
+            cached = []
+        if cached:  # cached, only not at the revision asked (main without --revision)
+            raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is cached at "
+                                     f"{', '.join(cached)} only, not at {revision or 'main'}; pass --revision "
+                                     f"{cached[0]}, or connect to the network") from None
         raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is not in the cache; "
                                  "connect to the network and run solo pull again (it resumes)") from None
     except (HfHubHTTPError, OSError) as exc:
@@ -234,6 +252,9 @@ def _scan(cache_dir: str | Path | None) -> Any:  # noqa: ANN401
         return scan_cache_dir(_cache(cache_dir))
     except CacheNotFound:
         return None
+    except (ValueError, OSError) as exc:  # a file where the folder should be, a folder that cannot be listed
+        raise SoloError(f"the Hugging Face cache {_cache(cache_dir)} cannot be read ({exc}); point HF_HUB_CACHE (or "
+                        "HF_HOME) at a cache folder") from None
 
 
 def _scanned_repo_ids(cache_dir: str | Path | None) -> set[str]:
@@ -271,7 +292,8 @@ def remove(repo_id: str, revision: str | None = None, cache_dir: str | Path | No
     Args:
         repo_id: "org/name", or "org/name:TAG" for only the GGUF files whose names hold TAG (e.g. Q8_0), as
             `solo run org/name:TAG` picks one: the rest of the repository stays.
-        revision: a branch/tag name or a commit hash (or its prefix); None removes every revision.
+        revision: a branch/tag name or a commit hash (or its first 4+ characters: `cached_revisions_named`);
+            None removes every revision.
         cache_dir: the cache folder (None: huggingface_hub's default).
 
     Returns:
@@ -304,8 +326,7 @@ def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) ->
         return freed
     if repo is None:
         raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")
-    revisions = [r for r in repo.revisions if revision is None or revision in r.refs
-                 or r.commit_hash.startswith(revision)]
+    revisions = list(repo.revisions) if revision is None else cached_revisions_named(repo, revision)
     if not revisions:
         raise ModelNotFoundError(f"{repo_id} has no cached revision {revision!r}; `solo list` shows what is")
     if tag is not None:
@@ -321,6 +342,56 @@ def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) ->
     # Solo's converted folders of the GGUF files just deleted.
     return (strategy.expected_freed_size + prune_conversions(under=[Path(r.snapshot_path) for r in revisions])
             + partial_freed)
+
+
+def cached_commit(repo_id: str, revision: str | None, cache_dir: str | Path | None = None) -> str | None:
+    """`revision` as huggingface_hub takes it.
+
+    A short commit hash that begins one cached commit of `repo_id` (as `solo list` shows them) becomes that
+    commit's whole hash; anything else is returned as it is.
+
+    Raises:
+        SoloError: an empty revision, or a short hash that begins several cached commits.
+    """
+    if revision is None:
+        return None
+    if not revision.strip():
+        raise SoloError("--revision is empty; give a branch, a tag or a commit hash (`solo list` shows the cached "
+                        "ones)")
+    if not 4 <= len(revision) < 40 or any(c not in "0123456789abcdef" for c in revision.lower()):
+        return revision
+    try:
+        info = _scan(cache_dir)
+    except SoloError:
+        return revision
+    repo = next((r for r in (info.repos if info else []) if r.repo_id == repo_id and r.repo_type == "model"), None)
+    named = cached_revisions_named(repo, revision) if repo is not None else []
+    return named[0].commit_hash if len(named) == 1 and revision not in named[0].refs else revision
+
+
+def cached_revisions_named(repo: Any, revision: str) -> list[Any]:  # noqa: ANN401
+    """The cached revisions of `repo` (huggingface_hub's CachedRepoInfo) that `revision` names.
+
+    A branch or tag name names its revision; otherwise a commit hash, whole or its first 4 or more characters
+    (as git takes a short hash), names the one cached commit it begins.
+
+    Raises:
+        SoloError: an empty revision, or a short hash that begins several cached commits (the message lists
+            them: give more of the hash).
+    """
+    if not revision.strip():
+        raise SoloError("--revision is empty; give a branch, a tag or a commit hash (`solo list` shows the cached "
+                        "ones)")
+    named = [r for r in repo.revisions if revision in r.refs]
+    if named:
+        return named
+    begun = [r for r in repo.revisions if r.commit_hash == revision
+             or (len(revision) >= 4 and r.commit_hash.startswith(revision.lower()))]
+    if len(begun) > 1:
+        hashes = ", ".join(sorted(r.commit_hash[:12] for r in begun))
+        raise SoloError(f"revision {revision!r} begins {len(begun)} cached commits of {repo.repo_id} ({hashes}); give "
+                        "more of the hash")
+    return begun
 
 
 def _remove_gguf_files(repo_id: str, repo_path: Path, snapshots: list[Path], tag: str) -> int:

@@ -207,13 +207,16 @@ def _rope_rows(name: str, tensor: torch.Tensor, config: ModelConfig, inverse: bo
 
 
 def checkpoint_files(folder: Path) -> list[Path]:
-    """The safetensors files of a model folder, single-file or sharded.
+    """The safetensors files of a model folder, single-file or sharded (model.safetensors first, as transformers).
 
     Raises:
         CheckpointError: no safetensors weights, a shard listed in the index is missing, or only
             PyTorch `.bin` weights exist.
     """
     index = folder / "model.safetensors.index.json"
+    single = folder / "model.safetensors"
+    if single.is_file():  # before an index, as transformers looks (save_pretrained over a sharded folder keeps it)
+        return [single]
     if index.is_file():
         try:
             weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
@@ -228,9 +231,6 @@ def checkpoint_files(folder: Path) -> list[Path]:
                 + f" listed in {index.name} in {folder}; the download is incomplete, fetch the missing files"
             )
         return [folder / s for s in shards]
-    single = folder / "model.safetensors"
-    if single.is_file():
-        return [single]
     if any(folder.glob("*.bin")) or any(folder.glob("*.pth")):
         raise CheckpointError(
             f"{folder} holds PyTorch .bin/.pth weights only; Solo loads safetensors: convert them with "

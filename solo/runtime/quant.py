@@ -67,7 +67,8 @@ def quantize_int4(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """
     out_features, in_features = weight.shape
     if in_features % INT4_GROUP:
-        raise SoloError(f"int4 needs input sizes that are multiples of {INT4_GROUP}; this model has {in_features}")
+        raise SoloError(f"int4 needs input sizes that are multiples of {INT4_GROUP}; this model has {in_features}: use "
+                        "--quantize int8, which takes any size")
     w = weight.float().view(out_features, in_features // INT4_GROUP, INT4_GROUP)
     absmax = w.abs().amax(dim=2).clamp_min(1e-12)
     # Per group, keep the scale (among shrunken absmax/7 candidates) with the least squared error:

@@ -384,6 +384,19 @@ def test_lockstep_refuses_engines_without_turns(tmp_path, capsys):
     assert "--structured runs another benchmark that has no turns" in capsys.readouterr().err
 
 
+def test_tokenizer_is_refused_where_no_benchmark_reads_it(tmp_path, capsys):
+    # From a break test: the decode benchmark (and --agent with a model folder) ran with --tokenizer ignored, a
+    # folder that does not exist included.
+    folder = make_checkpoint(tmp_path / "llama", "llama")
+    for command in (["bench", str(folder), "--tokenizer", str(folder)],
+                    ["bench", "--shape", "SmolLM2-135M", "--tokenizer", str(folder)],
+                    ["bench", str(folder), "--structured", "--tokenizer", str(folder)]):
+        assert main(command) == 2
+        assert "--tokenizer gives --shape's random weights a real tokenizer" in capsys.readouterr().err
+    assert main(["bench", "--shape", "SmolLM2-135M", "--structured", "--tokenizer", str(tmp_path / "nope")]) == 2
+    assert "no such folder" in capsys.readouterr().err
+
+
 def test_llamacpp_worker_advances_in_turns():
     # The worker's turn protocol: a generation begun, then advanced, without a model errors by name.
     from solo.bench.peers.llamacpp_worker import serve

@@ -64,6 +64,8 @@ def test_pull_of_a_cached_model_and_a_missing_one_offline(cache, capsys):
     assert main(["run", "tiny/llama", "--revision", "v2", "-p", "x"]) == 2
     err = capsys.readouterr().err
     assert "revision 'v2' of 'tiny/llama' is not in the Hugging Face cache (cached: main)" in err
+    assert main(["pull", "tiny/llama", "--revision", "v2"]) == 2  # (it said "not in the cache")
+    assert "tiny/llama is cached at main only, not at v2; pass --revision main" in capsys.readouterr().err
 
 
 def test_rm_deletes_and_reports(cache, capsys):
@@ -248,3 +250,97 @@ def test_a_damaged_cache_folder_is_listed_apart_and_removed(cache, capsys):
     for repo in ("tiny/llama", "org/badref"):
         assert main(["rm", repo]) == 0 and f"deleted {repo}" in capsys.readouterr().out
     assert store.damaged_repos() == {} and not damaged.exists()
+
+
+def test_revisions_are_named_by_ref_or_a_hash_that_begins_one_commit(cache, tiny_llama, capsys):
+    # From a break test: `solo rm --revision ab` deleted every revision whose hash began "ab", and "" deleted them
+    # all; `solo run --revision` took only whole hashes though `solo list` shows 12 characters.
+    add_to_cache(cache, "acme/pref", tiny_llama, commit="ab1" + "1" * 37, ref="v1")
+    add_to_cache(cache, "acme/pref", tiny_llama, commit="ab2" + "2" * 37, ref="main")
+    add_to_cache(cache, "acme/pref", tiny_llama, commit="cc3" + "3" * 37, ref="v3")
+    for revision, message in (("", "--revision is empty"), ("ab", "no cached revision 'ab'"),
+                              ("ab1", "no cached revision 'ab1'")):  # (fewer than 4 characters: no hash)
+        assert main(["rm", "acme/pref", "--revision", revision]) == 2
+        assert message in capsys.readouterr().err
+    (cache / "models--acme--pref" / "refs" / "v3").unlink()  # a commit no ref names: shown by its hash
+    listed = {m.revision for m in store.list_models() if m.repo_id == "acme/pref"}
+    assert listed == {"v1", "main", "cc3333333333"}
+    assert main(["run", "acme/pref", "--revision", "cc3333333333", "-p", "x", "--max-tokens", "1"]) == 0
+    capsys.readouterr()
+    assert main(["rm", "acme/pref", "--revision", "ab11"]) == 0  # the one commit it begins
+    assert {m.revision for m in store.list_models() if m.repo_id == "acme/pref"} == {"main", "cc3333333333"}
+    add_to_cache(cache, "acme/pref", tiny_llama, commit="ab1" + "1" * 37, ref="v1")
+    assert main(["rm", "acme/pref", "--revision", "ab11"]) == 0
+    capsys.readouterr()
+    add_to_cache(cache, "acme/pref", tiny_llama, commit="abcd1" + "1" * 35, ref="v1")
+    add_to_cache(cache, "acme/pref", tiny_llama, commit="abcd2" + "2" * 35, ref="v2")
+    assert main(["rm", "acme/pref", "--revision", "abcd"]) == 2  # two commits begin so: neither is deleted
+    assert "begins 2 cached commits of acme/pref (abcd11111111, abcd22222222); give more" in capsys.readouterr().err
+    assert len([m for m in store.list_models() if m.repo_id == "acme/pref"]) == 4
+
+
+def test_odd_configs_and_caches_are_one_line_never_a_traceback(cache, tmp_path, tiny_llama, capsys, monkeypatch):
+    # From a break test: a config.json that parses but is not an object, or names its architecture by a number,
+    # made tracebacks, and one such model in the cache made `solo list` fail for every model.
+    for name, change in (("listed", lambda c: []), ("numbered", lambda c: {**c, "architectures": [5]})):
+        folder = tmp_path / name
+        shutil.copytree(tiny_llama, folder)
+        (folder / "config.json").write_text(json.dumps(change(json.loads((folder / "config.json").read_text()))))
+        assert main(["run", str(folder), "-p", "x", "--max-tokens", "1"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and "config" in err and "Traceback" not in err
+        add_to_cache(cache, f"odd/{name}", folder)
+    assert main(["list"]) == 0
+    out = capsys.readouterr().out
+    assert "tiny/llama" in out and "odd/numbered" in out and "odd/listed" in out
+    # One class name, not in a list, as transformers takes it.
+    named = tmp_path / "named"
+    shutil.copytree(tiny_llama, named)
+    config = json.loads((named / "config.json").read_text())
+    (named / "config.json").write_text(json.dumps({**config, "architectures": "LlamaForCausalLM"}))
+    assert main(["run", str(named), "-p", "x", "--max-tokens", "1"]) == 0
+    capsys.readouterr()
+    # The Hugging Face cache setting pointing at a file.
+    blocker = tmp_path / "a-file"
+    blocker.write_text("")
+    import huggingface_hub.constants as hf_constants
+
+    monkeypatch.setattr(hf_constants, "HF_HUB_CACHE", str(blocker))
+    for command in (["list"], ["rm", "tiny/llama"]):
+        assert main(command) == 2
+        err = capsys.readouterr().err
+        assert "cannot be read" in err and "HF_HUB_CACHE" in err and err.count("\n") == 1
+
+
+def test_a_folder_saved_again_over_its_shards_loads_its_one_file(tmp_path, tiny_llama, capsys):
+    # transformers' save_pretrained over a sharded folder writes model.safetensors and leaves the old index behind;
+    # transformers then reads model.safetensors, and so does Solo (it refused the folder for missing shards).
+    folder = tmp_path / "resaved"
+    shutil.copytree(tiny_llama, folder)
+    (folder / "model.safetensors.index.json").write_text(json.dumps(
+        {"metadata": {}, "weight_map": {"model.embed_tokens.weight": "model-00001-of-00002.safetensors"}}))
+    assert main(["run", str(folder), "-p", "x", "--max-tokens", "1"]) == 0
+    assert store.inspect_folder(folder)[1]
+    (folder / "model.safetensors").unlink()  # now the index is all there is: its shard is missing
+    arch, ok, reason, _ = store.inspect_folder(folder)
+    assert not ok and "missing shard model-00001-of-00002.safetensors" in reason
+    (folder / "tokenizer.json").unlink()
+    (folder / "vocab.json").write_text("{}")
+    (folder / "model.safetensors.index.json").unlink()
+    shutil.copy(tiny_llama / "model.safetensors", folder)
+    assert store.inspect_folder(folder)[2].startswith("no tokenizer")
+    capsys.readouterr()
+    assert main(["run", str(folder), "-p", "x", "--max-tokens", "1"]) == 2
+    assert "has vocab.json but no merges.txt" in capsys.readouterr().err
+
+
+def test_a_cached_model_without_an_organisation_runs(cache, tiny_llama, capsys):
+    # From a break test: `solo list` showed a cached "gpt2"-style id (no organisation) as runnable, and `solo run`
+    # and `solo pull` refused its name.
+    add_to_cache(cache, "tinyllama", tiny_llama)
+    assert any(m.repo_id == "tinyllama" and m.supported for m in store.list_models())
+    assert main(["run", "tinyllama", "-p", "x", "--max-tokens", "1"]) == 0
+    assert main(["pull", "tinyllama"]) == 0
+    assert "ready: solo run tinyllama" in capsys.readouterr().out
+    assert main(["run", "not-cached-either", "-p", "x"]) == 2  # a bare name not cached: a missing local folder
+    assert "model folder or file 'not-cached-either' does not exist" in capsys.readouterr().err

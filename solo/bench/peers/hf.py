@@ -43,7 +43,8 @@ def _hf_config(raw: dict[str, Any], dtype: torch.dtype) -> Any:  # noqa: ANN401
     from transformers import AutoConfig
 
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype", "dtype")}
-    arch = (raw.get("architectures") or [""])[0]
+    names = raw.get("architectures") or [""]
+    arch = names if isinstance(names, str) else names[0]  # (one name, not in a list, as transformers takes it)
     model_type = raw.get("model_type") or _MODEL_TYPES.get(arch)
     if model_type is None:
         raise PeerSkipped(f"no transformers model type for {arch!r}")
