@@ -78,7 +78,8 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
         elif rope.get("rope_type") == "yarn":
             writer.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             writer.add_rope_scaling_factor(rope["factor"])
-            writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
+            if "original_max_position_embeddings" in rope:  # (files without it exist: llama.cpp takes the context)
+                writer.add_rope_scaling_orig_ctx_len(rope["original_max_position_embeddings"])
             for key, add in (("beta_fast", writer.add_rope_scaling_yarn_beta_fast),
                              ("beta_slow", writer.add_rope_scaling_yarn_beta_slow),
                              ("attention_factor", writer.add_rope_scaling_yarn_attn_factor)):

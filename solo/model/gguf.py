@@ -209,9 +209,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     stat = src.stat()
     folder = cache_root() / "gguf" / _folder_name(named, src)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
-    whole = all((folder / name).is_file() for name in ("gguf_source.json", "config.json", "model.safetensors",
-                                                        "tokenizer.json"))
-    if whole:
+    if _whole_conversion(folder):
         changes = _bring_up_to_date(folder, src)
         if changes:
             say(f"updated Solo's conversion of {named.name} to what a conversion writes now ({'; '.join(changes)}), as "
@@ -265,7 +263,8 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         _convert(reader, src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
             {"file": str(named.absolute()), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
-             "stored_dtype": dtype, "format": _CONVERSION_FORMAT}, indent=2) + "\n")
+             "stored_dtype": dtype, "format": _CONVERSION_FORMAT, "files": sorted(p.name for p in tmp.iterdir())},
+            indent=2) + "\n")
         try:
             tmp.rename(folder)
         except OSError:  # another process finished first
@@ -278,6 +277,23 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
             raise CheckpointError(_cache_write_error(parent, exc)) from None
         raise
     return folder
+
+
+# What every conversion writes (one recorded before its file list was: gguf_source.json's "files").
+_CONVERSION_FILES = ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
+                     "generation_config.json")
+
+
+def _whole_conversion(folder: Path) -> bool:
+    # Every file the conversion wrote is still there (a deleted chat template or generation config would
+    # otherwise be run without, silently).
+    try:
+        record = json.loads((folder / "gguf_source.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    files = record.get("files") if isinstance(record, dict) else None
+    names = files if isinstance(files, list) and all(isinstance(f, str) for f in files) else _CONVERSION_FILES
+    return all((folder / name).is_file() for name in names)
 
 
 def _prune_abandoned_conversions(parent: Path) -> None:
@@ -571,7 +587,8 @@ def _rope_scaling_fields(reader: Any, src: Path, arch: str, raw: dict[str, Any])
     transformers' GGUF reader maps none of it, so without this a model ran with unscaled RoPE (logits off from
     the first positions on, wrong past the original context). llama.cpp's converter (convert_hf_to_gguf.py)
     writes linear and YaRN scaling as `{arch}.rope.scaling.type` / `.factor` / `.original_context_length` (YaRN's
-    `yarn_beta_fast` / `yarn_beta_slow` / `yarn_attn_factor` where the model sets them), and Llama 3.1's scaling
+    `yarn_beta_fast` / `yarn_beta_slow` / `yarn_attn_factor` where the model sets them; without the original
+    context, the file's context length, as llama.cpp takes it), and Llama 3.1's scaling
     (rope_type "llama3") as the tensor `rope_freqs.weight`: one factor per rotated frequency, each frequency
     divided by its factor (`_llama3_fields` reads the parameters back from it).
 
@@ -615,9 +632,12 @@ def _rope_scaling_fields(reader: Any, src: Path, arch: str, raw: dict[str, Any])
     if kind != "yarn":
         raise UnsupportedArchitectureError(f"{src.name} scales its RoPE as {kind!r}; Solo runs {arch} GGUF files with "
                                            "linear or YaRN scaling, Llama 3's rope_freqs, or none")
-    if original is None:
-        raise CheckpointError(f"{src.name} scales its RoPE as YaRN without {arch}.rope.scaling.original_context_length;"
-                              " the file is damaged or was converted wrongly")
+    if original is None:  # llama.cpp takes the trained context then (n_ctx_orig_yarn), as transformers does
+        original = raw.get("max_position_embeddings")
+    if isinstance(original, bool) or not isinstance(original, (int, float)) or not original >= 1:
+        raise CheckpointError(f"{src.name} scales its RoPE as YaRN with neither {arch}.rope.scaling."
+                              "original_context_length nor a context length; the file is damaged or was converted "
+                              "wrongly")
     for key in ("yarn_ext_factor", "yarn_log_multiplier"):  # no transformers equivalent: refused, not dropped
         value = field(key)
         if value is not None and value not in (-1.0, 1.0 if key == "yarn_ext_factor" else 0.0):

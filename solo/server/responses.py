@@ -361,7 +361,8 @@ def output_items(message: dict[str, Any], finish_reason: str | None = "stop",
 
     The last message holds `after_calls`, the end of the content that followed the calls (as streamed). A message
     item is left out when its text is blank beside other items (Qwen3 writes two newlines between its thinking
-    and a call); a reply cut by max_output_tokens marks its last item "incomplete", as OpenAI does.
+    and a call); a reply cut by max_output_tokens marks its last item "incomplete", as OpenAI does, where that is
+    a message (a function call item is whole: a call that was cut is left out, or is text).
     """
     items: list[dict[str, Any]] = []
     if message.get("reasoning_content"):
@@ -375,8 +376,8 @@ def output_items(message: dict[str, Any], finish_reason: str | None = "stop",
                                 "completed"))
     if after.strip():
         items.append(_message_item(_new_id("msg"), after, "completed"))
-    if finish_reason in ("length", "abort") and items[-1]["type"] != "reasoning":
-        items[-1]["status"] = "incomplete"
+    if finish_reason in ("length", "abort") and items[-1]["type"] == "message":  # (a call item is whole: a cut
+        items[-1]["status"] = "incomplete"  # call is left out or is text, so a client runs the calls it gets)
     return items
 
 
@@ -666,7 +667,7 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
     if not output:  # nothing generated (max_output_tokens reached at once): an empty message, as unstreamed
         for text in _open_message("", []):
             yield text
-    if finish_reason in ("length", "abort") and output[-1]["type"] != "reasoning":
+    if finish_reason in ("length", "abort") and output[-1]["type"] == "message":  # (calls are whole, as above)
         output[-1]["status"] = "incomplete"  # as OpenAI marks the item a max_output_tokens cut ends
     for text in close("reasoning") + close("message") + close_call():
         yield text

@@ -301,7 +301,8 @@ _LLAMA3 = {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_f
     ("llama", {"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 32}),
     ("qwen3", {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 64, "beta_fast": 16.0,
                "beta_slow": 2.0}),
-], ids=["llama3", "llama3-16", "llama3-64-fitted", "linear", "yarn", "qwen3-yarn-betas"])
+    ("llama", {"rope_type": "yarn", "factor": 2.0}),  # no original context in the file: the trained one
+], ids=["llama3", "llama3-16", "llama3-64-fitted", "linear", "yarn", "qwen3-yarn-betas", "yarn-no-original"])
 def test_gguf_keeps_the_rope_scaling(tmp_path, arch, rope):
     # From a break test: transformers' GGUF reader maps neither the rope.scaling.* keys nor Llama 3's rope_freqs
     # tensor, so such files ran with unscaled RoPE (other tokens from the first positions on), without a word.
@@ -611,7 +612,9 @@ def test_a_conversion_that_lost_a_file_is_converted_again(gguf_dir, tmp_path, mo
     # asked to "download the weights too".
     monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
     folder = Engine.load(gguf_dir["F16"], backend="eager").model_dir
-    (folder / "model.safetensors").unlink()
-    engine = Engine.load(gguf_dir["F16"], backend="eager")
-    assert engine.model_dir == folder and (folder / "model.safetensors").is_file()
-    assert "lacks some of its files; converting it again" in capsys.readouterr().err
+    assert "chat_template.jinja" in json.loads((folder / "gguf_source.json").read_text())["files"]
+    for lost in ("model.safetensors", "chat_template.jinja", "generation_config.json"):
+        (folder / lost).unlink()  # (without its chat template the folder ran without one, silently)
+        engine = Engine.load(gguf_dir["F16"], backend="eager")
+        assert engine.model_dir == folder and (folder / lost).is_file()
+        assert "lacks some of its files; converting it again" in capsys.readouterr().err

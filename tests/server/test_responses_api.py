@@ -191,6 +191,18 @@ def test_reasoning_effort_none_turns_thinking_off():
     assert chat_request(summarised).chat_template_kwargs == {"enable_thinking": False}
 
 
+def test_calls_before_a_max_output_tokens_cut_stay_completed():
+    # From a verification round: a call array max_output_tokens cut kept its complete calls, but the last of them
+    # was marked "incomplete", which a client may take for a call not to run. A cut call is left out (or is text).
+    from solo.server.responses import output_items
+
+    call = {"id": "call_1", "type": "function", "function": {"name": "f", "arguments": "{}"}}
+    items = output_items({"content": None, "tool_calls": [call, {**call, "id": "call_2"}]}, "length")
+    assert [(i["type"], i["status"]) for i in items] == [("function_call", "completed")] * 2
+    items = output_items({"content": "and then", "tool_calls": [call]}, "length", after_calls="and then")
+    assert [(i["type"], i["status"]) for i in items] == [("function_call", "completed"), ("message", "incomplete")]
+
+
 def test_a_reply_the_server_cut_short_has_failed():
     # A shutdown ends a reply with the chat route's finish_reason "abort": it was reported "completed".
     from solo.server.responses import ResponsesRequest, output_items, response_object
