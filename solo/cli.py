@@ -696,6 +696,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     try:
         _apply_threads(args)
+        world = os.environ.get("WORLD_SIZE", "1")
+        if getattr(args, "tp", None) == 1 and "RANK" in os.environ and world.isdigit() and int(world) > 1:
+            # (each process would run the whole command: a completion printed twice, a second server's port taken)
+            raise SoloError(f"the launcher started {world} processes (WORLD_SIZE) but --tp is 1; pass --tp {world} to "
+                            "shard the model over them, or run solo without the launcher")
         if getattr(args, "tp", 1) != 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
             # A torchrun job: ranks other than 0 load their shard and follow rank 0.
             from solo.distributed.launch import run_torchrun_follower

@@ -328,6 +328,9 @@ def main(args: argparse.Namespace) -> int:
             raise SoloError(f"{', '.join(given)}: flags of the load test; add --load WORKLOAD (e.g. --load chat) "
                             "or drop them")
     _refuse_unused_flags(args)
+    if args.tp != 1 and (args.structured or args.agent):  # (each ran on one process, --tp unsaid)
+        raise SoloError(f"--tp times decoding sharded over ranks; {'--structured' if args.structured else '--agent'} "
+                        "runs on one process: drop one of them")
     if args.tokenizer is not None and not args.load:  # (the load test words its own refusal)
         if not (args.shape and modes):  # (it was ignored there, a missing folder included)
             raise SoloError("--tokenizer gives --shape's random weights a real tokenizer for --structured, --agent or "

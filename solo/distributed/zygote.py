@@ -92,6 +92,9 @@ _HELPER = None
 
 def main() -> None:
     """Serve fork requests until stdin closes."""
+    # Ctrl-C reaches the terminal's whole process group: rank 0 stops this helper (its stdin closes), so the
+    # signal is no reason to print a traceback here. The followers take it as before.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     import importlib
 
     import torch  # noqa: F401 -- preloaded for the followers
@@ -108,6 +111,7 @@ def main() -> None:
         pid = os.fork()
         if pid == 0:
             signal.signal(signal.SIGCHLD, signal.SIG_DFL)
+            signal.signal(signal.SIGINT, signal.default_int_handler)
             devnull = os.open(os.devnull, os.O_RDONLY)
             os.dup2(devnull, 0)
             os.dup2(2, 1)  # the follower's prints must not reach rank 0's pipe

@@ -135,6 +135,26 @@ def _prepare_run_dir(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], No
     return cfg
 
 
+def _run_precision(opts: RunOptions, log: Callable[[str], None]) -> str:
+    """The run's --precision, recorded in the run config: a resumed run keeps its own unless another is given.
+
+    (It was not recorded, so a float32 run resumed with the default "auto" went on in bfloat16, unsaid.)
+    """
+    path = opts.run_dir / RUN_CONFIG
+    data = json.loads(path.read_text())
+    stored, precision = data.get("precision"), opts.precision
+    if opts.resume and stored is not None and precision != stored:
+        if precision == "auto":  # (the flag's default: not given)
+            precision = stored
+        else:
+            log(f"--resume: training goes on with --precision {precision} (the run started with {stored})")
+    data["precision"] = precision
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(data, indent=2) + "\n")
+    os.replace(tmp, path)
+    return precision
+
+
 def _check_recorded(run_dir: Path, key: str, value: str, resume: bool) -> None:
     """Record a fingerprint in the run config, or on resume check it has not changed."""
     path = run_dir / RUN_CONFIG
@@ -325,7 +345,7 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
         torch.set_num_threads(opts.threads)
     cfg = _prepare_run_dir(cfg, opts, log)
     device = resolve_device(opts.device)
-    amp = autocast_dtype(device, opts.precision)
+    amp = autocast_dtype(device, _run_precision(opts, log))
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True

@@ -158,3 +158,32 @@ def test_a_stopped_rank_fails_the_engine_before_the_gloo_timeout(lane_model, mon
     worker.join(60)
     assert not worker.is_alive() and errors
     engine.close()  # leaves the process group (later tests start their own)
+
+
+def test_tp_refusals_under_a_launcher_and_beside_other_benchmarks(lane_model, monkeypatch, capsys, tmp_path):
+    # From a break test: under torchrun a command without --tp ran once per process (a completion printed twice,
+    # a second server failing on its port), and bench --tp with --structured or --agent dropped one of the two.
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "0")
+    assert main(["run", str(lane_model), "--prompt", "x", "--max-tokens", "1"]) == 2
+    assert "the launcher started 2 processes (WORLD_SIZE) but --tp is 1; pass --tp 2" in capsys.readouterr().err
+    monkeypatch.delenv("WORLD_SIZE")
+    monkeypatch.delenv("RANK")
+    trace = tmp_path / "trace.json"
+    trace.write_text("{}")
+    for flag in (["--structured"], ["--agent", str(trace)]):
+        assert main(["bench", str(lane_model), "--tp", "2", *flag]) == 2
+        assert f"{flag[0]} runs on one process" in capsys.readouterr().err
+
+
+def test_ctrl_c_leaves_the_fork_helper_quiet():
+    # Ctrl-C reaches the terminal's whole process group: the tensor-parallel fork helper printed a KeyboardInterrupt
+    # traceback; rank 0 stops it (its stdin closes).
+    helper = subprocess.Popen([sys.executable, "-m", "solo.distributed.zygote"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert helper.stdout.readline().strip() == "ready"
+    helper.send_signal(signal.SIGINT)
+    time.sleep(0.5)
+    assert helper.poll() is None
+    _, err = helper.communicate(input="", timeout=60)
+    assert helper.returncode == 0 and "Traceback" not in err, err

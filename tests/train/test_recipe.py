@@ -91,7 +91,10 @@ def test_interrupted_run_resumes_to_identical_weights(tiny_run: Path, monkeypatc
     ckpt = torch.load(run_dir / "checkpoint.pt", weights_only=False)
     assert ckpt["state"]["step"] == 7 and ckpt["data_position"]["next_batch"] == 7
     monkeypatch.setattr(Trainer, "_train_step", original)
-    assert _run(out, run_dir, "--resume") == 0
+    # Resumed without --precision: the run's fp32 goes on (it fell back to "auto", bf16 where the CPU has it).
+    without = [a for a in TINY if a not in ("--precision", "fp32")]
+    assert cli.main([*without, "--out", str(out), "--run-dir", str(run_dir), "--resume"]) == 0
+    assert json.loads((run_dir / "run_config.json").read_text())["precision"] == "fp32"
     a = load_file(tiny_run / "tiny-model" / "model.safetensors")
     b = load_file(out / "model.safetensors")
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
