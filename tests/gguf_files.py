@@ -86,18 +86,13 @@ def write_gguf_from_hf(folder: Path, path: Path, type_name: str, tokenizer: bool
                 if key in rope:
                     add(rope[key])
         elif rope.get("rope_type") == "llama3":  # no keys: one factor per frequency, the tensor rope_freqs
-            theta, original = rope.get("rope_theta", 1e4), rope["original_max_position_embeddings"]
-            low, high, factor = rope["low_freq_factor"], rope["high_freq_factor"], rope["factor"]
-            llama3_factors = []
-            for f in (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)).tolist():
-                wavelength = 2 * math.pi / f
-                if wavelength < original / high:
-                    llama3_factors.append(1.0)
-                elif wavelength > original / low:
-                    llama3_factors.append(factor)
-                else:
-                    smooth = (original / wavelength - low) / (high - low)
-                    llama3_factors.append(1 / ((1 - smooth) / factor + smooth))
+            from solo.model.gguf import llama3_rope_factors
+
+            theta = rope.get("rope_theta", 1e4)
+            inv_freq = (1.0 / theta ** (torch.arange(0, head_dim, 2, dtype=torch.float32) / head_dim)).tolist()
+            llama3_factors = llama3_rope_factors([2 * math.pi / f for f in inv_freq], rope["factor"],
+                                                 rope["low_freq_factor"], rope["high_freq_factor"],
+                                                 rope["original_max_position_embeddings"])
     writer.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
     writer.add_vocab_size(cfg["vocab_size"])
     writer.add_file_type(_FILE_TYPE[type_name])

@@ -651,6 +651,30 @@ def _rope_scaling_fields(reader: Any, src: Path, arch: str, raw: dict[str, Any])
     return {"rope_parameters": {**params, **yarn}}
 
 
+def llama3_rope_factors(wavelengths: Sequence[float], factor: float, low_freq_factor: float,
+                        high_freq_factor: float, original: float) -> list[float]:
+    """Llama 3.1's RoPE scaling as a factor per frequency, the values of llama.cpp's `rope_freqs` tensor.
+
+    Each rotated frequency's wavelength is stretched by 1 below original / high_freq_factor, by `factor` above
+    original / low_freq_factor, and by 1 / ((1 - s) / factor + s) between, s = (original / wavelength -
+    low_freq_factor) / (high_freq_factor - low_freq_factor) (Meta's scaling, transformers'
+    `_compute_llama3_parameters`, llama.cpp's converter).
+
+    Args:
+        wavelengths: 2 pi / inverse frequency of each rotated pair, [head_dim / 2].
+    """
+    out = []
+    for w in wavelengths:
+        if w < original / high_freq_factor:
+            out.append(1.0)
+        elif w > original / low_freq_factor:
+            out.append(factor)
+        else:
+            s = (original / w - low_freq_factor) / (high_freq_factor - low_freq_factor)
+            out.append(1 / ((1 - s) / factor + s))
+    return out
+
+
 def _llama3_fields(factors: list[float], theta: float, head_dim: int, original: int | None,
                    src: Path) -> dict[str, Any]:
     """Llama 3.1's RoPE scaling parameters (rope_type "llama3") that give llama.cpp's `rope_freqs` factors.
@@ -686,17 +710,8 @@ def _llama3_fields(factors: list[float], theta: float, head_dim: int, original: 
     original = original or 8192
     wavelengths = [2 * math.pi * theta ** (2 * i / head_dim) for i in range(n)]
 
-    def stretch(low: float, high: float) -> list[float]:  # transformers' formula, as a factor per frequency
-        out = []
-        for w in wavelengths:
-            if w < original / high:
-                out.append(1.0)
-            elif w > original / low:
-                out.append(factor)
-            else:
-                s = (original / w - low) / (high - low)
-                out.append(1 / ((1 - s) / factor + s))
-        return out
+    def stretch(low: float, high: float) -> list[float]:
+        return llama3_rope_factors(wavelengths, factor, low, high, original)
 
     # In x = original / wavelength: x > high_freq_factor keeps its frequency, x < low_freq_factor takes `factor`,
     # and between them s = (x - low) / (high - low) is a line.
