@@ -50,15 +50,20 @@ def _line_reader() -> Callable[[str], str]:
         try:
             path = history_file()
             path.parent.mkdir(parents=True, exist_ok=True)
+            if path.exists() and not (path.is_file() and os.access(path, os.R_OK | os.W_OK)) or (
+                    not path.exists() and not os.access(path.parent, os.W_OK)):
+                # (prompt_toolkit printed a traceback at every line it could not append)
+                raise OSError(f"{path} cannot be read and written")
             history = FileHistory(str(path))
-        except OSError:  # a read-only home: history for this session only
+        except OSError as exc:  # a read-only home: history for this session only
+            print(f"(line history is kept for this session only: {exc})", file=sys.stderr)
             history = InMemoryHistory()
         session: Any = PromptSession(history=history)
         return lambda prompt: session.prompt(prompt)
 
     def read(prompt: str) -> str:
-        sys.stdout.write(prompt)
-        sys.stdout.flush()
+        sys.stderr.write(prompt)  # (stdout holds the replies only: a pipe gets the answers)
+        sys.stderr.flush()
         line = sys.stdin.readline()
         if not line:
             raise EOFError
@@ -145,8 +150,14 @@ class ChatSession:
                 self.system = None
                 self.say("system message removed")
             else:
-                self.system = rest
-                self.say("system message set; it applies to the whole conversation")
+                alone = self._system_tokens(rest)
+                context = self.engine.config.context_length
+                if alone is not None and alone >= context:  # (every message after it was refused)
+                    self.say(f"solo: error: that system message is {alone} tokens with a one-word message, which "
+                             f"leaves no room in {self.engine.context_name}, {context} tokens; shorten it")
+                else:
+                    self.system = rest
+                    self.say("system message set; it applies to the whole conversation")
         elif name == "/save":
             self._save(rest)
         else:
@@ -182,6 +193,14 @@ class ChatSession:
             return
         self.say(f"saved {len(data['messages'])} messages to {path}")
 
+    def _system_tokens(self, system: str) -> int | None:
+        # A prompt of the system message and a one-word message, or None where the template cannot say.
+        try:
+            return len(self.engine.encode_prompt([{"role": "system", "content": system},
+                                                  {"role": "user", "content": "hi"}], self.template_kwargs))
+        except SoloError:
+            return None
+
     def _prompt_tokens(self) -> int:
         # The conversation's prompt length as the model will see it (with the template variables of the turns).
         return len(self.engine.encode_prompt(self.messages(), self.template_kwargs))
@@ -193,7 +212,12 @@ class ChatSession:
         engine = self.engine
         self.history.append({"role": "user", "content": line})
         turn = self.params.copy(max_tokens=self.params.max_tokens)
-        first, need, context = self.first, turn.max_tokens or 1, engine.config.context_length
+        context = engine.config.context_length
+        # Without --max-tokens the reply's default budget (at most half the context) is what the older turns make
+        # room for (they were kept and the reply cut to the few tokens left); a message too long for it alone
+        # takes whatever room there is.
+        default = min(max(engine.defaults.max_new_tokens or 256, turn.min_tokens or 0), context // 2)
+        first, need = self.first, turn.max_tokens or default
         try:
             used = self._prompt_tokens()
             # As Ollama and llama.cpp's chat keep going: the oldest turns leave the context, said once here.
@@ -202,6 +226,8 @@ class ChatSession:
                 while self.first < len(self.history) - 1 and self.history[self.first]["role"] != "user":
                     self.first += 1  # the model's context starts at a user message
                 used = self._prompt_tokens()
+            if turn.max_tokens is None and used + need > context:
+                need = 1
         except SoloError as exc:
             self.history.pop()
             self.first = first
@@ -210,8 +236,10 @@ class ChatSession:
         if used + need > context:
             self.history.pop()
             self.first = first
-            self.say(f"solo: error: this message is {used} tokens; with {need} more it does not fit "
+            system = " with the system message" if self.system is not None else ""
+            self.say(f"solo: error: this message is {used} tokens{system}; with {need} more it does not fit "
                      f"{engine.context_name}, {context} tokens. Shorten the message"
+                     f"{' or the system message (/system)' if system else ''}"
                      f"{' or lower --max-tokens' if turn.max_tokens else ''}")
             return
         if self.first > first:

@@ -235,3 +235,64 @@ def test_a_max_tokens_that_leaves_no_room_for_a_message_is_refused_at_start(tiny
     err = capsys.readouterr().err
     assert "solo: error: --max-tokens 100 leaves no room for a message: the shortest one's prompt is " in err
     assert "lower --max-tokens to at most" in err
+
+
+def test_without_max_tokens_older_turns_make_room_for_a_whole_reply(tiny_llama):
+    # From a break test: without --max-tokens the turns were kept while the prompt fit with one token to spare,
+    # and the reply was cut to the few tokens left (finish: length after 1-9 tokens).
+    import dataclasses
+
+    engine = Engine.load(tiny_llama)  # (a 256-token context)
+    engine.defaults = dataclasses.replace(engine.defaults, max_new_tokens=32)
+    err = io.StringIO()
+    session = ChatSession(engine, SamplingParams(ignore_eos=True), None, iter(()).__next__, io.StringIO(), err)
+    session.turn("word " * 10)
+    assert "+ 32 generated" in err.getvalue() and session.first == 0
+    session.turn("word " * 28)  # beside the first turn 235 of 256 tokens, fewer than 32 left: that turn leaves
+    assert session.first == 2 and "left out" in err.getvalue() and "error" not in err.getvalue()
+    assert err.getvalue().count("+ 32 generated") == 2
+
+
+def test_a_system_message_that_leaves_no_room_is_refused_when_set(engine):
+    # From a break test: /system accepted it, then every message was refused as too long, naming the message.
+    long = "word " * 400
+    session, _, err = _session(engine, [f"/system {long}", "hi"])
+    session.loop()
+    text = err.getvalue()
+    assert "that system message is" in text and "shorten it" in text and session.system is None
+    assert "[TTFT" in text  # "hi" still runs
+
+
+def test_piped_prompts_go_to_stderr(tiny_llama, monkeypatch, capsys):
+    # From a break test: piped, the ">>> " prompts and /reset's question were written among the replies on stdout.
+    from solo.chat import _line_reader
+
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    read = _line_reader()
+    assert read(">>> ") == "hi"
+    out, err = capsys.readouterr()
+    assert out == "" and err == ">>> "
+
+
+def test_a_history_file_that_cannot_be_written_is_kept_in_memory(tmp_path, monkeypatch, capsys):
+    # From a break test: a history path that is a folder (or a file in a read-only home) made prompt_toolkit
+    # print a traceback at every line.
+    pytest.importorskip("prompt_toolkit")
+    from prompt_toolkit.history import InMemoryHistory
+
+    import solo.chat as chat
+
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path))
+    (tmp_path / "solo" / "chat_history").mkdir(parents=True)  # a folder where the file should be
+    monkeypatch.setattr("sys.stdin.isatty", lambda: True, raising=False)
+    monkeypatch.setattr("sys.stdout.isatty", lambda: True, raising=False)
+    made = {}
+
+    class Session:
+        def __init__(self, history):
+            made["history"] = history
+
+    monkeypatch.setattr("prompt_toolkit.PromptSession", Session)
+    chat._line_reader()
+    assert isinstance(made["history"], InMemoryHistory)
+    assert "line history is kept for this session only" in capsys.readouterr().err
