@@ -16,21 +16,6 @@ from solo.errors import ModelNotFoundError, SoloError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _BARE_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*$")  # ("gpt2": the Hub's ids from before organisations)
-
-
-def is_hub_id(name: str) -> bool:
-    """Whether `name` names a Hub model.
-
-    "org/name", or a bare "name" the Hugging Face cache holds (`solo list` shows such models, e.g. gpt2); a bare
-    name not cached is taken for a missing local folder, not asked of the Hub.
-    """
-    if _HUB_ID.match(name):
-        return True
-    if not _BARE_HUB_ID.match(name):
-        return False
-    from solo.model.store import _cache
-
-    return (Path(_cache(None)) / f"models--{name}").is_dir()
 # "org/name:Q8_0": one quantization of a repository of GGUF files (llama.cpp's -hf and Ollama's hf.co syntax).
 _HUB_PREFIX = re.compile(r"^(?:https?://)?(?:hf\.co|huggingface\.co)/", re.IGNORECASE)  # (Ollama's hf.co/org/name)
 _COMMIT = re.compile(r"[0-9a-f]{40}")  # a full commit hash: a revision whose files never change
@@ -44,6 +29,19 @@ HUB_FILE_PATTERNS = ["*.json", "*.safetensors", "tokenizer.model", "*.jinja", "*
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 DTYPE_CHOICES = ("auto", *_DTYPES)
 """Values accepted for `dtype` / `--dtype`."""
+
+
+def is_hub_id(name: str) -> bool:
+    """Whether `name` names a Hub model.
+
+    "org/name", or a bare "name" the Hugging Face cache holds (`solo list` shows such models, e.g. gpt2); a bare
+    name not cached is taken for a missing local folder, not asked of the Hub.
+    """
+    import huggingface_hub.constants as hf_constants
+
+    if _HUB_ID.match(name):
+        return True
+    return bool(_BARE_HUB_ID.match(name)) and (Path(hf_constants.HF_HUB_CACHE) / f"models--{name}").is_dir()
 
 
 def check_local_model(model: str | Path | None, revision: str | None = None, context_length: int | None = None

@@ -344,6 +344,12 @@ def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) ->
             + partial_freed)
 
 
+def _check_revision(revision: str) -> None:
+    if not revision.strip():
+        raise SoloError("--revision is empty; give a branch, a tag or a commit hash (`solo list` shows the cached "
+                        "ones)")
+
+
 def cached_commit(repo_id: str, revision: str | None, cache_dir: str | Path | None = None) -> str | None:
     """`revision` as huggingface_hub takes it.
 
@@ -355,9 +361,7 @@ def cached_commit(repo_id: str, revision: str | None, cache_dir: str | Path | No
     """
     if revision is None:
         return None
-    if not revision.strip():
-        raise SoloError("--revision is empty; give a branch, a tag or a commit hash (`solo list` shows the cached "
-                        "ones)")
+    _check_revision(revision)
     if not 4 <= len(revision) < 40 or any(c not in "0123456789abcdef" for c in revision.lower()):
         return revision
     try:
@@ -379,9 +383,7 @@ def cached_revisions_named(repo: Any, revision: str) -> list[Any]:  # noqa: ANN4
         SoloError: an empty revision, or a short hash that begins several cached commits (the message lists
             them: give more of the hash).
     """
-    if not revision.strip():
-        raise SoloError("--revision is empty; give a branch, a tag or a commit hash (`solo list` shows the cached "
-                        "ones)")
+    _check_revision(revision)
     named = [r for r in repo.revisions if revision in r.refs]
     if named:
         return named
