@@ -14,6 +14,7 @@ import argparse
 import contextlib
 import json
 import os
+import random
 import signal
 import sys
 import threading
@@ -212,6 +213,10 @@ class ChatSession:
         engine = self.engine
         self.history.append({"role": "user", "content": line})
         turn = self.params.copy(max_tokens=self.params.max_tokens)
+        seed = None
+        if not turn.resolve(engine.defaults).greedy:  # a sampled reply names its seed, as `solo run` does
+            seed = turn.seed if turn.seed not in (None, -1) else random.randrange(2**32)
+            turn = turn.copy(seed=seed)
         context = engine.config.context_length
         # Without --max-tokens the reply's default budget (at most half the context) is what the older turns make
         # room for (they were kept and the reply cut to the few tokens left); a message too long for it alone
@@ -274,7 +279,7 @@ class ChatSession:
         if last is not None and last.finish_reason is not None:
             self.out.write("\n")
             self.out.flush()
-            self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name))
+            self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name, seed))
         self.history.append(show.message())
 
 

@@ -296,3 +296,19 @@ def test_a_history_file_that_cannot_be_written_is_kept_in_memory(tmp_path, monke
     chat._line_reader()
     assert isinstance(made["history"], InMemoryHistory)
     assert "line history is kept for this session only" in capsys.readouterr().err
+
+
+def test_a_sampled_reply_names_its_seed(engine):
+    # As `solo run` does, so a reply worth keeping can be repeated; a greedy one has no seed to name.
+    err = io.StringIO()
+    session = ChatSession(engine, SamplingParams(max_tokens=3, temperature=1.0), None, iter(()).__next__,
+                          io.StringIO(), err)
+    session.turn("hi")
+    seed = int(err.getvalue().rsplit("seed: ", 1)[1].split("]")[0])
+    again = ChatSession(engine, SamplingParams(max_tokens=3, temperature=1.0, seed=seed), None, iter(()).__next__,
+                        io.StringIO(), io.StringIO())
+    again.turn("hi")
+    assert again.history[-1] == session.history[-1]
+    greedy, _, greedy_err = _session(engine, ["hi"])
+    greedy.loop()
+    assert "seed:" not in greedy_err.getvalue()
