@@ -107,13 +107,13 @@ class ChatTemplate:
         self.tool_format = tool_format or detect_tool_format(source)
         """The tool-call syntax the template teaches (`solo.engine.tool_calls.TOOL_FORMATS`), or None."""
         self.single_tool_call = "only supports single tool-calls" in source
+        """The template refuses an assistant turn with several calls (Llama 3.1-3.3's raise "This model only
+        supports single tool-calls at once!"), so a reply gets one call whatever parallel_tool_calls asks: several
+        would be refused when the conversation is sent back."""
         self.nine_char_call_ids = "alphanumeric strings with length 9" in source
         """The template refuses tool-call ids other than 9 letters or digits (Mistral v0.3's raise "Tool call IDs
         should be alphanumeric strings with length 9!"): other ids (OpenAI's call_..., Anthropic's toolu_...) are
         rewritten for it, each call and its result alike."""
-        """The template refuses an assistant turn with several calls (Llama 3.1-3.3's raise "This model only
-        supports single tool-calls at once!"), so a reply gets one call whatever parallel_tool_calls asks: several
-        would be refused when the conversation is sent back."""
 
     def render(
         self,

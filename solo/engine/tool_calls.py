@@ -895,22 +895,24 @@ def _leading_json(text: str, markers: tuple[str, ...] = ()) -> tuple[list[Any], 
     return values, end
 
 
+_BLANKS = re.compile(r"\s*")
+
+
 def _complete_items(text: str, start: int) -> tuple[int, int, int]:
     # The complete items of a JSON array that opens at `start` (after blanks) and does not close: where the first
     # starts, where the last complete one ends and where the item after it starts; (0, 0, 0) without one.
     decoder = json.JSONDecoder(strict=False, parse_constant=_reject, parse_float=_finite)
-    i = start + len(text[start:]) - len(text[start:].lstrip())
+    i = _BLANKS.match(text, start).end()
     if not text.startswith("[", i):
         return 0, 0, 0
     first = last = 0
     i += 1
     while True:
-        i += len(text[i:]) - len(text[i:].lstrip())
+        i = _BLANKS.match(text, i).end()
         if last:
             if not text.startswith(",", i):
                 break
-            i += 1
-            i += len(text[i:]) - len(text[i:].lstrip())
+            i = _BLANKS.match(text, i + 1).end()
         try:
             _, end = decoder.raw_decode(text, i)
         except ValueError:

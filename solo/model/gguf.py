@@ -560,14 +560,8 @@ def _gemma3_fields(reader: Any, src: Path, raw: dict[str, Any]) -> dict[str, Any
     Raises:
         UnsupportedArchitectureError: a RoPE scaling type other than linear.
     """
-    from gguf import GGUFValueType
-
     def field(key: str) -> Any:  # noqa: ANN401
-        f = reader.fields.get(f"gemma3.{key}")
-        if f is None:
-            return None
-        value = f.parts[f.data[0]]
-        return bytes(value).decode() if f.types[0] == GGUFValueType.STRING else value[0].item()
+        return _metadata(reader, f"gemma3.{key}")
 
     head_dim = int(raw.get("head_dim") or int(raw["hidden_size"]) // int(raw["num_attention_heads"]))
     fields: dict[str, Any] = {"query_pre_attn_scalar": gemma3_query_pre_attn_scalar(
@@ -601,14 +595,8 @@ def _rope_scaling_fields(reader: Any, src: Path, arch: str, raw: dict[str, Any])
         CheckpointError: a scaling whose values are missing or not numbers, or a `rope_freqs` tensor that is not
             Llama 3's.
     """
-    from gguf import GGUFValueType
-
     def field(key: str) -> Any:  # noqa: ANN401
-        f = reader.fields.get(f"{arch}.rope.scaling.{key}")
-        if f is None or not f.data:
-            return None
-        value = f.parts[f.data[0]]
-        return bytes(value).decode() if f.types[0] == GGUFValueType.STRING else value[0].item()
+        return _metadata(reader, f"{arch}.rope.scaling.{key}")
 
     params = dict(raw.get("rope_parameters") or {})
     params.setdefault("rope_theta", float(raw.get("rope_theta") or 10000.0))
@@ -862,6 +850,17 @@ def _spm_space_prefix(path: Path, reader: Any) -> bool:  # noqa: ANN401
     data["pre_tokenizer"] = None
     _write_json(path, data)
     return True
+
+
+def _metadata(reader: Any, key: str) -> Any:  # noqa: ANN401
+    # A metadata value of the file: its string or its (first) number; None where the file has none.
+    from gguf import GGUFValueType
+
+    field = reader.fields.get(key)
+    if field is None or not field.data:
+        return None
+    value = field.parts[field.data[0]]
+    return bytes(value).decode() if field.types[0] == GGUFValueType.STRING else value[0].item()
 
 
 def _number(reader: Any, key: str) -> float | None:  # noqa: ANN401

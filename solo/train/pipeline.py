@@ -149,10 +149,14 @@ def _run_precision(opts: RunOptions, log: Callable[[str], None]) -> str:
         else:
             log(f"--resume: training goes on with --precision {precision} (the run started with {stored})")
     data["precision"] = precision
-    tmp = path.with_suffix(".tmp")
+    _write_run_config(path, data)
+    return precision
+
+
+def _write_run_config(path: Path, data: dict) -> None:
+    tmp = path.with_suffix(".tmp")  # (whole or not at all: an interrupt must not leave a cut run config)
     tmp.write_text(json.dumps(data, indent=2) + "\n")
     os.replace(tmp, path)
-    return precision
 
 
 def _check_recorded(run_dir: Path, key: str, value: str, resume: bool) -> None:
@@ -162,9 +166,7 @@ def _check_recorded(run_dir: Path, key: str, value: str, resume: bool) -> None:
     if resume and key in data and data[key] != value:
         raise ValueError(f"--resume: {key} changed since the run started ({data[key]} -> {value})")
     data[key] = value
-    tmp = path.with_suffix(".tmp")  # (whole or not at all: an interrupt must not leave a cut run config)
-    tmp.write_text(json.dumps(data, indent=2) + "\n")
-    os.replace(tmp, path)
+    _write_run_config(path, data)
 
 
 def _tokenize(cfg: TrainConfig, corpus: Corpus, opts: RunOptions, log: Callable[[str], None]):
