@@ -94,10 +94,11 @@ for a free row: its prefill (and first token) goes first, and the requests not s
 step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
-a request that would wait longer than that for a row, at the rate rows have been freeing lately (the last
-`RELEASE_WINDOW` releases), is refused at once instead of queued, so the TTFT of admitted requests stays
-near the budget while the excess gets 503s (a dynamic queue bound: budget x release rate; requests of a
-more urgent priority count only those of the same or more urgent priority ahead of them). Near the
+a request that would wait longer than that for a row (the median time by which enough running requests end,
+from how long the recent ones ran past each one's length; deeper queues at the rate rows have been freeing
+lately, the last `RELEASE_WINDOW` releases) is refused at once instead of queued, so the TTFT of admitted
+requests stays near the budget while the excess gets 503s (requests of a more urgent priority count only
+those of the same or more urgent priority ahead of them). Near the
 slot-limited capacity, requests queue for a row whenever Poisson arrivals clump (Erlang C), and that
 wait, not compute, is what makes up TTFT's tail (benchmarks/results/load-ttft-*.md). A request that does
 not fit is refused at once with `QueueFullError`, which carries an estimate of when a place frees: the
@@ -120,6 +121,7 @@ session's, "suffix"), never from its neighbours.
 from __future__ import annotations
 
 import asyncio
+import bisect
 import logging
 import math
 import os
@@ -177,7 +179,8 @@ PAUSE_TAIL_TOKENS = 16
 cost, which the paused rows wait."""
 
 RELEASE_WINDOW = 64
-"""Recent row releases whose rate `max_queue_wait_s` admission control predicts the queue wait from."""
+"""Recent row releases (their times and their requests' lengths) `max_queue_wait_s` admission control predicts
+the queue wait from."""
 
 TOKEN_S_WINDOW_S = 10.0
 """Seconds of recent steps whose time per generated token Retry-After's estimate takes."""
@@ -424,6 +427,7 @@ class Scheduler:
         self.max_queue_wait_s = max_queue_wait_s
         """Longest predicted wait for a row a request is queued for (None: no bound but max_queue)."""
         self._releases: deque[float] = deque(maxlen=RELEASE_WINDOW)  # perf_counter() of recent row releases
+        self._released_lengths: deque[int] = deque(maxlen=RELEASE_WINDOW)  # their requests' generated tokens
         if prefix_cache is not None:
             prefix_cache.reserve(max_batch, max_seq)
         else:
@@ -575,21 +579,71 @@ class Scheduler:
         return (len(times) - 1) / (times[-1] - times[0])
 
     def _check_queue_wait(self, rows: int, priority: int) -> None:
-        # Admission control by time (call with the lock held): the rows that must free before the last of
-        # these `rows` gets one, at the recent release rate, against max_queue_wait_s.
+        # Admission control by time (call with the lock held): refused when the wait until the last of these
+        # `rows` gets a row is predicted past max_queue_wait_s (`_predicted_wait_past_limit_s`).
         if self.max_queue_wait_s is None:
             return
         ahead = sum(1 for s in self._waiting if s.priority <= priority) + rows - len(self._free_rows)
-        rate = self._release_rate()
-        if ahead <= 0 or rate is None:
-            return
-        wait_s = ahead / rate
-        if wait_s > self.max_queue_wait_s:
+        wait_s = self._predicted_wait_past_limit_s(ahead) if ahead > 0 else None
+        if wait_s is not None:
             retry_s = max(1, min(3600, math.ceil(wait_s - self.max_queue_wait_s)))
             raise QueueFullError(
                 f"the server is at capacity: a slot is expected to free for this request in about {wait_s:.1f} s "
                 f"({len(self._running)} running, {len(self._waiting)} waiting), more than the queue-wait limit "
                 f"of {self.max_queue_wait_s:g} s; retry in about {retry_s} s", retry_after_s=retry_s)
+
+    def _predicted_wait_past_limit_s(self, ahead: int) -> float | None:
+        # Seconds until `ahead` more rows are expected to free where that is past max_queue_wait_s, else None
+        # (call with the lock held). Where the running requests are enough (`ahead` of them): the median
+        # time by which `ahead` of them end (`_chance_of_releases`), at a row's recent time per token. The
+        # rate rows have been freeing says about the same on average but not when the rows held now free:
+        # after a burst of short requests it predicted a fraction of a second while one long request held
+        # the only row for 20 s more. Later waves, or before any decode step (no time per token), take that
+        # rate (the last RELEASE_WINDOW releases; none before 8 of them: then only max_queue bounds the queue).
+        limit_s = self.max_queue_wait_s or 0.0
+        row_ns, tokens = self._token_s_sums[1], self._token_s_sums[2]
+        if ahead > len(self._running) or tokens <= 0:
+            rate = self._release_rate()
+            return ahead / rate if rate is not None and ahead / rate > limit_s else None
+        token_s = row_ns / 1e9 / tokens
+        lengths = sorted(self._released_lengths)
+        if self._chance_of_releases(ahead, limit_s / token_s, lengths) >= 0.5:
+            return None
+        # The first time on a geometric grid past the limit by which it is an even chance, by bisection (the
+        # chance grows with the time; every request ends by its token budget, so the last point is certain).
+        last_s = max(max(1, s.request.max_new_tokens - len(s.request.output_ids)) for s in self._running) * token_s
+        first_s = max(limit_s, token_s)
+        lo, hi = 0, max(1, math.ceil(math.log(max(last_s, first_s) / first_s, 1.25)))
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if self._chance_of_releases(ahead, first_s * 1.25 ** mid / token_s, lengths) >= 0.5:
+                hi = mid
+            else:
+                lo = mid + 1
+        return max(min(first_s * 1.25 ** lo, last_s), limit_s)
+
+    def _chance_of_releases(self, ahead: int, within_tokens: float, lengths: list[int]) -> float:
+        # The probability that at least `ahead` running requests end within their next `within_tokens`
+        # tokens (call with the lock held; `lengths`: the recently finished requests' generated tokens,
+        # sorted). A request that has generated k tokens ends within them with the share of the finished
+        # requests longer than k that ended by k + within_tokens (its empirical residual length); where none
+        # was longer, as a heavy-tailed length whose median residual is its age: within / (k + within); and
+        # certainly where its token budget runs out first. Independent requests: the count's distribution
+        # by dynamic programming over them, capped at `ahead`.
+        at_least = [1.0] + [0.0] * ahead  # at_least[j]: P(j or more of the requests so far end)
+        for s in self._running:
+            made = len(s.request.output_ids)
+            if within_tokens >= s.request.max_new_tokens - made:
+                p = 1.0
+            else:
+                past = bisect.bisect_right(lengths, made)
+                if past < len(lengths):
+                    p = (bisect.bisect_right(lengths, made + within_tokens) - past) / (len(lengths) - past)
+                else:
+                    p = within_tokens / (max(1, made) + within_tokens)
+            for j in range(ahead, 0, -1):
+                at_least[j] = at_least[j] * (1 - p) + at_least[j - 1] * p
+        return at_least[ahead]
 
     def _note_token_time(self, seconds: float, rows: int, tokens: int) -> None:
         # One whole step for Retry-After: `seconds` of wall time in which `rows` rows got `tokens` tokens.
@@ -1100,6 +1154,7 @@ class Scheduler:
             self._free_rows.extend(s.row for s in done)
             now = time.perf_counter()
             self._releases.extend(now for _ in done)
+            self._released_lengths.extend(len(s.request.output_ids) for s in done)
             self._publish_load()
         for seq in done:
             request = seq.request

@@ -254,3 +254,51 @@ def test_queue_wait_limit_refuses_what_would_wait_too_long_for_a_row(engine):
         scheduler.stop()
     with pytest.raises(ValueError, match="max_queue_wait_s"):
         Scheduler(engine.runtime, max_batch=1, max_queue=1, max_seq=256, max_queue_wait_s=-1)
+
+
+def test_queue_wait_limit_counts_how_long_the_running_requests_have_left(engine):
+    # After a burst of short requests the release rate predicted a slot within a fraction of a second
+    # while one long request held the only row for 20 s more: the request was admitted and waited 24 s
+    # against a 2 s limit, and those refused were told to retry in 2 s. Where the running requests are
+    # enough for the rows needed, the median time by which they end decides.
+    from types import SimpleNamespace
+
+    scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=8, max_seq=4096, max_queue_wait_s=2.0)
+    loop = asyncio.new_event_loop()
+    try:
+        def running(made: int, max_new_tokens: int):
+            return SimpleNamespace(request=SimpleNamespace(output_ids=[0] * made, max_new_tokens=max_new_tokens))
+
+        with scheduler._cond:
+            scheduler._releases.extend(i * 0.05 for i in range(10))  # 10 short requests, 20 released a second
+            scheduler._released_lengths.extend([2] * 10)
+            scheduler._note_token_time(0.015, 1, 1)  # 15 ms per token
+            scheduler._free_rows.clear()
+            scheduler._running = [running(200, 1500)]  # outlived every recent request: even odds of 200 more
+        assert scheduler.release_rate() == pytest.approx(20.0)
+        with pytest.raises(QueueFullError, match="queue-wait limit") as refused:
+            scheduler.submit([make(engine, "b", max_tokens=1)], loop)
+        assert "about 3.1 s" in str(refused.value)  # 200 tokens x 15 ms, on a grid of x1.25 steps from 2 s
+        assert refused.value.retry_after_s == 2  # less the 2 s limit
+        # Near its token budget it is certain to end within the limit: admitted.
+        with scheduler._cond:
+            scheduler._running = [running(1400, 1500)]
+        admitted = scheduler.submit([make(engine, "c", max_tokens=1)], loop)
+        admitted.cancel()
+        # Recent requests as long as this one: the share of them that ended within the limit's tokens counts.
+        with scheduler._cond:
+            scheduler._waiting.clear()
+            scheduler._released_lengths.clear()
+            scheduler._released_lengths.extend([260] * 5 + [900] * 5)
+            scheduler._running = [running(200, 1500)]
+        admitted = scheduler.submit([make(engine, "d", max_tokens=1)], loop)  # half of them ended within 133
+        admitted.cancel()
+        with scheduler._cond:
+            scheduler._waiting.clear()
+            scheduler._released_lengths.clear()
+            scheduler._released_lengths.extend([260] * 4 + [900] * 6)
+        with pytest.raises(QueueFullError) as refused:
+            scheduler.submit([make(engine, "e", max_tokens=1)], loop)
+        assert "about 11.9 s" in str(refused.value)  # even odds at 700 more tokens x 15 ms = 10.5 s, on the grid
+    finally:
+        loop.close()
