@@ -5,7 +5,8 @@ with XGrammar (Dong et al. 2024, "XGrammar: Flexible and Efficient Structured Ge
 Language Models") or llguidance (guidance-ai, the engine behind OpenAI's structured outputs), each
 falling back to the other where the first rejects a grammar. XGrammar goes first (its masks measured
 10-15x faster), except for JSON Schemas with string minLength / maxLength, which go to llguidance first
-(XGrammar 0.2.9 lets raw control characters into such strings, which is not JSON); tool-call formats
+(XGrammar 0.2.9 lets raw control characters into such strings, which is not JSON), and those with what
+`xgrammar_mishandles` or `required_xgrammar_drops` names; tool-call formats
 (XGrammar structural tags) go to XGrammar only. A compiled grammar makes
 one `TokenConstraint` per request: a matcher plus a packed bitmask (int32 [ceil(vocab / 32)], bit i of
 word i // 32 set when token i is allowed).
@@ -272,8 +273,10 @@ class ConstraintCompiler:
         # llguidance on an 8k vocabulary). But XGrammar 0.2.9 lets raw control characters into strings that
         # have a minLength / maxLength (not valid JSON), so such schemas go to llguidance.
         # XGrammar also leaves some `required` names unenforced (`required_xgrammar_drops`); llguidance writes them.
+        # So do schemas with the keywords `xgrammar_mishandles` names.
         llguidance_first = spec.kind == "json_schema" and (_has_string_length(spec.value)
-                                                           or bool(required_xgrammar_drops(spec.value)))
+                                                           or bool(required_xgrammar_drops(spec.value))
+                                                           or xgrammar_mishandles(spec.value) is not None)
         order = ("llguidance", "xgrammar") if llguidance_first else ("xgrammar", "llguidance")
         errors = []
         for backend in order:
@@ -481,6 +484,78 @@ def required_xgrammar_drops(schema: Any, in_branch: bool = False) -> list[str]: 
         else:
             found += required_xgrammar_drops(value, key in _BRANCHES)
     return found
+
+
+# Keywords that describe a schema without constraining its values (JSON Schema's annotations).
+_ANNOTATIONS = frozenset({"$ref", "$schema", "$id", "$comment", "$anchor", "title", "description", "default",
+                          "examples", "deprecated", "readOnly", "writeOnly"})
+
+
+def xgrammar_mishandles(schema: Any) -> str | None:  # noqa: ANN401
+    r"""What in a JSON Schema XGrammar would let an output break, or None (llguidance holds all three).
+
+    Checked against XGrammar 0.2.9 by random walks through its masks: a `pattern` that spells a quote, a
+    backslash or a control character, alone or in a character class (`^say "[a-z]+"$`, `^C:\\`, `[\t ]`;
+    ranges, negated classes and "." are kept to JSON's string characters): XGrammar matches it against the
+    raw text between the quotes, so it writes the character unescaped (not JSON) or an escape that decodes
+    to another string; keywords beside a `$ref` (`{"$ref": ..., "enum": [...]}`: JSON Schema applies both
+    since 2019-09, XGrammar only the reference); `patternProperties` (XGrammar repeats a key and lets
+    whitespace past `MAX_WHITESPACE`).
+
+    Args:
+        schema: a JSON Schema (any JSON value).
+
+    Returns:
+        A phrase naming the first such keyword found, for an error message; None when there is none.
+    """
+    if isinstance(schema, list):
+        return next((found for value in schema if (found := xgrammar_mishandles(value))), None)
+    if not isinstance(schema, Mapping):
+        return None
+    pattern = schema.get("pattern")
+    if isinstance(pattern, str) and _matches_raw_json_text(pattern):
+        return f"a pattern ({pattern!r}) that spells a quote, a backslash or a control character"
+    if isinstance(schema.get("$ref"), str):
+        beside = sorted(k for k in schema if k not in _ANNOTATIONS)
+        if beside:
+            return f"keywords beside a $ref ({', '.join(beside)})"
+    if "patternProperties" in schema:
+        return "patternProperties"
+    for key, value in schema.items():
+        if key in _DATA_KEYWORDS:
+            continue
+        values = value.values() if key in _SCHEMA_MAPS and isinstance(value, Mapping) else [value]
+        found = next((found for sub in values if (found := xgrammar_mishandles(sub))), None)
+        if found:
+            return found
+    return None
+
+
+# Regex escapes of characters JSON writes escaped: \\ \" \t \n \r \f \v \0 \cX; \x / \u by their value.
+_RAW_JSON_ESCAPES = frozenset('\\"tnrfv0c')
+
+
+def _matches_raw_json_text(pattern: str) -> bool:
+    # Whether a regex spells a quote, a backslash or a control character, alone or in a character class
+    # (XGrammar keeps ranges, negated classes and "." to JSON's string characters, not single characters).
+    i = 0
+    while i < len(pattern):
+        char = pattern[i]
+        if char == '"':
+            return True
+        if char == "\\" and i + 1 < len(pattern):
+            escaped = pattern[i + 1]
+            if escaped in _RAW_JSON_ESCAPES:
+                return True
+            digits = {"x": 2, "u": 4}.get(escaped, 0)
+            code = pattern[i + 2:i + 2 + digits]
+            if digits and len(code) == digits and re.fullmatch(r"[0-9a-fA-F]+", code) and (
+                    int(code, 16) < 0x20 or int(code, 16) in (0x22, 0x5C)):
+                return True
+            i += 2
+            continue
+        i += 1
+    return False
 
 
 _OPENERS = frozenset({"additionalProperties", "unevaluatedProperties", "patternProperties"})

@@ -699,7 +699,12 @@ class Engine:
                     source = getattr(params.response_format, "source", "response_format")
                     raise InvalidRequestError(f"{name} cannot be combined with {source}: the output's grammar decides "
                                               "which tokens may come and where the output ends", param=name)
-            constraint = self.constraints.compile(params.response_format).matcher(sorted(eos))
+            # Where the grammar may end: the model's EOS and special stop tokens. A stop id that is ordinary text
+            # (a quote) stays a token the grammar may write, and stops the output where it comes, as in vLLM (made
+            # an end token, it was banned where the grammar needed it: no token left, a 500).
+            specials = set(special.values())
+            text_stops = {t for t in params.stop_token_ids if t not in specials and t not in self.eos_ids}
+            constraint = self.constraints.compile(params.response_format).matcher(sorted(eos - text_stops))
         processors = LogitsProcessors(
             self.config.vocab_size, stop_ids=eos, min_tokens=params.min_tokens, logit_bias=params.logit_bias,
             allowed_token_ids=params.allowed_token_ids,

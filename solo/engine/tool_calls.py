@@ -46,6 +46,7 @@ from solo.engine.constraints import (
     check_json_schema,
     local_ref_target,
     required_xgrammar_drops,
+    xgrammar_mishandles,
 )
 from solo.errors import InvalidRequestError
 
@@ -299,6 +300,11 @@ def calls_or_format_constraint(fmt: str, tools: Sequence[Mapping[str, Any]], par
             '"none" to answer in the format, "required" for a call, or drop the format', param=source)
     tags = _auto_call_tags(fmt, tools)
     answer = response_format.value if response_format.kind == "json_schema" else {"type": "object"}
+    mishandled = xgrammar_mishandles(answer)
+    if mishandled:
+        raise InvalidRequestError(f"the schema in {source} uses {mishandled}, which a grammar of tool calls or that "
+                                  f'schema cannot enforce; {_MISHANDLED_FIX}, or send tool_choice "none" to answer in '
+                                  "the format", param=source)
     try:
         calls = TagsWithSeparatorFormat(tags=tags, separator=_CALL_SEPARATOR.get(fmt, "\n"), at_least_one=True,
                                         stop_after_first=not parallel_tool_calls)
@@ -377,6 +383,11 @@ def _arguments_format(fmt: str, schema: Mapping[str, Any]) -> Any:  # noqa: ANN4
     return JSONSchemaFormat(json_schema=dict(schema), max_whitespace_cnt=MAX_WHITESPACE, style=style)
 
 
+# What to do about `xgrammar_mishandles`' finds (tool-call grammars are XGrammar's structural tags only).
+_MISHANDLED_FIX = ("drop such a pattern (or its quote, backslash or control character), move keywords beside a $ref "
+                   "into the definition it names, use additionalProperties instead of patternProperties")
+
+
 def _check_enforceable(tool: Mapping[str, Any], xgrammar_only: bool = True) -> None:
     # Keywords no engine enforces are refused, as for response_format. Tool-call grammars in XGrammar's structural
     # tags (Hermes, Llama) cannot fall back to llguidance, which enforces what XGrammar leaves out of `required`.
@@ -388,6 +399,10 @@ def _check_enforceable(tool: Mapping[str, Any], xgrammar_only: bool = True) -> N
                                   "way the tool-call grammar cannot enforce (a name their properties do not define, "
                                   "or one required inside anyOf / allOf / oneOf / if-then-else); define it in "
                                   "properties and require it at the top level", param="tools")
+    mishandled = xgrammar_mishandles(parameters) if xgrammar_only else None
+    if mishandled:
+        raise InvalidRequestError(f"the parameters of tool {tool['function']['name']!r} use {mishandled}, which the "
+                                  f"tool-call grammar cannot enforce; {_MISHANDLED_FIX}", param="tools")
 
 
 def _parameters(tool: Mapping[str, Any]) -> dict[str, Any]:

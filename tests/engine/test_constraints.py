@@ -222,6 +222,15 @@ def _format(kind, value):
     # A requirement inside a branch: XGrammar accepts {} here.
     ("json_schema", {"type": "object", "properties": {"a": {"enum": [1]}, "b": {"enum": [2]}},
                      "additionalProperties": False, "anyOf": [{"required": ["a"]}, {"required": ["b"]}]}),
+    # A break test: XGrammar wrote a pattern's quote or backslash raw between the string's quotes (not JSON:
+    # `{"q": "say "ab""}`), and ignored keywords beside a $ref.
+    ("json_schema", {"type": "object", "properties": {"q": {"type": "string", "pattern": '^say "[a-z]{1,3}"$'}},
+                     "required": ["q"], "additionalProperties": False}),
+    ("json_schema", {"type": "object", "properties": {"q": {"type": "string", "pattern": r"^C:\\[a-z]{1,3}$"}},
+                     "required": ["q"], "additionalProperties": False}),
+    ("json_schema", {"type": "object", "properties": {"c": {"$ref": "#/$defs/s", "enum": ["red", "blue"]}},
+                     "required": ["c"], "additionalProperties": False, "$defs": {"s": {"type": "string"}}}),
+    ("json_schema", {"$defs": {"a": {"type": "integer"}}, "$ref": "#/$defs/a", "minimum": 5, "maximum": 6}),
 ])
 def test_what_xgrammar_would_ignore_goes_to_llguidance(bundled, kind, value):
     # XGrammar 0.2.9 compiles these while logging that it ignores part of them (allOf with several
@@ -236,7 +245,7 @@ def test_what_xgrammar_would_ignore_goes_to_llguidance(bundled, kind, value):
         if result.finish_reason == "length":
             continue
         finished += 1
-        if kind == "regex" or "pattern" in value:  # (Python's re, which jsonschema uses, lacks \z)
+        if kind == "regex" or r"\A" in value.get("pattern", ""):  # (Python's re, which jsonschema uses, lacks \z)
             assert result.text == ("ab" if kind == "regex" else '"ab"')
         else:
             jsonschema.validate(json.loads(result.text), value)
@@ -277,6 +286,35 @@ def test_a_refused_grammar_stays_refused(bundled):
             bundled.constraints._cache.clear()
         assert bundled.make_request("x", SamplingParams(response_format=warned)).constraint.compiled.backend \
             == "llguidance"
+
+
+def test_what_xgrammar_mishandles_is_named():
+    from solo.engine.constraints import xgrammar_mishandles
+
+    def pattern(regex):
+        return {"type": "object", "properties": {"q": {"type": "string", "pattern": regex}}}
+
+    for regex in ['^say "[a-z]+"$', r"^C:\\", r"^a\tb$", r"^a[\t ]b$", r"^a\u0022b$", r"^\x01$", '^["]$']:
+        assert "pattern" in xgrammar_mishandles(pattern(regex)), regex
+    # Ranges, negated classes, "." and escapes of other characters are kept to JSON's string characters.
+    for regex in [r"^\d{4}-\d{2}$", r"^\S+@\S+$", "^[!-#]+$", "^[^a-z]$", "^.{3}$", r"^\x41\[$"]:
+        assert xgrammar_mishandles(pattern(regex)) is None, regex
+    assert xgrammar_mishandles({"items": {"$ref": "#/$defs/a", "minimum": 1}}) == "keywords beside a $ref (minimum)"
+    assert xgrammar_mishandles({"$ref": "#/$defs/a", "description": "d", "title": "t", "default": 1}) is None
+    assert xgrammar_mishandles({"patternProperties": {"^x": {}}}) == "patternProperties"
+    # A property named "pattern" is a name; data is not a schema.
+    assert xgrammar_mishandles({"properties": {"pattern": {"type": "string"}}, "enum": [{"pattern": '"'}]}) is None
+
+
+def test_a_text_stop_token_id_stays_writable_in_a_grammar(bundled):
+    # A break test: a stop_token_ids id the grammar needs (the bundled vocabulary's '"') was made one of its end
+    # tokens, so it was banned where the grammar needed it: "the output grammar allows no next token", a 500.
+    # As in vLLM, it is written where the grammar puts it and the output stops there.
+    quote = bundled.tokenizer.encode('"', add_special_tokens=False)
+    assert len(quote) == 1
+    result = bundled.complete("x = ", SamplingParams(max_tokens=16, stop_token_ids=quote,
+                                                      response_format={"type": "regex", "regex": '"[0-9]+"'}))
+    assert (result.text, result.finish_reason, result.stop_reason) == ("", "stop", quote[0])
 
 
 def test_required_names_xgrammar_leaves_out():

@@ -518,11 +518,15 @@ def test_phi4_mini_forced_call_and_history(tmp_path):
     ({"type": "number", "multipleOf": 0.5}, "multipleOf"),
     ({"type": "object", "required": ["zz"]}, "zz"),  # XGrammar would leave the undefined property out
     ({"type": "object", "properties": {"x": {"type": "integer"}}, "anyOf": [{"required": ["x"]}]}, "anyOf"),
+    # A break test: XGrammar wrote the quote raw (no call came back), dropped the enum beside the $ref.
+    ({"type": "string", "pattern": '^say "[a-z]{1,5}"$'}, "pattern"),
+    ({"$ref": "#/$defs/s", "enum": ["red", "blue"]}, r"beside a \$ref \(enum\)"),
 ])
 def test_forced_call_parameters_no_grammar_enforces_are_refused(schema, words):
     engine = Engine.load(None)  # the bundled model's template takes tools (Hermes syntax)
     tool = {"type": "function", "function": {"name": "f", "parameters": {
-        "type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False}}}
+        "type": "object", "properties": {"a": schema}, "required": ["a"], "additionalProperties": False,
+        "$defs": {"s": {"type": "string"}}}}}
     messages = [{"role": "user", "content": "Weather?"}]
     with pytest.raises(InvalidRequestError, match=words) as info:
         engine.complete(messages, SamplingParams(max_tokens=4), tools=[tool], tool_choice="required")
