@@ -44,7 +44,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--gen-len", type=int, default=256, help="generated tokens per run (default: 256)")
     parser.add_argument("--repeats", type=int, default=3, help="timed runs of each engine (default: 3)")
     parser.add_argument("--compare", default=None,
-                        help="comma-separated peers: hf (= hf-eager,hf-compile), hf-eager, hf-compile, llama.cpp")
+                        help="comma-separated peers: hf (= hf-eager,hf-compile), hf-eager, hf-compile, llama.cpp "
+                             "(one peer per GGUF type matching the weights: F16 and BF16 for bf16, Q8_0 / Q4_0 "
+                             "with --quantize), llama.cpp-<type> (one GGUF type: F32, F16, BF16, Q8_0, Q4_0)")
     # --quantize comes from add_model_arguments; with it, llama.cpp peers use Q8_0 / Q4_0.
     parser.add_argument("--peers-after-solo", action="store_true",
                         help="time Solo first, then free its weights and time each llama.cpp peer alone (not "
