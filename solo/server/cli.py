@@ -59,10 +59,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "deepseek_r1 = always (default: auto)")
     parser.add_argument("--max-queue-wait", type=finite_float, default=None, metavar="SECONDS",
                         help="also refuse (503 + Retry-After) a request whose predicted wait for a slot exceeds "
-                             "SECONDS: the median time by which enough running requests end, from how long recent "
-                             "requests ran (deeper queues: the rate slots have been freeing, from the 8th finished "
-                             "request on); bounds admitted requests' TTFT under load (default: off, only "
-                             "--max-queue bounds the queue)")
+                             "SECONDS: at the rate slots have been freeing (from the 8th finished request on), or "
+                             "the median time by which enough running requests end, from how long recent requests "
+                             "ran; bounds admitted requests' TTFT under load (default: off, only --max-queue bounds "
+                             "the queue)")
     add_context_argument(parser, "; tokens per slot: lower it to save KV-cache memory")
     parser.add_argument("--prefill-chunk", type=int, default=None, metavar="TOKENS",
                         help="prompt tokens prefilled per scheduler step: a longer prompt is prefilled in chunks "

@@ -94,12 +94,12 @@ for a free row: its prefill (and first token) goes first, and the requests not s
 step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
-a request that would wait longer than that for a row (the median time by which enough running requests end,
-from how long the recent ones ran past each one's length; deeper queues at the rate rows have been freeing
-lately, the last `RELEASE_WINDOW` releases) is refused at once instead of queued, so the TTFT of admitted
-requests stays near the budget while the excess gets 503s (requests of a more urgent priority count only
-those of the same or more urgent priority ahead of them). Near the
-slot-limited capacity, requests queue for a row whenever Poisson arrivals clump (Erlang C), and that
+a request that would wait longer than that for a row (at the rate rows have been freeing lately, the last
+`RELEASE_WINDOW` releases, or, where the running requests are enough, by the median time by which enough of
+them end, from how long the recent ones ran past each one's length) is refused at once instead of queued,
+so the TTFT of admitted requests stays near the budget while the excess gets 503s (requests of a more
+urgent priority count only those of the same or more urgent priority ahead of them). Near the slot-limited
+capacity, requests queue for a row whenever Poisson arrivals clump (Erlang C), and that
 wait, not compute, is what makes up TTFT's tail (benchmarks/results/load-ttft-*.md). A request that does
 not fit is refused at once with `QueueFullError`, which carries an estimate of when a place frees: the
 remaining token budget of the running request closest to its end times the measured decode-step time (an
@@ -594,17 +594,19 @@ class Scheduler:
 
     def _predicted_wait_past_limit_s(self, ahead: int) -> float | None:
         # Seconds until `ahead` more rows are expected to free where that is past max_queue_wait_s, else None
-        # (call with the lock held). Where the running requests are enough (`ahead` of them): the median
-        # time by which `ahead` of them end (`_chance_of_releases`), at a row's recent time per token. The
-        # rate rows have been freeing says about the same on average but not when the rows held now free:
-        # after a burst of short requests it predicted a fraction of a second while one long request held
-        # the only row for 20 s more. Later waves, or before any decode step (no time per token), take that
-        # rate (the last RELEASE_WINDOW releases; none before 8 of them: then only max_queue bounds the queue).
+        # (call with the lock held). Two predictions; the first past the limit counts. The rate rows have been
+        # freeing (the last RELEASE_WINDOW releases; none before 8 of them) says how fast a queue drains in the
+        # steady state, but not when the rows held now free: after a burst of short requests it predicted a
+        # fraction of a second while one long request held the only row for 20 s more. So where the running
+        # requests are enough (`ahead` of them) and a row's time per token is known, also the median time by
+        # which `ahead` of them end (`_chance_of_releases`); in the steady state that is the shorter one.
         limit_s = self.max_queue_wait_s or 0.0
+        rate = self._release_rate()
+        if rate is not None and ahead / rate > limit_s:
+            return ahead / rate
         row_ns, tokens = self._token_s_sums[1], self._token_s_sums[2]
         if ahead > len(self._running) or tokens <= 0:
-            rate = self._release_rate()
-            return ahead / rate if rate is not None and ahead / rate > limit_s else None
+            return None
         token_s = row_ns / 1e9 / tokens
         lengths = sorted(self._released_lengths)
         if self._chance_of_releases(ahead, limit_s / token_s, lengths) >= 0.5:

@@ -260,7 +260,7 @@ def test_queue_wait_limit_counts_how_long_the_running_requests_have_left(engine)
     # After a burst of short requests the release rate predicted a slot within a fraction of a second
     # while one long request held the only row for 20 s more: the request was admitted and waited 24 s
     # against a 2 s limit, and those refused were told to retry in 2 s. Where the running requests are
-    # enough for the rows needed, the median time by which they end decides.
+    # enough for the rows needed, the median time by which they end counts too.
     from types import SimpleNamespace
 
     scheduler = Scheduler(engine.runtime, max_batch=1, max_queue=8, max_seq=4096, max_queue_wait_s=2.0)
