@@ -3,7 +3,9 @@
 "use strict";
 
 const $ = (id) => document.getElementById(id);
-const state = { mode: "chat", messages: [], info: null, controller: null, retry: null };
+// generation: bumped by Clear and a mode switch, which also stop the reply in flight; a reply that ends after
+// that leaves the history, the transcript and the stats alone.
+const state = { mode: "chat", messages: [], info: null, controller: null, retry: null, generation: 0 };
 
 function apiKey() { return $("api-key").value.trim(); }
 
@@ -68,7 +70,16 @@ function setMode(mode) {
   clearTranscript();
 }
 
-function clearTranscript() { state.messages = []; $("transcript").textContent = ""; showError(""); }
+function clearTranscript() {
+  if (state.controller) state.controller.abort();
+  state.controller = null;
+  state.generation += 1;
+  state.messages = [];
+  $("transcript").textContent = "";
+  $("send").disabled = false;
+  $("stop").disabled = true;
+  showError("");
+}
 
 function addMessage(role, text) {
   const div = document.createElement("div");
@@ -112,49 +123,91 @@ function showSpeed(ttft, tokens, decodeS) {
   }
 }
 
-function sampling() {
-  const body = {
-    temperature: parseFloat($("temperature").value),
-    top_p: parseFloat($("top_p").value),
-    max_tokens: parseInt($("max_tokens").value, 10),
-    stream: true,
-    stream_options: { include_usage: true },
-  };
-  const seed = $("seed").value.trim();
-  if (seed !== "") body.seed = parseInt(seed, 10);
-  for (const k of ["temperature", "top_p", "max_tokens"]) if (Number.isNaN(body[k])) delete body[k];
-  return body;
+function readNumber(id, name, integer) {
+  // The field's value as typed ("1e3" is 1000), undefined when empty; a clear error when it is not a number
+  // of the kind the field takes (parseInt read "1e3" as 1 and "2.9" as 2, silently).
+  const text = $(id).value.trim();
+  if (text === "") {
+    if ($(id).validity && $(id).validity.badInput) throw new Error(`${name}: not a number`);
+    return undefined;
+  }
+  const value = Number(text);
+  if (!Number.isFinite(value)) throw new Error(`${name}: ${text} is not a number`);
+  if (integer && !Number.isInteger(value)) throw new Error(`${name}: ${text} is not a whole number`);
+  return value;
 }
 
-async function send(text) {
+function requestJSON() {
+  // The request body's sampling fields as JSON text. The seed goes in as typed: a seed past 2^53 (the server
+  // takes up to 2^63 - 1) would be rounded by a JavaScript number, and no longer repeat its output.
+  const body = { stream: true, stream_options: { include_usage: true } };
+  for (const [id, integer] of [["temperature", false], ["top_p", false], ["max_tokens", true]]) {
+    const value = readNumber(id, id, integer);
+    if (value !== undefined) body[id] = value;
+  }
+  let seed = $("seed").value.trim();
+  if (seed !== "" && !/^-?[0-9]+$/.test(seed)) {
+    const value = readNumber("seed", "seed", true);
+    if (!Number.isSafeInteger(value)) throw new Error(`seed: ${seed} is not a whole number`);
+    seed = String(value);
+  } else if (seed === "" && $("seed").validity && $("seed").validity.badInput) {
+    throw new Error("seed: not a number");
+  }
+  return (extra) => {
+    const json = JSON.stringify(Object.assign({}, body, extra));
+    return seed === "" ? json : json.slice(0, -1) + ',"seed":' + seed + "}";
+  };
+}
+
+async function send(text, bodyWith) {
   showError("");
-  const body = sampling();
-  let route, out, userText = null;
-  if (state.mode === "chat") {
+  const mode = state.mode, generation = state.generation;
+  const current = () => generation === state.generation;
+  let route, out, body, userText = null;
+  if (mode === "chat") {
     state.messages.push({ role: "user", content: text });
     userText = addMessage("user", text);
     const system = $("system").value.trim();
-    body.messages = (system ? [{ role: "system", content: system }] : []).concat(state.messages);
+    body = bodyWith({ messages: (system ? [{ role: "system", content: system }] : []).concat(state.messages) });
     route = "/v1/chat/completions";
     out = addMessage("assistant", "");
   } else {
     route = "/v1/completions";
-    body.prompt = text;
+    body = bodyWith({ prompt: text });
     $("transcript").textContent = "";
     const prompt = addMessage("prompt", text);
     out = document.createElement("span");
     out.className = "text completion";
     prompt.parentElement.append(out);
   }
-  state.controller = new AbortController();
+  const controller = new AbortController();
+  state.controller = controller;
   $("send").disabled = true;
   $("stop").disabled = false;
   const start = performance.now();
-  let first = null, last = null, tokens = 0, reply = "", reasoning = "";
+  let first = null, last = null, tokens = 0, reply = "", reasoning = "", finish = null;
   const thinking = out.parentElement.querySelector(".thinking");
+  // Text is drawn once per frame, appended: setting the whole reply on every token redrew it all each time
+  // (a 15000-token reply took the page 2.7x the server's time, and its tok/s read low).
+  let shownReply = 0, shownReasoning = 0, frame = null;
+  const draw = () => {
+    frame = null;
+    if (!current()) return;
+    if (reasoning.length > shownReasoning && thinking) {
+      thinking.hidden = false;
+      thinking.querySelector(".thought").append(reasoning.slice(shownReasoning));
+      shownReasoning = reasoning.length;
+    }
+    if (reply.length > shownReply) {
+      if (thinking && shownReply === 0) thinking.open = false;
+      out.append(reply.slice(shownReply));
+      shownReply = reply.length;
+    }
+    $("transcript").scrollTop = $("transcript").scrollHeight;
+    if (first !== null) showSpeed((first - start) / 1000, tokens, (last - first) / 1000);
+  };
   try {
-    const response = await fetch(route, { method: "POST", headers: headers(), body: JSON.stringify(body),
-      signal: state.controller.signal });
+    const response = await fetch(route, { method: "POST", headers: headers(), body, signal: controller.signal });
     if (!response.ok) throw new Error(await apiError(response));
     const reader = response.body.getReader();
     const decoder = new TextDecoder();
@@ -176,36 +229,37 @@ async function send(text) {
           if (chunk.usage) tokens = chunk.usage.completion_tokens;
           const choice = chunk.choices && chunk.choices[0];
           if (!choice) continue;
+          if (choice.finish_reason) finish = choice.finish_reason;
           const delta = choice.delta || {};
-          const piece = state.mode === "chat" ? delta.content || "" : choice.text || "";
-          const thought = state.mode === "chat" ? delta.reasoning_content || "" : "";
+          const piece = mode === "chat" ? delta.content || "" : choice.text || "";
+          const thought = mode === "chat" ? delta.reasoning_content || "" : "";
           if (piece || thought) {  // the first token is the first of either: a thinking model's TTFT
             const now = performance.now();
             if (first === null) first = now;
             last = now;
             tokens += 1;
-            if (thought && thinking) {
-              reasoning += thought;
-              thinking.hidden = false;
-              thinking.querySelector(".thought").textContent = reasoning;
-            }
-            if (piece) {
-              if (thinking && !reply) thinking.open = false;
-              reply += piece;
-              out.textContent = reply;
-            }
-            $("transcript").scrollTop = $("transcript").scrollHeight;
-            showSpeed((first - start) / 1000, tokens, (last - first) / 1000);
+            reasoning += thought;
+            reply += piece;
+            if (frame === null) frame = requestAnimationFrame(draw);
           }
         }
       }
     }
-    showSpeed(first === null ? null : (first - start) / 1000, tokens, first === null ? 0 : (last - first) / 1000);
+    if (frame !== null) cancelAnimationFrame(frame);
+    draw();
+    if (current()) {
+      showSpeed(first === null ? null : (first - start) / 1000, tokens, first === null ? 0 : (last - first) / 1000);
+      if (finish === "abort") showError('the server ended this reply early (finish_reason "abort": it is shutting ' +
+                                        "down, or it stopped the request)");
+    }
   } catch (err) {
-    if (err.name === "TypeError") showError("the server cannot be reached (" + err.message + "); is it running?");
+    if (frame !== null) cancelAnimationFrame(frame);
+    draw();
+    if (!current()) { /* cleared or switched: the error belongs to nothing shown */ }
+    else if (err.name === "TypeError") showError("the server cannot be reached (" + err.message + "); is it running?");
     else if (err.name !== "AbortError") showError(err.message);
   } finally {
-    if (state.mode === "chat") {
+    if (current() && mode === "chat") {
       if (reply || reasoning) state.messages.push({ role: "assistant", content: reply });
       else {  // nothing came back: the turn leaves the transcript as it leaves the history, its text to resend
         state.messages.pop();
@@ -214,9 +268,11 @@ async function send(text) {
         if (!$("prompt").value) $("prompt").value = text;
       }
     }
-    state.controller = null;
-    $("send").disabled = false;
-    $("stop").disabled = true;
+    if (state.controller === controller) {  // (not when Clear or a mode switch already let a new one start)
+      state.controller = null;
+      $("send").disabled = false;
+      $("stop").disabled = true;
+    }
     loadInfo();
   }
 }
@@ -225,11 +281,19 @@ $("composer").addEventListener("submit", (e) => {
   e.preventDefault();
   const text = $("prompt").value;
   if (!text.trim() || state.controller) return;
+  let bodyWith;
+  try {
+    bodyWith = requestJSON();
+  } catch (err) {  // a field that is not a number of its kind: said, and nothing sent
+    showError(err.message);
+    return;
+  }
   $("prompt").value = "";
-  send(text);
+  send(text, bodyWith);
 });
 $("prompt").addEventListener("keydown", (e) => {
-  if (e.key === "Enter" && !e.shiftKey) { e.preventDefault(); $("composer").requestSubmit(); }
+  // (not while an input method composes: its Enter confirms the text)
+  if (e.key === "Enter" && !e.shiftKey && !e.isComposing) { e.preventDefault(); $("composer").requestSubmit(); }
 });
 $("stop").addEventListener("click", () => state.controller && state.controller.abort());
 $("reset").addEventListener("click", clearTranscript);
