@@ -41,16 +41,27 @@ class IncrementalDetokenizer:
         self.ids.extend(token_ids)
         prefix_text = self._decode(self.prefix_offset, self.read_offset)
         new_text = self._decode(self.prefix_offset)
-        if len(new_text) > len(prefix_text) and not new_text.endswith(_REPLACEMENT):
-            delta = new_text[len(prefix_text):]
+        delta = "" if new_text.endswith(_REPLACEMENT) else _delta(prefix_text, new_text)
+        if delta:
             self.prefix_offset = self.read_offset
             self.read_offset = len(self.ids)
-            return delta
-        return ""
+        return delta
 
     def flush(self) -> str:
         """Text still held back at the end of generation (an incomplete character decodes as U+FFFD)."""
         prefix_text = self._decode(self.prefix_offset, self.read_offset)
         new_text = self._decode(self.prefix_offset)
         self.prefix_offset = self.read_offset = len(self.ids)
-        return new_text[len(prefix_text):] if len(new_text) > len(prefix_text) else ""
+        return _delta(prefix_text, new_text)
+
+
+def _delta(prefix_text: str, new_text: str) -> str:
+    # The text new tokens add after the context's. Where the context (a token-id prompt) ends inside a character,
+    # its text ends in U+FFFD placeholders (one per byte for byte-fallback tokenizers) that the token completing
+    # the character turns into that one character: the delta starts where the placeholders did and holds the
+    # completed character, as vLLM's DecodeStream gives it (sliced at the old length, the character and, for
+    # byte fallback, as many characters after it as it had bytes less one were lost).
+    # (A shorter text, a skipped special token's, adds nothing.)
+    if new_text.startswith(prefix_text) or not prefix_text.endswith(_REPLACEMENT):
+        return new_text[len(prefix_text):]
+    return new_text[len(prefix_text.rstrip(_REPLACEMENT)):]

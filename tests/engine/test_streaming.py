@@ -34,6 +34,39 @@ def test_incomplete_character_at_the_end_is_flushed_not_dropped(tiny_llama):
     assert detok.flush() != ""  # the partial character comes out (as U+FFFD), never silently lost
 
 
+def _continued(tok: Tokenizer, ids: list[int], cut: int) -> str:
+    detok = IncrementalDetokenizer(tok, prompt_ids=ids[:cut])
+    return "".join(detok.add([i]) for i in ids[cut:]) + detok.flush()
+
+
+@pytest.mark.parametrize("tokenizer", ["byte-level", "byte-fallback"])
+def test_a_token_id_prompt_that_ends_inside_a_character(request, tiny_llama, tokenizer):
+    # A break test: a client continuing a generation cut inside a character sends prompt + output ids back. The
+    # prompt's text then ends in U+FFFD placeholders (one per byte for SentencePiece's byte fallback) that the
+    # completing token turns into one character: the deltas, sliced at the placeholders' length, lost the
+    # character and (byte fallback) as many characters after it as it had bytes less one. Now the completed
+    # character comes out, as vLLM's DecodeStream gives it.
+    if tokenizer == "byte-fallback":  # (skips where the shared fixtures are absent)
+        tok = Tokenizer.from_folder(request.getfixturevalue("shared_hf") / "Llama-2-7b-chat-hf")
+    else:
+        tok = Tokenizer.from_folder(tiny_llama)
+    text = "Price: 5🦙 hello, 你好 done"
+    ids = tok.encode(text, add_special_tokens=False)
+    full = tok.decode(ids)
+    cut_inside = 0
+    for cut in range(1, len(ids)):
+        before = tok.decode(ids[:cut])
+        if before.endswith("\ufffd"):
+            cut_inside += 1
+        assert _continued(tok, ids, cut) == full[len(before.rstrip("\ufffd")):], (cut, before)
+    assert cut_inside >= 3
+    # A prompt's broken character that no output completes stays the prompt's.
+    emoji = tok.encode("🦙", add_special_tokens=False)
+    detok = IncrementalDetokenizer(tok, prompt_ids=tok.encode("a", add_special_tokens=False) + emoji[:-1])
+    continued = detok.add(tok.encode(" hello", add_special_tokens=False)) + detok.flush()
+    assert continued.strip() == "hello", continued
+
+
 @pytest.mark.parametrize(
     "pieces, stops, expected_text, stopped",
     [
