@@ -95,8 +95,8 @@ step.
 
 Overload. The queue is bounded (`max_queue`), and optionally by time (`max_queue_wait_s`, `--max-queue-wait`):
 a request that would wait longer than that for a row (at the rate rows have been freeing lately, the last
-`RELEASE_WINDOW` releases, or, where the running requests are enough, by the median time by which enough of
-them end, from how long the recent ones ran past each one's length) is refused at once instead of queued,
+`RELEASE_WINDOW` releases, or by the median time by which enough running requests end, from how long the
+recent ones ran past each one's length) is refused at once instead of queued,
 so the TTFT of admitted requests stays near the budget while the excess gets 503s (requests of a more
 urgent priority count only those of the same or more urgent priority ahead of them). Near the slot-limited
 capacity, requests queue for a row whenever Poisson arrivals clump (Erlang C), and that
@@ -597,16 +597,18 @@ class Scheduler:
         # (call with the lock held). Two predictions; the first past the limit counts. The rate rows have been
         # freeing (the last RELEASE_WINDOW releases; none before 8 of them) says how fast a queue drains in the
         # steady state, but not when the rows held now free: after a burst of short requests it predicted a
-        # fraction of a second while one long request held the only row for 20 s more. So where the running
-        # requests are enough (`ahead` of them) and a row's time per token is known, also the median time by
-        # which `ahead` of them end (`_chance_of_releases`); in the steady state that is the shorter one.
+        # fraction of a second while one long request held the only row for 20 s more. So, where a row's time
+        # per token is known, also the median time by which `ahead` of the running requests end
+        # (`_chance_of_releases`), or all of them where fewer run (a lower bound: the waiting ones ahead hold
+        # the rows after them); in the steady state that is the shorter one.
         limit_s = self.max_queue_wait_s or 0.0
         rate = self._release_rate()
         if rate is not None and ahead / rate > limit_s:
             return ahead / rate
         row_ns, tokens = self._token_s_sums[1], self._token_s_sums[2]
-        if ahead > len(self._running) or tokens <= 0:
+        if not self._running or tokens <= 0:
             return None
+        ahead = min(ahead, len(self._running))
         token_s = row_ns / 1e9 / tokens
         lengths = sorted(self._released_lengths)
         if self._chance_of_releases(ahead, limit_s / token_s, lengths) >= 0.5:

@@ -280,6 +280,13 @@ def test_queue_wait_limit_counts_how_long_the_running_requests_have_left(engine)
             scheduler.submit([make(engine, "b", max_tokens=1)], loop)
         assert "about 3.1 s" in str(refused.value)  # 200 tokens x 15 ms, on a grid of x1.25 steps from 2 s
         assert refused.value.retry_after_s == 2  # less the 2 s limit
+        # With a request already waiting (more rows ahead than run), the running one's end still bounds it.
+        with scheduler._cond:
+            scheduler._waiting.append(SimpleNamespace(priority=0, generation=None))
+        with pytest.raises(QueueFullError, match="about 3.1 s"):
+            scheduler.submit([make(engine, "b", max_tokens=1)], loop)
+        with scheduler._cond:
+            scheduler._waiting.clear()
         # Near its token budget it is certain to end within the limit: admitted.
         with scheduler._cond:
             scheduler._running = [running(1400, 1500)]
