@@ -486,9 +486,10 @@ def required_xgrammar_drops(schema: Any, in_branch: bool = False) -> list[str]: 
     return found
 
 
-# Keywords that describe a schema without constraining its values (JSON Schema's annotations).
-_ANNOTATIONS = frozenset({"$ref", "$schema", "$id", "$comment", "$anchor", "title", "description", "default",
-                          "examples", "deprecated", "readOnly", "writeOnly"})
+# Keywords that describe a schema without constraining its values (JSON Schema's annotations, definitions, and
+# OpenAPI's nullable, which neither engine reads).
+_ANNOTATIONS = frozenset({"$ref", "$schema", "$id", "$comment", "$anchor", "$defs", "definitions", "title",
+                          "description", "default", "examples", "deprecated", "readOnly", "writeOnly", "nullable"})
 
 
 def xgrammar_mishandles(schema: Any) -> str | None:  # noqa: ANN401
@@ -536,24 +537,41 @@ _RAW_JSON_ESCAPES = frozenset('\\"tnrfv0c')
 
 
 def _matches_raw_json_text(pattern: str) -> bool:
-    # Whether a regex spells a quote, a backslash or a control character, alone or in a character class
-    # (XGrammar keeps ranges, negated classes and "." to JSON's string characters, not single characters).
+    # Whether a regex spells a quote, a backslash or a control character, alone or as a member of a character
+    # class (XGrammar keeps ranges, negated classes and "." to JSON's string characters, not single ones).
+    def atom(i: int) -> tuple[str, int]:  # one character or escape at i, and where the next starts
+        if pattern[i] != "\\" or i + 1 == len(pattern):
+            return pattern[i], i + 1
+        digits = {"x": 2, "u": 4}.get(pattern[i + 1], 0)
+        return pattern[i:i + 2 + digits], i + 2 + digits
+
+    def raw(text: str) -> bool:
+        if text == '"':
+            return True
+        if len(text) < 2 or text[0] != "\\":
+            return False
+        if text[1] in _RAW_JSON_ESCAPES:
+            return True
+        code = text[2:]
+        return text[1] in "xu" and len(code) in (2, 4) and re.fullmatch(r"[0-9a-fA-F]+", code) is not None and (
+            int(code, 16) < 0x20 or int(code, 16) in (0x22, 0x5C))
+
     i = 0
     while i < len(pattern):
-        char = pattern[i]
-        if char == '"':
-            return True
-        if char == "\\" and i + 1 < len(pattern):
-            escaped = pattern[i + 1]
-            if escaped in _RAW_JSON_ESCAPES:
+        if pattern[i] != "[":
+            text, i = atom(i)
+            if raw(text):
                 return True
-            digits = {"x": 2, "u": 4}.get(escaped, 0)
-            code = pattern[i + 2:i + 2 + digits]
-            if digits and len(code) == digits and re.fullmatch(r"[0-9a-fA-F]+", code) and (
-                    int(code, 16) < 0x20 or int(code, 16) in (0x22, 0x5C)):
-                return True
-            i += 2
             continue
+        i += 1
+        negated = i < len(pattern) and pattern[i] == "^"
+        i += negated
+        while i < len(pattern) and pattern[i] != "]":
+            text, i = atom(i)
+            if i + 1 < len(pattern) and pattern[i] == "-" and pattern[i + 1] != "]":
+                _, i = atom(i + 1)  # a range: kept to JSON's string characters
+            elif raw(text) and not negated:
+                return True
         i += 1
     return False
 

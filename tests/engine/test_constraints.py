@@ -297,10 +297,14 @@ def test_what_xgrammar_mishandles_is_named():
     for regex in ['^say "[a-z]+"$', r"^C:\\", r"^a\tb$", r"^a[\t ]b$", r"^a\u0022b$", r"^\x01$", '^["]$']:
         assert "pattern" in xgrammar_mishandles(pattern(regex)), regex
     # Ranges, negated classes, "." and escapes of other characters are kept to JSON's string characters.
-    for regex in [r"^\d{4}-\d{2}$", r"^\S+@\S+$", "^[!-#]+$", "^[^a-z]$", "^.{3}$", r"^\x41\[$"]:
+    for regex in [r"^\d{4}-\d{2}$", r"^\S+@\S+$", "^[!-#]+$", "^[^a-z]$", "^.{3}$", r"^\x41\[$", '^[^"]*$',
+                  r"^[^\\]*$", r"^[\x00-\x1f]$"]:
         assert xgrammar_mishandles(pattern(regex)) is None, regex
     assert xgrammar_mishandles({"items": {"$ref": "#/$defs/a", "minimum": 1}}) == "keywords beside a $ref (minimum)"
     assert xgrammar_mishandles({"$ref": "#/$defs/a", "description": "d", "title": "t", "default": 1}) is None
+    # zod-to-json-schema's shape: the definitions beside the root's $ref (a verification round: a 400 for tools).
+    assert xgrammar_mishandles({"$ref": "#/definitions/P", "definitions": {"P": {"type": "object"}},
+                                "$schema": "http://json-schema.org/draft-07/schema#"}) is None
     assert xgrammar_mishandles({"patternProperties": {"^x": {}}}) == "patternProperties"
     # A property named "pattern" is a name; data is not a schema.
     assert xgrammar_mishandles({"properties": {"pattern": {"type": "string"}}, "enum": [{"pattern": '"'}]}) is None

@@ -196,6 +196,11 @@ def test_browser_clear_and_mode_switch_end_the_reply_in_flight_and_numbers_go_as
             assert sent[-1]["max_tokens"] == 1000
             assert sent[-1]["seed"] == 9223372036854775679  # (Python's json reads it exactly)
             assert page.text_content(".msg.assistant .text") == "half a rep"
+            page.fill("#seed", "007")  # (a verification round: pasted as typed, not JSON)
+            page.fill("#prompt", "zeros")
+            page.press("#prompt", "Enter")
+            page.wait_for_function("!document.getElementById('send').disabled", timeout=30_000)
+            assert sent[-1]["seed"] == 7
             count = len(sent)
             page.fill("#max_tokens", "2.9")
             page.fill("#prompt", "again")

@@ -145,7 +145,7 @@ function requestJSON() {
     const value = readNumber(id, id, integer);
     if (value !== undefined) body[id] = value;
   }
-  let seed = $("seed").value.trim();
+  let seed = $("seed").value.trim().replace(/^(-?)0+(?=[0-9])/, "$1");  // ("007" is no JSON number)
   if (seed !== "" && !/^-?[0-9]+$/.test(seed)) {
     const value = readNumber("seed", "seed", true);
     if (!Number.isSafeInteger(value)) throw new Error(`seed: ${seed} is not a whole number`);
