@@ -3,7 +3,8 @@
 Decoding token by token breaks on byte-fallback and byte-level tokenizers (one character may span several
 tokens) and on SentencePiece's leading-space handling. As in vLLM and text-generation-inference, each
 step decodes a short window of recent tokens twice (with and without the new ones) and emits the
-difference, holding text back while it ends in an incomplete character (U+FFFD).
+difference, holding text back while it ends in an incomplete character (U+FFFD). A token-id prompt that ends
+inside a character (a client continuing a cut generation) leaves that character to the token completing it.
 """
 
 from __future__ import annotations

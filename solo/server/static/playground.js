@@ -123,17 +123,17 @@ function showSpeed(ttft, tokens, decodeS) {
   }
 }
 
-function readNumber(id, name, integer) {
+function readNumber(id, integer) {
   // The field's value as typed ("1e3" is 1000), undefined when empty; a clear error when it is not a number
   // of the kind the field takes (parseInt read "1e3" as 1 and "2.9" as 2, silently).
   const text = $(id).value.trim();
   if (text === "") {
-    if ($(id).validity && $(id).validity.badInput) throw new Error(`${name}: not a number`);
+    if ($(id).validity && $(id).validity.badInput) throw new Error(`${id}: not a number`);
     return undefined;
   }
   const value = Number(text);
-  if (!Number.isFinite(value)) throw new Error(`${name}: ${text} is not a number`);
-  if (integer && !Number.isInteger(value)) throw new Error(`${name}: ${text} is not a whole number`);
+  if (!Number.isFinite(value)) throw new Error(`${id}: ${text} is not a number`);
+  if (integer && !Number.isInteger(value)) throw new Error(`${id}: ${text} is not a whole number`);
   return value;
 }
 
@@ -142,12 +142,12 @@ function requestJSON() {
   // takes up to 2^63 - 1) would be rounded by a JavaScript number, and no longer repeat its output.
   const body = { stream: true, stream_options: { include_usage: true } };
   for (const [id, integer] of [["temperature", false], ["top_p", false], ["max_tokens", true]]) {
-    const value = readNumber(id, id, integer);
+    const value = readNumber(id, integer);
     if (value !== undefined) body[id] = value;
   }
   let seed = $("seed").value.trim().replace(/^(-?)0+(?=[0-9])/, "$1");  // ("007" is no JSON number)
   if (seed !== "" && !/^-?[0-9]+$/.test(seed)) {
-    const value = readNumber("seed", "seed", true);
+    const value = readNumber("seed", true);
     if (!Number.isSafeInteger(value)) throw new Error(`seed: ${seed} is not a whole number`);
     seed = String(value);
   } else if (seed === "" && $("seed").validity && $("seed").validity.badInput) {
