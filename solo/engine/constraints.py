@@ -496,8 +496,9 @@ def xgrammar_mishandles(schema: Any) -> str | None:  # noqa: ANN401
     r"""What in a JSON Schema XGrammar would let an output break, or None (llguidance holds all three).
 
     Checked against XGrammar 0.2.9 by random walks through its masks: a `pattern` that spells a quote, a
-    backslash or a control character, alone or in a character class (`^say "[a-z]+"$`, `^C:\\`, `[\t ]`;
-    ranges, negated classes and "." are kept to JSON's string characters): XGrammar matches it against the
+    backslash or a control character, alone, in a character class or as a range's end (`^say "[a-z]+"$`,
+    `^C:\\`, `[\t ]`, `[\x01-\x1f]`; negated classes, "." and ranges between printable characters are kept
+    to JSON's string characters): XGrammar matches it against the
     raw text between the quotes, so it writes the character unescaped (not JSON) or an escape that decodes
     to another string; keywords beside a `$ref` (`{"$ref": ..., "enum": [...]}`: JSON Schema applies both
     since 2019-09, XGrammar only the reference); `patternProperties` (XGrammar repeats a key and lets
@@ -537,30 +538,34 @@ _RAW_JSON_ESCAPES = frozenset('\\"tnrfv0c')
 
 
 def _matches_raw_json_text(pattern: str) -> bool:
-    # Whether a regex spells a quote, a backslash or a control character, alone or as a member of a character
-    # class (XGrammar keeps ranges, negated classes and "." to JSON's string characters, not single ones).
+    # Whether a regex spells a quote, a backslash or a control character, alone, as a member of a character
+    # class or as a range's end (XGrammar keeps negated classes, "." and ranges between printable characters
+    # to JSON's string characters, not those).
     def atom(i: int) -> tuple[str, int]:  # one character or escape at i, and where the next starts
         if pattern[i] != "\\" or i + 1 == len(pattern):
             return pattern[i], i + 1
+        if pattern[i + 1] == "u" and pattern[i + 2:i + 3] == "{":  # \u{22}
+            close = pattern.find("}", i + 3)
+            return (pattern[i:close + 1], close + 1) if close > 0 else (pattern[i:i + 2], i + 2)
         digits = {"x": 2, "u": 4}.get(pattern[i + 1], 0)
         return pattern[i:i + 2 + digits], i + 2 + digits
 
-    def raw(text: str) -> bool:
+    def raw(text: str, in_class: bool) -> bool:
         if text == '"':
             return True
         if len(text) < 2 or text[0] != "\\":
             return False
-        if text[1] in _RAW_JSON_ESCAPES:
+        if text[1] in _RAW_JSON_ESCAPES or (in_class and text[1] == "b"):  # ([\b] is a backspace)
             return True
-        code = text[2:]
-        return text[1] in "xu" and len(code) in (2, 4) and re.fullmatch(r"[0-9a-fA-F]+", code) is not None and (
+        code = text[2:].strip("{}")
+        return text[1] in "xu" and 1 <= len(code) <= 6 and re.fullmatch(r"[0-9a-fA-F]+", code) is not None and (
             int(code, 16) < 0x20 or int(code, 16) in (0x22, 0x5C))
 
     i = 0
     while i < len(pattern):
         if pattern[i] != "[":
             text, i = atom(i)
-            if raw(text):
+            if raw(text, False):
                 return True
             continue
         i += 1
@@ -569,8 +574,10 @@ def _matches_raw_json_text(pattern: str) -> bool:
         while i < len(pattern) and pattern[i] != "]":
             text, i = atom(i)
             if i + 1 < len(pattern) and pattern[i] == "-" and pattern[i + 1] != "]":
-                _, i = atom(i + 1)  # a range: kept to JSON's string characters
-            elif raw(text) and not negated:
+                end, i = atom(i + 1)
+                if not negated and (raw(text, True) or raw(end, True)):  # ([\t-\r] writes them raw)
+                    return True
+            elif raw(text, True) and not negated:
                 return True
         i += 1
     return False

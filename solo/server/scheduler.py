@@ -599,8 +599,9 @@ class Scheduler:
         # steady state, but not when the rows held now free: after a burst of short requests it predicted a
         # fraction of a second while one long request held the only row for 20 s more. So, where a row's time
         # per token is known, also the median time by which `ahead` of the running requests end
-        # (`_chance_of_releases`), or all of them where fewer run (a lower bound: the waiting ones ahead hold
-        # the rows after them); in the steady state that is the shorter one.
+        # (`_chance_of_releases`); where fewer run, by which the first of them ends (a lower bound: a waiting
+        # request can start only in a row one of them frees, and then free it again, short); in the steady
+        # state that is the shorter one.
         limit_s = self.max_queue_wait_s or 0.0
         rate = self._release_rate()
         if rate is not None and ahead / rate > limit_s:
@@ -608,7 +609,7 @@ class Scheduler:
         row_ns, tokens = self._token_s_sums[1], self._token_s_sums[2]
         if not self._running or tokens <= 0:
             return None
-        ahead = min(ahead, len(self._running))
+        ahead = ahead if ahead <= len(self._running) else 1
         token_s = row_ns / 1e9 / tokens
         lengths = sorted(self._released_lengths)
         if self._chance_of_releases(ahead, limit_s / token_s, lengths) >= 0.5:

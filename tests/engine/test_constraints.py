@@ -294,11 +294,12 @@ def test_what_xgrammar_mishandles_is_named():
     def pattern(regex):
         return {"type": "object", "properties": {"q": {"type": "string", "pattern": regex}}}
 
-    for regex in ['^say "[a-z]+"$', r"^C:\\", r"^a\tb$", r"^a[\t ]b$", r"^a\u0022b$", r"^\x01$", '^["]$']:
+    for regex in ['^say "[a-z]+"$', r"^C:\\", r"^a\tb$", r"^a[\t ]b$", r"^a\u0022b$", r"^\x01$", '^["]$',
+                  r"^a[\t-\r]b$", r"^[\x01-\x1f]$", r"^x\u{22}y$", r"^[\b]$"]:
         assert "pattern" in xgrammar_mishandles(pattern(regex)), regex
     # Ranges, negated classes, "." and escapes of other characters are kept to JSON's string characters.
     for regex in [r"^\d{4}-\d{2}$", r"^\S+@\S+$", "^[!-#]+$", "^[^a-z]$", "^.{3}$", r"^\x41\[$", '^[^"]*$',
-                  r"^[^\\]*$", r"^[\x00-\x1f]$"]:
+                  r"^[^\\]*$", r"^[ -~]+$", r"\bword\b", r'^[^<>:"/\\|?*]+$']:
         assert xgrammar_mishandles(pattern(regex)) is None, regex
     assert xgrammar_mishandles({"items": {"$ref": "#/$defs/a", "minimum": 1}}) == "keywords beside a $ref (minimum)"
     assert xgrammar_mishandles({"$ref": "#/$defs/a", "description": "d", "title": "t", "default": 1}) is None
