@@ -285,17 +285,16 @@ def test_queue_wait_limit_counts_how_long_the_running_requests_have_left(engine)
             scheduler._waiting.append(SimpleNamespace(priority=0, generation=None))
         with pytest.raises(QueueFullError, match="about 3.1 s"):
             scheduler.submit([make(engine, "b", max_tokens=1)], loop)
-        # But where another running request is about to end, requests behind it flow through its row.
+        # But where another running request is about to end, requests behind it flow through its row (two
+        # waiting now, two running).
         with scheduler._cond:
             scheduler._running = [running(200, 1500), running(9, 10)]
             scheduler._waiting.append(SimpleNamespace(priority=0, generation=None))
         admitted = scheduler.submit([make(engine, "b", max_tokens=1)], loop)
         admitted.cancel()
-        with scheduler._cond:
-            scheduler._running = [running(200, 1500)]
-            scheduler._waiting.clear()
         # Near its token budget it is certain to end within the limit: admitted.
         with scheduler._cond:
+            scheduler._waiting.clear()
             scheduler._running = [running(1400, 1500)]
         admitted = scheduler.submit([make(engine, "c", max_tokens=1)], loop)
         admitted.cancel()
