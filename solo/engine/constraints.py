@@ -551,7 +551,7 @@ def _matches_raw_json_text(pattern: str) -> bool:
         return pattern[i:i + 2 + digits], i + 2 + digits
 
     def raw(text: str, in_class: bool) -> bool:
-        if text == '"':
+        if text == '"' or (len(text) == 1 and ord(text) < 0x20):  # (a tab itself, as JSON's "\t" decodes to)
             return True
         if len(text) < 2 or text[0] != "\\":
             return False

@@ -295,7 +295,7 @@ def test_what_xgrammar_mishandles_is_named():
         return {"type": "object", "properties": {"q": {"type": "string", "pattern": regex}}}
 
     for regex in ['^say "[a-z]+"$', r"^C:\\", r"^a\tb$", r"^a[\t ]b$", r"^a\u0022b$", r"^\x01$", '^["]$',
-                  r"^a[\t-\r]b$", r"^[\x01-\x1f]$", r"^x\u{22}y$", r"^[\b]$"]:
+                  r"^a[\t-\r]b$", r"^[\x01-\x1f]$", r"^x\u{22}y$", r"^[\b]$", "^a\tb$", "^a[\n ]b$"]:
         assert "pattern" in xgrammar_mishandles(pattern(regex)), regex
     # Ranges, negated classes, "." and escapes of other characters are kept to JSON's string characters.
     for regex in [r"^\d{4}-\d{2}$", r"^\S+@\S+$", "^[!-#]+$", "^[^a-z]$", "^.{3}$", r"^\x41\[$", '^[^"]*$',
