@@ -8,6 +8,7 @@ that `transformers` ships (AutoTokenizer builds the fast tokenizer), then used t
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ from solo.chat_template import ChatTemplate
 from solo.errors import CheckpointError, InvalidRequestError
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
+
+BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
+"""A SentencePiece byte-fallback token's vocabulary string ("<0xE2>"); group 1 is the byte in hex."""
 
 
 def _token_text(value: Any) -> str | None:
@@ -164,6 +168,18 @@ class Tokenizer:
         """Text of `ids`."""
         return self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
 
+    def decoder_types(self) -> set[str]:
+        """The types of the `tokenizers` decoder ("ByteLevel", "ByteFallback", ...; a Sequence's members)."""
+        decoder = self.backend.decoder
+        if decoder is None:
+            return set()
+        try:
+            spec = json.loads(decoder.__getstate__())
+        except (AttributeError, TypeError, ValueError):
+            return set()
+        members = spec.get("decoders", []) if spec.get("type") == "Sequence" else [spec]
+        return {m.get("type", "") for m in members if isinstance(m, dict)}
+
     def token_string(self, token_id: int) -> str:
         """The vocabulary's string for one id, as `tokenizers` stores it ("" for an id it lacks: padding).
 
@@ -260,6 +276,15 @@ def _convert_with_transformers(folder: Path) -> HFTokenizer:
     if backend is None:
         raise CheckpointError(f"transformers could not build a fast tokenizer for {folder}")
     return backend
+
+
+def has_tokenizer_files(folder: Path) -> bool:
+    """Whether `folder` holds tokenizer files `Tokenizer.from_folder` loads.
+
+    tokenizer.json, a SentencePiece tokenizer.model, or a BPE vocab.json with its merges.txt.
+    """
+    return (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file() or (
+        (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
 
 
 def is_valid_unicode(text: str) -> bool:

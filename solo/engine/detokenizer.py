@@ -9,10 +9,9 @@ inside a character (a client continuing a cut generation) leaves that character 
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
-from solo.tokenizer import Tokenizer
+from solo.tokenizer import BYTE_FALLBACK_TOKEN, Tokenizer
 
 _REPLACEMENT = "\ufffd"
 # Prompt tokens decoded as left context, so the first generated token keeps its leading space.
@@ -93,22 +92,11 @@ def _delta(prefix_text: str, new_text: str) -> str:
     return new_text[common:]
 
 
-_BYTE_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
-
-
 def _byte_fallback_values(tokenizer: Tokenizer, ids: Sequence[int]) -> list[int | None] | None:
     # Each id's byte where it is a byte-fallback token (<0xE2>), else None; None for a tokenizer without them.
-    decoder = tokenizer.backend.decoder
-    try:
-        if decoder is None or b"ByteFallback" not in bytes(decoder.__getstate__()):
-            return None
-    except (AttributeError, TypeError):
+    if "ByteFallback" not in tokenizer.decoder_types():
         return None
-    values: list[int | None] = []
-    for i in ids:
-        match = _BYTE_TOKEN.match(tokenizer.backend.id_to_token(i) or "")
-        values.append(int(match.group(1), 16) if match else None)
-    return values
+    return [int(m.group(1), 16) if (m := BYTE_FALLBACK_TOKEN.match(tokenizer.token_string(i))) else None for i in ids]
 
 
 def _is_continuation(value: int | None) -> bool:

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from functools import cached_property
 from pathlib import Path
@@ -886,18 +886,25 @@ def _language_model_config(raw: dict[str, Any]) -> dict[str, Any]:
     except Exception as exc:  # noqa: BLE001 (transformers' strict-dataclass validation errors subclass Exception)
         reason = " ".join(str(exc).split())  # transformers' validation errors span lines
         raise CheckpointError(f"config.json's text_config cannot be read ({reason}); fix or re-download it") from None
-    names = raw.get("architectures") or ["Gemma3ForConditionalGeneration"]
-    merged["architectures"] = [names] if isinstance(names, str) else list(names)
+    merged["architectures"] = list(listed_architectures(raw) or ["Gemma3ForConditionalGeneration"])
     for key in ("eos_token_id", "bos_token_id", "torch_dtype", "dtype"):
         if raw.get(key) is not None:
             merged[key] = raw[key]
     return merged
 
 
-def _architecture_name(raw: dict[str, Any]) -> str:
+def listed_architectures(raw: Mapping[str, Any]) -> Any:  # noqa: ANN401
+    """config.json's `architectures` as a list (none: []).
+
+    One class name given as a string, as transformers takes it too, is that name in a list; other values come
+    back as they are, for the caller to refuse.
+    """
     names = raw.get("architectures") or []
-    if isinstance(names, str):  # one class name, not in a list: transformers takes it too
-        names = [names]
+    return [names] if isinstance(names, str) else names
+
+
+def _architecture_name(raw: dict[str, Any]) -> str:
+    names = listed_architectures(raw)
     if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
         raise CheckpointError(f"config.json gives architectures = {names!r:.80}; it must be a list of class names "
                               "such as [\"LlamaForCausalLM\"]. Fix or re-download it")

@@ -253,7 +253,9 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         ) from None
     except LocalEntryNotFoundError:
         _refuse_damaged(repo_id, None)
-        cached = _cached_revisions(repo_id)
+        from solo.model.store import cached_revision_names
+
+        cached = cached_revision_names(repo_id)
         if cached:  # the model is cached, only not at this revision (main, without --revision)
             raise ModelNotFoundError(
                 f"revision {revision or 'main'!r} of {repo_id!r} is not in the Hugging Face cache (cached: "
@@ -314,9 +316,9 @@ def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> boo
         return any(fnmatch.fnmatch(f.name, p) for f in folder.rglob("*.gguf") for p in gguf_patterns)
     if any(folder.rglob("*.gguf")):
         return True
-    tokenizer = (folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file() or (
-        (folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())
-    if not (folder / "config.json").is_file() or not tokenizer:
+    from solo.tokenizer import has_tokenizer_files
+
+    if not (folder / "config.json").is_file() or not has_tokenizer_files(folder):
         return False
     index = folder / "model.safetensors.index.json"
     if (folder / "model.safetensors").is_file():  # (read before an index, as `checkpoint_files` does)
@@ -328,16 +330,6 @@ def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> boo
             return False
         return all((folder / shard).is_file() for shard in shards)
     return any(folder.glob("*.safetensors"))
-
-
-def _cached_revisions(repo_id: str) -> list[str]:
-    # The cached revisions of a model as `solo list` names them (ref names, else a short commit hash).
-    from solo.model.store import list_models
-
-    try:
-        return [m.revision for m in list_models() if m.repo_id == repo_id]
-    except SoloError:  # a cache that cannot be read: nothing to name
-        return []
 
 
 def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:

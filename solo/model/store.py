@@ -75,10 +75,11 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
             return "?", False, f"config.json does not parse ({exc})", ggufs
         if not isinstance(raw, dict):
             return "?", False, "config.json is not a JSON object", ggufs
-        names = raw.get("architectures") or [raw.get("model_type") or "?"]
-        names = [names] if isinstance(names, str) else names if isinstance(names, list) and names else ["?"]
+        from solo.model.config import ModelConfig, listed_architectures
+
+        names = listed_architectures(raw) or [raw.get("model_type") or "?"]
+        names = names if isinstance(names, list) else ["?"]
         try:
-            from solo.model.config import ModelConfig
 
             ModelConfig.from_dict(raw)
         except _SoloError as exc:
@@ -91,8 +92,9 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
             checkpoint_files(folder)
         except _SoloError as exc:
             return str(names[0]), False, str(exc), ggufs
-        if not ((folder / "tokenizer.json").is_file() or (folder / "tokenizer.model").is_file()
-                or ((folder / "vocab.json").is_file() and (folder / "merges.txt").is_file())):
+        from solo.tokenizer import has_tokenizer_files
+
+        if not has_tokenizer_files(folder):
             return str(names[0]), False, "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json with " \
                 "merges.txt)", ggufs
         return str(names[0]), True, "", ggufs
@@ -171,10 +173,7 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
     except RevisionNotFoundError:
         raise ModelNotFoundError(f"{repo_id} has no revision {revision!r}; check --revision") from None
     except LocalEntryNotFoundError:
-        try:
-            cached = [m.revision for m in list_models(cache_dir) if m.repo_id == repo_id]
-        except SoloError:
-            cached = []
+        cached = cached_revision_names(repo_id, cache_dir)
         if cached:  # cached, only not at the revision asked (main without --revision)
             raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is cached at "
                                      f"{', '.join(cached)} only, not at {revision or 'main'}; pass --revision "
@@ -342,6 +341,17 @@ def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) ->
     # Solo's converted folders of the GGUF files just deleted.
     return (strategy.expected_freed_size + prune_conversions(under=[Path(r.snapshot_path) for r in revisions])
             + partial_freed)
+
+
+def cached_revision_names(repo_id: str, cache_dir: str | Path | None = None) -> list[str]:
+    """The cached revisions of a model as `solo list` names them (ref names, else a short commit hash).
+
+    Empty where none is cached or the cache cannot be read (nothing to name).
+    """
+    try:
+        return [m.revision for m in list_models(cache_dir) if m.repo_id == repo_id]
+    except SoloError:
+        return []
 
 
 def _check_revision(revision: str) -> None:

@@ -10,17 +10,14 @@ A token's `token` string is those bytes decoded as UTF-8 (an incomplete characte
 from __future__ import annotations
 
 import codecs
-import json
 import math
-import re
 from collections.abc import Sequence
 from functools import lru_cache
 
 from solo.engine.request import TokenLogprob
 from solo.server.protocol import ChatLogprobs, ChatTokenLogprob, CompletionLogprobs, TopLogprob
-from solo.tokenizer import Tokenizer
+from solo.tokenizer import BYTE_FALLBACK_TOKEN, Tokenizer
 
-_BYTE_FALLBACK = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 _SENTENCEPIECE_SPACE = "\u2581"
 _MIN_LOGPROB = -9999.0  # what OpenAI reports for a token with zero probability; JSON has no -inf
 
@@ -39,19 +36,6 @@ def _byte_level_alphabet() -> dict[str, int]:
     return table
 
 
-def _decoder_types(tokenizer: Tokenizer) -> set[str]:
-    # The decoder's JSON names its type, and the types of a Sequence's members.
-    decoder = tokenizer.backend.decoder
-    if decoder is None:
-        return set()
-    try:
-        spec = json.loads(decoder.__getstate__())
-    except (AttributeError, TypeError, ValueError):
-        return set()
-    members = spec.get("decoders", []) if spec.get("type") == "Sequence" else [spec]
-    return {m.get("type", "") for m in members if isinstance(m, dict)}
-
-
 class TokenPieces:
     """Text and UTF-8 bytes of single token ids (cached).
 
@@ -61,7 +45,7 @@ class TokenPieces:
 
     def __init__(self, tokenizer: Tokenizer) -> None:
         self.tokenizer = tokenizer
-        self._byte_level = "ByteLevel" in _decoder_types(tokenizer)
+        self._byte_level = "ByteLevel" in tokenizer.decoder_types()
         self._added = {i: t.content for i, t in tokenizer.backend.get_added_tokens_decoder().items()}
         self._cache: dict[int, tuple[str, bytes]] = {}
 
@@ -74,7 +58,7 @@ class TokenPieces:
         if self._byte_level:
             table = _byte_level_alphabet()
             return b"".join(bytes([table[c]]) if c in table else c.encode("utf-8") for c in piece)
-        if match := _BYTE_FALLBACK.match(piece):
+        if match := BYTE_FALLBACK_TOKEN.match(piece):
             return bytes([int(match.group(1), 16)])
         return piece.replace(_SENTENCEPIECE_SPACE, " ").encode("utf-8")
 

@@ -13,6 +13,7 @@ from typing import Any
 import torch
 
 from solo.bench.peers import PeerSkipped, PeerSpec, RunResult
+from solo.model.config import listed_architectures
 from solo.model.moe import moe_tensor_target
 from solo.model.weights import fused_parts, hf_to_solo_name, restore_rope_rows
 from solo.runtime.cpu_packing import dense_named_tensors
@@ -43,8 +44,7 @@ def _hf_config(raw: dict[str, Any], dtype: torch.dtype) -> Any:  # noqa: ANN401
     from transformers import AutoConfig
 
     fields = {k: v for k, v in raw.items() if k not in ("architectures", "torch_dtype", "dtype")}
-    names = raw.get("architectures") or [""]
-    arch = names if isinstance(names, str) else names[0]  # (one name, not in a list, as transformers takes it)
+    arch = (listed_architectures(raw) or [""])[0]
     model_type = raw.get("model_type") or _MODEL_TYPES.get(arch)
     if model_type is None:
         raise PeerSkipped(f"no transformers model type for {arch!r}")
