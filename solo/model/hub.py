@@ -6,13 +6,12 @@ Hub ids are resolved through `huggingface_hub` (its cache, then a download of th
 from __future__ import annotations
 
 import fnmatch
-import json
 import re
 from pathlib import Path
 
 import torch
 
-from solo.errors import ModelNotFoundError, SoloError
+from solo.errors import CheckpointError, ModelNotFoundError, SoloError
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _BARE_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*$")  # ("gpt2": the Hub's ids from before organisations)
@@ -324,9 +323,11 @@ def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> boo
     if (folder / "model.safetensors").is_file():  # (read before an index, as `checkpoint_files` does)
         return True
     if index.is_file():
+        from solo.model.weights import index_shards
+
         try:
-            shards = set(json.loads(index.read_text(encoding="utf-8"))["weight_map"].values())
-        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            shards = index_shards(index)
+        except CheckpointError:
             return False
         return all((folder / shard).is_file() for shard in shards)
     return any(folder.glob("*.safetensors"))

@@ -218,11 +218,7 @@ def checkpoint_files(folder: Path) -> list[Path]:
     if single.is_file():  # before an index, as transformers looks (save_pretrained over a sharded folder keeps it)
         return [single]
     if index.is_file():
-        try:
-            weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-        except (json.JSONDecodeError, KeyError) as exc:
-            raise CheckpointError(f"{index} is not a valid safetensors index ({exc}); re-download it") from None
-        shards = sorted(set(weight_map.values()))
+        shards = index_shards(index)
         missing = [s for s in shards if not (folder / s).is_file()]
         if missing:
             raise CheckpointError(
@@ -240,6 +236,23 @@ def checkpoint_files(folder: Path) -> list[Path]:
         f"{folder} has no model.safetensors or model.safetensors.index.json; the folder is partial, "
         "download the weights too"
     )
+
+
+def index_shards(index: Path) -> list[str]:
+    """The shard file names a `model.safetensors.index.json` lists (its weight_map's values), sorted, unique.
+
+    Raises:
+        CheckpointError: the file is unreadable, not JSON, or has no weight_map object of file names.
+    """
+    try:
+        weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+        raise CheckpointError(f"{index} is not a valid safetensors index ({exc!r}); re-download it") from None
+    if not isinstance(weight_map, dict) or not all(isinstance(s, str) and s for s in weight_map.values()):
+        raise CheckpointError(
+            f"{index} is not a valid safetensors index (its weight_map is not an object of tensor names to "
+            "file names); re-download it")
+    return sorted(set(weight_map.values()))
 
 
 def _iter_tensors(files: list[Path], device: str,

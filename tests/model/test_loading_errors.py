@@ -62,6 +62,17 @@ def test_missing_shard(tmp_path):
         Engine.load(folder)
 
 
+@pytest.mark.parametrize("index_text", ['{"weight_map": ["model-00001-of-00002.safetensors"]}',
+                                        '{"weight_map": {"lm_head.weight": 3}}', '[]', '{"metadata": {}}',
+                                        'not json'])
+def test_malformed_shard_index(tmp_path, index_text):
+    # A weight_map that is not an object of file names raised AttributeError/TypeError from deep inside.
+    folder = make_checkpoint(tmp_path / "sharded", "llama", max_shard_size="100KB")
+    (folder / "model.safetensors.index.json").write_text(index_text)
+    with pytest.raises(CheckpointError, match="is not a valid safetensors index.*re-download it"):
+        Engine.load(folder)
+
+
 def test_unknown_architecture(folder):
     config = json.loads((folder / "config.json").read_text())
     config["architectures"] = ["FancyNewForCausalLM"]
