@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import copy
 import json
 from pathlib import Path
 
@@ -224,3 +225,22 @@ QWEN3_CODER_TEMPLATE = (
     "<|im_end|>\n{% elif m.role == 'tool' %}<|im_start|>user\n<tool_response>\n{{ m.content }}\n</tool_response>"
     "<|im_end|>\n{% else %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endif %}{%- endfor %}"
     "{%- if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+
+
+def hf_greedy_ids(hf, ids: list[int], new_tokens: int) -> list[int]:
+    """transformers' `new_tokens` greedy token ids after the prompt `ids`, EOS an ordinary token.
+
+    As Solo's `ignore_eos`: EOS may be the argmax and generation goes on after it. (`min_new_tokens` instead
+    masks EOS out until the last token, so a prompt whose argmax is EOS would read as a divergence.)
+    """
+    config = copy.deepcopy(hf.generation_config)
+    config.eos_token_id = None
+    config.update(max_new_tokens=new_tokens, do_sample=False, temperature=None, top_p=None, top_k=None)
+    if config.pad_token_id is None:
+        config.pad_token_id = 0
+    # (an explicit mask: one inferred from the pad id would mask out prompt tokens equal to it)
+    with torch.no_grad():
+        out = hf.generate(torch.tensor([ids]), attention_mask=torch.ones(1, len(ids), dtype=torch.long),
+                          generation_config=config)
+    assert out.shape[1] == len(ids) + new_tokens
+    return out[0, len(ids):].tolist()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from checkpoints import hf_greedy_ids
 from transformers import AutoModelForCausalLM
 
 from solo import Engine, SamplingParams
@@ -32,8 +33,6 @@ def test_bundled_model_greedy_parity(bundled, hf_model, backend):
     assert engine.model_dir == bundled
     for prompt in PROMPTS:
         ids = engine.encode_prompt(prompt)
-        with torch.no_grad():
-            out = hf_model.generate(torch.tensor([ids]), max_new_tokens=32, min_new_tokens=32, do_sample=False)
-        expected = out[0, len(ids):].tolist()
+        expected = hf_greedy_ids(hf_model, ids, 32)
         result = engine.complete(prompt, SamplingParams(max_tokens=32, temperature=0, ignore_eos=True))
         assert result.token_ids == expected, prompt

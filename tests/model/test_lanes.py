@@ -14,7 +14,7 @@ import math
 
 import pytest
 import torch
-from checkpoints import lane_raw_config, make_checkpoint, make_lane_checkpoint, write_tokenizer
+from checkpoints import hf_greedy_ids, lane_raw_config, make_checkpoint, make_lane_checkpoint, write_tokenizer
 from safetensors.torch import load_file, save_file
 
 from solo import Engine, SamplingParams
@@ -79,8 +79,7 @@ def test_one_lane_equals_transformers_llama(tmp_path):
     hf = AutoModelForCausalLM.from_pretrained(hf_dir, dtype=torch.float32, attn_implementation="eager")
     with torch.no_grad():
         hf_logits = hf(torch.tensor([ids])).logits[0].float()
-        hf_tokens = hf.generate(torch.tensor([ids]), max_new_tokens=24, min_new_tokens=24, do_sample=False,
-                                pad_token_id=0)[0, len(ids):].tolist()
+    hf_tokens = hf_greedy_ids(hf, ids, 24)
     assert torch.allclose(_prefill_logits(engine.model, ids), hf_logits, atol=ATOL, rtol=0)
     assert _greedy(engine, PROMPT, 24) == hf_tokens
     assert _greedy(Engine.load(folder, dtype="float32"), PROMPT, 24) == hf_tokens  # the native CPU lane runtime

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from checkpoints import make_checkpoint
+from checkpoints import hf_greedy_ids, make_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -21,10 +21,8 @@ LOGIT_ATOL = 1e-4  # float32: only summation order differs from transformers
 def _hf_greedy(folder, ids, new_tokens, dtype=torch.float32):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype)
     with torch.no_grad():
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                          do_sample=False, pad_token_id=0)
         logits = hf(torch.tensor([ids])).logits[0, -1].float()
-    return out[0, len(ids):].tolist(), logits
+    return hf_greedy_ids(hf, ids, new_tokens), logits
 
 
 def _check_parity(folder, new_tokens=32):

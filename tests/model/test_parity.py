@@ -6,7 +6,7 @@ import json
 
 import pytest
 import torch
-from checkpoints import make_checkpoint, make_gemma3_image_text_checkpoint, make_longrope_checkpoint
+from checkpoints import hf_greedy_ids, make_checkpoint, make_gemma3_image_text_checkpoint, make_longrope_checkpoint
 from transformers import AutoModelForCausalLM
 
 from solo import Engine, SamplingParams
@@ -22,9 +22,7 @@ def _hf_greedy(folder, ids, new_tokens, dtype=torch.float32, attn="eager"):
     with torch.no_grad():
         # (the prompt's logits first: dynamic NTK keeps the longest length the model object has seen)
         logits = hf(torch.tensor([ids])).logits[0, -1].float()
-        out = hf.generate(torch.tensor([ids]), max_new_tokens=new_tokens, min_new_tokens=new_tokens,
-                          do_sample=False, pad_token_id=0)
-    return out[0, len(ids):].tolist(), logits
+    return hf_greedy_ids(hf, ids, new_tokens), logits
 
 
 def _check_parity(folder, prompt=PROMPT, new_tokens=32, backend="eager", speculative="auto"):

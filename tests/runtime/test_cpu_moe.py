@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 import torch
 from _decode_helpers import greedy_steps
-from checkpoints import make_checkpoint
+from checkpoints import hf_greedy_ids, make_checkpoint
 from safetensors.torch import load_file, save_file
 from transformers import AutoModelForCausalLM
 
@@ -48,10 +48,7 @@ def _greedy(runtime, prompt, steps, forced=None):
 
 def _hf_greedy(folder, prompt, steps):
     hf = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32)
-    with torch.no_grad():
-        out = hf.generate(torch.tensor([prompt]), max_new_tokens=steps, min_new_tokens=steps, do_sample=False,
-                          pad_token_id=0)
-    return out[0, len(prompt):].tolist()
+    return hf_greedy_ids(hf, prompt, steps)
 
 
 @pytest.mark.parametrize("arch", ARCHS)
