@@ -216,12 +216,7 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
     state = _state(request)
     engine, _ = state.require_ready(body.model)
     _check_n(state, body.n)
-    template = engine.tokenizer.chat_template
-    extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None,
-                                  thinks=state.reasoning)
-    # The one effort Solo honours: "none", thinking off, as the other APIs' ways.
-    if body.reasoning_effort == "none" and thinking_switch(state, True, "reasoning_effort"):
-        extra = {**extra, "enable_thinking": False}
+    extra = _template_variables(state, engine, body)
     budget_param = "max_completion_tokens" if body.max_completion_tokens is not None else "max_tokens"
     top = body.top_logprobs_count
     prompt_tokens = 0
@@ -524,6 +519,17 @@ def chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  #
     return engine.tokenizer.encode(chat_prompt_text(state, engine, body), add_special_tokens=False)
 
 
+def _template_variables(state: ServerState, engine: Any, body: Any) -> dict[str, Any]:  # noqa: ANN401
+    # The chat template's extra variables: chat_template_kwargs checked, and the one reasoning_effort Solo
+    # honours, "none" (thinking off, as the other APIs' ways).
+    template = engine.tokenizer.chat_template
+    extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None,
+                                  thinks=state.reasoning)
+    if getattr(body, "reasoning_effort", None) == "none" and thinking_switch(state, True, "reasoning_effort"):
+        extra = {**extra, "enable_thinking": False}
+    return extra
+
+
 def chat_prompt_text(state: ServerState, engine: Any, body: Any) -> str:  # noqa: ANN401
     """A request's chat prompt as text, rendered as the chat route renders it (no request is run).
 
@@ -537,9 +543,8 @@ def chat_prompt_text(state: ServerState, engine: Any, body: Any) -> str:  # noqa
         InvalidRequestError: bad tools or template variables, or messages the template rejects.
     """
     template = engine.tokenizer.chat_template
-    source = template.source if template is not None else None
-    extra = check_template_kwargs(body.chat_template_kwargs, source, thinks=state.reasoning)
-    _, tools, _ = check_tools(body.tools, "none", source)
+    extra = _template_variables(state, engine, body)
+    _, tools, _ = check_tools(body.tools, "none", template.source if template is not None else None)
     return engine.tokenizer.render_chat(arguments_as_objects([m.for_template() for m in body.messages]),
                                         body.add_generation_prompt, tools=tools or None,
                                         continue_final_message=body.continue_final_message, **extra)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import httpx
 import pytest
 from checkpoints import make_checkpoint
 from server_harness import MODEL_NAME, start_server
@@ -119,6 +120,13 @@ def test_thinking_off_is_content_under_the_deepseek_r1_parser(thinking_model, tm
                                              extra_body={"chat_template_kwargs": {"enable_thinking": False}})
         assert off.choices[0].message.content and not (off.choices[0].message.model_extra or {}).get(
             "reasoning_content")
+        # llama-server's /apply-template renders what the chat route runs: reasoning_effort "none" is thinking
+        # off there too (it was checked, then left out of the rendering).
+        rendered = [httpx.post(running.base_url.removesuffix("/v1") + "/apply-template",
+                               json={"messages": ASK, **fields}).json()["prompt"]
+                    for fields in ({"reasoning_effort": "none"}, {"chat_template_kwargs": {"enable_thinking": False}},
+                                   {})]
+        assert rendered[0] == rendered[1] != rendered[2] and rendered[0].endswith("<think>\n\n</think>\n\n")
     finally:
         running.stop()
 
