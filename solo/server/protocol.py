@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import datetime
 import json
+from collections.abc import Mapping
 from typing import Annotated, Any, ClassVar, Literal
 
 from pydantic import (
@@ -571,6 +572,44 @@ class ChatCompletionRequest(SamplingFields):
             raise ValueError('the deprecated functions / function_call are not supported by Solo; send the same '
                              'functions as tools (tools=[{"type": "function", "function": ...}], tool_choice)')
         return value
+
+    def check_tool_results(self) -> None:
+        """OpenAI's rules for `tool` messages: each answers a call of the assistant message right before them.
+
+        A tool message follows an assistant message with `tool_calls` (or other tool messages after it), and
+        its `tool_call_id` names one of those calls not answered yet (where the calls have ids).
+
+        Raises:
+            InvalidRequestError: a tool message with no such assistant message before it, without a
+                `tool_call_id`, or with one that answers none of its calls (param "messages").
+        """
+        calls: list[Any] | None = None  # the ids of the calls the next tool messages answer
+        answered: set[str] = set()
+        for i, message in enumerate(self.messages):
+            extra = message.model_extra or {}
+            if message.role == "tool":
+                call_id = extra.get("tool_call_id")
+                if calls is None:
+                    raise InvalidRequestError(
+                        f"messages[{i}] is a tool result with no assistant message with tool_calls right before "
+                        "it; a tool message answers one of the calls of the assistant message it follows",
+                        param="messages")
+                if not isinstance(call_id, str):
+                    raise InvalidRequestError(
+                        f"messages[{i}].tool_call_id is {'missing' if call_id is None else 'not a string'}; give "
+                        f"the id of the call it answers ({', '.join(map(repr, calls))})", param="messages")
+                if all(isinstance(c, str) for c in calls) and (call_id not in calls or call_id in answered):
+                    left = [c for c in calls if c not in answered]
+                    raise InvalidRequestError(
+                        f"messages[{i}].tool_call_id {call_id!r} answers no "
+                        f"{'unanswered ' if call_id in calls else ''}call of the assistant message before it "
+                        f"(unanswered: {', '.join(map(repr, left)) or 'none'})", param="messages")
+                answered.add(call_id)
+            elif message.role == "assistant" and isinstance(extra.get("tool_calls"), list) and extra["tool_calls"]:
+                calls = [c.get("id") if isinstance(c, Mapping) else None for c in extra["tool_calls"]]
+                answered = set()
+            else:
+                calls = None
 
     @property
     def completion_budget(self) -> int | None:

@@ -210,8 +210,18 @@ def _check_n(state: ServerState, n: int) -> None:
 # ---------------------------------------------------------------------------------------------- chat
 
 @router.post("/v1/chat/completions", response_model=None)
+async def openai_chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
+    """OpenAI's chat completions (streamed as server-sent events when `stream` is true).
+
+    The tool results are checked against the calls they answer, as OpenAI's API does (`check_tool_results`);
+    the other APIs run `chat_completions` after their own checks (Ollama's results name no call).
+    """
+    body.check_tool_results()
+    return await chat_completions(body, request)
+
+
 async def chat_completions(body: ChatCompletionRequest, request: Request) -> Response:
-    """OpenAI's chat completions (streamed as server-sent events when `stream` is true)."""
+    """A chat request run and answered in OpenAI's shape (the chat route's work, for every API)."""
     arrival = time.perf_counter()
     state = _state(request)
     engine, _ = state.require_ready(body.model)

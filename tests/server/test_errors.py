@@ -145,6 +145,23 @@ CASES = [
     ("tool-call-arguments-too-deep", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
         {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "[" * 50000}}]}]), 400, "messages",
      None),
+    # A tool result answers a call of the assistant message right before it, as OpenAI's API checks (Mistral's
+    # template rewrote an unknown id into an invented one; others rendered a result of no call).
+    ("tool-result-of-no-call", CHAT, chat(messages=[*MSG, {"role": "tool", "tool_call_id": "c1", "content": "5"}]),
+     400, "messages", None),
+    ("tool-result-without-id", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "content": "5"}]), 400, "messages", None),
+    ("tool-result-unknown-id", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c2", "content": "5"}]), 400, "messages", None),
+    ("tool-result-twice", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "5"}, {"role": "tool", "tool_call_id": "c1",
+                                                                   "content": "6"}]), 400, "messages", None),
+    ("tool-result-after-a-user-turn", CHAT, chat(messages=[*MSG, {"role": "assistant", "tool_calls": [
+        {"id": "c1", "type": "function", "function": {"name": "f", "arguments": "{}"}}]}, *MSG,
+        {"role": "tool", "tool_call_id": "c1", "content": "5"}]), 400, "messages", None),
     ("tool-calls-object", CHAT, chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": {}}]), 400,
      "messages", None),
     ("tokenize-tool-call-without-arguments", "/tokenize", {"messages": [*MSG, {"role": "assistant", "tool_calls": [
@@ -279,6 +296,9 @@ def test_what_openai_accepts_stays_accepted(server):
         chat(tools=[]),
         chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [call]},
                        {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]),
+        chat(messages=[*MSG, {"role": "assistant", "content": None, "tool_calls": [
+            call, {**call, "id": "call_2"}]}, {"role": "tool", "tool_call_id": "call_2", "content": "rain"},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"}]),  # (answered in any order)
         chat(messages=[*MSG, {"role": "assistant", "tool_calls": [call]}, {"role": "user", "content": "and?"}]),
         chat(stream=True, stream_options={"include_usage": True}),
         completion(stream=True, stream_options={"include_usage": False}),
