@@ -280,7 +280,8 @@ class Engine:
         A tensor-parallel runtime's follower processes and process group go, so that another `tp` engine can
         load in this process; a single-process runtime holds nothing to release. Whatever the runtime, the
         engine generates no more afterwards (`is_running` turns False; a generation or `warm_up` raises
-        `SoloError`). `with Engine.load(...) as engine:` closes it on leaving the block.
+        `SoloError`, and so does one running in another thread or an open stream, at its next step).
+        `with Engine.load(...) as engine:` closes it on leaving the block.
         """
         self._closed = True
         close = getattr(self.runtime, "close", None)
@@ -782,7 +783,8 @@ class Engine:
 
         Raises:
             SoloError: the engine was closed or a stream from it is still open in this thread (at the first
-                event); (GPU block decoding) the device stopped before the request finished.
+                event); the engine was closed while this ran (at its next step); (GPU block decoding) the device
+                stopped before the request finished.
         """
         if self._closed:
             raise SoloError(_CLOSED)
@@ -822,6 +824,8 @@ class Engine:
                 proposer = None if self.speculative_config is None else DraftProposer(
                     self.speculative_config, request, self.session_history)
                 while not request.finished:
+                    if self._closed:  # (closed from another thread: no step after it, whatever the runtime)
+                        raise SoloError(_CLOSED)
                     clean = False
                     events = None if proposer is None else speculative_step(runtime, 0, request, proposer, token)
                     if events is None:

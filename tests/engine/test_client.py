@@ -76,6 +76,13 @@ def test_a_closed_engine_generates_no_more(tiny_llama):
         with pytest.raises(SoloError, match=r"Engine.load\(...\)"):
             call()
     engine.close()  # idempotent
+    # A stream open when the engine closes stops at its next step (it ran on to max_tokens).
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager")
+    stream = engine.generate("def f", {"max_tokens": 20, "ignore_eos": True})
+    next(stream)
+    engine.close()
+    with pytest.raises(SoloError, match=r"Engine.load\(...\)"):
+        next(stream)
 
 
 def test_the_server_engine_is_an_engine_client(tiny_llama):
