@@ -8,6 +8,7 @@ that `transformers` ships (AutoTokenizer builds the fast tokenizer), then used t
 from __future__ import annotations
 
 import json
+import logging
 import re
 from collections.abc import Mapping, Sequence
 from pathlib import Path
@@ -22,6 +23,8 @@ SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_
 
 BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 """A SentencePiece byte-fallback token's vocabulary string ("<0xE2>"); group 1 is the byte in hex."""
+
+_log = logging.getLogger(__name__)
 
 
 def _token_text(value: Any) -> str | None:
@@ -78,7 +81,9 @@ class Tokenizer:
             text = _token_text(value)
             if name in SPECIAL_TOKEN_NAMES and text is not None:
                 special.setdefault(name, text)
-        return cls(_load_backend(folder), special, _chat_template_source(folder, config))
+        backend = _load_backend(folder)
+        _add_config_tokens(backend, config, folder)
+        return cls(backend, special, _chat_template_source(folder, config))
 
     def use_chat_template(self, source: str | None = None, tool_format: str | None = None,
                           origin: str = "the chat template given") -> None:
@@ -256,6 +261,42 @@ def _load_backend(folder: Path) -> HFTokenizer:
         f"{folder} has no tokenizer (tokenizer.json, tokenizer.model or vocab.json + merges.txt); "
         "download the tokenizer files with the model"
     )
+
+
+def _add_config_tokens(backend: HFTokenizer, config: Mapping[str, Any], folder: Path) -> None:
+    # tokenizer_config.json's added_tokens_decoder ({id: AddedToken}) that tokenizer.json lacks, added as
+    # transformers adds them when it loads the folder (a tokenizer.json written by a converter may hold the
+    # base vocabulary only: "<|begin_of_text|>" was then encoded as text). tokenizers gives a new token the next
+    # id, so they are added in id order where that is their id; one that would land elsewhere stays out, with
+    # a warning (it is text to this tokenizer, as it was before such tokens were added).
+    from tokenizers import AddedToken
+
+    decoder = config.get("added_tokens_decoder")
+    if not isinstance(decoder, Mapping):
+        return
+    entries = []
+    for key, value in decoder.items():
+        if isinstance(value, Mapping) and isinstance(value.get("content"), str) and str(key).isdigit():
+            entries.append((int(key), value))
+    for token_id, value in sorted(entries, key=lambda e: e[0]):
+        content = value["content"]
+        if backend.token_to_id(content) is not None:
+            continue
+        if token_id != backend.get_vocab_size(with_added_tokens=True):
+            _log.warning(
+                "%s lists added token %r as id %d, which tokenizer.json neither holds nor can take next (its next "
+                "id is %d): it is encoded as text; re-download the tokenizer files, or save them again with "
+                "transformers (AutoTokenizer.from_pretrained(...).save_pretrained(...))",
+                folder / "tokenizer_config.json", content, token_id, backend.get_vocab_size(with_added_tokens=True))
+            continue
+        token = AddedToken(content, single_word=bool(value.get("single_word", False)),
+                           lstrip=bool(value.get("lstrip", False)), rstrip=bool(value.get("rstrip", False)),
+                           normalized=bool(value.get("normalized", not value.get("special", False))),
+                           special=bool(value.get("special", False)))
+        if token.special:
+            backend.add_special_tokens([token])
+        else:
+            backend.add_tokens([token])
 
 
 def _convert_with_transformers(folder: Path) -> HFTokenizer:

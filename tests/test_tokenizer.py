@@ -40,3 +40,35 @@ def test_special_tokens_from_config(tiny_llama):
     assert tok.special_tokens["eos_token"] == "</s>"
     assert tok.token_id("eos_token") == 2
     assert tok.decode(tok.encode("hi") + [2]) == "hi"
+
+
+def test_added_tokens_only_in_tokenizer_config_are_added(tmp_path, caplog):
+    # A tokenizer.json holding the base vocabulary only (as a converter may write it) beside a
+    # tokenizer_config.json whose added_tokens_decoder lists the special tokens: transformers adds them, so a
+    # chat template's markers are one token each, not text.
+    import json
+    import logging
+
+    from checkpoints import write_tokenizer
+    from transformers import AutoTokenizer
+
+    folder = tmp_path / "tok"
+    size = write_tokenizer(folder, chat_template=False)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["added_tokens_decoder"] = {
+        str(size): {"content": "<|turn_begin|>", "special": True, "lstrip": False, "rstrip": False,
+                    "normalized": False, "single_word": False},
+        str(size + 1): {"content": "<|tool_out|>", "special": False, "lstrip": False, "rstrip": False,
+                        "normalized": False, "single_word": False}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    text = "<|turn_begin|>user said <|tool_out|> here"
+    solo = Tokenizer.from_folder(folder)
+    expected = AutoTokenizer.from_pretrained(str(folder)).encode(text, add_special_tokens=False)
+    assert solo.encode(text, add_special_tokens=False) == expected
+    assert solo.encode(text, add_special_tokens=False)[0] == size and solo.vocab_size == size + 2
+    # One that cannot take its id (a gap) stays text, with a warning naming it, never a token at another id.
+    config["added_tokens_decoder"] = {str(size + 5): {"content": "<|far|>", "special": True}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    with caplog.at_level(logging.WARNING, logger="solo.tokenizer"):
+        assert Tokenizer.from_folder(folder).vocab_size == size
+    assert "'<|far|>' as id" in caplog.text
