@@ -158,8 +158,9 @@ class SamplingParams:
         if not all(is_valid_unicode(s) for s in self.stop):
             raise bad("stop", "valid Unicode text (no unpaired surrogates or undecodable bytes), since it could "
                       "never match the output")
-        if not isinstance(self.include_stop_str_in_output, bool):
-            raise bad("include_stop_str_in_output", "true or false")
+        for name in ("include_stop_str_in_output", "ignore_eos"):  # ("no" would be truthy)
+            if not isinstance(getattr(self, name), bool):
+                raise bad(name, "true or false")
         if not isinstance(self.stop_token_ids, list) or not all(
                 isinstance(t, int) and not isinstance(t, bool) and t >= 0 for t in self.stop_token_ids):
             raise bad("stop_token_ids", "a list of token ids (integers >= 0)")

@@ -98,6 +98,7 @@ def test_impossible_or_out_of_vocabulary_controls_are_refused(kwargs, param):
     (dict(allowed_token_ids=[]), "a non-empty list of token ids"),
     (dict(bad_words=[" "]), "a list of words (strings with some non-whitespace text)"),
     (dict(skip_special_tokens=1), "skip_special_tokens must be true or false"),
+    (dict(ignore_eos="no"), "ignore_eos must be true or false"),  # (the Python API: "no" was truthy)
 ])
 def test_values_are_checked(kwargs, message):
     with pytest.raises(InvalidRequestError) as info:
