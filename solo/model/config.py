@@ -368,6 +368,12 @@ class ModelConfig:
             if base[name] < 1:
                 raise CheckpointError(f"config.json gives {hf_name} = {base[name]}; it must be >= 1. Fix or "
                                       "re-download it")
+        if base["max_position_embeddings"] < 2:  # (every request would be refused, with a fix to lower it below)
+            raise CheckpointError(f"config.json gives max_position_embeddings = {base['max_position_embeddings']}; "
+                                  "it must be >= 2. Fix or re-download it")
+        if not 0 <= base["rms_norm_eps"] < math.inf:
+            raise CheckpointError(f"config.json gives rms_norm_eps = {base['rms_norm_eps']!r}; it must be a "
+                                  "finite number >= 0. Fix or re-download it")
         base["attn_scale"] = base["head_dim"] ** -0.5
         base["rope"] = _rope_config(raw, architecture)
         base["rotary_dim"] = _rotary_dim(raw, architecture, base["head_dim"])

@@ -379,6 +379,9 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
         raise UnsupportedArchitectureError(
             f"{src.name}: GGUF architecture {arch!r} cannot be read ({exc}); Solo runs GGUF files of "
             f"{', '.join(GGUF_ARCHITECTURES)} models") from None
+    except (ArithmeticError, TypeError, AttributeError, IndexError) as exc:  # (a head count of 0: modulo by zero)
+        raise CheckpointError(f"{src.name}: its {arch} metadata is damaged (transformers' reader failed: "
+                              f"{type(exc).__name__}: {exc}); re-download the file") from None
     _head_dim_field(reader, arch, config)
     pad = getattr(config, "pad_token_id", None)
     if isinstance(pad, int) and pad >= config.vocab_size:  # a class default (Phi3Config's 32000), not the file's
@@ -397,6 +400,8 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
         raise UnsupportedArchitectureError(
             f"{src.name}: GGUF architecture {arch!r} is not one Solo runs ({exc}); Solo runs GGUF files of "
             f"{', '.join(GGUF_ARCHITECTURES)} models") from None
+    except CheckpointError as exc:  # (named as config.json's fields: the metadata's converted config)
+        raise CheckpointError(f"{src.name}: its metadata converts to an invalid model config: {exc}") from None
     with torch.device("meta"):
         skeleton = AutoModelForCausalLM.from_config(config)
     try:

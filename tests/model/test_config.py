@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 
 import pytest
 
@@ -182,6 +183,18 @@ def test_bad_yarn_fields_are_named(field, value):
         return
     with pytest.raises(CheckpointError, match=field):
         ModelConfig.from_dict(_raw(rope_scaling=yarn))
+
+
+@pytest.mark.parametrize("field, value, match", [
+    ("max_position_embeddings", 0, "max_position_embeddings = 0; it must be >= 2"),
+    ("max_position_embeddings", -5, "max_position_embeddings = -5; it must be >= 2"),
+    ("rms_norm_eps", -1e-6, "rms_norm_eps = -1e-06; it must be a finite number >= 0"),
+    ("rms_norm_eps", float("nan"), "rms_norm_eps = nan"),
+])
+def test_bad_context_and_norm_fields_are_refused_at_load(field, value, match):
+    # (a context of 0 loaded, then refused every request with "lower it below 0"; a negative eps gave NaN text)
+    with pytest.raises(CheckpointError, match=re.escape(match)):
+        ModelConfig.from_dict(_raw(**{field: value}))
 
 
 def test_gemma2_defaults_alternate_sliding_layers():

@@ -618,3 +618,20 @@ def test_a_conversion_that_lost_a_file_is_converted_again(gguf_dir, tmp_path, mo
         engine = Engine.load(gguf_dir["F16"], backend="eager")
         assert engine.model_dir == folder and (folder / lost).is_file()
         assert "lacks some of its files; converting it again" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key, match", [("llama.attention.head_count", "metadata is damaged"),
+                                        ("llama.context_length", "max_position_embeddings = 0; it must be >= 2")])
+def test_a_zero_size_in_the_metadata_is_a_clear_error(tiny_llama, tmp_path, monkeypatch, key, match):
+    # A head count of 0 raised ZeroDivisionError inside transformers' reader; a context of 0 loaded and then
+    # refused every request ("lower it below 0"), and `solo serve` failed after it started listening.
+    from solo.errors import CheckpointError
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+
+    def metadata(writer) -> None:  # noqa: ANN001
+        writer.kv_data[0][key].value = 0
+
+    path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-zero.gguf", "F16", metadata=metadata)
+    with pytest.raises(CheckpointError, match=f"^tiny-zero.gguf: .*{match}"):
+        Engine.load(path, backend="eager")
