@@ -8,8 +8,8 @@ that `transformers` ships (AutoTokenizer builds the fast tokenizer), then used t
 from __future__ import annotations
 
 import json
-import logging
 import re
+import warnings
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -17,14 +17,12 @@ from typing import Any
 from tokenizers import Tokenizer as HFTokenizer
 
 from solo.chat_template import ChatTemplate
-from solo.errors import CheckpointError, InvalidRequestError
+from solo.errors import CheckpointError, InvalidRequestError, SoloWarning
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
 BYTE_FALLBACK_TOKEN = re.compile(r"^<0x([0-9A-Fa-f]{2})>$")
 """A SentencePiece byte-fallback token's vocabulary string ("<0xE2>"); group 1 is the byte in hex."""
-
-_log = logging.getLogger(__name__)
 
 
 def _token_text(value: Any) -> str | None:
@@ -61,7 +59,17 @@ class Tokenizer:
         self.special_tokens = dict(special_tokens)
         self._special_ids: dict[str, int] | None = None
         self._added_texts: list[str] | None = None
-        self.chat_template = ChatTemplate(chat_template, self.special_tokens) if chat_template else None
+        self.chat_template: ChatTemplate | None = None
+        self.chat_template_error: str | None = None
+        """Why the model's own template is not used (it does not compile), or None."""
+        if chat_template:
+            try:
+                self.chat_template = ChatTemplate(chat_template, self.special_tokens)
+            except InvalidRequestError as exc:
+                # Not fatal: a plain prompt needs no template, and --chat-template may replace it.
+                self.chat_template_error = str(exc)
+                warnings.warn(f"{exc}; messages are refused unless another template is given (--chat-template)",
+                              SoloWarning, stacklevel=2)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -103,10 +111,13 @@ class Tokenizer:
             source = self.chat_template.source
         if source is None:
             if tool_format is not None:
-                raise CheckpointError("a tool-call parser needs a chat template, and this model has none; give "
-                                      "one with --chat-template")
+                has = f"this model's does not compile ({self.chat_template_error})" if self.chat_template_error \
+                    else "this model has none"
+                raise CheckpointError(f"a tool-call parser needs a chat template, and {has}; give one with "
+                                      "--chat-template")
             return
         self.chat_template = ChatTemplate(source, self.special_tokens, tool_format, origin)
+        self.chat_template_error = None
 
     @property
     def vocab_size(self) -> int:
@@ -199,6 +210,11 @@ class Tokenizer:
         Raises:
             InvalidRequestError: the model has no chat template, or the messages are invalid.
         """
+        if self.chat_template is None and self.chat_template_error is not None:
+            raise InvalidRequestError(
+                f"{self.chat_template_error}, so this model cannot take messages; give it a working template "
+                "(--chat-template; Engine.load(..., chat_template=...) in Python) or send a plain prompt",
+                param="messages")
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template, so it cannot take messages; send a plain prompt "
@@ -283,11 +299,12 @@ def _add_config_tokens(backend: HFTokenizer, config: Mapping[str, Any], folder: 
         if backend.token_to_id(content) is not None:
             continue
         if token_id != backend.get_vocab_size(with_added_tokens=True):
-            _log.warning(
-                "%s lists added token %r as id %d, which tokenizer.json neither holds nor can take next (its next "
-                "id is %d): it is encoded as text; re-download the tokenizer files, or save them again with "
-                "transformers (AutoTokenizer.from_pretrained(...).save_pretrained(...))",
-                folder / "tokenizer_config.json", content, token_id, backend.get_vocab_size(with_added_tokens=True))
+            warnings.warn(
+                f"{folder / 'tokenizer_config.json'} lists added token {content!r} as id {token_id}, which "
+                "tokenizer.json neither holds nor can take next (its next id is "
+                f"{backend.get_vocab_size(with_added_tokens=True)}): it is encoded as text; re-download the "
+                "tokenizer files, or save them again with transformers (AutoTokenizer.from_pretrained(...)"
+                ".save_pretrained(...))", SoloWarning, stacklevel=2)
             continue
         token = AddedToken(content, single_word=bool(value.get("single_word", False)),
                            lstrip=bool(value.get("lstrip", False)), rstrip=bool(value.get("rstrip", False)),

@@ -449,6 +449,22 @@ def test_chat_template_and_tool_call_parser_flags(capsys, tmp_path, no_template_
         assert message in capsys.readouterr().err, argv
 
 
+def test_a_model_template_that_does_not_compile_can_be_replaced(capsys, tmp_path, no_template_model):
+    # It failed the load: a plain prompt (which needs no template) and --chat-template (which replaces it) alike.
+    config = json.loads((no_template_model / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m.content "
+    (no_template_model / "tokenizer_config.json").write_text(json.dumps(config))
+    code, out, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--max-tokens", "2")
+    assert code == 0 and "the model's chat template does not compile" in err, err
+    code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--chat", "--max-tokens", "2")
+    assert code == 2 and "does not compile" in err and "--chat-template" in err and "Traceback" not in err, err
+    code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--chat", "--max-tokens", "2",
+                        "--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}")
+    assert code == 0, err
+    with pytest.raises(SoloError, match="this model's does not compile"):
+        Engine.load(no_template_model, tool_call_parser="hermes")
+
+
 def test_no_think_and_chat_template_kwargs(capsys, tmp_path, shared_hf, no_template_model):
     """--no-think (solo run --chat, solo chat) and Engine's chat_template_kwargs reach the template as
     enable_thinking=false (Qwen3's real template writes an empty block); refused where the template has no

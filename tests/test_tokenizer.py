@@ -42,15 +42,16 @@ def test_special_tokens_from_config(tiny_llama):
     assert tok.decode(tok.encode("hi") + [2]) == "hi"
 
 
-def test_added_tokens_only_in_tokenizer_config_are_added(tmp_path, caplog):
+def test_added_tokens_only_in_tokenizer_config_are_added(tmp_path):
     # A tokenizer.json holding the base vocabulary only (as a converter may write it) beside a
     # tokenizer_config.json whose added_tokens_decoder lists the special tokens: transformers adds them, so a
     # chat template's markers are one token each, not text.
     import json
-    import logging
 
     from checkpoints import write_tokenizer
     from transformers import AutoTokenizer
+
+    from solo.errors import SoloWarning
 
     folder = tmp_path / "tok"
     size = write_tokenizer(folder, chat_template=False)
@@ -69,6 +70,5 @@ def test_added_tokens_only_in_tokenizer_config_are_added(tmp_path, caplog):
     # One that cannot take its id (a gap) stays text, with a warning naming it, never a token at another id.
     config["added_tokens_decoder"] = {str(size + 5): {"content": "<|far|>", "special": True}}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
-    with caplog.at_level(logging.WARNING, logger="solo.tokenizer"):
+    with pytest.warns(SoloWarning, match=r"'<\|far\|>' as id"):
         assert Tokenizer.from_folder(folder).vocab_size == size
-    assert "'<|far|>' as id" in caplog.text
