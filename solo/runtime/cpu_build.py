@@ -37,6 +37,7 @@ import logging
 import os
 import platform
 import shutil
+import stat
 import subprocess
 import tempfile
 import threading
@@ -185,9 +186,33 @@ def cache_dir() -> Path:
     return Path(base) / "solo" / "kernels"
 
 
+def private_temp_dir(name: str) -> Path:
+    """A folder of this user's own in the temp folder, `<tmp>/<name>-<uid>`, for libraries this process loads.
+
+    Created with mode 0700. One that exists is used only if it is a folder (not a link) this user owns and no
+    one else may write: the temp folder is shared, and a library another local user placed there under the
+    predictable name would run in this process.
+
+    Raises:
+        KernelBuildError: the folder cannot be created, or exists and fails those checks.
+    """
+    uid = os.getuid() if hasattr(os, "getuid") else None
+    folder = Path(tempfile.gettempdir()) / (name if uid is None else f"{name}-{uid}")
+    try:
+        folder.mkdir(mode=0o700, exist_ok=True)
+        info = os.lstat(folder)
+    except OSError as exc:
+        raise KernelBuildError(f"cannot create the folder {folder} ({exc}); set XDG_CACHE_HOME to a writable "
+                               "folder of your own") from None
+    if uid is not None and (not stat.S_ISDIR(info.st_mode) or info.st_uid != uid or info.st_mode & 0o022):
+        raise KernelBuildError(f"{folder} is not a folder of this user's that only it may write (another user may "
+                               "have made it), so nothing is built in or loaded from it; remove it, or set "
+                               "XDG_CACHE_HOME to a writable folder of your own")
+    return folder
+
+
 def _fallback_cache_dir() -> Path:
-    uid = os.getuid() if hasattr(os, "getuid") else 0
-    return Path(tempfile.gettempdir()) / f"solo-kernels-{uid}"
+    return private_temp_dir("solo-kernels")
 
 
 def _compiler() -> str:
@@ -318,11 +343,12 @@ def library_path(level: IsaLevel | None = None) -> Path:
     digest.update((" ".join(flags) + _compiler_id(cxx)).encode())
     name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
     folder = cache_dir()
-    for candidate in (folder, _fallback_cache_dir()):
-        if (candidate / name).is_file():
-            return candidate / name
-    if not _writable_dir(folder):
+    if (folder / name).is_file():
+        return folder / name
+    if not _writable_dir(folder):  # (only then the temp folder: never a library found there beside a usable cache)
         fallback = _fallback_cache_dir()
+        if (fallback / name).is_file():
+            return fallback / name
         warnings.warn(f"the kernel cache folder {folder} is not writable; building Solo's CPU kernels in "
                       f"{fallback} instead (set XDG_CACHE_HOME to a writable folder to keep them)", SoloWarning,
                       stacklevel=2)

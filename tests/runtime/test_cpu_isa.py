@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -87,6 +88,36 @@ def test_an_unwritable_kernel_cache_falls_back_with_a_warning(monkeypatch, tmp_p
         path = cpu_build.library_path(available_levels()[0])
     assert path.parent == tmp_path / "fallback" and path.is_file()
     assert cpu_build.library_path(available_levels()[0]) == path  # found there next time, no rebuild
+
+
+def test_a_library_in_the_temp_folder_is_not_loaded_beside_a_usable_cache(monkeypatch, tmp_path,
+                                                                         tiny_kernel_source):
+    # The temp folder is shared: a library found there (another local user's, under the predictable name) was
+    # loaded even when the user's own cache could be written.
+    monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "blocker" / "cache"))
+    (tmp_path / "blocker").write_text("a file")
+    with pytest.warns(UserWarning, match="is not writable"):
+        planted = cpu_build.library_path(available_levels()[0])
+    assert planted.parent == tmp_path / "fallback"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    path = cpu_build.library_path(available_levels()[0])
+    assert path.parent == tmp_path / "cache" / "solo" / "kernels" and path.name == planted.name
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
+def test_the_temp_folder_for_libraries_is_this_users_own(monkeypatch, tmp_path):
+    monkeypatch.setattr(cpu_build.tempfile, "gettempdir", lambda: str(tmp_path))
+    folder = cpu_build.private_temp_dir("solo-x")
+    assert folder == tmp_path / f"solo-x-{os.getuid()}" and stat.S_IMODE(folder.stat().st_mode) & 0o077 == 0
+    assert cpu_build.private_temp_dir("solo-x") == folder  # (its own: used again)
+    folder.chmod(0o777)  # as one another user made for everyone
+    with pytest.raises(KernelBuildError, match="not a folder of this user's that only it may write"):
+        cpu_build.private_temp_dir("solo-x")
+    (tmp_path / "elsewhere").mkdir(mode=0o700)
+    (tmp_path / f"solo-y-{os.getuid()}").symlink_to(tmp_path / "elsewhere")
+    with pytest.raises(KernelBuildError, match="remove it"):
+        cpu_build.private_temp_dir("solo-y")
 
 
 def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_path, tiny_kernel_source):

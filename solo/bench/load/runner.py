@@ -186,8 +186,9 @@ def start_server(model: str | None, serve_args: list[str], timeout_s: float = 30
     port = free_port()
     command = [sys.executable, "-m", "solo.cli", "serve", *([model] if model else []), "--host", "127.0.0.1",
                "--port", str(port), *serve_args]
-    log_path = Path(tempfile.gettempdir()) / f"solo-bench-load-{port}.log"
-    log = open(log_path, "w")  # noqa: SIM115 (the child writes to it for its whole life)
+    # A new file of this process's own (a predictable name in the shared temp folder could be another user's link).
+    log = tempfile.NamedTemporaryFile("w", prefix=f"solo-bench-load-{port}-", suffix=".log", delete=False)  # noqa: SIM115
+    log_path = Path(log.name)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
     deadline = time.monotonic() + timeout_s

@@ -12,7 +12,6 @@ import ctypes
 import hashlib
 import shutil
 import subprocess
-import tempfile
 from importlib import resources
 from pathlib import Path
 
@@ -122,7 +121,11 @@ class EmulatedKernel:
         header = resources.files("solo.runtime.megakernel").joinpath("emulate.h").read_text()
         source = header + kernel_source(dims, nthreads, stage_bytes, wait_timeout_s) + _LAUNCHER
         digest = hashlib.sha256(source.encode()).hexdigest()[:16]
-        folder = build_dir or Path(tempfile.gettempdir()) / "solo-megakernel-emu"
+        if build_dir is None:
+            from solo.runtime.cpu_build import private_temp_dir  # (the temp folder is shared: this user's own)
+
+            build_dir = private_temp_dir("solo-megakernel-emu")
+        folder = build_dir
         folder.mkdir(parents=True, exist_ok=True)
         lib = folder / f"emu-{digest}.so"
         if not lib.exists():
