@@ -357,13 +357,14 @@ def run_agent_bench(args: Any) -> int:  # noqa: ANN401
                 time.sleep(args.pause_ms / 1000)
                 peer_runs[peer.name].append(replay_on_peer(peer, solo_run))
             peer.close()
-    from solo.bench.report import machine_info, report_command, versions
+    from solo.bench.report import machine_info, report_command, report_name, versions
 
     report: dict[str, Any] = {
         "command": report_command(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
         "machine": machine_info(solo_engine.device), "versions": versions(),
         "trace": trace.name, "description": trace.description, "turns": len(trace.turns),
-        "model": solo_engine.name, "backend": solo_engine.backend_name, "speculative": solo_engine.speculative,
+        "model": report_name(solo_engine.name), "backend": solo_engine.backend_name,
+        "speculative": solo_engine.speculative,
         "prefix_cache": solo_engine.prefix_cache is not None, "repeats": args.repeats, "configs": {},
     }
     print(f"\nagent trace {trace.name!r}: {len(trace.turns)} turns, {args.repeats} repeat(s), "

@@ -142,7 +142,9 @@ def _load(args: argparse.Namespace, device: Any) -> tuple[Any, dict[str, Any], s
     raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     mtime = max(p.stat().st_mtime for p in folder.glob("*.safetensors"))
     _ = torch
-    return model, raw, str(args.model or folder.name), f"folder:{folder.resolve()}:{mtime}:{dtype}"
+    from solo.bench.report import report_name
+
+    return model, raw, report_name(str(args.model or folder.name)), f"folder:{folder.resolve()}:{mtime}:{dtype}"
 
 
 def _stats(results: list[Any]) -> dict[str, Any]:  # noqa: ANN401
@@ -467,6 +469,10 @@ def main(args: argparse.Namespace) -> int:
     prompt = [rng.randrange(3, config.vocab_size) for _ in range(args.prompt_len)]
     if args.sweep_context and args.contexts is None:
         contexts = default_contexts(config.context_length, args.sweep_gen_len)
+        if not contexts:
+            raise SoloError(f"--sweep-gen-len {args.sweep_gen_len} leaves no context to sweep: each point needs "
+                            f"its context + {args.sweep_gen_len + 1} tokens and the model's context is "
+                            f"{config.context_length}; lower --sweep-gen-len below {config.context_length - 1}")
         print(f"context sweep at {','.join(map(str, contexts))} tokens (the model's context is "
               f"{config.context_length})", file=sys.stderr)
     if args.prompt_len + args.gen_len + 1 > config.context_length:

@@ -85,9 +85,14 @@ def report_command(argv: list[str] | None = None) -> str:
         flag, eq, value = arg.partition("=")
         if eq and flag.startswith("-") and os.path.isabs(value):
             return f"{flag}={Path(value).name}"
-        return Path(arg).name if os.path.isabs(arg) else arg
+        return report_name(arg)
 
     return shlex.join(["solo", *(cut(a) for a in argv[1:])])
+
+
+def report_name(model: str) -> str:
+    """A model (or any argument) as a report names it: an absolute path cut to its last name, else as given."""
+    return Path(model).name if os.path.isabs(model) else model
 
 
 def summarize(values: list[float]) -> dict[str, float]:

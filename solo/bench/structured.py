@@ -39,7 +39,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     Raises:
         SoloError: loading the model failed, or --shape was given (the benchmark needs a tokenizer).
     """
-    from solo.bench.report import machine_info, report_command, versions
+    from solo.bench.report import machine_info, report_command, report_name, versions
     from solo.engine.constraints import TokenConstraint
     from solo.engine.engine import Engine
     from solo.engine.sampling import SamplingParams
@@ -88,7 +88,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     report = {
         "command": report_command(),
         "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
-        "model": engine.name, "backend": engine.runtime.name, "device": str(engine.runtime.device),
+        "model": report_name(engine.name), "backend": engine.runtime.name, "device": str(engine.runtime.device),
         "gen_len": args.gen_len, "repeats": args.repeats, "machine": machine_info(engine.runtime.device),
         "versions": versions(), "schema": BENCH_SCHEMA, "grammar_backend": request.constraint.compiled.backend
         if request.constraint else None,

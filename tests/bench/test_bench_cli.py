@@ -204,6 +204,14 @@ def test_sweep_fill_random_decodes_after_a_random_cache(tmp_path, capsys):
     assert all(r > 0 for r in sweep["point_roofline_tokens_per_s"])
 
 
+def test_a_sweep_gen_len_that_leaves_no_context_is_refused(tmp_path, capsys):
+    # It printed "context sweep at  tokens", swept nothing, wrote no --plot and exited 0.
+    folder = make_checkpoint(tmp_path / "llama", "llama")  # (a context of 256)
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "3", "--repeats", "1", "--sweep-context",
+                 "--sweep-gen-len", "300", "--energy-s", "0"]) == 2
+    assert "--sweep-gen-len 300 leaves no context to sweep" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_moe_reports_active_bytes_and_parameters(tmp_path, capsys):
     folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16)
@@ -727,6 +735,16 @@ def test_report_command_reads_solo_and_cuts_absolute_paths():
         assert report_command(argv) == "solo bench --shape Qwen2.5-0.5B --json x.json --plot p.png"
     assert report_command(["solo", "bench", "--json=/home/me/r/x.json", "--note", "two words"]) == \
         "solo bench --json=x.json --note 'two words'"
+
+
+def test_a_model_folder_is_named_by_its_name_in_the_report(tmp_path, capsys):
+    # The command's paths were cut, the report's "model" kept the whole local path.
+    folder = make_checkpoint(tmp_path / "tiny-llama", "llama")
+    out = tmp_path / "bench.json"
+    assert main(["bench", str(folder), "--prompt-len", "8", "--gen-len", "2", "--repeats", "1", "--probe-gib",
+                 "0.0625", "--pause-ms", "0", "--energy-s", "0", "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["model"] == "tiny-llama"
+    assert str(tmp_path) not in out.read_text() and str(tmp_path) not in capsys.readouterr().out
 
 
 def test_peers_after_solo_without_llamacpp_writes_no_gguf(tmp_path, capsys, monkeypatch):

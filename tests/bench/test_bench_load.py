@@ -78,6 +78,11 @@ def test_shipped_workloads_parse(name):
     ({"classes": [{}], "rates": "2x"}, "rates must be a list of rates"),
     ({"classes": [{}], "bursts": {"at_s": 1}}, "bursts must be a list"),
     ({"classes": {"name": "a"}}, "at least one [[classes]]"),
+    # From another: two classes of one name shared a prompt pool (an IndexError, or the other's prompts).
+    ({"classes": [{"name": "a"}, {"name": "a", "pool": 2}]}, "classes[1].name 'a' names another class too"),
+    ({"classes": [{"name": 5}]}, "classes[0].name must be a non-empty string; got 5"),
+    ({"classes": [{}], "description": [1, 2]}, "description must be a string"),
+    ({"classes": [{"prompt_tokens": [100, 5], "prompt_fraction": [0.5, 0.6]}]}, "not both"),
 ])
 def test_bad_workloads_name_the_field(raw, message):
     with pytest.raises(SoloError, match="workload") as info:
@@ -101,6 +106,10 @@ def test_plan_is_seeded_bounded_and_bursty():
     bursty = plan_phase(workload, 5.0, 100.0, 10_000, seed=1)
     inside = sum(10 <= r.offset_s < 20 for r in bursty)
     assert 400 < inside < 600  # 50/s for 10 s
+    # A factor below 1 is a lull (it was read as no burst: max(1, factor)).
+    workload.bursts = parse_workload({**tomllib.loads(TINY), "bursts": [{"at_s": 0, "length_s": 100,
+                                                                          "factor": 0.1}]}).bursts
+    assert 30 < len(plan_phase(workload, 5.0, 100.0, 10_000, seed=1)) < 70  # 0.5/s for 100 s
 
 
 def test_rates_and_loopback():

@@ -160,8 +160,8 @@ def markdown(result: dict[str, Any]) -> str:
         "",
         f"Command: `{meta['command']}`",
         "",
-        f"- Workload: {w['name']} ({w['description']}); SLO: TTFT <= {w['slo_ttft_s']} s and TPOT <= "
-        f"{w['slo_tpot_s']} s",
+        f"- Workload: {w['name']}" + (f" ({w['description']})" if w.get("description") else "")
+        + f"; SLO: TTFT <= {w['slo_ttft_s']} s and TPOT <= {w['slo_tpot_s']} s",
         *_bursts_line(w.get("bursts") or [], [p["duration_s"] for p in phases]),
         f"- Server: {meta['server']}" + (f" ({meta['server_slots']} slots)" if meta.get("server_slots") else ""),
         f"- Model: {meta.get('model', '?')}",

@@ -188,7 +188,10 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
     unknown = set(raw) - _TOP
     if unknown:
         raise _bad(path, "key", f"{sorted(unknown)[0]!r} is unknown; known keys: {', '.join(sorted(_TOP))}")
-    w = Workload(name=str(raw.get("name", Path(path).stem)), description=str(raw.get("description", "")))
+    for key in ("name", "description"):
+        if key in raw and not isinstance(raw[key], str):
+            raise _bad(path, key, f"must be a string; got {raw[key]!r}")
+    w = Workload(name=raw.get("name", Path(path).stem), description=raw.get("description", ""))
     w.seed = raw.get("seed", 0)
     if not _is_int(w.seed):
         raise _bad(path, "seed", f"must be an integer; got {w.seed!r}")
@@ -235,7 +238,12 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         unknown = set(c) - _CLASS
         if unknown:
             raise _bad(path, where, f"key {sorted(unknown)[0]!r} is unknown; known: {', '.join(sorted(_CLASS))}")
-        rc = RequestClass(name=str(c.get("name", f"class{i}")))
+        name = c.get("name", f"class{i}")
+        if not isinstance(name, str) or not name.strip():
+            raise _bad(path, f"{where}.name", f"must be a non-empty string; got {name!r}")
+        if any(other.name == name for other in w.classes):
+            raise _bad(path, f"{where}.name", f"{name!r} names another class too; give each class its own name")
+        rc = RequestClass(name=name)
         rc.weight = _positive(c.get("weight", 1.0), path, f"{where}.weight")
         rc.endpoint = c.get("endpoint", "chat")
         if rc.endpoint not in ("chat", "completions"):
@@ -243,6 +251,8 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         rc.style = c.get("style", "chat" if rc.endpoint == "chat" else "code")
         if rc.style not in ("chat", "code"):
             raise _bad(path, f"{where}.style", f"must be 'chat' or 'code'; got {rc.style!r}")
+        if "prompt_fraction" in c and "prompt_tokens" in c:
+            raise _bad(path, where, "give prompt_tokens or prompt_fraction, not both")
         if "prompt_fraction" in c:
             rc.prompt_tokens = None
             rc.prompt_fraction = _pair(c["prompt_fraction"], path, f"{where}.prompt_fraction", float)
@@ -295,11 +305,9 @@ class PlannedRequest:
 
 def rate_at(workload: Workload, rate: float, t: float) -> float:
     """Arrival rate (requests/s) at `t` seconds into a phase of base `rate`, bursts included."""
-    factor = 1.0
-    for b in workload.bursts:
-        if b.at_s <= t < b.at_s + b.length_s:
-            factor = max(factor, b.factor)
-    return rate * factor
+    # (a factor below 1 is a lull; where bursts overlap, the largest factor)
+    active = [b.factor for b in workload.bursts if b.at_s <= t < b.at_s + b.length_s]
+    return rate * (max(active) if active else 1.0)
 
 
 def plan_phase(workload: Workload, rate: float, duration_s: float, max_requests: int,
