@@ -191,6 +191,13 @@ def test_unknown_dtype_via_cli(tiny_llama):
     assert "Traceback" not in proc.stderr
 
 
+def test_python_dash_m_solo_is_the_solo_command():
+    import solo
+
+    proc = subprocess.run([sys.executable, "-m", "solo", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == f"solo {solo.__version__}", proc.stderr
+
+
 def test_help_explains_every_flag():
     proc = subprocess.run([sys.executable, "-m", "solo.cli", "run", "--help"], capture_output=True, text=True,
                           timeout=120)

@@ -7,7 +7,7 @@ and speculative acceptance length; by default it also replays the trace with pre
 speculation off (interleaved, repeat by repeat) and reports the speed-up and whether every turn's
 tokens were identical.
 
-Trace format (JSON; examples in benchmarks/traces/):
+Trace format (JSON; the shipped traces are in solo/bench/traces/):
 
     {
       "name": "edit-loop",
@@ -42,8 +42,8 @@ from typing import Any
 
 from solo.errors import SoloError
 
-TRACE_DIR = Path(__file__).resolve().parents[2] / "benchmarks" / "traces"
-"""Where the repository's traces live (a bare name given to --agent is looked up here)."""
+TRACE_DIR = Path(__file__).resolve().parent / "traces"
+"""Where the shipped traces live, in the package (a bare name given to --agent is looked up here)."""
 
 
 @dataclass
@@ -85,7 +85,8 @@ class Trace:
         if not p.exists() and (TRACE_DIR / p.name).exists():
             p = TRACE_DIR / p.name
         if not p.exists():
-            raise SoloError(f"agent trace {str(path)!r} not found; give a JSON file (examples in benchmarks/traces/)")
+            shipped = ", ".join(sorted(f.stem for f in TRACE_DIR.glob("*.json")))
+            raise SoloError(f"agent trace {str(path)!r} not found; give a JSON file or a shipped trace ({shipped})")
         try:
             data = json.loads(p.read_text(encoding="utf-8"))
         except (json.JSONDecodeError, UnicodeDecodeError) as exc:

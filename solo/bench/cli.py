@@ -32,8 +32,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_model_arguments(parser)
     parser.add_argument("--agent", default=None, metavar="TRACE",
-                        help="replay a multi-turn agent trace (JSON, see solo/bench/agent.py; examples in "
-                        "benchmarks/traces/) and report task time, TTFT per turn, cached tokens, acceptance")
+                        help="replay a multi-turn agent trace (a JSON file, format in solo/bench/agent.py, or a "
+                        "shipped one by name: edit-loop, tool-loop, long-tool-loop, no-repeat) and report task "
+                        "time, TTFT per turn, cached tokens, acceptance")
     parser.add_argument("--agent-no-baseline", action="store_true",
                         help="with --agent, skip the replay with prefix caching and speculation off")
     add_feature_arguments(parser)

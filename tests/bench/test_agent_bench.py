@@ -12,8 +12,18 @@ from solo.errors import SoloError
 
 
 def test_shipped_traces_load():
+    import tomllib
+    from pathlib import Path
+
+    import solo
+
     names = sorted(p.stem for p in TRACE_DIR.glob("*.json"))
     assert {"edit-loop", "tool-loop"} <= set(names)
+    # In the package, and in its package data: an installed Solo found no trace outside a checkout.
+    package = Path(solo.__file__).parent
+    assert TRACE_DIR.is_relative_to(package)
+    pyproject = tomllib.loads((package.parent / "pyproject.toml").read_text())
+    assert TRACE_DIR.relative_to(package).as_posix() + "/*" in pyproject["tool"]["setuptools"]["package-data"]["solo"]
     edit = Trace.load("edit-loop")
     assert len(edit.turns) == 10 and edit.sampling["temperature"] == 0.0
 
