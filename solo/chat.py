@@ -68,7 +68,7 @@ def _line_reader() -> Callable[[str], str]:
         line = sys.stdin.readline()
         if not line:
             raise EOFError
-        return line.rstrip("\n")
+        return line.rstrip("\r\n")  # (a CRLF line's \r is no part of the message)
 
     return read
 
@@ -242,7 +242,8 @@ class ChatSession:
             self.history.pop()
             self.first = first
             system = " with the system message" if self.system is not None else ""
-            self.say(f"solo: error: this message is {used} tokens{system}; with {need} more it does not fit "
+            self.say(f"solo: error: the prompt of this message is {used} tokens{system}; with {need} more it "
+                     "does not fit "
                      f"{engine.context_name}, {context} tokens. Shorten the message"
                      f"{' or the system message (/system)' if system else ''}"
                      f"{' or lower --max-tokens' if turn.max_tokens else ''}")
@@ -396,6 +397,9 @@ def cmd_chat(args: argparse.Namespace) -> int:
 
     params = sampling_params_from_args(args)
     engine = _load_engine(args)
+    if engine.tokenizer.chat_template is None and engine.tokenizer.chat_template_error is not None:
+        raise SoloError(f"{engine.tokenizer.chat_template_error}, so {engine.name} cannot chat; give it a working "
+                        "template with --chat-template")
     if engine.tokenizer.chat_template is None:
         raise SoloError(
             f"{engine.name} is a completion model without a chat template, so it cannot chat; use "
@@ -404,21 +408,20 @@ def cmd_chat(args: argparse.Namespace) -> int:
         )
     session = ChatSession(engine, params, args.system, _line_reader(),
                           template_kwargs=template_kwargs_from_args(engine, args))
-    if params.max_tokens is not None:
-        # Checked once here, not refused at every message: the shortest message's prompt (the system prompt and
-        # the template around a one-character message) plus --max-tokens must fit the context.
-        shortest = len(engine.encode_prompt([*session.messages(), {"role": "user", "content": "x"}],
-                                            session.template_kwargs))
-        context = engine.config.context_length
-        # (--max-model-len helps only where the context was loaded below the model's longest)
-        raise_it = f" (or raise --max-model-len, up to {engine.config.max_context_length})" \
-            if engine.config.max_context_length > context else ""
-        if shortest >= context:
-            raise SoloError(f"the shortest message's prompt (the system prompt and the template) is {shortest} "
-                            f"tokens, which fills {engine.context_name} of {context}; shorten the system prompt"
-                            f"{raise_it}")
-        if shortest + params.max_tokens > context:
-            raise SoloError(f"--max-tokens {params.max_tokens} leaves no room for a message: the shortest one's "
-                            f"prompt is {shortest} tokens and {engine.context_name} is {context}; lower --max-tokens "
-                            f"to at most {max(1, context - shortest)}{raise_it}")
+    # Checked once here, not refused at every message: the shortest message's prompt (the system prompt and the
+    # template around a one-character message) must leave room for a reply, of --max-tokens where given.
+    shortest = len(engine.encode_prompt([*session.messages(), {"role": "user", "content": "x"}],
+                                        session.template_kwargs))
+    context = engine.config.context_length
+    # (--max-model-len helps only where the context was loaded below the model's longest)
+    raise_it = f" (or raise --max-model-len, up to {engine.config.max_context_length})" \
+        if engine.config.max_context_length > context else ""
+    if shortest >= context:
+        raise SoloError(f"the shortest message's prompt (the system prompt and the template) is {shortest} "
+                        f"tokens, which fills {engine.context_name} of {context}; shorten the system prompt"
+                        f"{raise_it}")
+    if params.max_tokens is not None and shortest + params.max_tokens > context:
+        raise SoloError(f"--max-tokens {params.max_tokens} leaves no room for a message: the shortest one's "
+                        f"prompt is {shortest} tokens and {engine.context_name} is {context}; lower --max-tokens "
+                        f"to at most {max(1, context - shortest)}{raise_it}")
     return session.loop()

@@ -235,6 +235,10 @@ def test_a_max_tokens_that_leaves_no_room_for_a_message_is_refused_at_start(tiny
     err = capsys.readouterr().err
     assert "solo: error: --max-tokens 100 leaves no room for a message: the shortest one's prompt is " in err
     assert "lower --max-tokens to at most" in err
+    # Without --max-tokens, a --system that fills the context alone is refused at start too (every message was
+    # refused after it, "hi" included).
+    assert main(["chat", str(tiny_llama), "--max-model-len", "32", "--system", "word " * 40]) == 2
+    assert "the shortest message's prompt (the system prompt and the template) is" in capsys.readouterr().err
 
 
 def test_without_max_tokens_older_turns_make_room_for_a_whole_reply(tiny_llama):
@@ -267,11 +271,12 @@ def test_piped_prompts_go_to_stderr(tiny_llama, monkeypatch, capsys):
     # From a break test: piped, the ">>> " prompts and /reset's question were written among the replies on stdout.
     from solo.chat import _line_reader
 
-    monkeypatch.setattr("sys.stdin", io.StringIO("hi\n"))
+    monkeypatch.setattr("sys.stdin", io.StringIO("hi\nthere\r\n"))
     read = _line_reader()
     assert read(">>> ") == "hi"
+    assert read(">>> ") == "there"  # (a CRLF line's \r stayed in the message)
     out, err = capsys.readouterr()
-    assert out == "" and err == ">>> "
+    assert out == "" and err == ">>> >>> "
 
 
 def test_a_history_file_that_cannot_be_written_is_kept_in_memory(tmp_path, monkeypatch, capsys):

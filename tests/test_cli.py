@@ -468,6 +468,8 @@ def test_a_model_template_that_does_not_compile_can_be_replaced(capsys, tmp_path
     code, _, err = _run(capsys, "run", str(no_template_model), "--prompt", "hi", "--chat", "--max-tokens", "2",
                         "--chat-template", "{% for m in messages %}{{ m.content }}{% endfor %}")
     assert code == 0, err
+    code, _, err = _run(capsys, "chat", str(no_template_model))
+    assert code == 2 and "does not compile" in err and "cannot chat" in err, err
     with pytest.raises(SoloError, match="this model's does not compile"):
         Engine.load(no_template_model, tool_call_parser="hermes")
 
