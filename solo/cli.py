@@ -357,11 +357,11 @@ def cmd_pull(args: argparse.Namespace) -> int:
         print("offline (HF_HUB_OFFLINE is set): nothing was downloaded; this is what the cache holds",
               file=sys.stderr)
     arch, ok, reason, ggufs = inspect_folder(folder)
-    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
-    print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")
     repo_id, tag = split_gguf_tag(args.model)
     if tag is not None or (ggufs and not (folder / "config.json").is_file()):
         pick_gguf(folder, repo_id, tag)  # what `solo run` would pick: several files or none is an error now
+    size = sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+    print(f"{args.model}: {human_size(size)}, {arch}, in {folder}")  # (after the checks: only what succeeded)
     if ok:
         print(f"ready: solo run {args.model} --prompt ...")
     else:
@@ -397,11 +397,20 @@ def cmd_list(args: argparse.Namespace) -> int:
     if not models:
         print("no models in the Hugging Face cache; `solo pull ORG/NAME` downloads one", file=sys.stderr)
     else:
+        from solo.errors import ModelNotFoundError
+        from solo.model.hub import pick_gguf
+
         rows = [("MODEL", "REVISION", "SIZE", "ARCHITECTURE", "SOLO")]
         for m in models:
-            reason = m.reason if len(m.reason) <= 100 else m.reason[:99] + "…"  # one line per model
-            rows.append((m.repo_id, m.revision, human_size(m.size_bytes), m.architecture,
-                         "yes" if m.supported else f"no: {reason}"))
+            reason = m.reason.replace(m.path, "the snapshot")  # (the local path said nothing in 100 characters)
+            cell = "yes" if m.supported else f"no: {reason if len(reason) <= 100 else reason[:99] + '…'}"
+            if m.supported and len(m.gguf_files) > 1 and not (Path(m.path) / "config.json").is_file():
+                try:  # what `solo run ORG/NAME` picks: of several files, one must be named
+                    pick_gguf(Path(m.path), m.repo_id, None)
+                except ModelNotFoundError:
+                    cell = (f"yes, naming a file: {m.repo_id}:<quantization> of "
+                            f"{', '.join(Path(f).name for f in m.gguf_files)}")
+            rows.append((m.repo_id, m.revision, human_size(m.size_bytes), m.architecture, cell))
         widths = [max(len(r[i]) for r in rows) for i in range(4)]
         for r in rows:
             print("  ".join(cell.ljust(w) for cell, w in zip(r[:4], widths, strict=True)) + "  " + r[4])

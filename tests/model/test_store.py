@@ -344,3 +344,23 @@ def test_a_cached_model_without_an_organisation_runs(cache, tiny_llama, capsys):
     assert "ready: solo run tinyllama" in capsys.readouterr().out
     assert main(["run", "not-cached-either", "-p", "x"]) == 2  # a bare name not cached: a missing local folder
     assert "model folder or file 'not-cached-either' does not exist" in capsys.readouterr().err
+
+
+def test_a_repo_of_several_gguf_files_is_listed_with_its_files_and_pulled_by_tag(cache, tmp_path, tiny_llama, capsys):
+    # From a break test: `solo list` said "yes" where `solo run ORG/NAME` fails (several files, none the default
+    # Q4_K_M), and `solo pull ORG/NAME:TAG` of an uncached tag printed its success line before the error.
+    from gguf_files import write_gguf_from_hf
+
+    files = tmp_path / "tiny-gguf"
+    files.mkdir()
+    for kind in ("F16", "Q8_0"):
+        write_gguf_from_hf(tiny_llama, files / f"tiny-{kind}.gguf", kind)
+    add_to_cache(cache, "org/tiny-GGUF", files)
+    assert main(["list"]) == 0
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("org/tiny-GGUF"))
+    assert line.rstrip().endswith("yes, naming a file: org/tiny-GGUF:<quantization> of tiny-F16.gguf, tiny-Q8_0.gguf")
+    assert main(["pull", "org/tiny-GGUF:Q5_K_M"]) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and "Q5_K_M" in err
+    assert main(["pull", "org/tiny-GGUF:Q8_0"]) == 0
+    assert "ready: solo run org/tiny-GGUF:Q8_0" in capsys.readouterr().out
