@@ -205,7 +205,8 @@ def _logit_bias(items: Sequence[str]) -> dict[int, float] | None:
             if int(match[1]) in bias:
                 raise InvalidRequestError(f"--logit-bias gives token {int(match[1])} twice; give each token once",
                                           param="logit_bias")
-            value = max(-100.0, min(100.0, value)) if abs(value) == float("inf") else value  # llama.cpp's ban
+            if "inf" in match[2]:  # llama.cpp's ban, written as such (1e500 overflows to inf: out of range)
+                value = max(-100.0, min(100.0, value))
             bias[int(match[1])] = value
         except (TypeError, ValueError):
             raise InvalidRequestError(f"--logit-bias takes TOKEN_ID+BIAS or TOKEN_ID-BIAS (e.g. 15043+1, "
@@ -441,7 +442,8 @@ def cmd_rm(args: argparse.Namespace) -> int:
         if args.revision is not None:
             raise SoloError("--revision applies to Hub ids; a GGUF file's conversions have none: drop it")
         freed = remove_conversions(args.model)  # the file itself is the user's: left alone
-        print(f"deleted Solo's conversion of {args.model} ({human_size(freed)} freed; the file itself is kept)")
+        kept = "the file itself is kept" if Path(args.model).expanduser().is_file() else "the file itself was gone"
+        print(f"deleted Solo's conversion of {args.model} ({human_size(freed)} freed; {kept})")
         return 0
     freed = remove(args.model, args.revision)
     print(f"deleted {args.model}{'@' + args.revision if args.revision else ''} ({human_size(freed)} freed)")

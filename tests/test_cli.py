@@ -62,6 +62,8 @@ def test_run_takes_logit_bias_and_min_tokens_as_llama_cpp_writes_them(capsys, ti
     from solo.cli import _logit_bias  # llama.cpp's ban (a trial found it refused): -100, as OpenAI's ban
 
     assert _logit_bias(["5-inf", "6+inf", "7=-inf"]) == {5: -100.0, 6: 100.0, 7: -100.0}
+    with pytest.raises(SoloError, match=r"5\+1e500: the bias must be within"):  # (it overflowed to inf: 100)
+        _logit_bias(["5+1e500"])
     # A flag given twice is refused, not reduced to its last value.
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", "7-100", "--logit-bias",
                         "7+0")

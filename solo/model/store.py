@@ -178,6 +178,11 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
             raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is cached at "
                                      f"{', '.join(cached)} only, not at {revision or 'main'}; pass --revision "
                                      f"{cached[0]}, or connect to the network") from None
+        damaged = damaged_repos(cache_dir).get(repo_id)
+        if damaged is not None:  # (as solo list names it)
+            raise ModelNotFoundError(f"the cached {repo_id} is damaged (a file or a ref is missing: {damaged}) and "
+                                     f"the Hub cannot be reached to mend it; `solo pull {repo_id}` online downloads "
+                                     f"it again (`solo rm {repo_id}` deletes it)") from None
         raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is not in the cache; "
                                  "connect to the network and run solo pull again (it resumes)") from None
     except (HfHubHTTPError, OSError) as exc:

@@ -241,6 +241,8 @@ def test_a_damaged_cache_folder_is_listed_apart_and_removed(cache, capsys):
         assert main(["run", repo, "-p", "hi"]) == 2  # named as `solo list` names it, with the same two commands
         assert f"the cached {repo} is damaged ({why}) and the Hub cannot be reached to mend it; `solo pull {repo}` " \
             f"online downloads it again (`solo rm {repo}` deletes it)" in capsys.readouterr().err
+    assert main(["pull", "org/badref"]) == 2  # (it said "not in the cache")
+    assert "the cached org/badref is damaged (a file or a ref is missing: " in capsys.readouterr().err
     assert main(["list"]) == 0
     err = capsys.readouterr().err
     assert "tiny/llama: its cache folder is damaged (a file or a ref is missing: " in err
