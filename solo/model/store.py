@@ -163,6 +163,11 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
             # A repository of GGUF files named without a tag: its Q4_K_M file, which `solo run` then picks.
             folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
                                             allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(DEFAULT_GGUF_TAG)]))
+        broken = sorted(p.name for p in folder.rglob("*") if p.is_symlink() and not p.exists())
+        if broken:  # a blob deleted behind the snapshot's link (offline: not mended), as `solo run` says
+            raise ModelNotFoundError(f"the cached {repo_id} is damaged ({broken[0]}'s file is missing) and the Hub "
+                                     f"cannot be reached to mend it; `solo pull {repo_id}` online downloads it again "
+                                     f"(`solo rm {repo_id}` deletes it)")
         return folder
     except GatedRepoError:
         raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "

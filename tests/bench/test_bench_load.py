@@ -110,6 +110,13 @@ def test_plan_is_seeded_bounded_and_bursty():
     workload.bursts = parse_workload({**tomllib.loads(TINY), "bursts": [{"at_s": 0, "length_s": 100,
                                                                           "factor": 0.1}]}).bursts
     assert 30 < len(plan_phase(workload, 5.0, 100.0, 10_000, seed=1)) < 70  # 0.5/s for 100 s
+    # Uniform arrivals keep equal gaps in arrivals through a lull: one arrival in it does not push the next
+    # past the lull's end (1 / rate(t): 10 arrivals, the last at 10 s).
+    workload.process = "uniform"
+    workload.bursts = parse_workload({**tomllib.loads(TINY), "bursts": [{"at_s": 10, "length_s": 5,
+                                                                          "factor": 0.01}]}).bursts
+    offsets = [r.offset_s for r in plan_phase(workload, 1.0, 60.0, 10_000, seed=0)]
+    assert len(offsets) == 55 and offsets[9] == pytest.approx(10.0) and offsets[10] == pytest.approx(15.95)
 
 
 def test_rates_and_loopback():

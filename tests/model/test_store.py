@@ -243,6 +243,8 @@ def test_a_damaged_cache_folder_is_listed_apart_and_removed(cache, capsys):
             f"online downloads it again (`solo rm {repo}` deletes it)" in capsys.readouterr().err
     assert main(["pull", "org/badref"]) == 2  # (it said "not in the cache")
     assert "the cached org/badref is damaged (a file or a ref is missing: " in capsys.readouterr().err
+    assert main(["pull", "tiny/llama"]) == 2  # (it said "Solo cannot run it: no config.json", exit 0)
+    assert "the cached tiny/llama is damaged (config.json's file is missing)" in capsys.readouterr().err
     assert main(["list"]) == 0
     err = capsys.readouterr().err
     assert "tiny/llama: its cache folder is damaged (a file or a ref is missing: " in err

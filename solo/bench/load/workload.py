@@ -242,7 +242,8 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         if not isinstance(name, str) or not name.strip():
             raise _bad(path, f"{where}.name", f"must be a non-empty string; got {name!r}")
         if any(other.name == name for other in w.classes):
-            raise _bad(path, f"{where}.name", f"{name!r} names another class too; give each class its own name")
+            own = "" if "name" in c else " (the default name of a class without one)"
+            raise _bad(path, f"{where}.name", f"{name!r}{own} names another class too; give each class its own name")
         rc = RequestClass(name=name)
         rc.weight = _positive(c.get("weight", 1.0), path, f"{where}.weight")
         rc.endpoint = c.get("endpoint", "chat")
@@ -310,6 +311,21 @@ def rate_at(workload: Workload, rate: float, t: float) -> float:
     return rate * (max(active) if active else 1.0)
 
 
+def _next_uniform_arrival(workload: Workload, rate: float, t: float) -> float:
+    # Equal gaps in arrivals, not in time: the next arrival is where the rate's integral since `t` reaches 1, so
+    # a gap that starts in a lull (or a burst) ends at the rate that follows it (1 / rate(t) made one arrival in
+    # a lull of x0.01 put the next 100 gaps away, past the lull and the phase).
+    edges = sorted({e for b in workload.bursts for e in (b.at_s, b.at_s + b.length_s) if e > t})
+    need = 1.0
+    for edge in [*edges, math.inf]:
+        r = rate_at(workload, rate, t)
+        if (edge - t) * r >= need:
+            return t + need / r
+        need -= (edge - t) * r
+        t = edge
+    return math.inf  # (not reached: the last piece is unbounded)
+
+
 def plan_phase(workload: Workload, rate: float, duration_s: float, max_requests: int,
                seed: int) -> list[PlannedRequest]:
     """The requests of one phase at `rate` requests/s: arrival offsets and every random choice.
@@ -335,7 +351,7 @@ def plan_phase(workload: Workload, rate: float, duration_s: float, max_requests:
             t += rng.expovariate(peak)
             keep = rng.random() * peak < rate_at(workload, rate, t)
         else:
-            t += 1.0 / rate_at(workload, rate, t)
+            t = _next_uniform_arrival(workload, rate, t)
             keep = True
         if t >= duration_s:
             break

@@ -216,7 +216,7 @@ def gemv(
     if out is None:
         out = torch.empty(n, dtype=weight.dtype, device=weight.device)
     check_vectors(n, weight.device, out=out, bias=bias, residual=residual)
-    config = config or default_config(n, k)
+    config = config or default_config(n, k, elem_bytes=weight.element_size())
     if config.split_k > 1 and workspace is None:
         workspace = SplitKWorkspace(n, config, weight.device)
     if workspace is not None and (workspace.config != config or workspace.n != n):

@@ -128,7 +128,7 @@ def rmsnorm_gemv(
     if out is None:
         out = torch.empty(n, dtype=weight.dtype, device=weight.device)
     check_vectors(n, weight.device, out=out, bias=bias)
-    config = config or default_config(n, k)
+    config = config or default_config(n, k, elem_bytes=weight.element_size())
     grid = (triton.cdiv(n, config.block_n),)
     rmsnorm_gemv_kernel[grid](
         x, norm_weight, weight, bias if bias is not None else out, out, n, weight.stride(0), float(eps),
