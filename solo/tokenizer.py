@@ -280,11 +280,12 @@ def _load_backend(folder: Path) -> HFTokenizer:
 
 
 def _add_config_tokens(backend: HFTokenizer, config: Mapping[str, Any], folder: Path) -> None:
-    # tokenizer_config.json's added_tokens_decoder ({id: AddedToken}) that tokenizer.json lacks, added as
-    # transformers adds them when it loads the folder (a tokenizer.json written by a converter may hold the
-    # base vocabulary only: "<|begin_of_text|>" was then encoded as text). tokenizers gives a new token the next
-    # id, so they are added in id order where that is their id; one that would land elsewhere stays out, with
-    # a warning (it is text to this tokenizer, as it was before such tokens were added).
+    # tokenizer_config.json's added_tokens_decoder ({id: AddedToken}) that tokenizer.json lacks as added tokens
+    # (missing, or in its vocabulary only), added as transformers adds them when it loads the folder (a
+    # tokenizer.json written by a converter may hold the base vocabulary only: "<|begin_of_text|>" was then
+    # encoded as text). tokenizers gives a new token the next id, so they are added in id order where that is
+    # their id; one that would land elsewhere stays out, with a warning (it is text to this tokenizer, as it
+    # was before such tokens were added).
     from tokenizers import AddedToken
 
     decoder = config.get("added_tokens_decoder")
@@ -294,11 +295,17 @@ def _add_config_tokens(backend: HFTokenizer, config: Mapping[str, Any], folder: 
     for key, value in decoder.items():
         if isinstance(value, Mapping) and isinstance(value.get("content"), str) and str(key).isdigit():
             entries.append((int(key), value))
+    added = {t.content for t in backend.get_added_tokens_decoder().values()}
     for token_id, value in sorted(entries, key=lambda e: e[0]):
         content = value["content"]
-        if backend.token_to_id(content) is not None:
+        if content in added:
             continue
-        if token_id != backend.get_vocab_size(with_added_tokens=True):
+        existing = backend.token_to_id(content)
+        if existing is not None and existing != token_id:
+            continue  # (listed at another id than the vocabulary's: the vocabulary's stands)
+        # In the vocabulary at its id, it becomes an added token there too (text is split on it, as
+        # transformers does); else it is new and must take the next id.
+        if existing is None and token_id != backend.get_vocab_size(with_added_tokens=True):
             warnings.warn(
                 f"{folder / 'tokenizer_config.json'} lists added token {content!r} as id {token_id}, which "
                 "tokenizer.json neither holds nor can take next (its next id is "

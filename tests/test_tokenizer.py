@@ -67,6 +67,19 @@ def test_added_tokens_only_in_tokenizer_config_are_added(tmp_path):
     expected = AutoTokenizer.from_pretrained(str(folder)).encode(text, add_special_tokens=False)
     assert solo.encode(text, add_special_tokens=False) == expected
     assert solo.encode(text, add_special_tokens=False)[0] == size and solo.vocab_size == size + 2
+    # One the vocabulary holds at its id (as converters write <|im_start|>) becomes an added token there: text
+    # is split on it. (It was skipped, so the marker was spelled out.)
+    tokenizer_json = json.loads((folder / "tokenizer.json").read_text())
+    marker = next(t for t in tokenizer_json["added_tokens"] if t["content"] == "<|im_start|>")
+    tokenizer_json["added_tokens"].remove(marker)  # (still in model.vocab, at its id)
+    (folder / "tokenizer.json").write_text(json.dumps(tokenizer_json))
+    config["added_tokens_decoder"] = {str(marker["id"]): {"content": "<|im_start|>", "special": True,
+                                                          "normalized": False}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    text = "x<|im_start|>user hi"
+    expected = AutoTokenizer.from_pretrained(str(folder)).encode(text, add_special_tokens=False)
+    assert Tokenizer.from_folder(folder).encode(text, add_special_tokens=False) == expected
+    assert marker["id"] in expected
     # One that cannot take its id (a gap) stays text, with a warning naming it, never a token at another id.
     config["added_tokens_decoder"] = {str(size + 5): {"content": "<|far|>", "special": True}}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))
