@@ -328,46 +328,35 @@ class ModelConfig:
         if architecture in MULTIMODAL_ARCHITECTURES:
             raw = _language_model_config(raw)
         rule = _ARCHITECTURE_RULES[architecture]
-        try:
-            hidden = int(raw["hidden_size"])
-            num_heads = int(raw["num_attention_heads"])
-            num_layers = int(raw["num_hidden_layers"])
-            base = dict(
-                architecture=architecture,
-                vocab_size=int(raw["vocab_size"]),
-                hidden_size=hidden,
-                intermediate_size=int(raw["intermediate_size"]),
-                num_layers=num_layers,
-                num_heads=num_heads,
-                num_kv_heads=int(raw.get("num_key_value_heads") or num_heads),
-                head_dim=int(raw.get("head_dim") or hidden // num_heads),
-                rms_norm_eps=float(raw.get("rms_norm_eps", 1e-6)),
-                hidden_act=str(raw.get("hidden_act", "silu")),
-                max_position_embeddings=int(raw.get("max_position_embeddings", 2048)),
-                context_length=0,
-                tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-                torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
-                bos_token_id=raw.get("bos_token_id"),
-                eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
-                layer_sliding_windows=(None,) * num_layers,
-            )
-        except KeyError as exc:
-            raise CheckpointError(
-                f"config.json lacks the field {exc.args[0]!r}; re-download the model's config.json"
-            ) from None
-        except (TypeError, ValueError, ZeroDivisionError):
-            raise CheckpointError(
-                "config.json has a size field that is not a positive integer (hidden_size, num_attention_heads, "
-                "num_hidden_layers, vocab_size, intermediate_size, num_key_value_heads or head_dim); fix or "
-                "re-download it"
-            ) from None
-        hf_names = {"vocab_size": "vocab_size", "hidden_size": "hidden_size", "intermediate_size": "intermediate_size",
-                    "num_layers": "num_hidden_layers", "num_heads": "num_attention_heads",
-                    "num_kv_heads": "num_key_value_heads", "head_dim": "head_dim"}
-        for name, hf_name in hf_names.items():
-            if base[name] < 1:
-                raise CheckpointError(f"config.json gives {hf_name} = {base[name]}; it must be >= 1. Fix or "
-                                      "re-download it")
+        sizes = {key: _int_field(raw, key) for key in
+                 ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")}
+        sizes["num_key_value_heads"] = _int_field(raw, "num_key_value_heads", sizes["num_attention_heads"])
+        for key, value in sizes.items():  # (before head_dim divides by the head count)
+            if value < 1:
+                raise CheckpointError(f"config.json gives {key} = {value}; it must be >= 1. Fix or re-download it")
+        head_dim = _int_field(raw, "head_dim", 0) or sizes["hidden_size"] // sizes["num_attention_heads"]
+        if head_dim < 1:
+            raise CheckpointError(f"config.json gives head_dim = {head_dim}; it must be >= 1. Fix or re-download it")
+        num_layers = sizes["num_hidden_layers"]
+        base = dict(
+            architecture=architecture,
+            vocab_size=sizes["vocab_size"],
+            hidden_size=sizes["hidden_size"],
+            intermediate_size=sizes["intermediate_size"],
+            num_layers=num_layers,
+            num_heads=sizes["num_attention_heads"],
+            num_kv_heads=sizes["num_key_value_heads"],
+            head_dim=head_dim,
+            rms_norm_eps=_float_field(raw, "rms_norm_eps", 1e-6),
+            hidden_act=str(raw.get("hidden_act", "silu")),
+            max_position_embeddings=_int_field(raw, "max_position_embeddings", 2048),
+            context_length=0,
+            tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
+            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            bos_token_id=raw.get("bos_token_id"),
+            eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
+            layer_sliding_windows=(None,) * num_layers,
+        )
         if base["max_position_embeddings"] < 2:  # (every request would be refused, with a fix to lower it below)
             raise CheckpointError(f"config.json gives max_position_embeddings = {base['max_position_embeddings']}; "
                                   "it must be >= 2. Fix or re-download it")
@@ -583,6 +572,33 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 # Architectures whose max_position_embeddings already counts their RoPE scaling (vLLM makes Gemma 3 the same
 # exception: its global layers' linear factor 8 took 32k of training to 128k).
 _STATES_STRETCHED_CONTEXT = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
+
+
+_REQUIRED = object()
+
+
+def _int_field(raw: dict[str, Any], key: str, default: Any = _REQUIRED) -> int:  # noqa: ANN401
+    # An integer field of config.json: a JSON integer (or a float with no fraction, 2048.0); null or absent is
+    # `default` (absent and required: an error naming it).
+    value = raw.get(key)
+    if value is None:
+        if default is _REQUIRED:
+            raise CheckpointError(f"config.json lacks the field {key!r}; re-download the model's config.json")
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or (
+            isinstance(value, float) and not value.is_integer()):
+        raise CheckpointError(f"config.json gives {key} = {value!r}; it must be an integer. Fix or re-download it")
+    return int(value)
+
+
+def _float_field(raw: dict[str, Any], key: str, default: float) -> float:
+    # A number field of config.json (null or absent: `default`).
+    value = raw.get(key)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        raise CheckpointError(f"config.json gives {key} = {value!r}; it must be a number. Fix or re-download it")
+    return float(value)
 
 
 def _context_length(config: ModelConfig) -> int:

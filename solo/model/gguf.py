@@ -402,8 +402,12 @@ def _convert(reader: Any, src: Path, out: Path, arch: str, dtype: str) -> None: 
             f"{', '.join(GGUF_ARCHITECTURES)} models") from None
     except CheckpointError as exc:  # (named as config.json's fields: the metadata's converted config)
         raise CheckpointError(f"{src.name}: its metadata converts to an invalid model config: {exc}") from None
-    with torch.device("meta"):
-        skeleton = AutoModelForCausalLM.from_config(config)
+    try:
+        with torch.device("meta"):
+            skeleton = AutoModelForCausalLM.from_config(config)
+    except Exception as exc:  # noqa: BLE001  # (metadata Solo's checks let through: a rope dimension of 0, ...)
+        raise CheckpointError(f"{src.name}: its {arch} metadata is damaged (transformers could not build the model "
+                              f"from it: {type(exc).__name__}: {exc}); re-download the file") from None
     try:
         tensors = load_gguf_checkpoint(str(src), return_tensors=True, model_to_load=skeleton)["tensors"]
     except NotImplementedError as exc:

@@ -155,10 +155,16 @@ def test_hub_id_resolves_through_huggingface_hub_cache(monkeypatch, tmp_path, ti
 
 
 @pytest.mark.parametrize("field, value, message", [
-    ("hidden_size", None, "size field that is not a positive integer"),
-    ("num_attention_heads", 0, "num_attention_heads|size field"),
+    ("hidden_size", None, "lacks the field 'hidden_size'"),
+    ("num_attention_heads", 0, "num_attention_heads = 0; it must be >= 1"),
     ("num_hidden_layers", -1, "num_hidden_layers = -1; it must be >= 1"),
-    ("vocab_size", "many", "size field that is not a positive integer"),
+    ("vocab_size", "many", "vocab_size = 'many'; it must be an integer"),
+    # Each named (they were "a size field that is not a positive integer (...)", Infinity a traceback).
+    ("num_key_value_heads", 0, "num_key_value_heads = 0; it must be >= 1"),  # (0 was read as absent)
+    ("intermediate_size", 1.5, "intermediate_size = 1.5; it must be an integer"),
+    ("max_position_embeddings", float("inf"), "max_position_embeddings = inf; it must be an integer"),
+    ("max_position_embeddings", True, "max_position_embeddings = True; it must be an integer"),
+    ("rms_norm_eps", True, "rms_norm_eps = True; it must be a number"),
 ])
 def test_bad_size_fields_in_config(folder, field, value, message):
     config = json.loads((folder / "config.json").read_text())
