@@ -66,10 +66,9 @@ class Tokenizer:
             try:
                 self.chat_template = ChatTemplate(chat_template, self.special_tokens)
             except InvalidRequestError as exc:
-                # Not fatal: a plain prompt needs no template, and --chat-template may replace it.
+                # Not fatal: a plain prompt needs no template, and --chat-template may replace it (Engine.load
+                # warns where none does).
                 self.chat_template_error = str(exc)
-                warnings.warn(f"{exc}; messages are refused unless another template is given (--chat-template)",
-                              SoloWarning, stacklevel=2)
 
     @classmethod
     def from_folder(cls, folder: str | Path) -> Tokenizer:
@@ -213,8 +212,8 @@ class Tokenizer:
         if self.chat_template is None and self.chat_template_error is not None:
             raise InvalidRequestError(
                 f"{self.chat_template_error}, so this model cannot take messages; give it a working template "
-                "(--chat-template; Engine.load(..., chat_template=...) in Python) or send a plain prompt",
-                param="messages")
+                "(--chat-template; Engine.load(..., chat_template=...) in Python) or send a plain prompt (the "
+                "completions API, Ollama's raw: true, solo run without --chat)", param="messages")
         if self.chat_template is None:
             raise InvalidRequestError(
                 "this model has no chat template, so it cannot take messages; send a plain prompt "

@@ -12,6 +12,7 @@ import functools
 import logging
 import os
 import threading
+import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,7 +54,7 @@ from solo.engine.tool_calls import (
     output_constraint,
     tool_parameters,
 )
-from solo.errors import CheckpointError, ContextLengthError, InvalidRequestError, SoloError
+from solo.errors import CheckpointError, ContextLengthError, InvalidRequestError, SoloError, SoloWarning
 from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
 from solo.model.hub import resolve_dtype, resolve_model_dir
@@ -479,6 +480,9 @@ class Engine:
                                             origin=chat_template_origin(chat_template or ""))
             except InvalidRequestError as exc:  # (a request's error type; here the caller's)
                 raise SoloError(str(exc)) from None
+        if tokenizer.chat_template_error is not None:
+            warnings.warn(f"{tokenizer.chat_template_error}; chat messages are refused unless a working template "
+                          "is given (--chat-template); plain prompts run", SoloWarning, stacklevel=2)
         defaults = GenerationDefaults.from_folder(folder, fallback_eos_ids=config.eos_token_ids)
         if tp != 1:
             from solo.distributed.launch import start_ranks
@@ -794,6 +798,8 @@ class Engine:
                 "time); read it to the end or close() it before starting another"
             )
         with self._lock:
+            if self._closed:  # (closed while this waited for another generation to finish)
+                raise SoloError(_CLOSED)
             self._owner = threading.get_ident()
             cache = self.prefix_cache
             clean = False  # whether row 0 holds exactly the request's fed tokens when this ends

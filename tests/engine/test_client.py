@@ -83,6 +83,32 @@ def test_a_closed_engine_generates_no_more(tiny_llama):
     engine.close()
     with pytest.raises(SoloError, match=r"Engine.load\(...\)"):
         next(stream)
+    # A generation waiting for another's lock when the engine closes runs no step either (it prefilled and
+    # gave a token).
+    import threading
+
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager")
+    first = engine.generate("def f", {"max_tokens": 200, "ignore_eos": True})
+    next(first)  # (holds the engine's lock)
+    waited: list = []
+
+    def second() -> None:
+        events = 0
+        try:
+            for _ in engine.generate("def g", {"max_tokens": 5}):
+                events += 1
+        except SoloError as exc:
+            waited.append((events, str(exc)))
+
+    thread = threading.Thread(target=second)
+    thread.start()
+    thread.join(0.3)  # (waiting on the lock)
+    engine.close()
+    with pytest.raises(SoloError):
+        next(first)
+    first.close()
+    thread.join(10)
+    assert waited and waited[0][0] == 0 and "Engine.load" in waited[0][1]
 
 
 def test_the_server_engine_is_an_engine_client(tiny_llama):
