@@ -187,6 +187,15 @@ def is_split_part(path: str | Path) -> bool:
     return "-of-" in stem and stem.rsplit("-of-", 1)[-1].isdigit()
 
 
+def is_projector(path: str | Path) -> bool:
+    """True for a multimodal projector file ("mmproj-model-f16.gguf"): an image encoder, not a language model.
+
+    Repositories of GGUF files ship it beside the model's files; llama.cpp's -hf and Ollama leave it out when they
+    pick the model's file, and so does Solo.
+    """
+    return "mmproj" in Path(path).name.lower()
+
+
 def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     """Convert a GGUF file to a model folder in Solo's cache (once; later calls reuse it).
 

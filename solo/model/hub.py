@@ -196,9 +196,9 @@ def pick_gguf(folder: Path, repo_id: str, tag: str | None) -> Path | None:
         ModelNotFoundError: several files match (the message lists them and how to name one), or none
             matches the tag.
     """
-    from solo.model.gguf import is_split_part
+    from solo.model.gguf import is_projector, is_split_part
 
-    files = sorted(folder.rglob("*.gguf"))
+    files = sorted(f for f in folder.rglob("*.gguf") if not is_projector(f))  # (never the model's file)
     if tag is not None:
         files = [f for f in files if holds_tag(str(f.relative_to(folder)), tag)]
     elif len(files) > 1:  # as llama.cpp's -hf and Ollama's hf.co/ without a tag

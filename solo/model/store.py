@@ -65,8 +65,10 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
     Reads config.json and the GGUF headers only; never loads weights.
     """
     from solo.errors import SoloError as _SoloError
+    from solo.model.gguf import is_projector, is_split_part
 
-    ggufs = sorted(str(p) for p in folder.rglob("*.gguf"))
+    found = sorted(str(p) for p in folder.rglob("*.gguf"))
+    ggufs = [g for g in found if not is_projector(g)]  # (a multimodal projector is never the model's file)
     config = folder / "config.json"
     if config.is_file():
         try:
@@ -98,9 +100,9 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
             return str(names[0]), False, "no tokenizer (tokenizer.json, tokenizer.model, or vocab.json with " \
                 "merges.txt)", ggufs
         return str(names[0]), True, "", ggufs
+    if found and not ggufs:
+        return "gguf:?", False, "its GGUF files are multimodal projectors (mmproj), not a language model", ggufs
     if ggufs:
-        from solo.model.gguf import is_split_part
-
         whole = [g for g in ggufs if not is_split_part(g)]
         if not whole:
             return "gguf:?", False, "its GGUF files are parts of a split file; merge them (llama-gguf-split --merge)", \

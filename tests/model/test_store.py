@@ -359,6 +359,9 @@ def test_a_repo_of_several_gguf_files_is_listed_with_its_files_and_pulled_by_tag
     files.mkdir()
     for kind in ("F16", "Q8_0"):
         write_gguf_from_hf(tiny_llama, files / f"tiny-{kind}.gguf", kind)
+    # A multimodal projector beside them is never the model's file (as llama.cpp's -hf and Ollama pick): it made
+    # :F16 ambiguous and counted as one of the files to choose from.
+    (files / "mmproj-tiny-F16.gguf").write_bytes(b"GGUF" + bytes(60))
     add_to_cache(cache, "org/tiny-GGUF", files)
     assert main(["list"]) == 0
     line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("org/tiny-GGUF"))
@@ -368,3 +371,12 @@ def test_a_repo_of_several_gguf_files_is_listed_with_its_files_and_pulled_by_tag
     assert out == "" and "Q5_K_M" in err
     assert main(["pull", "org/tiny-GGUF:Q8_0"]) == 0
     assert "ready: solo run org/tiny-GGUF:Q8_0" in capsys.readouterr().out
+    from solo.model.hub import pick_gguf
+
+    snapshot = next((cache / "models--org--tiny-GGUF" / "snapshots").iterdir())
+    assert pick_gguf(snapshot, "org/tiny-GGUF", "F16").name == "tiny-F16.gguf"
+    projector_only = tmp_path / "projector-only"
+    projector_only.mkdir()
+    (projector_only / "mmproj-F16.gguf").write_bytes(b"GGUF" + bytes(60))
+    _, ok, reason, _ = store.inspect_folder(projector_only)
+    assert not ok and "multimodal projectors (mmproj)" in reason
