@@ -311,6 +311,19 @@ def compile_flags(level: IsaLevel) -> list[str]:
     return [*_COMMON_FLAGS, *level.flags, *prefetch, f'-DSOLO_ISA_NAME="{level.name}"']
 
 
+def _own(path: Path, follow: bool = True) -> bool:
+    # A path this process may load a library from: this user's (or root's, which a user trusts anyway), and
+    # no one else may write it; group-writable is fine (per-user groups, umask 002). Without POSIX owners: true.
+    if not hasattr(os, "getuid"):
+        return True
+    try:
+        info = os.stat(path) if follow else os.lstat(path)
+    except OSError:
+        return False
+    return info.st_uid in (os.getuid(), 0) and not info.st_mode & stat.S_IWOTH and not (
+        not follow and stat.S_ISLNK(info.st_mode))
+
+
 def _writable_dir(folder: Path) -> bool:
     try:
         folder.mkdir(parents=True, exist_ok=True)
@@ -343,22 +356,24 @@ def library_path(level: IsaLevel | None = None) -> Path:
     digest.update((" ".join(flags) + _compiler_id(cxx)).encode())
     name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
     folder = cache_dir()
-    if (folder / name).is_file():
+    if (folder / name).is_file() and _own(folder) and _own(folder / name, follow=False):
         return folder / name
-    if not _writable_dir(folder):  # (only then the temp folder: never a library found there beside a usable cache)
+    writable = _writable_dir(folder)
+    if not writable or not _own(folder):  # (only then the temp folder: never a library there beside a usable cache)
+        why = "is not writable" if not writable else \
+            "is not this user's, or anyone may write it (a library there could be another user's)"
         fallback = _fallback_cache_dir()
         if (fallback / name).is_file():
             return fallback / name
-        warnings.warn(f"the kernel cache folder {folder} is not writable; building Solo's CPU kernels in "
-                      f"{fallback} instead (set XDG_CACHE_HOME to a writable folder to keep them)", SoloWarning,
-                      stacklevel=2)
+        warnings.warn(f"the kernel cache folder {folder} {why}; building Solo's CPU kernels in {fallback} instead "
+                      "(set XDG_CACHE_HOME to a writable folder of your own to keep them)", SoloWarning, stacklevel=2)
         if not _writable_dir(fallback):
             raise KernelBuildError(f"neither {folder} nor {fallback} is writable to build Solo's CPU kernels; "
                                    "set XDG_CACHE_HOME to a writable folder")
         folder = fallback
     target = folder / name
     with _build_lock(folder / f"{name}.lock"):
-        if target.is_file():  # another process built it while this one waited
+        if target.is_file() and _own(target, follow=False):  # another process built it while this one waited
             return target
         # Build into a temporary name and rename: a reader never sees a half-written library.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)

@@ -106,6 +106,18 @@ def test_a_library_in_the_temp_folder_is_not_loaded_beside_a_usable_cache(monkey
 
 
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
+def test_a_cache_folder_anyone_may_write_is_not_loaded_from(monkeypatch, tmp_path, tiny_kernel_source):
+    # XDG_CACHE_HOME in a shared folder: a library another user placed under the predictable name was loaded.
+    monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "shared"))
+    own = cpu_build.library_path(available_levels()[0])  # (built in the cache while it is this user's alone)
+    own.parent.chmod(0o777)
+    with pytest.warns(UserWarning, match="is not this user's, or anyone may write it"):
+        path = cpu_build.library_path(available_levels()[0])
+    assert path.parent == tmp_path / "fallback" and path.name == own.name
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX owners and modes")
 def test_the_temp_folder_for_libraries_is_this_users_own(monkeypatch, tmp_path):
     monkeypatch.setattr(cpu_build.tempfile, "gettempdir", lambda: str(tmp_path))
     folder = cpu_build.private_temp_dir("solo-x")
