@@ -39,7 +39,7 @@ def _read_json(path: Path) -> dict:
         return {}
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as exc:
+    except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
         raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
 
 

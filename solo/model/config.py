@@ -399,7 +399,7 @@ class ModelConfig:
             )
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
             raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
         if not isinstance(raw, dict):
             raise CheckpointError(f"{path} holds a JSON {type(raw).__name__}, not the object of a model config; "

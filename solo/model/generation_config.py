@@ -104,7 +104,7 @@ class GenerationDefaults:
             return cls(eos_token_ids=fallback_eos_ids)
         try:
             raw = json.loads(path.read_text(encoding="utf-8"))
-        except json.JSONDecodeError as exc:
+        except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
             raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
         if not isinstance(raw, dict):
             raise CheckpointError(f"{path} must hold a JSON object; re-download it")

@@ -246,7 +246,7 @@ def index_shards(index: Path) -> list[str]:
     """
     try:
         weight_map = json.loads(index.read_text(encoding="utf-8"))["weight_map"]
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError) as exc:
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError, KeyError, TypeError, RecursionError) as exc:
         raise CheckpointError(f"{index} is not a valid safetensors index ({exc!r}); re-download it") from None
     if not isinstance(weight_map, dict) or not all(isinstance(s, str) and s for s in weight_map.values()):
         raise CheckpointError(

@@ -64,7 +64,7 @@ def test_missing_shard(tmp_path):
 
 @pytest.mark.parametrize("index_text", ['{"weight_map": ["model-00001-of-00002.safetensors"]}',
                                         '{"weight_map": {"lm_head.weight": 3}}', '[]', '{"metadata": {}}',
-                                        'not json'])
+                                        'not json', '[' * 100_000])  # (deep nesting: RecursionError)
 def test_malformed_shard_index(tmp_path, index_text):
     # A weight_map that is not an object of file names raised AttributeError/TypeError from deep inside.
     folder = make_checkpoint(tmp_path / "sharded", "llama", max_shard_size="100KB")
@@ -232,3 +232,12 @@ def test_a_stored_head_that_differs_from_the_tied_embedding_is_used(tmp_path, ba
     weights["lm_head.weight"] = weights["model.embed_tokens.weight"].clone()
     save_file(weights, folder / "model.safetensors")
     assert Engine.load(folder, backend=backend, dtype="float32").model.lm_head is None
+
+
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("content", [b"\xff\xfe not utf-8", b"[" * 100_000])
+def test_a_json_file_that_is_not_json_text_is_a_clear_error(folder, name, content):
+    # Bytes that are not UTF-8 and nesting past Python's recursion limit were tracebacks.
+    (folder / name).write_bytes(content)
+    with pytest.raises(CheckpointError, match=f"{name} is not valid JSON"):
+        Engine.load(folder)
