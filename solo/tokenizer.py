@@ -38,9 +38,12 @@ def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        data = json.loads(path.read_text(encoding="utf-8"))
     except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
         raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
+    if not isinstance(data, dict):
+        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, not an object; re-download it")
+    return data
 
 
 class Tokenizer:
@@ -245,7 +248,10 @@ def _require_valid_unicode(text: str) -> None:
 def _chat_template_source(folder: Path, config: Mapping[str, Any]) -> str | None:
     jinja_file = folder / "chat_template.jinja"
     if jinja_file.is_file():
-        return jinja_file.read_text(encoding="utf-8")
+        try:
+            return jinja_file.read_text(encoding="utf-8")
+        except UnicodeDecodeError as exc:
+            raise CheckpointError(f"{jinja_file} is not UTF-8 text ({exc}); re-download it") from None
     json_file = folder / "chat_template.json"
     if json_file.is_file():
         template = _read_json(json_file).get("chat_template")
@@ -300,10 +306,8 @@ def _add_config_tokens(backend: HFTokenizer, config: Mapping[str, Any], folder: 
         if content in added:
             continue
         existing = backend.token_to_id(content)
-        if existing is not None and existing != token_id:
-            continue  # (listed at another id than the vocabulary's: the vocabulary's stands)
-        # In the vocabulary at its id, it becomes an added token there too (text is split on it, as
-        # transformers does); else it is new and must take the next id.
+        # In the vocabulary, it becomes an added token at the vocabulary's id (text is split on it, as
+        # transformers does, whatever id the config lists); else it is new and must take the next id.
         if existing is None and token_id != backend.get_vocab_size(with_added_tokens=True):
             warnings.warn(
                 f"{folder / 'tokenizer_config.json'} lists added token {content!r} as id {token_id}, which "

@@ -80,6 +80,12 @@ def test_added_tokens_only_in_tokenizer_config_are_added(tmp_path):
     expected = AutoTokenizer.from_pretrained(str(folder)).encode(text, add_special_tokens=False)
     assert Tokenizer.from_folder(folder).encode(text, add_special_tokens=False) == expected
     assert marker["id"] in expected
+    # Listed at another id than the vocabulary's: still an added token, at the vocabulary's id (transformers').
+    config["added_tokens_decoder"] = {str(marker["id"] + 1000): {"content": "<|im_start|>", "special": True}}
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    expected = AutoTokenizer.from_pretrained(str(folder)).encode(text, add_special_tokens=False)
+    assert Tokenizer.from_folder(folder).encode(text, add_special_tokens=False) == expected
+    assert marker["id"] in expected
     # One that cannot take its id (a gap) stays text, with a warning naming it, never a token at another id.
     config["added_tokens_decoder"] = {str(size + 5): {"content": "<|far|>", "special": True}}
     (folder / "tokenizer_config.json").write_text(json.dumps(config))

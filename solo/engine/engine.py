@@ -311,6 +311,8 @@ class Engine:
             raise SoloError("warm_up() while a stream from this engine is open in this thread would overwrite its "
                             "KV cache; read the stream to the end or close() it first")
         with self._lock:
+            if self._closed:  # (closed while this waited for a generation to finish)
+                raise SoloError(_CLOSED)
             runtime = self.runtime
             if self.prefix_cache is not None:
                 self.prefix_cache.reserve(1, 2)

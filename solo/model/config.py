@@ -357,9 +357,6 @@ class ModelConfig:
             eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
             layer_sliding_windows=(None,) * num_layers,
         )
-        if base["max_position_embeddings"] < 2:  # (every request would be refused, with a fix to lower it below)
-            raise CheckpointError(f"config.json gives max_position_embeddings = {base['max_position_embeddings']}; "
-                                  "it must be >= 2. Fix or re-download it")
         if not 0 <= base["rms_norm_eps"] < math.inf:
             raise CheckpointError(f"config.json gives rms_norm_eps = {base['rms_norm_eps']!r}; it must be a "
                                   "finite number >= 0. Fix or re-download it")
@@ -373,6 +370,9 @@ class ModelConfig:
             # A field the rule reads has the wrong type (a null query_pre_attn_scalar, a string for a number, ...).
             raise CheckpointError(f"config.json has a {architecture} field of the wrong type or value ({exc}); "
                                   "fix or re-download it") from exc
+        if config.max_position_embeddings < 2:  # (every request would be refused, with a fix to lower it below)
+            raise CheckpointError(f"config.json gives max_position_embeddings = {config.max_position_embeddings}; "
+                                  "it must be >= 2. Fix or re-download it")
         config = replace(config, context_length=_context_length(config))
         _validate(config)
         return config
@@ -389,7 +389,9 @@ class ModelConfig:
         if path.is_dir():
             path = path / "config.json"
         if not path.is_file():
-            ggufs = sorted(path.parent.glob("*.gguf"))
+            from solo.model.gguf import is_projector
+
+            ggufs = sorted(f for f in path.parent.glob("*.gguf") if not is_projector(f))
             if ggufs:  # a folder of GGUF files: the file is what to load
                 raise CheckpointError(f"{path} is missing, but the folder holds GGUF files: give one of them, "
                                       f"e.g. solo run {ggufs[0]}")
@@ -499,7 +501,7 @@ def longrope_attention_factor(factor: float, original: int) -> float:
 def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, architecture: str) -> RopeConfig:
     # transformers' `_compute_longrope_parameters`. Phi3Config's original_max_position_embeddings (top level,
     # default 4096) replaces any inside the RoPE dict; other configs take the dict's, else max_position_embeddings.
-    max_pos = int(raw.get("max_position_embeddings", 2048))
+    max_pos = _int_field(raw, "max_position_embeddings", 2048)
     if architecture == "Phi3ForCausalLM":
         original = raw.get("original_max_position_embeddings", 4096)
     else:
@@ -536,7 +538,7 @@ def _yarn_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> R
                                   f">= {low:g}. Fix or re-download it")
         return float(value)
 
-    max_pos = int(raw.get("max_position_embeddings", 2048))
+    max_pos = _int_field(raw, "max_position_embeddings", 2048)
     original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
         or max_pos
     original = int(number("original_max_position_embeddings", original, 1))
@@ -705,7 +707,7 @@ def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         windows = tuple(window if i % 2 == 0 else None for i in range(config.num_layers))
     else:
         windows = _layer_windows_from_types(raw, config.num_layers, window)
-    config = replace(config, max_position_embeddings=int(raw.get("max_position_embeddings", 8192)))
+    config = replace(config, max_position_embeddings=_int_field(raw, "max_position_embeddings", 8192))
     return _gemma_fields(config, raw, windows, (50.0, 30.0))
 
 
@@ -732,7 +734,7 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     global_rope = _rope_config({"rope_parameters": full}, arch)
     local_rope = _rope_config({"rope_parameters": local}, arch)
     config = replace(config, qk_norm=True, rope=global_rope,
-                     max_position_embeddings=int(raw.get("max_position_embeddings", 131_072)),
+                     max_position_embeddings=_int_field(raw, "max_position_embeddings", 131_072),
                      layer_ropes=tuple(local_rope if s else global_rope for s in sliding))
     config = _gemma_fields(config, raw, windows, (None, None))
     return replace(config, attn_logit_softcap=None)  # transformers' Gemma3Attention never applies it

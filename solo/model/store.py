@@ -8,6 +8,7 @@ fetched (configs, tokenizer, safetensors), plus the files an --include pattern n
 from __future__ import annotations
 
 import dataclasses
+import fnmatch
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -73,7 +74,7 @@ def inspect_folder(folder: Path) -> tuple[str, bool, str, list[str]]:
     if config.is_file():
         try:
             raw = json.loads(config.read_text(encoding="utf-8"))
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, RecursionError) as exc:
             return "?", False, f"config.json does not parse ({exc})", ggufs
         if not isinstance(raw, dict):
             return "?", False, "config.json is not a JSON object", ggufs
@@ -159,17 +160,23 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
                                  "('org/name:Q8_0' for one quantization of a repository of GGUF files)")
     revision = cached_commit(repo_id, revision, cache_dir)
     try:
+        patterns = [*HUB_FILE_PATTERNS, *gguf_patterns(tag), *(include or [])]
         folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
-                                        allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(tag), *(include or [])]))
+                                        allow_patterns=patterns))
         if tag is None and not include and not (folder / "config.json").is_file():
             # A repository of GGUF files named without a tag: its Q4_K_M file, which `solo run` then picks.
+            patterns = [*HUB_FILE_PATTERNS, *gguf_patterns(DEFAULT_GGUF_TAG)]
             folder = Path(snapshot_download(repo_id, revision=revision, cache_dir=_cache(cache_dir),
-                                            allow_patterns=[*HUB_FILE_PATTERNS, *gguf_patterns(DEFAULT_GGUF_TAG)]))
-        broken = sorted(p.name for p in folder.rglob("*") if p.is_symlink() and not p.exists())
-        if broken:  # a blob deleted behind the snapshot's link (offline: not mended), as `solo run` says
-            raise ModelNotFoundError(f"the cached {repo_id} is damaged ({broken[0]}'s file is missing) and the Hub "
-                                     f"cannot be reached to mend it; `solo pull {repo_id}` online downloads it again "
-                                     f"(`solo rm {repo_id}` deletes it)")
+                                            allow_patterns=patterns))
+        # A blob deleted behind the link of a file this pull wants (offline: not mended), as `solo run` says; a
+        # file it does not want (another tag's GGUF, a README) is no reason.
+        broken = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink() and not p.exists()
+                        and any(fnmatch.fnmatch(str(p.relative_to(folder)), w) for w in patterns))
+        if broken:
+            name = f"{repo_id}:{tag}" if tag is not None else repo_id
+            raise ModelNotFoundError(f"the cached {repo_id} is damaged ({broken[0]}'s file is missing) and could not "
+                                     f"be mended (the Hub cannot be reached); `solo pull {name}` online downloads it "
+                                     f"again (`solo rm {repo_id}` deletes it)")
         return folder
     except GatedRepoError:
         raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "

@@ -109,6 +109,25 @@ def test_a_closed_engine_generates_no_more(tiny_llama):
     first.close()
     thread.join(10)
     assert waited and waited[0][0] == 0 and "Engine.load" in waited[0][1]
+    # warm_up() waiting the same way raises too (it ran a prefill and a decode step on the closed engine).
+    engine = Engine.load(tiny_llama, dtype="float32", backend="eager")
+    first = engine.generate("def f", {"max_tokens": 200, "ignore_eos": True})
+    next(first)
+    raised: list = []
+
+    def warm() -> None:
+        try:
+            engine.warm_up()
+        except SoloError as exc:
+            raised.append(str(exc))
+
+    thread = threading.Thread(target=warm)
+    thread.start()
+    thread.join(0.3)
+    engine.close()
+    first.close()
+    thread.join(10)
+    assert raised and "Engine.load" in raised[0]
 
 
 def test_the_server_engine_is_an_engine_client(tiny_llama):

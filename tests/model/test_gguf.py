@@ -621,6 +621,7 @@ def test_a_conversion_that_lost_a_file_is_converted_again(gguf_dir, tmp_path, mo
 
 
 @pytest.mark.parametrize("key, match", [("llama.attention.head_count", "metadata is damaged"),
+                                        ("llama.attention.head_count=3", "metadata is damaged"),  # (64 % 3)
                                         ("llama.attention.head_count_kv", "num_key_value_heads = 0"),
                                         ("llama.rope.dimension_count", "metadata is damaged"),
                                         ("llama.context_length", "max_position_embeddings = 0; it must be >= 2")])
@@ -632,7 +633,8 @@ def test_a_zero_size_in_the_metadata_is_a_clear_error(tiny_llama, tmp_path, monk
     monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
 
     def metadata(writer) -> None:  # noqa: ANN001
-        writer.kv_data[0][key].value = 0
+        name, _, value = key.partition("=")
+        writer.kv_data[0][name].value = int(value or 0)
 
     path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-zero.gguf", "F16", metadata=metadata)
     with pytest.raises(CheckpointError, match=f"^tiny-zero.gguf: .*{match}"):

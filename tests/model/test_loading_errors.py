@@ -241,3 +241,26 @@ def test_a_json_file_that_is_not_json_text_is_a_clear_error(folder, name, conten
     (folder / name).write_bytes(content)
     with pytest.raises(CheckpointError, match=f"{name} is not valid JSON"):
         Engine.load(folder)
+
+
+def test_json_and_template_files_that_are_not_what_they_should_be(folder):
+    # A tokenizer_config.json holding a list, and a chat_template.jinja that is not UTF-8: tracebacks before.
+    (folder / "tokenizer_config.json").write_text("[]")
+    with pytest.raises(CheckpointError, match="tokenizer_config.json holds a JSON list, not an object"):
+        Engine.load(folder)
+    (folder / "tokenizer_config.json").write_text("{}")
+    (folder / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
+    with pytest.raises(CheckpointError, match="chat_template.jinja is not UTF-8 text"):
+        Engine.load(folder)
+
+
+def test_a_null_context_falls_back_to_the_default_for_every_rope_type(tmp_path):
+    # max_position_embeddings: null took the default on most configs and was a traceback beside LongRoPE / YaRN.
+    from checkpoints import hf_config
+
+    from solo.model.config import ModelConfig
+
+    for scaling in ({"rope_type": "yarn", "factor": 4.0, "original_max_position_embeddings": 64}, None):
+        raw = hf_config("llama", 384).to_dict()
+        raw.update(max_position_embeddings=None, rope_scaling=scaling)
+        assert ModelConfig.from_dict(raw).max_position_embeddings == 2048

@@ -375,6 +375,17 @@ def test_a_repo_of_several_gguf_files_is_listed_with_its_files_and_pulled_by_tag
 
     snapshot = next((cache / "models--org--tiny-GGUF" / "snapshots").iterdir())
     assert pick_gguf(snapshot, "org/tiny-GGUF", "F16").name == "tiny-F16.gguf"
+    # Another tag's file whose blob is gone does not make this tag's pull fail (the F16 file is not wanted).
+    (snapshot / "tiny-F16.gguf").resolve().unlink()
+    assert main(["pull", "org/tiny-GGUF:Q8_0"]) == 0
+    assert main(["pull", "org/tiny-GGUF:F16"]) == 2
+    assert "damaged (tiny-F16.gguf's file is missing)" in capsys.readouterr().err
+    # A config.json nested past Python's recursion limit: listed as not runnable (it was a traceback).
+    deep = tmp_path / "deep"
+    deep.mkdir()
+    (deep / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    _, ok, reason, _ = store.inspect_folder(deep)
+    assert not ok and "does not parse" in reason
     projector_only = tmp_path / "projector-only"
     projector_only.mkdir()
     (projector_only / "mmproj-F16.gguf").write_bytes(b"GGUF" + bytes(60))
