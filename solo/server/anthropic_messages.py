@@ -227,9 +227,10 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             elif kind == "thinking" and role == "assistant":
                 thinking = block.get("thinking")
             else:
+                media = "; Solo's models take text only" if kind in ("image", "document") else ""
                 raise InvalidRequestError(f"{where} is a {kind!r} block, which Solo does not take here (text, "
-                                          "tool_use from the assistant, tool_result from the user, thinking)",
-                                          param="messages")
+                                          "tool_use from the assistant, tool_result from the user, thinking)"
+                                          f"{media}", param="messages")
         asked += [call["id"] for call in calls]
         last_block = blocks[-1] if blocks else None
         if (role == "assistant" and i + 1 == len(body.messages) and isinstance(last_block, dict)
