@@ -260,7 +260,8 @@ def _chat_template_source(folder: Path, config: Mapping[str, Any]) -> str | None
     template = config.get("chat_template")
     if isinstance(template, list):
         # Several named templates: "default" is what transformers uses when none is asked for.
-        named = {t.get("name"): t.get("template") for t in template if isinstance(t, Mapping)}
+        named = {t.get("name"): t.get("template") for t in template
+                 if isinstance(t, Mapping) and isinstance(t.get("name"), str)}
         template = named.get("default")
     return template if isinstance(template, str) else None
 
@@ -298,7 +299,7 @@ def _add_config_tokens(backend: HFTokenizer, config: Mapping[str, Any], folder: 
         return
     entries = []
     for key, value in decoder.items():
-        if isinstance(value, Mapping) and isinstance(value.get("content"), str) and str(key).isdigit():
+        if isinstance(value, Mapping) and isinstance(value.get("content"), str) and str(key).isdecimal():
             entries.append((int(key), value))
     added = {t.content for t in backend.get_added_tokens_decoder().values()}
     for token_id, value in sorted(entries, key=lambda e: e[0]):

@@ -370,9 +370,9 @@ class ModelConfig:
             # A field the rule reads has the wrong type (a null query_pre_attn_scalar, a string for a number, ...).
             raise CheckpointError(f"config.json has a {architecture} field of the wrong type or value ({exc}); "
                                   "fix or re-download it") from exc
-        if config.max_position_embeddings < 2:  # (every request would be refused, with a fix to lower it below)
+        if not 2 <= config.max_position_embeddings < 2**31:  # (below 2 every request would be refused)
             raise CheckpointError(f"config.json gives max_position_embeddings = {config.max_position_embeddings}; "
-                                  "it must be >= 2. Fix or re-download it")
+                                  "it must be from 2 to 2**31 - 1. Fix or re-download it")
         config = replace(config, context_length=_context_length(config))
         _validate(config)
         return config
@@ -758,7 +758,7 @@ def _smollm3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
                               f"layers, got {uses_rope!r}; fix config.json")
     if not (raw.get("rope_parameters") or {}).get("rope_theta") and "rope_theta" not in raw:
         config = replace(config, rope=replace(config.rope, theta=2_000_000.0))  # SmolLM3Config's default
-    if "max_position_embeddings" not in raw:
+    if raw.get("max_position_embeddings") is None:
         config = replace(config, max_position_embeddings=32768)
     window = _window(raw) if raw.get("use_sliding_window", False) else None
     if raw.get("layer_types") is not None:

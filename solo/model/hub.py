@@ -271,14 +271,23 @@ def _download_from_hub(repo_id: str, revision: str | None, extra_patterns: list[
         ) from None
 
 
+def broken_links(folder: Path, patterns: list[str]) -> list[str]:
+    """The files of a Hub snapshot that `patterns` ask for whose blob is gone (links to nothing), sorted.
+
+    Paths relative to `folder`, matched as huggingface_hub's allow_patterns match them ("dir/" is "dir/*").
+    """
+    wanted = [w + "*" if w.endswith("/") else w for w in patterns]
+    return sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink() and not p.exists()
+                  and any(fnmatch.fnmatch(str(p.relative_to(folder)), w) for w in wanted))
+
+
 def _check_download_finished(repo_id: str, folder: Path, patterns: list[str]) -> None:
     # Offline, huggingface_hub hands back a snapshot whose download stopped part-way (its files were then
     # reported missing one by one: "no tokenizer", "lacks tensor ..."); online it would have resumed it.
     from solo.model.store import human_size, partial_downloads
 
-    wanted = [*HUB_FILE_PATTERNS, *patterns]  # (a missing file this name does not need is no reason to refuse)
-    broken = sorted(p.name for p in folder.rglob("*") if p.is_symlink() and not p.exists()
-                    and any(fnmatch.fnmatch(p.name, w) for w in wanted))
+    # (a missing file this name does not need is no reason to refuse)
+    broken = broken_links(folder, [*HUB_FILE_PATTERNS, *patterns])
     if broken:  # a blob deleted behind the snapshot's link, which the Hub would have mended
         _refuse_damaged(repo_id, f"{broken[0]}'s file is missing")
     if _looks_complete(folder, patterns):

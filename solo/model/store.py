@@ -8,7 +8,6 @@ fetched (configs, tokenizer, safetensors), plus the files an --include pattern n
 from __future__ import annotations
 
 import dataclasses
-import fnmatch
 import json
 import shutil
 from dataclasses import asdict, dataclass
@@ -152,7 +151,15 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         RevisionNotFoundError,
     )
 
-    from solo.model.hub import _BARE_HUB_ID, _HUB_ID, DEFAULT_GGUF_TAG, HUB_FILE_PATTERNS, gguf_patterns, split_gguf_tag
+    from solo.model.hub import (
+        _BARE_HUB_ID,
+        _HUB_ID,
+        DEFAULT_GGUF_TAG,
+        HUB_FILE_PATTERNS,
+        broken_links,
+        gguf_patterns,
+        split_gguf_tag,
+    )
 
     repo_id, tag = split_gguf_tag(repo_id)
     if not (_HUB_ID.match(repo_id) or _BARE_HUB_ID.match(repo_id)):  # ("gpt2": ids from before organisations)
@@ -170,8 +177,7 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
                                             allow_patterns=patterns))
         # A blob deleted behind the link of a file this pull wants (offline: not mended), as `solo run` says; a
         # file it does not want (another tag's GGUF, a README) is no reason.
-        broken = sorted(str(p.relative_to(folder)) for p in folder.rglob("*") if p.is_symlink() and not p.exists()
-                        and any(fnmatch.fnmatch(str(p.relative_to(folder)), w) for w in patterns))
+        broken = broken_links(folder, patterns)
         if broken:
             name = f"{repo_id}:{tag}" if tag is not None else repo_id
             raise ModelNotFoundError(f"the cached {repo_id} is damaged ({broken[0]}'s file is missing) and could not "

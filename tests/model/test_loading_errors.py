@@ -252,6 +252,13 @@ def test_json_and_template_files_that_are_not_what_they_should_be(folder):
     (folder / "chat_template.jinja").write_bytes(b"\xff\xfe{{ x }}")
     with pytest.raises(CheckpointError, match="chat_template.jinja is not UTF-8 text"):
         Engine.load(folder)
+    (folder / "chat_template.jinja").unlink()
+    # Named templates whose name is not a string, and an added token whose id is a superscript digit ("2".isdigit()
+    # but int() refuses it): tracebacks before; now skipped.
+    (folder / "tokenizer_config.json").write_text(json.dumps({
+        "chat_template": [{"name": ["default"], "template": "x"}],
+        "added_tokens_decoder": {"\u00b2": {"content": "<x>", "special": True}}}))
+    assert Engine.load(folder).tokenizer.chat_template is None
 
 
 def test_a_null_context_falls_back_to_the_default_for_every_rope_type(tmp_path):
@@ -264,3 +271,11 @@ def test_a_null_context_falls_back_to_the_default_for_every_rope_type(tmp_path):
         raw = hf_config("llama", 384).to_dict()
         raw.update(max_position_embeddings=None, rope_scaling=scaling)
         assert ModelConfig.from_dict(raw).max_position_embeddings == 2048
+    raw = hf_config("smollm3", 384).to_dict()
+    raw["max_position_embeddings"] = None  # (absent gave SmolLM3Config's 32768, null the generic 2048)
+    assert ModelConfig.from_dict(raw).max_position_embeddings == 32768
+    # Past any context (1e308 times a linear factor overflowed to a traceback).
+    raw = hf_config("llama", 384).to_dict()
+    raw.update(max_position_embeddings=1e308, rope_scaling={"rope_type": "linear", "factor": 4.0})
+    with pytest.raises(CheckpointError, match="it must be from 2 to 2"):
+        ModelConfig.from_dict(raw)

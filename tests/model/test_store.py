@@ -391,3 +391,15 @@ def test_a_repo_of_several_gguf_files_is_listed_with_its_files_and_pulled_by_tag
     (projector_only / "mmproj-F16.gguf").write_bytes(b"GGUF" + bytes(60))
     _, ok, reason, _ = store.inspect_folder(projector_only)
     assert not ok and "multimodal projectors (mmproj)" in reason
+
+
+def test_broken_links_are_the_wanted_files_whose_blob_is_gone(tmp_path):
+    # Matched by path as huggingface_hub matches its allow_patterns: pull and run agree on what is damaged (pull
+    # matched paths, run names, so a Llama 3 repo's original/tokenizer.model made run refuse what pull called ready).
+    from solo.model.hub import broken_links
+
+    for name in ("config.json", "original/tokenizer.model", "extra/a.bin", "tokenizer.model", "README.md"):
+        (tmp_path / name).parent.mkdir(parents=True, exist_ok=True)
+        (tmp_path / name).symlink_to(tmp_path / "gone")
+    assert broken_links(tmp_path, ["*.json", "tokenizer.model", "extra/"]) == [
+        "config.json", "extra/a.bin", "tokenizer.model"]
