@@ -313,8 +313,22 @@ def _refuse_damaged(repo_id: str, why: str | None) -> None:
         except SoloError:  # a cache that cannot be read: the caller's message stands
             return
         why = "a file or a ref is missing"
-    raise ModelNotFoundError(f"the cached {repo_id} is damaged ({why}) and the Hub cannot be reached to mend it; "
-                             f"`solo pull {repo_id}` online downloads it again (`solo rm {repo_id}` deletes it)")
+    raise damaged_cache_error(repo_id, why)
+
+
+def damaged_cache_error(repo_id: str, why: str, pull_name: str | None = None) -> ModelNotFoundError:
+    """The error for a cached model that cannot be read or served whole offline, with the commands that mend it.
+
+    Named as `solo list` names such a folder.
+
+    Args:
+        repo_id: "org/name".
+        why: what is damaged ("config.json's file is missing").
+        pull_name: the name to pull again ("org/name:Q8_0"; default `repo_id`).
+    """
+    return ModelNotFoundError(f"the cached {repo_id} is damaged ({why}) and the Hub cannot be reached to mend it; "
+                              f"`solo pull {pull_name or repo_id}` online downloads it again (`solo rm {repo_id}` "
+                              "deletes it)")
 
 
 def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> bool:

@@ -157,6 +157,7 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         DEFAULT_GGUF_TAG,
         HUB_FILE_PATTERNS,
         broken_links,
+        damaged_cache_error,
         gguf_patterns,
         split_gguf_tag,
     )
@@ -179,10 +180,8 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         # file it does not want (another tag's GGUF, a README) is no reason.
         broken = broken_links(folder, patterns)
         if broken:
-            name = f"{repo_id}:{tag}" if tag is not None else repo_id
-            raise ModelNotFoundError(f"the cached {repo_id} is damaged ({broken[0]}'s file is missing) and could not "
-                                     f"be mended (the Hub cannot be reached); `solo pull {name}` online downloads it "
-                                     f"again (`solo rm {repo_id}` deletes it)")
+            raise damaged_cache_error(repo_id, f"{broken[0]}'s file is missing",
+                                      f"{repo_id}:{tag}" if tag is not None else repo_id)
         return folder
     except GatedRepoError:
         raise ModelNotFoundError(f"{repo_id} is gated: accept its terms on the Hub, then log in with "
@@ -200,9 +199,7 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
                                      f"{cached[0]}, or connect to the network") from None
         damaged = damaged_repos(cache_dir).get(repo_id)
         if damaged is not None:  # (as solo list names it)
-            raise ModelNotFoundError(f"the cached {repo_id} is damaged (a file or a ref is missing: {damaged}) and "
-                                     f"the Hub cannot be reached to mend it; `solo pull {repo_id}` online downloads "
-                                     f"it again (`solo rm {repo_id}` deletes it)") from None
+            raise damaged_cache_error(repo_id, f"a file or a ref is missing: {damaged}") from None
         raise ModelNotFoundError(f"the Hugging Face Hub cannot be reached and {repo_id} is not in the cache; "
                                  "connect to the network and run solo pull again (it resumes)") from None
     except (HfHubHTTPError, OSError) as exc:
