@@ -18,6 +18,7 @@ from tokenizers import Tokenizer as HFTokenizer
 
 from solo.chat_template import ChatTemplate
 from solo.errors import CheckpointError, InvalidRequestError, SoloWarning
+from solo.model.json_file import read_json_object
 
 SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
 
@@ -37,13 +38,7 @@ def _token_text(value: Any) -> str | None:
 def _read_json(path: Path) -> dict:
     if not path.is_file():
         return {}
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
-        raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
-    if not isinstance(data, dict):
-        raise CheckpointError(f"{path} holds a JSON {type(data).__name__}, not an object; re-download it")
-    return data
+    return read_json_object(path)
 
 
 class Tokenizer:

@@ -9,7 +9,6 @@ modeling_*.py).
 
 from __future__ import annotations
 
-import json
 import math
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
@@ -18,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from solo.errors import CheckpointError, SoloError, UnsupportedArchitectureError
+from solo.model.json_file import float_field, int_field, read_json_object
 
 _SUPPORTED_ROPE_TYPES = ("default", "linear", "dynamic", "llama3", "longrope", "yarn")
 
@@ -328,13 +328,13 @@ class ModelConfig:
         if architecture in MULTIMODAL_ARCHITECTURES:
             raw = _language_model_config(raw)
         rule = _ARCHITECTURE_RULES[architecture]
-        sizes = {key: _int_field(raw, key) for key in
+        sizes = {key: int_field(raw, key) for key in
                  ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")}
-        sizes["num_key_value_heads"] = _int_field(raw, "num_key_value_heads", sizes["num_attention_heads"])
+        sizes["num_key_value_heads"] = int_field(raw, "num_key_value_heads", sizes["num_attention_heads"])
         for key, value in sizes.items():  # (before head_dim divides by the head count)
             if value < 1:
                 raise CheckpointError(f"config.json gives {key} = {value}; it must be >= 1. Fix or re-download it")
-        head_dim = _int_field(raw, "head_dim", 0) or sizes["hidden_size"] // sizes["num_attention_heads"]
+        head_dim = int_field(raw, "head_dim", 0) or sizes["hidden_size"] // sizes["num_attention_heads"]
         if head_dim < 1:
             raise CheckpointError(f"config.json gives head_dim = {head_dim}; it must be >= 1. Fix or re-download it")
         num_layers = sizes["num_hidden_layers"]
@@ -347,9 +347,9 @@ class ModelConfig:
             num_heads=sizes["num_attention_heads"],
             num_kv_heads=sizes["num_key_value_heads"],
             head_dim=head_dim,
-            rms_norm_eps=_float_field(raw, "rms_norm_eps", 1e-6),
+            rms_norm_eps=float_field(raw, "rms_norm_eps", 1e-6),
             hidden_act=str(raw.get("hidden_act", "silu")),
-            max_position_embeddings=_int_field(raw, "max_position_embeddings", 2048),
+            max_position_embeddings=int_field(raw, "max_position_embeddings", 2048),
             context_length=0,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
             torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
@@ -399,14 +399,7 @@ class ModelConfig:
                 f"{path} is missing: a model folder needs config.json; point Solo at a complete "
                 "Hugging Face model folder"
             )
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
-            raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{path} holds a JSON {type(raw).__name__}, not the object of a model config; "
-                                  "re-download it")
-        return cls.from_dict(raw)
+        return cls.from_dict(read_json_object(path))
 
 
 def _as_id_tuple(value: Any) -> tuple[int, ...]:
@@ -501,7 +494,7 @@ def longrope_attention_factor(factor: float, original: int) -> float:
 def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, architecture: str) -> RopeConfig:
     # transformers' `_compute_longrope_parameters`. Phi3Config's original_max_position_embeddings (top level,
     # default 4096) replaces any inside the RoPE dict; other configs take the dict's, else max_position_embeddings.
-    max_pos = _int_field(raw, "max_position_embeddings", 2048)
+    max_pos = int_field(raw, "max_position_embeddings", 2048)
     if architecture == "Phi3ForCausalLM":
         original = raw.get("original_max_position_embeddings", 4096)
     else:
@@ -538,7 +531,7 @@ def _yarn_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> R
                                   f">= {low:g}. Fix or re-download it")
         return float(value)
 
-    max_pos = _int_field(raw, "max_position_embeddings", 2048)
+    max_pos = int_field(raw, "max_position_embeddings", 2048)
     original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
         or max_pos
     original = int(number("original_max_position_embeddings", original, 1))
@@ -574,33 +567,6 @@ def _yarn_mscale(factor: float, mscale: float = 1.0) -> float:
 # Architectures whose max_position_embeddings already counts their RoPE scaling (vLLM makes Gemma 3 the same
 # exception: its global layers' linear factor 8 took 32k of training to 128k).
 _STATES_STRETCHED_CONTEXT = ("Gemma3ForCausalLM", "Gemma3ForConditionalGeneration")
-
-
-_REQUIRED = object()
-
-
-def _int_field(raw: dict[str, Any], key: str, default: Any = _REQUIRED) -> int:  # noqa: ANN401
-    # An integer field of config.json: a JSON integer (or a float with no fraction, 2048.0); null or absent is
-    # `default` (absent and required: an error naming it).
-    value = raw.get(key)
-    if value is None:
-        if default is _REQUIRED:
-            raise CheckpointError(f"config.json lacks the field {key!r}; re-download the model's config.json")
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or (
-            isinstance(value, float) and not value.is_integer()):
-        raise CheckpointError(f"config.json gives {key} = {value!r}; it must be an integer. Fix or re-download it")
-    return int(value)
-
-
-def _float_field(raw: dict[str, Any], key: str, default: float) -> float:
-    # A number field of config.json (null or absent: `default`).
-    value = raw.get(key)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float):
-        raise CheckpointError(f"config.json gives {key} = {value!r}; it must be a number. Fix or re-download it")
-    return float(value)
 
 
 def _context_length(config: ModelConfig) -> int:
@@ -707,7 +673,7 @@ def _gemma2(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         windows = tuple(window if i % 2 == 0 else None for i in range(config.num_layers))
     else:
         windows = _layer_windows_from_types(raw, config.num_layers, window)
-    config = replace(config, max_position_embeddings=_int_field(raw, "max_position_embeddings", 8192))
+    config = replace(config, max_position_embeddings=int_field(raw, "max_position_embeddings", 8192))
     return _gemma_fields(config, raw, windows, (50.0, 30.0))
 
 
@@ -734,7 +700,7 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     global_rope = _rope_config({"rope_parameters": full}, arch)
     local_rope = _rope_config({"rope_parameters": local}, arch)
     config = replace(config, qk_norm=True, rope=global_rope,
-                     max_position_embeddings=_int_field(raw, "max_position_embeddings", 131_072),
+                     max_position_embeddings=int_field(raw, "max_position_embeddings", 131_072),
                      layer_ropes=tuple(local_rope if s else global_rope for s in sliding))
     config = _gemma_fields(config, raw, windows, (None, None))
     return replace(config, attn_logit_softcap=None)  # transformers' Gemma3Attention never applies it

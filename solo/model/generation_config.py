@@ -2,13 +2,13 @@
 
 from __future__ import annotations
 
-import json
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from solo.errors import CheckpointError, SoloWarning
+from solo.model.json_file import read_json_object
 
 _UNAPPLIED = {
     "no_repeat_ngram_size": lambda v: isinstance(v, int) and v > 0,
@@ -102,12 +102,7 @@ class GenerationDefaults:
         path = Path(folder) / "generation_config.json"
         if not path.is_file():
             return cls(eos_token_ids=fallback_eos_ids)
-        try:
-            raw = json.loads(path.read_text(encoding="utf-8"))
-        except (ValueError, RecursionError) as exc:  # (not JSON, not UTF-8, nested too deep)
-            raise CheckpointError(f"{path} is not valid JSON ({exc}); re-download it") from None
-        if not isinstance(raw, dict):
-            raise CheckpointError(f"{path} must hold a JSON object; re-download it")
+        raw = read_json_object(path)
         try:
             defaults = cls.from_dict(raw)
             defaults.check()

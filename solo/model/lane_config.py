@@ -11,7 +11,8 @@ from dataclasses import replace
 from typing import Any
 
 from solo.errors import CheckpointError, UnsupportedArchitectureError
-from solo.model.config import LM_HEAD_TYPES, LaneConfig, ModelConfig, _int_field
+from solo.model.config import LM_HEAD_TYPES, LaneConfig, ModelConfig
+from solo.model.json_file import int_field
 
 
 def default_broadcast_flags(num_layers: int, delay: int, use_early_comm: bool) -> tuple[bool, ...]:
@@ -129,5 +130,5 @@ def laneformer_config(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         raise CheckpointError(f"config.json: norm_eps = {eps!r}; it must be a positive number")
     return replace(
         config, lanes=lane, rope_interleaved=True, rms_norm_eps=float(eps), layer_sliding_windows=windows,
-        max_position_embeddings=_int_field(raw, "max_position_embeddings", 4096),
+        max_position_embeddings=int_field(raw, "max_position_embeddings", 4096),
     )

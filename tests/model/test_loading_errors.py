@@ -243,6 +243,15 @@ def test_a_json_file_that_is_not_json_text_is_a_clear_error(folder, name, conten
         Engine.load(folder)
 
 
+@pytest.mark.parametrize("name", ["config.json", "generation_config.json", "tokenizer_config.json"])
+@pytest.mark.parametrize("content,kind", [("[]", "list"), ("null", "null"), ('"x"', "str")])
+def test_every_json_file_that_is_not_an_object_is_named_alike(folder, name, content, kind):
+    # The three files share one reader (solo/model/json_file.py): the same message for each.
+    (folder / name).write_text(content)
+    with pytest.raises(CheckpointError, match=f"{name} holds a JSON {kind}, not an object; re-download it"):
+        Engine.load(folder)
+
+
 def test_json_and_template_files_that_are_not_what_they_should_be(folder):
     # A tokenizer_config.json holding a list, and a chat_template.jinja that is not UTF-8: tracebacks before.
     (folder / "tokenizer_config.json").write_text("[]")
