@@ -125,7 +125,8 @@ def shape_config(name: str) -> ModelConfig:
     """
     if name not in SHAPES:
         raise SoloError(f"unknown shape {name!r}; choose one of {', '.join(SHAPES)}")
-    return ModelConfig.from_dict(dict(SHAPES[name]))
+    # Random weights time fixed lengths: no token id stops them (not the architecture's default EOS either).
+    return ModelConfig.from_dict({"bos_token_id": None, "eos_token_id": None, **SHAPES[name]})
 
 
 def shape_raw_config(name: str) -> dict[str, Any]:

@@ -327,6 +327,7 @@ class ModelConfig:
         refuse_quantized_checkpoint(raw)
         if architecture in MULTIMODAL_ARCHITECTURES:
             raw = _language_model_config(raw)
+        raw = {**_ABSENT_FIELD_DEFAULTS.get(architecture, {}), **raw}
         rule = _ARCHITECTURE_RULES[architecture]
         sizes = {key: int_field(raw, key) for key in
                  ("hidden_size", "num_attention_heads", "num_hidden_layers", "vocab_size", "intermediate_size")}
@@ -836,6 +837,29 @@ _ARCHITECTURE_RULES: dict[str, Callable[[ModelConfig, dict[str, Any]], ModelConf
 
 SUPPORTED_ARCHITECTURES: tuple[str, ...] = tuple(_ARCHITECTURE_RULES)
 """Hugging Face architecture names Solo runs."""
+
+# Fields a config.json may leave out whose transformers default (the architecture's config class) differs from
+# the default Solo reads for every architecture (2048 positions, eps 1e-6, theta 10000, as many KV heads as query
+# heads, hidden_size / heads per head, no window, no token ids): a config.json without them reads as transformers
+# reads it. Only absent fields: an explicit null is each field's null (tests/model/test_config.py checks the table
+# against transformers).
+_ABSENT_FIELD_DEFAULTS: dict[str, dict[str, Any]] = {
+    "LlamaForCausalLM": {"bos_token_id": 1, "eos_token_id": 2},
+    "MistralForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 131072, "sliding_window": 4096,
+                           "bos_token_id": 1, "eos_token_id": 2},
+    "Qwen2ForCausalLM": {"max_position_embeddings": 32768},
+    "Qwen3ForCausalLM": {"head_dim": 128, "max_position_embeddings": 32768},
+    "Gemma2ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "bos_token_id": 2, "eos_token_id": 1},
+    "Gemma3ForCausalLM": {"num_key_value_heads": 4, "head_dim": 256, "bos_token_id": 2, "eos_token_id": 1},
+    "SmolLM3ForCausalLM": {"num_key_value_heads": 4, "bos_token_id": 128000, "eos_token_id": 128001},
+    "MixtralForCausalLM": {"num_key_value_heads": 8, "max_position_embeddings": 131072, "rms_norm_eps": 1e-5,
+                           "rope_theta": 1_000_000.0, "bos_token_id": 1, "eos_token_id": 2},
+    "Qwen2MoeForCausalLM": {"num_key_value_heads": 16, "max_position_embeddings": 32768},
+    "Qwen3MoeForCausalLM": {"num_key_value_heads": 4, "max_position_embeddings": 32768},
+    "OlmoeForCausalLM": {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "eos_token_id": 50279},
+    "Phi3ForCausalLM": {"max_position_embeddings": 4096, "rms_norm_eps": 1e-5, "bos_token_id": 1,
+                        "eos_token_id": 32000},
+}
 
 _MODEL_TYPES = {
     "llama": "LlamaForCausalLM",

@@ -385,3 +385,25 @@ def test_malformed_fields_are_one_line_errors(arch, fields, message):
     with pytest.raises((CheckpointError, UnsupportedArchitectureError), match=message) as err:
         ModelConfig.from_dict(_raw(architectures=[arch], head_dim=16, **fields))
     assert "\n" not in str(err.value)
+
+
+_CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "MistralConfig",
+                   "Qwen2ForCausalLM": "Qwen2Config", "Qwen3ForCausalLM": "Qwen3Config",
+                   "Gemma2ForCausalLM": "Gemma2Config", "Gemma3ForCausalLM": "Gemma3TextConfig",
+                   "SmolLM3ForCausalLM": "SmolLM3Config", "MixtralForCausalLM": "MixtralConfig",
+                   "Qwen2MoeForCausalLM": "Qwen2MoeConfig", "Qwen3MoeForCausalLM": "Qwen3MoeConfig",
+                   "OlmoeForCausalLM": "OlmoeConfig", "Phi3ForCausalLM": "Phi3Config"}
+
+
+@pytest.mark.parametrize("arch", sorted(_CONFIG_CLASSES))
+def test_a_config_with_only_the_sizes_reads_as_transformers_reads_it(arch):
+    # The fields left out take the architecture's transformers defaults (a Mistral config without
+    # num_key_value_heads has 8, a Qwen3 one a head_dim of 128, Phi-3's eps is 1e-5), not one default for all.
+    transformers = pytest.importorskip("transformers")
+    sizes = dict(hidden_size=2048, num_attention_heads=32, num_hidden_layers=2, vocab_size=200_000,
+                 intermediate_size=96)
+    full = getattr(transformers, _CONFIG_CLASSES[arch])(**sizes).to_dict()
+    assert ModelConfig.from_dict({**sizes, "architectures": [arch]}) == \
+        ModelConfig.from_dict({**full, "architectures": [arch]})
+    assert set(_CONFIG_CLASSES) == set(SUPPORTED_ARCHITECTURES) - {
+        "Gemma3ForConditionalGeneration", "LaneformerForCausalLM"}  # (text_config read by transformers; no class)
