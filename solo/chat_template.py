@@ -111,6 +111,9 @@ class ChatTemplate:
         supports single tool-calls at once!"), so a reply gets one call whatever parallel_tool_calls asks: several
         would be refused when the conversation is sent back."""
         self.nine_char_call_ids = "alphanumeric strings with length 9" in source
+        # OpenAI's "developer" role is its newer name for "system": a template that never names it (Qwen2.5's
+        # dropped such a message, Mistral's refused it) gets a system message, as llama.cpp's server maps it.
+        self.knows_developer_role = "developer" in source
         """The template refuses tool-call ids other than 9 letters or digits (Mistral v0.3's raise "Tool call IDs
         should be alphanumeric strings with length 9!"): other ids (OpenAI's call_..., Anthropic's toolu_...) are
         rewritten for it, each call and its result alike."""
@@ -127,7 +130,8 @@ class ChatTemplate:
 
         Args:
             messages: [{"role": ..., "content": ...}, ...]; keys whose value is None are dropped, as
-                transformers does.
+                transformers does; a "developer" message is a system message unless the template names that
+                role.
             add_generation_prompt: append the header that starts the assistant's reply.
             continue_final_message: end the text right after the last message's content, so the model
                 continues that message (a prefill) instead of starting a new one: the template's text after it
@@ -152,6 +156,9 @@ class ChatTemplate:
             raise InvalidRequestError("continue_final_message continues the last message, add_generation_prompt "
                                       "starts a new one: set add_generation_prompt to false",
                                       param="add_generation_prompt")
+        if not self.knows_developer_role:
+            messages = [{**m, "role": "system"} if isinstance(m, Mapping) and m.get("role") == "developer" else m
+                        for m in messages]
         if self.tool_format == "phi4_mini":
             from solo.engine.tool_calls import template_tool_messages
 

@@ -206,3 +206,24 @@ def test_mistral_template_gets_nine_character_call_ids(shared_hf):
     assert text.count(ids[0]) == 2 and text.count(ids[1]) == 2 and ids[0] != ids[1]  # each call and its result
     same = template.render(history("abcdefghi", "123456789"), tools=tools)
     assert "abcdefghi" in same and "123456789" in same
+
+
+def test_a_developer_message_is_a_system_message_where_the_template_does_not_name_the_role(shared_hf):
+    # OpenAI's newer name for "system": Qwen2.5's template dropped it (and put its default system prompt in its
+    # place), Mistral's refused the conversation; llama.cpp's server maps it to system.
+    developer = [{**CONVERSATION[0], "role": "developer"}, *CONVERSATION[1:]]
+    for folder in _template_folders(shared_hf):
+        _, special, template = _transformers_render(folder, CONVERSATION[1:], True)
+        chat = ChatTemplate(template, special)
+        try:
+            expected = chat.render(CONVERSATION, True)
+        except InvalidRequestError:  # (no system role at all)
+            with pytest.raises(InvalidRequestError, match="chat template rejected"):
+                chat.render(developer, True)
+            continue
+        assert chat.render(developer, True) == expected, folder.name
+    # A template that names the role keeps it.
+    named = ChatTemplate("{% for m in messages %}{% if m.role == 'developer' %}[dev]{% endif %}{{ m.role }}: "
+                         "{{ m.content }}\n{% endfor %}", {})
+    assert named.render(developer[:2], False) == "[dev]developer: You are a concise assistant.\nuser: What is the " \
+                                                 "capital of France?\n"

@@ -415,8 +415,8 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
 
     For "phi4_mini": the tools' function objects ([{"name", "description", "parameters"}], as Microsoft's
     model card lists them) go, as one JSON string, into the first system message's `tools` key (a system
-    message with empty content is put first when there is none; a "developer" message, OpenAI's newer name
-    for it, is one: Phi-4 has no such role); an assistant message's `tool_calls` are
+    message with empty content is put first when there is none; `ChatTemplate.render` has made a
+    "developer" message a system one); an assistant message's `tool_calls` are
     written after its content in the model's own syntax, `<|tool_call|>[{"name": ..., "arguments": {...}}]
     <|/tool_call|>` (the template renders content only). Tool results keep their role: the template renders
     them. Other formats: the messages unchanged.
@@ -434,8 +434,6 @@ def template_tool_messages(fmt: str | None, messages: Sequence[Mapping[str, Any]
     if fmt != "phi4_mini":
         return out
     for message in out:
-        if message.get("role") == "developer":  # OpenAI's newer name for system; Phi-4 has no such role
-            message["role"] = "system"
         calls = message.pop("tool_calls", None) if message.get("role") == "assistant" else None
         if calls:
             written = [{"name": c["function"]["name"], "arguments": _arguments_object(c["function"].get("arguments"))}
