@@ -594,7 +594,10 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
         return out
 
     logprobs = wants_logprobs(body)
-    pending_blank, pending_tokens = "", []
+    # Tokens whose logprobs no text delta has carried yet: those of held-back text (an incomplete UTF-8
+    # character), of thinking, of blank text, of the EOS; the next text delta carries them, as the unstreamed
+    # reply puts every token on its message's text.
+    pending_blank, held = "", []
 
     yield event("response.created", response=running())
     yield event("response.in_progress", response=running())
@@ -621,15 +624,15 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
                 yield event("response.reasoning_text.delta", item_id=item["id"], output_index=output.index(item),
                             content_index=0, delta=delta["reasoning_content"])
             content = delta.get("content") or ""
-            tokens = ((choice.get("logprobs") or {}).get("content") or []) if logprobs and content else []
+            if logprobs:
+                held += (choice.get("logprobs") or {}).get("content") or []
             if content and "message" not in open_items and not content.strip():
                 pending_blank += content  # blank text between thinking and a call: no message item for it
-                pending_tokens += tokens
-                content, tokens = "", []
+                content = ""
             elif content and "message" not in open_items:
                 content, pending_blank = pending_blank + content, ""
-                tokens, pending_tokens = pending_tokens + tokens, []
             if content:
+                tokens, held = held, []
                 for text in close("reasoning") + close_call():  # (text after a call: the call's item ends first)
                     yield text
                 item = open_items.get("message")
@@ -662,11 +665,20 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
                                 output_index=output.index(item), delta=function["arguments"])
             finish_reason = choice.get("finish_reason") or finish_reason
     if pending_blank and not output:  # only blank text: it is the reply
-        for text in _open_message(pending_blank, pending_tokens):
+        for text in _open_message(pending_blank, held):
             yield text
+        held = []
     if not output:  # nothing generated (max_output_tokens reached at once): an empty message, as unstreamed
-        for text in _open_message("", []):
+        for text in _open_message("", held):
             yield text
+        held = []
+    message = open_items.get("message")
+    if held and message is not None:  # (the EOS's, text held back to the end): one last delta carries them
+        message["content"][0]["logprobs"] += held
+        yield event("response.output_text.delta", item_id=message["id"], output_index=output.index(message),
+                    content_index=0, delta="", logprobs=held)
+    elif held and (first := next((i for i in output if i["type"] == "message"), None)) is not None:
+        first["content"][0]["logprobs"] += held  # (its part is done: the final response carries them)
     if finish_reason in ("length", "abort") and output[-1]["type"] == "message":  # (calls are whole, as above)
         output[-1]["status"] = "incomplete"  # as OpenAI marks the item a max_output_tokens cut ends
     for text in close("reasoning") + close("message") + close_call():

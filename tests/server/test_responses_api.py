@@ -290,3 +290,25 @@ def test_output_text_logprobs_as_the_chat_route_gives_them(server):
     assert deltas == [(token, logprob) for token, logprob, _ in want]
     plain = client.responses.create(model=MODEL_NAME, input="hi", max_output_tokens=2)
     assert plain.output[0].content[0].logprobs is None  # (only when asked, as before)
+
+
+@pytest.mark.slow
+def test_streamed_logprobs_keep_the_tokens_of_held_back_text(server):
+    # A token that ends inside a UTF-8 character (byte 0xF0, id 175 of the bundled model) comes with no text: the
+    # streamed reply dropped its logprob (1 of 4 kept), where the unstreamed one and the chat stream keep all.
+    client = server.client()
+    fields = dict(model=MODEL_NAME, input="print('hi')", max_output_tokens=4, temperature=0, top_logprobs=1,
+                  include=["message.output_text.logprobs"], extra_body={"logit_bias": {"175": 100}})
+    reply = client.responses.create(**fields)
+    want = [(t.token, t.logprob) for t in reply.output[0].content[0].logprobs]
+    assert len(want) == reply.usage.output_tokens == 4
+    deltas, final = [], None
+    for event in client.responses.create(**fields, stream=True):
+        if event.type == "response.output_text.delta":
+            deltas += [(t.token, t.logprob) for t in event.logprobs]
+        if event.type in ("response.completed", "response.incomplete"):
+            final = event.response
+    # (the same tokens; the logprobs within a prefix-cache hit's last bits)
+    assert [t for t, _ in deltas] == [t for t, _ in want]
+    assert deltas == [(t, pytest.approx(lp, abs=1e-3)) for t, lp in want]
+    assert [(t.token, t.logprob) for t in final.output[0].content[0].logprobs] == deltas
