@@ -26,6 +26,10 @@ from solo.server.app import create_app
 from solo.server.heap import limit_malloc_arenas
 from solo.server.state import ServerSettings, ServerState
 
+# After a second signal ended the requests: the time their last events get to reach the clients before the
+# exit is forced (a connection still sending its request body would hold it until uvicorn's deadline).
+_CUT_SHORT_FLUSH_S = 1.0
+
 
 class SoloServer(uvicorn.Server):
     """uvicorn's server with a drain step before its shutdown.
@@ -38,6 +42,13 @@ class SoloServer(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, state: ServerState) -> None:
         super().__init__(config)
         self.state = state
+        self.cut_short = False  # a second signal came: the requests were ended at once, then the exit forced
+        self._loop: asyncio.AbstractEventLoop | None = None
+
+    async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+        """uvicorn's, noting the event loop a second signal's work is handed to."""
+        self._loop = asyncio.get_running_loop()
+        await super().startup(sockets)
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Refuse new work, give in-flight requests the grace period, end the rest, then shut down."""
@@ -49,10 +60,24 @@ class SoloServer(uvicorn.Server):
             deadline.cancel()
 
     def handle_exit(self, sig: int, frame: FrameType | None) -> None:
-        """As uvicorn's, with a second SIGTERM forcing the exit as a second SIGINT does (uvicorn: SIGINT only)."""
-        if self.should_exit and sig == signal.SIGTERM:
+        """As uvicorn's, but a second SIGINT or SIGTERM ends the grace period first (uvicorn: SIGINT only).
+
+        The second signal ends every request as the grace period's end does (streams with an abort and
+        `[DONE]`, a queued request with a 503), then forces the exit a moment later: forced at once, uvicorn
+        answered a queued request with a bare 500 and cut streams off mid-chunk. A third forces it at once.
+        """
+        if self.should_exit and not self.cut_short and self._loop is not None:
+            self.cut_short = True
+            self._captured_signals.append(sig)
+            self._loop.call_soon_threadsafe(self._end_requests_then_exit)
+            return
+        if self.should_exit:
             self.force_exit = True
         super().handle_exit(sig, frame)
+
+    def _end_requests_then_exit(self) -> None:
+        self.state.abort_all()
+        asyncio.get_running_loop().call_later(_CUT_SHORT_FLUSH_S, setattr, self, "force_exit", True)
 
     @property
     def port(self) -> int | None:
@@ -138,24 +163,28 @@ def _log_to_console() -> None:
 
 
 class _ForcedExitFilter(logging.Filter):
-    """Drop uvicorn's tracebacks of the requests a forced exit (a second signal) cancels: `serve` says it once."""
+    """Drop uvicorn's tracebacks of the requests a shutdown cancels.
+
+    A forced exit (a second signal) says so in one line, and a graceful one's deadline in uvicorn's ("Cancel N
+    running task(s)"): a connection still sending its body at the deadline was one traceback each.
+    """
 
     def __init__(self, server: uvicorn.Server) -> None:
         super().__init__()
         self.server = server
 
     def filter(self, record: logging.LogRecord) -> bool:
-        """False for a cancelled request's "Exception in ASGI application" during a forced exit."""
+        """False for a cancelled request's "Exception in ASGI application" during a shutdown."""
         cancelled = (record.exc_info is not None and isinstance(record.exc_info[1], asyncio.CancelledError)) or \
             str(record.msg).rstrip().endswith("CancelledError")  # (the lifespan's, logged as its traceback's text)
-        return not (self.server.force_exit and cancelled)
+        return not (self.server.should_exit and cancelled)
 
 
 def serve(settings: ServerSettings, host: str, port: int) -> int:
     """Run the server in this (main) thread until SIGTERM/SIGINT; returns the exit status.
 
-    0 after a graceful shutdown; 1 when a second signal forced it (requests cut off). Stopped while the model
-    loads, the process exits at once (status 0), without waiting for the load.
+    0 after a graceful shutdown; 1 when a second signal cut the grace period short (requests ended). Stopped
+    while the model loads, the process exits at once (status 0), without waiting for the load.
 
     Raises:
         SoloError: invalid settings, an address that cannot be bound, or a model that could not be loaded
@@ -191,8 +220,8 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
     error = server.state.error
     if error is not None:
         raise SoloError(f"cannot load the model: {error}") from None
-    if server.force_exit:  # a second Ctrl-C / SIGTERM: the grace period was cut short
-        print("solo: forced shutdown (a second signal): the requests still running were cut off", file=sys.stderr)
+    if server.force_exit or server.cut_short:  # a second Ctrl-C / SIGTERM: the grace period was cut short
+        print("solo: forced shutdown (a second signal): the requests still running were ended", file=sys.stderr)
         return 1
     if not server.started:
         raise SoloError(f"could not start the server on {host}:{port} (see the log above)")

@@ -395,12 +395,14 @@ _CONFIG_CLASSES = {"LlamaForCausalLM": "LlamaConfig", "MistralForCausalLM": "Mis
                    "OlmoeForCausalLM": "OlmoeConfig", "Phi3ForCausalLM": "Phi3Config"}
 
 
+@pytest.mark.parametrize("heads", [32, 64])  # (a default equal to the head count would go unseen at one count)
 @pytest.mark.parametrize("arch", sorted(_CONFIG_CLASSES))
-def test_a_config_with_only_the_sizes_reads_as_transformers_reads_it(arch):
+def test_a_config_with_only_the_sizes_reads_as_transformers_reads_it(arch, heads):
     # The fields left out take the architecture's transformers defaults (a Mistral config without
-    # num_key_value_heads has 8, a Qwen3 one a head_dim of 128, Phi-3's eps is 1e-5), not one default for all.
+    # num_key_value_heads has 8 and a Qwen2 one 32, a Qwen3 head_dim is 128, Phi-3's eps 1e-5), not one default
+    # for all.
     transformers = pytest.importorskip("transformers")
-    sizes = dict(hidden_size=2048, num_attention_heads=32, num_hidden_layers=2, vocab_size=200_000,
+    sizes = dict(hidden_size=64 * heads, num_attention_heads=heads, num_hidden_layers=2, vocab_size=200_000,
                  intermediate_size=96)
     full = getattr(transformers, _CONFIG_CLASSES[arch])(**sizes).to_dict()
     assert ModelConfig.from_dict({**sizes, "architectures": [arch]}) == \

@@ -196,38 +196,51 @@ def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):
 
 
 @pytest.mark.slow
-def test_a_second_signal_forces_the_exit_in_one_line_and_a_nonzero_status():
-    # A trial saw two CancelledError tracebacks and status 0 while a stream was cut off.
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_second_signal_ends_the_requests_at_once_in_one_line_and_a_nonzero_status(sig):
+    # A trial saw two CancelledError tracebacks and status 0 while a stream was cut off; a later one, the stream
+    # cut off mid-chunk (no abort, no [DONE]) and a queued request answered with uvicorn's bare 500. Now the
+    # second signal ends them as the grace period's end does, then the process exits 1.
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1"],
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1",
+                             "--max-batch", "1"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (the bundled model)
     try:
         base = f"http://127.0.0.1:{port}"
         wait_for(lambda: _healthy(base), timeout=60)
-        streamed = threading.Event()
+        streamed, lines, queued = threading.Event(), [], []
 
         def stream() -> None:
             with httpx.stream("POST", f"{base}/v1/completions", json={  # (seconds long: still running at the 2nd)
                     "prompt": "hi", "max_tokens": 2000, "ignore_eos": True, "stream": True}, timeout=60) as response:
-                try:
-                    for _ in response.iter_lines():
-                        streamed.set()
-                except httpx.HTTPError:
-                    pass  # (cut off: the point)
+                for line in response.iter_lines():
+                    lines.append(line)
+                    streamed.set()
 
-        client = threading.Thread(target=stream, daemon=True)
-        client.start()
+        def wait_in_the_queue() -> None:  # (the only slot is taken)
+            queued.append(httpx.post(f"{base}/v1/completions", json={"prompt": "x", "max_tokens": 4}, timeout=60))
+
+        clients = [threading.Thread(target=stream, daemon=True), threading.Thread(target=wait_in_the_queue,
+                                                                                   daemon=True)]
+        clients[0].start()
         assert streamed.wait(30)
-        proc.send_signal(signal.SIGINT)
+        clients[1].start()
+        time.sleep(0.5)
+        proc.send_signal(sig)
         time.sleep(0.3)
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(sig)
         out, _ = proc.communicate(timeout=30)
+        for client in clients:
+            client.join(10)
     finally:
         proc.kill()
     assert proc.returncode == 1 and "solo: forced shutdown (a second signal)" in out
     assert "Traceback" not in out and "CancelledError" not in out, out
+    events = [line for line in lines if line]
+    assert events[-1] == "data: [DONE]" and '"finish_reason":"abort"' in "".join(events).replace(" ", "")
+    assert queued[0].status_code == 503 and "retry-after" in queued[0].headers
 
 
 def _healthy(base: str) -> bool:
