@@ -588,7 +588,7 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
             item["content"][0]["logprobs"] = list(tokens)
         out.append(event("response.content_part.added", item_id=item["id"], output_index=index, content_index=0,
                          part=dict(item["content"][0], text="", **({"logprobs": []} if logprobs else {}))))
-        if text:
+        if text or tokens:  # (tokens with no text, an EOS at once: an empty delta carries their logprobs)
             out.append(event("response.output_text.delta", item_id=item["id"], output_index=index, content_index=0,
                              delta=text, logprobs=tokens))
         return out

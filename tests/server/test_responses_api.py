@@ -312,3 +312,9 @@ def test_streamed_logprobs_keep_the_tokens_of_held_back_text(server):
     assert [t for t, _ in deltas] == [t for t, _ in want]
     assert deltas == [(t, pytest.approx(lp, abs=1e-3)) for t, lp in want]
     assert [(t.token, t.logprob) for t in final.output[0].content[0].logprobs] == deltas
+    # A reply of no text at all (the EOS, id 1, at once): its one token's logprob in a delta too.
+    fields["extra_body"] = {"logit_bias": {"1": 100}}
+    assert len(client.responses.create(**fields).output[0].content[0].logprobs) == 1
+    deltas = [t for event in client.responses.create(**fields, stream=True)
+              if event.type == "response.output_text.delta" for t in event.logprobs]
+    assert len(deltas) == 1
