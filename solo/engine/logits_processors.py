@@ -79,7 +79,12 @@ class LogitsProcessors:
             self._bias_values = torch.tensor(list(logit_bias.values()), dtype=torch.float32, device=device)
         self._stop_set = set(stop_ids)
         self._always = sorted({seq[-1] for seq in bad_word_ids if len(seq) == 1})
-        self._tails = [(list(seq[:-1]), seq[-1]) for seq in bad_word_ids if len(seq) > 1]
+        # Multi-token bad words by the length of the tokens before their last one, then by those tokens: a token
+        # costs one lookup per length, however many words (20,000 of them slowed every other request 6x).
+        self._tails: dict[int, dict[tuple[int, ...], list[int]]] = {}
+        for seq in bad_word_ids:
+            if len(seq) > 1:
+                self._tails.setdefault(len(seq) - 1, {}).setdefault(tuple(seq[:-1]), []).append(seq[-1])
         self._banned: torch.Tensor | None = None  # bool [vocab]: outside allowed_token_ids
         self._allowed_left: set[int] | None = None  # allowed_token_ids less the one-token bad words
         if allowed_token_ids is not None:
@@ -125,8 +130,9 @@ class LogitsProcessors:
         if self._banned is not None:
             logits.masked_fill_(self._banned, neg_inf)
         early = self._stop_ids is not None and len(output_ids) < self.min_tokens
-        completing = [last for prefix, last in self._tails
-                      if len(output_ids) >= len(prefix) and list(output_ids[len(output_ids) - len(prefix):]) == prefix]
+        n = len(output_ids)
+        completing = [last for length, words in self._tails.items() if n >= length
+                      for last in words.get(tuple(output_ids[n - length:]), ())]
         if completing and self._allowed_left is not None and not (
                 self._allowed_left - set(completing) - (self._stop_set if early else set())):
             # These bans would leave no token allowed_token_ids permits: a multi-token bad word gives way for

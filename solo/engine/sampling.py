@@ -25,6 +25,9 @@ from solo.errors import InvalidRequestError
 from solo.model.generation_config import GenerationDefaults
 from solo.tokenizer import is_valid_unicode
 
+MAX_STOP_CHARS = 65_536
+"""Most characters a request's stop strings may hold in all (their matcher's trie: about 200 bytes each)."""
+
 
 @dataclass
 class SamplingParams:
@@ -158,6 +161,10 @@ class SamplingParams:
         if not all(is_valid_unicode(s) for s in self.stop):
             raise bad("stop", "valid Unicode text (no unpaired surrogates or undecodable bytes), since it could "
                       "never match the output")
+        if (chars := sum(map(len, self.stop))) > MAX_STOP_CHARS:
+            raise InvalidRequestError(f"stop holds {chars} characters in all; at most {MAX_STOP_CHARS} are taken "
+                                      "(the matcher's trie lives beside every other request): send fewer or shorter "
+                                      "stop strings", param="stop")
         for name in ("include_stop_str_in_output", "ignore_eos"):  # ("no" would be truthy)
             if not isinstance(getattr(self, name), bool):
                 raise bad(name, "true or false")

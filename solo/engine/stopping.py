@@ -5,6 +5,10 @@ string) is held back; once it cannot, it is released. On a match everything from
 (or, with `include`, everything after the matched stop string: vLLM's `include_stop_str_in_output`).
 Text fed unarmed (before vLLM's `min_tokens` are generated) cannot end the output: only a stop string that
 ends in armed text counts, though it may begin in the unarmed text before it.
+
+The stop strings are a trie, and the matcher follows every suffix of the text that is still a prefix of one
+of them (the text it holds back), so each new character costs one step per such suffix, whatever the number
+of stop strings: a request with thousands of them no longer slows the scheduler every other request shares.
 """
 
 from __future__ import annotations
@@ -27,6 +31,23 @@ class StopStringMatcher:
         self.stopped = False
         self.matched: str | None = None  # the stop string that ended the output
         self._unarmed = 0  # the first characters of `pending` that were fed unarmed
+        # The trie: node 0 is the root; _next[(node, char)] -> node; a node's depth is its prefix's length;
+        # _ends[node]: the stop string ending there; _inner: nodes some stop string goes past (proper prefixes).
+        self._next: dict[tuple[int, str], int] = {}
+        self._depth = [0]
+        self._ends: dict[int, str] = {}
+        self._inner: set[int] = set()
+        for s in self.stop:
+            node = 0
+            for c in s:
+                self._inner.add(node)
+                child = self._next.get((node, c))
+                if child is None:
+                    child = self._next[(node, c)] = len(self._depth)
+                    self._depth.append(self._depth[node] + 1)
+                node = child
+            self._ends[node] = s
+        self._live: list[int] = []  # the held-back suffixes' nodes (each ends at the end of `pending`)
 
     def feed(self, text: str, armed: bool = True) -> str:
         """Add generated text; return what is safe to emit now. Sets `stopped` when a stop string matched.
@@ -39,25 +60,27 @@ class StopStringMatcher:
         if not self.stop:
             return text
         buffer = self.pending + text
-        if armed:
-            # A stop string at i counts when it ends after the unarmed text: i + len(s) > self._unarmed.
-            found = (buffer.find(s, max(0, self._unarmed - len(s) + 1)) for s in self.stop)
-            first = min((i for i in found if i >= 0), default=-1)
-            if first >= 0:
-                self.pending = ""
-                self.stopped = True
-                # The shortest stop string at that place is the one that completed first.
-                self.matched = min((s for s in self.stop if buffer.startswith(s, first)
-                                    and first + len(s) > self._unarmed), key=len)
-                if self.include:
-                    return buffer[:first + len(self.matched)]
-                return buffer[:first]
-        hold = 0
-        for s in self.stop:
-            for k in range(min(len(s) - 1, len(buffer)), 0, -1):
-                if buffer.endswith(s[:k]):
-                    hold = max(hold, k)
-                    break
+        live, step = self._live, self._next
+        first, matched = -1, None  # the match that starts first in the buffer (the shortest one there)
+        for end, c in enumerate(text, len(self.pending) + 1):
+            advanced = []
+            for node in (*live, 0):
+                child = step.get((node, c))
+                if child is None:
+                    continue
+                if armed and child in self._ends:
+                    start = end - self._depth[child]
+                    if first < 0 or start < first or (start == first and self._depth[child] < len(matched)):
+                        first, matched = start, self._ends[child]
+                if child in self._inner:
+                    advanced.append(child)
+            live = advanced
+        if matched is not None:
+            self.pending, self._live = "", []
+            self.stopped, self.matched = True, matched
+            return buffer[:first + len(matched)] if self.include else buffer[:first]
+        self._live = live
+        hold = self._depth[live[0]] if live else 0  # (the longest suffix comes first: it started earliest)
         self.pending = buffer[len(buffer) - hold:] if hold else ""
         released = len(buffer) - hold
         self._unarmed = len(self.pending) if not armed else max(0, self._unarmed - released)
@@ -65,5 +88,5 @@ class StopStringMatcher:
 
     def flush(self) -> str:
         """Release held-back text when generation ends for another reason (EOS, length)."""
-        text, self.pending, self._unarmed = self.pending, "", 0
+        text, self.pending, self._unarmed, self._live = self.pending, "", 0, []
         return text

@@ -198,3 +198,12 @@ def test_skip_special_tokens_false_keeps_them_in_the_text(tiny_llama):
     stopped = params.copy(stop=[name], skip_special_tokens=False)
     assert engine.complete(PROMPT, stopped).text == ""
     assert engine.complete(PROMPT, stopped.copy(include_stop_str_in_output=True)).text == name
+
+
+def test_bad_words_sharing_their_first_tokens_are_all_banned():
+    # (the multi-token words are looked up by the tokens before their last one, not scanned one by one)
+    processors = LogitsProcessors(16, bad_word_ids=[[1, 2, 3], [1, 2, 4], [2, 5], [9]])
+    for output, banned in (([7, 1, 2], {3, 4, 5, 9}), ([2], {5, 9}), ([1], {9}), ([], {9})):
+        logits = torch.zeros(16)
+        processors.apply(logits, output)
+        assert set(torch.nonzero(logits == float("-inf")).flatten().tolist()) == banned, output
