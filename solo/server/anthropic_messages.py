@@ -61,7 +61,8 @@ _OUTPUT_FIELDS = frozenset({"output_config", "output_format"})
 _TERMS = ((r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"), *CHAT_TOOL_TERMS,
           (r'tool_choice "required"', 'tool_choice {"type": "any"}'),
           (r"tool_choice names the function", "tool_choice names the tool"),
-          (r"^stop must be", "stop_sequences must be"), (r"^response_format\b", "output_config.format"))
+          (r"^stop must be", "stop_sequences must be"), (r"^stop holds", "stop_sequences holds"),
+          (r"stop strings\b", "stop sequences"), (r"^response_format\b", "output_config.format"))
 # Fields of Anthropic's API that change nothing Solo generates. context_management (clearing old tool uses or
 # thinking from the context) is not applied either, but Claude Code sends it on every request.
 _NO_EFFECT = frozenset({"metadata", "service_tier", "cache_control", "context_management"})

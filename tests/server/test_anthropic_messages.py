@@ -139,6 +139,8 @@ def test_errors_come_in_anthropics_shape(server):
              'tool_choice {"type": "tool"} needs the "name"'),
             ({"model": MODEL_NAME, "stop_sequences": [""]}, anthropic.BadRequestError,
              "stop_sequences must be a non-empty string"),
+            ({"model": MODEL_NAME, "stop_sequences": ["z" * 65_537]}, anthropic.BadRequestError,
+             "stop_sequences holds 65537 characters in all"),
             # A forced call of a tool whose input is no object was generated, then dropped by the call parser.
             ({"model": MODEL_NAME, "tools": [{"name": "f", "input_schema": {"type": "array"}}],
               "tool_choice": {"type": "tool", "name": "f"}}, anthropic.BadRequestError,
