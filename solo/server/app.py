@@ -23,7 +23,7 @@ from solo import __version__
 from solo.engine.engine import Engine
 from solo.server.anthropic_messages import anthropic_error
 from solo.server.anthropic_messages import router as messages_router
-from solo.server.errors import APIError, install_error_handlers
+from solo.server.errors import APIError, install_error_handlers, shutting_down
 from solo.server.llama_server import router as llama_server_router
 from solo.server.metrics import ServerMetrics
 from solo.server.ollama import ollama_error
@@ -61,6 +61,22 @@ def _error_reply(path: str, error: APIError) -> JSONResponse:
     return ollama_error(error) if path.startswith("/api/") else error.response()
 
 
+async def _unless_ended(receive: Receive, ended: asyncio.Event) -> Message:
+    # The next message of a request body, or the shutdown's 503 once `ended` is set first.
+    if ended.is_set():
+        raise shutting_down()
+    message = asyncio.ensure_future(receive())
+    end = asyncio.ensure_future(ended.wait())
+    try:
+        await asyncio.wait((message, end), return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        end.cancel()
+    if not message.done():
+        message.cancel()
+        raise shutting_down()
+    return message.result()
+
+
 class _Gate:
     """ASGI middleware: the Host and API-key checks (before anything else, even JSON parsing), and counting.
 
@@ -74,12 +90,16 @@ class _Gate:
         allowed_hosts: names the Host header may carry (any port); None or "*": any.
         max_body_bytes: a larger request body is refused with 413, by its Content-Length before it is read, or
             as its chunks arrive past the bound; None: no bound.
+        requests_ended: once set (the shutdown's grace period is over), a request still sending its body is
+            answered 503 `shutting_down` (uvicorn's deadline would cancel it later, with a bare 500).
     """
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics,
-                 allowed_hosts: list[str] | None = None, max_body_bytes: int | None = None) -> None:
+                 allowed_hosts: list[str] | None = None, max_body_bytes: int | None = None,
+                 requests_ended: asyncio.Event | None = None) -> None:
         self.app = app
         self.max_body_bytes = max_body_bytes
+        self.requests_ended = requests_ended
         self.expected = None if api_key is None else api_key.encode()
         self.metrics = metrics
         hosts = allowed_hosts or ["*"]
@@ -120,17 +140,24 @@ class _Gate:
     def _bounded(self, receive: Receive) -> Receive:
         # A body without a Content-Length (chunked) is counted as it arrives: past the bound, the route's
         # reading of it raises the 413 (FastAPI's body parsing keeps it as the cause of its 400: see errors.py).
-        if self.max_body_bytes is None:
+        # Until the body is whole, the shutdown's end of requests raises its 503 the same way.
+        if self.max_body_bytes is None and self.requests_ended is None:
             return receive
-        limit, seen = self.max_body_bytes, 0
+        limit, seen, whole, ended = self.max_body_bytes, 0, False, self.requests_ended
 
         async def counted() -> Message:
-            nonlocal seen
-            message = await receive()
+            nonlocal seen, whole
+            if whole or ended is None:
+                message = await receive()
+            else:
+                message = await _unless_ended(receive, ended)
             if message["type"] == "http.request":
                 seen += len(message.get("body", b""))
-                if seen > limit:
+                if limit is not None and seen > limit:
                     raise self._too_large()
+                whole = whole or not message.get("more_body", False)
+            else:
+                whole = True  # (a disconnect)
             return message
 
         return counted
@@ -210,7 +237,8 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.include_router(llama_server_router)
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
-                       allowed_hosts=settings.allowed_hosts, max_body_bytes=int(settings.max_body_mb * 2**20))
+                       allowed_hosts=settings.allowed_hosts, max_body_bytes=int(settings.max_body_mb * 2**20),
+                       requests_ended=state.requests_ended)
     # Outermost (added last), so a browser's preflight, which never carries the API key, is answered here.
     cors: dict[str, Any] = {"allow_origins": settings.allowed_origins} if settings.allowed_origins is not None \
         else {"allow_origin_regex": LOCAL_ORIGINS}

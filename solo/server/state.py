@@ -265,6 +265,7 @@ class ServerState:
         self.longest_token = 1  # bytes of text one token covers at most (see longest_token_bytes)
         self.error: BaseException | None = None
         self.draining = False
+        self.requests_ended = asyncio.Event()  # set when the shutdown ends every request (abort_all)
         self._frozen_heap = False  # freeze_startup_heap ran (undone by close)
 
     def _default_loader(self) -> Engine:
@@ -427,7 +428,11 @@ class ServerState:
         self.draining = True
 
     def abort_all(self) -> None:
-        """End every in-flight request now (the shutdown grace period is over)."""
+        """End every in-flight request now (the shutdown grace period is over); on the event loop.
+
+        A request still sending its body is answered 503 too (`requests_ended`).
+        """
+        self.requests_ended.set()
         if self.client is not None:
             self.client.abort_all()
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import shutil
 import signal
 import socket
@@ -248,3 +249,34 @@ def _healthy(base: str) -> bool:
         return httpx.get(f"{base}/health", timeout=2).status_code == 200
     except httpx.HTTPError:
         return False
+
+
+@pytest.mark.slow
+def test_a_request_still_sending_its_body_at_the_grace_periods_end_gets_the_503():
+    # It waited for uvicorn's own deadline (--shutdown-grace + 5 s), then got a bare 500 and one traceback each.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1",
+                             "--shutdown-grace", "1"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (the bundled model)
+    try:
+        wait_for(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=60)
+        body = json.dumps({"prompt": "x", "max_tokens": 4}).encode()
+        half = socket.create_connection(("127.0.0.1", port))
+        half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
+                     b"Content-Length: %d\r\n\r\n" % (len(body) + 10) + body)
+        time.sleep(0.3)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGTERM)
+        half.settimeout(20)
+        reply = b""
+        while chunk := half.recv(4096):  # (until the server closes the connection)
+            reply += chunk
+        reply = reply.decode()
+        out, _ = proc.communicate(timeout=30)
+        took = time.monotonic() - start
+    finally:
+        proc.kill()
+    assert reply.startswith("HTTP/1.1 503") and "retry-after" in reply.lower() and "shutting_down" in reply, reply
+    assert proc.returncode == 0 and took < 5 and "Traceback" not in out, out
