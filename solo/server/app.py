@@ -9,6 +9,7 @@ The engine never imports FastAPI; this package depends on the engine, not the re
 from __future__ import annotations
 
 import asyncio
+import re
 import secrets
 from collections.abc import AsyncIterator, Callable
 from contextlib import asynccontextmanager
@@ -92,12 +93,17 @@ class _Gate:
             as its chunks arrive past the bound; None: no bound.
         requests_ended: once set (the shutdown's grace period is over), a request still sending its body is
             answered 503 `shutting_down` (uvicorn's deadline would cancel it later, with a bare 500).
+        allowed_origins: browser origins that may call the API (CORS's list; None: `LOCAL_ORIGINS`; "*": any). A
+            request whose `Origin` header names another (and not this server itself) is refused with 403, as
+            Ollama refuses it: CORS only hides the reply from such a page, and a form's text/plain POST (no
+            preflight) would still run.
     """
 
     def __init__(self, app: ASGIApp, api_key: str | None, metrics: ServerMetrics,
                  allowed_hosts: list[str] | None = None, max_body_bytes: int | None = None,
-                 requests_ended: asyncio.Event | None = None) -> None:
+                 requests_ended: asyncio.Event | None = None, allowed_origins: list[str] | None = None) -> None:
         self.app = app
+        self.allowed_origins = None if allowed_origins is None else set(allowed_origins)
         self.max_body_bytes = max_body_bytes
         self.requests_ended = requests_ended
         self.expected = None if api_key is None else api_key.encode()
@@ -120,6 +126,24 @@ class _Gate:
                         f"{', '.join(sorted(self.allowed_hosts))}: a guard against DNS rebinding); to reach it by "
                         f"that name, start it with --allowed-hosts {name}",
                         code="host_not_allowed")
+
+    def _origin_refused(self, scope: Scope) -> APIError | None:
+        headers = dict(scope.get("headers", ()))
+        origin = headers.get(b"origin")
+        if origin is None or (self.allowed_origins is not None and "*" in self.allowed_origins):
+            return None
+        origin_text = origin.decode("latin-1").strip()
+        if self.allowed_origins is None:
+            if re.fullmatch(LOCAL_ORIGINS, origin_text):
+                return None
+        elif origin_text in self.allowed_origins:
+            return None
+        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
+        if host and origin_text.lower().partition("://")[2] == host:  # the server's own pages (the playground)
+            return None
+        return APIError(403, f"requests from browser pages of origin {origin_text!r:.100} are refused (a page on "
+                        "another site must not drive this server); to allow that origin, start the server with "
+                        "--allowed-origins naming it", code="origin_not_allowed")
 
     def _too_large(self) -> APIError:
         mib = self.max_body_bytes / 2**20 if self.max_body_bytes else 0
@@ -186,7 +210,7 @@ class _Gate:
             await send(message)
 
         try:
-            refused = self._host_refused(scope) or self._body_refused(scope)
+            refused = self._host_refused(scope) or self._origin_refused(scope) or self._body_refused(scope)
             if refused is not None:
                 await _error_reply(scope["path"], refused)(scope, receive, send_and_note)
             elif self._authorized(scope):
@@ -238,7 +262,7 @@ def create_app(settings: ServerSettings, load_engine: Callable[[], Engine] | Non
     app.include_router(playground_router)
     app.add_middleware(_Gate, api_key=settings.api_key, metrics=state.metrics,
                        allowed_hosts=settings.allowed_hosts, max_body_bytes=int(settings.max_body_mb * 2**20),
-                       requests_ended=state.requests_ended)
+                       requests_ended=state.requests_ended, allowed_origins=settings.allowed_origins)
     # Outermost (added last), so a browser's preflight, which never carries the API key, is answered here.
     cors: dict[str, Any] = {"allow_origins": settings.allowed_origins} if settings.allowed_origins is not None \
         else {"allow_origin_regex": LOCAL_ORIGINS}

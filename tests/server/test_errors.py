@@ -495,6 +495,38 @@ def test_allowed_origins(tiny_model):
             assert allowed.headers["access-control-allow-origin"] == "https://app.example.com"
             # The list replaces the default: this machine's pages are not in it.
             assert http.options(CHAT, headers={"Origin": "http://localhost:3000", **preflight}).status_code == 400
+            assert http.get("/v1/models", headers={"Origin": "http://localhost:3000"}).status_code == 403
+            assert http.get("/v1/models", headers={"Origin": "https://app.example.com"}).status_code == 200
+    finally:
+        running.stop()
+
+
+def test_a_page_of_another_origin_cannot_drive_the_server(tiny_model):
+    # A form on any web site could POST text/plain JSON (no preflight) to the routes that read their body
+    # themselves (Ollama's, Anthropic's, llama-server's) and have a keyless loopback server generate: CORS only
+    # hid the reply. As Ollama does, a request from a browser page of an origin not allowed is refused.
+    running = start_server(tiny_model, max_batch=1)
+    try:
+        with running.http() as http:
+            body = json.dumps({"model": MODEL_NAME, "prompt": "x", "stream": False, "options": {"num_predict": 2}})
+            plain = {"Content-Type": "text/plain"}
+            for path in ("/api/generate", "/completion", "/v1/messages", "/v1/chat/completions"):
+                refused = http.post(path, content=body, headers={**plain, "Origin": "https://attacker.example"})
+                assert refused.status_code == 403 and "origin" in refused.text, path
+            assert http.post("/api/generate", content=body, headers={**plain, "Origin": "null"}).status_code == 403
+            # Without an Origin (curl, SDKs), from this machine's pages, and from the server's own page: as before.
+            assert http.post("/api/generate", content=body, headers=plain).status_code == 200
+            assert http.post("/api/generate", content=body,
+                             headers={**plain, "Origin": "http://localhost:5173"}).status_code == 200
+            host = http.base_url.netloc.decode()
+            assert http.post("/api/generate", content=body, headers={**plain, "Origin": f"http://{host}"}).status_code \
+                == 200
+    finally:
+        running.stop()
+    running = start_server(tiny_model, max_batch=1, allowed_origins=["*"])
+    try:
+        with running.http() as http:
+            assert http.get("/v1/models", headers={"Origin": "https://anywhere.example"}).status_code == 200
     finally:
         running.stop()
     for origin in ("localhost:3000", "http://localhost:3000/", "http://localhost:3000/app", "http://LOCALHOST:3000",
