@@ -50,6 +50,11 @@ from solo.errors import InvalidRequestError
 MAX_WHITESPACE = 4
 """Most consecutive whitespace characters allowed between JSON tokens (XGrammar's max_whitespace_cnt)."""
 
+MAX_GRAMMAR_CHARS = 131_072
+"""Most characters a regex, a grammar or a choice list (all its strings) may hold: a break test's 150,000
+choices (2.7 MB) compiled for 96 s and held 200 MB, every other structured-output request waiting."""
+_CACHE_CHARS = 2 * 2**20  # the compiled constraints kept hold at most this many characters of sources
+
 Kind = Literal["json_object", "json_schema", "regex", "choice", "grammar", "structural_tag"]
 KINDS: tuple[str, ...] = ("json_object", "json_schema", "regex", "choice", "grammar", "structural_tag")
 
@@ -87,9 +92,15 @@ class StructuredOutput:
         }
         if self.kind in checks:
             ok, what = checks[self.kind]
+            where = self.source if self.source == self.kind else f"{self.source} {self.kind}"
             if not ok(self.value):
-                where = self.source if self.source == self.kind else f"{self.source} {self.kind}"
                 raise InvalidRequestError(f"{where} must be {what}, got {self.value!r:.80}", param=self.source)
+            size = sum(map(len, self.value)) if self.kind == "choice" else len(self.value) \
+                if isinstance(self.value, str) else 0
+            if size > MAX_GRAMMAR_CHARS:
+                raise InvalidRequestError(f"{where} holds {size} characters; at most {MAX_GRAMMAR_CHARS} are "
+                                          "compiled (its compile time and memory grow with it, and compiles take "
+                                          "turns): send a shorter one", param=self.source)
 
     @classmethod
     def parse(cls, value: StructuredOutput | Mapping[str, Any] | None) -> StructuredOutput | None:
@@ -251,7 +262,8 @@ class ConstraintCompiler:
                 return self._cache[key]
             compiled = self._compile(spec)
             if key is not None:
-                if len(self._cache) > 256:
+                # Bounded in count and in the sources' size, which the compiled grammars' memory follows.
+                while self._cache and (len(self._cache) > 256 or sum(map(len, self._cache)) + len(key) > _CACHE_CHARS):
                     self._cache.pop(next(iter(self._cache)))
                 self._cache[key] = compiled
             return compiled

@@ -413,3 +413,23 @@ def test_other_stderr_output_survives_the_capture(capfd):
         os.write(2, b"another thread's line\n")
     assert _xgrammar_warnings(log.text + log.text) == ["ignoring multipleOf"]  # each warning once
     assert capfd.readouterr().err == "another thread's line\n"
+
+
+def test_grammar_sources_are_bounded_and_so_is_the_cache(bundled, monkeypatch):
+    # 150,000 choices compiled for 96 s and held 200 MB, every other structured-output request waiting; the
+    # cache of compiled grammars was bounded in count only.
+    from solo.engine import constraints
+    from solo.engine.constraints import MAX_GRAMMAR_CHARS
+
+    StructuredOutput("choice", ["x" * 1000] * (MAX_GRAMMAR_CHARS // 1000))
+    choices = [f"w{i:07d}" for i in range(20_000)]
+    big = MAX_GRAMMAR_CHARS
+    for kind, value, size in (("choice", choices, 160_000), ("regex", "a" * (big + 1), big + 1),
+                              ("grammar", 'root ::= "' + "a" * big + '"', big + 11)):
+        with pytest.raises(InvalidRequestError, match=f"holds {size} characters; at most"):
+            StructuredOutput(kind, value)
+    monkeypatch.setattr(constraints, "_CACHE_CHARS", 100)
+    bundled.constraints._cache.clear()
+    for word in ("alpha", "beta", "gamma" * 30):
+        bundled.make_request("x", SamplingParams(response_format={"type": "choice", "choice": [word]}))
+    assert list(bundled.constraints._cache) == ['choice:["' + "gamma" * 30 + '"]']  # (the older ones made room)
