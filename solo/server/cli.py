@@ -80,9 +80,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
             action.help = ("reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots kept "
                            "besides the live cache rows, preallocated at start-up (default: auto = as large as "
                            "the KV cache, at most 1 GB)")
-    parser.add_argument("--max-body-mb", type=finite_float, default=64.0, metavar="MIB",
+    parser.add_argument("--max-body-mb", type=finite_float, default=16.0, metavar="MIB",
                         help="largest request body taken; a larger one gets 413 before it is read whole, so a "
-                             "few huge bodies cannot exhaust memory (default: 64)")
+                             "few huge bodies cannot exhaust memory (parsed, JSON takes up to about 25x its "
+                             "size; default: 16)")
     parser.add_argument("--shutdown-grace", type=finite_float, default=30.0, metavar="SECONDS",
                         help="on SIGTERM, how long in-flight requests may run before they are ended (default: 30)")
 

@@ -173,7 +173,7 @@ class ServerSettings:
     speculative: str = "auto"
     tp: int = 1
     reasoning_parser: str = "auto"
-    max_body_mb: float = 64.0
+    max_body_mb: float = 16.0
 
     def validate(self) -> None:
         """Check the numbers.

@@ -5,9 +5,17 @@ from __future__ import annotations
 import threading
 import time
 
-from server_harness import MODEL_NAME
+import pytest
+from server_harness import MODEL_NAME, serving
 
 HUGE = "hello world " * (20_000_000 // 12)  # 20 MB
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model):
+    """The tests' usual server, taking bodies up to 64 MiB (the default is 16: a 20 MB prompt would be a 413)."""
+    with serving(tiny_model, max_batch=4, max_queue=16, max_body_mb=64) as running:
+        yield running
 
 
 def poll_health_while(work, http) -> tuple[object, list[float]]:
