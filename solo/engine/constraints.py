@@ -95,7 +95,8 @@ class StructuredOutput:
             where = self.source if self.source == self.kind else f"{self.source} {self.kind}"
             if not ok(self.value):
                 raise InvalidRequestError(f"{where} must be {what}, got {self.value!r:.80}", param=self.source)
-            size = sum(map(len, self.value)) if self.kind == "choice" else len(self.value) \
+            # (a choice counts one more for its separator: 600,000 empty ones are no small list)
+            size = sum(len(c) + 1 for c in self.value) if self.kind == "choice" else len(self.value) \
                 if isinstance(self.value, str) else 0
             if size > MAX_GRAMMAR_CHARS:
                 raise InvalidRequestError(f"{where} holds {size} characters; at most {MAX_GRAMMAR_CHARS} are "
@@ -259,9 +260,10 @@ class ConstraintCompiler:
         key = _cache_key(spec)
         with self._lock:
             if key is not None and key in self._cache:
+                self._cache[key] = self._cache.pop(key)  # (most recently used last)
                 return self._cache[key]
             compiled = self._compile(spec)
-            if key is not None:
+            if key is not None and len(key) <= _CACHE_CHARS // 8:  # (a huge one would flush the others)
                 # Bounded in count and in the sources' size, which the compiled grammars' memory follows.
                 while self._cache and (len(self._cache) > 256 or sum(map(len, self._cache)) + len(key) > _CACHE_CHARS):
                     self._cache.pop(next(iter(self._cache)))
@@ -309,7 +311,11 @@ class ConstraintCompiler:
         # Closed as XGrammar's strict mode first; where that leaves nothing to write (strict_schema cannot see
         # through a $ref), as the schema says: better open objects than a fallback that drops requirements.
         for strict in (True, False) if spec.kind == "json_schema" else (False,):
-            grammar = _llguidance_grammar(spec, strict)
+            try:
+                grammar = _llguidance_grammar(spec, strict)
+            except InvalidRequestError as exc:  # (too many $refs to write out: llguidance reads them as they are)
+                messages = [str(exc)]
+                continue
             is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, self._llguidance())
             if not is_error:
                 return grammar

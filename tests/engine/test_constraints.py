@@ -421,15 +421,32 @@ def test_grammar_sources_are_bounded_and_so_is_the_cache(bundled, monkeypatch):
     from solo.engine import constraints
     from solo.engine.constraints import MAX_GRAMMAR_CHARS
 
-    StructuredOutput("choice", ["x" * 1000] * (MAX_GRAMMAR_CHARS // 1000))
+    StructuredOutput("choice", ["x" * 999] * (MAX_GRAMMAR_CHARS // 1000))  # (each counts one more)
     choices = [f"w{i:07d}" for i in range(20_000)]
     big = MAX_GRAMMAR_CHARS
-    for kind, value, size in (("choice", choices, 160_000), ("regex", "a" * (big + 1), big + 1),
+    for kind, value, size in (("choice", choices, 180_000), ("choice", [""] * (big + 1), big + 1),
+                              ("regex", "a" * (big + 1), big + 1),
                               ("grammar", 'root ::= "' + "a" * big + '"', big + 11)):
         with pytest.raises(InvalidRequestError, match=f"holds {size} characters; at most"):
             StructuredOutput(kind, value)
-    monkeypatch.setattr(constraints, "_CACHE_CHARS", 100)
-    bundled.constraints._cache.clear()
-    for word in ("alpha", "beta", "gamma" * 30):
+    monkeypatch.setattr(constraints, "_CACHE_CHARS", 17 * 8)  # eight keys 'choice:["wordNN"]'
+
+    def ask(word):
         bundled.make_request("x", SamplingParams(response_format={"type": "choice", "choice": [word]}))
-    assert list(bundled.constraints._cache) == ['choice:["' + "gamma" * 30 + '"]']  # (the older ones made room)
+
+    bundled.constraints._cache.clear()
+    for i in range(10):
+        ask(f"word{i:02d}")
+        ask("word00")  # (a hit keeps it: the least recently used go first)
+    assert [key[9:15] for key in bundled.constraints._cache] == [f"word{i:02d}" for i in (*range(3, 10), 0)]
+    ask("x" * 40)  # one larger than an eighth of the bound is not kept, and evicts nothing
+    assert len(bundled.constraints._cache) == 8
+
+
+def test_a_schema_too_large_to_write_out_stays_with_llguidance(bundled):
+    # Its strict copy is refused (inline_branch_refs); llguidance then reads the $refs as they are, where the
+    # refusal sent the schema (routed away from XGrammar by its minLength) to XGrammar.
+    chain = {f"D{k}": {"anyOf": [{"$ref": f"#/$defs/D{k + 1}"}] * 2} for k in range(30)}
+    chain["D30"] = {"type": "string", "minLength": 1}
+    spec = StructuredOutput("json_schema", {"anyOf": [{"$ref": "#/$defs/D0"}], "$defs": chain})
+    assert bundled.constraints.compile(spec).backend == "llguidance"
