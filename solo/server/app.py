@@ -128,22 +128,27 @@ class _Gate:
                         code="host_not_allowed")
 
     def _origin_refused(self, scope: Scope) -> APIError | None:
-        headers = dict(scope.get("headers", ()))
-        origin = headers.get(b"origin")
-        if origin is None or (self.allowed_origins is not None and "*" in self.allowed_origins):
+        headers = scope.get("headers", ())
+        origins = [value.decode("latin-1").strip() for name, value in headers if name == b"origin"]
+        if not origins or (self.allowed_origins is not None and "*" in self.allowed_origins):
             return None
-        origin_text = origin.decode("latin-1").strip()
-        if self.allowed_origins is None:
-            if re.fullmatch(LOCAL_ORIGINS, origin_text):
-                return None
-        elif origin_text in self.allowed_origins:
+        named = dict(headers)
+        # The server's own pages (the playground): the browser says so (Sec-Fetch-Site, which a page cannot
+        # set; behind a reverse proxy the Host is the proxy's upstream), or the Origin is the Host.
+        if named.get(b"sec-fetch-site", b"").strip().lower() == b"same-origin":
             return None
-        host = headers.get(b"host", b"").decode("latin-1").strip().lower()
-        if host and origin_text.lower().partition("://")[2] == host:  # the server's own pages (the playground)
-            return None
-        return APIError(403, f"requests from browser pages of origin {origin_text!r:.100} are refused (a page on "
-                        "another site must not drive this server); to allow that origin, start the server with "
-                        "--allowed-origins naming it", code="origin_not_allowed")
+        host = named.get(b"host", b"").decode("latin-1").strip().lower()
+        for origin in origins:  # (every one: a second Origin header must not hide the first)
+            if self.allowed_origins is None and re.fullmatch(LOCAL_ORIGINS, origin):
+                continue
+            if self.allowed_origins is not None and origin in self.allowed_origins:
+                continue
+            if host and origin.lower().partition("://")[2] == host:
+                continue
+            return APIError(403, f"requests from browser pages of origin {origin!r:.100} are refused (a page on "
+                            "another site must not drive this server); to allow that origin, start the server with "
+                            "--allowed-origins naming it", code="origin_not_allowed")
+        return None
 
     def _too_large(self) -> APIError:
         mib = self.max_body_bytes / 2**20 if self.max_body_bytes else 0

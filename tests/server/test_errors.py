@@ -521,6 +521,13 @@ def test_a_page_of_another_origin_cannot_drive_the_server(tiny_model):
             host = http.base_url.netloc.decode()
             assert http.post("/api/generate", content=body, headers={**plain, "Origin": f"http://{host}"}).status_code \
                 == 200
+            # Behind a reverse proxy (the Host is its upstream's), the browser's Sec-Fetch-Site says same-origin.
+            assert http.post("/api/generate", content=body, headers={
+                **plain, "Origin": "https://solo.example.org", "Sec-Fetch-Site": "same-origin"}).status_code == 200
+            # Every Origin header counts (Starlette's CORS reads the first).
+            two = [("Content-Type", "text/plain"), ("Origin", "https://attacker.example"),
+                   ("Origin", "http://localhost:3000")]
+            assert http.post("/api/generate", content=body, headers=two).status_code == 403
     finally:
         running.stop()
     running = start_server(tiny_model, max_batch=1, allowed_origins=["*"])
