@@ -337,12 +337,18 @@ def check_continued(last: Mapping[str, Any], response_format: Any) -> None:  # n
                                   f"drop one of them", param=source)
 
 
-def read_chat_template(value: str) -> str:
+def read_chat_template(value: str | Path) -> str:
     """A chat template given as a file's path or as the template text itself (vLLM's `--chat-template`).
 
     Raises:
-        SoloError: neither a readable file nor text with Jinja tags in it, a missing file, or an empty one.
+        SoloError: neither a readable file nor text with Jinja tags in it, a missing file, an empty one, or a
+            value that is neither a string nor a path.
     """
+    if isinstance(value, Path):
+        value = str(value)
+    if not isinstance(value, str):
+        raise SoloError(f"chat_template must be the template text or a file's path (str or pathlib.Path), got "
+                        f"{type(value).__name__}")
     if "{{" in value or "{%" in value:  # (before the file system: text longer than a file name raises there)
         return value
     if not value.strip():  # (Path("") is the working folder)

@@ -227,3 +227,17 @@ def test_a_developer_message_is_a_system_message_where_the_template_does_not_nam
                          "{{ m.content }}\n{% endfor %}", {})
     assert named.render(developer[:2], False) == "[dev]developer: You are a concise assistant.\nuser: What is the " \
                                                  "capital of France?\n"
+
+
+def test_a_chat_template_may_be_a_path_and_nothing_else_odd(tmp_path):
+    # Engine.load(chat_template=Path(...)) was a TypeError ("argument of type 'PosixPath' is not iterable").
+    from pathlib import Path
+
+    from solo.chat_template import read_chat_template
+    from solo.errors import SoloError
+
+    (tmp_path / "t.jinja").write_text("{{ messages[0].content }}")
+    assert read_chat_template(Path(tmp_path / "t.jinja")) == "{{ messages[0].content }}"
+    for bad in (5, b"{{ x }}"):
+        with pytest.raises(SoloError, match="chat_template must be the template text or a file's path"):
+            read_chat_template(bad)

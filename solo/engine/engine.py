@@ -416,7 +416,7 @@ class Engine:
         speculative: str = "auto",
         tp: int = 1,
         context_length: int | None = None,
-        chat_template: str | None = None,
+        chat_template: str | Path | None = None,
         tool_call_parser: str | None = None,
     ) -> Engine:
         """Load a model folder, a Hugging Face Hub id, or (with `model=None`) Solo's bundled model.

@@ -136,6 +136,10 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
             without tools, tools on a model whose template has no tool support or whose tool-call syntax
             Solo does not recognise; the message names the problem.
     """
+    if tools is not None and (isinstance(tools, str | Mapping) or not isinstance(tools, Sequence)
+                              or not all(isinstance(t, Mapping) for t in tools)):
+        raise InvalidRequestError(f'tools must be a list of tool objects ({{"type": "function", "function": '
+                                  f'{{...}}}}), got {tools!r:.80}', param="tools")
     tools = [dict(t) for t in tools or []]
     names = []
     for i, tool in enumerate(tools):

@@ -747,3 +747,13 @@ def test_tools_beside_a_json_format_under_auto_allow_calls_or_the_json():
     with pytest.raises(InvalidRequestError, match='response_format beside tools under tool_choice "auto"') as info:
         output_constraint("mistral", [WEATHER], "auto", True, answer)
     assert info.value.param == "response_format"
+
+
+@pytest.mark.parametrize("tools", [WEATHER, ["get_weather"], "get_weather", [None], [5]])
+def test_tools_that_are_not_a_list_of_objects_are_named(tools):
+    # (a lone tool object, names, None: a ValueError / TypeError from dict() before)
+    from solo.engine.tool_calls import check_tools
+
+    with pytest.raises(InvalidRequestError, match="tools must be a list of tool objects") as info:
+        check_tools(tools, None, "{{ tools }}")
+    assert info.value.param == "tools"
