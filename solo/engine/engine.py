@@ -12,8 +12,10 @@ import functools
 import logging
 import os
 import threading
+import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -68,6 +70,7 @@ Prompt = str | Sequence[Mapping[str, Any]] | Sequence[int]
 """A prompt: text, chat messages ([{"role", "content"}, ...]) or token ids (ints, NumPy's too, or a 1-D NumPy array
 or torch tensor of them)."""
 
+_HANDOFF_WAIT_S = 1.0  # how long a thread holding an open stream waits for another to take it over
 _CLOSED = "this engine was closed (Engine.close()); load another with Engine.load(...) to generate"
 
 _log = logging.getLogger(__name__)
@@ -289,6 +292,26 @@ class Engine:
         if callable(close):
             close()
 
+    @contextmanager
+    def _held(self, refusal: str) -> Iterator[None]:
+        # The engine's lock. A thread that holds an open stream (the last to read it) and waits here would
+        # wait forever: refused, unless another thread takes the stream over (reads it) within a second, as a
+        # thread pool does with a server's streams (an immediate refusal failed the next stream that the pool
+        # happened to start on the same thread).
+        me = threading.get_ident()
+        deadline = time.monotonic() + _HANDOFF_WAIT_S
+        acquired = False
+        while self._owner == me and not acquired:
+            acquired = self._lock.acquire(timeout=0.02)
+            if not acquired and time.monotonic() > deadline:
+                raise SoloError(refusal)
+        if not acquired:
+            self._lock.acquire()
+        try:
+            yield
+        finally:
+            self._lock.release()
+
     def __enter__(self) -> Engine:
         return self
 
@@ -303,14 +326,13 @@ class Engine:
         the engine's lock as a generation does (another thread's call waits for it).
 
         Raises:
-            SoloError: the engine was closed, or a stream from it is still open in this thread.
+            SoloError: the engine was closed, or a stream from it is still open in this thread (this thread read
+                it last, and no other takes it over within a second).
         """
         if self._closed:
             raise SoloError(_CLOSED)
-        if self._owner == threading.get_ident():
-            raise SoloError("warm_up() while a stream from this engine is open in this thread would overwrite its "
-                            "KV cache; read the stream to the end or close() it first")
-        with self._lock:
+        with self._held("warm_up() while a stream from this engine is open in this thread would overwrite its "
+                        "KV cache; read the stream to the end or close() it first"):
             if self._closed:  # (closed while this waited for a generation to finish)
                 raise SoloError(_CLOSED)
             runtime = self.runtime
@@ -788,18 +810,14 @@ class Engine:
             `GenerationEvent`s, one per token; the last has `finish_reason` and `stats`.
 
         Raises:
-            SoloError: the engine was closed or a stream from it is still open in this thread (at the first
-                event); the engine was closed while this ran (at its next step); (GPU block decoding) the device
+            SoloError: the engine was closed or a stream from it is still open in this thread (this thread read
+                it last and no other takes it over within a second; at the first event); the engine was closed while this ran (at its next step); (GPU block decoding) the device
                 stopped before the request finished.
         """
         if self._closed:
             raise SoloError(_CLOSED)
-        if self._owner == threading.get_ident():
-            raise SoloError(
-                "a stream from this engine is still open in this thread (the engine runs one generation at a "
-                "time); read it to the end or close() it before starting another"
-            )
-        with self._lock:
+        with self._held("a stream from this engine is still open in this thread (the engine runs one generation "
+                        "at a time); read it to the end or close() it before starting another"):
             if self._closed:  # (closed while this waited for another generation to finish)
                 raise SoloError(_CLOSED)
             self._owner = threading.get_ident()
@@ -823,12 +841,15 @@ class Engine:
                     # GPU: K tokens per graph replay, sampled and stop-checked on the device (an explicit
                     # --speculative mode runs the per-token loop with verify steps instead).
                     clean = False  # the device may have run past the last reported token: fine, but unknown
-                    yield from run_in_blocks(runtime, request, logits, row=0)
+                    for event in run_in_blocks(runtime, request, logits, row=0):
+                        yield event
+                        self._owner = threading.get_ident()
                     return
                 rows = torch.zeros(1, dtype=torch.long)
                 token, info = request.choose(logits)
                 event = request.append(token, info)
                 yield event
+                self._owner = threading.get_ident()  # (whoever reads the stream holds it: it may change hands)
                 proposer = None if self.speculative_config is None else DraftProposer(
                     self.speculative_config, request, self.session_history)
                 while not request.finished:
@@ -844,7 +865,9 @@ class Engine:
                     else:
                         token = events[-1].token_ids[-1]
                     clean = True
-                    yield from events
+                    for event in events:
+                        yield event
+                        self._owner = threading.get_ident()
             finally:
                 if cache is not None:
                     if clean:

@@ -189,6 +189,29 @@ def test_an_open_stream_in_the_same_thread_is_an_error_not_a_deadlock(tiny_llama
     assert len(engine.complete("x", {"max_tokens": 2, "ignore_eos": True}).token_ids) == 2
 
 
+def test_a_stream_read_by_another_thread_no_longer_holds_the_thread_that_started_it(tiny_llama):
+    # A thread pool hands a server's streams between its threads: the thread that started a stream another
+    # thread now reads may start the next one, which waits for it (it was refused at once: "still open in
+    # this thread").
+    import threading
+    import time
+
+    engine = Engine.load(tiny_llama)
+    alone = engine.complete("x", {"max_tokens": 3, "ignore_eos": True}).token_ids
+    stream = engine.generate("def f(x):", {"max_tokens": 8, "ignore_eos": True})
+    next(stream)
+
+    def read_slowly() -> None:
+        for _ in stream:
+            time.sleep(0.05)
+
+    reader = threading.Thread(target=read_slowly)
+    reader.start()
+    assert engine.complete("x", {"max_tokens": 3, "ignore_eos": True}).token_ids == alone  # (waited for it)
+    reader.join()
+    assert not reader.is_alive()
+
+
 def test_a_tuple_of_messages_is_chat_everywhere(tiny_llama):
     # (a tuple reached the template but was not chat for continue_final_message, tools or template kwargs)
     engine = Engine.load(tiny_llama)
