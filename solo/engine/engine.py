@@ -811,8 +811,9 @@ class Engine:
 
         Raises:
             SoloError: the engine was closed or a stream from it is still open in this thread (this thread read
-                it last and no other takes it over within a second; at the first event); the engine was closed while this ran (at its next step); (GPU block decoding) the device
-                stopped before the request finished.
+                it last and no other takes it over within a second; at the first event); the engine was closed
+                while this ran (at its next step); (GPU block decoding) the device stopped before the request
+                finished.
         """
         if self._closed:
             raise SoloError(_CLOSED)
