@@ -796,7 +796,13 @@ class Engine:
         request = self.make_request(prompt, params, tools=tools, tool_choice=tool_choice,
                                     parallel_tool_calls=parallel_tool_calls, chat_template_kwargs=chat_template_kwargs,
                                     continue_final_message=continue_final_message, suffix=suffix)
-        return self.run(request)
+        return self._from_first_read(request)
+
+    def _from_first_read(self, request: Request) -> Iterator[GenerationEvent]:
+        # TTFT counts from the first read of the stream (one made, then read later, counted its idle time), a
+        # wait for another thread's generation included.
+        request.start_time = time.perf_counter()
+        yield from self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:
         """Run a prepared request alone: prefill (of the uncached tail), then decode steps.

@@ -429,3 +429,14 @@ def test_logprobs_list_ties_in_id_order_with_the_greedy_token_first(tiny_llama):
     logits[3] = 4.0
     token, info = request.choose(logits)
     assert token == 7 and [t for t, _ in info.top] == [7, 23, 41, 3]
+
+
+def test_ttft_counts_from_the_first_read_of_a_stream(tiny_llama):
+    # A generator made, then read 1 s later, reported a TTFT over 1 s.
+    import time
+
+    engine = Engine.load(tiny_llama)
+    stream = engine.generate("def f(x):", {"max_tokens": 2, "ignore_eos": True})
+    time.sleep(1.0)
+    events = list(stream)
+    assert events[-1].stats.ttft_s < 0.9
