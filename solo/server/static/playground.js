@@ -112,8 +112,11 @@ function addMessage(role, text) {
 function showSpeed(ttft, tokens, decodeS) {
   $("ttft").textContent = ttft == null ? "–" : (ttft * 1000).toFixed(0) + " ms";
   $("tokens").textContent = String(tokens);
-  if (tokens > 1 && decodeS > 0) {
-    const tps = (tokens - 1) / decodeS;
+  // A reply that arrived in one read (a fast model, speculative steps) has no decode time of its own here: its
+  // tokens over the time from the first token's arrival is then the whole time to it, a lower bound.
+  const rate = decodeS > 0 ? (tokens - 1) / decodeS : ttft > 0 ? tokens / ttft : 0;
+  if (tokens > 1 && rate > 0) {
+    const tps = rate;
     $("tps").textContent = tps.toFixed(1) + " tok/s";
     if (state.info && state.info.roofline_tokens_per_s) {
       const frac = tps / state.info.roofline_tokens_per_s;
