@@ -202,15 +202,9 @@ def test_a_second_signal_ends_the_requests_at_once_in_one_line_and_a_nonzero_sta
     # A trial saw two CancelledError tracebacks and status 0 while a stream was cut off; a later one, the stream
     # cut off mid-chunk (no abort, no [DONE]) and a queued request answered with uvicorn's bare 500. Now the
     # second signal ends them as the grace period's end does, then the process exits 1.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1",
-                             "--max-batch", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (the bundled model)
+    proc, port = _serve_bundled_model("--max-batch", "1")
     try:
         base = f"http://127.0.0.1:{port}"
-        wait_for(lambda: _healthy(base), timeout=60)
         streamed, lines, queued = threading.Event(), [], []
 
         def stream() -> None:
@@ -244,6 +238,21 @@ def test_a_second_signal_ends_the_requests_at_once_in_one_line_and_a_nonzero_sta
     assert queued[0].status_code == 503 and "retry-after" in queued[0].headers
 
 
+def _serve_bundled_model(*flags: str) -> tuple[subprocess.Popen, int]:
+    # `solo serve` of the bundled model in a process of its own (signals go to it), once it answers /health.
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1",
+                             *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        wait_for(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=60)
+    except BaseException:
+        proc.kill()
+        raise
+    return proc, port
+
+
 def _healthy(base: str) -> bool:
     try:
         return httpx.get(f"{base}/health", timeout=2).status_code == 200
@@ -254,14 +263,8 @@ def _healthy(base: str) -> bool:
 @pytest.mark.slow
 def test_a_request_still_sending_its_body_at_the_grace_periods_end_gets_the_503():
     # It waited for uvicorn's own deadline (--shutdown-grace + 5 s), then got a bare 500 and one traceback each.
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1",
-                             "--shutdown-grace", "1"],
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)  # (the bundled model)
+    proc, port = _serve_bundled_model("--shutdown-grace", "1")
     try:
-        wait_for(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=60)
         body = json.dumps({"prompt": "x", "max_tokens": 4}).encode()
         half = socket.create_connection(("127.0.0.1", port))
         half.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
