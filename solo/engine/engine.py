@@ -303,6 +303,8 @@ class Engine:
         acquired = False
         while self._owner == me and not acquired:
             acquired = self._lock.acquire(timeout=0.02)
+            if not acquired and self._closed:
+                raise SoloError(_CLOSED)
             if not acquired and time.monotonic() > deadline:
                 raise SoloError(refusal)
         if not acquired:
@@ -801,7 +803,7 @@ class Engine:
     def _from_first_read(self, request: Request) -> Iterator[GenerationEvent]:
         # TTFT counts from the first read of the stream (one made, then read later, counted its idle time), a
         # wait for another thread's generation included.
-        request.start_time = time.perf_counter()
+        request.restart_clock()
         yield from self.run(request)
 
     def run(self, request: Request) -> Iterator[GenerationEvent]:

@@ -262,6 +262,10 @@ class Request:
             )
         return token, info
 
+    def restart_clock(self) -> None:
+        """Count TTFT (and the first token's time) from now: the request starts being served only now."""
+        self.start_time = self._last_time = time.perf_counter()
+
     def append(self, token: int, info: TokenLogprob | None = None, now: float | None = None) -> GenerationEvent:
         """Record a generated token; returns the event to stream (finish_reason set when it ends).
 

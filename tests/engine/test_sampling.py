@@ -438,5 +438,21 @@ def test_ttft_counts_from_the_first_read_of_a_stream(tiny_llama):
     engine = Engine.load(tiny_llama)
     stream = engine.generate("def f(x):", {"max_tokens": 2, "ignore_eos": True})
     time.sleep(1.0)
-    events = list(stream)
-    assert events[-1].stats.ttft_s < 0.9
+    stats = list(stream)[-1].stats
+    assert stats.ttft_s < 0.9 and stats.token_times_s[0] == stats.ttft_s and stats.total_s >= sum(stats.token_times_s)
+
+
+def test_close_while_this_thread_waits_for_its_open_stream_says_closed_at_once(tiny_llama):
+    # (it waited out the second, then named the open stream)
+    import threading
+    import time
+
+    engine = Engine.load(tiny_llama)
+    stream = engine.generate("def f(x):", {"max_tokens": 8, "ignore_eos": True})
+    next(stream)
+    threading.Timer(0.1, engine.close).start()
+    start = time.monotonic()
+    with pytest.raises(SoloError, match="was closed"):
+        engine.complete("x", {"max_tokens": 2})
+    assert time.monotonic() - start < 0.9
+    stream.close()
