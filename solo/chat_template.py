@@ -111,12 +111,13 @@ class ChatTemplate:
         supports single tool-calls at once!"), so a reply gets one call whatever parallel_tool_calls asks: several
         would be refused when the conversation is sent back."""
         self.nine_char_call_ids = "alphanumeric strings with length 9" in source
-        # OpenAI's "developer" role is its newer name for "system": a template that never names it (Qwen2.5's
-        # dropped such a message, Mistral's refused it) gets a system message, as llama.cpp's server maps it.
-        self.knows_developer_role = "developer" in source
         """The template refuses tool-call ids other than 9 letters or digits (Mistral v0.3's raise "Tool call IDs
         should be alphanumeric strings with length 9!"): other ids (OpenAI's call_..., Anthropic's toolu_...) are
         rewritten for it, each call and its result alike."""
+        self.knows_developer_role = "developer" in source
+        """The template names OpenAI's "developer" role (its newer name for "system"); one that does not
+        (Qwen2.5's dropped such a message, Mistral's refused it) gets a system message, as llama.cpp's server
+        maps it."""
 
     def render(
         self,

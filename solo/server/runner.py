@@ -162,7 +162,7 @@ def _log_to_console() -> None:
         logger.propagate = False
 
 
-class _ForcedExitFilter(logging.Filter):
+class _ShutdownCancelFilter(logging.Filter):
     """Drop uvicorn's tracebacks of the requests a shutdown cancels.
 
     A forced exit (a second signal) says so in one line, and a graceful one's deadline in uvicorn's ("Cancel N
@@ -202,14 +202,14 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
         del sig, frame
 
     previous = {sig: signal.signal(sig, note) for sig in (signal.SIGINT, signal.SIGTERM)}
-    forced = _ForcedExitFilter(server)
-    logging.getLogger("uvicorn.error").addFilter(forced)
+    quiet = _ShutdownCancelFilter(server)
+    logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
         server.run()
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-        logging.getLogger("uvicorn.error").removeFilter(forced)
+        logging.getLogger("uvicorn.error").removeFilter(quiet)
     if server.state.loading:  # stopped during the load, which no thread can interrupt: exit without waiting for it
         print("solo: stopped while the model was loading", file=sys.stderr, flush=True)
         sys.stdout.flush()
