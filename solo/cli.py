@@ -35,6 +35,14 @@ _EXTERNAL_COMMANDS = {
 }
 
 
+def output_path(text: str) -> str:
+    """The argparse type of output file flags (`solo bench --json/--plot/--markdown`): `~` expanded.
+
+    The shell leaves `--json=~/x.json` as it is, and a benchmark wrote its file only after the whole run.
+    """
+    return str(Path(text).expanduser())
+
+
 def finite_float(text: str) -> float:
     """The argparse type of float flags: nan and inf are refused (`--prefix-cache-gb inf` crashed).
 

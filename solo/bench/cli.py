@@ -28,7 +28,7 @@ _DEFAULT_CONTEXTS = (128, 512, 1024, 2048, 4096)
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench`."""
     from solo.bench.shapes import SHAPES
-    from solo.cli import add_feature_arguments, add_model_arguments, finite_float
+    from solo.cli import add_feature_arguments, add_model_arguments, finite_float, output_path
 
     add_model_arguments(parser)
     parser.add_argument("--agent", default=None, metavar="TRACE",
@@ -64,8 +64,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                              "engine), or fill Solo's KV cache with random keys and values (Solo only: decode "
                              "reads the cache whatever it holds, and a 32k-token prefill takes many minutes "
                              "on a small CPU)")
-    parser.add_argument("--json", default=None, metavar="OUT", help="write every number to this JSON file")
-    parser.add_argument("--plot", default=None, metavar="OUT.png",
+    parser.add_argument("--json", type=output_path, default=None, metavar="OUT",
+                        help="write every number to this JSON file")
+    parser.add_argument("--plot", type=output_path, default=None, metavar="OUT.png",
                         help="plot tok/s against context (with --sweep-context), or latency against load "
                              "(with --load)")
     parser.add_argument("--probe-gib", type=finite_float, default=2.0,

@@ -83,6 +83,18 @@ def test_shipped_workloads_parse(name):
     ({"classes": [{"name": 5}]}, "classes[0].name must be a non-empty string; got 5"),
     ({"classes": [{}], "description": [1, 2]}, "description must be a string"),
     ({"classes": [{"prompt_tokens": [100, 5], "prompt_fraction": [0.5, 0.6]}]}, "not both"),
+    # From a third: an infinite rate planned forever; a huge burst factor for half a minute (no signal answered);
+    # settings with no effect were taken; unknown keys of [slo] and [[bursts]] were not named.
+    ({"classes": [{}], "rates": [float("inf")]}, "rates: a rate is requests/s"),
+    ({"classes": [{}], "bursts": [{"at_s": 1, "length_s": 0.001, "factor": 1e7}]},
+     "bursts[0].factor must be in (0, 100]"),
+    ({"classes": [{}], "bursts": [{"at_s": 1, "length_s": 1, "factor": 2, "size": 3}]},
+     "bursts[0] key 'size' is unknown"),
+    ({"classes": [{}], "bursts": [{"at_s": 1, "length_s": 1}]}, "bursts[0] lacks 'factor'"),
+    ({"classes": [{}], "bursts": [{"at_s": -1, "length_s": 1, "factor": 2}]}, "bursts[0].at_s must be a number >= 0"),
+    ({"classes": [{}], "slo": {"ttft": 1}}, "slo key 'ttft' is unknown"),
+    ({"classes": [{"stream": 0.0, "cancel": 0.5}]}, "classes[0].cancel is a share of the streamed requests"),
+    ({"classes": [{"cancel_after": [1, 4]}]}, "classes[0].cancel_after applies to cancelled streams"),
 ])
 def test_bad_workloads_name_the_field(raw, message):
     with pytest.raises(SoloError, match="workload") as info:
@@ -121,7 +133,7 @@ def test_plan_is_seeded_bounded_and_bursty():
 
 def test_rates_and_loopback():
     assert parse_rate("1.5x") == "1.5x" and parse_rate("2") == 2.0 and parse_rate(3) == 3.0
-    for bad in ("-1x", "", " "):
+    for bad in ("-1x", "", " ", float("inf"), float("nan"), "inf"):
         with pytest.raises(SoloError):
             parse_rate(bad)
     assert check_loopback("http://127.0.0.1:8000/") == "http://127.0.0.1:8000"
@@ -191,11 +203,12 @@ def test_max_requests_ending_a_phase_early_is_reported(server, tmp_path, capsys)
     out, md = tmp_path / "load.json", tmp_path / "load.md"
     assert main(["bench", "--load", str(workload), "--url", server.base_url, "--max-requests", "3", "--json",
                  str(out), "--markdown", str(md), "--request-timeout", "60"]) == 0
-    assert "max_requests (3) ends its arrivals at" in capsys.readouterr().err
+    # (named as the flag that set it: it was "the workload's max_requests", which the user had not written)
+    assert "--max-requests (3) ends its arrivals at" in capsys.readouterr().err
     phase = json.loads(out.read_text())["phases"][0]
     assert phase["sent"] == 3 and 0 < phase["arrivals_end_s"] < 5
     assert phase["arrivals_rps"] == pytest.approx(3 / phase["arrivals_end_s"], rel=1e-3)
-    assert "ended the arrivals at" in md.read_text()
+    assert "--max-requests ended the arrivals at" in md.read_text()
 
 
 @pytest.mark.slow
@@ -501,3 +514,103 @@ def test_bursts_the_phases_do_not_reach_are_said():
     assert _bursts_line(bursts, [15.0]) == [
         "- Bursts: 10x the rate for 2 s at 1 s; 5x the rate for 10 s at 60 s (not reached: a phase lasts 15 s)"]
     assert _bursts_line([], [15.0]) == []
+
+
+def test_rates_count_over_the_phase_not_only_until_the_last_answer():
+    # Two requests answered by 5.15 s of a 10 s phase at 0.3 req/s: 0.2 done per second, not 0.388 (above the
+    # offered rate); where max_requests ended the arrivals early, over their window.
+    from solo.bench.load.report import summarize_phase
+    from solo.bench.load.runner import Outcome, PhaseResult
+
+    workload = parse_workload(__import__("tomllib").loads(TINY), "tiny.toml")
+    done = []
+    for i in range(2):
+        o = Outcome(cls="chat", offered_at=float(i))
+        o.status, o.ttft_s, o.e2e_s, o.completion_tokens = 200, 0.1, 0.2, 4
+        done.append(o)
+    phase = summarize_phase(PhaseResult(0.3, "0.3 req/s", 10.0, done, 5.15), workload, {})
+    assert phase["span_s"] == 10.0 and phase["throughput_rps"] == 0.2 and phase["completed_per_hour"] == 720
+    assert phase["goodput_rps"] <= phase["offered_rps"]
+    early = summarize_phase(PhaseResult(20.0, "20 req/s", 10.0, done, 1.5, arrivals_end_s=1.0), workload, {})
+    assert early["span_s"] == 1.5 and early["throughput_rps"] == pytest.approx(2 / 1.5, rel=1e-3)
+
+
+def test_unanswered_requests_fail_the_run():
+    # A server that died mid-phase: its requests' connection errors were counted, and the bench exited 0.
+    from solo.bench.load.report import summarize_phase
+    from solo.bench.load.runner import Outcome, PhaseResult
+
+    workload = parse_workload(__import__("tomllib").loads(TINY), "tiny.toml")
+    outcomes = []
+    for kind in ("connect", "reset", "timeout", "incomplete stream", "503 queue_full", "400 bad_request"):
+        o = Outcome(cls="chat", offered_at=0.0)
+        o.error = kind
+        outcomes.append(o)
+    phase = summarize_phase(PhaseResult(6.0, "6 req/s", 2.0, outcomes, 2.0, saturated=3), workload, {})
+    assert phase["unanswered"] == 4  # not the statuses the server chose, nor the generator's own saturation
+
+
+def test_an_interrupted_start_leaves_no_server(monkeypatch):
+    # Ctrl-C or SIGTERM (raised as SystemExit) while the started server loads: it was left running, orphaned.
+    import subprocess
+
+    from solo.bench.load import runner
+
+    started = []
+    real_popen = subprocess.Popen
+
+    def popen(command, **kwargs):
+        started.append(real_popen([sys.executable, "-c", "import time; time.sleep(60)"], **kwargs))
+        return started[-1]
+
+    def interrupted(*args, **kwargs):
+        raise SystemExit(143)
+
+    monkeypatch.setattr(runner.subprocess, "Popen", popen)
+    monkeypatch.setattr(runner.httpx, "get", interrupted)
+    with pytest.raises(SystemExit):
+        runner.start_server(None, [])
+    assert started and started[0].poll() is not None  # stopped, not orphaned
+
+
+@pytest.mark.parametrize("routes, message", [
+    ({"/v1/models": (200, "<html>proxy</html>")}, "GET /v1/models answered 200 without [\'data\'][0][\'id\']"),
+    ({"/v1/models": (200, {"data": []})}, "GET /v1/models answered 200 without"),
+    ({"/tokenize": (200, {"tokens": [1, 2]})}, "POST /tokenize answered 200 without ['max_model_len']"),
+    ({"/tokenize": (200, {"tokens": "abc", "max_model_len": 64})}, "POST /tokenize answered tokens = 'abc'"),
+])
+def test_a_server_that_is_not_solo_is_named(routes, message, monkeypatch):
+    # Another OpenAI-compatible server (llama-server's /tokenize has no max_model_len) or a proxy's page: a
+    # KeyError, IndexError or JSONDecodeError traceback before.
+    import httpx
+
+    from solo.bench.load import runner
+
+    answers = {"/v1/models": (200, {"data": [{"id": "m"}]}),
+               "/tokenize": (200, {"tokens": [1, 2, 3], "max_model_len": 64, "count": 3}),
+               "/detokenize": (200, {"prompt": "x"}), **routes}
+
+    def handler(request):
+        status, body = answers[request.url.path]
+        return httpx.Response(status, text=body) if isinstance(body, str) else httpx.Response(status, json=body)
+
+    real_client = httpx.Client
+    monkeypatch.setattr(runner.httpx, "Client", lambda **kw: real_client(transport=httpx.MockTransport(handler), **kw))
+    workload = parse_workload(__import__("tomllib").loads(TINY), "tiny.toml")
+    with pytest.raises(SoloError, match="Solo server") as info:
+        runner.build_prompts("http://127.0.0.1:1", workload, 0)
+    assert message.replace("\\", "") in str(info.value).replace("\\", "")
+
+
+def test_output_files_expand_the_home_folder(tmp_path, monkeypatch):
+    # `--json=~/x.json` (the shell does not expand ~ after "="): checked as expanded, then written as given,
+    # which failed after the whole run and lost the results.
+    import argparse
+
+    from solo.bench.cli import add_arguments
+
+    monkeypatch.setenv("HOME", str(tmp_path))
+    parser = argparse.ArgumentParser()
+    add_arguments(parser)
+    args = parser.parse_args(["--json=~/x.json", "--plot=~/x.png", "--load", "chat", "--markdown=~/x.md"])
+    assert (args.json, args.plot, args.markdown) == tuple(str(tmp_path / f"x.{e}") for e in ("json", "png", "md"))

@@ -24,7 +24,7 @@ from solo.server.heap import freeze_startup_heap, unfreeze_heap
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench --load` (MODEL, --dtype, --backend, --json and --plot are the bench's own)."""
-    from solo.cli import finite_float
+    from solo.cli import finite_float, output_path
 
     group = parser.add_argument_group("load test (solo bench --load)")
     group.add_argument("--load", default=None, metavar="WORKLOAD",
@@ -57,7 +57,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="distinct greedy requests re-sent alone to check outputs (default: 64; 0: none)")
     group.add_argument("--request-timeout", type=finite_float, default=300.0, metavar="SECONDS",
                        help="a request still unanswered after this counts as a timeout (default: 300)")
-    group.add_argument("--markdown", default=None, metavar="OUT.md", help="write the report as Markdown")
+    group.add_argument("--markdown", type=output_path, default=None, metavar="OUT.md",
+                       help="write the report as Markdown")
     group.add_argument("--note", default="", help="a line added to the report (e.g. that the machine was shared)")
 
 
@@ -251,7 +252,8 @@ def main(args: argparse.Namespace) -> int:
     """Run the load test; print the Markdown report and write --json / --markdown / --plot.
 
     Returns:
-        0 when no request got a 5xx other than 503 and no output was wrong, else 1.
+        0 when no request got a 5xx other than 503 or went unanswered (no connection, a reset, a timeout, a cut
+        or malformed reply: a server that died or hung) and no output was wrong, else 1.
 
     Raises:
         SoloError: a bad workload or flag, a server that cannot start, a non-loopback --url.
@@ -294,6 +296,7 @@ def main(args: argparse.Namespace) -> int:
         if not 1 <= args.max_requests <= MAX_REQUESTS:
             raise SoloError(f"--max-requests must be in [1, {MAX_REQUESTS}]; got {args.max_requests}")
         workload.max_requests = args.max_requests
+        workload.max_requests_from = "--max-requests"
     if Path(args.load).name != args.load and not Path(args.load).is_file():
         raise SoloError(f"--load {args.load}: no such file")
     for flag, bad, bound in (("--max-batch", args.max_batch is not None and args.max_batch < 1, ">= 1"),
@@ -418,5 +421,5 @@ def main(args: argparse.Namespace) -> int:
         Path(args.markdown).write_text(report)
     if args.plot:
         plot_load(result, args.plot)
-    bad = sum(p["http_5xx"] - p["http_503"] for p in summaries) + (check["wrong"] if check else 0)
+    bad = sum(p["http_5xx"] - p["http_503"] + p["unanswered"] for p in summaries) + (check["wrong"] if check else 0)
     return 1 if bad else 0

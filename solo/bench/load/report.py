@@ -61,6 +61,13 @@ def _over_own_idle(o: Outcome, idle_prompts: list[dict[str, float | None]] | Non
     return o.ttft_s / idle if idle else None
 
 
+def _unanswered(kind: str) -> bool:
+    # An error kind where the server gave no whole answer: no connection, a reset, a timeout, a cut or malformed
+    # reply (not an HTTP status, which the server chose, nor the generator's own saturation, nor a wrong output,
+    # which the output check counts).
+    return not kind[:3].isdigit() and kind not in ("client saturated", "wrong output")
+
+
 def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict[str, Any]],
                     warmup_s: float = 30.0) -> dict[str, Any]:
     """Every number of one phase (see the Markdown table for their meaning)."""
@@ -84,19 +91,25 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         p99 = percentile(per_request, 0.99)
         if p99 is not None:
             same_prompt[name] = round(p99, 2)
+    # Rates over the phase: its arrival window (the duration, or up to where max_requests ended the arrivals), or
+    # longer where requests were still running after it; not the time to the last answer alone, which at a low
+    # rate ends long before the window does and would report more completions per second than were offered.
+    span_s = max(phase.wall_s, phase.arrivals_end_s or phase.duration_s)
     return {
         "label": phase.label,
         "offered_rps": round(phase.rate_rps, 4),
         "duration_s": phase.duration_s,
         "wall_s": round(phase.wall_s, 2),
+        "span_s": round(span_s, 2),
         "sent": len(outs),
         "arrivals_end_s": phase.arrivals_end_s,
+        "max_requests_from": workload.max_requests_from,
         "arrivals_rps": round(len(outs) / (phase.arrivals_end_s or phase.duration_s), 4),
         "completed": len(done),
         "cancelled": sum(o.cancelled for o in outs),
-        "throughput_rps": round(len(done) / phase.wall_s, 4) if phase.wall_s else None,
-        "completed_per_hour": round(3600 * len(done) / phase.wall_s) if phase.wall_s else None,
-        "goodput_rps": round(good / phase.wall_s, 4) if phase.wall_s else None,
+        "throughput_rps": round(len(done) / span_s, 4) if span_s else None,
+        "completed_per_hour": round(3600 * len(done) / span_s) if span_s else None,
+        "goodput_rps": round(good / span_s, 4) if span_s else None,
         "goodput_share": round(good / len(outs), 4) if outs else None,
         "generated_tokens": sum(o.completion_tokens for o in done),
         "ttft_s": _pcts(ttft),
@@ -109,6 +122,7 @@ def summarize_phase(phase: PhaseResult, workload: Workload, idle: dict[str, dict
         "http_503": statuses.get("503", 0),
         "retried_503": sum(o.refusals for o in outs),
         "errors": dict(errors),
+        "unanswered": sum(n for kind, n in errors.items() if _unanswered(kind)),
         "error_examples": {kind: next(o.error_message for o in outs if o.error == kind and o.error_message)
                            for kind in errors if any(o.error == kind and o.error_message for o in outs)},
         "retry_after_s": _pcts([o.retry_after_s for o in outs if o.retry_after_s is not None]),
@@ -180,7 +194,8 @@ def markdown(result: dict[str, Any]) -> str:
             f"{k}: TTFT {_ms(v['ttft_s'])} ms, e2e {_ms(v['e2e_s'])} ms" for k, v in idle.items()))
     lines += [
         "",
-        "Client-side times from each request's scheduled arrival (ms). Goodput: completed within the SLO. "
+        "Client-side times from each request's scheduled arrival (ms). Goodput: completed within the SLO. Goodput "
+        "and done/hour count over the phase's arrival window (or longer, while requests still ran after it). "
         "p99 TTFT / idle: the phase's p99 over the class's idle TTFT (cold prompts); p99 of TTFT / own prompt's "
         "idle: each request's TTFT over the idle TTFT of the same prompt in the same prefix-cache state (warm "
         "after a full prefix-cache hit or when the server did not say, else the prompt's first send), the p99 "
@@ -209,7 +224,7 @@ def markdown(result: dict[str, Any]) -> str:
                           "already held its bound of open requests (client saturated; not in `sent`)."]
     for p in phases:
         if p.get("arrivals_end_s"):
-            lines += ["", f"{p['label']}: the workload's max_requests ended the arrivals at "
+            lines += ["", f"{p['label']}: {p.get('max_requests_from', 'max_requests')} ended the arrivals at "
                           f"{p['arrivals_end_s']:.1f} s of the phase's {p['duration_s']:g} s."]
     lines += ["", "Errors by kind:", ""]
     for p in phases:

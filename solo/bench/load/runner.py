@@ -191,22 +191,26 @@ def start_server(model: str | None, serve_args: list[str], timeout_s: float = 30
     log_path = Path(log.name)
     process = subprocess.Popen(command, stdout=log, stderr=subprocess.STDOUT)
     base = f"http://127.0.0.1:{port}"
+    server = ServerProcess(process, base, log_path)
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            log.flush()
-            lines = log_path.read_text(errors="replace").splitlines()
-            said = [line for line in lines if line.startswith("solo: error:")]
-            why = f": {said[-1].removeprefix('solo: error:').strip()}" if said else f"; see {log_path}"
-            raise SoloError(f"solo serve exited with status {process.returncode}{why}")
-        try:
-            if httpx.get(f"{base}/health", timeout=1).status_code == 200:
-                return ServerProcess(process, base, log_path)
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    process.kill()
-    raise SoloError(f"solo serve did not become ready in {timeout_s:.0f} s; see {log_path}")
+    try:
+        while time.monotonic() < deadline:
+            if process.poll() is not None:
+                log.flush()
+                lines = log_path.read_text(errors="replace").splitlines()
+                said = [line for line in lines if line.startswith("solo: error:")]
+                why = f": {said[-1].removeprefix('solo: error:').strip()}" if said else f"; see {log_path}"
+                raise SoloError(f"solo serve exited with status {process.returncode}{why}")
+            try:
+                if httpx.get(f"{base}/health", timeout=1).status_code == 200:
+                    return server
+            except httpx.HTTPError:
+                pass
+            time.sleep(0.2)
+        raise SoloError(f"solo serve did not become ready in {timeout_s:.0f} s; see {log_path}")
+    except BaseException:  # not ready, or the bench itself interrupted (Ctrl-C, SIGTERM): no server left behind
+        server.stop(timeout_s=10)
+        raise
 
 
 def _corpus() -> str:
@@ -237,13 +241,13 @@ def build_prompts(base_url: str, workload: Workload, seed: int) -> Prompts:
     """Cut each class's prompts from the corpus to their drawn token lengths, measured by /tokenize.
 
     Raises:
-        SoloError: the server has no /tokenize, or refuses the prompts.
+        SoloError: the server has no /tokenize, refuses the prompts, or answers unlike `solo serve`.
     """
     with httpx.Client(base_url=base_url, timeout=120, headers=_HEADERS) as http:
         models = http.get("/v1/models")
         if models.status_code != 200:
             raise SoloError(f"GET /v1/models answered {models.status_code}: {models.text[:200]}")
-        model = models.json()["data"][0]["id"]
+        model = _field(models, "GET /v1/models", "data", 0, "id")
         corpus = _corpus()
         ids: list[int] = []
         max_model_len = 0
@@ -253,8 +257,8 @@ def build_prompts(base_url: str, workload: Workload, seed: int) -> Prompts:
                                              "add_special_tokens": False})
             if r.status_code != 200:
                 raise SoloError(f"POST /tokenize answered {r.status_code}: {r.text[:200]}")
-            ids += r.json()["tokens"]
-            max_model_len = r.json()["max_model_len"]
+            ids += _field(r, "POST /tokenize", "tokens")
+            max_model_len = _field(r, "POST /tokenize", "max_model_len")
             if len(ids) > 4 * max_model_len + 4096:
                 break
         prompts = Prompts(model, max_model_len)
@@ -281,7 +285,8 @@ def _fit_prompt(http: httpx.Client, model: str, cls: RequestClass, ids: list[int
     take = n
     for _ in range(6):
         start = rng.randrange(max(1, len(ids) - take))
-        text = http.post("/detokenize", json={"model": model, "tokens": ids[start:start + take]}).json()["prompt"]
+        text = _field(http.post("/detokenize", json={"model": model, "tokens": ids[start:start + take]}),
+                      "POST /detokenize", "prompt")
         if cls.style == "chat":
             text = "Explain what this code does:\n\n" + text
         count = _count(http, model, cls.endpoint, text)
@@ -300,7 +305,26 @@ def _count(http: httpx.Client, model: str, endpoint: str, text: str) -> int:
     r = http.post("/tokenize", json=body)
     if r.status_code != 200:
         raise SoloError(f"POST /tokenize answered {r.status_code}: {r.text[:200]}")
-    return r.json()["count"]
+    return _field(r, "POST /tokenize", "count")
+
+
+def _field(r: httpx.Response, route: str, *path: str | int) -> Any:  # noqa: ANN401
+    # A field of a Solo route's JSON answer; another server's answer (llama-server's /tokenize has no
+    # max_model_len, a proxy's HTML page) is named as such rather than failing with a KeyError.
+    try:
+        value = r.json()
+        for key in path:
+            value = value[key]
+    except (ValueError, KeyError, IndexError, TypeError):
+        where = "".join(f"[{key!r}]" for key in path)
+        raise SoloError(f"{route} answered {r.status_code} without {where} in JSON ({r.text[:120]!r}): "
+                        f"`solo bench --load` needs the routes of `solo serve` (/v1/models, /tokenize, /detokenize); "
+                        f"point --url at a Solo server") from None
+    expected = {"count": int, "max_model_len": int, "tokens": list, "prompt": str, "id": str}[path[-1]]
+    if not isinstance(value, expected) or isinstance(value, bool) or (expected is int and value <= 0):
+        raise SoloError(f"{route} answered {path[-1]} = {str(value)[:80]!r}, not what `solo serve` answers; "
+                        f"point --url at a Solo server")
+    return value
 
 
 def _key(req: PlannedRequest) -> tuple:
@@ -342,9 +366,9 @@ async def run_phase(base_url: str, prompts: Prompts, workload: Workload, rate: f
     if len(plan) > max_requests:
         plan = plan[:max_requests]
         arrivals_end_s = plan[-1].offset_s
-        print(f"phase {label}: the workload's max_requests ({max_requests}) ends its arrivals at "
-              f"{arrivals_end_s:.1f} s of {duration_s:g} s (--max-requests raises it, up to {MAX_REQUESTS})",
-              file=sys.stderr)
+        raise_it = "raise it" if workload.max_requests_from == "--max-requests" else "--max-requests raises it"
+        print(f"phase {label}: {workload.max_requests_from} ({max_requests}) ends its arrivals at "
+              f"{arrivals_end_s:.1f} s of {duration_s:g} s ({raise_it}, up to {MAX_REQUESTS})", file=sys.stderr)
     histograms_before = await asyncio.to_thread(server_histograms, base_url)
     limits = httpx.Limits(max_connections=MAX_IN_FLIGHT, max_keepalive_connections=64)
     outcomes: list[Outcome] = []

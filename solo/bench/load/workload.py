@@ -25,6 +25,10 @@ MAX_PHASE_S = 3600.0
 MAX_REQUESTS = 100_000
 """No phase sends more requests than this."""
 
+MAX_BURST_FACTOR = 100.0
+"""The largest burst factor: planning a phase draws candidates at the peak rate and keeps rate / peak of them,
+so its work grows with the factor (1e7 took 29 s, during which the bench answered no signal)."""
+
 
 @dataclass
 class RequestClass:
@@ -80,6 +84,8 @@ class Workload:
         process: "poisson" (exponential gaps) or "uniform" (equal gaps).
         duration_s: length of each phase, seconds.
         max_requests: most requests sent per phase.
+        max_requests_from: what set `max_requests`, as messages name it ("the workload's max_requests" or
+            "--max-requests").
         bursts: rate spikes inside each phase.
         slo_ttft_s, slo_tpot_s: the SLO of goodput (a request counts when it completes within both).
         seed: seed of every random choice.
@@ -94,6 +100,7 @@ class Workload:
     process: str = "poisson"
     duration_s: float = 30.0
     max_requests: int = 1000
+    max_requests_from: str = "the workload's max_requests"
     bursts: list[Burst] = field(default_factory=list)
     slo_ttft_s: float = 2.0
     slo_tpot_s: float = 0.25
@@ -140,7 +147,7 @@ def parse_rate(text: str | float, path: str = "--rates") -> float | str:
     Raises:
         SoloError: anything else.
     """
-    if isinstance(text, int | float) and not isinstance(text, bool) and text > 0:
+    if isinstance(text, int | float) and not isinstance(text, bool) and text > 0 and math.isfinite(text):
         return float(text)
     if isinstance(text, str):
         t = text.strip()
@@ -175,6 +182,7 @@ def load_workload(name_or_path: str) -> Workload:
 
 _TOP = {"name", "description", "seed", "retries", "rates", "process", "duration_s", "max_requests", "bursts", "slo",
         "classes"}
+_BURST = {"at_s", "length_s", "factor"}
 _CLASS = {"name", "weight", "endpoint", "prompt_tokens", "prompt_fraction", "max_tokens", "stream", "greedy",
           "cancel", "cancel_after", "pool", "style"}
 
@@ -218,14 +226,25 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         raise _bad(path, "bursts", "must be a list of [[bursts]] tables")
     for i, b in enumerate(bursts):
         where = f"bursts[{i}]"
-        if not isinstance(b, dict) or set(b) != {"at_s", "length_s", "factor"}:
-            raise _bad(path, where, "needs exactly at_s, length_s and factor")
-        if not all(_is_number(v) and v >= 0 for v in b.values()) or b["factor"] <= 0:
-            raise _bad(path, where, "values must be numbers >= 0 (factor > 0)")
+        if not isinstance(b, dict):
+            raise _bad(path, where, "must be a [[bursts]] table of at_s, length_s and factor")
+        unknown, missing = sorted(set(b) - _BURST), sorted(_BURST - set(b))
+        if unknown:
+            raise _bad(path, where, f"key {unknown[0]!r} is unknown; a burst takes at_s, length_s and factor")
+        if missing:
+            raise _bad(path, where, f"lacks {missing[0]!r}; a burst takes at_s, length_s and factor")
+        for key in sorted(_BURST):
+            if not _is_number(b[key]) or b[key] < 0:
+                raise _bad(path, f"{where}.{key}", f"must be a number >= 0; got {b[key]!r}")
+        if not 0 < b["factor"] <= MAX_BURST_FACTOR:
+            raise _bad(path, f"{where}.factor", f"must be in (0, {MAX_BURST_FACTOR:g}]; got {b['factor']!r}")
         w.bursts.append(Burst(float(b["at_s"]), float(b["length_s"]), float(b["factor"])))
     slo = raw.get("slo", {})
-    if not isinstance(slo, dict) or set(slo) - {"ttft_s", "tpot_s"}:
-        raise _bad(path, "slo", "takes ttft_s and tpot_s")
+    if not isinstance(slo, dict):
+        raise _bad(path, "slo", "must be a [slo] table of ttft_s and tpot_s")
+    if set(slo) - {"ttft_s", "tpot_s"}:
+        raise _bad(path, "slo", f"key {sorted(set(slo) - {'ttft_s', 'tpot_s'})[0]!r} is unknown; [slo] takes ttft_s "
+                                "and tpot_s")
     w.slo_ttft_s = _positive(slo.get("ttft_s", 2.0), path, "slo.ttft_s")
     w.slo_tpot_s = _positive(slo.get("tpot_s", 0.25), path, "slo.tpot_s")
     classes = raw.get("classes", [])
@@ -272,6 +291,14 @@ def parse_workload(raw: dict[str, Any], path: str = "<workload>") -> Workload:  
         rc.greedy = _share(c.get("greedy", 0.5), path, f"{where}.greedy")
         rc.cancel = _share(c.get("cancel", 0.0), path, f"{where}.cancel")
         rc.cancel_after = _pair(c.get("cancel_after", [1, 8]), path, f"{where}.cancel_after", int)
+        # Nothing given is left without effect: a cancel share with no streamed requests, or a cancel_after
+        # with no cancellations.
+        if rc.cancel > 0 and rc.stream == 0:
+            raise _bad(path, f"{where}.cancel", "is a share of the streamed requests, and stream = 0 streams none: "
+                                                "raise stream or drop cancel")
+        if "cancel_after" in c and rc.cancel == 0:
+            raise _bad(path, f"{where}.cancel_after", "applies to cancelled streams, and cancel = 0 (the default) "
+                                                      "cancels none: set cancel or drop cancel_after")
         rc.pool = c.get("pool", 8)
         if not _is_int(rc.pool) or not 1 <= rc.pool <= 256:
             raise _bad(path, f"{where}.pool", f"must be an integer in [1, 256]; got {rc.pool!r}")
