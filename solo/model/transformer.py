@@ -75,7 +75,7 @@ class KVCache:
                 )
             buffer[:need].zero_()  # touches every page now (as torch.zeros does), not during decode
         except (MemoryError, OSError, RuntimeError) as exc:
-            if not _out_of_memory(exc):
+            if not out_of_memory(exc):
                 raise
             raise KVCacheMemoryError(f"out of memory for the KV cache of {rows} sequence(s) x {max_seq} tokens "
                                      f"({size_text(need)}); {KV_MEMORY_FIX}") from exc
@@ -191,7 +191,7 @@ class Transformer(nn.Module):
         return self.logits(x)
 
 
-def _out_of_memory(exc: BaseException) -> bool:
+def out_of_memory(exc: BaseException) -> bool:
     """Whether an allocation failed for want of memory (torch's allocators, mmap's ENOMEM, MemoryError)."""
     if isinstance(exc, MemoryError | torch.OutOfMemoryError):
         return True

@@ -46,16 +46,17 @@ import platform
 import time
 import weakref
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, TypeVar
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from solo.errors import SoloError
+from solo.errors import KVCacheMemoryError, SoloError
+from solo.memory import KV_MEMORY_FIX, host_memory, size_text
 from solo.model.config import ModelConfig
 from solo.model.layers import _softcapped_attention, attention_mask
-from solo.model.transformer import KVCache, Transformer
+from solo.model.transformer import KVCache, Transformer, out_of_memory
 from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_cache_kv
 from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
 from solo.runtime.cpu_packing import AmxPackedLinear, packed_shape
@@ -131,6 +132,40 @@ class _Model(ctypes.Structure):
     ] + [("embed", ctypes.c_void_p), ("final_norm", ctypes.c_void_p), ("head", _Mat),
          ("layer", ctypes.POINTER(_Layer)), ("skip_matmuls", ctypes.c_int32),
          ("moe", ctypes.c_void_p)]  # mixture of experts: solo.runtime.cpu_moe's MoeLayer array
+
+
+_ROPE_BLOCK = 4096
+"""Positions of the RoPE tables computed at a time (`CpuRuntime._rope_tables`)."""
+
+_T = TypeVar("_T")
+
+
+def build_position_tables(build: Callable[[], _T], nbytes: int, rows: int, max_seq: int) -> _T:
+    """Build a runtime's per-position tables (RoPE's cos and sin for `max_seq` positions) beside its KV cache.
+
+    They grow with the context as the cache does, and were outside its memory check: a long context's cache
+    that fitted could leave no room for them, and an allocation failure while building them escaped as the
+    allocator's RuntimeError.
+
+    Args:
+        build: makes the tables.
+        nbytes: the tables' size in bytes, checked against the memory Linux can hand out (after the cache).
+        rows, max_seq: the cache's sequences and tokens (for the message).
+
+    Raises:
+        KVCacheMemoryError: `nbytes` above the memory left, or the allocator out of memory while building them.
+    """
+    free, source = host_memory()
+    what = f"the RoPE tables of {max_seq} positions need {size_text(nbytes)} beside the KV cache of {rows} " \
+           f"sequence(s) x {max_seq} tokens"
+    if free is not None and nbytes > free:
+        raise KVCacheMemoryError(f"{what}, but {size_text(free)} of memory is left ({source}); {KV_MEMORY_FIX}")
+    try:
+        return build()
+    except (MemoryError, RuntimeError) as exc:
+        if not out_of_memory(exc):
+            raise
+        raise KVCacheMemoryError(f"out of memory: {what}; {KV_MEMORY_FIX}") from exc
 
 
 def _stack_tables(tables: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -744,18 +779,45 @@ class CpuRuntime:
             s.moe = ctypes.addressof(self._moe_layers)
 
     def reserve(self, rows: int, max_seq: int) -> None:
-        """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents)."""
+        """Allocate the cache if it is smaller than `rows` x `max_seq` tokens (discarding its contents).
+
+        Also builds the static RoPE tables for `max_seq` positions (float32 cos and sin [tables, max_seq,
+        head_dim]), which are checked against the memory left after the cache.
+
+        Raises:
+            KVCacheMemoryError: the cache or the tables do not fit (the runtime then holds no cache and keeps its
+                old sizes: the next reserve() allocates again, and a step before it raises).
+        """
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
         rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None  # free the old cache before allocating the new one
-        self.cache = bind_kv_cache(self, self._struct, rows, max_seq)
-        self.rows, self.max_seq = rows, max_seq  # (after it: a failed allocation leaves the old sizes)
-        self._workspace = torch.empty(0, dtype=torch.uint8)
+        self.cache = None  # free the old cache and tables before allocating the new ones
+        self._cos = self._sin = torch.empty(0)
+        cache = bind_kv_cache(self, self._struct, rows, max_seq)
         if self.config.rope.rope_type != "dynamic":
-            # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it.
-            positions = torch.arange(self.max_seq).view(1, -1)
-            self._cos, self._sin = _stack_tables(self.model.rotary.layer_tables(positions, self.model.dtype))
+            self._cos, self._sin = self._rope_tables(rows, max_seq)  # (raises with the cache freed)
+        # The sizes change last: after a failure the next reserve() allocates again (it returned early, and
+        # every step then indexed the empty tables).
+        self.cache = cache
+        self.rows, self.max_seq = rows, max_seq
+        self._workspace = torch.empty(0, dtype=torch.uint8)
+
+    def _rope_tables(self, rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
+        # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it,
+        # computed a block of positions at a time (each position's angles alone: the same bits), so building them
+        # needs no transient copies of the whole tables.
+        shape = (max(1, len(self.model.rotary.tables)), max_seq, self.config.head_dim)
+
+        def build() -> tuple[torch.Tensor, torch.Tensor]:
+            cos, sin = torch.empty(shape), torch.empty(shape)
+            for start in range(0, max_seq, _ROPE_BLOCK):
+                positions = torch.arange(start, min(max_seq, start + _ROPE_BLOCK)).view(1, -1)
+                c, s = _stack_tables(self.model.rotary.layer_tables(positions, self.model.dtype))
+                cos[:, start:start + positions.shape[1]] = c
+                sin[:, start:start + positions.shape[1]] = s
+            return cos, sin
+
+        return build_position_tables(build, 2 * math.prod(shape) * 4, rows, max_seq)
 
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, scales, biases, norms; the embedding as one row).

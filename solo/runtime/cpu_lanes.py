@@ -38,6 +38,7 @@ from solo.runtime.cpu import (
     _Mat,
     _Model,
     bind_kv_cache,
+    build_position_tables,
     checked_library,
     checked_step_inputs,
 )
@@ -233,14 +234,22 @@ class CpuLaneRuntime:
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
         rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None  # free the old cache before allocating the new one
-        self.cache = bind_kv_cache(self, self._base, rows, max_seq)
-        self.rows, self.max_seq = rows, max_seq  # (after it: a failed allocation leaves the old sizes)
+        self.cache = None  # free the old cache and tables before allocating the new ones
+        self._cos = self._sin = torch.empty(0)
+        cache = bind_kv_cache(self, self._base, rows, max_seq)
+
+        def tables() -> tuple[torch.Tensor, torch.Tensor]:
+            # The eager model's own float32 interleaved-RoPE tables [max_seq, head_dim / 2] (element for element
+            # what it computes for any single position).
+            cos, sin = self.model.rotary(torch.arange(max_seq).view(1, -1))
+            return cos[0].contiguous(), sin[0].contiguous()
+
+        # (a transient pair beside the kept one while they are made)
+        self._cos, self._sin = build_position_tables(tables, 4 * max_seq * (self.config.head_dim // 2) * 4, rows,
+                                                     max_seq)
+        self.cache = cache  # the sizes last: after a failure the next reserve() allocates again
+        self.rows, self.max_seq = rows, max_seq
         self._workspace = torch.empty(0, dtype=torch.uint8)
-        # The eager model's own float32 interleaved-RoPE tables [max_seq, head_dim / 2] (element for element
-        # what it computes for any single position).
-        cos, sin = self.model.rotary(torch.arange(self.max_seq).view(1, -1))
-        self._cos, self._sin = cos[0].contiguous(), sin[0].contiguous()
 
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, norms, the LM head; the embedding as one row).

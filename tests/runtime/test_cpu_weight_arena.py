@@ -195,6 +195,71 @@ def test_a_cache_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypat
     assert (eager.rows, eager.max_seq, eager.cache) == (1, 8, None)
 
 
+@pytest.mark.parametrize("how", ["checked", "allocator"])
+def test_rope_tables_that_do_not_fit_leave_the_runtime_usable(tmp_path, monkeypatch, how):
+    """The RoPE tables grow with the context as the cache does and were outside its memory check; an allocator
+    failure while building them escaped as a RuntimeError, and left the runtime's sizes updated and its tables
+    empty, so every later request failed with an IndexError (a break test: an 8M-token context)."""
+    import solo.runtime.cpu as cpu
+    from solo.errors import KVCacheMemoryError
+    from solo.memory import HostMemory
+
+    model = _small_bf16_model(tmp_path)
+    runtime = CpuRuntime(model)
+    runtime.reserve(1, 8)
+    expected = runtime.prefill(0, torch.tensor([1, 5, 9]))
+    if how == "checked":
+        monkeypatch.setattr(cpu, "host_memory", lambda: HostMemory(1000, "MemAvailable"))
+        match = r"the RoPE tables of 64 positions need 0\.0 MiB beside the KV cache of 1 sequence\(s\) x 64 " \
+                r"tokens, but 0\.0 MiB of memory is left \(MemAvailable\); ask for fewer tokens"
+    else:
+        def out_of_memory(*args, **kwargs):
+            raise RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 512032768 bytes")
+
+        monkeypatch.setattr(cpu, "_stack_tables", out_of_memory)
+        match = "out of memory: the RoPE tables of 64 positions"
+    with pytest.raises(KVCacheMemoryError, match=match):
+        runtime.reserve(1, 64)
+    assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
+    monkeypatch.undo()
+    runtime.reserve(1, 8)  # allocates again (it returned early, and every step indexed the empty tables)
+    assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), expected)
+
+
+def test_rope_tables_built_in_blocks_are_the_whole_tables(tmp_path, monkeypatch):
+    import solo.runtime.cpu as cpu
+
+    model = _small_bf16_model(tmp_path)
+    monkeypatch.setattr(cpu, "_ROPE_BLOCK", 5)
+    runtime = CpuRuntime(model)
+    runtime.reserve(1, 37)
+    cos, sin = cpu._stack_tables(model.rotary.layer_tables(torch.arange(37).view(1, -1), model.dtype))
+    assert torch.equal(runtime._cos, cos) and torch.equal(runtime._sin, sin)
+
+
+def test_lane_rope_tables_that_do_not_fit_are_a_clear_error(monkeypatch):
+    import solo.runtime.cpu as cpu
+    from solo.errors import KVCacheMemoryError
+    from solo.memory import HostMemory
+    from solo.runtime.cpu_lanes import CpuLaneRuntime, cpu_lanes_unsupported_reason
+
+    sys.path.insert(0, str(Path(__file__).parent))
+    from test_cpu_lanes import CONFIGS, _model
+
+    model = _model(dict(CONFIGS)["L4-d1"], torch.float32)
+    if (reason := cpu_lanes_unsupported_reason(model)) is not None:
+        pytest.skip(reason)
+    runtime = CpuLaneRuntime(model)
+    runtime.reserve(1, 8)
+    monkeypatch.setattr(cpu, "host_memory", lambda: HostMemory(1000, "MemAvailable"))
+    with pytest.raises(KVCacheMemoryError, match="the RoPE tables of 64 positions"):
+        runtime.reserve(1, 64)
+    assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
+    monkeypatch.undo()
+    runtime.reserve(1, 8)
+    assert runtime.cache is not None and runtime._cos.shape[0] == 8
+
+
 def test_a_cache_beyond_the_available_memory_is_refused_before_allocating(tmp_path, monkeypatch):
     """Linux overcommits: the mapping would succeed and the OOM killer end the process at the first writes."""
     import solo.memory as memory
