@@ -6,6 +6,9 @@
 #include <omp.h>
 #include <sched.h>
 #include <stddef.h>
+#include <stdlib.h>
+#include <sys/syscall.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <type_traits>
@@ -62,6 +65,59 @@ static inline void cpu_relax() {
 #elif defined(__aarch64__)
   __asm__ __volatile__("yield");
 #endif
+}
+
+// ---------------------------------------------------------------- the workers' CPUs
+// After an idle spell (a server between requests, 10 ms or more), Linux wakes an OpenMP worker on the CPU of
+// the thread that wakes it (the caller, about to start its own share; on a VM the halted other vCPU does not
+// count as idle), and the two then share one core: the caller runs while the worker waits, and every
+// barrier spins out its budget before the worker gets the core. On a 2-vCPU Xeon VM, 41 of 60 two-thread
+// regions after a 20 ms pause began on one CPU and took 6-8 ms instead of 0.1 ms, and the bundled model's
+// two-thread decode calls took ~100 ms (its ~40 barriers at 2 ms each) for 10% of a lone client's requests.
+// So each kernel call's workers may run on every CPU the caller may, except the caller's own: their affinity
+// is set (a syscall per worker) only when the caller's CPU changed since its previous call, from the
+// workers' thread ids that the regions record. Nothing is pinned: the caller moves freely, and the workers
+// keep every other CPU. SOLO_CPU_PLACE_WORKERS=0 turns it off.
+struct WorkerPlacement {
+  std::atomic<int> caller_cpu{-1};  // the caller's CPU when the masks were set (-1: not yet, or a new worker)
+  std::atomic<int> tids[64] = {};   // Linux thread ids by OpenMP thread number (0: none recorded)
+};
+static thread_local WorkerPlacement t_placement;  // per calling thread: libgomp keeps a pool per caller
+
+static inline bool place_workers_enabled() {
+  static const bool on = [] {
+    const char* env = getenv("SOLO_CPU_PLACE_WORKERS");
+    return !(env && env[0] == '0');
+  }();
+  return on;
+}
+
+// Before a parallel region of `nthreads` threads, from the calling thread: keep its workers off its CPU.
+// Returns the caller's placement, for the region's `note_worker` calls.
+static inline WorkerPlacement* place_workers(int nthreads) {
+  WorkerPlacement* p = &t_placement;
+  if (nthreads < 2 || !place_workers_enabled()) return p;
+  const int cpu = sched_getcpu();
+  if (cpu < 0 || cpu == p->caller_cpu.load(std::memory_order_relaxed)) return p;
+  cpu_set_t allowed;
+  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2)
+    return p;
+  CPU_CLR(cpu, &allowed);
+  for (int t = 1; t < nthreads && t < 64; t++) {
+    const int tid = p->tids[t].load(std::memory_order_relaxed);
+    if (tid > 0) sched_setaffinity(tid, sizeof allowed, &allowed);
+  }
+  p->caller_cpu.store(cpu, std::memory_order_relaxed);
+  return p;
+}
+
+// Inside the region, from each thread: record its thread id (a worker not seen before gets its mask at the
+// caller's next call).
+static inline void note_worker(WorkerPlacement* p, int tid) {
+  static thread_local const int me = (int)syscall(SYS_gettid);
+  if (tid <= 0 || tid >= 64 || p->tids[tid].load(std::memory_order_relaxed) == me) return;
+  p->tids[tid].store(me, std::memory_order_relaxed);
+  p->caller_cpu.store(-1, std::memory_order_relaxed);
 }
 
 enum { DT_BF16 = 0, DT_F32 = 1 };
