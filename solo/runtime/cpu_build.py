@@ -437,6 +437,8 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     lib.solo_profile.restype = ctypes.c_int64
     lib.solo_gemv.argtypes = [p, p, i, p, p, i]
     lib.solo_gemv.restype = None
+    lib.solo_placement_probe.argtypes = [i]
+    lib.solo_placement_probe.restype = i
     lib.solo_stream_read.argtypes = [p, sz, i, i, i]
     lib.solo_stream_read.restype = ctypes.c_double
     lib.solo_prefill_norm.argtypes = [p, p, i, p, p, i]

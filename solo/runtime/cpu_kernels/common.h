@@ -74,13 +74,15 @@ static inline void cpu_relax() {
 // barrier spins out its budget before the worker gets the core. On a 2-vCPU Xeon VM, 41 of 60 two-thread
 // regions after a 20 ms pause began on one CPU and took 6-8 ms instead of 0.1 ms, and the bundled model's
 // two-thread decode calls took ~100 ms (its ~40 barriers at 2 ms each) for 10% of a lone client's requests.
-// So each kernel call's workers may run on every CPU the caller may, except the caller's own: their affinity
-// is set (a syscall per worker) only when the caller's CPU changed since its previous call, from the
-// workers' thread ids that the regions record. Nothing is pinned: the caller moves freely, and the workers
-// keep every other CPU. SOLO_CPU_PLACE_WORKERS=0 turns it off.
+// So for the length of each kernel call its workers may run on every CPU the caller may except the caller's
+// current one (their affinity set before the region, from the thread ids the regions record, and given back
+// after it: the pool is PyTorch's too, and its own regions must not find a worker held off a CPU). Nothing is
+// pinned: the caller moves freely. Costs two sched_setaffinity calls per worker per call (microseconds).
+// SOLO_CPU_PLACE_WORKERS=0 turns it off.
 struct WorkerPlacement {
-  std::atomic<int> caller_cpu{-1};  // the caller's CPU when the masks were set (-1: not yet, or a new worker)
-  std::atomic<int> tids[64] = {};   // Linux thread ids by OpenMP thread number (0: none recorded)
+  std::atomic<int> tids[64] = {};  // Linux thread ids by OpenMP thread number (0: none recorded)
+  cpu_set_t allowed;               // the caller's affinity, given back to the workers after the call
+  int placed = 0;                  // threads of the call whose workers were placed (0: none)
 };
 static thread_local WorkerPlacement t_placement;  // per calling thread: libgomp keeps a pool per caller
 
@@ -92,32 +94,44 @@ static inline bool place_workers_enabled() {
   return on;
 }
 
-// Before a parallel region of `nthreads` threads, from the calling thread: keep its workers off its CPU.
-// Returns the caller's placement, for the region's `note_worker` calls.
-static inline WorkerPlacement* place_workers(int nthreads) {
-  WorkerPlacement* p = &t_placement;
-  if (nthreads < 2 || !place_workers_enabled()) return p;
-  const int cpu = sched_getcpu();
-  if (cpu < 0 || cpu == p->caller_cpu.load(std::memory_order_relaxed)) return p;
-  cpu_set_t allowed;
-  if (sched_getaffinity(0, sizeof allowed, &allowed) != 0 || !CPU_ISSET(cpu, &allowed) || CPU_COUNT(&allowed) < 2)
-    return p;
-  CPU_CLR(cpu, &allowed);
-  for (int t = 1; t < nthreads && t < 64; t++) {
-    const int tid = p->tids[t].load(std::memory_order_relaxed);
-    if (tid > 0) sched_setaffinity(tid, sizeof allowed, &allowed);
+// For the length of a kernel call of `nthreads` threads (construct it before the parallel region, in the
+// calling thread): its workers kept off the caller's CPU. `placement` is for the region's `note_worker` calls.
+struct PlacedWorkers {
+  WorkerPlacement* placement = &t_placement;
+  explicit PlacedWorkers(int nthreads) {
+    WorkerPlacement* p = placement;
+    p->placed = 0;
+    if (nthreads < 2 || !place_workers_enabled()) return;
+    const int cpu = sched_getcpu();
+    if (cpu < 0 || sched_getaffinity(0, sizeof p->allowed, &p->allowed) != 0 || !CPU_ISSET(cpu, &p->allowed) ||
+        CPU_COUNT(&p->allowed) < 2)
+      return;
+    cpu_set_t others = p->allowed;
+    CPU_CLR(cpu, &others);
+    for (int t = 1; t < nthreads && t < 64; t++) {
+      const int tid = p->tids[t].load(std::memory_order_relaxed);
+      if (tid > 0) sched_setaffinity(tid, sizeof others, &others);
+    }
+    p->placed = nthreads < 64 ? nthreads : 64;
   }
-  p->caller_cpu.store(cpu, std::memory_order_relaxed);
-  return p;
-}
+  ~PlacedWorkers() {
+    WorkerPlacement* p = placement;
+    for (int t = 1; t < p->placed; t++) {
+      const int tid = p->tids[t].load(std::memory_order_relaxed);
+      if (tid > 0) sched_setaffinity(tid, sizeof p->allowed, &p->allowed);
+    }
+    p->placed = 0;
+  }
+  PlacedWorkers(const PlacedWorkers&) = delete;
+  PlacedWorkers& operator=(const PlacedWorkers&) = delete;
+};
 
-// Inside the region, from each thread: record its thread id (a worker not seen before gets its mask at the
-// caller's next call).
+// Inside the region, from each thread: record its thread id (a worker not seen before is placed from the
+// caller's next call on).
 static inline void note_worker(WorkerPlacement* p, int tid) {
   static thread_local const int me = (int)syscall(SYS_gettid);
-  if (tid <= 0 || tid >= 64 || p->tids[tid].load(std::memory_order_relaxed) == me) return;
-  p->tids[tid].store(me, std::memory_order_relaxed);
-  p->caller_cpu.store(-1, std::memory_order_relaxed);
+  if (tid > 0 && tid < 64 && p->tids[tid].load(std::memory_order_relaxed) != me)
+    p->tids[tid].store(me, std::memory_order_relaxed);
 }
 
 enum { DT_BF16 = 0, DT_F32 = 1 };

@@ -394,12 +394,12 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
   // One row queue per thread (gemv.h: share_rows), fresh for this step.
   RowQueue* queues = (RowQueue*)(((uintptr_t)moe_base + moe_workspace_bytes(m, B, nthreads) + 63) & ~(uintptr_t)63);
   for (int i = 0; i < nthreads; i++) queues[i].word.store(rowq_pack(ROWQ_FRESH, 0, 0), std::memory_order_relaxed);
-  WorkerPlacement* placement = place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    note_worker(placement, tid);
+    note_worker(placed.placement, tid);
     const int skip = m->skip_matmuls;
     unsigned calls = 0;  // share_rows generations: every thread makes the same calls in the same order
     auto no_epilogue = [](int, int) {};
@@ -608,7 +608,7 @@ static void store_row(void* out, size_t off, const float* v, int n, int bf) {
 // normed[s] = rms_norm(x[s]) for S rows of x (float32 [S, h]); normed in the activation dtype.
 extern "C" void solo_prefill_norm(const Model* m, const float* x, int S, const void* w, void* normed, int nthreads) {
   const int h = m->hidden, bf = m->dtype == DT_BF16;
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int s = 0; s < S; s++) {
     float tmp[16384];
@@ -627,7 +627,7 @@ extern "C" void solo_prefill_qkv(const Model* m, int layer, const void* qkv, int
   const Layer* L = &m->layer[layer];
   const int hd = m->head_dim, bf = m->dtype == DT_BF16;
   const int nq = m->heads * hd, nkv = m->kv_heads * hd, nqkv = nq + 2 * nkv;
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int s = 0; s < S; s++) {
     float v[1024];
@@ -656,7 +656,7 @@ extern "C" void solo_prefill_qkv(const Model* m, int layer, const void* qkv, int
 extern "C" void solo_prefill_residual(const Model* m, float* x, const void* proj, int S, const void* out_norm,
                                       const void* next_norm, void* normed, int nthreads) {
   const int h = m->hidden, bf = m->dtype == DT_BF16;
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int s = 0; s < S; s++) {
     float tmp[16384];
@@ -673,7 +673,7 @@ extern "C" void solo_prefill_residual(const Model* m, float* x, const void* proj
 // out[s] = act(gate[s]) * up[s] from gu (activation dtype [S, 2f]: gate then up); out [S, f].
 extern "C" void solo_prefill_act(const Model* m, const void* gu, int S, void* out, int nthreads) {
   const int f = m->inter, bf = m->dtype == DT_BF16;
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int s = 0; s < S; s++) {
     for (int i0 = 0; i0 < f; i0 += 1024) {
@@ -691,7 +691,7 @@ extern "C" void solo_prefill_act(const Model* m, const void* gu, int S, void* ou
 
 // One matrix-vector product over all threads (tests and the kernel benchmark): y [B, rows] = x [B, cols] W^T.
 extern "C" void solo_gemv(const Mat* W, const float* x, int batch, float* y, void* workspace, int nthreads) {
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel num_threads(nthreads)
   {
 #pragma omp single
@@ -706,7 +706,7 @@ extern "C" void solo_gemv(const Mat* W, const float* x, int batch, float* y, voi
 // pack_bf16_amx): out [ceil(rows / 16)][ceil(cols / 32)][512], zero-padded; 16-row groups shared among threads.
 extern "C" void solo_pack_bf16_amx(const uint16_t* w, int rows, int cols, uint16_t* out, int nthreads) {
   const int groups = (rows + 15) / 16, steps = (cols + 31) / 32;
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int g = 0; g < groups; g++)
     for (int s = 0; s < steps; s++) {
@@ -723,7 +723,7 @@ extern "C" void solo_pack_bf16_amx(const uint16_t* w, int rows, int cols, uint16
 
 extern "C" void solo_dequantize(const Mat* W, void* out, int out_bf16, int nthreads) {
   const int K = W->cols;
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel for num_threads(nthreads) schedule(static)
   for (int n = 0; n < W->rows; n++) {
     float row[32];
@@ -793,6 +793,25 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
   if (streams >= 4) return stream_read<4>(buf, nbytes, passes, nthreads);
   if (streams >= 2) return stream_read<2>(buf, nbytes, passes, nthreads);
   return stream_read<1>(buf, nbytes, passes, nthreads);
+}
+
+// The workers' placement (common.h, PlacedWorkers) as a kernel call sees it, for tests: runs an empty region of
+// `nthreads` threads placed as the kernels' are and returns how many of its workers' affinity masks, read
+// inside the region, leave out the CPU the caller was on when the region began (0 where placement is off,
+// impossible, or the workers were not recorded yet: the first call records them).
+extern "C" int solo_placement_probe(int nthreads) {
+  PlacedWorkers placed(nthreads);
+  const int caller_cpu = sched_getcpu();
+  int excluded = 0;
+#pragma omp parallel num_threads(nthreads) reduction(+ : excluded)
+  {
+    const int tid = omp_get_thread_num();
+    note_worker(placed.placement, tid);
+    cpu_set_t mine;
+    if (tid > 0 && sched_getaffinity(0, sizeof mine, &mine) == 0 && caller_cpu >= 0 && !CPU_ISSET(caller_cpu, &mine))
+      excluded++;
+  }
+  return excluded;
 }
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
@@ -877,7 +896,7 @@ extern "C" const char* solo_qdot(void) { return SOLO_QDOT; }
 // solo.runtime.quant.fake_quantize_activations_q8 computes), rows in parallel.
 extern "C" void solo_fake_quantize_q8(void* x, int K, int S, int bf, int nthreads) {
   const int nb = q8_blocks(K);
-  place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel num_threads(nthreads)
   {
     float* row = (float*)malloc((size_t)K * sizeof(float) + (size_t)K * 4 + 256);

@@ -227,12 +227,12 @@ extern "C" void solo_lane_decode(const LaneModel* lm, int batch, const int64_t* 
   bar.generation.store(0);
   bar.sleepers.store(0);
   bar.late.store(0);
-  WorkerPlacement* placement = place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 
 #pragma omp parallel num_threads(nthreads)
   {
     const int tid = omp_get_thread_num(), nt = omp_get_num_threads();
-    note_worker(placement, tid);
+    note_worker(placed.placement, tid);
     const int skip = m->skip_matmuls;
     const int gs = attend_group_size(m, B, nt);  // query heads per attention work item (0: per-head kernel)
     float* h = private_base + (size_t)tid * lane_private_floats(lm, B);  // residual [B, L, D]

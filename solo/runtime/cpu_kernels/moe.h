@@ -664,11 +664,11 @@ extern "C" void solo_moe_prefill(const Model* m, int layer, const void* x, int S
   }
   const int gu_blocks = (I + MOE_PF_GU_ROWS - 1) / MOE_PF_GU_ROWS;
   const int dn_blocks = (h + MOE_PF_DOWN_ROWS - 1) / MOE_PF_DOWN_ROWS;
-  WorkerPlacement* placement = place_workers(nthreads);
+  PlacedWorkers placed(nthreads);
 #pragma omp parallel num_threads(nthreads)
   {
     const int tid = omp_get_thread_num();
-    note_worker(placement, tid);
+    note_worker(placed.placement, tid);
     float* q = (float*)(priv_base + (size_t)tid * priv_bytes);
     const size_t cols = h > I ? h : I;
     uint16_t* wbuf = (uint16_t*)q;  // dequantized rows (bf16)
