@@ -140,32 +140,43 @@ _ROPE_BLOCK = 4096
 _T = TypeVar("_T")
 
 
-def build_position_tables(build: Callable[[], _T], nbytes: int, rows: int, max_seq: int) -> _T:
-    """Build a runtime's per-position tables (RoPE's cos and sin for `max_seq` positions) beside its KV cache.
+def allocate_beside_cache(build: Callable[[], _T], nbytes: int, what: str, rows: int, max_seq: int) -> _T:
+    """Allocate memory that grows with a runtime's KV cache (RoPE tables, the step's workspace) beside it.
 
-    They grow with the context as the cache does, and were outside its memory check: a long context's cache
-    that fitted could leave no room for them, and an allocation failure while building them escaped as the
-    allocator's RuntimeError.
+    They were outside the cache's memory check: a long context's cache that fitted could leave no room for them,
+    and an allocation failure escaped as the allocator's RuntimeError (and, for the workspace, at every step after).
 
     Args:
-        build: makes the tables.
-        nbytes: the tables' size in bytes, checked against the memory Linux can hand out (after the cache).
+        build: allocates (and fills) it.
+        nbytes: its size in bytes, checked against the memory Linux can hand out (after the cache).
+        what: what it is, for the message ("the RoPE tables of 4096 positions").
         rows, max_seq: the cache's sequences and tokens (for the message).
 
     Raises:
-        KVCacheMemoryError: `nbytes` above the memory left, or the allocator out of memory while building them.
+        KVCacheMemoryError: `nbytes` above the memory left, or the allocator out of memory.
     """
     free, source = host_memory()
-    what = f"the RoPE tables of {max_seq} positions need {size_text(nbytes)} beside the KV cache of {rows} " \
-           f"sequence(s) x {max_seq} tokens"
+    said = f"{what} need {size_text(nbytes)} beside the KV cache of {rows} sequence(s) x {max_seq} tokens"
     if free is not None and nbytes > free:
-        raise KVCacheMemoryError(f"{what}, but {size_text(free)} of memory is left ({source}); {KV_MEMORY_FIX}")
+        raise KVCacheMemoryError(f"{said}, but {size_text(free)} of memory is left ({source}); {KV_MEMORY_FIX}")
     try:
         return build()
     except (MemoryError, RuntimeError) as exc:
         if not out_of_memory(exc):
             raise
-        raise KVCacheMemoryError(f"out of memory: {what}; {KV_MEMORY_FIX}") from exc
+        raise KVCacheMemoryError(f"out of memory: {said}; {KV_MEMORY_FIX}") from exc
+
+
+def step_workspace(runtime: CpuRuntime | CpuLaneRuntime, current: torch.Tensor, need: int) -> torch.Tensor:
+    """`current` if it holds `need` bytes, else a new uint8 buffer of `need` (a step's workspace).
+
+    Raises:
+        KVCacheMemoryError: out of memory (a batch larger than any before, at the reserved context).
+    """
+    if current.numel() >= need:
+        return current
+    return allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need, "the decode step's workspace",
+                                 runtime.rows, runtime.max_seq)
 
 
 def _stack_tables(tables: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -791,16 +802,21 @@ class CpuRuntime:
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
         rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None  # free the old cache and tables before allocating the new ones
+        self.cache = None  # free the old cache, tables and workspaces before allocating the new ones
         self._cos = self._sin = torch.empty(0)
+        self._workspace = self._paused_workspace = torch.empty(0, dtype=torch.uint8)
         cache = bind_kv_cache(self, self._struct, rows, max_seq)
-        if self.config.rope.rope_type != "dynamic":
-            self._cos, self._sin = self._rope_tables(rows, max_seq)  # (raises with the cache freed)
+        # (each raises with the cache freed)
+        tables = self._rope_tables(rows, max_seq) if self.config.rope.rope_type != "dynamic" else None
+        need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), 1, self.num_threads)  # a batch-1 step's
+        workspace = allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
+                                          "the decode step's workspace", rows, max_seq)
         # The sizes change last: after a failure the next reserve() allocates again (it returned early, and
-        # every step then indexed the empty tables).
-        self.cache = cache
+        # every step then indexed the empty tables or failed to allocate its workspace).
+        if tables is not None:
+            self._cos, self._sin = tables
+        self.cache, self._workspace = cache, workspace
         self.rows, self.max_seq = rows, max_seq
-        self._workspace = torch.empty(0, dtype=torch.uint8)
 
     def _rope_tables(self, rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it,
@@ -817,7 +833,8 @@ class CpuRuntime:
                 sin[:, start:start + positions.shape[1]] = s
             return cos, sin
 
-        return build_position_tables(build, 2 * math.prod(shape) * 4, rows, max_seq)
+        return allocate_beside_cache(build, 2 * math.prod(shape) * 4, f"the RoPE tables of {max_seq} positions", rows,
+                                     max_seq)
 
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, scales, biases, norms; the embedding as one row).
@@ -1066,13 +1083,9 @@ class CpuRuntime:
         nthreads = max(1, min(self.threads.threads_for(batch), self.num_threads))
         need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), batch, nthreads)
         if self._paused:
-            if self._paused_workspace.numel() < need:
-                self._paused_workspace = torch.empty(need, dtype=torch.uint8)
-            workspace = self._paused_workspace
+            workspace = self._paused_workspace = step_workspace(self, self._paused_workspace, need)
         else:
-            if self._workspace.numel() < need:
-                self._workspace = torch.empty(need, dtype=torch.uint8)
-            workspace = self._workspace
+            workspace = self._workspace = step_workspace(self, self._workspace, need)
         logits = torch.empty(1 if flags & _SPAN_LAST_LOGITS else batch, self.config.vocab_size, dtype=torch.float32)
         args = (ctypes.byref(self._struct), batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
                 cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), workspace.data_ptr(),

@@ -37,10 +37,11 @@ from solo.runtime.cpu import (
     _Layer,
     _Mat,
     _Model,
+    allocate_beside_cache,
     bind_kv_cache,
-    build_position_tables,
     checked_library,
     checked_step_inputs,
+    step_workspace,
 )
 from solo.runtime.cpu_build import KernelBuildError, library_isa
 
@@ -245,11 +246,14 @@ class CpuLaneRuntime:
             return cos[0].contiguous(), sin[0].contiguous()
 
         # (a transient pair beside the kept one while they are made)
-        self._cos, self._sin = build_position_tables(tables, 4 * max_seq * (self.config.head_dim // 2) * 4, rows,
-                                                     max_seq)
-        self.cache = cache  # the sizes last: after a failure the next reserve() allocates again
+        cos, sin = allocate_beside_cache(tables, 4 * max_seq * (self.config.head_dim // 2) * 4,
+                                         f"the RoPE tables of {max_seq} positions", rows, max_seq)
+        need = self._lib.solo_lane_workspace_bytes(ctypes.byref(self._struct), 1, self.num_threads)
+        workspace = allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
+                                          "the decode step's workspace", rows, max_seq)
+        # the sizes last: after a failure the next reserve() allocates again
+        self._cos, self._sin, self.cache, self._workspace = cos, sin, cache, workspace
         self.rows, self.max_seq = rows, max_seq
-        self._workspace = torch.empty(0, dtype=torch.uint8)
 
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, norms, the LM head; the embedding as one row).
@@ -307,8 +311,7 @@ class CpuLaneRuntime:
         cos, sin = self._cos[positions].contiguous(), self._sin[positions].contiguous()
         struct = ctypes.byref(self._struct)
         need = self._lib.solo_lane_workspace_bytes(struct, batch, self.num_threads)
-        if self._workspace.numel() < need:
-            self._workspace = torch.empty(need, dtype=torch.uint8)
+        self._workspace = step_workspace(self, self._workspace, need)
         logits = torch.empty(batch, self.config.vocab_size, dtype=torch.float32)
         self._lib.solo_lane_decode(struct, batch, ids.data_ptr(), positions.data_ptr(), rows.data_ptr(),
                                    cos.data_ptr(), sin.data_ptr(), logits.data_ptr(), self._workspace.data_ptr(),

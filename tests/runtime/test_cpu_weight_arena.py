@@ -226,6 +226,39 @@ def test_rope_tables_that_do_not_fit_leave_the_runtime_usable(tmp_path, monkeypa
     assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), expected)
 
 
+def test_a_workspace_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monkeypatch):
+    """The step's workspace grows with the reserved context too: after a reservation that fitted, a workspace
+    the allocator refused failed every later step with its RuntimeError (a verification round: 6M tokens)."""
+    from solo.errors import KVCacheMemoryError
+
+    model = _small_bf16_model(tmp_path)
+    runtime = CpuRuntime(model)
+    runtime.reserve(1, 8)
+    expected = runtime.prefill(0, torch.tensor([1, 5, 9]))
+
+    class HugeWorkspace:  # the library, but every workspace asked of it is 1 PiB
+        def __init__(self, lib):
+            self._lib = lib
+
+        def __getattr__(self, name):
+            if name == "solo_workspace_bytes":
+                return lambda *args: 1 << 50
+            return getattr(self._lib, name)
+
+    monkeypatch.setattr(runtime, "_lib", HugeWorkspace(runtime._lib))
+    with pytest.raises(KVCacheMemoryError, match="the decode step's workspace need 1048576.00 GiB beside the KV "
+                                                 "cache of 1 sequence"):
+        runtime.reserve(1, 64)
+    assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
+    monkeypatch.undo()
+    runtime.reserve(1, 8)
+    assert torch.equal(runtime.prefill(0, torch.tensor([1, 5, 9])), expected)
+    monkeypatch.setattr(runtime, "_lib", HugeWorkspace(runtime._lib))  # a step's larger workspace: named too
+    runtime._workspace = torch.empty(0, dtype=torch.uint8)
+    with pytest.raises(KVCacheMemoryError, match="the decode step's workspace"):
+        runtime.decode(torch.tensor([0]), torch.tensor([3]), torch.tensor([3]))
+
+
 def test_rope_tables_built_in_blocks_are_the_whole_tables(tmp_path, monkeypatch):
     import solo.runtime.cpu as cpu
 
