@@ -149,14 +149,14 @@ def allocate_beside_cache(build: Callable[[], _T], nbytes: int, what: str, rows:
     Args:
         build: allocates (and fills) it.
         nbytes: its size in bytes, checked against the memory Linux can hand out (after the cache).
-        what: what it is, for the message ("the RoPE tables of 4096 positions").
+        what: what it is and its verb, for the message ("the RoPE tables of 4096 positions need").
         rows, max_seq: the cache's sequences and tokens (for the message).
 
     Raises:
         KVCacheMemoryError: `nbytes` above the memory left, or the allocator out of memory.
     """
     free, source = host_memory()
-    said = f"{what} need {size_text(nbytes)} beside the KV cache of {rows} sequence(s) x {max_seq} tokens"
+    said = f"{what} {size_text(nbytes)} beside the KV cache of {rows} sequence(s) x {max_seq} tokens"
     if free is not None and nbytes > free:
         raise KVCacheMemoryError(f"{said}, but {size_text(free)} of memory is left ({source}); {KV_MEMORY_FIX}")
     try:
@@ -175,8 +175,8 @@ def step_workspace(runtime: CpuRuntime | CpuLaneRuntime, current: torch.Tensor, 
     """
     if current.numel() >= need:
         return current
-    return allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need, "the decode step's workspace",
-                                 runtime.rows, runtime.max_seq)
+    return allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
+                                 "the decode step's workspace needs", runtime.rows, runtime.max_seq)
 
 
 def _stack_tables(tables: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -796,8 +796,9 @@ class CpuRuntime:
         head_dim]), which are checked against the memory left after the cache.
 
         Raises:
-            KVCacheMemoryError: the cache or the tables do not fit (the runtime then holds no cache and keeps its
-                old sizes: the next reserve() allocates again, and a step before it raises).
+            KVCacheMemoryError: the cache, the tables or a batch-1 step's workspace do not fit (the runtime then
+                holds no cache and keeps its old sizes: the next reserve() allocates again, and a step before it
+                raises).
         """
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
@@ -810,7 +811,7 @@ class CpuRuntime:
         tables = self._rope_tables(rows, max_seq) if self.config.rope.rope_type != "dynamic" else None
         need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), 1, self.num_threads)  # a batch-1 step's
         workspace = allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
-                                          "the decode step's workspace", rows, max_seq)
+                                          "the decode step's workspace needs", rows, max_seq)
         # The sizes change last: after a failure the next reserve() allocates again (it returned early, and
         # every step then indexed the empty tables or failed to allocate its workspace).
         if tables is not None:
@@ -833,8 +834,8 @@ class CpuRuntime:
                 sin[:, start:start + positions.shape[1]] = s
             return cos, sin
 
-        return allocate_beside_cache(build, 2 * math.prod(shape) * 4, f"the RoPE tables of {max_seq} positions", rows,
-                                     max_seq)
+        return allocate_beside_cache(build, 2 * math.prod(shape) * 4, f"the RoPE tables of {max_seq} positions need",
+                                     rows, max_seq)
 
     def weight_nbytes(self) -> int:
         """Bytes of weights one decode step streams (matrices, scales, biases, norms; the embedding as one row).

@@ -247,10 +247,10 @@ class CpuLaneRuntime:
 
         # (a transient pair beside the kept one while they are made)
         cos, sin = allocate_beside_cache(tables, 4 * max_seq * (self.config.head_dim // 2) * 4,
-                                         f"the RoPE tables of {max_seq} positions", rows, max_seq)
+                                         f"the RoPE tables of {max_seq} positions need", rows, max_seq)
         need = self._lib.solo_lane_workspace_bytes(ctypes.byref(self._struct), 1, self.num_threads)
         workspace = allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
-                                          "the decode step's workspace", rows, max_seq)
+                                          "the decode step's workspace needs", rows, max_seq)
         # the sizes last: after a failure the next reserve() allocates again
         self._cos, self._sin, self.cache, self._workspace = cos, sin, cache, workspace
         self.rows, self.max_seq = rows, max_seq

@@ -246,7 +246,7 @@ def test_a_workspace_that_does_not_fit_leaves_the_runtime_usable(tmp_path, monke
             return getattr(self._lib, name)
 
     monkeypatch.setattr(runtime, "_lib", HugeWorkspace(runtime._lib))
-    with pytest.raises(KVCacheMemoryError, match="the decode step's workspace need 1048576.00 GiB beside the KV "
+    with pytest.raises(KVCacheMemoryError, match="the decode step's workspace needs 1048576.00 GiB beside the KV "
                                                  "cache of 1 sequence"):
         runtime.reserve(1, 64)
     assert (runtime.rows, runtime.max_seq, runtime.cache) == (1, 8, None)
