@@ -550,7 +550,7 @@ def test_unanswered_requests_fail_the_run():
     assert phase["unanswered"] == 4  # not the statuses the server chose, nor the generator's own saturation
 
 
-def test_an_interrupted_start_leaves_no_server(monkeypatch):
+def test_an_interrupted_start_leaves_no_server(monkeypatch, tmp_path):
     # Ctrl-C or SIGTERM (raised as SystemExit) while the started server loads: it was left running, orphaned.
     import subprocess
 
@@ -568,9 +568,11 @@ def test_an_interrupted_start_leaves_no_server(monkeypatch):
 
     monkeypatch.setattr(runner.subprocess, "Popen", popen)
     monkeypatch.setattr(runner.httpx, "get", interrupted)
+    monkeypatch.setattr(runner.tempfile, "tempdir", str(tmp_path))  # where its log goes
     with pytest.raises(SystemExit):
         runner.start_server(None, [])
     assert started and started[0].poll() is not None  # stopped, not orphaned
+    assert not list(tmp_path.glob("solo-bench-load-*.log"))  # nor its empty log left in the temp folder
 
 
 @pytest.mark.parametrize("routes, message", [

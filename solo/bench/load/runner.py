@@ -208,8 +208,11 @@ def start_server(model: str | None, serve_args: list[str], timeout_s: float = 30
                 pass
             time.sleep(0.2)
         raise SoloError(f"solo serve did not become ready in {timeout_s:.0f} s; see {log_path}")
-    except BaseException:  # not ready, or the bench itself interrupted (Ctrl-C, SIGTERM): no server left behind
+    except BaseException as exc:  # not ready, or the bench itself interrupted (Ctrl-C, SIGTERM): no server left
         server.stop(timeout_s=10)
+        log.close()
+        if not isinstance(exc, SoloError):  # (a failure's message names the log: kept; an interruption's is not)
+            log_path.unlink(missing_ok=True)
         raise
 
 
