@@ -167,16 +167,23 @@ def allocate_beside_cache(build: Callable[[], _T], nbytes: int, what: str, rows:
         raise KVCacheMemoryError(f"out of memory: {said}; {KV_MEMORY_FIX}") from exc
 
 
+def new_workspace(need: int, rows: int, max_seq: int) -> torch.Tensor:
+    """A decode step's workspace: uint8 [need], beside a KV cache of `rows` x `max_seq` tokens.
+
+    Raises:
+        KVCacheMemoryError: see `allocate_beside_cache`.
+    """
+    return allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
+                                 "the decode step's workspace needs", rows, max_seq)
+
+
 def step_workspace(runtime: CpuRuntime | CpuLaneRuntime, current: torch.Tensor, need: int) -> torch.Tensor:
-    """`current` if it holds `need` bytes, else a new uint8 buffer of `need` (a step's workspace).
+    """`current` if it holds `need` bytes, else a `new_workspace` of `need` bytes.
 
     Raises:
         KVCacheMemoryError: out of memory (a batch larger than any before, at the reserved context).
     """
-    if current.numel() >= need:
-        return current
-    return allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
-                                 "the decode step's workspace needs", runtime.rows, runtime.max_seq)
+    return current if current.numel() >= need else new_workspace(need, runtime.rows, runtime.max_seq)
 
 
 def _stack_tables(tables: list[tuple[torch.Tensor, torch.Tensor]]) -> tuple[torch.Tensor, torch.Tensor]:
@@ -810,8 +817,7 @@ class CpuRuntime:
         # (each raises with the cache freed)
         tables = self._rope_tables(rows, max_seq) if self.config.rope.rope_type != "dynamic" else None
         need = self._lib.solo_workspace_bytes(ctypes.byref(self._struct), 1, self.num_threads)  # a batch-1 step's
-        workspace = allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
-                                          "the decode step's workspace needs", rows, max_seq)
+        workspace = new_workspace(need, rows, max_seq)
         # The sizes change last: after a failure the next reserve() allocates again (it returned early, and
         # every step then indexed the empty tables or failed to allocate its workspace).
         if tables is not None:

@@ -41,6 +41,7 @@ from solo.runtime.cpu import (
     bind_kv_cache,
     checked_library,
     checked_step_inputs,
+    new_workspace,
     step_workspace,
 )
 from solo.runtime.cpu_build import KernelBuildError, library_isa
@@ -235,8 +236,9 @@ class CpuLaneRuntime:
         if self.cache is not None and rows <= self.rows and max_seq <= self.max_seq:
             return
         rows, max_seq = max(rows, self.rows), max(max_seq, self.max_seq)
-        self.cache = None  # free the old cache and tables before allocating the new ones
+        self.cache = None  # free the old cache, tables and workspace before allocating the new ones
         self._cos = self._sin = torch.empty(0)
+        self._workspace = torch.empty(0, dtype=torch.uint8)
         cache = bind_kv_cache(self, self._base, rows, max_seq)
 
         def tables() -> tuple[torch.Tensor, torch.Tensor]:
@@ -249,8 +251,7 @@ class CpuLaneRuntime:
         cos, sin = allocate_beside_cache(tables, 4 * max_seq * (self.config.head_dim // 2) * 4,
                                          f"the RoPE tables of {max_seq} positions need", rows, max_seq)
         need = self._lib.solo_lane_workspace_bytes(ctypes.byref(self._struct), 1, self.num_threads)
-        workspace = allocate_beside_cache(lambda: torch.empty(need, dtype=torch.uint8), need,
-                                          "the decode step's workspace needs", rows, max_seq)
+        workspace = new_workspace(need, rows, max_seq)
         # the sizes last: after a failure the next reserve() allocates again
         self._cos, self._sin, self.cache, self._workspace = cos, sin, cache, workspace
         self.rows, self.max_seq = rows, max_seq

@@ -83,6 +83,7 @@ struct WorkerPlacement {
   std::atomic<int> tids[64] = {};  // Linux thread ids by OpenMP thread number (0: none recorded)
   cpu_set_t allowed;               // the caller's affinity, given back to the workers after the call
   int placed = 0;                  // threads of the call whose workers were placed (0: none)
+  int cpu = -1;                    // the caller's CPU the workers were kept off (-1: none)
 };
 static thread_local WorkerPlacement t_placement;  // per calling thread: libgomp keeps a pool per caller
 
@@ -101,6 +102,7 @@ struct PlacedWorkers {
   explicit PlacedWorkers(int nthreads) {
     WorkerPlacement* p = placement;
     p->placed = 0;
+    p->cpu = -1;
     if (nthreads < 2 || !place_workers_enabled()) return;
     const int cpu = sched_getcpu();
     if (cpu < 0 || sched_getaffinity(0, sizeof p->allowed, &p->allowed) != 0 || !CPU_ISSET(cpu, &p->allowed) ||
@@ -113,6 +115,7 @@ struct PlacedWorkers {
       if (tid > 0) sched_setaffinity(tid, sizeof others, &others);
     }
     p->placed = nthreads < 64 ? nthreads : 64;
+    p->cpu = cpu;
   }
   ~PlacedWorkers() {
     WorkerPlacement* p = placement;

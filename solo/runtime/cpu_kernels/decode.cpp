@@ -797,11 +797,11 @@ extern "C" double solo_stream_read(const void* buf, size_t nbytes, int passes, i
 
 // The workers' placement (common.h, PlacedWorkers) as a kernel call sees it, for tests: runs an empty region of
 // `nthreads` threads placed as the kernels' are and returns how many of its workers' affinity masks, read
-// inside the region, leave out the CPU the caller was on when the region began (0 where placement is off,
-// impossible, or the workers were not recorded yet: the first call records them).
+// inside the region, leave out the CPU they were kept off (the caller's when the call began; 0 where placement
+// is off, impossible, or the workers were not recorded yet: the first call records them).
 extern "C" int solo_placement_probe(int nthreads) {
   PlacedWorkers placed(nthreads);
-  const int caller_cpu = sched_getcpu();
+  const int caller_cpu = placed.placement->cpu;  // (not read again: the caller may have moved since)
   int excluded = 0;
 #pragma omp parallel num_threads(nthreads) reduction(+ : excluded)
   {

@@ -116,10 +116,9 @@ function showSpeed(ttft, tokens, decodeS) {
   // tokens over the time from the first token's arrival is then the whole time to it, a lower bound.
   const rate = decodeS > 0 ? (tokens - 1) / decodeS : ttft > 0 ? tokens / ttft : 0;
   if (tokens > 1 && rate > 0) {
-    const tps = rate;
-    $("tps").textContent = tps.toFixed(1) + " tok/s";
+    $("tps").textContent = rate.toFixed(1) + " tok/s";
     if (state.info && state.info.roofline_tokens_per_s) {
-      const frac = tps / state.info.roofline_tokens_per_s;
+      const frac = rate / state.info.roofline_tokens_per_s;
       $("roofline-pct").textContent = (100 * frac).toFixed(0) + "%";
       $("roofline-bar").style.width = Math.min(100, 100 * frac).toFixed(1) + "%";
     }
