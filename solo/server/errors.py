@@ -17,6 +17,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, Response
 from fastapi.routing import APIRoute
 from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
 
 from solo.errors import (
     CheckpointError,
@@ -83,10 +84,14 @@ def api_error_from(exc: BaseException) -> APIError:
     ContextLengthError and InvalidRequestError -> 400; a model folder or checkpoint problem -> 400 with
     its own code; EngineFailedError (a tensor-parallel rank died) -> 500 "engine_failed"; QueueFullError
     (Retry-After: its estimate) and SchedulerStoppedError -> 503 with Retry-After; anything else is a bug in
-    Solo -> 500 (logged with its traceback by the caller).
+    Solo -> 500 (logged with its traceback by the caller). A client that left before sending its whole body
+    (ClientDisconnect) -> 499, nginx's "client closed request": no bug, and no one reads the answer.
     """
     if isinstance(exc, APIError):
         return exc
+    if isinstance(exc, ClientDisconnect):
+        return APIError(499, "the client closed the connection before sending the whole request body",
+                        code="client_closed_request")
     if isinstance(exc, ContextLengthError):
         message = str(exc)
         if exc.prompt_tokens is not None and exc.limit is not None:  # and OpenAI's and vLLM's words: clients
@@ -350,6 +355,11 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
         return shape(request.url.path, APIError(exc.status_code, message, type=kind, param=param,
                                                 headers=exc.headers))
 
+    async def on_client_gone(request: Request, exc: Exception) -> Response:
+        # (a dropped upload is the client's doing, as a dropped stream is: no traceback in the log)
+        logger.debug("client left before its request body was read: %s %s", request.method, request.url.path)
+        return shape(request.url.path, api_error_from(exc))
+
     async def on_bug(request: Request, exc: Exception) -> Response:
         logger.exception("unhandled error", exc_info=exc)
         return shape(request.url.path, api_error_from(exc))
@@ -360,4 +370,5 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
     app.add_exception_handler(SchedulerStoppedError, on_api_error)
     app.add_exception_handler(RequestValidationError, on_validation_error)
     app.add_exception_handler(StarletteHTTPException, on_http_error)
+    app.add_exception_handler(ClientDisconnect, on_client_gone)
     app.add_exception_handler(Exception, on_bug)

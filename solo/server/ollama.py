@@ -23,10 +23,11 @@ last 64 tokens), and with one presence and frequency penalties count the output'
 than the window is refused instead of truncated, and the window is not shifted to continue past it;
 options that place the model (`num_gpu`, `num_thread`, ...) or that only steer Ollama's context shifting (`num_keep`,
 `shift`, `truncate`) have no effect here, and `keep_alive` none (the model stays loaded while the server
-runs; a load request with `keep_alive` 0, which asks to unload it, is refused). Generate's `suffix` fills in
-the middle with the model's FIM tokens (capability "insert"). Refused by name: images, `template`,
-`context`, `suffix` on a model without FIM tokens, `think` levels (and `think: false` on a template that
-cannot turn thinking off), and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off
+runs; a load request with `keep_alive` 0, which asks to unload it, is refused); they are still type-checked.
+Generate's `suffix` fills in the middle with the model's FIM tokens (capability "insert"). Refused by name:
+images, `template`, `context`, `suffix` on a model without FIM tokens, `/api/show`'s `verbose` (Solo's
+`model_info` has no tokenizer lists), `think` levels (and `think: false` on a template that cannot turn thinking
+off), and sampling Solo does not have (`mirostat`, `typical_p`, `tfs_z` other than their off
 values). Every field is checked, a load request's (no messages or prompt) too; `null` means a field's
 default. Model management (`/api/pull`, `/api/create`, ...) and embeddings answer 501 with the `solo`
 command to use, except a pull of the served model, which answers `{"status": "success"}` as Ollama's does for a
@@ -36,11 +37,12 @@ refused, as on the OpenAI routes; `HEAD /` and `/api/version` answer without the
 
 from __future__ import annotations
 
+import contextlib
 import datetime
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -75,10 +77,11 @@ _SAMPLING_OPTIONS = {"temperature": "temperature", "top_p": "top_p", "top_k": "t
                      "repeat_last_n": "repeat_last_n",
                      "stop": "stop", "num_predict": "max_tokens"}
 # Options that decide where and how the model runs (or how Ollama shifts a full context), not what it
-# generates; Solo's are set by `solo serve`.
-_NO_EFFECT_OPTIONS = frozenset({"numa", "num_batch", "num_gpu", "main_gpu", "low_vram", "f16_kv", "logits_all",
-                                "vocab_only", "use_mmap", "use_mlock", "embedding_only", "num_thread", "num_keep",
-                                "penalize_newline"})
+# generates; Solo's are set by `solo serve`. Each still has Ollama's type (it refuses a string num_thread).
+_NO_EFFECT_OPTIONS: dict[str, tuple[type, str]] = {
+    **dict.fromkeys(("numa", "low_vram", "f16_kv", "logits_all", "vocab_only", "use_mmap", "use_mlock",
+                     "embedding_only", "penalize_newline"), (bool, "true or false")),
+    **dict.fromkeys(("num_batch", "num_gpu", "main_gpu", "num_thread", "num_keep"), (int, "an integer"))}
 # Sampling Solo does not have, taken at the value that turns it off.
 _OFF_VALUES = {"mirostat": 0, "typical_p": 1.0, "tfs_z": 1.0}
 # Request fields (besides the ones each route reads) that change nothing Solo generates.
@@ -88,6 +91,7 @@ _CHAT_FIELDS = frozenset({"model", "messages", "tools", "format", "options", "st
 _GENERATE_FIELDS = frozenset({"model", "prompt", "suffix", "system", "template", "context", "raw", "images",
                               "format", "options", "stream", "think", "logprobs", "top_logprobs",
                               *_NO_EFFECT_FIELDS})
+_SHOW_FIELDS = frozenset({"model", "name", "verbose"})
 # Chat request fields as an Ollama request names them (for errors the chat route's validation finds).
 _FIELD_NAMES = {**{chat: f"options.{option}" for option, chat in _SAMPLING_OPTIONS.items()},
                 "response_format": "format", "logprobs": "top_logprobs", "prompt": "prompt"}
@@ -148,7 +152,12 @@ def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
         raise InvalidRequestError(f"options must be an object, got {options!r:.40}", param="options")
     fields: dict[str, Any] = {}
     for name, value in options.items():
-        if name in _NO_EFFECT_OPTIONS or name == "num_ctx":
+        if name in _NO_EFFECT_OPTIONS:
+            kind, what = _NO_EFFECT_OPTIONS[name]
+            if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
+                raise InvalidRequestError(f"options.{name} must be {what}, got {value!r:.40}", param=f"options.{name}")
+            continue
+        if name == "num_ctx":
             continue
         if name in _SAMPLING_OPTIONS:
             if value is None:
@@ -436,13 +445,14 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
             return await chat_completions(chat_request_from(fields, _FIELD_NAMES), request)
         return await completions(chat_request_from(fields, _FIELD_NAMES, CompletionRequest), request)
 
-    try:
-        reply_stream = await call(fields)
-    except ContextLengthError as exc:
-        if exc.param != "max_tokens" or raw or num_ctx is not None:  # (a budget fitted to the window stands)
-            raise
-        # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
-        reply_stream = await call({**fields, "max_tokens": None})
+    with _in_ollama_terms():
+        try:
+            reply_stream = await call(fields)
+        except ContextLengthError as exc:
+            if exc.param != "max_tokens" or raw or num_ctx is not None:  # (a budget fitted to the window stands)
+                raise
+            # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
+            reply_stream = await call({**fields, "max_tokens": None})
     assert isinstance(reply_stream, GenerationStream)
     reply = _Reply(model, start_ns, tops=fields.get("logprobs") if raw else None)
     chunks = chat_chunks(reply_stream.body_iterator)
@@ -501,13 +511,18 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
                                      **(fields.get("chat_template_kwargs") or {}))
         return len(tokenizer.encode(text, add_special_tokens=False))
 
-    prompt_tokens = await run_in_threadpool(count)
+    with _in_ollama_terms():
+        prompt_tokens = await run_in_threadpool(count)
     if num_ctx is not None and prompt_tokens >= num_ctx:
         raise InvalidRequestError(f"the prompt is {prompt_tokens} tokens, which leaves no room in options.num_ctx "
                                   f"{num_ctx}; Solo does not truncate prompts: raise num_ctx (this server's context "
                                   f"is {state.max_model_len}) or shorten the prompt", param="options.num_ctx")
     window = state.max_model_len if num_ctx is None else min(num_ctx, state.max_model_len)
-    room = max(1, window - prompt_tokens)  # (a prompt that fills the context: the route says so)
+    if prompt_tokens >= window:  # (the num_predict fitted below would be named in the route's error)
+        raise ContextLengthError(f"the prompt is {prompt_tokens} tokens, which leaves no room to write in this "
+                                 f"server's context of {window} tokens; Solo does not truncate prompts: shorten the "
+                                 "prompt", param="prompt", prompt_tokens=prompt_tokens, max_tokens=0, limit=window)
+    room = window - prompt_tokens
     asked = fields.get("max_tokens")
     # num_predict is a cap: at most the rest of the window (raw, the completions route's default is 16)
     fields["max_tokens"] = room if asked is None else min(asked, room)
@@ -565,20 +580,32 @@ def _load_reply(data: Mapping[str, Any], model: str, chat: bool) -> JSONResponse
     return JSONResponse(obj)
 
 
+@contextlib.contextmanager
+def _in_ollama_terms() -> Iterator[None]:
+    # Errors of the chat / completions route (and of its request model) with the fields Ollama names otherwise
+    # renamed: the error's field, and fields no message uses as plain words. Ollama's own checks name
+    # Ollama's fields already (its boolean logprobs is the completions route's top count's name).
+    try:
+        yield
+    except Exception as exc:
+        error = api_error_from(exc)
+        if error.code == "internal_error":
+            raise  # (a bug: logged with its traceback by `_answer`)
+        named = {f: _FIELD_NAMES[f] for f in (error.param, "max_tokens", "repetition_penalty", "response_format")
+                 if f in _FIELD_NAMES}
+        error.message = in_api_terms(error.message, field_terms(named))
+        error.param = named.get(error.param or "", error.param)
+        raise error from exc
+
+
 async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> Response:
-    # Parse the body, run the route's handler, and answer any error in Ollama's shape, the fields it names
-    # as Ollama names them.
+    # Parse the body, run the route's handler, and answer any error in Ollama's shape.
     try:
         return await handle(await json_body(request))
     except Exception as exc:  # noqa: BLE001 (every error, a bug included, answered in Ollama's shape)
         error = api_error_from(exc)
         if error.code == "internal_error":  # a bug (a full queue or a shutdown is no error of Solo's)
             logger.error("request failed", exc_info=exc)
-        # The error's field, and fields no message uses as plain words, as Ollama names them.
-        named = {f: _FIELD_NAMES[f] for f in (error.param, "max_tokens", "repetition_penalty", "response_format")
-                 if f in _FIELD_NAMES}
-        error.message = in_api_terms(error.message, field_terms(named))
-        error.param = named.get(error.param or "", error.param)
         return ollama_error(error)
 
 
@@ -643,7 +670,7 @@ async def generate(request: Request) -> Response:
             return _load_reply(data, model, chat=False)
         if raw:
             for name in ("system", "think"):  # (think false, which front ends send on every request: as asked)
-                if data.get(name) is not None and not (name == "think" and data[name] is False):
+                if data.get(name) not in (None, "") and not (name == "think" and data[name] is False):
                     raise InvalidRequestError(f"{name} needs the chat template, which raw: true skips; leave {name} "
                                               "out or send raw: false", param=name)
             fields["prompt"] = prompt
@@ -716,6 +743,11 @@ async def show(request: Request) -> Response:
         if "name" in data and "model" not in data:  # older clients send `name`
             data = {**data, "model": data["name"]}
         _check_model(request, data)
+        _check_fields(data, _SHOW_FIELDS, "/api/show")
+        if typed_field(data, "verbose", bool, "true or false"):
+            raise InvalidRequestError("verbose: Solo's model_info has no tokenizer lists (tokens, merges); leave "
+                                      "verbose out, or read them from the model folder's tokenizer.json",
+                                      param="verbose")
         state = request.app.state.solo
         engine = state.engine
         config = engine.config
@@ -769,6 +801,9 @@ def _not_served(path: str) -> Callable[[Request], Any]:
             name = data.get("model") or data.get("name") if isinstance(data, dict) else None
             if isinstance(name, str) and state.engine is not None and state.serves(name):
                 done = {"status": "success"}
+                if not isinstance(data.get("stream", True), bool):
+                    return ollama_error(APIError(400, f"stream must be true or false, got {data['stream']!r:.40}",
+                                                 param="stream"))
                 if data.get("stream", True) is False:
                     return JSONResponse(done)
                 return Response(json.dumps(done) + "\n", media_type=NDJSON)

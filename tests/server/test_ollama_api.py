@@ -244,9 +244,27 @@ def test_errors_come_in_ollamas_shape(server):
             ("generate", {"model": MODEL_NAME, "system": "s"}, "system without a prompt"),
             ("generate", {"model": MODEL_NAME, "prompt": "hi", "raw": True, "logprobs": True, "top_logprobs": 50},
              "top_logprobs"),
-            ("show", {"model": 123}, "model must be a string")):
+            ("show", {"model": 123}, "model must be a string"),
+            ("show", {"model": MODEL_NAME, "verbose": True}, "verbose"),
+            ("show", {"model": MODEL_NAME, "bogus": 1}, "bogus is not a field"),
+            ("generate", {"model": MODEL_NAME, "prompt": "hi", "options": {"num_thread": "lots"}},
+             "options.num_thread must be an integer"),
+            ("chat", {**ask, "options": {"use_mmap": 1}}, "options.use_mmap must be true or false")):
         refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
         assert refused.status_code == 400 and words in refused.json()["error"], (body, refused.json())
+    # Ollama's own checks keep Ollama's names (its boolean logprobs is no top count); a raw prompt past the
+    # context is the prompt's fault, not a num_predict the request never set (break-test finds).
+    for path, body, starts, absent in (
+            ("generate", {"model": MODEL_NAME, "prompt": "x", "logprobs": "yes"}, "logprobs must be", "top_logprobs"),
+            ("chat", {**ask, "logprobs": "yes"}, "logprobs must be", "top_logprobs"),
+            ("generate", {"model": MODEL_NAME, "prompt": "x " * 5000, "raw": True}, "the prompt is", "num_predict")):
+        refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
+        error = refused.json()["error"]
+        assert refused.status_code == 400 and error.startswith(starts) and absent not in error, (body, error)
+    # An empty system beside raw: true is none (front ends send it on every request).
+    assert httpx.post(f"{host}/api/generate", headers=key, json={
+        "model": MODEL_NAME, "prompt": "def", "raw": True, "system": "", "stream": False,
+        "options": {"num_predict": 2}}).json()["done"]
     deep = httpx.post(f"{host}/api/chat", content=b'{"x": ' + b"[" * 5000 + b"]" * 5000 + b"}", headers=key)
     assert deep.status_code == 400 and "nested too deeply" in deep.json()["error"]
     # Routes and methods Solo does not have, in Ollama's shape too; Ollama's CLI probes HEAD / and the version.
@@ -263,6 +281,8 @@ def test_errors_come_in_ollamas_shape(server):
     # Scripts pull a model before using it: the served one is there (a trial found a 501 for it).
     assert client.pull(MODEL_NAME).status == "success"
     assert [p.status for p in client.pull(f"{MODEL_NAME}:latest", stream=True)] == ["success"]
+    bad_stream = httpx.post(f"{host}/api/pull", json={"model": MODEL_NAME, "stream": "x"}, headers=key)
+    assert bad_stream.status_code == 400 and "stream must be true or false" in bad_stream.json()["error"]
     # think false, which front ends send on every request, is taken beside raw: true (nothing to turn off).
     assert client.generate(model=MODEL_NAME, prompt="def", raw=True, think=False, options={"num_predict": 2}).done
     denied = httpx.post(f"{host}/api/chat", json=ask, headers={"Authorization": "Bearer wrong"})
