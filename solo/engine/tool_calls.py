@@ -163,6 +163,9 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
             raise InvalidRequestError(f'tools[{i}].function.parameters must be a schema of "type": "object" (the '
                                       f"call's named arguments), got \"type\": {json.dumps(parameters['type'])[:40]}; "
                                       "make the value a property of an object", param="tools")
+        if function.get("description") is not None and not isinstance(function["description"], str):
+            raise InvalidRequestError(f"tools[{i}].function.description must be a string, got "
+                                      f"{function['description']!r:.40}", param="tools")
         if function.get("strict") is not None and not isinstance(function.get("strict"), bool):
             raise InvalidRequestError(f"tools[{i}].function.strict must be true, false or null", param="tools")
         names.append(name)

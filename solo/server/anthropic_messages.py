@@ -17,7 +17,9 @@ template's enable_thinking; refused for a thinking model whose template has no s
 requests with a token budget are refused. Structured outputs (`output_config.format`, or the beta's
 `output_format`: {"type": "json_schema", "schema"}, as the SDK's `messages.parse` sends it) become the chat
 route's `response_format`: the reply's text is JSON the schema admits. A context overflow is worded first as
-Anthropic's ("prompt is too long: N tokens > M maximum"), which agent tools match on.
+Anthropic's ("prompt is too long: N tokens > M maximum"), which agent tools match on. Keys inside blocks, tools
+and messages that Solo does not read (`cache_control`, `citations`, a thinking block's `signature`, which Claude
+Code and the SDK send back) are taken without effect; the fields they carry that Solo does read are type-checked.
 """
 
 from __future__ import annotations
@@ -45,12 +47,13 @@ from solo.server.chat_adapter import (
     thinking_switch,
 )
 from solo.server.errors import RETRY_AFTER_S, APIError, StrictJSONRoute, api_error_from, json_body, validation_error
-from solo.server.protocol import ChatCompletionRequest, one_of
+from solo.server.protocol import ChatCompletionRequest, JsonFloat, JsonInt, JsonStr, one_of
 
 router = APIRouter(route_class=StrictJSONRoute)
 
 _ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permission_error",
-                404: "not_found_error", 413: "request_too_large", 429: "rate_limit_error", 503: "overloaded_error"}
+                404: "not_found_error", 405: "invalid_request_error", 413: "request_too_large", 429: "rate_limit_error",
+                503: "overloaded_error"}
 _STOP_REASONS = {"stop": "end_turn", "length": "max_tokens", "tool_calls": "tool_use"}
 # Chat fields the Messages API names otherwise (for errors the chat request's validation finds).
 _FIELD_NAMES = {"max_tokens": "max_tokens", "stop": "stop_sequences", "tools": "tools", "messages": "messages",
@@ -80,15 +83,15 @@ class MessagesRequest(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     model: str
-    max_tokens: int
+    max_tokens: JsonInt
     messages: list[dict[str, Any]]
     system: Annotated[str | list[dict[str, Any]], one_of("a string or a list of text blocks")] | None = None
     tools: list[dict[str, Any]] | None = None
     tool_choice: dict[str, Any] | None = None
-    stop_sequences: list[str] | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    top_k: int | None = None
+    stop_sequences: list[JsonStr] | None = None
+    temperature: JsonFloat | None = None
+    top_p: JsonFloat | None = None
+    top_k: JsonInt | None = None
     stream: StrictBool = False
     thinking: dict[str, Any] | None = None
 
@@ -151,6 +154,13 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             or not isinstance(metadata.get("user_id", ""), str | None)):
         raise InvalidRequestError(f"metadata takes only user_id (a string), as Anthropic's; got {metadata!r:.60}",
                                   param="metadata")
+    tier = extra.get("service_tier")
+    if not counting and tier is not None and tier not in ("auto", "standard_only"):
+        raise InvalidRequestError(f'service_tier must be "auto" or "standard_only", got {tier!r:.40}',
+                                  param="service_tier")
+    for name in ("cache_control", "context_management"):
+        if not counting and extra.get(name) is not None and not isinstance(extra[name], dict):
+            raise InvalidRequestError(f"{name} must be an object, got {extra[name]!r:.40}", param=name)
     if body.temperature is not None and not 0 <= body.temperature <= 1:
         raise InvalidRequestError(f"temperature must be in [0, 1] on the Messages API (Anthropic's range), got "
                                   f"{body.temperature!r}; for more, use /v1/chat/completions", param="temperature")
@@ -203,9 +213,14 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                 if not isinstance(block.get("input"), dict):
                     raise InvalidRequestError(f"{where}.input must be an object (the call's arguments), got "
                                               f"{block.get('input')!r:.40}", param="messages")
-                calls.append({"id": string_field(block, "id", where, "messages"), "type": "function", "function": {
-                    "name": string_field(block, "name", where, "messages"),
-                    "arguments": json.dumps(block["input"])}})
+                call_id, name = string_field(block, "id", where, "messages"), string_field(block, "name", where,
+                                                                                            "messages")
+                if not call_id or not name or call_id in asked or any(c["id"] == call_id for c in calls):
+                    raise InvalidRequestError(f"{where}: a tool_use block needs a non-empty name and an id no other "
+                                              f"tool_use of the turn has; got id {call_id!r}, name {name!r}",
+                                              param="messages")
+                calls.append({"id": call_id, "type": "function", "function": {
+                    "name": name, "arguments": json.dumps(block["input"])}})
             elif kind == "tool_result" and role == "user":
                 output = _text(block.get("content", ""), where)
                 if not isinstance(block.get("is_error", False), bool):
@@ -226,7 +241,7 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                 answered.append(call_id)
                 results.append({"role": "tool", "tool_call_id": call_id, "content": output})
             elif kind == "thinking" and role == "assistant":
-                thinking = block.get("thinking")
+                thinking = string_field(block, "thinking", where, "messages")
             else:
                 media = "; Solo's models take text only" if kind in ("image", "document") else ""
                 raise InvalidRequestError(f"{where} is a {kind!r} block, which Solo does not take here (text, "
@@ -337,7 +352,11 @@ def _chat_tool_choice(choice: dict[str, Any]) -> dict[str, Any]:
         raise InvalidRequestError(f"tool_choice type must be auto, any, tool or none, got {kind!r}",
                                   param="tool_choice")
     fields: dict[str, Any] = {"tool_choice": mapped}
-    if choice.get("disable_parallel_tool_use"):
+    disable = choice.get("disable_parallel_tool_use")
+    if disable is not None and not isinstance(disable, bool):
+        raise InvalidRequestError(f"tool_choice.disable_parallel_tool_use must be true or false, got {disable!r:.40}",
+                                  param="tool_choice")
+    if disable:
         fields["parallel_tool_calls"] = False
     return fields
 

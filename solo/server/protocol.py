@@ -56,9 +56,9 @@ from solo.engine.sampling import SamplingParams
 from solo.errors import InvalidRequestError
 
 # Strict scalar types: JSON numbers only (an int is accepted where a float is expected), finite.
-_Int = Annotated[int, Strict()]
-_Float = Annotated[float, Strict(), Field(allow_inf_nan=False)]
-_Bool = Annotated[bool, Strict()]
+JsonInt = Annotated[int, Strict()]
+JsonFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
+JsonBool = Annotated[bool, Strict()]
 
 _SURROGATE_MESSAGE = "Input should be valid Unicode text; it holds an unpaired surrogate (such as \\ud800)"
 
@@ -74,7 +74,7 @@ def _valid_unicode(value: Any) -> Any:
     return value
 
 
-_Str = Annotated[str, Strict(), BeforeValidator(_valid_unicode)]
+JsonStr = Annotated[str, Strict(), BeforeValidator(_valid_unicode)]
 
 
 def one_of(description: str) -> WrapValidator:
@@ -159,7 +159,7 @@ class StreamOptions(_Lenient):
 
     model_config = ConfigDict(extra="allow")
 
-    include_usage: _Bool = False
+    include_usage: JsonBool = False
 
     @model_validator(mode="after")
     def _nothing_dropped(self) -> StreamOptions:
@@ -287,42 +287,42 @@ class SamplingFields(_Lenient):
         "cache_prompt": True,  # llama-server's (its web UI sends it): Solo's prefix cache reuses what it can anyway
     }
 
-    model: _Str | None = None
-    max_tokens: Annotated[_Int, Field(ge=1)] | None = None
-    temperature: Annotated[_Float, Field(ge=0, le=2)] | None = None
-    top_p: Annotated[_Float, Field(gt=0, le=1)] | None = None
-    top_k: Annotated[_Int, Field(ge=-1)] | None = None
-    min_p: Annotated[_Float, Field(ge=0, le=1)] | None = None
-    presence_penalty: Annotated[_Float, Field(ge=-2, le=2)] | None = None
-    frequency_penalty: Annotated[_Float, Field(ge=-2, le=2)] | None = None
-    repetition_penalty: Annotated[_Float, Field(gt=0)] | None = None
+    model: JsonStr | None = None
+    max_tokens: Annotated[JsonInt, Field(ge=1)] | None = None
+    temperature: Annotated[JsonFloat, Field(ge=0, le=2)] | None = None
+    top_p: Annotated[JsonFloat, Field(gt=0, le=1)] | None = None
+    top_k: Annotated[JsonInt, Field(ge=-1)] | None = None
+    min_p: Annotated[JsonFloat, Field(ge=0, le=1)] | None = None
+    presence_penalty: Annotated[JsonFloat, Field(ge=-2, le=2)] | None = None
+    frequency_penalty: Annotated[JsonFloat, Field(ge=-2, le=2)] | None = None
+    repetition_penalty: Annotated[JsonFloat, Field(gt=0)] | None = None
     # llama.cpp's and Ollama's: the penalties' window in tokens (-1 the whole sequence, 0 no penalties).
-    repeat_last_n: Annotated[_Int, Field(ge=-1)] | None = None
-    seed: Annotated[_Int, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
-    stop: Annotated[_Str | list[_Str], one_of("a string or a list of strings")] | None = None
+    repeat_last_n: Annotated[JsonInt, Field(ge=-1)] | None = None
+    seed: Annotated[JsonInt, Field(ge=SEED_MIN, le=SEED_MAX)] | None = None
+    stop: Annotated[JsonStr | list[JsonStr], one_of("a string or a list of strings")] | None = None
     # vLLM's extension: token ids that end the generation (left out of the text), besides the model's EOS ids.
-    stop_token_ids: list[Annotated[_Int, Field(ge=0)]] | None = None
+    stop_token_ids: list[Annotated[JsonInt, Field(ge=0)]] | None = None
     # vLLM's extension: keep a matched stop string at the end of the text.
-    include_stop_str_in_output: _Bool = False
-    n: Annotated[_Int, Field(ge=1, le=128)] = 1
-    stream: _Bool = False
+    include_stop_str_in_output: JsonBool = False
+    n: Annotated[JsonInt, Field(ge=1, le=128)] = 1
+    stream: JsonBool = False
     stream_options: StreamOptions | None = None
-    user: _Str | None = None
-    ignore_eos: _Bool = False
+    user: JsonStr | None = None
+    ignore_eos: JsonBool = False
     # vLLM's extension: lower values leave the server's waiting queue first (interactive before batch).
-    priority: Annotated[_Int, Field(ge=-(2**31), le=2**31 - 1)] = 0
+    priority: Annotated[JsonInt, Field(ge=-(2**31), le=2**31 - 1)] = 0
     # OpenAI's: {"token id": bias in [-100, 100]}, added to the logits before sampling.
-    logit_bias: dict[str, Annotated[_Float, Field(ge=-100, le=100)]] | None = None
+    logit_bias: dict[str, Annotated[JsonFloat, Field(ge=-100, le=100)]] | None = None
     # vLLM's extensions: see solo.engine.sampling.SamplingParams.
-    min_tokens: Annotated[_Int, Field(ge=0)] = 0
-    allowed_token_ids: Annotated[list[Annotated[_Int, Field(ge=0)]], Field(min_length=1)] | None = None
-    bad_words: list[Annotated[_Str, Field(min_length=1)]] | None = None
-    skip_special_tokens: _Bool = True
+    min_tokens: Annotated[JsonInt, Field(ge=0)] = 0
+    allowed_token_ids: Annotated[list[Annotated[JsonInt, Field(ge=0)]], Field(min_length=1)] | None = None
+    bad_words: list[Annotated[JsonStr, Field(min_length=1)]] | None = None
+    skip_special_tokens: JsonBool = True
     response_format: dict[str, Any] | None = None
-    guided_json: dict[str, Any] | _Str | None = None
-    guided_regex: _Str | None = None
-    guided_choice: list[_Str] | None = None
-    guided_grammar: _Str | None = None
+    guided_json: dict[str, Any] | JsonStr | None = None
+    guided_regex: JsonStr | None = None
+    guided_choice: list[JsonStr] | None = None
+    guided_grammar: JsonStr | None = None
     structured_outputs: dict[str, Any] | None = None
 
     @model_validator(mode="before")
@@ -468,7 +468,7 @@ class TextContentPart(_Lenient):
     """One part of a message's content; Solo's models take text only."""
 
     type: Literal["text"]
-    text: _Str
+    text: JsonStr
 
 
 class ChatMessage(BaseModel):
@@ -477,7 +477,7 @@ class ChatMessage(BaseModel):
     model_config = ConfigDict(extra="allow")
 
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: Annotated[_Str | list[TextContentPart], one_of(
+    content: Annotated[JsonStr | list[TextContentPart], one_of(
         'a string or a list of text parts ({"type": "text", "text": ...}); Solo\'s models take text only'
     )] | None = None
 
@@ -504,24 +504,24 @@ class ChatCompletionRequest(SamplingFields):
                                                "add_special_tokens": False, "verbosity": "medium"}
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_completion_tokens: Annotated[_Int, Field(ge=1)] | None = None
-    logprobs: _Bool | None = None
-    top_logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    max_completion_tokens: Annotated[JsonInt, Field(ge=1)] | None = None
+    logprobs: JsonBool | None = None
+    top_logprobs: Annotated[JsonInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
     tool_choice: Annotated[
         Literal["none", "auto", "required"] | dict[str, Any],
         one_of('"none", "auto", "required" or an object naming a function'),
     ] | None = None
     tools: list[dict[str, Any]] | None = None
-    parallel_tool_calls: _Bool = True
+    parallel_tool_calls: JsonBool = True
     # OpenAI's deprecated predecessors of tool_choice / tools, refused the same way.
     function_call: Annotated[
         Literal["none", "auto"] | dict[str, Any], one_of('"none", "auto" or an object naming a function'),
     ] | None = None
     functions: list[dict[str, Any]] | None = None
-    modalities: list[_Str] | None = None
-    reasoning_effort: _Str | None = None
-    add_generation_prompt: _Bool = True
-    continue_final_message: _Bool = False  # vLLM's: the model continues the last (assistant) message
+    modalities: list[JsonStr] | None = None
+    reasoning_effort: JsonStr | None = None
+    add_generation_prompt: JsonBool = True
+    continue_final_message: JsonBool = False  # vLLM's: the model continues the last (assistant) message
     chat_template_kwargs: dict[str, Any] | None = None
 
     @field_validator("top_logprobs")
@@ -628,13 +628,13 @@ class CompletionRequest(SamplingFields):
     DEFAULT_ONLY: ClassVar[dict[str, Any]] = {**SamplingFields.DEFAULT_ONLY, "add_special_tokens": True}
 
     prompt: Annotated[
-        _Str | list[_Int] | list[_Str] | list[list[_Int]],
+        JsonStr | list[JsonInt] | list[JsonStr] | list[list[JsonInt]],
         one_of("a string, a list of token ids, a list of strings or a list of token-id lists"),
     ]
-    logprobs: Annotated[_Int, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
-    echo: _Bool = False
-    suffix: _Str | None = None  # fill-in-the-middle: the text after the gap ("" or null: none)
-    best_of: Annotated[_Int, Field(ge=1)] | None = None
+    logprobs: Annotated[JsonInt, Field(ge=0, le=MAX_TOP_LOGPROBS)] | None = None
+    echo: JsonBool = False
+    suffix: JsonStr | None = None  # fill-in-the-middle: the text after the gap ("" or null: none)
+    best_of: Annotated[JsonInt, Field(ge=1)] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -687,19 +687,19 @@ class TokenizeRequest(_Lenient):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: _Str | None = None
-    prompt: _Str | None = None
+    model: JsonStr | None = None
+    prompt: JsonStr | None = None
     messages: list[ChatMessage] | None = None
-    add_special_tokens: _Bool = True
-    add_generation_prompt: _Bool = True
-    continue_final_message: _Bool = False
+    add_special_tokens: JsonBool = True
+    add_generation_prompt: JsonBool = True
+    continue_final_message: JsonBool = False
     tools: list[dict[str, Any]] | None = None
     chat_template_kwargs: dict[str, Any] | None = None
-    return_token_strs: _Bool = False
-    content: _Str | None = None  # llama-server's
-    add_special: _Bool = False
-    parse_special: _Bool = True
-    with_pieces: _Bool = False
+    return_token_strs: JsonBool = False
+    content: JsonStr | None = None  # llama-server's
+    add_special: JsonBool = False
+    parse_special: JsonBool = True
+    with_pieces: JsonBool = False
 
     @model_validator(mode="after")
     def _one_input(self) -> TokenizeRequest:
@@ -721,8 +721,8 @@ class DetokenizeRequest(_Lenient):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: _Str | None = None
-    tokens: list[Annotated[_Int, Field(ge=0)]]
+    model: JsonStr | None = None
+    tokens: list[Annotated[JsonInt, Field(ge=0)]]
 
 
 # ------------------------------------------------------------------------------------------ responses

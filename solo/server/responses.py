@@ -16,7 +16,8 @@ result back: a `reasoning` item for a thinking model's block, a `message` item w
 `truncation: "auto"` leaves the oldest turns out of a conversation longer than the context (`_fit_context`).
 
 Solo stores no responses, as vLLM without a store: `previous_response_id` (and GET /v1/responses/{id}) is
-refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`).
+refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`). A reasoning
+item's `encrypted_content` (OpenAI's, which only OpenAI reads) is not read: an item with no text adds no turn.
 """
 
 from __future__ import annotations
@@ -46,7 +47,7 @@ from solo.server.chat_adapter import (
     thinking_switch,
 )
 from solo.server.errors import StrictJSONRoute
-from solo.server.protocol import ChatCompletionRequest, one_of
+from solo.server.protocol import ChatCompletionRequest, JsonBool, JsonFloat, JsonInt, one_of
 
 router = APIRouter(route_class=StrictJSONRoute)
 
@@ -79,20 +80,20 @@ class ResponsesRequest(BaseModel):
     tools: list[dict[str, Any]] | None = None
     tool_choice: Annotated[str | dict[str, Any],
                            one_of('"none", "auto", "required" or an object naming a tool')] | None = None
-    parallel_tool_calls: bool | None = None
-    max_output_tokens: int | None = None
-    temperature: float | None = None
-    top_p: float | None = None
-    stream: bool = False
+    parallel_tool_calls: JsonBool | None = None
+    max_output_tokens: JsonInt | None = None
+    temperature: JsonFloat | None = None
+    top_p: JsonFloat | None = None
+    stream: JsonBool = False
     text: dict[str, Any] | None = None
-    store: bool | None = None
-    metadata: dict[str, Any] | None = None
+    store: JsonBool | None = None
+    metadata: dict[str, str] | None = None
     user: str | None = None
     previous_response_id: str | None = None
     truncation: Literal["disabled", "auto"] | None = None
     reasoning: dict[str, Any] | None = None
     include: list[str] | None = None
-    top_logprobs: int | None = None
+    top_logprobs: JsonInt | None = None
 
 
 # Fields of OpenAI's API a Responses request may carry that change nothing Solo generates.
@@ -152,6 +153,15 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
                                                                     and item.get("role") == "assistant")):
             flush_reasoning()
         if kind == "message":
+            if item.get("role") == "tool":
+                raise InvalidRequestError(f'input[{i}] is a message of role "tool"; a function\'s result is a '
+                                          '{"type": "function_call_output", "call_id", "output"} item after its '
+                                          "function_call item", param="input")
+            if pending:  # (the template would show the result after this message, apart from its call)
+                call_id, index = next(iter(pending.items()))
+                raise InvalidRequestError(f"input[{i}] is a message after the function_call {call_id!r} "
+                                          f"(input[{index}]) and before its function_call_output; send each call's "
+                                          "output right after the calls", param="input")
             message = {"role": item.get("role"), "content": _text(item.get("content"), i)}
             if message["role"] == "assistant" and reasoning is not None:
                 message["reasoning_content"] = reasoning
@@ -163,6 +173,10 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
             check_arguments(arguments, f"{where}.arguments", "input")  # (named as the client sent it)
             call = {"id": string_field(item, "call_id", where, "input"), "type": "function",
                     "function": {"name": string_field(item, "name", where, "input"), "arguments": arguments}}
+            if not call["id"] or not call["function"]["name"] or call["id"] in pending:
+                raise InvalidRequestError(f"{where}: a function_call needs a non-empty name and a call_id no other "
+                                          f"unanswered call has; got call_id {call['id']!r}, name "
+                                          f"{call['function']['name']!r}", param="input")
             pending[call["id"]] = i
             last = messages[-1] if messages else None
             if last is not None and last["role"] == "assistant" and (reasoning is None
@@ -185,12 +199,13 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
                              "content": output if isinstance(output, str) else _text(output, i, "output")})
         elif kind == "reasoning":  # its text, else its summary's
             parts = item.get("content") or item.get("summary") or []
-            texts = [part.get("text") for part in parts if isinstance(part, dict)] if isinstance(parts, list) else None
+            texts = [part.get("text") if isinstance(part, dict) else None for part in parts] \
+                if isinstance(parts, list) else None
             if texts is None or not all(isinstance(t, str) for t in texts):
                 raise InvalidRequestError(f"input[{i}] is a reasoning item whose content is not a list of text parts",
                                           param="input")
             flush_reasoning()  # (two in a row: each its own reply)
-            reasoning = "".join(texts)
+            reasoning = "".join(texts) or None  # (no text, as an item of only encrypted_content: no turn)
         else:
             raise InvalidRequestError(f"input[{i}] is a {kind!r} item, which Solo does not take (it takes messages, "
                                       "function_call, function_call_output and reasoning items)", param="input")

@@ -8,6 +8,7 @@ import json
 from typing import Literal
 
 import anthropic
+import httpx
 import pytest
 from server_harness import MODEL_NAME, serving
 
@@ -156,6 +157,21 @@ def test_errors_come_in_anthropics_shape(server):
         with pytest.raises(error) as info:
             client.messages.create(**{**ask, **fields})
         assert info.value.body["type"] == "error" and words in info.value.body["error"]["message"]
+    # Typed as Anthropic's API types them (a later break test: true was 1 token, "0.5" a temperature, a string
+    # disable_parallel_tool_use turned parallel calls off, any service_tier was taken, GET an api_error).
+    for fields, words in (({"max_tokens": True}, "max_tokens"), ({"max_tokens": "5"}, "max_tokens"),
+                          ({"temperature": "0.5"}, "temperature"), ({"top_k": 2.5}, "top_k"),
+                          ({"stop_sequences": [5]}, "stop_sequences"),
+                          ({"tools": [WEATHER], "tool_choice": {"type": "auto", "disable_parallel_tool_use": "false"}},
+                           "disable_parallel_tool_use must be true or false"),
+                          ({"service_tier": "bogus"}, "service_tier must be"),
+                          ({"cache_control": "yes"}, "cache_control must be an object"),
+                          ({"tools": [{**WEATHER, "description": 5}]}, "tools[0].description must be a string")):
+        refused = httpx.post(f"{server.base_url.removesuffix('/v1')}/v1/messages", headers={"x-api-key": "sesame"},
+                             json={"model": MODEL_NAME, **ask, **fields})
+        assert refused.status_code == 400 and words in refused.json()["error"]["message"], (fields, refused.json())
+    wrong_method = httpx.get(f"{server.base_url.removesuffix('/v1')}/v1/messages", headers={"x-api-key": "sesame"})
+    assert wrong_method.status_code == 405 and wrong_method.json()["error"]["type"] == "invalid_request_error"
     client.messages.create(model=MODEL_NAME, metadata={"user_id": "u1"}, **ask)  # Anthropic's one metadata field
     # Claude Code sends context_management on every request: taken (Solo edits no context), not refused.
     client.messages.create(model=MODEL_NAME, extra_body={"context_management": {"edits": [
@@ -355,6 +371,16 @@ def test_a_stop_sequence_that_ended_a_reply_with_calls_is_named():
         {"type": "tool_use", "id": "t1", "name": "f", "input": {}}]}, {"role": "user", "content": "here:"},
       {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "t1", "content": "1"}]}],
      "messages[3].content[0] is a tool_result after text"),
+    # (a later break test's finds: a call id twice, an empty name, thinking that is no text)
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "f", "input": {}}, {"type": "tool_use", "id": "t1", "name": "f",
+                                                                     "input": {}}]}],
+     "an id no other tool_use of the turn has; got id 't1'"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [
+        {"type": "tool_use", "id": "t1", "name": "", "input": {}}]}], "needs a non-empty name"),
+    ([{"role": "user", "content": "hi"}, {"role": "assistant", "content": [{"type": "thinking", "thinking": 5},
+                                                                          {"type": "text", "text": "ok"}]}],
+     "messages[1].content[0].thinking must be a string"),
 ])
 def test_conversations_anthropics_api_refuses_are_refused(messages, words):
     from solo.errors import InvalidRequestError

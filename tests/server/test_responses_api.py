@@ -174,11 +174,39 @@ def test_outputs_and_calls_must_pair_up_as_on_openais_api():
              "(unanswered call_ids: 'c1')"),
             ([{"role": "user", "content": "q"}, call, {"type": "function_call_output", "call_id": "c1", "output": "x"},
               {"type": "function_call_output", "call_id": "c1", "output": "x"}], "input[3].call_id 'c1' answers no"),
+            ([{"role": "user", "content": "q"}, call], "input[1] is a function_call ('c1') with no "
+                                                       "function_call_output item after it"),
+            # (break-test finds: a result apart from its call, a tool message, empty names, a call id twice)
             ([{"role": "user", "content": "q"}, call, {"role": "user", "content": "and?"}],
-             "input[1] is a function_call ('c1') with no function_call_output item after it")):
+             "input[2] is a message after the function_call 'c1' (input[1]) and before its function_call_output"),
+            ([{"role": "user", "content": "q"}, call, {"role": "user", "content": "and?"},
+              {"type": "function_call_output", "call_id": "c1", "output": "x"}], "input[2] is a message after"),
+            ([{"role": "tool", "content": "result with no call"}], 'input[0] is a message of role "tool"'),
+            ([{"role": "user", "content": "q"}, {**call, "name": ""}], "needs a non-empty name"),
+            ([{"role": "user", "content": "q"}, call, call], "a call_id no other unanswered call has"),
+            ([{"role": "user", "content": "q"}, {"type": "reasoning", "summary": ["abc"]}],
+             "not a list of text parts")):
         with pytest.raises(InvalidRequestError) as info:
             chat_request(ResponsesRequest.model_validate({"input": items}))
         assert words in str(info.value) and info.value.param == "input"
+
+
+def test_fields_are_typed_strictly_and_an_empty_reasoning_item_adds_no_turn():
+    # Break-test finds: "stream": "yes" streamed, max_output_tokens true meant 1, metadata took numbers; and an
+    # item of OpenAI's with no text (only encrypted_content) put an empty assistant turn into the prompt.
+    from pydantic import ValidationError
+
+    from solo.server.responses import ResponsesRequest, chat_request
+
+    for fields in ({"stream": "yes"}, {"max_output_tokens": True}, {"max_output_tokens": "5"},
+                   {"temperature": "1.5"}, {"parallel_tool_calls": "no"}, {"store": "yes"}, {"metadata": {"a": 5}},
+                   {"top_logprobs": 2.0}):
+        with pytest.raises(ValidationError):
+            ResponsesRequest.model_validate({"input": "hi", **fields})
+    plain = chat_request(ResponsesRequest.model_validate({"input": [{"role": "user", "content": "hi"}]})).messages
+    empty = chat_request(ResponsesRequest.model_validate({"input": [
+        {"role": "user", "content": "hi"}, {"type": "reasoning", "summary": [], "encrypted_content": "gAAAA"}]}))
+    assert [m.role for m in empty.messages] == [m.role for m in plain] == ["user"]
 
 
 def test_reasoning_effort_none_turns_thinking_off():
