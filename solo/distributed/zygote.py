@@ -10,6 +10,7 @@ stdin closes (rank 0 exited). Followers are reaped automatically.
 
 from __future__ import annotations
 
+import atexit
 import json
 import os
 import signal
@@ -78,6 +79,10 @@ def fork(target: str, args: list) -> FollowerHandle:
 
     global _HELPER
     if _HELPER is None or _HELPER.poll() is not None:
+        if _HELPER is None:
+            atexit.register(stop_helper)
+        else:
+            stop_helper()  # (its pipes)
         _HELPER = subprocess.Popen([sys.executable, "-m", "solo.distributed.zygote"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
         if _HELPER.stdout.readline().strip() != "ready":
@@ -88,6 +93,30 @@ def fork(target: str, args: list) -> FollowerHandle:
 
 
 _HELPER = None
+
+
+def stop_helper(timeout_s: float = 5.0) -> None:
+    """Stop this process's helper, if one runs; followers it forked are not touched.
+
+    Its stdin is closed (it exits), then its stdout; it is killed after `timeout_s` seconds. Registered at exit
+    when the helper starts (it was left running, its pipes open, at the end of every process that used it).
+    """
+    import subprocess
+
+    global _HELPER
+    helper, _HELPER = _HELPER, None
+    if helper is None:
+        return
+    for pipe in (helper.stdin, helper.stdout):
+        try:
+            pipe.close()
+        except OSError:  # (a helper gone already: the flush of its stdin fails)
+            pass
+    try:
+        helper.wait(timeout_s)
+    except subprocess.TimeoutExpired:
+        helper.kill()
+        helper.wait()
 
 
 def main() -> None:

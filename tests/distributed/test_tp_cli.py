@@ -102,6 +102,7 @@ def test_serve_tp2_answers_then_dies_cleanly_with_a_rank(lane_model):
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+        proc.stderr.close()
 
 
 def _children_of(pid: int) -> list[int]:
@@ -187,3 +188,23 @@ def test_ctrl_c_leaves_the_fork_helper_quiet():
     assert helper.poll() is None
     _, err = helper.communicate(input="", timeout=60)
     assert helper.returncode == 0 and "Traceback" not in err, err
+
+
+def test_the_fork_helper_ends_with_the_process_that_started_it():
+    # The helper was left running at exit, its two pipes unclosed (ResourceWarnings at the end of every process
+    # that used tensor parallelism in-process, the test suite's included).
+    child = ("import sys; from solo.distributed import zygote; follower = zygote.fork('builtins:int', []); "
+             "follower.wait(); print(zygote._HELPER.pid, flush=True)")
+    result = subprocess.run([sys.executable, "-W", "always::ResourceWarning", "-c", child], capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0 and "ResourceWarning" not in result.stderr, result.stderr
+    helper_pid = int(result.stdout)
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            os.kill(helper_pid, 0)
+        except ProcessLookupError:
+            break
+        time.sleep(0.05)
+    else:
+        pytest.fail(f"the fork helper {helper_pid} outlived its process")
