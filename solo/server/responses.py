@@ -157,11 +157,11 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
                 raise InvalidRequestError(f'input[{i}] is a message of role "tool"; a function\'s result is a '
                                           '{"type": "function_call_output", "call_id", "output"} item after its '
                                           "function_call item", param="input")
-            if pending:  # (the template would show the result after this message, apart from its call)
+            if pending and item.get("role") != "assistant":  # (an assistant's note between outputs is the reply's)
                 call_id, index = next(iter(pending.items()))
-                raise InvalidRequestError(f"input[{i}] is a message after the function_call {call_id!r} "
-                                          f"(input[{index}]) and before its function_call_output; send each call's "
-                                          "output right after the calls", param="input")
+                raise InvalidRequestError(f"input[{i}] is a {item.get('role')} message after the function_call "
+                                          f"{call_id!r} (input[{index}]) and before its function_call_output; send "
+                                          "each call's output right after the calls", param="input")
             message = {"role": item.get("role"), "content": _text(item.get("content"), i)}
             if message["role"] == "assistant" and reasoning is not None:
                 message["reasoning_content"] = reasoning

@@ -178,9 +178,9 @@ def test_outputs_and_calls_must_pair_up_as_on_openais_api():
                                                        "function_call_output item after it"),
             # (break-test finds: a result apart from its call, a tool message, empty names, a call id twice)
             ([{"role": "user", "content": "q"}, call, {"role": "user", "content": "and?"}],
-             "input[2] is a message after the function_call 'c1' (input[1]) and before its function_call_output"),
+             "input[2] is a user message after the function_call 'c1' (input[1]) and before its function_call_output"),
             ([{"role": "user", "content": "q"}, call, {"role": "user", "content": "and?"},
-              {"type": "function_call_output", "call_id": "c1", "output": "x"}], "input[2] is a message after"),
+              {"type": "function_call_output", "call_id": "c1", "output": "x"}], "input[2] is a user message after"),
             ([{"role": "tool", "content": "result with no call"}], 'input[0] is a message of role "tool"'),
             ([{"role": "user", "content": "q"}, {**call, "name": ""}], "needs a non-empty name"),
             ([{"role": "user", "content": "q"}, call, call], "a call_id no other unanswered call has"),
