@@ -702,7 +702,10 @@ class ToolCallParser:
                 lead, text = text[:min(found)], text[min(found):]
         if not self._lead_unknown or lead:
             calls, rest = complete_tool_calls(self.fmt, text, self.parameters)
-        if not calls and self._lead_unknown:  # the marker decodes to nothing (or its text split a call's JSON)
+        # The marker decodes to nothing (or its text split a call's JSON): search the event for the calls' start.
+        # Not for a Hermes block whose tag shows: its first call did not parse, so all of it is content, as
+        # when the tag starts its event (a later block taken instead lost the first one's text).
+        if not calls and self._lead_unknown and not (lead and self.fmt == "hermes"):
             lead, calls, rest = _calls_after_content(self.fmt, self._calls_text, self.parameters, self._lead_limit)
         if self.forced:
             # The output was held to calls: what follows the complete ones, or is all of it when none is complete,
@@ -779,7 +782,10 @@ def complete_tool_calls(fmt: str, text: str, parameters: Mapping[str, Mapping[st
         calls = parse_tool_calls(fmt, text)
         return (calls, "") if calls else ([], text)
     calls, between, i = [], [], 0
-    for start, end, _, closed in _hermes_blocks(text):
+    blocks = _hermes_blocks(text)
+    if blocks and text[:blocks[0][0]].strip():  # (text before the first block: no call part, whatever follows)
+        return [], text
+    for start, end, _, closed in blocks:
         parsed = parse_tool_calls(fmt, text[start:end]) if closed else None
         if not parsed:
             break

@@ -241,7 +241,9 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
                 answered.append(call_id)
                 results.append({"role": "tool", "tool_call_id": call_id, "content": output})
             elif kind == "thinking" and role == "assistant":
-                thinking = string_field(block, "thinking", where, "messages")
+                # (interleaved thinking sends several blocks a turn: the template takes one reasoning text)
+                part = string_field(block, "thinking", where, "messages")
+                thinking = part if thinking is None else f"{thinking}\n{part}"
             else:
                 media = "; Solo's models take text only" if kind in ("image", "document") else ""
                 raise InvalidRequestError(f"{where} is a {kind!r} block, which Solo does not take here (text, "

@@ -129,18 +129,25 @@ class _Job:
     created: int = field(default_factory=lambda: int(time.time()))
     prompt_tokens: int = 0
     completion_tokens: int = 0
-    cached_tokens: int = 0
+    choices_per_prompt: int = 1  # (n: choice i answers prompt i // n, as OpenAI numbers a batch's choices)
+    cached_per_prompt: dict[int, int] = field(default_factory=dict)
+
+    @property
+    def cached_tokens(self) -> int:
+        return sum(self.cached_per_prompt.values())
 
     def usage(self) -> Usage:
         return Usage(prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens,
                      total_tokens=self.prompt_tokens + self.completion_tokens,
                      prompt_tokens_details=PromptTokensDetails(cached_tokens=self.cached_tokens))
 
-    def count(self, event: GenerationEvent) -> None:
+    def count(self, index: int, event: GenerationEvent) -> None:
         if event.stats is not None:
             self.completion_tokens += event.stats.completion_tokens
-            # The prompt is counted once however many choices: its best reuse is what was cached.
-            self.cached_tokens = max(self.cached_tokens, event.stats.cached_tokens)
+            # Each prompt is counted once however many choices (its best reuse is what was cached), and the
+            # prompts of a batch add up, as prompt_tokens do.
+            prompt = index // self.choices_per_prompt
+            self.cached_per_prompt[prompt] = max(self.cached_per_prompt.get(prompt, 0), event.stats.cached_tokens)
 
 
 async def _until_disconnected(request: Request) -> None:
@@ -174,7 +181,7 @@ async def _collect(job: _Job, request: Request, n: int) -> list[list[GenerationE
     async def gather() -> None:
         async for index, event in job.generation.events():
             per_choice[index].append(event)
-            job.count(event)
+            job.count(index, event)
 
     try:
         await while_connected(gather(), request)
@@ -276,7 +283,8 @@ async def chat_completions(body: ChatCompletionRequest, request: Request) -> Res
                 for i in range(body.n)]
 
     generation = await _submit(state, prepare, body.priority)
-    job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
+    job = _Job(generation, f"chatcmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens,
+               choices_per_prompt=body.n)
     if body.stream:
         return GenerationStream(_chat_stream(state, job, body, tools), generation, prompt_tokens)
     per_choice = await _collect(job, request, body.n)
@@ -370,7 +378,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
         for index in range(body.n):
             yield chunk([ChatChunkChoice(index=index, delta=Delta(role="assistant", content=""))])
         async for index, event in job.generation.events():
-            job.count(event)
+            job.count(index, event)
             logprobs: ChatLogprobs | None = None
             if want_logprobs and event.logprobs:
                 logprobs = chat_logprobs(state.pieces, event.logprobs)  # type: ignore[arg-type]
@@ -452,7 +460,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
         return requests
 
     generation = await _submit(state, prepare, body.priority)
-    job = _Job(generation, f"cmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens)
+    job = _Job(generation, f"cmpl-{uuid.uuid4().hex}", state.served_name, prompt_tokens=prompt_tokens,
+               choices_per_prompt=body.n)
     n = body.n * len(prompts)
     if body.stream:
         return GenerationStream(_completion_stream(state, job, body, n), generation)
@@ -474,7 +483,7 @@ async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequ
     builders = [CompletionLogprobsBuilder(state.pieces, skipped_ids=skipped) for _ in range(n)]
     try:
         async for index, event in job.generation.events():
-            job.count(event)
+            job.count(index, event)
             logprobs: CompletionLogprobs | None = None
             if body.logprobs is not None and event.logprobs:
                 logprobs = builders[index].add(event.logprobs)  # type: ignore[arg-type]

@@ -158,6 +158,35 @@ def test_hermes_call_whose_argument_holds_the_closing_tag():
     assert not prefill_opens_call("hermes", '<tool_call>\n{"name": "w", "arguments": {}}\n</tool_call>')
 
 
+@pytest.mark.parametrize("first_ok", [False, True])
+def test_hermes_calls_are_the_same_however_the_tokens_come_in_events(first_ok):
+    # A break test: a malformed block, then a good one, in events of several tokens (speculative steps) gave all
+    # content or one call with the malformed block's text lost, by the number of tokens per event. The marker is a
+    # token whose text shows (Qwen's <tool_call>), recognised by id.
+    bad = '{"name": "get_weather", "arguments": {"n": }}'
+    good = '{"name": "f", "arguments": {}}'
+    pieces = [("<think>x</think>", 1), ("\n\n", 2), ("<tool_call>", 100), ("\n", 2),
+              (good if first_ok else bad, 3), ("\n", 2), ("</tool_call>", 101), ("\n", 2), ("<tool_call>", 100),
+              ("\n", 2), (good if not first_ok else bad, 3), ("\n", 2), ("</tool_call>", 101)]
+    text = "".join(t for t, _ in pieces)
+    results = set()
+    for size in range(1, len(pieces) + 1):
+        parser = ToolCallParser("hermes", {"<tool_call>": 100, "</tool_call>": 101})
+        streamed = ""
+        for k in range(0, len(pieces), size):
+            group = pieces[k:k + size]
+            streamed += parser.feed("".join(t for t, _ in group), [i for _, i in group])
+        content, calls, rest = parser.finish()
+        assert streamed + rest == content, size
+        results.add((content, tuple((c.name, c.arguments) for c in calls)))
+    assert len(results) == 1, results
+    ((content, calls),) = results
+    if first_ok:  # (the good call, and the text after it, the bad block, as content: never dropped)
+        assert [name for name, _ in calls] == ["f"] and bad in content
+    else:  # (a first call that does not parse: all of it is content, as vLLM's parser)
+        assert calls == () and content == text
+
+
 def test_hermes_without_calls_is_all_content():
     parser = ToolCallParser("hermes", {})
     text = "No tools <tool needed> here <tool_ca"

@@ -411,6 +411,13 @@ def test_answered_calls_and_a_final_empty_prefill_are_taken():
     body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "messages": [
         {"role": "user", "content": "hi"}, calls, *split]})
     assert [m.role for m in chat_request(body).messages] == ["user", "assistant", "tool", "tool", "user"]
+    # Interleaved thinking: every thinking block of the turn reaches the template (all but the last were dropped).
+    thought = {"role": "assistant", "content": [{"type": "thinking", "thinking": "AAAA", "signature": ""},
+                                                {"type": "thinking", "thinking": "BBBB", "signature": ""},
+                                                *calls["content"][1:]]}
+    body = MessagesRequest.model_validate({"model": MODEL_NAME, "max_tokens": 4, "messages": [
+        {"role": "user", "content": "hi"}, thought, answers]})
+    assert chat_request(body).messages[1].model_extra["reasoning_content"] == "AAAA\nBBBB"
 
 
 def test_a_reply_with_calls_goes_back_as_it_came():

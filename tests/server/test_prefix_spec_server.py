@@ -49,6 +49,30 @@ def test_a_second_turn_reuses_the_first_and_reports_cached_tokens(servers):
     assert _metric(cached, "solo_prefix_cache_cached_tokens_total") == c2.usage.prompt_tokens_details.cached_tokens
 
 
+def test_a_batch_of_prompts_reports_each_prompts_cached_tokens(servers):
+    # A break test: with several prompts (and n choices each) cached_tokens was the largest prompt's hit alone,
+    # where prompt_tokens and the metric add every prompt's.
+    cached, _ = servers
+    client = cached.client()
+    prompts = ["import os\n" + "".join(f"def alpha_{i}(x):\n    return x * {i}\n" for i in range(6)),
+               "import sys\n" + "".join(f"class Beta{i}:\n    pass\n" for i in range(6))]
+    alone = []
+    for prompt in prompts:
+        client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1)  # (fills the cache)
+        alone.append(client.completions.create(model=MODEL_NAME, prompt=prompt, max_tokens=1)
+                     .usage.prompt_tokens_details.cached_tokens)
+    assert all(alone)
+    before = _metric(cached, "solo_prefix_cache_cached_tokens_total")
+    batch = client.completions.create(model=MODEL_NAME, prompt=prompts, max_tokens=1, n=2)
+    assert len(batch.choices) == 4 and batch.usage.prompt_tokens_details.cached_tokens == sum(alone)
+    assert _metric(cached, "solo_prefix_cache_cached_tokens_total") - before >= sum(alone)
+    chat = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": prompts[0]}],
+                                          max_tokens=1, n=3)
+    again = client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": prompts[0]}],
+                                           max_tokens=1, n=3)
+    assert 0 < again.usage.prompt_tokens_details.cached_tokens < chat.usage.prompt_tokens  # (once, not 3 times)
+
+
 def test_speculative_decoding_in_the_server_keeps_the_output(tiny_model):
     # "suffix" drafts from the session's earlier requests: the second identical request is drafted.
     spec = start_server(tiny_model, backend="cpu", speculative="suffix", max_batch=2, max_queue=4)
