@@ -487,6 +487,10 @@ class ChatMessage(BaseModel):
         if self.content is None and self.role != "assistant":
             raise ValueError(f"a {self.role} message needs a content (a string or a list of text parts); "
                              "only assistant messages may leave it out or null")
+        for key in ("reasoning_content", "reasoning"):  # (the template writes it as text: 5 was taken)
+            value = (self.model_extra or {}).get(key)
+            if value is not None and not isinstance(value, str):
+                raise ValueError(f"{key} must be a string (the message's reasoning text), got {value!r:.40}")
         return self
 
     def for_template(self) -> dict[str, Any]:

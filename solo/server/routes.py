@@ -544,8 +544,12 @@ def _template_variables(state: ServerState, engine: Any, body: Any) -> dict[str,
     template = engine.tokenizer.chat_template
     extra = check_template_kwargs(body.chat_template_kwargs, template.source if template is not None else None,
                                   thinks=state.reasoning)
-    if getattr(body, "reasoning_effort", None) == "none" and thinking_switch(state, True, "reasoning_effort"):
-        extra = {**extra, "enable_thinking": False}
+    if getattr(body, "reasoning_effort", None) == "none":
+        if extra.get("enable_thinking") is True:
+            raise InvalidRequestError('reasoning_effort "none" turns thinking off, and chat_template_kwargs '
+                                      "enable_thinking: true turns it on; send one of them", param="reasoning_effort")
+        if thinking_switch(state, True, "reasoning_effort"):
+            extra = {**extra, "enable_thinking": False}
     return extra
 
 

@@ -127,6 +127,14 @@ def test_thinking_off_is_content_under_the_deepseek_r1_parser(thinking_model, tm
                     for fields in ({"reasoning_effort": "none"}, {"chat_template_kwargs": {"enable_thinking": False}},
                                    {})]
         assert rendered[0] == rendered[1] != rendered[2] and rendered[0].endswith("<think>\n\n</think>\n\n")
+        # Off one way and on the other is refused (it ran with thinking off); reasoning text must be text.
+        for fields, words in (({"reasoning_effort": "none", "chat_template_kwargs": {"enable_thinking": True}},
+                               "send one of them"),
+                              ({"messages": [*ASK, {"role": "assistant", "content": "ok", "reasoning_content": 5},
+                                             {"role": "user", "content": "and?"}]}, "reasoning_content must be")):
+            refused = httpx.post(running.base_url.removesuffix("/v1") + "/v1/chat/completions",
+                                 json={"model": MODEL_NAME, "messages": ASK, "max_tokens": 2, **fields})
+            assert refused.status_code == 400 and words in refused.json()["error"]["message"], refused.json()
     finally:
         running.stop()
 
