@@ -424,8 +424,10 @@ class _NDJSONStream(StreamingResponse):
         self.generation = generation
 
     async def __call__(self, scope: Any, receive: Any, send: Any) -> None:  # noqa: ANN401
+        from solo.server.routes import send_or_abandon
+
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_abandon(send, self.generation))
         finally:
             self.generation.cancel()
 

@@ -99,10 +99,41 @@ def _json(payload: BaseModel) -> Response:
     return Response(payload.model_dump_json(), media_type="application/json")
 
 
+STREAM_STALL_S = 60.0
+"""Seconds a stream may wait on a client that reads none of it (one send that does not complete) before its
+generation is abandoned (`Generation.abandon`): the output it would have kept for that client is dropped, so
+a client that never reads holds one chunk, not its whole reply (nginx's send_timeout is 60 s too)."""
+
+
+def send_or_abandon(send: Send, generation: Generation) -> Send:
+    """`send` for a streamed response that abandons `generation` when one body chunk waits `STREAM_STALL_S`.
+
+    The chunk is still sent (the client may read again): the stream then ends with each choice's abort.
+    """
+    async def guarded(message: Any) -> None:  # noqa: ANN401
+        if message["type"] != "http.response.body":
+            await send(message)
+            return
+        try:
+            # (no task per chunk: a timer; the server's send waits only before it writes, for the client to
+            # drain the socket, so a send cut short there wrote nothing and is sent again below)
+            async with asyncio.timeout(STREAM_STALL_S):
+                await send(message)
+                return
+        except TimeoutError:
+            logger.info("a client read nothing of its stream for %.0f s: its generation is abandoned",
+                        STREAM_STALL_S)
+            generation.abandon()
+        await send(message)
+
+    return guarded
+
+
 class GenerationStream(StreamingResponse):
     """Server-sent events of one generation, cancelled however the response ends.
 
-    Finished, client gone before or during streaming, server shutdown: the generation's slots are freed.
+    Finished, client gone before or during streaming, server shutdown: the generation's slots are freed. A
+    client that reads nothing for `STREAM_STALL_S` gets no more of it (`send_or_abandon`).
     """
 
     def __init__(self, events: AsyncIterator[str], generation: Generation, prompt_tokens: int = 0) -> None:
@@ -113,7 +144,7 @@ class GenerationStream(StreamingResponse):
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         """Stream the events; the generation is cancelled when the response ends, however it ends."""
         try:
-            await super().__call__(scope, receive, send)
+            await super().__call__(scope, receive, send_or_abandon(send, self.generation))
         finally:
             # Also covers a client that left before the first event: the body iterator never started, so
             # its own cleanup would never run.

@@ -316,6 +316,8 @@ class Generation:
         self._loop = loop
         self._queue: asyncio.Queue[tuple[int, GenerationEvent | BaseException]] = asyncio.Queue()
         self._remaining = len(self.requests)
+        self._finished: set[int] = set()  # choices whose last event was consumed
+        self._abandoned = False
 
     @property
     def loop(self) -> asyncio.AbstractEventLoop:
@@ -324,7 +326,8 @@ class Generation:
 
     def put(self, index: int, item: GenerationEvent | BaseException) -> None:
         """Queue an event (or the exception that ended choice `index`); call on the consumer's loop only."""
-        self._queue.put_nowait((index, item))
+        if not self._abandoned:
+            self._queue.put_nowait((index, item))
 
     async def events(self) -> AsyncIterator[tuple[int, GenerationEvent]]:
         """Yield (choice index, event) until every choice has finished.
@@ -338,6 +341,7 @@ class Generation:
                 raise item
             if item.finish_reason is not None:
                 self._remaining -= 1
+                self._finished.add(index)
             yield index, item
 
     @property
@@ -349,6 +353,25 @@ class Generation:
         """Stop every unfinished choice and free its slot (within one decode step); safe to call twice."""
         if self._remaining:
             self.scheduler.cancel(self)
+
+    def abandon(self) -> None:
+        """Give up delivering: a consumer that cannot hand events on (a client that reads nothing).
+
+        Every unfinished choice is cancelled, the undelivered events are dropped and none is kept from now on,
+        so memory stays bounded however long the connection stays open; `events()` then yields each choice
+        not yet ended an empty last event, finish_reason "abort" (its text has a gap: it is no finished reply).
+        Call on the consumer's loop.
+        """
+        if self._abandoned:
+            return
+        self.cancel()
+        self._abandoned = True
+        while not self._queue.empty():
+            self._queue.get_nowait()
+        for index, request in enumerate(self.requests):
+            if index not in self._finished:
+                self._queue.put_nowait((index, GenerationEvent(text="", token_ids=[], finish_reason=ABORT,
+                                                               stats=request.stats)))
 
 
 def _put_all(items: list[tuple[Generation, int, GenerationEvent | BaseException]]) -> None:

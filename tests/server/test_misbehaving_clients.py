@@ -3,6 +3,7 @@ other requests; SIGTERM under load ends every stream cleanly."""
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -202,3 +203,49 @@ def test_a_client_leaving_mid_upload_is_no_error_of_the_servers(server, caplog):
         time.sleep(0.3)
     errors = [r for r in caplog.records if r.levelno >= logging.ERROR]
     assert not errors, [r.getMessage() for r in errors]
+
+
+def test_a_stream_whose_client_reads_nothing_is_abandoned_and_keeps_no_output(monkeypatch):
+    # A break test: a client that never read its stream kept the whole generated reply queued for as long as it
+    # held the connection (+190 MB per stalled n=32, logprobs=20 stream). After STREAM_STALL_S on one chunk the
+    # generation is abandoned: cancelled, its undelivered events dropped, none kept after, each choice ended
+    # with an abort event once the client reads again.
+    from types import SimpleNamespace
+
+    from solo.engine.request import GenerationEvent, GenerationStats
+    from solo.server import routes
+    from solo.server.scheduler import ABORT, Generation
+
+    monkeypatch.setattr(routes, "STREAM_STALL_S", 0.05)
+    cancelled = []
+    requests = [SimpleNamespace(stats=GenerationStats(prompt_tokens=3)) for _ in range(2)]
+
+    async def run():
+        generation = Generation(SimpleNamespace(cancel=cancelled.append), asyncio.get_running_loop(), requests)
+        reading = asyncio.Event()
+        sent = []
+
+        async def send(message):  # the server's send: it waits while the client's socket is full
+            if len(sent) == 2 and not reading.is_set():
+                await reading.wait()
+            sent.append(message)
+
+        guarded = routes.send_or_abandon(send, generation)
+        for k in range(4):
+            for index in (0, 1):
+                generation.put(index, GenerationEvent(text=f"t{k}", token_ids=[k]))
+        received = []
+        async for index, event in generation.events():
+            received.append((index, event.text, event.finish_reason))
+            if len(received) == 3:  # the third chunk's send stalls past the limit; the client reads later
+                asyncio.get_running_loop().call_later(0.2, reading.set)
+            await guarded({"type": "http.response.body", "body": event.text.encode(), "more_body": True})
+            if len(received) >= 3:  # (an event made after it was abandoned: dropped)
+                generation.put(0, GenerationEvent(text="late", token_ids=[9]))
+        return generation, received, sent
+
+    generation, received, sent = asyncio.run(run())
+    assert cancelled == [generation]
+    assert received[:3] == [(0, "t0", None), (1, "t0", None), (0, "t1", None)]
+    assert sorted(received[3:]) == [(0, "", ABORT), (1, "", ABORT)]  # (nothing queued was kept, no late event)
+    assert len(sent) == len(received) and generation.done and generation._queue.empty()
