@@ -26,6 +26,8 @@ from pathlib import Path
 from typing import Any
 
 IM_START, IM_END = "<|im_start|>", "<|im_end|>"
+TUNING_NAME = "chat_tuning.json"
+"""The summary every folder `solo train chat` writes holds (and a folder its --out may replace)."""
 
 CHAT_TEMPLATE = (
     "{{ bos_token }}"
@@ -125,6 +127,12 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     p.add_argument("--heldout-pairs", type=int, default=96)
     p.add_argument("--long-every", type=int, default=12, help="every Nth step is one code window of --context")
     args = p.parse_args(argv)
+    from solo.train.pipeline import check_out, replace_model_folder
+
+    try:  # (before the training: the model it writes replaces --out at the end)
+        check_out(args.out, None, TUNING_NAME)
+    except (ValueError, FileExistsError) as exc:
+        p.error(str(exc))
 
     import numpy as np
     import torch
@@ -248,7 +256,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     log(f"held-out answer loss after tuning: {after:.4f} nats/token (before {before:.4f}); {step} steps, "
         f"{tokens:,} tokens in {train_s / 60:.1f} min")
 
-    out = args.out
+    out = args.out.expanduser().resolve()
     tmp = out.with_name(out.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
     export = model.to(torch.bfloat16)
@@ -276,9 +284,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
         "heldout_answer_loss_before": before, "heldout_answer_loss_after": after,
         "device": "cpu", "torch_version": torch.__version__,
     }
-    (tmp / "chat_tuning.json").write_text(json.dumps(summary, indent=2) + "\n")
+    (tmp / TUNING_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     for path in tmp.iterdir():
         path.chmod(0o644)
-    log(f"wrote {tmp}; summary {json.dumps(summary)}")
+    replace_model_folder(tmp, out, None, TUNING_NAME)  # (it stayed in --out's name + ".tmp")
+    log(f"wrote {args.out}; summary {json.dumps(summary)}")
     _ = sys
     return 0

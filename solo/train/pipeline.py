@@ -87,27 +87,52 @@ def _describe_device(device: torch.device) -> str:
     return f"CPU ({torch.get_num_threads()} threads)"
 
 
-def check_out(out: Path, run_dir: Path) -> None:
+def check_out(out: Path, run_dir: Path | None, own_file: str = SUMMARY_NAME) -> None:
     """Refuse an ``out`` folder whose replacement would delete what is not a model this recipe wrote.
 
     The export replaces ``out`` whole, so ``out`` must be new, empty, or a model folder of an earlier run (it
-    holds ``training_summary.json``); never the working folder, a folder above it, the home folder or the run
-    folder (``--out ""`` was the working folder, and ``--overwrite`` deleted it).
+    holds ``own_file``: ``training_summary.json``, `solo train chat`'s ``chat_tuning.json``); never the working
+    folder, a folder above it, the home folder or the run folder (``--out ""`` was the working folder, and
+    ``--overwrite`` deleted it).
+
+    Args:
+        out: the model folder to write.
+        run_dir: the run's working folder, or None for a recipe without one.
+        own_file: the file every model folder the recipe writes holds.
 
     Raises:
         ValueError: ``out`` is one of those folders.
         FileExistsError: ``out`` is a file, or a folder holding other files.
     """
-    where, cwd, run = out.expanduser().resolve(), Path.cwd().resolve(), run_dir.expanduser().resolve()
-    if where == cwd or where in cwd.parents or where == Path.home().resolve() or where == run or where in run.parents:
-        raise ValueError(f"--out {str(out)!r} is {where}: the working folder, one above it, the home folder or the "
-                         f"run folder (--run-dir, default runs/<name of --out>: {run}), which the model folder "
-                         "would replace; name another folder, e.g. --out my-model")
+    where, cwd = out.expanduser().resolve(), Path.cwd().resolve()
+    run = run_dir.expanduser().resolve() if run_dir is not None else None
+    if where == cwd or where in cwd.parents or where == Path.home().resolve() or (
+            run is not None and (where == run or where in run.parents)):
+        also = "" if run is None else f" or the run folder (--run-dir, default runs/<name of --out>: {run})"
+        raise ValueError(f"--out {str(out)!r} is {where}: the working folder, one above it, the home folder{also}, "
+                         "which the model folder would replace; name another folder, e.g. --out my-model")
     if where.exists() and not where.is_dir():
         raise FileExistsError(f"--out {out} is a file; name a folder for the model")
-    if where.is_dir() and any(where.iterdir()) and not (where / SUMMARY_NAME).is_file():
-        raise FileExistsError(f"{out} holds files that are not a model `solo train` wrote ({SUMMARY_NAME} missing); "
+    if where.is_dir() and any(where.iterdir()) and not (where / own_file).is_file():
+        raise FileExistsError(f"{out} holds files that are not a model this recipe wrote ({own_file} missing); "
                               "Solo replaces only its own model folders: name another --out, or empty this one")
+
+
+def replace_model_folder(export: Path, out: Path, run_dir: Path | None, own_file: str = SUMMARY_NAME) -> None:
+    """Move a finished model folder to ``out``, replacing an earlier run's model there (`check_out`, again).
+
+    Raises:
+        FileExistsError: ``out`` became something the recipe may not replace during the run; the message says
+            where the model is.
+    """
+    if out.exists():
+        try:
+            check_out(out, run_dir, own_file)  # (again: it may have changed during the run)
+        except (ValueError, FileExistsError) as exc:
+            raise FileExistsError(f"{exc}; the trained model is in {export}: move it where you want it") from None
+        shutil.rmtree(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    shutil.move(str(export), str(out))
 
 
 def _prepare_run_dir(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None]) -> TrainConfig:
@@ -483,13 +508,6 @@ def run_recipe(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None] = 
     (export / "README.md").write_text(render_model_card(summary))
     _make_readable(export)
 
-    if opts.out.exists():
-        try:
-            check_out(opts.out, opts.run_dir)  # (again: it may have changed during the run)
-        except (ValueError, FileExistsError) as exc:
-            raise FileExistsError(f"{exc}; the trained model is in {export}: move it where you want it") from None
-        shutil.rmtree(opts.out)
-    opts.out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(export), str(opts.out))
+    replace_model_folder(export, opts.out, opts.run_dir)
     log(f"model folder written to {opts.out} in {summary['wall_time_s'] / 60:.1f} min")
     return summary

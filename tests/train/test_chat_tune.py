@@ -88,3 +88,30 @@ def test_bundled_template_matches_the_training_format():
     tuning = json.loads((folder / "chat_tuning.json").read_text())
     assert tuning["heldout_answer_loss_after"] < tuning["heldout_answer_loss_before"]
     assert f"{tuning['heldout_answer_loss_after']:.4f}" in card
+
+
+def test_out_is_checked_first_and_the_tuned_model_lands_there(tmp_path, monkeypatch, capsys):
+    # A new user's finds: `--out chat-model` left only chat-model.tmp, and `--out .` trained for the whole budget,
+    # then failed with a traceback and lost the model.
+    import pytest
+
+    from solo.train.chat_tune import TUNING_NAME, main
+    from solo.train.pipeline import replace_model_folder
+
+    monkeypatch.chdir(tmp_path)
+    for out, words in ((".", "the working folder"), (str(tmp_path.parent), "one above it")):
+        with pytest.raises(SystemExit) as info:
+            main(["--out", out])
+        assert info.value.code == 2 and words in capsys.readouterr().err
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    with pytest.raises(SystemExit):
+        main(["--out", "notes"])
+    assert "not a model this recipe wrote (chat_tuning.json missing)" in capsys.readouterr().err
+    # The finished folder replaces an earlier tuned model at --out.
+    for run in ("first", "second"):
+        tmp = tmp_path / "chat-model.tmp"
+        tmp.mkdir()
+        (tmp / TUNING_NAME).write_text(run)
+        replace_model_folder(tmp, tmp_path / "chat-model", None, TUNING_NAME)
+        assert (tmp_path / "chat-model" / TUNING_NAME).read_text() == run and not tmp.exists()

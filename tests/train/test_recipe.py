@@ -172,6 +172,6 @@ def test_out_never_replaces_what_it_did_not_write(tmp_path: Path, monkeypatch: p
     (work / "mine" / "notes.txt").write_text("precious")
     for extra in (["--overwrite"], ["--resume"]):
         assert _run(work / "mine", tmp_path / "run", *extra) == 2
-        assert "holds files that are not a model `solo train` wrote" in capsys.readouterr().err
+        assert "holds files that are not a model this recipe wrote" in capsys.readouterr().err
     assert (work / "notes.txt").read_text() == "precious" and (work / "mine" / "notes.txt").is_file()
     assert (work / "project").is_dir()
