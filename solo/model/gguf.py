@@ -254,8 +254,10 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     need = sum(int(t.n_elements) for t in reader.tensors) * (4 if dtype == "float32" else 2)
     quantized = [t for t in matrices if t not in _EXACT]
     if quantized:  # (a Q4_K_M 8B needs about 16 GB, not its file's 5: said before anyone wonders)
+        from solo.memory import size_text
+
         say(f"{named.name} holds {', '.join(quantized)} weights, which Solo runs dequantized to bfloat16 (about "
-            f"{need / 1e9:.1f} GB) unless --quantize int8 or int4 quantizes them again for the CPU kernels")
+            f"{size_text(need)}) unless --quantize int8 or int4 quantizes them again for the CPU kernels")
     free = shutil.disk_usage(parent).free
     if need > free:  # quantized files grow (Q4_0 about 3.5x): say so before writing most of it
         from solo.model.store import human_size
