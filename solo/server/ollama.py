@@ -91,7 +91,7 @@ _CHAT_FIELDS = frozenset({"model", "messages", "tools", "format", "options", "st
 _GENERATE_FIELDS = frozenset({"model", "prompt", "suffix", "system", "template", "context", "raw", "images",
                               "format", "options", "stream", "think", "logprobs", "top_logprobs",
                               *_NO_EFFECT_FIELDS})
-_SHOW_FIELDS = frozenset({"model", "name", "verbose"})
+_SHOW_FIELDS = frozenset({"model", "name", "verbose", "system", "template", "options"})
 # Chat request fields as an Ollama request names them (for errors the chat route's validation finds).
 _FIELD_NAMES = {**{chat: f"options.{option}" for option, chat in _SAMPLING_OPTIONS.items()},
                 "response_format": "format", "logprobs": "top_logprobs", "prompt": "prompt"}
@@ -154,6 +154,8 @@ def sampling_fields(options: Any) -> dict[str, Any]:  # noqa: ANN401
     for name, value in options.items():
         if name in _NO_EFFECT_OPTIONS:
             kind, what = _NO_EFFECT_OPTIONS[name]
+            if isinstance(value, float) and kind is int and value.is_integer():
+                continue  # (4.0: Ollama takes a JSON number for an integer option)
             if value is not None and (not isinstance(value, kind) or isinstance(value, bool) != (kind is bool)):
                 raise InvalidRequestError(f"options.{name} must be {what}, got {value!r:.40}", param=f"options.{name}")
             continue
@@ -523,7 +525,7 @@ async def _fit_window(request: Request, fields: dict[str, Any], num_ctx: int | N
     if prompt_tokens >= window:  # (the num_predict fitted below would be named in the route's error)
         raise ContextLengthError(f"the prompt is {prompt_tokens} tokens, which leaves no room to write in this "
                                  f"server's context of {window} tokens; Solo does not truncate prompts: shorten the "
-                                 "prompt", param="prompt", prompt_tokens=prompt_tokens, max_tokens=0, limit=window)
+                                 "prompt", param="prompt")  # (no counts: OpenAI's wording of them names messages)
     room = window - prompt_tokens
     asked = fields.get("max_tokens")
     # num_predict is a cap: at most the rest of the window (raw, the completions route's default is 16)
@@ -746,6 +748,10 @@ async def show(request: Request) -> Response:
             data = {**data, "model": data["name"]}
         _check_model(request, data)
         _check_fields(data, _SHOW_FIELDS, "/api/show")
+        for name in ("system", "template", "options"):  # (Ollama shows a modelfile changed by them)
+            if data.get(name):
+                raise InvalidRequestError(f"{name}: Solo shows the served model as it is (it has no modelfile to "
+                                          f"change); leave {name} out", param=name)
         if typed_field(data, "verbose", bool, "true or false"):
             raise InvalidRequestError("verbose: Solo's model_info has no tokenizer lists (tokens, merges); leave "
                                       "verbose out, or read them from the model folder's tokenizer.json",

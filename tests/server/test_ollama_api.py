@@ -249,7 +249,9 @@ def test_errors_come_in_ollamas_shape(server):
             ("show", {"model": MODEL_NAME, "bogus": 1}, "bogus is not a field"),
             ("generate", {"model": MODEL_NAME, "prompt": "hi", "options": {"num_thread": "lots"}},
              "options.num_thread must be an integer"),
-            ("chat", {**ask, "options": {"use_mmap": 1}}, "options.use_mmap must be true or false")):
+            ("chat", {**ask, "options": {"use_mmap": 1}}, "options.use_mmap must be true or false"),
+            ("chat", {**ask, "options": {"num_thread": 4.5}}, "options.num_thread must be an integer"),
+            ("show", {"model": MODEL_NAME, "system": "Be brief."}, "system: Solo shows the served model")):
         refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
         assert refused.status_code == 400 and words in refused.json()["error"], (body, refused.json())
     # Ollama's own checks keep Ollama's names (its boolean logprobs is no top count); a raw prompt past the
@@ -257,10 +259,15 @@ def test_errors_come_in_ollamas_shape(server):
     for path, body, starts, absent in (
             ("generate", {"model": MODEL_NAME, "prompt": "x", "logprobs": "yes"}, "logprobs must be", "top_logprobs"),
             ("chat", {**ask, "logprobs": "yes"}, "logprobs must be", "top_logprobs"),
-            ("generate", {"model": MODEL_NAME, "prompt": "x " * 5000, "raw": True}, "the prompt is", "num_predict")):
+            ("generate", {"model": MODEL_NAME, "prompt": "x " * 5000, "raw": True}, "the prompt is", "messages")):
         refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
         error = refused.json()["error"]
         assert refused.status_code == 400 and error.startswith(starts) and absent not in error, (body, error)
+    # Ollama's own request shapes: a whole-number float for an integer option, show's empty fields.
+    assert httpx.post(f"{host}/api/chat", headers=key, json={**ask, "stream": False, "options": {
+        "num_thread": 4.0, "num_gpu": 1.0, "num_predict": 2}}).status_code == 200
+    assert httpx.post(f"{host}/api/show", headers=key, json={"model": MODEL_NAME, "system": None, "template": "",
+                                                             "options": {}}).status_code == 200
     # An empty system beside raw: true is none (front ends send it on every request).
     assert httpx.post(f"{host}/api/generate", headers=key, json={
         "model": MODEL_NAME, "prompt": "def", "raw": True, "system": "", "stream": False,
