@@ -18,6 +18,8 @@ result back: a `reasoning` item for a thinking model's block, a `message` item w
 Solo stores no responses, as vLLM without a store: `previous_response_id` (and GET /v1/responses/{id}) is
 refused, and a client sends the whole conversation each turn (the Agents SDK does with `store=False`). A reasoning
 item's `encrypted_content` (OpenAI's, which only OpenAI reads) is not read: an item with no text adds no turn.
+`include: ["reasoning.encrypted_content"]` (a stateless client's ask for the reasoning to send back) is taken:
+Solo's reasoning items carry that reasoning in the clear, in `content`, and read it back.
 """
 
 from __future__ import annotations
@@ -126,9 +128,9 @@ def chat_request(body: ResponsesRequest, thinking_switch: bool = True) -> ChatCo
         raise InvalidRequestError("reasoning settings are not supported by Solo (it has no reasoning-budget control) "
                                   'but {"effort": "none"}, thinking off; leave reasoning out', param="reasoning")
     for entry in body.include or []:
-        if entry != _LOGPROBS:
-            raise InvalidRequestError(f"include {entry!r} is not supported (Solo includes {_LOGPROBS!r}); leave it "
-                                      "out", param="include")
+        if entry not in (_LOGPROBS, _REASONING):
+            raise InvalidRequestError(f"include {entry!r} is not supported (Solo includes {_LOGPROBS!r} and "
+                                      f"{_REASONING!r}); leave it out", param="include")
     if (body.model_extra or {}).get("background"):
         raise InvalidRequestError("background responses need stored responses, which Solo does not keep; leave "
                                   "background out (or stream the response)", param="background")
@@ -267,6 +269,9 @@ def _check_no_effect_fields(extra: dict[str, Any], stream: bool) -> None:
 
 
 _LOGPROBS = "message.output_text.logprobs"
+_REASONING = "reasoning.encrypted_content"
+"""Taken as asked: a stateless client (`store: false`: Codex, the Agents SDK) asks for the reasoning it must send
+back next turn; Solo's reasoning items carry it in the clear, in `content`, which it reads back."""
 """The `include` entry Solo takes: the output text's token logprobs, as `top_logprobs` asks for them too."""
 
 

@@ -103,7 +103,7 @@ def test_function_calls_round_trip(server):
     # the chat route's terms put in the Responses API's (flat tools, flat json_schema format)
     ({"text": {"format": {"type": "json_schema", "name": "x"}}}, "text", 'needs "name" and "schema" beside its type'),
     ({"tools": [{"type": "function", "name": "bad name!"}]}, "tools", "tools[0].name must be 1-64 letters"),
-    ({"include": ["reasoning.encrypted_content"]}, "include", "'reasoning.encrypted_content' is not supported"),
+    ({"include": ["file_search_call.results"]}, "include", "'file_search_call.results' is not supported"),
     ({"top_logprobs": 21}, "top_logprobs", "top_logprobs"),
     # from a break test: in words, without pydantic's tags ("input.str"); no-effect fields checked all the same
     ({"input": 123}, "input", "input: Input should be a string or a list of input items"),
@@ -117,6 +117,10 @@ def test_what_solo_cannot_honour_is_refused(server, fields, param, words):
     # (null is a field's default here as on the other routes)
     assert server.client().responses.create(model=MODEL_NAME, input="hi", max_output_tokens=2,
                                             extra_body={"stream": None}).usage.output_tokens == 2
+    # A stateless client's ask for the reasoning to send back (Codex, the Agents SDK with store=False) is as
+    # asked: Solo's reasoning items carry it in the clear.
+    assert server.client().responses.create(model=MODEL_NAME, input="hi", max_output_tokens=2, store=False,
+                                            include=["reasoning.encrypted_content"]).usage.output_tokens == 2
     with pytest.raises(openai.BadRequestError) as info:
         server.client().responses.create(**{"model": MODEL_NAME, "input": "hi", **fields})
     assert words in info.value.message and info.value.body["param"] == param
