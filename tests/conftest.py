@@ -56,10 +56,11 @@ def pytest_collection_finish(session: pytest.Session) -> None:
         levels = [lv.name for lv in cpu_build.available_levels() if lv != own]  # scalar and avx2 first
     except Exception:  # noqa: BLE001 (the tests report it)
         return
-    if levels:
-        subprocess.Popen([sys.executable, "-c", "import sys; from solo.runtime import cpu_build as b; "
-                          "[b.library_path(lv) for lv in b.LEVELS if lv.name in sys.argv[1:]]", *levels],
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    if levels:  # (started by a shell that exits at once: no Popen left running, which warned when collected)
+        subprocess.run(["sh", "-c", '"$0" "$@" >/dev/null 2>&1 </dev/null &', sys.executable, "-c",
+                        "import sys; from solo.runtime import cpu_build as b; "
+                        "[b.library_path(lv) for lv in b.LEVELS if lv.name in sys.argv[1:]]", *levels],
+                       start_new_session=True, check=False)
 
 
 @pytest.fixture(autouse=True, scope="session")
