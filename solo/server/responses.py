@@ -269,10 +269,10 @@ def _check_no_effect_fields(extra: dict[str, Any], stream: bool) -> None:
 
 
 _LOGPROBS = "message.output_text.logprobs"
+"""The `include` entry Solo takes: the output text's token logprobs, as `top_logprobs` asks for them too."""
 _REASONING = "reasoning.encrypted_content"
 """Taken as asked: a stateless client (`store: false`: Codex, the Agents SDK) asks for the reasoning it must send
 back next turn; Solo's reasoning items carry it in the clear, in `content`, which it reads back."""
-"""The `include` entry Solo takes: the output text's token logprobs, as `top_logprobs` asks for them too."""
 
 
 def wants_logprobs(body: ResponsesRequest) -> bool:
