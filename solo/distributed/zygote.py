@@ -78,11 +78,9 @@ def fork(target: str, args: list) -> FollowerHandle:
     from solo.errors import SoloError
 
     global _HELPER
-    if _HELPER is None or _HELPER.poll() is not None:
-        if _HELPER is None:
-            atexit.register(stop_helper)
-        else:
-            stop_helper()  # (its pipes)
+    if _HELPER is not None and _HELPER.poll() is not None:
+        stop_helper()  # (a helper that died: its pipes)
+    if _HELPER is None:
         _HELPER = subprocess.Popen([sys.executable, "-m", "solo.distributed.zygote"], stdin=subprocess.PIPE,
                                    stdout=subprocess.PIPE, text=True)
         if _HELPER.stdout.readline().strip() != "ready":
@@ -98,8 +96,8 @@ _HELPER = None
 def stop_helper(timeout_s: float = 5.0) -> None:
     """Stop this process's helper, if one runs; followers it forked are not touched.
 
-    Its stdin is closed (it exits), then its stdout; it is killed after `timeout_s` seconds. Registered at exit
-    when the helper starts (it was left running, its pipes open, at the end of every process that used it).
+    Its stdin is closed (it exits), then its stdout; it is killed after `timeout_s` seconds. Runs at exit (the
+    helper was left running, its pipes open, at the end of every process that used it).
     """
     import subprocess
 
@@ -117,6 +115,9 @@ def stop_helper(timeout_s: float = 5.0) -> None:
     except subprocess.TimeoutExpired:
         helper.kill()
         helper.wait()
+
+
+atexit.register(stop_helper)  # (nothing to do where no helper started)
 
 
 def main() -> None:

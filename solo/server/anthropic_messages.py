@@ -148,19 +148,8 @@ def chat_request(body: MessagesRequest, thinking_switch: bool = True, counting: 
             raise InvalidRequestError(f"{name}: {_NOT_DONE[name]}", param=name)
         if name not in _NO_EFFECT:
             raise InvalidRequestError(f"{name} is not a field Solo's Messages API takes", param=name)
-    metadata = (body.model_extra or {}).get("metadata")
-    if not counting and metadata is not None and (
-            not isinstance(metadata, dict) or set(metadata) - {"user_id"}
-            or not isinstance(metadata.get("user_id", ""), str | None)):
-        raise InvalidRequestError(f"metadata takes only user_id (a string), as Anthropic's; got {metadata!r:.60}",
-                                  param="metadata")
-    tier = extra.get("service_tier")
-    if not counting and tier is not None and tier not in ("auto", "standard_only"):
-        raise InvalidRequestError(f'service_tier must be "auto" or "standard_only", got {tier!r:.40}',
-                                  param="service_tier")
-    for name in ("cache_control", "context_management"):
-        if not counting and extra.get(name) is not None and not isinstance(extra[name], dict):
-            raise InvalidRequestError(f"{name} must be an object, got {extra[name]!r:.40}", param=name)
+    if not counting:
+        _check_no_effect_fields(extra)
     if body.temperature is not None and not 0 <= body.temperature <= 1:
         raise InvalidRequestError(f"temperature must be in [0, 1] on the Messages API (Anthropic's range), got "
                                   f"{body.temperature!r}; for more, use /v1/chat/completions", param="temperature")
@@ -322,6 +311,22 @@ def _text(content: Any, where: str) -> str:  # noqa: ANN401
         return "\n".join(b["text"] for b in content)
     raise InvalidRequestError(f"{where} must be a string or a list of text blocks (Solo's models take text only)",
                               param="system" if where == "system" else "messages")
+
+
+def _check_no_effect_fields(extra: dict[str, Any]) -> None:
+    # Fields that change nothing still take only Anthropic's values (a wrong one is the client's mistake).
+    metadata = extra.get("metadata")
+    if metadata is not None and (not isinstance(metadata, dict) or set(metadata) - {"user_id"}
+                                 or not isinstance(metadata.get("user_id", ""), str | None)):
+        raise InvalidRequestError(f"metadata takes only user_id (a string), as Anthropic's; got {metadata!r:.60}",
+                                  param="metadata")
+    tier = extra.get("service_tier")
+    if tier is not None and tier not in ("auto", "standard_only"):
+        raise InvalidRequestError(f'service_tier must be "auto" or "standard_only", got {tier!r:.40}',
+                                  param="service_tier")
+    for name in ("cache_control", "context_management"):
+        if extra.get(name) is not None and not isinstance(extra[name], dict):
+            raise InvalidRequestError(f"{name} must be an object, got {extra[name]!r:.40}", param=name)
 
 
 def _chat_tool(tool: dict[str, Any], index: int) -> dict[str, Any]:
