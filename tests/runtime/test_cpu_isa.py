@@ -159,8 +159,10 @@ def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_
 
 # The parity tests this file reruns under each other level (a subset, to stay fast): every GEMV format
 # against torch, bitwise batch invariance at real widths, the quantized runtime against eager, and
-# end-to-end logits / greedy tokens against eager and transformers.
+# end-to-end logits / greedy tokens against eager and transformers; mixture-of-experts and lane models too,
+# in the same process per level (each process pays seconds of imports before its first test).
 _Q, _R = "tests/runtime/test_quant_cpu.py::", "tests/runtime/test_cpu_runtime.py::"
+_M, _L = "tests/runtime/test_cpu_moe.py::", "tests/runtime/test_cpu_lanes.py::"
 _PARITY = [
     f"{_Q}test_gemv_kernels_match_torch",
     f"{_Q}test_gemv_is_bit_identical_across_batch_sizes",
@@ -179,6 +181,22 @@ _PARITY = [
     "tests/runtime/test_verify_kv.py::test_cpu_verify_equals_decode_steps_bit_for_bit_in_every_format",
     "tests/runtime/test_amx.py",  # skipped below the amx level
     "tests/runtime/test_span_tile.py::test_tiles_give_batch_1_bits_at_real_widths",
+    f"{_M}test_float32_greedy_matches_transformers_and_eager",
+    f"{_M}test_bfloat16_greedy_and_logits_match_eager[qwen2_moe]",
+    f"{_M}test_bfloat16_greedy_and_logits_match_eager[olmoe]",
+    f"{_M}test_router_ties_break_like_transformers[some]",
+    f"{_M}test_quantized_experts_match_eager_on_the_same_quantized_model[qwen2_moe-int8]",
+    f"{_M}test_quantized_experts_match_eager_on_the_same_quantized_model[olmoe-int4]",
+    f"{_M}test_batched_decode_is_bit_identical_at_real_widths",
+    # lanes: every delay mode and head type once, both dtypes, grouped attention, batching
+    *(f"{_L}test_float32_decode_matches_eager[{name}]" for name in
+      ("L2-d0", "L4-d2-no-early", "L2-d1-no-early-mixed-flags", "L4-d2-window", "L3-d1-replicate",
+       "L4-d1-pre-norm", "L4-d1-lane-head", "L4-d2-vocab-parallel")),
+    f"{_L}test_bfloat16_decode_matches_eager[L4-d2-window]",
+    f"{_L}test_bfloat16_decode_matches_eager[L3-d1-replicate]",
+    f"{_L}test_grouped_attention_widths_match_eager",
+    f"{_L}test_batched_decode_is_bit_identical_to_batch_1[L4-d2-window-float32]",
+    f"{_L}test_batched_decode_is_bit_identical_to_batch_1[L4-d2-window-bfloat16]",
 ]
 
 

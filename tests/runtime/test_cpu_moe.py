@@ -7,11 +7,6 @@ the whole projection), on tiny random checkpoints written by transformers (tests
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
 from _decode_helpers import greedy_steps
@@ -22,7 +17,7 @@ from transformers import AutoModelForCausalLM
 from solo.errors import SoloError
 from solo.model.config import ModelConfig
 from solo.model.weights import load_weights
-from solo.runtime import cpu_build, create_runtime
+from solo.runtime import create_runtime
 from solo.runtime.cpu import CpuRuntime
 from solo.runtime.eager import EagerRuntime
 from solo.runtime.quant import quantize_model, set_int8_activations
@@ -35,7 +30,6 @@ F32_ATOL = 1e-4  # float32: only summation orders differ
 # bfloat16: as tests/runtime/test_cpu_runtime.py (PyTorch's attention rounds a logit a bf16 step away at
 # times); the routing sees the same rounded router logits, so the experts chosen are the same.
 BF16_ATOL = 0.15
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def _load(folder, dtype):
@@ -322,29 +316,4 @@ def test_engine_runs_moe_on_the_native_runtime_with_quantization(tmp_path):
     assert len(result.token_ids) == 8
 
 
-# The tests above rerun under every other ISA level this CPU runs (a subset, to stay fast).
-_F = "tests/runtime/test_cpu_moe.py::"
-_ISA_SUBSET = [
-    f"{_F}test_float32_greedy_matches_transformers_and_eager",
-    f"{_F}test_bfloat16_greedy_and_logits_match_eager[qwen2_moe]",
-    f"{_F}test_bfloat16_greedy_and_logits_match_eager[olmoe]",
-    f"{_F}test_router_ties_break_like_transformers[some]",
-    f"{_F}test_quantized_experts_match_eager_on_the_same_quantized_model[qwen2_moe-int8]",
-    f"{_F}test_quantized_experts_match_eager_on_the_same_quantized_model[olmoe-int4]",
-    f"{_F}test_batched_decode_is_bit_identical_at_real_widths",
-]
-
-
-@pytest.mark.slow
-@pytest.mark.parametrize("isa", [lv.name for lv in cpu_build.LEVELS])
-def test_moe_parity_under_every_isa_level_this_cpu_runs(isa):
-    available = [lv.name for lv in cpu_build.available_levels()]
-    if isa not in available:
-        pytest.skip(f"this CPU cannot run the {isa} level")
-    if isa == cpu_build.selected_level().name:
-        pytest.skip(f"{isa} is this session's level: the whole file runs on it")
-    env = {**os.environ, "SOLO_CPU_ISA": isa, "SOLO_CPU_SPIN_US": "0"}
-    result = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *_ISA_SUBSET],
-                            cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
-    output = result.stdout[-4000:] + result.stderr[-2000:]
-    assert result.returncode == 0, f"MoE parity tests under SOLO_CPU_ISA={isa}:\n{output}"
+# A subset of the tests above reruns under every other ISA level this CPU runs: tests/runtime/test_cpu_isa.py.
