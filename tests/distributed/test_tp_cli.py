@@ -143,7 +143,11 @@ def test_a_stopped_rank_fails_the_engine_before_the_gloo_timeout(lane_model, mon
             errors.append(exc)
 
     try:
-        time.sleep(2.5)  # a few heartbeats
+        # A few heartbeats: a follower beats once it runs its command loop, which on a loaded machine can come
+        # seconds after Engine.load returns; one never seen beating is not watched (another launcher's rank).
+        store, deadline = tp_runtime._default_store(), time.monotonic() + 60
+        while store.add(tp_runtime._beat_key(1), 0) < 2 and time.monotonic() < deadline:
+            time.sleep(0.2)
         for pid in followers:
             os.kill(pid, signal.SIGSTOP)
         worker = threading.Thread(target=generate, daemon=True)
