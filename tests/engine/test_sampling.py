@@ -437,9 +437,9 @@ def test_ttft_counts_from_the_first_read_of_a_stream(tiny_llama):
 
     engine = Engine.load(tiny_llama)
     stream = engine.generate("def f(x):", {"max_tokens": 2, "ignore_eos": True})
-    time.sleep(1.0)
+    time.sleep(2.0)
     stats = list(stream)[-1].stats
-    assert stats.ttft_s < 0.9 and stats.token_times_s[0] == stats.ttft_s and stats.total_s >= sum(stats.token_times_s)
+    assert stats.ttft_s < 1.8 and stats.token_times_s[0] == stats.ttft_s and stats.total_s >= sum(stats.token_times_s)
 
 
 def test_close_while_this_thread_waits_for_its_open_stream_says_closed_at_once(tiny_llama):

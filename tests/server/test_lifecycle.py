@@ -273,13 +273,14 @@ def test_a_request_still_sending_its_body_at_the_grace_periods_end_gets_the_503(
         start = time.monotonic()
         proc.send_signal(signal.SIGTERM)
         half.settimeout(20)
-        reply = b""
+        reply = half.recv(4096)
+        answered_s = time.monotonic() - start  # (the grace period, 1 s; uvicorn's own deadline was 6 s)
         while chunk := half.recv(4096):  # (until the server closes the connection)
             reply += chunk
         reply = reply.decode()
         out, _ = proc.communicate(timeout=30)
-        took = time.monotonic() - start
     finally:
         proc.kill()
     assert reply.startswith("HTTP/1.1 503") and "retry-after" in reply.lower() and "shutting_down" in reply, reply
-    assert proc.returncode == 0 and took < 5 and "Traceback" not in out, out
+    assert answered_s < 5, answered_s
+    assert proc.returncode == 0 and "Traceback" not in out, out
