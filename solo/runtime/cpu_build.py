@@ -23,24 +23,29 @@ slower prompts), and a level the CPU lacks is refused with `IsaError`.
 Each library is cached under the user's cache folder keyed by a hash of the source, the compiler and
 the flags; an unwritable cache folder falls back to a per-user folder under the system temp folder, with
 a warning. Processes that need the same library at once (tensor-parallel ranks, test runs) build it once:
-the others wait on a lock file beside it. The library has no Python or PyTorch headers, so it builds in
-seconds, and is called through `ctypes` (which releases the GIL). It links libgomp by its soname, so inside
-a PyTorch process it shares PyTorch's OpenMP runtime instead of starting a second thread pool.
+the others wait on a lock file beside it. A library is loaded only if its bytes are those its build wrote
+(a sha256 beside it); a damaged one is rebuilt, and a full cache folder falls back to the temp folder. The
+library has no Python or PyTorch headers, so it builds in seconds, and is called through `ctypes` (which
+releases the GIL). It links libgomp by its soname, so inside a PyTorch process it shares PyTorch's OpenMP
+runtime instead of starting a second thread pool.
 """
 
 from __future__ import annotations
 
 import contextlib
 import ctypes
+import errno
 import hashlib
 import logging
 import os
 import platform
+import shlex
 import shutil
 import stat
 import subprocess
 import tempfile
 import threading
+import time
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
@@ -215,18 +220,26 @@ def _fallback_cache_dir() -> Path:
     return private_temp_dir("solo-kernels")
 
 
-def _compiler() -> str:
-    for name in (os.environ.get("CXX"), "c++", "g++", "clang++"):
-        if name and shutil.which(name):
-            return name
+def _compiler() -> list[str]:
+    # $CXX as make reads it (a command with arguments: "ccache g++"), else the first compiler on PATH.
+    explicit = os.environ.get("CXX", "").strip()
+    if explicit:
+        command = shlex.split(explicit)
+        if not shutil.which(command[0]):
+            raise KernelBuildError(f"CXX={explicit!r} names no program on PATH to build Solo's CPU kernels; point "
+                                   "it at a C++ compiler (g++ or clang++) or unset it")
+        return command
+    for name in ("c++", "g++", "clang++"):
+        if shutil.which(name):
+            return [name]
     raise KernelBuildError("no C++ compiler (c++, g++ or clang++) on PATH to build Solo's CPU kernels")
 
 
-def _compiler_id(cxx: str) -> str:
+def _compiler_id(cxx: list[str]) -> str:
     try:
-        return subprocess.run([cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
+        return subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.TimeoutExpired) as exc:
-        raise KernelBuildError(f"cannot run the C++ compiler {cxx!r} ({exc})") from None
+        raise KernelBuildError(f"cannot run the C++ compiler {shlex.join(cxx)!r} ({exc})") from None
 
 
 def _cpuinfo_field(name: str) -> str:
@@ -356,14 +369,14 @@ def library_path(level: IsaLevel | None = None) -> Path:
     digest.update((" ".join(flags) + _compiler_id(cxx)).encode())
     name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
     folder = cache_dir()
-    if (folder / name).is_file() and _own(folder) and _own(folder / name, follow=False):
+    if _usable(folder, name):
         return folder / name
     writable = _writable_dir(folder)
     if not writable or not _own(folder):  # (only then the temp folder: never a library there beside a usable cache)
         why = "is not writable" if not writable else \
             "is not this user's, or anyone may write it (a library there could be another user's)"
         fallback = _fallback_cache_dir()
-        if (fallback / name).is_file():
+        if _usable(fallback, name):
             return fallback / name
         warnings.warn(f"the kernel cache folder {folder} {why}; building Solo's CPU kernels in {fallback} instead "
                       "(set XDG_CACHE_HOME to a writable folder of your own to keep them)", SoloWarning, stacklevel=2)
@@ -371,26 +384,112 @@ def library_path(level: IsaLevel | None = None) -> Path:
             raise KernelBuildError(f"neither {folder} nor {fallback} is writable to build Solo's CPU kernels; "
                                    "set XDG_CACHE_HOME to a writable folder")
         folder = fallback
+    try:
+        return _build(cxx, flags, sources, level, folder, name)
+    except _NoSpace as exc:
+        fallback = _fallback_cache_dir()
+        if folder == fallback or not _writable_dir(fallback):
+            raise KernelBuildError(f"building Solo's CPU kernels in {folder} failed: no space left on that file "
+                                   "system; free some, or set XDG_CACHE_HOME to a folder with room") from None
+        warnings.warn(f"the kernel cache folder {folder} is full ({exc}); building Solo's CPU kernels in {fallback} "
+                      "instead (free space there, or set XDG_CACHE_HOME to a folder with room, to keep them)",
+                      SoloWarning, stacklevel=2)
+        try:
+            return _build(cxx, flags, sources, level, fallback, name)
+        except _NoSpace:
+            raise KernelBuildError(f"building Solo's CPU kernels failed: no space left in {folder} nor in "
+                                   f"{fallback}; free some, or set XDG_CACHE_HOME to a folder with room") from None
+
+
+class _NoSpace(Exception):
+    """The build's file system is full (ENOSPC, from Python or in the compiler's output)."""
+
+
+def _checksum_path(library: Path) -> Path:
+    return library.with_name(library.name + ".sha256")
+
+
+def _intact(library: Path) -> bool:
+    # The bytes its build wrote (the sha256 recorded beside it): a truncated or damaged library (a full disk, a
+    # killed copy, a bad block) crashed the process inside dlopen (SIGBUS) or decoded wrong tokens.
+    try:
+        recorded = _checksum_path(library).read_text().strip()
+        return hashlib.sha256(library.read_bytes()).hexdigest() == recorded
+    except OSError:
+        return False
+
+
+def _usable(folder: Path, name: str) -> bool:
+    library = folder / name
+    return library.is_file() and _own(folder) and _own(library, follow=False) and _intact(library)
+
+
+# A build runs at most this long; a temporary file that old in the cache folder is a killed build's.
+_BUILD_TIMEOUT_S = 600
+# A process waiting for another's build says so after _LOCK_NOTICE_S, and builds beside it after _LOCK_WAIT_S
+# (the holder is stopped or hung).
+_LOCK_NOTICE_S = 2.0
+_LOCK_WAIT_S = _BUILD_TIMEOUT_S + 60.0
+
+
+def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: IsaLevel, folder: Path,
+           name: str) -> Path:
     target = folder / name
     with _build_lock(folder / f"{name}.lock"):
-        if target.is_file() and _own(target, follow=False):  # another process built it while this one waited
+        if _usable(folder, name):  # another process built it while this one waited
             return target
-        # Build into a temporary name and rename: a reader never sees a half-written library.
+        if target.exists():
+            warnings.warn(f"{target} is not the library its build wrote (damaged, or from an older Solo); "
+                          "rebuilding it", SoloWarning, stacklevel=3)
+        _remove_stale_builds(folder)
+        # Build into a temporary name and rename: a reader never sees a half-written library. The checksum is
+        # written first, so a library in place always has its own.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
         try:
             with tempfile.TemporaryDirectory(prefix="solo-kernels-src-") as src:
                 for source_name, text in sources.items():
                     Path(src, source_name).write_bytes(text)
-                result = subprocess.run([cxx, *flags, str(Path(src, _MAIN.name)), "-o", tmp], capture_output=True,
-                                        text=True, timeout=600)
+                try:
+                    result = subprocess.run([*cxx, *flags, str(Path(src, _MAIN.name)), "-o", tmp],
+                                            capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+                except subprocess.TimeoutExpired:
+                    raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} took "
+                                           f"over {_BUILD_TIMEOUT_S} s; stopped") from None
+            output = (result.stderr.strip() or result.stdout.strip())[-4000:]
             if result.returncode != 0:
-                raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) failed:\n{result.stderr[-4000:]}")
+                if "No space left on device" in output:
+                    raise _NoSpace("No space left on device")
+                raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
+                                       f"(exit status {result.returncode}):\n{output or '(no output)'}")
+            built = Path(tmp).read_bytes()
+            if not built:
+                raise KernelBuildError(f"the C++ compiler {shlex.join(cxx)} exited 0 but wrote no library; point CXX "
+                                       "at a working compiler (g++ or clang++)")
+            checksum = _checksum_path(target)
+            checksum_tmp = checksum.with_name(checksum.name + f".{os.getpid()}")
+            checksum_tmp.write_text(hashlib.sha256(built).hexdigest() + "\n")
+            os.replace(checksum_tmp, checksum)
             os.replace(tmp, target)
+        except OSError as exc:
+            if exc.errno == errno.ENOSPC:
+                raise _NoSpace(exc.strerror) from None
+            raise KernelBuildError(f"cannot write Solo's CPU kernels in {folder} ({exc}); set XDG_CACHE_HOME to "
+                                   "a writable folder with room") from None
         finally:
-            if os.path.exists(tmp):
-                os.unlink(tmp)
+            for leftover in (tmp, str(_checksum_path(target)) + f".{os.getpid()}"):
+                with contextlib.suppress(OSError):
+                    os.unlink(leftover)
     return target
+
+
+def _remove_stale_builds(folder: Path) -> None:
+    # The temporary libraries of builds killed mid-way (SIGKILL runs no cleanup); young ones may be running.
+    now = time.time()
+    for leftover in folder.glob("tmp*.so"):
+        with contextlib.suppress(OSError):
+            if now - leftover.stat().st_mtime > 2 * _BUILD_TIMEOUT_S:
+                leftover.unlink()
 
 
 @contextlib.contextmanager
@@ -404,11 +503,22 @@ def _build_lock(path: Path):  # noqa: ANN202
         import fcntl
 
         handle = open(path, "a")  # noqa: SIM115
-        try:
-            fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            log.info("waiting for another process building %s", path.stem)
-            fcntl.flock(handle, fcntl.LOCK_EX)  # released when the handle closes (or the process ends)
+        start, announced = time.monotonic(), False
+        while True:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)  # (released when the handle closes)
+                break
+            except BlockingIOError:
+                waited_s = time.monotonic() - start
+                if waited_s > _LOCK_WAIT_S:
+                    warnings.warn(f"another process has held {path} longer than a build takes; building Solo's "
+                                  "CPU kernels without waiting for it", SoloWarning, stacklevel=4)
+                    raise OSError("lock not taken") from None
+                if waited_s > _LOCK_NOTICE_S and not announced:
+                    warnings.warn(f"waiting for another process that builds Solo's CPU kernels (lock {path})",
+                                  SoloWarning, stacklevel=4)
+                    announced = True
+                time.sleep(0.2)
     except (ImportError, OSError):
         if handle is not None:
             handle.close()

@@ -7,6 +7,7 @@ import os
 import stat
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -155,6 +156,92 @@ def test_processes_that_need_one_library_at_once_build_it_once(monkeypatch, tmp_
         t.join()
     assert len(paths) == 2 and paths[0] == paths[1] and paths[0].is_file()
     assert len(builds) == 1  # the second waited on the lock file, then found the library
+
+
+def test_a_damaged_library_in_the_cache_is_rebuilt_not_loaded(monkeypatch, tmp_path, tiny_kernel_source):
+    # From a break test: a truncated cached library crashed the process inside dlopen (SIGBUS), and a few changed
+    # bytes decoded wrong tokens with exit status 0.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    level = available_levels()[0]
+    path = cpu_build.library_path(level)
+    good = path.read_bytes()
+    for damage in (good[: len(good) // 2], good[:-8] + b"\x7f" * 8, b""):
+        path.write_bytes(damage)
+        with pytest.warns(UserWarning, match="is not the library its build wrote .*; rebuilding it"):
+            assert cpu_build.library_path(level) == path
+        assert path.read_bytes() == good  # (the build is deterministic here)
+    cpu_build._checksum_path(path).unlink()  # a library from before checksums: rebuilt once, then trusted
+    with pytest.warns(UserWarning, match="rebuilding it"):
+        cpu_build.library_path(level)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert cpu_build.library_path(level) == path
+
+
+def test_what_the_compiler_named_by_cxx_does_is_said(monkeypatch, tmp_path, tiny_kernel_source):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    level = available_levels()[0]
+    monkeypatch.setenv("CXX", "/nonexistent/g++")  # was skipped silently for the c++ on PATH
+    with pytest.raises(KernelBuildError, match=r"CXX='/nonexistent/g\+\+' names no program on PATH"):
+        cpu_build.library_path(level)
+    monkeypatch.setenv("CXX", "true")  # exits 0, writes nothing: an empty library was cached
+    with pytest.raises(KernelBuildError, match="the C\\+\\+ compiler true exited 0 but wrote no library"):
+        cpu_build.library_path(level)
+    monkeypatch.setenv("CXX", "false")  # failed with an empty message
+    with pytest.raises(KernelBuildError, match=r"with false failed \(exit status 1\):\n\(no output\)"):
+        cpu_build.library_path(level)
+    assert not [p for p in (tmp_path / "cache" / "solo" / "kernels").iterdir() if p.suffix == ".so"]
+    monkeypatch.setenv("CXX", "env c++")  # a command with arguments, as make takes it ("ccache g++")
+    assert cpu_build.library_path(level).is_file()
+
+
+def test_a_full_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, tiny_kernel_source):
+    # From a break test: a full file system failed the build (to eager decoding, ~6x slower) on every run.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    run = subprocess.run
+
+    def full_cache(cmd, **kwargs):
+        if "-o" in cmd and str(tmp_path / "cache") in cmd[cmd.index("-o") + 1]:
+            return subprocess.CompletedProcess(cmd, 1, "", "/usr/bin/ld: final link failed: No space left on device")
+        return run(cmd, **kwargs)
+
+    monkeypatch.setattr(cpu_build.subprocess, "run", full_cache)
+    with pytest.warns(UserWarning, match=r"kernels is full \(No space left on device\); building .* in .*fallback"):
+        path = cpu_build.library_path(available_levels()[0])
+    assert path.parent == tmp_path / "fallback" and path.is_file()
+    monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "cache" / "solo" / "kernels")
+    with pytest.raises(KernelBuildError, match="no space left on that file system; free some, or set XDG_CACHE_HOME"):
+        cpu_build.library_path(available_levels()[0])
+
+
+@pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX file locks")
+def test_a_build_lock_held_too_long_is_said_then_built_beside(monkeypatch, tmp_path, tiny_kernel_source):
+    # From a break test: a builder stopped with SIGSTOP left the next process waiting silently for ever.
+    import fcntl
+
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpu_build, "_LOCK_NOTICE_S", 0.1)
+    monkeypatch.setattr(cpu_build, "_LOCK_WAIT_S", 0.5)
+    level = available_levels()[0]
+    folder = cpu_build.cache_dir()
+    name = cpu_build.library_path(level).name
+    (folder / name).unlink()
+    stale, young = folder / "tmpkilled.so", folder / "tmprunning.so"  # a killed build's, one still running
+    for leftover in (stale, young):
+        leftover.write_bytes(b"")
+    os.utime(stale, (0, 0))
+    with open(folder / f"{name}.lock", "a") as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        with pytest.warns(UserWarning) as said:
+            assert cpu_build.library_path(level) == folder / name
+    messages = [str(w.message) for w in said]
+    assert any("waiting for another process that builds Solo's CPU kernels (lock " in m for m in messages)
+    assert any("longer than a build takes; building Solo's CPU kernels without waiting" in m for m in messages)
+    assert not stale.exists() and young.exists()
 
 
 # The parity tests this file reruns under each other level (a subset, to stay fast): every GEMV format
