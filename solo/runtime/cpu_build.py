@@ -224,7 +224,11 @@ def _compiler() -> list[str]:
     # $CXX as make reads it (a command with arguments: "ccache g++"), else the first compiler on PATH.
     explicit = os.environ.get("CXX", "").strip()
     if explicit:
-        command = shlex.split(explicit)
+        try:
+            command = shlex.split(explicit)
+        except ValueError as exc:
+            raise KernelBuildError(f"CXX={explicit!r} is not a command ({exc}); point it at a C++ compiler (g++ or "
+                                   "clang++) or unset it") from None
         if not shutil.which(command[0]):
             raise KernelBuildError(f"CXX={explicit!r} names no program on PATH to build Solo's CPU kernels; point "
                                    "it at a C++ compiler (g++ or clang++) or unset it")
@@ -367,14 +371,18 @@ def library_path(level: IsaLevel | None = None) -> Path:
     for source_name, text in sources.items():
         digest.update(source_name.encode() + text)
     digest.update((" ".join(flags) + _compiler_id(cxx)).encode())
+    digest.update(shlex.join(cxx[1:]).encode())  # CXX's own arguments ("g++ -O0"): nothing without them
     name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
     folder = cache_dir()
     if _usable(folder, name):
         return folder / name
     writable = _writable_dir(folder)
-    if not writable or not _own(folder):  # (only then the temp folder: never a library there beside a usable cache)
+    free = _free_bytes(folder) if writable else 0
+    # (only then the temp folder: never a library there beside a usable cache)
+    if not writable or not _own(folder) or free < _BUILD_SPACE_BYTES:
         why = "is not writable" if not writable else \
-            "is not this user's, or anyone may write it (a library there could be another user's)"
+            "is not this user's, or anyone may write it (a library there could be another user's)" \
+            if not _own(folder) else f"has {free >> 10} KiB free, too little for a build"
         fallback = _fallback_cache_dir()
         if _usable(fallback, name):
             return fallback / name
@@ -401,6 +409,17 @@ def library_path(level: IsaLevel | None = None) -> Path:
                                    f"{fallback}; free some, or set XDG_CACHE_HOME to a folder with room") from None
 
 
+# Free space a build needs in its folder (a library is ~1 MB; the compiler's temporary files go elsewhere).
+_BUILD_SPACE_BYTES = 8 << 20
+
+
+def _free_bytes(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return _BUILD_SPACE_BYTES  # (unknown: the build finds out)
+
+
 class _NoSpace(Exception):
     """The build's file system is full (ENOSPC, from Python or in the compiler's output)."""
 
@@ -412,9 +431,13 @@ def _checksum_path(library: Path) -> Path:
 def _intact(library: Path) -> bool:
     # The bytes its build wrote (the sha256 recorded beside it): a truncated or damaged library (a full disk, a
     # killed copy, a bad block) crashed the process inside dlopen (SIGBUS) or decoded wrong tokens.
-    try:
-        recorded = _checksum_path(library).read_text().strip()
-        return hashlib.sha256(library.read_bytes()).hexdigest() == recorded
+    try:  # (a checksum that is a link, a pipe or a device is not one this build wrote)
+        fd = os.open(_checksum_path(library), os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0))
+        try:
+            recorded = os.read(fd, 128) if stat.S_ISREG(os.fstat(fd).st_mode) else b""
+        finally:
+            os.close(fd)
+        return hashlib.sha256(library.read_bytes()).hexdigest().encode() == recorded.strip()
     except OSError:
         return False
 
@@ -460,8 +483,12 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
             if result.returncode != 0:
                 if "No space left on device" in output:
                     raise _NoSpace("No space left on device")
+                if not output:
+                    raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
+                                           f"(exit status {result.returncode}, no output); point CXX at a working "
+                                           "compiler (g++ or clang++)")
                 raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
-                                       f"(exit status {result.returncode}):\n{output or '(no output)'}")
+                                       f"(exit status {result.returncode}):\n{output}")
             built = Path(tmp).read_bytes()
             if not built:
                 raise KernelBuildError(f"the C++ compiler {shlex.join(cxx)} exited 0 but wrote no library; point CXX "
@@ -474,8 +501,8 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise _NoSpace(exc.strerror) from None
-            raise KernelBuildError(f"cannot write Solo's CPU kernels in {folder} ({exc}); set XDG_CACHE_HOME to "
-                                   "a writable folder with room") from None
+            raise KernelBuildError(f"cannot write Solo's CPU kernels to {target} ({exc.strerror}: {exc.filename}); "
+                                   "remove what is in the way, or set XDG_CACHE_HOME to a writable folder") from None
         finally:
             for leftover in (tmp, str(_checksum_path(target)) + f".{os.getpid()}"):
                 with contextlib.suppress(OSError):

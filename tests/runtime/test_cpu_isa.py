@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shutil
 import stat
 import subprocess
 import sys
@@ -171,7 +172,18 @@ def test_a_damaged_library_in_the_cache_is_rebuilt_not_loaded(monkeypatch, tmp_p
         with pytest.warns(UserWarning, match="is not the library its build wrote .*; rebuilding it"):
             assert cpu_build.library_path(level) == path
         assert path.read_bytes() == good  # (the build is deterministic here)
-    cpu_build._checksum_path(path).unlink()  # a library from before checksums: rebuilt once, then trusted
+    checksum = cpu_build._checksum_path(path)
+    for bad in ("not text", "fifo", "link to /dev/zero"):  # a traceback, a hang, unbounded memory
+        checksum.unlink()
+        if bad == "not text":
+            checksum.write_bytes(b"\xff\xfe\x00garbage")
+        elif bad == "fifo":
+            os.mkfifo(checksum)
+        else:
+            checksum.symlink_to("/dev/zero")
+        with pytest.warns(UserWarning, match="rebuilding it"):
+            assert cpu_build.library_path(level) == path
+    checksum.unlink()  # a library from before checksums: rebuilt once, then trusted
     with pytest.warns(UserWarning, match="rebuilding it"):
         cpu_build.library_path(level)
     with warnings.catch_warnings():
@@ -189,11 +201,17 @@ def test_what_the_compiler_named_by_cxx_does_is_said(monkeypatch, tmp_path, tiny
     with pytest.raises(KernelBuildError, match="the C\\+\\+ compiler true exited 0 but wrote no library"):
         cpu_build.library_path(level)
     monkeypatch.setenv("CXX", "false")  # failed with an empty message
-    with pytest.raises(KernelBuildError, match=r"with false failed \(exit status 1\):\n\(no output\)"):
+    with pytest.raises(KernelBuildError, match=r"with false failed \(exit status 1, no output\); point CXX at"):
+        cpu_build.library_path(level)
+    monkeypatch.setenv("CXX", 'g++ "')
+    with pytest.raises(KernelBuildError, match="is not a command \\(No closing quotation\\)"):
         cpu_build.library_path(level)
     assert not [p for p in (tmp_path / "cache" / "solo" / "kernels").iterdir() if p.suffix == ".so"]
     monkeypatch.setenv("CXX", "env c++")  # a command with arguments, as make takes it ("ccache g++")
-    assert cpu_build.library_path(level).is_file()
+    first = cpu_build.library_path(level)
+    assert first.is_file()
+    monkeypatch.setenv("CXX", "env c++ -DSOLO_TINY=1")  # other arguments: another library, not the one above
+    assert cpu_build.library_path(level).name != first.name
 
 
 def test_a_full_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, tiny_kernel_source):
@@ -212,6 +230,16 @@ def test_a_full_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, ti
     with pytest.warns(UserWarning, match=r"kernels is full \(No space left on device\); building .* in .*fallback"):
         path = cpu_build.library_path(available_levels()[0])
     assert path.parent == tmp_path / "fallback" and path.is_file()
+    # The next run: the cache's free space says it is full, so the fallback's library is used, no build tried.
+    usage, real_usage = type(shutil.disk_usage("/")), shutil.disk_usage
+    monkeypatch.setattr(cpu_build.shutil, "disk_usage",
+                        lambda p: usage(10**9, 10**9 - 1000, 1000) if str(tmp_path / "cache") in str(p) else
+                        real_usage(p))
+    monkeypatch.setattr(cpu_build.subprocess, "run", lambda cmd, **kw: pytest.fail(f"built: {cmd}") if "-o" in cmd
+                        else run(cmd, **kw))
+    assert cpu_build.library_path(available_levels()[0]) == path
+    monkeypatch.setattr(cpu_build.shutil, "disk_usage", real_usage)
+    monkeypatch.setattr(cpu_build.subprocess, "run", full_cache)
     monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "cache" / "solo" / "kernels")
     with pytest.raises(KernelBuildError, match="no space left on that file system; free some, or set XDG_CACHE_HOME"):
         cpu_build.library_path(available_levels()[0])
