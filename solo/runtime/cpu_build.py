@@ -377,12 +377,14 @@ def library_path(level: IsaLevel | None = None) -> Path:
     if _usable(folder, name):
         return folder / name
     writable = _writable_dir(folder)
-    free = _free_bytes(folder) if writable else 0
-    # (only then the temp folder: never a library there beside a usable cache)
-    if not writable or not _own(folder) or free < _BUILD_SPACE_BYTES:
-        why = "is not writable" if not writable else \
-            "is not this user's, or anyone may write it (a library there could be another user's)" \
-            if not _own(folder) else f"has {free >> 10} KiB free, too little for a build"
+    why = None  # (only then the temp folder: never a library there beside a usable cache)
+    if not writable:
+        why = "is not writable"
+    elif not _own(folder):
+        why = "is not this user's, or anyone may write it (a library there could be another user's)"
+    elif (free := _free_bytes(folder)) < _BUILD_SPACE_BYTES:
+        why = f"has {free >> 10} KiB free, too little for a build"
+    if why:
         fallback = _fallback_cache_dir()
         if _usable(fallback, name):
             return fallback / name
