@@ -376,39 +376,41 @@ def library_path(level: IsaLevel | None = None) -> Path:
     folder = cache_dir()
     if _usable(folder, name):
         return folder / name
-    writable = _writable_dir(folder)
-    why = None  # (only then the temp folder: never a library there beside a usable cache)
-    if not writable:
-        why = "is not writable"
-    elif not _own(folder):
-        why = "is not this user's, or anyone may write it (a library there could be another user's)"
-    elif (free := _free_bytes(folder)) < _BUILD_SPACE_BYTES:
-        why = f"has {free >> 10} KiB free, too little for a build"
-    if why:
-        fallback = _fallback_cache_dir()
-        if _usable(fallback, name):
-            return fallback / name
-        warnings.warn(f"the kernel cache folder {folder} {why}; building Solo's CPU kernels in {fallback} instead "
-                      "(set XDG_CACHE_HOME to a writable folder of your own to keep them)", SoloWarning, stacklevel=2)
-        if not _writable_dir(fallback):
-            raise KernelBuildError(f"neither {folder} nor {fallback} is writable to build Solo's CPU kernels; "
-                                   "set XDG_CACHE_HOME to a writable folder")
-        folder = fallback
-    try:
-        return _build(cxx, flags, sources, level, folder, name)
-    except _NoSpace as exc:
-        fallback = _fallback_cache_dir()
-        if folder == fallback or not _writable_dir(fallback):
-            raise KernelBuildError(f"building Solo's CPU kernels in {folder} failed: no space left on that file "
-                                   "system; free some, or set XDG_CACHE_HOME to a folder with room") from None
-        warnings.warn(f"the kernel cache folder {folder} is full ({exc}); building Solo's CPU kernels in {fallback} "
-                      "instead (free space there, or set XDG_CACHE_HOME to a folder with room, to keep them)",
-                      SoloWarning, stacklevel=2)
+    why = _unusable_reason(folder)
+    if why is None:
         try:
-            return _build(cxx, flags, sources, level, fallback, name)
-        except _NoSpace:
-            raise KernelBuildError(f"building Solo's CPU kernels failed: no space left in {folder} nor in "
-                                   f"{fallback}; free some, or set XDG_CACHE_HOME to a folder with room") from None
+            return _build(cxx, flags, sources, level, folder, name)
+        except _NoSpace as exc:
+            if folder == _fallback_cache_dir():
+                raise KernelBuildError(f"building Solo's CPU kernels in {folder} failed: no space left on that file "
+                                       "system; free some, or set XDG_CACHE_HOME to a folder with room") from None
+            why = f"is full ({exc})"
+    # Only now the temp folder: never a library there beside a usable cache.
+    fallback = _fallback_cache_dir()
+    if _usable(fallback, name):
+        return fallback / name
+    warnings.warn(f"the kernel cache folder {folder} {why}; building Solo's CPU kernels in {fallback} instead "
+                  "(set XDG_CACHE_HOME to a writable folder of your own, with room, to keep them)", SoloWarning,
+                  stacklevel=2)
+    if not _writable_dir(fallback):
+        raise KernelBuildError(f"neither {folder} nor {fallback} is writable to build Solo's CPU kernels; "
+                               "set XDG_CACHE_HOME to a writable folder")
+    try:
+        return _build(cxx, flags, sources, level, fallback, name)
+    except _NoSpace:
+        raise KernelBuildError(f"building Solo's CPU kernels failed: no space left in {folder} nor in {fallback}; "
+                               "free some, or set XDG_CACHE_HOME to a folder with room") from None
+
+
+def _unusable_reason(folder: Path) -> str | None:
+    # Why the kernels cannot be built in the cache folder, or None.
+    if not _writable_dir(folder):
+        return "is not writable"
+    if not _own(folder):
+        return "is not this user's, or anyone may write it (a library there could be another user's)"
+    if (free := _free_bytes(folder)) < _BUILD_SPACE_BYTES:
+        return f"has {free >> 10} KiB free, too little for a build"
+    return None
 
 
 # Free space a build needs in its folder (a library is ~1 MB; the compiler's temporary files go elsewhere).
@@ -471,6 +473,8 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
         # written first, so a library in place always has its own.
         fd, tmp = tempfile.mkstemp(suffix=".so", dir=folder)
         os.close(fd)
+        checksum = _checksum_path(target)
+        checksum_tmp = checksum.with_name(checksum.name + f".{os.getpid()}")
         try:
             with tempfile.TemporaryDirectory(prefix="solo-kernels-src-") as src:
                 for source_name, text in sources.items():
@@ -495,8 +499,6 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
             if not built:
                 raise KernelBuildError(f"the C++ compiler {shlex.join(cxx)} exited 0 but wrote no library; point CXX "
                                        "at a working compiler (g++ or clang++)")
-            checksum = _checksum_path(target)
-            checksum_tmp = checksum.with_name(checksum.name + f".{os.getpid()}")
             checksum_tmp.write_text(hashlib.sha256(built).hexdigest() + "\n")
             os.replace(checksum_tmp, checksum)
             os.replace(tmp, target)
@@ -506,7 +508,7 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
             raise KernelBuildError(f"cannot write Solo's CPU kernels to {target} ({exc.strerror}: {exc.filename}); "
                                    "remove what is in the way, or set XDG_CACHE_HOME to a writable folder") from None
         finally:
-            for leftover in (tmp, str(_checksum_path(target)) + f".{os.getpid()}"):
+            for leftover in (tmp, checksum_tmp):
                 with contextlib.suppress(OSError):
                     os.unlink(leftover)
     return target
