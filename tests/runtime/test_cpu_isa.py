@@ -323,11 +323,12 @@ def test_parity_under_every_isa_level_this_cpu_runs(isa):
         pytest.skip(f"this CPU cannot run the {isa} level")
     if isa == selected_level().name:
         pytest.skip(f"{isa} is this session's level: the whole suite runs on it")
-    # No spinning at the step's barriers: these runs exercise the sleep / wake path (the session's own, the spin).
+    # No spinning at the step's barriers: these runs exercise the sleep / wake path, as the suite's workers do
+    # (tests/conftest.py); test_cpu_split_kv.py's avx2 run spins. One process per level (-n 0: no workers).
     env = {**os.environ, "SOLO_CPU_ISA": isa, "SOLO_CPU_SPIN_US": "0"}
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", *_PARITY, "-k", "not 130-320"],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
+        [sys.executable, "-m", "pytest", "-q", "-x", "-n", "0", "-p", "no:cacheprovider", *_PARITY,
+         "-k", "not 130-320"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     output = result.stdout[-4000:] + result.stderr[-2000:]
     assert result.returncode == 0, f"parity tests under SOLO_CPU_ISA={isa}:\n{output}"
 
