@@ -448,8 +448,21 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
         factor=float(merged.get("factor", 1.0)),
         low_freq_factor=float(merged.get("low_freq_factor", 1.0)),
         high_freq_factor=float(merged.get("high_freq_factor", 4.0)),
-        original_max_position_embeddings=merged.get("original_max_position_embeddings"),
+        original_max_position_embeddings=_original_context(raw, merged) if rope_type == "llama3" else None,
     )
+
+
+def _original_context(raw: dict[str, Any], merged: dict[str, Any]) -> int:
+    # transformers' `standardize_rope_params` for llama3, yarn and longrope: a top-level
+    # original_max_position_embeddings wins over the RoPE dict's, and without either it is max_position_embeddings
+    # (not Llama 3.1's 8192). A per-layer-type dict (Gemma 3) gets only the dict's or max_position_embeddings:
+    # `_gemma3` passes no top-level value.
+    original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
+        or int_field(raw, "max_position_embeddings", 2048)
+    if isinstance(original, bool) or not isinstance(original, (int, float)) or not 1 <= original < math.inf:
+        raise CheckpointError(f"config.json gives original_max_position_embeddings = {original!r}; it must be a "
+                              "number >= 1. Fix or re-download it")
+    return int(original)
 
 
 # Architectures whose transformers implementation rotates the first `partial_rotary_factor` x head_dim dims of
@@ -499,7 +512,8 @@ def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, 
     if architecture == "Phi3ForCausalLM":
         original = raw.get("original_max_position_embeddings", 4096)
     else:
-        original = merged.get("original_max_position_embeddings") or max_pos
+        original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
+            or max_pos
     try:
         original = int(original)
         short = tuple(float(f) for f in merged["short_factor"])
@@ -697,11 +711,17 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
         full, local = {**params, **(raw.get("rope_scaling") or {})}, {}
     full.setdefault("rope_theta", raw.get("rope_theta", 1_000_000.0))
     local.setdefault("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
+    # As transformers' per-layer-type RoPE: a scaled type's original context is its dict's or
+    # max_position_embeddings (never a top-level one), and yarn's `truncate` is read from the outer rope_parameters
+    # (so true unless set there), whatever the full-attention dict says.
+    if full.get("rope_type", full.get("type")) == "yarn":
+        full["truncate"] = params.get("truncate", True)
+    max_pos = int_field(raw, "max_position_embeddings", 131_072)
     arch = config.architecture
-    global_rope = _rope_config({"rope_parameters": full}, arch)
-    local_rope = _rope_config({"rope_parameters": local}, arch)
+    global_rope = _rope_config({"rope_parameters": full, "max_position_embeddings": max_pos}, arch)
+    local_rope = _rope_config({"rope_parameters": local, "max_position_embeddings": max_pos}, arch)
     config = replace(config, qk_norm=True, rope=global_rope,
-                     max_position_embeddings=int_field(raw, "max_position_embeddings", 131_072),
+                     max_position_embeddings=max_pos,
                      layer_ropes=tuple(local_rope if s else global_rope for s in sliding))
     config = _gemma_fields(config, raw, windows, (None, None))
     return replace(config, attn_logit_softcap=None)  # transformers' Gemma3Attention never applies it

@@ -120,6 +120,56 @@ def test_rope_scaling(tmp_path, rope):
     _check_parity(folder, prompt=prompt, new_tokens=32)
 
 
+_LLAMA3 = {"rope_theta": 10000.0, "rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
+           "high_freq_factor": 4.0}
+
+
+def _drop_original(config):
+    config["rope_parameters"].pop("original_max_position_embeddings")
+
+
+def _drop_nested_original(config):
+    config["rope_parameters"]["full_attention"].pop("original_max_position_embeddings")
+
+
+@pytest.mark.parametrize(
+    "arch, rope, edit",
+    [
+        # llama3 with no original context: transformers takes max_position_embeddings, not Llama 3.1's 8192
+        ("llama", {**_LLAMA3, "original_max_position_embeddings": 16}, _drop_original),
+        # a top-level original context wins over the dict's (llama3 and longrope on any architecture, as yarn)
+        ("llama", {**_LLAMA3, "original_max_position_embeddings": 16},
+         lambda c: c.update(original_max_position_embeddings=32)),
+        ("llama", {"rope_theta": 10000.0, "rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
+                   "long_factor": [2.0 + i / 4 for i in range(8)], "original_max_position_embeddings": 16},
+         lambda c: c.update(original_max_position_embeddings=48)),
+        # Gemma 3's per-layer-type dicts: without an original context, max_position_embeddings (not 2048 / 8192)
+        ("gemma3", {"full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0,
+                                       "original_max_position_embeddings": 16},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, _drop_nested_original),
+        ("gemma3", {"full_attention": {**_LLAMA3, "original_max_position_embeddings": 16},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, _drop_nested_original),
+        # and yarn's truncate comes from the outer dict (true), not the full-attention one
+        ("gemma3", {"full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0, "beta_fast": 4.0,
+                                       "original_max_position_embeddings": 64, "truncate": False},
+                    "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, None),
+    ],
+    ids=["llama3-no-original", "llama3-top-level-original", "longrope-top-level-original", "gemma3-yarn-no-original",
+         "gemma3-llama3-no-original", "gemma3-yarn-truncate"],
+)
+@pytest.mark.parametrize("backend", ["eager", "cpu"])
+def test_rope_original_context_is_read_as_transformers_reads_it(tmp_path, arch, rope, edit, backend):
+    # From a parity trial: each of these configs gave logits 0.5-8 off transformers' (greedy tokens from the first).
+    overrides = {"sliding_window": 8} if arch == "gemma3" else {}
+    folder = make_checkpoint(tmp_path / arch, arch, max_position_embeddings=64, rope_parameters=rope, **overrides)
+    if edit is not None:
+        path = folder / "config.json"
+        config = json.loads(path.read_text())
+        edit(config)
+        path.write_text(json.dumps(config))
+    _check_parity(folder, prompt=PROMPT + "\n    return fibonacci(n - 1)", new_tokens=16, backend=backend)
+
+
 @pytest.mark.parametrize("backend, speculative", [("eager", "off"), ("eager", "ngram"), ("cpu", "ngram")])
 def test_dynamic_rope_on_a_prompt_past_the_trained_context_matches_transformers(tmp_path, backend, speculative):
     # From a parity trial: transformers rotates every prompt token with the frequencies of the whole prompt's
