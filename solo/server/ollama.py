@@ -289,28 +289,11 @@ def _logprobs(content: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
              "top_logprobs": e.get("top_logprobs") or []} for e in content or []]
 
 
-def _completion_logprobs(logprobs: dict[str, Any] | None, top_n: int) -> list[dict[str, Any]]:
-    # The completions route's parallel lists as Ollama's per-token entries, with the `top_n` most likely
-    # alternatives (the route adds the sampled token to its top ones; Ollama lists exactly top_n).
-    if not logprobs:
-        return []
-    out = []
-    for k, token in enumerate(logprobs.get("tokens") or []):
-        alternatives = (logprobs.get("top_logprobs") or [None] * (k + 1))[k] or {}
-        best = sorted(alternatives.items(), key=lambda item: -item[1])[:top_n]
-        out.append({"token": token, "logprob": logprobs["token_logprobs"][k],
-                    "bytes": list(token.encode("utf-8", "surrogatepass")),
-                    "top_logprobs": [{"token": t, "logprob": p, "bytes": list(t.encode("utf-8", "surrogatepass"))}
-                                     for t, p in best]})
-    return out
-
-
 class _Reply:
     """One Ollama reply being assembled from the chat or completions stream's chunks, with its timings."""
 
-    def __init__(self, model: str, start_ns: int, tops: int | None = None) -> None:
-        # tops: alternatives per token of a raw (completions) reply
-        self.model, self.start_ns, self.tops = model, start_ns, tops or 0
+    def __init__(self, model: str, start_ns: int) -> None:
+        self.model, self.start_ns = model, start_ns
         self.first_ns: int | None = None
         self.content: list[str] = []
         self.thinking: list[str] = []
@@ -325,9 +308,9 @@ class _Reply:
         piece: dict[str, Any] = {}
         for choice in chunk.get("choices", []):
             delta = choice.get("delta")
-            if delta is None:  # the completions route
+            if delta is None:  # the completions route (raw), with the chat shape's token entries (TOKEN_LOGPROBS)
                 text = choice.get("text") or ""
-                logprobs = _completion_logprobs(choice.get("logprobs"), self.tops)
+                logprobs = _logprobs(choice.get("token_logprobs"))
                 thinking = ""
             else:
                 text, thinking = delta.get("content") or "", delta.get("reasoning_content") or ""
@@ -438,7 +421,7 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
                raw: bool, shape: Callable[..., dict[str, Any]], num_ctx: int | None) -> Response:
     # The chat (or, raw, completions) route on `fields`, its output bounded by the window (`_fit_window`:
     # num_ctx, a raw prompt's context), streamed internally, answered in Ollama's shape.
-    from solo.server.routes import GenerationStream, chat_completions, completions
+    from solo.server.routes import TOKEN_LOGPROBS, GenerationStream, chat_completions, completions
 
     await _fit_window(request, fields, num_ctx, raw)
     stream = typed_field(data, "stream", bool, "true or false", default=True)
@@ -447,6 +430,7 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
     async def call(fields: dict[str, Any]) -> Any:  # noqa: ANN401
         if not raw:
             return await chat_completions(chat_request_from(fields, _FIELD_NAMES), request)
+        setattr(request.state, TOKEN_LOGPROBS, True)
         return await completions(chat_request_from(fields, _FIELD_NAMES, CompletionRequest), request)
 
     with _in_ollama_terms():
@@ -458,7 +442,7 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
             # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
             reply_stream = await call({**fields, "max_tokens": None})
     assert isinstance(reply_stream, GenerationStream)
-    reply = _Reply(model, start_ns, tops=fields.get("logprobs") if raw else None)
+    reply = _Reply(model, start_ns)
     chunks = chat_chunks(reply_stream.body_iterator)
     if stream:
         return _NDJSONStream(_lines(chunks, reply, shape), reply_stream.generation)

@@ -495,7 +495,8 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                choices_per_prompt=body.n)
     n = body.n * len(prompts)
     if body.stream:
-        return GenerationStream(_completion_stream(state, job, body, n), generation)
+        token_entries = getattr(request.state, TOKEN_LOGPROBS, False)
+        return GenerationStream(_completion_stream(state, job, body, n, token_entries), generation)
     per_choice = await _collect(job, request, n)
     choices = []
     for index, events in enumerate(per_choice):
@@ -509,7 +510,15 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                             usage=job.usage()))
 
 
-async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequest, n: int) -> AsyncIterator[str]:
+TOKEN_LOGPROBS = "solo_token_logprobs"
+"""A `request.state` attribute: set true by a route that streams `/v1/completions` internally (Ollama's raw
+generate), each streamed choice with logprobs also carries `token_logprobs`, the chat shape's per-token entries
+(exact bytes, exactly the requested alternatives): the completions shape keys alternatives by their text, so two
+tokens that both show as U+FFFD (parts of one character) collapse into one."""
+
+
+async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequest, n: int,
+                             token_entries: bool = False) -> AsyncIterator[str]:
     skipped = _skipped_ids(state.engine, body)
     builders = [CompletionLogprobsBuilder(state.pieces, skipped_ids=skipped) for _ in range(n)]
     try:
@@ -522,7 +531,14 @@ async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequ
                 continue
             choice = CompletionChoice(index=index, text=event.text, logprobs=logprobs,
                                       finish_reason=event.finish_reason, stop_reason=event.stop_reason)
-            yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[choice]))
+            chunk = Completion(id=job.response_id, created=job.created, model=job.model, choices=[choice])
+            if token_entries and logprobs is not None:
+                payload = chunk.model_dump()
+                payload["choices"][0]["token_logprobs"] = \
+                    chat_logprobs(state.pieces, event.logprobs).model_dump()["content"]  # type: ignore[arg-type]
+                yield _sse(payload)
+                continue
+            yield _sse(chunk)
         if body.include_usage:
             yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[],
                                   usage=job.usage()))

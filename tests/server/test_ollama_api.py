@@ -91,6 +91,25 @@ def test_chat_and_generate_equal_the_openai_routes(server):
     assert isinstance(json.loads(shaped.message.content)["a"], int)
 
 
+def test_raw_logprobs_give_each_tokens_own_bytes_and_every_alternative(server):
+    # From a break-test: raw generate read the completions shape, whose alternatives are keyed by text, so tokens
+    # that are parts of one character (each shown as U+FFFD) came back with U+FFFD's bytes, and as one entry.
+    from solo.server.logprobs import TokenPieces
+
+    prompt, headers = 'x = "\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9\u00e9', {"Authorization": "Bearer sesame"}
+    entries = httpx.post(f"{_host(server)}/api/generate", headers=headers, timeout=60, json={
+        "model": MODEL_NAME, "prompt": prompt, "raw": True, "stream": False, "logprobs": True, "top_logprobs": 10,
+        "options": {"temperature": 0, "num_predict": 6}}).json()["logprobs"]
+    ids = httpx.post(f"{_host(server)}/completion", headers=headers, timeout=60, json={
+        "prompt": prompt, "n_predict": 6, "temperature": 0, "return_tokens": True}).json()["tokens"]
+    pieces = TokenPieces(server.state.engine.tokenizer)
+    assert [(e["token"], e["bytes"]) for e in entries] == [(pieces.get(i)[0], list(pieces.get(i)[1])) for i in ids]
+    alternatives = [a for e in entries for a in e["top_logprobs"]]
+    assert [len(e["top_logprobs"]) for e in entries] == [10] * 6
+    assert all(bytes(a["bytes"]).decode("utf-8", "replace") == a["token"] for a in alternatives)
+    assert any(a["token"] == "\ufffd" and a["bytes"] != [239, 191, 189] for a in alternatives)  # (the case itself)
+
+
 def expected_prefix(openai, tokens):
     return openai.chat.completions.create(model=MODEL_NAME, messages=ASK, max_tokens=tokens,
                                           temperature=0).choices[0].message.content
