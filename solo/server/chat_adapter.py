@@ -18,6 +18,7 @@ from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError
 from solo.server.errors import validation_error
 from solo.server.protocol import ChatCompletionRequest
+from solo.tokenizer import is_valid_unicode
 
 CUT_SHORT = "the server stopped before the reply finished (it is shutting down); send the request again"
 """What a reply the chat route ended with finish_reason "abort" says on APIs that have no such reason."""
@@ -76,7 +77,7 @@ def typed_field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...
         default: the value of a field left out or null (as those APIs take null).
 
     Raises:
-        InvalidRequestError: the value is of another type (param: the field).
+        InvalidRequestError: the value is of another type, or text that is not valid Unicode (param: the field).
     """
     value = data.get(name)
     if value is None:
@@ -84,6 +85,9 @@ def typed_field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...
     kinds = kind if isinstance(kind, tuple) else (kind,)
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
+    if isinstance(value, str) and not is_valid_unicode(value):  # (else named later as the route's field it became)
+        raise InvalidRequestError(f"{name}: Input should be valid Unicode text; it holds an unpaired surrogate (such "
+                                  "as \\ud800)", param=name)
     return value
 
 

@@ -260,6 +260,9 @@ def test_errors_come_in_ollamas_shape(server):
             ("chat", {**ask, "messages": [{"role": "user", "content": "hi"}] * 400, "options": {"num_predict": 5}},
              "options.num_predict 5"),
             ("generate", {"model": MODEL_NAME, "prompt": 0}, "prompt must be a string"),
+            # (named as generate's fields, not as the chat messages they become)
+            ("generate", {"model": MODEL_NAME, "prompt": "a\ud800"}, "prompt: Input should be valid Unicode"),
+            ("generate", {"model": MODEL_NAME, "prompt": "a", "system": "\udfff"}, "system: Input should be valid"),
             ("generate", {"model": MODEL_NAME, "system": "s"}, "system without a prompt"),
             ("generate", {"model": MODEL_NAME, "prompt": "hi", "raw": True, "logprobs": True, "top_logprobs": 50},
              "top_logprobs"),
@@ -271,7 +274,8 @@ def test_errors_come_in_ollamas_shape(server):
             ("chat", {**ask, "options": {"use_mmap": 1}}, "options.use_mmap must be true or false"),
             ("chat", {**ask, "options": {"num_thread": 4.5}}, "options.num_thread must be an integer"),
             ("show", {"model": MODEL_NAME, "system": "Be brief."}, "system: Solo shows the served model")):
-        refused = httpx.post(f"{host}/api/{path}", json=body, headers=key)
+        # (json.dumps escapes a lone surrogate, which httpx's json= cannot encode)
+        refused = httpx.post(f"{host}/api/{path}", content=json.dumps(body), headers=key)
         assert refused.status_code == 400 and words in refused.json()["error"], (body, refused.json())
     # Ollama's own checks keep Ollama's names (its boolean logprobs is no top count); a raw prompt past the
     # context is the prompt's fault, not a num_predict the request never set (break-test finds).
