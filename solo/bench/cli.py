@@ -127,19 +127,21 @@ def _load(args: argparse.Namespace, device: Any) -> tuple[Any, dict[str, Any], s
     import torch
 
     from solo.bench.shapes import build_model, shape_config, shape_raw_config
+    from solo.engine.engine import load_dtype
     from solo.model.config import ModelConfig
-    from solo.model.hub import resolve_dtype, resolve_model_dir
+    from solo.model.hub import resolve_model_dir
     from solo.model.weights import load_weights
 
+    # (the dtype `Engine.load` and so `solo run` would load: float16 checkpoints as bfloat16 for the CPU kernels)
     if args.shape:
         config = shape_config(args.shape)
-        dtype = resolve_dtype(args.dtype, config.torch_dtype)
+        dtype = load_dtype(args.dtype, config, None, device, args.backend)
         model = build_model(config, dtype, seed=args.seed, device=device)
         key = f"shape:{args.shape}:{args.seed}:{dtype}"
         return model, shape_raw_config(args.shape), f"{args.shape} (random weights)", key
     folder = resolve_model_dir(args.model, args.revision)
     config = ModelConfig.from_file(folder)
-    dtype = resolve_dtype(args.dtype, config.torch_dtype)
+    dtype = load_dtype(args.dtype, config, folder, device, args.backend)
     model = load_weights(folder, config, dtype, device)
     raw = json.loads((folder / "config.json").read_text(encoding="utf-8"))
     mtime = max(p.stat().st_mtime for p in folder.glob("*.safetensors"))

@@ -154,6 +154,39 @@ def _cpu_kernels_run(config: ModelConfig) -> bool:
     return cpu_config_unsupported_reason(config) is None
 
 
+def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | None, device: torch.device,
+               backend: str = "auto", tp: int = 1) -> torch.dtype:
+    """The dtype `Engine.load` loads a model's weights in (`solo bench` loads them so too).
+
+    "auto" is the checkpoint's dtype: config.json's `dtype` (or `torch_dtype`), else that of the first floating-point
+    tensor of its weights (as transformers reads it), else float32; float16 then becomes bfloat16 where the native
+    CPU kernels will run the model (they read bfloat16 and float32; float16 would run on the eager reference).
+
+    Args:
+        dtype: "auto", a dtype name or a torch dtype (`solo.model.hub.resolve_dtype`).
+        config: the model's config.
+        folder: the model folder (its weights' dtype where config.json names none), or None (random weights).
+        device, backend, tp: where and how the model will run.
+
+    Raises:
+        SoloError: an unknown dtype.
+    """
+    from solo.model.weights import checkpoint_dtype
+
+    named = config.torch_dtype
+    if named is None and folder is not None and dtype == "auto":
+        named = checkpoint_dtype(folder)
+    torch_dtype = resolve_dtype(dtype, named)
+    if torch_dtype == torch.float16 and dtype == "auto" and device.type == "cpu" and backend in ("auto", "cpu") \
+            and tp == 1 and config.lanes is None and _cpu_kernels_run(config):
+        # As vLLM on CPUs: the native kernels read bfloat16 (float16 would run on the eager reference, 100x+
+        # slower); exact for weights that came from bfloat16 (most F16 GGUF files).
+        _log.warning("float16 weights are loaded as bfloat16 for the CPU kernels (--dtype float32 keeps every bit; "
+                     "--dtype float16 runs the slow eager reference)")
+        torch_dtype = torch.bfloat16
+    return torch_dtype
+
+
 def _context_name(config: ModelConfig, context_length: int | None) -> str | None:
     # What a too-long prompt's error calls the limit: the user's own setting when they gave one; a LongRoPE
     # model's original context names the way to its long one.
@@ -491,14 +524,7 @@ class Engine:
         config = ModelConfig.from_file(folder)
         if context_length is not None:
             config = config.with_context_length(context_length)
-        torch_dtype = resolve_dtype(dtype, config.torch_dtype)
-        if torch_dtype == torch.float16 and dtype == "auto" and dev.type == "cpu" and backend in ("auto", "cpu") \
-                and tp == 1 and config.lanes is None and _cpu_kernels_run(config):
-            # As vLLM on CPUs: the native kernels read bfloat16 (float16 would run on the eager reference, 100x+
-            # slower); exact for weights that came from bfloat16 (most F16 GGUF files).
-            _log.warning("float16 weights are loaded as bfloat16 for the CPU kernels (--dtype float32 keeps every bit; "
-                         "--dtype float16 runs the slow eager reference)")
-            torch_dtype = torch.bfloat16
+        torch_dtype = load_dtype(dtype, config, folder, dev, backend, tp)
         tokenizer = Tokenizer.from_folder(folder)
         if chat_template is not None or tool_call_parser is not None:
             try:

@@ -353,7 +353,7 @@ class ModelConfig:
             max_position_embeddings=int_field(raw, "max_position_embeddings", 2048),
             context_length=0,
             tie_word_embeddings=bool(raw.get("tie_word_embeddings", False)),
-            torch_dtype=raw.get("torch_dtype") or raw.get("dtype"),
+            torch_dtype=raw.get("dtype") or raw.get("torch_dtype"),  # (transformers 5 reads `dtype` first)
             bos_token_id=raw.get("bos_token_id"),
             eos_token_ids=_as_id_tuple(raw.get("eos_token_id")),
             layer_sliding_windows=(None,) * num_layers,

@@ -238,6 +238,28 @@ def checkpoint_files(folder: Path) -> list[Path]:
     )
 
 
+_SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
+
+
+def checkpoint_dtype(folder: Path) -> str | None:
+    """The dtype of the first 16- or 32-bit floating-point tensor of the folder's first safetensors file.
+
+    Read from the file's header (no tensor is read): "float32", "bfloat16", "float16", or None where there is none
+    or no readable file. What transformers' `dtype="auto"` takes when config.json names no dtype
+    (`get_state_dict_dtype`).
+    """
+    try:
+        path = checkpoint_files(folder)[0]
+        with safe_open(str(path), framework="pt") as f:
+            for name in f.keys():
+                found = _SAFETENSORS_FLOATS.get(f.get_slice(name).get_dtype())
+                if found is not None:
+                    return found
+    except (CheckpointError, OSError, RuntimeError, ValueError, SafetensorError):
+        return None  # (the load that follows names what is wrong with the folder)
+    return None
+
+
 def index_shards(index: Path) -> list[str]:
     """The shard file names a `model.safetensors.index.json` lists (its weight_map's values), sorted, unique.
 

@@ -304,7 +304,8 @@ def cpu_unsupported_reason(model: Transformer) -> str | None:
     if model.device.type != "cpu":
         return f"the model is on {model.device}, not the CPU"
     if model.dtype not in (torch.bfloat16, torch.float32):
-        return f"{model.dtype} weights are not supported by the CPU kernels (bfloat16 and float32 are)"
+        return (f"{model.dtype} weights are not supported by the CPU kernels (bfloat16 and float32 are): load the "
+                "model with dtype bfloat16 or float32 (--dtype; auto loads float16 checkpoints as bfloat16)")
     return cpu_config_unsupported_reason(model.config)
 
 
@@ -726,6 +727,20 @@ class CpuRuntime:
         self._prefill_mats.append((mat, None if scale is not None else qweight, bias))
         return mat
 
+    @staticmethod
+    def _own(module: nn.Module, name: str = "weight") -> torch.Tensor:
+        # A weight the struct points at that views memory it does not own becomes its own copy. `load_weights`
+        # leaves the tensors it did not convert in the checkpoint's memory-mapped file (a storage of their own
+        # size, not resizable): after the matrices were copied out, a norm or the embedding kept the whole mapping
+        # alive, and every page of the file that the copies read stayed resident (a bfloat16 checkpoint's RSS was
+        # its arenas plus the whole file).
+        tensor = getattr(module, name)
+        storage = tensor.untyped_storage()
+        if not _in_arena(tensor) and (not storage.resizable()
+                                      or storage.nbytes() > tensor.numel() * tensor.element_size()):
+            _replace_tensor(module, name, tensor.clone())
+        return getattr(module, name)
+
     def _ptr(self, tensor: torch.Tensor | None) -> int | None:
         if tensor is None:
             return None
@@ -742,8 +757,11 @@ class CpuRuntime:
             if not cfg.is_moe_layer(i):
                 groups += [[layer.mlp.gate_proj, layer.mlp.up_proj], [layer.mlp.down_proj]]
             sizes.append(sum(-(-self._group_bytes(g) // _ARENA_ALIGN) * _ARENA_ALIGN for g in groups))
+        head = model.embed.weight if model.lm_head is None else None  # a tied head: the embedding goes in too
         if model.lm_head is not None:
             sizes.append(-(-self._group_bytes([model.lm_head]) // _ARENA_ALIGN) * _ARENA_ALIGN)
+        else:
+            sizes.append(-(-head.numel() * head.element_size() // _ARENA_ALIGN) * _ARENA_ALIGN)
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.attn, layer.mlp
             entry = self._layers[i]
@@ -755,14 +773,14 @@ class CpuRuntime:
             else:
                 entry.gate_up = self._mat([mlp.gate_proj, mlp.up_proj])
                 entry.down = self._mat([mlp.down_proj])
-            entry.attn_norm = self._ptr(layer.attn_norm.weight)
-            entry.mlp_norm = self._ptr(layer.mlp_norm.weight)
+            entry.attn_norm = self._ptr(self._own(layer.attn_norm))
+            entry.mlp_norm = self._ptr(self._own(layer.mlp_norm))
             if cfg.sandwich_norm:
-                entry.attn_out_norm = self._ptr(layer.attn_out_norm.weight)
-                entry.mlp_out_norm = self._ptr(layer.mlp_out_norm.weight)
+                entry.attn_out_norm = self._ptr(self._own(layer.attn_out_norm))
+                entry.mlp_out_norm = self._ptr(self._own(layer.mlp_out_norm))
             if cfg.qk_norm:
-                entry.q_norm = self._ptr(attn.q_norm.weight)
-                entry.k_norm = self._ptr(attn.k_norm.weight)
+                entry.q_norm = self._ptr(self._own(attn.q_norm))
+                entry.k_norm = self._ptr(self._own(attn.k_norm))
             entry.window = cfg.layer_sliding_windows[i] or 0
             entry.rope = cfg.layer_rope_table(i)
         s = self._struct
@@ -778,13 +796,16 @@ class CpuRuntime:
         s.attn_scale = cfg.attn_scale
         s.attn_softcap = cfg.attn_logit_softcap or 0.0
         s.final_softcap = cfg.final_logit_softcap or 0.0
-        s.embed = self._ptr(model.embed.weight)
-        s.final_norm = self._ptr(model.norm.weight)
+        s.final_norm = self._ptr(self._own(model.norm))
+        self._arena_for(sizes, len(sizes) - 1)
         if model.lm_head is None:
+            # The tied head streams the embedding every token: into the arena (huge pages), as the other matrices.
+            self._to_arena([model.embed], head)
+            s.embed = self._ptr(self._own(model.embed))  # (its own copy where the arena had no room)
             s.head = _Mat(_W_BF16 if model.dtype == torch.bfloat16 else _W_F32, cfg.vocab_size, cfg.hidden_size,
                           32, s.embed, None, None)
         else:
-            self._arena_for(sizes, len(sizes) - 1)
+            s.embed = self._ptr(self._own(model.embed))
             s.head = self._mat([model.lm_head])
         self._arena = torch.empty(0, dtype=torch.uint8)  # the arenas live on as the matrices' storage
         self._arena_pending = 0

@@ -119,7 +119,8 @@ def cpu_lanes_unsupported_reason(model: nn.Module) -> str | None:
     if model.device.type != "cpu":
         return f"the model is on {model.device}, not the CPU"
     if model.dtype not in (torch.bfloat16, torch.float32):
-        return f"{model.dtype} weights are not supported by the CPU kernels (bfloat16 and float32 are)"
+        return (f"{model.dtype} weights are not supported by the CPU kernels (bfloat16 and float32 are): load the "
+                "model with dtype bfloat16 or float32 (--dtype; auto loads float16 checkpoints as bfloat16)")
     if model.config.head_dim % 2 or model.config.head_dim > 1024:
         return f"head_dim {model.config.head_dim} is not supported by the CPU kernels (even, <= 1024)"
     if any(not isinstance(p, torch.Tensor) or p.dtype != model.dtype for p in model.parameters()):

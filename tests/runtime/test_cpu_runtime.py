@@ -150,6 +150,36 @@ def test_a_float16_checkpoint_loads_as_bfloat16_for_the_cpu_kernels(tmp_path, ca
     assert Engine.load(folder, backend="eager").model.dtype == torch.float16
 
 
+def test_solo_bench_loads_a_float16_checkpoint_as_engine_load_does(tmp_path):
+    # From a break-test: `solo bench` resolved the dtype itself and measured float16 on the eager reference (2.5x
+    # slower than what `solo run` gives), and refused --backend cpu, which `solo run` takes.
+    from types import SimpleNamespace
+
+    from solo.bench.cli import _load
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.float16)
+    args = SimpleNamespace(shape=None, model=str(folder), revision=None, dtype="auto", backend="auto", seed=0)
+    assert _load(args, torch.device("cpu"))[0].dtype == torch.bfloat16
+    assert _load(SimpleNamespace(**{**vars(args), "dtype": "float16"}), torch.device("cpu"))[0].dtype == torch.float16
+
+
+@pytest.mark.parametrize("edit", [{"torch_dtype": "float32", "dtype": "bfloat16"}, {}],
+                         ids=["dtype-over-torch_dtype", "no-dtype-key"])
+def test_auto_dtype_is_read_as_transformers_reads_it(tmp_path, edit):
+    # From a break-test: with both keys transformers 5 takes `dtype`; with neither, the weights' own dtype (Solo took
+    # float32: twice the checkpoint's memory).
+    import json
+
+    from solo import Engine
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
+    path = folder / "config.json"
+    config = {k: v for k, v in json.loads(path.read_text()).items() if k not in ("dtype", "torch_dtype")}
+    path.write_text(json.dumps({**config, **edit}))
+    expected = AutoModelForCausalLM.from_pretrained(folder, dtype="auto").dtype
+    assert Engine.load(folder, backend="eager").model.dtype == expected == torch.bfloat16
+
+
 def test_out_of_range_decode_is_refused(tmp_path):
     folder = make_checkpoint(tmp_path / "llama", "llama")
     runtime = CpuRuntime(_load(folder, torch.float32), rows=1, max_seq=16)

@@ -69,6 +69,37 @@ def test_matrices_live_in_aligned_huge_page_arenas_shared_with_the_eager_model(t
     assert torch.equal(runtime.decode(rows, ids, torch.tensor([3])), again.decode(rows, ids, torch.tensor([3])))
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_no_weight_keeps_the_checkpoint_file_mapped(tmp_path, tied):
+    # From a break-test: load_weights leaves tensors it did not convert as views of the memory-mapped safetensors
+    # file; after the runtime copied the matrices out, the norms and the embedding kept the whole mapping alive,
+    # every page of it that the copies read resident (RSS: the arenas plus the whole file). A tied head streamed
+    # the embedding from that file's 4 KiB pages every token.
+    import gc
+
+    from solo.runtime.cpu import _in_arena
+
+    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+                             num_attention_heads=4, num_key_value_heads=2, intermediate_size=352,
+                             tie_word_embeddings=tied)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    reason = cpu_unsupported_reason(model)
+    if reason is not None:
+        pytest.skip(f"the native CPU runtime is not available here ({reason})")
+    weights = str((folder / "model.safetensors").resolve())
+    assert weights in Path("/proc/self/maps").read_text()  # (the loaded model views the file)
+    expected = model.forward_logits(torch.tensor([[1, 5, 9]]))[0, -1] if hasattr(model, "forward_logits") else None
+    runtime = CpuRuntime(model)
+    gc.collect()
+    assert weights not in Path("/proc/self/maps").read_text()
+    assert _in_arena(model.embed.weight) is tied  # the tied head streams the embedding from the arena
+    assert runtime._struct.embed == model.embed.weight.data_ptr()
+    runtime.reserve(1, 8)
+    logits = runtime.prefill(0, torch.tensor([1, 5, 9]))
+    assert torch.isfinite(logits).all() and (expected is None or torch.equal(logits, expected))
+
+
 def test_arena_registry_forgets_freed_arenas():
     from solo.runtime.cpu import _LIVE_ARENAS, _huge_page_buffer, _in_arena
 
