@@ -44,7 +44,7 @@ def history_file() -> Path:
 
 def _line_reader() -> Callable[[str], str]:
     """A function that shows a prompt and returns one line; raises EOFError at the end, KeyboardInterrupt on ^C."""
-    if sys.stdin.isatty() and sys.stdout.isatty():
+    if sys.stdin is not None and sys.stdin.isatty() and sys.stdout.isatty():
         from prompt_toolkit import PromptSession
         from prompt_toolkit.history import FileHistory, InMemoryHistory
 
@@ -62,13 +62,22 @@ def _line_reader() -> Callable[[str], str]:
         session: Any = PromptSession(history=history)
         return lambda prompt: session.prompt(prompt)
 
+    from solo.tokenizer import is_valid_unicode
+
+    if sys.stdin is not None and hasattr(sys.stdin, "reconfigure"):
+        sys.stdin.reconfigure(errors="surrogateescape")  # (a line that is not UTF-8 is refused below, not a traceback)
+
     def read(prompt: str) -> str:
         sys.stderr.write(prompt)  # (stdout holds the replies only: a pipe gets the answers)
         sys.stderr.flush()
-        line = sys.stdin.readline()
-        if not line:
-            raise EOFError
-        return line.rstrip("\r\n")  # (a CRLF line's \r is no part of the message)
+        while True:
+            line = sys.stdin.readline() if sys.stdin is not None else ""  # (stdin closed: the end of input)
+            if not line:
+                raise EOFError
+            line = line.rstrip("\r\n")  # (a CRLF line's \r is no part of the message)
+            if is_valid_unicode(line):
+                return line
+            sys.stderr.write("(that line is not valid UTF-8 text and was not sent; send UTF-8)\n")
 
     return read
 
@@ -306,6 +315,8 @@ class ReplyWriter:
         self.parser = ReasoningParser(in_reasoning) if split else None
         self.out, self.err = out, err
         self.tty = bool(getattr(out, "isatty", lambda: False)())
+        # The dimmed block needs a terminal that shows colour (no-color.org's NO_COLOR; TERM=dumb shows none).
+        self.dim = self.tty and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
         self.thinking = False  # reasoning text is on the screen and its block not yet closed there
         self.answered = False  # some of the answer is on the screen
         self._pieces: list[str] = []  # the reply as it came (unsplit)
@@ -353,7 +364,7 @@ class ReplyWriter:
     def _show(self, reasoning: str, content: str) -> None:
         if reasoning:
             if self.tty:
-                self.out.write(self._DIM + reasoning + self._PLAIN)
+                self.out.write(self._DIM + reasoning + self._PLAIN if self.dim else reasoning)
                 self.out.flush()
             else:
                 self.err.write(reasoning)
@@ -395,6 +406,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     """`solo chat`: load the model, then run the conversation loop."""
     from solo.cli import _load_engine, sampling_params_from_args, template_kwargs_from_args
 
+    if sys.stdout is None:  # (`>&-`: Python leaves no stream to write the replies to)
+        raise SoloError("standard output is closed; redirect it instead (>/dev/null discards the replies)")
     params = sampling_params_from_args(args)
     engine = _load_engine(args)
     if engine.tokenizer.chat_template is None and engine.tokenizer.chat_template_error is not None:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import errno
 import importlib
 import os
 import random
@@ -318,9 +319,11 @@ def _stream(engine, prompt, params, template_kwargs: dict | None = None) -> tupl
 
 def cmd_run(args: argparse.Namespace) -> int:
     """`solo run`: stream one completion to stdout, then a line of timings to stderr."""
+    if sys.stdout is None:  # (`>&-`: Python leaves no stream to write the completion to)
+        raise SoloError("standard output is closed; redirect it instead (>/dev/null discards the completion)")
     prompt = args.prompt
-    if prompt is None:
-        if sys.stdin.isatty():
+    if prompt is None or prompt == "-":  # (`-p -`: stdin, as the convention is)
+        if sys.stdin is None or (prompt is None and sys.stdin.isatty()):
             raise SoloError("no prompt given; pass --prompt TEXT (or pipe the prompt on stdin)")
         try:
             prompt = sys.stdin.read()
@@ -490,6 +493,9 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
             return f" ({flag} is {_FOREIGN_FLAGS[flag]})"
     if words and not words[0].startswith("-") and getattr(parser, "_solo_command", "") == "solo run":
         return " (the prompt goes after -p / --prompt, quoted, or on stdin: solo run MODEL -p 'PROMPT')"
+    if getattr(parser, "_solo_command", "") == "solo chat" and any(w.split("=")[0] in ("-p", "--prompt")
+                                                                    for w in words):
+        return " (solo chat reads each message at its prompt; for one prompt and its reply: solo run MODEL -p 'PROMPT')"
     for word in words:
         if word.startswith("-"):
             close = difflib.get_close_matches(word.split("=")[0], options, n=1, cutoff=0.6)
@@ -570,7 +576,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                   "a line with TTFT and decode speed follows on stderr.")
     if run is not None:
         add_model_arguments(run)
-        run.add_argument("--prompt", "-p", default=None, action=_Once, help="the prompt text (default: read stdin)")
+        run.add_argument("--prompt", "-p", default=None, action=_Once, help="the prompt text (- or none: read stdin)")
         run.add_argument("--chat", action="store_true",
                          help="send the prompt as a user message through the model's chat template")
         run.add_argument("--system", default=None, help="system message (with --chat)")
@@ -701,6 +707,7 @@ def show_solo_warnings_as_lines() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `solo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    _usable_standard_streams()
     show_solo_warnings_as_lines()
     if argv[:1] == ["train"]:
         from solo.train.cli import main as train_main
@@ -738,6 +745,25 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except OSError as exc:
+        if exc.errno not in _WRITE_ERRORS:
+            raise
+        print(f"solo: error: cannot write the output: {exc.strerror}", file=sys.stderr)
+        return 1
+
+
+# Errors of writing the output (a full disk, a quota, a file too large, an I/O error): one line, not a traceback.
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
+
+
+def _usable_standard_streams() -> None:
+    # stderr closed (`2>&-`): print() would write the timings and errors into stdout; they are dropped instead. Text
+    # the terminal's encoding cannot show (LC_ALL=C without UTF-8 mode, PYTHONIOENCODING=ascii) is replaced, not a
+    # UnicodeEncodeError.
+    if sys.stderr is None:
+        sys.stderr = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
+    if sys.stdout is not None and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="replace")
 
 
 if __name__ == "__main__":

@@ -317,3 +317,26 @@ def test_a_sampled_reply_names_its_seed(engine):
     greedy, _, greedy_err = _session(engine, ["hi"])
     greedy.loop()
     assert "seed:" not in greedy_err.getvalue()
+
+
+@pytest.mark.parametrize("env, dimmed", [({}, True), ({"NO_COLOR": "1"}, False), ({"TERM": "dumb"}, False)])
+def test_reasoning_is_dimmed_only_where_the_terminal_shows_colour(monkeypatch, env, dimmed):
+    # From a break-test: NO_COLOR (no-color.org) and TERM=dumb were ignored.
+    import io
+
+    from solo.chat import ReplyWriter
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    monkeypatch.delenv("NO_COLOR", raising=False)
+    monkeypatch.setenv("TERM", "xterm")
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out, err = Terminal(), io.StringIO()
+    writer = ReplyWriter(out, err, in_reasoning=True)
+    writer.write("thinking</think>answer")
+    writer.finish()
+    assert ("\x1b[2m" in out.getvalue()) is dimmed and "thinking" in out.getvalue() and "answer" in out.getvalue()
+    assert err.getvalue() == ""

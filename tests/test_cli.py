@@ -80,6 +80,35 @@ def test_run_reads_prompt_from_stdin(tiny_llama):
     assert "TTFT" in proc.stderr
 
 
+@pytest.mark.skipif(not sys.platform.startswith("linux") or shutil.which("bash") is None, reason="bash, /dev/full")
+@pytest.mark.parametrize("shell, code, out, err", [
+    # (from a break-test: each was a traceback, or text in the wrong place)
+    ("run -p hi >&-", 2, "", "solo: error: standard output is closed"),
+    ("chat >&- <<< hi", 2, "", "solo: error: standard output is closed"),
+    ("run <&-", 2, "", "solo: error: no prompt given"),
+    ("chat <&-", 0, "", ">>> "),  # (closed stdin: the end of the conversation)
+    ("run -p hi >/dev/full", 1, "", "solo: error: cannot write the output: No space left on device"),
+    ("run -p hi 2>&-", 0, "\n", None),  # (the timings are dropped, not written into stdout)
+    ("run -p - <<< 'def f(x):'", 0, "\n", "7 prompt"),  # (-p -: stdin, not the text "-")
+    ("run -p \"x = '\" --logit-bias 130+100 --logit-bias 105+100 --ignore-eos", 0, "???\n", "TTFT"),
+    ("chat < <(printf 'abc\\xff\\nhi\\n')", 0, None, "not valid UTF-8 text and was not sent"),
+])
+def test_closed_or_odd_standard_streams_give_one_line(tiny_llama, tmp_path, shell, code, out, err):
+    env = {**os.environ, "PYTHONIOENCODING": "ascii", "PYTHONPATH": os.pathsep.join(sys.path)}
+    solo = f"{sys.executable} -m solo.cli"
+    first, rest = shell.split(" ", 1)
+    command = f"{solo} {first} {tiny_llama} --max-tokens 3 {rest}"
+    proc = subprocess.run(["bash", "-c", command], capture_output=True, text=True, timeout=120, env=env,
+                          cwd=tmp_path, encoding="utf-8", errors="replace")
+    assert proc.returncode == code and "Traceback" not in proc.stderr, (proc.returncode, proc.stderr)
+    if out is not None:
+        assert proc.stdout.endswith(out) and (out != "" or proc.stdout == ""), proc.stdout
+    if err is not None:
+        assert err in proc.stderr, proc.stderr
+    else:
+        assert proc.stderr == "" and "TTFT" not in proc.stdout
+
+
 def test_chat_keeps_history(tiny_llama, monkeypatch, capsys):
     seen = []
     original = Engine.generate
