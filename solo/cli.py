@@ -484,9 +484,17 @@ def _suggestion(parser: argparse.ArgumentParser, message: str) -> str:
     if glued and f"-h{glued.group(1)}" in _FOREIGN_FLAGS:
         return f" (-h{glued.group(1)} is {_FOREIGN_FLAGS['-h' + glued.group(1)]})"
     prefix = "unrecognized arguments: "
+    options = [o for p in _all_parsers(parser) for a in p._actions for o in a.option_strings]
+    if message.startswith("the following arguments are required: COMMAND"):
+        # (`solo --versoin`: argparse asks for the command before it looks at the flag)
+        for flag in (a.split("=")[0] for a in getattr(parser, "_solo_argv", []) if a.startswith("-")):
+            close = difflib.get_close_matches(flag, [o for a in parser._actions for o in a.option_strings], n=1,
+                                              cutoff=0.6)
+            if flag not in options and close:
+                return f" ({flag} is no option; did you mean {close[0]}?)"
+        return ""
     if not message.startswith(prefix):
         return ""
-    options = [o for p in _all_parsers(parser) for a in p._actions for o in a.option_strings]
     words = message[len(prefix):].split()
     for flag in (word.split("=")[0] for word in words):
         if flag in _FOREIGN_FLAGS:
@@ -716,6 +724,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         # Building the parser of some commands imports torch (a second or more): Ctrl-C there is a quiet exit.
         parser = build_parser(argv)
+        parser._solo_argv = argv  # type: ignore[attr-defined]  # (for the hints of its errors)
         args = parser.parse_args(argv)
     except KeyboardInterrupt:
         print(file=sys.stderr)

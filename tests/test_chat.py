@@ -158,6 +158,12 @@ def test_argparse_errors_are_one_line_with_a_hint(capsys):
     with pytest.raises(SystemExit):
         main(["runn"])
     assert "(did you mean run?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # (argparse asked for the command first, without a word on the flag)
+        main(["--versoin"])
+    assert "(--versoin is no option; did you mean --version?)" in capsys.readouterr().err
+    with pytest.raises(SystemExit):  # (and `solo chat -p` was told "did you mean --tp?")
+        main(["chat", "-p", "hi"])
+    assert "solo chat reads each message at its prompt" in capsys.readouterr().err
     # Other engines' flags and an Ollama-style positional prompt say what Solo calls them.
     for argv, hint in ((["run", "-n", "3"], "-n is llama.cpp's --n-predict: use --max-tokens"),
                        (["serve", "--ctx-size=64"], "--ctx-size is llama.cpp's: use --max-model-len"),
