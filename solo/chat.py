@@ -65,7 +65,8 @@ def _line_reader() -> Callable[[str], str]:
     from solo.tokenizer import is_valid_unicode
 
     if sys.stdin is not None and hasattr(sys.stdin, "reconfigure"):
-        sys.stdin.reconfigure(errors="surrogateescape")  # (a line that is not UTF-8 is refused below, not a traceback)
+        # UTF-8 whatever the locale's encoding; a line that is not UTF-8 is refused below, not a traceback
+        sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
 
     def read(prompt: str) -> str:
         sys.stderr.write(prompt)  # (stdout holds the replies only: a pipe gets the answers)

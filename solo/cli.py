@@ -325,7 +325,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     if prompt is None or prompt == "-":  # (`-p -`: stdin, as the convention is)
         if sys.stdin is None or (prompt is None and sys.stdin.isatty()):
             raise SoloError("no prompt given; pass --prompt TEXT (or pipe the prompt on stdin)")
-        try:
+        try:  # (UTF-8 whatever the locale's encoding: a prompt is text in UTF-8, as the API's)
+            if hasattr(sys.stdin, "reconfigure"):
+                sys.stdin.reconfigure(encoding="utf-8")
             prompt = sys.stdin.read()
         except UnicodeDecodeError as exc:
             raise SoloError(f"stdin is not valid UTF-8 text ({exc.reason} at byte {exc.start}); send UTF-8 "

@@ -118,7 +118,7 @@ def bench_rank(job: dict[str, Any], rank: int) -> int:
     device = torch.device("cpu")
     if job["folder"]:
         config = ModelConfig.from_file(job["folder"])
-        dtype = resolve_dtype(job["dtype"], config.torch_dtype)
+        dtype = load_dtype(job["dtype"], config, Path(job["folder"]), device, tp=world)  # (as Engine.load's)
         model = load_shard(Path(job["folder"]), config, dtype, device)
     else:
         config = variant_configs(shape_config(job["shape"]), world)[job["variant"]][1]

@@ -248,14 +248,16 @@ def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: 
         SoloError: as `start_ranks`, or rank 0 went away (exit status 1 from the CLI).
     """
     from solo.distributed.runtime import TPRuntime
-    from solo.model.hub import resolve_dtype, resolve_model_dir
+    from solo.engine.engine import load_dtype
+    from solo.model.hub import resolve_model_dir
 
     rank, world, local_rank = torchrun_world()
     folder = resolve_model_dir(model, revision)
     config = _config(folder, context_length)
     device_type = torch.device(device).type
     control = init_group(device_type, "env://", world, rank)
-    model_shard = load_shard(folder, config, resolve_dtype(dtype, config.torch_dtype),
+    # (the dtype rank 0's Engine.load chooses: config.json's, else the weights' own)
+    model_shard = load_shard(folder, config, load_dtype(dtype, config, folder, torch.device(device), tp=world),
                              rank_device(device_type, local_rank))
     runtime = TPRuntime(model_shard, model_shard.comm, control, exit_on_failure=False)
     runtime.follow()

@@ -421,6 +421,9 @@ def _rope_config(raw: dict[str, Any], architecture: str) -> RopeConfig:
         raise CheckpointError("config.json's rope_parameters and rope_scaling must be objects (or null); fix or "
                               "re-download it")
     merged = {**params, **scaling}
+    if scaling and "original_max_position_embeddings" not in scaling:
+        # (transformers 5 takes rope_scaling whole: a saved dict's original context does not carry over to it)
+        merged.pop("original_max_position_embeddings", None)
     theta = merged.get("rope_theta", raw.get("rope_theta", 10000.0))
     if isinstance(theta, bool) or not isinstance(theta, (int, float)) or not 0 < theta < math.inf:
         raise CheckpointError(f"config.json gives rope_theta = {theta!r}; it must be a positive number. Fix or "
@@ -713,9 +716,10 @@ def _gemma3(config: ModelConfig, raw: dict[str, Any]) -> ModelConfig:
     local.setdefault("rope_theta", raw.get("rope_local_base_freq", 10_000.0))
     # As transformers' per-layer-type RoPE: a scaled type's original context is its dict's or
     # max_position_embeddings (never a top-level one), and yarn's `truncate` is read from the outer rope_parameters
-    # (so true unless set there), whatever the full-attention dict says.
-    if full.get("rope_type", full.get("type")) == "yarn":
-        full["truncate"] = params.get("truncate", True)
+    # (so true unless set there), whatever the layer type's own dict says.
+    for section in (full, local):
+        if section.get("rope_type", section.get("type")) == "yarn":
+            section["truncate"] = params.get("truncate", True)
     max_pos = int_field(raw, "max_position_embeddings", 131_072)
     arch = config.architecture
     global_rope = _rope_config({"rope_parameters": full, "max_position_embeddings": max_pos}, arch)

@@ -814,6 +814,12 @@ class CpuRuntime:
             from solo.runtime.cpu_moe import build_moe_layers, check_moe_struct_layout
 
             check_moe_struct_layout(self._lib)
+            for i, layer in enumerate(model.layers):  # (the router, shared experts: nothing keeps the file mapped)
+                if cfg.is_moe_layer(i):
+                    for module in layer.mlp.modules():
+                        for name, value in list(module._parameters.items()) + list(module._buffers.items()):
+                            if value is not None and value.is_floating_point():
+                                self._own(module, name)
             self._moe_layers = build_moe_layers(model, self._keep)
             s.moe = ctypes.addressof(self._moe_layers)
 

@@ -52,6 +52,27 @@ def test_run_under_torchrun_env_rendezvous(lane_model):
     assert proc.stdout == _expected(lane_model, "def f(x):", 8) + "\n"
 
 
+def test_torchrun_followers_load_the_dtype_rank_0_loads(tmp_path):
+    # From a break-test: with no dtype in config.json rank 0 (Engine.load) took the weights' bfloat16 and the
+    # torchrun followers float32; their first collective then failed on the mismatched sizes.
+    import torch
+    from checkpoints import make_checkpoint
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16)
+    config = {k: v for k, v in json.loads((folder / "config.json").read_text()).items()
+              if k not in ("dtype", "torch_dtype")}
+    (folder / "config.json").write_text(json.dumps(config))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(port), "-m", "solo.cli", "run", str(folder), "--tp", "2", "--prompt", "def f(x):",
+                           "--max-tokens", "4", "--ignore-eos", "--temperature", "0"],
+                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() and "4 generated tokens" in proc.stderr
+
+
 def _descendants(pid: int) -> list[int]:
     parents: dict[int, list[int]] = {}
     for entry in Path("/proc").iterdir():

@@ -140,6 +140,9 @@ def _drop_nested_original(config):
         # a top-level original context wins over the dict's (llama3 and longrope on any architecture, as yarn)
         ("llama", {**_LLAMA3, "original_max_position_embeddings": 16},
          lambda c: c.update(original_max_position_embeddings=32)),
+        # rope_scaling beside rope_parameters replaces it whole in transformers: the saved original does not carry over
+        ("llama", {**_LLAMA3, "original_max_position_embeddings": 16}, lambda c: c.update(rope_scaling={
+            "rope_type": "llama3", "factor": 4.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0})),
         ("llama", {"rope_theta": 10000.0, "rope_type": "longrope", "short_factor": [1.0 + i / 8 for i in range(8)],
                    "long_factor": [2.0 + i / 4 for i in range(8)], "original_max_position_embeddings": 16},
          lambda c: c.update(original_max_position_embeddings=48)),
@@ -149,13 +152,16 @@ def _drop_nested_original(config):
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, _drop_nested_original),
         ("gemma3", {"full_attention": {**_LLAMA3, "original_max_position_embeddings": 16},
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, _drop_nested_original),
-        # and yarn's truncate comes from the outer dict (true), not the full-attention one
+        # and yarn's truncate comes from the outer dict (true), not the layer type's own
         ("gemma3", {"full_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0, "beta_fast": 4.0,
                                        "original_max_position_embeddings": 64, "truncate": False},
                     "sliding_attention": {"rope_type": "default", "rope_theta": 10000.0}}, None),
+        ("gemma3", {"full_attention": {"rope_type": "default", "rope_theta": 10000.0},
+                    "sliding_attention": {"rope_type": "yarn", "factor": 8.0, "rope_theta": 10000.0, "beta_fast": 4.0,
+                                          "original_max_position_embeddings": 64, "truncate": False}}, None),
     ],
-    ids=["llama3-no-original", "llama3-top-level-original", "longrope-top-level-original", "gemma3-yarn-no-original",
-         "gemma3-llama3-no-original", "gemma3-yarn-truncate"],
+    ids=["llama3-no-original", "llama3-top-level-original", "llama3-rope-scaling-whole", "longrope-top-level-original",
+         "gemma3-yarn-no-original", "gemma3-llama3-no-original", "gemma3-yarn-truncate", "gemma3-sliding-yarn-truncate"],
 )
 @pytest.mark.parametrize("backend", ["eager", "cpu"])
 def test_rope_original_context_is_read_as_transformers_reads_it(tmp_path, arch, rope, edit, backend):

@@ -70,8 +70,9 @@ def test_matrices_live_in_aligned_huge_page_arenas_shared_with_the_eager_model(t
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="reads /proc/self/maps")
-@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
-def test_no_weight_keeps_the_checkpoint_file_mapped(tmp_path, tied):
+@pytest.mark.parametrize("arch, tied", [("qwen2", True), ("qwen2", False), ("qwen3_moe", False)],
+                         ids=["tied", "untied", "moe"])
+def test_no_weight_keeps_the_checkpoint_file_mapped(tmp_path, arch, tied):
     # From a break-test: load_weights leaves tensors it did not convert as views of the memory-mapped safetensors
     # file; after the runtime copied the matrices out, the norms and the embedding kept the whole mapping alive,
     # every page of it that the copies read resident (RSS: the arenas plus the whole file). A tied head streamed
@@ -80,7 +81,7 @@ def test_no_weight_keeps_the_checkpoint_file_mapped(tmp_path, tied):
 
     from solo.runtime.cpu import _in_arena
 
-    folder = make_checkpoint(tmp_path / "qwen2", "qwen2", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
+    folder = make_checkpoint(tmp_path / arch, arch, dtype=torch.bfloat16, hidden_size=128, head_dim=32,
                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=352,
                              tie_word_embeddings=tied)
     model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
