@@ -107,6 +107,7 @@ def bench_rank(job: dict[str, Any], rank: int) -> int:
     """
     from solo.bench.shapes import shape_config
     from solo.distributed.launch import TIMEOUT, load_shard
+    from solo.engine.engine import load_dtype
     from solo.model.hub import resolve_dtype
     from solo.model.transformer import KVCache
 

@@ -161,7 +161,8 @@ def _drop_nested_original(config):
                                           "original_max_position_embeddings": 64, "truncate": False}}, None),
     ],
     ids=["llama3-no-original", "llama3-top-level-original", "llama3-rope-scaling-whole", "longrope-top-level-original",
-         "gemma3-yarn-no-original", "gemma3-llama3-no-original", "gemma3-yarn-truncate", "gemma3-sliding-yarn-truncate"],
+         "gemma3-yarn-no-original", "gemma3-llama3-no-original", "gemma3-yarn-truncate",
+         "gemma3-sliding-yarn-truncate"],
 )
 @pytest.mark.parametrize("backend", ["eager", "cpu"])
 def test_rope_original_context_is_read_as_transformers_reads_it(tmp_path, arch, rope, edit, backend):
