@@ -859,7 +859,7 @@ class CpuRuntime:
         shape = (max(1, len(self.model.rotary.tables)), max_seq, self.config.head_dim)
 
         def build() -> tuple[torch.Tensor, torch.Tensor]:
-            cos, sin = torch.empty(shape), torch.empty(shape)
+            cos, sin = torch.empty(shape, dtype=torch.float32), torch.empty(shape, dtype=torch.float32)
             for start in range(0, max_seq, _ROPE_BLOCK):
                 positions = torch.arange(start, min(max_seq, start + _ROPE_BLOCK)).view(1, -1)
                 c, s = _stack_tables(self.model.rotary.layer_tables(positions, self.model.dtype))
@@ -1019,7 +1019,7 @@ class CpuRuntime:
             del layer
         # LM head on the last position only, through the decode kernel (no dense copy of a quantized head).
         last_row = normed[-1:].float().contiguous()
-        logits = torch.empty(1, cfg.vocab_size)
+        logits = torch.empty(1, cfg.vocab_size, dtype=torch.float32)
         workspace = torch.empty(cfg.hidden_size * 4 + 64, dtype=torch.uint8)
         lib.solo_gemv(ctypes.byref(self._struct.head), last_row.data_ptr(), 1, logits.data_ptr(),
                       workspace.data_ptr(), nt)
@@ -1040,7 +1040,7 @@ class CpuRuntime:
         dtype = self.prefill_matmul_dtype
         if mat.format == _W_BF16_AMX:  # the packed weights' own kernel: AMX tiles, as fast as oneDNN's matmul
             xf = x.float().contiguous()
-            out = torch.empty(xf.shape[0], mat.rows)
+            out = torch.empty(xf.shape[0], mat.rows, dtype=torch.float32)
             workspace = torch.empty(xf.numel() * 4 + 64, dtype=torch.uint8)
             self._lib.solo_gemv(ctypes.byref(mat), xf.data_ptr(), xf.shape[0], out.data_ptr(), workspace.data_ptr(),
                                 self.num_threads)

@@ -246,7 +246,7 @@ class CpuLaneRuntime:
             # The eager model's own float32 interleaved-RoPE tables [max_seq, head_dim / 2] (element for element
             # what it computes for any single position).
             cos, sin = self.model.rotary(torch.arange(max_seq).view(1, -1))
-            return cos[0].contiguous(), sin[0].contiguous()
+            return cos[0].float().contiguous(), sin[0].float().contiguous()  # (float32 whatever torch's default)
 
         # (a transient pair beside the kept one while they are made)
         cos, sin = allocate_beside_cache(tables, 4 * max_seq * (self.config.head_dim // 2) * 4,

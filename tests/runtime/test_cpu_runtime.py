@@ -180,6 +180,26 @@ def test_auto_dtype_is_read_as_transformers_reads_it(tmp_path, edit):
     assert Engine.load(folder, backend="eager").model.dtype == expected == torch.bfloat16
 
 
+@pytest.mark.parametrize("default", [torch.float64, torch.bfloat16])
+def test_torchs_default_dtype_changes_no_output(tmp_path, default):
+    # From a break-test: the runtime made its RoPE tables and prefill buffers in torch's default dtype, which the
+    # kernels read as float32: other outputs under float64 (cached in the tables after the default was restored),
+    # and under a 2-byte default a heap overflow (SIGSEGV) on a prompt past 512 positions.
+    from solo import Engine, SamplingParams
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", max_position_embeddings=1024)
+    prompt, params = [5 + i % 300 for i in range(600)], SamplingParams(max_tokens=6, temperature=0, ignore_eos=True)
+    engine = Engine.load(folder, backend="cpu")
+    expected = engine.complete(prompt, params).token_ids
+    try:
+        torch.set_default_dtype(default)
+        assert engine.complete(prompt, params).token_ids == expected
+        assert Engine.load(folder, backend="cpu").complete(prompt, params).token_ids == expected
+    finally:
+        torch.set_default_dtype(torch.float32)
+    assert engine.complete(prompt, params).token_ids == expected
+
+
 def test_out_of_range_decode_is_refused(tmp_path):
     folder = make_checkpoint(tmp_path / "llama", "llama")
     runtime = CpuRuntime(_load(folder, torch.float32), rows=1, max_seq=16)
