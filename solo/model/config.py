@@ -515,8 +515,7 @@ def _longrope_config(raw: dict[str, Any], merged: dict[str, Any], theta: float, 
     if architecture == "Phi3ForCausalLM":
         original = raw.get("original_max_position_embeddings", 4096)
     else:
-        original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
-            or max_pos
+        original = _original_context(raw, merged)
     try:
         original = int(original)
         short = tuple(float(f) for f in merged["short_factor"])
@@ -550,9 +549,7 @@ def _yarn_config(raw: dict[str, Any], merged: dict[str, Any], theta: float) -> R
         return float(value)
 
     max_pos = int_field(raw, "max_position_embeddings", 2048)
-    original = raw.get("original_max_position_embeddings") or merged.get("original_max_position_embeddings") \
-        or max_pos
-    original = int(number("original_max_position_embeddings", original, 1))
+    original = _original_context(raw, merged)
     factor = merged.get("factor")
     factor = number("factor", max_pos / original if factor is None else factor, 1)
     attention = merged.get("attention_factor")
