@@ -39,15 +39,20 @@ def test_run_tp2_prints_one_process_output(lane_model):
     assert "backend: eager-tp2" in proc.stderr
 
 
-def test_run_under_torchrun_env_rendezvous(lane_model):
-    # Every process runs the same command; rank 1 follows rank 0 (the env:// variables torchrun sets).
+def _torchrun_run(folder, max_tokens: int) -> subprocess.CompletedProcess:
+    # `solo run --tp 2` under torchrun: every process runs the same command (the env:// variables torchrun sets).
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(port), "-m", "solo.cli", "run", str(lane_model), "--tp", "2", "--prompt", "def f(x):",
-                           "--max-tokens", "8", "--ignore-eos", "--temperature", "0"],
+    return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
+                           str(port), "-m", "solo.cli", "run", str(folder), "--tp", "2", "--prompt", "def f(x):",
+                           "--max-tokens", str(max_tokens), "--ignore-eos", "--temperature", "0"],
                           capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+
+
+def test_run_under_torchrun_env_rendezvous(lane_model):
+    # Rank 1 follows rank 0.
+    proc = _torchrun_run(lane_model, 8)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout == _expected(lane_model, "def f(x):", 8) + "\n"
 
@@ -62,13 +67,7 @@ def test_torchrun_followers_load_the_dtype_rank_0_loads(tmp_path):
     config = {k: v for k, v in json.loads((folder / "config.json").read_text()).items()
               if k not in ("dtype", "torch_dtype")}
     (folder / "config.json").write_text(json.dumps(config))
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "--master-port",
-                           str(port), "-m", "solo.cli", "run", str(folder), "--tp", "2", "--prompt", "def f(x):",
-                           "--max-tokens", "4", "--ignore-eos", "--temperature", "0"],
-                          capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = _torchrun_run(folder, 4)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() and "4 generated tokens" in proc.stderr
 
