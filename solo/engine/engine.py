@@ -61,7 +61,7 @@ from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
 from solo.model.hub import resolve_dtype, resolve_model_dir
 from solo.model.transformer import Transformer
-from solo.model.weights import load_weights
+from solo.model.weights import checkpoint_dtype, load_weights
 from solo.runtime import create_runtime
 from solo.runtime.base import DecodeRuntime, runtime_capabilities
 from solo.tokenizer import Tokenizer
@@ -171,8 +171,6 @@ def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | Non
     Raises:
         SoloError: an unknown dtype.
     """
-    from solo.model.weights import checkpoint_dtype
-
     named = config.torch_dtype
     if named is None and folder is not None and dtype == "auto":
         named = checkpoint_dtype(folder)

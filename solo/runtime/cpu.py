@@ -757,11 +757,8 @@ class CpuRuntime:
             if not cfg.is_moe_layer(i):
                 groups += [[layer.mlp.gate_proj, layer.mlp.up_proj], [layer.mlp.down_proj]]
             sizes.append(sum(-(-self._group_bytes(g) // _ARENA_ALIGN) * _ARENA_ALIGN for g in groups))
-        head = model.embed.weight if model.lm_head is None else None  # a tied head: the embedding goes in too
-        if model.lm_head is not None:
-            sizes.append(-(-self._group_bytes([model.lm_head]) // _ARENA_ALIGN) * _ARENA_ALIGN)
-        else:
-            sizes.append(-(-head.numel() * head.element_size() // _ARENA_ALIGN) * _ARENA_ALIGN)
+        head = model.lm_head if model.lm_head is not None else model.embed  # (a tied head: the embedding goes in)
+        sizes.append(-(-self._group_bytes([head]) // _ARENA_ALIGN) * _ARENA_ALIGN)
         for i, layer in enumerate(model.layers):
             attn, mlp = layer.attn, layer.mlp
             entry = self._layers[i]
@@ -800,7 +797,7 @@ class CpuRuntime:
         self._arena_for(sizes, len(sizes) - 1)
         if model.lm_head is None:
             # The tied head streams the embedding every token: into the arena (huge pages), as the other matrices.
-            self._to_arena([model.embed], head)
+            self._to_arena([model.embed], model.embed.weight)
             s.embed = self._ptr(self._own(model.embed))  # (its own copy where the arena had no room)
             s.head = _Mat(_W_BF16 if model.dtype == torch.bfloat16 else _W_F32, cfg.vocab_size, cfg.hidden_size,
                           32, s.embed, None, None)

@@ -451,7 +451,7 @@ def _usable(folder: Path, name: str) -> bool:
     return library.is_file() and _own(folder) and _own(library, follow=False) and _intact(library)
 
 
-# A build runs at most this long; a temporary file that old in the cache folder is a killed build's.
+# A build runs at most this long; a temporary library twice that old in the cache folder is a killed build's.
 _BUILD_TIMEOUT_S = 600
 # A process waiting for another's build says so after _LOCK_NOTICE_S, and builds beside it after _LOCK_WAIT_S
 # (the holder is stopped or hung).

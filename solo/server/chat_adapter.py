@@ -17,7 +17,7 @@ from pydantic import BaseModel, ValidationError
 from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError
 from solo.server.errors import validation_error
-from solo.server.protocol import ChatCompletionRequest
+from solo.server.protocol import SURROGATE_MESSAGE, ChatCompletionRequest
 from solo.tokenizer import is_valid_unicode
 
 CUT_SHORT = "the server stopped before the reply finished (it is shutting down); send the request again"
@@ -86,8 +86,7 @@ def typed_field(data: Mapping[str, Any], name: str, kind: type | tuple[type, ...
     if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):
         raise InvalidRequestError(f"{name} must be {what}, got {value!r:.40}", param=name)
     if isinstance(value, str) and not is_valid_unicode(value):  # (else named later as the route's field it became)
-        raise InvalidRequestError(f"{name}: Input should be valid Unicode text; it holds an unpaired surrogate (such "
-                                  "as \\ud800)", param=name)
+        raise InvalidRequestError(f"{name}: {SURROGATE_MESSAGE}", param=name)
     return value
 
 

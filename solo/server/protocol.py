@@ -60,7 +60,7 @@ JsonInt = Annotated[int, Strict()]
 JsonFloat = Annotated[float, Strict(), Field(allow_inf_nan=False)]
 JsonBool = Annotated[bool, Strict()]
 
-_SURROGATE_MESSAGE = "Input should be valid Unicode text; it holds an unpaired surrogate (such as \\ud800)"
+SURROGATE_MESSAGE = "Input should be valid Unicode text; it holds an unpaired surrogate (such as \\ud800)"
 
 
 def _valid_unicode(value: Any) -> Any:
@@ -70,7 +70,7 @@ def _valid_unicode(value: Any) -> Any:
         try:
             value.encode("utf-8")
         except UnicodeEncodeError:
-            raise PydanticCustomError("unicode_surrogate", _SURROGATE_MESSAGE) from None
+            raise PydanticCustomError("unicode_surrogate", SURROGATE_MESSAGE) from None
     return value
 
 
@@ -89,7 +89,7 @@ def one_of(description: str) -> WrapValidator:
             return handler(value)
         except ValidationError as exc:
             if any(e["type"] == "unicode_surrogate" for e in exc.errors()):  # the type was right; say what was not
-                raise PydanticCustomError("unicode_surrogate", _SURROGATE_MESSAGE) from None
+                raise PydanticCustomError("unicode_surrogate", SURROGATE_MESSAGE) from None
             raise PydanticCustomError("union_type", f"Input should be {description}") from None
 
     return WrapValidator(validate)

@@ -531,14 +531,13 @@ async def _completion_stream(state: ServerState, job: _Job, body: CompletionRequ
                 continue
             choice = CompletionChoice(index=index, text=event.text, logprobs=logprobs,
                                       finish_reason=event.finish_reason, stop_reason=event.stop_reason)
-            chunk = Completion(id=job.response_id, created=job.created, model=job.model, choices=[choice])
+            payload: Completion | dict = Completion(id=job.response_id, created=job.created, model=job.model,
+                                                    choices=[choice])
             if token_entries and logprobs is not None:
-                payload = chunk.model_dump()
+                payload = payload.model_dump()
                 payload["choices"][0]["token_logprobs"] = \
                     chat_logprobs(state.pieces, event.logprobs).model_dump()["content"]  # type: ignore[arg-type]
-                yield _sse(payload)
-                continue
-            yield _sse(chunk)
+            yield _sse(payload)
         if body.include_usage:
             yield _sse(Completion(id=job.response_id, created=job.created, model=job.model, choices=[],
                                   usage=job.usage()))
