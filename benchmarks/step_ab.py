@@ -89,7 +89,7 @@ def runtime_without_arena(model: torch.nn.Module, threads: int) -> CpuRuntime:
 def build_library(folder: str) -> ctypes.CDLL:
     """Compile `folder`/decode.cpp for the selected ISA level (this machine's flags) and load it."""
     out = Path(tempfile.gettempdir()) / f"solo_step_ab_{abs(hash(folder))}.so"
-    cmd = [_compiler(), *compile_flags(selected_level()), str(Path(folder) / "decode.cpp"), "-o", str(out)]
+    cmd = [*_compiler(), *compile_flags(selected_level()), str(Path(folder) / "decode.cpp"), "-o", str(out)]
     subprocess.run(cmd, check=True)
     lib = declare(ctypes.CDLL(str(out)))
     check_struct_layout(lib)
