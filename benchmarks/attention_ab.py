@@ -32,7 +32,7 @@ from solo.runtime.cpu import CpuRuntime
 
 def main() -> None:
     """Command line: see the module docstring."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--shape", default="Qwen2.5-0.5B", help="a `solo bench --shape` name")
     ap.add_argument("--context", type=int, default=32000, help="position of the first timed step")
     ap.add_argument("--steps", type=int, default=8)

@@ -42,7 +42,7 @@ def _plan(spec: str, max_seq: int, heads: int, kv_heads: int, head_dim: int, sms
 
 def main() -> None:
     """Command line: see the module docstring."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--shape", default="Llama-3.2-1B", help="a `solo bench --shape` name (its attention geometry)")
     ap.add_argument("--max-seq", type=int, default=131072, help="cache length (positions per row)")
     ap.add_argument("--positions", default="128,2048,8192,32768,131000")

@@ -30,7 +30,7 @@ from solo.runtime.cpu import CpuRuntime
 @torch.inference_mode()
 def main() -> None:
     """Command line: see the module docstring."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--shape", default="Qwen2.5-0.5B", help="a `solo bench --shape` name")
     ap.add_argument("--quantize", choices=["int8", "int4"], help="weight-only quantization, as `solo bench`")
     ap.add_argument("--batch", type=int, default=8, help="rows decoded per step")

@@ -60,7 +60,7 @@ def select_variant(runtime: CpuRuntime, lib: ctypes.CDLL, knobs: dict[str, int])
 
 def main() -> None:
     """Command line: see the module docstring."""
-    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--shape", default="Llama-3.2-1B", help="a `solo bench --shape` name")
     ap.add_argument("--prompt-len", type=int, default=128)
     ap.add_argument("--rounds", type=int, default=5)

@@ -59,6 +59,22 @@ def finite_float(text: str) -> float:
     return value
 
 
+def argv_text(text: str) -> str:
+    """The argparse type of text flags (--prompt, --system, --stop): UTF-8 whatever the locale says.
+
+    Under an ASCII locale (LC_ALL=C without Python's UTF-8 mode) Python decodes the arguments as ASCII and keeps
+    every other byte as a lone surrogate, so a UTF-8 prompt was refused as "not UTF-8" while the same text on
+    stdin (read as UTF-8) ran. The argument's bytes are decoded as UTF-8 again; bytes that are not UTF-8 stay
+    as they were, for the tokenizer's refusal to name.
+    """
+    if not any("\udc80" <= ch <= "\udcff" for ch in text):
+        return text
+    try:
+        return os.fsencode(text).decode("utf-8")
+    except (UnicodeError, ValueError):
+        return text
+
+
 def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = True) -> None:
     """MODEL, --device, --dtype, --backend, --revision."""
     from solo.model.hub import DTYPE_CHOICES
@@ -180,7 +196,7 @@ def add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
                    "0: no penalties)")
     g.add_argument("--seed", type=int, default=None,
                    help="random seed; the same seed repeats a sampled run (-1 or unset: a random one)")
-    g.add_argument("--stop", action="append", default=[], metavar="TEXT",
+    g.add_argument("--stop", action="append", default=[], metavar="TEXT", type=argv_text,
                    help="stop when this text is generated (repeatable); it is left out of the output; taken as "
                    "written, escapes included (a newline: --stop $'\\n' in bash)")
     g.add_argument("--ignore-eos", action="store_true", help="keep generating past end-of-sequence tokens")
@@ -586,10 +602,11 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
                   "a line with TTFT and decode speed follows on stderr.")
     if run is not None:
         add_model_arguments(run)
-        run.add_argument("--prompt", "-p", default=None, action=_Once, help="the prompt text (- or none: read stdin)")
+        run.add_argument("--prompt", "-p", default=None, action=_Once, type=argv_text,
+                         help="the prompt text (- or none: read stdin)")
         run.add_argument("--chat", action="store_true",
                          help="send the prompt as a user message through the model's chat template")
-        run.add_argument("--system", default=None, help="system message (with --chat)")
+        run.add_argument("--system", default=None, type=argv_text, help="system message (with --chat)")
         add_context_argument(run)
         add_template_arguments(run)
         add_feature_arguments(run)
@@ -605,7 +622,7 @@ def build_parser(argv: Sequence[str] | None = None) -> argparse.ArgumentParser:
             "model folder, GGUF file or Hugging Face Hub id of a chat (instruct) model, one with a chat template "
             "(default: Solo's bundled model)"
         )
-        chat.add_argument("--system", default=None, help="system message for the conversation")
+        chat.add_argument("--system", default=None, type=argv_text, help="system message for the conversation")
         add_context_argument(chat)
         add_template_arguments(chat)
         add_feature_arguments(chat)
@@ -733,12 +750,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     try:
         _apply_threads(args)
-        world = os.environ.get("WORLD_SIZE", "1")
-        if getattr(args, "tp", None) == 1 and "RANK" in os.environ and world.isdigit() and int(world) > 1:
+        launched = None
+        if hasattr(args, "tp") and os.environ.get("WORLD_SIZE", "").strip() and os.environ.get("RANK", "").strip():
+            from solo.distributed.launch import torchrun_world
+
+            launched = torchrun_world()
+        if getattr(args, "tp", None) == 1 and launched is not None and launched[1] > 1:
             # (each process would run the whole command: a completion printed twice, a second server's port taken)
-            raise SoloError(f"the launcher started {world} processes (WORLD_SIZE) but --tp is 1; pass --tp {world} to "
-                            "shard the model over them, or run solo without the launcher")
-        if getattr(args, "tp", 1) != 1 and os.environ.get("RANK", "0") != "0" and "WORLD_SIZE" in os.environ:
+            raise SoloError(f"the launcher started {launched[1]} processes (WORLD_SIZE) but --tp is 1; pass --tp "
+                            f"{launched[1]} to shard the model over them, or run solo without the launcher")
+        if getattr(args, "tp", 1) != 1 and launched is not None and launched[0] != 0:
             # A torchrun job: ranks other than 0 load their shard and follow rank 0.
             from solo.distributed.launch import run_torchrun_follower
 
@@ -754,6 +775,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except MemoryError as exc:  # (a Python allocation past `ulimit -v`: the limit, not a bug, is what to name)
+        print(f"solo: error: out of memory{f' ({exc})' if str(exc) else ''}; free memory, raise this process's "
+              "memory limit (ulimit -v, the container's limit) or run a smaller model", file=sys.stderr)
+        return 1
     except BrokenPipeError:
         return 0
     except OSError as exc:

@@ -70,6 +70,10 @@ class KVCacheMemoryError(SoloError):
     """The KV cache of the rows and tokens asked for cannot be allocated: the machine is out of memory."""
 
 
+class WeightsMemoryError(SoloError):
+    """The model's weights do not fit in the memory this process may use (RAM, `ulimit -v`, a container's limit)."""
+
+
 class EngineFailedError(SoloError):
     """The engine can no longer run requests: a tensor-parallel rank stopped answering.
 

@@ -539,3 +539,66 @@ def test_no_think_and_chat_template_kwargs(capsys, tmp_path, shared_hf, no_templ
         assert (code, code_words[1] in err) == (code_words[0], True), (extra, err)
     with pytest.raises(InvalidRequestError, match="never reads"):  # (the Python API: a variable no one reads)
         engine.make_request(ask, chat_template_kwargs={"bogus": 1})
+
+
+def test_launcher_variables_that_are_not_numbers_are_one_line(capsys, tiny_llama, monkeypatch):
+    # WORLD_SIZE=abc RANK=0 solo run --tp 2 was a ValueError traceback from int().
+    for world, rank, local, words in (("abc", "0", None, "WORLD_SIZE='abc' is not a whole number"),
+                                      ("2", "x", None, "RANK='x' is not a whole number from 0 to 1"),
+                                      ("2", "2", None, "RANK='2' is not a whole number from 0 to 1"),
+                                      ("2", "0", "-1", "LOCAL_RANK='-1' is not a whole number")):
+        monkeypatch.setenv("WORLD_SIZE", world)
+        monkeypatch.setenv("RANK", rank)
+        if local is None:
+            monkeypatch.delenv("LOCAL_RANK", raising=False)
+        else:
+            monkeypatch.setenv("LOCAL_RANK", local)
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--tp", "2", "--prompt", "x")
+        assert code == 2 and words in err and err.count("\n") == 1, err
+    monkeypatch.setenv("WORLD_SIZE", "abc")
+    code, _, err = _run(capsys, "list")  # commands without --tp never read them
+    assert code == 0, err
+
+
+def test_text_arguments_are_utf8_under_an_ascii_locale(capsys, tiny_llama):
+    # Under LC_ALL=C without UTF-8 mode Python decodes argv as ASCII with surrogate escapes: a UTF-8 --prompt was
+    # refused as "not UTF-8" while the same text on stdin ran.
+    from solo.cli import argv_text
+
+    escaped = "s = '\udcc3\udcbc'"  # "s = 'ü'" as an ASCII locale gives it
+    assert argv_text(escaped) == "s = '\u00fc'" and argv_text("plain") == "plain"
+    assert argv_text("\udcff") == "\udcff"  # not UTF-8: left for the tokenizer's refusal
+    code, out, err = _run(capsys, "run", str(tiny_llama), "--prompt", escaped, "--max-tokens", "2", "--stop",
+                          "\udce2\udc80\udca6")
+    assert code == 0, err
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "\udcff", "--max-tokens", "2")
+    assert code == 2 and "not UTF-8" in err
+
+
+def test_out_of_memory_while_loading_is_named_not_a_damaged_file(capsys, tiny_llama, monkeypatch):
+    # Under `ulimit -v` safetensors' mmap failed with ENOMEM and Solo said "the file is damaged or incomplete,
+    # re-download it"; a MemoryError elsewhere in the load was a traceback.
+    from safetensors import SafetensorError
+
+    import solo.model.weights as weights
+
+    def no_map(*args, **kwargs):
+        raise SafetensorError("Error while deserializing header: unable to mmap 31479992 bytes from file "
+                              "model.safetensors: Cannot allocate memory (12)")
+
+    monkeypatch.setattr(weights, "safe_open", no_map)
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "x", "--max-tokens", "1")
+    assert code == 2 and "out of memory loading the model (" in err and "ulimit -v" in err, err
+    assert "re-download" not in err and err.count("\n") == 1
+    monkeypatch.undo()
+
+    def no_room(*args, **kwargs):
+        raise MemoryError
+
+    monkeypatch.setattr(weights, "_set_parameter", no_room)
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "x", "--max-tokens", "1")
+    assert code == 2 and "out of memory loading the model" in err and "MemoryError" in err, err
+    monkeypatch.undo()
+    monkeypatch.setattr("solo.cli._apply_threads", no_room)  # anywhere else: the last resort, one line
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "x")
+    assert code == 1 and err.startswith("solo: error: out of memory; free memory") and err.count("\n") == 1, err

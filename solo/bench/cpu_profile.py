@@ -120,7 +120,8 @@ def main(argv: list[str] | None = None) -> None:
     from solo.bench.shapes import build_model, shape_config
     from solo.runtime.cpu import CpuRuntime
 
-    parser = argparse.ArgumentParser(prog="python -m solo.bench.cpu_profile", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m solo.bench.cpu_profile",
+                                     description=(__doc__ or "").split("\n")[0])
     parser.add_argument("--shape", required=True, help="a `solo bench --shape` name")
     parser.add_argument("--steps", type=int, default=32, help="decode steps per measurement")
     parser.add_argument("--context", type=int, default=256, help="position of the first timed step")

@@ -25,6 +25,7 @@ import torch.distributed as dist
 # shutdown, where they can abort the process.
 import torch.distributed.nn  # noqa: F401
 
+from solo.env import env_int
 from solo.errors import SoloError
 from solo.model.config import ModelConfig
 
@@ -56,11 +57,18 @@ class RankSpec:
 
 
 def torchrun_world() -> tuple[int, int, int] | None:
-    """(rank, world, local rank) from the standard environment variables, or None outside a launcher."""
-    if "WORLD_SIZE" not in os.environ or "RANK" not in os.environ:
+    """(rank, world, local rank) from the standard environment variables, or None outside a launcher.
+
+    Outside a launcher: WORLD_SIZE or RANK unset (or empty). LOCAL_RANK defaults to RANK.
+
+    Raises:
+        EnvSettingError: one of them is not a whole number, or RANK / LOCAL_RANK is not below WORLD_SIZE.
+    """
+    if not os.environ.get("WORLD_SIZE", "").strip() or not os.environ.get("RANK", "").strip():
         return None
-    world = int(os.environ["WORLD_SIZE"])
-    return int(os.environ["RANK"]), world, int(os.environ.get("LOCAL_RANK", os.environ["RANK"]))
+    world = env_int("WORLD_SIZE", 1, 1, 1 << 20)
+    rank = env_int("RANK", 0, 0, world - 1)
+    return rank, world, env_int("LOCAL_RANK", rank, 0, world - 1)
 
 
 def default_threads(world: int) -> int:

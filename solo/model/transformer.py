@@ -192,10 +192,16 @@ class Transformer(nn.Module):
 
 
 def out_of_memory(exc: BaseException) -> bool:
-    """Whether an allocation failed for want of memory (torch's allocators, mmap's ENOMEM, MemoryError)."""
+    """Whether an allocation failed for want of memory.
+
+    torch's allocators, mmap's ENOMEM, MemoryError, and the errors safetensors raises when it cannot map a file.
+    """
     if isinstance(exc, MemoryError | torch.OutOfMemoryError):
         return True
     if isinstance(exc, OSError):
         return exc.errno == errno.ENOMEM
-    message = str(exc).lower()  # torch's CPU allocator: "can't allocate memory"; CUDA's: "out of memory"
+    message = str(exc).lower()
+    if "cannot allocate memory (12)" in message:  # safetensors' mmap under `ulimit -v`: ENOMEM in its message
+        return True
+    # torch's CPU allocator: "can't allocate memory"; CUDA's: "out of memory"
     return isinstance(exc, RuntimeError) and ("can't allocate memory" in message or "out of memory" in message)

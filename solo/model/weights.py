@@ -19,11 +19,12 @@ import torch
 from safetensors import SafetensorError, safe_open
 from tqdm.auto import tqdm
 
-from solo.errors import CheckpointError
+from solo.errors import CheckpointError, WeightsMemoryError
+from solo.memory import size_text
 from solo.model.config import MULTIMODAL_ARCHITECTURES, ModelConfig
 from solo.model.moe import MoeTensorTarget, expert_slice, moe_tensor_target
 from solo.model.rope import RotaryEmbedding
-from solo.model.transformer import Transformer
+from solo.model.transformer import Transformer, out_of_memory
 
 _log = logging.getLogger(__name__)
 
@@ -287,7 +288,9 @@ def _iter_tensors(files: list[Path], device: str,
                 for name in f.keys():
                     if skip is None or not skip(name):
                         yield name, f.get_tensor(name)
-        except (OSError, RuntimeError, ValueError, SafetensorError) as exc:
+        except (OSError, RuntimeError, ValueError, SafetensorError, MemoryError) as exc:
+            if out_of_memory(exc):  # (mmap's ENOMEM under `ulimit -v`: not a damaged file)
+                raise WeightsMemoryError(_weights_memory_message(files, exc)) from None
             raise CheckpointError(
                 f"cannot read {path} ({exc}); the file is damaged or incomplete, re-download it"
             ) from None
@@ -311,11 +314,32 @@ def load_weights(
 
     Raises:
         CheckpointError: a missing shard or tensor, a tensor with the wrong shape, an unknown tensor.
+        WeightsMemoryError: the weights do not fit in the memory this process may use.
 
     A lane model (`config.lanes` set) is a `solo.model.lanes.LaneTransformer` (see `load_lane_weights`).
     """
-    if config.lanes is not None:
-        return load_lane_weights(folder, config, dtype, device)
+    try:
+        if config.lanes is not None:
+            return load_lane_weights(folder, config, dtype, device)
+        return _load_dense_weights(folder, config, dtype, device)
+    except (MemoryError, RuntimeError, OSError) as exc:
+        if not out_of_memory(exc):
+            raise
+        raise WeightsMemoryError(_weights_memory_message(checkpoint_files(folder), exc)) from None
+
+
+def _weights_memory_message(files: list[Path], exc: BaseException) -> str:
+    try:
+        on_disk = f" ({size_text(sum(f.stat().st_size for f in files))} of weights on disk)"
+    except OSError:
+        on_disk = ""
+    detail = str(exc) or type(exc).__name__
+    return (f"out of memory loading the model{on_disk}: {detail}; free memory, raise this process's memory limit "
+            "(ulimit -v, the container's limit) or run a smaller model")
+
+
+def _load_dense_weights(folder: Path, config: ModelConfig, dtype: torch.dtype,
+                        device: torch.device | str) -> Transformer:
     with torch.device("meta"):
         model = Transformer(config)
     expected = {name: p.shape for name, p in model.named_parameters()}

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from solo.env import env_switch
 from solo.errors import KVCacheMemoryError, SoloError
 from solo.memory import KV_MEMORY_FIX, host_memory, size_text
 from solo.model.config import ModelConfig
@@ -271,7 +272,7 @@ def int_dot_enabled() -> bool:
     cores. `SOLO_CPU_INT_DOT=0` selects the float path (for models whose activations lose too much at 8
     bits per block, and for comparisons).
     """
-    return os.environ.get("SOLO_CPU_INT_DOT", "1").strip() != "0"
+    return env_switch("SOLO_CPU_INT_DOT", True)
 
 
 def q8_input_fits(cols: int) -> bool:

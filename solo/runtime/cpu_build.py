@@ -50,6 +50,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from solo.env import EnvSettingError, env_choice, env_int, env_switch
 from solo.errors import SoloError, SoloWarning
 
 log = logging.getLogger(__name__)
@@ -65,7 +66,7 @@ class KernelBuildError(SoloError):
     """The CPU kernels could not be compiled or loaded (no C++ compiler, or it failed)."""
 
 
-class CpuSettingError(SoloError):
+class CpuSettingError(EnvSettingError):
     """A `SOLO_CPU_*` environment variable holds a value the CPU kernels cannot use."""
 
 
@@ -607,16 +608,41 @@ def declare(lib: ctypes.CDLL) -> ctypes.CDLL:
     return lib
 
 
+# The switches the kernels read with getenv (decode.cpp, common.h), which see only "0" as off.
+_KERNEL_SWITCHES = ("SOLO_CPU_SPLIT_KV", "SOLO_CPU_PLACE_WORKERS")
+
+
+def check_kernel_env() -> None:
+    """Check the environment variables the kernels read themselves, and spell their switches as they read them.
+
+    SOLO_CPU_SPLIT_KV and SOLO_CPU_PLACE_WORKERS (switches: `solo.env.env_switch`) are rewritten as 0 or 1,
+    SOLO_CPU_SPIN_US must be a whole number of microseconds up to 10 s, SOLO_MOE_SCHEDULE dynamic or static.
+
+    Raises:
+        EnvSettingError: a value the kernels cannot read (they would take it as the default or as 0).
+    """
+    for name in _KERNEL_SWITCHES:
+        if os.environ.get(name, "").strip():
+            os.environ[name] = "1" if env_switch(name, True) else "0"
+    spin_us = env_int("SOLO_CPU_SPIN_US", 2000, 0, 10_000_000, "microseconds")
+    if os.environ.get("SOLO_CPU_SPIN_US", "").strip():
+        os.environ["SOLO_CPU_SPIN_US"] = str(spin_us)
+    if os.environ.get("SOLO_MOE_SCHEDULE", "").strip():
+        os.environ["SOLO_MOE_SCHEDULE"] = env_choice("SOLO_MOE_SCHEDULE", ("dynamic", "static"), "dynamic")
+
+
 def load_library() -> ctypes.CDLL:
     """The loaded kernel library for `selected_level()`, with argument types declared (built on first use).
 
     Raises:
         KernelBuildError: see `library_path`, or the library cannot be loaded.
         IsaError: see `selected_level`.
+        EnvSettingError: see `check_kernel_env`.
     """
     global _library
     with _lock:
         if _library is None:
+            check_kernel_env()
             import torch  # noqa: F401  (loads PyTorch's libgomp first, so the kernels share its threads)
 
             path = library_path()

@@ -28,9 +28,10 @@ whatever it decides.
 
 from __future__ import annotations
 
-import os
 import statistics
 from collections import deque
+
+from solo.env import env_switch
 
 
 class ThreadGovernor:
@@ -65,7 +66,7 @@ class ThreadGovernor:
                  min_hold: int = 16, max_hold: int = 128, margin: float = 0.1, late_window_s: float = 0.1,
                  span_batch: int = 32, strong_gain: float = 1.5) -> None:
         if enabled is None:
-            enabled = os.environ.get("SOLO_CPU_ADAPT_THREADS", "1") != "0"
+            enabled = env_switch("SOLO_CPU_ADAPT_THREADS", True)
         if not late_window_s > 0:
             raise ValueError(f"late_window_s must be a positive number of seconds, got {late_window_s!r}")
         self.max_threads = max(1, max_threads)

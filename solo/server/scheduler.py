@@ -124,7 +124,6 @@ import asyncio
 import bisect
 import logging
 import math
-import os
 import random
 import threading
 import time
@@ -138,6 +137,7 @@ import torch
 from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
+from solo.env import env_choice, env_switch
 from solo.errors import SoloError
 from solo.runtime.base import (
     DecodeRuntime,
@@ -166,6 +166,26 @@ SpanPrefill = Literal["step", "before", "off"]
 
 DEFAULT_SPAN_PREFILL: SpanPrefill = "step"
 """The default `SpanPrefill`."""
+
+
+def span_prefill_from_env() -> SpanPrefill:
+    """$SOLO_SPAN_PREFILL (a measurement knob), else `DEFAULT_SPAN_PREFILL`.
+
+    Raises:
+        EnvSettingError: a value other than step, before or off.
+    """
+    return env_choice("SOLO_SPAN_PREFILL", ("step", "before", "off"), DEFAULT_SPAN_PREFILL)  # type: ignore[return-value]
+
+
+def pause_steps_from_env() -> bool:
+    """Whether fused decode steps may pause for new requests' prompt tails (`Scheduler.pausable_steps`).
+
+    Yes unless SOLO_PAUSE_STEPS is off (a measurement knob).
+
+    Raises:
+        EnvSettingError: a value that is not a switch (`solo.env.env_switch`).
+    """
+    return env_switch("SOLO_PAUSE_STEPS", True)
 
 PAUSE_MIN_STEP_S = 0.025
 """Decode steps expected to take at least this long (seconds) pause between runs of layers for new requests'
@@ -460,7 +480,7 @@ class Scheduler:
         self.decode_batching: DecodeBatching = decode_batching
         """The mode in use: "isolated" or "fused" ("auto" resolved)."""
         if span_prefill is None:
-            span_prefill = os.environ.get("SOLO_SPAN_PREFILL", DEFAULT_SPAN_PREFILL)  # type: ignore[assignment]
+            span_prefill = span_prefill_from_env()
         if span_prefill not in ("step", "before", "off"):
             raise ValueError(f"span_prefill must be 'step', 'before' or 'off' (SOLO_SPAN_PREFILL), "
                              f"got {span_prefill!r}")
@@ -516,7 +536,7 @@ class Scheduler:
         self.prefill_piece_tokens = 0
         """Prompt tokens prefilled inside decode steps so far."""
         self.pausable_steps = runtime_capabilities(runtime).pausable_steps and decode_batching == "fused" and \
-            os.environ.get("SOLO_PAUSE_STEPS", "1") != "0"
+            pause_steps_from_env()
         """Long decode steps pause between runs of layers to serve new requests' short prompt tails (see
         `_serve_arrivals_mid_step`; SOLO_PAUSE_STEPS=0 turns it off, for measurement)."""
         self.pause_min_step_s = PAUSE_MIN_STEP_S

@@ -24,13 +24,21 @@ from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
+from solo.runtime.cpu_build import check_kernel_env
 from solo.server import kv_memory
 from solo.server.async_engine import AsyncEngine
 from solo.server.errors import model_loading, model_not_found, shutting_down
 from solo.server.heap import freeze_startup_heap, unfreeze_heap
 from solo.server.logprobs import TokenPieces
 from solo.server.metrics import ServerMetrics
-from solo.server.scheduler import DEFAULT_PREFILL_CHUNK, DecodeBatching, Generation, Scheduler
+from solo.server.scheduler import (
+    DEFAULT_PREFILL_CHUNK,
+    DecodeBatching,
+    Generation,
+    Scheduler,
+    pause_steps_from_env,
+    span_prefill_from_env,
+)
 from solo.tokenizer import Tokenizer
 
 logger = logging.getLogger("solo.server")
@@ -180,7 +188,8 @@ class ServerSettings:
 
         Raises:
             SoloError: a value out of range, naming the flag; a --chat-template that cannot be read or does not
-                compile, an unknown --tool-call-parser (before the server listens: the model loads after).
+                compile, an unknown --tool-call-parser (before the server listens: the model loads after); an
+                environment knob the load would refuse (`EnvSettingError`).
         """
         if self.chat_template is not None:
             from solo.chat_template import ChatTemplate, chat_template_origin, read_chat_template
@@ -235,6 +244,10 @@ class ServerSettings:
         gb = self.prefix_cache_gb
         if gb is not None and gb != "auto" and (isinstance(gb, str) or not gb >= 0):
             raise SoloError(f"--prefix-cache-gb must be >= 0 (or left out: auto), got {gb!r}")
+        # The environment's knobs, read while the model loads, after the server says it listens.
+        span_prefill_from_env()
+        pause_steps_from_env()
+        check_kernel_env()
 
 
 class ServerState:

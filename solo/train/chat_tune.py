@@ -114,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     """Run the chat tuning; returns the exit status."""
     from solo.cli import OneLineErrorParser
 
-    p = OneLineErrorParser(prog="solo train chat", description=__doc__.split("\n\n")[0])
+    p = OneLineErrorParser(prog="solo train chat", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--base", type=Path, default=None, help="model folder to start from (default: the bundled one)")
     p.add_argument("--out", type=Path, required=True, help="folder to write")
     p.add_argument("--minutes", type=float, default=20.0, help="wall-clock budget of the training loop")
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     (tmp / "tokenizer_config.json").write_text(json.dumps(tok_config, indent=2) + "\n")
     shutil.copy(base / "special_tokens_map.json", tmp / "special_tokens_map.json")
     summary = {
-        "base": base.name, "method": __doc__.split("\n\n")[1:3],
+        "base": base.name, "method": (__doc__ or "").split("\n\n")[1:3],
         "python_version": corpus.python_version, "train_pairs": len(train_enc), "heldout_pairs": len(held_enc),
         "pairs_seen": pair_steps and cursor, "steps": step, "tokens": tokens, "train_time_s": round(train_s, 1),
         "threads": args.threads, "seq": args.seq, "rows": args.rows, "context": args.context, "lr": args.lr,

@@ -57,7 +57,7 @@ def variants(lanes: int, num_layers: int) -> list[tuple[str, dict]]:
 
 def main(argv: list[str] | None = None) -> int:
     """Run the study; returns 0."""
-    p = argparse.ArgumentParser(prog="python -m solo.train.lane_study", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m solo.train.lane_study", description=(__doc__ or "").split("\n\n")[0])
     p.add_argument("--out", type=Path, default=Path("benchmarks/results/dtp_study"),
                    help="output path without suffix (.json, .md and .png are written)")
     p.add_argument("--run-dir", type=Path, default=Path("runs/dtp_study"), help="checkpoints and logs")

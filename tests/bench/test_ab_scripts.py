@@ -1,4 +1,4 @@
-"""The A/B measurement scripts under benchmarks/ (not part of the package): their build of another kernel copy."""
+"""Measurement scripts (benchmarks/ A/B scripts, `python -m solo.bench.cpu_profile`): what breaks before any timing."""
 
 from __future__ import annotations
 
@@ -30,3 +30,10 @@ def test_build_library_passes_the_compiler_command_as_one_flat_list(monkeypatch)
     assert all(isinstance(part, str) for part in cmd)
     assert cmd[:3] == [sys.executable, "-c", "pass"]
     assert cmd[cmd.index("-o") - 1] == str(Path("kernels-copy") / "decode.cpp")
+
+
+def test_the_profile_command_runs_without_docstrings():
+    """`python -OO` strips docstrings: `python -OO -m solo.bench.cpu_profile --help` split a None description."""
+    proc = subprocess.run([sys.executable, "-OO", "-m", "solo.bench.cpu_profile", "--help"], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 0 and "--shape" in proc.stdout, proc.stderr

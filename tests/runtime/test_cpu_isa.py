@@ -362,3 +362,28 @@ def test_software_prefetch_follows_the_cpu_and_the_override(monkeypatch):
         monkeypatch.setenv("SOLO_CPU_PREFETCH", bad)
         with pytest.raises(cpu_build.CpuSettingError, match="SOLO_CPU_PREFETCH"):
             cpu_build.prefetch_distance_bytes()
+
+
+def test_the_kernels_own_knobs_are_checked_and_spelled_as_the_kernels_read_them(monkeypatch):
+    # The kernels read these with getenv and saw only "0" as off: SOLO_CPU_SPLIT_KV=off left the split on,
+    # SOLO_CPU_SPIN_US=abc became 0 and a huge value overflowed.
+    from solo.env import EnvSettingError
+    from solo.runtime.cpu import int_dot_enabled
+
+    monkeypatch.setenv("SOLO_CPU_SPLIT_KV", "off")
+    monkeypatch.setenv("SOLO_CPU_PLACE_WORKERS", " True")
+    monkeypatch.setenv("SOLO_CPU_SPIN_US", " 500")
+    monkeypatch.setenv("SOLO_MOE_SCHEDULE", "Static")
+    cpu_build.check_kernel_env()
+    assert (os.environ["SOLO_CPU_SPLIT_KV"], os.environ["SOLO_CPU_PLACE_WORKERS"]) == ("0", "1")
+    assert (os.environ["SOLO_CPU_SPIN_US"], os.environ["SOLO_MOE_SCHEDULE"]) == ("500", "static")
+    for name, bad, words in (("SOLO_CPU_SPLIT_KV", "nope", "is not a switch"),
+                             ("SOLO_CPU_SPIN_US", "abc", "whole number from 0 to 10000000 microseconds"),
+                             ("SOLO_CPU_SPIN_US", "99999999999999999999", "whole number"),
+                             ("SOLO_MOE_SCHEDULE", "fast", "is not one of dynamic, static")):
+        monkeypatch.setenv(name, bad)
+        with pytest.raises(EnvSettingError, match=words):
+            cpu_build.check_kernel_env()
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SOLO_CPU_INT_DOT", "off")
+    assert int_dot_enabled() is False

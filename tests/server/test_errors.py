@@ -735,3 +735,19 @@ def test_tokenize_counts_the_chat_requests_prompt_with_tools(server):
     assert plain["count"] > 0
     # This model's template never reads tools: said, as the chat route says it (not rendered without them).
     assert "tool support" in assert_openai_error(with_tools, 400, "tools")["message"]
+
+
+@pytest.mark.parametrize(("name", "value", "words"), [
+    ("SOLO_SPAN_PREFILL", "garbage", "SOLO_SPAN_PREFILL='garbage' is not one of step, before, off"),
+    ("SOLO_PAUSE_STEPS", "maybe", "SOLO_PAUSE_STEPS='maybe' is not a switch"),
+    ("SOLO_CPU_SPIN_US", "-5", "SOLO_CPU_SPIN_US='-5' is not a whole number"),
+])
+def test_bad_environment_knobs_are_refused_before_the_server_listens(monkeypatch, name, value, words):
+    # SOLO_SPAN_PREFILL=garbage let the server say it was listening, then failed the model's load with a traceback.
+    monkeypatch.setenv(name, value)
+    with pytest.raises(SoloError, match=words):
+        ServerSettings().validate()
+    if name != "SOLO_SPAN_PREFILL":
+        monkeypatch.delenv(name)
+    monkeypatch.setenv("SOLO_SPAN_PREFILL", " Before")  # case and blanks, as the other knobs take them
+    ServerSettings().validate()

@@ -51,7 +51,7 @@ static int64_t spin_budget_ns() {
   static const int64_t ns = [] {
     const char* env = getenv("SOLO_CPU_SPIN_US");
     const long us = env && *env ? atol(env) : 2000;
-    return (int64_t)(us < 0 ? 0 : us) * 1000;
+    return (int64_t)(us < 0 ? 0 : us > 10000000 ? 10000000 : us) * 1000;  // at most 10 s, as cpu_build checks
   }();
   return ns;
 }

@@ -16,6 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
+from solo.env import env_choice
 from solo.runtime.cuda import state as _state
 
 try:  # grid dependency control (Hopper's programmatic dependent launch), Triton >= 3.3
@@ -207,7 +208,8 @@ def pdl_mode(pdl: bool) -> int:
     """
     if not pdl:
         return PDL_OFF
-    return PDL_RELEASE_EARLY if os.environ.get("SOLO_PDL_RELEASE", "late") == "early" else PDL_RELEASE_LATE
+    early = env_choice("SOLO_PDL_RELEASE", ("late", "early"), "late") == "early"
+    return PDL_RELEASE_EARLY if early else PDL_RELEASE_LATE
 
 
 @triton.jit

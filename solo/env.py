@@ -1,0 +1,72 @@
+"""Solo's environment variables (measurement switches and tuning knobs), read with errors that name them.
+
+A value Solo cannot read is refused with `EnvSettingError` rather than taken as the default: `SOLO_X=off`
+must never leave X on. Switches take 1 / 0 and the usual spellings (true/false, on/off, yes/no, any case);
+an unset or empty variable is its default.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+from solo.errors import SoloError
+
+_ON = frozenset({"1", "true", "on", "yes"})
+_OFF = frozenset({"0", "false", "off", "no"})
+
+
+class EnvSettingError(SoloError):
+    """An environment variable Solo reads holds a value it cannot use."""
+
+
+def env_switch(name: str, default: bool) -> bool:
+    """The switch `name` (unset or empty: `default`).
+
+    Raises:
+        EnvSettingError: any value but 1/0, true/false, on/off, yes/no (case and surrounding blanks ignored).
+    """
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    if value in _ON:
+        return True
+    if value in _OFF:
+        return False
+    raise EnvSettingError(f"{name}={raw!r} is not a switch: set it to 1 or 0 (true/false, on/off and yes/no work "
+                          "too), or unset it")
+
+
+def env_choice(name: str, choices: Iterable[str], default: str) -> str:
+    """The value of `name`, one of `choices` (lower case; unset or empty: `default`).
+
+    Raises:
+        EnvSettingError: a value not among `choices` (case and surrounding blanks ignored).
+    """
+    raw = os.environ.get(name, "")
+    value = raw.strip().lower()
+    if not value:
+        return default
+    options = tuple(choices)
+    if value not in options:
+        raise EnvSettingError(f"{name}={raw!r} is not one of {', '.join(options)}; set one of them, or unset it "
+                              f"(default {default})")
+    return value
+
+
+def env_int(name: str, default: int, low: int, high: int, unit: str = "") -> int:
+    """The integer value of `name` in [low, high] (unset or empty: `default`).
+
+    Raises:
+        EnvSettingError: not a decimal integer, or out of range.
+    """
+    raw = os.environ.get(name, "")
+    text = raw.strip()
+    if not text:
+        return default
+    what = f" {unit}" if unit else ""
+    if not (text.isascii() and text.lstrip("+-").isdigit()) or not low <= int(text) <= high:
+        raise EnvSettingError(f"{name}={raw!r} is not a whole number from {low} to {high}{what}; set one, or unset "
+                              f"it (default {default})")
+    return int(text)
