@@ -793,7 +793,16 @@ _WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO)
 
 
 def _usable_standard_streams() -> None:
-    # stderr closed (`2>&-`): print() would write the timings and errors into stdout; they are dropped instead. Text
+    # A closed standard descriptor (`<&-`, `>&-`, `2>&-`) is taken by /dev/null first (as daemons do), else the next
+    # file or socket opened lands there: the server's event loop polled on fd 0 and libuv aborted its exit (SIGABRT,
+    # status 134) closing it. Python's own sys.stdin / stdout / stderr stay None, so the commands still see them
+    # closed. (In order: the lowest free descriptor is the one opened.)
+    for fd in (0, 1, 2):
+        try:
+            os.fstat(fd)
+        except OSError:
+            os.open(os.devnull, os.O_RDWR)
+    # stderr closed: print() would write the timings and errors into stdout; they are dropped instead. Text
     # the terminal's encoding cannot show (LC_ALL=C without UTF-8 mode, PYTHONIOENCODING=ascii) is replaced, not a
     # UnicodeEncodeError.
     if sys.stderr is None:

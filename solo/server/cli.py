@@ -13,6 +13,9 @@ import argparse
 import os
 from collections.abc import Callable
 
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+"""`solo serve --log-level` values (Python's logging levels, as uvicorn names them)."""
+
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
@@ -27,11 +30,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
     add_model_arguments(parser)
     add_template_arguments(parser, tools=True)
-    parser.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1)")
+    parser.add_argument("--host", default="127.0.0.1",
+                        help="address to listen on (default: 127.0.0.1; 0.0.0.0: every IPv4 address; ::: every IPv6 "
+                             "and IPv4 address)")
     parser.add_argument("--port", type=int, default=8000, help="port to listen on (default: 8000)")
     parser.add_argument("--api-key", default=os.environ.get("SOLO_API_KEY") or None, metavar="KEY",
-                        help="require 'Authorization: Bearer KEY' on every API route (not /health, nor the "
-                             "playground page at /, which calls the API with the key you type in); default: "
+                        help="require 'Authorization: Bearer KEY' on every API route and /metrics (not /health, "
+                             "/version, nor the playground page at /, which calls the API with the key you type in); "
+                             "default: "
                              "$SOLO_API_KEY, which keeps the key out of the process list (vLLM's VLLM_API_KEY)")
     parser.add_argument("--allowed-origins", type=_comma_list("origins (e.g. http://localhost:3000)"), default=None,
                         metavar="ORIGINS",
@@ -43,6 +49,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                         help="comma-separated names the Host header may carry besides localhost, 127.0.0.1 "
                              "and [::1], e.g. mybox.lan, or * for any (default: with a loopback --host, those "
                              "three only, against DNS rebinding; otherwise any)")
+    parser.add_argument("--log-level", "--uvicorn-log-level", default="info", type=str.lower,
+                        choices=LOG_LEVELS,
+                        help="the least severe log lines written, the server's and uvicorn's (default: info; vLLM's "
+                             "--uvicorn-log-level is the same flag)")
+    parser.add_argument("--disable-access-log", "--disable-uvicorn-access-log", action="store_true",
+                        help="no line per HTTP request (health probes and scrapes included), as vLLM's "
+                             "--disable-uvicorn-access-log")
     parser.add_argument("--served-model-name", default=None, metavar="NAME",
                         help="the name clients send as `model` (default: MODEL as given, or the bundled "
                              "model's name)")
@@ -147,4 +160,4 @@ def main(args: argparse.Namespace) -> int:
         speculative=args.speculative, tp=args.tp, reasoning_parser=args.reasoning_parser,
         max_body_mb=args.max_body_mb,
     )
-    return serve(settings, args.host, args.port)
+    return serve(settings, args.host, args.port, log_level=args.log_level, access_log=not args.disable_access_log)

@@ -49,6 +49,9 @@ class SoloServer(uvicorn.Server):
         """uvicorn's, noting the event loop a second signal's work is handed to."""
         self._loop = asyncio.get_running_loop()
         await super().startup(sockets)
+        if sockets and self.started:  # (uvicorn says where it listens only for the sockets it binds itself)
+            logging.getLogger("uvicorn.error").info("Uvicorn running on http://[%s]:%d (Press CTRL+C to quit)",
+                                                    self.config.host, sockets[0].getsockname()[1])
 
     async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
         """Refuse new work, give in-flight requests the grace period, end the rest, then shut down."""
@@ -89,7 +92,8 @@ class SoloServer(uvicorn.Server):
 
 
 def build_server(settings: ServerSettings, host: str = "127.0.0.1", port: int = 8000,
-                 load_engine: Callable[[], Engine] | None = None, log_level: str = "info") -> SoloServer:
+                 load_engine: Callable[[], Engine] | None = None, log_level: str = "info",
+                 access_log: bool = True) -> SoloServer:
     """An unstarted server; `.run()` blocks until shutdown, `.should_exit = True` stops it.
 
     A model that fails to load stops the server; `server.state.error` then holds the reason.
@@ -105,7 +109,7 @@ def build_server(settings: ServerSettings, host: str = "127.0.0.1", port: int = 
 
     app = create_app(settings, load_engine, on_fatal)
     config = uvicorn.Config(
-        app, host=host, port=port, log_level=log_level, lifespan="on",
+        app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
         # uvicorn's own deadline comes after Solo's grace period, as a last resort.
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
     )
@@ -127,6 +131,24 @@ def _check_address(host: str, port: int) -> None:
             sock.bind(address)
         except OSError as exc:
             raise SoloError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
+
+
+def dual_stack_listener(host: str, port: int) -> socket.socket | None:
+    """For `--host ::`, a listening socket that takes IPv4 clients too; None for any other host.
+
+    uvicorn's event loop binds "::" with IPV6_V6ONLY set (asyncio and uvloop make one socket per address family,
+    and "::" resolves to IPv6 alone), so IPv4 clients were refused; llama-server, Ollama and vLLM serve both
+    families on "::", as dual-stack hosts and Kubernetes pods expect.
+
+    Raises:
+        SoloError: the address cannot be bound.
+    """
+    if host.strip("[]") != "::" or not socket.has_dualstack_ipv6():
+        return None
+    try:
+        return socket.create_server(("::", port), family=socket.AF_INET6, backlog=2048, dualstack_ipv6=True)
+    except OSError as exc:
+        raise SoloError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
 
 
 def raise_open_file_limit() -> tuple[int, int] | None:
@@ -151,15 +173,15 @@ def raise_open_file_limit() -> tuple[int, int] | None:
     return soft, target
 
 
-def _log_to_console() -> None:
-    # uvicorn configures its own loggers only; Solo's messages (model loaded, failures) use its format.
+def _log_to_console(level: str) -> None:
+    # uvicorn configures its own loggers only; Solo's messages (model loaded, failures) use its format and level.
     logger = logging.getLogger("solo")
     if not logger.handlers:
         handler = logging.StreamHandler()
         handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
         logger.addHandler(handler)
-        logger.setLevel(logging.INFO)
         logger.propagate = False
+    logger.setLevel(level.upper())
 
 
 class _ShutdownCancelFilter(logging.Filter):
@@ -180,8 +202,11 @@ class _ShutdownCancelFilter(logging.Filter):
         return not (self.server.should_exit and cancelled)
 
 
-def serve(settings: ServerSettings, host: str, port: int) -> int:
+def serve(settings: ServerSettings, host: str, port: int, log_level: str = "info", access_log: bool = True) -> int:
     """Run the server in this (main) thread until SIGTERM/SIGINT; returns the exit status.
+
+    `log_level` (one of `solo.server.cli.LOG_LEVELS`) applies to Solo's log lines and uvicorn's; `access_log` False
+    drops the line uvicorn writes per request.
 
     0 after a graceful shutdown; 1 when a second signal cut the grace period short (requests ended). Stopped
     while the model loads, the process exits at once (status 0), without waiting for the load.
@@ -191,10 +216,13 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
             (the CLI prints it, exit status 2).
     """
     _check_address(host, port)
-    _log_to_console()
+    listener = dual_stack_listener(host, port)
+    if sys.stdout is None:  # (`>&-`: uvicorn's formatters ask it whether it is a terminal; the access log goes there)
+        sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)
+    _log_to_console(log_level)
     raise_open_file_limit()
     limit_malloc_arenas()  # before the server's threads start
-    server = build_server(settings, host, port)
+    server = build_server(settings, host, port, log_level=log_level, access_log=access_log)
 
     def note(sig: int, frame: FrameType | None) -> None:
         # uvicorn re-raises the signal it caught once shut down; a Python handler here turns that into a
@@ -205,7 +233,7 @@ def serve(settings: ServerSettings, host: str, port: int) -> int:
     quiet = _ShutdownCancelFilter(server)
     logging.getLogger("uvicorn.error").addFilter(quiet)
     try:
-        server.run()
+        server.run(sockets=None if listener is None else [listener])
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

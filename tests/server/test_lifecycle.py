@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import signal
 import socket
@@ -284,3 +285,46 @@ def test_a_request_still_sending_its_body_at_the_grace_periods_end_gets_the_503(
     assert reply.startswith("HTTP/1.1 503") and "retry-after" in reply.lower() and "shutting_down" in reply, reply
     assert answered_s < 5, answered_s
     assert proc.returncode == 0 and "Traceback" not in out, out
+
+
+@pytest.mark.slow
+def test_serve_on_ipv6_any_takes_ipv4_clients_and_exits_0_with_closed_standard_streams():
+    # `--host ::` listened on IPv6 alone (uvicorn's loop sets IPV6_V6ONLY), so IPv4 clients were refused; with
+    # stdout closed `solo serve` died at start-up (uvicorn's formatter asked None.isatty()), and with stdin closed
+    # its event loop took fd 0 and libuv aborted the graceful exit (status 134).
+    if not socket.has_dualstack_ipv6():
+        pytest.skip("this machine has no dual-stack IPv6")
+    with socket.socket(socket.AF_INET6) as sock:
+        sock.bind(("::", 0))
+        port = sock.getsockname()[1]
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--host", "::", "--port", str(port),
+                             "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: (os.close(0), os.close(1)))
+    try:
+        wait_for(lambda: _healthy(f"http://127.0.0.1:{port}") or proc.poll() is not None, timeout=60)
+        assert proc.poll() is None
+        assert httpx.get(f"http://[::1]:{port}/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0, err
+    assert f"Uvicorn running on http://[::]:{port}" in err and "Traceback" not in err and "Assertion" not in err
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(("flags", "shown", "hidden"), [
+    (("--disable-access-log",), ["Application startup complete"], ["GET /health"]),
+    (("--log-level", "WARNING"), [], ["Application startup complete", "GET /health", "INFO:"]),
+    ((), ["Application startup complete", "GET /health"], []),
+])
+def test_log_level_and_access_log_flags(flags, shown, hidden):
+    proc, port = _serve_bundled_model(*flags)
+    try:
+        assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
+        proc.send_signal(signal.SIGTERM)
+        out, _ = proc.communicate(timeout=30)
+    finally:
+        proc.kill()
+    assert proc.returncode == 0 and "Traceback" not in out
+    assert all(line in out for line in shown) and not any(line in out for line in hidden), out

@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import contextlib
+import re
 import shutil
 from collections.abc import Iterator
 from typing import Any
@@ -36,6 +37,17 @@ def test_page_and_static_files_are_open_and_info_needs_the_key(keyed_server):
     assert info["context"] == 256 and info["chat"] is True
     assert info["bandwidth_gbps"] > 0 and info["bytes_per_token"] > 0
     assert info["roofline_tokens_per_s"] == pytest.approx(info["bandwidth_gbps"] * 1e9 / info["bytes_per_token"])
+
+
+def test_the_page_reaches_its_files_and_the_api_by_relative_urls():
+    # Behind a reverse proxy at a path prefix (`location /solo/ { proxy_pass http://127.0.0.1:8000/; }`) the page's
+    # absolute URLs (/static/..., /v1/...) left the prefix: no styles, no script, no API.
+    from solo.server.playground import STATIC_DIR
+
+    for name in ("index.html", "playground.js"):
+        text = (STATIC_DIR / name).read_text()
+        assert not re.search(r"""(href|src)="/[^/]|fetch\("/|route = "/""", text), name
+    assert 'href="static/playground.css"' in (STATIC_DIR / "index.html").read_text()
 
 
 @contextlib.contextmanager

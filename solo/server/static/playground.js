@@ -31,7 +31,7 @@ async function loadInfo() {
   state.retry = null;
   let response;
   try {
-    response = await fetch("/playground/info", { headers: headers() });
+    response = await fetch("playground/info", { headers: headers() });
   } catch (e) {  // the server stopped or cannot be reached: say so, and try again
     state.info = null;
     $("model-info").textContent = "the server cannot be reached; retrying…";
@@ -171,10 +171,10 @@ async function send(text, bodyWith) {
     userText = addMessage("user", text);
     const system = $("system").value.trim();
     body = bodyWith({ messages: (system ? [{ role: "system", content: system }] : []).concat(state.messages) });
-    route = "/v1/chat/completions";
+    route = "v1/chat/completions";
     out = addMessage("assistant", "");
   } else {
-    route = "/v1/completions";
+    route = "v1/completions";
     body = bodyWith({ prompt: text });
     $("transcript").textContent = "";
     const prompt = addMessage("prompt", text);
