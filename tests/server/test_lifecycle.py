@@ -171,7 +171,7 @@ def test_cli_exits_2_when_the_model_cannot_load(tmp_path, tiny_model, capsys, mo
     from solo.cli import main
     from solo.server import runner
 
-    monkeypatch.setattr(runner, "_log_to_console", lambda: None)  # keep the test session's logging as it is
+    monkeypatch.setattr(runner, "_log_to_console", lambda level: None)  # keep the test session's logging as it is
     # A missing folder is refused before the server starts listening.
     assert main(["serve", str(tmp_path / "missing"), "--port", "0"]) == 2
     err = capsys.readouterr().err
