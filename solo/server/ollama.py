@@ -697,7 +697,7 @@ def _model_entry(state: Any) -> dict[str, Any]:  # noqa: ANN401
             "digest": "", "details": _details(state)}
 
 
-@router.get("/api/tags")
+@router.api_route("/api/tags", methods=["GET", "HEAD"])  # (HEAD: as Ollama answers it)
 async def tags(request: Request) -> Response:
     """Ollama's list of local models: the served one."""
     try:
@@ -765,7 +765,7 @@ async def show(request: Request) -> Response:
     return await _answer(request, handle)
 
 
-@router.get("/api/version")
+@router.api_route("/api/version", methods=["GET", "HEAD"])
 async def version() -> dict[str, str]:
     """Solo's version, where Ollama gives its own."""
     return {"version": __version__}

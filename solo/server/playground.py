@@ -38,7 +38,7 @@ async def index() -> FileResponse:
     return FileResponse(STATIC_DIR / "index.html", media_type="text/html")
 
 
-@router.get(STATIC_PREFIX + "{name}", include_in_schema=False)
+@router.api_route(STATIC_PREFIX + "{name}", methods=["GET", "HEAD"], include_in_schema=False)
 async def static_file(name: str) -> FileResponse:
     """The page's script and style sheet (a fixed list: nothing else on disk is reachable)."""
     if name not in _FILES:

@@ -675,7 +675,7 @@ async def health(request: Request) -> JSONResponse:
     return JSONResponse({"status": status}, status_code=200 if status == "ok" else 503)
 
 
-@router.get("/version")
+@router.api_route("/version", methods=["GET", "HEAD"])
 async def version() -> JSONResponse:
     """{"version": Solo's version} (vLLM's GET /version, which clients probe)."""
     from solo import __version__

@@ -301,6 +301,9 @@ def test_errors_come_in_ollamas_shape(server):
     assert httpx.get(f"{host}/api/chat", headers=key).json()["error"]
     assert httpx.post(f"{host}/api/blobs/sha256:00", headers=key).status_code == 404
     assert httpx.head(f"{host}/").status_code == 200 and httpx.get(f"{host}/api/version").status_code == 200
+    for path in ("/api/version", "/api/tags", "/version", "/static/playground.js"):  # HEAD as GET: 405 before
+        head = httpx.head(f"{host}{path}", headers=key)
+        assert head.status_code == 200 and head.content == b"", path
     from solo import __version__  # vLLM's GET /version, open as Ollama's is
 
     assert httpx.get(f"{host}/version").json() == {"version": __version__}
