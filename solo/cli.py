@@ -748,6 +748,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
+    except MemoryError as exc:  # (importing torch past `ulimit -v`)
+        return _out_of_memory(exc)
     try:
         _apply_threads(args)
         launched = None
@@ -775,10 +777,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print(file=sys.stderr)
         return 130
-    except MemoryError as exc:  # (a Python allocation past `ulimit -v`: the limit, not a bug, is what to name)
-        print(f"solo: error: out of memory{f' ({exc})' if str(exc) else ''}; free memory, raise this process's "
-              "memory limit (ulimit -v, the container's limit) or run a smaller model", file=sys.stderr)
-        return 1
+    except MemoryError as exc:
+        return _out_of_memory(exc)
     except BrokenPipeError:
         return 0
     except OSError as exc:
@@ -786,6 +786,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             raise
         print(f"solo: error: cannot write the output: {exc.strerror}", file=sys.stderr)
         return 1
+
+
+def _out_of_memory(exc: MemoryError) -> int:
+    # A Python allocation past `ulimit -v` or a container's limit: the limit, not a bug, is what to name.
+    print(f"solo: error: out of memory{f' ({exc})' if str(exc) else ''}; free memory, raise this process's memory "
+          "limit (ulimit -v, the container's limit) or run a smaller model", file=sys.stderr)
+    return 1
 
 
 # Errors of writing the output (a full disk, a quota, a file too large, an I/O error): one line, not a traceback.

@@ -265,7 +265,8 @@ def _load_backend(folder: Path) -> HFTokenizer:
     path = folder / "tokenizer.json"
     if path.is_file():
         try:
-            return HFTokenizer.from_file(str(path))
+            # (from the text: a path holding non-ASCII under an ASCII locale is not a str the Rust side takes)
+            return HFTokenizer.from_str(path.read_text(encoding="utf-8"))
         except Exception as exc:  # tokenizers raises a bare Exception on malformed files
             raise CheckpointError(f"cannot read {path} ({exc}); re-download it") from None
     if (folder / "vocab.json").is_file() and not (folder / "merges.txt").is_file() \

@@ -25,7 +25,7 @@ import torch.distributed as dist
 # shutdown, where they can abort the process.
 import torch.distributed.nn  # noqa: F401
 
-from solo.env import env_int
+from solo.env import EnvSettingError, env_int
 from solo.errors import SoloError
 from solo.model.config import ModelConfig
 
@@ -59,16 +59,24 @@ class RankSpec:
 def torchrun_world() -> tuple[int, int, int] | None:
     """(rank, world, local rank) from the standard environment variables, or None outside a launcher.
 
-    Outside a launcher: WORLD_SIZE or RANK unset (or empty). LOCAL_RANK defaults to RANK.
+    Outside a launcher: WORLD_SIZE or RANK unset (or empty). LOCAL_RANK defaults to RANK. Under one, the
+    rendezvous's MASTER_ADDR and MASTER_PORT (torchrun sets both) are checked too.
 
     Raises:
-        EnvSettingError: one of them is not a whole number, or RANK / LOCAL_RANK is not below WORLD_SIZE.
+        EnvSettingError: one of them is not a whole number, RANK / LOCAL_RANK is not below WORLD_SIZE, MASTER_PORT
+            is not a port, or MASTER_ADDR is unset.
     """
     if not os.environ.get("WORLD_SIZE", "").strip() or not os.environ.get("RANK", "").strip():
         return None
     world = env_int("WORLD_SIZE", 1, 1, 1 << 20)
     rank = env_int("RANK", 0, 0, world - 1)
-    return rank, world, env_int("LOCAL_RANK", rank, 0, world - 1)
+    local_rank = env_int("LOCAL_RANK", rank, 0, world - 1)
+    if world > 1:
+        if not os.environ.get("MASTER_ADDR", "").strip() or not os.environ.get("MASTER_PORT", "").strip():
+            raise EnvSettingError("WORLD_SIZE and RANK are set but MASTER_ADDR or MASTER_PORT is not: start the ranks "
+                                  "with torchrun (which sets all four), or set MASTER_ADDR and MASTER_PORT")
+        env_int("MASTER_PORT", 0, 1, 65535)
+    return rank, world, local_rank
 
 
 def default_threads(world: int) -> int:

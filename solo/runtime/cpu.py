@@ -59,9 +59,16 @@ from solo.model.config import ModelConfig
 from solo.model.layers import _softcapped_attention, attention_mask
 from solo.model.transformer import KVCache, Transformer, out_of_memory
 from solo.runtime.base import KVSnapshot, check_spans, export_cache_kv, import_cache_kv
-from solo.runtime.cpu_build import KernelBuildError, library_isa, load_library
+from solo.runtime.cpu_build import (
+    KernelBuildError,
+    check_kernel_env,
+    library_isa,
+    load_library,
+    prefetch_distance_bytes,
+    selected_level,
+)
 from solo.runtime.cpu_packing import AmxPackedLinear, packed_shape
-from solo.runtime.cpu_threads import ThreadGovernor
+from solo.runtime.cpu_threads import ThreadGovernor, adapt_threads_enabled
 from solo.runtime.quant import QuantLinear, model_quantization
 
 if TYPE_CHECKING:
@@ -273,6 +280,22 @@ def int_dot_enabled() -> bool:
     bits per block, and for comparisons).
     """
     return env_switch("SOLO_CPU_INT_DOT", True)
+
+
+def check_cpu_env() -> None:
+    """Read every environment knob of the CPU runtime once, so a bad value is refused before any load.
+
+    SOLO_CPU_ISA (`selected_level`), SOLO_CPU_PREFETCH, SOLO_CPU_INT_DOT, SOLO_CPU_ADAPT_THREADS and the
+    kernels' own (`check_kernel_env`); `solo serve` calls it before it listens.
+
+    Raises:
+        EnvSettingError: the first knob whose value cannot be used, by name.
+    """
+    selected_level()
+    prefetch_distance_bytes()
+    int_dot_enabled()
+    adapt_threads_enabled()
+    check_kernel_env()
 
 
 def q8_input_fits(cols: int) -> bool:

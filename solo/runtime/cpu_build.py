@@ -621,14 +621,14 @@ def check_kernel_env() -> None:
     Raises:
         EnvSettingError: a value the kernels cannot read (they would take it as the default or as 0).
     """
+    def spell(name: str, value: str) -> None:
+        if os.environ.get(name, "").strip() and os.environ[name] != value:  # (unset stays unset: the default)
+            os.environ[name] = value
+
     for name in _KERNEL_SWITCHES:
-        if os.environ.get(name, "").strip():
-            os.environ[name] = "1" if env_switch(name, True) else "0"
-    spin_us = env_int("SOLO_CPU_SPIN_US", 2000, 0, 10_000_000, "microseconds")
-    if os.environ.get("SOLO_CPU_SPIN_US", "").strip():
-        os.environ["SOLO_CPU_SPIN_US"] = str(spin_us)
-    if os.environ.get("SOLO_MOE_SCHEDULE", "").strip():
-        os.environ["SOLO_MOE_SCHEDULE"] = env_choice("SOLO_MOE_SCHEDULE", ("dynamic", "static"), "dynamic")
+        spell(name, "1" if env_switch(name, True) else "0")
+    spell("SOLO_CPU_SPIN_US", str(env_int("SOLO_CPU_SPIN_US", 2000, 0, 10_000_000, "microseconds")))
+    spell("SOLO_MOE_SCHEDULE", env_choice("SOLO_MOE_SCHEDULE", ("dynamic", "static"), "dynamic"))
 
 
 def load_library() -> ctypes.CDLL:

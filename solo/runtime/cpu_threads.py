@@ -34,6 +34,15 @@ from collections import deque
 from solo.env import env_switch
 
 
+def adapt_threads_enabled() -> bool:
+    """Whether `ThreadGovernor` may run steps on fewer threads: yes unless SOLO_CPU_ADAPT_THREADS is off.
+
+    Raises:
+        EnvSettingError: a value that is not a switch (`solo.env.env_switch`).
+    """
+    return env_switch("SOLO_CPU_ADAPT_THREADS", True)
+
+
 class ThreadGovernor:
     """Threads for the next decode step, from the late barrier waits and the times of the previous ones.
 
@@ -66,7 +75,7 @@ class ThreadGovernor:
                  min_hold: int = 16, max_hold: int = 128, margin: float = 0.1, late_window_s: float = 0.1,
                  span_batch: int = 32, strong_gain: float = 1.5) -> None:
         if enabled is None:
-            enabled = env_switch("SOLO_CPU_ADAPT_THREADS", True)
+            enabled = adapt_threads_enabled()
         if not late_window_s > 0:
             raise ValueError(f"late_window_s must be a positive number of seconds, got {late_window_s!r}")
         self.max_threads = max(1, max_threads)

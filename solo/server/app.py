@@ -44,7 +44,7 @@ LOCAL_ORIGINS = r"https?://(localhost|127\.0\.0\.1|\[::1\])(:\d+)?"
 """Browser origins allowed by default (CORS): pages served from this machine, any port."""
 _OPEN_ROUTES = ("/health", "/api/version", "/version")  # reachable without the API key (probes; Ollama's and
 # vLLM's clients' first call)
-_OPEN_PAGES = ("/", *(STATIC_PREFIX + name for name in ("index.html", "playground.js", "playground.css")))
+_OPEN_PAGES = ("/", *(STATIC_PREFIX + name for name in ("playground.js", "playground.css")))
 """The playground's static files: no data in them; the page sends the key on its API calls."""
 
 

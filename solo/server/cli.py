@@ -13,7 +13,7 @@ import argparse
 import os
 from collections.abc import Callable
 
-LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """`solo serve --log-level` values (Python's logging levels, as uvicorn names them)."""
 
 
@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         add_feature_arguments,
         add_model_arguments,
         add_template_arguments,
+        argv_text,
         finite_float,
     )
     from solo.engine.reasoning import REASONING_PARSERS
@@ -56,7 +57,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--disable-access-log", "--disable-uvicorn-access-log", action="store_true",
                         help="no line per HTTP request (health probes and scrapes included), as vLLM's "
                              "--disable-uvicorn-access-log")
-    parser.add_argument("--served-model-name", default=None, metavar="NAME",
+    parser.add_argument("--served-model-name", default=None, metavar="NAME", type=argv_text,
                         help="the name clients send as `model` (default: MODEL as given, or the bundled "
                              "model's name)")
     parser.add_argument("--max-batch", type=_slots, default=None, metavar="N",
@@ -134,6 +135,8 @@ def main(args: argparse.Namespace) -> int:
     from solo.server.scheduler import DEFAULT_PREFILL_CHUNK
     from solo.server.state import ServerSettings, allowed_hosts_for
 
+    if args.host.startswith("[") and args.host.endswith("]"):  # ("[::]", "[::1]": as in URLs)
+        args.host = args.host[1:-1]
     if not 0 <= args.port <= 65535:
         raise SoloError(f"--port must be in [0, 65535], got {args.port}")
     from solo.engine.engine import resolve_device

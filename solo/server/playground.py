@@ -23,7 +23,8 @@ from fastapi.responses import FileResponse, JSONResponse
 from solo.server.errors import APIError, StrictJSONRoute
 
 STATIC_DIR = Path(__file__).parent / "static"
-_FILES = {"index.html": "text/html", "playground.js": "text/javascript", "playground.css": "text/css"}
+# (the page itself only at /: its URLs are relative to it)
+_FILES = {"playground.js": "text/javascript", "playground.css": "text/css"}
 STATIC_PREFIX = "/static/"
 ROOFLINE_CONTEXT = 256  # tokens in the KV cache at which the page's roofline is computed
 _PROBE_BYTES = 512 * 2**20

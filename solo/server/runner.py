@@ -118,6 +118,11 @@ def build_server(settings: ServerSettings, host: str = "127.0.0.1", port: int = 
     return server
 
 
+def _cannot_listen(host: str, port: int, exc: OSError) -> SoloError:
+    address = f"[{host}]:{port}" if ":" in host else f"{host}:{port}"  # (an IPv6 address in brackets, as in URLs)
+    return SoloError(f"cannot listen on {address} ({exc.strerror}); pick another --port or --host")
+
+
 def _check_address(host: str, port: int) -> None:
     # A friendly error before uvicorn's own (which exits the process with status 1).
     try:
@@ -130,7 +135,7 @@ def _check_address(host: str, port: int) -> None:
         try:
             sock.bind(address)
         except OSError as exc:
-            raise SoloError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
+            raise _cannot_listen(host, port, exc) from None
 
 
 def dual_stack_listener(host: str, port: int) -> socket.socket | None:
@@ -143,12 +148,12 @@ def dual_stack_listener(host: str, port: int) -> socket.socket | None:
     Raises:
         SoloError: the address cannot be bound.
     """
-    if host.strip("[]") != "::" or not socket.has_dualstack_ipv6():
+    if host != "::" or not socket.has_dualstack_ipv6():
         return None
     try:
         return socket.create_server(("::", port), family=socket.AF_INET6, backlog=2048, dualstack_ipv6=True)
     except OSError as exc:
-        raise SoloError(f"cannot listen on {host}:{port} ({exc.strerror}); pick another --port or --host") from None
+        raise _cannot_listen(host, port, exc) from None
 
 
 def raise_open_file_limit() -> tuple[int, int] | None:
@@ -181,7 +186,7 @@ def _log_to_console(level: str) -> None:
         handler.setFormatter(DefaultFormatter("%(levelprefix)s %(message)s"))
         logger.addHandler(handler)
         logger.propagate = False
-    logger.setLevel(level.upper())
+    logger.setLevel(uvicorn.config.LOG_LEVELS[level])  # (uvicorn's names: "trace" is none of Python's)
 
 
 class _ShutdownCancelFilter(logging.Filter):

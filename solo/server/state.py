@@ -24,7 +24,7 @@ from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
 from solo.engine.request import Request
 from solo.errors import ContextLengthError, InvalidRequestError, SoloError
-from solo.runtime.cpu_build import check_kernel_env
+from solo.runtime.cpu import check_cpu_env
 from solo.server import kv_memory
 from solo.server.async_engine import AsyncEngine
 from solo.server.errors import model_loading, model_not_found, shutting_down
@@ -247,7 +247,8 @@ class ServerSettings:
         # The environment's knobs, read while the model loads, after the server says it listens.
         span_prefill_from_env()
         pause_steps_from_env()
-        check_kernel_env()
+        if self.device != "cuda" and not str(self.device).startswith("cuda:"):
+            check_cpu_env()
 
 
 class ServerState:

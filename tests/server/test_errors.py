@@ -741,6 +741,9 @@ def test_tokenize_counts_the_chat_requests_prompt_with_tools(server):
     ("SOLO_SPAN_PREFILL", "garbage", "SOLO_SPAN_PREFILL='garbage' is not one of step, before, off"),
     ("SOLO_PAUSE_STEPS", "maybe", "SOLO_PAUSE_STEPS='maybe' is not a switch"),
     ("SOLO_CPU_SPIN_US", "-5", "SOLO_CPU_SPIN_US='-5' is not a whole number"),
+    ("SOLO_CPU_INT_DOT", "maybe", "SOLO_CPU_INT_DOT='maybe' is not a switch"),
+    ("SOLO_CPU_ADAPT_THREADS", "nah", "SOLO_CPU_ADAPT_THREADS='nah' is not a switch"),
+    ("SOLO_CPU_ISA", "bogus", "SOLO_CPU_ISA=bogus is not an ISA level"),
 ])
 def test_bad_environment_knobs_are_refused_before_the_server_listens(monkeypatch, name, value, words):
     # SOLO_SPAN_PREFILL=garbage let the server say it was listening, then failed the model's load with a traceback.

@@ -297,7 +297,7 @@ def test_serve_on_ipv6_any_takes_ipv4_clients_and_exits_0_with_closed_standard_s
     with socket.socket(socket.AF_INET6) as sock:
         sock.bind(("::", 0))
         port = sock.getsockname()[1]
-    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--host", "::", "--port", str(port),
+    proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--host", "[::]", "--port", str(port),
                              "--threads", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             preexec_fn=lambda: (os.close(0), os.close(1)))
     try:
@@ -316,6 +316,7 @@ def test_serve_on_ipv6_any_takes_ipv4_clients_and_exits_0_with_closed_standard_s
 @pytest.mark.parametrize(("flags", "shown", "hidden"), [
     (("--disable-access-log",), ["Application startup complete"], ["GET /health"]),
     (("--log-level", "WARNING"), [], ["Application startup complete", "GET /health", "INFO:"]),
+    (("--uvicorn-log-level", "trace"), ["Application startup complete", "GET /health", "TRACE:"], []),
     ((), ["Application startup complete", "GET /health"], []),
 ])
 def test_log_level_and_access_log_flags(flags, shown, hidden):

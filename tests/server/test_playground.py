@@ -31,6 +31,8 @@ def test_page_and_static_files_are_open_and_info_needs_the_key(keyed_server):
         assert http.get("/static/playground.js").status_code == 200
         assert http.get("/static/playground.css").headers["content-type"].startswith("text/css")
         assert http.get("/static/app.py", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
+        # (the page only at /: its relative URLs would resolve under /static/ there)
+        assert http.get("/static/index.html", headers={"Authorization": f"Bearer {KEY}"}).status_code == 404
         assert http.get("/playground/info").status_code == 401
         info = http.get("/playground/info", headers={"Authorization": f"Bearer {KEY}"}).json()
     assert info["model"] == "tiny" and info["device"] == "cpu" and info["backend"] == "eager"

@@ -24,7 +24,7 @@ from solo.server.heap import freeze_startup_heap, unfreeze_heap
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo bench --load` (MODEL, --dtype, --backend, --json and --plot are the bench's own)."""
-    from solo.cli import finite_float, output_path
+    from solo.cli import argv_text, finite_float, output_path
 
     group = parser.add_argument_group("load test (solo bench --load)")
     group.add_argument("--load", default=None, metavar="WORKLOAD",
@@ -59,7 +59,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        help="a request still unanswered after this counts as a timeout (default: 300)")
     group.add_argument("--markdown", type=output_path, default=None, metavar="OUT.md",
                        help="write the report as Markdown")
-    group.add_argument("--note", default="", help="a line added to the report (e.g. that the machine was shared)")
+    group.add_argument("--note", default="", type=argv_text,
+                       help="a line added to the report (e.g. that the machine was shared)")
 
 
 # The decode benchmark's flags that mean nothing to a load test: refused when set, not silently ignored.
