@@ -59,24 +59,26 @@ class RankSpec:
 def torchrun_world() -> tuple[int, int, int] | None:
     """(rank, world, local rank) from the standard environment variables, or None outside a launcher.
 
-    Outside a launcher: WORLD_SIZE or RANK unset (or empty). LOCAL_RANK defaults to RANK. Under one, the
-    rendezvous's MASTER_ADDR and MASTER_PORT (torchrun sets both) are checked too.
+    Outside a launcher: WORLD_SIZE or RANK unset (or empty). LOCAL_RANK defaults to RANK.
 
     Raises:
-        EnvSettingError: one of them is not a whole number, RANK / LOCAL_RANK is not below WORLD_SIZE, MASTER_PORT
-            is not a port, or MASTER_ADDR is unset.
+        EnvSettingError: one of them is not a whole number, or RANK / LOCAL_RANK is not below WORLD_SIZE.
     """
     if not os.environ.get("WORLD_SIZE", "").strip() or not os.environ.get("RANK", "").strip():
         return None
     world = env_int("WORLD_SIZE", 1, 1, 1 << 20)
     rank = env_int("RANK", 0, 0, world - 1)
-    local_rank = env_int("LOCAL_RANK", rank, 0, world - 1)
-    if world > 1:
-        if not os.environ.get("MASTER_ADDR", "").strip() or not os.environ.get("MASTER_PORT", "").strip():
-            raise EnvSettingError("WORLD_SIZE and RANK are set but MASTER_ADDR or MASTER_PORT is not: start the ranks "
-                                  "with torchrun (which sets all four), or set MASTER_ADDR and MASTER_PORT")
-        env_int("MASTER_PORT", 0, 1, 65535)
-    return rank, world, local_rank
+    return rank, world, env_int("LOCAL_RANK", rank, 0, world - 1)
+
+
+def _env_rendezvous_group(device_type: str, world: int, rank: int) -> dist.ProcessGroup:
+    # The launcher's rendezvous (MASTER_ADDR, MASTER_PORT: torchrun sets both), checked first: torch's own errors
+    # for them are a ValueError traceback.
+    if not os.environ.get("MASTER_ADDR", "").strip() or not os.environ.get("MASTER_PORT", "").strip():
+        raise EnvSettingError("WORLD_SIZE and RANK are set but MASTER_ADDR or MASTER_PORT is not: start the ranks "
+                              "with torchrun (which sets all four), or set MASTER_ADDR and MASTER_PORT")
+    env_int("MASTER_PORT", 0, 1, 65535)
+    return init_group(device_type, "env://", world, rank)
 
 
 def default_threads(world: int) -> int:
@@ -225,7 +227,7 @@ def start_ranks(folder: Path, config: ModelConfig, dtype: torch.dtype, device: t
             raise SoloError(f"--tp {tp} but the launcher started {world} processes (WORLD_SIZE); make them equal")
         if rank != 0:
             raise SoloError("only rank 0 runs the command; the other ranks follow (run_torchrun_follower)")
-        control = init_group(device.type, "env://", world, 0)
+        control = _env_rendezvous_group(device.type, world, 0)
         device = rank_device(device.type, local_rank)
     else:
         threads = threads or min(torch.get_num_threads(), default_threads(tp))
@@ -271,7 +273,7 @@ def run_torchrun_follower(model: str | None, dtype: str, device: str, revision: 
     folder = resolve_model_dir(model, revision)
     config = _config(folder, context_length)
     device_type = torch.device(device).type
-    control = init_group(device_type, "env://", world, rank)
+    control = _env_rendezvous_group(device_type, world, rank)
     # (the dtype rank 0's Engine.load chooses: config.json's, else the weights' own)
     model_shard = load_shard(folder, config, load_dtype(dtype, config, folder, torch.device(device), tp=world),
                              rank_device(device_type, local_rank))
