@@ -20,6 +20,12 @@ class EnvSettingError(SoloError):
     """An environment variable Solo reads holds a value it cannot use."""
 
 
+def parse_switch(text: str) -> bool | None:
+    """1/0, true/false, on/off, yes/no (any case, blanks around ignored) as True or False; None for anything else."""
+    value = text.strip().lower()
+    return True if value in _ON else False if value in _OFF else None
+
+
 def env_switch(name: str, default: bool) -> bool:
     """The switch `name` (unset or empty: `default`).
 
@@ -27,13 +33,10 @@ def env_switch(name: str, default: bool) -> bool:
         EnvSettingError: any value but 1/0, true/false, on/off, yes/no (case and surrounding blanks ignored).
     """
     raw = os.environ.get(name, "")
-    value = raw.strip().lower()
-    if not value:
+    if not raw.strip():
         return default
-    if value in _ON:
-        return True
-    if value in _OFF:
-        return False
+    if (value := parse_switch(raw)) is not None:
+        return value
     raise EnvSettingError(f"{name}={raw!r} is not a switch: set it to 1 or 0 (true/false, on/off and yes/no work "
                           "too), or unset it")
 

@@ -50,7 +50,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from solo.env import EnvSettingError, env_choice, env_int, env_switch
+from solo.env import EnvSettingError, env_choice, env_int, env_switch, parse_switch
 from solo.errors import SoloError, SoloWarning
 
 log = logging.getLogger(__name__)
@@ -299,8 +299,8 @@ def prefetch_distance_bytes() -> int:
     (Llama-3.2-1B), int8 1.12x, AVX512-BF16 1.01-1.05x, OLMoE 1.02x. On a 2-core Zen 3 (EPYC, family 25
     model 1, AVX2) 4 KiB ahead cost 8-10% but 1 KiB ahead gained (same measure, against none): AVX2
     1.06-1.18x (Qwen2.5-0.5B), 1.04x (Llama-3.2-1B), int8 1.16x; 512 bytes 0.97x, 2 and 8 KiB 0.92-0.96x.
-    Zen 2 (family 23) is untested and stays off. `SOLO_CPU_PREFETCH=0|1` (off, 4096) or a distance in bytes
-    (a multiple of 64) overrides.
+    Zen 2 (family 23) is untested and stays off. `SOLO_CPU_PREFETCH=0|1` (off, 4096; or another switch spelling)
+    or a distance in bytes (a multiple of 64) overrides.
 
     Raises:
         CpuSettingError: SOLO_CPU_PREFETCH is set to something else (a SoloError: the command line prints it
@@ -308,10 +308,10 @@ def prefetch_distance_bytes() -> int:
     """
     forced = os.environ.get("SOLO_CPU_PREFETCH", "").strip()
     if forced:
-        if forced in ("0", "1"):
-            return 4096 if forced == "1" else 0
+        if (switch := parse_switch(forced)) is not None:  # (0 / 1 as every switch: off, on, ...)
+            return 4096 if switch else 0
         if not (forced.isascii() and forced.isdecimal()) or int(forced) % 64 or int(forced) > 1 << 20:
-            raise CpuSettingError(f"SOLO_CPU_PREFETCH={forced!r}: use 0 (off), 1 (on, 4096 bytes ahead) or a distance "
+            raise CpuSettingError(f"SOLO_CPU_PREFETCH={forced!r}: use 0 / off, 1 / on (4096 bytes ahead) or a distance "
                                   "in bytes that is a multiple of 64, up to 1048576")
         return int(forced)
     if cpu_vendor() != "AuthenticAMD":

@@ -358,7 +358,9 @@ def test_software_prefetch_follows_the_cpu_and_the_override(monkeypatch):
     assert cpu_build.prefetch_distance_bytes() == 4096
     monkeypatch.setenv("SOLO_CPU_PREFETCH", "2048")
     assert cpu_build.prefetch_distance_bytes() == 2048
-    for bad in ("yes", "100", "-64", "\u00b2"):
+    monkeypatch.setenv("SOLO_CPU_PREFETCH", "Off")  # (the spellings every switch takes)
+    assert cpu_build.prefetch_distance_bytes() == 0
+    for bad in ("maybe", "100", "-64", "\u00b2"):
         monkeypatch.setenv("SOLO_CPU_PREFETCH", bad)
         with pytest.raises(cpu_build.CpuSettingError, match="SOLO_CPU_PREFETCH"):
             cpu_build.prefetch_distance_bytes()
