@@ -21,6 +21,7 @@ import re
 import shutil
 import socket
 import tempfile
+import time
 import warnings
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -218,6 +219,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     stat = src.stat()
     folder = cache_root() / "gguf" / _folder_name(named, src)
     say = log or (lambda line: print(line, file=sys.stderr, flush=True))
+    _prune_abandoned_conversions(folder.parent)  # (before the free-space check below: they may hold the room it needs)
     if _whole_conversion(folder):
         changes = _bring_up_to_date(folder, src)
         if changes:
@@ -265,7 +267,6 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         raise CheckpointError(f"converting {named.name} writes about {human_size(need)} of {dtype} weights to "
                               f"{parent}, which has {human_size(free)} free; free space or point SOLO_CACHE_DIR at "
                               "a folder with room")
-    _prune_abandoned_conversions(parent)
     try:
         tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}@{socket.gethostname()}@", dir=parent))
     except OSError as exc:
@@ -309,18 +310,35 @@ def _whole_conversion(folder: Path) -> bool:
 
 def _prune_abandoned_conversions(parent: Path) -> None:
     # A conversion's temporary folder (.converting-<pid>@<host>@*) whose process is gone: a process killed, or a
-    # server stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights. Only
-    # this host's: a cache shared over the network (or with containers) holds others' live ones.
+    # server stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights. This
+    # host's by its pid; another host's (a cache shared over the network, or by containers, each a new host name)
+    # or an older Solo's (no pid in the name) once nothing in it has changed for `_ABANDONED_AFTER_S`.
     for folder in parent.glob(".converting-*"):
         match = re.match(r"\.converting-(\d+)@(.*)@", folder.name)
         if match is None or match[2] != socket.gethostname():
-            continue  # (an older Solo's, with no pid, or another host's: its process may still run)
+            if _idle_s(folder) > _ABANDONED_AFTER_S:
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
         try:
             os.kill(int(match[1]), 0)
         except ProcessLookupError:
             shutil.rmtree(folder, ignore_errors=True)
         except OSError:  # alive under another user: not ours to judge
             pass
+
+
+# How long another host's (or an older Solo's) conversion folder may go unchanged before it counts as abandoned: a
+# conversion writes its files within minutes.
+_ABANDONED_AFTER_S = 6 * 3600
+
+
+def _idle_s(folder: Path) -> float:
+    # Seconds since anything in `folder` last changed (0 if it cannot be read: not ours to judge).
+    try:
+        newest = max([folder.stat().st_mtime, *(f.stat().st_mtime for f in folder.rglob("*"))])
+    except OSError:
+        return 0.0
+    return time.time() - newest
 
 
 def _is_write_failure(exc: BaseException) -> bool:

@@ -8,6 +8,7 @@ rounding allows (stated below), and Q8_0 keeps the first greedy tokens.
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
@@ -599,12 +600,38 @@ def test_a_conversion_left_by_a_process_that_is_gone_is_pruned(tmp_path):
     host = socket.gethostname()
     folders = [tmp_path / f".converting-{gone}@{host}@abc", tmp_path / f".converting-{os.getpid()}@{host}@def",
                tmp_path / f".converting-{gone}@another-host@ghi",  # (a shared cache: another host's, maybe live)
-               tmp_path / ".converting-jkl"]  # (an older Solo's, without a pid: left alone)
+               tmp_path / ".converting-jkl",  # (an older Solo's, without a pid: maybe live)
+               tmp_path / f".converting-{gone}@old-container@mno", tmp_path / ".converting-pqr"]  # (unchanged 7 h)
     for folder in folders:
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"x")
+    long_ago = time.time() - 7 * 3600  # (another host's or an older Solo's leftover stayed for good)
+    for folder in folders[4:]:
+        os.utime(folder / "model.safetensors", (long_ago, long_ago))
+        os.utime(folder, (long_ago, long_ago))
     _prune_abandoned_conversions(tmp_path)
-    assert [f.exists() for f in folders] == [False, True, True, True]
+    assert [f.exists() for f in folders] == [False, True, True, True, False, False]
+
+
+def test_abandoned_conversions_are_pruned_before_the_free_space_check(gguf_dir, tmp_path, monkeypatch):
+    # A 500 MB leftover of a killed conversion made the retry fail for want of room, every time: the prune ran after
+    # the free-space check, and not at all when the file was already converted.
+    import shutil
+    import socket
+
+    import solo.model.gguf as gguf
+
+    monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
+    leftover = tmp_path / "cache" / "gguf" / f".converting-999999999@{socket.gethostname()}@x"
+    leftover.mkdir(parents=True)
+    usage = shutil.disk_usage(tmp_path)
+    monkeypatch.setattr(gguf.shutil, "disk_usage", lambda path: usage._replace(free=0 if leftover.exists() else
+                                                                               usage.free))
+    folder = Engine.load(gguf_dir["F16"], backend="eager").model_dir
+    assert not leftover.exists() and folder.is_dir()
+    leftover.mkdir()
+    Engine.load(gguf_dir["F16"], backend="eager")  # (already converted: pruned all the same)
+    assert not leftover.exists()
 
 
 def test_a_conversion_that_lost_a_file_is_converted_again(gguf_dir, tmp_path, monkeypatch, capsys):
