@@ -16,11 +16,13 @@ L2 and the kernels overlap as they do in the step.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
+import tempfile
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any, TypeVar
@@ -37,9 +39,11 @@ _ANNOUNCED = False
 
 
 def cache_path() -> Path:
-    """The on-disk tuning cache: $SOLO_TUNING_CACHE, else ~/.cache/solo/triton_tuning.json."""
+    """The on-disk tuning cache: $SOLO_TUNING_CACHE, else $XDG_CACHE_HOME/solo/triton_tuning.json (~/.cache)."""
     env = os.environ.get("SOLO_TUNING_CACHE")
-    return Path(env) if env else Path.home() / ".cache" / "solo" / "triton_tuning.json"
+    if env:
+        return Path(env)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "solo" / "triton_tuning.json"
 
 
 def _load_disk() -> dict[str, dict[str, Any]]:
@@ -51,16 +55,37 @@ def _load_disk() -> dict[str, dict[str, Any]]:
 
 
 def _store_disk(key: str, entry: dict[str, Any]) -> None:
+    # Read, add, write under a lock, through a temporary file of this writer's own: two servers tuning at once on
+    # one machine shared one temporary name and no lock, and lost most of each other's entries.
     path = cache_path()
     try:
-        data = _load_disk()
-        data[key] = entry
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(data, indent=1, sort_keys=True))
-        tmp.replace(path)
+        with _file_lock(path.with_name(path.name + ".lock")):
+            data = _load_disk()
+            data[key] = entry
+            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
+            try:
+                with os.fdopen(fd, "w") as f:
+                    f.write(json.dumps(data, indent=1, sort_keys=True))
+                os.replace(tmp, path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
     except OSError as exc:  # a read-only home must not stop decoding
         log.warning("could not write the tuning cache %s: %s", path, exc)
+
+
+@contextlib.contextmanager
+def _file_lock(path: Path) -> Iterator[None]:
+    # An exclusive lock on `path` (created, never removed) while the block runs; none without fcntl (not POSIX).
+    try:
+        import fcntl
+    except ImportError:
+        yield
+        return
+    with open(path, "a") as handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)  # (released when the handle closes)
+        yield
 
 
 KEY_VERSION = 3
