@@ -131,7 +131,7 @@ def main(args: argparse.Namespace) -> int:
     """
     from solo.cli import prefix_cache_gb_from_args
     from solo.errors import SoloError
-    from solo.server.runner import serve
+    from solo.server.runner import check_address, serve
     from solo.server.scheduler import DEFAULT_PREFILL_CHUNK
     from solo.server.state import ServerSettings, allowed_hosts_for
 
@@ -147,6 +147,7 @@ def main(args: argparse.Namespace) -> int:
     resolve_dtype(args.dtype, None)
     if args.tp < 1:
         raise SoloError(f"--tp must be >= 1, got {args.tp}")
+    check_address(args.host, args.port)  # (before a GGUF file's conversion, which may take minutes)
     check_local_model(args.model, args.revision, args.max_model_len)
     settings = ServerSettings(
         model=args.model, device=args.device, dtype=args.dtype, backend=args.backend, revision=args.revision,

@@ -123,8 +123,14 @@ def _cannot_listen(host: str, port: int, exc: OSError) -> SoloError:
     return SoloError(f"cannot listen on {address} ({exc.strerror}); pick another --port or --host")
 
 
-def _check_address(host: str, port: int) -> None:
-    # A friendly error before uvicorn's own (which exits the process with status 1).
+def check_address(host: str, port: int) -> None:
+    """Refuse an address this server could not listen on.
+
+    A friendly error before uvicorn's own, which exits the process with status 1.
+
+    Raises:
+        SoloError: the host does not resolve, or the address cannot be bound (in use, not this machine's).
+    """
     try:
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except socket.gaierror as exc:
@@ -220,7 +226,7 @@ def serve(settings: ServerSettings, host: str, port: int, log_level: str = "info
         SoloError: invalid settings, an address that cannot be bound, or a model that could not be loaded
             (the CLI prints it, exit status 2).
     """
-    _check_address(host, port)
+    check_address(host, port)
     listener = dual_stack_listener(host, port)
     if sys.stdout is None:  # (`>&-`: uvicorn's formatters ask it whether it is a terminal; the access log goes there)
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)

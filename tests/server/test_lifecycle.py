@@ -197,6 +197,19 @@ def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):
     assert "cannot listen" in capsys.readouterr().err
 
 
+def test_a_taken_port_is_refused_before_the_model_is_checked(tiny_model, capsys, monkeypatch):
+    # A GGUF file was converted (minutes for a large one) before the port was found taken.
+    from solo.cli import main
+
+    checked = []
+    monkeypatch.setattr("solo.model.hub.check_local_model", lambda *args: checked.append(args))
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        sock.listen()
+        assert main(["serve", str(tiny_model), "--port", str(sock.getsockname()[1])]) == 2
+    assert "cannot listen" in capsys.readouterr().err and not checked
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_a_second_signal_ends_the_requests_at_once_in_one_line_and_a_nonzero_status(sig):
