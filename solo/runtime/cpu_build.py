@@ -376,7 +376,7 @@ def library_path(level: IsaLevel | None = None) -> Path:
     name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
     folder = cache_dir()
     if _usable(folder, name):
-        return folder / name
+        return _mark_used(folder / name)
     why = _unusable_reason(folder)
     if why is None:
         try:
@@ -389,7 +389,7 @@ def library_path(level: IsaLevel | None = None) -> Path:
     # Only now the temp folder: never a library there beside a usable cache.
     fallback = _fallback_cache_dir()
     if _usable(fallback, name):
-        return fallback / name
+        return _mark_used(fallback / name)
     warnings.warn(f"the kernel cache folder {folder} {why}; building Solo's CPU kernels in {fallback} instead "
                   "(set XDG_CACHE_HOME to a writable folder of your own, with room, to keep them)", SoloWarning,
                   stacklevel=2)
@@ -516,12 +516,30 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
 
 
 def _remove_stale_builds(folder: Path) -> None:
-    # The temporary libraries of builds killed mid-way (SIGKILL runs no cleanup); young ones may be running.
+    # The temporary libraries of builds killed mid-way (SIGKILL runs no cleanup; young ones may be running), and the
+    # libraries no Solo has loaded for _UNUSED_LIBRARY_S (each upgrade that changes the kernels leaves one behind;
+    # a build is when they are looked for: after such an upgrade).
     now = time.time()
     for leftover in folder.glob("tmp*.so"):
         with contextlib.suppress(OSError):
             if now - leftover.stat().st_mtime > 2 * _BUILD_TIMEOUT_S:
                 leftover.unlink()
+    for library in folder.glob("solo_cpu_*.so"):
+        with contextlib.suppress(OSError):
+            if now - library.stat().st_mtime > _UNUSED_LIBRARY_S:
+                library.unlink()
+                _checksum_path(library).unlink(missing_ok=True)
+
+
+# A cached library unused this long (seconds; `_mark_used` dates each load) is removed at the next build.
+_UNUSED_LIBRARY_S = 30 * 86400
+
+
+def _mark_used(library: Path) -> Path:
+    # Its modification time says when a Solo last loaded it (`_remove_stale_builds`); a read-only cache keeps its own.
+    with contextlib.suppress(OSError):
+        os.utime(library)
+    return library
 
 
 @contextlib.contextmanager

@@ -389,3 +389,20 @@ def test_the_kernels_own_knobs_are_checked_and_spelled_as_the_kernels_read_them(
         monkeypatch.delenv(name)
     monkeypatch.setenv("SOLO_CPU_INT_DOT", "off")
     assert int_dot_enabled() is False
+
+
+def test_libraries_unused_for_30_days_are_removed_at_the_next_build(tmp_path):
+    # Every upgrade that changed the kernels left its library (0.7 MB and its checksum) in the cache for good.
+    import time
+
+    old, recent = tmp_path / "solo_cpu_avx2_0123456789abcdef.so", tmp_path / "solo_cpu_avx2_fedcba9876543210.so"
+    for library in (old, recent):
+        library.write_bytes(b"lib")
+        cpu_build._checksum_path(library).write_text("sum")
+    long_ago = time.time() - 31 * 86400
+    os.utime(old, (long_ago, long_ago))
+    os.utime(recent, (long_ago, long_ago))
+    assert cpu_build._mark_used(recent) == recent  # (a load dates it)
+    cpu_build._remove_stale_builds(tmp_path)
+    assert not old.exists() and not cpu_build._checksum_path(old).exists()
+    assert recent.exists() and cpu_build._checksum_path(recent).exists()
