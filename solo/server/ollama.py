@@ -42,7 +42,7 @@ import datetime
 import json
 import re
 import time
-from collections.abc import AsyncIterator, Callable, Iterator, Mapping
+from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any
 
 from fastapi import APIRouter, Request
@@ -292,8 +292,9 @@ def _logprobs(content: list[dict[str, Any]] | None) -> list[dict[str, Any]]:
 class _Reply:
     """One Ollama reply being assembled from the chat or completions stream's chunks, with its timings."""
 
-    def __init__(self, model: str, start_ns: int) -> None:
-        self.model, self.start_ns = model, start_ns
+    def __init__(self, model: str, start_ns: int, requests: Sequence[Any] = ()) -> None:
+        # requests: the engine's requests of the reply, whose stats time its first token where it was generated
+        self.model, self.start_ns, self.requests = model, start_ns, requests
         self.first_ns: int | None = None
         self.content: list[str] = []
         self.thinking: list[str] = []
@@ -339,7 +340,11 @@ class _Reply:
     def final(self) -> dict[str, Any]:
         """The last object's statistics: done_reason, token counts, durations in nanoseconds."""
         end = time.perf_counter_ns()
-        first = self.first_ns or end
+        # The first token as the engine timed it: text held back (a stop string that might still match, a tool
+        # call until it closes) reached this stream later, and its generation time read as prompt evaluation.
+        generated = [r.start_time + r.stats.ttft_s for r in self.requests if r.stats.ttft_s is not None]
+        first = int(min(generated) * 1e9) if generated else self.first_ns or end
+        first = min(max(first, self.start_ns), end)
         reason = {"tool_calls": "stop", None: "stop"}.get(self.finish_reason, self.finish_reason)
         return {"done": True, "done_reason": reason, "total_duration": end - self.start_ns, "load_duration": 0,
                 "prompt_eval_count": self.usage.get("prompt_tokens", 0), "prompt_eval_duration": first - self.start_ns,
@@ -442,7 +447,7 @@ async def _run(request: Request, data: Mapping[str, Any], model: str, start_ns: 
             # num_predict is a cap (Ollama generates until the context ends): the prompt fits, so fill the rest.
             reply_stream = await call({**fields, "max_tokens": None})
     assert isinstance(reply_stream, GenerationStream)
-    reply = _Reply(model, start_ns)
+    reply = _Reply(model, start_ns, reply_stream.generation.requests)
     chunks = chat_chunks(reply_stream.body_iterator)
     if stream:
         return _NDJSONStream(_lines(chunks, reply, shape), reply_stream.generation)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 
 import httpx
 import ollama
@@ -386,3 +387,21 @@ def test_a_full_queue_is_answered_without_a_logged_traceback(caplog):
     assert full.headers["retry-after"] == "2" and "request failed" not in caplog.text
     bug = asyncio.run(answer(KeyError("x")))
     assert bug.status_code == 500 and "request failed" in caplog.text
+
+
+def test_durations_split_at_the_first_token_the_engine_generated():
+    # A reply held back until its end (a stop string that might still match, a tool call until it closes) reached the
+    # stream at once at the end: its generation time was reported as prompt evaluation (eval rate 330,000 tok/s).
+    from types import SimpleNamespace
+
+    from solo.server.ollama import _Reply
+
+    start_ns = time.perf_counter_ns() - 50_000_000  # (the request came 50 ms ago)
+    request = SimpleNamespace(start_time=start_ns / 1e9 + 0.001, stats=SimpleNamespace(ttft_s=0.004))
+    reply = _Reply("m", start_ns, [request])
+    reply.feed({"choices": [{"delta": {"content": "held back"}, "finish_reason": "stop"}]})  # (all at the end)
+    final = reply.final()
+    assert abs(final["prompt_eval_duration"] - 5_000_000) < 10_000  # 1 ms to the request, 4 ms to its first token
+    assert final["prompt_eval_duration"] + final["eval_duration"] == final["total_duration"]
+    unstarted = _Reply("m", start_ns, [SimpleNamespace(start_time=0.0, stats=SimpleNamespace(ttft_s=None))])
+    assert unstarted.final()["eval_duration"] == 0  # (no token: nothing to split)
