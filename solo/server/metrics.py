@@ -89,7 +89,9 @@ class ServerMetrics:
         self.tokens_per_s = Histogram("solo_request_decode_tokens_per_second",
                                       "Per-request decode speed after the first token",
                                       buckets=_TOKENS_PER_S_BUCKETS, registry=r)
-        self.prompt_tokens = Counter("solo_prompt_tokens", "Prompt tokens prefilled", registry=r)
+        self.prompt_tokens = Counter("solo_prompt_tokens", "Prompt tokens of finished generations, one per choice "
+                                     "(an n > 1 request counts its prompt n times), prefix-cache hits included",
+                                     registry=r)
         self.generation_tokens = Counter("solo_generation_tokens", "Tokens generated", registry=r)
         self.finished = Counter("solo_generations_finished", "Finished generations (one per choice)",
                                 ["finish_reason"], registry=r)
@@ -105,10 +107,10 @@ class ServerMetrics:
                                     "KV-cache bytes a request held when it finished (prompt + generated tokens)",
                                     buckets=_KV_BYTES_BUCKETS, registry=r)
         self._kv_bytes_per_token = 0
-        self.prefix_cache_queries = Counter("solo_prefix_cache_queries", "Requests looked up in the prefix cache",
-                                            registry=r)
-        self.prefix_cache_hits = Counter("solo_prefix_cache_hits", "Requests that reused cached prompt tokens",
-                                         registry=r)
+        self.prefix_cache_queries = Counter("solo_prefix_cache_queries", "Generations (one per choice) looked up in "
+                                            "the prefix cache", registry=r)
+        self.prefix_cache_hits = Counter("solo_prefix_cache_hits", "Generations (one per choice) that reused cached "
+                                         "prompt tokens", registry=r)
         self.prefix_cache_tokens = Counter("solo_prefix_cache_cached_tokens",
                                            "Prompt tokens whose KV came from the prefix cache (not prefilled)",
                                            registry=r)
