@@ -271,24 +271,69 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
         tmp = Path(tempfile.mkdtemp(prefix=f".converting-{os.getpid()}@{socket.gethostname()}@", dir=parent))
     except OSError as exc:
         raise CheckpointError(_cache_write_error(parent, exc)) from None
+    alive = None
     try:
+        alive = _hold_alive_lock(tmp)
         _convert(reader, src, tmp, arch, dtype)
         (tmp / "gguf_source.json").write_text(json.dumps(
             {"file": str(named.absolute()), "size_bytes": stat.st_size, "architecture": arch, "tensor_types": types,
-             "stored_dtype": dtype, "format": _CONVERSION_FORMAT, "files": sorted(p.name for p in tmp.iterdir())},
-            indent=2) + "\n")
+             "stored_dtype": dtype, "format": _CONVERSION_FORMAT,
+             "files": sorted(p.name for p in tmp.iterdir() if p.name != _ALIVE_LOCK)}, indent=2) + "\n")
         try:
             tmp.rename(folder)
         except OSError:  # another process finished first
             shutil.rmtree(tmp, ignore_errors=True)
             if not (folder / "gguf_source.json").is_file():
                 raise CheckpointError(f"could not move the converted {named.name} into {folder}; run again") from None
+        else:
+            (folder / _ALIVE_LOCK).unlink(missing_ok=True)
     except BaseException as exc:
         shutil.rmtree(tmp, ignore_errors=True)
         if _is_write_failure(exc):
             raise CheckpointError(_cache_write_error(parent, exc)) from None
         raise
+    finally:
+        if alive is not None:
+            alive.close()
     return folder
+
+
+# A lock file inside a conversion's temporary folder, held while the conversion runs: the kernel releases it when
+# the process ends, however it ends and in whatever PID namespace (a container's entrypoint restarted as PID 1 saw
+# its own killed run's PID 1 "alive"; a container on the host's network shares the host name, not the PIDs).
+_ALIVE_LOCK = ".alive.lock"
+
+
+def _hold_alive_lock(folder: Path) -> Any:  # noqa: ANN401
+    # The open, locked file (None where flock is missing: not POSIX); closing it releases the lock.
+    try:
+        import fcntl
+    except ImportError:
+        return None
+    handle = open(folder / _ALIVE_LOCK, "w")  # noqa: SIM115 (held until the conversion ends)
+    try:
+        fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:  # (a file system without locks: no lock file, so the PID and age rules judge it)
+        handle.close()
+        (folder / _ALIVE_LOCK).unlink(missing_ok=True)
+        return None
+    return handle
+
+
+def _lock_says_abandoned(folder: Path) -> bool | None:
+    # True: its lock file is free (the converter ended); False: held (the converter runs); None: no lock to ask (an
+    # older Solo's folder, a file system without locks).
+    try:
+        import fcntl
+
+        with open(folder / _ALIVE_LOCK, "rb") as handle:
+            try:
+                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                return False
+            return True
+    except (ImportError, OSError):
+        return None
 
 
 # What every conversion writes (one recorded before its file list was: gguf_source.json's "files").
@@ -310,10 +355,17 @@ def _whole_conversion(folder: Path) -> bool:
 
 def _prune_abandoned_conversions(parent: Path) -> None:
     # A conversion's temporary folder (.converting-<pid>@<host>@*) whose process is gone: a process killed, or a
-    # server stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights. This
-    # host's by its pid; another host's (a cache shared over the network, or by containers, each a new host name)
-    # or an older Solo's (no pid in the name) once nothing in it has changed for `_ABANDONED_AFTER_S`.
+    # server stopped mid-load (it exits without waiting for the load), leaves one of the size of the weights. Judged
+    # by its lock (`_ALIVE_LOCK`); without one, this host's by its pid, another host's (a cache shared over the
+    # network) or an older Solo's (no pid in the name) once nothing in it has changed for `_ABANDONED_AFTER_S`.
     for folder in parent.glob(".converting-*"):
+        if folder.is_symlink() or not folder.is_dir():
+            continue  # (not a conversion's folder: never followed)
+        abandoned = _lock_says_abandoned(folder)
+        if abandoned is not None:
+            if abandoned:
+                shutil.rmtree(folder, ignore_errors=True)
+            continue
         match = re.match(r"\.converting-(\d+)@(.*)@", folder.name)
         if match is None or match[2] != socket.gethostname():
             if _idle_s(folder) > _ABANDONED_AFTER_S:

@@ -613,6 +613,30 @@ def test_a_conversion_left_by_a_process_that_is_gone_is_pruned(tmp_path):
     assert [f.exists() for f in folders] == [False, True, True, True, False, False]
 
 
+def test_a_conversions_lock_says_whether_it_runs_whatever_its_pid_says(tmp_path):
+    # A container's entrypoint restarted as PID 1 saw its killed run's PID 1 alive and kept its leftover (every retry
+    # then failed for room); a live conversion in another PID namespace (a container on the host's network: same host
+    # name) has a PID that is dead here, and was deleted mid-way.
+    import fcntl
+    import os
+    import socket
+
+    from solo.model.gguf import _ALIVE_LOCK, _prune_abandoned_conversions
+
+    host = socket.gethostname()
+    killed = tmp_path / f".converting-{os.getpid()}@{host}@abc"  # (its PID alive: this process's)
+    running = tmp_path / f".converting-999999999@{host}@def"  # (its PID not one here)
+    for folder in (killed, running):
+        folder.mkdir()
+        (folder / _ALIVE_LOCK).write_text("")
+    with open(running / _ALIVE_LOCK) as held:
+        fcntl.flock(held, fcntl.LOCK_EX)
+        _prune_abandoned_conversions(tmp_path)
+        assert not killed.exists() and running.exists()
+    _prune_abandoned_conversions(tmp_path)  # (its converter ended: the lock is free)
+    assert not running.exists()
+
+
 def test_abandoned_conversions_are_pruned_before_the_free_space_check(gguf_dir, tmp_path, monkeypatch):
     # A 500 MB leftover of a killed conversion made the retry fail for want of room, every time: the prune ran after
     # the free-space check, and not at all when the file was already converted.
@@ -627,8 +651,17 @@ def test_abandoned_conversions_are_pruned_before_the_free_space_check(gguf_dir, 
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(gguf.shutil, "disk_usage", lambda path: usage._replace(free=0 if leftover.exists() else
                                                                                usage.free))
+    convert, seen = gguf._convert, []
+
+    def convert_and_look(reader, src, tmp, *args):
+        seen.append(gguf._lock_says_abandoned(tmp))  # (while it runs, its lock is held)
+        return convert(reader, src, tmp, *args)
+
+    monkeypatch.setattr(gguf, "_convert", convert_and_look)
     folder = Engine.load(gguf_dir["F16"], backend="eager").model_dir
-    assert not leftover.exists() and folder.is_dir()
+    assert not leftover.exists() and folder.is_dir() and seen == [False]
+    assert not (folder / gguf._ALIVE_LOCK).exists()
+    assert gguf._ALIVE_LOCK not in json.loads((folder / "gguf_source.json").read_text())["files"]
     leftover.mkdir()
     Engine.load(gguf_dir["F16"], backend="eager")  # (already converted: pruned all the same)
     assert not leftover.exists()
