@@ -9,6 +9,7 @@ its last chunk and `data: [DONE]`. Then the scheduler stops and the process exit
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import os
 import signal
@@ -128,20 +129,27 @@ def check_address(host: str, port: int) -> None:
 
     A friendly error before uvicorn's own, which exits the process with status 1.
 
+    Every address the host resolves to is bound at once, as the server will (uvicorn binds them all: `localhost`
+    is ::1 and 127.0.0.1 on many systems): one checked alone let a port taken on another address fail only after
+    the model loaded.
+
     Raises:
-        SoloError: the host does not resolve, or the address cannot be bound (in use, not this machine's).
+        SoloError: the host does not resolve, or an address cannot be bound (in use, not this machine's).
     """
     try:
-        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
     except socket.gaierror as exc:
         raise SoloError(f"cannot resolve --host {host!r} ({exc.strerror})") from None
-    family, kind, proto, _, address = infos[0]
-    with socket.socket(family, kind, proto) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(address)
-        except OSError as exc:
-            raise _cannot_listen(host, port, exc) from None
+    with contextlib.ExitStack() as held:
+        for family, kind, proto, _, address in {(i[0], i[4]): i for i in infos}.values():  # (each address once)
+            sock = held.enter_context(socket.socket(family, kind, proto))
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            if family == socket.AF_INET6:  # (as the server binds it: IPv6 alone, but "::" is dual-stack here)
+                sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)
+            try:
+                sock.bind(address)
+            except OSError as exc:
+                raise _cannot_listen(host, port, exc) from None
 
 
 def dual_stack_listener(host: str, port: int) -> socket.socket | None:

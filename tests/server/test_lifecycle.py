@@ -197,6 +197,22 @@ def test_cli_exits_2_when_the_port_is_taken(tiny_model, capsys):
     assert "cannot listen" in capsys.readouterr().err
 
 
+def test_every_address_the_host_resolves_to_is_checked(monkeypatch):
+    # Only the first was: a port taken on the second (localhost as ::1 and 127.0.0.1) failed after the model loaded.
+    from solo.errors import SoloError
+    from solo.server import runner
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.2", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        both = [(socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port)),
+                (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.2", port))]
+        monkeypatch.setattr(runner.socket, "getaddrinfo", lambda *args, **kwargs: both)
+        with pytest.raises(SoloError, match=f"cannot listen on multi:{port}"):
+            runner.check_address("multi", port)
+
+
 def test_a_taken_port_is_refused_before_the_model_is_checked(tiny_model, capsys, monkeypatch):
     # A GGUF file was converted (minutes for a large one) before the port was found taken.
     from solo.cli import main
