@@ -30,3 +30,27 @@ def test_two_processes_storing_at_once_keep_every_entry(tmp_path):
     assert [proc.returncode for proc in procs] == [0, 0] and not any("could not write" in e for e in errors), errors
     data = json.loads(path.read_text())
     assert len(data) == 300 and not list(tmp_path.glob("*.tmp"))
+
+
+def test_the_file_keeps_others_readable_and_is_never_replaced_unread(tmp_path, monkeypatch):
+    # mkstemp's 0600 shut other users out (their next write replaced every entry with their one); a file that cannot
+    # be read was replaced by one entry; a JSON list crashed the store.
+    path = tmp_path / "tuning.json"
+    monkeypatch.setenv("SOLO_TUNING_CACHE", str(path))
+    path.write_text("[1, 2]")
+    tuning._store_disk("a", {"i": 1})
+    assert json.loads(path.read_text()) == {"a": {"i": 1}}
+    umask = os.umask(0)
+    os.umask(umask)
+    assert path.stat().st_mode & 0o777 == 0o666 & ~umask
+    read_text = type(path).read_text
+
+    def unreadable(self, *args, **kwargs):
+        if self == path:
+            raise PermissionError(13, "Permission denied")
+        return read_text(self, *args, **kwargs)
+
+    monkeypatch.setattr(type(path), "read_text", unreadable)
+    tuning._store_disk("b", {"i": 2})
+    monkeypatch.undo()
+    assert json.loads(path.read_text()) == {"a": {"i": 1}}

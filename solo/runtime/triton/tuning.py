@@ -20,7 +20,7 @@ import contextlib
 import json
 import logging
 import os
-import tempfile
+import secrets
 import threading
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
@@ -47,29 +47,44 @@ def cache_path() -> Path:
 
 
 def _load_disk() -> dict[str, dict[str, Any]]:
-    path = cache_path()
+    return _read_disk(cache_path()) or {}
+
+
+def _read_disk(path: Path) -> dict[str, dict[str, Any]] | None:
+    # The file's entries: {} when there is none yet, or it is not a JSON object; None when it cannot be read.
     try:
-        return json.loads(path.read_text())
-    except (OSError, ValueError):
+        text = path.read_text()
+    except FileNotFoundError:
         return {}
+    except OSError:
+        return None
+    try:
+        data = json.loads(text)
+    except ValueError:
+        return {}
+    return data if isinstance(data, dict) else {}
 
 
 def _store_disk(key: str, entry: dict[str, Any]) -> None:
     # Read, add, write under a lock, through a temporary file of this writer's own: two servers tuning at once on
-    # one machine shared one temporary name and no lock, and lost most of each other's entries.
-    path = cache_path()
+    # one machine shared one temporary name and no lock, and lost most of each other's entries. A file this process
+    # cannot read (another user's) is left as it is, not replaced by this one entry.
+    path = cache_path().resolve()  # (a link: its target is the cache)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(path.with_name(path.name + ".lock")):
-            data = _load_disk()
+            data = _read_disk(path)
+            if data is None:
+                log.warning("cannot read the tuning cache %s; leaving it as it is", path)
+                return
             data[key] = entry
-            fd, tmp = tempfile.mkstemp(prefix=path.name + ".", suffix=".tmp", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w") as f:
+            tmp = path.with_name(f"{path.name}.{os.getpid()}.{secrets.token_hex(4)}.tmp")
+            try:  # (0666 less the umask, as a file written in place would be; mkstemp's 0600 shut others out)
+                with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666), "w") as f:
                     f.write(json.dumps(data, indent=1, sort_keys=True))
                 os.replace(tmp, path)
             except BaseException:
-                Path(tmp).unlink(missing_ok=True)
+                tmp.unlink(missing_ok=True)
                 raise
     except OSError as exc:  # a read-only home must not stop decoding
         log.warning("could not write the tuning cache %s: %s", path, exc)
@@ -77,15 +92,19 @@ def _store_disk(key: str, entry: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    # An exclusive lock on `path` (created, never removed) while the block runs; none without fcntl (not POSIX).
+    # An exclusive lock on `path` (created, never removed; opened read-only, so another user's lock file in a shared
+    # folder still locks) while the block runs; none without fcntl (not POSIX).
     try:
         import fcntl
     except ImportError:
         yield
         return
-    with open(path, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)  # (released when the handle closes)
+    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)  # (released when the descriptor closes)
         yield
+    finally:
+        os.close(fd)
 
 
 KEY_VERSION = 3
