@@ -60,7 +60,7 @@ def finite_float(text: str) -> float:
 
 
 def argv_text(text: str) -> str:
-    """The argparse type of text flags (--prompt, --system, --stop): UTF-8 whatever the locale says.
+    """The argparse type of text flags (--prompt, --system, --stop, --served-model-name, ...): UTF-8 always.
 
     Under an ASCII locale (LC_ALL=C without Python's UTF-8 mode) Python decodes the arguments as ASCII and keeps
     every other byte as a lone surrogate, so a UTF-8 prompt was refused as "not UTF-8" while the same text on

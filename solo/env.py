@@ -8,6 +8,7 @@ an unset or empty variable is its default.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 
 from solo.errors import SoloError
@@ -69,7 +70,7 @@ def env_int(name: str, default: int, low: int, high: int, unit: str = "") -> int
     if not text:
         return default
     what = f" {unit}" if unit else ""
-    if not (text.isascii() and text.lstrip("+-").isdigit()) or not low <= int(text) <= high:
+    if not re.fullmatch(r"[+-]?[0-9]+", text) or not low <= int(text) <= high:
         raise EnvSettingError(f"{name}={raw!r} is not a whole number from {low} to {high}{what}; set one, or unset "
                               f"it (default {default})")
     return int(text)

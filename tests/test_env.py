@@ -33,7 +33,7 @@ def test_bad_values_are_refused_by_name(monkeypatch):
     for value, expected in (("", 7), (" 12 ", 12), ("0", 0)):
         monkeypatch.setenv("SOLO_TEST_INT", value)
         assert env_int("SOLO_TEST_INT", 7, 0, 100) == expected
-    for value in ("abc", "101", "-1", "1e3", "\u00b2"):
+    for value in ("abc", "101", "-1", "1e3", "\u00b2", "--5", "+-5"):
         monkeypatch.setenv("SOLO_TEST_INT", value)
         with pytest.raises(EnvSettingError, match="is not a whole number from 0 to 100 us"):
             env_int("SOLO_TEST_INT", 7, 0, 100, "us")
