@@ -302,6 +302,8 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
 # the process ends, however it ends and in whatever PID namespace (a container's entrypoint restarted as PID 1 saw
 # its own killed run's PID 1 "alive"; a container on the host's network shares the host name, not the PIDs).
 _ALIVE_LOCK = ".alive.lock"
+# A folder without a lock file this young may be a conversion that has not yet taken it.
+_LOCK_GRACE_S = 60.0
 
 
 def _hold_alive_lock(folder: Path) -> Any:  # noqa: ANN401
@@ -310,13 +312,16 @@ def _hold_alive_lock(folder: Path) -> Any:  # noqa: ANN401
         import fcntl
     except ImportError:
         return None
-    handle = open(folder / _ALIVE_LOCK, "w")  # noqa: SIM115 (held until the conversion ends)
+    # Locked under another name, then renamed: a prune never finds the lock file there and free.
+    fresh = folder / (_ALIVE_LOCK + ".new")
+    handle = open(fresh, "w")  # noqa: SIM115 (held until the conversion ends)
     try:
         fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:  # (a file system without locks: no lock file, so the PID and age rules judge it)
         handle.close()
-        (folder / _ALIVE_LOCK).unlink(missing_ok=True)
+        fresh.unlink(missing_ok=True)
         return None
+    fresh.rename(folder / _ALIVE_LOCK)
     return handle
 
 
@@ -327,8 +332,8 @@ def _lock_says_abandoned(folder: Path) -> bool | None:
         import fcntl
 
         with open(folder / _ALIVE_LOCK, "rb") as handle:
-            try:
-                fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            try:  # (shared: NFS takes it on a read-only file; the converter's exclusive lock refuses it)
+                fcntl.flock(handle, fcntl.LOCK_SH | fcntl.LOCK_NB)
             except BlockingIOError:
                 return False
             return True
@@ -366,6 +371,8 @@ def _prune_abandoned_conversions(parent: Path) -> None:
             if abandoned:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
+        if _idle_s(folder) < _LOCK_GRACE_S:
+            continue  # (no lock yet: a conversion that has just made its folder, maybe in another PID namespace)
         match = re.match(r"\.converting-(\d+)@(.*)@", folder.name)
         if match is None or match[2] != socket.gethostname():
             if _idle_s(folder) > _ABANDONED_AFTER_S:

@@ -142,7 +142,10 @@ def check_address(host: str, port: int) -> None:
         raise SoloError(f"cannot resolve --host {host!r} ({exc.strerror})") from None
     with contextlib.ExitStack() as held:
         for family, kind, proto, _, address in {(i[0], i[4]): i for i in infos}.values():  # (each address once)
-            sock = held.enter_context(socket.socket(family, kind, proto))
+            try:
+                sock = held.enter_context(socket.socket(family, kind, proto))
+            except OSError:  # (a family this kernel lacks, as IPv6 under ipv6.disable=1: the server skips it too)
+                continue
             sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
             if family == socket.AF_INET6:  # (as the server binds it: IPv6 alone, but "::" is dual-stack here)
                 sock.setsockopt(socket.IPPROTO_IPV6, socket.IPV6_V6ONLY, 0 if host == "::" else 1)

@@ -605,10 +605,12 @@ def test_a_conversion_left_by_a_process_that_is_gone_is_pruned(tmp_path):
     for folder in folders:
         folder.mkdir()
         (folder / "model.safetensors").write_bytes(b"x")
-    long_ago = time.time() - 7 * 3600  # (another host's or an older Solo's leftover stayed for good)
-    for folder in folders[4:]:
-        os.utime(folder / "model.safetensors", (long_ago, long_ago))
-        os.utime(folder, (long_ago, long_ago))
+    # Two minutes old (younger, a folder without a lock may be a conversion that has not taken it yet); the last two
+    # 7 hours (another host's or an older Solo's leftover stayed for good).
+    for i, folder in enumerate(folders):
+        when = time.time() - (7 * 3600 if i >= 4 else 120)
+        os.utime(folder / "model.safetensors", (when, when))
+        os.utime(folder, (when, when))
     _prune_abandoned_conversions(tmp_path)
     assert [f.exists() for f in folders] == [False, True, True, True, False, False]
 
@@ -648,6 +650,7 @@ def test_abandoned_conversions_are_pruned_before_the_free_space_check(gguf_dir, 
     monkeypatch.setenv("SOLO_CACHE_DIR", str(tmp_path / "cache"))
     leftover = tmp_path / "cache" / "gguf" / f".converting-999999999@{socket.gethostname()}@x"
     leftover.mkdir(parents=True)
+    (leftover / gguf._ALIVE_LOCK).write_text("")  # (its converter gone: the lock free)
     usage = shutil.disk_usage(tmp_path)
     monkeypatch.setattr(gguf.shutil, "disk_usage", lambda path: usage._replace(free=0 if leftover.exists() else
                                                                                usage.free))
@@ -663,6 +666,7 @@ def test_abandoned_conversions_are_pruned_before_the_free_space_check(gguf_dir, 
     assert not (folder / gguf._ALIVE_LOCK).exists()
     assert gguf._ALIVE_LOCK not in json.loads((folder / "gguf_source.json").read_text())["files"]
     leftover.mkdir()
+    (leftover / gguf._ALIVE_LOCK).write_text("")
     Engine.load(gguf_dir["F16"], backend="eager")  # (already converted: pruned all the same)
     assert not leftover.exists()
 
@@ -699,3 +703,24 @@ def test_a_zero_size_in_the_metadata_is_a_clear_error(tiny_llama, tmp_path, monk
     path = write_gguf_from_hf(tiny_llama, tmp_path / "tiny-zero.gguf", "F16", metadata=metadata)
     with pytest.raises(CheckpointError, match=f"^tiny-zero.gguf: .*{match}"):
         Engine.load(path, backend="eager")
+
+
+def test_a_conversion_is_never_found_with_its_lock_free_or_missing_while_it_starts(tmp_path):
+    # The lock file was created, then locked: a prune in between found it free and deleted the live conversion; and
+    # one without a lock file yet (in another PID namespace: a PID dead here) was judged by its PID.
+    import socket
+
+    from solo.model.gguf import _ALIVE_LOCK, _hold_alive_lock, _lock_says_abandoned, _prune_abandoned_conversions
+
+    starting = tmp_path / f".converting-999999999@{socket.gethostname()}@abc"
+    starting.mkdir()
+    _prune_abandoned_conversions(tmp_path)
+    assert starting.exists()  # (no lock yet, and young)
+    handle = _hold_alive_lock(starting)
+    try:
+        assert [p.name for p in starting.iterdir()] == [_ALIVE_LOCK] and _lock_says_abandoned(starting) is False
+        _prune_abandoned_conversions(tmp_path)
+        assert starting.exists()
+    finally:
+        handle.close()
+    assert _lock_says_abandoned(starting) is True

@@ -54,3 +54,11 @@ def test_the_file_keeps_others_readable_and_is_never_replaced_unread(tmp_path, m
     tuning._store_disk("b", {"i": 2})
     monkeypatch.undo()
     assert json.loads(path.read_text()) == {"a": {"i": 1}}
+
+
+def test_a_link_loop_at_the_cache_path_is_a_warning_not_a_crash(tmp_path, monkeypatch, caplog):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    monkeypatch.setenv("SOLO_TUNING_CACHE", str(tmp_path / "loop1"))
+    tuning._store_disk("k", {})  # (Path.resolve raised RuntimeError out of the tuner)
+    assert "the tuning cache" in caplog.text and "WARNING" in caplog.text

@@ -213,6 +213,24 @@ def test_every_address_the_host_resolves_to_is_checked(monkeypatch):
             runner.check_address("multi", port)
 
 
+def test_an_address_family_the_kernel_lacks_is_skipped(monkeypatch):
+    # Under ipv6.disable=1 localhost's ::1 cannot even get a socket: a traceback, where the server skips the family.
+    from solo.server import runner
+
+    make = socket.socket
+
+    def no_ipv6(family=socket.AF_INET, *args, **kwargs):
+        if family == socket.AF_INET6:
+            raise OSError(97, "Address family not supported by protocol")
+        return make(family, *args, **kwargs)
+
+    both = [(socket.AF_INET6, socket.SOCK_STREAM, 6, "", ("::1", 0, 0, 0)),
+            (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", 0))]
+    monkeypatch.setattr(runner.socket, "getaddrinfo", lambda *args, **kwargs: both)
+    monkeypatch.setattr(runner.socket, "socket", no_ipv6)
+    runner.check_address("localhost", 0)
+
+
 def test_a_taken_port_is_refused_before_the_model_is_checked(tiny_model, capsys, monkeypatch):
     # A GGUF file was converted (minutes for a large one) before the port was found taken.
     from solo.cli import main

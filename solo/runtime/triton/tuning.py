@@ -69,7 +69,7 @@ def _store_disk(key: str, entry: dict[str, Any]) -> None:
     # Read, add, write under a lock, through a temporary file of this writer's own: two servers tuning at once on
     # one machine shared one temporary name and no lock, and lost most of each other's entries. A file this process
     # cannot read (another user's) is left as it is, not replaced by this one entry.
-    path = cache_path().resolve()  # (a link: its target is the cache)
+    path = Path(os.path.realpath(cache_path()))  # (a link: its target is the cache; a loop: left to the write)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with _file_lock(path.with_name(path.name + ".lock")):
@@ -92,14 +92,16 @@ def _store_disk(key: str, entry: dict[str, Any]) -> None:
 
 @contextlib.contextmanager
 def _file_lock(path: Path) -> Iterator[None]:
-    # An exclusive lock on `path` (created, never removed; opened read-only, so another user's lock file in a shared
-    # folder still locks) while the block runs; none without fcntl (not POSIX).
+    # An exclusive lock on `path` (created, never removed) while the block runs; none without fcntl (not POSIX).
     try:
         import fcntl
     except ImportError:
         yield
         return
-    fd = os.open(path, os.O_RDONLY | os.O_CREAT, 0o666)
+    try:  # (read-write: NFS locks exclusively only what is open for writing)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o666)
+    except PermissionError:  # (another user's lock file in a shared folder: read-only locks too, locally)
+        fd = os.open(path, os.O_RDONLY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)  # (released when the descriptor closes)
         yield
