@@ -371,11 +371,12 @@ def _prune_abandoned_conversions(parent: Path) -> None:
             if abandoned:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
-        if _idle_s(folder) < _LOCK_GRACE_S:
+        idle_s = _idle_s(folder)
+        if idle_s < _LOCK_GRACE_S:
             continue  # (no lock yet: a conversion that has just made its folder, maybe in another PID namespace)
         match = re.match(r"\.converting-(\d+)@(.*)@", folder.name)
         if match is None or match[2] != socket.gethostname():
-            if _idle_s(folder) > _ABANDONED_AFTER_S:
+            if idle_s > _ABANDONED_AFTER_S:
                 shutil.rmtree(folder, ignore_errors=True)
             continue
         try:

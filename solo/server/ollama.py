@@ -295,7 +295,6 @@ class _Reply:
     def __init__(self, model: str, start_ns: int, requests: Sequence[Any] = ()) -> None:
         # requests: the engine's requests of the reply, whose stats time its first token where it was generated
         self.model, self.start_ns, self.requests = model, start_ns, requests
-        self.first_ns: int | None = None
         self.content: list[str] = []
         self.thinking: list[str] = []
         self.logprobs: list[dict[str, Any]] = []
@@ -323,8 +322,6 @@ class _Reply:
                     entry["name"] += function.get("name") or ""
                     entry["arguments"] += function.get("arguments") or ""
             self.finish_reason = choice.get("finish_reason") or self.finish_reason
-            if self.first_ns is None and (text or thinking or logprobs or self.calls or self.finish_reason):
-                self.first_ns = time.perf_counter_ns()  # (not the chat stream's opening role chunk)
             self.content.append(text)
             self.thinking.append(thinking)
             self.logprobs += logprobs
@@ -340,11 +337,11 @@ class _Reply:
     def final(self) -> dict[str, Any]:
         """The last object's statistics: done_reason, token counts, durations in nanoseconds."""
         end = time.perf_counter_ns()
-        # The first token as the engine timed it: text held back (a stop string that might still match, a tool
-        # call until it closes) reached this stream later, and its generation time read as prompt evaluation.
+        # The first token as the engine timed it (none generated: no eval time): text held back (a stop string that
+        # might still match, a tool call until it closes) reached this stream later, and the time of its first chunk
+        # here read its generation time as prompt evaluation.
         generated = [r.start_time + r.stats.ttft_s for r in self.requests if r.stats.ttft_s is not None]
-        first = int(min(generated) * 1e9) if generated else self.first_ns or end
-        first = min(max(first, self.start_ns), end)
+        first = min(max(int(min(generated) * 1e9), self.start_ns), end) if generated else end
         reason = {"tool_calls": "stop", None: "stop"}.get(self.finish_reason, self.finish_reason)
         return {"done": True, "done_reason": reason, "total_duration": end - self.start_ns, "load_duration": 0,
                 "prompt_eval_count": self.usage.get("prompt_tokens", 0), "prompt_eval_duration": first - self.start_ns,

@@ -54,6 +54,7 @@ from pydantic_core import PydanticCustomError
 from solo.engine.constraints import StructuredOutput
 from solo.engine.sampling import SamplingParams
 from solo.errors import InvalidRequestError
+from solo.tokenizer import is_valid_unicode
 
 # Strict scalar types: JSON numbers only (an int is accepted where a float is expected), finite.
 JsonInt = Annotated[int, Strict()]
@@ -64,13 +65,9 @@ SURROGATE_MESSAGE = "Input should be valid Unicode text; it holds an unpaired su
 
 
 def _valid_unicode(value: Any) -> Any:
-    # JSON can carry a lone surrogate ("\ud800"), which no tokenizer takes (it was a 500); isascii() is
-    # O(1), so only non-ASCII text pays for the check.
-    if isinstance(value, str) and not value.isascii():
-        try:
-            value.encode("utf-8")
-        except UnicodeEncodeError:
-            raise PydanticCustomError("unicode_surrogate", SURROGATE_MESSAGE) from None
+    # JSON can carry a lone surrogate ("\ud800"), which no tokenizer takes (it was a 500).
+    if isinstance(value, str) and not is_valid_unicode(value):
+        raise PydanticCustomError("unicode_surrogate", SURROGATE_MESSAGE)
     return value
 
 

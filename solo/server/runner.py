@@ -233,11 +233,12 @@ def serve(settings: ServerSettings, host: str, port: int, log_level: str = "info
     0 after a graceful shutdown; 1 when a second signal cut the grace period short (requests ended). Stopped
     while the model loads, the process exits at once (status 0), without waiting for the load.
 
+    The caller checks the address first (`check_address`; the CLI does before it checks the model).
+
     Raises:
-        SoloError: invalid settings, an address that cannot be bound, or a model that could not be loaded
-            (the CLI prints it, exit status 2).
+        SoloError: invalid settings, `--host ::` that cannot be bound, or a model that could not be loaded (the CLI
+            prints it, exit status 2).
     """
-    check_address(host, port)
     listener = dual_stack_listener(host, port)
     if sys.stdout is None:  # (`>&-`: uvicorn's formatters ask it whether it is a terminal; the access log goes there)
         sys.stdout = open(os.devnull, "w", encoding="utf-8")  # noqa: SIM115 (for the process's life)

@@ -130,7 +130,7 @@ import time
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Literal, Protocol, get_args
 
 import torch
 
@@ -174,7 +174,7 @@ def span_prefill_from_env() -> SpanPrefill:
     Raises:
         EnvSettingError: a value other than step, before or off.
     """
-    return env_choice("SOLO_SPAN_PREFILL", ("step", "before", "off"), DEFAULT_SPAN_PREFILL)  # type: ignore[return-value]
+    return env_choice("SOLO_SPAN_PREFILL", get_args(SpanPrefill), DEFAULT_SPAN_PREFILL)  # type: ignore[return-value]
 
 
 def pause_steps_from_env() -> bool:
@@ -481,7 +481,7 @@ class Scheduler:
         """The mode in use: "isolated" or "fused" ("auto" resolved)."""
         if span_prefill is None:
             span_prefill = span_prefill_from_env()
-        if span_prefill not in ("step", "before", "off"):
+        if span_prefill not in get_args(SpanPrefill):
             raise ValueError(f"span_prefill must be 'step', 'before' or 'off' (SOLO_SPAN_PREFILL), "
                              f"got {span_prefill!r}")
         self.span_prefill: SpanPrefill = span_prefill
