@@ -62,7 +62,7 @@ from solo.model.generation_config import GenerationDefaults
 from solo.model.hub import resolve_dtype, resolve_model_dir
 from solo.model.transformer import Transformer
 from solo.model.weights import checkpoint_dtype, load_weights
-from solo.runtime import create_runtime
+from solo.runtime import after_fork, create_runtime
 from solo.runtime.base import DecodeRuntime, runtime_capabilities
 from solo.tokenizer import Tokenizer
 
@@ -251,6 +251,7 @@ class Engine:
         self.speculative_config = SpeculativeConfig.for_mode(self.speculative)
         self.session_history = SessionHistory() if self.speculative == "suffix" else None
         self._runtime_capabilities = runtime_capabilities(runtime)
+        after_fork.track(runtime)  # a forked child runs it on one thread instead of hanging
 
     # ------------------------------------------------------------------- the client interface (EngineInfo)
 
@@ -683,6 +684,7 @@ class Engine:
         """
         if self._closed:
             raise SoloError(_CLOSED)
+        after_fork.warn_if_forked()
         params = _as_sampling_params(params)
         params.validate()
         if not isinstance(parallel_tool_calls, bool):
