@@ -375,7 +375,7 @@ def library_path(level: IsaLevel | None = None) -> Path:
     digest.update(shlex.join(cxx[1:]).encode())  # CXX's own arguments ("g++ -O0"): nothing without them
     name = f"solo_cpu_{level.name}_{digest.hexdigest()[:16]}.so"
     folder = cache_dir()
-    if _usable(folder, name):
+    if not _noexec(folder) and _usable(folder, name):
         return _mark_used(folder / name)
     why = _unusable_reason(folder)
     if why is None:
@@ -388,6 +388,10 @@ def library_path(level: IsaLevel | None = None) -> Path:
             why = f"is full ({exc})"
     # Only now the temp folder: never a library there beside a usable cache.
     fallback = _fallback_cache_dir()
+    if _noexec(fallback):
+        raise KernelBuildError(f"neither the kernel cache folder {folder} nor {fallback} can hold Solo's CPU kernels: "
+                               f"the first {why}, the second {_NOEXEC}; set XDG_CACHE_HOME to a writable folder "
+                               "on a file system that allows programs")
     if _usable(fallback, name):
         return _mark_used(fallback / name)
     warnings.warn(f"the kernel cache folder {folder} {why}; building Solo's CPU kernels in {fallback} instead "
@@ -403,8 +407,26 @@ def library_path(level: IsaLevel | None = None) -> Path:
                                "free some, or set XDG_CACHE_HOME to a folder with room") from None
 
 
+def _noexec(folder: Path) -> bool:
+    # The folder (or, before it exists, its nearest existing parent) is on a file system mounted noexec: dlopen
+    # cannot map a library there ("failed to map segment from shared object").
+    for path in (folder, *folder.parents):
+        try:
+            return bool(os.statvfs(path).f_flag & getattr(os, "ST_NOEXEC", 0))
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return False
+    return False
+
+
+_NOEXEC = "is on a file system mounted noexec (a library there cannot be loaded)"
+
+
 def _unusable_reason(folder: Path) -> str | None:
     # Why the kernels cannot be built in the cache folder, or None.
+    if _noexec(folder):
+        return _NOEXEC
     if not _writable_dir(folder):
         return "is not writable"
     if not _own(folder):
@@ -414,8 +436,9 @@ def _unusable_reason(folder: Path) -> str | None:
     return None
 
 
-# Free space a build needs in its folder (a library is ~1 MB; the compiler's temporary files go elsewhere).
-_BUILD_SPACE_BYTES = 8 << 20
+# Free space a build needs in its folder: the sources, the compiler's temporary files (TMPDIR is pointed there:
+# ~4 MB of assembly and object code) and the library (~1 MB).
+_BUILD_SPACE_BYTES = 16 << 20
 
 
 def _free_bytes(folder: Path) -> int:
@@ -477,12 +500,15 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
         checksum = _checksum_path(target)
         checksum_tmp = checksum.with_name(checksum.name + f".{os.getpid()}")
         try:
-            with tempfile.TemporaryDirectory(prefix="solo-kernels-src-") as src:
+            # The sources and the compiler's own temporary files (TMPDIR) go in the build's folder too: a full
+            # or unusable temp folder then cannot fail a build that the cache folder has room for.
+            with tempfile.TemporaryDirectory(prefix=_SOURCE_PREFIX, dir=folder) as src:
                 for source_name, text in sources.items():
                     Path(src, source_name).write_bytes(text)
                 try:
                     result = subprocess.run([*cxx, *flags, str(Path(src, _MAIN.name)), "-o", tmp],
-                                            capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S)
+                                            capture_output=True, text=True, timeout=_BUILD_TIMEOUT_S,
+                                            env={**os.environ, "TMPDIR": src})
                 except subprocess.TimeoutExpired:
                     raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} took "
                                            f"over {_BUILD_TIMEOUT_S} s; stopped") from None
@@ -490,6 +516,10 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
             if result.returncode != 0:
                 if "No space left on device" in output:
                     raise _NoSpace("No space left on device")
+                if "File size limit exceeded" in output:  # the compiler died of SIGXFSZ: an "internal error"
+                    raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) failed: the file size limit "
+                                           f"({_file_size_limit()}) stopped the compiler; raise it (ulimit -f "
+                                           "unlimited)")
                 if not output:
                     raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
                                            f"(exit status {result.returncode}, no output); point CXX at a working "
@@ -506,6 +536,9 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
         except OSError as exc:
             if exc.errno == errno.ENOSPC:
                 raise _NoSpace(exc.strerror) from None
+            if exc.errno == errno.EFBIG:
+                raise KernelBuildError(f"cannot write Solo's CPU kernels to {target}: the file size limit "
+                                       f"({_file_size_limit()}) is too low; raise it (ulimit -f unlimited)") from None
             raise KernelBuildError(f"cannot write Solo's CPU kernels to {target} ({exc.strerror}: {exc.filename}); "
                                    "remove what is in the way, or set XDG_CACHE_HOME to a writable folder") from None
         finally:
@@ -515,15 +548,32 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
     return target
 
 
+def _file_size_limit() -> str:
+    try:
+        import resource
+
+        soft = resource.getrlimit(resource.RLIMIT_FSIZE)[0]
+    except (ImportError, OSError, ValueError):
+        return "ulimit -f"
+    return "ulimit -f: unlimited" if soft == resource.RLIM_INFINITY else f"ulimit -f: {soft >> 10} KiB"
+
+
+# The folder of a build's sources and compiler temporary files, inside the build's folder.
+_SOURCE_PREFIX = ".solo-kernels-src-"
+
+
 def _remove_stale_builds(folder: Path) -> None:
-    # The temporary libraries of builds killed mid-way (SIGKILL runs no cleanup; young ones may be running), and the
-    # libraries no Solo has loaded for _UNUSED_LIBRARY_S (each upgrade that changes the kernels leaves one behind;
-    # a build is when they are looked for: after such an upgrade).
+    # The temporary libraries and source folders of builds killed mid-way (SIGKILL runs no cleanup; young ones may
+    # be running), and the libraries no Solo has loaded for _UNUSED_LIBRARY_S (each upgrade that changes the
+    # kernels leaves one behind; a build is when they are looked for: after such an upgrade).
     now = time.time()
-    for leftover in folder.glob("tmp*.so"):
+    for leftover in (*folder.glob("tmp*.so"), *folder.glob(_SOURCE_PREFIX + "*")):
         with contextlib.suppress(OSError):
-            if now - leftover.stat().st_mtime > 2 * _BUILD_TIMEOUT_S:
-                leftover.unlink()
+            if now - leftover.lstat().st_mtime > 2 * _BUILD_TIMEOUT_S:
+                if leftover.is_dir() and not leftover.is_symlink():
+                    shutil.rmtree(leftover)
+                else:
+                    leftover.unlink()
     for library in folder.glob("solo_cpu_*.so"):
         with contextlib.suppress(OSError):
             if now - library.stat().st_mtime > _UNUSED_LIBRARY_S:
@@ -667,6 +717,10 @@ def load_library() -> ctypes.CDLL:
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError as exc:  # e.g. a damaged cached build: callers fall back to eager on KernelBuildError
+                if "failed to map segment" in str(exc):  # (noexec found after the check, or a security module)
+                    raise KernelBuildError(f"cannot load {path} ({exc}): its file system does not let programs "
+                                           "be loaded from it (mounted noexec?); set XDG_CACHE_HOME to a folder on "
+                                           "one that does") from None
                 raise KernelBuildError(f"cannot load {path} ({exc}); delete it to rebuild") from None
             try:
                 _library = declare(lib)

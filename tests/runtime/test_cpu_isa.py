@@ -245,6 +245,75 @@ def test_a_full_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, ti
         cpu_build.library_path(available_levels()[0])
 
 
+def test_a_noexec_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, tiny_kernel_source):
+    # From a break test: a cache on a noexec mount built there, failed to load ("failed to map segment"), and fell
+    # back to eager decoding on every run, saying "delete it to rebuild".
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    monkeypatch.setattr(cpu_build, "_fallback_cache_dir", lambda: tmp_path / "fallback")
+    level = available_levels()[0]
+    built = cpu_build.library_path(level)  # (cached while the mount allowed programs)
+    noexec = {tmp_path / "cache"}
+    monkeypatch.setattr(cpu_build, "_noexec", lambda folder: any(p in noexec for p in (folder, *folder.parents)))
+    with pytest.warns(UserWarning, match="kernels is on a file system mounted noexec .*; building .* in .*fallback"):
+        path = cpu_build.library_path(level)
+    assert path.parent == tmp_path / "fallback" and path.name == built.name and path.is_file()
+    noexec.add(tmp_path / "fallback")
+    with pytest.raises(KernelBuildError, match="the second is on a file system mounted noexec .*set XDG_CACHE_HOME "
+                                               "to a writable folder on a file system that allows programs"):
+        cpu_build.library_path(level)
+
+
+def test_a_library_that_cannot_be_mapped_names_noexec(monkeypatch, tmp_path):
+    def refuse(path, *args, **kwargs):
+        raise OSError(f"{path}: failed to map segment from shared object")
+
+    monkeypatch.setattr(cpu_build, "_library", None)
+    monkeypatch.setattr(cpu_build, "library_path", lambda: tmp_path / "solo_cpu_x.so")
+    monkeypatch.setattr(cpu_build.ctypes, "CDLL", refuse)
+    with pytest.raises(KernelBuildError, match=r"does not let programs be loaded from it \(mounted noexec\?\); set "
+                                               "XDG_CACHE_HOME"):
+        cpu_build.load_library()
+
+
+def test_the_compiler_keeps_its_temporary_files_in_the_build_folder(monkeypatch, tmp_path, tiny_kernel_source):
+    # From a break test: a full TMPDIR failed the compiler (its assembly file), and the build blamed the cache folder.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.setenv("TMPDIR", str(tmp_path / "full-tmp"))
+    seen = tmp_path / "seen"
+    wrapper = tmp_path / "cxx.sh"
+    wrapper.write_text(f'echo "$TMPDIR" >> {seen}\nexec c++ "$@"\n')
+    monkeypatch.setenv("CXX", f"sh {wrapper}")
+    path = cpu_build.library_path(available_levels()[0])
+    folder = tmp_path / "cache" / "solo" / "kernels"
+    temp = Path(seen.read_text().splitlines()[-1])
+    assert path.parent == folder and temp.parent == folder and temp.name.startswith(".solo-kernels-src-")
+    assert not temp.exists()  # removed after the build
+    old = folder / ".solo-kernels-src-killed"  # a killed build's: removed by a later build once old
+    old.mkdir()
+    (old / "decode.s").write_text("...")
+    os.utime(old, (1, 1))
+    path.unlink()
+    cpu_build.library_path(available_levels()[0])
+    assert not old.exists()
+
+
+def test_a_file_size_limit_that_stops_the_compiler_is_named(monkeypatch, tmp_path, tiny_kernel_source):
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    run = subprocess.run
+
+    def limited(cmd, **kwargs):
+        if "-o" in cmd:
+            return subprocess.CompletedProcess(cmd, 4, "", "c++: internal compiler error: File size limit exceeded "
+                                               "signal terminated program cc1plus\nPlease submit a bug report")
+        return run(cmd, **kwargs)
+
+    monkeypatch.setattr(cpu_build.subprocess, "run", limited)
+    with pytest.raises(KernelBuildError, match=r"the file size limit \(ulimit -f.*\) stopped the compiler; raise it"):
+        cpu_build.library_path(available_levels()[0])
+
+
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX file locks")
 def test_a_build_lock_held_too_long_is_said_then_built_beside(monkeypatch, tmp_path, tiny_kernel_source):
     # From a break test: a builder stopped with SIGSTOP left the next process waiting silently for ever.
