@@ -157,9 +157,12 @@ _CONVERSION_FORMAT = 5
 
 def _folder_name(named: Path, src: Path) -> str:
     # The converted folder's name: the file's name and a key of its resolved path, size and mtime.
+    # A path's bytes that are not UTF-8 stay as they are in the key (the key of any other path is unchanged), and
+    # become U+FFFD in the name: safetensors opens UTF-8 paths only.
     stat = src.stat()
-    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    return f"{named.stem}-{key}"
+    key = hashlib.sha256(f"{src}\0{stat.st_size}\0{stat.st_mtime_ns}".encode("utf-8", "surrogateescape")).hexdigest()
+    stem = named.stem.encode("utf-8", "surrogateescape").decode("utf-8", "replace")
+    return f"{stem}-{key[:16]}"
 
 
 def is_gguf(path: str | Path) -> bool:
@@ -404,13 +407,16 @@ def _idle_s(folder: Path) -> float:
 def _is_write_failure(exc: BaseException) -> bool:
     # A full disk or a read-only / foreign-owned cache folder, as OSError or as the Rust libraries' errors.
     if isinstance(exc, OSError):
-        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM)
+        return exc.errno in (errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EACCES, errno.EPERM, errno.EFBIG)
     # (safetensors' SafetensorError and tokenizers' bare Exception carry the OS error in their text only)
-    return "os error 28" in str(exc) or "No space left" in str(exc)
+    return any(text in str(exc) for text in ("os error 28", "No space left", "os error 27", "File too large"))
 
 
 def _cache_write_error(parent: Path, exc: BaseException) -> str:
     reason = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+    if (isinstance(exc, OSError) and exc.errno == errno.EFBIG) or "os error 27" in str(exc):
+        return (f"cannot write the converted GGUF model under {parent} ({reason}): the file size limit (ulimit -f) "
+                "is below the model's size; raise it (ulimit -f unlimited)")
     return (f"cannot write the converted GGUF model under {parent} ({reason}); free space, fix the folder's "
             "permissions or point SOLO_CACHE_DIR at a writable folder with room")
 

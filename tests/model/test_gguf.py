@@ -8,7 +8,9 @@ rounding allows (stated below), and Q8_0 keeps the first greedy tokens.
 from __future__ import annotations
 
 import json
+import sys
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -112,8 +114,10 @@ def test_a_full_or_read_only_cache_is_one_clear_line(gguf_dir, tmp_path, monkeyp
         with pytest.raises(SoloError, match=r"writes about \d+\.\d KB of float16 weights .* has 100 B free"):
             Engine.load(gguf_dir["F16"])
     # (tokenizers raises a bare Exception with the OS error in its text: the disk filled while writing tokenizer.json)
+    # (safetensors' error for a write past `ulimit -f`, which Python's ignored SIGXFSZ turns into EFBIG)
     for failure in (OSError(errno.EROFS, "Read-only file system"), OSError(errno.ENOSPC, "No space left on device"),
-                    Exception("No space left on device (os error 28)")):
+                    Exception("No space left on device (os error 28)"),
+                    Exception("Error while serializing: I/O error: File too large (os error 27)")):
         def fail(*args, failure=failure, **kwargs):
             raise failure
 
@@ -123,8 +127,23 @@ def test_a_full_or_read_only_cache_is_one_clear_line(gguf_dir, tmp_path, monkeyp
         err = capsys.readouterr().err
         reason = failure.strerror if isinstance(failure, OSError) else str(failure)
         assert f"cannot write the converted GGUF model under {tmp_path / 'cache' / 'gguf'} ({reason})" in err
-        assert "SOLO_CACHE_DIR" in err and "Traceback" not in err
+        assert ("ulimit -f unlimited" if "27" in reason else "SOLO_CACHE_DIR") in err and "Traceback" not in err
         assert not list((tmp_path / "cache" / "gguf").iterdir())  # the partial folder is gone
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names of any bytes (Linux)")
+def test_a_gguf_under_a_path_that_is_not_utf8_runs(gguf_dir, tmp_path):
+    # From a break test: hashing the path raised UnicodeEncodeError (a traceback), and the converted folder's name
+    # carried the bytes into safetensors, which opens UTF-8 paths only.
+    import os
+    import shutil
+
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/g\xff"))
+    folder.mkdir()
+    shutil.copy(gguf_dir["F16"], folder / "m\udcfe.gguf")
+    engine = Engine.load(folder / "m\udcfe.gguf")
+    assert engine.complete(PROMPT, SamplingParams(max_tokens=2)).text is not None
+    assert "\ufffd" in engine.model_dir.name  # (the converted folder's own name is UTF-8)
 
 
 def test_an_unwritable_cache_folder_is_one_clear_line(gguf_dir, tmp_path, monkeypatch, capsys):
