@@ -804,6 +804,16 @@ def _mask_executor() -> ThreadPoolExecutor:
         return _executor
 
 
+def _forget_executor() -> None:
+    # In a forked child the pool's threads are gone (a job submitted there would wait forever): a new one.
+    global _executor, _executor_lock
+    _executor, _executor_lock = None, threading.Lock()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_forget_executor)
+
+
 class TokenConstraint:
     """One request's grammar state: which tokens may come next, as a packed bitmask.
 

@@ -251,7 +251,8 @@ class Engine:
         self.speculative_config = SpeculativeConfig.for_mode(self.speculative)
         self.session_history = SessionHistory() if self.speculative == "suffix" else None
         self._runtime_capabilities = runtime_capabilities(runtime)
-        after_fork.track(runtime)  # a forked child runs it on one thread instead of hanging
+        self._forked_mid_generation = False  # (after_fork_in_child)
+        after_fork.track(self)  # a forked child runs it on one thread instead of hanging
 
     # ------------------------------------------------------------------- the client interface (EngineInfo)
 
@@ -323,6 +324,16 @@ class Engine:
         close = getattr(self.runtime, "close", None)
         if callable(close):
             close()
+
+    def after_fork_in_child(self) -> None:
+        """Called in a child made by `os.fork()` (by `solo.runtime.after_fork`).
+
+        A generation that another thread was running at the fork holds the lock and the KV cache there, half
+        done, for ever: the engine refuses its calls instead of waiting for it.
+        """
+        if self._lock.locked() and self._owner != threading.get_ident():
+            self._forked_mid_generation = True
+            self._lock = threading.Lock()  # (its holder does not exist here)
 
     @contextmanager
     def _held(self, refusal: str) -> Iterator[None]:
@@ -806,8 +817,9 @@ class Engine:
                  continue_final_message: bool = False, suffix: str | None = None) -> Iterator[GenerationEvent]:
         """Stream a generation.
 
-        The engine runs one generation at a time: from its first event until it ends, the stream holds
-        the engine (another thread's call waits). Consume it to the end, or `close()` it to stop early.
+        The engine runs one generation at a time: from its first event until its last (the one with
+        `finish_reason`), the stream holds the engine (another thread's call waits). Read it to that event, or
+        `close()` it to stop early.
 
         Args:
             prompt: text, chat messages or token ids.
@@ -837,8 +849,9 @@ class Engine:
 
         With the prefix cache on, the prompt's longest prefix already in the KV cache is reused; with
         speculation on, a step verifies a drafted run of tokens at once (`solo.engine.speculative`); on
-        the GPU, blocks of tokens are decoded per host sync. Holds the engine's lock until the generator
-        finishes or is closed.
+        the GPU, blocks of tokens are decoded per host sync. Holds the engine's lock until the generation
+        ends: the last event comes after its release (a reader that stops at it leaves the engine free), or
+        the generator is closed.
 
         Yields:
             `GenerationEvent`s, one per token; the last has `finish_reason` and `stats`.
@@ -851,6 +864,11 @@ class Engine:
         """
         if self._closed:
             raise SoloError(_CLOSED)
+        if self._forked_mid_generation:
+            raise SoloError("this process was forked while another thread was generating with this engine, so the "
+                            "engine's copy here holds that generation half done; load an engine in this process, or "
+                            "start processes with multiprocessing's \"spawn\" method")
+        final = None  # the last event: yielded once the engine is free (a reader may stop at it, never calling next)
         with self._held("a stream from this engine is still open in this thread (the engine runs one generation "
                         "at a time); read it to the end or close() it before starting another"):
             if self._closed:  # (closed while this waited for another generation to finish)
@@ -871,23 +889,30 @@ class Engine:
                 request.stats.cached_tokens = cached
                 logits = runtime.prefill(0, torch.tensor(request.prompt_ids[cached:], dtype=torch.long), cached)
                 clean = True
-                if (self.speculative_config is None and self._runtime_capabilities.block_decoding
-                        and can_run_in_blocks(runtime, request)):
+                in_blocks = (self.speculative_config is None and self._runtime_capabilities.block_decoding
+                             and can_run_in_blocks(runtime, request))
+                if in_blocks:
                     # GPU: K tokens per graph replay, sampled and stop-checked on the device (an explicit
                     # --speculative mode runs the per-token loop with verify steps instead).
                     clean = False  # the device may have run past the last reported token: fine, but unknown
                     for event in run_in_blocks(runtime, request, logits, row=0):
+                        if event.finish_reason is not None:
+                            final = event
+                            break
                         yield event
                         self._owner = threading.get_ident()
-                    return
                 rows = torch.zeros(1, dtype=torch.long)
-                token, info = request.choose(logits)
-                event = request.append(token, info)
-                yield event
-                self._owner = threading.get_ident()  # (whoever reads the stream holds it: it may change hands)
-                proposer = None if self.speculative_config is None else DraftProposer(
+                if not in_blocks:
+                    token, info = request.choose(logits)
+                    event = request.append(token, info)
+                    if event.finish_reason is not None:
+                        final = event
+                    else:
+                        yield event
+                        self._owner = threading.get_ident()  # (whoever reads the stream holds it: it may change hands)
+                proposer = None if self.speculative_config is None or in_blocks else DraftProposer(
                     self.speculative_config, request, self.session_history)
-                while not request.finished:
+                while not in_blocks and not request.finished:
                     if self._closed:  # (closed from another thread: no step after it, whatever the runtime)
                         raise SoloError(_CLOSED)
                     clean = False
@@ -901,6 +926,9 @@ class Engine:
                         token = events[-1].token_ids[-1]
                     clean = True
                     for event in events:
+                        if event.finish_reason is not None:
+                            final = event
+                            break
                         yield event
                         self._owner = threading.get_ident()
             finally:
@@ -912,6 +940,8 @@ class Engine:
                 if self.session_history is not None:
                     self.session_history.add(request.prompt_ids + request.output_ids)
                 self._owner = None
+        if final is not None:
+            yield final
 
     def complete(self, prompt: Prompt, params: SamplingParams | Mapping[str, Any] | None = None, *,
                  tools: Sequence[Mapping[str, Any]] | None = None, tool_choice: Any = None,  # noqa: ANN401

@@ -3,11 +3,13 @@
 The native CPU kernels' worker threads (OpenMP) and PyTorch's intra-op threads do not survive a fork: in the
 child, the thread pool's bookkeeping still counts workers that do not exist, and the first parallel region
 waits for them forever. That is the hang PyTorch alone has in a child forked after OpenMP ran in the parent
-(multiprocessing's "fork" start method, gunicorn's `--preload`). So in a child of a process holding an engine,
-the engine's runtime and PyTorch run on one thread, which needs no pool, and the child's first generation warns
-once. For every core, load the engine in the child, or use the "spawn" start method.
+(multiprocessing's "fork" start method, gunicorn's `--preload`). So in a child of a process that loaded an
+engine, the engines' runtimes and PyTorch run on one thread, which needs no pool (an engine loaded in the child
+takes PyTorch's count, one, too), and the child's first request warns once. Every core takes processes started
+with the "spawn" or "forkserver" method, or before an engine is loaded.
 
-Threads are a process's own; this module only lowers counts, so the parent is never affected.
+Each tracked object's `after_fork_in_child()` runs in the child too (an engine held by another thread's
+generation at the fork refuses its next call there). Threads are a process's own; the parent is never affected.
 """
 
 from __future__ import annotations
@@ -19,45 +21,46 @@ from typing import Any
 
 import torch
 
-_runtimes: weakref.WeakSet[Any] = weakref.WeakSet()
-_hook_registered = False
-_threads_before_fork = 0  # in a forked child: the most threads its engines had; 0 = nothing to warn about
+_tracked: weakref.WeakSet[Any] = weakref.WeakSet()
+_loaded = False  # an engine was loaded in this process (or in the one it was forked from)
+_threads_before_fork = 0  # in a forked child: the most threads its parent's engines had; 0 = nothing to say
 
 
-def track(runtime: Any) -> None:  # noqa: ANN401 -- any runtime; those with `num_threads` get one thread
-    """Run `runtime` (and PyTorch) on one thread in any child process forked while it exists.
+def track(engine: Any) -> None:  # noqa: ANN401 -- an Engine (its `runtime` and `after_fork_in_child`)
+    """Have `engine`, and PyTorch, run on one thread in any child process forked from this one.
 
     Args:
-        runtime: an engine's runtime. Its `num_threads`, where it has one, becomes 1 in a forked child; the
-            runtime itself is held weakly.
+        engine: held weakly. Its `runtime.num_threads`, where the runtime has one, becomes 1 in a forked child,
+            and its `after_fork_in_child()`, where it has one, is called there.
     """
-    global _hook_registered
-    if not _hook_registered:
+    global _loaded
+    if not _loaded:
         os.register_at_fork(after_in_child=_in_child)
-        _hook_registered = True
-    _runtimes.add(runtime)
+        _loaded = True
+    _tracked.add(engine)
 
 
 def _in_child() -> None:
     global _threads_before_fork
-    runtimes = list(_runtimes)
-    if not runtimes:
-        return
     threads = torch.get_num_threads()
-    for runtime in runtimes:
+    for engine in list(_tracked):
+        runtime = getattr(engine, "runtime", None)
         if isinstance(getattr(runtime, "num_threads", None), int):
             threads = max(threads, runtime.num_threads)
             runtime.num_threads = 1
+        after = getattr(engine, "after_fork_in_child", None)
+        if callable(after):
+            after()
     torch.set_num_threads(1)
     _threads_before_fork = threads
 
 
 def warn_if_forked() -> None:
-    """Warn once in a forked child whose engine runs on one thread instead of several (module docstring)."""
+    """Warn once in a forked child whose engines run on one thread instead of several (module docstring)."""
     global _threads_before_fork
     if _threads_before_fork > 1:
         threads, _threads_before_fork = _threads_before_fork, 0
-        warnings.warn(f"this process was forked from one holding a loaded engine, whose {threads} CPU threads do "
-                      "not survive a fork: it runs on 1 thread here (with more it would hang). Load the engine "
-                      "in this process, or use multiprocessing's \"spawn\" start method, to use every core",
-                      RuntimeWarning, stacklevel=4)
+        warnings.warn(f"this process was forked from one that had loaded an engine on {threads} CPU threads, which "
+                      "do not survive a fork: Solo and PyTorch run on 1 thread here (with more they would hang). "
+                      "For every core, start processes with multiprocessing's \"spawn\" or \"forkserver\" method, or "
+                      "before loading the engine", RuntimeWarning, stacklevel=4)
