@@ -11,8 +11,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import re
 from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -242,6 +244,33 @@ def checkpoint_files(folder: Path) -> list[Path]:
 _SAFETENSORS_FLOATS = {"F32": "float32", "BF16": "bfloat16", "F16": "float16"}
 
 
+@contextmanager
+def _safetensors_path(path: Path) -> Iterator[str]:
+    """A path safetensors can open for `path` (safetensors opens UTF-8 paths only).
+
+    The path itself, or, where it is not valid UTF-8, the file opened here and named by its descriptor
+    (/proc/self/fd/N, Linux).
+
+    Raises:
+        CheckpointError: a path that is not UTF-8 on a system without /proc/self/fd.
+        OSError: the file cannot be opened.
+    """
+    text = str(path)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        if not os.path.isdir("/proc/self/fd"):
+            raise CheckpointError(f"the path {text!r} is not valid UTF-8, which safetensors cannot open; rename "
+                                  "the folder, or link to it from a UTF-8 path") from None
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            yield f"/proc/self/fd/{fd}"
+        finally:
+            os.close(fd)
+        return
+    yield text
+
+
 def checkpoint_dtype(folder: Path) -> str | None:
     """The dtype of the first 16- or 32-bit floating-point tensor of the folder's first safetensors file.
 
@@ -251,7 +280,7 @@ def checkpoint_dtype(folder: Path) -> str | None:
     """
     try:
         path = checkpoint_files(folder)[0]
-        with safe_open(str(path), framework="pt") as f:
+        with _safetensors_path(path) as name, safe_open(name, framework="pt") as f:
             for name in f.keys():
                 found = _SAFETENSORS_FLOATS.get(f.get_slice(name).get_dtype())
                 if found is not None:
@@ -284,7 +313,7 @@ def _iter_tensors(files: list[Path], device: str,
     bar = tqdm(total=len(files), desc="Loading shards", unit="shard", disable=len(files) < 2)
     for path in files:
         try:
-            with safe_open(str(path), framework="pt", device=device) as f:
+            with _safetensors_path(path) as opened, safe_open(opened, framework="pt", device=device) as f:
                 for name in f.keys():
                     if skip is None or not skip(name):
                         yield name, f.get_tensor(name)

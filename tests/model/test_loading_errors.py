@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import json
 import shutil
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -288,3 +290,15 @@ def test_a_null_context_falls_back_to_the_default_for_every_rope_type(tmp_path):
     raw.update(max_position_embeddings=1e308, rope_scaling={"rope_type": "linear", "factor": 4.0})
     with pytest.raises(CheckpointError, match="it must be from 2 to 2"):
         ModelConfig.from_dict(raw)
+
+
+@pytest.mark.skipif(sys.platform != "linux", reason="file names of any bytes (Linux)")
+def test_a_model_folder_whose_path_is_not_utf8_loads(tiny_llama, tmp_path):
+    # From a break test: safetensors opens UTF-8 paths only, and the error said the intact file was damaged.
+    import os
+
+    folder = Path(os.fsdecode(bytes(tmp_path) + b"/bad\xff\xfe"))
+    shutil.copytree(tiny_llama, folder)
+    params = SamplingParams(max_tokens=6)
+    expected = Engine.load(tiny_llama).complete("def f(", params).text
+    assert Engine.load(folder).complete("def f(", params).text == expected
