@@ -287,7 +287,10 @@ def main(argv: list[str] | None = None) -> int:  # noqa: C901
     (tmp / TUNING_NAME).write_text(json.dumps(summary, indent=2) + "\n")
     for path in tmp.iterdir():
         path.chmod(0o644)
-    replace_model_folder(tmp, out, None, TUNING_NAME)  # (it stayed in --out's name + ".tmp")
+    try:
+        replace_model_folder(tmp, out, None, TUNING_NAME)  # (it stayed in --out's name + ".tmp")
+    except (FileExistsError, RuntimeError) as exc:
+        print(f"solo train chat: error: {exc}", file=sys.stderr)
+        return 1
     log(f"wrote {args.out}; summary {json.dumps(summary)}")
-    _ = sys
     return 0

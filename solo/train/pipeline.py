@@ -7,6 +7,7 @@ lives in its run folder; the finished model folder is assembled in ``<run>/expor
 
 from __future__ import annotations
 
+import errno
 import json
 import math
 import os
@@ -101,7 +102,7 @@ def check_out(out: Path, run_dir: Path | None, own_file: str = SUMMARY_NAME) -> 
         own_file: the file every model folder the recipe writes holds.
 
     Raises:
-        ValueError: ``out`` is one of those folders.
+        ValueError: ``out`` is one of those folders, or its folder cannot be written (read-only, no permission).
         FileExistsError: ``out`` is a file, or a folder holding other files.
     """
     where, cwd = out.expanduser().resolve(), Path.cwd().resolve()
@@ -116,23 +117,57 @@ def check_out(out: Path, run_dir: Path | None, own_file: str = SUMMARY_NAME) -> 
     if where.is_dir() and any(where.iterdir()) and not (where / own_file).is_file():
         raise FileExistsError(f"{out} holds files that are not a model this recipe wrote ({own_file} missing); "
                               "Solo replaces only its own model folders: name another --out, or empty this one")
+    # The model is written next to ``out`` and renamed into place: its folder must take new entries (checked now,
+    # not after the training).
+    folder = next((p for p in where.parents if p.exists()), None)
+    if folder is not None and not os.access(folder, os.W_OK | os.X_OK):
+        why = "a read-only file system" if os.statvfs(folder).f_flag & getattr(os, "ST_RDONLY", 0) else (
+            "no write permission")
+        raise ValueError(f"--out {out}: cannot write in {folder} ({why}); name a folder you can write")
 
 
 def replace_model_folder(export: Path, out: Path, run_dir: Path | None, own_file: str = SUMMARY_NAME) -> None:
     """Move a finished model folder to ``out``, replacing an earlier run's model there (`check_out`, again).
 
+    The folder is first moved (or, across file systems, copied) beside ``out`` under a temporary name, then
+    renamed: a failed copy (a full disk) leaves neither a half-written ``out`` nor a lost earlier model.
+
     Raises:
         FileExistsError: ``out`` became something the recipe may not replace during the run; the message says
             where the model is.
+        RuntimeError: ``out`` could not be written (full, read-only); the message says where the model is.
     """
     if out.exists():
         try:
             check_out(out, run_dir, own_file)  # (again: it may have changed during the run)
         except (ValueError, FileExistsError) as exc:
             raise FileExistsError(f"{exc}; the trained model is in {export}: move it where you want it") from None
-        shutil.rmtree(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    shutil.move(str(export), str(out))
+    staged = out.with_name(f".{out.name}.partial-{os.getpid()}")
+    try:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        try:
+            os.rename(export, staged)
+            copied = False
+        except OSError as exc:
+            if exc.errno != errno.EXDEV:
+                raise
+            shutil.copytree(export, staged)
+            copied = True
+        if out.exists():
+            shutil.rmtree(out)
+        os.rename(staged, out)
+    except OSError as exc:
+        if staged.exists() and export.exists():
+            shutil.rmtree(staged, ignore_errors=True)
+        elif staged.exists():  # (moved, then the rename failed: the model is there)
+            export = staged
+        # shutil.Error holds one (source, destination, reason) per file that failed: the first says why
+        reason = exc.args[0][0][2] if isinstance(exc, shutil.Error) and exc.args and exc.args[0] else (
+            exc.strerror or str(exc))
+        raise RuntimeError(f"cannot write the model to {out} ({reason}); the trained model is in {export}: free "
+                           "space there or move it yourself") from None
+    if copied:
+        shutil.rmtree(export, ignore_errors=True)
 
 
 def _prepare_run_dir(cfg: TrainConfig, opts: RunOptions, log: Callable[[str], None]) -> TrainConfig:

@@ -175,3 +175,62 @@ def test_out_never_replaces_what_it_did_not_write(tmp_path: Path, monkeypatch: p
         assert "holds files that are not a model this recipe wrote" in capsys.readouterr().err
     assert (work / "notes.txt").read_text() == "precious" and (work / "mine" / "notes.txt").is_file()
     assert (work / "project").is_dir()
+
+
+def test_an_out_folder_that_cannot_be_written_is_refused_before_training(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    # From a break test: a read-only --out trained, evaluated and exported, then ended in a traceback.
+    import os
+
+    from solo.train import pipeline
+
+    locked = tmp_path / "locked"
+    locked.mkdir()
+    access = os.access
+    monkeypatch.setattr(pipeline.os, "access", lambda p, mode: Path(p) != locked and access(p, mode))
+    assert _run(locked / "deeper" / "model", tmp_path / "run") == 2
+    err = capsys.readouterr().err
+    assert f"cannot write in {locked}" in err and "name a folder you can write" in err
+    assert not (tmp_path / "run").exists()  # refused before the run started
+
+
+def test_a_model_that_cannot_be_copied_to_out_leaves_no_half_folder(tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    # From a break test: --out on a full file system got a folder of empty files that looked like a model (and the
+    # earlier model there was deleted first), with a wall of (source, destination, error) tuples.
+    import errno
+    import os
+    import shutil
+
+    from solo.train import pipeline
+
+    export, out = tmp_path / "run" / "export", tmp_path / "elsewhere" / "model"
+    export.mkdir(parents=True)
+    (export / "model.safetensors").write_bytes(b"weights")
+    (export / pipeline.SUMMARY_NAME).write_text("{}")
+    out.mkdir(parents=True)
+    (out / pipeline.SUMMARY_NAME).write_text('{"earlier": true}')
+    rename = os.rename
+
+    def across_devices(src, dst):
+        if Path(src) == export:
+            raise OSError(errno.EXDEV, "Invalid cross-device link")
+        return rename(src, dst)
+
+    def full(src, dst):
+        Path(dst).mkdir()
+        (Path(dst) / "model.safetensors").write_bytes(b"")
+        raise shutil.Error([(str(src), str(dst), "[Errno 28] No space left on device")])
+
+    monkeypatch.setattr(pipeline.os, "rename", across_devices)
+    monkeypatch.setattr(pipeline.shutil, "copytree", full)
+    with pytest.raises(RuntimeError, match=r"cannot write the model to .*model \(\[Errno 28\] No space left on "
+                                           r"device\); the trained model is in .*export"):
+        pipeline.replace_model_folder(export, out, tmp_path / "run")
+    assert (out / pipeline.SUMMARY_NAME).read_text() == '{"earlier": true}'  # the earlier model is intact
+    assert sorted(p.name for p in out.parent.iterdir()) == ["model"]  # no partial copy left beside it
+    assert (export / "model.safetensors").read_bytes() == b"weights"
+    monkeypatch.undo()
+    pipeline.replace_model_folder(export, out, tmp_path / "run")  # (same file system: renamed)
+    assert (out / "model.safetensors").read_bytes() == b"weights" and not export.exists()
