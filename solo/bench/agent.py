@@ -358,7 +358,7 @@ def run_agent_bench(args: Any) -> int:  # noqa: ANN401
                 time.sleep(args.pause_ms / 1000)
                 peer_runs[peer.name].append(replay_on_peer(peer, solo_run))
             peer.close()
-    from solo.bench.report import machine_info, report_command, report_name, versions
+    from solo.bench.report import machine_info, report_command, report_name, versions, write_output
 
     report: dict[str, Any] = {
         "command": report_command(), "time": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
@@ -404,6 +404,6 @@ def run_agent_bench(args: Any) -> int:  # noqa: ANN401
         report[f"speedup_vs_{name}"] = speedup
         print(f"end to end: {speedup:.2f}x faster than {name} (same prompt ids and output lengths as Solo's)")
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2))
+        write_output("--json", args.json, json.dumps(report, indent=2))
         print(f"wrote {args.json}", file=sys.stderr)
     return 0

@@ -362,7 +362,15 @@ def main(args: argparse.Namespace) -> int:
     import torch
 
     from solo.bench.peers import PeerSkipped, PeerSpec, expand_names, load_peer, peer_variants
-    from solo.bench.report import check_output_path, machine_info, report_command, rss_bytes, summarize, versions
+    from solo.bench.report import (
+        check_output_path,
+        machine_info,
+        report_command,
+        rss_bytes,
+        summarize,
+        versions,
+        write_output,
+    )
     from solo.bench.roofline import decode_bytes, probe_bandwidth, roofline_tokens_per_s
     from solo.bench.runner import (
         TOKEN_CHECK_LEN,
@@ -406,7 +414,7 @@ def main(args: argparse.Namespace) -> int:
             check_output_path("--json", args.json)
         report = run_structured(args)
         if args.json:
-            Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+            write_output("--json", args.json, json.dumps(report, indent=2) + "\n")
         return 0
     for flag, value, low, why in (
             ("--prompt-len", args.prompt_len, 1, ""),
@@ -735,7 +743,7 @@ def main(args: argparse.Namespace) -> int:
                                  lambda: probe_bandwidth(device, probe_bytes, passes=2).bandwidth_gbps)
     _print_report(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+        write_output("--json", args.json, json.dumps(report, indent=2) + "\n")
         print(f"wrote {args.json}", file=sys.stderr)
     if args.plot and "sweep" in report:
         from solo.bench.plot import plot_sweep

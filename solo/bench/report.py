@@ -114,6 +114,45 @@ def rss_bytes() -> tuple[int, int]:
     return current, peak
 
 
+def write_output(flag: str, value: str, text: str) -> None:
+    """Write a results file (`--json`, `--markdown`) whole or not at all.
+
+    The text goes to a temporary file beside it, then is renamed over it: a full disk or a quota leaves the
+    earlier file (or none) instead of an empty or cut one.
+
+    Args:
+        flag: the flag's name for the message ("--json").
+        value: the path given.
+        text: the file's whole content (UTF-8).
+
+    Raises:
+        SoloError: the file could not be written; the message names it and why.
+    """
+    import tempfile
+
+    from solo.errors import SoloError
+
+    path = Path(value).expanduser()
+    tmp = None
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.resolve().parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+        os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as exc:
+        if tmp is not None:
+            Path(tmp).unlink(missing_ok=True)
+        raise SoloError(f"cannot write {flag} {value} ({exc.strerror or exc}); free space or give another "
+                        "path") from None
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
 def check_output_path(flag: str, value: str) -> None:
     """Refuse, before a benchmark runs, an output file its results could not be written to.
 

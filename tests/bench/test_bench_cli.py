@@ -773,3 +773,32 @@ def test_ms_per_token_is_the_median_speeds_reciprocal():
     stats = _stats(runs)
     assert stats["decode_tokens_per_s"]["median"] == 40.0 and stats["ms_per_token"]["median"] == 25.0
     assert stats["ms_per_token"]["min"] == pytest.approx(1000 / 60) and stats["ms_per_token"]["max"] == 50.0
+
+
+def test_a_results_file_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    # From a break test: `--json` on a full file system left an empty file and said "cannot write the output"
+    # without naming it.
+    import errno
+
+    from solo.bench import report
+    from solo.errors import SoloError
+
+    out = tmp_path / "results.json"
+    report.write_output("--json", str(out), '{"run": 1}\n')
+    assert out.read_text() == '{"run": 1}\n' and oct(out.stat().st_mode & 0o777) == oct(0o666 & ~_umask())
+    replace = os.replace
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(report.os, "replace", full)
+    with pytest.raises(SoloError, match=r"cannot write --json .*results.json \(No space left on device\)"):
+        report.write_output("--json", str(out), '{"run": 2}\n')
+    monkeypatch.setattr(report.os, "replace", replace)
+    assert out.read_text() == '{"run": 1}\n' and sorted(p.name for p in tmp_path.iterdir()) == ["results.json"]
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask

@@ -276,7 +276,7 @@ def main(args: argparse.Namespace) -> int:
         use_api_key,
     )
     from solo.bench.load.workload import MAX_PHASE_S, MAX_REQUESTS, load_workload, parse_rate
-    from solo.bench.report import check_output_path, versions
+    from solo.bench.report import check_output_path, versions, write_output
 
     shape = getattr(args, "shape", None)
     if shape and (args.model or args.url):
@@ -417,9 +417,9 @@ def main(args: argparse.Namespace) -> int:
     report = markdown(result)
     print(report)
     if args.json:
-        Path(args.json).write_text(json.dumps(result, indent=2, default=str) + "\n")
+        write_output("--json", args.json, json.dumps(result, indent=2, default=str) + "\n")
     if args.markdown:
-        Path(args.markdown).write_text(report)
+        write_output("--markdown", args.markdown, report)
     if args.plot:
         plot_load(result, args.plot)
     bad = sum(p["http_5xx"] - p["http_503"] + p["unanswered"] for p in summaries) + (check["wrong"] if check else 0)
