@@ -458,7 +458,10 @@ def _print_conversions() -> None:
         return
     print(f"\nGGUF files converted into Solo's cache ({cache_root() / 'gguf'}; `solo rm FILE.gguf` deletes one):")
     for c in conversions:
-        print(f"  {human_size(c.size_bytes):>9}  {c.source}{'' if c.source_exists else '  (source gone)'}")
+        # A name with a newline, another control character or bytes that are not UTF-8 is shown escaped, as ls does:
+        # one entry per line, and nothing the terminal cannot print.
+        source = str(c.source) if str(c.source).isprintable() else repr(str(c.source))
+        print(f"  {human_size(c.size_bytes):>9}  {source}{'' if c.source_exists else '  (source gone)'}")
 
 
 def cmd_rm(args: argparse.Namespace) -> int:

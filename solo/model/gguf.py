@@ -43,7 +43,8 @@ def cache_root() -> Path:
     return Path(base) / "solo"
 
 
-_CONVERTED_NAME = re.compile(r"^[^.].*-[0-9a-f]{16}$")  # `_folder_name`'s; not a `.converting-*` folder
+# `_folder_name`'s (a file name may hold a newline); not a `.converting-*` folder
+_CONVERTED_NAME = re.compile(r"^[^.].*-[0-9a-f]{16}$", re.DOTALL)
 
 
 def prune_conversions(same_file: Path | None = None, under: Sequence[Path] = (), keep: Path | None = None,

@@ -439,6 +439,13 @@ def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, cap
     (tmp_path / "sub").mkdir()
     assert main(["run", str(tmp_path / "sub" / ".." / "kept.gguf"), "--prompt", PROMPT, "--max-tokens", "1"]) == 0
     assert main(["rm", str(kept)]) == 0 and list_conversions() == []
+    # A name with a newline is one escaped line (from a break test: it spilled over two lines).
+    odd = tmp_path / "two\nlines.gguf"
+    shutil.copy(gguf_dir["Q8_0"], odd)
+    assert main(["run", str(odd), "--prompt", PROMPT, "--max-tokens", "1"]) == 0
+    capsys.readouterr()
+    assert main(["list"]) == 0
+    assert repr(str(odd)) + "\n" in capsys.readouterr().out
 
 
 def test_a_gguf_without_a_tokenizer_is_refused_before_converting(tiny_llama, tmp_path, capsys):
