@@ -18,7 +18,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
 
-from solo.errors import EngineFailedError, SoloError
+from solo.errors import EngineFailedError, SoloError, shown_path
 
 _DESCRIPTION = """\
 Solo: a latency-first LLM inference engine for one request at a time.
@@ -458,10 +458,8 @@ def _print_conversions() -> None:
         return
     print(f"\nGGUF files converted into Solo's cache ({cache_root() / 'gguf'}; `solo rm FILE.gguf` deletes one):")
     for c in conversions:
-        # A name with a newline, another control character or bytes that are not UTF-8 is shown escaped, as ls does:
-        # one entry per line, and nothing the terminal cannot print.
-        source = str(c.source) if str(c.source).isprintable() else repr(str(c.source))
-        print(f"  {human_size(c.size_bytes):>9}  {source}{'' if c.source_exists else '  (source gone)'}")
+        # (a name with a newline or bytes that are not UTF-8 is quoted, as ls does: one entry per line)
+        print(f"  {human_size(c.size_bytes):>9}  {shown_path(c.source)}{'' if c.source_exists else '  (source gone)'}")
 
 
 def cmd_rm(args: argparse.Namespace) -> int:
@@ -475,7 +473,7 @@ def cmd_rm(args: argparse.Namespace) -> int:
             raise SoloError("--revision applies to Hub ids; a GGUF file's conversions have none: drop it")
         freed = remove_conversions(args.model)  # the file itself is the user's: left alone
         kept = "the file itself is kept" if Path(args.model).expanduser().is_file() else "the file itself was gone"
-        print(f"deleted Solo's conversion of {args.model} ({human_size(freed)} freed; {kept})")
+        print(f"deleted Solo's conversion of {shown_path(args.model)} ({human_size(freed)} freed; {kept})")
         return 0
     freed = remove(args.model, args.revision)
     print(f"deleted {args.model}{'@' + args.revision if args.revision else ''} ({human_size(freed)} freed)")

@@ -7,6 +7,7 @@ server maps it to an OpenAI-shaped error with status 400 (or 404 for an unknown 
 from __future__ import annotations
 
 import copy
+import os
 
 
 class SoloError(Exception):
@@ -100,3 +101,28 @@ def undeletable(what: str, exc: OSError, cache_setting: str) -> SoloError:
     where = f" ({exc.filename})" if exc.filename else ""
     return SoloError(f"could not delete {what}: {exc.strerror or exc}{where}; the cache is read-only or another "
                      f"user's: delete it with the owner's rights, or point {cache_setting} at a cache of your own")
+
+
+def shown_path(path: str | os.PathLike[str]) -> str:
+    r"""A path as a message or listing shows it: one line, and something a shell takes back.
+
+    Itself, or, where it holds a newline, another character a terminal cannot print, or bytes that are not
+    UTF-8, quoted as `ls` and bash quote it ($'...'): "two\nlines.gguf" (a newline) shows as
+    $'two\nlines.gguf', the bytes b"g\xff" as $'g\xff'.
+    """
+    text = os.fspath(path)
+    if text.isprintable():
+        return text
+    named = {"\n": "\\n", "\t": "\\t", "\r": "\\r", "'": "\\'", "\\": "\\\\"}
+    out = []
+    for ch in text:
+        if ch in named:
+            out.append(named[ch])
+        elif ch.isprintable():
+            out.append(ch)
+        else:
+            try:  # (a byte that is not UTF-8 reads as a lone surrogate: its byte back)
+                out.append("".join(f"\\x{b:02x}" for b in os.fsencode(ch)))
+            except UnicodeError:
+                out.append(f"\\u{ord(ch):04x}")
+    return "$'" + "".join(out) + "'"

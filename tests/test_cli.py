@@ -625,3 +625,15 @@ def test_out_of_memory_while_loading_is_named_not_a_damaged_file(capsys, tiny_ll
         code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "x")
         assert code == 1 and err.startswith("solo: error: out of memory; free memory") and err.count("\n") == 1, err
         monkeypatch.undo()
+
+
+@pytest.mark.skipif(shutil.which("bash") is None, reason="checks the quoting against bash")
+def test_paths_shown_in_messages_stay_on_one_line_and_paste_into_a_shell():
+    from solo.errors import shown_path
+
+    assert shown_path("models/plain name.gguf") == "models/plain name.gguf"
+    for raw in (b"two\nlines.gguf", b"g\xff\xfe/x.gguf", b"it's\ta\\b", "caf\u00e9\n".encode(), b"\x1b[31mred"):
+        shown = shown_path(os.fsdecode(raw))
+        assert "\n" not in shown and shown.isprintable()
+        back = subprocess.run(["bash", "-c", f"printf %s {shown}"], capture_output=True, check=True).stdout
+        assert back == raw

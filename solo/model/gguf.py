@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from solo.errors import CheckpointError, SoloWarning, UnsupportedArchitectureError, undeletable
+from solo.errors import CheckpointError, SoloWarning, UnsupportedArchitectureError, shown_path, undeletable
 
 # GGUF general.file_type / tensor types kept bit-exact, and the dtype Solo stores them in.
 _EXACT = {"F32": "float32", "F16": "float16", "BF16": "bfloat16"}
@@ -239,7 +239,7 @@ def gguf_to_folder(path: str | Path, log: Any = None) -> Path:  # noqa: ANN401
     if is_split_part(named):
         raise CheckpointError(f"{named.name} is one part of a split GGUF; merge the parts first "
                               "(llama-gguf-split --merge) and pass the merged file")
-    say(f"converting {named.name} to a model folder in {folder.parent} (once) ...")
+    say(f"converting {shown_path(named.name)} to a model folder in {shown_path(folder.parent)} (once) ...")
     try:
         from gguf import GGUFReader
 

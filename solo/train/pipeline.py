@@ -120,6 +120,8 @@ def check_out(out: Path, run_dir: Path | None, own_file: str = SUMMARY_NAME) -> 
     # The model is written next to ``out`` and renamed into place: its folder must take new entries (checked now,
     # not after the training).
     folder = next((p for p in where.parents if p.exists()), None)
+    if folder is not None and not folder.is_dir():
+        raise ValueError(f"--out {out}: {folder} is a file, not a folder; name a folder for the model")
     if folder is not None and not os.access(folder, os.W_OK | os.X_OK):
         why = "a read-only file system" if os.statvfs(folder).f_flag & getattr(os, "ST_RDONLY", 0) else (
             "no write permission")

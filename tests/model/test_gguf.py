@@ -445,7 +445,9 @@ def test_conversions_are_listed_and_removed(gguf_dir, tmp_path, monkeypatch, cap
     assert main(["run", str(odd), "--prompt", PROMPT, "--max-tokens", "1"]) == 0
     capsys.readouterr()
     assert main(["list"]) == 0
-    assert repr(str(odd)) + "\n" in capsys.readouterr().out
+    assert f"$'{tmp_path}/two\\nlines.gguf'\n" in capsys.readouterr().out
+    assert main(["rm", str(odd)]) == 0
+    assert f"conversion of $'{tmp_path}/two\\nlines.gguf' (" in capsys.readouterr().out  # (one line too)
 
 
 def test_a_gguf_without_a_tokenizer_is_refused_before_converting(tiny_llama, tmp_path, capsys):

@@ -193,6 +193,9 @@ def test_an_out_folder_that_cannot_be_written_is_refused_before_training(tmp_pat
     err = capsys.readouterr().err
     assert f"cannot write in {locked}" in err and "name a folder you can write" in err
     assert not (tmp_path / "run").exists()  # refused before the run started
+    (tmp_path / "a-file").write_text("")
+    assert _run(tmp_path / "a-file" / "model", tmp_path / "run") == 2
+    assert "a-file is a file, not a folder" in capsys.readouterr().err
 
 
 def test_a_model_that_cannot_be_copied_to_out_leaves_no_half_folder(tmp_path: Path,
