@@ -110,6 +110,9 @@ class SamplingParams:
                         float(value) if isinstance(value, numbers.Real) else value)
             elif isinstance(value, list):
                 setattr(self, f.name, python_ints(value))
+        if isinstance(self.logit_bias, dict):  # (ids and biases from arrays too: np.int64 keys, np.float32 values)
+            ids, biases = python_ints(list(self.logit_bias)), python_floats(list(self.logit_bias.values()))
+            self.logit_bias = dict(zip(ids, biases, strict=True))
         self.response_format = StructuredOutput.parse(self.response_format)
         self.validate()
 
@@ -274,6 +277,12 @@ def python_ints(values: Sequence[Any]) -> Sequence[Any]:
     if not any(isinstance(v, numbers.Integral) and not isinstance(v, bool | int) for v in values):
         return values
     return [int(v) if isinstance(v, numbers.Integral) and not isinstance(v, bool) else v for v in values]
+
+
+def python_floats(values: Sequence[Any]) -> Sequence[Any]:
+    """`values` with NumPy's (or any other non-integral `numbers.Real`) floats as Python floats (see `python_ints`)."""
+    return [float(v) if isinstance(v, numbers.Real) and not isinstance(v, numbers.Integral | float) else v
+            for v in values]
 
 
 GREEDY_BELOW = 1e-5

@@ -417,6 +417,13 @@ def test_numpy_and_torch_token_ids_and_numbers_are_taken(tiny_llama):
         assert engine.complete(ids, params).token_ids == want
     with pytest.raises(InvalidRequestError, match="got Tensor"):  # (a batch of prompts is still refused)
         engine.complete(torch.tensor([[1, 7]]), params)
+    # logit_bias from arrays too (its keys were refused: "must be a map of token ids")
+    biased = SamplingParams(max_tokens=3, logit_bias={np.int64(11): np.float32(100.0)}, ignore_eos=True)
+    assert biased.logit_bias == {11: 100.0} and all(type(k) is int and type(v) is float
+                                                    for k, v in biased.logit_bias.items())
+    assert engine.complete([1, 7, 9], biased).token_ids == [11, 11, 11]
+    with pytest.raises(InvalidRequestError, match="logit_bias must be"):  # (a bool key is still refused)
+        SamplingParams(logit_bias={True: 1.0})
 
 
 def test_logprobs_list_ties_in_id_order_with_the_greedy_token_first(tiny_llama):
