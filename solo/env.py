@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import re
 from collections.abc import Iterable
+from pathlib import Path
 
 from solo.errors import SoloError
 
@@ -74,3 +75,12 @@ def env_int(name: str, default: int, low: int, high: int, unit: str = "") -> int
         raise EnvSettingError(f"{name}={raw!r} is not a whole number from {low} to {high}{what}; set one, or unset "
                               f"it (default {default})")
     return int(text)
+
+
+def solo_cache_home() -> Path:
+    """The folder Solo's caches live under: $XDG_CACHE_HOME/solo, else ~/.cache/solo (the XDG base directory rule).
+
+    The kernels (`solo.runtime.cpu_build.cache_dir`), GGUF conversions (`solo.model.gguf.cache_root`, unless
+    SOLO_CACHE_DIR) and Triton tuning (`solo.runtime.triton.tuning.cache_path`, unless SOLO_TUNING_CACHE).
+    """
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "solo"

@@ -28,6 +28,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from solo.env import solo_cache_home
 from solo.errors import CheckpointError, SoloWarning, UnsupportedArchitectureError, shown_path, undeletable
 
 # GGUF general.file_type / tensor types kept bit-exact, and the dtype Solo stores them in.
@@ -39,8 +40,7 @@ def cache_root() -> Path:
     explicit = os.environ.get("SOLO_CACHE_DIR")
     if explicit:
         return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "solo"
+    return solo_cache_home()
 
 
 # `_folder_name`'s (a file name may hold a newline); not a `.converting-*` folder

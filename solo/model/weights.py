@@ -280,7 +280,7 @@ def checkpoint_dtype(folder: Path) -> str | None:
     """
     try:
         path = checkpoint_files(folder)[0]
-        with _safetensors_path(path) as name, safe_open(name, framework="pt") as f:
+        with _safetensors_path(path) as opened, safe_open(opened, framework="pt") as f:
             for name in f.keys():
                 found = _SAFETENSORS_FLOATS.get(f.get_slice(name).get_dtype())
                 if found is not None:

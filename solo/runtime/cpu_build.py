@@ -50,7 +50,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
-from solo.env import EnvSettingError, env_choice, env_int, env_switch, parse_switch
+from solo.env import EnvSettingError, env_choice, env_int, env_switch, parse_switch, solo_cache_home
 from solo.errors import SoloError, SoloWarning
 
 log = logging.getLogger(__name__)
@@ -188,8 +188,7 @@ def selected_level() -> IsaLevel:
 
 def cache_dir() -> Path:
     """Folder that holds compiled kernels (`$XDG_CACHE_HOME/solo/kernels`, default ~/.cache/solo/kernels)."""
-    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
-    return Path(base) / "solo" / "kernels"
+    return solo_cache_home() / "kernels"
 
 
 def private_temp_dir(name: str) -> Path:

@@ -29,6 +29,8 @@ from typing import Any, TypeVar
 
 import torch
 
+from solo.env import solo_cache_home
+
 log = logging.getLogger(__name__)
 
 C = TypeVar("C")
@@ -43,7 +45,7 @@ def cache_path() -> Path:
     env = os.environ.get("SOLO_TUNING_CACHE")
     if env:
         return Path(env)
-    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "solo" / "triton_tuning.json"
+    return solo_cache_home() / "triton_tuning.json"
 
 
 def _load_disk() -> dict[str, dict[str, Any]]:
