@@ -10,6 +10,7 @@ import argparse
 import difflib
 import errno
 import importlib
+import logging
 import os
 import random
 import re
@@ -19,6 +20,8 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from solo.errors import EngineFailedError, SoloError, shown_path
+
+_log = logging.getLogger(__name__)
 
 _DESCRIPTION = """\
 Solo: a latency-first LLM inference engine for one request at a time.
@@ -98,7 +101,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
     parser.add_argument("--revision", default=None, help="hub branch, tag or commit (hub ids only)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for prefill and decode (default: one per physical core; at most the "
-                        "CPUs this process may use); fewer helps when other work shares the cores")
+                        "CPUs this process may use and its container's CPU limit); fewer helps when other work "
+                        "shares the cores")
     parser.add_argument(
         "--quantize", default=None, choices=("int8", "int4"),
         help="weight-only quantization for the CPU runtime (off by default; int8 keeps quality closest)",
@@ -688,18 +692,37 @@ def _version() -> str:
 
 
 def _apply_threads(args: argparse.Namespace) -> None:
-    threads = getattr(args, "threads", None)
+    if not hasattr(args, "threads"):
+        return
+    from solo.cpus import affinity_cpus, cgroup_cpu_limit, cpus_text, threads_for_cpu_limit
+
+    threads, limit = args.threads, cgroup_cpu_limit()
     if threads is None:
+        if limit is None:
+            return
+        import torch
+
+        # torch's default (one per physical core) does not see a container's CPU quota (solo/cpus.py).
+        if (within := threads_for_cpu_limit(limit)) < torch.get_num_threads():
+            torch.set_num_threads(within)
+            _log.info("using %d thread(s): this process's CPU quota is %s (cgroup cpu.max or cpu.cfs_quota_us)",
+                      within, cpus_text(limit))
         return
     if threads < 1:
         raise SoloError(f"--threads must be >= 1, got {threads}")
-    available = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or threads
+    available = affinity_cpus()
     if threads > available:
         # The decode step's threads meet at barriers several times per layer: a thread without a CPU of its
         # own stalls all of them (measured on 2 CPUs: --threads 16 decoded 400x slower than 2).
         print(f"solo: warning: --threads {threads} is more than the {available} CPUs this process may run on; "
               f"using {available}", file=sys.stderr)
         threads = available
+    if limit is not None and threads > threads_for_cpu_limit(limit):
+        # Beyond the quota the team spins its CPU time away and the cgroup waits for the next period.
+        print(f"solo: warning: --threads {threads} is more than this process's CPU quota of {cpus_text(limit)} "
+              f"allows (a container's CPU limit: cgroup cpu.max or cpu.cfs_quota_us); using "
+              f"{threads_for_cpu_limit(limit)}", file=sys.stderr)
+        threads = threads_for_cpu_limit(limit)
     import torch
 
     torch.set_num_threads(threads)  # the native CPU runtime uses torch's thread count too

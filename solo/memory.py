@@ -14,14 +14,12 @@ import os
 from pathlib import Path
 from typing import NamedTuple
 
+from solo.cgroup import CGROUP_ROOT, SELF_CGROUP, cgroup_folders
 from solo.errors import KVCacheMemoryError
 
 KV_MEMORY_FIX = ("ask for fewer tokens (a shorter prompt or max_tokens, --max-model-len) or fewer concurrent sequences "
                  "(--max-batch), or free memory")
 """What a KV cache that does not fit in memory asks of the user (`KVCacheMemoryError`'s fix)."""
-
-CGROUP_ROOT = "/sys/fs/cgroup"
-"""Where this process's cgroup (v2: memory.max; v1: memory/memory.limit_in_bytes) is mounted in a container."""
 
 _CGROUP_V1_NO_LIMIT = 1 << 60
 """cgroup v1 writes "no limit" as a huge page-aligned number (9223372036854771712 on x86-64)."""
@@ -57,7 +55,7 @@ def meminfo_available_bytes() -> int | None:
         return None
 
 
-def cgroup_room_bytes(root: str = CGROUP_ROOT, self_cgroup: str = "/proc/self/cgroup") -> int | None:
+def cgroup_room_bytes(root: str = CGROUP_ROOT, self_cgroup: str = SELF_CGROUP) -> int | None:
     """Bytes this process may still take before a cgroup's OOM killer acts, or None where no limit is set.
 
     Per cgroup with a limit: the limit minus what it uses, its inactive file pages not counted as used (the
@@ -66,30 +64,15 @@ def cgroup_room_bytes(root: str = CGROUP_ROOT, self_cgroup: str = "/proc/self/cg
     systemd slice's MemoryMax=, a container's) binds too; the smallest room wins. cgroup v2: `memory.max`,
     `memory.current`, `memory.stat`'s inactive_file; v1 (under `root`/memory): `memory.limit_in_bytes`,
     `memory.usage_in_bytes`, `memory.stat`'s total_inactive_file. None where no limit is set or nothing can be
-    read.
+    read. The folders: `solo.cgroup.cgroup_folders`.
     """
-    v2_path, v1_path = "/", "/"
-    try:
-        for line in Path(self_cgroup).read_text(encoding="ascii").splitlines():
-            _, controllers, path = line.split(":", 2)
-            if controllers == "":
-                v2_path = path.strip()
-            elif "memory" in controllers.split(","):
-                v1_path = path.strip()
-    except (OSError, UnicodeDecodeError, ValueError):
-        pass
-    rooms = [room for folder in _cgroup_chain(Path(root), v2_path)
+    folders = cgroup_folders("memory", root, self_cgroup)
+    rooms = [room for folder in folders.v2
              if (room := _read_cgroup(folder, "memory.max", "memory.current", "inactive_file")) is not None]
-    rooms += [room for folder in _cgroup_chain(Path(root) / "memory", v1_path)
+    rooms += [room for folder in folders.v1
               if (room := _read_cgroup(folder, "memory.limit_in_bytes", "memory.usage_in_bytes",
                                        "total_inactive_file")) is not None]
     return min(rooms) if rooms else None
-
-
-def _cgroup_chain(base: Path, path: str) -> list[Path]:
-    # The cgroup's folder under `base`, then each parent up to `base` itself.
-    parts = [p for p in path.split("/") if p and p not in (".", "..")]
-    return [base.joinpath(*parts[:i]) for i in range(len(parts), -1, -1)]
 
 
 def _read_cgroup(folder: Path, limit_name: str, usage_name: str, inactive_key: str) -> int | None:

@@ -273,9 +273,10 @@ def test_an_empty_chat_prompt_is_refused(capsys, tiny_llama):
     assert code == 2 and "the prompt is empty" in err
 
 
-def test_threads_flag_sets_the_thread_count(capsys, tiny_llama):
+def test_threads_flag_sets_the_thread_count(capsys, tiny_llama, monkeypatch):
     import torch
 
+    monkeypatch.setattr("solo.cpus.cgroup_cpu_limit", lambda: None)  # (a CI runner in a container with a quota)
     before = torch.get_num_threads()
     try:
         code, _, err = _run(capsys, "run", str(tiny_llama), "--threads", "1", "--prompt", "hi", "--max-tokens", "2")
@@ -287,6 +288,30 @@ def test_threads_flag_sets_the_thread_count(capsys, tiny_llama):
                             "--max-tokens", "2")
         assert code == 0 and f"--threads {available + 7} is more than the {available} CPUs" in err
         assert torch.get_num_threads() == available
+    finally:
+        torch.set_num_threads(before)
+
+
+def test_a_container_cpu_quota_lowers_the_default_threads_and_caps_the_flag(capsys, tiny_llama, monkeypatch):
+    # torch's default (one per physical core) does not see a cgroup CPU quota; beyond it the decode step's team
+    # spins the quota away and waits for the next period (solo/cpus.py has the measurements).
+    import torch
+
+    monkeypatch.setattr("solo.cpus.affinity_cpus", lambda: 64)
+    monkeypatch.setattr("solo.cpus.cgroup_cpu_limit", lambda: 1.0)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(2)
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--max-tokens", "2")
+        assert code == 0 and "warning" not in err, err
+        assert torch.get_num_threads() == 1
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--threads", "4", "--prompt", "hi", "--max-tokens", "2")
+        assert code == 0 and "--threads 4 is more than this process's CPU quota of 1 CPU allows" in err
+        assert "using 1" in err and torch.get_num_threads() == 1
+        monkeypatch.setattr("solo.cpus.cgroup_cpu_limit", lambda: 2.5)
+        torch.set_num_threads(2)
+        code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--max-tokens", "2")
+        assert code == 0 and torch.get_num_threads() == 2  # below the quota: torch's default stays
     finally:
         torch.set_num_threads(before)
 

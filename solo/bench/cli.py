@@ -888,13 +888,14 @@ def best_peers(engines: dict[str, Any]) -> dict[str, str]:
 
 
 def _print_report(r: dict[str, Any]) -> None:
+    from solo.bench.report import machine_line
+
     m, bw, rf = r["machine"], r["bandwidth"], r["roofline"]
     print(f"model: {r['model']} | {r['dtype']}{' + ' + r['quantize'] if r['quantize'] else ''} | device {r['device']}"
           f" | backend {r['backend']}" + (f" ({r['kernel_isa']} kernels)" if r.get("kernel_isa") else "")
           + (f"; activations int8 per 32, {r['int_dot']} integer dot products" if r.get("int_dot") else
              "; float activations (SOLO_CPU_INT_DOT=0)" if r.get("quantize") and r.get("backend") == "cpu" else ""))
-    print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
-          + (f", GPU {m['gpu']}" if "gpu" in m else ""))
+    print(machine_line(m))
     order = ("repeats, Solo's first, then each peer's alone after Solo's weights were freed (--peers-after-solo)"
              if r.get("peers_after_solo") else
              f"repeats in turns of {r['lockstep_tokens']} decode tokens (Solo, each peer, Solo, ...)"

@@ -13,6 +13,8 @@ from typing import Any
 
 import torch
 
+from solo.cpus import cgroup_cpu_limit, cpus_text
+
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (or platform.processor())."""
@@ -26,11 +28,16 @@ def cpu_model() -> str:
 
 
 def machine_info(device: torch.device) -> dict[str, Any]:
-    """CPU model, core count, threads used, memory and (on CUDA) the GPU's name."""
+    """CPU model, core count, threads used, the CPU quota, memory and (on CUDA) the GPU's name.
+
+    `cpu_quota` is the cgroup's CPU limit in CPUs (`solo.cpus.cgroup_cpu_limit`), None without one: a run
+    inside a container limited to fewer CPUs than it sees probes and decodes at the quota's pace.
+    """
     info: dict[str, Any] = {
         "cpu": cpu_model(),
         "cpu_cores": os.cpu_count(),
         "torch_threads": torch.get_num_threads(),
+        "cpu_quota": cgroup_cpu_limit(),
         "os": platform.system(),
     }
     try:
@@ -43,6 +50,14 @@ def machine_info(device: torch.device) -> dict[str, Any]:
         info["gpu"] = torch.cuda.get_device_name(device)
         info["gpu_memory_gib"] = round(torch.cuda.get_device_properties(device).total_memory / 1024**3, 1)
     return info
+
+
+def machine_line(m: dict[str, Any]) -> str:
+    """The "machine: ..." line of a printed report, from `machine_info`'s dict."""
+    quota = m.get("cpu_quota")
+    return (f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads"
+            + (f", CPU quota {cpus_text(quota)} (cgroup)" if quota is not None else "")
+            + (f", GPU {m['gpu']}" if "gpu" in m else ""))
 
 
 def _version(dist: str) -> str | None:

@@ -134,11 +134,13 @@ def _shape_engine(args: argparse.Namespace) -> Any:  # noqa: ANN401
 
 
 def _print(r: dict[str, Any]) -> None:
+    from solo.bench.report import machine_line
+
     m = r["machine"]
     d = r["decode_tokens_per_s"]
     print(f"model: {r['model']} | backend {r['backend']} | device {r['device']} | grammar engine "
           f"{r['grammar_backend']}")
-    print(f"machine: {m['cpu']}, {m['cpu_cores']} cores, {m['torch_threads']} threads")
+    print(machine_line(m))
     print(f"{r['gen_len']} tokens, greedy, {r['repeats']} interleaved repeats (median); this machine's default "
           f"mask mode: {r['default_mask_mode']}")
     print(f"  unconstrained  {d['unconstrained']['median']:8.2f} tok/s")

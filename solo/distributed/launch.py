@@ -25,6 +25,7 @@ import torch.distributed as dist
 # shutdown, where they can abort the process.
 import torch.distributed.nn  # noqa: F401
 
+from solo.cpus import affinity_cpus, threads_within_cpu_limit
 from solo.env import EnvSettingError, env_int
 from solo.errors import SoloError
 from solo.model.config import ModelConfig
@@ -82,8 +83,11 @@ def _env_rendezvous_group(device_type: str, world: int, rank: int) -> dist.Proce
 
 
 def default_threads(world: int) -> int:
-    """CPU threads per rank when N ranks share this machine's cores."""
-    return max(1, (os.cpu_count() or 1) // world)
+    """CPU threads per rank when `world` ranks share the CPUs this process may use, at least 1.
+
+    The CPUs: the affinity mask's, within the container's CPU quota (`solo.cpus`).
+    """
+    return max(1, threads_within_cpu_limit(affinity_cpus()) // world)
 
 
 def rank_device(device_type: str, local_rank: int) -> torch.device:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import functools
 import logging
-import os
 import threading
 import time
 import warnings
@@ -30,6 +29,7 @@ from solo.chat_template import (
     read_chat_template,
     template_messages,
 )
+from solo.cpus import usable_cpus
 from solo.engine.block_decoding import can_run_in_blocks, run_in_blocks
 from solo.engine.client import EngineCapabilities, EngineDeadError
 from solo.engine.constraints import ConstraintCompiler
@@ -465,7 +465,7 @@ class Engine:
         with self._constraints_lock:
             if self._constraints is None:
                 # The mask thread needs a core the decode step leaves free (see ConstraintCompiler).
-                spare_core = self.runtime.device.type != "cpu" or (os.cpu_count() or 1) > torch.get_num_threads()
+                spare_core = self.runtime.device.type != "cpu" or usable_cpus() >= torch.get_num_threads() + 1
                 self._constraints = ConstraintCompiler(self.tokenizer, self.config.vocab_size, sorted(self.eos_ids),
                                                        overlap=spare_core)
             return self._constraints

@@ -52,6 +52,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from solo.cpus import threads_within_cpu_limit
 from solo.env import env_switch
 from solo.errors import KVCacheMemoryError, SoloError
 from solo.memory import KV_MEMORY_FIX, host_memory, size_text
@@ -522,7 +523,8 @@ class CpuRuntime:
             gate/up fused, every dense layer's matrices on 2 MiB-aligned transparent huge pages.
         rows: KV-cache rows (concurrent sequences).
         max_seq: tokens per row.
-        num_threads: worker threads (default: torch.get_num_threads(), one per physical core).
+        num_threads: worker threads (default: torch.get_num_threads(), one per physical core, within the
+            container's CPU quota: `solo.cpus.threads_within_cpu_limit`).
         int_dot: int8 / int4 weights multiply int8-quantized activations in integer dot products (default:
             `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
         pack_amx: at the kernels' amx level, pack a bf16 model's matrices for the AMX kernels (default; the
@@ -580,7 +582,7 @@ class CpuRuntime:
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
         self.int_dot = int_dot_enabled() if int_dot is None else bool(int_dot)
-        self.num_threads = num_threads or torch.get_num_threads()
+        self.num_threads = num_threads or threads_within_cpu_limit(torch.get_num_threads())
         # Decode steps run on fewer threads while another process holds a core (cpu_threads.py).
         self.threads = ThreadGovernor(self.num_threads)
         # Every weight format sums each sequence in one order whatever the tile (gemv.h, qdot.h), so each

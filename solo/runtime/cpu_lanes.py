@@ -27,6 +27,7 @@ import math
 import torch
 from torch import nn
 
+from solo.cpus import threads_within_cpu_limit
 from solo.errors import SoloError
 from solo.model.lanes import LaneTransformer
 from solo.model.transformer import KVCache
@@ -140,7 +141,8 @@ class CpuLaneRuntime:
             are made contiguous in place where they are not; values unchanged).
         rows: KV-cache rows (concurrent sequences).
         max_seq: tokens per row (0: reserve later).
-        num_threads: decode threads (default: torch.get_num_threads()).
+        num_threads: decode threads (default: torch.get_num_threads() within the container's CPU quota:
+            `solo.cpus.threads_within_cpu_limit`).
 
     Raises:
         SoloError: the model is not supported (`cpu_lanes_unsupported_reason` gives why).
@@ -160,7 +162,7 @@ class CpuLaneRuntime:
         self.config = model.config
         self.device = torch.device("cpu")
         self.quantization = None
-        self.num_threads = num_threads or torch.get_num_threads()
+        self.num_threads = num_threads or threads_within_cpu_limit(torch.get_num_threads())
         # float32: each position's verify logits equal a batch-1 decode step's bit for bit (the kernel's
         # multi-sequence tiles keep each sequence's order); bfloat16 as the dense runtime (see cpu.py).
         self.verify_matches_decode = model.dtype == torch.float32

@@ -737,6 +737,20 @@ def test_report_command_reads_solo_and_cuts_absolute_paths():
         "solo bench --json=x.json --note 'two words'"
 
 
+def test_the_machine_line_and_record_name_a_containers_cpu_quota(monkeypatch):
+    # Inside a container limited to 1.5 CPUs the probe and the decode run at the quota's pace: the report says so.
+    import torch
+
+    from solo.bench.report import machine_info, machine_line
+
+    monkeypatch.setattr("solo.bench.report.cgroup_cpu_limit", lambda: 1.5)
+    info = machine_info(torch.device("cpu"))
+    assert info["cpu_quota"] == 1.5 and machine_line(info).endswith("threads, CPU quota 1.5 CPUs (cgroup)")
+    monkeypatch.setattr("solo.bench.report.cgroup_cpu_limit", lambda: None)
+    info = machine_info(torch.device("cpu"))
+    assert info["cpu_quota"] is None and "quota" not in machine_line(info)
+
+
 def test_a_model_folder_is_named_by_its_name_in_the_report(tmp_path, capsys):
     # The command's paths were cut, the report's "model" kept the whole local path.
     folder = make_checkpoint(tmp_path / "tiny-llama", "llama")
