@@ -10,7 +10,6 @@ import argparse
 import difflib
 import errno
 import importlib
-import logging
 import os
 import random
 import re
@@ -20,8 +19,6 @@ from pathlib import Path
 from typing import Any, NoReturn
 
 from solo.errors import EngineFailedError, SoloError, shown_path
-
-_log = logging.getLogger(__name__)
 
 _DESCRIPTION = """\
 Solo: a latency-first LLM inference engine for one request at a time.
@@ -704,9 +701,7 @@ def _apply_threads(args: argparse.Namespace) -> None:
 
         # torch's default (one per physical core) does not see a container's CPU quota (solo/cpus.py).
         if (within := threads_for_cpu_limit(limit)) < torch.get_num_threads():
-            torch.set_num_threads(within)
-            _log.info("using %d thread(s): this process's CPU quota is %s (cgroup cpu.max or cpu.cfs_quota_us)",
-                      within, cpus_text(limit))
+            torch.set_num_threads(within)  # (`solo serve` names the count and the quota in its "serving" line)
         return
     if threads < 1:
         raise SoloError(f"--threads must be >= 1, got {threads}")

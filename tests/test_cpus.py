@@ -92,3 +92,21 @@ def test_the_cpu_runtime_and_tp_ranks_default_to_the_quota(monkeypatch, tiny_lla
     assert launch.default_threads(2) == 1
     monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
     assert launch.default_threads(2) == 2
+
+
+def test_the_servers_serving_line_names_threads_and_the_quota(monkeypatch):
+    import torch
+
+    import solo.server.state as state
+
+    monkeypatch.setattr(state, "cgroup_cpu_limit", lambda: 1.0)
+    before = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        assert state._cpu_threads_text(torch.device("cpu")) == ", 1 thread (CPU quota 1 CPU)"
+        torch.set_num_threads(2)
+        monkeypatch.setattr(state, "cgroup_cpu_limit", lambda: None)
+        assert state._cpu_threads_text(torch.device("cpu")) == ", 2 threads"
+    finally:
+        torch.set_num_threads(before)
+    assert state._cpu_threads_text(torch.device("cuda")) == ""

@@ -19,6 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
+from solo.cpus import cgroup_cpu_limit, cpus_text
 from solo.engine.engine import Engine, context_budget
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
@@ -105,6 +106,17 @@ def allowed_hosts_for(bind_host: str, extra: Sequence[str] | None = None) -> lis
     if not _is_loopback(bind_host):
         return [host_name(h) for h in [*LOOPBACK_HOSTS, *extra]] if extra else None
     return list(dict.fromkeys(host_name(h) for h in [*LOOPBACK_HOSTS, bind_host, *extra]))
+
+
+def _cpu_threads_text(device: Any) -> str:
+    # The serving line's ", 2 threads" on the CPU, with the container's CPU quota where one caps it (solo.cpus).
+    if getattr(device, "type", None) != "cpu":
+        return ""
+    import torch
+
+    limit, threads = cgroup_cpu_limit(), torch.get_num_threads()
+    return (f", {threads} thread{'' if threads == 1 else 's'}"
+            + (f" (CPU quota {cpus_text(limit)})" if limit is not None else ""))
 
 
 def longest_token_bytes(tokenizer: Tokenizer) -> int:
@@ -363,10 +375,11 @@ class ServerState:
         logger.debug("startup heap frozen: %d objects", freeze_startup_heap())
         self._frozen_heap = True
         self.client, self.scheduler = client, client.scheduler
-        logger.info("serving %s (%s runtime, %d slots of %d tokens, %s decode, prefill chunk %s, prefix cache %s, "
-                    "speculative %s)", self.served_name, engine.backend_name, self.settings.max_batch,
-                    self.max_model_len, client.decode_batching, self.settings.prefill_chunk or "off",
-                    "on" if engine.prefix_cache is not None else "off", engine.speculative)
+        logger.info("serving %s (%s runtime%s, %d slots of %d tokens, %s decode, prefill chunk %s, prefix cache %s, "
+                    "speculative %s)", self.served_name, engine.backend_name, _cpu_threads_text(engine.device),
+                    self.settings.max_batch, self.max_model_len, client.decode_batching,
+                    self.settings.prefill_chunk or "off", "on" if engine.prefix_cache is not None else "off",
+                    engine.speculative)
 
     def _start(self, engine: Engine) -> AsyncEngine:
         context = engine.config.context_length
