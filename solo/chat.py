@@ -69,9 +69,9 @@ def _line_reader() -> Callable[[str], str]:
         sys.stdin.reconfigure(encoding="utf-8", errors="surrogateescape")
 
     def read(prompt: str) -> str:
-        sys.stderr.write(prompt)  # (stdout holds the replies only: a pipe gets the answers)
-        sys.stderr.flush()
         while True:
+            sys.stderr.write(prompt)  # (stdout holds the replies only: a pipe gets the answers)
+            sys.stderr.flush()
             line = sys.stdin.readline() if sys.stdin is not None else ""  # (stdin closed: the end of input)
             if not line:
                 raise EOFError
@@ -141,7 +141,14 @@ class ChatSession:
                     return 0
                 continue
             # "//x" sends "/x": the escape is the first non-blank character, whatever blanks lead the line
-            self.turn(line.replace("/", "", 1) if text.startswith("//") else line)
+            size, first = len(self.history), self.first
+            try:
+                self.turn(line.replace("/", "", 1) if text.startswith("//") else line)
+            except KeyboardInterrupt:  # (a Ctrl-C in the instant before or after a turn's own handling)
+                if len(self.history) == size + 1:  # the message without its reply: not sent
+                    self.history.pop()
+                    self.first = first
+                self.say("[reply stopped]")
 
     def command(self, text: str) -> str | None:
         """Run one /command; returns "exit" to end the loop."""
@@ -163,9 +170,14 @@ class ChatSession:
             else:
                 alone = self._system_tokens(rest)
                 context = self.engine.config.context_length
+                reply = self.params.max_tokens  # (--max-tokens: every reply needs that much room)
                 if alone is not None and alone >= context:  # (every message after it was refused)
                     self.say(f"solo: error: that system message is {alone} tokens with a one-word message, which "
                              f"leaves no room in {self.engine.context_name}, {context} tokens; shorten it")
+                elif alone is not None and reply is not None and alone + reply > context:
+                    self.say(f"solo: error: that system message is {alone} tokens with a one-word message, which "
+                             f"leaves {context - alone} tokens of {self.engine.context_name} ({context}), fewer "
+                             f"than the {reply} of --max-tokens each reply needs; shorten it")
                 else:
                     self.system = rest
                     self.say("system message set; it applies to the whole conversation")
@@ -233,65 +245,76 @@ class ChatSession:
         # takes whatever room there is.
         default = min(max(engine.defaults.max_new_tokens or 256, turn.min_tokens or 0), context // 2)
         first, need = self.first, turn.max_tokens or default
-        try:
-            used = self._prompt_tokens()
-            # As Ollama and llama.cpp's chat keep going: the oldest turns leave the context, said once here.
-            while used + need > context and self.first < len(self.history) - 1:
-                self.first += 1
-                while self.first < len(self.history) - 1 and self.history[self.first]["role"] != "user":
-                    self.first += 1  # the model's context starts at a user message
-                used = self._prompt_tokens()
-            if turn.max_tokens is None and used + need > context:
-                need = 1
-        except SoloError as exc:
-            self.history.pop()
-            self.first = first
-            self.say(f"solo: error: {exc}")
-            return
-        if used + need > context:
-            self.history.pop()
-            self.first = first
-            system = " with the system message" if self.system is not None else ""
-            self.say(f"solo: error: the prompt of this message is {used} tokens{system}; with {need} more it "
-                     "does not fit "
-                     f"{engine.context_name}, {context} tokens. Shorten the message"
-                     f"{' or the system message (/system)' if system else ''}"
-                     f"{' or lower --max-tokens' if turn.max_tokens else ''}")
-            return
-        if self.first > first:
-            self.say(f"[the conversation outgrew {engine.context_name}, {context} tokens: its oldest "
-                     f"{self.first} messages are left out from now on (/save keeps them; /reset starts anew)]")
-        messages = self.messages()
-        _default_max_tokens(engine, messages, turn, self.template_kwargs)
         stream: Iterator[Any] | None = None
-        last = None
-        show = ReplyWriter.for_prompt(engine, messages, self.template_kwargs, self.out, self.err)
-        try:
-            stream = engine.generate(messages, turn, chat_template_kwargs=self.template_kwargs)
-            for event in stream:
-                if event.text:
-                    with _interrupt_after():  # shown and kept together: Ctrl-C lands between pieces
-                        show.write(event.text)
-                last = event
-            show.finish()
-        except KeyboardInterrupt:
-            # Only this reply stops; what was shown stays in the conversation, as the user saw it.
-            if show.thinking and not show.tty:
-                self.err.write("\n")  # (the block's line on stderr ends before the note)
-            self.out.write("\n")
-            self.say("[reply stopped]")
-        except SoloError as exc:
-            self.history.pop()
-            self.say(f"solo: error: {exc}")
-            return
-        finally:
-            if stream is not None:
-                stream.close()  # releases the engine for the next turn
-        if last is not None and last.finish_reason is not None:
-            self.out.write("\n")
-            self.out.flush()
-            self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name, seed))
-        self.history.append(show.message())
+        last = show = None
+        # One Ctrl-C stops the reply, wherever the turn is; any more while it stops are let go (they used to
+        # land in the handling below and end the session).
+        with _ReplyInterrupts() as interrupts:
+            try:
+                try:
+                    used = self._prompt_tokens()
+                    # As Ollama and llama.cpp's chat keep going: the oldest turns leave the context, said once here.
+                    while used + need > context and self.first < len(self.history) - 1:
+                        self.first += 1
+                        while self.first < len(self.history) - 1 and self.history[self.first]["role"] != "user":
+                            self.first += 1  # the model's context starts at a user message
+                        used = self._prompt_tokens()
+                    if turn.max_tokens is None and used + need > context:
+                        need = 1
+                except SoloError as exc:
+                    self.history.pop()
+                    self.first = first
+                    self.say(f"solo: error: {exc}")
+                    return
+                if used + need > context:
+                    self.history.pop()
+                    self.first = first
+                    system = " with the system message" if self.system is not None else ""
+                    self.say(f"solo: error: the prompt of this message is {used} tokens{system}; with {need} more "
+                             f"it does not fit {engine.context_name}, {context} tokens. Shorten the message"
+                             f"{' or the system message (/system)' if system else ''}"
+                             f"{' (or start the chat with a lower --max-tokens)' if turn.max_tokens else ''}")
+                    return
+                messages = self.messages()
+                _default_max_tokens(engine, messages, turn, self.template_kwargs)
+                show = ReplyWriter.for_prompt(engine, messages, self.template_kwargs, self.out, self.err)
+                if self.first > first:
+                    self.say(f"[the conversation outgrew {engine.context_name}, {context} tokens: its oldest "
+                             f"{self.first} messages are left out from now on (/save keeps them; /reset starts "
+                             "anew)]")
+                stream = engine.generate(messages, turn, chat_template_kwargs=self.template_kwargs)
+                for event in stream:
+                    if event.text:
+                        with interrupts.held():  # shown and kept together: Ctrl-C lands between pieces
+                            show.write(event.text)
+                    last = event
+                show.finish()
+            except KeyboardInterrupt:
+                interrupts.stopped = True
+                if show is None:  # before the reply began: the message is not sent
+                    self.history.pop()
+                    self.first = first
+                    self.say("[message not sent]")
+                    return
+                # Only this reply stops; what was shown stays in the conversation, as the user saw it.
+                if show.thinking and not show.tty:
+                    self.err.write("\n")  # (the block's line on stderr ends before the note)
+                self.out.write("\n")
+                self.say("[reply stopped]")
+            except SoloError as exc:
+                interrupts.stopped = True
+                self.history.pop()
+                self.say(f"solo: error: {exc}")
+                return
+            finally:
+                interrupts.stopped = True
+                if stream is not None:
+                    stream.close()  # releases the engine for the next turn
+            if last is not None and last.finish_reason is not None:
+                self.out.write("\n")
+                self.out.flush()
+                self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name, seed))
+            self.history.append(show.message())
 
 
 def opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
@@ -385,22 +408,51 @@ class ReplyWriter:
             self.thinking = False
 
 
-@contextlib.contextmanager
-def _interrupt_after() -> Iterator[None]:
-    # Ctrl-C during the block is noted and raised (KeyboardInterrupt) when it ends. A handler, not a signal mask:
-    # a mask holds only this thread, and SIGINT then goes to another thread (torch's, the mask worker), whose
-    # delivery still interrupts the main thread mid-block. Off the main thread (no handlers) the block runs as is.
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    noted: list[int] = []
-    previous = signal.signal(signal.SIGINT, lambda signum, frame: noted.append(signum))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-    if noted:
+class _ReplyInterrupts:
+    """Ctrl-C (SIGINT) during one reply: the first stops it, the others are let go.
+
+    The first raises KeyboardInterrupt, at once or where a `held()` block ends; later ones do nothing once it
+    was raised or `stopped` is set (the reply is stopping already). A handler, not a signal mask: a mask holds
+    only this thread, and SIGINT then goes to another thread (torch's, the mask worker), whose delivery still
+    interrupts the main thread. Off the main thread (no handlers) Ctrl-C is Python's as usual.
+    """
+
+    def __init__(self) -> None:
+        self.stopped = False
+        self._holding = self._pending = False
+        self._previous: Any = None
+        self._installed = False
+
+    def __enter__(self) -> _ReplyInterrupts:
+        if threading.current_thread() is threading.main_thread():
+            self._previous = signal.signal(signal.SIGINT, self._on_interrupt)
+            self._installed = True
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._installed:
+            signal.signal(signal.SIGINT, self._previous)
+
+    def _on_interrupt(self, signum: int, frame: Any) -> None:  # noqa: ANN401
+        if self.stopped:
+            return
+        if self._holding:
+            self._pending = True
+            return
+        self.stopped = True
         raise KeyboardInterrupt
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """A block a Ctrl-C does not cut: one that lands in it is raised when it ends."""
+        self._holding = True
+        try:
+            yield
+        finally:
+            self._holding = False
+        if self._pending and not self.stopped:
+            self.stopped = True
+            raise KeyboardInterrupt
 
 
 def cmd_chat(args: argparse.Namespace) -> int:
@@ -438,4 +490,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         raise SoloError(f"--max-tokens {params.max_tokens} leaves no room for a message: the shortest one's "
                         f"prompt is {shortest} tokens and {engine.context_name} is {context}; lower --max-tokens "
                         f"to at most {max(1, context - shortest)}{raise_it}")
+    # Every other field as a request checks it (a --logit-bias id outside the vocabulary), once here: it used to
+    # refuse each message instead.
+    engine.make_request([*session.messages(), {"role": "user", "content": "x"}], params,
+                        chat_template_kwargs=session.template_kwargs)
     return session.loop()

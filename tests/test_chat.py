@@ -346,3 +346,94 @@ def test_reasoning_is_dimmed_only_where_the_terminal_shows_colour(monkeypatch, e
     writer.finish()
     assert ("\x1b[2m" in out.getvalue()) is dimmed and "thinking" in out.getvalue() and "answer" in out.getvalue()
     assert err.getvalue() == ""
+
+
+def test_a_second_ctrl_c_while_the_reply_stops_keeps_the_session(engine):
+    # From a break test: two Ctrl-C in a row, the second landing while the first was handled (the newline after the
+    # stopped reply), ended the whole chat with exit 130 and lost the conversation.
+    import os
+    import signal
+
+    class Screen(io.StringIO):
+        def write(self, text):
+            if text == "\n" and not getattr(self, "again", False):
+                self.again = True
+                os.kill(os.getpid(), signal.SIGINT)  # the second Ctrl-C, during the first one's handling
+            return super().write(text)
+
+    original = Engine.generate
+
+    def interrupted(self, prompt, params=None, **kwargs):
+        stream = original(self, prompt, params, **kwargs)
+        yield next(stream)
+        os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, mid-reply
+        yield from stream
+
+    feed = iter(["second"])
+
+    def read(prompt):
+        try:
+            return next(feed)
+        except StopIteration:
+            raise EOFError from None
+
+    out, err = Screen(), io.StringIO()
+    session = ChatSession(engine, SamplingParams(max_tokens=8, ignore_eos=True), None, read, out, err)
+    generate = Engine.generate
+    Engine.generate = interrupted
+    try:
+        session.turn("first")
+    finally:
+        Engine.generate = generate
+    assert "[reply stopped]" in err.getvalue() and out.again
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # the turn's handler is gone
+    assert session.loop() == 0 and err.getvalue().count("[TTFT") == 1
+    assert [m["role"] for m in session.history] == ["user", "assistant", "user", "assistant"]
+
+
+def test_ctrl_c_before_the_reply_begins_drops_the_message(engine, monkeypatch):
+    # From a break test: Ctrl-C just after Enter, while the prompt was measured against the context (before the
+    # handling of a reply's Ctrl-C), ended the whole chat.
+    import os
+    import signal
+
+    measured = []
+
+    def prompt_tokens(self):
+        measured.append(1)
+        if len(measured) == 1:
+            os.kill(os.getpid(), signal.SIGINT)
+        return 10
+
+    monkeypatch.setattr(ChatSession, "_prompt_tokens", prompt_tokens)
+    session, _, err = _session(engine, ["oops, not this", "hi"])
+    assert session.loop() == 0
+    assert "[message not sent]" in err.getvalue() and err.getvalue().count("[TTFT") == 1
+    assert [m["content"] for m in session.history if m["role"] == "user"] == ["hi"]
+
+
+def test_a_system_message_that_leaves_no_room_for_max_tokens_is_refused_when_set(engine):
+    # From a break test: /system took a message that --system refuses, and then every message was refused.
+    session, _, err = _session(engine, ["/system " + "word " * 20, "hi"])
+    session.params = SamplingParams(max_tokens=200, ignore_eos=True)  # the tiny model's context: 256 tokens
+    session.loop()
+    text = err.getvalue()
+    assert "fewer than the 200 of --max-tokens each reply needs; shorten it" in text and session.system is None
+    assert "[TTFT" in text
+
+
+def test_a_logit_bias_outside_the_vocabulary_is_refused_at_start(tiny_llama, capsys):
+    # From a break test: the chat started, then refused every message, and exited 0.
+    from solo.cli import main
+
+    assert main(["chat", str(tiny_llama), "--logit-bias", "999999+5"]) == 2
+    assert "logit_bias holds token id 999999, outside this model's vocabulary" in capsys.readouterr().err
+
+
+def test_a_refused_piped_line_prompts_again(monkeypatch, capsys):
+    from solo.chat import _line_reader
+
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(b"\xff\xfe\nhi\n"), encoding="utf-8"))
+    read = _line_reader()
+    assert read(">>> ") == "hi"
+    assert capsys.readouterr().err == ">>> (that line is not valid UTF-8 text and was not sent; send UTF-8)\n>>> "
