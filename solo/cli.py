@@ -13,6 +13,7 @@ import importlib
 import os
 import random
 import re
+import signal
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -750,9 +751,27 @@ def show_solo_warnings_as_lines() -> None:
     warnings.showwarning = show
 
 
+def terminate_as_pid_1() -> None:
+    """As a PID namespace's first process (a container's, which `docker stop` sends SIGTERM), let SIGTERM end Solo.
+
+    The kernel drops a signal whose action is the default for that process, so SIGTERM did nothing until
+    `solo serve` installed its own handler (about 2 s into start-up: `docker stop` then waited its whole timeout)
+    and nothing at all in `solo run` or `solo chat`. The handler exits with status 143 (128 + SIGTERM), as the
+    default action reads to a shell; `solo serve`'s own handling replaces it once installed. Elsewhere nothing
+    changes: the default action already ends the process at once.
+    """
+    if os.getpid() == 1 and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _exit_on_sigterm)
+
+
+def _exit_on_sigterm(signum: int, frame: object) -> NoReturn:
+    raise SystemExit(128 + signum)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `solo` command; returns the exit status."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    terminate_as_pid_1()
     _usable_standard_streams()
     show_solo_warnings_as_lines()
     if argv[:1] == ["train"]:

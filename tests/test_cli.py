@@ -662,3 +662,54 @@ def test_paths_shown_in_messages_stay_on_one_line_and_paste_into_a_shell():
         assert "\n" not in shown and shown.isprintable()
         back = subprocess.run(["bash", "-c", f"printf %s {shown}"], capture_output=True, check=True).stdout
         assert back == raw
+
+
+def test_sigterm_ends_solo_as_a_containers_first_process(monkeypatch):
+    # From a break test: as PID 1 (`docker stop` sends it SIGTERM) the kernel drops a signal left at its default
+    # action, so SIGTERM did nothing until `solo serve` installed its handler, 2 s into start-up.
+    import signal
+
+    from solo import cli
+
+    previous = signal.getsignal(signal.SIGTERM)
+    try:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        cli.terminate_as_pid_1()
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL  # not PID 1: the default already ends it
+        monkeypatch.setattr(cli.os, "getpid", lambda: 1)
+        cli.terminate_as_pid_1()
+        with pytest.raises(SystemExit) as exc:
+            signal.getsignal(signal.SIGTERM)(signal.SIGTERM, None)
+        assert exc.value.code == 143
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+@pytest.mark.skipif(shutil.which("unshare") is None or os.geteuid() != 0, reason="needs unshare and root")
+def test_sigterm_during_start_up_as_pid_1_stops_solo_serve(tmp_path):
+    import signal
+    import time
+
+    proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "solo", "serve",
+                             "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 10
+        child = None
+        while child is None and time.monotonic() < deadline:
+            try:
+                child = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
+            except (OSError, IndexError, ValueError):
+                time.sleep(0.01)
+        if child is None:
+            pytest.skip("unshare --pid did not start a child here")
+        time.sleep(0.3)  # in its imports: before `solo serve` installs its handlers
+        os.kill(child, signal.SIGTERM)
+        proc.wait(timeout=15)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    err = proc.stderr.read()
+    if "unshare:" in err:
+        pytest.skip(f"unshare refused here: {err.strip()}")
+    assert "serving" not in err  # it stopped, rather than coming up
