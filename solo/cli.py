@@ -751,6 +751,21 @@ def show_solo_warnings_as_lines() -> None:
     warnings.showwarning = show
 
 
+def _check_temp_folder(args: argparse.Namespace) -> None:
+    # The commands that run a model (those with --threads) import torch, which needs a temporary folder: without
+    # one (a read-only root file system) `solo run` died in a traceback from torch's imports.
+    if not hasattr(args, "threads"):
+        return
+    import tempfile
+
+    try:
+        tempfile.gettempdir()
+    except FileNotFoundError:
+        raise SoloError("no writable temporary folder: TMPDIR, /tmp, /var/tmp and the working folder are all "
+                        "read-only or missing, and PyTorch needs one; set TMPDIR to a writable folder (in a "
+                        "container with a read-only root file system, mount a tmpfs at /tmp)") from None
+
+
 def terminate_as_pid_1() -> None:
     """As a PID namespace's first process (a container's, which `docker stop` sends SIGTERM), let SIGTERM end Solo.
 
@@ -790,6 +805,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         return _out_of_memory(exc)
     try:
         _apply_threads(args)
+        _check_temp_folder(args)
         launched = None
         if hasattr(args, "tp") and os.environ.get("WORLD_SIZE", "").strip() and os.environ.get("RANK", "").strip():
             from solo.distributed.launch import torchrun_world

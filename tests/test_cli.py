@@ -713,3 +713,15 @@ def test_sigterm_during_start_up_as_pid_1_stops_solo_serve(tmp_path):
     if "unshare:" in err:
         pytest.skip(f"unshare refused here: {err.strip()}")
     assert "serving" not in err  # it stopped, rather than coming up
+
+
+def test_no_writable_temporary_folder_is_one_line(capsys, tiny_llama, monkeypatch):
+    # From a break test: on a read-only root file system `solo run` died in a 40-line traceback from torch's imports.
+    import tempfile
+
+    def none_usable():
+        raise FileNotFoundError(2, "No usable temporary directory found in ['/tmp', '/var/tmp']")
+
+    monkeypatch.setattr(tempfile, "gettempdir", none_usable)
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--max-tokens", "2")
+    assert code == 2 and err.count("\n") == 1 and "no writable temporary folder" in err and "set TMPDIR" in err
