@@ -311,6 +311,16 @@ class Engine:
         heads = getattr(self.runtime, "kv_heads_in_memory", None)
         return self.config.num_kv_heads if heads is None else heads
 
+    def step_memory_bytes(self, rows: int, max_seq: int, entries: int) -> int:
+        """Bytes a decode step may allocate beside a KV cache of `rows` x `max_seq` tokens, for calls of `entries`.
+
+        `entries`: the most sequence-tokens one step feeds (decode rows with their drafts, plus prompt pieces).
+        The runtime's own figure where it allocates such memory as steps grow (the native CPU runtime's
+        workspace: `CpuRuntime.step_memory_bytes`), else 0. What a server sets aside beside the KV cache.
+        """
+        measure = getattr(self.runtime, "step_memory_bytes", None)
+        return 0 if measure is None else int(measure(rows, max_seq, entries))
+
     def close(self) -> None:
         """Release what the engine holds besides memory (idempotent).
 

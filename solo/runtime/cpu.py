@@ -875,6 +875,19 @@ class CpuRuntime:
         self.cache, self._workspace = cache, workspace
         self.rows, self.max_seq = rows, max_seq
 
+    def step_memory_bytes(self, rows: int, max_seq: int, entries: int) -> int:
+        """Bytes of the largest decode step's workspace once the cache holds `rows` x `max_seq` tokens.
+
+        The workspace grows with a call's entries (sequences x tokens) times the cache length (split-KV parts),
+        when a call larger than any before comes: a server sets this aside beside the KV cache at start-up, so
+        that no request finds the memory gone (`allocate_beside_cache`). The largest call: `entries`, or a
+        span prefill's `SPAN_CALL_TOKENS`, whichever is larger.
+        """
+        struct = _Model.from_buffer_copy(self._struct)  # (a copy: the runtime's own struct keeps its sizes)
+        struct.max_seq, struct.cache_rows = max_seq, rows
+        entries = max(entries, SPAN_CALL_TOKENS if self.span_prefill_positions or self.span_prefill_tokens else 1)
+        return int(self._lib.solo_workspace_bytes(ctypes.byref(struct), entries, self.num_threads))
+
     def _rope_tables(self, rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it,
         # computed a block of positions at a time (each position's angles alone: the same bits), so building them

@@ -24,6 +24,7 @@ from solo.errors import (
     ContextLengthError,
     EngineFailedError,
     InvalidRequestError,
+    KVCacheMemoryError,
     ModelNotFoundError,
     SoloError,
     UnsupportedArchitectureError,
@@ -82,7 +83,8 @@ def api_error_from(exc: BaseException) -> APIError:
     """Map an exception to the error response it deserves; the one table of SoloError -> status.
 
     ContextLengthError and InvalidRequestError -> 400; a model folder or checkpoint problem -> 400 with
-    its own code; EngineFailedError (a tensor-parallel rank died) -> 500 "engine_failed"; QueueFullError
+    its own code; EngineFailedError (a tensor-parallel rank died) -> 500 "engine_failed"; KVCacheMemoryError
+    (memory a step needed was gone) -> 503 "out_of_memory" with Retry-After; QueueFullError
     (Retry-After: its estimate) and SchedulerStoppedError -> 503 with Retry-After; anything else is a bug in
     Solo -> 500 (logged with its traceback by the caller). A client that left before sending its whole body
     (ClientDisconnect) -> 499, nginx's "client closed request": no bug, and no one reads the answer.
@@ -109,6 +111,9 @@ def api_error_from(exc: BaseException) -> APIError:
         return APIError(400, str(exc), code="unsupported_model")
     if isinstance(exc, EngineFailedError):  # not the request's fault: clients and balancers retry a 5xx elsewhere
         return APIError(500, str(exc), type="server_error", code="engine_failed")
+    if isinstance(exc, KVCacheMemoryError):  # this machine's memory, not the request's fault: retry later
+        return APIError(503, str(exc), type="server_overloaded", code="out_of_memory",
+                        headers={"Retry-After": str(RETRY_AFTER_S)})
     if isinstance(exc, SoloError):
         return APIError(400, str(exc))
     if isinstance(exc, QueueFullError):

@@ -138,7 +138,7 @@ from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
 from solo.env import env_choice, env_switch
-from solo.errors import SoloError
+from solo.errors import KVCacheMemoryError, SoloError
 from solo.runtime.base import (
     DecodeRuntime,
     SamplingSpec,
@@ -1040,7 +1040,10 @@ class Scheduler:
         try:
             fn(*args)
         except Exception as exc:
-            logger.exception("generation failed")
+            if isinstance(exc, KVCacheMemoryError):  # (the machine's memory, not a bug: one line, no traceback)
+                logger.warning("a request was ended: %s", exc)
+            else:
+                logger.exception("generation failed")
             for seq in seqs:
                 if not seq.request.finished:
                     seq.request.abort("error")

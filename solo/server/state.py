@@ -414,7 +414,8 @@ class ServerState:
         # engine's default bound) within KV_MEMORY_FRACTION of it; an explicit size that cannot fit is refused.
         wanted = self.settings.prefix_cache_gb
         free = kv_memory.available_memory_bytes(engine.device)
-        budget = None if free is None else int(free * kv_memory.KV_MEMORY_FRACTION)
+        step = engine.step_memory_bytes(self.settings.max_batch, self.max_model_len, self._step_entries(engine))
+        budget = None if free is None else int(max(0, free - step) * kv_memory.KV_MEMORY_FRACTION)
         if wanted == "auto":
             size = min(int(DEFAULT_PREFIX_CACHE_GB * 1e9), kv_bytes)
             return size if budget is None else max(0, min(size, budget))
@@ -425,17 +426,28 @@ class ServerState:
                             f"is {kv_memory.gib(budget)}; lower --prefix-cache-gb (or leave it out: auto)")
         return size
 
+    def _step_entries(self, engine: Engine) -> int:
+        # The most sequence-tokens one decode step feeds: every slot's token and longest draft, plus a prompt piece.
+        draft = engine.speculative_config.max_draft if engine.speculative_config is not None else 0
+        return self.settings.max_batch * (1 + draft) + (self.settings.prefill_chunk or 0)
+
     def _fit_kv_cache(self, engine: Engine, limit: int, per_token: int) -> int:
         # Checked before the static cache is allocated, so a cache too big for this machine is refused with
         # the numbers instead of failing in the allocator or waking the OOM killer once its pages are written.
         # per_token: KV-cache bytes per token of one sequence (kv_memory.kv_bytes_per_token).
         rows = self.settings.max_batch
         free = kv_memory.available_memory_bytes(engine.device)
+        # The decode step's workspace grows with the largest call to come: set aside now, or the cache takes
+        # that memory and such calls fail later, each request refused while /health says 200.
+        step = engine.step_memory_bytes(rows, limit, self._step_entries(engine))
+        if free is not None:
+            free = max(0, free - step)
         fits = kv_memory.fit_slot_tokens(rows, limit, per_token, free)
         if fits == limit:
             return limit
         need = kv_memory.gib(rows * limit * per_token)
-        budget = f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free or 0)} free"
+        budget = f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free or 0)} free" + (
+            f" beside the decode step's workspace ({kv_memory.gib(step)})" if step else "")
         if fits < kv_memory.MIN_SLOT_TOKENS or self.settings.max_model_len is not None:
             most_rows = int((free or 0) * kv_memory.KV_MEMORY_FRACTION) // (limit * per_token)
             advice = f"lower --max-model-len to at most {fits}" if fits >= kv_memory.MIN_SLOT_TOKENS else \

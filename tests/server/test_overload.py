@@ -336,3 +336,47 @@ def test_the_startup_heap_is_frozen_while_serving_and_given_back_at_stop(tiny_mo
     finally:
         running.stop()
     assert gc.get_freeze_count() == 0
+
+
+def test_the_decode_steps_workspace_is_set_aside_beside_the_kv_cache(tiny_model, monkeypatch):
+    # From a break test: under a 400 MB container limit the cache took 90% of the memory and the prefix cache most
+    # of the rest; then every request but the shortest got a 400 (the step's workspace did not fit), /health 200.
+    per_token = _per_token(tiny_model)
+    step = 64 * per_token  # as much as one 64-token slot
+    monkeypatch.setattr(kv_memory, "available_memory_bytes",
+                        lambda device: math.ceil(2 * 64 * per_token / kv_memory.KV_MEMORY_FRACTION) + step)
+    asked = []
+    monkeypatch.setattr("solo.engine.engine.Engine.step_memory_bytes",
+                        lambda self, rows, max_seq, entries: asked.append((rows, entries)) or step)
+    running = start_server(tiny_model, max_batch=2, prefill_chunk=32)
+    try:
+        assert running.state.status == "ok" and running.state.max_model_len == 64  # the slots beside it
+        config = running.state.engine.speculative_config
+        draft = 0 if config is None else config.max_draft
+        assert asked[0] == (2, 2 * (1 + draft) + 32)  # each slot's token and longest draft, and a prompt piece
+    finally:
+        running.stop()
+
+
+def test_a_step_that_finds_no_memory_is_a_503(tiny_model, monkeypatch):
+    from solo.errors import KVCacheMemoryError
+    from solo.server.errors import api_error_from
+
+    error = api_error_from(KVCacheMemoryError("the decode step's workspace needs 6.1 MiB beside the KV cache"))
+    assert error.status == 503 and error.code == "out_of_memory" and "Retry-After" in error.headers
+
+
+def test_the_cpu_runtimes_step_memory_covers_its_largest_call(tiny_model):
+    import torch
+
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+    from solo.runtime.cpu import SPAN_CALL_TOKENS, CpuRuntime
+
+    runtime = CpuRuntime(load_weights(tiny_model, ModelConfig.from_file(tiny_model), torch.float32))
+    runtime.reserve(2, 256)
+    small, large = runtime.step_memory_bytes(2, 256, 4), runtime.step_memory_bytes(2, 256, 600)
+    assert small == runtime.step_memory_bytes(2, 256, SPAN_CALL_TOKENS) < large  # a span prefill's call at least
+    assert runtime.step_memory_bytes(2, 128, 600) < large  # the split-KV parts grow with the cache's length
+    runtime.decode_spans([0, 1], [[5] * 200, [7] * 200], [0, 0])
+    assert 0 < runtime._workspace.numel() <= large
