@@ -690,22 +690,15 @@ def _version() -> str:
 
 
 def _apply_threads(args: argparse.Namespace) -> None:
-    if not hasattr(args, "threads"):
-        return
-    from solo.cpus import affinity_cpus, cgroup_cpu_limit, cpus_text, threads_for_cpu_limit
-
-    threads, limit = args.threads, cgroup_cpu_limit()
+    # (A container's CPU quota is not applied here: the CPU runtime runs its decode steps within it and a
+    # prompt's steps on every thread, solo.runtime.cpu_threads.)
+    threads = getattr(args, "threads", None)
     if threads is None:
-        if limit is None:
-            return
-        import torch
-
-        # torch's default (one per physical core) does not see a container's CPU quota (solo/cpus.py).
-        if (within := threads_for_cpu_limit(limit)) < torch.get_num_threads():
-            torch.set_num_threads(within)  # (`solo serve` names the count and the quota in its "serving" line)
         return
     if threads < 1:
         raise SoloError(f"--threads must be >= 1, got {threads}")
+    from solo.cpus import affinity_cpus, cgroup_cpu_limit, cpus_text, threads_for_cpu_limit
+
     available = affinity_cpus()
     if threads > available:
         # The decode step's threads meet at barriers several times per layer: a thread without a CPU of its
@@ -713,12 +706,11 @@ def _apply_threads(args: argparse.Namespace) -> None:
         print(f"solo: warning: --threads {threads} is more than the {available} CPUs this process may run on; "
               f"using {available}", file=sys.stderr)
         threads = available
+    limit = cgroup_cpu_limit()
     if limit is not None and threads > threads_for_cpu_limit(limit):
-        # Beyond the quota the team spins its CPU time away and the cgroup waits for the next period.
         print(f"solo: warning: --threads {threads} is more than this process's CPU quota of {cpus_text(limit)} "
-              f"allows (a container's CPU limit: cgroup cpu.max or cpu.cfs_quota_us); using "
-              f"{threads_for_cpu_limit(limit)}", file=sys.stderr)
-        threads = threads_for_cpu_limit(limit)
+              f"(a container's CPU limit: cgroup cpu.max or cpu.cfs_quota_us); decode steps run on "
+              f"{threads_for_cpu_limit(limit)}, prompts on {threads}", file=sys.stderr)
     import torch
 
     torch.set_num_threads(threads)  # the native CPU runtime uses torch's thread count too

@@ -7,8 +7,10 @@ several times per layer, so a team larger than the quota burns the quota in spin
 stopped until the next period. Measured on a 2-core Xeon (model 167) in a cgroup with 1 CPU's quota: 2 threads
 decoded the Qwen2.5-0.5B shape at 13.1 tok/s and 1 thread at 14.8; the bundled model at 750 vs 1100 tok/s.
 With 1.5 CPUs 2 threads were faster (20.4 vs 14.7 tok/s; the bundled model 585 vs 550), and with 1.2 slower
-(407-460 vs 547-560). Hence `threads_for_cpu_limit`: the quota rounded to the nearest whole CPU, at least one.
-Benchmark: benchmarks/results/intel-xeon-amx/cpu-quota-threads-2026-12-07.md.
+(407-460 vs 547-560). Hence `threads_for_cpu_limit`: the quota rounded to the nearest whole CPU, at least one,
+for the decode steps (`solo.runtime.cpu_threads.ThreadGovernor`'s decode_threads). A prompt's steps keep every
+thread: after an idle spell the period's quota is there to spend, and two threads prefilled a 64-token prompt
+in 88-112 ms against 143-145 on one. Benchmark: benchmarks/results/intel-xeon-amx/cpu-quota-threads-2026-12-07.md.
 """
 
 from __future__ import annotations

@@ -84,10 +84,16 @@ def test_the_cpu_runtime_and_tp_ranks_default_to_the_quota(monkeypatch, tiny_lla
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(2)
-        assert CpuRuntime(model).num_threads == 1  # torch's 2 would spin the 1-CPU quota away
-        assert CpuRuntime(model, num_threads=2).num_threads == 2  # asked for: kept
+        runtime = CpuRuntime(model)
+        # Decode steps within the 1-CPU quota (two would spin it away); a prompt's steps on both threads (after
+        # an idle spell the period's quota is there to spend).
+        assert runtime.num_threads == 2 and runtime.threads.decode_threads == 1
+        assert runtime.threads.threads_for(1) == 1 and runtime.threads.threads_for(64) == 2
+        monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
+        assert CpuRuntime(model).threads.threads_for(1) == 2
     finally:
         torch.set_num_threads(before)
+    monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 1.0)
     monkeypatch.setattr(launch, "affinity_cpus", lambda: 4)
     assert launch.default_threads(2) == 1
     monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: None)
@@ -103,8 +109,9 @@ def test_the_servers_serving_line_names_threads_and_the_quota(monkeypatch):
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
-        assert state._cpu_threads_text(torch.device("cpu")) == ", 1 thread (CPU quota 1 CPU)"
+        assert state._cpu_threads_text(torch.device("cpu")) == ", 1 thread"
         torch.set_num_threads(2)
+        assert state._cpu_threads_text(torch.device("cpu")) == ", 2 threads (1 for decode steps: CPU quota 1 CPU)"
         monkeypatch.setattr(state, "cgroup_cpu_limit", lambda: None)
         assert state._cpu_threads_text(torch.device("cpu")) == ", 2 threads"
     finally:

@@ -523,8 +523,8 @@ class CpuRuntime:
             gate/up fused, every dense layer's matrices on 2 MiB-aligned transparent huge pages.
         rows: KV-cache rows (concurrent sequences).
         max_seq: tokens per row.
-        num_threads: worker threads (default: torch.get_num_threads(), one per physical core, within the
-            container's CPU quota: `solo.cpus.threads_within_cpu_limit`).
+        num_threads: worker threads (default: torch.get_num_threads(), one per physical core); decode steps run
+            on at most the container's CPU quota of them (`solo.cpus.threads_within_cpu_limit`, `ThreadGovernor`).
         int_dot: int8 / int4 weights multiply int8-quantized activations in integer dot products (default:
             `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
         pack_amx: at the kernels' amx level, pack a bf16 model's matrices for the AMX kernels (default; the
@@ -549,7 +549,8 @@ class CpuRuntime:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
         a decode thread spins at a barrier before it sleeps (0 on a machine shared with other busy work);
         SOLO_CPU_SPLIT_KV=0 turns off the split-KV attention past 512 positions (for comparisons);
-        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads (see `solo.runtime.cpu_threads`);
+        SOLO_CPU_ADAPT_THREADS=0 keeps every decode step on num_threads threads, or the CPU quota's count (see
+        `solo.runtime.cpu_threads`);
         SOLO_CPU_INT_DOT=0 multiplies int8 / int4 weights with float32 activations (see `int_dot_enabled`).
 
     Raises:
@@ -582,9 +583,10 @@ class CpuRuntime:
         self.device = torch.device("cpu")
         self.quantization = model_quantization(model)
         self.int_dot = int_dot_enabled() if int_dot is None else bool(int_dot)
-        self.num_threads = num_threads or threads_within_cpu_limit(torch.get_num_threads())
-        # Decode steps run on fewer threads while another process holds a core (cpu_threads.py).
-        self.threads = ThreadGovernor(self.num_threads)
+        self.num_threads = num_threads or torch.get_num_threads()
+        # Decode steps run on fewer threads while another process holds a core, and within a container's CPU
+        # quota; a prompt's steps may use every thread (cpu_threads.py).
+        self.threads = ThreadGovernor(self.num_threads, decode_threads=threads_within_cpu_limit(self.num_threads))
         # Every weight format sums each sequence in one order whatever the tile (gemv.h, qdot.h), so each
         # verified position's logits equal a batch-1 decode step's bit for bit: float32, bfloat16, int8, int4
         # (tests/runtime/test_verify_kv.py, at every ISA level through test_cpu_isa).

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from solo.cpus import cgroup_cpu_limit, cpus_text
+from solo.cpus import cgroup_cpu_limit, cpus_text, threads_for_cpu_limit
 from solo.engine.engine import Engine, context_budget
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
@@ -109,14 +109,15 @@ def allowed_hosts_for(bind_host: str, extra: Sequence[str] | None = None) -> lis
 
 
 def _cpu_threads_text(device: Any) -> str:
-    # The serving line's ", 2 threads" on the CPU, with the container's CPU quota where one caps it (solo.cpus).
+    # The serving line's ", 2 threads" on the CPU, and the decode steps' count where a container's CPU quota caps it.
     if getattr(device, "type", None) != "cpu":
         return ""
     import torch
 
     limit, threads = cgroup_cpu_limit(), torch.get_num_threads()
+    decode = threads if limit is None else min(threads, threads_for_cpu_limit(limit))
     return (f", {threads} thread{'' if threads == 1 else 's'}"
-            + (f" (CPU quota {cpus_text(limit)})" if limit is not None else ""))
+            + (f" ({decode} for decode steps: CPU quota {cpus_text(limit)})" if decode < threads else ""))
 
 
 def longest_token_bytes(tokenizer: Tokenizer) -> int:

@@ -139,6 +139,18 @@ def test_governor_disabled_keeps_every_thread(monkeypatch):
     assert gov.threads == 4 and gov.steps == 10
 
 
+def test_a_cpu_quota_caps_the_decode_steps_not_a_prompts_steps():
+    # In a container with a 1-CPU quota two threads decoding back to back spend it in spins and wait for the next
+    # period; a prompt's step after an idle spell finds the period's quota there (solo/cpus.py).
+    gov = ThreadGovernor(2, enabled=True, trial_steps=2, min_hold=2, decode_threads=1)
+    used = _feed(gov, 40, 0, {1: 0.05, 2: 0.03})  # never tries two on decode steps, however fast they would be
+    assert used == [1] * 40
+    assert gov.threads_for(64) == 2 and gov.threads_for(1) == 1
+    gov = ThreadGovernor(4, enabled=False, decode_threads=2)
+    assert gov.threads_for(1) == 2 and gov.threads_for(64) == 4
+    assert ThreadGovernor(2, decode_threads=8).decode_threads == 2
+
+
 def _runtime(folder, num_threads):
     model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
     reason = cpu_unsupported_reason(model)
