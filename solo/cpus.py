@@ -80,7 +80,7 @@ def threads_for_cpu_limit(limit: float) -> int:
 
 def cpus_text(cpus: float) -> str:
     """A CPU count for messages: "1 CPU", "1.5 CPUs", "0.25 CPUs" (two decimals at most)."""
-    shown = f"{round(cpus, 2):g}"
+    shown = f"{round(cpus, 2):g}" if cpus >= 0.01 else f"{cpus:.1g}"  # (0.001: a quota of 1 ms per second)
     return f"{shown} CPU" if shown == "1" else f"{shown} CPUs"
 
 

@@ -687,9 +687,9 @@ def test_sigterm_during_start_up_as_pid_1_stops_solo_serve(tmp_path):
 
     proc = subprocess.Popen(["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-m", "solo", "serve",
                              "--port", "0"], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    child = None
     try:
         deadline = time.monotonic() + 10
-        child = None
         while child is None and time.monotonic() < deadline:
             try:
                 child = int(open(f"/proc/{proc.pid}/task/{proc.pid}/children").read().split()[0])
@@ -701,7 +701,9 @@ def test_sigterm_during_start_up_as_pid_1_stops_solo_serve(tmp_path):
         os.kill(child, signal.SIGTERM)
         proc.wait(timeout=15)
     finally:
-        if proc.poll() is None:
+        if proc.poll() is None:  # (unshare's child, PID 1 of its namespace, outlives unshare: both are killed)
+            if child is not None:
+                os.kill(child, signal.SIGKILL)
             proc.kill()
             proc.wait()
     err = proc.stderr.read()

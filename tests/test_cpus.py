@@ -67,8 +67,8 @@ def test_threads_and_usable_cpus_within_the_quota(monkeypatch):
     assert (cpus.threads_within_cpu_limit(8), cpus.threads_within_cpu_limit(2), cpus.usable_cpus()) == (3, 2, 2.5)
     monkeypatch.setattr(cpus, "cgroup_cpu_limit", lambda: 0.3)
     assert cpus.threads_within_cpu_limit(8) == 1
-    assert [cpus.cpus_text(x) for x in (1.0, 1.5, 0.25, 2.0, 1.234)] == ["1 CPU", "1.5 CPUs", "0.25 CPUs", "2 CPUs",
-                                                                         "1.23 CPUs"]
+    assert [cpus.cpus_text(x) for x in (1.0, 1.5, 0.25, 2.0, 1.234, 0.001)] == [
+        "1 CPU", "1.5 CPUs", "0.25 CPUs", "2 CPUs", "1.23 CPUs", "0.001 CPUs"]
 
 
 def test_the_cpu_runtime_and_tp_ranks_default_to_the_quota(monkeypatch, tiny_llama):

@@ -321,6 +321,16 @@ class Engine:
         measure = getattr(self.runtime, "step_memory_bytes", None)
         return 0 if measure is None else int(measure(rows, max_seq, entries))
 
+    def reserve_step_memory(self, entries: int) -> None:
+        """Allocate now what `step_memory_bytes` counts at the runtime's reserved cache (where the runtime has it).
+
+        Raises:
+            KVCacheMemoryError: it does not fit in the memory left.
+        """
+        reserve = getattr(self.runtime, "reserve_step_memory", None)
+        if reserve is not None:
+            reserve(entries)
+
     def close(self) -> None:
         """Release what the engine holds besides memory (idempotent).
 

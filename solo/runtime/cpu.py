@@ -890,6 +890,21 @@ class CpuRuntime:
         entries = max(entries, SPAN_CALL_TOKENS if self.span_prefill_positions or self.span_prefill_tokens else 1)
         return int(self._lib.solo_workspace_bytes(ctypes.byref(struct), entries, self.num_threads))
 
+    def reserve_step_memory(self, entries: int) -> None:
+        """Allocate (and touch) now the workspace of the largest step to come at the reserved cache.
+
+        `step_memory_bytes(rows, max_seq, entries)`; a server calls it at start-up, so that the memory is its own
+        before traffic comes (set aside only, it was taken by the process's other growth under load).
+
+        Raises:
+            SoloError: before `reserve`; KVCacheMemoryError: it does not fit (`allocate_beside_cache`).
+        """
+        if self.cache is None:
+            raise SoloError("reserve_step_memory() before reserve(): the KV cache is not allocated")
+        self._workspace = step_workspace(self, self._workspace, self.step_memory_bytes(self.rows, self.max_seq,
+                                                                                       entries))
+        self._workspace.zero_()  # (pages untouched are not yet the process's: Linux hands them out on first write)
+
     def _rope_tables(self, rows: int, max_seq: int) -> tuple[torch.Tensor, torch.Tensor]:
         # Static RoPE: per table of config.rope_tables, every position, rounded to the dtype as eager rounds it,
         # computed a block of positions at a time (each position's angles alone: the same bits), so building them

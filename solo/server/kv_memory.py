@@ -18,6 +18,11 @@ KV_MEMORY_FRACTION = 0.9
 """Share of the free memory the KV cache may take at start-up (the rest: activations, the HTTP side, and
 other processes; vLLM's --gpu-memory-utilization plays the same role)."""
 
+HEADROOM_BYTES = 32 << 20
+"""Memory the KV cache and the prefix store leave for what the server grows into under load (threads, buffers,
+Python's heap) before KV_MEMORY_FRACTION applies: 10% of a container's last tens of MB was too little (12
+concurrent long prompts to the bundled model under a 400 MB limit took about 10 MiB more)."""
+
 AUTO_SLOTS = (8, 32)
 """Fewest and most KV-cache slots `--max-batch auto` (the default) gives."""
 

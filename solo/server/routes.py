@@ -444,7 +444,7 @@ async def _chat_stream(state: ServerState, job: _Job, body: ChatCompletionReques
 
 def _error_event(exc: Exception) -> str:
     error = api_error_from(exc)
-    if error.status >= 500:
+    if error.status >= 500 and error.status != 503:  # (a 503 is a state of the server, said where it arose)
         logger.error("stream failed", exc_info=exc)
     return _sse(error.body()) + _DONE
 

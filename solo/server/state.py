@@ -402,6 +402,8 @@ class ServerState:
         client = AsyncEngine(engine, self.settings.max_batch, self.settings.max_queue, limit,
                              self.settings.decode_batching, self.metrics, prefill_chunk=self.settings.prefill_chunk,
                              max_queue_wait_s=self.settings.max_queue_wait_s)
+        # The largest step's workspace, set aside by _fit_kv_cache, is allocated before the store is sized.
+        engine.reserve_step_memory(self._step_entries(engine))
         cache = engine.prefix_cache
         if cache is not None:  # after the KV cache: the store takes what is left of the memory budget
             cache.allocate_store(self._prefix_store_bytes(engine, client.scheduler.kv_capacity_bytes))
@@ -415,8 +417,7 @@ class ServerState:
         # engine's default bound) within KV_MEMORY_FRACTION of it; an explicit size that cannot fit is refused.
         wanted = self.settings.prefix_cache_gb
         free = kv_memory.available_memory_bytes(engine.device)
-        step = engine.step_memory_bytes(self.settings.max_batch, self.max_model_len, self._step_entries(engine))
-        budget = None if free is None else int(max(0, free - step) * kv_memory.KV_MEMORY_FRACTION)
+        budget = None if free is None else int(max(0, free - kv_memory.HEADROOM_BYTES) * kv_memory.KV_MEMORY_FRACTION)
         if wanted == "auto":
             size = min(int(DEFAULT_PREFIX_CACHE_GB * 1e9), kv_bytes)
             return size if budget is None else max(0, min(size, budget))
@@ -442,13 +443,14 @@ class ServerState:
         # that memory and such calls fail later, each request refused while /health says 200.
         step = engine.step_memory_bytes(rows, limit, self._step_entries(engine))
         if free is not None:
-            free = max(0, free - step)
+            free = max(0, free - step - kv_memory.HEADROOM_BYTES)
         fits = kv_memory.fit_slot_tokens(rows, limit, per_token, free)
         if fits == limit:
             return limit
         need = kv_memory.gib(rows * limit * per_token)
-        budget = f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free or 0)} free" + (
-            f" beside the decode step's workspace ({kv_memory.gib(step)})" if step else "")
+        budget = (f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free or 0)} free beside the decode "
+                  f"step's workspace ({kv_memory.gib(step)}) and {kv_memory.gib(kv_memory.HEADROOM_BYTES)} for the "
+                  "server's own growth")
         if fits < kv_memory.MIN_SLOT_TOKENS or self.settings.max_model_len is not None:
             most_rows = int((free or 0) * kv_memory.KV_MEMORY_FRACTION) // (limit * per_token)
             advice = f"lower --max-model-len to at most {fits}" if fits >= kv_memory.MIN_SLOT_TOKENS else \

@@ -200,7 +200,8 @@ def _per_token(model) -> int:
 
 def test_kv_cache_too_big_for_memory_is_refused_at_start(tiny_model, monkeypatch):
     per_token = _per_token(tiny_model)
-    monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: 4 * 64 * per_token)
+    monkeypatch.setattr(kv_memory, "available_memory_bytes",
+                        lambda device: 4 * 64 * per_token + kv_memory.HEADROOM_BYTES)
     running = start_server(tiny_model, max_batch=4, max_model_len=200)
     running.thread.join(30)
     assert running.state.status == "failed"
@@ -211,8 +212,8 @@ def test_kv_cache_too_big_for_memory_is_refused_at_start(tiny_model, monkeypatch
 def test_default_slot_shrinks_to_memory_and_longer_requests_get_400(tiny_model, monkeypatch):
     per_token = _per_token(tiny_model)
     # Room for 2 slots of 64 tokens (the tiny model's context is 256).
-    monkeypatch.setattr(kv_memory, "available_memory_bytes",
-                        lambda device: math.ceil(2 * 64 * per_token / kv_memory.KV_MEMORY_FRACTION))
+    monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: kv_memory.HEADROOM_BYTES
+                        + math.ceil(2 * 64 * per_token / kv_memory.KV_MEMORY_FRACTION))
     running = start_server(tiny_model, max_batch=2)
     try:
         assert running.state.status == "ok" and running.state.max_model_len == 64
@@ -343,8 +344,10 @@ def test_the_decode_steps_workspace_is_set_aside_beside_the_kv_cache(tiny_model,
     # of the rest; then every request but the shortest got a 400 (the step's workspace did not fit), /health 200.
     per_token = _per_token(tiny_model)
     step = 64 * per_token  # as much as one 64-token slot
-    monkeypatch.setattr(kv_memory, "available_memory_bytes",
-                        lambda device: math.ceil(2 * 64 * per_token / kv_memory.KV_MEMORY_FRACTION) + step)
+    monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: kv_memory.HEADROOM_BYTES
+                        + math.ceil(2 * 64 * per_token / kv_memory.KV_MEMORY_FRACTION) + step)
+    reserved = []
+    monkeypatch.setattr("solo.engine.engine.Engine.reserve_step_memory", lambda self, entries: reserved.append(entries))
     asked = []
     monkeypatch.setattr("solo.engine.engine.Engine.step_memory_bytes",
                         lambda self, rows, max_seq, entries: asked.append((rows, entries)) or step)
@@ -354,6 +357,7 @@ def test_the_decode_steps_workspace_is_set_aside_beside_the_kv_cache(tiny_model,
         config = running.state.engine.speculative_config
         draft = 0 if config is None else config.max_draft
         assert asked[0] == (2, 2 * (1 + draft) + 32)  # each slot's token and longest draft, and a prompt piece
+        assert reserved == [asked[0][1]]  # and allocated at start-up, before the prefix store takes the rest
     finally:
         running.stop()
 
@@ -364,6 +368,19 @@ def test_a_step_that_finds_no_memory_is_a_503(tiny_model, monkeypatch):
 
     error = api_error_from(KVCacheMemoryError("the decode step's workspace needs 6.1 MiB beside the KV cache"))
     assert error.status == 503 and error.code == "out_of_memory" and "Retry-After" in error.headers
+
+
+def test_a_stream_that_finds_no_memory_logs_no_traceback(caplog):
+    # From a break test: each streamed request that met out_of_memory logged "stream failed" and a traceback.
+    from solo.errors import KVCacheMemoryError
+    from solo.server.routes import _error_event
+
+    with caplog.at_level("INFO", logger="solo"):
+        event = _error_event(KVCacheMemoryError("the decode step's workspace needs 12.2 MiB"))
+    assert '"out_of_memory"' in event and not [r for r in caplog.records if r.levelname == "ERROR"]
+    with caplog.at_level("INFO", logger="solo"):
+        _error_event(RuntimeError("a bug"))
+    assert [r for r in caplog.records if r.levelname == "ERROR"]  # a 500 still does
 
 
 def test_the_cpu_runtimes_step_memory_covers_its_largest_call(tiny_model):
@@ -380,3 +397,7 @@ def test_the_cpu_runtimes_step_memory_covers_its_largest_call(tiny_model):
     assert runtime.step_memory_bytes(2, 128, 600) < large  # the split-KV parts grow with the cache's length
     runtime.decode_spans([0, 1], [[5] * 200, [7] * 200], [0, 0])
     assert 0 < runtime._workspace.numel() <= large
+    runtime.reserve_step_memory(600)  # allocated at start-up: no step after it grows the workspace
+    assert runtime._workspace.numel() == large
+    runtime.decode_spans([0, 1], [[5] * 250, [7] * 250], [0, 0])
+    assert runtime._workspace.numel() == large
