@@ -16,7 +16,8 @@ def engine(tiny_llama):
     return Engine.load(tiny_llama)
 
 
-def _session(engine, lines, system=None):
+def _reader(lines):
+    """A `read_line` that gives `lines`, then the end of input (EOFError)."""
     feed = iter(lines)
 
     def read(prompt):
@@ -25,8 +26,12 @@ def _session(engine, lines, system=None):
         except StopIteration:
             raise EOFError from None
 
+    return read
+
+
+def _session(engine, lines, system=None):
     out, err = io.StringIO(), io.StringIO()
-    session = ChatSession(engine, SamplingParams(max_tokens=3, ignore_eos=True), system, read, out, err)
+    session = ChatSession(engine, SamplingParams(max_tokens=3, ignore_eos=True), system, _reader(lines), out, err)
     return session, out, err
 
 
@@ -101,14 +106,7 @@ def test_ctrl_c_keeps_what_was_shown(engine):
                 os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C before the piece shows: it must not be lost
             return super().write(text)
 
-    feed = iter(["hi"])
-
-    def read(prompt):
-        try:
-            return next(feed)
-        except StopIteration:
-            raise EOFError from None
-
+    read = _reader(["hi"])
     out, err = Screen(), io.StringIO()
     session = ChatSession(engine, SamplingParams(max_tokens=8, ignore_eos=True, temperature=0), None, read, out, err)
     assert session.loop() == 0
@@ -369,14 +367,7 @@ def test_a_second_ctrl_c_while_the_reply_stops_keeps_the_session(engine):
         os.kill(os.getpid(), signal.SIGINT)  # the first Ctrl-C, mid-reply
         yield from stream
 
-    feed = iter(["second"])
-
-    def read(prompt):
-        try:
-            return next(feed)
-        except StopIteration:
-            raise EOFError from None
-
+    read = _reader(["second"])
     out, err = Screen(), io.StringIO()
     session = ChatSession(engine, SamplingParams(max_tokens=8, ignore_eos=True), None, read, out, err)
     generate = Engine.generate

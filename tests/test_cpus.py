@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from cgroup_files import self_cgroup as _self_cgroup
+from cgroup_files import write_files as _write
 
 import solo.cpus as cpus
 from solo.cgroup import cgroup_folders
-
-
-def _write(folder, **files):
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name.replace("_", ".", 1)).write_text(text)
-
-
-def _self_cgroup(tmp_path, text):
-    path = tmp_path / "self-cgroup"
-    path.write_text(text)
-    return str(path)
 
 
 def test_cgroup_v2_cpu_max_is_quota_over_period_and_the_tightest_parent_wins(tmp_path):

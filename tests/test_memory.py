@@ -3,21 +3,11 @@
 from __future__ import annotations
 
 import pytest
+from cgroup_files import self_cgroup as _self_cgroup
+from cgroup_files import write_files as _write
 
 import solo.memory as memory
 from solo.errors import KVCacheMemoryError
-
-
-def _write(folder, **files):
-    folder.mkdir(parents=True, exist_ok=True)
-    for name, text in files.items():
-        (folder / name.replace("_", ".", 1)).write_text(text)
-
-
-def _self_cgroup(tmp_path, text):
-    path = tmp_path / "self-cgroup"
-    path.write_text(text)
-    return str(path)
 
 
 def test_cgroup_v2_room_counts_inactive_file_pages_as_free_and_takes_the_tightest_parent(tmp_path):
