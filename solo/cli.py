@@ -99,8 +99,8 @@ def add_model_arguments(parser: argparse.ArgumentParser, model_optional: bool = 
     parser.add_argument("--revision", default=None, help="hub branch, tag or commit (hub ids only)")
     parser.add_argument("--threads", type=int, default=None, metavar="N",
                         help="CPU threads for prefill and decode (default: one per physical core; at most the "
-                        "CPUs this process may use and its container's CPU limit); fewer helps when other work "
-                        "shares the cores")
+                        "CPUs this process may use; decode steps within a container's CPU limit); fewer helps when "
+                        "other work shares the cores")
     parser.add_argument(
         "--quantize", default=None, choices=("int8", "int4"),
         help="weight-only quantization for the CPU runtime (off by default; int8 keeps quality closest)",
