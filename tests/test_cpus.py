@@ -95,14 +95,16 @@ def test_the_servers_serving_line_names_threads_and_the_quota(monkeypatch):
 
     import solo.server.state as state
 
-    monkeypatch.setattr(state, "cgroup_cpu_limit", lambda: 1.0)
+    for module in (state, cpus):  # (the line's quota, and the decode cap it shares with the runtime)
+        monkeypatch.setattr(module, "cgroup_cpu_limit", lambda: 1.0)
     before = torch.get_num_threads()
     try:
         torch.set_num_threads(1)
         assert state._cpu_threads_text(torch.device("cpu")) == ", 1 thread"
         torch.set_num_threads(2)
         assert state._cpu_threads_text(torch.device("cpu")) == ", 2 threads (1 for decode steps: CPU quota 1 CPU)"
-        monkeypatch.setattr(state, "cgroup_cpu_limit", lambda: None)
+        for module in (state, cpus):
+            monkeypatch.setattr(module, "cgroup_cpu_limit", lambda: None)
         assert state._cpu_threads_text(torch.device("cpu")) == ", 2 threads"
     finally:
         torch.set_num_threads(before)

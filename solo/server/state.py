@@ -19,7 +19,7 @@ from dataclasses import dataclass
 from typing import Any
 from urllib.parse import urlsplit
 
-from solo.cpus import cgroup_cpu_limit, cpus_text, threads_for_cpu_limit
+from solo.cpus import cgroup_cpu_limit, cpus_text, threads_within_cpu_limit
 from solo.engine.engine import Engine, context_budget
 from solo.engine.prefix_cache import DEFAULT_PREFIX_CACHE_GB
 from solo.engine.reasoning import REASONING_PARSERS, detect_reasoning
@@ -114,10 +114,10 @@ def _cpu_threads_text(device: Any) -> str:
         return ""
     import torch
 
-    limit, threads = cgroup_cpu_limit(), torch.get_num_threads()
-    decode = threads if limit is None else min(threads, threads_for_cpu_limit(limit))
+    threads = torch.get_num_threads()
+    decode = threads_within_cpu_limit(threads)  # (the CPU runtime's cap: ThreadGovernor's decode_threads)
     return (f", {threads} thread{'' if threads == 1 else 's'}"
-            + (f" ({decode} for decode steps: CPU quota {cpus_text(limit)})" if decode < threads else ""))
+            + (f" ({decode} for decode steps: CPU quota {cpus_text(cgroup_cpu_limit())})" if decode < threads else ""))
 
 
 def longest_token_bytes(tokenizer: Tokenizer) -> int:
@@ -414,7 +414,8 @@ class ServerState:
     def _prefix_store_bytes(self, engine: Engine, kv_bytes: int) -> int:
         # The prefix cache's store is preallocated like the KV cache, so its size is decided here, from the
         # memory free now (the KV cache already allocated): "auto" takes as much as the KV cache (at most the
-        # engine's default bound) within KV_MEMORY_FRACTION of it; an explicit size that cannot fit is refused.
+        # engine's default bound) within KV_MEMORY_FRACTION of it, less HEADROOM_BYTES; an explicit size that
+        # cannot fit is refused.
         wanted = self.settings.prefix_cache_gb
         free = kv_memory.available_memory_bytes(engine.device)
         budget = None if free is None else int(max(0, free - kv_memory.HEADROOM_BYTES) * kv_memory.KV_MEMORY_FRACTION)
@@ -424,8 +425,9 @@ class ServerState:
         size = int(float(wanted) * 1e9)
         if budget is not None and size > budget:
             raise SoloError(f"the prefix cache of --prefix-cache-gb {float(wanted):g} needs {kv_memory.gib(size)} but "
-                            f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free)} free after the KV cache "
-                            f"is {kv_memory.gib(budget)}; lower --prefix-cache-gb (or leave it out: auto)")
+                            f"{kv_memory.KV_MEMORY_FRACTION:.0%} of the {kv_memory.gib(free)} free after the KV cache, "
+                            f"less {kv_memory.gib(kv_memory.HEADROOM_BYTES)} for the server's own growth, is "
+                            f"{kv_memory.gib(budget)}; lower --prefix-cache-gb (or leave it out: auto)")
         return size
 
     def _step_entries(self, engine: Engine) -> int:
