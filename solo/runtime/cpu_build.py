@@ -321,11 +321,25 @@ def prefetch_distance_bytes() -> int:
     return 1024 if _is_zen3(family, cpu_model_number()) else 0
 
 
+def bf16_stream_count() -> int:
+    """Rows the AVX512-BF16 decode kernel reads side by side, each from its own run of rows (gemv.h).
+
+    4 by default; 2 on AMD family 25 (Zen 4, the family's only CPUs with AVX512-BF16). Measured with
+    benchmarks/step_ab.py, whole decode steps, same process, same-round ratios: on a 2-core Intel Xeon with
+    AMX four streams against one 1.50x (Qwen2.5-0.5B) and 1.39x (Llama-3.2-1B); on a 2-core AMD EPYC Zen 4
+    (family 25, model 17) two streams against four 1.02-1.08x (Qwen2.5-0.5B) and 1.03-1.06x (Llama-3.2-1B), one
+    stream against four 1.03-1.10x and 1.00x (benchmarks/results/amd-epyc-zen4/bf16-streams-2026-12-07.md).
+    Every count gives the same bits; the kernels' knob "bf16_streams" changes it between steps (measurement).
+    """
+    return 2 if cpu_vendor() == "AuthenticAMD" and cpu_family() == 25 else 4
+
+
 def compile_flags(level: IsaLevel) -> list[str]:
     """Every compiler flag of the library for `level` (after the compiler, before the source)."""
     distance = prefetch_distance_bytes()
     prefetch = [f"-DSOLO_PREFETCH={distance}"] if distance else ["-DSOLO_NO_SW_PREFETCH"]
-    return [*_COMMON_FLAGS, *level.flags, *prefetch, f'-DSOLO_ISA_NAME="{level.name}"']
+    return [*_COMMON_FLAGS, *level.flags, *prefetch, f"-DSOLO_BF16_STREAMS={bf16_stream_count()}",
+            f'-DSOLO_ISA_NAME="{level.name}"']
 
 
 def _own(path: Path, follow: bool = True) -> bool:

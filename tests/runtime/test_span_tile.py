@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from solo.runtime.cpu import _W_BF16, _W_INT4_Q8, _W_INT8_Q8, _Mat
-from solo.runtime.cpu_build import load_library
+from solo.runtime.cpu_build import bf16_stream_count, load_library
 from solo.runtime.quant import dequantize, fake_quantize_activations_q8, quantize_int4, quantize_int8
 
 
@@ -42,7 +42,7 @@ def _check_pass_tiles(lib, mat, x, singles, shape_knob, block_knob, settings, ba
             assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (shape, k_block, batch)
 
 
-BF16_STREAMS_DEFAULT = 4  # the defaults of the knobs "bf16_streams" and "q8_streams" (gemv.h, qdot.h)
+BF16_STREAMS_DEFAULT = bf16_stream_count()  # the defaults of the knobs "bf16_streams" and "q8_streams" (gemv.h, qdot.h)
 Q8_STREAMS_DEFAULT = 2
 
 

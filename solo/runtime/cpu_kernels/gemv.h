@@ -15,9 +15,13 @@
 // measured 2-3x slower.) Measured (2-core Intel Xeon with AMX, 480 MiB L3; benchmarks/step_ab.py, whole
 // decode steps, same process; results/intel-xeon-amx/step-ab-bf16-streams-*.txt): four streams against one
 // 1.50x (Qwen2.5-0.5B) and 1.39x (Llama-3.2-1B), 90-92% of the round's bandwidth probe against 61-67%; two
-// streams the same (in an earlier run, at higher bandwidth: 1.28x / 1.17x, two 1.23x / 1.12x). AMD Zen 4/5
-// (AVX512-BF16) not measured with streams.
-static int g_bf16_streams = 4;
+// streams the same (in an earlier run, at higher bandwidth: 1.28x / 1.17x, two 1.23x / 1.12x). On a 2-core
+// AMD EPYC Zen 4 two streams against four 1.02-1.08x, one 1.00-1.10x, so the build sets two there
+// (cpu_build.bf16_stream_count: SOLO_BF16_STREAMS); Zen 5 is not measured with streams.
+#ifndef SOLO_BF16_STREAMS
+#define SOLO_BF16_STREAMS 4
+#endif
+static int g_bf16_streams = SOLO_BF16_STREAMS;
 
 #if SOLO_AVX512 && defined(__AVX512BF16__)
 // Rows of S streams x BT sequences (knob "bf16_streams" below). Each row: four accumulators per sequence
