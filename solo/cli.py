@@ -15,6 +15,7 @@ import random
 import re
 import signal
 import sys
+import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, NoReturn
@@ -268,10 +269,50 @@ def sampling_params_from_args(args: argparse.Namespace):  # noqa: ANN201
 def _load_engine(args: argparse.Namespace):  # noqa: ANN202
     from solo.engine.engine import Engine
 
-    return Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
-                       revision=args.revision, quantize=args.quantize, prefix_cache_gb=prefix_cache_gb_from_args(args),
-                       speculative=args.speculative, tp=args.tp, context_length=args.max_model_len,
-                       chat_template=args.chat_template)
+    engine = Engine.load(args.model, device=args.device, dtype=args.dtype, backend=args.backend,
+                         revision=args.revision, quantize=args.quantize,
+                         prefix_cache_gb=prefix_cache_gb_from_args(args), speculative=args.speculative, tp=args.tp,
+                         context_length=args.max_model_len, chat_template=args.chat_template)
+    _end_of_start()
+    return engine
+
+
+# Ctrl-C while the command starts (imports, parsing, loading), kept where a library swallowed its KeyboardInterrupt:
+# torch imports numpy from C and clears whatever that import raises, so a Ctrl-C that landed inside numpy's import
+# was lost and `solo chat` went on to wait at its prompt (3 in 30 tries with SIGINT 0.25 s after the start).
+_start_interrupted = False
+
+
+def _on_start_interrupt(signum: int, frame: object) -> NoReturn:
+    global _start_interrupted
+    _start_interrupted = True
+    raise KeyboardInterrupt
+
+
+def _watch_start_interrupts() -> None:
+    global _start_interrupted
+    _start_interrupted = False
+    # (only over Python's own handler: not where SIGINT is ignored, as in a background job, or handled by the caller)
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is signal.default_int_handler):
+        signal.signal(signal.SIGINT, _on_start_interrupt)
+
+
+def _stop_watching_start_interrupts() -> None:
+    if (threading.current_thread() is threading.main_thread()
+            and signal.getsignal(signal.SIGINT) is _on_start_interrupt):
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
+def _end_of_start() -> None:
+    """Give Ctrl-C back to Python's handler once the model is loaded, and act on one that a library swallowed.
+
+    Raises:
+        KeyboardInterrupt: a Ctrl-C arrived during start-up (main() exits 130).
+    """
+    _stop_watching_start_interrupts()
+    if _start_interrupted:
+        raise KeyboardInterrupt
 
 
 def template_kwargs_from_args(engine, args: argparse.Namespace) -> dict | None:  # noqa: ANN001
@@ -777,7 +818,21 @@ def _exit_on_sigterm(signum: int, frame: object) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the `solo` command; returns the exit status."""
-    argv = list(sys.argv[1:] if argv is None else argv)
+    _watch_start_interrupts()
+    try:
+        return _main(list(sys.argv[1:] if argv is None else argv))
+    except Exception:
+        # A Ctrl-C inside a C extension's import (numpy's, under torch's) surfaces as what the half-run import
+        # raises next ("ImportError: cannot load module more than once per process", a RecursionError).
+        if not _start_interrupted:
+            raise
+        print(file=sys.stderr)
+        return 130
+    finally:
+        _stop_watching_start_interrupts()
+
+
+def _main(argv: list[str]) -> int:
     terminate_as_pid_1()
     _usable_standard_streams()
     show_solo_warnings_as_lines()

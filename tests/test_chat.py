@@ -429,3 +429,34 @@ def test_a_refused_piped_line_prompts_again(monkeypatch, capsys):
     read = _line_reader()
     assert read(">>> ") == "hi"
     assert capsys.readouterr().err == ">>> (that line is not valid UTF-8 text and was not sent; send UTF-8)\n>>> "
+
+
+def test_ctrl_c_that_a_library_swallows_during_start_up_still_quits(tiny_llama, monkeypatch, capsys):
+    # torch imports numpy from C and clears whatever that import raises: a Ctrl-C landing there was lost and
+    # `solo chat` went on to wait at its prompt. Here a load that swallows its own KeyboardInterrupt stands in.
+    import os
+    import signal
+
+    from solo.cli import main
+
+    real_load = Engine.load
+
+    def load_swallowing_ctrl_c(*args, **kwargs):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # (Python runs its handler right after this call)
+        except KeyboardInterrupt:
+            pass  # (what torch does with an error in numpy's import)
+        return real_load(*args, **kwargs)
+
+    def no_prompt(prompt):
+        raise AssertionError("solo chat reached its prompt after Ctrl-C")
+
+    monkeypatch.setattr(Engine, "load", staticmethod(load_swallowing_ctrl_c))
+    monkeypatch.setattr("solo.chat._line_reader", lambda: no_prompt)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's SIGINT is ignored)
+    try:
+        assert main(["chat", str(tiny_llama)]) == 130
+        # Python's own handler is back once the command ends.
+        assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    finally:
+        signal.signal(signal.SIGINT, previous)

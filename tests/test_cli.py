@@ -722,3 +722,31 @@ def test_no_writable_temporary_folder_is_one_line(capsys, tiny_llama, monkeypatc
     monkeypatch.setattr(tempfile, "gettempdir", none_usable)
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--max-tokens", "2")
     assert code == 2 and err.count("\n") == 1 and "no writable temporary folder" in err and "set TMPDIR" in err
+
+
+def test_ctrl_c_that_breaks_an_import_at_start_up_is_a_quiet_exit(monkeypatch, capsys):
+    # SIGINT inside numpy's C module init (imported by torch while the parser is built) surfaced as "ImportError:
+    # cannot load module more than once per process" with a 30-line traceback, not as KeyboardInterrupt.
+    import os
+    import signal
+
+    import solo.cli as cli
+
+    def broken_import(argv):
+        try:
+            os.kill(os.getpid(), signal.SIGINT)  # (Python runs its handler right after this call)
+        except KeyboardInterrupt:
+            pass
+        raise ImportError("cannot load module more than once per process")
+
+    monkeypatch.setattr(cli, "build_parser", broken_import)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's SIGINT is ignored)
+    try:
+        assert cli.main(["run", "--prompt", "x"]) == 130
+        assert "Traceback" not in capsys.readouterr().err
+        # Without a Ctrl-C the same error is not hidden.
+        monkeypatch.setattr(cli, "build_parser", lambda argv: (_ for _ in ()).throw(ImportError("broken")))
+        with pytest.raises(ImportError, match="broken"):
+            cli.main(["run", "--prompt", "x"])
+    finally:
+        signal.signal(signal.SIGINT, previous)
