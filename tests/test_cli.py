@@ -750,3 +750,23 @@ def test_ctrl_c_that_breaks_an_import_at_start_up_is_a_quiet_exit(monkeypatch, c
             cli.main(["run", "--prompt", "x"])
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_while_the_cli_module_imports_is_a_quiet_exit(monkeypatch, capsys):
+    # The `solo` script's entry imports solo.cli first: a Ctrl-C there (its first ~0.1 s) was a traceback.
+    import builtins
+    import sys
+
+    from solo.__main__ import run
+
+    real_import = builtins.__import__
+
+    def interrupted_import(name, *args, **kwargs):
+        if name == "solo.cli":
+            raise KeyboardInterrupt
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.delitem(sys.modules, "solo.cli")
+    monkeypatch.setattr(builtins, "__import__", interrupted_import)
+    assert run() == 130
+    assert capsys.readouterr().err == "\n"
