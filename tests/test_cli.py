@@ -739,13 +739,16 @@ def test_ctrl_c_that_breaks_an_import_at_start_up_is_a_quiet_exit(monkeypatch, c
             pass
         raise ImportError("cannot load module more than once per process")
 
+    def broken_without_ctrl_c(argv):
+        raise ImportError("broken")
+
     monkeypatch.setattr(cli, "build_parser", broken_import)
     previous = signal.signal(signal.SIGINT, signal.default_int_handler)  # (a background job's SIGINT is ignored)
     try:
         assert cli.main(["run", "--prompt", "x"]) == 130
         assert "Traceback" not in capsys.readouterr().err
         # Without a Ctrl-C the same error is not hidden.
-        monkeypatch.setattr(cli, "build_parser", lambda argv: (_ for _ in ()).throw(ImportError("broken")))
+        monkeypatch.setattr(cli, "build_parser", broken_without_ctrl_c)
         with pytest.raises(ImportError, match="broken"):
             cli.main(["run", "--prompt", "x"])
     finally:

@@ -436,7 +436,7 @@ def test_software_prefetch_follows_the_cpu_and_the_override(monkeypatch):
 
 
 def test_bf16_decode_streams_follow_the_cpu(monkeypatch):
-    # Two row streams on AMD Zen 4 (family 25), where they read 1.03-1.08x faster than four; four elsewhere
+    # Two row streams on AMD Zen 4 (family 25), where they read 1.02-1.08x faster than four; four elsewhere
     # (1.39-1.50x one stream on a Xeon with AMX). The count reaches the build as a flag, so each count has its
     # own cached library.
     level = available_levels()[0]
