@@ -758,6 +758,7 @@ def test_ctrl_c_that_breaks_an_import_at_start_up_is_a_quiet_exit(monkeypatch, c
 def test_ctrl_c_while_the_cli_module_imports_is_a_quiet_exit(monkeypatch, capsys):
     # The `solo` script's entry imports solo.cli first: a Ctrl-C there (its first ~0.1 s) was a traceback.
     import builtins
+    import signal
     import sys
 
     from solo.__main__ import run
@@ -771,5 +772,30 @@ def test_ctrl_c_while_the_cli_module_imports_is_a_quiet_exit(monkeypatch, capsys
 
     monkeypatch.delitem(sys.modules, "solo.cli")
     monkeypatch.setattr(builtins, "__import__", interrupted_import)
-    assert run() == 130
-    assert capsys.readouterr().err == "\n"
+    monkeypatch.setattr(sys, "excepthook", sys.excepthook)  # (restored after the test)
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert run() == 130  # where SIGINT is ignored (a background job): the status
+        signal.signal(signal.SIGINT, signal.default_int_handler)
+        with pytest.raises(KeyboardInterrupt):  # else Python ends the process by SIGINT, without a traceback
+            run()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    assert capsys.readouterr().err == "\n\n"
+
+
+def test_an_interrupted_solo_dies_by_sigint_so_a_shell_loop_stops_too():
+    # It exited 130 after a Ctrl-C: the shell's $? was right, but bash went on with the next command of a loop or
+    # script, since it stops only when the command itself died by SIGINT.
+    import signal
+    import subprocess
+    import sys
+
+    script = "import solo.cli; solo.cli.main = lambda: 130; from solo.__main__ import run; raise SystemExit(run())"
+    for entry in (["-c", script], ["-m", "solo", "--version"]):
+        result = subprocess.run([sys.executable, *entry], capture_output=True, text=True, timeout=120,
+                                preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        if entry[0] == "-c":
+            assert result.returncode == -signal.SIGINT and result.stderr == "", result.stderr
+        else:  # an ordinary command keeps its status
+            assert result.returncode == 0 and "solo" in result.stdout
