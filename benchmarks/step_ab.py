@@ -34,7 +34,14 @@ import torch
 
 from solo.bench.shapes import build_model, shape_config
 from solo.runtime.cpu import CpuRuntime, check_struct_layout
-from solo.runtime.cpu_build import _compiler, bf16_stream_count, compile_flags, declare, selected_level
+from solo.runtime.cpu_build import (
+    _compiler,
+    bf16_pass_k_block,
+    bf16_stream_count,
+    compile_flags,
+    declare,
+    selected_level,
+)
 
 
 def huge_page_share(tensors: list[torch.Tensor]) -> float:
@@ -69,7 +76,8 @@ def huge_page_share(tensors: list[torch.Tensor]) -> float:
 # decode.cpp's knob defaults (solo_set_knob): a variant's knobs are set over these, every other knob reset.
 KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "late_us": 1000, "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1,
                  "moe_gu_rows": 128, "moe_down_rows": 256, "moe_fused": 1, "span_tile": 1, "row_streams": 4,
-                 "bf16_streams": bf16_stream_count(), "q8_streams": 2, "amx": 1, "amx_groups": 4, "amx_span_kb": 1024}
+                 "bf16_streams": bf16_stream_count(), "q8_streams": 2, "amx": 1, "amx_groups": 4, "amx_span_kb": 1024,
+                 "bf16_pass_kb": bf16_pass_k_block()}
 
 
 def runtime_without_arena(model: torch.nn.Module, threads: int) -> CpuRuntime:

@@ -334,12 +334,25 @@ def bf16_stream_count() -> int:
     return 2 if cpu_vendor() == "AuthenticAMD" and cpu_family() == 25 else 4
 
 
+def bf16_pass_k_block() -> int:
+    """Elements of k per block of the AVX512-BF16 pass tile (tile.h), which runs a span prefill's long products.
+
+    2048 by default (best on a 2-core AMD EPYC Zen 5, family 26); 8192 on AMD family 25 (Zen 4): one block for
+    K up to 8192. Measured with benchmarks/prefill_ab.py (span prefill, same process, same-round ratios) on a
+    2-core Zen 4 (family 25, model 17): against 2048 the down projection 1.15-1.16x and the whole prefill
+    1.05x (Llama-3.2-1B, 128 tokens), 1.10-1.11x and 1.01-1.02x (Qwen2.5-0.5B, 128 and 512 tokens); 4096
+    1.06-1.08x the down projection, 1024 0.92x (benchmarks/results/amd-epyc-zen4/pass-k-block-2026-12-07.md).
+    Every block gives the same bits; the kernels' knob "bf16_pass_kb" changes it between calls (measurement).
+    """
+    return 8192 if cpu_vendor() == "AuthenticAMD" and cpu_family() == 25 else 2048
+
+
 def compile_flags(level: IsaLevel) -> list[str]:
     """Every compiler flag of the library for `level` (after the compiler, before the source)."""
     distance = prefetch_distance_bytes()
     prefetch = [f"-DSOLO_PREFETCH={distance}"] if distance else ["-DSOLO_NO_SW_PREFETCH"]
     return [*_COMMON_FLAGS, *level.flags, *prefetch, f"-DSOLO_BF16_STREAMS={bf16_stream_count()}",
-            f'-DSOLO_ISA_NAME="{level.name}"']
+            f"-DSOLO_BF16_PASS_KB={bf16_pass_k_block()}", f'-DSOLO_ISA_NAME="{level.name}"']
 
 
 def _own(path: Path, follow: bool = True) -> bool:

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from solo.runtime.cpu import _W_BF16, _W_INT4_Q8, _W_INT8_Q8, _Mat
-from solo.runtime.cpu_build import bf16_stream_count, load_library
+from solo.runtime.cpu_build import bf16_pass_k_block, bf16_stream_count, load_library
 from solo.runtime.quant import dequantize, fake_quantize_activations_q8, quantize_int4, quantize_int8
 
 
@@ -63,8 +63,8 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
                 assert torch.equal(_gemv(lib, mat, x[:batch]), singles[:batch]), (knob, batch)
             assert torch.equal(_gemv(lib, mat, x[:11], threads=1), singles), knob
         # The AVX512-BF16 pass tile's k blocks (a no-op elsewhere), forced at every width (span_tile 2).
-        _check_pass_tiles(lib, mat, x, singles, b"span_tile", b"bf16_pass_kb", [(2, 128), (2, 384), (2, 2048)],
-                          batches=(5, 6, 11))
+        _check_pass_tiles(lib, mat, x, singles, b"span_tile", b"bf16_pass_kb",
+                          [(2, 128), (2, 384), (2, 2048), (2, 8192)], batches=(5, 6, 11))
         # The portable builds' bf16 tiles in every shape the knob offers (elsewhere no-ops).
         assert lib.solo_set_knob(b"span_tile", 1) == 0
         _check_pass_tiles(lib, mat, x, singles, b"gvec_rt", None,
@@ -80,7 +80,7 @@ def test_tiles_give_batch_1_bits_at_real_widths(cols):
                     assert torch.equal(_gemv(lib, mat, x[:batch], threads), singles[:batch]), (streams, threads, batch)
     finally:
         lib.solo_set_knob(b"span_tile", 1)
-        lib.solo_set_knob(b"bf16_pass_kb", 2048)
+        lib.solo_set_knob(b"bf16_pass_kb", bf16_pass_k_block())
         lib.solo_set_knob(b"gvec_rt", 34)
         lib.solo_set_knob(b"row_streams", 4)
         lib.solo_set_knob(b"bf16_streams", BF16_STREAMS_DEFAULT)

@@ -27,8 +27,12 @@
 
 // Elements of k per block of the int8 pass tile's four passes (knob "q8_pass_kb", a multiple of 128).
 static int g_q8_pass_kb = 1024;
-// Elements of k per block of the AVX512-BF16 pass tile (knob "bf16_pass_kb", a multiple of 128; measurement).
-static int g_bf16_pass_kb = 2048;
+// Elements of k per block of the AVX512-BF16 pass tile (knob "bf16_pass_kb", a multiple of 128; measurement);
+// the default per CPU (cpu_build.bf16_pass_k_block: SOLO_BF16_PASS_KB): 2048, 8192 on Zen 4.
+#ifndef SOLO_BF16_PASS_KB
+#define SOLO_BF16_PASS_KB 2048
+#endif
+static int g_bf16_pass_kb = SOLO_BF16_PASS_KB;
 // The 512-bit integer-dot pass tile (int8 and int4 with AVX512-VNNI; knob "qz_rt": 10 x rows + tokens, 0 =
 // none: int8 takes the 256-bit pass tile, int4 the decode kernel; default 4 x 4; "qz_pass_kb": its k block, a
 // multiple of 128; measurement).
