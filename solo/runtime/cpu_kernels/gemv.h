@@ -68,10 +68,18 @@ static inline void bf16_rows_bt(const uint16_t* W, const int* row, int K, const 
         acc[s][j][1] = _mm512_dpbf16_ps(acc[s][j][1], wv,
                                         (__m512bh)_mm512_maskz_loadu_epi16(tail, x + (size_t)j * ldx + kmain));
     }
-  for (int s = 0; s < S; s++)
+  for (int s = 0; s < S; s++) {
+    __m512 a[BT];
     for (int j = 0; j < BT; j++)
-      y[(size_t)j * ldy + row[s]] = _mm512_reduce_add_ps(_mm512_add_ps(_mm512_add_ps(acc[s][j][0], acc[s][j][1]),
-                                                                       _mm512_add_ps(acc[s][j][2], acc[s][j][3])));
+      a[j] = _mm512_add_ps(_mm512_add_ps(acc[s][j][0], acc[s][j][1]), _mm512_add_ps(acc[s][j][2], acc[s][j][3]));
+    if constexpr (BT == 4) {  // the four tokens' sums at once (span prefill: 1.02-1.04x its products at K <= 2048)
+      alignas(16) float r[4];
+      _mm_store_ps(r, hsum16x4(a));
+      for (int j = 0; j < 4; j++) y[(size_t)j * ldy + row[s]] = r[j];
+    } else {
+      for (int j = 0; j < BT; j++) y[(size_t)j * ldy + row[s]] = hsum16(a[j]);
+    }
+  }
 }
 
 template <int S, int BT>

@@ -14,7 +14,7 @@
 // Bits: every (row, token) keeps exactly the accumulators and the reduction of the batch-1 decode kernel
 // it replaces (gemv_bf16_bt: four accumulators over k in steps of 128, the 32-wide steps after the last 128
 // into accumulator 0, the masked rest into accumulator 1, then (a0 + a1) + (a2 + a3) reduced by
-// _mm512_reduce_add_ps), so a result is bit-identical to batch-1 decode whatever tile computed it.
+// hsum16, common.h), so a result is bit-identical to batch-1 decode whatever tile computed it.
 //
 // AVX-512 without BF16 (bf16 weights widened to float32, one accumulator per token) gets a 4 x 4 tile at
 // every K (below). The portable builds (AVX2, NEON without BF16: SOLO_TILE 2) compute a dense row with one
@@ -119,7 +119,7 @@ static void tile_rows_kb(const Mat* W, const X* x, int ldx, int B, float* y, int
 // The AVX512-BF16 pass tile: y[j, n] = W[n, :] . x[j, :] for rows n in [n0, n0 + R) and tokens j < T over k
 // in [k0, k1), bf16 weights and inputs, with the decode kernel's bits (gemv_bf16_bt: four accumulators, i
 // taking the 32-wide chunk i of every 128-wide step of k, accumulator 0 the 32-wide steps after the last
-// 128, accumulator 1 the masked rest, then (a0 + a1) + (a2 + a3) reduced by _mm512_reduce_add_ps). The four
+// 128, accumulator 1 the masked rest, then (a0 + a1) + (a2 + a3) reduced by hsum16). The four
 // are independent until that sum, so pass i computes accumulator i of every (row, token) of the tile: R x T
 // registers per pass instead of 4 x R x T, so a 4 x 6 tile (24 accumulators, 4 weight and 1 input
 // registers) makes 10 loads per 24 dot products where the decode tile (1 row x 4 tokens) makes 20 per 16.
@@ -187,7 +187,7 @@ __attribute__((noinline)) static void tile_bf16_pass(const uint16_t* W, int K, c
   for (int j = 0; j < T; j++)
     for (int r = 0; r < R; r++) {
       const float* a = accbuf + (r * T + j) * 16;
-      y[(size_t)j * ldy + n0 + r] = _mm512_reduce_add_ps(
+      y[(size_t)j * ldy + n0 + r] = hsum16(
           _mm512_add_ps(_mm512_add_ps(_mm512_load_ps(a), _mm512_load_ps(a + P)),
                         _mm512_add_ps(_mm512_load_ps(a + 2 * P), _mm512_load_ps(a + 3 * P))));
     }
