@@ -314,7 +314,9 @@ __attribute__((noinline)) static void tile_q8_pass_rt(const Mat* W, const char* 
   const int K = W->cols, nb = q8_blocks(K), full = K / 32, g4 = full & ~3;
   const float* rscale = (const float*)W->scale;
   const Q8Rows<R> rows(W, n0);
-  const auto &w8 = rows.w8, &w4 = rows.w4, &ws = rows.ws;
+  const auto& w8 = rows.w8;  // (one declaration each: their types differ)
+  const auto& w4 = rows.w4;
+  const auto& ws = rows.ws;
   const int kbb = g_q8_pass_kb / 32;  // blocks per k block, a multiple of 4
   vf part[4][R][T];
   for (int i = 0; i < 4; i++)
@@ -409,7 +411,9 @@ __attribute__((noinline)) static void tile_q8_zmm_pass(const Mat* W, const char*
   const __m512i low = _mm512_set1_epi8(0xF);
   const __m512i pick = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
   const Q8Rows<R> rows(W, n0);
-  const auto &w8 = rows.w8, &w4 = rows.w4, &ws = rows.ws;
+  const auto& w8 = rows.w8;  // (one declaration each: their types differ)
+  const auto& w4 = rows.w4;
+  const auto& ws = rows.ws;
   for (int p = 0; p < 2; p++) {
     float* part = accbuf + (size_t)p * R * T * 16;
     __m512 acc[R][T];
