@@ -239,6 +239,12 @@ def _compiler() -> list[str]:
     raise KernelBuildError("no C++ compiler (c++, g++ or clang++) on PATH to build Solo's CPU kernels")
 
 
+def _lacks_openmp(output: str) -> bool:
+    """Whether a failed build's compiler output says OpenMP is missing (its header or its library)."""
+    header = "omp.h" in output and ("file not found" in output or "No such file" in output)
+    return header or "cannot find -lomp" in output or "cannot find -lgomp" in output
+
+
 def _compiler_id(cxx: list[str]) -> str:
     try:
         return subprocess.run([*cxx, "--version"], capture_output=True, text=True, timeout=30).stdout
@@ -550,6 +556,11 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
                     raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
                                            f"(exit status {result.returncode}, no output); point CXX at a working "
                                            "compiler (g++ or clang++)")
+                if _lacks_openmp(output):
+                    raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed: "
+                                           "the compiler has no OpenMP (-fopenmp found no omp.h or OpenMP library); "
+                                           "install it (clang: apt-get install libomp-dev, or your system's libomp; "
+                                           f"GCC ships libgomp) or point CXX at g++:\n{output}")
                 raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
                                        f"(exit status {result.returncode}):\n{output}")
             built = Path(tmp).read_bytes()

@@ -314,6 +314,29 @@ def test_a_file_size_limit_that_stops_the_compiler_is_named(monkeypatch, tmp_pat
         cpu_build.library_path(available_levels()[0])
 
 
+@pytest.mark.parametrize("message", [
+    "decode.cpp:6:10: fatal error: 'omp.h' file not found\n#include <omp.h>\n1 error generated.",  # clang
+    "common.h:6:10: fatal error: omp.h: No such file or directory\ncompilation terminated.",  # GCC
+    "/usr/bin/ld: cannot find -lomp: No such file or directory\nclang: error: linker command failed",
+])
+def test_a_compiler_without_openmp_is_named_with_the_fix(monkeypatch, tmp_path, tiny_kernel_source, message):
+    # clang without libomp-dev: the build failed with 11 compiler errors and no word on what to install.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("CXX", raising=False)
+    run = subprocess.run
+
+    def without_openmp(cmd, **kwargs):
+        if "-o" in cmd:
+            return subprocess.CompletedProcess(cmd, 1, "", message)
+        return run(cmd, **kwargs)
+
+    monkeypatch.setattr(cpu_build.subprocess, "run", without_openmp)
+    with pytest.raises(KernelBuildError, match=r"the compiler has no OpenMP .* apt-get install libomp-dev.* point "
+                                               r"CXX at g\+\+") as caught:
+        cpu_build.library_path(available_levels()[0])
+    assert message in str(caught.value)  # the compiler's own words stay in the message
+
+
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX file locks")
 def test_a_build_lock_held_too_long_is_said_then_built_beside(monkeypatch, tmp_path, tiny_kernel_source):
     # From a break test: a builder stopped with SIGSTOP left the next process waiting silently for ever.
