@@ -242,7 +242,8 @@ def _compiler() -> list[str]:
 def _lacks_openmp(output: str) -> bool:
     """Whether a failed build's compiler output says OpenMP is missing (its header or its library)."""
     header = "omp.h" in output and ("file not found" in output or "No such file" in output)
-    return header or "cannot find -lomp" in output or "cannot find -lgomp" in output
+    unsupported = "unsupported option '-fopenmp'" in output  # Apple's clang
+    return header or unsupported or "cannot find -lomp" in output or "cannot find -lgomp" in output
 
 
 def _compiler_id(cxx: list[str]) -> str:

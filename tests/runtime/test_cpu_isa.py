@@ -318,6 +318,7 @@ def test_a_file_size_limit_that_stops_the_compiler_is_named(monkeypatch, tmp_pat
     "decode.cpp:6:10: fatal error: 'omp.h' file not found\n#include <omp.h>\n1 error generated.",  # clang
     "common.h:6:10: fatal error: omp.h: No such file or directory\ncompilation terminated.",  # GCC
     "/usr/bin/ld: cannot find -lomp: No such file or directory\nclang: error: linker command failed",
+    "clang: error: unsupported option '-fopenmp'",
 ])
 def test_a_compiler_without_openmp_is_named_with_the_fix(monkeypatch, tmp_path, tiny_kernel_source, message):
     # clang without libomp-dev: the build failed with 11 compiler errors and no word on what to install.
