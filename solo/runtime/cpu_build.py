@@ -737,8 +737,65 @@ def check_kernel_env() -> None:
     spell("SOLO_MOE_SCHEDULE", env_choice("SOLO_MOE_SCHEDULE", ("dynamic", "static"), "dynamic"))
 
 
+# What a compiler says when it cannot emit an ISA level's instructions (older than its flags or intrinsics): GCC
+# and clang rejecting a -m flag, GCC's intrinsics compiled without their target, clang's the same.
+_LEVEL_UNSUPPORTED = ("unrecognized command-line option", "unrecognized command line option", "unknown argument",
+                      "unsupported option '-m", "target specific option mismatch", "requires target feature")
+
+
+def _unsupported_level_line(message: str) -> str | None:
+    """The line of a failed build's message saying the compiler cannot target the level, or None."""
+    for line in message.splitlines():
+        if any(text in line for text in _LEVEL_UNSUPPORTED):
+            return line.strip()
+    return None
+
+
+def _library_path_for_this_cpu() -> Path:
+    """`library_path()` for `selected_level()`, or for the best lower level where the compiler cannot build it.
+
+    A compiler older than a level's instructions (GCC < 11 or clang < 12 for amx, older ones for avx512-bf16)
+    would otherwise leave the CPU without native kernels at all (the eager runtime, many times slower). Where
+    `SOLO_CPU_ISA` names the level, its failure is raised instead, with the fix.
+
+    Raises:
+        KernelBuildError: see `library_path`; also when no level the CPU runs can be built.
+        IsaError: see `selected_level`.
+    """
+    level = selected_level()
+    try:
+        return library_path(level)
+    except KernelBuildError as exc:
+        reason = _unsupported_level_line(str(exc))
+        if reason is None:
+            raise
+        compiler = shlex.join(_compiler())
+        if os.environ.get("SOLO_CPU_ISA", "").strip().lower() not in ("", "auto", "native", "best"):
+            raise KernelBuildError(f"{exc}\n{compiler} cannot build the {level.name} kernels that SOLO_CPU_ISA names "
+                                   f"({reason}); point CXX at a newer compiler (GCC >= 11 or clang >= 12) or choose "
+                                   "a lower level") from None
+        failure = exc
+    lower = [lv for lv in available_levels() if lv.auto]
+    for candidate in reversed(lower[:lower.index(level)] if level in lower else []):
+        try:
+            path = library_path(candidate)
+        except KernelBuildError as exc:
+            if _unsupported_level_line(str(exc)) is not None:
+                continue
+            raise
+        warnings.warn(f"{compiler} cannot build Solo's {level.name} kernels for this CPU ({reason}); using the "
+                      f"{candidate.name} kernels, slower here. A newer compiler (GCC >= 11 or clang >= 12) builds "
+                      f"them: set CXX to one; or set SOLO_CPU_ISA={candidate.name} to keep this level without this "
+                      "warning", SoloWarning, stacklevel=3)
+        return path
+    raise failure
+
+
 def load_library() -> ctypes.CDLL:
     """The loaded kernel library for `selected_level()`, with argument types declared (built on first use).
+
+    Where the compiler cannot build that level, the best lower one it can, with a warning (`library_isa`
+    names the level loaded).
 
     Raises:
         KernelBuildError: see `library_path`, or the library cannot be loaded.
@@ -751,7 +808,7 @@ def load_library() -> ctypes.CDLL:
             check_kernel_env()
             import torch  # noqa: F401  (loads PyTorch's libgomp first, so the kernels share its threads)
 
-            path = library_path()
+            path = _library_path_for_this_cpu()
             try:
                 lib = ctypes.CDLL(str(path))
             except OSError as exc:  # e.g. a damaged cached build: callers fall back to eager on KernelBuildError

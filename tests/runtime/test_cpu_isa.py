@@ -338,6 +338,48 @@ def test_a_compiler_without_openmp_is_named_with_the_fix(monkeypatch, tmp_path, 
     assert message in str(caught.value)  # the compiler's own words stay in the message
 
 
+def test_a_compiler_too_old_for_the_cpus_level_builds_the_best_lower_one(monkeypatch, tmp_path,
+                                                                         tiny_kernel_source):
+    # A compiler that rejects the best level's flags (as GCC 9 did -mavx512bf16, GCC 10 -mamx-tile) left the CPU
+    # with no native kernels at all: the eager runtime, many times slower.
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("SOLO_CPU_ISA", raising=False)
+    levels = {lv.name: lv for lv in cpu_build.LEVELS}
+    monkeypatch.setattr(cpu_build, "available_levels",
+                        lambda: [levels[n] for n in ("scalar", "avx2", "avx512", "avx512-bf16")])
+    monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++",
+                                                                    "-DLEVEL_" + level.name.replace("-", "_")])
+    old = tmp_path / "old-g++"
+    old.write_text("#!/bin/sh\n"
+                   'case "$*" in *-DLEVEL_avx512_bf16*)\n'
+                   "  echo \"g++: error: unrecognized command-line option '-mavx512bf16'; did you mean "
+                   "'-mavx512bw'?\" >&2\n"
+                   "  exit 1;;\n"
+                   "esac\n"
+                   'exec c++ "$@"\n')
+    old.chmod(0o755)
+    monkeypatch.setenv("CXX", str(old))
+    with pytest.warns(UserWarning, match=r"old-g\+\+ cannot build Solo's avx512-bf16 kernels for this CPU \(g\+\+: "
+                                         r"error: unrecognized command-line option '-mavx512bf16'.*\); using the "
+                                         r"avx512 kernels, slower here.*SOLO_CPU_ISA=avx512"):
+        path = cpu_build._library_path_for_this_cpu()
+    assert path.name.startswith("solo_cpu_avx512_") and path.is_file()
+    # Where SOLO_CPU_ISA names the level, the user asked for it: its failure, with the fix.
+    monkeypatch.setenv("SOLO_CPU_ISA", "avx512-bf16")
+    with pytest.raises(KernelBuildError, match=r"cannot build the avx512-bf16 kernels that SOLO_CPU_ISA names .*point "
+                                               r"CXX at a newer compiler"):
+        cpu_build._library_path_for_this_cpu()
+    # Any other failure is not the compiler's age: raised as it is, no lower level tried.
+    monkeypatch.delenv("SOLO_CPU_ISA")
+    broken = tmp_path / "broken-g++"
+    broken.write_text('#!/bin/sh\necho "decode.cpp:1:1: error: expected unqualified-id" >&2\nexit 1\n')
+    broken.chmod(0o755)
+    monkeypatch.setenv("CXX", str(broken))
+    with pytest.raises(KernelBuildError, match="expected unqualified-id") as caught:
+        cpu_build._library_path_for_this_cpu()
+    assert "avx512-bf16" in str(caught.value)
+
+
 @pytest.mark.skipif(not hasattr(os, "getuid"), reason="POSIX file locks")
 def test_a_build_lock_held_too_long_is_said_then_built_beside(monkeypatch, tmp_path, tiny_kernel_source):
     # From a break test: a builder stopped with SIGSTOP left the next process waiting silently for ever.
