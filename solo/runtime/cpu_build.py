@@ -241,7 +241,8 @@ def _compiler() -> list[str]:
 
 def _lacks_openmp(output: str) -> bool:
     """Whether a failed build's compiler output says OpenMP is missing (its header or its library)."""
-    header = "omp.h" in output and ("file not found" in output or "No such file" in output)
+    header = any("omp.h" in line and ("file not found" in line or "No such file" in line)
+                 for line in output.splitlines())
     unsupported = "unsupported option '-fopenmp'" in output  # Apple's clang
     return header or unsupported or "cannot find -lomp" in output or "cannot find -lgomp" in output
 

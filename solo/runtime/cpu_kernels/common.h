@@ -217,7 +217,8 @@ static inline __m512 load_bf16x16(const uint16_t* p) {
 // The sum of a's 16 lanes in a fixed tree: lane i plus lane i + 8, then + 4, + 2, + 1 (GCC's
 // _mm512_reduce_add_ps; spelled out so that the bits do not depend on how a compiler implements that).
 static inline float hsum16(__m512 a) {
-  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1)));
+  const __m256 hi = _mm256_castpd_ps(_mm512_extractf64x4_pd(_mm512_castps_pd(a), 1));
+  const __m256 h = _mm256_add_ps(_mm512_castps512_ps256(a), hi);
   const __m128 q = _mm_add_ps(_mm256_castps256_ps128(h), _mm256_extractf128_ps(h, 1));
   const __m128 p = _mm_add_ps(q, _mm_shuffle_ps(q, q, _MM_SHUFFLE(1, 0, 3, 2)));
   return _mm_cvtss_f32(_mm_add_ss(p, _mm_shuffle_ps(p, p, _MM_SHUFFLE(2, 3, 0, 1))));
