@@ -182,7 +182,7 @@ def test_a_damaged_kernel_library_falls_back_to_a_clear_error(monkeypatch, tmp_p
     broken = tmp_path / "broken.so"
     broken.write_bytes(b"not a shared library")
     monkeypatch.setattr(cpu_build, "_library", None)
-    monkeypatch.setattr(cpu_build, "library_path", lambda: broken)
+    monkeypatch.setattr(cpu_build, "library_path", lambda level=None: broken)
     with pytest.raises(cpu_build.KernelBuildError, match="delete it to rebuild"):
         cpu_build.load_library()
 

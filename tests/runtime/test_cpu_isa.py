@@ -269,7 +269,7 @@ def test_a_library_that_cannot_be_mapped_names_noexec(monkeypatch, tmp_path):
         raise OSError(f"{path}: failed to map segment from shared object")
 
     monkeypatch.setattr(cpu_build, "_library", None)
-    monkeypatch.setattr(cpu_build, "library_path", lambda: tmp_path / "solo_cpu_x.so")
+    monkeypatch.setattr(cpu_build, "library_path", lambda level=None: tmp_path / "solo_cpu_x.so")
     monkeypatch.setattr(cpu_build.ctypes, "CDLL", refuse)
     with pytest.raises(KernelBuildError, match=r"does not let programs be loaded from it \(mounted noexec\?\); set "
                                                "XDG_CACHE_HOME"):
