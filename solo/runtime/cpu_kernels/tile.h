@@ -150,14 +150,17 @@ __attribute__((noinline)) static void tile_bf16_pass(const uint16_t* W, int K, c
     for (int r = 0; r < R; r++)
       for (int j = 0; j < T; j++) acc[r][j] = k0 ? _mm512_load_ps(part + (r * T + j) * 16) : _mm512_setzero_ps();
     for (int k = k0 + 32 * i; k < kend; k += 128) {
+      // The loads pinned as loads (asm on the integer vectors: clang 16 allocates no register for a bf16 one).
       __m512bh wv[R];
       for (int r = 0; r < R; r++) {
-        wv[r] = (__m512bh)_mm512_loadu_si512(w[r] + k);
-        asm("" : "+v"(wv[r]));
+        __m512i wi = _mm512_loadu_si512(w[r] + k);
+        asm("" : "+v"(wi));
+        wv[r] = (__m512bh)wi;
       }
       for (int j = 0; j < T; j++) {
-        __m512bh xv = (__m512bh)_mm512_loadu_si512(x + (size_t)j * ldx + k);
-        asm("" : "+v"(xv));
+        __m512i xi = _mm512_loadu_si512(x + (size_t)j * ldx + k);
+        asm("" : "+v"(xi));
+        const __m512bh xv = (__m512bh)xi;
         for (int r = 0; r < R; r++) acc[r][j] = _mm512_dpbf16_ps(acc[r][j], wv[r], xv);
       }
     }
