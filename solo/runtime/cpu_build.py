@@ -39,6 +39,7 @@ import hashlib
 import logging
 import os
 import platform
+import re
 import shlex
 import shutil
 import stat
@@ -230,6 +231,10 @@ def _compiler() -> list[str]:
             raise KernelBuildError(f"CXX={explicit!r} is not a command ({exc}); point it at a C++ compiler (g++ or "
                                    "clang++) or unset it") from None
         if not shutil.which(command[0]):
+            if len(command) > 1 and os.access(explicit, os.X_OK) and not os.path.isdir(explicit):
+                # CXX is split like a command line (as make does), so a path with spaces needs quotes in it.
+                raise KernelBuildError(f"CXX={explicit!r} names no program on PATH: CXX is read as a command with "
+                                       f"arguments, so quote a path with spaces inside it: CXX='\"{explicit}\"'")
             raise KernelBuildError(f"CXX={explicit!r} names no program on PATH to build Solo's CPU kernels; point "
                                    "it at a C++ compiler (g++ or clang++) or unset it")
         return command
@@ -559,10 +564,13 @@ def _build(cxx: list[str], flags: list[str], sources: dict[str, bytes], level: I
                                            f"(exit status {result.returncode}, no output); point CXX at a working "
                                            "compiler (g++ or clang++)")
                 if _lacks_openmp(output):
+                    clang = re.search(r"clang version (\d+)", _compiler_id(cxx))
+                    package = f"clang {clang[1]}: apt-get install libomp-{clang[1]}-dev" if clang else \
+                        "clang: apt-get install libomp-dev"
                     raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed: "
                                            "the compiler has no OpenMP (-fopenmp found no omp.h or OpenMP library); "
-                                           "install it (clang: apt-get install libomp-dev, or your system's libomp; "
-                                           f"GCC ships libgomp) or point CXX at g++:\n{output}")
+                                           f"install it ({package}, or your system's libomp; GCC ships libgomp) or "
+                                           f"point CXX at g++:\n{output}")
                 raise KernelBuildError(f"building Solo's CPU kernels ({level.name}) with {shlex.join(cxx)} failed "
                                        f"(exit status {result.returncode}):\n{output}")
             built = Path(tmp).read_bytes()
@@ -739,9 +747,11 @@ def check_kernel_env() -> None:
 
 
 # What a compiler says when it cannot emit an ISA level's instructions (older than its flags or intrinsics): GCC
-# and clang rejecting a -m flag, GCC's intrinsics compiled without their target, clang's the same.
+# and clang rejecting a -m flag, GCC's intrinsics compiled without their target, clang's the same; or when it
+# crashes on that level's code (clang 16 at the amx level: a segmentation fault in its optimizer).
 _LEVEL_UNSUPPORTED = ("unrecognized command-line option", "unrecognized command line option", "unknown argument",
-                      "unsupported option '-m", "target specific option mismatch", "requires target feature")
+                      "unsupported option '-m", "target specific option mismatch", "requires target feature",
+                      "internal compiler error", "unable to execute command", "PLEASE submit a bug report")
 
 
 def _unsupported_level_line(message: str) -> str | None:

@@ -212,6 +212,15 @@ def test_what_the_compiler_named_by_cxx_does_is_said(monkeypatch, tmp_path, tiny
     assert first.is_file()
     monkeypatch.setenv("CXX", "env c++ -DSOLO_TINY=1")  # other arguments: another library, not the one above
     assert cpu_build.library_path(level).name != first.name
+    spaced = tmp_path / "my tools" / "g++"  # a path with a space, unquoted: split like make splits CXX
+    spaced.parent.mkdir()
+    spaced.symlink_to(shutil.which("c++"))
+    monkeypatch.setenv("CXX", str(spaced))
+    with pytest.raises(KernelBuildError, match=r"names no program on PATH: CXX is read as a command with arguments, "
+                                               r"so quote a path with spaces inside it"):
+        cpu_build.library_path(level)
+    monkeypatch.setenv("CXX", f'"{spaced}"')  # quoted: built
+    assert cpu_build.library_path(level).is_file()
 
 
 def test_a_full_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, tiny_kernel_source):
@@ -336,6 +345,10 @@ def test_a_compiler_without_openmp_is_named_with_the_fix(monkeypatch, tmp_path, 
                                                r"CXX at g\+\+") as caught:
         cpu_build.library_path(available_levels()[0])
     assert message in str(caught.value)  # the compiler's own words stay in the message
+    # A versioned clang needs its own version's package (libomp-dev is the default clang's).
+    monkeypatch.setattr(cpu_build, "_compiler_id", lambda cxx: "Debian clang version 16.0.6 (15)\nTarget: x86_64")
+    with pytest.raises(KernelBuildError, match=r"\(clang 16: apt-get install libomp-16-dev, or your system's libomp"):
+        cpu_build.library_path(available_levels()[0])
 
 
 def test_a_compiler_too_old_for_the_cpus_level_builds_the_best_lower_one(monkeypatch, tmp_path,
@@ -369,8 +382,23 @@ def test_a_compiler_too_old_for_the_cpus_level_builds_the_best_lower_one(monkeyp
     with pytest.raises(KernelBuildError, match=r"cannot build the avx512-bf16 kernels that SOLO_CPU_ISA names .*point "
                                                r"CXX at a newer compiler"):
         cpu_build._library_path_for_this_cpu()
-    # Any other failure is not the compiler's age: raised as it is, no lower level tried.
     monkeypatch.delenv("SOLO_CPU_ISA")
+    # A compiler that crashes on the level's code (clang 16 at the amx level) likewise.
+    crashing = tmp_path / "crashing-clang++"
+    crashing.write_text("#!/bin/sh\n"
+                        'case "$*" in *-DLEVEL_avx512_bf16*)\n'
+                        '  echo "clang: error: unable to execute command: Segmentation fault" >&2\n'
+                        '  echo "PLEASE submit a bug report to https://github.com/llvm/llvm-project/issues/" >&2\n'
+                        "  exit 1;;\n"
+                        "esac\n"
+                        'exec c++ "$@"\n')
+    crashing.chmod(0o755)
+    monkeypatch.setenv("CXX", str(crashing))
+    with pytest.warns(UserWarning, match=r"crashing-clang\+\+ cannot build Solo's avx512-bf16 kernels for this CPU "
+                                         r"\(clang: error: unable to execute command: Segmentation fault\); using the "
+                                         r"avx512 kernels"):
+        assert cpu_build._library_path_for_this_cpu().name.startswith("solo_cpu_avx512_")
+    # Any other failure is not the compiler's age: raised as it is, no lower level tried.
     broken = tmp_path / "broken-g++"
     broken.write_text('#!/bin/sh\necho "decode.cpp:1:1: error: expected unqualified-id" >&2\nexit 1\n')
     broken.chmod(0o755)
