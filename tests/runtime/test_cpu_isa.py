@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import shlex
 import shutil
 import stat
 import subprocess
@@ -351,6 +352,14 @@ def test_a_compiler_without_openmp_is_named_with_the_fix(monkeypatch, tmp_path, 
         cpu_build.library_path(available_levels()[0])
 
 
+def _failing_at_avx512_bf16(path, message):
+    """A compiler that fails with `message` on the avx512-bf16 level's flags and is c++ for every other level."""
+    lines = "".join(f"  echo {shlex.quote(line)} >&2\n" for line in message.splitlines())
+    path.write_text(f'#!/bin/sh\ncase "$*" in *-DLEVEL_avx512_bf16*)\n{lines}  exit 1;;\nesac\nexec c++ "$@"\n')
+    path.chmod(0o755)
+    return str(path)
+
+
 def test_a_compiler_too_old_for_the_cpus_level_builds_the_best_lower_one(monkeypatch, tmp_path,
                                                                          tiny_kernel_source):
     # A compiler that rejects the best level's flags (as GCC 9 did -mavx512bf16, GCC 10 -mamx-tile) left the CPU
@@ -362,16 +371,8 @@ def test_a_compiler_too_old_for_the_cpus_level_builds_the_best_lower_one(monkeyp
                         lambda: [levels[n] for n in ("scalar", "avx2", "avx512", "avx512-bf16")])
     monkeypatch.setattr(cpu_build, "compile_flags", lambda level: ["-O0", "-shared", "-fPIC", "-x", "c++",
                                                                     "-DLEVEL_" + level.name.replace("-", "_")])
-    old = tmp_path / "old-g++"
-    old.write_text("#!/bin/sh\n"
-                   'case "$*" in *-DLEVEL_avx512_bf16*)\n'
-                   "  echo \"g++: error: unrecognized command-line option '-mavx512bf16'; did you mean "
-                   "'-mavx512bw'?\" >&2\n"
-                   "  exit 1;;\n"
-                   "esac\n"
-                   'exec c++ "$@"\n')
-    old.chmod(0o755)
-    monkeypatch.setenv("CXX", str(old))
+    monkeypatch.setenv("CXX", _failing_at_avx512_bf16(tmp_path / "old-g++", "g++: error: unrecognized command-line "
+                                                      "option '-mavx512bf16'; did you mean '-mavx512bw'?"))
     with pytest.warns(UserWarning, match=r"old-g\+\+ cannot build Solo's avx512-bf16 kernels for this CPU \(g\+\+: "
                                          r"error: unrecognized command-line option '-mavx512bf16'.*\); using the "
                                          r"avx512 kernels, slower here.*SOLO_CPU_ISA=avx512"):
@@ -384,16 +385,8 @@ def test_a_compiler_too_old_for_the_cpus_level_builds_the_best_lower_one(monkeyp
         cpu_build._library_path_for_this_cpu()
     monkeypatch.delenv("SOLO_CPU_ISA")
     # A compiler that crashes on the level's code (clang 16 at the amx level) likewise.
-    crashing = tmp_path / "crashing-clang++"
-    crashing.write_text("#!/bin/sh\n"
-                        'case "$*" in *-DLEVEL_avx512_bf16*)\n'
-                        '  echo "clang: error: unable to execute command: Segmentation fault" >&2\n'
-                        '  echo "PLEASE submit a bug report to https://github.com/llvm/llvm-project/issues/" >&2\n'
-                        "  exit 1;;\n"
-                        "esac\n"
-                        'exec c++ "$@"\n')
-    crashing.chmod(0o755)
-    monkeypatch.setenv("CXX", str(crashing))
+    crash = "clang: error: unable to execute command: Segmentation fault\nPLEASE submit a bug report"
+    monkeypatch.setenv("CXX", _failing_at_avx512_bf16(tmp_path / "crashing-clang++", crash))
     with pytest.warns(UserWarning, match=r"crashing-clang\+\+ cannot build Solo's avx512-bf16 kernels for this CPU "
                                          r"\(clang: error: unable to execute command: Segmentation fault\); using the "
                                          r"avx512 kernels"):
