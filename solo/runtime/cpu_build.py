@@ -830,6 +830,10 @@ def load_library() -> ctypes.CDLL:
                     raise KernelBuildError(f"cannot load {path} ({exc}): its file system does not let programs "
                                            "be loaded from it (mounted noexec?); set XDG_CACHE_HOME to a folder on "
                                            "one that does") from None
+                if "undefined symbol: __kmpc_" in str(exc) or "undefined symbol: omp_" in str(exc):
+                    raise KernelBuildError(f"cannot load {path} ({exc}): the OpenMP runtime it links is older than the "
+                                           "compiler that built it; install the compiler's own (clang N: libomp-N-dev) "
+                                           "or point CXX at g++") from None
                 raise KernelBuildError(f"cannot load {path} ({exc}); delete it to rebuild") from None
             try:
                 _library = declare(lib)

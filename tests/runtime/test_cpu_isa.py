@@ -286,6 +286,20 @@ def test_a_library_that_cannot_be_mapped_names_noexec(monkeypatch, tmp_path):
         cpu_build.load_library()
 
 
+def test_a_library_built_against_an_older_openmp_runtime_says_so(monkeypatch, tmp_path):
+    # clang 22 linked against Debian's libomp 14 (the newer one cannot be installed beside it): the load failed
+    # with "delete it to rebuild", which a rebuild does not fix.
+    def refuse(path, *args, **kwargs):
+        raise OSError(f"{path}: undefined symbol: __kmpc_dispatch_deinit")
+
+    monkeypatch.setattr(cpu_build, "_library", None)
+    monkeypatch.setattr(cpu_build, "library_path", lambda level=None: tmp_path / "solo_cpu_x.so")
+    monkeypatch.setattr(cpu_build.ctypes, "CDLL", refuse)
+    with pytest.raises(KernelBuildError, match=r"__kmpc_dispatch_deinit\): the OpenMP runtime it links is older than "
+                                               r"the compiler that built it; install the compiler's own"):
+        cpu_build.load_library()
+
+
 def test_the_compiler_keeps_its_temporary_files_in_the_build_folder(monkeypatch, tmp_path, tiny_kernel_source):
     # From a break test: a full TMPDIR failed the compiler (its assembly file), and the build blamed the cache folder.
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
