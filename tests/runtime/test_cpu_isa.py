@@ -274,29 +274,23 @@ def test_a_noexec_cache_folder_builds_in_the_temp_folder(monkeypatch, tmp_path, 
         cpu_build.library_path(level)
 
 
-def test_a_library_that_cannot_be_mapped_names_noexec(monkeypatch, tmp_path):
-    def refuse(path, *args, **kwargs):
-        raise OSError(f"{path}: failed to map segment from shared object")
-
-    monkeypatch.setattr(cpu_build, "_library", None)
-    monkeypatch.setattr(cpu_build, "library_path", lambda level=None: tmp_path / "solo_cpu_x.so")
-    monkeypatch.setattr(cpu_build.ctypes, "CDLL", refuse)
-    with pytest.raises(KernelBuildError, match=r"does not let programs be loaded from it \(mounted noexec\?\); set "
-                                               "XDG_CACHE_HOME"):
-        cpu_build.load_library()
-
-
-def test_a_library_built_against_an_older_openmp_runtime_says_so(monkeypatch, tmp_path):
+@pytest.mark.parametrize("error,said", [
+    ("failed to map segment from shared object",
+     r"does not let programs be loaded from it \(mounted noexec\?\); set XDG_CACHE_HOME"),
     # clang 22 linked against Debian's libomp 14 (the newer one cannot be installed beside it): the load failed
     # with "delete it to rebuild", which a rebuild does not fix.
+    ("undefined symbol: __kmpc_dispatch_deinit",
+     r"__kmpc_dispatch_deinit\): the OpenMP runtime it links is older than the compiler that built it; install the "
+     r"compiler's own"),
+])
+def test_a_library_that_cannot_be_loaded_says_why(monkeypatch, tmp_path, error, said):
     def refuse(path, *args, **kwargs):
-        raise OSError(f"{path}: undefined symbol: __kmpc_dispatch_deinit")
+        raise OSError(f"{path}: {error}")
 
     monkeypatch.setattr(cpu_build, "_library", None)
     monkeypatch.setattr(cpu_build, "library_path", lambda level=None: tmp_path / "solo_cpu_x.so")
     monkeypatch.setattr(cpu_build.ctypes, "CDLL", refuse)
-    with pytest.raises(KernelBuildError, match=r"__kmpc_dispatch_deinit\): the OpenMP runtime it links is older than "
-                                               r"the compiler that built it; install the compiler's own"):
+    with pytest.raises(KernelBuildError, match=said):
         cpu_build.load_library()
 
 
