@@ -161,6 +161,12 @@ def available_levels() -> list[IsaLevel]:
             and ("amx_tile" not in lv.requires or amx_permitted())]
 
 
+def _requested_isa() -> str:
+    """The level `SOLO_CPU_ISA` names (lower case), or "" where it is unset or asks for the best one."""
+    wanted = os.environ.get("SOLO_CPU_ISA", "").strip().lower()
+    return "" if wanted in ("auto", "native", "best") else wanted
+
+
 def selected_level() -> IsaLevel:
     """The level the kernels run at: `SOLO_CPU_ISA` if set (and available), else the best available.
 
@@ -168,8 +174,8 @@ def selected_level() -> IsaLevel:
         IsaError: `SOLO_CPU_ISA` names an unknown level or one this CPU lacks.
     """
     available = available_levels()
-    wanted = os.environ.get("SOLO_CPU_ISA", "").strip().lower()
-    if not wanted or wanted in ("auto", "native", "best"):
+    wanted = _requested_isa()
+    if not wanted:
         return [lv for lv in available if lv.auto][-1]
     names = [lv.name for lv in LEVELS]
     if wanted not in names:
@@ -337,6 +343,11 @@ def prefetch_distance_bytes() -> int:
     return 1024 if _is_zen3(family, cpu_model_number()) else 0
 
 
+def _is_amd_family_25() -> bool:
+    """AMD family 25 (Zen 3 and Zen 4; of these only Zen 4 has AVX512-BF16, where the two knobs below act)."""
+    return cpu_vendor() == "AuthenticAMD" and cpu_family() == 25
+
+
 def bf16_stream_count() -> int:
     """Rows the AVX512-BF16 decode kernel reads side by side, each from its own run of rows (gemv.h).
 
@@ -347,7 +358,7 @@ def bf16_stream_count() -> int:
     stream against four 1.03-1.10x and 1.00x (benchmarks/results/amd-epyc-zen4/bf16-streams-2026-12-07.md).
     Every count gives the same bits; the kernels' knob "bf16_streams" changes it between steps (measurement).
     """
-    return 2 if cpu_vendor() == "AuthenticAMD" and cpu_family() == 25 else 4
+    return 2 if _is_amd_family_25() else 4
 
 
 def bf16_pass_k_block() -> int:
@@ -360,7 +371,7 @@ def bf16_pass_k_block() -> int:
     1.06-1.08x the down projection, 1024 0.92x (benchmarks/results/amd-epyc-zen4/pass-k-block-2026-12-07.md).
     Every block gives the same bits; the kernels' knob "bf16_pass_kb" changes it between calls (measurement).
     """
-    return 8192 if cpu_vendor() == "AuthenticAMD" and cpu_family() == 25 else 2048
+    return 8192 if _is_amd_family_25() else 2048
 
 
 def compile_flags(level: IsaLevel) -> list[str]:
@@ -784,7 +795,7 @@ def _library_path_for_this_cpu() -> Path:
         if reason is None:
             raise
         compiler = shlex.join(_compiler())
-        if os.environ.get("SOLO_CPU_ISA", "").strip().lower() not in ("", "auto", "native", "best"):
+        if _requested_isa():
             raise KernelBuildError(f"{exc}\n{compiler} cannot build the {level.name} kernels that SOLO_CPU_ISA names "
                                    f"({reason}); point CXX at a newer compiler (GCC >= 11 or clang >= 12) or choose "
                                    "a lower level") from None

@@ -530,29 +530,24 @@ def test_software_prefetch_follows_the_cpu_and_the_override(monkeypatch):
             cpu_build.prefetch_distance_bytes()
 
 
-def test_bf16_decode_streams_follow_the_cpu(monkeypatch):
+@pytest.mark.parametrize("setting,flag,zen4,elsewhere", [
     # Two row streams on AMD Zen 4 (family 25), where they read 1.02-1.08x faster than four; four elsewhere
-    # (1.39-1.50x one stream on a Xeon with AMX). The count reaches the build as a flag, so each count has its
-    # own cached library.
+    # (1.39-1.50x one stream on a Xeon with AMX).
+    ("bf16_stream_count", "SOLO_BF16_STREAMS", 2, 4),
+    # One k block of 8192 on Zen 4, where the span prefill's down projections ran 1.10-1.16x faster than in
+    # blocks of 2048; 2048 elsewhere (best on Zen 5).
+    ("bf16_pass_k_block", "SOLO_BF16_PASS_KB", 8192, 2048),
+])
+def test_bf16_kernel_settings_follow_the_cpu(monkeypatch, setting, flag, zen4, elsewhere):
+    # Each reaches the build as a flag, so each value has its own cached library.
     level = available_levels()[0]
-    for vendor, family, expected in (("GenuineIntel", 6, 4), ("AuthenticAMD", 25, 2), ("AuthenticAMD", 26, 4),
-                                     ("AuthenticAMD", 23, 4), ("AuthenticAMD", None, 4), ("", None, 4)):
+    for vendor, family, expected in (("GenuineIntel", 6, elsewhere), ("AuthenticAMD", 25, zen4),
+                                     ("AuthenticAMD", 26, elsewhere), ("AuthenticAMD", 23, elsewhere),
+                                     ("AuthenticAMD", None, elsewhere), ("", None, elsewhere)):
         monkeypatch.setattr(cpu_build, "cpu_vendor", lambda vendor=vendor: vendor)
         monkeypatch.setattr(cpu_build, "cpu_family", lambda family=family: family)
-        assert cpu_build.bf16_stream_count() == expected, (vendor, family)
-        assert f"-DSOLO_BF16_STREAMS={expected}" in cpu_build.compile_flags(level)
-
-
-def test_bf16_pass_tile_k_block_follows_the_cpu(monkeypatch):
-    # One k block of 8192 on AMD Zen 4 (family 25), where the span prefill's down projections ran 1.10-1.16x
-    # faster than in blocks of 2048; 2048 elsewhere (best on Zen 5). A build flag, like the stream count.
-    level = available_levels()[0]
-    for vendor, family, expected in (("GenuineIntel", 6, 2048), ("AuthenticAMD", 25, 8192),
-                                     ("AuthenticAMD", 26, 2048), ("AuthenticAMD", None, 2048), ("", None, 2048)):
-        monkeypatch.setattr(cpu_build, "cpu_vendor", lambda vendor=vendor: vendor)
-        monkeypatch.setattr(cpu_build, "cpu_family", lambda family=family: family)
-        assert cpu_build.bf16_pass_k_block() == expected, (vendor, family)
-        assert f"-DSOLO_BF16_PASS_KB={expected}" in cpu_build.compile_flags(level)
+        assert getattr(cpu_build, setting)() == expected, (vendor, family)
+        assert f"-D{flag}={expected}" in cpu_build.compile_flags(level)
 
 
 def test_the_kernels_own_knobs_are_checked_and_spelled_as_the_kernels_read_them(monkeypatch):
