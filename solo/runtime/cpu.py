@@ -108,14 +108,27 @@ workspace holds every token's split-KV parts for the whole reserved cache (`solo
 for 512 tokens of Llama-3.1-8B at its 131072-token context."""
 
 SPAN_PREFILL_POSITIONS_AMX = 2048
-"""`CpuRuntime.span_prefill_positions` at the amx ISA level for dense bf16 models: there the decode kernel's span
-prefill runs its products on AMX tiles too, and a cold prompt through it took (2-core Intel Xeon with AMX,
-one process, min of 2): Qwen2.5-0.5B 788 vs 965 ms at 1024 tokens, 1889 vs 2290 at 2000, 4759 vs 4831 at
-4096, 15357 vs 12543 at 8192; Llama-3.2-1B 4094 vs 4043 ms at 2048, 11224 vs 8892 at 4096 (its per-token
-attention grows with the position; SDPA's does not). So up to 2048 positions every split of a prompt is
-exact at no cost in TTFT. MoE models keep `SPAN_PREFILL_POSITIONS` (OLMoE-1B-7B-4L: 1998 vs 1727 ms at 1024,
-4508 vs 3419 at 2048: the grouped expert matmuls win), and so do int8 / int4 and float32 weights, whose
-products are not on tiles (Qwen2.5-0.5B at 2000 tokens: int8 5808 vs 1594 ms, float32 9775 vs 4732)."""
+"""`CpuRuntime.span_prefill_positions` at the amx ISA level, and at avx512-bf16 with packed weights, for dense
+bf16 models: there the decode kernel's span prefill runs its products on AMX tiles too, and a cold prompt
+through it took (2-core Intel Xeon with AMX, one process, min of 2): Qwen2.5-0.5B 788 vs 965 ms at 1024
+tokens, 1889 vs 2290 at 2000, 4759 vs 4831 at 4096, 15357 vs 12543 at 8192; Llama-3.2-1B 4094 vs 4043 ms at
+2048, 11224 vs 8892 at 4096 (its per-token attention grows with the position; SDPA's does not). So up to 2048
+positions every split of a prompt is exact at no cost in TTFT. At avx512-bf16 with packed weights (2-core
+AMD EPYC Zen 4, one process; the matmul prefill's packed products convert their inputs and outputs to and
+from float32): Llama-3.2-1B at 2048 12375-12546 ms against 14072-17028 through the matmuls (12170-13220 with
+row-major weights and oneDNN's bf16 matmuls, the level's path before it packed), Qwen2.5-0.5B at 2000
+5667-5715 against 6322-6848 (5395-5757 row-major). MoE models keep `SPAN_PREFILL_POSITIONS` (OLMoE-1B-7B-4L:
+1998 vs 1727 ms at 1024, 4508 vs 3419 at 2048: the grouped expert matmuls win), and so do int8 / int4 and
+float32 weights, whose products are neither on tiles nor packed (Qwen2.5-0.5B at 2000 tokens: int8 5808 vs
+1594 ms, float32 9775 vs 4732)."""
+
+
+PACKED_BF16_LEVELS = ("amx", "avx512-bf16")
+"""Kernel ISA levels where `CpuRuntime` packs a bf16 model's matrices (solo.runtime.cpu_packing; `pack_amx`).
+Both decode on AVX512-BF16 instructions that give the AMX tiles' bits (cpu_kernels/packed.h). The amx level
+multiplies a prompt on tiles; avx512-bf16 as outer products over the packed rows (16 rows' sums in the lanes
+of one vector: no horizontal sums), which on a 2-core AMD EPYC Zen 4 made the span prefill's products
+faster than the row-major kernels' (benchmarks/results/amd-epyc-zen4/packed-bf16-2026-12-07.md)."""
 
 
 class _Mat(ctypes.Structure):
@@ -527,10 +540,10 @@ class CpuRuntime:
             on at most the container's CPU quota of them (`solo.cpus.threads_within_cpu_limit`, `ThreadGovernor`).
         int_dot: int8 / int4 weights multiply int8-quantized activations in integer dot products (default:
             `int_dot_enabled()`, i.e. yes unless SOLO_CPU_INT_DOT=0); False keeps the float path.
-        pack_amx: at the kernels' amx level, pack a bf16 model's matrices for the AMX kernels (default; the
-            model's Linear layers become `AmxPackedLinear`); False keeps them row-major on the AVX512-BF16
-            kernels (measurement), unless another runtime already packed this model (then they stay
-            packed: `pack_amx` is True). Ignored at other levels.
+        pack_amx: at the kernels' amx and avx512-bf16 levels (`PACKED_BF16_LEVELS`), pack a bf16 model's
+            matrices in the AMX tiles' layout (default; the model's Linear layers become `AmxPackedLinear`);
+            False keeps them row-major on the AVX512-BF16 kernels (measurement), unless another runtime
+            already packed this model (then they stay packed: `pack_amx` is True). Ignored at other levels.
 
     Attributes:
         isa: the kernels' ISA level ("avx2", "avx512-bf16", ...; see `solo.runtime.cpu_build`).
@@ -543,7 +556,7 @@ class CpuRuntime:
             more than the prefix) runs through the decode kernel instead of batched matmuls (see `prefill`).
         span_prefill_positions: a prefill that ends within this many positions runs through the decode
             kernel, cold or not (`SPAN_PREFILL_POSITIONS`, or `SPAN_PREFILL_POSITIONS_AMX` for a dense bf16
-            model at the amx level; 0: only the tails above).
+            model at the amx level or with packed weights; 0: only the tails above).
 
     Environment:
         SOLO_CPU_ISA forces a lower kernel ISA level; SOLO_CPU_SPIN_US sets how long (microseconds, default 2000)
@@ -600,10 +613,11 @@ class CpuRuntime:
         self.int_dot_primitive = self._lib.solo_qdot().decode()
         # dtype of prefill's matmuls: float32 for a bf16 model where the CPU has no native bf16 matmul.
         self.prefill_matmul_dtype = model.dtype
-        # The AMX level packs the bf16 matrices for its kernels (solo.runtime.cpu_packing); the model's Linear
-        # layers become AmxPackedLinear views of the packed weights.
+        # The amx and avx512-bf16 levels pack the bf16 matrices for their kernels (solo.runtime.cpu_packing); the
+        # model's Linear layers become AmxPackedLinear views of the packed weights.
         already = any(isinstance(m, AmxPackedLinear) for m in model.modules())
-        self.pack_amx = self.isa == "amx" and model.dtype == torch.bfloat16 and (pack_amx is not False or already)
+        self.pack_amx = self.isa in PACKED_BF16_LEVELS and model.dtype == torch.bfloat16 \
+            and (pack_amx is not False or already)
         self._parents: dict[int, tuple[nn.Module, str]] = {}
         if self.pack_amx:
             for parent in model.modules():
@@ -612,9 +626,10 @@ class CpuRuntime:
         if model.dtype == torch.bfloat16 and not native_bf16_matmul():
             self.prefill_matmul_dtype = torch.float32
         self.span_prefill_tokens = SPAN_PREFILL_TOKENS
-        # (AMX tiles serve bf16 weights only: int8 / int4 / float32 products stay on the vector kernels, where
-        # the longer bound made a 2000-token prefill 2-3.6x slower)
-        amx_spans = self.isa == "amx" and model.dtype == torch.bfloat16 and model_quantization(model) is None
+        # (AMX tiles and the packed layout serve bf16 weights only: int8 / int4 / float32 products stay on the
+        # vector kernels, where the longer bound made a 2000-token prefill 2-3.6x slower)
+        amx_spans = (self.isa == "amx" or self.pack_amx) and model.dtype == torch.bfloat16 \
+            and model_quantization(model) is None
         self.span_prefill_positions = SPAN_PREFILL_POSITIONS_AMX if amx_spans and not self.config.is_moe \
             else SPAN_PREFILL_POSITIONS
         if self.config.rope.prefills_whole:  # (through the decode kernel each token takes its own length's)
@@ -1091,7 +1106,7 @@ class CpuRuntime:
         """
         mat, weight, bias = self._prefill_mats[index]
         dtype = self.prefill_matmul_dtype
-        if mat.format == _W_BF16_AMX:  # the packed weights' own kernel: AMX tiles, as fast as oneDNN's matmul
+        if mat.format == _W_BF16_AMX:  # the packed weights' own kernel (AMX tiles, or outer products: packed.h)
             xf = x.float().contiguous()
             out = torch.empty(xf.shape[0], mat.rows, dtype=torch.float32)
             workspace = torch.empty(xf.numel() * 4 + 64, dtype=torch.uint8)

@@ -1,10 +1,10 @@
-"""bf16 weights packed for the CPU kernels' AMX level (cpu_kernels/amx.h, format W_BF16_AMX).
+"""bf16 weights packed for the CPU kernels' avx512-bf16 and amx levels (cpu_kernels/packed.h, format W_BF16_AMX).
 
-On a CPU with AMX tiles the span prefill multiplies bf16 weights on tiles, and decode uses AVX512-BF16
-instructions arranged to give exactly the tile's bits (so a token's logits do not depend on whether it was
-part of a prompt or a decode step). Both read this layout: per 16-row group and k step of 32 columns, 1 KiB
-of 16 vectors, the first 8 holding the rows' even elements and the last 8 their odd ones, each 32-bit lane
-one row's [k + 2, k] pair of them (amx.h explains why; `amx_pack_index` there is the same map).
+Decode uses AVX512-BF16 instructions arranged to give exactly the AMX tile's bits; the span prefill
+multiplies on tiles where the CPU has AMX, else as outer products over the packed rows (so a token's logits
+do not depend on whether it was part of a prompt or a decode step). All read this layout: per 16-row group
+and k step of 32 columns, 1 KiB of 16 vectors, E and O vectors alternating (the rows' even and odd
+elements), each 32-bit lane one row's [k + 2, k] pair of them (packed.h explains why).
 
 `AmxPackedLinear` stands in for an `nn.Linear` whose weight the CPU runtime packed: the eager model keeps
 working (its weight is unpacked on access), while the weights exist once in memory.
@@ -58,7 +58,7 @@ def unpack_bf16_amx(packed: torch.Tensor, rows: int, cols: int) -> torch.Tensor:
 
 
 class AmxPackedLinear(nn.Module):
-    """A bf16 Linear layer whose weight lives in the AMX level's packed layout (one slice of a fused matrix).
+    """A bf16 Linear layer whose weight lives in the packed layout (one slice of a fused matrix; avx512-bf16, amx).
 
     Args:
         packed: bfloat16 [ceil(out_features / 16), ceil(in_features / 32), 512] (`pack_bf16_amx`).

@@ -458,6 +458,7 @@ _PARITY = [
     "tests/runtime/test_decode_spans.py::test_a_rows_span_is_bit_identical_alone_and_in_any_mixed_batch[gqa64-torch.bfloat16]",
     "tests/runtime/test_decode_spans.py::test_a_rows_span_is_bit_identical_alone_and_in_any_mixed_batch[gemma2-torch.bfloat16]",
     "tests/runtime/test_verify_kv.py::test_cpu_verify_equals_decode_steps_bit_for_bit_in_every_format",
+    "tests/runtime/test_cpu_packed.py",  # skipped below the avx512-bf16 level
     "tests/runtime/test_amx.py",  # skipped below the amx level
     "tests/runtime/test_span_tile.py::test_tiles_give_batch_1_bits_at_real_widths",
     f"{_M}test_float32_greedy_matches_transformers_and_eager",

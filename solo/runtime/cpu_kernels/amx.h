@@ -1,40 +1,24 @@
 // bf16 matrix products on Intel AMX tiles (AMX-BF16: Sapphire Rapids and later Xeons), over weights packed
-// for them (format W_BF16_AMX), and the split-KV attention parts of a bf16 KV cache (at the end). Compiled
-// into the "amx" ISA level only (cpu_build.py); included by gemv.h.
+// for them (format W_BF16_AMX; packed.h explains the layout, whose bits the AVX512-BF16 decode kernel there
+// reproduces), and the split-KV attention parts of a bf16 KV cache (at the end). Compiled into the "amx" ISA
+// level only (cpu_build.py); included by gemv.h.
 //
-// Solo's rule is that a (row, token) result has the same bits whatever else was computed with it (batch 1,
-// batched decode, the span prefill, any thread count). AMX makes the span prefill's products 5-6x faster
-// than AVX512-BF16, but batch-1 decode on AMX tiles ran at 0.83-0.91x of the AVX512-BF16 kernel here. So
-// decode runs on AVX512-BF16 instructions that give AMX's bits, and only the span uses tiles:
-//
-// What one TDPBF16PS computes, per C element (row m of A, column n of B), measured on the hardware
-// (bit-exact over millions of random cases at every magnitude; it is the order the SDM's pseudocode gives):
-// two float32 sums from zero, E over the even elements of the 16 k pairs and O over the odd ones, each
-// adding its exact bf16 x bf16 products in k order with a rounding after each; then C += (E + O), rounded
-// twice; denormal inputs read as zero and denormal results flushed to zero (AmxMxcsr). VDPBF16PS adds a
-// pair's odd product and then its even one into one accumulator, so with the weights of 16 rows in the lanes
-// and each dword holding two consecutive EVEN (or two ODD) weights of a row, in the order [k + 2 (lo), k
-// (hi)], one VDPBF16PS advances a row's E (or O) sum by two steps in the same order and rounding as the tile
-// does. The packed layout (below) stores exactly those vectors: per
-// 16-row group and k step of 32, 8 E and 8 O vectors of 16 rows = 1 KiB contiguous, so decode streams the
-// weights with 16 VDPBF16PS per KiB (as the row-major kernel does), and the span turns each KiB into a B
-// tile with shifts and masks. K is zero-padded to a multiple of 32 and the rows to a multiple of 16 (zero
-// products add nothing: the sums are never -0).
-//
-// Measured (2-core Xeon with AMX; results/intel-xeon-amx/README.md): TTFT 4.5-5.5x the avx512-bf16 level's,
-// decode 0.96-0.98x the row-major AVX512-BF16 kernel in the same process (step-ab-packed-*).
+// Measured (2-core Xeon with AMX; results/intel-xeon-amx/README.md): TTFT 4.5-5.5x the avx512-bf16 level's
+// (then with row-major weights), decode 0.96-0.98x the row-major AVX512-BF16 kernel in the same process
+// (step-ab-packed-*).
 #pragma once
 #include "common.h"
+#include "packed.h"
 
-#if SOLO_AVX512 && defined(__AMX_TILE__) && defined(__AMX_BF16__) && defined(__AVX512BF16__)
+#if SOLO_BF16_PACKED && defined(__AMX_TILE__) && defined(__AMX_BF16__)
 #define SOLO_AMX 1
 #include <sys/syscall.h>
 #include <unistd.h>
 
 #include <vector>
 
-// Measurement knob "amx": 0 = the span's products on the packed decode kernel instead of tiles (the same
-// bits, slower).
+// Measurement knob "amx": 0 = the span's products without tiles (packed.h: packed_span; the same bits,
+// slower).
 static int g_amx = 1;
 // Span prefill: KiB of packed rows turned into B tiles at a time (knob "amx_span_kb"; at least 2 groups), as
 // many as stay in L2 beside a token group, so each token group is read once per super-block. 1 MiB:
@@ -43,7 +27,7 @@ static int g_amx_span_kb = 1024;
 
 // Linux keeps the AMX tile data off until a process asks (arch_prctl ARCH_REQ_XCOMP_PERM, Linux >= 5.16);
 // cpu_build.py asks too before it offers this level. Without it every tile instruction would fault, so the
-// span falls back to the packed decode kernel (the same bits).
+// span falls back to packed_span (packed.h: the same bits).
 static int amx_request_permission() {
   const long kArchReqXcompPerm = 0x1023, kXfeatureXtiledata = 18;
   return syscall(SYS_arch_prctl, kArchReqXcompPerm, kXfeatureXtiledata) == 0;
@@ -90,142 +74,13 @@ static inline void amx_configure() {
   _tile_loadconfig(&c);
 }
 
-// Per-thread scratch: the tokens' packed-order inputs (decode), B tiles and zero-padded tokens (span).
+// Per-thread scratch of the span: B tiles and zero-padded tokens.
 struct AmxScratch {
-  std::vector<uint32_t> inputs;
   std::vector<uint16_t> tiles, tokens;
 };
 static inline AmxScratch& amx_scratch() {
   static thread_local AmxScratch s;
   return s;
-}
-
-// The packed layout (W_BF16_AMX; solo/runtime/cpu_packing.py writes it): W[n, k] of a matrix of K columns sits
-// in 16-row group n / 16 and k step k / 32 (1 KiB each, a group's ceil(K / 32) steps contiguous); within a
-// step, in vector v = 2 ((k % 32) / 4) + k % 2 (E and O vectors alternate), lane n % 16, half 1 - (k / 2) % 2
-// (a lane holds [k + 2, k] of a row's even, or odd, elements).
-
-// One token's inputs in packed order: e[q] = (x[4q + 2], x[4q]) and o[q] = (x[4q + 3], x[4q + 1]) as
-// (low, high) bf16, q < 8 * ceil(K / 32), zero past K. Per 32 inputs: the 64-bit lanes (x[4q] .. x[4q + 3])
-// shifted and masked into both halves, then narrowed to 32 bits.
-static inline void amx_token_inputs(const uint16_t* x, int K, uint32_t* e, uint32_t* o) {
-  const __m512i lo16 = _mm512_set1_epi64(0xffff), hi16 = _mm512_set1_epi64(0xffff0000);
-  for (int k = 0; k < K; k += 32) {
-    const int n = K - k < 32 ? K - k : 32;
-    const __mmask32 m = n == 32 ? ~(__mmask32)0 : (__mmask32)((1u << n) - 1);
-    const __m512i y = _mm512_maskz_loadu_epi16(m, x + k);
-    const __m512i ev = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi64(y, 32), lo16),
-                                       _mm512_and_si512(_mm512_slli_epi64(y, 16), hi16));
-    const __m512i ov = _mm512_or_si512(_mm512_srli_epi64(y, 48), _mm512_and_si512(y, hi16));
-    _mm256_storeu_si256((__m256i*)(e + k / 4), _mm512_cvtepi64_epi32(ev));
-    _mm256_storeu_si256((__m256i*)(o + k / 4), _mm512_cvtepi64_epi32(ov));
-  }
-}
-
-// Decode: 16-row groups read side by side at batch 1 (knob "amx_groups": 1, 2 or 4; the same bits at any).
-// Whole decode steps (Qwen2.5-0.5B, 2-core Xeon): 4 groups 1.13x over 1, 2 groups the same as 4.
-static int g_amx_groups = 4;
-
-// The tile reads denormals as zero and flushes denormal sums to a zero of their sign, with round-to-nearest-
-// even, whatever MXCSR says; VDPBF16PS too, but the two adds after it follow MXCSR (measured: E + O = 2^-127
-// is 0 on the tile). So the decode kernel runs with MXCSR set so (and restores the caller's).
-struct AmxMxcsr {
-  unsigned saved = _mm_getcsr();
-  AmxMxcsr() { _mm_setcsr((saved & ~0x6000u) | 0x8040u); }  // RC = nearest, FTZ, DAZ
-  ~AmxMxcsr() { _mm_setcsr(saved); }
-};
-
-// G 16-row groups x BT tokens: c[(g * BT + j) * 16 + m] = row 16 g + m . token j, in the tile's
-// order (see the top of this file). gp: each group's first step; in: per token 2 Q dwords (e then o,
-// Q = 8 ksteps).
-template <int G, int BT>
-static inline void amx_packed_groups(const uint16_t* const* gp, int ksteps, const uint32_t* in, float* c) {
-  const size_t Q = (size_t)8 * ksteps;
-  __m512 C[G][BT];
-  for (int g = 0; g < G; g++)
-    for (int j = 0; j < BT; j++) C[g][j] = _mm512_setzero_ps();
-  for (int s = 0; s < ksteps; s++) {
-    __m512 E[G][BT], O[G][BT];
-    for (int g = 0; g < G; g++)
-      for (int j = 0; j < BT; j++) E[g][j] = O[g][j] = _mm512_setzero_ps();
-    const uint16_t* p[G];
-    for (int g = 0; g < G; g++) p[g] = gp[g] + (size_t)s * 512;
-#pragma GCC unroll 8
-    for (int v = 0; v < 8; v++) {
-      __m512i we[G], wo[G];
-      for (int g = 0; g < G; g++) {  // the hardware prefetcher alone falls behind (common.h, SOLO_PREFETCH)
-        PREFETCH(p[g] + 64 * v);
-        PREFETCH(p[g] + 64 * v + 32);
-      }
-      for (int g = 0; g < G; g++) {
-        we[g] = _mm512_loadu_si512(p[g] + 64 * v);
-        wo[g] = _mm512_loadu_si512(p[g] + 64 * v + 32);
-      }
-      for (int j = 0; j < BT; j++) {
-        const __m512bh xe = (__m512bh)_mm512_set1_epi32((int)in[j * 2 * Q + 8 * s + v]);
-        const __m512bh xo = (__m512bh)_mm512_set1_epi32((int)in[j * 2 * Q + Q + 8 * s + v]);
-        for (int g = 0; g < G; g++) {
-          E[g][j] = _mm512_dpbf16_ps(E[g][j], (__m512bh)we[g], xe);
-          O[g][j] = _mm512_dpbf16_ps(O[g][j], (__m512bh)wo[g], xo);
-        }
-      }
-    }
-    for (int g = 0; g < G; g++)
-      for (int j = 0; j < BT; j++) C[g][j] = _mm512_add_ps(C[g][j], _mm512_add_ps(E[g][j], O[g][j]));
-  }
-  for (int g = 0; g < G; g++)
-    for (int j = 0; j < BT; j++) _mm512_storeu_ps(c + (g * BT + j) * 16, C[g][j]);
-}
-
-// c (amx_packed_groups' order, `groups` groups from row r0, `bt` tokens) into y[j, r] for r in [n0, n1).
-static inline void amx_put_rows(const float* c, int groups, int bt, int r0, float* y, int ldy, int n0, int n1) {
-  for (int g = 0; g < groups; g++) {
-    const int a = r0 + 16 * g, lo = a > n0 ? a : n0, hi = a + 16 < n1 ? a + 16 : n1;
-    if (hi <= lo) continue;
-    for (int j = 0; j < bt; j++)
-      memcpy(y + (size_t)j * ldy + lo, c + (g * bt + j) * 16 + (lo - a), (size_t)(hi - lo) * sizeof(float));
-  }
-}
-
-template <int G, int BT>
-static void amx_packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                               int n1) {
-  const AmxMxcsr mxcsr;
-  const int ksteps = (K + 31) / 32, Q = 8 * ksteps;
-  std::vector<uint32_t>& in = amx_scratch().inputs;
-  in.resize((size_t)2 * Q * BT);
-  for (int j = 0; j < BT; j++)
-    amx_token_inputs(x + (size_t)j * ldx, K, &in[(size_t)2 * Q * j], &in[(size_t)2 * Q * j + Q]);
-  const size_t gstride = (size_t)ksteps * 512;
-  int g = n0 / 16;
-  const int g1 = (n1 + 15) / 16;
-  alignas(64) float c[G * BT * 16];
-  const uint16_t* gp[G];
-  for (; g + G <= g1; g += G) {
-    for (int r = 0; r < G; r++) gp[r] = P + (size_t)(g + r) * gstride;
-    amx_packed_groups<G, BT>(gp, ksteps, in.data(), c);
-    amx_put_rows(c, G, BT, 16 * g, y, ldy, n0, n1);
-  }
-  for (; g < g1; g++) {
-    gp[0] = P + (size_t)g * gstride;
-    amx_packed_groups<1, BT>(gp, ksteps, in.data(), c);
-    amx_put_rows(c, 1, BT, 16 * g, y, ldy, n0, n1);
-  }
-}
-
-// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, bf16
-// inputs (row stride ldx), on AVX512-BF16 instructions with the tile's bits. Batch 1 takes four groups at a
-// time (one stream of 4 KiB steps), two tokens two groups, more one.
-template <int BT>
-static void amx_packed_gemv_bt(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                               int n1) {
-  if (n0 >= n1) return;
-  if constexpr (BT == 1) {
-    if (g_amx_groups == 1) return amx_packed_gemv_g<1, 1>(P, K, x, ldx, y, ldy, n0, n1);
-    if (g_amx_groups == 2) return amx_packed_gemv_g<2, 1>(P, K, x, ldx, y, ldy, n0, n1);
-  }
-  constexpr int G0 = BT == 1 ? 4 : (BT == 2 ? 2 : 1);
-  amx_packed_gemv_g<G0, BT>(P, K, x, ldx, y, ldy, n0, n1);
 }
 
 // One group's k step (1 KiB packed) as a B tile: k pair 2v of the 16 rows is (high of E_v, high of O_v),

@@ -828,9 +828,10 @@ extern "C" int solo_placement_probe(int nthreads) {
 // (q8_rt 0 = none, -1 = default), "bf16_pass_kb" = the AVX512-BF16 pass tile's k block (tile.h), "qz_rt" /
 // "qz_pass_kb" = the 512-bit integer-dot pass tile's shape (0 = none) and k block, "pass_min_b" = the fewest
 // sequences that take those tiles (default 32), "span_chunk_kb" = KiB of weights per work item of a span
-// product on AMX builds (gemv.h), "amx" 0 = the span's packed products on the decode kernel instead of tiles,
-// "amx_groups" = 16-row groups the packed decode kernel reads side by side, "amx_span_kb" = KiB of packed rows
-// turned into tiles at a time (amx.h; the amx level only),
+// product on AMX builds (gemv.h), "packed_chunk_kb" = the same for packed bf16 weights without tiles,
+// "amx_groups" = 16-row groups the packed decode kernel reads side by side, "packed_tile" = the packed span's
+// tile without AMX (10 x groups + tokens; packed.h), "amx" 0 = the span's packed products without tiles,
+// "amx_span_kb" = KiB of packed rows turned into tiles at a time (amx.h; the amx level only),
 // "attn_prefetch" = blocks of 16 cached positions attention prefetches ahead (0 = off; elementwise.h),
 // "attn_qk_dot" 0 = split-KV q . k of a bf16 cache on widened rows instead of bf16 dot products,
 // "attn_amx" 0 = split-KV attention of a bf16 cache without tiles (amx.h; the amx level only),
@@ -851,9 +852,13 @@ extern "C" int solo_set_knob(const char* name, int value) {
   else if (!strcmp(name, "gvec_rt")) g_gvec_rt = value;
   else if (!strcmp(name, "row_streams")) g_row_streams = value < 1 ? 1 : value;
   else if (!strcmp(name, "bf16_streams")) g_bf16_streams = value < 1 ? 1 : value;
+#if SOLO_BF16_PACKED
+  else if (!strcmp(name, "amx_groups")) g_amx_groups = value;
+  else if (!strcmp(name, "packed_tile")) g_packed_tile = value;
+  else if (!strcmp(name, "packed_chunk_kb")) g_packed_chunk_kb = value < 1 ? 1 : value;
+#endif
 #if SOLO_AMX
   else if (!strcmp(name, "amx")) g_amx = value;
-  else if (!strcmp(name, "amx_groups")) g_amx_groups = value;
   else if (!strcmp(name, "amx_span_kb")) g_amx_span_kb = value < 1 ? 1 : value;
   else if (!strcmp(name, "attn_amx")) g_attn_amx = value;
 #endif

@@ -3,7 +3,7 @@
 #include "common.h"
 #include "simd.h"
 #include "qdot.h"
-#include "amx.h"  // bf16 products on AMX tiles (the "amx" level only)
+#include "amx.h"  // packed bf16 weights (packed.h) and their products on AMX tiles (the "amx" level only)
 
 // -------------------------------------------------------------------- matrix-vector products (GEMV)
 // y[b, n] = sum_k W[n, k] * x[b, k] for rows n in [n0, n1). x is bf16 for bf16 weights, else float32.
@@ -506,9 +506,9 @@ static void gemv_tile(const Mat* W, const void* x, int ldx, float* y, int ldy, i
       gemv_bf16w_f32_bt<BT>((const uint16_t*)W->weight, K, (const float*)x, ldx, y, ldy, n0, n1);
       break;
 #endif
-#if SOLO_AMX
+#if SOLO_BF16_PACKED
     case W_BF16_AMX:
-      amx_packed_gemv_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
+      packed_gemv_bt<BT>((const uint16_t*)W->weight, K, (const uint16_t*)x, ldx, y, ldy, n0, n1);
       break;
 #endif
     case W_F32:
@@ -638,6 +638,7 @@ static int g_chunk_bytes = 128 << 10;
 // AMX products (measured with the first AMX kernels: results/intel-xeon-amx/README.md, "The AMX level"); at
 // least 4 chunks per thread for balance.
 static int g_span_chunk_kb = SOLO_AMX ? 1024 : 0;
+// The same for packed bf16 weights without tiles: g_packed_chunk_kb (packed.h).
 
 // Bytes of weights per row of W (packed bf16: per row of a 16-row group, columns padded to 32), so row r of
 // a 16-row-aligned range starts r * mat_row_bytes(W) into W->weight.
@@ -658,8 +659,13 @@ static inline int chunk_rows(const Mat* W, int B, int n, int nt) {
   // four-group runs, 0.97-0.98x at 256 KiB; results/intel-xeon-amx/step-ab-packed-*.txt).
   const size_t chunk_bytes = (size_t)g_chunk_bytes * (W->format == W_BF16_AMX ? 2 : 1);
   size_t r = (chunk_bytes / (row_bytes ? row_bytes : 1)) & ~(size_t)15;
-  if (B > SOLO_TILE && g_span_chunk_kb) {
-    const size_t span = ((size_t)g_span_chunk_kb << 10) / (row_bytes ? row_bytes : 1);
+#if SOLO_BF16_PACKED && !SOLO_AMX
+  const int span_kb = W->format == W_BF16_AMX ? g_packed_chunk_kb : g_span_chunk_kb;
+#else
+  const int span_kb = g_span_chunk_kb;
+#endif
+  if (B > SOLO_TILE && span_kb) {
+    const size_t span = ((size_t)span_kb << 10) / (row_bytes ? row_bytes : 1);
     const size_t balanced = (size_t)n / (4 * (size_t)(nt > 0 ? nt : 1));
     r = (span < balanced ? span : balanced) & ~(size_t)31;
     if (r < 32) r = 32;

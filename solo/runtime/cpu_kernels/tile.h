@@ -527,10 +527,15 @@ enum { Q8_RT_DEFAULT = SOLO_AVX512 ? 34 : 23 };
 // computed the product, 0 when the caller must (same bits either way).
 static inline int gemv_rows_tiled(const Mat* W, const void* x, int ldx, int B, float* y, int ldy, int n0, int n1) {
   if (!g_span_tile) return 0;
-#if SOLO_AMX
+#if SOLO_BF16_PACKED
   if (W->format == W_BF16_AMX) {
-    if (!amx_on()) return 0;  // the packed decode kernel (same bits)
-    amx_span((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+#if SOLO_AMX
+    if (amx_on()) {
+      amx_span((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
+      return 1;
+    }
+#endif
+    packed_span((const uint16_t*)W->weight, W->cols, (const uint16_t*)x, ldx, B, y, ldy, n0, n1);
     return 1;
   }
 #endif
