@@ -4,21 +4,18 @@ The span prefill multiplies on AMX tiles; decode (1-4 tokens) on AVX512-BF16 ins
 the tile's bits (tests/runtime/test_cpu_packed.py tests those, and the span without tiles). These tests
 check that the span on tiles gives batch 1's bits (knob "amx" on and off), at odd widths (partial k steps),
 odd row counts (partial 16-row groups), token counts across the 16- and 32-token groups, small super-blocks,
-1 and 2 threads; denormals; that other code's tile configuration does not leak; attention on tiles.
+1 and 2 threads; that other code's tile configuration does not leak; attention on tiles.
 Skipped where the library is not the "amx" level (it runs only under `SOLO_CPU_ISA=amx`, on a CPU with
 AMX-BF16: tests/runtime/test_cpu_isa.py runs this file under every level the CPU has).
 """
 
 from __future__ import annotations
 
-import ctypes
-
 import pytest
 import torch
+from test_cpu_packed import _gemv, _packed  # (test_cpu_packed also runs its denormal test on tiles)
 
-from solo.runtime.cpu import _W_BF16_AMX, _Mat
 from solo.runtime.cpu_build import library_isa, load_library
-from solo.runtime.cpu_packing import pack_bf16_amx
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +27,6 @@ def lib():
     yield lib
     for knob, value in ((b"amx", 1), (b"amx_span_kb", 1024), (b"span_tile", 1), (b"pass_min_b", 32)):
         lib.solo_set_knob(knob, value)
-
-
-def _gemv(lib, mat, x, threads=2):
-    y = torch.empty(x.shape[0], mat.rows)
-    workspace = torch.empty(x.numel() * 4 + 64, dtype=torch.uint8)
-    lib.solo_gemv(ctypes.byref(mat), x.data_ptr(), x.shape[0], y.data_ptr(), workspace.data_ptr(), threads)
-    return y
-
-
-def _packed(w):
-    packed = pack_bf16_amx(w)
-    return _Mat(_W_BF16_AMX, w.shape[0], w.shape[1], 32, packed.data_ptr(), None, None), packed
 
 
 @pytest.mark.parametrize("rows,cols", [(16, 32), (37, 33), (50, 96), (64, 2048), (21, 3237)])
@@ -59,22 +44,6 @@ def test_the_span_on_tiles_gives_batch_1_bits(lib, rows, cols):
             for batch in (1, 2, 3, 4, 5, 15, 16, 17, 31, 32, 33, 40):
                 got = _gemv(lib, mat, x[:batch], threads)
                 assert torch.equal(got, singles[:batch]), (amx, span_kb, threads, batch)
-
-
-def test_denormal_sums_are_flushed_on_the_tiles(lib):
-    """The tile flushes a denormal E + O or C + (E + O) to zero, as the decode kernel does."""
-    w = torch.zeros(16, 64)
-    w[:, 0] = w[:, 1] = 1.0
-    w[1, 32] = 1.0  # row 1: a normal sum in the first k step, then one that cancels it to a denormal
-    x = torch.zeros(40, 64)
-    x[:, 0] = 2.0 ** -120
-    x[:, 1] = -(2.0 ** -120) * (1 - 2.0 ** -7)  # E + O = 2^-127: denormal
-    x[:, 32] = -(2.0 ** -120) * (1 - 2.0 ** -6)
-    w, x = w.bfloat16(), x.bfloat16().float()
-    mat, _keep = _packed(w)
-    single, tiles = _gemv(lib, mat, x[:1]), _gemv(lib, mat, x)
-    assert torch.equal(tiles, single.expand_as(tiles))
-    assert single[0, 0].item() == 0.0 and single[0, 2].item() == 0.0
 
 
 def test_tile_configuration_of_other_code_does_not_leak(lib):
