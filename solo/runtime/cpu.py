@@ -628,9 +628,9 @@ class CpuRuntime:
         self.span_prefill_tokens = SPAN_PREFILL_TOKENS
         # (AMX tiles and the packed layout serve bf16 weights only: int8 / int4 / float32 products stay on the
         # vector kernels, where the longer bound made a 2000-token prefill 2-3.6x slower)
-        amx_spans = (self.isa == "amx" or self.pack_amx) and model.dtype == torch.bfloat16 \
+        tiled_or_packed_spans = (self.isa == "amx" or self.pack_amx) and model.dtype == torch.bfloat16 \
             and model_quantization(model) is None
-        self.span_prefill_positions = SPAN_PREFILL_POSITIONS_AMX if amx_spans and not self.config.is_moe \
+        self.span_prefill_positions = SPAN_PREFILL_POSITIONS_AMX if tiled_or_packed_spans and not self.config.is_moe \
             else SPAN_PREFILL_POSITIONS
         if self.config.rope.prefills_whole:  # (through the decode kernel each token takes its own length's)
             self.span_prefill_positions = self.span_prefill_tokens = 0

@@ -34,12 +34,6 @@
 #define SOLO_BF16_PACKED 1
 #include <vector>
 
-// Per-thread scratch: the tokens' inputs in packed order.
-static inline std::vector<uint32_t>& packed_inputs() {
-  static thread_local std::vector<uint32_t> s;
-  return s;
-}
-
 // The packed layout (W_BF16_AMX; solo/runtime/cpu_packing.py writes it): W[n, k] of a matrix of K columns sits
 // in 16-row group n / 16 and k step k / 32 (1 KiB each, a group's ceil(K / 32) steps contiguous); within a
 // step, in vector v = 2 ((k % 32) / 4) + k % 2 (E and O vectors alternate), lane n % 16, half 1 - (k / 2) % 2
@@ -60,6 +54,16 @@ static inline void packed_token_inputs(const uint16_t* x, int K, uint32_t* e, ui
     _mm256_storeu_si256((__m256i*)(e + k / 4), _mm512_cvtepi64_epi32(ev));
     _mm256_storeu_si256((__m256i*)(o + k / 4), _mm512_cvtepi64_epi32(ov));
   }
+}
+
+// `count` tokens' inputs (row stride ldx) in packed order, one after another (2 Q dwords each: e then o), in a
+// per-thread scratch that the next call overwrites.
+static inline const uint32_t* packed_token_block(const uint16_t* x, int ldx, int count, int K) {
+  static thread_local std::vector<uint32_t> in;
+  const size_t Q = (size_t)8 * ((K + 31) / 32);
+  if (in.size() < 2 * Q * count) in.resize(2 * Q * count);
+  for (int j = 0; j < count; j++) packed_token_inputs(x + (size_t)j * ldx, K, &in[2 * Q * j], &in[2 * Q * j + Q]);
+  return in.data();
 }
 
 // Decode: 16-row groups read side by side at batch 1 (knob "amx_groups": 1, 2 or 4; the same bits at any).
@@ -127,30 +131,39 @@ static inline void packed_put_rows(const float* c, int groups, int bt, int r0, f
   }
 }
 
+// Tokens [b0, b1) in groups of BT (b1 - b0 a multiple of BT; `in`: every token's inputs from token 0, as
+// packed_token_block gives them), each group over runs of G groups of rows [n0, n1), the last groups one by one.
+template <int G, int BT>
+static void packed_rows_tokens(const uint16_t* P, size_t gstride, int ksteps, const uint32_t* in, int b0, int b1,
+                               float* y, int ldy, int n0, int n1) {
+  const size_t Q2 = (size_t)16 * ksteps;  // dwords per token
+  alignas(64) float c[G * BT * 16];
+  const uint16_t* gp[G];
+  const int gfirst = n0 / 16, gend = (n1 + 15) / 16;
+  for (int b = b0; b + BT <= b1; b += BT) {
+    const uint32_t* tin = in + (size_t)b * Q2;
+    float* yb = y + (size_t)b * ldy;
+    int g = gfirst;
+    for (; g + G <= gend; g += G) {
+      for (int r = 0; r < G; r++) gp[r] = P + (size_t)(g + r) * gstride;
+      packed_groups<G, BT>(gp, ksteps, tin, c);
+      packed_put_rows(c, G, BT, 16 * g, yb, ldy, n0, n1);
+    }
+    for (; g < gend; g++) {
+      gp[0] = P + (size_t)g * gstride;
+      packed_groups<1, BT>(gp, ksteps, tin, c);
+      packed_put_rows(c, 1, BT, 16 * g, yb, ldy, n0, n1);
+    }
+  }
+}
+
 template <int G, int BT>
 static void packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
                           int n1) {
   const PackedMxcsr mxcsr;
-  const int ksteps = (K + 31) / 32, Q = 8 * ksteps;
-  std::vector<uint32_t>& in = packed_inputs();
-  in.resize((size_t)2 * Q * BT);
-  for (int j = 0; j < BT; j++)
-    packed_token_inputs(x + (size_t)j * ldx, K, &in[(size_t)2 * Q * j], &in[(size_t)2 * Q * j + Q]);
-  const size_t gstride = (size_t)ksteps * 512;
-  int g = n0 / 16;
-  const int g1 = (n1 + 15) / 16;
-  alignas(64) float c[G * BT * 16];
-  const uint16_t* gp[G];
-  for (; g + G <= g1; g += G) {
-    for (int r = 0; r < G; r++) gp[r] = P + (size_t)(g + r) * gstride;
-    packed_groups<G, BT>(gp, ksteps, in.data(), c);
-    packed_put_rows(c, G, BT, 16 * g, y, ldy, n0, n1);
-  }
-  for (; g < g1; g++) {
-    gp[0] = P + (size_t)g * gstride;
-    packed_groups<1, BT>(gp, ksteps, in.data(), c);
-    packed_put_rows(c, 1, BT, 16 * g, y, ldy, n0, n1);
-  }
+  const int ksteps = (K + 31) / 32;
+  const uint32_t* in = packed_token_block(x, ldx, BT, K);
+  packed_rows_tokens<G, BT>(P, (size_t)ksteps * 512, ksteps, in, 0, BT, y, ldy, n0, n1);
 }
 
 // Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, bf16
@@ -185,36 +198,12 @@ static int g_packed_tile = 24;
 // super-block inside one call: every token group reads them, so they should stay in L2 beside the inputs.
 static int g_packed_chunk_kb = 1024;
 
-template <int G, int BT>
-static void packed_span_tokens(const uint16_t* P, size_t gstride, int ksteps, const uint32_t* in, int b0, int b1,
-                               float* y, int ldy, int n0, int n1) {
-  const size_t Q2 = (size_t)16 * ksteps;  // dwords per token
-  alignas(64) float c[G * BT * 16];
-  const uint16_t* gp[G];
-  const int gfirst = n0 / 16, gend = (n1 + 15) / 16;
-  for (int b = b0; b + BT <= b1; b += BT) {
-    const uint32_t* tin = in + (size_t)b * Q2;
-    float* yb = y + (size_t)b * ldy;
-    int g = gfirst;
-    for (; g + G <= gend; g += G) {
-      for (int r = 0; r < G; r++) gp[r] = P + (size_t)(g + r) * gstride;
-      packed_groups<G, BT>(gp, ksteps, tin, c);
-      packed_put_rows(c, G, BT, 16 * g, yb, ldy, n0, n1);
-    }
-    for (; g < gend; g++) {
-      gp[0] = P + (size_t)g * gstride;
-      packed_groups<1, BT>(gp, ksteps, tin, c);
-      packed_put_rows(c, 1, BT, 16 * g, yb, ldy, n0, n1);
-    }
-  }
-}
-
 // The last `left` < T tokens, [b0, b0 + left), with a G x left tile.
 template <int G, int T>
 static void packed_span_left(const uint16_t* P, size_t gstride, int ksteps, const uint32_t* in, int b0, int left,
                              float* y, int ldy, int n0, int n1) {
   if constexpr (T > 1) {
-    if (left == T - 1) return packed_span_tokens<G, T - 1>(P, gstride, ksteps, in, b0, b0 + left, y, ldy, n0, n1);
+    if (left == T - 1) return packed_rows_tokens<G, T - 1>(P, gstride, ksteps, in, b0, b0 + left, y, ldy, n0, n1);
     packed_span_left<G, T - 1>(P, gstride, ksteps, in, b0, left, y, ldy, n0, n1);
   }
 }
@@ -224,7 +213,7 @@ template <int G, int BT>
 static void packed_span_tile(const uint16_t* P, size_t gstride, int ksteps, const uint32_t* in, int B, float* y,
                              int ldy, int n0, int n1) {
   const int whole = B - B % BT;
-  packed_span_tokens<G, BT>(P, gstride, ksteps, in, 0, whole, y, ldy, n0, n1);
+  packed_rows_tokens<G, BT>(P, gstride, ksteps, in, 0, whole, y, ldy, n0, n1);
   if (whole < B) packed_span_left<G, BT>(P, gstride, ksteps, in, whole, B - whole, y, ldy, n0, n1);
 }
 
@@ -232,32 +221,28 @@ static void packed_span(const uint16_t* P, int K, const uint16_t* x, int ldx, in
                         int n1) {
   if (n0 >= n1 || B <= 0) return;
   const PackedMxcsr mxcsr;
-  const int ksteps = (K + 31) / 32, Q = 8 * ksteps;
+  const int ksteps = (K + 31) / 32;
   const size_t gstride = (size_t)ksteps * 512;
   // Tokens in blocks of PACKED_SPAN_TOKENS: the per-thread scratch of their inputs stays bounded (K x 2 bytes
   // per token) when a long prompt's matmul prefill (cpu.py: _linear) multiplies thousands of tokens at once.
   constexpr int PACKED_SPAN_TOKENS = 256;
   const size_t super_bytes = (size_t)g_packed_chunk_kb << 10;
   const int super_groups = super_bytes > gstride * 2 ? (int)(super_bytes / (gstride * 2)) : 1;
-  std::vector<uint32_t>& in = packed_inputs();
-  in.resize((size_t)2 * Q * (B < PACKED_SPAN_TOKENS ? B : PACKED_SPAN_TOKENS));
   for (int t0 = 0; t0 < B; t0 += PACKED_SPAN_TOKENS) {
     const int nb = B - t0 < PACKED_SPAN_TOKENS ? B - t0 : PACKED_SPAN_TOKENS;
-    const uint16_t* xb = x + (size_t)t0 * ldx;
+    const uint32_t* in = packed_token_block(x + (size_t)t0 * ldx, ldx, nb, K);
     float* yb = y + (size_t)t0 * ldy;
-    for (int j = 0; j < nb; j++)
-      packed_token_inputs(xb + (size_t)j * ldx, K, &in[(size_t)2 * Q * j], &in[(size_t)2 * Q * j + Q]);
     // Rows in super-blocks of about g_packed_chunk_kb (the decode step's chunks are one already; a thread's
     // whole block of rows in solo_gemv is not: there every token group read the weights from memory, 0.35x).
     for (int r0 = n0, r1; r0 < n1; r0 = r1) {
       r1 = (r0 / 16 + super_groups) * 16;
       r1 = r1 < n1 ? r1 : n1;
       switch (g_packed_tile) {
-        case 14: packed_span_tile<1, 4>(P, gstride, ksteps, in.data(), nb, yb, ldy, r0, r1); break;
-        case 26: packed_span_tile<2, 6>(P, gstride, ksteps, in.data(), nb, yb, ldy, r0, r1); break;
-        case 34: packed_span_tile<3, 4>(P, gstride, ksteps, in.data(), nb, yb, ldy, r0, r1); break;
-        case 43: packed_span_tile<4, 3>(P, gstride, ksteps, in.data(), nb, yb, ldy, r0, r1); break;
-        default: packed_span_tile<2, 4>(P, gstride, ksteps, in.data(), nb, yb, ldy, r0, r1); break;
+        case 14: packed_span_tile<1, 4>(P, gstride, ksteps, in, nb, yb, ldy, r0, r1); break;
+        case 26: packed_span_tile<2, 6>(P, gstride, ksteps, in, nb, yb, ldy, r0, r1); break;
+        case 34: packed_span_tile<3, 4>(P, gstride, ksteps, in, nb, yb, ldy, r0, r1); break;
+        case 43: packed_span_tile<4, 3>(P, gstride, ksteps, in, nb, yb, ldy, r0, r1); break;
+        default: packed_span_tile<2, 4>(P, gstride, ksteps, in, nb, yb, ldy, r0, r1); break;
       }
     }
   }
