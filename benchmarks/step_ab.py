@@ -74,7 +74,8 @@ def huge_page_share(tensors: list[torch.Tensor]) -> float:
 
 
 # decode.cpp's knob defaults (solo_set_knob): a variant's knobs are set over these, every other knob reset.
-KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "late_us": 1000, "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1,
+KNOB_DEFAULTS = {"static_rows": 0, "chunk_kb": 128, "claim_chunks": 4, "late_us": 1000,
+                 "ahead_kb": 0, "ahead_hint": 0, "spin_pause": 1,
                  "moe_gu_rows": 128, "moe_down_rows": 256, "moe_fused": 1, "span_tile": 1, "row_streams": 4,
                  "bf16_streams": bf16_stream_count(), "q8_streams": 2, "amx": 1, "amx_groups": 4, "amx_span_kb": 1024,
                  "bf16_pass_kb": bf16_pass_k_block()}

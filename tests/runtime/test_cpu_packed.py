@@ -208,3 +208,41 @@ def test_row_major_weights_stay_available_and_batch_invariant(lib, tmp_path):
         assert runtime_is_batch_invariant(runtime, rows=4, trials=8)
         logits[packed] = runtime.prefill(0, ids)
     torch.testing.assert_close(logits[False], logits[True], rtol=0.02, atol=0.02)
+
+
+@pytest.mark.parametrize("intermediate", [512, 528])  # 32 or 33 row groups per half (pairs of them at batch 1)
+def test_decode_steps_keep_their_bits_at_every_claim_and_chunk_size(lib, tmp_path, intermediate):
+    """The decode step's MLP reads a chunk's gate and up rows side by side (packed_gemv_pair_in at 1 and 2
+    tokens; 3 and 4 read one run after the other), and a thread takes several chunks at once from the front
+    of its run (knob claim_chunks). Batch 1, batched decode, 1 and 2 threads,
+    every claim size and chunk size give the same logits bit for bit."""
+    from checkpoints import make_checkpoint
+
+    from solo.model.config import ModelConfig
+    from solo.model.weights import load_weights
+    from solo.runtime.cpu import CpuRuntime
+    from solo.server.scheduler import runtime_is_batch_invariant
+
+    folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16, hidden_size=384,
+                             num_attention_heads=6, num_key_value_heads=2, head_dim=64,
+                             intermediate_size=intermediate)
+    model = load_weights(folder, ModelConfig.from_file(folder), torch.bfloat16)
+    ids = torch.tensor([1, 17, 93, 5, 250, 31, 77])
+    results = []
+    try:
+        for threads, claim, chunk_kb in ((2, 1, 128), (2, 4, 128), (2, 3, 4), (1, 4, 4), (2, 4, 4)):
+            runtime = CpuRuntime(model, rows=4, max_seq=64, num_threads=threads)
+            assert runtime._struct.layer[0].gate_up.format == _W_BF16_AMX
+            runtime._lib.solo_set_knob(b"claim_chunks", claim)
+            runtime._lib.solo_set_knob(b"chunk_kb", chunk_kb)
+            runtime.reserve(4, 64)
+            assert runtime_is_batch_invariant(runtime, rows=4, trials=4), (threads, claim, chunk_kb)
+            runtime.prefill(0, ids)
+            steps = [runtime.decode(torch.tensor([0]), torch.tensor([t]), torch.tensor([len(ids) + i]))
+                     for i, t in enumerate((5, 300, 42))]
+            results.append(torch.cat(steps))
+    finally:
+        lib.solo_set_knob(b"claim_chunks", 4)
+        lib.solo_set_knob(b"chunk_kb", 128)
+    for other in results[1:]:
+        assert torch.equal(other, results[0])

@@ -173,13 +173,17 @@ def _decode_logits(runtime, steps=5):
 
 def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
     """Whichever thread computes a chunk of rows (its own run, stolen, the static split; 1-3 threads, a count
-    changed between steps by the governor) the logits are bit for bit the same."""
+    changed between steps by the governor; chunks taken one or several at a time) the logits are bit for bit
+    the same."""
     folder = make_checkpoint(tmp_path / "llama", "llama", dtype=torch.bfloat16, hidden_size=128, head_dim=32,
                              num_attention_heads=4, num_key_value_heads=2, intermediate_size=352)
     reference = None
     for num_threads, knobs, governed in [(1, {}, False), (2, {}, False), (3, {"chunk_kb": 1}, False),
                                          (2, {"chunk_kb": 1, "static_rows": 1}, False), (2, {"chunk_kb": 1}, True),
-                                         (2, {"chunk_kb": 1, "ahead_kb": 64, "ahead_hint": 1, "spin_pause": 0}, False)]:
+                                         (2, {"chunk_kb": 1, "ahead_kb": 64, "ahead_hint": 1, "spin_pause": 0}, False),
+                                         (2, {"chunk_kb": 1, "claim_chunks": 1}, False),
+                                         (2, {"chunk_kb": 1, "claim_chunks": 3}, False),
+                                         (1, {"chunk_kb": 1, "claim_chunks": 2}, False)]:
         runtime = _runtime(folder, num_threads)
         lib = runtime._lib
         try:
@@ -191,6 +195,7 @@ def test_chunked_rows_stealing_and_thread_changes_keep_the_bits(tmp_path):
             logits = _decode_logits(runtime)
         finally:
             lib.solo_set_knob(b"chunk_kb", 128)
+            lib.solo_set_knob(b"claim_chunks", 4)
             lib.solo_set_knob(b"static_rows", 0)
             lib.solo_set_knob(b"ahead_kb", 0)
             lib.solo_set_knob(b"ahead_hint", 0)

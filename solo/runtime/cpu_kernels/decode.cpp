@@ -516,10 +516,10 @@ static int decode_step(const Model* m, int batch, const int64_t* tokens, const i
         // rows of each half per chunk (two linear runs of a chunk's size)
         const int R = chunk_rows(&L->gate_up, nb, f, nt);
         const size_t down_esz = input_elem_bytes(&L->down);
-        share_rows(queues, calls++, (f + R - 1) / R, tid, nt, [&](int c) {
-          const int i0 = c * R, i1 = i0 + R < f ? i0 + R : f;
-          gemv_rows(&L->gate_up, xin, h, nb, gu, 2 * f, i0, i1, skip);
-          gemv_rows(&L->gate_up, xin, h, nb, gu, 2 * f, f + i0, f + i1, skip);
+        const ProductInput gu_in = product_input(&L->gate_up, xin, h, nb, skip);
+        share_rows(queues, calls++, (f + R - 1) / R, tid, nt, claim_chunks(nb), [&](int c0, int c1) {
+          const int i0 = c0 * R, i1 = c1 * R < f ? c1 * R : f;
+          gemv_rows_pair(&L->gate_up, gu_in, nb, gu, 2 * f, i0, i1, f + i0, skip);
           finish_linear_rows(&L->gate_up, gu, nb, 2 * f, bf, i0, i1);
           finish_linear_rows(&L->gate_up, gu, nb, 2 * f, bf, f + i0, f + i1);
           for (int b = 0; b < nb; b++) {
@@ -815,7 +815,8 @@ extern "C" int solo_placement_probe(int nthreads) {
 }
 
 // Measurement knobs, set between steps (never during one): "static_rows" 1 = each thread computes only its
-// static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "late_us" = the
+// static block of every matrix (no chunk stealing), "chunk_kb" = KiB of weights per chunk, "claim_chunks" = the
+// most chunks a thread takes at once from the front of its own run in a decode product (gemv.h), "late_us" = the
 // barrier wait counted as late, "ahead_kb" = KiB of the next matrix a thread prefetches while it waits at a
 // barrier (0 = none, the default), "ahead_hint" 0/1/2 = prefetcht0/t1/t2 for it, "spin_pause" 0 = spin at
 // barriers without the PAUSE hint (default 1), "qdot_ymm" 1 = the AVX-512 int4 integer-dot kernel on 256-bit
@@ -840,6 +841,7 @@ extern "C" int solo_placement_probe(int nthreads) {
 extern "C" int solo_set_knob(const char* name, int value) {
   if (!strcmp(name, "static_rows")) g_static_rows = value;
   else if (!strcmp(name, "chunk_kb")) g_chunk_bytes = (value < 1 ? 1 : value) << 10;
+  else if (!strcmp(name, "claim_chunks")) g_claim_chunks = value < 1 ? 1 : value;
   else if (!strcmp(name, "late_us")) g_late_wait_ns = (int64_t)value * 1000;
   else if (!strcmp(name, "ahead_kb")) g_ahead_kb = value < 0 ? 0 : value;
   else if (!strcmp(name, "ahead_hint")) g_ahead_hint = value;

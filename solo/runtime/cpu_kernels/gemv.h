@@ -597,6 +597,61 @@ static void gemv_rows(const Mat* W, const void* x, int ldx, int B, float* y, int
 #endif
 }
 
+// A decode product's input, prepared once for every chunk of rows a thread computes (gemv_shared, the MLP's
+// gate and up rows): packed bf16 weights at up to SOLO_TILE tokens take the tokens' inputs in packed order
+// (packed_token_block, this thread's scratch until its next conversion), which each chunk converted again
+// before; between chunks that left no reads in flight (Llama-3.2-1B decode steps, Zen 4: see
+// packed_gemv_pair_in). Other formats read x as gemv_rows does.
+struct ProductInput {
+  const void* x;
+  int ldx;
+  const uint32_t* packed;  // null: gemv_rows on x
+};
+
+static inline ProductInput product_input(const Mat* W, const void* x, int ldx, int B, int skip) {
+  ProductInput p{x, ldx, nullptr};
+#if SOLO_BF16_PACKED
+  if (W->format == W_BF16_AMX && !skip && B >= 1 && B <= SOLO_TILE)
+    p.packed = packed_token_block((const uint16_t*)x, ldx, B, W->cols);
+#else
+  (void)W, (void)B, (void)skip;
+#endif
+  return p;
+}
+
+// gemv_rows on a prepared input (the same bits).
+static void gemv_rows_in(const Mat* W, const ProductInput& in, int B, float* y, int ldy, int n0, int n1, int skip) {
+#if SOLO_BF16_PACKED
+  if (in.packed) {
+    const uint16_t* P = (const uint16_t*)W->weight;
+    switch (B) {
+      case 1: return packed_gemv_in<1>(P, W->cols, in.packed, y, ldy, n0, n1);
+      case 2: return packed_gemv_in<2>(P, W->cols, in.packed, y, ldy, n0, n1);
+      case 3: return packed_gemv_in<3>(P, W->cols, in.packed, y, ldy, n0, n1);
+      default: return packed_gemv_in<4>(P, W->cols, in.packed, y, ldy, n0, n1);
+    }
+  }
+#endif
+  gemv_rows(W, in.x, in.ldx, B, y, ldy, n0, n1, skip);
+}
+
+// gemv_rows_in over rows [a0, a1) and then [b0, b0 + a1 - a0) of W (the MLP's gate and up rows of a chunk),
+// the two runs read side by side where the kernel can (packed bf16 weights at 1 or 2 tokens, 16-row aligned
+// runs: packed_gemv_pair_in); the same bits either way.
+static void gemv_rows_pair(const Mat* W, const ProductInput& in, int B, float* y, int ldy, int a0, int a1, int b0,
+                           int skip) {
+#if SOLO_BF16_PACKED
+  if (in.packed && (B == 1 || B == 2) && a0 % 16 == 0 && b0 % 16 == 0 && a1 > a0) {
+    const uint16_t* P = (const uint16_t*)W->weight;
+    if (B == 1) packed_gemv_pair_in<1>(P, W->cols, in.packed, y, ldy, a0, b0, a1 - a0);
+    else packed_gemv_pair_in<2>(P, W->cols, in.packed, y, ldy, a0, b0, a1 - a0);
+    return;
+  }
+#endif
+  gemv_rows_in(W, in, B, y, ldy, a0, a1, skip);
+  gemv_rows_in(W, in, B, y, ldy, b0, b0 + (a1 - a0), skip);
+}
+
 // y[b, :] = W x[b, :] for every b < B, this thread's rows only (the caller adds a barrier).
 static void gemv(const Mat* W, const void* x, int B, float* y, int ldy, int tid, int nt, int skip = 0) {
   int n0, n1;
@@ -654,9 +709,11 @@ static inline size_t mat_row_bytes(const Mat* W) {
 // Rows per chunk of W's product with B tokens, n rows shared by nt threads.
 static inline int chunk_rows(const Mat* W, int B, int n, int nt) {
   const size_t row_bytes = mat_row_bytes(W);
-  // The AMX level's packed kernel reads four 16-row groups at a time: whole runs of them, in chunks twice as
-  // large (Qwen2.5-0.5B decode steps on a 2-core Xeon with AMX: 0.95x of the row-major kernel at 128 KiB and
-  // four-group runs, 0.97-0.98x at 256 KiB; results/intel-xeon-amx/step-ab-packed-*.txt).
+  // The packed kernel reads four 16-row groups at a time: whole runs of them, in chunks four times as large
+  // (Qwen2.5-0.5B decode steps on a 2-core Xeon with AMX: 0.95x of the row-major kernel at 128 KiB and
+  // four-group runs, 0.97-0.98x at 256 KiB; results/intel-xeon-amx/step-ab-packed-*.txt; on Zen 4, with the
+  // inputs converted once per product, 512 KiB ran 1.007x (Llama-3.2-1B) and 1.019x (Qwen2.5-0.5B) the
+  // steps at 256 KiB: each chunk's claim is a locked instruction, which waits for the reads in flight).
   const size_t chunk_bytes = (size_t)g_chunk_bytes * (W->format == W_BF16_AMX ? 2 : 1);
   size_t r = (chunk_bytes / (row_bytes ? row_bytes : 1)) & ~(size_t)15;
 #if SOLO_BF16_PACKED && !SOLO_AMX
@@ -675,15 +732,31 @@ static inline int chunk_rows(const Mat* W, int B, int n, int nt) {
   return r < 16 ? 16 : (r > (1 << 20) ? (1 << 20) : (int)r);
 }
 
-// Run work(c) for chunks c in [0, chunks) over the nt threads (this is thread tid), each chunk exactly once.
+// Chunks a thread takes at once from the front of its own run in a decode product (knob "claim_chunks"; at
+// most half of what is left there, so the run's last chunks still go one at a time to whichever thread is
+// free): each claim is a locked instruction, which waits for the reads in flight, and each call of a row-
+// streaming kernel starts its streams anew, so fewer and longer calls read faster (Zen 4, whole decode steps:
+// chunks of 256-512 KiB instead of 128 KiB ran 1.025-1.035x at the avx2 level, 1.03-1.04x with packed bf16
+// weights), while a thread that is done early still takes 128 KiB chunks from the back of another's run.
+static int g_claim_chunks = 4;
+
+// Chunks a decode product of B tokens claims at once: g_claim_chunks, or 1 for products of more tokens than
+// one decode tile, whose chunks are sized to stay in L2 while every token reads them.
+static inline int claim_chunks(int B) { return B <= SOLO_TILE && g_claim_chunks > 1 ? g_claim_chunks : 1; }
+
+// Run work(c0, c1) over ranges of chunks [c0, c1) covering [0, chunks) on the nt threads (this is thread
+// tid), each chunk exactly once, at most `most` chunks per range (claim_chunks).
 template <class F>
-static void share_rows(RowQueue* q, unsigned gen, int chunks, int tid, int nt, F&& work) {
+static void share_rows(RowQueue* q, unsigned gen, int chunks, int tid, int nt, int most, F&& work) {
+  if (most < 1) most = 1;
   if (nt == 1) {
-    for (int c = 0; c < chunks; c++) work(c);
+    for (int c = 0; c < chunks; c += most) work(c, c + most < chunks ? c + most : chunks);
     return;
   }
   gen %= ROWQ_FRESH;
-  auto claim = [&](int t, bool front) -> int {
+  // The first chunk of a claim from the front (up to `most`, at most half of what is left) or the back (one) of
+  // thread t's run; -1 when it is empty.
+  auto claim = [&](int t, bool front, int* count) -> int {
     uint64_t w = q[t].word.load(std::memory_order_acquire);
     for (;;) {
       if ((unsigned)(w >> 48) != gen) {  // first touch in this call: the owner's static run
@@ -693,28 +766,37 @@ static void share_rows(RowQueue* q, unsigned gen, int chunks, int tid, int nt, F
       }
       const unsigned f = (unsigned)(w >> 24) & 0xffffff, b = (unsigned)w & 0xffffff;
       if (f >= b) return -1;
-      const uint64_t next = front ? rowq_pack(gen, f + 1, b) : rowq_pack(gen, f, b - 1);
-      if (q[t].word.compare_exchange_weak(w, next, std::memory_order_acq_rel, std::memory_order_acquire))
+      unsigned n = 1;
+      if (front) {
+        n = (b - f) / 2;
+        n = n > (unsigned)most ? (unsigned)most : (n < 1 ? 1 : n);
+      }
+      const uint64_t next = front ? rowq_pack(gen, f + n, b) : rowq_pack(gen, f, b - 1);
+      if (q[t].word.compare_exchange_weak(w, next, std::memory_order_acq_rel, std::memory_order_acquire)) {
+        *count = (int)n;
         return front ? (int)f : (int)b - 1;
+      }
     }
   };
-  for (int c; (c = claim(tid, true)) >= 0;) work(c);
+  int n = 0;
+  for (int c; (c = claim(tid, true, &n)) >= 0;) work(c, c + n);
   if (g_static_rows) return;
   for (int k = 1; k < nt; k++) {
     const int v = (tid + k) % nt;
-    for (int c; (c = claim(v, false)) >= 0;) work(c);
+    for (int c; (c = claim(v, false, &n)) >= 0;) work(c, c + 1);
   }
 }
 
 // gemv() with the rows shared out at run time (share_rows): y[b, :] = W x[b, :] for every b < B; after
-// each chunk of rows [r0, r1), epilogue(r0, r1) runs on the thread that computed it.
+// each range of rows [r0, r1) (whole chunks), epilogue(r0, r1) runs on the thread that computed it.
 template <class F>
 static void gemv_shared(const Mat* W, const void* x, int B, float* y, int ldy, RowQueue* q, unsigned gen, int tid,
                         int nt, int skip, F&& epilogue) {
   const int N = W->rows, R = chunk_rows(W, B, N, nt);
-  share_rows(q, gen, (N + R - 1) / R, tid, nt, [&](int c) {
-    const int r0 = c * R, r1 = r0 + R < N ? r0 + R : N;
-    gemv_rows(W, x, W->cols, B, y, ldy, r0, r1, skip);
+  const ProductInput in = product_input(W, x, W->cols, B, skip);
+  share_rows(q, gen, (N + R - 1) / R, tid, nt, claim_chunks(B), [&](int c0, int c1) {
+    const int r0 = c0 * R, r1 = c1 * R < N ? c1 * R : N;
+    gemv_rows_in(W, in, B, y, ldy, r0, r1, skip);
     epilogue(r0, r1);
   });
 }

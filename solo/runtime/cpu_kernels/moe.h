@@ -242,8 +242,7 @@ static int moe_group(const MoeWs* w, int ne, int P) {
 static void gated_rows(const Model* m, const Mat* gate_up, const Mat* down, const void* x, int np, float* gu,
                        void* down_in, int i0, int i1, int skip) {
   const int f = gate_up->rows / 2, bf = m->dtype == DT_BF16;
-  gemv_rows(gate_up, x, gate_up->cols, np, gu, 2 * f, i0, i1, skip);
-  gemv_rows(gate_up, x, gate_up->cols, np, gu, 2 * f, f + i0, f + i1, skip);
+  gemv_rows_pair(gate_up, product_input(gate_up, x, gate_up->cols, np, skip), np, gu, 2 * f, i0, i1, f + i0, skip);
   finish_linear_rows(gate_up, gu, np, 2 * f, bf, i0, i1);
   finish_linear_rows(gate_up, gu, np, 2 * f, bf, f + i0, f + i1);
   for (int q = 0; q < np; q++) {

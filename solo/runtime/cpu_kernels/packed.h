@@ -158,27 +158,69 @@ static void packed_rows_tokens(const uint16_t* P, size_t gstride, int ksteps, co
 }
 
 template <int G, int BT>
-static void packed_gemv_g(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
-                          int n1) {
+static void packed_gemv_g(const uint16_t* P, int K, const uint32_t* in, float* y, int ldy, int n0, int n1) {
   const PackedMxcsr mxcsr;
   const int ksteps = (K + 31) / 32;
-  const uint32_t* in = packed_token_block(x, ldx, BT, K);
   packed_rows_tokens<G, BT>(P, (size_t)ksteps * 512, ksteps, in, 0, BT, y, ldy, n0, n1);
 }
 
-// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, bf16
-// inputs (row stride ldx), on AVX512-BF16 instructions with the tile's bits. Batch 1 takes four groups at a
-// time (one stream of 4 KiB steps), two tokens two groups, more one.
+// Decode: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and BT <= 4 tokens, packed bf16 weights, the tokens'
+// inputs already in packed order (`in`: packed_token_block of the BT tokens), on AVX512-BF16 instructions with
+// the tile's bits. Batch 1 takes four groups at a time (one stream of 4 KiB steps), two tokens two groups,
+// more one.
+template <int BT>
+static void packed_gemv_in(const uint16_t* P, int K, const uint32_t* in, float* y, int ldy, int n0, int n1) {
+  if (n0 >= n1) return;
+  if constexpr (BT == 1) {
+    if (g_amx_groups == 1) return packed_gemv_g<1, 1>(P, K, in, y, ldy, n0, n1);
+    if (g_amx_groups == 2) return packed_gemv_g<2, 1>(P, K, in, y, ldy, n0, n1);
+  }
+  constexpr int G0 = BT == 1 ? 4 : (BT == 2 ? 2 : 1);
+  packed_gemv_g<G0, BT>(P, K, in, y, ldy, n0, n1);
+}
+
+// packed_gemv_in on bf16 inputs x (row stride ldx), converted here.
 template <int BT>
 static void packed_gemv_bt(const uint16_t* P, int K, const uint16_t* x, int ldx, float* y, int ldy, int n0,
                            int n1) {
   if (n0 >= n1) return;
-  if constexpr (BT == 1) {
-    if (g_amx_groups == 1) return packed_gemv_g<1, 1>(P, K, x, ldx, y, ldy, n0, n1);
-    if (g_amx_groups == 2) return packed_gemv_g<2, 1>(P, K, x, ldx, y, ldy, n0, n1);
+  packed_gemv_in<BT>(P, K, packed_token_block(x, ldx, BT, K), y, ldy, n0, n1);
+}
+
+// Decode of two runs of n rows, [a0, a0 + n) and [b0, b0 + n) (a0 and b0 multiples of 16), read side by side:
+// H groups of each run per packed_groups call (the G0 groups of packed_gemv_in, half from each run). The MLP's gate and up rows of a chunk are such runs; one after the other, each
+// chunk switched the stream twice, and the stream that restarts waits for the hardware prefetcher again
+// (Llama-3.2-1B decode steps, Zen 4: chunks of 512 KiB instead of 128 ran 1.02x faster). Each group's
+// arithmetic is packed_groups' alone, so the bits are those of packed_gemv_in. `in` as packed_gemv_in's.
+template <int BT>
+static void packed_gemv_pair_in(const uint16_t* P, int K, const uint32_t* in, float* y, int ldy, int a0, int b0,
+                                int n) {
+  static_assert(BT == 1 || BT == 2, "pairs of runs at 1 or 2 tokens (packed_gemv_in's even group counts)");
+  constexpr int H = BT == 1 ? 2 : 1;
+  if (n <= 0) return;
+  const PackedMxcsr mxcsr;
+  const int ksteps = (K + 31) / 32;
+  const size_t gstride = (size_t)ksteps * 512;
+  alignas(64) float c[2 * H * BT * 16];
+  const uint16_t* gp[2 * H];
+  const int ga = a0 / 16, gb = b0 / 16, groups = (n + 15) / 16;
+  int g = 0;
+  for (; g + H <= groups; g += H) {
+    for (int r = 0; r < H; r++) {
+      gp[r] = P + (size_t)(ga + g + r) * gstride;
+      gp[H + r] = P + (size_t)(gb + g + r) * gstride;
+    }
+    packed_groups<2 * H, BT>(gp, ksteps, in, c);
+    packed_put_rows(c, H, BT, 16 * (ga + g), y, ldy, a0, a0 + n);
+    packed_put_rows(c + H * BT * 16, H, BT, 16 * (gb + g), y, ldy, b0, b0 + n);
   }
-  constexpr int G0 = BT == 1 ? 4 : (BT == 2 ? 2 : 1);
-  packed_gemv_g<G0, BT>(P, K, x, ldx, y, ldy, n0, n1);
+  for (; g < groups; g++) {
+    gp[0] = P + (size_t)(ga + g) * gstride;
+    gp[1] = P + (size_t)(gb + g) * gstride;
+    packed_groups<2, BT>(gp, ksteps, in, c);
+    packed_put_rows(c, 1, BT, 16 * (ga + g), y, ldy, a0, a0 + n);
+    packed_put_rows(c + BT * 16, 1, BT, 16 * (gb + g), y, ldy, b0, b0 + n);
+  }
 }
 
 // Span prefill without tiles: y[j, n] = W[n, :] . x[j, :] for rows [n0, n1) and tokens j < B (packed bf16
