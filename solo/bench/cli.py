@@ -365,6 +365,7 @@ def main(args: argparse.Namespace) -> int:
     from solo.bench.report import (
         check_output_path,
         machine_info,
+        ratio_by_memory_speed,
         report_command,
         rss_bytes,
         summarize,
@@ -706,11 +707,16 @@ def main(args: argparse.Namespace) -> int:
         # Turn by turn: Solo's turn and the peer's turn of the same tokens, seconds apart.
         if name != "solo" and turns.get("solo") and turns.get(name):
             solo_turns = {(t["round"], t["position"]): t for t in turns["solo"]}
-            ratios = [t["decode_s"] / solo_turns[key]["decode_s"]  # Solo's tok/s over the peer's, same tokens
-                      for t in turns[name] if (key := (t["round"], t["position"])) in solo_turns
+            paired = [(t, solo_turns[key]) for t in turns[name] if (key := (t["round"], t["position"])) in solo_turns
                       and solo_turns[key]["decode_s"] > 0]
+            ratios = [t["decode_s"] / s["decode_s"] for t, s in paired]  # Solo's tok/s over the peer's, same tokens
             if ratios:
                 entry["solo_ratio_by_turn"] = summarize(ratios)
+                around = [[*(t.get("bandwidth_gbps_around") or []), *(s.get("bandwidth_gbps_around") or [])]
+                          for t, s in paired]
+                by_speed = ratio_by_memory_speed(ratios, around)
+                if by_speed:
+                    entry["solo_ratio_by_memory_speed"] = by_speed
     best = best_peers(report["engines"])
     if best:
         report["best_peer"] = best
@@ -942,6 +948,13 @@ def _print_report(r: dict[str, Any]) -> None:
             unit = "turn by turn" if "solo_ratio_by_turn" in e else "round by round"
             by_round = f" ({unit}: {rounds['median']:.2f}x [{rounds['min']:.2f}-{rounds['max']:.2f}])" \
                 if rounds else ""
+            speed = e.get("solo_ratio_by_memory_speed")
+            if speed:
+                parts = [f"{label} {speed['split_gbps']:.0f} GB/s {speed[key]['median']:.2f}x "
+                         f"({speed[key + '_turns']} pairs)"
+                         for key, label in (("slow", "below"), ("fast", "above")) if speed[key]]
+                if parts:
+                    by_round += f" (pairs of turns with memory probed {' / '.join(parts)})"
             print(f"  {name}: {e['build']} | Solo decode {decode_ratio:.2f}x{by_round}, Solo TTFT {ttft_ratio:.2f}x "
                   f"faster{check}")
     for family, name in r.get("best_peer", {}).items():

@@ -115,6 +115,41 @@ def summarize(values: list[float]) -> dict[str, float]:
     return {"median": statistics.median(values), "min": min(values), "max": max(values)}
 
 
+def ratio_by_memory_speed(ratios: list[float], probes_gbps: list[list[float]],
+                          spread: float = 1.3) -> dict[str, Any] | None:
+    """Turn-by-turn speed ratios split by the memory speed probed around both turns of each pair.
+
+    On a VM whose read bandwidth jumps between spells (35 and 68 GB/s on one 2-vCPU EPYC), a run's ratio is
+    mostly the mix of spells it met: where memory is slow both engines sit near the roofline and differ by
+    their efficiency there; where it is fast the kernels' other limits show. The split is at the midpoint
+    of the slowest and fastest probe; a pair counts as slow (fast) when every probe around its two turns is
+    below (at or above) it, and as neither when the speed changed between them.
+
+    Args:
+        ratios: Solo's tok/s over the peer's, one per pair of turns.
+        probes_gbps: the read bandwidths probed around the pair's two turns (GB/s), one list per pair.
+        spread: the fastest over the slowest probe below which there is one speed (None is returned).
+
+    Returns:
+        None for steady memory (or no pairs), else {"split_gbps", "slow": summarize(...) | None, "slow_turns",
+        "fast": ..., "fast_turns", "mixed_turns"}.
+
+    Raises:
+        ValueError: the lists differ in length.
+    """
+    if len(ratios) != len(probes_gbps):
+        raise ValueError(f"{len(ratios)} ratios but {len(probes_gbps)} probe lists")
+    every = [b for probes in probes_gbps for b in probes]
+    if not ratios or not every or min(every) <= 0 or max(every) < spread * min(every):
+        return None
+    split = (min(every) + max(every)) / 2
+    slow = [r for r, probes in zip(ratios, probes_gbps, strict=True) if probes and max(probes) < split]
+    fast = [r for r, probes in zip(ratios, probes_gbps, strict=True) if probes and min(probes) >= split]
+    return {"split_gbps": split, "slow": summarize(slow) if slow else None, "slow_turns": len(slow),
+            "fast": summarize(fast) if fast else None, "fast_turns": len(fast),
+            "mixed_turns": len(ratios) - len(slow) - len(fast)}
+
+
 def rss_bytes() -> tuple[int, int]:
     """(current, peak) resident memory of this process in bytes (0, 0 where /proc is missing)."""
     current = peak = 0

@@ -816,3 +816,18 @@ def _umask() -> int:
     mask = os.umask(0)
     os.umask(mask)
     return mask
+
+
+def test_turn_ratios_split_by_memory_speed():
+    from solo.bench.report import ratio_by_memory_speed
+
+    assert ratio_by_memory_speed([1.0, 1.1], [[50.0, 52.0], [55.0, 51.0]]) is None  # one speed
+    assert ratio_by_memory_speed([], []) is None
+    split = ratio_by_memory_speed([1.02, 1.04, 1.30, 1.20, 1.03, 0.7],
+                                  [[34.0, 35.0], [35.0, 36.0], [66.0, 64.0], [64.0, 60.0], [36.0, 34.0], [34.0, 66.0]])
+    assert split["split_gbps"] == 50.0
+    assert split["slow_turns"] == 3 and split["slow"]["median"] == 1.03
+    assert split["fast_turns"] == 2 and split["fast"]["median"] == 1.25
+    assert split["mixed_turns"] == 1  # the speed changed between the two turns
+    with pytest.raises(ValueError, match="2 ratios but 1 probe lists"):
+        ratio_by_memory_speed([1.0, 1.0], [[30.0]])
