@@ -597,11 +597,10 @@ static void gemv_rows(const Mat* W, const void* x, int ldx, int B, float* y, int
 #endif
 }
 
-// A decode product's input, prepared once for every chunk of rows a thread computes (gemv_shared, the MLP's
+// A decode product's input, prepared once for every range of rows a thread computes (gemv_shared, the MLP's
 // gate and up rows): packed bf16 weights at up to SOLO_TILE tokens take the tokens' inputs in packed order
-// (packed_token_block, this thread's scratch until its next conversion), which each chunk converted again
-// before; between chunks that left no reads in flight (Llama-3.2-1B decode steps, Zen 4: see
-// packed_gemv_pair_in). Other formats read x as gemv_rows does.
+// (packed_token_block, this thread's scratch until its next conversion), which every chunk's call converted
+// anew before, with no weight reads in flight meanwhile. Other formats read x as gemv_rows does.
 struct ProductInput {
   const void* x;
   int ldx;
@@ -709,11 +708,10 @@ static inline size_t mat_row_bytes(const Mat* W) {
 // Rows per chunk of W's product with B tokens, n rows shared by nt threads.
 static inline int chunk_rows(const Mat* W, int B, int n, int nt) {
   const size_t row_bytes = mat_row_bytes(W);
-  // The packed kernel reads four 16-row groups at a time: whole runs of them, in chunks four times as large
+  // The packed kernel reads four 16-row groups at a time: whole runs of them, in chunks twice as large
   // (Qwen2.5-0.5B decode steps on a 2-core Xeon with AMX: 0.95x of the row-major kernel at 128 KiB and
-  // four-group runs, 0.97-0.98x at 256 KiB; results/intel-xeon-amx/step-ab-packed-*.txt; on Zen 4, with the
-  // inputs converted once per product, 512 KiB ran 1.007x (Llama-3.2-1B) and 1.019x (Qwen2.5-0.5B) the
-  // steps at 256 KiB: each chunk's claim is a locked instruction, which waits for the reads in flight).
+  // four-group runs, 0.97-0.98x at 256 KiB; results/intel-xeon-amx/step-ab-packed-*.txt). Decode claims
+  // several chunks at once besides (claim_chunks).
   const size_t chunk_bytes = (size_t)g_chunk_bytes * (W->format == W_BF16_AMX ? 2 : 1);
   size_t r = (chunk_bytes / (row_bytes ? row_bytes : 1)) & ~(size_t)15;
 #if SOLO_BF16_PACKED && !SOLO_AMX
