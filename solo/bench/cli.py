@@ -712,9 +712,9 @@ def main(args: argparse.Namespace) -> int:
             ratios = [t["decode_s"] / s["decode_s"] for t, s in paired]  # Solo's tok/s over the peer's, same tokens
             if ratios:
                 entry["solo_ratio_by_turn"] = summarize(ratios)
-                around = [[*(t.get("bandwidth_gbps_around") or []), *(s.get("bandwidth_gbps_around") or [])]
+                probes = [[*(t.get("bandwidth_gbps_around") or []), *(s.get("bandwidth_gbps_around") or [])]
                           for t, s in paired]
-                by_speed = ratio_by_memory_speed(ratios, around)
+                by_speed = ratio_by_memory_speed(ratios, probes)
                 if by_speed:
                     entry["solo_ratio_by_memory_speed"] = by_speed
     best = best_peers(report["engines"])

@@ -740,7 +740,7 @@ static int g_claim_chunks = 4;
 
 // Chunks a decode product of B tokens claims at once: g_claim_chunks, or 1 for products of more tokens than
 // one decode tile, whose chunks are sized to stay in L2 while every token reads them.
-static inline int claim_chunks(int B) { return B <= SOLO_TILE && g_claim_chunks > 1 ? g_claim_chunks : 1; }
+static inline int claim_chunks(int B) { return B <= SOLO_TILE ? g_claim_chunks : 1; }
 
 // Run work(c0, c1) over ranges of chunks [c0, c1) covering [0, chunks) on the nt threads (this is thread
 // tid), each chunk exactly once, at most `most` chunks per range (claim_chunks).
