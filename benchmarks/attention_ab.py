@@ -42,7 +42,10 @@ def main() -> None:
     ap.add_argument("--fill", choices=["zeros", "random"], default="zeros",
                     help="the cached keys and values: zeros, or standard normal as `solo bench --sweep-fill random`")
     args = ap.parse_args()
-    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None)]
+    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None, False)]
+    if any(row_major for *_, row_major in specs):
+        raise SystemExit("this script runs one weight layout: drop 'rowmajor' (prefill_ab.py and step_ab.py "
+                         "compare layouts)")
     model = build_model(shape_config(args.shape), torch.bfloat16)
     positions = args.context + 3 * args.steps + 2
     runtime = CpuRuntime(model, rows=1, max_seq=positions, num_threads=args.threads)
@@ -53,7 +56,7 @@ def main() -> None:
             layer[0, :, :args.context].copy_(torch.randn(layer[0, :, :args.context].shape, generator=gen))
     base_lib = runtime._lib
     # (name, library, knobs): another build of the kernels runs on the same struct and cache
-    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d in specs]
+    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d, _ in specs]
     attention: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     step: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     try:

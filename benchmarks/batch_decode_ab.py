@@ -39,7 +39,10 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=torch.get_num_threads())
     ap.add_argument("--variant", action="append", default=[], help="name=knob=value,knob=value (repeatable)")
     args = ap.parse_args()
-    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None)]
+    specs = [parse_variant(v) for v in args.variant] or [("base", {}, None, False)]
+    if any(row_major for *_, row_major in specs):
+        raise SystemExit("this script runs one weight layout: drop 'rowmajor' (prefill_ab.py and step_ab.py "
+                         "compare layouts)")
     model = build_model(shape_config(args.shape), torch.bfloat16)
     if args.quantize:
         from solo.runtime.quant import quantize_model
@@ -55,7 +58,7 @@ def main() -> None:
         runtime.prefill(row, torch.randint(0, model.config.vocab_size, (prompt_len,), generator=generator))
     rows, base_lib = torch.arange(batch), runtime._lib
     # (name, library, knobs): another build of the kernels ("lib:DIR") runs on the same struct and cache
-    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d in specs]
+    variants = [(name, build_library(d) if d else base_lib, knobs) for name, knobs, d, _ in specs]
     times: dict[str, list[float]] = {name: [] for name, _, _ in variants}
     logits: dict[str, torch.Tensor] = {}
     for _ in range(args.rounds):

@@ -37,3 +37,18 @@ def test_the_profile_command_runs_without_docstrings():
     proc = subprocess.run([sys.executable, "-OO", "-m", "solo.bench.cpu_profile", "--help"], capture_output=True,
                           text=True, timeout=120)
     assert proc.returncode == 0 and "--shape" in proc.stdout, proc.stderr
+
+
+@pytest.mark.parametrize("script,args", [("attention_ab.py", ["--context", "520"]),
+                                         ("batch_decode_ab.py", ["--batch", "2"])])
+def test_the_decode_ab_scripts_take_a_variant_and_refuse_rowmajor(script, args):
+    """`parse_variant` (prefill_ab.py) grew a fourth item, `rowmajor`: attention_ab.py and batch_decode_ab.py
+    unpacked three and stopped with a ValueError whatever the variant. They run one weight layout, so a
+    `rowmajor` variant is refused by name."""
+    common = [sys.executable, str(BENCHMARKS / script), "--shape", "SmolLM2-135M", "--steps", "1", "--rounds", "1",
+              "--threads", "1", *args]
+    proc = subprocess.run([*common, "--variant", "a=attn_prefetch=2"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert " a " in proc.stdout
+    proc = subprocess.run([*common, "--variant", "a=rowmajor"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode != 0 and "drop 'rowmajor'" in proc.stderr
