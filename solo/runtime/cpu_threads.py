@@ -8,11 +8,11 @@ core to the other work and streams the weights from the free ones: measured on a
 busy loop, one thread decoded faster than two (benchmarks/results/amd-epyc-zen4/).
 
 The kernel counts barrier waits longer than 1 ms (an idle machine's threads meet within microseconds).
-After a step with several of them (`late_waits`, and as many again for every further `late_window_s` of
-the step: a 1.4 s span prefill on a noisy VM meets 10-15 such waits among its ~100 barriers, costing it
-about 1%, where beside a busy loop nearly every barrier waits; before this scaling, back-to-back prefills
-of one length started tries that ran the next ones on one thread, 1.8 s -> 3.5 s), `ThreadGovernor` tries
-one thread fewer for a few steps and keeps it only
+After two steps in a row (`late_steps`) with several of them (`late_waits`, and as many again for every
+further `late_window_s` of the step: a 1.4 s span prefill on a noisy VM meets 10-15 such waits among its ~100
+barriers, costing it about 1%, where beside a busy loop nearly every barrier waits; before this scaling,
+back-to-back prefills of one length started tries that ran the next ones on one thread, 1.8 s -> 3.5 s),
+`ThreadGovernor` tries one thread fewer for a few steps and keeps it only
 if those steps are clearly faster than the steps just before, by `margin` (10%; on a machine that is merely
 busy, losing a core's bandwidth can cost more than the waits); at a lowered count it tries one more thread
 again after a hold of some steps, and keeps it unless it is clearly slower. The margin is there for VMs
@@ -57,6 +57,9 @@ class ThreadGovernor:
             (more threads) to be dropped, as a fraction of the steps before it.
         late_window_s: a step longer than this needs `late_waits` late waits per this many seconds of it
             (a long span prefill is not judged by a decode step's count).
+        late_steps: steps in a row with late waits before a try of fewer threads. Beside a busy loop nearly
+            every step has them; on an idle 2-core Zen 4 VM one step in ~170 had two, never two steps in a
+            row, and each started a try: 1.3% of the decode steps ran on one thread at about half speed.
         span_batch: steps of at least this many entries (a prompt through the decode kernel: compute-bound)
             run on every thread unless the fewer threads were kept for a gain of `strong_gain` or more, or were
             kept on steps of this size themselves (`threads_for`).
@@ -78,7 +81,8 @@ class ThreadGovernor:
 
     def __init__(self, max_threads: int, enabled: bool | None = None, late_waits: int = 2, trial_steps: int = 4,
                  min_hold: int = 16, max_hold: int = 128, margin: float = 0.1, late_window_s: float = 0.1,
-                 span_batch: int = 32, strong_gain: float = 1.5, decode_threads: int | None = None) -> None:
+                 span_batch: int = 32, strong_gain: float = 1.5, decode_threads: int | None = None,
+                 late_steps: int = 2) -> None:
         if enabled is None:
             enabled = adapt_threads_enabled()
         if not late_window_s > 0:
@@ -86,6 +90,7 @@ class ThreadGovernor:
         self.max_threads = max(1, max_threads)
         self.enabled = enabled
         self.late_waits = late_waits
+        self.late_steps = max(1, late_steps)
         self.trial_steps = max(2, trial_steps)
         self.min_hold = min_hold
         self.max_hold = max_hold
@@ -108,6 +113,7 @@ class ThreadGovernor:
         self._kept_gain = 1.0  # step time before / during the try that lowered the count to `threads`
         self._kept_batch = -1  # the batch size of that try's steps
         self._used = self.threads  # the count `threads_for` gave the step being run
+        self._late_run = 0  # steps in a row with late waits (`late_waits`), the last one included
 
     def _start(self, threads: int) -> None:
         self._from, self._before, self._trial = self.threads, statistics.median(self._recent), []
@@ -147,6 +153,8 @@ class ThreadGovernor:
     def _decide(self, late: int, seconds: float, batch: int) -> None:
         if not self.enabled:
             return
+        needed = self.late_waits * max(1.0, seconds / self.late_window_s)
+        self._late_run = self._late_run + 1 if late >= needed else 0
         if batch != self._batch:  # times of another batch size do not compare
             self._batch = batch
             self._recent.clear()
@@ -187,8 +195,7 @@ class ThreadGovernor:
         self._recent.append(seconds)
         if len(self._recent) < 2:
             return
-        needed = self.late_waits * max(1.0, seconds / self.late_window_s)
-        if late >= needed and self.threads > 1 and self.steps >= self._no_down_until:
+        if self._late_run >= self.late_steps and self.threads > 1 and self.steps >= self._no_down_until:
             self._start(self.threads - 1)
         elif self.threads < self.decode_threads and self.steps >= self._retry_at:
             self._start(self.threads + 1)

@@ -52,3 +52,10 @@ def test_the_decode_ab_scripts_take_a_variant_and_refuse_rowmajor(script, args):
     assert " a " in proc.stdout
     proc = subprocess.run([*common, "--variant", "a=rowmajor"], capture_output=True, text=True, timeout=300)
     assert proc.returncode != 0 and "drop 'rowmajor'" in proc.stderr
+
+
+def test_the_governor_diagnostic_runs():
+    proc = subprocess.run([sys.executable, str(BENCHMARKS / "governor_idle.py"), "--shape", "SmolLM2-135M", "--runs",
+                           "1", "--tokens", "3"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "late_steps 1: 3 steps" in proc.stdout and "late_steps 2: 3 steps" in proc.stdout

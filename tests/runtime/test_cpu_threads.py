@@ -36,6 +36,19 @@ def test_governor_keeps_fewer_threads_when_they_are_faster_beside_a_busy_core():
     assert used[-5:] == [2] * 5 and gov.threads == 2
 
 
+def test_a_lone_step_with_late_waits_starts_no_try():
+    # An idle VM: now and then one step has two late waits (the host ran something else for a moment), never two
+    # steps in a row. Each used to start a try of one thread (4 steps at about half speed); now two in a row do.
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32)
+    idle = {2: 0.030, 1: 0.055}
+    for _ in range(10):
+        assert _feed(gov, 1, 2, idle) + _feed(gov, 5, 0, idle) == [2] * 6
+    assert gov.reduced_steps == 0
+    assert _feed(gov, 3, 2, idle) == [2, 2, 1]  # two steps in a row: a try
+    gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=32, late_steps=1)
+    assert _feed(gov, 3, 0, idle) + _feed(gov, 1, 2, idle) == [2] * 4 and gov.threads == 1  # one step was enough
+
+
 def test_governor_goes_back_when_fewer_threads_are_slower():
     gov = ThreadGovernor(2, enabled=True, late_waits=2, trial_steps=4, min_hold=8, max_hold=64)
     busy = {2: 0.05, 1: 0.09}  # late waits, but two threads are still faster
