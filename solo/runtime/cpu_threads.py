@@ -58,8 +58,9 @@ class ThreadGovernor:
         late_window_s: a step longer than this needs `late_waits` late waits per this many seconds of it
             (a long span prefill is not judged by a decode step's count).
         late_steps: steps in a row with late waits before a try of fewer threads. Beside a busy loop nearly
-            every step has them; on an idle 2-core Zen 4 VM one step in ~170 had two, never two steps in a
-            row, and each started a try: 1.3% of the decode steps ran on one thread at about half speed.
+            every step has them; on an idle 2-core Zen 4 VM one decode step in 70-170 had two, never two steps
+            in a row, and with 1 each started a try: 1.3-2.3% of the steps ran on one thread at about half
+            speed (benchmarks/governor_idle.py).
         span_batch: steps of at least this many entries (a prompt through the decode kernel: compute-bound)
             run on every thread unless the fewer threads were kept for a gain of `strong_gain` or more, or were
             kept on steps of this size themselves (`threads_for`).
