@@ -7,7 +7,8 @@ had late waits (and how many of those came right after another), and how many ra
 
     python benchmarks/governor_idle.py --shape Qwen2.5-0.5B --runs 6 --tokens 256 --late-steps 1 2
 
-On an idle machine every step on fewer threads is a loss (about half speed on a 2-core VM).
+On an idle machine every step on fewer threads is a loss (about half speed on a 2-core VM). The governor's holds
+after a failed try carry from one run to the next (each run's prefill ends a try in progress).
 """
 
 from __future__ import annotations
@@ -54,7 +55,7 @@ def main() -> None:
     print(f"{args.shape}, {runtime.threads.max_threads} threads, {args.runs} runs of {args.tokens} decode steps "
           f"per setting, settings in turns")
     for n, log in steps.items():
-        late = [i for i, (waits, seconds, _) in enumerate(log) if waits >= gov.late_waits]
+        late = {i for i, (waits, *_) in enumerate(log) if waits >= gov.late_waits}
         in_a_row = sum(1 for i in late if i - 1 in late)
         fewer = sum(1 for *_, used in log if used < gov.max_threads)
         print(f"late_steps {n}: {len(log)} steps, {len(late)} with late waits ({in_a_row} right after another), "
