@@ -55,7 +55,7 @@ def main() -> None:
     print(f"{args.shape}, {runtime.threads.max_threads} threads, {args.runs} runs of {args.tokens} decode steps "
           f"per setting, settings in turns")
     for n, log in steps.items():
-        late = {i for i, (waits, *_) in enumerate(log) if waits >= gov.late_waits}
+        late = {i for i, (waits, seconds, _) in enumerate(log) if gov.is_late(waits, seconds)}
         in_a_row = sum(1 for i in late if i - 1 in late)
         fewer = sum(1 for *_, used in log if used < gov.max_threads)
         print(f"late_steps {n}: {len(log)} steps, {len(late)} with late waits ({in_a_row} right after another), "

@@ -151,11 +151,22 @@ class ThreadGovernor:
         self._decide(late, seconds, batch)
         self._used = self.threads  # the next step's count unless `threads_for` says otherwise
 
+    def is_late(self, late: int, seconds: float) -> bool:
+        """Whether a step counts toward a try of fewer threads (`late_steps` such steps in a row start one).
+
+        Args:
+            late: the step's barrier waits longer than the kernel's threshold.
+            seconds: the step's wall time.
+
+        Returns:
+            True with `late_waits` late waits, and as many again for every further `late_window_s` of the step.
+        """
+        return late >= self.late_waits * max(1.0, seconds / self.late_window_s)
+
     def _decide(self, late: int, seconds: float, batch: int) -> None:
         if not self.enabled:
             return
-        needed = self.late_waits * max(1.0, seconds / self.late_window_s)
-        self._late_run = self._late_run + 1 if late >= needed else 0
+        self._late_run = self._late_run + 1 if self.is_late(late, seconds) else 0
         if batch != self._batch:  # times of another batch size do not compare
             self._batch = batch
             self._recent.clear()
