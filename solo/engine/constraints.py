@@ -171,12 +171,16 @@ class CompiledConstraint:
         backend: "xgrammar" or "llguidance".
         grammar: the backend's compiled grammar (xgrammar.CompiledGrammar, or llguidance grammar text).
         vocab_size: logits width the masks cover.
+        source: the request field the grammar came from ("response_format", "tools", ...), for errors.
+        what: what the field held ("regex", "JSON schema", "grammar", ...), for errors.
     """
 
     backend: str
     grammar: Any
     vocab_size: int
     _compiler: ConstraintCompiler = field(repr=False, default=None)  # type: ignore[assignment]
+    source: str = "response_format"
+    what: str = "grammar"
 
     def matcher(self, stop_token_ids: Sequence[int]) -> TokenConstraint:
         """A fresh per-request matcher that ends on one of `stop_token_ids` (or, with none, by itself)."""
@@ -255,7 +259,8 @@ class ConstraintCompiler:
 
         Raises:
             InvalidRequestError: an invalid JSON Schema, a schema keyword no engine enforces, a regex or
-                grammar neither engine accepts; the message names the problem.
+                grammar neither engine accepts, or one that admits no output at all (an empty character
+                class, a schema whose $refs never end); the message names the problem.
         """
         key = _cache_key(spec)
         with self._lock:
@@ -275,7 +280,8 @@ class ConstraintCompiler:
             check_json_schema(spec.value, spec.source)
         if spec.kind == "structural_tag":
             try:
-                return CompiledConstraint("xgrammar", self._compile_xgrammar(spec), self.logits_width, self)
+                return CompiledConstraint("xgrammar", self._compile_xgrammar(spec), self.logits_width, self, "tools",
+                                          "tool-call grammar")
             except XGrammarWarning as exc:
                 raise InvalidRequestError(f"a tool's parameters use JSON Schema features Solo cannot enforce in "
                                           f"a tool call ({exc}); remove them from the tool's parameters",
@@ -293,17 +299,34 @@ class ConstraintCompiler:
                                                            or xgrammar_mishandles(spec.value) is not None)
         order = ("llguidance", "xgrammar") if llguidance_first else ("xgrammar", "llguidance")
         errors = []
-        for backend in order:
-            try:
-                if backend == "xgrammar":
-                    return CompiledConstraint(backend, self._compile_xgrammar(spec), self.logits_width, self)
-                return CompiledConstraint(backend, self._compile_llguidance(spec), self.logits_width, self)
-            except Exception as exc:  # either engine's own error types
-                errors.append(f"{backend}: {_first_line(exc)}")
         what = {"json_schema": "JSON schema", "regex": "regex", "grammar": "grammar", "choice": "choice list",
                 "json_object": "JSON grammar"}[spec.kind]
+        for backend in order:
+            try:
+                grammar = self._compile_xgrammar(spec) if backend == "xgrammar" else self._compile_llguidance(spec)
+            except Exception as exc:  # either engine's own error types
+                errors.append(f"{backend}: {_first_line(exc)}")
+                continue
+            compiled = CompiledConstraint(backend, grammar, self.logits_width, self, spec.source, what)
+            self._check_start(compiled, spec, what)
+            return compiled
         raise InvalidRequestError(f"the {what} in {spec.source} is not supported ({'; '.join(errors)})",
                                   param=spec.source)
+
+    def _check_start(self, compiled: CompiledConstraint, spec: StructuredOutput, what: str) -> None:
+        # A grammar that allows no first token (an empty character class) would fail at the request's first
+        # token, and a JSON grammar that allows only the end (a schema whose $refs never reach a value) would
+        # "finish" with an empty output that no JSON parser takes: both are refused here, before any step.
+        # (A grammar that runs dead later, "ab[^\s\S]", ends its request with an error at that token.)
+        allowed = compiled.matcher(self.stop_token_ids).first_allowed()
+        if spec.kind in ("json_schema", "json_object") and allowed <= set(self.stop_token_ids):
+            raise InvalidRequestError(f"the {what} in {spec.source} admits no JSON value (a $ref that only leads "
+                                      "to itself, or no type that can be written); give every $ref a way to end "
+                                      "in a value", param=spec.source)
+        if not allowed:
+            raise InvalidRequestError(f"the {what} in {spec.source} admits no output at all: no text matches it "
+                                      "(an empty character class, or a rule that can never end); fix the "
+                                      f"{what}", param=spec.source)
 
     def _compile_llguidance(self, spec: StructuredOutput) -> str:
         import llguidance
@@ -886,8 +909,9 @@ class TokenConstraint:
             # ends there, as meant, but `"<|im_end|>" "!"` ends before its "!".)
             words = self._words.view(np.uint32)
             stops = self._model_stops
-            accepting = (bool((words[stops // 32] & (1 << (stops % 32)).astype(np.uint32)).any()) if len(stops)
-                         else self._matcher.is_accepting())
+            # llguidance also offers EOS where the grammar has no way on ('"a" /[^\s\S]/' after "a"): not an end.
+            accepting = self._matcher.is_accepting() and (
+                bool((words[stops // 32] & (1 << (stops % 32)).astype(np.uint32)).any()) if len(stops) else True)
             for t in self._model_stops:
                 words[t // 32] &= ~np.uint32(1 << (t % 32))
             if accepting:
@@ -908,7 +932,8 @@ class TokenConstraint:
             The forced token id when exactly one token is allowed (sampling can be skipped), else None.
 
         Raises:
-            RuntimeError: the grammar allows no token at all (a bug; the engine ends the request).
+            InvalidRequestError: the grammar allows no token after the text so far (a regex or grammar that
+                runs dead: an empty character class after some text); the engine ends this request alone.
         """
         start = time.perf_counter()
         future, self._future = self._future, None
@@ -926,10 +951,24 @@ class TokenConstraint:
                 self.forced_tokens += 1
         if forced is None:
             if allowed == 0:
-                raise RuntimeError("the output grammar allows no next token")
+                what, source = self.compiled.what, self.compiled.source
+                raise InvalidRequestError(
+                    f"the {what} in {source} allows no next token after the text generated so far: no output that "
+                    f"starts this way can complete it (an empty character class or an impossible sequence); fix "
+                    f"the {what}", param=source)
             self._apply_mask(logits)
         self.mask_wait_s.append(time.perf_counter() - start)
         return forced
+
+    def first_allowed(self) -> set[int]:
+        """The token ids the grammar allows first (its request stop ids where it may end at once).
+
+        Call before any `apply`; waits for a mask already being computed.
+        """
+        future, self._future = self._future, None
+        future.result() if future is not None else self._fill()
+        words = self._words.view(np.uint32)
+        return {int(w) * 32 + b for w in np.flatnonzero(words) for b in range(32) if int(words[w]) >> b & 1}
 
     def _apply_mask(self, logits: torch.Tensor) -> None:
         # Both engines write the same packed layout; XGrammar's kernel applies it (its CPU kernel measured

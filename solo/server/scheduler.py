@@ -138,7 +138,7 @@ from solo.engine.prefix_cache import PrefixCache
 from solo.engine.request import GenerationEvent, GenerationStats, Request
 from solo.engine.speculative import DraftProposer, SessionHistory, SpeculativeConfig, accept_draft, propose_draft
 from solo.env import env_choice, env_switch
-from solo.errors import KVCacheMemoryError, SoloError
+from solo.errors import InvalidRequestError, KVCacheMemoryError, SoloError
 from solo.runtime.base import (
     DecodeRuntime,
     SamplingSpec,
@@ -1040,16 +1040,30 @@ class Scheduler:
         try:
             fn(*args)
         except Exception as exc:
-            if isinstance(exc, KVCacheMemoryError):  # (the machine's memory, not a bug: one line, no traceback)
-                logger.warning("a request was ended: %s", exc)
-            else:
-                logger.exception("generation failed")
-            for seq in seqs:
-                if not seq.request.finished:
-                    seq.request.abort("error")
-                    self._post(seq, exc)
+            self._fail(seqs, exc)
         finally:
             self._flush()
+
+    def _fail(self, seqs: list[_Sequence], exc: Exception) -> None:
+        # (Called in an `except` block: the traceback of a bug goes to the log.)
+        if isinstance(exc, KVCacheMemoryError | InvalidRequestError):  # (not a bug: one line, no traceback)
+            logger.warning("a request was ended: %s", exc)
+        else:
+            logger.exception("generation failed")
+        for seq in seqs:
+            if not seq.request.finished:
+                seq.request.abort("error")
+                self._post(seq, exc)
+
+    def _row_guard(self, seq: _Sequence, fn, *args) -> bool:  # noqa: ANN001
+        # One request's own host work inside a shared step (its draft, its token choice, its grammar): a
+        # failure there (a grammar that runs dead) ends that request alone, not the step's other rows.
+        try:
+            fn(*args)
+            return True
+        except Exception as exc:
+            self._fail([seq], exc)
+            return False
 
     def _begin_prefill(self, seq: _Sequence) -> None:
         # The row's earlier KV is given up (or reused by the prefix cache): prefill starts after the cached part.
@@ -1131,7 +1145,9 @@ class Scheduler:
         # batch-invariant (the native CPU runtime), and separate calls elsewhere (`decode_spans_by_calls`).
         # `pieces` (fused steps with span prefill, see _mixed_iteration): (request, n) feeds the next n prompt
         # tokens into its row; a prompt whose last piece ran gets its first token from the piece's last logits.
-        drafts = [[] if s.proposer is None else propose_draft(s.request, s.proposer) for s in seqs]
+        proposed = [(seq, self._draft(seq)) for seq in seqs]
+        seqs = [seq for seq, draft in proposed if draft is not None]
+        drafts = [draft for _, draft in proposed if draft is not None]
         row_ids = [s.row for s in seqs] + [s.row for s, _ in pieces]
         spans = [[s.last_token, *draft] for s, draft in zip(seqs, drafts, strict=True)]
         spans += [s.request.prompt_ids[s.prefill_at:s.prefill_at + n] for s, n in pieces]
@@ -1147,14 +1163,27 @@ class Scheduler:
         for (seq, n), piece in zip(pieces, logits[len(seqs):], strict=True):
             seq.prefill_at += n
             if seq.prefill_left() == 0:
-                self._prefill_done(seq, piece[-1])
+                self._row_guard(seq, self._prefill_done, seq, piece[-1])
         for seq, draft, rows in zip(seqs, drafts, logits[:len(seqs)], strict=True):
             if draft:
-                for event in accept_draft(seq.request, seq.proposer, draft, rows):
-                    self._emit(seq, event)
+                self._row_guard(seq, self._accept, seq, draft, rows)
             else:
-                self._advance(seq, rows[0])
+                self._row_guard(seq, self._advance, seq, rows[0])
         self._flush()
+
+    def _draft(self, seq: _Sequence) -> list[int] | None:
+        # The row's draft tokens ([] without speculation); None: proposing failed and the request was ended.
+        if seq.proposer is None:
+            return []
+        try:
+            return propose_draft(seq.request, seq.proposer)
+        except Exception as exc:
+            self._fail([seq], exc)
+            return None
+
+    def _accept(self, seq: _Sequence, draft: list[int], rows: torch.Tensor) -> None:
+        for event in accept_draft(seq.request, seq.proposer, draft, rows):
+            self._emit(seq, event)
 
     def _serve_arrivals_mid_step(self) -> None:
         # Between runs of a long step's layers (the runtime pauses it: `pausable_steps`): new requests whose

@@ -193,6 +193,35 @@ def test_bad_constraints_are_refused(padded_engine, response_format, words):
     assert info.value.param == "response_format"
 
 
+LOOP = {"$defs": {"a": {"$ref": "#/$defs/b"}, "b": {"$ref": "#/$defs/a"}}, "$ref": "#/$defs/a"}
+
+
+@pytest.mark.parametrize("response_format, words", [
+    ({"type": "regex", "regex": r"[^\s\S]"}, "regex in response_format admits no output"),
+    ({"type": "grammar", "grammar": r"root ::= [^\x00-\U0010FFFF]"}, "grammar in response_format admits no output"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": {"$defs": {"a": {"$ref": "#/$defs/a"}},
+                                                                     "$ref": "#/$defs/a"}}}, "admits no JSON value"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": LOOP}}, "admits no JSON value"),
+])
+def test_a_grammar_that_admits_nothing_is_refused_before_any_step(bundled, response_format, words):
+    # Break tests: these compiled, then failed at the first token (a 500 that also ended every request in the
+    # same server step) or "finished" with an empty output that no JSON parser takes.
+    with pytest.raises(InvalidRequestError, match=words) as info:
+        bundled.make_request("x", SamplingParams(response_format=response_format))
+    assert info.value.param == "response_format"
+
+
+@pytest.mark.parametrize("response_format", [
+    {"type": "regex", "regex": r"ab[^\s\S]"},  # XGrammar: no token allowed after "ab"
+    {"type": "grammar", "grammar": r'start: "a" /[^\s\S]/'},  # llguidance offered only EOS after "a"
+])
+def test_a_grammar_that_runs_dead_ends_with_an_error_not_a_stop(bundled, response_format):
+    # The llguidance one used to end as a normal stop with "a", an output its grammar does not match.
+    with pytest.raises(InvalidRequestError, match="regex|grammar") as info:
+        bundled.complete("x", SamplingParams(max_tokens=8, response_format=response_format))
+    assert info.value.param == "response_format" and "allows no next token" in str(info.value)
+
+
 @pytest.mark.parametrize("value", [{"type": "xml"}, {"type": "json_schema"}, {"type": "regex"},
                                    {"type": "choice", "choice": []}, "json"])
 def test_malformed_response_format(value):

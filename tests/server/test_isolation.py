@@ -110,3 +110,60 @@ def test_fused_batching_on_a_batch_invariant_runtime(tiny_model):
             assert other == one, f"request {i} changed when run beside others: {one} != {other}"
     finally:
         running.stop()
+
+
+DEAD_END = {"type": "regex", "regex": r"ab[^\s\S]"}  # its grammar allows no token after "ab"
+
+
+def _run_beside_a_dead_grammar(running) -> None:
+    # Break test: a grammar that ran dead mid-output raised inside the shared step, and every request of that
+    # step was ended with a 500. Now that request alone ends, with a 400 naming its field.
+    import openai
+
+    client = running.client(timeout=120)
+    victims = CASES[:3]
+    alone = [run_one(client, prompt, params) for prompt, params in victims]
+    results: list = [None] * len(victims)
+
+    def worker(i: int) -> None:
+        try:
+            results[i] = run_one(running.client(timeout=120), *victims[i])
+        except Exception as exc:  # re-raised below
+            results[i] = exc
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(len(victims))]
+    for t in threads:
+        t.start()
+    for _ in range(500):  # the victims decode before the bad request arrives
+        if running.state.scheduler.active >= 2:
+            break
+        time.sleep(0.01)
+    with pytest.raises(openai.BadRequestError, match="allows no next token") as info:
+        client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "x"}], max_tokens=8,
+                                       response_format=DEAD_END)
+    assert info.value.body["param"] == "response_format"
+    with pytest.raises(openai.APIError, match="allows no next token"):
+        for _ in client.chat.completions.create(model=MODEL_NAME, messages=[{"role": "user", "content": "y"}],
+                                                max_tokens=8, response_format=DEAD_END, stream=True):
+            pass
+    for t in threads:
+        t.join(120)
+    for one, other in zip(alone, results, strict=True):
+        if isinstance(other, Exception):
+            raise other
+        assert other == one
+
+
+def test_a_grammar_that_runs_dead_ends_its_request_alone(server):
+    _run_beside_a_dead_grammar(server)
+
+
+def test_a_grammar_that_runs_dead_ends_its_request_alone_in_a_fused_step(tiny_model):
+    running = start_server(tiny_model, backend="cpu", decode_batching="fused", max_batch=4, max_queue=16,
+                           prefix_cache_gb=None)
+    try:
+        if running.state.error is not None:
+            pytest.skip(f"the cpu runtime is not available here: {running.state.error}")
+        _run_beside_a_dead_grammar(running)
+    finally:
+        running.stop()
