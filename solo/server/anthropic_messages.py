@@ -460,13 +460,13 @@ async def count_tokens(request: Request) -> Response:
     """
     from starlette.concurrency import run_in_threadpool
 
-    from solo.server.routes import chat_prompt_ids
+    from solo.server.routes import counted_chat_prompt_ids
 
     try:
         body, chat = await _read(request, CountTokensRequest)
         state = request.app.state.solo
         engine, _ = state.require_ready(body.model)
-        ids = await run_in_threadpool(chat_prompt_ids, state, engine, chat)
+        ids = await run_in_threadpool(counted_chat_prompt_ids, state, engine, chat)
     except (SoloError, APIError) as exc:
         return _error_from(exc)
     return JSONResponse({"input_tokens": len(ids)})

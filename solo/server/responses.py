@@ -536,7 +536,7 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
     """
     from starlette.concurrency import run_in_threadpool
 
-    from solo.server.routes import chat_prompt_ids
+    from solo.server.routes import counted_chat_prompt_ids
 
     state = request.app.state.solo
     engine, _ = state.require_ready(body.model)
@@ -546,7 +546,7 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
     try:
         if body.truncation == "auto":  # (the prompt that request would run)
             chat = await _fit_context(body, chat, switch, request)
-        ids = await run_in_threadpool(chat_prompt_ids, state, engine, chat)
+        ids = await run_in_threadpool(counted_chat_prompt_ids, state, engine, chat)
     except InvalidRequestError as exc:
         raise _in_responses_terms(exc) from None
     return Response(json.dumps({"object": "response.input_tokens", "input_tokens": len(ids)}),

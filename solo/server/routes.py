@@ -584,6 +584,18 @@ def chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  #
     return engine.tokenizer.encode(chat_prompt_text(state, engine, body), add_special_tokens=False)
 
 
+def counted_chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  # noqa: ANN401
+    """`chat_prompt_ids` for the routes that only count tokens: the rendered text's size is checked first.
+
+    Raises:
+        InvalidRequestError: as `chat_prompt_text`, or the text is too large to count
+            (`ServerState.check_count_size`).
+    """
+    text = chat_prompt_text(state, engine, body)
+    state.check_count_size(_utf8_len(text), "messages")
+    return engine.tokenizer.encode(text, add_special_tokens=False)
+
+
 def _template_variables(state: ServerState, engine: Any, body: Any) -> dict[str, Any]:  # noqa: ANN401
     # The chat template's extra variables: chat_template_kwargs checked, and the one reasoning_effort Solo
     # honours, "none" (thinking off, as the other APIs' ways).
@@ -627,7 +639,7 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
 
     def encode() -> list[int]:
         if body.messages is not None:
-            return chat_prompt_ids(state, engine, body)
+            return counted_chat_prompt_ids(state, engine, body)
         if body.content is not None:  # llama-server's form
             tokenizer = engine.tokenizer
             bos = tokenizer.encode("", add_special_tokens=True) if body.add_special else []
@@ -648,6 +660,9 @@ async def tokenize(body: TokenizeRequest, request: Request) -> TokenizeResponse:
             tokens.append({"id": token_id, "piece": piece})
         return tokens
 
+    for text, param in ((body.prompt, "prompt"), (body.content, "content")):
+        if text is not None:
+            state.check_count_size(_utf8_len(text), param)
     ids = await run_in_threadpool(encode)
     strs = [engine.tokenizer.token_string(i) for i in ids] if body.return_token_strs else None
     tokens: list = await run_in_threadpool(with_pieces, ids) if body.with_pieces else ids

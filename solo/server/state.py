@@ -51,6 +51,12 @@ EXACT_CHECK_BYTES_PER_TOKEN = 16
 """A prompt of at most this many UTF-8 bytes per context token is tokenized before its max_tokens is checked
 (milliseconds: 512 KiB at a 32k context), so the error gives its token count; beyond, a bound refuses it first."""
 
+COUNT_MAX_BYTES_PER_CONTEXT_TOKEN = 32
+"""Routes that only count tokens (/tokenize, the Messages and Responses APIs' counts) take a text of at most this
+many UTF-8 bytes per context token (at least `COUNT_MIN_MAX_BYTES`): tokenizing ~15 MB took ~20 s and left the
+server ~2 GB larger, and no generation route can take a text many times its context anyway."""
+COUNT_MIN_MAX_BYTES = 1 << 20
+
 
 def listed_name(served: str) -> str:
     """The served name as Ollama lists models: with a tag (":latest" unless it has one); every route accepts it.
@@ -549,6 +555,23 @@ class ServerState:
                 f"{max_tokens}) but {what} is {limit}; lower {param} (to at most {limit - at_least}, or "
                 f"fewer: the prompt may have more than {at_least} tokens) or shorten the prompt", param=param,
                 prompt_tokens=at_least, max_tokens=max_tokens, limit=limit)
+
+    def check_count_size(self, text_bytes: int, param: str) -> None:
+        """Refuse a text too large for a token-counting route (`COUNT_MAX_BYTES_PER_CONTEXT_TOKEN`).
+
+        Args:
+            text_bytes: UTF-8 bytes of the text to tokenize (a chat request's: its rendered prompt).
+            param: the request field that holds it.
+
+        Raises:
+            InvalidRequestError: the text is over the limit; the message gives both sizes.
+        """
+        limit = max(COUNT_MIN_MAX_BYTES, COUNT_MAX_BYTES_PER_CONTEXT_TOKEN * self.max_model_len)
+        if text_bytes > limit:
+            raise InvalidRequestError(
+                f"the text to count is {text_bytes} bytes; this server counts the tokens of at most {limit} bytes "
+                f"({COUNT_MAX_BYTES_PER_CONTEXT_TOKEN} per token of its {self.max_model_len}-token context), "
+                "far more than any request it can run; count it in parts", param=param)
 
     def completion_budget(self, prompt_len: int, max_tokens: int | None, default_cap: int | None,
                           param: str = "max_tokens", prompt_param: str = "prompt") -> int:

@@ -47,12 +47,32 @@ def test_a_20mb_prompt_is_rejected_in_seconds(server):
 
 
 def test_health_answers_while_a_long_prompt_is_tokenized(server):
-    # /tokenize has no context limit, so this 1.2 MB prompt is really tokenized (about a second). Before, the
-    # tokenizer held the GIL throughout and /health waited for all of it.
-    text = "hello world " * 100_000
+    # /tokenize counts texts far past the context (up to 1 MiB here), so this 960 kB prompt is really
+    # tokenized (about a second). Before, the tokenizer held the GIL throughout and /health waited for all of it.
+    text = "hello world " * 80_000
     with server.http() as http, server.http() as health:
         start = time.perf_counter()
         response, latencies = poll_health_while(lambda: http.post("/tokenize", json={"prompt": text}), health)
         took = time.perf_counter() - start
-        assert response.status_code == 200 and response.json()["count"] > 100_000
+        assert response.status_code == 200 and response.json()["count"] > 80_000
     assert len(latencies) >= 3 and max(latencies) < took / 2, (took, latencies)
+
+
+def test_the_counting_routes_refuse_a_20mb_text_before_tokenizing_it(server):
+    # A break test: /tokenize took ~20 s over a 15 MB text and left the server ~2 GB larger, with no bound.
+    # Now each counting route takes at most max(1 MiB, 32 bytes per context token).
+    message = [{"role": "user", "content": HUGE}]
+    bodies = [("/tokenize", {"prompt": HUGE}, "prompt"), ("/tokenize", {"content": HUGE}, "content"),
+              ("/tokenize", {"messages": message}, "messages"),
+              ("/v1/responses/input_tokens", {"model": MODEL_NAME, "input": HUGE}, "input"),
+              ("/v1/messages/count_tokens", {"model": MODEL_NAME, "messages": message}, None)]
+    with server.http() as http:
+        for route, body, param in bodies:
+            start = time.perf_counter()
+            response = http.post(route, json=body)
+            assert time.perf_counter() - start < 5
+            assert response.status_code == 400, response.text
+            error = response.json()["error"]
+            assert "at most 1048576 bytes" in error["message"] and "count it in parts" in error["message"]
+            if param is not None:
+                assert error["param"] == param
