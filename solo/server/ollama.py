@@ -623,7 +623,10 @@ async def chat(request: Request) -> Response:
 
 @router.post("/api/generate", response_model=None)
 async def generate(request: Request) -> Response:
-    """Ollama's generate: `prompt` (and `system`) through the chat template, or as it is with `raw`."""
+    """Ollama's generate: `prompt` (and `system`) through the chat template, or as it is with `raw`.
+
+    On a model without a chat template the prompt goes as it is (raw), as Ollama's default template does.
+    """
     start_ns = time.perf_counter_ns()
 
     async def handle(data: dict[str, Any]) -> Response:
@@ -649,6 +652,17 @@ async def generate(request: Request) -> Response:
                                               f"{name} out", param=name)
             data.pop("think", None)
             data.pop("system", None)  # (an empty one: none)
+            raw = True
+        if not raw and state.engine.tokenizer.chat_template is None:
+            # A base model without a chat template: Ollama's template for one is the prompt itself
+            # ({{ .Prompt }}), i.e. raw, where a system message or thinking switch has no place.
+            for name in ("system", "think"):
+                if data.get(name) not in (None, "", False):
+                    raise InvalidRequestError(f"{name} needs a chat template and this model has none (its prompt "
+                                              f"is sent as it is, as Ollama does for such a model); leave {name} "
+                                              "out", param=name)
+            data.pop("think", None)
+            data.pop("system", None)
             raw = True
         fields = _common_fields(data, raw)
         thinking = None if raw else _thinking(data.get("think"), state)

@@ -405,3 +405,22 @@ def test_durations_split_at_the_first_token_the_engine_generated():
     assert final["prompt_eval_duration"] + final["eval_duration"] == final["total_duration"]
     unstarted = _Reply("m", start_ns, [SimpleNamespace(start_time=0.0, stats=SimpleNamespace(ttft_s=None))])
     assert unstarted.final()["eval_duration"] == 0  # (no token: nothing to split)
+
+
+def test_generate_on_a_model_without_a_chat_template_sends_the_prompt_as_it_is(no_template_model):
+    # From a user trial: /api/generate on a base model was refused ("this model has no chat template, so it
+    # cannot take messages") though the user sent a prompt. Ollama's template for such a model is {{ .Prompt }}.
+    running = start_server(no_template_model, max_batch=2)
+    try:
+        assert running.state.status == "ok", running.state.error
+        options = {"temperature": 0, "num_predict": 6}
+        with running.http() as http:
+            body = {"model": MODEL_NAME, "prompt": "def fibonacci(n):", "stream": False, "options": options}
+            generated = http.post("/api/generate", json=body)
+            assert generated.status_code == 200, generated.text
+            as_raw = http.post("/api/generate", json={**body, "raw": True}).json()
+            assert generated.json()["response"] == as_raw["response"] and as_raw["eval_count"] == 6
+            refused = http.post("/api/generate", json={**body, "system": "be brief"})
+            assert refused.status_code == 400 and "has none" in refused.json()["error"]
+    finally:
+        running.stop()
