@@ -754,3 +754,13 @@ def test_bad_environment_knobs_are_refused_before_the_server_listens(monkeypatch
         monkeypatch.delenv(name)
     monkeypatch.setenv("SOLO_SPAN_PREFILL", " Before")  # case and blanks, as the other knobs take them
     ServerSettings().validate()
+
+
+def test_a_prefix_cache_larger_than_free_memory_is_refused_before_the_model_loads(monkeypatch):
+    # From a user trial: --prefix-cache-gb 10000 was refused only after the server listened and loaded the model.
+    from solo.server import kv_memory
+
+    monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: 8 * 2**30)
+    with pytest.raises(SoloError, match=r"--prefix-cache-gb 10000 asks for 9313.23 GiB, more than the 8.00 GiB"):
+        ServerSettings(prefix_cache_gb=10000).validate()
+    ServerSettings(prefix_cache_gb=4).validate()
