@@ -24,6 +24,7 @@ from uvicorn.logging import DefaultFormatter
 from solo.engine.engine import Engine
 from solo.errors import SoloError
 from solo.server.app import create_app
+from solo.server.header_deadline import http_protocol
 from solo.server.heap import limit_malloc_arenas
 from solo.server.state import ServerSettings, ServerState
 
@@ -113,6 +114,7 @@ def build_server(settings: ServerSettings, host: str = "127.0.0.1", port: int = 
         app, host=host, port=port, log_level=log_level, access_log=access_log, lifespan="on",
         # uvicorn's own deadline comes after Solo's grace period, as a last resort.
         timeout_graceful_shutdown=int(settings.shutdown_grace_s) + 5,
+        http=http_protocol(),  # (slow or silent clients' connections closed: header_deadline.py)
     )
     server = SoloServer(config, app.state.solo)
     holder.append(server)

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from server_harness import BACKEND, MODEL_NAME
+from server_harness import BACKEND, MODEL_NAME, start_server
 
 GREEDY = {"model": MODEL_NAME, "messages": [{"role": "user", "content": "def main():"}], "max_tokens": 40,
           "temperature": 0, "ignore_eos": True}
@@ -249,3 +249,30 @@ def test_a_stream_whose_client_reads_nothing_is_abandoned_and_keeps_no_output(mo
     assert received[:3] == [(0, "t0", None), (1, "t0", None), (0, "t1", None)]
     assert sorted(received[3:]) == [(0, "", ABORT), (1, "", ABORT)]  # (nothing queued was kept, no late event)
     assert len(sent) == len(received) and generation.done and generation._queue.empty()
+
+
+def test_connections_that_send_no_headers_in_time_are_closed(tiny_model, monkeypatch):
+    # From a break test: 100 connections that sent nothing, and 200 dribbling a header line every 5 s, stayed
+    # open indefinitely. A request's headers now have a deadline; complete requests are not affected.
+    from solo.server import header_deadline
+
+    monkeypatch.setattr(header_deadline, "HEADER_TIMEOUT_S", 0.5)
+    running = start_server(tiny_model, max_batch=2)
+    try:
+        host, port = running.base_url.removeprefix("http://").rsplit(":", 1)
+
+        def closed_after(send: bytes) -> float:
+            with socket.create_connection((host.strip("[]"), int(port)), timeout=10) as sock:
+                start = time.perf_counter()
+                sock.sendall(send)
+                assert sock.recv(1024) == b""  # (closed without a reply)
+                return time.perf_counter() - start
+
+        assert 0.3 < closed_after(b"") < 5
+        assert 0.3 < closed_after(b"GET /health HTTP/1.1\r\nHost: localhost\r\n") < 5  # headers never finished
+        with running.http() as http:  # a request that finishes its headers is answered, on a kept-alive connection
+            assert http.get("/health").status_code == 200
+            time.sleep(0.8)
+            assert http.get("/health").status_code == 200
+    finally:
+        running.stop()
