@@ -15,6 +15,7 @@ from server_harness import BACKEND, MODEL_NAME, start_server
 
 from solo.engine.engine import Engine
 from solo.engine.sampling import SamplingParams
+from solo.errors import SoloError
 from solo.runtime.base import decode_spans_by_calls
 from solo.server import kv_memory
 from solo.server.scheduler import QueueFullError, Scheduler
@@ -183,10 +184,14 @@ def test_prefix_store_is_preallocated_as_large_as_the_kv_cache(server):
 
 def test_prefix_cache_size_that_cannot_fit_is_refused_at_start(tiny_model, monkeypatch):
     monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: 10**9)
-    running = start_server(tiny_model, max_batch=2, max_queue=4, prefix_cache_gb=5.0)
+    # More than the memory free before the load: refused before the server listens (ServerSettings.validate).
+    with pytest.raises(SoloError, match="more than the 0.93 GiB this machine has free before the model loads"):
+        start_server(tiny_model, max_batch=2, max_queue=4, prefix_cache_gb=5.0)
+    # Within it, but not within 90% of what the KV cache leaves: refused once the KV cache is allocated.
+    running = start_server(tiny_model, max_batch=2, max_queue=4, prefix_cache_gb=0.95)
     try:
         assert running.state.status == "failed"
-        assert "--prefix-cache-gb 5" in str(running.state.error) and "lower --prefix-cache-gb" in \
+        assert "--prefix-cache-gb 0.95" in str(running.state.error) and "lower --prefix-cache-gb" in \
             str(running.state.error)
     finally:
         running.stop()
