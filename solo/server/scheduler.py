@@ -1055,15 +1055,14 @@ class Scheduler:
                 seq.request.abort("error")
                 self._post(seq, exc)
 
-    def _row_guard(self, seq: _Sequence, fn, *args) -> bool:  # noqa: ANN001
-        # One request's own host work inside a shared step (its draft, its token choice, its grammar): a
-        # failure there (a grammar that runs dead) ends that request alone, not the step's other rows.
+    def _row_guard(self, seq: _Sequence, fn, *args) -> None:  # noqa: ANN001
+        # One request's own host work after a shared step (its token choice, its grammar, its draft's
+        # acceptance): a failure there (a grammar that runs dead) ends that request alone, not the step's
+        # other rows. (Its draft, before the step: `_draft`.)
         try:
             fn(*args)
-            return True
         except Exception as exc:
             self._fail([seq], exc)
-            return False
 
     def _begin_prefill(self, seq: _Sequence) -> None:
         # The row's earlier KV is given up (or reused by the prefix cache): prefill starts after the cached part.
