@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 
@@ -91,16 +92,25 @@ def test_concurrent_streams_equal_their_lone_runs(server):
     assert server.state.scheduler.active == 0
 
 
-def test_fused_batching_on_a_batch_invariant_runtime(tiny_model):
-    # The native CPU runtime computes each sequence with its batch-1 reduction order, so one batched decode
-    # call per step keeps every request bit-identical to its lone run.
-    # Speculative decoding stays on (auto: n-gram drafts on this runtime): drafts come from a request's own
-    # tokens and verify runs on its own row, so it keeps isolation too.
+@contextlib.contextmanager
+def fused_cpu_server(tiny_model):
+    """A server on the native CPU runtime with one batched decode call per step (skips where it cannot run)."""
     running = start_server(tiny_model, backend="cpu", decode_batching="fused", max_batch=4, max_queue=16,
                            prefix_cache_gb=None)
     try:
         if running.state.error is not None:
             pytest.skip(f"the cpu runtime is not available here: {running.state.error}")
+        yield running
+    finally:
+        running.stop()
+
+
+def test_fused_batching_on_a_batch_invariant_runtime(tiny_model):
+    # The native CPU runtime computes each sequence with its batch-1 reduction order, so one batched decode
+    # call per step keeps every request bit-identical to its lone run.
+    # Speculative decoding stays on (auto: n-gram drafts on this runtime): drafts come from a request's own
+    # tokens and verify runs on its own row, so it keeps isolation too.
+    with fused_cpu_server(tiny_model) as running:
         assert running.state.scheduler.decode_batching == "fused"
         client = running.client(timeout=120)
         alone = [run_one(client, prompt, params) for prompt, params in CASES]
@@ -108,8 +118,6 @@ def test_fused_batching_on_a_batch_invariant_runtime(tiny_model):
         assert running.state.scheduler.peak_active >= 2
         for i, (one, other) in enumerate(zip(alone, together, strict=True)):
             assert other == one, f"request {i} changed when run beside others: {one} != {other}"
-    finally:
-        running.stop()
 
 
 DEAD_END = {"type": "regex", "regex": r"ab[^\s\S]"}  # its grammar allows no token after "ab"
@@ -159,11 +167,5 @@ def test_a_grammar_that_runs_dead_ends_its_request_alone(server):
 
 
 def test_a_grammar_that_runs_dead_ends_its_request_alone_in_a_fused_step(tiny_model):
-    running = start_server(tiny_model, backend="cpu", decode_batching="fused", max_batch=4, max_queue=16,
-                           prefix_cache_gb=None)
-    try:
-        if running.state.error is not None:
-            pytest.skip(f"the cpu runtime is not available here: {running.state.error}")
+    with fused_cpu_server(tiny_model) as running:
         _run_beside_a_dead_grammar(running)
-    finally:
-        running.stop()
