@@ -171,7 +171,8 @@ class CompiledConstraint:
         backend: "xgrammar" or "llguidance".
         grammar: the backend's compiled grammar (xgrammar.CompiledGrammar, or llguidance grammar text).
         vocab_size: logits width the masks cover.
-        source: the request field the grammar came from ("response_format", "tools", ...), for errors.
+        source: the request field the grammar first came from ("response_format", "tools", ...): a matcher's
+            errors name its own request's field (`matcher`), since equal grammars share one compilation.
         what: what the field held ("regex", "JSON schema", "grammar", ...), for errors.
     """
 
@@ -182,9 +183,12 @@ class CompiledConstraint:
     source: str = "response_format"
     what: str = "grammar"
 
-    def matcher(self, stop_token_ids: Sequence[int]) -> TokenConstraint:
-        """A fresh per-request matcher that ends on one of `stop_token_ids` (or, with none, by itself)."""
-        return TokenConstraint(self, sorted(set(stop_token_ids)))
+    def matcher(self, stop_token_ids: Sequence[int], source: str | None = None) -> TokenConstraint:
+        """A fresh per-request matcher that ends on one of `stop_token_ids` (or, with none, by itself).
+
+        `source`: the request's field holding the grammar, named in its errors (default: `self.source`).
+        """
+        return TokenConstraint(self, sorted(set(stop_token_ids)), source or self.source)
 
 
 class ConstraintCompiler:
@@ -847,6 +851,7 @@ class TokenConstraint:
         compiled: the compiled grammar.
         stop_token_ids: ids that end the generation once the grammar is complete; with none, the grammar's
             completion itself ends it (`terminated`).
+        source: the request field that holds the grammar, named in errors (default: the compiled one's).
 
     Attributes:
         bitmask: int32 [1, ceil(vocab / 32)] on the host, the next token's mask.
@@ -859,8 +864,9 @@ class TokenConstraint:
     overlap: bool | None = None
     """Force the mask onto a host thread (True) or inline in `apply` (False); None: the compiler's choice."""
 
-    def __init__(self, compiled: CompiledConstraint, stop_token_ids: list[int]) -> None:
+    def __init__(self, compiled: CompiledConstraint, stop_token_ids: list[int], source: str | None = None) -> None:
         self.compiled = compiled
+        self.source = source or compiled.source
         self.vocab_size = compiled.vocab_size
         self.stop_token_ids = stop_token_ids
         words = (compiled._compiler.vocab_size + 31) // 32
@@ -951,11 +957,12 @@ class TokenConstraint:
                 self.forced_tokens += 1
         if forced is None:
             if allowed == 0:
-                what, source = self.compiled.what, self.compiled.source
+                what, source = self.compiled.what, self.source
                 raise InvalidRequestError(
-                    f"the {what} in {source} allows no next token after the text generated so far: no output that "
-                    f"starts this way can complete it (an empty character class or an impossible sequence); fix "
-                    f"the {what}", param=source)
+                    f"the {what} in {source} allows no next token after the text generated so far: the output took "
+                    "a part of it that can never be completed (an empty character class, an impossible pattern, a "
+                    "$ref that only leads to itself), which the grammar engine does not rule out in advance; "
+                    f"remove that part of the {what}", param=source)
             self._apply_mask(logits)
         self.mask_wait_s.append(time.perf_counter() - start)
         return forced

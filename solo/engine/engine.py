@@ -792,7 +792,8 @@ class Engine:
             # an end token, it was banned where the grammar needed it: no token left, a 500).
             specials = set(special.values())
             text_stops = {t for t in params.stop_token_ids if t not in specials and t not in self.eos_ids}
-            constraint = self.constraints.compile(params.response_format).matcher(sorted(eos - text_stops))
+            constraint = self.constraints.compile(params.response_format).matcher(
+                sorted(eos - text_stops), params.response_format.source)
         processors = LogitsProcessors(
             self.config.vocab_size, stop_ids=eos, min_tokens=params.min_tokens, logit_bias=params.logit_bias,
             allowed_token_ids=params.allowed_token_ids,

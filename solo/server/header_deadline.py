@@ -58,7 +58,8 @@ def http_protocol() -> type | str:
 
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm()
+            if self._header_timer is None:  # a later request on a kept-alive connection (the first: since connect)
+                self._arm()
 
         def on_headers_complete(self) -> None:
             self._disarm()

@@ -653,9 +653,11 @@ async def generate(request: Request) -> Response:
             data.pop("think", None)
             data.pop("system", None)  # (an empty one: none)
             raw = True
-        if not raw and state.engine.tokenizer.chat_template is None:
+        tokenizer = state.engine.tokenizer
+        if not raw and tokenizer.chat_template is None and tokenizer.chat_template_error is None:
             # A base model without a chat template: Ollama's template for one is the prompt itself
-            # ({{ .Prompt }}), i.e. raw, where a system message or thinking switch has no place.
+            # ({{ .Prompt }}), i.e. raw, where a system message or thinking switch has no place. (A template
+            # that does not compile is no absent one: the chat route refuses it with its error.)
             for name in ("system", "think"):
                 if data.get(name) not in (None, "", False):
                     raise InvalidRequestError(f"{name} needs a chat template and this model has none (its prompt "

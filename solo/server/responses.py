@@ -536,7 +536,7 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
     """
     from starlette.concurrency import run_in_threadpool
 
-    from solo.server.routes import counted_chat_prompt_ids
+    from solo.server.routes import content_bytes, counted_chat_prompt_ids
 
     state = request.app.state.solo
     engine, _ = state.require_ready(body.model)
@@ -544,7 +544,8 @@ async def input_tokens(body: ResponsesRequest, request: Request) -> Response:
     switch = thinking_switch(state, off, "reasoning")
     chat = chat_request(body, thinking_switch=switch)
     try:
-        if body.truncation == "auto":  # (the prompt that request would run)
+        if body.truncation == "auto":  # (the prompt that request would run; fitting it tokenizes the whole first)
+            state.check_count_size(content_bytes(chat), "input")
             chat = await _fit_context(body, chat, switch, request)
         ids = await run_in_threadpool(counted_chat_prompt_ids, state, engine, chat)
     except InvalidRequestError as exc:

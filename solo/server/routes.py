@@ -584,6 +584,12 @@ def chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  #
     return engine.tokenizer.encode(chat_prompt_text(state, engine, body), add_special_tokens=False)
 
 
+def content_bytes(body: Any) -> int:  # noqa: ANN401
+    """UTF-8 bytes of a chat request's text contents: a lower bound of its rendered prompt's, read without rendering."""
+    messages = (m.for_template() for m in body.messages)
+    return sum(_utf8_len(m["content"]) for m in messages if isinstance(m.get("content"), str))
+
+
 def counted_chat_prompt_ids(state: ServerState, engine: Any, body: Any) -> list[int]:  # noqa: ANN401
     """`chat_prompt_ids` for the routes that only count tokens: the rendered text's size is checked first.
 

@@ -222,6 +222,17 @@ def test_a_grammar_that_runs_dead_ends_with_an_error_not_a_stop(bundled, respons
     assert info.value.param == "response_format" and "allows no next token" in str(info.value)
 
 
+def test_a_dead_grammars_error_names_its_own_requests_field(bundled):
+    # A break test: equal grammars share one compilation, and its errors named the field of whichever request
+    # compiled it first (a response_format request was told to fix guided_regex).
+    dead = r"abc[^\s\S]"
+    for source in ("guided_regex", "response_format"):
+        params = SamplingParams(max_tokens=8, response_format=StructuredOutput("regex", dead, source=source))
+        with pytest.raises(InvalidRequestError, match=f"the regex in {source} allows no next token") as info:
+            bundled.complete("x", params)
+        assert info.value.param == source
+
+
 @pytest.mark.parametrize("value", [{"type": "xml"}, {"type": "json_schema"}, {"type": "regex"},
                                    {"type": "choice", "choice": []}, "json"])
 def test_malformed_response_format(value):

@@ -65,6 +65,7 @@ def test_the_counting_routes_refuse_a_20mb_text_before_tokenizing_it(server):
     bodies = [("/tokenize", {"prompt": HUGE}, "prompt"), ("/tokenize", {"content": HUGE}, "content"),
               ("/tokenize", {"messages": message}, "messages"),
               ("/v1/responses/input_tokens", {"model": MODEL_NAME, "input": HUGE}, "input"),
+              ("/v1/responses/input_tokens", {"model": MODEL_NAME, "input": HUGE, "truncation": "auto"}, "input"),
               ("/v1/messages/count_tokens", {"model": MODEL_NAME, "messages": message}, None)]
     with server.http() as http:
         for route, body, param in bodies:

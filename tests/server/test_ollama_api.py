@@ -424,3 +424,21 @@ def test_generate_on_a_model_without_a_chat_template_sends_the_prompt_as_it_is(n
             assert refused.status_code == 400 and "has none" in refused.json()["error"]
     finally:
         running.stop()
+
+
+def test_generate_on_a_model_whose_chat_template_does_not_compile_says_so(no_template_model, tmp_path):
+    # A break test: a template that does not compile is no absent one; generate ran the prompt raw, silently.
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(no_template_model, folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = "{% for m in messages %}{{ m.content }}{% endfor {{ oops"
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    running = start_server(folder, max_batch=2)
+    try:
+        with running.http() as http:
+            answer = http.post("/api/generate", json={"model": MODEL_NAME, "prompt": "def", "stream": False})
+            assert answer.status_code == 400 and "does not compile" in answer.json()["error"], answer.text
+    finally:
+        running.stop()
