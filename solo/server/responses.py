@@ -625,6 +625,10 @@ async def _events(body: ResponsesRequest, chunks: AsyncIterator[Any], response_i
     async for chunk in chat_chunks(chunks):
         if "error" in chunk:
             error = chunk["error"]
+            if error.get("type") == "invalid_request_error":  # (a request's own fault mid-output: a dead grammar)
+                renamed = _in_responses_terms(InvalidRequestError(error.get("message", ""), error.get("param")))
+                error = {**error, "message": str(renamed), "param": renamed.param, "code": error.get("code") or
+                         "invalid_prompt"}
             yield event("error", code=error.get("code"), message=error.get("message"), param=error.get("param"))
             failed = response_object(body, response_id, created, model, output, None, usage, status="failed")
             yield event("response.failed", response={**failed, "error": {"code": error.get("code") or "server_error",

@@ -350,3 +350,18 @@ def test_streamed_logprobs_keep_the_tokens_of_held_back_text(server):
     deltas = [t for event in client.responses.create(**fields, stream=True)
               if event.type == "response.output_text.delta" for t in event.logprobs]
     assert len(deltas) == 1
+
+
+def test_a_grammar_that_runs_dead_mid_stream_fails_in_this_apis_terms(server):
+    # A break test: the streamed failure named the chat route's field (response_format) and said server_error.
+    dead = {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"],
+            "$defs": {"x": {"$ref": "#/$defs/x"}}}
+    body = {"model": MODEL_NAME, "input": "x", "stream": True, "max_output_tokens": 16,
+            "text": {"format": {"type": "json_schema", "name": "dead", "schema": dead}}}
+    with server.http() as http:
+        lines = [line for line in http.post("/v1/responses", json=body).text.splitlines() if line.startswith("data: ")]
+    events = [json.loads(line.removeprefix("data: ")) for line in lines]
+    error = next(e for e in events if e["type"] == "error")
+    failed = next(e for e in events if e["type"] == "response.failed")
+    assert error["param"] == "text" and "allows no next token" in error["message"]
+    assert "response_format" not in error["message"] and failed["response"]["error"]["code"] == "invalid_prompt"
