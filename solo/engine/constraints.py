@@ -312,17 +312,17 @@ class ConstraintCompiler:
                 errors.append(f"{backend}: {_first_line(exc)}")
                 continue
             compiled = CompiledConstraint(backend, grammar, self.logits_width, self, spec.source, what)
-            self._check_start(compiled, spec, what)
+            self._check_start(compiled, spec)
             return compiled
         raise InvalidRequestError(f"the {what} in {spec.source} is not supported ({'; '.join(errors)})",
                                   param=spec.source)
 
-    def _check_start(self, compiled: CompiledConstraint, spec: StructuredOutput, what: str) -> None:
+    def _check_start(self, compiled: CompiledConstraint, spec: StructuredOutput) -> None:
         # A grammar that allows no first token (an empty character class) would fail at the request's first
         # token, and a JSON grammar that allows only the end (a schema whose $refs never reach a value) would
         # "finish" with an empty output that no JSON parser takes: both are refused here, before any step.
         # (A grammar that runs dead later, "ab[^\s\S]", ends its request with an error at that token.)
-        allowed = compiled.matcher(self.stop_token_ids).first_allowed()
+        allowed, what = compiled.matcher(self.stop_token_ids).first_allowed(), compiled.what
         if spec.kind in ("json_schema", "json_object") and allowed <= set(self.stop_token_ids):
             raise InvalidRequestError(f"the {what} in {spec.source} admits no JSON value (a $ref that only leads "
                                       "to itself, or no type that can be written); give every $ref a way to end "
@@ -974,8 +974,8 @@ class TokenConstraint:
         """
         future, self._future = self._future, None
         future.result() if future is not None else self._fill()
-        words = self._words.view(np.uint32)
-        return {int(w) * 32 + b for w in np.flatnonzero(words) for b in range(32) if int(words[w]) >> b & 1}
+        # (bit b of 32-bit word w is token 32 w + b: little-endian words, so bytes and their bits in order)
+        return set(np.flatnonzero(np.unpackbits(self._words.view(np.uint8), bitorder="little")).tolist())
 
     def _apply_mask(self, logits: torch.Tensor) -> None:
         # Both engines write the same packed layout; XGrammar's kernel applies it (its CPU kernel measured

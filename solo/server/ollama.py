@@ -644,27 +644,26 @@ async def generate(request: Request) -> Response:
         system = typed_field(data, "system", str, "a string")
         raw = typed_field(data, "raw", bool, "true or false", default=False)
         suffix = typed_field(data, "suffix", str, "a string", default="")
-        if suffix:  # fill-in-the-middle: the model's FIM tokens, not its chat template (empty prompt: a file's start)
-            state.engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
-            for name in ("system", "think"):  # (think false, which editors send, changes nothing here)
-                if data.get(name) not in (None, False, ""):
-                    raise InvalidRequestError(f"{name} has no place in a fill-in-the-middle prompt (suffix); leave "
-                                              f"{name} out", param=name)
-            data.pop("think", None)
-            data.pop("system", None)  # (an empty one: none)
-            raw = True
-        tokenizer = state.engine.tokenizer
-        if not raw and tokenizer.chat_template is None and tokenizer.chat_template_error is None:
-            # A base model without a chat template: Ollama's template for one is the prompt itself
-            # ({{ .Prompt }}), i.e. raw, where a system message or thinking switch has no place. (A template
-            # that does not compile is no absent one: the chat route refuses it with its error.)
+
+        def without_template(why: str) -> None:
+            # The prompt goes as it is: system and think are refused, an empty system and think false (which
+            # editors and front ends send on every request) are none.
             for name in ("system", "think"):
-                if data.get(name) not in (None, "", False):
-                    raise InvalidRequestError(f"{name} needs a chat template and this model has none (its prompt "
-                                              f"is sent as it is, as Ollama does for such a model); leave {name} "
-                                              "out", param=name)
+                if data.get(name) not in (None, False, ""):
+                    raise InvalidRequestError(f"{name} {why}; leave {name} out", param=name)
             data.pop("think", None)
             data.pop("system", None)
+
+        tokenizer = state.engine.tokenizer
+        if suffix:  # fill-in-the-middle: the model's FIM tokens, not its chat template (empty prompt: a file's start)
+            state.engine.infill_prompt(prompt, suffix)  # (refused here, named as Ollama's field, on a model without)
+            without_template("has no place in a fill-in-the-middle prompt (suffix)")
+            raw = True
+        elif not raw and tokenizer.chat_template is None and tokenizer.chat_template_error is None:
+            # A base model without a chat template: Ollama's template for one is the prompt itself ({{ .Prompt }}).
+            # (A template that does not compile is no absent one: the chat route refuses it with its error.)
+            without_template("needs a chat template and this model has none (its prompt is sent as it is, as "
+                             "Ollama does for such a model)")
             raw = True
         fields = _common_fields(data, raw)
         thinking = None if raw else _thinking(data.get("think"), state)

@@ -1055,14 +1055,15 @@ class Scheduler:
                 seq.request.abort("error")
                 self._post(seq, exc)
 
-    def _row_guard(self, seq: _Sequence, fn, *args) -> None:  # noqa: ANN001
-        # One request's own host work after a shared step (its token choice, its grammar, its draft's
-        # acceptance): a failure there (a grammar that runs dead) ends that request alone, not the step's
-        # other rows. (Its draft, before the step: `_draft`.)
+    def _row_guard(self, seq: _Sequence, fn, *args):  # noqa: ANN001, ANN202
+        # One request's own host work around a shared step (its draft, its token choice, its grammar, its draft's
+        # acceptance): a failure there (a grammar that runs dead) ends that request alone, not the step's other
+        # rows. Returns fn's result, or None when it failed.
         try:
-            fn(*args)
+            return fn(*args)
         except Exception as exc:
             self._fail([seq], exc)
+            return None
 
     def _begin_prefill(self, seq: _Sequence) -> None:
         # The row's earlier KV is given up (or reused by the prefix cache): prefill starts after the cached part.
@@ -1172,13 +1173,7 @@ class Scheduler:
 
     def _draft(self, seq: _Sequence) -> list[int] | None:
         # The row's draft tokens ([] without speculation); None: proposing failed and the request was ended.
-        if seq.proposer is None:
-            return []
-        try:
-            return propose_draft(seq.request, seq.proposer)
-        except Exception as exc:
-            self._fail([seq], exc)
-            return None
+        return [] if seq.proposer is None else self._row_guard(seq, propose_draft, seq.request, seq.proposer)
 
     def _accept(self, seq: _Sequence, draft: list[int], rows: torch.Tensor) -> None:
         for event in accept_draft(seq.request, seq.proposer, draft, rows):

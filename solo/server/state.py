@@ -263,8 +263,9 @@ class ServerSettings:
         gb = self.prefix_cache_gb
         if gb is not None and gb != "auto" and (isinstance(gb, str) or not gb >= 0):
             raise SoloError(f"--prefix-cache-gb must be >= 0 (or left out: auto), got {gb!r}")
-        free = kv_memory.available_memory_bytes("cpu") if str(self.device).startswith("cpu") else None
-        if isinstance(gb, int | float) and free is not None and gb * 1e9 > free:
+        free = (kv_memory.available_memory_bytes("cpu") if isinstance(gb, int | float)
+                and str(self.device).startswith("cpu") else None)
+        if free is not None and gb * 1e9 > free:
             # (the exact check, after the KV cache is allocated, is _prefix_store_bytes: this one needs no model)
             raise SoloError(f"--prefix-cache-gb {gb:g} asks for {kv_memory.gib(gb * 1e9)}, more than the "
                             f"{kv_memory.gib(free)} this machine has free before the model loads; lower "
