@@ -41,6 +41,7 @@ from solo.server.chat_adapter import (
     chat_request_from,
     content_after_calls,
     continue_prefill,
+    field_terms,
     in_api_terms,
     string_field,
     text_around_calls,
@@ -65,7 +66,7 @@ _TERMS = ((r"tools\[(\d+)\]\.function\.parameters", r"tools[\1].input_schema"), 
           (r'tool_choice "required"', 'tool_choice {"type": "any"}'),
           (r"tool_choice names the function", "tool_choice names the tool"),
           (r"^stop must be", "stop_sequences must be"), (r"^stop holds", "stop_sequences holds"),
-          (r"stop strings\b", "stop sequences"), (r"^response_format\b", "output_config.format"))
+          (r"stop strings\b", "stop sequences"), *field_terms({"response_format": "output_config.format"}))
 # Fields of Anthropic's API that change nothing Solo generates. context_management (clearing old tool uses or
 # thinking from the context) is not applied either, but Claude Code sends it on every request.
 _NO_EFFECT = frozenset({"metadata", "service_tier", "cache_control", "context_management"})
@@ -527,7 +528,7 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
             error = chunk["error"]
             status = 500 if error.get("type") == "server_error" else 400
             yield event("error", error={"type": _ERROR_TYPES.get(status, "api_error"),
-                                        "message": error.get("message", "")})
+                                        "message": in_api_terms(error.get("message", ""), _TERMS)})
             return
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):

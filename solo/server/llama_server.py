@@ -459,7 +459,7 @@ async def _serve(request: Request, infill: bool) -> Response:
                 if all(r.done for r in replies):
                     break
         except Exception as exc:  # noqa: BLE001 (a failure mid-stream ends it with llama-server's error event)
-            error = api_error_from(exc)
+            error = api_error_from(_renamed(exc) if isinstance(exc, InvalidRequestError) else exc)
             yield _sse({"error": {"code": error.status, "message": error.message, "type": error.type}})
         finally:
             generation.cancel()
@@ -476,6 +476,8 @@ async def _serve(request: Request, infill: bool) -> Response:
 
     try:
         await while_connected(gather(), request)
+    except InvalidRequestError as exc:  # (a grammar that ran dead mid-output: named as this API names it)
+        raise _renamed(exc) from None
     finally:
         generation.cancel()
     if all(r.finish_reason == "abort" and not r.predicted for r in replies):

@@ -378,7 +378,7 @@ async def _lines(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, shape: Ca
     # The stream's chunks as Ollama's objects, one per line; the last one done with the statistics.
     async for chunk in chunks:
         if "error" in chunk:
-            yield _line({"error": chunk["error"].get("message", "")})
+            yield _line({"error": _stream_error(chunk["error"]).message})
             return
         piece = reply.feed(chunk)
         if piece is not None:
@@ -395,9 +395,7 @@ async def _whole(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, request: 
     async def gather() -> None:
         async for chunk in chunks:
             if "error" in chunk:
-                error = chunk["error"]
-                status = 500 if error.get("type") == "server_error" else 400
-                raise APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"))
+                raise _stream_error(chunk["error"])
             reply.feed(chunk)
 
     await while_connected(gather(), request)
@@ -581,11 +579,23 @@ def _in_ollama_terms() -> Iterator[None]:
         error = api_error_from(exc)
         if error.code == "internal_error":
             raise  # (a bug: logged with its traceback by `_answer`)
-        named = {f: _FIELD_NAMES[f] for f in (error.param, "max_tokens", "repetition_penalty", "response_format")
-                 if f in _FIELD_NAMES}
-        error.message = in_api_terms(error.message, field_terms(named))
-        error.param = named.get(error.param or "", error.param)
-        raise error from exc
+        raise _renamed(error) from exc
+
+
+def _renamed(error: APIError) -> APIError:
+    # `error` (the chat route's, before or during the output) with its fields as Ollama names them.
+    named = {f: _FIELD_NAMES[f] for f in (error.param, "max_tokens", "repetition_penalty", "response_format")
+             if f in _FIELD_NAMES}
+    error.message = in_api_terms(error.message, field_terms(named))
+    error.param = named.get(error.param or "", error.param)
+    return error
+
+
+def _stream_error(error: Mapping[str, Any]) -> APIError:
+    # A chat stream's error event (a grammar that ran dead mid-output, ...), as Ollama names its fields.
+    status = 500 if error.get("type") == "server_error" else 400
+    return _renamed(APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"),
+                             param=error.get("param")))
 
 
 async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> Response:

@@ -17,6 +17,10 @@ from solo.server.state import ServerSettings
 
 MODEL_NAME = "tiny"
 BACKEND = "eager"
+# A JSON schema whose required property only leads to itself: it compiles, and a reply runs dead after '{"a":',
+# mid-output (for the routes' errors of a grammar that runs dead).
+DEAD_SCHEMA = {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"],
+               "$defs": {"x": {"$ref": "#/$defs/x"}}}
 
 
 @dataclass

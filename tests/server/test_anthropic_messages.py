@@ -10,7 +10,7 @@ from typing import Literal
 import anthropic
 import httpx
 import pytest
-from server_harness import MODEL_NAME, serving
+from server_harness import DEAD_SCHEMA, MODEL_NAME, serving
 
 WEATHER = {"name": "get_weather", "description": "Weather of a city",
            "input_schema": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
@@ -471,3 +471,18 @@ def test_consecutive_turns_of_one_role_are_one_turn(server):
               {"role": "user", "content": "Thanks"}]
     assert client.messages.count_tokens(model=MODEL_NAME, messages=apart).input_tokens == \
         client.messages.count_tokens(model=MODEL_NAME, messages=joined).input_tokens
+
+
+def test_a_grammar_that_runs_dead_is_named_as_this_api_names_it(server):
+    # A grammar that runs dead mid-output fails the request alone; its error named the chat route's
+    # response_format, a field this API's caller never sent (found by a read-through).
+    body = {"model": MODEL_NAME, "max_tokens": 16, "messages": [{"role": "user", "content": "x"}],
+            "output_config": {"format": {"type": "json_schema", "schema": DEAD_SCHEMA}}}
+    with server.http() as http:
+        whole = http.post("/v1/messages", json=body, headers={"x-api-key": "sesame"})
+        streamed = http.post("/v1/messages", json={**body, "stream": True}, headers={"x-api-key": "sesame"})
+    assert whole.status_code == 400 and whole.json()["error"]["type"] == "invalid_request_error"
+    errors = [json.loads(line.removeprefix("data: ")) for line in streamed.text.splitlines()
+              if line.startswith("data: ") and '"type": "error"' in line]
+    for message in (whole.json()["error"]["message"], errors[-1]["error"]["message"]):
+        assert "schema in output_config.format allows no next token" in message and "response_format" not in message

@@ -10,7 +10,7 @@ import time
 import httpx
 import pytest
 from checkpoints import make_checkpoint
-from server_harness import MODEL_NAME, serving
+from server_harness import DEAD_SCHEMA, MODEL_NAME, serving
 
 from solo.engine.request import GenerationEvent
 from solo.server.llama_server import _Ask, _Reply, indent_cut
@@ -315,3 +315,15 @@ def test_llama_vims_instruction_request_on_the_chat_route(server):
         reply = httpx.post(f"{server.base_url}/v1/chat/completions",
                            json={"messages": [{"role": "user", "content": "hi"}], **fields})
         assert reply.status_code == 400 and reply.json()["error"]["param"] == param, (fields, reply.text)
+
+
+def test_a_grammar_that_runs_dead_is_named_as_this_api_names_it(server):
+    # As the Messages API's test: the error named vLLM's guided_json instead of json_schema.
+    body = {"prompt": "x", "n_predict": 16, "json_schema": DEAD_SCHEMA}
+    with server.http() as http:
+        whole = http.post("/completion", json=body)
+        streamed = http.post("/completion", json={**body, "stream": True})
+    assert whole.status_code == 400 and whole.json()["error"]["param"] == "json_schema"
+    last = json.loads(streamed.text.strip().splitlines()[-1].removeprefix("data: "))
+    for message in (whole.json()["error"]["message"], last["error"]["message"]):
+        assert "schema in json_schema allows no next token" in message and "guided_json" not in message

@@ -14,7 +14,7 @@ import ollama
 import openai
 import pytest
 from checkpoints import make_checkpoint
-from server_harness import MODEL_NAME, start_server
+from server_harness import DEAD_SCHEMA, MODEL_NAME, start_server
 
 from solo.errors import InvalidRequestError
 from solo.server.ollama import NDJSON, _lines, _Reply, chat_messages, sampling_fields
@@ -442,3 +442,18 @@ def test_generate_on_a_model_whose_chat_template_does_not_compile_says_so(no_tem
             assert answer.status_code == 400 and "does not compile" in answer.json()["error"], answer.text
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize("route", ["/api/chat", "/api/generate"])
+def test_a_grammar_that_runs_dead_is_named_as_this_api_names_it(server, route):
+    # As the Messages API's test: the error named the chat route's response_format instead of format.
+    body = {"model": MODEL_NAME, "format": DEAD_SCHEMA, "options": {"num_predict": 16},
+            **({"messages": [{"role": "user", "content": "x"}]} if route == "/api/chat" else {"prompt": "x"})}
+    headers = {"Authorization": "Bearer sesame"}
+    with httpx.Client(base_url=server.base_url.removesuffix("/v1"), timeout=60) as http:
+        whole = http.post(route, json={**body, "stream": False}, headers=headers)
+        streamed = http.post(route, json=body, headers=headers)
+    assert whole.status_code == 400
+    last = json.loads(streamed.text.splitlines()[-1])
+    for message in (whole.json()["error"], last["error"]):
+        assert "schema in format allows no next token" in message and "response_format" not in message

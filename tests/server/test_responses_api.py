@@ -8,7 +8,7 @@ import json
 
 import openai
 import pytest
-from server_harness import MODEL_NAME, start_server
+from server_harness import DEAD_SCHEMA, MODEL_NAME, start_server
 
 WEATHER = {"type": "function", "name": "get_weather", "description": "Weather of a city",
            "parameters": {"type": "object", "properties": {"city": {"enum": ["Paris", "Tokyo"]}},
@@ -354,10 +354,8 @@ def test_streamed_logprobs_keep_the_tokens_of_held_back_text(server):
 
 def test_a_grammar_that_runs_dead_mid_stream_fails_in_this_apis_terms(server):
     # A break test: the streamed failure named the chat route's field (response_format) and said server_error.
-    dead = {"type": "object", "properties": {"a": {"$ref": "#/$defs/x"}}, "required": ["a"],
-            "$defs": {"x": {"$ref": "#/$defs/x"}}}
     body = {"model": MODEL_NAME, "input": "x", "stream": True, "max_output_tokens": 16,
-            "text": {"format": {"type": "json_schema", "name": "dead", "schema": dead}}}
+            "text": {"format": {"type": "json_schema", "name": "dead", "schema": DEAD_SCHEMA}}}
     with server.http() as http:
         lines = [line for line in http.post("/v1/responses", json=body).text.splitlines() if line.startswith("data: ")]
     events = [json.loads(line.removeprefix("data: ")) for line in lines]
