@@ -159,8 +159,11 @@ class SamplingParams:
         if self.seed is not None and (isinstance(self.seed, bool) or not isinstance(self.seed, int)
                                       or not -(2**63) <= self.seed < 2**63):
             raise bad("seed", "an integer in [-2**63, 2**63)")
-        if not isinstance(self.stop, list) or not all(isinstance(s, str) and s for s in self.stop):
+        if not isinstance(self.stop, list) or not all(isinstance(s, str) for s in self.stop):
             raise bad("stop", "a non-empty string or a list of non-empty strings")
+        if not all(self.stop):  # (named without the list: a stop sent as "" is a list of one here)
+            raise InvalidRequestError("stop holds an empty string, which would match before any output; leave it "
+                                      "out", param="stop")
         if not all(is_valid_unicode(s) for s in self.stop):
             raise bad("stop", "valid Unicode text (no unpaired surrogates or undecodable bytes), since it could "
                       "never match the output")

@@ -146,7 +146,7 @@ def check_tools(tools: Sequence[Mapping[str, Any]] | None, tool_choice: Any,  # 
         function = tool.get("function")
         if tool.get("type", "function") != "function" or not isinstance(function, Mapping):
             raise InvalidRequestError(f'tools[{i}] must be {{"type": "function", "function": {{"name": ..., '
-                                      '"parameters": {...}}}}', param="tools")
+                                      '"parameters": {...}}}', param="tools")
         name = function.get("name")
         if not isinstance(name, str) or not re.fullmatch(r"[A-Za-z0-9_.\-]{1,64}", name):
             raise InvalidRequestError(f"tools[{i}].function.name must be 1-64 letters, digits, _ . or -, got "

@@ -644,16 +644,6 @@ class CompletionRequest(SamplingFields):
             raise ValueError("prompt is empty; give text or token ids")
         return value
 
-    @model_validator(mode="after")
-    def _text_before_a_suffix(self) -> CompletionRequest:
-        # An empty text prompt is the empty start of a file before a suffix (fill-in-the-middle), else nothing.
-        texts = [self.prompt] if isinstance(self.prompt, str) else [p for p in self.prompt if isinstance(p, str)]
-        if not self.suffix and any(not t for t in texts):  # (located at the field, so the error names it)
-            message = "prompt is empty; give text or token ids (an empty text prompt only goes with a suffix)"
-            raise ValidationError.from_exception_data(type(self).__name__, [
-                {"type": PydanticCustomError("value_error", message), "loc": ("prompt",), "input": self.prompt}])
-        return self
-
     @field_validator("echo")
     @classmethod
     def _no_echo(cls, value: bool) -> bool:
@@ -664,7 +654,10 @@ class CompletionRequest(SamplingFields):
     @field_validator("best_of")
     @classmethod
     def _best_of_is_n(cls, value: int | None, info: ValidationInfo) -> int | None:
-        if value is not None and value != info.data.get("n", 1):
+        n = info.data.get("n", 1)
+        if value is not None and value < n:  # (OpenAI's and vLLM's rule: best_of candidates, the best n returned)
+            raise ValueError(f"best_of ({value}) must be >= n ({n}); leave it out or set it to n")
+        if value is not None and value != n:
             raise ValueError("best_of other than n is not supported by Solo; leave it out")
         return value
 

@@ -477,8 +477,7 @@ async def completions(body: CompletionRequest, request: Request) -> Response:
                 state.completion_budget(len(prompt), body.max_tokens, COMPLETIONS_DEFAULT_MAX_TOKENS)
         for prompt in prompts:
             if isinstance(prompt, str):
-                ids = (engine.tokenizer.encode(prompt, add_special_tokens=True) if suffix is None  # (as Engine's)
-                       else engine.infill_ids(prompt, suffix))
+                ids = engine.encode_prompt(prompt) if suffix is None else engine.infill_ids(prompt, suffix)
                 if not ids:
                     raise InvalidRequestError("the prompt encodes to no tokens; give some text", param="prompt")
             else:

@@ -136,7 +136,7 @@ def test_penalties_change_generation(tiny_llama):
         ({"repeat_last_n": -2}, "repeat_last_n must be an integer >= -1 (-1: the whole sequence, 0: no penalties)"),
         ({"repeat_last_n": 1.5}, "repeat_last_n must be an integer >= -1"),
         ({"temperature": float("nan")}, "temperature must be a finite number"),
-        ({"stop": [""]}, "stop must be a non-empty string"),
+        ({"stop": [""]}, "stop holds an empty string"),
     ],
 )
 def test_invalid_sampling_values(kwargs, message):

@@ -139,7 +139,7 @@ def test_errors_come_in_anthropics_shape(server):
             ({"model": MODEL_NAME, "tools": [WEATHER], "tool_choice": {"type": "tool"}}, anthropic.BadRequestError,
              'tool_choice {"type": "tool"} needs the "name"'),
             ({"model": MODEL_NAME, "stop_sequences": [""]}, anthropic.BadRequestError,
-             "stop_sequences must be a non-empty string"),
+             "stop_sequences holds an empty string"),
             ({"model": MODEL_NAME, "stop_sequences": ["z" * 65_537]}, anthropic.BadRequestError,
              "stop_sequences holds 65537 characters in all"),
             # A forced call of a tool whose input is no object was generated, then dropped by the call parser.

@@ -178,7 +178,6 @@ CASES = [
     ("prompt-too-long", CHAT, chat(messages=[{"role": "user", "content": "hello world " * 200}]), 400, "messages",
      "context_length_exceeded"),
     ("max-tokens-beyond-context", CHAT, chat(max_tokens=10_000), 400, "max_tokens", "context_length_exceeded"),
-    ("completion-prompt-empty", COMPLETIONS, completion(prompt=""), 400, "prompt", None),
     ("completion-prompt-empty-list", COMPLETIONS, completion(prompt=[]), 400, "prompt", None),
     ("completion-prompt-bad-type", COMPLETIONS, completion(prompt={"text": "hi"}), 400, "prompt", None),
     ("completion-token-out-of-vocab", COMPLETIONS, completion(prompt=[1, 99_999]), 400, "prompt", None),
@@ -649,6 +648,23 @@ def test_errors_quote_the_request_within_a_bound(server):
     for response, status in ((missing, 404), (unknown, 400)):
         assert response.status_code == status and len(response.content) < 10_000
         assert "more characters)" in response.json()["error"]["message"]
+
+
+@pytest.mark.parametrize(("body", "param", "words"), [
+    (completion(stop=""), "stop", "stop holds an empty string, which would match before any output"),
+    (completion(stop=["x", ""]), "stop", "stop holds an empty string"),
+    (completion(n=2, best_of=1), "best_of", "best_of (1) must be >= n (2)"),
+    (chat(tools=[{"type": "function"}]),
+     "tools", 'tools[0] must be {"type": "function", "function": {"name": ..., "parameters": {...}}}'),
+])
+def test_errors_say_what_was_sent(server, body, param, words):
+    # From a break test: an empty stop string came back as ['']; best_of below n was "not supported" instead of
+    # the rule OpenAI and vLLM state; the tool example had one brace too many.
+    with server.http() as http:
+        route = CHAT if "messages" in body else COMPLETIONS
+        error = assert_openai_error(http.post(route, json=body), 400, param)
+    assert words in error["message"] and "['']" not in error["message"]
+    assert not error["message"].endswith("}}}}")
 
 
 def test_a_body_past_the_bound_is_413_on_every_api(tiny_model):
