@@ -15,7 +15,7 @@ import time
 import warnings
 from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -711,7 +711,7 @@ class Engine:
                 the model does not think), or an enable_thinking that is not a boolean; continue_final_message
                 without messages, beside an output grammar (or forced / strict tool calls), or continuing a
                 message that holds tool calls; a suffix beside a prompt that is not text, or on a model without
-                FIM tokens.
+                FIM tokens; min_tokens above what the request may generate when max_tokens is not given.
         """
         if self._closed:
             raise SoloError(_CLOSED)
@@ -767,6 +767,11 @@ class Engine:
                 param="stop_token_ids",
             )
         prepared = self.prepare(prompt, params.max_tokens)
+        if params.max_tokens is None and params.min_tokens > prepared.max_new_tokens:  # (as the server says it)
+            raise InvalidRequestError(
+                f"min_tokens ({params.min_tokens}) exceeds the {prepared.max_new_tokens} tokens this request may "
+                "generate without max_tokens (what is left of the context, or the generation config's "
+                "max_new_tokens); send max_tokens >= min_tokens, or a shorter prompt", param="min_tokens")
         # ignore_eos drops the model's EOS ids only: the user's stop_token_ids still stop, as in vLLM. A stop
         # string that is a special token never appears in the (special-token-free) text: match its id.
         special = self.tokenizer.special_token_ids()
@@ -881,10 +886,19 @@ class Engine:
             SoloError: the engine was closed or a stream from it is still open in this thread (this thread read
                 it last and no other takes it over within a second; at the first event); the engine was closed
                 while this ran (at its next step); (GPU block decoding) the device stopped before the request
-                finished.
+                finished; the request ran before (a `Request` holds one generation's state).
+            InvalidRequestError: the request's prompt holds token ids outside this engine's vocabulary (a
+                request made by another engine's `make_request`).
         """
         if self._closed:
             raise SoloError(_CLOSED)
+        if request.output_ids or request.finished:
+            raise SoloError("this request has run already (a Request holds one generation's state, which it used "
+                            "up); make a new one with make_request for each run")
+        if request.prompt_ids and (largest := max(request.prompt_ids)) >= self.config.vocab_size:
+            raise InvalidRequestError(f"the request's prompt holds token id {largest}, outside this engine's "
+                                      f"vocabulary [0, {self.config.vocab_size}); make the request with this "
+                                      "engine's make_request", param="prompt")
         if self._forked_mid_generation:
             raise SoloError("this process was forked while another thread was generating with this engine, so the "
                             "engine's copy here holds that generation half done; load an engine in this process, or "
@@ -973,7 +987,9 @@ class Engine:
         With chat messages, a thinking model's `<think>` block is split off as the server splits it
         (`reasoning_content`; `text` keeps the block). With `tools` (and messages), tool calls after the block
         are parsed into `tool_calls` (finish_reason "tool_calls"), and `text` keeps the rest; a call written
-        inside the block is reasoning, never a call.
+        inside the block is reasoning, never a call. Under a forced `tool_choice` ("required" or a named
+        function) a call that max_tokens or a stop string cut short stays in `text` (finish_reason "length" or
+        "stop"), not in `content`, as the server's message content leaves it out.
 
         Raises:
             InvalidRequestError, ContextLengthError: for bad input, before anything runs.
@@ -996,8 +1012,8 @@ class Engine:
         assert event is not None and event.finish_reason is not None and event.stats is not None
         _, rest, calls = reader.finish()
         text, finish_reason, content = "".join(texts), event.finish_reason, "".join(contents) + rest
-        if parser is not None:  # the block as written, then the content less its calls
-            text = text[:len(text) - len(reader.raw_content)] + content
+        if parser is not None:  # the block as written, then the content less its calls (and a forced call cut short)
+            text = text[:len(text) - len(reader.raw_content)] + content + parser.cut
             calls = calls if request.parallel_tool_calls else calls[:1]  # OpenAI: one call without parallel calls
             if calls and finish_reason == "stop":
                 finish_reason = "tool_calls"
@@ -1014,8 +1030,8 @@ class Engine:
 def _as_sampling_params(params: SamplingParams | Mapping[str, Any] | None) -> SamplingParams:
     if params is None:
         return SamplingParams()
-    if isinstance(params, SamplingParams):
-        return params
+    if isinstance(params, SamplingParams):  # a copy built anew: fields set after construction (stop = "x",
+        return replace(params)  # NumPy ids) are taken as the constructor takes them
     if isinstance(params, Mapping):
         unknown = sorted(set(params) - set(SamplingParams.field_names()))
         if unknown:

@@ -644,6 +644,7 @@ class ToolCallParser:
         self._lead_unknown = False  # the marker came after other tokens of its event (see `feed`)
         self._lead_limit = 0
         self.lead = ""  # after `finish`: the start of its last value that is content before the calls
+        self.cut = ""  # after `finish` of a forced output: the text after its complete calls (a call cut short)
 
     @property
     def in_tool_call(self) -> bool:
@@ -710,7 +711,7 @@ class ToolCallParser:
         if self.forced:
             # The output was held to calls: what follows the complete ones, or is all of it when none is complete,
             # is a call that max_tokens or a stop string cut short (finish_reason says which), never content.
-            self._pending = ""
+            self._pending, self.cut = "", rest
             if not calls:
                 self._calls_text = None
             return self._content, calls, ""

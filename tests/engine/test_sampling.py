@@ -404,6 +404,43 @@ def test_an_empty_text_prompt_is_the_tokenizers_bos_alone(tiny_llama, monkeypatc
         engine.complete("", params)
 
 
+def test_a_request_runs_once_on_its_own_engine(tiny_llama):
+    # From a break test of the Python API: a spent Request ran again and quietly gave one token; a request with
+    # ids past this engine's vocabulary (made by another engine) failed deep in the decode kernel.
+    engine = Engine.load(tiny_llama)
+    request = engine.make_request("Hello", {"max_tokens": 4, "ignore_eos": True})
+    assert len([e for e in engine.run(request)]) == 4
+    with pytest.raises(SoloError, match="this request has run already"):
+        next(engine.run(request))
+    other = engine.make_request([5, 6], {"max_tokens": 2})
+    other.prompt_ids = [5, engine.config.vocab_size + 7]
+    with pytest.raises(InvalidRequestError, match="outside this engine's vocabulary"):
+        next(engine.run(other))
+    assert len(engine.complete("Hello", {"max_tokens": 3, "ignore_eos": True}).token_ids) == 3  # still usable
+
+
+def test_min_tokens_past_the_room_left_is_refused_without_max_tokens(tiny_llama):
+    # With max_tokens given, min_tokens > max_tokens is refused; without it the context's room was the bound
+    # and min_tokens was quietly not met (a break test: 3 tokens and "length" for min_tokens 10).
+    engine = Engine.load(tiny_llama)
+    room = 3
+    prompt = [5] * (engine.config.context_length - room)
+    with pytest.raises(InvalidRequestError, match=f"min_tokens \\(10\\) exceeds the {room} tokens") as info:
+        engine.complete(prompt, {"min_tokens": 10})
+    assert info.value.param == "min_tokens"
+    assert len(engine.complete(prompt, {"min_tokens": room, "ignore_eos": True}).token_ids) == room
+
+
+def test_fields_set_after_construction_are_taken_as_the_constructor_takes_them(tiny_llama):
+    import numpy as np
+
+    engine = Engine.load(tiny_llama)
+    params = SamplingParams(max_tokens=4, ignore_eos=True)
+    params.stop, params.logit_bias = "x", {np.int64(5): np.float32(100.0)}  # as SamplingParams(...) takes them
+    result = engine.complete("Hello", params)
+    assert result.token_ids == [5, 5, 5, 5] and params.stop == "x"  # (the caller's object left as it was)
+
+
 def test_numpy_and_torch_token_ids_and_numbers_are_taken(tiny_llama):
     # Ids from `tokenizer(..., return_tensors="pt")` or NumPy were refused ("must be an integer, got np.int64(3)").
     import numpy as np

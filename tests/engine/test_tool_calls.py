@@ -241,10 +241,23 @@ def test_forced_calls_cut_short_are_left_out_never_content(cut):
     parser = ToolCallParser("hermes", {}, forced=True)
     assert _feed_pieces(parser, call + cut) == ""
     content, calls, rest = parser.finish()
-    assert [c.name for c in calls] == ["get_time"] and content == rest == ""
+    assert [c.name for c in calls] == ["get_time"] and content == rest == "" and parser.cut.strip() == cut.strip()
     parser = ToolCallParser("hermes", {}, forced=True)  # no call complete: nothing at all
     assert _feed_pieces(parser, '<tool_call>\n{"name": "get_') == ""
-    assert parser.finish() == ("", [], "")
+    assert parser.finish() == ("", [], "") and parser.cut == '<tool_call>\n{"name": "get_'
+
+
+def test_a_forced_call_cut_short_stays_in_completes_text():
+    # From a break test of the Python API: complete() returned text "" and no calls for 10 tokens it generated,
+    # so the caller could not see what was cut. The text keeps it; content (the server's) leaves it out.
+    engine = Engine.load(None)  # the bundled model's template takes tools (Hermes syntax)
+    messages = [{"role": "user", "content": "What time is it in Paris?"}]
+    params = SamplingParams(max_tokens=16)
+    result = engine.complete(messages, params, tools=[TIME], tool_choice="required")
+    streamed = "".join(e.text for e in engine.generate(messages, params, tools=[TIME], tool_choice="required"))
+    assert result.finish_reason == "length" and result.tool_calls is None and result.content == ""
+    assert result.text == streamed and result.text.startswith("<tool_call>")
+    assert result.text == engine.tokenizer.decode(result.token_ids)
 
 
 @pytest.mark.parametrize("fmt, marker", [("mistral", "[TOOL_CALLS]"), ("phi4_mini", "<|tool_call|>")])

@@ -9,6 +9,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 
@@ -274,7 +275,7 @@ def test_a_second_signal_ends_the_requests_at_once_in_one_line_and_a_nonzero_sta
         proc.send_signal(sig)
         time.sleep(0.3)
         proc.send_signal(sig)
-        out, _ = proc.communicate(timeout=30)
+        out = _output(proc)
         for client in clients:
             client.join(10)
     finally:
@@ -291,14 +292,26 @@ def _serve_bundled_model(*flags: str) -> tuple[subprocess.Popen, int]:
     with socket.socket() as sock:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
+    # Its output goes to a file, not a pipe: a pipe nobody reads until the end fills (64 KiB: uvicorn's trace log
+    # of the health checks while the model loads, on a busy machine) and blocks the server.
+    log = tempfile.TemporaryFile(mode="w+")
     proc = subprocess.Popen([sys.executable, "-m", "solo.cli", "serve", "--port", str(port), "--threads", "1",
-                             *flags], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+                             *flags], stdout=log, stderr=subprocess.STDOUT, text=True)
+    proc.log = log
     try:
         wait_for(lambda: _healthy(f"http://127.0.0.1:{port}"), timeout=60)
     except BaseException:
         proc.kill()
         raise
     return proc, port
+
+
+def _output(proc: subprocess.Popen) -> str:
+    # A `_serve_bundled_model` process's output once it exits (within 30 s).
+    proc.wait(timeout=30)
+    with proc.log:
+        proc.log.seek(0)
+        return proc.log.read()
 
 
 def _healthy(base: str) -> bool:
@@ -326,7 +339,7 @@ def test_a_request_still_sending_its_body_at_the_grace_periods_end_gets_the_503(
         while chunk := half.recv(4096):  # (until the server closes the connection)
             reply += chunk
         reply = reply.decode()
-        out, _ = proc.communicate(timeout=30)
+        out = _output(proc)
     finally:
         proc.kill()
     assert reply.startswith("HTTP/1.1 503") and "retry-after" in reply.lower() and "shutting_down" in reply, reply
@@ -371,7 +384,7 @@ def test_log_level_and_access_log_flags(flags, shown, hidden):
     try:
         assert httpx.get(f"http://127.0.0.1:{port}/health", timeout=5).status_code == 200
         proc.send_signal(signal.SIGTERM)
-        out, _ = proc.communicate(timeout=30)
+        out = _output(proc)
     finally:
         proc.kill()
     assert proc.returncode == 0 and "Traceback" not in out
