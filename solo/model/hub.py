@@ -7,11 +7,12 @@ from __future__ import annotations
 
 import fnmatch
 import re
+import warnings
 from pathlib import Path
 
 import torch
 
-from solo.errors import CheckpointError, ModelNotFoundError, SoloError
+from solo.errors import CheckpointError, ModelNotFoundError, SoloError, SoloWarning
 
 _HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*/[\w.\-]+$")
 _BARE_HUB_ID = re.compile(r"^[A-Za-z0-9][\w.\-]*$")  # ("gpt2": the Hub's ids from before organisations)
@@ -366,7 +367,7 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> tor
 
     Returns:
         torch.float32, torch.bfloat16 or torch.float16 ("auto" with a checkpoint dtype outside these
-        three gives float32).
+        three gives float32, with a SoloWarning that says so).
 
     Raises:
         SoloError: an unknown dtype name, or a torch dtype other than those three.
@@ -379,6 +380,10 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> tor
         dtype, dtype
     )
     if name == "auto":
+        if checkpoint_dtype is not None and str(checkpoint_dtype) not in _DTYPES:
+            warnings.warn(f"config.json names the dtype {str(checkpoint_dtype)!r:.40}, which Solo does not load "
+                          f"weights in; loading in float32 (pass dtype / --dtype to choose one of "
+                          f"{', '.join(_DTYPES)})", SoloWarning, stacklevel=2)
         return _DTYPES.get(str(checkpoint_dtype), torch.float32)
     if name not in _DTYPES:
         raise SoloError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")

@@ -13,7 +13,7 @@ from checkpoints import make_checkpoint
 from safetensors.torch import load_file, save_file
 
 from solo import Engine, SamplingParams
-from solo.errors import CheckpointError, ModelNotFoundError, SoloError, UnsupportedArchitectureError
+from solo.errors import CheckpointError, ModelNotFoundError, SoloError, SoloWarning, UnsupportedArchitectureError
 
 
 @pytest.fixture()
@@ -86,6 +86,15 @@ def test_unknown_architecture(folder):
 def test_unknown_dtype(folder):
     with pytest.raises(SoloError, match="unknown dtype 'float8'"):
         Engine.load(folder, dtype="float8")
+
+
+def test_a_config_dtype_solo_does_not_load_in_is_said(folder):
+    # From a break test: config.json's "dtype": "float128" loaded in float32 without a word.
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "float128", "torch_dtype": "float128"}))
+    with pytest.warns(SoloWarning, match="config.json names the dtype 'float128'.*loading in float32"):
+        engine = Engine.load(folder)
+    assert engine.model.dtype == torch.float32
 
 
 def test_missing_tensor(folder):
