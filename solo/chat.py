@@ -168,13 +168,17 @@ class ChatSession:
                 self.system = None
                 self.say("system message removed")
             else:
-                alone = self._system_tokens(rest)
+                try:
+                    alone = len(system_prompt_ids(self.engine, rest, self.template_kwargs))
+                except SoloError as exc:
+                    self.say(f"solo: error: {exc}")
+                    return None
                 context = self.engine.config.context_length
                 reply = self.params.max_tokens  # (--max-tokens: every reply needs that much room)
-                if alone is not None and alone >= context:  # (every message after it was refused)
+                if alone >= context:  # (every message after it was refused)
                     self.say(f"solo: error: that system message is {alone} tokens with a one-word message, which "
                              f"leaves no room in {self.engine.context_name}, {context} tokens; shorten it")
-                elif alone is not None and reply is not None and alone + reply > context:
+                elif reply is not None and alone + reply > context:
                     self.say(f"solo: error: that system message is {alone} tokens with a one-word message, which "
                              f"leaves {context - alone} tokens of {self.engine.context_name} ({context}), fewer "
                              f"than the {reply} of --max-tokens each reply needs; shorten it")
@@ -215,14 +219,6 @@ class ChatSession:
             self.say(f"could not save to {path}: {exc.strerror or exc}")
             return
         self.say(f"saved {len(data['messages'])} messages to {path}")
-
-    def _system_tokens(self, system: str) -> int | None:
-        # A prompt of the system message and a one-word message, or None where the template cannot say.
-        try:
-            return len(self.engine.encode_prompt([{"role": "system", "content": system},
-                                                  {"role": "user", "content": "hi"}], self.template_kwargs))
-        except SoloError:
-            return None
 
     def _prompt_tokens(self) -> int:
         # The conversation's prompt length as the model will see it (with the template variables of the turns).
@@ -315,6 +311,33 @@ class ChatSession:
                 self.out.flush()
                 self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name, seed))
             self.history.append(show.message())
+
+
+def system_prompt_ids(engine: Any, system: str, kwargs: dict | None) -> list[int]:  # noqa: ANN401
+    """The prompt of a system message and a one-word user message, checked to show the system message to the model.
+
+    Args:
+        engine: a loaded `Engine` with a chat template.
+        system: the system message.
+        kwargs: the chat template's variables of every turn.
+
+    Raises:
+        SoloError: the template refuses a system message (Gemma's raise an exception), or renders the same
+            prompt whatever the system message says (it leaves system messages out: Phi-3-mini's first template).
+    """
+    def ids(text: str) -> list[int]:
+        return engine.encode_prompt([{"role": "system", "content": text}, {"role": "user", "content": "hi"}],
+                                    kwargs)
+
+    try:
+        prompt = ids(system)
+    except SoloError as exc:
+        raise SoloError(f"this model's chat template refuses a system message ({exc}); put the instructions "
+                        "in your message instead") from None
+    if ids(system + " x") == prompt:  # (another text, not none: a template may put its own in its place)
+        raise SoloError("this model's chat template leaves system messages out (the prompt is the same whatever "
+                        "they say), so the model would never see it; put the instructions in your message instead")
+    return prompt
 
 
 def opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
@@ -474,6 +497,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
         )
     session = ChatSession(engine, params, args.system, _line_reader(),
                           template_kwargs=template_kwargs_from_args(engine, args))
+    if args.system is not None:
+        system_prompt_ids(engine, args.system, session.template_kwargs)
     # Checked once here, not refused at every message: the shortest message's prompt (the system prompt and the
     # template around a one-character message) must leave room for a reply, of --max-tokens where given.
     shortest = len(engine.encode_prompt([*session.messages(), {"role": "user", "content": "x"}],

@@ -402,6 +402,10 @@ def cmd_run(args: argparse.Namespace) -> int:
     engine = _load_engine(args)
     kwargs = template_kwargs_from_args(engine, args)
     if args.chat:
+        if args.system is not None:
+            from solo.chat import system_prompt_ids
+
+            system_prompt_ids(engine, args.system, kwargs)
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])
         prompt = messages + [{"role": "user", "content": prompt}]
     _default_max_tokens(engine, prompt, params, kwargs)

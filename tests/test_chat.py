@@ -460,3 +460,29 @@ def test_ctrl_c_that_a_library_swallows_during_start_up_still_quits(tiny_llama, 
         assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
     finally:
         signal.signal(signal.SIGINT, previous)
+
+
+_NO_SYSTEM = "{% for m in messages %}{% if m.role != 'system' %}<{{ m.role }}>{{ m.content }}{% endif %}{% endfor %}<a>"
+_REFUSES_SYSTEM = ("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+                   + _NO_SYSTEM)
+
+
+@pytest.mark.parametrize(("template", "words"), [
+    (_NO_SYSTEM, "this model's chat template leaves system messages out"),
+    (_REFUSES_SYSTEM, "this model's chat template refuses a system message (the chat template rejected"),
+])
+def test_a_system_message_the_template_leaves_out_or_refuses_is_refused(tiny_llama, capsys, template, words):
+    # From a new user's trial: --system (and /system, which answered "system message set") on a template without
+    # a system branch changed nothing, without a word; /system on one that refuses it was accepted, then every
+    # message failed.
+    from solo.cli import main
+
+    flags = ["--chat-template", template, "--system", "be a pirate", "--max-tokens", "2"]
+    assert main(["run", str(tiny_llama), "--chat", "--prompt", "hi", *flags]) == 2
+    assert words in capsys.readouterr().err
+    assert main(["chat", str(tiny_llama), *flags]) == 2
+    assert words in capsys.readouterr().err
+    session, _, err = _session(Engine.load(tiny_llama, chat_template=template), ["/system be a pirate", "hi"])
+    session.loop()
+    assert words in err.getvalue() and "system message set" not in err.getvalue() and session.system is None
+    assert "[TTFT" in err.getvalue()  # "hi" still runs

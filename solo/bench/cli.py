@@ -488,9 +488,9 @@ def main(args: argparse.Namespace) -> int:
                             f"{config.context_length}; lower --sweep-gen-len below {config.context_length - 1}")
         print(f"context sweep at {','.join(map(str, contexts))} tokens (the model's context is "
               f"{config.context_length})", file=sys.stderr)
-    if args.prompt_len + args.gen_len + 1 > config.context_length:
-        raise SoloError(f"--prompt-len {args.prompt_len} + --gen-len {args.gen_len} needs "
-                        f"{args.prompt_len + args.gen_len + 1} tokens but the model's context is "
+    if args.prompt_len + args.gen_len > config.context_length:  # (as solo run's prompt + --max-tokens)
+        raise SoloError(f"--prompt-len {args.prompt_len} + --gen-len {args.gen_len} is "
+                        f"{args.prompt_len + args.gen_len} tokens but the model's context is "
                         f"{config.context_length}; lower them")
     max_context = max([args.prompt_len + args.gen_len, *[c + args.sweep_gen_len for c in contexts]]) + 1
     too_long = [c for c in contexts if c + args.sweep_gen_len + 1 > config.context_length]

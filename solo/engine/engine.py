@@ -182,6 +182,14 @@ def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | Non
         _log.warning("float16 weights are loaded as bfloat16 for the CPU kernels (--dtype float32 keeps every bit; "
                      "--dtype float16 runs the slow eager reference)")
         torch_dtype = torch.bfloat16
+    if folder is not None and torch_dtype.itemsize > 2:
+        from solo.model.gguf import stored_dequantized
+
+        if (held := stored_dequantized(folder)) is not None:  # (said at each load: the conversion says it once)
+            warnings.warn(f"{held[0]} held {', '.join(held[1])} weights, which its conversion stores dequantized to "
+                          f"{held[2]}: {str(torch_dtype).removeprefix('torch.')} computes with those {held[2]} values, "
+                          "not the file's exact ones (they need more bits); the original checkpoint (safetensors, or "
+                          "an F16 / BF16 GGUF file) keeps every bit", SoloWarning, stacklevel=2)
     return torch_dtype
 
 

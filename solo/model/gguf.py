@@ -186,6 +186,22 @@ def _weight_types(reader: Any) -> dict[str, int]:  # noqa: ANN401
     return counts
 
 
+def stored_dequantized(folder: str | Path) -> tuple[str, list[str], str] | None:
+    """What Solo's conversion of a GGUF file of quantized weights stores them as.
+
+    Returns:
+        (the file's name, its quantized tensor types, the dtype the conversion stores them in); None for any other
+        folder, and for a conversion of F32 / F16 / BF16 weights or one stored in float32.
+    """
+    try:
+        source = json.loads((Path(folder) / "gguf_source.json").read_text(encoding="utf-8"))
+        quantized = sorted(t for t in source["tensor_types"] if t not in (*_EXACT, "F32"))
+        name, stored = Path(source["file"]).name, str(source["stored_dtype"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+    return (name, quantized, stored) if quantized and stored != "float32" else None
+
+
 def is_split_part(path: str | Path) -> bool:
     """True for one part of a split GGUF file (llama-gguf-split's "name-00001-of-00003.gguf")."""
     stem = Path(path).stem

@@ -164,6 +164,9 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
 
     repo_id, tag = split_gguf_tag(repo_id)
     if not (_HUB_ID.match(repo_id) or _BARE_HUB_ID.match(repo_id)):  # ("gpt2": ids from before organisations)
+        if Path(repo_id).expanduser().exists():  # (a local folder or GGUF file: nothing to download)
+            raise ModelNotFoundError(f"{repo_id!r} is a local path, which needs no pull: give it to solo run / "
+                                     "serve as it is")
         raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name' "
                                  "('org/name:Q8_0' for one quantization of a repository of GGUF files)")
     revision = cached_commit(repo_id, revision, cache_dir)
@@ -346,7 +349,9 @@ def _remove(repo_id: str, revision: str | None, cache_dir: str | Path | None) ->
         shutil.rmtree(folder)  # (an error is reported, never a folder that is still there)
         return freed
     if repo is None:
-        raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache; `solo list` shows what is")
+        local = " (a local folder or file is not Solo's to remove: delete it yourself)" \
+            if Path(repo_id).expanduser().exists() else ""
+        raise ModelNotFoundError(f"{repo_id} is not in the Hugging Face cache{local}; `solo list` shows what is")
     revisions = list(repo.revisions) if revision is None else cached_revisions_named(repo, revision)
     if not revisions:
         raise ModelNotFoundError(f"{repo_id} has no cached revision {revision!r}; `solo list` shows what is")

@@ -455,15 +455,36 @@ def _check_floating(tensor: torch.Tensor, shown: str) -> None:
 
 
 def _check_complete(expected: dict[str, object], loaded: set[str], config: ModelConfig | None = None) -> None:
-    """Raise CheckpointError naming the first parameter in `expected` that no checkpoint tensor filled."""
+    """Raise CheckpointError naming the first parameter in `expected` that no checkpoint tensor filled.
+
+    It is named as the checkpoint names it (`model.layers.2.self_attn.k_proj.weight`) where `hf_to_solo_name`
+    maps such a name to it, with Solo's own name beside it.
+    """
     missing = sorted(set(expected) - loaded)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         fused = _fused_home(missing[0], config)
         where = f", which {config.architecture} checkpoints hold in {fused}" if fused and config else ""
+        hf_name = _hf_name(missing[0], config) if config is not None and not fused else None
+        shown = f"{hf_name} (Solo's {missing[0]})" if hf_name else missing[0]
         raise CheckpointError(
-            f"checkpoint lacks tensor {missing[0]}{more}{where}; the weights are incomplete or belong to another model"
+            f"checkpoint lacks tensor {shown}{more}{where}; the weights are incomplete or belong to another model"
         )
+
+
+def _hf_name(solo_name: str, config: ModelConfig) -> str | None:
+    # The Hugging Face name that `hf_to_solo_name` maps to `solo_name`, or None.
+    match = re.match(r"^layers\.(\d+)\.(.+)\.(weight|bias)$", solo_name)
+    modules = [*_LAYER_NAMES, *(_SANDWICH_NORMS if config.sandwich_norm else _PLAIN_NORMS)] if match else []
+    candidates = ["model.embed_tokens.weight", "model.norm.weight", "lm_head.weight",
+                  *(f"model.layers.{match[1]}.{m}.{match[3]}" for m in modules)]
+    for name in candidates:
+        try:
+            if hf_to_solo_name(name, config) == solo_name:
+                return name
+        except CheckpointError:
+            continue
+    return None
 
 
 def _fused_home(solo_name: str, config: ModelConfig | None) -> str | None:

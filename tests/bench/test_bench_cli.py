@@ -212,6 +212,17 @@ def test_a_sweep_gen_len_that_leaves_no_context_is_refused(tmp_path, capsys):
     assert "--sweep-gen-len 300 leaves no context to sweep" in capsys.readouterr().err
 
 
+def test_a_prompt_and_generation_that_fill_the_context_exactly_are_benched(tmp_path, capsys):
+    # A trial: --prompt-len 252 --gen-len 4 on a 256 context was refused as needing 257 tokens, while solo run
+    # takes a 252-token prompt with --max-tokens 4.
+    folder = make_checkpoint(tmp_path / "llama", "llama")  # (a context of 256)
+    flags = ["--gen-len", "4", "--repeats", "1", "--probe-gib", "0.0625", "--energy-s", "0"]
+    assert main(["bench", str(folder), "--prompt-len", "252", *flags]) == 0
+    capsys.readouterr()
+    assert main(["bench", str(folder), "--prompt-len", "253", *flags]) == 2
+    assert "--prompt-len 253 + --gen-len 4 is 257 tokens but the model's context is 256" in capsys.readouterr().err
+
+
 @pytest.mark.slow
 def test_bench_moe_reports_active_bytes_and_parameters(tmp_path, capsys):
     folder = make_checkpoint(tmp_path / "olmoe", "olmoe", dtype=torch.bfloat16)

@@ -78,6 +78,15 @@ def test_rm_deletes_and_reports(cache, capsys):
     assert "not in the Hugging Face cache" in capsys.readouterr().err
 
 
+def test_pull_and_rm_of_a_local_folder_say_it_is_not_theirs(cache, tiny_llama, capsys):
+    # A new user's trial: pull said only "not a Hugging Face Hub id", rm "not in the Hugging Face cache".
+    assert main(["pull", str(tiny_llama)]) == 2
+    assert "is a local path, which needs no pull: give it to solo run / serve as it is" in capsys.readouterr().err
+    assert main(["rm", str(tiny_llama)]) == 2
+    assert "a local folder or file is not Solo's to remove" in capsys.readouterr().err
+    assert tiny_llama.is_dir()
+
+
 def test_rm_that_cannot_delete_says_so(cache, capsys, monkeypatch):
     # From a trial on a read-only cache: a traceback for a healthy repository, and "deleted" (exit 0) for a damaged
     # one that was still there (its folder removed with errors ignored).
