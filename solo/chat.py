@@ -168,6 +168,8 @@ class ChatSession:
                 self.system = None
                 self.say("system message removed")
             else:
+                from solo.chat_template import system_prompt_ids
+
                 try:
                     alone = len(system_prompt_ids(self.engine, rest, self.template_kwargs))
                 except SoloError as exc:
@@ -311,33 +313,6 @@ class ChatSession:
                 self.out.flush()
                 self.say(_stats_line(last.stats, last.finish_reason, engine.backend_name, seed))
             self.history.append(show.message())
-
-
-def system_prompt_ids(engine: Any, system: str, kwargs: dict | None) -> list[int]:  # noqa: ANN401
-    """The prompt of a system message and a one-word user message, checked to show the system message to the model.
-
-    Args:
-        engine: a loaded `Engine` with a chat template.
-        system: the system message.
-        kwargs: the chat template's variables of every turn.
-
-    Raises:
-        SoloError: the template refuses a system message (Gemma's raise an exception), or renders the same
-            prompt whatever the system message says (it leaves system messages out: Phi-3-mini's first template).
-    """
-    def ids(text: str) -> list[int]:
-        return engine.encode_prompt([{"role": "system", "content": text}, {"role": "user", "content": "hi"}],
-                                    kwargs)
-
-    try:
-        prompt = ids(system)
-    except SoloError as exc:
-        raise SoloError(f"this model's chat template refuses a system message ({exc}); put the instructions "
-                        "in your message instead") from None
-    if ids(system + " x") == prompt:  # (another text, not none: a template may put its own in its place)
-        raise SoloError("this model's chat template leaves system messages out (the prompt is the same whatever "
-                        "they say), so the model would never see it; put the instructions in your message instead")
-    return prompt
 
 
 def opens_reasoning(engine: Any, messages: list[dict[str, str]], kwargs: dict | None) -> bool:  # noqa: ANN401
@@ -498,6 +473,8 @@ def cmd_chat(args: argparse.Namespace) -> int:
     session = ChatSession(engine, params, args.system, _line_reader(),
                           template_kwargs=template_kwargs_from_args(engine, args))
     if args.system is not None:
+        from solo.chat_template import system_prompt_ids
+
         system_prompt_ids(engine, args.system, session.template_kwargs)
     # Checked once here, not refused at every message: the shortest message's prompt (the system prompt and the
     # template around a one-character message) must leave room for a reply, of --max-tokens where given.

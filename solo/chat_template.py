@@ -416,3 +416,31 @@ def template_messages(messages: Sequence[Mapping[str, Any]]) -> list[dict[str, A
                                       f"{type(content).__name__}", param="messages")
         checked.append(dict(message))
     return checked
+
+
+def system_prompt_ids(engine: Any, system: str, kwargs: Mapping[str, Any] | None) -> list[int]:  # noqa: ANN401
+    """The prompt of a system message and a one-word user message, checked to show the system message to the model.
+
+    Args:
+        engine: a loaded `Engine` with a chat template.
+        system: the system message.
+        kwargs: the chat template's variables of every turn.
+
+    Raises:
+        InvalidRequestError: the template refuses a system message (Gemma's raise an exception).
+        SoloError: the template renders the same prompt whatever the system message says (it leaves system
+            messages out: Phi-3-mini's first template).
+    """
+    def ids(text: str) -> list[int]:
+        return engine.encode_prompt([{"role": "system", "content": text}, {"role": "user", "content": "hi"}],
+                                    kwargs)
+
+    try:
+        prompt = ids(system)
+    except SoloError as exc:
+        raise InvalidRequestError(f"this model's chat template refuses a system message ({exc}); put the "
+                                  "instructions in your message instead", param="messages") from None
+    if ids(system + " x") == prompt:  # (another text, not none: a template may put its own in its place)
+        raise SoloError("this model's chat template leaves system messages out (the prompt is the same whatever "
+                        "they say), so the model would never see it; put the instructions in your message instead")
+    return prompt

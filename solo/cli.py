@@ -403,7 +403,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     kwargs = template_kwargs_from_args(engine, args)
     if args.chat:
         if args.system is not None:
-            from solo.chat import system_prompt_ids
+            from solo.chat_template import system_prompt_ids
 
             system_prompt_ids(engine, args.system, kwargs)
         messages = ([{"role": "system", "content": args.system}] if args.system is not None else [])

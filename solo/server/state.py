@@ -114,6 +114,20 @@ def allowed_hosts_for(bind_host: str, extra: Sequence[str] | None = None) -> lis
     return list(dict.fromkeys(host_name(h) for h in [*LOOPBACK_HOSTS, bind_host, *extra]))
 
 
+def _say_how_system_messages_fare(engine: Engine) -> None:
+    # A template that leaves system messages out would drop every request's without a word: said once, at start
+    # (requests keep being served as other engines serve them; one that refuses them answers each with a 400).
+    from solo.chat_template import system_prompt_ids
+
+    try:
+        system_prompt_ids(engine, "Be brief.", None)
+    except InvalidRequestError as exc:
+        logger.warning("requests with a system message are refused with a 400: %s", exc)
+    except SoloError:
+        logger.warning("this model's chat template leaves system messages out of the prompt: requests' system "
+                       "messages do not reach the model (as on other engines serving it)")
+
+
 def _cpu_threads_text(device: Any) -> str:
     # The serving line's ", 2 threads" on the CPU, and the decode steps' count where a container's CPU quota caps it.
     if getattr(device, "type", None) != "cpu":
@@ -386,6 +400,8 @@ class ServerState:
         self.reasoning = detect_reasoning(template.source if template is not None else None,
                                           self.settings.reasoning_parser)
         self.served_name = self.settings.served_model_name or engine.name
+        if template is not None:
+            await self._off_loop(_say_how_system_messages_fare, engine)
         logger.debug("startup heap frozen: %d objects", freeze_startup_heap())
         self._frozen_heap = True
         self.client, self.scheduler = client, client.scheduler

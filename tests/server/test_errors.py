@@ -8,7 +8,7 @@ import json
 
 import openai
 import pytest
-from server_harness import MODEL_NAME, start_server
+from server_harness import MODEL_NAME, serving, start_server
 
 import solo.server.state as state_module
 from solo.errors import SoloError
@@ -443,6 +443,24 @@ def test_messages_need_a_chat_template(no_template_model):
             assert http.post(COMPLETIONS, json=completion(max_tokens=2)).status_code == 200
     finally:
         running.stop()
+
+
+@pytest.mark.parametrize(("template", "words"), [
+    ("{% for m in messages %}{% if m.role != 'system' %}{{ m.content }}{% endif %}{% endfor %}",
+     "leaves system messages out of the prompt: requests' system messages do not reach the model"),
+    ("{% if messages[0].role == 'system' %}{{ raise_exception('System role not supported') }}{% endif %}"
+     "{% for m in messages %}{{ m.content }}{% endfor %}", "requests with a system message are refused with a 400"),
+])
+def test_a_template_that_drops_or_refuses_system_messages_is_said_at_start(tiny_model, caplog, template, words):
+    # Requests are served as other engines serve them (a system message left out, or a 400 from the template);
+    # the server says so once instead of never (a new user's trial found the CLI silent about it).
+    import logging
+
+    with caplog.at_level(logging.WARNING, logger="solo.server"), serving(tiny_model, max_batch=1,
+                                                                              chat_template=template) as running:
+        with running.http() as http:
+            assert http.post(CHAT, json=chat(max_tokens=2)).status_code == 200
+    assert [r for r in caplog.records if words in r.getMessage()]
 
 
 def test_api_key(tiny_model):
