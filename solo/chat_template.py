@@ -438,9 +438,11 @@ def system_prompt_ids(engine: Any, system: str, kwargs: Mapping[str, Any] | None
     try:
         prompt = ids(system)
     except SoloError as exc:
+        engine.encode_prompt([{"role": "user", "content": "hi"}], kwargs)  # (an error of every prompt: its own)
         raise InvalidRequestError(f"this model's chat template refuses a system message ({exc}); put the "
                                   "instructions in your message instead", param="messages") from None
-    if ids(system + " x") == prompt:  # (another text, not none: a template may put its own in its place)
+    # (an empty one loses nothing; another text, not none, is compared: a template may put its own in its place)
+    if system.strip() and ids(system + " x") == prompt:
         raise SoloError("this model's chat template leaves system messages out (the prompt is the same whatever "
                         "they say), so the model would never see it; put the instructions in your message instead")
     return prompt

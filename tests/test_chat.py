@@ -486,3 +486,17 @@ def test_a_system_message_the_template_leaves_out_or_refuses_is_refused(tiny_lla
     session.loop()
     assert words in err.getvalue() and "system message set" not in err.getvalue() and session.system is None
     assert "[TTFT" in err.getvalue()  # "hi" still runs
+
+
+def test_a_system_message_on_a_template_that_takes_no_messages_gets_that_error(tiny_llama):
+    # A break test: every failure to render was called a refusal of the system message (here: no template).
+    from solo.chat_template import system_prompt_ids
+    from solo.errors import SoloError
+
+    engine = Engine.load(tiny_llama)
+    engine.tokenizer.chat_template = None
+    with pytest.raises(SoloError, match="has no chat template") as info:
+        system_prompt_ids(engine, "be brief", None)
+    assert "refuses a system message" not in str(info.value)
+    # An empty system message loses nothing where the template leaves them out.
+    assert system_prompt_ids(Engine.load(tiny_llama, chat_template=_NO_SYSTEM), "", None)

@@ -59,7 +59,7 @@ from solo.engine.tool_calls import (
 from solo.errors import CheckpointError, ContextLengthError, InvalidRequestError, SoloError, SoloWarning
 from solo.model.config import ModelConfig
 from solo.model.generation_config import GenerationDefaults
-from solo.model.hub import resolve_dtype, resolve_model_dir
+from solo.model.hub import DTYPE_CHOICES, resolve_dtype, resolve_model_dir
 from solo.model.transformer import Transformer
 from solo.model.weights import checkpoint_dtype, load_weights
 from solo.runtime import after_fork, create_runtime
@@ -172,8 +172,15 @@ def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | Non
         SoloError: an unknown dtype.
     """
     named = config.torch_dtype
-    if named is None and folder is not None and dtype == "auto":
-        named = checkpoint_dtype(folder)
+    if dtype == "auto" and folder is not None and str(named) not in DTYPE_CHOICES[1:]:
+        # None, transformers' "auto", or a dtype Solo does not load in: the weights' own, as transformers reads it
+        # where config.json names none ("auto" means that there)
+        found = checkpoint_dtype(folder)
+        if found is not None and named not in (None, "auto"):
+            warnings.warn(f"config.json names the dtype {str(named)!r:.40}, which Solo does not load weights in; "
+                          f"loading in {found}, the weights' own (pass dtype / --dtype to choose)", SoloWarning,
+                          stacklevel=2)
+        named = found or named
     torch_dtype = resolve_dtype(dtype, named)
     if torch_dtype == torch.float16 and dtype == "auto" and device.type == "cpu" and backend in ("auto", "cpu") \
             and tp == 1 and config.lanes is None and _cpu_kernels_run(config):
@@ -185,7 +192,7 @@ def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | Non
     if folder is not None and torch_dtype.itemsize > 2:
         from solo.model.gguf import stored_dequantized
 
-        if (held := stored_dequantized(folder)) is not None:  # (said at each load: the conversion says it once)
+        if (held := stored_dequantized(folder)) is not None:  # (said when loaded: the conversion says it once)
             warnings.warn(f"{held[0]} held {', '.join(held[1])} weights, which its conversion stores dequantized to "
                           f"{held[2]}: {str(torch_dtype).removeprefix('torch.')} computes with those {held[2]} values, "
                           "not the file's exact ones (they need more bits); the original checkpoint (safetensors, or "

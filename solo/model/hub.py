@@ -380,7 +380,7 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> tor
         dtype, dtype
     )
     if name == "auto":
-        if checkpoint_dtype is not None and str(checkpoint_dtype) not in _DTYPES:
+        if checkpoint_dtype not in (None, "auto") and str(checkpoint_dtype) not in _DTYPES:
             warnings.warn(f"config.json names the dtype {str(checkpoint_dtype)!r:.40}, which Solo does not load "
                           f"weights in; loading in float32 (pass dtype / --dtype to choose one of "
                           f"{', '.join(_DTYPES)})", SoloWarning, stacklevel=2)

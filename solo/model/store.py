@@ -162,11 +162,11 @@ def pull(repo_id: str, revision: str | None = None, include: list[str] | None = 
         split_gguf_tag,
     )
 
+    if Path(repo_id).expanduser().exists():  # (as solo run takes it first: a local folder or GGUF file)
+        raise ModelNotFoundError(f"{repo_id!r} is a local path, which needs no pull: give it to solo run / serve "
+                                 "as it is")
     repo_id, tag = split_gguf_tag(repo_id)
     if not (_HUB_ID.match(repo_id) or _BARE_HUB_ID.match(repo_id)):  # ("gpt2": ids from before organisations)
-        if Path(repo_id).expanduser().exists():  # (a local folder or GGUF file: nothing to download)
-            raise ModelNotFoundError(f"{repo_id!r} is a local path, which needs no pull: give it to solo run / "
-                                     "serve as it is")
         raise ModelNotFoundError(f"{repo_id!r} is not a Hugging Face Hub id; give one such as 'org/name' "
                                  "('org/name:Q8_0' for one quantization of a repository of GGUF files)")
     revision = cached_commit(repo_id, revision, cache_dir)

@@ -426,7 +426,7 @@ def _load_dense_weights(folder: Path, config: ModelConfig, dtype: torch.dtype,
             loaded.add(name)
             source[name] = file_name
         del file_tensor
-    _check_complete(expected, loaded, config)
+    _check_complete(expected, loaded, config, hf_names=not multimodal)  # (an image-text file's names differ)
     if held_head is not None and held_head.shape != model.embed.weight.shape:
         raise CheckpointError(f"checkpoint tensor lm_head.weight has shape {tuple(held_head.shape)}, the embedding "
                               f"{tuple(model.embed.weight.shape)}; the config and weights do not match")
@@ -454,18 +454,20 @@ def _check_floating(tensor: torch.Tensor, shown: str) -> None:
         )
 
 
-def _check_complete(expected: dict[str, object], loaded: set[str], config: ModelConfig | None = None) -> None:
+def _check_complete(expected: dict[str, object], loaded: set[str], config: ModelConfig | None = None,
+                    hf_names: bool = False) -> None:
     """Raise CheckpointError naming the first parameter in `expected` that no checkpoint tensor filled.
 
-    It is named as the checkpoint names it (`model.layers.2.self_attn.k_proj.weight`) where `hf_to_solo_name`
-    maps such a name to it, with Solo's own name beside it.
+    With `hf_names` (a causal LM's checkpoint) it is named as the checkpoint names it
+    (`model.layers.2.self_attn.k_proj.weight`) where `hf_to_solo_name` maps such a name to it, with Solo's own
+    name beside it.
     """
     missing = sorted(set(expected) - loaded)
     if missing:
         more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
         fused = _fused_home(missing[0], config)
         where = f", which {config.architecture} checkpoints hold in {fused}" if fused and config else ""
-        hf_name = _hf_name(missing[0], config) if config is not None and not fused else None
+        hf_name = _hf_name(missing[0], config) if hf_names and config is not None and not fused else None
         shown = f"{hf_name} (Solo's {missing[0]})" if hf_name else missing[0]
         raise CheckpointError(
             f"checkpoint lacks tensor {shown}{more}{where}; the weights are incomplete or belong to another model"

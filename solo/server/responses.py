@@ -54,7 +54,7 @@ from solo.server.protocol import ChatCompletionRequest, JsonBool, JsonFloat, Jso
 router = APIRouter(route_class=StrictJSONRoute)
 
 # Chat fields a Responses request names otherwise (for errors that the chat request's validation finds).
-_FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text", "messages": "input"}
+_FIELD_NAMES = {"max_tokens": "max_output_tokens", "response_format": "text.format", "messages": "input"}
 
 
 class ResponsesRequest(BaseModel):

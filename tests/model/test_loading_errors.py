@@ -88,13 +88,22 @@ def test_unknown_dtype(folder):
         Engine.load(folder, dtype="float8")
 
 
-def test_a_config_dtype_solo_does_not_load_in_is_said(folder):
-    # From a break test: config.json's "dtype": "float128" loaded in float32 without a word.
+def test_a_config_dtype_solo_does_not_load_in_gives_way_to_the_weights_own(folder):
+    # From a break test: config.json's "dtype": "float128" loaded in float32 without a word; transformers' "auto"
+    # (read the weights' dtype) loaded bfloat16 weights in float32 too.
+    import warnings
+
+    tensors = load_file(folder / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})
     config = json.loads((folder / "config.json").read_text())
     (folder / "config.json").write_text(json.dumps({**config, "dtype": "float128", "torch_dtype": "float128"}))
-    with pytest.warns(SoloWarning, match="config.json names the dtype 'float128'.*loading in float32"):
-        engine = Engine.load(folder)
-    assert engine.model.dtype == torch.float32
+    with pytest.warns(SoloWarning, match="config.json names the dtype 'float128'.*loading in bfloat16, the weights'"):
+        assert Engine.load(folder, backend="eager").model.dtype == torch.bfloat16
+    (folder / "config.json").write_text(json.dumps({**config, "dtype": "auto", "torch_dtype": "auto"}))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", SoloWarning)
+        assert Engine.load(folder, backend="eager").model.dtype == torch.bfloat16
 
 
 def test_missing_tensor(folder):
@@ -208,6 +217,9 @@ def test_an_image_text_checkpoints_tensor_errors_name_the_files_own_tensors(tmp_
     save_file(twice, folder / "model.safetensors", metadata={"format": "pt"})
     with pytest.raises(CheckpointError, match="language_model.model.layers.0.mlp.up_proj.weight' and "
                                               "'model.language_model.layers.0.mlp.up_proj.weight' both hold"):
+        Engine.load(folder, backend="eager")
+    save_file({k: v for k, v in tensors.items() if k != name}, folder / "model.safetensors", metadata={"format": "pt"})
+    with pytest.raises(CheckpointError, match="lacks tensor layers.0.mlp.up_proj.weight;"):  # (not a name it lacks)
         Engine.load(folder, backend="eager")
     tensors[name] = tensors[name][:, :3].contiguous()
     save_file(tensors, folder / "model.safetensors", metadata={"format": "pt"})

@@ -78,13 +78,18 @@ def test_rm_deletes_and_reports(cache, capsys):
     assert "not in the Hugging Face cache" in capsys.readouterr().err
 
 
-def test_pull_and_rm_of_a_local_folder_say_it_is_not_theirs(cache, tiny_llama, capsys):
+def test_pull_and_rm_of_a_local_folder_say_it_is_not_theirs(cache, tiny_llama, capsys, monkeypatch):
     # A new user's trial: pull said only "not a Hugging Face Hub id", rm "not in the Hugging Face cache".
     assert main(["pull", str(tiny_llama)]) == 2
     assert "is a local path, which needs no pull: give it to solo run / serve as it is" in capsys.readouterr().err
     assert main(["rm", str(tiny_llama)]) == 2
     assert "a local folder or file is not Solo's to remove" in capsys.readouterr().err
     assert tiny_llama.is_dir()
+    # A relative path shaped as a Hub id is local first, as solo run takes it.
+    monkeypatch.chdir(tiny_llama.parent.parent)
+    relative = f"{tiny_llama.parent.name}/{tiny_llama.name}"
+    assert main(["pull", relative]) == 2
+    assert f"{relative!r} is a local path" in capsys.readouterr().err
 
 
 def test_rm_that_cannot_delete_says_so(cache, capsys, monkeypatch):

@@ -361,5 +361,5 @@ def test_a_grammar_that_runs_dead_mid_stream_fails_in_this_apis_terms(server):
     events = [json.loads(line.removeprefix("data: ")) for line in lines]
     error = next(e for e in events if e["type"] == "error")
     failed = next(e for e in events if e["type"] == "response.failed")
-    assert error["param"] == "text" and "allows no next token" in error["message"]
+    assert error["param"] == "text.format" and "schema in text.format allows no next token" in error["message"]
     assert "response_format" not in error["message"] and failed["response"]["error"]["code"] == "invalid_prompt"
