@@ -342,7 +342,7 @@ def _default_max_tokens(engine, prompt, params, template_kwargs: dict | None = N
     # never gave.
     if params.max_tokens is None:
         room = engine.config.context_length - len(engine.encode_prompt(prompt, template_kwargs))
-        if room > 0:
+        if room > 0 and params.min_tokens <= room:  # (else the engine's error names the room, not a budget)
             # --min-tokens above the default raises the budget with it (room permitting), rather than an error
             # naming a max_tokens the user never set.
             default = engine.defaults.max_new_tokens or 256  # the generation config's, as transformers

@@ -52,6 +52,9 @@ def test_run_takes_logit_bias_and_min_tokens_as_llama_cpp_writes_them(capsys, ti
                         "--temperature", "0", "--logit-bias", "7+100", "--min-tokens", "2")
     engine = Engine.load(tiny_llama)
     assert code == 0 and out == engine.tokenizer.decode([7, 7, 7]) + "\n"
+    # --min-tokens past the context's room named a max_tokens the user never set ("must be <= max_tokens (253)")
+    code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--min-tokens", "300")
+    assert code == 2 and "min_tokens (300) exceeds the" in err and "lower min_tokens" in err and "<=" not in err
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", "7")
     assert code == 2 and "--logit-bias takes TOKEN_ID+BIAS" in err and err.count("\n") == 1
     code, _, err = _run(capsys, "run", str(tiny_llama), "--prompt", "hi", "--logit-bias", "5+200")

@@ -783,10 +783,12 @@ class Engine:
             )
         prepared = self.prepare(prompt, params.max_tokens)
         if params.max_tokens is None and params.min_tokens > prepared.max_new_tokens:  # (as the server says it)
+            room = self.config.context_length - len(prepared.token_ids)
             raise InvalidRequestError(
                 f"min_tokens ({params.min_tokens}) exceeds the {prepared.max_new_tokens} tokens this request may "
-                "generate without max_tokens (what is left of the context, or the generation config's "
-                "max_new_tokens); send max_tokens >= min_tokens, or a shorter prompt", param="min_tokens")
+                + (f"generate in what the prompt leaves of {self.context_name}; lower min_tokens or shorten the "
+                   "prompt" if params.min_tokens > room else "generate without max_tokens (the generation config's "
+                   "max_new_tokens); send max_tokens >= min_tokens"), param="min_tokens")
         # ignore_eos drops the model's EOS ids only: the user's stop_token_ids still stop, as in vLLM. A stop
         # string that is a special token never appears in the (special-token-free) text: match its id.
         special = self.tokenizer.special_token_ids()

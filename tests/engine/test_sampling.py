@@ -425,7 +425,8 @@ def test_min_tokens_past_the_room_left_is_refused_without_max_tokens(tiny_llama)
     engine = Engine.load(tiny_llama)
     room = 3
     prompt = [5] * (engine.config.context_length - room)
-    with pytest.raises(InvalidRequestError, match=f"min_tokens \\(10\\) exceeds the {room} tokens") as info:
+    with pytest.raises(InvalidRequestError, match=f"min_tokens \\(10\\) exceeds the {room} tokens this request may "
+                       "generate in what the prompt leaves of the model's context; lower min_tokens") as info:
         engine.complete(prompt, {"min_tokens": 10})
     assert info.value.param == "min_tokens"
     assert len(engine.complete(prompt, {"min_tokens": room, "ignore_eos": True}).token_ids) == room
