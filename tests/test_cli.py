@@ -350,6 +350,12 @@ def test_serve_refuses_a_missing_folder_before_listening(tmp_path):
     (["--tp", "0"], "--tp must be >= 1, got 0"),
     (["--revision", "main"], "applies to Hub ids only"),
     (["--max-model-len", "99999999"], "must be an integer from 2 to"),
+    # (an audit of the README found these listening first)
+    (["--tp", "2", "--quantize", "int8"], "--tp runs the eager model on every rank; drop --quantize"),
+    (["--tp", "2", "--backend", "cpu"], "--tp runs the eager model on every rank"),
+    (["--tp", "2", "--speculative", "ngram"], "--speculative ngram needs a runtime with multi-token verify"),
+    (["--backend", "megakernel"], "the megakernel backend runs on a CUDA GPU, and the device is cpu"),
+    (["--backend", "cuda-graph"], "the cuda-graph backend runs on a CUDA GPU"),
 ])
 def test_serve_refuses_what_would_fail_the_load_before_listening(capsys, monkeypatch, extra, message):
     # A trial saw each one print "Uvicorn running" first, then fail the load.
@@ -358,6 +364,14 @@ def test_serve_refuses_what_would_fail_the_load_before_listening(capsys, monkeyp
     monkeypatch.setattr(runner, "serve", lambda *args, **kwargs: pytest.fail("the server started"))
     code, _, err = _run(capsys, "serve", "--port", "0", *extra)
     assert code == 2 and message in err, err
+
+
+def test_serve_takes_prefix_cache_gb_auto_as_written(monkeypatch):
+    # The README and --help give its default as auto, which the flag refused ("invalid float value: 'auto'").
+    from solo.cli import build_parser
+
+    assert build_parser().parse_args(["serve", "--prefix-cache-gb", "auto"]).prefix_cache_gb is None
+    assert build_parser().parse_args(["serve", "--prefix-cache-gb", "0.5"]).prefix_cache_gb == 0.5
 
 
 def test_serve_takes_the_api_key_from_the_environment(monkeypatch):

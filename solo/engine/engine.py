@@ -93,6 +93,23 @@ def resolve_device(device: str | torch.device) -> torch.device:
     return dev
 
 
+def check_load_flags(device: torch.device, backend: str, tp: int, quantize: str | None, speculative: str) -> None:
+    """Refuse flags that cannot go together whatever the model (as `Engine.load` would, before it loads one).
+
+    Raises:
+        SoloError: a CUDA-only backend on another device; --tp beside --quantize, a backend other than the
+            eager one, or speculative decoding other than auto / off.
+    """
+    if backend in ("cuda-graph", "megakernel") and device.type != "cuda":
+        raise SoloError(f"the {backend} backend runs on a CUDA GPU, and the device is {device.type}; use --backend "
+                        "auto, cpu or eager (or --device cuda)")
+    if tp != 1 and (quantize is not None or backend not in ("auto", "eager")):
+        raise SoloError("--tp runs the eager model on every rank; drop --quantize and --backend")
+    if tp != 1 and speculative not in ("auto", "off"):
+        raise SoloError(f"--speculative {speculative} needs a runtime with multi-token verify; the "
+                        "tensor-parallel runtime (--tp) has none: use --speculative off (or auto)")
+
+
 @dataclass
 class PreparedPrompt:
     """A prompt turned into token ids, with the generation budget it fits.
@@ -584,11 +601,7 @@ class Engine:
         if tp != 1:
             from solo.distributed.launch import start_ranks
 
-            if quantize is not None or backend not in ("auto", "eager"):
-                raise SoloError("--tp runs the eager model on every rank; drop --quantize and --backend")
-            if speculative not in ("auto", "off"):
-                raise SoloError(f"--speculative {speculative} needs a runtime with multi-token verify; the "
-                                "tensor-parallel runtime (--tp) has none: use --speculative off (or auto)")
+            check_load_flags(dev, backend, tp, quantize, speculative)
             runtime = start_ranks(folder, config, torch_dtype, dev, tp)
             return cls(runtime.model, tokenizer, defaults, runtime, folder, str(model) if model else folder.name,
                        context_name=_context_name(config, context_length))

@@ -17,6 +17,13 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug", "trace")
 """`solo serve --log-level` values (Python's logging levels, as uvicorn names them)."""
 
 
+def _gb_or_auto(value: str) -> float | None:
+    # --prefix-cache-gb's type for `solo serve`: a number of GB, or "auto" (None: sized from memory), as it defaults
+    from solo.cli import finite_float
+
+    return None if value.strip().lower() == "auto" else finite_float(value)
+
+
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Flags of `solo serve`."""
     from solo.cli import (
@@ -90,7 +97,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     add_feature_arguments(parser)
     for action in parser._actions:  # the server sizes its store from memory unless told (ServerSettings)
         if action.dest == "prefix_cache_gb":
-            action.default = None
+            action.default, action.metavar = None, "GB|auto"
+            action.type = _gb_or_auto
             action.help = ("reuse the KV cache of earlier prompts that start the same way; GB of KV snapshots kept "
                            "besides the live cache rows, preallocated at start-up (default: auto = as large as "
                            "the KV cache, at most 1 GB)")
@@ -139,14 +147,15 @@ def main(args: argparse.Namespace) -> int:
         args.host = args.host[1:-1]
     if not 0 <= args.port <= 65535:
         raise SoloError(f"--port must be in [0, 65535], got {args.port}")
-    from solo.engine.engine import resolve_device
+    from solo.engine.engine import check_load_flags, resolve_device
     from solo.model.hub import check_local_model, resolve_dtype
 
     # What fails the model's load is refused here, before the server says it is listening (as vLLM checks).
-    resolve_device(args.device)
+    device = resolve_device(args.device)
     resolve_dtype(args.dtype, None)
     if args.tp < 1:
         raise SoloError(f"--tp must be >= 1, got {args.tp}")
+    check_load_flags(device, args.backend, args.tp, args.quantize, args.speculative)
     check_address(args.host, args.port)  # (before a GGUF file's conversion, which may take minutes)
     check_local_model(args.model, args.revision, args.max_model_len)
     settings = ServerSettings(

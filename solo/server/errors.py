@@ -354,6 +354,8 @@ def install_error_handlers(app: FastAPI, reply: Callable[[str, APIError], Respon
                        "/v1/messages")
         if exc.status_code == 400 and isinstance(exc.__cause__, APIError):  # (a body past --max-body-mb)
             return shape(request.url.path, exc.__cause__)
+        if exc.status_code == 400 and isinstance(exc.__cause__, ClientDisconnect):  # (FastAPI's own body read)
+            return await on_client_gone(request, exc.__cause__)
         param = None
         if exc.status_code == 400 and exc.__cause__ is not None:
             message, param = unreadable_body_message(exc.__cause__), unreadable_body_param(exc.__cause__)
