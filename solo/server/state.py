@@ -488,6 +488,8 @@ class ServerState:
                 "free memory or use a smaller model"
             if most_rows >= 1:
                 advice += f" or --max-batch to at most {most_rows}"
+            elif rows > 1:  # (nothing left beside the step's workspace, which grows with the slots: fewer help)
+                advice += f" or lower --max-batch (the decode step's workspace, {kv_memory.gib(step)}, grows with it)"
             raise SoloError(f"the KV cache of --max-batch {rows} slots x {limit} tokens needs {need} but may use "
                             f"{budget}; {advice}")
         logger.warning("the KV cache of %d slots x %d tokens (the model's context) needs %s but may use %s; "

@@ -367,6 +367,19 @@ def test_the_decode_steps_workspace_is_set_aside_beside_the_kv_cache(tiny_model,
         running.stop()
 
 
+def test_a_workspace_that_takes_all_the_memory_names_max_batch(tiny_model, monkeypatch):
+    # An audit: --max-batch 100000 was told to "free memory or use a smaller model"; its step's workspace, which
+    # grows with the slots, had taken all the memory.
+    monkeypatch.setattr(kv_memory, "available_memory_bytes", lambda device: kv_memory.HEADROOM_BYTES + 2**20)
+    monkeypatch.setattr("solo.engine.engine.Engine.step_memory_bytes", lambda self, rows, max_seq, entries: 2**30)
+    running = start_server(tiny_model, max_batch=64, max_model_len=64, wait=True)
+    try:
+        assert running.state.status != "ok"
+        assert "or lower --max-batch (the decode step's workspace, 1.00 GiB, grows with it)" in str(running.state.error)
+    finally:
+        running.stop()
+
+
 def test_a_step_that_finds_no_memory_is_a_503(tiny_model, monkeypatch):
     from solo.errors import KVCacheMemoryError
     from solo.server.errors import api_error_from
