@@ -175,9 +175,11 @@ def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | Non
                backend: str = "auto", tp: int = 1) -> torch.dtype:
     """The dtype `Engine.load` loads a model's weights in (`solo bench` loads them so too).
 
-    "auto" is the checkpoint's dtype: config.json's `dtype` (or `torch_dtype`), else that of the first floating-point
-    tensor of its weights (as transformers reads it), else float32; float16 then becomes bfloat16 where the native
-    CPU kernels will run the model (they read bfloat16 and float32; float16 would run on the eager reference).
+    "auto" is the checkpoint's dtype: config.json's `dtype` (or `torch_dtype`), else (none, transformers' "auto",
+    or one Solo does not load in: a SoloWarning for the last) that of the first floating-point tensor of its
+    weights (as transformers reads it), else float32; float16 then becomes bfloat16 where the native CPU kernels
+    will run the model (they read bfloat16 and float32; float16 would run on the eager reference). float32 on the
+    conversion of a quantized GGUF file (stored dequantized to bfloat16) warns that it computes with those values.
 
     Args:
         dtype: "auto", a dtype name or a torch dtype (`solo.model.hub.resolve_dtype`).

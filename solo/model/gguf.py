@@ -195,7 +195,7 @@ def stored_dequantized(folder: str | Path) -> tuple[str, list[str], str] | None:
     """
     try:
         source = json.loads((Path(folder) / "gguf_source.json").read_text(encoding="utf-8"))
-        quantized = sorted(t for t in source["tensor_types"] if t not in (*_EXACT, "F32"))
+        quantized = sorted(t for t in source["tensor_types"] if t not in _EXACT)
         name, stored = Path(source["file"]).name, str(source["stored_dtype"])
     except (OSError, ValueError, KeyError, TypeError):
         return None
