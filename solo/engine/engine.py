@@ -191,16 +191,11 @@ def load_dtype(dtype: str | torch.dtype, config: ModelConfig, folder: Path | Non
         SoloError: an unknown dtype.
     """
     named = config.torch_dtype
-    if dtype == "auto" and folder is not None and str(named) not in DTYPE_CHOICES[1:]:
-        # None, transformers' "auto", or a dtype Solo does not load in: the weights' own, as transformers reads it
-        # where config.json names none ("auto" means that there)
-        found = checkpoint_dtype(folder)
-        if found is not None and named not in (None, "auto"):
-            warnings.warn(f"config.json names the dtype {str(named)!r:.40}, which Solo does not load weights in; "
-                          f"loading in {found}, the weights' own (pass dtype / --dtype to choose)", SoloWarning,
-                          stacklevel=2)
-        named = found or named
-    torch_dtype = resolve_dtype(dtype, named)
+    # (config.json naming none, transformers' "auto", or a dtype Solo does not load in: the weights' own, read from
+    # their header as transformers reads it where config.json names none)
+    weights = checkpoint_dtype(folder) if dtype == "auto" and folder is not None \
+        and str(named) not in DTYPE_CHOICES[1:] else None
+    torch_dtype = resolve_dtype(dtype, named, weights)
     if torch_dtype == torch.float16 and dtype == "auto" and device.type == "cpu" and backend in ("auto", "cpu") \
             and tp == 1 and config.lanes is None and _cpu_kernels_run(config):
         # As vLLM on CPUs: the native kernels read bfloat16 (float16 would run on the eager reference, 100x+

@@ -357,17 +357,20 @@ def _looks_complete(folder: Path, gguf_patterns: list[str] | None = None) -> boo
     return any(folder.glob("*.safetensors"))
 
 
-def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> torch.dtype:
+def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None,
+                  weights_dtype: str | None = None) -> torch.dtype:
     """The dtype to load weights in.
 
     Args:
         dtype: "auto" (the checkpoint's own dtype, float32 when it names none), "float32", "bfloat16",
             "float16", or a torch dtype.
         checkpoint_dtype: `torch_dtype` from config.json, or None.
+        weights_dtype: the dtype of the weights themselves (`checkpoint_dtype` of solo.model.weights), which
+            "auto" takes where config.json names none, transformers' "auto", or a dtype outside the three.
 
     Returns:
-        torch.float32, torch.bfloat16 or torch.float16 ("auto" with a checkpoint dtype outside these
-        three gives float32, with a SoloWarning that says so).
+        torch.float32, torch.bfloat16 or torch.float16 ("auto" with a checkpoint dtype outside these three
+        gives the weights' dtype, else float32, with a SoloWarning that says so).
 
     Raises:
         SoloError: an unknown dtype name, or a torch dtype other than those three.
@@ -380,11 +383,15 @@ def resolve_dtype(dtype: str | torch.dtype, checkpoint_dtype: str | None) -> tor
         dtype, dtype
     )
     if name == "auto":
-        if checkpoint_dtype not in (None, "auto") and str(checkpoint_dtype) not in _DTYPES:
+        if str(checkpoint_dtype) in _DTYPES:
+            return _DTYPES[str(checkpoint_dtype)]
+        taken = weights_dtype if weights_dtype in _DTYPES else "float32"
+        if checkpoint_dtype not in (None, "auto"):
+            own = ", the weights' own" if taken == weights_dtype else ""
             warnings.warn(f"config.json names the dtype {str(checkpoint_dtype)!r:.40}, which Solo does not load "
-                          f"weights in; loading in float32 (pass dtype / --dtype to choose one of "
-                          f"{', '.join(_DTYPES)})", SoloWarning, stacklevel=2)
-        return _DTYPES.get(str(checkpoint_dtype), torch.float32)
+                          f"weights in; loading in {taken}{own} (pass dtype / --dtype to choose one of "
+                          f"{', '.join(_DTYPES)})", SoloWarning, stacklevel=3)
+        return _DTYPES[taken]
     if name not in _DTYPES:
         raise SoloError(f"unknown dtype {dtype!r}; choose one of {', '.join(DTYPE_CHOICES)}")
     return _DTYPES[name]

@@ -43,6 +43,7 @@ from solo.server.chat_adapter import (
     continue_prefill,
     field_terms,
     in_api_terms,
+    stream_error,
     string_field,
     text_around_calls,
     thinking_switch,
@@ -525,10 +526,9 @@ async def _events(body: MessagesRequest, chunks: AsyncIterator[Any], message_id:
 
     async for chunk in chat_chunks(chunks):
         if "error" in chunk:
-            error = chunk["error"]
-            status = 500 if error.get("type") == "server_error" else 400
-            yield event("error", error={"type": _ERROR_TYPES.get(status, "api_error"),
-                                        "message": in_api_terms(error.get("message", ""), _TERMS)})
+            error = stream_error(chunk["error"])
+            yield event("error", error={"type": _ERROR_TYPES.get(error.status, "api_error"),
+                                        "message": in_api_terms(error.message, _TERMS)})
             return
         usage = chunk.get("usage") or usage
         for choice in chunk.get("choices", []):

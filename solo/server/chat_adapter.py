@@ -16,7 +16,7 @@ from pydantic import BaseModel, ValidationError
 
 from solo.engine.reasoning import has_thinking_switch
 from solo.errors import InvalidRequestError
-from solo.server.errors import validation_error
+from solo.server.errors import APIError, validation_error
 from solo.server.protocol import SURROGATE_MESSAGE, ChatCompletionRequest
 from solo.tokenizer import is_valid_unicode
 
@@ -46,6 +46,16 @@ def chat_request_from(fields: Mapping[str, Any], field_names: Mapping[str, str],
 
 CHAT_TOOL_TERMS = ((r"tools\[(\d+)\]\.function\.", r"tools[\1]."),)
 """The chat route's nested tool fields in a flat tool's terms (Anthropic's and Responses' tools are flat)."""
+
+
+def stream_error(error: Mapping[str, Any]) -> APIError:
+    """A chat stream's error event (`{"error": {...}}`: a grammar that ran dead mid-output, a bug) as an APIError.
+
+    Its status is 500 for a "server_error" (a bug), else 400 (the request's own fault).
+    """
+    status = 500 if error.get("type") == "server_error" else 400
+    return APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"),
+                    param=error.get("param"))
 
 
 def in_api_terms(message: str, terms: Sequence[tuple[str, str]]) -> str:

@@ -58,6 +58,7 @@ from solo.server.chat_adapter import (
     continue_prefill,
     field_terms,
     in_api_terms,
+    stream_error,
     thinking_switch,
     typed_field,
 )
@@ -378,7 +379,7 @@ async def _lines(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, shape: Ca
     # The stream's chunks as Ollama's objects, one per line; the last one done with the statistics.
     async for chunk in chunks:
         if "error" in chunk:
-            yield _line({"error": _stream_error(chunk["error"]).message})
+            yield _line({"error": _renamed(stream_error(chunk["error"])).message})
             return
         piece = reply.feed(chunk)
         if piece is not None:
@@ -395,7 +396,7 @@ async def _whole(chunks: AsyncIterator[dict[str, Any]], reply: _Reply, request: 
     async def gather() -> None:
         async for chunk in chunks:
             if "error" in chunk:
-                raise _stream_error(chunk["error"])
+                raise _renamed(stream_error(chunk["error"]))
             reply.feed(chunk)
 
     await while_connected(gather(), request)
@@ -589,13 +590,6 @@ def _renamed(error: APIError) -> APIError:
     error.message = in_api_terms(error.message, field_terms(named))
     error.param = named.get(error.param or "", error.param)
     return error
-
-
-def _stream_error(error: Mapping[str, Any]) -> APIError:
-    # A chat stream's error event (a grammar that ran dead mid-output, ...), as Ollama names its fields.
-    status = 500 if error.get("type") == "server_error" else 400
-    return _renamed(APIError(status, error.get("message", ""), type=error.get("type", "invalid_request_error"),
-                             param=error.get("param")))
 
 
 async def _answer(request: Request, handle: Callable[[dict[str, Any]], Any]) -> Response:
